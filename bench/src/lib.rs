@@ -1,0 +1,27 @@
+//! Shared helpers of the benchmark programs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use graphs::generate::{generate, Like};
+use graphs::NoProgress;
+
+/// Returns a mag-like graph directory at `scale` for `seed`, generating it once
+/// under `target/bench-data/` (reused by later runs).
+pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
+    let dir = root.join(format!("mag-s{scale}-seed{seed}"));
+    if !dir.join("schema.json").exists() {
+        eprintln!("generating mag-like S={scale} seed={seed} into {}", dir.display());
+        generate(Like::Mag, scale, seed, &dir, true, &mut NoProgress).with_context(|| format!("generating {}", dir.display()))?;
+    }
+    Ok(dir)
+}
+
+/// Peak resident memory of this process in bytes (Linux), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,261 @@
+//! Reading and writing the graph directory format (FORMAT.md).
+//!
+//! Reading validates everything before returning: a directory that breaks a
+//! rule gives an error naming the file and the problem, and no graph.
+//! Writing goes to a temporary sibling directory that is renamed into place
+//! only once complete, so a crash never leaves a directory that looks valid.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::csr::Csr;
+use crate::error::{GraphError, Result};
+use crate::features::Features;
+use crate::graph::{check_labels, check_split, HetGraph, NodeType, Splits};
+use crate::npy::{self, DType, NpyFile, NpyWriter};
+use crate::schema::{RelationSchema, Schema};
+
+/// How to load a graph directory.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Map feature files instead of reading them into memory (default: true).
+    pub mmap_features: bool,
+    /// Add `rev_<name>` relations (default: false).
+    pub reverse_edges: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { mmap_features: true, reverse_edges: false }
+    }
+}
+
+/// Paths inside a graph directory.
+pub mod paths {
+    use std::path::{Path, PathBuf};
+
+    /// `schema.json`
+    pub fn schema(dir: &Path) -> PathBuf {
+        dir.join("schema.json")
+    }
+    /// `nodes/<ntype>/`
+    pub fn node_dir(dir: &Path, ntype: &str) -> PathBuf {
+        dir.join("nodes").join(ntype)
+    }
+    /// `nodes/<ntype>/features.npy`
+    pub fn features(dir: &Path, ntype: &str) -> PathBuf {
+        node_dir(dir, ntype).join("features.npy")
+    }
+    /// `nodes/<ntype>/labels.npy`
+    pub fn labels(dir: &Path, ntype: &str) -> PathBuf {
+        node_dir(dir, ntype).join("labels.npy")
+    }
+    /// `nodes/<ntype>/<split>.npy`
+    pub fn split(dir: &Path, ntype: &str, split: &str) -> PathBuf {
+        node_dir(dir, ntype).join(format!("{split}.npy"))
+    }
+    /// `edges/<src>__<rel>__<dst>.npy`
+    pub fn edges(dir: &Path, canonical: &str) -> PathBuf {
+        dir.join("edges").join(format!("{canonical}.npy"))
+    }
+}
+
+/// Loads and validates the graph directory `dir`.
+pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
+    if !dir.is_dir() {
+        return Err(GraphError::Missing { path: dir.to_path_buf() });
+    }
+    let schema = Schema::read(&paths::schema(dir))?;
+    let target = schema.type_index(&schema.target).expect("validated schema");
+    let mut node_types = Vec::with_capacity(schema.node_types.len());
+    for (i, (name, ts)) in schema.node_types.iter().enumerate() {
+        let count = ts.count;
+        let fpath = paths::features(dir, name);
+        let features = match ts.feature_dim {
+            Some(dim) => {
+                let f = NpyFile::open(&fpath, DType::F32)?;
+                f.expect_shape(&[count, dim], "features")?;
+                let (rows, dim) = (count as usize, dim as usize);
+                Some(if opts.mmap_features {
+                    let off = f.data_offset();
+                    Features::from_map(rows, dim, f.into_map(), off)
+                } else {
+                    Features::from_vec(rows, dim, f.to_f32_vec())
+                })
+            }
+            None if fpath.exists() => {
+                return Err(GraphError::data(&fpath, format!("schema says node type '{name}' is featureless (feature_dim null) but this file exists")));
+            }
+            None => None,
+        };
+        let (labels, splits) = if i == target { read_labels(dir, name, count, schema.num_classes).map(|(l, s)| (Some(l), Some(s)))? } else { (None, None) };
+        node_types.push(NodeType { name: name.clone(), count: count as u32, features, labels, splits });
+    }
+    let counts: Vec<u64> = schema.node_types.iter().map(|(_, t)| t.count).collect();
+    let edges = schema
+        .relations
+        .par_iter()
+        .map(|r| read_edges(dir, &schema, r, &counts))
+        .collect::<Result<Vec<_>>>()?;
+    let mut g = HetGraph::from_parts(&schema, node_types, edges);
+    if opts.reverse_edges {
+        g.add_reverse_relations()?;
+    }
+    Ok(g)
+}
+
+fn read_labels(dir: &Path, ntype: &str, count: u64, num_classes: u32) -> Result<(Vec<i64>, Splits)> {
+    let lpath = paths::labels(dir, ntype);
+    let f = NpyFile::open(&lpath, DType::I64)?;
+    f.expect_shape(&[count], "labels")?;
+    let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
+    check_labels(&labels, num_classes).map_err(|p| GraphError::data(&lpath, p))?;
+    let mut seen = vec![0u8; count as usize];
+    let mut splits = Splits::default();
+    for (tag, (name, slot)) in [("train", &mut splits.train), ("valid", &mut splits.valid), ("test", &mut splits.test)].into_iter().enumerate() {
+        let spath = paths::split(dir, ntype, name);
+        let f = NpyFile::open(&spath, DType::I64)?;
+        if f.shape().len() != 1 {
+            return Err(GraphError::data(&spath, format!("split must be 1-dimensional, shape is {:?}", f.shape())));
+        }
+        let mut ids = Vec::with_capacity(f.len());
+        for i in 0..f.len() {
+            let v = f.i64_at(i);
+            if v < 0 || v as u64 >= count {
+                return Err(GraphError::data(&spath, format!("node id {v} out of range 0..{count}")));
+            }
+            ids.push(v as u32);
+        }
+        check_split(&ids, &mut seen, tag as u8 + 1, &labels).map_err(|p| GraphError::data(&spath, p))?;
+        *slot = ids;
+    }
+    Ok((labels, splits))
+}
+
+fn read_edges(dir: &Path, schema: &Schema, r: &RelationSchema, counts: &[u64]) -> Result<(Csr, Csr)> {
+    let path = paths::edges(dir, &r.canonical());
+    let f = NpyFile::open(&path, DType::I64)?;
+    f.expect_shape(&[2, r.count], "edges (schema count)")?;
+    let ns = counts[schema.type_index(&r.src).expect("validated")];
+    let nd = counts[schema.type_index(&r.dst).expect("validated")];
+    let e = r.count as usize;
+    let convert = |row: usize, bound: u64, end: &str| -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(e);
+        for i in 0..e {
+            let v = f.i64_at(row * e + i);
+            if v < 0 || v as u64 >= bound {
+                return Err(GraphError::data(&path, format!("edge {i}: {end} id {v} out of range 0..{bound}")));
+            }
+            out.push(v as u32);
+        }
+        Ok(out)
+    };
+    let src = convert(0, ns, "source")?;
+    let dst = convert(1, nd, "destination")?;
+    Ok((Csr::from_edges(nd as usize, &dst, &src), Csr::from_edges(ns as usize, &src, &dst)))
+}
+
+/// Writes `g` (without added reverse relations) to `dir`, atomically.
+/// `overwrite` allows replacing an existing directory.
+pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
+    let out = AtomicDir::create(dir, overwrite)?;
+    let schema = g.schema();
+    for t in g.node_types() {
+        out.create_dir(&paths::node_dir(out.path(), &t.name))?;
+        if let Some(f) = &t.features {
+            npy::write_f32(&paths::features(out.path(), &t.name), &[t.count.into(), f.dim() as u64], f.as_slice())?;
+        }
+        if let (Some(labels), Some(splits)) = (&t.labels, &t.splits) {
+            npy::write_i64(&paths::labels(out.path(), &t.name), &[labels.len() as u64], labels)?;
+            for (name, ids) in splits.named() {
+                let mut w = NpyWriter::create(&paths::split(out.path(), &t.name, name), DType::I64, &[ids.len() as u64])?;
+                w.write_ids(ids)?;
+                w.finish()?;
+            }
+        }
+    }
+    out.create_dir(&out.path().join("edges"))?;
+    for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
+        let csr = r.in_csr();
+        let mut srcs = Vec::with_capacity(csr.num_edges());
+        let mut dsts = Vec::with_capacity(csr.num_edges());
+        for d in 0..csr.num_rows() as u32 {
+            for &s in csr.neighbors(d) {
+                srcs.push(s);
+                dsts.push(d);
+            }
+        }
+        let mut w = NpyWriter::create(&paths::edges(out.path(), r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
+        w.write_ids(&srcs)?;
+        w.write_ids(&dsts)?;
+        w.finish()?;
+    }
+    schema.write(&paths::schema(out.path()))?;
+    out.commit()
+}
+
+/// A directory written under a temporary name and renamed into place by
+/// [`AtomicDir::commit`]; dropped uncommitted, it is removed.
+pub struct AtomicDir {
+    tmp: PathBuf,
+    dest: PathBuf,
+    overwrite: bool,
+    committed: bool,
+}
+
+impl AtomicDir {
+    /// Prepares to write `dest`. Fails if it exists (and is not empty) unless `overwrite`.
+    pub fn create(dest: &Path, overwrite: bool) -> Result<AtomicDir> {
+        if dest.exists() && !overwrite {
+            let empty = dest.is_dir() && std::fs::read_dir(dest).map(|mut d| d.next().is_none()).unwrap_or(false);
+            if !empty {
+                return Err(GraphError::InvalidArgument(format!("{} already exists (use --force to replace it)", dest.display())));
+            }
+        }
+        let name = dest.file_name().ok_or_else(|| GraphError::InvalidArgument(format!("{} is not a directory name", dest.display())))?;
+        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(|e| GraphError::io(parent, e))?;
+        let tmp = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
+        }
+        std::fs::create_dir(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
+        Ok(AtomicDir { tmp, dest: dest.to_path_buf(), overwrite, committed: false })
+    }
+
+    /// Where to write meanwhile.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Creates a subdirectory (and its parents).
+    pub fn create_dir(&self, p: &Path) -> Result<()> {
+        std::fs::create_dir_all(p).map_err(|e| GraphError::io(p, e))
+    }
+
+    /// Moves the finished directory into place.
+    pub fn commit(mut self) -> Result<()> {
+        if self.dest.exists() {
+            if !self.overwrite && std::fs::read_dir(&self.dest).map(|mut d| d.next().is_some()).unwrap_or(true) {
+                return Err(GraphError::InvalidArgument(format!("{} appeared while writing", self.dest.display())));
+            }
+            let old = self.tmp.with_extension("old");
+            std::fs::rename(&self.dest, &old).map_err(|e| GraphError::io(&self.dest, e))?;
+            std::fs::rename(&self.tmp, &self.dest).map_err(|e| GraphError::io(&self.dest, e))?;
+            std::fs::remove_dir_all(&old).map_err(|e| GraphError::io(&old, e))?;
+        } else {
+            std::fs::rename(&self.tmp, &self.dest).map_err(|e| GraphError::io(&self.dest, e))?;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for AtomicDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Deterministic neighbor sampling into message-flow blocks.
+//!
+//! For each layer (outermost first in the output, sampled from the seeds
+//! outward) and each destination node, for each relation into its type, up to
+//! `fanout` in-neighbors are drawn uniformly without replacement (all of them
+//! when there are fewer). The draw for a node is a pure function of
+//! `(seed, epoch, step, layer, relation key, node)` ([`neighbor_key`]), so any
+//! process, thread or partition holding the node's in-neighbors picks the same
+//! ones; a sampler restricted to a subset of relations ([`RelationFilter`])
+//! therefore yields exactly the edges the full sample has for those relations
+//! and destinations.
+//!
+//! Fanouts are listed from the seeds outward, as PyG does: `fanouts[0]` is hop 1,
+//! which feeds the last layer.
+
+use std::collections::HashSet;
+
+use crate::error::{GraphError, Result};
+use crate::graph::HetGraph;
+use crate::ids::{NodeTypeId, RelationId};
+use crate::rng::{key, CounterRng};
+
+const UNSEEN: u32 = u32::MAX;
+const BATCH_STREAM: u64 = 0xBA7C_4E5;
+
+/// The sampled inputs of one model layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Index of the model layer this block feeds (0 = the input layer).
+    pub layer: usize,
+    /// Destination nodes per node type (global ids).
+    pub dst: Vec<Vec<u32>>,
+    /// Source nodes per node type (global ids); `src[t]` starts with `dst[t]`,
+    /// so a self-loop reads the first `dst[t].len()` source rows.
+    pub src: Vec<Vec<u32>>,
+    /// Sampled edges per relation, for every relation sampled into a type with destinations.
+    pub relations: Vec<BlockRelation>,
+}
+
+/// Sampled edges of one relation in a block, as CSR over destinations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockRelation {
+    /// The relation.
+    pub relation: RelationId,
+    /// Destination `i`'s sources are `sources[offsets[i]..offsets[i+1]]`.
+    pub offsets: Vec<u32>,
+    /// Local ids into the block's `src[relation.src]`.
+    pub sources: Vec<u32>,
+}
+
+impl BlockRelation {
+    /// Number of sampled edges.
+    pub fn num_edges(&self) -> usize {
+        self.sources.len()
+    }
+    /// `(dst_local, src_local)` pairs.
+    pub fn edges(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.offsets.windows(2).enumerate().flat_map(move |(d, w)| {
+            self.sources[w[0] as usize..w[1] as usize].iter().map(move |&s| (d as u32, s))
+        })
+    }
+}
+
+impl Block {
+    /// Total sampled edges.
+    pub fn num_edges(&self) -> usize {
+        self.relations.iter().map(BlockRelation::num_edges).sum()
+    }
+    /// Total source nodes over all types.
+    pub fn num_src(&self) -> usize {
+        self.src.iter().map(Vec::len).sum()
+    }
+    /// Total destination nodes over all types.
+    pub fn num_dst(&self) -> usize {
+        self.dst.iter().map(Vec::len).sum()
+    }
+    /// The sampled edges of `relation`, if sampled.
+    pub fn relation(&self, relation: RelationId) -> Option<&BlockRelation> {
+        self.relations.iter().find(|r| r.relation == relation)
+    }
+}
+
+/// A sampled mini-batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MiniBatch {
+    /// Epoch the sample was drawn for.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: u64,
+    /// Seed nodes (of the target type).
+    pub seeds: Vec<u32>,
+    /// One block per layer; `blocks[0]` feeds the input layer and the last one
+    /// has the seeds as destinations.
+    pub blocks: Vec<Block>,
+}
+
+impl MiniBatch {
+    /// Total sampled edges over all blocks.
+    pub fn num_edges(&self) -> usize {
+        self.blocks.iter().map(Block::num_edges).sum()
+    }
+    /// Distinct input nodes (sources of the first block).
+    pub fn num_input_nodes(&self) -> usize {
+        self.blocks.first().map_or(0, Block::num_src)
+    }
+}
+
+/// Which relations to sample, per layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RelationFilter {
+    /// Every relation at every layer.
+    All,
+    /// These relations at every layer.
+    Only(Vec<RelationId>),
+    /// `per_layer[l]` at model layer `l` (a metatree's shape).
+    PerLayer(Vec<Vec<RelationId>>),
+}
+
+impl RelationFilter {
+    /// Whether `relation` is sampled at `layer`.
+    pub fn allows(&self, layer: usize, relation: RelationId) -> bool {
+        match self {
+            RelationFilter::All => true,
+            RelationFilter::Only(rs) => rs.contains(&relation),
+            RelationFilter::PerLayer(ls) => ls.get(layer).is_some_and(|rs| rs.contains(&relation)),
+        }
+    }
+}
+
+/// The RNG key for one destination node's draw: a pure function of its arguments.
+#[inline]
+pub fn neighbor_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64, node: u32) -> u64 {
+    key(&[layer_key(seed, epoch, step, layer, relation_key), u64::from(node)])
+}
+
+#[inline]
+fn layer_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64) -> u64 {
+    key(&[seed, epoch, step, layer as u64, relation_key])
+}
+
+/// Appends to `out` up to `fanout` of `neighbors`, drawn uniformly without
+/// replacement with the stream of `key` (Floyd's algorithm), in neighbor order.
+/// `scratch` is reused working memory.
+pub fn sample_neighbors(key: u64, neighbors: &[u32], fanout: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+    let d = neighbors.len();
+    if fanout >= d {
+        out.extend_from_slice(neighbors);
+        return;
+    }
+    let mut rng = CounterRng::new(key);
+    scratch.clear();
+    if fanout <= 64 {
+        for j in (d - fanout)..d {
+            let t = rng.below(j as u64 + 1) as u32;
+            let pick = if scratch.contains(&t) { j as u32 } else { t };
+            scratch.push(pick);
+        }
+    } else {
+        let mut set = HashSet::with_capacity(fanout);
+        for j in (d - fanout)..d {
+            let t = rng.below(j as u64 + 1) as u32;
+            let pick = if set.contains(&t) { j as u32 } else { t };
+            set.insert(pick);
+            scratch.push(pick);
+        }
+    }
+    scratch.sort_unstable();
+    out.extend(scratch.iter().map(|&i| neighbors[i as usize]));
+}
+
+/// The batches of one epoch: `train` shuffled by a pure function of
+/// `(seed, epoch)` and cut into batches of `batch` (the last may be short).
+pub fn epoch_batches(train: &[u32], batch: usize, seed: u64, epoch: u64) -> Vec<Vec<u32>> {
+    let mut ids = train.to_vec();
+    let mut rng = CounterRng::from_parts(&[seed, epoch, BATCH_STREAM]);
+    for i in (1..ids.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        ids.swap(i, j);
+    }
+    ids.chunks(batch.max(1)).map(<[u32]>::to_vec).collect()
+}
+
+/// Samples mini-batches from one graph. Holds per-type scratch maps, so use
+/// one sampler per thread.
+pub struct Sampler<'g> {
+    graph: &'g HetGraph,
+    fanouts: Vec<usize>,
+    seed: u64,
+    local: Vec<Vec<u32>>,
+    scratch: Vec<u32>,
+    picked: Vec<u32>,
+}
+
+impl<'g> Sampler<'g> {
+    /// A sampler for `graph` with per-hop `fanouts` (seeds outward; one per layer).
+    pub fn new(graph: &'g HetGraph, fanouts: &[usize], seed: u64) -> Result<Sampler<'g>> {
+        if fanouts.is_empty() {
+            return Err(GraphError::InvalidArgument("fanouts must list one value per layer (at least one)".into()));
+        }
+        Ok(Sampler {
+            graph,
+            fanouts: fanouts.to_vec(),
+            seed,
+            local: graph.node_types().iter().map(|_| Vec::new()).collect(),
+            scratch: Vec::new(),
+            picked: Vec::new(),
+        })
+    }
+
+    /// Number of layers sampled.
+    pub fn num_layers(&self) -> usize {
+        self.fanouts.len()
+    }
+
+    /// Samples every relation for `seeds` (distinct target-type nodes).
+    pub fn sample(&mut self, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
+        self.sample_relations(epoch, step, seeds, &RelationFilter::All)
+    }
+
+    /// Samples only the relations `filter` allows; every edge it yields is one
+    /// the full sample has, with the same destination.
+    pub fn sample_relations(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter) -> Result<MiniBatch> {
+        let g = self.graph;
+        let target = g.target();
+        let nt = g.node_types().len();
+        for (t, map) in self.local.iter_mut().enumerate() {
+            if map.is_empty() {
+                map.resize(g.node_types()[t].count as usize, UNSEEN);
+            }
+        }
+        let mut frontier: Vec<Vec<u32>> = vec![Vec::new(); nt];
+        {
+            let map = &mut self.local[target.index()];
+            let count = map.len();
+            let mut bad = None;
+            for (i, &s) in seeds.iter().enumerate() {
+                match map.get(s as usize) {
+                    None => bad = Some(format!("seed {s} is out of range 0..{count}")),
+                    Some(&UNSEEN) => map[s as usize] = i as u32,
+                    Some(_) => bad = Some(format!("seed {s} is listed twice")),
+                }
+                if bad.is_some() {
+                    break;
+                }
+            }
+            for &s in seeds {
+                if let Some(slot) = map.get_mut(s as usize) {
+                    *slot = UNSEEN;
+                }
+            }
+            if let Some(problem) = bad {
+                return Err(GraphError::InvalidArgument(problem));
+            }
+        }
+        frontier[target.index()] = seeds.to_vec();
+
+        let layers = self.fanouts.len();
+        let mut blocks = Vec::with_capacity(layers);
+        for hop in 0..layers {
+            let layer = layers - 1 - hop;
+            let fanout = self.fanouts[hop];
+            let dst = frontier;
+            let mut src = dst.clone();
+            for (t, nodes) in dst.iter().enumerate() {
+                for (i, &v) in nodes.iter().enumerate() {
+                    self.local[t][v as usize] = i as u32;
+                }
+            }
+            let mut rels = Vec::new();
+            for (r, rel) in g.relations().iter().enumerate() {
+                let rid = RelationId(r as u32);
+                let dnodes = &dst[rel.dst.index()];
+                if dnodes.is_empty() || !filter.allows(layer, rid) {
+                    continue;
+                }
+                let base = layer_key(self.seed, epoch, step, layer, rel.key());
+                let csr = rel.in_csr();
+                let mut offsets = Vec::with_capacity(dnodes.len() + 1);
+                offsets.push(0u32);
+                let mut sources = Vec::with_capacity(dnodes.len() * fanout.min(32));
+                let (map, srcs) = (&mut self.local[rel.src.index()], &mut src[rel.src.index()]);
+                for &v in dnodes {
+                    self.picked.clear();
+                    sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut self.picked);
+                    for &u in &self.picked {
+                        let slot = &mut map[u as usize];
+                        if *slot == UNSEEN {
+                            *slot = srcs.len() as u32;
+                            srcs.push(u);
+                        }
+                        sources.push(*slot);
+                    }
+                    offsets.push(sources.len() as u32);
+                }
+                rels.push(BlockRelation { relation: rid, offsets, sources });
+            }
+            for (t, nodes) in src.iter().enumerate() {
+                for &v in nodes {
+                    self.local[t][v as usize] = UNSEEN;
+                }
+            }
+            frontier = src.clone();
+            blocks.push(Block { layer, dst, src, relations: rels });
+        }
+        blocks.reverse();
+        Ok(MiniBatch { epoch, step, seeds: seeds.to_vec(), blocks })
+    }
+
+    /// The graph sampled from.
+    pub fn graph(&self) -> &'g HetGraph {
+        self.graph
+    }
+
+    /// Type of the seeds.
+    pub fn target(&self) -> NodeTypeId {
+        self.graph.target()
+    }
+}

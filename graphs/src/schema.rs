@@ -1,0 +1,214 @@
+//! `schema.json`: the description of a graph directory (see FORMAT.md).
+
+use std::fmt;
+use std::path::Path;
+
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::{GraphError, Result};
+
+/// The parsed `schema.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schema {
+    /// A human-readable name.
+    pub name: String,
+    /// The node type that carries labels and splits.
+    pub target: String,
+    /// Number of label classes of the target type.
+    pub num_classes: u32,
+    /// Node types, in file order (which fixes their ids).
+    #[serde(deserialize_with = "unique_ordered", serialize_with = "ordered")]
+    pub node_types: Vec<(String, NodeTypeSchema)>,
+    /// Relations, in file order.
+    pub relations: Vec<RelationSchema>,
+}
+
+/// One node type's entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTypeSchema {
+    /// Number of nodes.
+    pub count: u64,
+    /// Feature width; `None` for a featureless type.
+    pub feature_dim: Option<u64>,
+}
+
+/// One relation's entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelationSchema {
+    /// Source node type.
+    pub src: String,
+    /// Relation name.
+    pub name: String,
+    /// Destination node type.
+    pub dst: String,
+    /// Number of edges.
+    pub count: u64,
+}
+
+impl RelationSchema {
+    /// The canonical name `src__name__dst`, also the edge file's stem.
+    pub fn canonical(&self) -> String {
+        format!("{}__{}__{}", self.src, self.name, self.dst)
+    }
+}
+
+/// Largest node count per type: ids are stored as u32.
+pub const MAX_NODES: u64 = u32::MAX as u64 - 1;
+/// Largest feature width accepted.
+pub const MAX_FEATURE_DIM: u64 = 1 << 20;
+
+impl Schema {
+    /// Reads and validates `path`.
+    pub fn read(path: &Path) -> Result<Schema> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                GraphError::Missing { path: path.to_path_buf() }
+            } else {
+                GraphError::io(path, e)
+            }
+        })?;
+        let schema: Schema = serde_json::from_str(&text).map_err(|e| GraphError::schema(path, e.to_string()))?;
+        schema.validate().map_err(|p| GraphError::schema(path, p))?;
+        Ok(schema)
+    }
+
+    /// Writes `path` as pretty JSON.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("schema serialises");
+        std::fs::write(path, text + "\n").map_err(|e| GraphError::io(path, e))
+    }
+
+    /// Checks internal consistency; the error says which entry is wrong.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.node_types.is_empty() {
+            return Err("no node types".into());
+        }
+        for (name, t) in &self.node_types {
+            check_name(name, "node type")?;
+            if t.count > MAX_NODES {
+                return Err(format!("node type '{name}': count {} exceeds the limit {MAX_NODES}", t.count));
+            }
+            if let Some(d) = t.feature_dim {
+                if d == 0 || d > MAX_FEATURE_DIM {
+                    return Err(format!("node type '{name}': feature_dim {d} must be in 1..={MAX_FEATURE_DIM} (null for none)"));
+                }
+            }
+        }
+        if self.type_index(&self.target).is_none() {
+            return Err(format!("target '{}' is not a node type", self.target));
+        }
+        if self.num_classes == 0 {
+            return Err("num_classes must be at least 1".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for r in &self.relations {
+            check_name(&r.name, "relation")?;
+            for end in [&r.src, &r.dst] {
+                if self.type_index(end).is_none() {
+                    return Err(format!("relation '{}': '{end}' is not a node type", r.canonical()));
+                }
+            }
+            if !seen.insert(r.canonical()) {
+                return Err(format!("relation '{}' is listed twice", r.canonical()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Index of the node type `name`.
+    pub fn type_index(&self, name: &str) -> Option<usize> {
+        self.node_types.iter().position(|(n, _)| n == name)
+    }
+}
+
+/// Names become file names: keep them to a safe alphabet, without the `__` separator.
+fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        && !name.contains("__")
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what} name '{name}' must be 1-128 characters of [A-Za-z0-9_.-], not start with '.', and not contain '__'"))
+    }
+}
+
+fn ordered<S: Serializer>(v: &[(String, NodeTypeSchema)], s: S) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(v.len()))?;
+    for (k, t) in v {
+        m.serialize_entry(k, t)?;
+    }
+    m.end()
+}
+
+/// A JSON object kept in file order, refusing repeated keys (serde_json would keep the last).
+fn unique_ordered<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<(String, NodeTypeSchema)>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<(String, NodeTypeSchema)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object of node types")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+            let mut out: Vec<(String, NodeTypeSchema)> = Vec::new();
+            while let Some((k, v)) = map.next_entry::<String, NodeTypeSchema>()? {
+                if out.iter().any(|(n, _)| *n == k) {
+                    return Err(serde::de::Error::custom(format!("node type '{k}' is listed twice")));
+                }
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(V)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> std::result::Result<Schema, String> {
+        let schema: Schema = serde_json::from_str(s).map_err(|e| e.to_string())?;
+        schema.validate()?;
+        Ok(schema)
+    }
+
+    const OK: &str = r#"{"name":"g","target":"paper","num_classes":3,
+        "node_types":{"paper":{"count":4,"feature_dim":2},"author":{"count":3,"feature_dim":null}},
+        "relations":[{"src":"author","name":"writes","dst":"paper","count":5}]}"#;
+
+    #[test]
+    fn parses_in_order_and_round_trips() {
+        let s = parse(OK).unwrap();
+        assert_eq!(s.node_types[0].0, "paper");
+        assert_eq!(s.node_types[1].1.feature_dim, None);
+        let back: Schema = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn refuses_inconsistent_schemas() {
+        let cases = [
+            (OK.replace("\"target\":\"paper\"", "\"target\":\"venue\""), "not a node type"),
+            (OK.replace("\"num_classes\":3", "\"num_classes\":0"), "num_classes"),
+            (OK.replace("\"src\":\"author\"", "\"src\":\"venue\""), "not a node type"),
+            (OK.replace("\"writes\"", "\"wr__ites\""), "must be"),
+            (OK.replace("\"feature_dim\":2", "\"feature_dim\":0"), "feature_dim"),
+            (OK.replace("\"count\":5}]", "\"count\":5},{\"src\":\"author\",\"name\":\"writes\",\"dst\":\"paper\",\"count\":1}]"), "twice"),
+            (OK.replace("\"author\":{\"count\":3", "\"paper\":{\"count\":3"), "twice"),
+            (OK.replace("\"name\":\"g\",", "\"name\":\"g\",\"extra\":1,"), "unknown field"),
+            (OK.replace("\"count\":4", "\"count\":-4"), "invalid value"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(&text).unwrap_err();
+            assert!(err.contains(needle), "{err} should mention {needle}");
+        }
+    }
+}
