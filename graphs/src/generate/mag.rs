@@ -35,12 +35,15 @@ const FEATURE_DIM: usize = 128;
 
 /// Scale of the class centroid against unit-variance noise per dimension:
 /// low enough that features alone classify poorly.
-const CENTROID_SCALE: f64 = 0.35;
-/// Probability that an edge stays within its source's (dominant) class.
-const CITE_SAME_CLASS: f64 = 0.7;
-const WRITES_SAME_CLASS: f64 = 0.75;
-const TOPIC_SAME_CLASS: f64 = 0.6;
-const AFFILIATION_SAME_CLASS: f64 = 0.7;
+const CENTROID_SCALE: f64 = 0.2;
+/// Probability that an edge stays within its source's (dominant) class; the
+/// rest go to popular nodes of any class. Tuned on S=0.05 so that neither
+/// signal saturates: a features-only MLP reaches about 0.13 test accuracy, an
+/// MLP over exact 2-hop neighbor means about 0.9.
+const CITE_SAME_CLASS: f64 = 0.55;
+const WRITES_SAME_CLASS: f64 = 0.4;
+const TOPIC_SAME_CLASS: f64 = 0.3;
+const AFFILIATION_SAME_CLASS: f64 = 0.4;
 /// Popularity exponent: an index drawn as `n · u^SKEW` gives rank-r nodes a
 /// degree ∝ r^-(1-1/SKEW), a power-law degree tail.
 const SKEW: f64 = 2.5;

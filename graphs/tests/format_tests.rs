@@ -1,0 +1,213 @@
+//! The graph directory format: round trips and every refused input.
+
+mod common;
+
+use std::path::Path;
+
+use graphs::npy::{self, DType};
+use graphs::{load, save, GraphError, LoadOptions};
+
+fn write_tiny() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    save(&common::tiny(), &tmp.path().join("g"), false).unwrap();
+    tmp
+}
+
+#[test]
+fn round_trip_preserves_everything() {
+    let g = common::tiny();
+    let tmp = write_tiny();
+    let dir = tmp.path().join("g");
+    for mmap in [true, false] {
+        let h = load(&dir, &LoadOptions { mmap_features: mmap, reverse_edges: false }).unwrap();
+        assert_eq!(h.schema(), g.schema());
+        assert_eq!(h.node_types()[0].features.as_ref().unwrap().is_mapped(), mmap);
+        for (a, b) in g.node_types().iter().zip(h.node_types()) {
+            assert_eq!(a.count, b.count);
+            assert_eq!(a.labels, b.labels);
+            assert_eq!(a.splits, b.splits);
+            assert_eq!(a.features.as_ref().map(|f| f.as_slice().to_vec()), b.features.as_ref().map(|f| f.as_slice().to_vec()));
+        }
+        for (a, b) in g.relations().iter().zip(h.relations()) {
+            assert_eq!(a.in_csr(), b.in_csr());
+            assert_eq!(a.out_csr(), b.out_csr());
+            assert_eq!(a.key(), b.key());
+        }
+    }
+    // Saving the loaded graph again gives byte-identical files.
+    let h = load(&dir, &LoadOptions::default()).unwrap();
+    save(&h, &tmp.path().join("g2"), false).unwrap();
+    for f in ["schema.json", "nodes/paper/features.npy", "nodes/paper/labels.npy", "nodes/paper/train.npy", "edges/paper__cites__paper.npy"] {
+        assert_eq!(std::fs::read(dir.join(f)).unwrap(), std::fs::read(tmp.path().join("g2").join(f)).unwrap(), "{f}");
+    }
+}
+
+#[test]
+fn reverse_relations_mirror_the_originals() {
+    let tmp = write_tiny();
+    let g = load(&tmp.path().join("g"), &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+    assert_eq!(g.relations().len(), 6);
+    let rev = g.relation(g.relation_id("paper__rev_writes__author").unwrap());
+    let fwd = g.relation(rev.reverse_of.unwrap());
+    assert_eq!(fwd.name, "writes");
+    assert_eq!(rev.in_csr(), fwd.out_csr());
+    assert_eq!(rev.in_csr().neighbors(3), &[3, 4, 5]);
+    // The metagraph lists one link per relation, weighted by edges.
+    let mg = g.metagraph();
+    assert_eq!(mg.links.len(), 6);
+    assert_eq!(mg.incoming(g.type_id("paper").unwrap()).count(), 4); // writes, cites, rev_cites, rev_published_in
+    assert_eq!(mg.links.iter().find(|l| l.name == "cites").unwrap().weight, 7);
+    // The saved schema never includes added reverses.
+    assert_eq!(g.schema().relations.len(), 3);
+}
+
+#[test]
+fn saving_refuses_to_clobber_unless_asked() {
+    let tmp = write_tiny();
+    let err = save(&common::tiny(), &tmp.path().join("g"), false).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    save(&common::tiny(), &tmp.path().join("g"), true).unwrap();
+    // No temporary directories are left behind.
+    let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("g")]);
+}
+
+/// Applies `corrupt` to a fresh copy of the tiny graph and returns the load error.
+fn broken(corrupt: impl FnOnce(&Path)) -> GraphError {
+    let tmp = write_tiny();
+    let dir = tmp.path().join("g");
+    corrupt(&dir);
+    load(&dir, &LoadOptions::default()).expect_err("corrupted directory must be refused")
+}
+
+fn assert_err(err: GraphError, file: &str, needle: &str) {
+    let msg = err.to_string();
+    assert!(msg.contains(file), "error should name {file}: {msg}");
+    assert!(msg.contains(needle), "error should say '{needle}': {msg}");
+}
+
+fn edit_schema(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("schema.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(p, v.to_string()).unwrap();
+}
+
+#[test]
+fn every_format_violation_names_its_file() {
+    assert_err(broken(|d| std::fs::remove_file(d.join("schema.json")).unwrap()), "schema.json", "missing");
+    assert_err(broken(|d| std::fs::write(d.join("schema.json"), "{ not json").unwrap()), "schema.json", "invalid schema");
+    assert_err(broken(|d| edit_schema(d, |v| v["target"] = "venue2".into())), "schema.json", "not a node type");
+    assert_err(
+        broken(|d| edit_schema(d, |v| { let r = v["relations"][0].clone(); v["relations"].as_array_mut().unwrap().push(r) })),
+        "schema.json",
+        "listed twice",
+    );
+    assert_err(broken(|d| std::fs::remove_file(d.join("nodes/paper/features.npy")).unwrap()), "features.npy", "missing");
+    assert_err(broken(|d| std::fs::remove_file(d.join("edges/paper__cites__paper.npy")).unwrap()), "paper__cites__paper.npy", "missing");
+    assert_err(broken(|d| std::fs::remove_file(d.join("nodes/paper/test.npy")).unwrap()), "test.npy", "missing");
+    // Wrong dtype: int64 where float32 is required.
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/features.npy"), &[6, 3], &[0; 18]).unwrap()),
+        "features.npy",
+        "dtype <i8 where <f4 is required",
+    );
+    // Wrong shape.
+    assert_err(broken(|d| npy::write_f32(&d.join("nodes/paper/features.npy"), &[6, 4], &[0.0; 24]).unwrap()), "features.npy", "shape [6, 4], expected [6, 3]");
+    // Truncated file.
+    assert_err(
+        broken(|d| {
+            let p = d.join("edges/author__writes__paper.npy");
+            let bytes = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &bytes[..bytes.len() - 5]).unwrap();
+        }),
+        "author__writes__paper.npy",
+        "truncated",
+    );
+    assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), b"\x93NUM").unwrap()), "labels.npy", "truncated");
+    assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), vec![7u8; 200]).unwrap()), "labels.npy", "bad magic");
+    // Edge count disagrees with the schema.
+    assert_err(
+        broken(|d| edit_schema(d, |v| v["relations"][1]["count"] = 8.into())),
+        "paper__cites__paper.npy",
+        "expected [2, 8]",
+    );
+    // Node count disagrees with the features.
+    assert_err(broken(|d| edit_schema(d, |v| v["node_types"]["paper"]["count"] = 7.into())), "features.npy", "expected [7, 3]");
+    // Ids out of range.
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("edges/paper__cites__paper.npy"), &[2, 7], &[1, 2, 3, 4, 5, 0, 6, 0, 0, 0, 0, 0, 5, 1]).unwrap()),
+        "paper__cites__paper.npy",
+        "source id 6 out of range 0..6",
+    );
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("edges/paper__published_in__venue.npy"), &[2, 6], &[0, 1, 2, 3, 4, 5, 0, 0, 1, 1, -1, 1]).unwrap()),
+        "paper__published_in__venue.npy",
+        "destination id -1 out of range",
+    );
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 6]).unwrap()), "train.npy", "out of range");
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 0]).unwrap()), "train.npy", "listed twice");
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[0]).unwrap()), "valid.npy", "another split");
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[4]).unwrap()), "valid.npy", "no label");
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/labels.npy"), &[6], &[0, 1, 2, 1, 0, 1]).unwrap()), "labels.npy", "outside -1..2");
+    // A featureless type with a feature file.
+    assert_err(
+        broken(|d| npy::write_f32(&d.join("nodes/venue/features.npy"), &[2, 1], &[0.0, 1.0]).unwrap()),
+        "venue/features.npy",
+        "featureless",
+    );
+    // Fortran order.
+    assert_err(
+        broken(|d| {
+            let p = d.join("nodes/paper/features.npy");
+            let mut b = std::fs::read(&p).unwrap();
+            // Same header length ("True " for "False"): patch the header in place.
+            let at = b.windows(5).position(|w| w == b"False").unwrap();
+            b[at..at + 5].copy_from_slice(b"True ");
+            std::fs::write(&p, b).unwrap();
+        }),
+        "features.npy",
+        "Fortran",
+    );
+    let missing = load(Path::new("/nonexistent/graph"), &LoadOptions::default()).unwrap_err();
+    assert!(missing.to_string().contains("/nonexistent/graph"));
+}
+
+#[test]
+fn reads_numpy_written_version_2_files() {
+    // A version 2.0 header, as numpy writes for very wide headers.
+    let tmp = write_tiny();
+    let dir = tmp.path().join("g");
+    let dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }";
+    let mut bytes = b"\x93NUMPY\x02\x00".to_vec();
+    let pad = (64 - (12 + dict.len() + 1) % 64) % 64;
+    let header = format!("{dict}{}\n", " ".repeat(pad));
+    bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for v in [0i64, 1, 2] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(dir.join("nodes/paper/train.npy"), bytes).unwrap();
+    let g = load(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(g.target_labels().1.train, vec![0, 1, 2]);
+    let f = npy::NpyFile::open(&dir.join("nodes/paper/train.npy"), DType::I64).unwrap();
+    assert_eq!(f.shape(), &[3]);
+}
+
+#[test]
+fn loads_the_shared_real_datasets() {
+    let Ok(root) = std::env::var("HETGNN_DATASETS") else {
+        eprintln!("HETGNN_DATASETS is not set: skipping the real-dataset check");
+        return;
+    };
+    for (name, target, classes) in [("heco-acm", "paper", 3), ("heco-freebase", "movie", 3), ("planetoid-cora", "paper", 7)] {
+        let dir = Path::new(&root).join(name);
+        let g = load(&dir, &LoadOptions { mmap_features: true, reverse_edges: name != "planetoid-cora" })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(g.node_type(g.target()).name, target);
+        assert_eq!(g.num_classes(), classes);
+        let (labels, splits) = g.target_labels();
+        assert!(splits.train.iter().all(|&i| labels[i as usize] >= 0));
+        assert!(!splits.test.is_empty());
+    }
+}
