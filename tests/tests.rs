@@ -1,0 +1,7 @@
+//! Integration tests of the `hetgnn` binary.
+
+mod util;
+
+mod cli_generate;
+mod cli_import;
+mod cli_inspect;
