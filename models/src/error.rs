@@ -1,0 +1,32 @@
+//! The crate's error type.
+
+/// Result alias for this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// Errors from building, running, saving or loading models.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// A configuration value is invalid.
+    #[error("invalid model configuration: {0}")]
+    Config(String),
+    /// A checkpoint cannot be used.
+    #[error("checkpoint {path}: {problem}")]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,24 @@
+//! Parameter initialisation as a pure function of (seed, parameter name).
+
+use graphs::rng::{hash_str, CounterRng};
+
+/// Glorot-uniform values for a `[fan_in, fan_out]` matrix named `name`.
+pub fn glorot(seed: u64, name: &str, fan_in: usize, fan_out: usize) -> Vec<f32> {
+    let a = (6.0 / (fan_in + fan_out) as f64).sqrt();
+    let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
+    (0..fan_in * fan_out).map(|_| ((r.next_f64() * 2.0 - 1.0) * a) as f32).collect()
+}
+
+/// Standard normal values (learnable embedding rows), `n` of them.
+pub fn normal(seed: u64, name: &str, n: usize) -> Vec<f32> {
+    let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
+    (0..n).map(|_| r.normal() as f32).collect()
+}
+
+/// A keep-mask for dropout with keep probability `1 - p`, scaled by `1/(1-p)`;
+/// a pure function of `key`.
+pub fn dropout_mask(key: u64, n: usize, p: f32) -> Vec<f32> {
+    let mut r = CounterRng::new(key);
+    let scale = 1.0 / (1.0 - p);
+    (0..n).map(|_| if (r.next_f64() as f32) < p { 0.0 } else { scale }).collect()
+}

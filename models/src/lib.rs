@@ -1,0 +1,26 @@
+//! Heterogeneous GNN models on candle: R-GCN and a features-only MLP, the graph
+//! aggregation kernels they need as custom ops, learnable embedding tables with
+//! a sparse Adam, a dense Adam, and checkpoints.
+//!
+//! Determinism: parameters are initialised as a pure function of
+//! (seed, parameter name) ([`init`]); dropout masks are a pure function of
+//! (seed, epoch, step, layer, node type); every CPU kernel sums in a fixed order
+//! whatever the thread count. Two runs with the same seed are bit-identical.
+//!
+//! Each layer is written as relation-specific aggregations
+//! ([`rgcn::RgcnLayer::relation_partials`]) followed by a cross-relation step
+//! ([`rgcn::RgcnLayer::cross_relation`]), so the relation part can run for any
+//! subset of relations elsewhere and be summed later.
+#![warn(missing_docs)]
+
+pub mod embedding;
+pub mod error;
+pub mod init;
+pub mod model;
+pub mod ops;
+pub mod optim;
+pub mod params;
+pub mod rgcn;
+
+pub use error::{ModelError, Result};
+pub use model::{Model, ModelKind, ModelSpec};

@@ -1,0 +1,260 @@
+//! A whole model: input embeddings for featureless types, the layers, and the
+//! forward pass over a sampled mini-batch.
+
+use candle_core::{DType, Device, Tensor};
+use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
+
+use crate::embedding::EmbeddingTable;
+use crate::error::{ModelError, Result};
+use crate::init::dropout_mask;
+use crate::params::ParamStore;
+use crate::rgcn::{PerType, RgcnLayer};
+
+/// Which architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Relational GCN (mean aggregation per relation, self-loop, sum).
+    Rgcn,
+    /// Features-only multi-layer perceptron on the target type (a baseline).
+    Mlp,
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<ModelKind> {
+        match s {
+            "rgcn" => Ok(ModelKind::Rgcn),
+            "mlp" => Ok(ModelKind::Mlp),
+            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, mlp)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModelKind::Rgcn => "rgcn",
+            ModelKind::Mlp => "mlp",
+        })
+    }
+}
+
+/// Everything that shapes a model's parameters.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelSpec {
+    /// Architecture.
+    pub kind: ModelKind,
+    /// Number of layers.
+    pub layers: usize,
+    /// Hidden width.
+    pub hidden: usize,
+    /// Width of learnable embeddings of featureless types.
+    pub embed_dim: usize,
+    /// Dropout probability after every layer but the last.
+    pub dropout: f32,
+    /// Seed of parameter initialisation and dropout.
+    pub seed: u64,
+}
+
+impl ModelSpec {
+    /// Checks the values are usable.
+    pub fn validate(&self) -> Result<()> {
+        if self.layers == 0 {
+            return Err(ModelError::Config("layers must be at least 1".into()));
+        }
+        if self.hidden == 0 || self.embed_dim == 0 {
+            return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ModelError::Config(format!("dropout {} must be in [0, 1)", self.dropout)));
+        }
+        Ok(())
+    }
+}
+
+enum Layers {
+    Rgcn(Vec<RgcnLayer>),
+    /// `(weight, bias)` per layer, on the target type only.
+    Mlp(Vec<(Tensor, Tensor)>),
+}
+
+/// Dropout is keyed by (seed, epoch, step): the same masks in every run.
+#[derive(Clone, Copy, Debug)]
+pub struct DropoutKey {
+    /// Epoch.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: u64,
+}
+
+/// A model bound to one graph's types and relations.
+pub struct Model {
+    spec: ModelSpec,
+    target: NodeTypeId,
+    num_classes: usize,
+    /// Dense parameters.
+    pub params: ParamStore,
+    /// Learnable embeddings, per node type (`None` for types with features).
+    pub embeddings: Vec<Option<EmbeddingTable>>,
+    layers: Layers,
+    all_relations: Vec<RelationId>,
+    dtype: DType,
+    device: Device,
+}
+
+impl Model {
+    /// Builds and initialises a model for `g`.
+    pub fn new(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device) -> Result<Model> {
+        spec.validate()?;
+        let seed = spec.seed;
+        let num_classes = g.num_classes() as usize;
+        let target = g.target();
+        let mut params = ParamStore::new();
+        let mut embeddings = Vec::new();
+        let mut in_dims = Vec::new();
+        for nt in g.node_types() {
+            match &nt.features {
+                Some(f) => {
+                    in_dims.push(f.dim());
+                    embeddings.push(None);
+                }
+                None => {
+                    in_dims.push(spec.embed_dim);
+                    let used = spec.kind != ModelKind::Mlp || g.type_id(&nt.name) == Some(target);
+                    embeddings.push(used.then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
+                }
+            }
+        }
+        let width = |l: usize| if l + 1 == spec.layers { num_classes } else { spec.hidden };
+        let layers = match spec.kind {
+            ModelKind::Rgcn => {
+                let mut ls = Vec::new();
+                for l in 0..spec.layers {
+                    let dims: Vec<usize> = if l == 0 { in_dims.clone() } else { vec![spec.hidden; in_dims.len()] };
+                    ls.push(RgcnLayer::new(&mut params, g, l, &dims, width(l), seed, dtype, device)?);
+                }
+                Layers::Rgcn(ls)
+            }
+            ModelKind::Mlp => {
+                let mut ls = Vec::new();
+                let mut d = in_dims[target.index()];
+                for l in 0..spec.layers {
+                    let w = params.matrix(seed, &format!("mlp.layer{l}.weight"), d, width(l), dtype, device)?;
+                    let b = params.zeros(&format!("mlp.layer{l}.bias"), width(l), dtype, device)?;
+                    ls.push((w, b));
+                    d = width(l);
+                }
+                Layers::Mlp(ls)
+            }
+        };
+        Ok(Model {
+            spec: spec.clone(),
+            target,
+            num_classes,
+            params,
+            embeddings,
+            layers,
+            all_relations: (0..g.relations().len() as u32).map(RelationId).collect(),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// The spec the model was built from.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Whether the model reads neighborhoods (the MLP does not).
+    pub fn uses_neighbors(&self) -> bool {
+        matches!(self.layers, Layers::Rgcn(_))
+    }
+
+    /// Number of classes predicted.
+    pub fn num_classes(&self) -> usize {
+        self.num_classes
+    }
+
+    /// Computation dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Device of the dense parameters.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Logits `[seeds, classes]` for a mini-batch. `inputs[t]` holds the input
+    /// rows of `mb.blocks[0].src[t]`; `dropout` is `Some` in training.
+    /// Returns the logits and the final-layer input embeddings of the seeds.
+    pub fn forward(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let n_seeds = mb.seeds.len();
+        let t = self.target.index();
+        match &self.layers {
+            Layers::Mlp(ls) => {
+                let mut h = inputs[t].as_ref().ok_or_else(|| ModelError::Config("no input rows for the target type".into()))?.narrow(0, 0, n_seeds)?;
+                for (l, (w, b)) in ls.iter().enumerate() {
+                    h = h.matmul(w)?.broadcast_add(b)?;
+                    if l + 1 < ls.len() {
+                        h = self.dropout(h.relu()?, dropout, l, t)?;
+                    }
+                }
+                Ok(h)
+            }
+            Layers::Rgcn(ls) => {
+                let mut h = inputs;
+                for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {
+                    let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
+                    let mut out = layer.cross_relation(block, &h, partials)?;
+                    if l + 1 < ls.len() {
+                        for (ty, o) in out.iter_mut().enumerate() {
+                            if let Some(x) = o.take() {
+                                *o = Some(self.dropout(x.relu()?, dropout, l, ty)?);
+                            }
+                        }
+                    }
+                    h = out;
+                }
+                let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
+                Ok(out)
+            }
+        }
+    }
+
+    fn dropout(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize) -> Result<Tensor> {
+        let (Some(k), true) = (key, self.spec.dropout > 0.0) else { return Ok(x) };
+        let k = graphs::rng::key(&[self.spec.seed, 0xD809, k.epoch, k.step, layer as u64, ntype as u64]);
+        let mask = Tensor::from_vec(dropout_mask(k, x.elem_count(), self.spec.dropout), x.shape(), x.device())?.to_dtype(x.dtype())?;
+        Ok((x * mask)?)
+    }
+
+    /// The input rows for a mini-batch: features of typed nodes (copied from the
+    /// graph) and learnable rows (as fresh tensors whose gradients feed the
+    /// sparse Adam). Types the model does not read get `None`.
+    pub fn gather_inputs(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
+        let mut out = Vec::with_capacity(nodes.len());
+        for (t, ids) in nodes.iter().enumerate() {
+            let wanted = self.uses_neighbors() || t == self.target.index();
+            if ids.is_empty() || !wanted {
+                out.push(None);
+                continue;
+            }
+            let x = match (&g.node_types()[t].features, &self.embeddings[t]) {
+                (Some(f), _) => {
+                    let dim = f.dim();
+                    let mut buf = Vec::with_capacity(ids.len() * dim);
+                    for &i in ids {
+                        buf.extend_from_slice(f.row(i as usize));
+                    }
+                    Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?
+                }
+                (None, Some(e)) => candle_core::Var::from_tensor(&e.gather(ids, self.dtype, &self.device)?)?.into_inner(),
+                (None, None) => return Err(ModelError::Config(format!("node type {t} has neither features nor an embedding table"))),
+            };
+            out.push(Some(x));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,9 @@
+//! Graph aggregation kernels as candle custom ops (forward and backward).
+//!
+//! They aggregate straight from CSR and never materialise per-edge rows: the
+//! per-edge `index_select` + `index_add` formulation spends most of its time
+//! gathering and scattering `[edges × hidden]` tensors.
+
+mod segment;
+
+pub use segment::{segment_mean, SegmentCsr};

@@ -1,0 +1,162 @@
+//! Segment mean over a CSR: `out[d] = mean over s in row d of x[s]` (0 for an
+//! empty row), with its exact transpose as the backward pass.
+//!
+//! Both directions parallelise over output rows and sum each row in a fixed
+//! order, so results are bit-identical whatever the thread count.
+
+use std::ops::{AddAssign, Mul};
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// A destination-major CSR with its source-major transpose, shared by the
+/// forward and backward ops.
+#[derive(Debug)]
+pub struct SegmentCsr {
+    n_src: usize,
+    offsets: Vec<u32>,
+    sources: Vec<u32>,
+    inv_deg: Vec<f64>,
+    t_offsets: Vec<u32>,
+    t_dsts: Vec<u32>,
+}
+
+impl SegmentCsr {
+    /// Destination `d`'s sources are `sources[offsets[d]..offsets[d+1]]`, each `< n_src`.
+    pub fn new(n_src: usize, offsets: Vec<u32>, sources: Vec<u32>) -> Arc<SegmentCsr> {
+        assert!(!offsets.is_empty() && *offsets.last().expect("non-empty") as usize == sources.len());
+        assert!(sources.iter().all(|&s| (s as usize) < n_src), "source index out of range");
+        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
+        let mut t_offsets = vec![0u32; n_src + 1];
+        for &s in &sources {
+            t_offsets[s as usize + 1] += 1;
+        }
+        for i in 0..n_src {
+            t_offsets[i + 1] += t_offsets[i];
+        }
+        let mut fill = t_offsets[..n_src].to_vec();
+        let mut t_dsts = vec![0u32; sources.len()];
+        for (d, w) in offsets.windows(2).enumerate() {
+            for &s in &sources[w[0] as usize..w[1] as usize] {
+                t_dsts[fill[s as usize] as usize] = d as u32;
+                fill[s as usize] += 1;
+            }
+        }
+        Arc::new(SegmentCsr { n_src, offsets, sources, inv_deg, t_offsets, t_dsts })
+    }
+
+    /// Number of destination rows.
+    pub fn n_dst(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Number of source rows.
+    pub fn n_src(&self) -> usize {
+        self.n_src
+    }
+
+    /// Number of edges.
+    pub fn n_edges(&self) -> usize {
+        self.sources.len()
+    }
+}
+
+/// Mean of each destination's source rows of `x` (`[n_src, h]` → `[n_dst, h]`), differentiable.
+pub fn segment_mean(x: &Tensor, csr: &Arc<SegmentCsr>) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1(SegmentMean(Arc::clone(csr)))
+}
+
+struct SegmentMean(Arc<SegmentCsr>);
+struct SegmentMeanT(Arc<SegmentCsr>);
+
+trait Elem: Copy + Default + AddAssign + Mul<Output = Self> + Send + Sync {}
+impl Elem for f32 {}
+impl Elem for f64 {}
+
+/// `out[r] = scale(r) · Σ_{j in row r} x[idx[j]]` for every output row.
+fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight: impl Fn(usize, u32) -> T + Sync) -> Vec<T> {
+    let rows = offsets.len() - 1;
+    let mut out = vec![T::default(); rows * h];
+    if h == 0 {
+        return out;
+    }
+    out.par_chunks_mut(h).enumerate().with_min_len(64).for_each(|(r, o)| {
+        for &s in &idx[offsets[r] as usize..offsets[r + 1] as usize] {
+            let w = weight(r, s);
+            let row = &x[s as usize * h..(s as usize + 1) * h];
+            for (a, &b) in o.iter_mut().zip(row) {
+                *a += w * b;
+            }
+        }
+    });
+    out
+}
+
+fn input<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [T]> {
+    let (start, end) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("segment op needs a contiguous input".into()))?;
+    Ok(&s.as_slice::<T>()?[start..end])
+}
+
+fn width(l: &Layout, rows: usize, what: &str) -> candle_core::Result<usize> {
+    match l.dims() {
+        [r, h] if *r == rows => Ok(*h),
+        dims => Err(candle_core::Error::Msg(format!("{what}: input shape {dims:?}, expected [{rows}, h]"))),
+    }
+}
+
+impl CustomOp1 for SegmentMean {
+    fn name(&self) -> &'static str {
+        "segment-mean"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let c = &self.0;
+        let h = width(l, c.n_src, self.name())?;
+        let shape = Shape::from((c.n_dst(), h));
+        let st = match s {
+            CpuStorage::F32(_) => {
+                let x = input::<f32>(s, l)?;
+                CpuStorage::F32(gather_rows(x, h, &c.offsets, &c.sources, |d, _| c.inv_deg[d] as f32))
+            }
+            CpuStorage::F64(_) => {
+                let x = input::<f64>(s, l)?;
+                CpuStorage::F64(gather_rows(x, h, &c.offsets, &c.sources, |d, _| c.inv_deg[d]))
+            }
+            _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
+        };
+        Ok((st, shape))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.contiguous()?.apply_op1(SegmentMeanT(Arc::clone(&self.0)))?))
+    }
+}
+
+impl CustomOp1 for SegmentMeanT {
+    fn name(&self) -> &'static str {
+        "segment-mean-transpose"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let c = &self.0;
+        let h = width(l, c.n_dst(), self.name())?;
+        let shape = Shape::from((c.n_src, h));
+        let st = match s {
+            CpuStorage::F32(_) => {
+                let g = input::<f32>(s, l)?;
+                CpuStorage::F32(gather_rows(g, h, &c.t_offsets, &c.t_dsts, |_, d| c.inv_deg[d as usize] as f32))
+            }
+            CpuStorage::F64(_) => {
+                let g = input::<f64>(s, l)?;
+                CpuStorage::F64(gather_rows(g, h, &c.t_offsets, &c.t_dsts, |_, d| c.inv_deg[d as usize]))
+            }
+            _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
+        };
+        Ok((st, shape))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.contiguous()?.apply_op1(SegmentMean(Arc::clone(&self.0)))?))
+    }
+}

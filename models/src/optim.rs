@@ -1,0 +1,68 @@
+//! Adam for dense parameters, with its state exposed for checkpoints.
+
+use std::collections::BTreeMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+
+use crate::error::Result;
+use crate::params::ParamStore;
+
+/// Adam hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+}
+
+impl AdamConfig {
+    /// PyTorch's defaults with learning rate `lr`.
+    pub fn with_lr(lr: f64) -> AdamConfig {
+        AdamConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+    }
+}
+
+/// Adam over a [`ParamStore`]; a parameter without a gradient in a step is left
+/// untouched (its moments too), as PyTorch does.
+pub struct Adam {
+    /// Hyper-parameters.
+    pub cfg: AdamConfig,
+    /// Steps taken.
+    pub step: u64,
+    /// First and second moments by parameter name.
+    pub moments: BTreeMap<String, (Tensor, Tensor)>,
+}
+
+impl Adam {
+    /// A fresh optimiser.
+    pub fn new(cfg: AdamConfig) -> Adam {
+        Adam { cfg, step: 0, moments: BTreeMap::new() }
+    }
+
+    /// Applies one update from `grads`.
+    pub fn step(&mut self, params: &ParamStore, grads: &GradStore) -> Result<()> {
+        self.step += 1;
+        let c = self.cfg;
+        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
+        for (name, var) in params.iter() {
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let (m, v) = match self.moments.get(name) {
+                Some((m, v)) => (m.clone(), v.clone()),
+                None => (g.zeros_like()?, g.zeros_like()?),
+            };
+            let m = ((m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
+            let v = ((v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+            let update = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;
+            var.set(&(var.as_tensor() - (update * c.lr)?)?)?;
+            self.moments.insert(name.to_string(), (m, v));
+        }
+        Ok(())
+    }
+}

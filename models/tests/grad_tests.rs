@@ -1,0 +1,231 @@
+//! Gradient checks in f64 against central finite differences, and the
+//! relation-partial seam.
+
+use candle_core::{DType, Device, Tensor, Var};
+use graphs::{Features, GraphBuilder, HetGraph, Sampler, Splits};
+use models::embedding::EmbeddingTable;
+use models::ops::{segment_mean, SegmentCsr};
+use models::optim::AdamConfig;
+use models::rgcn::PerType;
+use models::{Model, ModelKind, ModelSpec};
+
+fn graph() -> HetGraph {
+    let mut r = graphs::rng::CounterRng::new(3);
+    let (np, na) = (12u32, 7u32);
+    let feats: Vec<f32> = (0..np * 5).map(|_| r.normal() as f32).collect();
+    let mut e = |n_src: u32, n_dst: u32, m: usize| -> (Vec<u32>, Vec<u32>) {
+        (0..m).map(|_| (r.below(n_src.into()) as u32, r.below(n_dst.into()) as u32)).unzip()
+    };
+    let (ws, wd) = e(na, np, 30);
+    let (cs, cd) = e(np, np, 25);
+    let mut g = GraphBuilder::new("t", "paper", 3)
+        .node_type("paper", np, Some(Features::from_vec(np as usize, 5, feats)))
+        .node_type("author", na, None)
+        .labels((0..np).map(|i| i64::from(i % 3)).collect(), Splits { train: (0..8).collect(), valid: vec![8, 9], test: vec![10, 11] })
+        .relation("author", "writes", "paper", ws, wd)
+        .relation("paper", "cites", "paper", cs, cd)
+        .build()
+        .unwrap();
+    g.add_reverse_relations().unwrap();
+    g
+}
+
+fn dense_mean(x: &[f64], h: usize, offsets: &[u32], sources: &[u32]) -> Vec<f64> {
+    let mut out = vec![0.0; (offsets.len() - 1) * h];
+    for d in 0..offsets.len() - 1 {
+        let (a, b) = (offsets[d] as usize, offsets[d + 1] as usize);
+        for &s in &sources[a..b] {
+            for j in 0..h {
+                out[d * h + j] += x[s as usize * h + j] / (b - a) as f64;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn segment_mean_matches_a_dense_reference_forward_and_backward() {
+    let dev = Device::Cpu;
+    let offsets = vec![0, 3, 3, 5, 9];
+    let sources = vec![0, 2, 2, 1, 4, 0, 1, 2, 3];
+    let csr = SegmentCsr::new(5, offsets.clone(), sources.clone());
+    let xs: Vec<f64> = (0..15).map(|i| (i as f64 * 0.37).sin()).collect();
+    let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), (5, 3), &dev).unwrap()).unwrap();
+    let y = segment_mean(x.as_tensor(), &csr).unwrap();
+    let want = dense_mean(&xs, 3, &offsets, &sources);
+    let got: Vec<f64> = y.flatten_all().unwrap().to_vec1().unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-12);
+    }
+    assert_eq!(&got[3..6], &[0.0, 0.0, 0.0], "empty row is zero");
+    // d/dx of sum(w ⊙ y) against finite differences.
+    let w = Tensor::from_vec((0..12).map(|i| i as f64 - 5.5).collect::<Vec<_>>(), (4, 3), &dev).unwrap();
+    let loss = (y * &w).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let gx: Vec<f64> = grads.get(x.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let wv: Vec<f64> = w.flatten_all().unwrap().to_vec1().unwrap();
+    let f = |xs: &[f64]| dense_mean(xs, 3, &offsets, &sources).iter().zip(&wv).map(|(a, b)| a * b).sum::<f64>();
+    for i in 0..15 {
+        let (mut p, mut m) = (xs.clone(), xs.clone());
+        p[i] += 1e-6;
+        m[i] -= 1e-6;
+        let fd = (f(&p) - f(&m)) / 2e-6;
+        assert!((fd - gx[i]).abs() < 1e-6, "x[{i}]: analytic {} numeric {fd}", gx[i]);
+    }
+    // Second order: the backward op is itself differentiable (its transpose is the forward).
+    let gx_t = grads.get(x.as_tensor()).unwrap();
+    assert_eq!(gx_t.dims(), &[5, 3]);
+}
+
+/// Loss of the model on one batch with the given (variable) inputs.
+fn loss(model: &Model, g: &HetGraph, mb: &graphs::MiniBatch, inputs: &PerType) -> Tensor {
+    let logits = model.forward(g, mb, inputs.clone(), None).unwrap();
+    let (labels, _) = g.target_labels();
+    let y: Vec<u32> = mb.seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+    let y = Tensor::from_vec(y, mb.seeds.len(), &Device::Cpu).unwrap();
+    candle_nn::loss::cross_entropy(&logits, &y).unwrap()
+}
+
+fn check_model_gradients(kind: ModelKind) {
+    let g = graph();
+    let spec = ModelSpec { kind, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1 };
+    let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
+    let mb = Sampler::new(&g, &[3, 2], 0).unwrap().sample(0, 0, &[0, 1, 2, 3, 4]).unwrap();
+    let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+    let l = loss(&model, &g, &mb, &inputs);
+    let grads = l.backward().unwrap();
+    let eval = |model: &Model, inputs: &PerType| loss(model, &g, &mb, inputs).to_scalar::<f64>().unwrap();
+    let eps = 1e-6;
+    let mut checked = 0;
+    for (name, var) in model.params.iter() {
+        let Some(gr) = grads.get(var.as_tensor()) else { continue };
+        let gr: Vec<f64> = gr.flatten_all().unwrap().to_vec1().unwrap();
+        let base: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        for i in (0..base.len()).step_by(base.len().div_ceil(4)) {
+            let shape = var.as_tensor().shape().clone();
+            let mut p = base.clone();
+            p[i] += eps;
+            var.set(&Tensor::from_vec(p, shape.clone(), &Device::Cpu).unwrap()).unwrap();
+            let lp = eval(&model, &inputs);
+            let mut m = base.clone();
+            m[i] -= eps;
+            var.set(&Tensor::from_vec(m, shape.clone(), &Device::Cpu).unwrap()).unwrap();
+            let lm = eval(&model, &inputs);
+            var.set(&Tensor::from_vec(base.clone(), shape, &Device::Cpu).unwrap()).unwrap();
+            let fd = (lp - lm) / (2.0 * eps);
+            assert!((fd - gr[i]).abs() <= 1e-6 + 1e-5 * fd.abs(), "{name}[{i}]: analytic {} numeric {fd}", gr[i]);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "checked {checked} entries");
+    // The learnable (sparse) embedding rows of the batch.
+    let author = g.type_id("author").unwrap().index();
+    if let Some(x) = &inputs[author] {
+        let gr: Vec<f64> = grads.get(x).expect("embedding rows get a gradient").flatten_all().unwrap().to_vec1().unwrap();
+        let base: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
+        for i in 0..base.len().min(9) {
+            let perturbed = |d: f64| {
+                let mut v = base.clone();
+                v[i] += d;
+                let mut inp = inputs.clone();
+                inp[author] = Some(Tensor::from_vec(v, x.shape(), &Device::Cpu).unwrap());
+                eval(&model, &inp)
+            };
+            let fd = (perturbed(eps) - perturbed(-eps)) / (2.0 * eps);
+            assert!((fd - gr[i]).abs() <= 1e-6 + 1e-5 * fd.abs(), "embedding[{i}]: analytic {} numeric {fd}", gr[i]);
+        }
+    } else {
+        assert_eq!(kind, ModelKind::Mlp);
+    }
+}
+
+#[test]
+fn rgcn_gradients_match_finite_differences() {
+    check_model_gradients(ModelKind::Rgcn);
+}
+
+#[test]
+fn mlp_gradients_match_finite_differences() {
+    check_model_gradients(ModelKind::Mlp);
+}
+
+#[test]
+fn a_layer_is_the_sum_of_its_relation_partials() {
+    let g = graph();
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2 };
+    let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
+    let layer = models::rgcn::RgcnLayer::new(&mut models::params::ParamStore::new(), &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap();
+    let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();
+    let h = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+    let block = &mb.blocks[0];
+    let all: Vec<graphs::RelationId> = (0..g.relations().len() as u32).map(graphs::RelationId).collect();
+    let whole = layer.cross_relation(block, &h, layer.relation_partials(&g, block, &all, &h).unwrap()).unwrap();
+    // Split the relations across two "workers" and sum their partials.
+    let (a, b) = all.split_at(2);
+    let pa = layer.relation_partials(&g, block, a, &h).unwrap();
+    let pb = layer.relation_partials(&g, block, b, &h).unwrap();
+    let summed: PerType = pa
+        .into_iter()
+        .zip(pb)
+        .map(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => Some((x + y).unwrap()),
+            (x, None) => x,
+            (None, y) => y,
+        })
+        .collect();
+    let split = layer.cross_relation(block, &h, summed).unwrap();
+    for (w, s) in whole.iter().zip(&split) {
+        match (w, s) {
+            (Some(w), Some(s)) => {
+                let diff: f64 = (w - s).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+                assert!(diff < 1e-12, "partials differ by {diff}");
+            }
+            (None, None) => {}
+            _ => panic!("type present in one computation only"),
+        }
+    }
+}
+
+#[test]
+fn sparse_adam_is_exact_adam_per_touched_row() {
+    let cfg = AdamConfig::with_lr(0.1);
+    let mut t = EmbeddingTable::new(0, "embed.x", 4, 2);
+    let before = t.data.clone();
+    let grads = [[0.5f32, -1.0], [2.0, 0.25]];
+    // Row 1 is touched twice, row 3 once; rows 0 and 2 never.
+    t.sparse_adam(&[1, 3], &Tensor::new(&grads, &Device::Cpu).unwrap(), &cfg).unwrap();
+    t.sparse_adam(&[1], &Tensor::new(&[[0.5f32, -1.0]], &Device::Cpu).unwrap(), &cfg).unwrap();
+    assert_eq!(&t.data[0..2], &before[0..2]);
+    assert_eq!(&t.data[4..6], &before[4..6]);
+    // Reference: dense Adam on one scalar with the same gradient sequence.
+    let adam = |x0: f32, gs: &[f32]| {
+        let (mut m, mut v, mut x) = (0f64, 0f64, f64::from(x0));
+        for (k, &g) in gs.iter().enumerate() {
+            let t = k as i32 + 1;
+            m = 0.9 * m + 0.1 * f64::from(g);
+            v = 0.999 * v + 0.001 * f64::from(g) * f64::from(g);
+            x -= 0.1 * (m / (1.0 - 0.9f64.powi(t))) / ((v / (1.0 - 0.999f64.powi(t))).sqrt() + 1e-8);
+        }
+        x as f32
+    };
+    assert!((t.data[2] - adam(before[2], &[0.5, 0.5])).abs() < 1e-5, "{} vs {}", t.data[2], adam(before[2], &[0.5, 0.5]));
+    assert!((t.data[3] - adam(before[3], &[-1.0, -1.0])).abs() < 1e-6);
+    assert!((t.data[6] - adam(before[6], &[2.0])).abs() < 1e-6);
+    assert!((t.data[7] - adam(before[7], &[0.25])).abs() < 1e-6);
+    assert_eq!(t.steps, vec![0, 2, 0, 1]);
+}
+
+#[test]
+fn initialisation_depends_only_on_seed_and_name() {
+    let g = graph();
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.5, seed: 9 };
+    let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+    let b = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+    let c = Model::new(&ModelSpec { seed: 10, ..spec.clone() }, &g, DType::F32, &Device::Cpu).unwrap();
+    let vals = |m: &Model| -> Vec<Vec<f32>> { m.params.iter().map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()).collect() };
+    assert_eq!(vals(&a), vals(&b));
+    assert_ne!(vals(&a), vals(&c));
+    assert!("gat".parse::<ModelKind>().is_err());
+    assert!(Model::new(&ModelSpec { layers: 0, ..spec.clone() }, &g, DType::F32, &Device::Cpu).is_err());
+    assert!(Model::new(&ModelSpec { dropout: 1.0, ..spec }, &g, DType::F32, &Device::Cpu).is_err());
+}
