@@ -209,9 +209,9 @@ fn sparse_adam_is_exact_adam_per_touched_row() {
         x as f32
     };
     assert!((t.data[2] - adam(before[2], &[0.5, 0.5])).abs() < 1e-5, "{} vs {}", t.data[2], adam(before[2], &[0.5, 0.5]));
-    assert!((t.data[3] - adam(before[3], &[-1.0, -1.0])).abs() < 1e-6);
-    assert!((t.data[6] - adam(before[6], &[2.0])).abs() < 1e-6);
-    assert!((t.data[7] - adam(before[7], &[0.25])).abs() < 1e-6);
+    assert!((t.data[3] - adam(before[3], &[-1.0, -1.0])).abs() < 1e-5);
+    assert!((t.data[6] - adam(before[6], &[2.0])).abs() < 1e-5);
+    assert!((t.data[7] - adam(before[7], &[0.25])).abs() < 1e-5);
     assert_eq!(t.steps, vec![0, 2, 0, 1]);
 }
 
