@@ -4,6 +4,7 @@
 
 mod bar;
 mod inspect;
+mod train;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +46,8 @@ enum Command {
     /// Convert a dataset from another layout into the graph directory format.
     #[command(subcommand)]
     Import(Import),
+    /// Train a model (with no options: R-GCN on a built-in mag-like graph).
+    Train(Box<train::TrainArgs>),
     /// Validate a graph directory and print its schema, sizes and degree statistics.
     Inspect {
         /// The graph directory.
@@ -93,6 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
+        Command::Train(args) => train::run(&args)?,
     }
     Ok(())
 }

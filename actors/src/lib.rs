@@ -1,1 +1,17 @@
-//! placeholder during build
+//! hetgnn's training roles and what drives them: the run configuration (TOML
+//! with `--set` overrides), the single-process trainer, and the run report.
+//!
+//! Roles are plain structs (sans-IO cores); the actor wrappers that put them
+//! on the runtime come with the distributed modes.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod report;
+pub mod trainer;
+
+pub use config::{Config, Mode, TrainingConfig};
+pub use error::{Result, TrainError};
+pub use report::{EpochReport, Report};
+pub use trainer::{train, TrainObserver};

@@ -1,0 +1,199 @@
+//! The run configuration: one TOML schema (DESIGN.md "Configuration"), any key
+//! overridable with `--set section.key=value`. Unknown keys are errors.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use models::ModelKind;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[training]`
+    #[serde(default)]
+    pub training: TrainingConfig,
+}
+
+/// How training is distributed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Everything in one process (the default).
+    #[default]
+    Single,
+}
+
+/// `[training]`: what to train and how.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Distribution mode (default "single").
+    pub mode: Mode,
+    /// Graph directory; absent: a mag-like graph at scale 0.01 generated once into the cache directory.
+    pub data: Option<PathBuf>,
+    /// "rgcn" (default) or "mlp".
+    pub model: ModelKind,
+    /// Number of layers (default 2); must equal the number of fanouts.
+    pub layers: usize,
+    /// Passes over the training nodes (default 10).
+    pub epochs: u64,
+    /// Seed nodes per step (default 1024).
+    pub batch: usize,
+    /// Neighbors sampled per relation and hop, seeds outward (default [25, 20]).
+    #[serde(deserialize_with = "fanouts")]
+    pub fanouts: Vec<usize>,
+    /// Hidden width (default 64).
+    pub hidden: usize,
+    /// Width of learnable embeddings of featureless types (default 64).
+    pub embed_dim: usize,
+    /// Adam learning rate (default 0.01).
+    pub lr: f64,
+    /// Dropout after every layer but the last (default 0.5).
+    pub dropout: f32,
+    /// Seed of initialisation, batch order, sampling and dropout (default 0).
+    pub seed: u64,
+    /// Add `rev_<name>` relations at load (default true).
+    pub reverse_edges: bool,
+    /// "cpu" (default) or "cuda:N".
+    pub device: String,
+    /// Where to write the JSON report (default: none).
+    pub report: Option<PathBuf>,
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        TrainingConfig {
+            mode: Mode::Single,
+            data: None,
+            model: ModelKind::Rgcn,
+            layers: 2,
+            epochs: 10,
+            batch: 1024,
+            fanouts: vec![25, 20],
+            hidden: 64,
+            embed_dim: 64,
+            lr: 0.01,
+            dropout: 0.5,
+            seed: 0,
+            reverse_edges: true,
+            device: "cpu".into(),
+            report: None,
+        }
+    }
+}
+
+/// Accepts `[25, 20]` or `"25,20"` (convenient on the command line).
+fn fanouts<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum F {
+        List(Vec<usize>),
+        Text(String),
+    }
+    match F::deserialize(d)? {
+        F::List(v) => Ok(v),
+        F::Text(s) => s
+            .split(',')
+            .map(|p| p.trim().parse::<usize>().map_err(|_| serde::de::Error::custom(format!("fanouts: '{p}' is not a non-negative integer"))))
+            .collect(),
+    }
+}
+
+impl Config {
+    /// Parses `text` (TOML), applies `overrides` (`section.key=value`), validates.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Config> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| TrainError::Config(e.to_string()))?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let cfg: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| TrainError::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads the file `path` and parses it as [`Config::parse`] does.
+    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })?;
+        Config::parse(&text, overrides).map_err(|e| match e {
+            TrainError::Config(m) => TrainError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Checks values and their combinations, naming the key at fault.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.training;
+        let bad = |m: String| Err(TrainError::Config(m));
+        if t.layers == 0 {
+            return bad("training.layers must be at least 1".into());
+        }
+        if t.fanouts.len() != t.layers {
+            return bad(format!("training.fanouts lists {} values but training.layers is {}: give one fanout per layer", t.fanouts.len(), t.layers));
+        }
+        if t.batch == 0 {
+            return bad("training.batch must be at least 1".into());
+        }
+        if t.hidden == 0 || t.embed_dim == 0 {
+            return bad("training.hidden and training.embed_dim must be at least 1".into());
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return bad(format!("training.lr must be a positive number, got {}", t.lr));
+        }
+        if !(0.0..1.0).contains(&t.dropout) {
+            return bad(format!("training.dropout must be in [0, 1), got {}", t.dropout));
+        }
+        Ok(())
+    }
+}
+
+/// Sets `a.b=value` in `table`; the value is TOML (`2`, `"x"`, `[25, 20]`) or else a bare string.
+fn apply_override(table: &mut toml::Table, o: &str) -> Result<()> {
+    let (key, raw) = o.split_once('=').ok_or_else(|| TrainError::Config(format!("--set {o}: expected section.key=value")))?;
+    let path: Vec<&str> = key.trim().split('.').collect();
+    if path.len() != 2 || path.iter().any(|p| p.is_empty()) {
+        return Err(TrainError::Config(format!("--set {o}: the key must be section.key")));
+    }
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let section = table.entry(path[0]).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(section) = section else {
+        return Err(TrainError::Config(format!("--set {o}: '{}' is not a section", path[0])));
+    };
+    section.insert(path[1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_files_and_overrides() {
+        let c = Config::parse("", &[]).unwrap();
+        assert_eq!(c.training, TrainingConfig::default());
+        let c = Config::parse("[training]\nepochs = 3\nfanouts = [5]\nlayers = 1\n", &["training.model=mlp".into(), "training.lr=0.5".into()]).unwrap();
+        assert_eq!((c.training.epochs, c.training.model, c.training.lr), (3, ModelKind::Mlp, 0.5));
+        let c = Config::parse("", &["training.fanouts=10,5".into(), "training.data=/tmp/g".into()]).unwrap();
+        assert_eq!(c.training.fanouts, vec![10, 5]);
+        assert_eq!(c.training.data, Some(PathBuf::from("/tmp/g")));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = |text: &str, o: &[&str]| Config::parse(text, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err().to_string();
+        assert!(err("[training]\nepoch = 3\n", &[]).contains("unknown field `epoch`"));
+        assert!(err("[trainning]\n", &[]).contains("unknown field `trainning`"));
+        assert!(err("", &["training.fanouts=25"]).contains("training.fanouts lists 1 values but training.layers is 2"));
+        assert!(err("", &["training.model=gat"]).contains("unknown variant `gat`"));
+        assert!(err("", &["training.lr=-1"]).contains("training.lr"));
+        assert!(err("", &["training.mode=raf"]).contains("unknown variant `raf`"));
+        assert!(err("", &["epochs=3"]).contains("section.key"));
+        assert!(err("", &["training.fanouts=a,b"]).contains("fanouts"));
+        assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));
+    }
+}

@@ -1,0 +1,30 @@
+//! The crate's error type.
+
+/// Result alias for this crate.
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+/// Errors from configuring or running training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The configuration is invalid; the message names the key.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The graph could not be loaded or sampled.
+    #[error(transparent)]
+    Graph(#[from] graphs::GraphError),
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] models::ModelError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// Writing an output failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,90 @@
+//! The run report (DESIGN.md "Observability"): the same fields in every mode,
+//! so runs can be compared by scripts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::error::{Result, TrainError};
+
+/// One epoch's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochReport {
+    /// Epoch index (0-based).
+    pub epoch: u64,
+    /// Mean training loss over the epoch's steps.
+    pub loss: f64,
+    /// Accuracy on the training seeds as they were trained (with dropout).
+    pub train_acc: f64,
+    /// Validation accuracy after the epoch.
+    pub valid_acc: f64,
+    /// Test accuracy after the epoch.
+    pub test_acc: f64,
+    /// Wall time of the training steps (evaluation excluded).
+    pub seconds: f64,
+    /// Neighbor sampling.
+    pub sample_s: f64,
+    /// Gathering input features and embedding rows.
+    pub gather_s: f64,
+    /// Forward and backward.
+    pub compute_s: f64,
+    /// Network communication (0 in a single process).
+    pub comm_s: f64,
+    /// Optimiser updates (dense Adam and sparse embedding Adam).
+    pub update_s: f64,
+    /// Evaluation on the validation and test splits.
+    pub eval_s: f64,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Everything that shaped the run.
+    pub config: Config,
+    /// "single", "data-parallel", "raf", ...
+    pub mode: String,
+    /// Processes that took part.
+    pub nodes: usize,
+    /// Training steps taken.
+    pub steps: u64,
+    /// Per-epoch figures.
+    pub epochs: Vec<EpochReport>,
+    /// Network bytes by message kind over the whole run.
+    pub bytes_by_kind: BTreeMap<String, u64>,
+    /// Network messages by kind.
+    pub messages_by_kind: BTreeMap<String, u64>,
+    /// Cache figures per node type.
+    pub cache: BTreeMap<String, serde_json::Value>,
+    /// Failures and their recovery.
+    pub failures: Vec<serde_json::Value>,
+    /// Peak resident memory of the process, in bytes.
+    pub peak_memory_bytes: Option<u64>,
+    /// Number of dense parameters and learnable embedding values.
+    pub parameters: u64,
+    /// SHA-256 over every parameter and embedding value (names included).
+    pub final_model_sha256: String,
+}
+
+impl Report {
+    /// Writes the report as pretty JSON.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("report serialises");
+        std::fs::write(path, text + "\n").map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })
+    }
+
+    /// Reads a report written by [`Report::write`].
+    pub fn read(path: &Path) -> Result<Report> {
+        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })?;
+        serde_json::from_str(&text).map_err(|e| TrainError::Config(format!("{}: not a hetgnn report: {e}", path.display())))
+    }
+}
+
+/// Peak resident memory of this process (Linux), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,165 @@
+//! Single-process training: sample → gather → forward/backward → update, with
+//! evaluation after every epoch. Every source of randomness is keyed by the
+//! seed, so two runs with the same configuration are bit-identical on CPU.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use graphs::sampler::epoch_batches;
+use graphs::{Block, HetGraph, LoadOptions, MiniBatch, Sampler};
+use models::model::DropoutKey;
+use models::optim::{Adam, AdamConfig};
+use models::{Model, ModelSpec};
+use sha2::{Digest, Sha256};
+
+use crate::config::Config;
+use crate::error::{Result, TrainError};
+use crate::report::{peak_rss_bytes, EpochReport, Report};
+
+/// Evaluation samples with a seed of its own so it never shares draws with training.
+const EVAL_SEED: u64 = 0xE7A1_5EED;
+/// Seeds per evaluation batch.
+const EVAL_BATCH: usize = 4096;
+
+/// Receives progress from [`train`] (the CLI draws bars from it).
+pub trait TrainObserver {
+    /// The graph is loaded and the model built.
+    fn ready(&mut self, _graph: &HetGraph, _model: &Model) {}
+    /// An epoch of `steps` steps begins.
+    fn epoch_start(&mut self, _epoch: u64, _steps: u64) {}
+    /// A step finished with this loss.
+    fn step(&mut self, _loss: f64) {}
+    /// An epoch finished (evaluation included).
+    fn epoch_end(&mut self, _report: &EpochReport) {}
+}
+
+/// Ignores progress.
+impl TrainObserver for () {}
+
+/// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).
+pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
+    let t = &cfg.training;
+    let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
+    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges })?;
+    let device = crate::device::open(&t.device)?;
+    let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed };
+    let mut model = Model::new(&spec, &g, DType::F32, &device)?;
+    observer.ready(&g, &model);
+    let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+    let (labels, splits) = g.target_labels();
+    let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, ..Report::default() };
+    let mut sampler = Sampler::new(&g, &t.fanouts, t.seed)?;
+    let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
+
+    for epoch in 0..t.epochs {
+        let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
+        observer.epoch_start(epoch, batches.len() as u64);
+        let mut er = EpochReport { epoch, ..EpochReport::default() };
+        let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
+        let epoch_start = Instant::now();
+        for (step, seeds) in batches.iter().enumerate() {
+            let step = step as u64;
+            let mut clock = Instant::now();
+            let mb = sample(&mut sampler, &model, epoch, step, seeds)?;
+            er.sample_s += lap(&mut clock);
+            let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
+            let y = targets(labels, seeds, &device)?;
+            er.gather_s += lap(&mut clock);
+            let logits = model.forward(&g, &mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            let grads = loss.backward()?;
+            er.compute_s += lap(&mut clock);
+            adam.step(&model.params, &grads)?;
+            for (ty, x) in inputs.iter().enumerate() {
+                if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
+                    if let Some(gr) = grads.get(x) {
+                        table.sparse_adam(&mb.blocks[0].src[ty], gr, &adam.cfg)?;
+                    }
+                }
+            }
+            er.update_s += lap(&mut clock);
+            let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            loss_sum += l;
+            correct += count_correct(&logits, labels, seeds)?;
+            seen += seeds.len();
+            report.steps += 1;
+            observer.step(l);
+        }
+        er.seconds = epoch_start.elapsed().as_secs_f64();
+        er.loss = loss_sum / batches.len().max(1) as f64;
+        er.train_acc = correct as f64 / seen.max(1) as f64;
+        let eval_start = Instant::now();
+        er.valid_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.valid)?;
+        er.test_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.test)?;
+        er.eval_s = eval_start.elapsed().as_secs_f64();
+        observer.epoch_end(&er);
+        report.epochs.push(er);
+    }
+    report.peak_memory_bytes = peak_rss_bytes();
+    report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;
+    report.final_model_sha256 = model_hash(&model)?;
+    Ok((report, model))
+}
+
+/// Seconds since `clock`, restarting it (phases are timed end to end).
+fn lap(clock: &mut Instant) -> f64 {
+    let s = clock.elapsed().as_secs_f64();
+    *clock = Instant::now();
+    s
+}
+
+fn sample(sampler: &mut Sampler, model: &Model, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
+    if model.uses_neighbors() {
+        return Ok(sampler.sample(epoch, step, seeds)?);
+    }
+    // Features only: one block with the seeds and nothing else.
+    let g = sampler.graph();
+    let mut dst = vec![Vec::new(); g.node_types().len()];
+    dst[g.target().index()] = seeds.to_vec();
+    Ok(MiniBatch { epoch, step, seeds: seeds.to_vec(), blocks: vec![Block { layer: 0, src: dst.clone(), dst, relations: Vec::new() }] })
+}
+
+fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
+    let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+    Ok(Tensor::from_vec(y, seeds.len(), device)?)
+}
+
+fn count_correct(logits: &Tensor, labels: &[i64], seeds: &[u32]) -> Result<usize> {
+    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+    Ok(pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count())
+}
+
+/// Accuracy on `nodes` with sampled neighborhoods and no dropout.
+pub fn evaluate(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<f64> {
+    if nodes.is_empty() {
+        return Ok(0.0);
+    }
+    let (labels, _) = g.target_labels();
+    let mut correct = 0;
+    for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
+        let mb = sample(sampler, model, epoch, step as u64, seeds)?;
+        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+        let logits = model.forward(g, &mb, inputs, None)?.detach();
+        correct += count_correct(&logits, labels, seeds)?;
+    }
+    Ok(correct as f64 / nodes.len() as f64)
+}
+
+/// SHA-256 over parameter names and values, then embedding names and values.
+pub fn model_hash(model: &Model) -> Result<String> {
+    let mut h = Sha256::new();
+    for (name, var) in model.params.iter() {
+        h.update(name.as_bytes());
+        let v: Vec<f32> = var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        for x in v {
+            h.update(x.to_le_bytes());
+        }
+    }
+    for e in model.embeddings.iter().flatten() {
+        h.update(e.name.as_bytes());
+        for x in &e.data {
+            h.update(x.to_le_bytes());
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
