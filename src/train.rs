@@ -63,6 +63,12 @@ pub struct TrainArgs {
     /// Write the run report (JSON) here.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Write a checkpoint to this directory after every epoch.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Resume from the newest valid checkpoint in --checkpoint.
+    #[arg(long)]
+    resume: bool,
 }
 
 impl TrainArgs {
@@ -89,6 +95,8 @@ impl TrainArgs {
         push("reverse_edges", (self.reverse_edges || self.no_reverse_edges).then(|| self.reverse_edges.to_string()));
         push("device", self.device.as_deref().map(quoted));
         push("report", self.report.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("checkpoint_dir", self.checkpoint.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("resume", self.resume.then(|| "true".to_string()));
         o.extend(self.set.iter().cloned());
         o
     }
@@ -199,6 +207,9 @@ impl TrainObserver for Progress {
             bar.set_message(format!("loss {:.4}  {rate:.2} batches/s", self.loss / self.steps as f64));
             bar.inc(1);
         }
+    }
+    fn note(&mut self, message: &str) {
+        eprintln!("{message}");
     }
     fn epoch_end(&mut self, r: &EpochReport) {
         if let Some(bar) = self.bar.take() {

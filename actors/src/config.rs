@@ -61,6 +61,12 @@ pub struct TrainingConfig {
     pub device: String,
     /// Where to write the JSON report (default: none).
     pub report: Option<PathBuf>,
+    /// Directory for checkpoints, written after every epoch (default: none).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// How many checkpoints to keep (default 3).
+    pub checkpoint_keep: usize,
+    /// Resume from the newest valid checkpoint in `checkpoint_dir` (default false).
+    pub resume: bool,
 }
 
 impl Default for TrainingConfig {
@@ -81,6 +87,9 @@ impl Default for TrainingConfig {
             reverse_edges: true,
             device: "cpu".into(),
             report: None,
+            checkpoint_dir: None,
+            checkpoint_keep: 3,
+            resume: false,
         }
     }
 }
@@ -144,6 +153,12 @@ impl Config {
         }
         if !(0.0..1.0).contains(&t.dropout) {
             return bad(format!("training.dropout must be in [0, 1), got {}", t.dropout));
+        }
+        if t.resume && t.checkpoint_dir.is_none() {
+            return bad("training.resume needs training.checkpoint_dir (--checkpoint DIR)".into());
+        }
+        if t.checkpoint_keep == 0 {
+            return bad("training.checkpoint_keep must be at least 1".into());
         }
         Ok(())
     }

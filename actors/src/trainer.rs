@@ -7,6 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use graphs::sampler::epoch_batches;
 use graphs::{Block, HetGraph, LoadOptions, MiniBatch, Sampler};
+use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
 use models::{Model, ModelSpec};
@@ -31,6 +32,8 @@ pub trait TrainObserver {
     fn step(&mut self, _loss: f64) {}
     /// An epoch finished (evaluation included).
     fn epoch_end(&mut self, _report: &EpochReport) {}
+    /// Something the user should know (resumed from a checkpoint, skipped a corrupt one).
+    fn note(&mut self, _message: &str) {}
 }
 
 /// Ignores progress.
@@ -51,7 +54,23 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut sampler = Sampler::new(&g, &t.fanouts, t.seed)?;
     let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
 
-    for epoch in 0..t.epochs {
+    let mut first_epoch = 0;
+    if let (true, Some(root)) = (t.resume, &t.checkpoint_dir) {
+        match checkpoint::latest(root)? {
+            Some((dir, skipped)) => {
+                for s in skipped {
+                    observer.note(&format!("skipped checkpoint: {s}"));
+                }
+                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name())?;
+                first_epoch = m.epochs_done;
+                report.steps = m.steps;
+                observer.note(&format!("resumed from {} (epoch {}, step {})", dir.display(), m.epochs_done, m.steps));
+            }
+            None => observer.note(&format!("no checkpoint in {}: starting from scratch", root.display())),
+        }
+    }
+
+    for epoch in first_epoch..t.epochs {
         let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
         observer.epoch_start(epoch, batches.len() as u64);
         let mut er = EpochReport { epoch, ..EpochReport::default() };
@@ -94,6 +113,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         er.eval_s = eval_start.elapsed().as_secs_f64();
         observer.epoch_end(&er);
         report.epochs.push(er);
+        if let Some(root) = &t.checkpoint_dir {
+            checkpoint::save(root, &model, &adam, g.name(), epoch + 1, report.steps, t.checkpoint_keep)?;
+        }
     }
     report.peak_memory_bytes = peak_rss_bytes();
     report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;

@@ -13,6 +13,7 @@
 //! subset of relations elsewhere and be summed later.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod embedding;
 pub mod error;
 pub mod init;

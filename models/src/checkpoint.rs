@@ -1,0 +1,210 @@
+//! Checkpoints: dense parameters with their Adam moments, learnable embedding
+//! tables with their row-wise Adam state, and a manifest with the model spec,
+//! training progress and a SHA-256 per file.
+//!
+//! A checkpoint is written to a temporary directory and renamed into place, so
+//! a crash never leaves a half-written one; loading verifies every checksum
+//! and the model spec before touching the model.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{ModelError, Result};
+use crate::model::{Model, ModelSpec};
+use crate::optim::Adam;
+
+const FORMAT: u32 = 1;
+const PARAMS: &str = "params.safetensors";
+const EMBEDDINGS: &str = "embeddings.safetensors";
+const MANIFEST: &str = "manifest.json";
+
+/// What a checkpoint records besides tensors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint format version.
+    pub format: u32,
+    /// The model's spec; resuming requires an equal one.
+    pub spec: ModelSpec,
+    /// Name of the graph trained on.
+    pub graph: String,
+    /// Epochs completed.
+    pub epochs_done: u64,
+    /// Training steps completed.
+    pub steps: u64,
+    /// SHA-256 of each tensor file.
+    pub files: BTreeMap<String, String>,
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn io(path: &Path, source: std::io::Error) -> ModelError {
+    ModelError::Io { path: path.display().to_string(), source }
+}
+
+fn bad(path: &Path, problem: impl Into<String>) -> ModelError {
+    ModelError::Checkpoint { path: path.display().to_string(), problem: problem.into() }
+}
+
+/// Writes a checkpoint of `model` and `adam` under `root` as `epoch-NNNNNN`,
+/// keeping the newest `keep` checkpoints. Returns its directory.
+pub fn save(root: &Path, model: &Model, adam: &Adam, graph: &str, epochs_done: u64, steps: u64, keep: usize) -> Result<PathBuf> {
+    std::fs::create_dir_all(root).map_err(|e| io(root, e))?;
+    let name = format!("epoch-{epochs_done:06}");
+    let tmp = root.join(format!(".{name}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+
+    let mut params: HashMap<String, Tensor> = HashMap::new();
+    for (n, var) in model.params.iter() {
+        params.insert(format!("param.{n}"), var.as_tensor().to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    for (n, (m, v)) in &adam.moments {
+        params.insert(format!("adam.m.{n}"), m.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        params.insert(format!("adam.v.{n}"), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    params.insert("adam.step".into(), Tensor::new(&[adam.step as u32], &Device::Cpu)?);
+    let mut emb: HashMap<String, Tensor> = HashMap::new();
+    for e in model.embeddings.iter().flatten() {
+        let shape = (e.rows, e.dim);
+        emb.insert(format!("{}.data", e.name), Tensor::from_slice(&e.data, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.m", e.name), Tensor::from_slice(&e.m, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.v", e.name), Tensor::from_slice(&e.v, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.steps", e.name), Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?);
+    }
+    let mut files = BTreeMap::new();
+    for (file, tensors) in [(PARAMS, &params), (EMBEDDINGS, &emb)] {
+        let path = tmp.join(file);
+        candle_core::safetensors::save(tensors, &path)?;
+        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        files.insert(file.to_string(), sha256(&bytes));
+    }
+    let manifest = Manifest { format: FORMAT, spec: model.spec().clone(), graph: graph.to_string(), epochs_done, steps, files };
+    let mpath = tmp.join(MANIFEST);
+    std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
+    let dest = root.join(&name);
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
+    }
+    std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
+    let all = list(root)?;
+    for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
+        std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+    }
+    Ok(dest)
+}
+
+/// Checkpoint directories under `root`, oldest first.
+pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(root) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("epoch-"))
+            .map(|e| e.path())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io(root, e)),
+    };
+    out.sort();
+    Ok(out)
+}
+
+/// Reads and verifies a checkpoint's manifest and files (checksums).
+pub fn verify(dir: &Path) -> Result<(Manifest, Vec<(String, Vec<u8>)>)> {
+    let mpath = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&mpath).map_err(|e| io(&mpath, e))?;
+    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
+    if manifest.format != FORMAT {
+        return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
+    }
+    let mut files = Vec::new();
+    for (file, want) in &manifest.files {
+        let path = dir.join(file);
+        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        if sha256(&bytes) != *want {
+            return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+        }
+        files.push((file.clone(), bytes));
+    }
+    Ok((manifest, files))
+}
+
+/// The newest checkpoint under `root` that verifies, with the problems of any
+/// newer ones skipped.
+pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
+    let mut skipped = Vec::new();
+    for dir in list(root)?.into_iter().rev() {
+        match verify(&dir) {
+            Ok(_) => return Ok(Some((dir, skipped))),
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    if skipped.is_empty() {
+        Ok(None)
+    } else {
+        Err(bad(root, format!("no usable checkpoint: {}", skipped.join("; "))))
+    }
+}
+
+/// Restores `model` and `adam` from the checkpoint in `dir`, which must have
+/// been written for an equal model spec and the graph `graph`.
+pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str) -> Result<Manifest> {
+    let (manifest, files) = verify(dir)?;
+    if manifest.spec != *model.spec() {
+        return Err(bad(dir, format!("written for another model ({:?}); this run has {:?}", manifest.spec, model.spec())));
+    }
+    if manifest.graph != graph {
+        return Err(bad(dir, format!("written for graph '{}', this run trains on '{graph}'", manifest.graph)));
+    }
+    let device = model.device().clone();
+    let dtype = model.dtype();
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (_, bytes) in &files {
+        tensors.extend(candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?);
+    }
+    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
+    // Check everything before changing anything.
+    let mut dense = Vec::new();
+    for (n, var) in model.params.iter() {
+        let t = take(&format!("param.{n}"))?;
+        if t.shape() != var.as_tensor().shape() {
+            return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
+        }
+        let moments = match (take(&format!("adam.m.{n}")), take(&format!("adam.v.{n}"))) {
+            (Ok(m), Ok(v)) => Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?)),
+            _ => None,
+        };
+        dense.push((n.to_string(), t.to_dtype(dtype)?.to_device(&device)?, moments));
+    }
+    let step = take("adam.step")?.to_vec1::<u32>()?.first().copied().unwrap_or(0);
+    let mut tables = Vec::new();
+    for e in model.embeddings.iter().flatten() {
+        let get = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let data = get(take(&format!("{}.data", e.name))?)?;
+        let m = get(take(&format!("{}.m", e.name))?)?;
+        let v = get(take(&format!("{}.v", e.name))?)?;
+        let steps = take(&format!("{}.steps", e.name))?.to_vec1::<u32>()?;
+        if data.len() != e.data.len() || m.len() != e.m.len() || v.len() != e.v.len() || steps.len() != e.rows {
+            return Err(bad(dir, format!("embedding table {} does not match the model's size", e.name)));
+        }
+        tables.push((data, m, v, steps));
+    }
+    for (n, t, moments) in dense {
+        model.params.get(&n).expect("listed above").set(&t)?;
+        if let Some(mv) = moments {
+            adam.moments.insert(n, mv);
+        }
+    }
+    adam.step = u64::from(step);
+    for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
+        (e.data, e.m, e.v, e.steps) = (data, m, v, steps);
+    }
+    Ok(manifest)
+}
