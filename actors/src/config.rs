@@ -94,16 +94,18 @@ impl Default for TrainingConfig {
     }
 }
 
-/// Accepts `[25, 20]` or `"25,20"` (convenient on the command line).
+/// Accepts `[25, 20]`, `"25,20"` (convenient on the command line) or a single `25`.
 fn fanouts<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<usize>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum F {
         List(Vec<usize>),
+        One(usize),
         Text(String),
     }
     match F::deserialize(d)? {
         F::List(v) => Ok(v),
+        F::One(v) => Ok(vec![v]),
         F::Text(s) => s
             .split(',')
             .map(|p| p.trim().parse::<usize>().map_err(|_| serde::de::Error::custom(format!("fanouts: '{p}' is not a non-negative integer"))))

@@ -258,3 +258,9 @@ impl Model {
         Ok(out)
     }
 }
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("spec", &self.spec).field("parameters", &self.params.numel()).finish()
+    }
+}
