@@ -4,6 +4,8 @@
 
 mod bar;
 mod inspect;
+mod plot;
+mod predict;
 mod train;
 
 use std::path::PathBuf;
@@ -48,6 +50,16 @@ enum Command {
     Import(Import),
     /// Train a model (with no options: R-GCN on a built-in mag-like graph).
     Train(Box<train::TrainArgs>),
+    /// Draw the loss and accuracy curves of a run report (--report) as a PNG.
+    Plot {
+        /// The JSON report.
+        report: PathBuf,
+        /// Output PNG.
+        #[arg(long, default_value = "curves.png")]
+        out: PathBuf,
+    },
+    /// Predict classes (and final-layer embeddings) of every target node from a checkpoint.
+    Predict(predict::PredictArgs),
     /// Validate a graph directory and print its schema, sizes and degree statistics.
     Inspect {
         /// The graph directory.
@@ -97,6 +109,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
         Command::Train(args) => train::run(&args)?,
+        Command::Plot { report, out } => plot::run(&report, &out)?,
+        Command::Predict(args) => predict::run(&args)?,
     }
     Ok(())
 }

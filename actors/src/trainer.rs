@@ -18,7 +18,7 @@ use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, EpochReport, Report};
 
 /// Evaluation samples with a seed of its own so it never shares draws with training.
-const EVAL_SEED: u64 = 0xE7A1_5EED;
+pub const EVAL_SEED: u64 = 0xE7A1_5EED;
 /// Seeds per evaluation batch.
 const EVAL_BATCH: usize = 4096;
 
@@ -61,7 +61,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 for s in skipped {
                     observer.note(&format!("skipped checkpoint: {s}"));
                 }
-                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name())?;
+                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges)?;
                 first_epoch = m.epochs_done;
                 report.steps = m.steps;
                 observer.note(&format!("resumed from {} (epoch {}, step {})", dir.display(), m.epochs_done, m.steps));
@@ -114,7 +114,14 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         observer.epoch_end(&er);
         report.epochs.push(er);
         if let Some(root) = &t.checkpoint_dir {
-            checkpoint::save(root, &model, &adam, g.name(), epoch + 1, report.steps, t.checkpoint_keep)?;
+            let info = checkpoint::RunInfo {
+                graph: g.name().to_string(),
+                reverse_edges: t.reverse_edges,
+                fanouts: t.fanouts.clone(),
+                epochs_done: epoch + 1,
+                steps: report.steps,
+            };
+            checkpoint::save(root, &model, &adam, &info, t.checkpoint_keep)?;
         }
     }
     report.peak_memory_bytes = peak_rss_bytes();
@@ -130,7 +137,8 @@ fn lap(clock: &mut Instant) -> f64 {
     s
 }
 
-fn sample(sampler: &mut Sampler, model: &Model, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
+/// Samples a mini-batch, or for a features-only model a single block of the seeds.
+pub fn sample(sampler: &mut Sampler, model: &Model, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
     if model.uses_neighbors() {
         return Ok(sampler.sample(epoch, step, seeds)?);
     }

@@ -31,6 +31,10 @@ pub struct Manifest {
     pub spec: ModelSpec,
     /// Name of the graph trained on.
     pub graph: String,
+    /// Whether reverse relations were added (they have parameters of their own).
+    pub reverse_edges: bool,
+    /// Sampling fanouts used in training (prediction samples the same way).
+    pub fanouts: Vec<usize>,
     /// Epochs completed.
     pub epochs_done: u64,
     /// Training steps completed.
@@ -51,9 +55,25 @@ fn bad(path: &Path, problem: impl Into<String>) -> ModelError {
     ModelError::Checkpoint { path: path.display().to_string(), problem: problem.into() }
 }
 
+/// Where a run stands, recorded with its tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    /// Name of the graph trained on.
+    pub graph: String,
+    /// Whether reverse relations were added.
+    pub reverse_edges: bool,
+    /// Sampling fanouts.
+    pub fanouts: Vec<usize>,
+    /// Epochs completed.
+    pub epochs_done: u64,
+    /// Steps completed.
+    pub steps: u64,
+}
+
 /// Writes a checkpoint of `model` and `adam` under `root` as `epoch-NNNNNN`,
 /// keeping the newest `keep` checkpoints. Returns its directory.
-pub fn save(root: &Path, model: &Model, adam: &Adam, graph: &str, epochs_done: u64, steps: u64, keep: usize) -> Result<PathBuf> {
+pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize) -> Result<PathBuf> {
+    let epochs_done = info.epochs_done;
     std::fs::create_dir_all(root).map_err(|e| io(root, e))?;
     let name = format!("epoch-{epochs_done:06}");
     let tmp = root.join(format!(".{name}.partial-{}", std::process::id()));
@@ -86,7 +106,16 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, graph: &str, epochs_done: u
         let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
         files.insert(file.to_string(), sha256(&bytes));
     }
-    let manifest = Manifest { format: FORMAT, spec: model.spec().clone(), graph: graph.to_string(), epochs_done, steps, files };
+    let manifest = Manifest {
+        format: FORMAT,
+        spec: model.spec().clone(),
+        graph: info.graph.clone(),
+        reverse_edges: info.reverse_edges,
+        fanouts: info.fanouts.clone(),
+        epochs_done,
+        steps: info.steps,
+        files,
+    };
     let mpath = tmp.join(MANIFEST);
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
     let dest = root.join(&name);
@@ -153,15 +182,31 @@ pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
     }
 }
 
+/// Finds the checkpoint `path` names: a checkpoint directory itself, or a
+/// root holding `epoch-*` directories (the newest valid one).
+pub fn resolve(path: &Path) -> Result<PathBuf> {
+    if path.join(MANIFEST).exists() {
+        return Ok(path.to_path_buf());
+    }
+    match latest(path)? {
+        Some((dir, _)) => Ok(dir),
+        None => Err(bad(path, "no checkpoint here (neither a manifest.json nor epoch-* directories)")),
+    }
+}
+
 /// Restores `model` and `adam` from the checkpoint in `dir`, which must have
-/// been written for an equal model spec and the graph `graph`.
-pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str) -> Result<Manifest> {
+/// been written for an equal model spec, the graph `graph` and the same
+/// reverse-relation setting.
+pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse_edges: bool) -> Result<Manifest> {
     let (manifest, files) = verify(dir)?;
     if manifest.spec != *model.spec() {
         return Err(bad(dir, format!("written for another model ({:?}); this run has {:?}", manifest.spec, model.spec())));
     }
     if manifest.graph != graph {
         return Err(bad(dir, format!("written for graph '{}', this run trains on '{graph}'", manifest.graph)));
+    }
+    if manifest.reverse_edges != reverse_edges {
+        return Err(bad(dir, format!("written with reverse_edges = {}, this run has {reverse_edges}", manifest.reverse_edges)));
     }
     let device = model.device().clone();
     let dtype = model.dtype();

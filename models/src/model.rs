@@ -188,24 +188,35 @@ impl Model {
 
     /// Logits `[seeds, classes]` for a mini-batch. `inputs[t]` holds the input
     /// rows of `mb.blocks[0].src[t]`; `dropout` is `Some` in training.
-    /// Returns the logits and the final-layer input embeddings of the seeds.
     pub fn forward(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        Ok(self.forward_with_embeddings(g, mb, inputs, dropout)?.0)
+    }
+
+    /// Like [`Model::forward`], also returning the seeds' final-layer input
+    /// embeddings (`[seeds, width]`: what the last layer reads for each seed).
+    pub fn forward_with_embeddings(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<(Tensor, Tensor)> {
         let n_seeds = mb.seeds.len();
         let t = self.target.index();
         match &self.layers {
             Layers::Mlp(ls) => {
                 let mut h = inputs[t].as_ref().ok_or_else(|| ModelError::Config("no input rows for the target type".into()))?.narrow(0, 0, n_seeds)?;
+                let mut last_in = h.clone();
                 for (l, (w, b)) in ls.iter().enumerate() {
+                    last_in = h.clone();
                     h = h.matmul(w)?.broadcast_add(b)?;
                     if l + 1 < ls.len() {
                         h = self.dropout(h.relu()?, dropout, l, t)?;
                     }
                 }
-                Ok(h)
+                Ok((h, last_in))
             }
             Layers::Rgcn(ls) => {
                 let mut h = inputs;
+                let mut last_in = None;
                 for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {
+                    if l + 1 == ls.len() {
+                        last_in = h[t].as_ref().map(|x| x.narrow(0, 0, n_seeds)).transpose()?;
+                    }
                     let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
                     let mut out = layer.cross_relation(block, &h, partials)?;
                     if l + 1 < ls.len() {
@@ -218,7 +229,8 @@ impl Model {
                     h = out;
                 }
                 let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
-                Ok(out)
+                let emb = last_in.ok_or_else(|| ModelError::Config("the last block has no target inputs".into()))?;
+                Ok((out, emb))
             }
         }
     }

@@ -1,0 +1,75 @@
+//! `hetgnn predict`: classes and final-layer embeddings of every target node
+//! from a checkpoint, written as .npy.
+
+use std::path::PathBuf;
+
+use actors::trainer::{sample, EVAL_SEED};
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use clap::Args;
+use graphs::npy::{DType as NpyType, NpyWriter};
+use graphs::{LoadOptions, Sampler};
+use models::checkpoint;
+use models::optim::{Adam, AdamConfig};
+use models::Model;
+
+/// Options of `hetgnn predict`.
+#[derive(Args)]
+pub struct PredictArgs {
+    /// A checkpoint directory, or a --checkpoint root (its newest valid checkpoint is used).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The graph directory the model was trained on.
+    #[arg(long)]
+    data: PathBuf,
+    /// Output: predicted class per target node (int64 .npy).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write the final-layer input embeddings (float32 .npy, [nodes, width]).
+    #[arg(long)]
+    embeddings: Option<PathBuf>,
+    /// Seeds per inference batch.
+    #[arg(long, default_value_t = 4096)]
+    batch: usize,
+}
+
+pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
+    let dir = checkpoint::resolve(&a.checkpoint)?;
+    let (manifest, _) = checkpoint::verify(&dir)?;
+    let g = graphs::load(&a.data, &LoadOptions { mmap_features: true, reverse_edges: manifest.reverse_edges })
+        .with_context(|| format!("loading {}", a.data.display()))?;
+    let mut model = Model::new(&manifest.spec, &g, DType::F32, &Device::Cpu)?;
+    checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), manifest.reverse_edges)?;
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let n = g.node_type(g.target()).count;
+    let ids: Vec<u32> = (0..n).collect();
+    let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;
+    let mut preds = NpyWriter::create(&a.out, NpyType::I64, &[u64::from(n)])?;
+    let mut emb_writer: Option<NpyWriter> = None;
+    for (step, seeds) in ids.chunks(a.batch).enumerate() {
+        let mb = sample(&mut sampler, &model, manifest.epochs_done, step as u64, seeds)?;
+        let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
+        let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
+        let p: Vec<i64> = logits.argmax(1)?.to_vec1::<u32>()?.into_iter().map(i64::from).collect();
+        preds.write_i64(&p)?;
+        if let Some(path) = &a.embeddings {
+            let emb = emb.to_dtype(DType::F32)?;
+            if emb_writer.is_none() {
+                emb_writer = Some(NpyWriter::create(path, NpyType::F32, &[u64::from(n), emb.dims2()?.1 as u64])?);
+            }
+            let w = emb_writer.as_mut().expect("created above");
+            w.write_f32(&emb.flatten_all()?.to_vec1::<f32>()?)?;
+        }
+    }
+    preds.finish()?;
+    if let Some(w) = emb_writer {
+        w.finish()?;
+    }
+    println!("wrote predictions for {n} {} nodes to {} (checkpoint {})", g.node_type(g.target()).name, a.out.display(), dir.display());
+    if let Some(p) = &a.embeddings {
+        println!("wrote embeddings to {}", p.display());
+    }
+    Ok(())
+}
