@@ -5,3 +5,4 @@ mod util;
 mod cli_generate;
 mod cli_import;
 mod cli_inspect;
+mod cli_train;

@@ -36,6 +36,16 @@ impl Run {
 
 /// Runs `hetgnn args...` in `cwd`.
 pub fn hetgnn(cwd: &Path, args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(args).current_dir(cwd).output().expect("hetgnn runs");
+    hetgnn_env(cwd, args, &[])
+}
+
+/// Runs `hetgnn args...` in `cwd` with extra environment variables.
+pub fn hetgnn_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetgnn"));
+    cmd.args(args).current_dir(cwd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("hetgnn runs");
     Run { args: args.iter().map(|s| s.to_string()).collect(), out }
 }

@@ -1,0 +1,64 @@
+//! `hetgnn train`, `plot` and `predict` end to end.
+
+use crate::util::{hetgnn, hetgnn_env};
+
+#[test]
+fn default_train_generates_once_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let env = [("HETGNN_CACHE", cache.to_str().unwrap())];
+    let run = hetgnn_env(tmp.path(), &["train", "--epochs", "1", "--report", "out/run.json"], &env).ok();
+    assert!(run.stderr().contains("generating the default graph"), "{}", run.stderr());
+    assert!(run.stdout().contains("epoch   0  loss"), "{}", run.stdout());
+    assert!(cache.join("mag-like-s0.01-seed0/schema.json").exists());
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("out/run.json")).unwrap()).unwrap();
+    for key in ["config", "mode", "nodes", "steps", "epochs", "bytes_by_kind", "messages_by_kind", "cache", "failures", "final_model_sha256", "peak_memory_bytes"] {
+        assert!(report.get(key).is_some(), "report lacks {key}");
+    }
+    assert_eq!(report["mode"], "single");
+    assert_eq!(report["steps"], 7);
+    let e = &report["epochs"][0];
+    for key in ["loss", "train_acc", "valid_acc", "test_acc", "seconds", "sample_s", "gather_s", "compute_s", "comm_s", "update_s"] {
+        assert!(e[key].is_number(), "epoch lacks {key}");
+    }
+    // The second run reuses the cached graph.
+    let again = hetgnn_env(tmp.path(), &["train", "--epochs", "1", "--model", "mlp"], &env).ok();
+    assert!(again.stderr().contains("using the default graph"), "{}", again.stderr());
+
+    hetgnn(tmp.path(), &["plot", "out/run.json", "--out", "curves.png"]).ok();
+    let png = std::fs::read(tmp.path().join("curves.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn config_file_checkpoint_resume_and_predict() {
+    let tmp = tempfile::tempdir().unwrap();
+    hetgnn(tmp.path(), &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    std::fs::write(tmp.path().join("run.toml"), "[training]\ndata = \"g\"\nepochs = 1\nbatch = 256\nhidden = 16\n").unwrap();
+    hetgnn(tmp.path(), &["train", "--config", "run.toml", "--checkpoint", "ck"]).ok();
+    let resumed = hetgnn(tmp.path(), &["train", "--config", "run.toml", "--checkpoint", "ck", "--resume", "--set", "training.epochs=2"]).ok();
+    assert!(resumed.stderr().contains("resumed from"), "{}", resumed.stderr());
+    assert!(resumed.stdout().contains("epoch   1") && !resumed.stdout().contains("epoch   0"), "{}", resumed.stdout());
+    hetgnn(tmp.path(), &["predict", "--checkpoint", "ck", "--data", "g", "--out", "p.npy", "--embeddings", "e.npy"]).ok();
+    let p = graphs::npy::NpyFile::open(&tmp.path().join("p.npy"), graphs::npy::DType::I64).unwrap();
+    assert_eq!(p.shape(), &[1473]);
+    assert!((0..p.len()).all(|i| (0..349).contains(&p.i64_at(i))));
+    let e = graphs::npy::NpyFile::open(&tmp.path().join("e.npy"), graphs::npy::DType::F32).unwrap();
+    assert_eq!(e.shape(), &[1473, 16]);
+    // A checkpoint of another model is refused.
+    hetgnn(tmp.path(), &["train", "--config", "run.toml", "--checkpoint", "ck", "--resume", "--hidden", "32", "--epochs", "3"])
+        .fails_with(1, &["written for another model"]);
+}
+
+#[test]
+fn train_refuses_bad_input_with_a_clear_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    hetgnn(tmp.path(), &["train", "--data", "nowhere"]).fails_with(1, &["nowhere", "missing"]);
+    hetgnn(tmp.path(), &["train", "--data", "nowhere", "--model", "gat"]).fails_with(1, &["unknown variant `gat`"]);
+    hetgnn(tmp.path(), &["train", "--data", "nowhere", "--fanouts", "25"]).fails_with(1, &["training.fanouts lists 1 values but training.layers is 2"]);
+    hetgnn(tmp.path(), &["train", "--set", "training.epoch=3"]).fails_with(1, &["unknown field `epoch`"]);
+    hetgnn(tmp.path(), &["train", "--config", "missing.toml"]).fails_with(1, &["missing.toml"]);
+    hetgnn(tmp.path(), &["train", "--data", "nowhere", "--device", "cuda:0"]).fails_with(1, &["training.device"]);
+    hetgnn(tmp.path(), &["plot", "missing.json"]).fails_with(1, &["missing.json"]);
+    hetgnn(tmp.path(), &["predict", "--checkpoint", "nock", "--data", "g", "--out", "p.npy"]).fails_with(1, &["nock"]);
+}
