@@ -89,8 +89,14 @@ impl RgcnLayer {
     }
 }
 
-/// `mean(x) · w`, transforming first when that is the narrower side.
+/// `mean(x) · w`, in whichever order costs fewer multiply-adds: transforming
+/// first pays `n_src·in·out + E·out`, aggregating first `E·in + n_dst·in·out`.
+/// (Sampled blocks have many more sources than destinations, so aggregating
+/// first usually wins even when `in > out`.)
 fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Result<Tensor> {
-    let (in_dim, out_dim) = w.dims2()?;
-    Ok(if in_dim > out_dim { segment_mean(&x.matmul(w)?, csr)? } else { segment_mean(x, csr)?.matmul(w)? })
+    let (i, o) = w.dims2()?;
+    let (n_src, n_dst, e) = (csr.n_src(), csr.n_dst(), csr.n_edges());
+    let transform_first = n_src * i * o + e * o;
+    let aggregate_first = e * i + n_dst * i * o;
+    Ok(if transform_first < aggregate_first { segment_mean(&x.matmul(w)?, csr)? } else { segment_mean(x, csr)?.matmul(w)? })
 }

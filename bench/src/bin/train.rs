@@ -1,0 +1,98 @@
+//! Single-process training throughput: epoch time, its split, peak memory and
+//! accuracy of the 2-layer R-GCN (hidden 64, 64-d embeddings, fanouts 25,20,
+//! batch 1024, Adam 0.01) on mag-like graphs of several scales.
+//!
+//! `cargo run --release -p bench --bin train [-- --scales 0.01,0.05,0.1 --epochs 3]`
+//! runs each scale in a child process (so peak memory is per scale), prints a
+//! table and writes bench/results/train.json.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use actors::Config;
+use anyhow::{bail, Context};
+use clap::Parser;
+
+#[derive(Parser)]
+struct Args {
+    /// Scales of the mag-like graph.
+    #[arg(long, default_value = "0.01,0.05,0.1", value_delimiter = ',')]
+    scales: Vec<f64>,
+    /// Epochs per scale (the first is included in the mean: no warm-up effects to hide).
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Model to train.
+    #[arg(long, default_value = "rgcn")]
+    model: String,
+    /// Device.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Where to write the JSON figures.
+    #[arg(long, default_value = "bench/results/train.json")]
+    out: PathBuf,
+    /// Internal: run one scale in this process and print its report as JSON.
+    #[arg(long, hide = true)]
+    child: Option<f64>,
+}
+
+fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
+    let data = bench::mag_like(scale, 0)?;
+    let overrides = vec![
+        format!("training.data={:?}", data.display().to_string()),
+        format!("training.epochs={}", a.epochs),
+        format!("training.model={}", a.model),
+        format!("training.device={:?}", a.device),
+    ];
+    let cfg = Config::parse("", &overrides)?;
+    let (report, _) = actors::train(&cfg, &mut ())?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    if let Some(scale) = a.child {
+        return child(&a, scale);
+    }
+    let exe = std::env::current_exe()?;
+    let mut rows = Vec::new();
+    println!("{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}", "scale", "steps", "epoch_s", "sample", "gather", "compute", "update", "peak_MiB", "test_acc");
+    for &scale in &a.scales {
+        let out = Command::new(&exe)
+            .args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device])
+            .output()
+            .context("running a child benchmark")?;
+        if !out.status.success() {
+            bail!("scale {scale} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let report: actors::Report = serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]))?;
+        let n = report.epochs.len() as f64;
+        let mean = |f: fn(&actors::EpochReport) -> f64| report.epochs.iter().map(f).sum::<f64>() / n;
+        let last = report.epochs.last().context("no epochs")?;
+        let peak = report.peak_memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
+        println!(
+            "{scale:>6} {:>6} {:>9.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {peak:>10.0} {:>9.4}",
+            report.steps / report.epochs.len() as u64,
+            mean(|e| e.seconds),
+            mean(|e| e.sample_s),
+            mean(|e| e.gather_s),
+            mean(|e| e.compute_s),
+            mean(|e| e.update_s),
+            last.test_acc
+        );
+        rows.push(serde_json::json!({
+            "scale": scale, "steps_per_epoch": report.steps / report.epochs.len() as u64,
+            "epoch_seconds": mean(|e| e.seconds), "sample_s": mean(|e| e.sample_s), "gather_s": mean(|e| e.gather_s),
+            "compute_s": mean(|e| e.compute_s), "update_s": mean(|e| e.update_s),
+            "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
+        }));
+    }
+    let json = serde_json::json!({ "model": a.model, "device": a.device, "epochs": a.epochs,
+        "cores": std::thread::available_parallelism().map_or(1, |n| n.get()), "runs": rows });
+    if let Some(parent) = a.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&a.out, serde_json::to_string_pretty(&json)? + "\n")?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
