@@ -52,13 +52,16 @@ impl Adam {
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
         for (name, var) in params.iter() {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            // Detach: a leaf's gradient can still reference the step's forward
+            // graph, and moments derived from it would chain every step's graph
+            // to the next (an unbounded leak).
+            let Some(g) = grads.get(var.as_tensor()).map(Tensor::detach) else { continue };
             let (m, v) = match self.moments.get(name) {
                 Some((m, v)) => (m.clone(), v.clone()),
                 None => (g.zeros_like()?, g.zeros_like()?),
             };
-            let m = ((m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
-            let v = ((v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+            let m = ((m * c.beta1)? + (&g * (1.0 - c.beta1))?)?.detach();
+            let v = ((v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?.detach();
             let update = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;
             var.set(&(var.as_tensor() - (update * c.lr)?)?)?;
             self.moments.insert(name.to_string(), (m, v));

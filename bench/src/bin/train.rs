@@ -6,6 +6,10 @@
 //! runs each scale in a child process (so peak memory is per scale), prints a
 //! table and writes bench/results/train.json.
 
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::Command;
 
