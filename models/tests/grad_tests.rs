@@ -229,3 +229,23 @@ fn initialisation_depends_only_on_seed_and_name() {
     assert!(Model::new(&ModelSpec { layers: 0, ..spec.clone() }, &g, DType::F32, &Device::Cpu).is_err());
     assert!(Model::new(&ModelSpec { dropout: 1.0, ..spec }, &g, DType::F32, &Device::Cpu).is_err());
 }
+
+#[test]
+fn adam_state_never_holds_the_step_graph() {
+    // A moment derived from an undetached gradient would keep every step's
+    // forward graph alive through the next step's moment: memory grows without bound.
+    let g = graph();
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1 };
+    let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+    let mut adam = models::optim::Adam::new(AdamConfig::with_lr(0.01));
+    for step in 0..2 {
+        let mb = Sampler::new(&g, &[3, 2], 0).unwrap().sample(0, step, &[0, 1, 2, 3]).unwrap();
+        let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+        let grads = loss(&model, &g, &mb, &inputs).backward().unwrap();
+        adam.step(&model.params, &grads).unwrap();
+    }
+    assert!(adam.moments.len() >= 8, "parameters that got gradients have moments");
+    for (name, (m, v)) in &adam.moments {
+        assert!(!m.track_op() && !v.track_op(), "moments of {name} reference a computation graph");
+    }
+}
