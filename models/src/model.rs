@@ -203,7 +203,7 @@ impl Model {
                 let mut last_in = h.clone();
                 for (l, (w, b)) in ls.iter().enumerate() {
                     last_in = h.clone();
-                    h = h.matmul(w)?.broadcast_add(b)?;
+                    h = crate::ops::matmul(&h, w)?.broadcast_add(b)?;
                     if l + 1 < ls.len() {
                         h = self.dropout(h.relu()?, dropout, l, t)?;
                     }

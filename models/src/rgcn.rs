@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::Result;
-use crate::ops::{segment_mean, SegmentCsr};
+use crate::ops::{matmul, segment_mean, SegmentCsr};
 use crate::params::ParamStore;
 
 /// One R-GCN layer.
@@ -79,7 +79,7 @@ impl RgcnLayer {
                 continue;
             };
             let (w, b) = &self.self_loop[t];
-            let own = x.narrow(0, 0, n_dst)?.matmul(w)?.broadcast_add(b)?;
+            let own = matmul(&x.narrow(0, 0, n_dst)?, w)?.broadcast_add(b)?;
             out.push(Some(match p {
                 Some(p) => (own + p)?,
                 None => own,
@@ -98,5 +98,5 @@ fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Re
     let (n_src, n_dst, e) = (csr.n_src(), csr.n_dst(), csr.n_edges());
     let transform_first = n_src * i * o + e * o;
     let aggregate_first = e * i + n_dst * i * o;
-    Ok(if transform_first < aggregate_first { segment_mean(&x.matmul(w)?, csr)? } else { segment_mean(x, csr)?.matmul(w)? })
+    Ok(if transform_first < aggregate_first { segment_mean(&matmul(x, w)?, csr)? } else { matmul(&segment_mean(x, csr)?, w)? })
 }

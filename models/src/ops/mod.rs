@@ -4,6 +4,8 @@
 //! per-edge `index_select` + `index_add` formulation spends most of its time
 //! gathering and scattering `[edges × hidden]` tensors.
 
+mod matmul;
 mod segment;
 
+pub use matmul::matmul;
 pub use segment::{segment_mean, SegmentCsr};
