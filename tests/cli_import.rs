@@ -59,7 +59,7 @@ fn import_ogb_refuses_bad_input_and_leaves_nothing() {
     let src = tmp.path().join("ds");
     ogb_dataset(&src);
     gz(&src.join("raw/relations/paper___cites___paper/edge.csv.gz"), "1,0\n9,0\n");
-    hetgnn(tmp.path(), &["import", "ogb", "ds", "--out", "g"]).fails_with(1, &["paper__cites__paper.npy", "source id 9 out of range 0..5"]);
+    hetgnn(tmp.path(), &["import", "ogb", "ds", "--out", "g"]).fails_with(1, &["paper___cites___paper/edge.csv.gz", "line 2: source id 9 out of range 0..5"]);
     assert!(!tmp.path().join("g").exists());
     let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 1, "no temporary directory left: {names:?}");

@@ -19,9 +19,4 @@ pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
+pub use actors::report::peak_rss_bytes;

@@ -100,10 +100,14 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
     }
     dir.create_dir(&dir.path().join("edges"))?;
     let mut rel_schemas = Vec::new();
+    let count_of = |t: &str| types.iter().find(|(n, _)| n == t).map(|(_, c)| *c);
     for (s, r, d, path) in &relations {
         let rs = RelationSchema { src: s.clone(), name: r.clone(), dst: d.clone(), count: 0 };
+        let (Some(ns), Some(nd)) = (count_of(s), count_of(d)) else {
+            return Err(GraphError::data(path, format!("relation {s}___{r}___{d} names a type missing from num-node-dict.csv.gz")));
+        };
         progress.start(&format!("edges {}", rs.canonical()), 0);
-        let (srcs, dsts) = read_edges(path)?;
+        let (srcs, dsts) = read_edges(path, ns, nd)?;
         let mut w = NpyWriter::create(&paths::edges(dir.path(), &rs.canonical()), DType::I64, &[2, srcs.len() as u64])?;
         w.write_i64(&srcs)?;
         w.write_i64(&dsts)?;
@@ -236,12 +240,19 @@ fn read_column(path: &Path, parse: impl Fn(&str) -> Option<i64>) -> Result<Vec<i
     Ok(out)
 }
 
-fn read_edges(path: &Path) -> Result<(Vec<i64>, Vec<i64>)> {
+/// Reads "src,dst" rows, checking ids against the endpoint counts as it goes.
+fn read_edges(path: &Path, n_src: u64, n_dst: u64) -> Result<(Vec<i64>, Vec<i64>)> {
     let (mut s, mut d) = (Vec::new(), Vec::new());
     for_lines(path, |n, l| {
         let mut it = l.split(',').map(|t| t.trim().parse::<i64>());
         match (it.next(), it.next(), it.next()) {
             (Some(Ok(a)), Some(Ok(b)), None) => {
+                if a < 0 || a as u64 >= n_src {
+                    return Err(GraphError::data(path, format!("line {n}: source id {a} out of range 0..{n_src}")));
+                }
+                if b < 0 || b as u64 >= n_dst {
+                    return Err(GraphError::data(path, format!("line {n}: destination id {b} out of range 0..{n_dst}")));
+                }
                 s.push(a);
                 d.push(b);
                 Ok(())
