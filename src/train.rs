@@ -21,7 +21,7 @@ pub struct TrainArgs {
     /// Graph directory (default: mag-like S=0.01, generated once into the cache directory).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// rgcn | mlp [default: rgcn]
+    /// rgcn | rgat | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
     /// Number of epochs [default: 10].
@@ -39,6 +39,9 @@ pub struct TrainArgs {
     /// Hidden width [default: 64].
     #[arg(long)]
     hidden: Option<usize>,
+    /// Attention heads of R-GAT [default: 4].
+    #[arg(long)]
+    heads: Option<usize>,
     /// Learnable embedding width for featureless types [default: 64].
     #[arg(long)]
     embed_dim: Option<usize>,
@@ -88,6 +91,7 @@ impl TrainArgs {
         push("fanouts", self.fanouts.as_deref().map(quoted));
         push("layers", self.layers.map(|v| v.to_string()));
         push("hidden", self.hidden.map(|v| v.to_string()));
+        push("heads", self.heads.map(|v| v.to_string()));
         push("embed_dim", self.embed_dim.map(|v| v.to_string()));
         push("lr", self.lr.map(|v| format!("{v:?}")));
         push("dropout", self.dropout.map(|v| format!("{v:?}")));

@@ -34,7 +34,7 @@ pub struct TrainingConfig {
     pub mode: Mode,
     /// Graph directory; absent: a mag-like graph at scale 0.01 generated once into the cache directory.
     pub data: Option<PathBuf>,
-    /// "rgcn" (default) or "mlp".
+    /// "rgcn" (default), "rgat" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
     pub layers: usize,
@@ -47,6 +47,8 @@ pub struct TrainingConfig {
     pub fanouts: Vec<usize>,
     /// Hidden width (default 64).
     pub hidden: usize,
+    /// Attention heads of R-GAT (default 4; hidden must be a multiple).
+    pub heads: usize,
     /// Width of learnable embeddings of featureless types (default 64).
     pub embed_dim: usize,
     /// Adam learning rate (default 0.01).
@@ -80,6 +82,7 @@ impl Default for TrainingConfig {
             batch: 1024,
             fanouts: vec![25, 20],
             hidden: 64,
+            heads: 4,
             embed_dim: 64,
             lr: 0.01,
             dropout: 0.5,

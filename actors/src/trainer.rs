@@ -45,7 +45,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
     let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges })?;
-    let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed };
+    let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads };
     let mut model = Model::new(&spec, &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));

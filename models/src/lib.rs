@@ -1,4 +1,4 @@
-//! Heterogeneous GNN models on candle: R-GCN and a features-only MLP, the graph
+//! Heterogeneous GNN models on candle: R-GCN, R-GAT and a features-only MLP, the graph
 //! aggregation kernels they need as custom ops, learnable embedding tables with
 //! a sparse Adam, a dense Adam, and checkpoints.
 //!
@@ -21,7 +21,9 @@ pub mod model;
 pub mod ops;
 pub mod optim;
 pub mod params;
+pub mod rgat;
 pub mod rgcn;
+pub mod self_loop;
 
 pub use error::{ModelError, Result};
 pub use model::{Model, ModelKind, ModelSpec};

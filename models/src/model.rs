@@ -8,6 +8,7 @@ use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
 use crate::init::dropout_mask;
 use crate::params::ParamStore;
+use crate::rgat::RgatLayer;
 use crate::rgcn::{PerType, RgcnLayer};
 
 /// Which architecture.
@@ -16,6 +17,8 @@ use crate::rgcn::{PerType, RgcnLayer};
 pub enum ModelKind {
     /// Relational GCN (mean aggregation per relation, self-loop, sum).
     Rgcn,
+    /// Relational GAT (multi-head attention per relation, self-loop, sum).
+    Rgat,
     /// Features-only multi-layer perceptron on the target type (a baseline).
     Mlp,
 }
@@ -25,8 +28,9 @@ impl std::str::FromStr for ModelKind {
     fn from_str(s: &str) -> Result<ModelKind> {
         match s {
             "rgcn" => Ok(ModelKind::Rgcn),
+            "rgat" => Ok(ModelKind::Rgat),
             "mlp" => Ok(ModelKind::Mlp),
-            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, mlp)"))),
+            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, rgat, mlp)"))),
         }
     }
 }
@@ -35,6 +39,7 @@ impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ModelKind::Rgcn => "rgcn",
+            ModelKind::Rgat => "rgat",
             ModelKind::Mlp => "mlp",
         })
     }
@@ -55,6 +60,13 @@ pub struct ModelSpec {
     pub dropout: f32,
     /// Seed of parameter initialisation and dropout.
     pub seed: u64,
+    /// Attention heads (R-GAT); hidden must be a multiple of it.
+    #[serde(default = "default_heads")]
+    pub heads: usize,
+}
+
+fn default_heads() -> usize {
+    4
 }
 
 impl ModelSpec {
@@ -66,6 +78,9 @@ impl ModelSpec {
         if self.hidden == 0 || self.embed_dim == 0 {
             return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
         }
+        if self.kind == ModelKind::Rgat && (self.heads == 0 || self.hidden % self.heads != 0) {
+            return Err(ModelError::Config(format!("hidden ({}) must be a positive multiple of heads ({})", self.hidden, self.heads)));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(ModelError::Config(format!("dropout {} must be in [0, 1)", self.dropout)));
         }
@@ -73,8 +88,34 @@ impl ModelSpec {
     }
 }
 
+/// One relational layer of either kind, behind the relation-partial seam.
+pub enum GnnLayer {
+    /// R-GCN.
+    Rgcn(RgcnLayer),
+    /// R-GAT.
+    Rgat(RgatLayer),
+}
+
+impl GnnLayer {
+    /// Summed partial aggregations of `relations`, per destination type.
+    pub fn relation_partials(&self, g: &HetGraph, block: &graphs::Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+        match self {
+            GnnLayer::Rgcn(l) => l.relation_partials(g, block, relations, h_src),
+            GnnLayer::Rgat(l) => l.relation_partials(g, block, relations, h_src),
+        }
+    }
+
+    /// Self-loop plus summed partials.
+    pub fn cross_relation(&self, block: &graphs::Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
+        match self {
+            GnnLayer::Rgcn(l) => l.cross_relation(block, h_src, partials),
+            GnnLayer::Rgat(l) => l.cross_relation(block, h_src, partials),
+        }
+    }
+}
+
 enum Layers {
-    Rgcn(Vec<RgcnLayer>),
+    Relational(Vec<GnnLayer>),
     /// `(weight, bias)` per layer, on the target type only.
     Mlp(Vec<(Tensor, Tensor)>),
 }
@@ -128,13 +169,16 @@ impl Model {
         }
         let width = |l: usize| if l + 1 == spec.layers { num_classes } else { spec.hidden };
         let layers = match spec.kind {
-            ModelKind::Rgcn => {
+            ModelKind::Rgcn | ModelKind::Rgat => {
                 let mut ls = Vec::new();
                 for l in 0..spec.layers {
                     let dims: Vec<usize> = if l == 0 { in_dims.clone() } else { vec![spec.hidden; in_dims.len()] };
-                    ls.push(RgcnLayer::new(&mut params, g, l, &dims, width(l), seed, dtype, device)?);
+                    ls.push(match spec.kind {
+                        ModelKind::Rgcn => GnnLayer::Rgcn(RgcnLayer::new(&mut params, g, l, &dims, width(l), seed, dtype, device)?),
+                        _ => GnnLayer::Rgat(RgatLayer::new(&mut params, g, l, &dims, width(l), spec.heads, l + 1 == spec.layers, seed, dtype, device)?),
+                    });
                 }
-                Layers::Rgcn(ls)
+                Layers::Relational(ls)
             }
             ModelKind::Mlp => {
                 let mut ls = Vec::new();
@@ -168,7 +212,7 @@ impl Model {
 
     /// Whether the model reads neighborhoods (the MLP does not).
     pub fn uses_neighbors(&self) -> bool {
-        matches!(self.layers, Layers::Rgcn(_))
+        matches!(self.layers, Layers::Relational(_))
     }
 
     /// Number of classes predicted.
@@ -210,7 +254,7 @@ impl Model {
                 }
                 Ok((h, last_in))
             }
-            Layers::Rgcn(ls) => {
+            Layers::Relational(ls) => {
                 let mut h = inputs;
                 let mut last_in = None;
                 for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {

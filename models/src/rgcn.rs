@@ -14,39 +14,27 @@ use graphs::{Block, HetGraph, RelationId};
 use crate::error::Result;
 use crate::ops::{matmul, segment_mean, SegmentCsr};
 use crate::params::ParamStore;
+pub use crate::self_loop::PerType;
+use crate::self_loop::{accumulate, SelfLoops};
 
 /// One R-GCN layer.
 pub struct RgcnLayer {
     /// Per relation (indexed by [`RelationId`]): `[in_src, out]`.
     rel_weight: Vec<Tensor>,
-    /// Per node type: `([in_t, out], [out])`.
-    self_loop: Vec<(Tensor, Tensor)>,
-    out_dim: usize,
+    self_loop: SelfLoops,
 }
-
-/// Per node type, an optional tensor (absent where the block has no rows of that type).
-pub type PerType = Vec<Option<Tensor>>;
 
 impl RgcnLayer {
     /// Creates layer `index`'s parameters in `store`; `in_dims[t]` is type `t`'s input width.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, seed: u64, dtype: DType, device: &Device) -> Result<RgcnLayer> {
         let mut rel_weight = Vec::new();
         for r in g.relations() {
             let name = format!("layer{index}.rel.{}.weight", r.canonical());
             rel_weight.push(store.matrix(seed, &name, in_dims[r.src.index()], out_dim, dtype, device)?);
         }
-        let mut self_loop = Vec::new();
-        for (t, nt) in g.node_types().iter().enumerate() {
-            let w = store.matrix(seed, &format!("layer{index}.self.{}.weight", nt.name), in_dims[t], out_dim, dtype, device)?;
-            let b = store.zeros(&format!("layer{index}.self.{}.bias", nt.name), out_dim, dtype, device)?;
-            self_loop.push((w, b));
-        }
-        Ok(RgcnLayer { rel_weight, self_loop, out_dim })
-    }
-
-    /// Output width.
-    pub fn out_dim(&self) -> usize {
-        self.out_dim
+        let self_loop = SelfLoops::new(store, g, index, in_dims, out_dim, seed, dtype, device)?;
+        Ok(RgcnLayer { rel_weight, self_loop })
     }
 
     /// Sum over `relations` (those present in `block`) of each relation's
@@ -59,33 +47,15 @@ impl RgcnLayer {
             let (s, d) = (rel.src.index(), rel.dst.index());
             let Some(x) = &h_src[s] else { continue };
             let csr = SegmentCsr::new(block.src[s].len(), br.offsets.clone(), br.sources.clone());
-            let w = &self.rel_weight[br.relation.index()];
-            let msg = aggregate_then_transform(x, w, &csr)?;
-            out[d] = Some(match out[d].take() {
-                Some(acc) => (acc + msg)?,
-                None => msg,
-            });
+            let msg = aggregate_then_transform(x, &self.rel_weight[br.relation.index()], &csr)?;
+            accumulate(&mut out[d], msg)?;
         }
         Ok(out)
     }
 
     /// Self-loop on the destinations' own rows plus the summed partials.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        let mut out = Vec::with_capacity(block.dst.len());
-        for (t, p) in partials.into_iter().enumerate() {
-            let n_dst = block.dst[t].len();
-            let (Some(x), true) = (&h_src[t], n_dst > 0) else {
-                out.push(None);
-                continue;
-            };
-            let (w, b) = &self.self_loop[t];
-            let own = matmul(&x.narrow(0, 0, n_dst)?, w)?.broadcast_add(b)?;
-            out.push(Some(match p {
-                Some(p) => (own + p)?,
-                None => own,
-            }));
-        }
-        Ok(out)
+        self.self_loop.cross_relation(block, h_src, partials)
     }
 }
 

@@ -88,7 +88,7 @@ fn loss(model: &Model, g: &HetGraph, mb: &graphs::MiniBatch, inputs: &PerType) -
 
 fn check_model_gradients(kind: ModelKind) {
     let g = graph();
-    let spec = ModelSpec { kind, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1 };
+    let spec = ModelSpec { kind, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2 };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0).unwrap().sample(0, 0, &[0, 1, 2, 3, 4]).unwrap();
     let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
@@ -145,6 +145,11 @@ fn rgcn_gradients_match_finite_differences() {
 }
 
 #[test]
+fn rgat_gradients_match_finite_differences() {
+    check_model_gradients(ModelKind::Rgat);
+}
+
+#[test]
 fn mlp_gradients_match_finite_differences() {
     check_model_gradients(ModelKind::Mlp);
 }
@@ -152,9 +157,15 @@ fn mlp_gradients_match_finite_differences() {
 #[test]
 fn a_layer_is_the_sum_of_its_relation_partials() {
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2, heads: 2 };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
-    let layer = models::rgcn::RgcnLayer::new(&mut models::params::ParamStore::new(), &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap();
+    let mut store = models::params::ParamStore::new();
+    let layers = [
+        models::model::GnnLayer::Rgcn(models::rgcn::RgcnLayer::new(&mut store, &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap()),
+        models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 1, &[5, 3], 4, 2, false, 2, DType::F64, &Device::Cpu).unwrap()),
+        models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 2, &[5, 3], 3, 2, true, 2, DType::F64, &Device::Cpu).unwrap()),
+    ];
+    for layer in &layers {
     let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();
     let h = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
     let block = &mb.blocks[0];
@@ -183,6 +194,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
             (None, None) => {}
             _ => panic!("type present in one computation only"),
         }
+    }
     }
 }
 
@@ -218,7 +230,7 @@ fn sparse_adam_is_exact_adam_per_touched_row() {
 #[test]
 fn initialisation_depends_only_on_seed_and_name() {
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.5, seed: 9 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.5, seed: 9, heads: 2 };
     let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let b = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let c = Model::new(&ModelSpec { seed: 10, ..spec.clone() }, &g, DType::F32, &Device::Cpu).unwrap();
@@ -235,7 +247,7 @@ fn adam_state_never_holds_the_step_graph() {
     // A moment derived from an undetached gradient would keep every step's
     // forward graph alive through the next step's moment: memory grows without bound.
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2 };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mut adam = models::optim::Adam::new(AdamConfig::with_lr(0.01));
     for step in 0..2 {
@@ -247,5 +259,70 @@ fn adam_state_never_holds_the_step_graph() {
     assert!(adam.moments.len() >= 8, "parameters that got gradients have moments");
     for (name, (m, v)) in &adam.moments {
         assert!(!m.track_op() && !v.track_op(), "moments of {name} reference a computation graph");
+    }
+}
+
+fn dense_attention(vals: &[f64], el: &[f64], er: &[f64], k_n: usize, d_n: usize, offsets: &[u32], sources: &[u32]) -> Vec<f64> {
+    let n_dst = offsets.len() - 1;
+    let mut out = vec![0.0; n_dst * k_n * d_n];
+    for v in 0..n_dst {
+        let srcs = &sources[offsets[v] as usize..offsets[v + 1] as usize];
+        for k in 0..k_n {
+            let scores: Vec<f64> = srcs
+                .iter()
+                .map(|&u| {
+                    let x = el[u as usize * k_n + k] + er[v * k_n + k];
+                    if x > 0.0 { x } else { 0.2 * x }
+                })
+                .collect();
+            let z: f64 = scores.iter().map(|s| s.exp()).sum();
+            for (i, &u) in srcs.iter().enumerate() {
+                for j in 0..d_n {
+                    out[(v * k_n + k) * d_n + j] += scores[i].exp() / z * vals[(u as usize * k_n + k) * d_n + j];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_a_dense_reference_forward_and_backward() {
+    let dev = Device::Cpu;
+    let (k_n, d_n, n_src) = (2usize, 3usize, 5usize);
+    let offsets = vec![0, 3, 3, 5, 9];
+    let sources = vec![0, 2, 2, 1, 4, 0, 1, 2, 3];
+    let csr = SegmentCsr::new(n_src, offsets.clone(), sources.clone());
+    let vals: Vec<f64> = (0..n_src * k_n * d_n).map(|i| (i as f64 * 0.37).sin()).collect();
+    let el: Vec<f64> = (0..n_src * k_n).map(|i| (i as f64 * 1.3).cos()).collect();
+    let er: Vec<f64> = (0..4 * k_n).map(|i| (i as f64 * 0.7).sin() - 0.3).collect();
+    let var = |v: &[f64], shape: &[usize]| Var::from_tensor(&Tensor::from_vec(v.to_vec(), shape, &dev).unwrap()).unwrap();
+    let (tv, tl, tr) = (var(&vals, &[n_src, k_n, d_n]), var(&el, &[n_src, k_n]), var(&er, &[4, k_n]));
+    let y = models::ops::attention_aggregate(tv.as_tensor(), tl.as_tensor(), tr.as_tensor(), &csr).unwrap();
+    let want = dense_attention(&vals, &el, &er, k_n, d_n, &offsets, &sources);
+    let got: Vec<f64> = y.flatten_all().unwrap().to_vec1().unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+    let w: Vec<f64> = (0..want.len()).map(|i| i as f64 * 0.1 - 1.0).collect();
+    let loss = (y * Tensor::from_vec(w.clone(), (4, k_n, d_n), &dev).unwrap()).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let f = |v: &[f64], l: &[f64], r: &[f64]| dense_attention(v, l, r, k_n, d_n, &offsets, &sources).iter().zip(&w).map(|(a, b)| a * b).sum::<f64>();
+    let eps = 1e-6;
+    for (which, base, t) in [(0, &vals, &tv), (1, &el, &tl), (2, &er, &tr)] {
+        let analytic: Vec<f64> = grads.get(t.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        for i in 0..base.len() {
+            let shift = |d: f64| {
+                let mut b = base.clone();
+                b[i] += d;
+                match which {
+                    0 => f(&b, &el, &er),
+                    1 => f(&vals, &b, &er),
+                    _ => f(&vals, &el, &b),
+                }
+            };
+            let fd = (shift(eps) - shift(-eps)) / (2.0 * eps);
+            assert!((fd - analytic[i]).abs() < 1e-6, "input {which}[{i}]: analytic {} numeric {fd}", analytic[i]);
+        }
     }
 }

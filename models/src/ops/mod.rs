@@ -4,8 +4,10 @@
 //! per-edge `index_select` + `index_add` formulation spends most of its time
 //! gathering and scattering `[edges × hidden]` tensors.
 
+mod attention;
 mod matmul;
 mod segment;
 
+pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
 pub use matmul::matmul;
 pub use segment::{segment_mean, SegmentCsr};

@@ -20,6 +20,8 @@ pub struct SegmentCsr {
     inv_deg: Vec<f64>,
     t_offsets: Vec<u32>,
     t_dsts: Vec<u32>,
+    /// For each transposed entry, the edge's position in destination order.
+    t_edges: Vec<u32>,
 }
 
 impl SegmentCsr {
@@ -37,13 +39,16 @@ impl SegmentCsr {
         }
         let mut fill = t_offsets[..n_src].to_vec();
         let mut t_dsts = vec![0u32; sources.len()];
+        let mut t_edges = vec![0u32; sources.len()];
         for (d, w) in offsets.windows(2).enumerate() {
-            for &s in &sources[w[0] as usize..w[1] as usize] {
-                t_dsts[fill[s as usize] as usize] = d as u32;
-                fill[s as usize] += 1;
+            for e in w[0] as usize..w[1] as usize {
+                let s = sources[e] as usize;
+                t_dsts[fill[s] as usize] = d as u32;
+                t_edges[fill[s] as usize] = e as u32;
+                fill[s] += 1;
             }
         }
-        Arc::new(SegmentCsr { n_src, offsets, sources, inv_deg, t_offsets, t_dsts })
+        Arc::new(SegmentCsr { n_src, offsets, sources, inv_deg, t_offsets, t_dsts, t_edges })
     }
 
     /// Number of destination rows.
@@ -59,6 +64,18 @@ impl SegmentCsr {
     /// Number of edges.
     pub fn n_edges(&self) -> usize {
         self.sources.len()
+    }
+
+    /// Destination `d`'s edge positions and sources.
+    pub(crate) fn row(&self, d: usize) -> (std::ops::Range<usize>, &[u32]) {
+        let r = self.offsets[d] as usize..self.offsets[d + 1] as usize;
+        (r.clone(), &self.sources[r])
+    }
+
+    /// Source `s`'s edges: `(destination, edge position)` pairs.
+    pub(crate) fn out_edges(&self, s: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let r = self.t_offsets[s] as usize..self.t_offsets[s + 1] as usize;
+        self.t_dsts[r.clone()].iter().zip(&self.t_edges[r]).map(|(&d, &e)| (d as usize, e as usize))
     }
 }
 
