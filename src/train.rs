@@ -122,7 +122,7 @@ fn cache_dir() -> PathBuf {
 
 /// The built-in default graph: mag-like at scale 0.01, seed 0, generated once.
 fn default_data() -> anyhow::Result<PathBuf> {
-    let dir = cache_dir().join("mag-like-s0.01-seed0");
+    let dir = cache_dir().join(format!("mag-like-v{}-s0.01-seed0", graphs::generate::VERSION));
     if !dir.join("schema.json").exists() {
         eprintln!("generating the default graph (mag-like, scale 0.01) into {} (once)", dir.display());
         graphs::generate::generate(graphs::generate::Like::Mag, 0.01, 0, &dir, true, &mut crate::bar::Bars::new())

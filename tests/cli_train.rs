@@ -10,7 +10,7 @@ fn default_train_generates_once_and_reports() {
     let run = hetgnn_env(tmp.path(), &["train", "--epochs", "1", "--report", "out/run.json"], &env).ok();
     assert!(run.stderr().contains("generating the default graph"), "{}", run.stderr());
     assert!(run.stdout().contains("epoch   0  loss"), "{}", run.stdout());
-    assert!(cache.join("mag-like-s0.01-seed0/schema.json").exists());
+    assert!(cache.join(format!("mag-like-v{}-s0.01-seed0/schema.json", graphs::generate::VERSION)).exists());
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("out/run.json")).unwrap()).unwrap();
     for key in ["config", "mode", "nodes", "steps", "epochs", "bytes_by_kind", "messages_by_kind", "cache", "failures", "final_model_sha256", "peak_memory_bytes"] {
         assert!(report.get(key).is_some(), "report lacks {key}");

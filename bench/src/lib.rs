@@ -10,7 +10,7 @@ use graphs::NoProgress;
 /// under `target/bench-data/` (reused by later runs).
 pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
-    let dir = root.join(format!("mag-s{scale}-seed{seed}"));
+    let dir = root.join(format!("mag-v{}-s{scale}-seed{seed}", graphs::generate::VERSION));
     if !dir.join("schema.json").exists() {
         eprintln!("generating mag-like S={scale} seed={seed} into {}", dir.display());
         generate(Like::Mag, scale, seed, &dir, true, &mut NoProgress).with_context(|| format!("generating {}", dir.display()))?;
