@@ -1,4 +1,4 @@
-//! Heterogeneous GNN models on candle: R-GCN, R-GAT and a features-only MLP, the graph
+//! Heterogeneous GNN models on candle: R-GCN, R-GAT, HGT and a features-only MLP, the graph
 //! aggregation kernels they need as custom ops, learnable embedding tables with
 //! a sparse Adam, a dense Adam, and checkpoints.
 //!
@@ -16,6 +16,7 @@
 pub mod checkpoint;
 pub mod embedding;
 pub mod error;
+pub mod hgt;
 pub mod init;
 pub mod model;
 pub mod ops;

@@ -8,6 +8,7 @@ use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
 use crate::init::dropout_mask;
 use crate::params::ParamStore;
+use crate::hgt::HgtLayer;
 use crate::rgat::RgatLayer;
 use crate::rgcn::{PerType, RgcnLayer};
 
@@ -19,6 +20,8 @@ pub enum ModelKind {
     Rgcn,
     /// Relational GAT (multi-head attention per relation, self-loop, sum).
     Rgat,
+    /// Heterogeneous graph transformer (attention across relations), then a linear classifier.
+    Hgt,
     /// Features-only multi-layer perceptron on the target type (a baseline).
     Mlp,
 }
@@ -29,8 +32,9 @@ impl std::str::FromStr for ModelKind {
         match s {
             "rgcn" => Ok(ModelKind::Rgcn),
             "rgat" => Ok(ModelKind::Rgat),
+            "hgt" => Ok(ModelKind::Hgt),
             "mlp" => Ok(ModelKind::Mlp),
-            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, rgat, mlp)"))),
+            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, rgat, hgt, mlp)"))),
         }
     }
 }
@@ -40,6 +44,7 @@ impl std::fmt::Display for ModelKind {
         f.write_str(match self {
             ModelKind::Rgcn => "rgcn",
             ModelKind::Rgat => "rgat",
+            ModelKind::Hgt => "hgt",
             ModelKind::Mlp => "mlp",
         })
     }
@@ -78,7 +83,7 @@ impl ModelSpec {
         if self.hidden == 0 || self.embed_dim == 0 {
             return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
         }
-        if self.kind == ModelKind::Rgat && (self.heads == 0 || self.hidden % self.heads != 0) {
+        if matches!(self.kind, ModelKind::Rgat | ModelKind::Hgt) && (self.heads == 0 || self.hidden % self.heads != 0) {
             return Err(ModelError::Config(format!("hidden ({}) must be a positive multiple of heads ({})", self.hidden, self.heads)));
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -94,6 +99,8 @@ pub enum GnnLayer {
     Rgcn(RgcnLayer),
     /// R-GAT.
     Rgat(RgatLayer),
+    /// HGT.
+    Hgt(HgtLayer),
 }
 
 impl GnnLayer {
@@ -102,6 +109,16 @@ impl GnnLayer {
         match self {
             GnnLayer::Rgcn(l) => l.relation_partials(g, block, relations, h_src),
             GnnLayer::Rgat(l) => l.relation_partials(g, block, relations, h_src),
+            GnnLayer::Hgt(l) => l.relation_partials(g, block, relations, h_src),
+        }
+    }
+
+    /// Combines two partials of the same destinations computed from disjoint
+    /// relation subsets (a sum, or HGT's log-sum-exp merge).
+    pub fn combine_partials(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        match self {
+            GnnLayer::Rgcn(_) | GnnLayer::Rgat(_) => Ok((a + b)?),
+            GnnLayer::Hgt(_) => HgtLayer::combine_partials(a, b),
         }
     }
 
@@ -110,12 +127,14 @@ impl GnnLayer {
         match self {
             GnnLayer::Rgcn(l) => l.cross_relation(block, h_src, partials),
             GnnLayer::Rgat(l) => l.cross_relation(block, h_src, partials),
+            GnnLayer::Hgt(l) => l.cross_relation(block, h_src, partials),
         }
     }
 }
 
 enum Layers {
-    Relational(Vec<GnnLayer>),
+    /// Relational layers, and for HGT a linear classifier `(weight, bias)` after them.
+    Relational(Vec<GnnLayer>, Option<(Tensor, Tensor)>),
     /// `(weight, bias)` per layer, on the target type only.
     Mlp(Vec<(Tensor, Tensor)>),
 }
@@ -167,18 +186,26 @@ impl Model {
                 }
             }
         }
-        let width = |l: usize| if l + 1 == spec.layers { num_classes } else { spec.hidden };
+        let has_head = spec.kind == ModelKind::Hgt;
+        let width = |l: usize| if l + 1 == spec.layers && !has_head { num_classes } else { spec.hidden };
         let layers = match spec.kind {
-            ModelKind::Rgcn | ModelKind::Rgat => {
+            ModelKind::Rgcn | ModelKind::Rgat | ModelKind::Hgt => {
                 let mut ls = Vec::new();
                 for l in 0..spec.layers {
                     let dims: Vec<usize> = if l == 0 { in_dims.clone() } else { vec![spec.hidden; in_dims.len()] };
                     ls.push(match spec.kind {
                         ModelKind::Rgcn => GnnLayer::Rgcn(RgcnLayer::new(&mut params, g, l, &dims, width(l), seed, dtype, device)?),
-                        _ => GnnLayer::Rgat(RgatLayer::new(&mut params, g, l, &dims, width(l), spec.heads, l + 1 == spec.layers, seed, dtype, device)?),
+                        ModelKind::Rgat => GnnLayer::Rgat(RgatLayer::new(&mut params, g, l, &dims, width(l), spec.heads, l + 1 == spec.layers, seed, dtype, device)?),
+                        _ => GnnLayer::Hgt(HgtLayer::new(&mut params, g, l, &dims, width(l), spec.heads, seed, dtype, device)?),
                     });
                 }
-                Layers::Relational(ls)
+                let head = if has_head {
+                    let w = params.matrix(seed, "head.weight", spec.hidden, num_classes, dtype, device)?;
+                    Some((w, params.zeros("head.bias", num_classes, dtype, device)?))
+                } else {
+                    None
+                };
+                Layers::Relational(ls, head)
             }
             ModelKind::Mlp => {
                 let mut ls = Vec::new();
@@ -212,7 +239,7 @@ impl Model {
 
     /// Whether the model reads neighborhoods (the MLP does not).
     pub fn uses_neighbors(&self) -> bool {
-        matches!(self.layers, Layers::Relational(_))
+        matches!(self.layers, Layers::Relational(..))
     }
 
     /// Number of classes predicted.
@@ -254,7 +281,7 @@ impl Model {
                 }
                 Ok((h, last_in))
             }
-            Layers::Relational(ls) => {
+            Layers::Relational(ls, head) => {
                 let mut h = inputs;
                 let mut last_in = None;
                 for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {
@@ -263,18 +290,27 @@ impl Model {
                     }
                     let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
                     let mut out = layer.cross_relation(block, &h, partials)?;
-                    if l + 1 < ls.len() {
+                    // R-GCN and R-GAT: ReLU and dropout between layers. HGT has its
+                    // own nonlinearity and feeds the classifier: dropout after every layer.
+                    let hgt = matches!(layer, GnnLayer::Hgt(_));
+                    if l + 1 < ls.len() || hgt {
                         for (ty, o) in out.iter_mut().enumerate() {
                             if let Some(x) = o.take() {
-                                *o = Some(self.dropout(x.relu()?, dropout, l, ty)?);
+                                let x = if hgt { x } else { x.relu()? };
+                                *o = Some(self.dropout(x, dropout, l, ty)?);
                             }
                         }
                     }
                     h = out;
                 }
                 let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
-                let emb = last_in.ok_or_else(|| ModelError::Config("the last block has no target inputs".into()))?;
-                Ok((out, emb))
+                match head {
+                    Some((w, b)) => Ok((crate::ops::matmul(&out, w)?.broadcast_add(b)?, out)),
+                    None => {
+                        let emb = last_in.ok_or_else(|| ModelError::Config("the last block has no target inputs".into()))?;
+                        Ok((out, emb))
+                    }
+                }
             }
         }
     }

@@ -31,6 +31,11 @@ impl ParamStore {
         self.insert(name, Tensor::zeros(n, dtype, device)?)
     }
 
+    /// Adds a vector of length `n` filled with `value` and returns it.
+    pub fn filled(&mut self, name: &str, n: usize, value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        self.insert(name, (Tensor::ones(n, dtype, device)? * value)?)
+    }
+
     fn insert(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
         let var = Var::from_tensor(&t)?;
         let out = var.as_tensor().clone();

@@ -150,6 +150,11 @@ fn rgat_gradients_match_finite_differences() {
 }
 
 #[test]
+fn hgt_gradients_match_finite_differences() {
+    check_model_gradients(ModelKind::Hgt);
+}
+
+#[test]
 fn mlp_gradients_match_finite_differences() {
     check_model_gradients(ModelKind::Mlp);
 }
@@ -164,6 +169,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         models::model::GnnLayer::Rgcn(models::rgcn::RgcnLayer::new(&mut store, &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap()),
         models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 1, &[5, 3], 4, 2, false, 2, DType::F64, &Device::Cpu).unwrap()),
         models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 2, &[5, 3], 3, 2, true, 2, DType::F64, &Device::Cpu).unwrap()),
+        models::model::GnnLayer::Hgt(models::hgt::HgtLayer::new(&mut store, &g, 3, &[5, 3], 4, 2, 2, DType::F64, &Device::Cpu).unwrap()),
     ];
     for layer in &layers {
     let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();
@@ -179,7 +185,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         .into_iter()
         .zip(pb)
         .map(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => Some((x + y).unwrap()),
+            (Some(x), Some(y)) => Some(layer.combine_partials(&x, &y).unwrap()),
             (x, None) => x,
             (None, y) => y,
         })
@@ -323,6 +329,92 @@ fn attention_matches_a_dense_reference_forward_and_backward() {
             };
             let fd = (shift(eps) - shift(-eps)) / (2.0 * eps);
             assert!((fd - analytic[i]).abs() < 1e-6, "input {which}[{i}]: analytic {} numeric {fd}", analytic[i]);
+        }
+    }
+}
+
+#[test]
+fn lse_partials_merge_into_the_softmax_over_all_relations() {
+    use models::ops::{finish_partial, lse_attention, merge_partials};
+    let dev = Device::Cpu;
+    let (h_n, dk, dv) = (2usize, 3usize, 2usize);
+    // Two relations into the same 4 destinations; destination 1 has no edges in the first.
+    let rels = [(5usize, vec![0u32, 2, 2, 4, 6], vec![0u32, 1, 3, 4, 1, 2]), (3, vec![0, 1, 3, 3, 5], vec![2, 0, 1, 1, 2])];
+    let val = |n: usize, w: usize, salt: f64| -> Vec<f64> { (0..n * h_n * w).map(|i| (i as f64 * 0.61 + salt).sin()).collect() };
+    let q = val(4, dk, 0.3);
+    let inputs: Vec<(Vec<f64>, Vec<f64>)> = rels.iter().enumerate().map(|(r, (n, _, _))| (val(*n, dk, r as f64), val(*n, dv, 2.0 + r as f64))).collect();
+    // Dense reference: softmax over the union of both relations' edges.
+    let reference = |q: &[f64], ins: &[(Vec<f64>, Vec<f64>)]| -> Vec<f64> {
+        let mut out = vec![0.0; 4 * h_n * dv];
+        for v in 0..4 {
+            for h in 0..h_n {
+                let mut scored = Vec::new();
+                for (r, (_, off, src)) in rels.iter().enumerate() {
+                    for &u in &src[off[v] as usize..off[v + 1] as usize] {
+                        let u = u as usize;
+                        let e: f64 = (0..dk).map(|j| q[(v * h_n + h) * dk + j] * ins[r].0[(u * h_n + h) * dk + j]).sum();
+                        scored.push((e, r, u));
+                    }
+                }
+                let z: f64 = scored.iter().map(|s| s.0.exp()).sum();
+                for (e, r, u) in scored {
+                    for j in 0..dv {
+                        out[(v * h_n + h) * dv + j] += e.exp() / z * ins[r].1[(u * h_n + h) * dv + j];
+                    }
+                }
+            }
+        }
+        out
+    };
+    let tq = Var::from_tensor(&Tensor::from_vec(q.clone(), (4, h_n, dk), &dev).unwrap()).unwrap();
+    let tins: Vec<(Var, Var)> = inputs
+        .iter()
+        .zip(&rels)
+        .map(|((k, v), (n, _, _))| {
+            (
+                Var::from_tensor(&Tensor::from_vec(k.clone(), (*n, h_n, dk), &dev).unwrap()).unwrap(),
+                Var::from_tensor(&Tensor::from_vec(v.clone(), (*n, h_n, dv), &dev).unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    let parts: Vec<Tensor> = rels
+        .iter()
+        .zip(&tins)
+        .map(|((n, off, src), (k, v))| lse_attention(tq.as_tensor(), k.as_tensor(), v.as_tensor(), &SegmentCsr::new(*n, off.clone(), src.clone())).unwrap())
+        .collect();
+    let out = finish_partial(&merge_partials(&parts[0], &parts[1]).unwrap()).unwrap();
+    let got: Vec<f64> = out.flatten_all().unwrap().to_vec1().unwrap();
+    let want = reference(&q, &inputs);
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+    // Gradients of a weighted sum against finite differences, for q and every k and value.
+    let w: Vec<f64> = (0..want.len()).map(|i| (i as f64 * 0.37).cos()).collect();
+    let loss = (out * Tensor::from_vec(w.clone(), (4, h_n, dv), &dev).unwrap()).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let f = |q: &[f64], ins: &[(Vec<f64>, Vec<f64>)]| reference(q, ins).iter().zip(&w).map(|(a, b)| a * b).sum::<f64>();
+    let eps = 1e-6;
+    let gq: Vec<f64> = grads.get(tq.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    for i in 0..q.len() {
+        let mut p = q.clone();
+        p[i] += eps;
+        let mut m = q.clone();
+        m[i] -= eps;
+        let fd = (f(&p, &inputs) - f(&m, &inputs)) / (2.0 * eps);
+        assert!((fd - gq[i]).abs() < 1e-6, "q[{i}]: analytic {} numeric {fd}", gq[i]);
+    }
+    for r in 0..2 {
+        for (which, t) in [(0, &tins[r].0), (1, &tins[r].1)] {
+            let an: Vec<f64> = grads.get(t.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            for i in 0..an.len() {
+                let shifted = |d: f64| {
+                    let mut ins = inputs.clone();
+                    if which == 0 { ins[r].0[i] += d } else { ins[r].1[i] += d }
+                    f(&q, &ins)
+                };
+                let fd = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
+                assert!((fd - an[i]).abs() < 1e-6, "relation {r} input {which}[{i}]: analytic {} numeric {fd}", an[i]);
+            }
         }
     }
 }
