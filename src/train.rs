@@ -21,7 +21,7 @@ pub struct TrainArgs {
     /// Graph directory (default: mag-like S=0.01, generated once into the cache directory).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// rgcn | rgat | mlp [default: rgcn]
+    /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
     /// Number of epochs [default: 10].
@@ -39,7 +39,7 @@ pub struct TrainArgs {
     /// Hidden width [default: 64].
     #[arg(long)]
     hidden: Option<usize>,
-    /// Attention heads of R-GAT [default: 4].
+    /// Attention heads of R-GAT and HGT [default: 4].
     #[arg(long)]
     heads: Option<usize>,
     /// Learnable embedding width for featureless types [default: 64].

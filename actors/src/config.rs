@@ -34,7 +34,7 @@ pub struct TrainingConfig {
     pub mode: Mode,
     /// Graph directory; absent: a mag-like graph at scale 0.01 generated once into the cache directory.
     pub data: Option<PathBuf>,
-    /// "rgcn" (default), "rgat" or "mlp".
+    /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
     pub layers: usize,
@@ -47,7 +47,7 @@ pub struct TrainingConfig {
     pub fanouts: Vec<usize>,
     /// Hidden width (default 64).
     pub hidden: usize,
-    /// Attention heads of R-GAT (default 4; hidden must be a multiple).
+    /// Attention heads of R-GAT and HGT (default 4; hidden must be a multiple).
     pub heads: usize,
     /// Width of learnable embeddings of featureless types (default 64).
     pub embed_dim: usize,
