@@ -4,7 +4,6 @@
 //! give it if it were the only row.
 
 use candle_core::{DType, Device, Tensor};
-use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::init;
@@ -54,37 +53,23 @@ impl EmbeddingTable {
     /// Applies Adam to rows `ids` with gradient `grad` (`[ids.len(), dim]`, ids distinct).
     pub fn sparse_adam(&mut self, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
         let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        let dim = self.dim;
         let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
-        // Rows are independent: compute the new (value, m, v) of each touched row
-        // in parallel from the old state, then write them back.
-        let updated: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = ids
-            .par_iter()
-            .enumerate()
-            .with_min_len(256)
-            .map(|(k, &i)| {
-                let i = i as usize;
-                let t = self.steps[i] as i32 + 1;
-                let bc1 = 1.0 - cfg.beta1.powi(t);
-                let bc2 = 1.0 - cfg.beta2.powi(t);
-                let (mut x, mut m, mut v) = (self.data[i * dim..][..dim].to_vec(), self.m[i * dim..][..dim].to_vec(), self.v[i * dim..][..dim].to_vec());
-                for j in 0..dim {
-                    let gj = g[k * dim + j];
-                    m[j] = b1 * m[j] + (1.0 - b1) * gj;
-                    v[j] = b2 * v[j] + (1.0 - b2) * gj * gj;
-                    let mhat = f64::from(m[j]) / bc1;
-                    let vhat = f64::from(v[j]) / bc2;
-                    x[j] -= (cfg.lr * mhat / (vhat.sqrt() + cfg.eps)) as f32;
-                }
-                (x, m, v)
-            })
-            .collect();
-        for (&i, (x, m, v)) in ids.iter().zip(updated) {
+        for (k, &i) in ids.iter().enumerate() {
             let i = i as usize;
-            self.data[i * dim..][..dim].copy_from_slice(&x);
-            self.m[i * dim..][..dim].copy_from_slice(&m);
-            self.v[i * dim..][..dim].copy_from_slice(&v);
             self.steps[i] += 1;
+            let t = self.steps[i] as i32;
+            let bc1 = 1.0 - cfg.beta1.powi(t);
+            let bc2 = 1.0 - cfg.beta2.powi(t);
+            let (lr, eps) = (cfg.lr, cfg.eps);
+            for j in 0..self.dim {
+                let at = i * self.dim + j;
+                let gj = g[k * self.dim + j];
+                self.m[at] = b1 * self.m[at] + (1.0 - b1) * gj;
+                self.v[at] = b2 * self.v[at] + (1.0 - b2) * gj * gj;
+                let mhat = f64::from(self.m[at]) / bc1;
+                let vhat = f64::from(self.v[at]) / bc2;
+                self.data[at] -= (lr * mhat / (vhat.sqrt() + eps)) as f32;
+            }
         }
         Ok(())
     }
