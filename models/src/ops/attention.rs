@@ -13,6 +13,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::segment::SegmentCsr;
+use super::to_f64;
 
 /// LeakyReLU slope for negative scores (GAT's 0.2).
 pub const NEGATIVE_SLOPE: f64 = 0.2;
@@ -25,14 +26,6 @@ pub fn attention_aggregate(values: &Tensor, el: &Tensor, er: &Tensor, csr: &Arc<
 
 struct Attention(Arc<SegmentCsr>);
 
-fn to_f64(s: &CpuStorage, l: &Layout) -> candle_core::Result<Vec<f64>> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("attention needs contiguous inputs".into()))?;
-    Ok(match s {
-        CpuStorage::F32(v) => v[a..b].iter().map(|&x| f64::from(x)).collect(),
-        CpuStorage::F64(v) => v[a..b].to_vec(),
-        _ => return Err(candle_core::Error::Msg("attention supports f32 and f64".into())),
-    })
-}
 
 fn from_f64(v: Vec<f64>, dtype: DType) -> CpuStorage {
     match dtype {
@@ -97,7 +90,7 @@ impl CustomOp3 for Attention {
     fn cpu_fwd(&self, sv: &CpuStorage, lv: &Layout, sl: &CpuStorage, ll: &Layout, sr: &CpuStorage, lr: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let c = &self.0;
         let dm = dims(c, lv.dims(), ll.dims(), lr.dims())?;
-        let (values, el, er) = (to_f64(sv, lv)?, to_f64(sl, ll)?, to_f64(sr, lr)?);
+        let (values, el, er) = (to_f64(sv, lv, "attention")?, to_f64(sl, ll, "attention")?, to_f64(sr, lr, "attention")?);
         let (k_n, d_n) = (dm.heads, dm.width);
         let mut out = vec![0.0f64; dm.n_dst * k_n * d_n];
         if k_n * d_n > 0 {

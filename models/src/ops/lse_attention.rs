@@ -22,6 +22,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor, D};
 use rayon::prelude::*;
 
 use super::segment::SegmentCsr;
+use super::to_f64;
 
 /// The `m` of a destination without sources: finite, so merges stay NaN-free.
 const EMPTY_MAX: f64 = -1e30;
@@ -70,14 +71,6 @@ fn dims(c: &SegmentCsr, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::R
     }
 }
 
-fn to_f64(s: &CpuStorage, l: &Layout) -> candle_core::Result<Vec<f64>> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("lse-attention needs contiguous inputs".into()))?;
-    Ok(match s {
-        CpuStorage::F32(v) => v[a..b].iter().map(|&x| f64::from(x)).collect(),
-        CpuStorage::F64(v) => v[a..b].to_vec(),
-        _ => return Err(candle_core::Error::Msg("lse-attention supports f32 and f64".into())),
-    })
-}
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
@@ -108,7 +101,7 @@ impl CustomOp3 for LseAttention {
     fn cpu_fwd(&self, sq: &CpuStorage, lq: &Layout, sk: &CpuStorage, lk: &Layout, sv: &CpuStorage, lv: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let c = &self.0;
         let d = dims(c, lq.dims(), lk.dims(), lv.dims())?;
-        let (q, k, vals) = (to_f64(sq, lq)?, to_f64(sk, lk)?, to_f64(sv, lv)?);
+        let (q, k, vals) = (to_f64(sq, lq, "lse-attention")?, to_f64(sk, lk, "lse-attention")?, to_f64(sv, lv, "lse-attention")?);
         let stride = d.heads * (2 + d.dv);
         let mut out = vec![0.0f64; d.n_dst * stride];
         out.par_chunks_mut(stride.max(1)).enumerate().with_min_len(32).for_each(|(v, o)| {

@@ -13,3 +13,15 @@ pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
 pub use lse_attention::{finish_partial, lse_attention, merge_partials};
 pub use matmul::matmul;
 pub use segment::{segment_mean, SegmentCsr};
+
+use candle_core::{CpuStorage, Layout};
+
+/// A contiguous f32 or f64 input as f64 values (the attention kernels compute in f64).
+pub(crate) fn to_f64(s: &CpuStorage, l: &Layout, op: &str) -> candle_core::Result<Vec<f64>> {
+    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
+    Ok(match s {
+        CpuStorage::F32(v) => v[a..b].iter().map(|&x| f64::from(x)).collect(),
+        CpuStorage::F64(v) => v[a..b].to_vec(),
+        _ => return Err(candle_core::Error::Msg(format!("{op} supports f32 and f64"))),
+    })
+}
