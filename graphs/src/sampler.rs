@@ -21,6 +21,7 @@ use crate::ids::{NodeTypeId, RelationId};
 use crate::rng::{key, CounterRng};
 
 const UNSEEN: u32 = u32::MAX;
+#[allow(clippy::unusual_byte_groupings)]
 const BATCH_STREAM: u64 = 0xBA7C_4E5;
 
 /// The sampled inputs of one model layer.

@@ -145,8 +145,11 @@ pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// A checkpoint's tensor files: `(file name, bytes)`.
+pub type Files = Vec<(String, Vec<u8>)>;
+
 /// Reads and verifies a checkpoint's manifest and files (checksums).
-pub fn verify(dir: &Path) -> Result<(Manifest, Vec<(String, Vec<u8>)>)> {
+pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let mpath = dir.join(MANIFEST);
     let text = std::fs::read_to_string(&mpath).map_err(|e| io(&mpath, e))?;
     let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;

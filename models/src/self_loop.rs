@@ -19,6 +19,7 @@ pub struct SelfLoops {
 
 impl SelfLoops {
     /// Creates `layer{index}.self.<type>.{weight,bias}` in `store`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, seed: u64, dtype: DType, device: &Device) -> Result<SelfLoops> {
         let mut per_type = Vec::new();
         for (t, nt) in g.node_types().iter().enumerate() {

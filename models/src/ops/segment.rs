@@ -41,8 +41,8 @@ impl SegmentCsr {
         let mut t_dsts = vec![0u32; sources.len()];
         let mut t_edges = vec![0u32; sources.len()];
         for (d, w) in offsets.windows(2).enumerate() {
-            for e in w[0] as usize..w[1] as usize {
-                let s = sources[e] as usize;
+            for (e, &s) in sources.iter().enumerate().take(w[1] as usize).skip(w[0] as usize) {
+                let s = s as usize;
                 t_dsts[fill[s] as usize] = d as u32;
                 t_edges[fill[s] as usize] = e as u32;
                 fill[s] += 1;
