@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use actors::trainer::{sample, EVAL_SEED};
+use actors::pipeline::sample;
+use actors::trainer::EVAL_SEED;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 use clap::Args;
@@ -49,7 +50,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     let mut preds = NpyWriter::create(&a.out, NpyType::I64, &[u64::from(n)])?;
     let mut emb_writer: Option<NpyWriter> = None;
     for (step, seeds) in ids.chunks(a.batch).enumerate() {
-        let mb = sample(&mut sampler, &model, manifest.epochs_done, step as u64, seeds)?;
+        let mb = sample(&mut sampler, model.uses_neighbors(), manifest.epochs_done, step as u64, seeds)?;
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
         let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
         let p: Vec<i64> = logits.argmax(1)?.to_vec1::<u32>()?.into_iter().map(i64::from).collect();

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod pipeline;
 pub mod report;
 pub mod trainer;
 

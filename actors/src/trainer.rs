@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use graphs::sampler::epoch_batches;
-use graphs::{Block, HetGraph, LoadOptions, MiniBatch, Sampler};
+use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
@@ -15,12 +15,15 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::error::{Result, TrainError};
+use crate::pipeline;
 use crate::report::{peak_rss_bytes, EpochReport, Report};
 
 /// Evaluation samples with a seed of its own so it never shares draws with training.
 pub const EVAL_SEED: u64 = 0xE7A1_5EED;
 /// Seeds per evaluation batch.
 const EVAL_BATCH: usize = 4096;
+/// Batches sampled and gathered ahead of the trainer.
+const PIPELINE_DEPTH: usize = 2;
 
 /// Receives progress from [`train`] (the CLI draws bars from it).
 pub trait TrainObserver {
@@ -51,7 +54,6 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let (labels, splits) = g.target_labels();
     let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, ..Report::default() };
-    let mut sampler = Sampler::new(&g, &t.fanouts, t.seed)?;
     let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
 
     let mut first_epoch = 0;
@@ -76,15 +78,25 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         let mut er = EpochReport { epoch, ..EpochReport::default() };
         let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
         let epoch_start = Instant::now();
-        for (step, seeds) in batches.iter().enumerate() {
-            let step = step as u64;
+        let source = pipeline::Source {
+            graph: &g,
+            fanouts: &t.fanouts,
+            seed: t.seed,
+            uses_neighbors: model.uses_neighbors(),
+            gather: model.feature_gather(),
+            depth: PIPELINE_DEPTH,
+        };
+        pipeline::run(&source, epoch, &batches, |p| {
+            let (step, mb) = (p.step, &p.mb);
+            let seeds = &mb.seeds;
+            er.sample_s += p.sample_s;
+            er.gather_s += p.gather_s;
             let mut clock = Instant::now();
-            let mb = sample(&mut sampler, &model, epoch, step, seeds)?;
-            er.sample_s += lap(&mut clock);
-            let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
+            let mut inputs = p.features;
+            model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?;
             let y = targets(labels, seeds, &device)?;
             er.gather_s += lap(&mut clock);
-            let logits = model.forward(&g, &mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+            let logits = model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
             let grads = loss.backward()?;
             er.compute_s += lap(&mut clock);
@@ -103,7 +115,8 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             seen += seeds.len();
             report.steps += 1;
             observer.step(l);
-        }
+            Ok(())
+        })?;
         er.seconds = epoch_start.elapsed().as_secs_f64();
         er.loss = loss_sum / batches.len().max(1) as f64;
         er.train_acc = correct as f64 / seen.max(1) as f64;
@@ -137,17 +150,6 @@ fn lap(clock: &mut Instant) -> f64 {
     s
 }
 
-/// Samples a mini-batch, or for a features-only model a single block of the seeds.
-pub fn sample(sampler: &mut Sampler, model: &Model, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
-    if model.uses_neighbors() {
-        return Ok(sampler.sample(epoch, step, seeds)?);
-    }
-    // Features only: one block with the seeds and nothing else.
-    let g = sampler.graph();
-    let mut dst = vec![Vec::new(); g.node_types().len()];
-    dst[g.target().index()] = seeds.to_vec();
-    Ok(MiniBatch { epoch, step, seeds: seeds.to_vec(), blocks: vec![Block { layer: 0, src: dst.clone(), dst, relations: Vec::new() }] })
-}
 
 fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
     let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
@@ -167,7 +169,7 @@ pub fn evaluate(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, 
     let (labels, _) = g.target_labels();
     let mut correct = 0;
     for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-        let mb = sample(sampler, model, epoch, step as u64, seeds)?;
+        let mb = pipeline::sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
         let logits = model.forward(g, &mb, inputs, None)?.detach();
         correct += count_correct(&logits, labels, seeds)?;

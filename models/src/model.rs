@@ -322,30 +322,65 @@ impl Model {
         Ok((x * mask)?)
     }
 
+    /// What is needed to gather feature rows without the model (for a
+    /// pipeline stage running ahead of training on another thread).
+    pub fn feature_gather(&self) -> FeatureGather {
+        let n = self.embeddings.len();
+        let wanted = (0..n).map(|t| self.uses_neighbors() || t == self.target.index()).collect();
+        FeatureGather { wanted, dtype: self.dtype, device: self.device.clone() }
+    }
+
     /// The input rows for a mini-batch: features of typed nodes (copied from the
     /// graph) and learnable rows (as fresh tensors whose gradients feed the
     /// sparse Adam). Types the model does not read get `None`.
     pub fn gather_inputs(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
-        let mut out = Vec::with_capacity(nodes.len());
+        let mut inputs = self.feature_gather().gather(g, nodes)?;
+        self.gather_embeddings(nodes, &mut inputs)?;
+        Ok(inputs)
+    }
+
+    /// Fills the learnable-embedding rows of `inputs` (read now: they change every step).
+    pub fn gather_embeddings(&self, nodes: &[Vec<u32>], inputs: &mut PerType) -> Result<()> {
+        let fg = self.feature_gather();
         for (t, ids) in nodes.iter().enumerate() {
-            let wanted = self.uses_neighbors() || t == self.target.index();
-            if ids.is_empty() || !wanted {
-                out.push(None);
+            if ids.is_empty() || !fg.wanted[t] || inputs[t].is_some() {
                 continue;
             }
-            let x = match (&g.node_types()[t].features, &self.embeddings[t]) {
-                (Some(f), _) => {
-                    let dim = f.dim();
-                    let mut buf = Vec::with_capacity(ids.len() * dim);
-                    for &i in ids {
-                        buf.extend_from_slice(f.row(i as usize));
-                    }
-                    Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?
-                }
-                (None, Some(e)) => candle_core::Var::from_tensor(&e.gather(ids, self.dtype, &self.device)?)?.into_inner(),
-                (None, None) => return Err(ModelError::Config(format!("node type {t} has neither features nor an embedding table"))),
+            let Some(e) = &self.embeddings[t] else {
+                return Err(ModelError::Config(format!("node type {t} has neither features nor an embedding table")));
             };
-            out.push(Some(x));
+            inputs[t] = Some(candle_core::Var::from_tensor(&e.gather(ids, self.dtype, &self.device)?)?.into_inner());
+        }
+        Ok(())
+    }
+}
+
+/// Gathers the immutable (feature) input rows of a mini-batch.
+#[derive(Clone, Debug)]
+pub struct FeatureGather {
+    wanted: Vec<bool>,
+    dtype: DType,
+    device: Device,
+}
+
+impl FeatureGather {
+    /// Feature rows of `nodes[t]` for every wanted type with features; `None` elsewhere.
+    pub fn gather(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
+        let mut out = Vec::with_capacity(nodes.len());
+        for (t, ids) in nodes.iter().enumerate() {
+            let f = match &g.node_types()[t].features {
+                Some(f) if !ids.is_empty() && self.wanted[t] => f,
+                _ => {
+                    out.push(None);
+                    continue;
+                }
+            };
+            let dim = f.dim();
+            let mut buf = Vec::with_capacity(ids.len() * dim);
+            for &i in ids {
+                buf.extend_from_slice(f.row(i as usize));
+            }
+            out.push(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?));
         }
         Ok(out)
     }
