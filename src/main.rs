@@ -51,6 +51,9 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Cluster certificates for mutual TLS between nodes.
+    #[command(subcommand)]
+    Certs(Certs),
     /// Convert a dataset from another layout into the graph directory format.
     #[command(subcommand)]
     Import(Import),
@@ -73,6 +76,22 @@ enum Command {
         /// Also show the `rev_<name>` relations training would add.
         #[arg(long)]
         reverse_edges: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Certs {
+    /// Create a cluster CA and one certificate per node (ca.pem, ca.key, <node>.pem, <node>.key).
+    Init {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Node ids, comma-separated (e.g. n0,n1,n2).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// Replace the output directory if it exists.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -114,6 +133,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
+        Command::Certs(Certs::Init { out, nodes, force }) => {
+            runtime::certs::init(&out, &nodes, force).with_context(|| format!("creating certificates in {}", out.display()))?;
+            println!("wrote the cluster CA and certificates for {} to {}", nodes.join(", "), out.display());
+            println!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
+        }
         Command::Train(args) => train::run(&args)?,
         Command::Plot { report, out } => plot::run(&report, &out)?,
         Command::Predict(args) => predict::run(&args)?,

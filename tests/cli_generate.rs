@@ -25,3 +25,18 @@ fn generate_refuses_to_overwrite_without_force_and_bad_arguments() {
     hetgnn(tmp.path(), &["generate", "--scale", "0.001"]).fails_with(2, &["--out"]);
     assert!(!tmp.path().join("h").exists());
 }
+
+#[test]
+fn certs_init_writes_a_ca_and_node_certificates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = hetgnn(tmp.path(), &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"]).ok();
+    assert!(run.stdout().contains("n0, n1, n2"), "{}", run.stdout());
+    for f in ["ca.pem", "ca.key", "n0.pem", "n0.key", "n1.pem", "n2.key"] {
+        let text = std::fs::read_to_string(tmp.path().join("certs").join(f)).unwrap();
+        assert!(text.starts_with("-----BEGIN "), "{f}");
+    }
+    hetgnn(tmp.path(), &["certs", "init", "--out", "certs", "--nodes", "n0"]).fails_with(1, &["already exists", "--force"]);
+    hetgnn(tmp.path(), &["certs", "init", "--out", "c2", "--nodes", "n0,n0"]).fails_with(1, &["listed twice"]);
+    hetgnn(tmp.path(), &["certs", "init", "--out", "c2", "--nodes", "Node 1"]).fails_with(1, &["Node 1"]);
+    assert!(!tmp.path().join("c2").exists());
+}
