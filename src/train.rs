@@ -83,7 +83,7 @@ impl TrainArgs {
                 o.push(format!("training.{k}={v}"));
             }
         };
-        let quoted = |s: &str| format!("{s:?}");
+        let quoted = actors::config::toml_string;
         push("data", self.data.as_ref().map(|p| quoted(&p.display().to_string())));
         push("model", self.model.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, TrainError};
 use models::ModelKind;
 
+/// Largest hidden or embedding width accepted.
+pub const MAX_WIDTH: usize = 1 << 16;
+
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -150,8 +153,8 @@ impl Config {
         if t.batch == 0 {
             return bad("training.batch must be at least 1".into());
         }
-        if t.hidden == 0 || t.embed_dim == 0 {
-            return bad("training.hidden and training.embed_dim must be at least 1".into());
+        if t.hidden == 0 || t.embed_dim == 0 || t.hidden > MAX_WIDTH || t.embed_dim > MAX_WIDTH {
+            return bad(format!("training.hidden and training.embed_dim must be in 1..={MAX_WIDTH}"));
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
             return bad(format!("training.lr must be a positive number, got {}", t.lr));
@@ -167,6 +170,11 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `s` as a TOML string literal (for building `--set` overrides from flags).
+pub fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
 }
 
 /// Sets `a.b=value` in `table`; the value is TOML (`2`, `"x"`, `[25, 20]`) or else a bare string.

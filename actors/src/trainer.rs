@@ -57,6 +57,14 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
 
     let mut first_epoch = 0;
+    if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
+        if !checkpoint::list(root)?.is_empty() {
+            return Err(TrainError::Config(format!(
+                "training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory",
+                root.display()
+            )));
+        }
+    }
     if let (true, Some(root)) = (t.resume, &t.checkpoint_dir) {
         match checkpoint::latest(root)? {
             Some((dir, skipped)) => {

@@ -71,6 +71,10 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
     assert!(notes.0.iter().any(|n| n.contains("epoch-000002")), "{:?}", notes.0);
     assert_eq!(again.final_model_sha256, full.final_model_sha256);
 
+    // A fresh run must not mix its checkpoints with an earlier run's.
+    let err = train(&with(&["training.epochs=3", &ck]), &mut ()).unwrap_err().to_string();
+    assert!(err.contains("earlier run"), "{err}");
+
     // A checkpoint of another model is refused.
     let err = train(&with(&["training.epochs=3", &ck, "training.resume=true", "training.hidden=32"]), &mut ()).unwrap_err();
     assert!(format!("{err:#}").contains("written for another model"), "{err:#}");

@@ -240,7 +240,8 @@ impl AtomicDir {
             if !self.overwrite && std::fs::read_dir(&self.dest).map(|mut d| d.next().is_some()).unwrap_or(true) {
                 return Err(GraphError::InvalidArgument(format!("{} appeared while writing", self.dest.display())));
             }
-            let old = self.tmp.with_extension("old");
+            let name = self.dest.file_name().map_or_else(|| "graph".into(), |n| n.to_string_lossy().into_owned());
+            let old = self.dest.with_file_name(format!(".{name}.old-{}", std::process::id()));
             std::fs::rename(&self.dest, &old).map_err(|e| GraphError::io(&self.dest, e))?;
             std::fs::rename(&self.tmp, &self.dest).map_err(|e| GraphError::io(&self.dest, e))?;
             std::fs::remove_dir_all(&old).map_err(|e| GraphError::io(&old, e))?;

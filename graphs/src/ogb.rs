@@ -22,7 +22,7 @@ use crate::error::{GraphError, Result};
 use crate::format::{self, paths, AtomicDir, LoadOptions};
 use crate::npy::{DType, NpyWriter};
 use crate::progress::Progress;
-use crate::schema::{NodeTypeSchema, RelationSchema, Schema, MAX_FEATURE_DIM, MAX_NODES};
+use crate::schema::{check_name, NodeTypeSchema, RelationSchema, Schema, MAX_CLASSES, MAX_FEATURE_DIM, MAX_NODES};
 
 /// Options of [`import_ogb`].
 #[derive(Clone, Debug, Default)]
@@ -62,6 +62,9 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
         let [s, r, d] = parts.as_slice() else {
             return Err(GraphError::data(&entry.path(), "relation directory name must be <src>___<rel>___<dst>"));
         };
+        for (name, what) in [(s, "node type"), (r, "relation"), (d, "node type")] {
+            check_name(name, what).map_err(|p| GraphError::data(&entry.path(), p))?;
+        }
         relations.push((s.to_string(), r.to_string(), d.to_string(), entry.path().join("edge.csv.gz")));
     }
     relations.sort();
@@ -82,7 +85,13 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
         };
         if *name == target {
             let lpath = label_root.join(name).join("node-label.csv.gz");
-            let labels = read_column(&lpath, |s| if s.eq_ignore_ascii_case("nan") || s.is_empty() { Some(-1) } else { s.parse::<f64>().ok().filter(|v| v.fract() == 0.0 && *v >= -1.0).map(|v| v as i64) })?;
+            let labels = read_column(&lpath, |s| {
+                if s.eq_ignore_ascii_case("nan") || s.is_empty() {
+                    Some(-1)
+                } else {
+                    s.parse::<f64>().ok().filter(|v| v.fract() == 0.0 && *v >= -1.0 && *v < f64::from(MAX_CLASSES)).map(|v| v as i64)
+                }
+            })?;
             if labels.len() as u64 != *count {
                 return Err(GraphError::data(&lpath, format!("{} labels for {count} nodes", labels.len())));
             }
@@ -170,9 +179,12 @@ fn read_node_dict(path: &Path) -> Result<Vec<(String, u64)>> {
     names
         .iter()
         .zip(counts)
-        .map(|(n, c)| match c.parse::<u64>() {
-            Ok(v) if v <= MAX_NODES => Ok((n.clone(), v)),
-            _ => Err(GraphError::data(path, format!("count '{c}' of type '{n}' is not a valid node count"))),
+        .map(|(n, c)| {
+            check_name(n, "node type").map_err(|p| GraphError::data(path, p))?;
+            match c.parse::<u64>() {
+                Ok(v) if v <= MAX_NODES => Ok((n.clone(), v)),
+                _ => Err(GraphError::data(path, format!("count '{c}' of type '{n}' is not a valid node count"))),
+            }
         })
         .collect()
 }

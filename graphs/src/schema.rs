@@ -58,6 +58,8 @@ impl RelationSchema {
 
 /// Largest node count per type: ids are stored as u32.
 pub const MAX_NODES: u64 = u32::MAX as u64 - 1;
+/// Most label classes accepted.
+pub const MAX_CLASSES: u32 = 1 << 20;
 /// Largest feature width accepted.
 pub const MAX_FEATURE_DIM: u64 = 1 << 20;
 
@@ -101,8 +103,8 @@ impl Schema {
         if self.type_index(&self.target).is_none() {
             return Err(format!("target '{}' is not a node type", self.target));
         }
-        if self.num_classes == 0 {
-            return Err("num_classes must be at least 1".into());
+        if self.num_classes == 0 || self.num_classes > MAX_CLASSES {
+            return Err(format!("num_classes must be in 1..={MAX_CLASSES}"));
         }
         let mut seen = std::collections::HashSet::new();
         for r in &self.relations {
@@ -126,7 +128,7 @@ impl Schema {
 }
 
 /// Names become file names: keep them to a safe alphabet, without the `__` separator.
-fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')

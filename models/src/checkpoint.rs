@@ -123,8 +123,9 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
         std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
     }
     std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
-    let all = list(root)?;
-    for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
+    // Prune the oldest, never the one just written.
+    let others: Vec<PathBuf> = list(root)?.into_iter().filter(|p| *p != dest).collect();
+    for old in others.iter().take((others.len() + 1).saturating_sub(keep.max(1))) {
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
     }
     Ok(dest)
@@ -155,6 +156,9 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if manifest.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
+    }
+    if manifest.files.keys().any(|f| f != PARAMS && f != EMBEDDINGS) {
+        return Err(bad(&mpath, "manifest names files other than the checkpoint's own"));
     }
     let mut files = Vec::new();
     for (file, want) in &manifest.files {
@@ -226,7 +230,12 @@ pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse
             return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
         }
         let moments = match (take(&format!("adam.m.{n}")), take(&format!("adam.v.{n}"))) {
-            (Ok(m), Ok(v)) => Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?)),
+            (Ok(m), Ok(v)) => {
+                if m.shape() != t.shape() || v.shape() != t.shape() {
+                    return Err(bad(dir, format!("Adam moments of {n} do not match its shape")));
+                }
+                Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?))
+            }
             _ => None,
         };
         dense.push((n.to_string(), t.to_dtype(dtype)?.to_device(&device)?, moments));

@@ -282,6 +282,9 @@ impl Model {
                 Ok((h, last_in))
             }
             Layers::Relational(ls, head) => {
+                if mb.blocks.len() != ls.len() {
+                    return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+                }
                 let mut h = inputs;
                 let mut last_in = None;
                 for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {

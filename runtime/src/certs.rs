@@ -14,7 +14,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     /// A node id is not usable as a certificate name.
-    #[error("node id {0:?}: use 1-64 characters of [a-z0-9_-]")]
+    #[error("node id {0:?}: use 1-64 characters of [a-z0-9_-], not \"ca\"")]
     BadNodeId(String),
     /// A node id is listed twice.
     #[error("node id {0:?} is listed twice")]
@@ -25,6 +25,9 @@ pub enum CertError {
     /// The output exists and may not be replaced.
     #[error("{0} already exists (use --force to replace it)")]
     Exists(PathBuf),
+    /// The output path does not name a directory of its own (`.`, `..`, `/`).
+    #[error("{0} does not name a new directory")]
+    BadOutput(PathBuf),
     /// Certificate generation failed.
     #[error("certificate generation failed: {0}")]
     Rcgen(#[from] rcgen::Error),
@@ -39,9 +42,9 @@ pub enum CertError {
     },
 }
 
-/// Whether `id` is a valid node id.
+/// Whether `id` is a valid node id (`ca` is reserved: its files are the CA's).
 pub fn valid_node_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    id != "ca" && !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// The certificate and key paths of `node` under `dir`.
@@ -49,17 +52,20 @@ pub fn node_paths(dir: &Path, node: &str) -> (PathBuf, PathBuf) {
     (dir.join(format!("{node}.pem")), dir.join(format!("{node}.key")))
 }
 
+/// Writes `text`; private files are created with mode 0600 from the start.
 fn write(path: &Path, text: &str, private: bool) -> Result<(), CertError> {
+    use std::io::Write;
     let io = |source| CertError::Io { path: path.to_path_buf(), source };
-    std::fs::write(path, text).map_err(io)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     if private {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
     }
     #[cfg(not(unix))]
     let _ = private;
-    Ok(())
+    opts.open(path).and_then(|mut f| f.write_all(text.as_bytes())).map_err(io)
 }
 
 /// Creates a CA and one certificate per node in `out` (written to a temporary
@@ -76,6 +82,9 @@ pub fn init(out: &Path, nodes: &[String], overwrite: bool) -> Result<(), CertErr
             return Err(CertError::DuplicateNode(n.clone()));
         }
     }
+    let Some(name) = out.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Err(CertError::BadOutput(out.to_path_buf()));
+    };
     if out.exists() && !overwrite {
         return Err(CertError::Exists(out.to_path_buf()));
     }
@@ -85,7 +94,6 @@ pub fn init(out: &Path, nodes: &[String], overwrite: bool) -> Result<(), CertErr
     };
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "certs".into());
     let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
@@ -176,6 +184,8 @@ mod tests {
         assert!(matches!(init(&out, &[], false), Err(CertError::NoNodes)));
         assert!(matches!(init(&out, &["N0".into()], false), Err(CertError::BadNodeId(_))));
         assert!(matches!(init(&out, &["a".into(), "a".into()], false), Err(CertError::DuplicateNode(_))));
+        assert!(matches!(init(&out, &["ca".into()], false), Err(CertError::BadNodeId(_))), "ca is reserved");
+        assert!(matches!(init(&tmp.path().join(".."), &["a".into()], true), Err(CertError::BadOutput(_))));
         assert!(!out.exists());
         init(&out, &["a".into()], false).unwrap();
         assert!(matches!(init(&out, &["a".into()], false), Err(CertError::Exists(_))));

@@ -8,6 +8,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::wire::MsgId;
 
+/// Most distinct sending nodes remembered; ids from further nodes are dropped
+/// (node ids come from the topology, so a real cluster never gets near it).
+pub const MAX_NODES: usize = 4096;
+
 /// Remembers recently delivered message ids.
 pub struct Dedup {
     window: usize,
@@ -23,6 +27,9 @@ impl Dedup {
     /// True the first time `id` is seen (deliver it), false for a duplicate
     /// or an id older than the remembered window (drop it).
     pub fn first_time(&mut self, id: MsgId) -> bool {
+        if self.per_node.len() >= MAX_NODES && !self.per_node.contains_key(&id.node) {
+            return false;
+        }
         let seen = self.per_node.entry(id.node).or_default();
         if seen.len() >= self.window && seen.first().is_some_and(|&oldest| id.seq < oldest) {
             return false;
@@ -71,5 +78,9 @@ mod tests {
             d.first_time(id(7, s));
         }
         assert!(d.len() <= 3 * 4);
+        for n in 0..(MAX_NODES as u32 + 10) {
+            d.first_time(id(1000 + n, 0));
+        }
+        assert!(d.per_node.len() <= MAX_NODES, "node sets are bounded too");
     }
 }

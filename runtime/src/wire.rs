@@ -132,9 +132,14 @@ impl FrameDecoder {
         FrameDecoder::default()
     }
 
-    /// Appends received bytes.
-    pub fn push(&mut self, bytes: &[u8]) {
+    /// Appends received bytes; refuses to hold more than one maximal frame
+    /// plus `bytes` undecoded (the caller drains with [`FrameDecoder::next_frame`]).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        if self.buf.len() > 4 + MAX_FRAME {
+            return Err(WireError::FrameTooLarge(self.buf.len()));
+        }
         self.buf.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// The next complete envelope, `Ok(None)` if more bytes are needed, or an
@@ -306,7 +311,7 @@ mod tests {
             let mut d = FrameDecoder::new();
             let mut got = Vec::new();
             for chunk in bytes.chunks(split) {
-                d.push(chunk);
+                d.push(chunk).unwrap();
                 while let Some(e) = d.next_frame().unwrap() {
                     got.push(e);
                 }
@@ -319,19 +324,19 @@ mod tests {
     #[test]
     fn oversized_and_garbage_frames_are_refused() {
         let mut d = FrameDecoder::new();
-        d.push(&(u32::MAX).to_le_bytes());
+        d.push(&(u32::MAX).to_le_bytes()).unwrap();
         assert_eq!(d.next_frame(), Err(WireError::FrameTooLarge(u32::MAX as usize)));
 
         let mut d = FrameDecoder::new();
         let garbage = [0xFFu8; 32];
-        d.push(&(garbage.len() as u32).to_le_bytes());
-        d.push(&garbage);
+        d.push(&(garbage.len() as u32).to_le_bytes()).unwrap();
+        d.push(&garbage).unwrap();
         assert!(matches!(d.next_frame(), Err(WireError::Malformed(_))));
 
         // A truncated frame is not an error, just incomplete.
         let bytes = encode_frame(&env(vec![5; 10])).unwrap();
         let mut d = FrameDecoder::new();
-        d.push(&bytes[..bytes.len() - 1]);
+        d.push(&bytes[..bytes.len() - 1]).unwrap();
         assert_eq!(d.next_frame(), Ok(None));
 
         // A payload that claims a huge length inside a small frame fails without allocating it.
@@ -342,7 +347,7 @@ mod tests {
         let len = (inner.len() - 4) as u32;
         inner[..4].copy_from_slice(&len.to_le_bytes());
         let mut d = FrameDecoder::new();
-        d.push(&inner);
+        d.push(&inner).unwrap();
         assert!(matches!(d.next_frame(), Err(WireError::Malformed(_))));
 
         // Invalid actor names are refused on decode too.
@@ -350,7 +355,7 @@ mod tests {
         let at = e.windows(7).position(|w| w == b"trainer").unwrap();
         e[at] = b'T';
         let mut d = FrameDecoder::new();
-        d.push(&e);
+        d.push(&e).unwrap();
         assert!(matches!(d.next_frame(), Err(WireError::Malformed(m)) if m.contains("bad actor name")));
     }
 

@@ -51,7 +51,7 @@ const SKEW: f64 = 2.5;
 const TRAIN_SHARE: f64 = 0.855;
 const VALID_SHARE: f64 = 0.088;
 
-/// A prime above every node count, so `i ↦ i·P mod n` permutes `0..n`.
+/// A prime above every node count allowed here, so `i ↦ i·P mod n` permutes `0..n`.
 const PERMUTE_PRIME: u64 = 4_294_967_291;
 
 // Stream ids keep draws for different purposes independent.
@@ -105,8 +105,10 @@ impl MagLike {
         }
         let n = |c: f64| (c * scale).round().max(1.0);
         let node_counts = [n(PAPERS), n(AUTHORS), n(INSTITUTIONS), n(FIELDS)];
-        if node_counts.iter().any(|&c| c > MAX_NODES as f64) {
-            return Err(GraphError::InvalidArgument(format!("scale {scale} gives more than {MAX_NODES} nodes of a type")));
+        // Below the permutation prime, so `popular` stays a bijection.
+        let limit = (MAX_NODES).min(PERMUTE_PRIME - 1);
+        if node_counts.iter().any(|&c| c > limit as f64) {
+            return Err(GraphError::InvalidArgument(format!("scale {scale} gives more than {limit} nodes of a type")));
         }
         let counts = node_counts.map(|c| c as u32);
         let edges = [n(AFFILIATED) as u64, n(WRITES) as u64, n(CITES) as u64, n(HAS_TOPIC) as u64];
