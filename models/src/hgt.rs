@@ -15,7 +15,7 @@ use graphs::{Block, HetGraph, RelationId};
 use crate::error::{ModelError, Result};
 use crate::ops::{finish_partial, lse_attention, matmul, merge_partials, SegmentCsr};
 use crate::params::ParamStore;
-use crate::self_loop::PerType;
+use crate::self_loop::{per_dst_type, PerType};
 
 struct TypeMaps {
     key: Tensor,
@@ -121,27 +121,20 @@ impl HgtLayer {
 
     /// Finishes the softmax, applies the output map and the gated skip.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        let mut out = Vec::with_capacity(block.dst.len());
-        for (t, p) in partials.into_iter().enumerate() {
-            let n_dst = block.dst[t].len();
-            let (Some(x), true) = (&h_src[t], n_dst > 0) else {
-                out.push(None);
-                continue;
-            };
+        per_dst_type(block, h_src, partials, |t, own, p| {
             let tm = &self.types[t];
+            let n_dst = own.dim(0)?;
             let agg = match p {
                 Some(p) => finish_partial(&p)?.reshape((n_dst, self.out_dim))?,
-                None => Tensor::zeros((n_dst, self.out_dim), x.dtype(), x.device())?,
+                None => Tensor::zeros((n_dst, self.out_dim), own.dtype(), own.device())?,
             };
             let y = matmul(&agg.gelu()?, &tm.out_w)?.broadcast_add(&tm.out_b)?;
-            out.push(Some(if tm.in_dim == self.out_dim {
+            Ok(if tm.in_dim == self.out_dim {
                 let alpha = candle_nn::ops::sigmoid(&tm.skip)?;
-                let own = x.narrow(0, 0, n_dst)?;
                 (y.broadcast_mul(&alpha)? + own.broadcast_mul(&(1.0 - alpha)?)?)?
             } else {
                 y
-            }));
-        }
-        Ok(out)
+            })
+        })
     }
 }

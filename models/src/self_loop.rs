@@ -32,22 +32,35 @@ impl SelfLoops {
 
     /// Self-loop on the destinations' own rows plus the summed partials.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        let mut out = Vec::with_capacity(block.dst.len());
-        for (t, p) in partials.into_iter().enumerate() {
-            let n_dst = block.dst[t].len();
-            let (Some(x), true) = (&h_src[t], n_dst > 0) else {
-                out.push(None);
-                continue;
-            };
+        per_dst_type(block, h_src, partials, |t, own, p| {
             let (w, b) = &self.per_type[t];
-            let own = matmul(&x.narrow(0, 0, n_dst)?, w)?.broadcast_add(b)?;
-            out.push(Some(match p {
+            let own = matmul(&own, w)?.broadcast_add(b)?;
+            Ok(match p {
                 Some(p) => (own + p)?,
                 None => own,
-            }));
-        }
-        Ok(out)
+            })
+        })
     }
+}
+
+/// Applies `f(type, own rows, partial)` to every destination type of `block`
+/// that has destinations and inputs; `None` elsewhere. The own rows are the
+/// first `dst[t].len()` rows of `h_src[t]`.
+pub(crate) fn per_dst_type(
+    block: &Block,
+    h_src: &PerType,
+    partials: PerType,
+    mut f: impl FnMut(usize, Tensor, Option<Tensor>) -> Result<Tensor>,
+) -> Result<PerType> {
+    let mut out = Vec::with_capacity(block.dst.len());
+    for (t, p) in partials.into_iter().enumerate() {
+        let n_dst = block.dst[t].len();
+        out.push(match (&h_src[t], n_dst > 0) {
+            (Some(x), true) => Some(f(t, x.narrow(0, 0, n_dst)?, p)?),
+            _ => None,
+        });
+    }
+    Ok(out)
 }
 
 /// Adds `msg` into `acc` (the sum over relations).
