@@ -4,9 +4,9 @@
 //! them is treated as seen (a retry that late is moot: the sender's deadline
 //! has passed).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use crate::wire::MsgId;
+use crate::wire::{ByteVec, MsgId, RemoteError};
 
 /// Most distinct sending nodes remembered; ids from further nodes are dropped
 /// (node ids come from the topology, so a real cluster never gets near it).
@@ -54,6 +54,67 @@ impl Dedup {
     }
 }
 
+/// What the receiver knows of a request id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// First time: handle it.
+    New,
+    /// Being handled, or handled so long ago that its reply was evicted: drop it.
+    Dropped,
+    /// Handled: resend this reply (the first one may have been lost).
+    Replied(Result<ByteVec, RemoteError>),
+}
+
+/// Duplicate suppression for requests plus the replies already sent, so a
+/// retried request gets the same answer without running its handler again.
+/// Bounded in entries and in reply bytes; evicted replies leave the id
+/// remembered, so a late retry is dropped rather than handled twice.
+pub struct ReplyCache {
+    dedup: Dedup,
+    replies: HashMap<MsgId, Result<ByteVec, RemoteError>>,
+    order: VecDeque<MsgId>,
+    bytes: usize,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+impl ReplyCache {
+    /// Remembers `window` ids per sender and up to `max_entries` replies of `max_bytes` in total.
+    pub fn new(window: usize, max_entries: usize, max_bytes: usize) -> ReplyCache {
+        ReplyCache { dedup: Dedup::new(window), replies: HashMap::new(), order: VecDeque::new(), bytes: 0, max_entries, max_bytes }
+    }
+
+    /// Classifies an arriving request.
+    pub fn check(&mut self, id: MsgId) -> Seen {
+        if self.dedup.first_time(id) {
+            return Seen::New;
+        }
+        match self.replies.get(&id) {
+            Some(r) => Seen::Replied(r.clone()),
+            None => Seen::Dropped,
+        }
+    }
+
+    /// Stores the reply to `id`.
+    pub fn complete(&mut self, id: MsgId, reply: Result<ByteVec, RemoteError>) {
+        self.bytes += reply.as_ref().map_or(64, |b| b.0.len());
+        if self.replies.insert(id, reply).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > self.max_entries || (self.bytes > self.max_bytes && !self.order.is_empty()) {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(r) = self.replies.remove(&old) {
+                self.bytes -= r.as_ref().map_or(64, |b| b.0.len());
+            }
+        }
+    }
+
+    /// Replies held and their bytes.
+    pub fn held(&self) -> (usize, usize) {
+        (self.replies.len(), self.bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +143,23 @@ mod tests {
             d.first_time(id(1000 + n, 0));
         }
         assert!(d.per_node.len() <= MAX_NODES, "node sets are bounded too");
+    }
+
+    #[test]
+    fn replies_are_resent_not_recomputed_and_bounded() {
+        let id = |seq| MsgId { node: 1, seq };
+        let mut c = ReplyCache::new(1000, 3, 100);
+        assert_eq!(c.check(id(1)), Seen::New);
+        assert_eq!(c.check(id(1)), Seen::Dropped, "in flight");
+        c.complete(id(1), Ok(ByteVec(vec![1; 10])));
+        assert_eq!(c.check(id(1)), Seen::Replied(Ok(ByteVec(vec![1; 10]))));
+        for s in 2..6 {
+            assert_eq!(c.check(id(s)), Seen::New);
+            c.complete(id(s), Ok(ByteVec(vec![0; 10])));
+        }
+        assert_eq!(c.held(), (3, 30));
+        assert_eq!(c.check(id(1)), Seen::Dropped, "evicted reply: still not handled twice");
+        c.complete(id(9), Ok(ByteVec(vec![0; 95])));
+        assert!(c.held().1 <= 100);
     }
 }

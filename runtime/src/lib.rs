@@ -1,15 +1,51 @@
 //! hetgnn's actor runtime, independent of graphs and models.
 //!
-//! So far: cluster certificates ([`certs`]), the wire format ([`wire`]): length-prefixed bincode envelopes with
-//! limits checked before allocation, raw little-endian tensor payloads, and
-//! the receiver-side duplicate filter ([`dedup`]) that makes at-least-once
-//! delivery have exactly-once effect. The QUIC transport, registry,
-//! membership and fault injection build on these (issue 4).
+//! Actors are actix actors registered on a [`Node`] under a name
+//! (`sampler/2`, `features/author/1`); anyone holding an [`ActorRef`] can
+//! `tell` or `ask` them ([`Msg`] types, with deadlines) without knowing
+//! whether they run in this process or on another node. Embedded nodes use
+//! local mailboxes only; a node started from a [`Topology`] also speaks QUIC
+//! with mutual TLS against the cluster CA ([`certs`], [`tls`]).
+//!
+//! Pieces, each a module: the wire format ([`wire`]) and duplicate
+//! suppression ([`dedup`]); the topology file's runtime sections
+//! ([`config`]); the sans-IO cores — failure detector ([`membership`]) and
+//! seeded fault plan with bandwidth shaping ([`chaos`]) — that take the time
+//! as input and so are tested without sockets or sleeps; the transport that
+//! drives them; [`metrics`] readable in-process and as Prometheus text.
+//!
+//! Delivery: every request has an id; `ask` resends it until answered, and
+//! the receiver handles each id once and resends its cached reply to
+//! duplicates, so handlers see each message exactly once even when frames
+//! are lost or duplicated. Fault decisions are a pure function of the seed,
+//! the link and the frame's position on it: same seed, same faults.
 #![warn(missing_docs)]
 
+pub mod actor_ref;
 pub mod certs;
+pub mod chaos;
+pub mod config;
 pub mod dedup;
+pub mod membership;
+pub mod metrics;
+pub mod node;
+pub mod node_actor;
+mod registry;
+pub mod tls;
+mod transport;
 pub mod wire;
 
+pub use actor_ref::{ActorRef, AskError, Deliver, Msg};
+pub use config::{ChaosConfig, ClusterConfig, ConfigError, LinksConfig, NodeSpec, Placement, Topology};
 pub use dedup::Dedup;
-pub use wire::{ActorName, Envelope, FrameDecoder, MsgId, TensorPayload, WireError};
+pub use membership::{MemberEvent, PeerState};
+pub use metrics::MetricsSnapshot;
+pub use node::{MemberInfo, Node, StartError};
+pub use node_actor::{NodeStatus, Ping, Status};
+pub use wire::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, TensorPayload, WireError};
+
+/// Internals exposed for tests and benchmarks of the wire protocol (not a stable API).
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::transport::{close, TAG_LARGE, TAG_SMALL};
+}

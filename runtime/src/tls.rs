@@ -1,0 +1,225 @@
+//! Mutual TLS for the QUIC transport: both ends present a certificate signed
+//! by the cluster CA ([`crate::certs`]); a peer without one is refused during
+//! the handshake. A peer's node id is the first DNS name of its certificate
+//! other than `localhost`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// ALPN protocol id; a peer speaking anything else is refused.
+pub const ALPN: &[u8] = b"hetgnn/1";
+
+/// Errors loading certificates or building TLS configurations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    /// A file is missing or unreadable.
+    #[error("{path}: {msg}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        msg: String,
+    },
+    /// A certificate does not fit the cluster.
+    #[error("{path}: {msg}")]
+    BadCert {
+        /// The certificate file.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// rustls or quinn refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn file_err(path: &Path, e: impl std::fmt::Display) -> TlsError {
+    TlsError::File { path: path.display().to_string(), msg: e.to_string() }
+}
+
+fn bad(path: &Path, msg: impl Into<String>) -> TlsError {
+    TlsError::BadCert { path: path.display().to_string(), msg: msg.into() }
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    if !path.exists() {
+        return Err(file_err(path, "does not exist (create it with `hetgnn certs init`)"));
+    }
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_err(path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_err(path, "holds no certificate"));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    if !path.exists() {
+        return Err(file_err(path, "does not exist (create it with `hetgnn certs init`)"));
+    }
+    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
+}
+
+/// Loads the cluster CA certificate.
+pub fn load_ca(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
+    let mut certs = read_certs(path)?;
+    let ca = certs.swap_remove(0);
+    let (_, parsed) = x509_parser::parse_x509_certificate(&ca).map_err(|e| bad(path, format!("unparsable: {e}")))?;
+    if !parsed.is_ca() {
+        return Err(bad(path, "is not a CA certificate"));
+    }
+    Ok(ca)
+}
+
+/// The node id a certificate names: its first DNS name other than `localhost`.
+pub fn cert_node_id(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert).ok()?;
+    let san = parsed.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        x509_parser::extensions::GeneralName::DNSName(d) if *d != "localhost" => Some(d.to_string()),
+        _ => None,
+    })
+}
+
+/// Checks that `cert` exists, parses, is signed by the CA at `ca`, is valid now,
+/// names node `id`, and that `key` is a readable private key.
+pub fn check_node_cert(ca: &Path, cert: &Path, key: &Path, id: &str) -> Result<(), TlsError> {
+    let ca_der = load_ca(ca)?;
+    let (_, ca_parsed) = x509_parser::parse_x509_certificate(&ca_der).map_err(|e| bad(ca, format!("unparsable: {e}")))?;
+    let chain = read_certs(cert)?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|e| bad(cert, format!("unparsable: {e}")))?;
+    parsed
+        .verify_signature(Some(ca_parsed.public_key()))
+        .map_err(|_| bad(cert, format!("is not signed by the cluster CA {}", ca.display())))?;
+    if !parsed.validity().is_valid() {
+        return Err(bad(cert, "is expired or not yet valid"));
+    }
+    match cert_node_id(&chain[0]) {
+        Some(n) if n == id => {}
+        Some(n) => return Err(bad(cert, format!("names node {n:?}, not {id:?}"))),
+        None => return Err(bad(cert, "names no node")),
+    }
+    read_key(key)?;
+    Ok(())
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca: CertificateDer<'static>) -> Result<Arc<rustls::RootCertStore>, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).map_err(|e| TlsError::Config(format!("CA certificate: {e}")))?;
+    Ok(Arc::new(roots))
+}
+
+/// Transport settings tuned for bulk tensors: large flow-control windows, MTU
+/// discovery up to loopback's 64 KiB, an idle timeout well past the failure detector's.
+pub fn transport_config(idle: Duration) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_uni_streams(1024u32.into())
+        .max_concurrent_bidi_streams(0u32.into())
+        .stream_receive_window((64u32 << 20).into())
+        .receive_window((256u32 << 20).into())
+        .send_window(256 << 20)
+        .keep_alive_interval(Some(Duration::from_secs(1)))
+        .max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(65_000);
+    t.mtu_discovery_config(Some(mtu));
+    Arc::new(t)
+}
+
+/// The certificate chain and key of one identity, with the CA.
+pub struct Identity {
+    ca: CertificateDer<'static>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl Identity {
+    /// Loads from files.
+    pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Identity, TlsError> {
+        Ok(Identity { ca: load_ca(ca)?, chain: read_certs(cert)?, key: read_key(key)? })
+    }
+
+    /// From PEM text already in memory.
+    pub fn from_pem(ca: &str, cert: &str, key: &str) -> Result<Identity, TlsError> {
+        let p = |e: rustls::pki_types::pem::Error| TlsError::Config(e.to_string());
+        Ok(Identity {
+            ca: CertificateDer::from_pem_slice(ca.as_bytes()).map_err(p)?,
+            chain: vec![CertificateDer::from_pem_slice(cert.as_bytes()).map_err(p)?],
+            key: PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(p)?,
+        })
+    }
+
+    /// Server side: requires a client certificate from the cluster CA.
+    pub fn server_config(&self, idle: Duration) -> Result<quinn::ServerConfig, TlsError> {
+        let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(self.ca.clone())?, provider())
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(cfg)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(cfg)?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        server.transport_config(transport_config(idle));
+        Ok(server)
+    }
+
+    /// Client side: trusts only the cluster CA and presents our certificate.
+    pub fn client_config(&self, idle: Duration) -> Result<quinn::ClientConfig, TlsError> {
+        let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(cfg)?
+            .with_root_certificates(roots(self.ca.clone())?)
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(cfg)?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(quic));
+        client.transport_config(transport_config(idle));
+        Ok(client)
+    }
+}
+
+/// The node id of the peer on `conn`, from its verified certificate.
+pub fn peer_id(conn: &quinn::Connection) -> Option<String> {
+    let any = conn.peer_identity()?;
+    let chain = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    cert_node_id(chain.first()?)
+}
+
+/// Mints a short-lived client certificate for `name` from the cluster CA's
+/// files (for `hetgnn doctor`, which is no node of the cluster). Returns PEM
+/// certificate and key.
+pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<(String, String), TlsError> {
+    let ca_pem = std::fs::read_to_string(ca_cert).map_err(|e| file_err(ca_cert, e))?;
+    let key_pem = std::fs::read_to_string(ca_key).map_err(|e| file_err(ca_key, format!("{e} (doctor needs the CA key to mint its client certificate)")))?;
+    let gen = |e: rcgen::Error| TlsError::Config(e.to_string());
+    let ca_key = rcgen::KeyPair::from_pem(&key_pem).map_err(gen)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(gen)?;
+    let mut p = rcgen::CertificateParams::new(vec![name.to_string()]).map_err(gen)?;
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    p.use_authority_key_identifier_extension = true;
+    p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth, rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let now = std::time::SystemTime::now();
+    p.not_before = (now - Duration::from_secs(300)).into();
+    p.not_after = (now + Duration::from_secs(24 * 3600)).into();
+    let key = rcgen::KeyPair::generate().map_err(gen)?;
+    let cert = p.signed_by(&key, &issuer).map_err(gen)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}

@@ -1,0 +1,643 @@
+//! The QUIC transport: one mutually authenticated connection per pair of
+//! nodes (the node listed first dials, the other accepts; clients such as
+//! `hetgnn doctor` always dial), one ordered stream per direction for small
+//! frames and a fresh stream per large frame, requests resent until answered,
+//! replies cached for duplicates, heartbeats feeding the failure detector, and
+//! the seeded fault plan applied to every frame sent.
+//!
+//! Streams start with a one-byte tag: [`TAG_SMALL`] (a sequence of
+//! length-prefixed frames) or [`TAG_LARGE`] (exactly one frame). A stream that
+//! breaks the format closes its connection, and only that one.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::actor_ref::AskError;
+use crate::chaos::{Faults, TokenBucket};
+use crate::dedup::{ReplyCache, Seen};
+use crate::membership::{MemberEvent, Membership};
+use crate::metrics::{Dir, Metrics};
+use crate::registry::Registry;
+use crate::tls;
+use crate::wire::{
+    decode_large, encode_frame, ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, WireError, MAX_LARGE_FRAME, SMALL_FRAME,
+};
+
+/// Tag of the shared stream of small frames.
+pub const TAG_SMALL: u8 = 0;
+/// Tag of a stream carrying one large frame.
+pub const TAG_LARGE: u8 = 1;
+
+/// Connection close codes.
+pub mod close {
+    /// The peer broke the wire format.
+    pub const BAD_FRAME: u32 = 1;
+    /// A newer connection to the same peer replaced this one.
+    pub const REPLACED: u32 = 2;
+    /// This node is shutting down.
+    pub const SHUTDOWN: u32 = 3;
+    /// The failure detector declared the peer down.
+    pub const PEER_DOWN: u32 = 4;
+    /// The certificate names no usable identity.
+    pub const IDENTITY: u32 = 5;
+}
+
+/// Pieces in which large frames are paced through a bandwidth cap.
+const PACE_PIECE: usize = 256 << 10;
+/// Longest wait between resends of an ask.
+const MAX_RETRY: Duration = Duration::from_secs(5);
+/// Request ids remembered per sender, and replies kept for resending.
+const DEDUP_WINDOW: usize = 1 << 16;
+const REPLY_ENTRIES: usize = 1 << 16;
+const REPLY_BYTES: usize = 256 << 20;
+
+#[derive(Clone)]
+struct Conn {
+    quic: quinn::Connection,
+    control: Arc<tokio::sync::Mutex<quinn::SendStream>>,
+}
+
+/// A peer: a node of the topology, or a client that connected to us.
+pub(crate) struct Peer {
+    pub(crate) id: String,
+    addr: Option<SocketAddr>,
+    /// Whether this node dials it (and redials after a loss).
+    dial: bool,
+    /// Whether it is a node of the topology (watched by the failure detector).
+    member: bool,
+    conn: watch::Sender<Option<Conn>>,
+    sent: AtomicU64,
+    bucket: Mutex<Option<TokenBucket>>,
+}
+
+impl Peer {
+    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool) -> Arc<Peer> {
+        Arc::new(Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None) })
+    }
+
+    /// How long to wait before sending `bytes` more under the link's cap.
+    fn pace(&self, bytes: usize) -> Option<Duration> {
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        b.as_mut().map(|b| b.reserve(Instant::now(), bytes as u64)).filter(|d| !d.is_zero())
+    }
+
+    fn current(&self) -> Option<Conn> {
+        self.conn.borrow().clone()
+    }
+}
+
+/// Settings of a transport.
+pub(crate) struct Settings {
+    pub me: String,
+    pub index: u32,
+    pub retry: Duration,
+    pub heartbeat: Duration,
+    pub failure_timeout: Duration,
+}
+
+/// One node's (or client's) end of the cluster network.
+pub(crate) struct Transport {
+    pub(crate) me: String,
+    index: u32,
+    endpoint: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    peers: RwLock<HashMap<String, Arc<Peer>>>,
+    pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<ByteVec, RemoteError>>>>,
+    seq: AtomicU64,
+    replies: Mutex<ReplyCache>,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    faults: RwLock<Faults>,
+    pub(crate) membership: Mutex<Membership>,
+    events: broadcast::Sender<MemberEvent>,
+    started: Instant,
+    retry: Duration,
+    heartbeat: Duration,
+    cancel: CancellationToken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Ids start from the wall clock, so a restarted node does not reuse the ids of its previous life.
+fn seq_base() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)
+}
+
+impl Transport {
+    /// Starts the transport on `endpoint`: accepting (if it serves), dialing the
+    /// peers marked to dial, heartbeating the members.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        s: Settings,
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        peers: Vec<(String, SocketAddr, bool)>,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        faults: Faults,
+        events: broadcast::Sender<MemberEvent>,
+        serve: bool,
+    ) -> Arc<Transport> {
+        let now = Instant::now();
+        let members: Vec<String> = if serve { peers.iter().map(|p| p.0.clone()).collect() } else { Vec::new() };
+        let t = Arc::new(Transport {
+            me: s.me,
+            index: s.index,
+            endpoint,
+            client,
+            peers: RwLock::new(
+                peers.iter().map(|(id, addr, dial)| (id.clone(), Peer::new(id.clone(), Some(*addr), *dial, serve))).collect(),
+            ),
+            pending: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(seq_base()),
+            replies: Mutex::new(ReplyCache::new(DEDUP_WINDOW, REPLY_ENTRIES, REPLY_BYTES)),
+            registry,
+            metrics,
+            faults: RwLock::new(Faults::default()),
+            membership: Mutex::new(Membership::new(members, s.failure_timeout, now)),
+            events,
+            started: now,
+            retry: s.retry,
+            heartbeat: s.heartbeat,
+            cancel: CancellationToken::new(),
+        });
+        t.set_faults(faults);
+        if serve {
+            tokio::spawn(t.clone().accept_loop());
+            tokio::spawn(t.clone().heartbeat_loop());
+        }
+        for p in t.all_peers() {
+            if p.dial {
+                tokio::spawn(t.clone().dial_loop(p));
+            }
+        }
+        t
+    }
+
+    fn all_peers(&self) -> Vec<Arc<Peer>> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    pub(crate) fn peer(&self, id: &str) -> Option<Arc<Peer>> {
+        self.peers.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+    }
+
+    /// Replaces the fault plan (and resets the bandwidth buckets).
+    pub(crate) fn set_faults(&self, faults: Faults) {
+        for p in self.all_peers() {
+            *lock(&p.bucket) = faults.bandwidth(&self.me, &p.id).map(|r| TokenBucket::new(r, Instant::now()));
+        }
+        *self.faults.write().unwrap_or_else(|p| p.into_inner()) = faults;
+    }
+
+    /// Whether `peer` currently has a connection.
+    pub(crate) fn connected(&self, peer: &str) -> bool {
+        self.peer(peer).is_some_and(|p| p.current().is_some())
+    }
+
+    pub(crate) fn next_id(&self) -> MsgId {
+        MsgId { node: self.index, seq: self.seq.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// Stops every task and closes every connection.
+    pub(crate) async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.endpoint.close(close::SHUTDOWN.into(), b"shutdown");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+
+    async fn accept_loop(self: Arc<Self>) {
+        loop {
+            let incoming = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                i = self.endpoint.accept() => match i { Some(i) => i, None => return },
+            };
+            let me = self.clone();
+            tokio::spawn(async move {
+                let quic = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => {
+                        tracing::warn!("{}: refused a connection: {e}", me.me);
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let Some(id) = tls::peer_id(&quic).filter(|id| *id != me.me) else {
+                    quic.close(close::IDENTITY.into(), b"certificate names no usable node id");
+                    return;
+                };
+                let peer = match me.peer(&id) {
+                    Some(p) => p,
+                    None => {
+                        let p = Peer::new(id.clone(), None, false, false);
+                        me.peers.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), p.clone());
+                        p
+                    }
+                };
+                tracing::debug!("{}: accepted {id} from {}", me.me, quic.remote_address());
+                if let Err(e) = me.install(&peer, quic).await {
+                    tracing::debug!("{}: connection from {id} lost during setup: {e}", me.me);
+                }
+            });
+        }
+    }
+
+    async fn dial_loop(self: Arc<Self>, peer: Arc<Peer>) {
+        let Some(addr) = peer.addr else { return };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let attempt = async {
+                let connecting = self.endpoint.connect_with(self.client.clone(), addr, &peer.id).map_err(|e| e.to_string())?;
+                connecting.await.map_err(|e| e.to_string())
+            };
+            let result = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                r = tokio::time::timeout(Duration::from_secs(5), attempt) => r,
+            };
+            match result {
+                Ok(Ok(quic)) => {
+                    backoff = Duration::from_millis(50);
+                    if self.install(&peer, quic.clone()).await.is_ok() {
+                        tokio::select! {
+                            _ = self.cancel.cancelled() => return,
+                            _ = quic.closed() => {}
+                        }
+                    }
+                }
+                Ok(Err(e)) => tracing::debug!("{}: dialing {} at {addr}: {e}", self.me, peer.id),
+                Err(_) => tracing::debug!("{}: dialing {} at {addr}: timed out", self.me, peer.id),
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Makes `quic` the connection to `peer`: opens our small-frame stream and starts reading.
+    async fn install(self: &Arc<Self>, peer: &Arc<Peer>, quic: quinn::Connection) -> Result<(), String> {
+        let mut control = quic.open_uni().await.map_err(|e| e.to_string())?;
+        control.write_all(&[TAG_SMALL]).await.map_err(|e| e.to_string())?;
+        let conn = Conn { quic: quic.clone(), control: Arc::new(tokio::sync::Mutex::new(control)) };
+        if let Some(old) = peer.conn.send_replace(Some(conn)) {
+            if old.quic.stable_id() != quic.stable_id() {
+                old.quic.close(close::REPLACED.into(), b"replaced by a newer connection");
+            }
+        }
+        tokio::spawn(self.clone().read_loop(peer.clone(), quic));
+        Ok(())
+    }
+
+    async fn read_loop(self: Arc<Self>, peer: Arc<Peer>, quic: quinn::Connection) {
+        loop {
+            let stream = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                s = quic.accept_uni() => s,
+            };
+            match stream {
+                Ok(s) => {
+                    let me = self.clone();
+                    let peer = peer.clone();
+                    let quic = quic.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = me.read_stream(&peer, s).await {
+                            tracing::warn!("{}: closing the connection from {}: {e}", me.me, peer.id);
+                            quic.close(close::BAD_FRAME.into(), e.as_bytes());
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!("{}: connection to {} ended: {e}", self.me, peer.id);
+                    let same = peer.current().is_some_and(|c| c.quic.stable_id() == quic.stable_id());
+                    if same {
+                        peer.conn.send_replace(None);
+                        if !peer.member && !peer.dial {
+                            let mut g = self.peers.write().unwrap_or_else(|p| p.into_inner());
+                            if g.get(&peer.id).is_some_and(|p| Arc::ptr_eq(p, &peer)) {
+                                g.remove(&peer.id);
+                            }
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads one stream to its end. `Err` means the peer broke the format (close
+    /// its connection); a lost connection ends the stream quietly.
+    async fn read_stream(self: &Arc<Self>, peer: &Arc<Peer>, mut s: quinn::RecvStream) -> Result<(), String> {
+        let mut tag = [0u8; 1];
+        if s.read_exact(&mut tag).await.is_err() {
+            return Ok(());
+        }
+        match tag[0] {
+            TAG_SMALL => {
+                let mut dec = FrameDecoder::new();
+                loop {
+                    let chunk = match s.read_chunk(1 << 20, true).await {
+                        Ok(Some(c)) => c,
+                        Ok(None) if dec.pending() == 0 => return Ok(()),
+                        Ok(None) => return Err(format!("stream ended inside a frame ({} bytes pending)", dec.pending())),
+                        Err(_) => return Ok(()),
+                    };
+                    dec.push(&chunk.bytes).map_err(|e| e.to_string())?;
+                    while let Some(frame) = dec.next_frame().map_err(|e| e.to_string())? {
+                        let wire = dec.last_frame_len();
+                        self.handle(peer, frame, wire);
+                    }
+                }
+            }
+            TAG_LARGE => {
+                let mut len = [0u8; 4];
+                match s.read_exact(&mut len).await {
+                    Ok(()) => {}
+                    Err(quinn::ReadExactError::FinishedEarly(_)) => return Err("large-frame stream ended inside its length".into()),
+                    Err(_) => return Ok(()),
+                }
+                let len = u32::from_le_bytes(len) as usize;
+                if len > MAX_LARGE_FRAME {
+                    return Err(WireError::FrameTooLarge { got: len, limit: MAX_LARGE_FRAME }.to_string());
+                }
+                let body = match s.read_to_end(len).await {
+                    Ok(b) => b,
+                    Err(quinn::ReadToEndError::TooLong) => return Err(format!("large frame longer than its announced {len} bytes")),
+                    Err(_) => return Ok(()),
+                };
+                if body.len() != len {
+                    return Err(format!("large frame of {} bytes where {len} were announced", body.len()));
+                }
+                let frame = decode_large(&body).map_err(|e| e.to_string())?;
+                self.handle(peer, frame, 5 + len);
+                Ok(())
+            }
+            t => Err(format!("unknown stream tag {t}")),
+        }
+    }
+
+    fn handle(self: &Arc<Self>, peer: &Arc<Peer>, frame: Frame, wire: usize) {
+        match frame {
+            Frame::Request(env) => {
+                self.metrics.count(&peer.id, Dir::In, env.kind.as_str(), env.payload.len(), wire);
+                let id = env.msg_id;
+                match lock(&self.replies).check(id) {
+                    Seen::Dropped => {}
+                    Seen::Replied(r) => self.spawn_reply(peer, id, r, false),
+                    Seen::New => match self.registry.dispatch(&env.to, env.kind.as_str()) {
+                        // Not cached: the asker retries under a new id once the actor is registered.
+                        Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, Err(e), false),
+                        Err(e) => self.spawn_reply(peer, id, Err(e), true),
+                        Ok(dispatch) => {
+                            // Called here, not in the task, so the message enters the mailbox in stream order.
+                            let fut = dispatch(env.from, &env.payload);
+                            let me = self.clone();
+                            let peer = peer.clone();
+                            tokio::spawn(async move {
+                                let r = fut.await;
+                                me.spawn_reply(&peer, id, r, true);
+                            });
+                        }
+                    },
+                }
+            }
+            Frame::Reply { id, result } => {
+                let len = result.as_ref().map_or(0, |b| b.0.len());
+                self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
+                if let Some(tx) = lock(&self.pending).remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Frame::Heartbeat { .. } => {
+                self.metrics.count(&peer.id, Dir::In, "heartbeat", 0, wire);
+                let ev = lock(&self.membership).handle_heartbeat(&peer.id, Instant::now());
+                if let Some(ev) = ev {
+                    tracing::info!("{}: peer {} up", self.me, peer.id);
+                    let _ = self.events.send(ev);
+                }
+            }
+        }
+    }
+
+    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, result: Result<ByteVec, RemoteError>, cache: bool) {
+        if cache {
+            lock(&self.replies).complete(id, result.clone());
+        }
+        let me = self.clone();
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let len = result.as_ref().map_or(0, |b| b.0.len());
+            match encode_frame(&Frame::Reply { id, result }) {
+                Ok(bytes) => {
+                    // A reply is not waited for: if the connection is gone, the asker resends
+                    // its request and gets the cached reply.
+                    let _ = me.send(&peer, Bytes::from(bytes), "reply", len, None, false).await;
+                }
+                Err(e) => tracing::error!("{}: cannot encode a reply: {e}", me.me),
+            }
+        });
+    }
+
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let sent_us = self.started.elapsed().as_micros() as u64;
+            let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) else { continue };
+            let hb = Bytes::from(hb);
+            for p in self.all_peers().into_iter().filter(|p| p.member) {
+                let me = self.clone();
+                let hb = hb.clone();
+                tokio::spawn(async move {
+                    let _ = me.send(&p, hb, "heartbeat", 0, None, false).await;
+                });
+            }
+            let events = lock(&self.membership).poll(Instant::now());
+            for ev in events {
+                if let MemberEvent::Down(id) = &ev {
+                    tracing::warn!("{}: peer {id} down (silent for the failure timeout)", self.me);
+                    // A silent connection may be dead without knowing it: drop it so the dialer starts afresh.
+                    if let Some(c) = self.peer(id).and_then(|p| p.current()) {
+                        c.quic.close(close::PEER_DOWN.into(), b"no heartbeat within the failure timeout");
+                    }
+                }
+                let _ = self.events.send(ev);
+            }
+        }
+    }
+
+    /// Sends one encoded frame to `peer` through the fault plan. Waits for a
+    /// connection until `wait_until` (not at all if `None`); with `confirm`, a
+    /// large frame is awaited until the peer has received all of it.
+    async fn send(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        bytes: Bytes,
+        kind: &str,
+        payload: usize,
+        wait_until: Option<Instant>,
+        confirm: bool,
+    ) -> Result<(), String> {
+        let n = peer.sent.fetch_add(1, Ordering::Relaxed);
+        let d = self.faults.read().unwrap_or_else(|p| p.into_inner()).decide(&self.me, &peer.id, n, self.started.elapsed());
+        if d.copies != 1 {
+            self.metrics.fault(&peer.id, kind, d.copies);
+        }
+        if d.copies == 0 {
+            return Ok(());
+        }
+        if !d.delay.is_zero() {
+            let me = self.clone();
+            let peer = peer.clone();
+            let kind = kind.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(d.delay).await;
+                for _ in 0..d.copies {
+                    let _ = me.send_now(&peer, &bytes, &kind, payload, wait_until, false).await;
+                }
+            });
+            return Ok(());
+        }
+        for _ in 0..d.copies {
+            self.send_now(peer, &bytes, kind, payload, wait_until, confirm).await?;
+        }
+        Ok(())
+    }
+
+    async fn connection(&self, peer: &Peer, wait_until: Option<Instant>) -> Result<Conn, String> {
+        let mut rx = peer.conn.subscribe();
+        loop {
+            if let Some(c) = rx.borrow_and_update().clone() {
+                return Ok(c);
+            }
+            let Some(until) = wait_until else { return Err(format!("not connected to {}", peer.id)) };
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Err("shutting down".into()),
+                r = tokio::time::timeout_at(until.into(), rx.changed()) => match r {
+                    Ok(Ok(())) => {}
+                    _ => return Err(format!("no connection to {} before the deadline", peer.id)),
+                },
+            }
+        }
+    }
+
+    async fn send_now(&self, peer: &Peer, bytes: &Bytes, kind: &str, payload: usize, wait_until: Option<Instant>, confirm: bool) -> Result<(), String> {
+        let conn = self.connection(peer, wait_until).await?;
+        let e = |e: &dyn std::fmt::Display| format!("sending to {}: {e}", peer.id);
+        if bytes.len() - 4 > SMALL_FRAME {
+            let mut s = conn.quic.open_uni().await.map_err(|x| e(&x))?;
+            s.write_all(&[TAG_LARGE]).await.map_err(|x| e(&x))?;
+            self.paced_write(peer, &mut s, bytes).await.map_err(|x| e(&x))?;
+            s.finish().map_err(|x| e(&x))?;
+            if confirm {
+                s.stopped().await.map_err(|x| e(&x))?;
+            }
+        } else {
+            let mut s = conn.control.lock().await;
+            self.paced_write(peer, &mut s, bytes).await.map_err(|x| e(&x))?;
+        }
+        self.metrics.count(&peer.id, Dir::Out, kind, payload, bytes.len());
+        Ok(())
+    }
+
+    async fn paced_write(&self, peer: &Peer, s: &mut quinn::SendStream, bytes: &Bytes) -> Result<(), quinn::WriteError> {
+        let mut off = 0;
+        while off < bytes.len() {
+            let end = if lock(&peer.bucket).is_some() { (off + PACE_PIECE).min(bytes.len()) } else { bytes.len() };
+            if let Some(wait) = peer.pace(end - off) {
+                tokio::time::sleep(wait).await;
+            }
+            s.write_chunk(bytes.slice(off..end)).await?;
+            off = end;
+        }
+        Ok(())
+    }
+
+    /// Asks actor `to` on `peer_id` and waits for the encoded reply, resending
+    /// (same id) after `retry`, doubling, until `timeout`.
+    pub(crate) async fn ask(
+        self: &Arc<Self>,
+        peer_id: &str,
+        to: &ActorName,
+        from: &ActorName,
+        kind: ActorName,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<ByteVec, AskError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let timed_out = || AskError::Timeout { actor: to.to_string(), kind: kind.to_string(), after: timeout };
+        let peer = self.peer(peer_id).ok_or_else(|| AskError::Unplaced(to.to_string()))?;
+        let payload_len = payload.len();
+        let ttl_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        let mut env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind: kind.clone(), ttl_ms, payload };
+        loop {
+            let id = env.msg_id;
+            let frame = Frame::Request(env);
+            let bytes = Bytes::from(encode_frame(&frame).map_err(|e| AskError::Codec(e.to_string()))?);
+            let Frame::Request(e) = frame else { unreachable!("built as a request") };
+            env = e;
+            let (tx, mut rx) = oneshot::channel();
+            lock(&self.pending).insert(id, tx);
+            let _forget = Forget(self, id);
+            let mut wait = self.retry;
+            let result = loop {
+                if Instant::now() >= deadline {
+                    return Err(timed_out());
+                }
+                if let Err(e) = self.send(&peer, bytes.clone(), kind.as_str(), payload_len, Some(deadline), true).await {
+                    tracing::debug!("{}: {e}", self.me);
+                }
+                let until = (Instant::now() + wait).min(deadline);
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return Err(AskError::Shutdown),
+                    r = tokio::time::timeout_at(until.into(), &mut rx) => match r {
+                        Ok(Ok(r)) => break r,
+                        Ok(Err(_)) => return Err(AskError::Shutdown),
+                        Err(_) => {
+                            if Instant::now() >= deadline {
+                                return Err(timed_out());
+                            }
+                            self.metrics.retry();
+                            wait = (wait * 2).min(MAX_RETRY);
+                        }
+                    },
+                }
+            };
+            match result {
+                Ok(b) => {
+                    self.metrics.latency(kind.as_str(), started.elapsed());
+                    return Ok(b);
+                }
+                // The actor may not be registered yet: try again under a new id until the deadline.
+                Err(RemoteError::NoSuchActor(_)) if Instant::now() + Duration::from_millis(20) < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    env.msg_id = self.next_id();
+                }
+                Err(source) => return Err(AskError::Remote { actor: to.to_string(), source }),
+            }
+        }
+    }
+}
+
+/// Removes a pending ask when it finishes, however it finishes.
+struct Forget<'a>(&'a Transport, MsgId);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.pending).remove(&self.1);
+    }
+}
