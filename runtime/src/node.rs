@@ -391,9 +391,10 @@ impl Node {
             Route::Remote(peer) => {
                 let t = self.inner.transport.clone().ok_or(AskError::Shutdown)?;
                 let payload = encode_msg(&msg).map_err(|e| AskError::Codec(e.to_string()))?;
-                let (to, from) = (to.clone(), from.clone());
+                let asking = t.begin(&peer, to, from, kind, payload, TELL_TIMEOUT)?;
+                let to = to.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = t.ask(&peer, &to, &from, kind, payload, TELL_TIMEOUT).await {
+                    if let Err(e) = t.complete(asking).await {
                         tracing::warn!("tell to {to} failed: {e}");
                     }
                 });

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::actor_ref::AskError;
@@ -51,6 +51,9 @@ pub mod close {
 
 /// Pieces in which large frames are paced through a bandwidth cap.
 const PACE_PIECE: usize = 256 << 10;
+/// Frames waiting to be written to one peer; beyond this, frames are dropped
+/// (asks resend them) rather than queued without bound.
+const OUTBOX: usize = 8192;
 /// Longest wait between resends of an ask.
 const MAX_RETRY: Duration = Duration::from_secs(5);
 /// Request ids remembered per sender, and replies kept for resending.
@@ -64,7 +67,25 @@ struct Conn {
     control: Arc<tokio::sync::Mutex<quinn::SendStream>>,
 }
 
-/// A peer: a node of the topology, or a client that connected to us.
+/// A frame queued for a peer's writer.
+struct Outgoing {
+    bytes: Bytes,
+    kind: String,
+    payload: usize,
+    wait_until: Option<Instant>,
+    done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+impl Outgoing {
+    fn finish(self, r: Result<(), String>) {
+        if let Some(d) = self.done {
+            let _ = d.send(r);
+        }
+    }
+}
+
+/// A peer: a node of the topology, or a client that connected to us. Its
+/// writer task sends small frames in the order they were queued.
 pub(crate) struct Peer {
     pub(crate) id: String,
     addr: Option<SocketAddr>,
@@ -75,11 +96,21 @@ pub(crate) struct Peer {
     conn: watch::Sender<Option<Conn>>,
     sent: AtomicU64,
     bucket: Mutex<Option<TokenBucket>>,
+    outbox: mpsc::Sender<Outgoing>,
+    cancel: CancellationToken,
 }
 
 impl Peer {
-    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool) -> Arc<Peer> {
-        Arc::new(Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None) })
+    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool, cancel: CancellationToken) -> (Arc<Peer>, mpsc::Receiver<Outgoing>) {
+        let (outbox, rx) = mpsc::channel(OUTBOX);
+        let p = Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None), outbox, cancel };
+        (Arc::new(p), rx)
+    }
+
+    fn enqueue(&self, item: Outgoing) {
+        if let Err(e) = self.outbox.try_send(item) {
+            tracing::debug!("outbox to {} full or closed: frame dropped ({e})", self.id);
+        }
     }
 
     /// How long to wait before sending `bytes` more under the link's cap.
@@ -106,7 +137,7 @@ pub(crate) struct Settings {
 pub(crate) struct Transport {
     pub(crate) me: String,
     index: u32,
-    endpoint: quinn::Endpoint,
+    endpoint: Mutex<Option<quinn::Endpoint>>,
     client: quinn::ClientConfig,
     peers: RwLock<HashMap<String, Arc<Peer>>>,
     pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<ByteVec, RemoteError>>>>,
@@ -149,14 +180,20 @@ impl Transport {
     ) -> Arc<Transport> {
         let now = Instant::now();
         let members: Vec<String> = if serve { peers.iter().map(|p| p.0.clone()).collect() } else { Vec::new() };
+        let cancel = CancellationToken::new();
+        let mut writers = Vec::new();
+        let mut table = HashMap::new();
+        for (id, addr, dial) in &peers {
+            let (p, rx) = Peer::new(id.clone(), Some(*addr), *dial, serve, cancel.child_token());
+            writers.push((p.clone(), rx));
+            table.insert(id.clone(), p);
+        }
         let t = Arc::new(Transport {
             me: s.me,
             index: s.index,
-            endpoint,
+            endpoint: Mutex::new(Some(endpoint)),
             client,
-            peers: RwLock::new(
-                peers.iter().map(|(id, addr, dial)| (id.clone(), Peer::new(id.clone(), Some(*addr), *dial, serve))).collect(),
-            ),
+            peers: RwLock::new(table),
             pending: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(seq_base()),
             replies: Mutex::new(ReplyCache::new(DEDUP_WINDOW, REPLY_ENTRIES, REPLY_BYTES)),
@@ -168,9 +205,12 @@ impl Transport {
             started: now,
             retry: s.retry,
             heartbeat: s.heartbeat,
-            cancel: CancellationToken::new(),
+            cancel,
         });
         t.set_faults(faults);
+        for (p, rx) in writers {
+            tokio::spawn(t.clone().writer(p, rx));
+        }
         if serve {
             tokio::spawn(t.clone().accept_loop());
             tokio::spawn(t.clone().heartbeat_loop());
@@ -208,18 +248,27 @@ impl Transport {
         MsgId { node: self.index, seq: self.seq.fetch_add(1, Ordering::Relaxed) }
     }
 
-    /// Stops every task and closes every connection.
+    fn endpoint(&self) -> Option<quinn::Endpoint> {
+        lock(&self.endpoint).clone()
+    }
+
+    /// Stops every task, closes every connection and releases the socket.
     pub(crate) async fn shutdown(&self) {
         self.cancel.cancel();
-        self.endpoint.close(close::SHUTDOWN.into(), b"shutdown");
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        let Some(ep) = lock(&self.endpoint).take() else { return };
+        ep.close(close::SHUTDOWN.into(), b"shutdown");
+        for p in self.all_peers() {
+            p.conn.send_replace(None);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), ep.wait_idle()).await;
     }
 
     async fn accept_loop(self: Arc<Self>) {
+        let Some(endpoint) = self.endpoint() else { return };
         loop {
             let incoming = tokio::select! {
                 _ = self.cancel.cancelled() => return,
-                i = self.endpoint.accept() => match i { Some(i) => i, None => return },
+                i = endpoint.accept() => match i { Some(i) => i, None => return },
             };
             let me = self.clone();
             tokio::spawn(async move {
@@ -238,8 +287,12 @@ impl Transport {
                 let peer = match me.peer(&id) {
                     Some(p) => p,
                     None => {
-                        let p = Peer::new(id.clone(), None, false, false);
-                        me.peers.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), p.clone());
+                        let (p, rx) = Peer::new(id.clone(), None, false, false, me.cancel.child_token());
+                        let old = me.peers.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), p.clone());
+                        if let Some(old) = old {
+                            old.cancel.cancel();
+                        }
+                        tokio::spawn(me.clone().writer(p.clone(), rx));
                         p
                     }
                 };
@@ -256,7 +309,8 @@ impl Transport {
         let mut backoff = Duration::from_millis(50);
         loop {
             let attempt = async {
-                let connecting = self.endpoint.connect_with(self.client.clone(), addr, &peer.id).map_err(|e| e.to_string())?;
+                let endpoint = self.endpoint().ok_or("shutting down")?;
+                let connecting = endpoint.connect_with(self.client.clone(), addr, &peer.id).map_err(|e| e.to_string())?;
                 connecting.await.map_err(|e| e.to_string())
             };
             let result = tokio::select! {
@@ -326,6 +380,7 @@ impl Transport {
                             if g.get(&peer.id).is_some_and(|p| Arc::ptr_eq(p, &peer)) {
                                 g.remove(&peer.id);
                             }
+                            peer.cancel.cancel();
                         }
                     }
                     return;
@@ -390,7 +445,9 @@ impl Transport {
             Frame::Request(env) => {
                 self.metrics.count(&peer.id, Dir::In, env.kind.as_str(), env.payload.len(), wire);
                 let id = env.msg_id;
-                match lock(&self.replies).check(id) {
+                // Bound first: a guard in the match scrutinee would live through the arms.
+                let seen = lock(&self.replies).check(id);
+                match seen {
                     Seen::Dropped => {}
                     Seen::Replied(r) => self.spawn_reply(peer, id, r, false),
                     Seen::New => match self.registry.dispatch(&env.to, env.kind.as_str()) {
@@ -432,19 +489,13 @@ impl Transport {
         if cache {
             lock(&self.replies).complete(id, result.clone());
         }
-        let me = self.clone();
-        let peer = peer.clone();
-        tokio::spawn(async move {
-            let len = result.as_ref().map_or(0, |b| b.0.len());
-            match encode_frame(&Frame::Reply { id, result }) {
-                Ok(bytes) => {
-                    // A reply is not waited for: if the connection is gone, the asker resends
-                    // its request and gets the cached reply.
-                    let _ = me.send(&peer, Bytes::from(bytes), "reply", len, None, false).await;
-                }
-                Err(e) => tracing::error!("{}: cannot encode a reply: {e}", me.me),
-            }
-        });
+        let len = result.as_ref().map_or(0, |b| b.0.len());
+        match encode_frame(&Frame::Reply { id, result }) {
+            // A reply is not waited for: if the connection is gone, the asker resends
+            // its request and gets the cached reply.
+            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), "reply", len, None, false)),
+            Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
+        }
     }
 
     async fn heartbeat_loop(self: Arc<Self>) {
@@ -459,11 +510,7 @@ impl Transport {
             let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) else { continue };
             let hb = Bytes::from(hb);
             for p in self.all_peers().into_iter().filter(|p| p.member) {
-                let me = self.clone();
-                let hb = hb.clone();
-                tokio::spawn(async move {
-                    let _ = me.send(&p, hb, "heartbeat", 0, None, false).await;
-                });
+                drop(self.send(&p, hb.clone(), "heartbeat", 0, None, false));
             }
             let events = lock(&self.membership).poll(Instant::now());
             for ev in events {
@@ -479,10 +526,11 @@ impl Transport {
         }
     }
 
-    /// Sends one encoded frame to `peer` through the fault plan. Waits for a
-    /// connection until `wait_until` (not at all if `None`); with `confirm`, a
-    /// large frame is awaited until the peer has received all of it.
-    async fn send(
+    /// Queues one encoded frame for `peer` through the fault plan (frames
+    /// queued without delay keep their order). Waits for a connection until
+    /// `wait_until` (not at all if `None`). With `confirm`, returns a receiver
+    /// told when the frame is written (small) or received by the peer (large).
+    fn send(
         self: &Arc<Self>,
         peer: &Arc<Peer>,
         bytes: Bytes,
@@ -490,31 +538,66 @@ impl Transport {
         payload: usize,
         wait_until: Option<Instant>,
         confirm: bool,
-    ) -> Result<(), String> {
+    ) -> Option<oneshot::Receiver<Result<(), String>>> {
         let n = peer.sent.fetch_add(1, Ordering::Relaxed);
         let d = self.faults.read().unwrap_or_else(|p| p.into_inner()).decide(&self.me, &peer.id, n, self.started.elapsed());
         if d.copies != 1 {
             self.metrics.fault(&peer.id, kind, d.copies);
         }
         if d.copies == 0 {
-            return Ok(());
+            return None;
         }
+        let item = |done| Outgoing { bytes: bytes.clone(), kind: kind.to_string(), payload, wait_until, done };
         if !d.delay.is_zero() {
-            let me = self.clone();
             let peer = peer.clone();
-            let kind = kind.to_string();
+            let items: Vec<Outgoing> = (0..d.copies).map(|_| item(None)).collect();
             tokio::spawn(async move {
                 tokio::time::sleep(d.delay).await;
-                for _ in 0..d.copies {
-                    let _ = me.send_now(&peer, &bytes, &kind, payload, wait_until, false).await;
+                for i in items {
+                    peer.enqueue(i);
                 }
             });
-            return Ok(());
+            return None;
         }
-        for _ in 0..d.copies {
-            self.send_now(peer, &bytes, kind, payload, wait_until, confirm).await?;
+        let mut confirmed = None;
+        for c in 0..d.copies {
+            let done = (confirm && c == 0).then(|| {
+                let (tx, rx) = oneshot::channel();
+                confirmed = Some(rx);
+                tx
+            });
+            peer.enqueue(item(done));
         }
-        Ok(())
+        confirmed
+    }
+
+    /// Writes `peer`'s queued frames: small ones in order on the shared stream,
+    /// large ones each on a stream of its own, concurrently.
+    async fn writer(self: Arc<Self>, peer: Arc<Peer>, mut rx: mpsc::Receiver<Outgoing>) {
+        loop {
+            let item = tokio::select! {
+                _ = peer.cancel.cancelled() => return,
+                i = rx.recv() => match i { Some(i) => i, None => return },
+            };
+            let conn = match self.connection(&peer, item.wait_until).await {
+                Ok(c) => c,
+                Err(e) => {
+                    item.finish(Err(e));
+                    continue;
+                }
+            };
+            if item.bytes.len() - 4 > SMALL_FRAME {
+                let me = self.clone();
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let r = me.write_large(&peer, &conn, &item).await;
+                    item.finish(r);
+                });
+            } else {
+                let r = self.write_small(&peer, &conn, &item).await;
+                item.finish(r);
+            }
+        }
     }
 
     async fn connection(&self, peer: &Peer, wait_until: Option<Instant>) -> Result<Conn, String> {
@@ -525,7 +608,7 @@ impl Transport {
             }
             let Some(until) = wait_until else { return Err(format!("not connected to {}", peer.id)) };
             tokio::select! {
-                _ = self.cancel.cancelled() => return Err("shutting down".into()),
+                _ = peer.cancel.cancelled() => return Err("shutting down".into()),
                 r = tokio::time::timeout_at(until.into(), rx.changed()) => match r {
                     Ok(Ok(())) => {}
                     _ => return Err(format!("no connection to {} before the deadline", peer.id)),
@@ -534,23 +617,25 @@ impl Transport {
         }
     }
 
-    async fn send_now(&self, peer: &Peer, bytes: &Bytes, kind: &str, payload: usize, wait_until: Option<Instant>, confirm: bool) -> Result<(), String> {
-        let conn = self.connection(peer, wait_until).await?;
-        let e = |e: &dyn std::fmt::Display| format!("sending to {}: {e}", peer.id);
-        if bytes.len() - 4 > SMALL_FRAME {
-            let mut s = conn.quic.open_uni().await.map_err(|x| e(&x))?;
-            s.write_all(&[TAG_LARGE]).await.map_err(|x| e(&x))?;
-            self.paced_write(peer, &mut s, bytes).await.map_err(|x| e(&x))?;
-            s.finish().map_err(|x| e(&x))?;
-            if confirm {
-                s.stopped().await.map_err(|x| e(&x))?;
-            }
-        } else {
-            let mut s = conn.control.lock().await;
-            self.paced_write(peer, &mut s, bytes).await.map_err(|x| e(&x))?;
-        }
-        self.metrics.count(&peer.id, Dir::Out, kind, payload, bytes.len());
+    async fn write_small(&self, peer: &Peer, conn: &Conn, item: &Outgoing) -> Result<(), String> {
+        let mut s = conn.control.lock().await;
+        self.paced_write(peer, &mut s, &item.bytes).await.map_err(|x| format!("sending to {}: {x}", peer.id))?;
+        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.bytes.len());
         Ok(())
+    }
+
+    async fn write_large(&self, peer: &Peer, conn: &Conn, item: &Outgoing) -> Result<(), String> {
+        let e = |e: &dyn std::fmt::Display| format!("sending to {}: {e}", peer.id);
+        let mut s = conn.quic.open_uni().await.map_err(|x| e(&x))?;
+        s.write_all(&[TAG_LARGE]).await.map_err(|x| e(&x))?;
+        self.paced_write(peer, &mut s, &item.bytes).await.map_err(|x| e(&x))?;
+        s.finish().map_err(|x| e(&x))?;
+        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.bytes.len());
+        match s.stopped().await {
+            Ok(None) => Ok(()),
+            Ok(Some(code)) => Err(e(&format!("stream stopped by the peer ({code})"))),
+            Err(x) => Err(e(&x)),
+        }
     }
 
     async fn paced_write(&self, peer: &Peer, s: &mut quinn::SendStream, bytes: &Bytes) -> Result<(), quinn::WriteError> {
@@ -577,29 +662,63 @@ impl Transport {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<ByteVec, AskError> {
+        let started = self.begin(peer_id, to, from, kind, payload, timeout)?;
+        self.complete(started).await
+    }
+
+    /// Sends a request now (so it is queued behind everything sent before it)
+    /// and returns what [`Transport::complete`] needs to wait for its reply.
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        peer_id: &str,
+        to: &ActorName,
+        from: &ActorName,
+        kind: ActorName,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Asking, AskError> {
         let started = Instant::now();
-        let deadline = started + timeout;
-        let timed_out = || AskError::Timeout { actor: to.to_string(), kind: kind.to_string(), after: timeout };
         let peer = self.peer(peer_id).ok_or_else(|| AskError::Unplaced(to.to_string()))?;
-        let payload_len = payload.len();
         let ttl_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
-        let mut env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind: kind.clone(), ttl_ms, payload };
+        let env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind, ttl_ms, payload };
+        let mut a = Asking { peer, env, bytes: Bytes::new(), rx: None, sent: None, forget: None, started, timeout };
+        self.attempt(&mut a)?;
+        Ok(a)
+    }
+
+    /// Registers `a`'s current id as pending and sends it the first time.
+    fn attempt(self: &Arc<Self>, a: &mut Asking) -> Result<(), AskError> {
+        let id = a.env.msg_id;
+        let frame = Frame::Request(std::mem::replace(&mut a.env, Envelope::placeholder()));
+        let encoded = encode_frame(&frame);
+        let Frame::Request(env) = frame else { unreachable!("built as a request") };
+        a.env = env;
+        a.bytes = Bytes::from(encoded.map_err(|e| AskError::Codec(e.to_string()))?);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        a.forget = Some(Forget(self.clone(), id));
+        a.rx = Some(rx);
+        a.sent = self.send(&a.peer, a.bytes.clone(), a.env.kind.as_str(), a.env.payload.len(), Some(a.started + a.timeout), true);
+        Ok(())
+    }
+
+    /// Waits for the reply to a request [`Transport::begin`] sent, resending as needed.
+    pub(crate) async fn complete(self: &Arc<Self>, mut a: Asking) -> Result<ByteVec, AskError> {
+        let deadline = a.started + a.timeout;
+        let (to, kind) = (a.env.to.to_string(), a.env.kind.to_string());
+        let after = a.timeout;
+        let timed_out = || AskError::Timeout { actor: to.clone(), kind: kind.clone(), after };
         loop {
-            let id = env.msg_id;
-            let frame = Frame::Request(env);
-            let bytes = Bytes::from(encode_frame(&frame).map_err(|e| AskError::Codec(e.to_string()))?);
-            let Frame::Request(e) = frame else { unreachable!("built as a request") };
-            env = e;
-            let (tx, mut rx) = oneshot::channel();
-            lock(&self.pending).insert(id, tx);
-            let _forget = Forget(self, id);
             let mut wait = self.retry;
+            let Some(mut rx) = a.rx.take() else { return Err(AskError::Shutdown) };
             let result = loop {
-                if Instant::now() >= deadline {
-                    return Err(timed_out());
-                }
-                if let Err(e) = self.send(&peer, bytes.clone(), kind.as_str(), payload_len, Some(deadline), true).await {
-                    tracing::debug!("{}: {e}", self.me);
+                if let Some(done) = a.sent.take() {
+                    // The resend timer starts once the frame is out (large frames: received).
+                    match tokio::time::timeout_at(deadline.into(), done).await {
+                        Ok(Ok(Err(e))) => tracing::debug!("{}: {e}", self.me),
+                        Ok(_) => {}
+                        Err(_) => return Err(timed_out()),
+                    }
                 }
                 let until = (Instant::now() + wait).min(deadline);
                 tokio::select! {
@@ -613,30 +732,44 @@ impl Transport {
                             }
                             self.metrics.retry();
                             wait = (wait * 2).min(MAX_RETRY);
+                            a.sent = self.send(&a.peer, a.bytes.clone(), &kind, a.env.payload.len(), Some(deadline), true);
                         }
                     },
                 }
             };
             match result {
                 Ok(b) => {
-                    self.metrics.latency(kind.as_str(), started.elapsed());
+                    self.metrics.latency(&kind, a.started.elapsed());
                     return Ok(b);
                 }
                 // The actor may not be registered yet: try again under a new id until the deadline.
                 Err(RemoteError::NoSuchActor(_)) if Instant::now() + Duration::from_millis(20) < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
-                    env.msg_id = self.next_id();
+                    a.env.msg_id = self.next_id();
+                    self.attempt(&mut a)?;
                 }
-                Err(source) => return Err(AskError::Remote { actor: to.to_string(), source }),
+                Err(source) => return Err(AskError::Remote { actor: to, source }),
             }
         }
     }
 }
 
-/// Removes a pending ask when it finishes, however it finishes.
-struct Forget<'a>(&'a Transport, MsgId);
+/// A request on its way: what is needed to resend it and to wait for its reply.
+pub(crate) struct Asking {
+    peer: Arc<Peer>,
+    env: Envelope,
+    bytes: Bytes,
+    rx: Option<oneshot::Receiver<Result<ByteVec, RemoteError>>>,
+    sent: Option<oneshot::Receiver<Result<(), String>>>,
+    forget: Option<Forget>,
+    started: Instant,
+    timeout: Duration,
+}
 
-impl Drop for Forget<'_> {
+/// Removes a pending ask when it finishes, however it finishes.
+struct Forget(Arc<Transport>, MsgId);
+
+impl Drop for Forget {
     fn drop(&mut self) {
         lock(&self.0.pending).remove(&self.1);
     }

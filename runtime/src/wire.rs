@@ -124,6 +124,14 @@ pub struct Envelope {
     pub payload: Vec<u8>,
 }
 
+impl Envelope {
+    /// An empty envelope (a stand-in while the real one is moved out).
+    pub fn placeholder() -> Envelope {
+        let n = ActorName(String::from("-"));
+        Envelope { to: n.clone(), from: n.clone(), msg_id: MsgId { node: 0, seq: 0 }, kind: n, ttl_ms: 0, payload: Vec::new() }
+    }
+}
+
 /// Why a request was not handled, as told to the requester.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RemoteError {
