@@ -9,7 +9,9 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bar;
+mod cluster;
 mod inspect;
+mod launch;
 mod plot;
 mod predict;
 mod train;
@@ -69,6 +71,24 @@ enum Command {
     },
     /// Predict classes (and final-layer embeddings) of every target node from a checkpoint.
     Predict(predict::PredictArgs),
+    /// Run one node of a cluster from a topology file (until Ctrl-C or SIGTERM).
+    Node {
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Which node of the file this process is.
+        #[arg(long)]
+        node: String,
+    },
+    /// Start every node of a topology file as a local child process; stop them all on Ctrl-C or when one fails.
+    Launch(cluster::ClusterArgs),
+    /// Check a topology file and its certificates, then ask every node for its state and round-trip time.
+    Doctor {
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Seconds to wait for each node.
+        #[arg(long, default_value_t = 5.0)]
+        timeout: f64,
+    },
     /// Validate a graph directory and print its schema, sizes and degree statistics.
     Inspect {
         /// The graph directory.
@@ -141,6 +161,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(&args)?,
         Command::Plot { report, out } => plot::run(&report, &out)?,
         Command::Predict(args) => predict::run(&args)?,
+        Command::Node { cluster, node } => cluster::node(&cluster, &node)?,
+        Command::Launch(args) => launch::run(&args)?,
+        Command::Doctor { cluster, timeout } => {
+            anyhow::ensure!(timeout.is_finite() && timeout > 0.0, "--timeout must be a positive number of seconds");
+            cluster::doctor(&cluster, std::time::Duration::from_secs_f64(timeout))?
+        }
     }
     Ok(())
 }

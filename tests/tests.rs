@@ -2,6 +2,7 @@
 
 mod util;
 
+mod cli_cluster;
 mod cli_generate;
 mod cli_import;
 mod cli_inspect;

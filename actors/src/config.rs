@@ -11,13 +11,27 @@ use models::ModelKind;
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
 
-/// The whole configuration file.
+/// The whole configuration file: `[training]` for every command, plus the
+/// runtime's `[cluster]`, `[placement]`, `[links]` and `[chaos]` sections
+/// for `node`, `launch` and `doctor` (see [`runtime::config`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[training]`
     #[serde(default)]
     pub training: TrainingConfig,
+    /// `[cluster]`: nodes and certificates; absent, everything runs embedded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<runtime::ClusterConfig>,
+    /// `[placement]`: actor name (or `prefix/*`) to node id.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub placement: runtime::Placement,
+    /// `[links]`: bandwidth and latency shaping.
+    #[serde(default)]
+    pub links: runtime::LinksConfig,
+    /// `[chaos]`: seeded fault injection.
+    #[serde(default)]
+    pub chaos: runtime::ChaosConfig,
 }
 
 /// How training is distributed.
@@ -140,8 +154,19 @@ impl Config {
         })
     }
 
+    /// The runtime's view of the file, if it has a `[cluster]` section.
+    pub fn topology(&self) -> Option<runtime::Topology> {
+        let cluster = self.cluster.clone()?;
+        Some(runtime::Topology { cluster, placement: self.placement.clone(), links: self.links.clone(), chaos: self.chaos.clone() })
+    }
+
     /// Checks values and their combinations, naming the key at fault.
     pub fn validate(&self) -> Result<()> {
+        if let Some(t) = self.topology() {
+            t.validate().map_err(|e| TrainError::Config(e.to_string()))?;
+        } else if !self.placement.is_empty() {
+            return Err(TrainError::Config("placement: needs a [cluster] section naming the nodes".into()));
+        }
         let t = &self.training;
         let bad = |m: String| Err(TrainError::Config(m));
         if t.layers == 0 {

@@ -18,6 +18,12 @@ pub enum TrainError {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A node could not start (the message names the configuration key).
+    #[error(transparent)]
+    Start(#[from] runtime::StartError),
+    /// A request to an actor failed.
+    #[error(transparent)]
+    Ask(#[from] runtime::AskError),
     /// Writing an output failed.
     #[error("{path}: {source}")]
     Io {

@@ -152,8 +152,11 @@ impl Node {
             .ok_or_else(|| ConfigError::new("--node", format!("{id:?} is not in cluster.nodes ({})", node_list(&topology))))?;
         let (cert, key) = topology.cert_paths(id);
         let ca = topology.ca_path();
-        crate::tls::check_node_cert(&ca, &cert, &key, id)?;
-        let identity = Identity::load(&ca, &cert, &key)?;
+        // Certificate problems name the key that points at the file.
+        let key_name = if topology.cluster.nodes[i].cert.is_some() { format!("cluster.nodes[{i}].cert") } else { "cluster.certs_dir".to_string() };
+        let named = |e: TlsError| ConfigError::new(&key_name, e.to_string());
+        crate::tls::check_node_cert(&ca, &cert, &key, id).map_err(named)?;
+        let identity = Identity::load(&ca, &cert, &key).map_err(named)?;
         let c = &topology.cluster;
         let idle = idle_timeout(c.failure_timeout_ms);
         let bind = topology.addr(i)?;

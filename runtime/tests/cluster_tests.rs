@@ -115,6 +115,10 @@ async fn asks_cross_three_nodes_and_match_embedded() {
         serve_counter(&embedded, &format!("counter/{i}"));
     }
     exercise(&embedded, &["counter/0", "counter/1", "counter/2"]).await;
+    // The system actor (what `hetgnn doctor` asks across processes) answers embedded too.
+    let st = embedded.actor("node/solo").unwrap().ask(Status, T).await.unwrap();
+    assert_eq!((st.id.as_str(), st.peers.len()), ("solo", 0));
+    assert!(st.actors.contains(&"counter/2".to_string()));
 
     // System actors answer status and echo large payloads (their own stream).
     let st = nodes[0].actor("node/n2").unwrap().ask(Status, T).await.unwrap();
