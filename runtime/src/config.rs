@@ -140,7 +140,7 @@ impl Bandwidth {
             _ => return Err(bad()),
         };
         let bytes = value * scale / if bits { 8.0 } else { 1.0 };
-        if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1e15) {
+        if !(1.0..1e15).contains(&bytes) {
             return Err(bad());
         }
         Ok(Bandwidth(bytes as u64))
