@@ -27,7 +27,8 @@ use crate::metrics::{Dir, Metrics};
 use crate::registry::Registry;
 use crate::tls;
 use crate::wire::{
-    decode_large, encode_frame, ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, WireError, MAX_LARGE_FRAME, SMALL_FRAME,
+    decode_large_ref, encode_frame, encode_request_head, ActorName, ByteVec, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError,
+    MAX_LARGE_FRAME, SMALL_FRAME,
 };
 
 /// Tag of the shared stream of small frames.
@@ -69,7 +70,9 @@ struct Conn {
 
 /// A frame queued for a peer's writer.
 struct Outgoing {
-    bytes: Bytes,
+    /// The frame: `head` then `body` (a request's payload, sent without copying it into the frame).
+    head: Bytes,
+    body: Bytes,
     kind: String,
     payload: usize,
     wait_until: Option<Instant>,
@@ -77,6 +80,10 @@ struct Outgoing {
 }
 
 impl Outgoing {
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
     fn finish(self, r: Result<(), String>) {
         if let Some(d) = self.done {
             let _ = d.send(r);
@@ -432,8 +439,11 @@ impl Transport {
                 if body.len() != len {
                     return Err(format!("large frame of {} bytes where {len} were announced", body.len()));
                 }
-                let frame = decode_large(&body).map_err(|e| e.to_string())?;
-                self.handle(peer, frame, 5 + len);
+                match decode_large_ref(&body).map_err(|e| e.to_string())? {
+                    FrameRef::Request(r) => self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len),
+                    FrameRef::Reply { id, result } => self.handle(peer, Frame::Reply { id, result }, 5 + len),
+                    FrameRef::Heartbeat { sent_us } => self.handle(peer, Frame::Heartbeat { sent_us }, 5 + len),
+                }
                 Ok(())
             }
             t => Err(format!("unknown stream tag {t}")),
@@ -442,31 +452,7 @@ impl Transport {
 
     fn handle(self: &Arc<Self>, peer: &Arc<Peer>, frame: Frame, wire: usize) {
         match frame {
-            Frame::Request(env) => {
-                self.metrics.count(&peer.id, Dir::In, env.kind.as_str(), env.payload.len(), wire);
-                let id = env.msg_id;
-                // Bound first: a guard in the match scrutinee would live through the arms.
-                let seen = lock(&self.replies).check(id);
-                match seen {
-                    Seen::Dropped => {}
-                    Seen::Replied(r) => self.spawn_reply(peer, id, r, false),
-                    Seen::New => match self.registry.dispatch(&env.to, env.kind.as_str()) {
-                        // Not cached: the asker retries under a new id once the actor is registered.
-                        Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, Err(e), false),
-                        Err(e) => self.spawn_reply(peer, id, Err(e), true),
-                        Ok(dispatch) => {
-                            // Called here, not in the task, so the message enters the mailbox in stream order.
-                            let fut = dispatch(env.from, &env.payload);
-                            let me = self.clone();
-                            let peer = peer.clone();
-                            tokio::spawn(async move {
-                                let r = fut.await;
-                                me.spawn_reply(&peer, id, r, true);
-                            });
-                        }
-                    },
-                }
-            }
+            Frame::Request(env) => self.handle_request(peer, env.to, env.from, env.msg_id, env.kind, &env.payload, wire),
             Frame::Reply { id, result } => {
                 let len = result.as_ref().map_or(0, |b| b.0.len());
                 self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
@@ -485,6 +471,32 @@ impl Transport {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn handle_request(self: &Arc<Self>, peer: &Arc<Peer>, to: ActorName, from: ActorName, id: MsgId, kind: ActorName, payload: &[u8], wire: usize) {
+        self.metrics.count(&peer.id, Dir::In, kind.as_str(), payload.len(), wire);
+        // Bound first: a guard in the match scrutinee would live through the arms.
+        let seen = lock(&self.replies).check(id);
+        match seen {
+            Seen::Dropped => {}
+            Seen::Replied(r) => self.spawn_reply(peer, id, r, false),
+            Seen::New => match self.registry.dispatch(&to, kind.as_str()) {
+                // Not cached: the asker retries under a new id once the actor is registered.
+                Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, Err(e), false),
+                Err(e) => self.spawn_reply(peer, id, Err(e), true),
+                Ok(dispatch) => {
+                    // Called here, not in the task, so the message enters the mailbox in stream order.
+                    let fut = dispatch(from, payload);
+                    let me = self.clone();
+                    let peer = peer.clone();
+                    tokio::spawn(async move {
+                        let r = fut.await;
+                        me.spawn_reply(&peer, id, r, true);
+                    });
+                }
+            },
+        }
+    }
+
     fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, result: Result<ByteVec, RemoteError>, cache: bool) {
         if cache {
             lock(&self.replies).complete(id, result.clone());
@@ -493,7 +505,7 @@ impl Transport {
         match encode_frame(&Frame::Reply { id, result }) {
             // A reply is not waited for: if the connection is gone, the asker resends
             // its request and gets the cached reply.
-            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), "reply", len, None, false)),
+            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), Bytes::new(), "reply", len, None, false)),
             Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
         }
     }
@@ -510,7 +522,7 @@ impl Transport {
             let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) else { continue };
             let hb = Bytes::from(hb);
             for p in self.all_peers().into_iter().filter(|p| p.member) {
-                drop(self.send(&p, hb.clone(), "heartbeat", 0, None, false));
+                drop(self.send(&p, hb.clone(), Bytes::new(), "heartbeat", 0, None, false));
             }
             let events = lock(&self.membership).poll(Instant::now());
             for ev in events {
@@ -533,7 +545,8 @@ impl Transport {
     fn send(
         self: &Arc<Self>,
         peer: &Arc<Peer>,
-        bytes: Bytes,
+        head: Bytes,
+        body: Bytes,
         kind: &str,
         payload: usize,
         wait_until: Option<Instant>,
@@ -547,7 +560,7 @@ impl Transport {
         if d.copies == 0 {
             return None;
         }
-        let item = |done| Outgoing { bytes: bytes.clone(), kind: kind.to_string(), payload, wait_until, done };
+        let item = |done| Outgoing { head: head.clone(), body: body.clone(), kind: kind.to_string(), payload, wait_until, done };
         if !d.delay.is_zero() {
             let peer = peer.clone();
             let items: Vec<Outgoing> = (0..d.copies).map(|_| item(None)).collect();
@@ -586,7 +599,7 @@ impl Transport {
                     continue;
                 }
             };
-            if item.bytes.len() - 4 > SMALL_FRAME {
+            if item.len() - 4 > SMALL_FRAME {
                 let me = self.clone();
                 let peer = peer.clone();
                 tokio::spawn(async move {
@@ -619,8 +632,8 @@ impl Transport {
 
     async fn write_small(&self, peer: &Peer, conn: &Conn, item: &Outgoing) -> Result<(), String> {
         let mut s = conn.control.lock().await;
-        self.paced_write(peer, &mut s, &item.bytes).await.map_err(|x| format!("sending to {}: {x}", peer.id))?;
-        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.bytes.len());
+        self.paced_write(peer, &mut s, item).await.map_err(|x| format!("sending to {}: {x}", peer.id))?;
+        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
         Ok(())
     }
 
@@ -628,9 +641,9 @@ impl Transport {
         let e = |e: &dyn std::fmt::Display| format!("sending to {}: {e}", peer.id);
         let mut s = conn.quic.open_uni().await.map_err(|x| e(&x))?;
         s.write_all(&[TAG_LARGE]).await.map_err(|x| e(&x))?;
-        self.paced_write(peer, &mut s, &item.bytes).await.map_err(|x| e(&x))?;
+        self.paced_write(peer, &mut s, item).await.map_err(|x| e(&x))?;
         s.finish().map_err(|x| e(&x))?;
-        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.bytes.len());
+        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
         match s.stopped().await {
             Ok(None) => Ok(()),
             Ok(Some(code)) => Err(e(&format!("stream stopped by the peer ({code})"))),
@@ -638,15 +651,18 @@ impl Transport {
         }
     }
 
-    async fn paced_write(&self, peer: &Peer, s: &mut quinn::SendStream, bytes: &Bytes) -> Result<(), quinn::WriteError> {
-        let mut off = 0;
-        while off < bytes.len() {
-            let end = if lock(&peer.bucket).is_some() { (off + PACE_PIECE).min(bytes.len()) } else { bytes.len() };
-            if let Some(wait) = peer.pace(end - off) {
-                tokio::time::sleep(wait).await;
+    async fn paced_write(&self, peer: &Peer, s: &mut quinn::SendStream, item: &Outgoing) -> Result<(), quinn::WriteError> {
+        let capped = lock(&peer.bucket).is_some();
+        for bytes in [&item.head, &item.body] {
+            let mut off = 0;
+            while off < bytes.len() {
+                let end = if capped { (off + PACE_PIECE).min(bytes.len()) } else { bytes.len() };
+                if let Some(wait) = peer.pace(end - off) {
+                    tokio::time::sleep(wait).await;
+                }
+                s.write_chunk(bytes.slice(off..end)).await?;
+                off = end;
             }
-            s.write_chunk(bytes.slice(off..end)).await?;
-            off = end;
         }
         Ok(())
     }
@@ -680,8 +696,9 @@ impl Transport {
         let started = Instant::now();
         let peer = self.peer(peer_id).ok_or_else(|| AskError::Unplaced(to.to_string()))?;
         let ttl_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
-        let env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind, ttl_ms, payload };
-        let mut a = Asking { peer, env, bytes: Bytes::new(), rx: None, sent: None, forget: None, started, timeout };
+        let env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind, ttl_ms, payload: Vec::new() };
+        let body = Bytes::from(payload);
+        let mut a = Asking { peer, env, head: Bytes::new(), body, rx: None, sent: None, forget: None, started, timeout };
         self.attempt(&mut a)?;
         Ok(a)
     }
@@ -689,16 +706,12 @@ impl Transport {
     /// Registers `a`'s current id as pending and sends it the first time.
     fn attempt(self: &Arc<Self>, a: &mut Asking) -> Result<(), AskError> {
         let id = a.env.msg_id;
-        let frame = Frame::Request(std::mem::replace(&mut a.env, Envelope::placeholder()));
-        let encoded = encode_frame(&frame);
-        let Frame::Request(env) = frame else { unreachable!("built as a request") };
-        a.env = env;
-        a.bytes = Bytes::from(encoded.map_err(|e| AskError::Codec(e.to_string()))?);
+        a.head = Bytes::from(encode_request_head(&a.env, a.body.len()).map_err(|e| AskError::Codec(e.to_string()))?);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
         a.forget = Some(Forget(self.clone(), id));
         a.rx = Some(rx);
-        a.sent = self.send(&a.peer, a.bytes.clone(), a.env.kind.as_str(), a.env.payload.len(), Some(a.started + a.timeout), true);
+        a.sent = self.send(&a.peer, a.head.clone(), a.body.clone(), a.env.kind.as_str(), a.body.len(), Some(a.started + a.timeout), true);
         Ok(())
     }
 
@@ -732,7 +745,7 @@ impl Transport {
                             }
                             self.metrics.retry();
                             wait = (wait * 2).min(MAX_RETRY);
-                            a.sent = self.send(&a.peer, a.bytes.clone(), &kind, a.env.payload.len(), Some(deadline), true);
+                            a.sent = self.send(&a.peer, a.head.clone(), a.body.clone(), &kind, a.body.len(), Some(deadline), true);
                         }
                     },
                 }
@@ -757,8 +770,10 @@ impl Transport {
 /// A request on its way: what is needed to resend it and to wait for its reply.
 pub(crate) struct Asking {
     peer: Arc<Peer>,
+    /// The request without its payload.
     env: Envelope,
-    bytes: Bytes,
+    head: Bytes,
+    body: Bytes,
     rx: Option<oneshot::Receiver<Result<ByteVec, RemoteError>>>,
     sent: Option<oneshot::Receiver<Result<(), String>>>,
     forget: Option<Forget>,

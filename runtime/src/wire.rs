@@ -124,14 +124,6 @@ pub struct Envelope {
     pub payload: Vec<u8>,
 }
 
-impl Envelope {
-    /// An empty envelope (a stand-in while the real one is moved out).
-    pub fn placeholder() -> Envelope {
-        let n = ActorName(String::from("-"));
-        Envelope { to: n.clone(), from: n.clone(), msg_id: MsgId { node: 0, seq: 0 }, kind: n, ttl_ms: 0, payload: Vec::new() }
-    }
-}
-
 /// Why a request was not handled, as told to the requester.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RemoteError {
@@ -199,6 +191,89 @@ pub fn encode_frame(frame: &Frame) -> Result<Vec<u8>, WireError> {
     }
     out[..4].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(out)
+}
+
+/// Encodes the head of a request frame whose payload (`payload_len` bytes,
+/// not in `env`) is sent right after it, uncopied: head followed by the
+/// payload equals `encode_frame(&Frame::Request(env_with_payload))`.
+pub fn encode_request_head(env: &Envelope, payload_len: usize) -> Result<Vec<u8>, WireError> {
+    if !env.payload.is_empty() {
+        return Err(WireError::Malformed("encode_request_head takes an envelope without payload".into()));
+    }
+    let mut head = encode_frame(&Frame::Request(env.clone()))?;
+    // The envelope ends with its payload: a varint length (0 here), then the bytes.
+    if head.pop() != Some(0) {
+        return Err(WireError::Malformed("unexpected envelope encoding".into()));
+    }
+    let n = payload_len as u64;
+    if n < 251 {
+        head.push(n as u8);
+    } else if n <= u16::MAX as u64 {
+        head.push(251);
+        head.extend_from_slice(&(n as u16).to_le_bytes());
+    } else if n <= u32::MAX as u64 {
+        head.push(252);
+        head.extend_from_slice(&(n as u32).to_le_bytes());
+    } else {
+        head.push(253);
+        head.extend_from_slice(&n.to_le_bytes());
+    }
+    let total = head.len() - 4 + payload_len;
+    if total > MAX_LARGE_FRAME {
+        return Err(WireError::FrameTooLarge { got: total, limit: MAX_LARGE_FRAME });
+    }
+    head[..4].copy_from_slice(&(total as u32).to_le_bytes());
+    Ok(head)
+}
+
+/// A request decoded in place: the payload borrows the received bytes.
+#[derive(Debug, Deserialize)]
+pub struct EnvelopeRef<'a> {
+    /// Destination actor.
+    pub to: ActorName,
+    /// Sending actor.
+    pub from: ActorName,
+    /// Id for duplicate suppression.
+    pub msg_id: MsgId,
+    /// Message kind.
+    pub kind: ActorName,
+    /// Milliseconds the sender will wait.
+    pub ttl_ms: u64,
+    /// The encoded message, borrowed.
+    #[serde(borrow, with = "serde_bytes")]
+    pub payload: &'a [u8],
+}
+
+/// [`Frame`] decoded in place (same encoding), for large frames whose payload should not be copied.
+#[derive(Debug, Deserialize)]
+pub enum FrameRef<'a> {
+    /// See [`Frame::Request`].
+    Request(#[serde(borrow)] EnvelopeRef<'a>),
+    /// See [`Frame::Reply`].
+    Reply {
+        /// The request answered.
+        id: MsgId,
+        /// Encoded reply, or the error.
+        result: Result<ByteVec, RemoteError>,
+    },
+    /// See [`Frame::Heartbeat`].
+    Heartbeat {
+        /// Sender's clock.
+        sent_us: u64,
+    },
+}
+
+/// Decodes a large frame body in place (see [`decode_large`]).
+pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
+    if body.len() > MAX_LARGE_FRAME {
+        return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
+    }
+    let (frame, used): (FrameRef<'_>, usize) =
+        bincode::serde::borrow_decode_from_slice(body, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if used != body.len() {
+        return Err(WireError::Malformed(format!("{} trailing bytes in frame", body.len() - used)));
+    }
+    Ok(frame)
 }
 
 /// Decodes a whole frame body (without its length prefix) received on a stream of
@@ -479,6 +554,29 @@ mod tests {
         let enc = encode_frame(&big).unwrap();
         assert_eq!(decode_large(&enc[4..]).unwrap(), big);
         assert!(decode_large(&enc[4..enc.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn split_request_encoding_equals_the_whole() {
+        for n in [0usize, 1, 250, 251, 65535, 65536, 1 << 20] {
+            let Frame::Request(mut env) = req(vec![]) else { unreachable!() };
+            let payload: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let mut split = encode_request_head(&env, n).unwrap();
+            split.extend_from_slice(&payload);
+            env.payload = payload.clone();
+            let whole = encode_frame(&Frame::Request(env.clone())).unwrap();
+            assert_eq!(split, whole, "payload of {n} bytes");
+            match decode_large_ref(&whole[4..]).unwrap() {
+                FrameRef::Request(r) => assert_eq!((r.payload, r.msg_id, r.kind.as_str()), (payload.as_slice(), env.msg_id, "feature_pull")),
+                other => panic!("{other:?}"),
+            }
+        }
+        let Frame::Request(env) = req(vec![1]) else { unreachable!() };
+        assert!(encode_request_head(&env, 1).is_err(), "payload must be outside");
+        let r = Frame::Reply { id: MsgId { node: 1, seq: 2 }, result: Ok(ByteVec(vec![4; 300])) };
+        assert!(matches!(decode_large_ref(&encode_frame(&r).unwrap()[4..]).unwrap(), FrameRef::Reply { result: Ok(b), .. } if b.0 == vec![4; 300]));
+        let h = Frame::Heartbeat { sent_us: 5 };
+        assert!(matches!(decode_large_ref(&encode_frame(&h).unwrap()[4..]).unwrap(), FrameRef::Heartbeat { sent_us: 5 }));
     }
 
     #[test]

@@ -335,3 +335,28 @@ async fn a_stopped_peer_is_reported_down_then_up_when_restarted() {
         n.shutdown().await;
     }
 }
+
+#[actix_rt::test]
+async fn metrics_are_served_as_prometheus_text() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = topology(dir.path(), 1);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    t.cluster.metrics_addr = Some(format!("127.0.0.1:{port}"));
+    let nodes = start_all(&t).await;
+    let (cert, key) = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "probe").unwrap();
+    let ca = std::fs::read_to_string(t.ca_path()).unwrap();
+    let client = Node::client(t.clone(), "probe", runtime::tls::Identity::from_pem(&ca, &cert, &key).unwrap()).await.unwrap();
+    client.actor("node/n0").unwrap().ask(Ping(ByteVec(vec![1; 1000])), T).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(text.contains("hetgnn_messages_total{node=\"n0\",peer=\"probe\",dir=\"in\",kind=\"ping\"} 1"), "{text}");
+    assert!(text.contains("hetgnn_wire_bytes_total{node=\"n0\",peer=\"probe\",dir=\"out\",kind=\"reply\"}"), "{text}");
+    // The client measured its ask's latency.
+    assert_eq!(client.metrics().latency["ping"].count, 1);
+    client.shutdown().await;
+    nodes[0].shutdown().await;
+}
