@@ -290,6 +290,18 @@ async fn all_asks_complete_under_twenty_percent_drop() {
     assert!(m.retries > 10, "asks were resent: {}", m.retries);
 }
 
+/// Forwards the membership events it receives.
+struct Recorder(tokio::sync::mpsc::UnboundedSender<MemberEvent>);
+impl Actor for Recorder {
+    type Context = Context<Self>;
+}
+impl Handler<MemberEvent> for Recorder {
+    type Result = ();
+    fn handle(&mut self, e: MemberEvent, _: &mut Context<Self>) {
+        let _ = self.0.send(e);
+    }
+}
+
 async fn wait_for(events: &mut tokio::sync::broadcast::Receiver<MemberEvent>, want: MemberEvent, within: Duration) -> Instant {
     let deadline = Instant::now() + within;
     loop {
@@ -308,6 +320,9 @@ async fn a_stopped_peer_is_reported_down_then_up_when_restarted() {
     let t = topology(dir.path(), 3);
     let nodes = start_all(&t).await;
     let mut events = nodes[0].subscribe();
+    // An actor subscribed to membership events sees the same sequence.
+    let (tx, mut actor_events) = tokio::sync::mpsc::unbounded_channel();
+    nodes[0].subscribe_actor(Recorder(tx).start().recipient());
     wait_for(&mut events, MemberEvent::Up("n2".into()), Duration::from_secs(5)).await;
     // n2 stops answering (its transport shuts down).
     let stopped = Instant::now();
@@ -331,6 +346,13 @@ async fn a_stopped_peer_is_reported_down_then_up_when_restarted() {
     serve_counter(&n2, "counter/2");
     wait_for(&mut events, MemberEvent::Up("n2".into()), Duration::from_secs(10)).await;
     assert_eq!(nodes[0].actor("counter/2").unwrap().ask(Add(4), T).await.unwrap(), 4);
+    let mut seen = Vec::new();
+    while let Ok(e) = actor_events.try_recv() {
+        if matches!(&e, MemberEvent::Up(p) | MemberEvent::Down(p) if p == "n2") {
+            seen.push(e);
+        }
+    }
+    assert_eq!(seen, vec![MemberEvent::Up("n2".into()), MemberEvent::Down("n2".into()), MemberEvent::Up("n2".into())]);
     for n in nodes.iter().chain([&n2]) {
         n.shutdown().await;
     }
