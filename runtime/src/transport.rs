@@ -431,11 +431,26 @@ impl Transport {
                 if len > MAX_LARGE_FRAME {
                     return Err(WireError::FrameTooLarge { got: len, limit: MAX_LARGE_FRAME }.to_string());
                 }
-                let body = match s.read_to_end(len).await {
-                    Ok(b) => b,
-                    Err(quinn::ReadToEndError::TooLong) => return Err(format!("large frame longer than its announced {len} bytes")),
-                    Err(_) => return Ok(()),
-                };
+                if len == 0 {
+                    return Err("empty large frame".into());
+                }
+                // The length was checked against the limit above; read straight into one
+                // buffer of that size (no zero-fill, no regrowth).
+                let mut body = Vec::with_capacity(len);
+                loop {
+                    match s.read_chunk(len - body.len(), true).await {
+                        Ok(Some(c)) => body.extend_from_slice(&c.bytes),
+                        Ok(None) => break,
+                        Err(_) => return Ok(()),
+                    }
+                    if body.len() == len {
+                        // Anything after the announced length breaks the format.
+                        match s.read_chunk(1, true).await {
+                            Ok(None) | Err(_) => break,
+                            Ok(Some(_)) => return Err(format!("large frame longer than its announced {len} bytes")),
+                        }
+                    }
+                }
                 if body.len() != len {
                     return Err(format!("large frame of {} bytes where {len} were announced", body.len()));
                 }
@@ -720,7 +735,12 @@ impl Transport {
         let deadline = a.started + a.timeout;
         let (to, kind) = (a.env.to.to_string(), a.env.kind.to_string());
         let after = a.timeout;
-        let timed_out = || AskError::Timeout { actor: to.clone(), kind: kind.clone(), after };
+        // If the actor was reported missing before the deadline, say so rather than "timed out".
+        let mut missing: Option<RemoteError> = None;
+        let timed_out = |missing: &Option<RemoteError>| match missing {
+            Some(source) => AskError::Remote { actor: to.clone(), source: source.clone() },
+            None => AskError::Timeout { actor: to.clone(), kind: kind.clone(), after },
+        };
         loop {
             let mut wait = self.retry;
             let Some(mut rx) = a.rx.take() else { return Err(AskError::Shutdown) };
@@ -730,7 +750,7 @@ impl Transport {
                     match tokio::time::timeout_at(deadline.into(), done).await {
                         Ok(Ok(Err(e))) => tracing::debug!("{}: {e}", self.me),
                         Ok(_) => {}
-                        Err(_) => return Err(timed_out()),
+                        Err(_) => return Err(timed_out(&missing)),
                     }
                 }
                 let until = (Instant::now() + wait).min(deadline);
@@ -741,7 +761,7 @@ impl Transport {
                         Ok(Err(_)) => return Err(AskError::Shutdown),
                         Err(_) => {
                             if Instant::now() >= deadline {
-                                return Err(timed_out());
+                                return Err(timed_out(&missing));
                             }
                             self.metrics.retry();
                             wait = (wait * 2).min(MAX_RETRY);
@@ -756,7 +776,8 @@ impl Transport {
                     return Ok(b);
                 }
                 // The actor may not be registered yet: try again under a new id until the deadline.
-                Err(RemoteError::NoSuchActor(_)) if Instant::now() + Duration::from_millis(20) < deadline => {
+                Err(e @ RemoteError::NoSuchActor(_)) if Instant::now() + Duration::from_millis(20) < deadline => {
+                    missing = Some(e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     a.env.msg_id = self.next_id();
                     self.attempt(&mut a)?;
