@@ -557,6 +557,7 @@ impl Transport {
     /// queued without delay keep their order). Waits for a connection until
     /// `wait_until` (not at all if `None`). With `confirm`, returns a receiver
     /// told when the frame is written (small) or received by the peer (large).
+    #[allow(clippy::too_many_arguments)]
     fn send(
         self: &Arc<Self>,
         peer: &Arc<Peer>,
