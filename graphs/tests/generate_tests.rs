@@ -71,15 +71,15 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
     let (mut within, mut total) = (0.0f64, 0.0f64);
     let mut sums = vec![vec![0.0f64; 128]; 349];
     let mut cnt = vec![0f64; 349];
-    for i in 0..f.rows() {
-        let c = labels[i] as usize;
+    for (i, &label) in labels.iter().enumerate().take(f.rows()) {
+        let c = label as usize;
         cnt[c] += 1.0;
         for (s, &x) in sums[c].iter_mut().zip(f.row(i)) {
             *s += f64::from(x);
         }
     }
-    for i in 0..f.rows() {
-        let c = labels[i] as usize;
+    for (i, &label) in labels.iter().enumerate().take(f.rows()) {
+        let c = label as usize;
         for (j, &x) in f.row(i).iter().enumerate() {
             within += (f64::from(x) - sums[c][j] / cnt[c]).powi(2);
             total += f64::from(x).powi(2);

@@ -406,14 +406,14 @@ fn lse_partials_merge_into_the_softmax_over_all_relations() {
     for r in 0..2 {
         for (which, t) in [(0, &tins[r].0), (1, &tins[r].1)] {
             let an: Vec<f64> = grads.get(t.as_tensor()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            for i in 0..an.len() {
+            for (i, &analytic) in an.iter().enumerate() {
                 let shifted = |d: f64| {
                     let mut ins = inputs.clone();
                     if which == 0 { ins[r].0[i] += d } else { ins[r].1[i] += d }
                     f(&q, &ins)
                 };
                 let fd = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
-                assert!((fd - an[i]).abs() < 1e-6, "relation {r} input {which}[{i}]: analytic {} numeric {fd}", an[i]);
+                assert!((fd - analytic).abs() < 1e-6, "relation {r} input {which}[{i}]: analytic {analytic} numeric {fd}");
             }
         }
     }
