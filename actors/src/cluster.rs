@@ -71,9 +71,7 @@ pub fn doctor(config: &Config, timeout: Duration) -> Result<Vec<DoctorRow>> {
     let topology = topology(config, "hetgnn doctor")?;
     topology.check_certs().map_err(|e| TrainError::Config(e.to_string()))?;
     let ca_key = topology.cluster.certs_dir.join("ca.key");
-    let (cert, key) = runtime::tls::mint_client(&topology.ca_path(), &ca_key, "doctor").map_err(|e| TrainError::Config(format!("cluster.certs_dir: {e}")))?;
-    let ca = std::fs::read_to_string(topology.ca_path()).map_err(|e| TrainError::Io { path: topology.ca_path().display().to_string(), source: e })?;
-    let identity = runtime::tls::Identity::from_pem(&ca, &cert, &key).map_err(|e| TrainError::Config(format!("cluster.certs_dir: {e}")))?;
+    let identity = runtime::tls::mint_client(&topology.ca_path(), &ca_key, "doctor").map_err(|e| TrainError::Config(format!("cluster.certs_dir: {e}")))?;
     let system = actix_rt::System::new();
     system.block_on(async move {
         let client = Node::client(topology.clone(), "doctor", identity).await?;

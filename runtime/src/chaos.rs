@@ -59,16 +59,6 @@ impl Faults {
         Faults { chaos, links }
     }
 
-    /// Whether nothing is injected or shaped.
-    pub fn is_quiet(&self) -> bool {
-        self.chaos.drop == 0.0
-            && self.chaos.duplicate == 0.0
-            && self.chaos.delay.is_none()
-            && self.chaos.partitions.is_empty()
-            && self.links.delay.is_none()
-            && self.links.link.iter().all(|l| l.delay.is_none())
-    }
-
     fn link(&self, from: &str, to: &str) -> Option<&crate::config::LinkSpec> {
         self.links.link.iter().find(|l| (l.between[0] == from && l.between[1] == to) || (l.between[0] == to && l.between[1] == from))
     }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -432,18 +432,10 @@ impl Topology {
             .map_err(|e| ConfigError::new(key, format!("cannot resolve {text:?}: {e}")))?
             .next()
             .ok_or_else(|| ConfigError::new(key, format!("{text:?} resolves to no address")))?;
-        let port = a.port().checked_add(i as u16).filter(|_| a.port() != 0 || i == 0);
-        let port = port.ok_or_else(|| ConfigError::new(key, "port + node index overflows"))?;
+        // Port 0 asks the OS for a free port on every node.
+        let port = if a.port() == 0 { Some(0) } else { u16::try_from(i).ok().and_then(|i| a.port().checked_add(i)) };
+        let port = port.ok_or_else(|| ConfigError::new(key, "port + node index exceeds 65535"))?;
         Ok(Some(SocketAddr::new(a.ip(), port)))
-    }
-}
-
-/// Resolves `path` against `base` unless it is absolute.
-pub fn relative_to(base: &Path, path: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base.join(path)
     }
 }
 

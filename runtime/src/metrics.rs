@@ -60,11 +60,6 @@ impl Histogram {
         self.count += 1;
         self.sum_us = self.sum_us.saturating_add(us);
     }
-
-    /// Mean latency.
-    pub fn mean(&self) -> Duration {
-        Duration::from_micros(self.sum_us.checked_div(self.count).unwrap_or(0))
-    }
 }
 
 /// A copy of all metrics at one time.

@@ -171,13 +171,7 @@ impl Node {
                 peers.push((n.id.clone(), topology.addr(j)?, i < j));
             }
         }
-        let settings = Settings {
-            me: id.to_string(),
-            index: i as u32,
-            retry: Duration::from_millis(c.retry_ms),
-            heartbeat: Duration::from_millis(c.heartbeat_ms),
-            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
-        };
+        let settings = Settings::new(c, id, i as u32);
         let metrics_addr = topology.metrics_addr(i)?;
         let (events, _) = broadcast::channel(256);
         let registry: Arc<Registry> = Arc::default();
@@ -219,13 +213,7 @@ impl Node {
             peers.push((n.id.clone(), topology.addr(j)?, true));
         }
         let index = 0x8000_0000 | (name.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193)) & 0x7FFF_FFFF);
-        let settings = Settings {
-            me: name.to_string(),
-            index,
-            retry: Duration::from_millis(c.retry_ms),
-            heartbeat: Duration::from_millis(c.heartbeat_ms),
-            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
-        };
+        let settings = Settings::new(c, name, index);
         let (events, _) = broadcast::channel(16);
         let registry: Arc<Registry> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
@@ -356,7 +344,7 @@ impl Node {
                         let fut = r.send(Deliver { msg, from: from.clone() });
                         return match tokio::time::timeout_at(deadline.into(), fut).await {
                             Err(_) => Err(AskError::Timeout { actor: to.to_string(), kind: kind.to_string(), after: timeout }),
-                            Ok(Err(_)) => Err(AskError::Remote { actor: to.to_string(), source: RemoteError::Stopped(to.to_string()) }),
+                            Ok(Err(_)) => Err(local_error(to, RemoteError::Stopped(to.to_string()))),
                             Ok(Ok(v)) => {
                                 self.inner.metrics.latency(M::KIND, start.elapsed());
                                 Ok(v)
@@ -364,11 +352,11 @@ impl Node {
                         };
                     }
                     Lookup::NoHandler => {
-                        return Err(AskError::Remote { actor: to.to_string(), source: RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() } })
+                        return Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() }))
                     }
                     // Placed here but not registered yet (start-up): wait for it until the deadline.
                     Lookup::Missing if Instant::now() + Duration::from_millis(5) < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
-                    Lookup::Missing => return Err(AskError::Remote { actor: to.to_string(), source: RemoteError::NoSuchActor(to.to_string()) }),
+                    Lookup::Missing => return Err(local_error(to, RemoteError::NoSuchActor(to.to_string()))),
                 }
             },
             Route::Remote(peer) => {
@@ -388,8 +376,8 @@ impl Node {
                     r.do_send(Deliver { msg, from: from.clone() });
                     Ok(())
                 }
-                Lookup::NoHandler => Err(AskError::Remote { actor: to.to_string(), source: RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() } }),
-                Lookup::Missing => Err(AskError::Remote { actor: to.to_string(), source: RemoteError::NoSuchActor(to.to_string()) }),
+                Lookup::NoHandler => Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() })),
+                Lookup::Missing => Err(local_error(to, RemoteError::NoSuchActor(to.to_string()))),
             },
             Route::Remote(peer) => {
                 let t = self.inner.transport.clone().ok_or(AskError::Shutdown)?;
@@ -435,6 +423,11 @@ impl Node {
         tracing::info!("{}: metrics on http://{addr}/metrics", self.inner.id);
         Ok(())
     }
+}
+
+/// The error a local delivery reports, shaped like a remote one so callers cannot tell them apart.
+fn local_error(to: &ActorName, source: RemoteError) -> AskError {
+    AskError::Remote { actor: to.to_string(), source }
 }
 
 fn idle_timeout(failure_timeout_ms: u64) -> Duration {

@@ -202,10 +202,9 @@ pub fn peer_id(conn: &quinn::Connection) -> Option<String> {
     cert_node_id(chain.first()?)
 }
 
-/// Mints a short-lived client certificate for `name` from the cluster CA's
-/// files (for `hetgnn doctor`, which is no node of the cluster). Returns PEM
-/// certificate and key.
-pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<(String, String), TlsError> {
+/// An identity for `name` with a short-lived client certificate minted from the
+/// cluster CA's files (for `hetgnn doctor`, which is no node of the cluster).
+pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<Identity, TlsError> {
     let ca_pem = std::fs::read_to_string(ca_cert).map_err(|e| file_err(ca_cert, e))?;
     let key_pem = std::fs::read_to_string(ca_key).map_err(|e| file_err(ca_key, format!("{e} (doctor needs the CA key to mint its client certificate)")))?;
     let gen = |e: rcgen::Error| TlsError::Config(e.to_string());
@@ -221,5 +220,5 @@ pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<(String,
     p.not_after = (now + Duration::from_secs(24 * 3600)).into();
     let key = rcgen::KeyPair::generate().map_err(gen)?;
     let cert = p.signed_by(&key, &issuer).map_err(gen)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    Identity::from_pem(&ca_pem, &cert.pem(), &key.serialize_pem())
 }

@@ -140,6 +140,19 @@ pub(crate) struct Settings {
     pub failure_timeout: Duration,
 }
 
+impl Settings {
+    /// The timing of `[cluster]` for the transport of `me`.
+    pub fn new(c: &crate::config::ClusterConfig, me: &str, index: u32) -> Settings {
+        Settings {
+            me: me.to_string(),
+            index,
+            retry: Duration::from_millis(c.retry_ms),
+            heartbeat: Duration::from_millis(c.heartbeat_ms),
+            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+        }
+    }
+}
+
 /// One node's (or client's) end of the cluster network.
 pub(crate) struct Transport {
     pub(crate) me: String,
@@ -456,8 +469,7 @@ impl Transport {
                 }
                 match decode_large_ref(&body).map_err(|e| e.to_string())? {
                     FrameRef::Request(r) => self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len),
-                    FrameRef::Reply { id, result } => self.handle(peer, Frame::Reply { id, result }, 5 + len),
-                    FrameRef::Heartbeat { sent_us } => self.handle(peer, Frame::Heartbeat { sent_us }, 5 + len),
+                    other => self.handle(peer, other.into_owned(), 5 + len),
                 }
                 Ok(())
             }

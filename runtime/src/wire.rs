@@ -170,17 +170,6 @@ pub enum Frame {
 #[serde(transparent)]
 pub struct ByteVec(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
-impl Frame {
-    /// A short name for logs and metrics.
-    pub fn kind(&self) -> &str {
-        match self {
-            Frame::Request(e) => e.kind.as_str(),
-            Frame::Reply { .. } => "reply",
-            Frame::Heartbeat { .. } => "heartbeat",
-        }
-    }
-}
-
 /// Encodes `frame` (length prefix included), refusing frames over [`MAX_LARGE_FRAME`].
 pub fn encode_frame(frame: &Frame) -> Result<Vec<u8>, WireError> {
     let mut out = vec![0u8; 4];
@@ -263,7 +252,8 @@ pub enum FrameRef<'a> {
     },
 }
 
-/// Decodes a large frame body in place (see [`decode_large`]).
+/// Decodes a whole frame body (without its length prefix) received on a stream
+/// of its own, in place: a request's payload borrows `body`.
 pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
     if body.len() > MAX_LARGE_FRAME {
         return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
@@ -276,18 +266,22 @@ pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
     Ok(frame)
 }
 
-/// Decodes a whole frame body (without its length prefix) received on a stream of
-/// its own; the caller has checked the length against [`MAX_LARGE_FRAME`].
-pub fn decode_large(body: &[u8]) -> Result<Frame, WireError> {
-    if body.len() > MAX_LARGE_FRAME {
-        return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
+impl FrameRef<'_> {
+    /// The owned frame (copies a request's payload).
+    pub fn into_owned(self) -> Frame {
+        match self {
+            FrameRef::Request(r) => Frame::Request(Envelope {
+                to: r.to,
+                from: r.from,
+                msg_id: r.msg_id,
+                kind: r.kind,
+                ttl_ms: r.ttl_ms,
+                payload: r.payload.to_vec(),
+            }),
+            FrameRef::Reply { id, result } => Frame::Reply { id, result },
+            FrameRef::Heartbeat { sent_us } => Frame::Heartbeat { sent_us },
+        }
     }
-    let (frame, used): (Frame, usize) =
-        bincode::serde::decode_from_slice(body, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
-    if used != body.len() {
-        return Err(WireError::Malformed(format!("{} trailing bytes in frame", body.len() - used)));
-    }
-    Ok(frame)
 }
 
 /// Encodes a message body.
@@ -552,8 +546,8 @@ mod tests {
         // A large frame decodes whole, without its prefix.
         let big = req(vec![7; 1 << 20]);
         let enc = encode_frame(&big).unwrap();
-        assert_eq!(decode_large(&enc[4..]).unwrap(), big);
-        assert!(decode_large(&enc[4..enc.len() - 1]).is_err());
+        assert_eq!(decode_large_ref(&enc[4..]).unwrap().into_owned(), big);
+        assert!(decode_large_ref(&enc[4..enc.len() - 1]).is_err());
     }
 
     #[test]
@@ -667,7 +661,7 @@ mod tests {
                     }
                 }
             }
-            let _ = decode_large(&bytes);
+            let _ = decode_large_ref(&bytes);
         }
     }
 

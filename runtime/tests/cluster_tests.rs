@@ -183,9 +183,8 @@ async fn foreign_certificates_are_refused_and_the_node_keeps_serving() {
     let e = rogue.actor("counter/0").unwrap().ask(Add(1), Duration::from_millis(800)).await.unwrap_err();
     assert!(matches!(e, AskError::Timeout { .. }), "{e}");
     // A client with a certificate the cluster CA minted is served.
-    let (cert, key) = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "doctor").unwrap();
-    let ca = std::fs::read_to_string(t.ca_path()).unwrap();
-    let client = Node::client(t.clone(), "doctor", runtime::tls::Identity::from_pem(&ca, &cert, &key).unwrap()).await.unwrap();
+    let minted = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "doctor").unwrap();
+    let client = Node::client(t.clone(), "doctor", minted).await.unwrap();
     assert_eq!(client.actor("counter/0").unwrap().ask(Add(2), T).await.unwrap(), 2, "the rogue's request never ran");
     assert_eq!(nodes[1].actor("counter/0").unwrap().ask(Add(1), T).await.unwrap(), 3);
     for n in [&rogue, &client].into_iter().chain(&nodes) {
@@ -195,9 +194,7 @@ async fn foreign_certificates_are_refused_and_the_node_keeps_serving() {
 
 /// Opens a raw QUIC connection with a cluster-minted certificate and sends `bytes` on a fresh stream.
 async fn raw_send(t: &Topology, to: usize, bytes: Vec<u8>) -> quinn::ConnectionError {
-    let (cert, key) = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "fuzzer").unwrap();
-    let ca = std::fs::read_to_string(t.ca_path()).unwrap();
-    let id = runtime::tls::Identity::from_pem(&ca, &cert, &key).unwrap();
+    let id = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "fuzzer").unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = t.addr(to).unwrap();
     let conn = ep.connect_with(id.client_config(Duration::from_secs(10)).unwrap(), addr, &t.cluster.nodes[to].id).unwrap().await.unwrap();
@@ -245,23 +242,20 @@ async fn counters_under_chaos(chaos: ChaosConfig) -> (u64, runtime::MetricsSnaps
     t.chaos = chaos;
     t.cluster.failure_timeout_ms = 5000;
     let nodes = start_all(&t).await;
-    let mut total = 0;
     let asks = 150u64;
     for i in 0..asks {
         let from = &nodes[(i % 3) as usize];
         let to = from.actor(&format!("counter/{}", (i + 1) % 3)).unwrap();
-        total = to.ask(Add(1), Duration::from_secs(20)).await.unwrap_or_else(|e| panic!("ask {i}: {e}"));
+        to.ask(Add(1), Duration::from_secs(20)).await.unwrap_or_else(|e| panic!("ask {i}: {e}"));
+    }
+    // Read the counters without faults.
+    for n in &nodes {
+        n.set_faults(ChaosConfig::default(), LinksConfig::default());
     }
     let mut sum = 0;
     for i in 0..3 {
-        // Read the counters without faults.
-        nodes[0].set_faults(ChaosConfig::default(), LinksConfig::default());
-        for n in &nodes {
-            n.set_faults(ChaosConfig::default(), LinksConfig::default());
-        }
         sum += nodes[0].actor(&format!("counter/{i}")).unwrap().ask(Add(0), T).await.unwrap();
     }
-    let _ = total;
     let mut m = nodes[0].metrics();
     for n in &nodes[1..] {
         let o = n.metrics();
@@ -366,9 +360,8 @@ async fn metrics_are_served_as_prometheus_text() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     t.cluster.metrics_addr = Some(format!("127.0.0.1:{port}"));
     let nodes = start_all(&t).await;
-    let (cert, key) = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "probe").unwrap();
-    let ca = std::fs::read_to_string(t.ca_path()).unwrap();
-    let client = Node::client(t.clone(), "probe", runtime::tls::Identity::from_pem(&ca, &cert, &key).unwrap()).await.unwrap();
+    let minted = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "probe").unwrap();
+    let client = Node::client(t.clone(), "probe", minted).await.unwrap();
     client.actor("node/n0").unwrap().ask(Ping(ByteVec(vec![1; 1000])), T).await.unwrap();
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
