@@ -391,6 +391,34 @@ impl NpyWriter {
         Ok(())
     }
 
+    /// Writes a `[rows, dim]` float32 file in which only the given rows hold
+    /// data: the rest are holes of the (sparse) file and read as zeros. Used by
+    /// partitions, whose feature files keep the global shape but only the rows
+    /// the partition owns.
+    pub fn write_sparse_rows<'a>(self, dim: usize, rows: impl Iterator<Item = (u64, &'a [f32])>) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        debug_assert_eq!(self.dtype, DType::F32);
+        let path = self.path.clone();
+        let total = self.remaining * 4;
+        let mut file = self.out.into_inner().map_err(|e| GraphError::io(&path, e.into_error()))?;
+        let start = file.stream_position().map_err(|e| GraphError::io(&path, e))?;
+        file.set_len(start + total).map_err(|e| GraphError::io(&path, e))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let mut next = u64::MAX;
+        for (r, values) in rows {
+            let at = start + r * dim as u64 * 4;
+            if values.len() != dim || at + values.len() as u64 * 4 > start + total {
+                return Err(GraphError::npy(&path, format!("row {r} does not fit the shape")));
+            }
+            if at != next {
+                out.seek(SeekFrom::Start(at)).map_err(|e| GraphError::io(&path, e))?;
+            }
+            out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&path, e))?;
+            next = at + dim as u64 * 4;
+        }
+        out.flush().map_err(|e| GraphError::io(&path, e))
+    }
+
     /// Flushes and checks every element was written.
     pub fn finish(mut self) -> Result<()> {
         if self.remaining != 0 {

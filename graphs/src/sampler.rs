@@ -106,6 +106,38 @@ impl MiniBatch {
     }
 }
 
+/// One relation's picks for a list of destinations, as CSR over that list
+/// (the answer of a partition's owner to a remote sampling request).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RelationPicks {
+    /// The relation.
+    pub relation: RelationId,
+    /// Destination `i`'s picks are `picks[offsets[i]..offsets[i+1]]`.
+    pub offsets: Vec<u32>,
+    /// Picked source ids (global).
+    pub picks: Vec<u32>,
+}
+
+/// Checks remote picks are well-formed for the requested nodes (they come
+/// from the network).
+fn check_picks(away: &[Vec<u32>], fetched: &[Vec<RelationPicks>], fanout: usize) -> Result<()> {
+    if fetched.len() != away.len() {
+        return Err(GraphError::InvalidArgument(format!("remote picks for {} node types, {} expected", fetched.len(), away.len())));
+    }
+    for (nodes, rels) in away.iter().zip(fetched) {
+        for p in rels {
+            let ok = p.offsets.len() == nodes.len() + 1
+                && p.offsets.first() == Some(&0)
+                && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len())
+                && p.offsets.windows(2).all(|w| w[0] <= w[1] && (w[1] - w[0]) as usize <= fanout);
+            if !ok {
+                return Err(GraphError::InvalidArgument(format!("malformed remote picks for relation {}", p.relation.0)));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Which relations to sample, per layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RelationFilter {
@@ -221,6 +253,49 @@ impl<'g> Sampler<'g> {
     /// Samples only the relations `filter` allows; every edge it yields is one
     /// the full sample has, with the same destination.
     pub fn sample_relations(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter) -> Result<MiniBatch> {
+        self.sample_with(epoch, step, seeds, filter, |_, _| true, |_, _, _| unreachable!("every node is local"))
+    }
+
+    /// The picks of every relation into `ntype` allowed at `layer` for
+    /// `nodes` (whose in-neighborhoods this sampler's graph must hold): what a
+    /// partition's owner answers to a remote sampling request.
+    pub fn pick(&mut self, epoch: u64, step: u64, layer: usize, fanout: usize, ntype: NodeTypeId, nodes: &[u32], filter: &RelationFilter) -> Result<Vec<RelationPicks>> {
+        let g = self.graph;
+        let count = g.node_type(ntype).count;
+        if let Some(&bad) = nodes.iter().find(|&&v| v >= count) {
+            return Err(GraphError::InvalidArgument(format!("node {bad} is out of range 0..{count}")));
+        }
+        let mut out = Vec::new();
+        for &rid in g.in_relations(ntype) {
+            if !filter.allows(layer, rid) {
+                continue;
+            }
+            let rel = g.relation(rid);
+            let base = layer_key(self.seed, epoch, step, layer, rel.key());
+            let csr = rel.in_csr();
+            let mut offsets = Vec::with_capacity(nodes.len() + 1);
+            offsets.push(0u32);
+            let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
+            for &v in nodes {
+                sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut picks);
+                offsets.push(picks.len() as u32);
+            }
+            out.push(RelationPicks { relation: rid, offsets, picks });
+        }
+        Ok(out)
+    }
+
+    /// Samples like [`Sampler::sample_relations`], but only destinations for
+    /// which `local(type, node)` holds are sampled here; for the others, per
+    /// hop, `remote(layer, fanout, nodes_per_type)` must return, per type,
+    /// [`Sampler::pick`]'s answer for that type's listed nodes (from their
+    /// owners). The result is the mini-batch a sampler holding the whole graph
+    /// would produce.
+    pub fn sample_with<L, R>(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
+    where
+        L: Fn(usize, u32) -> bool,
+        R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
+    {
         let g = self.graph;
         let target = g.target();
         let nt = g.node_types().len();
@@ -261,6 +336,16 @@ impl<'g> Sampler<'g> {
             let layer = layers - 1 - hop;
             let fanout = self.fanouts[hop];
             let dst = frontier;
+            // Destinations sampled elsewhere: their picks, and each one's row in them.
+            let away: Vec<Vec<u32>> = dst.iter().enumerate().map(|(t, nodes)| nodes.iter().copied().filter(|&v| !local(t, v)).collect()).collect();
+            let (fetched, rows) = if away.iter().any(|a| !a.is_empty()) {
+                let fetched = remote(layer, fanout, &away)?;
+                check_picks(&away, &fetched, fanout)?;
+                let rows: Vec<std::collections::HashMap<u32, usize>> = away.iter().map(|a| a.iter().enumerate().map(|(i, &v)| (v, i)).collect()).collect();
+                (fetched, rows)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             let mut src = dst.clone();
             for (t, nodes) in dst.iter().enumerate() {
                 for (i, &v) in nodes.iter().enumerate() {
@@ -270,21 +355,29 @@ impl<'g> Sampler<'g> {
             let mut rels = Vec::new();
             for (r, rel) in g.relations().iter().enumerate() {
                 let rid = RelationId(r as u32);
-                let dnodes = &dst[rel.dst.index()];
+                let dt = rel.dst.index();
+                let dnodes = &dst[dt];
                 if dnodes.is_empty() || !filter.allows(layer, rid) {
                     continue;
                 }
                 let base = layer_key(self.seed, epoch, step, layer, rel.key());
                 let csr = rel.in_csr();
+                let remote_rel = fetched.get(dt).and_then(|f| f.iter().find(|p| p.relation == rid));
                 let mut offsets = Vec::with_capacity(dnodes.len() + 1);
                 offsets.push(0u32);
                 let mut sources = Vec::with_capacity(dnodes.len() * fanout.min(32));
                 let (map, srcs) = (&mut self.local[rel.src.index()], &mut src[rel.src.index()]);
                 for &v in dnodes {
                     self.picked.clear();
-                    sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut self.picked);
+                    if local(dt, v) {
+                        sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut self.picked);
+                    } else {
+                        let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
+                        let i = rows[dt][&v];
+                        self.picked.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
+                    }
                     for &u in &self.picked {
-                        let slot = &mut map[u as usize];
+                        let slot = map.get_mut(u as usize).ok_or_else(|| GraphError::InvalidArgument(format!("picked node {u} is out of range")))?;
                         if *slot == UNSEEN {
                             *slot = srcs.len() as u32;
                             srcs.push(u);

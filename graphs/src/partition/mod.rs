@@ -1,0 +1,196 @@
+//! Edge-cut partitioning for data-parallel training (DistDGL): every node has
+//! one owner partition; a partition stores its core nodes' features and the
+//! edges into and out of its core nodes, so the full in-neighborhood of a core
+//! node (in either direction, reverse relations included) is local. The other
+//! end of such an edge is a halo node: its id is known, its features and
+//! neighborhood live with its owner.
+//!
+//! On disk (`PDIR`):
+//! ```text
+//! manifest.json            method, parts, per-partition report
+//! owners/<ntype>.npy       int64 [count]: owner partition of every node
+//! part<k>/                 a graph directory (FORMAT.md) with global ids and
+//!                          counts, holding only partition k's edges; its
+//!                          feature files are sparse: only core rows hold data
+//! ```
+//! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
+
+mod assign;
+mod write;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{GraphError, Result};
+use crate::graph::HetGraph;
+use crate::npy::{DType, NpyFile};
+
+pub use write::write;
+
+/// How owners are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// A seeded hash of (type, node).
+    Random,
+    /// METIS k-way, multi-constraint.
+    Metis,
+}
+
+impl std::str::FromStr for Method {
+    type Err = GraphError;
+    fn from_str(s: &str) -> Result<Method> {
+        match s {
+            "random" => Ok(Method::Random),
+            "metis" => Ok(Method::Metis),
+            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Random => "random",
+            Method::Metis => "metis",
+        })
+    }
+}
+
+/// Largest number of partitions (owners are stored as u16).
+pub const MAX_PARTS: usize = 4096;
+
+/// Owner partition of every node, per node type.
+pub fn assign(g: &HetGraph, parts: usize, method: Method, seed: u64) -> Result<Vec<Vec<u16>>> {
+    if parts == 0 || parts > MAX_PARTS {
+        return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={MAX_PARTS}, got {parts}")));
+    }
+    match method {
+        Method::Random => Ok(assign::random(g, parts, seed)),
+        Method::Metis => assign::metis(g, parts, seed),
+    }
+}
+
+/// What one partition holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartInfo {
+    /// Core (owned) nodes per type, in type order.
+    pub core: Vec<u64>,
+    /// Halo nodes per type: not owned, but an end of a stored edge.
+    pub halo: Vec<u64>,
+    /// Edges stored (original relations).
+    pub edges: u64,
+    /// Owned train, valid and test nodes.
+    pub splits: [u64; 3],
+}
+
+/// `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Layout version.
+    pub format: u32,
+    /// Name of the partitioned graph.
+    pub graph: String,
+    /// How owners were chosen.
+    pub method: Method,
+    /// Seed of the partitioner.
+    pub seed: u64,
+    /// Number of partitions.
+    pub parts: usize,
+    /// Node type names, in type order.
+    pub node_types: Vec<String>,
+    /// Edges (original relations) whose ends have different owners.
+    pub edge_cut: u64,
+    /// All edges (original relations).
+    pub total_edges: u64,
+    /// Per partition.
+    pub info: Vec<PartInfo>,
+}
+
+impl Manifest {
+    /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
+    pub fn balance(&self, f: impl Fn(&PartInfo) -> u64) -> f64 {
+        let v: Vec<u64> = self.info.iter().map(f).collect();
+        let total: u64 = v.iter().sum();
+        if total == 0 {
+            return 1.0;
+        }
+        *v.iter().max().unwrap_or(&0) as f64 * v.len() as f64 / total as f64
+    }
+}
+
+const FORMAT: u32 = 1;
+
+/// An opened partition directory: the manifest and every node's owner.
+pub struct PartitionSet {
+    dir: PathBuf,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// Owner partition per type, per node.
+    pub owners: Vec<Vec<u16>>,
+}
+
+impl PartitionSet {
+    /// Opens and validates `dir` (manifest and owner files).
+    pub fn open(dir: &Path) -> Result<PartitionSet> {
+        let mpath = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        if manifest.format != FORMAT {
+            return Err(GraphError::data(&mpath, format!("format {} is not the supported {FORMAT}", manifest.format)));
+        }
+        if manifest.parts == 0 || manifest.parts > MAX_PARTS || manifest.info.len() != manifest.parts {
+            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
+        }
+        let mut owners = Vec::with_capacity(manifest.node_types.len());
+        for name in &manifest.node_types {
+            let p = owners_path(dir, name);
+            let f = NpyFile::open(&p, DType::I64)?;
+            if f.shape().len() != 1 {
+                return Err(GraphError::data(&p, "owners must be 1-dimensional"));
+            }
+            let mut o = Vec::with_capacity(f.len());
+            for i in 0..f.len() {
+                let v = f.i64_at(i);
+                if v < 0 || v as usize >= manifest.parts {
+                    return Err(GraphError::data(&p, format!("node {i}: owner {v} out of range 0..{}", manifest.parts)));
+                }
+                o.push(v as u16);
+            }
+            owners.push(o);
+        }
+        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners })
+    }
+
+    /// Directory of partition `k` (a graph directory).
+    pub fn part_dir(&self, k: usize) -> PathBuf {
+        part_dir(&self.dir, k)
+    }
+
+    /// Loads partition `k`, checking it matches the owners.
+    pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> Result<HetGraph> {
+        if k >= self.manifest.parts {
+            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
+        }
+        let dir = self.part_dir(k);
+        let g = crate::load(&dir, opts)?;
+        let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
+        let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
+        if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
+            || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
+        {
+            return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
+        }
+        Ok(g)
+    }
+}
+
+fn owners_path(dir: &Path, ntype: &str) -> PathBuf {
+    dir.join("owners").join(format!("{ntype}.npy"))
+}
+
+fn part_dir(dir: &Path, k: usize) -> PathBuf {
+    dir.join(format!("part{k}"))
+}

@@ -1,0 +1,113 @@
+//! Writing a partition directory from a graph and its owners.
+
+use std::path::Path;
+
+use super::{owners_path, part_dir, Manifest, Method, PartInfo, FORMAT};
+use crate::error::{GraphError, Result};
+use crate::format::{paths, AtomicDir};
+use crate::graph::HetGraph;
+use crate::npy::{self, DType, NpyWriter};
+use crate::progress::Progress;
+
+/// Writes `g` split by `owners` into `out` (atomically) and returns the manifest.
+pub fn write(g: &HetGraph, owners: &[Vec<u16>], method: Method, seed: u64, parts: usize, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
+    if g.has_reverse_relations() {
+        return Err(GraphError::InvalidArgument("partition a graph loaded without reverse relations (they are added at load time)".into()));
+    }
+    let types = g.node_types();
+    if owners.len() != types.len() || owners.iter().zip(types).any(|(o, t)| o.len() != t.count as usize || o.iter().any(|&p| p as usize >= parts)) {
+        return Err(GraphError::InvalidArgument("owners do not match the graph's node types and counts".into()));
+    }
+    let dir = AtomicDir::create(out, overwrite)?;
+    dir.create_dir(&dir.path().join("owners"))?;
+    for (t, nt) in types.iter().enumerate() {
+        let ids: Vec<i64> = owners[t].iter().map(|&p| i64::from(p)).collect();
+        npy::write_i64(&owners_path(dir.path(), &nt.name), &[nt.count.into()], &ids)?;
+    }
+    let mut edge_cut = 0u64;
+    let mut total_edges = 0u64;
+    for r in g.relations() {
+        let csr = r.in_csr();
+        for d in 0..csr.num_rows() as u32 {
+            let od = owners[r.dst.index()][d as usize];
+            edge_cut += csr.neighbors(d).iter().filter(|&&s| owners[r.src.index()][s as usize] != od).count() as u64;
+        }
+        total_edges += r.num_edges() as u64;
+    }
+    let mut info = Vec::with_capacity(parts);
+    progress.start("writing partitions", parts as u64);
+    for k in 0..parts {
+        info.push(write_part(g, owners, k as u16, &part_dir(dir.path(), k))?);
+        progress.advance(1);
+    }
+    progress.finish();
+    let manifest = Manifest {
+        format: FORMAT,
+        graph: g.name().to_string(),
+        method,
+        seed,
+        parts,
+        node_types: types.iter().map(|t| t.name.clone()).collect(),
+        edge_cut,
+        total_edges,
+        info,
+    };
+    let mpath = dir.path().join("manifest.json");
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+    std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
+    dir.commit()?;
+    Ok(manifest)
+}
+
+fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path) -> Result<PartInfo> {
+    let types = g.node_types();
+    let mut touched: Vec<Vec<bool>> = types.iter().map(|t| vec![false; t.count as usize]).collect();
+    let mut schema = g.schema();
+    std::fs::create_dir_all(dir.join("edges")).map_err(|e| GraphError::io(dir, e))?;
+    let mut edges = 0u64;
+    for (ri, r) in g.relations().iter().enumerate() {
+        let (os, od) = (&owners[r.src.index()], &owners[r.dst.index()]);
+        let csr = r.in_csr();
+        let (mut srcs, mut dsts) = (Vec::new(), Vec::new());
+        for d in 0..csr.num_rows() as u32 {
+            let dst_core = od[d as usize] == k;
+            for &s in csr.neighbors(d) {
+                if dst_core || os[s as usize] == k {
+                    srcs.push(s);
+                    dsts.push(d);
+                    touched[r.src.index()][s as usize] = true;
+                    touched[r.dst.index()][d as usize] = true;
+                }
+            }
+        }
+        schema.relations[ri].count = srcs.len() as u64;
+        edges += srcs.len() as u64;
+        let mut w = NpyWriter::create(&paths::edges(dir, r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
+        w.write_ids(&srcs)?;
+        w.write_ids(&dsts)?;
+        w.finish()?;
+    }
+    let mut info = PartInfo { edges, ..PartInfo::default() };
+    for (t, nt) in types.iter().enumerate() {
+        std::fs::create_dir_all(paths::node_dir(dir, &nt.name)).map_err(|e| GraphError::io(dir, e))?;
+        let own = &owners[t];
+        info.core.push(own.iter().filter(|&&p| p == k).count() as u64);
+        info.halo.push(touched[t].iter().zip(own).filter(|(&hit, &p)| hit && p != k).count() as u64);
+        if let Some(f) = &nt.features {
+            let w = NpyWriter::create(&paths::features(dir, &nt.name), DType::F32, &[nt.count.into(), f.dim() as u64])?;
+            let rows = (0..nt.count).filter(|&v| own[v as usize] == k).map(|v| (u64::from(v), f.row(v as usize)));
+            w.write_sparse_rows(f.dim(), rows)?;
+        }
+        if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
+            npy::write_i64(&paths::labels(dir, &nt.name), &[labels.len() as u64], labels)?;
+            for (i, (name, ids)) in splits.named().into_iter().enumerate() {
+                let mut w = NpyWriter::create(&paths::split(dir, &nt.name, name), DType::I64, &[ids.len() as u64])?;
+                w.write_ids(ids)?;
+                w.finish()?;
+                info.splits[i] = ids.iter().filter(|&&v| own[v as usize] == k).count() as u64;
+            }
+        }
+    }
+    schema.write(&paths::schema(dir))?;
+    Ok(info)
+}

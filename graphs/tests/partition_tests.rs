@@ -1,0 +1,154 @@
+//! Partitioning: owners, halo completeness, the written directory, and
+//! distributed sampling that stitches owners' picks into the exact blocks the
+//! whole-graph sampler produces.
+
+use std::path::Path;
+
+use graphs::partition::{self, Method, PartitionSet};
+use graphs::sampler::epoch_batches;
+use graphs::{HetGraph, LoadOptions, NoProgress, RelationFilter, Sampler};
+
+fn mag(dir: &Path) -> HetGraph {
+    let gdir = dir.join("g");
+    graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 3, &gdir, false, &mut NoProgress).unwrap();
+    graphs::load(&gdir, &LoadOptions { mmap_features: false, reverse_edges: false }).unwrap()
+}
+
+fn write(g: &HetGraph, dir: &Path, parts: usize, method: Method) -> PartitionSet {
+    let owners = partition::assign(g, parts, method, 7).unwrap();
+    let out = dir.join(format!("{method}{parts}"));
+    partition::write(g, &owners, method, 7, parts, &out, false, &mut NoProgress).unwrap();
+    PartitionSet::open(&out).unwrap()
+}
+
+#[test]
+fn metis_cuts_fewer_edges_than_random_and_balances_every_type_and_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let m = write(&g, tmp.path(), 3, Method::Metis).manifest;
+    let r = write(&g, tmp.path(), 3, Method::Random).manifest;
+    assert_eq!(m.total_edges, r.total_edges);
+    assert!(m.edge_cut * 10 < r.edge_cut * 8, "metis cut {} vs random {}", m.edge_cut, r.edge_cut);
+    for t in 0..g.node_types().len() {
+        let b = m.balance(|p| p.core[t]);
+        assert!(b < 1.15, "type {t} balance {b}");
+        let total: u64 = m.info.iter().map(|p| p.core[t]).sum();
+        assert_eq!(total, u64::from(g.node_types()[t].count));
+    }
+    for s in 0..3 {
+        let b = m.balance(|p| p.splits[s]);
+        assert!(b < 1.15, "split {s} balance {b}");
+    }
+}
+
+#[test]
+fn partitions_hold_full_neighborhoods_of_core_nodes_and_only_core_features() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let set = write(&g, tmp.path(), 3, Method::Metis);
+    let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+    let mut full = graphs::load(&tmp.path().join("g"), &opts).unwrap();
+    full.add_reverse_relations().ok();
+    for k in 0..3 {
+        let p = set.load_part(k, &opts).unwrap();
+        assert_eq!(p.relations().len(), full.relations().len());
+        for (r, (pr, fr)) in p.relations().iter().zip(full.relations()).enumerate() {
+            for v in 0..fr.in_csr().num_rows() as u32 {
+                if set.owners[fr.dst.index()][v as usize] as usize == k {
+                    assert_eq!(pr.in_csr().neighbors(v), fr.in_csr().neighbors(v), "relation {r} node {v}");
+                }
+            }
+        }
+        for (t, (pt, ft)) in p.node_types().iter().zip(full.node_types()).enumerate() {
+            let (Some(pf), Some(ff)) = (&pt.features, &ft.features) else { continue };
+            for v in 0..ft.count as usize {
+                if set.owners[t][v] as usize == k {
+                    assert_eq!(pf.row(v), ff.row(v));
+                } else {
+                    assert!(pf.row(v).iter().all(|&x| x == 0.0), "non-core rows are holes");
+                }
+            }
+        }
+    }
+    // Halo counts in the manifest are consistent with the stored edges.
+    assert!(set.manifest.info.iter().all(|p| p.halo.iter().sum::<u64>() > 0));
+}
+
+#[test]
+fn distributed_sampling_equals_whole_graph_sampling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    for method in [Method::Metis, Method::Random] {
+        let set = write(&g, tmp.path(), 3, method);
+        let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+        let full = graphs::load(&tmp.path().join("g"), &opts).unwrap();
+        let parts: Vec<HetGraph> = (0..3).map(|k| set.load_part(k, &opts).unwrap()).collect();
+        let fanouts = [4, 3];
+        let mut whole = Sampler::new(&full, &fanouts, 11).unwrap();
+        let mut owners_samplers: Vec<Sampler> = parts.iter().map(|p| Sampler::new(p, &fanouts, 11).unwrap()).collect();
+        let (_, splits) = full.target_labels();
+        let batches = epoch_batches(&splits.train, 64, 11, 1);
+        for (step, batch) in batches.iter().take(3).enumerate() {
+            for k in 0..3 {
+                let seeds: Vec<u32> = batch.iter().copied().filter(|&v| set.owners[full.target().index()][v as usize] as usize == k).collect();
+                let want = whole.sample(1, step as u64, &seeds).unwrap();
+                let mut me = Sampler::new(&parts[k], &fanouts, 11).unwrap();
+                let owners = &set.owners;
+                let got = me
+                    .sample_with(1, step as u64, &seeds, &RelationFilter::All, |t, v| owners[t][v as usize] as usize == k, |layer, fanout, away| {
+                        let mut out = Vec::new();
+                        for (t, nodes) in away.iter().enumerate() {
+                            // Ask each owner for its nodes, then put the answers back in request order.
+                            let mut per_owner: Vec<(Vec<usize>, Vec<graphs::RelationPicks>)> = Vec::new();
+                            for (o, sampler) in owners_samplers.iter_mut().enumerate() {
+                                let idx: Vec<usize> = (0..nodes.len()).filter(|&i| owners[t][nodes[i] as usize] as usize == o).collect();
+                                let ask: Vec<u32> = idx.iter().map(|&i| nodes[i]).collect();
+                                let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All)?;
+                                per_owner.push((idx, ans));
+                            }
+                            let n_rel = per_owner[0].1.len();
+                            let mut merged = Vec::new();
+                            for r in 0..n_rel {
+                                let mut lists = vec![Vec::new(); nodes.len()];
+                                for (idx, ans) in &per_owner {
+                                    let p = &ans[r];
+                                    for (j, &i) in idx.iter().enumerate() {
+                                        lists[i] = p.picks[p.offsets[j] as usize..p.offsets[j + 1] as usize].to_vec();
+                                    }
+                                }
+                                let mut offsets = vec![0u32];
+                                let mut picks = Vec::new();
+                                for l in lists {
+                                    picks.extend(l);
+                                    offsets.push(picks.len() as u32);
+                                }
+                                merged.push(graphs::RelationPicks { relation: per_owner[0].1[r].relation, offsets, picks });
+                            }
+                            out.push(merged);
+                        }
+                        Ok(out)
+                    })
+                    .unwrap();
+                assert_eq!(got, want, "{method} step {step} partition {k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_partition_directories_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let set = write(&g, tmp.path(), 2, Method::Random);
+    let dir = set.part_dir(0).parent().unwrap().to_path_buf();
+    assert!(partition::assign(&g, 0, Method::Random, 0).is_err());
+    let err = PartitionSet::open(tmp.path()).err().unwrap().to_string();
+    assert!(err.contains("manifest.json"), "{err}");
+    let owners = dir.join("owners").join("paper.npy");
+    let mut bytes = std::fs::read(&owners).unwrap();
+    let n = bytes.len();
+    bytes[n - 8..].copy_from_slice(&9i64.to_le_bytes());
+    std::fs::write(&owners, &bytes).unwrap();
+    let err = PartitionSet::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("paper.npy") && err.contains("owner 9"), "{err}");
+}
