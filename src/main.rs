@@ -12,6 +12,7 @@ mod bar;
 mod cluster;
 mod inspect;
 mod launch;
+mod partition;
 mod plot;
 mod predict;
 mod train;
@@ -59,6 +60,8 @@ enum Command {
     /// Convert a dataset from another layout into the graph directory format.
     #[command(subcommand)]
     Import(Import),
+    /// Split a graph into partitions for data-parallel training.
+    Partition(partition::PartitionArgs),
     /// Train a model (with no options: R-GCN on a built-in mag-like graph).
     Train(Box<train::TrainArgs>),
     /// Draw the loss and accuracy curves of a run report (--report) as a PNG.
@@ -158,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("wrote the cluster CA and certificates for {} to {}", nodes.join(", "), out.display());
             println!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
         }
+        Command::Partition(args) => partition::run(&args)?,
         Command::Train(args) => train::run(&args)?,
         Command::Plot { report, out } => plot::run(&report, &out)?,
         Command::Predict(args) => predict::run(&args)?,

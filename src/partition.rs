@@ -1,0 +1,85 @@
+//! `hetgnn partition`: split a graph for data-parallel training and report
+//! the edge cut, halo nodes and balance.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use graphs::partition::{self, Manifest, Method};
+use graphs::LoadOptions;
+
+use crate::bar;
+
+/// Options of `hetgnn partition`.
+#[derive(clap::Args, Debug)]
+pub struct PartitionArgs {
+    /// The graph directory.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Number of partitions (one per machine).
+    #[arg(long)]
+    pub parts: usize,
+    /// How to assign owners: metis (edge cut, balanced types, edges and splits) or random.
+    #[arg(long, default_value = "metis")]
+    pub method: Method,
+    /// Partitioner seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace the output directory if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs `hetgnn partition`.
+pub fn run(args: &PartitionArgs) -> Result<()> {
+    let start = Instant::now();
+    let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
+    let owners = partition::assign(&g, args.parts, args.method, args.seed).context("assigning owners")?;
+    let assigned = start.elapsed().as_secs_f64();
+    let manifest = partition::write(&g, &owners, args.method, args.seed, args.parts, &args.out, args.force, &mut bar::Bars::new())
+        .with_context(|| format!("writing partitions to {}", args.out.display()))?;
+    print_report(&manifest, &g);
+    println!(
+        "assigned in {assigned:.1}s, total {:.1}s, peak memory {}",
+        start.elapsed().as_secs_f64(),
+        actors::report::peak_rss_bytes().map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64))
+    );
+    println!("wrote {} partitions to {}", manifest.parts, args.out.display());
+    Ok(())
+}
+
+fn print_report(m: &Manifest, g: &graphs::HetGraph) {
+    println!(
+        "{}: {} partitions ({}), edge cut {} of {} ({:.1}%)",
+        m.graph,
+        m.parts,
+        m.method,
+        m.edge_cut,
+        m.total_edges,
+        100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64
+    );
+    let types: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
+    print!("{:>5} {:>10}", "part", "edges");
+    for t in &types {
+        print!(" {:>18}", format!("{t} core/halo"));
+    }
+    println!(" {:>20}", "train/valid/test");
+    for (k, p) in m.info.iter().enumerate() {
+        print!("{k:>5} {:>10}", p.edges);
+        for (c, h) in p.core.iter().zip(&p.halo) {
+            print!(" {:>18}", format!("{c}/{h}"));
+        }
+        println!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
+    }
+    print!("balance (max/mean):");
+    for (t, name) in types.iter().enumerate() {
+        print!(" {name} {:.3}", m.balance(|p| p.core[t]));
+    }
+    for (s, name) in ["train", "valid", "test"].iter().enumerate() {
+        print!(" {name} {:.3}", m.balance(|p| p.splits[s]));
+    }
+    println!(" edges {:.3}", m.balance(|p| p.edges));
+}
