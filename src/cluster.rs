@@ -36,6 +36,14 @@ pub fn init_logging() {
 pub fn node(args: &ClusterArgs, id: &str) -> anyhow::Result<()> {
     init_logging();
     let cfg = args.load()?;
+    if cfg.training.mode == actors::Mode::DataParallel {
+        let start = std::time::Instant::now();
+        let report = actors::dist::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: data-parallel training"))?;
+        if let Some(report) = report {
+            crate::train::finish(&cfg, &report, start)?;
+        }
+        return Ok(());
+    }
     actors::cluster::run_node(&cfg, id, actors::cluster::stop_signal()).with_context(|| format!("node {id}"))
 }
 

@@ -139,12 +139,23 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path, &overrides)?,
         None => Config::parse("", &overrides)?,
     };
-    if cfg.training.data.is_none() {
-        cfg.training.data = Some(default_data()?);
-    }
-    let data = cfg.training.data.clone().expect("set above");
     let start = Instant::now();
-    let (report, _model) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("training on {}", data.display()))?;
+    let report = if cfg.training.mode == actors::Mode::DataParallel {
+        anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"data-parallel\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
+        let parts = cfg.training.partitions.clone().unwrap_or_default();
+        actors::dist::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("data-parallel training on {}", parts.display()))?
+    } else {
+        if cfg.training.data.is_none() {
+            cfg.training.data = Some(default_data()?);
+        }
+        let data = cfg.training.data.clone().expect("set above");
+        actors::train(&cfg, &mut Progress::default()).with_context(|| format!("training on {}", data.display()))?.0
+    };
+    finish(&cfg, &report, start)
+}
+
+/// Prints the run's summary and writes its report if asked.
+pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::Result<()> {
     if let Some(last) = report.epochs.last() {
         println!(
             "done: {} epochs, {} steps in {:.1}s; final test accuracy {:.4} (valid {:.4}); model sha256 {}",
@@ -157,7 +168,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &cfg.training.report {
-        write_report(&report, path)?;
+        write_report(report, path)?;
         println!("report written to {}", path.display());
     }
     Ok(())
@@ -173,7 +184,7 @@ fn write_report(report: &actors::Report, path: &Path) -> anyhow::Result<()> {
 
 /// One bar per epoch on stderr, one summary line per epoch on stdout.
 #[derive(Default)]
-struct Progress {
+pub struct Progress {
     bar: Option<ProgressBar>,
     started: Option<Instant>,
     loss: f64,

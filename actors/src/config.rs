@@ -41,6 +41,9 @@ pub enum Mode {
     /// Everything in one process (the default).
     #[default]
     Single,
+    /// DistDGL: one partition per node, owner-compute sampling, feature
+    /// pulls, sparse embedding updates at the stores, all-reduced gradients.
+    DataParallel,
 }
 
 /// `[training]`: what to train and how.
@@ -51,6 +54,8 @@ pub struct TrainingConfig {
     pub mode: Mode,
     /// Graph directory; absent: a mag-like graph at scale 0.01 generated once into the cache directory.
     pub data: Option<PathBuf>,
+    /// Partition directory (`hetgnn partition --out`), for data-parallel training.
+    pub partitions: Option<PathBuf>,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -93,6 +98,7 @@ impl Default for TrainingConfig {
         TrainingConfig {
             mode: Mode::Single,
             data: None,
+            partitions: None,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,

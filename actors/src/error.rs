@@ -24,6 +24,9 @@ pub enum TrainError {
     /// A request to an actor failed.
     #[error(transparent)]
     Ask(#[from] runtime::AskError),
+    /// Distributed training failed or timed out (the message says where).
+    #[error("distributed training: {0}")]
+    Distributed(String),
     /// Writing an output failed.
     #[error("{path}: {source}")]
     Io {

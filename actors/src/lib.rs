@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod config;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod pipeline;
 pub mod report;

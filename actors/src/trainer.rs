@@ -187,17 +187,23 @@ pub fn evaluate(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, 
 
 /// SHA-256 over parameter names and values, then embedding names and values.
 pub fn model_hash(model: &Model) -> Result<String> {
+    hash_parts(&model.params, model.embeddings.iter().flatten().map(|e| (e.name.as_str(), e.data.as_slice())))
+}
+
+/// [`model_hash`] from dense parameters and whole embedding tables given
+/// separately (data-parallel training assembles the tables from the stores).
+pub fn hash_parts<'a>(params: &models::params::ParamStore, tables: impl Iterator<Item = (&'a str, &'a [f32])>) -> Result<String> {
     let mut h = Sha256::new();
-    for (name, var) in model.params.iter() {
+    for (name, var) in params.iter() {
         h.update(name.as_bytes());
         let v: Vec<f32> = var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         for x in v {
             h.update(x.to_le_bytes());
         }
     }
-    for e in model.embeddings.iter().flatten() {
-        h.update(e.name.as_bytes());
-        for x in &e.data {
+    for (name, data) in tables {
+        h.update(name.as_bytes());
+        for x in data {
             h.update(x.to_le_bytes());
         }
     }

@@ -53,24 +53,30 @@ impl EmbeddingTable {
     /// Applies Adam to rows `ids` with gradient `grad` (`[ids.len(), dim]`, ids distinct).
     pub fn sparse_adam(&mut self, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
         let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
+        let dim = self.dim;
         for (k, &i) in ids.iter().enumerate() {
             let i = i as usize;
-            self.steps[i] += 1;
-            let t = self.steps[i] as i32;
-            let bc1 = 1.0 - cfg.beta1.powi(t);
-            let bc2 = 1.0 - cfg.beta2.powi(t);
-            let (lr, eps) = (cfg.lr, cfg.eps);
-            for j in 0..self.dim {
-                let at = i * self.dim + j;
-                let gj = g[k * self.dim + j];
-                self.m[at] = b1 * self.m[at] + (1.0 - b1) * gj;
-                self.v[at] = b2 * self.v[at] + (1.0 - b2) * gj * gj;
-                let mhat = f64::from(self.m[at]) / bc1;
-                let vhat = f64::from(self.v[at]) / bc2;
-                self.data[at] -= (lr * mhat / (vhat.sqrt() + eps)) as f32;
-            }
+            let r = i * dim..(i + 1) * dim;
+            adam_row(&mut self.data[r.clone()], &mut self.m[r.clone()], &mut self.v[r], &mut self.steps[i], &g[k * dim..(k + 1) * dim], cfg);
         }
         Ok(())
+    }
+}
+
+/// One row's Adam update with its own step count: the arithmetic every holder
+/// of learnable rows (table or sharded store) shares, so they agree exactly.
+pub fn adam_row(data: &mut [f32], m: &mut [f32], v: &mut [f32], steps: &mut u32, g: &[f32], cfg: &AdamConfig) {
+    *steps += 1;
+    let t = *steps as i32;
+    let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
+    let bc1 = 1.0 - cfg.beta1.powi(t);
+    let bc2 = 1.0 - cfg.beta2.powi(t);
+    for j in 0..data.len() {
+        let gj = g[j];
+        m[j] = b1 * m[j] + (1.0 - b1) * gj;
+        v[j] = b2 * v[j] + (1.0 - b2) * gj * gj;
+        let mhat = f64::from(m[j]) / bc1;
+        let vhat = f64::from(v[j]) / bc2;
+        data[j] -= (cfg.lr * mhat / (vhat.sqrt() + cfg.eps)) as f32;
     }
 }

@@ -276,7 +276,7 @@ impl Model {
                     last_in = h.clone();
                     h = crate::ops::matmul(&h, w)?.broadcast_add(b)?;
                     if l + 1 < ls.len() {
-                        h = self.dropout(h.relu()?, dropout, l, t)?;
+                        h = self.dropout(h.relu()?, dropout, l, t, &mb.seeds)?;
                     }
                 }
                 Ok((h, last_in))
@@ -300,7 +300,7 @@ impl Model {
                         for (ty, o) in out.iter_mut().enumerate() {
                             if let Some(x) = o.take() {
                                 let x = if hgt { x } else { x.relu()? };
-                                *o = Some(self.dropout(x, dropout, l, ty)?);
+                                *o = Some(self.dropout(x, dropout, l, ty, &block.dst[ty])?);
                             }
                         }
                     }
@@ -318,10 +318,18 @@ impl Model {
         }
     }
 
-    fn dropout(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize) -> Result<Tensor> {
+    /// Dropout on rows that belong to nodes `ids`: each row's mask is keyed by
+    /// its node id, so a node gets the same mask whichever batch, trainer or
+    /// partition computes it (data-parallel and RAF equal single-process).
+    fn dropout(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
         let (Some(k), true) = (key, self.spec.dropout > 0.0) else { return Ok(x) };
         let k = graphs::rng::key(&[self.spec.seed, 0xD809, k.epoch, k.step, layer as u64, ntype as u64]);
-        let mask = Tensor::from_vec(dropout_mask(k, x.elem_count(), self.spec.dropout), x.shape(), x.device())?.to_dtype(x.dtype())?;
+        let (rows, cols) = x.dims2()?;
+        if rows != ids.len() {
+            return Err(ModelError::Config(format!("dropout over {rows} rows for {} nodes", ids.len())));
+        }
+        let mask: Vec<f32> = ids.iter().flat_map(|&v| dropout_mask(graphs::rng::key(&[k, u64::from(v)]), cols, self.spec.dropout)).collect();
+        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
         Ok((x * mask)?)
     }
 

@@ -47,6 +47,17 @@ impl Adam {
 
     /// Applies one update from `grads`.
     pub fn step(&mut self, params: &ParamStore, grads: &GradStore) -> Result<()> {
+        self.step_with(params, |var| grads.get(var.as_tensor()).cloned())
+    }
+
+    /// Applies one update from gradients given by parameter name (all-reduced
+    /// gradients of data-parallel training).
+    pub fn step_named(&mut self, params: &ParamStore, grads: &BTreeMap<String, Tensor>) -> Result<()> {
+        let by_ptr: Vec<(candle_core::TensorId, &Tensor)> = params.iter().filter_map(|(n, v)| grads.get(n).map(|g| (v.as_tensor().id(), g))).collect();
+        self.step_with(params, |var| by_ptr.iter().find(|(id, _)| *id == var.as_tensor().id()).map(|(_, g)| (*g).clone()))
+    }
+
+    fn step_with(&mut self, params: &ParamStore, grad_of: impl Fn(&candle_core::Var) -> Option<Tensor>) -> Result<()> {
         self.step += 1;
         let c = self.cfg;
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
@@ -55,7 +66,7 @@ impl Adam {
             // Detach: a leaf's gradient can still reference the step's forward
             // graph, and moments derived from it would chain every step's graph
             // to the next (an unbounded leak).
-            let Some(g) = grads.get(var.as_tensor()).map(Tensor::detach) else { continue };
+            let Some(g) = grad_of(var).map(|g| g.detach()) else { continue };
             let (m, v) = match self.moments.get(name) {
                 Some((m, v)) => (m.clone(), v.clone()),
                 None => (g.zeros_like()?, g.zeros_like()?),

@@ -505,11 +505,11 @@ impl Transport {
         let seen = lock(&self.replies).check(id);
         match seen {
             Seen::Dropped => {}
-            Seen::Replied(r) => self.spawn_reply(peer, id, r, false),
+            Seen::Replied(r) => self.spawn_reply(peer, id, kind.as_str(), r, false),
             Seen::New => match self.registry.dispatch(&to, kind.as_str()) {
                 // Not cached: the asker retries under a new id once the actor is registered.
-                Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, Err(e), false),
-                Err(e) => self.spawn_reply(peer, id, Err(e), true),
+                Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, kind.as_str(), Err(e), false),
+                Err(e) => self.spawn_reply(peer, id, kind.as_str(), Err(e), true),
                 Ok(dispatch) => {
                     // Called here, not in the task, so the message enters the mailbox in stream order.
                     let fut = dispatch(from, payload);
@@ -517,14 +517,15 @@ impl Transport {
                     let peer = peer.clone();
                     tokio::spawn(async move {
                         let r = fut.await;
-                        me.spawn_reply(&peer, id, r, true);
+                        me.spawn_reply(&peer, id, kind.as_str(), r, true);
                     });
                 }
             },
         }
     }
 
-    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, result: Result<ByteVec, RemoteError>, cache: bool) {
+    /// Sends a reply, counted in the metrics as `<kind>.reply`.
+    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, kind: &str, result: Result<ByteVec, RemoteError>, cache: bool) {
         if cache {
             lock(&self.replies).complete(id, result.clone());
         }
@@ -532,7 +533,7 @@ impl Transport {
         match encode_frame(&Frame::Reply { id, result }) {
             // A reply is not waited for: if the connection is gone, the asker resends
             // its request and gets the cached reply.
-            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), Bytes::new(), "reply", len, None, false)),
+            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), Bytes::new(), &format!("{kind}.reply"), len, None, false)),
             Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
         }
     }

@@ -1,0 +1,135 @@
+//! Mailboxes that training threads wait on: a trainer's (gradient shares from
+//! its peers, abort, finish) and the coordinator's (epoch statistics). The
+//! actors only file what arrives; the threads wait with deadlines.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Context, Handler, MessageResult};
+use runtime::Deliver;
+
+use super::messages::{Abort, EpochStats, Finish, GradShare};
+use super::store::decode_f32;
+use crate::error::{Result, TrainError};
+
+#[derive(Default)]
+struct State {
+    grads: HashMap<(u64, u32), Vec<u8>>,
+    stats: BTreeMap<(u64, u32), EpochStats>,
+    abort: Option<String>,
+    finished: bool,
+}
+
+/// What a trainer (or the coordinator) is waiting for.
+#[derive(Default)]
+pub struct Inbox {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Inbox {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.lock());
+        self.cv.notify_all();
+    }
+
+    /// Marks the run as failed (wakes every waiter).
+    pub fn abort(&self, reason: String) {
+        self.update(|s| {
+            s.abort.get_or_insert(reason);
+        });
+    }
+
+    /// Waits until `ready` returns a value, an abort arrives or `timeout` passes.
+    fn wait<T>(&self, what: &str, timeout: Duration, mut ready: impl FnMut(&mut State) -> Option<T>) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        loop {
+            if let Some(reason) = &s.abort {
+                return Err(TrainError::Distributed(format!("stopped while waiting for {what}: {reason}")));
+            }
+            if let Some(v) = ready(&mut s) {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TrainError::Distributed(format!("no {what} within {timeout:?}")));
+            }
+            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// The gradient shares of step `seq` from `peers`, each `len` values, in peer order.
+    pub fn gradients(&self, seq: u64, peers: &[u32], len: usize, timeout: Duration) -> Result<Vec<Vec<f32>>> {
+        let raw = self.wait(&format!("the gradients of step {seq} from trainers {peers:?}"), timeout, |s| {
+            if !peers.iter().all(|p| s.grads.contains_key(&(seq, *p))) {
+                return None;
+            }
+            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, *p))).collect::<Vec<_>>())
+        })?;
+        raw.iter().map(|b| decode_f32(b, len).map_err(TrainError::Distributed)).collect()
+    }
+
+    /// The statistics of `epoch` from trainers `0..trainers`.
+    pub fn epoch_stats(&self, epoch: u64, trainers: u32, timeout: Duration) -> Result<Vec<EpochStats>> {
+        self.wait(&format!("the statistics of epoch {epoch}"), timeout, |s| {
+            if !(0..trainers).all(|t| s.stats.contains_key(&(epoch, t))) {
+                return None;
+            }
+            Some((0..trainers).filter_map(|t| s.stats.remove(&(epoch, t))).collect())
+        })
+    }
+
+    /// Waits for the coordinator's word that the run is over.
+    pub fn finished(&self, timeout: Duration) -> Result<()> {
+        self.wait("the coordinator's end-of-run message", timeout, |s| s.finished.then_some(()))
+    }
+}
+
+/// Files messages into an [`Inbox`].
+pub struct InboxActor(pub Arc<Inbox>);
+
+impl Actor for InboxActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Deliver<GradShare>> for InboxActor {
+    type Result = MessageResult<Deliver<GradShare>>;
+    fn handle(&mut self, m: Deliver<GradShare>, _: &mut Context<Self>) -> Self::Result {
+        self.0.update(|s| {
+            s.grads.entry((m.msg.seq, m.msg.from)).or_insert(m.msg.data.0);
+        });
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<Abort>> for InboxActor {
+    type Result = MessageResult<Deliver<Abort>>;
+    fn handle(&mut self, m: Deliver<Abort>, _: &mut Context<Self>) -> Self::Result {
+        self.0.abort(format!("trainer {} failed: {}", m.msg.from, m.msg.reason));
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<Finish>> for InboxActor {
+    type Result = MessageResult<Deliver<Finish>>;
+    fn handle(&mut self, _: Deliver<Finish>, _: &mut Context<Self>) -> Self::Result {
+        self.0.update(|s| s.finished = true);
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<EpochStats>> for InboxActor {
+    type Result = MessageResult<Deliver<EpochStats>>;
+    fn handle(&mut self, m: Deliver<EpochStats>, _: &mut Context<Self>) -> Self::Result {
+        self.0.update(|s| {
+            s.stats.entry((m.msg.epoch, m.msg.trainer)).or_insert(m.msg);
+        });
+        MessageResult(())
+    }
+}

@@ -1,0 +1,157 @@
+//! The messages of data-parallel training. Kinds name what they carry, so the
+//! report's bytes per kind read as sampling, feature pulls, embedding pushes
+//! and gradients.
+
+use graphs::RelationPicks;
+use runtime::{ByteVec, Msg};
+use serde::{Deserialize, Serialize};
+
+/// Owner-compute sampling: the picks of every relation into each requested
+/// node (per type) at one hop, drawn with the requester's keys.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SampleReq {
+    /// Sampling seed (training or evaluation stream).
+    pub seed: u64,
+    /// Epoch.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: u64,
+    /// Model layer the hop feeds.
+    pub layer: u32,
+    /// Neighbors per relation.
+    pub fanout: u32,
+    /// Destination nodes per node type, all owned by the receiver.
+    pub nodes: Vec<Vec<u32>>,
+}
+
+impl Msg for SampleReq {
+    type Reply = Result<Vec<Vec<RelationPicks>>, String>;
+    const KIND: &'static str = "sample";
+}
+
+/// Rows of a feature store by global id (owned by the receiver).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Pull {
+    /// Global ids.
+    pub ids: Vec<u32>,
+}
+
+impl Msg for Pull {
+    /// `ids.len() × dim` little-endian f32.
+    type Reply = Result<ByteVec, String>;
+    const KIND: &'static str = "pull";
+}
+
+/// One trainer's gradient for learnable rows in one step; the store applies
+/// Adam once every trainer's push for the step has arrived.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Push {
+    /// Global step number (over all epochs).
+    pub seq: u64,
+    /// Pushing trainer.
+    pub trainer: u32,
+    /// Global ids (owned by the receiver, distinct).
+    pub ids: Vec<u32>,
+    /// `ids.len() × dim` little-endian f32.
+    pub grad: ByteVec,
+}
+
+impl Msg for Push {
+    type Reply = Result<(), String>;
+    const KIND: &'static str = "push";
+}
+
+/// All rows a store owns, for the final model hash.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Export;
+
+impl Msg for Export {
+    /// Owned ids (ascending) and their rows.
+    type Reply = Result<(Vec<u32>, ByteVec), String>;
+    const KIND: &'static str = "export";
+}
+
+/// A trainer's flattened dense gradients for one step (all-reduce).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GradShare {
+    /// Global step number, or an evaluation round.
+    pub seq: u64,
+    /// Sending trainer.
+    pub from: u32,
+    /// Little-endian f32 values.
+    pub data: ByteVec,
+}
+
+impl Msg for GradShare {
+    type Reply = ();
+    const KIND: &'static str = "grad";
+}
+
+/// A trainer gave up: the others stop instead of waiting out their deadlines.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Abort {
+    /// Failing trainer.
+    pub from: u32,
+    /// Why.
+    pub reason: String,
+}
+
+impl Msg for Abort {
+    type Reply = ();
+    const KIND: &'static str = "abort";
+}
+
+/// The run is over: trainers' nodes may stop serving.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Finish;
+
+impl Msg for Finish {
+    type Reply = ();
+    const KIND: &'static str = "finish";
+}
+
+/// One trainer's account of an epoch, sent to the coordinator.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// Trainer.
+    pub trainer: u32,
+    /// Epoch.
+    pub epoch: u64,
+    /// Steps in the epoch.
+    pub steps: u64,
+    /// Mean global loss over the epoch's steps (the same on every trainer).
+    pub loss: f64,
+    /// Correct training predictions over all trainers.
+    pub train_correct: u64,
+    /// Training seeds over all trainers.
+    pub train_seen: u64,
+    /// This trainer's correct validation and test predictions.
+    pub valid_correct: u64,
+    /// See `valid_correct`.
+    pub test_correct: u64,
+    /// Wall seconds of the epoch's training steps.
+    pub seconds: f64,
+    /// Seconds sampling (local and remote).
+    pub sample_s: f64,
+    /// Seconds gathering input rows (local and pulled).
+    pub gather_s: f64,
+    /// Seconds in forward and backward.
+    pub compute_s: f64,
+    /// Seconds pushing embedding gradients and all-reducing.
+    pub comm_s: f64,
+    /// Seconds applying the optimiser.
+    pub update_s: f64,
+    /// Seconds evaluating.
+    pub eval_s: f64,
+    /// Global loss of every step of the epoch.
+    pub step_losses: Vec<f64>,
+    /// Wire bytes this trainer's node sent so far, per message kind.
+    pub bytes_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Messages this trainer's node sent so far, per message kind.
+    pub messages_by_kind: std::collections::BTreeMap<String, u64>,
+}
+
+impl Msg for EpochStats {
+    type Reply = ();
+    const KIND: &'static str = "stats";
+}

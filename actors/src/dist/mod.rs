@@ -1,0 +1,425 @@
+//! Data-parallel training (DistDGL / DistDGLv2) on the actor runtime: one
+//! Sampler, one FeatureStore per node type and one Trainer per partition, and
+//! a Coordinator that gathers each epoch's figures and writes the report.
+//! Embedded (`hetgnn train` with `mode = "data-parallel"` and no `[cluster]`),
+//! every partition's actors share one process and talk through local
+//! mailboxes; with a `[cluster]`, partition k runs on the k-th node.
+
+pub mod inbox;
+pub mod messages;
+pub mod sampler;
+pub mod store;
+pub mod trainer;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Actor;
+use futures_util::future::join_all;
+use graphs::partition::PartitionSet;
+use graphs::{HetGraph, LoadOptions};
+use models::optim::AdamConfig;
+use models::ModelKind;
+use runtime::{Node, PeerState};
+
+use crate::config::{Config, TrainingConfig};
+use crate::error::{Result, TrainError};
+use crate::report::{peak_rss_bytes, EpochReport, Report};
+use crate::trainer::TrainObserver;
+use inbox::{Inbox, InboxActor};
+use messages::{Abort, EpochStats, Export, Finish, GradShare, Pull, Push, SampleReq};
+use sampler::SamplerActor;
+use store::{FeatureStore, Shard, StoreData};
+
+/// Actor names of data-parallel training.
+pub mod names {
+    /// The coordinator.
+    pub const COORDINATOR: &str = "coordinator";
+    /// Sampler of partition `p`.
+    pub fn sampler(p: u32) -> String {
+        format!("sampler/{p}")
+    }
+    /// Trainer (its inbox) of partition `p`.
+    pub fn trainer(p: u32) -> String {
+        format!("trainer/{p}")
+    }
+    /// FeatureStore of node type `ty` in partition `p` (the type name made a valid actor name).
+    pub fn store(ty: &str, p: u32) -> String {
+        let ty: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
+        format!("features/{ty}/{p}")
+    }
+}
+
+/// Deadlines of the protocol: nothing waits forever.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// One request (sampling, pull, push, gradient share).
+    pub ask: Duration,
+    /// Waiting for the other trainers' gradients of a step.
+    pub step: Duration,
+    /// Waiting for every peer to be up at start.
+    pub start: Duration,
+    /// A non-coordinator node waiting for the end of the run after its last epoch.
+    pub finish: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { ask: Duration::from_secs(60), step: Duration::from_secs(300), start: Duration::from_secs(30), finish: Duration::from_secs(600) }
+    }
+}
+
+/// Which node types have learnable rows (as [`models::Model::new`] decides).
+pub fn learnable_types(t: &TrainingConfig, g: &HetGraph) -> Vec<bool> {
+    let target = g.target().index();
+    g.node_types().iter().enumerate().map(|(ty, nt)| nt.features.is_none() && (t.model != ModelKind::Mlp || ty == target)).collect()
+}
+
+/// Registers partition `part`'s actors on `node` (inside its actix system)
+/// and returns its trainer's inbox.
+fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig) -> Result<Arc<Inbox>> {
+    let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+    let addr = SamplerActor::new(part as u16, graph.clone(), owners.clone()).start();
+    node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
+    let learnable = learnable_types(t, &graph);
+    for (ty, nt) in graph.node_types().iter().enumerate() {
+        let data = if nt.features.is_some() {
+            StoreData::Features { graph: graph.clone(), ty }
+        } else if learnable[ty] {
+            let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
+            let name = format!("embed.{}", nt.name);
+            StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), parts as usize)))
+        } else {
+            continue;
+        };
+        let addr = FeatureStore::new(part as u16, owners.clone(), ty, data).start();
+        node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>();
+    }
+    let inbox = Arc::new(Inbox::default());
+    let addr = InboxActor(inbox.clone()).start();
+    node.register(&names::trainer(part), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>();
+    Ok(inbox)
+}
+
+/// Registers the coordinator's inbox on `node`.
+fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
+    let inbox = Arc::new(Inbox::default());
+    let addr = InboxActor(inbox.clone()).start();
+    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<Abort>();
+    Ok(inbox)
+}
+
+/// An actix system running on a thread of its own, so training threads can
+/// block while it serves the actors.
+struct System {
+    node: Node,
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl System {
+    /// Starts the system and runs `setup` in it.
+    fn start<T, F, S>(setup: S) -> Result<(System, T)>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<(Node, T)>> + 'static,
+        S: FnOnce() -> F + Send + 'static,
+    {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("actors".into())
+            .spawn(move || {
+                let system = actix_rt::System::new();
+                system.block_on(async move {
+                    match setup().await {
+                        Ok((node, extra)) => {
+                            let _ = ready_tx.send(Ok((node.clone(), tokio::runtime::Handle::current(), extra)));
+                            let _ = stop_rx.await;
+                            node.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| TrainError::Distributed(format!("cannot start the actor thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok((node, handle, extra))) => Ok((System { node, handle, stop: Some(stop_tx), thread: Some(thread) }, extra)),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(TrainError::Distributed("the actor thread stopped during start-up".into())),
+        }
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn open_partitions(t: &TrainingConfig) -> Result<PartitionSet> {
+    let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
+    Ok(PartitionSet::open(dir)?)
+}
+
+fn load_options(t: &TrainingConfig) -> LoadOptions {
+    LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges }
+}
+
+/// Trains data-parallel with every partition's actors in this process.
+pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<Report> {
+    let t = cfg.training.clone();
+    let set = open_partitions(&t)?;
+    let parts = set.manifest.parts as u32;
+    let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
+    let owners = Arc::new(set.owners);
+    let timeouts = Timeouts::default();
+    let (gs, os, tc) = (graphs.clone(), owners.clone(), t.clone());
+    let (system, (inboxes, coord)) = System::start(move || async move {
+        let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let inboxes = (0..parts).map(|k| serve_partition(&node, k, parts, gs[k as usize].clone(), os.clone(), &tc)).collect::<Result<Vec<_>>>()?;
+        let coord = serve_coordinator(&node)?;
+        Ok((node, (inboxes, coord)))
+    })?;
+    let trainers: Vec<_> = (0..parts)
+        .map(|k| {
+            let setup = trainer::TrainerSetup {
+                part: k,
+                parts,
+                cfg: t.clone(),
+                graph: graphs[k as usize].clone(),
+                owners: owners.clone(),
+                node: system.node.clone(),
+                handle: system.handle.clone(),
+                inbox: inboxes[k as usize].clone(),
+                timeouts,
+            };
+            std::thread::Builder::new().name(format!("trainer-{k}")).spawn(move || trainer::run(setup))
+        })
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+    observer.ready(&graphs[0], &models::Model::new(&spec(&t), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
+    let coordinated = coordinate(&t, parts, &coord, &graphs[0], observer, &timeouts);
+    let mut models = Vec::new();
+    let mut first_err = None;
+    for h in trainers {
+        match h.join() {
+            Ok(Ok(m)) => models.push(m),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(TrainError::Distributed("a trainer thread panicked".into()));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut report = coordinated?;
+    report.config = cfg.clone();
+    finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
+    drop(system);
+    Ok(report)
+}
+
+fn spec(t: &TrainingConfig) -> models::ModelSpec {
+    models::ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads }
+}
+
+/// Gathers every epoch's statistics from the trainers into a report.
+fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
+    let (_, splits) = g.target_labels();
+    let mut report = Report { mode: "data-parallel".into(), nodes: parts as usize, ..Report::default() };
+    for epoch in 0..t.epochs {
+        let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+        observer.epoch_start(epoch, steps);
+        let wait = timeouts.step * (steps as u32 + 2);
+        let stats = inbox.epoch_stats(epoch, parts, wait)?;
+        let s0 = &stats[0];
+        for &l in &s0.step_losses {
+            observer.step(l);
+        }
+        let n = stats.len() as f64;
+        let mean = |f: fn(&EpochStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
+        let er = EpochReport {
+            epoch,
+            loss: s0.loss,
+            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
+            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / splits.valid.len().max(1) as f64,
+            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / splits.test.len().max(1) as f64,
+            seconds: stats.iter().map(|s| s.seconds).fold(0.0, f64::max),
+            sample_s: mean(|s| s.sample_s),
+            gather_s: mean(|s| s.gather_s),
+            compute_s: mean(|s| s.compute_s),
+            comm_s: mean(|s| s.comm_s),
+            update_s: mean(|s| s.update_s),
+            eval_s: stats.iter().map(|s| s.eval_s).fold(0.0, f64::max),
+        };
+        report.steps += steps;
+        // Each trainer reports its node's cumulative traffic; in one process they share a node.
+        report.bytes_by_kind.clear();
+        report.messages_by_kind.clear();
+        let distinct = if stats.windows(2).all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind) { &stats[..1] } else { &stats[..] };
+        for s in distinct {
+            for (k, v) in &s.bytes_by_kind {
+                *report.bytes_by_kind.entry(k.clone()).or_default() += v;
+            }
+            for (k, v) in &s.messages_by_kind {
+                *report.messages_by_kind.entry(k.clone()).or_default() += v;
+            }
+        }
+        observer.epoch_end(&er);
+        report.epochs.push(er);
+    }
+    Ok(report)
+}
+
+/// Final model hash (dense parameters of a replica, embedding rows from every
+/// store) and the figures that need the whole model.
+fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &HetGraph, t: &TrainingConfig, parts: u32) -> Result<()> {
+    let learnable = learnable_types(t, g);
+    let mut tables: Vec<(String, Vec<f32>)> = Vec::new();
+    let ask = Timeouts::default().ask;
+    for (ty, nt) in g.node_types().iter().enumerate() {
+        if !learnable[ty] {
+            continue;
+        }
+        let dim = t.embed_dim;
+        let mut table = vec![0.0f32; nt.count as usize * dim];
+        let refs = (0..parts).map(|p| system.node.actor(&names::store(&nt.name, p))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = system.handle.block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
+        for (p, a) in answers.into_iter().enumerate() {
+            let (ids, data) = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32))))?;
+            let rows = store::decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
+            for (k, &id) in ids.iter().enumerate() {
+                let at = id as usize * dim;
+                table.get_mut(at..at + dim).ok_or_else(|| TrainError::Distributed(format!("exported row {id} out of range")))?.copy_from_slice(&rows[k * dim..(k + 1) * dim]);
+            }
+        }
+        tables.push((format!("embed.{}", nt.name), table));
+    }
+    report.final_model_sha256 = crate::trainer::hash_parts(&replica.params, tables.iter().map(|(n, d)| (n.as_str(), d.as_slice())))?;
+    report.parameters = (replica.params.numel() + tables.iter().map(|(_, d)| d.len()).sum::<usize>()) as u64;
+    report.peak_memory_bytes = peak_rss_bytes();
+    Ok(())
+}
+
+/// Fills in default placement for data-parallel training: partition k's
+/// actors on the k-th node, the coordinator on the first.
+pub fn default_placement(topology: &mut runtime::Topology, types: &[String]) {
+    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+    let mut put = |name: String, node: &str| {
+        if topology.placed(&name).is_none() {
+            topology.placement.insert(name, node.to_string());
+        }
+    };
+    for (k, id) in ids.iter().enumerate() {
+        put(names::sampler(k as u32), id);
+        put(names::trainer(k as u32), id);
+        for ty in types {
+            put(names::store(ty, k as u32), id);
+        }
+    }
+    if let Some(first) = ids.first() {
+        put(names::COORDINATOR.to_string(), first);
+    }
+}
+
+/// Waits until every peer of `node` is up, or names those that are not.
+async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let missing: Vec<String> = node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            let named: Vec<String> = missing
+                .iter()
+                .map(|id| {
+                    let addr = topology.cluster.nodes.iter().find(|n| &n.id == id).map_or("?", |n| n.addr.as_str());
+                    format!("{id} at {addr}")
+                })
+                .collect();
+            return Err(TrainError::Distributed(format!(
+                "cannot reach {} within {timeout:?}: start `hetgnn node` for each of them (or use `hetgnn launch`) and check the addresses and firewalls",
+                named.join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs node `id`'s part of data-parallel training: its partition's actors
+/// and trainer, and on the coordinator's node the coordination and report.
+/// Returns the report on the coordinator's node.
+pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
+    let t = cfg.training.clone();
+    let mut topology = cfg.topology().ok_or_else(|| TrainError::Config("cluster: hetgnn node needs a [cluster] section".into()))?;
+    let part = topology.cluster.nodes.iter().position(|n| n.id == id).ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))? as u32;
+    let set = open_partitions(&t)?;
+    let parts = set.manifest.parts as u32;
+    if parts as usize != topology.cluster.nodes.len() {
+        return Err(TrainError::Config(format!(
+            "training.partitions: {} partitions for {} nodes; data-parallel runs one partition per node (hetgnn partition --parts {})",
+            parts,
+            topology.cluster.nodes.len(),
+            topology.cluster.nodes.len()
+        )));
+    }
+    default_placement(&mut topology, &set.manifest.node_types);
+    let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
+    let graph = Arc::new(set.load_part(part as usize, &load_options(&t))?);
+    let owners = Arc::new(set.owners);
+    let timeouts = Timeouts::default();
+    let (g, o, tc, topo, me) = (graph.clone(), owners.clone(), t.clone(), topology.clone(), id.to_string());
+    let (system, (inbox, coord)) = System::start(move || async move {
+        let node = Node::start(topo.clone(), &me).await?;
+        let inbox = serve_partition(&node, part, parts, g, o, &tc)?;
+        let coord = if coordinator_here { Some(serve_coordinator(&node)?) } else { None };
+        tracing::info!("{me}: partition {part} of {parts} served; waiting for peers");
+        if let Err(e) = wait_for_peers(&node, &topo, timeouts.start).await {
+            node.shutdown().await;
+            return Err(e);
+        }
+        Ok((node, (inbox, coord)))
+    })?;
+    let setup = trainer::TrainerSetup { part, parts, cfg: t.clone(), graph: graph.clone(), owners, node: system.node.clone(), handle: system.handle.clone(), inbox: inbox.clone(), timeouts };
+    let Some(coord) = coord else {
+        trainer::run(setup)?;
+        tracing::info!("{id}: training done; serving until the coordinator finishes");
+        inbox.finished(timeouts.finish)?;
+        return Ok(None);
+    };
+    let handle = std::thread::Builder::new()
+        .name(format!("trainer-{part}"))
+        .spawn(move || trainer::run(setup))
+        .map_err(|e| TrainError::Distributed(format!("cannot start the trainer thread: {e}")))?;
+    let coordinated = coordinate(&t, parts, &coord, &graph, observer, &timeouts);
+    let model = handle.join().map_err(|_| TrainError::Distributed("the trainer thread panicked".into()))??;
+    let mut report = coordinated?;
+    report.config = cfg.clone();
+    finish(&mut report, &system, &model, &graph, &t, parts)?;
+    let peers = (0..parts).filter(|&p| p != part).filter_map(|p| system.node.actor(&names::trainer(p)).ok());
+    let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
+    for r in system.handle.block_on(join_all(asks)) {
+        if let Err(e) = r {
+            tracing::warn!("{id}: could not tell a peer the run is over: {e}");
+        }
+    }
+    drop(system);
+    Ok(Some(report))
+}

@@ -1,0 +1,72 @@
+//! The Sampler actor of a partition: answers owner-compute sampling requests
+//! for the nodes it owns, with the requester's keys, so the picks are those a
+//! whole-graph sampler would make.
+
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler, MessageResult};
+use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
+use runtime::Deliver;
+
+use super::messages::SampleReq;
+
+/// Most destination nodes one request may name.
+pub const MAX_NODES: usize = 1 << 24;
+/// Largest fanout accepted.
+pub const MAX_FANOUT: u32 = 1 << 16;
+
+/// Sampler of one partition.
+pub struct SamplerActor {
+    part: u16,
+    graph: Arc<HetGraph>,
+    owners: Arc<Vec<Vec<u16>>>,
+}
+
+impl SamplerActor {
+    /// The sampler of partition `part`.
+    pub fn new(part: u16, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>) -> SamplerActor {
+        SamplerActor { part, graph, owners }
+    }
+
+    fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, String> {
+        let g = &*self.graph;
+        if r.nodes.len() != g.node_types().len() {
+            return Err(format!("nodes for {} types, the graph has {}", r.nodes.len(), g.node_types().len()));
+        }
+        if r.fanout == 0 || r.fanout > MAX_FANOUT || r.layer as usize >= 64 {
+            return Err(format!("fanout {} or layer {} out of range", r.fanout, r.layer));
+        }
+        if r.nodes.iter().map(Vec::len).sum::<usize>() > MAX_NODES {
+            return Err(format!("more than {MAX_NODES} nodes in one request"));
+        }
+        let mut sampler = Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(r.nodes.len());
+        for (t, nodes) in r.nodes.iter().enumerate() {
+            for &v in nodes {
+                if self.owners[t].get(v as usize) != Some(&self.part) {
+                    return Err(format!("node {v} of type {t} is not owned by partition {}", self.part));
+                }
+            }
+            let picks = if nodes.is_empty() {
+                Vec::new()
+            } else {
+                sampler
+                    .pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All)
+                    .map_err(|e| e.to_string())?
+            };
+            out.push(picks);
+        }
+        Ok(out)
+    }
+}
+
+impl Actor for SamplerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Deliver<SampleReq>> for SamplerActor {
+    type Result = MessageResult<Deliver<SampleReq>>;
+    fn handle(&mut self, m: Deliver<SampleReq>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.answer(&m.msg))
+    }
+}

@@ -1,0 +1,199 @@
+//! FeatureStore (partition × node type): serves the rows its partition owns,
+//! plain features or learnable embeddings; for the latter it owns the rows'
+//! Adam state and applies the update once every trainer has pushed its
+//! gradient for the step.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actix::{Actor, Context, Handler, MessageResult};
+use graphs::HetGraph;
+use models::embedding::{adam_row, EmbeddingTable};
+use models::optim::AdamConfig;
+use runtime::{ByteVec, Deliver};
+
+use super::messages::{Export, Pull, Push};
+
+/// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
+pub const MAX_ROWS: usize = 1 << 24;
+
+/// Learnable rows owned by one store, with their Adam state.
+pub struct Shard {
+    /// Owned global ids, ascending.
+    pub ids: Vec<u32>,
+    dim: usize,
+    data: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    steps: Vec<u32>,
+    adam: AdamConfig,
+    trainers: usize,
+    pending: BTreeMap<u64, Vec<Option<(Vec<u32>, Vec<f32>)>>>,
+    applied: Option<u64>,
+}
+
+impl Shard {
+    /// The rows of `owned` (ascending) of the table a single process would
+    /// initialise for (seed, name): the same values, row for row.
+    pub fn new(seed: u64, name: &str, count: usize, dim: usize, owned: Vec<u32>, adam: AdamConfig, trainers: usize) -> Shard {
+        let full = EmbeddingTable::new(seed, name, count, dim);
+        let mut data = Vec::with_capacity(owned.len() * dim);
+        for &i in &owned {
+            data.extend_from_slice(&full.data[i as usize * dim..(i as usize + 1) * dim]);
+        }
+        let n = owned.len();
+        Shard { ids: owned, dim, data, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n], adam, trainers, pending: BTreeMap::new(), applied: None }
+    }
+
+    fn row(&self, id: u32) -> Result<usize, String> {
+        self.ids.binary_search(&id).map_err(|_| format!("row {id} is not owned here"))
+    }
+
+    fn push(&mut self, p: Push) -> Result<(), String> {
+        let t = p.trainer as usize;
+        if t >= self.trainers {
+            return Err(format!("trainer {t} out of range 0..{}", self.trainers));
+        }
+        if self.applied.is_some_and(|a| p.seq <= a) {
+            return Ok(()); // a resend of a step already applied
+        }
+        let grad: Vec<f32> = decode_f32(&p.grad.0, p.ids.len() * self.dim)?;
+        for &id in &p.ids {
+            self.row(id)?;
+        }
+        let slots = self.pending.entry(p.seq).or_insert_with(|| vec![None; self.trainers]);
+        slots[t].get_or_insert((p.ids, grad));
+        if slots.iter().any(Option::is_none) {
+            return Ok(());
+        }
+        let Some(slots) = self.pending.remove(&p.seq) else { return Ok(()) };
+        // Sum per row in trainer order, then one Adam step per touched row.
+        let mut sums: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+        for (ids, grad) in slots.into_iter().flatten() {
+            for (k, id) in ids.into_iter().enumerate() {
+                let r = self.row(id)?;
+                let g = &grad[k * self.dim..(k + 1) * self.dim];
+                match sums.get_mut(&r) {
+                    Some(acc) => acc.iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    None => {
+                        sums.insert(r, g.to_vec());
+                    }
+                }
+            }
+        }
+        let d = self.dim;
+        for (r, g) in sums {
+            let span = r * d..(r + 1) * d;
+            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span], &mut self.steps[r], &g, &self.adam);
+        }
+        self.applied = Some(p.seq);
+        Ok(())
+    }
+}
+
+/// What a store serves.
+pub enum StoreData {
+    /// Feature rows of type `ty` from the partition graph (memory-mapped).
+    Features {
+        /// The partition.
+        graph: Arc<HetGraph>,
+        /// Node type.
+        ty: usize,
+    },
+    /// Learnable rows.
+    Embeddings(Box<Shard>),
+}
+
+/// The FeatureStore actor of one partition and node type.
+pub struct FeatureStore {
+    part: u16,
+    owners: Arc<Vec<Vec<u16>>>,
+    ty: usize,
+    data: StoreData,
+}
+
+impl FeatureStore {
+    /// A store for partition `part`, node type `ty`.
+    pub fn new(part: u16, owners: Arc<Vec<Vec<u16>>>, ty: usize, data: StoreData) -> FeatureStore {
+        FeatureStore { part, owners, ty, data }
+    }
+
+    fn check_owned(&self, ids: &[u32]) -> Result<(), String> {
+        if ids.len() > MAX_ROWS {
+            return Err(format!("{} rows requested, at most {MAX_ROWS}", ids.len()));
+        }
+        let own = &self.owners[self.ty];
+        for &i in ids {
+            match own.get(i as usize) {
+                Some(&p) if p == self.part => {}
+                Some(p) => return Err(format!("row {i} belongs to partition {p}, not {}", self.part)),
+                None => return Err(format!("row {i} out of range 0..{}", own.len())),
+            }
+        }
+        Ok(())
+    }
+
+    fn pull(&self, ids: &[u32]) -> Result<ByteVec, String> {
+        self.check_owned(ids)?;
+        let mut out: Vec<f32> = Vec::new();
+        match &self.data {
+            StoreData::Features { graph, ty } => {
+                let f = graph.node_types()[*ty].features.as_ref().ok_or("this type has no features")?;
+                out.reserve(ids.len() * f.dim());
+                for &i in ids {
+                    out.extend_from_slice(f.row(i as usize));
+                }
+            }
+            StoreData::Embeddings(s) => {
+                out.reserve(ids.len() * s.dim);
+                for &i in ids {
+                    let r = s.row(i)?;
+                    out.extend_from_slice(&s.data[r * s.dim..(r + 1) * s.dim]);
+                }
+            }
+        }
+        Ok(ByteVec(bytemuck::cast_slice(&out).to_vec()))
+    }
+}
+
+/// Little-endian f32 values from `bytes`, which must hold exactly `n`.
+pub fn decode_f32(bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
+    if bytes.len() != n * 4 {
+        return Err(format!("{} bytes where {n} f32 values ({} bytes) were expected", bytes.len(), n * 4));
+    }
+    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+impl Actor for FeatureStore {
+    type Context = Context<Self>;
+}
+
+impl Handler<Deliver<Pull>> for FeatureStore {
+    type Result = MessageResult<Deliver<Pull>>;
+    fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.pull(&m.msg.ids))
+    }
+}
+
+impl Handler<Deliver<Push>> for FeatureStore {
+    type Result = MessageResult<Deliver<Push>>;
+    fn handle(&mut self, m: Deliver<Push>, _: &mut Context<Self>) -> Self::Result {
+        if let Err(e) = self.check_owned(&m.msg.ids) {
+            return MessageResult(Err(e));
+        }
+        MessageResult(match &mut self.data {
+            StoreData::Embeddings(s) => s.push(m.msg),
+            StoreData::Features { .. } => Err("plain features take no gradients".into()),
+        })
+    }
+}
+
+impl Handler<Deliver<Export>> for FeatureStore {
+    type Result = MessageResult<Deliver<Export>>;
+    fn handle(&mut self, _: Deliver<Export>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(match &self.data {
+            StoreData::Embeddings(s) => Ok((s.ids.clone(), ByteVec(bytemuck::cast_slice(&s.data).to_vec()))),
+            StoreData::Features { .. } => Err("plain features are not exported".into()),
+        })
+    }
+}

@@ -1,0 +1,451 @@
+//! The data-parallel Trainer (one per partition): each step it takes the
+//! seeds of the global batch its partition owns, samples them (remote
+//! frontier nodes by their owners), gathers input rows (local ones from its
+//! partition, the rest pulled from their owners' stores), runs forward and
+//! backward on its share of the loss, pushes embedding gradients to the stores
+//! and all-reduces the dense gradients with the other trainers.
+//!
+//! Equivalence with single-process training: the global batches, the
+//! neighbors of every node and the dropout mask of every node are the same
+//! pure functions of the seed; each trainer scales its mean loss by its share
+//! of the batch, so the summed gradients are the single-process gradients.
+//! Gradients are summed in trainer order, so every replica applies the same
+//! update, bit for bit.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor, Var};
+use futures_util::future::join_all;
+use graphs::sampler::epoch_batches;
+use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sampler};
+use models::model::DropoutKey;
+use models::optim::{Adam, AdamConfig};
+use models::rgcn::PerType;
+use models::{Model, ModelSpec};
+use runtime::{ActorRef, ByteVec, Node};
+
+use super::inbox::Inbox;
+use super::messages::{Abort, EpochStats, GradShare, Pull, Push, SampleReq};
+use super::store::decode_f32;
+use super::{names, Timeouts};
+use crate::config::TrainingConfig;
+use crate::error::{Result, TrainError};
+use crate::trainer::EVAL_SEED;
+
+/// Seeds per evaluation batch (as in single-process evaluation).
+const EVAL_BATCH: usize = 4096;
+
+/// Everything a trainer thread needs.
+pub struct TrainerSetup {
+    /// This trainer's partition.
+    pub part: u32,
+    /// Number of partitions (= trainers).
+    pub parts: u32,
+    /// Training settings.
+    pub cfg: TrainingConfig,
+    /// The partition graph.
+    pub graph: Arc<HetGraph>,
+    /// Owner of every node.
+    pub owners: Arc<Vec<Vec<u16>>>,
+    /// The node the trainer's actors live on.
+    pub node: Node,
+    /// The node's runtime, for asks from this thread.
+    pub handle: tokio::runtime::Handle,
+    /// This trainer's inbox (gradient shares, abort).
+    pub inbox: Arc<Inbox>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+}
+
+struct Peers {
+    samplers: Vec<ActorRef>,
+    /// `[type][part]`, for types that have a store.
+    stores: Vec<Vec<ActorRef>>,
+    trainers: Vec<ActorRef>,
+    coordinator: ActorRef,
+}
+
+/// Runs every epoch; returns the final replica. On failure, tells the other
+/// trainers and the coordinator so they stop instead of waiting.
+pub fn run(s: TrainerSetup) -> Result<Model> {
+    let result = Trainer::new(&s).and_then(|mut t| {
+        t.train()?;
+        Ok(t.model)
+    });
+    if let Err(e) = &result {
+        let reason = e.to_string();
+        let me = names::trainer(s.part);
+        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
+        let asks = targets.iter().filter_map(|n| s.node.actor(n).ok()).map(|r| {
+            let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
+            let reason = reason.clone();
+            let from = s.part;
+            async move { r.ask(Abort { from, reason }, Duration::from_secs(5)).await }
+        });
+        let _ = s.handle.block_on(join_all(asks));
+    }
+    result
+}
+
+struct Trainer<'a> {
+    s: &'a TrainerSetup,
+    peers: Peers,
+    model: Model,
+    adam: Adam,
+    /// Types whose inputs are learnable rows held by the stores.
+    learnable: Vec<bool>,
+    /// Types the model reads.
+    wanted: Vec<bool>,
+    device: Device,
+    seq: u64,
+}
+
+impl<'a> Trainer<'a> {
+    fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
+        let t = &s.cfg;
+        let device = crate::device::open(&t.device)?;
+        let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads };
+        let mut model = Model::new(&spec, &s.graph, DType::F32, &device)?;
+        let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
+        // The stores own the learnable rows: the replica keeps none.
+        for e in &mut model.embeddings {
+            *e = None;
+        }
+        let target = s.graph.target().index();
+        let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
+        let me = runtime::ActorName::new(&names::trainer(s.part)).map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let types = s.graph.node_types();
+        let mut stores = Vec::new();
+        for (ty, nt) in types.iter().enumerate() {
+            let has = nt.features.is_some() || learnable[ty];
+            stores.push(if has { (0..s.parts).map(|p| actor(names::store(&nt.name, p))).collect::<Result<Vec<_>>>()? } else { Vec::new() });
+        }
+        let peers = Peers {
+            samplers: (0..s.parts).map(|p| actor(names::sampler(p))).collect::<Result<_>>()?,
+            stores,
+            trainers: (0..s.parts).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
+            coordinator: actor(names::COORDINATOR.to_string())?,
+        };
+        Ok(Trainer { s, peers, model, adam: Adam::new(AdamConfig::with_lr(t.lr)), learnable, wanted, device, seq: 0 })
+    }
+
+    fn owned(&self, ty: usize, v: u32) -> bool {
+        self.s.owners[ty][v as usize] as u32 == self.s.part
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.s.handle.block_on(f)
+    }
+
+    fn train(&mut self) -> Result<()> {
+        let t = self.s.cfg.clone();
+        let g = self.s.graph.clone();
+        let (_, splits) = g.target_labels();
+        let target = g.target().index();
+        for epoch in 0..t.epochs {
+            let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
+            let mut st = EpochStats { trainer: self.s.part, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let start = Instant::now();
+            let (mut loss_sum, mut correct, mut seen) = (0.0, 0.0, 0u64);
+            for (step, batch) in batches.iter().enumerate() {
+                let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.owned(target, v)).collect();
+                let share = seeds.len() as f64 / batch.len() as f64;
+                let (loss, ok) = self.step(epoch, step as u64, &seeds, share, &mut st)?;
+                st.step_losses.push(loss);
+                loss_sum += loss;
+                correct += ok;
+                seen += batch.len() as u64;
+            }
+            st.seconds = start.elapsed().as_secs_f64();
+            st.loss = loss_sum / batches.len().max(1) as f64;
+            st.train_correct = correct.round() as u64;
+            st.train_seen = seen;
+            let eval = Instant::now();
+            st.valid_correct = self.evaluate(epoch, &splits.valid)?;
+            st.test_correct = self.evaluate(epoch, &splits.test)?;
+            st.eval_s = eval.elapsed().as_secs_f64();
+            let m = self.s.node.metrics();
+            st.bytes_by_kind = m.bytes_by_kind();
+            st.messages_by_kind = m.messages_by_kind();
+            let c = self.peers.coordinator.clone();
+            self.block_on(c.ask(st, self.s.timeouts.ask))?;
+        }
+        Ok(())
+    }
+
+    /// One training step; returns the global loss and the global number of correct predictions.
+    fn step(&mut self, epoch: u64, step: u64, seeds: &[u32], share: f64, st: &mut EpochStats) -> Result<(f64, f64)> {
+        let g = self.s.graph.clone();
+        let (labels, _) = g.target_labels();
+        let mut clock = Instant::now();
+        let mut grads = None;
+        let (mut wloss, mut correct) = (0.0, 0.0);
+        let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
+        if !seeds.is_empty() {
+            let mb = self.sample(self.s.cfg.seed, epoch, step, seeds)?;
+            st.sample_s += lap(&mut clock);
+            let inputs = self.gather(&mb.blocks[0].src, true)?;
+            st.gather_s += lap(&mut clock);
+            let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+            let y = Tensor::from_vec(y, seeds.len(), &self.device)?;
+            let logits = self.model.forward(&g, &mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            let scaled = (&loss * share)?;
+            let gs = scaled.backward()?;
+            wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+            correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
+            st.compute_s += lap(&mut clock);
+            for (ty, x) in inputs.iter().enumerate() {
+                let mut per_owner = vec![(Vec::new(), Vec::new()); self.s.parts as usize];
+                if let (true, Some(x)) = (self.learnable[ty], x) {
+                    if let Some(gr) = gs.get(x) {
+                        let dim = gr.dim(1)?;
+                        let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                        for (i, &v) in mb.blocks[0].src[ty].iter().enumerate() {
+                            let o = &mut per_owner[self.s.owners[ty][v as usize] as usize];
+                            o.0.push(v);
+                            o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
+                        }
+                    }
+                }
+                pushes.push(per_owner);
+            }
+            grads = Some(gs);
+        }
+        // Every trainer pushes to every learnable store each step (empty if it
+        // has nothing), so a store knows when the step's gradient is complete.
+        let me = self.s.part;
+        let mut asks = Vec::new();
+        for (ty, stores) in self.peers.stores.iter().enumerate() {
+            if !self.learnable[ty] {
+                continue;
+            }
+            for (p, store) in stores.iter().enumerate() {
+                let (ids, grad) = pushes.get_mut(ty).map(|o| std::mem::take(&mut o[p])).unwrap_or_default();
+                let msg = Push { seq: self.seq, trainer: me, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
+                asks.push(store.ask(msg, self.s.timeouts.ask));
+            }
+        }
+        for r in self.block_on(join_all(asks)) {
+            r?.map_err(TrainError::Distributed)?;
+        }
+        // Dense gradients, a presence flag per parameter, the loss and the correct count.
+        let mut flat = Vec::new();
+        let mut flags = Vec::new();
+        for (_, var) in self.model.params.iter() {
+            match grads.as_ref().and_then(|gs| gs.get(var.as_tensor())) {
+                Some(gr) => {
+                    flat.extend(gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+                    flags.push(1.0);
+                }
+                None => {
+                    flat.extend(std::iter::repeat_n(0.0, var.elem_count()));
+                    flags.push(0.0);
+                }
+            }
+        }
+        flat.extend(flags);
+        flat.push(wloss as f32);
+        flat.push(correct as f32);
+        let sum = self.all_reduce(flat)?;
+        st.comm_s += lap(&mut clock);
+        let n_params = self.model.params.len();
+        let values = sum.len() - n_params - 2;
+        let mut named = BTreeMap::new();
+        let mut at = 0;
+        for (i, (name, var)) in self.model.params.iter().enumerate() {
+            let n = var.elem_count();
+            if sum[values + i] > 0.0 {
+                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &self.device)?.to_dtype(var.dtype())?);
+            }
+            at += n;
+        }
+        self.adam.step_named(&self.model.params, &named)?;
+        st.update_s += lap(&mut clock);
+        self.seq += 1;
+        Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
+    }
+
+    /// Sums `mine` with every other trainer's vector of the same step, in trainer order.
+    fn all_reduce(&mut self, mine: Vec<f32>) -> Result<Vec<f32>> {
+        let me = self.s.part;
+        let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
+        let asks = self.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, from: me, data: bytes.clone() }, self.s.timeouts.ask));
+        for r in self.block_on(join_all(asks)) {
+            r?;
+        }
+        let others: Vec<u32> = (0..self.s.parts).filter(|&p| p != me).collect();
+        let mut shares = self.s.inbox.gradients(self.seq, &others, mine.len(), self.s.timeouts.step)?.into_iter();
+        let mut sum = vec![0.0f32; mine.len()];
+        for p in 0..self.s.parts {
+            let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
+            sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
+        }
+        Ok(sum)
+    }
+
+    /// Correct predictions on the nodes of `nodes` this trainer owns.
+    fn evaluate(&mut self, epoch: u64, nodes: &[u32]) -> Result<u64> {
+        let g = self.s.graph.clone();
+        let (labels, _) = g.target_labels();
+        let target = g.target().index();
+        let mut correct = 0;
+        for (step, chunk) in nodes.chunks(EVAL_BATCH).enumerate() {
+            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| self.owned(target, v)).collect();
+            if seeds.is_empty() {
+                continue;
+            }
+            let mb = self.sample(self.s.cfg.seed ^ EVAL_SEED, epoch, step as u64, &seeds)?;
+            let inputs = self.gather(&mb.blocks[0].src, false)?;
+            let logits = self.model.forward(&g, &mb, inputs, None)?.detach();
+            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+            correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
+        }
+        Ok(correct)
+    }
+
+    /// Samples `seeds` (owned here), asking owners for the picks of remote frontier nodes.
+    fn sample(&self, seed: u64, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
+        let g = &*self.s.graph;
+        if !self.model.uses_neighbors() {
+            return crate::pipeline::sample(&mut Sampler::new(g, &self.s.cfg.fanouts, seed)?, false, epoch, step, seeds);
+        }
+        let mut sampler = Sampler::new(g, &self.s.cfg.fanouts, seed)?;
+        let owners = &self.s.owners;
+        let part = self.s.part;
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away);
+        Ok(sampler.sample_with(epoch, step, seeds, &RelationFilter::All, |t, v| owners[t][v as usize] as u32 == part, remote)?)
+    }
+
+    fn remote_picks(&self, seed: u64, epoch: u64, step: u64, layer: usize, fanout: usize, away: &[Vec<u32>]) -> graphs::Result<Vec<Vec<RelationPicks>>> {
+        let parts = self.s.parts as usize;
+        let nt = away.len();
+        let mut reqs = vec![vec![Vec::new(); nt]; parts];
+        let mut pos = vec![vec![Vec::new(); nt]; parts];
+        for (t, nodes) in away.iter().enumerate() {
+            for (i, &v) in nodes.iter().enumerate() {
+                let o = self.s.owners[t][v as usize] as usize;
+                reqs[o][t].push(v);
+                pos[o][t].push(i);
+            }
+        }
+        let asking: Vec<usize> = (0..parts).filter(|&o| reqs[o].iter().any(|r| !r.is_empty())).collect();
+        let asks = asking.iter().map(|&o| {
+            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]) };
+            self.peers.samplers[o].ask(msg, self.s.timeouts.ask)
+        });
+        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()));
+        let bad = |m: String| GraphError::InvalidArgument(m);
+        let mut by_owner: Vec<Option<Vec<Vec<RelationPicks>>>> = vec![None; parts];
+        for (&o, a) in asking.iter().zip(answers) {
+            let picks = a.map_err(|e| bad(e.to_string()))?.map_err(|e| bad(format!("{}: {e}", names::sampler(o as u32))))?;
+            if picks.len() != nt {
+                return Err(bad(format!("{} answered for {} types, {nt} asked", names::sampler(o as u32), picks.len())));
+            }
+            by_owner[o] = Some(picks);
+        }
+        // Put the owners' answers back in request order, per type and relation.
+        let mut out = Vec::with_capacity(nt);
+        for (t, nodes) in away.iter().enumerate() {
+            let holders: Vec<usize> = (0..parts).filter(|&o| !pos[o][t].is_empty()).collect();
+            let Some(&first) = holders.first() else {
+                out.push(Vec::new());
+                continue;
+            };
+            let rels: Vec<graphs::RelationId> = by_owner[first].as_ref().map(|a| a[t].iter().map(|p| p.relation).collect()).unwrap_or_default();
+            let mut merged = Vec::with_capacity(rels.len());
+            for (j, &rel) in rels.iter().enumerate() {
+                let mut lists: Vec<&[u32]> = vec![&[]; nodes.len()];
+                for &o in &holders {
+                    let p = by_owner[o].as_ref().and_then(|a| a[t].get(j)).filter(|p| p.relation == rel).ok_or_else(|| bad(format!("{} answered other relations", names::sampler(o as u32))))?;
+                    let n = pos[o][t].len();
+                    let ok = p.offsets.len() == n + 1 && p.offsets.windows(2).all(|w| w[0] <= w[1]) && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len());
+                    if !ok {
+                        return Err(bad(format!("{} sent malformed picks", names::sampler(o as u32))));
+                    }
+                    for (q, &i) in pos[o][t].iter().enumerate() {
+                        lists[i] = &p.picks[p.offsets[q] as usize..p.offsets[q + 1] as usize];
+                    }
+                }
+                let mut offsets = Vec::with_capacity(nodes.len() + 1);
+                offsets.push(0u32);
+                let mut picks = Vec::new();
+                for l in lists {
+                    picks.extend_from_slice(l);
+                    offsets.push(picks.len() as u32);
+                }
+                merged.push(RelationPicks { relation: rel, offsets, picks });
+            }
+            out.push(merged);
+        }
+        Ok(out)
+    }
+
+    /// Input rows of `src` per type: features (local rows read here, the rest
+    /// pulled from their owners) and learnable rows (pulled; as gradient
+    /// leaves when `train`).
+    fn gather(&self, src: &[Vec<u32>], train: bool) -> Result<PerType> {
+        let g = &*self.s.graph;
+        let parts = self.s.parts as usize;
+        let mut plan = Vec::new();
+        for (ty, ids) in src.iter().enumerate() {
+            if ids.is_empty() || !self.wanted[ty] || self.peers.stores[ty].is_empty() {
+                continue;
+            }
+            let local_rows = g.node_types()[ty].features.is_some();
+            for o in 0..parts {
+                if local_rows && o as u32 == self.s.part {
+                    continue;
+                }
+                let want: Vec<u32> = ids.iter().copied().filter(|&v| self.s.owners[ty][v as usize] as usize == o).collect();
+                if !want.is_empty() {
+                    plan.push((ty, o, want));
+                }
+            }
+        }
+        let asks = plan.iter().map(|(ty, o, want)| self.peers.stores[*ty][*o].ask(Pull { ids: want.clone() }, self.s.timeouts.ask));
+        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()));
+        let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
+        let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.s.cfg.embed_dim, |f| f.dim())).collect();
+        for ((ty, o, want), a) in plan.iter().zip(answers) {
+            let bytes = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
+            pulled.insert((*ty, *o), decode_f32(&bytes.0, want.len() * dims[*ty]).map_err(TrainError::Distributed)?);
+        }
+        let mut out: PerType = Vec::with_capacity(src.len());
+        for (ty, ids) in src.iter().enumerate() {
+            if ids.is_empty() || !self.wanted[ty] || self.peers.stores[ty].is_empty() {
+                out.push(None);
+                continue;
+            }
+            let dim = dims[ty];
+            let feats = g.node_types()[ty].features.as_ref();
+            let mut next = vec![0usize; parts];
+            let mut buf = Vec::with_capacity(ids.len() * dim);
+            for &v in ids {
+                let o = self.s.owners[ty][v as usize] as usize;
+                match (feats, o as u32 == self.s.part) {
+                    (Some(f), true) => buf.extend_from_slice(f.row(v as usize)),
+                    _ => {
+                        let rows = pulled.get(&(ty, o)).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {ty} from partition {o}")))?;
+                        buf.extend_from_slice(&rows[next[o] * dim..(next[o] + 1) * dim]);
+                        next[o] += 1;
+                    }
+                }
+            }
+            let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.model.dtype())?;
+            out.push(Some(if train && self.learnable[ty] { Var::from_tensor(&x)?.into_inner() } else { x }));
+        }
+        Ok(out)
+    }
+}
+
+/// Seconds since `clock`, restarting it.
+fn lap(clock: &mut Instant) -> f64 {
+    let s = clock.elapsed().as_secs_f64();
+    *clock = Instant::now();
+    s
+}
