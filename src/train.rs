@@ -143,7 +143,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let report = if cfg.training.mode == actors::Mode::DataParallel {
         anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"data-parallel\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
         let parts = cfg.training.partitions.clone().unwrap_or_default();
-        actors::dist::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("data-parallel training on {}", parts.display()))?
+        actors::dist::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("data-parallel training on {}", parts.display()))?.0
     } else {
         if cfg.training.data.is_none() {
             cfg.training.data = Some(default_data()?);

@@ -178,8 +178,17 @@ fn load_options(t: &TrainingConfig) -> LoadOptions {
     LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges }
 }
 
+/// The trained model of a data-parallel run: a replica's dense parameters
+/// and the learnable tables assembled from the stores.
+pub struct FinalModel {
+    /// Trainer 0's replica (its embedding tables are empty: see `tables`).
+    pub replica: models::Model,
+    /// `(embed.<type>, rows)` for every learnable type, whole.
+    pub tables: Vec<(String, Vec<f32>)>,
+}
+
 /// Trains data-parallel with every partition's actors in this process.
-pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<Report> {
+pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, FinalModel)> {
     let t = cfg.training.clone();
     let set = open_partitions(&t)?;
     let parts = set.manifest.parts as u32;
@@ -230,9 +239,9 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     }
     let mut report = coordinated?;
     report.config = cfg.clone();
-    finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
+    let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
-    Ok(report)
+    Ok((report, FinalModel { replica: models.swap_remove(0), tables }))
 }
 
 fn spec(t: &TrainingConfig) -> models::ModelSpec {
@@ -289,7 +298,7 @@ fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, obser
 
 /// Final model hash (dense parameters of a replica, embedding rows from every
 /// store) and the figures that need the whole model.
-fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &HetGraph, t: &TrainingConfig, parts: u32) -> Result<()> {
+fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &HetGraph, t: &TrainingConfig, parts: u32) -> Result<Vec<(String, Vec<f32>)>> {
     let learnable = learnable_types(t, g);
     let mut tables: Vec<(String, Vec<f32>)> = Vec::new();
     let ask = Timeouts::default().ask;
@@ -314,7 +323,7 @@ fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &Het
     report.final_model_sha256 = crate::trainer::hash_parts(&replica.params, tables.iter().map(|(n, d)| (n.as_str(), d.as_slice())))?;
     report.parameters = (replica.params.numel() + tables.iter().map(|(_, d)| d.len()).sum::<usize>()) as u64;
     report.peak_memory_bytes = peak_rss_bytes();
-    Ok(())
+    Ok(tables)
 }
 
 /// Fills in default placement for data-parallel training: partition k's

@@ -1,0 +1,117 @@
+//! Data-parallel training in one process: with the same seed, global batch and
+//! samples, 1, 2 and 3 trainers follow single-process training step by step.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use actors::dist::train_embedded;
+use actors::{train, Config, TrainObserver};
+use candle_core::DType;
+use graphs::generate::{generate, Like};
+use graphs::partition::{self, Method};
+use graphs::{LoadOptions, NoProgress};
+
+fn root() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+fn graph() -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let dir = root().join("mag");
+    if !dir.exists() {
+        generate(Like::Mag, 0.003, 0, &dir, false, &mut NoProgress).unwrap();
+    }
+    dir
+}
+
+fn partitions(parts: usize, method: Method) -> PathBuf {
+    let data = graph();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let out = root().join(format!("{method}-{parts}"));
+    if !out.exists() {
+        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
+        let owners = partition::assign(&g, parts, method, 0).unwrap();
+        partition::write(&g, &owners, method, 0, parts, &out, false, &mut NoProgress).unwrap();
+    }
+    out
+}
+
+const BASE: [&str; 4] = ["training.epochs=2", "training.batch=256", "training.hidden=16", "training.embed_dim=8"];
+
+fn config(extra: &[String]) -> Config {
+    let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+    o.push(format!("training.data={:?}", graph().display().to_string()));
+    o.extend(extra.iter().cloned());
+    Config::parse("", &o).unwrap()
+}
+
+#[derive(Default)]
+struct Losses(Vec<f64>);
+
+impl TrainObserver for Losses {
+    fn step(&mut self, loss: f64) {
+        self.0.push(loss);
+    }
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    let tol = 1e-5 * a.abs().max(b.abs()).max(1e-2);
+    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+}
+
+#[test]
+fn one_two_and_three_trainers_match_single_process_training() {
+    let mut single_losses = Losses::default();
+    let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
+    assert_eq!(single_losses.0.len() as u64, single.steps);
+    for (parts, method) in [(1, Method::Metis), (2, Method::Metis), (3, Method::Random)] {
+        let pdir = partitions(parts, method);
+        let cfg = config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())]);
+        let mut losses = Losses::default();
+        let (report, fin) = train_embedded(&cfg, &mut losses).unwrap();
+        assert_eq!(report.mode, "data-parallel");
+        assert_eq!(report.nodes, parts);
+        assert_eq!(report.steps, single.steps);
+        assert_eq!(losses.0.len(), single_losses.0.len());
+        for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
+            close(*a, *b, &format!("{parts} trainers, loss of step {i}"));
+        }
+        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.replica.params.iter()) {
+            assert_eq!(name, name2);
+            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y}");
+            }
+        }
+        let tables: Vec<_> = model.embeddings.iter().flatten().collect();
+        assert_eq!(tables.len(), fin.tables.len());
+        for (t, (name, data)) in tables.iter().zip(&fin.tables) {
+            assert_eq!(&t.name, name);
+            for (x, y) in t.data.iter().zip(data) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{parts} trainers, {name}: {x} vs {y}");
+            }
+        }
+        if parts == 1 {
+            // One trainer does the single process's arithmetic exactly.
+            assert_eq!(report.final_model_sha256, single.final_model_sha256);
+        }
+        let last = report.epochs.last().unwrap();
+        let want = single.epochs.last().unwrap();
+        assert!((last.test_acc - want.test_acc).abs() < 0.01, "{} vs {}", last.test_acc, want.test_acc);
+    }
+}
+
+#[test]
+fn missing_partitions_are_named() {
+    let cfg = config(&["training.mode=\"data-parallel\"".into()]);
+    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
+    assert!(err.contains("training.partitions"), "{err}");
+    let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"/nonexistent/parts\"".into()]);
+    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
+    assert!(err.contains("/nonexistent/parts/manifest.json"), "{err}");
+}
