@@ -77,6 +77,25 @@ struct Outgoing {
     payload: usize,
     wait_until: Option<Instant>,
     done: Option<oneshot::Sender<Result<(), String>>>,
+    /// Counts the frame as not yet written until it is dropped.
+    _unsent: Unsent,
+}
+
+/// One frame queued or being written: shutdown waits (briefly) for none to be
+/// left, so a reply sent just before a node stops still leaves.
+struct Unsent(Arc<AtomicU64>);
+
+impl Unsent {
+    fn new(count: &Arc<AtomicU64>) -> Unsent {
+        count.fetch_add(1, Ordering::SeqCst);
+        Unsent(count.clone())
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Outgoing {
@@ -172,7 +191,12 @@ pub(crate) struct Transport {
     retry: Duration,
     heartbeat: Duration,
     cancel: CancellationToken,
+    /// Frames queued or being written.
+    unsent: Arc<AtomicU64>,
 }
+
+/// Longest a shutdown waits for queued frames to be written.
+const DRAIN: Duration = Duration::from_secs(1);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -226,6 +250,7 @@ impl Transport {
             retry: s.retry,
             heartbeat: s.heartbeat,
             cancel,
+            unsent: Arc::new(AtomicU64::new(0)),
         });
         t.set_faults(faults);
         for (p, rx) in writers {
@@ -274,6 +299,10 @@ impl Transport {
 
     /// Stops every task, closes every connection and releases the socket.
     pub(crate) async fn shutdown(&self) {
+        let start = Instant::now();
+        while self.unsent.load(Ordering::SeqCst) > 0 && start.elapsed() < DRAIN {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         self.cancel.cancel();
         let Some(ep) = lock(&self.endpoint).take() else { return };
         ep.close(close::SHUTDOWN.into(), b"shutdown");
@@ -589,7 +618,7 @@ impl Transport {
         if d.copies == 0 {
             return None;
         }
-        let item = |done| Outgoing { head: head.clone(), body: body.clone(), kind: kind.to_string(), payload, wait_until, done };
+        let item = |done| Outgoing { head: head.clone(), body: body.clone(), kind: kind.to_string(), payload, wait_until, done, _unsent: Unsent::new(&self.unsent) };
         if !d.delay.is_zero() {
             let peer = peer.clone();
             let items: Vec<Outgoing> = (0..d.copies).map(|_| item(None)).collect();

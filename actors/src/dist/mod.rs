@@ -326,24 +326,22 @@ fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &Het
     Ok(tables)
 }
 
-/// Fills in default placement for data-parallel training: partition k's
-/// actors on the k-th node, the coordinator on the first.
-pub fn default_placement(topology: &mut runtime::Topology, types: &[String]) {
+/// Placement for data-parallel training: partition k's actors run on the
+/// k-th node (which loads partition k), whatever `[placement]` says; the
+/// coordinator where `[placement]` puts it, else on the first node.
+pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String]) {
     let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
-    let mut put = |name: String, node: &str| {
-        if topology.placed(&name).is_none() {
-            topology.placement.insert(name, node.to_string());
-        }
-    };
     for (k, id) in ids.iter().enumerate() {
-        put(names::sampler(k as u32), id);
-        put(names::trainer(k as u32), id);
-        for ty in types {
-            put(names::store(ty, k as u32), id);
+        let k = k as u32;
+        let names = [names::sampler(k), names::trainer(k)].into_iter().chain(types.iter().map(|ty| names::store(ty, k)));
+        for name in names {
+            topology.placement.insert(name, id.clone());
         }
     }
-    if let Some(first) = ids.first() {
-        put(names::COORDINATOR.to_string(), first);
+    if topology.placed(names::COORDINATOR).is_none() {
+        if let Some(first) = ids.first() {
+            topology.placement.insert(names::COORDINATOR.to_string(), first.clone());
+        }
     }
 }
 
@@ -389,7 +387,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
             topology.cluster.nodes.len()
         )));
     }
-    default_placement(&mut topology, &set.manifest.node_types);
+    data_parallel_placement(&mut topology, &set.manifest.node_types);
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(set.load_part(part as usize, &load_options(&t))?);
     let owners = Arc::new(set.owners);
