@@ -3,6 +3,7 @@
 mod util;
 
 mod cli_cluster;
+mod cli_data_parallel;
 mod cli_generate;
 mod cli_import;
 mod cli_inspect;

@@ -36,6 +36,10 @@ fn default_certs_dir() -> PathBuf {
 fn default_heartbeat_ms() -> u64 {
     200
 }
+fn default_start_timeout_ms() -> u64 {
+    30_000
+}
+
 fn default_failure_timeout_ms() -> u64 {
     2000
 }
@@ -65,6 +69,10 @@ pub struct ClusterConfig {
     /// Milliseconds an `ask` waits before its first resend (default 200; doubles per attempt).
     #[serde(default = "default_retry_ms")]
     pub retry_ms: u64,
+    /// Milliseconds a training node waits for every peer to be up before it
+    /// gives up naming the missing ones (default 30000).
+    #[serde(default = "default_start_timeout_ms")]
+    pub start_timeout_ms: u64,
     /// The nodes, `[[cluster.nodes]]`.
     pub nodes: Vec<NodeSpec>,
 }

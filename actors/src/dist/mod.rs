@@ -391,7 +391,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(set.load_part(part as usize, &load_options(&t))?);
     let owners = Arc::new(set.owners);
-    let timeouts = Timeouts::default();
+    let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
     let (g, o, tc, topo, me) = (graph.clone(), owners.clone(), t.clone(), topology.clone(), id.to_string());
     let (system, (inbox, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;

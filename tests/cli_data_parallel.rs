@@ -1,0 +1,71 @@
+//! `hetgnn partition` and data-parallel training across node processes.
+
+use std::net::UdpSocket;
+use std::path::Path;
+
+use crate::util::hetgnn;
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn cluster(dir: &Path, ids: &[&str], extra: &str) {
+    let nodes: String = ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect();
+    let text = format!("[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{extra}{nodes}[training]\nmode = \"data-parallel\"\npartitions = \"parts\"\n");
+    std::fs::write(dir.join("cluster.toml"), text).unwrap();
+}
+
+fn report(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn launch_trains_three_nodes_to_the_single_process_accuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
+    let out = hetgnn(d, &["partition", "--data", "g", "--parts", "3", "--out", "parts"]).ok().stdout();
+    assert!(out.contains("edge cut") && out.contains("balance"), "{out}");
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"]).ok();
+    cluster(d, &["n0", "n1", "n2"], "");
+    hetgnn(d, &["train", "--data", "g", "--epochs", "2", "--report", "single.json"]).ok();
+    hetgnn(d, &["launch", "--config", "cluster.toml", "--set", "training.epochs=2", "--set", "training.report=\"dp.json\""]).ok();
+    let (single, dp) = (report(&d.join("single.json")), report(&d.join("dp.json")));
+    assert_eq!(dp["mode"], "data-parallel");
+    assert_eq!(dp["nodes"], 3);
+    assert_eq!(dp["steps"], single["steps"]);
+    let acc = |r: &serde_json::Value| r["epochs"][1]["test_acc"].as_f64().unwrap();
+    assert!((acc(&dp) - acc(&single)).abs() < 0.01, "data-parallel {} vs single {}", acc(&dp), acc(&single));
+    for kind in ["sample", "pull", "pull.reply", "push", "grad"] {
+        assert!(dp["bytes_by_kind"][kind].as_u64().unwrap_or(0) > 0, "no {kind} traffic: {}", dp["bytes_by_kind"]);
+    }
+}
+
+#[test]
+fn a_node_whose_peers_never_come_fails_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "random", "--out", "parts"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    cluster(d, &["n0", "n1"], "start_timeout_ms = 1500\n");
+    let text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
+    let n1_addr = text.lines().filter(|l| l.starts_with("addr")).nth(1).unwrap().split('"').nth(1).unwrap().to_string();
+    let run = hetgnn(d, &["node", "--config", "cluster.toml", "--node", "n0"]);
+    run.fails_with(1, &["cannot reach n1 at", &n1_addr]);
+    // Partitions that do not match the nodes are refused before anything starts.
+    hetgnn(d, &["partition", "--data", "g", "--parts", "3", "--method", "random", "--out", "parts", "--force"]).ok();
+    hetgnn(d, &["node", "--config", "cluster.toml", "--node", "n0"]).fails_with(1, &["training.partitions", "3 partitions for 2 nodes"]);
+}
+
+#[test]
+fn partition_refuses_bad_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "0", "--out", "p"]).fails_with(1, &["--parts"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "spectral", "--out", "p"]).fails_with(2, &["spectral"]);
+    hetgnn(d, &["partition", "--data", "missing", "--parts", "2", "--out", "p"]).fails_with(1, &["missing"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "p"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "p"]).fails_with(1, &["already exists"]);
+}
