@@ -42,12 +42,24 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    // The nodes share this machine's cores: give each its share of compute
+    // threads rather than letting every node oversubscribe all of them.
+    let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / topology.cluster.nodes.len()).max(1)
+    });
+    if let Some(t) = threads {
+        eprintln!("launch: {} node(s) share this machine: {t} compute thread(s) each (set RAYON_NUM_THREADS to choose)", topology.cluster.nodes.len());
+    }
     let mut children: Vec<(String, Child)> = Vec::new();
     for n in &topology.cluster.nodes {
         let mut cmd = Command::new(&exe);
         cmd.arg("node").arg("--config").arg(&args.config).arg("--node").arg(&n.id);
         for s in &args.set {
             cmd.arg("--set").arg(s);
+        }
+        if let Some(t) = threads {
+            cmd.env("RAYON_NUM_THREADS", t.to_string());
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
         let mut child = match cmd.spawn() {

@@ -55,6 +55,9 @@ pub struct Report {
     pub bytes_by_kind: BTreeMap<String, u64>,
     /// Network messages by kind.
     pub messages_by_kind: BTreeMap<String, u64>,
+    /// Network bytes per training step by message kind (evaluation excluded).
+    #[serde(default)]
+    pub bytes_per_step: BTreeMap<String, f64>,
     /// Cache figures per node type.
     pub cache: BTreeMap<String, serde_json::Value>,
     /// Failures and their recovery.

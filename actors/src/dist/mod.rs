@@ -252,6 +252,7 @@ fn spec(t: &TrainingConfig) -> models::ModelSpec {
 fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
     let (_, splits) = g.target_labels();
     let mut report = Report { mode: "data-parallel".into(), nodes: parts as usize, ..Report::default() };
+    let mut step_bytes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for epoch in 0..t.epochs {
         let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
         observer.epoch_start(epoch, steps);
@@ -289,10 +290,14 @@ fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, obser
             for (k, v) in &s.messages_by_kind {
                 *report.messages_by_kind.entry(k.clone()).or_default() += v;
             }
+            for (k, v) in &s.step_bytes_by_kind {
+                *step_bytes.entry(k.clone()).or_default() += v;
+            }
         }
         observer.epoch_end(&er);
         report.epochs.push(er);
     }
+    report.bytes_per_step = step_bytes.into_iter().map(|(k, v)| (k, v as f64 / report.steps.max(1) as f64)).collect();
     Ok(report)
 }
 

@@ -149,6 +149,7 @@ impl<'a> Trainer<'a> {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
             let mut st = EpochStats { trainer: self.s.part, epoch, steps: batches.len() as u64, ..EpochStats::default() };
             let start = Instant::now();
+            let before = self.s.node.metrics().bytes_by_kind();
             let (mut loss_sum, mut correct, mut seen) = (0.0, 0.0, 0u64);
             for (step, batch) in batches.iter().enumerate() {
                 let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.owned(target, v)).collect();
@@ -160,6 +161,10 @@ impl<'a> Trainer<'a> {
                 seen += batch.len() as u64;
             }
             st.seconds = start.elapsed().as_secs_f64();
+            st.step_bytes_by_kind = self.s.node.metrics().bytes_by_kind();
+            for (k, v) in st.step_bytes_by_kind.iter_mut() {
+                *v -= before.get(k).copied().unwrap_or(0);
+            }
             st.loss = loss_sum / batches.len().max(1) as f64;
             st.train_correct = correct.round() as u64;
             st.train_seen = seen;
