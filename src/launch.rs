@@ -61,6 +61,10 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         if let Some(t) = threads {
             cmd.env("RAYON_NUM_THREADS", t.to_string());
         }
+        // As main() asks through the API; set before the allocator starts, it takes effect for sure.
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            cmd.env("MIMALLOC_PURGE_DELAY", "-1");
+        }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
         let mut child = match cmd.spawn() {
             Ok(c) => c,

@@ -30,6 +30,8 @@ pub struct Shard {
     trainers: usize,
     pending: BTreeMap<u64, Vec<Option<(Vec<u32>, Vec<f32>)>>>,
     applied: Option<u64>,
+    /// Per owned row, its slot in the step's gradient sum (`u32::MAX`: none).
+    slot: Vec<u32>,
 }
 
 impl Shard {
@@ -42,7 +44,7 @@ impl Shard {
             data.extend_from_slice(&full.data[i as usize * dim..(i as usize + 1) * dim]);
         }
         let n = owned.len();
-        Shard { ids: owned, dim, data, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n], adam, trainers, pending: BTreeMap::new(), applied: None }
+        Shard { ids: owned, dim, data, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n], adam, trainers, pending: BTreeMap::new(), applied: None, slot: vec![u32::MAX; n] }
     }
 
     fn row(&self, id: u32) -> Result<usize, String> {
@@ -68,23 +70,27 @@ impl Shard {
         }
         let Some(slots) = self.pending.remove(&p.seq) else { return Ok(()) };
         // Sum per row in trainer order, then one Adam step per touched row.
-        let mut sums: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+        let d = self.dim;
+        let mut rows: Vec<usize> = Vec::new();
+        let mut sums: Vec<f32> = Vec::new();
         for (ids, grad) in slots.into_iter().flatten() {
             for (k, id) in ids.into_iter().enumerate() {
                 let r = self.row(id)?;
-                let g = &grad[k * self.dim..(k + 1) * self.dim];
-                match sums.get_mut(&r) {
-                    Some(acc) => acc.iter_mut().zip(g).for_each(|(a, b)| *a += b),
-                    None => {
-                        sums.insert(r, g.to_vec());
+                let g = &grad[k * d..(k + 1) * d];
+                match self.slot[r] {
+                    u32::MAX => {
+                        self.slot[r] = rows.len() as u32;
+                        rows.push(r);
+                        sums.extend_from_slice(g);
                     }
+                    at => sums[at as usize * d..(at as usize + 1) * d].iter_mut().zip(g).for_each(|(a, b)| *a += b),
                 }
             }
         }
-        let d = self.dim;
-        for (r, g) in sums {
+        for (i, &r) in rows.iter().enumerate() {
+            self.slot[r] = u32::MAX;
             let span = r * d..(r + 1) * d;
-            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span], &mut self.steps[r], &g, &self.adam);
+            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span], &mut self.steps[r], &sums[i * d..(i + 1) * d], &self.adam);
         }
         self.applied = Some(p.seq);
         Ok(())
@@ -135,24 +141,24 @@ impl FeatureStore {
 
     fn pull(&self, ids: &[u32]) -> Result<ByteVec, String> {
         self.check_owned(ids)?;
-        let mut out: Vec<f32> = Vec::new();
+        let mut out: Vec<u8> = Vec::new();
         match &self.data {
             StoreData::Features { graph, ty } => {
                 let f = graph.node_types()[*ty].features.as_ref().ok_or("this type has no features")?;
-                out.reserve(ids.len() * f.dim());
+                out.reserve(ids.len() * f.dim() * 4);
                 for &i in ids {
-                    out.extend_from_slice(f.row(i as usize));
+                    out.extend_from_slice(bytemuck::cast_slice(f.row(i as usize)));
                 }
             }
             StoreData::Embeddings(s) => {
-                out.reserve(ids.len() * s.dim);
+                out.reserve(ids.len() * s.dim * 4);
                 for &i in ids {
                     let r = s.row(i)?;
-                    out.extend_from_slice(&s.data[r * s.dim..(r + 1) * s.dim]);
+                    out.extend_from_slice(bytemuck::cast_slice(&s.data[r * s.dim..(r + 1) * s.dim]));
                 }
             }
         }
-        Ok(ByteVec(bytemuck::cast_slice(&out).to_vec()))
+        Ok(ByteVec(out))
     }
 }
 
@@ -161,7 +167,9 @@ pub fn decode_f32(bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
     if bytes.len() != n * 4 {
         return Err(format!("{} bytes where {n} f32 values ({} bytes) were expected", bytes.len(), n * 4));
     }
-    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    let mut out = vec![0f32; n];
+    bytemuck::cast_slice_mut::<f32, u8>(&mut out).copy_from_slice(bytes);
+    Ok(out)
 }
 
 impl Actor for FeatureStore {

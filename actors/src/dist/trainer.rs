@@ -72,7 +72,7 @@ struct Peers {
 pub fn run(s: TrainerSetup) -> Result<Model> {
     let result = Trainer::new(&s).and_then(|mut t| {
         t.train()?;
-        Ok(t.model)
+        Ok(t.rep.model)
     });
     if let Err(e) = &result {
         let reason = e.to_string();
@@ -89,18 +89,55 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
     result
 }
 
-struct Trainer<'a> {
+/// What sampling and gathering need: shared by the trainer and its prefetch thread.
+struct Ctx<'a> {
     s: &'a TrainerSetup,
     peers: Peers,
-    model: Model,
-    adam: Adam,
     /// Types whose inputs are learnable rows held by the stores.
     learnable: Vec<bool>,
     /// Types the model reads.
     wanted: Vec<bool>,
     device: Device,
+    dtype: DType,
+    uses_neighbors: bool,
+}
+
+/// Which input rows to gather.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Plain features only (immutable: can be fetched ahead).
+    Features,
+    /// Learnable rows only (read when used: they change every step), as gradient leaves.
+    Learnable,
+    /// Both, learnable ones without gradients (evaluation).
+    All,
+}
+
+/// A batch sampled and with its features gathered ahead of its step.
+struct Prepared {
+    seeds: Vec<u32>,
+    share: f64,
+    mb: Option<MiniBatch>,
+    features: PerType,
+    sample_s: f64,
+    gather_s: f64,
+}
+
+struct Trainer<'a> {
+    ctx: Ctx<'a>,
+    rep: Replica,
+}
+
+/// The model replica and its optimiser.
+struct Replica {
+    model: Model,
+    adam: Adam,
+    /// Global step number.
     seq: u64,
 }
+
+/// Batches prepared ahead of the trainer.
+const PREFETCH: usize = 2;
 
 impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
@@ -129,39 +166,51 @@ impl<'a> Trainer<'a> {
             trainers: (0..s.parts).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
             coordinator: actor(names::COORDINATOR.to_string())?,
         };
-        Ok(Trainer { s, peers, model, adam: Adam::new(AdamConfig::with_lr(t.lr)), learnable, wanted, device, seq: 0 })
-    }
-
-    fn owned(&self, ty: usize, v: u32) -> bool {
-        self.s.owners[ty][v as usize] as u32 == self.s.part
-    }
-
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.s.handle.block_on(f)
+        let ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors() };
+        Ok(Trainer { ctx, rep: Replica { model, adam: Adam::new(AdamConfig::with_lr(t.lr)), seq: 0 } })
     }
 
     fn train(&mut self) -> Result<()> {
-        let t = self.s.cfg.clone();
-        let g = self.s.graph.clone();
+        let s = self.ctx.s;
+        let t = s.cfg.clone();
+        let g = s.graph.clone();
         let (_, splits) = g.target_labels();
         let target = g.target().index();
         for epoch in 0..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let mut st = EpochStats { trainer: self.s.part, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let mut st = EpochStats { trainer: s.part, epoch, steps: batches.len() as u64, ..EpochStats::default() };
             let start = Instant::now();
-            let before = self.s.node.metrics().bytes_by_kind();
+            let before = s.node.metrics().bytes_by_kind();
             let (mut loss_sum, mut correct, mut seen) = (0.0, 0.0, 0u64);
-            for (step, batch) in batches.iter().enumerate() {
-                let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.owned(target, v)).collect();
-                let share = seeds.len() as f64 / batch.len() as f64;
-                let (loss, ok) = self.step(epoch, step as u64, &seeds, share, &mut st)?;
-                st.step_losses.push(loss);
-                loss_sum += loss;
-                correct += ok;
-                seen += batch.len() as u64;
-            }
+            let (ctx, rep) = (&self.ctx, &mut self.rep);
+            // Sampling and feature pulls of the next batches run on a thread of
+            // their own while this one computes (DistDGLv2's pipeline).
+            std::thread::scope(|scope| -> Result<()> {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
+                let batches = &batches;
+                scope.spawn(move || {
+                    for (step, batch) in batches.iter().enumerate() {
+                        let p = ctx.prepare(t.seed, epoch, step as u64, batch, target);
+                        let failed = p.is_err();
+                        if tx.send(p).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                for (step, batch) in batches.iter().enumerate() {
+                    let p = rx.recv().map_err(|_| TrainError::Distributed("the prefetch thread stopped".into()))??;
+                    st.sample_s += p.sample_s;
+                    st.gather_s += p.gather_s;
+                    let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
+                    st.step_losses.push(loss);
+                    loss_sum += loss;
+                    correct += ok;
+                    seen += batch.len() as u64;
+                }
+                Ok(())
+            })?;
             st.seconds = start.elapsed().as_secs_f64();
-            st.step_bytes_by_kind = self.s.node.metrics().bytes_by_kind();
+            st.step_bytes_by_kind = s.node.metrics().bytes_by_kind();
             for (k, v) in st.step_bytes_by_kind.iter_mut() {
                 *v -= before.get(k).copied().unwrap_or(0);
             }
@@ -169,34 +218,41 @@ impl<'a> Trainer<'a> {
             st.train_correct = correct.round() as u64;
             st.train_seen = seen;
             let eval = Instant::now();
-            st.valid_correct = self.evaluate(epoch, &splits.valid)?;
-            st.test_correct = self.evaluate(epoch, &splits.test)?;
+            st.valid_correct = self.rep.evaluate(&self.ctx, epoch, &splits.valid)?;
+            st.test_correct = self.rep.evaluate(&self.ctx, epoch, &splits.test)?;
             st.eval_s = eval.elapsed().as_secs_f64();
-            let m = self.s.node.metrics();
+            let m = s.node.metrics();
             st.bytes_by_kind = m.bytes_by_kind();
             st.messages_by_kind = m.messages_by_kind();
-            let c = self.peers.coordinator.clone();
-            self.block_on(c.ask(st, self.s.timeouts.ask))?;
+            let c = self.ctx.peers.coordinator.clone();
+            self.ctx.block_on(c.ask(st, s.timeouts.ask))?;
         }
         Ok(())
     }
 
+}
+
+impl Replica {
     /// One training step; returns the global loss and the global number of correct predictions.
-    fn step(&mut self, epoch: u64, step: u64, seeds: &[u32], share: f64, st: &mut EpochStats) -> Result<(f64, f64)> {
-        let g = self.s.graph.clone();
+    fn step(&mut self, ctx: &Ctx, epoch: u64, step: u64, p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
+        let g = ctx.s.graph.clone();
         let (labels, _) = g.target_labels();
         let mut clock = Instant::now();
         let mut grads = None;
         let (mut wloss, mut correct) = (0.0, 0.0);
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
-        if !seeds.is_empty() {
-            let mb = self.sample(self.s.cfg.seed, epoch, step, seeds)?;
-            st.sample_s += lap(&mut clock);
-            let inputs = self.gather(&mb.blocks[0].src, true)?;
+        let (seeds, share) = (&p.seeds, p.share);
+        if let Some(mb) = &p.mb {
+            let mut inputs = ctx.gather(&mb.blocks[0].src, Rows::Learnable)?;
+            for (x, f) in inputs.iter_mut().zip(p.features) {
+                if x.is_none() {
+                    *x = f;
+                }
+            }
             st.gather_s += lap(&mut clock);
             let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
-            let y = Tensor::from_vec(y, seeds.len(), &self.device)?;
-            let logits = self.model.forward(&g, &mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+            let y = Tensor::from_vec(y, seeds.len(), &ctx.device)?;
+            let logits = self.model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
             let scaled = (&loss * share)?;
             let gs = scaled.backward()?;
@@ -205,13 +261,13 @@ impl<'a> Trainer<'a> {
             correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
             st.compute_s += lap(&mut clock);
             for (ty, x) in inputs.iter().enumerate() {
-                let mut per_owner = vec![(Vec::new(), Vec::new()); self.s.parts as usize];
-                if let (true, Some(x)) = (self.learnable[ty], x) {
+                let mut per_owner = vec![(Vec::new(), Vec::new()); ctx.s.parts as usize];
+                if let (true, Some(x)) = (ctx.learnable[ty], x) {
                     if let Some(gr) = gs.get(x) {
                         let dim = gr.dim(1)?;
                         let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
                         for (i, &v) in mb.blocks[0].src[ty].iter().enumerate() {
-                            let o = &mut per_owner[self.s.owners[ty][v as usize] as usize];
+                            let o = &mut per_owner[ctx.s.owners[ty][v as usize] as usize];
                             o.0.push(v);
                             o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
                         }
@@ -223,19 +279,19 @@ impl<'a> Trainer<'a> {
         }
         // Every trainer pushes to every learnable store each step (empty if it
         // has nothing), so a store knows when the step's gradient is complete.
-        let me = self.s.part;
+        let me = ctx.s.part;
         let mut asks = Vec::new();
-        for (ty, stores) in self.peers.stores.iter().enumerate() {
-            if !self.learnable[ty] {
+        for (ty, stores) in ctx.peers.stores.iter().enumerate() {
+            if !ctx.learnable[ty] {
                 continue;
             }
             for (p, store) in stores.iter().enumerate() {
                 let (ids, grad) = pushes.get_mut(ty).map(|o| std::mem::take(&mut o[p])).unwrap_or_default();
                 let msg = Push { seq: self.seq, trainer: me, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
-                asks.push(store.ask(msg, self.s.timeouts.ask));
+                asks.push(store.ask(msg, ctx.s.timeouts.ask));
             }
         }
-        for r in self.block_on(join_all(asks)) {
+        for r in ctx.block_on(join_all(asks)) {
             r?.map_err(TrainError::Distributed)?;
         }
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
@@ -256,7 +312,7 @@ impl<'a> Trainer<'a> {
         flat.extend(flags);
         flat.push(wloss as f32);
         flat.push(correct as f32);
-        let sum = self.all_reduce(flat)?;
+        let sum = self.all_reduce(ctx, flat)?;
         st.comm_s += lap(&mut clock);
         let n_params = self.model.params.len();
         let values = sum.len() - n_params - 2;
@@ -265,7 +321,7 @@ impl<'a> Trainer<'a> {
         for (i, (name, var)) in self.model.params.iter().enumerate() {
             let n = var.elem_count();
             if sum[values + i] > 0.0 {
-                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &self.device)?.to_dtype(var.dtype())?);
+                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &ctx.device)?.to_dtype(var.dtype())?);
             }
             at += n;
         }
@@ -276,17 +332,18 @@ impl<'a> Trainer<'a> {
     }
 
     /// Sums `mine` with every other trainer's vector of the same step, in trainer order.
-    fn all_reduce(&mut self, mine: Vec<f32>) -> Result<Vec<f32>> {
-        let me = self.s.part;
+    fn all_reduce(&mut self, ctx: &Ctx, mine: Vec<f32>) -> Result<Vec<f32>> {
+        let s = ctx.s;
+        let me = s.part;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
-        let asks = self.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, from: me, data: bytes.clone() }, self.s.timeouts.ask));
-        for r in self.block_on(join_all(asks)) {
+        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, from: me, data: bytes.clone() }, s.timeouts.ask));
+        for r in ctx.block_on(join_all(asks)) {
             r?;
         }
-        let others: Vec<u32> = (0..self.s.parts).filter(|&p| p != me).collect();
-        let mut shares = self.s.inbox.gradients(self.seq, &others, mine.len(), self.s.timeouts.step)?.into_iter();
+        let others: Vec<u32> = (0..s.parts).filter(|&p| p != me).collect();
+        let mut shares = s.inbox.gradients(self.seq, &others, mine.len(), s.timeouts.step)?.into_iter();
         let mut sum = vec![0.0f32; mine.len()];
-        for p in 0..self.s.parts {
+        for p in 0..s.parts {
             let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
             sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
         }
@@ -294,18 +351,18 @@ impl<'a> Trainer<'a> {
     }
 
     /// Correct predictions on the nodes of `nodes` this trainer owns.
-    fn evaluate(&mut self, epoch: u64, nodes: &[u32]) -> Result<u64> {
-        let g = self.s.graph.clone();
+    fn evaluate(&self, ctx: &Ctx, epoch: u64, nodes: &[u32]) -> Result<u64> {
+        let g = ctx.s.graph.clone();
         let (labels, _) = g.target_labels();
         let target = g.target().index();
         let mut correct = 0;
         for (step, chunk) in nodes.chunks(EVAL_BATCH).enumerate() {
-            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| self.owned(target, v)).collect();
+            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| ctx.owned(target, v)).collect();
             if seeds.is_empty() {
                 continue;
             }
-            let mb = self.sample(self.s.cfg.seed ^ EVAL_SEED, epoch, step as u64, &seeds)?;
-            let inputs = self.gather(&mb.blocks[0].src, false)?;
+            let mb = ctx.sample(ctx.s.cfg.seed ^ EVAL_SEED, epoch, step as u64, &seeds)?;
+            let inputs = ctx.gather(&mb.blocks[0].src, Rows::All)?;
             let logits = self.model.forward(&g, &mb, inputs, None)?.detach();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
@@ -313,10 +370,36 @@ impl<'a> Trainer<'a> {
         Ok(correct)
     }
 
+}
+
+impl Ctx<'_> {
+    fn owned(&self, ty: usize, v: u32) -> bool {
+        self.s.owners[ty][v as usize] as u32 == self.s.part
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.s.handle.block_on(f)
+    }
+
+    /// Samples step `step`'s share of `batch` and gathers its plain features.
+    fn prepare(&self, seed: u64, epoch: u64, step: u64, batch: &[u32], target: usize) -> Result<Prepared> {
+        let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.owned(target, v)).collect();
+        let share = seeds.len() as f64 / batch.len().max(1) as f64;
+        if seeds.is_empty() {
+            return Ok(Prepared { seeds, share, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
+        }
+        let t = Instant::now();
+        let mb = self.sample(seed, epoch, step, &seeds)?;
+        let sample_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let features = self.gather(&mb.blocks[0].src, Rows::Features)?;
+        Ok(Prepared { seeds, share, mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+    }
+
     /// Samples `seeds` (owned here), asking owners for the picks of remote frontier nodes.
     fn sample(&self, seed: u64, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
         let g = &*self.s.graph;
-        if !self.model.uses_neighbors() {
+        if !self.uses_neighbors {
             return crate::pipeline::sample(&mut Sampler::new(g, &self.s.cfg.fanouts, seed)?, false, epoch, step, seeds);
         }
         let mut sampler = Sampler::new(g, &self.s.cfg.fanouts, seed)?;
@@ -390,15 +473,25 @@ impl<'a> Trainer<'a> {
         Ok(out)
     }
 
+    /// Whether `rows` includes type `ty`'s inputs.
+    fn gathers(&self, ty: usize, rows: Rows) -> bool {
+        let kind = match rows {
+            Rows::Features => !self.learnable[ty],
+            Rows::Learnable => self.learnable[ty],
+            Rows::All => true,
+        };
+        kind && self.wanted[ty] && !self.peers.stores[ty].is_empty()
+    }
+
     /// Input rows of `src` per type: features (local rows read here, the rest
     /// pulled from their owners) and learnable rows (pulled; as gradient
     /// leaves when `train`).
-    fn gather(&self, src: &[Vec<u32>], train: bool) -> Result<PerType> {
+    fn gather(&self, src: &[Vec<u32>], rows: Rows) -> Result<PerType> {
         let g = &*self.s.graph;
         let parts = self.s.parts as usize;
         let mut plan = Vec::new();
         for (ty, ids) in src.iter().enumerate() {
-            if ids.is_empty() || !self.wanted[ty] || self.peers.stores[ty].is_empty() {
+            if !self.gathers(ty, rows) || ids.is_empty() {
                 continue;
             }
             let local_rows = g.node_types()[ty].features.is_some();
@@ -422,7 +515,7 @@ impl<'a> Trainer<'a> {
         }
         let mut out: PerType = Vec::with_capacity(src.len());
         for (ty, ids) in src.iter().enumerate() {
-            if ids.is_empty() || !self.wanted[ty] || self.peers.stores[ty].is_empty() {
+            if !self.gathers(ty, rows) || ids.is_empty() {
                 out.push(None);
                 continue;
             }
@@ -441,8 +534,8 @@ impl<'a> Trainer<'a> {
                     }
                 }
             }
-            let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.model.dtype())?;
-            out.push(Some(if train && self.learnable[ty] { Var::from_tensor(&x)?.into_inner() } else { x }));
+            let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?;
+            out.push(Some(if rows == Rows::Learnable { Var::from_tensor(&x)?.into_inner() } else { x }));
         }
         Ok(out)
     }
