@@ -259,6 +259,7 @@ impl<'g> Sampler<'g> {
     /// The picks of every relation into `ntype` allowed at `layer` for
     /// `nodes` (whose in-neighborhoods this sampler's graph must hold): what a
     /// partition's owner answers to a remote sampling request.
+    #[allow(clippy::too_many_arguments)] // the sampling key's parts, flat
     pub fn pick(&mut self, epoch: u64, step: u64, layer: usize, fanout: usize, ntype: NodeTypeId, nodes: &[u32], filter: &RelationFilter) -> Result<Vec<RelationPicks>> {
         let g = self.graph;
         let count = g.node_type(ntype).count;

@@ -75,6 +75,7 @@ fn partitions_hold_full_neighborhoods_of_core_nodes_and_only_core_features() {
 }
 
 #[test]
+#[allow(clippy::needless_range_loop)]
 fn distributed_sampling_equals_whole_graph_sampling() {
     let tmp = tempfile::tempdir().unwrap();
     let g = mag(tmp.path());

@@ -133,3 +133,43 @@ impl Handler<Deliver<EpochStats>> for InboxActor {
         MessageResult(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_end_at_their_deadline_or_on_abort_naming_what_was_awaited() {
+        let inbox = Inbox::default();
+        let t = Instant::now();
+        let err = inbox.gradients(7, &[1, 2], 4, Duration::from_millis(50)).unwrap_err().to_string();
+        assert!(err.contains("step 7") && err.contains("[1, 2]"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        inbox.update(|s| {
+            s.grads.insert((7, 1), vec![0; 16]);
+        });
+        inbox.abort("trainer 2 failed: disk full".into());
+        let err = inbox.gradients(7, &[1], 4, Duration::from_secs(30)).unwrap_err().to_string();
+        assert!(err.contains("disk full"), "{err}");
+    }
+
+    #[test]
+    fn gradient_shares_arrive_in_peer_order_and_are_checked() {
+        let inbox = Arc::new(Inbox::default());
+        let sender = inbox.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            sender.update(|s| {
+                s.grads.insert((3, 2), bytemuck::cast_slice(&[2.0f32, 2.0]).to_vec());
+                s.grads.insert((3, 0), bytemuck::cast_slice(&[0.5f32, 0.5]).to_vec());
+            });
+        });
+        let got = inbox.gradients(3, &[0, 2], 2, Duration::from_secs(10)).unwrap();
+        h.join().unwrap();
+        assert_eq!(got, vec![vec![0.5, 0.5], vec![2.0, 2.0]]);
+        inbox.update(|s| {
+            s.grads.insert((4, 0), vec![1, 2, 3]);
+        });
+        assert!(inbox.gradients(4, &[0], 2, Duration::from_secs(1)).is_err(), "a share of the wrong size is refused");
+    }
+}

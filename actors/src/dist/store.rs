@@ -17,6 +17,9 @@ use super::messages::{Export, Pull, Push};
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
 pub const MAX_ROWS: usize = 1 << 24;
 
+/// One trainer's push: ids and their gradient rows.
+type Pushed = (Vec<u32>, Vec<f32>);
+
 /// Learnable rows owned by one store, with their Adam state.
 pub struct Shard {
     /// Owned global ids, ascending.
@@ -28,7 +31,7 @@ pub struct Shard {
     steps: Vec<u32>,
     adam: AdamConfig,
     trainers: usize,
-    pending: BTreeMap<u64, Vec<Option<(Vec<u32>, Vec<f32>)>>>,
+    pending: BTreeMap<u64, Vec<Option<Pushed>>>,
     applied: Option<u64>,
     /// Per owned row, its slot in the step's gradient sum (`u32::MAX`: none).
     slot: Vec<u32>,
@@ -203,5 +206,48 @@ impl Handler<Deliver<Export>> for FeatureStore {
             StoreData::Embeddings(s) => Ok((s.ids.clone(), ByteVec(bytemuck::cast_slice(&s.data).to_vec()))),
             StoreData::Features { .. } => Err("plain features are not exported".into()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(seq: u64, trainer: u32, ids: Vec<u32>, grad: &[f32]) -> Push {
+        Push { seq, trainer, ids, grad: ByteVec(bytemuck::cast_slice(grad).to_vec()) }
+    }
+
+    fn row(s: &Shard, id: u32) -> Vec<f32> {
+        let r = s.row(id).unwrap();
+        s.data[r * s.dim..(r + 1) * s.dim].to_vec()
+    }
+
+    #[test]
+    fn a_step_is_applied_once_every_trainer_pushed_with_the_summed_gradient() {
+        let adam = AdamConfig::with_lr(0.1);
+        let mut s = Shard::new(3, "embed.author", 6, 2, vec![1, 4, 5], adam, 2);
+        let mut reference = EmbeddingTable::new(3, "embed.author", 6, 2);
+        assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "rows start as the single-process table's");
+        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0])).unwrap();
+        assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "nothing applied before every trainer pushed");
+        // A resend of the same push changes nothing.
+        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0])).unwrap();
+        s.push(push(0, 0, vec![4], &[0.5, -1.0])).unwrap();
+        let g = candle_core::Tensor::from_vec(vec![3.0f32, 4.0, 1.5, 1.0], (2, 2), &candle_core::Device::Cpu).unwrap();
+        reference.sparse_adam(&[1, 4], &g, &adam).unwrap();
+        assert_eq!(row(&s, 1), reference.data[2..4].to_vec());
+        assert_eq!(row(&s, 4), reference.data[8..10].to_vec());
+        assert_eq!(row(&s, 5), reference.data[10..12].to_vec(), "untouched rows keep their values");
+        // A late duplicate of an applied step is ignored.
+        s.push(push(0, 0, vec![4], &[100.0, 100.0])).unwrap();
+        assert_eq!(row(&s, 4), reference.data[8..10].to_vec());
+    }
+
+    #[test]
+    fn malformed_pushes_are_refused() {
+        let mut s = Shard::new(0, "embed.x", 4, 2, vec![0, 2], AdamConfig::with_lr(0.1), 2);
+        assert!(s.push(push(0, 2, vec![0], &[1.0, 1.0])).unwrap_err().contains("trainer 2"));
+        assert!(s.push(push(0, 0, vec![1], &[1.0, 1.0])).unwrap_err().contains("not owned"));
+        assert!(s.push(push(0, 0, vec![0], &[1.0])).unwrap_err().contains("bytes"));
     }
 }

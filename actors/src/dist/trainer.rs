@@ -304,7 +304,7 @@ impl Replica {
                     flags.push(1.0);
                 }
                 None => {
-                    flat.extend(std::iter::repeat_n(0.0, var.elem_count()));
+                    flat.resize(flat.len() + var.elem_count(), 0.0);
                     flags.push(0.0);
                 }
             }

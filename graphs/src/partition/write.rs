@@ -10,6 +10,7 @@ use crate::npy::{self, DType, NpyWriter};
 use crate::progress::Progress;
 
 /// Writes `g` split by `owners` into `out` (atomically) and returns the manifest.
+#[allow(clippy::too_many_arguments)] // the manifest's fields, flat
 pub fn write(g: &HetGraph, owners: &[Vec<u16>], method: Method, seed: u64, parts: usize, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
     if g.has_reverse_relations() {
         return Err(GraphError::InvalidArgument("partition a graph loaded without reverse relations (they are added at load time)".into()));
