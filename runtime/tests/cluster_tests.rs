@@ -369,7 +369,7 @@ async fn metrics_are_served_as_prometheus_text() {
     s.read_to_string(&mut text).await.unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert!(text.contains("hetgnn_messages_total{node=\"n0\",peer=\"probe\",dir=\"in\",kind=\"ping\"} 1"), "{text}");
-    assert!(text.contains("hetgnn_wire_bytes_total{node=\"n0\",peer=\"probe\",dir=\"out\",kind=\"reply\"}"), "{text}");
+    assert!(text.contains("hetgnn_wire_bytes_total{node=\"n0\",peer=\"probe\",dir=\"out\",kind=\"ping.reply\"}"), "{text}");
     // The client measured its ask's latency.
     assert_eq!(client.metrics().latency["ping"].count, 1);
     client.shutdown().await;

@@ -34,11 +34,14 @@ impl Msg for SampleReq {
 pub struct Pull {
     /// Global ids.
     pub ids: Vec<u32>,
+    /// Learnable rows: only once the pushes of this step have been applied.
+    pub after: Option<u64>,
 }
 
 impl Msg for Pull {
-    /// `ids.len() × dim` little-endian f32.
-    type Reply = Result<ByteVec, String>;
+    /// `ids.len() × dim` little-endian f32, or `None` if step `after` is not
+    /// applied yet (ask again).
+    type Reply = Result<Option<ByteVec>, String>;
     const KIND: &'static str = "pull";
 }
 

@@ -78,9 +78,17 @@ pub fn learnable_types(t: &TrainingConfig, g: &HetGraph) -> Vec<bool> {
 
 /// Registers partition `part`'s actors on `node` (inside its actix system)
 /// and returns its trainer's inbox.
-fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig) -> Result<Arc<Inbox>> {
+/// The sampler and the stores each get a thread of their own (an actix
+/// arbiter): serving a large pull must not hold up a push, a sampling request
+/// or the transport, which stays on the node's thread.
+fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig, arbiters: &mut Vec<actix::Arbiter>) -> Result<Arc<Inbox>> {
     let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
-    let addr = SamplerActor::new(part as u16, graph.clone(), owners.clone()).start();
+    let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
+        arbiters.push(actix::Arbiter::new());
+        arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
+    };
+    let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone());
+    let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
     node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
     let learnable = learnable_types(t, &graph);
     for (ty, nt) in graph.node_types().iter().enumerate() {
@@ -93,7 +101,8 @@ fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, own
         } else {
             continue;
         };
-        let addr = FeatureStore::new(part as u16, owners.clone(), ty, data).start();
+        let store = FeatureStore::new(part as u16, owners.clone(), ty, data);
+        let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
         node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>();
     }
     let inbox = Arc::new(Inbox::default());
@@ -115,6 +124,7 @@ fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
 struct System {
     node: Node,
     handle: tokio::runtime::Handle,
+    arbiters: Vec<actix::Arbiter>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -124,7 +134,7 @@ impl System {
     fn start<T, F, S>(setup: S) -> Result<(System, T)>
     where
         T: Send + 'static,
-        F: Future<Output = Result<(Node, T)>> + 'static,
+        F: Future<Output = Result<(Node, Vec<actix::Arbiter>, T)>> + 'static,
         S: FnOnce() -> F + Send + 'static,
     {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -135,8 +145,8 @@ impl System {
                 let system = actix_rt::System::new();
                 system.block_on(async move {
                     match setup().await {
-                        Ok((node, extra)) => {
-                            let _ = ready_tx.send(Ok((node.clone(), tokio::runtime::Handle::current(), extra)));
+                        Ok((node, arbiters, extra)) => {
+                            let _ = ready_tx.send(Ok((node.clone(), tokio::runtime::Handle::current(), arbiters, extra)));
                             let _ = stop_rx.await;
                             node.shutdown().await;
                         }
@@ -148,7 +158,7 @@ impl System {
             })
             .map_err(|e| TrainError::Distributed(format!("cannot start the actor thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok((node, handle, extra))) => Ok((System { node, handle, stop: Some(stop_tx), thread: Some(thread) }, extra)),
+            Ok(Ok((node, handle, arbiters, extra))) => Ok((System { node, handle, arbiters, stop: Some(stop_tx), thread: Some(thread) }, extra)),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -160,6 +170,9 @@ impl System {
 
 impl Drop for System {
     fn drop(&mut self) {
+        for a in &self.arbiters {
+            a.stop();
+        }
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -198,9 +211,10 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let (gs, os, tc) = (graphs.clone(), owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let inboxes = (0..parts).map(|k| serve_partition(&node, k, parts, gs[k as usize].clone(), os.clone(), &tc)).collect::<Result<Vec<_>>>()?;
+        let mut arbiters = Vec::new();
+        let inboxes = (0..parts).map(|k| serve_partition(&node, k, parts, gs[k as usize].clone(), os.clone(), &tc, &mut arbiters)).collect::<Result<Vec<_>>>()?;
         let coord = serve_coordinator(&node)?;
-        Ok((node, (inboxes, coord)))
+        Ok((node, arbiters, (inboxes, coord)))
     })?;
     let trainers: Vec<_> = (0..parts)
         .map(|k| {
@@ -400,14 +414,18 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let (g, o, tc, topo, me) = (graph.clone(), owners.clone(), t.clone(), topology.clone(), id.to_string());
     let (system, (inbox, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
-        let inbox = serve_partition(&node, part, parts, g, o, &tc)?;
+        let mut arbiters = Vec::new();
+        let inbox = serve_partition(&node, part, parts, g, o, &tc, &mut arbiters)?;
         let coord = if coordinator_here { Some(serve_coordinator(&node)?) } else { None };
         tracing::info!("{me}: partition {part} of {parts} served; waiting for peers");
         if let Err(e) = wait_for_peers(&node, &topo, timeouts.start).await {
             node.shutdown().await;
+            arbiters.iter().for_each(|a| {
+                a.stop();
+            });
             return Err(e);
         }
-        Ok((node, (inbox, coord)))
+        Ok((node, arbiters, (inbox, coord)))
     })?;
     let setup = trainer::TrainerSetup { part, parts, cfg: t.clone(), graph: graph.clone(), owners, node: system.node.clone(), handle: system.handle.clone(), inbox: inbox.clone(), timeouts };
     let Some(coord) = coord else {

@@ -142,7 +142,12 @@ impl FeatureStore {
         Ok(())
     }
 
-    fn pull(&self, ids: &[u32]) -> Result<ByteVec, String> {
+    fn pull(&self, ids: &[u32], after: Option<u64>) -> Result<Option<ByteVec>, String> {
+        if let (StoreData::Embeddings(s), Some(a)) = (&self.data, after) {
+            if s.applied.map_or(true, |done| done < a) {
+                return Ok(None);
+            }
+        }
         self.check_owned(ids)?;
         let mut out: Vec<u8> = Vec::new();
         match &self.data {
@@ -161,7 +166,7 @@ impl FeatureStore {
                 }
             }
         }
-        Ok(ByteVec(out))
+        Ok(Some(ByteVec(out)))
     }
 }
 
@@ -182,7 +187,7 @@ impl Actor for FeatureStore {
 impl Handler<Deliver<Pull>> for FeatureStore {
     type Result = MessageResult<Deliver<Pull>>;
     fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.pull(&m.msg.ids))
+        MessageResult(self.pull(&m.msg.ids, m.msg.after))
     }
 }
 

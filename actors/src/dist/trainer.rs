@@ -243,7 +243,7 @@ impl Replica {
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
         if let Some(mb) = &p.mb {
-            let mut inputs = ctx.gather(&mb.blocks[0].src, Rows::Learnable)?;
+            let mut inputs = ctx.gather(&mb.blocks[0].src, Rows::Learnable, self.seq.checked_sub(1))?;
             for (x, f) in inputs.iter_mut().zip(p.features) {
                 if x.is_none() {
                     *x = f;
@@ -291,9 +291,8 @@ impl Replica {
                 asks.push(store.ask(msg, ctx.s.timeouts.ask));
             }
         }
-        for r in ctx.block_on(join_all(asks)) {
-            r?.map_err(TrainError::Distributed)?;
-        }
+        let pushes = asks;
+
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
         let mut flat = Vec::new();
         let mut flags = Vec::new();
@@ -312,7 +311,7 @@ impl Replica {
         flat.extend(flags);
         flat.push(wloss as f32);
         flat.push(correct as f32);
-        let sum = self.all_reduce(ctx, flat)?;
+        let sum = self.all_reduce(ctx, flat, pushes)?;
         st.comm_s += lap(&mut clock);
         let n_params = self.model.params.len();
         let values = sum.len() - n_params - 2;
@@ -332,13 +331,24 @@ impl Replica {
     }
 
     /// Sums `mine` with every other trainer's vector of the same step, in trainer order.
-    fn all_reduce(&mut self, ctx: &Ctx, mine: Vec<f32>) -> Result<Vec<f32>> {
+    /// Sums `mine` with the other trainers' vectors of this step, in trainer
+    /// order, while `pushes` (this step's embedding gradients) travel; both
+    /// are acknowledged before it returns. A store serves this step's rows to
+    /// the next only once every push has arrived (see [`Pull::after`]).
+    fn all_reduce<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+    where
+        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+    {
         let s = ctx.s;
         let me = s.part;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
         let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, from: me, data: bytes.clone() }, s.timeouts.ask));
-        for r in ctx.block_on(join_all(asks)) {
+        let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)));
+        for r in shared {
             r?;
+        }
+        for r in pushed {
+            r?.map_err(TrainError::Distributed)?;
         }
         let others: Vec<u32> = (0..s.parts).filter(|&p| p != me).collect();
         let mut shares = s.inbox.gradients(self.seq, &others, mine.len(), s.timeouts.step)?.into_iter();
@@ -362,7 +372,7 @@ impl Replica {
                 continue;
             }
             let mb = ctx.sample(ctx.s.cfg.seed ^ EVAL_SEED, epoch, step as u64, &seeds)?;
-            let inputs = ctx.gather(&mb.blocks[0].src, Rows::All)?;
+            let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, self.seq.checked_sub(1))?;
             let logits = self.model.forward(&g, &mb, inputs, None)?.detach();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
@@ -392,7 +402,7 @@ impl Ctx<'_> {
         let mb = self.sample(seed, epoch, step, &seeds)?;
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let features = self.gather(&mb.blocks[0].src, Rows::Features)?;
+        let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
         Ok(Prepared { seeds, share, mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
     }
 
@@ -473,6 +483,21 @@ impl Ctx<'_> {
         Ok(out)
     }
 
+    /// Pulls `ids` from `store`, asking again while step `after`'s update is
+    /// not applied there (pushes travel alongside the all-reduce).
+    async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<ByteVec, String> {
+        let deadline = Instant::now() + self.s.timeouts.step;
+        loop {
+            match store.ask(Pull { ids: ids.to_vec(), after }, self.s.timeouts.ask).await {
+                Ok(Ok(Some(rows))) => return Ok(rows),
+                Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
+                Ok(Ok(None)) => return Err(format!("step {after:?} not applied within {:?}", self.s.timeouts.step)),
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
     /// Whether `rows` includes type `ty`'s inputs.
     fn gathers(&self, ty: usize, rows: Rows) -> bool {
         let kind = match rows {
@@ -486,7 +511,7 @@ impl Ctx<'_> {
     /// Input rows of `src` per type: features (local rows read here, the rest
     /// pulled from their owners) and learnable rows (pulled; as gradient
     /// leaves when `train`).
-    fn gather(&self, src: &[Vec<u32>], rows: Rows) -> Result<PerType> {
+    fn gather(&self, src: &[Vec<u32>], rows: Rows, after: Option<u64>) -> Result<PerType> {
         let g = &*self.s.graph;
         let parts = self.s.parts as usize;
         let mut plan = Vec::new();
@@ -505,12 +530,12 @@ impl Ctx<'_> {
                 }
             }
         }
-        let asks = plan.iter().map(|(ty, o, want)| self.peers.stores[*ty][*o].ask(Pull { ids: want.clone() }, self.s.timeouts.ask));
+        let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.peers.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
         let answers = self.block_on(join_all(asks.collect::<Vec<_>>()));
         let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.s.cfg.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
-            let bytes = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
+            let bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
             pulled.insert((*ty, *o), decode_f32(&bytes.0, want.len() * dims[*ty]).map_err(TrainError::Distributed)?);
         }
         let mut out: PerType = Vec::with_capacity(src.len());
