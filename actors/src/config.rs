@@ -46,6 +46,17 @@ pub enum Mode {
     DataParallel,
 }
 
+/// How data-parallel trainers sum their dense gradients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AllReduce {
+    /// Everyone sends everything to everyone: one round, (K-1)·n values sent per trainer.
+    #[default]
+    AllGather,
+    /// Ring: 2(K-1) rounds, 2(K-1)/K·n values sent per trainer.
+    Ring,
+}
+
 /// `[training]`: what to train and how.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -56,6 +67,8 @@ pub struct TrainingConfig {
     pub data: Option<PathBuf>,
     /// Partition directory (`hetgnn partition --out`), for data-parallel training.
     pub partitions: Option<PathBuf>,
+    /// Data-parallel gradient all-reduce: "all-gather" (default) or "ring".
+    pub allreduce: AllReduce,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -99,6 +112,7 @@ impl Default for TrainingConfig {
             mode: Mode::Single,
             data: None,
             partitions: None,
+            allreduce: AllReduce::AllGather,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,

@@ -67,9 +67,13 @@ fn one_two_and_three_trainers_match_single_process_training() {
     let mut single_losses = Losses::default();
     let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
     assert_eq!(single_losses.0.len() as u64, single.steps);
-    for (parts, method) in [(1, Method::Metis), (2, Method::Metis), (3, Method::Random)] {
+    for (parts, method, allreduce) in [(1, Method::Metis, "all-gather"), (2, Method::Metis, "all-gather"), (3, Method::Random, "all-gather"), (3, Method::Metis, "ring")] {
         let pdir = partitions(parts, method);
-        let cfg = config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())]);
+        let cfg = config(&[
+            "training.mode=\"data-parallel\"".into(),
+            format!("training.partitions={:?}", pdir.display().to_string()),
+            format!("training.allreduce={allreduce:?}"),
+        ]);
         let mut losses = Losses::default();
         let (report, fin) = train_embedded(&cfg, &mut losses).unwrap();
         assert_eq!(report.mode, "data-parallel");

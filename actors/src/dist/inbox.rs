@@ -15,7 +15,7 @@ use crate::error::{Result, TrainError};
 
 #[derive(Default)]
 struct State {
-    grads: HashMap<(u64, u32), Vec<u8>>,
+    grads: HashMap<(u64, u32, u32), Vec<u8>>,
     stats: BTreeMap<(u64, u32), EpochStats>,
     abort: Option<String>,
     finished: bool,
@@ -64,13 +64,13 @@ impl Inbox {
         }
     }
 
-    /// The gradient shares of step `seq` from `peers`, each `len` values, in peer order.
-    pub fn gradients(&self, seq: u64, peers: &[u32], len: usize, timeout: Duration) -> Result<Vec<Vec<f32>>> {
-        let raw = self.wait(&format!("the gradients of step {seq} from trainers {peers:?}"), timeout, |s| {
-            if !peers.iter().all(|p| s.grads.contains_key(&(seq, *p))) {
+    /// The gradient shares of step `seq`, round `round` from `peers`, each `len` values, in peer order.
+    pub fn gradients(&self, seq: u64, round: u32, peers: &[u32], len: usize, timeout: Duration) -> Result<Vec<Vec<f32>>> {
+        let raw = self.wait(&format!("the gradients of step {seq} (round {round}) from trainers {peers:?}"), timeout, |s| {
+            if !peers.iter().all(|p| s.grads.contains_key(&(seq, round, *p))) {
                 return None;
             }
-            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, *p))).collect::<Vec<_>>())
+            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, round, *p))).collect::<Vec<_>>())
         })?;
         raw.iter().map(|b| decode_f32(b, len).map_err(TrainError::Distributed)).collect()
     }
@@ -102,7 +102,7 @@ impl Handler<Deliver<GradShare>> for InboxActor {
     type Result = MessageResult<Deliver<GradShare>>;
     fn handle(&mut self, m: Deliver<GradShare>, _: &mut Context<Self>) -> Self::Result {
         self.0.update(|s| {
-            s.grads.entry((m.msg.seq, m.msg.from)).or_insert(m.msg.data.0);
+            s.grads.entry((m.msg.seq, m.msg.round, m.msg.from)).or_insert(m.msg.data.0);
         });
         MessageResult(())
     }
@@ -142,14 +142,14 @@ mod tests {
     fn waits_end_at_their_deadline_or_on_abort_naming_what_was_awaited() {
         let inbox = Inbox::default();
         let t = Instant::now();
-        let err = inbox.gradients(7, &[1, 2], 4, Duration::from_millis(50)).unwrap_err().to_string();
+        let err = inbox.gradients(7, 0, &[1, 2], 4, Duration::from_millis(50)).unwrap_err().to_string();
         assert!(err.contains("step 7") && err.contains("[1, 2]"), "{err}");
         assert!(t.elapsed() < Duration::from_secs(2));
         inbox.update(|s| {
-            s.grads.insert((7, 1), vec![0; 16]);
+            s.grads.insert((7, 0, 1), vec![0; 16]);
         });
         inbox.abort("trainer 2 failed: disk full".into());
-        let err = inbox.gradients(7, &[1], 4, Duration::from_secs(30)).unwrap_err().to_string();
+        let err = inbox.gradients(7, 0, &[1], 4, Duration::from_secs(30)).unwrap_err().to_string();
         assert!(err.contains("disk full"), "{err}");
     }
 
@@ -160,16 +160,16 @@ mod tests {
         let h = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             sender.update(|s| {
-                s.grads.insert((3, 2), bytemuck::cast_slice(&[2.0f32, 2.0]).to_vec());
-                s.grads.insert((3, 0), bytemuck::cast_slice(&[0.5f32, 0.5]).to_vec());
+                s.grads.insert((3, 0, 2), bytemuck::cast_slice(&[2.0f32, 2.0]).to_vec());
+                s.grads.insert((3, 0, 0), bytemuck::cast_slice(&[0.5f32, 0.5]).to_vec());
             });
         });
-        let got = inbox.gradients(3, &[0, 2], 2, Duration::from_secs(10)).unwrap();
+        let got = inbox.gradients(3, 0, &[0, 2], 2, Duration::from_secs(10)).unwrap();
         h.join().unwrap();
         assert_eq!(got, vec![vec![0.5, 0.5], vec![2.0, 2.0]]);
         inbox.update(|s| {
-            s.grads.insert((4, 0), vec![1, 2, 3]);
+            s.grads.insert((4, 0, 0), vec![1, 2, 3]);
         });
-        assert!(inbox.gradients(4, &[0], 2, Duration::from_secs(1)).is_err(), "a share of the wrong size is refused");
+        assert!(inbox.gradients(4, 0, &[0], 2, Duration::from_secs(1)).is_err(), "a share of the wrong size is refused");
     }
 }

@@ -74,11 +74,15 @@ impl Msg for Export {
     const KIND: &'static str = "export";
 }
 
-/// A trainer's flattened dense gradients for one step (all-reduce).
+/// A trainer's flattened dense gradients for one step, or a chunk of them
+/// (all-reduce).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct GradShare {
-    /// Global step number, or an evaluation round.
+    /// Global step number.
     pub seq: u64,
+    /// Round of the all-reduce within the step (0 for all-gather; the ring's
+    /// rounds are numbered 0 to 2(K-1)-1).
+    pub round: u32,
     /// Sending trainer.
     pub from: u32,
     /// Little-endian f32 values.

@@ -30,7 +30,7 @@ use super::inbox::Inbox;
 use super::messages::{Abort, EpochStats, GradShare, Pull, Push, SampleReq};
 use super::store::decode_f32;
 use super::{names, Timeouts};
-use crate::config::TrainingConfig;
+use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::trainer::EVAL_SEED;
 
@@ -339,10 +339,22 @@ impl Replica {
     where
         P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
     {
+        match ctx.s.cfg.allreduce {
+            AllReduce::AllGather => self.all_gather(ctx, mine, pushes),
+            AllReduce::Ring => self.ring(ctx, mine, pushes),
+        }
+    }
+
+    /// Every trainer sends its whole vector to every other and sums all of
+    /// them in trainer order: one round, (K-1)·n values sent per trainer.
+    fn all_gather<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+    where
+        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+    {
         let s = ctx.s;
         let me = s.part;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
-        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, from: me, data: bytes.clone() }, s.timeouts.ask));
+        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
         let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)));
         for r in shared {
             r?;
@@ -351,13 +363,58 @@ impl Replica {
             r?.map_err(TrainError::Distributed)?;
         }
         let others: Vec<u32> = (0..s.parts).filter(|&p| p != me).collect();
-        let mut shares = s.inbox.gradients(self.seq, &others, mine.len(), s.timeouts.step)?.into_iter();
+        let mut shares = s.inbox.gradients(self.seq, 0, &others, mine.len(), s.timeouts.step)?.into_iter();
         let mut sum = vec![0.0f32; mine.len()];
         for p in 0..s.parts {
             let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
             sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
         }
         Ok(sum)
+    }
+
+    /// Ring all-reduce: K-1 rounds of reduce-scatter, then K-1 of all-gather,
+    /// one chunk of n/K values to the next trainer per round: 2(K-1)/K·n
+    /// values sent per trainer. Each chunk is summed once, on one trainer,
+    /// and copied to the others, so every replica gets the same bits.
+    fn ring<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+    where
+        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+    {
+        let s = ctx.s;
+        let (k, r, n) = (s.parts as usize, s.part as usize, mine.len());
+        let mut pushes = Some(join_all(pushes));
+        let mut v = mine;
+        let span = |c: usize| c * n / k..(c + 1) * n / k;
+        let next = &ctx.peers.trainers[(r + 1) % k];
+        let prev = ((r + k - 1) % k) as u32;
+        for i in 0..2 * (k - 1) {
+            let (send, recv) = if i < k - 1 { ((r + k - i) % k, (r + 2 * k - i - 1) % k) } else { let j = i - (k - 1); ((r + 1 + k - j) % k, (r + k - j) % k) };
+            let msg = GradShare { seq: self.seq, round: i as u32, from: s.part, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
+            let ask = next.ask(msg, s.timeouts.ask);
+            match pushes.take() {
+                Some(p) => {
+                    let (sent, pushed) = ctx.block_on(futures_util::future::join(ask, p));
+                    sent?;
+                    for r in pushed {
+                        r?.map_err(TrainError::Distributed)?;
+                    }
+                }
+                None => ctx.block_on(ask)?,
+            }
+            let got = s.inbox.gradients(self.seq, i as u32, &[prev], span(recv).len(), s.timeouts.step)?.remove(0);
+            let dst = &mut v[span(recv)];
+            if i < k - 1 {
+                dst.iter_mut().zip(&got).for_each(|(a, b)| *a += b);
+            } else {
+                dst.copy_from_slice(&got);
+            }
+        }
+        if let Some(p) = pushes {
+            for r in ctx.block_on(p) {
+                r?.map_err(TrainError::Distributed)?;
+            }
+        }
+        Ok(v)
     }
 
     /// Correct predictions on the nodes of `nodes` this trainer owns.

@@ -36,6 +36,9 @@ struct Args {
     /// Fixed one-way link delay in milliseconds.
     #[arg(long, default_value_t = 0.1)]
     delay_ms: f64,
+    /// Gradient all-reduce: all-gather or ring.
+    #[arg(long, default_value = "all-gather")]
+    allreduce: String,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -110,9 +113,10 @@ fn main() -> anyhow::Result<()> {
             }
             let report = format!("dp-{method}-{k}.json");
             toml += &format!(
-                "[training]\nmode = \"data-parallel\"\npartitions = {:?}\nepochs = {}\nreport = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
+                "[training]\nmode = \"data-parallel\"\npartitions = {:?}\nepochs = {}\nreport = {report:?}\nallreduce = {:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
                 parts.display().to_string(),
                 a.epochs,
+                a.allreduce,
                 a.bandwidth,
                 a.delay_ms
             );
@@ -120,7 +124,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("data-parallel, {method}, {k} node(s), {} epochs", a.epochs);
             run(&bin, w, &["launch".into(), "--config".into(), "cluster.toml".into()])?;
             let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
-            rows.push(summary(&r, &format!("data-parallel {method} x{k}")));
+            rows.push(summary(&r, &format!("data-parallel {method} x{k} {}", a.allreduce)));
         }
     }
 
@@ -147,7 +151,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = a.out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    std::fs::write(&a.out, serde_json::to_string_pretty(&json!({ "scale": a.scale, "epochs": a.epochs, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows }))?)?;
+    std::fs::write(&a.out, serde_json::to_string_pretty(&json!({ "scale": a.scale, "epochs": a.epochs, "allreduce": a.allreduce, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows }))?)?;
     println!("wrote {}", a.out.display());
     Ok(())
 }
