@@ -69,3 +69,23 @@ fn partition_refuses_bad_arguments() {
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "p"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "p"]).fails_with(1, &["already exists"]);
 }
+
+#[test]
+fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.005", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    cluster(d, &["n0", "n1"], "retry_ms = 50\n");
+    let mut text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
+    text += "epochs = 2\nbatch = 256\nreport = \"chaos.json\"\n[chaos]\nseed = 11\ndrop = 0.05\nduplicate = 0.05\n";
+    std::fs::write(d.join("cluster.toml"), text).unwrap();
+    hetgnn(d, &["launch", "--config", "cluster.toml"]).ok();
+    let dp = ["--set", "training.mode=\"data-parallel\"", "--set", "training.partitions=\"parts\"", "--epochs", "2", "--batch", "256", "--report", "embedded.json"];
+    hetgnn(d, &["train"].iter().chain(dp.iter()).copied().collect::<Vec<_>>()).ok();
+    let (chaos, embedded) = (report(&d.join("chaos.json")), report(&d.join("embedded.json")));
+    assert_eq!(chaos["final_model_sha256"], embedded["final_model_sha256"], "lost and duplicated messages change nothing");
+    let traffic = chaos["bytes_by_kind"].as_object().unwrap();
+    assert!(traffic.contains_key("push") && traffic.contains_key("grad"), "the run crossed the network: {traffic:?}");
+}
