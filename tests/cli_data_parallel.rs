@@ -89,3 +89,47 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
     let traffic = chaos["bytes_by_kind"].as_object().unwrap();
     assert!(traffic.contains_key("push") && traffic.contains_key("grad"), "the run crossed the network: {traffic:?}");
 }
+
+#[test]
+fn killing_a_node_mid_run_stops_the_others_with_an_error_naming_it() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    cluster(d, &["n0", "n1"], "");
+    let mut text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
+    text += "epochs = 50\n";
+    std::fs::write(d.join("cluster.toml"), text).unwrap();
+    let start = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args(["node", "--config", "cluster.toml", "--node", id])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut n0 = start("n0");
+    let mut n1 = start("n1");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(n0.try_wait().unwrap().is_none(), "n0 is still training");
+    n1.kill().unwrap();
+    n1.wait().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = n0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "n0 did not stop within 30 s of its peer's death");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(n0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("n1"), "the error names the lost node: {err}");
+    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+}

@@ -22,10 +22,17 @@ struct State {
 }
 
 /// What a trainer (or the coordinator) is waiting for.
-#[derive(Default)]
 pub struct Inbox {
     state: Mutex<State>,
     cv: Condvar,
+    /// The abort reason, for async waiters.
+    aborted: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        Inbox { state: Mutex::default(), cv: Condvar::new(), aborted: tokio::sync::watch::Sender::new(None) }
+    }
 }
 
 impl Inbox {
@@ -41,8 +48,23 @@ impl Inbox {
     /// Marks the run as failed (wakes every waiter).
     pub fn abort(&self, reason: String) {
         self.update(|s| {
-            s.abort.get_or_insert(reason);
+            s.abort.get_or_insert(reason.clone());
         });
+        self.aborted.send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
+    }
+
+    /// Resolves with the reason once the run is aborted.
+    pub async fn aborted(&self) -> String {
+        let mut rx = self.aborted.subscribe();
+        let reason = match rx.wait_for(Option::is_some).await {
+            Ok(r) => r.clone(),
+            // The sender lives as long as the inbox: never closed while waited on.
+            Err(_) => None,
+        };
+        match reason {
+            Some(r) => r,
+            None => std::future::pending().await,
+        }
     }
 
     /// Waits until `ready` returns a value, an abort arrives or `timeout` passes.

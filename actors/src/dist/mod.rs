@@ -389,6 +389,24 @@ async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Dura
     }
 }
 
+/// Stops the run as soon as a peer is reported down: every step needs every
+/// trainer, so waiting out the deadlines would only delay the error.
+/// (Recovery from checkpoints is the chaos issue's.)
+fn watch_peers(node: &Node, inboxes: Vec<Arc<Inbox>>) {
+    let mut events = node.subscribe();
+    let me = node.id().to_string();
+    tokio::spawn(async move {
+        while let Ok(ev) = events.recv().await {
+            if let runtime::MemberEvent::Down(peer) = ev {
+                tracing::error!("{me}: peer {peer} is down: stopping the run");
+                for i in &inboxes {
+                    i.abort(format!("node {peer} stopped answering (no heartbeat within cluster.failure_timeout_ms)"));
+                }
+            }
+        }
+    });
+}
+
 /// Runs node `id`'s part of data-parallel training: its partition's actors
 /// and trainer, and on the coordinator's node the coordination and report.
 /// Returns the report on the coordinator's node.
@@ -425,6 +443,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
             });
             return Err(e);
         }
+        watch_peers(&node, [Some(inbox.clone()), coord.clone()].into_iter().flatten().collect());
         Ok((node, arbiters, (inbox, coord)))
     })?;
     let setup = trainer::TrainerSetup { part, parts, cfg: t.clone(), graph: graph.clone(), owners, node: system.node.clone(), handle: system.handle.clone(), inbox: inbox.clone(), timeouts };

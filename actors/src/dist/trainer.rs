@@ -34,6 +34,10 @@ use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::trainer::EVAL_SEED;
 
+/// How long a failing trainer tries to tell the others (best effort: a peer
+/// that is down will not answer).
+const ABORT_NOTICE: Duration = Duration::from_secs(1);
+
 /// Seeds per evaluation batch (as in single-process evaluation).
 const EVAL_BATCH: usize = 4096;
 
@@ -82,7 +86,7 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
             let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
             let reason = reason.clone();
             let from = s.part;
-            async move { r.ask(Abort { from, reason }, Duration::from_secs(5)).await }
+            async move { r.ask(Abort { from, reason }, ABORT_NOTICE).await }
         });
         let _ = s.handle.block_on(join_all(asks));
     }
@@ -225,7 +229,7 @@ impl<'a> Trainer<'a> {
             st.bytes_by_kind = m.bytes_by_kind();
             st.messages_by_kind = m.messages_by_kind();
             let c = self.ctx.peers.coordinator.clone();
-            self.ctx.block_on(c.ask(st, s.timeouts.ask))?;
+            self.ctx.block_on(c.ask(st, s.timeouts.ask))??;
         }
         Ok(())
     }
@@ -355,7 +359,7 @@ impl Replica {
         let me = s.part;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
         let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
-        let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)));
+        let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
         for r in shared {
             r?;
         }
@@ -393,13 +397,13 @@ impl Replica {
             let ask = next.ask(msg, s.timeouts.ask);
             match pushes.take() {
                 Some(p) => {
-                    let (sent, pushed) = ctx.block_on(futures_util::future::join(ask, p));
+                    let (sent, pushed) = ctx.block_on(futures_util::future::join(ask, p))?;
                     sent?;
                     for r in pushed {
                         r?.map_err(TrainError::Distributed)?;
                     }
                 }
-                None => ctx.block_on(ask)?,
+                None => ctx.block_on(ask)??,
             }
             let got = s.inbox.gradients(self.seq, i as u32, &[prev], span(recv).len(), s.timeouts.step)?.remove(0);
             let dst = &mut v[span(recv)];
@@ -410,7 +414,7 @@ impl Replica {
             }
         }
         if let Some(p) = pushes {
-            for r in ctx.block_on(p) {
+            for r in ctx.block_on(p)? {
                 r?.map_err(TrainError::Distributed)?;
             }
         }
@@ -444,8 +448,16 @@ impl Ctx<'_> {
         self.s.owners[ty][v as usize] as u32 == self.s.part
     }
 
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.s.handle.block_on(f)
+    /// Runs `f` on the node's runtime from this thread; gives up as soon as
+    /// the run is aborted (a peer failed or went down).
+    fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output> {
+        let inbox = &self.s.inbox;
+        self.s.handle.block_on(async {
+            tokio::select! {
+                r = f => Ok(r),
+                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
+            }
+        })
     }
 
     /// Samples step `step`'s share of `batch` and gathers its plain features.
@@ -493,8 +505,8 @@ impl Ctx<'_> {
             let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]) };
             self.peers.samplers[o].ask(msg, self.s.timeouts.ask)
         });
-        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()));
         let bad = |m: String| GraphError::InvalidArgument(m);
+        let answers = self.block_on(join_all(asks.collect::<Vec<_>>())).map_err(|e| bad(e.to_string()))?;
         let mut by_owner: Vec<Option<Vec<Vec<RelationPicks>>>> = vec![None; parts];
         for (&o, a) in asking.iter().zip(answers) {
             let picks = a.map_err(|e| bad(e.to_string()))?.map_err(|e| bad(format!("{}: {e}", names::sampler(o as u32))))?;
@@ -588,7 +600,7 @@ impl Ctx<'_> {
             }
         }
         let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.peers.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
-        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()));
+        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
         let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.s.cfg.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
