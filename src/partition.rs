@@ -22,6 +22,10 @@ pub struct PartitionArgs {
     /// How to assign owners: metis (edge cut, balanced types, edges and splits) or random.
     #[arg(long, default_value = "metis")]
     pub method: Method,
+    /// Second level (DistDGLv2): trainers per partition, each taking the seeds
+    /// of a sub-partition of its machine's nodes.
+    #[arg(long, default_value_t = 1)]
+    pub trainers: usize,
     /// Partitioner seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -37,9 +41,9 @@ pub struct PartitionArgs {
 pub fn run(args: &PartitionArgs) -> Result<()> {
     let start = Instant::now();
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
-    let owners = partition::assign(&g, args.parts, args.method, args.seed).context("assigning owners")?;
+    let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
-    let manifest = partition::write(&g, &owners, args.method, args.seed, args.parts, &args.out, args.force, &mut bar::Bars::new())
+    let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new())
         .with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);
     println!(
@@ -82,4 +86,11 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
         print!(" {name} {:.3}", m.balance(|p| p.splits[s]));
     }
     println!(" edges {:.3}", m.balance(|p| p.edges));
+    if m.trainers > 1 {
+        println!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
+        for (k, p) in m.info.iter().enumerate() {
+            let per: Vec<String> = p.trainer_splits.iter().map(|s| format!("{}/{}/{}", s[0], s[1], s[2])).collect();
+            println!("{k:>5} {}", per.join("  "));
+        }
+    }
 }

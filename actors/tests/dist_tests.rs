@@ -26,15 +26,15 @@ fn graph() -> PathBuf {
     dir
 }
 
-fn partitions(parts: usize, method: Method) -> PathBuf {
+fn partitions_two_level(parts: usize, trainers: usize, method: Method) -> PathBuf {
     let data = graph();
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap();
-    let out = root().join(format!("{method}-{parts}"));
+    let out = root().join(format!("{method}-{parts}x{trainers}"));
     if !out.exists() {
         let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
-        let owners = partition::assign(&g, parts, method, 0).unwrap();
-        partition::write(&g, &owners, method, 0, parts, &out, false, &mut NoProgress).unwrap();
+        let a = partition::assign_two_level(&g, parts, trainers, method, 0).unwrap();
+        partition::write(&g, &a, &out, false, &mut NoProgress).unwrap();
     }
     out
 }
@@ -67,8 +67,9 @@ fn one_two_and_three_trainers_match_single_process_training() {
     let mut single_losses = Losses::default();
     let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
     assert_eq!(single_losses.0.len() as u64, single.steps);
-    for (parts, method, allreduce) in [(1, Method::Metis, "all-gather"), (2, Method::Metis, "all-gather"), (3, Method::Random, "all-gather"), (3, Method::Metis, "ring")] {
-        let pdir = partitions(parts, method);
+    let runs = [(1, 1, Method::Metis, "all-gather"), (2, 1, Method::Metis, "all-gather"), (3, 1, Method::Random, "all-gather"), (3, 1, Method::Metis, "ring"), (2, 2, Method::Metis, "ring")];
+    for (parts, per_part, method, allreduce) in runs {
+        let pdir = partitions_two_level(parts, per_part, method);
         let cfg = config(&[
             "training.mode=\"data-parallel\"".into(),
             format!("training.partitions={:?}", pdir.display().to_string()),

@@ -15,9 +15,9 @@ fn mag(dir: &Path) -> HetGraph {
 }
 
 fn write(g: &HetGraph, dir: &Path, parts: usize, method: Method) -> PartitionSet {
-    let owners = partition::assign(g, parts, method, 7).unwrap();
+    let a = partition::assign(g, parts, method, 7).unwrap();
     let out = dir.join(format!("{method}{parts}"));
-    partition::write(g, &owners, method, 7, parts, &out, false, &mut NoProgress).unwrap();
+    partition::write(g, &a, &out, false, &mut NoProgress).unwrap();
     PartitionSet::open(&out).unwrap()
 }
 
@@ -152,4 +152,28 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     std::fs::write(&owners, &bytes).unwrap();
     let err = PartitionSet::open(&dir).err().unwrap().to_string();
     assert!(err.contains("paper.npy") && err.contains("owner 9"), "{err}");
+}
+
+#[test]
+fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    for method in [Method::Metis, Method::Random] {
+        let a = partition::assign_two_level(&g, 2, 3, method, 5).unwrap();
+        let out = tmp.path().join(format!("{method}-2x3"));
+        let m = partition::write(&g, &a, &out, false, &mut NoProgress).unwrap();
+        assert_eq!(m.trainers, 3);
+        let set = PartitionSet::open(&out).unwrap();
+        assert_eq!(set.trainer_of, a.trainer_of);
+        let (_, splits) = g.target_labels();
+        for (k, p) in m.info.iter().enumerate() {
+            assert_eq!(p.trainer_splits.len(), 3);
+            let per: Vec<u64> = p.trainer_splits.iter().map(|s| s[0]).collect();
+            assert_eq!(per.iter().sum::<u64>(), p.splits[0], "partition {k}: every owned seed has one trainer");
+            let mean = p.splits[0] as f64 / 3.0;
+            assert!(per.iter().all(|&c| (c as f64) < mean * 1.25), "{method} partition {k}: {per:?}");
+        }
+        assert!(splits.train.iter().all(|&v| a.trainer_of[v as usize] < 3));
+    }
+    assert!(partition::assign_two_level(&g, 2, 0, Method::Metis, 0).is_err());
 }

@@ -77,11 +77,12 @@ pub fn learnable_types(t: &TrainingConfig, g: &HetGraph) -> Vec<bool> {
 }
 
 /// Registers partition `part`'s actors on `node` (inside its actix system)
-/// and returns its trainer's inbox.
+/// and returns its trainers' inboxes (`per_part` of them).
 /// The sampler and the stores each get a thread of their own (an actix
 /// arbiter): serving a large pull must not hold up a push, a sampling request
 /// or the transport, which stays on the node's thread.
-fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig, arbiters: &mut Vec<actix::Arbiter>) -> Result<Arc<Inbox>> {
+#[allow(clippy::too_many_arguments)] // one partition's whole context
+fn serve_partition(node: &Node, part: u32, parts: u32, per_part: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
     let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
         arbiters.push(actix::Arbiter::new());
@@ -97,7 +98,7 @@ fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, own
         } else if learnable[ty] {
             let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
             let name = format!("embed.{}", nt.name);
-            StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), parts as usize)))
+            StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), (parts * per_part) as usize)))
         } else {
             continue;
         };
@@ -105,10 +106,73 @@ fn serve_partition(node: &Node, part: u32, parts: u32, graph: Arc<HetGraph>, own
         let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
         node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>();
     }
-    let inbox = Arc::new(Inbox::default());
-    let addr = InboxActor(inbox.clone()).start();
-    node.register(&names::trainer(part), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>();
-    Ok(inbox)
+    let mut inboxes = Vec::new();
+    for j in 0..per_part {
+        let inbox = Arc::new(Inbox::default());
+        let addr = InboxActor(inbox.clone()).start();
+        node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>();
+        inboxes.push(inbox);
+    }
+    Ok(inboxes)
+}
+
+/// What every trainer thread of a run shares.
+struct Shared {
+    parts: u32,
+    per_part: u32,
+    cfg: TrainingConfig,
+    owners: Arc<Vec<Vec<u16>>>,
+    trainer_of: Arc<Vec<u16>>,
+    timeouts: Timeouts,
+}
+
+/// Starts the trainer threads of partition `part`, one per inbox.
+fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, system: &System, inboxes: &[Arc<Inbox>]) -> Result<Vec<std::thread::JoinHandle<Result<models::Model>>>> {
+    let mut handles = Vec::new();
+    for (j, inbox) in inboxes.iter().enumerate() {
+        let trainer = part * sh.per_part + j as u32;
+        let setup = trainer::TrainerSetup {
+            part,
+            parts: sh.parts,
+            trainer,
+            trainers: sh.parts * sh.per_part,
+            trainer_of: sh.trainer_of.clone(),
+            cfg: sh.cfg.clone(),
+            graph: graph.clone(),
+            owners: sh.owners.clone(),
+            node: system.node.clone(),
+            handle: system.handle.clone(),
+            inbox: inbox.clone(),
+            timeouts: sh.timeouts,
+        };
+        let h = std::thread::Builder::new()
+            .name(format!("trainer-{trainer}"))
+            .spawn(move || trainer::run(setup))
+            .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+/// Waits for trainer threads; the first error wins.
+fn join_trainers(handles: Vec<std::thread::JoinHandle<Result<models::Model>>>) -> Result<Vec<models::Model>> {
+    let mut models = Vec::new();
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(m)) => models.push(m),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(TrainError::Distributed("a trainer thread panicked".into()));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(models),
+    }
 }
 
 /// Registers the coordinator's inbox on `node`.
@@ -206,51 +270,23 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let set = open_partitions(&t)?;
     let parts = set.manifest.parts as u32;
     let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
-    let owners = Arc::new(set.owners);
-    let timeouts = Timeouts::default();
-    let (gs, os, tc) = (graphs.clone(), owners.clone(), t.clone());
+    let per_part = set.manifest.trainers as u32;
+    let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default() };
+    let (gs, os, tc) = (graphs.clone(), sh.owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
         let mut arbiters = Vec::new();
-        let inboxes = (0..parts).map(|k| serve_partition(&node, k, parts, gs[k as usize].clone(), os.clone(), &tc, &mut arbiters)).collect::<Result<Vec<_>>>()?;
+        let inboxes = (0..parts).map(|k| serve_partition(&node, k, parts, per_part, gs[k as usize].clone(), os.clone(), &tc, &mut arbiters)).collect::<Result<Vec<_>>>()?;
         let coord = serve_coordinator(&node)?;
         Ok((node, arbiters, (inboxes, coord)))
     })?;
-    let trainers: Vec<_> = (0..parts)
-        .map(|k| {
-            let setup = trainer::TrainerSetup {
-                part: k,
-                parts,
-                cfg: t.clone(),
-                graph: graphs[k as usize].clone(),
-                owners: owners.clone(),
-                node: system.node.clone(),
-                handle: system.handle.clone(),
-                inbox: inboxes[k as usize].clone(),
-                timeouts,
-            };
-            std::thread::Builder::new().name(format!("trainer-{k}")).spawn(move || trainer::run(setup))
-        })
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+    let mut handles = Vec::new();
+    for k in 0..parts {
+        handles.extend(spawn_trainers(&sh, k, &graphs[k as usize], &system, &inboxes[k as usize])?);
+    }
     observer.ready(&graphs[0], &models::Model::new(&spec(&t), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
-    let coordinated = coordinate(&t, parts, &coord, &graphs[0], observer, &timeouts);
-    let mut models = Vec::new();
-    let mut first_err = None;
-    for h in trainers {
-        match h.join() {
-            Ok(Ok(m)) => models.push(m),
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(TrainError::Distributed("a trainer thread panicked".into()));
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graphs[0], observer, &sh.timeouts);
+    let mut models = join_trainers(handles)?;
     let mut report = coordinated?;
     report.config = cfg.clone();
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
@@ -263,7 +299,7 @@ fn spec(t: &TrainingConfig) -> models::ModelSpec {
 }
 
 /// Gathers every epoch's statistics from the trainers into a report.
-fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
+fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
     let (_, splits) = g.target_labels();
     let mut report = Report { mode: "data-parallel".into(), nodes: parts as usize, ..Report::default() };
     let mut step_bytes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
@@ -271,7 +307,7 @@ fn coordinate(t: &TrainingConfig, parts: u32, inbox: &Inbox, g: &HetGraph, obser
         let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
         observer.epoch_start(epoch, steps);
         let wait = timeouts.step * (steps as u32 + 2);
-        let stats = inbox.epoch_stats(epoch, parts, wait)?;
+        let stats = inbox.epoch_stats(epoch, trainers, wait)?;
         let s0 = &stats[0];
         for &l in &s0.step_losses {
             observer.step(l);
@@ -348,11 +384,12 @@ fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &Het
 /// Placement for data-parallel training: partition k's actors run on the
 /// k-th node (which loads partition k), whatever `[placement]` says; the
 /// coordinator where `[placement]` puts it, else on the first node.
-pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String]) {
+pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String], per_part: u32) {
     let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
     for (k, id) in ids.iter().enumerate() {
         let k = k as u32;
-        let names = [names::sampler(k), names::trainer(k)].into_iter().chain(types.iter().map(|ty| names::store(ty, k)));
+        let trainers = (0..per_part).map(|j| names::trainer(k * per_part + j));
+        let names = [names::sampler(k)].into_iter().chain(trainers).chain(types.iter().map(|ty| names::store(ty, k)));
         for name in names {
             topology.placement.insert(name, id.clone());
         }
@@ -424,18 +461,19 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
             topology.cluster.nodes.len()
         )));
     }
-    data_parallel_placement(&mut topology, &set.manifest.node_types);
+    data_parallel_placement(&mut topology, &set.manifest.node_types, set.manifest.trainers as u32);
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(set.load_part(part as usize, &load_options(&t))?);
-    let owners = Arc::new(set.owners);
+    let per_part = set.manifest.trainers as u32;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
-    let (g, o, tc, topo, me) = (graph.clone(), owners.clone(), t.clone(), topology.clone(), id.to_string());
-    let (system, (inbox, coord)) = System::start(move || async move {
+    let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts };
+    let (g, o, tc, topo, me) = (graph.clone(), sh.owners.clone(), t.clone(), topology.clone(), id.to_string());
+    let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
         let mut arbiters = Vec::new();
-        let inbox = serve_partition(&node, part, parts, g, o, &tc, &mut arbiters)?;
+        let inboxes = serve_partition(&node, part, parts, per_part, g, o, &tc, &mut arbiters)?;
         let coord = if coordinator_here { Some(serve_coordinator(&node)?) } else { None };
-        tracing::info!("{me}: partition {part} of {parts} served; waiting for peers");
+        tracing::info!("{me}: partition {part} of {parts} served ({per_part} trainer(s)); waiting for peers");
         if let Err(e) = wait_for_peers(&node, &topo, timeouts.start).await {
             node.shutdown().await;
             arbiters.iter().for_each(|a| {
@@ -443,26 +481,23 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
             });
             return Err(e);
         }
-        watch_peers(&node, [Some(inbox.clone()), coord.clone()].into_iter().flatten().collect());
-        Ok((node, arbiters, (inbox, coord)))
+        watch_peers(&node, inboxes.iter().cloned().chain(coord.clone()).collect());
+        Ok((node, arbiters, (inboxes, coord)))
     })?;
-    let setup = trainer::TrainerSetup { part, parts, cfg: t.clone(), graph: graph.clone(), owners, node: system.node.clone(), handle: system.handle.clone(), inbox: inbox.clone(), timeouts };
+    let handles = spawn_trainers(&sh, part, &graph, &system, &inboxes)?;
     let Some(coord) = coord else {
-        trainer::run(setup)?;
+        join_trainers(handles)?;
         tracing::info!("{id}: training done; serving until the coordinator finishes");
-        inbox.finished(timeouts.finish)?;
+        inboxes[0].finished(timeouts.finish)?;
         return Ok(None);
     };
-    let handle = std::thread::Builder::new()
-        .name(format!("trainer-{part}"))
-        .spawn(move || trainer::run(setup))
-        .map_err(|e| TrainError::Distributed(format!("cannot start the trainer thread: {e}")))?;
-    let coordinated = coordinate(&t, parts, &coord, &graph, observer, &timeouts);
-    let model = handle.join().map_err(|_| TrainError::Distributed("the trainer thread panicked".into()))??;
+    let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graph, observer, &timeouts);
+    let model = join_trainers(handles)?.swap_remove(0);
     let mut report = coordinated?;
     report.config = cfg.clone();
     finish(&mut report, &system, &model, &graph, &t, parts)?;
-    let peers = (0..parts).filter(|&p| p != part).filter_map(|p| system.node.actor(&names::trainer(p)).ok());
+    // The first trainer of every other node waits for the word.
+    let peers = (0..parts).filter(|&p| p != part).filter_map(|p| system.node.actor(&names::trainer(p * per_part)).ok());
     let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
     for r in system.handle.block_on(join_all(asks)) {
         if let Err(e) = r {

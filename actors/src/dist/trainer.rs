@@ -47,6 +47,12 @@ pub struct TrainerSetup {
     pub part: u32,
     /// Number of partitions (= trainers).
     pub parts: u32,
+    /// This trainer (`part · per_part + j`).
+    pub trainer: u32,
+    /// Trainers in all (`parts · per_part`).
+    pub trainers: u32,
+    /// Per target node, its trainer within its partition (second level).
+    pub trainer_of: Arc<Vec<u16>>,
     /// Training settings.
     pub cfg: TrainingConfig,
     /// The partition graph.
@@ -80,12 +86,12 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
     });
     if let Err(e) = &result {
         let reason = e.to_string();
-        let me = names::trainer(s.part);
-        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
+        let me = names::trainer(s.trainer);
+        let targets: Vec<String> = (0..s.trainers).filter(|&p| p != s.trainer).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
         let asks = targets.iter().filter_map(|n| s.node.actor(n).ok()).map(|r| {
             let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
             let reason = reason.clone();
-            let from = s.part;
+            let from = s.trainer;
             async move { r.ask(Abort { from, reason }, ABORT_NOTICE).await }
         });
         let _ = s.handle.block_on(join_all(asks));
@@ -156,7 +162,7 @@ impl<'a> Trainer<'a> {
         }
         let target = s.graph.target().index();
         let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
-        let me = runtime::ActorName::new(&names::trainer(s.part)).map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let me = runtime::ActorName::new(&names::trainer(s.trainer)).map_err(|e| TrainError::Distributed(e.to_string()))?;
         let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
         let types = s.graph.node_types();
         let mut stores = Vec::new();
@@ -167,7 +173,7 @@ impl<'a> Trainer<'a> {
         let peers = Peers {
             samplers: (0..s.parts).map(|p| actor(names::sampler(p))).collect::<Result<_>>()?,
             stores,
-            trainers: (0..s.parts).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
+            trainers: (0..s.trainers).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
             coordinator: actor(names::COORDINATOR.to_string())?,
         };
         let ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors() };
@@ -182,7 +188,7 @@ impl<'a> Trainer<'a> {
         let target = g.target().index();
         for epoch in 0..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let mut st = EpochStats { trainer: s.part, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let mut st = EpochStats { trainer: s.trainer, epoch, steps: batches.len() as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
             let (mut loss_sum, mut correct, mut seen) = (0.0, 0.0, 0u64);
@@ -283,7 +289,7 @@ impl Replica {
         }
         // Every trainer pushes to every learnable store each step (empty if it
         // has nothing), so a store knows when the step's gradient is complete.
-        let me = ctx.s.part;
+        let me = ctx.s.trainer;
         let mut asks = Vec::new();
         for (ty, stores) in ctx.peers.stores.iter().enumerate() {
             if !ctx.learnable[ty] {
@@ -356,7 +362,7 @@ impl Replica {
         P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
     {
         let s = ctx.s;
-        let me = s.part;
+        let me = s.trainer;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
         let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
         let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
@@ -366,10 +372,10 @@ impl Replica {
         for r in pushed {
             r?.map_err(TrainError::Distributed)?;
         }
-        let others: Vec<u32> = (0..s.parts).filter(|&p| p != me).collect();
+        let others: Vec<u32> = (0..s.trainers).filter(|&p| p != me).collect();
         let mut shares = s.inbox.gradients(self.seq, 0, &others, mine.len(), s.timeouts.step)?.into_iter();
         let mut sum = vec![0.0f32; mine.len()];
-        for p in 0..s.parts {
+        for p in 0..s.trainers {
             let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
             sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
         }
@@ -385,7 +391,7 @@ impl Replica {
         P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
     {
         let s = ctx.s;
-        let (k, r, n) = (s.parts as usize, s.part as usize, mine.len());
+        let (k, r, n) = (s.trainers as usize, s.trainer as usize, mine.len());
         let mut pushes = Some(join_all(pushes));
         let mut v = mine;
         let span = |c: usize| c * n / k..(c + 1) * n / k;
@@ -393,7 +399,7 @@ impl Replica {
         let prev = ((r + k - 1) % k) as u32;
         for i in 0..2 * (k - 1) {
             let (send, recv) = if i < k - 1 { ((r + k - i) % k, (r + 2 * k - i - 1) % k) } else { let j = i - (k - 1); ((r + 1 + k - j) % k, (r + k - j) % k) };
-            let msg = GradShare { seq: self.seq, round: i as u32, from: s.part, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
+            let msg = GradShare { seq: self.seq, round: i as u32, from: s.trainer, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
             let ask = next.ask(msg, s.timeouts.ask);
             match pushes.take() {
                 Some(p) => {
@@ -428,7 +434,7 @@ impl Replica {
         let target = g.target().index();
         let mut correct = 0;
         for (step, chunk) in nodes.chunks(EVAL_BATCH).enumerate() {
-            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| ctx.owned(target, v)).collect();
+            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| ctx.mine(target, v)).collect();
             if seeds.is_empty() {
                 continue;
             }
@@ -448,6 +454,12 @@ impl Ctx<'_> {
         self.s.owners[ty][v as usize] as u32 == self.s.part
     }
 
+    /// Whether target node `v` is one of this trainer's seeds.
+    fn mine(&self, target: usize, v: u32) -> bool {
+        let per_part = self.s.trainers / self.s.parts;
+        self.owned(target, v) && u32::from(self.s.trainer_of[v as usize]) == self.s.trainer % per_part
+    }
+
     /// Runs `f` on the node's runtime from this thread; gives up as soon as
     /// the run is aborted (a peer failed or went down).
     fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output> {
@@ -462,7 +474,7 @@ impl Ctx<'_> {
 
     /// Samples step `step`'s share of `batch` and gathers its plain features.
     fn prepare(&self, seed: u64, epoch: u64, step: u64, batch: &[u32], target: usize) -> Result<Prepared> {
-        let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.owned(target, v)).collect();
+        let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.mine(target, v)).collect();
         let share = seeds.len() as f64 / batch.len().max(1) as f64;
         if seeds.is_empty() {
             return Ok(Prepared { seeds, share, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });

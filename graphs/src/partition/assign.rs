@@ -17,38 +17,56 @@ pub fn random(g: &HetGraph, parts: usize, seed: u64) -> Vec<Vec<u16>> {
 /// undirected, balancing (one constraint each) the nodes of every type, the
 /// in-edges, and the train, valid and test nodes.
 pub fn metis(g: &HetGraph, parts: usize, seed: u64) -> Result<Vec<Vec<u16>>> {
+    metis_within(g, parts, seed, None)
+}
+
+/// Like [`metis`], but only over the nodes owned by `part` (edges between
+/// them): the second level of DistDGLv2's partitioning, one sub-partition per
+/// trainer of a machine. Nodes outside get sub-partition 0.
+pub fn metis_within(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
     let types = g.node_types();
+    // Dense vertex ids of the kept nodes, type after type.
+    const OUT: u32 = u32::MAX;
+    let mut vid: Vec<Vec<u32>> = Vec::with_capacity(types.len());
     let mut base = Vec::with_capacity(types.len() + 1);
     let mut n = 0usize;
-    for nt in types {
+    for (t, nt) in types.iter().enumerate() {
         base.push(n);
-        n += nt.count as usize;
+        let ids: Vec<u32> = (0..nt.count as usize)
+            .map(|v| match within {
+                Some((owners, k)) if owners[t][v] != k => OUT,
+                _ => {
+                    n += 1;
+                    (n - 1 - base[t]) as u32
+                }
+            })
+            .collect();
+        vid.push(ids);
     }
     base.push(n);
-    if n == 0 {
-        return Ok(types.iter().map(|_| Vec::new()).collect());
-    }
-    if parts == 1 {
-        return Ok(types.iter().map(|nt| vec![0; nt.count as usize]).collect());
+    let zeros = || -> Vec<Vec<u16>> { types.iter().map(|nt| vec![0; nt.count as usize]).collect() };
+    if n == 0 || parts == 1 {
+        return Ok(zeros());
     }
     if n > i32::MAX as usize / 2 {
         return Err(GraphError::InvalidArgument(format!("{n} nodes are too many for METIS's 32-bit ids")));
     }
-    // Undirected adjacency over all nodes (type offsets), without self-loops or duplicates.
+    let at = |t: usize, v: u32| -> Option<usize> { (vid[t][v as usize] != OUT).then(|| base[t] + vid[t][v as usize] as usize) };
+    // Undirected adjacency over the kept nodes, without self-loops or duplicates.
     let mut deg = vec![0usize; n];
     let mut in_deg = vec![0i32; n];
     for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
-        let (bs, bd) = (base[r.src.index()], base[r.dst.index()]);
+        let (ts, td) = (r.src.index(), r.dst.index());
         let csr = r.in_csr();
         for d in 0..csr.num_rows() as u32 {
+            let Some(v) = at(td, d) else { continue };
             for &s in csr.neighbors(d) {
-                let (u, v) = (bs + s as usize, bd + d as usize);
-                if u != v {
+                if let Some(u) = at(ts, s).filter(|&u| u != v) {
                     deg[u] += 1;
                     deg[v] += 1;
                 }
             }
-            in_deg[bd + d as usize] += csr.degree(d) as i32;
+            in_deg[v] += csr.degree(d) as i32;
         }
     }
     let mut xadj = vec![0usize; n + 1];
@@ -58,12 +76,12 @@ pub fn metis(g: &HetGraph, parts: usize, seed: u64) -> Result<Vec<Vec<u16>>> {
     let mut fill = xadj[..n].to_vec();
     let mut adj = vec![0i32; xadj[n]];
     for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
-        let (bs, bd) = (base[r.src.index()], base[r.dst.index()]);
+        let (ts, td) = (r.src.index(), r.dst.index());
         let csr = r.in_csr();
         for d in 0..csr.num_rows() as u32 {
+            let Some(v) = at(td, d) else { continue };
             for &s in csr.neighbors(d) {
-                let (u, v) = (bs + s as usize, bd + d as usize);
-                if u != v {
+                if let Some(u) = at(ts, s).filter(|&u| u != v) {
                     adj[fill[u]] = v as i32;
                     fill[u] += 1;
                     adj[fill[v]] = u as i32;
@@ -101,7 +119,7 @@ pub fn metis(g: &HetGraph, parts: usize, seed: u64) -> Result<Vec<Vec<u16>>> {
     }
     cons.push((0..n).filter(|&v| in_deg[v] > 0).map(|v| (v, in_deg[v])).collect());
     for (_, ids) in splits.named() {
-        cons.push(ids.iter().map(|&v| (base[target] + v as usize, 1)).collect());
+        cons.push(ids.iter().filter_map(|&v| at(target, v)).map(|v| (v, 1)).collect());
     }
     cons.retain(|c| !c.is_empty());
     let ncon = cons.len();
@@ -117,5 +135,13 @@ pub fn metis(g: &HetGraph, parts: usize, seed: u64) -> Result<Vec<Vec<u16>>> {
         .set_vwgt(&vwgt)
         .set_option(metis::option::Seed((seed & 0x7fff_ffff) as i32));
     graph.part_kway(&mut part).map_err(|e| GraphError::InvalidArgument(format!("METIS failed: {e}")))?;
-    Ok((0..types.len()).map(|t| part[base[t]..base[t + 1]].iter().map(|&p| p as u16).collect()).collect())
+    let mut out = zeros();
+    for (t, ids) in vid.iter().enumerate() {
+        for (v, &i) in ids.iter().enumerate() {
+            if i != OUT {
+                out[t][v] = part[base[t] + i as usize] as u16;
+            }
+        }
+    }
+    Ok(out)
 }

@@ -61,15 +61,60 @@ impl std::fmt::Display for Method {
 /// Largest number of partitions (owners are stored as u16).
 pub const MAX_PARTS: usize = 4096;
 
-/// Owner partition of every node, per node type.
-pub fn assign(g: &HetGraph, parts: usize, method: Method, seed: u64) -> Result<Vec<Vec<u16>>> {
+/// Who owns what: a partition (machine) per node, and for the target type a
+/// trainer within its machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// How owners were chosen.
+    pub method: Method,
+    /// Partitioner seed.
+    pub seed: u64,
+    /// Number of partitions.
+    pub parts: usize,
+    /// Trainers per partition.
+    pub trainers: usize,
+    /// Owner partition per type, per node.
+    pub owners: Vec<Vec<u16>>,
+    /// Per target node, its trainer within its partition (`0..trainers`).
+    pub trainer_of: Vec<u16>,
+}
+
+/// Owner partition of every node (one trainer per partition).
+pub fn assign(g: &HetGraph, parts: usize, method: Method, seed: u64) -> Result<Assignment> {
+    assign_two_level(g, parts, 1, method, seed)
+}
+
+/// Owners, then (DistDGLv2's second level) each partition's nodes split again
+/// into `trainers` sub-partitions with the same method; a trainer takes the
+/// seeds of its sub-partition.
+pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Method, seed: u64) -> Result<Assignment> {
     if parts == 0 || parts > MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={MAX_PARTS}, got {parts}")));
     }
-    match method {
-        Method::Random => Ok(assign::random(g, parts, seed)),
-        Method::Metis => assign::metis(g, parts, seed),
+    if trainers == 0 || parts * trainers > MAX_PARTS {
+        return Err(GraphError::InvalidArgument(format!("--trainers must be in 1..={} for {parts} parts, got {trainers}", MAX_PARTS / parts)));
     }
+    let owners = match method {
+        Method::Random => assign::random(g, parts, seed),
+        Method::Metis => assign::metis(g, parts, seed)?,
+    };
+    let target = g.target().index();
+    let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];
+    if trainers > 1 {
+        let sub_seed = seed ^ 0x5EC0_11D;
+        for k in 0..parts as u16 {
+            let sub = match method {
+                Method::Random => assign::random(g, trainers, sub_seed),
+                Method::Metis => assign::metis_within(g, trainers, sub_seed, Some((&owners, k)))?,
+            };
+            for (v, t) in trainer_of.iter_mut().enumerate() {
+                if owners[target][v] == k {
+                    *t = sub[target][v];
+                }
+            }
+        }
+    }
+    Ok(Assignment { method, seed, parts, trainers, owners, trainer_of })
 }
 
 /// What one partition holds.
@@ -83,6 +128,9 @@ pub struct PartInfo {
     pub edges: u64,
     /// Owned train, valid and test nodes.
     pub splits: [u64; 3],
+    /// Per trainer of the partition, its train, valid and test nodes.
+    #[serde(default)]
+    pub trainer_splits: Vec<[u64; 3]>,
 }
 
 /// `manifest.json`.
@@ -99,6 +147,9 @@ pub struct Manifest {
     pub seed: u64,
     /// Number of partitions.
     pub parts: usize,
+    /// Trainers per partition (second level; 1 without it).
+    #[serde(default = "one")]
+    pub trainers: usize,
     /// Node type names, in type order.
     pub node_types: Vec<String>,
     /// Edges (original relations) whose ends have different owners.
@@ -123,6 +174,10 @@ impl Manifest {
 
 const FORMAT: u32 = 1;
 
+fn one() -> usize {
+    1
+}
+
 /// An opened partition directory: the manifest and every node's owner.
 pub struct PartitionSet {
     dir: PathBuf,
@@ -130,6 +185,8 @@ pub struct PartitionSet {
     pub manifest: Manifest,
     /// Owner partition per type, per node.
     pub owners: Vec<Vec<u16>>,
+    /// Per target node, its trainer within its partition.
+    pub trainer_of: Vec<u16>,
 }
 
 impl PartitionSet {
@@ -161,7 +218,21 @@ impl PartitionSet {
             }
             owners.push(o);
         }
-        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners })
+        let trainers = manifest.trainers;
+        if trainers == 0 || trainers * manifest.parts > MAX_PARTS {
+            return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
+        }
+        let tpath = dir.join("trainers.npy");
+        let f = NpyFile::open(&tpath, DType::I64)?;
+        let mut trainer_of = Vec::with_capacity(f.len());
+        for i in 0..f.len() {
+            let v = f.i64_at(i);
+            if v < 0 || v as usize >= trainers {
+                return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
+            }
+            trainer_of.push(v as u16);
+        }
+        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners, trainer_of })
     }
 
     /// Directory of partition `k` (a graph directory).
@@ -180,6 +251,7 @@ impl PartitionSet {
         let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
         if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
             || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
+            || self.trainer_of.len() != counts[g.target().index()]
         {
             return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
         }

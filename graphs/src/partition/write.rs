@@ -2,22 +2,26 @@
 
 use std::path::Path;
 
-use super::{owners_path, part_dir, Manifest, Method, PartInfo, FORMAT};
+use super::{owners_path, part_dir, Assignment, Manifest, PartInfo, FORMAT};
 use crate::error::{GraphError, Result};
 use crate::format::{paths, AtomicDir};
 use crate::graph::HetGraph;
 use crate::npy::{self, DType, NpyWriter};
 use crate::progress::Progress;
 
-/// Writes `g` split by `owners` into `out` (atomically) and returns the manifest.
-#[allow(clippy::too_many_arguments)] // the manifest's fields, flat
-pub fn write(g: &HetGraph, owners: &[Vec<u16>], method: Method, seed: u64, parts: usize, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
+/// Writes `g` split as `a` says into `out` (atomically) and returns the manifest.
+pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
+    let (owners, parts) = (&a.owners, a.parts);
     if g.has_reverse_relations() {
         return Err(GraphError::InvalidArgument("partition a graph loaded without reverse relations (they are added at load time)".into()));
     }
     let types = g.node_types();
     if owners.len() != types.len() || owners.iter().zip(types).any(|(o, t)| o.len() != t.count as usize || o.iter().any(|&p| p as usize >= parts)) {
         return Err(GraphError::InvalidArgument("owners do not match the graph's node types and counts".into()));
+    }
+    let target = g.target().index();
+    if a.trainer_of.len() != types[target].count as usize || a.trainer_of.iter().any(|&t| t as usize >= a.trainers) {
+        return Err(GraphError::InvalidArgument("trainer assignment does not match the target type".into()));
     }
     let dir = AtomicDir::create(out, overwrite)?;
     dir.create_dir(&dir.path().join("owners"))?;
@@ -38,16 +42,28 @@ pub fn write(g: &HetGraph, owners: &[Vec<u16>], method: Method, seed: u64, parts
     let mut info = Vec::with_capacity(parts);
     progress.start("writing partitions", parts as u64);
     for k in 0..parts {
-        info.push(write_part(g, owners, k as u16, &part_dir(dir.path(), k))?);
+        let mut p = write_part(g, owners, k as u16, &part_dir(dir.path(), k))?;
+        if let Some(splits) = &types[target].splits {
+            p.trainer_splits = (0..a.trainers)
+                .map(|t| {
+                    let count = |ids: &[u32]| ids.iter().filter(|&&v| owners[target][v as usize] as usize == k && a.trainer_of[v as usize] as usize == t).count() as u64;
+                    [count(&splits.train), count(&splits.valid), count(&splits.test)]
+                })
+                .collect();
+        }
+        info.push(p);
         progress.advance(1);
     }
     progress.finish();
+    let ids: Vec<i64> = a.trainer_of.iter().map(|&t| i64::from(t)).collect();
+    npy::write_i64(&dir.path().join("trainers.npy"), &[ids.len() as u64], &ids)?;
     let manifest = Manifest {
         format: FORMAT,
         graph: g.name().to_string(),
-        method,
-        seed,
+        method: a.method,
+        seed: a.seed,
         parts,
+        trainers: a.trainers,
         node_types: types.iter().map(|t| t.name.clone()).collect(),
         edge_cut,
         total_edges,
