@@ -101,7 +101,7 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
     let target = g.target().index();
     let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];
     if trainers > 1 {
-        let sub_seed = seed ^ 0x5EC0_11D;
+        let sub_seed = seed ^ 0x05EC_011D;
         for k in 0..parts as u16 {
             let sub = match method {
                 Method::Random => assign::random(g, trainers, sub_seed),
