@@ -53,20 +53,32 @@ pub fn metis_within(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec
     }
     let at = |t: usize, v: u32| -> Option<usize> { (vid[t][v as usize] != OUT).then(|| base[t] + vid[t][v as usize] as usize) };
     // Undirected adjacency over the kept nodes, without self-loops or duplicates.
-    let mut deg = vec![0usize; n];
-    let mut in_deg = vec![0i32; n];
-    for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
-        let (ts, td) = (r.src.index(), r.dst.index());
-        let csr = r.in_csr();
-        for d in 0..csr.num_rows() as u32 {
-            let Some(v) = at(td, d) else { continue };
-            for &s in csr.neighbors(d) {
-                if let Some(u) = at(ts, s).filter(|&u| u != v) {
-                    deg[u] += 1;
-                    deg[v] += 1;
+    let each_edge = |f: &mut dyn FnMut(usize, usize)| {
+        for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
+            let (ts, td) = (r.src.index(), r.dst.index());
+            let csr = r.in_csr();
+            for d in 0..csr.num_rows() as u32 {
+                let Some(v) = at(td, d) else { continue };
+                for &s in csr.neighbors(d) {
+                    if let Some(u) = at(ts, s).filter(|&u| u != v) {
+                        f(u, v);
+                    }
                 }
             }
-            in_deg[v] += csr.degree(d) as i32;
+        }
+    };
+    let mut deg = vec![0usize; n];
+    each_edge(&mut |u, v| {
+        deg[u] += 1;
+        deg[v] += 1;
+    });
+    let mut in_deg = vec![0i32; n];
+    for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
+        let csr = r.in_csr();
+        for d in 0..csr.num_rows() as u32 {
+            if let Some(v) = at(r.dst.index(), d) {
+                in_deg[v] += csr.degree(d) as i32;
+            }
         }
     }
     let mut xadj = vec![0usize; n + 1];
@@ -75,21 +87,12 @@ pub fn metis_within(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec
     }
     let mut fill = xadj[..n].to_vec();
     let mut adj = vec![0i32; xadj[n]];
-    for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
-        let (ts, td) = (r.src.index(), r.dst.index());
-        let csr = r.in_csr();
-        for d in 0..csr.num_rows() as u32 {
-            let Some(v) = at(td, d) else { continue };
-            for &s in csr.neighbors(d) {
-                if let Some(u) = at(ts, s).filter(|&u| u != v) {
-                    adj[fill[u]] = v as i32;
-                    fill[u] += 1;
-                    adj[fill[v]] = u as i32;
-                    fill[v] += 1;
-                }
-            }
-        }
-    }
+    each_edge(&mut |u, v| {
+        adj[fill[u]] = v as i32;
+        fill[u] += 1;
+        adj[fill[v]] = u as i32;
+        fill[v] += 1;
+    });
     drop(fill);
     // Sort and deduplicate each row in place, compacting.
     let mut out_xadj = vec![0i32; n + 1];
