@@ -119,4 +119,7 @@ fn missing_partitions_are_named() {
     let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"/nonexistent/parts\"".into()]);
     let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("/nonexistent/parts/manifest.json"), "{err}");
+    let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"p\"".into(), "training.checkpoint_dir=\"ck\"".into()]);
+    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
+    assert!(err.contains("training.checkpoint_dir") && err.contains("not built yet"), "{err}");
 }

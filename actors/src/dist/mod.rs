@@ -247,6 +247,11 @@ impl Drop for System {
 }
 
 fn open_partitions(t: &TrainingConfig) -> Result<PartitionSet> {
+    if t.checkpoint_dir.is_some() || t.resume {
+        return Err(TrainError::Config(
+            "training.checkpoint_dir: checkpoints of data-parallel runs (sharded embedding rows) are not built yet; remove checkpoint_dir and resume".into(),
+        ));
+    }
     let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
     Ok(PartitionSet::open(dir)?)
 }
