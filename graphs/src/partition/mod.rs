@@ -16,6 +16,7 @@
 //! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
 
 mod assign;
+pub mod meta;
 mod write;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,245 @@
+//! Meta-partitioning (Heta §4): partitions by relation rather than by node.
+//!
+//! 1. The metatree: BFS from the target type over the metagraph to the model's
+//!    depth; a vertex of type `t` gets one child per relation into `t` (its
+//!    source type), as neighborhood sampling walks it.
+//! 2. One sub-metatree per child of the root (the root included), weighted by
+//!    the node counts of its vertices plus the edge counts of its links.
+//! 3. Sub-metatrees go to partitions by longest-processing-time first; with
+//!    more partitions than sub-metatrees the heaviest (per replica) are
+//!    replicated, and replicas split the target nodes data-parallel.
+//! 4. Relations repeated within a partition are kept once.
+//!
+//! Every partition holds all target nodes and aggregates only over its own
+//! relations, so the only boundary nodes are target nodes.
+
+use std::collections::BTreeSet;
+
+use crate::ids::{NodeTypeId, RelationId};
+use crate::metagraph::Metagraph;
+
+/// A vertex of the metatree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeVertex {
+    /// Its node type.
+    pub ntype: NodeTypeId,
+    /// Hops from the root (0 for the root).
+    pub depth: usize,
+    /// Parent vertex (`None` for the root).
+    pub parent: Option<usize>,
+    /// The relation from this vertex's type into its parent's.
+    pub via: Option<RelationId>,
+}
+
+/// The computation tree of a `depth`-layer model rooted at the target type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Metatree {
+    /// Vertices in BFS order; vertex 0 is the root.
+    pub vertices: Vec<TreeVertex>,
+    /// Its depth (model layers).
+    pub depth: usize,
+}
+
+/// Builds the metatree by BFS from `root` to `depth` hops.
+pub fn metatree(m: &Metagraph, root: NodeTypeId, depth: usize) -> Metatree {
+    let mut vertices = vec![TreeVertex { ntype: root, depth: 0, parent: None, via: None }];
+    let mut i = 0;
+    while i < vertices.len() {
+        let v = vertices[i].clone();
+        if v.depth < depth {
+            for l in m.incoming(v.ntype) {
+                vertices.push(TreeVertex { ntype: l.src, depth: v.depth + 1, parent: Some(i), via: Some(l.relation) });
+            }
+        }
+        i += 1;
+    }
+    Metatree { vertices, depth }
+}
+
+/// One child of the root with all its descendants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubMetatree {
+    /// The child vertex of the root it starts at.
+    pub child: usize,
+    /// `(model layer, relation)` of every link, in BFS order (duplicates kept).
+    pub links: Vec<(usize, RelationId)>,
+    /// Node types of its vertices, the root's included.
+    pub types: BTreeSet<NodeTypeId>,
+    /// Node counts of its vertices plus edge counts of its links.
+    pub weight: u64,
+}
+
+impl Metatree {
+    /// The sub-metatrees, one per child of the root, in child order.
+    pub fn split(&self, m: &Metagraph) -> Vec<SubMetatree> {
+        let root = &self.vertices[0];
+        let mut subs: Vec<SubMetatree> = Vec::new();
+        // The sub-metatree each vertex belongs to (by its ancestor at depth 1).
+        let mut owner = vec![usize::MAX; self.vertices.len()];
+        for (i, v) in self.vertices.iter().enumerate().skip(1) {
+            let Some(p) = v.parent else { continue };
+            let s = if p == 0 {
+                subs.push(SubMetatree {
+                    child: i,
+                    links: Vec::new(),
+                    types: BTreeSet::from([root.ntype]),
+                    weight: m.type_weights[root.ntype.index()],
+                });
+                subs.len() - 1
+            } else {
+                owner[p]
+            };
+            owner[i] = s;
+            let sub = &mut subs[s];
+            let rel = v.via.expect("non-root vertices have a relation");
+            // A link at depth d feeds model layer depth - d (hop 1 feeds the last layer).
+            sub.links.push((self.depth - v.depth, rel));
+            sub.types.insert(v.ntype);
+            sub.weight += m.type_weights[v.ntype.index()] + m.links[rel.0 as usize].weight;
+        }
+        subs
+    }
+}
+
+/// One meta-partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaPart {
+    /// Indices of its sub-metatrees.
+    pub subtrees: Vec<usize>,
+    /// `(replica, replicas)`: which share of the target nodes it trains when
+    /// its (single) sub-metatree is replicated; `(0, 1)` otherwise.
+    pub replica: (usize, usize),
+    /// Its relations, each once.
+    pub relations: BTreeSet<RelationId>,
+    /// Relations per model layer (the sampler's filter).
+    pub per_layer: Vec<Vec<RelationId>>,
+    /// Node types it holds.
+    pub types: BTreeSet<NodeTypeId>,
+    /// Sum of its sub-metatrees' weights.
+    pub load: u64,
+}
+
+/// Assigns sub-metatrees to `parts` partitions by LPT, replicating when there
+/// are fewer sub-metatrees than partitions.
+pub fn assign(subs: &[SubMetatree], parts: usize, layers: usize) -> Vec<MetaPart> {
+    let empty = |subtrees: Vec<usize>, replica| MetaPart { subtrees, replica, relations: BTreeSet::new(), per_layer: vec![Vec::new(); layers], types: BTreeSet::new(), load: 0 };
+    let mut out: Vec<MetaPart> = Vec::new();
+    if subs.is_empty() || parts == 0 {
+        return out;
+    }
+    if parts <= subs.len() {
+        let mut order: Vec<usize> = (0..subs.len()).collect();
+        order.sort_by(|&a, &b| subs[b].weight.cmp(&subs[a].weight).then(a.cmp(&b)));
+        out = (0..parts).map(|_| empty(Vec::new(), (0, 1))).collect();
+        for s in order {
+            let k = (0..parts).min_by_key(|&k| (out[k].load, k)).expect("parts > 0");
+            out[k].subtrees.push(s);
+            out[k].load += subs[s].weight;
+        }
+    } else {
+        // Give the next replica to the sub-metatree with the most weight per replica.
+        let mut replicas = vec![1usize; subs.len()];
+        for _ in subs.len()..parts {
+            let s = (0..subs.len()).max_by(|&a, &b| (subs[a].weight * replicas[b] as u64).cmp(&(subs[b].weight * replicas[a] as u64)).then(b.cmp(&a))).expect("subs non-empty");
+            replicas[s] += 1;
+        }
+        for (s, &r) in replicas.iter().enumerate() {
+            for j in 0..r {
+                let mut p = empty(vec![s], (j, r));
+                p.load = subs[s].weight;
+                out.push(p);
+            }
+        }
+    }
+    for p in &mut out {
+        p.subtrees.sort_unstable();
+        for &s in &p.subtrees {
+            for &(layer, rel) in &subs[s].links {
+                p.relations.insert(rel);
+                if !p.per_layer[layer].contains(&rel) {
+                    p.per_layer[layer].push(rel);
+                }
+            }
+            p.types.extend(subs[s].types.iter().copied());
+        }
+        for l in &mut p.per_layer {
+            l.sort_unstable();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metagraph::MetaLink;
+
+    /// ogbn-mag's metagraph with reverse relations: P=0, A=1, I=2, F=3.
+    fn mag() -> Metagraph {
+        let link = |i: u32, name: &str, src: u32, dst: u32, weight: u64| MetaLink { relation: RelationId(i), name: name.into(), src: NodeTypeId(src), dst: NodeTypeId(dst), weight };
+        Metagraph {
+            types: vec!["paper".into(), "author".into(), "institution".into(), "field".into()],
+            type_weights: vec![736, 1134, 9, 60],
+            links: vec![
+                link(0, "writes", 1, 0, 7145),
+                link(1, "affiliated_with", 1, 2, 1043),
+                link(2, "cites", 0, 0, 5416),
+                link(3, "has_topic", 0, 3, 7505),
+                link(4, "rev_writes", 0, 1, 7145),
+                link(5, "rev_affiliated_with", 2, 1, 1043),
+                link(6, "rev_cites", 0, 0, 5416),
+                link(7, "rev_has_topic", 3, 0, 7505),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_mag_metatree_has_a_sub_metatree_per_relation_into_the_target() {
+        let m = mag();
+        let t = metatree(&m, NodeTypeId(0), 2);
+        // Into paper: writes (A), cites (P), rev_cites (P), rev_has_topic (F).
+        let subs = t.split(&m);
+        assert_eq!(subs.len(), 4);
+        let via: Vec<RelationId> = subs.iter().map(|s| t.vertices[s.child].via.unwrap()).collect();
+        assert_eq!(via, vec![RelationId(0), RelationId(2), RelationId(6), RelationId(7)]);
+        // The author branch: writes at layer 1, then into author (rev_writes, rev_affiliated_with) at layer 0.
+        assert_eq!(subs[0].links, vec![(1, RelationId(0)), (0, RelationId(4)), (0, RelationId(5))]);
+        assert_eq!(subs[0].types, BTreeSet::from([NodeTypeId(0), NodeTypeId(1), NodeTypeId(2)]));
+        assert_eq!(subs[0].weight, 736 + (1134 + 7145) + (736 + 7145) + (9 + 1043));
+        assert!(t.vertices.iter().all(|v| v.depth <= 2));
+    }
+
+    #[test]
+    fn lpt_balances_and_deduplicates_and_replicates_past_the_sub_metatree_count() {
+        let m = mag();
+        let t = metatree(&m, NodeTypeId(0), 2);
+        let subs = t.split(&m);
+        let parts = assign(&subs, 2, 2);
+        assert_eq!(parts.len(), 2);
+        let mut all: Vec<usize> = parts.iter().flat_map(|p| p.subtrees.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 1, 2, 3], "every sub-metatree placed once");
+        // LPT bound: the largest load is at most the optimum + the largest item; here also at most 4/3 of the mean.
+        let total: u64 = subs.iter().map(|s| s.weight).sum();
+        let max = parts.iter().map(|p| p.load).max().unwrap();
+        assert!(max as f64 <= total as f64 / 2.0 * 4.0 / 3.0, "{max} of {total}");
+        for p in &parts {
+            // Every partition holds the target type, and each relation once per layer.
+            assert!(p.types.contains(&NodeTypeId(0)));
+            for l in &p.per_layer {
+                let set: BTreeSet<_> = l.iter().collect();
+                assert_eq!(set.len(), l.len());
+            }
+        }
+        // Six partitions for four sub-metatrees: the two heaviest get a second replica.
+        let six = assign(&subs, 6, 2);
+        assert_eq!(six.len(), 6);
+        let mut by_weight: Vec<usize> = (0..4).collect();
+        by_weight.sort_by_key(|&s| std::cmp::Reverse(subs[s].weight));
+        for &s in &by_weight[..2] {
+            let reps: Vec<_> = six.iter().filter(|p| p.subtrees == vec![s]).map(|p| p.replica).collect();
+            assert_eq!(reps, vec![(0, 2), (1, 2)]);
+        }
+        assert!(assign(&subs, 0, 2).is_empty());
+    }
+}
