@@ -26,6 +26,12 @@ pub struct PartitionArgs {
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
     pub trainers: usize,
+    /// Meta-partitioning: the model's depth (the metatree's).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Meta-partitioning: build the metatree without reverse relations (as training with --no-reverse-edges).
+    #[arg(long)]
+    pub no_reverse_edges: bool,
     /// Partitioner seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -39,6 +45,9 @@ pub struct PartitionArgs {
 
 /// Runs `hetgnn partition`.
 pub fn run(args: &PartitionArgs) -> Result<()> {
+    if args.method == Method::Meta {
+        return run_meta(args);
+    }
     let start = Instant::now();
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
     let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
@@ -93,4 +102,33 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
             println!("{k:>5} {}", per.join("  "));
         }
     }
+}
+
+/// `--method meta`: Heta's partitioning by relations, with its report.
+fn run_meta(args: &PartitionArgs) -> Result<()> {
+    anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions; meta-partitions replicate instead when --parts exceeds the sub-metatrees");
+    let start = Instant::now();
+    let opts = LoadOptions { mmap_features: true, reverse_edges: !args.no_reverse_edges };
+    let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;
+    let m = partition::meta::write(&g, args.layers, args.parts, &args.out, args.force, &mut bar::Bars::new())
+        .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
+    let total: u64 = m.info.iter().map(|p| p.load).sum();
+    println!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
+    for (k, p) in m.info.iter().enumerate() {
+        let replica = if p.replica[1] > 1 { format!(", replica {} of {} (splits the target nodes)", p.replica[0] + 1, p.replica[1]) } else { String::new() };
+        println!("part {k}: sub-metatrees via {}{replica}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
+        println!("  relations: {}", p.relations.join(" "));
+        let nodes: Vec<String> = p.nodes.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        println!("  nodes: {}; edges: {}; boundary nodes: {} (target only)", nodes.join(", "), p.edges.values().sum::<u64>(), p.boundary_nodes);
+    }
+    let loads: Vec<u64> = m.info.iter().map(|p| p.load).collect();
+    let mean = total as f64 / loads.len().max(1) as f64;
+    println!(
+        "load balance (max/mean) {:.3}; {:.2}s, peak memory {}",
+        *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0),
+        start.elapsed().as_secs_f64(),
+        actors::report::peak_rss_bytes().map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64))
+    );
+    println!("wrote {} meta-partitions to {}", m.parts, args.out.display());
+    Ok(())
 }

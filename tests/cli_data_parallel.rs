@@ -133,3 +133,17 @@ fn killing_a_node_mid_run_stops_the_others_with_an_error_naming_it() {
     assert!(err.contains("n1"), "the error names the lost node: {err}");
     assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
 }
+
+#[test]
+fn meta_partitioning_reports_relations_and_boundary_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let out = hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok().stdout();
+    assert!(out.contains("2 meta-partitions for a 2-layer model") && out.contains("boundary nodes") && out.contains("sub-metatrees via"), "{out}");
+    let six = hetgnn(d, &["partition", "--data", "g", "--parts", "6", "--method", "meta", "--out", "meta6"]).ok().stdout();
+    assert!(six.contains("replica 2 of 2"), "more partitions than sub-metatrees replicate: {six}");
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--trainers", "2", "--out", "m2"]).fails_with(1, &["--trainers"]);
+    let dp = ["train", "--set", "training.mode=\"data-parallel\"", "--set", "training.partitions=\"meta\""];
+    hetgnn(d, &dp).fails_with(1, &["raf"]);
+}

@@ -177,3 +177,31 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
     }
     assert!(partition::assign_two_level(&g, 2, 0, Method::Metis, 0).is_err());
 }
+
+#[test]
+fn meta_partitions_hold_whole_relations_and_load_as_graphs() {
+    let tmp = tempfile::tempdir().unwrap();
+    mag(tmp.path());
+    let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+    let g = graphs::load(&tmp.path().join("g"), &opts).unwrap();
+    let out = tmp.path().join("meta");
+    let m = partition::meta::write(&g, 2, 2, &out, false, &mut NoProgress).unwrap();
+    assert_eq!((m.parts, m.layers, m.method.as_str()), (2, 2, "meta"));
+    let target = g.node_type(g.target()).count as u64;
+    for (k, p) in m.info.iter().enumerate() {
+        assert_eq!(p.boundary_nodes, target);
+        assert_eq!(p.nodes["paper"], target, "every partition holds all target nodes");
+        let part = graphs::load(&out.join(format!("part{k}")), &opts).unwrap();
+        // A relation has data there iff the partition holds it or its reverse (stored once, as the original).
+        let base = |r: usize| g.relations()[r].reverse_of.map_or(r, |o| o.0 as usize);
+        let held: Vec<usize> = (0..g.relations().len()).filter(|&r| p.relations.contains(&g.relations()[r].canonical().to_string())).map(base).collect();
+        for (r, (pr, fr)) in part.relations().iter().zip(g.relations()).enumerate() {
+            let want = if held.contains(&base(r)) { fr.num_edges() } else { 0 };
+            assert_eq!(pr.num_edges(), want, "partition {k}, relation {}", fr.canonical());
+        }
+    }
+    // Data-parallel training cannot use them, and says why.
+    let err = PartitionSet::open(&out).err().unwrap().to_string();
+    assert!(err.contains("raf"), "{err}");
+    assert!(partition::meta::write(&g, 2, 0, &tmp.path().join("m0"), false, &mut NoProgress).is_err());
+}

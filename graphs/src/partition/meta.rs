@@ -243,3 +243,142 @@ mod tests {
         assert!(assign(&subs, 0, 2).is_empty());
     }
 }
+
+/// What `manifest.json` of a meta-partition directory says.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaManifest {
+    /// Layout version.
+    pub format: u32,
+    /// Always "meta".
+    pub method: String,
+    /// Name of the partitioned graph.
+    pub graph: String,
+    /// Model depth the metatree was built for.
+    pub layers: usize,
+    /// Whether reverse relations were part of the metagraph.
+    pub reverse_edges: bool,
+    /// Number of partitions.
+    pub parts: usize,
+    /// Per partition.
+    pub info: Vec<MetaPartInfo>,
+}
+
+/// One meta-partition's report.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaPartInfo {
+    /// Sub-metatrees (by the relation from the root's child into the target).
+    pub subtrees: Vec<String>,
+    /// `[replica, replicas]` of the target nodes it trains.
+    pub replica: [usize; 2],
+    /// Canonical names of its relations (each once).
+    pub relations: Vec<String>,
+    /// Relations per model layer.
+    pub per_layer: Vec<Vec<String>>,
+    /// Nodes per type it holds (all nodes of each type it touches).
+    pub nodes: std::collections::BTreeMap<String, u64>,
+    /// Edges per relation it holds.
+    pub edges: std::collections::BTreeMap<String, u64>,
+    /// Nodes whose results combine with other partitions' (target nodes only).
+    pub boundary_nodes: u64,
+    /// Sum of its sub-metatrees' weights.
+    pub load: u64,
+}
+
+/// Meta-partitions `g` (loaded with the reverse relations the model will use)
+/// for a `layers`-deep model into `parts`, writes them to `out` and returns
+/// the manifest. Each `part<k>/` is a graph directory holding the original
+/// relations behind its relations (a reverse relation is stored as the
+/// original, added back at load) and the features of its node types.
+pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::Path, overwrite: bool, progress: &mut dyn crate::Progress) -> crate::Result<MetaManifest> {
+    use crate::error::GraphError;
+    use crate::format::{paths, AtomicDir};
+    use crate::npy::{self, DType, NpyWriter};
+    if parts == 0 || parts > super::MAX_PARTS {
+        return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={}, got {parts}", super::MAX_PARTS)));
+    }
+    if layers == 0 {
+        return Err(GraphError::InvalidArgument("--layers must be at least 1".into()));
+    }
+    let m = g.metagraph();
+    let tree = metatree(&m, g.target(), layers);
+    let subs = tree.split(&m);
+    if subs.is_empty() {
+        return Err(GraphError::InvalidArgument("no relation leads into the target type: nothing to partition".into()));
+    }
+    let assigned = assign(&subs, parts, layers);
+    let name = |r: RelationId| g.relation(r).canonical().to_string();
+    let original = |r: RelationId| g.relation(r).reverse_of.unwrap_or(r);
+    let dir = AtomicDir::create(out, overwrite)?;
+    let mut info = Vec::new();
+    progress.start("writing meta-partitions", assigned.len() as u64);
+    for (k, p) in assigned.iter().enumerate() {
+        let pdir = dir.path().join(format!("part{k}"));
+        std::fs::create_dir_all(pdir.join("edges")).map_err(|e| GraphError::io(&pdir, e))?;
+        let keep: BTreeSet<RelationId> = p.relations.iter().map(|&r| original(r)).collect();
+        let mut schema = g.schema();
+        let mut edges = std::collections::BTreeMap::new();
+        for (i, r) in g.relations().iter().enumerate().filter(|(_, r)| r.reverse_of.is_none()) {
+            let rid = RelationId(i as u32);
+            let csr = r.in_csr();
+            let (mut srcs, mut dsts) = (Vec::new(), Vec::new());
+            if keep.contains(&rid) {
+                for d in 0..csr.num_rows() as u32 {
+                    for &s in csr.neighbors(d) {
+                        srcs.push(s);
+                        dsts.push(d);
+                    }
+                }
+            }
+            schema.relations[i].count = srcs.len() as u64;
+            let mut w = NpyWriter::create(&paths::edges(&pdir, r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
+            w.write_ids(&srcs)?;
+            w.write_ids(&dsts)?;
+            w.finish()?;
+        }
+        for &r in &p.relations {
+            edges.insert(name(r), g.relation(r).num_edges() as u64);
+        }
+        let mut nodes = std::collections::BTreeMap::new();
+        for (t, nt) in g.node_types().iter().enumerate() {
+            std::fs::create_dir_all(paths::node_dir(&pdir, &nt.name)).map_err(|e| GraphError::io(&pdir, e))?;
+            let held = p.types.contains(&NodeTypeId(t as u32));
+            if held {
+                nodes.insert(nt.name.clone(), u64::from(nt.count));
+            }
+            if let Some(f) = &nt.features {
+                let w = NpyWriter::create(&paths::features(&pdir, &nt.name), DType::F32, &[nt.count.into(), f.dim() as u64])?;
+                let rows = (0..nt.count).filter(|_| held).map(|v| (u64::from(v), f.row(v as usize)));
+                w.write_sparse_rows(f.dim(), rows)?;
+            }
+            if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
+                npy::write_i64(&paths::labels(&pdir, &nt.name), &[labels.len() as u64], labels)?;
+                for (sname, ids) in splits.named() {
+                    let mut w = NpyWriter::create(&paths::split(&pdir, &nt.name, sname), DType::I64, &[ids.len() as u64])?;
+                    w.write_ids(ids)?;
+                    w.finish()?;
+                }
+            }
+        }
+        schema.write(&paths::schema(&pdir))?;
+        info.push(MetaPartInfo {
+            subtrees: p.subtrees.iter().map(|&s| name(tree.vertices[subs[s].child].via.expect("child of the root"))).collect(),
+            replica: [p.replica.0, p.replica.1],
+            relations: p.relations.iter().map(|&r| name(r)).collect(),
+            per_layer: p.per_layer.iter().map(|l| l.iter().map(|&r| name(r)).collect()).collect(),
+            nodes,
+            edges,
+            boundary_nodes: u64::from(g.node_type(g.target()).count),
+            load: p.load,
+        });
+        progress.advance(1);
+    }
+    progress.finish();
+    let manifest = MetaManifest { format: 1, method: "meta".into(), graph: g.name().to_string(), layers, reverse_edges: g.has_reverse_relations(), parts: assigned.len(), info };
+    let mpath = dir.path().join("manifest.json");
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+    std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
+    dir.commit()?;
+    Ok(manifest)
+}

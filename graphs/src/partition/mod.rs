@@ -37,6 +37,8 @@ pub enum Method {
     Random,
     /// METIS k-way, multi-constraint.
     Metis,
+    /// Heta's meta-partitioning by relations ([`meta`]).
+    Meta,
 }
 
 impl std::str::FromStr for Method {
@@ -45,7 +47,8 @@ impl std::str::FromStr for Method {
         match s {
             "random" => Ok(Method::Random),
             "metis" => Ok(Method::Metis),
-            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random)"))),
+            "meta" => Ok(Method::Meta),
+            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta)"))),
         }
     }
 }
@@ -55,6 +58,7 @@ impl std::fmt::Display for Method {
         f.write_str(match self {
             Method::Random => "random",
             Method::Metis => "metis",
+            Method::Meta => "meta",
         })
     }
 }
@@ -98,6 +102,7 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
     let owners = match method {
         Method::Random => assign::random(g, parts, seed),
         Method::Metis => assign::metis(g, parts, seed)?,
+        Method::Meta => return Err(GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into())),
     };
     let target = g.target().index();
     let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];
@@ -105,8 +110,8 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
         let sub_seed = seed ^ 0x05EC_011D;
         for k in 0..parts as u16 {
             let sub = match method {
-                Method::Random => assign::random(g, trainers, sub_seed),
                 Method::Metis => assign::metis_within(g, trainers, sub_seed, Some((&owners, k)))?,
+                _ => assign::random(g, trainers, sub_seed),
             };
             for (v, t) in trainer_of.iter_mut().enumerate() {
                 if owners[target][v] == k {
@@ -195,6 +200,9 @@ impl PartitionSet {
     pub fn open(dir: &Path) -> Result<PartitionSet> {
         let mpath = dir.join("manifest.json");
         let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
+            return Err(GraphError::data(&mpath, "meta-partitions (by relation) are for mode = \"raf\"; data-parallel training needs --method metis or random"));
+        }
         let manifest: Manifest = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
         if manifest.format != FORMAT {
             return Err(GraphError::data(&mpath, format!("format {} is not the supported {FORMAT}", manifest.format)));
