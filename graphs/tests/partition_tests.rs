@@ -176,6 +176,15 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
         assert!(splits.train.iter().all(|&v| a.trainer_of[v as usize] < 3));
     }
     assert!(partition::assign_two_level(&g, 2, 0, Method::Metis, 0).is_err());
+    // Without trainers.npy: fine for one trainer per partition, named otherwise.
+    let one = write(&g, tmp.path(), 2, Method::Random);
+    let root = one.part_dir(0).parent().unwrap().to_path_buf();
+    std::fs::remove_file(root.join("trainers.npy")).unwrap();
+    assert!(PartitionSet::open(&root).unwrap().trainer_of.is_empty());
+    let two = tmp.path().join("metis-2x3");
+    std::fs::remove_file(two.join("trainers.npy")).unwrap();
+    let err = PartitionSet::open(&two).err().unwrap().to_string();
+    assert!(err.contains("trainers.npy"), "{err}");
 }
 
 #[test]

@@ -457,7 +457,7 @@ impl Ctx<'_> {
     /// Whether target node `v` is one of this trainer's seeds.
     fn mine(&self, target: usize, v: u32) -> bool {
         let per_part = self.s.trainers / self.s.parts;
-        self.owned(target, v) && u32::from(self.s.trainer_of[v as usize]) == self.s.trainer % per_part
+        self.owned(target, v) && self.s.trainer_of.get(v as usize).map_or(0, |&t| u32::from(t)) == self.s.trainer % per_part
     }
 
     /// Runs `f` on the node's runtime from this thread; gives up as soon as

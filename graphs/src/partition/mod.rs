@@ -191,7 +191,7 @@ pub struct PartitionSet {
     pub manifest: Manifest,
     /// Owner partition per type, per node.
     pub owners: Vec<Vec<u16>>,
-    /// Per target node, its trainer within its partition.
+    /// Per target node, its trainer within its partition (empty: all 0).
     pub trainer_of: Vec<u16>,
 }
 
@@ -232,14 +232,18 @@ impl PartitionSet {
             return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
         }
         let tpath = dir.join("trainers.npy");
-        let f = NpyFile::open(&tpath, DType::I64)?;
-        let mut trainer_of = Vec::with_capacity(f.len());
-        for i in 0..f.len() {
-            let v = f.i64_at(i);
-            if v < 0 || v as usize >= trainers {
-                return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
+        let mut trainer_of = Vec::new();
+        // Directories written before the second level existed have no trainers.npy: one trainer each.
+        if trainers > 1 || tpath.exists() {
+            let f = NpyFile::open(&tpath, DType::I64)?;
+            trainer_of.reserve(f.len());
+            for i in 0..f.len() {
+                let v = f.i64_at(i);
+                if v < 0 || v as usize >= trainers {
+                    return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
+                }
+                trainer_of.push(v as u16);
             }
-            trainer_of.push(v as u16);
         }
         Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners, trainer_of })
     }
@@ -260,7 +264,7 @@ impl PartitionSet {
         let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
         if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
             || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
-            || self.trainer_of.len() != counts[g.target().index()]
+            || (!self.trainer_of.is_empty() && self.trainer_of.len() != counts[g.target().index()])
         {
             return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
         }
