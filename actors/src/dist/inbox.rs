@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Context, Handler, MessageResult};
 use runtime::Deliver;
 
-use super::messages::{Abort, EpochStats, Finish, GradShare};
+use super::messages::{Abort, EpochStats, Finish, GradShare, StepDone};
 use super::store::decode_f32;
 use crate::error::{Result, TrainError};
 
@@ -17,8 +17,18 @@ use crate::error::{Result, TrainError};
 struct State {
     grads: HashMap<(u64, u32, u32), Vec<u8>>,
     stats: BTreeMap<(u64, u32), EpochStats>,
+    steps: std::collections::VecDeque<(u64, f64)>,
     abort: Option<String>,
     finished: bool,
+}
+
+/// What [`Inbox::epoch_progress`] returns.
+#[derive(Debug)]
+pub enum EpochProgress {
+    /// A step finished with this global loss.
+    Step(f64),
+    /// Every trainer's statistics of the epoch.
+    Done(Vec<EpochStats>),
 }
 
 /// What a trainer (or the coordinator) is waiting for.
@@ -97,13 +107,22 @@ impl Inbox {
         raw.iter().map(|b| decode_f32(b, len).map_err(TrainError::Distributed)).collect()
     }
 
-    /// The statistics of `epoch` from trainers `0..trainers`.
-    pub fn epoch_stats(&self, epoch: u64, trainers: u32, timeout: Duration) -> Result<Vec<EpochStats>> {
-        self.wait(&format!("the statistics of epoch {epoch}"), timeout, |s| {
+    /// The next news of `epoch`: a step's loss, or once every trainer
+    /// (`0..trainers`) has reported it, the epoch's statistics. Each wait
+    /// (for a step, or for the statistics) lasts at most `timeout`.
+    pub fn epoch_progress(&self, epoch: u64, trainers: u32, timeout: Duration) -> Result<EpochProgress> {
+        self.wait(&format!("progress of epoch {epoch}"), timeout, |s| {
+            // Steps of later epochs wait their turn; earlier ones are stale.
+            while let Some(&(e, loss)) = s.steps.front().filter(|(e, _)| *e <= epoch) {
+                s.steps.pop_front();
+                if e == epoch {
+                    return Some(EpochProgress::Step(loss));
+                }
+            }
             if !(0..trainers).all(|t| s.stats.contains_key(&(epoch, t))) {
                 return None;
             }
-            Some((0..trainers).filter_map(|t| s.stats.remove(&(epoch, t))).collect())
+            Some(EpochProgress::Done((0..trainers).filter_map(|t| s.stats.remove(&(epoch, t))).collect()))
         })
     }
 
@@ -146,6 +165,14 @@ impl Handler<Deliver<Finish>> for InboxActor {
     }
 }
 
+impl Handler<Deliver<StepDone>> for InboxActor {
+    type Result = MessageResult<Deliver<StepDone>>;
+    fn handle(&mut self, m: Deliver<StepDone>, _: &mut Context<Self>) -> Self::Result {
+        self.0.update(|s| s.steps.push_back((m.msg.epoch, m.msg.loss)));
+        MessageResult(())
+    }
+}
+
 impl Handler<Deliver<EpochStats>> for InboxActor {
     type Result = MessageResult<Deliver<EpochStats>>;
     fn handle(&mut self, m: Deliver<EpochStats>, _: &mut Context<Self>) -> Self::Result {
@@ -173,6 +200,22 @@ mod tests {
         inbox.abort("trainer 2 failed: disk full".into());
         let err = inbox.gradients(7, 0, &[1], 4, Duration::from_secs(30)).unwrap_err().to_string();
         assert!(err.contains("disk full"), "{err}");
+    }
+
+    #[test]
+    fn steps_are_reported_before_their_epoch_ends_and_later_epochs_wait() {
+        let inbox = Inbox::default();
+        inbox.update(|s| {
+            s.steps.push_back((0, 1.5));
+            s.steps.push_back((1, 0.5));
+            s.stats.insert((0, 0), EpochStats { epoch: 0, ..EpochStats::default() });
+        });
+        let t = Duration::from_secs(1);
+        assert!(matches!(inbox.epoch_progress(0, 1, t).unwrap(), EpochProgress::Step(l) if l == 1.5));
+        assert!(matches!(inbox.epoch_progress(0, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1));
+        assert!(matches!(inbox.epoch_progress(1, 1, t).unwrap(), EpochProgress::Step(l) if l == 0.5));
+        let err = inbox.epoch_progress(1, 1, Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(err.contains("epoch 1"), "{err}");
     }
 
     #[test]

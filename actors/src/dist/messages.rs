@@ -117,6 +117,20 @@ impl Msg for Finish {
     const KIND: &'static str = "finish";
 }
 
+/// A step is done (sent by trainer 0, for the progress bar).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StepDone {
+    /// Epoch.
+    pub epoch: u64,
+    /// The step's global loss.
+    pub loss: f64,
+}
+
+impl Msg for StepDone {
+    type Reply = ();
+    const KIND: &'static str = "step";
+}
+
 /// One trainer's account of an epoch, sent to the coordinator.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct EpochStats {

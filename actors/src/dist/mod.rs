@@ -28,7 +28,7 @@ use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, EpochReport, Report};
 use crate::trainer::TrainObserver;
 use inbox::{Inbox, InboxActor};
-use messages::{Abort, EpochStats, Export, Finish, GradShare, Pull, Push, SampleReq};
+use messages::{Abort, EpochStats, Export, Finish, GradShare, Pull, Push, SampleReq, StepDone};
 use sampler::SamplerActor;
 use store::{FeatureStore, Shard, StoreData};
 
@@ -179,7 +179,7 @@ fn join_trainers(handles: Vec<std::thread::JoinHandle<Result<models::Model>>>) -
 fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
     let inbox = Arc::new(Inbox::default());
     let addr = InboxActor(inbox.clone()).start();
-    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<Abort>();
+    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<StepDone>().handle::<Abort>();
     Ok(inbox)
 }
 
@@ -311,12 +311,13 @@ fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &
     for epoch in 0..t.epochs {
         let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
         observer.epoch_start(epoch, steps);
-        let wait = timeouts.step * (steps as u32 + 2);
-        let stats = inbox.epoch_stats(epoch, trainers, wait)?;
+        let stats = loop {
+            match inbox.epoch_progress(epoch, trainers, timeouts.step)? {
+                inbox::EpochProgress::Step(loss) => observer.step(loss),
+                inbox::EpochProgress::Done(stats) => break stats,
+            }
+        };
         let s0 = &stats[0];
-        for &l in &s0.step_losses {
-            observer.step(l);
-        }
         let n = stats.len() as f64;
         let mean = |f: fn(&EpochStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
         let er = EpochReport {

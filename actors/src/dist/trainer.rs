@@ -27,7 +27,7 @@ use models::{Model, ModelSpec};
 use runtime::{ActorRef, ByteVec, Node};
 
 use super::inbox::Inbox;
-use super::messages::{Abort, EpochStats, GradShare, Pull, Push, SampleReq};
+use super::messages::{Abort, EpochStats, GradShare, Pull, Push, SampleReq, StepDone};
 use super::store::decode_f32;
 use super::{names, Timeouts};
 use crate::config::{AllReduce, TrainingConfig};
@@ -213,6 +213,10 @@ impl<'a> Trainer<'a> {
                     st.gather_s += p.gather_s;
                     let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
                     st.step_losses.push(loss);
+                    if ctx.s.trainer == 0 {
+                        let c = ctx.peers.coordinator.clone();
+                        ctx.block_on(c.ask(StepDone { epoch, loss }, ctx.s.timeouts.ask))??;
+                    }
                     loss_sum += loss;
                     correct += ok;
                     seen += batch.len() as u64;
