@@ -106,6 +106,13 @@ pub struct TrainingConfig {
     pub resume: bool,
 }
 
+impl TrainingConfig {
+    /// The model these settings describe.
+    pub fn model_spec(&self) -> models::ModelSpec {
+        models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads }
+    }
+}
+
 impl Default for TrainingConfig {
     fn default() -> Self {
         TrainingConfig {

@@ -10,7 +10,7 @@ use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
-use models::{Model, ModelSpec};
+use models::Model;
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
@@ -21,7 +21,7 @@ use crate::report::{peak_rss_bytes, EpochReport, Report};
 /// Evaluation samples with a seed of its own so it never shares draws with training.
 pub const EVAL_SEED: u64 = 0xE7A1_5EED;
 /// Seeds per evaluation batch.
-const EVAL_BATCH: usize = 4096;
+pub(crate) const EVAL_BATCH: usize = 4096;
 /// Batches sampled and gathered ahead of the trainer.
 const PIPELINE_DEPTH: usize = 2;
 
@@ -48,8 +48,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
     let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges })?;
-    let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads };
-    let mut model = Model::new(&spec, &g, DType::F32, &device)?;
+    let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let (labels, splits) = g.target_labels();
@@ -152,7 +151,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
 }
 
 /// Seconds since `clock`, restarting it (phases are timed end to end).
-fn lap(clock: &mut Instant) -> f64 {
+pub(crate) fn lap(clock: &mut Instant) -> f64 {
     let s = clock.elapsed().as_secs_f64();
     *clock = Instant::now();
     s

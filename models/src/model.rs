@@ -173,18 +173,9 @@ impl Model {
         let mut params = ParamStore::new();
         let mut embeddings = Vec::new();
         let mut in_dims = Vec::new();
-        for nt in g.node_types() {
-            match &nt.features {
-                Some(f) => {
-                    in_dims.push(f.dim());
-                    embeddings.push(None);
-                }
-                None => {
-                    in_dims.push(spec.embed_dim);
-                    let used = spec.kind != ModelKind::Mlp || g.type_id(&nt.name) == Some(target);
-                    embeddings.push(used.then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
-                }
-            }
+        for (nt, learnable) in g.node_types().iter().zip(Model::learnable_types(spec.kind, g)) {
+            in_dims.push(nt.features.as_ref().map_or(spec.embed_dim, |f| f.dim()));
+            embeddings.push(learnable.then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
         }
         let has_head = spec.kind == ModelKind::Hgt;
         let width = |l: usize| if l + 1 == spec.layers && !has_head { num_classes } else { spec.hidden };
@@ -230,6 +221,13 @@ impl Model {
             dtype,
             device: device.clone(),
         })
+    }
+
+    /// Which node types get a learnable embedding table: the featureless ones
+    /// the model reads (the MLP reads only the target type).
+    pub fn learnable_types(kind: ModelKind, g: &HetGraph) -> Vec<bool> {
+        let target = g.target().index();
+        g.node_types().iter().enumerate().map(|(t, nt)| nt.features.is_none() && (kind != ModelKind::Mlp || t == target)).collect()
     }
 
     /// The spec the model was built from.

@@ -164,8 +164,6 @@ pub struct EpochStats {
     pub update_s: f64,
     /// Seconds evaluating.
     pub eval_s: f64,
-    /// Global loss of every step of the epoch.
-    pub step_losses: Vec<f64>,
     /// Wire bytes this trainer's node sent during the epoch's training steps
     /// (evaluation excluded), per message kind.
     pub step_bytes_by_kind: std::collections::BTreeMap<String, u64>,

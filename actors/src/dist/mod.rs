@@ -20,7 +20,6 @@ use futures_util::future::join_all;
 use graphs::partition::PartitionSet;
 use graphs::{HetGraph, LoadOptions};
 use models::optim::AdamConfig;
-use models::ModelKind;
 use runtime::{Node, PeerState};
 
 use crate::config::{Config, TrainingConfig};
@@ -70,12 +69,6 @@ impl Default for Timeouts {
     }
 }
 
-/// Which node types have learnable rows (as [`models::Model::new`] decides).
-pub fn learnable_types(t: &TrainingConfig, g: &HetGraph) -> Vec<bool> {
-    let target = g.target().index();
-    g.node_types().iter().enumerate().map(|(ty, nt)| nt.features.is_none() && (t.model != ModelKind::Mlp || ty == target)).collect()
-}
-
 /// Registers partition `part`'s actors on `node` (inside its actix system)
 /// and returns its trainers' inboxes (`per_part` of them).
 /// The sampler and the stores each get a thread of their own (an actix
@@ -91,7 +84,7 @@ fn serve_partition(node: &Node, part: u32, parts: u32, per_part: u32, graph: Arc
     let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone());
     let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
     node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
-    let learnable = learnable_types(t, &graph);
+    let learnable = models::Model::learnable_types(t.model, &graph);
     for (ty, nt) in graph.node_types().iter().enumerate() {
         let data = if nt.features.is_some() {
             StoreData::Features { graph: graph.clone(), ty }
@@ -289,7 +282,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     for k in 0..parts {
         handles.extend(spawn_trainers(&sh, k, &graphs[k as usize], &system, &inboxes[k as usize])?);
     }
-    observer.ready(&graphs[0], &models::Model::new(&spec(&t), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
+    observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
     let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graphs[0], observer, &sh.timeouts);
     let mut models = join_trainers(handles)?;
     let mut report = coordinated?;
@@ -297,10 +290,6 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
     Ok((report, FinalModel { replica: models.swap_remove(0), tables }))
-}
-
-fn spec(t: &TrainingConfig) -> models::ModelSpec {
-    models::ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads }
 }
 
 /// Gathers every epoch's statistics from the trainers into a report.
@@ -360,7 +349,7 @@ fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &
 /// Final model hash (dense parameters of a replica, embedding rows from every
 /// store) and the figures that need the whole model.
 fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &HetGraph, t: &TrainingConfig, parts: u32) -> Result<Vec<(String, Vec<f32>)>> {
-    let learnable = learnable_types(t, g);
+    let learnable = models::Model::learnable_types(t.model, g);
     let mut tables: Vec<(String, Vec<f32>)> = Vec::new();
     let ask = Timeouts::default().ask;
     for (ty, nt) in g.node_types().iter().enumerate() {

@@ -23,7 +23,7 @@ use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sam
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
 use models::rgcn::PerType;
-use models::{Model, ModelSpec};
+use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
 
 use super::inbox::Inbox;
@@ -32,14 +32,12 @@ use super::store::decode_f32;
 use super::{names, Timeouts};
 use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
-use crate::trainer::EVAL_SEED;
+use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
 
 /// How long a failing trainer tries to tell the others (best effort: a peer
 /// that is down will not answer).
 const ABORT_NOTICE: Duration = Duration::from_secs(1);
 
-/// Seeds per evaluation batch (as in single-process evaluation).
-const EVAL_BATCH: usize = 4096;
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -153,8 +151,7 @@ impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
         let t = &s.cfg;
         let device = crate::device::open(&t.device)?;
-        let spec = ModelSpec { kind: t.model, layers: t.layers, hidden: t.hidden, embed_dim: t.embed_dim, dropout: t.dropout, seed: t.seed, heads: t.heads };
-        let mut model = Model::new(&spec, &s.graph, DType::F32, &device)?;
+        let mut model = Model::new(&t.model_spec(), &s.graph, DType::F32, &device)?;
         let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
         // The stores own the learnable rows: the replica keeps none.
         for e in &mut model.embeddings {
@@ -212,7 +209,6 @@ impl<'a> Trainer<'a> {
                     st.sample_s += p.sample_s;
                     st.gather_s += p.gather_s;
                     let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
-                    st.step_losses.push(loss);
                     if ctx.s.trainer == 0 {
                         let c = ctx.peers.coordinator.clone();
                         ctx.block_on(c.ask(StepDone { epoch, loss }, ctx.s.timeouts.ask))??;
@@ -649,11 +645,4 @@ impl Ctx<'_> {
         }
         Ok(out)
     }
-}
-
-/// Seconds since `clock`, restarting it.
-fn lap(clock: &mut Instant) -> f64 {
-    let s = clock.elapsed().as_secs_f64();
-    *clock = Instant::now();
-    s
 }

@@ -293,8 +293,7 @@ pub struct MetaPartInfo {
 /// original, added back at load) and the features of its node types.
 pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::Path, overwrite: bool, progress: &mut dyn crate::Progress) -> crate::Result<MetaManifest> {
     use crate::error::GraphError;
-    use crate::format::{paths, AtomicDir};
-    use crate::npy::{self, DType, NpyWriter};
+    use crate::format::AtomicDir;
     if parts == 0 || parts > super::MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={}, got {parts}", super::MAX_PARTS)));
     }
@@ -315,53 +314,11 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
     progress.start("writing meta-partitions", assigned.len() as u64);
     for (k, p) in assigned.iter().enumerate() {
         let pdir = dir.path().join(format!("part{k}"));
-        std::fs::create_dir_all(pdir.join("edges")).map_err(|e| GraphError::io(&pdir, e))?;
         let keep: BTreeSet<RelationId> = p.relations.iter().map(|&r| original(r)).collect();
-        let mut schema = g.schema();
-        let mut edges = std::collections::BTreeMap::new();
-        for (i, r) in g.relations().iter().enumerate().filter(|(_, r)| r.reverse_of.is_none()) {
-            let rid = RelationId(i as u32);
-            let csr = r.in_csr();
-            let (mut srcs, mut dsts) = (Vec::new(), Vec::new());
-            if keep.contains(&rid) {
-                for d in 0..csr.num_rows() as u32 {
-                    for &s in csr.neighbors(d) {
-                        srcs.push(s);
-                        dsts.push(d);
-                    }
-                }
-            }
-            schema.relations[i].count = srcs.len() as u64;
-            let mut w = NpyWriter::create(&paths::edges(&pdir, r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
-            w.write_ids(&srcs)?;
-            w.write_ids(&dsts)?;
-            w.finish()?;
-        }
-        for &r in &p.relations {
-            edges.insert(name(r), g.relation(r).num_edges() as u64);
-        }
-        let mut nodes = std::collections::BTreeMap::new();
-        for (t, nt) in g.node_types().iter().enumerate() {
-            std::fs::create_dir_all(paths::node_dir(&pdir, &nt.name)).map_err(|e| GraphError::io(&pdir, e))?;
-            let held = p.types.contains(&NodeTypeId(t as u32));
-            if held {
-                nodes.insert(nt.name.clone(), u64::from(nt.count));
-            }
-            if let Some(f) = &nt.features {
-                let w = NpyWriter::create(&paths::features(&pdir, &nt.name), DType::F32, &[nt.count.into(), f.dim() as u64])?;
-                let rows = (0..nt.count).filter(|_| held).map(|v| (u64::from(v), f.row(v as usize)));
-                w.write_sparse_rows(f.dim(), rows)?;
-            }
-            if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
-                npy::write_i64(&paths::labels(&pdir, &nt.name), &[labels.len() as u64], labels)?;
-                for (sname, ids) in splits.named() {
-                    let mut w = NpyWriter::create(&paths::split(&pdir, &nt.name, sname), DType::I64, &[ids.len() as u64])?;
-                    w.write_ids(ids)?;
-                    w.finish()?;
-                }
-            }
-        }
-        schema.write(&paths::schema(&pdir))?;
+        let held = |t: usize| p.types.contains(&NodeTypeId(t as u32));
+        super::graph_dir::write(g, &pdir, |ri, _, _| keep.contains(&RelationId(ri as u32)), |t, _| held(t))?;
+        let edges = p.relations.iter().map(|&r| (name(r), g.relation(r).num_edges() as u64)).collect();
+        let nodes = g.node_types().iter().enumerate().filter(|(t, _)| held(*t)).map(|(_, nt)| (nt.name.clone(), u64::from(nt.count))).collect();
         info.push(MetaPartInfo {
             subtrees: p.subtrees.iter().map(|&s| name(tree.vertices[subs[s].child].via.expect("child of the root"))).collect(),
             replica: [p.replica.0, p.replica.1],

@@ -16,6 +16,7 @@
 //! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
 
 mod assign;
+mod graph_dir;
 pub mod meta;
 mod write;
 

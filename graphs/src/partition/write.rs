@@ -4,9 +4,9 @@ use std::path::Path;
 
 use super::{owners_path, part_dir, Assignment, Manifest, PartInfo, FORMAT};
 use crate::error::{GraphError, Result};
-use crate::format::{paths, AtomicDir};
+use crate::format::AtomicDir;
 use crate::graph::HetGraph;
-use crate::npy::{self, DType, NpyWriter};
+use crate::npy;
 use crate::progress::Progress;
 
 /// Writes `g` split as `a` says into `out` (atomically) and returns the manifest.
@@ -79,52 +79,27 @@ pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress
 fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path) -> Result<PartInfo> {
     let types = g.node_types();
     let mut touched: Vec<Vec<bool>> = types.iter().map(|t| vec![false; t.count as usize]).collect();
-    let mut schema = g.schema();
-    std::fs::create_dir_all(dir.join("edges")).map_err(|e| GraphError::io(dir, e))?;
-    let mut edges = 0u64;
-    for (ri, r) in g.relations().iter().enumerate() {
-        let (os, od) = (&owners[r.src.index()], &owners[r.dst.index()]);
-        let csr = r.in_csr();
-        let (mut srcs, mut dsts) = (Vec::new(), Vec::new());
-        for d in 0..csr.num_rows() as u32 {
-            let dst_core = od[d as usize] == k;
-            for &s in csr.neighbors(d) {
-                if dst_core || os[s as usize] == k {
-                    srcs.push(s);
-                    dsts.push(d);
-                    touched[r.src.index()][s as usize] = true;
-                    touched[r.dst.index()][d as usize] = true;
-                }
-            }
+    // Every edge into or out of a core node, so core neighborhoods are whole in both directions.
+    let keep_edge = |ri: usize, s: u32, d: u32| {
+        let r = &g.relations()[ri];
+        let keep = owners[r.dst.index()][d as usize] == k || owners[r.src.index()][s as usize] == k;
+        if keep {
+            touched[r.src.index()][s as usize] = true;
+            touched[r.dst.index()][d as usize] = true;
         }
-        schema.relations[ri].count = srcs.len() as u64;
-        edges += srcs.len() as u64;
-        let mut w = NpyWriter::create(&paths::edges(dir, r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
-        w.write_ids(&srcs)?;
-        w.write_ids(&dsts)?;
-        w.finish()?;
-    }
+        keep
+    };
+    let edges = super::graph_dir::write(g, dir, keep_edge, |t, v| owners[t][v as usize] == k)?;
     let mut info = PartInfo { edges, ..PartInfo::default() };
     for (t, nt) in types.iter().enumerate() {
-        std::fs::create_dir_all(paths::node_dir(dir, &nt.name)).map_err(|e| GraphError::io(dir, e))?;
         let own = &owners[t];
         info.core.push(own.iter().filter(|&&p| p == k).count() as u64);
         info.halo.push(touched[t].iter().zip(own).filter(|(&hit, &p)| hit && p != k).count() as u64);
-        if let Some(f) = &nt.features {
-            let w = NpyWriter::create(&paths::features(dir, &nt.name), DType::F32, &[nt.count.into(), f.dim() as u64])?;
-            let rows = (0..nt.count).filter(|&v| own[v as usize] == k).map(|v| (u64::from(v), f.row(v as usize)));
-            w.write_sparse_rows(f.dim(), rows)?;
-        }
-        if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
-            npy::write_i64(&paths::labels(dir, &nt.name), &[labels.len() as u64], labels)?;
-            for (i, (name, ids)) in splits.named().into_iter().enumerate() {
-                let mut w = NpyWriter::create(&paths::split(dir, &nt.name, name), DType::I64, &[ids.len() as u64])?;
-                w.write_ids(ids)?;
-                w.finish()?;
+        if let Some(splits) = &nt.splits {
+            for (i, (_, ids)) in splits.named().into_iter().enumerate() {
                 info.splits[i] = ids.iter().filter(|&&v| own[v as usize] == k).count() as u64;
             }
         }
     }
-    schema.write(&paths::schema(dir))?;
     Ok(info)
 }
