@@ -44,6 +44,14 @@ pub fn node(args: &ClusterArgs, id: &str) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if cfg.training.mode == actors::Mode::Raf {
+        let start = std::time::Instant::now();
+        let report = actors::raf::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: raf training"))?;
+        if let Some(report) = report {
+            crate::train::finish(&cfg, &report, start)?;
+        }
+        return Ok(());
+    }
     actors::cluster::run_node(&cfg, id, actors::cluster::stop_signal()).with_context(|| format!("node {id}"))
 }
 

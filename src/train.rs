@@ -144,6 +144,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"data-parallel\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
         let parts = cfg.training.partitions.clone().unwrap_or_default();
         actors::dist::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("data-parallel training on {}", parts.display()))?.0
+    } else if cfg.training.mode == actors::Mode::Raf {
+        anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"raf\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
+        let parts = cfg.training.partitions.clone().unwrap_or_default();
+        actors::raf::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("raf training on {}", parts.display()))?.0
     } else {
         if cfg.training.data.is_none() {
             cfg.training.data = Some(default_data()?);

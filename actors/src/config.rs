@@ -44,6 +44,9 @@ pub enum Mode {
     /// DistDGL: one partition per node, owner-compute sampling, feature
     /// pulls, sparse embedding updates at the stores, all-reduced gradients.
     DataParallel,
+    /// Heta: relation-aggregation-first training on meta-partitions, one
+    /// RelationAggWorker per partition and a designated reducer.
+    Raf,
 }
 
 /// How data-parallel trainers sum their dense gradients.
@@ -65,7 +68,8 @@ pub struct TrainingConfig {
     pub mode: Mode,
     /// Graph directory; absent: a mag-like graph at scale 0.01 generated once into the cache directory.
     pub data: Option<PathBuf>,
-    /// Partition directory (`hetgnn partition --out`), for data-parallel training.
+    /// Partition directory (`hetgnn partition --out`): edge-cut partitions for
+    /// data-parallel training, meta-partitions for raf.
     pub partitions: Option<PathBuf>,
     /// Data-parallel gradient all-reduce: "all-gather" (default) or "ring".
     pub allreduce: AllReduce,

@@ -11,6 +11,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod pipeline;
+pub mod raf;
 pub mod report;
 pub mod trainer;
 

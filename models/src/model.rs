@@ -290,19 +290,8 @@ impl Model {
                         last_in = h[t].as_ref().map(|x| x.narrow(0, 0, n_seeds)).transpose()?;
                     }
                     let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
-                    let mut out = layer.cross_relation(block, &h, partials)?;
-                    // R-GCN and R-GAT: ReLU and dropout between layers. HGT has its
-                    // own nonlinearity and feeds the classifier: dropout after every layer.
-                    let hgt = matches!(layer, GnnLayer::Hgt(_));
-                    if l + 1 < ls.len() || hgt {
-                        for (ty, o) in out.iter_mut().enumerate() {
-                            if let Some(x) = o.take() {
-                                let x = if hgt { x } else { x.relu()? };
-                                *o = Some(self.dropout(x, dropout, l, ty, &block.dst[ty])?);
-                            }
-                        }
-                    }
-                    h = out;
+                    let out = layer.cross_relation(block, &h, partials)?;
+                    h = self.activate(l, block, out, dropout)?;
                 }
                 let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
                 match head {
@@ -314,6 +303,150 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// After layer `l`'s cross-relation step: R-GCN and R-GAT apply ReLU and
+    /// dropout between layers; HGT has its own nonlinearity and feeds the
+    /// classifier, so it gets dropout after every layer.
+    fn activate(&self, l: usize, block: &graphs::Block, mut out: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+        let Layers::Relational(ls, _) = &self.layers else { return Ok(out) };
+        let hgt = matches!(ls[l], GnnLayer::Hgt(_));
+        if l + 1 < ls.len() || hgt {
+            for (ty, o) in out.iter_mut().enumerate() {
+                if let Some(x) = o.take() {
+                    let x = if hgt { x } else { x.relu()? };
+                    *o = Some(self.dropout(x, dropout, l, ty, &block.dst[ty])?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn relational(&self) -> Result<(&[GnnLayer], &Option<(Tensor, Tensor)>)> {
+        match &self.layers {
+            Layers::Relational(ls, head) => Ok((ls, head)),
+            Layers::Mlp(_) => Err(ModelError::Config("the MLP reads no relations: relation-aggregation-first training needs rgcn, rgat or hgt".into())),
+        }
+    }
+
+    /// RAF, on a worker: the rows of the top block's sources after the first
+    /// `layers - 1` layers, over the relations sampled into `mb` (a
+    /// partition's). Rows whose neighborhoods the partition holds whole are
+    /// exactly the single-process rows.
+    pub fn raf_hidden(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+        let (ls, _) = self.relational()?;
+        if mb.blocks.len() != ls.len() {
+            return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+        }
+        let mut h = inputs;
+        for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate().take(ls.len() - 1) {
+            let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
+            let out = layer.cross_relation(block, &h, partials)?;
+            h = self.activate(l, block, out, dropout)?;
+        }
+        Ok(h)
+    }
+
+    /// RAF, on a worker: the seeds' partial aggregation over the top-layer
+    /// relations sampled into `mb`, from `h` ([`Model::raf_hidden`]); `None`
+    /// when the partition has no top-layer relation.
+    pub fn raf_partial(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Option<Tensor>> {
+        let (ls, _) = self.relational()?;
+        let (layer, block) = (ls.last().expect("validated: layers >= 1"), mb.blocks.last().ok_or_else(|| ModelError::Config("no sampled blocks".into()))?);
+        if !block.relations.iter().any(|r| g.relation(r.relation).dst == self.target) {
+            return Ok(None);
+        }
+        Ok(layer.relation_partials(g, block, &self.all_relations, h)?.swap_remove(self.target.index()))
+    }
+
+    /// RAF, on the reducer: the logits of `seeds` from their own rows after
+    /// `layers - 1` layers and every worker's partial (merged in the order given).
+    pub fn raf_reduce(&self, seeds: &[u32], own: &Tensor, partials: &[Tensor], dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let (ls, head) = self.relational()?;
+        let layer = ls.last().expect("validated: layers >= 1");
+        let mut merged: Option<Tensor> = None;
+        for p in partials {
+            merged = Some(match merged {
+                Some(m) => layer.combine_partials(&m, p)?,
+                None => p.clone(),
+            });
+        }
+        let n = self.embeddings.len();
+        let t = self.target.index();
+        let mut ids = vec![Vec::new(); n];
+        ids[t] = seeds.to_vec();
+        let block = graphs::Block { layer: ls.len() - 1, dst: ids.clone(), src: ids, relations: Vec::new() };
+        let mut h: PerType = vec![None; n];
+        h[t] = Some(own.clone());
+        let mut p: PerType = vec![None; n];
+        p[t] = merged;
+        let out = layer.cross_relation(&block, &h, p)?;
+        let mut out = self.activate(ls.len() - 1, &block, out, dropout)?;
+        let out = out[t].take().ok_or_else(|| ModelError::Config("no target rows after the top layer".into()))?;
+        Ok(match head {
+            Some((w, b)) => crate::ops::matmul(&out, w)?.broadcast_add(b)?,
+            None => out,
+        })
+    }
+
+    /// Whether the top layer reads the destinations' own rows inside the
+    /// relation partials (attention queries): then a RAF worker that cannot
+    /// compute the seeds' rows itself receives them from the reducer.
+    pub fn raf_partial_reads_seeds(&self) -> bool {
+        matches!(self.layers, Layers::Relational(ref ls, _) if ls.len() > 1 && matches!(ls.last(), Some(GnnLayer::Rgat(_) | GnnLayer::Hgt(_))))
+    }
+
+    /// RAF: per layer, the node types that are destinations (`.0`) and
+    /// sources (`.1`) of a partition sampling `per_layer` relations.
+    pub fn raf_types(g: &HetGraph, per_layer: &[Vec<RelationId>]) -> Vec<(Vec<bool>, Vec<bool>)> {
+        let n = g.node_types().len();
+        let mut out = vec![(vec![false; n], vec![false; n]); per_layer.len()];
+        let mut dst = vec![false; n];
+        dst[g.target().index()] = true;
+        for l in (0..per_layer.len()).rev() {
+            let mut src = dst.clone();
+            for &r in &per_layer[l] {
+                src[g.relation(r).src.index()] = true;
+            }
+            out[l] = (dst, src.clone());
+            dst = src;
+        }
+        out
+    }
+
+    /// RAF: names of the dense parameters a partition sampling `per_layer`
+    /// relations may use (a superset); with `reducer`, also those of the
+    /// cross-relation step and head of the top layer.
+    pub fn raf_params(&self, g: &HetGraph, per_layer: &[Vec<RelationId>], reducer: bool) -> Result<std::collections::BTreeSet<String>> {
+        let (ls, _) = self.relational()?;
+        if per_layer.len() != ls.len() {
+            return Err(ModelError::Config(format!("relations for {} layers, the model has {}", per_layer.len(), ls.len())));
+        }
+        let types = Model::raf_types(g, per_layer);
+        let top = ls.len() - 1;
+        let name = |t: usize| g.node_types()[t].name.as_str();
+        let mut prefixes = Vec::new();
+        for (l, rels) in per_layer.iter().enumerate() {
+            for &r in rels {
+                prefixes.push(format!("layer{l}.rel.{}.", g.relation(r).canonical()));
+            }
+            let (dst, src) = &types[l];
+            for t in 0..dst.len() {
+                if src[t] {
+                    prefixes.push(format!("layer{l}.type.{}.", name(t)));
+                }
+                if dst[t] && l < top {
+                    prefixes.push(format!("layer{l}.self.{}.", name(t)));
+                }
+            }
+        }
+        if reducer {
+            let t = self.target.index();
+            prefixes.push(format!("layer{top}.self.{}.", name(t)));
+            prefixes.push(format!("layer{top}.type.{}.", name(t)));
+            prefixes.push("head.".to_string());
+        }
+        Ok(self.params.iter().map(|(n, _)| n).filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str()))).map(str::to_string).collect())
     }
 
     /// Dropout on rows that belong to nodes `ids`: each row's mask is keyed by

@@ -126,6 +126,24 @@ impl Inbox {
         })
     }
 
+    /// Files a message's payload under `(seq, round, from)` (the first copy wins:
+    /// a duplicated message changes nothing).
+    pub fn file(&self, seq: u64, round: u32, from: u32, data: Vec<u8>) {
+        self.update(|s| {
+            s.grads.entry((seq, round, from)).or_insert(data);
+        });
+    }
+
+    /// The payloads filed under `(seq, round, p)` for every `p` in `peers`, in peer order.
+    pub fn raw(&self, what: &str, seq: u64, round: u32, peers: &[u32], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.wait(&format!("{what} of step {seq} from {peers:?}"), timeout, |s| {
+            if !peers.iter().all(|p| s.grads.contains_key(&(seq, round, *p))) {
+                return None;
+            }
+            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, round, *p))).collect::<Vec<_>>())
+        })
+    }
+
     /// Waits for the coordinator's word that the run is over.
     pub fn finished(&self, timeout: Duration) -> Result<()> {
         self.wait("the coordinator's end-of-run message", timeout, |s| s.finished.then_some(()))

@@ -169,7 +169,7 @@ fn join_trainers(handles: Vec<std::thread::JoinHandle<Result<models::Model>>>) -
 }
 
 /// Registers the coordinator's inbox on `node`.
-fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
+pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
     let inbox = Arc::new(Inbox::default());
     let addr = InboxActor(inbox.clone()).start();
     node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<StepDone>().handle::<Abort>();
@@ -178,9 +178,9 @@ fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
 
 /// An actix system running on a thread of its own, so training threads can
 /// block while it serves the actors.
-struct System {
-    node: Node,
-    handle: tokio::runtime::Handle,
+pub(crate) struct System {
+    pub(crate) node: Node,
+    pub(crate) handle: tokio::runtime::Handle,
     arbiters: Vec<actix::Arbiter>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -188,7 +188,7 @@ struct System {
 
 impl System {
     /// Starts the system and runs `setup` in it.
-    fn start<T, F, S>(setup: S) -> Result<(System, T)>
+    pub(crate) fn start<T, F, S>(setup: S) -> Result<(System, T)>
     where
         T: Send + 'static,
         F: Future<Output = Result<(Node, Vec<actix::Arbiter>, T)>> + 'static,
@@ -249,7 +249,7 @@ fn open_partitions(t: &TrainingConfig) -> Result<PartitionSet> {
     Ok(PartitionSet::open(dir)?)
 }
 
-fn load_options(t: &TrainingConfig) -> LoadOptions {
+pub(crate) fn load_options(t: &TrainingConfig) -> LoadOptions {
     LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges }
 }
 
@@ -293,9 +293,16 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
 }
 
 /// Gathers every epoch's statistics from the trainers into a report.
-fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
+pub(crate) fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
+    coordinate_mode("data-parallel", t, parts, trainers, inbox, g, observer, timeouts)
+}
+
+/// [`coordinate`] for a run of `mode`: the statistics of trainer (or worker)
+/// 0 carry the loss and training accuracy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coordinate_mode(mode: &str, t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
     let (_, splits) = g.target_labels();
-    let mut report = Report { mode: "data-parallel".into(), nodes: parts as usize, ..Report::default() };
+    let mut report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
     let mut step_bytes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for epoch in 0..t.epochs {
         let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
@@ -397,7 +404,7 @@ pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String
 }
 
 /// Waits until every peer of `node` is up, or names those that are not.
-async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
         let missing: Vec<String> = node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
@@ -424,7 +431,7 @@ async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Dura
 /// Stops the run as soon as a peer is reported down: every step needs every
 /// trainer, so waiting out the deadlines would only delay the error.
 /// (Recovery from checkpoints is the chaos issue's.)
-fn watch_peers(node: &Node, inboxes: Vec<Arc<Inbox>>) {
+pub(crate) fn watch_peers(node: &Node, inboxes: Vec<Arc<Inbox>>) {
     let mut events = node.subscribe();
     let me = node.id().to_string();
     tokio::spawn(async move {

@@ -2,7 +2,9 @@
 //!
 //! 1. The metatree: BFS from the target type over the metagraph to the model's
 //!    depth; a vertex of type `t` gets one child per relation into `t` (its
-//!    source type), as neighborhood sampling walks it.
+//!    source type), as neighborhood sampling walks it, and a self child of
+//!    type `t`: the layers' self-loops read a node's own previous-layer row,
+//!    which needs every relation into `t` one layer down.
 //! 2. One sub-metatree per child of the root (the root included), weighted by
 //!    the node counts of its vertices plus the edge counts of its links.
 //! 3. Sub-metatrees go to partitions by longest-processing-time first; with
@@ -27,7 +29,8 @@ pub struct TreeVertex {
     pub depth: usize,
     /// Parent vertex (`None` for the root).
     pub parent: Option<usize>,
-    /// The relation from this vertex's type into its parent's.
+    /// The relation from this vertex's type into its parent's; `None` for the
+    /// root and for self children (the self-loop: the parent node's own row).
     pub via: Option<RelationId>,
 }
 
@@ -50,6 +53,7 @@ pub fn metatree(m: &Metagraph, root: NodeTypeId, depth: usize) -> Metatree {
             for l in m.incoming(v.ntype) {
                 vertices.push(TreeVertex { ntype: l.src, depth: v.depth + 1, parent: Some(i), via: Some(l.relation) });
             }
+            vertices.push(TreeVertex { ntype: v.ntype, depth: v.depth + 1, parent: Some(i), via: None });
         }
         i += 1;
     }
@@ -65,8 +69,14 @@ pub struct SubMetatree {
     pub links: Vec<(usize, RelationId)>,
     /// Node types of its vertices, the root's included.
     pub types: BTreeSet<NodeTypeId>,
-    /// Node counts of its vertices plus edge counts of its links.
+    /// Node counts of its vertices plus edge counts of its links (self
+    /// vertices add nothing: their nodes are their parent's).
     pub weight: u64,
+    /// Whether it is the root's self sub-metatree: the target nodes' own
+    /// previous-layer rows, which the reducer's cross-relation step reads.
+    pub self_loop: bool,
+    /// Edge count of each link (parallel to `links`).
+    pub link_weights: Vec<u64>,
 }
 
 impl Metatree {
@@ -84,6 +94,8 @@ impl Metatree {
                     links: Vec::new(),
                     types: BTreeSet::from([root.ntype]),
                     weight: m.type_weights[root.ntype.index()],
+                    self_loop: v.via.is_none(),
+                    link_weights: Vec::new(),
                 });
                 subs.len() - 1
             } else {
@@ -91,11 +103,13 @@ impl Metatree {
             };
             owner[i] = s;
             let sub = &mut subs[s];
-            let rel = v.via.expect("non-root vertices have a relation");
+            let Some(rel) = v.via else { continue };
             // A link at depth d feeds model layer depth - d (hop 1 feeds the last layer).
+            let w = m.links[rel.0 as usize].weight;
             sub.links.push((self.depth - v.depth, rel));
+            sub.link_weights.push(w);
             sub.types.insert(v.ntype);
-            sub.weight += m.type_weights[v.ntype.index()] + m.links[rel.0 as usize].weight;
+            sub.weight += m.type_weights[v.ntype.index()] + w;
         }
         subs
     }
@@ -109,59 +123,95 @@ pub struct MetaPart {
     /// `(replica, replicas)`: which share of the target nodes it trains when
     /// its (single) sub-metatree is replicated; `(0, 1)` otherwise.
     pub replica: (usize, usize),
+    /// Whether it holds the root's self sub-metatree: the partition that
+    /// computes the target nodes' own rows and hosts the reducer.
+    pub reducer: bool,
     /// Its relations, each once.
     pub relations: BTreeSet<RelationId>,
     /// Relations per model layer (the sampler's filter).
     pub per_layer: Vec<Vec<RelationId>>,
     /// Node types it holds.
     pub types: BTreeSet<NodeTypeId>,
-    /// Sum of its sub-metatrees' weights.
+    /// Sum of its sub-metatrees' weights (a shared relation or type counted once).
     pub load: u64,
 }
 
+impl MetaPart {
+    /// What adding sub-metatree `s` would add to the load: its links and
+    /// types this partition does not hold yet.
+    fn marginal(&self, m: &Metagraph, s: &SubMetatree) -> u64 {
+        let links: u64 = s.links.iter().zip(&s.link_weights).filter(|((l, r), _)| !self.per_layer[*l].contains(r)).map(|(_, w)| w).sum();
+        let types: u64 = s.types.iter().filter(|t| !self.types.contains(t)).map(|t| m.type_weights[t.index()]).sum();
+        links + types
+    }
+
+    fn add(&mut self, s: usize, sub: &SubMetatree) {
+        self.subtrees.push(s);
+        self.reducer |= sub.self_loop;
+        for &(layer, rel) in &sub.links {
+            self.relations.insert(rel);
+            if !self.per_layer[layer].contains(&rel) {
+                self.per_layer[layer].push(rel);
+            }
+        }
+        self.types.extend(sub.types.iter().copied());
+    }
+}
+
 /// Assigns sub-metatrees to `parts` partitions by LPT, replicating when there
-/// are fewer sub-metatrees than partitions.
-pub fn assign(subs: &[SubMetatree], parts: usize, layers: usize) -> Vec<MetaPart> {
-    let empty = |subtrees: Vec<usize>, replica| MetaPart { subtrees, replica, relations: BTreeSet::new(), per_layer: vec![Vec::new(); layers], types: BTreeSet::new(), load: 0 };
+/// are fewer sub-metatrees than partitions. The root's self sub-metatree
+/// shares most of its relations with the sub-metatrees of relations from the
+/// target type into itself, so it joins the partition it adds least to (or
+/// gets one of its own when there is exactly one partition to spare).
+pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) -> Vec<MetaPart> {
+    let empty = |replica| MetaPart { subtrees: Vec::new(), replica, reducer: false, relations: BTreeSet::new(), per_layer: vec![Vec::new(); layers], types: BTreeSet::new(), load: 0 };
+    let rel_subs: Vec<usize> = (0..subs.len()).filter(|&s| !subs[s].self_loop).collect();
+    let self_sub = (0..subs.len()).find(|&s| subs[s].self_loop);
     let mut out: Vec<MetaPart> = Vec::new();
-    if subs.is_empty() || parts == 0 {
+    if rel_subs.is_empty() || parts == 0 {
         return out;
     }
-    if parts <= subs.len() {
-        let mut order: Vec<usize> = (0..subs.len()).collect();
+    let n = rel_subs.len();
+    let alone = self_sub.is_some() && parts == n + 1;
+    let rel_parts = if alone { n } else { parts };
+    if rel_parts <= n {
+        let mut order = rel_subs.clone();
         order.sort_by(|&a, &b| subs[b].weight.cmp(&subs[a].weight).then(a.cmp(&b)));
-        out = (0..parts).map(|_| empty(Vec::new(), (0, 1))).collect();
+        out = (0..rel_parts).map(|_| empty((0, 1))).collect();
         for s in order {
-            let k = (0..parts).min_by_key(|&k| (out[k].load, k)).expect("parts > 0");
-            out[k].subtrees.push(s);
-            out[k].load += subs[s].weight;
+            let k = (0..rel_parts).min_by_key(|&k| (out[k].load, k)).expect("parts > 0");
+            out[k].load += out[k].marginal(m, &subs[s]);
+            out[k].add(s, &subs[s]);
         }
     } else {
         // Give the next replica to the sub-metatree with the most weight per replica.
-        let mut replicas = vec![1usize; subs.len()];
-        for _ in subs.len()..parts {
-            let s = (0..subs.len()).max_by(|&a, &b| (subs[a].weight * replicas[b] as u64).cmp(&(subs[b].weight * replicas[a] as u64)).then(b.cmp(&a))).expect("subs non-empty");
-            replicas[s] += 1;
+        let mut replicas = vec![1usize; n];
+        for _ in n..rel_parts {
+            let i = (0..n).max_by(|&a, &b| (subs[rel_subs[a]].weight * replicas[b] as u64).cmp(&(subs[rel_subs[b]].weight * replicas[a] as u64)).then(b.cmp(&a))).expect("subs non-empty");
+            replicas[i] += 1;
         }
-        for (s, &r) in replicas.iter().enumerate() {
+        for (i, &r) in replicas.iter().enumerate() {
+            let s = rel_subs[i];
             for j in 0..r {
-                let mut p = empty(vec![s], (j, r));
+                let mut p = empty((j, r));
                 p.load = subs[s].weight;
+                p.add(s, &subs[s]);
                 out.push(p);
             }
         }
     }
+    if let Some(s) = self_sub {
+        let k = if alone {
+            out.push(empty((0, 1)));
+            out.len() - 1
+        } else {
+            (0..out.len()).min_by_key(|&k| (out[k].load + out[k].marginal(m, &subs[s]), k)).expect("parts > 0")
+        };
+        out[k].load += out[k].marginal(m, &subs[s]);
+        out[k].add(s, &subs[s]);
+    }
     for p in &mut out {
         p.subtrees.sort_unstable();
-        for &s in &p.subtrees {
-            for &(layer, rel) in &subs[s].links {
-                p.relations.insert(rel);
-                if !p.per_layer[layer].contains(&rel) {
-                    p.per_layer[layer].push(rel);
-                }
-            }
-            p.types.extend(subs[s].types.iter().copied());
-        }
         for l in &mut p.per_layer {
             l.sort_unstable();
         }
@@ -197,13 +247,20 @@ mod tests {
     fn the_mag_metatree_has_a_sub_metatree_per_relation_into_the_target() {
         let m = mag();
         let t = metatree(&m, NodeTypeId(0), 2);
-        // Into paper: writes (A), cites (P), rev_cites (P), rev_has_topic (F).
+        // Into paper: writes (A), cites (P), rev_cites (P), rev_has_topic (F), and the self-loop.
         let subs = t.split(&m);
-        assert_eq!(subs.len(), 4);
-        let via: Vec<RelationId> = subs.iter().map(|s| t.vertices[s.child].via.unwrap()).collect();
-        assert_eq!(via, vec![RelationId(0), RelationId(2), RelationId(6), RelationId(7)]);
+        assert_eq!(subs.len(), 5);
+        let via: Vec<Option<RelationId>> = subs.iter().map(|s| t.vertices[s.child].via).collect();
+        assert_eq!(via, vec![Some(RelationId(0)), Some(RelationId(2)), Some(RelationId(6)), Some(RelationId(7)), None]);
+        assert_eq!(subs.iter().map(|s| s.self_loop).collect::<Vec<_>>(), vec![false, false, false, false, true]);
         // The author branch: writes at layer 1, then into author (rev_writes, rev_affiliated_with) at layer 0.
         assert_eq!(subs[0].links, vec![(1, RelationId(0)), (0, RelationId(4)), (0, RelationId(5))]);
+        // The self branch: every relation into paper at layer 0 (the seeds' own previous-layer rows).
+        assert_eq!(subs[4].links, vec![(0, RelationId(0)), (0, RelationId(2)), (0, RelationId(6)), (0, RelationId(7))]);
+        // Three layers: an author at depth 1 has a self child whose children are the relations into author at layer 0.
+        let t3 = metatree(&m, NodeTypeId(0), 3);
+        let s3 = t3.split(&m);
+        assert!(s3[0].links.contains(&(0, RelationId(4))) && s3[0].links.contains(&(1, RelationId(4))), "{:?}", s3[0].links);
         assert_eq!(subs[0].types, BTreeSet::from([NodeTypeId(0), NodeTypeId(1), NodeTypeId(2)]));
         assert_eq!(subs[0].weight, 736 + (1134 + 7145) + (736 + 7145) + (9 + 1043));
         assert!(t.vertices.iter().all(|v| v.depth <= 2));
@@ -214,13 +271,17 @@ mod tests {
         let m = mag();
         let t = metatree(&m, NodeTypeId(0), 2);
         let subs = t.split(&m);
-        let parts = assign(&subs, 2, 2);
+        let parts = assign(&m, &subs, 2, 2);
         assert_eq!(parts.len(), 2);
         let mut all: Vec<usize> = parts.iter().flat_map(|p| p.subtrees.clone()).collect();
         all.sort_unstable();
-        assert_eq!(all, vec![0, 1, 2, 3], "every sub-metatree placed once");
+        assert_eq!(all, vec![0, 1, 2, 3, 4], "every sub-metatree placed once");
+        // The self sub-metatree joins a partition holding a paper branch (it adds no relation there).
+        let r: Vec<&MetaPart> = parts.iter().filter(|p| p.reducer).collect();
+        assert_eq!(r.len(), 1);
+        assert!(r[0].subtrees.contains(&1) || r[0].subtrees.contains(&2), "{:?}", r[0].subtrees);
         // LPT bound: the largest load is at most the optimum + the largest item; here also at most 4/3 of the mean.
-        let total: u64 = subs.iter().map(|s| s.weight).sum();
+        let total: u64 = subs.iter().filter(|s| !s.self_loop).map(|s| s.weight).sum();
         let max = parts.iter().map(|p| p.load).max().unwrap();
         assert!(max as f64 <= total as f64 / 2.0 * 4.0 / 3.0, "{max} of {total}");
         for p in &parts {
@@ -232,15 +293,19 @@ mod tests {
             }
         }
         // Six partitions for four sub-metatrees: the two heaviest get a second replica.
-        let six = assign(&subs, 6, 2);
+        // Five partitions: each sub-metatree alone, the self one included.
+        let five = assign(&m, &subs, 5, 2);
+        assert_eq!(five.len(), 5);
+        assert!(five[4].reducer && five[4].subtrees == vec![4] && five[..4].iter().all(|p| !p.reducer && p.subtrees.len() == 1));
+        let six = assign(&m, &subs, 6, 2);
         assert_eq!(six.len(), 6);
         let mut by_weight: Vec<usize> = (0..4).collect();
         by_weight.sort_by_key(|&s| std::cmp::Reverse(subs[s].weight));
         for &s in &by_weight[..2] {
-            let reps: Vec<_> = six.iter().filter(|p| p.subtrees == vec![s]).map(|p| p.replica).collect();
+            let reps: Vec<_> = six.iter().filter(|p| p.subtrees.first() == Some(&s)).map(|p| p.replica).collect();
             assert_eq!(reps, vec![(0, 2), (1, 2)]);
         }
-        assert!(assign(&subs, 0, 2).is_empty());
+        assert!(assign(&m, &subs, 0, 2).is_empty());
     }
 }
 
@@ -272,6 +337,9 @@ pub struct MetaPartInfo {
     pub subtrees: Vec<String>,
     /// `[replica, replicas]` of the target nodes it trains.
     pub replica: [usize; 2],
+    /// Whether it holds the root's self sub-metatree (and hosts the reducer).
+    #[serde(default)]
+    pub reducer: bool,
     /// Canonical names of its relations (each once).
     pub relations: Vec<String>,
     /// Relations per model layer.
@@ -306,7 +374,7 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
     if subs.is_empty() {
         return Err(GraphError::InvalidArgument("no relation leads into the target type: nothing to partition".into()));
     }
-    let assigned = assign(&subs, parts, layers);
+    let assigned = assign(&m, &subs, parts, layers);
     let name = |r: RelationId| g.relation(r).canonical().to_string();
     let original = |r: RelationId| g.relation(r).reverse_of.unwrap_or(r);
     let dir = AtomicDir::create(out, overwrite)?;
@@ -320,7 +388,8 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
         let edges = p.relations.iter().map(|&r| (name(r), g.relation(r).num_edges() as u64)).collect();
         let nodes = g.node_types().iter().enumerate().filter(|(t, _)| held(*t)).map(|(_, nt)| (nt.name.clone(), u64::from(nt.count))).collect();
         info.push(MetaPartInfo {
-            subtrees: p.subtrees.iter().map(|&s| name(tree.vertices[subs[s].child].via.expect("child of the root"))).collect(),
+            subtrees: p.subtrees.iter().map(|&s| tree.vertices[subs[s].child].via.map_or_else(|| "self".to_string(), name)).collect(),
+            reducer: p.reducer,
             replica: [p.replica.0, p.replica.1],
             relations: p.relations.iter().map(|&r| name(r)).collect(),
             per_layer: p.per_layer.iter().map(|l| l.iter().map(|&r| name(r)).collect()).collect(),
@@ -338,4 +407,70 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
     std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
     dir.commit()?;
     Ok(manifest)
+}
+
+/// A meta-partition directory opened for training.
+#[derive(Clone, Debug)]
+pub struct MetaSet {
+    /// The directory.
+    pub dir: std::path::PathBuf,
+    /// Its manifest.
+    pub manifest: MetaManifest,
+}
+
+impl MetaSet {
+    /// Reads and checks `dir/manifest.json`.
+    pub fn open(dir: &std::path::Path) -> crate::Result<MetaSet> {
+        use crate::error::GraphError;
+        let mpath = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        if value["method"] != "meta" {
+            return Err(GraphError::data(&mpath, "these are edge-cut partitions (by node): mode = \"raf\" needs meta-partitions (hetgnn partition --method meta)"));
+        }
+        let manifest: MetaManifest = serde_json::from_value(value).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        if manifest.format != 1 {
+            return Err(GraphError::data(&mpath, format!("format {} is not the supported 1", manifest.format)));
+        }
+        if manifest.parts == 0 || manifest.parts > super::MAX_PARTS || manifest.info.len() != manifest.parts {
+            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
+        }
+        if manifest.info.iter().filter(|p| p.reducer).count() != 1 {
+            return Err(GraphError::data(&mpath, "no partition (or more than one) holds the self sub-metatree: written by an older hetgnn, run hetgnn partition --method meta again"));
+        }
+        if let Some(p) = manifest.info.iter().find(|p| p.per_layer.len() != manifest.layers) {
+            return Err(GraphError::data(&mpath, format!("a partition lists relations for {} layers, the manifest says {}", p.per_layer.len(), manifest.layers)));
+        }
+        Ok(MetaSet { dir: dir.to_path_buf(), manifest })
+    }
+
+    /// The partition that hosts the reducer.
+    pub fn reducer(&self) -> usize {
+        self.manifest.info.iter().position(|p| p.reducer).unwrap_or(0)
+    }
+
+    /// Loads partition `k` (global ids; only its relations have edges).
+    pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> crate::Result<crate::HetGraph> {
+        use crate::error::GraphError;
+        if k >= self.manifest.parts {
+            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
+        }
+        if opts.reverse_edges != self.manifest.reverse_edges {
+            return Err(GraphError::InvalidArgument(format!(
+                "the meta-partitions were built with reverse_edges = {}; train with the same setting (or partition again)",
+                self.manifest.reverse_edges
+            )));
+        }
+        crate::load(&self.dir.join(format!("part{k}")), opts)
+    }
+
+    /// Partition `k`'s relations per model layer, as ids of `g` (any of its partitions).
+    pub fn per_layer(&self, k: usize, g: &crate::HetGraph) -> crate::Result<Vec<Vec<RelationId>>> {
+        use crate::error::GraphError;
+        let info = self.manifest.info.get(k).ok_or_else(|| GraphError::InvalidArgument(format!("partition {k} does not exist")))?;
+        info.per_layer
+            .iter()
+            .map(|l| l.iter().map(|n| g.relation_id(n).ok_or_else(|| GraphError::data(&self.dir.join("manifest.json"), format!("partition {k}: unknown relation {n}")))).collect())
+            .collect()
+    }
 }

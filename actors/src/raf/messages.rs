@@ -1,0 +1,120 @@
+//! The messages of relation-aggregation-first training. Each carries one
+//! step's tensor (or gradient payload) from one worker; kinds name what they
+//! carry, so the report's bytes per kind read as partial aggregations, their
+//! gradients, the seeds' rows and the shared-parameter gradients.
+
+use actix::{Context, Handler, MessageResult};
+use runtime::{ByteVec, Deliver, Msg};
+use serde::{Deserialize, Serialize};
+
+use crate::dist::inbox::InboxActor;
+
+/// Inbox rounds (the `round` of [`crate::dist::inbox::Inbox::raw`]) of each kind.
+pub mod round {
+    /// A worker's partial aggregation, at the reducer.
+    pub const PARTIAL: u32 = 0x100;
+    /// The gradient of a worker's partial, at the worker.
+    pub const PARTIAL_GRAD: u32 = 0x101;
+    /// The seeds' rows below the top layer, at a worker that cannot compute them.
+    pub const SEED_ROWS: u32 = 0x102;
+    /// A worker's gradient of the seeds' rows, at the reducer.
+    pub const SEED_GRAD: u32 = 0x103;
+    /// Gradients of parameters and embedding rows two workers share.
+    pub const SHARED: u32 = 0x104;
+    /// A worker's final parameters and embedding tables, at the coordinator.
+    pub const FINAL: u32 = 0x105;
+}
+
+macro_rules! payload_message {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $round:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Serialize, Deserialize)]
+        pub struct $name {
+            /// Step number (training steps count from 0; evaluation steps have the top bit set).
+            pub seq: u64,
+            /// Sending worker.
+            pub from: u32,
+            /// The payload (little-endian f32 rows, or an encoded [`SharedGrads`] / [`FinalState`]).
+            pub data: ByteVec,
+        }
+
+        impl Msg for $name {
+            type Reply = ();
+            const KIND: &'static str = $kind;
+        }
+
+        impl Handler<Deliver<$name>> for InboxActor {
+            type Result = MessageResult<Deliver<$name>>;
+            fn handle(&mut self, m: Deliver<$name>, _: &mut Context<Self>) -> Self::Result {
+                self.0.file(m.msg.seq, $round, m.msg.from, m.msg.data.0);
+                MessageResult(())
+            }
+        }
+    };
+}
+
+payload_message!(
+    /// A worker's partial aggregation of the seeds (all its top-layer relations combined).
+    Partial, "partial", round::PARTIAL
+);
+payload_message!(
+    /// The reducer's gradient of one worker's partial.
+    PartialGrad, "partial.grad", round::PARTIAL_GRAD
+);
+payload_message!(
+    /// The seeds' rows below the top layer, for a worker whose top-layer attention reads them.
+    SeedRows, "seed_rows", round::SEED_ROWS
+);
+payload_message!(
+    /// A worker's gradient of the seeds' rows it was sent.
+    SeedGrad, "seed_rows.grad", round::SEED_GRAD
+);
+payload_message!(
+    /// Gradients of the dense parameters and embedding rows the sender shares with the receiver.
+    Shared, "shared.grad", round::SHARED
+);
+payload_message!(
+    /// A worker's parameters and tables at the end of the run.
+    Final, "final", round::FINAL
+);
+
+/// What a [`Shared`] message encodes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct SharedGrads {
+    /// Per shared parameter (in name order), whether the sender has a gradient.
+    pub present: Vec<bool>,
+    /// The present gradients, concatenated.
+    pub dense: Vec<f32>,
+    /// Per shared embedding table: `(node type, row ids, row gradients)`.
+    pub rows: Vec<(u32, Vec<u32>, Vec<f32>)>,
+}
+
+/// What a [`Final`] message encodes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct FinalState {
+    /// `(name, values)` of the parameters the worker holds.
+    pub params: Vec<(String, Vec<f32>)>,
+    /// `(node type, rows)` of the embedding tables it holds.
+    pub tables: Vec<(u32, Vec<f32>)>,
+}
+
+/// Most bytes an encoded payload may have.
+pub const MAX_PAYLOAD: usize = 1 << 31;
+
+/// Encodes `v` for a payload message.
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| e.to_string())
+}
+
+/// Decodes a payload (its size checked before decoding, its contents by the caller).
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    if bytes.len() > MAX_PAYLOAD {
+        return Err(format!("payload of {} bytes is over the {MAX_PAYLOAD}-byte limit", bytes.len()));
+    }
+    let cfg = bincode::config::standard().with_limit::<MAX_PAYLOAD>();
+    let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(|e| e.to_string())?;
+    if used != bytes.len() {
+        return Err(format!("{} trailing bytes after the payload", bytes.len() - used));
+    }
+    Ok(v)
+}

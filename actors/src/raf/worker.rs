@@ -1,0 +1,579 @@
+//! A RelationAggWorker (one per meta-partition), and on worker 0 the
+//! designated Reducer.
+//!
+//! Each step every worker samples the global batch over its own relations,
+//! runs the layers below the top on local features and embedding rows, and
+//! sends the reducer one partial aggregation of the seeds (its top-layer
+//! relations combined). The reducer, which also computes the seeds' own rows
+//! (its partition holds the self sub-metatree), merges the partials, applies
+//! the cross-relation step, head and loss, and returns each worker the
+//! gradient of its partial. Workers backpropagate locally; a parameter or
+//! embedding row that several workers hold gets the sum of their gradients,
+//! added in worker order, so every copy takes the same update.
+//!
+//! Equivalence with single-process training (Heta Prop. 4.1): a partition
+//! holding a relation at a layer holds every relation into that type at the
+//! layers below (the metatree), so the rows it feeds the top layer are the
+//! single-process rows; backpropagation is linear in the incoming gradient,
+//! so the per-worker gradients of a shared parameter sum to the
+//! single-process gradient.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use futures_util::future::join_all;
+use graphs::sampler::epoch_batches;
+use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId, Sampler};
+use models::embedding::adam_row;
+use models::model::DropoutKey;
+use models::optim::{Adam, AdamConfig};
+use models::Model;
+use runtime::{ActorRef, ByteVec, Msg, Node};
+
+use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows, Shared, SharedGrads};
+use super::names;
+use crate::config::TrainingConfig;
+use crate::dist::inbox::Inbox;
+use crate::dist::messages::{Abort, EpochStats, StepDone};
+use crate::dist::store::decode_f32;
+use crate::dist::Timeouts;
+use crate::error::{Result, TrainError};
+use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
+
+/// Evaluation steps are numbered apart from training steps.
+const EVAL_BIT: u64 = 1 << 63;
+
+/// Everything a worker thread needs.
+pub struct WorkerSetup {
+    /// This worker (0 hosts the reducer).
+    pub worker: u32,
+    /// Every worker's relations per layer (worker order).
+    pub per_layer: Arc<Vec<Vec<Vec<RelationId>>>>,
+    /// Training settings.
+    pub cfg: TrainingConfig,
+    /// This worker's partition.
+    pub graph: Arc<HetGraph>,
+    /// The node the worker's actors live on.
+    pub node: Node,
+    /// The node's runtime, for sends from this thread.
+    pub handle: tokio::runtime::Handle,
+    /// This worker's inbox.
+    pub inbox: Arc<Inbox>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+}
+
+/// A worker's result: its model (the parameters and tables it holds are current).
+pub struct WorkerResult {
+    /// The model; parameters outside `held` and tables outside `tables` are stale.
+    pub model: Model,
+    /// Names of the parameters it holds.
+    pub held: BTreeSet<String>,
+}
+
+/// Runs every epoch. On failure, tells the other workers and the coordinator.
+pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
+    let result = Worker::new(&s).and_then(|mut w| {
+        w.train()?;
+        Ok(WorkerResult { held: w.used.clone(), model: w.model })
+    });
+    if let Err(e) = &result {
+        let reason = e.to_string();
+        let me = names::worker(s.worker);
+        let workers = s.per_layer.len() as u32;
+        let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::dist::names::COORDINATOR.to_string()]).collect();
+        let asks = targets.iter().filter_map(|n| s.node.actor(n).ok()).map(|r| {
+            let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
+            let (reason, from) = (reason.clone(), s.worker);
+            async move { r.ask(Abort { from, reason }, Duration::from_secs(1)).await }
+        });
+        let _ = s.handle.block_on(join_all(asks));
+    }
+    result
+}
+
+struct Worker<'a> {
+    s: TrainerRefs,
+    setup: &'a WorkerSetup,
+    model: Model,
+    adam: Adam,
+    /// Parameters this worker may use.
+    used: BTreeSet<String>,
+    /// Per peer, the parameters both use (name order).
+    shared: Vec<Vec<String>>,
+    /// Per peer, the learnable types whose rows both read.
+    shared_tables: Vec<Vec<usize>>,
+    /// Per worker, whether the reducer sends it the seeds' rows.
+    needs_seeds: Vec<bool>,
+    device: Device,
+    seq: u64,
+}
+
+/// The actors a worker talks to.
+struct TrainerRefs {
+    workers: Vec<ActorRef>,
+    reducer: ActorRef,
+    coordinator: ActorRef,
+}
+
+/// What one step produced on this worker.
+struct StepOut {
+    loss: f64,
+    correct: u64,
+    gather_s: f64,
+    compute_s: f64,
+    comm_s: f64,
+    update_s: f64,
+}
+
+fn dist_err(e: impl std::fmt::Display) -> TrainError {
+    TrainError::Distributed(e.to_string())
+}
+
+fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    Ok(bytemuck::cast_slice(&v).to_vec())
+}
+
+impl<'a> Worker<'a> {
+    fn new(setup: &'a WorkerSetup) -> Result<Worker<'a>> {
+        let t = &setup.cfg;
+        let g = &setup.graph;
+        let device = crate::device::open(&t.device)?;
+        let mut model = Model::new(&t.model_spec(), g, DType::F32, &device)?;
+        let workers = setup.per_layer.len();
+        let w = setup.worker as usize;
+        let used_of = |k: usize| model.raf_params(g, &setup.per_layer[k], k == 0).map_err(TrainError::from);
+        let all_used: Vec<BTreeSet<String>> = (0..workers).map(used_of).collect::<Result<_>>()?;
+        let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
+        let reads = |k: usize| -> Vec<bool> {
+            let types = Model::raf_types(g, &setup.per_layer[k]);
+            types.first().map_or_else(Vec::new, |(_, src)| src.iter().zip(&learnable).map(|(a, b)| *a && *b).collect())
+        };
+        let mine = reads(w);
+        // Tables this worker never reads are dropped: only their holders keep them.
+        for (ty, e) in model.embeddings.iter_mut().enumerate() {
+            if !mine.get(ty).copied().unwrap_or(false) {
+                *e = None;
+            }
+        }
+        let shared = (0..workers).map(|k| if k == w { Vec::new() } else { all_used[w].intersection(&all_used[k]).cloned().collect() }).collect();
+        let shared_tables = (0..workers)
+            .map(|k| {
+                let theirs = reads(k);
+                if k == w {
+                    Vec::new()
+                } else {
+                    (0..mine.len()).filter(|&ty| mine[ty] && theirs[ty]).collect()
+                }
+            })
+            .collect();
+        let layers = setup.per_layer[0].len();
+        let target = g.target();
+        let into_target: BTreeSet<RelationId> = g.in_relations(target).iter().copied().collect();
+        let needs_seeds = (0..workers)
+            .map(|k| {
+                let complete = layers < 2 || into_target.iter().all(|r| setup.per_layer[k][layers - 2].contains(r));
+                k != 0 && model.raf_partial_reads_seeds() && !complete
+            })
+            .collect();
+        let me = runtime::ActorName::new(&names::worker(setup.worker)).map_err(dist_err)?;
+        let actor = |n: String| setup.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let refs = TrainerRefs {
+            workers: (0..workers as u32).map(|k| actor(names::worker(k))).collect::<Result<_>>()?,
+            reducer: actor(names::REDUCER.to_string())?,
+            coordinator: actor(crate::dist::names::COORDINATOR.to_string())?,
+        };
+        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam: Adam::new(AdamConfig::with_lr(t.lr)), shared, shared_tables, needs_seeds, device, seq: 0 })
+    }
+
+    fn workers(&self) -> u32 {
+        self.setup.per_layer.len() as u32
+    }
+
+    fn send<M: Msg<Reply = ()>>(&self, to: &ActorRef, m: M) -> Result<()> {
+        self.send_all(vec![(to, m)])
+    }
+
+    /// Sends every message concurrently; each is acknowledged on delivery.
+    fn send_all<M: Msg<Reply = ()>>(&self, msgs: Vec<(&ActorRef, M)>) -> Result<()> {
+        let timeout = self.setup.timeouts.ask;
+        let asks = msgs.into_iter().map(|(to, m)| to.ask(m, timeout));
+        for r in self.setup.handle.block_on(join_all(asks)) {
+            r.map_err(|e| TrainError::Distributed(format!("{}: {e}", M::KIND)))?;
+        }
+        Ok(())
+    }
+
+    fn train(&mut self) -> Result<()> {
+        let s = self.setup;
+        let t = s.cfg.clone();
+        let g = s.graph.clone();
+        let (labels, splits) = g.target_labels();
+        let filter = RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone());
+        let mut sampler = Sampler::new(&g, &t.fanouts, t.seed)?;
+        let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
+        for epoch in 0..t.epochs {
+            let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
+            let mut st = EpochStats { trainer: s.worker, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let start = Instant::now();
+            let before = s.node.metrics().bytes_by_kind();
+            let mut loss_sum = 0.0;
+            for (step, seeds) in batches.iter().enumerate() {
+                let mut clock = Instant::now();
+                let mb = sampler.sample_relations(epoch, step as u64, seeds, &filter)?;
+                st.sample_s += lap(&mut clock);
+                let out = self.step(&mb, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
+                self.seq += 1;
+                loss_sum += out.loss;
+                st.train_correct += out.correct;
+                st.train_seen += seeds.len() as u64;
+                st.gather_s += out.gather_s;
+                st.compute_s += out.compute_s;
+                st.comm_s += out.comm_s;
+                st.update_s += out.update_s;
+                if s.worker == 0 {
+                    self.send(&self.s.coordinator, StepDone { epoch, loss: out.loss })?;
+                }
+            }
+            st.seconds = start.elapsed().as_secs_f64();
+            if s.worker != 0 {
+                st.train_correct = 0;
+                st.train_seen = 0;
+            }
+            st.loss = loss_sum / batches.len().max(1) as f64;
+            let after = s.node.metrics();
+            st.step_bytes_by_kind = after.bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
+            let eval_start = Instant::now();
+            for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
+                let mut correct = 0;
+                for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
+                    let mb = eval_sampler.sample_relations(epoch, step as u64, seeds, &filter)?;
+                    let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
+                    correct += self.step(&mb, None, labels, seq)?.correct;
+                }
+                if split == 1 {
+                    st.valid_correct = correct;
+                } else {
+                    st.test_correct = correct;
+                }
+            }
+            st.eval_s = eval_start.elapsed().as_secs_f64();
+            st.bytes_by_kind = after.bytes_by_kind();
+            st.messages_by_kind = after.messages_by_kind();
+            self.send(&self.s.coordinator, st)?;
+        }
+        Ok(())
+    }
+
+    /// One training step (`dropout` is `Some`) or evaluation batch. On the
+    /// reducer, `loss` and `correct` are the batch's; elsewhere zero.
+    fn step(&mut self, mb: &MiniBatch, dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
+        let s = self.setup;
+        let g = &s.graph;
+        let w = s.worker;
+        let train = dropout.is_some();
+        let target = g.target().index();
+        let b = mb.seeds.len();
+        let mut out = StepOut { loss: 0.0, correct: 0, gather_s: 0.0, compute_s: 0.0, comm_s: 0.0, update_s: 0.0 };
+        let mut clock = Instant::now();
+        let inputs = self.model.gather_inputs(g, &mb.blocks[0].src)?;
+        out.gather_s += lap(&mut clock);
+        let mut h = self.model.raf_hidden(g, mb, inputs.clone(), dropout)?;
+        out.compute_s += lap(&mut clock);
+        let timeout = s.timeouts.step;
+        // The seeds' own rows: the reducer's are exact; a worker whose top
+        // layer reads them but lacks the relations below gets them sent.
+        let mut seed_leaf = None;
+        if w == 0 {
+            let own = h[target].as_ref().ok_or_else(|| dist_err("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
+            let data = ByteVec(to_bytes(&own)?);
+            let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { seq, from: 0, data: data.clone() })).collect();
+            self.send_all(msgs)?;
+        } else if self.needs_seeds[w as usize] {
+            let x = h[target].as_ref().ok_or_else(|| dist_err("no rows of the target type"))?;
+            let (n, width) = x.dims2()?;
+            let raw = s.inbox.raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
+            let rows = decode_f32(&raw[0], b * width).map_err(dist_err)?;
+            let leaf = Var::from_tensor(&Tensor::from_vec(rows, (b, width), &self.device)?)?;
+            let rest = x.narrow(0, b, n - b)?;
+            h[target] = Some(Tensor::cat(&[leaf.as_tensor(), &rest], 0)?);
+            seed_leaf = Some(leaf);
+        }
+        out.comm_s += lap(&mut clock);
+        let partial = self.model.raf_partial(g, mb, &h)?;
+        out.compute_s += lap(&mut clock);
+        let mut grads: Option<GradStore> = None;
+        if w == 0 {
+            let own = h[target].as_ref().ok_or_else(|| dist_err("no target rows"))?.narrow(0, 0, b)?;
+            let peers: Vec<u32> = (1..self.workers()).collect();
+            let raw = s.inbox.raw("the partial aggregations", seq, round::PARTIAL, &peers, timeout)?;
+            out.comm_s += lap(&mut clock);
+            let mut partials: Vec<Tensor> = partial.iter().cloned().collect();
+            let mut leaves = Vec::new();
+            for (k, bytes) in peers.iter().zip(&raw) {
+                let (shape, values): (Vec<u32>, Vec<f32>) = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
+                if shape.is_empty() {
+                    leaves.push(None);
+                    continue;
+                }
+                let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+                if dims[0] != b || dims.iter().product::<usize>() != values.len() {
+                    return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {b} seeds and {} values", values.len())));
+                }
+                let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
+                partials.push(leaf.as_tensor().clone());
+                leaves.push(Some(leaf));
+            }
+            let logits = self.model.raf_reduce(&mb.seeds, &own, &partials, dropout)?;
+            let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
+            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+            out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
+            if !train {
+                out.compute_s += lap(&mut clock);
+                return Ok(out);
+            }
+            let loss = candle_nn::loss::cross_entropy(&logits, &Tensor::from_vec(y, b, &self.device)?)?;
+            out.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let gs = loss.backward()?;
+            out.compute_s += lap(&mut clock);
+            let mut msgs = Vec::new();
+            for (k, leaf) in peers.iter().zip(&leaves) {
+                let data = match leaf.as_ref().and_then(|l| gs.get(l.as_tensor())) {
+                    Some(gr) => to_bytes(gr)?,
+                    None => Vec::new(),
+                };
+                msgs.push((&self.s.workers[*k as usize], PartialGrad { seq, from: 0, data: ByteVec(data) }));
+            }
+            self.send_all(msgs)?;
+            let mut gs = gs;
+            let askers: Vec<u32> = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).collect();
+            if !askers.is_empty() {
+                let raw = s.inbox.raw("the seeds' row gradients", seq, round::SEED_GRAD, &askers, timeout)?;
+                out.comm_s += lap(&mut clock);
+                let width = own.dim(1)?;
+                let mut sum: Option<Tensor> = None;
+                for bytes in &raw {
+                    let gr = Tensor::from_vec(decode_f32(bytes, b * width).map_err(dist_err)?, (b, width), &self.device)?;
+                    sum = Some(match sum {
+                        Some(s) => (s + gr)?,
+                        None => gr,
+                    });
+                }
+                if let Some(sum) = sum {
+                    let more = (own * sum)?.sum_all()?.backward()?;
+                    add_grads(&mut gs, &more, &self.model, &inputs)?;
+                }
+                out.compute_s += lap(&mut clock);
+            }
+            grads = Some(gs);
+        } else {
+            let data = match &partial {
+                Some(p) => {
+                    let shape: Vec<u32> = p.dims().iter().map(|&d| d as u32).collect();
+                    let values: Vec<f32> = p.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                    messages::encode(&(shape, values)).map_err(dist_err)?
+                }
+                None => messages::encode(&(Vec::<u32>::new(), Vec::<f32>::new())).map_err(dist_err)?,
+            };
+            self.send(&self.s.reducer, Partial { seq, from: w, data: ByteVec(data) })?;
+            out.comm_s += lap(&mut clock);
+            if !train {
+                return Ok(out);
+            }
+            let raw = s.inbox.raw("the gradient of this worker's partial", seq, round::PARTIAL_GRAD, &[0], timeout)?;
+            out.comm_s += lap(&mut clock);
+            if let Some(p) = &partial {
+                let gr = Tensor::from_vec(decode_f32(&raw[0], p.elem_count()).map_err(dist_err)?, p.shape(), &self.device)?;
+                let gs = (p * gr)?.sum_all()?.backward()?;
+                out.compute_s += lap(&mut clock);
+                if let Some(leaf) = &seed_leaf {
+                    let data = match gs.get(leaf.as_tensor()) {
+                        Some(gr) => to_bytes(gr)?,
+                        None => to_bytes(&leaf.as_tensor().zeros_like()?)?,
+                    };
+                    self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(data) })?;
+                }
+                grads = Some(gs);
+            } else if let Some(leaf) = &seed_leaf {
+                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(to_bytes(&leaf.as_tensor().zeros_like()?)?) })?;
+            }
+        }
+        self.update(seq, mb, &inputs, grads.as_ref(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Sums the gradients of shared parameters and rows with their other
+    /// holders (in worker order) and applies Adam to everything this worker holds.
+    fn update(&mut self, seq: u64, mb: &MiniBatch, inputs: &models::rgcn::PerType, grads: Option<&GradStore>, out: &mut StepOut) -> Result<()> {
+        let mut clock = Instant::now();
+        let s = self.setup;
+        let w = s.worker as usize;
+        let grad_of = |t: &Tensor| grads.and_then(|g| g.get(t)).cloned();
+        let mine: BTreeMap<String, Tensor> = self.model.params.iter().filter_map(|(n, v)| grad_of(v.as_tensor()).map(|g| (n.to_string(), g))).collect();
+        if let Some(stray) = mine.keys().find(|n| !self.used.contains(*n)) {
+            return Err(TrainError::Distributed(format!("worker {w} computed a gradient for {stray}, outside its planned parameters")));
+        }
+        let my_rows: Vec<Option<Vec<f32>>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(ty, x)| match (x, self.model.embeddings.get(ty).and_then(Option::as_ref)) {
+                (Some(x), Some(_)) => grad_of(x).map(|g| g.to_dtype(DType::F32).and_then(|g| g.flatten_all()).and_then(|g| g.to_vec1::<f32>())).transpose(),
+                _ => Ok(None),
+            })
+            .collect::<candle_core::Result<_>>()?;
+        // Send each co-holder what it shares with this worker.
+        let mut msgs = Vec::new();
+        for k in 0..self.workers() as usize {
+            if k == w || (self.shared[k].is_empty() && self.shared_tables[k].is_empty()) {
+                continue;
+            }
+            let mut msg = SharedGrads::default();
+            for n in &self.shared[k] {
+                match mine.get(n) {
+                    Some(gr) => {
+                        msg.present.push(true);
+                        msg.dense.extend(gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+                    }
+                    None => msg.present.push(false),
+                }
+            }
+            for &ty in &self.shared_tables[k] {
+                if let Some(rows) = &my_rows[ty] {
+                    msg.rows.push((ty as u32, mb.blocks[0].src[ty].clone(), rows.clone()));
+                }
+            }
+            msgs.push((&self.s.workers[k], Shared { seq, from: w as u32, data: ByteVec(messages::encode(&msg).map_err(dist_err)?) }));
+        }
+        self.send_all(msgs)?;
+        let peers: Vec<u32> = (0..self.workers()).filter(|&k| k as usize != w && !(self.shared[k as usize].is_empty() && self.shared_tables[k as usize].is_empty())).collect();
+        let raw = s.inbox.raw("the shared gradients", seq, round::SHARED, &peers, s.timeouts.step)?;
+        out.comm_s += lap(&mut clock);
+        let mut theirs: BTreeMap<u32, SharedGrads> = BTreeMap::new();
+        for (k, bytes) in peers.iter().zip(&raw) {
+            let m: SharedGrads = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s shared gradients: {e}")))?;
+            if m.present.len() != self.shared[*k as usize].len() {
+                return Err(TrainError::Distributed(format!("worker {k} sent {} shared gradients, {} expected", m.present.len(), self.shared[*k as usize].len())));
+            }
+            theirs.insert(*k, m);
+        }
+        // Dense: per parameter, the present gradients in worker order.
+        let mut summed: BTreeMap<String, Tensor> = BTreeMap::new();
+        let mut offsets: BTreeMap<u32, usize> = theirs.keys().map(|&k| (k, 0)).collect();
+        let mut contrib: BTreeMap<String, Vec<(u32, Tensor)>> = BTreeMap::new();
+        for (k, m) in &theirs {
+            for (n, &present) in self.shared[*k as usize].iter().zip(&m.present) {
+                if !present {
+                    continue;
+                }
+                let var = self.model.params.get(n).ok_or_else(|| dist_err(format!("unknown parameter {n}")))?;
+                let len = var.elem_count();
+                let at = offsets[k];
+                let vals = m.dense.get(at..at + len).ok_or_else(|| TrainError::Distributed(format!("worker {k}'s shared gradients are short")))?;
+                offsets.insert(*k, at + len);
+                contrib.entry(n.clone()).or_default().push((*k, Tensor::from_slice(vals, var.shape(), &self.device)?));
+            }
+        }
+        for (k, m) in &theirs {
+            if offsets[k] != m.dense.len() {
+                return Err(TrainError::Distributed(format!("worker {k}'s shared gradients have {} extra values", m.dense.len() - offsets[k])));
+            }
+        }
+        for (n, gr) in &mine {
+            contrib.entry(n.clone()).or_default().push((w as u32, gr.clone()));
+        }
+        for (n, mut parts) in contrib {
+            parts.sort_by_key(|(k, _)| *k);
+            let mut acc: Option<Tensor> = None;
+            for (_, t) in parts {
+                let t = t.to_dtype(DType::F32)?;
+                acc = Some(match acc {
+                    Some(a) => (a + t)?,
+                    None => t,
+                });
+            }
+            if let Some(a) = acc {
+                summed.insert(n, a);
+            }
+        }
+        self.adam.step_named(&self.model.params, &summed)?;
+        // Embedding rows: the union of the holders' rows, gradients summed in worker order.
+        let n_types = self.model.embeddings.len();
+        for ty in 0..n_types {
+            let Some(dim) = self.model.embeddings[ty].as_ref().map(|e| e.dim) else { continue };
+            let count = s.graph.node_types()[ty].count;
+            let mut sources: Vec<(u32, &[u32], &[f32])> = Vec::new();
+            if let Some(rows) = &my_rows[ty] {
+                sources.push((w as u32, &mb.blocks[0].src[ty], rows));
+            }
+            for (k, m) in &theirs {
+                for (t2, ids, vals) in &m.rows {
+                    if *t2 as usize == ty {
+                        if !self.shared_tables[*k as usize].contains(&ty) || vals.len() != ids.len() * dim || ids.iter().any(|&v| v >= count) {
+                            return Err(TrainError::Distributed(format!("worker {k} sent malformed rows of type {ty}")));
+                        }
+                        sources.push((*k, ids, vals));
+                    }
+                }
+            }
+            if sources.is_empty() {
+                continue;
+            }
+            sources.sort_by_key(|(k, _, _)| *k);
+            let mut sum: HashMap<u32, Vec<f32>> = HashMap::new();
+            let mut order: Vec<u32> = Vec::new();
+            for (_, ids, vals) in &sources {
+                for (i, &v) in ids.iter().enumerate() {
+                    let row = &vals[i * dim..(i + 1) * dim];
+                    match sum.get_mut(&v) {
+                        Some(acc) => acc.iter_mut().zip(row).for_each(|(a, b)| *a += b),
+                        None => {
+                            sum.insert(v, row.to_vec());
+                            order.push(v);
+                        }
+                    }
+                }
+            }
+            let cfg = self.adam.cfg;
+            let table = self.model.embeddings[ty].as_mut().expect("checked above");
+            for v in order {
+                let r = v as usize * dim..(v as usize + 1) * dim;
+                adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &sum[&v], &cfg);
+            }
+        }
+        out.update_s += lap(&mut clock);
+        Ok(())
+    }
+}
+
+/// Adds the gradients in `more` (of parameters and learnable inputs) into `into`.
+fn add_grads(into: &mut GradStore, more: &GradStore, model: &Model, inputs: &models::rgcn::PerType) -> Result<()> {
+    let tensors = model.params.iter().map(|(_, v)| v.as_tensor().clone()).chain(inputs.iter().flatten().cloned());
+    for t in tensors {
+        if let Some(g2) = more.get(&t) {
+            let sum = match into.get(&t) {
+                Some(g1) => (g1 + g2)?,
+                None => g2.clone(),
+            };
+            into.insert(&t, sum);
+        }
+    }
+    Ok(())
+}
+
+/// A worker's final state, for the coordinator.
+pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
+    let params = r.model.params.iter().filter(|(n, _)| r.held.contains(*n)).map(|(n, v)| Ok((n.to_string(), v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))).collect::<Result<_>>()?;
+    let tables = r.model.embeddings.iter().enumerate().filter_map(|(ty, e)| e.as_ref().map(|e| (ty as u32, e.data.clone()))).collect();
+    Ok(FinalState { params, tables })
+}
+
+/// Sends this worker's final state to the coordinator (cluster runs).
+pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, r: &WorkerResult, timeout: Duration) -> Result<()> {
+    let data = messages::encode(&final_state(r)?).map_err(dist_err)?;
+    let to = node.actor(&format!("{}/final", crate::dist::names::COORDINATOR)).map_err(dist_err)?;
+    handle.block_on(to.ask(Final { seq: 0, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)
+}

@@ -1,0 +1,132 @@
+//! Relation-aggregation-first training in one process (Heta Prop. 4.1): with
+//! the same seed, global batch and samples, RAF on meta-partitions follows
+//! single-process training step by step, for R-GCN, R-GAT and HGT with
+//! learnable embeddings.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use actors::raf::train_embedded;
+use actors::{train, Config, TrainObserver};
+use candle_core::DType;
+use graphs::generate::{generate, Like};
+use graphs::partition;
+use graphs::{LoadOptions, NoProgress};
+
+fn root() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+fn graph() -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let dir = root().join("mag");
+    if !dir.exists() {
+        generate(Like::Mag, 0.003, 0, &dir, false, &mut NoProgress).unwrap();
+    }
+    dir
+}
+
+fn meta(parts: usize, layers: usize) -> PathBuf {
+    let data = graph();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let out = root().join(format!("meta-{parts}-l{layers}"));
+    if !out.exists() {
+        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+        partition::meta::write(&g, layers, parts, &out, false, &mut NoProgress).unwrap();
+    }
+    out
+}
+
+const BASE: [&str; 5] = ["training.epochs=1", "training.batch=256", "training.hidden=16", "training.embed_dim=8", "training.dropout=0.3"];
+
+fn config(extra: &[String]) -> Config {
+    let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+    o.push(format!("training.data={:?}", graph().display().to_string()));
+    o.extend(extra.iter().cloned());
+    Config::parse("", &o).unwrap()
+}
+
+#[derive(Default)]
+struct Losses(Vec<f64>);
+
+impl TrainObserver for Losses {
+    fn step(&mut self, loss: f64) {
+        self.0.push(loss);
+    }
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    let tol = 1e-5 * a.abs().max(b.abs()).max(1e-2);
+    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+}
+
+fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
+    let fanouts = ["8", "6", "4"][..layers].join(",");
+    let common = [format!("training.model={model:?}"), format!("training.layers={layers}"), format!("training.fanouts={fanouts:?}")];
+    let mut single_losses = Losses::default();
+    let (single, want) = train(&config(&common), &mut single_losses).unwrap();
+    for &k in parts {
+        let pdir = meta(k, layers);
+        let mut extra = common.to_vec();
+        extra.push("training.mode=\"raf\"".into());
+        extra.push(format!("training.partitions={:?}", pdir.display().to_string()));
+        let mut losses = Losses::default();
+        let (report, got) = train_embedded(&config(&extra), &mut losses).unwrap();
+        assert_eq!(report.mode, "raf");
+        assert_eq!(report.nodes, k);
+        assert_eq!(losses.0.len(), single_losses.0.len());
+        for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
+            close(*a, *b, &format!("{model}, {k} workers, loss of step {i}"));
+        }
+        for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
+            assert_eq!(name, name2);
+            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            // Relative 1e-5 of the tensor's scale. Workers sum in other orders
+            // (their blocks differ, and so does the cheaper of aggregate-first
+            // and transform-first), and Adam divides by sqrt(v): on elements
+            // whose gradient is near zero that rounding grows toward lr. So 1%
+            // of elements (at least one) may be off by up to 2e-4.
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+            let off = a.iter().zip(&b).filter(|(x, y)| (*x - *y).abs() > 1e-5 * scale + 1e-6).count();
+            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= 2e-4 * scale && off <= (a.len() / 100).max(1), "{model}, {k} workers, parameter {name}: {off} of {} elements off by more than 1e-5, worst {worst} (scale {scale})", a.len());
+        }
+        let (ta, tb): (Vec<_>, Vec<_>) = (want.embeddings.iter().flatten().collect(), got.embeddings.iter().flatten().collect());
+        assert_eq!(ta.len(), tb.len());
+        assert!(!ta.is_empty(), "the test needs learnable embeddings");
+        for (a, b) in ta.iter().zip(&tb) {
+            let off = a.data.iter().zip(&b.data).filter(|(x, y)| (*x - *y).abs() > 1e-5 * x.abs().max(1.0)).count();
+            let worst = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs() / x.abs().max(1.0)).fold(0f32, f32::max);
+            assert!(worst <= 2e-4 && off <= (a.data.len() / 100).max(1), "{model}, {k} workers, {}: {off} of {} values off by more than 1e-5, worst {worst}", a.name, a.data.len());
+        }
+        let (last, w) = (report.epochs.last().unwrap(), single.epochs.last().unwrap());
+        assert!((last.test_acc - w.test_acc).abs() < 0.01, "{} vs {}", last.test_acc, w.test_acc);
+        // Only partial aggregations, their gradients and shared gradients cross: no features.
+        assert!(report.bytes_by_kind.keys().all(|k| !k.starts_with("pull") && !k.starts_with("sample")), "{:?}", report.bytes_by_kind);
+    }
+}
+
+#[test]
+fn rgcn_on_two_and_three_workers_matches_single_process_training() {
+    raf_matches_single("rgcn", 2, &[2, 3]);
+}
+
+#[test]
+fn rgat_on_two_and_three_workers_matches_single_process_training() {
+    raf_matches_single("rgat", 2, &[2, 3]);
+}
+
+#[test]
+fn hgt_on_two_and_three_workers_matches_single_process_training() {
+    raf_matches_single("hgt", 2, &[2, 3]);
+}
+
+#[test]
+fn three_layer_models_match_single_process_training() {
+    raf_matches_single("rgcn", 3, &[2, 4]);
+    raf_matches_single("hgt", 3, &[3]);
+}
