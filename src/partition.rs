@@ -116,7 +116,8 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
     println!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
     for (k, p) in m.info.iter().enumerate() {
         let replica = if p.replica[1] > 1 { format!(", replica {} of {} (splits the target nodes)", p.replica[0] + 1, p.replica[1]) } else { String::new() };
-        println!("part {k}: sub-metatrees via {}{replica}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
+        let reducer = if p.reducer { "; the reducer's (computes the target nodes' own rows)" } else { "" };
+        println!("part {k}: sub-metatrees via {}{replica}{reducer}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
         println!("  relations: {}", p.relations.join(" "));
         let nodes: Vec<String> = p.nodes.iter().map(|(t, n)| format!("{t} {n}")).collect();
         println!("  nodes: {}; edges: {}; boundary nodes: {} (target only)", nodes.join(", "), p.edges.values().sum::<u64>(), p.boundary_nodes);

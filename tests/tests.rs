@@ -7,4 +7,5 @@ mod cli_data_parallel;
 mod cli_generate;
 mod cli_import;
 mod cli_inspect;
+mod cli_raf;
 mod cli_train;

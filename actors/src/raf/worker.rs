@@ -202,7 +202,15 @@ impl<'a> Worker<'a> {
     fn send_all<M: Msg<Reply = ()>>(&self, msgs: Vec<(&ActorRef, M)>) -> Result<()> {
         let timeout = self.setup.timeouts.ask;
         let asks = msgs.into_iter().map(|(to, m)| to.ask(m, timeout));
-        for r in self.setup.handle.block_on(join_all(asks)) {
+        let inbox = &self.setup.inbox;
+        // A peer reported down ends the wait at once (not at the ask's deadline).
+        let answers = self.setup.handle.block_on(async {
+            tokio::select! {
+                r = join_all(asks) => Ok(r),
+                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
+            }
+        })?;
+        for r in answers {
             r.map_err(|e| TrainError::Distributed(format!("{}: {e}", M::KIND)))?;
         }
         Ok(())

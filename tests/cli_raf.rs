@@ -1,0 +1,103 @@
+//! Relation-aggregation-first training across node processes.
+
+use std::net::UdpSocket;
+use std::path::Path;
+
+use crate::util::hetgnn;
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn cluster(dir: &Path, ids: &[&str], extra: &str, training: &str) {
+    let nodes: String = ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect();
+    let text = format!("[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{extra}{nodes}[training]\nmode = \"raf\"\npartitions = \"meta\"\n{training}");
+    std::fs::write(dir.join("cluster.toml"), text).unwrap();
+}
+
+fn report(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn two_raf_nodes_under_message_loss_end_with_the_embedded_model_and_move_no_features() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.005", "--out", "g"]).ok();
+    let out = hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok().stdout();
+    assert!(out.contains("the reducer's"), "{out}");
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    // The reducer goes where [placement] says.
+    cluster(d, &["n0", "n1"], "retry_ms = 50\n", "epochs = 2\nbatch = 256\nreport = \"chaos.json\"\n[placement]\nreducer = \"n1\"\n[chaos]\nseed = 5\ndrop = 0.05\nduplicate = 0.05\n");
+    hetgnn(d, &["launch", "--config", "cluster.toml"]).ok();
+    let raf = ["train", "--data", "g", "--set", "training.mode=\"raf\"", "--set", "training.partitions=\"meta\"", "--epochs", "2", "--batch", "256", "--report", "embedded.json"];
+    hetgnn(d, &raf).ok();
+    hetgnn(d, &["train", "--data", "g", "--epochs", "2", "--batch", "256", "--report", "single.json"]).ok();
+    let (chaos, embedded, single) = (report(&d.join("chaos.json")), report(&d.join("embedded.json")), report(&d.join("single.json")));
+    assert_eq!(chaos["mode"], "raf");
+    assert_eq!(chaos["final_model_sha256"], embedded["final_model_sha256"], "lost and duplicated messages change nothing");
+    let acc = |r: &serde_json::Value| r["epochs"][1]["test_acc"].as_f64().unwrap();
+    assert!((acc(&chaos) - acc(&single)).abs() < 0.01, "raf {} vs single {}", acc(&chaos), acc(&single));
+    let traffic = chaos["bytes_by_kind"].as_object().unwrap();
+    assert!(traffic.contains_key("partial") && traffic.contains_key("partial.grad"), "partials crossed the network: {traffic:?}");
+    assert!(!traffic.keys().any(|k| k.starts_with("pull") || k.starts_with("sample")), "no features or sampling crossed: {traffic:?}");
+}
+
+#[test]
+fn killing_the_reducers_node_mid_run_stops_the_workers_with_an_error_naming_it() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    cluster(d, &["n0", "n1"], "", "epochs = 200\n");
+    let start = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args(["node", "--config", "cluster.toml", "--node", id])
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // With no placement the reducer runs on the first node.
+    let mut n0 = start("n0");
+    let mut n1 = start("n1");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(n1.try_wait().unwrap().is_none(), "n1 is still training");
+    n0.kill().unwrap();
+    n0.wait().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = n1.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "n1 did not stop within 30 s of the reducer's death");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(n1.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("n0"), "the error names the reducer's node: {err}");
+    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+}
+
+#[test]
+fn raf_refuses_edge_cut_partitions_and_a_depth_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--layers", "3", "--out", "meta3"]).ok();
+    let raf = |p: &str| vec!["train".to_string(), "--set".into(), "training.mode=\"raf\"".into(), "--set".into(), format!("training.partitions=\"{p}\"")];
+    let run = |args: Vec<String>| hetgnn(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    run(raf("parts")).fails_with(1, &["meta-partitions", "--method meta"]);
+    run(raf("meta3")).fails_with(1, &["training.layers = 2", "3 layers"]);
+    let mut mlp = raf("meta3");
+    mlp.extend(["--set".into(), "training.model=\"mlp\"".into()]);
+    run(mlp).fails_with(1, &["MLP"]);
+    run(vec!["train".into(), "--set".into(), "training.mode=\"raf\"".into()]).fails_with(1, &["training.partitions"]);
+}
