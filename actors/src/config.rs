@@ -60,6 +60,19 @@ pub enum AllReduce {
     Ring,
 }
 
+/// How RAF workers treat an embedding table that several of them read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RafEmbeddings {
+    /// One table, its copies kept identical by summing the holders' row
+    /// gradients every step: the single-process model.
+    #[default]
+    Synced,
+    /// Each worker learns its own copy (Heta's learnable features as
+    /// per-partition parameters): no row traffic, a different model.
+    Local,
+}
+
 /// `[training]`: what to train and how.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -73,6 +86,8 @@ pub struct TrainingConfig {
     pub partitions: Option<PathBuf>,
     /// Data-parallel gradient all-reduce: "all-gather" (default) or "ring".
     pub allreduce: AllReduce,
+    /// RAF: "synced" (default) or "local" embedding tables shared by workers.
+    pub raf_embeddings: RafEmbeddings,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -124,6 +139,7 @@ impl Default for TrainingConfig {
             data: None,
             partitions: None,
             allreduce: AllReduce::AllGather,
+            raf_embeddings: RafEmbeddings::Synced,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,

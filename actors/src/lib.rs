@@ -15,7 +15,7 @@ pub mod raf;
 pub mod report;
 pub mod trainer;
 
-pub use config::{Config, Mode, TrainingConfig};
+pub use config::{Config, Mode, RafEmbeddings, TrainingConfig};
 pub use error::{Result, TrainError};
 pub use report::{EpochReport, Report};
 pub use trainer::{train, TrainObserver};

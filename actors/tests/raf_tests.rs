@@ -130,3 +130,15 @@ fn three_layer_models_match_single_process_training() {
     raf_matches_single("rgcn", 3, &[2, 4]);
     raf_matches_single("hgt", 3, &[3]);
 }
+
+#[test]
+fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
+    let common = ["training.model=\"rgcn\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta(2, 2).display().to_string())];
+    let (synced, _) = train_embedded(&config(&common), &mut ()).unwrap();
+    let mut local = common.to_vec();
+    local.push("training.raf_embeddings=\"local\"".into());
+    let (report, _) = train_embedded(&config(&local), &mut ()).unwrap();
+    assert_ne!(report.final_model_sha256, synced.final_model_sha256, "a different model");
+    let (a, b) = (report.epochs[0].test_acc, synced.epochs[0].test_acc);
+    assert!(a > 0.5 * b, "local embeddings still learn: {a} vs {b}");
+}

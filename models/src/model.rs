@@ -389,6 +389,39 @@ impl Model {
         })
     }
 
+    /// RAF: whether a worker whose top-layer relations are `top` ships their
+    /// untransformed means (R-GCN, when `top.len()` means are narrower than
+    /// one transformed partial); the reducer then applies their weights.
+    pub fn raf_ships_means(&self, top: &[RelationId]) -> Result<bool> {
+        let (ls, _) = self.relational()?;
+        let Some(GnnLayer::Rgcn(l)) = ls.last() else { return Ok(false) };
+        let width: usize = top.iter().map(|&r| l.in_width(r)).sum::<Result<usize>>()?;
+        Ok(!top.is_empty() && width < l.out_width()?)
+    }
+
+    /// RAF, on a worker that ships means: the seeds' mean rows per top-layer relation.
+    pub fn raf_means(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
+        let (ls, _) = self.relational()?;
+        let (Some(GnnLayer::Rgcn(l)), Some(block)) = (ls.last(), mb.blocks.last()) else {
+            return Err(ModelError::Config("only R-GCN ships relation means".into()));
+        };
+        l.relation_means(g, block, &self.all_relations, h)
+    }
+
+    /// RAF, on the reducer: the partial of a worker's shipped means.
+    pub fn raf_transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>> {
+        let (ls, _) = self.relational()?;
+        let Some(GnnLayer::Rgcn(l)) = ls.last() else {
+            return Err(ModelError::Config("only R-GCN ships relation means".into()));
+        };
+        l.transform_means(means)
+    }
+
+    /// Name prefix of layer `l`'s parameters of relation `r`.
+    pub fn relation_prefix(g: &HetGraph, l: usize, r: RelationId) -> String {
+        format!("layer{l}.rel.{}.", g.relation(r).canonical())
+    }
+
     /// Whether the top layer reads the destinations' own rows inside the
     /// relation partials (attention queries): then a RAF worker that cannot
     /// compute the seeds' rows itself receives them from the reducer.
@@ -428,7 +461,7 @@ impl Model {
         let mut prefixes = Vec::new();
         for (l, rels) in per_layer.iter().enumerate() {
             for &r in rels {
-                prefixes.push(format!("layer{l}.rel.{}.", g.relation(r).canonical()));
+                prefixes.push(Model::relation_prefix(g, l, r));
             }
             let (dst, src) = &types[l];
             for t in 0..dst.len() {

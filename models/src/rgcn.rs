@@ -53,6 +53,39 @@ impl RgcnLayer {
         Ok(out)
     }
 
+    /// Per relation in `relations` (those present in `block` with source
+    /// rows), the mean of the sampled sources' rows, untransformed: what a
+    /// RAF worker ships when that is narrower than the transformed partial.
+    pub fn relation_means(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
+        let mut out = Vec::new();
+        for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
+            let s = g.relation(br.relation).src.index();
+            let Some(x) = &h_src[s] else { continue };
+            let csr = SegmentCsr::new(block.src[s].len(), br.offsets.clone(), br.sources.clone());
+            out.push((br.relation, crate::ops::segment_mean(x, &csr)?));
+        }
+        Ok(out)
+    }
+
+    /// The partial of relation means ([`RgcnLayer::relation_means`]): each times its relation's weight, summed.
+    pub fn transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>> {
+        let mut acc = None;
+        for (r, m) in means {
+            accumulate(&mut acc, matmul(m, &self.rel_weight[r.index()])?)?;
+        }
+        Ok(acc)
+    }
+
+    /// Input width of relation `r`'s weight.
+    pub fn in_width(&self, r: RelationId) -> Result<usize> {
+        Ok(self.rel_weight[r.index()].dim(0)?)
+    }
+
+    /// Output width.
+    pub fn out_width(&self) -> Result<usize> {
+        Ok(self.rel_weight.first().map(|w| w.dim(1)).transpose()?.unwrap_or(0))
+    }
+
     /// Self-loop on the destinations' own rows plus the summed partials.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
         self.self_loop.cross_relation(block, h_src, partials)

@@ -43,6 +43,9 @@ use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
 
+/// The tag of a shipped whole partial (others are relation ids of shipped means).
+const WHOLE: u32 = u32::MAX;
+
 /// Evaluation steps are numbered apart from training steps.
 const EVAL_BIT: u64 = 1 << 63;
 
@@ -108,6 +111,9 @@ struct Worker<'a> {
     shared_tables: Vec<Vec<usize>>,
     /// Per worker, whether the reducer sends it the seeds' rows.
     needs_seeds: Vec<bool>,
+    /// Per worker, whether it ships its top-layer relation means (the reducer
+    /// then holds those relations' top-layer weights).
+    ships_means: Vec<bool>,
     device: Device,
     seq: u64,
 }
@@ -147,7 +153,19 @@ impl<'a> Worker<'a> {
         let workers = setup.per_layer.len();
         let w = setup.worker as usize;
         let used_of = |k: usize| model.raf_params(g, &setup.per_layer[k], k == 0).map_err(TrainError::from);
-        let all_used: Vec<BTreeSet<String>> = (0..workers).map(used_of).collect::<Result<_>>()?;
+        let mut all_used: Vec<BTreeSet<String>> = (0..workers).map(used_of).collect::<Result<_>>()?;
+        let top = setup.per_layer[0].len().saturating_sub(1);
+        let ships_means: Vec<bool> = (0..workers).map(|k| Ok(k != 0 && model.raf_ships_means(&setup.per_layer[k][top])?)).collect::<Result<_>>()?;
+        for k in (1..workers).filter(|&k| ships_means[k]) {
+            for &r in &setup.per_layer[k][top] {
+                let prefix = Model::relation_prefix(g, top, r);
+                let moved: Vec<String> = all_used[k].iter().filter(|n| n.starts_with(&prefix)).cloned().collect();
+                for n in moved {
+                    all_used[k].remove(&n);
+                    all_used[0].insert(n);
+                }
+            }
+        }
         let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
         let reads = |k: usize| -> Vec<bool> {
             let types = Model::raf_types(g, &setup.per_layer[k]);
@@ -161,10 +179,11 @@ impl<'a> Worker<'a> {
             }
         }
         let shared = (0..workers).map(|k| if k == w { Vec::new() } else { all_used[w].intersection(&all_used[k]).cloned().collect() }).collect();
+        let local = t.raf_embeddings == crate::config::RafEmbeddings::Local;
         let shared_tables = (0..workers)
             .map(|k| {
                 let theirs = reads(k);
-                if k == w {
+                if k == w || local {
                     Vec::new()
                 } else {
                     (0..mine.len()).filter(|&ty| mine[ty] && theirs[ty]).collect()
@@ -187,7 +206,7 @@ impl<'a> Worker<'a> {
             reducer: actor(names::REDUCER.to_string())?,
             coordinator: actor(crate::dist::names::COORDINATOR.to_string())?,
         };
-        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam: Adam::new(AdamConfig::with_lr(t.lr)), shared, shared_tables, needs_seeds, device, seq: 0 })
+        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam: Adam::new(AdamConfig::with_lr(t.lr)), shared, shared_tables, needs_seeds, ships_means, device, seq: 0 })
     }
 
     fn workers(&self) -> u32 {
@@ -312,29 +331,47 @@ impl<'a> Worker<'a> {
             seed_leaf = Some(leaf);
         }
         out.comm_s += lap(&mut clock);
-        let partial = self.model.raf_partial(g, mb, &h)?;
+        // What this worker ships: one partial, or (R-GCN, when narrower) its relation means.
+        let shipped: Vec<(u32, Tensor)> = if w != 0 && self.ships_means[w as usize] {
+            self.model.raf_means(g, mb, &h)?.into_iter().map(|(r, t)| (r.0, t)).collect()
+        } else {
+            self.model.raf_partial(g, mb, &h)?.into_iter().map(|t| (WHOLE, t)).collect()
+        };
         out.compute_s += lap(&mut clock);
-        let mut grads: Option<GradStore> = None;
+        let grads: Option<GradStore>;
         if w == 0 {
             let own = h[target].as_ref().ok_or_else(|| dist_err("no target rows"))?.narrow(0, 0, b)?;
             let peers: Vec<u32> = (1..self.workers()).collect();
             let raw = s.inbox.raw("the partial aggregations", seq, round::PARTIAL, &peers, timeout)?;
             out.comm_s += lap(&mut clock);
-            let mut partials: Vec<Tensor> = partial.iter().cloned().collect();
-            let mut leaves = Vec::new();
+            let mut partials: Vec<Tensor> = shipped.iter().map(|(_, t)| t.clone()).collect();
+            let mut leaves: Vec<Vec<Var>> = Vec::new();
+            let top = self.setup.per_layer[0].len() - 1;
             for (k, bytes) in peers.iter().zip(&raw) {
-                let (shape, values): (Vec<u32>, Vec<f32>) = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
-                if shape.is_empty() {
-                    leaves.push(None);
-                    continue;
+                let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
+                let mut mine = Vec::new();
+                let mut means = Vec::new();
+                for (tag, shape, values) in pieces {
+                    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+                    if dims.first() != Some(&b) || dims.iter().product::<usize>() != values.len() {
+                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {b} seeds and {} values", values.len())));
+                    }
+                    let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
+                    if tag == WHOLE {
+                        partials.push(leaf.as_tensor().clone());
+                    } else {
+                        let r = RelationId(tag);
+                        if !self.ships_means[*k as usize] || !self.setup.per_layer[*k as usize][top].contains(&r) {
+                            return Err(TrainError::Distributed(format!("worker {k} sent the means of relation {tag}, which it does not ship")));
+                        }
+                        means.push((r, leaf.as_tensor().clone()));
+                    }
+                    mine.push(leaf);
                 }
-                let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-                if dims[0] != b || dims.iter().product::<usize>() != values.len() {
-                    return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {b} seeds and {} values", values.len())));
+                if !means.is_empty() {
+                    partials.extend(self.model.raf_transform_means(&means)?);
                 }
-                let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
-                partials.push(leaf.as_tensor().clone());
-                leaves.push(Some(leaf));
+                leaves.push(mine);
             }
             let logits = self.model.raf_reduce(&mb.seeds, &own, &partials, dropout)?;
             let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
@@ -349,11 +386,14 @@ impl<'a> Worker<'a> {
             let gs = loss.backward()?;
             out.compute_s += lap(&mut clock);
             let mut msgs = Vec::new();
-            for (k, leaf) in peers.iter().zip(&leaves) {
-                let data = match leaf.as_ref().and_then(|l| gs.get(l.as_tensor())) {
-                    Some(gr) => to_bytes(gr)?,
-                    None => Vec::new(),
-                };
+            for (k, mine) in peers.iter().zip(&leaves) {
+                let mut data = Vec::new();
+                for leaf in mine {
+                    match gs.get(leaf.as_tensor()) {
+                        Some(gr) => data.extend(to_bytes(gr)?),
+                        None => data.extend(to_bytes(&leaf.as_tensor().zeros_like()?)?),
+                    }
+                }
                 msgs.push((&self.s.workers[*k as usize], PartialGrad { seq, from: 0, data: ByteVec(data) }));
             }
             self.send_all(msgs)?;
@@ -379,36 +419,41 @@ impl<'a> Worker<'a> {
             }
             grads = Some(gs);
         } else {
-            let data = match &partial {
-                Some(p) => {
-                    let shape: Vec<u32> = p.dims().iter().map(|&d| d as u32).collect();
-                    let values: Vec<f32> = p.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                    messages::encode(&(shape, values)).map_err(dist_err)?
-                }
-                None => messages::encode(&(Vec::<u32>::new(), Vec::<f32>::new())).map_err(dist_err)?,
-            };
-            self.send(&self.s.reducer, Partial { seq, from: w, data: ByteVec(data) })?;
+            let mut pieces = Vec::new();
+            for (tag, t) in &shipped {
+                let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
+                pieces.push((*tag, shape, t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?));
+            }
+            self.send(&self.s.reducer, Partial { seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(dist_err)?) })?;
             out.comm_s += lap(&mut clock);
             if !train {
                 return Ok(out);
             }
             let raw = s.inbox.raw("the gradient of this worker's partial", seq, round::PARTIAL_GRAD, &[0], timeout)?;
             out.comm_s += lap(&mut clock);
-            if let Some(p) = &partial {
-                let gr = Tensor::from_vec(decode_f32(&raw[0], p.elem_count()).map_err(dist_err)?, p.shape(), &self.device)?;
-                let gs = (p * gr)?.sum_all()?.backward()?;
-                out.compute_s += lap(&mut clock);
-                if let Some(leaf) = &seed_leaf {
-                    let data = match gs.get(leaf.as_tensor()) {
-                        Some(gr) => to_bytes(gr)?,
-                        None => to_bytes(&leaf.as_tensor().zeros_like()?)?,
-                    };
-                    self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(data) })?;
-                }
-                grads = Some(gs);
-            } else if let Some(leaf) = &seed_leaf {
-                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(to_bytes(&leaf.as_tensor().zeros_like()?)?) })?;
+            let total: usize = shipped.iter().map(|(_, t)| t.elem_count()).sum();
+            let flat = decode_f32(&raw[0], total).map_err(dist_err)?;
+            let mut surrogate: Option<Tensor> = None;
+            let mut at = 0;
+            for (_, t) in &shipped {
+                let gr = Tensor::from_slice(&flat[at..at + t.elem_count()], t.shape(), &self.device)?;
+                at += t.elem_count();
+                let term = (t * gr)?.sum_all()?;
+                surrogate = Some(match surrogate {
+                    Some(s) => (s + term)?,
+                    None => term,
+                });
             }
+            let gs = surrogate.map(|s| s.backward()).transpose()?;
+            out.compute_s += lap(&mut clock);
+            if let Some(leaf) = &seed_leaf {
+                let data = match gs.as_ref().and_then(|g| g.get(leaf.as_tensor())) {
+                    Some(gr) => to_bytes(gr)?,
+                    None => to_bytes(&leaf.as_tensor().zeros_like()?)?,
+                };
+                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(data) })?;
+            }
+            grads = gs;
         }
         self.update(seq, mb, &inputs, grads.as_ref(), &mut out)?;
         Ok(out)
