@@ -21,6 +21,12 @@ pub struct TrainArgs {
     /// Graph directory (default: mag-like S=0.01, generated once into the cache directory).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// single | data-parallel | raf [default: single]
+    #[arg(long)]
+    mode: Option<String>,
+    /// Partition directory for data-parallel (hetgnn partition) or raf (--method meta).
+    #[arg(long)]
+    partitions: Option<PathBuf>,
     /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
@@ -85,6 +91,8 @@ impl TrainArgs {
         };
         let quoted = actors::config::toml_string;
         push("data", self.data.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("mode", self.mode.as_deref().map(quoted));
+        push("partitions", self.partitions.as_ref().map(|p| quoted(&p.display().to_string())));
         push("model", self.model.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
         push("batch", self.batch.map(|v| v.to_string()));

@@ -92,7 +92,7 @@ fn raf_refuses_edge_cut_partitions_and_a_depth_mismatch() {
     hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--layers", "3", "--out", "meta3"]).ok();
-    let raf = |p: &str| vec!["train".to_string(), "--set".into(), "training.mode=\"raf\"".into(), "--set".into(), format!("training.partitions=\"{p}\"")];
+    let raf = |p: &str| vec!["train".to_string(), "--mode".into(), "raf".into(), "--partitions".into(), p.to_string()];
     let run = |args: Vec<String>| hetgnn(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
     run(raf("parts")).fails_with(1, &["meta-partitions", "--method meta"]);
     run(raf("meta3")).fails_with(1, &["training.layers = 2", "3 layers"]);

@@ -344,7 +344,12 @@ impl<'a> Worker<'a> {
             let peers: Vec<u32> = (1..self.workers()).collect();
             let raw = s.inbox.raw("the partial aggregations", seq, round::PARTIAL, &peers, timeout)?;
             out.comm_s += lap(&mut clock);
-            let mut partials: Vec<Tensor> = shipped.iter().map(|(_, t)| t.clone()).collect();
+            // The head runs on leaves: the workers' gradients go out before
+            // this worker backpropagates through its own layers (in parallel
+            // with theirs), not after.
+            let own_leaf = Var::from_tensor(&own.detach())?;
+            let own_part: Option<(Tensor, Var)> = shipped.first().map(|(_, t)| Ok::<_, candle_core::Error>((t.clone(), Var::from_tensor(&t.detach())?))).transpose()?;
+            let mut partials: Vec<Tensor> = own_part.iter().map(|(_, l)| l.as_tensor().clone()).collect();
             let mut leaves: Vec<Vec<Var>> = Vec::new();
             let top = self.setup.per_layer[0].len() - 1;
             for (k, bytes) in peers.iter().zip(&raw) {
@@ -373,7 +378,7 @@ impl<'a> Worker<'a> {
                 }
                 leaves.push(mine);
             }
-            let logits = self.model.raf_reduce(&mb.seeds, &own, &partials, dropout)?;
+            let logits = self.model.raf_reduce(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
             let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
@@ -397,7 +402,17 @@ impl<'a> Worker<'a> {
                 msgs.push((&self.s.workers[*k as usize], PartialGrad { seq, from: 0, data: ByteVec(data) }));
             }
             self.send_all(msgs)?;
-            let mut gs = gs;
+            out.comm_s += lap(&mut clock);
+            // Detached: a gradient can still reference the head's graph.
+            let grad_or_zeros = |l: &Var| gs.get(l.as_tensor()).map(Tensor::detach).map_or_else(|| l.as_tensor().zeros_like(), Ok);
+            let mut surrogate = (&own * grad_or_zeros(&own_leaf)?)?.sum_all()?;
+            if let Some((p, l)) = &own_part {
+                surrogate = (surrogate + (p * grad_or_zeros(l)?)?.sum_all()?)?;
+            }
+            let mut local = surrogate.backward()?;
+            add_grads(&mut local, &gs, &self.model, &inputs)?;
+            let mut gs = local;
+            out.compute_s += lap(&mut clock);
             let askers: Vec<u32> = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).collect();
             if !askers.is_empty() {
                 let raw = s.inbox.raw("the seeds' row gradients", seq, round::SEED_GRAD, &askers, timeout)?;
