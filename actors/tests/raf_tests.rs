@@ -148,3 +148,14 @@ fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
     let (a, b) = (report.epochs[0].test_acc, synced.epochs[0].test_acc);
     assert!(a > 0.5 * b, "local embeddings still learn: {a} vs {b}");
 }
+
+#[test]
+fn replicated_sub_metatrees_split_the_seeds_and_match_single_process_training() {
+    // Four sub-metatrees into paper and the self one: six partitions replicate
+    // the heaviest, seven the two heaviest (the self one stays alone).
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(meta(7, 2).join("manifest.json")).unwrap()).unwrap();
+    let replicated = manifest["info"].as_array().unwrap().iter().filter(|p| p["replica"][1] == 2).count();
+    assert_eq!(replicated, 4, "{manifest}");
+    raf_matches_single("rgcn", 2, &[7]);
+    raf_matches_single("hgt", 2, &[6]);
+}

@@ -63,15 +63,13 @@ fn open_plan(t: &TrainingConfig) -> Result<Plan> {
             t.layers
         )));
     }
-    if let Some((k, p)) = set.manifest.info.iter().enumerate().find(|(_, p)| p.replica[1] > 1) {
-        return Err(TrainError::Config(format!(
-            "training.partitions: partition {k} is replica {} of {} of a sub-metatree; raf training of replicated sub-metatrees is not built yet (use at most as many partitions as sub-metatrees)",
-            p.replica[0], p.replica[1]
-        )));
-    }
     let r = set.reducer();
     let part_of = std::iter::once(r).chain((0..set.manifest.parts).filter(|&k| k != r)).collect();
     Ok(Plan { set, part_of })
+}
+
+fn replicas(plan: &Plan) -> Arc<Vec<(u32, u32)>> {
+    Arc::new(plan.part_of.iter().map(|&k| (plan.set.manifest.info[k].replica[0] as u32, plan.set.manifest.info[k].replica[1] as u32)).collect())
 }
 
 fn per_layer(plan: &Plan, g: &HetGraph) -> Result<Arc<Vec<Vec<Vec<RelationId>>>>> {
@@ -196,6 +194,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
         handles.push(spawn_worker(WorkerSetup {
             worker: w,
             per_layer: per_layer.clone(),
+            replicas: replicas(&plan),
             cfg: t.clone(),
             graph: graphs[w as usize].clone(),
             node: system.node.clone(),
@@ -265,6 +264,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let handle = spawn_worker(WorkerSetup {
         worker: w,
         per_layer,
+        replicas: replicas(&plan),
         cfg: t.clone(),
         graph: graph.clone(),
         node: system.node.clone(),

@@ -43,6 +43,11 @@ use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
 
+/// Positions in `batch` of the seeds replica `(j, r)` handles.
+pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
+    (0..batch.len()).filter(|&i| r <= 1 || batch[i] % r == j).collect()
+}
+
 /// The tag of a shipped whole partial (others are relation ids of shipped means).
 const WHOLE: u32 = u32::MAX;
 
@@ -55,6 +60,9 @@ pub struct WorkerSetup {
     pub worker: u32,
     /// Every worker's relations per layer (worker order).
     pub per_layer: Arc<Vec<Vec<Vec<RelationId>>>>,
+    /// Every worker's `(replica, replicas)`: replicas of a sub-metatree split
+    /// the seeds (seed `v` goes to replica `v % replicas`).
+    pub replicas: Arc<Vec<(u32, u32)>>,
     /// Training settings.
     pub cfg: TrainingConfig,
     /// This worker's partition.
@@ -251,9 +259,10 @@ impl<'a> Worker<'a> {
             let mut loss_sum = 0.0;
             for (step, seeds) in batches.iter().enumerate() {
                 let mut clock = Instant::now();
-                let mb = sampler.sample_relations(epoch, step as u64, seeds, &filter)?;
+                let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
+                let mb = sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
                 st.sample_s += lap(&mut clock);
-                let out = self.step(&mb, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
+                let out = self.step(&mb, seeds, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
                 self.seq += 1;
                 loss_sum += out.loss;
                 st.train_correct += out.correct;
@@ -278,9 +287,10 @@ impl<'a> Worker<'a> {
             for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
                 let mut correct = 0;
                 for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-                    let mb = eval_sampler.sample_relations(epoch, step as u64, seeds, &filter)?;
+                    let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
+                    let mb = eval_sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
                     let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                    correct += self.step(&mb, None, labels, seq)?.correct;
+                    correct += self.step(&mb, seeds, None, labels, seq)?.correct;
                 }
                 if split == 1 {
                     st.valid_correct = correct;
@@ -297,8 +307,9 @@ impl<'a> Worker<'a> {
     }
 
     /// One training step (`dropout` is `Some`) or evaluation batch. On the
-    /// reducer, `loss` and `correct` are the batch's; elsewhere zero.
-    fn step(&mut self, mb: &MiniBatch, dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
+    /// reducer, `loss` and `correct` are the batch's; elsewhere zero. `mb` is
+    /// sampled from this worker's share of `batch`.
+    fn step(&mut self, mb: &MiniBatch, batch: &[u32], dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
         let s = self.setup;
         let g = &s.graph;
         let w = s.worker;
@@ -315,20 +326,29 @@ impl<'a> Worker<'a> {
         // The seeds' own rows: the reducer's are exact; a worker whose top
         // layer reads them but lacks the relations below gets them sent.
         let mut seed_leaf = None;
+        let mut seed_width = 0;
         if w == 0 {
             let own = h[target].as_ref().ok_or_else(|| dist_err("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
             let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { seq, from: 0, data: data.clone() })).collect();
             self.send_all(msgs)?;
         } else if self.needs_seeds[w as usize] {
-            let x = h[target].as_ref().ok_or_else(|| dist_err("no rows of the target type"))?;
-            let (n, width) = x.dims2()?;
             let raw = s.inbox.raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
-            let rows = decode_f32(&raw[0], b * width).map_err(dist_err)?;
-            let leaf = Var::from_tensor(&Tensor::from_vec(rows, (b, width), &self.device)?)?;
-            let rest = x.narrow(0, b, n - b)?;
-            h[target] = Some(Tensor::cat(&[leaf.as_tensor(), &rest], 0)?);
-            seed_leaf = Some(leaf);
+            seed_width = raw[0].len() / 4 / batch.len().max(1);
+            let all = decode_f32(&raw[0], batch.len() * seed_width).map_err(dist_err)?;
+            // A replica whose share of this batch is empty has no rows to replace.
+            if let Some(x) = h[target].as_ref().filter(|_| b > 0) {
+                let (n, width) = x.dims2()?;
+                if width != seed_width {
+                    return Err(TrainError::Distributed(format!("the reducer sent seed rows {seed_width} wide, this worker's are {width}")));
+                }
+                // This worker's share of the batch, in its order.
+                let rows: Vec<f32> = share(batch, s.replicas[w as usize]).iter().flat_map(|&i| all[i * width..(i + 1) * width].iter().copied()).collect();
+                let leaf = Var::from_tensor(&Tensor::from_vec(rows, (b, width), &self.device)?)?;
+                let rest = x.narrow(0, b, n - b)?;
+                h[target] = Some(Tensor::cat(&[leaf.as_tensor(), &rest], 0)?);
+                seed_leaf = Some(leaf);
+            }
         }
         out.comm_s += lap(&mut clock);
         // What this worker ships: one partial, or (R-GCN, when narrower) its relation means.
@@ -352,18 +372,23 @@ impl<'a> Worker<'a> {
             let mut partials: Vec<Tensor> = own_part.iter().map(|(_, l)| l.as_tensor().clone()).collect();
             let mut leaves: Vec<Vec<Var>> = Vec::new();
             let top = self.setup.per_layer[0].len() - 1;
+            // Replicas' partials cover disjoint seeds: gathered per replica group, then put in batch order.
+            let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<(u32, Vec<usize>, Tensor)>> = BTreeMap::new();
             for (k, bytes) in peers.iter().zip(&raw) {
                 let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
+                let (j, r) = s.replicas[*k as usize];
+                let rows = share(batch, (j, r));
                 let mut mine = Vec::new();
                 let mut means = Vec::new();
+                let mut whole = None;
                 for (tag, shape, values) in pieces {
                     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-                    if dims.first() != Some(&b) || dims.iter().product::<usize>() != values.len() {
-                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {b} seeds and {} values", values.len())));
+                    if dims.first() != Some(&rows.len()) || dims.iter().product::<usize>() != values.len() {
+                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {} seeds and {} values", rows.len(), values.len())));
                     }
                     let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
                     if tag == WHOLE {
-                        partials.push(leaf.as_tensor().clone());
+                        whole = Some(leaf.as_tensor().clone());
                     } else {
                         let r = RelationId(tag);
                         if !self.ships_means[*k as usize] || !self.setup.per_layer[*k as usize][top].contains(&r) {
@@ -374,9 +399,34 @@ impl<'a> Worker<'a> {
                     mine.push(leaf);
                 }
                 if !means.is_empty() {
-                    partials.extend(self.model.raf_transform_means(&means)?);
+                    whole = self.model.raf_transform_means(&means)?;
+                }
+                if let Some(p) = whole {
+                    if r > 1 {
+                        groups.entry(self.setup.per_layer[*k as usize].clone()).or_default().push((j, rows, p));
+                    } else {
+                        partials.push(p);
+                    }
                 }
                 leaves.push(mine);
+            }
+            for (_, mut reps) in groups {
+                reps.sort_by_key(|(j, _, _)| *j);
+                let mut index = vec![0u32; b];
+                let mut covered = 0;
+                let mut offset = 0;
+                for (_, rows, p) in &reps {
+                    for (k, &i) in rows.iter().enumerate() {
+                        index[i] = (offset + k) as u32;
+                    }
+                    covered += rows.len();
+                    offset += p.dim(0)?;
+                }
+                if covered != b {
+                    return Err(TrainError::Distributed(format!("the replicas of a sub-metatree cover {covered} of {b} seeds")));
+                }
+                let cat = Tensor::cat(&reps.iter().map(|(_, _, p)| p.clone()).collect::<Vec<_>>(), 0)?;
+                partials.push(cat.index_select(&Tensor::from_vec(index, b, &self.device)?, 0)?);
             }
             let logits = self.model.raf_reduce(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
             let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
@@ -461,12 +511,18 @@ impl<'a> Worker<'a> {
             }
             let gs = surrogate.map(|s| s.backward()).transpose()?;
             out.compute_s += lap(&mut clock);
-            if let Some(leaf) = &seed_leaf {
-                let data = match gs.as_ref().and_then(|g| g.get(leaf.as_tensor())) {
-                    Some(gr) => to_bytes(gr)?,
-                    None => to_bytes(&leaf.as_tensor().zeros_like()?)?,
+            if self.needs_seeds[w as usize] {
+                let width = seed_width;
+                let mine: Vec<f32> = match seed_leaf.as_ref().and_then(|l| gs.as_ref().and_then(|g| g.get(l.as_tensor()))) {
+                    Some(gr) => gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+                    None => vec![0.0; b * width],
                 };
-                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(data) })?;
+                // Rows of the whole batch (zero where another replica's seeds are).
+                let mut full = vec![0f32; batch.len() * width];
+                for (k, &i) in share(batch, s.replicas[w as usize]).iter().enumerate() {
+                    full[i * width..(i + 1) * width].copy_from_slice(&mine[k * width..(k + 1) * width]);
+                }
+                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(bytemuck::cast_slice(&full).to_vec()) })?;
             }
             grads = gs;
         }

@@ -162,7 +162,7 @@ impl MetaPart {
 /// are fewer sub-metatrees than partitions. The root's self sub-metatree
 /// shares most of its relations with the sub-metatrees of relations from the
 /// target type into itself, so it joins the partition it adds least to (or
-/// gets one of its own when there is exactly one partition to spare).
+/// gets one of its own when there are more partitions than other sub-metatrees).
 pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) -> Vec<MetaPart> {
     let empty = |replica| MetaPart { subtrees: Vec::new(), replica, reducer: false, relations: BTreeSet::new(), per_layer: vec![Vec::new(); layers], types: BTreeSet::new(), load: 0 };
     let rel_subs: Vec<usize> = (0..subs.len()).filter(|&s| !subs[s].self_loop).collect();
@@ -172,8 +172,10 @@ pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) 
         return out;
     }
     let n = rel_subs.len();
-    let alone = self_sub.is_some() && parts == n + 1;
-    let rel_parts = if alone { n } else { parts };
+    // With a partition to spare, the self sub-metatree gets its own (so the
+    // reducer's partition is never a replica).
+    let alone = self_sub.is_some() && parts > n;
+    let rel_parts = if alone { parts - 1 } else { parts };
     if rel_parts <= n {
         let mut order = rel_subs.clone();
         order.sort_by(|&a, &b| subs[b].weight.cmp(&subs[a].weight).then(a.cmp(&b)));
@@ -297,12 +299,14 @@ mod tests {
         let five = assign(&m, &subs, 5, 2);
         assert_eq!(five.len(), 5);
         assert!(five[4].reducer && five[4].subtrees == vec![4] && five[..4].iter().all(|p| !p.reducer && p.subtrees.len() == 1));
-        let six = assign(&m, &subs, 6, 2);
-        assert_eq!(six.len(), 6);
+        // Seven: the self sub-metatree alone, and the two heaviest others get a second replica.
+        let seven = assign(&m, &subs, 7, 2);
+        assert_eq!(seven.len(), 7);
+        assert!(seven[6].reducer && seven[6].subtrees == vec![4] && seven[..6].iter().all(|p| !p.reducer));
         let mut by_weight: Vec<usize> = (0..4).collect();
         by_weight.sort_by_key(|&s| std::cmp::Reverse(subs[s].weight));
         for &s in &by_weight[..2] {
-            let reps: Vec<_> = six.iter().filter(|p| p.subtrees.first() == Some(&s)).map(|p| p.replica).collect();
+            let reps: Vec<_> = seven.iter().filter(|p| p.subtrees.first() == Some(&s)).map(|p| p.replica).collect();
             assert_eq!(reps, vec![(0, 2), (1, 2)]);
         }
         assert!(assign(&m, &subs, 0, 2).is_empty());
