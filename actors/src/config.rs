@@ -291,7 +291,7 @@ mod tests {
         assert!(err("", &["training.fanouts=25"]).contains("training.fanouts lists 1 values but training.layers is 2"));
         assert!(err("", &["training.model=gat"]).contains("unknown variant `gat`"));
         assert!(err("", &["training.lr=-1"]).contains("training.lr"));
-        assert!(err("", &["training.mode=raf"]).contains("unknown variant `raf`"));
+        assert!(err("", &["training.mode=heta"]).contains("unknown variant `heta`"));
         assert!(err("", &["epochs=3"]).contains("section.key"));
         assert!(err("", &["training.fanouts=a,b"]).contains("fanouts"));
         assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));

@@ -114,6 +114,12 @@ impl HgtLayer {
         Ok(out)
     }
 
+    /// Shape of one destination's partial: per head, the running maximum, the
+    /// sum of weights and the weighted values.
+    pub fn partial_dims(&self) -> Vec<usize> {
+        vec![self.heads, 2 + self.head_dim]
+    }
+
     /// Merges two partials of the same destinations (from different relation subsets).
     pub fn combine_partials(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Ok(merge_partials(a, b)?)

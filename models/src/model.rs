@@ -399,6 +399,15 @@ impl Model {
         Ok(!top.is_empty() && width < l.out_width()?)
     }
 
+    /// RAF: the width of relation `r`'s shipped means (its top-layer input width).
+    pub fn raf_mean_width(&self, r: RelationId) -> Result<usize> {
+        let (ls, _) = self.relational()?;
+        match ls.last() {
+            Some(GnnLayer::Rgcn(l)) if r.index() < self.all_relations.len() => l.in_width(r),
+            _ => Err(ModelError::Config(format!("relation {} ships no means", r.0))),
+        }
+    }
+
     /// RAF, on a worker that ships means: the seeds' mean rows per top-layer relation.
     pub fn raf_means(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
         let (ls, _) = self.relational()?;
@@ -420,6 +429,37 @@ impl Model {
     /// Name prefix of layer `l`'s parameters of relation `r`.
     pub fn relation_prefix(g: &HetGraph, l: usize, r: RelationId) -> String {
         format!("layer{l}.rel.{}.", g.relation(r).canonical())
+    }
+
+    /// RAF: the shape of one seed's partial (after the seed dimension).
+    pub fn raf_partial_dims(&self) -> Result<Vec<usize>> {
+        let (ls, _) = self.relational()?;
+        Ok(match ls.last() {
+            Some(GnnLayer::Rgcn(l)) => vec![l.out_width()?],
+            Some(GnnLayer::Rgat(l)) => vec![l.out_width()],
+            Some(GnnLayer::Hgt(l)) => l.partial_dims(),
+            None => Vec::new(),
+        })
+    }
+
+    /// RAF: the partial of `rows` seeds without any sampled edge (what
+    /// merging leaves unchanged: zeros, or HGT's empty log-sum-exp rows).
+    pub fn raf_neutral_partial(&self, rows: usize) -> Result<Tensor> {
+        let (ls, _) = self.relational()?;
+        let dims = self.raf_partial_dims()?;
+        let mut shape = vec![rows];
+        shape.extend(&dims);
+        let zeros = Tensor::zeros(shape.clone(), self.dtype, &self.device)?;
+        Ok(match ls.last() {
+            Some(GnnLayer::Hgt(_)) => {
+                let last = shape.len() - 1;
+                let mut m_shape = shape.clone();
+                m_shape[last] = 1;
+                let m = (Tensor::ones(m_shape, self.dtype, &self.device)? * crate::ops::EMPTY_MAX)?;
+                Tensor::cat(&[&m, &zeros.narrow(last, 1, shape[last] - 1)?], last)?
+            }
+            _ => zeros,
+        })
     }
 
     /// Whether the top layer reads the destinations' own rows inside the

@@ -75,6 +75,15 @@ impl RgatLayer {
         Ok(out)
     }
 
+    /// Width of a destination's partial: the mean of the heads in the last layer, their concatenation before.
+    pub fn out_width(&self) -> usize {
+        if self.mean_heads {
+            self.head_dim
+        } else {
+            self.heads * self.head_dim
+        }
+    }
+
     /// Self-loop on the destinations' own rows plus the summed partials.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
         self.self_loop.cross_relation(block, h_src, partials)

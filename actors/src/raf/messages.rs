@@ -46,7 +46,12 @@ macro_rules! payload_message {
         impl Handler<Deliver<$name>> for InboxActor {
             type Result = MessageResult<Deliver<$name>>;
             fn handle(&mut self, m: Deliver<$name>, _: &mut Context<Self>) -> Self::Result {
-                self.0.file(m.msg.seq, $round, m.msg.from, m.msg.data.0);
+                // Filed under the worker the sending actor is, not the one it claims.
+                if m.from.as_str() == super::names::worker(m.msg.from) {
+                    self.0.file(m.msg.seq, $round, m.msg.from, m.msg.data.0);
+                } else {
+                    tracing::warn!("dropped a {} message from {} claiming to be worker {}", $kind, m.from.as_str(), m.msg.from);
+                }
                 MessageResult(())
             }
         }
@@ -117,4 +122,24 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String>
         return Err(format!("{} trailing bytes after the payload", bytes.len() - used));
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_round_trip_and_malformed_ones_are_refused() {
+        let m = SharedGrads { present: vec![true, false], dense: vec![1.0, 2.0], rows: vec![(1, vec![3, 4], vec![0.5; 4])] };
+        let bytes = encode(&m).unwrap();
+        let back: SharedGrads = decode(&bytes).unwrap();
+        assert_eq!((back.present, back.dense, back.rows), (m.present, m.dense, m.rows));
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode::<SharedGrads>(&long).unwrap_err().contains("trailing"));
+        assert!(decode::<SharedGrads>(&bytes[..bytes.len() - 3]).is_err(), "a truncated payload is refused");
+        // A length prefix claiming more than the limit is refused before allocating.
+        let huge = encode(&(u64::MAX, 0u8)).unwrap();
+        assert!(decode::<Vec<f32>>(&huge).is_err());
+    }
 }

@@ -205,6 +205,12 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     }
     observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], DType::F32, &candle_core::Device::Cpu)?);
     let coordinated = coordinate_mode("raf", &t, workers, workers, &coord, &graphs[0], observer, &timeouts);
+    if let Err(e) = &coordinated {
+        // The workers stop instead of training on unobserved.
+        for i in &inboxes {
+            i.abort(format!("the coordinator failed: {e}"));
+        }
+    }
     let results = join_workers(handles)?;
     let mut report = coordinated?;
     let states = results.iter().map(worker::final_state).collect::<Result<Vec<_>>>()?;
@@ -280,15 +286,36 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         return Ok(None);
     };
     let coordinated = coordinate_mode("raf", &t, workers, workers, &coord, &graph, observer, &timeouts);
-    let mine = join_workers(vec![handle])?;
-    let mut report = coordinated?;
-    let mut states = vec![worker::final_state(&mine[0])?];
-    let peers: Vec<u32> = (1..workers).collect();
-    for bytes in coord.raw("the final states", 0, messages::round::FINAL, &peers, timeouts.step)? {
-        states.push(messages::decode(&bytes).map_err(TrainError::Distributed)?);
+    if let Err(e) = &coordinated {
+        inbox.abort(format!("the coordinator failed: {e}"));
     }
-    let model = assemble(&t, &graph, &states)?;
-    finish_report(&mut report, cfg, &model)?;
+    let finished = join_workers(vec![handle]).and_then(|mine| {
+        let mut report = coordinated?;
+        let mut states = vec![worker::final_state(&mine[0])?];
+        let peers: Vec<u32> = (1..workers).collect();
+        for bytes in coord.raw("the final states", 0, messages::round::FINAL, &peers, timeouts.step)? {
+            states.push(messages::decode(&bytes).map_err(TrainError::Distributed)?);
+        }
+        let model = assemble(&t, &graph, &states)?;
+        finish_report(&mut report, cfg, &model)?;
+        Ok(report)
+    });
+    let report = match finished {
+        Ok(r) => r,
+        Err(e) => {
+            // The other nodes would otherwise wait out their deadlines.
+            let me = runtime::ActorName::new(&names::worker(0)).map_err(|e| TrainError::Distributed(e.to_string()))?;
+            let asks: Vec<_> = (1..workers)
+                .filter_map(|k| system.node.actor(&names::worker(k)).ok())
+                .map(|r| {
+                    let (r, reason) = (r.with_sender(me.clone()), e.to_string());
+                    async move { r.ask(Abort { from: 0, reason }, Duration::from_secs(1)).await }
+                })
+                .collect();
+            let _ = system.handle.block_on(futures_util::future::join_all(asks));
+            return Err(e);
+        }
+    };
     let asks: Vec<_> = (1..workers).filter_map(|k| system.node.actor(&names::worker(k)).ok()).map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
     for r in system.handle.block_on(futures_util::future::join_all(asks)) {
         if let Err(e) = r {

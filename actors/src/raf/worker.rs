@@ -87,9 +87,16 @@ pub struct WorkerResult {
 
 /// Runs every epoch. On failure, tells the other workers and the coordinator.
 pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
-    let result = Worker::new(&s).and_then(|mut w| {
-        w.train()?;
-        Ok(WorkerResult { held: w.used.clone(), model: w.model })
+    let body = std::panic::AssertUnwindSafe(|| {
+        Worker::new(&s).and_then(|mut w| {
+            w.train()?;
+            Ok(WorkerResult { held: w.used.clone(), model: w.model })
+        })
+    });
+    // A panic is a failure too: the others must hear of it rather than wait.
+    let result = std::panic::catch_unwind(body).unwrap_or_else(|p| {
+        let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Err(TrainError::Distributed(format!("worker {} panicked: {what}", s.worker)))
     });
     if let Err(e) = &result {
         let reason = e.to_string();
@@ -381,10 +388,21 @@ impl<'a> Worker<'a> {
                 let mut mine = Vec::new();
                 let mut means = Vec::new();
                 let mut whole = None;
+                let means_expected = self.ships_means[*k as usize];
+                let mut tags = BTreeSet::new();
+                if (!means_expected && pieces.len() > 1) || pieces.iter().any(|p| (p.0 == WHOLE) == means_expected || !tags.insert(p.0)) {
+                    return Err(TrainError::Distributed(format!("worker {k} sent {} pieces that are not one partial or distinct relation means", pieces.len())));
+                }
                 for (tag, shape, values) in pieces {
                     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-                    if dims.first() != Some(&rows.len()) || dims.iter().product::<usize>() != values.len() {
-                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} for {} seeds and {} values", rows.len(), values.len())));
+                    let mut want = vec![rows.len()];
+                    if tag == WHOLE {
+                        want.extend(self.model.raf_partial_dims()?);
+                    } else {
+                        want.push(self.model.raf_mean_width(RelationId(tag))?);
+                    }
+                    if dims != want || want.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(values.len()) {
+                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} and {} values; {want:?} expected", values.len())));
                     }
                     let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
                     if tag == WHOLE {
@@ -400,6 +418,11 @@ impl<'a> Worker<'a> {
                 }
                 if !means.is_empty() {
                     whole = self.model.raf_transform_means(&means)?;
+                }
+                // A replica whose seeds have no top-layer edges sends nothing:
+                // its rows are the neutral partial.
+                if whole.is_none() && r > 1 && !rows.is_empty() {
+                    whole = Some(self.model.raf_neutral_partial(rows.len())?);
                 }
                 if let Some(p) = whole {
                     if r > 1 {
@@ -623,25 +646,31 @@ impl<'a> Worker<'a> {
                 summed.insert(n, a);
             }
         }
+        // Embedding rows: the union of the holders' rows, gradients summed in
+        // worker order. Everything is checked before anything is applied.
+        for (k, m) in &theirs {
+            let mut types = BTreeSet::new();
+            for (ty, ids, vals) in &m.rows {
+                let ty = *ty as usize;
+                let dim = self.model.embeddings.get(ty).and_then(Option::as_ref).map(|e| e.dim);
+                let count = s.graph.node_types().get(ty).map_or(0, |t| t.count);
+                let distinct = ids.iter().collect::<std::collections::HashSet<_>>().len() == ids.len();
+                let ok = dim.is_some_and(|d| vals.len() == ids.len() * d) && self.shared_tables[*k as usize].contains(&ty) && types.insert(ty) && distinct && ids.iter().all(|&v| v < count) && vals.iter().all(|x| x.is_finite());
+                if !ok {
+                    return Err(TrainError::Distributed(format!("worker {k} sent malformed rows of node type {ty}")));
+                }
+            }
+        }
         self.adam.step_named(&self.model.params, &summed)?;
-        // Embedding rows: the union of the holders' rows, gradients summed in worker order.
         let n_types = self.model.embeddings.len();
         for ty in 0..n_types {
             let Some(dim) = self.model.embeddings[ty].as_ref().map(|e| e.dim) else { continue };
-            let count = s.graph.node_types()[ty].count;
             let mut sources: Vec<(u32, &[u32], &[f32])> = Vec::new();
             if let Some(rows) = &my_rows[ty] {
                 sources.push((w as u32, &mb.blocks[0].src[ty], rows));
             }
             for (k, m) in &theirs {
-                for (t2, ids, vals) in &m.rows {
-                    if *t2 as usize == ty {
-                        if !self.shared_tables[*k as usize].contains(&ty) || vals.len() != ids.len() * dim || ids.iter().any(|&v| v >= count) {
-                            return Err(TrainError::Distributed(format!("worker {k} sent malformed rows of type {ty}")));
-                        }
-                        sources.push((*k, ids, vals));
-                    }
-                }
+                sources.extend(m.rows.iter().filter(|(t2, _, _)| *t2 as usize == ty).map(|(_, ids, vals)| (*k, ids.as_slice(), vals.as_slice())));
             }
             if sources.is_empty() {
                 continue;
@@ -698,6 +727,25 @@ pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
 /// Sends this worker's final state to the coordinator (cluster runs).
 pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, r: &WorkerResult, timeout: Duration) -> Result<()> {
     let data = messages::encode(&final_state(r)?).map_err(dist_err)?;
-    let to = node.actor(&format!("{}/final", crate::dist::names::COORDINATOR)).map_err(dist_err)?;
+    let me = runtime::ActorName::new(&names::worker(worker)).map_err(dist_err)?;
+    let to = node.actor(&format!("{}/final", crate::dist::names::COORDINATOR)).map_err(dist_err)?.with_sender(me);
     handle.block_on(to.ask(Final { seq: 0, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn replicas_split_a_batch_into_disjoint_shares_that_cover_it() {
+        let batch = [7u32, 2, 9, 4, 11, 6];
+        assert_eq!(share(&batch, (0, 1)), vec![0, 1, 2, 3, 4, 5]);
+        let (a, b) = (share(&batch, (0, 2)), share(&batch, (1, 2)));
+        assert_eq!(a, vec![1, 3, 5]);
+        assert_eq!(b, vec![0, 2, 4]);
+        let thirds: Vec<usize> = (0..3).flat_map(|j| share(&batch, (j, 3))).collect();
+        let mut sorted = thirds.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4, 5]);
+    }
 }

@@ -137,6 +137,10 @@ pub fn metis_within(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec
         .map_err(|e| GraphError::InvalidArgument(format!("METIS refused the graph: {e}")))?
         .set_vwgt(&vwgt)
         .set_option(metis::option::Seed((seed & 0x7fff_ffff) as i32));
+    // METIS keeps its random state in globals: two calls at once (tests, or
+    // a library user's threads) would interleave it and lose determinism.
+    static METIS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = METIS.lock().unwrap_or_else(|p| p.into_inner());
     graph.part_kway(&mut part).map_err(|e| GraphError::InvalidArgument(format!("METIS failed: {e}")))?;
     let mut out = zeros();
     for (t, ids) in vid.iter().enumerate() {

@@ -442,6 +442,15 @@ impl MetaSet {
         if manifest.info.iter().filter(|p| p.reducer).count() != 1 {
             return Err(GraphError::data(&mpath, "no partition (or more than one) holds the self sub-metatree: written by an older hetgnn, run hetgnn partition --method meta again"));
         }
+        // Replicas: the reducer's partition is never one, and each replicated
+        // sub-metatree has every replica 0..r, all with the same relations.
+        for (k, p) in manifest.info.iter().enumerate() {
+            let [j, r] = p.replica;
+            let bad = r == 0 || j >= r || (p.reducer && r != 1) || (r > 1 && (0..r).any(|i| manifest.info.iter().filter(|q| q.replica == [i, r] && q.subtrees == p.subtrees && q.per_layer == p.per_layer).count() != 1));
+            if bad {
+                return Err(GraphError::data(&mpath, format!("partition {k}: replica {j} of {r} does not fit the others (replicas of a sub-metatree: one each of 0..r, the same relations; never the reducer's)")));
+            }
+        }
         if let Some(p) = manifest.info.iter().find(|p| p.per_layer.len() != manifest.layers) {
             return Err(GraphError::data(&mpath, format!("a partition lists relations for {} layers, the manifest says {}", p.per_layer.len(), manifest.layers)));
         }

@@ -25,7 +25,8 @@ use super::segment::SegmentCsr;
 use super::to_f64;
 
 /// The `m` of a destination without sources: finite, so merges stay NaN-free.
-const EMPTY_MAX: f64 = -1e30;
+/// The running maximum of a row without edges (merges as the identity).
+pub const EMPTY_MAX: f64 = -1e30;
 
 /// The packed partial `[n_dst, H, 2 + D]` of `softmax(q·k)`-weighted `values`.
 /// `q: [n_dst, H, Dk]`, `k: [n_src, H, Dk]`, `values: [n_src, H, D]`.

@@ -10,7 +10,7 @@ mod matmul;
 mod segment;
 
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
-pub use lse_attention::{finish_partial, lse_attention, merge_partials};
+pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::matmul;
 pub use segment::{segment_mean, SegmentCsr};
 
