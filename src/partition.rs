@@ -32,6 +32,10 @@ pub struct PartitionArgs {
     /// Meta-partitioning: build the metatree without reverse relations (as training with --no-reverse-edges).
     #[arg(long)]
     pub no_reverse_edges: bool,
+    /// Meta-partitioning: build the metatree from these metapaths (one per line,
+    /// relation names from the target outward) instead of BFS over every relation.
+    #[arg(long)]
+    pub metapaths: Option<PathBuf>,
     /// Partitioner seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -45,6 +49,7 @@ pub struct PartitionArgs {
 
 /// Runs `hetgnn partition`.
 pub fn run(args: &PartitionArgs) -> Result<()> {
+    anyhow::ensure!(args.metapaths.is_none() || args.method == Method::Meta, "--metapaths applies to --method meta");
     if args.method == Method::Meta {
         return run_meta(args);
     }
@@ -110,10 +115,21 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
     let start = Instant::now();
     let opts = LoadOptions { mmap_features: true, reverse_edges: !args.no_reverse_edges };
     let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;
-    let m = partition::meta::write(&g, args.layers, args.parts, &args.out, args.force, &mut bar::Bars::new())
+    let paths = match &args.metapaths {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Some(partition::meta::parse_metapaths(&text, &g, args.layers).with_context(|| format!("in {}", p.display()))?)
+        }
+        None => None,
+    };
+    let m = partition::meta::write_metapaths(&g, args.layers, args.parts, paths.as_deref(), &args.out, args.force, &mut bar::Bars::new())
         .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
     let total: u64 = m.info.iter().map(|p| p.load).sum();
     println!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
+    if !m.metapaths.is_empty() {
+        let paths: Vec<String> = m.metapaths.iter().map(|p| p.join(" <- ")).collect();
+        println!("metatree from {} metapath(s): {}", paths.len(), paths.join("; "));
+    }
     for (k, p) in m.info.iter().enumerate() {
         let replica = if p.replica[1] > 1 { format!(", replica {} of {} (splits the target nodes)", p.replica[0] + 1, p.replica[1]) } else { String::new() };
         let reducer = if p.reducer { "; the reducer's (computes the target nodes' own rows)" } else { "" };

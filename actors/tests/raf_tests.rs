@@ -159,3 +159,46 @@ fn replicated_sub_metatrees_split_the_seeds_and_match_single_process_training() 
     raf_matches_single("rgcn", 2, &[7]);
     raf_matches_single("hgt", 2, &[6]);
 }
+
+/// Meta-partitions whose metatree follows three metapaths.
+fn meta_paths(parts: usize) -> PathBuf {
+    let data = graph();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let out = root().join(format!("metapaths-{parts}"));
+    if !out.exists() {
+        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+        let paths = partition::meta::parse_metapaths("writes rev_writes\ncites  # one hop\nrev_has_topic, has_topic\n", &g, 2).unwrap();
+        partition::meta::write_metapaths(&g, 2, parts, Some(&paths), &out, false, &mut NoProgress).unwrap();
+    }
+    out
+}
+
+#[test]
+fn metapath_models_train_the_same_on_one_two_and_three_workers() {
+    let run = |parts: usize| {
+        let extra = ["training.model=\"hgt\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta_paths(parts).display().to_string())];
+        let mut losses = Losses::default();
+        let (report, model) = train_embedded(&config(&extra), &mut losses).unwrap();
+        (report, model, losses.0)
+    };
+    let (one, want, want_losses) = run(1);
+    let mut full = Losses::default();
+    train(&config(&["training.model=\"hgt\"".to_string()]), &mut full).unwrap();
+    assert!(want_losses.iter().zip(&full.0).any(|(a, b)| (a - b).abs() > 1e-3), "the metapaths restrict the model");
+    for k in [2, 3] {
+        let (report, got, losses) = run(k);
+        assert_eq!(report.nodes, k);
+        for (i, (a, b)) in want_losses.iter().zip(&losses).enumerate() {
+            close(*a, *b, &format!("metapaths, {k} workers, loss of step {i}"));
+        }
+        for ((name, a), (_, b)) in want.params.iter().zip(got.params.iter()) {
+            let a: Vec<f32> = a.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = b.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+            let (rms, worst) = errors(&a, &b);
+            assert!(rms <= 2e-5 * scale && worst <= 2e-4 * scale, "metapaths, {k} workers, {name}: rms {rms}, worst {worst}");
+        }
+        assert!((report.epochs[0].test_acc - one.epochs[0].test_acc).abs() < 0.01);
+    }
+}

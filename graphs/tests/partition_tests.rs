@@ -214,3 +214,29 @@ fn meta_partitions_hold_whole_relations_and_load_as_graphs() {
     assert!(err.contains("raf"), "{err}");
     assert!(partition::meta::write(&g, 2, 0, &tmp.path().join("m0"), false, &mut NoProgress).is_err());
 }
+
+#[test]
+fn metapaths_restrict_the_metatree_and_bad_ones_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    mag(tmp.path());
+    let g = graphs::load(&tmp.path().join("g"), &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+    let paths = partition::meta::parse_metapaths("# paper <- author <- paper\nwrites rev_writes\n\nfield_of_study__rev_has_topic__paper\n", &g, 2).unwrap();
+    let out = tmp.path().join("mp");
+    let m = partition::meta::write_metapaths(&g, 2, 2, Some(&paths), &out, false, &mut NoProgress).unwrap();
+    assert_eq!(m.metapaths.len(), 2);
+    let allowed = partition::meta::allowed_per_layer(&paths, 2);
+    for p in &m.info {
+        for (l, rels) in p.per_layer.iter().enumerate() {
+            for r in rels {
+                assert!(allowed[l].contains(&g.relation_id(r).unwrap()), "{r} at layer {l} is on no metapath");
+            }
+        }
+    }
+    let set = partition::meta::MetaSet::open(&out).unwrap();
+    assert_eq!(set.manifest.metapaths, m.metapaths);
+    let err = |text: &str| partition::meta::parse_metapaths(text, &g, 2).unwrap_err().to_string();
+    assert!(err("wrote\n").contains("no relation named wrote"));
+    assert!(err("rev_writes\n").contains("leads into author, not paper"));
+    assert!(err("cites cites cites\n").contains("3 relations for a 2-layer model"));
+    assert!(err("# nothing\n").contains("no path"));
+}

@@ -45,12 +45,20 @@ pub struct Metatree {
 
 /// Builds the metatree by BFS from `root` to `depth` hops.
 pub fn metatree(m: &Metagraph, root: NodeTypeId, depth: usize) -> Metatree {
+    metatree_within(m, root, depth, None)
+}
+
+/// Like [`metatree`], following at model layer `l` only the relations in
+/// `allowed[l]` (when given): the metatree of metapaths ([`allowed_per_layer`]).
+pub fn metatree_within(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Option<&[BTreeSet<RelationId>]>) -> Metatree {
     let mut vertices = vec![TreeVertex { ntype: root, depth: 0, parent: None, via: None }];
     let mut i = 0;
     while i < vertices.len() {
         let v = vertices[i].clone();
         if v.depth < depth {
-            for l in m.incoming(v.ntype) {
+            // A child at depth d + 1 feeds model layer depth - d - 1.
+            let layer = depth - v.depth - 1;
+            for l in m.incoming(v.ntype).filter(|l| allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
                 vertices.push(TreeVertex { ntype: l.src, depth: v.depth + 1, parent: Some(i), via: Some(l.relation) });
             }
             vertices.push(TreeVertex { ntype: v.ntype, depth: v.depth + 1, parent: Some(i), via: None });
@@ -327,6 +335,9 @@ pub struct MetaManifest {
     pub layers: usize,
     /// Whether reverse relations were part of the metagraph.
     pub reverse_edges: bool,
+    /// The metapaths the metatree was built from (empty: BFS over every relation).
+    #[serde(default)]
+    pub metapaths: Vec<Vec<String>>,
     /// Number of partitions.
     pub parts: usize,
     /// Per partition.
@@ -358,12 +369,89 @@ pub struct MetaPartInfo {
     pub load: u64,
 }
 
+/// Reads metapaths: one per line, relation names (canonical `src__name__dst`,
+/// or the plain name where it is unique) separated by spaces or commas, from
+/// the target type outward; `#` starts a comment. Each path's first relation
+/// leads into the target type and each next one into the previous one's
+/// source type; a path has at most `layers` relations.
+pub fn parse_metapaths(text: &str, g: &crate::HetGraph, layers: usize) -> crate::Result<Vec<Vec<RelationId>>> {
+    use crate::error::GraphError;
+    let bad = |line: usize, why: String| GraphError::InvalidArgument(format!("metapaths line {line}: {why}"));
+    let mut paths = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        let body = line.split('#').next().unwrap_or("");
+        let names: Vec<&str> = body.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty()).collect();
+        if names.is_empty() {
+            continue;
+        }
+        if names.len() > layers {
+            return Err(bad(line_no, format!("{} relations for a {layers}-layer model", names.len())));
+        }
+        let mut path = Vec::new();
+        let mut into = g.target();
+        for name in names {
+            let r = match g.relation_id(name) {
+                Some(r) => r,
+                None => {
+                    let matches: Vec<RelationId> = (0..g.relations().len() as u32).map(RelationId).filter(|&r| g.relation(r).name == name).collect();
+                    match matches.as_slice() {
+                        [r] => *r,
+                        [] => return Err(bad(line_no, format!("no relation named {name}"))),
+                        _ => return Err(bad(line_no, format!("{name} names several relations: use src__{name}__dst"))),
+                    }
+                }
+            };
+            let rel = g.relation(r);
+            if rel.dst != into {
+                return Err(bad(line_no, format!("{} leads into {}, not {}", rel.canonical(), g.node_type(rel.dst).name, g.node_type(into).name)));
+            }
+            into = rel.src;
+            path.push(r);
+        }
+        paths.push(path);
+    }
+    if paths.is_empty() {
+        return Err(GraphError::InvalidArgument("metapaths: no path given".into()));
+    }
+    Ok(paths)
+}
+
+/// The relations metapaths allow at each model layer (a path's i-th relation feeds layer `layers - 1 - i`).
+pub fn allowed_per_layer(paths: &[Vec<RelationId>], layers: usize) -> Vec<BTreeSet<RelationId>> {
+    let mut out = vec![BTreeSet::new(); layers];
+    for p in paths {
+        for (i, &r) in p.iter().enumerate() {
+            if let Some(l) = layers.checked_sub(i + 1) {
+                out[l].insert(r);
+            }
+        }
+    }
+    out
+}
+
 /// Meta-partitions `g` (loaded with the reverse relations the model will use)
 /// for a `layers`-deep model into `parts`, writes them to `out` and returns
 /// the manifest. Each `part<k>/` is a graph directory holding the original
 /// relations behind its relations (a reverse relation is stored as the
 /// original, added back at load) and the features of its node types.
 pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::Path, overwrite: bool, progress: &mut dyn crate::Progress) -> crate::Result<MetaManifest> {
+    write_metapaths(g, layers, parts, None, out, overwrite, progress)
+}
+
+/// [`write`] with the metatree built from `metapaths` ([`parse_metapaths`]):
+/// at each layer only the relations some path takes there (and the
+/// self-loops' chains through them). Training on these partitions trains
+/// that restricted model.
+pub fn write_metapaths(
+    g: &crate::HetGraph,
+    layers: usize,
+    parts: usize,
+    metapaths: Option<&[Vec<RelationId>]>,
+    out: &std::path::Path,
+    overwrite: bool,
+    progress: &mut dyn crate::Progress,
+) -> crate::Result<MetaManifest> {
     use crate::error::GraphError;
     use crate::format::AtomicDir;
     if parts == 0 || parts > super::MAX_PARTS {
@@ -373,9 +461,10 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
         return Err(GraphError::InvalidArgument("--layers must be at least 1".into()));
     }
     let m = g.metagraph();
-    let tree = metatree(&m, g.target(), layers);
+    let allowed = metapaths.map(|p| allowed_per_layer(p, layers));
+    let tree = metatree_within(&m, g.target(), layers, allowed.as_deref());
     let subs = tree.split(&m);
-    if subs.is_empty() {
+    if subs.iter().all(|s| s.self_loop) {
         return Err(GraphError::InvalidArgument("no relation leads into the target type: nothing to partition".into()));
     }
     let assigned = assign(&m, &subs, parts, layers);
@@ -405,7 +494,8 @@ pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::
         progress.advance(1);
     }
     progress.finish();
-    let manifest = MetaManifest { format: 1, method: "meta".into(), graph: g.name().to_string(), layers, reverse_edges: g.has_reverse_relations(), parts: assigned.len(), info };
+    let metapaths = metapaths.map(|ps| ps.iter().map(|p| p.iter().map(|&r| name(r)).collect()).collect()).unwrap_or_default();
+    let manifest = MetaManifest { format: 1, method: "meta".into(), graph: g.name().to_string(), layers, reverse_edges: g.has_reverse_relations(), metapaths, parts: assigned.len(), info };
     let mpath = dir.path().join("manifest.json");
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
     std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
