@@ -100,4 +100,11 @@ fn raf_refuses_edge_cut_partitions_and_a_depth_mismatch() {
     mlp.extend(["--set".into(), "training.model=\"mlp\"".into()]);
     run(mlp).fails_with(1, &["MLP"]);
     run(vec!["train".into(), "--set".into(), "training.mode=\"raf\"".into()]).fails_with(1, &["training.partitions"]);
+    // Metapaths: only for meta-partitioning, and a bad one is named with its line.
+    std::fs::write(d.join("paths.txt"), "writes rev_writes\nwrote\n").unwrap();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "metis", "--metapaths", "paths.txt", "--out", "x"]).fails_with(1, &["--metapaths applies to --method meta"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--metapaths", "paths.txt", "--out", "x"]).fails_with(1, &["line 2", "no relation named wrote"]);
+    std::fs::write(d.join("paths.txt"), "writes rev_writes\ncites\n").unwrap();
+    let out = hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--metapaths", "paths.txt", "--out", "mp"]).ok().stdout();
+    assert!(out.contains("metatree from 2 metapath(s)"), "{out}");
 }
