@@ -51,6 +51,17 @@ pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
 /// The tag of a shipped whole partial (others are relation ids of shipped means).
 const WHOLE: u32 = u32::MAX;
 
+/// Batches sampled ahead of the step that trains on them.
+const PREFETCH: usize = 2;
+
+/// A batch sampled, with its feature rows gathered, ahead of its step.
+struct Prepared {
+    mb: MiniBatch,
+    features: models::rgcn::PerType,
+    sample_s: f64,
+    gather_s: f64,
+}
+
 /// Evaluation steps are numbered apart from training steps.
 const EVAL_BIT: u64 = 1 << 63;
 
@@ -256,7 +267,6 @@ impl<'a> Worker<'a> {
         let g = s.graph.clone();
         let (labels, splits) = g.target_labels();
         let filter = RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone());
-        let mut sampler = Sampler::new(&g, &t.fanouts, t.seed)?;
         let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
         for epoch in 0..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
@@ -264,24 +274,42 @@ impl<'a> Worker<'a> {
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
             let mut loss_sum = 0.0;
-            for (step, seeds) in batches.iter().enumerate() {
-                let mut clock = Instant::now();
-                let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
-                let mb = sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
-                st.sample_s += lap(&mut clock);
-                let out = self.step(&mb, seeds, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
-                self.seq += 1;
-                loss_sum += out.loss;
-                st.train_correct += out.correct;
-                st.train_seen += seeds.len() as u64;
-                st.gather_s += out.gather_s;
-                st.compute_s += out.compute_s;
-                st.comm_s += out.comm_s;
-                st.update_s += out.update_s;
-                if s.worker == 0 {
-                    self.send(&self.s.coordinator, StepDone { epoch, loss: out.loss })?;
+            // Sampling and feature rows of the next batches are prepared on a
+            // thread of their own, using the time this one waits for its peers.
+            let (gather, replica, fanouts) = (self.model.feature_gather(), s.replicas[s.worker as usize], t.fanouts.clone());
+            std::thread::scope(|scope| -> Result<()> {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
+                let (g, filter, batches) = (&g, &filter, &batches);
+                scope.spawn(move || {
+                    let mut sampler = match Sampler::new(g, &fanouts, t.seed) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = tx.send(Err(e.into()));
+                            return;
+                        }
+                    };
+                    for (step, seeds) in batches.iter().enumerate() {
+                        let mut clock = Instant::now();
+                        let prepared = (|| -> Result<Prepared> {
+                            let mine: Vec<u32> = share(seeds, replica).into_iter().map(|i| seeds[i]).collect();
+                            let mb = sampler.sample_relations(epoch, step as u64, &mine, filter)?;
+                            let sample_s = lap(&mut clock);
+                            let features = gather.gather(g, &mb.blocks[0].src)?;
+                            Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+                        })();
+                        if tx.send(prepared).is_err() {
+                            return;
+                        }
+                    }
+                });
+                for (step, seeds) in batches.iter().enumerate() {
+                    let p = rx.recv().map_err(|_| dist_err("the sampling thread stopped"))??;
+                    st.sample_s += p.sample_s;
+                    st.gather_s += p.gather_s;
+                    self.step_training(p, seeds, epoch, step, labels, &mut st, &mut loss_sum)?;
                 }
-            }
+                Ok(())
+            })?;
             st.seconds = start.elapsed().as_secs_f64();
             if s.worker != 0 {
                 st.train_correct = 0;
@@ -297,7 +325,8 @@ impl<'a> Worker<'a> {
                     let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
                     let mb = eval_sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
                     let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                    correct += self.step(&mb, seeds, None, labels, seq)?.correct;
+                    let features = self.model.feature_gather().gather(&g, &mb.blocks[0].src)?;
+                    correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
                 }
                 if split == 1 {
                     st.valid_correct = correct;
@@ -313,10 +342,28 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
+    /// Trains on one prepared batch and accounts for it in `st`.
+    #[allow(clippy::too_many_arguments)]
+    fn step_training(&mut self, p: Prepared, seeds: &[u32], epoch: u64, step: usize, labels: &[i64], st: &mut EpochStats, loss_sum: &mut f64) -> Result<()> {
+        let out = self.step(&p.mb, p.features, seeds, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
+        self.seq += 1;
+        *loss_sum += out.loss;
+        st.train_correct += out.correct;
+        st.train_seen += seeds.len() as u64;
+        st.gather_s += out.gather_s;
+        st.compute_s += out.compute_s;
+        st.comm_s += out.comm_s;
+        st.update_s += out.update_s;
+        if self.setup.worker == 0 {
+            self.send(&self.s.coordinator, StepDone { epoch, loss: out.loss })?;
+        }
+        Ok(())
+    }
+
     /// One training step (`dropout` is `Some`) or evaluation batch. On the
     /// reducer, `loss` and `correct` are the batch's; elsewhere zero. `mb` is
     /// sampled from this worker's share of `batch`.
-    fn step(&mut self, mb: &MiniBatch, batch: &[u32], dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
+    fn step(&mut self, mb: &MiniBatch, features: models::rgcn::PerType, batch: &[u32], dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
         let s = self.setup;
         let g = &s.graph;
         let w = s.worker;
@@ -325,7 +372,8 @@ impl<'a> Worker<'a> {
         let b = mb.seeds.len();
         let mut out = StepOut { loss: 0.0, correct: 0, gather_s: 0.0, compute_s: 0.0, comm_s: 0.0, update_s: 0.0 };
         let mut clock = Instant::now();
-        let inputs = self.model.gather_inputs(g, &mb.blocks[0].src)?;
+        let mut inputs = features;
+        self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?;
         out.gather_s += lap(&mut clock);
         let mut h = self.model.raf_hidden(g, mb, inputs.clone(), dropout)?;
         out.compute_s += lap(&mut clock);
