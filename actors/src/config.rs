@@ -296,4 +296,15 @@ mod tests {
         assert!(err("", &["training.fanouts=a,b"]).contains("fanouts"));
         assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));
     }
+
+    #[test]
+    fn the_example_topology_files_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        for name in ["local-3.toml", "raf-2.toml"] {
+            let c = Config::load(&dir.join(name), &[]).unwrap();
+            assert!(c.topology().is_some(), "{name} has a cluster");
+        }
+        let raf = Config::load(&dir.join("raf-2.toml"), &[]).unwrap();
+        assert_eq!((raf.training.mode, raf.placement.get("reducer").map(String::as_str)), (Mode::Raf, Some("n0")));
+    }
 }
