@@ -134,6 +134,12 @@ impl Inbox {
         });
     }
 
+    /// Drops what is filed under steps before `seq`: late duplicates of
+    /// messages already taken (the first copy wins), which would otherwise stay.
+    pub fn forget_before(&self, seq: u64) {
+        self.lock().grads.retain(|(q, _, _), _| *q >= seq);
+    }
+
     /// The payloads filed under `(seq, round, p)` for every `p` in `peers`, in peer order.
     pub fn raw(&self, what: &str, seq: u64, round: u32, peers: &[u32], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         self.wait(&format!("{what} of step {seq} from {peers:?}"), timeout, |s| {
@@ -234,6 +240,18 @@ mod tests {
         assert!(matches!(inbox.epoch_progress(1, 1, t).unwrap(), EpochProgress::Step(l) if l == 0.5));
         let err = inbox.epoch_progress(1, 1, Duration::from_millis(20)).unwrap_err().to_string();
         assert!(err.contains("epoch 1"), "{err}");
+    }
+
+    #[test]
+    fn late_duplicates_of_taken_steps_are_forgotten() {
+        let inbox = Inbox::default();
+        inbox.file(3, 0x100, 1, vec![1]);
+        assert_eq!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![1]]);
+        inbox.file(3, 0x100, 1, vec![9]);
+        inbox.file(4, 0x100, 1, vec![2]);
+        inbox.forget_before(4);
+        assert!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_millis(20)).is_err(), "the duplicate is gone");
+        assert_eq!(inbox.raw("partials", 4, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![2]], "the next step's message stays");
     }
 
     #[test]

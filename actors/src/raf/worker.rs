@@ -371,6 +371,8 @@ impl<'a> Worker<'a> {
         let target = g.target().index();
         let b = mb.seeds.len();
         let mut out = StepOut { loss: 0.0, correct: 0, gather_s: 0.0, compute_s: 0.0, comm_s: 0.0, update_s: 0.0 };
+        // Every message of earlier steps has been taken: what is left of them is duplicates.
+        s.inbox.forget_before(seq);
         let mut clock = Instant::now();
         let mut inputs = features;
         self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?;
