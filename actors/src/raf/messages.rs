@@ -94,13 +94,27 @@ pub struct SharedGrads {
     pub rows: Vec<(u32, Vec<u32>, Vec<f32>)>,
 }
 
-/// What a [`Final`] message encodes.
+/// A worker's parameters and tables (or, in a [`Final`] message, a piece of them).
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct FinalState {
     /// `(name, values)` of the parameters the worker holds.
     pub params: Vec<(String, Vec<f32>)>,
-    /// `(node type, rows)` of the embedding tables it holds.
-    pub tables: Vec<(u32, Vec<f32>)>,
+    /// `(node type, first value, values)`: pieces of the embedding tables it
+    /// holds, each table's pieces in order and together whole.
+    pub tables: Vec<(u32, u64, Vec<f32>)>,
+}
+
+/// Most table values one [`Final`] message carries (128 MB), well under the
+/// transport's frame limit however large the tables are.
+pub const FINAL_PIECE: usize = 32 << 20;
+
+/// What a [`Final`] message encodes: piece `seq` of `pieces`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct FinalPiece {
+    /// How many pieces the worker sends.
+    pub pieces: u32,
+    /// This piece.
+    pub state: FinalState,
 }
 
 /// Most bytes an encoded payload may have.

@@ -140,6 +140,8 @@ fn assemble(t: &TrainingConfig, g: &HetGraph, states: &[FinalState]) -> Result<m
     let mut done: BTreeSet<String> = BTreeSet::new();
     let mut tables_done: BTreeSet<usize> = BTreeSet::new();
     for (w, st) in states.iter().enumerate() {
+        // Each table this worker sent: its pieces in order, together whole.
+        let mut next: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
         for (name, values) in &st.params {
             if done.contains(name) {
                 continue;
@@ -151,16 +153,25 @@ fn assemble(t: &TrainingConfig, g: &HetGraph, states: &[FinalState]) -> Result<m
             var.set(&Tensor::from_slice(values, var.shape(), var.device())?)?;
             done.insert(name.clone());
         }
-        for (ty, rows) in &st.tables {
+        for (ty, at, rows) in &st.tables {
             let ty = *ty as usize;
             if tables_done.contains(&ty) {
                 continue;
             }
             let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("worker {w} sent a table for type {ty}, which has none")))?;
-            if e.data.len() != rows.len() {
-                return Err(TrainError::Distributed(format!("worker {w} sent {} values for {} ({} expected)", rows.len(), e.name, e.data.len())));
+            let from = next.get(&ty).copied().unwrap_or(0);
+            let to = from as usize + rows.len();
+            if *at != from || to > e.data.len() {
+                return Err(TrainError::Distributed(format!("worker {w} sent values {at}..{} of {} where {from}.. were due ({} in all)", *at as usize + rows.len(), e.name, e.data.len())));
             }
-            e.data.copy_from_slice(rows);
+            e.data[from as usize..to].copy_from_slice(rows);
+            next.insert(ty, to as u64);
+        }
+        for (ty, end) in next {
+            let len = model.embeddings[ty].as_ref().map_or(0, |e| e.data.len());
+            if end as usize != len {
+                return Err(TrainError::Distributed(format!("worker {w} sent {end} of the {len} values of node type {ty}'s table")));
+            }
             tables_done.insert(ty);
         }
     }
@@ -293,8 +304,22 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         let mut report = coordinated?;
         let mut states = vec![worker::final_state(&mine[0])?];
         let peers: Vec<u32> = (1..workers).collect();
-        for bytes in coord.raw("the final states", 0, messages::round::FINAL, &peers, timeouts.step)? {
-            states.push(messages::decode(&bytes).map_err(TrainError::Distributed)?);
+        for k in peers {
+            // Piece 0 says how many follow; pieces are gathered in order.
+            let mut state = FinalState::default();
+            let mut pieces = 1;
+            let mut i = 0u32;
+            while i < pieces {
+                let bytes = coord.raw("a worker's final state", u64::from(i), messages::round::FINAL, &[k], timeouts.step)?.swap_remove(0);
+                let p: messages::FinalPiece = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s final state: {e}")))?;
+                if i == 0 {
+                    pieces = p.pieces.max(1);
+                }
+                state.params.extend(p.state.params);
+                state.tables.extend(p.state.tables);
+                i += 1;
+            }
+            states.push(state);
         }
         let model = assemble(&t, &graph, &states)?;
         finish_report(&mut report, cfg, &model)?;
@@ -324,4 +349,37 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     }
     drop(system);
     Ok(Some(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graphs::graph::GraphBuilder;
+    use graphs::{Features, Splits};
+
+    fn graph() -> HetGraph {
+        let (papers, authors) = (20u32, 30u32);
+        GraphBuilder::new("g", "paper", 2)
+            .node_type("paper", papers, Some(Features::from_vec(papers as usize, 2, vec![0.5; 2 * papers as usize])))
+            .node_type("author", authors, None)
+            .labels((0..papers).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..papers).collect(), valid: vec![], test: vec![] })
+            .relation("author", "writes", "paper", (0..40).map(|i| i % authors).collect(), (0..40).map(|i| i % papers).collect())
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn final_states_in_pieces_assemble_whole_tables_and_gaps_are_refused() {
+        let g = graph();
+        let t = TrainingConfig { hidden: 4, embed_dim: 3, ..TrainingConfig::default() };
+        let rows: Vec<f32> = (0..90).map(|i| i as f32).collect();
+        let author = g.type_id("author").unwrap().index() as u32;
+        let pieces = |cuts: &[(u64, usize, usize)]| FinalState { params: Vec::new(), tables: cuts.iter().map(|&(at, a, b)| (author, at, rows[a..b].to_vec())).collect() };
+        let m = assemble(&t, &g, &[pieces(&[(0, 0, 40), (40, 40, 41), (41, 41, 90)])]).unwrap();
+        assert_eq!(m.embeddings[author as usize].as_ref().unwrap().data, rows);
+        let gap = assemble(&t, &g, &[pieces(&[(0, 0, 40), (41, 41, 90)])]).unwrap_err().to_string();
+        assert!(gap.contains("where 40.. were due"), "{gap}");
+        let short = assemble(&t, &g, &[pieces(&[(0, 0, 40)])]).unwrap_err().to_string();
+        assert!(short.contains("40 of the 90 values"), "{short}");
+    }
 }

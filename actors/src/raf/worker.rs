@@ -770,16 +770,28 @@ fn add_grads(into: &mut GradStore, more: &GradStore, model: &Model, inputs: &mod
 /// A worker's final state, for the coordinator.
 pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
     let params = r.model.params.iter().filter(|(n, _)| r.held.contains(*n)).map(|(n, v)| Ok((n.to_string(), v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))).collect::<Result<_>>()?;
-    let tables = r.model.embeddings.iter().enumerate().filter_map(|(ty, e)| e.as_ref().map(|e| (ty as u32, e.data.clone()))).collect();
+    let tables = r.model.embeddings.iter().enumerate().filter_map(|(ty, e)| e.as_ref().map(|e| (ty as u32, 0, e.data.clone()))).collect();
     Ok(FinalState { params, tables })
 }
 
-/// Sends this worker's final state to the coordinator (cluster runs).
+/// Sends this worker's final state to the coordinator (cluster runs): the
+/// parameters first, then the tables in pieces of at most [`messages::FINAL_PIECE`] values.
 pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, r: &WorkerResult, timeout: Duration) -> Result<()> {
-    let data = messages::encode(&final_state(r)?).map_err(dist_err)?;
+    let FinalState { params, tables } = final_state(r)?;
+    let mut pieces = vec![FinalState { params, tables: Vec::new() }];
+    for (ty, _, data) in tables {
+        for (i, chunk) in data.chunks(messages::FINAL_PIECE).enumerate() {
+            pieces.push(FinalState { params: Vec::new(), tables: vec![(ty, (i * messages::FINAL_PIECE) as u64, chunk.to_vec())] });
+        }
+    }
     let me = runtime::ActorName::new(&names::worker(worker)).map_err(dist_err)?;
     let to = node.actor(&format!("{}/final", crate::dist::names::COORDINATOR)).map_err(dist_err)?.with_sender(me);
-    handle.block_on(to.ask(Final { seq: 0, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)
+    let total = pieces.len() as u32;
+    for (i, state) in pieces.into_iter().enumerate() {
+        let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;
+        handle.block_on(to.ask(Final { seq: i as u64, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
