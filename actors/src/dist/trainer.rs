@@ -337,6 +337,8 @@ impl Replica {
         self.adam.step_named(&self.model.params, &named)?;
         st.update_s += lap(&mut clock);
         self.seq += 1;
+        // Every share of earlier steps has been taken: what is left of them is duplicates.
+        ctx.s.inbox.forget_before(self.seq);
         Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
     }
 
