@@ -147,25 +147,40 @@ fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, system: &System
     Ok(handles)
 }
 
-/// Waits for trainer threads; the first error wins.
-fn join_trainers(handles: Vec<std::thread::JoinHandle<Result<models::Model>>>) -> Result<Vec<models::Model>> {
-    let mut models = Vec::new();
+/// Waits for training threads (trainers or RAF workers); the first error wins.
+pub(crate) fn join_threads<T>(handles: Vec<std::thread::JoinHandle<Result<T>>>) -> Result<Vec<T>> {
+    let mut out = Vec::new();
     let mut first_err = None;
     for h in handles {
         match h.join() {
-            Ok(Ok(m)) => models.push(m),
+            Ok(Ok(v)) => out.push(v),
             Ok(Err(e)) => {
                 first_err.get_or_insert(e);
             }
             Err(_) => {
-                first_err.get_or_insert(TrainError::Distributed("a trainer thread panicked".into()));
+                first_err.get_or_insert(TrainError::Distributed("a training thread panicked".into()));
             }
         }
     }
     match first_err {
         Some(e) => Err(e),
-        None => Ok(models),
+        None => Ok(out),
     }
+}
+
+/// How long a failing thread tries to tell the others (best effort: a peer
+/// that is down will not answer).
+const ABORT_NOTICE: Duration = Duration::from_secs(1);
+
+/// Tells the actors `targets` that `me` (numbered `from`) failed, best effort
+/// (a peer that is down will not answer), so they stop instead of waiting.
+pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str, from: u32, targets: &[String], reason: &str) {
+    let Ok(me) = runtime::ActorName::new(me) else { return };
+    let asks = targets.iter().filter_map(|n| node.actor(n).ok()).map(|r| {
+        let (r, reason) = (r.with_sender(me.clone()), reason.to_string());
+        async move { r.ask(Abort { from, reason }, ABORT_NOTICE).await }
+    });
+    let _ = handle.block_on(join_all(asks));
 }
 
 /// Registers the coordinator's inbox on `node`.
@@ -284,7 +299,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     }
     observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
     let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graphs[0], observer, &sh.timeouts);
-    let mut models = join_trainers(handles)?;
+    let mut models = join_threads(handles)?;
     let mut report = coordinated?;
     report.config = cfg.clone();
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
@@ -488,13 +503,13 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     })?;
     let handles = spawn_trainers(&sh, part, &graph, &system, &inboxes)?;
     let Some(coord) = coord else {
-        join_trainers(handles)?;
+        join_threads(handles)?;
         tracing::info!("{id}: training done; serving until the coordinator finishes");
         inboxes[0].finished(timeouts.finish)?;
         return Ok(None);
     };
     let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graph, observer, &timeouts);
-    let model = join_trainers(handles)?.swap_remove(0);
+    let model = join_threads(handles)?.swap_remove(0);
     let mut report = coordinated?;
     report.config = cfg.clone();
     finish(&mut report, &system, &model, &graph, &t, parts)?;

@@ -27,17 +27,12 @@ use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
 
 use super::inbox::Inbox;
-use super::messages::{Abort, EpochStats, GradShare, Pull, Push, SampleReq, StepDone};
+use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, StepDone};
 use super::store::decode_f32;
 use super::{names, Timeouts};
 use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
-
-/// How long a failing trainer tries to tell the others (best effort: a peer
-/// that is down will not answer).
-const ABORT_NOTICE: Duration = Duration::from_secs(1);
-
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -83,16 +78,8 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
         Ok(t.rep.model)
     });
     if let Err(e) = &result {
-        let reason = e.to_string();
-        let me = names::trainer(s.trainer);
         let targets: Vec<String> = (0..s.trainers).filter(|&p| p != s.trainer).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
-        let asks = targets.iter().filter_map(|n| s.node.actor(n).ok()).map(|r| {
-            let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
-            let reason = reason.clone();
-            let from = s.trainer;
-            async move { r.ask(Abort { from, reason }, ABORT_NOTICE).await }
-        });
-        let _ = s.handle.block_on(join_all(asks));
+        super::abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, &targets, &e.to_string());
     }
     result
 }

@@ -21,7 +21,7 @@ use runtime::Node;
 use crate::config::{Config, TrainingConfig};
 use crate::dist::inbox::{Inbox, InboxActor};
 use crate::dist::messages::{Abort, Finish};
-use crate::dist::{coordinate_mode, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
+use crate::dist::{abort_peers, coordinate_mode, join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
 use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, Report};
 use crate::trainer::TrainObserver;
@@ -109,26 +109,6 @@ fn spawn_worker(setup: WorkerSetup) -> Result<std::thread::JoinHandle<Result<Wor
         .name(format!("raf-worker-{}", setup.worker))
         .spawn(move || worker::run(setup))
         .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
-}
-
-fn join_workers(handles: Vec<std::thread::JoinHandle<Result<WorkerResult>>>) -> Result<Vec<WorkerResult>> {
-    let mut out = Vec::new();
-    let mut first_err = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(r)) => out.push(r),
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(TrainError::Distributed("a worker thread panicked".into()));
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
 }
 
 /// The whole model from the workers' final states: each parameter from its
@@ -222,7 +202,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             i.abort(format!("the coordinator failed: {e}"));
         }
     }
-    let results = join_workers(handles)?;
+    let results = join_threads(handles)?;
     let mut report = coordinated?;
     let states = results.iter().map(worker::final_state).collect::<Result<Vec<_>>>()?;
     let model = assemble(&t, &graphs[0], &states)?;
@@ -290,7 +270,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         timeouts,
     })?;
     let Some(coord) = coord else {
-        let result = join_workers(vec![handle])?;
+        let result = join_threads(vec![handle])?;
         worker::send_final(&system.node, &system.handle, w, &result[0], timeouts.ask)?;
         tracing::info!("{id}: training done; serving until the coordinator finishes");
         inbox.finished(timeouts.finish)?;
@@ -300,7 +280,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     if let Err(e) = &coordinated {
         inbox.abort(format!("the coordinator failed: {e}"));
     }
-    let finished = join_workers(vec![handle]).and_then(|mine| {
+    let finished = join_threads(vec![handle]).and_then(|mine| {
         let mut report = coordinated?;
         let mut states = vec![worker::final_state(&mine[0])?];
         let peers: Vec<u32> = (1..workers).collect();
@@ -329,15 +309,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         Ok(r) => r,
         Err(e) => {
             // The other nodes would otherwise wait out their deadlines.
-            let me = runtime::ActorName::new(&names::worker(0)).map_err(|e| TrainError::Distributed(e.to_string()))?;
-            let asks: Vec<_> = (1..workers)
-                .filter_map(|k| system.node.actor(&names::worker(k)).ok())
-                .map(|r| {
-                    let (r, reason) = (r.with_sender(me.clone()), e.to_string());
-                    async move { r.ask(Abort { from: 0, reason }, Duration::from_secs(1)).await }
-                })
-                .collect();
-            let _ = system.handle.block_on(futures_util::future::join_all(asks));
+            let targets: Vec<String> = (1..workers).map(names::worker).collect();
+            abort_peers(&system.node, &system.handle, &names::worker(0), 0, &targets, &e.to_string());
             return Err(e);
         }
     };

@@ -37,7 +37,7 @@ use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, Seed
 use super::names;
 use crate::config::TrainingConfig;
 use crate::dist::inbox::Inbox;
-use crate::dist::messages::{Abort, EpochStats, StepDone};
+use crate::dist::messages::{EpochStats, StepDone};
 use crate::dist::store::decode_f32;
 use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
@@ -110,16 +110,9 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
         Err(TrainError::Distributed(format!("worker {} panicked: {what}", s.worker)))
     });
     if let Err(e) = &result {
-        let reason = e.to_string();
-        let me = names::worker(s.worker);
         let workers = s.per_layer.len() as u32;
         let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::dist::names::COORDINATOR.to_string()]).collect();
-        let asks = targets.iter().filter_map(|n| s.node.actor(n).ok()).map(|r| {
-            let r = r.with_sender(runtime::ActorName::new(&me).expect("valid name"));
-            let (reason, from) = (reason.clone(), s.worker);
-            async move { r.ask(Abort { from, reason }, Duration::from_secs(1)).await }
-        });
-        let _ = s.handle.block_on(join_all(asks));
+        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, &targets, &e.to_string());
     }
     result
 }
