@@ -1,13 +1,12 @@
 //! `hetgnn node`, `launch` and `doctor` as separate processes on loopback.
 
 use std::io::{BufRead, BufReader};
-use std::net::UdpSocket;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::util::hetgnn;
+use crate::util::{free_port, hetgnn, nodes_toml};
 
 /// A running `hetgnn node` whose stderr lines are collected with their arrival time.
 struct NodeProc {
@@ -61,16 +60,8 @@ impl Drop for NodeProc {
     }
 }
 
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 const HEARTBEAT_MS: u64 = 100;
 const TIMEOUT_MS: u64 = 1000;
-
-fn nodes_toml(ids: &[&str]) -> String {
-    ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect()
-}
 
 fn write_cluster(dir: &Path, body: &str) {
     std::fs::write(dir.join("cluster.toml"), body).unwrap();

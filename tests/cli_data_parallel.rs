@@ -1,22 +1,11 @@
 //! `hetgnn partition` and data-parallel training across node processes.
 
-use std::net::UdpSocket;
 use std::path::Path;
 
-use crate::util::hetgnn;
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use crate::util::{hetgnn, killing_a_node_stops_its_peer, report, training_cluster};
 
 fn cluster(dir: &Path, ids: &[&str], extra: &str) {
-    let nodes: String = ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect();
-    let text = format!("[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{extra}{nodes}[training]\nmode = \"data-parallel\"\npartitions = \"parts\"\n");
-    std::fs::write(dir.join("cluster.toml"), text).unwrap();
-}
-
-fn report(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    training_cluster(dir, ids, extra, "mode = \"data-parallel\"\npartitions = \"parts\"\n");
 }
 
 #[test]
@@ -92,8 +81,6 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
 
 #[test]
 fn killing_a_node_mid_run_stops_the_others_with_an_error_naming_it() {
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
@@ -103,35 +90,7 @@ fn killing_a_node_mid_run_stops_the_others_with_an_error_naming_it() {
     let mut text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
     text += "epochs = 50\n";
     std::fs::write(d.join("cluster.toml"), text).unwrap();
-    let start = |id: &str| {
-        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
-            .args(["node", "--config", "cluster.toml", "--node", id])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let mut n0 = start("n0");
-    let mut n1 = start("n1");
-    std::thread::sleep(Duration::from_secs(4));
-    assert!(n0.try_wait().unwrap().is_none(), "n0 is still training");
-    n1.kill().unwrap();
-    n1.wait().unwrap();
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = n0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(killed.elapsed() < Duration::from_secs(30), "n0 did not stop within 30 s of its peer's death");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(n0.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
-    assert!(err.contains("n1"), "the error names the lost node: {err}");
-    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+    killing_a_node_stops_its_peer(d, "n1", "n0");
 }
 
 #[test]

@@ -1,22 +1,11 @@
 //! Relation-aggregation-first training across node processes.
 
-use std::net::UdpSocket;
 use std::path::Path;
 
-use crate::util::hetgnn;
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use crate::util::{hetgnn, killing_a_node_stops_its_peer, report, training_cluster};
 
 fn cluster(dir: &Path, ids: &[&str], extra: &str, training: &str) {
-    let nodes: String = ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect();
-    let text = format!("[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{extra}{nodes}[training]\nmode = \"raf\"\npartitions = \"meta\"\n{training}");
-    std::fs::write(dir.join("cluster.toml"), text).unwrap();
-}
-
-fn report(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    training_cluster(dir, ids, extra, &format!("mode = \"raf\"\npartitions = \"meta\"\n{training}"));
 }
 
 #[test]
@@ -45,44 +34,14 @@ fn two_raf_nodes_under_message_loss_end_with_the_embedded_model_and_move_no_feat
 
 #[test]
 fn killing_the_reducers_node_mid_run_stops_the_workers_with_an_error_naming_it() {
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
     cluster(d, &["n0", "n1"], "", "epochs = 200\n");
-    let start = |id: &str| {
-        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
-            .args(["node", "--config", "cluster.toml", "--node", id])
-            .current_dir(d)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
     // With no placement the reducer runs on the first node.
-    let mut n0 = start("n0");
-    let mut n1 = start("n1");
-    std::thread::sleep(Duration::from_secs(4));
-    assert!(n1.try_wait().unwrap().is_none(), "n1 is still training");
-    n0.kill().unwrap();
-    n0.wait().unwrap();
-    let killed = Instant::now();
-    let status = loop {
-        if let Some(s) = n1.try_wait().unwrap() {
-            break s;
-        }
-        assert!(killed.elapsed() < Duration::from_secs(30), "n1 did not stop within 30 s of the reducer's death");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(n1.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
-    assert!(err.contains("n0"), "the error names the reducer's node: {err}");
-    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+    killing_a_node_stops_its_peer(d, "n0", "n1");
 }
 
 #[test]

@@ -49,3 +49,62 @@ pub fn hetgnn_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let out = cmd.output().expect("hetgnn runs");
     Run { args: args.iter().map(|s| s.to_string()).collect(), out }
 }
+
+/// A UDP port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `[[cluster.nodes]]` entries for `ids` on free loopback ports.
+pub fn nodes_toml(ids: &[&str]) -> String {
+    ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect()
+}
+
+/// Writes `dir/cluster.toml` for training on `ids`: fast failure detection,
+/// `extra` keys in `[cluster]`, then `training` (the `[training]` body and any later sections).
+pub fn training_cluster(dir: &Path, ids: &[&str], extra: &str, training: &str) {
+    let text = format!("[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{extra}{}[training]\n{training}", nodes_toml(ids));
+    std::fs::write(dir.join("cluster.toml"), text).unwrap();
+}
+
+/// A run report.
+pub fn report(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Starts `hetgnn node` for `victim` and `survivor` from `dir/cluster.toml`,
+/// kills the victim (SIGKILL) once both have trained a few seconds, and
+/// checks the survivor exits 1 within 15 s with an error naming the victim.
+pub fn killing_a_node_stops_its_peer(dir: &Path, victim: &str, survivor: &str) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let start = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args(["node", "--config", "cluster.toml", "--node", id])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut victim_proc = start(victim);
+    let mut survivor_proc = start(survivor);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(survivor_proc.try_wait().unwrap().is_none(), "{survivor} is still training");
+    victim_proc.kill().unwrap();
+    victim_proc.wait().unwrap();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = survivor_proc.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "{survivor} did not stop within 30 s of {victim}'s death");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(survivor_proc.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains(victim), "the error names the lost node: {err}");
+    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+}
