@@ -1,65 +1,28 @@
 //! Data-parallel training in one process: with the same seed, global batch and
 //! samples, 1, 2 and 3 trainers follow single-process training step by step.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod common;
+
+use std::path::PathBuf;
 
 use actors::dist::train_embedded;
-use actors::{train, Config, TrainObserver};
+use actors::{train, Config};
 use candle_core::DType;
-use graphs::generate::{generate, Like};
+use common::{close, derived, Losses};
 use graphs::partition::{self, Method};
-use graphs::{LoadOptions, NoProgress};
-
-fn root() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
-}
-
-fn graph() -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    let dir = root().join("mag");
-    if !dir.exists() {
-        generate(Like::Mag, 0.003, 0, &dir, false, &mut NoProgress).unwrap();
-    }
-    dir
-}
+use graphs::NoProgress;
 
 fn partitions_two_level(parts: usize, trainers: usize, method: Method) -> PathBuf {
-    let data = graph();
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    let out = root().join(format!("{method}-{parts}x{trainers}"));
-    if !out.exists() {
-        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
-        let a = partition::assign_two_level(&g, parts, trainers, method, 0).unwrap();
-        partition::write(&g, &a, &out, false, &mut NoProgress).unwrap();
-    }
-    out
+    derived(&format!("{method}-{parts}x{trainers}"), false, |g, out| {
+        let a = partition::assign_two_level(g, parts, trainers, method, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    })
 }
 
 const BASE: [&str; 4] = ["training.epochs=2", "training.batch=256", "training.hidden=16", "training.embed_dim=8"];
 
 fn config(extra: &[String]) -> Config {
-    let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
-    o.push(format!("training.data={:?}", graph().display().to_string()));
-    o.extend(extra.iter().cloned());
-    Config::parse("", &o).unwrap()
-}
-
-#[derive(Default)]
-struct Losses(Vec<f64>);
-
-impl TrainObserver for Losses {
-    fn step(&mut self, loss: f64) {
-        self.0.push(loss);
-    }
-}
-
-fn close(a: f64, b: f64, what: &str) {
-    let tol = 1e-5 * a.abs().max(b.abs()).max(1e-2);
-    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+    common::config(&BASE, extra)
 }
 
 #[test]

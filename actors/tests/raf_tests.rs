@@ -3,64 +3,36 @@
 //! single-process training step by step, for R-GCN, R-GAT and HGT with
 //! learnable embeddings.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+mod common;
+
+use std::path::PathBuf;
 
 use actors::raf::train_embedded;
-use actors::{train, Config, TrainObserver};
+use actors::{train, Config};
 use candle_core::DType;
-use graphs::generate::{generate, Like};
+use common::{derived, same_losses, Losses};
 use graphs::partition;
-use graphs::{LoadOptions, NoProgress};
-
-fn root() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
-}
-
-fn graph() -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    let dir = root().join("mag");
-    if !dir.exists() {
-        generate(Like::Mag, 0.003, 0, &dir, false, &mut NoProgress).unwrap();
-    }
-    dir
-}
+use graphs::NoProgress;
+use models::Model;
 
 fn meta(parts: usize, layers: usize) -> PathBuf {
-    let data = graph();
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    let out = root().join(format!("meta-{parts}-l{layers}"));
-    if !out.exists() {
-        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
-        partition::meta::write(&g, layers, parts, &out, false, &mut NoProgress).unwrap();
-    }
-    out
+    derived(&format!("meta-{parts}-l{layers}"), true, |g, out| {
+        partition::meta::write(g, layers, parts, out, false, &mut NoProgress).unwrap();
+    })
+}
+
+/// Meta-partitions whose metatree follows three metapaths.
+fn meta_paths(parts: usize) -> PathBuf {
+    derived(&format!("metapaths-{parts}"), true, |g, out| {
+        let paths = partition::meta::parse_metapaths("writes rev_writes\ncites  # one hop\nrev_has_topic, has_topic\n", g, 2).unwrap();
+        partition::meta::write_metapaths(g, 2, parts, Some(&paths), out, false, &mut NoProgress).unwrap();
+    })
 }
 
 const BASE: [&str; 5] = ["training.epochs=1", "training.batch=256", "training.hidden=16", "training.embed_dim=8", "training.dropout=0.3"];
 
 fn config(extra: &[String]) -> Config {
-    let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
-    o.push(format!("training.data={:?}", graph().display().to_string()));
-    o.extend(extra.iter().cloned());
-    Config::parse("", &o).unwrap()
-}
-
-#[derive(Default)]
-struct Losses(Vec<f64>);
-
-impl TrainObserver for Losses {
-    fn step(&mut self, loss: f64) {
-        self.0.push(loss);
-    }
-}
-
-fn close(a: f64, b: f64, what: &str) {
-    let tol = 1e-5 * a.abs().max(b.abs()).max(1e-2);
-    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+    common::config(&BASE, extra)
 }
 
 /// Root-mean-square and largest absolute difference.
@@ -68,6 +40,31 @@ fn errors(a: &[f32], b: &[f32]) -> (f32, f32) {
     assert_eq!(a.len(), b.len());
     let sq: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
     ((sq / a.len().max(1) as f64).sqrt() as f32, a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max))
+}
+
+/// Asserts every parameter tensor and embedding table of `got` matches `want`.
+///
+/// Within 2e-5 of each tensor's scale as a root mean square, no element off
+/// by more than 2e-4: workers sum in other orders (their blocks differ, and so
+/// does the cheaper of aggregate-first and transform-first), and Adam divides
+/// by sqrt(v), so on elements whose gradient is near zero that rounding grows
+/// toward lr. (Every step's loss is compared to 1e-5 separately.)
+fn same_model(want: &Model, got: &Model, what: &str) {
+    for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
+        assert_eq!(name, name2);
+        let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+        let (rms, worst) = errors(&a, &b);
+        assert!(rms <= 2e-5 * scale && worst <= 2e-4 * scale, "{what}, parameter {name}: rms error {rms}, worst {worst} (scale {scale})");
+    }
+    let (ta, tb): (Vec<_>, Vec<_>) = (want.embeddings.iter().flatten().collect(), got.embeddings.iter().flatten().collect());
+    assert_eq!(ta.len(), tb.len());
+    assert!(!ta.is_empty(), "the test needs learnable embeddings");
+    for (a, b) in ta.iter().zip(&tb) {
+        let (rms, worst) = errors(&a.data, &b.data);
+        assert!(rms <= 2e-5 && worst <= 2e-4, "{what}, {}: rms error {rms}, worst {worst}", a.name);
+    }
 }
 
 fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
@@ -84,31 +81,9 @@ fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
         let (report, got) = train_embedded(&config(&extra), &mut losses).unwrap();
         assert_eq!(report.mode, "raf");
         assert_eq!(report.nodes, k);
-        assert_eq!(losses.0.len(), single_losses.0.len());
-        for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
-            close(*a, *b, &format!("{model}, {k} workers, loss of step {i}"));
-        }
-        for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
-            assert_eq!(name, name2);
-            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            // Within 2e-5 of the tensor's scale as a root mean square (every
-            // step's loss agrees to 1e-5 above):
-            // workers sum in other orders (their blocks differ, and so does the
-            // cheaper of aggregate-first and transform-first), and Adam divides
-            // by sqrt(v), so on elements whose gradient is near zero that
-            // rounding grows toward lr; no element may be off by more than 2e-4.
-            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
-            let (rms, worst) = errors(&a, &b);
-            assert!(rms <= 2e-5 * scale && worst <= 2e-4 * scale, "{model}, {k} workers, parameter {name}: rms error {rms}, worst {worst} (scale {scale})");
-        }
-        let (ta, tb): (Vec<_>, Vec<_>) = (want.embeddings.iter().flatten().collect(), got.embeddings.iter().flatten().collect());
-        assert_eq!(ta.len(), tb.len());
-        assert!(!ta.is_empty(), "the test needs learnable embeddings");
-        for (a, b) in ta.iter().zip(&tb) {
-            let (rms, worst) = errors(&a.data, &b.data);
-            assert!(rms <= 2e-5 && worst <= 2e-4, "{model}, {k} workers, {}: rms error {rms}, worst {worst}", a.name);
-        }
+        let what = format!("{model}, {k} workers");
+        same_losses(&single_losses.0, &losses.0, &what);
+        same_model(&want, &got, &what);
         let (last, w) = (report.epochs.last().unwrap(), single.epochs.last().unwrap());
         assert!((last.test_acc - w.test_acc).abs() < 0.01, "{} vs {}", last.test_acc, w.test_acc);
         // Only partial aggregations, their gradients and shared gradients cross: no features.
@@ -160,20 +135,6 @@ fn replicated_sub_metatrees_split_the_seeds_and_match_single_process_training() 
     raf_matches_single("hgt", 2, &[6]);
 }
 
-/// Meta-partitions whose metatree follows three metapaths.
-fn meta_paths(parts: usize) -> PathBuf {
-    let data = graph();
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    let out = root().join(format!("metapaths-{parts}"));
-    if !out.exists() {
-        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
-        let paths = partition::meta::parse_metapaths("writes rev_writes\ncites  # one hop\nrev_has_topic, has_topic\n", &g, 2).unwrap();
-        partition::meta::write_metapaths(&g, 2, parts, Some(&paths), &out, false, &mut NoProgress).unwrap();
-    }
-    out
-}
-
 #[test]
 fn metapath_models_train_the_same_on_one_two_and_three_workers() {
     let run = |parts: usize| {
@@ -189,16 +150,9 @@ fn metapath_models_train_the_same_on_one_two_and_three_workers() {
     for k in [2, 3] {
         let (report, got, losses) = run(k);
         assert_eq!(report.nodes, k);
-        for (i, (a, b)) in want_losses.iter().zip(&losses).enumerate() {
-            close(*a, *b, &format!("metapaths, {k} workers, loss of step {i}"));
-        }
-        for ((name, a), (_, b)) in want.params.iter().zip(got.params.iter()) {
-            let a: Vec<f32> = a.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-            let b: Vec<f32> = b.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
-            let (rms, worst) = errors(&a, &b);
-            assert!(rms <= 2e-5 * scale && worst <= 2e-4 * scale, "metapaths, {k} workers, {name}: rms {rms}, worst {worst}");
-        }
+        let what = format!("metapaths, {k} workers");
+        same_losses(&want_losses, &losses, &what);
+        same_model(&want, &got, &what);
         assert!((report.epochs[0].test_acc - one.epochs[0].test_acc).abs() < 0.01);
     }
 }

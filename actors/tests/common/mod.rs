@@ -1,0 +1,75 @@
+//! What the distributed-training tests share: one small mag-like graph per
+//! test binary, partition directories derived from it once, configs over it,
+//! and loss comparisons.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use actors::{Config, TrainObserver};
+use graphs::generate::{generate, Like};
+use graphs::{HetGraph, LoadOptions, NoProgress};
+
+/// This test binary's scratch directory.
+pub fn root() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+/// The mag-like graph at scale 0.003, generated once.
+pub fn graph() -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let dir = root().join("mag");
+    if !dir.exists() {
+        generate(Like::Mag, 0.003, 0, &dir, false, &mut NoProgress).unwrap();
+    }
+    dir
+}
+
+/// `root()/name`, written once by `write(graph, dir)` with the graph loaded
+/// with or without reverse relations.
+pub fn derived(name: &str, reverse_edges: bool, write: impl FnOnce(&HetGraph, &Path)) -> PathBuf {
+    let data = graph();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _g = LOCK.lock().unwrap();
+    let out = root().join(name);
+    if !out.exists() {
+        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges }).unwrap();
+        write(&g, &out);
+    }
+    out
+}
+
+/// A config training on [`graph`] with `base` then `extra` overrides.
+pub fn config(base: &[&str], extra: &[String]) -> Config {
+    let mut o: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    o.push(format!("training.data={:?}", graph().display().to_string()));
+    o.extend(extra.iter().cloned());
+    Config::parse("", &o).unwrap()
+}
+
+/// Records every step's loss.
+#[derive(Default)]
+pub struct Losses(pub Vec<f64>);
+
+impl TrainObserver for Losses {
+    fn step(&mut self, loss: f64) {
+        self.0.push(loss);
+    }
+}
+
+/// Asserts `a` and `b` agree to relative 1e-5.
+pub fn close(a: f64, b: f64, what: &str) {
+    let tol = 1e-5 * a.abs().max(b.abs()).max(1e-2);
+    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+}
+
+/// Asserts two runs' step losses agree step by step.
+pub fn same_losses(want: &[f64], got: &[f64], what: &str) {
+    assert_eq!(want.len(), got.len(), "{what}: steps");
+    for (i, (a, b)) in want.iter().zip(got).enumerate() {
+        close(*a, *b, &format!("{what}, loss of step {i}"));
+    }
+}
