@@ -304,10 +304,6 @@ impl<'a> Worker<'a> {
                 Ok(())
             })?;
             st.seconds = start.elapsed().as_secs_f64();
-            if s.worker != 0 {
-                st.train_correct = 0;
-                st.train_seen = 0;
-            }
             st.loss = loss_sum / batches.len().max(1) as f64;
             let after = s.node.metrics();
             st.step_bytes_by_kind = after.bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
@@ -342,7 +338,10 @@ impl<'a> Worker<'a> {
         self.seq += 1;
         *loss_sum += out.loss;
         st.train_correct += out.correct;
-        st.train_seen += seeds.len() as u64;
+        // Only the reducer sees predictions: the others count nothing.
+        if self.setup.worker == 0 {
+            st.train_seen += seeds.len() as u64;
+        }
         st.gather_s += out.gather_s;
         st.compute_s += out.compute_s;
         st.comm_s += out.comm_s;
