@@ -117,8 +117,12 @@ pub struct TrainingConfig {
     pub device: String,
     /// Where to write the JSON report (default: none).
     pub report: Option<PathBuf>,
-    /// Directory for checkpoints, written after every epoch (default: none).
+    /// Directory for checkpoints (default: none). Single-process runs write
+    /// one after every epoch; distributed runs every `checkpoint_every` steps
+    /// and at the end, and resume from it by themselves.
     pub checkpoint_dir: Option<PathBuf>,
+    /// Distributed runs: steps between checkpoints (default 0: every epoch).
+    pub checkpoint_every: u64,
     /// How many checkpoints to keep (default 3).
     pub checkpoint_keep: usize,
     /// Resume from the newest valid checkpoint in `checkpoint_dir` (default false).
@@ -155,6 +159,7 @@ impl Default for TrainingConfig {
             device: "cpu".into(),
             report: None,
             checkpoint_dir: None,
+            checkpoint_every: 0,
             checkpoint_keep: 3,
             resume: false,
         }

@@ -27,6 +27,9 @@ pub enum TrainError {
     /// Distributed training failed or timed out (the message says where).
     #[error("distributed training: {0}")]
     Distributed(String),
+    /// A checkpoint is unusable (corrupted, from another run, incomplete).
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// Writing an output failed.
     #[error("{path}: {source}")]
     Io {

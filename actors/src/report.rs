@@ -38,6 +38,26 @@ pub struct EpochReport {
     pub eval_s: f64,
 }
 
+/// One failure of a distributed run and its recovery. Times are seconds since
+/// the coordinator started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailureReport {
+    /// What failed, as detected.
+    pub what: String,
+    /// When the coordinator noticed.
+    pub detected_at_s: f64,
+    /// When every node was back and ready (the failed one restarted).
+    pub rejoined_at_s: f64,
+    /// When the first step after the rollback finished.
+    pub resumed_at_s: f64,
+    /// The step in progress when it failed.
+    pub failed_at_step: u64,
+    /// The checkpoint step rolled back to (0: the start).
+    pub resumed_from_step: u64,
+    /// Steps computed again.
+    pub steps_redone: u64,
+}
+
 /// A whole run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -61,7 +81,7 @@ pub struct Report {
     /// Cache figures per node type.
     pub cache: BTreeMap<String, serde_json::Value>,
     /// Failures and their recovery.
-    pub failures: Vec<serde_json::Value>,
+    pub failures: Vec<FailureReport>,
     /// Peak resident memory of the process, in bytes.
     pub peak_memory_bytes: Option<u64>,
     /// Number of dense parameters and learnable embedding values.

@@ -82,7 +82,86 @@ fn missing_partitions_are_named() {
     let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"/nonexistent/parts\"".into()]);
     let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("/nonexistent/parts/manifest.json"), "{err}");
-    let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"p\"".into(), "training.checkpoint_dir=\"ck\"".into()]);
-    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
-    assert!(err.contains("training.checkpoint_dir") && err.contains("not built yet"), "{err}");
+}
+
+fn checkpointed(dir: &std::path::Path, epochs: u64) -> Config {
+    let pdir = partitions_two_level(2, 1, Method::Metis);
+    config(&[
+        "training.mode=\"data-parallel\"".into(),
+        format!("training.partitions={:?}", pdir.display().to_string()),
+        format!("training.checkpoint_dir={:?}", dir.display().to_string()),
+        "training.checkpoint_every=3".into(),
+        "training.checkpoint_keep=2".into(),
+        format!("training.epochs={epochs}"),
+    ])
+}
+
+/// Checkpoint directories under `dir`, oldest first.
+fn checkpoints(dir: &std::path::Path) -> Vec<PathBuf> {
+    actors::dist::checkpoint::list(dir).unwrap()
+}
+
+#[test]
+fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
+    let root = common::root().join("resume");
+    let reference = root.join("reference");
+    let (want, _) = train_embedded(&checkpointed(&reference, 2), &mut ()).unwrap();
+    let per_epoch = want.steps / 2;
+    assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
+    let kept = checkpoints(&reference);
+    let last = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
+    assert_eq!(kept.len(), 2, "checkpoint_keep = 2: {kept:?}");
+    assert_eq!(last(&kept[1]), want.steps, "the last checkpoint is taken at the end");
+
+    // A run of one epoch, then the same run extended to two: it resumes at the end of epoch 1.
+    let dir = root.join("extended");
+    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    let mut notes = Notes::default();
+    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut notes).unwrap();
+    assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
+    assert_eq!(got.steps, per_epoch, "only the second epoch's steps are taken");
+    assert_eq!(got.epochs.len(), 2, "the first epoch's figures come from the checkpoint");
+    assert_eq!(got.epochs[0].loss, want.epochs[0].loss);
+    assert_eq!(got.epochs[1].loss, want.epochs[1].loss);
+
+    // Mid-epoch: drop the end-of-epoch checkpoint; the one before it lies inside epoch 1.
+    let dir = root.join("mid");
+    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    let kept = checkpoints(&dir);
+    std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
+    let mid = last(&kept[0]);
+    assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
+    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut ()).unwrap();
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
+    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the epoch's loss counts the steps before the checkpoint");
+
+    // A truncated newest checkpoint is detected by its checksum and the previous one used.
+    let dir = root.join("corrupt");
+    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    let newest = checkpoints(&dir).pop().unwrap();
+    let file = newest.join("dense.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 100).unwrap();
+    let mut notes = Notes::default();
+    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut notes).unwrap();
+    assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed from the checkpoint before the corrupted one");
+
+    // Another run's checkpoints are not mixed in.
+    let other = checkpointed(&reference, 2);
+    let mut other = other.clone();
+    other.training.lr = 0.02;
+    let err = train_embedded(&other, &mut ()).err().unwrap().to_string();
+    assert!(err.contains("another run"), "{err}");
+}
+
+/// Records the notes a run makes.
+#[derive(Default)]
+struct Notes(Vec<String>);
+
+impl actors::TrainObserver for Notes {
+    fn note(&mut self, m: &str) {
+        self.0.push(m.to_string());
+    }
 }

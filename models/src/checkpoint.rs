@@ -43,8 +43,58 @@ pub struct Manifest {
     pub files: BTreeMap<String, String>,
 }
 
-fn sha256(bytes: &[u8]) -> String {
+/// Hex SHA-256 of `bytes` (the checksums manifests record).
+pub fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The dense parameters (`param.<name>`), their Adam moments
+/// (`adam.m.<name>`, `adam.v.<name>`) and Adam's step count, as CPU f32 tensors.
+pub fn dense_tensors(model: &Model, adam: &Adam) -> Result<HashMap<String, Tensor>> {
+    let mut params: HashMap<String, Tensor> = HashMap::new();
+    for (n, var) in model.params.iter() {
+        params.insert(format!("param.{n}"), var.as_tensor().to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    for (n, (m, v)) in &adam.moments {
+        params.insert(format!("adam.m.{n}"), m.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        params.insert(format!("adam.v.{n}"), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    params.insert("adam.step".into(), Tensor::new(&[adam.step as u32], &Device::Cpu)?);
+    Ok(params)
+}
+
+/// Restores what [`dense_tensors`] wrote (taking it out of `tensors`); checks
+/// every name and shape before changing anything. `dir` names the source in errors.
+pub fn restore_dense(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+    let device = model.device().clone();
+    let dtype = model.dtype();
+    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
+    let mut dense = Vec::new();
+    for (n, var) in model.params.iter() {
+        let t = take(&format!("param.{n}"))?;
+        if t.shape() != var.as_tensor().shape() {
+            return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
+        }
+        let moments = match (take(&format!("adam.m.{n}")), take(&format!("adam.v.{n}"))) {
+            (Ok(m), Ok(v)) => {
+                if m.shape() != t.shape() || v.shape() != t.shape() {
+                    return Err(bad(dir, format!("Adam moments of {n} do not match its shape")));
+                }
+                Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?))
+            }
+            _ => None,
+        };
+        dense.push((n.to_string(), t.to_dtype(dtype)?.to_device(&device)?, moments));
+    }
+    let step = take("adam.step")?.to_vec1::<u32>()?.first().copied().unwrap_or(0);
+    for (n, t, moments) in dense {
+        model.params.get(&n).expect("listed above").set(&t)?;
+        if let Some(mv) = moments {
+            adam.moments.insert(n, mv);
+        }
+    }
+    adam.step = u64::from(step);
+    Ok(())
 }
 
 fn io(path: &Path, source: std::io::Error) -> ModelError {
@@ -82,15 +132,7 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
 
-    let mut params: HashMap<String, Tensor> = HashMap::new();
-    for (n, var) in model.params.iter() {
-        params.insert(format!("param.{n}"), var.as_tensor().to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-    }
-    for (n, (m, v)) in &adam.moments {
-        params.insert(format!("adam.m.{n}"), m.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-        params.insert(format!("adam.v.{n}"), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-    }
-    params.insert("adam.step".into(), Tensor::new(&[adam.step as u32], &Device::Cpu)?);
+    let params = dense_tensors(model, adam)?;
     let mut emb: HashMap<String, Tensor> = HashMap::new();
     for e in model.embeddings.iter().flatten() {
         let shape = (e.rows, e.dim);
@@ -215,32 +257,12 @@ pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse
     if manifest.reverse_edges != reverse_edges {
         return Err(bad(dir, format!("written with reverse_edges = {}, this run has {reverse_edges}", manifest.reverse_edges)));
     }
-    let device = model.device().clone();
-    let dtype = model.dtype();
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for (_, bytes) in &files {
         tensors.extend(candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?);
     }
+    // Check the tables before changing anything.
     let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
-    // Check everything before changing anything.
-    let mut dense = Vec::new();
-    for (n, var) in model.params.iter() {
-        let t = take(&format!("param.{n}"))?;
-        if t.shape() != var.as_tensor().shape() {
-            return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
-        }
-        let moments = match (take(&format!("adam.m.{n}")), take(&format!("adam.v.{n}"))) {
-            (Ok(m), Ok(v)) => {
-                if m.shape() != t.shape() || v.shape() != t.shape() {
-                    return Err(bad(dir, format!("Adam moments of {n} do not match its shape")));
-                }
-                Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?))
-            }
-            _ => None,
-        };
-        dense.push((n.to_string(), t.to_dtype(dtype)?.to_device(&device)?, moments));
-    }
-    let step = take("adam.step")?.to_vec1::<u32>()?.first().copied().unwrap_or(0);
     let mut tables = Vec::new();
     for e in model.embeddings.iter().flatten() {
         let get = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
@@ -253,13 +275,7 @@ pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse
         }
         tables.push((data, m, v, steps));
     }
-    for (n, t, moments) in dense {
-        model.params.get(&n).expect("listed above").set(&t)?;
-        if let Some(mv) = moments {
-            adam.moments.insert(n, mv);
-        }
-    }
-    adam.step = u64::from(step);
+    restore_dense(dir, &mut tensors, model, adam)?;
     for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
         (e.data, e.m, e.v, e.steps) = (data, m, v, steps);
     }

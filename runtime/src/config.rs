@@ -40,6 +40,10 @@ fn default_start_timeout_ms() -> u64 {
     30_000
 }
 
+fn default_rejoin_timeout_ms() -> u64 {
+    600_000
+}
+
 fn default_failure_timeout_ms() -> u64 {
     2000
 }
@@ -73,6 +77,10 @@ pub struct ClusterConfig {
     /// gives up naming the missing ones (default 30000).
     #[serde(default = "default_start_timeout_ms")]
     pub start_timeout_ms: u64,
+    /// Milliseconds a training run waits, after a node failed, for it (or the
+    /// coordinator) to come back before it gives up (default 600000).
+    #[serde(default = "default_rejoin_timeout_ms")]
+    pub rejoin_timeout_ms: u64,
     /// The nodes, `[[cluster.nodes]]`.
     pub nodes: Vec<NodeSpec>,
 }

@@ -68,7 +68,7 @@ fn topology(dir: &Path, n: usize) -> Topology {
     let certs = dir.join("certs");
     runtime::certs::init(&certs, &ids, false).unwrap();
     let nodes = ids.iter().map(|id| NodeSpec { id: id.clone(), addr: format!("127.0.0.1:{}", free_port()), cert: None, key: None }).collect();
-    let cluster = ClusterConfig { certs_dir: certs, metrics_addr: None, heartbeat_ms: 50, failure_timeout_ms: 600, retry_ms: 50, start_timeout_ms: 30_000, nodes };
+    let cluster = ClusterConfig { certs_dir: certs, metrics_addr: None, heartbeat_ms: 50, failure_timeout_ms: 600, retry_ms: 50, start_timeout_ms: 30_000, rejoin_timeout_ms: 600_000, nodes };
     let mut t = Topology::new(cluster);
     for i in 0..n {
         t.placement.insert(format!("counter/{i}"), format!("n{i}"));

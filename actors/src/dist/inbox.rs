@@ -1,6 +1,12 @@
 //! Mailboxes that training threads wait on: a trainer's (gradient shares from
-//! its peers, abort, finish) and the coordinator's (epoch statistics). The
+//! its peers, abort, finish, the coordinator's word to begin) and the
+//! coordinator's (steps, epoch statistics, checkpoint files, ready nodes). The
 //! actors only file what arrives; the threads wait with deadlines.
+//!
+//! Every attempt of a run is a generation: messages of the current one are
+//! filed, those of another are dropped, except gradient shares, which may
+//! arrive from a peer that started the next generation first: they wait
+//! (bounded) until this inbox starts it too.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -9,24 +15,60 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Context, Handler, MessageResult};
 use runtime::Deliver;
 
-use super::messages::{Abort, EpochStats, Finish, GradShare, StepDone};
+use super::messages::{Abort, Begin, EpochStats, Finish, GradShare, LastAttempt, Ready, Saved, StepDone};
 use super::store::decode_f32;
 use crate::error::{Result, TrainError};
 
+/// Most gradient shares of other generations kept for later.
+const MAX_EARLY: usize = 4096;
+
+type Key = (u64, u32, u32);
+
 #[derive(Default)]
 struct State {
-    grads: HashMap<(u64, u32, u32), Vec<u8>>,
+    gen: u64,
+    grads: HashMap<Key, Vec<u8>>,
+    early: std::collections::VecDeque<(u64, Key, Vec<u8>)>,
     stats: BTreeMap<(u64, u32), EpochStats>,
-    steps: std::collections::VecDeque<(u64, f64)>,
+    steps: std::collections::VecDeque<(u64, u64, f64)>,
+    saved: BTreeMap<(u64, u32), Saved>,
     abort: Option<String>,
     finished: bool,
+    begin: Option<Begin>,
+    ready: BTreeMap<u32, Ready>,
+    /// While the coordinator runs a generation: each partition's incarnation.
+    running: Option<BTreeMap<u32, u64>>,
+}
+
+impl State {
+    fn file(&mut self, gen: u64, key: Key, data: Vec<u8>) {
+        if gen == self.gen {
+            self.grads.entry(key).or_insert(data);
+        } else {
+            if self.early.len() >= MAX_EARLY {
+                self.early.pop_front();
+            }
+            self.early.push_back((gen, key, data));
+        }
+    }
+}
+
+/// What a node waiting between attempts hears from the coordinator.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Start (or restart) the run.
+    Begin(Begin),
+    /// The run is over.
+    Finish,
 }
 
 /// What [`Inbox::epoch_progress`] returns.
 #[derive(Debug)]
 pub enum EpochProgress {
-    /// A step finished with this global loss.
-    Step(f64),
+    /// Step `seq` finished with this global loss.
+    Step(u64, f64),
+    /// Every partition wrote its files of the checkpoint at this step.
+    Saved(Vec<Saved>),
     /// Every trainer's statistics of the epoch.
     Done(Vec<EpochStats>),
 }
@@ -55,12 +97,101 @@ impl Inbox {
         self.cv.notify_all();
     }
 
-    /// Marks the run as failed (wakes every waiter).
+    /// Marks the current generation as failed (wakes every waiter).
     pub fn abort(&self, reason: String) {
         self.update(|s| {
             s.abort.get_or_insert(reason.clone());
         });
         self.aborted.send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
+    }
+
+    /// [`Inbox::abort`] if generation `gen` is the current one.
+    pub fn abort_gen(&self, gen: u64, reason: String) {
+        if self.lock().gen == gen {
+            self.abort(reason);
+        }
+    }
+
+    /// The current generation.
+    pub fn gen(&self) -> u64 {
+        self.lock().gen
+    }
+
+    /// Starts generation `gen`: forgets everything of the last one (its abort
+    /// included) and takes the gradient shares of `gen` that came early.
+    pub fn reset(&self, gen: u64) {
+        self.update(|s| {
+            s.gen = gen;
+            s.abort = None;
+            s.grads.clear();
+            s.stats.clear();
+            s.steps.clear();
+            s.saved.clear();
+            for (g, key, data) in std::mem::take(&mut s.early) {
+                if g == gen {
+                    s.grads.entry(key).or_insert(data);
+                }
+            }
+        });
+        self.aborted.send_replace(None);
+    }
+
+    /// Waits up to `timeout` for the coordinator's next word (a `Begin` is taken once).
+    pub fn control(&self, timeout: Duration) -> Option<Control> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        loop {
+            if s.finished {
+                return Some(Control::Finish);
+            }
+            if let Some(b) = s.begin.take() {
+                return Some(Control::Begin(b));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Coordinator: the partitions that said they are ready, by partition.
+    pub fn ready(&self) -> BTreeMap<u32, Ready> {
+        self.lock().ready.clone()
+    }
+
+    /// Coordinator: generation `gen` starts with these partitions' incarnations
+    /// (a `Ready` from one of them while it runs means that node failed or
+    /// restarted: the generation is aborted). `None`: between generations.
+    pub fn running(&self, gen: u64, members: Option<BTreeMap<u32, u64>>) {
+        if members.is_some() {
+            self.reset(gen);
+        }
+        self.update(|s| {
+            if members.is_some() {
+                s.ready.clear();
+            }
+            s.running = members;
+        });
+    }
+
+    fn take_ready(&self, r: Ready) {
+        let mut reason = None;
+        self.update(|s| {
+            if let Some(members) = &s.running {
+                let restarted = members.get(&r.part).is_some_and(|&inc| inc != r.incarnation);
+                let failed = r.last == LastAttempt::Failed(s.gen) && members.get(&r.part) == Some(&r.incarnation);
+                if restarted {
+                    reason = Some(format!("the node of partition {} restarted", r.part));
+                } else if failed {
+                    reason = Some(format!("partition {} failed its attempt", r.part));
+                }
+            }
+            s.ready.insert(r.part, r);
+        });
+        if let Some(reason) = reason {
+            self.abort(reason);
+        }
     }
 
     /// Resolves with the reason once the run is aborted.
@@ -107,16 +238,20 @@ impl Inbox {
         raw.iter().map(|b| decode_f32(b, len).map_err(TrainError::Distributed)).collect()
     }
 
-    /// The next news of `epoch`: a step's loss, or once every trainer
-    /// (`0..trainers`) has reported it, the epoch's statistics. Each wait
-    /// (for a step, or for the statistics) lasts at most `timeout`.
-    pub fn epoch_progress(&self, epoch: u64, trainers: u32, timeout: Duration) -> Result<EpochProgress> {
+    /// The next news of `epoch`: a step's loss, a checkpoint every one of
+    /// `parts` partitions wrote, or once every trainer (`0..trainers`) has
+    /// reported it, the epoch's statistics. Each wait (for a step, or for the
+    /// statistics) lasts at most `timeout`.
+    pub fn epoch_progress(&self, epoch: u64, trainers: u32, parts: u32, timeout: Duration) -> Result<EpochProgress> {
         self.wait(&format!("progress of epoch {epoch}"), timeout, |s| {
+            if let Some(seq) = s.saved.keys().map(|k| k.0).find(|&q| (0..parts).all(|p| s.saved.contains_key(&(q, p)))) {
+                return Some(EpochProgress::Saved((0..parts).filter_map(|p| s.saved.remove(&(seq, p))).collect()));
+            }
             // Steps of later epochs wait their turn; earlier ones are stale.
-            while let Some(&(e, loss)) = s.steps.front().filter(|(e, _)| *e <= epoch) {
+            while let Some(&(e, seq, loss)) = s.steps.front().filter(|(e, _, _)| *e <= epoch) {
                 s.steps.pop_front();
                 if e == epoch {
-                    return Some(EpochProgress::Step(loss));
+                    return Some(EpochProgress::Step(seq, loss));
                 }
             }
             if !(0..trainers).all(|t| s.stats.contains_key(&(epoch, t))) {
@@ -130,8 +265,20 @@ impl Inbox {
     /// a duplicated message changes nothing).
     pub fn file(&self, seq: u64, round: u32, from: u32, data: Vec<u8>) {
         self.update(|s| {
-            s.grads.entry((seq, round, from)).or_insert(data);
+            let gen = s.gen;
+            s.file(gen, (seq, round, from), data);
         });
+    }
+
+    /// Waits until every one of `parts` partitions wrote its files of the
+    /// checkpoint at `seq` (the end of the run's).
+    pub fn saved(&self, seq: u64, parts: u32, timeout: Duration) -> Result<Vec<Saved>> {
+        self.wait(&format!("the files of the checkpoint at step {seq}"), timeout, |s| {
+            if !(0..parts).all(|p| s.saved.contains_key(&(seq, p))) {
+                return None;
+            }
+            Some((0..parts).filter_map(|p| s.saved.remove(&(seq, p))).collect())
+        })
     }
 
     /// Drops what is filed under steps before `seq`: late duplicates of
@@ -150,6 +297,11 @@ impl Inbox {
         })
     }
 
+    /// The run is over (wakes a node waiting for the coordinator's word).
+    pub fn finish(&self) {
+        self.update(|s| s.finished = true);
+    }
+
     /// Waits for the coordinator's word that the run is over.
     pub fn finished(&self, timeout: Duration) -> Result<()> {
         self.wait("the coordinator's end-of-run message", timeout, |s| s.finished.then_some(()))
@@ -166,9 +318,7 @@ impl Actor for InboxActor {
 impl Handler<Deliver<GradShare>> for InboxActor {
     type Result = MessageResult<Deliver<GradShare>>;
     fn handle(&mut self, m: Deliver<GradShare>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| {
-            s.grads.entry((m.msg.seq, m.msg.round, m.msg.from)).or_insert(m.msg.data.0);
-        });
+        self.0.update(|s| s.file(m.msg.gen, (m.msg.seq, m.msg.round, m.msg.from), m.msg.data.0));
         MessageResult(())
     }
 }
@@ -176,7 +326,7 @@ impl Handler<Deliver<GradShare>> for InboxActor {
 impl Handler<Deliver<Abort>> for InboxActor {
     type Result = MessageResult<Deliver<Abort>>;
     fn handle(&mut self, m: Deliver<Abort>, _: &mut Context<Self>) -> Self::Result {
-        self.0.abort(format!("trainer {} failed: {}", m.msg.from, m.msg.reason));
+        self.0.abort_gen(m.msg.gen, format!("trainer {} failed: {}", m.msg.from, m.msg.reason));
         MessageResult(())
     }
 }
@@ -192,7 +342,11 @@ impl Handler<Deliver<Finish>> for InboxActor {
 impl Handler<Deliver<StepDone>> for InboxActor {
     type Result = MessageResult<Deliver<StepDone>>;
     fn handle(&mut self, m: Deliver<StepDone>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| s.steps.push_back((m.msg.epoch, m.msg.loss)));
+        self.0.update(|s| {
+            if s.gen == m.msg.gen {
+                s.steps.push_back((m.msg.epoch, m.msg.seq, m.msg.loss));
+            }
+        });
         MessageResult(())
     }
 }
@@ -201,8 +355,48 @@ impl Handler<Deliver<EpochStats>> for InboxActor {
     type Result = MessageResult<Deliver<EpochStats>>;
     fn handle(&mut self, m: Deliver<EpochStats>, _: &mut Context<Self>) -> Self::Result {
         self.0.update(|s| {
-            s.stats.entry((m.msg.epoch, m.msg.trainer)).or_insert(m.msg);
+            if s.gen == m.msg.gen {
+                s.stats.entry((m.msg.epoch, m.msg.trainer)).or_insert(m.msg);
+            }
         });
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<Saved>> for InboxActor {
+    type Result = MessageResult<Deliver<Saved>>;
+    fn handle(&mut self, m: Deliver<Saved>, _: &mut Context<Self>) -> Self::Result {
+        self.0.update(|s| {
+            if s.gen == m.msg.gen {
+                s.saved.entry((m.msg.seq, m.msg.part)).or_insert(m.msg);
+            }
+        });
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<Ready>> for InboxActor {
+    type Result = MessageResult<Deliver<Ready>>;
+    fn handle(&mut self, m: Deliver<Ready>, _: &mut Context<Self>) -> Self::Result {
+        self.0.take_ready(m.msg);
+        MessageResult(())
+    }
+}
+
+impl Handler<Deliver<Begin>> for InboxActor {
+    type Result = MessageResult<Deliver<Begin>>;
+    /// A new generation stops the current one at once (its trainers may be
+    /// waiting on a peer that is gone) and is kept for the node's loop.
+    fn handle(&mut self, m: Deliver<Begin>, _: &mut Context<Self>) -> Self::Result {
+        let b = m.msg;
+        let mut stop = false;
+        self.0.update(|s| {
+            stop = s.gen != b.gen;
+            s.begin = Some(b);
+        });
+        if stop {
+            self.0.abort(format!("the coordinator restarts the run (generation {:x})", b.gen));
+        }
         MessageResult(())
     }
 }
@@ -230,15 +424,15 @@ mod tests {
     fn steps_are_reported_before_their_epoch_ends_and_later_epochs_wait() {
         let inbox = Inbox::default();
         inbox.update(|s| {
-            s.steps.push_back((0, 1.5));
-            s.steps.push_back((1, 0.5));
+            s.steps.push_back((0, 0, 1.5));
+            s.steps.push_back((1, 1, 0.5));
             s.stats.insert((0, 0), EpochStats { epoch: 0, ..EpochStats::default() });
         });
         let t = Duration::from_secs(1);
-        assert!(matches!(inbox.epoch_progress(0, 1, t).unwrap(), EpochProgress::Step(l) if l == 1.5));
-        assert!(matches!(inbox.epoch_progress(0, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1));
-        assert!(matches!(inbox.epoch_progress(1, 1, t).unwrap(), EpochProgress::Step(l) if l == 0.5));
-        let err = inbox.epoch_progress(1, 1, Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Step(0, l) if l == 1.5));
+        assert!(matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1));
+        assert!(matches!(inbox.epoch_progress(1, 1, 1, t).unwrap(), EpochProgress::Step(1, l) if l == 0.5));
+        let err = inbox.epoch_progress(1, 1, 1, Duration::from_millis(20)).unwrap_err().to_string();
         assert!(err.contains("epoch 1"), "{err}");
     }
 
@@ -272,5 +466,41 @@ mod tests {
             s.grads.insert((4, 0, 0), vec![1, 2, 3]);
         });
         assert!(inbox.gradients(4, 0, &[0], 2, Duration::from_secs(1)).is_err(), "a share of the wrong size is refused");
+    }
+
+    #[test]
+    fn generations_keep_their_messages_apart() {
+        let inbox = Inbox::default();
+        inbox.reset(1);
+        inbox.update(|s| s.file(2, (0, 0, 1), vec![2]));
+        inbox.update(|s| s.file(1, (0, 0, 1), vec![1]));
+        inbox.abort("peer down".into());
+        assert!(inbox.raw("x", 0, 0, &[1], Duration::from_millis(10)).is_err(), "aborted");
+        // The next generation forgets the abort and its predecessor's shares, and keeps its own early ones.
+        inbox.reset(2);
+        assert_eq!(inbox.raw("x", 0, 0, &[1], Duration::from_secs(1)).unwrap(), vec![vec![2]]);
+        inbox.abort_gen(1, "stale".into());
+        inbox.file(1, 0, 1, vec![3]);
+        assert_eq!(inbox.raw("x", 1, 0, &[1], Duration::from_secs(1)).unwrap(), vec![vec![3]], "an abort of an old generation is ignored");
+    }
+
+    #[test]
+    fn a_ready_partition_of_the_running_generation_aborts_it_unless_stale() {
+        let inbox = Inbox::default();
+        let ready = |part, incarnation, last| Ready { part, incarnation, last };
+        inbox.take_ready(ready(0, 10, LastAttempt::None));
+        inbox.take_ready(ready(1, 11, LastAttempt::None));
+        assert_eq!(inbox.ready().len(), 2);
+        inbox.running(5, Some(BTreeMap::from([(0, 10), (1, 11)])));
+        assert!(inbox.ready().is_empty());
+        // Late copies from before the start, and a finished partition, change nothing.
+        inbox.take_ready(ready(1, 11, LastAttempt::None));
+        inbox.take_ready(ready(0, 10, LastAttempt::Done(5)));
+        assert!(inbox.lock().abort.is_none());
+        inbox.take_ready(ready(1, 12, LastAttempt::None));
+        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("restarted")));
+        inbox.running(6, Some(BTreeMap::from([(0, 10), (1, 12)])));
+        inbox.take_ready(ready(0, 10, LastAttempt::Failed(6)));
+        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("failed")));
     }
 }

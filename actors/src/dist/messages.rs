@@ -32,6 +32,9 @@ impl Msg for SampleReq {
 /// Rows of a feature store by global id (owned by the receiver).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Pull {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Global ids.
     pub ids: Vec<u32>,
     /// Learnable rows: only once the pushes of this step have been applied.
@@ -40,7 +43,7 @@ pub struct Pull {
 
 impl Msg for Pull {
     /// `ids.len() × dim` little-endian f32, or `None` if step `after` is not
-    /// applied yet (ask again).
+    /// applied yet or the store is not at generation `gen` yet (ask again).
     type Reply = Result<Option<ByteVec>, String>;
     const KIND: &'static str = "pull";
 }
@@ -49,6 +52,9 @@ impl Msg for Pull {
 /// Adam once every trainer's push for the step has arrived.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Push {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Global step number (over all epochs).
     pub seq: u64,
     /// Pushing trainer.
@@ -60,7 +66,8 @@ pub struct Push {
 }
 
 impl Msg for Push {
-    type Reply = Result<(), String>;
+    /// `None`: the store is not at generation `gen` yet (push again).
+    type Reply = Result<Option<()>, String>;
     const KIND: &'static str = "push";
 }
 
@@ -78,6 +85,9 @@ impl Msg for Export {
 /// (all-reduce).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct GradShare {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Global step number.
     pub seq: u64,
     /// Round of the all-reduce within the step (0 for all-gather; the ring's
@@ -97,6 +107,9 @@ impl Msg for GradShare {
 /// A trainer gave up: the others stop instead of waiting out their deadlines.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Abort {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Failing trainer.
     pub from: u32,
     /// Why.
@@ -120,8 +133,13 @@ impl Msg for Finish {
 /// A step is done (sent by trainer 0, for the progress bar).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StepDone {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Epoch.
     pub epoch: u64,
+    /// Global step number of the step done.
+    pub seq: u64,
     /// The step's global loss.
     pub loss: f64,
 }
@@ -134,6 +152,9 @@ impl Msg for StepDone {
 /// One trainer's account of an epoch, sent to the coordinator.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct EpochStats {
+    /// Generation (attempt) of the run the message belongs to: a recovery
+    /// starts a new one, and messages of others are not mixed in.
+    pub gen: u64,
     /// Trainer.
     pub trainer: u32,
     /// Epoch.
@@ -176,4 +197,100 @@ pub struct EpochStats {
 impl Msg for EpochStats {
     type Reply = ();
     const KIND: &'static str = "stats";
+}
+
+/// A node's partition is idle and ready to (re)start: sent to the coordinator
+/// by every node waiting for a [`Begin`], repeatedly, so a restarted
+/// coordinator learns of it too.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Ready {
+    /// The node's partition.
+    pub part: u32,
+    /// Random per process: a new one means the node restarted.
+    pub incarnation: u64,
+    /// What its last attempt came to.
+    pub last: LastAttempt,
+}
+
+/// How a partition's last attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LastAttempt {
+    /// It never started one (the process is new).
+    None,
+    /// Generation `0` finished every step.
+    Done(u64),
+    /// Generation `0` failed.
+    Failed(u64),
+}
+
+impl Msg for Ready {
+    type Reply = ();
+    const KIND: &'static str = "ready";
+}
+
+/// The coordinator starts generation `gen` of the run: every partition
+/// restores the checkpoint at step `from` (or starts afresh) and trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Begin {
+    /// New generation number.
+    pub gen: u64,
+    /// The checkpoint (its step) to restore, if any.
+    pub from: Option<u64>,
+}
+
+impl Msg for Begin {
+    type Reply = ();
+    const KIND: &'static str = "begin";
+}
+
+/// Sent by a node to its own embedding stores: restore the checkpoint at step
+/// `from` (or the initial rows) and serve generation `gen`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reset {
+    /// Generation about to start.
+    pub gen: u64,
+    /// The checkpoint (its step) to restore, if any.
+    pub from: Option<u64>,
+}
+
+impl Msg for Reset {
+    type Reply = Result<(), String>;
+    const KIND: &'static str = "reset";
+}
+
+/// Write the store's rows into the checkpoint of step `seq` (its state once
+/// the updates of steps before `seq` are applied).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Save {
+    /// Generation.
+    pub gen: u64,
+    /// Checkpoint step.
+    pub seq: u64,
+}
+
+impl Msg for Save {
+    /// The file written and its SHA-256, or `None` while the store is not at
+    /// that step (ask again).
+    type Reply = Result<Option<(String, String)>, String>;
+    const KIND: &'static str = "save";
+}
+
+/// A partition wrote its files of the checkpoint at step `seq`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Saved {
+    /// Generation.
+    pub gen: u64,
+    /// Checkpoint step.
+    pub seq: u64,
+    /// Partition.
+    pub part: u32,
+    /// Files written and their SHA-256.
+    pub files: Vec<(String, String)>,
+    /// Trainer 0's figures of the unfinished epoch (partition 0 only).
+    pub progress: Option<super::checkpoint::Progress>,
+}
+
+impl Msg for Saved {
+    type Reply = ();
+    const KIND: &'static str = "saved";
 }

@@ -4,7 +4,14 @@
 //! Embedded (`hetgnn train` with `mode = "data-parallel"` and no `[cluster]`),
 //! every partition's actors share one process and talk through local
 //! mailboxes; with a `[cluster]`, partition k runs on the k-th node.
+//!
+//! A run is a sequence of generations (see [`coordinator`]): each node's
+//! partition waits for the coordinator's `Begin`, restores the checkpoint it
+//! names and trains; when a node fails, the survivors stop and wait for the
+//! next `Begin`, which comes once the failed node is back.
 
+pub mod checkpoint;
+pub mod coordinator;
 pub mod inbox;
 pub mod messages;
 pub mod sampler;
@@ -24,10 +31,10 @@ use runtime::{Node, PeerState};
 
 use crate::config::{Config, TrainingConfig};
 use crate::error::{Result, TrainError};
-use crate::report::{peak_rss_bytes, EpochReport, Report};
+use crate::report::{peak_rss_bytes, Report};
 use crate::trainer::TrainObserver;
-use inbox::{Inbox, InboxActor};
-use messages::{Abort, EpochStats, Export, Finish, GradShare, Pull, Push, SampleReq, StepDone};
+use inbox::{Control, Inbox, InboxActor};
+use messages::{Abort, Begin, EpochStats, Export, Finish, GradShare, LastAttempt, Pull, Push, Ready, Reset, SampleReq, Save, Saved, StepDone};
 use sampler::SamplerActor;
 use store::{FeatureStore, Shard, StoreData};
 
@@ -95,15 +102,16 @@ fn serve_partition(node: &Node, part: u32, parts: u32, per_part: u32, graph: Arc
         } else {
             continue;
         };
-        let store = FeatureStore::new(part as u16, owners.clone(), ty, data);
+        let files = t.checkpoint_dir.clone().map(|root| (root, checkpoint::shard_file(&nt.name, part)));
+        let store = FeatureStore::new(part as u16, owners.clone(), ty, data, files);
         let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
-        node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>();
+        node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
     }
     let mut inboxes = Vec::new();
     for j in 0..per_part {
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
-        node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>();
+        node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>().handle::<Begin>();
         inboxes.push(inbox);
     }
     Ok(inboxes)
@@ -119,8 +127,9 @@ struct Shared {
     timeouts: Timeouts,
 }
 
-/// Starts the trainer threads of partition `part`, one per inbox.
-fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, system: &System, inboxes: &[Arc<Inbox>]) -> Result<Vec<std::thread::JoinHandle<Result<models::Model>>>> {
+/// Starts the trainer threads of partition `part` for generation `gen`, one per inbox.
+#[allow(clippy::too_many_arguments)] // one attempt's whole context
+fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], gen: u64, from: &Option<(std::path::PathBuf, checkpoint::Manifest)>) -> Result<Vec<std::thread::JoinHandle<Result<models::Model>>>> {
     let mut handles = Vec::new();
     for (j, inbox) in inboxes.iter().enumerate() {
         let trainer = part * sh.per_part + j as u32;
@@ -133,10 +142,12 @@ fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, system: &System
             cfg: sh.cfg.clone(),
             graph: graph.clone(),
             owners: sh.owners.clone(),
-            node: system.node.clone(),
-            handle: system.handle.clone(),
+            node: node.clone(),
+            handle: handle.clone(),
             inbox: inbox.clone(),
             timeouts: sh.timeouts,
+            gen,
+            from: from.clone(),
         };
         let h = std::thread::Builder::new()
             .name(format!("trainer-{trainer}"))
@@ -174,11 +185,11 @@ const ABORT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Tells the actors `targets` that `me` (numbered `from`) failed, best effort
 /// (a peer that is down will not answer), so they stop instead of waiting.
-pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str, from: u32, targets: &[String], reason: &str) {
+pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str, from: u32, gen: u64, targets: &[String], reason: &str) {
     let Ok(me) = runtime::ActorName::new(me) else { return };
     let asks = targets.iter().filter_map(|n| node.actor(n).ok()).map(|r| {
         let (r, reason) = (r.with_sender(me.clone()), reason.to_string());
-        async move { r.ask(Abort { from, reason }, ABORT_NOTICE).await }
+        async move { r.ask(Abort { gen, from, reason }, ABORT_NOTICE).await }
     });
     let _ = handle.block_on(join_all(asks));
 }
@@ -187,7 +198,7 @@ pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str
 pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
     let inbox = Arc::new(Inbox::default());
     let addr = InboxActor(inbox.clone()).start();
-    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<StepDone>().handle::<Abort>();
+    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<StepDone>().handle::<Abort>().handle::<Saved>().handle::<Ready>();
     Ok(inbox)
 }
 
@@ -255,11 +266,6 @@ impl Drop for System {
 }
 
 fn open_partitions(t: &TrainingConfig) -> Result<PartitionSet> {
-    if t.checkpoint_dir.is_some() || t.resume {
-        return Err(TrainError::Config(
-            "training.checkpoint_dir: checkpoints of data-parallel runs (sharded embedding rows) are not built yet; remove checkpoint_dir and resume".into(),
-        ));
-    }
     let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
     Ok(PartitionSet::open(dir)?)
 }
@@ -282,8 +288,9 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let t = cfg.training.clone();
     let set = open_partitions(&t)?;
     let parts = set.manifest.parts as u32;
-    let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
+    let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t))).map(|g| g.map(Arc::new)).collect::<graphs::Result<_>>()?;
     let per_part = set.manifest.trainers as u32;
+    let run = run_key(&t, &set, &graphs[0]);
     let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default() };
     let (gs, os, tc) = (graphs.clone(), sh.owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
@@ -293,79 +300,134 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
         let coord = serve_coordinator(&node)?;
         Ok((node, arbiters, (inboxes, coord)))
     })?;
-    let mut handles = Vec::new();
-    for k in 0..parts {
-        handles.extend(spawn_trainers(&sh, k, &graphs[k as usize], &system, &inboxes[k as usize])?);
-    }
     observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], candle_core::DType::F32, &candle_core::Device::Cpu)?);
-    let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graphs[0], observer, &sh.timeouts);
-    let mut models = join_threads(handles)?;
-    let mut report = coordinated?;
+    let timeouts = sh.timeouts;
+    let (driven, mut report, models) = std::thread::scope(|scope| {
+        let loops: Vec<_> = (0..parts)
+            .map(|k| {
+                let (sh, g, node, handle, inboxes) = (&sh, graphs[k as usize].clone(), system.node.clone(), system.handle.clone(), inboxes[k as usize].clone());
+                scope.spawn(move || run_partition(sh, k, &g, &node, &handle, &inboxes, timeouts.finish))
+            })
+            .collect();
+        let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
+        let mut d = coordinator::Driver { c, system: &system, per_part, start: timeouts.start, rejoin: timeouts.finish };
+        let driven = d.run(&graphs[0], observer);
+        for k in &inboxes {
+            if let Err(e) = &driven {
+                k[0].abort(format!("the coordinator failed: {e}"));
+            }
+            k[0].finish();
+        }
+        let models: Vec<_> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a partition thread panicked".into())))).collect();
+        (driven, d.c.report, models)
+    });
+    driven?;
+    let mut models = models.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))??;
     report.config = cfg.clone();
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
     Ok((report, FinalModel { replica: models.swap_remove(0), tables }))
 }
 
-/// Gathers every epoch's statistics from the trainers into a report.
-pub(crate) fn coordinate(t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
-    coordinate_mode("data-parallel", t, parts, trainers, inbox, g, observer, timeouts)
+/// Fingerprint of everything that shapes a run's bits (model, data,
+/// partitioning, sampling, optimiser): checkpoints are only resumed by an equal run.
+fn run_key(t: &TrainingConfig, set: &PartitionSet, g: &HetGraph) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let settings = format!(
+        "{:?}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{}|{:?}",
+        t.model_spec(),
+        g.name(),
+        t.reverse_edges,
+        t.fanouts,
+        t.batch,
+        t.lr,
+        t.seed,
+        t.allreduce,
+        set.manifest.parts,
+        set.manifest.trainers,
+        set.manifest.method
+    );
+    h.update(settings.as_bytes());
+    for o in &set.owners {
+        h.update(bytemuck::cast_slice::<u16, u8>(o));
+    }
+    h.update(bytemuck::cast_slice::<u16, u8>(&set.trainer_of));
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// [`coordinate`] for a run of `mode`: the statistics of trainer (or worker)
-/// 0 carry the loss and training accuracy.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn coordinate_mode(mode: &str, t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
-    let (_, splits) = g.target_labels();
-    let mut report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
-    let mut step_bytes: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    for epoch in 0..t.epochs {
-        let steps = splits.train.len().div_ceil(t.batch.max(1)) as u64;
-        observer.epoch_start(epoch, steps);
-        let stats = loop {
-            match inbox.epoch_progress(epoch, trainers, timeouts.step)? {
-                inbox::EpochProgress::Step(loss) => observer.step(loss),
-                inbox::EpochProgress::Done(stats) => break stats,
+/// A node's partition over the run's generations: it tells the coordinator
+/// it is ready (again and again, so a restarted coordinator hears it too),
+/// and on each `Begin` restores the named checkpoint and trains. Returns the
+/// trainers' replicas once the coordinator says the run is over.
+fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], rejoin: Duration) -> Result<Vec<models::Model>> {
+    let leader = inboxes.first().ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
+    let me = runtime::ActorName::new(&names::trainer(part * sh.per_part)).map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let coordinator = node.actor(names::COORDINATOR).map_err(|e| TrainError::Distributed(e.to_string()))?.with_sender(me);
+    let incarnation = coordinator::new_generation();
+    let mut last = LastAttempt::None;
+    let mut models = None;
+    loop {
+        let waiting = Instant::now();
+        let control = loop {
+            let ready = Ready { part, incarnation, last };
+            let _ = handle.block_on(coordinator.ask(ready, Duration::from_secs(1)));
+            if let Some(c) = leader.control(Duration::from_millis(200)) {
+                break c;
+            }
+            if waiting.elapsed() > rejoin {
+                return Err(TrainError::Distributed(format!("no word from the coordinator within {rejoin:?}: is its node up?")));
             }
         };
-        let s0 = &stats[0];
-        let n = stats.len() as f64;
-        let mean = |f: fn(&EpochStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
-        let er = EpochReport {
-            epoch,
-            loss: s0.loss,
-            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
-            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / splits.valid.len().max(1) as f64,
-            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / splits.test.len().max(1) as f64,
-            seconds: stats.iter().map(|s| s.seconds).fold(0.0, f64::max),
-            sample_s: mean(|s| s.sample_s),
-            gather_s: mean(|s| s.gather_s),
-            compute_s: mean(|s| s.compute_s),
-            comm_s: mean(|s| s.comm_s),
-            update_s: mean(|s| s.update_s),
-            eval_s: stats.iter().map(|s| s.eval_s).fold(0.0, f64::max),
+        let b = match control {
+            Control::Finish => return models.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
+            Control::Begin(b) => b,
         };
-        report.steps += steps;
-        // Each trainer reports its node's cumulative traffic; in one process they share a node.
-        report.bytes_by_kind.clear();
-        report.messages_by_kind.clear();
-        let distinct = if stats.windows(2).all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind) { &stats[..1] } else { &stats[..] };
-        for s in distinct {
-            for (k, v) in &s.bytes_by_kind {
-                *report.bytes_by_kind.entry(k.clone()).or_default() += v;
+        for i in inboxes {
+            i.reset(b.gen);
+        }
+        match run_generation(sh, part, graph, node, handle, inboxes, b) {
+            Ok(m) => {
+                models = Some(m);
+                last = LastAttempt::Done(b.gen);
             }
-            for (k, v) in &s.messages_by_kind {
-                *report.messages_by_kind.entry(k.clone()).or_default() += v;
-            }
-            for (k, v) in &s.step_bytes_by_kind {
-                *step_bytes.entry(k.clone()).or_default() += v;
+            Err(e) => {
+                tracing::warn!("partition {part}: generation {:x} stopped: {e}", b.gen);
+                last = LastAttempt::Failed(b.gen);
             }
         }
-        observer.epoch_end(&er);
-        report.epochs.push(er);
     }
-    report.bytes_per_step = step_bytes.into_iter().map(|(k, v)| (k, v as f64 / report.steps.max(1) as f64)).collect();
-    Ok(report)
+}
+
+/// One attempt of a partition: its stores restore the checkpoint, its trainers train.
+fn run_generation(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], b: Begin) -> Result<Vec<models::Model>> {
+    let from = match (b.from, &sh.cfg.checkpoint_dir) {
+        (None, _) => None,
+        (Some(seq), Some(root)) => {
+            let dir = checkpoint::dir(root, seq);
+            let m = checkpoint::manifest(&dir)?;
+            Some((dir, m))
+        }
+        (Some(seq), None) => return Err(TrainError::Config(format!("the coordinator resumes from the checkpoint at step {seq}, but this node has no training.checkpoint_dir"))),
+    };
+    let learnable = models::Model::learnable_types(sh.cfg.model, graph);
+    let stores: Vec<String> = graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, part)).collect();
+    let refs = stores.iter().map(|n| node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let answers = handle.block_on(join_all(refs.iter().map(|r| r.ask(Reset { gen: b.gen, from: b.from }, sh.timeouts.ask))));
+    for (name, a) in stores.iter().zip(answers) {
+        a?.map_err(|e| TrainError::Checkpoint(format!("{name}: {e}")))?;
+    }
+    let handles = spawn_trainers(sh, part, graph, node, handle, inboxes, b.gen, &from)?;
+    join_threads(handles)
+}
+
+/// Gathers every epoch's statistics from the trainers (or workers) of a run
+/// of `mode` without checkpoints into a report.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coordinate_mode(mode: &'static str, t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
+    let mut c = coordinator::Coordinator::new(mode, t, parts, trainers, inbox, *timeouts, String::new());
+    c.attempt(g, observer, None)?;
+    Ok(c.report)
 }
 
 /// Final model hash (dense parameters of a replica, embedding rows from every
@@ -462,8 +524,9 @@ pub(crate) fn watch_peers(node: &Node, inboxes: Vec<Arc<Inbox>>) {
 }
 
 /// Runs node `id`'s part of data-parallel training: its partition's actors
-/// and trainer, and on the coordinator's node the coordination and report.
-/// Returns the report on the coordinator's node.
+/// and trainers over the run's generations, and on the coordinator's node the
+/// coordination, checkpoints and report. Returns the report on the
+/// coordinator's node.
 pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
     let t = cfg.training.clone();
     let mut topology = cfg.topology().ok_or_else(|| TrainError::Config("cluster: hetgnn node needs a [cluster] section".into()))?;
@@ -481,8 +544,10 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     data_parallel_placement(&mut topology, &set.manifest.node_types, set.manifest.trainers as u32);
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(set.load_part(part as usize, &load_options(&t))?);
+    let run = run_key(&t, &set, &graph);
     let per_part = set.manifest.trainers as u32;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
+    let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
     let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts };
     let (g, o, tc, topo, me) = (graph.clone(), sh.owners.clone(), t.clone(), topology.clone(), id.to_string());
     let (system, (inboxes, coord)) = System::start(move || async move {
@@ -501,19 +566,30 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         watch_peers(&node, inboxes.iter().cloned().chain(coord.clone()).collect());
         Ok((node, arbiters, (inboxes, coord)))
     })?;
-    let handles = spawn_trainers(&sh, part, &graph, &system, &inboxes)?;
     let Some(coord) = coord else {
-        join_threads(handles)?;
-        tracing::info!("{id}: training done; serving until the coordinator finishes");
-        inboxes[0].finished(timeouts.finish)?;
+        run_partition(&sh, part, &graph, &system.node, &system.handle, &inboxes, rejoin)?;
+        tracing::info!("{id}: the run is over");
         return Ok(None);
     };
-    let coordinated = coordinate(&t, parts, parts * per_part, &coord, &graph, observer, &timeouts);
-    let model = join_threads(handles)?.swap_remove(0);
-    let mut report = coordinated?;
-    report.config = cfg.clone();
-    finish(&mut report, &system, &model, &graph, &t, parts)?;
-    // The first trainer of every other node waits for the word.
+    let (driven, mut report, models) = std::thread::scope(|scope| {
+        let (sh, g, node, handle, ib) = (&sh, graph.clone(), system.node.clone(), system.handle.clone(), inboxes.clone());
+        let mine = scope.spawn(move || run_partition(sh, part, &g, &node, &handle, &ib, rejoin));
+        let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
+        let mut d = coordinator::Driver { c, system: &system, per_part, start: timeouts.start, rejoin };
+        let driven = d.run(&graph, observer);
+        if let Err(e) = &driven {
+            inboxes[0].abort(format!("the coordinator failed: {e}"));
+        }
+        inboxes[0].finish();
+        let models = mine.join().unwrap_or_else(|_| Err(TrainError::Distributed("the partition thread panicked".into())));
+        (driven, d.c.report, models)
+    });
+    let finished = driven.and_then(|()| {
+        let model = models?.swap_remove(0);
+        report.config = cfg.clone();
+        finish(&mut report, &system, &model, &graph, &t, parts)
+    });
+    // The other nodes wait for the word, whatever the outcome.
     let peers = (0..parts).filter(|&p| p != part).filter_map(|p| system.node.actor(&names::trainer(p * per_part)).ok());
     let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
     for r in system.handle.block_on(join_all(asks)) {
@@ -521,6 +597,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
             tracing::warn!("{id}: could not tell a peer the run is over: {e}");
         }
     }
+    finished?;
     drop(system);
     Ok(Some(report))
 }

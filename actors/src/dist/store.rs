@@ -1,10 +1,14 @@
 //! FeatureStore (partition × node type): serves the rows its partition owns,
 //! plain features or learnable embeddings; for the latter it owns the rows'
 //! Adam state and applies the update once every trainer has pushed its
-//! gradient for the step.
+//! gradient for the step. It writes its own rows into checkpoints and
+//! restores them when a generation of the run starts from one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
 
 use actix::{Actor, Context, Handler, MessageResult};
 use graphs::HetGraph;
@@ -12,7 +16,8 @@ use models::embedding::{adam_row, EmbeddingTable};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
-use super::messages::{Export, Pull, Push};
+use super::checkpoint;
+use super::messages::{Export, Pull, Push, Reset, Save};
 
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
 pub const MAX_ROWS: usize = 1 << 24;
@@ -24,6 +29,9 @@ type Pushed = (Vec<u32>, Vec<f32>);
 pub struct Shard {
     /// Owned global ids, ascending.
     pub ids: Vec<u32>,
+    seed: u64,
+    name: String,
+    count: usize,
     dim: usize,
     data: Vec<f32>,
     m: Vec<f32>,
@@ -47,7 +55,65 @@ impl Shard {
             data.extend_from_slice(&full.data[i as usize * dim..(i as usize + 1) * dim]);
         }
         let n = owned.len();
-        Shard { ids: owned, dim, data, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n], adam, trainers, pending: BTreeMap::new(), applied: None, slot: vec![u32::MAX; n] }
+        Shard {
+            ids: owned,
+            seed,
+            name: name.to_string(),
+            count,
+            dim,
+            data,
+            m: vec![0.0; n * dim],
+            v: vec![0.0; n * dim],
+            steps: vec![0; n],
+            adam,
+            trainers,
+            pending: BTreeMap::new(),
+            applied: None,
+            slot: vec![u32::MAX; n],
+        }
+    }
+
+    /// The shard as it was before training.
+    fn initial(&self) -> Shard {
+        Shard::new(self.seed, &self.name, self.count, self.dim, self.ids.clone(), self.adam, self.trainers)
+    }
+
+    /// Its rows and their Adam state, for a checkpoint.
+    fn tensors(&self) -> candle_core::Result<HashMap<String, Tensor>> {
+        let (n, d, cpu) = (self.ids.len(), self.dim, &Device::Cpu);
+        Ok(HashMap::from([
+            ("ids".to_string(), Tensor::from_slice(&self.ids, n, cpu)?),
+            ("data".to_string(), Tensor::from_slice(&self.data, (n, d), cpu)?),
+            ("m".to_string(), Tensor::from_slice(&self.m, (n, d), cpu)?),
+            ("v".to_string(), Tensor::from_slice(&self.v, (n, d), cpu)?),
+            ("steps".to_string(), Tensor::from_slice(&self.steps, n, cpu)?),
+        ]))
+    }
+
+    /// Takes rows and Adam state from checkpoint tensors, which must hold
+    /// exactly this shard's rows; `applied`: the last step they include.
+    fn restore(&mut self, mut t: HashMap<String, Tensor>, applied: Option<u64>) -> Result<(), String> {
+        let mut take = |k: &str| t.remove(k).ok_or_else(|| format!("tensor '{k}' is missing"));
+        let (ids, data, m, v, steps) = (take("ids")?, take("data")?, take("m")?, take("v")?, take("steps")?);
+        let e = |e: candle_core::Error| e.to_string();
+        let ids: Vec<u32> = ids.to_vec1().map_err(e)?;
+        if ids != self.ids {
+            return Err("holds other rows than this store owns (another partitioning?)".into());
+        }
+        let flat = |t: Tensor| -> Result<Vec<f32>, String> { t.flatten_all().and_then(|t| t.to_vec1()).map_err(e) };
+        let (data, m, v) = (flat(data)?, flat(m)?, flat(v)?);
+        let steps: Vec<u32> = steps.to_vec1().map_err(e)?;
+        let n = self.ids.len() * self.dim;
+        if data.len() != n || m.len() != n || v.len() != n || steps.len() != self.ids.len() {
+            return Err(format!("rows of another width (this store's is {})", self.dim));
+        }
+        if data.iter().chain(&m).chain(&v).any(|x| !x.is_finite()) {
+            return Err("holds values that are not finite".into());
+        }
+        (self.data, self.m, self.v, self.steps) = (data, m, v, steps);
+        self.pending.clear();
+        self.applied = applied;
+        Ok(())
     }
 
     fn row(&self, id: u32) -> Result<usize, String> {
@@ -119,12 +185,50 @@ pub struct FeatureStore {
     owners: Arc<Vec<Vec<u16>>>,
     ty: usize,
     data: StoreData,
+    /// The generation of the run it serves.
+    gen: u64,
+    /// Where checkpoints go, and this store's file in them.
+    checkpoints: Option<(PathBuf, String)>,
 }
 
 impl FeatureStore {
-    /// A store for partition `part`, node type `ty`.
-    pub fn new(part: u16, owners: Arc<Vec<Vec<u16>>>, ty: usize, data: StoreData) -> FeatureStore {
-        FeatureStore { part, owners, ty, data }
+    /// A store for partition `part`, node type `ty`; learnable rows are
+    /// checkpointed under `checkpoints` as `file`.
+    pub fn new(part: u16, owners: Arc<Vec<Vec<u16>>>, ty: usize, data: StoreData, checkpoints: Option<(PathBuf, String)>) -> FeatureStore {
+        FeatureStore { part, owners, ty, data, gen: 0, checkpoints }
+    }
+
+    /// Starts generation `gen` from the checkpoint at step `from` (or afresh).
+    fn reset(&mut self, gen: u64, from: Option<u64>) -> Result<(), String> {
+        if let StoreData::Embeddings(s) = &mut self.data {
+            match from {
+                None => **s = s.initial(),
+                Some(seq) => {
+                    let (root, file) = self.checkpoints.as_ref().ok_or("no checkpoint_dir configured on this node")?;
+                    let dir = checkpoint::dir(root, seq);
+                    let m = checkpoint::manifest(&dir).map_err(|e| e.to_string())?;
+                    let t = checkpoint::load_tensors(&dir, &m, file).map_err(|e| e.to_string())?;
+                    s.restore(t, seq.checked_sub(1)).map_err(|e| format!("{}: {e}", dir.join(file).display()))?;
+                }
+            }
+        }
+        self.gen = gen;
+        Ok(())
+    }
+
+    /// Writes the rows into the checkpoint at `seq` once the updates of the
+    /// steps before it are applied (`None` until then).
+    fn save(&self, gen: u64, seq: u64) -> Result<Option<(String, String)>, String> {
+        let StoreData::Embeddings(s) = &self.data else { return Err("plain features are not checkpointed".into()) };
+        if gen != self.gen || s.applied.map_or(0, |a| a + 1) < seq {
+            return Ok(None);
+        }
+        if s.applied.map_or(0, |a| a + 1) > seq {
+            return Err(format!("asked for the checkpoint at step {seq}, but step {} is already applied", s.applied.unwrap_or(0)));
+        }
+        let (root, file) = self.checkpoints.as_ref().ok_or("no checkpoint_dir configured on this node")?;
+        let t = s.tensors().map_err(|e| e.to_string())?;
+        checkpoint::write_tensors(&checkpoint::partial_dir(root, seq), file, &t).map(Some).map_err(|e| e.to_string())
     }
 
     fn check_owned(&self, ids: &[u32]) -> Result<(), String> {
@@ -142,9 +246,9 @@ impl FeatureStore {
         Ok(())
     }
 
-    fn pull(&self, ids: &[u32], after: Option<u64>) -> Result<Option<ByteVec>, String> {
-        if let (StoreData::Embeddings(s), Some(a)) = (&self.data, after) {
-            if s.applied.map_or(true, |done| done < a) {
+    fn pull(&self, gen: u64, ids: &[u32], after: Option<u64>) -> Result<Option<ByteVec>, String> {
+        if let StoreData::Embeddings(s) = &self.data {
+            if gen != self.gen || after.is_some_and(|a| s.applied.map_or(true, |done| done < a)) {
                 return Ok(None);
             }
         }
@@ -187,7 +291,7 @@ impl Actor for FeatureStore {
 impl Handler<Deliver<Pull>> for FeatureStore {
     type Result = MessageResult<Deliver<Pull>>;
     fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.pull(&m.msg.ids, m.msg.after))
+        MessageResult(self.pull(m.msg.gen, &m.msg.ids, m.msg.after))
     }
 }
 
@@ -198,9 +302,24 @@ impl Handler<Deliver<Push>> for FeatureStore {
             return MessageResult(Err(e));
         }
         MessageResult(match &mut self.data {
-            StoreData::Embeddings(s) => s.push(m.msg),
+            StoreData::Embeddings(_) if m.msg.gen != self.gen => Ok(None),
+            StoreData::Embeddings(s) => s.push(m.msg).map(Some),
             StoreData::Features { .. } => Err("plain features take no gradients".into()),
         })
+    }
+}
+
+impl Handler<Deliver<Reset>> for FeatureStore {
+    type Result = MessageResult<Deliver<Reset>>;
+    fn handle(&mut self, m: Deliver<Reset>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.reset(m.msg.gen, m.msg.from))
+    }
+}
+
+impl Handler<Deliver<Save>> for FeatureStore {
+    type Result = MessageResult<Deliver<Save>>;
+    fn handle(&mut self, m: Deliver<Save>, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.save(m.msg.gen, m.msg.seq))
     }
 }
 
@@ -219,7 +338,7 @@ mod tests {
     use super::*;
 
     fn push(seq: u64, trainer: u32, ids: Vec<u32>, grad: &[f32]) -> Push {
-        Push { seq, trainer, ids, grad: ByteVec(bytemuck::cast_slice(grad).to_vec()) }
+        Push { gen: 0, seq, trainer, ids, grad: ByteVec(bytemuck::cast_slice(grad).to_vec()) }
     }
 
     fn row(s: &Shard, id: u32) -> Vec<f32> {
@@ -254,5 +373,37 @@ mod tests {
         assert!(s.push(push(0, 2, vec![0], &[1.0, 1.0])).unwrap_err().contains("trainer 2"));
         assert!(s.push(push(0, 0, vec![1], &[1.0, 1.0])).unwrap_err().contains("not owned"));
         assert!(s.push(push(0, 0, vec![0], &[1.0])).unwrap_err().contains("bytes"));
+    }
+
+    #[test]
+    fn a_checkpointed_shard_restores_exactly_and_resumes_its_steps() {
+        let root = tempfile::tempdir().unwrap();
+        let owners = Arc::new(vec![vec![0u16, 1, 0, 0]]);
+        let shard = Shard::new(1, "embed.x", 4, 2, vec![0, 2, 3], AdamConfig::with_lr(0.1), 1);
+        let file = checkpoint::shard_file("x", 0);
+        let mut store = FeatureStore::new(0, owners, 0, StoreData::Embeddings(Box::new(shard)), Some((root.path().to_path_buf(), file.clone())));
+        let mut step = |st: &mut FeatureStore, seq: u64, g: f32| match &mut st.data {
+            StoreData::Embeddings(s) => s.push(push(seq, 0, vec![0, 3], &[g, g, -g, g])).unwrap(),
+            _ => unreachable!(),
+        };
+        step(&mut store, 0, 1.0);
+        assert_eq!(store.save(0, 2).unwrap(), None, "step 1 is not applied yet");
+        step(&mut store, 1, 0.5);
+        let (f, sum) = store.save(0, 2).unwrap().unwrap();
+        assert_eq!(f, file);
+        let rows = |st: &FeatureStore| st.pull(st.gen, &[0, 2, 3], None).unwrap().unwrap().0;
+        let at_2 = rows(&store);
+        step(&mut store, 2, 2.0);
+        assert_ne!(rows(&store), at_2);
+        let spec = models::ModelSpec { kind: models::ModelKind::Rgcn, layers: 2, hidden: 8, embed_dim: 2, dropout: 0.5, seed: 0, heads: 4 };
+        let m = checkpoint::Manifest { format: 1, run: "r".into(), spec, seq: 2, epochs: Vec::new(), progress: Default::default(), files: BTreeMap::from([(f, sum)]) };
+        checkpoint::finalize(root.path(), &m, 3).unwrap();
+        store.reset(7, Some(2)).unwrap();
+        assert_eq!(rows(&store), at_2, "the rows of the checkpoint");
+        assert_eq!(store.pull(7, &[0], Some(1)).unwrap().map(|b| b.0.len()), Some(8), "steps before the checkpoint count as applied");
+        assert_eq!(store.pull(6, &[0], None).unwrap(), None, "another generation waits");
+        store.reset(8, None).unwrap();
+        let fresh = Shard::new(1, "embed.x", 4, 2, vec![0, 2, 3], AdamConfig::with_lr(0.1), 1);
+        assert_eq!(rows(&store), bytemuck::cast_slice::<f32, u8>(&fresh.data).to_vec(), "no checkpoint: the initial rows");
     }
 }

@@ -26,8 +26,9 @@ use models::rgcn::PerType;
 use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
 
+use super::checkpoint::{self, Progress};
 use super::inbox::Inbox;
-use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, StepDone};
+use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, Save, Saved, StepDone};
 use super::store::decode_f32;
 use super::{names, Timeouts};
 use crate::config::{AllReduce, TrainingConfig};
@@ -60,6 +61,10 @@ pub struct TrainerSetup {
     pub inbox: Arc<Inbox>,
     /// Deadlines.
     pub timeouts: Timeouts,
+    /// Generation of the run this attempt is.
+    pub gen: u64,
+    /// The checkpoint this attempt starts from (its directory and manifest).
+    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
 }
 
 struct Peers {
@@ -79,7 +84,7 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
     });
     if let Err(e) = &result {
         let targets: Vec<String> = (0..s.trainers).filter(|&p| p != s.trainer).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
-        super::abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, &targets, &e.to_string());
+        super::abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, s.gen, &targets, &e.to_string());
     }
     result
 }
@@ -134,6 +139,14 @@ struct Replica {
 /// Batches prepared ahead of the trainer.
 const PREFETCH: usize = 2;
 
+/// Whether a checkpoint is due before global step `seq` of an attempt that
+/// started at `first`: every `checkpoint_every` steps (0: every epoch), and
+/// after the last step (`total`).
+pub(crate) fn checkpoint_due(t: &TrainingConfig, seq: u64, first: u64, per_epoch: u64, total: u64) -> bool {
+    let every = t.checkpoint_every;
+    t.checkpoint_dir.is_some() && seq > first && (seq == total || if every == 0 { seq % per_epoch.max(1) == 0 } else { seq % every == 0 })
+}
+
 impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
         let t = &s.cfg;
@@ -160,9 +173,17 @@ impl<'a> Trainer<'a> {
             trainers: (0..s.trainers).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
             coordinator: actor(names::COORDINATOR.to_string())?,
         };
+        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+        let mut seq = 0;
+        if let Some((dir, m)) = &s.from {
+            let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
+            models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
+            seq = m.seq;
+        }
         let ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors() };
-        Ok(Trainer { ctx, rep: Replica { model, adam: Adam::new(AdamConfig::with_lr(t.lr)), seq: 0 } })
+        Ok(Trainer { ctx, rep: Replica { model, adam, seq } })
     }
+
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
@@ -170,12 +191,20 @@ impl<'a> Trainer<'a> {
         let g = s.graph.clone();
         let (_, splits) = g.target_labels();
         let target = g.target().index();
-        for epoch in 0..t.epochs {
+        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+        let total = per_epoch * t.epochs;
+        // Where this attempt starts: the checkpoint's step, mid-epoch perhaps.
+        let first = self.rep.seq;
+        let mut progress = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        for epoch in first / per_epoch.max(1)..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let mut st = EpochStats { trainer: s.trainer, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
+            let mut st = EpochStats { gen: s.gen, trainer: s.trainer, epoch, steps: batches.len() as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
-            let (mut loss_sum, mut correct, mut seen) = (0.0, 0.0, 0u64);
+            if skip == 0 {
+                progress = Progress::default();
+            }
             let (ctx, rep) = (&self.ctx, &mut self.rep);
             // Sampling and feature pulls of the next batches run on a thread of
             // their own while this one computes (DistDGLv2's pipeline).
@@ -183,7 +212,7 @@ impl<'a> Trainer<'a> {
                 let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
                 let batches = &batches;
                 scope.spawn(move || {
-                    for (step, batch) in batches.iter().enumerate() {
+                    for (step, batch) in batches.iter().enumerate().skip(skip) {
                         let p = ctx.prepare(t.seed, epoch, step as u64, batch, target);
                         let failed = p.is_err();
                         if tx.send(p).is_err() || failed {
@@ -191,18 +220,21 @@ impl<'a> Trainer<'a> {
                         }
                     }
                 });
-                for (step, batch) in batches.iter().enumerate() {
+                for (step, batch) in batches.iter().enumerate().skip(skip) {
+                    if checkpoint_due(&t, rep.seq, first, per_epoch, total) {
+                        ctx.checkpoint(rep, progress)?;
+                    }
                     let p = rx.recv().map_err(|_| TrainError::Distributed("the prefetch thread stopped".into()))??;
                     st.sample_s += p.sample_s;
                     st.gather_s += p.gather_s;
                     let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
                     if ctx.s.trainer == 0 {
                         let c = ctx.peers.coordinator.clone();
-                        ctx.block_on(c.ask(StepDone { epoch, loss }, ctx.s.timeouts.ask))??;
+                        ctx.block_on(c.ask(StepDone { gen: ctx.s.gen, epoch, seq: rep.seq - 1, loss }, ctx.s.timeouts.ask))??;
                     }
-                    loss_sum += loss;
-                    correct += ok;
-                    seen += batch.len() as u64;
+                    progress.loss_sum += loss;
+                    progress.correct += ok;
+                    progress.seen += batch.len() as u64;
                 }
                 Ok(())
             })?;
@@ -211,9 +243,9 @@ impl<'a> Trainer<'a> {
             for (k, v) in st.step_bytes_by_kind.iter_mut() {
                 *v -= before.get(k).copied().unwrap_or(0);
             }
-            st.loss = loss_sum / batches.len().max(1) as f64;
-            st.train_correct = correct.round() as u64;
-            st.train_seen = seen;
+            st.loss = progress.loss_sum / batches.len().max(1) as f64;
+            st.train_correct = progress.correct.round() as u64;
+            st.train_seen = progress.seen;
             let eval = Instant::now();
             st.valid_correct = self.rep.evaluate(&self.ctx, epoch, &splits.valid)?;
             st.test_correct = self.rep.evaluate(&self.ctx, epoch, &splits.test)?;
@@ -224,9 +256,11 @@ impl<'a> Trainer<'a> {
             let c = self.ctx.peers.coordinator.clone();
             self.ctx.block_on(c.ask(st, s.timeouts.ask))??;
         }
+        if checkpoint_due(&t, self.rep.seq, first, per_epoch, total) {
+            self.ctx.checkpoint(&self.rep, Progress::default())?;
+        }
         Ok(())
     }
-
 }
 
 impl Replica {
@@ -284,8 +318,8 @@ impl Replica {
             }
             for (p, store) in stores.iter().enumerate() {
                 let (ids, grad) = pushes.get_mut(ty).map(|o| std::mem::take(&mut o[p])).unwrap_or_default();
-                let msg = Push { seq: self.seq, trainer: me, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
-                asks.push(store.ask(msg, ctx.s.timeouts.ask));
+                let msg = Push { gen: ctx.s.gen, seq: self.seq, trainer: me, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
+                asks.push(ctx.push(store, msg));
             }
         }
         let pushes = asks;
@@ -336,7 +370,7 @@ impl Replica {
     /// the next only once every push has arrived (see [`Pull::after`]).
     fn all_reduce<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
     where
-        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+        P: std::future::Future<Output = std::result::Result<(), String>>,
     {
         match ctx.s.cfg.allreduce {
             AllReduce::AllGather => self.all_gather(ctx, mine, pushes),
@@ -348,18 +382,18 @@ impl Replica {
     /// them in trainer order: one round, (K-1)·n values sent per trainer.
     fn all_gather<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
     where
-        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+        P: std::future::Future<Output = std::result::Result<(), String>>,
     {
         let s = ctx.s;
         let me = s.trainer;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
-        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
+        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { gen: s.gen, seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
         let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
         for r in shared {
             r?;
         }
         for r in pushed {
-            r?.map_err(TrainError::Distributed)?;
+            r.map_err(TrainError::Distributed)?;
         }
         let others: Vec<u32> = (0..s.trainers).filter(|&p| p != me).collect();
         let mut shares = s.inbox.gradients(self.seq, 0, &others, mine.len(), s.timeouts.step)?.into_iter();
@@ -377,7 +411,7 @@ impl Replica {
     /// and copied to the others, so every replica gets the same bits.
     fn ring<P>(&mut self, ctx: &Ctx, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
     where
-        P: std::future::Future<Output = std::result::Result<std::result::Result<(), String>, runtime::AskError>>,
+        P: std::future::Future<Output = std::result::Result<(), String>>,
     {
         let s = ctx.s;
         let (k, r, n) = (s.trainers as usize, s.trainer as usize, mine.len());
@@ -388,14 +422,14 @@ impl Replica {
         let prev = ((r + k - 1) % k) as u32;
         for i in 0..2 * (k - 1) {
             let (send, recv) = if i < k - 1 { ((r + k - i) % k, (r + 2 * k - i - 1) % k) } else { let j = i - (k - 1); ((r + 1 + k - j) % k, (r + k - j) % k) };
-            let msg = GradShare { seq: self.seq, round: i as u32, from: s.trainer, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
+            let msg = GradShare { gen: s.gen, seq: self.seq, round: i as u32, from: s.trainer, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
             let ask = next.ask(msg, s.timeouts.ask);
             match pushes.take() {
                 Some(p) => {
                     let (sent, pushed) = ctx.block_on(futures_util::future::join(ask, p))?;
                     sent?;
                     for r in pushed {
-                        r?.map_err(TrainError::Distributed)?;
+                        r.map_err(TrainError::Distributed)?;
                     }
                 }
                 None => ctx.block_on(ask)??,
@@ -410,7 +444,7 @@ impl Replica {
         }
         if let Some(p) = pushes {
             for r in ctx.block_on(p)? {
-                r?.map_err(TrainError::Distributed)?;
+                r.map_err(TrainError::Distributed)?;
             }
         }
         Ok(v)
@@ -439,6 +473,60 @@ impl Replica {
 }
 
 impl Ctx<'_> {
+    /// The partition's part of the checkpoint before step `rep.seq` (its
+    /// first trainer does it): trainer 0 writes the dense state, each
+    /// embedding store its rows; then the coordinator hears of the files.
+    fn checkpoint(&self, rep: &Replica, progress: Progress) -> Result<()> {
+        let s = self.s;
+        let per_part = s.trainers / s.parts;
+        let Some(root) = s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
+        if s.trainer % per_part != 0 {
+            return Ok(());
+        }
+        let seq = rep.seq;
+        let mut files = Vec::new();
+        if s.trainer == 0 {
+            files.push(checkpoint::write_dense(root, seq, &rep.model, &rep.adam)?);
+        }
+        let deadline = Instant::now() + s.timeouts.step;
+        for (ty, stores) in self.peers.stores.iter().enumerate() {
+            if !self.learnable[ty] {
+                continue;
+            }
+            let store = &stores[s.part as usize];
+            loop {
+                match self.block_on(store.ask(Save { gen: s.gen, seq }, s.timeouts.ask))?? {
+                    Ok(Some(f)) => {
+                        files.push(f);
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                    Ok(None) => return Err(TrainError::Distributed(format!("{}: not at step {seq} within {:?}", store.name(), s.timeouts.step))),
+                    Err(e) => return Err(TrainError::Checkpoint(format!("{}: {e}", store.name()))),
+                }
+            }
+        }
+        let msg = Saved { gen: s.gen, seq, part: s.part, files, progress: (s.trainer == 0).then_some(progress) };
+        self.block_on(self.peers.coordinator.ask(msg, s.timeouts.ask))??;
+        Ok(())
+    }
+
+    /// Pushes a step's gradient rows to a store, again while the store has
+    /// not started this generation.
+    async fn push(&self, store: &ActorRef, msg: Push) -> std::result::Result<(), String> {
+        let deadline = Instant::now() + self.s.timeouts.step;
+        loop {
+            let again = Push { gen: msg.gen, seq: msg.seq, trainer: msg.trainer, ids: msg.ids.clone(), grad: msg.grad.clone() };
+            match store.ask(again, self.s.timeouts.ask).await {
+                Ok(Ok(Some(()))) => return Ok(()),
+                Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(1)).await,
+                Ok(Ok(None)) => return Err(format!("not at generation {:x} within {:?}", msg.gen, self.s.timeouts.step)),
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
     fn owned(&self, ty: usize, v: u32) -> bool {
         self.s.owners[ty][v as usize] as u32 == self.s.part
     }
@@ -558,10 +646,10 @@ impl Ctx<'_> {
     async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<ByteVec, String> {
         let deadline = Instant::now() + self.s.timeouts.step;
         loop {
-            match store.ask(Pull { ids: ids.to_vec(), after }, self.s.timeouts.ask).await {
+            match store.ask(Pull { gen: self.s.gen, ids: ids.to_vec(), after }, self.s.timeouts.ask).await {
                 Ok(Ok(Some(rows))) => return Ok(rows),
                 Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
-                Ok(Ok(None)) => return Err(format!("step {after:?} not applied within {:?}", self.s.timeouts.step)),
+                Ok(Ok(None)) => return Err(format!("step {after:?} of generation {:x} not applied within {:?}", self.s.gen, self.s.timeouts.step)),
                 Ok(Err(e)) => return Err(e),
                 Err(e) => return Err(e.to_string()),
             }

@@ -310,7 +310,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         Err(e) => {
             // The other nodes would otherwise wait out their deadlines.
             let targets: Vec<String> = (1..workers).map(names::worker).collect();
-            abort_peers(&system.node, &system.handle, &names::worker(0), 0, &targets, &e.to_string());
+            abort_peers(&system.node, &system.handle, &names::worker(0), 0, 0, &targets, &e.to_string());
             return Err(e);
         }
     };

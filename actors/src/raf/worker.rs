@@ -112,7 +112,7 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
     if let Err(e) = &result {
         let workers = s.per_layer.len() as u32;
         let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::dist::names::COORDINATOR.to_string()]).collect();
-        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, &targets, &e.to_string());
+        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, 0, &targets, &e.to_string());
     }
     result
 }
@@ -347,7 +347,7 @@ impl<'a> Worker<'a> {
         st.comm_s += out.comm_s;
         st.update_s += out.update_s;
         if self.setup.worker == 0 {
-            self.send(&self.s.coordinator, StepDone { epoch, loss: out.loss })?;
+            self.send(&self.s.coordinator, StepDone { gen: 0, epoch, seq: self.seq - 1, loss: out.loss })?;
         }
         Ok(())
     }

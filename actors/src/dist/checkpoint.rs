@@ -1,0 +1,285 @@
+//! Checkpoints of distributed runs, taken every `checkpoint_every` steps and
+//! at the end: `<checkpoint_dir>/step-NNNNNNNNN/` holds the dense parameters
+//! with their Adam state (`dense.safetensors`, written by trainer 0: every
+//! replica holds the same bits), one file per embedding store with its own
+//! rows and their Adam state (`embed.<type>.<part>.safetensors`), and the
+//! coordinator's `manifest.json` with a SHA-256 per file.
+//!
+//! Writers fill `.step-N.partial/`, each file written under a temporary name
+//! and renamed; the coordinator writes the manifest once every file is
+//! reported and renames the directory into place, so a crash never leaves a
+//! checkpoint that looks complete. Loading verifies checksums; a corrupted or
+//! truncated checkpoint is skipped for the one before it.
+//!
+//! The directory must be shared by the nodes (one machine, or a network file
+//! system): a node restarted anywhere must read what the others wrote.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use models::checkpoint::sha256;
+use models::optim::Adam;
+use models::{Model, ModelSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+use crate::report::EpochReport;
+
+const FORMAT: u32 = 1;
+/// The file trainer 0 writes.
+pub const DENSE: &str = "dense.safetensors";
+const MANIFEST: &str = "manifest.json";
+const PREFIX: &str = "step-";
+/// Largest manifest read (a manifest lists a few files and epochs).
+const MAX_MANIFEST: u64 = 16 << 20;
+
+/// Trainer 0's running figures of the epoch a checkpoint falls in (the loss
+/// and correct counts are global: every trainer sums the same values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Sum of the epoch's step losses so far.
+    pub loss_sum: f64,
+    /// Correct training predictions so far.
+    pub correct: f64,
+    /// Training seeds seen so far.
+    pub seen: u64,
+}
+
+/// What a checkpoint records besides tensors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Checkpoint format version.
+    pub format: u32,
+    /// Identifies the run (model, data, partitions and every setting that
+    /// shapes the model's bits): resuming requires an equal one.
+    pub run: String,
+    /// The model's spec (for people and `predict`).
+    pub spec: ModelSpec,
+    /// Steps done: training resumes at this global step.
+    pub seq: u64,
+    /// Epochs finished before `seq`, as reported.
+    pub epochs: Vec<EpochReport>,
+    /// Trainer 0's figures of the unfinished epoch.
+    pub progress: Progress,
+    /// SHA-256 of each tensor file.
+    pub files: BTreeMap<String, String>,
+}
+
+impl Manifest {
+    /// A manifest of the current format.
+    pub fn new(run: String, spec: ModelSpec, seq: u64, epochs: Vec<EpochReport>, progress: Progress, files: BTreeMap<String, String>) -> Manifest {
+        Manifest { format: FORMAT, run, spec, seq, epochs, progress, files }
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> TrainError {
+    TrainError::Io { path: path.display().to_string(), source }
+}
+
+fn bad(path: &Path, problem: impl std::fmt::Display) -> TrainError {
+    TrainError::Checkpoint(format!("{}: {problem}", path.display()))
+}
+
+/// The directory of the complete checkpoint at step `seq`.
+pub fn dir(root: &Path, seq: u64) -> PathBuf {
+    root.join(format!("{PREFIX}{seq:09}"))
+}
+
+/// Where the files of the checkpoint at step `seq` are written before it is complete.
+pub fn partial_dir(root: &Path, seq: u64) -> PathBuf {
+    root.join(format!(".{PREFIX}{seq:09}.partial"))
+}
+
+/// File name of an embedding store's rows (`store` as in `names::store`).
+pub fn shard_file(ty: &str, part: u32) -> String {
+    let ty: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
+    format!("embed.{ty}.{part}.safetensors")
+}
+
+/// Writes `tensors` as `file` into `dir` (temporary name, then rename);
+/// returns the file's name and SHA-256.
+pub fn write_tensors(dir: &Path, file: &str, tensors: &HashMap<String, Tensor>) -> Result<(String, String)> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
+    candle_core::safetensors::save(tensors, &tmp)?;
+    let bytes = std::fs::read(&tmp).map_err(|e| io(&tmp, e))?;
+    let dest = dir.join(file);
+    std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
+    Ok((file.to_string(), sha256(&bytes)))
+}
+
+/// Writes the dense parameters and their Adam state into the partial checkpoint at `seq`.
+pub fn write_dense(root: &Path, seq: u64, model: &Model, adam: &Adam) -> Result<(String, String)> {
+    write_tensors(&partial_dir(root, seq), DENSE, &models::checkpoint::dense_tensors(model, adam)?)
+}
+
+/// Completes the checkpoint at `manifest.seq`: writes the manifest, renames the
+/// directory into place and removes all but the newest `keep` checkpoints
+/// (and partial ones of earlier steps, left by failed attempts).
+pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf> {
+    let partial = partial_dir(root, manifest.seq);
+    for file in manifest.files.keys() {
+        let p = partial.join(file);
+        if !p.is_file() {
+            return Err(bad(&p, "reported written but missing"));
+        }
+    }
+    let text = serde_json::to_string_pretty(manifest).map_err(|e| bad(&partial, e))?;
+    let mpath = partial.join(MANIFEST);
+    std::fs::write(&mpath, text).map_err(|e| io(&mpath, e))?;
+    let dest = dir(root, manifest.seq);
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
+    }
+    std::fs::rename(&partial, &dest).map_err(|e| io(&dest, e))?;
+    let complete = list(root)?;
+    for old in complete.iter().take(complete.len().saturating_sub(keep.max(1))) {
+        std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+    }
+    for entry in std::fs::read_dir(root).map_err(|e| io(root, e))?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let seq = name.strip_prefix(&format!(".{PREFIX}")).and_then(|r| r.strip_suffix(".partial")).and_then(|n| n.parse::<u64>().ok());
+        if seq.is_some_and(|s| s < manifest.seq) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(dest)
+}
+
+/// Complete checkpoint directories under `root`, oldest first.
+pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = match std::fs::read_dir(root) {
+        Ok(rd) => rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX)).map(|e| e.path()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io(root, e)),
+    };
+    out.sort();
+    Ok(out)
+}
+
+/// Reads a checkpoint's manifest (not its files).
+pub fn manifest(dir: &Path) -> Result<Manifest> {
+    let mpath = dir.join(MANIFEST);
+    let len = std::fs::metadata(&mpath).map_err(|e| io(&mpath, e))?.len();
+    if len > MAX_MANIFEST {
+        return Err(bad(&mpath, format!("{len} bytes, more than a manifest can be ({MAX_MANIFEST})")));
+    }
+    let text = std::fs::read_to_string(&mpath).map_err(|e| io(&mpath, e))?;
+    let m: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
+    if m.format != FORMAT {
+        return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", m.format)));
+    }
+    if m.files.keys().any(|f| f.contains('/') || f.contains('\\') || f.starts_with('.') || !f.ends_with(".safetensors")) {
+        return Err(bad(&mpath, "names a file outside the checkpoint"));
+    }
+    if dir.file_name().map(|n| n.to_string_lossy().to_string()) != Some(format!("{PREFIX}{:09}", m.seq)) {
+        return Err(bad(&mpath, format!("records step {} but sits in {}", m.seq, dir.display())));
+    }
+    Ok(m)
+}
+
+/// Reads `file` of the checkpoint in `dir` and checks it against the manifest's checksum.
+pub fn read_verified(dir: &Path, m: &Manifest, file: &str) -> Result<Vec<u8>> {
+    let want = m.files.get(file).ok_or_else(|| bad(dir, format!("the manifest lists no {file}")))?;
+    let path = dir.join(file);
+    let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+    if sha256(&bytes) != *want {
+        return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+    }
+    Ok(bytes)
+}
+
+/// The tensors of `file` in the checkpoint `dir`, checksum verified.
+pub fn load_tensors(dir: &Path, m: &Manifest, file: &str) -> Result<HashMap<String, Tensor>> {
+    let bytes = read_verified(dir, m, file)?;
+    Ok(candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?)
+}
+
+/// The newest checkpoint under `root` whose every file verifies, with what
+/// was wrong with newer ones. A checkpoint of another run is an error: the
+/// directory belongs to that run.
+pub fn latest(root: &Path, run: &str) -> Result<Option<(Manifest, Vec<String>)>> {
+    let mut skipped = Vec::new();
+    for d in list(root)?.into_iter().rev() {
+        let checked = manifest(&d).and_then(|m| {
+            for f in m.files.keys() {
+                read_verified(&d, &m, f)?;
+            }
+            Ok(m)
+        });
+        match checked {
+            Ok(m) if m.run != run => {
+                return Err(bad(
+                    &d,
+                    "written by another run (other model, data, partitions or settings); resume that run as it was configured, or use another checkpoint_dir",
+                ))
+            }
+            Ok(m) => return Ok(Some((m, skipped))),
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    if skipped.is_empty() {
+        Ok(None)
+    } else {
+        Err(bad(root, format!("no usable checkpoint: {}", skipped.join("; "))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors(v: f32) -> HashMap<String, Tensor> {
+        HashMap::from([("x".to_string(), Tensor::new(&[v, v + 1.0], &Device::Cpu).unwrap())])
+    }
+
+    fn save(root: &Path, seq: u64, v: f32, keep: usize) -> Manifest {
+        let (f, sum) = write_tensors(&partial_dir(root, seq), "embed.a.0.safetensors", &tensors(v)).unwrap();
+        let spec = ModelSpec { kind: models::ModelKind::Rgcn, layers: 2, hidden: 8, embed_dim: 8, dropout: 0.5, seed: 0, heads: 4 };
+        let m = Manifest { format: FORMAT, run: "r".into(), spec, seq, epochs: Vec::new(), progress: Progress::default(), files: BTreeMap::from([(f, sum)]) };
+        finalize(root, &m, keep).unwrap();
+        m
+    }
+
+    #[test]
+    fn the_newest_verified_checkpoint_wins_and_old_ones_are_pruned() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(latest(root.path(), "r").unwrap().is_none(), "an empty directory has none");
+        for (seq, v) in [(5, 1.0), (10, 2.0), (15, 3.0)] {
+            save(root.path(), seq, v, 2);
+        }
+        assert_eq!(list(root.path()).unwrap(), vec![dir(root.path(), 10), dir(root.path(), 15)], "keep = 2");
+        let (m, skipped) = latest(root.path(), "r").unwrap().unwrap();
+        assert_eq!((m.seq, skipped.len()), (15, 0));
+        let t = load_tensors(&dir(root.path(), 15), &m, "embed.a.0.safetensors").unwrap();
+        assert_eq!(t["x"].to_vec1::<f32>().unwrap(), vec![3.0, 4.0]);
+
+        // Truncate the newest: its checksum fails and the one before is used.
+        let f = dir(root.path(), 15).join("embed.a.0.safetensors");
+        let len = std::fs::metadata(&f).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len / 2).unwrap();
+        let (m, skipped) = latest(root.path(), "r").unwrap().unwrap();
+        assert_eq!(m.seq, 10);
+        assert!(skipped[0].contains("checksum"), "{skipped:?}");
+
+        // Another run's checkpoints are refused, not mixed in.
+        let err = latest(root.path(), "other").unwrap_err().to_string();
+        assert!(err.contains("another run"), "{err}");
+    }
+
+    #[test]
+    fn unfinished_checkpoints_are_invisible_and_cleaned_up() {
+        let root = tempfile::tempdir().unwrap();
+        write_tensors(&partial_dir(root.path(), 3), "dense.safetensors", &tensors(0.0)).unwrap();
+        assert!(latest(root.path(), "r").unwrap().is_none(), "a partial directory is no checkpoint");
+        save(root.path(), 4, 1.0, 3);
+        assert!(!partial_dir(root.path(), 3).exists(), "an older partial directory is removed");
+        // A manifest naming a file outside the checkpoint is refused.
+        let d = dir(root.path(), 4);
+        let text = std::fs::read_to_string(d.join(MANIFEST)).unwrap().replace("embed.a.0.safetensors", "../x.safetensors");
+        std::fs::write(d.join(MANIFEST), text).unwrap();
+        let err = latest(root.path(), "r").unwrap_err().to_string();
+        assert!(err.contains("outside"), "{err}");
+    }
+}

@@ -1,0 +1,288 @@
+//! The Coordinator: gathers each epoch's figures into the report, completes a
+//! checkpoint once every partition has written its files, and in
+//! data-parallel runs drives the generations of the run: it starts one when
+//! every partition is ready, from the newest valid checkpoint, and when a node
+//! fails it stops every trainer, waits for the node to come back (restarted
+//! by hand or by `hetgnn launch`) and starts the next generation from the
+//! last complete checkpoint. Determinism makes the redone steps exact.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use graphs::HetGraph;
+
+use super::checkpoint::{self, Manifest};
+use super::inbox::{EpochProgress, Inbox};
+use super::messages::{Begin, EpochStats, Saved};
+use super::{abort_peers, names, System, Timeouts};
+use crate::config::TrainingConfig;
+use crate::error::{Result, TrainError};
+use crate::report::{EpochReport, FailureReport, Report};
+use crate::trainer::TrainObserver;
+
+/// Attempts in a row that may fail before a single step succeeds; past it the
+/// failure is taken as permanent (a bug or bad data, not a lost node).
+const MAX_FRUITLESS_ATTEMPTS: u32 = 3;
+
+/// How long a `Begin` may take to reach a node.
+const BEGIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Gathers a run's figures; one per run, across its generations.
+pub(crate) struct Coordinator<'a> {
+    t: &'a TrainingConfig,
+    parts: u32,
+    trainers: u32,
+    inbox: &'a Inbox,
+    timeouts: Timeouts,
+    /// The run's fingerprint, recorded in its checkpoints.
+    run: String,
+    /// The report so far.
+    pub(crate) report: Report,
+    step_bytes: BTreeMap<String, u64>,
+    steps_run: u64,
+    /// The next step's number.
+    seq: u64,
+    /// Checkpoints whose files are written, waiting for the reports of the epochs before them.
+    pending: Vec<Vec<Saved>>,
+    /// When the current attempt finished its first step.
+    first_step_at: Option<Instant>,
+}
+
+impl<'a> Coordinator<'a> {
+    /// A coordinator of `trainers` trainers over `parts` partitions.
+    pub(crate) fn new(mode: &'static str, t: &'a TrainingConfig, parts: u32, trainers: u32, inbox: &'a Inbox, timeouts: Timeouts, run: String) -> Coordinator<'a> {
+        let report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
+        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None }
+    }
+
+    /// Follows one attempt from the checkpoint `from` (or the start) to the end of the run.
+    pub(crate) fn attempt(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver, from: Option<&Manifest>) -> Result<()> {
+        let (_, splits) = g.target_labels();
+        let t = self.t;
+        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+        let total = per_epoch * t.epochs;
+        let first = from.map_or(0, |m| m.seq);
+        self.seq = first;
+        self.first_step_at = None;
+        self.pending.clear();
+        self.report.epochs = from.map(|m| m.epochs.clone()).unwrap_or_default();
+        for epoch in first / per_epoch.max(1)..t.epochs {
+            observer.epoch_start(epoch, per_epoch);
+            let stats = loop {
+                match self.inbox.epoch_progress(epoch, self.trainers, self.parts, self.timeouts.step)? {
+                    EpochProgress::Step(seq, loss) => {
+                        self.seq = seq + 1;
+                        self.first_step_at.get_or_insert_with(Instant::now);
+                        observer.step(loss);
+                    }
+                    EpochProgress::Saved(files) => {
+                        self.pending.push(files);
+                        self.complete_checkpoints(per_epoch, observer)?;
+                    }
+                    EpochProgress::Done(stats) => break stats,
+                }
+            };
+            let er = self.epoch_report(epoch, &stats, splits.valid.len(), splits.test.len());
+            observer.epoch_end(&er);
+            self.report.epochs.push(er);
+            self.complete_checkpoints(per_epoch, observer)?;
+        }
+        if t.checkpoint_dir.is_some() && first < total {
+            let files = self.inbox.saved(total, self.parts, self.timeouts.step)?;
+            self.pending.push(files);
+            self.complete_checkpoints(per_epoch, observer)?;
+        }
+        self.seq = total;
+        self.report.steps = self.steps_run;
+        self.report.bytes_per_step = self.step_bytes.iter().map(|(k, v)| (k.clone(), *v as f64 / self.steps_run.max(1) as f64)).collect();
+        Ok(())
+    }
+
+    fn epoch_report(&mut self, epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
+        let s0 = &stats[0];
+        let n = stats.len() as f64;
+        let mean = |f: fn(&EpochStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
+        let er = EpochReport {
+            epoch,
+            loss: s0.loss,
+            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
+            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / valid.max(1) as f64,
+            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / test.max(1) as f64,
+            seconds: stats.iter().map(|s| s.seconds).fold(0.0, f64::max),
+            sample_s: mean(|s| s.sample_s),
+            gather_s: mean(|s| s.gather_s),
+            compute_s: mean(|s| s.compute_s),
+            comm_s: mean(|s| s.comm_s),
+            update_s: mean(|s| s.update_s),
+            eval_s: stats.iter().map(|s| s.eval_s).fold(0.0, f64::max),
+        };
+        self.steps_run += s0.steps;
+        // Each trainer reports its node's cumulative traffic; in one process they share a node.
+        self.report.bytes_by_kind.clear();
+        self.report.messages_by_kind.clear();
+        let distinct = if stats.windows(2).all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind) { &stats[..1] } else { stats };
+        for s in distinct {
+            for (k, v) in &s.bytes_by_kind {
+                *self.report.bytes_by_kind.entry(k.clone()).or_default() += v;
+            }
+            for (k, v) in &s.messages_by_kind {
+                *self.report.messages_by_kind.entry(k.clone()).or_default() += v;
+            }
+            for (k, v) in &s.step_bytes_by_kind {
+                *self.step_bytes.entry(k.clone()).or_default() += v;
+            }
+        }
+        er
+    }
+
+    /// Writes the manifest of every checkpoint whose files are all written
+    /// and whose earlier epochs are reported.
+    fn complete_checkpoints(&mut self, per_epoch: u64, observer: &mut dyn TrainObserver) -> Result<()> {
+        let Some(root) = self.t.checkpoint_dir.as_ref() else { return Ok(()) };
+        self.pending.sort_by_key(|v| v.first().map_or(0, |s| s.seq));
+        while let Some(saved) = self.pending.first() {
+            let seq = saved.first().map_or(0, |s| s.seq);
+            let before = (seq / per_epoch.max(1)) as usize;
+            if self.report.epochs.len() < before {
+                break;
+            }
+            let saved = self.pending.remove(0);
+            let progress = saved.iter().find_map(|s| s.progress).ok_or_else(|| TrainError::Distributed(format!("checkpoint at step {seq}: trainer 0's figures are missing")))?;
+            let files: BTreeMap<String, String> = saved.into_iter().flat_map(|s| s.files).collect();
+            let m = Manifest::new(self.run.clone(), self.t.model_spec(), seq, self.report.epochs[..before].to_vec(), progress, files);
+            let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
+            tracing::info!("checkpoint at step {seq}: {}", dir.display());
+            observer.note(&format!("checkpoint at step {seq} written to {}", dir.display()));
+        }
+        Ok(())
+    }
+}
+
+/// A number no earlier generation of this run had (with overwhelming odds):
+/// a restarted coordinator cannot count on its predecessor's counter.
+pub(crate) fn new_generation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    h.finish() | 1 // 0 is the generation of inboxes that never started one
+}
+
+/// Data-parallel: the run's generations, from the first to the end.
+pub(crate) struct Driver<'a> {
+    /// The figures.
+    pub(crate) c: Coordinator<'a>,
+    /// The actor system of the coordinator's node.
+    pub(crate) system: &'a System,
+    /// Trainers per partition.
+    pub(crate) per_part: u32,
+    /// How long to wait for every partition at the start, and after a failure.
+    pub(crate) start: Duration,
+    /// See `start`.
+    pub(crate) rejoin: Duration,
+}
+
+impl Driver<'_> {
+    /// Runs generations until one finishes the run.
+    pub(crate) fn run(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver) -> Result<()> {
+        let clock = Instant::now();
+        let mut open: Option<FailureReport> = None;
+        let mut fruitless = 0;
+        for attempt in 0u32.. {
+            let wait = if attempt == 0 { self.start } else { self.rejoin };
+            let members = self.wait_ready(wait)?;
+            let from = match &self.c.t.checkpoint_dir {
+                Some(root) => match checkpoint::latest(root, &self.c.run)? {
+                    Some((m, skipped)) => {
+                        for s in skipped {
+                            observer.note(&format!("skipped checkpoint: {s}"));
+                        }
+                        Some(m)
+                    }
+                    None => None,
+                },
+                None => None,
+            };
+            let from_seq = from.as_ref().map_or(0, |m| m.seq);
+            match open.as_mut() {
+                Some(f) => {
+                    f.rejoined_at_s = clock.elapsed().as_secs_f64();
+                    f.resumed_from_step = from_seq;
+                    f.steps_redone = f.failed_at_step.saturating_sub(from_seq);
+                    observer.note(&format!("every node is ready: rolling back to step {from_seq} ({} steps to redo)", f.steps_redone));
+                }
+                None if from.is_some() => observer.note(&format!("resuming from the checkpoint at step {from_seq}")),
+                None => {}
+            }
+            let gen = new_generation();
+            self.c.inbox.running(gen, Some(members));
+            let begun = self.begin(Begin { gen, from: from.as_ref().map(|m| m.seq) });
+            let result = begun.and_then(|()| self.c.attempt(g, observer, from.as_ref()));
+            self.c.inbox.running(gen, None);
+            let stepped = self.c.first_step_at;
+            if let (Some(f), Some(at)) = (open.as_mut(), stepped) {
+                f.resumed_at_s = at.duration_since(clock).as_secs_f64();
+                self.c.report.failures.push(open.take().expect("just matched"));
+            }
+            let err = match result {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            // Every trainer of this generation stops (those waiting on the lost node included).
+            let trainers: Vec<String> = (0..self.c.trainers).map(names::trainer).collect();
+            abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, gen, &trainers, &format!("the coordinator stops generation {gen:x}: {err}"));
+            if !recoverable(&err) {
+                return Err(err);
+            }
+            fruitless = if stepped.is_some() { 1 } else { fruitless + 1 };
+            if fruitless > MAX_FRUITLESS_ATTEMPTS {
+                return Err(TrainError::Distributed(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
+            }
+            let now = clock.elapsed().as_secs_f64();
+            match open.as_mut() {
+                // Failed again before its first step: the same failure goes on.
+                Some(f) => f.what = format!("{}; then {err}", f.what),
+                None => open = Some(FailureReport { what: err.to_string(), detected_at_s: now, failed_at_step: self.c.seq, ..FailureReport::default() }),
+            }
+            tracing::warn!("step {}: {err}; waiting for every node to be ready again", self.c.seq);
+            observer.note(&format!("failure at step {}: {err}; waiting for every node to be ready", self.c.seq));
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Waits until every partition said it is ready; returns their incarnations.
+    fn wait_ready(&self, timeout: Duration) -> Result<BTreeMap<u32, u64>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ready = self.c.inbox.ready();
+            if (0..self.c.parts).all(|p| ready.contains_key(&p)) {
+                return Ok(ready.into_iter().map(|(p, r)| (p, r.incarnation)).collect());
+            }
+            if Instant::now() >= deadline {
+                let missing: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).map(|p| p.to_string()).collect();
+                return Err(TrainError::Distributed(format!(
+                    "partition(s) {} not ready within {timeout:?}: restart their nodes (hetgnn node), or raise cluster.rejoin_timeout_ms",
+                    missing.join(", ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Tells every partition's first trainer to start generation `b.gen`.
+    fn begin(&self, b: Begin) -> Result<()> {
+        let refs = (0..self.c.parts).map(|p| self.system.node.actor(&names::trainer(p * self.per_part))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = self.system.handle.block_on(join_all(refs.iter().map(|r| r.ask(b, BEGIN_TIMEOUT))));
+        for (p, a) in answers.into_iter().enumerate() {
+            a.map_err(|e| TrainError::Distributed(format!("partition {p} did not take the start: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a failure may be a lost node or message (worth a restart) rather
+/// than bad input or a bug (which a restart would only repeat).
+fn recoverable(e: &TrainError) -> bool {
+    matches!(e, TrainError::Distributed(_) | TrainError::Ask(_))
+}
