@@ -152,7 +152,6 @@ impl<'a> Coordinator<'a> {
             let files: BTreeMap<String, String> = saved.into_iter().flat_map(|s| s.files).collect();
             let m = Manifest::new(self.run.clone(), self.t.model_spec(), seq, self.report.epochs[..before].to_vec(), progress, files);
             let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
-            tracing::info!("checkpoint at step {seq}: {}", dir.display());
             observer.note(&format!("checkpoint at step {seq} written to {}", dir.display()));
         }
         Ok(())

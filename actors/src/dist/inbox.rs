@@ -99,17 +99,23 @@ impl Inbox {
 
     /// Marks the current generation as failed (wakes every waiter).
     pub fn abort(&self, reason: String) {
-        self.update(|s| {
-            s.abort.get_or_insert(reason.clone());
-        });
-        self.aborted.send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
+        let mut s = self.lock();
+        self.abort_locked(&mut s, reason);
     }
 
     /// [`Inbox::abort`] if generation `gen` is the current one.
     pub fn abort_gen(&self, gen: u64, reason: String) {
-        if self.lock().gen == gen {
-            self.abort(reason);
+        let mut s = self.lock();
+        if s.gen == gen {
+            self.abort_locked(&mut s, reason);
         }
+    }
+
+    /// Under the state lock, so a reset cannot slip between the flag and the signal.
+    fn abort_locked(&self, s: &mut State, reason: String) {
+        s.abort.get_or_insert(reason.clone());
+        self.aborted.send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
+        self.cv.notify_all();
     }
 
     /// The current generation.
@@ -121,6 +127,7 @@ impl Inbox {
     /// included) and takes the gradient shares of `gen` that came early.
     pub fn reset(&self, gen: u64) {
         self.update(|s| {
+            self.aborted.send_replace(None);
             s.gen = gen;
             s.abort = None;
             s.grads.clear();
@@ -133,7 +140,6 @@ impl Inbox {
                 }
             }
         });
-        self.aborted.send_replace(None);
     }
 
     /// Waits up to `timeout` for the coordinator's next word (a `Begin` is taken once).
@@ -176,22 +182,22 @@ impl Inbox {
     }
 
     fn take_ready(&self, r: Ready) {
+        let mut s = self.lock();
         let mut reason = None;
-        self.update(|s| {
-            if let Some(members) = &s.running {
-                let restarted = members.get(&r.part).is_some_and(|&inc| inc != r.incarnation);
-                let failed = r.last == LastAttempt::Failed(s.gen) && members.get(&r.part) == Some(&r.incarnation);
-                if restarted {
-                    reason = Some(format!("the node of partition {} restarted", r.part));
-                } else if failed {
-                    reason = Some(format!("partition {} failed its attempt", r.part));
-                }
+        if let Some(members) = &s.running {
+            let restarted = members.get(&r.part).is_some_and(|&inc| inc != r.incarnation);
+            let failed = r.last == LastAttempt::Failed(s.gen) && members.get(&r.part) == Some(&r.incarnation);
+            if restarted {
+                reason = Some(format!("the node of partition {} restarted", r.part));
+            } else if failed {
+                reason = Some(format!("partition {} failed its attempt", r.part));
             }
-            s.ready.insert(r.part, r);
-        });
-        if let Some(reason) = reason {
-            self.abort(reason);
         }
+        s.ready.insert(r.part, r);
+        if let Some(reason) = reason {
+            self.abort_locked(&mut s, reason);
+        }
+        self.cv.notify_all();
     }
 
     /// Resolves with the reason once the run is aborted.
@@ -389,14 +395,13 @@ impl Handler<Deliver<Begin>> for InboxActor {
     /// waiting on a peer that is gone) and is kept for the node's loop.
     fn handle(&mut self, m: Deliver<Begin>, _: &mut Context<Self>) -> Self::Result {
         let b = m.msg;
-        let mut stop = false;
-        self.0.update(|s| {
-            stop = s.gen != b.gen;
-            s.begin = Some(b);
-        });
-        if stop {
-            self.0.abort(format!("the coordinator restarts the run (generation {:x})", b.gen));
+        let inbox = &self.0;
+        let mut s = inbox.lock();
+        if s.gen != b.gen {
+            inbox.abort_locked(&mut s, format!("the coordinator restarts the run (generation {:x})", b.gen));
         }
+        s.begin = Some(b);
+        inbox.cv.notify_all();
         MessageResult(())
     }
 }
