@@ -80,13 +80,13 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
 }
 
 #[test]
-fn killing_a_node_mid_run_stops_the_others_with_an_error_naming_it() {
+fn a_killed_node_that_never_returns_stops_the_others_after_the_rejoin_timeout_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    cluster(d, &["n0", "n1"], "");
+    cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 3000\n");
     let mut text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
     text += "epochs = 50\n";
     std::fs::write(d.join("cluster.toml"), text).unwrap();

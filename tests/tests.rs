@@ -2,6 +2,7 @@
 
 mod util;
 
+mod cli_chaos;
 mod cli_cluster;
 mod cli_data_parallel;
 mod cli_generate;

@@ -82,6 +82,9 @@ pub struct Report {
     pub cache: BTreeMap<String, serde_json::Value>,
     /// Failures and their recovery.
     pub failures: Vec<FailureReport>,
+    /// The checkpoint step the run started from, when it resumed one.
+    #[serde(default)]
+    pub resumed_from_step: Option<u64>,
     /// Peak resident memory of the process, in bytes.
     pub peak_memory_bytes: Option<u64>,
     /// Number of dense parameters and learnable embedding values.

@@ -73,6 +73,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges)?;
                 first_epoch = m.epochs_done;
                 report.steps = m.steps;
+                report.resumed_from_step = Some(m.steps);
                 observer.note(&format!("resumed from {} (epoch {}, step {})", dir.display(), m.epochs_done, m.steps));
             }
             None => observer.note(&format!("no checkpoint in {}: starting from scratch", root.display())),

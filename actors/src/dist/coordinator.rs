@@ -165,8 +165,17 @@ pub(crate) fn new_generation() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
     h.write_u32(std::process::id());
-    h.finish() | 1 // 0 is the generation of inboxes that never started one
+    // 0: inboxes that never started one; ANY_GENERATION: "whichever is running".
+    (h.finish() >> 1) | 1
 }
+
+/// In an abort: stop whatever generation is running.
+pub(crate) const ANY_GENERATION: u64 = u64::MAX;
+
+/// How long the coordinator lets a partition be silent before it stops
+/// whatever that partition runs (a coordinator restarted within the failure
+/// timeout leaves the others waiting on its predecessor).
+const NUDGE_AFTER: Duration = Duration::from_secs(1);
 
 /// Data-parallel: the run's generations, from the first to the end.
 pub(crate) struct Driver<'a> {
@@ -176,6 +185,8 @@ pub(crate) struct Driver<'a> {
     pub(crate) system: &'a System,
     /// Trainers per partition.
     pub(crate) per_part: u32,
+    /// The node of each partition (for messages).
+    pub(crate) nodes: Vec<String>,
     /// How long to wait for every partition at the start, and after a failure.
     pub(crate) start: Duration,
     /// See `start`.
@@ -211,7 +222,10 @@ impl Driver<'_> {
                     f.steps_redone = f.failed_at_step.saturating_sub(from_seq);
                     observer.note(&format!("every node is ready: rolling back to step {from_seq} ({} steps to redo)", f.steps_redone));
                 }
-                None if from.is_some() => observer.note(&format!("resuming from the checkpoint at step {from_seq}")),
+                None if from.is_some() => {
+                    self.c.report.resumed_from_step = Some(from_seq);
+                    observer.note(&format!("resuming from the checkpoint at step {from_seq}"));
+                }
                 None => {}
             }
             let gen = new_generation();
@@ -252,14 +266,21 @@ impl Driver<'_> {
 
     /// Waits until every partition said it is ready; returns their incarnations.
     fn wait_ready(&self, timeout: Duration) -> Result<BTreeMap<u32, u64>> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut nudged = start;
         loop {
             let ready = self.c.inbox.ready();
             if (0..self.c.parts).all(|p| ready.contains_key(&p)) {
                 return Ok(ready.into_iter().map(|(p, r)| (p, r.incarnation)).collect());
             }
+            if nudged.elapsed() >= NUDGE_AFTER {
+                nudged = Instant::now();
+                let silent: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).flat_map(|p| (0..self.per_part).map(move |j| names::trainer(p * self.per_part + j))).collect();
+                abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, ANY_GENERATION, &silent, "the coordinator is starting the run again");
+            }
             if Instant::now() >= deadline {
-                let missing: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).map(|p| p.to_string()).collect();
+                let missing: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).map(|p| format!("{p} (node {})", self.nodes.get(p as usize).map_or("?", String::as_str))).collect();
                 return Err(TrainError::Distributed(format!(
                     "partition(s) {} not ready within {timeout:?}: restart their nodes (hetgnn node), or raise cluster.rejoin_timeout_ms",
                     missing.join(", ")

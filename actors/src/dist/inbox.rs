@@ -332,7 +332,13 @@ impl Handler<Deliver<GradShare>> for InboxActor {
 impl Handler<Deliver<Abort>> for InboxActor {
     type Result = MessageResult<Deliver<Abort>>;
     fn handle(&mut self, m: Deliver<Abort>, _: &mut Context<Self>) -> Self::Result {
-        self.0.abort_gen(m.msg.gen, format!("trainer {} failed: {}", m.msg.from, m.msg.reason));
+        let from = if m.msg.from == u32::MAX { "the coordinator".to_string() } else { format!("trainer {}", m.msg.from) };
+        let reason = format!("{from}: {}", m.msg.reason);
+        if m.msg.gen == super::coordinator::ANY_GENERATION {
+            self.0.abort(reason);
+        } else {
+            self.0.abort_gen(m.msg.gen, reason);
+        }
         MessageResult(())
     }
 }

@@ -310,7 +310,8 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             })
             .collect();
         let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
-        let mut d = coordinator::Driver { c, system: &system, per_part, start: timeouts.start, rejoin: timeouts.finish };
+        let nodes = vec!["local".to_string(); parts as usize];
+        let mut d = coordinator::Driver { c, system: &system, per_part, nodes, start: timeouts.start, rejoin: timeouts.finish };
         let driven = d.run(&graphs[0], observer);
         for k in &inboxes {
             if let Err(e) = &driven {
@@ -575,7 +576,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         let (sh, g, node, handle, ib) = (&sh, graph.clone(), system.node.clone(), system.handle.clone(), inboxes.clone());
         let mine = scope.spawn(move || run_partition(sh, part, &g, &node, &handle, &ib, rejoin));
         let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
-        let mut d = coordinator::Driver { c, system: &system, per_part, start: timeouts.start, rejoin };
+        let nodes = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+        let mut d = coordinator::Driver { c, system: &system, per_part, nodes, start: timeouts.start, rejoin };
         let driven = d.run(&graph, observer);
         if let Err(e) = &driven {
             inboxes[0].abort(format!("the coordinator failed: {e}"));

@@ -1,0 +1,300 @@
+//! The chaos suite: data-parallel training of mag-like S=0.01 on three node
+//! processes (checkpoints every 5 steps) must end with the failure-free run's
+//! model hash whatever happens to it: a node killed and restarted, a node
+//! frozen past the failure timeout, lossy links, a rogue peer, a corrupted
+//! checkpoint, the coordinator's node killed and restarted. Random choices
+//! come from a seed printed by each case (`HETGNN_CHAOS_SEED` replays one).
+//! The cases run one at a time; every wait is bounded.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::util::{hetgnn, nodes_toml, report};
+
+const NODES: [&str; 3] = ["n0", "n1", "n2"];
+const EPOCHS: u64 = 4;
+const BATCH: usize = 256;
+/// Longest a case's cluster may take to finish.
+const RUN_LIMIT: Duration = Duration::from_secs(150);
+
+/// Graph, partitions, certificates and the failure-free hash, made once.
+struct Shared {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    want: String,
+    steps: u64,
+}
+
+fn shared() -> &'static Shared {
+    static S: OnceLock<Shared> = OnceLock::new();
+    S.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        hetgnn(&d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
+        hetgnn(&d, &["partition", "--data", "g", "--parts", "3", "--out", "parts"]).ok();
+        hetgnn(&d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"]).ok();
+        hetgnn(&d, &["certs", "init", "--out", "rogue-certs", "--nodes", "n0,n1,n2"]).ok();
+        let (epochs, batch) = (EPOCHS.to_string(), BATCH.to_string());
+        let args = ["train", "--data", "g", "--set", "training.mode=\"data-parallel\"", "--set", "training.partitions=\"parts\"", "--epochs", &epochs, "--batch", &batch, "--report", "reference.json"];
+        hetgnn(&d, &args).ok();
+        let r = report(&d.join("reference.json"));
+        Shared { want: r["final_model_sha256"].as_str().unwrap().to_string(), steps: r["steps"].as_u64().unwrap(), root: d, _dir: dir }
+    })
+}
+
+/// One case at a time: three processes per case is all two cores take.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A small seeded generator (splitmix64): the case's choices replay from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn for_case(name: &str) -> Rng {
+        let seed = std::env::var("HETGNN_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+        eprintln!("chaos case {name}: seed {seed} (HETGNN_CHAOS_SEED={seed} replays it)");
+        Rng(seed)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Three node processes of one case, their logs kept for a failure's dump.
+struct Cluster {
+    dir: PathBuf,
+    procs: BTreeMap<String, Child>,
+    logs: Vec<PathBuf>,
+}
+
+impl Cluster {
+    /// Writes the case's `cluster.toml` (`extra` appended) and starts every node.
+    fn start(case: &str, extra: &str) -> Cluster {
+        let s = shared();
+        let dir = s.root.join(case);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "[cluster]\ncerts_dir = \"../certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 1500\nretry_ms = 100\nrejoin_timeout_ms = 60000\n{}[training]\nmode = \"data-parallel\"\npartitions = \"../parts\"\nepochs = {EPOCHS}\nbatch = {BATCH}\ncheckpoint_dir = \"ck\"\ncheckpoint_every = 5\nreport = \"run.json\"\n{extra}",
+            nodes_toml(&NODES)
+        );
+        std::fs::write(dir.join("cluster.toml"), text).unwrap();
+        let mut c = Cluster { dir, procs: BTreeMap::new(), logs: Vec::new() };
+        for id in NODES {
+            c.spawn(id);
+        }
+        c
+    }
+
+    fn spawn(&mut self, id: &str) {
+        let log = self.dir.join(format!("{id}.{}.log", self.logs.len()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args(["node", "--config", "cluster.toml", "--node", id])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        self.logs.push(log);
+        self.procs.insert(id.to_string(), child);
+    }
+
+    fn dump(&self) -> String {
+        self.logs.iter().map(|l| format!("--- {}\n{}", l.display(), std::fs::read_to_string(l).unwrap_or_default())).collect()
+    }
+
+    /// Waits until the coordinator has completed the checkpoint at `step` or a later one.
+    fn wait_for_checkpoint(&self, step: u64) {
+        let start = Instant::now();
+        loop {
+            let done = std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
+            if done.is_some_and(|d| d >= step) {
+                return;
+            }
+            assert!(start.elapsed() < RUN_LIMIT, "no checkpoint at step {step}:\n{}", self.dump());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self, id: &str) {
+        let mut p = self.procs.remove(id).unwrap();
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+
+    fn signal(&self, id: &str, sig: &str) {
+        let pid = self.procs[id].id().to_string();
+        assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    }
+
+    /// Waits for every node to exit 0 and returns the coordinator's report.
+    fn finish(&mut self) -> serde_json::Value {
+        let start = Instant::now();
+        while !self.procs.is_empty() {
+            let mut done = Vec::new();
+            for (id, p) in self.procs.iter_mut() {
+                if let Some(status) = p.try_wait().unwrap() {
+                    done.push((id.clone(), status));
+                }
+            }
+            for (id, status) in done {
+                self.procs.remove(&id);
+                assert!(status.success(), "{id} exited with {status}:\n{}", self.dump());
+            }
+            if start.elapsed() > RUN_LIMIT {
+                for p in self.procs.values_mut() {
+                    let _ = p.kill();
+                }
+                panic!("the cluster did not finish within {RUN_LIMIT:?}:\n{}", self.dump());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let r = report(&self.dir.join("run.json"));
+        assert_eq!(r["final_model_sha256"].as_str().unwrap(), shared().want, "the model differs from the failure-free run's:\n{}", self.dump());
+        r
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in self.procs.values_mut() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+/// A step to strike at: past the first checkpoint, before the last.
+fn strike_step(rng: &mut Rng) -> u64 {
+    let steps = shared().steps;
+    5 + rng.below(steps - 15)
+}
+
+/// Checks the report's account of a failure that rolled back.
+fn one_recovery(r: &serde_json::Value) -> &serde_json::Value {
+    let f = &r["failures"][0];
+    assert!(f.is_object(), "a failure is reported: {r}");
+    let (detected, rejoined, resumed) = (f["detected_at_s"].as_f64().unwrap(), f["rejoined_at_s"].as_f64().unwrap(), f["resumed_at_s"].as_f64().unwrap());
+    assert!(detected <= rejoined && rejoined <= resumed, "{f}");
+    assert_eq!(f["steps_redone"].as_u64().unwrap(), f["failed_at_step"].as_u64().unwrap() - f["resumed_from_step"].as_u64().unwrap(), "{f}");
+    assert!(f["resumed_from_step"].as_u64().unwrap() % 5 == 0, "rolled back to a checkpoint: {f}");
+    f
+}
+
+#[test]
+fn chaos_a_killed_node_restarted_rejoins_and_the_run_ends_with_the_same_model() {
+    let _one = serial();
+    let mut rng = Rng::for_case("kill -9 and restart");
+    let victim = ["n1", "n2"][rng.below(2) as usize];
+    let at = strike_step(&mut rng);
+    let mut c = Cluster::start("kill", "");
+    c.wait_for_checkpoint(at);
+    std::thread::sleep(Duration::from_millis(rng.below(300)));
+    c.kill(victim);
+    c.spawn(victim);
+    let r = c.finish();
+    let f = one_recovery(&r);
+    assert!(f["what"].as_str().unwrap().contains(victim) || f["what"].as_str().unwrap().contains("restarted"), "{f}");
+}
+
+#[test]
+fn chaos_a_node_frozen_past_the_failure_timeout_rejoins_when_it_wakes() {
+    let _one = serial();
+    let mut rng = Rng::for_case("SIGSTOP / SIGCONT");
+    let victim = NODES[rng.below(3) as usize];
+    let at = strike_step(&mut rng);
+    let mut c = Cluster::start("stop", "");
+    c.wait_for_checkpoint(at);
+    c.signal(victim, "-STOP");
+    std::thread::sleep(Duration::from_millis(2500 + rng.below(1000)));
+    c.signal(victim, "-CONT");
+    let r = c.finish();
+    assert!(!r["failures"].as_array().unwrap().is_empty(), "the freeze was noticed: {r}");
+}
+
+#[test]
+fn chaos_lossy_duplicating_delaying_links_change_nothing() {
+    let _one = serial();
+    let mut rng = Rng::for_case("drop, duplicate, delay");
+    let seed = rng.below(1 << 31);
+    let mut c = Cluster::start("lossy", &format!("[chaos]\nseed = {seed}\ndrop = 0.1\nduplicate = 0.05\ndelay = {{ dist = \"uniform\", min_ms = 0, max_ms = 2 }}\n"));
+    let r = c.finish();
+    assert!(r["messages_by_kind"]["grad"].as_u64().unwrap_or(0) > 0, "the run crossed the network: {r}");
+}
+
+#[test]
+fn chaos_a_rogue_peer_is_refused_and_training_goes_on() {
+    let _one = serial();
+    let mut rng = Rng::for_case("rogue peer");
+    let mut c = Cluster::start("rogue", "");
+    c.wait_for_checkpoint(5);
+    let text = std::fs::read_to_string(c.dir.join("cluster.toml")).unwrap();
+    // Garbage datagrams at every node.
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addrs: Vec<String> = text.lines().filter_map(|l| l.strip_prefix("addr = ")).map(|a| a.trim_matches('"').to_string()).collect();
+    for addr in &addrs {
+        for _ in 0..200 {
+            let junk: Vec<u8> = (0..1 + rng.below(1200)).map(|_| rng.next() as u8).collect();
+            let _ = socket.send_to(&junk, addr);
+        }
+    }
+    // A client whose certificate comes from another CA: refused by every node.
+    std::fs::write(c.dir.join("rogue.toml"), text.replace("certs_dir = \"../certs\"", "certs_dir = \"../rogue-certs\"")).unwrap();
+    let doctor = hetgnn(&c.dir, &["doctor", "--config", "rogue.toml", "--timeout", "1"]);
+    assert_eq!(doctor.out.status.code(), Some(1), "the rogue is refused: {}", doctor.stdout());
+    assert!(doctor.stdout().contains("MISSING"), "{}", doctor.stdout());
+    let r = c.finish();
+    assert!(r["failures"].as_array().unwrap().is_empty(), "training went on undisturbed: {}", r["failures"]);
+}
+
+#[test]
+fn chaos_a_corrupted_newest_checkpoint_is_skipped_when_the_whole_cluster_restarts() {
+    let _one = serial();
+    let mut rng = Rng::for_case("corrupted checkpoint");
+    let at = strike_step(&mut rng);
+    let mut c = Cluster::start("corrupt", "");
+    c.wait_for_checkpoint(at);
+    for id in NODES {
+        c.kill(id);
+    }
+    let ck = c.dir.join("ck");
+    let newest = std::fs::read_dir(&ck).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-")).max().unwrap();
+    let victim: PathBuf = std::fs::read_dir(&newest).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).min().unwrap();
+    let len = std::fs::metadata(&victim).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
+    for id in NODES {
+        c.spawn(id);
+    }
+    let r = c.finish();
+    let newest_step: u64 = newest.file_name().unwrap().to_string_lossy().strip_prefix("step-").unwrap().parse().unwrap();
+    assert_eq!(r["resumed_from_step"].as_u64(), Some(newest_step - 5), "resumed from the checkpoint before the corrupted one");
+    let logs = c.dump();
+    assert!(logs.contains("skipped checkpoint") && logs.contains("checksum"), "the corruption is reported:\n{logs}");
+}
+
+#[test]
+fn chaos_the_coordinators_node_killed_and_restarted_resumes_the_run() {
+    let _one = serial();
+    let mut rng = Rng::for_case("coordinator restart");
+    let at = strike_step(&mut rng);
+    let mut c = Cluster::start("coordinator", "");
+    c.wait_for_checkpoint(at);
+    std::thread::sleep(Duration::from_millis(rng.below(300)));
+    c.kill("n0");
+    c.spawn("n0");
+    let r = c.finish();
+    assert!(r["resumed_from_step"].as_u64().is_some_and(|s| s >= at), "the new coordinator resumed from a checkpoint: {}", r["resumed_from_step"]);
+}
