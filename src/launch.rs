@@ -1,6 +1,8 @@
 //! `hetgnn launch`: every node of a topology file as a child process of this
 //! one (for trying a cluster on one machine). Child output is prefixed with
-//! the node id; Ctrl-C, or any child failing, stops them all.
+//! the node id; Ctrl-C, or any child failing with an error, stops them all. A
+//! child killed by a signal is started again (a bounded number of times): a
+//! data-parallel run takes it back and resumes from its last checkpoint.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -33,8 +35,9 @@ fn stop_all(children: &mut [(String, Child)]) {
     }
 }
 
-/// Runs until every node exits successfully, one fails, or Ctrl-C.
-pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
+/// Runs until every node exits successfully, one fails, or Ctrl-C; restarts
+/// nodes killed by a signal up to `restarts` times in all.
+pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     let cfg = args.load()?;
     let topology = cfg.topology().context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
     topology.check_certs().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
@@ -51,10 +54,9 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     if let Some(t) = threads {
         eprintln!("launch: {} node(s) share this machine: {t} compute thread(s) each (set RAYON_NUM_THREADS to choose)", topology.cluster.nodes.len());
     }
-    let mut children: Vec<(String, Child)> = Vec::new();
-    for n in &topology.cluster.nodes {
+    let start = |id: &str| -> anyhow::Result<Child> {
         let mut cmd = Command::new(&exe);
-        cmd.arg("node").arg("--config").arg(&args.config).arg("--node").arg(&n.id);
+        cmd.arg("node").arg("--config").arg(&args.config).arg("--node").arg(id);
         for s in &args.set {
             cmd.arg("--set").arg(s);
         }
@@ -66,22 +68,29 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             cmd.env("MIMALLOC_PURGE_DELAY", "-1");
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                stop_all(&mut children);
-                return Err(e).with_context(|| format!("starting node {}", n.id));
-            }
-        };
+        let mut child = cmd.spawn().with_context(|| format!("starting node {id}"))?;
         if let Some(out) = child.stdout.take() {
-            forward(n.id.clone(), out, false);
+            forward(id.to_string(), out, false);
         }
         if let Some(err) = child.stderr.take() {
-            forward(n.id.clone(), err, true);
+            forward(id.to_string(), err, true);
         }
-        eprintln!("launch: started {} (pid {}) on {}", n.id, child.id(), n.addr);
-        children.push((n.id.clone(), child));
+        Ok(child)
+    };
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for n in &topology.cluster.nodes {
+        match start(&n.id) {
+            Ok(child) => {
+                eprintln!("launch: started {} (pid {}) on {}", n.id, child.id(), n.addr);
+                children.push((n.id.clone(), child));
+            }
+            Err(e) => {
+                stop_all(&mut children);
+                return Err(e);
+            }
+        }
     }
+    let mut restarted = 0;
     loop {
         if interrupted.load(Ordering::SeqCst) {
             eprintln!("launch: interrupted, stopping every node");
@@ -91,6 +100,19 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         let mut running = 0;
         for i in 0..children.len() {
             match children[i].1.try_wait() {
+                Ok(Some(status)) if killed(&status) && restarted < restarts && !interrupted.load(Ordering::SeqCst) => {
+                    restarted += 1;
+                    let id = children[i].0.clone();
+                    eprintln!("launch: node {id} was killed ({status}); restarting it ({restarted} of at most {restarts} restarts)");
+                    match start(&id) {
+                        Ok(child) => children[i].1 = child,
+                        Err(e) => {
+                            stop_all(&mut children);
+                            return Err(e);
+                        }
+                    }
+                    running += 1;
+                }
                 Ok(Some(status)) if !status.success() => {
                     let id = children[i].0.clone();
                     eprintln!("launch: node {id} failed ({status}), stopping the others");
@@ -110,5 +132,18 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether the process died of a signal rather than exiting with its own error.
+fn killed(status: &std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        std::os::unix::process::ExitStatusExt::signal(status).is_some()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
     }
 }

@@ -94,7 +94,14 @@ enum Command {
         node: String,
     },
     /// Start every node of a topology file as a local child process; stop them all on Ctrl-C or when one fails.
-    Launch(cluster::ClusterArgs),
+    Launch {
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Restart a node killed by a signal (kill -9, the OOM killer) up to this many times;
+        /// a data-parallel run rolls back to its last checkpoint and goes on.
+        #[arg(long, default_value_t = 3)]
+        restarts: u32,
+    },
     /// Check a topology file and its certificates, then ask every node for its state and round-trip time.
     Doctor {
         #[command(flatten)]
@@ -177,7 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot { report, out } => plot::run(&report, &out)?,
         Command::Predict(args) => predict::run(&args)?,
         Command::Node { cluster, node } => cluster::node(&cluster, &node)?,
-        Command::Launch(args) => launch::run(&args)?,
+        Command::Launch { cluster, restarts } => launch::run(&cluster, restarts)?,
         Command::Doctor { cluster, timeout } => {
             anyhow::ensure!(timeout.is_finite() && timeout > 0.0, "--timeout must be a positive number of seconds");
             cluster::doctor(&cluster, std::time::Duration::from_secs_f64(timeout))?

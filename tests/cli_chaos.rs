@@ -82,6 +82,15 @@ struct Cluster {
 impl Cluster {
     /// Writes the case's `cluster.toml` (`extra` appended) and starts every node.
     fn start(case: &str, extra: &str) -> Cluster {
+        let mut c = Cluster::configure(case, extra);
+        for id in NODES {
+            c.spawn(id);
+        }
+        c
+    }
+
+    /// Writes the case's `cluster.toml` (`extra` appended).
+    fn configure(case: &str, extra: &str) -> Cluster {
         let s = shared();
         let dir = s.root.join(case);
         std::fs::create_dir_all(&dir).unwrap();
@@ -90,11 +99,7 @@ impl Cluster {
             nodes_toml(&NODES)
         );
         std::fs::write(dir.join("cluster.toml"), text).unwrap();
-        let mut c = Cluster { dir, procs: BTreeMap::new(), logs: Vec::new() };
-        for id in NODES {
-            c.spawn(id);
-        }
-        c
+        Cluster { dir, procs: BTreeMap::new(), logs: Vec::new() }
     }
 
     fn spawn(&mut self, id: &str) {
@@ -297,4 +302,32 @@ fn chaos_the_coordinators_node_killed_and_restarted_resumes_the_run() {
     c.spawn("n0");
     let r = c.finish();
     assert!(r["resumed_from_step"].as_u64().is_some_and(|s| s >= at), "the new coordinator resumed from a checkpoint: {}", r["resumed_from_step"]);
+}
+
+#[test]
+fn chaos_launch_restarts_a_killed_node_and_the_run_ends_with_the_same_model() {
+    let _one = serial();
+    let mut rng = Rng::for_case("launch restarts");
+    // (The coordinator's node is the last case's.)
+    let victim = ["n1", "n2"][rng.below(2) as usize];
+    let at = strike_step(&mut rng);
+    let mut c = Cluster::configure("launch", "");
+    let log = c.dir.join("launch.log");
+    let launch = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+        .args(["launch", "--config", "cluster.toml"])
+        .current_dir(&c.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    c.procs.insert("launch".into(), launch);
+    c.logs.push(log.clone());
+    c.wait_for_checkpoint(at);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid = text.lines().find_map(|l| l.strip_prefix(&format!("launch: started {victim} (pid "))).and_then(|r| r.split(')').next()).unwrap().to_string();
+    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let r = c.finish();
+    assert!(std::fs::read_to_string(&log).unwrap().contains(&format!("launch: node {victim} was killed")), "{}", c.dump());
+    one_recovery(&r);
 }

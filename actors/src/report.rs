@@ -82,6 +82,10 @@ pub struct Report {
     pub cache: BTreeMap<String, serde_json::Value>,
     /// Failures and their recovery.
     pub failures: Vec<FailureReport>,
+    /// When the coordinator started (milliseconds since the Unix epoch; the
+    /// failures' times count from it). 0 when unknown.
+    #[serde(default)]
+    pub started_at_unix_ms: u64,
     /// The checkpoint step the run started from, when it resumed one.
     #[serde(default)]
     pub resumed_from_step: Option<u64>,

@@ -197,6 +197,7 @@ impl Driver<'_> {
     /// Runs generations until one finishes the run.
     pub(crate) fn run(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver) -> Result<()> {
         let clock = Instant::now();
+        self.c.report.started_at_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut open: Option<FailureReport> = None;
         let mut fruitless = 0;
         for attempt in 0u32.. {

@@ -591,9 +591,11 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         report.config = cfg.clone();
         finish(&mut report, &system, &model, &graph, &t, parts)
     });
-    // The other nodes wait for the word, whatever the outcome.
-    let peers = (0..parts).filter(|&p| p != part).filter_map(|p| system.node.actor(&names::trainer(p * per_part)).ok());
-    let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
+    // The other nodes wait for the word, whatever the outcome (those down will not hear it).
+    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
+    let ids: Vec<&str> = topology.cluster.nodes.iter().map(|n| n.id.as_str()).collect();
+    let peers = (0..parts).filter(|&p| p != part && !down.iter().any(|d| Some(&d.as_str()) == ids.get(p as usize))).filter_map(|p| system.node.actor(&names::trainer(p * per_part)).ok());
+    let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(5)).await }).collect();
     for r in system.handle.block_on(join_all(asks)) {
         if let Err(e) = r {
             tracing::warn!("{id}: could not tell a peer the run is over: {e}");

@@ -382,7 +382,7 @@ mod tests {
         let shard = Shard::new(1, "embed.x", 4, 2, vec![0, 2, 3], AdamConfig::with_lr(0.1), 1);
         let file = checkpoint::shard_file("x", 0);
         let mut store = FeatureStore::new(0, owners, 0, StoreData::Embeddings(Box::new(shard)), Some((root.path().to_path_buf(), file.clone())));
-        let mut step = |st: &mut FeatureStore, seq: u64, g: f32| match &mut st.data {
+        let step = |st: &mut FeatureStore, seq: u64, g: f32| match &mut st.data {
             StoreData::Embeddings(s) => s.push(push(seq, 0, vec![0, 3], &[g, g, -g, g])).unwrap(),
             _ => unreachable!(),
         };
