@@ -156,3 +156,60 @@ fn metapath_models_train_the_same_on_one_two_and_three_workers() {
         assert!((report.epochs[0].test_acc - one.epochs[0].test_acc).abs() < 0.01);
     }
 }
+
+/// Records the notes a run makes.
+#[derive(Default)]
+struct Notes(Vec<String>);
+
+impl actors::TrainObserver for Notes {
+    fn note(&mut self, m: &str) {
+        self.0.push(m.to_string());
+    }
+}
+
+#[test]
+fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
+    let root = common::root().join("raf-resume");
+    let cfg = |dir: &std::path::Path, epochs: u64| {
+        config(&[
+            "training.mode=\"raf\"".into(),
+            format!("training.partitions={:?}", meta(3, 2).display().to_string()),
+            format!("training.checkpoint_dir={:?}", dir.display().to_string()),
+            "training.checkpoint_every=3".into(),
+            "training.checkpoint_keep=2".into(),
+            "training.model=\"rgat\"".into(),
+            format!("training.epochs={epochs}"),
+        ])
+    };
+    let (want, _) = train_embedded(&cfg(&root.join("reference"), 2), &mut ()).unwrap();
+    let per_epoch = want.steps / 2;
+    assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
+    let list = |d: &std::path::Path| actors::dist::checkpoint::list(d).unwrap();
+    let seq = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
+
+    // Extended by an epoch: resumes at the end of the first.
+    let dir = root.join("extended");
+    train_embedded(&cfg(&dir, 1), &mut ()).unwrap();
+    let mut notes = Notes::default();
+    let (got, _) = train_embedded(&cfg(&dir, 2), &mut notes).unwrap();
+    assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
+    assert_eq!((got.steps, got.resumed_from_step), (per_epoch, Some(per_epoch)));
+    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the first epoch's figures come from the checkpoint");
+
+    // Mid-epoch, after the newest checkpoint is truncated: the one before it is used.
+    let dir = root.join("mid");
+    train_embedded(&cfg(&dir, 1), &mut ()).unwrap();
+    let kept = list(&dir);
+    let file = kept[1].join("worker-1.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len / 3).unwrap();
+    let mid = seq(&kept[0]);
+    assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
+    let mut notes = Notes::default();
+    let (got, _) = train_embedded(&cfg(&dir, 2), &mut notes).unwrap();
+    assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
+    assert_eq!(got.resumed_from_step, Some(mid));
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
+    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the epoch's loss counts the steps before the checkpoint");
+}

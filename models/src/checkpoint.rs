@@ -97,6 +97,52 @@ pub fn restore_dense(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &
     Ok(())
 }
 
+/// The model's embedding tables with their row-wise Adam state
+/// (`<table>.data`, `.m`, `.v`, `.steps`).
+pub fn embedding_tensors(model: &Model) -> Result<HashMap<String, Tensor>> {
+    let mut emb: HashMap<String, Tensor> = HashMap::new();
+    for e in model.embeddings.iter().flatten() {
+        let shape = (e.rows, e.dim);
+        emb.insert(format!("{}.data", e.name), Tensor::from_slice(&e.data, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.m", e.name), Tensor::from_slice(&e.m, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.v", e.name), Tensor::from_slice(&e.v, shape, &Device::Cpu)?);
+        emb.insert(format!("{}.steps", e.name), Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?);
+    }
+    Ok(emb)
+}
+
+/// A table's rows, Adam moments and per-row step counts.
+type TableState = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u32>);
+
+/// Takes and checks what [`embedding_tensors`] wrote for every table `model` has.
+fn take_embeddings(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &Model) -> Result<Vec<TableState>> {
+    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
+    let mut tables = Vec::new();
+    for e in model.embeddings.iter().flatten() {
+        let get = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let data = get(take(&format!("{}.data", e.name))?)?;
+        let m = get(take(&format!("{}.m", e.name))?)?;
+        let v = get(take(&format!("{}.v", e.name))?)?;
+        let steps = take(&format!("{}.steps", e.name))?.to_vec1::<u32>()?;
+        if data.len() != e.data.len() || m.len() != e.m.len() || v.len() != e.v.len() || steps.len() != e.rows {
+            return Err(bad(dir, format!("embedding table {} does not match the model's size", e.name)));
+        }
+        tables.push((data, m, v, steps));
+    }
+    Ok(tables)
+}
+
+/// Restores the dense state and the embedding tables (see [`dense_tensors`],
+/// [`embedding_tensors`]) from `tensors`; checks everything before changing anything.
+pub fn restore_model(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+    let tables = take_embeddings(dir, tensors, model)?;
+    restore_dense(dir, tensors, model, adam)?;
+    for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
+        (e.data, e.m, e.v, e.steps) = (data, m, v, steps);
+    }
+    Ok(())
+}
+
 fn io(path: &Path, source: std::io::Error) -> ModelError {
     ModelError::Io { path: path.display().to_string(), source }
 }
@@ -133,14 +179,7 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
 
     let params = dense_tensors(model, adam)?;
-    let mut emb: HashMap<String, Tensor> = HashMap::new();
-    for e in model.embeddings.iter().flatten() {
-        let shape = (e.rows, e.dim);
-        emb.insert(format!("{}.data", e.name), Tensor::from_slice(&e.data, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.m", e.name), Tensor::from_slice(&e.m, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.v", e.name), Tensor::from_slice(&e.v, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.steps", e.name), Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?);
-    }
+    let emb = embedding_tensors(model)?;
     let mut files = BTreeMap::new();
     for (file, tensors) in [(PARAMS, &params), (EMBEDDINGS, &emb)] {
         let path = tmp.join(file);
@@ -261,23 +300,6 @@ pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse
     for (_, bytes) in &files {
         tensors.extend(candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?);
     }
-    // Check the tables before changing anything.
-    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
-    let mut tables = Vec::new();
-    for e in model.embeddings.iter().flatten() {
-        let get = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        let data = get(take(&format!("{}.data", e.name))?)?;
-        let m = get(take(&format!("{}.m", e.name))?)?;
-        let v = get(take(&format!("{}.v", e.name))?)?;
-        let steps = take(&format!("{}.steps", e.name))?.to_vec1::<u32>()?;
-        if data.len() != e.data.len() || m.len() != e.m.len() || v.len() != e.v.len() || steps.len() != e.rows {
-            return Err(bad(dir, format!("embedding table {} does not match the model's size", e.name)));
-        }
-        tables.push((data, m, v, steps));
-    }
-    restore_dense(dir, &mut tensors, model, adam)?;
-    for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
-        (e.data, e.m, e.v, e.steps) = (data, m, v, steps);
-    }
+    restore_model(dir, &mut tensors, model, adam)?;
     Ok(manifest)
 }

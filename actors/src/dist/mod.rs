@@ -422,15 +422,6 @@ fn run_generation(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, ha
     join_threads(handles)
 }
 
-/// Gathers every epoch's statistics from the trainers (or workers) of a run
-/// of `mode` without checkpoints into a report.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn coordinate_mode(mode: &'static str, t: &TrainingConfig, parts: u32, trainers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: &Timeouts) -> Result<Report> {
-    let mut c = coordinator::Coordinator::new(mode, t, parts, trainers, inbox, *timeouts, String::new());
-    c.attempt(g, observer, None)?;
-    Ok(c.report)
-}
-
 /// Final model hash (dense parameters of a replica, embedding rows from every
 /// store) and the figures that need the whole model.
 fn finish(report: &mut Report, system: &System, replica: &models::Model, g: &HetGraph, t: &TrainingConfig, parts: u32) -> Result<Vec<(String, Vec<f32>)>> {

@@ -199,7 +199,7 @@ impl<'a> Trainer<'a> {
         for epoch in first / per_epoch.max(1)..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
             let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
-            let mut st = EpochStats { gen: s.gen, trainer: s.trainer, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let mut st = EpochStats { gen: s.gen, trainer: s.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
             if skip == 0 {

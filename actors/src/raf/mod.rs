@@ -21,7 +21,9 @@ use runtime::Node;
 use crate::config::{Config, TrainingConfig};
 use crate::dist::inbox::{Inbox, InboxActor};
 use crate::dist::messages::{Abort, Finish};
-use crate::dist::{abort_peers, coordinate_mode, join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
+use crate::dist::checkpoint;
+use crate::dist::coordinator::Coordinator;
+use crate::dist::{abort_peers, join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
 use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, Report};
 use crate::trainer::TrainObserver;
@@ -46,9 +48,6 @@ struct Plan {
 }
 
 fn open_plan(t: &TrainingConfig) -> Result<Plan> {
-    if t.checkpoint_dir.is_some() || t.resume {
-        return Err(TrainError::Config("training.checkpoint_dir: checkpoints of raf runs are not built yet; remove checkpoint_dir and resume".into()));
-    }
     if t.model == models::ModelKind::Mlp {
         return Err(TrainError::Config("training.model: mode = \"raf\" aggregates relations; the MLP reads none (use rgcn, rgat or hgt)".into()));
     }
@@ -66,6 +65,48 @@ fn open_plan(t: &TrainingConfig) -> Result<Plan> {
     let r = set.reducer();
     let part_of = std::iter::once(r).chain((0..set.manifest.parts).filter(|&k| k != r)).collect();
     Ok(Plan { set, part_of })
+}
+
+/// Fingerprint of everything that shapes a raf run's bits: checkpoints are
+/// only resumed by an equal run.
+fn run_key(t: &TrainingConfig, plan: &Plan, g: &HetGraph) -> String {
+    use sha2::{Digest, Sha256};
+    let text = format!(
+        "raf|{:?}|{}|{}|{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+        t.model_spec(),
+        g.name(),
+        t.reverse_edges,
+        t.fanouts,
+        t.batch,
+        t.lr,
+        t.seed,
+        t.raf_embeddings,
+        plan.part_of,
+        plan.set.manifest
+    );
+    Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The newest valid checkpoint of this run in `checkpoint_dir`, if any (every
+/// node reads the same directory before training starts, so all pick the same).
+fn resume_point(t: &TrainingConfig, run: &str, observer: &mut dyn TrainObserver) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
+    let Some(root) = &t.checkpoint_dir else { return Ok(None) };
+    let Some((m, skipped)) = checkpoint::latest(root, run)? else { return Ok(None) };
+    for s in skipped {
+        observer.note(&format!("skipped checkpoint: {s}"));
+    }
+    observer.note(&format!("resuming from the checkpoint at step {}", m.seq));
+    Ok(Some((checkpoint::dir(root, m.seq), m)))
+}
+
+/// Follows the run from `from` to its end, completing its checkpoints.
+#[allow(clippy::too_many_arguments)] // the coordinator's whole context
+fn coordinate(t: &TrainingConfig, workers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: Timeouts, run: String, from: Option<&checkpoint::Manifest>) -> Result<Report> {
+    let mut c = Coordinator::new("raf", t, workers, workers, inbox, timeouts, run);
+    c.attempt(g, observer, from)?;
+    let mut report = c.report;
+    report.resumed_from_step = from.map(|m| m.seq);
+    Ok(report)
 }
 
 fn replicas(plan: &Plan) -> Arc<Vec<(u32, u32)>> {
@@ -174,6 +215,8 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let graphs: Vec<Arc<HetGraph>> = plan.part_of.iter().map(|&k| plan.set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
     let per_layer = per_layer(&plan, &graphs[0])?;
     let timeouts = Timeouts::default();
+    let run = run_key(&t, &plan, &graphs[0]);
+    let from = resume_point(&t, &run, observer)?;
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
         let inboxes = (0..workers).map(|w| serve_worker(&node, w)).collect::<Result<Vec<_>>>()?;
@@ -192,10 +235,11 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             handle: system.handle.clone(),
             inbox: inboxes[w as usize].clone(),
             timeouts,
+            from: from.clone(),
         })?);
     }
     observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], DType::F32, &candle_core::Device::Cpu)?);
-    let coordinated = coordinate_mode("raf", &t, workers, workers, &coord, &graphs[0], observer, &timeouts);
+    let coordinated = coordinate(&t, workers, &coord, &graphs[0], observer, timeouts, run, from.as_ref().map(|(_, m)| m));
     if let Err(e) = &coordinated {
         // The workers stop instead of training on unobserved.
         for i in &inboxes {
@@ -245,6 +289,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let graph = Arc::new(plan.set.load_part(plan.part_of[w as usize], &load_options(&t))?);
     let per_layer = per_layer(&plan, &graph)?;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
+    let run = run_key(&t, &plan, &graph);
+    let from = resume_point(&t, &run, observer)?;
     let (topo, me) = (topology.clone(), id.to_string());
     let (system, (inbox, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
@@ -268,6 +314,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         handle: system.handle.clone(),
         inbox: inbox.clone(),
         timeouts,
+        from: from.clone(),
     })?;
     let Some(coord) = coord else {
         let result = join_threads(vec![handle])?;
@@ -276,7 +323,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         inbox.finished(timeouts.finish)?;
         return Ok(None);
     };
-    let coordinated = coordinate_mode("raf", &t, workers, workers, &coord, &graph, observer, &timeouts);
+    let coordinated = coordinate(&t, workers, &coord, &graph, observer, timeouts, run, from.as_ref().map(|(_, m)| m));
     if let Err(e) = &coordinated {
         inbox.abort(format!("the coordinator failed: {e}"));
     }

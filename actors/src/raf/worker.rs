@@ -37,7 +37,9 @@ use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, Seed
 use super::names;
 use crate::config::TrainingConfig;
 use crate::dist::inbox::Inbox;
-use crate::dist::messages::{EpochStats, StepDone};
+use crate::dist::checkpoint::{self, Progress};
+use crate::dist::messages::{EpochStats, Saved, StepDone};
+use crate::dist::trainer::checkpoint_due;
 use crate::dist::store::decode_f32;
 use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
@@ -86,6 +88,13 @@ pub struct WorkerSetup {
     pub inbox: Arc<Inbox>,
     /// Deadlines.
     pub timeouts: Timeouts,
+    /// The checkpoint the run resumes from (its directory and manifest).
+    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+}
+
+/// A worker's file in a checkpoint.
+fn checkpoint_file(w: u32) -> String {
+    format!("worker-{w}.safetensors")
 }
 
 /// A worker's result: its model (the parameters and tables it holds are current).
@@ -225,7 +234,25 @@ impl<'a> Worker<'a> {
             reducer: actor(names::REDUCER.to_string())?,
             coordinator: actor(crate::dist::names::COORDINATOR.to_string())?,
         };
-        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam: Adam::new(AdamConfig::with_lr(t.lr)), shared, shared_tables, needs_seeds, ships_means, device, seq: 0 })
+        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+        let mut seq = 0;
+        if let Some((dir, m)) = &setup.from {
+            let mut tensors = checkpoint::load_tensors(dir, m, &checkpoint_file(setup.worker))?;
+            models::checkpoint::restore_model(dir, &mut tensors, &mut model, &mut adam)?;
+            seq = m.seq;
+        }
+        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq })
+    }
+
+    /// Writes this worker's parameters, tables and optimiser state into the
+    /// checkpoint before step `self.seq` and tells the coordinator.
+    fn checkpoint(&self, progress: Progress) -> Result<()> {
+        let Some(root) = &self.setup.cfg.checkpoint_dir else { return Ok(()) };
+        let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
+        tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
+        let w = self.setup.worker;
+        let file = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &checkpoint_file(w), &tensors)?;
+        self.send(&self.s.coordinator, Saved { gen: 0, seq: self.seq, part: w, files: vec![file], progress: (w == 0).then_some(progress) })
     }
 
     fn workers(&self) -> u32 {
@@ -261,12 +288,21 @@ impl<'a> Worker<'a> {
         let (labels, splits) = g.target_labels();
         let filter = RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone());
         let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
-        for epoch in 0..t.epochs {
+        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+        let total = per_epoch * t.epochs;
+        // Where the run resumes: the checkpoint's step, mid-epoch perhaps.
+        let first = self.seq;
+        for epoch in first / per_epoch.max(1)..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let mut st = EpochStats { trainer: s.worker, epoch, steps: batches.len() as u64, ..EpochStats::default() };
+            let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
+            let mut st = EpochStats { trainer: s.worker, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
             let mut loss_sum = 0.0;
+            if skip > 0 {
+                let p = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+                (loss_sum, st.train_correct, st.train_seen) = (p.loss_sum, p.correct.round() as u64, p.seen);
+            }
             // Sampling and feature rows of the next batches are prepared on a
             // thread of their own, using the time this one waits for its peers.
             let (gather, replica, fanouts) = (self.model.feature_gather(), s.replicas[s.worker as usize], t.fanouts.clone());
@@ -281,7 +317,7 @@ impl<'a> Worker<'a> {
                             return;
                         }
                     };
-                    for (step, seeds) in batches.iter().enumerate() {
+                    for (step, seeds) in batches.iter().enumerate().skip(skip) {
                         let mut clock = Instant::now();
                         let prepared = (|| -> Result<Prepared> {
                             let mine: Vec<u32> = share(seeds, replica).into_iter().map(|i| seeds[i]).collect();
@@ -295,7 +331,10 @@ impl<'a> Worker<'a> {
                         }
                     }
                 });
-                for (step, seeds) in batches.iter().enumerate() {
+                for (step, seeds) in batches.iter().enumerate().skip(skip) {
+                    if checkpoint_due(&t, self.seq, first, per_epoch, total) {
+                        self.checkpoint(Progress { loss_sum, correct: st.train_correct as f64, seen: st.train_seen })?;
+                    }
                     let p = rx.recv().map_err(|_| dist_err("the sampling thread stopped"))??;
                     st.sample_s += p.sample_s;
                     st.gather_s += p.gather_s;
@@ -327,6 +366,9 @@ impl<'a> Worker<'a> {
             st.bytes_by_kind = after.bytes_by_kind();
             st.messages_by_kind = after.messages_by_kind();
             self.send(&self.s.coordinator, st)?;
+        }
+        if checkpoint_due(&t, self.seq, first, per_epoch, total) {
+            self.checkpoint(Progress::default())?;
         }
         Ok(())
     }
