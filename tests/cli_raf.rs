@@ -33,15 +33,64 @@ fn two_raf_nodes_under_message_loss_end_with_the_embedded_model_and_move_no_feat
 }
 
 #[test]
-fn killing_the_reducers_node_mid_run_stops_the_workers_with_an_error_naming_it() {
+fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_ends_with_the_embedded_model() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    cluster(d, &["n0", "n1"], "", "epochs = 200\n");
-    // With no placement the reducer runs on the first node.
-    killing_a_node_stops_its_peer(d, "n0", "n1");
+    let training = "epochs = 3\nbatch = 256\nmodel = \"rgat\"\ncheckpoint_dir = \"ck\"\ncheckpoint_every = 5\nreport = \"run.json\"\n";
+    cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 60000\n", training);
+    let start = |id: &str, k: usize| {
+        let log = std::fs::File::create(d.join(format!("{id}.{k}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(["node", "--config", "cluster.toml", "--node", id]).current_dir(d).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+    };
+    let logs = || std::fs::read_dir(d).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "log")).map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap())).collect::<String>();
+    let mut n0 = start("n0", 0);
+    let mut n1 = start("n1", 0);
+    let t0 = Instant::now();
+    while !d.join("ck/step-000000010").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint at step 10:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    n1.kill().unwrap();
+    n1.wait().unwrap();
+    let mut n1 = start("n1", 1);
+    for (id, p) in [("n0", &mut n0), ("n1", &mut n1)] {
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = p.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > Duration::from_secs(150) {
+                let _ = p.kill();
+                panic!("{id} did not finish:\n{}", logs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{id}: {status}\n{}", logs());
+    }
+    let raf = ["train", "--data", "g", "--set", "training.mode=\"raf\"", "--set", "training.partitions=\"meta\"", "--set", "training.model=\"rgat\"", "--epochs", "3", "--batch", "256", "--report", "embedded.json"];
+    hetgnn(d, &raf).ok();
+    let (run, embedded) = (report(&d.join("run.json")), report(&d.join("embedded.json")));
+    assert_eq!(run["final_model_sha256"], embedded["final_model_sha256"], "the redone steps recompute what was lost:\n{}", logs());
+    let f = &run["failures"][0];
+    assert!(f["resumed_from_step"].as_u64().is_some_and(|s| s >= 10 && s % 5 == 0), "rolled back to a checkpoint: {}", run["failures"]);
+}
+
+#[test]
+fn a_raf_workers_node_that_never_returns_stops_the_run_after_the_rejoin_timeout_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "meta", "--out", "meta"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 3000\n", "epochs = 200\n");
+    // With no placement the reducer (and coordinator) run on the first node.
+    killing_a_node_stops_its_peer(d, "n1", "n0");
 }
 
 #[test]

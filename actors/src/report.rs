@@ -36,6 +36,9 @@ pub struct EpochReport {
     pub update_s: f64,
     /// Evaluation on the validation and test splits.
     pub eval_s: f64,
+    /// Writing checkpoints during the epoch's steps (the slowest trainer's).
+    #[serde(default)]
+    pub checkpoint_s: f64,
 }
 
 /// One failure of a distributed run and its recovery. Times are seconds since

@@ -116,6 +116,7 @@ impl<'a> Coordinator<'a> {
             comm_s: mean(|s| s.comm_s),
             update_s: mean(|s| s.update_s),
             eval_s: stats.iter().map(|s| s.eval_s).fold(0.0, f64::max),
+            checkpoint_s: stats.iter().map(|s| s.checkpoint_s).fold(0.0, f64::max),
         };
         self.steps_run += s0.steps;
         // Each trainer reports its node's cumulative traffic; in one process they share a node.
@@ -183,8 +184,10 @@ pub(crate) struct Driver<'a> {
     pub(crate) c: Coordinator<'a>,
     /// The actor system of the coordinator's node.
     pub(crate) system: &'a System,
-    /// Trainers per partition.
-    pub(crate) per_part: u32,
+    /// Per partition, the actor that takes `Begin` (its first trainer or worker).
+    pub(crate) leaders: Vec<String>,
+    /// Per partition, the actors to stop when a generation fails.
+    pub(crate) members: Vec<Vec<String>>,
     /// The node of each partition (for messages).
     pub(crate) nodes: Vec<String>,
     /// How long to wait for every partition at the start, and after a failure.
@@ -244,7 +247,7 @@ impl Driver<'_> {
                 Err(e) => e,
             };
             // Every trainer of this generation stops (those waiting on the lost node included).
-            let trainers: Vec<String> = (0..self.c.trainers).map(names::trainer).collect();
+            let trainers: Vec<String> = self.members.iter().flatten().cloned().collect();
             abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, gen, &trainers, &format!("the coordinator stops generation {gen:x}: {err}"));
             if !recoverable(&err) {
                 return Err(err);
@@ -277,7 +280,7 @@ impl Driver<'_> {
             }
             if nudged.elapsed() >= NUDGE_AFTER {
                 nudged = Instant::now();
-                let silent: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).flat_map(|p| (0..self.per_part).map(move |j| names::trainer(p * self.per_part + j))).collect();
+                let silent: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).flat_map(|p| self.members[p as usize].iter().cloned()).collect();
                 abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, ANY_GENERATION, &silent, "the coordinator is starting the run again");
             }
             if Instant::now() >= deadline {
@@ -293,7 +296,7 @@ impl Driver<'_> {
 
     /// Tells every partition's first trainer to start generation `b.gen`.
     fn begin(&self, b: Begin) -> Result<()> {
-        let refs = (0..self.c.parts).map(|p| self.system.node.actor(&names::trainer(p * self.per_part))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let refs = self.leaders.iter().map(|n| self.system.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
         let answers = self.system.handle.block_on(join_all(refs.iter().map(|r| r.ask(b, BEGIN_TIMEOUT))));
         for (p, a) in answers.into_iter().enumerate() {
             a.map_err(|e| TrainError::Distributed(format!("partition {p} did not take the start: {e}")))?;

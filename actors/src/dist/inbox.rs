@@ -276,6 +276,12 @@ impl Inbox {
         });
     }
 
+    /// [`Inbox::file`] for a message of generation `gen` (kept for later if
+    /// it is not the current one).
+    pub fn file_gen(&self, gen: u64, seq: u64, round: u32, from: u32, data: Vec<u8>) {
+        self.update(|s| s.file(gen, (seq, round, from), data));
+    }
+
     /// Waits until every one of `parts` partitions wrote its files of the
     /// checkpoint at `seq` (the end of the run's).
     pub fn saved(&self, seq: u64, parts: u32, timeout: Duration) -> Result<Vec<Saved>> {

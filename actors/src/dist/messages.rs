@@ -185,6 +185,8 @@ pub struct EpochStats {
     pub update_s: f64,
     /// Seconds evaluating.
     pub eval_s: f64,
+    /// Seconds writing checkpoints.
+    pub checkpoint_s: f64,
     /// Wire bytes this trainer's node sent during the epoch's training steps
     /// (evaluation excluded), per message kind.
     pub step_bytes_by_kind: std::collections::BTreeMap<String, u64>,

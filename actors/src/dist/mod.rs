@@ -311,7 +311,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             .collect();
         let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
         let nodes = vec!["local".to_string(); parts as usize];
-        let mut d = coordinator::Driver { c, system: &system, per_part, nodes, start: timeouts.start, rejoin: timeouts.finish };
+        let mut d = coordinator::Driver { c, system: &system, leaders: leaders(parts, per_part), members: members(parts, per_part), nodes, start: timeouts.start, rejoin: timeouts.finish };
         let driven = d.run(&graphs[0], observer);
         for k in &inboxes {
             if let Err(e) = &driven {
@@ -328,6 +328,16 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
     Ok((report, FinalModel { replica: models.swap_remove(0), tables }))
+}
+
+/// Each partition's first trainer: it takes the coordinator's words.
+fn leaders(parts: u32, per_part: u32) -> Vec<String> {
+    (0..parts).map(|p| names::trainer(p * per_part)).collect()
+}
+
+/// Every partition's trainers.
+fn members(parts: u32, per_part: u32) -> Vec<Vec<String>> {
+    (0..parts).map(|p| (0..per_part).map(|j| names::trainer(p * per_part + j)).collect()).collect()
 }
 
 /// Fingerprint of everything that shapes a run's bits (model, data,
@@ -359,15 +369,25 @@ fn run_key(t: &TrainingConfig, set: &PartitionSet, g: &HetGraph) -> String {
 
 /// A node's partition over the run's generations: it tells the coordinator
 /// it is ready (again and again, so a restarted coordinator hears it too),
-/// and on each `Begin` restores the named checkpoint and trains. Returns the
-/// trainers' replicas once the coordinator says the run is over.
-fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], rejoin: Duration) -> Result<Vec<models::Model>> {
+/// and on each `Begin` starts its inboxes' new generation and runs `attempt`.
+/// Returns the last successful attempt's result once the coordinator says
+/// the run is over. `leader` (named `me`) takes the coordinator's words.
+#[allow(clippy::too_many_arguments)] // one partition's whole context
+pub(crate) fn serve_generations<T>(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    me: &str,
+    part: u32,
+    inboxes: &[Arc<Inbox>],
+    rejoin: Duration,
+    mut attempt: impl FnMut(Begin) -> Result<T>,
+) -> Result<T> {
     let leader = inboxes.first().ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
-    let me = runtime::ActorName::new(&names::trainer(part * sh.per_part)).map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let me = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
     let coordinator = node.actor(names::COORDINATOR).map_err(|e| TrainError::Distributed(e.to_string()))?.with_sender(me);
     let incarnation = coordinator::new_generation();
     let mut last = LastAttempt::None;
-    let mut models = None;
+    let mut result = None;
     loop {
         let waiting = Instant::now();
         let control = loop {
@@ -381,15 +401,15 @@ fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, han
             }
         };
         let b = match control {
-            Control::Finish => return models.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
+            Control::Finish => return result.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
             Control::Begin(b) => b,
         };
         for i in inboxes {
             i.reset(b.gen);
         }
-        match run_generation(sh, part, graph, node, handle, inboxes, b) {
-            Ok(m) => {
-                models = Some(m);
+        match attempt(b) {
+            Ok(r) => {
+                result = Some(r);
                 last = LastAttempt::Done(b.gen);
             }
             Err(e) => {
@@ -400,17 +420,27 @@ fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, han
     }
 }
 
-/// One attempt of a partition: its stores restore the checkpoint, its trainers train.
-fn run_generation(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], b: Begin) -> Result<Vec<models::Model>> {
-    let from = match (b.from, &sh.cfg.checkpoint_dir) {
-        (None, _) => None,
+/// The checkpoint a `Begin` names: its directory and manifest.
+pub(crate) fn begin_from(t: &TrainingConfig, b: Begin) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
+    match (b.from, &t.checkpoint_dir) {
+        (None, _) => Ok(None),
         (Some(seq), Some(root)) => {
             let dir = checkpoint::dir(root, seq);
             let m = checkpoint::manifest(&dir)?;
-            Some((dir, m))
+            Ok(Some((dir, m)))
         }
-        (Some(seq), None) => return Err(TrainError::Config(format!("the coordinator resumes from the checkpoint at step {seq}, but this node has no training.checkpoint_dir"))),
-    };
+        (Some(seq), None) => Err(TrainError::Config(format!("the coordinator resumes from the checkpoint at step {seq}, but this node has no training.checkpoint_dir"))),
+    }
+}
+
+/// Data-parallel partition `part` over the run's generations (see [`serve_generations`]).
+fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], rejoin: Duration) -> Result<Vec<models::Model>> {
+    serve_generations(node, handle, &names::trainer(part * sh.per_part), part, inboxes, rejoin, |b| run_generation(sh, part, graph, node, handle, inboxes, b))
+}
+
+/// One attempt of a partition: its stores restore the checkpoint, its trainers train.
+fn run_generation(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], b: Begin) -> Result<Vec<models::Model>> {
+    let from = begin_from(&sh.cfg, b)?;
     let learnable = models::Model::learnable_types(sh.cfg.model, graph);
     let stores: Vec<String> = graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, part)).collect();
     let refs = stores.iter().map(|n| node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
@@ -568,7 +598,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         let mine = scope.spawn(move || run_partition(sh, part, &g, &node, &handle, &ib, rejoin));
         let c = coordinator::Coordinator::new("data-parallel", &t, parts, parts * per_part, &coord, timeouts, run);
         let nodes = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
-        let mut d = coordinator::Driver { c, system: &system, per_part, nodes, start: timeouts.start, rejoin };
+        let mut d = coordinator::Driver { c, system: &system, leaders: leaders(parts, per_part), members: members(parts, per_part), nodes, start: timeouts.start, rejoin };
         let driven = d.run(&graph, observer);
         if let Err(e) = &driven {
             inboxes[0].abort(format!("the coordinator failed: {e}"));

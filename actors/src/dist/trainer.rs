@@ -222,7 +222,9 @@ impl<'a> Trainer<'a> {
                 });
                 for (step, batch) in batches.iter().enumerate().skip(skip) {
                     if checkpoint_due(&t, rep.seq, first, per_epoch, total) {
+                        let clock = Instant::now();
                         ctx.checkpoint(rep, progress)?;
+                        st.checkpoint_s += clock.elapsed().as_secs_f64();
                     }
                     let p = rx.recv().map_err(|_| TrainError::Distributed("the prefetch thread stopped".into()))??;
                     st.sample_s += p.sample_s;

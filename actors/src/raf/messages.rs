@@ -30,6 +30,8 @@ macro_rules! payload_message {
         $(#[$doc])*
         #[derive(Debug, Serialize, Deserialize)]
         pub struct $name {
+            /// Generation of the run (see `dist::coordinator`).
+            pub gen: u64,
             /// Step number (training steps count from 0; evaluation steps have the top bit set).
             pub seq: u64,
             /// Sending worker.
@@ -48,7 +50,7 @@ macro_rules! payload_message {
             fn handle(&mut self, m: Deliver<$name>, _: &mut Context<Self>) -> Self::Result {
                 // Filed under the worker the sending actor is, not the one it claims.
                 if m.from.as_str() == super::names::worker(m.msg.from) {
-                    self.0.file(m.msg.seq, $round, m.msg.from, m.msg.data.0);
+                    self.0.file_gen(m.msg.gen, m.msg.seq, $round, m.msg.from, m.msg.data.0);
                 } else {
                     tracing::warn!("dropped a {} message from {} claiming to be worker {}", $kind, m.from.as_str(), m.msg.from);
                 }

@@ -20,10 +20,9 @@ use runtime::Node;
 
 use crate::config::{Config, TrainingConfig};
 use crate::dist::inbox::{Inbox, InboxActor};
-use crate::dist::messages::{Abort, Finish};
-use crate::dist::checkpoint;
-use crate::dist::coordinator::Coordinator;
-use crate::dist::{abort_peers, join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
+use crate::dist::messages::{Abort, Begin, Finish};
+use crate::dist::coordinator::{Coordinator, Driver};
+use crate::dist::{join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
 use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, Report};
 use crate::trainer::TrainObserver;
@@ -87,26 +86,47 @@ fn run_key(t: &TrainingConfig, plan: &Plan, g: &HetGraph) -> String {
     Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The newest valid checkpoint of this run in `checkpoint_dir`, if any (every
-/// node reads the same directory before training starts, so all pick the same).
-fn resume_point(t: &TrainingConfig, run: &str, observer: &mut dyn TrainObserver) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
-    let Some(root) = &t.checkpoint_dir else { return Ok(None) };
-    let Some((m, skipped)) = checkpoint::latest(root, run)? else { return Ok(None) };
-    for s in skipped {
-        observer.note(&format!("skipped checkpoint: {s}"));
-    }
-    observer.note(&format!("resuming from the checkpoint at step {}", m.seq));
-    Ok(Some((checkpoint::dir(root, m.seq), m)))
+/// What every worker thread of a run shares.
+struct Common {
+    per_layer: Arc<Vec<Vec<Vec<RelationId>>>>,
+    replicas: Arc<Vec<(u32, u32)>>,
+    cfg: TrainingConfig,
+    timeouts: Timeouts,
 }
 
-/// Follows the run from `from` to its end, completing its checkpoints.
-#[allow(clippy::too_many_arguments)] // the coordinator's whole context
-fn coordinate(t: &TrainingConfig, workers: u32, inbox: &Inbox, g: &HetGraph, observer: &mut dyn TrainObserver, timeouts: Timeouts, run: String, from: Option<&checkpoint::Manifest>) -> Result<Report> {
-    let mut c = Coordinator::new("raf", t, workers, workers, inbox, timeouts, run);
-    c.attempt(g, observer, from)?;
-    let mut report = c.report;
-    report.resumed_from_step = from.map(|m| m.seq);
-    Ok(report)
+/// Worker `w` over the run's generations (see `dist::serve_generations`):
+/// on each `Begin` it restores the named checkpoint and trains; `after` runs
+/// on each attempt's result (a remote worker sends its final state there).
+#[allow(clippy::too_many_arguments)] // one worker's whole context
+fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inbox: &Arc<Inbox>, rejoin: Duration, after: impl Fn(u64, &WorkerResult) -> Result<()>) -> Result<WorkerResult> {
+    let inboxes = [inbox.clone()];
+    crate::dist::serve_generations(node, handle, &names::worker(w), w, &inboxes, rejoin, |b| {
+        let from = crate::dist::begin_from(&c.cfg, b)?;
+        let setup = WorkerSetup {
+            worker: w,
+            per_layer: c.per_layer.clone(),
+            replicas: c.replicas.clone(),
+            cfg: c.cfg.clone(),
+            graph: graph.clone(),
+            node: node.clone(),
+            handle: handle.clone(),
+            inbox: inbox.clone(),
+            timeouts: c.timeouts,
+            from,
+            gen: b.gen,
+        };
+        let result = join_threads(vec![spawn_worker(setup)?])?.swap_remove(0);
+        after(b.gen, &result)?;
+        Ok(result)
+    })
+}
+
+/// The coordinator's driver of a raf run of `workers` workers.
+fn driver<'a>(t: &'a TrainingConfig, workers: u32, inbox: &'a Inbox, system: &'a System, timeouts: Timeouts, run: String, nodes: Vec<String>, rejoin: Duration) -> Driver<'a> {
+    let c = Coordinator::new("raf", t, workers, workers, inbox, timeouts, run);
+    let leaders: Vec<String> = (0..workers).map(names::worker).collect();
+    let members = leaders.iter().map(|l| vec![l.clone()]).collect();
+    Driver { c, system, leaders, members, nodes, start: timeouts.start, rejoin }
 }
 
 fn replicas(plan: &Plan) -> Arc<Vec<(u32, u32)>> {
@@ -132,7 +152,8 @@ fn serve_worker(node: &Node, w: u32) -> Result<Arc<Inbox>> {
             .handle::<SeedGrad>()
             .handle::<Shared>()
             .handle::<Abort>()
-            .handle::<Finish>();
+            .handle::<Finish>()
+            .handle::<Begin>();
     }
     Ok(inbox)
 }
@@ -213,42 +234,37 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let plan = open_plan(&t)?;
     let workers = plan.part_of.len() as u32;
     let graphs: Vec<Arc<HetGraph>> = plan.part_of.iter().map(|&k| plan.set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
-    let per_layer = per_layer(&plan, &graphs[0])?;
     let timeouts = Timeouts::default();
+    let common = Common { per_layer: per_layer(&plan, &graphs[0])?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let run = run_key(&t, &plan, &graphs[0]);
-    let from = resume_point(&t, &run, observer)?;
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
         let inboxes = (0..workers).map(|w| serve_worker(&node, w)).collect::<Result<Vec<_>>>()?;
         let coord = serve_raf_coordinator(&node)?;
         Ok((node, Vec::new(), (inboxes, coord)))
     })?;
-    let mut handles = Vec::new();
-    for w in 0..workers {
-        handles.push(spawn_worker(WorkerSetup {
-            worker: w,
-            per_layer: per_layer.clone(),
-            replicas: replicas(&plan),
-            cfg: t.clone(),
-            graph: graphs[w as usize].clone(),
-            node: system.node.clone(),
-            handle: system.handle.clone(),
-            inbox: inboxes[w as usize].clone(),
-            timeouts,
-            from: from.clone(),
-        })?);
-    }
     observer.ready(&graphs[0], &models::Model::new(&t.model_spec(), &graphs[0], DType::F32, &candle_core::Device::Cpu)?);
-    let coordinated = coordinate(&t, workers, &coord, &graphs[0], observer, timeouts, run, from.as_ref().map(|(_, m)| m));
-    if let Err(e) = &coordinated {
-        // The workers stop instead of training on unobserved.
+    let (driven, report, results) = std::thread::scope(|scope| {
+        let loops: Vec<_> = (0..workers)
+            .map(|w| {
+                let (common, g, node, handle, inbox) = (&common, graphs[w as usize].clone(), system.node.clone(), system.handle.clone(), inboxes[w as usize].clone());
+                scope.spawn(move || serve_worker_generations(common, w, &g, &node, &handle, &inbox, timeouts.finish, |_, _| Ok(())))
+            })
+            .collect();
+        let mut d = driver(&t, workers, &coord, &system, timeouts, run, vec!["local".into(); workers as usize], timeouts.finish);
+        let driven = d.run(&graphs[0], observer);
         for i in &inboxes {
-            i.abort(format!("the coordinator failed: {e}"));
+            if let Err(e) = &driven {
+                i.abort(format!("the coordinator failed: {e}"));
+            }
+            i.finish();
         }
-    }
-    let results = join_threads(handles)?;
-    let mut report = coordinated?;
-    let states = results.iter().map(worker::final_state).collect::<Result<Vec<_>>>()?;
+        let results: Vec<Result<WorkerResult>> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a worker thread panicked".into())))).collect();
+        (driven, d.c.report, results)
+    });
+    driven?;
+    let mut report = report;
+    let states = results.into_iter().map(|r| r.and_then(|r| worker::final_state(&r))).collect::<Result<Vec<_>>>()?;
     let model = assemble(&t, &graphs[0], &states)?;
     finish_report(&mut report, cfg, &model)?;
     drop(system);
@@ -270,8 +286,8 @@ pub fn raf_placement(topology: &mut runtime::Topology) -> Vec<String> {
     order
 }
 
-/// Runs node `id`'s worker; on the reducer's node also the coordination and
-/// report (returned there).
+/// Runs node `id`'s worker over the run's generations; on the reducer's node
+/// also the coordination, checkpoints and report (returned there).
 pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
     let t = cfg.training.clone();
     let mut topology = cfg.topology().ok_or_else(|| TrainError::Config("cluster: hetgnn node needs a [cluster] section".into()))?;
@@ -287,10 +303,10 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let order = raf_placement(&mut topology);
     let w = order.iter().position(|n| n == id).ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))? as u32;
     let graph = Arc::new(plan.set.load_part(plan.part_of[w as usize], &load_options(&t))?);
-    let per_layer = per_layer(&plan, &graph)?;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
+    let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
+    let common = Common { per_layer: per_layer(&plan, &graph)?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let run = run_key(&t, &plan, &graph);
-    let from = resume_point(&t, &run, observer)?;
     let (topo, me) = (topology.clone(), id.to_string());
     let (system, (inbox, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
@@ -304,71 +320,63 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         watch_peers(&node, std::iter::once(inbox.clone()).chain(coord.clone()).collect());
         Ok((node, Vec::new(), (inbox, coord)))
     })?;
-    let handle = spawn_worker(WorkerSetup {
-        worker: w,
-        per_layer,
-        replicas: replicas(&plan),
-        cfg: t.clone(),
-        graph: graph.clone(),
-        node: system.node.clone(),
-        handle: system.handle.clone(),
-        inbox: inbox.clone(),
-        timeouts,
-        from: from.clone(),
-    })?;
     let Some(coord) = coord else {
-        let result = join_threads(vec![handle])?;
-        worker::send_final(&system.node, &system.handle, w, &result[0], timeouts.ask)?;
-        tracing::info!("{id}: training done; serving until the coordinator finishes");
-        inbox.finished(timeouts.finish)?;
+        // Each successful attempt's final state goes to the coordinator, which takes the last one.
+        let send = |gen: u64, r: &WorkerResult| worker::send_final(&system.node, &system.handle, w, gen, r, timeouts.ask);
+        serve_worker_generations(&common, w, &graph, &system.node, &system.handle, &inbox, rejoin, send)?;
+        tracing::info!("{id}: the run is over");
         return Ok(None);
     };
-    let coordinated = coordinate(&t, workers, &coord, &graph, observer, timeouts, run, from.as_ref().map(|(_, m)| m));
-    if let Err(e) = &coordinated {
-        inbox.abort(format!("the coordinator failed: {e}"));
-    }
-    let finished = join_threads(vec![handle]).and_then(|mine| {
-        let mut report = coordinated?;
-        let mut states = vec![worker::final_state(&mine[0])?];
-        let peers: Vec<u32> = (1..workers).collect();
-        for k in peers {
-            // Piece 0 says how many follow; pieces are gathered in order.
-            let mut state = FinalState::default();
-            let mut pieces = 1;
-            let mut i = 0u32;
-            while i < pieces {
-                let bytes = coord.raw("a worker's final state", u64::from(i), messages::round::FINAL, &[k], timeouts.step)?.swap_remove(0);
-                let p: messages::FinalPiece = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s final state: {e}")))?;
-                if i == 0 {
-                    pieces = p.pieces.max(1);
-                }
-                state.params.extend(p.state.params);
-                state.tables.extend(p.state.tables);
-                i += 1;
-            }
-            states.push(state);
+    let (driven, report, mine) = std::thread::scope(|scope| {
+        let (common, g, node, handle, ib) = (&common, graph.clone(), system.node.clone(), system.handle.clone(), inbox.clone());
+        let mine = scope.spawn(move || serve_worker_generations(common, w, &g, &node, &handle, &ib, rejoin, |_, _| Ok(())));
+        let mut d = driver(&t, workers, &coord, &system, timeouts, run, order.clone(), rejoin);
+        let driven = d.run(&graph, observer);
+        // The peers' final states (sent after their last attempt) are gathered before they hear the end.
+        let gathered = driven.as_ref().map_err(|e| TrainError::Distributed(e.to_string())).and_then(|()| (1..workers).map(|k| gather_final(&coord, k, timeouts)).collect::<Result<Vec<_>>>());
+        if let Err(e) = &driven {
+            inbox.abort(format!("the coordinator failed: {e}"));
         }
+        inbox.finish();
+        let mine = mine.join().unwrap_or_else(|_| Err(TrainError::Distributed("the worker thread panicked".into())));
+        (driven.and(gathered), d.c.report, mine)
+    });
+    let finished = driven.and_then(|peers| {
+        let mut report = report;
+        let states = std::iter::once(worker::final_state(&mine?)).chain(peers.into_iter().map(Ok)).collect::<Result<Vec<_>>>()?;
         let model = assemble(&t, &graph, &states)?;
         finish_report(&mut report, cfg, &model)?;
         Ok(report)
     });
-    let report = match finished {
-        Ok(r) => r,
-        Err(e) => {
-            // The other nodes would otherwise wait out their deadlines.
-            let targets: Vec<String> = (1..workers).map(names::worker).collect();
-            abort_peers(&system.node, &system.handle, &names::worker(0), 0, 0, &targets, &e.to_string());
-            return Err(e);
-        }
-    };
-    let asks: Vec<_> = (1..workers).filter_map(|k| system.node.actor(&names::worker(k)).ok()).map(|r| async move { r.ask(Finish, Duration::from_secs(10)).await }).collect();
+    // The other nodes wait for the word, whatever the outcome (those down will not hear it).
+    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != runtime::PeerState::Up).map(|m| m.id).collect();
+    let asks: Vec<_> = (1..workers).filter(|&k| !down.contains(&order[k as usize])).filter_map(|k| system.node.actor(&names::worker(k)).ok()).map(|r| async move { r.ask(Finish, Duration::from_secs(5)).await }).collect();
     for r in system.handle.block_on(futures_util::future::join_all(asks)) {
         if let Err(e) = r {
             tracing::warn!("{id}: could not tell a peer the run is over: {e}");
         }
     }
+    let report = finished?;
     drop(system);
     Ok(Some(report))
+}
+
+/// Worker `k`'s final state, gathered piece by piece (piece 0 says how many follow).
+fn gather_final(coord: &Inbox, k: u32, timeouts: Timeouts) -> Result<FinalState> {
+    let mut state = FinalState::default();
+    let mut pieces = 1;
+    let mut i = 0u32;
+    while i < pieces {
+        let bytes = coord.raw("a worker's final state", u64::from(i), messages::round::FINAL, &[k], timeouts.step)?.swap_remove(0);
+        let p: messages::FinalPiece = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s final state: {e}")))?;
+        if i == 0 {
+            pieces = p.pieces.max(1);
+        }
+        state.params.extend(p.state.params);
+        state.tables.extend(p.state.tables);
+        i += 1;
+    }
+    Ok(state)
 }
 
 #[cfg(test)]

@@ -90,6 +90,8 @@ pub struct WorkerSetup {
     pub timeouts: Timeouts,
     /// The checkpoint the run resumes from (its directory and manifest).
     pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+    /// Generation of the run this attempt is.
+    pub gen: u64,
 }
 
 /// A worker's file in a checkpoint.
@@ -121,7 +123,7 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
     if let Err(e) = &result {
         let workers = s.per_layer.len() as u32;
         let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::dist::names::COORDINATOR.to_string()]).collect();
-        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, 0, &targets, &e.to_string());
+        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
     }
     result
 }
@@ -252,7 +254,7 @@ impl<'a> Worker<'a> {
         tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
         let w = self.setup.worker;
         let file = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &checkpoint_file(w), &tensors)?;
-        self.send(&self.s.coordinator, Saved { gen: 0, seq: self.seq, part: w, files: vec![file], progress: (w == 0).then_some(progress) })
+        self.send(&self.s.coordinator, Saved { gen: self.setup.gen, seq: self.seq, part: w, files: vec![file], progress: (w == 0).then_some(progress) })
     }
 
     fn workers(&self) -> u32 {
@@ -295,7 +297,7 @@ impl<'a> Worker<'a> {
         for epoch in first / per_epoch.max(1)..t.epochs {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
             let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
-            let mut st = EpochStats { trainer: s.worker, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
+            let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
             let mut loss_sum = 0.0;
@@ -333,7 +335,9 @@ impl<'a> Worker<'a> {
                 });
                 for (step, seeds) in batches.iter().enumerate().skip(skip) {
                     if checkpoint_due(&t, self.seq, first, per_epoch, total) {
+                        let clock = Instant::now();
                         self.checkpoint(Progress { loss_sum, correct: st.train_correct as f64, seen: st.train_seen })?;
+                        st.checkpoint_s += clock.elapsed().as_secs_f64();
                     }
                     let p = rx.recv().map_err(|_| dist_err("the sampling thread stopped"))??;
                     st.sample_s += p.sample_s;
@@ -389,7 +393,7 @@ impl<'a> Worker<'a> {
         st.comm_s += out.comm_s;
         st.update_s += out.update_s;
         if self.setup.worker == 0 {
-            self.send(&self.s.coordinator, StepDone { gen: 0, epoch, seq: self.seq - 1, loss: out.loss })?;
+            self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
         }
         Ok(())
     }
@@ -421,7 +425,7 @@ impl<'a> Worker<'a> {
         if w == 0 {
             let own = h[target].as_ref().ok_or_else(|| dist_err("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
-            let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { seq, from: 0, data: data.clone() })).collect();
+            let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { gen: s.gen, seq, from: 0, data: data.clone() })).collect();
             self.send_all(msgs)?;
         } else if self.needs_seeds[w as usize] {
             let raw = s.inbox.raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
@@ -556,7 +560,7 @@ impl<'a> Worker<'a> {
                         None => data.extend(to_bytes(&leaf.as_tensor().zeros_like()?)?),
                     }
                 }
-                msgs.push((&self.s.workers[*k as usize], PartialGrad { seq, from: 0, data: ByteVec(data) }));
+                msgs.push((&self.s.workers[*k as usize], PartialGrad { gen: s.gen, seq, from: 0, data: ByteVec(data) }));
             }
             self.send_all(msgs)?;
             out.comm_s += lap(&mut clock);
@@ -596,7 +600,7 @@ impl<'a> Worker<'a> {
                 let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
                 pieces.push((*tag, shape, t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?));
             }
-            self.send(&self.s.reducer, Partial { seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(dist_err)?) })?;
+            self.send(&self.s.reducer, Partial { gen: s.gen, seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(dist_err)?) })?;
             out.comm_s += lap(&mut clock);
             if !train {
                 return Ok(out);
@@ -629,7 +633,7 @@ impl<'a> Worker<'a> {
                 for (k, &i) in share(batch, s.replicas[w as usize]).iter().enumerate() {
                     full[i * width..(i + 1) * width].copy_from_slice(&mine[k * width..(k + 1) * width]);
                 }
-                self.send(&self.s.reducer, SeedGrad { seq, from: w, data: ByteVec(bytemuck::cast_slice(&full).to_vec()) })?;
+                self.send(&self.s.reducer, SeedGrad { gen: s.gen, seq, from: w, data: ByteVec(bytemuck::cast_slice(&full).to_vec()) })?;
             }
             grads = gs;
         }
@@ -677,7 +681,7 @@ impl<'a> Worker<'a> {
                     msg.rows.push((ty as u32, mb.blocks[0].src[ty].clone(), rows.clone()));
                 }
             }
-            msgs.push((&self.s.workers[k], Shared { seq, from: w as u32, data: ByteVec(messages::encode(&msg).map_err(dist_err)?) }));
+            msgs.push((&self.s.workers[k], Shared { gen: s.gen, seq, from: w as u32, data: ByteVec(messages::encode(&msg).map_err(dist_err)?) }));
         }
         self.send_all(msgs)?;
         let peers: Vec<u32> = (0..self.workers()).filter(|&k| k as usize != w && !(self.shared[k as usize].is_empty() && self.shared_tables[k as usize].is_empty())).collect();
@@ -810,7 +814,7 @@ pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
 
 /// Sends this worker's final state to the coordinator (cluster runs): the
 /// parameters first, then the tables in pieces of at most [`messages::FINAL_PIECE`] values.
-pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, r: &WorkerResult, timeout: Duration) -> Result<()> {
+pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, gen: u64, r: &WorkerResult, timeout: Duration) -> Result<()> {
     let FinalState { params, tables } = final_state(r)?;
     let mut pieces = vec![FinalState { params, tables: Vec::new() }];
     for (ty, _, data) in tables {
@@ -823,7 +827,7 @@ pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, r: 
     let total = pieces.len() as u32;
     for (i, state) in pieces.into_iter().enumerate() {
         let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;
-        handle.block_on(to.ask(Final { seq: i as u64, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)?;
+        handle.block_on(to.ask(Final { gen, seq: i as u64, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)?;
     }
     Ok(())
 }
