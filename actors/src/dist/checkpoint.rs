@@ -133,7 +133,16 @@ pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf
         std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
     }
     std::fs::rename(&partial, &dest).map_err(|e| io(&dest, e))?;
-    let complete = list(root)?;
+    // Newer ones belong to a timeline that rolled back past them (one was
+    // unusable): they go, then all but the newest `keep`.
+    let mut complete = Vec::new();
+    for d in list(root)? {
+        if d.file_name().and_then(|n| n.to_string_lossy().strip_prefix(PREFIX).and_then(|n| n.parse::<u64>().ok())).is_some_and(|s| s > manifest.seq) {
+            std::fs::remove_dir_all(&d).map_err(|e| io(&d, e))?;
+        } else {
+            complete.push(d);
+        }
+    }
     for old in complete.iter().take(complete.len().saturating_sub(keep.max(1))) {
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
     }
@@ -170,13 +179,18 @@ pub fn manifest(dir: &Path) -> Result<Manifest> {
     if m.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", m.format)));
     }
-    if m.files.keys().any(|f| f.contains('/') || f.contains('\\') || f.starts_with('.') || !f.ends_with(".safetensors")) {
+    if m.files.keys().any(|f| !valid_file_name(f)) {
         return Err(bad(&mpath, "names a file outside the checkpoint"));
     }
     if dir.file_name().map(|n| n.to_string_lossy().to_string()) != Some(format!("{PREFIX}{:09}", m.seq)) {
         return Err(bad(&mpath, format!("records step {} but sits in {}", m.seq, dir.display())));
     }
     Ok(m)
+}
+
+/// Whether `name` can be a checkpoint's tensor file: a plain name inside its directory.
+pub fn valid_file_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 255 && !name.contains(['/', '\\']) && !name.starts_with('.') && name.ends_with(".safetensors")
 }
 
 /// Reads `file` of the checkpoint in `dir` and checks it against the manifest's checksum.
@@ -262,6 +276,10 @@ mod tests {
         let (m, skipped) = latest(root.path(), "r").unwrap().unwrap();
         assert_eq!(m.seq, 10);
         assert!(skipped[0].contains("checksum"), "{skipped:?}");
+
+        // The next checkpoint written (rolled back to 10) removes the unusable 15.
+        save(root.path(), 12, 4.0, 2);
+        assert_eq!(list(root.path()).unwrap(), vec![dir(root.path(), 10), dir(root.path(), 12)]);
 
         // Another run's checkpoints are refused, not mixed in.
         let err = latest(root.path(), "other").unwrap_err().to_string();

@@ -21,8 +21,9 @@ use crate::error::{Result, TrainError};
 use crate::report::{EpochReport, FailureReport, Report};
 use crate::trainer::TrainObserver;
 
-/// Attempts in a row that may fail before a single step succeeds; past it the
-/// failure is taken as permanent (a bug or bad data, not a lost node).
+/// Attempts in a row that may fail before a single step succeeds, or fail at
+/// the same step after the same rollback; past it the failure is taken as
+/// permanent (a bug, bad data, a full disk: not a lost node).
 const MAX_FRUITLESS_ATTEMPTS: u32 = 3;
 
 /// How long a `Begin` may take to reach a node.
@@ -47,13 +48,15 @@ pub(crate) struct Coordinator<'a> {
     pending: Vec<Vec<Saved>>,
     /// When the current attempt finished its first step.
     first_step_at: Option<Instant>,
+    /// The last checkpoint completed (its step).
+    completed: Option<u64>,
 }
 
 impl<'a> Coordinator<'a> {
     /// A coordinator of `trainers` trainers over `parts` partitions.
     pub(crate) fn new(mode: &'static str, t: &'a TrainingConfig, parts: u32, trainers: u32, inbox: &'a Inbox, timeouts: Timeouts, run: String) -> Coordinator<'a> {
         let report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
-        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None }
+        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None, completed: None }
     }
 
     /// Follows one attempt from the checkpoint `from` (or the start) to the end of the run.
@@ -88,7 +91,8 @@ impl<'a> Coordinator<'a> {
             self.report.epochs.push(er);
             self.complete_checkpoints(per_epoch, observer)?;
         }
-        if t.checkpoint_dir.is_some() && first < total {
+        // The last checkpoint may have come with the last epoch's figures already.
+        if t.checkpoint_dir.is_some() && first < total && self.completed != Some(total) {
             let files = self.inbox.saved(total, self.parts, self.timeouts.step)?;
             self.pending.push(files);
             self.complete_checkpoints(per_epoch, observer)?;
@@ -149,10 +153,25 @@ impl<'a> Coordinator<'a> {
                 break;
             }
             let saved = self.pending.remove(0);
-            let progress = saved.iter().find_map(|s| s.progress).ok_or_else(|| TrainError::Distributed(format!("checkpoint at step {seq}: trainer 0's figures are missing")))?;
-            let files: BTreeMap<String, String> = saved.into_iter().flat_map(|s| s.files).collect();
+            let bad = |m: String| TrainError::Checkpoint(format!("checkpoint at step {seq}: {m}"));
+            let progress = saved.iter().find(|s| s.part == 0).and_then(|s| s.progress).ok_or_else(|| bad("partition 0's running figures are missing".into()))?;
+            let mut files: BTreeMap<String, String> = BTreeMap::new();
+            for s in saved {
+                if s.files.is_empty() {
+                    return Err(bad(format!("partition {} wrote no files", s.part)));
+                }
+                for (name, sum) in s.files {
+                    if !checkpoint::valid_file_name(&name) || sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return Err(bad(format!("partition {} reported a bad file entry {name:?}", s.part)));
+                    }
+                    if files.insert(name.clone(), sum).is_some() {
+                        return Err(bad(format!("{name} reported twice")));
+                    }
+                }
+            }
             let m = Manifest::new(self.run.clone(), self.t.model_spec(), seq, self.report.epochs[..before].to_vec(), progress, files);
             let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
+            self.completed = Some(seq);
             observer.note(&format!("checkpoint at step {seq} written to {}", dir.display()));
         }
         Ok(())
@@ -203,6 +222,8 @@ impl Driver<'_> {
         self.c.report.started_at_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut open: Option<FailureReport> = None;
         let mut fruitless = 0;
+        // (rolled back to, failed at) of the last failure, and how often in a row.
+        let mut same: (Option<(u64, u64)>, u32) = (None, 0);
         for attempt in 0u32.. {
             let wait = if attempt == 0 { self.start } else { self.rejoin };
             let members = self.wait_ready(wait)?;
@@ -243,7 +264,14 @@ impl Driver<'_> {
                 self.c.report.failures.push(open.take().expect("just matched"));
             }
             let err = match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Resumed at the very end (nothing left to redo): recovered all the same.
+                    if let Some(mut f) = open.take() {
+                        f.resumed_at_s = clock.elapsed().as_secs_f64();
+                        self.c.report.failures.push(f);
+                    }
+                    return Ok(());
+                }
                 Err(e) => e,
             };
             // Every trainer of this generation stops (those waiting on the lost node included).
@@ -255,6 +283,11 @@ impl Driver<'_> {
             fruitless = if stepped.is_some() { 1 } else { fruitless + 1 };
             if fruitless > MAX_FRUITLESS_ATTEMPTS {
                 return Err(TrainError::Distributed(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
+            }
+            let key = (from_seq, self.c.seq);
+            same = if same.0 == Some(key) { (Some(key), same.1 + 1) } else { (Some(key), 1) };
+            if same.1 >= MAX_FRUITLESS_ATTEMPTS {
+                return Err(TrainError::Distributed(format!("failed {} times at step {} after rolling back to step {from_seq}; giving up: {err}", same.1, self.c.seq)));
             }
             let now = clock.elapsed().as_secs_f64();
             match open.as_mut() {

@@ -33,7 +33,7 @@ struct State {
     steps: std::collections::VecDeque<(u64, u64, f64)>,
     saved: BTreeMap<(u64, u32), Saved>,
     abort: Option<String>,
-    finished: bool,
+    finished: Option<bool>,
     begin: Option<Begin>,
     ready: BTreeMap<u32, Ready>,
     /// While the coordinator runs a generation: each partition's incarnation.
@@ -58,8 +58,8 @@ impl State {
 pub enum Control {
     /// Start (or restart) the run.
     Begin(Begin),
-    /// The run is over.
-    Finish,
+    /// The run is over (well, or the coordinator gave up).
+    Finish(bool),
 }
 
 /// What [`Inbox::epoch_progress`] returns.
@@ -126,31 +126,38 @@ impl Inbox {
     /// Starts generation `gen`: forgets everything of the last one (its abort
     /// included) and takes the gradient shares of `gen` that came early.
     pub fn reset(&self, gen: u64) {
-        self.update(|s| {
-            self.aborted.send_replace(None);
-            s.gen = gen;
-            s.abort = None;
-            s.grads.clear();
-            s.stats.clear();
-            s.steps.clear();
-            s.saved.clear();
-            for (g, key, data) in std::mem::take(&mut s.early) {
-                if g == gen {
-                    s.grads.entry(key).or_insert(data);
-                }
-            }
-        });
+        let mut s = self.lock();
+        self.reset_locked(&mut s, gen);
+        self.cv.notify_all();
     }
 
-    /// Waits up to `timeout` for the coordinator's next word (a `Begin` is taken once).
+    fn reset_locked(&self, s: &mut State, gen: u64) {
+        self.aborted.send_replace(None);
+        s.gen = gen;
+        s.abort = None;
+        s.grads.clear();
+        s.stats.clear();
+        s.steps.clear();
+        s.saved.clear();
+        for (g, key, data) in std::mem::take(&mut s.early) {
+            if g == gen {
+                s.grads.entry(key).or_insert(data);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the coordinator's next word. A `Begin` is
+    /// taken once, and this inbox starts its generation at once (under the
+    /// same lock, so a newer `Begin` arriving next aborts it as it should).
     pub fn control(&self, timeout: Duration) -> Option<Control> {
         let deadline = Instant::now() + timeout;
         let mut s = self.lock();
         loop {
-            if s.finished {
-                return Some(Control::Finish);
+            if let Some(ok) = s.finished {
+                return Some(Control::Finish(ok));
             }
             if let Some(b) = s.begin.take() {
+                self.reset_locked(&mut s, b.gen);
                 return Some(Control::Begin(b));
             }
             let now = Instant::now();
@@ -294,9 +301,13 @@ impl Inbox {
     }
 
     /// Drops what is filed under steps before `seq`: late duplicates of
-    /// messages already taken (the first copy wins), which would otherwise stay.
+    /// messages already taken (the first copy wins), which would otherwise
+    /// stay. Step numbers with the top bit set (evaluation) and without
+    /// (training) are separate sequences: a peer may already be a step into
+    /// the other one, and its messages must stay.
     pub fn forget_before(&self, seq: u64) {
-        self.lock().grads.retain(|(q, _, _), _| *q >= seq);
+        const TOP: u64 = 1 << 63;
+        self.lock().grads.retain(|(q, _, _), _| (*q & TOP) != (seq & TOP) || *q >= seq);
     }
 
     /// The payloads filed under `(seq, round, p)` for every `p` in `peers`, in peer order.
@@ -309,14 +320,11 @@ impl Inbox {
         })
     }
 
-    /// The run is over (wakes a node waiting for the coordinator's word).
-    pub fn finish(&self) {
-        self.update(|s| s.finished = true);
-    }
-
-    /// Waits for the coordinator's word that the run is over.
-    pub fn finished(&self, timeout: Duration) -> Result<()> {
-        self.wait("the coordinator's end-of-run message", timeout, |s| s.finished.then_some(()))
+    /// The run is over, well or not (wakes a node waiting for the coordinator's word).
+    pub fn finish(&self, ok: bool) {
+        self.update(|s| {
+            s.finished.get_or_insert(ok);
+        });
     }
 }
 
@@ -351,8 +359,8 @@ impl Handler<Deliver<Abort>> for InboxActor {
 
 impl Handler<Deliver<Finish>> for InboxActor {
     type Result = MessageResult<Deliver<Finish>>;
-    fn handle(&mut self, _: Deliver<Finish>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| s.finished = true);
+    fn handle(&mut self, m: Deliver<Finish>, _: &mut Context<Self>) -> Self::Result {
+        self.0.finish(m.msg.ok);
         MessageResult(())
     }
 }
@@ -460,9 +468,14 @@ mod tests {
         assert_eq!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![1]]);
         inbox.file(3, 0x100, 1, vec![9]);
         inbox.file(4, 0x100, 1, vec![2]);
+        inbox.file(1 << 63, 0x100, 1, vec![7]);
         inbox.forget_before(4);
         assert!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_millis(20)).is_err(), "the duplicate is gone");
         assert_eq!(inbox.raw("partials", 4, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![2]], "the next step's message stays");
+        inbox.file(5, 0x100, 1, vec![5]);
+        inbox.forget_before((1 << 63) | 9);
+        assert_eq!(inbox.raw("partials", 5, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![5]], "an evaluation step keeps training messages");
+        assert!(inbox.raw("partials", 1 << 63, 0x100, &[1], Duration::from_millis(20)).is_err(), "earlier evaluation steps' are gone");
     }
 
     #[test]

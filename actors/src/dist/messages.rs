@@ -123,7 +123,10 @@ impl Msg for Abort {
 
 /// The run is over: trainers' nodes may stop serving.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct Finish;
+pub struct Finish {
+    /// Whether it ended well (false: the coordinator gave up; see its log).
+    pub ok: bool,
+}
 
 impl Msg for Finish {
     type Reply = ();

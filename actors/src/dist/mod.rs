@@ -119,6 +119,8 @@ fn serve_partition(node: &Node, part: u32, parts: u32, per_part: u32, graph: Arc
 
 /// What every trainer thread of a run shares.
 struct Shared {
+    /// The run's fingerprint.
+    run: String,
     parts: u32,
     per_part: u32,
     cfg: TrainingConfig,
@@ -291,7 +293,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t))).map(|g| g.map(Arc::new)).collect::<graphs::Result<_>>()?;
     let per_part = set.manifest.trainers as u32;
     let run = run_key(&t, &set, &graphs[0]);
-    let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default() };
+    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default() };
     let (gs, os, tc) = (graphs.clone(), sh.owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
@@ -317,7 +319,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             if let Err(e) = &driven {
                 k[0].abort(format!("the coordinator failed: {e}"));
             }
-            k[0].finish();
+            k[0].finish(driven.is_ok());
         }
         let models: Vec<_> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a partition thread panicked".into())))).collect();
         (driven, d.c.report, models)
@@ -328,6 +330,19 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
     Ok((report, FinalModel { replica: models.swap_remove(0), tables }))
+}
+
+/// Tells each `(actor, its node)` the run is over, well or not, skipping nodes
+/// that are down (they would not hear it); the others wait for the word.
+pub(crate) fn tell_finish(system: &System, peers: &[(String, String)], ok: bool) {
+    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
+    let refs = peers.iter().filter(|(_, node)| !down.contains(node)).filter_map(|(actor, _)| system.node.actor(actor).ok());
+    let asks: Vec<_> = refs.map(|r| async move { r.ask(Finish { ok }, Duration::from_secs(5)).await }).collect();
+    for r in system.handle.block_on(join_all(asks)) {
+        if let Err(e) = r {
+            tracing::warn!("could not tell a peer the run is over: {e}");
+        }
+    }
 }
 
 /// Each partition's first trainer: it takes the coordinator's words.
@@ -401,10 +416,12 @@ pub(crate) fn serve_generations<T>(
             }
         };
         let b = match control {
-            Control::Finish => return result.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
+            Control::Finish(true) => return result.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
+            Control::Finish(false) => return Err(TrainError::Distributed("the coordinator gave up the run (its log says why)".into())),
             Control::Begin(b) => b,
         };
-        for i in inboxes {
+        // The leader started the generation as it took the word.
+        for i in &inboxes[1..] {
             i.reset(b.gen);
         }
         match attempt(b) {
@@ -420,13 +437,20 @@ pub(crate) fn serve_generations<T>(
     }
 }
 
-/// The checkpoint a `Begin` names: its directory and manifest.
-pub(crate) fn begin_from(t: &TrainingConfig, b: Begin) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
+/// The checkpoint a `Begin` names: its directory and manifest, which must
+/// be of this node's run (`run`: its fingerprint).
+pub(crate) fn begin_from(t: &TrainingConfig, run: &str, b: Begin) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
     match (b.from, &t.checkpoint_dir) {
         (None, _) => Ok(None),
         (Some(seq), Some(root)) => {
             let dir = checkpoint::dir(root, seq);
             let m = checkpoint::manifest(&dir)?;
+            if m.run != run {
+                return Err(TrainError::Checkpoint(format!(
+                    "{}: written by another run than this node's (is training.checkpoint_dir one directory all nodes share, with the same settings?)",
+                    dir.display()
+                )));
+            }
             Ok(Some((dir, m)))
         }
         (Some(seq), None) => Err(TrainError::Config(format!("the coordinator resumes from the checkpoint at step {seq}, but this node has no training.checkpoint_dir"))),
@@ -440,7 +464,7 @@ fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, han
 
 /// One attempt of a partition: its stores restore the checkpoint, its trainers train.
 fn run_generation(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], b: Begin) -> Result<Vec<models::Model>> {
-    let from = begin_from(&sh.cfg, b)?;
+    let from = begin_from(&sh.cfg, &sh.run, b)?;
     let learnable = models::Model::learnable_types(sh.cfg.model, graph);
     let stores: Vec<String> = graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, part)).collect();
     let refs = stores.iter().map(|n| node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
@@ -570,7 +594,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let per_part = set.manifest.trainers as u32;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
-    let sh = Shared { parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts };
+    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts };
     let (g, o, tc, topo, me) = (graph.clone(), sh.owners.clone(), t.clone(), topology.clone(), id.to_string());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
@@ -603,7 +627,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         if let Err(e) = &driven {
             inboxes[0].abort(format!("the coordinator failed: {e}"));
         }
-        inboxes[0].finish();
+        inboxes[0].finish(driven.is_ok());
         let models = mine.join().unwrap_or_else(|_| Err(TrainError::Distributed("the partition thread panicked".into())));
         (driven, d.c.report, models)
     });
@@ -612,16 +636,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         report.config = cfg.clone();
         finish(&mut report, &system, &model, &graph, &t, parts)
     });
-    // The other nodes wait for the word, whatever the outcome (those down will not hear it).
-    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
-    let ids: Vec<&str> = topology.cluster.nodes.iter().map(|n| n.id.as_str()).collect();
-    let peers = (0..parts).filter(|&p| p != part && !down.iter().any(|d| Some(&d.as_str()) == ids.get(p as usize))).filter_map(|p| system.node.actor(&names::trainer(p * per_part)).ok());
-    let asks: Vec<_> = peers.map(|r| async move { r.ask(Finish, Duration::from_secs(5)).await }).collect();
-    for r in system.handle.block_on(join_all(asks)) {
-        if let Err(e) = r {
-            tracing::warn!("{id}: could not tell a peer the run is over: {e}");
-        }
-    }
+    let peers: Vec<(String, String)> = (0..parts).filter(|&p| p != part).map(|p| (names::trainer(p * per_part), topology.cluster.nodes[p as usize].id.clone())).collect();
+    tell_finish(&system, &peers, finished.is_ok());
     finished?;
     drop(system);
     Ok(Some(report))

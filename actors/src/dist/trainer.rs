@@ -139,12 +139,43 @@ struct Replica {
 /// Batches prepared ahead of the trainer.
 const PREFETCH: usize = 2;
 
-/// Whether a checkpoint is due before global step `seq` of an attempt that
-/// started at `first`: every `checkpoint_every` steps (0: every epoch), and
-/// after the last step (`total`).
-pub(crate) fn checkpoint_due(t: &TrainingConfig, seq: u64, first: u64, per_epoch: u64, total: u64) -> bool {
-    let every = t.checkpoint_every;
-    t.checkpoint_dir.is_some() && seq > first && (seq == total || if every == 0 { seq % per_epoch.max(1) == 0 } else { seq % every == 0 })
+/// An attempt's steps: where it starts (a checkpoint's step, mid-epoch
+/// perhaps) and when it writes checkpoints. Shared by trainers and raf workers.
+pub(crate) struct Schedule {
+    /// Steps per epoch.
+    per_epoch: u64,
+    /// Steps of the run.
+    total: u64,
+    /// The attempt's first step.
+    first: u64,
+    epochs: u64,
+    every: u64,
+    checkpoints: bool,
+}
+
+impl Schedule {
+    /// The schedule of a run over `train` training nodes, starting at step `first`.
+    pub(crate) fn new(t: &TrainingConfig, train: usize, first: u64) -> Schedule {
+        let per_epoch = train.div_ceil(t.batch.max(1)) as u64;
+        Schedule { per_epoch, total: per_epoch * t.epochs, first, epochs: t.epochs, every: t.checkpoint_every, checkpoints: t.checkpoint_dir.is_some() }
+    }
+
+    /// The epochs the attempt (re)enters.
+    pub(crate) fn epochs(&self) -> std::ops::Range<u64> {
+        self.first / self.per_epoch.max(1)..self.epochs
+    }
+
+    /// Steps of `epoch` (of `len`) done before the attempt started.
+    pub(crate) fn skip(&self, epoch: u64, len: usize) -> usize {
+        (self.first.saturating_sub(epoch * self.per_epoch) as usize).min(len)
+    }
+
+    /// Whether a checkpoint is due before global step `seq`: every
+    /// `checkpoint_every` steps (0: every epoch), and after the last step.
+    pub(crate) fn due(&self, seq: u64) -> bool {
+        let periodic = if self.every == 0 { seq % self.per_epoch.max(1) == 0 } else { seq % self.every == 0 };
+        self.checkpoints && seq > self.first && (seq == self.total || periodic)
+    }
 }
 
 impl<'a> Trainer<'a> {
@@ -191,14 +222,11 @@ impl<'a> Trainer<'a> {
         let g = s.graph.clone();
         let (_, splits) = g.target_labels();
         let target = g.target().index();
-        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
-        let total = per_epoch * t.epochs;
-        // Where this attempt starts: the checkpoint's step, mid-epoch perhaps.
-        let first = self.rep.seq;
+        let plan = Schedule::new(&t, splits.train.len(), self.rep.seq);
         let mut progress = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        for epoch in first / per_epoch.max(1)..t.epochs {
+        for epoch in plan.epochs() {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
+            let skip = plan.skip(epoch, batches.len());
             let mut st = EpochStats { gen: s.gen, trainer: s.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
@@ -221,7 +249,7 @@ impl<'a> Trainer<'a> {
                     }
                 });
                 for (step, batch) in batches.iter().enumerate().skip(skip) {
-                    if checkpoint_due(&t, rep.seq, first, per_epoch, total) {
+                    if plan.due(rep.seq) {
                         let clock = Instant::now();
                         ctx.checkpoint(rep, progress)?;
                         st.checkpoint_s += clock.elapsed().as_secs_f64();
@@ -258,7 +286,7 @@ impl<'a> Trainer<'a> {
             let c = self.ctx.peers.coordinator.clone();
             self.ctx.block_on(c.ask(st, s.timeouts.ask))??;
         }
-        if checkpoint_due(&t, self.rep.seq, first, per_epoch, total) {
+        if plan.due(self.rep.seq) {
             self.ctx.checkpoint(&self.rep, Progress::default())?;
         }
         Ok(())
@@ -723,5 +751,27 @@ impl Ctx<'_> {
             out.push(Some(if rows == Rows::Learnable { Var::from_tensor(&x)?.into_inner() } else { x }));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Schedule;
+    use crate::config::TrainingConfig;
+
+    #[test]
+    fn a_resumed_schedule_skips_the_steps_done_and_checkpoints_on_its_period() {
+        let mut t = TrainingConfig { epochs: 3, batch: 10, checkpoint_dir: Some("ck".into()), checkpoint_every: 4, ..TrainingConfig::default() };
+        // 95 training nodes: 10 steps per epoch, 30 in all; resumed at step 12.
+        let s = Schedule::new(&t, 95, 12);
+        assert_eq!(s.epochs(), 1..3);
+        assert_eq!((s.skip(1, 10), s.skip(2, 10)), (2, 0));
+        let due: Vec<u64> = (0..=30).filter(|&q| s.due(q)).collect();
+        assert_eq!(due, vec![16, 20, 24, 28, 30], "not at its own first step; always after the last");
+        t.checkpoint_every = 0;
+        let s = Schedule::new(&t, 95, 0);
+        assert_eq!((0..=30).filter(|&q| s.due(q)).collect::<Vec<_>>(), vec![10, 20, 30], "0: at epoch boundaries");
+        t.checkpoint_dir = None;
+        assert!(!(0..=30).any(|q| Schedule::new(&t, 95, 0).due(q)), "no directory, no checkpoints");
     }
 }

@@ -88,6 +88,8 @@ fn run_key(t: &TrainingConfig, plan: &Plan, g: &HetGraph) -> String {
 
 /// What every worker thread of a run shares.
 struct Common {
+    /// The run's fingerprint.
+    run: String,
     per_layer: Arc<Vec<Vec<Vec<RelationId>>>>,
     replicas: Arc<Vec<(u32, u32)>>,
     cfg: TrainingConfig,
@@ -101,7 +103,7 @@ struct Common {
 fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inbox: &Arc<Inbox>, rejoin: Duration, after: impl Fn(u64, &WorkerResult) -> Result<()>) -> Result<WorkerResult> {
     let inboxes = [inbox.clone()];
     crate::dist::serve_generations(node, handle, &names::worker(w), w, &inboxes, rejoin, |b| {
-        let from = crate::dist::begin_from(&c.cfg, b)?;
+        let from = crate::dist::begin_from(&c.cfg, &c.run, b)?;
         let setup = WorkerSetup {
             worker: w,
             per_layer: c.per_layer.clone(),
@@ -235,8 +237,8 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let workers = plan.part_of.len() as u32;
     let graphs: Vec<Arc<HetGraph>> = plan.part_of.iter().map(|&k| plan.set.load_part(k, &load_options(&t)).map(Arc::new)).collect::<graphs::Result<_>>()?;
     let timeouts = Timeouts::default();
-    let common = Common { per_layer: per_layer(&plan, &graphs[0])?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let run = run_key(&t, &plan, &graphs[0]);
+    let common = Common { run: run.clone(), per_layer: per_layer(&plan, &graphs[0])?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
         let inboxes = (0..workers).map(|w| serve_worker(&node, w)).collect::<Result<Vec<_>>>()?;
@@ -257,7 +259,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             if let Err(e) = &driven {
                 i.abort(format!("the coordinator failed: {e}"));
             }
-            i.finish();
+            i.finish(driven.is_ok());
         }
         let results: Vec<Result<WorkerResult>> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a worker thread panicked".into())))).collect();
         (driven, d.c.report, results)
@@ -305,8 +307,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let graph = Arc::new(plan.set.load_part(plan.part_of[w as usize], &load_options(&t))?);
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
-    let common = Common { per_layer: per_layer(&plan, &graph)?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let run = run_key(&t, &plan, &graph);
+    let common = Common { run: run.clone(), per_layer: per_layer(&plan, &graph)?, replicas: replicas(&plan), cfg: t.clone(), timeouts };
     let (topo, me) = (topology.clone(), id.to_string());
     let (system, (inbox, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
@@ -337,7 +339,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         if let Err(e) = &driven {
             inbox.abort(format!("the coordinator failed: {e}"));
         }
-        inbox.finish();
+        inbox.finish(driven.is_ok());
         let mine = mine.join().unwrap_or_else(|_| Err(TrainError::Distributed("the worker thread panicked".into())));
         (driven.and(gathered), d.c.report, mine)
     });
@@ -348,14 +350,8 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         finish_report(&mut report, cfg, &model)?;
         Ok(report)
     });
-    // The other nodes wait for the word, whatever the outcome (those down will not hear it).
-    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != runtime::PeerState::Up).map(|m| m.id).collect();
-    let asks: Vec<_> = (1..workers).filter(|&k| !down.contains(&order[k as usize])).filter_map(|k| system.node.actor(&names::worker(k)).ok()).map(|r| async move { r.ask(Finish, Duration::from_secs(5)).await }).collect();
-    for r in system.handle.block_on(futures_util::future::join_all(asks)) {
-        if let Err(e) = r {
-            tracing::warn!("{id}: could not tell a peer the run is over: {e}");
-        }
-    }
+    let peers: Vec<(String, String)> = (1..workers).map(|k| (names::worker(k), order[k as usize].clone())).collect();
+    crate::dist::tell_finish(&system, &peers, finished.is_ok());
     let report = finished?;
     drop(system);
     Ok(Some(report))

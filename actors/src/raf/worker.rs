@@ -39,7 +39,7 @@ use crate::config::TrainingConfig;
 use crate::dist::inbox::Inbox;
 use crate::dist::checkpoint::{self, Progress};
 use crate::dist::messages::{EpochStats, Saved, StepDone};
-use crate::dist::trainer::checkpoint_due;
+use crate::dist::trainer::Schedule;
 use crate::dist::store::decode_f32;
 use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
@@ -290,13 +290,10 @@ impl<'a> Worker<'a> {
         let (labels, splits) = g.target_labels();
         let filter = RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone());
         let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
-        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
-        let total = per_epoch * t.epochs;
-        // Where the run resumes: the checkpoint's step, mid-epoch perhaps.
-        let first = self.seq;
-        for epoch in first / per_epoch.max(1)..t.epochs {
+        let plan = Schedule::new(&t, splits.train.len(), self.seq);
+        for epoch in plan.epochs() {
             let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let skip = (first.saturating_sub(epoch * per_epoch) as usize).min(batches.len());
+            let skip = plan.skip(epoch, batches.len());
             let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
             let start = Instant::now();
             let before = s.node.metrics().bytes_by_kind();
@@ -334,7 +331,7 @@ impl<'a> Worker<'a> {
                     }
                 });
                 for (step, seeds) in batches.iter().enumerate().skip(skip) {
-                    if checkpoint_due(&t, self.seq, first, per_epoch, total) {
+                    if plan.due(self.seq) {
                         let clock = Instant::now();
                         self.checkpoint(Progress { loss_sum, correct: st.train_correct as f64, seen: st.train_seen })?;
                         st.checkpoint_s += clock.elapsed().as_secs_f64();
@@ -371,7 +368,7 @@ impl<'a> Worker<'a> {
             st.messages_by_kind = after.messages_by_kind();
             self.send(&self.s.coordinator, st)?;
         }
-        if checkpoint_due(&t, self.seq, first, per_epoch, total) {
+        if plan.due(self.seq) {
             self.checkpoint(Progress::default())?;
         }
         Ok(())
