@@ -1,5 +1,5 @@
 //! `hetgnn predict`: classes and final-layer embeddings of every target node
-//! from a checkpoint, written as .npy.
+//! from a checkpoint (of a single-process or a distributed run), written as .npy.
 
 use std::path::PathBuf;
 
@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use clap::Args;
 use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::{LoadOptions, Sampler};
+use actors::dist::checkpoint as dist;
 use models::checkpoint;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
@@ -17,7 +18,8 @@ use models::Model;
 /// Options of `hetgnn predict`.
 #[derive(Args)]
 pub struct PredictArgs {
-    /// A checkpoint directory, or a --checkpoint root (its newest valid checkpoint is used).
+    /// A checkpoint directory, or a checkpoint root (its newest valid checkpoint is used);
+    /// single-process (epoch-*) or distributed (step-*) checkpoints.
     #[arg(long)]
     checkpoint: PathBuf,
     /// The graph directory the model was trained on.
@@ -34,16 +36,55 @@ pub struct PredictArgs {
     batch: usize,
 }
 
+/// What `predict` needs of a checkpoint, single-process or distributed.
+struct Source {
+    dir: PathBuf,
+    spec: models::ModelSpec,
+    reverse_edges: bool,
+    fanouts: Vec<usize>,
+    /// Epochs trained (the sampling key of inference batches).
+    epochs_done: u64,
+    distributed: Option<dist::Manifest>,
+}
+
+/// Finds the checkpoint `path` names: a checkpoint directory of either kind,
+/// or a root of `epoch-*` (single-process) or `step-*` (distributed) ones.
+fn source(path: &std::path::Path) -> anyhow::Result<Source> {
+    let is_dist = |d: &std::path::Path| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+    let dir = if path.join("manifest.json").exists() {
+        path.to_path_buf()
+    } else if !dist::list(path)?.is_empty() {
+        let (m, skipped) = dist::latest_any(path)?.with_context(|| format!("{}: no usable checkpoint", path.display()))?;
+        for s in skipped {
+            eprintln!("skipped checkpoint: {s}");
+        }
+        dist::dir(path, m.seq)
+    } else {
+        checkpoint::resolve(path)?
+    };
+    if is_dist(&dir) {
+        let m = dist::manifest(&dir)?;
+        return Ok(Source { spec: m.spec.clone(), reverse_edges: m.reverse_edges, fanouts: m.fanouts.clone(), epochs_done: m.epochs.len() as u64, dir, distributed: Some(m) });
+    }
+    let (m, _) = checkpoint::verify(&dir)?;
+    Ok(Source { spec: m.spec, reverse_edges: m.reverse_edges, fanouts: m.fanouts, epochs_done: m.epochs_done, dir, distributed: None })
+}
+
 pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
-    let dir = checkpoint::resolve(&a.checkpoint)?;
-    let (manifest, _) = checkpoint::verify(&dir)?;
-    let g = graphs::load(&a.data, &LoadOptions { mmap_features: true, reverse_edges: manifest.reverse_edges })
-        .with_context(|| format!("loading {}", a.data.display()))?;
-    let mut model = Model::new(&manifest.spec, &g, DType::F32, &Device::Cpu)?;
-    checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), manifest.reverse_edges)?;
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
+    let src = source(&a.checkpoint)?;
+    let dir = src.dir.clone();
+    let g = graphs::load(&a.data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", a.data.display()))?;
+    let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
+    match &src.distributed {
+        Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
+        None => {
+            checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges)?;
+        }
+    }
+    let manifest = src;
     let n = g.node_type(g.target()).count;
     let ids: Vec<u32> = (0..n).collect();
     let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;

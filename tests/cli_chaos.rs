@@ -240,6 +240,9 @@ fn chaos_lossy_duplicating_delaying_links_change_nothing() {
     let mut c = Cluster::start("lossy", &format!("[chaos]\nseed = {seed}\ndrop = 0.1\nduplicate = 0.05\ndelay = {{ dist = \"uniform\", min_ms = 0, max_ms = 2 }}\n"));
     let r = c.finish();
     assert!(r["messages_by_kind"]["grad"].as_u64().unwrap_or(0) > 0, "the run crossed the network: {r}");
+    // The run's model is readable from its checkpoints.
+    let out = hetgnn(&c.dir, &["predict", "--checkpoint", "ck", "--data", "../g", "--out", "preds.npy"]).ok().stdout();
+    assert!(out.contains("wrote predictions for") && out.contains("step-"), "{out}");
 }
 
 #[test]

@@ -112,6 +112,7 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let last = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
     assert_eq!(kept.len(), 2, "checkpoint_keep = 2: {kept:?}");
     assert_eq!(last(&kept[1]), want.steps, "the last checkpoint is taken at the end");
+    assert_eq!(assembled_hash(&kept[1]), want.final_model_sha256, "the last checkpoint holds the final model");
 
     // A run of one epoch, then the same run extended to two: it resumes at the end of epoch 1.
     let dir = root.join("extended");
@@ -154,6 +155,15 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     other.training.lr = 0.02;
     let err = train_embedded(&other, &mut ()).err().unwrap().to_string();
     assert!(err.contains("another run"), "{err}");
+}
+
+/// The hash of the whole model assembled from a distributed checkpoint.
+pub fn assembled_hash(dir: &std::path::Path) -> String {
+    let m = actors::dist::checkpoint::manifest(dir).unwrap();
+    let g = graphs::load(&common::graph(), &graphs::LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
+    let mut model = models::Model::new(&m.spec, &g, DType::F32, &candle_core::Device::Cpu).unwrap();
+    actors::dist::checkpoint::assemble(dir, &m, &mut model).unwrap();
+    actors::trainer::model_hash(&model).unwrap()
 }
 
 /// Records the notes a run makes.

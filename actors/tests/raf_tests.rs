@@ -185,6 +185,13 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let per_epoch = want.steps / 2;
     assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
     let list = |d: &std::path::Path| actors::dist::checkpoint::list(d).unwrap();
+    // The last checkpoint, assembled from the workers' files, is the final model.
+    let last = list(&root.join("reference")).pop().unwrap();
+    let m = actors::dist::checkpoint::manifest(&last).unwrap();
+    let g = graphs::load(&common::graph(), &graphs::LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
+    let mut model = Model::new(&m.spec, &g, DType::F32, &candle_core::Device::Cpu).unwrap();
+    actors::dist::checkpoint::assemble(&last, &m, &mut model).unwrap();
+    assert_eq!(actors::trainer::model_hash(&model).unwrap(), want.final_model_sha256);
     let seq = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
 
     // Extended by an epoch: resumes at the end of the first.

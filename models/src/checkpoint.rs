@@ -66,11 +66,16 @@ pub fn dense_tensors(model: &Model, adam: &Adam) -> Result<HashMap<String, Tenso
 /// Restores what [`dense_tensors`] wrote (taking it out of `tensors`); checks
 /// every name and shape before changing anything. `dir` names the source in errors.
 pub fn restore_dense(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+    restore_dense_where(dir, tensors, model, adam, |_| true)
+}
+
+/// [`restore_dense`] for the parameters `held` accepts (the others keep their values).
+pub fn restore_dense_where(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam, held: impl Fn(&str) -> bool) -> Result<()> {
     let device = model.device().clone();
     let dtype = model.dtype();
     let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
     let mut dense = Vec::new();
-    for (n, var) in model.params.iter() {
+    for (n, var) in model.params.iter().filter(|(n, _)| held(n)) {
         let t = take(&format!("param.{n}"))?;
         if t.shape() != var.as_tensor().shape() {
             return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
@@ -135,8 +140,13 @@ fn take_embeddings(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &Mo
 /// Restores the dense state and the embedding tables (see [`dense_tensors`],
 /// [`embedding_tensors`]) from `tensors`; checks everything before changing anything.
 pub fn restore_model(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+    restore_model_where(dir, tensors, model, adam, |_| true)
+}
+
+/// [`restore_model`] for the parameters `held` accepts (and every table the model has).
+pub fn restore_model_where(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam, held: impl Fn(&str) -> bool) -> Result<()> {
     let tables = take_embeddings(dir, tensors, model)?;
-    restore_dense(dir, tensors, model, adam)?;
+    restore_dense_where(dir, tensors, model, adam, held)?;
     for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
         (e.data, e.m, e.v, e.steps) = (data, m, v, steps);
     }

@@ -54,8 +54,14 @@ pub struct Manifest {
     /// Identifies the run (model, data, partitions and every setting that
     /// shapes the model's bits): resuming requires an equal one.
     pub run: String,
+    /// "data-parallel" or "raf".
+    pub mode: String,
     /// The model's spec (for people and `predict`).
     pub spec: ModelSpec,
+    /// Sampling fanouts of training (`predict` samples the same way).
+    pub fanouts: Vec<usize>,
+    /// Whether reverse relations were added (they have parameters of their own).
+    pub reverse_edges: bool,
     /// Steps done: training resumes at this global step.
     pub seq: u64,
     /// Epochs finished before `seq`, as reported.
@@ -67,9 +73,9 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// A manifest of the current format.
-    pub fn new(run: String, spec: ModelSpec, seq: u64, epochs: Vec<EpochReport>, progress: Progress, files: BTreeMap<String, String>) -> Manifest {
-        Manifest { format: FORMAT, run, spec, seq, epochs, progress, files }
+    /// A manifest of the current format for a run of `mode` configured by `t`.
+    pub fn new(run: String, mode: &str, t: &crate::config::TrainingConfig, seq: u64, epochs: Vec<EpochReport>, progress: Progress, files: BTreeMap<String, String>) -> Manifest {
+        Manifest { format: FORMAT, run, mode: mode.to_string(), spec: t.model_spec(), fanouts: t.fanouts.clone(), reverse_edges: t.reverse_edges, seq, epochs, progress, files }
     }
 }
 
@@ -210,10 +216,97 @@ pub fn load_tensors(dir: &Path, m: &Manifest, file: &str) -> Result<HashMap<Stri
     Ok(candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?)
 }
 
+/// Fills `model` (built for `m.spec` on the whole graph) from the distributed
+/// checkpoint in `dir`: each parameter from the first file holding it
+/// (trainer 0's dense file, or the raf workers' in worker order), each
+/// embedding table from the stores' shards (rows by id) or from the first
+/// worker holding it. Every file's checksum is verified; every value must be
+/// found (but a raf parameter no worker uses, which keeps its initial value).
+pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
+    let mut params: HashMap<String, Tensor> = HashMap::new();
+    let mut tables: HashMap<String, Vec<f32>> = HashMap::new();
+    let mut shard_rows: HashMap<String, Vec<(Vec<u32>, Vec<f32>)>> = HashMap::new();
+    for file in m.files.keys() {
+        let tensors = load_tensors(dir, m, file)?;
+        if let Some(ty) = file.strip_prefix("embed.").and_then(|r| r.rsplit_once('.')).and_then(|(r, _)| r.rsplit_once('.')).map(|(ty, _)| ty) {
+            // A store's shard: `embed.<type>.<part>.safetensors`.
+            let get = |k: &str| tensors.get(k).ok_or_else(|| bad(&dir.join(file), format!("tensor '{k}' is missing")));
+            let ids: Vec<u32> = get("ids")?.to_vec1()?;
+            let data: Vec<f32> = get("data")?.flatten_all()?.to_vec1()?;
+            shard_rows.entry(ty.to_string()).or_default().push((ids, data));
+            continue;
+        }
+        for (name, t) in tensors {
+            if let Some(p) = name.strip_prefix("param.") {
+                params.entry(p.to_string()).or_insert(t);
+            } else if let Some(table) = name.strip_suffix(".data") {
+                if !tables.contains_key(table) {
+                    tables.insert(table.to_string(), t.flatten_all()?.to_vec1()?);
+                }
+            }
+        }
+    }
+    let (device, dtype) = (model.device().clone(), model.dtype());
+    for (name, var) in model.params.iter() {
+        let Some(t) = params.remove(name) else {
+            // A raf parameter no worker uses never changes: it keeps its initial value.
+            if m.mode == "raf" {
+                continue;
+            }
+            return Err(bad(dir, format!("no file holds parameter {name}")));
+        };
+        if t.shape() != var.as_tensor().shape() {
+            return Err(bad(dir, format!("parameter {name} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
+        }
+        var.set(&t.to_dtype(dtype)?.to_device(&device)?)?;
+    }
+    for e in model.embeddings.iter_mut().flatten() {
+        let ty = e.name.strip_prefix("embed.").unwrap_or(&e.name);
+        let ty_file: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
+        if let Some(data) = tables.remove(&e.name) {
+            if data.len() != e.data.len() {
+                return Err(bad(dir, format!("table {} has {} values, the model {}", e.name, data.len(), e.data.len())));
+            }
+            e.data = data;
+        } else if let Some(shards) = shard_rows.remove(&ty_file) {
+            let mut seen = vec![false; e.rows];
+            for (ids, data) in shards {
+                if data.len() != ids.len() * e.dim {
+                    return Err(bad(dir, format!("a shard of {} has rows of another width", e.name)));
+                }
+                for (k, &id) in ids.iter().enumerate() {
+                    let row = id as usize;
+                    if row >= e.rows || seen[row] {
+                        return Err(bad(dir, format!("a shard of {} names row {id} out of range or twice", e.name)));
+                    }
+                    seen[row] = true;
+                    e.data[row * e.dim..(row + 1) * e.dim].copy_from_slice(&data[k * e.dim..(k + 1) * e.dim]);
+                }
+            }
+            if let Some(missing) = seen.iter().position(|s| !s) {
+                return Err(bad(dir, format!("no shard holds row {missing} of {}", e.name)));
+            }
+        } else {
+            return Err(bad(dir, format!("no file holds table {}", e.name)));
+        }
+    }
+    Ok(())
+}
+
 /// The newest checkpoint under `root` whose every file verifies, with what
 /// was wrong with newer ones. A checkpoint of another run is an error: the
 /// directory belongs to that run.
 pub fn latest(root: &Path, run: &str) -> Result<Option<(Manifest, Vec<String>)>> {
+    latest_of(root, Some(run))
+}
+
+/// The newest checkpoint under `root` whose every file verifies, of whatever
+/// run wrote it (for reading a trained model), with what was wrong with newer ones.
+pub fn latest_any(root: &Path) -> Result<Option<(Manifest, Vec<String>)>> {
+    latest_of(root, None)
+}
+
+fn latest_of(root: &Path, run: Option<&str>) -> Result<Option<(Manifest, Vec<String>)>> {
     let mut skipped = Vec::new();
     for d in list(root)?.into_iter().rev() {
         let checked = manifest(&d).and_then(|m| {
@@ -223,7 +316,7 @@ pub fn latest(root: &Path, run: &str) -> Result<Option<(Manifest, Vec<String>)>>
             Ok(m)
         });
         match checked {
-            Ok(m) if m.run != run => {
+            Ok(m) if run.is_some_and(|r| m.run != r) => {
                 return Err(bad(
                     &d,
                     "written by another run (other model, data, partitions or settings); resume that run as it was configured, or use another checkpoint_dir",
@@ -250,8 +343,7 @@ mod tests {
 
     fn save(root: &Path, seq: u64, v: f32, keep: usize) -> Manifest {
         let (f, sum) = write_tensors(&partial_dir(root, seq), "embed.a.0.safetensors", &tensors(v)).unwrap();
-        let spec = ModelSpec { kind: models::ModelKind::Rgcn, layers: 2, hidden: 8, embed_dim: 8, dropout: 0.5, seed: 0, heads: 4 };
-        let m = Manifest { format: FORMAT, run: "r".into(), spec, seq, epochs: Vec::new(), progress: Progress::default(), files: BTreeMap::from([(f, sum)]) };
+        let m = Manifest::new("r".into(), "data-parallel", &crate::config::TrainingConfig::default(), seq, Vec::new(), Progress::default(), BTreeMap::from([(f, sum)]));
         finalize(root, &m, keep).unwrap();
         m
     }

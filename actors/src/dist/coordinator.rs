@@ -169,7 +169,7 @@ impl<'a> Coordinator<'a> {
                     }
                 }
             }
-            let m = Manifest::new(self.run.clone(), self.t.model_spec(), seq, self.report.epochs[..before].to_vec(), progress, files);
+            let m = Manifest::new(self.run.clone(), &self.report.mode, self.t, seq, self.report.epochs[..before].to_vec(), progress, files);
             let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
             self.completed = Some(seq);
             observer.note(&format!("checkpoint at step {seq} written to {}", dir.display()));

@@ -395,8 +395,7 @@ mod tests {
         let at_2 = rows(&store);
         step(&mut store, 2, 2.0);
         assert_ne!(rows(&store), at_2);
-        let spec = models::ModelSpec { kind: models::ModelKind::Rgcn, layers: 2, hidden: 8, embed_dim: 2, dropout: 0.5, seed: 0, heads: 4 };
-        let m = checkpoint::Manifest { format: 1, run: "r".into(), spec, seq: 2, epochs: Vec::new(), progress: Default::default(), files: BTreeMap::from([(f, sum)]) };
+        let m = checkpoint::Manifest::new("r".into(), "data-parallel", &crate::config::TrainingConfig::default(), 2, Vec::new(), Default::default(), BTreeMap::from([(f, sum)]));
         checkpoint::finalize(root.path(), &m, 3).unwrap();
         store.reset(7, Some(2)).unwrap();
         assert_eq!(rows(&store), at_2, "the rows of the checkpoint");

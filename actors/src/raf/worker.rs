@@ -240,7 +240,8 @@ impl<'a> Worker<'a> {
         let mut seq = 0;
         if let Some((dir, m)) = &setup.from {
             let mut tensors = checkpoint::load_tensors(dir, m, &checkpoint_file(setup.worker))?;
-            models::checkpoint::restore_model(dir, &mut tensors, &mut model, &mut adam)?;
+            let held = &all_used[w];
+            models::checkpoint::restore_model_where(dir, &mut tensors, &mut model, &mut adam, |n| held.contains(n))?;
             seq = m.seq;
         }
         Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq })
@@ -250,7 +251,10 @@ impl<'a> Worker<'a> {
     /// checkpoint before step `self.seq` and tells the coordinator.
     fn checkpoint(&self, progress: Progress) -> Result<()> {
         let Some(root) = &self.setup.cfg.checkpoint_dir else { return Ok(()) };
+        // Only what this worker holds: the rest of its model is stale.
         let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
+        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).is_none_or(|n| self.used.contains(n));
+        tensors.retain(|name, _| held(name));
         tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
         let w = self.setup.worker;
         let file = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &checkpoint_file(w), &tensors)?;
