@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use actors::dist::train_embedded;
 use actors::{train, Config};
 use candle_core::DType;
-use common::{close, derived, Losses};
+use common::{assembled_hash, close, derived, Losses, Notes};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
@@ -155,23 +155,4 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     other.training.lr = 0.02;
     let err = train_embedded(&other, &mut ()).err().unwrap().to_string();
     assert!(err.contains("another run"), "{err}");
-}
-
-/// The hash of the whole model assembled from a distributed checkpoint.
-pub fn assembled_hash(dir: &std::path::Path) -> String {
-    let m = actors::dist::checkpoint::manifest(dir).unwrap();
-    let g = graphs::load(&common::graph(), &graphs::LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
-    let mut model = models::Model::new(&m.spec, &g, DType::F32, &candle_core::Device::Cpu).unwrap();
-    actors::dist::checkpoint::assemble(dir, &m, &mut model).unwrap();
-    actors::trainer::model_hash(&model).unwrap()
-}
-
-/// Records the notes a run makes.
-#[derive(Default)]
-struct Notes(Vec<String>);
-
-impl actors::TrainObserver for Notes {
-    fn note(&mut self, m: &str) {
-        self.0.push(m.to_string());
-    }
 }

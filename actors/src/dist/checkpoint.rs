@@ -87,6 +87,20 @@ fn bad(path: &Path, problem: impl std::fmt::Display) -> TrainError {
     TrainError::Checkpoint(format!("{}: {problem}", path.display()))
 }
 
+/// A run's fingerprint: every training setting that shapes the model's bits
+/// (model, graph, sampling, batches, optimiser), then `extra` (the mode's own:
+/// partitioning, all-reduce order, ...). Checkpoints are resumed only by an equal run.
+pub fn fingerprint(t: &crate::config::TrainingConfig, graph: &str, extra: &[&[u8]]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(format!("{:?}|{graph}|{}|{:?}|{}|{}|{}", t.model_spec(), t.reverse_edges, t.fanouts, t.batch, t.lr, t.seed).as_bytes());
+    for e in extra {
+        h.update((e.len() as u64).to_le_bytes());
+        h.update(e);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The directory of the complete checkpoint at step `seq`.
 pub fn dir(root: &Path, seq: u64) -> PathBuf {
     root.join(format!("{PREFIX}{seq:09}"))

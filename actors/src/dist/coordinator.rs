@@ -15,7 +15,7 @@ use graphs::HetGraph;
 use super::checkpoint::{self, Manifest};
 use super::inbox::{EpochProgress, Inbox};
 use super::messages::{Begin, EpochStats, Saved};
-use super::{abort_peers, names, System, Timeouts};
+use super::{abort_peers, names, stop_all_but, System, Timeouts};
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
 use crate::report::{EpochReport, FailureReport, Report};
@@ -185,12 +185,9 @@ pub(crate) fn new_generation() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
     h.write_u32(std::process::id());
-    // 0: inboxes that never started one; ANY_GENERATION: "whichever is running".
-    (h.finish() >> 1) | 1
+    // 0: inboxes that never started one.
+    h.finish() | 1
 }
-
-/// In an abort: stop whatever generation is running.
-pub(crate) const ANY_GENERATION: u64 = u64::MAX;
 
 /// How long the coordinator lets a partition be silent before it stops
 /// whatever that partition runs (a coordinator restarted within the failure
@@ -226,7 +223,8 @@ impl Driver<'_> {
         let mut same: (Option<(u64, u64)>, u32) = (None, 0);
         for attempt in 0u32.. {
             let wait = if attempt == 0 { self.start } else { self.rejoin };
-            let members = self.wait_ready(wait)?;
+            let gen = new_generation();
+            let members = self.wait_ready(wait, gen)?;
             let from = match &self.c.t.checkpoint_dir {
                 Some(root) => match checkpoint::latest(root, &self.c.run)? {
                     Some((m, skipped)) => {
@@ -253,7 +251,6 @@ impl Driver<'_> {
                 }
                 None => {}
             }
-            let gen = new_generation();
             self.c.inbox.running(gen, Some(members));
             let begun = self.begin(Begin { gen, from: from.as_ref().map(|m| m.seq) });
             let result = begun.and_then(|()| self.c.attempt(g, observer, from.as_ref()));
@@ -301,8 +298,9 @@ impl Driver<'_> {
         unreachable!("the loop returns")
     }
 
-    /// Waits until every partition said it is ready; returns their incarnations.
-    fn wait_ready(&self, timeout: Duration) -> Result<BTreeMap<u32, u64>> {
+    /// Waits until every partition said it is ready (nudging silent ones to
+    /// stop anything but generation `next`); returns their incarnations.
+    fn wait_ready(&self, timeout: Duration, next: u64) -> Result<BTreeMap<u32, u64>> {
         let start = Instant::now();
         let deadline = start + timeout;
         let mut nudged = start;
@@ -314,7 +312,8 @@ impl Driver<'_> {
             if nudged.elapsed() >= NUDGE_AFTER {
                 nudged = Instant::now();
                 let silent: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).flat_map(|p| self.members[p as usize].iter().cloned()).collect();
-                abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, ANY_GENERATION, &silent, "the coordinator is starting the run again");
+                // Whatever they run is stale, but not the generation about to start (a late copy of this must not stop it).
+                stop_all_but(&self.system.node, &self.system.handle, names::COORDINATOR, next, &silent, "the coordinator is starting the run again");
             }
             if Instant::now() >= deadline {
                 let missing: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).map(|p| format!("{p} (node {})", self.nodes.get(p as usize).map_or("?", String::as_str))).collect();

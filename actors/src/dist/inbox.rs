@@ -348,8 +348,12 @@ impl Handler<Deliver<Abort>> for InboxActor {
     fn handle(&mut self, m: Deliver<Abort>, _: &mut Context<Self>) -> Self::Result {
         let from = if m.msg.from == u32::MAX { "the coordinator".to_string() } else { format!("trainer {}", m.msg.from) };
         let reason = format!("{from}: {}", m.msg.reason);
-        if m.msg.gen == super::coordinator::ANY_GENERATION {
-            self.0.abort(reason);
+        if m.msg.all_but {
+            let inbox = &self.0;
+            let mut s = inbox.lock();
+            if s.gen != m.msg.gen {
+                inbox.abort_locked(&mut s, reason);
+            }
         } else {
             self.0.abort_gen(m.msg.gen, reason);
         }

@@ -110,6 +110,9 @@ pub struct Abort {
     /// Generation (attempt) of the run the message belongs to: a recovery
     /// starts a new one, and messages of others are not mixed in.
     pub gen: u64,
+    /// Stop whatever generation runs, unless it is `gen` (the coordinator
+    /// clearing the way for the generation it is about to start).
+    pub all_but: bool,
     /// Failing trainer.
     pub from: u32,
     /// Why.

@@ -188,10 +188,19 @@ const ABORT_NOTICE: Duration = Duration::from_secs(1);
 /// Tells the actors `targets` that `me` (numbered `from`) failed, best effort
 /// (a peer that is down will not answer), so they stop instead of waiting.
 pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str, from: u32, gen: u64, targets: &[String], reason: &str) {
+    send_abort(node, handle, me, Abort { gen, all_but: false, from, reason: reason.to_string() }, targets);
+}
+
+/// Tells `targets` to stop whatever generation they run unless it is `keep`.
+pub(crate) fn stop_all_but(node: &Node, handle: &tokio::runtime::Handle, me: &str, keep: u64, targets: &[String], reason: &str) {
+    send_abort(node, handle, me, Abort { gen: keep, all_but: true, from: u32::MAX, reason: reason.to_string() }, targets);
+}
+
+fn send_abort(node: &Node, handle: &tokio::runtime::Handle, me: &str, abort: Abort, targets: &[String]) {
     let Ok(me) = runtime::ActorName::new(me) else { return };
     let asks = targets.iter().filter_map(|n| node.actor(n).ok()).map(|r| {
-        let (r, reason) = (r.with_sender(me.clone()), reason.to_string());
-        async move { r.ask(Abort { gen, from, reason }, ABORT_NOTICE).await }
+        let (r, abort) = (r.with_sender(me.clone()), Abort { reason: abort.reason.clone(), ..abort });
+        async move { r.ask(abort, ABORT_NOTICE).await }
     });
     let _ = handle.block_on(join_all(asks));
 }
@@ -355,31 +364,14 @@ fn members(parts: u32, per_part: u32) -> Vec<Vec<String>> {
     (0..parts).map(|p| (0..per_part).map(|j| names::trainer(p * per_part + j)).collect()).collect()
 }
 
-/// Fingerprint of everything that shapes a run's bits (model, data,
-/// partitioning, sampling, optimiser): checkpoints are only resumed by an equal run.
+/// The fingerprint of a data-parallel run (see [`checkpoint::fingerprint`]):
+/// its partitioning (owners included) and all-reduce order too.
 fn run_key(t: &TrainingConfig, set: &PartitionSet, g: &HetGraph) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    let settings = format!(
-        "{:?}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{}|{:?}",
-        t.model_spec(),
-        g.name(),
-        t.reverse_edges,
-        t.fanouts,
-        t.batch,
-        t.lr,
-        t.seed,
-        t.allreduce,
-        set.manifest.parts,
-        set.manifest.trainers,
-        set.manifest.method
-    );
-    h.update(settings.as_bytes());
-    for o in &set.owners {
-        h.update(bytemuck::cast_slice::<u16, u8>(o));
-    }
-    h.update(bytemuck::cast_slice::<u16, u8>(&set.trainer_of));
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    let layout = format!("data-parallel|{:?}|{}|{}|{:?}", t.allreduce, set.manifest.parts, set.manifest.trainers, set.manifest.method);
+    let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
+    extra.extend(set.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+    extra.push(bytemuck::cast_slice::<u16, u8>(&set.trainer_of));
+    checkpoint::fingerprint(t, g.name(), &extra)
 }
 
 /// A node's partition over the run's generations: it tells the coordinator

@@ -66,24 +66,11 @@ fn open_plan(t: &TrainingConfig) -> Result<Plan> {
     Ok(Plan { set, part_of })
 }
 
-/// Fingerprint of everything that shapes a raf run's bits: checkpoints are
-/// only resumed by an equal run.
+/// The fingerprint of a raf run (see `dist::checkpoint::fingerprint`): its
+/// meta-partitions, worker order and embedding mode too.
 fn run_key(t: &TrainingConfig, plan: &Plan, g: &HetGraph) -> String {
-    use sha2::{Digest, Sha256};
-    let text = format!(
-        "raf|{:?}|{}|{}|{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
-        t.model_spec(),
-        g.name(),
-        t.reverse_edges,
-        t.fanouts,
-        t.batch,
-        t.lr,
-        t.seed,
-        t.raf_embeddings,
-        plan.part_of,
-        plan.set.manifest
-    );
-    Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    let layout = format!("raf|{:?}|{:?}|{:?}", t.raf_embeddings, plan.part_of, plan.set.manifest);
+    crate::dist::checkpoint::fingerprint(t, g.name(), &[layout.as_bytes()])
 }
 
 /// What every worker thread of a run shares.

@@ -50,6 +50,25 @@ pub fn config(base: &[&str], extra: &[String]) -> Config {
     Config::parse("", &o).unwrap()
 }
 
+/// Records the notes a run makes.
+#[derive(Default)]
+pub struct Notes(pub Vec<String>);
+
+impl TrainObserver for Notes {
+    fn note(&mut self, m: &str) {
+        self.0.push(m.to_string());
+    }
+}
+
+/// The hash of the whole model assembled from the distributed checkpoint in `dir`.
+pub fn assembled_hash(dir: &Path) -> String {
+    let m = actors::dist::checkpoint::manifest(dir).unwrap();
+    let g = graphs::load(&graph(), &LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
+    let mut model = models::Model::new(&m.spec, &g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    actors::dist::checkpoint::assemble(dir, &m, &mut model).unwrap();
+    actors::trainer::model_hash(&model).unwrap()
+}
+
 /// Records every step's loss.
 #[derive(Default)]
 pub struct Losses(pub Vec<f64>);
