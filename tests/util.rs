@@ -50,9 +50,18 @@ pub fn hetgnn_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     Run { args: args.iter().map(|s| s.to_string()).collect(), out }
 }
 
-/// A UDP port on loopback that was free a moment ago.
+/// A UDP port on loopback that was free a moment ago and that no other test
+/// of this binary got (the OS may hand a just-released port out again, and
+/// tests run side by side).
 pub fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// `[[cluster.nodes]]` entries for `ids` on free loopback ports.

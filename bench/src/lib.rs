@@ -18,5 +18,12 @@ pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// `n` distinct free UDP ports on loopback (the sockets are held together
+/// while choosing, so the OS cannot hand one out twice).
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let sockets = (0..n).map(|_| std::net::UdpSocket::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
+    Ok(sockets.iter().map(|s| s.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?)
+}
+
 /// Peak resident memory of this process in bytes (Linux), if known.
 pub use actors::report::peak_rss_bytes;

@@ -59,8 +59,17 @@ fn serve_counter(node: &Node, name: &str) {
     node.register(name, &addr).unwrap().handle::<Add>().handle::<Sleep>();
 }
 
+/// A free loopback port no other test of this binary got (the OS may hand a
+/// just-released port out again, and tests run side by side).
 fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 fn topology(dir: &Path, n: usize) -> Topology {

@@ -252,7 +252,8 @@ impl Driver<'_> {
                 None => {}
             }
             self.c.inbox.running(gen, Some(members));
-            let begun = self.begin(Begin { gen, from: from.as_ref().map(|m| m.seq) });
+            let order = (self.c.report.started_at_unix_ms, u64::from(attempt));
+            let begun = self.begin(Begin { gen, from: from.as_ref().map(|m| m.seq), order });
             let result = begun.and_then(|()| self.c.attempt(g, observer, from.as_ref()));
             self.c.inbox.running(gen, None);
             let stepped = self.c.first_step_at;

@@ -35,6 +35,8 @@ struct State {
     abort: Option<String>,
     finished: Option<bool>,
     begin: Option<Begin>,
+    /// The newest `Begin` taken (its order).
+    begun: (u64, u64),
     ready: BTreeMap<u32, Ready>,
     /// While the coordinator runs a generation: each partition's incarnation.
     running: Option<BTreeMap<u32, u64>>,
@@ -186,6 +188,23 @@ impl Inbox {
             }
             s.running = members;
         });
+    }
+
+    /// A coordinator's start: a new generation stops the current one at once
+    /// (its trainers may be waiting on a peer that is gone) and is kept for
+    /// the node's loop; a start older than one already taken is ignored.
+    fn take_begin(&self, b: Begin) {
+        let mut s = self.lock();
+        if b.order <= s.begun {
+            tracing::warn!("ignored a late start of generation {:x}", b.gen);
+            return;
+        }
+        s.begun = b.order;
+        if s.gen != b.gen {
+            self.abort_locked(&mut s, format!("the coordinator restarts the run (generation {:x})", b.gen));
+        }
+        s.begin = Some(b);
+        self.cv.notify_all();
     }
 
     fn take_ready(&self, r: Ready) {
@@ -363,8 +382,11 @@ impl Handler<Deliver<Abort>> for InboxActor {
 
 impl Handler<Deliver<Finish>> for InboxActor {
     type Result = MessageResult<Deliver<Finish>>;
+    /// From the coordinator's node: whatever this node still runs is not
+    /// needed (a last acknowledgement lost as the coordinator left): it stops.
     fn handle(&mut self, m: Deliver<Finish>, _: &mut Context<Self>) -> Self::Result {
         self.0.finish(m.msg.ok);
+        self.0.abort("the run is over".into());
         MessageResult(())
     }
 }
@@ -415,17 +437,8 @@ impl Handler<Deliver<Ready>> for InboxActor {
 
 impl Handler<Deliver<Begin>> for InboxActor {
     type Result = MessageResult<Deliver<Begin>>;
-    /// A new generation stops the current one at once (its trainers may be
-    /// waiting on a peer that is gone) and is kept for the node's loop.
     fn handle(&mut self, m: Deliver<Begin>, _: &mut Context<Self>) -> Self::Result {
-        let b = m.msg;
-        let inbox = &self.0;
-        let mut s = inbox.lock();
-        if s.gen != b.gen {
-            inbox.abort_locked(&mut s, format!("the coordinator restarts the run (generation {:x})", b.gen));
-        }
-        s.begin = Some(b);
-        inbox.cv.notify_all();
+        self.0.take_begin(m.msg);
         MessageResult(())
     }
 }
@@ -536,5 +549,20 @@ mod tests {
         inbox.running(6, Some(BTreeMap::from([(0, 10), (1, 12)])));
         inbox.take_ready(ready(0, 10, LastAttempt::Failed(6)));
         assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("failed")));
+    }
+
+    #[test]
+    fn a_late_start_is_ignored_and_a_new_one_stops_the_running_generation() {
+        let inbox = Inbox::default();
+        let begin = |gen, order| Begin { gen, from: None, order };
+        inbox.take_begin(begin(7, (100, 0)));
+        assert_eq!(inbox.control(Duration::from_millis(10)), Some(Control::Begin(begin(7, (100, 0)))));
+        assert_eq!(inbox.gen(), 7, "taking the word starts the generation");
+        inbox.take_begin(begin(5, (99, 3)));
+        assert!(inbox.lock().begin.is_none() && inbox.lock().abort.is_none(), "an older start changes nothing");
+        inbox.take_begin(begin(9, (100, 1)));
+        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("restarts")), "the running generation stops");
+        assert_eq!(inbox.control(Duration::from_millis(10)), Some(Control::Begin(begin(9, (100, 1)))));
+        assert!(inbox.lock().abort.is_none(), "and the new one starts clean");
     }
 }

@@ -244,6 +244,10 @@ pub struct Begin {
     pub gen: u64,
     /// The checkpoint (its step) to restore, if any.
     pub from: Option<u64>,
+    /// Orders the coordinator's starts (its start time in milliseconds, then
+    /// a count): a node takes no `Begin` older than one it already took, so a
+    /// late copy cannot send it back to a generation that is over.
+    pub order: (u64, u64),
 }
 
 impl Msg for Begin {

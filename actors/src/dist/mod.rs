@@ -334,7 +334,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
         (driven, d.c.report, models)
     });
     driven?;
-    let mut models = models.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))??;
+    let mut models = own_replicas(models.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?)?;
     report.config = cfg.clone();
     let tables = finish(&mut report, &system, &models[0], &graphs[0], &t, parts)?;
     drop(system);
@@ -377,8 +377,10 @@ fn run_key(t: &TrainingConfig, set: &PartitionSet, g: &HetGraph) -> String {
 /// A node's partition over the run's generations: it tells the coordinator
 /// it is ready (again and again, so a restarted coordinator hears it too),
 /// and on each `Begin` starts its inboxes' new generation and runs `attempt`.
-/// Returns the last successful attempt's result once the coordinator says
-/// the run is over. `leader` (named `me`) takes the coordinator's words.
+/// Once the coordinator says the run is over (well), returns the last
+/// attempt's result, or `None` if that attempt did not finish (the
+/// coordinator had all it needed: a last acknowledgement was lost as it
+/// left). `leader` (named `me`) takes the coordinator's words.
 #[allow(clippy::too_many_arguments)] // one partition's whole context
 pub(crate) fn serve_generations<T>(
     node: &Node,
@@ -388,7 +390,7 @@ pub(crate) fn serve_generations<T>(
     inboxes: &[Arc<Inbox>],
     rejoin: Duration,
     mut attempt: impl FnMut(Begin) -> Result<T>,
-) -> Result<T> {
+) -> Result<Option<T>> {
     let leader = inboxes.first().ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
     let me = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
     let coordinator = node.actor(names::COORDINATOR).map_err(|e| TrainError::Distributed(e.to_string()))?.with_sender(me);
@@ -408,7 +410,7 @@ pub(crate) fn serve_generations<T>(
             }
         };
         let b = match control {
-            Control::Finish(true) => return result.ok_or_else(|| TrainError::Distributed("the coordinator ended the run before this partition finished it".into())),
+            Control::Finish(true) => return Ok(result),
             Control::Finish(false) => return Err(TrainError::Distributed("the coordinator gave up the run (its log says why)".into())),
             Control::Begin(b) => b,
         };
@@ -422,6 +424,7 @@ pub(crate) fn serve_generations<T>(
                 last = LastAttempt::Done(b.gen);
             }
             Err(e) => {
+                result = None;
                 tracing::warn!("partition {part}: generation {:x} stopped: {e}", b.gen);
                 last = LastAttempt::Failed(b.gen);
             }
@@ -450,8 +453,14 @@ pub(crate) fn begin_from(t: &TrainingConfig, run: &str, b: Begin) -> Result<Opti
 }
 
 /// Data-parallel partition `part` over the run's generations (see [`serve_generations`]).
-fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], rejoin: Duration) -> Result<Vec<models::Model>> {
+fn run_partition(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], rejoin: Duration) -> Result<Option<Vec<models::Model>>> {
     serve_generations(node, handle, &names::trainer(part * sh.per_part), part, inboxes, rejoin, |b| run_generation(sh, part, graph, node, handle, inboxes, b))
+}
+
+/// The replicas of the coordinator's own partition (their last attempt finished: the
+/// coordinator saw every step).
+fn own_replicas(r: Result<Option<Vec<models::Model>>>) -> Result<Vec<models::Model>> {
+    r?.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))
 }
 
 /// One attempt of a partition: its stores restore the checkpoint, its trainers train.
@@ -624,7 +633,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
         (driven, d.c.report, models)
     });
     let finished = driven.and_then(|()| {
-        let model = models?.swap_remove(0);
+        let model = own_replicas(models)?.swap_remove(0);
         report.config = cfg.clone();
         finish(&mut report, &system, &model, &graph, &t, parts)
     });

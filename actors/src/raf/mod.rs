@@ -87,7 +87,7 @@ struct Common {
 /// on each `Begin` it restores the named checkpoint and trains; `after` runs
 /// on each attempt's result (a remote worker sends its final state there).
 #[allow(clippy::too_many_arguments)] // one worker's whole context
-fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inbox: &Arc<Inbox>, rejoin: Duration, after: impl Fn(u64, &WorkerResult) -> Result<()>) -> Result<WorkerResult> {
+fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inbox: &Arc<Inbox>, rejoin: Duration, after: impl Fn(u64, &WorkerResult) -> Result<()>) -> Result<Option<WorkerResult>> {
     let inboxes = [inbox.clone()];
     crate::dist::serve_generations(node, handle, &names::worker(w), w, &inboxes, rejoin, |b| {
         let from = crate::dist::begin_from(&c.cfg, &c.run, b)?;
@@ -105,9 +105,18 @@ fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &No
             gen: b.gen,
         };
         let result = join_threads(vec![spawn_worker(setup)?])?.swap_remove(0);
-        after(b.gen, &result)?;
+        // The attempt succeeded whatever becomes of this: the coordinator may
+        // have all it needs and be gone before the last acknowledgement.
+        if let Err(e) = after(b.gen, &result) {
+            tracing::warn!("worker {w}: sending the final state: {e}");
+        }
         Ok(result)
     })
+}
+
+/// A worker of the coordinator's process: its last attempt must have finished.
+fn finished(r: Option<WorkerResult>) -> Result<WorkerResult> {
+    r.ok_or_else(|| TrainError::Distributed("a worker of the coordinator's process did not finish its last attempt".into()))
 }
 
 /// The coordinator's driver of a raf run of `workers` workers.
@@ -248,12 +257,12 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
             }
             i.finish(driven.is_ok());
         }
-        let results: Vec<Result<WorkerResult>> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a worker thread panicked".into())))).collect();
+        let results: Vec<Result<Option<WorkerResult>>> = loops.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a worker thread panicked".into())))).collect();
         (driven, d.c.report, results)
     });
     driven?;
     let mut report = report;
-    let states = results.into_iter().map(|r| r.and_then(|r| worker::final_state(&r))).collect::<Result<Vec<_>>>()?;
+    let states = results.into_iter().map(|r| r.and_then(finished).and_then(|r| worker::final_state(&r))).collect::<Result<Vec<_>>>()?;
     let model = assemble(&t, &graphs[0], &states)?;
     finish_report(&mut report, cfg, &model)?;
     drop(system);
@@ -311,7 +320,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     })?;
     let Some(coord) = coord else {
         // Each successful attempt's final state goes to the coordinator, which takes the last one.
-        let send = |gen: u64, r: &WorkerResult| worker::send_final(&system.node, &system.handle, w, gen, r, timeouts.ask);
+        let send = |gen: u64, r: &WorkerResult| worker::send_final(&system.node, &system.handle, &inbox, w, gen, r, timeouts.ask);
         serve_worker_generations(&common, w, &graph, &system.node, &system.handle, &inbox, rejoin, send)?;
         tracing::info!("{id}: the run is over");
         return Ok(None);
@@ -332,7 +341,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     });
     let finished = driven.and_then(|peers| {
         let mut report = report;
-        let states = std::iter::once(worker::final_state(&mine?)).chain(peers.into_iter().map(Ok)).collect::<Result<Vec<_>>>()?;
+        let states = std::iter::once(finished(mine?).and_then(|r| worker::final_state(&r))).chain(peers.into_iter().map(Ok)).collect::<Result<Vec<_>>>()?;
         let model = assemble(&t, &graph, &states)?;
         finish_report(&mut report, cfg, &model)?;
         Ok(report)

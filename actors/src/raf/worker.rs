@@ -815,7 +815,7 @@ pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
 
 /// Sends this worker's final state to the coordinator (cluster runs): the
 /// parameters first, then the tables in pieces of at most [`messages::FINAL_PIECE`] values.
-pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, gen: u64, r: &WorkerResult, timeout: Duration) -> Result<()> {
+pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, worker: u32, gen: u64, r: &WorkerResult, timeout: Duration) -> Result<()> {
     let FinalState { params, tables } = final_state(r)?;
     let mut pieces = vec![FinalState { params, tables: Vec::new() }];
     for (ty, _, data) in tables {
@@ -828,7 +828,14 @@ pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, worker: u32, gen
     let total = pieces.len() as u32;
     for (i, state) in pieces.into_iter().enumerate() {
         let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;
-        handle.block_on(to.ask(Final { gen, seq: i as u64, from: worker, data: ByteVec(data) }, timeout)).map_err(dist_err)?;
+        let ask = to.ask(Final { gen, seq: i as u64, from: worker, data: ByteVec(data) }, timeout);
+        // The coordinator may say the run is over (it has everything) before the last answer.
+        handle.block_on(async {
+            tokio::select! {
+                r = ask => r.map_err(dist_err),
+                reason = inbox.aborted() => Err(dist_err(reason)),
+            }
+        })?;
     }
     Ok(())
 }

@@ -77,12 +77,6 @@ fn run(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn summary(r: &Value, label: &str) -> Value {
     let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
     let n = epochs.len().max(1) as f64;
@@ -204,10 +198,9 @@ fn main() -> anyhow::Result<()> {
                 }
                 let mut toml =
                     format!("[cluster]\ncerts_dir = {:?}\n", certs.display().to_string());
-                for id in &ids {
+                for (id, port) in ids.iter().zip(bench::free_ports(ids.len())?) {
                     toml += &format!(
-                        "[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n",
-                        free_port()?
+                        "[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n"
                     );
                 }
                 let mode = if partitioner == "meta" {

@@ -60,10 +60,6 @@ fn hetgnn(bin: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -82,8 +78,8 @@ impl Run {
         }
         std::fs::create_dir_all(&dir)?;
         let mut nodes = String::new();
-        for id in NODES {
-            nodes += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port()?);
+        for (id, port) in NODES.iter().zip(bench::free_ports(NODES.len())?) {
+            nodes += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n");
         }
         let ck = every.map_or(String::new(), |e| format!("checkpoint_dir = \"ck\"\ncheckpoint_every = {e}\n"));
         let text = format!(

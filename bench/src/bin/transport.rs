@@ -9,7 +9,7 @@
 //! Writes `bench/results/transport.json`.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -61,12 +61,9 @@ impl Handler<Deliver<Blob>> for Sink {
     }
 }
 
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").map(|s| s.local_addr().map(|a| a.port()).unwrap_or(0)).unwrap_or(0)
-}
-
 fn topology(certs: &std::path::Path) -> Topology {
-    let nodes = ["n0", "n1"].iter().map(|id| NodeSpec { id: id.to_string(), addr: format!("127.0.0.1:{}", free_port()), cert: None, key: None }).collect();
+    let ports = bench::free_ports(2).unwrap_or_else(|_| vec![0, 0]);
+    let nodes = ["n0", "n1"].iter().zip(ports).map(|(id, port)| NodeSpec { id: id.to_string(), addr: format!("127.0.0.1:{port}"), cert: None, key: None }).collect();
     let mut t = Topology::new(ClusterConfig { certs_dir: certs.to_path_buf(), metrics_addr: None, heartbeat_ms: 200, failure_timeout_ms: 5000, retry_ms: 2000, start_timeout_ms: 30_000, rejoin_timeout_ms: 600_000, nodes });
     t.placement.insert("sink".into(), "n1".into());
     t
