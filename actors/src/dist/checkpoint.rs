@@ -113,8 +113,7 @@ pub fn partial_dir(root: &Path, seq: u64) -> PathBuf {
 
 /// File name of an embedding store's rows (`store` as in `names::store`).
 pub fn shard_file(ty: &str, part: u32) -> String {
-    let ty: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
-    format!("embed.{ty}.{part}.safetensors")
+    format!("embed.{}.{part}.safetensors", super::names::plain(ty))
 }
 
 /// Writes `tensors` as `file` into `dir` (temporary name, then rename);
@@ -276,7 +275,7 @@ pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
     }
     for e in model.embeddings.iter_mut().flatten() {
         let ty = e.name.strip_prefix("embed.").unwrap_or(&e.name);
-        let ty_file: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
+        let ty_file = super::names::plain(ty);
         if let Some(data) = tables.remove(&e.name) {
             if data.len() != e.data.len() {
                 return Err(bad(dir, format!("table {} has {} values, the model {}", e.name, data.len(), e.data.len())));

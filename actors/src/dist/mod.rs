@@ -50,10 +50,14 @@ pub mod names {
     pub fn trainer(p: u32) -> String {
         format!("trainer/{p}")
     }
-    /// FeatureStore of node type `ty` in partition `p` (the type name made a valid actor name).
+    /// FeatureStore of node type `ty` in partition `p`.
     pub fn store(ty: &str, p: u32) -> String {
-        let ty: String = ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect();
-        format!("features/{ty}/{p}")
+        format!("features/{}/{p}", plain(ty))
+    }
+
+    /// A node type's name made a valid actor (and file) name.
+    pub fn plain(ty: &str) -> String {
+        ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect()
     }
 }
 
