@@ -127,6 +127,70 @@ pub struct TrainingConfig {
     pub checkpoint_keep: usize,
     /// Resume from the newest valid checkpoint in `checkpoint_dir` (default false).
     pub resume: bool,
+    /// How the device cache divides its bytes between node types:
+    /// "miss-penalty" (default, Heta), "hotness" or "none".
+    pub cache_policy: crate::cache::CachePolicy,
+    /// Device cache size per trainer or raf worker, e.g. "4GiB" (default 0: no cache).
+    pub cache_bytes: ByteSize,
+    /// Epochs pre-sampled to count node visits before the cache is filled (default 2).
+    pub cache_presample_epochs: u64,
+}
+
+/// A number of bytes. In TOML: an integer, or a string such as `"4GiB"`,
+/// `"512MiB"`, `"1.5GB"`, `"0"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ByteSizeText", into = "u64")]
+pub struct ByteSize(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ByteSizeText {
+    Number(u64),
+    Text(String),
+}
+
+impl From<ByteSize> for u64 {
+    fn from(b: ByteSize) -> u64 {
+        b.0
+    }
+}
+
+impl TryFrom<ByteSizeText> for ByteSize {
+    type Error = String;
+    fn try_from(t: ByteSizeText) -> std::result::Result<ByteSize, String> {
+        match t {
+            ByteSizeText::Number(n) => Ok(ByteSize(n)),
+            ByteSizeText::Text(s) => ByteSize::parse(&s),
+        }
+    }
+}
+
+impl ByteSize {
+    /// Parses `"4GiB"`, `"512MiB"`, `"100MB"`, `"1.5GB"`, `"64KiB"`, `"5000"` (bytes).
+    pub fn parse(text: &str) -> std::result::Result<ByteSize, String> {
+        let bad = || format!("bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes");
+        let s = text.trim();
+        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let value: f64 = num.parse().map_err(|_| bad())?;
+        let scale = match unit.trim() {
+            "" | "B" => 1.0,
+            "kB" | "KB" => 1e3,
+            "MB" => 1e6,
+            "GB" => 1e9,
+            "TB" => 1e12,
+            "KiB" => 1024.0,
+            "MiB" => 1048576.0,
+            "GiB" => 1073741824.0,
+            "TiB" => 1099511627776.0,
+            _ => return Err(bad()),
+        };
+        let bytes = value * scale;
+        if !(0.0..1e18).contains(&bytes) {
+            return Err(bad());
+        }
+        Ok(ByteSize(bytes as u64))
+    }
 }
 
 impl TrainingConfig {
@@ -162,6 +226,9 @@ impl Default for TrainingConfig {
             checkpoint_every: 0,
             checkpoint_keep: 3,
             resume: false,
+            cache_policy: crate::cache::CachePolicy::MissPenalty,
+            cache_bytes: ByteSize(0),
+            cache_presample_epochs: 2,
         }
     }
 }
@@ -245,6 +312,9 @@ impl Config {
         if t.checkpoint_keep == 0 {
             return bad("training.checkpoint_keep must be at least 1".into());
         }
+        if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None && t.cache_presample_epochs == 0 {
+            return bad("training.cache_presample_epochs must be at least 1 when training.cache_bytes is set: the cache is filled by pre-sampled visits".into());
+        }
         Ok(())
     }
 }
@@ -286,6 +356,11 @@ mod tests {
         let c = Config::parse("", &["training.fanouts=10,5".into(), "training.data=/tmp/g".into()]).unwrap();
         assert_eq!(c.training.fanouts, vec![10, 5]);
         assert_eq!(c.training.data, Some(PathBuf::from("/tmp/g")));
+        let c = Config::parse("[training]\ncache_bytes = \"4GiB\"\ncache_policy = \"hotness\"\n", &[]).unwrap();
+        assert_eq!((c.training.cache_bytes, c.training.cache_policy), (ByteSize(4 << 30), crate::cache::CachePolicy::Hotness));
+        let c = Config::parse("", &["training.cache_bytes=1.5MB".into()]).unwrap();
+        assert_eq!(c.training.cache_bytes, ByteSize(1_500_000));
+        assert_eq!(Config::parse("", &["training.cache_bytes=300".into()]).unwrap().training.cache_bytes, ByteSize(300));
     }
 
     #[test]
@@ -299,6 +374,9 @@ mod tests {
         assert!(err("", &["training.mode=heta"]).contains("unknown variant `heta`"));
         assert!(err("", &["epochs=3"]).contains("section.key"));
         assert!(err("", &["training.fanouts=a,b"]).contains("fanouts"));
+        assert!(err("", &["training.cache_bytes=4 GB/s"]).contains("bad size"));
+        assert!(err("", &["training.cache_policy=lru"]).contains("unknown variant `lru`"));
+        assert!(err("", &["training.cache_bytes=1MiB", "training.cache_presample_epochs=0"]).contains("training.cache_presample_epochs"));
         assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));
     }
 

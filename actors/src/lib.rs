@@ -5,6 +5,7 @@
 //! on the runtime come with the distributed modes.
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod cluster;
 pub mod config;
 pub mod device;

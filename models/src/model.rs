@@ -581,23 +581,37 @@ pub struct FeatureGather {
 impl FeatureGather {
     /// Feature rows of `nodes[t]` for every wanted type with features; `None` elsewhere.
     pub fn gather(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
-        let mut out = Vec::with_capacity(nodes.len());
-        for (t, ids) in nodes.iter().enumerate() {
-            let f = match &g.node_types()[t].features {
-                Some(f) if !ids.is_empty() && self.wanted[t] => f,
-                _ => {
-                    out.push(None);
-                    continue;
-                }
-            };
-            let dim = f.dim();
-            let mut buf = Vec::with_capacity(ids.len() * dim);
-            for &i in ids {
-                buf.extend_from_slice(f.row(i as usize));
-            }
-            out.push(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?));
+        nodes.iter().enumerate().map(|(t, ids)| self.gather_type(g, t, ids)).collect()
+    }
+
+    /// Feature rows `ids` of type `t` (`None` if the model does not read the
+    /// type, it has no features, or `ids` is empty).
+    pub fn gather_type(&self, g: &HetGraph, t: usize, ids: &[u32]) -> Result<Option<Tensor>> {
+        let f = match &g.node_types()[t].features {
+            Some(f) if !ids.is_empty() && self.wants(t) => f,
+            _ => return Ok(None),
+        };
+        let dim = f.dim();
+        let mut buf = Vec::with_capacity(ids.len() * dim);
+        for &i in ids {
+            buf.extend_from_slice(f.row(i as usize));
         }
-        Ok(out)
+        Ok(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?))
+    }
+
+    /// Whether the model reads type `t`'s input rows.
+    pub fn wants(&self, t: usize) -> bool {
+        self.wanted.get(t).copied().unwrap_or(false)
+    }
+
+    /// The element type inputs are converted to.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device inputs are put on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 }
 

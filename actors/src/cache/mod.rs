@@ -1,0 +1,377 @@
+//! The miss-penalty-aware device cache (Heta §6), one per trainer or raf
+//! worker device. Before training it pre-samples a few epochs to count visits
+//! per node, measures each node type's miss penalty, splits `cache_bytes`
+//! between types in proportion to visits × penalty (or visits alone), and
+//! fills each type's share with its most visited rows.
+//!
+//! Plain feature rows are read-only and may be cached on every device.
+//! Learnable rows are cached with their Adam state by the one device that
+//! updates them (a single process, or the raf worker holding the table), so
+//! writes need no invalidation and a cached run computes exactly what an
+//! uncached one does. Data-parallel trainers cache feature rows only: their
+//! learnable rows belong to the embedding stores, which every trainer reads.
+
+pub mod alloc;
+pub mod hotness;
+pub mod profile;
+pub mod rows;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use graphs::{HetGraph, MiniBatch};
+use models::embedding::{adam_row, EmbeddingTable};
+use models::model::FeatureGather;
+use models::optim::AdamConfig;
+use models::rgcn::PerType;
+use models::Model;
+use serde::{Deserialize, Serialize};
+
+pub use alloc::CachePolicy;
+use alloc::Demand;
+use hotness::Visits;
+use rows::{learnable_row_bytes, LearnableCache, RowCache};
+
+use crate::config::TrainingConfig;
+use crate::error::{Result, TrainError};
+
+/// One node type's cache figures in the run report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheTypeReport {
+    /// Fraction of the cache budget the type's rows take.
+    pub share: f64,
+    /// Rows cached (summed over devices).
+    pub rows: u64,
+    /// Cache bytes they take (learnable rows: value, Adam moments and step count).
+    pub bytes: u64,
+    /// Hits over lookups of the training steps.
+    pub hit_rate: f64,
+    /// Rows of training batches served by the cache.
+    pub hits: u64,
+    /// Rows of training batches looked up.
+    pub lookups: u64,
+    /// Measured cost of a miss per cache byte, in microseconds (mean over devices).
+    pub miss_penalty_us_per_byte: f64,
+    /// Visits counted by pre-sampling.
+    pub visits: u64,
+    /// Whether the rows are learnable embeddings.
+    pub learnable: bool,
+    /// Why the type is not cached, when it cannot be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Merges the reports of several devices, each with `budget` bytes.
+pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64) -> BTreeMap<String, CacheTypeReport> {
+    let mut out: BTreeMap<String, CacheTypeReport> = BTreeMap::new();
+    let mut penalties: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in reports {
+        for (name, t) in r {
+            let o = out.entry(name.clone()).or_insert_with(|| CacheTypeReport { learnable: t.learnable, note: t.note.clone(), ..CacheTypeReport::default() });
+            o.rows += t.rows;
+            o.bytes += t.bytes;
+            o.hits += t.hits;
+            o.lookups += t.lookups;
+            o.visits += t.visits;
+            if t.miss_penalty_us_per_byte > 0.0 {
+                penalties.entry(name.clone()).or_default().push(t.miss_penalty_us_per_byte);
+            }
+        }
+    }
+    let total = (budget * reports.len() as u64).max(1) as f64;
+    for (name, o) in &mut out {
+        o.share = o.bytes as f64 / total;
+        o.hit_rate = o.hits as f64 / o.lookups.max(1) as f64;
+        if let Some(p) = penalties.get(name) {
+            o.miss_penalty_us_per_byte = p.iter().sum::<f64>() / p.len() as f64;
+        }
+    }
+    out
+}
+
+/// A node type the cache may hold, with its measured miss penalty.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// Node type.
+    pub ty: usize,
+    /// Learnable rows (cached with their Adam state) rather than plain features.
+    pub learnable: bool,
+    /// Row width.
+    pub dim: usize,
+    /// Seconds a miss costs per cache byte.
+    pub penalty: f64,
+}
+
+impl Candidate {
+    /// Cache bytes one row takes.
+    pub fn row_bytes(&self) -> u64 {
+        if self.learnable {
+            learnable_row_bytes(self.dim)
+        } else {
+            (self.dim * 4) as u64
+        }
+    }
+}
+
+/// The rows to cache per candidate (same order): each type's share of
+/// `budget` filled with its most visited rows.
+pub fn plan(policy: CachePolicy, budget: u64, visits: &Visits, candidates: &[Candidate]) -> Vec<Vec<u32>> {
+    let ranked: Vec<Vec<u32>> = candidates.iter().map(|c| visits.ranked(c.ty)).collect();
+    let demands: Vec<Demand> = candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty }).collect();
+    let rows = alloc::allocate(policy, budget, &demands);
+    ranked.into_iter().zip(rows).map(|(mut r, n)| {
+        r.truncate(n as usize);
+        r
+    }).collect()
+}
+
+/// Cached plain feature rows: read-only, shared with the threads that gather ahead of training.
+#[derive(Default)]
+pub struct FeatureCache {
+    types: Vec<Option<RowCache>>,
+}
+
+impl FeatureCache {
+    /// Type `ty`'s cached rows, if any.
+    pub fn get(&self, ty: usize) -> Option<&RowCache> {
+        self.types.get(ty).and_then(Option::as_ref)
+    }
+
+    /// Feature rows of `nodes[t]` for every type `fg` wants (as
+    /// [`FeatureGather::gather`]), the cached ones from the cache; `count`:
+    /// add the lookups to the hit rates.
+    pub fn gather(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>], count: bool) -> Result<PerType> {
+        let mut out = Vec::with_capacity(nodes.len());
+        for (t, ids) in nodes.iter().enumerate() {
+            let x = match (self.get(t), &g.node_types()[t].features) {
+                (Some(c), Some(f)) if fg.wants(t) && !ids.is_empty() => {
+                    let lk = c.lookup(ids, count);
+                    let mut misses = Vec::with_capacity(lk.miss_ids.len() * f.dim());
+                    for &v in &lk.miss_ids {
+                        misses.extend_from_slice(f.row(v as usize));
+                    }
+                    Some(c.assemble(&lk, misses, fg.dtype(), fg.device())?)
+                }
+                _ => fg.gather_type(g, t, ids)?,
+            };
+            out.push(x);
+        }
+        Ok(out)
+    }
+}
+
+/// A device's cache: feature rows (shareable) and learnable rows it owns.
+pub struct DeviceCache {
+    /// Cached feature rows.
+    pub features: Arc<FeatureCache>,
+    learnable: Vec<Option<LearnableCache>>,
+    /// Per node type (by index): name, visits, measured penalty, whether learnable, note.
+    planned: Vec<Option<Planned>>,
+    budget: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Planned {
+    name: String,
+    visits: u64,
+    penalty: f64,
+    learnable: bool,
+    note: Option<String>,
+}
+
+impl DeviceCache {
+    /// Caches, for each candidate, the rows `chosen[i]`: feature values read
+    /// by `feature_rows(ty, ids)`, learnable rows taken from `tables`.
+    pub fn new(
+        g: &HetGraph,
+        budget: u64,
+        visits: &Visits,
+        candidates: &[Candidate],
+        chosen: Vec<Vec<u32>>,
+        tables: &[Option<EmbeddingTable>],
+        device: &Device,
+        mut feature_rows: impl FnMut(usize, &[u32]) -> Result<Vec<f32>>,
+    ) -> Result<DeviceCache> {
+        let n = g.node_types().len();
+        let mut features: Vec<Option<RowCache>> = (0..n).map(|_| None).collect();
+        let mut learnable: Vec<Option<LearnableCache>> = (0..n).map(|_| None).collect();
+        let mut planned: Vec<Option<Planned>> = vec![None; n];
+        for (c, ids) in candidates.iter().zip(chosen) {
+            let nt = &g.node_types()[c.ty];
+            planned[c.ty] = Some(Planned { name: nt.name.clone(), visits: visits.total(c.ty), penalty: c.penalty, learnable: c.learnable, note: None });
+            if ids.is_empty() {
+                continue;
+            }
+            if c.learnable {
+                let table = tables.get(c.ty).and_then(Option::as_ref).ok_or_else(|| TrainError::Config(format!("cache: node type {} has no embedding table here", nt.name)))?;
+                learnable[c.ty] = Some(LearnableCache::from_table(table, ids, device)?);
+            } else {
+                let values = feature_rows(c.ty, &ids)?;
+                features[c.ty] = Some(RowCache::new(nt.count as usize, ids, c.dim, values, device)?);
+            }
+        }
+        Ok(DeviceCache { features: Arc::new(FeatureCache { types: features }), learnable, planned, budget })
+    }
+
+    /// Notes that type `ty` (named `name`, visited `visits` times) is not cached, and why.
+    pub fn not_cached(&mut self, ty: usize, name: &str, visits: u64, learnable: bool, why: &str) {
+        if let Some(p) = self.planned.get_mut(ty) {
+            *p = Some(Planned { name: name.to_string(), visits, penalty: 0.0, learnable, note: Some(why.to_string()) });
+        }
+    }
+
+    /// The device bytes the cached rows take (never more than the budget).
+    pub fn bytes(&self) -> u64 {
+        self.features.types.iter().flatten().map(RowCache::bytes).sum::<u64>() + self.learnable.iter().flatten().map(LearnableCache::bytes).sum::<u64>()
+    }
+
+    /// Fills the learnable rows of `inputs` (as gradient leaves), the cached
+    /// ones from the cache; the model's [`Model::gather_embeddings`] otherwise.
+    pub fn gather_embeddings(&self, model: &Model, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {
+        for (t, ids) in nodes.iter().enumerate() {
+            let (Some(c), Some(table)) = (self.learnable.get(t).and_then(Option::as_ref), model.embeddings.get(t).and_then(Option::as_ref)) else { continue };
+            if ids.is_empty() || inputs[t].is_some() || !model.feature_gather().wants(t) {
+                continue;
+            }
+            let lk = c.rows().lookup(ids, count);
+            let d = table.dim;
+            let mut misses = Vec::with_capacity(lk.miss_ids.len() * d);
+            for &v in &lk.miss_ids {
+                misses.extend_from_slice(&table.data[v as usize * d..(v as usize + 1) * d]);
+            }
+            let x = c.rows().assemble(&lk, misses, model.dtype(), model.device())?;
+            inputs[t] = Some(candle_core::Var::from_tensor(&x)?.into_inner());
+        }
+        Ok(model.gather_embeddings(nodes, inputs)?)
+    }
+
+    /// One Adam step for rows `ids` (distinct) of type `ty` with gradient
+    /// rows `grads` (row-major): cached rows in the cache, the rest in `table`.
+    pub fn adam_rows(&mut self, ty: usize, table: &mut EmbeddingTable, ids: &[u32], grads: &[f32], cfg: &AdamConfig) -> Result<()> {
+        let d = table.dim;
+        if grads.len() != ids.len() * d {
+            return Err(TrainError::Config(format!("{} gradient values for {} rows of width {d}", grads.len(), ids.len())));
+        }
+        let Some(c) = self.learnable.get_mut(ty).and_then(Option::as_mut) else {
+            for (k, &v) in ids.iter().enumerate() {
+                let r = v as usize * d..(v as usize + 1) * d;
+                adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &grads[k * d..(k + 1) * d], cfg);
+            }
+            return Ok(());
+        };
+        let lk = c.rows().lookup(ids, false);
+        let hit_grads: Vec<f32> = lk.hit_pos.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
+        c.adam(&lk.hit_slot, &hit_grads, cfg)?;
+        for (&p, &v) in lk.miss_pos.iter().zip(&lk.miss_ids) {
+            let r = v as usize * d..(v as usize + 1) * d;
+            adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &grads[p as usize * d..(p as usize + 1) * d], cfg);
+        }
+        Ok(())
+    }
+
+    /// [`DeviceCache::adam_rows`] with the gradient as a `[ids.len(), dim]` tensor.
+    pub fn sparse_adam(&mut self, ty: usize, table: &mut EmbeddingTable, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
+        let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        self.adam_rows(ty, table, ids, &g, cfg)
+    }
+
+    /// Copies the cached learnable rows into the model's tables, which then
+    /// hold every row's current value (before checkpoints, evaluation and the end).
+    pub fn write_back(&self, model: &mut Model) -> Result<()> {
+        for (c, table) in self.learnable.iter().zip(model.embeddings.iter_mut()) {
+            if let (Some(c), Some(table)) = (c, table) {
+                c.write_back(table)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Per node type figures so far (one device).
+    pub fn report(&self) -> BTreeMap<String, CacheTypeReport> {
+        let mut out = BTreeMap::new();
+        for (ty, p) in self.planned.iter().enumerate() {
+            let Some(p) = p else { continue };
+            let (rows, bytes, (hits, lookups)) = match (self.features.get(ty), self.learnable.get(ty).and_then(Option::as_ref)) {
+                (Some(c), _) => (c.rows() as u64, c.bytes(), c.counts()),
+                (_, Some(c)) => (c.rows().rows() as u64, c.bytes(), c.rows().counts()),
+                _ => (0, 0, (0, 0)),
+            };
+            out.insert(
+                p.name.clone(),
+                CacheTypeReport {
+                    share: bytes as f64 / self.budget.max(1) as f64,
+                    rows,
+                    bytes,
+                    hit_rate: hits as f64 / lookups.max(1) as f64,
+                    hits,
+                    lookups,
+                    miss_penalty_us_per_byte: p.penalty * 1e6,
+                    visits: p.visits,
+                    learnable: p.learnable,
+                    note: p.note.clone(),
+                },
+            );
+        }
+        out
+    }
+
+    /// One line per cached type, for progress output.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .report()
+            .iter()
+            .map(|(name, r)| match &r.note {
+                Some(n) => format!("{name}: {n}"),
+                None => format!("{name} {} rows ({:.0}%, {:.2e} us/B)", r.rows, r.share * 100.0, r.miss_penalty_us_per_byte),
+            })
+            .collect();
+        format!("cache {}/{} bytes: {}", self.bytes(), self.budget, parts.join(", "))
+    }
+}
+
+/// Builds the cache of a device that reads its feature rows from `g` and
+/// owns the learnable tables of `model` (a single process, a raf worker):
+/// pre-samples with `sample(epoch, step, seeds)` over `train`, measures miss
+/// penalties, plans and fills. `None` when the configuration asks for no cache.
+pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32], mut sample: impl FnMut(u64, u64, &[u32]) -> Result<MiniBatch>) -> Result<Option<DeviceCache>> {
+    let budget = t.cache_bytes.0;
+    if t.cache_policy == CachePolicy::None || budget == 0 {
+        return Ok(None);
+    }
+    let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
+    let visits = hotness::presample(&sizes, train, t.batch, t.seed, t.cache_presample_epochs, |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src))?;
+    let batches = (t.cache_presample_epochs * train.len().div_ceil(t.batch.max(1)) as u64).max(1);
+    let fg = model.feature_gather();
+    let (device, dtype) = (model.device().clone(), model.dtype());
+    let mut candidates = Vec::new();
+    for (ty, nt) in g.node_types().iter().enumerate() {
+        let ranked = visits.ranked(ty);
+        if ranked.is_empty() || !fg.wants(ty) {
+            continue;
+        }
+        let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
+        if let Some(f) = &nt.features {
+            let dim = f.dim();
+            let penalty = profile::measure(probe.len(), (dim * 4) as u64, || {
+                std::hint::black_box(fg.gather_type(g, ty, &probe)?);
+                Ok(())
+            })?;
+            candidates.push(Candidate { ty, learnable: false, dim, penalty });
+        } else if let Some(table) = model.embeddings.get(ty).and_then(Option::as_ref) {
+            let dim = table.dim;
+            let penalty = profile::measure(probe.len(), learnable_row_bytes(dim), || {
+                let x = table.gather(&probe, dtype, &device)?;
+                let values: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                profile::learnable_write_back(&values, dim, &device)
+            })?;
+            candidates.push(Candidate { ty, learnable: true, dim, penalty });
+        }
+    }
+    let chosen = plan(t.cache_policy, budget, &visits, &candidates);
+    let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
+        let f = g.node_types()[ty].features.as_ref().ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
+        Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
+    };
+    Ok(Some(DeviceCache::new(g, budget, &visits, &candidates, chosen, &model.embeddings, &device, rows)?))
+}

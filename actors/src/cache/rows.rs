@@ -1,0 +1,360 @@
+//! The cached rows of one node type in device memory: plain feature rows
+//! (read-only, so any number of devices may hold copies) and learnable rows
+//! with their Adam state (held by one cache only, which then owns them: the
+//! host table's copy is stale until [`LearnableCache::write_back`]).
+//!
+//! On a CPU device, device memory is host memory: rows are plain vectors and
+//! learnable rows are updated by the same [`adam_row`] as the host table, so
+//! a cached run is bit-identical to an uncached one. On a GPU rows are
+//! tensors, gathered with `index_select` and updated with tensor arithmetic
+//! that follows `adam_row` operation for operation (checked bit for bit on
+//! the CPU device in the tests).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use candle_core::{DType, Device, Tensor};
+use models::embedding::{adam_row, EmbeddingTable};
+use models::optim::AdamConfig;
+
+use crate::error::{Result, TrainError};
+
+/// Slot of a node that is not cached.
+const NONE: u32 = u32::MAX;
+
+/// Where a cache keeps `rows × dim` values.
+enum Store {
+    /// Host memory (CPU device).
+    Host(Vec<f32>),
+    /// A `[rows, dim]` F32 tensor on the device.
+    Device(Tensor),
+}
+
+impl Store {
+    fn new(values: Vec<f32>, rows: usize, dim: usize, device: &Device, on_device: bool) -> Result<Store> {
+        Ok(if on_device { Store::Device(Tensor::from_vec(values, (rows, dim), device)?) } else { Store::Host(values) })
+    }
+
+    fn to_vec(&self) -> Result<Vec<f32>> {
+        Ok(match self {
+            Store::Host(v) => v.clone(),
+            Store::Device(t) => t.flatten_all()?.to_vec1()?,
+        })
+    }
+}
+
+/// Which positions of a batch's rows the cache serves and which it does not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lookup {
+    /// Rows in the batch.
+    pub len: usize,
+    /// Positions served from the cache, and their slots.
+    pub hit_pos: Vec<u32>,
+    /// See `hit_pos`.
+    pub hit_slot: Vec<u32>,
+    /// Positions that miss, and their node ids (in batch order).
+    pub miss_pos: Vec<u32>,
+    /// See `miss_pos`.
+    pub miss_ids: Vec<u32>,
+}
+
+/// One node type's cached rows.
+pub struct RowCache {
+    dim: usize,
+    /// Per node of the type, its slot (`NONE`: not cached).
+    slot: Vec<u32>,
+    /// Per slot, its node.
+    ids: Vec<u32>,
+    data: Store,
+    hits: AtomicU64,
+    lookups: AtomicU64,
+}
+
+impl RowCache {
+    /// Caches `values` (row-major, `ids.len() × dim`) as the rows `ids` of a
+    /// type of `count` nodes, on `device` (host memory for the CPU).
+    pub fn new(count: usize, ids: Vec<u32>, dim: usize, values: Vec<f32>, device: &Device) -> Result<RowCache> {
+        RowCache::build(count, ids, dim, values, device, !device.is_cpu())
+    }
+
+    fn build(count: usize, ids: Vec<u32>, dim: usize, values: Vec<f32>, device: &Device, on_device: bool) -> Result<RowCache> {
+        if values.len() != ids.len() * dim {
+            return Err(TrainError::Config(format!("cache: {} values for {} rows of width {dim}", values.len(), ids.len())));
+        }
+        let mut slot = vec![NONE; count];
+        for (s, &v) in ids.iter().enumerate() {
+            match slot.get_mut(v as usize) {
+                Some(x) if *x == NONE => *x = s as u32,
+                Some(_) => return Err(TrainError::Config(format!("cache: node {v} listed twice"))),
+                None => return Err(TrainError::Config(format!("cache: node {v} out of range 0..{count}"))),
+            }
+        }
+        let data = Store::new(values, ids.len(), dim, device, on_device)?;
+        Ok(RowCache { dim, slot, ids, data, hits: AtomicU64::new(0), lookups: AtomicU64::new(0) })
+    }
+
+    /// Cached rows.
+    pub fn rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The cached nodes, by slot.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Row width.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Whether node `v` is cached.
+    pub fn contains(&self, v: u32) -> bool {
+        self.slot.get(v as usize).is_some_and(|&s| s != NONE)
+    }
+
+    /// Splits `ids` into hits and misses; `count`: add them to the hit rate
+    /// (training batches count, evaluation does not).
+    pub fn lookup(&self, ids: &[u32], count: bool) -> Lookup {
+        let mut lk = Lookup { len: ids.len(), ..Lookup::default() };
+        for (p, &v) in ids.iter().enumerate() {
+            match self.slot.get(v as usize).copied().unwrap_or(NONE) {
+                NONE => {
+                    lk.miss_pos.push(p as u32);
+                    lk.miss_ids.push(v);
+                }
+                s => {
+                    lk.hit_pos.push(p as u32);
+                    lk.hit_slot.push(s);
+                }
+            }
+        }
+        if count {
+            self.hits.fetch_add(lk.hit_pos.len() as u64, Ordering::Relaxed);
+            self.lookups.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        }
+        lk
+    }
+
+    /// Rows hit and rows looked up so far (training batches only).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.hits.load(Ordering::Relaxed), self.lookups.load(Ordering::Relaxed))
+    }
+
+    /// The batch's rows as a `[len, dim]` tensor of `dtype` on `device`: hits
+    /// from the cache, misses from `misses` (row-major, in `lk.miss_ids` order).
+    pub fn assemble(&self, lk: &Lookup, misses: Vec<f32>, dtype: DType, device: &Device) -> Result<Tensor> {
+        let d = self.dim;
+        if misses.len() != lk.miss_ids.len() * d {
+            return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
+        }
+        let x = match &self.data {
+            Store::Host(data) => {
+                let mut out = vec![0f32; lk.len * d];
+                for (&p, &s) in lk.hit_pos.iter().zip(&lk.hit_slot) {
+                    out[p as usize * d..(p as usize + 1) * d].copy_from_slice(&data[s as usize * d..(s as usize + 1) * d]);
+                }
+                for (j, &p) in lk.miss_pos.iter().enumerate() {
+                    out[p as usize * d..(p as usize + 1) * d].copy_from_slice(&misses[j * d..(j + 1) * d]);
+                }
+                Tensor::from_vec(out, (lk.len, d), device)?
+            }
+            Store::Device(data) => {
+                // Hits gathered on the device, misses uploaded, then both put in batch order.
+                let h = lk.hit_slot.len();
+                let hit = data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?;
+                let miss = Tensor::from_vec(misses, (lk.miss_ids.len(), d), device)?;
+                let mut order = vec![0u32; lk.len];
+                for (k, &p) in lk.hit_pos.iter().enumerate() {
+                    order[p as usize] = k as u32;
+                }
+                for (j, &p) in lk.miss_pos.iter().enumerate() {
+                    order[p as usize] = (h + j) as u32;
+                }
+                Tensor::cat(&[hit, miss], 0)?.index_select(&Tensor::from_vec(order, lk.len, device)?, 0)?
+            }
+        };
+        Ok(x.to_dtype(dtype)?)
+    }
+
+    /// Device bytes of the cached values.
+    pub fn bytes(&self) -> u64 {
+        (self.ids.len() * self.dim * 4) as u64
+    }
+}
+
+/// Learnable rows cached with their Adam state; the cache owns them.
+pub struct LearnableCache {
+    rows: RowCache,
+    m: Store,
+    v: Store,
+    steps: Vec<u32>,
+}
+
+/// Cache bytes one learnable row of width `dim` takes: value, both moments and its step count.
+pub fn learnable_row_bytes(dim: usize) -> u64 {
+    (3 * dim * 4 + 4) as u64
+}
+
+impl LearnableCache {
+    /// Takes rows `ids` of `table` (values and Adam state) into the cache on `device`.
+    pub fn from_table(table: &EmbeddingTable, ids: Vec<u32>, device: &Device) -> Result<LearnableCache> {
+        LearnableCache::build(table, ids, device, !device.is_cpu())
+    }
+
+    fn build(table: &EmbeddingTable, ids: Vec<u32>, device: &Device, on_device: bool) -> Result<LearnableCache> {
+        let d = table.dim;
+        let pick = |src: &[f32]| -> Vec<f32> {
+            let mut out = Vec::with_capacity(ids.len() * d);
+            for &v in &ids {
+                out.extend_from_slice(&src[v as usize * d..(v as usize + 1) * d]);
+            }
+            out
+        };
+        if let Some(&bad) = ids.iter().find(|&&v| v as usize >= table.rows) {
+            return Err(TrainError::Config(format!("cache: node {bad} out of range 0..{}", table.rows)));
+        }
+        let (data, m, v) = (pick(&table.data), pick(&table.m), pick(&table.v));
+        let steps = ids.iter().map(|&i| table.steps[i as usize]).collect();
+        let n = ids.len();
+        let rows = RowCache::build(table.rows, ids, d, data, device, on_device)?;
+        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps })
+    }
+
+    /// The cached rows (for lookups and gathers).
+    pub fn rows(&self) -> &RowCache {
+        &self.rows
+    }
+
+    /// Device bytes: values, moments and step counts.
+    pub fn bytes(&self) -> u64 {
+        self.rows.rows() as u64 * learnable_row_bytes(self.rows.dim)
+    }
+
+    /// One Adam step for the cached rows at `slots` (distinct) with gradient
+    /// rows `grads` (row-major, in `slots` order): what [`adam_row`] does to
+    /// them in the host table.
+    pub fn adam(&mut self, slots: &[u32], grads: &[f32], cfg: &AdamConfig) -> Result<()> {
+        let d = self.rows.dim;
+        if grads.len() != slots.len() * d || slots.iter().any(|&s| s as usize >= self.steps.len()) {
+            return Err(TrainError::Config(format!("cache: {} gradient values for {} cached rows of width {d}", grads.len(), slots.len())));
+        }
+        if slots.is_empty() {
+            return Ok(());
+        }
+        match (&mut self.rows.data, &mut self.m, &mut self.v) {
+            (Store::Host(data), Store::Host(m), Store::Host(v)) => {
+                for (k, &s) in slots.iter().enumerate() {
+                    let r = s as usize * d..(s as usize + 1) * d;
+                    adam_row(&mut data[r.clone()], &mut m[r.clone()], &mut v[r], &mut self.steps[s as usize], &grads[k * d..(k + 1) * d], cfg);
+                }
+                Ok(())
+            }
+            (Store::Device(data), Store::Device(m), Store::Device(v)) => {
+                let dev = data.device().clone();
+                let n = slots.len();
+                for &s in slots {
+                    self.steps[s as usize] += 1;
+                }
+                let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32)).collect() };
+                let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
+                let idx = Tensor::from_slice(slots, n, &dev)?;
+                let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
+                let g = Tensor::from_slice(grads, (n, d), &dev)?;
+                let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
+                // The order of adam_row's operations, each rounded the same way.
+                let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)? + g.affine(f64::from(1.0 - b1), 0.0)?)?;
+                let v1 = (v.index_select(&idx, 0)?.affine(f64::from(b2), 0.0)? + (g.affine(f64::from(1.0 - b2), 0.0)? * &g)?)?;
+                let mhat = m1.to_dtype(DType::F64)?.broadcast_div(&bc1)?;
+                let vhat = v1.to_dtype(DType::F64)?.broadcast_div(&bc2)?;
+                let step = (mhat.affine(cfg.lr, 0.0)? / vhat.sqrt()?.affine(1.0, cfg.eps)?)?.to_dtype(DType::F32)?;
+                let x1 = (data.index_select(&idx, 0)? - step)?;
+                m.scatter_set(&at, &m1, 0)?;
+                v.scatter_set(&at, &v1, 0)?;
+                data.scatter_set(&at, &x1, 0)?;
+                Ok(())
+            }
+            _ => unreachable!("a cache keeps all its arrays in one place"),
+        }
+    }
+
+    /// Copies the cached rows and their Adam state into `table`, which then
+    /// holds the current values of every row (for checkpoints, evaluation
+    /// readers and the final model).
+    pub fn write_back(&self, table: &mut EmbeddingTable) -> Result<()> {
+        let d = self.rows.dim;
+        let (data, m, v) = (self.rows.data.to_vec()?, self.m.to_vec()?, self.v.to_vec()?);
+        for (s, &id) in self.rows.ids.iter().enumerate() {
+            let (dst, src) = (id as usize * d..(id as usize + 1) * d, s * d..(s + 1) * d);
+            table.data[dst.clone()].copy_from_slice(&data[src.clone()]);
+            table.m[dst.clone()].copy_from_slice(&m[src.clone()]);
+            table.v[dst].copy_from_slice(&v[src]);
+            table.steps[id as usize] = self.steps[s];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(rows: usize, dim: usize) -> EmbeddingTable {
+        EmbeddingTable::new(7, "embed.t", rows, dim)
+    }
+
+    #[test]
+    fn lookups_split_hits_and_misses_and_assemble_in_batch_order() {
+        let t = table(10, 3);
+        for on_device in [false, true] {
+            let ids = vec![4, 1, 8];
+            let vals: Vec<f32> = ids.iter().flat_map(|&v| t.data[v * 3..v * 3 + 3].to_vec()).collect();
+            let c = RowCache::build(10, ids.iter().map(|&v| v as u32).collect(), 3, vals, &Device::Cpu, on_device).unwrap();
+            let batch = [8u32, 0, 1, 9, 4];
+            let lk = c.lookup(&batch, true);
+            assert_eq!((lk.hit_pos.clone(), lk.hit_slot.clone()), (vec![0, 2, 4], vec![2, 1, 0]));
+            assert_eq!((lk.miss_pos.clone(), lk.miss_ids.clone()), (vec![1, 3], vec![0, 9]));
+            let misses: Vec<f32> = lk.miss_ids.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect();
+            let x: Vec<f32> = c.assemble(&lk, misses, DType::F32, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let want: Vec<f32> = batch.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect();
+            assert_eq!(x, want);
+            c.lookup(&batch, false);
+            assert_eq!(c.counts(), (3, 5), "evaluation lookups are not counted");
+            assert!(c.assemble(&lk, vec![1.0], DType::F32, &Device::Cpu).is_err(), "wrong number of miss values");
+        }
+        assert!(RowCache::new(5, vec![1, 1], 1, vec![0.0, 0.0], &Device::Cpu).is_err(), "a row twice");
+        assert!(RowCache::new(5, vec![5], 1, vec![0.0], &Device::Cpu).is_err(), "a row out of range");
+    }
+
+    #[test]
+    fn cached_adam_matches_the_host_table_bit_for_bit_in_both_stores() {
+        let cfg = AdamConfig::with_lr(0.05);
+        for on_device in [false, true] {
+            let mut host = table(20, 5);
+            let mut cached = table(20, 5);
+            let ids = vec![3u32, 17, 0, 9];
+            let mut c = LearnableCache::build(&cached, ids.clone(), &Device::Cpu, on_device).unwrap();
+            let mut x = 99u32;
+            for step in 0..6 {
+                // A different subset each step: rows' step counts diverge.
+                let touched: Vec<u32> = (0..20u32).filter(|v| (v + step) % 3 != 0).collect();
+                let g: Vec<f32> = (0..touched.len() * 5)
+                    .map(|_| {
+                        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                        (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                    })
+                    .collect();
+                let gt = Tensor::from_slice(&g, (touched.len(), 5), &Device::Cpu).unwrap();
+                host.sparse_adam(&touched, &gt, &cfg).unwrap();
+                let lk = c.rows().lookup(&touched, true);
+                let rows = |pos: &[u32]| -> Vec<f32> { pos.iter().flat_map(|&p| g[p as usize * 5..p as usize * 5 + 5].to_vec()).collect() };
+                c.adam(&lk.hit_slot, &rows(&lk.hit_pos), &cfg).unwrap();
+                let miss_g = Tensor::from_vec(rows(&lk.miss_pos), (lk.miss_ids.len(), 5), &Device::Cpu).unwrap();
+                cached.sparse_adam(&lk.miss_ids, &miss_g, &cfg).unwrap();
+            }
+            c.write_back(&mut cached).unwrap();
+            assert_eq!(cached.data, host.data, "on_device={on_device}");
+            assert_eq!((cached.m.clone(), cached.v.clone(), cached.steps.clone()), (host.m.clone(), host.v.clone(), host.steps.clone()));
+            assert_eq!(c.bytes(), 4 * learnable_row_bytes(5));
+        }
+    }
+}
