@@ -53,6 +53,8 @@ pub struct Source<'a> {
     pub gather: FeatureGather,
     /// Batches prepared ahead (channel capacity).
     pub depth: usize,
+    /// Feature rows cached on the device, if any.
+    pub cache: Option<std::sync::Arc<crate::cache::FeatureCache>>,
 }
 
 /// Calls `consume` on every batch of `batches` (epoch `epoch`), in order, with
@@ -74,7 +76,10 @@ pub fn run(src: &Source, epoch: u64, batches: &[Vec<u32>], mut consume: impl FnM
                     let mb = sample(&mut sampler, src.uses_neighbors, epoch, step as u64, seeds)?;
                     let sample_s = t.elapsed().as_secs_f64();
                     let t = Instant::now();
-                    let features = src.gather.gather(src.graph, &mb.blocks[0].src)?;
+                    let features = match &src.cache {
+                        Some(c) => c.gather(&src.gather, src.graph, &mb.blocks[0].src, true)?,
+                        None => src.gather.gather(src.graph, &mb.blocks[0].src)?,
+                    };
                     Ok(Prepared { step: step as u64, mb, features, sample_s, gather_s: t.elapsed().as_secs_f64() })
                 })();
                 let failed = prepared.is_err();
@@ -116,7 +121,7 @@ mod tests {
         let g = graph();
         let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 2, dropout: 0.0, seed: 0, heads: 1 };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
-        let src = Source { graph: &g, fanouts: &[3, 2], seed: 5, uses_neighbors: true, gather: model.feature_gather(), depth: 1 };
+        let src = Source { graph: &g, fanouts: &[3, 2], seed: 5, uses_neighbors: true, gather: model.feature_gather(), depth: 1, cache: None };
         let batches: Vec<Vec<u32>> = (0..10u32).map(|b| (b * 5..b * 5 + 5).collect()).collect();
         let mut seen = Vec::new();
         run(&src, 3, &batches, |p| {
@@ -137,7 +142,7 @@ mod tests {
         let g = graph();
         let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 1, hidden: 4, embed_dim: 2, dropout: 0.0, seed: 0, heads: 1 };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
-        let src = Source { graph: &g, fanouts: &[3], seed: 0, uses_neighbors: true, gather: model.feature_gather(), depth: 1 };
+        let src = Source { graph: &g, fanouts: &[3], seed: 0, uses_neighbors: true, gather: model.feature_gather(), depth: 1, cache: None };
         // The producer fails on batch 2 (a seed out of range).
         let batches = vec![vec![0, 1], vec![2, 3], vec![4, 99], vec![5, 6]];
         let mut consumed = 0;

@@ -81,8 +81,9 @@ pub struct Report {
     /// Network bytes per training step by message kind (evaluation excluded).
     #[serde(default)]
     pub bytes_per_step: BTreeMap<String, f64>,
-    /// Cache figures per node type.
-    pub cache: BTreeMap<String, serde_json::Value>,
+    /// Device cache figures per node type (empty without a cache).
+    #[serde(default)]
+    pub cache: BTreeMap<String, crate::cache::CacheTypeReport>,
     /// Failures and their recovery.
     pub failures: Vec<FailureReport>,
     /// When the coordinator started (milliseconds since the Unix epoch; the

@@ -80,6 +80,15 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         }
     }
 
+    let mut cache = {
+        let mut presampler = Sampler::new(&g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
+        let uses_neighbors = model.uses_neighbors();
+        crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| pipeline::sample(&mut presampler, uses_neighbors, e, s, b))?
+    };
+    if let Some(c) = &cache {
+        observer.note(&c.summary());
+    }
+
     for epoch in first_epoch..t.epochs {
         let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
         observer.epoch_start(epoch, batches.len() as u64);
@@ -93,6 +102,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             uses_neighbors: model.uses_neighbors(),
             gather: model.feature_gather(),
             depth: PIPELINE_DEPTH,
+            cache: cache.as_ref().map(|c| c.features.clone()),
         };
         pipeline::run(&source, epoch, &batches, |p| {
             let (step, mb) = (p.step, &p.mb);
@@ -101,7 +111,10 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             er.gather_s += p.gather_s;
             let mut clock = Instant::now();
             let mut inputs = p.features;
-            model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?;
+            match &cache {
+                Some(c) => c.gather_embeddings(&model, &mb.blocks[0].src, &mut inputs, true)?,
+                None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
+            }
             let y = targets(labels, seeds, &device)?;
             er.gather_s += lap(&mut clock);
             let logits = model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
@@ -112,7 +125,10 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             for (ty, x) in inputs.iter().enumerate() {
                 if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
                     if let Some(gr) = grads.get(x) {
-                        table.sparse_adam(&mb.blocks[0].src[ty], gr, &adam.cfg)?;
+                        match cache.as_mut() {
+                            Some(c) => c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &adam.cfg)?,
+                            None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &adam.cfg)?,
+                        }
                     }
                 }
             }
@@ -126,6 +142,10 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             Ok(())
         })?;
         er.seconds = epoch_start.elapsed().as_secs_f64();
+        // Evaluation and checkpoints read the tables: bring the cached rows home.
+        if let Some(c) = &cache {
+            c.write_back(&mut model)?;
+        }
         er.loss = loss_sum / batches.len().max(1) as f64;
         er.train_acc = correct as f64 / seen.max(1) as f64;
         let eval_start = Instant::now();
@@ -144,6 +164,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             };
             checkpoint::save(root, &model, &adam, &info, t.checkpoint_keep)?;
         }
+    }
+    if let Some(c) = &cache {
+        report.cache = c.report();
     }
     report.peak_memory_bytes = peak_rss_bytes();
     report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;

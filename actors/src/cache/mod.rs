@@ -57,8 +57,9 @@ pub struct CacheTypeReport {
     pub visits: u64,
     /// Whether the rows are learnable embeddings.
     pub learnable: bool,
-    /// Why the type is not cached, when it cannot be.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Why the type is not cached, when it cannot be. (No `skip_serializing_if`:
+    /// the report also travels in bincode, which needs every field.)
+    #[serde(default)]
     pub note: Option<String>,
 }
 

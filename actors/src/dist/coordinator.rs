@@ -123,6 +123,10 @@ impl<'a> Coordinator<'a> {
             checkpoint_s: stats.iter().map(|s| s.checkpoint_s).fold(0.0, f64::max),
         };
         self.steps_run += s0.steps;
+        let caches: Vec<_> = stats.iter().map(|s| s.cache.clone()).filter(|c| !c.is_empty()).collect();
+        if !caches.is_empty() {
+            self.report.cache = crate::cache::merge_reports(&caches, self.t.cache_bytes.0);
+        }
         // Each trainer reports its node's cumulative traffic; in one process they share a node.
         self.report.bytes_by_kind.clear();
         self.report.messages_by_kind.clear();

@@ -200,6 +200,8 @@ pub struct EpochStats {
     pub bytes_by_kind: std::collections::BTreeMap<String, u64>,
     /// Messages this trainer's node sent so far, per message kind.
     pub messages_by_kind: std::collections::BTreeMap<String, u64>,
+    /// This trainer's (worker's) device cache so far in the attempt, per node type.
+    pub cache: std::collections::BTreeMap<String, crate::cache::CacheTypeReport>,
 }
 
 impl Msg for EpochStats {

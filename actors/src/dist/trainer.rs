@@ -31,6 +31,8 @@ use super::inbox::Inbox;
 use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, Save, Saved, StepDone};
 use super::store::decode_f32;
 use super::{names, Timeouts};
+use crate::cache::rows::Lookup;
+use crate::cache::{hotness, profile, CachePolicy, Candidate, DeviceCache, FeatureCache};
 use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
@@ -100,6 +102,8 @@ struct Ctx<'a> {
     device: Device,
     dtype: DType,
     uses_neighbors: bool,
+    /// Feature rows cached on the device (set once the cache is built).
+    cache: Option<Arc<FeatureCache>>,
 }
 
 /// Which input rows to gather.
@@ -126,6 +130,8 @@ struct Prepared {
 struct Trainer<'a> {
     ctx: Ctx<'a>,
     rep: Replica,
+    /// The device cache (its feature rows are shared with `ctx`).
+    cache: Option<DeviceCache>,
 }
 
 /// The model replica and its optimiser.
@@ -211,8 +217,10 @@ impl<'a> Trainer<'a> {
             models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
             seq = m.seq;
         }
-        let ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors() };
-        Ok(Trainer { ctx, rep: Replica { model, adam, seq } })
+        let mut ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors(), cache: None };
+        let cache = ctx.build_cache()?;
+        ctx.cache = cache.as_ref().map(|c| c.features.clone());
+        Ok(Trainer { ctx, rep: Replica { model, adam, seq }, cache })
     }
 
 
@@ -283,6 +291,7 @@ impl<'a> Trainer<'a> {
             let m = s.node.metrics();
             st.bytes_by_kind = m.bytes_by_kind();
             st.messages_by_kind = m.messages_by_kind();
+            st.cache = self.cache.as_ref().map(|c| c.report()).unwrap_or_default();
             let c = self.ctx.peers.coordinator.clone();
             self.ctx.block_on(c.ask(st, s.timeouts.ask))??;
         }
@@ -702,8 +711,12 @@ impl Ctx<'_> {
     fn gather(&self, src: &[Vec<u32>], rows: Rows, after: Option<u64>) -> Result<PerType> {
         let g = &*self.s.graph;
         let parts = self.s.parts as usize;
+        // Cached feature rows are taken from the device cache; only the misses are read or pulled.
+        let cached = |ty: usize| self.cache.as_ref().and_then(|c| c.get(ty)).filter(|_| rows != Rows::Learnable);
+        let lookups: Vec<Option<Lookup>> = src.iter().enumerate().map(|(ty, ids)| cached(ty).filter(|_| self.gathers(ty, rows)).map(|c| c.lookup(ids, rows == Rows::Features))).collect();
+        let fetch: Vec<&[u32]> = src.iter().zip(&lookups).map(|(ids, lk)| lk.as_ref().map_or(ids.as_slice(), |lk| lk.miss_ids.as_slice())).collect();
         let mut plan = Vec::new();
-        for (ty, ids) in src.iter().enumerate() {
+        for (ty, ids) in fetch.iter().enumerate() {
             if !self.gathers(ty, rows) || ids.is_empty() {
                 continue;
             }
@@ -735,8 +748,8 @@ impl Ctx<'_> {
             let dim = dims[ty];
             let feats = g.node_types()[ty].features.as_ref();
             let mut next = vec![0usize; parts];
-            let mut buf = Vec::with_capacity(ids.len() * dim);
-            for &v in ids {
+            let mut buf = Vec::with_capacity(fetch[ty].len() * dim);
+            for &v in fetch[ty] {
                 let o = self.s.owners[ty][v as usize] as usize;
                 match (feats, o as u32 == self.s.part) {
                     (Some(f), true) => buf.extend_from_slice(f.row(v as usize)),
@@ -747,10 +760,60 @@ impl Ctx<'_> {
                     }
                 }
             }
-            let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?;
+            let x = match (cached(ty), &lookups[ty]) {
+                (Some(c), Some(lk)) => c.assemble(lk, buf, self.dtype, &self.device)?,
+                _ => Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?,
+            };
             out.push(Some(if rows == Rows::Learnable { Var::from_tensor(&x)?.into_inner() } else { x }));
         }
         Ok(out)
+    }
+
+    /// The device cache of this trainer's feature rows (learnable rows stay
+    /// with their stores: every trainer reads them, so a cached copy would
+    /// need invalidating). Pre-samples its own seeds, measures the miss
+    /// penalty of each feature type through the real fetch path (local
+    /// reads and remote pulls), and fills its share with pulled rows.
+    fn build_cache(&self) -> Result<Option<DeviceCache>> {
+        let t = &self.s.cfg;
+        let budget = t.cache_bytes.0;
+        if t.cache_policy == CachePolicy::None || budget == 0 {
+            return Ok(None);
+        }
+        let g = &*self.s.graph;
+        let (_, splits) = g.target_labels();
+        let target = g.target().index();
+        let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
+        let seed = t.seed ^ hotness::PRESAMPLE_SEED;
+        let visits = hotness::presample(&sizes, &splits.train, t.batch, t.seed, t.cache_presample_epochs, |e, st, batch| {
+            let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.mine(target, v)).collect();
+            if seeds.is_empty() {
+                return Ok(Vec::new());
+            }
+            Ok(self.sample(seed, e, st, &seeds)?.blocks.swap_remove(0).src)
+        })?;
+        let batches = (t.cache_presample_epochs * splits.train.len().div_ceil(t.batch.max(1)) as u64).max(1);
+        let only = |ty: usize, ids: &[u32]| -> Vec<Vec<u32>> { (0..sizes.len()).map(|k| if k == ty { ids.to_vec() } else { Vec::new() }).collect() };
+        let mut candidates = Vec::new();
+        for (ty, nt) in g.node_types().iter().enumerate() {
+            let (ranked, f) = (visits.ranked(ty), nt.features.as_ref());
+            let Some(f) = f.filter(|_| !ranked.is_empty() && self.gathers(ty, Rows::Features)) else { continue };
+            let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
+            let penalty = profile::measure(probe.len(), (f.dim() * 4) as u64, || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ()))?;
+            candidates.push(Candidate { ty, learnable: false, dim: f.dim(), penalty });
+        }
+        let chosen = crate::cache::plan(t.cache_policy, budget, &visits, &candidates);
+        let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
+            let x = self.gather(&only(ty, ids), Rows::Features, None)?.swap_remove(ty).ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
+            Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+        };
+        let mut cache = DeviceCache::new(g, budget, &visits, &candidates, chosen, &[], &self.device, rows)?;
+        for (ty, nt) in g.node_types().iter().enumerate() {
+            if self.learnable[ty] && visits.total(ty) > 0 {
+                cache.not_cached(ty, &nt.name, visits.total(ty), true, "learnable rows stay with their embedding stores in data-parallel training");
+            }
+        }
+        Ok(Some(cache))
     }
 }
 

@@ -112,6 +112,9 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
     let body = std::panic::AssertUnwindSafe(|| {
         Worker::new(&s).and_then(|mut w| {
             w.train()?;
+            if let Some(c) = &w.cache {
+                c.write_back(&mut w.model)?;
+            }
             Ok(WorkerResult { held: w.used.clone(), model: w.model })
         })
     });
@@ -146,6 +149,8 @@ struct Worker<'a> {
     ships_means: Vec<bool>,
     device: Device,
     seq: u64,
+    /// The device cache of this worker's feature rows and the table rows it owns.
+    cache: Option<crate::cache::DeviceCache>,
 }
 
 /// The actors a worker talks to.
@@ -244,13 +249,25 @@ impl<'a> Worker<'a> {
             models::checkpoint::restore_model_where(dir, &mut tensors, &mut model, &mut adam, |n| held.contains(n))?;
             seq = m.seq;
         }
-        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq })
+        let cache = {
+            let (filter, replica) = (RelationFilter::PerLayer(setup.per_layer[w].clone()), setup.replicas[w]);
+            let mut presampler = Sampler::new(g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
+            let (_, splits) = g.target_labels();
+            crate::cache::build_local(t, g, &model, &splits.train, |e, st, batch| {
+                let mine: Vec<u32> = share(batch, replica).into_iter().map(|i| batch[i]).collect();
+                Ok(presampler.sample_relations(e, st, &mine, &filter)?)
+            })?
+        };
+        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq, cache })
     }
 
     /// Writes this worker's parameters, tables and optimiser state into the
     /// checkpoint before step `self.seq` and tells the coordinator.
-    fn checkpoint(&self, progress: Progress) -> Result<()> {
+    fn checkpoint(&mut self, progress: Progress) -> Result<()> {
         let Some(root) = &self.setup.cfg.checkpoint_dir else { return Ok(()) };
+        if let Some(c) = &self.cache {
+            c.write_back(&mut self.model)?;
+        }
         // Only what this worker holds: the rest of its model is stale.
         let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
         let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).is_none_or(|n| self.used.contains(n));
@@ -309,9 +326,10 @@ impl<'a> Worker<'a> {
             // Sampling and feature rows of the next batches are prepared on a
             // thread of their own, using the time this one waits for its peers.
             let (gather, replica, fanouts) = (self.model.feature_gather(), s.replicas[s.worker as usize], t.fanouts.clone());
+            let cached = self.cache.as_ref().map(|c| c.features.clone());
             std::thread::scope(|scope| -> Result<()> {
                 let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
-                let (g, filter, batches) = (&g, &filter, &batches);
+                let (g, filter, batches, cached) = (&g, &filter, &batches, &cached);
                 scope.spawn(move || {
                     let mut sampler = match Sampler::new(g, &fanouts, t.seed) {
                         Ok(s) => s,
@@ -326,7 +344,10 @@ impl<'a> Worker<'a> {
                             let mine: Vec<u32> = share(seeds, replica).into_iter().map(|i| seeds[i]).collect();
                             let mb = sampler.sample_relations(epoch, step as u64, &mine, filter)?;
                             let sample_s = lap(&mut clock);
-                            let features = gather.gather(g, &mb.blocks[0].src)?;
+                            let features = match cached {
+                                Some(c) => c.gather(&gather, g, &mb.blocks[0].src, true)?,
+                                None => gather.gather(g, &mb.blocks[0].src)?,
+                            };
                             Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
                         })();
                         if tx.send(prepared).is_err() {
@@ -358,7 +379,11 @@ impl<'a> Worker<'a> {
                     let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
                     let mb = eval_sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
                     let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                    let features = self.model.feature_gather().gather(&g, &mb.blocks[0].src)?;
+                    let fg = self.model.feature_gather();
+                    let features = match &self.cache {
+                        Some(c) => c.features.gather(&fg, &g, &mb.blocks[0].src, false)?,
+                        None => fg.gather(&g, &mb.blocks[0].src)?,
+                    };
                     correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
                 }
                 if split == 1 {
@@ -370,6 +395,7 @@ impl<'a> Worker<'a> {
             st.eval_s = eval_start.elapsed().as_secs_f64();
             st.bytes_by_kind = after.bytes_by_kind();
             st.messages_by_kind = after.messages_by_kind();
+            st.cache = self.cache.as_ref().map(|c| c.report()).unwrap_or_default();
             self.send(&self.s.coordinator, st)?;
         }
         if plan.due(self.seq) {
@@ -414,7 +440,10 @@ impl<'a> Worker<'a> {
         s.inbox.forget_before(seq);
         let mut clock = Instant::now();
         let mut inputs = features;
-        self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?;
+        match &self.cache {
+            Some(c) => c.gather_embeddings(&self.model, &mb.blocks[0].src, &mut inputs, train)?,
+            None => self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
+        }
         out.gather_s += lap(&mut clock);
         let mut h = self.model.raf_hidden(g, mb, inputs.clone(), dropout)?;
         out.compute_s += lap(&mut clock);
@@ -781,9 +810,17 @@ impl<'a> Worker<'a> {
             }
             let cfg = self.adam.cfg;
             let table = self.model.embeddings[ty].as_mut().expect("checked above");
-            for v in order {
-                let r = v as usize * dim..(v as usize + 1) * dim;
-                adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &sum[&v], &cfg);
+            match self.cache.as_mut() {
+                Some(c) => {
+                    let grads: Vec<f32> = order.iter().flat_map(|v| sum[v].iter().copied()).collect();
+                    c.adam_rows(ty, table, &order, &grads, &cfg)?;
+                }
+                None => {
+                    for v in order {
+                        let r = v as usize * dim..(v as usize + 1) * dim;
+                        adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &sum[&v], &cfg);
+                    }
+                }
             }
         }
         out.update_s += lap(&mut clock);
