@@ -27,3 +27,49 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
 
 /// Peak resident memory of this process in bytes (Linux), if known.
 pub use actors::report::peak_rss_bytes;
+
+/// The hetgnn binary: `given`, else `target/release/hetgnn` (which must be built).
+pub fn hetgnn_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let bin = given.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/hetgnn"));
+    if !bin.exists() {
+        anyhow::bail!("{} not found: build it first (cargo build --release)", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Runs `bin args` in `dir`; an error carries its output.
+pub fn run_hetgnn(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()> {
+    let out = std::process::Command::new(bin).args(args).current_dir(dir).output().with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        anyhow::bail!("hetgnn {} failed:\n{}\n{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Partitions `data` (mag-like at `scale`) into `k` parts with `method`,
+/// once, under `target/bench-data/`; returns the directory.
+pub fn partitions(bin: &Path, data: &Path, method: &str, k: usize, scale: f64) -> anyhow::Result<PathBuf> {
+    let parts = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../target/bench-data/parts-{method}-{k}-s{scale}"));
+    if !parts.join("manifest.json").exists() {
+        eprintln!("partitioning ({method}, {k} parts)");
+        let args = ["partition", "--data", &data.display().to_string(), "--parts", &k.to_string(), "--method", method, "--out", &parts.display().to_string(), "--force"];
+        run_hetgnn(bin, data.parent().unwrap_or(Path::new(".")), &args.map(String::from))?;
+    }
+    Ok(parts)
+}
+
+/// The `[cluster]` section of `k` local nodes `n0..` on free loopback ports,
+/// with certificates created once under `work/certs<k>`.
+pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String> {
+    let ids: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
+    let certs = work.join(format!("certs{k}"));
+    if !certs.exists() {
+        let args = ["certs", "init", "--out", &certs.display().to_string(), "--nodes", &ids.join(",")];
+        run_hetgnn(bin, work, &args.map(String::from))?;
+    }
+    let mut toml = format!("[cluster]\ncerts_dir = {:?}\n", certs.display().to_string());
+    for (id, port) in ids.iter().zip(free_ports(k)?) {
+        toml += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n");
+    }
+    Ok(toml)
+}

@@ -51,8 +51,14 @@ pub struct CacheTypeReport {
     pub hits: u64,
     /// Rows of training batches looked up.
     pub lookups: u64,
-    /// Measured cost of a miss per cache byte, in microseconds (mean over devices).
+    /// What a miss costs more than a hit, per cache byte, in microseconds
+    /// (measured; mean over devices): the allocation's weight per visit.
     pub miss_penalty_us_per_byte: f64,
+    /// Measured cost of a miss per cache byte (microseconds): the fetch, and
+    /// for learnable rows the write-back of the row and its Adam moments.
+    pub miss_us_per_byte: f64,
+    /// Measured cost of a hit per cache byte (microseconds).
+    pub hit_us_per_byte: f64,
     /// Visits counted by pre-sampling.
     pub visits: u64,
     /// Whether the rows are learnable embeddings.
@@ -66,7 +72,7 @@ pub struct CacheTypeReport {
 /// Merges the reports of several devices, each with `budget` bytes.
 pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64) -> BTreeMap<String, CacheTypeReport> {
     let mut out: BTreeMap<String, CacheTypeReport> = BTreeMap::new();
-    let mut penalties: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut measured: BTreeMap<String, Vec<[f64; 3]>> = BTreeMap::new();
     for r in reports {
         for (name, t) in r {
             let o = out.entry(name.clone()).or_insert_with(|| CacheTypeReport { learnable: t.learnable, note: t.note.clone(), ..CacheTypeReport::default() });
@@ -75,8 +81,8 @@ pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64)
             o.hits += t.hits;
             o.lookups += t.lookups;
             o.visits += t.visits;
-            if t.miss_penalty_us_per_byte > 0.0 {
-                penalties.entry(name.clone()).or_default().push(t.miss_penalty_us_per_byte);
+            if t.miss_us_per_byte > 0.0 {
+                measured.entry(name.clone()).or_default().push([t.miss_penalty_us_per_byte, t.miss_us_per_byte, t.hit_us_per_byte]);
             }
         }
     }
@@ -84,8 +90,9 @@ pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64)
     for (name, o) in &mut out {
         o.share = o.bytes as f64 / total;
         o.hit_rate = o.hits as f64 / o.lookups.max(1) as f64;
-        if let Some(p) = penalties.get(name) {
-            o.miss_penalty_us_per_byte = p.iter().sum::<f64>() / p.len() as f64;
+        if let Some(p) = measured.get(name) {
+            let mean = |i: usize| p.iter().map(|m| m[i]).sum::<f64>() / p.len() as f64;
+            (o.miss_penalty_us_per_byte, o.miss_us_per_byte, o.hit_us_per_byte) = (mean(0), mean(1), mean(2));
         }
     }
     out
@@ -101,10 +108,17 @@ pub struct Candidate {
     /// Row width.
     pub dim: usize,
     /// Seconds a miss costs per cache byte.
-    pub penalty: f64,
+    pub miss: f64,
+    /// Seconds a hit costs per cache byte.
+    pub hit: f64,
 }
 
 impl Candidate {
+    /// What a miss costs more than a hit, per cache byte (never negative).
+    pub fn penalty(&self) -> f64 {
+        (self.miss - self.hit).max(0.0)
+    }
+
     /// Cache bytes one row takes.
     pub fn row_bytes(&self) -> u64 {
         if self.learnable {
@@ -119,7 +133,7 @@ impl Candidate {
 /// `budget` filled with its most visited rows.
 pub fn plan(policy: CachePolicy, budget: u64, visits: &Visits, candidates: &[Candidate]) -> Vec<Vec<u32>> {
     let ranked: Vec<Vec<u32>> = candidates.iter().map(|c| visits.ranked(c.ty)).collect();
-    let demands: Vec<Demand> = candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty }).collect();
+    let demands: Vec<Demand> = candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty() }).collect();
     let rows = alloc::allocate(policy, budget, &demands);
     ranked.into_iter().zip(rows).map(|(mut r, n)| {
         r.truncate(n as usize);
@@ -148,11 +162,7 @@ impl FeatureCache {
             let x = match (self.get(t), &g.node_types()[t].features) {
                 (Some(c), Some(f)) if fg.wants(t) && !ids.is_empty() => {
                     let lk = c.lookup(ids, count);
-                    let mut misses = Vec::with_capacity(lk.miss_ids.len() * f.dim());
-                    for &v in &lk.miss_ids {
-                        misses.extend_from_slice(f.row(v as usize));
-                    }
-                    Some(c.assemble(&lk, misses, fg.dtype(), fg.device())?)
+                    Some(c.assemble_from(&lk, |j| f.row(lk.miss_ids[j] as usize), fg.dtype(), fg.device())?)
                 }
                 _ => fg.gather_type(g, t, ids)?,
             };
@@ -176,7 +186,9 @@ pub struct DeviceCache {
 struct Planned {
     name: String,
     visits: u64,
-    penalty: f64,
+    /// Miss and hit seconds per cache byte.
+    miss: f64,
+    hit: f64,
     learnable: bool,
     note: Option<String>,
 }
@@ -200,7 +212,7 @@ impl DeviceCache {
         let mut planned: Vec<Option<Planned>> = vec![None; n];
         for (c, ids) in candidates.iter().zip(chosen) {
             let nt = &g.node_types()[c.ty];
-            planned[c.ty] = Some(Planned { name: nt.name.clone(), visits: visits.total(c.ty), penalty: c.penalty, learnable: c.learnable, note: None });
+            planned[c.ty] = Some(Planned { name: nt.name.clone(), visits: visits.total(c.ty), miss: c.miss, hit: c.hit, learnable: c.learnable, note: None });
             if ids.is_empty() {
                 continue;
             }
@@ -218,7 +230,7 @@ impl DeviceCache {
     /// Notes that type `ty` (named `name`, visited `visits` times) is not cached, and why.
     pub fn not_cached(&mut self, ty: usize, name: &str, visits: u64, learnable: bool, why: &str) {
         if let Some(p) = self.planned.get_mut(ty) {
-            *p = Some(Planned { name: name.to_string(), visits, penalty: 0.0, learnable, note: Some(why.to_string()) });
+            *p = Some(Planned { name: name.to_string(), visits, miss: 0.0, hit: 0.0, learnable, note: Some(why.to_string()) });
         }
     }
 
@@ -237,11 +249,11 @@ impl DeviceCache {
             }
             let lk = c.rows().lookup(ids, count);
             let d = table.dim;
-            let mut misses = Vec::with_capacity(lk.miss_ids.len() * d);
-            for &v in &lk.miss_ids {
-                misses.extend_from_slice(&table.data[v as usize * d..(v as usize + 1) * d]);
-            }
-            let x = c.rows().assemble(&lk, misses, model.dtype(), model.device())?;
+            let row = |j: usize| {
+                let v = lk.miss_ids[j] as usize;
+                &table.data[v * d..(v + 1) * d]
+            };
+            let x = c.rows().assemble_from(&lk, row, model.dtype(), model.device())?;
             inputs[t] = Some(candle_core::Var::from_tensor(&x)?.into_inner());
         }
         Ok(model.gather_embeddings(nodes, inputs)?)
@@ -307,7 +319,9 @@ impl DeviceCache {
                     hit_rate: hits as f64 / lookups.max(1) as f64,
                     hits,
                     lookups,
-                    miss_penalty_us_per_byte: p.penalty * 1e6,
+                    miss_penalty_us_per_byte: (p.miss - p.hit).max(0.0) * 1e6,
+                    miss_us_per_byte: p.miss * 1e6,
+                    hit_us_per_byte: p.hit * 1e6,
                     visits: p.visits,
                     learnable: p.learnable,
                     note: p.note.clone(),
@@ -324,7 +338,7 @@ impl DeviceCache {
             .iter()
             .map(|(name, r)| match &r.note {
                 Some(n) => format!("{name}: {n}"),
-                None => format!("{name} {} rows ({:.0}%, {:.2e} us/B)", r.rows, r.share * 100.0, r.miss_penalty_us_per_byte),
+                None => format!("{name} {} rows ({:.0}%; miss {:.2e}, hit {:.2e} us/B)", r.rows, r.share * 100.0, r.miss_us_per_byte, r.hit_us_per_byte),
             })
             .collect();
         format!("cache {}/{} bytes: {}", self.bytes(), self.budget, parts.join(", "))
@@ -354,19 +368,42 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
         if let Some(f) = &nt.features {
             let dim = f.dim();
-            let penalty = profile::measure(probe.len(), (dim * 4) as u64, || {
+            let miss = profile::measure(probe.len(), (dim * 4) as u64, || {
                 std::hint::black_box(fg.gather_type(g, ty, &probe)?);
                 Ok(())
             })?;
-            candidates.push(Candidate { ty, learnable: false, dim, penalty });
+            // The same rows served by a scratch cache holding all of them.
+            let values: Vec<f32> = probe.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect();
+            let scratch = RowCache::new(nt.count as usize, probe.clone(), dim, values, &device)?;
+            let hit = profile::measure(probe.len(), (dim * 4) as u64, || {
+                let lk = scratch.lookup(&probe, false);
+                std::hint::black_box(scratch.assemble_from(&lk, |_| &[], dtype, &device)?);
+                Ok(())
+            })?;
+            candidates.push(Candidate { ty, learnable: false, dim, miss, hit });
         } else if let Some(table) = model.embeddings.get(ty).and_then(Option::as_ref) {
             let dim = table.dim;
-            let penalty = profile::measure(probe.len(), learnable_row_bytes(dim), || {
+            let bytes = learnable_row_bytes(dim);
+            let mut rows = profile::Scratch::new(probe.len(), dim);
+            let miss = profile::measure(probe.len(), bytes, || {
                 let x = table.gather(&probe, dtype, &device)?;
-                let values: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                profile::learnable_write_back(&values, dim, &device)
+                rows.write_back(&x)
             })?;
-            candidates.push(Candidate { ty, learnable: true, dim, penalty });
+            // A hit reads the rows from the cache and updates them there (a
+            // scratch cache over a scratch copy: the model is not touched).
+            let n = probe.len();
+            let values: Vec<f32> = probe.iter().flat_map(|&v| table.data[v as usize * dim..(v as usize + 1) * dim].iter().copied()).collect();
+            let scratch_table = EmbeddingTable { name: table.name.clone(), rows: n, dim, data: values, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n] };
+            let local: Vec<u32> = (0..n as u32).collect();
+            let mut scratch = LearnableCache::from_table(&scratch_table, local.clone(), &device)?;
+            let cfg = AdamConfig::with_lr(0.0);
+            let hit = profile::measure(n, bytes, || {
+                let lk = scratch.rows().lookup(&local, false);
+                let x = scratch.rows().assemble_from(&lk, |_| &[], dtype, &device)?;
+                let grads: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                scratch.adam(&lk.hit_slot, &grads, &cfg)
+            })?;
+            candidates.push(Candidate { ty, learnable: true, dim, miss, hit });
         }
     }
     let chosen = plan(t.cache_policy, budget, &visits, &candidates);

@@ -38,23 +38,34 @@ pub fn probe_ids(ranked: &[u32], n: usize) -> Vec<u32> {
     (0..n).map(|i| ranked[i * ranked.len() / n]).collect()
 }
 
-/// The write-back half of a learnable row's miss: the gradient rows copied
-/// off the device and one Adam step on each row (value and moments) in host
-/// memory. Works on scratch copies: the model is not touched.
-pub fn learnable_write_back(values: &[f32], dim: usize, device: &Device) -> Result<()> {
-    let rows = values.len() / dim.max(1);
-    let grad = Tensor::from_slice(values, (rows, dim), device)?;
-    let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-    let (mut data, mut m, mut v) = (values.to_vec(), vec![0f32; values.len()], vec![0f32; values.len()]);
-    let mut steps = 0u32;
-    let cfg = AdamConfig::with_lr(0.0);
-    for r in 0..rows {
-        let span = r * dim..(r + 1) * dim;
-        steps = 0;
-        adam_row(&mut data[span.clone()], &mut m[span.clone()], &mut v[span.clone()], &mut steps, &g[span], &cfg);
+/// Scratch rows with Adam state for timing a learnable miss's write-back
+/// without touching the model.
+pub struct Scratch {
+    data: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    steps: Vec<u32>,
+    dim: usize,
+}
+
+impl Scratch {
+    /// Room for `rows` rows of width `dim`.
+    pub fn new(rows: usize, dim: usize) -> Scratch {
+        Scratch { data: vec![0.0; rows * dim], m: vec![0.0; rows * dim], v: vec![0.0; rows * dim], steps: vec![0; rows], dim }
     }
-    std::hint::black_box((data, m, v, steps));
-    Ok(())
+
+    /// The write-back half of a learnable row's miss, as the uncached path
+    /// does it: the gradient rows copied off the device, then one Adam step
+    /// per row on its value and moments in host memory (here the scratch rows).
+    pub fn write_back(&mut self, grad: &Tensor) -> Result<()> {
+        let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let (d, cfg) = (self.dim, AdamConfig::with_lr(0.0));
+        for r in 0..(g.len() / d.max(1)).min(self.steps.len()) {
+            let span = r * d..(r + 1) * d;
+            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span.clone()], &mut self.steps[r], &g[span], &cfg);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -70,6 +81,26 @@ mod tests {
     }
 
     #[test]
+    fn narrow_rows_cost_more_per_byte_than_wide_ones() {
+        // The fixed cost of each row's copy weighs more when the row is narrow.
+        let per_byte = |dim: usize| {
+            let table: Vec<f32> = (0..4096 * dim).map(|i| i as f32).collect();
+            let ids: Vec<usize> = (0..2048).map(|i| (i * 7919) % 4096).collect();
+            measure(ids.len(), (dim * 4) as u64, || {
+                let mut out = Vec::with_capacity(ids.len() * dim);
+                for &i in &ids {
+                    out.extend_from_slice(&table[i * dim..(i + 1) * dim]);
+                }
+                std::hint::black_box(Tensor::from_vec(out, (ids.len(), dim), &Device::Cpu)?);
+                Ok(())
+            })
+            .unwrap()
+        };
+        let (narrow, wide) = (per_byte(2), per_byte(256));
+        assert!(narrow > wide, "width 2: {narrow} s/B, width 256: {wide} s/B");
+    }
+
+    #[test]
     fn a_probe_that_does_more_costs_more_per_byte() {
         let values: Vec<f32> = (0..64 * 512).map(|i| i as f32 * 1e-3).collect();
         let read = measure(512, 256, || {
@@ -77,9 +108,10 @@ mod tests {
             Ok(())
         })
         .unwrap();
+        let mut scratch = Scratch::new(512, 64);
         let learnable = measure(512, 256, || {
             std::hint::black_box(values.clone());
-            learnable_write_back(&values, 64, &Device::Cpu)
+            scratch.write_back(&Tensor::from_slice(&values, (512, 64), &Device::Cpu)?)
         })
         .unwrap();
         assert!(read > 0.0 && learnable > read, "read {read}, read + write-back {learnable}");

@@ -147,30 +147,43 @@ impl RowCache {
         if misses.len() != lk.miss_ids.len() * d {
             return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
         }
+        if let Store::Device(data) = &self.data {
+            return Ok(device_assemble(data, lk, misses, d, device)?.to_dtype(dtype)?);
+        }
+        self.assemble_from(lk, |j| &misses[j * d..(j + 1) * d], dtype, device)
+    }
+
+    /// [`RowCache::assemble`] with the `j`-th miss's row read by `miss_row(j)`
+    /// (on the CPU straight into the batch: no intermediate copy).
+    pub fn assemble_from<'a>(&self, lk: &Lookup, miss_row: impl Fn(usize) -> &'a [f32], dtype: DType, device: &Device) -> Result<Tensor> {
+        let d = self.dim;
         let x = match &self.data {
             Store::Host(data) => {
-                let mut out = vec![0f32; lk.len * d];
-                for (&p, &s) in lk.hit_pos.iter().zip(&lk.hit_slot) {
-                    out[p as usize * d..(p as usize + 1) * d].copy_from_slice(&data[s as usize * d..(s as usize + 1) * d]);
-                }
-                for (j, &p) in lk.miss_pos.iter().enumerate() {
-                    out[p as usize * d..(p as usize + 1) * d].copy_from_slice(&misses[j * d..(j + 1) * d]);
+                // Hit and miss positions are both ascending: one merge walk in batch order.
+                let mut out = Vec::with_capacity(lk.len * d);
+                let (mut h, mut m) = (0, 0);
+                for p in 0..lk.len as u32 {
+                    if lk.hit_pos.get(h) == Some(&p) {
+                        let s = lk.hit_slot[h] as usize;
+                        out.extend_from_slice(&data[s * d..(s + 1) * d]);
+                        h += 1;
+                    } else {
+                        let row = miss_row(m);
+                        if row.len() != d {
+                            return Err(TrainError::Config(format!("cache: a miss row of width {}, not {d}", row.len())));
+                        }
+                        out.extend_from_slice(row);
+                        m += 1;
+                    }
                 }
                 Tensor::from_vec(out, (lk.len, d), device)?
             }
             Store::Device(data) => {
-                // Hits gathered on the device, misses uploaded, then both put in batch order.
-                let h = lk.hit_slot.len();
-                let hit = data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?;
-                let miss = Tensor::from_vec(misses, (lk.miss_ids.len(), d), device)?;
-                let mut order = vec![0u32; lk.len];
-                for (k, &p) in lk.hit_pos.iter().enumerate() {
-                    order[p as usize] = k as u32;
+                let mut misses = Vec::with_capacity(lk.miss_ids.len() * d);
+                for j in 0..lk.miss_ids.len() {
+                    misses.extend_from_slice(miss_row(j));
                 }
-                for (j, &p) in lk.miss_pos.iter().enumerate() {
-                    order[p as usize] = (h + j) as u32;
-                }
-                Tensor::cat(&[hit, miss], 0)?.index_select(&Tensor::from_vec(order, lk.len, device)?, 0)?
+                device_assemble(data, lk, misses, d, device)?
             }
         };
         Ok(x.to_dtype(dtype)?)
@@ -180,6 +193,24 @@ impl RowCache {
     pub fn bytes(&self) -> u64 {
         (self.ids.len() * self.dim * 4) as u64
     }
+}
+
+/// Hits gathered on the device, misses uploaded, then both put in batch order.
+fn device_assemble(data: &Tensor, lk: &Lookup, misses: Vec<f32>, d: usize, device: &Device) -> Result<Tensor> {
+    if misses.len() != lk.miss_ids.len() * d {
+        return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
+    }
+    let h = lk.hit_slot.len();
+    let hit = data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?;
+    let miss = Tensor::from_vec(misses, (lk.miss_ids.len(), d), device)?;
+    let mut order = vec![0u32; lk.len];
+    for (k, &p) in lk.hit_pos.iter().enumerate() {
+        order[p as usize] = k as u32;
+    }
+    for (j, &p) in lk.miss_pos.iter().enumerate() {
+        order[p as usize] = (h + j) as u32;
+    }
+    Ok(Tensor::cat(&[hit, miss], 0)?.index_select(&Tensor::from_vec(order, lk.len, device)?, 0)?)
 }
 
 /// Learnable rows cached with their Adam state; the cache owns them.

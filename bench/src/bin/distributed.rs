@@ -11,10 +11,8 @@
 //! [-- --scale 0.05 --nodes 2,4 --methods meta,metis,random --hidden 64,256,1024 --epochs 2]`
 //! prints a table and writes bench/results/distributed.json.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::{json, Value};
 
@@ -60,23 +58,6 @@ struct Args {
     out: PathBuf,
 }
 
-fn run(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()> {
-    let out = Command::new(bin)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if !out.status.success() {
-        bail!(
-            "hetgnn {} failed:\n{}\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
 fn summary(r: &Value, label: &str) -> Value {
     let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
     let n = epochs.len().max(1) as f64;
@@ -104,17 +85,7 @@ fn summary(r: &Value, label: &str) -> Value {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = a
-        .hetgnn
-        .clone()
-        .unwrap_or_else(|| root.join("target/release/hetgnn"));
-    if !bin.exists() {
-        bail!(
-            "{} not found: build it first (cargo build --release)",
-            bin.display()
-        );
-    }
+    let bin = bench::hetgnn_bin(a.hetgnn.clone())?;
     let data = bench::mag_like(a.scale, 0)?;
     let work = tempfile::tempdir()?;
     let w = work.path();
@@ -144,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         );
         let mut args: Vec<String> = vec!["train".into(), "--data".into(), d.clone()];
         args.extend(common("single.json"));
-        run(&bin, w, &args)?;
+        bench::run_hetgnn(&bin, w, &args)?;
         let single =
             serde_json::from_str::<Value>(&std::fs::read_to_string(w.join("single.json"))?)?;
         rows.push(summary(
@@ -157,52 +128,8 @@ fn main() -> anyhow::Result<()> {
                     "meta-local" => ("meta", true),
                     m => (m, false),
                 };
-                let parts = root.join(format!(
-                    "target/bench-data/parts-{partitioner}-{k}-s{}",
-                    a.scale
-                ));
-                if !parts.join("manifest.json").exists() {
-                    eprintln!("partitioning ({partitioner}, {k} parts)");
-                    run(
-                        &bin,
-                        w,
-                        &[
-                            "partition".into(),
-                            "--data".into(),
-                            d.clone(),
-                            "--parts".into(),
-                            k.to_string(),
-                            "--method".into(),
-                            partitioner.into(),
-                            "--out".into(),
-                            parts.display().to_string(),
-                            "--force".into(),
-                        ],
-                    )?;
-                }
-                let ids: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
-                let certs = w.join(format!("certs{k}"));
-                if !certs.exists() {
-                    run(
-                        &bin,
-                        w,
-                        &[
-                            "certs".into(),
-                            "init".into(),
-                            "--out".into(),
-                            certs.display().to_string(),
-                            "--nodes".into(),
-                            ids.join(","),
-                        ],
-                    )?;
-                }
-                let mut toml =
-                    format!("[cluster]\ncerts_dir = {:?}\n", certs.display().to_string());
-                for (id, port) in ids.iter().zip(bench::free_ports(ids.len())?) {
-                    toml += &format!(
-                        "[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n"
-                    );
-                }
+                let parts = bench::partitions(&bin, &data, partitioner, k, a.scale)?;
+                let mut toml = bench::local_cluster(&bin, w, k)?;
                 let mode = if partitioner == "meta" {
                     "raf"
                 } else {
@@ -224,7 +151,7 @@ fn main() -> anyhow::Result<()> {
                     "{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs",
                     a.epochs
                 );
-                run(
+                bench::run_hetgnn(
                     &bin,
                     w,
                     &["launch".into(), "--config".into(), "cluster.toml".into()],
