@@ -179,6 +179,15 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
             &report.final_model_sha256[..16]
         );
     }
+    if !report.cache.is_empty() {
+        let per_type: Vec<String> = report
+            .cache
+            .iter()
+            .filter(|(_, c)| c.note.is_none())
+            .map(|(name, c)| format!("{name} {:.0}% of it, hit rate {:.2}", c.share * 100.0, c.hit_rate))
+            .collect();
+        println!("cache ({}, {} bytes per device): {}", cfg.training.cache_policy.name(), cfg.training.cache_bytes.0, per_type.join("; "));
+    }
     if let Some(path) = &cfg.training.report {
         write_report(report, path)?;
         println!("report written to {}", path.display());

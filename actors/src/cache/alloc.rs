@@ -19,6 +19,17 @@ pub enum CachePolicy {
     None,
 }
 
+impl CachePolicy {
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::MissPenalty => "miss-penalty",
+            CachePolicy::Hotness => "hotness",
+            CachePolicy::None => "none",
+        }
+    }
+}
+
 /// What allocation needs to know of one cacheable node type.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Demand {

@@ -114,9 +114,9 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// What a miss costs more than a hit, per cache byte (never negative).
+    /// What a miss costs more than a hit, per cache byte: see [`penalty`].
     pub fn penalty(&self) -> f64 {
-        (self.miss - self.hit).max(0.0)
+        penalty(self.miss, self.hit)
     }
 
     /// Cache bytes one row takes.
@@ -126,6 +126,20 @@ impl Candidate {
         } else {
             (self.dim * 4) as u64
         }
+    }
+}
+
+/// Timings closer than this (relative) are taken as equal: noise must not
+/// decide where the cache goes.
+const NOISE: f64 = 0.1;
+
+/// What a miss costs more than a hit (seconds per cache byte), zero unless
+/// the miss is measurably slower.
+pub fn penalty(miss: f64, hit: f64) -> f64 {
+    if miss > hit * (1.0 + NOISE) {
+        miss - hit
+    } else {
+        0.0
     }
 }
 
@@ -319,7 +333,7 @@ impl DeviceCache {
                     hit_rate: hits as f64 / lookups.max(1) as f64,
                     hits,
                     lookups,
-                    miss_penalty_us_per_byte: (p.miss - p.hit).max(0.0) * 1e6,
+                    miss_penalty_us_per_byte: penalty(p.miss, p.hit) * 1e6,
                     miss_us_per_byte: p.miss * 1e6,
                     hit_us_per_byte: p.hit * 1e6,
                     visits: p.visits,
@@ -341,7 +355,11 @@ impl DeviceCache {
                 None => format!("{name} {} rows ({:.0}%; miss {:.2e}, hit {:.2e} us/B)", r.rows, r.share * 100.0, r.miss_us_per_byte, r.hit_us_per_byte),
             })
             .collect();
-        format!("cache {}/{} bytes: {}", self.bytes(), self.budget, parts.join(", "))
+        let mut line = format!("cache {}/{} bytes: {}", self.bytes(), self.budget, parts.join(", "));
+        if self.bytes() == 0 && self.planned.iter().flatten().any(|p| p.note.is_none()) {
+            line += ". Nothing cached: on this device a hit costs as much as a miss (the cache and the rows share host memory); cache_policy = \"hotness\" caches by visits regardless";
+        }
+        line
     }
 }
 
@@ -368,41 +386,50 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
         if let Some(f) = &nt.features {
             let dim = f.dim();
-            let miss = profile::measure(probe.len(), (dim * 4) as u64, || {
-                std::hint::black_box(fg.gather_type(g, ty, &probe)?);
-                Ok(())
-            })?;
             // The same rows served by a scratch cache holding all of them.
             let values: Vec<f32> = probe.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect();
             let scratch = RowCache::new(nt.count as usize, probe.clone(), dim, values, &device)?;
-            let hit = profile::measure(probe.len(), (dim * 4) as u64, || {
-                let lk = scratch.lookup(&probe, false);
-                std::hint::black_box(scratch.assemble_from(&lk, |_| &[], dtype, &device)?);
-                Ok(())
-            })?;
+            let (miss, hit) = profile::compare(
+                probe.len(),
+                (dim * 4) as u64,
+                || {
+                    std::hint::black_box(fg.gather_type(g, ty, &probe)?);
+                    Ok(())
+                },
+                || {
+                    let lk = scratch.lookup(&probe, false);
+                    std::hint::black_box(scratch.assemble_from(&lk, |_| &[], dtype, &device)?);
+                    Ok(())
+                },
+            )?;
             candidates.push(Candidate { ty, learnable: false, dim, miss, hit });
         } else if let Some(table) = model.embeddings.get(ty).and_then(Option::as_ref) {
             let dim = table.dim;
             let bytes = learnable_row_bytes(dim);
+            // A miss reads the rows from the table and writes them back after
+            // the update; a hit reads and updates them in the cache (scratch
+            // copies of the probed rows both: the model is not touched).
             let mut rows = profile::Scratch::new(probe.len(), dim);
-            let miss = profile::measure(probe.len(), bytes, || {
-                let x = table.gather(&probe, dtype, &device)?;
-                rows.write_back(&x)
-            })?;
-            // A hit reads the rows from the cache and updates them there (a
-            // scratch cache over a scratch copy: the model is not touched).
             let n = probe.len();
             let values: Vec<f32> = probe.iter().flat_map(|&v| table.data[v as usize * dim..(v as usize + 1) * dim].iter().copied()).collect();
             let scratch_table = EmbeddingTable { name: table.name.clone(), rows: n, dim, data: values, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n] };
             let local: Vec<u32> = (0..n as u32).collect();
             let mut scratch = LearnableCache::from_table(&scratch_table, local.clone(), &device)?;
             let cfg = AdamConfig::with_lr(0.0);
-            let hit = profile::measure(n, bytes, || {
-                let lk = scratch.rows().lookup(&local, false);
-                let x = scratch.rows().assemble_from(&lk, |_| &[], dtype, &device)?;
-                let grads: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                scratch.adam(&lk.hit_slot, &grads, &cfg)
-            })?;
+            let (miss, hit) = profile::compare(
+                n,
+                bytes,
+                || {
+                    let x = table.gather(&probe, dtype, &device)?;
+                    rows.write_back(&x)
+                },
+                || {
+                    let lk = scratch.rows().lookup(&local, false);
+                    let x = scratch.rows().assemble_from(&lk, |_| &[], dtype, &device)?;
+                    let grads: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                    scratch.adam(&lk.hit_slot, &grads, &cfg)
+                },
+            )?;
             candidates.push(Candidate { ty, learnable: true, dim, miss, hit });
         }
     }

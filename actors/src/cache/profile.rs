@@ -8,14 +8,14 @@
 
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use models::embedding::adam_row;
 use models::optim::AdamConfig;
 
 use crate::error::Result;
 
 /// Timed repetitions of a probe (after one untimed warm-up); the median counts.
-const REPS: usize = 5;
+const REPS: usize = 7;
 /// Most rows one probe fetches.
 pub const MAX_PROBE_ROWS: usize = 8192;
 
@@ -30,6 +30,28 @@ pub fn measure(rows: usize, row_bytes: u64, mut miss: impl FnMut() -> Result<()>
     }
     times.sort_by(f64::total_cmp);
     Ok(times[REPS / 2] / (rows.max(1) as u64 * row_bytes.max(1)) as f64)
+}
+
+/// Median seconds per byte of a miss and of a hit, timed in alternation so
+/// that drift (frequency, other threads) affects both alike.
+pub fn compare(rows: usize, row_bytes: u64, mut miss: impl FnMut() -> Result<()>, mut hit: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+    miss()?;
+    hit()?;
+    let (mut m, mut h) = (Vec::with_capacity(REPS), Vec::with_capacity(REPS));
+    for _ in 0..REPS {
+        let t = Instant::now();
+        miss()?;
+        m.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        hit()?;
+        h.push(t.elapsed().as_secs_f64());
+    }
+    let bytes = (rows.max(1) as u64 * row_bytes.max(1)) as f64;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[REPS / 2] / bytes
+    };
+    Ok((median(m), median(h)))
 }
 
 /// `n` ids spread over `ranked` (hot to cold), as the misses of a batch would be.
@@ -71,6 +93,7 @@ impl Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn probes_spread_over_the_ranking() {

@@ -800,15 +800,19 @@ impl Ctx<'_> {
             let Some(f) = f.filter(|_| !ranked.is_empty() && self.gathers(ty, Rows::Features)) else { continue };
             let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
             let bytes = (f.dim() * 4) as u64;
-            let miss = profile::measure(probe.len(), bytes, || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ()))?;
             // The same rows from a scratch cache holding all of them.
             let values: Vec<f32> = self.gather(&only(ty, &probe), Rows::Features, None)?.swap_remove(ty).map_or(Ok(Vec::new()), |x| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
             let scratch = RowCache::new(nt.count as usize, probe.clone(), f.dim(), values, &self.device)?;
-            let hit = profile::measure(probe.len(), bytes, || {
-                let lk = scratch.lookup(&probe, false);
-                std::hint::black_box(scratch.assemble_from(&lk, |_| &[], self.dtype, &self.device)?);
-                Ok(())
-            })?;
+            let (miss, hit) = profile::compare(
+                probe.len(),
+                bytes,
+                || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ()),
+                || {
+                    let lk = scratch.lookup(&probe, false);
+                    std::hint::black_box(scratch.assemble_from(&lk, |_| &[], self.dtype, &self.device)?);
+                    Ok(())
+                },
+            )?;
             candidates.push(Candidate { ty, learnable: false, dim: f.dim(), miss, hit });
         }
         let chosen = crate::cache::plan(t.cache_policy, budget, &visits, &candidates);
