@@ -208,14 +208,14 @@ struct Planned {
 }
 
 impl DeviceCache {
-    /// Caches, for each candidate, the rows `chosen[i]`: feature values read
-    /// by `feature_rows(ty, ids)`, learnable rows taken from `tables`.
+    /// Caches, for each candidate, the rows chosen for it (`plan`, in
+    /// candidate order): feature values read by `feature_rows(ty, ids)`,
+    /// learnable rows taken from `tables`.
     pub fn new(
         g: &HetGraph,
         budget: u64,
         visits: &Visits,
-        candidates: &[Candidate],
-        chosen: Vec<Vec<u32>>,
+        plan: Vec<(Candidate, Vec<u32>)>,
         tables: &[Option<EmbeddingTable>],
         device: &Device,
         mut feature_rows: impl FnMut(usize, &[u32]) -> Result<Vec<f32>>,
@@ -224,7 +224,7 @@ impl DeviceCache {
         let mut features: Vec<Option<RowCache>> = (0..n).map(|_| None).collect();
         let mut learnable: Vec<Option<LearnableCache>> = (0..n).map(|_| None).collect();
         let mut planned: Vec<Option<Planned>> = vec![None; n];
-        for (c, ids) in candidates.iter().zip(chosen) {
+        for (c, ids) in plan {
             let nt = &g.node_types()[c.ty];
             planned[c.ty] = Some(Planned { name: nt.name.clone(), visits: visits.total(c.ty), miss: c.miss, hit: c.hit, learnable: c.learnable, note: None });
             if ids.is_empty() {
@@ -434,9 +434,10 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         }
     }
     let chosen = plan(t.cache_policy, budget, &visits, &candidates);
+    let planned = candidates.into_iter().zip(chosen).collect();
     let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
         let f = g.node_types()[ty].features.as_ref().ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
         Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
     };
-    Ok(Some(DeviceCache::new(g, budget, &visits, &candidates, chosen, &model.embeddings, &device, rows)?))
+    Ok(Some(DeviceCache::new(g, budget, &visits, planned, &model.embeddings, &device, rows)?))
 }

@@ -337,7 +337,7 @@ mod tests {
     fn lookups_split_hits_and_misses_and_assemble_in_batch_order() {
         let t = table(10, 3);
         for on_device in [false, true] {
-            let ids = vec![4, 1, 8];
+            let ids = [4usize, 1, 8];
             let vals: Vec<f32> = ids.iter().flat_map(|&v| t.data[v * 3..v * 3 + 3].to_vec()).collect();
             let c = RowCache::build(10, ids.iter().map(|&v| v as u32).collect(), 3, vals, &Device::Cpu, on_device).unwrap();
             let batch = [8u32, 0, 1, 9, 4];

@@ -820,7 +820,8 @@ impl Ctx<'_> {
             let x = self.gather(&only(ty, ids), Rows::Features, None)?.swap_remove(ty).ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
             Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
         };
-        let mut cache = DeviceCache::new(g, budget, &visits, &candidates, chosen, &[], &self.device, rows)?;
+        let planned = candidates.into_iter().zip(chosen).collect();
+        let mut cache = DeviceCache::new(g, budget, &visits, planned, &[], &self.device, rows)?;
         for (ty, nt) in g.node_types().iter().enumerate() {
             if self.learnable[ty] && visits.total(ty) > 0 {
                 cache.not_cached(ty, &nt.name, visits.total(ty), true, "learnable rows stay with their embedding stores in data-parallel training");

@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
                 let r: Value = serde_json::from_str(&std::fs::read_to_string(w.join(&report))?)?;
                 let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
                 let s = epochs.iter().map(|e| e["seconds"].as_f64().unwrap_or(0.0)).sum::<f64>() / epochs.len().max(1) as f64;
-                if best.as_ref().is_none_or(|(b, _)| s < *b) {
+                if best.as_ref().map_or(true, |(b, _)| s < *b) {
                     best = Some((s, r));
                 }
             }
