@@ -80,6 +80,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         }
     }
 
+    if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None {
+        observer.note(&format!("cache: pre-sampling {} epoch(s) to count visits, then profiling miss penalties", t.cache_presample_epochs));
+    }
     let mut cache = {
         let mut presampler = Sampler::new(&g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
         let uses_neighbors = model.uses_neighbors();
