@@ -78,6 +78,12 @@ pub struct TrainArgs {
     /// Resume from the newest valid checkpoint in --checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Device cache per trainer or raf worker, e.g. 4GiB [default: 0, no cache].
+    #[arg(long)]
+    cache_bytes: Option<String>,
+    /// miss-penalty | hotness | none [default: miss-penalty].
+    #[arg(long)]
+    cache_policy: Option<String>,
 }
 
 impl TrainArgs {
@@ -109,6 +115,8 @@ impl TrainArgs {
         push("report", self.report.as_ref().map(|p| quoted(&p.display().to_string())));
         push("checkpoint_dir", self.checkpoint.as_ref().map(|p| quoted(&p.display().to_string())));
         push("resume", self.resume.then(|| "true".to_string()));
+        push("cache_bytes", self.cache_bytes.as_deref().map(quoted));
+        push("cache_policy", self.cache_policy.as_deref().map(quoted));
         o.extend(self.set.iter().cloned());
         o
     }

@@ -145,6 +145,9 @@ struct Replica {
 /// Batches prepared ahead of the trainer.
 const PREFETCH: usize = 2;
 
+/// Rows per pull when a cache is filled.
+const FILL_ROWS: usize = 16 << 10;
+
 /// An attempt's steps: where it starts (a checkpoint's step, mid-epoch
 /// perhaps) and when it writes checkpoints. Shared by trainers and raf workers.
 pub(crate) struct Schedule {
@@ -816,9 +819,14 @@ impl Ctx<'_> {
             candidates.push(Candidate { ty, learnable: false, dim: f.dim(), miss, hit });
         }
         let chosen = crate::cache::plan(t.cache_policy, budget, &visits, &candidates);
+        // Filled in pieces: one pull of a whole share could pass the wire's message limits.
         let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
-            let x = self.gather(&only(ty, ids), Rows::Features, None)?.swap_remove(ty).ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
-            Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+            let mut out = Vec::new();
+            for piece in ids.chunks(FILL_ROWS) {
+                let x = self.gather(&only(ty, piece), Rows::Features, None)?.swap_remove(ty).ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
+                out.extend(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+            }
+            Ok(out)
         };
         let planned = candidates.into_iter().zip(chosen).collect();
         let mut cache = DeviceCache::new(g, budget, &visits, planned, &[], &self.device, rows)?;
