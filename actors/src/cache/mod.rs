@@ -441,3 +441,35 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
     };
     Ok(Some(DeviceCache::new(g, budget, &visits, planned, &model.embeddings, &device, rows)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_fill_each_share_with_the_most_visited_rows() {
+        let mut v = Visits::new(&[6, 4]);
+        v.add(&[vec![5, 5, 5, 2, 2, 0], vec![1, 3]]);
+        // Type 0: 4-byte rows, type 1: learnable width 1 (16 bytes); hotness by visits 6 : 2.
+        let cands = [Candidate { ty: 0, learnable: false, dim: 1, miss: 0.0, hit: 0.0 }, Candidate { ty: 1, learnable: true, dim: 1, miss: 0.0, hit: 0.0 }];
+        let chosen = plan(CachePolicy::Hotness, 24, &v, &cands);
+        assert_eq!(chosen, vec![vec![5, 2, 0], vec![]], "type 0 takes its 3 visited rows (12 of its 18 bytes); the 12 left cannot hold a 16-byte row");
+        assert_eq!(plan(CachePolicy::Hotness, 28, &v, &cands), vec![vec![5, 2, 0], vec![1]], "the rest goes to type 1");
+        // Miss-penalty: no measurable saving, no rows.
+        assert_eq!(plan(CachePolicy::MissPenalty, 1000, &v, &cands), vec![Vec::<u32>::new(), vec![]]);
+        assert_eq!((penalty(1.05, 1.0), penalty(2.0, 1.0), penalty(1.0, 2.0)), (0.0, 1.0, 0.0));
+    }
+
+    #[test]
+    fn device_reports_merge_into_run_figures() {
+        let one = |rows, bytes, hits, lookups, miss| CacheTypeReport { rows, bytes, hits, lookups, visits: 10, miss_us_per_byte: miss, hit_us_per_byte: miss / 4.0, miss_penalty_us_per_byte: miss * 0.75, ..CacheTypeReport::default() };
+        let a = BTreeMap::from([("paper".to_string(), one(10, 400, 30, 100, 2.0))]);
+        let b = BTreeMap::from([("paper".to_string(), one(20, 800, 10, 100, 4.0)), ("author".to_string(), one(0, 0, 0, 0, 0.0))]);
+        let m = merge_reports(&[a, b], 1000);
+        let p = &m["paper"];
+        assert_eq!((p.rows, p.bytes, p.hits, p.lookups, p.visits), (30, 1200, 40, 200, 20));
+        assert_eq!((p.share, p.hit_rate), (0.6, 0.2));
+        assert_eq!((p.miss_us_per_byte, p.hit_us_per_byte, p.miss_penalty_us_per_byte), (3.0, 0.75, 2.25), "means over the devices that measured");
+        assert_eq!(m["author"].hit_rate, 0.0);
+    }
+}
