@@ -205,13 +205,16 @@ fn chaos_a_killed_node_restarted_rejoins_and_the_run_ends_with_the_same_model() 
     let mut rng = Rng::for_case("kill -9 and restart");
     let victim = ["n1", "n2"][rng.below(2) as usize];
     let at = strike_step(&mut rng);
-    let mut c = Cluster::start("kill", "");
+    // With a feature cache: the survivors keep theirs into the next generation, the victim builds
+    // its own again; the model must still be the failure-free (and cache-free) run's.
+    let mut c = Cluster::start("kill", "cache_bytes = \"128KiB\"\ncache_policy = \"hotness\"\n");
     c.wait_for_checkpoint(at);
     std::thread::sleep(Duration::from_millis(rng.below(300)));
     c.kill(victim);
     c.spawn(victim);
     let r = c.finish();
     one_recovery(&r);
+    assert!(r["cache"]["paper"]["hits"].as_u64().unwrap_or(0) > 0, "{}", r["cache"]);
     // (A loaded machine may add a spurious failure: the victim's is among them.)
     let named = r["failures"].as_array().unwrap().iter().any(|f| f["what"].as_str().is_some_and(|w| w.contains(victim) || w.contains("restarted")));
     assert!(named, "the failure names {victim}: {}", r["failures"]);

@@ -131,6 +131,17 @@ struct Shared {
     owners: Arc<Vec<Vec<u16>>>,
     trainer_of: Arc<Vec<u16>>,
     timeouts: Timeouts,
+    /// Per trainer, its device cache once built: later generations in this
+    /// process reuse it instead of pre-sampling and profiling again.
+    caches: CacheSlots,
+}
+
+/// One slot per trainer for its device cache.
+pub(crate) type CacheSlots = Arc<Vec<std::sync::Mutex<Option<Arc<crate::cache::DeviceCache>>>>>;
+
+/// Empty cache slots for `trainers` trainers.
+fn cache_slots(trainers: u32) -> CacheSlots {
+    Arc::new((0..trainers).map(|_| std::sync::Mutex::new(None)).collect())
 }
 
 /// Starts the trainer threads of partition `part` for generation `gen`, one per inbox.
@@ -154,6 +165,7 @@ fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, ha
             timeouts: sh.timeouts,
             gen,
             from: from.clone(),
+            caches: sh.caches.clone(),
         };
         let h = std::thread::Builder::new()
             .name(format!("trainer-{trainer}"))
@@ -306,7 +318,7 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t))).map(|g| g.map(Arc::new)).collect::<graphs::Result<_>>()?;
     let per_part = set.manifest.trainers as u32;
     let run = run_key(&t, &set, &graphs[0]);
-    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default() };
+    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default(), caches: cache_slots(parts * per_part) };
     let (gs, os, tc) = (graphs.clone(), sh.owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
@@ -599,7 +611,7 @@ pub fn run_node(cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Res
     let per_part = set.manifest.trainers as u32;
     let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
-    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts };
+    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts, caches: cache_slots(parts * per_part) };
     let (g, o, tc, topo, me) = (graph.clone(), sh.owners.clone(), t.clone(), topology.clone(), id.to_string());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;

@@ -67,6 +67,8 @@ pub struct TrainerSetup {
     pub gen: u64,
     /// The checkpoint this attempt starts from (its directory and manifest).
     pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+    /// Device caches built by earlier generations in this process, by trainer.
+    pub caches: super::CacheSlots,
 }
 
 struct Peers {
@@ -131,7 +133,7 @@ struct Trainer<'a> {
     ctx: Ctx<'a>,
     rep: Replica,
     /// The device cache (its feature rows are shared with `ctx`).
-    cache: Option<DeviceCache>,
+    cache: Option<Arc<DeviceCache>>,
 }
 
 /// The model replica and its optimiser.
@@ -221,7 +223,17 @@ impl<'a> Trainer<'a> {
             seq = m.seq;
         }
         let mut ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors(), cache: None };
-        let cache = ctx.build_cache()?;
+        // Feature rows do not change: a cache built by an earlier generation of this process serves on.
+        let slot = s.caches.get(s.trainer as usize).ok_or_else(|| TrainError::Distributed(format!("no cache slot for trainer {}", s.trainer)))?;
+        let reused = slot.lock().map_err(|_| TrainError::Distributed("a trainer panicked while building its cache".into()))?.clone();
+        let cache = match reused {
+            Some(c) => Some(c),
+            None => {
+                let built = ctx.build_cache()?.map(Arc::new);
+                *slot.lock().map_err(|_| TrainError::Distributed("a trainer panicked while building its cache".into()))? = built.clone();
+                built
+            }
+        };
         ctx.cache = cache.as_ref().map(|c| c.features.clone());
         Ok(Trainer { ctx, rep: Replica { model, adam, seq }, cache })
     }
