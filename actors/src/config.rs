@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
 use models::ModelKind;
+#[cfg(test)]
+use runtime::ByteSize;
 
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
@@ -131,66 +133,9 @@ pub struct TrainingConfig {
     /// "miss-penalty" (default, Heta), "hotness" or "none".
     pub cache_policy: crate::cache::CachePolicy,
     /// Device cache size per trainer or raf worker, e.g. "4GiB" (default 0: no cache).
-    pub cache_bytes: ByteSize,
+    pub cache_bytes: runtime::ByteSize,
     /// Epochs pre-sampled to count node visits before the cache is filled (default 2).
     pub cache_presample_epochs: u64,
-}
-
-/// A number of bytes. In TOML: an integer, or a string such as `"4GiB"`,
-/// `"512MiB"`, `"1.5GB"`, `"0"`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "ByteSizeText", into = "u64")]
-pub struct ByteSize(pub u64);
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ByteSizeText {
-    Number(u64),
-    Text(String),
-}
-
-impl From<ByteSize> for u64 {
-    fn from(b: ByteSize) -> u64 {
-        b.0
-    }
-}
-
-impl TryFrom<ByteSizeText> for ByteSize {
-    type Error = String;
-    fn try_from(t: ByteSizeText) -> std::result::Result<ByteSize, String> {
-        match t {
-            ByteSizeText::Number(n) => Ok(ByteSize(n)),
-            ByteSizeText::Text(s) => ByteSize::parse(&s),
-        }
-    }
-}
-
-impl ByteSize {
-    /// Parses `"4GiB"`, `"512MiB"`, `"100MB"`, `"1.5GB"`, `"64KiB"`, `"5000"` (bytes).
-    pub fn parse(text: &str) -> std::result::Result<ByteSize, String> {
-        let bad = || format!("bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes");
-        let s = text.trim();
-        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let value: f64 = num.parse().map_err(|_| bad())?;
-        let scale = match unit.trim() {
-            "" | "B" => 1.0,
-            "kB" | "KB" => 1e3,
-            "MB" => 1e6,
-            "GB" => 1e9,
-            "TB" => 1e12,
-            "KiB" => 1024.0,
-            "MiB" => 1048576.0,
-            "GiB" => 1073741824.0,
-            "TiB" => 1099511627776.0,
-            _ => return Err(bad()),
-        };
-        let bytes = value * scale;
-        if !(0.0..1e18).contains(&bytes) {
-            return Err(bad());
-        }
-        Ok(ByteSize(bytes as u64))
-    }
 }
 
 impl TrainingConfig {
@@ -227,7 +172,7 @@ impl Default for TrainingConfig {
             checkpoint_keep: 3,
             resume: false,
             cache_policy: crate::cache::CachePolicy::MissPenalty,
-            cache_bytes: ByteSize(0),
+            cache_bytes: runtime::ByteSize(0),
             cache_presample_epochs: 2,
         }
     }

@@ -101,18 +101,45 @@ pub struct NodeSpec {
     pub key: Option<PathBuf>,
 }
 
-/// Bytes per second. In TOML: a number of bytes per second, or a string such
-/// as `"10Gbit/s"`, `"800Mbps"`, `"100MB/s"`, `"1GiB/s"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "BandwidthText", into = "u64")]
-pub struct Bandwidth(pub u64);
-
+/// A number (bytes) or a string with a unit, as TOML gives it.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum BandwidthText {
+enum Quantity {
     Number(u64),
     Text(String),
 }
+
+/// Bytes in `text` (`"4GiB"`, `"1.5MB"`, `"300"`; with `bits`, also `"10Gbit"`,
+/// `"800Mbps"`), or `None` if it is not one.
+fn parse_bytes(text: &str, bits: bool) -> Option<f64> {
+    let s = text.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let (scale, is_bits) = match unit.trim() {
+        "" | "B" => (1.0, false),
+        "kB" | "KB" => (1e3, false),
+        "MB" => (1e6, false),
+        "GB" => (1e9, false),
+        "TB" => (1e12, false),
+        "KiB" => (1024.0, false),
+        "MiB" => (1048576.0, false),
+        "GiB" => (1073741824.0, false),
+        "TiB" => (1099511627776.0, false),
+        "bit" | "bps" if bits => (1.0, true),
+        "kbit" | "Kbit" | "kbps" | "Kbps" if bits => (1e3, true),
+        "Mbit" | "Mbps" if bits => (1e6, true),
+        "Gbit" | "Gbps" if bits => (1e9, true),
+        _ => return None,
+    };
+    Some(value * scale / if is_bits { 8.0 } else { 1.0 })
+}
+
+/// Bytes per second. In TOML: a number of bytes per second, or a string such
+/// as `"10Gbit/s"`, `"800Mbps"`, `"100MB/s"`, `"1GiB/s"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Quantity", into = "u64")]
+pub struct Bandwidth(pub u64);
 
 impl From<Bandwidth> for u64 {
     fn from(b: Bandwidth) -> u64 {
@@ -120,13 +147,13 @@ impl From<Bandwidth> for u64 {
     }
 }
 
-impl TryFrom<BandwidthText> for Bandwidth {
+impl TryFrom<Quantity> for Bandwidth {
     type Error = String;
-    fn try_from(t: BandwidthText) -> Result<Bandwidth, String> {
+    fn try_from(t: Quantity) -> Result<Bandwidth, String> {
         match t {
-            BandwidthText::Number(0) => Err("bandwidth must be positive".into()),
-            BandwidthText::Number(n) => Ok(Bandwidth(n)),
-            BandwidthText::Text(s) => Bandwidth::parse(&s),
+            Quantity::Number(0) => Err("bandwidth must be positive".into()),
+            Quantity::Number(n) => Ok(Bandwidth(n)),
+            Quantity::Text(s) => Bandwidth::parse(&s),
         }
     }
 }
@@ -136,30 +163,45 @@ impl Bandwidth {
     pub fn parse(text: &str) -> Result<Bandwidth, String> {
         let bad = || format!("bad bandwidth {text:?}: use e.g. \"10Gbit/s\", \"800Mbps\", \"100MB/s\" or bytes per second");
         let s = text.trim();
-        let s = s.strip_suffix("/s").unwrap_or(s);
-        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let value: f64 = num.parse().map_err(|_| bad())?;
-        let unit = unit.trim();
-        let (scale, bits) = match unit {
-            "" | "B" => (1.0, false),
-            "bit" | "bps" => (1.0, true),
-            "kB" | "KB" => (1e3, false),
-            "MB" => (1e6, false),
-            "GB" => (1e9, false),
-            "KiB" => (1024.0, false),
-            "MiB" => (1048576.0, false),
-            "GiB" => (1073741824.0, false),
-            "kbit" | "Kbit" | "kbps" | "Kbps" => (1e3, true),
-            "Mbit" | "Mbps" => (1e6, true),
-            "Gbit" | "Gbps" => (1e9, true),
-            _ => return Err(bad()),
-        };
-        let bytes = value * scale / if bits { 8.0 } else { 1.0 };
+        let bytes = parse_bytes(s.strip_suffix("/s").unwrap_or(s), true).ok_or_else(bad)?;
         if !(1.0..1e15).contains(&bytes) {
             return Err(bad());
         }
         Ok(Bandwidth(bytes as u64))
+    }
+}
+
+/// A number of bytes. In TOML: an integer, or a string such as `"4GiB"`,
+/// `"512MiB"`, `"1.5GB"`, `"0"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Quantity", into = "u64")]
+pub struct ByteSize(pub u64);
+
+impl From<ByteSize> for u64 {
+    fn from(b: ByteSize) -> u64 {
+        b.0
+    }
+}
+
+impl TryFrom<Quantity> for ByteSize {
+    type Error = String;
+    fn try_from(t: Quantity) -> Result<ByteSize, String> {
+        match t {
+            Quantity::Number(n) => Ok(ByteSize(n)),
+            Quantity::Text(s) => ByteSize::parse(&s),
+        }
+    }
+}
+
+impl ByteSize {
+    /// Parses `"4GiB"`, `"512MiB"`, `"100MB"`, `"1.5GB"`, `"64KiB"`, `"5000"` (bytes).
+    pub fn parse(text: &str) -> Result<ByteSize, String> {
+        let bad = || format!("bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes");
+        let bytes = parse_bytes(text, false).ok_or_else(bad)?;
+        if !(0.0..1e18).contains(&bytes) {
+            return Err(bad());
+        }
+        Ok(ByteSize(bytes as u64))
     }
 }
 

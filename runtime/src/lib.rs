@@ -36,7 +36,7 @@ mod transport;
 pub mod wire;
 
 pub use actor_ref::{ActorRef, AskError, Deliver, Msg};
-pub use config::{ChaosConfig, ClusterConfig, ConfigError, LinksConfig, NodeSpec, Placement, Topology};
+pub use config::{ByteSize, ChaosConfig, ClusterConfig, ConfigError, LinksConfig, NodeSpec, Placement, Topology};
 pub use dedup::Dedup;
 pub use membership::{MemberEvent, PeerState};
 pub use metrics::MetricsSnapshot;
