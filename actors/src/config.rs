@@ -7,8 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
 use models::ModelKind;
-#[cfg(test)]
-use runtime::ByteSize;
 
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
@@ -291,6 +289,7 @@ fn apply_override(table: &mut toml::Table, o: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runtime::ByteSize;
 
     #[test]
     fn defaults_files_and_overrides() {

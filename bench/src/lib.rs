@@ -73,3 +73,9 @@ pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String
     }
     Ok(toml)
 }
+
+/// The mean of `key` over a run report's epochs (0 without epochs).
+pub fn epoch_mean(report: &serde_json::Value, key: &str) -> f64 {
+    let epochs = report["epochs"].as_array().map_or(&[][..], Vec::as_slice);
+    epochs.iter().map(|e| e[key].as_f64().unwrap_or(0.0)).sum::<f64>() / epochs.len().max(1) as f64
+}

@@ -55,11 +55,16 @@ impl EmbeddingTable {
         let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         let dim = self.dim;
         for (k, &i) in ids.iter().enumerate() {
-            let i = i as usize;
-            let r = i * dim..(i + 1) * dim;
-            adam_row(&mut self.data[r.clone()], &mut self.m[r.clone()], &mut self.v[r], &mut self.steps[i], &g[k * dim..(k + 1) * dim], cfg);
+            self.adam_row_at(i, &g[k * dim..(k + 1) * dim], cfg);
         }
         Ok(())
+    }
+
+    /// Applies Adam to row `id` with gradient row `g`.
+    pub fn adam_row_at(&mut self, id: u32, g: &[f32], cfg: &AdamConfig) {
+        let i = id as usize;
+        let r = i * self.dim..(i + 1) * self.dim;
+        adam_row(&mut self.data[r.clone()], &mut self.m[r.clone()], &mut self.v[r], &mut self.steps[i], g, cfg);
     }
 }
 

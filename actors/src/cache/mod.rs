@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use graphs::{HetGraph, MiniBatch};
-use models::embedding::{adam_row, EmbeddingTable};
+use models::embedding::EmbeddingTable;
 use models::model::FeatureGather;
 use models::optim::AdamConfig;
 use models::rgcn::PerType;
@@ -256,9 +256,10 @@ impl DeviceCache {
     /// Fills the learnable rows of `inputs` (as gradient leaves), the cached
     /// ones from the cache; the model's [`Model::gather_embeddings`] otherwise.
     pub fn gather_embeddings(&self, model: &Model, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {
+        let fg = model.feature_gather();
         for (t, ids) in nodes.iter().enumerate() {
             let (Some(c), Some(table)) = (self.learnable.get(t).and_then(Option::as_ref), model.embeddings.get(t).and_then(Option::as_ref)) else { continue };
-            if ids.is_empty() || inputs[t].is_some() || !model.feature_gather().wants(t) {
+            if ids.is_empty() || inputs[t].is_some() || !fg.wants(t) {
                 continue;
             }
             let lk = c.rows().lookup(ids, count);
@@ -282,8 +283,7 @@ impl DeviceCache {
         }
         let Some(c) = self.learnable.get_mut(ty).and_then(Option::as_mut) else {
             for (k, &v) in ids.iter().enumerate() {
-                let r = v as usize * d..(v as usize + 1) * d;
-                adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &grads[k * d..(k + 1) * d], cfg);
+                table.adam_row_at(v, &grads[k * d..(k + 1) * d], cfg);
             }
             return Ok(());
         };
@@ -291,8 +291,7 @@ impl DeviceCache {
         let hit_grads: Vec<f32> = lk.hit_pos.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
         c.adam(&lk.hit_slot, &hit_grads, cfg)?;
         for (&p, &v) in lk.miss_pos.iter().zip(&lk.miss_ids) {
-            let r = v as usize * d..(v as usize + 1) * d;
-            adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &grads[p as usize * d..(p as usize + 1) * d], cfg);
+            table.adam_row_at(v, &grads[p as usize * d..(p as usize + 1) * d], cfg);
         }
         Ok(())
     }
@@ -363,6 +362,21 @@ impl DeviceCache {
     }
 }
 
+/// Profiles feature type `ty` (of `count` nodes) on the rows `probe`, whose
+/// values are `values`: `miss` fetches them the uncached way; a hit serves
+/// them from a scratch cache holding all of them, as `dtype` on `device`.
+pub fn feature_candidate(ty: usize, count: usize, probe: &[u32], values: Vec<f32>, (dtype, device): (DType, &Device), miss: impl FnMut() -> Result<()>) -> Result<Candidate> {
+    let dim = values.len() / probe.len().max(1);
+    let scratch = RowCache::new(count, probe.to_vec(), dim, values, device)?;
+    let hit = || {
+        let lk = scratch.lookup(probe, false);
+        std::hint::black_box(scratch.assemble_from(&lk, |_| &[], dtype, device)?);
+        Ok(())
+    };
+    let (miss, hit) = profile::compare(probe.len(), (dim * 4) as u64, miss, hit)?;
+    Ok(Candidate { ty, learnable: false, dim, miss, hit })
+}
+
 /// Builds the cache of a device that reads its feature rows from `g` and
 /// owns the learnable tables of `model` (a single process, a raf worker):
 /// pre-samples with `sample(epoch, step, seeds)` over `train`, measures miss
@@ -385,24 +399,12 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         }
         let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
         if let Some(f) = &nt.features {
-            let dim = f.dim();
-            // The same rows served by a scratch cache holding all of them.
             let values: Vec<f32> = probe.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect();
-            let scratch = RowCache::new(nt.count as usize, probe.clone(), dim, values, &device)?;
-            let (miss, hit) = profile::compare(
-                probe.len(),
-                (dim * 4) as u64,
-                || {
-                    std::hint::black_box(fg.gather_type(g, ty, &probe)?);
-                    Ok(())
-                },
-                || {
-                    let lk = scratch.lookup(&probe, false);
-                    std::hint::black_box(scratch.assemble_from(&lk, |_| &[], dtype, &device)?);
-                    Ok(())
-                },
-            )?;
-            candidates.push(Candidate { ty, learnable: false, dim, miss, hit });
+            let miss = || {
+                std::hint::black_box(fg.gather_type(g, ty, &probe)?);
+                Ok(())
+            };
+            candidates.push(feature_candidate(ty, nt.count as usize, &probe, values, (dtype, &device), miss)?);
         } else if let Some(table) = model.embeddings.get(ty).and_then(Option::as_ref) {
             let dim = table.dim;
             let bytes = learnable_row_bytes(dim);

@@ -14,23 +14,10 @@ use models::optim::AdamConfig;
 
 use crate::error::Result;
 
-/// Timed repetitions of a probe (after one untimed warm-up); the median counts.
+/// Timed repetitions of each probe (after one untimed warm-up); the median counts.
 const REPS: usize = 7;
 /// Most rows one probe fetches.
 pub const MAX_PROBE_ROWS: usize = 8192;
-
-/// Median seconds per byte of `miss` (which handles `rows` rows of `row_bytes` cache bytes each).
-pub fn measure(rows: usize, row_bytes: u64, mut miss: impl FnMut() -> Result<()>) -> Result<f64> {
-    miss()?;
-    let mut times = Vec::with_capacity(REPS);
-    for _ in 0..REPS {
-        let t = Instant::now();
-        miss()?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[REPS / 2] / (rows.max(1) as u64 * row_bytes.max(1)) as f64)
-}
 
 /// Median seconds per byte of a miss and of a hit, timed in alternation so
 /// that drift (frequency, other threads) affects both alike.
@@ -109,15 +96,15 @@ mod tests {
         let per_byte = |dim: usize| {
             let table: Vec<f32> = (0..4096 * dim).map(|i| i as f32).collect();
             let ids: Vec<usize> = (0..2048).map(|i| (i * 7919) % 4096).collect();
-            measure(ids.len(), (dim * 4) as u64, || {
+            let fetch = || {
                 let mut out = Vec::with_capacity(ids.len() * dim);
                 for &i in &ids {
                     out.extend_from_slice(&table[i * dim..(i + 1) * dim]);
                 }
                 std::hint::black_box(Tensor::from_vec(out, (ids.len(), dim), &Device::Cpu)?);
                 Ok(())
-            })
-            .unwrap()
+            };
+            compare(ids.len(), (dim * 4) as u64, fetch, || Ok(())).unwrap().0
         };
         let (narrow, wide) = (per_byte(2), per_byte(256));
         assert!(narrow > wide, "width 2: {narrow} s/B, width 256: {wide} s/B");
@@ -126,18 +113,17 @@ mod tests {
     #[test]
     fn a_probe_that_does_more_costs_more_per_byte() {
         let values: Vec<f32> = (0..64 * 512).map(|i| i as f32 * 1e-3).collect();
-        let read = measure(512, 256, || {
-            std::hint::black_box(values.clone());
-            Ok(())
-        })
-        .unwrap();
         let mut scratch = Scratch::new(512, 64);
-        let learnable = measure(512, 256, || {
+        let learnable = || {
             std::hint::black_box(values.clone());
             scratch.write_back(&Tensor::from_slice(&values, (512, 64), &Device::Cpu)?)
-        })
-        .unwrap();
+        };
+        let read = || {
+            std::hint::black_box(values.clone());
+            Ok(())
+        };
+        let (learnable, read) = compare(512, 256, learnable, read).unwrap();
         assert!(read > 0.0 && learnable > read, "read {read}, read + write-back {learnable}");
-        assert!(measure(1, 1, || Err(crate::error::TrainError::Config("x".into()))).is_err());
+        assert!(compare(1, 1, || Err(crate::error::TrainError::Config("x".into())), || Ok(())).is_err());
     }
 }

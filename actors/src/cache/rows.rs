@@ -34,10 +34,11 @@ impl Store {
         Ok(if on_device { Store::Device(Tensor::from_vec(values, (rows, dim), device)?) } else { Store::Host(values) })
     }
 
-    fn to_vec(&self) -> Result<Vec<f32>> {
+    /// The values, row-major (copied off the device only when on one).
+    fn values(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
         Ok(match self {
-            Store::Host(v) => v.clone(),
-            Store::Device(t) => t.flatten_all()?.to_vec1()?,
+            Store::Host(v) => std::borrow::Cow::Borrowed(v.as_slice()),
+            Store::Device(t) => std::borrow::Cow::Owned(t.flatten_all()?.to_vec1()?),
         })
     }
 }
@@ -313,7 +314,7 @@ impl LearnableCache {
     /// readers and the final model).
     pub fn write_back(&self, table: &mut EmbeddingTable) -> Result<()> {
         let d = self.rows.dim;
-        let (data, m, v) = (self.rows.data.to_vec()?, self.m.to_vec()?, self.v.to_vec()?);
+        let (data, m, v) = (self.rows.data.values()?, self.m.values()?, self.v.values()?);
         for (s, &id) in self.rows.ids.iter().enumerate() {
             let (dst, src) = (id as usize * d..(id as usize + 1) * d, s * d..(s + 1) * d);
             table.data[dst.clone()].copy_from_slice(&data[src.clone()]);

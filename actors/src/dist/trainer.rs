@@ -31,8 +31,8 @@ use super::inbox::Inbox;
 use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, Save, Saved, StepDone};
 use super::store::decode_f32;
 use super::{names, Timeouts};
-use crate::cache::rows::{Lookup, RowCache};
-use crate::cache::{hotness, profile, CachePolicy, Candidate, DeviceCache, FeatureCache};
+use crate::cache::rows::Lookup;
+use crate::cache::{hotness, profile, CachePolicy, DeviceCache, FeatureCache};
 use crate::config::{AllReduce, TrainingConfig};
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
@@ -811,24 +811,14 @@ impl Ctx<'_> {
         let only = |ty: usize, ids: &[u32]| -> Vec<Vec<u32>> { (0..sizes.len()).map(|k| if k == ty { ids.to_vec() } else { Vec::new() }).collect() };
         let mut candidates = Vec::new();
         for (ty, nt) in g.node_types().iter().enumerate() {
-            let (ranked, f) = (visits.ranked(ty), nt.features.as_ref());
-            let Some(f) = f.filter(|_| !ranked.is_empty() && self.gathers(ty, Rows::Features)) else { continue };
+            let ranked = visits.ranked(ty);
+            if nt.features.is_none() || ranked.is_empty() || !self.gathers(ty, Rows::Features) {
+                continue;
+            }
             let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
-            let bytes = (f.dim() * 4) as u64;
-            // The same rows from a scratch cache holding all of them.
             let values: Vec<f32> = self.gather(&only(ty, &probe), Rows::Features, None)?.swap_remove(ty).map_or(Ok(Vec::new()), |x| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
-            let scratch = RowCache::new(nt.count as usize, probe.clone(), f.dim(), values, &self.device)?;
-            let (miss, hit) = profile::compare(
-                probe.len(),
-                bytes,
-                || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ()),
-                || {
-                    let lk = scratch.lookup(&probe, false);
-                    std::hint::black_box(scratch.assemble_from(&lk, |_| &[], self.dtype, &self.device)?);
-                    Ok(())
-                },
-            )?;
-            candidates.push(Candidate { ty, learnable: false, dim: f.dim(), miss, hit });
+            let miss = || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ());
+            candidates.push(crate::cache::feature_candidate(ty, nt.count as usize, &probe, values, (self.dtype, &self.device), miss)?);
         }
         let chosen = crate::cache::plan(t.cache_policy, budget, &visits, &candidates);
         // Filled in pieces: one pull of a whole share could pass the wire's message limits.

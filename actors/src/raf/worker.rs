@@ -27,7 +27,6 @@ use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
 use graphs::sampler::epoch_batches;
 use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId, Sampler};
-use models::embedding::adam_row;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
@@ -817,8 +816,7 @@ impl<'a> Worker<'a> {
                 }
                 None => {
                     for v in order {
-                        let r = v as usize * dim..(v as usize + 1) * dim;
-                        adam_row(&mut table.data[r.clone()], &mut table.m[r.clone()], &mut table.v[r], &mut table.steps[v as usize], &sum[&v], &cfg);
+                        table.adam_row_at(v, &sum[&v], &cfg);
                     }
                 }
             }

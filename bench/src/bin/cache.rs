@@ -89,19 +89,17 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{mode}, {policy}, budget {:.0}% ({bytes} bytes per device), {} epochs, run {}", frac * 100.0, a.epochs, rep + 1);
                 bench::run_hetgnn(&bin, w, &["launch".into(), "--config".into(), "cluster.toml".into()])?;
                 let r: Value = serde_json::from_str(&std::fs::read_to_string(w.join(&report))?)?;
-                let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
-                let s = epochs.iter().map(|e| e["seconds"].as_f64().unwrap_or(0.0)).sum::<f64>() / epochs.len().max(1) as f64;
+                let s = bench::epoch_mean(&r, "seconds");
                 if best.as_ref().map_or(true, |(b, _)| s < *b) {
                     best = Some((s, r));
                 }
             }
             let Some((_, r)) = best else { continue };
-            let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
-            let mean = |k: &str| epochs.iter().map(|e| e[k].as_f64().unwrap_or(0.0)).sum::<f64>() / epochs.len().max(1) as f64;
+            let mean = |k: &str| bench::epoch_mean(&r, k);
             runs.push(json!({
                 "mode": mode, "policy": policy, "budget_fraction": frac, "budget_bytes": bytes,
                 "epoch_s": mean("seconds"), "gather_s": mean("gather_s"), "update_s": mean("update_s"), "comm_s": mean("comm_s"),
-                "test_acc": epochs.last().map_or(Value::Null, |e| e["test_acc"].clone()),
+                "test_acc": r["epochs"].as_array().and_then(|e| e.last()).map_or(Value::Null, |e| e["test_acc"].clone()),
                 "model_sha256": r["final_model_sha256"], "cache": r["cache"], "bytes_per_step": r["bytes_per_step"],
             }));
         }

@@ -60,14 +60,7 @@ struct Args {
 
 fn summary(r: &Value, label: &str) -> Value {
     let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
-    let n = epochs.len().max(1) as f64;
-    let mean = |k: &str| {
-        epochs
-            .iter()
-            .map(|e| e[k].as_f64().unwrap_or(0.0))
-            .sum::<f64>()
-            / n
-    };
+    let mean = |k: &str| bench::epoch_mean(r, k);
     let per_step: f64 = r["bytes_per_step"].as_object().map_or(0.0, |m| {
         m.values().filter_map(Value::as_f64).fold(0.0, |a, b| a + b)
     });
