@@ -18,8 +18,8 @@ use crate::config::{ChaosConfig, ConfigError, LinksConfig, Topology};
 use crate::membership::{MemberEvent, PeerState};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::{Lookup, Registry};
-use crate::tls::{Identity, TlsError};
-use crate::transport::{Settings, Transport};
+use crate::tls::{Identity, QuicConfigs, TlsError};
+use crate::transport::{bind_endpoint, Settings, Transport};
 use crate::wire::{encode_msg, decode_msg, ActorName, RemoteError, WireError};
 
 /// How long a remote `tell` keeps resending before giving up (and logging it).
@@ -160,7 +160,8 @@ impl Node {
         let c = &topology.cluster;
         let idle = idle_timeout(c.failure_timeout_ms);
         let bind = topology.addr(i)?;
-        let endpoint = quinn::Endpoint::server(identity.server_config(idle)?, bind).map_err(|e| StartError::Bind {
+        let configs = QuicConfigs::new(&identity, idle)?;
+        let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).map_err(|e| StartError::Bind {
             key: format!("cluster.nodes[{i}].addr"),
             addr: bind,
             msg: e.to_string(),
@@ -180,7 +181,7 @@ impl Node {
         let transport = Transport::start(
             settings,
             endpoint,
-            identity.client_config(idle)?,
+            configs,
             peers,
             registry.clone(),
             metrics.clone(),
@@ -205,9 +206,8 @@ impl Node {
         let idle = idle_timeout(c.failure_timeout_ms);
         let first = topology.addr(0)?;
         let bind: SocketAddr = if first.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-        let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| StartError::Bind { key: "client".into(), addr: bind, msg: e.to_string() })?;
-        let client = identity.client_config(idle)?;
-        endpoint.set_default_client_config(client.clone());
+        let endpoint = bind_endpoint(bind, None).map_err(|e| StartError::Bind { key: "client".into(), addr: bind, msg: e.to_string() })?;
+        let configs = QuicConfigs::new(&identity, idle)?;
         let mut peers = Vec::new();
         for (j, n) in c.nodes.iter().enumerate() {
             peers.push((n.id.clone(), topology.addr(j)?, true));
@@ -217,7 +217,7 @@ impl Node {
         let (events, _) = broadcast::channel(16);
         let registry: Arc<Registry> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
-        let transport = Transport::start(settings, endpoint, client, peers, registry.clone(), metrics.clone(), Faults::default(), events.clone(), false);
+        let transport = Transport::start(settings, endpoint, configs, peers, registry.clone(), metrics.clone(), Faults::default(), events.clone(), false);
         Node::build(name, Some(transport), Some(topology), registry, metrics, events).map_err(|e| StartError::Config(ConfigError::new("client", e.to_string())))
     }
 

@@ -119,9 +119,35 @@ fn roots(ca: CertificateDer<'static>) -> Result<Arc<rustls::RootCertStore>, TlsE
     Ok(Arc::new(roots))
 }
 
-/// Transport settings tuned for bulk tensors: large flow-control windows, MTU
-/// discovery up to loopback's 64 KiB, an idle timeout well past the failure detector's.
-pub fn transport_config(idle: Duration) -> Arc<quinn::TransportConfig> {
+/// The kind of path a connection crosses, which decides its datagram sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathKind {
+    /// A real network: quinn's MTU discovery from 1200 bytes up to the usual
+    /// Ethernet payload, with UDP segmentation offload batching the packets.
+    Network,
+    /// The loopback interface (a cluster tried on one machine): datagrams grow
+    /// to 64 KiB. Segmentation offload is off because the kernel refuses GSO
+    /// batches over 64 KiB, which quinn would read as a black hole.
+    Loopback,
+}
+
+impl PathKind {
+    /// The path to a peer at `addr`.
+    pub fn of(addr: &std::net::SocketAddr) -> PathKind {
+        if addr.ip().is_loopback() {
+            PathKind::Loopback
+        } else {
+            PathKind::Network
+        }
+    }
+}
+
+/// Largest UDP payload an endpoint accepts (loopback's 64 KiB MTU less the IP and UDP headers).
+pub const MAX_UDP_PAYLOAD: u16 = 65_487;
+
+/// Transport settings tuned for bulk tensors: large flow-control windows, datagram
+/// sizes for `path`, an idle timeout well past the failure detector's.
+pub fn transport_config(idle: Duration, path: PathKind) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_uni_streams(1024u32.into())
         .max_concurrent_bidi_streams(0u32.into())
@@ -130,10 +156,39 @@ pub fn transport_config(idle: Duration) -> Arc<quinn::TransportConfig> {
         .send_window(256 << 20)
         .keep_alive_interval(Some(Duration::from_secs(1)))
         .max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
-    let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(65_000);
-    t.mtu_discovery_config(Some(mtu));
+    if path == PathKind::Loopback {
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(MAX_UDP_PAYLOAD);
+        t.mtu_discovery_config(Some(mtu)).enable_segmentation_offload(false);
+    }
     Arc::new(t)
+}
+
+/// Client and server configurations of one identity for both kinds of path.
+#[derive(Clone)]
+pub struct QuicConfigs {
+    client: [quinn::ClientConfig; 2],
+    server: [Arc<quinn::ServerConfig>; 2],
+}
+
+impl QuicConfigs {
+    /// Both kinds of path for `identity`, with connections idle for at most `idle`.
+    pub fn new(identity: &Identity, idle: Duration) -> Result<QuicConfigs, TlsError> {
+        let kinds = [PathKind::Network, PathKind::Loopback];
+        let [c0, c1] = kinds.map(|k| identity.client_config(idle, k));
+        let [s0, s1] = kinds.map(|k| identity.server_config(idle, k));
+        Ok(QuicConfigs { client: [c0?, c1?], server: [Arc::new(s0?), Arc::new(s1?)] })
+    }
+
+    /// The client configuration for dialing `addr`.
+    pub fn client(&self, addr: &std::net::SocketAddr) -> quinn::ClientConfig {
+        self.client[PathKind::of(addr) as usize].clone()
+    }
+
+    /// The server configuration for a connection from `addr`.
+    pub fn server(&self, addr: &std::net::SocketAddr) -> Arc<quinn::ServerConfig> {
+        self.server[PathKind::of(addr) as usize].clone()
+    }
 }
 
 /// The certificate chain and key of one identity, with the CA.
@@ -160,7 +215,7 @@ impl Identity {
     }
 
     /// Server side: requires a client certificate from the cluster CA.
-    pub fn server_config(&self, idle: Duration) -> Result<quinn::ServerConfig, TlsError> {
+    pub fn server_config(&self, idle: Duration, path: PathKind) -> Result<quinn::ServerConfig, TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(self.ca.clone())?, provider())
             .build()
@@ -174,12 +229,12 @@ impl Identity {
         tls.alpn_protocols = vec![ALPN.to_vec()];
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        server.transport_config(transport_config(idle));
+        server.transport_config(transport_config(idle, path));
         Ok(server)
     }
 
     /// Client side: trusts only the cluster CA and presents our certificate.
-    pub fn client_config(&self, idle: Duration) -> Result<quinn::ClientConfig, TlsError> {
+    pub fn client_config(&self, idle: Duration, path: PathKind) -> Result<quinn::ClientConfig, TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let mut tls = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -190,7 +245,7 @@ impl Identity {
         tls.alpn_protocols = vec![ALPN.to_vec()];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
         let mut client = quinn::ClientConfig::new(Arc::new(quic));
-        client.transport_config(transport_config(idle));
+        client.transport_config(transport_config(idle, path));
         Ok(client)
     }
 }

@@ -172,12 +172,34 @@ impl Settings {
     }
 }
 
+/// Socket buffer size asked of the kernel (it grants at most `net.core.rmem_max`
+/// / `wmem_max`): a burst of 64 KiB datagrams overflows the usual 208 KiB
+/// default, and every loss costs a congestion-window cut.
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// A QUIC endpoint on `bind` that accepts datagrams up to loopback's size and
+/// asks for large socket buffers; it serves with `server` when given.
+pub(crate) fn bind_endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig>) -> std::io::Result<quinn::Endpoint> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(bind), socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    if bind.is_ipv6() {
+        socket.set_only_v6(false).ok();
+    }
+    // Best effort: a kernel that grants less still works, only slower.
+    socket.set_recv_buffer_size(SOCKET_BUFFER).ok();
+    socket.set_send_buffer_size(SOCKET_BUFFER).ok();
+    socket.bind(&bind.into())?;
+    let mut config = quinn::EndpointConfig::default();
+    config.max_udp_payload_size(tls::MAX_UDP_PAYLOAD).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let runtime = quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime for QUIC"))?;
+    quinn::Endpoint::new(config, server, socket.into(), runtime)
+}
+
 /// One node's (or client's) end of the cluster network.
 pub(crate) struct Transport {
     pub(crate) me: String,
     index: u32,
     endpoint: Mutex<Option<quinn::Endpoint>>,
-    client: quinn::ClientConfig,
+    configs: tls::QuicConfigs,
     peers: RwLock<HashMap<String, Arc<Peer>>>,
     pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<ByteVec, RemoteError>>>>,
     seq: AtomicU64,
@@ -214,7 +236,7 @@ impl Transport {
     pub(crate) fn start(
         s: Settings,
         endpoint: quinn::Endpoint,
-        client: quinn::ClientConfig,
+        configs: tls::QuicConfigs,
         peers: Vec<(String, SocketAddr, bool)>,
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
@@ -236,7 +258,7 @@ impl Transport {
             me: s.me,
             index: s.index,
             endpoint: Mutex::new(Some(endpoint)),
-            client,
+            configs,
             peers: RwLock::new(table),
             pending: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(seq_base()),
@@ -321,7 +343,15 @@ impl Transport {
             };
             let me = self.clone();
             tokio::spawn(async move {
-                let quic = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
+                let config = me.configs.server(&incoming.remote_address());
+                let connecting = match incoming.accept_with(config) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("{}: refused a connection: {e}", me.me);
+                        return;
+                    }
+                };
+                let quic = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
                     Ok(Ok(c)) => c,
                     Ok(Err(e)) => {
                         tracing::warn!("{}: refused a connection: {e}", me.me);
@@ -359,7 +389,7 @@ impl Transport {
         loop {
             let attempt = async {
                 let endpoint = self.endpoint().ok_or("shutting down")?;
-                let connecting = endpoint.connect_with(self.client.clone(), addr, &peer.id).map_err(|e| e.to_string())?;
+                let connecting = endpoint.connect_with(self.configs.client(&addr), addr, &peer.id).map_err(|e| e.to_string())?;
                 connecting.await.map_err(|e| e.to_string())
             };
             let result = tokio::select! {

@@ -120,7 +120,7 @@ pub struct Envelope {
     /// Milliseconds the sender will wait for the reply (0 = no deadline).
     pub ttl_ms: u64,
     /// The bincode-encoded message.
-    #[serde(with = "serde_bytes")]
+    #[serde(with = "owned_bytes")]
     pub payload: Vec<u8>,
 }
 
@@ -168,7 +168,49 @@ pub enum Frame {
 /// Bytes encoded as one block rather than element by element.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ByteVec(#[serde(with = "serde_bytes")] pub Vec<u8>);
+pub struct ByteVec(#[serde(with = "owned_bytes")] pub Vec<u8>);
+
+/// Byte blocks as serde bytes, decoded into an owned vector by one copy of the
+/// borrowed input: bincode's own `Vec<u8>` decoding zero-fills the vector
+/// before copying into it, a wasted pass over every tensor received.
+mod owned_bytes {
+    use serde::de::{Error, SeqAccess, Visitor};
+
+    pub fn serialize<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_bytes(Owned)
+    }
+
+    struct Owned;
+
+    impl<'de> Visitor<'de> for Owned {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            // Formats without a bytes type; the hint is capped so a lying length cannot allocate.
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+            while let Some(b) = seq.next_element()? {
+                v.push(b);
+            }
+            Ok(v)
+        }
+    }
+}
 
 /// Encodes `frame` (length prefix included), refusing frames over [`MAX_LARGE_FRAME`].
 pub fn encode_frame(frame: &Frame) -> Result<Vec<u8>, WireError> {
@@ -392,8 +434,8 @@ impl WireDType {
 
 /// A tensor as raw little-endian bytes with its dtype and shape. Inside
 /// messages it serializes as one block of bytes and is validated on decode.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(into = "RawTensor", try_from = "RawTensor")]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawTensor")]
 pub struct TensorPayload {
     /// Element type.
     pub dtype: WireDType,
@@ -403,12 +445,16 @@ pub struct TensorPayload {
     pub data: Vec<u8>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct RawTensor(u8, Vec<u64>, #[serde(with = "serde_bytes")] Vec<u8>);
+#[derive(Deserialize)]
+struct RawTensor(u8, Vec<u64>, #[serde(with = "owned_bytes")] Vec<u8>);
 
-impl From<TensorPayload> for RawTensor {
-    fn from(t: TensorPayload) -> RawTensor {
-        RawTensor(t.dtype as u8, t.shape, t.data)
+/// [`RawTensor`]'s encoding, borrowed: `serde(into)` would clone the bytes first.
+#[derive(Serialize)]
+struct RawTensorRef<'a>(u8, &'a [u64], #[serde(with = "serde_bytes")] &'a [u8]);
+
+impl Serialize for TensorPayload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RawTensorRef(self.dtype as u8, &self.shape, &self.data).serialize(s)
     }
 }
 
@@ -690,7 +736,7 @@ mod tests {
         let enc = encode_msg(&t).unwrap();
         assert_eq!(decode_msg::<TensorPayload>(&enc).unwrap(), t);
         assert!(enc.len() < 24 + 8 + 24);
-        let lying = encode_msg(&RawTensor(0, vec![4, 4], vec![0; 12])).unwrap();
+        let lying = encode_msg(&RawTensorRef(0, &[4, 4], &[0; 12])).unwrap();
         assert!(decode_msg::<TensorPayload>(&lying).is_err());
         assert!(decode_msg::<TensorPayload>(&enc[..enc.len() - 1]).is_err());
     }

@@ -206,7 +206,7 @@ async fn raw_send(t: &Topology, to: usize, bytes: Vec<u8>) -> quinn::ConnectionE
     let id = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "fuzzer").unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = t.addr(to).unwrap();
-    let conn = ep.connect_with(id.client_config(Duration::from_secs(10)).unwrap(), addr, &t.cluster.nodes[to].id).unwrap().await.unwrap();
+    let conn = ep.connect_with(id.client_config(Duration::from_secs(10), runtime::tls::PathKind::Loopback).unwrap(), addr, &t.cluster.nodes[to].id).unwrap().await.unwrap();
     let mut s = conn.open_uni().await.unwrap();
     s.write_all(&bytes).await.unwrap();
     s.finish().unwrap();
