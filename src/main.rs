@@ -8,17 +8,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Keeps freed memory in the process instead of returning it to the OS after
-/// 10 ms (mimalloc's default): a training step frees and reallocates the same
-/// megabytes of tensors and message buffers, and re-faulting them as zeroed
-/// pages cost 10-15% of a data-parallel epoch (measured, 2 nodes on 2 cores).
-fn keep_freed_memory() {
-    // mimalloc.h (v2 and v3): mi_option_purge_delay comes just before mi_option_use_numa_nodes.
-    let purge_delay = libmimalloc_sys::mi_option_use_numa_nodes - 1;
-    // SAFETY: sets an integer option; mimalloc reads it when it next considers purging.
-    unsafe { libmimalloc_sys::mi_option_set(purge_delay, -1) };
-}
-
 mod bar;
 mod cluster;
 mod inspect;
@@ -194,7 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    runtime::alloc::keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

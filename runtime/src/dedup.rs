@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use crate::wire::{ByteVec, MsgId, RemoteError};
+use bytes::Bytes;
+
+use crate::wire::{MsgId, RemoteError};
 
 /// Most distinct sending nodes remembered; ids from further nodes are dropped
 /// (node ids come from the topology, so a real cluster never gets near it).
@@ -62,7 +64,7 @@ pub enum Seen {
     /// Being handled, or handled so long ago that its reply was evicted: drop it.
     Dropped,
     /// Handled: resend this reply (the first one may have been lost).
-    Replied(Result<ByteVec, RemoteError>),
+    Replied(Result<Bytes, RemoteError>),
 }
 
 /// Duplicate suppression for requests plus the replies already sent, so a
@@ -71,7 +73,7 @@ pub enum Seen {
 /// remembered, so a late retry is dropped rather than handled twice.
 pub struct ReplyCache {
     dedup: Dedup,
-    replies: HashMap<MsgId, Result<ByteVec, RemoteError>>,
+    replies: HashMap<MsgId, Result<Bytes, RemoteError>>,
     order: VecDeque<MsgId>,
     bytes: usize,
     max_entries: usize,
@@ -96,15 +98,15 @@ impl ReplyCache {
     }
 
     /// Stores the reply to `id`.
-    pub fn complete(&mut self, id: MsgId, reply: Result<ByteVec, RemoteError>) {
-        self.bytes += reply.as_ref().map_or(64, |b| b.0.len());
+    pub fn complete(&mut self, id: MsgId, reply: Result<Bytes, RemoteError>) {
+        self.bytes += reply.as_ref().map_or(64, |b| b.len());
         if self.replies.insert(id, reply).is_none() {
             self.order.push_back(id);
         }
         while self.order.len() > self.max_entries || (self.bytes > self.max_bytes && !self.order.is_empty()) {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(r) = self.replies.remove(&old) {
-                self.bytes -= r.as_ref().map_or(64, |b| b.0.len());
+                self.bytes -= r.as_ref().map_or(64, |b| b.len());
             }
         }
     }
@@ -151,15 +153,15 @@ mod tests {
         let mut c = ReplyCache::new(1000, 3, 100);
         assert_eq!(c.check(id(1)), Seen::New);
         assert_eq!(c.check(id(1)), Seen::Dropped, "in flight");
-        c.complete(id(1), Ok(ByteVec(vec![1; 10])));
-        assert_eq!(c.check(id(1)), Seen::Replied(Ok(ByteVec(vec![1; 10]))));
+        c.complete(id(1), Ok(Bytes::from(vec![1; 10])));
+        assert_eq!(c.check(id(1)), Seen::Replied(Ok(Bytes::from(vec![1; 10]))));
         for s in 2..6 {
             assert_eq!(c.check(id(s)), Seen::New);
-            c.complete(id(s), Ok(ByteVec(vec![0; 10])));
+            c.complete(id(s), Ok(Bytes::from(vec![0; 10])));
         }
         assert_eq!(c.held(), (3, 30));
         assert_eq!(c.check(id(1)), Seen::Dropped, "evicted reply: still not handled twice");
-        c.complete(id(9), Ok(ByteVec(vec![0; 95])));
+        c.complete(id(9), Ok(Bytes::from(vec![0; 95])));
         assert!(c.held().1 <= 100);
     }
 }

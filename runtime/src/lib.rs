@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod actor_ref;
+pub mod alloc;
 pub mod certs;
 pub mod chaos;
 pub mod config;

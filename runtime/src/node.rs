@@ -363,7 +363,7 @@ impl Node {
                 let t = self.inner.transport.as_ref().ok_or(AskError::Shutdown)?;
                 let payload = encode_msg(&msg).map_err(|e| AskError::Codec(e.to_string()))?;
                 let reply = t.ask(&peer, to, from, kind, payload, timeout).await?;
-                decode_msg::<M::Reply>(&reply.0).map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
+                decode_msg::<M::Reply>(&reply).map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
             }
         }
     }

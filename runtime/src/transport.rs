@@ -27,7 +27,7 @@ use crate::metrics::{Dir, Metrics};
 use crate::registry::Registry;
 use crate::tls;
 use crate::wire::{
-    decode_large_ref, encode_frame, encode_request_head, ActorName, ByteVec, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError,
+    decode_large_ref, encode_frame, encode_reply_head, encode_request_head, ActorName, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError,
     MAX_LARGE_FRAME, SMALL_FRAME,
 };
 
@@ -201,7 +201,7 @@ pub(crate) struct Transport {
     endpoint: Mutex<Option<quinn::Endpoint>>,
     configs: tls::QuicConfigs,
     peers: RwLock<HashMap<String, Arc<Peer>>>,
-    pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<ByteVec, RemoteError>>>>,
+    pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<Bytes, RemoteError>>>>,
     seq: AtomicU64,
     replies: Mutex<ReplyCache>,
     registry: Arc<Registry>,
@@ -526,9 +526,20 @@ impl Transport {
                 if body.len() != len {
                     return Err(format!("large frame of {} bytes where {len} were announced", body.len()));
                 }
-                match decode_large_ref(&body).map_err(|e| e.to_string())? {
-                    FrameRef::Request(r) => self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len),
-                    other => self.handle(peer, other.into_owned(), 5 + len),
+                let reply = match decode_large_ref(&body).map_err(|e| e.to_string())? {
+                    FrameRef::Request(r) => {
+                        self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len);
+                        return Ok(());
+                    }
+                    // A reply's bytes stay where they were received: found by their place in the body.
+                    FrameRef::Reply { id, result: Ok(b) } => Some((id, b.0.as_ptr() as usize - body.as_ptr() as usize, b.0.len())),
+                    other => {
+                        self.handle(peer, other.into_owned(), 5 + len);
+                        None
+                    }
+                };
+                if let Some((id, at, n)) = reply {
+                    self.reply_arrived(peer, id, Ok(Bytes::from(body).slice(at..at + n)), 5 + len);
                 }
                 Ok(())
             }
@@ -539,13 +550,7 @@ impl Transport {
     fn handle(self: &Arc<Self>, peer: &Arc<Peer>, frame: Frame, wire: usize) {
         match frame {
             Frame::Request(env) => self.handle_request(peer, env.to, env.from, env.msg_id, env.kind, &env.payload, wire),
-            Frame::Reply { id, result } => {
-                let len = result.as_ref().map_or(0, |b| b.0.len());
-                self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
-                if let Some(tx) = lock(&self.pending).remove(&id) {
-                    let _ = tx.send(result);
-                }
-            }
+            Frame::Reply { id, result } => self.reply_arrived(peer, id, result.map(|b| Bytes::from(b.0)), wire),
             Frame::Heartbeat { .. } => {
                 self.metrics.count(&peer.id, Dir::In, "heartbeat", 0, wire);
                 let ev = lock(&self.membership).handle_heartbeat(&peer.id, Instant::now());
@@ -554,6 +559,15 @@ impl Transport {
                     let _ = self.events.send(ev);
                 }
             }
+        }
+    }
+
+    /// Hands a reply to the ask waiting for it, if any still is.
+    fn reply_arrived(&self, peer: &Peer, id: MsgId, result: Result<Bytes, RemoteError>, wire: usize) {
+        let len = result.as_ref().map_or(0, |b| b.len());
+        self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
+        if let Some(tx) = lock(&self.pending).remove(&id) {
+            let _ = tx.send(result);
         }
     }
 
@@ -576,7 +590,7 @@ impl Transport {
                     let peer = peer.clone();
                     tokio::spawn(async move {
                         let r = fut.await;
-                        me.spawn_reply(&peer, id, kind.as_str(), r, true);
+                        me.spawn_reply(&peer, id, kind.as_str(), r.map(|b| Bytes::from(b.0)), true);
                     });
                 }
             },
@@ -584,15 +598,20 @@ impl Transport {
     }
 
     /// Sends a reply, counted in the metrics as `<kind>.reply`.
-    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, kind: &str, result: Result<ByteVec, RemoteError>, cache: bool) {
+    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, kind: &str, result: Result<Bytes, RemoteError>, cache: bool) {
         if cache {
             lock(&self.replies).complete(id, result.clone());
         }
-        let len = result.as_ref().map_or(0, |b| b.0.len());
-        match encode_frame(&Frame::Reply { id, result }) {
+        let len = result.as_ref().map_or(0, |b| b.len());
+        // The reply's bytes follow their head uncopied, as a request's payload does.
+        let frame = match result {
+            Ok(body) => encode_reply_head(id, body.len()).map(|head| (Bytes::from(head), body)),
+            Err(e) => encode_frame(&Frame::Reply { id, result: Err(e) }).map(|f| (Bytes::from(f), Bytes::new())),
+        };
+        match frame {
             // A reply is not waited for: if the connection is gone, the asker resends
             // its request and gets the cached reply.
-            Ok(bytes) => drop(self.send(peer, Bytes::from(bytes), Bytes::new(), &format!("{kind}.reply"), len, None, false)),
+            Ok((head, body)) => drop(self.send(peer, head, body, &format!("{kind}.reply"), len, None, false)),
             Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
         }
     }
@@ -765,7 +784,7 @@ impl Transport {
         kind: ActorName,
         payload: Vec<u8>,
         timeout: Duration,
-    ) -> Result<ByteVec, AskError> {
+    ) -> Result<Bytes, AskError> {
         let started = self.begin(peer_id, to, from, kind, payload, timeout)?;
         self.complete(started).await
     }
@@ -804,7 +823,7 @@ impl Transport {
     }
 
     /// Waits for the reply to a request [`Transport::begin`] sent, resending as needed.
-    pub(crate) async fn complete(self: &Arc<Self>, mut a: Asking) -> Result<ByteVec, AskError> {
+    pub(crate) async fn complete(self: &Arc<Self>, mut a: Asking) -> Result<Bytes, AskError> {
         let deadline = a.started + a.timeout;
         let (to, kind) = (a.env.to.to_string(), a.env.kind.to_string());
         let after = a.timeout;
@@ -868,7 +887,7 @@ pub(crate) struct Asking {
     env: Envelope,
     head: Bytes,
     body: Bytes,
-    rx: Option<oneshot::Receiver<Result<ByteVec, RemoteError>>>,
+    rx: Option<oneshot::Receiver<Result<Bytes, RemoteError>>>,
     sent: Option<oneshot::Receiver<Result<(), String>>>,
     forget: Option<Forget>,
     started: Instant,

@@ -231,12 +231,25 @@ pub fn encode_request_head(env: &Envelope, payload_len: usize) -> Result<Vec<u8>
     if !env.payload.is_empty() {
         return Err(WireError::Malformed("encode_request_head takes an envelope without payload".into()));
     }
-    let mut head = encode_frame(&Frame::Request(env.clone()))?;
-    // The envelope ends with its payload: a varint length (0 here), then the bytes.
+    head_of(&Frame::Request(env.clone()), payload_len)
+}
+
+/// Encodes the head of a successful reply whose `reply_len` bytes are sent right
+/// after it, uncopied: head followed by the bytes equals
+/// `encode_frame(&Frame::Reply { id, result: Ok(ByteVec(bytes)) })`.
+pub fn encode_reply_head(id: MsgId, reply_len: usize) -> Result<Vec<u8>, WireError> {
+    head_of(&Frame::Reply { id, result: Ok(ByteVec::default()) }, reply_len)
+}
+
+/// `frame` ends with an empty byte block; its encoding without that block's
+/// bytes, announcing `len` of them.
+fn head_of(frame: &Frame, len: usize) -> Result<Vec<u8>, WireError> {
+    let mut head = encode_frame(frame)?;
+    // The frame ends with its byte block: a varint length (0 here), then the bytes.
     if head.pop() != Some(0) {
-        return Err(WireError::Malformed("unexpected envelope encoding".into()));
+        return Err(WireError::Malformed("unexpected frame encoding".into()));
     }
-    let n = payload_len as u64;
+    let n = len as u64;
     if n < 251 {
         head.push(n as u8);
     } else if n <= u16::MAX as u64 {
@@ -249,13 +262,18 @@ pub fn encode_request_head(env: &Envelope, payload_len: usize) -> Result<Vec<u8>
         head.push(253);
         head.extend_from_slice(&n.to_le_bytes());
     }
-    let total = head.len() - 4 + payload_len;
+    let total = head.len() - 4 + len;
     if total > MAX_LARGE_FRAME {
         return Err(WireError::FrameTooLarge { got: total, limit: MAX_LARGE_FRAME });
     }
     head[..4].copy_from_slice(&(total as u32).to_le_bytes());
     Ok(head)
 }
+
+/// A byte block borrowed from the received frame.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct BorrowedBytes<'a>(#[serde(borrow, with = "serde_bytes")] pub &'a [u8]);
 
 /// A request decoded in place: the payload borrows the received bytes.
 #[derive(Debug, Deserialize)]
@@ -284,8 +302,9 @@ pub enum FrameRef<'a> {
     Reply {
         /// The request answered.
         id: MsgId,
-        /// Encoded reply, or the error.
-        result: Result<ByteVec, RemoteError>,
+        /// Encoded reply, borrowed, or the error.
+        #[serde(borrow)]
+        result: Result<BorrowedBytes<'a>, RemoteError>,
     },
     /// See [`Frame::Heartbeat`].
     Heartbeat {
@@ -320,7 +339,7 @@ impl FrameRef<'_> {
                 ttl_ms: r.ttl_ms,
                 payload: r.payload.to_vec(),
             }),
-            FrameRef::Reply { id, result } => Frame::Reply { id, result },
+            FrameRef::Reply { id, result } => Frame::Reply { id, result: result.map(|b| ByteVec(b.0.to_vec())) },
             FrameRef::Heartbeat { sent_us } => Frame::Heartbeat { sent_us },
         }
     }
@@ -597,7 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn split_request_encoding_equals_the_whole() {
+    fn split_encodings_equal_the_whole() {
         for n in [0usize, 1, 250, 251, 65535, 65536, 1 << 20] {
             let Frame::Request(mut env) = req(vec![]) else { unreachable!() };
             let payload: Vec<u8> = (0..n).map(|i| i as u8).collect();
@@ -613,8 +632,17 @@ mod tests {
         }
         let Frame::Request(env) = req(vec![1]) else { unreachable!() };
         assert!(encode_request_head(&env, 1).is_err(), "payload must be outside");
-        let r = Frame::Reply { id: MsgId { node: 1, seq: 2 }, result: Ok(ByteVec(vec![4; 300])) };
-        assert!(matches!(decode_large_ref(&encode_frame(&r).unwrap()[4..]).unwrap(), FrameRef::Reply { result: Ok(b), .. } if b.0 == vec![4; 300]));
+        for n in [0usize, 250, 251, 70_000] {
+            let id = MsgId { node: 1, seq: 2 + n as u64 };
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let whole = encode_frame(&Frame::Reply { id, result: Ok(ByteVec(bytes.clone())) }).unwrap();
+            let mut split = encode_reply_head(id, n).unwrap();
+            split.extend_from_slice(&bytes);
+            assert_eq!(split, whole, "reply of {n} bytes");
+            assert!(matches!(decode_large_ref(&whole[4..]).unwrap(), FrameRef::Reply { id: i, result: Ok(b) } if i == id && b.0 == bytes.as_slice()));
+        }
+        let e = Frame::Reply { id: MsgId { node: 1, seq: 2 }, result: Err(RemoteError::Stopped("a".into())) };
+        assert!(matches!(decode_large_ref(&encode_frame(&e).unwrap()[4..]).unwrap(), FrameRef::Reply { result: Err(RemoteError::Stopped(_)), .. }));
         let h = Frame::Heartbeat { sent_us: 5 };
         assert!(matches!(decode_large_ref(&encode_frame(&h).unwrap()[4..]).unwrap(), FrameRef::Heartbeat { sent_us: 5 }));
     }

@@ -3,7 +3,11 @@
 //! - round-trip latency of small asks (64-byte echo), against a plain TCP ping-pong;
 //! - throughput of 1 MiB and 64 MiB tensor messages (ask, acknowledged by the
 //!   receiver), against a plain TCP socket copying the same bytes with the same
-//!   acknowledgement, measured in the same run (ratio);
+//!   acknowledgement, measured in the same run (ratio); rounds alternate QUIC
+//!   and TCP and the medians are reported, as two processes sharing two cores
+//!   make single measurements swing by a factor of two;
+//! - the same bytes as replies (a small ask pulls a tensor back: how remote
+//!   feature rows travel);
 //! - a bandwidth cap: measured throughput against the configured cap.
 //!
 //! Writes `bench/results/transport.json`.
@@ -34,6 +38,9 @@ struct Args {
     /// 64 MiB messages to send.
     #[arg(long, default_value_t = 8)]
     big_messages: usize,
+    /// Rounds of each throughput measurement (QUIC and TCP alternating).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Bandwidth cap to verify, bytes per second.
     #[arg(long, default_value_t = 100_000_000)]
     cap: u64,
@@ -50,7 +57,17 @@ impl Msg for Blob {
     const KIND: &'static str = "blob";
 }
 
-struct Sink;
+/// Asks the sink for a tensor of this many bytes.
+#[derive(Serialize, Deserialize)]
+struct Pull(u64);
+impl Msg for Pull {
+    type Reply = Blob;
+    const KIND: &'static str = "pull";
+}
+
+/// Receives tensors and serves them (one of each size, built once).
+#[derive(Default)]
+struct Sink(std::collections::HashMap<u64, TensorPayload>);
 impl Actor for Sink {
     type Context = Context<Self>;
 }
@@ -58,6 +75,15 @@ impl Handler<Deliver<Blob>> for Sink {
     type Result = MessageResult<Deliver<Blob>>;
     fn handle(&mut self, m: Deliver<Blob>, _: &mut Context<Self>) -> Self::Result {
         MessageResult(m.msg.0.data.len() as u64)
+    }
+}
+impl Handler<Deliver<Pull>> for Sink {
+    type Result = MessageResult<Deliver<Pull>>;
+    fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
+        let n = m.msg.0 as usize;
+        let t = self.0.entry(m.msg.0).or_insert_with(|| blob(n).map(|b| b.0).unwrap_or_else(|_| TensorPayload { dtype: runtime::wire::WireDType::F32, shape: vec![0], data: Vec::new() }));
+        // A handler answers with an owned value, as a feature store copies rows out of its table.
+        MessageResult(Blob(t.clone()))
     }
 }
 
@@ -77,6 +103,10 @@ fn blob(bytes: usize) -> anyhow::Result<Blob> {
 fn stats(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[(v.len() * 99 / 100).min(v.len() - 1)])
+}
+
+fn median(v: &[f64]) -> f64 {
+    stats(v.to_vec()).0
 }
 
 /// Plain TCP: `count` messages of `bytes`, each acknowledged with 8 bytes; returns bytes/s.
@@ -140,6 +170,8 @@ fn tcp_latency(count: usize) -> anyhow::Result<Vec<f64>> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // As the hetgnn binary does: buffers of a message are reused, not re-faulted.
+    runtime::alloc::keep_freed_memory();
     let args = Args::parse();
     let dir = tempfile::tempdir()?;
     let certs = dir.path().join("certs");
@@ -159,9 +191,9 @@ fn main() -> anyhow::Result<()> {
                     return;
                 }
             };
-            let sink = Sink.start();
+            let sink = Sink::default().start();
             if let Ok(r) = node.register("sink", &sink) {
-                r.handle::<Blob>();
+                r.handle::<Blob>().handle::<Pull>();
             }
             let _ = ready_tx.send(Ok(()));
             while stop_rx.try_recv().is_err() {
@@ -196,23 +228,52 @@ fn main() -> anyhow::Result<()> {
         let mut sizes = Vec::new();
         for (bytes, count) in [(1usize << 20, args.mib_messages), (64 << 20, args.big_messages)] {
             let msg = blob(bytes)?;
-            let start = Instant::now();
-            for _ in 0..count {
-                let m = Blob(msg.0.clone());
-                let got = sink.ask(m, t).await?;
-                anyhow::ensure!(got == bytes as u64, "sink got {got} bytes");
+            let (mut quic, mut pull, mut tcp, mut ratio, mut pull_ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for round in 0..args.rounds.max(1) {
+                let q = async {
+                    let start = Instant::now();
+                    for _ in 0..count {
+                        let got = sink.ask(Blob(msg.0.clone()), t).await?;
+                        anyhow::ensure!(got == bytes as u64, "sink got {got} bytes");
+                    }
+                    let sent = (bytes * count) as f64 / start.elapsed().as_secs_f64();
+                    let start = Instant::now();
+                    for _ in 0..count {
+                        let got = sink.ask(Pull(bytes as u64), t).await?;
+                        anyhow::ensure!(got.0.data.len() == bytes, "pulled {} bytes", got.0.data.len());
+                    }
+                    anyhow::Ok((sent, (bytes * count) as f64 / start.elapsed().as_secs_f64()))
+                };
+                // Alternate which goes first so neither always runs on a warmer machine.
+                let ((q, p), c) = if round % 2 == 0 {
+                    let q = q.await?;
+                    (q, tcp_throughput(bytes, count)?)
+                } else {
+                    let c = tcp_throughput(bytes, count)?;
+                    (q.await?, c)
+                };
+                quic.push(q);
+                pull.push(p);
+                tcp.push(c);
+                ratio.push(q / c);
+                pull_ratio.push(p / c);
             }
-            let quic = (bytes * count) as f64 / start.elapsed().as_secs_f64();
-            let tcp = tcp_throughput(bytes, count)?;
-            let ratio = quic / tcp;
+            let (q, p, c, r, pr) = (median(&quic), median(&pull), median(&tcp), median(&ratio), median(&pull_ratio));
             println!(
-                "{:>3} MiB messages x{count}: QUIC {:.0} MB/s, plain TCP {:.0} MB/s, ratio {:.2} (target >= 0.70)",
+                "{:>3} MiB messages x{count}, median of {} rounds: QUIC {:.0} MB/s, as replies {:.0} MB/s, plain TCP {:.0} MB/s, ratio {:.2} (replies {:.2}; target >= 0.70)",
                 bytes >> 20,
-                quic / 1e6,
-                tcp / 1e6,
-                ratio
+                ratio.len(),
+                q / 1e6,
+                p / 1e6,
+                c / 1e6,
+                r,
+                pr
             );
-            sizes.push(serde_json::json!({ "bytes": bytes, "messages": count, "quic_bytes_per_s": quic, "tcp_bytes_per_s": tcp, "ratio": ratio }));
+            sizes.push(serde_json::json!({
+                "bytes": bytes, "messages": count, "rounds": ratio.len(),
+                "quic_bytes_per_s": q, "quic_reply_bytes_per_s": p, "tcp_bytes_per_s": c,
+                "ratio": r, "reply_ratio": pr, "ratio_per_round": ratio, "reply_ratio_per_round": pull_ratio,
+            }));
         }
 
         // The cap: 64 MiB messages through a token bucket on n0's link to n1.
