@@ -25,3 +25,20 @@ pub(crate) fn to_f64(s: &CpuStorage, l: &Layout, op: &str) -> candle_core::Resul
         _ => return Err(candle_core::Error::Msg(format!("{op} supports f32 and f64"))),
     })
 }
+
+/// Runs a CPU kernel on CUDA inputs by way of host memory: copies the inputs
+/// down, runs the same kernel as the CPU device (so results are identical),
+/// copies the result up. Correct on any GPU, not fast; native kernels replace
+/// it op by op.
+#[cfg(feature = "cuda")]
+pub(crate) fn via_host<const N: usize>(
+    inputs: [&candle_core::CudaStorage; N],
+    kernel: impl FnOnce([&CpuStorage; N]) -> candle_core::Result<(CpuStorage, candle_core::Shape)>,
+) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+    use candle_core::backend::{BackendDevice, BackendStorage};
+    let device = inputs[0].device().clone();
+    let host = inputs.iter().map(|s| s.to_cpu_storage()).collect::<candle_core::Result<Vec<_>>>()?;
+    let refs: [&CpuStorage; N] = std::array::from_fn(|i| &host[i]);
+    let (out, shape) = kernel(refs)?;
+    Ok((device.storage_from_cpu_storage_owned(out)?, shape))
+}

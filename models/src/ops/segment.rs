@@ -145,6 +145,11 @@ impl CustomOp1 for SegmentMean {
         Ok((st, shape))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        super::via_host([s], |[c]| self.cpu_fwd(c, l))
+    }
+
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op1(SegmentMeanT(Arc::clone(&self.0)))?))
     }
@@ -171,6 +176,11 @@ impl CustomOp1 for SegmentMeanT {
             _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
         };
         Ok((st, shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        super::via_host([s], |[c]| self.cpu_fwd(c, l))
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
