@@ -532,14 +532,20 @@ impl Transport {
                         return Ok(());
                     }
                     // A reply's bytes stay where they were received: found by their place in the body.
-                    FrameRef::Reply { id, result: Ok(b) } => Some((id, b.0.as_ptr() as usize - body.as_ptr() as usize, b.0.len())),
+                    FrameRef::Reply { id, result: Ok(b) } => Some((id, (b.0.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize), b.0.len())),
                     other => {
                         self.handle(peer, other.into_owned(), 5 + len);
                         None
                     }
                 };
                 if let Some((id, at, n)) = reply {
-                    self.reply_arrived(peer, id, Ok(Bytes::from(body).slice(at..at + n)), 5 + len);
+                    // The decoder borrows from `body`; checked all the same, as `slice` panics out of range.
+                    let bytes = match at.checked_add(n) {
+                        _ if n == 0 => Bytes::new(),
+                        Some(end) if end <= body.len() => Bytes::from(body).slice(at..end),
+                        _ => return Err("reply bytes outside their frame".into()),
+                    };
+                    self.reply_arrived(peer, id, Ok(bytes), 5 + len);
                 }
                 Ok(())
             }
