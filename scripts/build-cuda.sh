@@ -28,20 +28,25 @@ cuda="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__pa
 link="$venv/link"
 mkdir -p "$link"
 for lib in cublas cublasLt curand nvrtc cudart; do
-    so="$(ls "$cuda/lib/lib$lib.so."* | grep -v -e alt -e builtins | head -n 1)"
+    so="$(ls "$cuda/lib/lib$lib.so."* 2>/dev/null | grep -v -e alt -e builtins | head -n 1 || true)"
+    if [ -z "$so" ]; then
+        echo "lib$lib.so.* is missing from $cuda/lib: the wheels' layout changed?" >&2
+        exit 1
+    fi
     ln -sf "$so" "$link/lib$lib.so"
 done
-if [ ! -e "$link/libcuda.so" ]; then
-    # Every driver entry point cuda.h declares, under its versioned name too
-    # (cuda.h #defines cuMemAlloc as cuMemAlloc_v2 and so on); each returns
-    # CUDA_ERROR_UNKNOWN, though only the real driver is ever loaded.
-    # (The profiler entry points live in a header the wheels do not ship.)
+# The driver stub, made afresh from the pinned headers each time: every entry
+# point cuda.h declares, under its versioned name too (cuda.h #defines
+# cuMemAlloc as cuMemAlloc_v2 and so on), each returning CUDA_ERROR_UNKNOWN,
+# though only the real driver is ever loaded. The profiler entry points live
+# in a header the wheels do not ship.
+{
     { grep -ohE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' "$cuda/include/cuda.h"
       gcc -E -I"$cuda/include" "$cuda/include/cuda.h" | grep -ohE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\('
       printf '%s\n' 'cuProfilerInitialize(' 'cuProfilerStart(' 'cuProfilerStop('
     } | tr -d ' (\t' | sort -u | awk '{ print "int " $1 "(void) { return 999; }" }' > "$link/stub.c"
     gcc -shared -fPIC -o "$link/libcuda.so" -Wl,-soname,libcuda.so.1 "$link/stub.c"
-fi
+}
 
 export PATH="$cuda/bin:$PATH" CUDA_ROOT="$cuda" CUDA_PATH="$cuda" CUDA_HOME="$cuda"
 export CUDA_COMPUTE_CAP="$cap" LIBRARY_PATH="$link${LIBRARY_PATH:+:$LIBRARY_PATH}"

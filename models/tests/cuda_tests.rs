@@ -47,7 +47,8 @@ fn every_model_matches_the_cpu_on_cuda() {
         assert!((lc - lg).abs() <= 1e-4 * lc.abs().max(1.0), "{kind:?}: loss {lc} on the CPU, {lg} on the GPU");
         assert_eq!(gc.len(), gg.len(), "{kind:?}: parameters with gradients");
         assert!(gc.len() >= 2, "{kind:?}: gradients reached the parameters");
-        for ((name, a), (_, b)) in gc.iter().zip(&gg) {
+        for ((name, a), (gpu_name, b)) in gc.iter().zip(&gg) {
+            assert_eq!(name, gpu_name, "{kind:?}: the same parameters in the same order");
             let scale = a.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
             let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
             assert!(worst <= 1e-3 * scale, "{kind:?} {name}: gradients differ by {worst} (scale {scale})");

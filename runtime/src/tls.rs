@@ -132,9 +132,10 @@ pub enum PathKind {
 }
 
 impl PathKind {
-    /// The path to a peer at `addr`.
+    /// The path to a peer at `addr` (IPv4 addresses mapped into IPv6, as a
+    /// dual-stack socket reports them, count as what they map).
     pub fn of(addr: &std::net::SocketAddr) -> PathKind {
-        if addr.ip().is_loopback() {
+        if addr.ip().to_canonical().is_loopback() {
             PathKind::Loopback
         } else {
             PathKind::Network
@@ -174,6 +175,7 @@ pub struct QuicConfigs {
 impl QuicConfigs {
     /// Both kinds of path for `identity`, with connections idle for at most `idle`.
     pub fn new(identity: &Identity, idle: Duration) -> Result<QuicConfigs, TlsError> {
+        // In `slot` order.
         let kinds = [PathKind::Network, PathKind::Loopback];
         let [c0, c1] = kinds.map(|k| identity.client_config(idle, k));
         let [s0, s1] = kinds.map(|k| identity.server_config(idle, k));
@@ -182,12 +184,19 @@ impl QuicConfigs {
 
     /// The client configuration for dialing `addr`.
     pub fn client(&self, addr: &std::net::SocketAddr) -> quinn::ClientConfig {
-        self.client[PathKind::of(addr) as usize].clone()
+        self.client[Self::slot(addr)].clone()
     }
 
     /// The server configuration for a connection from `addr`.
     pub fn server(&self, addr: &std::net::SocketAddr) -> Arc<quinn::ServerConfig> {
-        self.server[PathKind::of(addr) as usize].clone()
+        self.server[Self::slot(addr)].clone()
+    }
+
+    fn slot(addr: &std::net::SocketAddr) -> usize {
+        match PathKind::of(addr) {
+            PathKind::Network => 0,
+            PathKind::Loopback => 1,
+        }
     }
 }
 
@@ -276,4 +285,22 @@ pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<Identity
     let key = rcgen::KeyPair::generate().map_err(gen)?;
     let cert = p.signed_by(&key, &issuer).map_err(gen)?;
     Identity::from_pem(&ca_pem, &cert.pem(), &key.serialize_pem())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PathKind;
+
+    #[test]
+    fn loopback_peers_are_told_from_network_ones() {
+        let kind = |a: &str| PathKind::of(&a.parse().expect("an address"));
+        assert_eq!(kind("127.0.0.1:7000"), PathKind::Loopback);
+        assert_eq!(kind("127.3.2.1:7000"), PathKind::Loopback);
+        assert_eq!(kind("[::1]:7000"), PathKind::Loopback);
+        // What a dual-stack socket reports for an IPv4 loopback peer.
+        assert_eq!(kind("[::ffff:127.0.0.1]:7000"), PathKind::Loopback);
+        assert_eq!(kind("10.0.0.2:7000"), PathKind::Network);
+        assert_eq!(kind("[::ffff:10.0.0.2]:7000"), PathKind::Network);
+        assert_eq!(kind("[2001:db8::1]:7000"), PathKind::Network);
+    }
 }

@@ -70,7 +70,7 @@ struct Conn {
 
 /// A frame queued for a peer's writer.
 struct Outgoing {
-    /// The frame: `head` then `body` (a request's payload, sent without copying it into the frame).
+    /// The frame: `head` then `body` (a request's payload or a reply's bytes, sent without copying them into the frame).
     head: Bytes,
     body: Bytes,
     kind: String,
@@ -187,9 +187,24 @@ pub(crate) fn bind_endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig
     // Best effort: a kernel that grants less still works, only slower.
     socket.set_recv_buffer_size(SOCKET_BUFFER).ok();
     socket.set_send_buffer_size(SOCKET_BUFFER).ok();
+    // Linux reports twice what it grants (the other half is its bookkeeping).
+    let granted = socket.recv_buffer_size().unwrap_or(0).min(socket.send_buffer_size().unwrap_or(0)) / 2;
+    if granted < SOCKET_BUFFER / 4 {
+        tracing::info!(
+            "UDP socket buffers: {} KiB granted of {} KiB asked; bulk transfers lose packets with less \
+             (raise net.core.rmem_max and net.core.wmem_max, see the README)",
+            granted >> 10,
+            SOCKET_BUFFER >> 10
+        );
+    }
     socket.bind(&bind.into())?;
     let mut config = quinn::EndpointConfig::default();
-    config.max_udp_payload_size(tls::MAX_UDP_PAYLOAD).map_err(|e| std::io::Error::other(e.to_string()))?;
+    // 64 KiB datagrams only where loopback peers can be: quinn sizes its receive
+    // batch from this limit (~128 MiB of address space at 64 KiB, ~3 MiB at the default).
+    let ip = bind.ip().to_canonical();
+    if ip.is_loopback() || ip.is_unspecified() {
+        config.max_udp_payload_size(tls::MAX_UDP_PAYLOAD).map_err(|e| std::io::Error::other(e.to_string()))?;
+    }
     let runtime = quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime for QUIC"))?;
     quinn::Endpoint::new(config, server, socket.into(), runtime)
 }

@@ -7,7 +7,7 @@
 //! allocate more than a frame. Small frames share one ordered stream per
 //! connection direction; frames over [`SMALL_FRAME`] travel on a stream of
 //! their own (limit [`MAX_LARGE_FRAME`]) so small messages are not stuck
-//! behind them. Payload bytes are encoded as one block (`serde_bytes`), and
+//! behind them. Payload bytes are encoded as one block (serde bytes), and
 //! tensors as [`TensorPayload`]: dtype, shape and raw little-endian bytes,
 //! checked for consistency and size on decode.
 
@@ -202,7 +202,8 @@ mod owned_bytes {
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-            // Formats without a bytes type; the hint is capped so a lying length cannot allocate.
+            // Self-describing formats without a bytes type (bincode never comes here);
+            // the hint is capped so a lying length cannot allocate.
             let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
             while let Some(b) = seq.next_element()? {
                 v.push(b);
@@ -314,7 +315,7 @@ pub enum FrameRef<'a> {
 }
 
 /// Decodes a whole frame body (without its length prefix) received on a stream
-/// of its own, in place: a request's payload borrows `body`.
+/// of its own, in place: a request's payload or a reply's bytes borrow `body`.
 pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
     if body.len() > MAX_LARGE_FRAME {
         return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
@@ -328,7 +329,7 @@ pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
 }
 
 impl FrameRef<'_> {
-    /// The owned frame (copies a request's payload).
+    /// The owned frame (copies a request's payload or a reply's bytes).
     pub fn into_owned(self) -> Frame {
         match self {
             FrameRef::Request(r) => Frame::Request(Envelope {
