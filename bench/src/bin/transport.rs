@@ -61,7 +61,7 @@ impl Msg for Blob {
 #[derive(Serialize, Deserialize)]
 struct Pull(u64);
 impl Msg for Pull {
-    type Reply = Blob;
+    type Reply = Result<Blob, String>;
     const KIND: &'static str = "pull";
 }
 
@@ -81,9 +81,15 @@ impl Handler<Deliver<Pull>> for Sink {
     type Result = MessageResult<Deliver<Pull>>;
     fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
         let n = m.msg.0 as usize;
-        let t = self.0.entry(m.msg.0).or_insert_with(|| blob(n).map(|b| b.0).unwrap_or_else(|_| TensorPayload { dtype: runtime::wire::WireDType::F32, shape: vec![0], data: Vec::new() }));
+        if !self.0.contains_key(&m.msg.0) {
+            match blob(n) {
+                Ok(b) => self.0.insert(m.msg.0, b.0),
+                Err(e) => return MessageResult(Err(e.to_string())),
+            };
+        }
+        let t = &self.0[&m.msg.0];
         // A handler answers with an owned value, as a feature store copies rows out of its table.
-        MessageResult(Blob(t.clone()))
+        MessageResult(Ok(Blob(t.clone())))
     }
 }
 
@@ -239,7 +245,7 @@ fn main() -> anyhow::Result<()> {
                     let sent = (bytes * count) as f64 / start.elapsed().as_secs_f64();
                     let start = Instant::now();
                     for _ in 0..count {
-                        let got = sink.ask(Pull(bytes as u64), t).await?;
+                        let got = sink.ask(Pull(bytes as u64), t).await?.map_err(anyhow::Error::msg)?;
                         anyhow::ensure!(got.0.data.len() == bytes, "pulled {} bytes", got.0.data.len());
                     }
                     anyhow::Ok((sent, (bytes * count) as f64 / start.elapsed().as_secs_f64()))

@@ -112,18 +112,7 @@ impl CustomOp3 for Attention {
         Ok((from_f64(out, sv.dtype()), Shape::from((dm.n_dst, k_n, d_n))))
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        super::via_host([s1, s2, s3], |[a, b, c]| self.cpu_fwd(a, l1, b, l2, c, l3))
-    }
+    cuda_via_host!(3);
 
     fn bwd(&self, values: &Tensor, el: &Tensor, er: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let c = &self.0;

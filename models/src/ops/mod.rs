@@ -4,6 +4,35 @@
 //! per-edge `index_select` + `index_add` formulation spends most of its time
 //! gathering and scattering `[edges × hidden]` tensors.
 
+/// The `cuda_fwd` of a custom op whose CPU kernel also serves CUDA inputs,
+/// through [`via_host`]; the argument is the op's input count (1 or 3).
+macro_rules! cuda_via_host {
+    (1) => {
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            s: &candle_core::CudaStorage,
+            l: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            super::via_host([s], |[c]| self.cpu_fwd(c, l))
+        }
+    };
+    (3) => {
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            s1: &candle_core::CudaStorage,
+            l1: &candle_core::Layout,
+            s2: &candle_core::CudaStorage,
+            l2: &candle_core::Layout,
+            s3: &candle_core::CudaStorage,
+            l3: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            super::via_host([s1, s2, s3], |[a, b, c]| self.cpu_fwd(a, l1, b, l2, c, l3))
+        }
+    };
+}
+
 mod attention;
 mod lse_attention;
 mod matmul;

@@ -145,10 +145,7 @@ impl CustomOp1 for SegmentMean {
         Ok((st, shape))
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        super::via_host([s], |[c]| self.cpu_fwd(c, l))
-    }
+    cuda_via_host!(1);
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op1(SegmentMeanT(Arc::clone(&self.0)))?))
@@ -178,10 +175,7 @@ impl CustomOp1 for SegmentMeanT {
         Ok((st, shape))
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        super::via_host([s], |[c]| self.cpu_fwd(c, l))
-    }
+    cuda_via_host!(1);
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op1(SegmentMean(Arc::clone(&self.0)))?))
