@@ -14,11 +14,3 @@ pub fn normal(seed: u64, name: &str, n: usize) -> Vec<f32> {
     let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
     (0..n).map(|_| r.normal() as f32).collect()
 }
-
-/// A keep-mask for dropout with keep probability `1 - p`, scaled by `1/(1-p)`;
-/// a pure function of `key`.
-pub fn dropout_mask(key: u64, n: usize, p: f32) -> Vec<f32> {
-    let mut r = CounterRng::new(key);
-    let scale = 1.0 / (1.0 - p);
-    (0..n).map(|_| if (r.next_f64() as f32) < p { 0.0 } else { scale }).collect()
-}

@@ -6,7 +6,6 @@ use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
 
 use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
-use crate::init::dropout_mask;
 use crate::params::ParamStore;
 use crate::hgt::HgtLayer;
 use crate::rgat::RgatLayer;
@@ -274,7 +273,7 @@ impl Model {
                     last_in = h.clone();
                     h = crate::ops::matmul(&h, w)?.broadcast_add(b)?;
                     if l + 1 < ls.len() {
-                        h = self.dropout(h.relu()?, dropout, l, t, &mb.seeds)?;
+                        h = self.dropout(h, true, dropout, l, t, &mb.seeds)?;
                     }
                 }
                 Ok((h, last_in))
@@ -314,8 +313,7 @@ impl Model {
         if l + 1 < ls.len() || hgt {
             for (ty, o) in out.iter_mut().enumerate() {
                 if let Some(x) = o.take() {
-                    let x = if hgt { x } else { x.relu()? };
-                    *o = Some(self.dropout(x, dropout, l, ty, &block.dst[ty])?);
+                    *o = Some(self.dropout(x, !hgt, dropout, l, ty, &block.dst[ty])?);
                 }
             }
         }
@@ -525,16 +523,17 @@ impl Model {
     /// Dropout on rows that belong to nodes `ids`: each row's mask is keyed by
     /// its node id, so a node gets the same mask whichever batch, trainer or
     /// partition computes it (data-parallel and RAF equal single-process).
-    fn dropout(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
-        let (Some(k), true) = (key, self.spec.dropout > 0.0) else { return Ok(x) };
+    /// `relu(x)` (when `relu`) then dropout keyed by (seed, epoch, step,
+    /// layer, type) and each row's node id; in evaluation only the ReLU.
+    #[allow(clippy::too_many_arguments)]
+    fn dropout(&self, x: Tensor, relu: bool, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
+        let (Some(k), true) = (key, self.spec.dropout > 0.0) else { return Ok(if relu { x.relu()? } else { x }) };
         let k = graphs::rng::key(&[self.spec.seed, 0xD809, k.epoch, k.step, layer as u64, ntype as u64]);
-        let (rows, cols) = x.dims2()?;
+        let rows = x.dim(0)?;
         if rows != ids.len() {
             return Err(ModelError::Config(format!("dropout over {rows} rows for {} nodes", ids.len())));
         }
-        let mask: Vec<f32> = ids.iter().flat_map(|&v| dropout_mask(graphs::rng::key(&[k, u64::from(v)]), cols, self.spec.dropout)).collect();
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        Ok((x * mask)?)
+        Ok(crate::ops::dropout(&x, relu, k, self.spec.dropout, ids)?)
     }
 
     /// What is needed to gather feature rows without the model (for a

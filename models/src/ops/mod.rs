@@ -5,7 +5,7 @@
 //! gathering and scattering `[edges × hidden]` tensors.
 
 /// The `cuda_fwd` of a custom op whose CPU kernel also serves CUDA inputs,
-/// through [`via_host`]; the argument is the op's input count (1 or 3).
+/// through [`via_host`]; the argument is the op's input count (1, 2 or 3).
 macro_rules! cuda_via_host {
     (1) => {
         #[cfg(feature = "cuda")]
@@ -15,6 +15,18 @@ macro_rules! cuda_via_host {
             l: &candle_core::Layout,
         ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
             super::via_host([s], |[c]| self.cpu_fwd(c, l))
+        }
+    };
+    (2) => {
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            s1: &candle_core::CudaStorage,
+            l1: &candle_core::Layout,
+            s2: &candle_core::CudaStorage,
+            l2: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            super::via_host([s1, s2], |[a, b]| self.cpu_fwd(a, l1, b, l2))
         }
     };
     (3) => {
@@ -34,11 +46,13 @@ macro_rules! cuda_via_host {
 }
 
 mod attention;
+mod dropout;
 mod lse_attention;
 mod matmul;
 mod segment;
 
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
+pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::matmul;
 pub use segment::{segment_mean, SegmentCsr};
