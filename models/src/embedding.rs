@@ -5,7 +5,9 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::error::Result;
+use rayon::prelude::*;
+
+use crate::error::{ModelError, Result};
 use crate::init;
 use crate::optim::AdamConfig;
 
@@ -53,10 +55,33 @@ impl EmbeddingTable {
     /// Applies Adam to rows `ids` with gradient `grad` (`[ids.len(), dim]`, ids distinct).
     pub fn sparse_adam(&mut self, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
         let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        self.adam_rows(ids, &g, cfg)
+    }
+
+    /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
+    /// in `ids` order), rows in parallel: each row's update is independent
+    /// and computed exactly as [`adam_row`] does alone.
+    pub fn adam_rows(&mut self, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> Result<()> {
         let dim = self.dim;
-        for (k, &i) in ids.iter().enumerate() {
-            self.adam_row_at(i, &g[k * dim..(k + 1) * dim], cfg);
+        if g.len() != ids.len() * dim {
+            return Err(ModelError::Config(format!("{}: {} gradient values for {} rows of width {dim}", self.name, g.len(), ids.len())));
         }
+        let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+        order.sort_unstable();
+        if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= self.rows) {
+            return Err(ModelError::Config(format!("{}: row {i} of {}", self.name, self.rows)));
+        }
+        if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(ModelError::Config(format!("{}: row {} updated twice in one step", self.name, w[0].0)));
+        }
+        let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
+        let rows = rows_mut(&mut self.data, dim, &sorted)
+            .into_iter()
+            .zip(rows_mut(&mut self.m, dim, &sorted))
+            .zip(rows_mut(&mut self.v, dim, &sorted))
+            .zip(rows_mut(&mut self.steps, 1, &sorted))
+            .zip(order.iter().map(|&(_, k)| &g[k * dim..(k + 1) * dim]));
+        rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
         Ok(())
     }
 
@@ -83,5 +108,49 @@ pub fn adam_row(data: &mut [f32], m: &mut [f32], v: &mut [f32], steps: &mut u32,
         let mhat = f64::from(m[j]) / bc1;
         let vhat = f64::from(v[j]) / bc2;
         data[j] -= (cfg.lr * mhat / (vhat.sqrt() + cfg.eps)) as f32;
+    }
+}
+
+/// Disjoint mutable views of rows `sorted` (ascending, distinct, in range) of
+/// a row-major buffer of rows `width` wide.
+fn rows_mut<'a, T>(mut buf: &'a mut [T], width: usize, sorted: &[u32]) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(sorted.len());
+    let mut at = 0;
+    for &i in sorted {
+        let rest = std::mem::take(&mut buf);
+        let (row, tail) = rest[(i as usize - at) * width..].split_at_mut(width);
+        out.push(row);
+        buf = tail;
+        at = i as usize + 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_rows_equal_one_row_at_a_time_and_bad_ids_are_refused() {
+        let cfg = AdamConfig::with_lr(0.01);
+        let (rows, dim) = (5000, 8);
+        let mut a = EmbeddingTable::new(3, "embed.x", rows, dim);
+        let mut b = EmbeddingTable::new(3, "embed.x", rows, dim);
+        for step in 0..3u32 {
+            // Shuffled, distinct, a different subset each step.
+            let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 2654435761u32.wrapping_add(step)) % rows as u32).filter(|i| i % 3 != step % 3).collect();
+            let ids: Vec<u32> = ids.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().rev().collect();
+            let g: Vec<f32> = (0..ids.len() * dim).map(|k| ((k * 31 + step as usize) % 17) as f32 - 8.0).collect();
+            a.adam_rows(&ids, &g, &cfg).unwrap();
+            for (k, &i) in ids.iter().enumerate() {
+                b.adam_row_at(i, &g[k * dim..(k + 1) * dim], &cfg);
+            }
+        }
+        assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!((&a.m, &a.v, &a.steps), (&b.m, &b.v, &b.steps));
+        let g = vec![0.5; 2 * dim];
+        assert!(a.adam_rows(&[7, 7], &g, &cfg).unwrap_err().to_string().contains("twice"));
+        assert!(a.adam_rows(&[1, rows as u32], &g, &cfg).unwrap_err().to_string().contains("row 5000"));
+        assert!(a.adam_rows(&[1], &g, &cfg).unwrap_err().to_string().contains("gradient values"));
     }
 }
