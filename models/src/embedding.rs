@@ -59,30 +59,10 @@ impl EmbeddingTable {
     }
 
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
-    /// in `ids` order), rows in parallel: each row's update is independent
-    /// and computed exactly as [`adam_row`] does alone.
+    /// in `ids` order), rows in parallel: see [`adam_rows`].
     pub fn adam_rows(&mut self, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> Result<()> {
-        let dim = self.dim;
-        if g.len() != ids.len() * dim {
-            return Err(ModelError::Config(format!("{}: {} gradient values for {} rows of width {dim}", self.name, g.len(), ids.len())));
-        }
-        let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
-        order.sort_unstable();
-        if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= self.rows) {
-            return Err(ModelError::Config(format!("{}: row {i} of {}", self.name, self.rows)));
-        }
-        if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(ModelError::Config(format!("{}: row {} updated twice in one step", self.name, w[0].0)));
-        }
-        let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
-        let rows = rows_mut(&mut self.data, dim, &sorted)
-            .into_iter()
-            .zip(rows_mut(&mut self.m, dim, &sorted))
-            .zip(rows_mut(&mut self.v, dim, &sorted))
-            .zip(rows_mut(&mut self.steps, 1, &sorted))
-            .zip(order.iter().map(|&(_, k)| &g[k * dim..(k + 1) * dim]));
-        rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
-        Ok(())
+        adam_rows(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, cfg)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
     /// Applies Adam to row `id` with gradient row `g`.
@@ -109,6 +89,48 @@ pub fn adam_row(data: &mut [f32], m: &mut [f32], v: &mut [f32], steps: &mut u32,
         let vhat = f64::from(v[j]) / bc2;
         data[j] -= (cfg.lr * mhat / (vhat.sqrt() + cfg.eps)) as f32;
     }
+}
+
+/// A row-major table of learnable rows with their Adam state, borrowed.
+pub struct RowsMut<'a> {
+    /// Values.
+    pub data: &'a mut [f32],
+    /// First moments.
+    pub m: &'a mut [f32],
+    /// Second moments.
+    pub v: &'a mut [f32],
+    /// Updates applied to each row.
+    pub steps: &'a mut [u32],
+    /// Row width.
+    pub dim: usize,
+}
+
+/// Applies Adam to rows `ids` (distinct, in range) of `t` with gradient rows
+/// `g` (row-major, in `ids` order). Rows are updated in parallel; each row's
+/// update is independent and computed exactly as [`adam_row`] does alone, so
+/// the result does not depend on the thread count.
+pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> std::result::Result<(), String> {
+    let (dim, rows) = (t.dim, t.steps.len());
+    if g.len() != ids.len() * dim {
+        return Err(format!("{} gradient values for {} rows of width {dim}", g.len(), ids.len()));
+    }
+    let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    order.sort_unstable();
+    if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= rows) {
+        return Err(format!("row {i} of {rows}"));
+    }
+    if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(format!("row {} updated twice in one step", w[0].0));
+    }
+    let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
+    let rows = rows_mut(t.data, dim, &sorted)
+        .into_iter()
+        .zip(rows_mut(t.m, dim, &sorted))
+        .zip(rows_mut(t.v, dim, &sorted))
+        .zip(rows_mut(t.steps, 1, &sorted))
+        .zip(order.iter().map(|&(_, k)| &g[k * dim..(k + 1) * dim]));
+    rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
+    Ok(())
 }
 
 /// Disjoint mutable views of rows `sorted` (ascending, distinct, in range) of

@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 
 use actix::{Actor, Context, Handler, MessageResult};
 use graphs::HetGraph;
-use models::embedding::{adam_row, EmbeddingTable};
+use models::embedding::{adam_rows, EmbeddingTable, RowsMut};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
@@ -156,11 +156,13 @@ impl Shard {
                 }
             }
         }
-        for (i, &r) in rows.iter().enumerate() {
+        let mut ids = Vec::with_capacity(rows.len());
+        for &r in &rows {
             self.slot[r] = u32::MAX;
-            let span = r * d..(r + 1) * d;
-            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span], &mut self.steps[r], &sums[i * d..(i + 1) * d], &self.adam);
+            ids.push(r as u32);
         }
+        let table = RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: d };
+        adam_rows(table, &ids, &sums, &self.adam)?;
         self.applied = Some(p.seq);
         Ok(())
     }

@@ -809,16 +809,10 @@ impl<'a> Worker<'a> {
             }
             let cfg = self.adam.cfg;
             let table = self.model.embeddings[ty].as_mut().expect("checked above");
+            let grads: Vec<f32> = order.iter().flat_map(|v| sum[v].iter().copied()).collect();
             match self.cache.as_mut() {
-                Some(c) => {
-                    let grads: Vec<f32> = order.iter().flat_map(|v| sum[v].iter().copied()).collect();
-                    c.adam_rows(ty, table, &order, &grads, &cfg)?;
-                }
-                None => {
-                    for v in order {
-                        table.adam_row_at(v, &sum[&v], &cfg);
-                    }
-                }
+                Some(c) => c.adam_rows(ty, table, &order, &grads, &cfg)?,
+                None => table.adam_rows(&order, &grads, &cfg)?,
             }
         }
         out.update_s += lap(&mut clock);
