@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use crate::error::{ModelError, Result};
 use crate::init;
 use crate::optim::AdamConfig;
+use crate::prefetch::{prefetch, AHEAD};
 
 /// One node type's table with its Adam state.
 pub struct EmbeddingTable {
@@ -46,7 +47,10 @@ impl EmbeddingTable {
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
     pub fn gather(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
         let mut out = Vec::with_capacity(ids.len() * self.dim);
-        for &i in ids {
+        for (k, &i) in ids.iter().enumerate() {
+            if let Some(row) = ids.get(k + AHEAD).and_then(|&a| self.data.get(a as usize * self.dim..(a as usize + 1) * self.dim)) {
+                prefetch(row);
+            }
             out.extend_from_slice(&self.data[i as usize * self.dim..(i as usize + 1) * self.dim]);
         }
         Ok(Tensor::from_vec(out, (ids.len(), self.dim), device)?.to_dtype(dtype)?)

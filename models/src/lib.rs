@@ -4,7 +4,7 @@
 //!
 //! Determinism: parameters are initialised as a pure function of
 //! (seed, parameter name) ([`init`]); dropout masks are a pure function of
-//! (seed, epoch, step, layer, node type); every CPU kernel sums in a fixed order
+//! (seed, epoch, step, layer, node type, node id); every CPU kernel sums in a fixed order
 //! whatever the thread count. Two runs with the same seed are bit-identical.
 //!
 //! Each layer is written as relation-specific aggregations
@@ -22,6 +22,7 @@ pub mod model;
 pub mod ops;
 pub mod optim;
 pub mod params;
+pub mod prefetch;
 pub mod rgat;
 pub mod rgcn;
 pub mod self_loop;

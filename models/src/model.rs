@@ -592,7 +592,10 @@ impl FeatureGather {
         };
         let dim = f.dim();
         let mut buf = Vec::with_capacity(ids.len() * dim);
-        for &i in ids {
+        for (k, &i) in ids.iter().enumerate() {
+            if let Some(&a) = ids.get(k + crate::prefetch::AHEAD) {
+                crate::prefetch::prefetch(f.row(a as usize));
+            }
             buf.extend_from_slice(f.row(i as usize));
         }
         Ok(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?))

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use crate::prefetch::{prefetch, AHEAD};
+
 /// A destination-major CSR with its source-major transpose, shared by the
 /// forward and backward ops.
 #[derive(Debug)]
@@ -99,7 +101,11 @@ fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight:
         return out;
     }
     out.par_chunks_mut(h).enumerate().with_min_len(64).for_each(|(r, o)| {
-        for &s in &idx[offsets[r] as usize..offsets[r + 1] as usize] {
+        let span = offsets[r] as usize..offsets[r + 1] as usize;
+        for (p, &s) in span.clone().zip(&idx[span]) {
+            if let Some(&a) = idx.get(p + AHEAD) {
+                prefetch(&x[a as usize * h..(a as usize + 1) * h]);
+            }
             let w = weight(r, s);
             let row = &x[s as usize * h..(s as usize + 1) * h];
             for (a, &b) in o.iter_mut().zip(row) {
