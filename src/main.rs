@@ -183,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    models::threads::init_cpu_threads();
     runtime::alloc::keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {

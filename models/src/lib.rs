@@ -26,6 +26,7 @@ pub mod prefetch;
 pub mod rgat;
 pub mod rgcn;
 pub mod self_loop;
+pub mod threads;
 
 pub use error::{ModelError, Result};
 pub use model::{Model, ModelKind, ModelSpec};

@@ -54,6 +54,9 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // As the hetgnn binary does, so the figures are those of `hetgnn train`.
+    models::threads::init_cpu_threads();
+    runtime::alloc::keep_freed_memory();
     let a = Args::parse();
     if let Some(scale) = a.child {
         return child(&a, scale);
