@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
-use crate::ops::{finish_partial, lse_attention, matmul, merge_partials, SegmentCsr};
+use crate::ops::{add_bias, finish_partial, lse_attention, matmul, merge_partials, SegmentCsr};
 use crate::params::ParamStore;
 use crate::self_loop::{per_dst_type, PerType};
 
@@ -134,7 +134,7 @@ impl HgtLayer {
                 Some(p) => finish_partial(&p)?.reshape((n_dst, self.out_dim))?,
                 None => Tensor::zeros((n_dst, self.out_dim), own.dtype(), own.device())?,
             };
-            let y = matmul(&agg.gelu()?, &tm.out_w)?.broadcast_add(&tm.out_b)?;
+            let y = add_bias(&matmul(&agg.gelu()?, &tm.out_w)?, &tm.out_b)?;
             Ok(if tm.in_dim == self.out_dim {
                 let alpha = candle_nn::ops::sigmoid(&tm.skip)?;
                 (y.broadcast_mul(&alpha)? + own.broadcast_mul(&(1.0 - alpha)?)?)?

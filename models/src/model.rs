@@ -271,7 +271,7 @@ impl Model {
                 let mut last_in = h.clone();
                 for (l, (w, b)) in ls.iter().enumerate() {
                     last_in = h.clone();
-                    h = crate::ops::matmul(&h, w)?.broadcast_add(b)?;
+                    h = crate::ops::add_bias(&crate::ops::matmul(&h, w)?, b)?;
                     if l + 1 < ls.len() {
                         h = self.dropout(h, true, dropout, l, t, &mb.seeds)?;
                     }
@@ -294,7 +294,7 @@ impl Model {
                 }
                 let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
                 match head {
-                    Some((w, b)) => Ok((crate::ops::matmul(&out, w)?.broadcast_add(b)?, out)),
+                    Some((w, b)) => Ok((crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?, out)),
                     None => {
                         let emb = last_in.ok_or_else(|| ModelError::Config("the last block has no target inputs".into()))?;
                         Ok((out, emb))
@@ -382,7 +382,7 @@ impl Model {
         let mut out = self.activate(ls.len() - 1, &block, out, dropout)?;
         let out = out[t].take().ok_or_else(|| ModelError::Config("no target rows after the top layer".into()))?;
         Ok(match head {
-            Some((w, b)) => crate::ops::matmul(&out, w)?.broadcast_add(b)?,
+            Some((w, b)) => crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?,
             None => out,
         })
     }

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph};
 
 use crate::error::Result;
-use crate::ops::matmul;
+use crate::ops::{add_bias, matmul};
 use crate::params::ParamStore;
 
 /// Per node type, an optional tensor (absent where the block has no rows of that type).
@@ -34,7 +34,7 @@ impl SelfLoops {
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
         per_dst_type(block, h_src, partials, |t, own, p| {
             let (w, b) = &self.per_type[t];
-            let own = matmul(&own, w)?.broadcast_add(b)?;
+            let own = add_bias(&matmul(&own, w)?, b)?;
             Ok(match p {
                 Some(p) => (own + p)?,
                 None => own,

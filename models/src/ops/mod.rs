@@ -46,12 +46,14 @@ macro_rules! cuda_via_host {
 }
 
 mod attention;
+mod bias;
 mod dropout;
 mod lse_attention;
 mod matmul;
 mod segment;
 
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
+pub use bias::add_bias;
 pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::matmul;
