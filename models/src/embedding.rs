@@ -194,7 +194,7 @@ mod tests {
         let mut b = EmbeddingTable::new(3, "embed.x", rows, dim);
         for step in 0..3u32 {
             // Shuffled, distinct, a different subset each step.
-            let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 2654435761u32.wrapping_add(step)) % rows as u32).filter(|i| i % 3 != step % 3).collect();
+            let ids: Vec<u32> = (0..rows as u32).map(|i| i.wrapping_mul(2654435761u32.wrapping_add(step)) % rows as u32).filter(|i| i % 3 != step % 3).collect();
             let ids: Vec<u32> = ids.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().rev().collect();
             let g: Vec<f32> = (0..ids.len() * dim).map(|k| ((k * 31 + step as usize) % 17) as f32 - 8.0).collect();
             a.adam_rows(&ids, &g, &cfg).unwrap();
