@@ -131,9 +131,12 @@ impl GnnLayer {
     }
 }
 
+/// A linear map's `(weight, bias)`.
+type Linear = (Tensor, Tensor);
+
 enum Layers {
-    /// Relational layers, and for HGT a linear classifier `(weight, bias)` after them.
-    Relational(Vec<GnnLayer>, Option<(Tensor, Tensor)>),
+    /// Relational layers, and for HGT a linear classifier after them.
+    Relational(Vec<GnnLayer>, Option<Linear>),
     /// `(weight, bias)` per layer, on the target type only.
     Mlp(Vec<(Tensor, Tensor)>),
 }
@@ -320,7 +323,7 @@ impl Model {
         Ok(out)
     }
 
-    fn relational(&self) -> Result<(&[GnnLayer], &Option<(Tensor, Tensor)>)> {
+    fn relational(&self) -> Result<(&[GnnLayer], &Option<Linear>)> {
         match &self.layers {
             Layers::Relational(ls, head) => Ok((ls, head)),
             Layers::Mlp(_) => Err(ModelError::Config("the MLP reads no relations: relation-aggregation-first training needs rgcn, rgat or hgt".into())),

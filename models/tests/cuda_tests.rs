@@ -1,9 +1,10 @@
 //! On a CUDA device every model gives the CPU device's loss and gradients
-//! (f32, same seed, same batch). Built only with `--features cuda`; where no
-//! GPU can be opened the test says so and checks nothing.
+//! (f32, same seed, same batch), and the custom ops with native kernels give
+//! the CPU's bits. Built only with `--features cuda`; where no GPU can be
+//! opened the tests say so and check nothing.
 #![cfg(feature = "cuda")]
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use graphs::Sampler;
 use models::{Model, ModelKind, ModelSpec};
 
@@ -32,15 +33,84 @@ fn run(kind: ModelKind, device: &Device) -> (f32, Vec<(String, Vec<f32>)>) {
     (loss.to_scalar::<f32>().unwrap(), out)
 }
 
-#[test]
-fn every_model_matches_the_cpu_on_cuda() {
-    let gpu = match Device::new_cuda(0) {
-        Ok(d) => d,
+fn gpu() -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Values and the gradient of `sum(out * w)` with respect to `x`, for an op applied to `x`.
+fn value_and_grad(x: &[f64], shape: (usize, usize), dtype: DType, dev: &Device, op: impl Fn(&Tensor) -> Tensor) -> (Vec<f64>, Vec<f64>) {
+    let x = Var::from_tensor(&Tensor::from_vec(x.to_vec(), shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(dev).unwrap()).unwrap();
+    let out = op(x.as_tensor());
+    let n = out.elem_count();
+    let w = Tensor::from_vec((0..n).map(|i| ((i * 13 % 29) as f64 - 14.0) / 3.0).collect::<Vec<_>>(), out.shape(), &Device::Cpu).unwrap();
+    let w = w.to_dtype(dtype).unwrap().to_device(dev).unwrap();
+    let grad = (&out * &w).unwrap().sum_all().unwrap().backward().unwrap().get(&x).unwrap().clone();
+    let host = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_device(&Device::Cpu).unwrap().to_vec1::<f64>().unwrap();
+    (host(&out), host(&grad))
+}
+
+/// Bits equal, zeros' signs aside.
+fn same_bits(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x + 0.0).to_bits() == (y + 0.0).to_bits())
+}
+
+/// An op under test, applied to its input.
+type Op<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
+
+#[test]
+fn native_ops_give_the_cpu_bits_on_cuda() {
+    let Some(gpu) = gpu() else { return };
+    let (n_src, n_dst, h) = (500, 300, 70);
+    let offsets: Vec<u32> = (0..=n_dst as u32).map(|d| d * (d % 7) / 2).scan(0, |acc, k| {
+        *acc = (*acc).max(k);
+        Some(*acc)
+    }).collect();
+    let e = *offsets.last().unwrap() as usize;
+    let sources: Vec<u32> = (0..e as u32).map(|i| (i * 2_654_435_761u32) % n_src as u32).collect();
+    let csr = models::ops::SegmentCsr::new(n_src, offsets, sources);
+    let x: Vec<f64> = (0..n_src * h).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+    let ids: Vec<u32> = (0..n_src as u32).map(|i| i * 3 + 1).collect();
+    let bias = Tensor::from_vec((0..h).map(|j| j as f64 / 10.0 - 3.0).collect::<Vec<_>>(), h, &Device::Cpu).unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        let ops: Vec<(&str, Op)> = vec![
+            ("segment-mean", Box::new(|t: &Tensor| models::ops::segment_mean(t, &csr).unwrap())),
+            ("relu-dropout", Box::new(|t: &Tensor| models::ops::dropout(t, true, 17, 0.5, &ids).unwrap())),
+            ("dropout", Box::new(|t: &Tensor| models::ops::dropout(t, false, 17, 0.3, &ids).unwrap())),
+            (
+                "add-bias",
+                Box::new(|t: &Tensor| {
+                    let b = Var::from_tensor(&bias.to_dtype(dtype).unwrap().to_device(t.device()).unwrap()).unwrap();
+                    models::ops::add_bias(t, b.as_tensor()).unwrap()
+                }),
+            ),
+        ];
+        for (name, op) in &ops {
+            let (vc, gc) = value_and_grad(&x, (n_src, h), dtype, &Device::Cpu, op);
+            let (vg, gg) = value_and_grad(&x, (n_src, h), dtype, &gpu, op);
+            assert!(same_bits(&vc, &vg), "{name} {dtype:?}: forward differs from the CPU");
+            assert!(same_bits(&gc, &gg), "{name} {dtype:?}: backward differs from the CPU");
+        }
+        // The bias's own gradient: column sums.
+        let g = Tensor::from_vec(x.clone(), (n_src, h), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let sums = |dev: &Device| {
+            let b = Var::from_tensor(&bias.to_dtype(dtype).unwrap().to_device(dev).unwrap()).unwrap();
+            let out = models::ops::add_bias(&g.to_device(dev).unwrap(), b.as_tensor()).unwrap();
+            let gb = (out * g.to_device(dev).unwrap()).unwrap().sum_all().unwrap().backward().unwrap().get(&b).unwrap().clone();
+            gb.to_dtype(DType::F64).unwrap().to_device(&Device::Cpu).unwrap().to_vec1::<f64>().unwrap()
+        };
+        assert!(same_bits(&sums(&Device::Cpu), &sums(&gpu)), "column sums {dtype:?} differ from the CPU");
+    }
+}
+
+#[test]
+fn every_model_matches_the_cpu_on_cuda() {
+    let Some(gpu) = gpu() else { return };
     for kind in [ModelKind::Rgcn, ModelKind::Rgat, ModelKind::Hgt, ModelKind::Mlp] {
         let (lc, gc) = run(kind, &Device::Cpu);
         let (lg, gg) = run(kind, &gpu);

@@ -66,7 +66,20 @@ impl CustomOp2 for AddBias {
         Ok((st, Shape::from((n, c))))
     }
 
-    cuda_via_host!(2);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (n, c) = matrix(lx, self.name())?;
+        if lb.dims() != [c] {
+            return Err(candle_core::Error::Msg(format!("add-bias: bias of shape {:?} for {c} columns", lb.dims())));
+        }
+        Ok((super::cuda::add_bias(sx, lx, sb, lb, n, c)?, Shape::from((n, c))))
+    }
 
     fn bwd(&self, x: &Tensor, b: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let gx = x.track_op().then(|| grad.clone());
@@ -95,7 +108,11 @@ impl CustomOp1 for ColumnSums {
         Ok((st, Shape::from(c)))
     }
 
-    cuda_via_host!(1);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (n, c) = matrix(l, self.name())?;
+        Ok((super::cuda::column_sums(s, l, n, c)?, Shape::from(c)))
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,12 @@ impl Mask {
         }
     }
 
+    /// Each row's counter-stream key, for the CUDA kernels (which draw as [`Mask::row`] does).
+    #[cfg(feature = "cuda")]
+    fn row_keys(&self) -> Vec<u64> {
+        self.ids.iter().map(|&id| key(&[self.key, u64::from(id)])).collect()
+    }
+
     fn dims(&self, l: &Layout, what: &str) -> candle_core::Result<(usize, usize)> {
         match l.dims() {
             [r, c] if *r == self.ids.len() => Ok((*r, *c)),
@@ -106,7 +112,13 @@ impl CustomOp1 for Dropout {
         Ok((st, Shape::from((rows, cols))))
     }
 
-    cuda_via_host!(1);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let m = &self.0;
+        let (rows, cols) = m.dims(l, self.name())?;
+        let out = super::cuda::dropout(s, l, None, &m.row_keys(), m.p, m.relu, rows, cols)?;
+        Ok((out, Shape::from((rows, cols))))
+    }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op2(&arg.contiguous()?, DropoutGrad(Arc::clone(&self.0)))?))
@@ -138,7 +150,22 @@ impl CustomOp2 for DropoutGrad {
         Ok((st, Shape::from((rows, cols))))
     }
 
-    cuda_via_host!(2);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let m = &self.0;
+        let (rows, cols) = m.dims(lg, self.name())?;
+        if lx.dims() != lg.dims() {
+            return Err(candle_core::Error::Msg(format!("{}: gradient {:?} and input {:?} differ", self.name(), lg.dims(), lx.dims())));
+        }
+        let out = super::cuda::dropout(sx, lx, Some((sg, lg)), &m.row_keys(), m.p, m.relu, rows, cols)?;
+        Ok((out, Shape::from((rows, cols))))
+    }
 
     fn bwd(&self, _g: &Tensor, _x: &Tensor, _res: &Tensor, _grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         Err(candle_core::Error::Msg("dropout: second derivatives are not supported".into()))

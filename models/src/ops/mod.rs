@@ -5,30 +5,9 @@
 //! gathering and scattering `[edges × hidden]` tensors.
 
 /// The `cuda_fwd` of a custom op whose CPU kernel also serves CUDA inputs,
-/// through [`via_host`]; the argument is the op's input count (1, 2 or 3).
+/// through [`via_host`], for ops of three inputs: the attention ops (the
+/// others launch native kernels, see `cuda.rs`).
 macro_rules! cuda_via_host {
-    (1) => {
-        #[cfg(feature = "cuda")]
-        fn cuda_fwd(
-            &self,
-            s: &candle_core::CudaStorage,
-            l: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-            super::via_host([s], |[c]| self.cpu_fwd(c, l))
-        }
-    };
-    (2) => {
-        #[cfg(feature = "cuda")]
-        fn cuda_fwd(
-            &self,
-            s1: &candle_core::CudaStorage,
-            l1: &candle_core::Layout,
-            s2: &candle_core::CudaStorage,
-            l2: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-            super::via_host([s1, s2], |[a, b]| self.cpu_fwd(a, l1, b, l2))
-        }
-    };
     (3) => {
         #[cfg(feature = "cuda")]
         fn cuda_fwd(
@@ -47,6 +26,8 @@ macro_rules! cuda_via_host {
 
 mod attention;
 mod bias;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod dropout;
 mod lse_attention;
 mod matmul;

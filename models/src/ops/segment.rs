@@ -24,6 +24,9 @@ pub struct SegmentCsr {
     t_dsts: Vec<u32>,
     /// For each transposed entry, the edge's position in destination order.
     t_edges: Vec<u32>,
+    /// The arrays the CUDA kernels read, uploaded at first use on a device.
+    #[cfg(feature = "cuda")]
+    on_device: std::sync::Mutex<Option<Arc<cuda_csr::DeviceCsr>>>,
 }
 
 impl SegmentCsr {
@@ -50,7 +53,17 @@ impl SegmentCsr {
                 fill[s] += 1;
             }
         }
-        Arc::new(SegmentCsr { n_src, offsets, sources, inv_deg, t_offsets, t_dsts, t_edges })
+        Arc::new(SegmentCsr {
+            n_src,
+            offsets,
+            sources,
+            inv_deg,
+            t_offsets,
+            t_dsts,
+            t_edges,
+            #[cfg(feature = "cuda")]
+            on_device: std::sync::Mutex::new(None),
+        })
     }
 
     /// Number of destination rows.
@@ -78,6 +91,50 @@ impl SegmentCsr {
     pub(crate) fn out_edges(&self, s: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         let r = self.t_offsets[s] as usize..self.t_offsets[s + 1] as usize;
         self.t_dsts[r.clone()].iter().zip(&self.t_edges[r]).map(|(&d, &e)| (d as usize, e as usize))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl SegmentCsr {
+    /// The CSR's arrays on `dev`, uploaded once (the forward and backward ops share them).
+    fn on_device(&self, dev: &candle_core::CudaDevice) -> candle_core::Result<Arc<cuda_csr::DeviceCsr>> {
+        let mut slot = self.on_device.lock().map_err(|_| candle_core::Error::Msg("segment CSR lock poisoned".into()))?;
+        if let Some(d) = slot.as_ref().filter(|d| d.device == dev.id()) {
+            return Ok(Arc::clone(d));
+        }
+        let up = |v: &[u32]| super::cuda::upload(dev, v);
+        let d = Arc::new(cuda_csr::DeviceCsr {
+            device: dev.id(),
+            offsets: up(&self.offsets)?,
+            sources: up(&self.sources)?,
+            t_offsets: up(&self.t_offsets)?,
+            t_dsts: up(&self.t_dsts)?,
+            inv_deg: super::cuda::upload(dev, &self.inv_deg)?,
+        });
+        *slot = Some(Arc::clone(&d));
+        Ok(d)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_csr {
+    use candle_core::cuda_backend::cudarc::driver::CudaSlice;
+    use candle_core::cuda_backend::DeviceId;
+
+    /// A [`super::SegmentCsr`]'s arrays in one device's memory.
+    pub(super) struct DeviceCsr {
+        pub device: DeviceId,
+        pub offsets: CudaSlice<u32>,
+        pub sources: CudaSlice<u32>,
+        pub t_offsets: CudaSlice<u32>,
+        pub t_dsts: CudaSlice<u32>,
+        pub inv_deg: CudaSlice<f64>,
+    }
+
+    impl std::fmt::Debug for DeviceCsr {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "DeviceCsr({:?}, {} edges)", self.device, self.sources.len())
+        }
     }
 }
 
@@ -151,7 +208,14 @@ impl CustomOp1 for SegmentMean {
         Ok((st, shape))
     }
 
-    cuda_via_host!(1);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let c = &self.0;
+        let h = width(l, c.n_src, self.name())?;
+        let d = c.on_device(&s.device)?;
+        let out = super::cuda::gather_rows(s, l, &d.offsets, &d.sources, &d.inv_deg, true, c.n_dst(), h)?;
+        Ok((out, Shape::from((c.n_dst(), h))))
+    }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op1(SegmentMeanT(Arc::clone(&self.0)))?))
@@ -181,7 +245,14 @@ impl CustomOp1 for SegmentMeanT {
         Ok((st, shape))
     }
 
-    cuda_via_host!(1);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let c = &self.0;
+        let h = width(l, c.n_dst(), self.name())?;
+        let d = c.on_device(&s.device)?;
+        let out = super::cuda::gather_rows(s, l, &d.t_offsets, &d.t_dsts, &d.inv_deg, false, c.n_src, h)?;
+        Ok((out, Shape::from((c.n_src, h))))
+    }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(grad.contiguous()?.apply_op1(SegmentMean(Arc::clone(&self.0)))?))

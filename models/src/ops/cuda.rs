@@ -1,0 +1,223 @@
+//! Native CUDA launches of the custom ops' kernels (`kernels.cu`).
+//!
+//! The kernels are compiled once per process with NVRTC (which candle's CUDA
+//! build links already) for whatever GPU the driver finds, so the build needs
+//! no nvcc step of its own. Each kernel repeats its CPU twin's arithmetic in
+//! the same order without fused multiply-adds: GPU results have CPU bits.
+
+use std::sync::OnceLock;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout};
+
+const SOURCE: &str = include_str!("kernels.cu");
+const MODULE: &str = "hetgnn-ops";
+
+/// The kernels' PTX, compiled at first use.
+pub(crate) fn ptx() -> candle_core::Result<&'static str> {
+    static PTX: OnceLock<Result<String, String>> = OnceLock::new();
+    PTX.get_or_init(|| candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SOURCE).map(|p| p.to_src()).map_err(|e| e.to_string()))
+        .as_deref()
+        .map_err(|e| candle_core::Error::Msg(format!("compiling hetgnn's CUDA kernels with NVRTC: {e}")))
+}
+
+/// An element type the kernels are instantiated for.
+pub(crate) trait Float: CudaDType + DeviceRepr + Copy {
+    /// The kernels' name suffix.
+    const SUFFIX: &'static str;
+}
+
+impl Float for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl Float for f64 {
+    const SUFFIX: &'static str = "f64";
+}
+
+/// Runs `$body` with `$t` bound to the Rust type of `$dtype` (f32 or f64).
+macro_rules! by_dtype {
+    ($dtype:expr, $op:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            d => Err(candle_core::Error::Msg(format!("{}: {d:?} is not supported on CUDA (f32 and f64 are)", $op))),
+        }
+    };
+}
+
+fn launch_cfg_rows(rows: u32, h: u32) -> LaunchConfig {
+    // One block per row (grid-stride beyond 65535 blocks), a warp's multiple of threads over its columns.
+    let threads = h.div_ceil(32).clamp(1, 8) * 32;
+    LaunchConfig { grid_dim: (rows.clamp(1, 65_535), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn launch_cfg_elems(n: usize) -> LaunchConfig {
+    // Grid-stride loops: enough blocks to fill any GPU, no more.
+    let blocks = n.div_ceil(256).clamp(1, 16_384) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn dim(n: usize, what: &str) -> candle_core::Result<u32> {
+    u32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("{what} = {n} exceeds the CUDA kernels' 32-bit sizes")))
+}
+
+/// `s`'s elements from its layout's start to its end (contiguous layouts only).
+fn view<'a, T: Float>(s: &'a CudaStorage, l: &Layout, op: &str) -> candle_core::Result<CudaView<'a, T>> {
+    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
+    Ok(s.as_cuda_slice::<T>()?.slice(a..b))
+}
+
+fn kernel(dev: &CudaDevice, name: &str, suffix: &str) -> candle_core::Result<CudaFunction> {
+    Ok(dev.get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, ptx()?)?.into_cuda_function())
+}
+
+/// Host data uploaded for a kernel.
+pub(crate) fn upload<T: DeviceRepr + 'static>(dev: &CudaDevice, data: &[T]) -> candle_core::Result<CudaSlice<T>> {
+    dev.clone_htod(data)
+}
+
+/// `out[r] = Σ_{p in offsets[r]..offsets[r+1]} w · x[idx[p]]` with `w = weights[r]`
+/// (`per_row`) or `weights[idx[p]]`, for `x: [_, h]` and `rows` output rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_rows(
+    x: &CudaStorage,
+    l: &Layout,
+    offsets: &CudaSlice<u32>,
+    idx: &CudaSlice<u32>,
+    weights: &CudaSlice<f64>,
+    per_row: bool,
+    rows: usize,
+    h: usize,
+) -> candle_core::Result<CudaStorage> {
+    let dev = &x.device;
+    let (r32, h32) = (dim(rows, "rows")?, dim(h, "width")?);
+    dim(rows * h, "elements")?;
+    by_dtype!(x.dtype(), "segment-mean", |T| {
+        let xv = view::<T>(x, l, "segment-mean")?;
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(rows * h)? };
+        if rows * h > 0 {
+            let f = kernel(dev, "gather_rows", T::SUFFIX)?;
+            let per_row = u32::from(per_row);
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&xv).arg(offsets).arg(idx).arg(weights).arg(&per_row).arg(&out).arg(&r32).arg(&h32);
+            // SAFETY: argument types and counts match the kernel's signature; indices were checked on the host.
+            unsafe { b.launch(launch_cfg_rows(r32, h32)) }.w()?;
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+/// Dropout forward (`backward = None`) or backward (`Some((g, lg))`, `x` the forward input).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dropout(
+    x: &CudaStorage,
+    lx: &Layout,
+    backward: Option<(&CudaStorage, &Layout)>,
+    row_keys: &[u64],
+    p: f32,
+    relu: bool,
+    rows: usize,
+    cols: usize,
+) -> candle_core::Result<CudaStorage> {
+    let dev = &x.device;
+    let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
+    let scale = 1.0 / (1.0 - p);
+    let relu = u32::from(relu);
+    by_dtype!(x.dtype(), "dropout", |T| {
+        let xv = view::<T>(x, lx, "dropout")?;
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(rows * cols)? };
+        if rows * cols > 0 {
+            let keys = upload(dev, row_keys)?;
+            let cfg = launch_cfg_elems(rows * cols);
+            match backward {
+                None => {
+                    let f = kernel(dev, "dropout_fwd", T::SUFFIX)?;
+                    let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+                    b.arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
+                    // SAFETY: as in gather_rows.
+                    unsafe { b.launch(cfg) }.w()?;
+                }
+                Some((g, lg)) => {
+                    let gv = view::<T>(g, lg, "dropout")?;
+                    let f = kernel(dev, "dropout_bwd", T::SUFFIX)?;
+                    let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+                    b.arg(&gv).arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
+                    // SAFETY: as in gather_rows.
+                    unsafe { b.launch(cfg) }.w()?;
+                }
+            }
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+/// `x + b` for `x: [rows, cols]`, `b: [cols]`.
+pub(crate) fn add_bias(x: &CudaStorage, lx: &Layout, bias: &CudaStorage, lb: &Layout, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
+    let dev = &x.device;
+    let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
+    dim(rows * cols, "elements")?;
+    by_dtype!(x.dtype(), "add-bias", |T| {
+        let (xv, bv) = (view::<T>(x, lx, "add-bias")?, view::<T>(bias, lb, "add-bias")?);
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(rows * cols)? };
+        if rows * cols > 0 {
+            let f = kernel(dev, "add_bias", T::SUFFIX)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&xv).arg(&bv).arg(&out).arg(&r32).arg(&c32);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_elems(rows * cols)) }.w()?;
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+/// Column sums of `g: [rows, cols]`, rows added in order.
+pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
+    let dev = &g.device;
+    let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
+    dim(rows * cols, "elements")?;
+    by_dtype!(g.dtype(), "column-sums", |T| {
+        let gv = view::<T>(g, l, "column-sums")?;
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(cols)? };
+        if cols > 0 {
+            let f = kernel(dev, "column_sums", T::SUFFIX)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&gv).arg(&out).arg(&r32).arg(&c32);
+            let cfg = LaunchConfig { grid_dim: (c32.div_ceil(128), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC needs no GPU: the kernels must compile wherever the `cuda` build runs.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        let ptx = super::ptx().unwrap();
+        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums"] {
+            for t in ["f32", "f64"] {
+                assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
+            }
+        }
+    }
+}
