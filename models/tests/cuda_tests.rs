@@ -108,6 +108,45 @@ fn native_ops_give_the_cpu_bits_on_cuda() {
     }
 }
 
+/// Attention: exp may differ from the CPU's in its last bit, so values and all
+/// three gradients are compared with a tolerance of a few ulps of the f64 result.
+#[test]
+fn native_attention_matches_the_cpu_on_cuda() {
+    let Some(gpu) = gpu() else { return };
+    let (n_src, n_dst, heads, width) = (400, 250, 3, 20);
+    // Degrees 0 to 6, one destination in seven with no sources.
+    let offsets: Vec<u32> = std::iter::once(0)
+        .chain((0..n_dst as u32).scan(0, |end, d| {
+            *end += d * 3 % 7;
+            Some(*end)
+        }))
+        .collect();
+    let e = *offsets.last().unwrap() as usize;
+    let sources: Vec<u32> = (0..e as u32).map(|i| (i * 2_654_435_761u32) % n_src as u32).collect();
+    let csr = models::ops::SegmentCsr::new(n_src, offsets, sources);
+    let data = |n: usize, m: usize| -> Vec<f64> { (0..n).map(|i| ((i * m % 97) as f64 - 48.0) / 31.0).collect() };
+    let run = |dtype: DType, dev: &Device| -> Vec<Vec<f64>> {
+        let var = |v: Vec<f64>, shape: &[usize]| Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(dev).unwrap()).unwrap();
+        let values = var(data(n_src * heads * width, 37), &[n_src, heads, width]);
+        let el = var(data(n_src * heads, 13), &[n_src, heads]);
+        let er = var(data(n_dst * heads, 17), &[n_dst, heads]);
+        let out = models::ops::attention_aggregate(values.as_tensor(), el.as_tensor(), er.as_tensor(), &csr).unwrap();
+        let w = Tensor::from_vec(data(out.elem_count(), 7), out.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(dev).unwrap();
+        let grads = (&out * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let host = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_device(&Device::Cpu).unwrap().to_vec1::<f64>().unwrap();
+        vec![host(&out), host(grads.get(&values).unwrap()), host(grads.get(&el).unwrap()), host(grads.get(&er).unwrap())]
+    };
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-6)] {
+        let (c, g) = (run(dtype, &Device::Cpu), run(dtype, &gpu));
+        for (what, (a, b)) in ["values", "d values", "d el", "d er"].iter().zip(c.iter().zip(&g)) {
+            assert_eq!(a.len(), b.len(), "{what} {dtype:?}");
+            let scale = a.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+            let worst = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= tol * scale, "attention {what} {dtype:?}: differs from the CPU by {worst} (scale {scale})");
+        }
+    }
+}
+
 #[test]
 fn every_model_matches_the_cpu_on_cuda() {
     let Some(gpu) = gpu() else { return };

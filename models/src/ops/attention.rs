@@ -82,6 +82,37 @@ fn dims(csr: &SegmentCsr, lv: &[usize], ll: &[usize], lr: &[usize]) -> candle_co
     }
 }
 
+#[cfg(feature = "cuda")]
+impl Dims {
+    fn for_cuda(&self) -> super::cuda::AttentionDims {
+        super::cuda::AttentionDims { n_src: self.n_src, n_dst: self.n_dst, heads: self.heads, width: self.width }
+    }
+}
+
+/// The backward pass with the native kernels: `(d values, d el, d er)`.
+#[cfg(feature = "cuda")]
+fn cuda_bwd(c: &SegmentCsr, dm: &Dims, values: &Tensor, el: &Tensor, er: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    use candle_core::op::BackpropOp;
+    use candle_core::Storage;
+    let grad = grad.contiguous()?;
+    let (values, el, er) = (values.contiguous()?, el.contiguous()?, er.contiguous()?);
+    let (sv, lv) = values.storage_and_layout();
+    let (sl, ll) = el.storage_and_layout();
+    let (sr, lr) = er.storage_and_layout();
+    let (sg, lg) = grad.storage_and_layout();
+    let (Storage::Cuda(sv), Storage::Cuda(sl), Storage::Cuda(sr), Storage::Cuda(sg)) = (&*sv, &*sl, &*sr, &*sg) else {
+        return Err(candle_core::Error::Msg("attention: backward inputs on different devices".into()));
+    };
+    let d = c.on_device(&sv.device)?;
+    let (dv, del, der) = super::cuda::attention_bwd((sv, lv), (sl, ll), (sr, lr), (sg, lg), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
+    let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
+    Ok((
+        Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))),
+        Some(tensor(del, Shape::from((dm.n_src, dm.heads)))),
+        Some(tensor(der, Shape::from((dm.n_dst, dm.heads)))),
+    ))
+}
+
 impl CustomOp3 for Attention {
     fn name(&self) -> &'static str {
         "attention-aggregate"
@@ -112,11 +143,30 @@ impl CustomOp3 for Attention {
         Ok((from_f64(out, sv.dtype()), Shape::from((dm.n_dst, k_n, d_n))))
     }
 
-    cuda_via_host!(3);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sv: &candle_core::CudaStorage,
+        lv: &Layout,
+        sl: &candle_core::CudaStorage,
+        ll: &Layout,
+        sr: &candle_core::CudaStorage,
+        lr: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let c = &self.0;
+        let dm = dims(c, lv.dims(), ll.dims(), lr.dims())?;
+        let d = c.on_device(&sv.device)?;
+        let out = super::cuda::attention_fwd((sv, lv), (sl, ll), (sr, lr), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
+        Ok((out, Shape::from((dm.n_dst, dm.heads, dm.width))))
+    }
 
     fn bwd(&self, values: &Tensor, el: &Tensor, er: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let c = &self.0;
         let dm = dims(c, values.dims(), el.dims(), er.dims())?;
+        #[cfg(feature = "cuda")]
+        if values.device().is_cuda() {
+            return cuda_bwd(c, &dm, values, el, er, grad);
+        }
         let flat = |t: &Tensor| -> candle_core::Result<Vec<f64>> { t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>() };
         let (vals, elv, erv, g) = (flat(values)?, flat(el)?, flat(er)?, flat(&grad.contiguous()?)?);
         let (k_n, d_n, e_n) = (dm.heads, dm.width, c.n_edges());

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Layout};
 
 const SOURCE: &str = include_str!("kernels.cu");
@@ -78,6 +78,23 @@ fn view<'a, T: Float>(s: &'a CudaStorage, l: &Layout, op: &str) -> candle_core::
 
 fn kernel(dev: &CudaDevice, name: &str, suffix: &str) -> candle_core::Result<CudaFunction> {
     Ok(dev.get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, ptx()?)?.into_cuda_function())
+}
+
+/// A `SegmentCsr`'s arrays in one device's memory.
+pub(crate) struct DeviceCsr {
+    pub device: DeviceId,
+    pub offsets: CudaSlice<u32>,
+    pub sources: CudaSlice<u32>,
+    pub t_offsets: CudaSlice<u32>,
+    pub t_dsts: CudaSlice<u32>,
+    pub t_edges: CudaSlice<u32>,
+    pub inv_deg: CudaSlice<f64>,
+}
+
+impl std::fmt::Debug for DeviceCsr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceCsr({:?}, {} edges)", self.device, self.sources.len())
+    }
 }
 
 /// Host data uploaded for a kernel.
@@ -208,13 +225,96 @@ pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize)
     })
 }
 
+/// Sizes of an attention op: `values: [n_src, heads, width]`, `el: [n_src, heads]`, `er: [n_dst, heads]`.
+#[derive(Clone, Copy)]
+pub(crate) struct AttentionDims {
+    pub n_src: usize,
+    pub n_dst: usize,
+    pub heads: usize,
+    pub width: usize,
+}
+
+/// A contiguous CUDA input: storage and layout.
+pub(crate) type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Attention forward: `out[v, k, :]` as in `attention.rs`.
+pub(crate) fn attention_fwd(values: Input, el: Input, er: Input, csr: &DeviceCsr, slope: f64, d: AttentionDims) -> candle_core::Result<CudaStorage> {
+    let dev = &values.0.device;
+    let (n_dst, heads, width) = (dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.width, "width")?);
+    let n = d.n_dst * d.heads * d.width;
+    dim(n, "elements")?;
+    dim(d.n_src * d.heads * d.width, "elements")?;
+    by_dtype!(values.0.dtype(), "attention", |T| {
+        let (vv, lv, rv) = (view::<T>(values.0, values.1, "attention")?, view::<T>(el.0, el.1, "attention")?, view::<T>(er.0, er.1, "attention")?);
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(n)? };
+        if n > 0 {
+            let f = kernel(dev, "attention_fwd", T::SUFFIX)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&vv).arg(&lv).arg(&rv).arg(&csr.offsets).arg(&csr.sources).arg(&slope).arg(&out).arg(&n_dst).arg(&heads).arg(&width);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_rows(n_dst, heads * width)) }.w()?;
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+/// Attention backward: `(d values, d el, d er)` for the upstream gradient `g: [n_dst, heads, width]`.
+pub(crate) fn attention_bwd(
+    values: Input,
+    el: Input,
+    er: Input,
+    g: Input,
+    csr: &DeviceCsr,
+    slope: f64,
+    d: AttentionDims,
+) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let dev = &values.0.device;
+    let (n_src, n_dst, heads, width) = (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.width, "width")?);
+    dim(d.n_src.max(d.n_dst) * d.heads * d.width, "elements")?;
+    let per_edge = csr.sources.len() * d.heads;
+    by_dtype!(values.0.dtype(), "attention", |T| {
+        let (vv, lv, rv, gv) = (
+            view::<T>(values.0, values.1, "attention")?,
+            view::<T>(el.0, el.1, "attention")?,
+            view::<T>(er.0, er.1, "attention")?,
+            view::<T>(g.0, g.1, "attention")?,
+        );
+        // SAFETY: the destination pass writes every edge's entries and every d(er); the source pass every d(values), d(el).
+        let (alpha_e, dpre_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
+        let der = unsafe { dev.alloc::<T>(d.n_dst * d.heads)? };
+        let dv = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.width)? };
+        let del = unsafe { dev.alloc::<T>(d.n_src * d.heads)? };
+        let stream = dev.cuda_stream();
+        if d.n_dst * d.heads > 0 {
+            let f = kernel(dev, "attention_bwd_dst", T::SUFFIX)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&vv).arg(&lv).arg(&rv).arg(&gv).arg(&csr.offsets).arg(&csr.sources).arg(&slope);
+            b.arg(&alpha_e).arg(&dpre_e).arg(&der).arg(&n_dst).arg(&heads).arg(&width);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_elems(d.n_dst * d.heads)) }.w()?;
+        }
+        if d.n_src * d.heads > 0 {
+            let f = kernel(dev, "attention_bwd_src", T::SUFFIX)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&gv).arg(&alpha_e).arg(&dpre_e).arg(&csr.t_offsets).arg(&csr.t_dsts).arg(&csr.t_edges);
+            b.arg(&dv).arg(&del).arg(&n_src).arg(&heads).arg(&width);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_rows(n_src, (heads * width).max(heads))) }.w()?;
+        }
+        let wrap = |s| T::wrap_cuda_slice(s, dev.clone());
+        Ok((wrap(dv), wrap(del), wrap(der)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     /// NVRTC needs no GPU: the kernels must compile wherever the `cuda` build runs.
     #[test]
     fn kernels_compile_with_nvrtc() {
         let ptx = super::ptx().unwrap();
-        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums"] {
+        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums", "attention_fwd", "attention_bwd_dst", "attention_bwd_src"] {
             for t in ["f32", "f64"] {
                 assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
             }

@@ -134,3 +134,132 @@ extern "C" __global__ void column_sums_f32(const float* g, float* out, u32 rows,
 extern "C" __global__ void column_sums_f64(const double* g, double* out, u32 rows, u32 cols) {
     column_sums<double>(g, out, rows, cols);
 }
+
+// Attention over a CSR (attention.rs), in double whatever T is. Scores are
+// leaky(el[u, k] + er[v, k]); each destination's softmax takes the max, then
+// the sum of exp(s - max), then exp(s - max) / sum, in edge order, as the
+// CPU does. (exp may differ from the CPU's in the last bit.)
+__device__ __forceinline__ double leaky(double x, double slope) { return x > 0.0 ? x : __dmul_rn(slope, x); }
+
+// Max and normaliser of destination v's scores for head k.
+template <typename T>
+__device__ void softmax_stats(const T* el, double erv, const u32* sources, u32 a, u32 b, u32 heads, u32 k, double slope,
+                              double* m_out, double* z_out) {
+    double m = __longlong_as_double(0xfff0000000000000ull);  // -infinity
+    for (u32 p = a; p < b; ++p) m = fmax(m, leaky(__dadd_rn((double)el[(size_t)sources[p] * heads + k], erv), slope));
+    double z = 0.0;
+    for (u32 p = a; p < b; ++p) {
+        const double s = leaky(__dadd_rn((double)el[(size_t)sources[p] * heads + k], erv), slope);
+        z = __dadd_rn(z, exp(__dsub_rn(s, m)));
+    }
+    *m_out = m;
+    *z_out = z;
+}
+
+// out[v, k, :] = sum over edges of alpha · values[u, k, :]: a block per
+// destination, its threads over (head, column).
+template <typename T>
+__device__ void attention_fwd(const T* values, const T* el, const T* er, const u32* offsets, const u32* sources,
+                              double slope, T* out, u32 n_dst, u32 heads, u32 width) {
+    for (u32 v = blockIdx.x; v < n_dst; v += gridDim.x) {
+        const u32 a = offsets[v], b = offsets[v + 1];
+        for (u32 t = threadIdx.x; t < heads * width; t += blockDim.x) {
+            const u32 k = t / width, j = t % width;
+            const double erv = (double)er[(size_t)v * heads + k];
+            double m, z;
+            softmax_stats(el, erv, sources, a, b, heads, k, slope, &m, &z);
+            double acc = 0.0;
+            for (u32 p = a; p < b; ++p) {
+                const u32 u = sources[p];
+                const double s = leaky(__dadd_rn((double)el[(size_t)u * heads + k], erv), slope);
+                const double alpha = __ddiv_rn(exp(__dsub_rn(s, m)), z);
+                acc = __dadd_rn(acc, __dmul_rn(alpha, (double)values[((size_t)u * heads + k) * width + j]));
+            }
+            out[((size_t)v * heads + k) * width + j] = (T)acc;
+        }
+    }
+}
+
+// Backward, destination pass: a thread per (v, k) writes each edge's
+// attention alpha_e[e, k] and score gradient dpre_e[e, k], and d(er)[v, k].
+template <typename T>
+__device__ void attention_bwd_dst(const T* values, const T* el, const T* er, const T* g, const u32* offsets,
+                                  const u32* sources, double slope, double* alpha_e, double* dpre_e, T* der, u32 n_dst,
+                                  u32 heads, u32 width) {
+    const size_t n = (size_t)n_dst * heads;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const u32 v = (u32)(i / heads), k = (u32)(i % heads);
+        const u32 a = offsets[v], b = offsets[v + 1];
+        const double erv = (double)er[i];
+        double m, z;
+        softmax_stats(el, erv, sources, a, b, heads, k, slope, &m, &z);
+        const T* gk = g + i * width;
+        double dot = 0.0;
+        for (u32 p = a; p < b; ++p) {
+            const u32 u = sources[p];
+            const double s = leaky(__dadd_rn((double)el[(size_t)u * heads + k], erv), slope);
+            const double alpha = __ddiv_rn(exp(__dsub_rn(s, m)), z);
+            const T* row = values + ((size_t)u * heads + k) * width;
+            double da = 0.0;
+            for (u32 j = 0; j < width; ++j) da = __dadd_rn(da, __dmul_rn((double)row[j], (double)gk[j]));
+            alpha_e[(size_t)p * heads + k] = alpha;
+            dpre_e[(size_t)p * heads + k] = da;
+            dot = __dadd_rn(dot, __dmul_rn(alpha, da));
+        }
+        double d_er = 0.0;
+        for (u32 p = a; p < b; ++p) {
+            const size_t e = (size_t)p * heads + k;
+            const double ds = __dmul_rn(alpha_e[e], __dsub_rn(dpre_e[e], dot));
+            const double pre = __dadd_rn((double)el[(size_t)sources[p] * heads + k], erv);
+            const double dp = pre > 0.0 ? ds : __dmul_rn(ds, slope);
+            dpre_e[e] = dp;
+            d_er = __dadd_rn(d_er, dp);
+        }
+        der[i] = (T)d_er;
+    }
+}
+
+// Backward, source pass: a block per source u sums its out-edges in the
+// transposed CSR's order: d(values)[u, k, :] and d(el)[u, k].
+template <typename T>
+__device__ void attention_bwd_src(const T* g, const double* alpha_e, const double* dpre_e, const u32* t_offsets,
+                                  const u32* t_dsts, const u32* t_edges, T* dv, T* del, u32 n_src, u32 heads, u32 width) {
+    for (u32 u = blockIdx.x; u < n_src; u += gridDim.x) {
+        const u32 a = t_offsets[u], b = t_offsets[u + 1];
+        for (u32 t = threadIdx.x; t < heads * width; t += blockDim.x) {
+            const u32 k = t / width, j = t % width;
+            double acc = 0.0;
+            for (u32 q = a; q < b; ++q) {
+                const double alpha = alpha_e[(size_t)t_edges[q] * heads + k];
+                acc = __dadd_rn(acc, __dmul_rn(alpha, (double)g[((size_t)t_dsts[q] * heads + k) * width + j]));
+            }
+            dv[((size_t)u * heads + k) * width + j] = (T)acc;
+        }
+        for (u32 k = threadIdx.x; k < heads; k += blockDim.x) {
+            double acc = 0.0;
+            for (u32 q = a; q < b; ++q) acc = __dadd_rn(acc, dpre_e[(size_t)t_edges[q] * heads + k]);
+            del[(size_t)u * heads + k] = (T)acc;
+        }
+    }
+}
+
+#define ATTENTION_KERNELS(T, S)                                                                                        \
+    extern "C" __global__ void attention_fwd_##S(const T* values, const T* el, const T* er, const u32* offsets,        \
+                                                 const u32* sources, double slope, T* out, u32 n_dst, u32 heads,       \
+                                                 u32 width) {                                                          \
+        attention_fwd<T>(values, el, er, offsets, sources, slope, out, n_dst, heads, width);                           \
+    }                                                                                                                  \
+    extern "C" __global__ void attention_bwd_dst_##S(const T* values, const T* el, const T* er, const T* g,            \
+                                                     const u32* offsets, const u32* sources, double slope,             \
+                                                     double* alpha_e, double* dpre_e, T* der, u32 n_dst, u32 heads,    \
+                                                     u32 width) {                                                      \
+        attention_bwd_dst<T>(values, el, er, g, offsets, sources, slope, alpha_e, dpre_e, der, n_dst, heads, width);   \
+    }                                                                                                                  \
+    extern "C" __global__ void attention_bwd_src_##S(const T* g, const double* alpha_e, const double* dpre_e,          \
+                                                     const u32* t_offsets, const u32* t_dsts, const u32* t_edges,      \
+                                                     T* dv, T* del, u32 n_src, u32 heads, u32 width) {                 \
+        attention_bwd_src<T>(g, alpha_e, dpre_e, t_offsets, t_dsts, t_edges, dv, del, n_src, heads, width);            \
+    }
+
+ATTENTION_KERNELS(float, f32)
+ATTENTION_KERNELS(double, f64)

@@ -5,8 +5,8 @@
 //! gathering and scattering `[edges × hidden]` tensors.
 
 /// The `cuda_fwd` of a custom op whose CPU kernel also serves CUDA inputs,
-/// through [`via_host`], for ops of three inputs: the attention ops (the
-/// others launch native kernels, see `cuda.rs`).
+/// through [`via_host`], for ops of three inputs: the log-sum-exp attention
+/// partials (the other ops launch native kernels, see `cuda.rs`).
 macro_rules! cuda_via_host {
     (3) => {
         #[cfg(feature = "cuda")]

@@ -26,7 +26,7 @@ pub struct SegmentCsr {
     t_edges: Vec<u32>,
     /// The arrays the CUDA kernels read, uploaded at first use on a device.
     #[cfg(feature = "cuda")]
-    on_device: std::sync::Mutex<Option<Arc<cuda_csr::DeviceCsr>>>,
+    on_device: std::sync::Mutex<Option<Arc<super::cuda::DeviceCsr>>>,
 }
 
 impl SegmentCsr {
@@ -97,44 +97,23 @@ impl SegmentCsr {
 #[cfg(feature = "cuda")]
 impl SegmentCsr {
     /// The CSR's arrays on `dev`, uploaded once (the forward and backward ops share them).
-    fn on_device(&self, dev: &candle_core::CudaDevice) -> candle_core::Result<Arc<cuda_csr::DeviceCsr>> {
+    pub(super) fn on_device(&self, dev: &candle_core::CudaDevice) -> candle_core::Result<Arc<super::cuda::DeviceCsr>> {
         let mut slot = self.on_device.lock().map_err(|_| candle_core::Error::Msg("segment CSR lock poisoned".into()))?;
         if let Some(d) = slot.as_ref().filter(|d| d.device == dev.id()) {
             return Ok(Arc::clone(d));
         }
         let up = |v: &[u32]| super::cuda::upload(dev, v);
-        let d = Arc::new(cuda_csr::DeviceCsr {
+        let d = Arc::new(super::cuda::DeviceCsr {
             device: dev.id(),
             offsets: up(&self.offsets)?,
             sources: up(&self.sources)?,
             t_offsets: up(&self.t_offsets)?,
             t_dsts: up(&self.t_dsts)?,
+            t_edges: up(&self.t_edges)?,
             inv_deg: super::cuda::upload(dev, &self.inv_deg)?,
         });
         *slot = Some(Arc::clone(&d));
         Ok(d)
-    }
-}
-
-#[cfg(feature = "cuda")]
-mod cuda_csr {
-    use candle_core::cuda_backend::cudarc::driver::CudaSlice;
-    use candle_core::cuda_backend::DeviceId;
-
-    /// A [`super::SegmentCsr`]'s arrays in one device's memory.
-    pub(super) struct DeviceCsr {
-        pub device: DeviceId,
-        pub offsets: CudaSlice<u32>,
-        pub sources: CudaSlice<u32>,
-        pub t_offsets: CudaSlice<u32>,
-        pub t_dsts: CudaSlice<u32>,
-        pub inv_deg: CudaSlice<f64>,
-    }
-
-    impl std::fmt::Debug for DeviceCsr {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "DeviceCsr({:?}, {} edges)", self.device, self.sources.len())
-        }
     }
 }
 
