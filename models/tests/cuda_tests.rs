@@ -147,6 +147,46 @@ fn native_attention_matches_the_cpu_on_cuda() {
     }
 }
 
+/// Log-sum-exp attention partials (HGT, raf): the packed partial and all
+/// three gradients, with the same tolerance as attention.
+#[test]
+fn native_lse_attention_matches_the_cpu_on_cuda() {
+    let Some(gpu) = gpu() else { return };
+    let (n_src, n_dst, heads, dk, dv) = (300, 200, 2, 8, 12);
+    let offsets: Vec<u32> = std::iter::once(0)
+        .chain((0..n_dst as u32).scan(0, |end, d| {
+            *end += d * 5 % 9;
+            Some(*end)
+        }))
+        .collect();
+    let e = *offsets.last().unwrap() as usize;
+    let sources: Vec<u32> = (0..e as u32).map(|i| (i * 2_654_435_761u32) % n_src as u32).collect();
+    let csr = models::ops::SegmentCsr::new(n_src, offsets, sources);
+    let data = |n: usize, m: usize| -> Vec<f64> { (0..n).map(|i| ((i * m % 89) as f64 - 44.0) / 40.0).collect() };
+    let run = |dtype: DType, dev: &Device| -> Vec<Vec<f64>> {
+        let var = |v: Vec<f64>, shape: &[usize]| Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(dev).unwrap()).unwrap();
+        let q = var(data(n_dst * heads * dk, 31), &[n_dst, heads, dk]);
+        let k = var(data(n_src * heads * dk, 23), &[n_src, heads, dk]);
+        let values = var(data(n_src * heads * dv, 11), &[n_src, heads, dv]);
+        let out = models::ops::lse_attention(q.as_tensor(), k.as_tensor(), values.as_tensor(), &csr).unwrap();
+        let w = Tensor::from_vec(data(out.elem_count(), 7), out.shape(), &Device::Cpu).unwrap().to_dtype(dtype).unwrap().to_device(dev).unwrap();
+        let grads = (&out * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let host = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_device(&Device::Cpu).unwrap().to_vec1::<f64>().unwrap();
+        vec![host(&out), host(grads.get(&q).unwrap()), host(grads.get(&k).unwrap()), host(grads.get(&values).unwrap())]
+    };
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-6)] {
+        let (c, g) = (run(dtype, &Device::Cpu), run(dtype, &gpu));
+        for (what, (a, b)) in ["partial", "d q", "d k", "d values"].iter().zip(c.iter().zip(&g)) {
+            assert_eq!(a.len(), b.len(), "{what} {dtype:?}");
+            // The scale leaves out the empty rows' max (EMPTY_MAX), which must match exactly.
+            let scale = a.iter().filter(|x| x.abs() < 1e29).fold(1e-30f64, |m, x| m.max(x.abs()));
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() <= tol * scale.max(x.abs()), "lse-attention {what} {dtype:?}: {y} on the GPU, {x} on the CPU (scale {scale})");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_model_matches_the_cpu_on_cuda() {
     let Some(gpu) = gpu() else { return };

@@ -308,13 +308,88 @@ pub(crate) fn attention_bwd(
     })
 }
 
+/// Sizes of a log-sum-exp attention op: `q: [n_dst, heads, dk]`, `k: [n_src, heads, dk]`, `values: [n_src, heads, dv]`.
+#[derive(Clone, Copy)]
+pub(crate) struct LseDims {
+    pub n_src: usize,
+    pub n_dst: usize,
+    pub heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Log-sum-exp attention forward: the packed partial `[n_dst, heads, 2 + dv]`.
+pub(crate) fn lse_fwd(q: Input, k: Input, values: Input, csr: &DeviceCsr, empty_max: f64, d: LseDims) -> candle_core::Result<CudaStorage> {
+    let dev = &q.0.device;
+    let gw = d.dv + 2;
+    let (n_dst, heads, dk, dv) = (dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
+    dim(d.n_src.max(d.n_dst) * d.heads * gw.max(d.dk), "elements")?;
+    let n = d.n_dst * d.heads * gw;
+    by_dtype!(q.0.dtype(), "lse-attention", |T| {
+        let (qv, kv, vv) = (view::<T>(q.0, q.1, "lse-attention")?, view::<T>(k.0, k.1, "lse-attention")?, view::<T>(values.0, values.1, "lse-attention")?);
+        // SAFETY: every element is written by the kernel below.
+        let out = unsafe { dev.alloc::<T>(n)? };
+        if n > 0 {
+            let f = kernel(dev, "lse_fwd", T::SUFFIX)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&f);
+            b.arg(&qv).arg(&kv).arg(&vv).arg(&csr.offsets).arg(&csr.sources).arg(&empty_max).arg(&out);
+            b.arg(&n_dst).arg(&heads).arg(&dk).arg(&dv);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_rows(n_dst, heads * (dv + 2))) }.w()?;
+        }
+        Ok(T::wrap_cuda_slice(out, dev.clone()))
+    })
+}
+
+/// Log-sum-exp attention backward: `(d q, d k, d values)` for the upstream gradient `g: [n_dst, heads, 2 + dv]`.
+pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceCsr, d: LseDims) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let dev = &q.0.device;
+    let (n_src, n_dst, heads, dk, dv) =
+        (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
+    dim(d.n_src.max(d.n_dst) * d.heads * (d.dv + 2 + d.dk), "elements")?;
+    let per_edge = csr.sources.len() * d.heads;
+    by_dtype!(q.0.dtype(), "lse-attention", |T| {
+        let (qv, kv, vv, gv) = (
+            view::<T>(q.0, q.1, "lse-attention")?,
+            view::<T>(k.0, k.1, "lse-attention")?,
+            view::<T>(values.0, values.1, "lse-attention")?,
+            view::<T>(g.0, g.1, "lse-attention")?,
+        );
+        // SAFETY: the destination pass writes every edge's entries and all of d(q); the source pass d(k) and d(values).
+        let (de_e, w_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
+        let dq = unsafe { dev.alloc::<T>(d.n_dst * d.heads * d.dk)? };
+        let dk_out = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.dk)? };
+        let dv_out = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.dv)? };
+        let stream = dev.cuda_stream();
+        if d.n_dst * d.heads > 0 {
+            let f = kernel(dev, "lse_bwd_dst", T::SUFFIX)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&qv).arg(&kv).arg(&vv).arg(&gv).arg(&csr.offsets).arg(&csr.sources).arg(&de_e).arg(&w_e).arg(&dq);
+            b.arg(&n_dst).arg(&heads).arg(&dk).arg(&dv);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_elems(d.n_dst * d.heads)) }.w()?;
+        }
+        if d.n_src * d.heads * (d.dk + d.dv) > 0 {
+            let f = kernel(dev, "lse_bwd_src", T::SUFFIX)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&qv).arg(&gv).arg(&de_e).arg(&w_e).arg(&csr.t_offsets).arg(&csr.t_dsts).arg(&csr.t_edges).arg(&dk_out).arg(&dv_out);
+            b.arg(&n_src).arg(&heads).arg(&dk).arg(&dv);
+            // SAFETY: as in gather_rows.
+            unsafe { b.launch(launch_cfg_rows(n_src, heads * (dk + dv))) }.w()?;
+        }
+        let wrap = |s| T::wrap_cuda_slice(s, dev.clone());
+        Ok((wrap(dq), wrap(dk_out), wrap(dv_out)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     /// NVRTC needs no GPU: the kernels must compile wherever the `cuda` build runs.
     #[test]
     fn kernels_compile_with_nvrtc() {
         let ptx = super::ptx().unwrap();
-        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums", "attention_fwd", "attention_bwd_dst", "attention_bwd_src"] {
+        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums", "attention_fwd", "attention_bwd_dst", "attention_bwd_src", "lse_fwd", "lse_bwd_dst", "lse_bwd_src"] {
             for t in ["f32", "f64"] {
                 assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
             }

@@ -263,3 +263,124 @@ __device__ void attention_bwd_src(const T* g, const double* alpha_e, const doubl
 
 ATTENTION_KERNELS(float, f32)
 ATTENTION_KERNELS(double, f64)
+
+// Log-sum-exp attention partials (lse_attention.rs), in double. Scores are
+// e_u = q[v, h, :] · k[u, h, :]; weights exp(e_u - max), in edge order.
+template <typename T>
+__device__ double dot_rows(const T* a, const T* b, u32 n) {
+    double acc = 0.0;
+    for (u32 i = 0; i < n; ++i) acc = __dadd_rn(acc, __dmul_rn((double)a[i], (double)b[i]));
+    return acc;
+}
+
+// Max score of destination v's edges for head h (-infinity without edges).
+template <typename T>
+__device__ double lse_max(const T* q, const T* k, const u32* sources, u32 a, u32 b, u32 v, u32 h, u32 heads, u32 dk) {
+    double m = __longlong_as_double(0xfff0000000000000ull);  // -infinity
+    const T* qv = q + ((size_t)v * heads + h) * dk;
+    for (u32 p = a; p < b; ++p) m = fmax(m, dot_rows(qv, k + ((size_t)sources[p] * heads + h) * dk, dk));
+    return m;
+}
+
+// Packed partial [n_dst, H, 2 + D]: a block per destination, its threads over (head, packed column).
+template <typename T>
+__device__ void lse_fwd(const T* q, const T* k, const T* values, const u32* offsets, const u32* sources, double empty_max,
+                        T* out, u32 n_dst, u32 heads, u32 dk, u32 dv) {
+    const u32 gw = 2 + dv;
+    for (u32 v = blockIdx.x; v < n_dst; v += gridDim.x) {
+        const u32 a = offsets[v], b = offsets[v + 1];
+        for (u32 t = threadIdx.x; t < heads * gw; t += blockDim.x) {
+            const u32 h = t / gw, c = t % gw;
+            const double m = lse_max(q, k, sources, a, b, v, h, heads, dk);
+            double acc = 0.0;
+            if (c == 0) {
+                acc = a == b ? empty_max : m;
+            } else {
+                const T* qv = q + ((size_t)v * heads + h) * dk;
+                for (u32 p = a; p < b; ++p) {
+                    const u32 u = sources[p];
+                    const double w = exp(__dsub_rn(dot_rows(qv, k + ((size_t)u * heads + h) * dk, dk), m));
+                    acc = __dadd_rn(acc, c == 1 ? w : __dmul_rn(w, (double)values[((size_t)u * heads + h) * dv + (c - 2)]));
+                }
+            }
+            out[((size_t)v * heads + h) * gw + c] = (T)acc;
+        }
+    }
+}
+
+// Backward, destination pass: a thread per (v, h) writes each edge's score
+// gradient de_e and weight w_e, and d(q)[v, h, :].
+template <typename T>
+__device__ void lse_bwd_dst(const T* q, const T* k, const T* values, const T* g, const u32* offsets, const u32* sources,
+                            double* de_e, double* w_e, T* dq, u32 n_dst, u32 heads, u32 dk, u32 dv) {
+    const u32 gw = 2 + dv;
+    const size_t n = (size_t)n_dst * heads;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const u32 v = (u32)(i / heads), h = (u32)(i % heads);
+        const u32 a = offsets[v], b = offsets[v + 1];
+        const double m = lse_max(q, k, sources, a, b, v, h, heads, dk);
+        const T* qv = q + i * dk;
+        const double gs = (double)g[i * gw + 1];
+        const T* gm = g + i * gw + 2;
+        for (u32 p = a; p < b; ++p) {
+            const u32 u = sources[p];
+            const double w = exp(__dsub_rn(dot_rows(qv, k + ((size_t)u * heads + h) * dk, dk), m));
+            const double dw = __dadd_rn(gs, dot_rows(gm, values + ((size_t)u * heads + h) * dv, dv));
+            de_e[(size_t)p * heads + h] = __dmul_rn(w, dw);
+            w_e[(size_t)p * heads + h] = w;
+        }
+        // Each column of d(q) sums the edges in order, as the CPU's row-at-a-time loop does.
+        for (u32 x = 0; x < dk; ++x) {
+            double acc = 0.0;
+            for (u32 p = a; p < b; ++p) {
+                acc = __dadd_rn(acc, __dmul_rn(de_e[(size_t)p * heads + h], (double)k[((size_t)sources[p] * heads + h) * dk + x]));
+            }
+            dq[i * dk + x] = (T)acc;
+        }
+    }
+}
+
+// Backward, source pass: a block per source u, its threads over (head, column of k then of values).
+template <typename T>
+__device__ void lse_bwd_src(const T* q, const T* g, const double* de_e, const double* w_e, const u32* t_offsets,
+                            const u32* t_dsts, const u32* t_edges, T* dk_out, T* dv_out, u32 n_src, u32 heads, u32 dk,
+                            u32 dv) {
+    const u32 gw = 2 + dv, cols = dk + dv;
+    for (u32 u = blockIdx.x; u < n_src; u += gridDim.x) {
+        const u32 a = t_offsets[u], b = t_offsets[u + 1];
+        for (u32 t = threadIdx.x; t < heads * cols; t += blockDim.x) {
+            const u32 h = t / cols, c = t % cols;
+            double acc = 0.0;
+            for (u32 r = a; r < b; ++r) {
+                const size_t v = t_dsts[r], e = (size_t)t_edges[r] * heads + h;
+                acc = __dadd_rn(acc, c < dk ? __dmul_rn(de_e[e], (double)q[(v * heads + h) * dk + c])
+                                            : __dmul_rn(w_e[e], (double)g[(v * heads + h) * gw + 2 + (c - dk)]));
+            }
+            if (c < dk) {
+                dk_out[((size_t)u * heads + h) * dk + c] = (T)acc;
+            } else {
+                dv_out[((size_t)u * heads + h) * dv + (c - dk)] = (T)acc;
+            }
+        }
+    }
+}
+
+#define LSE_KERNELS(T, S)                                                                                              \
+    extern "C" __global__ void lse_fwd_##S(const T* q, const T* k, const T* values, const u32* offsets,                \
+                                           const u32* sources, double empty_max, T* out, u32 n_dst, u32 heads, u32 dk, \
+                                           u32 dv) {                                                                   \
+        lse_fwd<T>(q, k, values, offsets, sources, empty_max, out, n_dst, heads, dk, dv);                             \
+    }                                                                                                                  \
+    extern "C" __global__ void lse_bwd_dst_##S(const T* q, const T* k, const T* values, const T* g,                    \
+                                               const u32* offsets, const u32* sources, double* de_e, double* w_e,      \
+                                               T* dq, u32 n_dst, u32 heads, u32 dk, u32 dv) {                          \
+        lse_bwd_dst<T>(q, k, values, g, offsets, sources, de_e, w_e, dq, n_dst, heads, dk, dv);                        \
+    }                                                                                                                  \
+    extern "C" __global__ void lse_bwd_src_##S(const T* q, const T* g, const double* de_e, const double* w_e,          \
+                                               const u32* t_offsets, const u32* t_dsts, const u32* t_edges,            \
+                                               T* dk_out, T* dv_out, u32 n_src, u32 heads, u32 dk, u32 dv) {           \
+        lse_bwd_src<T>(q, g, de_e, w_e, t_offsets, t_dsts, t_edges, dk_out, dv_out, n_src, heads, dk, dv);             \
+    }
+
+LSE_KERNELS(float, f32)
+LSE_KERNELS(double, f64)

@@ -94,6 +94,37 @@ fn weights(c: &SegmentCsr, q: &[f64], k: &[f64], d: &Dims, v: usize, h: usize, w
     }
 }
 
+#[cfg(feature = "cuda")]
+impl Dims {
+    fn for_cuda(&self) -> super::cuda::LseDims {
+        super::cuda::LseDims { n_src: self.n_src, n_dst: self.n_dst, heads: self.heads, dk: self.dk, dv: self.dv }
+    }
+}
+
+/// The backward pass with the native kernels: `(d q, d k, d values)`.
+#[cfg(feature = "cuda")]
+fn cuda_bwd(c: &SegmentCsr, d: &Dims, q: &Tensor, k: &Tensor, values: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    use candle_core::op::BackpropOp;
+    use candle_core::Storage;
+    let grad = grad.contiguous()?;
+    let (q, k, values) = (q.contiguous()?, k.contiguous()?, values.contiguous()?);
+    let (sq, lq) = q.storage_and_layout();
+    let (sk, lk) = k.storage_and_layout();
+    let (sv, lv) = values.storage_and_layout();
+    let (sg, lg) = grad.storage_and_layout();
+    let (Storage::Cuda(sq), Storage::Cuda(sk), Storage::Cuda(sv), Storage::Cuda(sg)) = (&*sq, &*sk, &*sv, &*sg) else {
+        return Err(candle_core::Error::Msg("lse-attention: backward inputs on different devices".into()));
+    };
+    let on = c.on_device(&sq.device)?;
+    let (dq, dk, dv) = super::cuda::lse_bwd((sq, lq), (sk, lk), (sv, lv), (sg, lg), &on, d.for_cuda())?;
+    let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
+    Ok((
+        Some(tensor(dq, Shape::from((d.n_dst, d.heads, d.dk)))),
+        Some(tensor(dk, Shape::from((d.n_src, d.heads, d.dk)))),
+        Some(tensor(dv, Shape::from((d.n_src, d.heads, d.dv)))),
+    ))
+}
+
 impl CustomOp3 for LseAttention {
     fn name(&self) -> &'static str {
         "lse-attention"
@@ -127,11 +158,30 @@ impl CustomOp3 for LseAttention {
         Ok((out, Shape::from((d.n_dst, d.heads, 2 + d.dv))))
     }
 
-    cuda_via_host!(3);
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sq: &candle_core::CudaStorage,
+        lq: &Layout,
+        sk: &candle_core::CudaStorage,
+        lk: &Layout,
+        sv: &candle_core::CudaStorage,
+        lv: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let c = &self.0;
+        let d = dims(c, lq.dims(), lk.dims(), lv.dims())?;
+        let on = c.on_device(&sq.device)?;
+        let out = super::cuda::lse_fwd((sq, lq), (sk, lk), (sv, lv), &on, EMPTY_MAX, d.for_cuda())?;
+        Ok((out, Shape::from((d.n_dst, d.heads, 2 + d.dv))))
+    }
 
     fn bwd(&self, q: &Tensor, k: &Tensor, values: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let c = &self.0;
         let d = dims(c, q.dims(), k.dims(), values.dims())?;
+        #[cfg(feature = "cuda")]
+        if q.device().is_cuda() {
+            return cuda_bwd(c, &d, q, k, values, grad);
+        }
         let flat = |t: &Tensor| -> candle_core::Result<Vec<f64>> { t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>() };
         let (qv, kv, vals, g) = (flat(q)?, flat(k)?, flat(values)?, flat(&grad.contiguous()?)?);
         let (hn, e_n, gw) = (d.heads, c.n_edges(), 2 + d.dv);
