@@ -229,6 +229,9 @@ pub fn load_tensors(dir: &Path, m: &Manifest, file: &str) -> Result<HashMap<Stri
     Ok(candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?)
 }
 
+/// A store shard's row ids and their values, row after row.
+type ShardRows = (Vec<u32>, Vec<f32>);
+
 /// Fills `model` (built for `m.spec` on the whole graph) from the distributed
 /// checkpoint in `dir`: each parameter from the first file holding it
 /// (trainer 0's dense file, or the raf workers' in worker order), each
@@ -238,7 +241,8 @@ pub fn load_tensors(dir: &Path, m: &Manifest, file: &str) -> Result<HashMap<Stri
 pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
     let mut params: HashMap<String, Tensor> = HashMap::new();
     let mut tables: HashMap<String, Vec<f32>> = HashMap::new();
-    let mut shard_rows: HashMap<String, Vec<(Vec<u32>, Vec<f32>)>> = HashMap::new();
+    // Per embedding table, each shard's (row ids, row values).
+    let mut shard_rows: HashMap<String, Vec<ShardRows>> = HashMap::new();
     for file in m.files.keys() {
         let tensors = load_tensors(dir, m, file)?;
         if let Some(ty) = file.strip_prefix("embed.").and_then(|r| r.rsplit_once('.')).and_then(|(r, _)| r.rsplit_once('.')).map(|(ty, _)| ty) {

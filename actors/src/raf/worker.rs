@@ -55,6 +55,9 @@ const WHOLE: u32 = u32::MAX;
 /// Batches sampled ahead of the step that trains on them.
 const PREFETCH: usize = 2;
 
+/// A replica's piece of a partial: its replica index, the batch positions it covers, the rows.
+type ReplicaPiece = (u32, Vec<usize>, Tensor);
+
 /// A batch sampled, with its feature rows gathered, ahead of its step.
 struct Prepared {
     mb: MiniBatch,
@@ -269,7 +272,7 @@ impl<'a> Worker<'a> {
         }
         // Only what this worker holds: the rest of its model is stale.
         let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
-        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).is_none_or(|n| self.used.contains(n));
+        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).map_or(true, |n| self.used.contains(n));
         tensors.retain(|name, _| held(name));
         tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
         let w = self.setup.worker;
@@ -497,7 +500,7 @@ impl<'a> Worker<'a> {
             let mut leaves: Vec<Vec<Var>> = Vec::new();
             let top = self.setup.per_layer[0].len() - 1;
             // Replicas' partials cover disjoint seeds: gathered per replica group, then put in batch order.
-            let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<(u32, Vec<usize>, Tensor)>> = BTreeMap::new();
+            let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<ReplicaPiece>> = BTreeMap::new();
             for (k, bytes) in peers.iter().zip(&raw) {
                 let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
                 let (j, r) = s.replicas[*k as usize];

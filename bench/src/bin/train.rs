@@ -4,7 +4,9 @@
 //!
 //! `cargo run --release -p bench --bin train [-- --scales 0.01,0.05,0.1 --epochs 3]`
 //! runs each scale in a child process (so peak memory is per scale), prints a
-//! table and writes bench/results/train.json.
+//! table and writes bench/results/train.json. With `--dgl PYTHON` it also runs
+//! bench/baselines/dgl_rgcn.py (DGL's R-GCN, same model and settings) on the
+//! same graph directory with that interpreter and reports the ratios.
 
 
 #[global_allocator]
@@ -31,6 +33,9 @@ struct Args {
     /// Device.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// A Python interpreter with dgl 2.1 and torch 2.2.1: also train DGL's R-GCN on each graph (R-GCN only).
+    #[arg(long)]
+    dgl: Option<PathBuf>,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/train.json")]
     out: PathBuf,
@@ -53,6 +58,22 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the DGL baseline on `data` with `python` and returns its JSON report.
+fn dgl(python: &std::path::Path, data: &std::path::Path, epochs: u64, threads: usize) -> anyhow::Result<serde_json::Value> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/dgl_rgcn.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .args(["--data", &data.display().to_string(), "--epochs", &epochs.to_string(), "--threads", &threads.to_string()])
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    if !out.status.success() {
+        bail!("the DGL baseline failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let last = out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]);
+    serde_json::from_slice(last).context("the DGL baseline's report")
+}
+
 fn main() -> anyhow::Result<()> {
     // As the hetgnn binary does, so the figures are those of `hetgnn train`.
     models::threads::init_cpu_threads();
@@ -61,6 +82,10 @@ fn main() -> anyhow::Result<()> {
     if let Some(scale) = a.child {
         return child(&a, scale);
     }
+    if a.dgl.is_some() && a.model != "rgcn" {
+        bail!("--dgl compares R-GCN only (got --model {})", a.model);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
     println!("{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}", "scale", "steps", "epoch_s", "sample", "gather", "compute", "update", "peak_MiB", "test_acc");
@@ -87,15 +112,25 @@ fn main() -> anyhow::Result<()> {
             mean(|e| e.update_s),
             last.test_acc
         );
-        rows.push(serde_json::json!({
+        let mut row = serde_json::json!({
             "scale": scale, "steps_per_epoch": report.steps / report.epochs.len() as u64,
             "epoch_seconds": mean(|e| e.seconds), "sample_s": mean(|e| e.sample_s), "gather_s": mean(|e| e.gather_s),
             "compute_s": mean(|e| e.compute_s), "update_s": mean(|e| e.update_s),
             "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
-        }));
+        });
+        if let Some(python) = &a.dgl {
+            let theirs = dgl(python, &bench::mag_like(scale, 0)?, a.epochs, cores)?;
+            let epoch_s = bench::epoch_mean(&theirs, "seconds");
+            let test = theirs["epochs"].as_array().and_then(|e| e.last()).and_then(|e| e["test_acc"].as_f64()).unwrap_or(f64::NAN);
+            let ratio = mean(|e| e.seconds) / epoch_s;
+            println!("{:>6} dgl {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/dgl time {ratio:.2}x, test accuracy {:+.4}", "", theirs["dgl"], last.test_acc - test);
+            row["dgl"] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
+                "test_acc_diff": last.test_acc - test, "report": theirs });
+        }
+        rows.push(row);
     }
     let json = serde_json::json!({ "model": a.model, "device": a.device, "epochs": a.epochs,
-        "cores": std::thread::available_parallelism().map_or(1, |n| n.get()), "runs": rows });
+        "cores": cores, "runs": rows });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
     }

@@ -81,13 +81,13 @@ impl Handler<Deliver<Pull>> for Sink {
     type Result = MessageResult<Deliver<Pull>>;
     fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
         let n = m.msg.0 as usize;
-        if !self.0.contains_key(&m.msg.0) {
-            match blob(n) {
-                Ok(b) => self.0.insert(m.msg.0, b.0),
+        let t = match self.0.entry(m.msg.0) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => match blob(n) {
+                Ok(b) => e.insert(b.0),
                 Err(e) => return MessageResult(Err(e.to_string())),
-            };
-        }
-        let t = &self.0[&m.msg.0];
+            },
+        };
         // A handler answers with an owned value, as a feature store copies rows out of its table.
         MessageResult(Ok(Blob(t.clone())))
     }

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""DGL baseline: the issue's 2-layer R-GCN on a hetgnn graph directory.
+
+The same model and settings as `hetgnn train`'s default R-GCN, written the way
+a DGL user writes it: per relation a mean-aggregating bias-free linear message
+(GraphConv, norm="right"), summed over relations (reverse ones included), plus
+a per-type self-loop linear with bias; ReLU and dropout 0.5 after layer 1;
+learnable embeddings for featureless types (sparse Adam, or dense with
+--dense-embeddings); Adam; neighbor sampling per relation, seeds outward;
+each layer computed only for the nodes the next one needs (DGL's blocks).
+
+Reads the graph directory format of FORMAT.md, so both systems train on
+identical data. Prints one line per epoch on stderr and, last on stdout, one
+JSON object with the per-epoch figures. bench/src/bin/train.rs runs it with
+`--dgl PYTHON` and reports the ratios; it needs dgl 2.1 with torch 2.2.1 (its newest torch):
+
+    python3 -m venv ~/.cache/hetgnn/dgl-venv
+    ~/.cache/hetgnn/dgl-venv/bin/pip install torch==2.2.1 dgl==2.1.0 "numpy<2" torchdata==0.7.1 pandas pydantic pyyaml
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import dgl
+import dgl.nn as dglnn
+
+
+def load(path, reverse_edges):
+    """The graph, target type, features, labels and splits of a graph directory."""
+    with open(os.path.join(path, "schema.json")) as f:
+        schema = json.load(f)
+    data = {}
+    for r in schema["relations"]:
+        e = np.load(os.path.join(path, "edges", f"{r['src']}__{r['name']}__{r['dst']}.npy"))
+        src, dst = torch.from_numpy(e[0].copy()), torch.from_numpy(e[1].copy())
+        data[(r["src"], r["name"], r["dst"])] = (src, dst)
+        if reverse_edges:
+            data[(r["dst"], "rev_" + r["name"], r["src"])] = (dst, src)
+    counts = {t: v["count"] for t, v in schema["node_types"].items()}
+    g = dgl.heterograph(data, num_nodes_dict=counts)
+    target = schema["target"]
+    feats = {}
+    for t, v in schema["node_types"].items():
+        if v["feature_dim"] is not None:
+            feats[t] = torch.from_numpy(np.load(os.path.join(path, "nodes", t, "features.npy")))
+    node_dir = os.path.join(path, "nodes", target)
+    labels = torch.from_numpy(np.load(os.path.join(node_dir, "labels.npy")))
+    splits = {s: torch.from_numpy(np.load(os.path.join(node_dir, f"{s}.npy"))) for s in ("train", "valid", "test")}
+    return g, schema, target, feats, labels, splits
+
+
+class Layer(nn.Module):
+    """Per relation mean then bias-free linear, summed, plus a per-type self-loop with bias."""
+
+    def __init__(self, g, in_dims, out):
+        super().__init__()
+        self.rel = nn.ModuleDict(
+            {
+                f"{s}__{e}__{d}": dglnn.GraphConv(in_dims[s], out, norm="right", weight=True, bias=False, allow_zero_in_degree=True)
+                for s, e, d in g.canonical_etypes
+            }
+        )
+        self.loop = nn.ModuleDict({t: nn.Linear(in_dims[t], out) for t in g.ntypes})
+
+    def forward(self, block, h):
+        out = {}
+        for s, e, d in block.canonical_etypes:
+            if s not in h or block.num_edges((s, e, d)) == 0:
+                continue
+            rel = block[(s, e, d)]
+            m = self.rel[f"{s}__{e}__{d}"](rel, (h[s], h[d][: block.num_dst_nodes(d)]))
+            out[d] = out[d] + m if d in out else m
+        for t in block.dsttypes:
+            n = block.num_dst_nodes(t)
+            if n == 0 or t not in h:
+                continue
+            x = self.loop[t](h[t][:n])
+            out[t] = out[t] + x if t in out else x
+        return out
+
+
+class Rgcn(nn.Module):
+    def __init__(self, g, in_dims, hidden, classes, layers, dropout):
+        super().__init__()
+        dims = [in_dims] + [{t: hidden for t in g.ntypes}] * (layers - 1)
+        outs = [hidden] * (layers - 1) + [classes]
+        self.layers = nn.ModuleList([Layer(g, dims[i], outs[i]) for i in range(layers)])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, h):
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            if i + 1 < len(self.layers):
+                h = {t: self.dropout(F.relu(x)) for t, x in h.items()}
+        return h
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--fanouts", default="25,20", help="per relation, seeds outward (as hetgnn)")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--embed-dim", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
+    ap.add_argument("--no-reverse-edges", action="store_true")
+    ap.add_argument("--dense-embeddings", action="store_true", help="nn.Embedding + Adam instead of DGL's sparse embeddings")
+    a = ap.parse_args()
+
+    torch.manual_seed(a.seed)
+    dgl.seed(a.seed)
+    np.random.seed(a.seed)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+
+    t0 = time.perf_counter()
+    g, schema, target, feats, labels, splits = load(a.data, not a.no_reverse_edges)
+    load_s = time.perf_counter() - t0
+    fanouts = [int(f) for f in a.fanouts.split(",")]
+    # DGL lists fanouts from the input layer up; hetgnn from the seeds outward.
+    sampler = dgl.dataloading.NeighborSampler([{et: f for et in g.canonical_etypes} for f in reversed(fanouts)])
+
+    featureless = [t for t in g.ntypes if t not in feats]
+    if a.dense_embeddings:
+        # N(0, 1) rows, as hetgnn's tables and torch's default.
+        embeds = nn.ModuleDict({t: nn.Embedding(g.num_nodes(t), a.embed_dim) for t in featureless})
+    else:
+        init = lambda t: nn.init.normal_(t, 0.0, 1.0)  # noqa: E731
+        embeds = {t: dglnn.NodeEmbedding(g.num_nodes(t), a.embed_dim, f"emb_{t}", init_func=init) for t in featureless}
+    in_dims = {t: (feats[t].shape[1] if t in feats else a.embed_dim) for t in g.ntypes}
+    model = Rgcn(g, in_dims, a.hidden, schema["num_classes"], len(fanouts), a.dropout)
+    params = list(model.parameters()) + (list(embeds.parameters()) if a.dense_embeddings else [])
+    opt = torch.optim.Adam(params, lr=a.lr)
+    sparse_opt = None if a.dense_embeddings else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
+
+    def inputs(block):
+        h = {}
+        for t in block.srctypes:
+            ids = block.srcnodes[t].data[dgl.NID]
+            if len(ids) == 0:
+                continue
+            if t in feats:
+                h[t] = feats[t][ids]
+            else:
+                h[t] = embeds[t](ids)
+        return h
+
+    def loader(ids, shuffle):
+        return dgl.dataloading.DataLoader(g, {target: ids}, sampler, batch_size=a.batch, shuffle=shuffle, drop_last=False, num_workers=0)
+
+    def accuracy(ids):
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for _, seeds, blocks in loader(ids, False):
+                out = model(blocks, inputs(blocks[0]))[target]
+                correct += (out.argmax(1) == labels[seeds[target]]).sum().item()
+        model.train()
+        return correct / max(len(ids), 1)
+
+    epochs = []
+    for epoch in range(a.epochs):
+        steps, loss_sum, sample_s = 0, 0.0, 0.0
+        t0 = time.perf_counter()
+        it = iter(loader(splits["train"], True))
+        while True:
+            ts = time.perf_counter()
+            try:
+                _, seeds, blocks = next(it)
+            except StopIteration:
+                break
+            sample_s += time.perf_counter() - ts
+            out = model(blocks, inputs(blocks[0]))[target]
+            loss = F.cross_entropy(out, labels[seeds[target]])
+            opt.zero_grad()
+            if sparse_opt is not None:
+                sparse_opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sparse_opt is not None:
+                sparse_opt.step()
+            loss_sum += loss.item()
+            steps += 1
+        seconds = time.perf_counter() - t0
+        te = time.perf_counter()
+        valid, test = accuracy(splits["valid"]), accuracy(splits["test"])
+        eval_s = time.perf_counter() - te
+        epochs.append({"epoch": epoch, "loss": loss_sum / max(steps, 1), "seconds": seconds, "sample_s": sample_s, "steps": steps, "valid_acc": valid, "test_acc": test, "eval_s": eval_s})
+        print(f"dgl epoch {epoch}: loss {loss_sum / max(steps, 1):.4f}  {seconds:.2f} s ({steps} steps)  valid {valid:.4f}  test {test:.4f}", file=sys.stderr)
+    print(json.dumps({
+        "system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "embeddings": "dense" if a.dense_embeddings else "sparse", "load_s": load_s, "epochs": epochs,
+    }))
+
+
+if __name__ == "__main__":
+    main()
