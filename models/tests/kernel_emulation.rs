@@ -1,0 +1,412 @@
+//! The CUDA kernels of the custom ops (`models/src/ops/kernels.cu`) run on the
+//! CPU against the CPU ops, so their indexing and arithmetic are checked in
+//! every build, GPU or not.
+//!
+//! The kernels use no shared memory, atomics or barriers: each thread's work
+//! depends only on its block and thread index. So the file compiles as plain
+//! C++ with a small shim standing in for CUDA's built-ins (`threadIdx`, the
+//! `__*_rn` intrinsics, ...), and running every (block, thread) pair of a
+//! launch one after the other gives exactly what the GPU computes, bar the
+//! last bit of `exp`. Each kernel runs with the launch configuration
+//! `ops/cuda.rs` uses and with a tiny grid that makes the grid-stride loops
+//! wrap, and must equal the CPU op's result value for value (zeros compare
+//! equal whatever their sign: a sum may start from -0 on one side).
+//!
+//! Needs a C++ compiler (`$CXX`, else `c++`); without one the tests say so and
+//! check nothing.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{DType, Device, Tensor, Var};
+use graphs::rng::{key, CounterRng};
+use models::ops::{add_bias, attention_aggregate, dropout, lse_attention, segment_mean, SegmentCsr, EMPTY_MAX, NEGATIVE_SLOPE};
+
+const SHIM: &str = r#"
+#include <cmath>
+#include <cstring>
+struct EmuDim3 { unsigned x, y, z; };
+// Per thread: the tests run launches on several threads at once.
+static thread_local EmuDim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __longlong_as_double(unsigned long long v) { double d; std::memcpy(&d, &v, sizeof d); return d; }
+using std::exp;
+using std::fmax;
+extern "C" void emu_set(unsigned grid, unsigned block, unsigned bx, unsigned tx) {
+    gridDim.x = grid; blockDim.x = block; blockIdx.x = bx; threadIdx.x = tx;
+}
+"#;
+
+/// The kernels compiled for the host, and the shim's index setter.
+struct Emu {
+    lib: libloading::Library,
+    _dir: tempfile::TempDir,
+}
+
+/// The compiled kernels, built once per test binary; `None` without a C++ compiler.
+fn emu() -> Option<&'static Emu> {
+    static EMU: OnceLock<Option<Emu>> = OnceLock::new();
+    EMU.get_or_init(|| {
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("shim.h"), SHIM).unwrap();
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/ops/kernels.cu");
+        let lib = dir.path().join("libkernels.so");
+        // No contraction into fused multiply-adds, as the kernels' `_rn` intrinsics promise.
+        let out = std::process::Command::new(&cxx)
+            .args(["-std=c++14", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-include"])
+            .arg(dir.path().join("shim.h"))
+            .args(["-x", "c++"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&lib)
+            .output();
+        match out {
+            Err(e) => {
+                eprintln!("skipped: no C++ compiler ({cxx}: {e}); the CUDA kernels were not emulated");
+                None
+            }
+            Ok(o) => {
+                assert!(o.status.success(), "kernels.cu does not compile for the host:\n{}", String::from_utf8_lossy(&o.stderr));
+                // SAFETY: a library we just built, with no initialisers beyond the shim's statics.
+                let lib = unsafe { libloading::Library::new(&lib) }.unwrap();
+                Some(Emu { lib, _dir: dir })
+            }
+        }
+    })
+    .as_ref()
+}
+
+impl Emu {
+    /// The kernel `name`, typed `F` (which must match its C signature).
+    fn kernel<F: Copy>(&self, name: &str) -> F {
+        // SAFETY: callers give the signature the kernel declares in kernels.cu.
+        unsafe { *self.lib.get::<F>(name.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}")) }
+    }
+
+    /// Runs `launch` once per (block, thread) of a `grid` × `block` launch.
+    fn launch(&self, grid: u32, block: u32, launch: impl Fn()) {
+        let set: unsafe extern "C" fn(u32, u32, u32, u32) = self.kernel("emu_set");
+        for b in 0..grid {
+            for t in 0..block {
+                // SAFETY: sets four of this thread's statics.
+                unsafe { set(grid, block, b, t) };
+                launch();
+            }
+        }
+    }
+}
+
+/// `ops/cuda.rs`'s launch shapes, and a tiny grid that makes every grid-stride loop go round.
+fn cfg_rows(rows: usize, h: usize) -> [(u32, u32); 2] {
+    [((rows as u32).clamp(1, 65_535), (h as u32).div_ceil(32).clamp(1, 8) * 32), (2, 32)]
+}
+
+fn cfg_elems(n: usize) -> [(u32, u32); 2] {
+    [((n as u32).div_ceil(256).clamp(1, 16_384), 256), (3, 32)]
+}
+
+/// Equal value for value (NaN equals NaN; -0 equals 0).
+fn assert_same(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(a == b || (a.is_nan() && b.is_nan()), "{what}[{i}]: kernel {a:e}, CPU op {b:e}");
+    }
+}
+
+/// A float type the kernels are instantiated for.
+trait F: candle_core::WithDType + Copy {
+    const SUFFIX: &'static str;
+    const DTYPE: DType;
+}
+impl F for f32 {
+    const SUFFIX: &'static str = "f32";
+    const DTYPE: DType = DType::F32;
+}
+impl F for f64 {
+    const SUFFIX: &'static str = "f64";
+    const DTYPE: DType = DType::F64;
+}
+
+fn values<T: F>(t: &Tensor) -> Vec<T> {
+    t.flatten_all().unwrap().to_vec1::<T>().unwrap()
+}
+
+fn as_f64<T: F>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// `n` values in [-2, 2) drawn from `seed`, some exactly zero.
+fn random<T: F>(seed: u64, n: usize) -> Vec<T> {
+    let mut r = CounterRng::new(seed);
+    (0..n).map(|i| T::from_f64(if i % 11 == 3 { 0.0 } else { r.next_f64() * 4.0 - 2.0 })).collect()
+}
+
+/// A random destination-major CSR with empty rows and repeated sources, and
+/// its transpose in `SegmentCsr`'s order (each source's edges by destination).
+struct Csr {
+    n_src: usize,
+    offsets: Vec<u32>,
+    sources: Vec<u32>,
+    t_offsets: Vec<u32>,
+    t_dsts: Vec<u32>,
+    t_edges: Vec<u32>,
+    inv_deg: Vec<f64>,
+}
+
+impl Csr {
+    fn new(seed: u64, n_src: usize, n_dst: usize) -> Csr {
+        let mut r = CounterRng::new(seed);
+        let mut offsets = vec![0u32];
+        let mut sources = Vec::new();
+        for d in 0..n_dst {
+            let deg = if d % 7 == 2 { 0 } else { r.below(9) as usize };
+            sources.extend((0..deg).map(|_| r.below(n_src as u64) as u32));
+            offsets.push(sources.len() as u32);
+        }
+        let mut lists: Vec<Vec<(u32, u32)>> = vec![Vec::new(); n_src];
+        for d in 0..n_dst {
+            for e in offsets[d]..offsets[d + 1] {
+                lists[sources[e as usize] as usize].push((d as u32, e));
+            }
+        }
+        let mut t_offsets = vec![0u32];
+        let (mut t_dsts, mut t_edges) = (Vec::new(), Vec::new());
+        for l in &lists {
+            t_dsts.extend(l.iter().map(|&(d, _)| d));
+            t_edges.extend(l.iter().map(|&(_, e)| e));
+            t_offsets.push(t_dsts.len() as u32);
+        }
+        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
+        Csr { n_src, offsets, sources, t_offsets, t_dsts, t_edges, inv_deg }
+    }
+
+    fn n_dst(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    fn segment(&self) -> Arc<SegmentCsr> {
+        SegmentCsr::new(self.n_src, self.offsets.clone(), self.sources.clone())
+    }
+}
+
+/// Forward value and input gradients of `op` for the upstream gradient `g`,
+/// by candle's autograd on the CPU (`sum(op(x) · g)` has gradient `g` at the output).
+fn cpu_op(inputs: &[Tensor], g: &Tensor, op: impl Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = op(&ts);
+    let grads = (&y * g).unwrap().sum_all().unwrap().backward().unwrap();
+    let gs = ts.iter().map(|t| grads.get(t).expect("an input without gradient").clone()).collect();
+    (y.detach(), gs)
+}
+
+fn segment_mean_case<T: F>(e: &Emu) {
+    let c = Csr::new(1, 37, 53);
+    for h in [1usize, 5, 64, 300] {
+        let x = Tensor::from_vec(random::<T>(2, c.n_src * h), (c.n_src, h), &Device::Cpu).unwrap();
+        let g = Tensor::from_vec(random::<T>(3, c.n_dst() * h), (c.n_dst(), h), &Device::Cpu).unwrap();
+        let csr = c.segment();
+        let (y, gx) = cpu_op(&[x.clone()], &g, |t| segment_mean(&t[0], &csr).unwrap());
+        type K<T> = unsafe extern "C" fn(*const T, *const u32, *const u32, *const f64, u32, *mut T, u32, u32);
+        let k: K<T> = e.kernel(&format!("gather_rows_{}", T::SUFFIX));
+        let (xv, gv) = (values::<T>(&x), values::<T>(&g));
+        for (grid, block) in cfg_rows(c.n_dst(), h) {
+            let mut out = vec![T::from_f64(f64::NAN); c.n_dst() * h];
+            let o = out.as_mut_ptr();
+            // SAFETY: buffers sized as the kernel indexes them.
+            e.launch(grid, block, || unsafe { k(xv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), c.inv_deg.as_ptr(), 1, o, c.n_dst() as u32, h as u32) });
+            assert_same(&format!("segment mean h={h} grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+        }
+        for (grid, block) in cfg_rows(c.n_src, h) {
+            let mut out = vec![T::from_f64(f64::NAN); c.n_src * h];
+            let o = out.as_mut_ptr();
+            // SAFETY: as above; the transpose weighs each edge by its destination's 1/degree.
+            e.launch(grid, block, || unsafe { k(gv.as_ptr(), c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.inv_deg.as_ptr(), 0, o, c.n_src as u32, h as u32) });
+            assert_same(&format!("segment mean backward h={h} grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&gx[0])));
+        }
+    }
+}
+
+#[test]
+fn segment_mean_kernels_match_the_cpu() {
+    let Some(e) = emu() else { return };
+    segment_mean_case::<f32>(e);
+    segment_mean_case::<f64>(e);
+}
+
+fn dropout_case<T: F>(e: &Emu) {
+    let (rows, cols) = (41usize, 70usize);
+    let ids: Vec<u32> = (0..rows as u32).map(|i| i * 7 + 3).collect();
+    let mask_key = 99u64;
+    let keys: Vec<u64> = ids.iter().map(|&id| key(&[mask_key, u64::from(id)])).collect();
+    let x = Tensor::from_vec(random::<T>(4, rows * cols), (rows, cols), &Device::Cpu).unwrap();
+    let g = Tensor::from_vec(random::<T>(5, rows * cols), (rows, cols), &Device::Cpu).unwrap();
+    let (xv, gv) = (values::<T>(&x), values::<T>(&g));
+    for (relu, p) in [(true, 0.5f32), (false, 0.3), (true, 0.0)] {
+        let (y, gx) = cpu_op(&[x.clone()], &g, |t| dropout(&t[0], relu, mask_key, p, &ids).unwrap());
+        let scale = 1.0 / (1.0 - p);
+        let fwd: unsafe extern "C" fn(*const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_fwd_{}", T::SUFFIX));
+        let bwd: unsafe extern "C" fn(*const T, *const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_bwd_{}", T::SUFFIX));
+        for (grid, block) in cfg_elems(rows * cols) {
+            let what = format!("relu={relu} p={p} grid={grid}");
+            let mut out = vec![T::from_f64(f64::NAN); rows * cols];
+            let o = out.as_mut_ptr();
+            // SAFETY: buffers sized as the kernels index them.
+            e.launch(grid, block, || unsafe { fwd(xv.as_ptr(), keys.as_ptr(), p, scale, u32::from(relu), o, rows as u32, cols as u32) });
+            assert_same(&format!("dropout {what}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+            // SAFETY: as above.
+            e.launch(grid, block, || unsafe { bwd(gv.as_ptr(), xv.as_ptr(), keys.as_ptr(), p, scale, u32::from(relu), o, rows as u32, cols as u32) });
+            assert_same(&format!("dropout backward {what}"), &as_f64(&out), &as_f64(&values::<T>(&gx[0])));
+        }
+    }
+}
+
+#[test]
+fn dropout_kernels_match_the_cpu() {
+    let Some(e) = emu() else { return };
+    dropout_case::<f32>(e);
+    dropout_case::<f64>(e);
+}
+
+fn bias_case<T: F>(e: &Emu) {
+    let (rows, cols) = (300usize, 45usize);
+    let x = Tensor::from_vec(random::<T>(6, rows * cols), (rows, cols), &Device::Cpu).unwrap();
+    let b = Tensor::from_vec(random::<T>(7, cols), cols, &Device::Cpu).unwrap();
+    let g = Tensor::from_vec(random::<T>(8, rows * cols), (rows, cols), &Device::Cpu).unwrap();
+    let (y, grads) = cpu_op(&[x.clone(), b.clone()], &g, |t| add_bias(&t[0], &t[1]).unwrap());
+    let (xv, bv, gv) = (values::<T>(&x), values::<T>(&b), values::<T>(&g));
+    let add: unsafe extern "C" fn(*const T, *const T, *mut T, u32, u32) = e.kernel(&format!("add_bias_{}", T::SUFFIX));
+    let sums: unsafe extern "C" fn(*const T, *mut T, u32, u32) = e.kernel(&format!("column_sums_{}", T::SUFFIX));
+    for (grid, block) in cfg_elems(rows * cols) {
+        let mut out = vec![T::from_f64(f64::NAN); rows * cols];
+        let o = out.as_mut_ptr();
+        // SAFETY: buffers sized as the kernel indexes them.
+        e.launch(grid, block, || unsafe { add(xv.as_ptr(), bv.as_ptr(), o, rows as u32, cols as u32) });
+        assert_same(&format!("add bias grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+    }
+    // cuda.rs: a thread per column, 128 to a block; the kernel has no stride loop, so every column needs its thread.
+    let mut out = vec![T::from_f64(f64::NAN); cols];
+    let o = out.as_mut_ptr();
+    // SAFETY: as above.
+    e.launch((cols as u32).div_ceil(128), 128, || unsafe { sums(gv.as_ptr(), o, rows as u32, cols as u32) });
+    assert_same("column sums", &as_f64(&out), &as_f64(&values::<T>(&grads[1])));
+    assert_same("add bias backward (input)", &as_f64(&values::<T>(&grads[0])), &as_f64(&gv));
+}
+
+#[test]
+fn bias_kernels_match_the_cpu() {
+    let Some(e) = emu() else { return };
+    bias_case::<f32>(e);
+    bias_case::<f64>(e);
+}
+
+fn attention_case<T: F>(e: &Emu) {
+    let c = Csr::new(9, 29, 31);
+    let csr = c.segment();
+    let (heads, width) = (3usize, 5usize);
+    let (n_src, n_dst) = (c.n_src, c.n_dst());
+    let cpu = |v: Vec<T>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let vals = cpu(random::<T>(10, n_src * heads * width), &[n_src, heads, width]);
+    let el = cpu(random::<T>(11, n_src * heads), &[n_src, heads]);
+    let er = cpu(random::<T>(12, n_dst * heads), &[n_dst, heads]);
+    let g = cpu(random::<T>(13, n_dst * heads * width), &[n_dst, heads, width]);
+    let (y, grads) = cpu_op(&[vals.clone(), el.clone(), er.clone()], &g, |t| attention_aggregate(&t[0], &t[1], &t[2], &csr).unwrap());
+    let (vv, lv, rv, gv) = (values::<T>(&vals), values::<T>(&el), values::<T>(&er), values::<T>(&g));
+    type Fwd<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const u32, *const u32, f64, *mut T, u32, u32, u32);
+    type BwdDst<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const T, *const u32, *const u32, f64, *mut f64, *mut f64, *mut T, u32, u32, u32);
+    type BwdSrc<T> = unsafe extern "C" fn(*const T, *const f64, *const f64, *const u32, *const u32, *const u32, *mut T, *mut T, u32, u32, u32);
+    let fwd: Fwd<T> = e.kernel(&format!("attention_fwd_{}", T::SUFFIX));
+    let bwd_dst: BwdDst<T> = e.kernel(&format!("attention_bwd_dst_{}", T::SUFFIX));
+    let bwd_src: BwdSrc<T> = e.kernel(&format!("attention_bwd_src_{}", T::SUFFIX));
+    let (nd, ns, hk, wd) = (n_dst as u32, n_src as u32, heads as u32, width as u32);
+    let nan = T::from_f64(f64::NAN);
+    for (grid, block) in cfg_rows(n_dst, heads * width) {
+        let mut out = vec![nan; n_dst * heads * width];
+        let o = out.as_mut_ptr();
+        // SAFETY: buffers sized as the kernel indexes them.
+        e.launch(grid, block, || unsafe { fwd(vv.as_ptr(), lv.as_ptr(), rv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), NEGATIVE_SLOPE, o, nd, hk, wd) });
+        assert_same(&format!("attention grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+    }
+    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads).into_iter().zip(cfg_rows(n_src, (heads * width).max(heads))) {
+        let per_edge = c.sources.len() * heads;
+        let (mut alpha_e, mut dpre_e) = (vec![f64::NAN; per_edge], vec![f64::NAN; per_edge]);
+        let mut der = vec![nan; n_dst * heads];
+        let (mut dv, mut del) = (vec![nan; n_src * heads * width], vec![nan; n_src * heads]);
+        let (a, p, r) = (alpha_e.as_mut_ptr(), dpre_e.as_mut_ptr(), der.as_mut_ptr());
+        // SAFETY: as above; the source pass reads what the destination pass wrote, as the stream orders them.
+        e.launch(g1, b1, || unsafe { bwd_dst(vv.as_ptr(), lv.as_ptr(), rv.as_ptr(), gv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), NEGATIVE_SLOPE, a, p, r, nd, hk, wd) });
+        let (o1, o2) = (dv.as_mut_ptr(), del.as_mut_ptr());
+        // SAFETY: as above.
+        e.launch(g2, b2, || unsafe { bwd_src(gv.as_ptr(), a, p, c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.t_edges.as_ptr(), o1, o2, ns, hk, wd) });
+        assert_same(&format!("attention d(values) grids={g1},{g2}"), &as_f64(&dv), &as_f64(&values::<T>(&grads[0])));
+        assert_same(&format!("attention d(el) grids={g1},{g2}"), &as_f64(&del), &as_f64(&values::<T>(&grads[1])));
+        assert_same(&format!("attention d(er) grids={g1},{g2}"), &as_f64(&der), &as_f64(&values::<T>(&grads[2])));
+    }
+}
+
+#[test]
+fn attention_kernels_match_the_cpu() {
+    let Some(e) = emu() else { return };
+    attention_case::<f32>(e);
+    attention_case::<f64>(e);
+}
+
+fn lse_case<T: F>(e: &Emu) {
+    let c = Csr::new(14, 23, 27);
+    let csr = c.segment();
+    let (heads, dk, dv) = (2usize, 4usize, 6usize);
+    let (n_src, n_dst, gw) = (c.n_src, c.n_dst(), 2 + dv);
+    let cpu = |v: Vec<T>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let q = cpu(random::<T>(15, n_dst * heads * dk), &[n_dst, heads, dk]);
+    let k = cpu(random::<T>(16, n_src * heads * dk), &[n_src, heads, dk]);
+    let vals = cpu(random::<T>(17, n_src * heads * dv), &[n_src, heads, dv]);
+    let g = cpu(random::<T>(18, n_dst * heads * gw), &[n_dst, heads, gw]);
+    let (y, grads) = cpu_op(&[q.clone(), k.clone(), vals.clone()], &g, |t| lse_attention(&t[0], &t[1], &t[2], &csr).unwrap());
+    let (qv, kv, vv, gv) = (values::<T>(&q), values::<T>(&k), values::<T>(&vals), values::<T>(&g));
+    type Fwd<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const u32, *const u32, f64, *mut T, u32, u32, u32, u32);
+    type BwdDst<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const T, *const u32, *const u32, *mut f64, *mut f64, *mut T, u32, u32, u32, u32);
+    type BwdSrc<T> = unsafe extern "C" fn(*const T, *const T, *const f64, *const f64, *const u32, *const u32, *const u32, *mut T, *mut T, u32, u32, u32, u32);
+    let fwd: Fwd<T> = e.kernel(&format!("lse_fwd_{}", T::SUFFIX));
+    let bwd_dst: BwdDst<T> = e.kernel(&format!("lse_bwd_dst_{}", T::SUFFIX));
+    let bwd_src: BwdSrc<T> = e.kernel(&format!("lse_bwd_src_{}", T::SUFFIX));
+    let (nd, ns, hk, k32, v32) = (n_dst as u32, n_src as u32, heads as u32, dk as u32, dv as u32);
+    let nan = T::from_f64(f64::NAN);
+    for (grid, block) in cfg_rows(n_dst, heads * gw) {
+        let mut out = vec![nan; n_dst * heads * gw];
+        let o = out.as_mut_ptr();
+        // SAFETY: buffers sized as the kernel indexes them.
+        e.launch(grid, block, || unsafe { fwd(qv.as_ptr(), kv.as_ptr(), vv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), EMPTY_MAX, o, nd, hk, k32, v32) });
+        assert_same(&format!("lse attention grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+    }
+    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads).into_iter().zip(cfg_rows(n_src, heads * (dk + dv))) {
+        let per_edge = c.sources.len() * heads;
+        let (mut de_e, mut w_e) = (vec![f64::NAN; per_edge], vec![f64::NAN; per_edge]);
+        let mut dq = vec![nan; n_dst * heads * dk];
+        let (mut dk_out, mut dv_out) = (vec![nan; n_src * heads * dk], vec![nan; n_src * heads * dv]);
+        let (a, w, r) = (de_e.as_mut_ptr(), w_e.as_mut_ptr(), dq.as_mut_ptr());
+        // SAFETY: as above; the source pass reads what the destination pass wrote.
+        e.launch(g1, b1, || unsafe { bwd_dst(qv.as_ptr(), kv.as_ptr(), vv.as_ptr(), gv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), a, w, r, nd, hk, k32, v32) });
+        let (o1, o2) = (dk_out.as_mut_ptr(), dv_out.as_mut_ptr());
+        // SAFETY: as above.
+        e.launch(g2, b2, || unsafe { bwd_src(qv.as_ptr(), gv.as_ptr(), a, w, c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.t_edges.as_ptr(), o1, o2, ns, hk, k32, v32) });
+        assert_same(&format!("lse d(q) grids={g1},{g2}"), &as_f64(&dq), &as_f64(&values::<T>(&grads[0])));
+        assert_same(&format!("lse d(k) grids={g1},{g2}"), &as_f64(&dk_out), &as_f64(&values::<T>(&grads[1])));
+        assert_same(&format!("lse d(values) grids={g1},{g2}"), &as_f64(&dv_out), &as_f64(&values::<T>(&grads[2])));
+    }
+}
+
+#[test]
+fn lse_attention_kernels_match_the_cpu() {
+    let Some(e) = emu() else { return };
+    lse_case::<f32>(e);
+    lse_case::<f64>(e);
+}
