@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use graphs::rng::{key, CounterRng};
 use models::ops::{add_bias, attention_aggregate, dropout, lse_attention, segment_mean, SegmentCsr, EMPTY_MAX, NEGATIVE_SLOPE};
 
@@ -125,15 +125,12 @@ fn assert_same(what: &str, got: &[f64], want: &[f64]) {
 /// A float type the kernels are instantiated for.
 trait F: candle_core::WithDType + Copy {
     const SUFFIX: &'static str;
-    const DTYPE: DType;
 }
 impl F for f32 {
     const SUFFIX: &'static str = "f32";
-    const DTYPE: DType = DType::F32;
 }
 impl F for f64 {
     const SUFFIX: &'static str = "f64";
-    const DTYPE: DType = DType::F64;
 }
 
 fn values<T: F>(t: &Tensor) -> Vec<T> {
@@ -215,7 +212,7 @@ fn segment_mean_case<T: F>(e: &Emu) {
         let x = Tensor::from_vec(random::<T>(2, c.n_src * h), (c.n_src, h), &Device::Cpu).unwrap();
         let g = Tensor::from_vec(random::<T>(3, c.n_dst() * h), (c.n_dst(), h), &Device::Cpu).unwrap();
         let csr = c.segment();
-        let (y, gx) = cpu_op(&[x.clone()], &g, |t| segment_mean(&t[0], &csr).unwrap());
+        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| segment_mean(&t[0], &csr).unwrap());
         type K<T> = unsafe extern "C" fn(*const T, *const u32, *const u32, *const f64, u32, *mut T, u32, u32);
         let k: K<T> = e.kernel(&format!("gather_rows_{}", T::SUFFIX));
         let (xv, gv) = (values::<T>(&x), values::<T>(&g));
@@ -252,7 +249,7 @@ fn dropout_case<T: F>(e: &Emu) {
     let g = Tensor::from_vec(random::<T>(5, rows * cols), (rows, cols), &Device::Cpu).unwrap();
     let (xv, gv) = (values::<T>(&x), values::<T>(&g));
     for (relu, p) in [(true, 0.5f32), (false, 0.3), (true, 0.0)] {
-        let (y, gx) = cpu_op(&[x.clone()], &g, |t| dropout(&t[0], relu, mask_key, p, &ids).unwrap());
+        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| dropout(&t[0], relu, mask_key, p, &ids).unwrap());
         let scale = 1.0 / (1.0 - p);
         let fwd: unsafe extern "C" fn(*const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_fwd_{}", T::SUFFIX));
         let bwd: unsafe extern "C" fn(*const T, *const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_bwd_{}", T::SUFFIX));

@@ -120,6 +120,7 @@ fn finished(r: Option<WorkerResult>) -> Result<WorkerResult> {
 }
 
 /// The coordinator's driver of a raf run of `workers` workers.
+#[allow(clippy::too_many_arguments)] // the run's whole context
 fn driver<'a>(t: &'a TrainingConfig, workers: u32, inbox: &'a Inbox, system: &'a System, timeouts: Timeouts, run: String, nodes: Vec<String>, rejoin: Duration) -> Driver<'a> {
     let c = Coordinator::new("raf", t, workers, workers, inbox, timeouts, run);
     let leaders: Vec<String> = (0..workers).map(names::worker).collect();

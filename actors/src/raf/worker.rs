@@ -786,7 +786,7 @@ impl<'a> Worker<'a> {
         for ty in 0..n_types {
             let Some(dim) = self.model.embeddings[ty].as_ref().map(|e| e.dim) else { continue };
             let mut sources: Vec<(u32, &[u32], &[f32])> = Vec::new();
-            if let Some(rows) = &my_rows[ty] {
+            if let Some(Some(rows)) = my_rows.get(ty) {
                 sources.push((w as u32, &mb.blocks[0].src[ty], rows));
             }
             for (k, m) in &theirs {
