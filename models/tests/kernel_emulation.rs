@@ -114,11 +114,11 @@ fn cfg_elems(n: usize) -> [(u32, u32); 2] {
     [((n as u32).div_ceil(256).clamp(1, 16_384), 256), (3, 32)]
 }
 
-/// Equal value for value (NaN equals NaN; -0 equals 0).
+/// Equal bit for bit, zeros' signs included (any NaN equals any NaN).
 fn assert_same(what: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!(a == b || (a.is_nan() && b.is_nan()), "{what}[{i}]: kernel {a:e}, CPU op {b:e}");
+        assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{what}[{i}]: kernel {a:e}, CPU op {b:e}");
     }
 }
 

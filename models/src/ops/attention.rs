@@ -183,11 +183,12 @@ impl CustomOp3 for Attention {
                 for k in 0..k_n {
                     softmax_row(c, &elv, &erv, k_n, v, k, &mut alpha);
                     let gk = &g[(v * k_n + k) * d_n..][..d_n];
+                    // Sums fold from +0.0 as the CUDA kernels do (`Sum` starts at -0.0).
                     let da: Vec<f64> = srcs
                         .iter()
-                        .map(|&u| vals[(u as usize * k_n + k) * d_n..][..d_n].iter().zip(gk).map(|(a, b)| a * b).sum())
+                        .map(|&u| vals[(u as usize * k_n + k) * d_n..][..d_n].iter().zip(gk).map(|(a, b)| a * b).fold(0.0, |s, x| s + x))
                         .collect();
-                    let dot: f64 = alpha.iter().zip(&da).map(|(a, b)| a * b).sum();
+                    let dot: f64 = alpha.iter().zip(&da).map(|(a, b)| a * b).fold(0.0, |s, x| s + x);
                     for (i, &u) in srcs.iter().enumerate() {
                         let ds = alpha[i] * (da[i] - dot);
                         let pre = elv[u as usize * k_n + k] + erv[v * k_n + k];

@@ -18,7 +18,12 @@ const MODULE: &str = "hetgnn-ops";
 /// The kernels' PTX, compiled at first use.
 pub(crate) fn ptx() -> candle_core::Result<&'static str> {
     static PTX: OnceLock<Result<String, String>> = OnceLock::new();
-    PTX.get_or_init(|| candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SOURCE).map(|p| p.to_src()).map_err(|e| e.to_string()))
+    use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+    // Stated rather than left to NVRTC's defaults: no contraction into fused
+    // multiply-adds, no flushing of subnormals, IEEE division and square root,
+    // which is what keeps the kernels' bits equal to the CPU ops'.
+    let opts = || CompileOptions { fmad: Some(false), ftz: Some(false), prec_div: Some(true), prec_sqrt: Some(true), ..Default::default() };
+    PTX.get_or_init(|| compile_ptx_with_opts(SOURCE, opts()).map(|p| p.to_src()).map_err(|e| e.to_string()))
         .as_deref()
         .map_err(|e| candle_core::Error::Msg(format!("compiling hetgnn's CUDA kernels with NVRTC: {e}")))
 }
@@ -66,8 +71,15 @@ fn launch_cfg_elems(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// The largest size a kernel's 32-bit counters take: 2^31 - 1, so that a
+/// grid-stride step (at most 65,535 blocks or 4Mi threads) never wraps one.
+const MAX_DIM: usize = i32::MAX as usize;
+
 fn dim(n: usize, what: &str) -> candle_core::Result<u32> {
-    u32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("{what} = {n} exceeds the CUDA kernels' 32-bit sizes")))
+    if n > MAX_DIM {
+        return Err(candle_core::Error::Msg(format!("{what} = {n} exceeds the CUDA kernels' limit of {MAX_DIM}")));
+    }
+    Ok(n as u32)
 }
 
 /// `s`'s elements from its layout's start to its end (contiguous layouts only).

@@ -74,7 +74,9 @@ fn dims(c: &SegmentCsr, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::R
 
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    // Folded from +0.0 as the CUDA kernels do (`Sum` starts at -0.0), so empty
+    // and all-zero sums carry the same sign on both devices.
+    a.iter().zip(b).map(|(x, y)| x * y).fold(0.0, |s, x| s + x)
 }
 
 /// Scores of `v`'s edges for head `h` shifted by their max: `(max, exp(e − max))`.
@@ -143,7 +145,7 @@ impl CustomOp3 for LseAttention {
                 let m = weights(c, &q, &k, &d, v, h, &mut w);
                 let oh = &mut o[h * (2 + d.dv)..(h + 1) * (2 + d.dv)];
                 oh[0] = m;
-                oh[1] = w.iter().sum();
+                oh[1] = w.iter().fold(0.0, |s, x| s + x);
                 for (&u, &wt) in srcs.iter().zip(&w) {
                     for (x, &y) in oh[2..].iter_mut().zip(&vals[(u as usize * d.heads + h) * d.dv..][..d.dv]) {
                         *x += wt * y;
