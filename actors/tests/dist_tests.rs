@@ -52,8 +52,12 @@ fn one_two_and_three_trainers_match_single_process_training() {
             let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            // Summing gradients in another order changes their last bits, and
+            // Adam turns a near-zero gradient's noise into a step of up to lr:
+            // after these steps that leaves up to ~5e-5 of the parameter's
+            // scale. A lost or double-counted gradient moves it by ~lr (1e-2).
             for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 1e-5 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y}");
+                assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y} (scale {scale})");
             }
         }
         let tables: Vec<_> = model.embeddings.iter().flatten().collect();
