@@ -27,22 +27,6 @@ fn matrix(l: &Layout, op: &str) -> candle_core::Result<(usize, usize)> {
     }
 }
 
-macro_rules! by_dtype {
-    ($s:expr, $op:expr, |$t:ident| $body:expr) => {
-        match $s {
-            CpuStorage::F32(_) => {
-                type $t = f32;
-                CpuStorage::F32($body)
-            }
-            CpuStorage::F64(_) => {
-                type $t = f64;
-                CpuStorage::F64($body)
-            }
-            _ => return Err(candle_core::Error::Msg(format!("{} supports f32 and f64", $op))),
-        }
-    };
-}
-
 impl CustomOp2 for AddBias {
     fn name(&self) -> &'static str {
         "add-bias"
@@ -53,7 +37,7 @@ impl CustomOp2 for AddBias {
         if lb.dims() != [c] {
             return Err(candle_core::Error::Msg(format!("add-bias: bias of shape {:?} for {c} columns", lb.dims())));
         }
-        let st = by_dtype!(sx, self.name(), |T| {
+        let st = cpu_by_dtype!(sx, self.name(), |T| {
             let (x, b) = (slice::<T>(sx, lx, self.name())?, slice::<T>(sb, lb, self.name())?);
             let mut out = x.to_vec();
             if c > 0 {
@@ -95,7 +79,7 @@ impl CustomOp1 for ColumnSums {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (_, c) = matrix(l, self.name())?;
-        let st = by_dtype!(s, self.name(), |T| {
+        let st = cpu_by_dtype!(s, self.name(), |T| {
             let g = slice::<T>(s, l, self.name())?;
             let mut out = vec![0.0 as T; c];
             if c > 0 {

@@ -74,22 +74,6 @@ fn per_row<T: Copy + Default + Send + Sync>(rows: usize, cols: usize, f: impl Fn
     out
 }
 
-macro_rules! by_dtype {
-    ($s:expr, $name:expr, |$t:ident| $body:expr) => {
-        match $s {
-            CpuStorage::F32(_) => {
-                type $t = f32;
-                CpuStorage::F32($body)
-            }
-            CpuStorage::F64(_) => {
-                type $t = f64;
-                CpuStorage::F64($body)
-            }
-            _ => return Err(candle_core::Error::Msg(format!("{} supports f32 and f64", $name))),
-        }
-    };
-}
-
 impl CustomOp1 for Dropout {
     fn name(&self) -> &'static str {
         "dropout"
@@ -98,7 +82,7 @@ impl CustomOp1 for Dropout {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let m = &self.0;
         let (rows, cols) = m.dims(l, self.name())?;
-        let st = by_dtype!(s, self.name(), |T| {
+        let st = cpu_by_dtype!(s, self.name(), |T| {
             let x = slice::<T>(s, l)?;
             per_row::<T>(rows, cols, |r, o| {
                 let xr = &x[r * cols..(r + 1) * cols];
@@ -136,7 +120,7 @@ impl CustomOp2 for DropoutGrad {
         if lx.dims() != lg.dims() {
             return Err(candle_core::Error::Msg(format!("{}: gradient {:?} and input {:?} differ", self.name(), lg.dims(), lx.dims())));
         }
-        let st = by_dtype!(sg, self.name(), |T| {
+        let st = cpu_by_dtype!(sg, self.name(), |T| {
             let (g, x) = (slice::<T>(sg, lg)?, slice::<T>(sx, lx)?);
             per_row::<T>(rows, cols, |r, o| {
                 let (gr, xr) = (&g[r * cols..(r + 1) * cols], &x[r * cols..(r + 1) * cols]);

@@ -4,6 +4,24 @@
 //! per-edge `index_select` + `index_add` formulation spends most of its time
 //! gathering and scattering `[edges × hidden]` tensors.
 
+/// Runs `$body` with `$t` bound to the element type of CPU storage `$s` (f32
+/// or f64) and wraps the resulting vector back into storage of that type.
+macro_rules! cpu_by_dtype {
+    ($s:expr, $op:expr, |$t:ident| $body:expr) => {
+        match $s {
+            CpuStorage::F32(_) => {
+                type $t = f32;
+                CpuStorage::F32($body)
+            }
+            CpuStorage::F64(_) => {
+                type $t = f64;
+                CpuStorage::F64($body)
+            }
+            _ => return Err(candle_core::Error::Msg(format!("{} supports f32 and f64", $op))),
+        }
+    };
+}
+
 mod attention;
 mod bias;
 #[cfg(feature = "cuda")]
