@@ -33,9 +33,13 @@ fn run(kind: ModelKind, device: &Device) -> (f32, Vec<(String, Vec<f32>)>) {
     (loss.to_scalar::<f32>().unwrap(), out)
 }
 
+/// cuda:0, or `None` (the test checks nothing) where there is none, unless
+/// `HETGNN_REQUIRE_GPU` is set (scripts/gpu-figures.sh sets it): then a
+/// missing device or driver fails the test instead of passing it unchecked.
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
+        Err(e) if std::env::var_os("HETGNN_REQUIRE_GPU").is_some() => panic!("HETGNN_REQUIRE_GPU is set but cuda:0 cannot be opened: {e}"),
         Err(e) => {
             eprintln!("skipped: no CUDA device ({e})");
             None

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs on a machine with an NVIDIA GPU, its driver and CUDA 13 libraries (no
+# Rust needed), from the repository root, with gpu-pack/ made by
+# scripts/gpu-pack.sh beside it. In order, each step's output in $OUT
+# (default gpu-out/):
+#   1. gpu.txt: nvidia-smi, and where the CUDA libraries were found;
+#   2. cuda_tests.txt: every op and every model on cuda:0 against the CPU;
+#   3. train.txt, train.json: the train benchmark (R-GCN, mag-like S=0.01,
+#      0.05, 0.1) with --device cuda:0, then with the CPU for the same-machine
+#      ratio (train_cpu.json);
+#   4. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
+# A step that fails is reported and the next one runs.
+#
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train cache (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+steps="${*:-gpu tests train cache}"
+bin=/tmp/hetgnn-gpu
+mkdir -p "$bin"
+for f in gpu-pack/*.xz; do
+    xz -dc "$f" > "$bin/$(basename "$f" .xz)" && chmod +x "$bin/$(basename "$f" .xz)"
+done
+
+# cuBLAS, cuRAND, NVRTC and the runtime, version 13: a system toolkit's or a
+# Python wheel's (PyTorch's CUDA 13 builds bring them).
+libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null); do
+    if ls "$d"/libnvrtc.so.13* >/dev/null 2>&1 || ls "$d"/libcublas.so.13* >/dev/null 2>&1; then
+        libs="$libs${libs:+:}$d"
+    fi
+done
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+run() {
+    local name="$1"; shift
+    echo "== $name: $*" >&2
+    "$@" > "$out/$name.txt" 2>&1
+    local rc=$?
+    tail -n 25 "$out/$name.txt"
+    echo "== $name: exit $rc" >&2
+}
+
+if step gpu; then
+    { nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; echo "commit $(cat gpu-pack/COMMIT 2>/dev/null)"; } > "$out/gpu.txt" 2>&1
+    head -n 20 "$out/gpu.txt"
+fi
+if step tests; then
+    # Required: without it the tests pass unchecked where cuda:0 cannot be opened.
+    HETGNN_REQUIRE_GPU=1 run cuda_tests "$bin/cuda_tests" --test-threads 1
+    run models_unit "$bin/models_unit" kernels_compile
+fi
+if step train; then
+    run train "$bin/train" --device cuda:0 --out "$out/train.json"
+    run train_cpu "$bin/train" --device cpu --out "$out/train_cpu.json"
+fi
+if step cache; then
+    run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"
+fi
