@@ -69,6 +69,12 @@ impl EmbeddingTable {
             .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
+    /// [`EmbeddingTable::adam_rows`] with row `ids[k]`'s gradient at row `at[k]` of `g`.
+    pub fn adam_rows_picked(&mut self, ids: &[u32], g: &[f32], at: &[u32], cfg: &AdamConfig) -> Result<()> {
+        adam_rows_picked(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, Some(at), cfg)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
+    }
+
     /// Applies Adam to row `id` with gradient row `g`.
     pub fn adam_row_at(&mut self, id: u32, g: &[f32], cfg: &AdamConfig) {
         let i = id as usize;
@@ -144,9 +150,26 @@ pub struct RowsMut<'a> {
 /// update is independent and computed exactly as [`adam_row`] does alone, so
 /// the result does not depend on the thread count.
 pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> std::result::Result<(), String> {
+    if g.len() != ids.len() * t.dim {
+        return Err(format!("{} gradient values for {} rows of width {}", g.len(), ids.len(), t.dim));
+    }
+    adam_rows_picked(t, ids, g, None, cfg)
+}
+
+/// [`adam_rows`] with the gradient of row `ids[k]` at row `at[k]` of `g` where
+/// `at` is given, so that a caller updating part of a batch's rows (a cache's
+/// hits, the table's misses) need not copy their gradients apart first.
+pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: Option<&[u32]>, cfg: &AdamConfig) -> std::result::Result<(), String> {
     let (dim, rows) = (t.dim, t.steps.len());
-    if g.len() != ids.len() * dim {
-        return Err(format!("{} gradient values for {} rows of width {dim}", g.len(), ids.len()));
+    match at {
+        Some(at) if at.len() != ids.len() => return Err(format!("{} gradient positions for {} rows", at.len(), ids.len())),
+        Some(at) => {
+            if let Some(&p) = at.iter().find(|&&p| (p as usize + 1) * dim > g.len()) {
+                return Err(format!("gradient row {p} of {}", g.len() / dim.max(1)));
+            }
+        }
+        None if g.len() < ids.len() * dim => return Err(format!("{} gradient values for {} rows of width {dim}", g.len(), ids.len())),
+        None => {}
     }
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     order.sort_unstable();
@@ -162,7 +185,10 @@ pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> st
         .zip(rows_mut(t.m, dim, &sorted))
         .zip(rows_mut(t.v, dim, &sorted))
         .zip(rows_mut(t.steps, 1, &sorted))
-        .zip(order.iter().map(|&(_, k)| &g[k * dim..(k + 1) * dim]));
+        .zip(order.iter().map(|&(_, k)| {
+            let r = at.map_or(k, |a| a[k] as usize);
+            &g[r * dim..(r + 1) * dim]
+        }));
     rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
     Ok(())
 }
@@ -208,5 +234,22 @@ mod tests {
         assert!(a.adam_rows(&[7, 7], &g, &cfg).unwrap_err().to_string().contains("twice"));
         assert!(a.adam_rows(&[1, rows as u32], &g, &cfg).unwrap_err().to_string().contains("row 5000"));
         assert!(a.adam_rows(&[1], &g, &cfg).unwrap_err().to_string().contains("gradient values"));
+    }
+
+    #[test]
+    fn picked_gradient_rows_equal_copied_ones() {
+        let cfg = AdamConfig::with_lr(0.01);
+        let (rows, dim) = (50, 4);
+        let mut a = EmbeddingTable::new(1, "embed.y", rows, dim);
+        let mut b = EmbeddingTable::new(1, "embed.y", rows, dim);
+        let g: Vec<f32> = (0..6 * dim).map(|k| (k % 7) as f32 - 3.0).collect();
+        // Rows 9, 2 and 40 take gradient rows 5, 0 and 3 of six.
+        let (ids, at) = ([9u32, 2, 40], [5u32, 0, 3]);
+        a.adam_rows_picked(&ids, &g, &at, &cfg).unwrap();
+        let copied: Vec<f32> = at.iter().flat_map(|&p| g[p as usize * dim..(p as usize + 1) * dim].to_vec()).collect();
+        b.adam_rows(&ids, &copied, &cfg).unwrap();
+        assert_eq!((&a.data, &a.m, &a.v, &a.steps), (&b.data, &b.m, &b.v, &b.steps));
+        assert!(a.adam_rows_picked(&ids, &g, &[5, 0], &cfg).unwrap_err().to_string().contains("positions"));
+        assert!(a.adam_rows_picked(&ids, &g, &[5, 0, 6], &cfg).unwrap_err().to_string().contains("gradient row 6 of 6"));
     }
 }

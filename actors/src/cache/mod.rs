@@ -281,18 +281,13 @@ impl DeviceCache {
         if grads.len() != ids.len() * d {
             return Err(TrainError::Config(format!("{} gradient values for {} rows of width {d}", grads.len(), ids.len())));
         }
+        // Both parts update their rows in parallel, as an uncached run does.
         let Some(c) = self.learnable.get_mut(ty).and_then(Option::as_mut) else {
-            for (k, &v) in ids.iter().enumerate() {
-                table.adam_row_at(v, &grads[k * d..(k + 1) * d], cfg);
-            }
-            return Ok(());
+            return Ok(table.adam_rows(ids, grads, cfg)?);
         };
         let lk = c.rows().lookup(ids, false);
-        let hit_grads: Vec<f32> = lk.hit_pos.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
-        c.adam(&lk.hit_slot, &hit_grads, cfg)?;
-        for (&p, &v) in lk.miss_pos.iter().zip(&lk.miss_ids) {
-            table.adam_row_at(v, &grads[p as usize * d..(p as usize + 1) * d], cfg);
-        }
+        c.adam(&lk.hit_slot, grads, &lk.hit_pos, cfg)?;
+        table.adam_rows_picked(&lk.miss_ids, grads, &lk.miss_pos, cfg)?;
         Ok(())
     }
 
@@ -429,7 +424,7 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
                     let lk = scratch.rows().lookup(&local, false);
                     let x = scratch.rows().assemble_from(&lk, |_| &[], dtype, &device)?;
                     let grads: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                    scratch.adam(&lk.hit_slot, &grads, &cfg)
+                    scratch.adam(&lk.hit_slot, &grads, &lk.hit_pos, &cfg)
                 },
             )?;
             candidates.push(Candidate { ty, learnable: true, dim, miss, hit });

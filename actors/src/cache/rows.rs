@@ -4,7 +4,7 @@
 //! host table's copy is stale until [`LearnableCache::write_back`]).
 //!
 //! On a CPU device, device memory is host memory: rows are plain vectors and
-//! learnable rows are updated by the same [`adam_row`] as the host table, so
+//! learnable rows are updated by the same [`adam_row`](models::embedding::adam_row) as the host table, so
 //! a cached run is bit-identical to an uncached one. On a GPU rows are
 //! tensors, gathered with `index_select` and updated with tensor arithmetic
 //! that follows `adam_row` operation for operation (checked bit for bit on
@@ -13,7 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Device, Tensor};
-use models::embedding::{adam_row, EmbeddingTable};
+use models::embedding::{adam_rows_picked, EmbeddingTable, RowsMut};
+use models::prefetch::{prefetch, AHEAD};
 use models::optim::AdamConfig;
 
 use crate::error::{Result, TrainError};
@@ -164,6 +165,13 @@ impl RowCache {
                 let mut out = Vec::with_capacity(lk.len * d);
                 let (mut h, mut m) = (0, 0);
                 for p in 0..lk.len as u32 {
+                    // Rows are scattered: ask for later ones early, as the host gathers do.
+                    if let Some(&s) = lk.hit_slot.get(h + AHEAD) {
+                        prefetch(&data[s as usize * d..(s as usize + 1) * d]);
+                    }
+                    if m + AHEAD < lk.miss_ids.len() {
+                        prefetch(miss_row(m + AHEAD));
+                    }
                     if lk.hit_pos.get(h) == Some(&p) {
                         let s = lk.hit_slot[h] as usize;
                         out.extend_from_slice(&data[s * d..(s + 1) * d]);
@@ -262,28 +270,25 @@ impl LearnableCache {
         self.rows.rows() as u64 * learnable_row_bytes(self.rows.dim)
     }
 
-    /// One Adam step for the cached rows at `slots` (distinct) with gradient
-    /// rows `grads` (row-major, in `slots` order): what [`adam_row`] does to
-    /// them in the host table.
-    pub fn adam(&mut self, slots: &[u32], grads: &[f32], cfg: &AdamConfig) -> Result<()> {
+    /// One Adam step for the cached rows at `slots` (distinct), the gradient
+    /// of `slots[k]` being row `at[k]` of `grads` (row-major): what
+    /// [`adam_row`](models::embedding::adam_row) does to them in the host table.
+    pub fn adam(&mut self, slots: &[u32], grads: &[f32], at: &[u32], cfg: &AdamConfig) -> Result<()> {
         let d = self.rows.dim;
-        if grads.len() != slots.len() * d || slots.iter().any(|&s| s as usize >= self.steps.len()) {
+        if at.len() != slots.len() || at.iter().any(|&p| (p as usize + 1) * d > grads.len()) || slots.iter().any(|&s| s as usize >= self.steps.len()) {
             return Err(TrainError::Config(format!("cache: {} gradient values for {} cached rows of width {d}", grads.len(), slots.len())));
         }
         if slots.is_empty() {
             return Ok(());
         }
         match (&mut self.rows.data, &mut self.m, &mut self.v) {
-            (Store::Host(data), Store::Host(m), Store::Host(v)) => {
-                for (k, &s) in slots.iter().enumerate() {
-                    let r = s as usize * d..(s as usize + 1) * d;
-                    adam_row(&mut data[r.clone()], &mut m[r.clone()], &mut v[r], &mut self.steps[s as usize], &grads[k * d..(k + 1) * d], cfg);
-                }
-                Ok(())
-            }
+            // Rows in parallel, as the host table updates its own.
+            (Store::Host(data), Store::Host(m), Store::Host(v)) => adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, Some(at), cfg)
+                .map_err(|e| TrainError::Config(format!("cache: {e}"))),
             (Store::Device(data), Store::Device(m), Store::Device(v)) => {
                 let dev = data.device().clone();
                 let n = slots.len();
+                let grads: Vec<f32> = at.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
                 for &s in slots {
                     self.steps[s as usize] += 1;
                 }
@@ -291,7 +296,7 @@ impl LearnableCache {
                 let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
                 let idx = Tensor::from_slice(slots, n, &dev)?;
                 let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
-                let g = Tensor::from_slice(grads, (n, d), &dev)?;
+                let g = Tensor::from_slice(&grads, (n, d), &dev)?;
                 let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
                 // The order of adam_row's operations, each rounded the same way.
                 let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)? + g.affine(f64::from(1.0 - b1), 0.0)?)?;
@@ -378,15 +383,15 @@ mod tests {
                 let gt = Tensor::from_slice(&g, (touched.len(), 5), &Device::Cpu).unwrap();
                 host.sparse_adam(&touched, &gt, &cfg).unwrap();
                 let lk = c.rows().lookup(&touched, true);
-                let rows = |pos: &[u32]| -> Vec<f32> { pos.iter().flat_map(|&p| g[p as usize * 5..p as usize * 5 + 5].to_vec()).collect() };
-                c.adam(&lk.hit_slot, &rows(&lk.hit_pos), &cfg).unwrap();
-                let miss_g = Tensor::from_vec(rows(&lk.miss_pos), (lk.miss_ids.len(), 5), &Device::Cpu).unwrap();
-                cached.sparse_adam(&lk.miss_ids, &miss_g, &cfg).unwrap();
+                c.adam(&lk.hit_slot, &g, &lk.hit_pos, &cfg).unwrap();
+                cached.adam_rows_picked(&lk.miss_ids, &g, &lk.miss_pos, &cfg).unwrap();
             }
             c.write_back(&mut cached).unwrap();
             assert_eq!(cached.data, host.data, "on_device={on_device}");
             assert_eq!((cached.m.clone(), cached.v.clone(), cached.steps.clone()), (host.m.clone(), host.v.clone(), host.steps.clone()));
             assert_eq!(c.bytes(), 4 * learnable_row_bytes(5));
+            assert!(c.adam(&[0], &[0.0; 5], &[1], &cfg).is_err(), "a gradient row past the end");
+            assert!(c.adam(&[0, 1], &[0.0; 10], &[0], &cfg).is_err(), "a position per row");
         }
     }
 }
