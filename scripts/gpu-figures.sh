@@ -32,6 +32,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python
     fi
 done
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Generated graphs: the benches' built-in path is this machine's checkout.
+export HETGNN_BENCH_DATA="${HETGNN_BENCH_DATA:-$PWD/target/bench-data}"
 
 step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 run() {

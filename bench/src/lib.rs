@@ -6,10 +6,17 @@ use anyhow::Context;
 use graphs::generate::{generate, Like};
 use graphs::NoProgress;
 
+/// Where generated graphs and partitions are kept: `$HETGNN_BENCH_DATA`, or
+/// the workspace's `target/bench-data/` (a path fixed at build time, so a
+/// benchmark binary carried to another machine is given the variable).
+pub fn data_root() -> PathBuf {
+    std::env::var_os("HETGNN_BENCH_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"))
+}
+
 /// Returns a mag-like graph directory at `scale` for `seed`, generating it once
-/// under `target/bench-data/` (reused by later runs).
+/// under [`data_root`] (reused by later runs).
 pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
+    let root = data_root();
     let dir = root.join(format!("mag-v{}-s{scale}-seed{seed}", graphs::generate::VERSION));
     if !dir.join("schema.json").exists() {
         eprintln!("generating mag-like S={scale} seed={seed} into {}", dir.display());
@@ -47,9 +54,9 @@ pub fn run_hetgnn(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()>
 }
 
 /// Partitions `data` (mag-like at `scale`) into `k` parts with `method`,
-/// once, under `target/bench-data/`; returns the directory.
+/// once, under [`data_root`]; returns the directory.
 pub fn partitions(bin: &Path, data: &Path, method: &str, k: usize, scale: f64) -> anyhow::Result<PathBuf> {
-    let parts = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../target/bench-data/parts-{method}-{k}-s{scale}"));
+    let parts = data_root().join(format!("parts-{method}-{k}-s{scale}"));
     if !parts.join("manifest.json").exists() {
         eprintln!("partitioning ({method}, {k} parts)");
         let args = ["partition", "--data", &data.display().to_string(), "--parts", &k.to_string(), "--method", method, "--out", &parts.display().to_string(), "--force"];
