@@ -18,7 +18,7 @@
 //! so the per-worker gradients of a shared parameter sum to the
 //! single-process gradient.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -153,6 +153,9 @@ struct Worker<'a> {
     seq: u64,
     /// The device cache of this worker's feature rows and the table rows it owns.
     cache: Option<crate::cache::DeviceCache>,
+    /// Scratch for summing embedding gradients: per node id, its place in the
+    /// step's row order (`u32::MAX`: none). Kept across steps, reset after each.
+    row_slot: Vec<u32>,
 }
 
 /// The actors a worker talks to.
@@ -260,7 +263,7 @@ impl<'a> Worker<'a> {
                 Ok(presampler.sample_relations(e, st, &mine, &filter)?)
             })?
         };
-        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq, cache })
+        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq, cache, row_slot: Vec::new() })
     }
 
     /// Writes this worker's parameters, tables and optimiser state into the
@@ -774,8 +777,11 @@ impl<'a> Worker<'a> {
                 let ty = *ty as usize;
                 let dim = self.model.embeddings.get(ty).and_then(Option::as_ref).map(|e| e.dim);
                 let count = s.graph.node_types().get(ty).map_or(0, |t| t.count);
-                let distinct = ids.iter().collect::<std::collections::HashSet<_>>().len() == ids.len();
-                let ok = dim.is_some_and(|d| vals.len() == ids.len() * d) && self.shared_tables[*k as usize].contains(&ty) && types.insert(ty) && distinct && ids.iter().all(|&v| v < count) && vals.iter().all(|x| x.is_finite());
+                let ok = dim.is_some_and(|d| vals.len() == ids.len() * d)
+                    && self.shared_tables[*k as usize].contains(&ty)
+                    && types.insert(ty)
+                    && distinct_below(&mut self.row_slot, ids, count)
+                    && vals.iter().all(|x| x.is_finite());
                 if !ok {
                     return Err(TrainError::Distributed(format!("worker {k} sent malformed rows of node type {ty}")));
                 }
@@ -796,23 +802,32 @@ impl<'a> Worker<'a> {
                 continue;
             }
             sources.sort_by_key(|(k, _, _)| *k);
-            let mut sum: HashMap<u32, Vec<f32>> = HashMap::new();
+            // Rows in order of first appearance, each summed in worker order,
+            // straight into one gradient buffer (ids were checked < count).
+            let count = s.graph.node_types()[ty].count as usize;
+            if self.row_slot.len() < count {
+                self.row_slot.resize(count, u32::MAX);
+            }
             let mut order: Vec<u32> = Vec::new();
+            let mut grads: Vec<f32> = Vec::new();
             for (_, ids, vals) in &sources {
                 for (i, &v) in ids.iter().enumerate() {
                     let row = &vals[i * dim..(i + 1) * dim];
-                    match sum.get_mut(&v) {
-                        Some(acc) => acc.iter_mut().zip(row).for_each(|(a, b)| *a += b),
-                        None => {
-                            sum.insert(v, row.to_vec());
+                    match self.row_slot[v as usize] {
+                        u32::MAX => {
+                            self.row_slot[v as usize] = order.len() as u32;
                             order.push(v);
+                            grads.extend_from_slice(row);
                         }
+                        at => grads[at as usize * dim..(at as usize + 1) * dim].iter_mut().zip(row).for_each(|(a, b)| *a += b),
                     }
                 }
             }
+            for &v in &order {
+                self.row_slot[v as usize] = u32::MAX;
+            }
             let cfg = self.adam.cfg;
             let table = self.model.embeddings[ty].as_mut().expect("checked above");
-            let grads: Vec<f32> = order.iter().flat_map(|v| sum[v].iter().copied()).collect();
             match self.cache.as_mut() {
                 Some(c) => c.adam_rows(ty, table, &order, &grads, &cfg)?,
                 None => table.adam_rows(&order, &grads, &cfg)?,
@@ -821,6 +836,28 @@ impl<'a> Worker<'a> {
         out.update_s += lap(&mut clock);
         Ok(())
     }
+}
+
+/// Whether `ids` are distinct and all below `count`, marking them in `slot`
+/// (all `u32::MAX` before and after: the marks are undone before returning).
+fn distinct_below(slot: &mut Vec<u32>, ids: &[u32], count: u32) -> bool {
+    if ids.iter().any(|&v| v >= count) {
+        return false;
+    }
+    if slot.len() < count as usize {
+        slot.resize(count as usize, u32::MAX);
+    }
+    let mut seen = 0;
+    let distinct = ids.iter().all(|&v| {
+        let fresh = slot[v as usize] == u32::MAX;
+        slot[v as usize] = 0;
+        seen += 1;
+        fresh
+    });
+    for &v in &ids[..seen] {
+        slot[v as usize] = u32::MAX;
+    }
+    distinct
 }
 
 /// Adds the gradients in `more` (of parameters and learnable inputs) into `into`.
@@ -874,7 +911,18 @@ pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, w
 
 #[cfg(test)]
 mod tests {
-    use super::share;
+    use super::{distinct_below, share};
+
+    #[test]
+    fn received_row_ids_must_be_distinct_and_in_range_and_leave_the_scratch_clean() {
+        let mut slot = Vec::new();
+        assert!(distinct_below(&mut slot, &[3, 0, 9], 10));
+        assert!(!distinct_below(&mut slot, &[3, 5, 3, 7], 10), "a repeated id");
+        assert!(!distinct_below(&mut slot, &[3, 10], 10), "an id out of range");
+        assert!(slot.iter().all(|&s| s == u32::MAX), "marks undone after a refusal too");
+        assert!(distinct_below(&mut slot, &[7, 5, 3], 10), "earlier calls leave nothing behind");
+        assert!(distinct_below(&mut slot, &[], 0));
+    }
 
     #[test]
     fn replicas_split_a_batch_into_disjoint_shares_that_cover_it() {
