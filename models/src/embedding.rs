@@ -71,7 +71,7 @@ impl EmbeddingTable {
 
     /// [`EmbeddingTable::adam_rows`] with row `ids[k]`'s gradient at row `at[k]` of `g`.
     pub fn adam_rows_picked(&mut self, ids: &[u32], g: &[f32], at: &[u32], cfg: &AdamConfig) -> Result<()> {
-        adam_rows_picked(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, Some(at), cfg)
+        adam_rows_picked(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, at, cfg)
             .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
@@ -153,24 +153,25 @@ pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> st
     if g.len() != ids.len() * t.dim {
         return Err(format!("{} gradient values for {} rows of width {}", g.len(), ids.len(), t.dim));
     }
-    adam_rows_picked(t, ids, g, None, cfg)
+    update_rows(t, ids, g, |k| k, cfg)
 }
 
-/// [`adam_rows`] with the gradient of row `ids[k]` at row `at[k]` of `g` where
-/// `at` is given, so that a caller updating part of a batch's rows (a cache's
-/// hits, the table's misses) need not copy their gradients apart first.
-pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: Option<&[u32]>, cfg: &AdamConfig) -> std::result::Result<(), String> {
-    let (dim, rows) = (t.dim, t.steps.len());
-    match at {
-        Some(at) if at.len() != ids.len() => return Err(format!("{} gradient positions for {} rows", at.len(), ids.len())),
-        Some(at) => {
-            if let Some(&p) = at.iter().find(|&&p| (p as usize + 1) * dim > g.len()) {
-                return Err(format!("gradient row {p} of {}", g.len() / dim.max(1)));
-            }
-        }
-        None if g.len() < ids.len() * dim => return Err(format!("{} gradient values for {} rows of width {dim}", g.len(), ids.len())),
-        None => {}
+/// [`adam_rows`] with the gradient of row `ids[k]` at row `at[k]` of `g`, so
+/// that a caller updating part of a batch's rows (a cache's hits, the table's
+/// misses) need not copy their gradients apart first.
+pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: &[u32], cfg: &AdamConfig) -> std::result::Result<(), String> {
+    if at.len() != ids.len() {
+        return Err(format!("{} gradient positions for {} rows", at.len(), ids.len()));
     }
+    if let Some(&p) = at.iter().find(|&&p| (p as usize + 1) * t.dim > g.len()) {
+        return Err(format!("gradient row {p} of {}", g.len() / t.dim.max(1)));
+    }
+    update_rows(t, ids, g, |k| at[k] as usize, cfg)
+}
+
+/// The update of [`adam_rows`], row `ids[k]`'s gradient being row `grad_row(k)` of `g` (checked by the callers).
+fn update_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], grad_row: impl Fn(usize) -> usize, cfg: &AdamConfig) -> std::result::Result<(), String> {
+    let (dim, rows) = (t.dim, t.steps.len());
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     order.sort_unstable();
     if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= rows) {
@@ -186,7 +187,7 @@ pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: Option<&[u32
         .zip(rows_mut(t.v, dim, &sorted))
         .zip(rows_mut(t.steps, 1, &sorted))
         .zip(order.iter().map(|&(_, k)| {
-            let r = at.map_or(k, |a| a[k] as usize);
+            let r = grad_row(k);
             &g[r * dim..(r + 1) * dim]
         }));
     rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));

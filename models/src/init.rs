@@ -2,9 +2,9 @@
 
 use graphs::rng::{hash_str, CounterRng};
 
-/// Glorot-uniform values for a `[fan_in, fan_out]` matrix named `name`.
-pub fn glorot(seed: u64, name: &str, fan_in: usize, fan_out: usize) -> Vec<f32> {
-    uniform(seed, name, fan_in * fan_out, (6.0 / (fan_in + fan_out) as f64).sqrt())
+/// The Glorot-uniform bound of a `[fan_in, fan_out]` matrix.
+pub fn glorot_bound(fan_in: usize, fan_out: usize) -> f64 {
+    (6.0 / (fan_in + fan_out) as f64).sqrt()
 }
 
 /// `n` values uniform in `[-bound, bound)` for the parameter named `name`.

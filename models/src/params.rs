@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Shape, Tensor, Var};
 
 use crate::error::Result;
 use crate::init;
@@ -22,20 +22,13 @@ impl ParamStore {
 
     /// Adds a Glorot-initialised `[rows, cols]` matrix and returns it.
     pub fn matrix(&mut self, seed: u64, name: &str, rows: usize, cols: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-        let t = Tensor::from_vec(init::glorot(seed, name, rows, cols), (rows, cols), device)?.to_dtype(dtype)?;
-        self.insert(name, t)
+        self.uniform(seed, name, (rows, cols), init::glorot_bound(rows, cols), dtype, device)
     }
 
-    /// Adds a `[rows, cols]` matrix uniform in `[-bound, bound)` and returns it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn uniform_matrix(&mut self, seed: u64, name: &str, rows: usize, cols: usize, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        let t = Tensor::from_vec(init::uniform(seed, name, rows * cols, bound), (rows, cols), device)?.to_dtype(dtype)?;
-        self.insert(name, t)
-    }
-
-    /// Adds a vector of length `n` uniform in `[-bound, bound)` and returns it.
-    pub fn uniform_vector(&mut self, seed: u64, name: &str, n: usize, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        let t = Tensor::from_vec(init::uniform(seed, name, n, bound), n, device)?.to_dtype(dtype)?;
+    /// Adds a tensor of `shape` uniform in `[-bound, bound)` and returns it.
+    pub fn uniform(&mut self, seed: u64, name: &str, shape: impl Into<Shape>, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let t = Tensor::from_vec(init::uniform(seed, name, shape.elem_count(), bound), shape, device)?.to_dtype(dtype)?;
         self.insert(name, t)
     }
 

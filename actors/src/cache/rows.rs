@@ -283,7 +283,7 @@ impl LearnableCache {
         }
         match (&mut self.rows.data, &mut self.m, &mut self.v) {
             // Rows in parallel, as the host table updates its own.
-            (Store::Host(data), Store::Host(m), Store::Host(v)) => adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, Some(at), cfg)
+            (Store::Host(data), Store::Host(m), Store::Host(v)) => adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, at, cfg)
                 .map_err(|e| TrainError::Config(format!("cache: {e}"))),
             (Store::Device(data), Store::Device(m), Store::Device(v)) => {
                 let dev = data.device().clone();
