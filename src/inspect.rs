@@ -7,8 +7,7 @@ use graphs::stats::DegreeStats;
 use graphs::{load, LoadOptions};
 
 pub fn run(dir: &Path, reverse_edges: bool) -> anyhow::Result<()> {
-    let g = load(dir, &LoadOptions { mmap_features: true, reverse_edges })
-        .with_context(|| format!("{} is not a valid graph directory", dir.display()))?;
+    let g = load(dir, &LoadOptions { mmap_features: true, reverse_edges }).with_context(|| format!("{} is not a valid graph directory", dir.display()))?;
     let target = g.node_type(g.target());
     println!("graph {}  ({})", g.name(), dir.display());
     println!("target {}  ({} classes)", target.name, g.num_classes());

@@ -150,16 +150,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate { like, scale, seed, out, force } => {
             let start = Instant::now();
-            let schema = generate(like, scale, seed, &out, force, &mut bar::Bars::new())
-                .with_context(|| format!("generating into {}", out.display()))?;
+            let schema = generate(like, scale, seed, &out, force, &mut bar::Bars::new()).with_context(|| format!("generating into {}", out.display()))?;
             let nodes: u64 = schema.node_types.iter().map(|(_, t)| t.count).sum();
             let edges: u64 = schema.relations.iter().map(|r| r.count).sum();
             println!("wrote {} to {} ({nodes} nodes, {edges} edges) in {:.1}s", schema.name, out.display(), start.elapsed().as_secs_f64());
         }
         Command::Import(Import::Ogb { dir, out, name, split, force }) => {
             let opts = OgbImport { name, split, overwrite: force };
-            let schema = import_ogb(&dir, &out, &opts, &mut bar::Bars::new())
-                .with_context(|| format!("importing {} into {}", dir.display(), out.display()))?;
+            let schema = import_ogb(&dir, &out, &opts, &mut bar::Bars::new()).with_context(|| format!("importing {} into {}", dir.display(), out.display()))?;
             println!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,

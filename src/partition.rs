@@ -57,8 +57,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
     let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
-    let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new())
-        .with_context(|| format!("writing partitions to {}", args.out.display()))?;
+    let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);
     println!(
         "assigned in {assigned:.1}s, total {:.1}s, peak memory {}",
@@ -70,15 +69,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
 }
 
 fn print_report(m: &Manifest, g: &graphs::HetGraph) {
-    println!(
-        "{}: {} partitions ({}), edge cut {} of {} ({:.1}%)",
-        m.graph,
-        m.parts,
-        m.method,
-        m.edge_cut,
-        m.total_edges,
-        100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64
-    );
+    println!("{}: {} partitions ({}), edge cut {} of {} ({:.1}%)", m.graph, m.parts, m.method, m.edge_cut, m.total_edges, 100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64);
     let types: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
     print!("{:>5} {:>10}", "part", "edges");
     for t in &types {

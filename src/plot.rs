@@ -37,22 +37,10 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     chart.configure_mesh().x_desc("epoch").y_desc("loss").draw()?;
     chart.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, e.loss)), &RED))?;
 
-    let mut chart = ChartBuilder::on(&right)
-        .caption("accuracy", ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(35)
-        .y_label_area_size(50)
-        .build_cartesian_2d(epochs[0]..x_max, 0.0..1.0)?;
+    let mut chart = ChartBuilder::on(&right).caption("accuracy", ("sans-serif", 20)).margin(15).x_label_area_size(35).y_label_area_size(50).build_cartesian_2d(epochs[0]..x_max, 0.0..1.0)?;
     chart.configure_mesh().x_desc("epoch").y_desc("accuracy").draw()?;
-    for (name, color, get) in [
-        ("train", BLUE, (|e: &actors::EpochReport| e.train_acc) as fn(&actors::EpochReport) -> f64),
-        ("valid", GREEN, |e| e.valid_acc),
-        ("test", BLACK, |e| e.test_acc),
-    ] {
-        chart
-            .draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, get(e))), &color))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    for (name, color, get) in [("train", BLUE, (|e: &actors::EpochReport| e.train_acc) as fn(&actors::EpochReport) -> f64), ("valid", GREEN, |e| e.valid_acc), ("test", BLACK, |e| e.test_acc)] {
+        chart.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, get(e))), &color))?.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
     root.present()?;

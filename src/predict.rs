@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use actors::dist::checkpoint as dist;
 use actors::pipeline::sample;
 use actors::trainer::EVAL_SEED;
 use anyhow::{bail, Context};
@@ -10,7 +11,6 @@ use candle_core::{DType, Device};
 use clap::Args;
 use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::{LoadOptions, Sampler};
-use actors::dist::checkpoint as dist;
 use models::checkpoint;
 use models::optim::{Adam, AdamConfig};
 use models::Model;

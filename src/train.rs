@@ -141,8 +141,7 @@ fn default_data() -> anyhow::Result<PathBuf> {
     let dir = cache_dir().join(format!("mag-like-v{}-s0.01-seed0", graphs::generate::VERSION));
     if !dir.join("schema.json").exists() {
         eprintln!("generating the default graph (mag-like, scale 0.01) into {} (once)", dir.display());
-        graphs::generate::generate(graphs::generate::Like::Mag, 0.01, 0, &dir, true, &mut crate::bar::Bars::new())
-            .with_context(|| format!("generating the default graph into {}", dir.display()))?;
+        graphs::generate::generate(graphs::generate::Like::Mag, 0.01, 0, &dir, true, &mut crate::bar::Bars::new()).with_context(|| format!("generating the default graph into {}", dir.display()))?;
     } else {
         eprintln!("using the default graph in {}", dir.display());
     }
@@ -188,12 +187,7 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
         );
     }
     if !report.cache.is_empty() {
-        let per_type: Vec<String> = report
-            .cache
-            .iter()
-            .filter(|(_, c)| c.note.is_none())
-            .map(|(name, c)| format!("{name} {:.0}% of it, hit rate {:.2}", c.share * 100.0, c.hit_rate))
-            .collect();
+        let per_type: Vec<String> = report.cache.iter().filter(|(_, c)| c.note.is_none()).map(|(name, c)| format!("{name} {:.0}% of it, hit rate {:.2}", c.share * 100.0, c.hit_rate)).collect();
         println!("cache ({}, {} bytes per device): {}", cfg.training.cache_policy.name(), cfg.training.cache_bytes.0, per_type.join("; "));
     }
     if let Some(path) = &cfg.training.report {

@@ -56,7 +56,8 @@ struct Rng(u64);
 
 impl Rng {
     fn for_case(name: &str) -> Rng {
-        let seed = std::env::var("HETGNN_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+        let seed =
+            std::env::var("HETGNN_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
         eprintln!("chaos case {name}: seed {seed} (HETGNN_CHAOS_SEED={seed} replays it)");
         Rng(seed)
     }
@@ -125,7 +126,8 @@ impl Cluster {
     fn wait_for_checkpoint(&self, step: u64) {
         let start = Instant::now();
         loop {
-            let done = std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
+            let done =
+                std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
             if done.is_some_and(|d| d >= step) {
                 return;
             }

@@ -154,10 +154,7 @@ fn launch_stops_every_node_when_one_fails() {
     write_cluster(d, &body);
     let run = hetgnn(d, &["launch", "--config", "cluster.toml"]).fails_with(1, &["[n1]", "cluster.nodes[1].addr", "node n1 failed"]);
     let err = run.stderr();
-    let pids: Vec<u32> = err
-        .lines()
-        .filter_map(|l| l.split("(pid ").nth(1)?.split(')').next()?.parse().ok())
-        .collect();
+    let pids: Vec<u32> = err.lines().filter_map(|l| l.split("(pid ").nth(1)?.split(')').next()?.parse().ok()).collect();
     assert_eq!(pids.len(), 3, "{err}");
     for pid in pids {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "child {pid} still running:\n{err}");

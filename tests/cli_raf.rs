@@ -47,7 +47,14 @@ fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_en
         let log = std::fs::File::create(d.join(format!("{id}.{k}.log"))).unwrap();
         Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(["node", "--config", "cluster.toml", "--node", id]).current_dir(d).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
     };
-    let logs = || std::fs::read_dir(d).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "log")).map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap())).collect::<String>();
+    let logs = || {
+        std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap()))
+            .collect::<String>()
+    };
     let mut n0 = start("n0", 0);
     let mut n1 = start("n1", 0);
     let t0 = Instant::now();
@@ -73,7 +80,23 @@ fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_en
         };
         assert!(status.success(), "{id}: {status}\n{}", logs());
     }
-    let raf = ["train", "--data", "g", "--set", "training.mode=\"raf\"", "--set", "training.partitions=\"meta\"", "--set", "training.model=\"rgat\"", "--epochs", "3", "--batch", "256", "--report", "embedded.json"];
+    let raf = [
+        "train",
+        "--data",
+        "g",
+        "--set",
+        "training.mode=\"raf\"",
+        "--set",
+        "training.partitions=\"meta\"",
+        "--set",
+        "training.model=\"rgat\"",
+        "--epochs",
+        "3",
+        "--batch",
+        "256",
+        "--report",
+        "embedded.json",
+    ];
     hetgnn(d, &raf).ok();
     let (run, embedded) = (report(&d.join("run.json")), report(&d.join("embedded.json")));
     assert_eq!(run["final_model_sha256"], embedded["final_model_sha256"], "the redone steps recompute what was lost:\n{}", logs());

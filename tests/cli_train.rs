@@ -46,8 +46,7 @@ fn config_file_checkpoint_resume_and_predict() {
     let e = graphs::npy::NpyFile::open(&tmp.path().join("e.npy"), graphs::npy::DType::F32).unwrap();
     assert_eq!(e.shape(), &[1473, 16]);
     // A checkpoint of another model is refused.
-    hetgnn(tmp.path(), &["train", "--config", "run.toml", "--checkpoint", "ck", "--resume", "--hidden", "32", "--epochs", "3"])
-        .fails_with(1, &["written for another model"]);
+    hetgnn(tmp.path(), &["train", "--config", "run.toml", "--checkpoint", "ck", "--resume", "--hidden", "32", "--epochs", "3"]).fails_with(1, &["written for another model"]);
 }
 
 #[test]

@@ -188,10 +188,7 @@ fn fanouts<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<us
     match F::deserialize(d)? {
         F::List(v) => Ok(v),
         F::One(v) => Ok(vec![v]),
-        F::Text(s) => s
-            .split(',')
-            .map(|p| p.trim().parse::<usize>().map_err(|_| serde::de::Error::custom(format!("fanouts: '{p}' is not a non-negative integer"))))
-            .collect(),
+        F::Text(s) => s.split(',').map(|p| p.trim().parse::<usize>().map_err(|_| serde::de::Error::custom(format!("fanouts: '{p}' is not a non-negative integer")))).collect(),
     }
 }
 

@@ -13,9 +13,7 @@ pub fn open(spec: &str) -> Result<Device> {
         return Err(TrainError::Config(format!("training.device: '{spec}' is not 'cpu' or 'cuda:N'")));
     };
     if !cfg!(feature = "cuda") {
-        return Err(TrainError::Config(format!(
-            "training.device: '{spec}' needs a build with CUDA (cargo build --release --features cuda)"
-        )));
+        return Err(TrainError::Config(format!("training.device: '{spec}' needs a build with CUDA (cargo build --release --features cuda)")));
     }
     Device::new_cuda(ordinal).map_err(|e| TrainError::Config(format!("training.device: cannot open {spec}: {e}")))
 }

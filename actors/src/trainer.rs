@@ -58,10 +58,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut first_epoch = 0;
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
-            return Err(TrainError::Config(format!(
-                "training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory",
-                root.display()
-            )));
+            return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
         }
     }
     if let (true, Some(root)) = (t.resume, &t.checkpoint_dir) {
@@ -158,13 +155,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         observer.epoch_end(&er);
         report.epochs.push(er);
         if let Some(root) = &t.checkpoint_dir {
-            let info = checkpoint::RunInfo {
-                graph: g.name().to_string(),
-                reverse_edges: t.reverse_edges,
-                fanouts: t.fanouts.clone(),
-                epochs_done: epoch + 1,
-                steps: report.steps,
-            };
+            let info = checkpoint::RunInfo { graph: g.name().to_string(), reverse_edges: t.reverse_edges, fanouts: t.fanouts.clone(), epochs_done: epoch + 1, steps: report.steps };
             checkpoint::save(root, &model, &adam, &info, t.checkpoint_keep)?;
         }
     }
@@ -183,7 +174,6 @@ pub(crate) fn lap(clock: &mut Instant) -> f64 {
     *clock = Instant::now();
     s
 }
-
 
 fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
     let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();

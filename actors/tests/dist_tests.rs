@@ -33,11 +33,7 @@ fn one_two_and_three_trainers_match_single_process_training() {
     let runs = [(1, 1, Method::Metis, "all-gather"), (2, 1, Method::Metis, "all-gather"), (3, 1, Method::Random, "all-gather"), (3, 1, Method::Metis, "ring"), (2, 2, Method::Metis, "ring")];
     for (parts, per_part, method, allreduce) in runs {
         let pdir = partitions_two_level(parts, per_part, method);
-        let cfg = config(&[
-            "training.mode=\"data-parallel\"".into(),
-            format!("training.partitions={:?}", pdir.display().to_string()),
-            format!("training.allreduce={allreduce:?}"),
-        ]);
+        let cfg = config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string()), format!("training.allreduce={allreduce:?}")]);
         let mut losses = Losses::default();
         let (report, fin) = train_embedded(&cfg, &mut losses).unwrap();
         assert_eq!(report.mode, "data-parallel");

@@ -12,16 +12,15 @@ pub struct Features {
 enum Storage {
     Owned(Vec<f32>),
     /// Zero-copy view of a mapped file; `offset` is 4-byte aligned.
-    Mapped { map: Mmap, offset: usize },
+    Mapped {
+        map: Mmap,
+        offset: usize,
+    },
 }
 
 impl std::fmt::Debug for Features {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Features")
-            .field("rows", &self.rows)
-            .field("dim", &self.dim)
-            .field("mapped", &self.is_mapped())
-            .finish()
+        f.debug_struct("Features").field("rows", &self.rows).field("dim", &self.dim).field("mapped", &self.is_mapped()).finish()
     }
 }
 
@@ -40,10 +39,7 @@ impl Features {
         if offset % 4 == 0 {
             Features { rows, dim, data: Storage::Mapped { map, offset } }
         } else {
-            let data = map[offset..offset + bytes]
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .collect();
+            let data = map[offset..offset + bytes].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
             Features::from_vec(rows, dim, data)
         }
     }

@@ -93,11 +93,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
         node_types.push(NodeType { name: name.clone(), count: count as u32, features, labels, splits });
     }
     let counts: Vec<u64> = schema.node_types.iter().map(|(_, t)| t.count).collect();
-    let edges = schema
-        .relations
-        .par_iter()
-        .map(|r| read_edges(dir, &schema, r, &counts))
-        .collect::<Result<Vec<_>>>()?;
+    let edges = schema.relations.par_iter().map(|r| read_edges(dir, &schema, r, &counts)).collect::<Result<Vec<_>>>()?;
     let mut g = HetGraph::from_parts(&schema, node_types, edges);
     if opts.reverse_edges {
         g.add_reverse_relations()?;

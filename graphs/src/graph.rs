@@ -141,10 +141,7 @@ impl HetGraph {
     /// Labels and splits of the target type.
     pub fn target_labels(&self) -> (&[i64], &Splits) {
         let t = self.node_type(self.target);
-        (
-            t.labels.as_deref().expect("the target type always has labels"),
-            t.splits.as_ref().expect("the target type always has splits"),
-        )
+        (t.labels.as_deref().expect("the target type always has labels"), t.splits.as_ref().expect("the target type always has splits"))
     }
     /// Whether reverse relations have been added.
     pub fn has_reverse_relations(&self) -> bool {
@@ -162,9 +159,7 @@ impl HetGraph {
             let name = format!("rev_{}", r.name);
             let canonical = format!("{}__{}__{}", self.node_types[r.dst.index()].name, name, self.node_types[r.src.index()].name);
             if self.relations.iter().any(|o| o.canonical == canonical) {
-                return Err(GraphError::InvalidArgument(format!(
-                    "cannot add reverse relations: '{canonical}' already exists in the graph"
-                )));
+                return Err(GraphError::InvalidArgument(format!("cannot add reverse relations: '{canonical}' already exists in the graph")));
             }
             added.push(Relation {
                 key: hash_str(&canonical),
@@ -205,12 +200,7 @@ impl HetGraph {
                 .relations
                 .iter()
                 .filter(|r| r.reverse_of.is_none())
-                .map(|r| RelationSchema {
-                    src: self.node_types[r.src.index()].name.clone(),
-                    name: r.name.clone(),
-                    dst: self.node_types[r.dst.index()].name.clone(),
-                    count: r.num_edges() as u64,
-                })
+                .map(|r| RelationSchema { src: self.node_types[r.src.index()].name.clone(), name: r.name.clone(), dst: self.node_types[r.dst.index()].name.clone(), count: r.num_edges() as u64 })
                 .collect(),
         }
     }
@@ -234,14 +224,7 @@ impl HetGraph {
             })
             .collect();
         let in_relations = index_in_relations(node_types.len(), &relations);
-        HetGraph {
-            name: schema.name.clone(),
-            target: type_id(&schema.target),
-            num_classes: schema.num_classes,
-            node_types,
-            relations,
-            in_relations,
-        }
+        HetGraph { name: schema.name.clone(), target: type_id(&schema.target), num_classes: schema.num_classes, node_types, relations, in_relations }
     }
 }
 
@@ -262,12 +245,7 @@ pub(crate) fn check_labels(labels: &[i64], num_classes: u32) -> std::result::Res
 }
 
 /// Checks one split: ids in range, unique, not in an earlier split, labelled.
-pub(crate) fn check_split(
-    ids: &[u32],
-    seen: &mut [u8],
-    tag: u8,
-    labels: &[i64],
-) -> std::result::Result<(), String> {
+pub(crate) fn check_split(ids: &[u32], seen: &mut [u8], tag: u8, labels: &[i64]) -> std::result::Result<(), String> {
     for &id in ids {
         let Some(slot) = seen.get_mut(id as usize) else {
             return Err(format!("node id {id} is out of range 0..{}", labels.len()));
@@ -297,17 +275,7 @@ pub struct GraphBuilder {
 impl GraphBuilder {
     /// Starts a graph whose labelled type will be `target`.
     pub fn new(name: &str, target: &str, num_classes: u32) -> GraphBuilder {
-        GraphBuilder {
-            schema: Some(Schema {
-                name: name.into(),
-                target: target.into(),
-                num_classes,
-                node_types: Vec::new(),
-                relations: Vec::new(),
-            }),
-            types: Vec::new(),
-            edges: Vec::new(),
-        }
+        GraphBuilder { schema: Some(Schema { name: name.into(), target: target.into(), num_classes, node_types: Vec::new(), relations: Vec::new() }), types: Vec::new(), edges: Vec::new() }
     }
 
     fn schema(&mut self) -> &mut Schema {

@@ -37,18 +37,7 @@ impl Metagraph {
         Metagraph {
             types: g.node_types().iter().map(|t| t.name.clone()).collect(),
             type_weights: g.node_types().iter().map(|t| u64::from(t.count)).collect(),
-            links: g
-                .relations()
-                .iter()
-                .enumerate()
-                .map(|(i, r)| MetaLink {
-                    relation: RelationId(i as u32),
-                    name: r.name.clone(),
-                    src: r.src,
-                    dst: r.dst,
-                    weight: r.num_edges() as u64,
-                })
-                .collect(),
+            links: g.relations().iter().enumerate().map(|(i, r)| MetaLink { relation: RelationId(i as u32), name: r.name.clone(), src: r.src, dst: r.dst, weight: r.num_edges() as u64 }).collect(),
         }
     }
 

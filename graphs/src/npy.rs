@@ -123,11 +123,7 @@ impl HeaderDict {
         if p.i != p.s.len() {
             return Err("trailing characters after the dict".into());
         }
-        Ok(HeaderDict {
-            descr: descr.ok_or("missing 'descr'")?,
-            fortran_order: fortran.ok_or("missing 'fortran_order'")?,
-            shape: shape.ok_or("missing 'shape'")?,
-        })
+        Ok(HeaderDict { descr: descr.ok_or("missing 'descr'")?, fortran_order: fortran.ok_or("missing 'fortran_order'")?, shape: shape.ok_or("missing 'shape'")? })
     }
 }
 
@@ -194,10 +190,7 @@ impl Lexer<'_> {
             if start == self.i {
                 return Err(format!("expected a dimension at byte {start}"));
             }
-            let d = std::str::from_utf8(&self.s[start..self.i])
-                .ok()
-                .and_then(|t| t.parse::<u64>().ok())
-                .ok_or("dimension out of range")?;
+            let d = std::str::from_utf8(&self.s[start..self.i]).ok().and_then(|t| t.parse::<u64>().ok()).ok_or("dimension out of range")?;
             dims.push(d);
             if dims.len() > 32 {
                 return Err("more than 32 dimensions".into());
@@ -228,13 +221,7 @@ impl NpyFile {
     /// Opens `path`, checks it holds `dtype` in C order and that the data length
     /// matches the shape exactly.
     pub fn open(path: &Path, dtype: DType) -> Result<NpyFile> {
-        let file = File::open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                GraphError::Missing { path: path.to_path_buf() }
-            } else {
-                GraphError::io(path, e)
-            }
-        })?;
+        let file = File::open(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
         let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
         if len < 10 {
             return Err(GraphError::npy(path, format!("truncated: only {len} bytes")));
@@ -249,15 +236,8 @@ impl NpyFile {
         if header.descr != dtype.descr() {
             return Err(GraphError::npy(path, format!("dtype {} where {} is required", header.descr, dtype.descr())));
         }
-        let elems = header
-            .shape
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
-        let want = elems
-            .checked_mul(dtype.size() as u64)
-            .and_then(|b| b.checked_add(header.data_offset as u64))
-            .ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
+        let elems = header.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
+        let want = elems.checked_mul(dtype.size() as u64).and_then(|b| b.checked_add(header.data_offset as u64)).ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
         if len < want {
             return Err(GraphError::npy(path, format!("truncated: shape {:?} needs {want} bytes, file has {len}", header.shape)));
         }

@@ -46,9 +46,7 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
     let target = match labelled.as_slice() {
         [one] => (*one).clone(),
         [] => return Err(GraphError::Missing { path: label_root.join("<type>").join("node-label.csv.gz") }),
-        many => {
-            return Err(GraphError::data(&label_root, format!("several types have labels ({}); hetgnn needs exactly one target", many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))))
-        }
+        many => return Err(GraphError::data(&label_root, format!("several types have labels ({}); hetgnn needs exactly one target", many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")))),
     };
     let split_dir = pick_split(&src.join("split"), opts.split.as_deref())?;
 
@@ -136,13 +134,7 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
 }
 
 fn open_gz(path: &Path) -> Result<impl BufRead> {
-    let f = File::open(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            GraphError::Missing { path: path.to_path_buf() }
-        } else {
-            GraphError::io(path, e)
-        }
-    })?;
+    let f = File::open(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
     Ok(BufReader::with_capacity(1 << 20, GzDecoder::new(f)))
 }
 

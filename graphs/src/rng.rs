@@ -97,9 +97,24 @@ mod tests {
 
     #[test]
     fn streams_are_reproducible_and_key_order_matters() {
-        let a: Vec<u64> = (0..4).map({ let mut r = CounterRng::from_parts(&[1, 2]); move |_| r.next_u64() }).collect();
-        let b: Vec<u64> = (0..4).map({ let mut r = CounterRng::from_parts(&[1, 2]); move |_| r.next_u64() }).collect();
-        let c: Vec<u64> = (0..4).map({ let mut r = CounterRng::from_parts(&[2, 1]); move |_| r.next_u64() }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = CounterRng::from_parts(&[1, 2]);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..4)
+            .map({
+                let mut r = CounterRng::from_parts(&[1, 2]);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let c: Vec<u64> = (0..4)
+            .map({
+                let mut r = CounterRng::from_parts(&[2, 1]);
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }

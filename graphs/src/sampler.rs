@@ -56,9 +56,7 @@ impl BlockRelation {
     }
     /// `(dst_local, src_local)` pairs.
     pub fn edges(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.offsets.windows(2).enumerate().flat_map(move |(d, w)| {
-            self.sources[w[0] as usize..w[1] as usize].iter().map(move |&s| (d as u32, s))
-        })
+        self.offsets.windows(2).enumerate().flat_map(move |(d, w)| self.sources[w[0] as usize..w[1] as usize].iter().map(move |&s| (d as u32, s)))
     }
 }
 
@@ -230,14 +228,7 @@ impl<'g> Sampler<'g> {
         if fanouts.is_empty() {
             return Err(GraphError::InvalidArgument("fanouts must list one value per layer (at least one)".into()));
         }
-        Ok(Sampler {
-            graph,
-            fanouts: fanouts.to_vec(),
-            seed,
-            local: graph.node_types().iter().map(|_| Vec::new()).collect(),
-            scratch: Vec::new(),
-            picked: Vec::new(),
-        })
+        Ok(Sampler { graph, fanouts: fanouts.to_vec(), seed, local: graph.node_types().iter().map(|_| Vec::new()).collect(), scratch: Vec::new(), picked: Vec::new() })
     }
 
     /// Number of layers sampled.

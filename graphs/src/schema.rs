@@ -66,13 +66,7 @@ pub const MAX_FEATURE_DIM: u64 = 1 << 20;
 impl Schema {
     /// Reads and validates `path`.
     pub fn read(path: &Path) -> Result<Schema> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                GraphError::Missing { path: path.to_path_buf() }
-            } else {
-                GraphError::io(path, e)
-            }
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
         let schema: Schema = serde_json::from_str(&text).map_err(|e| GraphError::schema(path, e.to_string()))?;
         schema.validate().map_err(|p| GraphError::schema(path, p))?;
         Ok(schema)
@@ -129,11 +123,7 @@ impl Schema {
 
 /// Names become file names: keep them to a safe alphabet, without the `__` separator.
 pub(crate) fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
-        && !name.contains("__")
-        && !name.starts_with('.');
+    let ok = !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') && !name.contains("__") && !name.starts_with('.');
     if ok {
         Ok(())
     } else {

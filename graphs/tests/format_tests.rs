@@ -99,7 +99,12 @@ fn every_format_violation_names_its_file() {
     assert_err(broken(|d| std::fs::write(d.join("schema.json"), "{ not json").unwrap()), "schema.json", "invalid schema");
     assert_err(broken(|d| edit_schema(d, |v| v["target"] = "venue2".into())), "schema.json", "not a node type");
     assert_err(
-        broken(|d| edit_schema(d, |v| { let r = v["relations"][0].clone(); v["relations"].as_array_mut().unwrap().push(r) })),
+        broken(|d| {
+            edit_schema(d, |v| {
+                let r = v["relations"][0].clone();
+                v["relations"].as_array_mut().unwrap().push(r)
+            })
+        }),
         "schema.json",
         "listed twice",
     );
@@ -107,11 +112,7 @@ fn every_format_violation_names_its_file() {
     assert_err(broken(|d| std::fs::remove_file(d.join("edges/paper__cites__paper.npy")).unwrap()), "paper__cites__paper.npy", "missing");
     assert_err(broken(|d| std::fs::remove_file(d.join("nodes/paper/test.npy")).unwrap()), "test.npy", "missing");
     // Wrong dtype: int64 where float32 is required.
-    assert_err(
-        broken(|d| npy::write_i64(&d.join("nodes/paper/features.npy"), &[6, 3], &[0; 18]).unwrap()),
-        "features.npy",
-        "dtype <i8 where <f4 is required",
-    );
+    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/features.npy"), &[6, 3], &[0; 18]).unwrap()), "features.npy", "dtype <i8 where <f4 is required");
     // Wrong shape.
     assert_err(broken(|d| npy::write_f32(&d.join("nodes/paper/features.npy"), &[6, 4], &[0.0; 24]).unwrap()), "features.npy", "shape [6, 4], expected [6, 3]");
     // Truncated file.
@@ -127,11 +128,7 @@ fn every_format_violation_names_its_file() {
     assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), b"\x93NUM").unwrap()), "labels.npy", "truncated");
     assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), vec![7u8; 200]).unwrap()), "labels.npy", "bad magic");
     // Edge count disagrees with the schema.
-    assert_err(
-        broken(|d| edit_schema(d, |v| v["relations"][1]["count"] = 8.into())),
-        "paper__cites__paper.npy",
-        "expected [2, 8]",
-    );
+    assert_err(broken(|d| edit_schema(d, |v| v["relations"][1]["count"] = 8.into())), "paper__cites__paper.npy", "expected [2, 8]");
     // Node count disagrees with the features.
     assert_err(broken(|d| edit_schema(d, |v| v["node_types"]["paper"]["count"] = 7.into())), "features.npy", "expected [7, 3]");
     // Ids out of range.
@@ -151,11 +148,7 @@ fn every_format_violation_names_its_file() {
     assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[4]).unwrap()), "valid.npy", "no label");
     assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/labels.npy"), &[6], &[0, 1, 2, 1, 0, 1]).unwrap()), "labels.npy", "outside -1..2");
     // A featureless type with a feature file.
-    assert_err(
-        broken(|d| npy::write_f32(&d.join("nodes/venue/features.npy"), &[2, 1], &[0.0, 1.0]).unwrap()),
-        "venue/features.npy",
-        "featureless",
-    );
+    assert_err(broken(|d| npy::write_f32(&d.join("nodes/venue/features.npy"), &[2, 1], &[0.0, 1.0]).unwrap()), "venue/features.npy", "featureless");
     // Fortran order.
     assert_err(
         broken(|d| {
@@ -202,8 +195,7 @@ fn loads_the_shared_real_datasets() {
     };
     for (name, target, classes) in [("heco-acm", "paper", 3), ("heco-freebase", "movie", 3), ("planetoid-cora", "paper", 7)] {
         let dir = Path::new(&root).join(name);
-        let g = load(&dir, &LoadOptions { mmap_features: true, reverse_edges: name != "planetoid-cora" })
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let g = load(&dir, &LoadOptions { mmap_features: true, reverse_edges: name != "planetoid-cora" }).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(g.node_type(g.target()).name, target);
         assert_eq!(g.num_classes(), classes);
         let (labels, splits) = g.target_labels();

@@ -96,39 +96,46 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                 let mut me = Sampler::new(&parts[k], &fanouts, 11).unwrap();
                 let owners = &set.owners;
                 let got = me
-                    .sample_with(1, step as u64, &seeds, &RelationFilter::All, |t, v| owners[t][v as usize] as usize == k, |layer, fanout, away| {
-                        let mut out = Vec::new();
-                        for (t, nodes) in away.iter().enumerate() {
-                            // Ask each owner for its nodes, then put the answers back in request order.
-                            let mut per_owner: Vec<(Vec<usize>, Vec<graphs::RelationPicks>)> = Vec::new();
-                            for (o, sampler) in owners_samplers.iter_mut().enumerate() {
-                                let idx: Vec<usize> = (0..nodes.len()).filter(|&i| owners[t][nodes[i] as usize] as usize == o).collect();
-                                let ask: Vec<u32> = idx.iter().map(|&i| nodes[i]).collect();
-                                let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All)?;
-                                per_owner.push((idx, ans));
-                            }
-                            let n_rel = per_owner[0].1.len();
-                            let mut merged = Vec::new();
-                            for r in 0..n_rel {
-                                let mut lists = vec![Vec::new(); nodes.len()];
-                                for (idx, ans) in &per_owner {
-                                    let p = &ans[r];
-                                    for (j, &i) in idx.iter().enumerate() {
-                                        lists[i] = p.picks[p.offsets[j] as usize..p.offsets[j + 1] as usize].to_vec();
+                    .sample_with(
+                        1,
+                        step as u64,
+                        &seeds,
+                        &RelationFilter::All,
+                        |t, v| owners[t][v as usize] as usize == k,
+                        |layer, fanout, away| {
+                            let mut out = Vec::new();
+                            for (t, nodes) in away.iter().enumerate() {
+                                // Ask each owner for its nodes, then put the answers back in request order.
+                                let mut per_owner: Vec<(Vec<usize>, Vec<graphs::RelationPicks>)> = Vec::new();
+                                for (o, sampler) in owners_samplers.iter_mut().enumerate() {
+                                    let idx: Vec<usize> = (0..nodes.len()).filter(|&i| owners[t][nodes[i] as usize] as usize == o).collect();
+                                    let ask: Vec<u32> = idx.iter().map(|&i| nodes[i]).collect();
+                                    let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All)?;
+                                    per_owner.push((idx, ans));
+                                }
+                                let n_rel = per_owner[0].1.len();
+                                let mut merged = Vec::new();
+                                for r in 0..n_rel {
+                                    let mut lists = vec![Vec::new(); nodes.len()];
+                                    for (idx, ans) in &per_owner {
+                                        let p = &ans[r];
+                                        for (j, &i) in idx.iter().enumerate() {
+                                            lists[i] = p.picks[p.offsets[j] as usize..p.offsets[j + 1] as usize].to_vec();
+                                        }
                                     }
+                                    let mut offsets = vec![0u32];
+                                    let mut picks = Vec::new();
+                                    for l in lists {
+                                        picks.extend(l);
+                                        offsets.push(picks.len() as u32);
+                                    }
+                                    merged.push(graphs::RelationPicks { relation: per_owner[0].1[r].relation, offsets, picks });
                                 }
-                                let mut offsets = vec![0u32];
-                                let mut picks = Vec::new();
-                                for l in lists {
-                                    picks.extend(l);
-                                    offsets.push(picks.len() as u32);
-                                }
-                                merged.push(graphs::RelationPicks { relation: per_owner[0].1[r].relation, offsets, picks });
+                                out.push(merged);
                             }
-                            out.push(merged);
-                        }
-                        Ok(out)
-                    })
+                            Ok(out)
+                        },
+                    )
                     .unwrap();
                 assert_eq!(got, want, "{method} step {step} partition {k}");
             }

@@ -14,8 +14,7 @@ fn global_edges(g: &HetGraph, mb: &MiniBatch) -> HashMap<(usize, RelationId), Ve
     for b in &mb.blocks {
         for r in &b.relations {
             let rel = g.relation(r.relation);
-            let mut e: Vec<(u32, u32)> =
-                r.edges().map(|(d, s)| (b.dst[rel.dst.index()][d as usize], b.src[rel.src.index()][s as usize])).collect();
+            let mut e: Vec<(u32, u32)> = r.edges().map(|(d, s)| (b.dst[rel.dst.index()][d as usize], b.src[rel.src.index()][s as usize])).collect();
             e.sort_unstable();
             out.insert((b.layer, r.relation), e);
         }
@@ -120,9 +119,7 @@ fn a_node_draws_the_same_neighbors_whatever_batch_it_is_in() {
     let cites = g.relation_id("paper__cites__paper").unwrap();
     let a = Sampler::new(&g, &[4], 5).unwrap().sample(0, 9, &[10, 20, 30]).unwrap();
     let b = Sampler::new(&g, &[4], 5).unwrap().sample(0, 9, &[30, 99]).unwrap();
-    let pick = |mb: &MiniBatch, v: u32| -> Vec<u32> {
-        global_edges(&g, mb)[&(0, cites)].iter().filter(|e| e.0 == v).map(|e| e.1).collect()
-    };
+    let pick = |mb: &MiniBatch, v: u32| -> Vec<u32> { global_edges(&g, mb)[&(0, cites)].iter().filter(|e| e.0 == v).map(|e| e.1).collect() };
     assert_eq!(pick(&a, 30), pick(&b, 30));
     // ... and it is the documented pure function of the key.
     let mut scratch = Vec::new();

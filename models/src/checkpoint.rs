@@ -197,16 +197,8 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
         let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
         files.insert(file.to_string(), sha256(&bytes));
     }
-    let manifest = Manifest {
-        format: FORMAT,
-        spec: model.spec().clone(),
-        graph: info.graph.clone(),
-        reverse_edges: info.reverse_edges,
-        fanouts: info.fanouts.clone(),
-        epochs_done,
-        steps: info.steps,
-        files,
-    };
+    let manifest =
+        Manifest { format: FORMAT, spec: model.spec().clone(), graph: info.graph.clone(), reverse_edges: info.reverse_edges, fanouts: info.fanouts.clone(), epochs_done, steps: info.steps, files };
     let mpath = tmp.join(MANIFEST);
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
     let dest = root.join(&name);
@@ -225,11 +217,7 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
 /// Checkpoint directories under `root`, oldest first.
 pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = match std::fs::read_dir(root) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with("epoch-"))
-            .map(|e| e.path())
-            .collect(),
+        Ok(rd) => rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("epoch-")).map(|e| e.path()).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io(root, e)),
     };

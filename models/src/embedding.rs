@@ -33,15 +33,7 @@ pub struct EmbeddingTable {
 impl EmbeddingTable {
     /// A table initialised N(0, 1) as a pure function of (seed, name).
     pub fn new(seed: u64, name: &str, rows: usize, dim: usize) -> EmbeddingTable {
-        EmbeddingTable {
-            name: name.to_string(),
-            rows,
-            dim,
-            data: init::normal(seed, name, rows * dim),
-            m: vec![0.0; rows * dim],
-            v: vec![0.0; rows * dim],
-            steps: vec![0; rows],
-        }
+        EmbeddingTable { name: name.to_string(), rows, dim, data: init::normal(seed, name, rows * dim), m: vec![0.0; rows * dim], v: vec![0.0; rows * dim], steps: vec![0; rows] }
     }
 
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
@@ -65,8 +57,7 @@ impl EmbeddingTable {
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
     /// in `ids` order), rows in parallel: see [`adam_rows`].
     pub fn adam_rows(&mut self, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> Result<()> {
-        adam_rows(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, cfg)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
+        adam_rows(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, cfg).map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
     /// [`EmbeddingTable::adam_rows`] with row `ids[k]`'s gradient at row `at[k]` of `g`.
@@ -181,15 +172,10 @@ fn update_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], grad_row: impl Fn(usize) 
         return Err(format!("row {} updated twice in one step", w[0].0));
     }
     let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
-    let rows = rows_mut(t.data, dim, &sorted)
-        .into_iter()
-        .zip(rows_mut(t.m, dim, &sorted))
-        .zip(rows_mut(t.v, dim, &sorted))
-        .zip(rows_mut(t.steps, 1, &sorted))
-        .zip(order.iter().map(|&(_, k)| {
-            let r = grad_row(k);
-            &g[r * dim..(r + 1) * dim]
-        }));
+    let rows = rows_mut(t.data, dim, &sorted).into_iter().zip(rows_mut(t.m, dim, &sorted)).zip(rows_mut(t.v, dim, &sorted)).zip(rows_mut(t.steps, 1, &sorted)).zip(order.iter().map(|&(_, k)| {
+        let r = grad_row(k);
+        &g[r * dim..(r + 1) * dim]
+    }));
     rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
     Ok(())
 }

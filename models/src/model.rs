@@ -6,8 +6,8 @@ use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
 
 use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
-use crate::params::ParamStore;
 use crate::hgt::HgtLayer;
+use crate::params::ParamStore;
 use crate::rgat::RgatLayer;
 use crate::rgcn::{PerType, RgcnLayer};
 
@@ -212,17 +212,7 @@ impl Model {
                 Layers::Mlp(ls)
             }
         };
-        Ok(Model {
-            spec: spec.clone(),
-            target,
-            num_classes,
-            params,
-            embeddings,
-            layers,
-            all_relations: (0..g.relations().len() as u32).map(RelationId).collect(),
-            dtype,
-            device: device.clone(),
-        })
+        Ok(Model { spec: spec.clone(), target, num_classes, params, embeddings, layers, all_relations: (0..g.relations().len() as u32).map(RelationId).collect(), dtype, device: device.clone() })
     }
 
     /// Which node types get a learnable embedding table: the featureless ones

@@ -52,12 +52,7 @@ impl SelfLoops {
 /// Applies `f(type, own rows, partial)` to every destination type of `block`
 /// that has destinations and inputs; `None` elsewhere. The own rows are the
 /// first `dst[t].len()` rows of `h_src[t]`.
-pub(crate) fn per_dst_type(
-    block: &Block,
-    h_src: &PerType,
-    partials: PerType,
-    mut f: impl FnMut(usize, Tensor, Option<Tensor>) -> Result<Tensor>,
-) -> Result<PerType> {
+pub(crate) fn per_dst_type(block: &Block, h_src: &PerType, partials: PerType, mut f: impl FnMut(usize, Tensor, Option<Tensor>) -> Result<Tensor>) -> Result<PerType> {
     let mut out = Vec::with_capacity(block.dst.len());
     for (t, p) in partials.into_iter().enumerate() {
         let n_dst = block.dst[t].len();

@@ -71,10 +71,13 @@ type Op<'a> = Box<dyn Fn(&Tensor) -> Tensor + 'a>;
 fn native_ops_give_the_cpu_bits_on_cuda() {
     let Some(gpu) = gpu() else { return };
     let (n_src, n_dst, h) = (500, 300, 70);
-    let offsets: Vec<u32> = (0..=n_dst as u32).map(|d| d * (d % 7) / 2).scan(0, |acc, k| {
-        *acc = (*acc).max(k);
-        Some(*acc)
-    }).collect();
+    let offsets: Vec<u32> = (0..=n_dst as u32)
+        .map(|d| d * (d % 7) / 2)
+        .scan(0, |acc, k| {
+            *acc = (*acc).max(k);
+            Some(*acc)
+        })
+        .collect();
     let e = *offsets.last().unwrap() as usize;
     let sources: Vec<u32> = (0..e as u32).map(|i| (i * 2_654_435_761u32) % n_src as u32).collect();
     let csr = models::ops::SegmentCsr::new(n_src, offsets, sources);

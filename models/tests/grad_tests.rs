@@ -12,7 +12,6 @@ use models::{Model, ModelKind, ModelSpec};
 mod common;
 use common::graph;
 
-
 fn dense_mean(x: &[f64], h: usize, offsets: &[u32], sources: &[u32]) -> Vec<f64> {
     let mut out = vec![0.0; (offsets.len() - 1) * h];
     for d in 0..offsets.len() - 1 {
@@ -155,35 +154,35 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         models::model::GnnLayer::Hgt(models::hgt::HgtLayer::new(&mut store, &g, 3, &[5, 3], 4, 2, 2, DType::F64, &Device::Cpu).unwrap()),
     ];
     for layer in &layers {
-    let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();
-    let h = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
-    let block = &mb.blocks[0];
-    let all: Vec<graphs::RelationId> = (0..g.relations().len() as u32).map(graphs::RelationId).collect();
-    let whole = layer.cross_relation(block, &h, layer.relation_partials(&g, block, &all, &h).unwrap()).unwrap();
-    // Split the relations across two "workers" and sum their partials.
-    let (a, b) = all.split_at(2);
-    let pa = layer.relation_partials(&g, block, a, &h).unwrap();
-    let pb = layer.relation_partials(&g, block, b, &h).unwrap();
-    let summed: PerType = pa
-        .into_iter()
-        .zip(pb)
-        .map(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => Some(layer.combine_partials(&x, &y).unwrap()),
-            (x, None) => x,
-            (None, y) => y,
-        })
-        .collect();
-    let split = layer.cross_relation(block, &h, summed).unwrap();
-    for (w, s) in whole.iter().zip(&split) {
-        match (w, s) {
-            (Some(w), Some(s)) => {
-                let diff: f64 = (w - s).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
-                assert!(diff < 1e-12, "partials differ by {diff}");
+        let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();
+        let h = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+        let block = &mb.blocks[0];
+        let all: Vec<graphs::RelationId> = (0..g.relations().len() as u32).map(graphs::RelationId).collect();
+        let whole = layer.cross_relation(block, &h, layer.relation_partials(&g, block, &all, &h).unwrap()).unwrap();
+        // Split the relations across two "workers" and sum their partials.
+        let (a, b) = all.split_at(2);
+        let pa = layer.relation_partials(&g, block, a, &h).unwrap();
+        let pb = layer.relation_partials(&g, block, b, &h).unwrap();
+        let summed: PerType = pa
+            .into_iter()
+            .zip(pb)
+            .map(|(x, y)| match (x, y) {
+                (Some(x), Some(y)) => Some(layer.combine_partials(&x, &y).unwrap()),
+                (x, None) => x,
+                (None, y) => y,
+            })
+            .collect();
+        let split = layer.cross_relation(block, &h, summed).unwrap();
+        for (w, s) in whole.iter().zip(&split) {
+            match (w, s) {
+                (Some(w), Some(s)) => {
+                    let diff: f64 = (w - s).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap();
+                    assert!(diff < 1e-12, "partials differ by {diff}");
+                }
+                (None, None) => {}
+                _ => panic!("type present in one computation only"),
             }
-            (None, None) => {}
-            _ => panic!("type present in one computation only"),
         }
-    }
     }
 }
 
@@ -261,7 +260,11 @@ fn dense_attention(vals: &[f64], el: &[f64], er: &[f64], k_n: usize, d_n: usize,
                 .iter()
                 .map(|&u| {
                     let x = el[u as usize * k_n + k] + er[v * k_n + k];
-                    if x > 0.0 { x } else { 0.2 * x }
+                    if x > 0.0 {
+                        x
+                    } else {
+                        0.2 * x
+                    }
                 })
                 .collect();
             let z: f64 = scores.iter().map(|s| s.exp()).sum();
@@ -354,17 +357,11 @@ fn lse_partials_merge_into_the_softmax_over_all_relations() {
         .iter()
         .zip(&rels)
         .map(|((k, v), (n, _, _))| {
-            (
-                Var::from_tensor(&Tensor::from_vec(k.clone(), (*n, h_n, dk), &dev).unwrap()).unwrap(),
-                Var::from_tensor(&Tensor::from_vec(v.clone(), (*n, h_n, dv), &dev).unwrap()).unwrap(),
-            )
+            (Var::from_tensor(&Tensor::from_vec(k.clone(), (*n, h_n, dk), &dev).unwrap()).unwrap(), Var::from_tensor(&Tensor::from_vec(v.clone(), (*n, h_n, dv), &dev).unwrap()).unwrap())
         })
         .collect();
-    let parts: Vec<Tensor> = rels
-        .iter()
-        .zip(&tins)
-        .map(|((n, off, src), (k, v))| lse_attention(tq.as_tensor(), k.as_tensor(), v.as_tensor(), &SegmentCsr::new(*n, off.clone(), src.clone())).unwrap())
-        .collect();
+    let parts: Vec<Tensor> =
+        rels.iter().zip(&tins).map(|((n, off, src), (k, v))| lse_attention(tq.as_tensor(), k.as_tensor(), v.as_tensor(), &SegmentCsr::new(*n, off.clone(), src.clone())).unwrap()).collect();
     let out = finish_partial(&merge_partials(&parts[0], &parts[1]).unwrap()).unwrap();
     let got: Vec<f64> = out.flatten_all().unwrap().to_vec1().unwrap();
     let want = reference(&q, &inputs);
@@ -392,7 +389,11 @@ fn lse_partials_merge_into_the_softmax_over_all_relations() {
             for (i, &analytic) in an.iter().enumerate() {
                 let shifted = |d: f64| {
                     let mut ins = inputs.clone();
-                    if which == 0 { ins[r].0[i] += d } else { ins[r].1[i] += d }
+                    if which == 0 {
+                        ins[r].0[i] += d
+                    } else {
+                        ins[r].1[i] += d
+                    }
                     f(&q, &ins)
                 };
                 let fd = (shifted(eps) - shifted(-eps)) / (2.0 * eps);

@@ -66,9 +66,7 @@ impl Faults {
     /// Whether a partition window cuts `from`–`to` at `since_start`.
     pub fn partitioned(&self, from: &str, to: &str, since_start: Duration) -> bool {
         let ms = since_start.as_millis() as u64;
-        self.chaos.partitions.iter().any(|p| {
-            (p.start_ms..p.end_ms).contains(&ms) && (p.nodes.iter().any(|n| n == from) != p.nodes.iter().any(|n| n == to))
-        })
+        self.chaos.partitions.iter().any(|p| (p.start_ms..p.end_ms).contains(&ms) && (p.nodes.iter().any(|n| n == from) != p.nodes.iter().any(|n| n == to)))
     }
 
     /// The fate of the `n`-th frame sent from `from` to `to`.

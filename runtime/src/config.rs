@@ -376,11 +376,7 @@ impl Topology {
         if let Some(n) = self.placement.get(name) {
             return Some(n);
         }
-        self.placement
-            .iter()
-            .filter_map(|(k, v)| k.strip_suffix('*').filter(|p| name.starts_with(p)).map(|p| (p.len(), v)))
-            .max_by_key(|(len, _)| *len)
-            .map(|(_, v)| v.as_str())
+        self.placement.iter().filter_map(|(k, v)| k.strip_suffix('*').filter(|p| name.starts_with(p)).map(|p| (p.len(), v))).max_by_key(|(len, _)| *len).map(|(_, v)| v.as_str())
     }
 
     /// Checks everything that can be checked without touching files or sockets.
@@ -396,10 +392,7 @@ impl Topology {
             return Err(ConfigError::new("cluster.heartbeat_ms", "must be positive"));
         }
         if c.failure_timeout_ms < 2 * c.heartbeat_ms {
-            return Err(ConfigError::new(
-                "cluster.failure_timeout_ms",
-                format!("{} ms is less than twice heartbeat_ms ({} ms): every peer would flap", c.failure_timeout_ms, c.heartbeat_ms),
-            ));
+            return Err(ConfigError::new("cluster.failure_timeout_ms", format!("{} ms is less than twice heartbeat_ms ({} ms): every peer would flap", c.failure_timeout_ms, c.heartbeat_ms)));
         }
         if c.retry_ms == 0 {
             return Err(ConfigError::new("cluster.retry_ms", "must be positive"));

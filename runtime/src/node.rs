@@ -20,7 +20,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::{Lookup, Registry};
 use crate::tls::{Identity, QuicConfigs, TlsError};
 use crate::transport::{bind_endpoint, Settings, Transport};
-use crate::wire::{encode_msg, decode_msg, ActorName, RemoteError, WireError};
+use crate::wire::{decode_msg, encode_msg, ActorName, RemoteError, WireError};
 
 /// How long a remote `tell` keeps resending before giving up (and logging it).
 pub const TELL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -117,20 +117,15 @@ impl<A: Actor<Context = Context<A>>> Registration<'_, A> {
 }
 
 impl Node {
-    fn build(id: &str, transport: Option<Arc<Transport>>, topology: Option<Topology>, registry: Arc<Registry>, metrics: Arc<Metrics>, events: broadcast::Sender<MemberEvent>) -> Result<Node, WireError> {
-        Ok(Node {
-            inner: Arc::new(Inner {
-                id: id.to_string(),
-                system: system_actor(id)?,
-                registry,
-                transport,
-                topology,
-                metrics,
-                started: Instant::now(),
-                events,
-                cancel: CancellationToken::new(),
-            }),
-        })
+    fn build(
+        id: &str,
+        transport: Option<Arc<Transport>>,
+        topology: Option<Topology>,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        events: broadcast::Sender<MemberEvent>,
+    ) -> Result<Node, WireError> {
+        Ok(Node { inner: Arc::new(Inner { id: id.to_string(), system: system_actor(id)?, registry, transport, topology, metrics, started: Instant::now(), events, cancel: CancellationToken::new() }) })
     }
 
     /// A node with local mailboxes only: no sockets, no certificates. Every
@@ -147,9 +142,7 @@ impl Node {
     /// an actix system.
     pub async fn start(topology: Topology, id: &str) -> Result<Node, StartError> {
         topology.validate()?;
-        let i = topology
-            .index(id)
-            .ok_or_else(|| ConfigError::new("--node", format!("{id:?} is not in cluster.nodes ({})", node_list(&topology))))?;
+        let i = topology.index(id).ok_or_else(|| ConfigError::new("--node", format!("{id:?} is not in cluster.nodes ({})", node_list(&topology))))?;
         let (cert, key) = topology.cert_paths(id);
         let ca = topology.ca_path();
         // Certificate problems name the key that points at the file.
@@ -161,11 +154,7 @@ impl Node {
         let idle = idle_timeout(c.failure_timeout_ms);
         let bind = topology.addr(i)?;
         let configs = QuicConfigs::new(&identity, idle)?;
-        let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).map_err(|e| StartError::Bind {
-            key: format!("cluster.nodes[{i}].addr"),
-            addr: bind,
-            msg: e.to_string(),
-        })?;
+        let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).map_err(|e| StartError::Bind { key: format!("cluster.nodes[{i}].addr"), addr: bind, msg: e.to_string() })?;
         let mut peers = Vec::new();
         for (j, n) in c.nodes.iter().enumerate() {
             if j != i {
@@ -178,17 +167,7 @@ impl Node {
         let registry: Arc<Registry> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
         let faults = Faults::new(topology.chaos.clone(), topology.links.clone());
-        let transport = Transport::start(
-            settings,
-            endpoint,
-            configs,
-            peers,
-            registry.clone(),
-            metrics.clone(),
-            faults,
-            events.clone(),
-            true,
-        );
+        let transport = Transport::start(settings, endpoint, configs, peers, registry.clone(), metrics.clone(), faults, events.clone(), true);
         let node = Node::build(id, Some(transport), Some(topology), registry, metrics, events).map_err(|e| ConfigError::new("--node", e.to_string()))?;
         if let Some(addr) = metrics_addr {
             node.serve_metrics(addr).await?;
@@ -285,9 +264,7 @@ impl Node {
     pub fn members(&self) -> Vec<MemberInfo> {
         let Some(t) = &self.inner.transport else { return Vec::new() };
         let view = t.membership.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now());
-        view.into_iter()
-            .map(|(id, state, since)| MemberInfo { connected: t.connected(&id), id, state, last_heard_ms: since.map(|d| d.as_millis() as u64) })
-            .collect()
+        view.into_iter().map(|(id, state, since)| MemberInfo { connected: t.connected(&id), id, state, last_heard_ms: since.map(|d| d.as_millis() as u64) }).collect()
     }
 
     /// The transport's metrics so far.
@@ -351,9 +328,7 @@ impl Node {
                             }
                         };
                     }
-                    Lookup::NoHandler => {
-                        return Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() }))
-                    }
+                    Lookup::NoHandler => return Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() })),
                     // Placed here but not registered yet (start-up): wait for it until the deadline.
                     Lookup::Missing if Instant::now() + Duration::from_millis(5) < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
                     Lookup::Missing => return Err(local_error(to, RemoteError::NoSuchActor(to.to_string()))),
@@ -396,9 +371,7 @@ impl Node {
 
     async fn serve_metrics(&self, addr: SocketAddr) -> Result<(), StartError> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| StartError::Bind { key: "cluster.metrics_addr".into(), addr, msg: e.to_string() })?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| StartError::Bind { key: "cluster.metrics_addr".into(), addr, msg: e.to_string() })?;
         let metrics = self.inner.metrics.clone();
         let id = self.inner.id.clone();
         let cancel = self.inner.cancel.clone();

@@ -49,10 +49,7 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     if !path.exists() {
         return Err(file_err(path, "does not exist (create it with `hetgnn certs init`)"));
     }
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(path, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path).map_err(|e| file_err(path, e))?.collect::<Result<_, _>>().map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
     if certs.is_empty() {
         return Err(file_err(path, "holds no certificate"));
     }
@@ -94,9 +91,7 @@ pub fn check_node_cert(ca: &Path, cert: &Path, key: &Path, id: &str) -> Result<(
     let (_, ca_parsed) = x509_parser::parse_x509_certificate(&ca_der).map_err(|e| bad(ca, format!("unparsable: {e}")))?;
     let chain = read_certs(cert)?;
     let (_, parsed) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|e| bad(cert, format!("unparsable: {e}")))?;
-    parsed
-        .verify_signature(Some(ca_parsed.public_key()))
-        .map_err(|_| bad(cert, format!("is not signed by the cluster CA {}", ca.display())))?;
+    parsed.verify_signature(Some(ca_parsed.public_key())).map_err(|_| bad(cert, format!("is not signed by the cluster CA {}", ca.display())))?;
     if !parsed.validity().is_valid() {
         return Err(bad(cert, "is expired or not yet valid"));
     }
@@ -226,9 +221,7 @@ impl Identity {
     /// Server side: requires a client certificate from the cluster CA.
     pub fn server_config(&self, idle: Duration, path: PathKind) -> Result<quinn::ServerConfig, TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(self.ca.clone())?, provider())
-            .build()
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(self.ca.clone())?, provider()).build().map_err(|e| TlsError::Config(e.to_string()))?;
         let mut tls = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(cfg)?

@@ -27,8 +27,7 @@ use crate::metrics::{Dir, Metrics};
 use crate::registry::Registry;
 use crate::tls;
 use crate::wire::{
-    decode_large_ref, encode_frame, encode_reply_head, encode_request_head, ActorName, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError,
-    MAX_LARGE_FRAME, SMALL_FRAME,
+    decode_large_ref, encode_frame, encode_reply_head, encode_request_head, ActorName, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError, MAX_LARGE_FRAME, SMALL_FRAME,
 };
 
 /// Tag of the shared stream of small frames.
@@ -162,13 +161,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// The timing of `[cluster]` for the transport of `me`.
     pub fn new(c: &crate::config::ClusterConfig, me: &str, index: u32) -> Settings {
-        Settings {
-            me: me.to_string(),
-            index,
-            retry: Duration::from_millis(c.retry_ms),
-            heartbeat: Duration::from_millis(c.heartbeat_ms),
-            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
-        }
+        Settings { me: me.to_string(), index, retry: Duration::from_millis(c.retry_ms), heartbeat: Duration::from_millis(c.heartbeat_ms), failure_timeout: Duration::from_millis(c.failure_timeout_ms) }
     }
 }
 
@@ -670,16 +663,7 @@ impl Transport {
     /// `wait_until` (not at all if `None`). With `confirm`, returns a receiver
     /// told when the frame is written (small) or received by the peer (large).
     #[allow(clippy::too_many_arguments)]
-    fn send(
-        self: &Arc<Self>,
-        peer: &Arc<Peer>,
-        head: Bytes,
-        body: Bytes,
-        kind: &str,
-        payload: usize,
-        wait_until: Option<Instant>,
-        confirm: bool,
-    ) -> Option<oneshot::Receiver<Result<(), String>>> {
+    fn send(self: &Arc<Self>, peer: &Arc<Peer>, head: Bytes, body: Bytes, kind: &str, payload: usize, wait_until: Option<Instant>, confirm: bool) -> Option<oneshot::Receiver<Result<(), String>>> {
         let n = peer.sent.fetch_add(1, Ordering::Relaxed);
         let d = self.faults.read().unwrap_or_else(|p| p.into_inner()).decide(&self.me, &peer.id, n, self.started.elapsed());
         if d.copies != 1 {
@@ -797,30 +781,14 @@ impl Transport {
 
     /// Asks actor `to` on `peer_id` and waits for the encoded reply, resending
     /// (same id) after `retry`, doubling, until `timeout`.
-    pub(crate) async fn ask(
-        self: &Arc<Self>,
-        peer_id: &str,
-        to: &ActorName,
-        from: &ActorName,
-        kind: ActorName,
-        payload: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Bytes, AskError> {
+    pub(crate) async fn ask(self: &Arc<Self>, peer_id: &str, to: &ActorName, from: &ActorName, kind: ActorName, payload: Vec<u8>, timeout: Duration) -> Result<Bytes, AskError> {
         let started = self.begin(peer_id, to, from, kind, payload, timeout)?;
         self.complete(started).await
     }
 
     /// Sends a request now (so it is queued behind everything sent before it)
     /// and returns what [`Transport::complete`] needs to wait for its reply.
-    pub(crate) fn begin(
-        self: &Arc<Self>,
-        peer_id: &str,
-        to: &ActorName,
-        from: &ActorName,
-        kind: ActorName,
-        payload: Vec<u8>,
-        timeout: Duration,
-    ) -> Result<Asking, AskError> {
+    pub(crate) fn begin(self: &Arc<Self>, peer_id: &str, to: &ActorName, from: &ActorName, kind: ActorName, payload: Vec<u8>, timeout: Duration) -> Result<Asking, AskError> {
         let started = Instant::now();
         let peer = self.peer(peer_id).ok_or_else(|| AskError::Unplaced(to.to_string()))?;
         let ttl_ms = timeout.as_millis().min(u64::MAX as u128) as u64;

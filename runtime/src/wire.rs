@@ -26,8 +26,7 @@ pub const MAX_DIMS: usize = 8;
 /// Longest actor name or message kind.
 pub const MAX_NAME: usize = 256;
 
-type Limited<const N: usize> =
-    bincode::config::Configuration<bincode::config::LittleEndian, bincode::config::Varint, bincode::config::Limit<N>>;
+type Limited<const N: usize> = bincode::config::Configuration<bincode::config::LittleEndian, bincode::config::Varint, bincode::config::Limit<N>>;
 const SMALL: Limited<MAX_FRAME> = bincode::config::standard().with_limit::<MAX_FRAME>();
 const LARGE: Limited<MAX_LARGE_FRAME> = bincode::config::standard().with_limit::<MAX_LARGE_FRAME>();
 
@@ -61,9 +60,7 @@ pub struct ActorName(String);
 impl ActorName {
     /// Validates `name`.
     pub fn new(name: &str) -> Result<ActorName, WireError> {
-        let ok = !name.is_empty()
-            && name.len() <= MAX_NAME
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_./-".contains(&b));
+        let ok = !name.is_empty() && name.len() <= MAX_NAME && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_./-".contains(&b));
         if ok {
             Ok(ActorName(name.to_string()))
         } else {
@@ -320,8 +317,7 @@ pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
     if body.len() > MAX_LARGE_FRAME {
         return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
     }
-    let (frame, used): (FrameRef<'_>, usize) =
-        bincode::serde::borrow_decode_from_slice(body, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (frame, used): (FrameRef<'_>, usize) = bincode::serde::borrow_decode_from_slice(body, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != body.len() {
         return Err(WireError::Malformed(format!("{} trailing bytes in frame", body.len() - used)));
     }
@@ -332,14 +328,7 @@ impl FrameRef<'_> {
     /// The owned frame (copies a request's payload or a reply's bytes).
     pub fn into_owned(self) -> Frame {
         match self {
-            FrameRef::Request(r) => Frame::Request(Envelope {
-                to: r.to,
-                from: r.from,
-                msg_id: r.msg_id,
-                kind: r.kind,
-                ttl_ms: r.ttl_ms,
-                payload: r.payload.to_vec(),
-            }),
+            FrameRef::Request(r) => Frame::Request(Envelope { to: r.to, from: r.from, msg_id: r.msg_id, kind: r.kind, ttl_ms: r.ttl_ms, payload: r.payload.to_vec() }),
             FrameRef::Reply { id, result } => Frame::Reply { id, result: result.map(|b| ByteVec(b.0.to_vec())) },
             FrameRef::Heartbeat { sent_us } => Frame::Heartbeat { sent_us },
         }
@@ -353,8 +342,7 @@ pub fn encode_msg<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
 
 /// Decodes a message body, refusing trailing bytes.
 pub fn decode_msg<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    let (v, used): (T, usize) =
-        bincode::serde::decode_from_slice(bytes, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (v, used): (T, usize) = bincode::serde::decode_from_slice(bytes, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != bytes.len() {
         return Err(WireError::Malformed(format!("{} trailing bytes in message", bytes.len() - used)));
     }
@@ -403,8 +391,7 @@ impl FrameDecoder {
         if buf.len() < 4 + len {
             return Ok(None);
         }
-        let (frame, used): (Frame, usize) =
-            bincode::serde::decode_from_slice(&buf[4..4 + len], SMALL).map_err(|e| WireError::Malformed(e.to_string()))?;
+        let (frame, used): (Frame, usize) = bincode::serde::decode_from_slice(&buf[4..4 + len], SMALL).map_err(|e| WireError::Malformed(e.to_string()))?;
         if used != len {
             return Err(WireError::Malformed(format!("{} trailing bytes in frame", len - used)));
         }
@@ -516,10 +503,7 @@ impl TensorPayload {
         if shape.len() > MAX_DIMS {
             return Err(WireError::BadTensor(format!("{} dimensions (limit {MAX_DIMS})", shape.len())));
         }
-        let bytes = shape
-            .iter()
-            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| WireError::BadTensor(format!("shape {shape:?} overflows")))?;
+        let bytes = shape.iter().try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)).ok_or_else(|| WireError::BadTensor(format!("shape {shape:?} overflows")))?;
         if bytes > MAX_TENSOR_BYTES {
             return Err(WireError::BadTensor(format!("{bytes} bytes exceeds the {MAX_TENSOR_BYTES}-byte limit")));
         }

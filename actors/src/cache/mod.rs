@@ -147,12 +147,17 @@ pub fn penalty(miss: f64, hit: f64) -> f64 {
 /// `budget` filled with its most visited rows.
 pub fn plan(policy: CachePolicy, budget: u64, visits: &Visits, candidates: &[Candidate]) -> Vec<Vec<u32>> {
     let ranked: Vec<Vec<u32>> = candidates.iter().map(|c| visits.ranked(c.ty)).collect();
-    let demands: Vec<Demand> = candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty() }).collect();
+    let demands: Vec<Demand> =
+        candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty() }).collect();
     let rows = alloc::allocate(policy, budget, &demands);
-    ranked.into_iter().zip(rows).map(|(mut r, n)| {
-        r.truncate(n as usize);
-        r
-    }).collect()
+    ranked
+        .into_iter()
+        .zip(rows)
+        .map(|(mut r, n)| {
+            r.truncate(n as usize);
+            r
+        })
+        .collect()
 }
 
 /// Cached plain feature rows: read-only, shared with the threads that gather ahead of training.
@@ -459,7 +464,17 @@ mod tests {
 
     #[test]
     fn device_reports_merge_into_run_figures() {
-        let one = |rows, bytes, hits, lookups, miss| CacheTypeReport { rows, bytes, hits, lookups, visits: 10, miss_us_per_byte: miss, hit_us_per_byte: miss / 4.0, miss_penalty_us_per_byte: miss * 0.75, ..CacheTypeReport::default() };
+        let one = |rows, bytes, hits, lookups, miss| CacheTypeReport {
+            rows,
+            bytes,
+            hits,
+            lookups,
+            visits: 10,
+            miss_us_per_byte: miss,
+            hit_us_per_byte: miss / 4.0,
+            miss_penalty_us_per_byte: miss * 0.75,
+            ..CacheTypeReport::default()
+        };
         let a = BTreeMap::from([("paper".to_string(), one(10, 400, 30, 100, 2.0))]);
         let b = BTreeMap::from([("paper".to_string(), one(20, 800, 10, 100, 4.0)), ("author".to_string(), one(0, 0, 0, 0, 0.0))]);
         let m = merge_reports(&[a, b], 1000);

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Device, Tensor};
 use models::embedding::{adam_rows_picked, EmbeddingTable, RowsMut};
-use models::prefetch::{prefetch, AHEAD};
 use models::optim::AdamConfig;
+use models::prefetch::{prefetch, AHEAD};
 
 use crate::error::{Result, TrainError};
 
@@ -283,8 +283,9 @@ impl LearnableCache {
         }
         match (&mut self.rows.data, &mut self.m, &mut self.v) {
             // Rows in parallel, as the host table updates its own.
-            (Store::Host(data), Store::Host(m), Store::Host(v)) => adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, at, cfg)
-                .map_err(|e| TrainError::Config(format!("cache: {e}"))),
+            (Store::Host(data), Store::Host(m), Store::Host(v)) => {
+                adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, at, cfg).map_err(|e| TrainError::Config(format!("cache: {e}")))
+            }
             (Store::Device(data), Store::Device(m), Store::Device(v)) => {
                 let dev = data.device().clone();
                 let n = slots.len();

@@ -334,10 +334,7 @@ fn latest_of(root: &Path, run: Option<&str>) -> Result<Option<(Manifest, Vec<Str
         });
         match checked {
             Ok(m) if run.is_some_and(|r| m.run != r) => {
-                return Err(bad(
-                    &d,
-                    "written by another run (other model, data, partitions or settings); resume that run as it was configured, or use another checkpoint_dir",
-                ))
+                return Err(bad(&d, "written by another run (other model, data, partitions or settings); resume that run as it was configured, or use another checkpoint_dir"))
             }
             Ok(m) => return Ok(Some((m, skipped))),
             Err(e) => skipped.push(e.to_string()),

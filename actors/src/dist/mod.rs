@@ -86,7 +86,16 @@ impl Default for Timeouts {
 /// arbiter): serving a large pull must not hold up a push, a sampling request
 /// or the transport, which stays on the node's thread.
 #[allow(clippy::too_many_arguments)] // one partition's whole context
-fn serve_partition(node: &Node, part: u32, parts: u32, per_part: u32, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, t: &TrainingConfig, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+fn serve_partition(
+    node: &Node,
+    part: u32,
+    parts: u32,
+    per_part: u32,
+    graph: Arc<HetGraph>,
+    owners: Arc<Vec<Vec<u16>>>,
+    t: &TrainingConfig,
+    arbiters: &mut Vec<actix::Arbiter>,
+) -> Result<Vec<Arc<Inbox>>> {
     let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
         arbiters.push(actix::Arbiter::new());
@@ -146,7 +155,16 @@ fn cache_slots(trainers: u32) -> CacheSlots {
 
 /// Starts the trainer threads of partition `part` for generation `gen`, one per inbox.
 #[allow(clippy::too_many_arguments)] // one attempt's whole context
-fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inboxes: &[Arc<Inbox>], gen: u64, from: &Option<(std::path::PathBuf, checkpoint::Manifest)>) -> Result<Vec<std::thread::JoinHandle<Result<models::Model>>>> {
+fn spawn_trainers(
+    sh: &Shared,
+    part: u32,
+    graph: &Arc<HetGraph>,
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    inboxes: &[Arc<Inbox>],
+    gen: u64,
+    from: &Option<(std::path::PathBuf, checkpoint::Manifest)>,
+) -> Result<Vec<std::thread::JoinHandle<Result<models::Model>>>> {
     let mut handles = Vec::new();
     for (j, inbox) in inboxes.iter().enumerate() {
         let trainer = part * sh.per_part + j as u32;
@@ -167,10 +185,8 @@ fn spawn_trainers(sh: &Shared, part: u32, graph: &Arc<HetGraph>, node: &Node, ha
             from: from.clone(),
             caches: sh.caches.clone(),
         };
-        let h = std::thread::Builder::new()
-            .name(format!("trainer-{trainer}"))
-            .spawn(move || trainer::run(setup))
-            .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+        let h =
+            std::thread::Builder::new().name(format!("trainer-{trainer}")).spawn(move || trainer::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
         handles.push(h);
     }
     Ok(handles)
@@ -318,7 +334,16 @@ pub fn train_embedded(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<
     let graphs: Vec<Arc<HetGraph>> = (0..parts as usize).map(|k| set.load_part(k, &load_options(&t))).map(|g| g.map(Arc::new)).collect::<graphs::Result<_>>()?;
     let per_part = set.manifest.trainers as u32;
     let run = run_key(&t, &set, &graphs[0]);
-    let sh = Shared { run: run.clone(), parts, per_part, cfg: t.clone(), owners: Arc::new(set.owners), trainer_of: Arc::new(set.trainer_of), timeouts: Timeouts::default(), caches: cache_slots(parts * per_part) };
+    let sh = Shared {
+        run: run.clone(),
+        parts,
+        per_part,
+        cfg: t.clone(),
+        owners: Arc::new(set.owners),
+        trainer_of: Arc::new(set.trainer_of),
+        timeouts: Timeouts::default(),
+        caches: cache_slots(parts * per_part),
+    };
     let (gs, os, tc) = (graphs.clone(), sh.owners.clone(), t.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;

@@ -50,9 +50,7 @@ impl SamplerActor {
             let picks = if nodes.is_empty() {
                 Vec::new()
             } else {
-                sampler
-                    .pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All)
-                    .map_err(|e| e.to_string())?
+                sampler.pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All).map_err(|e| e.to_string())?
             };
             out.push(picks);
         }

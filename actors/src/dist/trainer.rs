@@ -238,7 +238,6 @@ impl<'a> Trainer<'a> {
         Ok(Trainer { ctx, rep: Replica { model, adam, seq }, cache })
     }
 
-
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let t = s.cfg.clone();
@@ -441,7 +440,13 @@ impl Replica {
         let s = ctx.s;
         let me = s.trainer;
         let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
-        let asks = ctx.peers.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { gen: s.gen, seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
+        let asks = ctx
+            .peers
+            .trainers
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| *p as u32 != me)
+            .map(|(_, r)| r.ask(GradShare { gen: s.gen, seq: self.seq, round: 0, from: me, data: bytes.clone() }, s.timeouts.ask));
         let (shared, pushed) = ctx.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
         for r in shared {
             r?;
@@ -475,7 +480,12 @@ impl Replica {
         let next = &ctx.peers.trainers[(r + 1) % k];
         let prev = ((r + k - 1) % k) as u32;
         for i in 0..2 * (k - 1) {
-            let (send, recv) = if i < k - 1 { ((r + k - i) % k, (r + 2 * k - i - 1) % k) } else { let j = i - (k - 1); ((r + 1 + k - j) % k, (r + k - j) % k) };
+            let (send, recv) = if i < k - 1 {
+                ((r + k - i) % k, (r + 2 * k - i - 1) % k)
+            } else {
+                let j = i - (k - 1);
+                ((r + 1 + k - j) % k, (r + k - j) % k)
+            };
             let msg = GradShare { gen: s.gen, seq: self.seq, round: i as u32, from: s.trainer, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
             let ask = next.ask(msg, s.timeouts.ask);
             match pushes.take() {
@@ -523,7 +533,6 @@ impl Replica {
         }
         Ok(correct)
     }
-
 }
 
 impl Ctx<'_> {

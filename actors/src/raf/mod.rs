@@ -19,9 +19,9 @@ use graphs::{HetGraph, RelationId};
 use runtime::Node;
 
 use crate::config::{Config, TrainingConfig};
+use crate::dist::coordinator::{Coordinator, Driver};
 use crate::dist::inbox::{Inbox, InboxActor};
 use crate::dist::messages::{Abort, Begin, Finish};
-use crate::dist::coordinator::{Coordinator, Driver};
 use crate::dist::{join_threads, load_options, serve_coordinator, wait_for_peers, watch_peers, System, Timeouts};
 use crate::error::{Result, TrainError};
 use crate::report::{peak_rss_bytes, Report};
@@ -87,7 +87,16 @@ struct Common {
 /// on each `Begin` it restores the named checkpoint and trains; `after` runs
 /// on each attempt's result (a remote worker sends its final state there).
 #[allow(clippy::too_many_arguments)] // one worker's whole context
-fn serve_worker_generations(c: &Common, w: u32, graph: &Arc<HetGraph>, node: &Node, handle: &tokio::runtime::Handle, inbox: &Arc<Inbox>, rejoin: Duration, after: impl Fn(u64, &WorkerResult) -> Result<()>) -> Result<Option<WorkerResult>> {
+fn serve_worker_generations(
+    c: &Common,
+    w: u32,
+    graph: &Arc<HetGraph>,
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    inbox: &Arc<Inbox>,
+    rejoin: Duration,
+    after: impl Fn(u64, &WorkerResult) -> Result<()>,
+) -> Result<Option<WorkerResult>> {
     let inboxes = [inbox.clone()];
     crate::dist::serve_generations(node, handle, &names::worker(w), w, &inboxes, rejoin, |b| {
         let from = crate::dist::begin_from(&c.cfg, &c.run, b)?;
@@ -166,10 +175,7 @@ fn serve_raf_coordinator(node: &Node) -> Result<Arc<Inbox>> {
 }
 
 fn spawn_worker(setup: WorkerSetup) -> Result<std::thread::JoinHandle<Result<WorkerResult>>> {
-    std::thread::Builder::new()
-        .name(format!("raf-worker-{}", setup.worker))
-        .spawn(move || worker::run(setup))
-        .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
+    std::thread::Builder::new().name(format!("raf-worker-{}", setup.worker)).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
 }
 
 /// The whole model from the workers' final states: each parameter from its

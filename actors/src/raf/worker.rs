@@ -35,11 +35,11 @@ use runtime::{ActorRef, ByteVec, Msg, Node};
 use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows, Shared, SharedGrads};
 use super::names;
 use crate::config::TrainingConfig;
-use crate::dist::inbox::Inbox;
 use crate::dist::checkpoint::{self, Progress};
+use crate::dist::inbox::Inbox;
 use crate::dist::messages::{EpochStats, Saved, StepDone};
-use crate::dist::trainer::Schedule;
 use crate::dist::store::decode_f32;
+use crate::dist::trainer::Schedule;
 use crate::dist::Timeouts;
 use crate::error::{Result, TrainError};
 use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
@@ -877,7 +877,8 @@ fn add_grads(into: &mut GradStore, more: &GradStore, model: &Model, inputs: &mod
 
 /// A worker's final state, for the coordinator.
 pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
-    let params = r.model.params.iter().filter(|(n, _)| r.held.contains(*n)).map(|(n, v)| Ok((n.to_string(), v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))).collect::<Result<_>>()?;
+    let params =
+        r.model.params.iter().filter(|(n, _)| r.held.contains(*n)).map(|(n, v)| Ok((n.to_string(), v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))).collect::<Result<_>>()?;
     let tables = r.model.embeddings.iter().enumerate().filter_map(|(ty, e)| e.as_ref().map(|e| (ty as u32, 0, e.data.clone()))).collect();
     Ok(FinalState { params, tables })
 }

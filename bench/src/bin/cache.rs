@@ -107,12 +107,9 @@ fn main() -> anyhow::Result<()> {
     println!("mag-like S={}, R-GCN, {} nodes, links {} + {} ms, device {}; feature+embedding bytes {total}", a.scale, a.nodes, a.bandwidth, a.delay_ms, a.device);
     println!("{:<14} {:<13} {:>6} {:>8} {:>7}  hit rate per type (share of the budget)", "mode", "policy", "budget", "epoch_s", "gather");
     for r in &runs {
-        let cache = r["cache"].as_object().map(|m| {
-            m.iter()
-                .map(|(k, c)| format!("{k} {:.2} ({:.0}%)", c["hit_rate"].as_f64().unwrap_or(0.0), c["share"].as_f64().unwrap_or(0.0) * 100.0))
-                .collect::<Vec<_>>()
-                .join(", ")
-        });
+        let cache = r["cache"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, c)| format!("{k} {:.2} ({:.0}%)", c["hit_rate"].as_f64().unwrap_or(0.0), c["share"].as_f64().unwrap_or(0.0) * 100.0)).collect::<Vec<_>>().join(", "));
         println!(
             "{:<14} {:<13} {:>5.0}% {:>8.2} {:>7.2}  {}",
             r["mode"].as_str().unwrap_or(""),
@@ -130,7 +127,13 @@ fn main() -> anyhow::Result<()> {
         if let Some(r) = runs.iter().find(|r| r["mode"] == mode.as_str() && r["policy"] == "miss-penalty" && r["budget_fraction"].as_f64() == Some(last)) {
             for (k, c) in r["cache"].as_object().into_iter().flatten() {
                 let ns = |f: &str| c[f].as_f64().unwrap_or(0.0) * 1e3;
-                println!("  {mode:<14} {k:<15} {:>8.3} / {:>8.3} / {:>8.3}{}", ns("miss_us_per_byte"), ns("hit_us_per_byte"), ns("miss_penalty_us_per_byte"), c["note"].as_str().map(|n| format!("  ({n})")).unwrap_or_default());
+                println!(
+                    "  {mode:<14} {k:<15} {:>8.3} / {:>8.3} / {:>8.3}{}",
+                    ns("miss_us_per_byte"),
+                    ns("hit_us_per_byte"),
+                    ns("miss_penalty_us_per_byte"),
+                    c["note"].as_str().map(|n| format!("  ({n})")).unwrap_or_default()
+                );
             }
         }
     }
@@ -151,7 +154,9 @@ fn main() -> anyhow::Result<()> {
     }
     std::fs::write(
         &a.out,
-        serde_json::to_string_pretty(&json!({ "scale": a.scale, "nodes": a.nodes, "epochs": a.epochs, "repeats": a.repeats, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "device": a.device, "feature_embedding_bytes": total, "runs": runs }))?,
+        serde_json::to_string_pretty(
+            &json!({ "scale": a.scale, "nodes": a.nodes, "epochs": a.epochs, "repeats": a.repeats, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "device": a.device, "feature_embedding_bytes": total, "runs": runs }),
+        )?,
     )?;
     println!("wrote {}", a.out.display());
     Ok(())

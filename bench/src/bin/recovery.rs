@@ -111,7 +111,8 @@ impl Run {
     fn wait_for_checkpoint(&self, step: u64) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
-            let done = std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
+            let done =
+                std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
             if done.is_some_and(|d| d >= step) {
                 return Ok(());
             }
@@ -197,7 +198,12 @@ fn main() -> anyhow::Result<()> {
             }
             best[i] = best[i].min(mean_epoch_s(&rep));
             if i > 0 {
-                let newest = std::fs::read_dir(dir.join("ck"))?.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"))).max().context("no checkpoint written")?;
+                let newest = std::fs::read_dir(dir.join("ck"))?
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")))
+                    .max()
+                    .context("no checkpoint written")?;
                 sizes[i - 1] = dir_bytes(&newest);
                 writing[i - 1] = writing[i - 1].min(mean_checkpoint_s(&rep));
             }

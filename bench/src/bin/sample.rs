@@ -5,7 +5,6 @@
 //! prints sampled edges/s and batches/s per core, single-threaded and with all
 //! cores, and writes the figures as JSON (`--out`, default bench/results/sample.json).
 
-
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -8,7 +8,6 @@
 //! bench/baselines/dgl_rgcn.py (DGL's R-GCN, same model and settings) on the
 //! same graph directory with that interpreter and reports the ratios.
 
-
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -46,12 +45,8 @@ struct Args {
 
 fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
     let data = bench::mag_like(scale, 0)?;
-    let overrides = vec![
-        format!("training.data={:?}", data.display().to_string()),
-        format!("training.epochs={}", a.epochs),
-        format!("training.model={}", a.model),
-        format!("training.device={:?}", a.device),
-    ];
+    let overrides =
+        vec![format!("training.data={:?}", data.display().to_string()), format!("training.epochs={}", a.epochs), format!("training.model={}", a.model), format!("training.device={:?}", a.device)];
     let cfg = Config::parse("", &overrides)?;
     let (report, _) = actors::train(&cfg, &mut ())?;
     println!("{}", serde_json::to_string(&report)?);
@@ -90,10 +85,8 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     println!("{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}", "scale", "steps", "epoch_s", "sample", "gather", "compute", "update", "peak_MiB", "test_acc");
     for &scale in &a.scales {
-        let out = Command::new(&exe)
-            .args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device])
-            .output()
-            .context("running a child benchmark")?;
+        let out =
+            Command::new(&exe).args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device]).output().context("running a child benchmark")?;
         if !out.status.success() {
             bail!("scale {scale} failed:\n{}", String::from_utf8_lossy(&out.stderr));
         }

@@ -96,7 +96,16 @@ impl Handler<Deliver<Pull>> for Sink {
 fn topology(certs: &std::path::Path) -> Topology {
     let ports = bench::free_ports(2).unwrap_or_else(|_| vec![0, 0]);
     let nodes = ["n0", "n1"].iter().zip(ports).map(|(id, port)| NodeSpec { id: id.to_string(), addr: format!("127.0.0.1:{port}"), cert: None, key: None }).collect();
-    let mut t = Topology::new(ClusterConfig { certs_dir: certs.to_path_buf(), metrics_addr: None, heartbeat_ms: 200, failure_timeout_ms: 5000, retry_ms: 2000, start_timeout_ms: 30_000, rejoin_timeout_ms: 600_000, nodes });
+    let mut t = Topology::new(ClusterConfig {
+        certs_dir: certs.to_path_buf(),
+        metrics_addr: None,
+        heartbeat_ms: 200,
+        failure_timeout_ms: 5000,
+        retry_ms: 2000,
+        start_timeout_ms: 30_000,
+        rejoin_timeout_ms: 600_000,
+        nodes,
+    });
     t.placement.insert("sink".into(), "n1".into());
     t
 }

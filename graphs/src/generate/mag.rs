@@ -132,12 +132,7 @@ impl MagLike {
             relations: RELATIONS
                 .iter()
                 .zip(self.edges)
-                .map(|((name, p), count)| RelationSchema {
-                    src: TYPE_NAMES[p.src].into(),
-                    name: name.to_string(),
-                    dst: TYPE_NAMES[p.dst].into(),
-                    count,
-                })
+                .map(|((name, p), count)| RelationSchema { src: TYPE_NAMES[p.src].into(), name: name.to_string(), dst: TYPE_NAMES[p.dst].into(), count })
                 .collect(),
         }
     }
@@ -155,9 +150,7 @@ impl MagLike {
         }
         dir.create_dir(&dir.path().join("edges"))?;
 
-        let classes: Vec<Vec<u32>> = (0..4)
-            .map(|t| (0..self.counts[t]).into_par_iter().map(|i| self.class_of(t, i)).collect())
-            .collect();
+        let classes: Vec<Vec<u32>> = (0..4).map(|t| (0..self.counts[t]).into_par_iter().map(|i| self.class_of(t, i)).collect()).collect();
         // Members of each class per type, sorted by id: the popular ones of a
         // class are its first members.
         let members: Vec<Vec<Vec<u32>>> = classes
@@ -220,7 +213,13 @@ impl MagLike {
         let mut splits: [Vec<u32>; 3] = Default::default();
         for p in 0..n as u32 {
             let u = CounterRng::from_parts(&[self.seed, S_SPLIT, u64::from(p)]).next_f64();
-            let s = if u < TRAIN_SHARE { 0 } else if u < TRAIN_SHARE + VALID_SHARE { 1 } else { 2 };
+            let s = if u < TRAIN_SHARE {
+                0
+            } else if u < TRAIN_SHARE + VALID_SHARE {
+                1
+            } else {
+                2
+            };
             splits[s].push(p);
         }
         for (name, ids) in ["train", "valid", "test"].iter().zip(&splits) {
@@ -239,43 +238,31 @@ impl MagLike {
         ((u128::from(rank) * u128::from(PERMUTE_PRIME) + u128::from(offset)) % u128::from(n)) as u32
     }
 
-    fn relation_edges(
-        &self,
-        rel: u64,
-        plan: &RelationPlan,
-        count: usize,
-        classes: &[Vec<u32>],
-        dst_members: &[Vec<u32>],
-        progress: &mut dyn Progress,
-    ) -> (Vec<u32>, Vec<u32>) {
+    fn relation_edges(&self, rel: u64, plan: &RelationPlan, count: usize, classes: &[Vec<u32>], dst_members: &[Vec<u32>], progress: &mut dyn Progress) -> (Vec<u32>, Vec<u32>) {
         let mut src = vec![0u32; count];
         let mut dst = vec![0u32; count];
         let n_src = u64::from(self.counts[plan.src]);
         for start in (0..count).step_by(EDGE_CHUNK * 16) {
             let end = (start + EDGE_CHUNK * 16).min(count);
-            src[start..end]
-                .par_chunks_mut(EDGE_CHUNK)
-                .zip(dst[start..end].par_chunks_mut(EDGE_CHUNK))
-                .enumerate()
-                .for_each(|(c, (s_chunk, d_chunk))| {
-                    for (k, (s, d)) in s_chunk.iter_mut().zip(d_chunk.iter_mut()).enumerate() {
-                        let e = (start + c * EDGE_CHUNK + k) as u64;
-                        let mut r = CounterRng::from_parts(&[self.seed, S_EDGE, rel, e]);
-                        let from = if plan.popular_src { self.popular(&mut r, plan.src) } else { r.below(n_src) as u32 };
-                        let class = classes[plan.src][from as usize] as usize;
-                        let mut to = if r.next_f64() < plan.same_class && !dst_members[class].is_empty() {
-                            let m = &dst_members[class];
-                            m[((m.len() as f64) * r.next_f64().powf(SKEW)) as usize % m.len()]
-                        } else {
-                            self.popular(&mut r, plan.dst)
-                        };
-                        if plan.src == plan.dst && to == from && self.counts[plan.dst] > 1 {
-                            to = (to + 1) % self.counts[plan.dst]; // no self-citations
-                        }
-                        *s = from;
-                        *d = to;
+            src[start..end].par_chunks_mut(EDGE_CHUNK).zip(dst[start..end].par_chunks_mut(EDGE_CHUNK)).enumerate().for_each(|(c, (s_chunk, d_chunk))| {
+                for (k, (s, d)) in s_chunk.iter_mut().zip(d_chunk.iter_mut()).enumerate() {
+                    let e = (start + c * EDGE_CHUNK + k) as u64;
+                    let mut r = CounterRng::from_parts(&[self.seed, S_EDGE, rel, e]);
+                    let from = if plan.popular_src { self.popular(&mut r, plan.src) } else { r.below(n_src) as u32 };
+                    let class = classes[plan.src][from as usize] as usize;
+                    let mut to = if r.next_f64() < plan.same_class && !dst_members[class].is_empty() {
+                        let m = &dst_members[class];
+                        m[((m.len() as f64) * r.next_f64().powf(SKEW)) as usize % m.len()]
+                    } else {
+                        self.popular(&mut r, plan.dst)
+                    };
+                    if plan.src == plan.dst && to == from && self.counts[plan.dst] > 1 {
+                        to = (to + 1) % self.counts[plan.dst]; // no self-citations
                     }
-                });
+                    *s = from;
+                    *d = to;
+                }
+            });
             progress.advance((end - start) as u64);
         }
         (src, dst)

@@ -6,11 +6,7 @@ use crate::rng::key;
 
 /// Random owners: a pure function of (seed, type, node), about `1/parts` each.
 pub fn random(g: &HetGraph, parts: usize, seed: u64) -> Vec<Vec<u16>> {
-    g.node_types()
-        .iter()
-        .enumerate()
-        .map(|(t, nt)| (0..nt.count).map(|v| (key(&[seed, t as u64, u64::from(v)]) % parts as u64) as u16).collect())
-        .collect()
+    g.node_types().iter().enumerate().map(|(t, nt)| (0..nt.count).map(|v| (key(&[seed, t as u64, u64::from(v)]) % parts as u64) as u16).collect()).collect()
 }
 
 /// METIS k-way edge-cut partitioning of the graph with every relation taken as

@@ -536,9 +536,15 @@ impl MetaSet {
         // sub-metatree has every replica 0..r, all with the same relations.
         for (k, p) in manifest.info.iter().enumerate() {
             let [j, r] = p.replica;
-            let bad = r == 0 || j >= r || (p.reducer && r != 1) || (r > 1 && (0..r).any(|i| manifest.info.iter().filter(|q| q.replica == [i, r] && q.subtrees == p.subtrees && q.per_layer == p.per_layer).count() != 1));
+            let bad = r == 0
+                || j >= r
+                || (p.reducer && r != 1)
+                || (r > 1 && (0..r).any(|i| manifest.info.iter().filter(|q| q.replica == [i, r] && q.subtrees == p.subtrees && q.per_layer == p.per_layer).count() != 1));
             if bad {
-                return Err(GraphError::data(&mpath, format!("partition {k}: replica {j} of {r} does not fit the others (replicas of a sub-metatree: one each of 0..r, the same relations; never the reducer's)")));
+                return Err(GraphError::data(
+                    &mpath,
+                    format!("partition {k}: replica {j} of {r} does not fit the others (replicas of a sub-metatree: one each of 0..r, the same relations; never the reducer's)"),
+                ));
             }
         }
         if let Some(p) = manifest.info.iter().find(|p| p.per_layer.len() != manifest.layers) {
@@ -559,10 +565,7 @@ impl MetaSet {
             return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
         }
         if opts.reverse_edges != self.manifest.reverse_edges {
-            return Err(GraphError::InvalidArgument(format!(
-                "the meta-partitions were built with reverse_edges = {}; train with the same setting (or partition again)",
-                self.manifest.reverse_edges
-            )));
+            return Err(GraphError::InvalidArgument(format!("the meta-partitions were built with reverse_edges = {}; train with the same setting (or partition again)", self.manifest.reverse_edges)));
         }
         crate::load(&self.dir.join(format!("part{k}")), opts)
     }

@@ -26,7 +26,6 @@ pub fn attention_aggregate(values: &Tensor, el: &Tensor, er: &Tensor, csr: &Arc<
 
 struct Attention(Arc<SegmentCsr>);
 
-
 fn from_f64(v: Vec<f64>, dtype: DType) -> CpuStorage {
     match dtype {
         DType::F64 => CpuStorage::F64(v),
@@ -71,14 +70,8 @@ struct Dims {
 
 fn dims(csr: &SegmentCsr, lv: &[usize], ll: &[usize], lr: &[usize]) -> candle_core::Result<Dims> {
     match (lv, ll, lr) {
-        ([ns, k, d], [ns2, k2], [nd, k3]) if *ns == csr.n_src() && ns2 == ns && *nd == csr.n_dst() && k2 == k && k3 == k => {
-            Ok(Dims { n_src: *ns, n_dst: *nd, heads: *k, width: *d })
-        }
-        _ => Err(candle_core::Error::Msg(format!(
-            "attention: shapes values {lv:?}, el {ll:?}, er {lr:?} do not fit a CSR of {} sources and {} destinations",
-            csr.n_src(),
-            csr.n_dst()
-        ))),
+        ([ns, k, d], [ns2, k2], [nd, k3]) if *ns == csr.n_src() && ns2 == ns && *nd == csr.n_dst() && k2 == k && k3 == k => Ok(Dims { n_src: *ns, n_dst: *nd, heads: *k, width: *d }),
+        _ => Err(candle_core::Error::Msg(format!("attention: shapes values {lv:?}, el {ll:?}, er {lr:?} do not fit a CSR of {} sources and {} destinations", csr.n_src(), csr.n_dst()))),
     }
 }
 
@@ -106,11 +99,7 @@ fn cuda_bwd(c: &SegmentCsr, dm: &Dims, values: &Tensor, el: &Tensor, er: &Tensor
     let d = c.on_device(&sv.device)?;
     let (dv, del, der) = super::cuda::attention_bwd((sv, lv), (sl, ll), (sr, lr), (sg, lg), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
     let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
-    Ok((
-        Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))),
-        Some(tensor(del, Shape::from((dm.n_src, dm.heads)))),
-        Some(tensor(der, Shape::from((dm.n_dst, dm.heads)))),
-    ))
+    Ok((Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))), Some(tensor(del, Shape::from((dm.n_src, dm.heads)))), Some(tensor(der, Shape::from((dm.n_dst, dm.heads))))))
 }
 
 impl CustomOp3 for Attention {
@@ -184,10 +173,7 @@ impl CustomOp3 for Attention {
                     softmax_row(c, &elv, &erv, k_n, v, k, &mut alpha);
                     let gk = &g[(v * k_n + k) * d_n..][..d_n];
                     // Sums fold from +0.0 as the CUDA kernels do (`Sum` starts at -0.0).
-                    let da: Vec<f64> = srcs
-                        .iter()
-                        .map(|&u| vals[(u as usize * k_n + k) * d_n..][..d_n].iter().zip(gk).map(|(a, b)| a * b).fold(0.0, |s, x| s + x))
-                        .collect();
+                    let da: Vec<f64> = srcs.iter().map(|&u| vals[(u as usize * k_n + k) * d_n..][..d_n].iter().zip(gk).map(|(a, b)| a * b).fold(0.0, |s, x| s + x)).collect();
                     let dot: f64 = alpha.iter().zip(&da).map(|(a, b)| a * b).fold(0.0, |s, x| s + x);
                     for (i, &u) in srcs.iter().enumerate() {
                         let ds = alpha[i] * (da[i] - dot);

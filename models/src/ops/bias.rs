@@ -51,13 +51,7 @@ impl CustomOp2 for AddBias {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sb: &candle_core::CudaStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(&self, sx: &candle_core::CudaStorage, lx: &Layout, sb: &candle_core::CudaStorage, lb: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (n, c) = matrix(lx, self.name())?;
         if lb.dims() != [c] {
             return Err(candle_core::Error::Msg(format!("add-bias: bias of shape {:?} for {c} columns", lb.dims())));

@@ -149,16 +149,7 @@ pub(crate) fn gather_rows(
 
 /// Dropout forward (`backward = None`) or backward (`Some((g, lg))`, `x` the forward input).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn dropout(
-    x: &CudaStorage,
-    lx: &Layout,
-    backward: Option<(&CudaStorage, &Layout)>,
-    row_keys: &[u64],
-    p: f32,
-    relu: bool,
-    rows: usize,
-    cols: usize,
-) -> candle_core::Result<CudaStorage> {
+pub(crate) fn dropout(x: &CudaStorage, lx: &Layout, backward: Option<(&CudaStorage, &Layout)>, row_keys: &[u64], p: f32, relu: bool, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
     let dev = &x.device;
     let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
     let scale = 1.0 / (1.0 - p);
@@ -174,7 +165,7 @@ pub(crate) fn dropout(
                 None => {
                     let f = kernel(dev, "dropout_fwd", T::SUFFIX)?;
                     let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+                    let mut b = stream.launch_builder(&f);
                     b.arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
                     // SAFETY: as in gather_rows.
                     unsafe { b.launch(cfg) }.w()?;
@@ -183,7 +174,7 @@ pub(crate) fn dropout(
                     let gv = view::<T>(g, lg, "dropout")?;
                     let f = kernel(dev, "dropout_bwd", T::SUFFIX)?;
                     let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&f);
+                    let mut b = stream.launch_builder(&f);
                     b.arg(&gv).arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
                     // SAFETY: as in gather_rows.
                     unsafe { b.launch(cfg) }.w()?;
@@ -273,26 +264,13 @@ pub(crate) fn attention_fwd(values: Input, el: Input, er: Input, csr: &DeviceCsr
 }
 
 /// Attention backward: `(d values, d el, d er)` for the upstream gradient `g: [n_dst, heads, width]`.
-pub(crate) fn attention_bwd(
-    values: Input,
-    el: Input,
-    er: Input,
-    g: Input,
-    csr: &DeviceCsr,
-    slope: f64,
-    d: AttentionDims,
-) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
+pub(crate) fn attention_bwd(values: Input, el: Input, er: Input, g: Input, csr: &DeviceCsr, slope: f64, d: AttentionDims) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let dev = &values.0.device;
     let (n_src, n_dst, heads, width) = (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.width, "width")?);
     dim(d.n_src.max(d.n_dst) * d.heads * d.width, "elements")?;
     let per_edge = csr.sources.len() * d.heads;
     by_dtype!(values.0.dtype(), "attention", |T| {
-        let (vv, lv, rv, gv) = (
-            view::<T>(values.0, values.1, "attention")?,
-            view::<T>(el.0, el.1, "attention")?,
-            view::<T>(er.0, er.1, "attention")?,
-            view::<T>(g.0, g.1, "attention")?,
-        );
+        let (vv, lv, rv, gv) = (view::<T>(values.0, values.1, "attention")?, view::<T>(el.0, el.1, "attention")?, view::<T>(er.0, er.1, "attention")?, view::<T>(g.0, g.1, "attention")?);
         // SAFETY: the destination pass writes every edge's entries and every d(er); the source pass every d(values), d(el).
         let (alpha_e, dpre_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
         let der = unsafe { dev.alloc::<T>(d.n_dst * d.heads)? };
@@ -357,17 +335,11 @@ pub(crate) fn lse_fwd(q: Input, k: Input, values: Input, csr: &DeviceCsr, empty_
 /// Log-sum-exp attention backward: `(d q, d k, d values)` for the upstream gradient `g: [n_dst, heads, 2 + dv]`.
 pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceCsr, d: LseDims) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let dev = &q.0.device;
-    let (n_src, n_dst, heads, dk, dv) =
-        (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
+    let (n_src, n_dst, heads, dk, dv) = (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
     dim(d.n_src.max(d.n_dst) * d.heads * (d.dv + 2 + d.dk), "elements")?;
     let per_edge = csr.sources.len() * d.heads;
     by_dtype!(q.0.dtype(), "lse-attention", |T| {
-        let (qv, kv, vv, gv) = (
-            view::<T>(q.0, q.1, "lse-attention")?,
-            view::<T>(k.0, k.1, "lse-attention")?,
-            view::<T>(values.0, values.1, "lse-attention")?,
-            view::<T>(g.0, g.1, "lse-attention")?,
-        );
+        let (qv, kv, vv, gv) = (view::<T>(q.0, q.1, "lse-attention")?, view::<T>(k.0, k.1, "lse-attention")?, view::<T>(values.0, values.1, "lse-attention")?, view::<T>(g.0, g.1, "lse-attention")?);
         // SAFETY: the destination pass writes every edge's entries and all of d(q); the source pass d(k) and d(values).
         let (de_e, w_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
         let dq = unsafe { dev.alloc::<T>(d.n_dst * d.heads * d.dk)? };

@@ -135,13 +135,7 @@ impl CustomOp2 for DropoutGrad {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(&self, sg: &candle_core::CudaStorage, lg: &Layout, sx: &candle_core::CudaStorage, lx: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let m = &self.0;
         let (rows, cols) = m.dims(lg, self.name())?;
         if lx.dims() != lg.dims() {

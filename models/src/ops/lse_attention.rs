@@ -72,7 +72,6 @@ fn dims(c: &SegmentCsr, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::R
     }
 }
 
-
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     // Folded from +0.0 as the CUDA kernels do (`Sum` starts at -0.0), so empty
     // and all-zero sums carry the same sign on both devices.
@@ -120,11 +119,7 @@ fn cuda_bwd(c: &SegmentCsr, d: &Dims, q: &Tensor, k: &Tensor, values: &Tensor, g
     let on = c.on_device(&sq.device)?;
     let (dq, dk, dv) = super::cuda::lse_bwd((sq, lq), (sk, lk), (sv, lv), (sg, lg), &on, d.for_cuda())?;
     let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
-    Ok((
-        Some(tensor(dq, Shape::from((d.n_dst, d.heads, d.dk)))),
-        Some(tensor(dk, Shape::from((d.n_src, d.heads, d.dk)))),
-        Some(tensor(dv, Shape::from((d.n_src, d.heads, d.dv)))),
-    ))
+    Ok((Some(tensor(dq, Shape::from((d.n_dst, d.heads, d.dk)))), Some(tensor(dk, Shape::from((d.n_src, d.heads, d.dk)))), Some(tensor(dv, Shape::from((d.n_src, d.heads, d.dv))))))
 }
 
 impl CustomOp3 for LseAttention {

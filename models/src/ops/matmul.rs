@@ -32,13 +32,7 @@ impl CustomOp2 for MatMul {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(&self, s1: &candle_core::CudaStorage, l1: &Layout, s2: &candle_core::CudaStorage, l2: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (m, k, n) = dims(l1, l2)?;
         Ok((s1.matmul(s2, (1, m, n, k), l1, l2)?, Shape::from((m, n))))
     }

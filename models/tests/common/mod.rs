@@ -7,9 +7,7 @@ pub fn graph() -> HetGraph {
     let mut r = graphs::rng::CounterRng::new(3);
     let (np, na) = (12u32, 7u32);
     let feats: Vec<f32> = (0..np * 5).map(|_| r.normal() as f32).collect();
-    let mut e = |n_src: u32, n_dst: u32, m: usize| -> (Vec<u32>, Vec<u32>) {
-        (0..m).map(|_| (r.below(n_src.into()) as u32, r.below(n_dst.into()) as u32)).unzip()
-    };
+    let mut e = |n_src: u32, n_dst: u32, m: usize| -> (Vec<u32>, Vec<u32>) { (0..m).map(|_| (r.below(n_src.into()) as u32, r.below(n_dst.into()) as u32)).unzip() };
     let (ws, wd) = e(na, np, 30);
     let (cs, cd) = e(np, np, 25);
     let mut g = GraphBuilder::new("t", "paper", 3)
