@@ -36,23 +36,12 @@ pub fn init_logging() {
 pub fn node(args: &ClusterArgs, id: &str) -> anyhow::Result<()> {
     init_logging();
     let cfg = args.load()?;
-    if cfg.training.mode == actors::Mode::DataParallel {
-        let start = std::time::Instant::now();
-        let report = actors::dist::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: data-parallel training"))?;
-        if let Some(report) = report {
-            crate::train::finish(&cfg, &report, start)?;
-        }
-        return Ok(());
+    let start = std::time::Instant::now();
+    let report = actors::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: {} training", cfg.training.mode.name()))?;
+    if let Some(report) = report {
+        crate::train::finish(&cfg, &report, start)?;
     }
-    if cfg.training.mode == actors::Mode::Raf {
-        let start = std::time::Instant::now();
-        let report = actors::raf::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: raf training"))?;
-        if let Some(report) = report {
-            crate::train::finish(&cfg, &report, start)?;
-        }
-        return Ok(());
-    }
-    actors::cluster::run_node(&cfg, id, actors::cluster::stop_signal()).with_context(|| format!("node {id}"))
+    Ok(())
 }
 
 /// `hetgnn doctor`: prints one line per node; fails if any node did not answer.

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use actors::dist::checkpoint as dist;
-use actors::pipeline::sample;
-use actors::trainer::EVAL_SEED;
+use actors::distributed::checkpoint as dist;
+use actors::epoch::sample;
+use actors::epoch::EVAL_SEED;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 use clap::Args;

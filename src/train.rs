@@ -154,22 +154,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path, &overrides)?,
         None => Config::parse("", &overrides)?,
     };
+    // Single-process training reads a graph directory; the others read partitions.
+    if cfg.training.mode == actors::Mode::Single && cfg.training.data.is_none() {
+        cfg.training.data = Some(default_data()?);
+    }
+    let input = cfg.training.partitions.clone().or_else(|| cfg.training.data.clone()).unwrap_or_default();
     let start = Instant::now();
-    let report = if cfg.training.mode == actors::Mode::DataParallel {
-        anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"data-parallel\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
-        let parts = cfg.training.partitions.clone().unwrap_or_default();
-        actors::dist::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("data-parallel training on {}", parts.display()))?.0
-    } else if cfg.training.mode == actors::Mode::Raf {
-        anyhow::ensure!(cfg.cluster.is_none(), "training.mode = \"raf\" with a [cluster] section runs with `hetgnn launch` or `hetgnn node`");
-        let parts = cfg.training.partitions.clone().unwrap_or_default();
-        actors::raf::train_embedded(&cfg, &mut Progress::default()).with_context(|| format!("raf training on {}", parts.display()))?.0
-    } else {
-        if cfg.training.data.is_none() {
-            cfg.training.data = Some(default_data()?);
-        }
-        let data = cfg.training.data.clone().expect("set above");
-        actors::train(&cfg, &mut Progress::default()).with_context(|| format!("training on {}", data.display()))?.0
-    };
+    let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("{} training on {}", cfg.training.mode.name(), input.display()))?;
     finish(&cfg, &report, start)
 }
 
@@ -255,7 +246,7 @@ impl TrainObserver for Progress {
         }
         println!(
             "epoch {:>3}  loss {:.4}  train {:.4}  valid {:.4}  test {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
-            r.epoch, r.loss, r.train_acc, r.valid_acc, r.test_acc, r.seconds, r.sample_s, r.gather_s, r.compute_s, r.update_s, r.eval_s
+            r.epoch, r.loss, r.train_acc, r.valid_acc, r.test_acc, r.time.seconds, r.time.sample_s, r.time.gather_s, r.time.compute_s, r.time.update_s, r.time.eval_s
         );
     }
 }

@@ -49,6 +49,17 @@ pub enum Mode {
     Raf,
 }
 
+impl Mode {
+    /// The mode's name, as configs and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Single => "single",
+            Mode::DataParallel => "data-parallel",
+            Mode::Raf => "raf",
+        }
+    }
+}
+
 /// How data-parallel trainers sum their dense gradients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

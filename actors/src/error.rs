@@ -27,6 +27,9 @@ pub enum TrainError {
     /// Distributed training failed or timed out (the message says where).
     #[error("distributed training: {0}")]
     Distributed(String),
+    /// The thread preparing batches ahead of the steps stopped without a word.
+    #[error("the batch pipeline stopped unexpectedly")]
+    PipelineStopped,
     /// A checkpoint is unusable (corrupted, from another run, incomplete).
     #[error("checkpoint: {0}")]
     Checkpoint(String),

@@ -1,22 +1,28 @@
 //! hetgnn's training roles and what drives them: the run configuration (TOML
-//! with `--set` overrides), the single-process trainer, and the run report.
+//! with `--set` overrides), one folder per training mode (`single`,
+//! `data_parallel`, `raf`) behind one seam, what every distributed mode
+//! shares (`distributed`), the device cache, and the run report.
 //!
-//! Roles are plain structs (sans-IO cores); the actor wrappers that put them
-//! on the runtime come with the distributed modes.
+//! [`train`] runs any mode embedded in this process and [`run_node`] one node
+//! of a cluster; `modes` is the one place that dispatches on the mode.
 #![warn(missing_docs)]
 
 pub mod cache;
 pub mod cluster;
 pub mod config;
+pub mod data_parallel;
 pub mod device;
-pub mod dist;
+pub mod distributed;
+pub mod epoch;
 pub mod error;
-pub mod pipeline;
+pub mod modes;
+pub mod observer;
 pub mod raf;
 pub mod report;
-pub mod trainer;
+pub mod single;
 
 pub use config::{Config, Mode, RafEmbeddings, TrainingConfig};
 pub use error::{Result, TrainError};
-pub use report::{EpochReport, Report};
-pub use trainer::{train, TrainObserver};
+pub use modes::{run_node, train, TrainingMode};
+pub use observer::TrainObserver;
+pub use report::{EpochReport, Report, Timings};

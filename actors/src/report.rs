@@ -4,7 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use candle_core::DType;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use models::Model;
 
 use crate::config::Config;
 use crate::error::{Result, TrainError};
@@ -22,6 +26,15 @@ pub struct EpochReport {
     pub valid_acc: f64,
     /// Test accuracy after the epoch.
     pub test_acc: f64,
+    /// Where the epoch's time went.
+    #[serde(flatten)]
+    pub time: Timings,
+}
+
+/// Where an epoch's time went, in seconds: the same figures in a trainer's
+/// account of its epoch and in the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
     /// Wall time of the training steps (evaluation excluded).
     pub seconds: f64,
     /// Neighbor sampling.
@@ -36,9 +49,29 @@ pub struct EpochReport {
     pub update_s: f64,
     /// Evaluation on the validation and test splits.
     pub eval_s: f64,
-    /// Writing checkpoints during the epoch's steps (the slowest trainer's).
+    /// Writing checkpoints during the epoch's steps.
     #[serde(default)]
     pub checkpoint_s: f64,
+}
+
+impl Timings {
+    /// The run's figures from each trainer's: the slowest trainer's wall,
+    /// evaluation and checkpoint times, the mean of each phase.
+    pub fn across(all: &[Timings]) -> Timings {
+        let n = all.len().max(1) as f64;
+        let mean = |f: fn(&Timings) -> f64| all.iter().map(f).sum::<f64>() / n;
+        let max = |f: fn(&Timings) -> f64| all.iter().map(f).fold(0.0, f64::max);
+        Timings {
+            seconds: max(|t| t.seconds),
+            sample_s: mean(|t| t.sample_s),
+            gather_s: mean(|t| t.gather_s),
+            compute_s: mean(|t| t.compute_s),
+            comm_s: mean(|t| t.comm_s),
+            update_s: mean(|t| t.update_s),
+            eval_s: max(|t| t.eval_s),
+            checkpoint_s: max(|t| t.checkpoint_s),
+        }
+    }
 }
 
 /// One failure of a distributed run and its recovery. Times are seconds since
@@ -121,4 +154,32 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// SHA-256 over parameter names and values, then embedding names and values.
+pub fn model_hash(model: &Model) -> Result<String> {
+    let mut h = Sha256::new();
+    for (name, var) in model.params.iter() {
+        h.update(name.as_bytes());
+        let v: Vec<f32> = var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        for x in v {
+            h.update(x.to_le_bytes());
+        }
+    }
+    for e in model.embeddings.iter().flatten() {
+        h.update(e.name.as_bytes());
+        for x in &e.data {
+            h.update(x.to_le_bytes());
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Fills the figures that need the whole trained model: its hash, its size,
+/// and the process's peak memory.
+pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
+    report.final_model_sha256 = model_hash(model)?;
+    report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;
+    report.peak_memory_bytes = peak_rss_bytes();
+    Ok(())
 }

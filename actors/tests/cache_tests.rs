@@ -105,9 +105,9 @@ fn data_parallel_trainers_cache_feature_rows_and_match_the_uncached_run() {
     });
     let extra = ["training.mode=\"data-parallel\"".to_string(), format!("training.partitions={:?}", pdir.display().to_string())];
     let mut want_losses = Losses::default();
-    let (want, _) = actors::dist::train_embedded(&config(&extra), &mut want_losses).unwrap();
+    let (want, _) = actors::train(&config(&extra), &mut want_losses).unwrap();
     let mut losses = Losses::default();
-    let (got, _) = actors::dist::train_embedded(&cached("miss-penalty", &extra), &mut losses).unwrap();
+    let (got, _) = actors::train(&cached("miss-penalty", &extra), &mut losses).unwrap();
     assert_eq!(losses.0, want_losses.0);
     assert_eq!(got.final_model_sha256, want.final_model_sha256);
     check_budget(&got, 2, true, "data-parallel");
@@ -123,10 +123,10 @@ fn raf_workers_cache_their_rows_and_match_the_uncached_run() {
     });
     let extra = ["training.mode=\"raf\"".to_string(), format!("training.partitions={:?}", pdir.display().to_string())];
     let mut want_losses = Losses::default();
-    let (want, _) = actors::raf::train_embedded(&config(&extra), &mut want_losses).unwrap();
+    let (want, _) = actors::train(&config(&extra), &mut want_losses).unwrap();
     for policy in ["hotness", "miss-penalty"] {
         let mut losses = Losses::default();
-        let (got, _) = actors::raf::train_embedded(&cached(policy, &extra), &mut losses).unwrap();
+        let (got, _) = actors::train(&cached(policy, &extra), &mut losses).unwrap();
         assert_eq!(losses.0, want_losses.0, "{policy}");
         assert_eq!(got.final_model_sha256, want.final_model_sha256, "{policy}");
         check_budget(&got, 2, policy == "hotness", policy);

@@ -5,7 +5,6 @@ mod common;
 
 use std::path::PathBuf;
 
-use actors::dist::train_embedded;
 use actors::{train, Config};
 use candle_core::DType;
 use common::{assembled_hash, close, derived, Losses, Notes};
@@ -35,7 +34,7 @@ fn one_two_and_three_trainers_match_single_process_training() {
         let pdir = partitions_two_level(parts, per_part, method);
         let cfg = config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string()), format!("training.allreduce={allreduce:?}")]);
         let mut losses = Losses::default();
-        let (report, fin) = train_embedded(&cfg, &mut losses).unwrap();
+        let (report, fin) = train(&cfg, &mut losses).unwrap();
         assert_eq!(report.mode, "data-parallel");
         assert_eq!(report.nodes, parts);
         assert_eq!(report.steps, single.steps);
@@ -43,7 +42,7 @@ fn one_two_and_three_trainers_match_single_process_training() {
         for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
             close(*a, *b, &format!("{parts} trainers, loss of step {i}"));
         }
-        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.replica.params.iter()) {
+        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.params.iter()) {
             assert_eq!(name, name2);
             let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
@@ -57,8 +56,9 @@ fn one_two_and_three_trainers_match_single_process_training() {
             }
         }
         let tables: Vec<_> = model.embeddings.iter().flatten().collect();
-        assert_eq!(tables.len(), fin.tables.len());
-        for (t, (name, data)) in tables.iter().zip(&fin.tables) {
+        let got: Vec<_> = fin.embeddings.iter().flatten().map(|e| (&e.name, &e.data)).collect();
+        assert_eq!(tables.len(), got.len());
+        for (t, (name, data)) in tables.iter().zip(got) {
             assert_eq!(&t.name, name);
             for (x, y) in t.data.iter().zip(data) {
                 assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{parts} trainers, {name}: {x} vs {y}");
@@ -77,10 +77,10 @@ fn one_two_and_three_trainers_match_single_process_training() {
 #[test]
 fn missing_partitions_are_named() {
     let cfg = config(&["training.mode=\"data-parallel\"".into()]);
-    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
+    let err = train(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("training.partitions"), "{err}");
     let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"/nonexistent/parts\"".into()]);
-    let err = train_embedded(&cfg, &mut ()).err().unwrap().to_string();
+    let err = train(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("/nonexistent/parts/manifest.json"), "{err}");
 }
 
@@ -98,27 +98,27 @@ fn checkpointed(dir: &std::path::Path, epochs: u64) -> Config {
 
 /// Checkpoint directories under `dir`, oldest first.
 fn checkpoints(dir: &std::path::Path) -> Vec<PathBuf> {
-    actors::dist::checkpoint::list(dir).unwrap()
+    actors::distributed::checkpoint::list(dir).unwrap()
 }
 
 #[test]
 fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let root = common::root().join("resume");
     let reference = root.join("reference");
-    let (want, _) = train_embedded(&checkpointed(&reference, 2), &mut ()).unwrap();
+    let (want, _) = train(&checkpointed(&reference, 2), &mut ()).unwrap();
     let per_epoch = want.steps / 2;
     assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
     let kept = checkpoints(&reference);
-    let last = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
+    let last = |d: &PathBuf| actors::distributed::checkpoint::manifest(d).unwrap().seq;
     assert_eq!(kept.len(), 2, "checkpoint_keep = 2: {kept:?}");
     assert_eq!(last(&kept[1]), want.steps, "the last checkpoint is taken at the end");
     assert_eq!(assembled_hash(&kept[1]), want.final_model_sha256, "the last checkpoint holds the final model");
 
     // A run of one epoch, then the same run extended to two: it resumes at the end of epoch 1.
     let dir = root.join("extended");
-    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    train(&checkpointed(&dir, 1), &mut ()).unwrap();
     let mut notes = Notes::default();
-    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut notes).unwrap();
+    let (got, _) = train(&checkpointed(&dir, 2), &mut notes).unwrap();
     assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
     assert_eq!(got.steps, per_epoch, "only the second epoch's steps are taken");
@@ -128,24 +128,24 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
 
     // Mid-epoch: drop the end-of-epoch checkpoint; the one before it lies inside epoch 1.
     let dir = root.join("mid");
-    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    train(&checkpointed(&dir, 1), &mut ()).unwrap();
     let kept = checkpoints(&dir);
     std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
     let mid = last(&kept[0]);
     assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
-    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut ()).unwrap();
+    let (got, _) = train(&checkpointed(&dir, 2), &mut ()).unwrap();
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
     assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the epoch's loss counts the steps before the checkpoint");
 
     // A truncated newest checkpoint is detected by its checksum and the previous one used.
     let dir = root.join("corrupt");
-    train_embedded(&checkpointed(&dir, 1), &mut ()).unwrap();
+    train(&checkpointed(&dir, 1), &mut ()).unwrap();
     let newest = checkpoints(&dir).pop().unwrap();
     let file = newest.join("dense.safetensors");
     let len = std::fs::metadata(&file).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 100).unwrap();
     let mut notes = Notes::default();
-    let (got, _) = train_embedded(&checkpointed(&dir, 2), &mut notes).unwrap();
+    let (got, _) = train(&checkpointed(&dir, 2), &mut notes).unwrap();
     assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed from the checkpoint before the corrupted one");
 
@@ -153,6 +153,6 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let other = checkpointed(&reference, 2);
     let mut other = other.clone();
     other.training.lr = 0.02;
-    let err = train_embedded(&other, &mut ()).err().unwrap().to_string();
+    let err = train(&other, &mut ()).err().unwrap().to_string();
     assert!(err.contains("another run"), "{err}");
 }

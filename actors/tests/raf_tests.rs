@@ -7,7 +7,6 @@ mod common;
 
 use std::path::PathBuf;
 
-use actors::raf::train_embedded;
 use actors::{train, Config};
 use candle_core::DType;
 use common::{derived, same_losses, Losses, Notes};
@@ -78,7 +77,7 @@ fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
         extra.push("training.mode=\"raf\"".into());
         extra.push(format!("training.partitions={:?}", pdir.display().to_string()));
         let mut losses = Losses::default();
-        let (report, got) = train_embedded(&config(&extra), &mut losses).unwrap();
+        let (report, got) = train(&config(&extra), &mut losses).unwrap();
         assert_eq!(report.mode, "raf");
         assert_eq!(report.nodes, k);
         let what = format!("{model}, {k} workers");
@@ -115,10 +114,10 @@ fn three_layer_models_match_single_process_training() {
 #[test]
 fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
     let common = ["training.model=\"rgcn\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta(2, 2).display().to_string())];
-    let (synced, _) = train_embedded(&config(&common), &mut ()).unwrap();
+    let (synced, _) = train(&config(&common), &mut ()).unwrap();
     let mut local = common.to_vec();
     local.push("training.raf_embeddings=\"local\"".into());
-    let (report, _) = train_embedded(&config(&local), &mut ()).unwrap();
+    let (report, _) = train(&config(&local), &mut ()).unwrap();
     assert_ne!(report.final_model_sha256, synced.final_model_sha256, "a different model");
     let (a, b) = (report.epochs[0].test_acc, synced.epochs[0].test_acc);
     assert!(a > 0.5 * b, "local embeddings still learn: {a} vs {b}");
@@ -140,7 +139,7 @@ fn metapath_models_train_the_same_on_one_two_and_three_workers() {
     let run = |parts: usize| {
         let extra = ["training.model=\"hgt\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta_paths(parts).display().to_string())];
         let mut losses = Losses::default();
-        let (report, model) = train_embedded(&config(&extra), &mut losses).unwrap();
+        let (report, model) = train(&config(&extra), &mut losses).unwrap();
         (report, model, losses.0)
     };
     let (one, want, want_losses) = run(1);
@@ -171,20 +170,20 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
             format!("training.epochs={epochs}"),
         ])
     };
-    let (want, _) = train_embedded(&cfg(&root.join("reference"), 2), &mut ()).unwrap();
+    let (want, _) = train(&cfg(&root.join("reference"), 2), &mut ()).unwrap();
     let per_epoch = want.steps / 2;
     assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
-    let list = |d: &std::path::Path| actors::dist::checkpoint::list(d).unwrap();
+    let list = |d: &std::path::Path| actors::distributed::checkpoint::list(d).unwrap();
     // The last checkpoint, assembled from the workers' files, is the final model.
     let last = list(&root.join("reference")).pop().unwrap();
     assert_eq!(common::assembled_hash(&last), want.final_model_sha256);
-    let seq = |d: &PathBuf| actors::dist::checkpoint::manifest(d).unwrap().seq;
+    let seq = |d: &PathBuf| actors::distributed::checkpoint::manifest(d).unwrap().seq;
 
     // Extended by an epoch: resumes at the end of the first.
     let dir = root.join("extended");
-    train_embedded(&cfg(&dir, 1), &mut ()).unwrap();
+    train(&cfg(&dir, 1), &mut ()).unwrap();
     let mut notes = Notes::default();
-    let (got, _) = train_embedded(&cfg(&dir, 2), &mut notes).unwrap();
+    let (got, _) = train(&cfg(&dir, 2), &mut notes).unwrap();
     assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
     assert_eq!((got.steps, got.resumed_from_step), (per_epoch, Some(per_epoch)));
@@ -192,7 +191,7 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
 
     // Mid-epoch, after the newest checkpoint is truncated: the one before it is used.
     let dir = root.join("mid");
-    train_embedded(&cfg(&dir, 1), &mut ()).unwrap();
+    train(&cfg(&dir, 1), &mut ()).unwrap();
     let kept = list(&dir);
     let file = kept[1].join("worker-1.safetensors");
     let len = std::fs::metadata(&file).unwrap().len();
@@ -200,7 +199,7 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let mid = seq(&kept[0]);
     assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
     let mut notes = Notes::default();
-    let (got, _) = train_embedded(&cfg(&dir, 2), &mut notes).unwrap();
+    let (got, _) = train(&cfg(&dir, 2), &mut notes).unwrap();
     assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
     assert_eq!(got.resumed_from_step, Some(mid));
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");

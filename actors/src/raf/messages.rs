@@ -7,9 +7,9 @@ use actix::{Context, Handler, MessageResult};
 use runtime::{ByteVec, Deliver, Msg};
 use serde::{Deserialize, Serialize};
 
-use crate::dist::inbox::InboxActor;
+use crate::distributed::inbox::InboxActor;
 
-/// Inbox rounds (the `round` of [`crate::dist::inbox::Inbox::raw`]) of each kind.
+/// Inbox rounds (the `round` of [`crate::distributed::inbox::Inbox::raw`]) of each kind.
 pub mod round {
     /// A worker's partial aggregation, at the reducer.
     pub const PARTIAL: u32 = 0x100;

@@ -35,14 +35,14 @@ use runtime::{ActorRef, ByteVec, Msg, Node};
 use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows, Shared, SharedGrads};
 use super::names;
 use crate::config::TrainingConfig;
-use crate::dist::checkpoint::{self, Progress};
-use crate::dist::inbox::Inbox;
-use crate::dist::messages::{EpochStats, Saved, StepDone};
-use crate::dist::store::decode_f32;
-use crate::dist::trainer::Schedule;
-use crate::dist::Timeouts;
+use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::generations::abort_peers;
+use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::{EpochStats, Saved, StepDone};
+use crate::distributed::schedule::Schedule;
+use crate::distributed::{decode_f32, Timeouts};
+use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
-use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
 
 /// Positions in `batch` of the seeds replica `(j, r)` handles.
 pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
@@ -127,8 +127,8 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
     });
     if let Err(e) = &result {
         let workers = s.per_layer.len() as u32;
-        let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::dist::names::COORDINATOR.to_string()]).collect();
-        crate::dist::abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
+        let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::distributed::names::COORDINATOR.to_string()]).collect();
+        abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
     }
     result
 }
@@ -244,7 +244,7 @@ impl<'a> Worker<'a> {
         let refs = TrainerRefs {
             workers: (0..workers as u32).map(|k| actor(names::worker(k))).collect::<Result<_>>()?,
             reducer: actor(names::REDUCER.to_string())?,
-            coordinator: actor(crate::dist::names::COORDINATOR.to_string())?,
+            coordinator: actor(crate::distributed::names::COORDINATOR.to_string())?,
         };
         let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
         let mut seq = 0;
@@ -364,16 +364,16 @@ impl<'a> Worker<'a> {
                     if plan.due(self.seq) {
                         let clock = Instant::now();
                         self.checkpoint(Progress { loss_sum, correct: st.train_correct as f64, seen: st.train_seen })?;
-                        st.checkpoint_s += clock.elapsed().as_secs_f64();
+                        st.time.checkpoint_s += clock.elapsed().as_secs_f64();
                     }
                     let p = rx.recv().map_err(|_| dist_err("the sampling thread stopped"))??;
-                    st.sample_s += p.sample_s;
-                    st.gather_s += p.gather_s;
+                    st.time.sample_s += p.sample_s;
+                    st.time.gather_s += p.gather_s;
                     self.step_training(p, seeds, epoch, step, labels, &mut st, &mut loss_sum)?;
                 }
                 Ok(())
             })?;
-            st.seconds = start.elapsed().as_secs_f64();
+            st.time.seconds = start.elapsed().as_secs_f64();
             st.loss = loss_sum / batches.len().max(1) as f64;
             let after = s.node.metrics();
             st.step_bytes_by_kind = after.bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
@@ -397,7 +397,7 @@ impl<'a> Worker<'a> {
                     st.test_correct = correct;
                 }
             }
-            st.eval_s = eval_start.elapsed().as_secs_f64();
+            st.time.eval_s = eval_start.elapsed().as_secs_f64();
             st.bytes_by_kind = after.bytes_by_kind();
             st.messages_by_kind = after.messages_by_kind();
             st.cache = self.cache.as_ref().map(|c| c.report()).unwrap_or_default();
@@ -420,10 +420,10 @@ impl<'a> Worker<'a> {
         if self.setup.worker == 0 {
             st.train_seen += seeds.len() as u64;
         }
-        st.gather_s += out.gather_s;
-        st.compute_s += out.compute_s;
-        st.comm_s += out.comm_s;
-        st.update_s += out.update_s;
+        st.time.gather_s += out.gather_s;
+        st.time.compute_s += out.compute_s;
+        st.time.comm_s += out.comm_s;
+        st.time.update_s += out.update_s;
         if self.setup.worker == 0 {
             self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
         }
@@ -894,7 +894,7 @@ pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, w
         }
     }
     let me = runtime::ActorName::new(&names::worker(worker)).map_err(dist_err)?;
-    let to = node.actor(&format!("{}/final", crate::dist::names::COORDINATOR)).map_err(dist_err)?.with_sender(me);
+    let to = node.actor(names::FINAL).map_err(dist_err)?.with_sender(me);
     let total = pieces.len() as u32;
     for (i, state) in pieces.into_iter().enumerate() {
         let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;

@@ -62,11 +62,11 @@ impl TrainObserver for Notes {
 
 /// The hash of the whole model assembled from the distributed checkpoint in `dir`.
 pub fn assembled_hash(dir: &Path) -> String {
-    let m = actors::dist::checkpoint::manifest(dir).unwrap();
+    let m = actors::distributed::checkpoint::manifest(dir).unwrap();
     let g = graphs::load(&graph(), &LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
     let mut model = models::Model::new(&m.spec, &g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-    actors::dist::checkpoint::assemble(dir, &m, &mut model).unwrap();
-    actors::trainer::model_hash(&model).unwrap()
+    actors::distributed::checkpoint::assemble(dir, &m, &mut model).unwrap();
+    actors::report::model_hash(&model).unwrap()
 }
 
 /// Records every step's loss.

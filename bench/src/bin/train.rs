@@ -98,24 +98,24 @@ fn main() -> anyhow::Result<()> {
         println!(
             "{scale:>6} {:>6} {:>9.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {peak:>10.0} {:>9.4}",
             report.steps / report.epochs.len() as u64,
-            mean(|e| e.seconds),
-            mean(|e| e.sample_s),
-            mean(|e| e.gather_s),
-            mean(|e| e.compute_s),
-            mean(|e| e.update_s),
+            mean(|e| e.time.seconds),
+            mean(|e| e.time.sample_s),
+            mean(|e| e.time.gather_s),
+            mean(|e| e.time.compute_s),
+            mean(|e| e.time.update_s),
             last.test_acc
         );
         let mut row = serde_json::json!({
             "scale": scale, "steps_per_epoch": report.steps / report.epochs.len() as u64,
-            "epoch_seconds": mean(|e| e.seconds), "sample_s": mean(|e| e.sample_s), "gather_s": mean(|e| e.gather_s),
-            "compute_s": mean(|e| e.compute_s), "update_s": mean(|e| e.update_s),
+            "epoch_seconds": mean(|e| e.time.seconds), "sample_s": mean(|e| e.time.sample_s), "gather_s": mean(|e| e.time.gather_s),
+            "compute_s": mean(|e| e.time.compute_s), "update_s": mean(|e| e.time.update_s),
             "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
         });
         if let Some(python) = &a.dgl {
             let theirs = dgl(python, &bench::mag_like(scale, 0)?, a.epochs, cores)?;
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
             let test = theirs["epochs"].as_array().and_then(|e| e.last()).and_then(|e| e["test_acc"].as_f64()).unwrap_or(f64::NAN);
-            let ratio = mean(|e| e.seconds) / epoch_s;
+            let ratio = mean(|e| e.time.seconds) / epoch_s;
             println!("{:>6} dgl {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/dgl time {ratio:.2}x, test accuracy {:+.4}", "", theirs["dgl"], last.test_acc - test);
             row["dgl"] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
                 "test_acc_diff": last.test_acc - test, "report": theirs });

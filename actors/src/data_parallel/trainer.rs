@@ -26,16 +26,19 @@ use models::rgcn::PerType;
 use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
 
-use super::checkpoint::{self, Progress};
-use super::inbox::Inbox;
-use super::messages::{EpochStats, GradShare, Pull, Push, SampleReq, Save, Saved, StepDone};
-use super::store::decode_f32;
-use super::{names, Timeouts};
+use super::messages::{Pull, Push, SampleReq, Save};
+use super::names;
 use crate::cache::rows::Lookup;
 use crate::cache::{hotness, profile, CachePolicy, DeviceCache, FeatureCache};
 use crate::config::{AllReduce, TrainingConfig};
+use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::generations::abort_peers;
+use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::{EpochStats, GradShare, Saved, StepDone};
+use crate::distributed::schedule::Schedule;
+use crate::distributed::{decode_f32, Timeouts};
+use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
-use crate::trainer::{lap, EVAL_BATCH, EVAL_SEED};
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -88,7 +91,7 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
     });
     if let Err(e) = &result {
         let targets: Vec<String> = (0..s.trainers).filter(|&p| p != s.trainer).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
-        super::abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, s.gen, &targets, &e.to_string());
+        abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, s.gen, &targets, &e.to_string());
     }
     result
 }
@@ -149,45 +152,6 @@ const PREFETCH: usize = 2;
 
 /// Rows per pull when a cache is filled.
 const FILL_ROWS: usize = 16 << 10;
-
-/// An attempt's steps: where it starts (a checkpoint's step, mid-epoch
-/// perhaps) and when it writes checkpoints. Shared by trainers and raf workers.
-pub(crate) struct Schedule {
-    /// Steps per epoch.
-    per_epoch: u64,
-    /// Steps of the run.
-    total: u64,
-    /// The attempt's first step.
-    first: u64,
-    epochs: u64,
-    every: u64,
-    checkpoints: bool,
-}
-
-impl Schedule {
-    /// The schedule of a run over `train` training nodes, starting at step `first`.
-    pub(crate) fn new(t: &TrainingConfig, train: usize, first: u64) -> Schedule {
-        let per_epoch = train.div_ceil(t.batch.max(1)) as u64;
-        Schedule { per_epoch, total: per_epoch * t.epochs, first, epochs: t.epochs, every: t.checkpoint_every, checkpoints: t.checkpoint_dir.is_some() }
-    }
-
-    /// The epochs the attempt (re)enters.
-    pub(crate) fn epochs(&self) -> std::ops::Range<u64> {
-        self.first / self.per_epoch.max(1)..self.epochs
-    }
-
-    /// Steps of `epoch` (of `len`) done before the attempt started.
-    pub(crate) fn skip(&self, epoch: u64, len: usize) -> usize {
-        (self.first.saturating_sub(epoch * self.per_epoch) as usize).min(len)
-    }
-
-    /// Whether a checkpoint is due before global step `seq`: every
-    /// `checkpoint_every` steps (0: every epoch), and after the last step.
-    pub(crate) fn due(&self, seq: u64) -> bool {
-        let periodic = if self.every == 0 { seq % self.per_epoch.max(1) == 0 } else { seq % self.every == 0 };
-        self.checkpoints && seq > self.first && (seq == self.total || periodic)
-    }
-}
 
 impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
@@ -274,11 +238,11 @@ impl<'a> Trainer<'a> {
                     if plan.due(rep.seq) {
                         let clock = Instant::now();
                         ctx.checkpoint(rep, progress)?;
-                        st.checkpoint_s += clock.elapsed().as_secs_f64();
+                        st.time.checkpoint_s += clock.elapsed().as_secs_f64();
                     }
                     let p = rx.recv().map_err(|_| TrainError::Distributed("the prefetch thread stopped".into()))??;
-                    st.sample_s += p.sample_s;
-                    st.gather_s += p.gather_s;
+                    st.time.sample_s += p.sample_s;
+                    st.time.gather_s += p.gather_s;
                     let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
                     if ctx.s.trainer == 0 {
                         let c = ctx.peers.coordinator.clone();
@@ -290,7 +254,7 @@ impl<'a> Trainer<'a> {
                 }
                 Ok(())
             })?;
-            st.seconds = start.elapsed().as_secs_f64();
+            st.time.seconds = start.elapsed().as_secs_f64();
             st.step_bytes_by_kind = s.node.metrics().bytes_by_kind();
             for (k, v) in st.step_bytes_by_kind.iter_mut() {
                 *v -= before.get(k).copied().unwrap_or(0);
@@ -301,7 +265,7 @@ impl<'a> Trainer<'a> {
             let eval = Instant::now();
             st.valid_correct = self.rep.evaluate(&self.ctx, epoch, &splits.valid)?;
             st.test_correct = self.rep.evaluate(&self.ctx, epoch, &splits.test)?;
-            st.eval_s = eval.elapsed().as_secs_f64();
+            st.time.eval_s = eval.elapsed().as_secs_f64();
             let m = s.node.metrics();
             st.bytes_by_kind = m.bytes_by_kind();
             st.messages_by_kind = m.messages_by_kind();
@@ -333,7 +297,7 @@ impl Replica {
                     *x = f;
                 }
             }
-            st.gather_s += lap(&mut clock);
+            st.time.gather_s += lap(&mut clock);
             let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
             let y = Tensor::from_vec(y, seeds.len(), &ctx.device)?;
             let logits = self.model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
@@ -343,7 +307,7 @@ impl Replica {
             wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
-            st.compute_s += lap(&mut clock);
+            st.time.compute_s += lap(&mut clock);
             for (ty, x) in inputs.iter().enumerate() {
                 let mut per_owner = vec![(Vec::new(), Vec::new()); ctx.s.parts as usize];
                 if let (true, Some(x)) = (ctx.learnable[ty], x) {
@@ -396,7 +360,7 @@ impl Replica {
         flat.push(wloss as f32);
         flat.push(correct as f32);
         let sum = self.all_reduce(ctx, flat, pushes)?;
-        st.comm_s += lap(&mut clock);
+        st.time.comm_s += lap(&mut clock);
         let n_params = self.model.params.len();
         let values = sum.len() - n_params - 2;
         let mut named = BTreeMap::new();
@@ -409,7 +373,7 @@ impl Replica {
             at += n;
         }
         self.adam.step_named(&self.model.params, &named)?;
-        st.update_s += lap(&mut clock);
+        st.time.update_s += lap(&mut clock);
         self.seq += 1;
         // Every share of earlier steps has been taken: what is left of them is duplicates.
         ctx.s.inbox.forget_before(self.seq);
@@ -631,7 +595,7 @@ impl Ctx<'_> {
     fn sample(&self, seed: u64, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
         let g = &*self.s.graph;
         if !self.uses_neighbors {
-            return crate::pipeline::sample(&mut Sampler::new(g, &self.s.cfg.fanouts, seed)?, false, epoch, step, seeds);
+            return crate::epoch::sample(&mut Sampler::new(g, &self.s.cfg.fanouts, seed)?, false, epoch, step, seeds);
         }
         let mut sampler = Sampler::new(g, &self.s.cfg.fanouts, seed)?;
         let owners = &self.s.owners;
@@ -847,27 +811,5 @@ impl Ctx<'_> {
             }
         }
         Ok(Some(cache))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Schedule;
-    use crate::config::TrainingConfig;
-
-    #[test]
-    fn a_resumed_schedule_skips_the_steps_done_and_checkpoints_on_its_period() {
-        let mut t = TrainingConfig { epochs: 3, batch: 10, checkpoint_dir: Some("ck".into()), checkpoint_every: 4, ..TrainingConfig::default() };
-        // 95 training nodes: 10 steps per epoch, 30 in all; resumed at step 12.
-        let s = Schedule::new(&t, 95, 12);
-        assert_eq!(s.epochs(), 1..3);
-        assert_eq!((s.skip(1, 10), s.skip(2, 10)), (2, 0));
-        let due: Vec<u64> = (0..=30).filter(|&q| s.due(q)).collect();
-        assert_eq!(due, vec![16, 20, 24, 28, 30], "not at its own first step; always after the last");
-        t.checkpoint_every = 0;
-        let s = Schedule::new(&t, 95, 0);
-        assert_eq!((0..=30).filter(|&q| s.due(q)).collect::<Vec<_>>(), vec![10, 20, 30], "0: at epoch boundaries");
-        t.checkpoint_dir = None;
-        assert!(!(0..=30).any(|q| Schedule::new(&t, 95, 0).due(q)), "no directory, no checkpoints");
     }
 }

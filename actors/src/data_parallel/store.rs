@@ -16,8 +16,8 @@ use models::embedding::{adam_rows, EmbeddingTable, RowsMut};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
-use super::checkpoint;
 use super::messages::{Export, Pull, Push, Reset, Save};
+use crate::distributed::{checkpoint, decode_f32};
 
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
 pub const MAX_ROWS: usize = 1 << 24;
@@ -274,16 +274,6 @@ impl FeatureStore {
         }
         Ok(Some(ByteVec(out)))
     }
-}
-
-/// Little-endian f32 values from `bytes`, which must hold exactly `n`.
-pub fn decode_f32(bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
-    if bytes.len() != n * 4 {
-        return Err(format!("{} bytes where {n} f32 values ({} bytes) were expected", bytes.len(), n * 4));
-    }
-    let mut out = vec![0f32; n];
-    bytemuck::cast_slice_mut::<f32, u8>(&mut out).copy_from_slice(bytes);
-    Ok(out)
 }
 
 impl Actor for FeatureStore {

@@ -1,85 +1,11 @@
-//! The messages of data-parallel training. Kinds name what they carry, so the
-//! report's bytes per kind read as sampling, feature pulls, embedding pushes
-//! and gradients.
+//! The control messages every distributed mode shares: generations (Ready,
+//! Begin, Abort, Finish), progress and figures for the coordinator (StepDone,
+//! EpochStats), checkpoints (Saved), and the dense-gradient share of an
+//! all-reduce (GradShare). Kinds name what they carry, so the report's bytes
+//! per kind read as what the run spent them on.
 
-use graphs::RelationPicks;
 use runtime::{ByteVec, Msg};
 use serde::{Deserialize, Serialize};
-
-/// Owner-compute sampling: the picks of every relation into each requested
-/// node (per type) at one hop, drawn with the requester's keys.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SampleReq {
-    /// Sampling seed (training or evaluation stream).
-    pub seed: u64,
-    /// Epoch.
-    pub epoch: u64,
-    /// Step within the epoch.
-    pub step: u64,
-    /// Model layer the hop feeds.
-    pub layer: u32,
-    /// Neighbors per relation.
-    pub fanout: u32,
-    /// Destination nodes per node type, all owned by the receiver.
-    pub nodes: Vec<Vec<u32>>,
-}
-
-impl Msg for SampleReq {
-    type Reply = Result<Vec<Vec<RelationPicks>>, String>;
-    const KIND: &'static str = "sample";
-}
-
-/// Rows of a feature store by global id (owned by the receiver).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Pull {
-    /// Generation (attempt) of the run the message belongs to: a recovery
-    /// starts a new one, and messages of others are not mixed in.
-    pub gen: u64,
-    /// Global ids.
-    pub ids: Vec<u32>,
-    /// Learnable rows: only once the pushes of this step have been applied.
-    pub after: Option<u64>,
-}
-
-impl Msg for Pull {
-    /// `ids.len() × dim` little-endian f32, or `None` if step `after` is not
-    /// applied yet or the store is not at generation `gen` yet (ask again).
-    type Reply = Result<Option<ByteVec>, String>;
-    const KIND: &'static str = "pull";
-}
-
-/// One trainer's gradient for learnable rows in one step; the store applies
-/// Adam once every trainer's push for the step has arrived.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Push {
-    /// Generation (attempt) of the run the message belongs to: a recovery
-    /// starts a new one, and messages of others are not mixed in.
-    pub gen: u64,
-    /// Global step number (over all epochs).
-    pub seq: u64,
-    /// Pushing trainer.
-    pub trainer: u32,
-    /// Global ids (owned by the receiver, distinct).
-    pub ids: Vec<u32>,
-    /// `ids.len() × dim` little-endian f32.
-    pub grad: ByteVec,
-}
-
-impl Msg for Push {
-    /// `None`: the store is not at generation `gen` yet (push again).
-    type Reply = Result<Option<()>, String>;
-    const KIND: &'static str = "push";
-}
-
-/// All rows a store owns, for the final model hash.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Export;
-
-impl Msg for Export {
-    /// Owned ids (ascending) and their rows.
-    type Reply = Result<(Vec<u32>, ByteVec), String>;
-    const KIND: &'static str = "export";
-}
 
 /// A trainer's flattened dense gradients for one step, or a chunk of them
 /// (all-reduce).
@@ -177,22 +103,8 @@ pub struct EpochStats {
     pub valid_correct: u64,
     /// See `valid_correct`.
     pub test_correct: u64,
-    /// Wall seconds of the epoch's training steps.
-    pub seconds: f64,
-    /// Seconds sampling (local and remote).
-    pub sample_s: f64,
-    /// Seconds gathering input rows (local and pulled).
-    pub gather_s: f64,
-    /// Seconds in forward and backward.
-    pub compute_s: f64,
-    /// Seconds pushing embedding gradients and all-reducing.
-    pub comm_s: f64,
-    /// Seconds applying the optimiser.
-    pub update_s: f64,
-    /// Seconds evaluating.
-    pub eval_s: f64,
-    /// Seconds writing checkpoints.
-    pub checkpoint_s: f64,
+    /// Where the epoch's time went on this trainer.
+    pub time: crate::report::Timings,
     /// Wire bytes this trainer's node sent during the epoch's training steps
     /// (evaluation excluded), per message kind.
     pub step_bytes_by_kind: std::collections::BTreeMap<String, u64>,
@@ -255,38 +167,6 @@ pub struct Begin {
 impl Msg for Begin {
     type Reply = ();
     const KIND: &'static str = "begin";
-}
-
-/// Sent by a node to its own embedding stores: restore the checkpoint at step
-/// `from` (or the initial rows) and serve generation `gen`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Reset {
-    /// Generation about to start.
-    pub gen: u64,
-    /// The checkpoint (its step) to restore, if any.
-    pub from: Option<u64>,
-}
-
-impl Msg for Reset {
-    type Reply = Result<(), String>;
-    const KIND: &'static str = "reset";
-}
-
-/// Write the store's rows into the checkpoint of step `seq` (its state once
-/// the updates of steps before `seq` are applied).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Save {
-    /// Generation.
-    pub gen: u64,
-    /// Checkpoint step.
-    pub seq: u64,
-}
-
-impl Msg for Save {
-    /// The file written and its SHA-256, or `None` while the store is not at
-    /// that step (ask again).
-    type Reply = Result<Option<(String, String)>, String>;
-    const KIND: &'static str = "save";
 }
 
 /// A partition wrote its files of the checkpoint at step `seq`.

@@ -13,13 +13,14 @@ use futures_util::future::join_all;
 use graphs::HetGraph;
 
 use super::checkpoint::{self, Manifest};
+use super::generations::{abort_peers, stop_all_but};
 use super::inbox::{EpochProgress, Inbox};
 use super::messages::{Begin, EpochStats, Saved};
-use super::{abort_peers, names, stop_all_but, System, Timeouts};
+use super::{names, System, Timeouts};
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
-use crate::report::{EpochReport, FailureReport, Report};
-use crate::trainer::TrainObserver;
+use crate::observer::TrainObserver;
+use crate::report::{EpochReport, FailureReport, Report, Timings};
 
 /// Attempts in a row that may fail before a single step succeeds, or fail at
 /// the same step after the same rollback; past it the failure is taken as
@@ -105,22 +106,14 @@ impl<'a> Coordinator<'a> {
 
     fn epoch_report(&mut self, epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
         let s0 = &stats[0];
-        let n = stats.len() as f64;
-        let mean = |f: fn(&EpochStats) -> f64| stats.iter().map(f).sum::<f64>() / n;
+        let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
         let er = EpochReport {
             epoch,
             loss: s0.loss,
             train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
             valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / valid.max(1) as f64,
             test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / test.max(1) as f64,
-            seconds: stats.iter().map(|s| s.seconds).fold(0.0, f64::max),
-            sample_s: mean(|s| s.sample_s),
-            gather_s: mean(|s| s.gather_s),
-            compute_s: mean(|s| s.compute_s),
-            comm_s: mean(|s| s.comm_s),
-            update_s: mean(|s| s.update_s),
-            eval_s: stats.iter().map(|s| s.eval_s).fold(0.0, f64::max),
-            checkpoint_s: stats.iter().map(|s| s.checkpoint_s).fold(0.0, f64::max),
+            time: Timings::across(&times),
         };
         self.steps_run += s0.steps;
         let caches: Vec<_> = stats.iter().map(|s| s.cache.clone()).filter(|c| !c.is_empty()).collect();
@@ -345,5 +338,5 @@ impl Driver<'_> {
 /// Whether a failure may be a lost node or message (worth a restart) rather
 /// than bad input or a bug (which a restart would only repeat).
 fn recoverable(e: &TrainError) -> bool {
-    matches!(e, TrainError::Distributed(_) | TrainError::Ask(_))
+    matches!(e, TrainError::Distributed(_) | TrainError::Ask(_) | TrainError::PipelineStopped)
 }

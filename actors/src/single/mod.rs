@@ -10,37 +10,39 @@ use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
+use models::rgcn::PerType;
 use models::Model;
-use sha2::{Digest, Sha256};
 
 use crate::config::Config;
+use crate::epoch::{lap, run_steps, sample, EVAL_BATCH, EVAL_SEED, PREFETCH};
 use crate::error::{Result, TrainError};
-use crate::pipeline;
-use crate::report::{peak_rss_bytes, EpochReport, Report};
+use crate::observer::TrainObserver;
+use crate::report::{EpochReport, Report};
 
-/// Evaluation samples with a seed of its own so it never shares draws with training.
-pub const EVAL_SEED: u64 = 0xE7A1_5EED;
-/// Seeds per evaluation batch.
-pub(crate) const EVAL_BATCH: usize = 4096;
-/// Batches sampled and gathered ahead of the trainer.
-const PIPELINE_DEPTH: usize = 2;
-
-/// Receives progress from [`train`] (the CLI draws bars from it).
-pub trait TrainObserver {
-    /// The graph is loaded and the model built.
-    fn ready(&mut self, _graph: &HetGraph, _model: &Model) {}
-    /// An epoch of `steps` steps begins.
-    fn epoch_start(&mut self, _epoch: u64, _steps: u64) {}
-    /// A step finished with this loss.
-    fn step(&mut self, _loss: f64) {}
-    /// An epoch finished (evaluation included).
-    fn epoch_end(&mut self, _report: &EpochReport) {}
-    /// Something the user should know (resumed from a checkpoint, skipped a corrupt one).
-    fn note(&mut self, _message: &str) {}
+/// A batch sampled, with its feature rows gathered, ahead of its step.
+struct Prepared {
+    mb: graphs::MiniBatch,
+    /// Feature rows of the first block's sources (`None` for embedding types).
+    features: PerType,
+    sample_s: f64,
+    gather_s: f64,
 }
 
-/// Ignores progress.
-impl TrainObserver for () {}
+/// Single-process training: the graph in `training.data`, one model, one optimiser.
+pub struct Single;
+
+impl crate::modes::TrainingMode for Single {
+    fn train_embedded(&self, cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
+        train(cfg, observer)
+    }
+
+    /// A node of a cluster with nothing to train: it serves the runtime
+    /// (`hetgnn doctor` asks it) until Ctrl-C or SIGTERM.
+    fn run_node(&self, cfg: &Config, id: &str, _observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
+        crate::cluster::run_node(cfg, id, crate::cluster::stop_signal())?;
+        Ok(None)
+    }
+}
 
 /// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).
 pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
@@ -83,7 +85,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut cache = {
         let mut presampler = Sampler::new(&g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
         let uses_neighbors = model.uses_neighbors();
-        crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| pipeline::sample(&mut presampler, uses_neighbors, e, s, b))?
+        crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| sample(&mut presampler, uses_neighbors, e, s, b))?
     };
     if let Some(c) = &cache {
         observer.note(&c.summary());
@@ -95,20 +97,26 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         let mut er = EpochReport { epoch, ..EpochReport::default() };
         let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
         let epoch_start = Instant::now();
-        let source = pipeline::Source {
-            graph: &g,
-            fanouts: &t.fanouts,
-            seed: t.seed,
-            uses_neighbors: model.uses_neighbors(),
-            gather: model.feature_gather(),
-            depth: PIPELINE_DEPTH,
-            cache: cache.as_ref().map(|c| c.features.clone()),
+        let (gather, cached, uses_neighbors) = (model.feature_gather(), cache.as_ref().map(|c| c.features.clone()), model.uses_neighbors());
+        let graph = &g;
+        let produce = move || {
+            let mut sampler = Sampler::new(graph, &t.fanouts, t.seed)?;
+            Ok(move |step: u64, seeds: &[u32]| -> Result<Prepared> {
+                let mut clock = Instant::now();
+                let mb = sample(&mut sampler, uses_neighbors, epoch, step, seeds)?;
+                let sample_s = lap(&mut clock);
+                let features = match &cached {
+                    Some(c) => c.gather(&gather, graph, &mb.blocks[0].src, true)?,
+                    None => gather.gather(graph, &mb.blocks[0].src)?,
+                };
+                Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+            })
         };
-        pipeline::run(&source, epoch, &batches, |p| {
-            let (step, mb) = (p.step, &p.mb);
+        run_steps(PREFETCH, &batches, 0, produce, |step, _, p| {
+            let mb = &p.mb;
             let seeds = &mb.seeds;
-            er.sample_s += p.sample_s;
-            er.gather_s += p.gather_s;
+            er.time.sample_s += p.sample_s;
+            er.time.gather_s += p.gather_s;
             let mut clock = Instant::now();
             let mut inputs = p.features;
             match &cache {
@@ -116,11 +124,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
             }
             let y = targets(labels, seeds, &device)?;
-            er.gather_s += lap(&mut clock);
+            er.time.gather_s += lap(&mut clock);
             let logits = model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
             let grads = loss.backward()?;
-            er.compute_s += lap(&mut clock);
+            er.time.compute_s += lap(&mut clock);
             adam.step(&model.params, &grads)?;
             for (ty, x) in inputs.iter().enumerate() {
                 if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
@@ -132,7 +140,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                     }
                 }
             }
-            er.update_s += lap(&mut clock);
+            er.time.update_s += lap(&mut clock);
             let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             loss_sum += l;
             correct += count_correct(&logits, labels, seeds)?;
@@ -141,7 +149,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             observer.step(l);
             Ok(())
         })?;
-        er.seconds = epoch_start.elapsed().as_secs_f64();
+        er.time.seconds = epoch_start.elapsed().as_secs_f64();
         // Evaluation and checkpoints read the tables: bring the cached rows home.
         if let Some(c) = &cache {
             c.write_back(&mut model)?;
@@ -151,7 +159,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         let eval_start = Instant::now();
         er.valid_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.valid)?;
         er.test_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.test)?;
-        er.eval_s = eval_start.elapsed().as_secs_f64();
+        er.time.eval_s = eval_start.elapsed().as_secs_f64();
         observer.epoch_end(&er);
         report.epochs.push(er);
         if let Some(root) = &t.checkpoint_dir {
@@ -162,17 +170,8 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         report.cache = c.report();
     }
-    report.peak_memory_bytes = peak_rss_bytes();
-    report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;
-    report.final_model_sha256 = model_hash(&model)?;
+    crate::report::finish(&mut report, &model)?;
     Ok((report, model))
-}
-
-/// Seconds since `clock`, restarting it (phases are timed end to end).
-pub(crate) fn lap(clock: &mut Instant) -> f64 {
-    let s = clock.elapsed().as_secs_f64();
-    *clock = Instant::now();
-    s
 }
 
 fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
@@ -193,35 +192,10 @@ pub fn evaluate(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, 
     let (labels, _) = g.target_labels();
     let mut correct = 0;
     for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-        let mb = pipeline::sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
+        let mb = sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
         let logits = model.forward(g, &mb, inputs, None)?.detach();
         correct += count_correct(&logits, labels, seeds)?;
     }
     Ok(correct as f64 / nodes.len() as f64)
-}
-
-/// SHA-256 over parameter names and values, then embedding names and values.
-pub fn model_hash(model: &Model) -> Result<String> {
-    hash_parts(&model.params, model.embeddings.iter().flatten().map(|e| (e.name.as_str(), e.data.as_slice())))
-}
-
-/// [`model_hash`] from dense parameters and whole embedding tables given
-/// separately (data-parallel training assembles the tables from the stores).
-pub fn hash_parts<'a>(params: &models::params::ParamStore, tables: impl Iterator<Item = (&'a str, &'a [f32])>) -> Result<String> {
-    let mut h = Sha256::new();
-    for (name, var) in params.iter() {
-        h.update(name.as_bytes());
-        let v: Vec<f32> = var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        for x in v {
-            h.update(x.to_le_bytes());
-        }
-    }
-    for (name, data) in tables {
-        h.update(name.as_bytes());
-        for x in data {
-            h.update(x.to_le_bytes());
-        }
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

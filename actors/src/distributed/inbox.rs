@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Context, Handler, MessageResult};
 use runtime::Deliver;
 
+use super::decode_f32;
 use super::messages::{Abort, Begin, EpochStats, Finish, GradShare, LastAttempt, Ready, Saved, StepDone};
-use super::store::decode_f32;
 use crate::error::{Result, TrainError};
 
 /// Most gradient shares of other generations kept for later.

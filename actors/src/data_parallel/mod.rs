@@ -1,0 +1,289 @@
+//! Data-parallel training (DistDGL / DistDGLv2): one Sampler, one
+//! FeatureStore per node type and one or more Trainers per partition.
+//! Embedded (`hetgnn train` with `mode = "data-parallel"` and no
+//! `[cluster]`), every partition's actors share one process and talk through
+//! local mailboxes; with a `[cluster]`, partition k runs on the k-th node.
+//! The generations, the coordinator and checkpoints are `crate::distributed`'s.
+
+pub mod messages;
+pub mod sampler;
+pub mod store;
+pub mod trainer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::Actor;
+use candle_core::{DType, Device};
+use futures_util::future::join_all;
+use graphs::partition::PartitionSet;
+use graphs::HetGraph;
+use models::optim::AdamConfig;
+use models::Model;
+use runtime::{Node, Topology};
+
+use crate::config::TrainingConfig;
+use crate::distributed::checkpoint::{self, Manifest};
+use crate::distributed::generations::join_threads;
+use crate::distributed::inbox::{Inbox, InboxActor};
+use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
+use crate::distributed::{decode_f32, load_options, Distributed, Part, System, Timeouts};
+use crate::error::{Result, TrainError};
+use messages::{Export, Pull, Push, Reset, SampleReq, Save};
+use sampler::SamplerActor;
+use store::{FeatureStore, Shard, StoreData};
+
+/// Actor names of data-parallel training.
+pub mod names {
+    pub use crate::distributed::names::{plain, COORDINATOR};
+
+    /// Sampler of partition `p`.
+    pub fn sampler(p: u32) -> String {
+        format!("sampler/{p}")
+    }
+    /// Trainer (its inbox) of partition `p`.
+    pub fn trainer(p: u32) -> String {
+        format!("trainer/{p}")
+    }
+    /// FeatureStore of node type `ty` in partition `p`.
+    pub fn store(ty: &str, p: u32) -> String {
+        format!("features/{}/{p}", plain(ty))
+    }
+}
+
+/// One slot per trainer for its device cache.
+pub(crate) type CacheSlots = Arc<Vec<std::sync::Mutex<Option<Arc<crate::cache::DeviceCache>>>>>;
+
+/// A data-parallel run: its partitions and settings.
+pub struct DataParallel {
+    set: PartitionSet,
+    parts: u32,
+    /// Trainers per partition.
+    per_part: u32,
+    cfg: TrainingConfig,
+    owners: Arc<Vec<Vec<u16>>>,
+    trainer_of: Arc<Vec<u16>>,
+    /// Per trainer, its device cache once built: later generations in this
+    /// process reuse it instead of pre-sampling and profiling again.
+    caches: CacheSlots,
+}
+
+impl DataParallel {
+    /// The run `t` describes: its partitions must exist.
+    pub fn open(t: &TrainingConfig) -> Result<DataParallel> {
+        let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
+        let mut set = PartitionSet::open(dir)?;
+        let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
+        let owners = Arc::new(std::mem::take(&mut set.owners));
+        let trainer_of = Arc::new(std::mem::take(&mut set.trainer_of));
+        let caches = Arc::new((0..parts * per_part).map(|_| std::sync::Mutex::new(None)).collect());
+        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches })
+    }
+
+    /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.
+    fn spawn_trainers(&self, p: &Part, gen: u64, from: &Option<(PathBuf, Manifest)>) -> Result<Vec<std::thread::JoinHandle<Result<Model>>>> {
+        let mut handles = Vec::new();
+        for (j, inbox) in p.inboxes.iter().enumerate() {
+            let trainer = p.part * self.per_part + j as u32;
+            let setup = trainer::TrainerSetup {
+                part: p.part,
+                parts: self.parts,
+                trainer,
+                trainers: self.parts * self.per_part,
+                trainer_of: self.trainer_of.clone(),
+                cfg: self.cfg.clone(),
+                graph: p.graph.clone(),
+                owners: self.owners.clone(),
+                node: p.node.clone(),
+                handle: p.handle.clone(),
+                inbox: inbox.clone(),
+                timeouts: p.timeouts,
+                gen,
+                from: from.clone(),
+                caches: self.caches.clone(),
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("trainer-{trainer}"))
+                .spawn(move || trainer::run(setup))
+                .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+            handles.push(h);
+        }
+        Ok(handles)
+    }
+
+    /// Every learnable table, whole, from the stores of every partition.
+    fn export_tables(&self, system: &System, g: &HetGraph) -> Result<Vec<(usize, Vec<f32>)>> {
+        let t = &self.cfg;
+        let parts = self.parts;
+        let learnable = models::Model::learnable_types(t.model, g);
+        let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
+        let ask = Timeouts::default().ask;
+        for (ty, nt) in g.node_types().iter().enumerate() {
+            if !learnable[ty] {
+                continue;
+            }
+            let dim = t.embed_dim;
+            let mut table = vec![0.0f32; nt.count as usize * dim];
+            let refs = (0..parts).map(|p| system.node.actor(&names::store(&nt.name, p))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+            let answers = system.handle.block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
+            for (p, a) in answers.into_iter().enumerate() {
+                let (ids, data) = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32))))?;
+                let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
+                for (k, &id) in ids.iter().enumerate() {
+                    let at = id as usize * dim;
+                    table.get_mut(at..at + dim).ok_or_else(|| TrainError::Distributed(format!("exported row {id} out of range")))?.copy_from_slice(&rows[k * dim..(k + 1) * dim]);
+                }
+            }
+            tables.push((ty, table));
+        }
+        Ok(tables)
+    }
+}
+
+impl Distributed for DataParallel {
+    /// The replicas of a partition's trainers.
+    type Outcome = Vec<Model>;
+
+    fn name(&self) -> &'static str {
+        "data-parallel"
+    }
+
+    fn parts(&self) -> u32 {
+        self.parts
+    }
+
+    fn trainers(&self) -> u32 {
+        self.parts * self.per_part
+    }
+
+    /// A partition's first trainer.
+    fn leader(&self, part: u32) -> String {
+        names::trainer(part * self.per_part)
+    }
+
+    fn members(&self, part: u32) -> Vec<String> {
+        (0..self.per_part).map(|j| names::trainer(part * self.per_part + j)).collect()
+    }
+
+    /// Partition k's actors run on the k-th node (which loads partition k),
+    /// whatever `[placement]` says; the coordinator where `[placement]` puts
+    /// it, else on the first node.
+    fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
+        let nodes = topology.cluster.nodes.len();
+        if self.parts as usize != nodes {
+            return Err(TrainError::Config(format!("training.partitions: {} partitions for {nodes} nodes; data-parallel runs one partition per node (hetgnn partition --parts {nodes})", self.parts)));
+        }
+        data_parallel_placement(topology, &self.set.manifest.node_types, self.per_part);
+        Ok(topology.cluster.nodes.iter().map(|n| n.id.clone()).collect())
+    }
+
+    fn load(&self, part: u32) -> Result<HetGraph> {
+        Ok(self.set.load_part(part as usize, &load_options(&self.cfg))?)
+    }
+
+    /// Its partitioning (owners included) and all-reduce order too.
+    fn fingerprint(&self, g: &HetGraph) -> String {
+        let (t, m) = (&self.cfg, &self.set.manifest);
+        let layout = format!("data-parallel|{:?}|{}|{}|{:?}", t.allreduce, m.parts, m.trainers, m.method);
+        let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
+        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        extra.push(bytemuck::cast_slice::<u16, u8>(&self.trainer_of));
+        checkpoint::fingerprint(t, g.name(), &extra)
+    }
+
+    /// The sampler and the stores each get a thread of their own (an actix
+    /// arbiter): serving a large pull must not hold up a push, a sampling
+    /// request or the transport, which stays on the node's thread.
+    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+        let (parts, per_part, owners, t) = (self.parts, self.per_part, &self.owners, &self.cfg);
+        let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+        let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
+            arbiters.push(actix::Arbiter::new());
+            arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
+        };
+        let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone());
+        let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
+        node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
+        let learnable = models::Model::learnable_types(t.model, &graph);
+        for (ty, nt) in graph.node_types().iter().enumerate() {
+            let data = if nt.features.is_some() {
+                StoreData::Features { graph: graph.clone(), ty }
+            } else if learnable[ty] {
+                let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
+                let name = format!("embed.{}", nt.name);
+                StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), (parts * per_part) as usize)))
+            } else {
+                continue;
+            };
+            let files = t.checkpoint_dir.clone().map(|root| (root, checkpoint::shard_file(&nt.name, part)));
+            let store = FeatureStore::new(part as u16, owners.clone(), ty, data, files);
+            let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
+            node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
+        }
+        let mut inboxes = Vec::new();
+        for j in 0..per_part {
+            let inbox = Arc::new(Inbox::default());
+            let addr = InboxActor(inbox.clone()).start();
+            node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>().handle::<Begin>();
+            inboxes.push(inbox);
+        }
+        Ok(inboxes)
+    }
+
+    /// The partition's stores restore the checkpoint, its trainers train.
+    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Vec<Model>> {
+        let learnable = Model::learnable_types(self.cfg.model, p.graph);
+        let stores: Vec<String> = p.graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, p.part)).collect();
+        let refs = stores.iter().map(|n| p.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = p.handle.block_on(join_all(refs.iter().map(|r| r.ask(Reset { gen: b.gen, from: b.from }, p.timeouts.ask))));
+        for (name, a) in stores.iter().zip(answers) {
+            a?.map_err(|e| TrainError::Checkpoint(format!("{name}: {e}")))?;
+        }
+        let handles = self.spawn_trainers(p, b.gen, &from)?;
+        join_threads(handles)
+    }
+
+    /// A replica of the coordinator's own partition (its last attempt
+    /// finished: the coordinator saw every step; every replica is the same)
+    /// and the learnable tables from the stores.
+    fn assemble(&self, system: &System, _inbox: &Inbox, local: Vec<(u32, Result<Option<Vec<Model>>>)>, g: &HetGraph) -> Result<Model> {
+        let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+        let replica = own?.and_then(|mut r| (!r.is_empty()).then(|| r.swap_remove(0)));
+        let replica = replica.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
+        let tables = self.export_tables(system, g)?;
+        // The whole model: the replica's dense parameters, the stores' rows.
+        let mut model = Model::new(&self.cfg.model_spec(), g, DType::F32, &Device::Cpu)?;
+        for (name, var) in model.params.iter() {
+            let theirs = replica.params.get(name).ok_or_else(|| TrainError::Distributed(format!("the replica has no parameter {name}")))?;
+            var.set(&theirs.as_tensor().to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
+        }
+        for (ty, rows) in tables {
+            let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("a table for node type {ty}, which has none")))?;
+            if e.data.len() != rows.len() {
+                return Err(TrainError::Distributed(format!("{}: {} values exported, {} expected", e.name, rows.len(), e.data.len())));
+            }
+            e.data = rows;
+        }
+        Ok(model)
+    }
+}
+
+/// Placement for data-parallel training: partition k's actors run on the
+/// k-th node (which loads partition k), whatever `[placement]` says; the
+/// coordinator where `[placement]` puts it, else on the first node.
+pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String], per_part: u32) {
+    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+    for (k, id) in ids.iter().enumerate() {
+        let k = k as u32;
+        let trainers = (0..per_part).map(|j| names::trainer(k * per_part + j));
+        let names = [names::sampler(k)].into_iter().chain(trainers).chain(types.iter().map(|ty| names::store(ty, k)));
+        for name in names {
+            topology.placement.insert(name, id.clone());
+        }
+    }
+    if topology.placed(names::COORDINATOR).is_none() {
+        if let Some(first) = ids.first() {
+            topology.placement.insert(names::COORDINATOR.to_string(), first.clone());
+        }
+    }
+}
