@@ -72,10 +72,10 @@ impl DataParallel {
     /// The run `t` describes: its partitions must exist.
     pub fn open(t: &TrainingConfig) -> Result<DataParallel> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
-        let mut set = PartitionSet::open(dir)?;
+        let set = PartitionSet::open(dir)?;
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
-        let owners = Arc::new(std::mem::take(&mut set.owners));
-        let trainer_of = Arc::new(std::mem::take(&mut set.trainer_of));
+        // The set keeps its copy: loading a partition checks against it.
+        let (owners, trainer_of) = (Arc::new(set.owners.clone()), Arc::new(set.trainer_of.clone()));
         let caches = Arc::new((0..parts * per_part).map(|_| std::sync::Mutex::new(None)).collect());
         Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches })
     }

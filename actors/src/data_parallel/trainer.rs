@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
-use graphs::sampler::epoch_batches;
 use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sampler};
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
@@ -32,10 +31,10 @@ use crate::cache::rows::Lookup;
 use crate::cache::{hotness, profile, CachePolicy, DeviceCache, FeatureCache};
 use crate::config::{AllReduce, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::epochs::{self, Attempt, StepFigures, Steps};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, GradShare, Saved, StepDone};
-use crate::distributed::schedule::Schedule;
 use crate::distributed::{decode_f32, Timeouts};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
@@ -134,21 +133,20 @@ struct Prepared {
 
 struct Trainer<'a> {
     ctx: Ctx<'a>,
-    rep: Replica,
-    /// The device cache (its feature rows are shared with `ctx`).
-    cache: Option<Arc<DeviceCache>>,
+    rep: Replica<'a>,
 }
 
-/// The model replica and its optimiser.
-struct Replica {
+/// The model replica and its optimiser: what the steps change.
+struct Replica<'a> {
     model: Model,
     adam: Adam,
     /// Global step number.
     seq: u64,
+    /// The device cache (its feature rows are shared with the `Ctx`).
+    cache: Option<Arc<DeviceCache>>,
+    /// The trainer's setup.
+    s: &'a TrainerSetup,
 }
-
-/// Batches prepared ahead of the trainer.
-const PREFETCH: usize = 2;
 
 /// Rows per pull when a cache is filled.
 const FILL_ROWS: usize = 16 << 10;
@@ -199,90 +197,74 @@ impl<'a> Trainer<'a> {
             }
         };
         ctx.cache = cache.as_ref().map(|c| c.features.clone());
-        Ok(Trainer { ctx, rep: Replica { model, adam, seq }, cache })
+        Ok(Trainer { ctx, rep: Replica { model, adam, seq, cache, s } })
     }
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
-        let t = s.cfg.clone();
-        let g = s.graph.clone();
-        let (_, splits) = g.target_labels();
-        let target = g.target().index();
-        let plan = Schedule::new(&t, splits.train.len(), self.rep.seq);
-        let mut progress = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        for epoch in plan.epochs() {
-            let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let skip = plan.skip(epoch, batches.len());
-            let mut st = EpochStats { gen: s.gen, trainer: s.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
-            let start = Instant::now();
-            let before = s.node.metrics().bytes_by_kind();
-            if skip == 0 {
-                progress = Progress::default();
-            }
-            let (ctx, rep) = (&self.ctx, &mut self.rep);
-            // Sampling and feature pulls of the next batches run on a thread of
-            // their own while this one computes (DistDGLv2's pipeline).
-            std::thread::scope(|scope| -> Result<()> {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
-                let batches = &batches;
-                scope.spawn(move || {
-                    for (step, batch) in batches.iter().enumerate().skip(skip) {
-                        let p = ctx.prepare(t.seed, epoch, step as u64, batch, target);
-                        let failed = p.is_err();
-                        if tx.send(p).is_err() || failed {
-                            return;
-                        }
-                    }
-                });
-                for (step, batch) in batches.iter().enumerate().skip(skip) {
-                    if plan.due(rep.seq) {
-                        let clock = Instant::now();
-                        ctx.checkpoint(rep, progress)?;
-                        st.time.checkpoint_s += clock.elapsed().as_secs_f64();
-                    }
-                    let p = rx.recv().map_err(|_| TrainError::Distributed("the prefetch thread stopped".into()))??;
-                    st.time.sample_s += p.sample_s;
-                    st.time.gather_s += p.gather_s;
-                    let (loss, ok) = rep.step(ctx, epoch, step as u64, p, &mut st)?;
-                    if ctx.s.trainer == 0 {
-                        let c = ctx.peers.coordinator.clone();
-                        ctx.block_on(c.ask(StepDone { gen: ctx.s.gen, epoch, seq: rep.seq - 1, loss }, ctx.s.timeouts.ask))??;
-                    }
-                    progress.loss_sum += loss;
-                    progress.correct += ok;
-                    progress.seen += batch.len() as u64;
-                }
-                Ok(())
-            })?;
-            st.time.seconds = start.elapsed().as_secs_f64();
-            st.step_bytes_by_kind = s.node.metrics().bytes_by_kind();
-            for (k, v) in st.step_bytes_by_kind.iter_mut() {
-                *v -= before.get(k).copied().unwrap_or(0);
-            }
-            st.loss = progress.loss_sum / batches.len().max(1) as f64;
-            st.train_correct = progress.correct.round() as u64;
-            st.train_seen = progress.seen;
-            let eval = Instant::now();
-            st.valid_correct = self.rep.evaluate(&self.ctx, epoch, &splits.valid)?;
-            st.test_correct = self.rep.evaluate(&self.ctx, epoch, &splits.test)?;
-            st.time.eval_s = eval.elapsed().as_secs_f64();
-            let m = s.node.metrics();
-            st.bytes_by_kind = m.bytes_by_kind();
-            st.messages_by_kind = m.messages_by_kind();
-            st.cache = self.cache.as_ref().map(|c| c.report()).unwrap_or_default();
-            let c = self.ctx.peers.coordinator.clone();
-            self.ctx.block_on(c.ask(st, s.timeouts.ask))??;
+        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let attempt = Attempt { node: &s.node, gen: s.gen, trainer: s.trainer, cfg: &s.cfg, graph: &s.graph, resumed };
+        epochs::run(&attempt, &self.ctx, &mut self.rep)
+    }
+}
+
+impl<'a> Steps for Replica<'a> {
+    type Feed = Ctx<'a>;
+    type Batch = Prepared;
+    type State<'f>
+        = ()
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn feed_state(_: &Ctx<'a>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Samples the trainer's share of the batch and gathers its plain features.
+    fn prepare(ctx: &Ctx<'a>, _: &mut (), epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+        ctx.prepare(ctx.s.cfg.seed, epoch, step, seeds, ctx.s.graph.target().index())
+    }
+
+    fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
+        ctx.checkpoint(self, progress)
+    }
+
+    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+        st.time.sample_s += p.sample_s;
+        st.time.gather_s += p.gather_s;
+        let (loss, correct) = self.train_step(ctx, epoch, step, p, st)?;
+        if self.s.trainer == 0 {
+            let c = ctx.peers.coordinator.clone();
+            ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
         }
-        if plan.due(self.rep.seq) {
-            self.ctx.checkpoint(&self.rep, Progress::default())?;
-        }
+        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+    }
+
+    fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let (_, splits) = self.s.graph.target_labels();
+        st.valid_correct = self.count_correct(ctx, epoch, &splits.valid)?;
+        st.test_correct = self.count_correct(ctx, epoch, &splits.test)?;
+        Ok(())
+    }
+
+    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    }
+
+    fn send_stats(&self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+        let c = ctx.peers.coordinator.clone();
+        ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())
     }
 }
 
-impl Replica {
+impl Replica<'_> {
     /// One training step; returns the global loss and the global number of correct predictions.
-    fn step(&mut self, ctx: &Ctx, epoch: u64, step: u64, p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
+    fn train_step(&mut self, ctx: &Ctx, epoch: u64, step: u64, p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
         let g = ctx.s.graph.clone();
         let (labels, _) = g.target_labels();
         let mut clock = Instant::now();
@@ -478,8 +460,8 @@ impl Replica {
         Ok(v)
     }
 
-    /// Correct predictions on the nodes of `nodes` this trainer owns.
-    fn evaluate(&self, ctx: &Ctx, epoch: u64, nodes: &[u32]) -> Result<u64> {
+    /// Correct predictions on this trainer's share of `nodes` (no dropout).
+    fn count_correct(&self, ctx: &Ctx, epoch: u64, nodes: &[u32]) -> Result<u64> {
         let g = ctx.s.graph.clone();
         let (labels, _) = g.target_labels();
         let target = g.target().index();

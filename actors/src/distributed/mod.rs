@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub(crate) mod coordinator;
+pub(crate) mod epochs;
 pub mod generations;
 pub mod inbox;
 pub mod messages;

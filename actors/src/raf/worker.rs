@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
-use graphs::sampler::epoch_batches;
 use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId, Sampler};
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
@@ -36,10 +35,10 @@ use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, Seed
 use super::names;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::epochs::{self, Attempt, StepFigures, Steps};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, Saved, StepDone};
-use crate::distributed::schedule::Schedule;
 use crate::distributed::{decode_f32, Timeouts};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
@@ -51,9 +50,6 @@ pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
 
 /// The tag of a shipped whole partial (others are relation ids of shipped means).
 const WHOLE: u32 = u32::MAX;
-
-/// Batches sampled ahead of the step that trains on them.
-const PREFETCH: usize = 2;
 
 /// A replica's piece of a partial: its replica index, the batch positions it covers, the rows.
 type ReplicaPiece = (u32, Vec<usize>, Tensor);
@@ -311,123 +307,18 @@ impl<'a> Worker<'a> {
 
     fn train(&mut self) -> Result<()> {
         let s = self.setup;
-        let t = s.cfg.clone();
-        let g = s.graph.clone();
-        let (labels, splits) = g.target_labels();
-        let filter = RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone());
-        let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
-        let plan = Schedule::new(&t, splits.train.len(), self.seq);
-        for epoch in plan.epochs() {
-            let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-            let skip = plan.skip(epoch, batches.len());
-            let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
-            let start = Instant::now();
-            let before = s.node.metrics().bytes_by_kind();
-            let mut loss_sum = 0.0;
-            if skip > 0 {
-                let p = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-                (loss_sum, st.train_correct, st.train_seen) = (p.loss_sum, p.correct.round() as u64, p.seen);
-            }
-            // Sampling and feature rows of the next batches are prepared on a
-            // thread of their own, using the time this one waits for its peers.
-            let (gather, replica, fanouts) = (self.model.feature_gather(), s.replicas[s.worker as usize], t.fanouts.clone());
-            let cached = self.cache.as_ref().map(|c| c.features.clone());
-            std::thread::scope(|scope| -> Result<()> {
-                let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(PREFETCH);
-                let (g, filter, batches, cached) = (&g, &filter, &batches, &cached);
-                scope.spawn(move || {
-                    let mut sampler = match Sampler::new(g, &fanouts, t.seed) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            let _ = tx.send(Err(e.into()));
-                            return;
-                        }
-                    };
-                    for (step, seeds) in batches.iter().enumerate().skip(skip) {
-                        let mut clock = Instant::now();
-                        let prepared = (|| -> Result<Prepared> {
-                            let mine: Vec<u32> = share(seeds, replica).into_iter().map(|i| seeds[i]).collect();
-                            let mb = sampler.sample_relations(epoch, step as u64, &mine, filter)?;
-                            let sample_s = lap(&mut clock);
-                            let features = match cached {
-                                Some(c) => c.gather(&gather, g, &mb.blocks[0].src, true)?,
-                                None => gather.gather(g, &mb.blocks[0].src)?,
-                            };
-                            Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
-                        })();
-                        if tx.send(prepared).is_err() {
-                            return;
-                        }
-                    }
-                });
-                for (step, seeds) in batches.iter().enumerate().skip(skip) {
-                    if plan.due(self.seq) {
-                        let clock = Instant::now();
-                        self.checkpoint(Progress { loss_sum, correct: st.train_correct as f64, seen: st.train_seen })?;
-                        st.time.checkpoint_s += clock.elapsed().as_secs_f64();
-                    }
-                    let p = rx.recv().map_err(|_| dist_err("the sampling thread stopped"))??;
-                    st.time.sample_s += p.sample_s;
-                    st.time.gather_s += p.gather_s;
-                    self.step_training(p, seeds, epoch, step, labels, &mut st, &mut loss_sum)?;
-                }
-                Ok(())
-            })?;
-            st.time.seconds = start.elapsed().as_secs_f64();
-            st.loss = loss_sum / batches.len().max(1) as f64;
-            let after = s.node.metrics();
-            st.step_bytes_by_kind = after.bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
-            let eval_start = Instant::now();
-            for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
-                let mut correct = 0;
-                for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-                    let mine: Vec<u32> = share(seeds, s.replicas[s.worker as usize]).into_iter().map(|i| seeds[i]).collect();
-                    let mb = eval_sampler.sample_relations(epoch, step as u64, &mine, &filter)?;
-                    let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                    let fg = self.model.feature_gather();
-                    let features = match &self.cache {
-                        Some(c) => c.features.gather(&fg, &g, &mb.blocks[0].src, false)?,
-                        None => fg.gather(&g, &mb.blocks[0].src)?,
-                    };
-                    correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
-                }
-                if split == 1 {
-                    st.valid_correct = correct;
-                } else {
-                    st.test_correct = correct;
-                }
-            }
-            st.time.eval_s = eval_start.elapsed().as_secs_f64();
-            st.bytes_by_kind = after.bytes_by_kind();
-            st.messages_by_kind = after.messages_by_kind();
-            st.cache = self.cache.as_ref().map(|c| c.report()).unwrap_or_default();
-            self.send(&self.s.coordinator, st)?;
-        }
-        if plan.due(self.seq) {
-            self.checkpoint(Progress::default())?;
-        }
-        Ok(())
-    }
-
-    /// Trains on one prepared batch and accounts for it in `st`.
-    #[allow(clippy::too_many_arguments)]
-    fn step_training(&mut self, p: Prepared, seeds: &[u32], epoch: u64, step: usize, labels: &[i64], st: &mut EpochStats, loss_sum: &mut f64) -> Result<()> {
-        let out = self.step(&p.mb, p.features, seeds, Some(DropoutKey { epoch, step: step as u64 }), labels, self.seq)?;
-        self.seq += 1;
-        *loss_sum += out.loss;
-        st.train_correct += out.correct;
-        // Only the reducer sees predictions: the others count nothing.
-        if self.setup.worker == 0 {
-            st.train_seen += seeds.len() as u64;
-        }
-        st.time.gather_s += out.gather_s;
-        st.time.compute_s += out.compute_s;
-        st.time.comm_s += out.comm_s;
-        st.time.update_s += out.update_s;
-        if self.setup.worker == 0 {
-            self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
-        }
-        Ok(())
+        let feed = Feed {
+            graph: &s.graph,
+            filter: RelationFilter::PerLayer(s.per_layer[s.worker as usize].clone()),
+            gather: self.model.feature_gather(),
+            cached: self.cache.as_ref().map(|c| c.features.clone()),
+            replica: s.replicas[s.worker as usize],
+            fanouts: &s.cfg.fanouts,
+            seed: s.cfg.seed,
+        };
+        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let attempt = Attempt { node: &s.node, gen: s.gen, trainer: s.worker, cfg: &s.cfg, graph: &s.graph, resumed };
+        epochs::run(&attempt, &feed, self)
     }
 
     /// One training step (`dropout` is `Some`) or evaluation batch. On the
@@ -873,6 +764,103 @@ fn add_grads(into: &mut GradStore, more: &GradStore, model: &Model, inputs: &mod
         }
     }
     Ok(())
+}
+
+/// What a worker's prefetch thread reads: its partition and relations.
+struct Feed<'a> {
+    graph: &'a HetGraph,
+    filter: RelationFilter,
+    gather: models::model::FeatureGather,
+    cached: Option<Arc<crate::cache::FeatureCache>>,
+    /// The worker's `(replica, replicas)`.
+    replica: (u32, u32),
+    fanouts: &'a [usize],
+    seed: u64,
+}
+
+impl<'a> Steps for Worker<'a> {
+    type Feed = Feed<'a>;
+    type Batch = Prepared;
+    type State<'f>
+        = Sampler<'f>
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn feed_state<'f>(feed: &'f Feed<'a>) -> Result<Sampler<'f>> {
+        Ok(Sampler::new(feed.graph, feed.fanouts, feed.seed)?)
+    }
+
+    /// Samples the worker's share of the batch over its relations and gathers its feature rows.
+    fn prepare<'f>(feed: &'f Feed<'a>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+        let mut clock = Instant::now();
+        let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
+        let mb = sampler.sample_relations(epoch, step, &mine, &feed.filter)?;
+        let sample_s = lap(&mut clock);
+        let features = match &feed.cached {
+            Some(c) => c.gather(&feed.gather, feed.graph, &mb.blocks[0].src, true)?,
+            None => feed.gather.gather(feed.graph, &mb.blocks[0].src)?,
+        };
+        Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+    }
+
+    fn checkpoint(&mut self, _: &Feed<'a>, progress: Progress) -> Result<()> {
+        Worker::checkpoint(self, progress)
+    }
+
+    fn step(&mut self, _: &Feed<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+        st.time.sample_s += p.sample_s;
+        st.time.gather_s += p.gather_s;
+        let (labels, _) = self.setup.graph.target_labels();
+        let out = self.step(&p.mb, p.features, seeds, Some(DropoutKey { epoch, step }), labels, self.seq)?;
+        self.seq += 1;
+        st.time.gather_s += out.gather_s;
+        st.time.compute_s += out.compute_s;
+        st.time.comm_s += out.comm_s;
+        st.time.update_s += out.update_s;
+        // Only the reducer sees predictions: the others count nothing.
+        let reducer = self.setup.worker == 0;
+        if reducer {
+            self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
+        }
+        Ok(StepFigures { loss: out.loss, correct: out.correct as f64, seen: if reducer { seeds.len() as u64 } else { 0 } })
+    }
+
+    fn evaluate(&mut self, feed: &Feed<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let s = self.setup;
+        let (labels, splits) = s.graph.target_labels();
+        let mut sampler = Sampler::new(&s.graph, &s.cfg.fanouts, s.cfg.seed ^ EVAL_SEED)?;
+        for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
+            let mut correct = 0;
+            for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
+                let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
+                let mb = sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?;
+                let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
+                let features = match &feed.cached {
+                    Some(c) => c.gather(&feed.gather, &s.graph, &mb.blocks[0].src, false)?,
+                    None => feed.gather.gather(&s.graph, &mb.blocks[0].src)?,
+                };
+                correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
+            }
+            if split == 1 {
+                st.valid_correct = correct;
+            } else {
+                st.test_correct = correct;
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    }
+
+    fn send_stats(&self, _: &Feed<'a>, st: EpochStats) -> Result<()> {
+        self.send(&self.s.coordinator, st)
+    }
 }
 
 /// A worker's final state, for the coordinator.

@@ -1,0 +1,126 @@
+//! The epoch loop of one attempt, as every distributed mode's training thread
+//! runs it: the attempt's epochs and steps from its [`Schedule`] (a resumed
+//! attempt enters its first epoch mid-way, with the figures its checkpoint
+//! kept), checkpoints when due, the bounded prefetch of `crate::epoch`, the
+//! epoch's figures and traffic, evaluation, and the account sent to the
+//! coordinator. A mode supplies the steps through [`Steps`].
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use graphs::sampler::epoch_batches;
+use graphs::HetGraph;
+use runtime::Node;
+
+use super::checkpoint::Progress;
+use super::messages::EpochStats;
+use super::schedule::Schedule;
+use crate::config::TrainingConfig;
+use crate::epoch::{run_steps, PREFETCH};
+use crate::error::Result;
+
+/// What the loop knows of the attempt.
+pub(crate) struct Attempt<'a> {
+    /// The node the training thread's actors live on (for its traffic figures).
+    pub node: &'a Node,
+    /// The attempt's generation.
+    pub gen: u64,
+    /// The trainer (or worker) number in its figures.
+    pub trainer: u32,
+    /// Training settings.
+    pub cfg: &'a TrainingConfig,
+    /// The partition graph (its training nodes make the batches).
+    pub graph: &'a HetGraph,
+    /// The running figures of the epoch its checkpoint cut, if it resumes one.
+    pub resumed: Progress,
+}
+
+/// One step's contribution to the epoch's figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StepFigures {
+    /// The step's global loss.
+    pub loss: f64,
+    /// Correct training predictions counted here.
+    pub correct: f64,
+    /// Training seeds counted here.
+    pub seen: u64,
+}
+
+/// A distributed mode's training thread, as the loop drives it. `Feed` is
+/// what its prefetch thread reads while the steps run (shared, immutable).
+pub(crate) trait Steps {
+    /// What the prefetch thread reads.
+    type Feed: Sync;
+    /// A batch prepared ahead of its step.
+    type Batch: Send;
+    /// The prefetch thread's own state for an epoch (a sampler, say).
+    type State<'f>
+    where
+        Self: 'f;
+    /// The next step's global number.
+    fn seq(&self) -> u64;
+    /// Builds the prefetch thread's state for an epoch, on that thread.
+    fn feed_state(feed: &Self::Feed) -> Result<Self::State<'_>>;
+    /// Prepares step `step` of `epoch` (its `seeds`) on the prefetch thread.
+    fn prepare<'f>(feed: &'f Self::Feed, state: &mut Self::State<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Self::Batch>;
+    /// Writes this thread's part of the checkpoint before step [`Steps::seq`].
+    fn checkpoint(&mut self, feed: &Self::Feed, progress: Progress) -> Result<()>;
+    /// Trains on one batch (telling the coordinator of it if this thread does).
+    fn step(&mut self, feed: &Self::Feed, epoch: u64, step: u64, seeds: &[u32], batch: Self::Batch, st: &mut EpochStats) -> Result<StepFigures>;
+    /// Counts correct validation and test predictions into `st`.
+    fn evaluate(&mut self, feed: &Self::Feed, epoch: u64, st: &mut EpochStats) -> Result<()>;
+    /// This thread's device cache figures so far.
+    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
+    /// Sends the epoch's account to the coordinator.
+    fn send_stats(&self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
+}
+
+/// Runs every epoch of the attempt.
+pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Result<()> {
+    let t = a.cfg;
+    let (_, splits) = a.graph.target_labels();
+    let plan = Schedule::new(t, splits.train.len(), steps.seq());
+    for epoch in plan.epochs() {
+        let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
+        let skip = plan.skip(epoch, batches.len());
+        let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
+        let start = Instant::now();
+        let before = a.node.metrics().bytes_by_kind();
+        let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
+        // The next batches are prepared on a thread of their own while this
+        // one computes and waits for its peers (DistDGLv2's pipeline).
+        let make = || {
+            let mut state = S::feed_state(feed)?;
+            Ok(move |step: u64, seeds: &[u32]| S::prepare(feed, &mut state, epoch, step, seeds))
+        };
+        run_steps(PREFETCH, &batches, skip, make, |step, seeds, batch| {
+            if plan.due(steps.seq()) {
+                let clock = Instant::now();
+                steps.checkpoint(feed, progress)?;
+                st.time.checkpoint_s += clock.elapsed().as_secs_f64();
+            }
+            let f = steps.step(feed, epoch, step, seeds, batch, &mut st)?;
+            progress.loss_sum += f.loss;
+            progress.correct += f.correct;
+            progress.seen += f.seen;
+            Ok(())
+        })?;
+        st.time.seconds = start.elapsed().as_secs_f64();
+        st.step_bytes_by_kind = a.node.metrics().bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
+        st.loss = progress.loss_sum / batches.len().max(1) as f64;
+        st.train_correct = progress.correct.round() as u64;
+        st.train_seen = progress.seen;
+        let eval = Instant::now();
+        steps.evaluate(feed, epoch, &mut st)?;
+        st.time.eval_s = eval.elapsed().as_secs_f64();
+        let m = a.node.metrics();
+        st.bytes_by_kind = m.bytes_by_kind();
+        st.messages_by_kind = m.messages_by_kind();
+        st.cache = steps.cache_report();
+        steps.send_stats(feed, st)?;
+    }
+    if plan.due(steps.seq()) {
+        steps.checkpoint(feed, Progress::default())?;
+    }
+    Ok(())
+}
