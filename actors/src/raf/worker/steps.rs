@@ -1,0 +1,111 @@
+//! A worker as the shared epoch loop (`crate::distributed::epochs`) drives
+//! it: what its prefetch thread prepares, its steps, its evaluation.
+
+use super::{share, Prepared, Worker, EVAL_BIT};
+use crate::distributed::checkpoint::Progress;
+use crate::distributed::epochs::{StepFigures, Steps};
+use crate::distributed::messages::{EpochStats, StepDone};
+use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
+use crate::error::Result;
+use graphs::{HetGraph, RelationFilter, Sampler};
+use models::model::DropoutKey;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a worker's prefetch thread reads: its partition and relations.
+pub(super) struct Feed<'a> {
+    pub(super) graph: &'a HetGraph,
+    pub(super) filter: RelationFilter,
+    pub(super) gather: models::model::FeatureGather,
+    pub(super) cached: Option<Arc<crate::cache::FeatureCache>>,
+    /// The worker's `(replica, replicas)`.
+    pub(super) replica: (u32, u32),
+    pub(super) fanouts: &'a [usize],
+    pub(super) seed: u64,
+}
+
+impl<'a> Steps for Worker<'a> {
+    type Feed = Feed<'a>;
+    type Batch = Prepared;
+    type State<'f>
+        = Sampler<'f>
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn feed_state<'f>(feed: &'f Feed<'a>) -> Result<Sampler<'f>> {
+        Ok(Sampler::new(feed.graph, feed.fanouts, feed.seed)?)
+    }
+
+    /// Samples the worker's share of the batch over its relations and gathers its feature rows.
+    fn prepare<'f>(feed: &'f Feed<'a>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+        let mut clock = Instant::now();
+        let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
+        let mb = sampler.sample_relations(epoch, step, &mine, &feed.filter)?;
+        let sample_s = lap(&mut clock);
+        let features = match &feed.cached {
+            Some(c) => c.gather(&feed.gather, feed.graph, &mb.blocks[0].src, true)?,
+            None => feed.gather.gather(feed.graph, &mb.blocks[0].src)?,
+        };
+        Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+    }
+
+    fn checkpoint(&mut self, _: &Feed<'a>, progress: Progress) -> Result<()> {
+        Worker::checkpoint(self, progress)
+    }
+
+    fn step(&mut self, _: &Feed<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+        st.time.sample_s += p.sample_s;
+        st.time.gather_s += p.gather_s;
+        let (labels, _) = self.setup.graph.target_labels();
+        let out = self.step(&p.mb, p.features, seeds, Some(DropoutKey { epoch, step }), labels, self.seq)?;
+        self.seq += 1;
+        st.time.gather_s += out.gather_s;
+        st.time.compute_s += out.compute_s;
+        st.time.comm_s += out.comm_s;
+        st.time.update_s += out.update_s;
+        // Only the reducer sees predictions: the others count nothing.
+        let reducer = self.setup.worker == 0;
+        if reducer {
+            self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
+        }
+        Ok(StepFigures { loss: out.loss, correct: out.correct as f64, seen: if reducer { seeds.len() as u64 } else { 0 } })
+    }
+
+    fn evaluate(&mut self, feed: &Feed<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let s = self.setup;
+        let (labels, splits) = s.graph.target_labels();
+        let mut sampler = Sampler::new(&s.graph, &s.cfg.fanouts, s.cfg.seed ^ EVAL_SEED)?;
+        for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
+            let mut correct = 0;
+            for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
+                let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
+                let mb = sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?;
+                let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
+                let features = match &feed.cached {
+                    Some(c) => c.gather(&feed.gather, &s.graph, &mb.blocks[0].src, false)?,
+                    None => feed.gather.gather(&s.graph, &mb.blocks[0].src)?,
+                };
+                correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
+            }
+            if split == 1 {
+                st.valid_correct = correct;
+            } else {
+                st.test_correct = correct;
+            }
+        }
+        Ok(())
+    }
+
+    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    }
+
+    fn send_stats(&self, _: &Feed<'a>, st: EpochStats) -> Result<()> {
+        self.send(&self.s.coordinator, st)
+    }
+}
