@@ -6,15 +6,16 @@
 //! other nodes in order. The generations, the coordinator and checkpoints
 //! are `crate::distributed`'s.
 
+mod final_state;
 pub mod messages;
 pub mod worker;
 
-use std::collections::BTreeSet;
+use final_state::{assemble, final_state, gather_final, send_final};
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::Actor;
-use candle_core::{DType, Tensor};
 use graphs::partition::meta::MetaSet;
 use graphs::{HetGraph, RelationId};
 use runtime::{Node, Topology};
@@ -191,7 +192,7 @@ impl Distributed for Raf {
 
     /// Each successful attempt's final state goes to the coordinator, which takes the last one.
     fn after_attempt(&self, p: &Part, gen: u64, r: &WorkerResult) -> Result<()> {
-        worker::send_final(p.node, p.handle, &p.inboxes[0], p.part, gen, r, p.timeouts.ask)
+        send_final(p.node, p.handle, &p.inboxes[0], p.part, gen, r, p.timeouts.ask)
     }
 
     /// Every worker's final state (the remote ones gathered from the
@@ -201,7 +202,7 @@ impl Distributed for Raf {
         let mut states: Vec<Option<FinalState>> = (0..self.workers()).map(|_| None).collect();
         for (w, r) in local {
             let r = r?.ok_or_else(|| TrainError::Distributed("a worker of the coordinator's process did not finish its last attempt".into()))?;
-            states[w as usize] = Some(worker::final_state(&r)?);
+            states[w as usize] = Some(final_state(&r)?);
         }
         for (w, s) in states.iter_mut().enumerate() {
             if s.is_none() {
@@ -213,53 +214,6 @@ impl Distributed for Raf {
 }
 
 use models::Model;
-
-/// The whole model from the workers' final states: each parameter from its
-/// first holder, each table from its first holder (untouched ones at their
-/// initial values), on a model built on `g`.
-fn assemble(t: &TrainingConfig, g: &HetGraph, states: &[FinalState]) -> Result<models::Model> {
-    let model = models::Model::new(&t.model_spec(), g, DType::F32, &candle_core::Device::Cpu)?;
-    let mut model = model;
-    let mut done: BTreeSet<String> = BTreeSet::new();
-    let mut tables_done: BTreeSet<usize> = BTreeSet::new();
-    for (w, st) in states.iter().enumerate() {
-        // Each table this worker sent: its pieces in order, together whole.
-        let mut next: std::collections::BTreeMap<usize, u64> = std::collections::BTreeMap::new();
-        for (name, values) in &st.params {
-            if done.contains(name) {
-                continue;
-            }
-            let var = model.params.get(name).ok_or_else(|| TrainError::Distributed(format!("worker {w} sent unknown parameter {name}")))?;
-            if var.elem_count() != values.len() {
-                return Err(TrainError::Distributed(format!("worker {w} sent {} values for {name} ({} expected)", values.len(), var.elem_count())));
-            }
-            var.set(&Tensor::from_slice(values, var.shape(), var.device())?)?;
-            done.insert(name.clone());
-        }
-        for (ty, at, rows) in &st.tables {
-            let ty = *ty as usize;
-            if tables_done.contains(&ty) {
-                continue;
-            }
-            let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("worker {w} sent a table for type {ty}, which has none")))?;
-            let from = next.get(&ty).copied().unwrap_or(0);
-            let to = from as usize + rows.len();
-            if *at != from || to > e.data.len() {
-                return Err(TrainError::Distributed(format!("worker {w} sent values {at}..{} of {} where {from}.. were due ({} in all)", *at as usize + rows.len(), e.name, e.data.len())));
-            }
-            e.data[from as usize..to].copy_from_slice(rows);
-            next.insert(ty, to as u64);
-        }
-        for (ty, end) in next {
-            let len = model.embeddings[ty].as_ref().map_or(0, |e| e.data.len());
-            if end as usize != len {
-                return Err(TrainError::Distributed(format!("worker {w} sent {end} of the {len} values of node type {ty}'s table")));
-            }
-            tables_done.insert(ty);
-        }
-    }
-    Ok(model)
-}
 
 /// Which node runs which worker: worker 0 (the reducer's partition) where
 /// `[placement]` puts `reducer`, else on the first node; the others in node order.
@@ -274,55 +228,4 @@ pub fn raf_placement(topology: &mut Topology) -> Vec<String> {
     topology.placement.insert(crate::distributed::names::COORDINATOR.to_string(), first.clone());
     topology.placement.insert(names::FINAL.to_string(), first);
     order
-}
-
-/// Worker `k`'s final state, gathered piece by piece (piece 0 says how many follow).
-fn gather_final(coord: &Inbox, k: u32, timeouts: Timeouts) -> Result<FinalState> {
-    let mut state = FinalState::default();
-    let mut pieces = 1;
-    let mut i = 0u32;
-    while i < pieces {
-        let bytes = coord.raw("a worker's final state", u64::from(i), messages::round::FINAL, &[k], timeouts.step)?.swap_remove(0);
-        let p: messages::FinalPiece = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s final state: {e}")))?;
-        if i == 0 {
-            pieces = p.pieces.max(1);
-        }
-        state.params.extend(p.state.params);
-        state.tables.extend(p.state.tables);
-        i += 1;
-    }
-    Ok(state)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use graphs::graph::GraphBuilder;
-    use graphs::{Features, Splits};
-
-    fn graph() -> HetGraph {
-        let (papers, authors) = (20u32, 30u32);
-        GraphBuilder::new("g", "paper", 2)
-            .node_type("paper", papers, Some(Features::from_vec(papers as usize, 2, vec![0.5; 2 * papers as usize])))
-            .node_type("author", authors, None)
-            .labels((0..papers).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..papers).collect(), valid: vec![], test: vec![] })
-            .relation("author", "writes", "paper", (0..40).map(|i| i % authors).collect(), (0..40).map(|i| i % papers).collect())
-            .build()
-            .unwrap()
-    }
-
-    #[test]
-    fn final_states_in_pieces_assemble_whole_tables_and_gaps_are_refused() {
-        let g = graph();
-        let t = TrainingConfig { hidden: 4, embed_dim: 3, ..TrainingConfig::default() };
-        let rows: Vec<f32> = (0..90).map(|i| i as f32).collect();
-        let author = g.type_id("author").unwrap().index() as u32;
-        let pieces = |cuts: &[(u64, usize, usize)]| FinalState { params: Vec::new(), tables: cuts.iter().map(|&(at, a, b)| (author, at, rows[a..b].to_vec())).collect() };
-        let m = assemble(&t, &g, &[pieces(&[(0, 0, 40), (40, 40, 41), (41, 41, 90)])]).unwrap();
-        assert_eq!(m.embeddings[author as usize].as_ref().unwrap().data, rows);
-        let gap = assemble(&t, &g, &[pieces(&[(0, 0, 40), (41, 41, 90)])]).unwrap_err().to_string();
-        assert!(gap.contains("where 40.. were due"), "{gap}");
-        let short = assemble(&t, &g, &[pieces(&[(0, 0, 40)])]).unwrap_err().to_string();
-        assert!(short.contains("40 of the 90 values"), "{short}");
-    }
 }

@@ -26,7 +26,7 @@ use update::add_grads;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -37,7 +37,7 @@ use models::optim::{Adam, AdamConfig};
 use models::Model;
 use runtime::{ActorRef, ByteVec, Msg, Node};
 
-use super::messages::{self, round, Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows};
+use super::messages::{self, round, Partial, PartialGrad, SeedGrad, SeedRows};
 use super::names;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
@@ -572,41 +572,6 @@ impl<'a> Worker<'a> {
         self.update(seq, mb, &inputs, grads.as_ref(), &mut out)?;
         Ok(out)
     }
-}
-
-/// A worker's final state, for the coordinator.
-pub fn final_state(r: &WorkerResult) -> Result<FinalState> {
-    let params =
-        r.model.params.iter().filter(|(n, _)| r.held.contains(*n)).map(|(n, v)| Ok((n.to_string(), v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))).collect::<Result<_>>()?;
-    let tables = r.model.embeddings.iter().enumerate().filter_map(|(ty, e)| e.as_ref().map(|e| (ty as u32, 0, e.data.clone()))).collect();
-    Ok(FinalState { params, tables })
-}
-
-/// Sends this worker's final state to the coordinator (cluster runs): the
-/// parameters first, then the tables in pieces of at most [`messages::FINAL_PIECE`] values.
-pub fn send_final(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, worker: u32, gen: u64, r: &WorkerResult, timeout: Duration) -> Result<()> {
-    let FinalState { params, tables } = final_state(r)?;
-    let mut pieces = vec![FinalState { params, tables: Vec::new() }];
-    for (ty, _, data) in tables {
-        for (i, chunk) in data.chunks(messages::FINAL_PIECE).enumerate() {
-            pieces.push(FinalState { params: Vec::new(), tables: vec![(ty, (i * messages::FINAL_PIECE) as u64, chunk.to_vec())] });
-        }
-    }
-    let me = runtime::ActorName::new(&names::worker(worker)).map_err(dist_err)?;
-    let to = node.actor(names::FINAL).map_err(dist_err)?.with_sender(me);
-    let total = pieces.len() as u32;
-    for (i, state) in pieces.into_iter().enumerate() {
-        let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;
-        let ask = to.ask(Final { gen, seq: i as u64, from: worker, data: ByteVec(data) }, timeout);
-        // The coordinator may say the run is over (it has everything) before the last answer.
-        handle.block_on(async {
-            tokio::select! {
-                r = ask => r.map_err(dist_err),
-                reason = inbox.aborted() => Err(dist_err(reason)),
-            }
-        })?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
