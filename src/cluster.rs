@@ -44,6 +44,19 @@ pub fn node(args: &ClusterArgs, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One device cache as `doctor` shows it.
+fn cache_line(answer: &Result<Option<actors::cache::manager::CacheStatus>, String>) -> String {
+    match answer {
+        Err(e) => format!("did not answer: {e}"),
+        Ok(None) => "no cache (none configured, or not built yet)".into(),
+        Ok(Some(s)) => {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let types: Vec<String> = s.types.iter().filter(|(_, t)| t.note.is_none()).map(|(name, t)| format!("{name} {} rows, hit rate {:.2}", t.rows, t.hit_rate)).collect();
+            format!("{} policy, {:.1} of {:.1} MiB; {}", s.policy, mib(s.used_bytes), mib(s.budget_bytes), types.join("; "))
+        }
+    }
+}
+
 /// `hetgnn doctor`: prints one line per node; fails if any node did not answer.
 pub fn doctor(args: &ClusterArgs, timeout: Duration) -> anyhow::Result<()> {
     let cfg = args.load()?;
@@ -57,6 +70,9 @@ pub fn doctor(args: &ClusterArgs, timeout: Duration) -> anyhow::Result<()> {
                 let peers: Vec<String> = s.peers.iter().map(|p| format!("{}:{}", p.id, format!("{:?}", p.state).to_lowercase())).collect();
                 let rtt = r.rtt.map_or("-".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3));
                 println!("{:<12} {:<22} {:<8} {:>9} {:>10.1}  {}", r.id, r.addr, "up", rtt, s.uptime_ms as f64 / 1e3, peers.join(" "));
+                for (name, answer) in &r.caches {
+                    println!("{:<12} {name}: {}", "", cache_line(answer));
+                }
             }
             None => {
                 println!("{:<12} {:<22} {:<8} {:>9} {:>10}  {}", r.id, r.addr, "MISSING", "-", "-", r.error.as_deref().unwrap_or(""));

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use runtime::{Node, NodeStatus, Ping, Status};
 
+use crate::cache::manager::CacheQuery;
 use crate::config::Config;
 use crate::error::{Result, TrainError};
 
@@ -63,6 +64,9 @@ pub struct DoctorRow {
     pub rtt: Option<Duration>,
     /// Why it did not answer.
     pub error: Option<String>,
+    /// Each device cache manager it runs (`cache/...`): its status, `None`
+    /// while its cache is not built (or the run has none), or why it did not answer.
+    pub caches: Vec<(String, std::result::Result<Option<crate::cache::manager::CacheStatus>, String>)>,
 }
 
 /// Checks the file and its certificates, then asks every node for its status
@@ -78,7 +82,7 @@ pub fn doctor(config: &Config, timeout: Duration) -> Result<Vec<DoctorRow>> {
         let asks = topology.cluster.nodes.iter().map(|n| {
             let client = client.clone();
             async move {
-                let mut row = DoctorRow { id: n.id.clone(), addr: n.addr.clone(), status: None, rtt: None, error: None };
+                let mut row = DoctorRow { id: n.id.clone(), addr: n.addr.clone(), status: None, rtt: None, error: None, caches: Vec::new() };
                 let target = match client.actor(&format!("node/{}", n.id)) {
                     Ok(t) => t,
                     Err(e) => {
@@ -102,6 +106,16 @@ pub fn doctor(config: &Config, timeout: Duration) -> Result<Vec<DoctorRow>> {
                 }
                 rtts.sort();
                 row.rtt = rtts.get(rtts.len() / 2).copied();
+                // The node's device cache managers, found in its status.
+                let managers: Vec<String> = row.status.as_ref().map(|s| s.actors.iter().filter(|a| a.starts_with("cache/")).cloned().collect()).unwrap_or_default();
+                for name in managers {
+                    client.learn_placement(&name, &n.id);
+                    let answer = match client.actor(&name) {
+                        Ok(r) => r.ask(CacheQuery, timeout).await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    row.caches.push((name, answer));
+                }
                 row
             }
         });

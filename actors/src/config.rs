@@ -1,5 +1,5 @@
-//! The run configuration: one TOML schema (DESIGN.md "Configuration"), any key
-//! overridable with `--set section.key=value`. Unknown keys are errors.
+//! The run configuration: one TOML schema (README "Training" and "The topology
+//! file"), any key overridable with `--set section.key=value`. Unknown keys are errors.
 
 use std::path::PathBuf;
 

@@ -69,6 +69,9 @@ struct Inner {
     started: Instant,
     events: broadcast::Sender<MemberEvent>,
     cancel: CancellationToken,
+    /// Where actors the topology does not place run, as learned at run time
+    /// (from a node's status, say).
+    learned: dashmap::DashMap<String, String>,
 }
 
 /// A handle on a running node (cheap to clone).
@@ -125,7 +128,20 @@ impl Node {
         metrics: Arc<Metrics>,
         events: broadcast::Sender<MemberEvent>,
     ) -> Result<Node, WireError> {
-        Ok(Node { inner: Arc::new(Inner { id: id.to_string(), system: system_actor(id)?, registry, transport, topology, metrics, started: Instant::now(), events, cancel: CancellationToken::new() }) })
+        Ok(Node {
+            inner: Arc::new(Inner {
+                id: id.to_string(),
+                system: system_actor(id)?,
+                registry,
+                transport,
+                topology,
+                metrics,
+                started: Instant::now(),
+                events,
+                cancel: CancellationToken::new(),
+                learned: dashmap::DashMap::new(),
+            }),
+        })
     }
 
     /// A node with local mailboxes only: no sockets, no certificates. Every
@@ -220,6 +236,12 @@ impl Node {
         Ok(ActorRef { name: ActorName::new(name)?, from: self.inner.system.clone(), node: self.clone() })
     }
 
+    /// Notes that actor `name` runs on node `node`, for an actor the topology
+    /// does not place (one a node's status lists, say).
+    pub fn learn_placement(&self, name: &str, node: &str) {
+        self.inner.learned.insert(name.to_string(), node.to_string());
+    }
+
     /// Registers a local actor under `name`; chain [`Registration::handle`] for
     /// each message type it accepts over location-transparent references.
     pub fn register<A: Actor<Context = Context<A>>>(&self, name: &str, addr: &Addr<A>) -> Result<Registration<'_, A>, WireError> {
@@ -299,9 +321,16 @@ impl Node {
         if inner.registry.contains(name) {
             return Ok(Route::Local);
         }
+        let learned: Option<String>;
         let placed = match name.as_str().strip_prefix("node/") {
             Some(id) if topo.index(id).is_some() => Some(id),
-            _ => topo.placed(name.as_str()),
+            _ => match topo.placed(name.as_str()) {
+                Some(n) => Some(n),
+                None => {
+                    learned = inner.learned.get(name.as_str()).map(|e| e.value().clone());
+                    learned.as_deref()
+                }
+            },
         };
         match placed {
             Some(n) if n == inner.id => Ok(Route::Local),

@@ -6,9 +6,10 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use actix::Recipient;
+use dashmap::DashMap;
 
 use crate::actor_ref::{Deliver, Msg};
 use crate::wire::{decode_msg, encode_msg, ActorName, ByteVec, RemoteError};
@@ -34,21 +35,14 @@ pub(crate) enum Lookup<M: Msg> {
     Missing,
 }
 
-/// The local actors of a node.
+/// The local actors of a node: looked up by every connection's reader and
+/// every local ask at once, so a concurrent map.
 #[derive(Default)]
 pub struct Registry {
-    actors: RwLock<HashMap<ActorName, Entry>>,
+    actors: DashMap<ActorName, Entry>,
 }
 
 impl Registry {
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<ActorName, Entry>> {
-        self.actors.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ActorName, Entry>> {
-        self.actors.read().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Adds (or replaces) `name`'s handler for `M`.
     pub(crate) fn insert<M: Msg>(&self, name: &ActorName, recipient: Recipient<Deliver<M>>) {
         let actor = name.to_string();
@@ -63,26 +57,24 @@ impl Registry {
                 encode_msg(&reply).map(ByteVec).map_err(|e| RemoteError::BadMessage(format!("reply: {e}")))
             })
         });
-        let mut g = self.write();
-        let e = g.entry(name.clone()).or_default();
+        let mut e = self.actors.entry(name.clone()).or_default();
         e.typed.insert(TypeId::of::<M>(), Box::new(recipient));
         e.dispatch.insert(M::KIND, dispatch);
     }
 
     /// Removes `name`; later messages to it fail with "no such actor".
     pub(crate) fn remove(&self, name: &ActorName) -> bool {
-        self.write().remove(name).is_some()
+        self.actors.remove(name).is_some()
     }
 
     /// Whether `name` runs here.
     pub(crate) fn contains(&self, name: &ActorName) -> bool {
-        self.read().contains_key(name)
+        self.actors.contains_key(name)
     }
 
     /// `name`'s mailbox for `M`.
     pub(crate) fn local<M: Msg>(&self, name: &ActorName) -> Lookup<M> {
-        let g = self.read();
-        let Some(e) = g.get(name) else { return Lookup::Missing };
+        let Some(e) = self.actors.get(name) else { return Lookup::Missing };
         match e.typed.get(&TypeId::of::<M>()).and_then(|b| b.downcast_ref::<Recipient<Deliver<M>>>()) {
             Some(r) => Lookup::Found(r.clone()),
             None => Lookup::NoHandler,
@@ -91,14 +83,13 @@ impl Registry {
 
     /// The dispatcher for a request that arrived over the wire.
     pub(crate) fn dispatch(&self, name: &ActorName, kind: &str) -> Result<Dispatch, RemoteError> {
-        let g = self.read();
-        let e = g.get(name).ok_or_else(|| RemoteError::NoSuchActor(name.to_string()))?;
+        let e = self.actors.get(name).ok_or_else(|| RemoteError::NoSuchActor(name.to_string()))?;
         e.dispatch.get(kind).cloned().ok_or_else(|| RemoteError::NoHandler { actor: name.to_string(), kind: kind.to_string() })
     }
 
     /// Names of the local actors, sorted.
     pub fn names(&self) -> Vec<ActorName> {
-        let mut v: Vec<_> = self.read().keys().cloned().collect();
+        let mut v: Vec<_> = self.actors.iter().map(|e| e.key().clone()).collect();
         v.sort();
         v
     }

@@ -9,13 +9,13 @@
 //! length-prefixed frames) or [`TAG_LARGE`] (exactly one frame). A stream that
 //! breaks the format closes its connection, and only that one.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use dashmap::DashMap;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -208,8 +208,8 @@ pub(crate) struct Transport {
     index: u32,
     endpoint: Mutex<Option<quinn::Endpoint>>,
     configs: tls::QuicConfigs,
-    peers: RwLock<HashMap<String, Arc<Peer>>>,
-    pending: Mutex<HashMap<MsgId, oneshot::Sender<Result<Bytes, RemoteError>>>>,
+    peers: DashMap<String, Arc<Peer>>,
+    pending: DashMap<MsgId, oneshot::Sender<Result<Bytes, RemoteError>>>,
     seq: AtomicU64,
     replies: Mutex<ReplyCache>,
     registry: Arc<Registry>,
@@ -256,7 +256,7 @@ impl Transport {
         let members: Vec<String> = if serve { peers.iter().map(|p| p.0.clone()).collect() } else { Vec::new() };
         let cancel = CancellationToken::new();
         let mut writers = Vec::new();
-        let mut table = HashMap::new();
+        let table = DashMap::new();
         for (id, addr, dial) in &peers {
             let (p, rx) = Peer::new(id.clone(), Some(*addr), *dial, serve, cancel.child_token());
             writers.push((p.clone(), rx));
@@ -267,8 +267,8 @@ impl Transport {
             index: s.index,
             endpoint: Mutex::new(Some(endpoint)),
             configs,
-            peers: RwLock::new(table),
-            pending: Mutex::new(HashMap::new()),
+            peers: table,
+            pending: DashMap::new(),
             seq: AtomicU64::new(seq_base()),
             replies: Mutex::new(ReplyCache::new(DEDUP_WINDOW, REPLY_ENTRIES, REPLY_BYTES)),
             registry,
@@ -299,11 +299,11 @@ impl Transport {
     }
 
     fn all_peers(&self) -> Vec<Arc<Peer>> {
-        self.peers.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+        self.peers.iter().map(|e| e.value().clone()).collect()
     }
 
     pub(crate) fn peer(&self, id: &str) -> Option<Arc<Peer>> {
-        self.peers.read().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+        self.peers.get(id).map(|e| e.value().clone())
     }
 
     /// Replaces the fault plan (and resets the bandwidth buckets).
@@ -375,7 +375,7 @@ impl Transport {
                     Some(p) => p,
                     None => {
                         let (p, rx) = Peer::new(id.clone(), None, false, false, me.cancel.child_token());
-                        let old = me.peers.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), p.clone());
+                        let old = me.peers.insert(id.clone(), p.clone());
                         if let Some(old) = old {
                             old.cancel.cancel();
                         }
@@ -463,10 +463,7 @@ impl Transport {
                     if same {
                         peer.conn.send_replace(None);
                         if !peer.member && !peer.dial {
-                            let mut g = self.peers.write().unwrap_or_else(|p| p.into_inner());
-                            if g.get(&peer.id).is_some_and(|p| Arc::ptr_eq(p, &peer)) {
-                                g.remove(&peer.id);
-                            }
+                            self.peers.remove_if(&peer.id, |_, p| Arc::ptr_eq(p, &peer));
                             peer.cancel.cancel();
                         }
                     }
@@ -580,7 +577,7 @@ impl Transport {
     fn reply_arrived(&self, peer: &Peer, id: MsgId, result: Result<Bytes, RemoteError>, wire: usize) {
         let len = result.as_ref().map_or(0, |b| b.len());
         self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
-        if let Some(tx) = lock(&self.pending).remove(&id) {
+        if let Some((_, tx)) = self.pending.remove(&id) {
             let _ = tx.send(result);
         }
     }
@@ -804,7 +801,7 @@ impl Transport {
         let id = a.env.msg_id;
         a.head = Bytes::from(encode_request_head(&a.env, a.body.len()).map_err(|e| AskError::Codec(e.to_string()))?);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, tx);
+        self.pending.insert(id, tx);
         a.forget = Some(Forget(self.clone(), id));
         a.rx = Some(rx);
         a.sent = self.send(&a.peer, a.head.clone(), a.body.clone(), a.env.kind.as_str(), a.body.len(), Some(a.started + a.timeout), true);
@@ -888,6 +885,6 @@ struct Forget(Arc<Transport>, MsgId);
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        lock(&self.0.pending).remove(&self.1);
+        self.0.pending.remove(&self.1);
     }
 }

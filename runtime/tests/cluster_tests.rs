@@ -137,6 +137,14 @@ async fn asks_cross_three_nodes_and_match_embedded() {
     let back = nodes[1].actor("node/n0").unwrap().ask(Ping(big.clone()), T).await.unwrap();
     assert!(back == big);
 
+    // An actor no placement names is unreachable until its node is learned
+    // (as `doctor` learns a node's cache managers from its status).
+    serve_counter(&nodes[2], "cache/extra");
+    let extra = nodes[0].actor("cache/extra").unwrap();
+    assert!(matches!(extra.ask(Add(1), T).await, Err(AskError::Unplaced(_))));
+    nodes[0].learn_placement("cache/extra", "n2");
+    assert_eq!(extra.ask(Add(2), T).await.unwrap(), 2);
+
     // Metrics count what crossed the wire.
     let m = nodes[1].metrics();
     assert!(m.bytes_by_kind()["ping"] >= 8 << 20);

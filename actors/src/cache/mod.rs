@@ -13,6 +13,7 @@
 
 pub mod alloc;
 pub mod hotness;
+pub mod manager;
 pub mod profile;
 pub mod rows;
 
@@ -251,6 +252,11 @@ impl DeviceCache {
         if let Some(p) = self.planned.get_mut(ty) {
             *p = Some(Planned { name: name.to_string(), visits, miss: 0.0, hit: 0.0, learnable, note: Some(why.to_string()) });
         }
+    }
+
+    /// The budget the cache was planned for.
+    pub fn budget(&self) -> u64 {
+        self.budget
     }
 
     /// The device bytes the cached rows take (never more than the budget).

@@ -137,6 +137,22 @@ impl RowCache {
         lk
     }
 
+    /// The cached ones of `ids` and their rows (row-major, copied to the
+    /// host), in `ids` order; uncached ids are left out.
+    pub fn read(&self, ids: &[u32]) -> Result<(Vec<u32>, Vec<f32>)> {
+        let (held, slots): (Vec<u32>, Vec<u32>) = ids.iter().filter_map(|&v| self.slot.get(v as usize).filter(|&&s| s != NONE).map(|&s| (v, s))).unzip();
+        let d = self.dim;
+        let rows = match &self.data {
+            Store::Host(data) => slots.iter().flat_map(|&s| data[s as usize * d..(s as usize + 1) * d].iter().copied()).collect(),
+            Store::Device(_) if slots.is_empty() => Vec::new(),
+            Store::Device(t) => {
+                let at = Tensor::from_vec(slots, held.len(), t.device())?;
+                t.index_select(&at, 0)?.flatten_all()?.to_vec1()?
+            }
+        };
+        Ok((held, rows))
+    }
+
     /// Rows hit and rows looked up so far (training batches only).
     pub fn counts(&self) -> (u64, u64) {
         (self.hits.load(Ordering::Relaxed), self.lookups.load(Ordering::Relaxed))

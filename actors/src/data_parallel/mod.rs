@@ -22,6 +22,7 @@ use models::optim::AdamConfig;
 use models::Model;
 use runtime::{Node, Topology};
 
+use crate::cache::manager::{self, CacheDirectory};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Manifest};
 use crate::distributed::generations::join_threads;
@@ -51,8 +52,9 @@ pub mod names {
     }
 }
 
-/// One slot per trainer for its device cache.
-pub(crate) type CacheSlots = Arc<Vec<std::sync::Mutex<Option<Arc<crate::cache::DeviceCache>>>>>;
+/// Per trainer, its device cache once built: later generations in this
+/// process reuse it instead of pre-sampling and profiling again.
+pub(crate) type CacheSlots = Arc<dashmap::DashMap<u32, Arc<crate::cache::DeviceCache>>>;
 
 /// A data-parallel run: its partitions and settings.
 pub struct DataParallel {
@@ -63,9 +65,10 @@ pub struct DataParallel {
     cfg: TrainingConfig,
     owners: Arc<Vec<Vec<u16>>>,
     trainer_of: Arc<Vec<u16>>,
-    /// Per trainer, its device cache once built: later generations in this
-    /// process reuse it instead of pre-sampling and profiling again.
+    /// Per trainer, its device cache once built.
     caches: CacheSlots,
+    /// Per trainer (by name), what its cache manager serves.
+    views: Arc<CacheDirectory>,
 }
 
 impl DataParallel {
@@ -76,8 +79,7 @@ impl DataParallel {
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
         // The set keeps its copy: loading a partition checks against it.
         let (owners, trainer_of) = (Arc::new(set.owners.clone()), Arc::new(set.trainer_of.clone()));
-        let caches = Arc::new((0..parts * per_part).map(|_| std::sync::Mutex::new(None)).collect());
-        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches })
+        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default() })
     }
 
     /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.
@@ -101,6 +103,7 @@ impl DataParallel {
                 gen,
                 from: from.clone(),
                 caches: self.caches.clone(),
+                cache_view: self.views.get(&names::trainer(trainer)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("trainer {trainer} has no cache manager")))?,
             };
             let h = std::thread::Builder::new()
                 .name(format!("trainer-{trainer}"))
@@ -225,6 +228,7 @@ impl Distributed for DataParallel {
             let inbox = Arc::new(Inbox::default());
             let addr = InboxActor(inbox.clone()).start();
             node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>().handle::<Begin>();
+            manager::serve(node, &names::trainer(part * per_part + j), &self.views).map_err(reg)?;
             inboxes.push(inbox);
         }
         Ok(inboxes)

@@ -69,8 +69,9 @@ pub(crate) trait Steps {
     fn step(&mut self, feed: &Self::Feed, epoch: u64, step: u64, seeds: &[u32], batch: Self::Batch, st: &mut EpochStats) -> Result<StepFigures>;
     /// Counts correct validation and test predictions into `st`.
     fn evaluate(&mut self, feed: &Self::Feed, epoch: u64, st: &mut EpochStats) -> Result<()>;
-    /// This thread's device cache figures so far.
-    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
+    /// This thread's device cache figures so far (published to its cache
+    /// manager too).
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
     /// Sends the epoch's account to the coordinator.
     fn send_stats(&self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
 }
@@ -116,7 +117,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         let m = a.node.metrics();
         st.bytes_by_kind = m.bytes_by_kind();
         st.messages_by_kind = m.messages_by_kind();
-        st.cache = steps.cache_report();
+        st.cache = steps.cache_figures();
         steps.send_stats(feed, st)?;
     }
     if plan.due(steps.seq()) {

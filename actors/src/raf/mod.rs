@@ -20,6 +20,7 @@ use graphs::partition::meta::MetaSet;
 use graphs::{HetGraph, RelationId};
 use runtime::{Node, Topology};
 
+use crate::cache::manager::{self, CacheDirectory};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::Manifest;
 use crate::distributed::generations::join_threads;
@@ -51,6 +52,8 @@ pub struct Raf {
     cfg: TrainingConfig,
     /// Every worker's relations per layer, once a graph is loaded.
     per_layer: std::sync::OnceLock<Arc<Vec<Vec<Vec<RelationId>>>>>,
+    /// Per worker (by name), what its cache manager serves.
+    views: Arc<CacheDirectory>,
 }
 
 impl Raf {
@@ -72,7 +75,7 @@ impl Raf {
         }
         let r = set.reducer();
         let part_of = std::iter::once(r).chain((0..set.manifest.parts).filter(|&k| k != r)).collect();
-        Ok(Raf { set, part_of, cfg: t.clone(), per_layer: std::sync::OnceLock::new() })
+        Ok(Raf { set, part_of, cfg: t.clone(), per_layer: std::sync::OnceLock::new(), views: Arc::default() })
     }
 
     fn workers(&self) -> u32 {
@@ -163,6 +166,7 @@ impl Distributed for Raf {
                 .handle::<Finish>()
                 .handle::<Begin>();
         }
+        manager::serve(node, &names::worker(w), &self.views).map_err(reg)?;
         Ok(vec![inbox])
     }
 
@@ -186,6 +190,7 @@ impl Distributed for Raf {
             timeouts: p.timeouts,
             from,
             gen: b.gen,
+            cache_view: self.views.get(&names::worker(p.part)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("worker {} has no cache manager", p.part)))?,
         };
         Ok(join_threads(vec![spawn_worker(setup)?])?.swap_remove(0))
     }

@@ -29,6 +29,7 @@ use runtime::{ActorRef, ByteVec, Node};
 
 use super::messages::{Push, Save};
 use super::names;
+use crate::cache::manager::{type_names, CacheView};
 use crate::cache::{DeviceCache, FeatureCache};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
@@ -72,6 +73,8 @@ pub struct TrainerSetup {
     pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
     /// Device caches built by earlier generations in this process, by trainer.
     pub caches: super::CacheSlots,
+    /// What this trainer's cache manager serves.
+    pub cache_view: Arc<CacheView>,
 }
 
 struct Peers {
@@ -184,17 +187,21 @@ impl<'a> Trainer<'a> {
         }
         let mut ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors(), cache: None };
         // Feature rows do not change: a cache built by an earlier generation of this process serves on.
-        let slot = s.caches.get(s.trainer as usize).ok_or_else(|| TrainError::Distributed(format!("no cache slot for trainer {}", s.trainer)))?;
-        let reused = slot.lock().map_err(|_| TrainError::Distributed("a trainer panicked while building its cache".into()))?.clone();
+        let reused = s.caches.get(&s.trainer).map(|c| c.clone());
         let cache = match reused {
             Some(c) => Some(c),
             None => {
                 let built = ctx.build_cache()?.map(Arc::new);
-                *slot.lock().map_err(|_| TrainError::Distributed("a trainer panicked while building its cache".into()))? = built.clone();
+                if let Some(c) = &built {
+                    s.caches.insert(s.trainer, c.clone());
+                }
                 built
             }
         };
         ctx.cache = cache.as_ref().map(|c| c.features.clone());
+        if let Some(c) = &cache {
+            s.cache_view.publish(&names::trainer(s.trainer), s.cfg.cache_policy.name(), &type_names(&s.graph), c);
+        }
         Ok(Trainer { ctx, rep: Replica { model, adam, seq, cache, s } })
     }
 
@@ -249,8 +256,10 @@ impl<'a> Steps for Replica<'a> {
         Ok(())
     }
 
-    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
-        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        let Some(c) = &self.cache else { return BTreeMap::new() };
+        self.s.cache_view.publish(&names::trainer(self.s.trainer), self.s.cfg.cache_policy.name(), &type_names(&self.s.graph), c);
+        c.report()
     }
 
     fn send_stats(&self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {

@@ -96,6 +96,8 @@ pub struct WorkerSetup {
     pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
     /// Generation of the run this attempt is.
     pub gen: u64,
+    /// What this worker's cache manager serves.
+    pub cache_view: Arc<crate::cache::manager::CacheView>,
 }
 
 /// A worker's file in a checkpoint.
@@ -265,6 +267,9 @@ impl<'a> Worker<'a> {
                 Ok(presampler.sample_relations(e, st, &mine, &filter)?)
             })?
         };
+        if let Some(c) = &cache {
+            setup.cache_view.publish(&names::worker(setup.worker), t.cache_policy.name(), &crate::cache::manager::type_names(g), c);
+        }
         Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq, cache, row_slot: Vec::new() })
     }
 

@@ -101,8 +101,11 @@ impl<'a> Steps for Worker<'a> {
         Ok(())
     }
 
-    fn cache_report(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
-        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        let Some(c) = &self.cache else { return BTreeMap::new() };
+        let s = self.setup;
+        s.cache_view.publish(&super::super::names::worker(s.worker), s.cfg.cache_policy.name(), &crate::cache::manager::type_names(&s.graph), c);
+        c.report()
     }
 
     fn send_stats(&self, _: &Feed<'a>, st: EpochStats) -> Result<()> {
