@@ -1,11 +1,13 @@
-//! `hetgnn partition`: split a graph for data-parallel training and report
-//! the edge cut, halo nodes and balance.
+//! `hetgnn partition`: split a graph for data-parallel training (owners per
+//! node) or raf training (relations per partition), and report the edge cut,
+//! replication, balance, time and peak memory (`report.json`, the same
+//! fields for every method).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use graphs::partition::{self, Manifest, Method};
+use graphs::partition::{self, Manifest, Method, PartitionReport};
 use graphs::LoadOptions;
 
 use crate::bar;
@@ -59,12 +61,33 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     let assigned = start.elapsed().as_secs_f64();
     let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);
-    println!(
-        "assigned in {assigned:.1}s, total {:.1}s, peak memory {}",
-        start.elapsed().as_secs_f64(),
-        actors::report::peak_rss_bytes().map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64))
-    );
+    let counts: Vec<u64> = g.node_types().iter().map(|t| u64::from(t.count)).collect();
+    let report = PartitionReport::of_nodes(&manifest, &counts);
+    println!("assigned in {assigned:.1}s");
+    finish(report, start, &args.out)?;
     println!("wrote {} partitions to {}", manifest.parts, args.out.display());
+    Ok(())
+}
+
+/// Adds the time and peak memory to `report`, prints its summary (the same
+/// lines for every method) and writes it beside the manifest.
+fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) -> Result<()> {
+    report.seconds = start.elapsed().as_secs_f64();
+    report.peak_memory_bytes = graphs::memory::peak_rss_bytes();
+    let balance: Vec<String> = report.balance.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+    println!(
+        "{} ({}): edge cut {} of {} ({:.1}%), replication factor {:.3}, boundary nodes {}",
+        report.method,
+        report.kind,
+        report.edge_cut,
+        report.total_edges,
+        100.0 * report.edge_cut as f64 / report.total_edges.max(1) as f64,
+        report.replication_factor,
+        report.boundary_nodes.iter().sum::<u64>()
+    );
+    println!("balance (max/mean): {}", balance.join(", "));
+    println!("{:.1}s, peak memory {}", report.seconds, report.peak_memory_bytes.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64)));
+    report.write(out).with_context(|| format!("writing the report into {}", out.display()))?;
     Ok(())
 }
 
@@ -83,14 +106,8 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
         }
         println!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
     }
-    print!("balance (max/mean):");
-    for (t, name) in types.iter().enumerate() {
-        print!(" {name} {:.3}", m.balance(|p| p.core[t]));
-    }
-    for (s, name) in ["train", "valid", "test"].iter().enumerate() {
-        print!(" {name} {:.3}", m.balance(|p| p.splits[s]));
-    }
-    println!(" edges {:.3}", m.balance(|p| p.edges));
+    let splits: Vec<String> = ["train", "valid", "test"].iter().enumerate().map(|(s, name)| format!("{name} {:.3}", m.balance(|p| p.splits[s]))).collect();
+    println!("split balance (max/mean): {}", splits.join(", "));
     if m.trainers > 1 {
         println!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
         for (k, p) in m.info.iter().enumerate() {
@@ -131,12 +148,10 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
     }
     let loads: Vec<u64> = m.info.iter().map(|p| p.load).collect();
     let mean = total as f64 / loads.len().max(1) as f64;
-    println!(
-        "load balance (max/mean) {:.3}; {:.2}s, peak memory {}",
-        *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0),
-        start.elapsed().as_secs_f64(),
-        actors::report::peak_rss_bytes().map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64))
-    );
+    println!("load balance (max/mean) {:.3}", *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0));
+    let counts = g.node_types().iter().map(|t| (t.name.clone(), u64::from(t.count))).collect();
+    let edges = g.relations().iter().map(|r| r.num_edges() as u64).sum();
+    finish(PartitionReport::of_relations(&m, &counts, edges), start, &args.out)?;
     println!("wrote {} meta-partitions to {}", m.parts, args.out.display());
     Ok(())
 }

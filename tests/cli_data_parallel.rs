@@ -14,7 +14,10 @@ fn launch_trains_three_nodes_to_the_single_process_accuracy() {
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
     let out = hetgnn(d, &["partition", "--data", "g", "--parts", "3", "--out", "parts"]).ok().stdout();
-    assert!(out.contains("edge cut") && out.contains("balance"), "{out}");
+    assert!(out.contains("edge cut") && out.contains("balance") && out.contains("replication factor"), "{out}");
+    let pr = report(&d.join("parts/report.json"));
+    assert_eq!((pr["kind"].as_str(), pr["parts"].as_u64()), (Some("node-assigning"), Some(3)), "{pr}");
+    assert!(pr["replication_factor"].as_f64().unwrap() > 1.0 && pr["peak_memory_bytes"].as_u64().unwrap() > 0, "{pr}");
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"]).ok();
     cluster(d, &["n0", "n1", "n2"], "");
     hetgnn(d, &["train", "--data", "g", "--epochs", "2", "--report", "single.json"]).ok();

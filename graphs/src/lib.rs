@@ -22,6 +22,7 @@ pub mod format;
 pub mod generate;
 pub mod graph;
 pub mod ids;
+pub mod memory;
 pub mod metagraph;
 pub mod npy;
 pub mod ogb;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use graphs::partition::{self, Method, PartitionSet};
+use graphs::partition::{self, Method, PartitionReport, PartitionSet};
 use graphs::sampler::epoch_batches;
 use graphs::{HetGraph, LoadOptions, NoProgress, RelationFilter, Sampler};
 
@@ -246,4 +246,47 @@ fn metapaths_restrict_the_metatree_and_bad_ones_are_named() {
     assert!(err("rev_writes\n").contains("leads into author, not paper"));
     assert!(err("cites cites cites\n").contains("3 relations for a 2-layer model"));
     assert!(err("# nothing\n").contains("no path"));
+}
+
+#[test]
+fn both_kinds_report_the_same_figures_and_the_report_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let counts: Vec<u64> = g.node_types().iter().map(|t| u64::from(t.count)).collect();
+    let total_nodes: u64 = counts.iter().sum();
+    // Node-assigning: every node owned once, halo nodes are the copies.
+    let set = write(&g, tmp.path(), 3, Method::Metis);
+    let r = PartitionReport::of_nodes(&set.manifest, &counts);
+    assert_eq!((r.kind.as_str(), r.method.as_str(), r.parts, r.edge_cut), ("node-assigning", "metis", 3, set.manifest.edge_cut));
+    let halo: u64 = set.manifest.info.iter().map(|p| p.halo.iter().sum::<u64>()).sum();
+    assert!((r.replication_factor - (total_nodes + halo) as f64 / total_nodes as f64).abs() < 1e-12, "{}", r.replication_factor);
+    assert!(r.replication_factor > 1.0, "a cut leaves halo nodes");
+    assert_eq!(r.boundary_nodes.iter().sum::<u64>(), halo);
+    for (t, nt) in g.node_types().iter().enumerate() {
+        assert_eq!(r.balance[&nt.name], set.manifest.balance(|p| p.core[t]));
+        assert_eq!(r.nodes.iter().map(|n| n[&nt.name]).sum::<u64>(), set.manifest.info.iter().map(|p| p.core[t] + p.halo[t]).sum::<u64>());
+    }
+    assert_eq!(r.edges.iter().sum::<u64>(), set.manifest.info.iter().map(|p| p.edges).sum::<u64>());
+    // One partition: nothing cut, nothing copied.
+    let one = PartitionReport::of_nodes(&write(&g, tmp.path(), 1, Method::Random).manifest, &counts);
+    assert_eq!((one.edge_cut, one.replication_factor, one.boundary_nodes.clone()), (0, 1.0, vec![0]));
+    // Relation-assigning: nothing cut, nodes a relation touches copied to each holder.
+    let out = tmp.path().join("meta");
+    let gr = graphs::load(&tmp.path().join("g"), &LoadOptions { mmap_features: false, reverse_edges: true }).unwrap();
+    let m = partition::meta::write(&gr, 2, 2, &out, false, &mut NoProgress).unwrap();
+    let names = gr.node_types().iter().map(|t| (t.name.clone(), u64::from(t.count))).collect();
+    let edges = gr.relations().iter().map(|r| r.num_edges() as u64).sum();
+    let mr = PartitionReport::of_relations(&m, &names, edges);
+    assert_eq!((mr.kind.as_str(), mr.edge_cut, mr.parts), ("relation-assigning", 0, 2));
+    let held: u64 = m.info.iter().map(|p| p.nodes.values().sum::<u64>()).sum();
+    assert!((mr.replication_factor - held as f64 / total_nodes as f64).abs() < 1e-12);
+    assert!(mr.replication_factor > 1.0, "every partition holds all target nodes");
+    assert_eq!(mr.boundary_nodes, m.info.iter().map(|p| p.boundary_nodes).collect::<Vec<_>>());
+    assert!(mr.balance.contains_key("edges") && mr.balance.values().all(|&b| b >= 1.0));
+    // The report round-trips through report.json; a non-file is refused.
+    mr.write(&out).unwrap();
+    assert_eq!(PartitionReport::read(&out).unwrap(), mr);
+    std::fs::create_dir_all(tmp.path().join("odd/report.json")).unwrap();
+    let err = PartitionReport::read(&tmp.path().join("odd")).unwrap_err().to_string();
+    assert!(err.contains("report.json") && err.contains("regular file"), "{err}");
 }

@@ -1,5 +1,12 @@
-//! Edge-cut partitioning for data-parallel training (DistDGL): every node has
-//! one owner partition; a partition stores its core nodes' features and the
+//! Partitioners, in two kinds. Node-assigning ones ([`NodePartitioner`]: one
+//! file each, [`random`], [`metis`]; the streaming and block ones to come)
+//! give every node an owner partition, for data-parallel training; the
+//! relation-assigning one ([`meta`], Heta's meta-partitioning) gives every
+//! relation to partitions, for raf training. Both report the same figures
+//! ([`report::PartitionReport`]: edge cut, replication, balance per type,
+//! time, peak memory), written as `report.json` beside the manifest.
+//!
+//! Node-assigning partitions (DistDGL): every node has one owner partition; a partition stores its core nodes' features and the
 //! edges into and out of its core nodes, so the full in-neighborhood of a core
 //! node (in either direction, reverse relations included) is local. The other
 //! end of such an edge is a halo node: its id is known, its features and
@@ -15,20 +22,41 @@
 //! ```
 //! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
 
-mod assign;
 mod graph_dir;
 pub mod meta;
+pub mod metis;
+pub mod random;
+pub mod report;
+mod set;
 mod write;
-
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
-use crate::npy::{DType, NpyFile};
 
+pub use report::PartitionReport;
+pub use set::{Manifest, PartInfo, PartitionSet};
 pub use write::write;
+
+/// A partitioner that gives every node an owner partition.
+pub trait NodePartitioner: Sync {
+    /// Its `--method` name.
+    fn name(&self) -> &'static str;
+    /// An owner in `0..parts` for every node, per type; with `within =
+    /// (owners, k)`, only partition `k`'s nodes matter (the second level
+    /// splits a machine's nodes between its trainers).
+    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>>;
+}
+
+/// The node-assigning partitioner of `method` (`None` for meta, which assigns relations).
+pub fn node_partitioner(method: Method) -> Option<&'static dyn NodePartitioner> {
+    match method {
+        Method::Random => Some(&random::Random),
+        Method::Metis => Some(&metis::Metis),
+        Method::Meta => None,
+    }
+}
 
 /// How owners are chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,20 +128,14 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
     if trainers == 0 || parts * trainers > MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--trainers must be in 1..={} for {parts} parts, got {trainers}", MAX_PARTS / parts)));
     }
-    let owners = match method {
-        Method::Random => assign::random(g, parts, seed),
-        Method::Metis => assign::metis(g, parts, seed)?,
-        Method::Meta => return Err(GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into())),
-    };
+    let p = node_partitioner(method).ok_or_else(|| GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()))?;
+    let owners = p.assign(g, parts, seed, None)?;
     let target = g.target().index();
     let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];
     if trainers > 1 {
         let sub_seed = seed ^ 0x05EC_011D;
         for k in 0..parts as u16 {
-            let sub = match method {
-                Method::Metis => assign::metis_within(g, trainers, sub_seed, Some((&owners, k)))?,
-                _ => assign::random(g, trainers, sub_seed),
-            };
+            let sub = p.assign(g, trainers, sub_seed, Some((&owners, k)))?;
             for (v, t) in trainer_of.iter_mut().enumerate() {
                 if owners[target][v] == k {
                     *t = sub[target][v];
@@ -122,161 +144,4 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
         }
     }
     Ok(Assignment { method, seed, parts, trainers, owners, trainer_of })
-}
-
-/// What one partition holds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PartInfo {
-    /// Core (owned) nodes per type, in type order.
-    pub core: Vec<u64>,
-    /// Halo nodes per type: not owned, but an end of a stored edge.
-    pub halo: Vec<u64>,
-    /// Edges stored (original relations).
-    pub edges: u64,
-    /// Owned train, valid and test nodes.
-    pub splits: [u64; 3],
-    /// Per trainer of the partition, its train, valid and test nodes.
-    #[serde(default)]
-    pub trainer_splits: Vec<[u64; 3]>,
-}
-
-/// `manifest.json`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    /// Layout version.
-    pub format: u32,
-    /// Name of the partitioned graph.
-    pub graph: String,
-    /// How owners were chosen.
-    pub method: Method,
-    /// Seed of the partitioner.
-    pub seed: u64,
-    /// Number of partitions.
-    pub parts: usize,
-    /// Trainers per partition (second level; 1 without it).
-    #[serde(default = "one")]
-    pub trainers: usize,
-    /// Node type names, in type order.
-    pub node_types: Vec<String>,
-    /// Edges (original relations) whose ends have different owners.
-    pub edge_cut: u64,
-    /// All edges (original relations).
-    pub total_edges: u64,
-    /// Per partition.
-    pub info: Vec<PartInfo>,
-}
-
-impl Manifest {
-    /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
-    pub fn balance(&self, f: impl Fn(&PartInfo) -> u64) -> f64 {
-        let v: Vec<u64> = self.info.iter().map(f).collect();
-        let total: u64 = v.iter().sum();
-        if total == 0 {
-            return 1.0;
-        }
-        *v.iter().max().unwrap_or(&0) as f64 * v.len() as f64 / total as f64
-    }
-}
-
-const FORMAT: u32 = 1;
-
-fn one() -> usize {
-    1
-}
-
-/// An opened partition directory: the manifest and every node's owner.
-pub struct PartitionSet {
-    dir: PathBuf,
-    /// The manifest.
-    pub manifest: Manifest,
-    /// Owner partition per type, per node.
-    pub owners: Vec<Vec<u16>>,
-    /// Per target node, its trainer within its partition (empty: all 0).
-    pub trainer_of: Vec<u16>,
-}
-
-impl PartitionSet {
-    /// Opens and validates `dir` (manifest and owner files).
-    pub fn open(dir: &Path) -> Result<PartitionSet> {
-        let mpath = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
-        if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
-            return Err(GraphError::data(&mpath, "meta-partitions (by relation) are for mode = \"raf\"; data-parallel training needs --method metis or random"));
-        }
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
-        if manifest.format != FORMAT {
-            return Err(GraphError::data(&mpath, format!("format {} is not the supported {FORMAT}", manifest.format)));
-        }
-        if manifest.parts == 0 || manifest.parts > MAX_PARTS || manifest.info.len() != manifest.parts {
-            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
-        }
-        let mut owners = Vec::with_capacity(manifest.node_types.len());
-        for name in &manifest.node_types {
-            let p = owners_path(dir, name);
-            let f = NpyFile::open(&p, DType::I64)?;
-            if f.shape().len() != 1 {
-                return Err(GraphError::data(&p, "owners must be 1-dimensional"));
-            }
-            let mut o = Vec::with_capacity(f.len());
-            for i in 0..f.len() {
-                let v = f.i64_at(i);
-                if v < 0 || v as usize >= manifest.parts {
-                    return Err(GraphError::data(&p, format!("node {i}: owner {v} out of range 0..{}", manifest.parts)));
-                }
-                o.push(v as u16);
-            }
-            owners.push(o);
-        }
-        let trainers = manifest.trainers;
-        if trainers == 0 || trainers * manifest.parts > MAX_PARTS {
-            return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
-        }
-        let tpath = dir.join("trainers.npy");
-        let mut trainer_of = Vec::new();
-        // Directories written before the second level existed have no trainers.npy: one trainer each.
-        if trainers > 1 || tpath.exists() {
-            let f = NpyFile::open(&tpath, DType::I64)?;
-            trainer_of.reserve(f.len());
-            for i in 0..f.len() {
-                let v = f.i64_at(i);
-                if v < 0 || v as usize >= trainers {
-                    return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
-                }
-                trainer_of.push(v as u16);
-            }
-        }
-        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners, trainer_of })
-    }
-
-    /// Directory of partition `k` (a graph directory).
-    pub fn part_dir(&self, k: usize) -> PathBuf {
-        part_dir(&self.dir, k)
-    }
-
-    /// Loads partition `k`, checking it matches the owners.
-    pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> Result<HetGraph> {
-        if k >= self.manifest.parts {
-            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
-        }
-        let dir = self.part_dir(k);
-        let g = crate::load(&dir, opts)?;
-        let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
-        let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
-        if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
-            || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
-            || (!self.trainer_of.is_empty() && self.trainer_of.len() != counts[g.target().index()])
-        {
-            return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
-        }
-        Ok(g)
-    }
-}
-
-fn owners_path(dir: &Path, ntype: &str) -> PathBuf {
-    dir.join("owners").join(format!("{ntype}.npy"))
-}
-
-fn part_dir(dir: &Path, k: usize) -> PathBuf {
-    dir.join(format!("part{k}"))
 }

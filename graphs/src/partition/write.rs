@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use super::{owners_path, part_dir, Assignment, Manifest, PartInfo, FORMAT};
+use super::set::{owners_path, part_dir, FORMAT};
+use super::{Assignment, Manifest, PartInfo};
 use crate::error::{GraphError, Result};
 use crate::format::AtomicDir;
 use crate::graph::HetGraph;

@@ -1,25 +1,28 @@
-//! Owner assignment: which partition owns each node.
+//! METIS k-way edge-cut partitioning of the graph with every relation taken
+//! as undirected, balancing (one constraint each) the nodes of every type,
+//! the in-edges, and the train, valid and test nodes. Restricted to one
+//! partition's nodes, the second level of DistDGLv2's partitioning: one
+//! sub-partition per trainer of a machine.
 
+use super::NodePartitioner;
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
-use crate::rng::key;
 
-/// Random owners: a pure function of (seed, type, node), about `1/parts` each.
-pub fn random(g: &HetGraph, parts: usize, seed: u64) -> Vec<Vec<u16>> {
-    g.node_types().iter().enumerate().map(|(t, nt)| (0..nt.count).map(|v| (key(&[seed, t as u64, u64::from(v)]) % parts as u64) as u16).collect()).collect()
+/// METIS, multi-constraint (the default).
+pub struct Metis;
+
+impl NodePartitioner for Metis {
+    fn name(&self) -> &'static str {
+        "metis"
+    }
+
+    /// Nodes outside `within` get sub-partition 0.
+    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+        metis(g, parts, seed, within)
+    }
 }
 
-/// METIS k-way edge-cut partitioning of the graph with every relation taken as
-/// undirected, balancing (one constraint each) the nodes of every type, the
-/// in-edges, and the train, valid and test nodes.
-pub fn metis(g: &HetGraph, parts: usize, seed: u64) -> Result<Vec<Vec<u16>>> {
-    metis_within(g, parts, seed, None)
-}
-
-/// Like [`metis`], but only over the nodes owned by `part` (edges between
-/// them): the second level of DistDGLv2's partitioning, one sub-partition per
-/// trainer of a machine. Nodes outside get sub-partition 0.
-pub fn metis_within(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
     let types = g.node_types();
     // Dense vertex ids of the kept nodes, type after type.
     const OUT: u32 = u32::MAX;

@@ -1,0 +1,169 @@
+//! A node-partition directory on disk (see the module above for its layout):
+//! its manifest with each partition's figures, and the owner of every node.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Method, MAX_PARTS};
+use crate::error::{GraphError, Result};
+use crate::graph::HetGraph;
+use crate::npy::{DType, NpyFile};
+
+/// What one partition holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartInfo {
+    /// Core (owned) nodes per type, in type order.
+    pub core: Vec<u64>,
+    /// Halo nodes per type: not owned, but an end of a stored edge.
+    pub halo: Vec<u64>,
+    /// Edges stored (original relations).
+    pub edges: u64,
+    /// Owned train, valid and test nodes.
+    pub splits: [u64; 3],
+    /// Per trainer of the partition, its train, valid and test nodes.
+    #[serde(default)]
+    pub trainer_splits: Vec<[u64; 3]>,
+}
+
+/// `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Layout version.
+    pub format: u32,
+    /// Name of the partitioned graph.
+    pub graph: String,
+    /// How owners were chosen.
+    pub method: Method,
+    /// Seed of the partitioner.
+    pub seed: u64,
+    /// Number of partitions.
+    pub parts: usize,
+    /// Trainers per partition (second level; 1 without it).
+    #[serde(default = "one")]
+    pub trainers: usize,
+    /// Node type names, in type order.
+    pub node_types: Vec<String>,
+    /// Edges (original relations) whose ends have different owners.
+    pub edge_cut: u64,
+    /// All edges (original relations).
+    pub total_edges: u64,
+    /// Per partition.
+    pub info: Vec<PartInfo>,
+}
+
+impl Manifest {
+    /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
+    pub fn balance(&self, f: impl Fn(&PartInfo) -> u64) -> f64 {
+        let v: Vec<u64> = self.info.iter().map(f).collect();
+        let total: u64 = v.iter().sum();
+        if total == 0 {
+            return 1.0;
+        }
+        *v.iter().max().unwrap_or(&0) as f64 * v.len() as f64 / total as f64
+    }
+}
+
+/// Layout version of `manifest.json`.
+pub(crate) const FORMAT: u32 = 1;
+
+fn one() -> usize {
+    1
+}
+
+/// An opened partition directory: the manifest and every node's owner.
+pub struct PartitionSet {
+    dir: PathBuf,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// Owner partition per type, per node.
+    pub owners: Vec<Vec<u16>>,
+    /// Per target node, its trainer within its partition (empty: all 0).
+    pub trainer_of: Vec<u16>,
+}
+
+impl PartitionSet {
+    /// Opens and validates `dir` (manifest and owner files).
+    pub fn open(dir: &Path) -> Result<PartitionSet> {
+        let mpath = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
+            return Err(GraphError::data(&mpath, "meta-partitions (by relation) are for mode = \"raf\"; data-parallel training needs --method metis or random"));
+        }
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        if manifest.format != FORMAT {
+            return Err(GraphError::data(&mpath, format!("format {} is not the supported {FORMAT}", manifest.format)));
+        }
+        if manifest.parts == 0 || manifest.parts > MAX_PARTS || manifest.info.len() != manifest.parts {
+            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
+        }
+        let mut owners = Vec::with_capacity(manifest.node_types.len());
+        for name in &manifest.node_types {
+            let p = owners_path(dir, name);
+            let f = NpyFile::open(&p, DType::I64)?;
+            if f.shape().len() != 1 {
+                return Err(GraphError::data(&p, "owners must be 1-dimensional"));
+            }
+            let mut o = Vec::with_capacity(f.len());
+            for i in 0..f.len() {
+                let v = f.i64_at(i);
+                if v < 0 || v as usize >= manifest.parts {
+                    return Err(GraphError::data(&p, format!("node {i}: owner {v} out of range 0..{}", manifest.parts)));
+                }
+                o.push(v as u16);
+            }
+            owners.push(o);
+        }
+        let trainers = manifest.trainers;
+        if trainers == 0 || trainers * manifest.parts > MAX_PARTS {
+            return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
+        }
+        let tpath = dir.join("trainers.npy");
+        let mut trainer_of = Vec::new();
+        // Directories written before the second level existed have no trainers.npy: one trainer each.
+        if trainers > 1 || tpath.exists() {
+            let f = NpyFile::open(&tpath, DType::I64)?;
+            trainer_of.reserve(f.len());
+            for i in 0..f.len() {
+                let v = f.i64_at(i);
+                if v < 0 || v as usize >= trainers {
+                    return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
+                }
+                trainer_of.push(v as u16);
+            }
+        }
+        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners, trainer_of })
+    }
+
+    /// Directory of partition `k` (a graph directory).
+    pub fn part_dir(&self, k: usize) -> PathBuf {
+        part_dir(&self.dir, k)
+    }
+
+    /// Loads partition `k`, checking it matches the owners.
+    pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> Result<HetGraph> {
+        if k >= self.manifest.parts {
+            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
+        }
+        let dir = self.part_dir(k);
+        let g = crate::load(&dir, opts)?;
+        let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
+        let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
+        if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
+            || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
+            || (!self.trainer_of.is_empty() && self.trainer_of.len() != counts[g.target().index()])
+        {
+            return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
+        }
+        Ok(g)
+    }
+}
+
+pub(crate) fn owners_path(dir: &Path, ntype: &str) -> PathBuf {
+    dir.join("owners").join(format!("{ntype}.npy"))
+}
+
+pub(crate) fn part_dir(dir: &Path, k: usize) -> PathBuf {
+    dir.join(format!("part{k}"))
+}
