@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
+use crate::layer::{Activation, RelationalLayer};
 use crate::ops::{add_bias, finish_partial, lse_attention, matmul, merge_partials, SegmentCsr};
 use crate::params::ParamStore;
 use crate::self_loop::{per_dst_type, PerType};
@@ -89,9 +90,11 @@ impl HgtLayer {
             None => h,
         })
     }
+}
 
+impl RelationalLayer for HgtLayer {
     /// Merged log-sum-exp partials of `relations`, per destination type (`[n_dst, H, 2 + d]`).
-    pub fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
@@ -114,19 +117,13 @@ impl HgtLayer {
         Ok(out)
     }
 
-    /// Shape of one destination's partial: per head, the running maximum, the
-    /// sum of weights and the weighted values.
-    pub fn partial_dims(&self) -> Vec<usize> {
-        vec![self.heads, 2 + self.head_dim]
-    }
-
-    /// Merges two partials of the same destinations (from different relation subsets).
-    pub fn combine_partials(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    /// The log-sum-exp merge: exact for partials of disjoint relation subsets.
+    fn combine_partials(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Ok(merge_partials(a, b)?)
     }
 
     /// Finishes the softmax, applies the output map and the gated skip.
-    pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
+    fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
         per_dst_type(block, h_src, partials, |t, own, p| {
             let tm = &self.types[t];
             let n_dst = own.dim(0)?;
@@ -142,5 +139,30 @@ impl HgtLayer {
                 y
             })
         })
+    }
+
+    fn activation(&self) -> Activation {
+        Activation::DropoutAfterEach
+    }
+
+    /// Per head, the running maximum, the sum of weights and the weighted values.
+    fn partial_dims(&self) -> Result<Vec<usize>> {
+        Ok(vec![self.heads, 2 + self.head_dim])
+    }
+
+    /// Per head an empty maximum and zero sums.
+    fn neutral_partial(&self, rows: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = vec![rows, self.heads, 2 + self.head_dim];
+        let last = shape.len() - 1;
+        let mut m_shape = shape.clone();
+        m_shape[last] = 1;
+        let m = (Tensor::ones(m_shape, dtype, device)? * crate::ops::EMPTY_MAX)?;
+        let zeros = Tensor::zeros(shape.clone(), dtype, device)?;
+        Ok(Tensor::cat(&[&m, &zeros.narrow(last, 1, shape[last] - 1)?], last)?)
+    }
+
+    /// Attention queries read the destinations' rows.
+    fn partials_read_destinations(&self) -> bool {
+        true
     }
 }

@@ -7,10 +7,11 @@
 //! (seed, epoch, step, layer, node type, node id); every CPU kernel sums in a fixed order
 //! whatever the thread count. Two runs with the same seed are bit-identical.
 //!
-//! Each layer is written as relation-specific aggregations
-//! ([`rgcn::RgcnLayer::relation_partials`]) followed by a cross-relation step
-//! ([`rgcn::RgcnLayer::cross_relation`]), so the relation part can run for any
-//! subset of relations elsewhere and be summed later.
+//! Each layer implements [`layer::RelationalLayer`]: relation-specific
+//! aggregations for any subset of relations, merged later, then a
+//! cross-relation step; [`partials`] splits a whole model along that seam for
+//! relation-aggregation-first training. A new model is one file implementing
+//! the trait plus its registration in [`layer::registered`].
 #![warn(missing_docs)]
 
 pub mod checkpoint;
@@ -18,10 +19,12 @@ pub mod embedding;
 pub mod error;
 pub mod hgt;
 pub mod init;
+pub mod layer;
 pub mod model;
 pub mod ops;
 pub mod optim;
 pub mod params;
+pub mod partials;
 pub mod prefetch;
 pub mod rgat;
 pub mod rgcn;

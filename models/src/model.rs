@@ -6,10 +6,9 @@ use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
 
 use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
-use crate::hgt::HgtLayer;
+use crate::layer::{Activation, LayerArgs, RelationalLayer};
 use crate::params::ParamStore;
-use crate::rgat::RgatLayer;
-use crate::rgcn::{PerType, RgcnLayer};
+use crate::rgcn::PerType;
 
 /// Which architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -82,7 +81,7 @@ impl ModelSpec {
         if self.hidden == 0 || self.embed_dim == 0 {
             return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
         }
-        if matches!(self.kind, ModelKind::Rgat | ModelKind::Hgt) && (self.heads == 0 || self.hidden % self.heads != 0) {
+        if crate::layer::registered(self.kind).is_some_and(|r| r.uses_heads) && (self.heads == 0 || self.hidden % self.heads != 0) {
             return Err(ModelError::Config(format!("hidden ({}) must be a positive multiple of heads ({})", self.hidden, self.heads)));
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -92,51 +91,12 @@ impl ModelSpec {
     }
 }
 
-/// One relational layer of either kind, behind the relation-partial seam.
-pub enum GnnLayer {
-    /// R-GCN.
-    Rgcn(RgcnLayer),
-    /// R-GAT.
-    Rgat(RgatLayer),
-    /// HGT.
-    Hgt(HgtLayer),
-}
-
-impl GnnLayer {
-    /// Summed partial aggregations of `relations`, per destination type.
-    pub fn relation_partials(&self, g: &HetGraph, block: &graphs::Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
-        match self {
-            GnnLayer::Rgcn(l) => l.relation_partials(g, block, relations, h_src),
-            GnnLayer::Rgat(l) => l.relation_partials(g, block, relations, h_src),
-            GnnLayer::Hgt(l) => l.relation_partials(g, block, relations, h_src),
-        }
-    }
-
-    /// Combines two partials of the same destinations computed from disjoint
-    /// relation subsets (a sum, or HGT's log-sum-exp merge).
-    pub fn combine_partials(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        match self {
-            GnnLayer::Rgcn(_) | GnnLayer::Rgat(_) => Ok((a + b)?),
-            GnnLayer::Hgt(_) => HgtLayer::combine_partials(a, b),
-        }
-    }
-
-    /// Self-loop plus summed partials.
-    pub fn cross_relation(&self, block: &graphs::Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        match self {
-            GnnLayer::Rgcn(l) => l.cross_relation(block, h_src, partials),
-            GnnLayer::Rgat(l) => l.cross_relation(block, h_src, partials),
-            GnnLayer::Hgt(l) => l.cross_relation(block, h_src, partials),
-        }
-    }
-}
-
 /// A linear map's `(weight, bias)`.
-type Linear = (Tensor, Tensor);
+pub(crate) type Linear = (Tensor, Tensor);
 
-enum Layers {
-    /// Relational layers, and for HGT a linear classifier after them.
-    Relational(Vec<GnnLayer>, Option<Linear>),
+pub(crate) enum Layers {
+    /// Relational layers, and (HGT) a linear classifier after them.
+    Relational(Vec<Box<dyn RelationalLayer>>, Option<Linear>),
     /// `(weight, bias)` per layer, on the target type only.
     Mlp(Vec<(Tensor, Tensor)>),
 }
@@ -153,14 +113,14 @@ pub struct DropoutKey {
 /// A model bound to one graph's types and relations.
 pub struct Model {
     spec: ModelSpec,
-    target: NodeTypeId,
+    pub(crate) target: NodeTypeId,
     num_classes: usize,
     /// Dense parameters.
     pub params: ParamStore,
     /// Learnable embeddings, per node type (`None` for types with features).
     pub embeddings: Vec<Option<EmbeddingTable>>,
-    layers: Layers,
-    all_relations: Vec<RelationId>,
+    pub(crate) layers: Layers,
+    pub(crate) all_relations: Vec<RelationId>,
     dtype: DType,
     device: Device,
 }
@@ -179,18 +139,15 @@ impl Model {
             in_dims.push(nt.features.as_ref().map_or(spec.embed_dim, |f| f.dim()));
             embeddings.push(learnable.then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
         }
-        let has_head = spec.kind == ModelKind::Hgt;
+        let registered = crate::layer::registered(spec.kind);
+        let has_head = registered.as_ref().is_some_and(|r| r.head);
         let width = |l: usize| if l + 1 == spec.layers && !has_head { num_classes } else { spec.hidden };
-        let layers = match spec.kind {
-            ModelKind::Rgcn | ModelKind::Rgat | ModelKind::Hgt => {
+        let layers = match registered {
+            Some(r) => {
                 let mut ls = Vec::new();
                 for l in 0..spec.layers {
                     let dims: Vec<usize> = if l == 0 { in_dims.clone() } else { vec![spec.hidden; in_dims.len()] };
-                    ls.push(match spec.kind {
-                        ModelKind::Rgcn => GnnLayer::Rgcn(RgcnLayer::new(&mut params, g, l, &dims, width(l), seed, dtype, device)?),
-                        ModelKind::Rgat => GnnLayer::Rgat(RgatLayer::new(&mut params, g, l, &dims, width(l), spec.heads, l + 1 == spec.layers, seed, dtype, device)?),
-                        _ => GnnLayer::Hgt(HgtLayer::new(&mut params, g, l, &dims, width(l), spec.heads, seed, dtype, device)?),
-                    });
+                    ls.push((r.build)(LayerArgs { store: &mut params, g, index: l, in_dims: &dims, out_dim: width(l), last: l + 1 == spec.layers, spec, dtype, device })?);
                 }
                 let head = if has_head {
                     let w = params.matrix(seed, "head.weight", spec.hidden, num_classes, dtype, device)?;
@@ -200,7 +157,7 @@ impl Model {
                 };
                 Layers::Relational(ls, head)
             }
-            ModelKind::Mlp => {
+            None => {
                 let mut ls = Vec::new();
                 let mut d = in_dims[target.index()];
                 for l in 0..spec.layers {
@@ -300,217 +257,25 @@ impl Model {
     /// After layer `l`'s cross-relation step: R-GCN and R-GAT apply ReLU and
     /// dropout between layers; HGT has its own nonlinearity and feeds the
     /// classifier, so it gets dropout after every layer.
-    fn activate(&self, l: usize, block: &graphs::Block, mut out: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+    pub(crate) fn activate(&self, l: usize, block: &graphs::Block, mut out: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
         let Layers::Relational(ls, _) = &self.layers else { return Ok(out) };
-        let hgt = matches!(ls[l], GnnLayer::Hgt(_));
-        if l + 1 < ls.len() || hgt {
+        let relu = ls[l].activation() == Activation::ReluDropoutBetween;
+        if l + 1 < ls.len() || !relu {
             for (ty, o) in out.iter_mut().enumerate() {
                 if let Some(x) = o.take() {
-                    *o = Some(self.dropout(x, !hgt, dropout, l, ty, &block.dst[ty])?);
+                    *o = Some(self.dropout(x, relu, dropout, l, ty, &block.dst[ty])?);
                 }
             }
         }
         Ok(out)
     }
 
-    fn relational(&self) -> Result<(&[GnnLayer], &Option<Linear>)> {
+    /// The relational layers and head (an error for the MLP).
+    pub(crate) fn relational(&self) -> Result<(&[Box<dyn RelationalLayer>], &Option<Linear>)> {
         match &self.layers {
             Layers::Relational(ls, head) => Ok((ls, head)),
             Layers::Mlp(_) => Err(ModelError::Config("the MLP reads no relations: relation-aggregation-first training needs rgcn, rgat or hgt".into())),
         }
-    }
-
-    /// RAF, on a worker: the rows of the top block's sources after the first
-    /// `layers - 1` layers, over the relations sampled into `mb` (a
-    /// partition's). Rows whose neighborhoods the partition holds whole are
-    /// exactly the single-process rows.
-    pub fn raf_hidden(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
-        let (ls, _) = self.relational()?;
-        if mb.blocks.len() != ls.len() {
-            return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
-        }
-        let mut h = inputs;
-        for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate().take(ls.len() - 1) {
-            let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
-            let out = layer.cross_relation(block, &h, partials)?;
-            h = self.activate(l, block, out, dropout)?;
-        }
-        Ok(h)
-    }
-
-    /// RAF, on a worker: the seeds' partial aggregation over the top-layer
-    /// relations sampled into `mb`, from `h` ([`Model::raf_hidden`]); `None`
-    /// when the partition has no top-layer relation.
-    pub fn raf_partial(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Option<Tensor>> {
-        let (ls, _) = self.relational()?;
-        let (layer, block) = (ls.last().expect("validated: layers >= 1"), mb.blocks.last().ok_or_else(|| ModelError::Config("no sampled blocks".into()))?);
-        if !block.relations.iter().any(|r| g.relation(r.relation).dst == self.target) {
-            return Ok(None);
-        }
-        Ok(layer.relation_partials(g, block, &self.all_relations, h)?.swap_remove(self.target.index()))
-    }
-
-    /// RAF, on the reducer: the logits of `seeds` from their own rows after
-    /// `layers - 1` layers and every worker's partial (merged in the order given).
-    pub fn raf_reduce(&self, seeds: &[u32], own: &Tensor, partials: &[Tensor], dropout: Option<DropoutKey>) -> Result<Tensor> {
-        let (ls, head) = self.relational()?;
-        let layer = ls.last().expect("validated: layers >= 1");
-        let mut merged: Option<Tensor> = None;
-        for p in partials {
-            merged = Some(match merged {
-                Some(m) => layer.combine_partials(&m, p)?,
-                None => p.clone(),
-            });
-        }
-        let n = self.embeddings.len();
-        let t = self.target.index();
-        let mut ids = vec![Vec::new(); n];
-        ids[t] = seeds.to_vec();
-        let block = graphs::Block { layer: ls.len() - 1, dst: ids.clone(), src: ids, relations: Vec::new() };
-        let mut h: PerType = vec![None; n];
-        h[t] = Some(own.clone());
-        let mut p: PerType = vec![None; n];
-        p[t] = merged;
-        let out = layer.cross_relation(&block, &h, p)?;
-        let mut out = self.activate(ls.len() - 1, &block, out, dropout)?;
-        let out = out[t].take().ok_or_else(|| ModelError::Config("no target rows after the top layer".into()))?;
-        Ok(match head {
-            Some((w, b)) => crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?,
-            None => out,
-        })
-    }
-
-    /// RAF: whether a worker whose top-layer relations are `top` ships their
-    /// untransformed means (R-GCN, when `top.len()` means are narrower than
-    /// one transformed partial); the reducer then applies their weights.
-    pub fn raf_ships_means(&self, top: &[RelationId]) -> Result<bool> {
-        let (ls, _) = self.relational()?;
-        let Some(GnnLayer::Rgcn(l)) = ls.last() else { return Ok(false) };
-        let width: usize = top.iter().map(|&r| l.in_width(r)).sum::<Result<usize>>()?;
-        Ok(!top.is_empty() && width < l.out_width()?)
-    }
-
-    /// RAF: the width of relation `r`'s shipped means (its top-layer input width).
-    pub fn raf_mean_width(&self, r: RelationId) -> Result<usize> {
-        let (ls, _) = self.relational()?;
-        match ls.last() {
-            Some(GnnLayer::Rgcn(l)) if r.index() < self.all_relations.len() => l.in_width(r),
-            _ => Err(ModelError::Config(format!("relation {} ships no means", r.0))),
-        }
-    }
-
-    /// RAF, on a worker that ships means: the seeds' mean rows per top-layer relation.
-    pub fn raf_means(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
-        let (ls, _) = self.relational()?;
-        let (Some(GnnLayer::Rgcn(l)), Some(block)) = (ls.last(), mb.blocks.last()) else {
-            return Err(ModelError::Config("only R-GCN ships relation means".into()));
-        };
-        l.relation_means(g, block, &self.all_relations, h)
-    }
-
-    /// RAF, on the reducer: the partial of a worker's shipped means.
-    pub fn raf_transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>> {
-        let (ls, _) = self.relational()?;
-        let Some(GnnLayer::Rgcn(l)) = ls.last() else {
-            return Err(ModelError::Config("only R-GCN ships relation means".into()));
-        };
-        l.transform_means(means)
-    }
-
-    /// Name prefix of layer `l`'s parameters of relation `r`.
-    pub fn relation_prefix(g: &HetGraph, l: usize, r: RelationId) -> String {
-        format!("layer{l}.rel.{}.", g.relation(r).canonical())
-    }
-
-    /// RAF: the shape of one seed's partial (after the seed dimension).
-    pub fn raf_partial_dims(&self) -> Result<Vec<usize>> {
-        let (ls, _) = self.relational()?;
-        Ok(match ls.last() {
-            Some(GnnLayer::Rgcn(l)) => vec![l.out_width()?],
-            Some(GnnLayer::Rgat(l)) => vec![l.out_width()],
-            Some(GnnLayer::Hgt(l)) => l.partial_dims(),
-            None => Vec::new(),
-        })
-    }
-
-    /// RAF: the partial of `rows` seeds without any sampled edge (what
-    /// merging leaves unchanged: zeros, or HGT's empty log-sum-exp rows).
-    pub fn raf_neutral_partial(&self, rows: usize) -> Result<Tensor> {
-        let (ls, _) = self.relational()?;
-        let dims = self.raf_partial_dims()?;
-        let mut shape = vec![rows];
-        shape.extend(&dims);
-        let zeros = Tensor::zeros(shape.clone(), self.dtype, &self.device)?;
-        Ok(match ls.last() {
-            Some(GnnLayer::Hgt(_)) => {
-                let last = shape.len() - 1;
-                let mut m_shape = shape.clone();
-                m_shape[last] = 1;
-                let m = (Tensor::ones(m_shape, self.dtype, &self.device)? * crate::ops::EMPTY_MAX)?;
-                Tensor::cat(&[&m, &zeros.narrow(last, 1, shape[last] - 1)?], last)?
-            }
-            _ => zeros,
-        })
-    }
-
-    /// Whether the top layer reads the destinations' own rows inside the
-    /// relation partials (attention queries): then a RAF worker that cannot
-    /// compute the seeds' rows itself receives them from the reducer.
-    pub fn raf_partial_reads_seeds(&self) -> bool {
-        matches!(self.layers, Layers::Relational(ref ls, _) if ls.len() > 1 && matches!(ls.last(), Some(GnnLayer::Rgat(_) | GnnLayer::Hgt(_))))
-    }
-
-    /// RAF: per layer, the node types that are destinations (`.0`) and
-    /// sources (`.1`) of a partition sampling `per_layer` relations.
-    pub fn raf_types(g: &HetGraph, per_layer: &[Vec<RelationId>]) -> Vec<(Vec<bool>, Vec<bool>)> {
-        let n = g.node_types().len();
-        let mut out = vec![(vec![false; n], vec![false; n]); per_layer.len()];
-        let mut dst = vec![false; n];
-        dst[g.target().index()] = true;
-        for l in (0..per_layer.len()).rev() {
-            let mut src = dst.clone();
-            for &r in &per_layer[l] {
-                src[g.relation(r).src.index()] = true;
-            }
-            out[l] = (dst, src.clone());
-            dst = src;
-        }
-        out
-    }
-
-    /// RAF: names of the dense parameters a partition sampling `per_layer`
-    /// relations may use (a superset); with `reducer`, also those of the
-    /// cross-relation step and head of the top layer.
-    pub fn raf_params(&self, g: &HetGraph, per_layer: &[Vec<RelationId>], reducer: bool) -> Result<std::collections::BTreeSet<String>> {
-        let (ls, _) = self.relational()?;
-        if per_layer.len() != ls.len() {
-            return Err(ModelError::Config(format!("relations for {} layers, the model has {}", per_layer.len(), ls.len())));
-        }
-        let types = Model::raf_types(g, per_layer);
-        let top = ls.len() - 1;
-        let name = |t: usize| g.node_types()[t].name.as_str();
-        let mut prefixes = Vec::new();
-        for (l, rels) in per_layer.iter().enumerate() {
-            for &r in rels {
-                prefixes.push(Model::relation_prefix(g, l, r));
-            }
-            let (dst, src) = &types[l];
-            for t in 0..dst.len() {
-                if src[t] {
-                    prefixes.push(format!("layer{l}.type.{}.", name(t)));
-                }
-                if dst[t] && l < top {
-                    prefixes.push(format!("layer{l}.self.{}.", name(t)));
-                }
-            }
-        }
-        if reducer {
-            let t = self.target.index();
-            prefixes.push(format!("layer{top}.self.{}.", name(t)));
-            prefixes.push(format!("layer{top}.type.{}.", name(t)));
-            prefixes.push("head.".to_string());
-        }
-        Ok(self.params.iter().map(|(n, _)| n).filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str()))).map(str::to_string).collect())
     }
 
     /// Dropout on rows that belong to nodes `ids`: each row's mask is keyed by

@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
+use crate::layer::RelationalLayer;
 use crate::ops::{attention_aggregate, matmul, SegmentCsr};
 use crate::params::ParamStore;
 use crate::self_loop::{accumulate, PerType, SelfLoops};
@@ -55,8 +56,19 @@ impl RgatLayer {
         Ok(RgatLayer { rels, heads, head_dim, mean_heads: last, self_loop })
     }
 
+    /// Width of a destination's partial: the mean of the heads in the last layer, their concatenation before.
+    pub fn out_width(&self) -> usize {
+        if self.mean_heads {
+            self.head_dim
+        } else {
+            self.heads * self.head_dim
+        }
+    }
+}
+
+impl RelationalLayer for RgatLayer {
     /// Sum over `relations` of each relation's attention-weighted messages, per destination type.
-    pub fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
         for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
             let rel = g.relation(br.relation);
@@ -75,17 +87,17 @@ impl RgatLayer {
         Ok(out)
     }
 
-    /// Width of a destination's partial: the mean of the heads in the last layer, their concatenation before.
-    pub fn out_width(&self) -> usize {
-        if self.mean_heads {
-            self.head_dim
-        } else {
-            self.heads * self.head_dim
-        }
+    /// Self-loop on the destinations' own rows plus the summed partials.
+    fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
+        self.self_loop.cross_relation(block, h_src, partials)
     }
 
-    /// Self-loop on the destinations' own rows plus the summed partials.
-    pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        self.self_loop.cross_relation(block, h_src, partials)
+    fn partial_dims(&self) -> Result<Vec<usize>> {
+        Ok(vec![self.out_width()])
+    }
+
+    /// Attention scores read the destinations' rows.
+    fn partials_read_destinations(&self) -> bool {
+        true
     }
 }

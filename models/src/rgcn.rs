@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::Result;
+use crate::layer::{RelationMeans, RelationalLayer};
 use crate::ops::{matmul, segment_mean, SegmentCsr};
 use crate::params::ParamStore;
 pub use crate::self_loop::PerType;
@@ -36,11 +37,13 @@ impl RgcnLayer {
         let self_loop = SelfLoops::new(store, g, index, in_dims, out_dim, seed, dtype, device)?;
         Ok(RgcnLayer { rel_weight, self_loop })
     }
+}
 
+impl RelationalLayer for RgcnLayer {
     /// Sum over `relations` (those present in `block`) of each relation's
     /// mean-aggregated, transformed messages, per destination type.
     /// `h_src[t]` holds the rows of `block.src[t]`.
-    pub fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
         for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
             let rel = g.relation(br.relation);
@@ -53,10 +56,35 @@ impl RgcnLayer {
         Ok(out)
     }
 
+    /// Self-loop on the destinations' own rows plus the summed partials.
+    fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
+        self.self_loop.cross_relation(block, h_src, partials)
+    }
+
+    fn partial_dims(&self) -> Result<Vec<usize>> {
+        Ok(vec![RelationMeans::out_width(self)?])
+    }
+
+    fn means(&self) -> Option<&dyn RelationMeans> {
+        Some(self)
+    }
+}
+
+impl RelationMeans for RgcnLayer {
+    /// Input width of relation `r`'s weight.
+    fn in_width(&self, r: RelationId) -> Result<usize> {
+        Ok(self.rel_weight[r.index()].dim(0)?)
+    }
+
+    /// Output width.
+    fn out_width(&self) -> Result<usize> {
+        Ok(self.rel_weight.first().map(|w| w.dim(1)).transpose()?.unwrap_or(0))
+    }
+
     /// Per relation in `relations` (those present in `block` with source
     /// rows), the mean of the sampled sources' rows, untransformed: what a
     /// RAF worker ships when that is narrower than the transformed partial.
-    pub fn relation_means(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
+    fn relation_means(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
         let mut out = Vec::new();
         for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
             let s = g.relation(br.relation).src.index();
@@ -68,27 +96,12 @@ impl RgcnLayer {
     }
 
     /// The partial of relation means ([`RgcnLayer::relation_means`]): each times its relation's weight, summed.
-    pub fn transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>> {
+    fn transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>> {
         let mut acc = None;
         for (r, m) in means {
             accumulate(&mut acc, matmul(m, &self.rel_weight[r.index()])?)?;
         }
         Ok(acc)
-    }
-
-    /// Input width of relation `r`'s weight.
-    pub fn in_width(&self, r: RelationId) -> Result<usize> {
-        Ok(self.rel_weight[r.index()].dim(0)?)
-    }
-
-    /// Output width.
-    pub fn out_width(&self) -> Result<usize> {
-        Ok(self.rel_weight.first().map(|w| w.dim(1)).transpose()?.unwrap_or(0))
-    }
-
-    /// Self-loop on the destinations' own rows plus the summed partials.
-    pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        self.self_loop.cross_relation(block, h_src, partials)
     }
 }
 

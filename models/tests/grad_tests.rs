@@ -147,11 +147,11 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
     let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2, heads: 2 };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mut store = models::params::ParamStore::new();
-    let layers = [
-        models::model::GnnLayer::Rgcn(models::rgcn::RgcnLayer::new(&mut store, &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap()),
-        models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 1, &[5, 3], 4, 2, false, 2, DType::F64, &Device::Cpu).unwrap()),
-        models::model::GnnLayer::Rgat(models::rgat::RgatLayer::new(&mut store, &g, 2, &[5, 3], 3, 2, true, 2, DType::F64, &Device::Cpu).unwrap()),
-        models::model::GnnLayer::Hgt(models::hgt::HgtLayer::new(&mut store, &g, 3, &[5, 3], 4, 2, 2, DType::F64, &Device::Cpu).unwrap()),
+    let layers: [Box<dyn models::layer::RelationalLayer>; 4] = [
+        Box::new(models::rgcn::RgcnLayer::new(&mut store, &g, 0, &[5, 3], 4, 2, DType::F64, &Device::Cpu).unwrap()),
+        Box::new(models::rgat::RgatLayer::new(&mut store, &g, 1, &[5, 3], 4, 2, false, 2, DType::F64, &Device::Cpu).unwrap()),
+        Box::new(models::rgat::RgatLayer::new(&mut store, &g, 2, &[5, 3], 3, 2, true, 2, DType::F64, &Device::Cpu).unwrap()),
+        Box::new(models::hgt::HgtLayer::new(&mut store, &g, 3, &[5, 3], 4, 2, 2, DType::F64, &Device::Cpu).unwrap()),
     ];
     for layer in &layers {
         let mb = Sampler::new(&g, &[4, 3], 0).unwrap().sample(0, 0, &[5, 6, 7]).unwrap();

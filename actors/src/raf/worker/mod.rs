@@ -34,6 +34,7 @@ use futures_util::future::join_all;
 use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId, Sampler};
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
+use models::partials::RelationPartials;
 use models::Model;
 use runtime::{ActorRef, ByteVec, Msg, Node};
 
@@ -196,13 +197,13 @@ impl<'a> Worker<'a> {
         let mut model = Model::new(&t.model_spec(), g, DType::F32, &device)?;
         let workers = setup.per_layer.len();
         let w = setup.worker as usize;
-        let used_of = |k: usize| model.raf_params(g, &setup.per_layer[k], k == 0).map_err(TrainError::from);
+        let used_of = |k: usize| model.params_for(g, &setup.per_layer[k], k == 0).map_err(TrainError::from);
         let mut all_used: Vec<BTreeSet<String>> = (0..workers).map(used_of).collect::<Result<_>>()?;
         let top = setup.per_layer[0].len().saturating_sub(1);
-        let ships_means: Vec<bool> = (0..workers).map(|k| Ok(k != 0 && model.raf_ships_means(&setup.per_layer[k][top])?)).collect::<Result<_>>()?;
+        let ships_means: Vec<bool> = (0..workers).map(|k| Ok(k != 0 && model.ships_means(&setup.per_layer[k][top])?)).collect::<Result<_>>()?;
         for k in (1..workers).filter(|&k| ships_means[k]) {
             for &r in &setup.per_layer[k][top] {
-                let prefix = Model::relation_prefix(g, top, r);
+                let prefix = models::partials::relation_prefix(g, top, r);
                 let moved: Vec<String> = all_used[k].iter().filter(|n| n.starts_with(&prefix)).cloned().collect();
                 for n in moved {
                     all_used[k].remove(&n);
@@ -212,7 +213,7 @@ impl<'a> Worker<'a> {
         }
         let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
         let reads = |k: usize| -> Vec<bool> {
-            let types = Model::raf_types(g, &setup.per_layer[k]);
+            let types = models::partials::types_per_layer(g, &setup.per_layer[k]);
             types.first().map_or_else(Vec::new, |(_, src)| src.iter().zip(&learnable).map(|(a, b)| *a && *b).collect())
         };
         let mine = reads(w);
@@ -240,7 +241,7 @@ impl<'a> Worker<'a> {
         let needs_seeds = (0..workers)
             .map(|k| {
                 let complete = layers < 2 || into_target.iter().all(|r| setup.per_layer[k][layers - 2].contains(r));
-                k != 0 && model.raf_partial_reads_seeds() && !complete
+                k != 0 && model.partial_reads_seeds() && !complete
             })
             .collect();
         let me = runtime::ActorName::new(&names::worker(setup.worker)).map_err(dist_err)?;
@@ -352,7 +353,7 @@ impl<'a> Worker<'a> {
             None => self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
         }
         out.gather_s += lap(&mut clock);
-        let mut h = self.model.raf_hidden(g, mb, inputs.clone(), dropout)?;
+        let mut h = self.model.hidden_below_top(g, mb, inputs.clone(), dropout)?;
         out.compute_s += lap(&mut clock);
         let timeout = s.timeouts.step;
         // The seeds' own rows: the reducer's are exact; a worker whose top
@@ -385,9 +386,9 @@ impl<'a> Worker<'a> {
         out.comm_s += lap(&mut clock);
         // What this worker ships: one partial, or (R-GCN, when narrower) its relation means.
         let shipped: Vec<(u32, Tensor)> = if w != 0 && self.ships_means[w as usize] {
-            self.model.raf_means(g, mb, &h)?.into_iter().map(|(r, t)| (r.0, t)).collect()
+            self.model.top_means(g, mb, &h)?.into_iter().map(|(r, t)| (r.0, t)).collect()
         } else {
-            self.model.raf_partial(g, mb, &h)?.into_iter().map(|t| (WHOLE, t)).collect()
+            self.model.top_partial(g, mb, &h)?.into_iter().map(|t| (WHOLE, t)).collect()
         };
         out.compute_s += lap(&mut clock);
         let grads: Option<GradStore>;
@@ -422,9 +423,9 @@ impl<'a> Worker<'a> {
                     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
                     let mut want = vec![rows.len()];
                     if tag == WHOLE {
-                        want.extend(self.model.raf_partial_dims()?);
+                        want.extend(self.model.partial_dims()?);
                     } else {
-                        want.push(self.model.raf_mean_width(RelationId(tag))?);
+                        want.push(self.model.mean_width(RelationId(tag))?);
                     }
                     if dims != want || want.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(values.len()) {
                         return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} and {} values; {want:?} expected", values.len())));
@@ -442,12 +443,12 @@ impl<'a> Worker<'a> {
                     mine.push(leaf);
                 }
                 if !means.is_empty() {
-                    whole = self.model.raf_transform_means(&means)?;
+                    whole = self.model.transform_means(&means)?;
                 }
                 // A replica whose seeds have no top-layer edges sends nothing:
                 // its rows are the neutral partial.
                 if whole.is_none() && r > 1 && !rows.is_empty() {
-                    whole = Some(self.model.raf_neutral_partial(rows.len())?);
+                    whole = Some(self.model.neutral_partial(rows.len())?);
                 }
                 if let Some(p) = whole {
                     if r > 1 {
@@ -476,7 +477,7 @@ impl<'a> Worker<'a> {
                 let cat = Tensor::cat(&reps.iter().map(|(_, _, p)| p.clone()).collect::<Vec<_>>(), 0)?;
                 partials.push(cat.index_select(&Tensor::from_vec(index, b, &self.device)?, 0)?);
             }
-            let logits = self.model.raf_reduce(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
+            let logits = self.model.reduce_top(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
             let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
