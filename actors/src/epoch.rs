@@ -97,14 +97,11 @@ mod tests {
             .unwrap()
     }
 
+    /// A producer of sampled batches with their feature rows.
+    type Producer<'a> = Box<dyn FnMut(u64, &[u32]) -> Result<(MiniBatch, PerType)> + 'a>;
+
     /// A producer as single-process training builds it: sample, then gather features.
-    fn producer<'a>(
-        g: &'a HetGraph,
-        model: &Model,
-        fanouts: &'a [usize],
-        seed: u64,
-        epoch: u64,
-    ) -> impl FnOnce() -> Result<Box<dyn FnMut(u64, &[u32]) -> Result<(MiniBatch, PerType)> + 'a>> + Send + 'a {
+    fn producer<'a>(g: &'a HetGraph, model: &Model, fanouts: &'a [usize], seed: u64, epoch: u64) -> impl FnOnce() -> Result<Producer<'a>> + Send + 'a {
         let gather = model.feature_gather();
         move || {
             let mut sampler = Sampler::new(g, fanouts, seed)?;
@@ -112,7 +109,7 @@ mod tests {
                 let mb = sample(&mut sampler, true, epoch, step, seeds)?;
                 let f = gather.gather(g, &mb.blocks[0].src)?;
                 Ok((mb, f))
-            }) as Box<dyn FnMut(u64, &[u32]) -> Result<(MiniBatch, PerType)> + 'a>)
+            }) as Producer<'a>)
         }
     }
 

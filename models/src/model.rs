@@ -94,6 +94,9 @@ impl ModelSpec {
 /// A linear map's `(weight, bias)`.
 pub(crate) type Linear = (Tensor, Tensor);
 
+/// A model's relational layers, in order.
+pub(crate) type RelationalLayers = [Box<dyn RelationalLayer>];
+
 pub(crate) enum Layers {
     /// Relational layers, and (HGT) a linear classifier after them.
     Relational(Vec<Box<dyn RelationalLayer>>, Option<Linear>),
@@ -271,7 +274,7 @@ impl Model {
     }
 
     /// The relational layers and head (an error for the MLP).
-    pub(crate) fn relational(&self) -> Result<(&[Box<dyn RelationalLayer>], &Option<Linear>)> {
+    pub(crate) fn relational(&self) -> Result<(&RelationalLayers, &Option<Linear>)> {
         match &self.layers {
             Layers::Relational(ls, head) => Ok((ls, head)),
             Layers::Mlp(_) => Err(ModelError::Config("the MLP reads no relations: relation-aggregation-first training needs rgcn, rgat or hgt".into())),

@@ -207,7 +207,7 @@ impl Distributed for DataParallel {
         let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone());
         let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
         node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
-        let learnable = models::Model::learnable_types(t.model, &graph);
+        let learnable = models::Model::learnable_types(t.model, graph);
         for (ty, nt) in graph.node_types().iter().enumerate() {
             let data = if nt.features.is_some() {
                 StoreData::Features { graph: graph.clone(), ty }
