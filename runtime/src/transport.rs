@@ -8,6 +8,13 @@
 //! Streams start with a one-byte tag: [`TAG_SMALL`] (a sequence of
 //! length-prefixed frames) or [`TAG_LARGE`] (exactly one frame). A stream that
 //! breaks the format closes its connection, and only that one.
+//!
+//! Why one file of ~900 lines: like quinn's `connection` module, this is one
+//! state machine (dialling, accepting, the writer and reader of each
+//! connection, asks and their retries, replies to duplicates) whose parts
+//! share the peer table and the pending asks; split, each part would reach
+//! into the others' state. The pieces without that state live apart: framing
+//! in `wire.rs`, duplicates in `dedup.rs`, faults in `chaos.rs`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
