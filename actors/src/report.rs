@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use models::Model;
 
 use crate::config::Config;
+use crate::distributed::messages::EpochStats;
 use crate::error::{Result, TrainError};
 
 /// One epoch's figures.
@@ -29,6 +30,25 @@ pub struct EpochReport {
     /// Where the epoch's time went.
     #[serde(flatten)]
     pub time: Timings,
+}
+
+impl EpochReport {
+    /// The epoch's figures from every trainer's account of it: the loss and
+    /// training accuracy the first trainer saw (global), the validation and
+    /// test predictions summed over trainers (`valid` and `test` nodes in all),
+    /// the times across trainers ([`Timings::across`]).
+    pub fn from_stats(epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
+        let Some(s0) = stats.first() else { return EpochReport { epoch, ..EpochReport::default() } };
+        let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
+        EpochReport {
+            epoch,
+            loss: s0.loss,
+            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
+            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / valid.max(1) as f64,
+            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / test.max(1) as f64,
+            time: Timings::across(&times),
+        }
+    }
 }
 
 /// Where an epoch's time went, in seconds: the same figures in a trainer's

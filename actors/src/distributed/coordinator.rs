@@ -20,7 +20,7 @@ use super::{names, System, Timeouts};
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
-use crate::report::{EpochReport, FailureReport, Report, Timings};
+use crate::report::{EpochReport, FailureReport, Report};
 
 /// Attempts in a row that may fail before a single step succeeds, or fail at
 /// the same step after the same rollback; past it the failure is taken as
@@ -106,15 +106,7 @@ impl<'a> Coordinator<'a> {
 
     fn epoch_report(&mut self, epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
         let s0 = &stats[0];
-        let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
-        let er = EpochReport {
-            epoch,
-            loss: s0.loss,
-            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
-            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / valid.max(1) as f64,
-            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / test.max(1) as f64,
-            time: Timings::across(&times),
-        };
+        let er = EpochReport::from_stats(epoch, stats, valid, test);
         self.steps_run += s0.steps;
         let caches: Vec<_> = stats.iter().map(|s| s.cache.clone()).filter(|c| !c.is_empty()).collect();
         if !caches.is_empty() {

@@ -11,13 +11,11 @@
 
 pub mod checkpoint;
 pub(crate) mod coordinator;
-pub(crate) mod epochs;
 pub mod generations;
 pub mod inbox;
 pub mod messages;
 mod mode;
 pub(crate) mod peers;
-pub(crate) mod schedule;
 pub mod system;
 
 use std::time::Duration;

@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use graphs::sampler::epoch_batches;
 use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
@@ -13,8 +12,13 @@ use models::optim::{Adam, AdamConfig};
 use models::rgcn::PerType;
 use models::Model;
 
+use std::collections::BTreeMap;
+
 use crate::config::Config;
-use crate::epoch::{lap, run_steps, sample, EVAL_BATCH, EVAL_SEED, PREFETCH};
+use crate::distributed::checkpoint::Progress;
+use crate::distributed::messages::EpochStats;
+use crate::epoch::run::{Attempt, StepFigures, Steps};
+use crate::epoch::{lap, sample, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
@@ -53,11 +57,10 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
-    let (labels, splits) = g.target_labels();
+    let (_, splits) = g.target_labels();
     let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, ..Report::default() };
-    let mut eval_sampler = Sampler::new(&g, &t.fanouts, t.seed ^ EVAL_SEED)?;
 
-    let mut first_epoch = 0;
+    let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
             return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
@@ -70,7 +73,15 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                     observer.note(&format!("skipped checkpoint: {s}"));
                 }
                 let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges)?;
-                first_epoch = m.epochs_done;
+                // The loop resumes by step: the checkpoint must end an epoch of this run's batches.
+                if m.steps != m.epochs_done * per_epoch {
+                    return Err(TrainError::Checkpoint(format!(
+                        "{}: {} steps after {} epochs, but this run takes {per_epoch} steps per epoch (was training.batch or the training split changed?)",
+                        dir.display(),
+                        m.steps,
+                        m.epochs_done
+                    )));
+                }
                 report.steps = m.steps;
                 report.resumed_from_step = Some(m.steps);
                 observer.note(&format!("resumed from {} (epoch {}, step {})", dir.display(), m.epochs_done, m.steps));
@@ -82,7 +93,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None {
         observer.note(&format!("cache: pre-sampling {} epoch(s) to count visits, then profiling miss penalties", t.cache_presample_epochs));
     }
-    let mut cache = {
+    let cache = {
         let mut presampler = Sampler::new(&g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
         let uses_neighbors = model.uses_neighbors();
         crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| sample(&mut presampler, uses_neighbors, e, s, b))?
@@ -90,88 +101,154 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         observer.note(&c.summary());
     }
-
-    for epoch in first_epoch..t.epochs {
-        let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
-        observer.epoch_start(epoch, batches.len() as u64);
-        let mut er = EpochReport { epoch, ..EpochReport::default() };
-        let (mut loss_sum, mut correct, mut seen) = (0.0, 0usize, 0usize);
-        let epoch_start = Instant::now();
-        let (gather, cached, uses_neighbors) = (model.feature_gather(), cache.as_ref().map(|c| c.features.clone()), model.uses_neighbors());
-        let graph = &g;
-        let produce = move || {
-            let mut sampler = Sampler::new(graph, &t.fanouts, t.seed)?;
-            Ok(move |step: u64, seeds: &[u32]| -> Result<Prepared> {
-                let mut clock = Instant::now();
-                let mb = sample(&mut sampler, uses_neighbors, epoch, step, seeds)?;
-                let sample_s = lap(&mut clock);
-                let features = match &cached {
-                    Some(c) => c.gather(&gather, graph, &mb.blocks[0].src, true)?,
-                    None => gather.gather(graph, &mb.blocks[0].src)?,
-                };
-                Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
-            })
-        };
-        run_steps(PREFETCH, &batches, 0, produce, |step, _, p| {
-            let mb = &p.mb;
-            let seeds = &mb.seeds;
-            er.time.sample_s += p.sample_s;
-            er.time.gather_s += p.gather_s;
-            let mut clock = Instant::now();
-            let mut inputs = p.features;
-            match &cache {
-                Some(c) => c.gather_embeddings(&model, &mb.blocks[0].src, &mut inputs, true)?,
-                None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
-            }
-            let y = targets(labels, seeds, &device)?;
-            er.time.gather_s += lap(&mut clock);
-            let logits = model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-            let grads = loss.backward()?;
-            er.time.compute_s += lap(&mut clock);
-            adam.step(&model.params, &grads)?;
-            for (ty, x) in inputs.iter().enumerate() {
-                if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
-                    if let Some(gr) = grads.get(x) {
-                        match cache.as_mut() {
-                            Some(c) => c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &adam.cfg)?,
-                            None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &adam.cfg)?,
-                        }
-                    }
-                }
-            }
-            er.time.update_s += lap(&mut clock);
-            let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            loss_sum += l;
-            correct += count_correct(&logits, labels, seeds)?;
-            seen += seeds.len();
-            report.steps += 1;
-            observer.step(l);
-            Ok(())
-        })?;
-        er.time.seconds = epoch_start.elapsed().as_secs_f64();
-        // Evaluation and checkpoints read the tables: bring the cached rows home.
-        if let Some(c) = &cache {
-            c.write_back(&mut model)?;
-        }
-        er.loss = loss_sum / batches.len().max(1) as f64;
-        er.train_acc = correct as f64 / seen.max(1) as f64;
-        let eval_start = Instant::now();
-        er.valid_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.valid)?;
-        er.test_acc = evaluate(&g, &model, &mut eval_sampler, epoch, &splits.test)?;
-        er.time.eval_s = eval_start.elapsed().as_secs_f64();
-        observer.epoch_end(&er);
-        report.epochs.push(er);
-        if let Some(root) = &t.checkpoint_dir {
-            let info = checkpoint::RunInfo { graph: g.name().to_string(), reverse_edges: t.reverse_edges, fanouts: t.fanouts.clone(), epochs_done: epoch + 1, steps: report.steps };
-            checkpoint::save(root, &model, &adam, &info, t.checkpoint_keep)?;
-        }
-    }
+    let feed = Feed { graph: &g, gather: model.feature_gather(), cached: cache.as_ref().map(|c| c.features.clone()), uses_neighbors: model.uses_neighbors(), fanouts: &t.fanouts, seed: t.seed };
+    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch };
+    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, graph: &g, resumed: Default::default() };
+    crate::epoch::run::run(&attempt, &feed, &mut run)?;
+    let Run { model, cache, mut report, .. } = run;
     if let Some(c) = &cache {
         report.cache = c.report();
     }
     crate::report::finish(&mut report, &model)?;
     Ok((report, model))
+}
+
+/// What the prefetch thread reads: the graph and how to gather its features.
+struct Feed<'g> {
+    graph: &'g HetGraph,
+    gather: models::model::FeatureGather,
+    cached: Option<std::sync::Arc<crate::cache::FeatureCache>>,
+    uses_neighbors: bool,
+    fanouts: &'g [usize],
+    seed: u64,
+}
+
+/// A single-process run as the epoch loop drives it.
+struct Run<'g, 'o> {
+    cfg: &'g Config,
+    g: &'g HetGraph,
+    device: Device,
+    model: Model,
+    adam: Adam,
+    cache: Option<crate::cache::DeviceCache>,
+    report: Report,
+    observer: &'o mut dyn TrainObserver,
+    /// Steps per epoch.
+    per_epoch: u64,
+}
+
+impl<'g> Steps for Run<'g, '_> {
+    type Feed = Feed<'g>;
+    type Batch = Prepared;
+    type State<'f>
+        = Sampler<'f>
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.report.steps
+    }
+
+    /// Its checkpoint format keeps no running figures of a cut epoch.
+    fn checkpoints_mid_epoch(&self) -> bool {
+        false
+    }
+
+    fn epoch_start(&mut self, epoch: u64, steps: u64) {
+        self.observer.epoch_start(epoch, steps);
+    }
+
+    fn feed_state<'f>(feed: &'f Feed<'g>) -> Result<Sampler<'f>> {
+        Ok(Sampler::new(feed.graph, feed.fanouts, feed.seed)?)
+    }
+
+    /// Samples the batch and gathers its feature rows.
+    fn prepare<'f>(feed: &'f Feed<'g>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+        let mut clock = Instant::now();
+        let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
+        let sample_s = lap(&mut clock);
+        let features = match &feed.cached {
+            Some(c) => c.gather(&feed.gather, feed.graph, &mb.blocks[0].src, true)?,
+            None => feed.gather.gather(feed.graph, &mb.blocks[0].src)?,
+        };
+        Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+    }
+
+    /// The model after the steps before [`Steps::seq`] (an epoch end).
+    fn checkpoint(&mut self, _: &Feed<'g>, _: Progress) -> Result<()> {
+        let (t, Some(root)) = (&self.cfg.training, &self.cfg.training.checkpoint_dir) else { return Ok(()) };
+        // Checkpoints read the tables: bring the cached rows home.
+        if let Some(c) = &self.cache {
+            c.write_back(&mut self.model)?;
+        }
+        let steps = self.report.steps;
+        let info = checkpoint::RunInfo { graph: self.g.name().to_string(), reverse_edges: t.reverse_edges, fanouts: t.fanouts.clone(), epochs_done: steps / self.per_epoch.max(1), steps };
+        checkpoint::save(root, &self.model, &self.adam, &info, t.checkpoint_keep)?;
+        Ok(())
+    }
+
+    fn step(&mut self, _: &Feed<'g>, epoch: u64, step: u64, _: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+        let (labels, _) = self.g.target_labels();
+        let (model, cache) = (&mut self.model, &mut self.cache);
+        let mb = &p.mb;
+        let seeds = &mb.seeds;
+        st.time.sample_s += p.sample_s;
+        st.time.gather_s += p.gather_s;
+        let mut clock = Instant::now();
+        let mut inputs = p.features;
+        match cache {
+            Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
+            None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
+        }
+        let y = targets(labels, seeds, &self.device)?;
+        st.time.gather_s += lap(&mut clock);
+        let logits = model.forward(self.g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        let grads = loss.backward()?;
+        st.time.compute_s += lap(&mut clock);
+        self.adam.step(&model.params, &grads)?;
+        for (ty, x) in inputs.iter().enumerate() {
+            if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
+                if let Some(gr) = grads.get(x) {
+                    match cache.as_mut() {
+                        Some(c) => c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
+                        None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
+                    }
+                }
+            }
+        }
+        st.time.update_s += lap(&mut clock);
+        let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let correct = count_correct(&logits, labels, seeds)?;
+        self.report.steps += 1;
+        self.observer.step(l);
+        Ok(StepFigures { loss: l, correct: correct as f64, seen: seeds.len() as u64 })
+    }
+
+    fn evaluate(&mut self, _: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        // Evaluation reads the tables: bring the cached rows home.
+        if let Some(c) = &self.cache {
+            c.write_back(&mut self.model)?;
+        }
+        let (_, splits) = self.g.target_labels();
+        let mut sampler = Sampler::new(self.g, &self.cfg.training.fanouts, self.cfg.training.seed ^ EVAL_SEED)?;
+        st.valid_correct = correct_on(self.g, &self.model, &mut sampler, epoch, &splits.valid)?;
+        st.test_correct = correct_on(self.g, &self.model, &mut sampler, epoch, &splits.test)?;
+        Ok(())
+    }
+
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    }
+
+    /// The epoch's account becomes the report's epoch.
+    fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
+        let (_, splits) = self.g.target_labels();
+        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
+        self.observer.epoch_end(&er);
+        self.report.epochs.push(er);
+        Ok(())
+    }
 }
 
 fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
@@ -184,18 +261,15 @@ fn count_correct(logits: &Tensor, labels: &[i64], seeds: &[u32]) -> Result<usize
     Ok(pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count())
 }
 
-/// Accuracy on `nodes` with sampled neighborhoods and no dropout.
-pub fn evaluate(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<f64> {
-    if nodes.is_empty() {
-        return Ok(0.0);
-    }
+/// Correct predictions on `nodes` with sampled neighborhoods and no dropout.
+pub fn correct_on(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<u64> {
     let (labels, _) = g.target_labels();
     let mut correct = 0;
     for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
         let mb = sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
         let logits = model.forward(g, &mb, inputs, None)?.detach();
-        correct += count_correct(&logits, labels, seeds)?;
+        correct += count_correct(&logits, labels, seeds)? as u64;
     }
-    Ok(correct as f64 / nodes.len() as f64)
+    Ok(correct)
 }

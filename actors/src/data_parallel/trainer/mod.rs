@@ -33,11 +33,11 @@ use crate::cache::manager::{type_names, CacheView};
 use crate::cache::{DeviceCache, FeatureCache};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::epochs::{self, Attempt, StepFigures, Steps};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, Saved, StepDone};
 use crate::distributed::Timeouts;
+use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 
@@ -208,7 +208,7 @@ impl<'a> Trainer<'a> {
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: &s.node, gen: s.gen, trainer: s.trainer, cfg: &s.cfg, graph: &s.graph, resumed };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, graph: &s.graph, resumed };
         epochs::run(&attempt, &self.ctx, &mut self.rep)
     }
 }
@@ -262,7 +262,7 @@ impl<'a> Steps for Replica<'a> {
         c.report()
     }
 
-    fn send_stats(&self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+    fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
         let c = ctx.peers.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())

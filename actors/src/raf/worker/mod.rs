@@ -42,12 +42,12 @@ use super::messages::{self, round, Partial, PartialGrad, SeedGrad, SeedRows};
 use super::names;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::epochs::{self, Attempt};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::Saved;
 use crate::distributed::{decode_f32, Timeouts};
 use crate::epoch::lap;
+use crate::epoch::run::{self as epochs, Attempt};
 use crate::error::{Result, TrainError};
 
 /// Positions in `batch` of the seeds replica `(j, r)` handles.
@@ -329,7 +329,7 @@ impl<'a> Worker<'a> {
             seed: s.cfg.seed,
         };
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: &s.node, gen: s.gen, trainer: s.worker, cfg: &s.cfg, graph: &s.graph, resumed };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.worker, cfg: &s.cfg, graph: &s.graph, resumed };
         epochs::run(&attempt, &feed, self)
     }
 

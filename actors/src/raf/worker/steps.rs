@@ -1,10 +1,10 @@
-//! A worker as the shared epoch loop (`crate::distributed::epochs`) drives
+//! A worker as the shared epoch loop (`crate::epoch::run`) drives
 //! it: what its prefetch thread prepares, its steps, its evaluation.
 
 use super::{share, Prepared, Worker, EVAL_BIT};
 use crate::distributed::checkpoint::Progress;
-use crate::distributed::epochs::{StepFigures, Steps};
 use crate::distributed::messages::{EpochStats, StepDone};
+use crate::epoch::run::{StepFigures, Steps};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::Result;
 use graphs::{HetGraph, RelationFilter, Sampler};
@@ -108,7 +108,7 @@ impl<'a> Steps for Worker<'a> {
         c.report()
     }
 
-    fn send_stats(&self, _: &Feed<'a>, st: EpochStats) -> Result<()> {
+    fn send_stats(&mut self, _: &Feed<'a>, st: EpochStats) -> Result<()> {
         self.send(&self.s.coordinator, st)
     }
 }

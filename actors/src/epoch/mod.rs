@@ -6,6 +6,9 @@
 //! every step, so a mode reads them when it uses the batch. Batches arrive in
 //! step order, so results equal those of the sequential loop.
 
+pub mod run;
+pub mod schedule;
+
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 

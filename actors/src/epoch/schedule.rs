@@ -3,8 +3,8 @@
 
 use crate::config::TrainingConfig;
 
-/// The steps of one attempt of a distributed run.
-pub(crate) struct Schedule {
+/// The steps of one attempt of a run.
+pub struct Schedule {
     /// Steps per epoch.
     per_epoch: u64,
     /// Steps of the run.
@@ -18,24 +18,31 @@ pub(crate) struct Schedule {
 
 impl Schedule {
     /// The schedule of a run over `train` training nodes, starting at step `first`.
-    pub(crate) fn new(t: &TrainingConfig, train: usize, first: u64) -> Schedule {
+    pub fn new(t: &TrainingConfig, train: usize, first: u64) -> Schedule {
         let per_epoch = train.div_ceil(t.batch.max(1)) as u64;
         Schedule { per_epoch, total: per_epoch * t.epochs, first, epochs: t.epochs, every: t.checkpoint_every, checkpoints: t.checkpoint_dir.is_some() }
     }
 
+    /// The same schedule with checkpoints at epoch ends only, whatever
+    /// `checkpoint_every` says (for a checkpoint format without mid-epoch state).
+    pub fn at_epoch_ends(mut self) -> Schedule {
+        self.every = 0;
+        self
+    }
+
     /// The epochs the attempt (re)enters.
-    pub(crate) fn epochs(&self) -> std::ops::Range<u64> {
+    pub fn epochs(&self) -> std::ops::Range<u64> {
         self.first / self.per_epoch.max(1)..self.epochs
     }
 
     /// Steps of `epoch` (of `len`) done before the attempt started.
-    pub(crate) fn skip(&self, epoch: u64, len: usize) -> usize {
+    pub fn skip(&self, epoch: u64, len: usize) -> usize {
         (self.first.saturating_sub(epoch * self.per_epoch) as usize).min(len)
     }
 
     /// Whether a checkpoint is due before global step `seq`: every
     /// `checkpoint_every` steps (0: every epoch), and after the last step.
-    pub(crate) fn due(&self, seq: u64) -> bool {
+    pub fn due(&self, seq: u64) -> bool {
         let periodic = if self.every == 0 { seq % self.per_epoch.max(1) == 0 } else { seq % self.every == 0 };
         self.checkpoints && seq > self.first && (seq == self.total || periodic)
     }

@@ -1,9 +1,10 @@
-//! The epoch loop of one attempt, as every distributed mode's training thread
-//! runs it: the attempt's epochs and steps from its [`Schedule`] (a resumed
-//! attempt enters its first epoch mid-way, with the figures its checkpoint
-//! kept), checkpoints when due, the bounded prefetch of `crate::epoch`, the
-//! epoch's figures and traffic, evaluation, and the account sent to the
-//! coordinator. A mode supplies the steps through [`Steps`].
+//! The epoch loop, as every mode's training thread runs it: the attempt's
+//! epochs and steps from its [`Schedule`] (a resumed attempt enters its first
+//! epoch where its checkpoint cut it, with the figures the checkpoint kept),
+//! checkpoints when due, the bounded prefetch of [`super::run_steps`], the
+//! epoch's figures and traffic, evaluation, and the epoch's account (sent to
+//! the coordinator, or in one process turned into the report's epoch). A
+//! mode supplies the steps through [`Steps`].
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -12,17 +13,18 @@ use graphs::sampler::epoch_batches;
 use graphs::HetGraph;
 use runtime::Node;
 
-use super::checkpoint::Progress;
-use super::messages::EpochStats;
 use super::schedule::Schedule;
+use super::{run_steps, PREFETCH};
 use crate::config::TrainingConfig;
-use crate::epoch::{run_steps, PREFETCH};
+use crate::distributed::checkpoint::Progress;
+use crate::distributed::messages::EpochStats;
 use crate::error::Result;
 
 /// What the loop knows of the attempt.
 pub(crate) struct Attempt<'a> {
-    /// The node the training thread's actors live on (for its traffic figures).
-    pub node: &'a Node,
+    /// The node the training thread's actors live on (for its traffic
+    /// figures); `None` in a single process.
+    pub node: Option<&'a Node>,
     /// The attempt's generation.
     pub gen: u64,
     /// The trainer (or worker) number in its figures.
@@ -59,6 +61,12 @@ pub(crate) trait Steps {
         Self: 'f;
     /// The next step's global number.
     fn seq(&self) -> u64;
+    /// Whether its checkpoints can cut an epoch (else they come at epoch ends only).
+    fn checkpoints_mid_epoch(&self) -> bool {
+        true
+    }
+    /// Epoch `epoch` of `steps` steps begins (progress bars).
+    fn epoch_start(&mut self, _epoch: u64, _steps: u64) {}
     /// Builds the prefetch thread's state for an epoch, on that thread.
     fn feed_state(feed: &Self::Feed) -> Result<Self::State<'_>>;
     /// Prepares step `step` of `epoch` (its `seeds`) on the prefetch thread.
@@ -73,7 +81,7 @@ pub(crate) trait Steps {
     /// manager too).
     fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
     /// Sends the epoch's account to the coordinator.
-    fn send_stats(&self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
+    fn send_stats(&mut self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
 }
 
 /// Runs every epoch of the attempt.
@@ -81,12 +89,15 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
     let t = a.cfg;
     let (_, splits) = a.graph.target_labels();
     let plan = Schedule::new(t, splits.train.len(), steps.seq());
+    let plan = if steps.checkpoints_mid_epoch() { plan } else { plan.at_epoch_ends() };
+    let bytes = || a.node.map(|n| n.metrics().bytes_by_kind()).unwrap_or_default();
     for epoch in plan.epochs() {
         let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
         let skip = plan.skip(epoch, batches.len());
         let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
         let start = Instant::now();
-        let before = a.node.metrics().bytes_by_kind();
+        let before = bytes();
+        steps.epoch_start(epoch, batches.len() as u64);
         let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
         // The next batches are prepared on a thread of their own while this
         // one computes and waits for its peers (DistDGLv2's pipeline).
@@ -107,16 +118,18 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
             Ok(())
         })?;
         st.time.seconds = start.elapsed().as_secs_f64();
-        st.step_bytes_by_kind = a.node.metrics().bytes_by_kind().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
+        st.step_bytes_by_kind = bytes().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
         st.loss = progress.loss_sum / batches.len().max(1) as f64;
         st.train_correct = progress.correct.round() as u64;
         st.train_seen = progress.seen;
         let eval = Instant::now();
         steps.evaluate(feed, epoch, &mut st)?;
         st.time.eval_s = eval.elapsed().as_secs_f64();
-        let m = a.node.metrics();
-        st.bytes_by_kind = m.bytes_by_kind();
-        st.messages_by_kind = m.messages_by_kind();
+        if let Some(n) = a.node {
+            let m = n.metrics();
+            st.bytes_by_kind = m.bytes_by_kind();
+            st.messages_by_kind = m.messages_by_kind();
+        }
         st.cache = steps.cache_figures();
         steps.send_stats(feed, st)?;
     }
