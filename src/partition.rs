@@ -21,9 +21,19 @@ pub struct PartitionArgs {
     /// Number of partitions (one per machine).
     #[arg(long)]
     pub parts: usize,
-    /// How to assign owners: metis (edge cut, balanced types, edges and splits) or random.
+    /// How to assign owners: metis (edge cut, balanced types, edges and
+    /// splits), random, meta (by relation, for raf), or streaming in
+    /// O(nodes) memory: spring (CATGNN), hdrf or dbh (vertex-cut baselines).
     #[arg(long, default_value = "metis")]
     pub method: Method,
+    /// SPRING: the clustering pass's volume bound, as a fraction of one
+    /// partition's share of the volume (2|E| / parts).
+    #[arg(long, default_value_t = 0.1)]
+    pub spring_tau: f64,
+    /// SPRING: what dealing clusters to partitions balances: nodes (the
+    /// paper's) or multi (nodes of every type, training nodes and edges together).
+    #[arg(long, default_value = "nodes")]
+    pub spring_balance: String,
     /// Second level (DistDGLv2): trainers per partition, each taking the seeds
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
@@ -56,8 +66,24 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
         return run_meta(args);
     }
     let start = Instant::now();
+    let streamed = if args.method.streams() {
+        anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions");
+        let balance = match args.spring_balance.as_str() {
+            "multi" => partition::spring::Balance::Multi,
+            "nodes" => partition::spring::Balance::Nodes,
+            other => anyhow::bail!("--spring-balance: '{other}' is not multi or nodes"),
+        };
+        let spring = partition::spring::Spring { tau_fraction: args.spring_tau, balance, ..Default::default() };
+        Some(partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?)
+    } else {
+        None
+    };
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
-    let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
+    // The writer still loads the graph (a streaming writer is to come).
+    let a = match streamed {
+        Some(a) => a,
+        None => partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?,
+    };
     let assigned = start.elapsed().as_secs_f64();
     let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);

@@ -290,3 +290,97 @@ fn both_kinds_report_the_same_figures_and_the_report_round_trips() {
     let err = PartitionReport::read(&tmp.path().join("odd")).unwrap_err().to_string();
     assert!(err.contains("report.json") && err.contains("regular file"), "{err}");
 }
+
+/// Two 6-cliques joined by nothing, and 4 isolated nodes, as a graph directory.
+fn two_cliques(dir: &Path) -> std::path::PathBuf {
+    let (mut src, mut dst) = (Vec::new(), Vec::new());
+    for base in [0u32, 6] {
+        for a in 0..6 {
+            for b in 0..6 {
+                if a < b {
+                    src.push(base + a);
+                    dst.push(base + b);
+                }
+            }
+        }
+    }
+    let n = 16u32;
+    let g = graphs::GraphBuilder::new("cliques", "paper", 2)
+        .node_type("paper", n, Some(graphs::Features::from_vec(n as usize, 1, vec![0.0; n as usize])))
+        .labels((0..n).map(|i| i64::from(i % 2)).collect(), graphs::Splits { train: (0..n).collect(), valid: vec![], test: vec![] })
+        .relation("paper", "cites", "paper", src, dst)
+        .build()
+        .unwrap();
+    let out = dir.join("cliques");
+    graphs::save(&g, &out, false).unwrap();
+    out
+}
+
+#[test]
+fn streaming_partitioners_read_edges_in_chunks_and_refuse_bad_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let gdir = tmp.path().join("g");
+    // Degrees through the stream, chunk boundaries crossed often, equal the loaded graph's.
+    let s = partition::stream::EdgeStream::open(&gdir).unwrap().with_chunk(7);
+    let deg = s.degrees().unwrap();
+    let mut want = vec![0u32; s.nodes() as usize];
+    for r in g.relations() {
+        let csr = r.in_csr();
+        for d in 0..csr.num_rows() as u32 {
+            for &u in csr.neighbors(d) {
+                want[(s.base[r.src.index()] + u64::from(u)) as usize] += 1;
+                want[(s.base[r.dst.index()] + u64::from(d)) as usize] += 1;
+            }
+        }
+    }
+    assert_eq!(deg, want);
+    assert_eq!(s.edges() as usize, g.relations().iter().map(|r| r.num_edges()).sum::<usize>());
+    // An id out of range is named with its file and edge.
+    let bad = two_cliques(&tmp.path().join("bad"));
+    let mut ids: Vec<i64> = vec![0, 1, 2, 99];
+    ids.extend([1, 2, 3, 4]);
+    graphs::npy::write_i64(&bad.join("edges/paper__cites__paper.npy"), &[2, 4], &ids).unwrap();
+    let mut schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bad.join("schema.json")).unwrap()).unwrap();
+    schema["relations"][0]["count"] = 4.into();
+    std::fs::write(bad.join("schema.json"), schema.to_string()).unwrap();
+    let err = partition::stream::EdgeStream::open(&bad).unwrap().degrees().unwrap_err().to_string();
+    assert!(err.contains("paper__cites__paper.npy") && err.contains("edge 3") && err.contains("99"), "{err}");
+}
+
+#[test]
+fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = two_cliques(tmp.path());
+    let s = partition::stream::EdgeStream::open(&dir).unwrap().with_chunk(4);
+    let spring = partition::spring::Spring::default();
+    let owners = spring.assign(&s, 2).unwrap().swap_remove(0);
+    assert!(owners[..6].iter().all(|&o| o == owners[0]) && owners[6..12].iter().all(|&o| o == owners[6]), "{owners:?}");
+    assert_ne!(owners[0], owners[6], "the two cliques are apart: {owners:?}");
+    let per: Vec<usize> = (0..2).map(|p| owners.iter().filter(|&&o| o == p).count()).collect();
+    assert_eq!(per, vec![8, 8], "the isolated nodes even the count: {owners:?}");
+    assert_eq!(spring.assign(&s, 2).unwrap()[0], owners, "the same input gives the same owners");
+    // On mag-like: every node owned, in range, deterministic, the node count balanced within beta.
+    let g = mag(tmp.path());
+    let s = partition::stream::EdgeStream::open(&tmp.path().join("g")).unwrap();
+    let o = spring.assign(&s, 4).unwrap();
+    assert_eq!(o.iter().map(Vec::len).collect::<Vec<_>>(), g.node_types().iter().map(|t| t.count as usize).collect::<Vec<_>>());
+    let per: Vec<usize> = (0..4).map(|p| o.iter().flatten().filter(|&&x| x == p).count()).collect();
+    let mean = per.iter().sum::<usize>() as f64 / 4.0;
+    assert!(per.iter().all(|&c| c as f64 <= 1.05 * mean), "node balance {per:?}");
+    assert_eq!(spring.assign(&s, 4).unwrap(), o);
+    // The vertex-cut baselines: owners in range, deterministic, refused past 64 parts.
+    for rule in [partition::vertex_cut::VertexCut::Hdrf, partition::vertex_cut::VertexCut::Dbh] {
+        let a = partition::vertex_cut::assign(rule, &s, 4, 1).unwrap();
+        assert!(a.iter().flatten().all(|&x| x < 4));
+        assert_eq!(partition::vertex_cut::assign(rule, &s, 4, 1).unwrap(), a, "{rule:?}");
+        assert!(partition::vertex_cut::assign(rule, &s, 65, 1).is_err());
+    }
+    // Written like any other partitioning, so every mode trains on it.
+    let a = partition::assign_streaming(&tmp.path().join("g"), 2, Method::Spring, 0, spring).unwrap();
+    let out = tmp.path().join("spring2");
+    partition::write(&g, &a, &out, false, &mut NoProgress).unwrap();
+    let set = PartitionSet::open(&out).unwrap();
+    assert_eq!(set.manifest.method, Method::Spring);
+    assert_eq!(set.owners, a.owners);
+}

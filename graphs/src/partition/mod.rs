@@ -28,6 +28,9 @@ pub mod metis;
 pub mod random;
 pub mod report;
 mod set;
+pub mod spring;
+pub mod stream;
+pub mod vertex_cut;
 mod write;
 
 use serde::{Deserialize, Serialize};
@@ -54,7 +57,7 @@ pub fn node_partitioner(method: Method) -> Option<&'static dyn NodePartitioner> 
     match method {
         Method::Random => Some(&random::Random),
         Method::Metis => Some(&metis::Metis),
-        Method::Meta => None,
+        Method::Meta | Method::Spring | Method::Hdrf | Method::Dbh => None,
     }
 }
 
@@ -68,6 +71,19 @@ pub enum Method {
     Metis,
     /// Heta's meta-partitioning by relations ([`meta`]).
     Meta,
+    /// CATGNN's streaming SPRING ([`spring`]), in O(nodes) memory.
+    Spring,
+    /// Streaming vertex-cut HDRF ([`vertex_cut`]), a baseline for SPRING.
+    Hdrf,
+    /// Streaming vertex-cut DBH ([`vertex_cut`]), a baseline for SPRING.
+    Dbh,
+}
+
+impl Method {
+    /// Whether the method streams the graph directory's edges instead of loading the graph.
+    pub fn streams(self) -> bool {
+        matches!(self, Method::Spring | Method::Hdrf | Method::Dbh)
+    }
 }
 
 impl std::str::FromStr for Method {
@@ -77,7 +93,10 @@ impl std::str::FromStr for Method {
             "random" => Ok(Method::Random),
             "metis" => Ok(Method::Metis),
             "meta" => Ok(Method::Meta),
-            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta)"))),
+            "spring" => Ok(Method::Spring),
+            "hdrf" => Ok(Method::Hdrf),
+            "dbh" => Ok(Method::Dbh),
+            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta, spring, hdrf, dbh)"))),
         }
     }
 }
@@ -88,6 +107,9 @@ impl std::fmt::Display for Method {
             Method::Random => "random",
             Method::Metis => "metis",
             Method::Meta => "meta",
+            Method::Spring => "spring",
+            Method::Hdrf => "hdrf",
+            Method::Dbh => "dbh",
         })
     }
 }
@@ -128,7 +150,10 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
     if trainers == 0 || parts * trainers > MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--trainers must be in 1..={} for {parts} parts, got {trainers}", MAX_PARTS / parts)));
     }
-    let p = node_partitioner(method).ok_or_else(|| GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()))?;
+    let p = node_partitioner(method).ok_or_else(|| match method {
+        Method::Meta => GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()),
+        _ => GraphError::InvalidArgument(format!("{method} streams the graph directory's edges: use partition::assign_streaming")),
+    })?;
     let owners = p.assign(g, parts, seed, None)?;
     let target = g.target().index();
     let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];
@@ -144,4 +169,19 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
         }
     }
     Ok(Assignment { method, seed, parts, trainers, owners, trainer_of })
+}
+
+/// Owners from a streaming partitioner over the edges of graph directory
+/// `dir` (one trainer per partition), in O(nodes) memory.
+pub fn assign_streaming(dir: &std::path::Path, parts: usize, method: Method, seed: u64, spring: spring::Spring) -> Result<Assignment> {
+    let s = stream::EdgeStream::open(dir)?;
+    let owners = match method {
+        Method::Spring => spring.assign(&s, parts)?,
+        Method::Hdrf => vertex_cut::assign(vertex_cut::VertexCut::Hdrf, &s, parts, seed)?,
+        Method::Dbh => vertex_cut::assign(vertex_cut::VertexCut::Dbh, &s, parts, seed)?,
+        other => return Err(GraphError::InvalidArgument(format!("{other} does not stream: use partition::assign_two_level"))),
+    };
+    let target = s.schema.type_index(&s.schema.target).ok_or_else(|| GraphError::InvalidArgument("the target type is not a node type".into()))?;
+    let trainer_of = vec![0u16; owners[target].len()];
+    Ok(Assignment { method, seed, parts, trainers: 1, owners, trainer_of })
 }
