@@ -66,7 +66,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
         return run_meta(args);
     }
     let start = Instant::now();
-    let streamed = if args.method.streams() {
+    if args.method.streams() {
         anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions");
         let balance = match args.spring_balance.as_str() {
             "multi" => partition::spring::Balance::Multi,
@@ -74,16 +74,22 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
             other => anyhow::bail!("--spring-balance: '{other}' is not multi or nodes"),
         };
         let spring = partition::spring::Spring { tau_fraction: args.spring_tau, balance, ..Default::default() };
-        Some(partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?)
-    } else {
-        None
-    };
+        // Neither step loads the graph: memory is bounded by the node count.
+        let a = partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?;
+        let assigned = start.elapsed().as_secs_f64();
+        let manifest = partition::write_streaming(&args.data, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
+        let counts: Vec<u64> = manifest.info.iter().fold(vec![0u64; manifest.node_types.len()], |mut acc, p| {
+            acc.iter_mut().zip(&p.core).for_each(|(a, c)| *a += c);
+            acc
+        });
+        println!("{}: {} partitions ({}), edge cut {} of {}", manifest.graph, manifest.parts, manifest.method, manifest.edge_cut, manifest.total_edges);
+        println!("assigned in {assigned:.1}s");
+        finish(PartitionReport::of_nodes(&manifest, &counts), start, &args.out)?;
+        println!("wrote {} partitions to {}", manifest.parts, args.out.display());
+        return Ok(());
+    }
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
-    // The writer still loads the graph (a streaming writer is to come).
-    let a = match streamed {
-        Some(a) => a,
-        None => partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?,
-    };
+    let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
     let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);

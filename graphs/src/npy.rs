@@ -376,27 +376,24 @@ impl NpyWriter {
     /// partitions, whose feature files keep the global shape but only the rows
     /// the partition owns.
     pub fn write_sparse_rows<'a>(self, dim: usize, rows: impl Iterator<Item = (u64, &'a [f32])>) -> Result<()> {
-        use std::io::{Seek, SeekFrom};
+        let mut w = self.into_sparse(dim)?;
+        for (r, values) in rows {
+            w.put(r, values)?;
+        }
+        w.finish()
+    }
+
+    /// The file as a sparse `[rows, dim]` float32 array whose rows are put one
+    /// by one, in increasing order (see [`NpyWriter::write_sparse_rows`]).
+    pub fn into_sparse(self, dim: usize) -> Result<SparseRows> {
+        use std::io::Seek;
         debug_assert_eq!(self.dtype, DType::F32);
         let path = self.path.clone();
         let total = self.remaining * 4;
         let mut file = self.out.into_inner().map_err(|e| GraphError::io(&path, e.into_error()))?;
         let start = file.stream_position().map_err(|e| GraphError::io(&path, e))?;
         file.set_len(start + total).map_err(|e| GraphError::io(&path, e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        let mut next = u64::MAX;
-        for (r, values) in rows {
-            let at = start + r * dim as u64 * 4;
-            if values.len() != dim || at + values.len() as u64 * 4 > start + total {
-                return Err(GraphError::npy(&path, format!("row {r} does not fit the shape")));
-            }
-            if at != next {
-                out.seek(SeekFrom::Start(at)).map_err(|e| GraphError::io(&path, e))?;
-            }
-            out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&path, e))?;
-            next = at + dim as u64 * 4;
-        }
-        out.flush().map_err(|e| GraphError::io(&path, e))
+        Ok(SparseRows { path, out: BufWriter::with_capacity(1 << 20, file), start, total, dim, next: u64::MAX })
     }
 
     /// Flushes and checks every element was written.
@@ -404,6 +401,38 @@ impl NpyWriter {
         if self.remaining != 0 {
             return Err(GraphError::npy(&self.path, format!("{} elements missing at close", self.remaining)));
         }
+        self.out.flush().map_err(|e| GraphError::io(&self.path, e))
+    }
+}
+
+/// A sparse float32 file being written row by row ([`NpyWriter::into_sparse`]).
+pub struct SparseRows {
+    path: PathBuf,
+    out: BufWriter<File>,
+    start: u64,
+    total: u64,
+    dim: usize,
+    next: u64,
+}
+
+impl SparseRows {
+    /// Writes row `r`.
+    pub fn put(&mut self, r: u64, values: &[f32]) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let at = self.start + r * self.dim as u64 * 4;
+        if values.len() != self.dim || at + values.len() as u64 * 4 > self.start + self.total {
+            return Err(GraphError::npy(&self.path, format!("row {r} does not fit the shape")));
+        }
+        if at != self.next {
+            self.out.seek(SeekFrom::Start(at)).map_err(|e| GraphError::io(&self.path, e))?;
+        }
+        self.out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&self.path, e))?;
+        self.next = at + self.dim as u64 * 4;
+        Ok(())
+    }
+
+    /// Flushes the file.
+    pub fn finish(mut self) -> Result<()> {
         self.out.flush().map_err(|e| GraphError::io(&self.path, e))
     }
 }

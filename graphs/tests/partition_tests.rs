@@ -384,3 +384,40 @@ fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
     assert_eq!(set.manifest.method, Method::Spring);
     assert_eq!(set.owners, a.owners);
 }
+
+/// Every file under `a` and `b`, relative path and bytes.
+fn files(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.strip_prefix(root).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let gdir = tmp.path().join("g");
+    let spring = partition::assign_streaming(&gdir, 3, Method::Spring, 0, partition::spring::Spring::default()).unwrap();
+    let metis = partition::assign(&g, 3, Method::Metis, 7).unwrap();
+    for (name, a) in [("spring", spring), ("metis", metis)] {
+        let (loaded, streamed) = (tmp.path().join(format!("{name}-loaded")), tmp.path().join(format!("{name}-streamed")));
+        let m1 = partition::write(&g, &a, &loaded, false, &mut NoProgress).unwrap();
+        let m2 = partition::write_streaming(&gdir, &a, &streamed, false, &mut NoProgress).unwrap();
+        assert_eq!(m1, m2, "{name}: manifests");
+        let (f1, f2) = (files(&loaded), files(&streamed));
+        assert_eq!(f1.keys().collect::<Vec<_>>(), f2.keys().collect::<Vec<_>>(), "{name}: file lists");
+        for (path, bytes) in &f1 {
+            assert!(bytes == &f2[path], "{name}: {} differs", path.display());
+        }
+    }
+}

@@ -30,6 +30,7 @@ pub mod report;
 mod set;
 pub mod spring;
 pub mod stream;
+mod stream_write;
 pub mod vertex_cut;
 mod write;
 
@@ -40,6 +41,7 @@ use crate::graph::HetGraph;
 
 pub use report::PartitionReport;
 pub use set::{Manifest, PartInfo, PartitionSet};
+pub use stream_write::write_streaming;
 pub use write::write;
 
 /// A partitioner that gives every node an owner partition.

@@ -71,37 +71,56 @@ impl EdgeStream {
 
     /// Calls `f` on every chunk of every relation, in stream order.
     pub fn for_each(&self, mut f: impl FnMut(Chunk<'_>) -> Result<()>) -> Result<()> {
+        for r in 0..self.schema.relations.len() {
+            self.for_each_of(r, &mut f)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` on every chunk of relation `r` (its index in the schema), in file order.
+    pub fn for_each_of(&self, r: usize, mut f: impl FnMut(Chunk<'_>) -> Result<()>) -> Result<()> {
+        let rel = self.schema.relations.get(r).ok_or_else(|| GraphError::InvalidArgument(format!("relation {r} does not exist")))?;
         let mut src = Vec::with_capacity(self.chunk);
         let mut dst = Vec::with_capacity(self.chunk);
         let mut raw = vec![0u8; self.chunk * 8];
-        for (r, rel) in self.schema.relations.iter().enumerate() {
-            let path = paths::edges(&self.dir, &rel.canonical());
-            let (ts, td) = (self.type_of(&rel.src, &path)?, self.type_of(&rel.dst, &path)?);
-            let (n_src, n_dst) = (self.base[ts + 1] - self.base[ts], self.base[td + 1] - self.base[td]);
-            let e = rel.count;
-            let offset = data_offset(&path, e)?;
-            let mut rows = [open_at(&path, offset)?, open_at(&path, offset + e * 8)?];
-            let mut done = 0u64;
-            while done < e {
-                let n = (e - done).min(self.chunk as u64) as usize;
-                for (row, (out, (count, base))) in [(&mut src, (n_src, self.base[ts])), (&mut dst, (n_dst, self.base[td]))].into_iter().enumerate() {
-                    let bytes = &mut raw[..n * 8];
-                    rows[row].read_exact(bytes).map_err(|e| GraphError::io(&path, e))?;
-                    out.clear();
-                    for (k, b) in bytes.chunks_exact(8).enumerate() {
-                        let id = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-                        if id < 0 || id as u64 >= count {
-                            let which = if row == 0 { "source" } else { "destination" };
-                            return Err(GraphError::data(&path, format!("edge {}: {which} id {id} out of range 0..{count}", done + k as u64)));
-                        }
-                        out.push((base + id as u64) as u32);
+        let path = paths::edges(&self.dir, &rel.canonical());
+        let (ts, td) = (self.type_of(&rel.src, &path)?, self.type_of(&rel.dst, &path)?);
+        let (n_src, n_dst) = (self.base[ts + 1] - self.base[ts], self.base[td + 1] - self.base[td]);
+        let e = rel.count;
+        let offset = data_offset(&path, e)?;
+        let mut rows = [open_at(&path, offset)?, open_at(&path, offset + e * 8)?];
+        let mut done = 0u64;
+        while done < e {
+            let n = (e - done).min(self.chunk as u64) as usize;
+            for (row, (out, (count, base))) in [(&mut src, (n_src, self.base[ts])), (&mut dst, (n_dst, self.base[td]))].into_iter().enumerate() {
+                let bytes = &mut raw[..n * 8];
+                rows[row].read_exact(bytes).map_err(|e| GraphError::io(&path, e))?;
+                out.clear();
+                for (k, b) in bytes.chunks_exact(8).enumerate() {
+                    let id = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                    if id < 0 || id as u64 >= count {
+                        let which = if row == 0 { "source" } else { "destination" };
+                        return Err(GraphError::data(&path, format!("edge {}: {which} id {id} out of range 0..{count}", done + k as u64)));
                     }
+                    out.push((base + id as u64) as u32);
                 }
-                f(Chunk { relation: r, src: &src, dst: &dst })?;
-                done += n as u64;
             }
+            f(Chunk { relation: r, src: &src, dst: &dst })?;
+            done += n as u64;
         }
         Ok(())
+    }
+
+    /// The graph directory streamed.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Type index of relation `r`'s source and destination.
+    pub fn relation_types(&self, r: usize) -> Result<(usize, usize)> {
+        let rel = &self.schema.relations[r];
+        let path = paths::edges(&self.dir, &rel.canonical());
+        Ok((self.type_of(&rel.src, &path)?, self.type_of(&rel.dst, &path)?))
     }
 
     /// The degree of every node (both directions; a self-loop counts twice).
