@@ -192,22 +192,21 @@ impl Spring {
             stamp[j as usize] += 1;
             grown.push(std::cmp::Reverse((size[j as usize], j, stamp[j as usize])));
         }
-        drop(rep);
-        drop(richest);
+        drop((rep, richest, order, stamp, grown));
 
         // LPT over the final clusters.
         let roots: Vec<u32> = (0..n as u32).filter(|&c| parent[c as usize] == c && size[c as usize] > 0).collect();
-        let mut of_cluster = vec![NONE; n];
+        // Each node's final cluster, numbered 0.. in root order, written over
+        // its pass-1 cluster (roots' `size` is reused for their numbers).
         for (k, &c) in roots.iter().enumerate() {
-            of_cluster[c as usize] = k as u32;
+            size[c as usize] = k as u32;
         }
-        let mut root_of = vec![0u32; n];
         for v in 0..n {
             let c = find(&mut parent, cluster[v]);
-            root_of[v] = of_cluster[c as usize];
+            cluster[v] = size[c as usize];
         }
-        drop(cluster);
-        drop(parent);
+        drop((parent, size));
+        let root_of = cluster;
         let types = s.base.len() - 1;
         // Per cluster, its weight in each balanced count.
         let counts = match self.balance {
@@ -230,11 +229,15 @@ impl Spring {
             w[root_of[v as usize] as usize * counts + types] += 1;
         }
         let totals: Vec<f64> = (0..counts).map(|j| (0..roots.len()).map(|c| w[c * counts + j]).sum::<u64>().max(1) as f64).collect();
-        let mut by_size: Vec<usize> = (0..roots.len()).collect();
-        by_size.sort_unstable_by_key(|&c| (std::cmp::Reverse(if self.balance == Balance::Nodes { w[c] } else { w[c * counts..c * counts + types].iter().sum::<u64>() }), roots[c]));
+        let mut by_size: Vec<u32> = (0..roots.len() as u32).collect();
+        by_size.sort_unstable_by_key(|&c| {
+            let c = c as usize;
+            (std::cmp::Reverse(if self.balance == Balance::Nodes { w[c] } else { w[c * counts..c * counts + types].iter().sum::<u64>() }), roots[c])
+        });
         let mut load = vec![0u64; parts * counts];
         let mut part_of = vec![0u16; roots.len()];
         for c in by_size {
+            let c = c as usize;
             let cw = &w[c * counts..(c + 1) * counts];
             let after = |p: usize| -> f64 { (0..counts).map(|j| (load[p * counts + j] + cw[j]) as f64 / totals[j]).fold(0.0, f64::max) };
             let best = (0..parts).min_by(|&a, &b| after(a).total_cmp(&after(b)).then(a.cmp(&b))).expect("parts >= 1");

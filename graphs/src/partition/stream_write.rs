@@ -43,9 +43,20 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, overwrite: bool, 
         let ids: Vec<i64> = o.iter().map(|&p| i64::from(p)).collect();
         npy::write_i64(&owners_path(dir.path(), name), &[nt.count], &ids)?;
     }
+    // One counting pass: the cut, and each partition's edges of each relation
+    // (so each partition's edges are gathered into a vector of their exact size).
     let mut edge_cut = 0u64;
+    let rels = s.schema.relations.len();
+    let mut counts = vec![0usize; parts * rels];
     s.for_each(|c| {
-        edge_cut += c.src.iter().zip(c.dst).filter(|(&u, &v)| owner(u) != owner(v)).count() as u64;
+        for (&u, &v) in c.src.iter().zip(c.dst) {
+            let (ou, ov) = (owner(u) as usize, owner(v) as usize);
+            counts[ou * rels + c.relation] += 1;
+            if ov != ou {
+                counts[ov * rels + c.relation] += 1;
+                edge_cut += 1;
+            }
+        }
         Ok(())
     })?;
     let total_edges = s.edges();
@@ -65,7 +76,7 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, overwrite: bool, 
             let (ts, td) = s.relation_types(r)?;
             let (bs, bd) = (s.base[ts], s.base[td]);
             // (dst, src) in local ids, sorted as the CSR of a loaded graph holds them.
-            let mut kept: Vec<u64> = Vec::new();
+            let mut kept: Vec<u64> = Vec::with_capacity(counts[k as usize * rels + r]);
             s.for_each_of(r, |c| {
                 for (&u, &v) in c.src.iter().zip(c.dst) {
                     if owner(u) == k || owner(v) == k {
