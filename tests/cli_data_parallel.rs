@@ -112,3 +112,18 @@ fn meta_partitioning_reports_relations_and_boundary_nodes() {
     let dp = ["train", "--set", "training.mode=\"data-parallel\"", "--set", "training.partitions=\"meta\""];
     hetgnn(d, &dp).fails_with(1, &["raf"]);
 }
+
+#[test]
+fn spring_partitions_stream_the_edges_and_train_data_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let out = hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "spring", "--out", "sp"]).ok().stdout();
+    assert!(out.contains("spring (node-assigning)") && out.contains("replication factor"), "{out}");
+    let pr = report(&d.join("sp/report.json"));
+    assert_eq!((pr["method"].as_str(), pr["parts"].as_u64()), (Some("spring"), Some(2)), "{pr}");
+    hetgnn(d, &["train", "--mode", "data-parallel", "--partitions", "sp", "--epochs", "1", "--report", "dp.json"]).ok();
+    assert_eq!(report(&d.join("dp.json"))["mode"], "data-parallel");
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "spring", "--spring-balance", "types", "--out", "x"]).fails_with(1, &["--spring-balance", "types"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "65", "--method", "hdrf", "--out", "x"]).fails_with(1, &["1..=64", "vertex-cut"]);
+}
