@@ -201,9 +201,9 @@ impl Spring {
         for (k, &c) in roots.iter().enumerate() {
             size[c as usize] = k as u32;
         }
-        for v in 0..n {
-            let c = find(&mut parent, cluster[v]);
-            cluster[v] = size[c as usize];
+        for c in cluster.iter_mut() {
+            let root = find(&mut parent, *c);
+            *c = size[root as usize];
         }
         drop((parent, size));
         let root_of = cluster;
