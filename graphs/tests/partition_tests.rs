@@ -369,6 +369,14 @@ fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
     let mean = per.iter().sum::<usize>() as f64 / 4.0;
     assert!(per.iter().all(|&c| c as f64 <= 1.05 * mean), "node balance {per:?}");
     assert_eq!(spring.assign(&s, 4).unwrap(), o);
+    // Balancing every count: each type spread over the partitions, deterministic.
+    let multi = partition::spring::Spring { balance: partition::spring::Balance::Multi, ..spring };
+    let om = multi.assign(&s, 4).unwrap();
+    assert_eq!(multi.assign(&s, 4).unwrap(), om);
+    for (t, nt) in g.node_types().iter().enumerate() {
+        let per: Vec<usize> = (0..4).map(|p| om[t].iter().filter(|&&x| x == p).count()).collect();
+        assert!(per.iter().filter(|&&c| c > 0).count() > 1, "{} all in one partition: {per:?}", nt.name);
+    }
     // The vertex-cut baselines: owners in range, deterministic, refused past 64 parts.
     for rule in [partition::vertex_cut::VertexCut::Hdrf, partition::vertex_cut::VertexCut::Dbh] {
         let a = partition::vertex_cut::assign(rule, &s, 4, 1).unwrap();
