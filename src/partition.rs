@@ -118,6 +118,8 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
         report.boundary_nodes.iter().sum::<u64>()
     );
     println!("balance (max/mean): {}", balance.join(", "));
+    let by_type: Vec<String> = report.replication_by_type.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+    println!("replication by type: {}", by_type.join(", "));
     println!("{:.1}s, peak memory {}", report.seconds, report.peak_memory_bytes.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64)));
     report.write(out).with_context(|| format!("writing the report into {}", out.display()))?;
     Ok(())

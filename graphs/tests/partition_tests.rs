@@ -267,6 +267,8 @@ fn both_kinds_report_the_same_figures_and_the_report_round_trips() {
         assert_eq!(r.nodes.iter().map(|n| n[&nt.name]).sum::<u64>(), set.manifest.info.iter().map(|p| p.core[t] + p.halo[t]).sum::<u64>());
     }
     assert_eq!(r.edges.iter().sum::<u64>(), set.manifest.info.iter().map(|p| p.edges).sum::<u64>());
+    let weighted: f64 = g.node_types().iter().map(|nt| r.replication_by_type[&nt.name] * f64::from(nt.count)).sum();
+    assert!((weighted / total_nodes as f64 - r.replication_factor).abs() < 1e-9, "per-type factors weigh into the whole");
     // One partition: nothing cut, nothing copied.
     let one = PartitionReport::of_nodes(&write(&g, tmp.path(), 1, Method::Random).manifest, &counts);
     assert_eq!((one.edge_cut, one.replication_factor, one.boundary_nodes.clone()), (0, 1.0, vec![0]));

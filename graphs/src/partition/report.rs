@@ -35,6 +35,9 @@ pub struct PartitionReport {
     /// Node copies held over all partitions, per node of the graph (1.0: none
     /// held twice). Halo nodes count as copies.
     pub replication_factor: f64,
+    /// The replication factor of each node type's nodes alone.
+    #[serde(default)]
+    pub replication_by_type: BTreeMap<String, f64>,
     /// Per partition, nodes whose results or features other partitions need
     /// (halo nodes; for relation assignment, the target nodes it shares).
     pub boundary_nodes: Vec<u64>,
@@ -68,6 +71,15 @@ impl PartitionReport {
         let held: u64 = m.info.iter().map(|p| p.core.iter().sum::<u64>() + p.halo.iter().sum::<u64>()).sum();
         let mut balance: BTreeMap<String, f64> = m.node_types.iter().enumerate().map(|(t, name)| (name.clone(), m.balance(|p| p.core.get(t).copied().unwrap_or(0)))).collect();
         balance.insert("edges".into(), m.balance(|p| p.edges));
+        let replication_by_type = m
+            .node_types
+            .iter()
+            .enumerate()
+            .map(|(t, name)| {
+                let held: u64 = m.info.iter().map(|p| p.core.get(t).copied().unwrap_or(0) + p.halo.get(t).copied().unwrap_or(0)).sum();
+                (name.clone(), held as f64 / counts.get(t).copied().unwrap_or(0).max(1) as f64)
+            })
+            .collect();
         PartitionReport {
             method: m.method.to_string(),
             kind: "node-assigning".into(),
@@ -75,6 +87,7 @@ impl PartitionReport {
             edge_cut: m.edge_cut,
             total_edges: m.total_edges,
             replication_factor: held as f64 / total_nodes.max(1) as f64,
+            replication_by_type,
             boundary_nodes: m.info.iter().map(|p| p.halo.iter().sum()).collect(),
             nodes: m
                 .info
@@ -103,6 +116,7 @@ impl PartitionReport {
             edge_cut: 0,
             total_edges,
             replication_factor: held as f64 / total_nodes.max(1) as f64,
+            replication_by_type: counts.iter().map(|(name, &c)| (name.clone(), m.info.iter().map(|p| p.nodes.get(name).copied().unwrap_or(0)).sum::<u64>() as f64 / c.max(1) as f64)).collect(),
             boundary_nodes: m.info.iter().map(|p| p.boundary_nodes).collect(),
             nodes: m.info.iter().map(|p| p.nodes.clone()).collect(),
             edges,
