@@ -57,6 +57,9 @@ pub struct PartitionArgs {
     /// Replace the output directory if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Keep halo nodes' feature rows in each partition too (owners-based methods).
+    #[arg(long)]
+    pub halo_features: bool,
 }
 
 /// Runs `hetgnn partition`.
@@ -77,7 +80,8 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
         // Neither step loads the graph: memory is bounded by the node count.
         let a = partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?;
         let assigned = start.elapsed().as_secs_f64();
-        let manifest = partition::write_streaming(&args.data, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
+        let opts = partition::WriteOptions { overwrite: args.force, halo_features: args.halo_features };
+        let manifest = partition::write_streaming(&args.data, &a, &args.out, &opts, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
         let counts: Vec<u64> = manifest.info.iter().fold(vec![0u64; manifest.node_types.len()], |mut acc, p| {
             acc.iter_mut().zip(&p.core).for_each(|(a, c)| *a += c);
             acc
@@ -91,7 +95,8 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
     let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
-    let manifest = partition::write(&g, &a, &args.out, args.force, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
+    let opts = partition::WriteOptions { overwrite: args.force, halo_features: args.halo_features };
+    let manifest = partition::write_with(&g, &a, &args.out, &opts, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);
     let counts: Vec<u64> = g.node_types().iter().map(|t| u64::from(t.count)).collect();
     let report = PartitionReport::of_nodes(&manifest, &counts);
@@ -154,6 +159,7 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
 /// `--method meta`: Heta's partitioning by relations, with its report.
 fn run_meta(args: &PartitionArgs) -> Result<()> {
     anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions; meta-partitions replicate instead when --parts exceeds the sub-metatrees");
+    anyhow::ensure!(!args.halo_features, "--halo-features applies to partitions by owner; meta-partitions hold whole relations");
     let start = Instant::now();
     let opts = LoadOptions { mmap_features: true, reverse_edges: !args.no_reverse_edges };
     let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;

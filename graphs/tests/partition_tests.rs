@@ -422,7 +422,7 @@ fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
     for (name, a) in [("spring", spring), ("metis", metis)] {
         let (loaded, streamed) = (tmp.path().join(format!("{name}-loaded")), tmp.path().join(format!("{name}-streamed")));
         let m1 = partition::write(&g, &a, &loaded, false, &mut NoProgress).unwrap();
-        let m2 = partition::write_streaming(&gdir, &a, &streamed, false, &mut NoProgress).unwrap();
+        let m2 = partition::write_streaming(&gdir, &a, &streamed, &partition::WriteOptions::default(), &mut NoProgress).unwrap();
         assert_eq!(m1, m2, "{name}: manifests");
         let (f1, f2) = (files(&loaded), files(&streamed));
         assert_eq!(f1.keys().collect::<Vec<_>>(), f2.keys().collect::<Vec<_>>(), "{name}: file lists");
@@ -430,4 +430,36 @@ fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
             assert!(bytes == &f2[path], "{name}: {} differs", path.display());
         }
     }
+}
+
+#[test]
+fn halo_feature_rows_are_kept_on_request_by_both_writers_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let gdir = tmp.path().join("g");
+    let a = partition::assign(&g, 2, Method::Random, 3).unwrap();
+    let opts = partition::WriteOptions { overwrite: false, halo_features: true };
+    let (loaded, streamed) = (tmp.path().join("halo-loaded"), tmp.path().join("halo-streamed"));
+    let m = partition::write_with(&g, &a, &loaded, &opts, &mut NoProgress).unwrap();
+    assert!(m.halo_features);
+    partition::write_streaming(&gdir, &a, &streamed, &opts, &mut NoProgress).unwrap();
+    assert_eq!(files(&loaded), files(&streamed));
+    // A halo paper of partition 0 has its own features there; a node it never touches reads zeros.
+    let set = PartitionSet::open(&loaded).unwrap();
+    let p0 = set.load_part(0, &LoadOptions { mmap_features: false, reverse_edges: false }).unwrap();
+    let t = g.type_id("paper").unwrap().index();
+    let (whole, part) = (g.node_types()[t].features.as_ref().unwrap(), p0.node_types()[t].features.as_ref().unwrap());
+    let mut halo_seen = 0;
+    for v in 0..g.node_types()[t].count as usize {
+        if set.owners[t][v] == 0 {
+            assert_eq!(part.row(v), whole.row(v));
+        } else if part.row(v) != whole.row(v) {
+            assert!(part.row(v).iter().all(|&x| x == 0.0), "node {v}: a row is whole or absent");
+        } else {
+            halo_seen += 1;
+        }
+    }
+    assert!(halo_seen > 0 && halo_seen as u64 <= set.manifest.info[0].halo[t], "{halo_seen} halo rows kept");
+    let plain = partition::write(&g, &a, &tmp.path().join("plain"), false, &mut NoProgress).unwrap();
+    assert!(!plain.halo_features);
 }

@@ -42,7 +42,7 @@ use crate::graph::HetGraph;
 pub use report::PartitionReport;
 pub use set::{Manifest, PartInfo, PartitionSet};
 pub use stream_write::write_streaming;
-pub use write::write;
+pub use write::{write, write_with, WriteOptions};
 
 /// A partitioner that gives every node an owner partition.
 pub trait NodePartitioner: Sync {

@@ -49,6 +49,9 @@ pub struct Manifest {
     pub edge_cut: u64,
     /// All edges (original relations).
     pub total_edges: u64,
+    /// Whether partitions hold their halo nodes' feature rows too.
+    #[serde(default)]
+    pub halo_features: bool,
     /// Per partition.
     pub info: Vec<PartInfo>,
 }

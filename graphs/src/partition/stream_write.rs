@@ -16,6 +16,7 @@ use std::path::Path;
 
 use super::set::{owners_path, part_dir, FORMAT};
 use super::stream::EdgeStream;
+use super::write::WriteOptions;
 use super::{Assignment, Manifest, PartInfo};
 use crate::error::{GraphError, Result};
 use crate::format::{paths, AtomicDir};
@@ -23,7 +24,8 @@ use crate::npy::{self, parse_header, DType, NpyFile, NpyWriter};
 use crate::progress::Progress;
 
 /// Writes the graph directory `src` split as `a` says into `out` (atomically), streaming.
-pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
+pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptions, progress: &mut dyn Progress) -> Result<Manifest> {
+    let overwrite = opts.overwrite;
     let s = EdgeStream::open(src)?;
     let (owners, parts) = (&a.owners, a.parts);
     let types = &s.schema.node_types;
@@ -109,7 +111,11 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, overwrite: bool, 
             });
             p.halo.push(halo.count() as u64);
             if let Some(dim) = nt.feature_dim {
-                copy_core_rows(&paths::features(src, name), &paths::features(&pdir, name), nt.count, dim as usize, |v| o[v as usize] == k)?;
+                let halo = |v: u64| {
+                    let g = (s.base[t] + v) as usize;
+                    opts.halo_features && touched[g / 64] & (1 << (g % 64)) != 0
+                };
+                copy_core_rows(&paths::features(src, name), &paths::features(&pdir, name), nt.count, dim as usize, |v| o[v as usize] == k || halo(v))?;
             }
         }
         let tname = &s.schema.target;
@@ -138,6 +144,7 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, overwrite: bool, 
         node_types: types.iter().map(|(n, _)| n.clone()).collect(),
         edge_cut,
         total_edges,
+        halo_features: opts.halo_features,
         info,
     };
     let mpath = dir.path().join("manifest.json");

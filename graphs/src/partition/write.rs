@@ -10,8 +10,24 @@ use crate::graph::HetGraph;
 use crate::npy;
 use crate::progress::Progress;
 
+/// How a partition directory is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Replace the output directory if it exists.
+    pub overwrite: bool,
+    /// Keep the feature rows of halo nodes too (a partition then computes its
+    /// halo's first layer itself: model averaging trains on local data only).
+    pub halo_features: bool,
+}
+
 /// Writes `g` split as `a` says into `out` (atomically) and returns the manifest.
 pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
+    write_with(g, a, out, &WriteOptions { overwrite, ..WriteOptions::default() }, progress)
+}
+
+/// [`write`] with every option.
+pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions, progress: &mut dyn Progress) -> Result<Manifest> {
+    let overwrite = opts.overwrite;
     let (owners, parts) = (&a.owners, a.parts);
     if g.has_reverse_relations() {
         return Err(GraphError::InvalidArgument("partition a graph loaded without reverse relations (they are added at load time)".into()));
@@ -43,7 +59,7 @@ pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress
     let mut info = Vec::with_capacity(parts);
     progress.start("writing partitions", parts as u64);
     for k in 0..parts {
-        let mut p = write_part(g, owners, k as u16, &part_dir(dir.path(), k))?;
+        let mut p = write_part(g, owners, k as u16, &part_dir(dir.path(), k), opts.halo_features)?;
         if let Some(splits) = &types[target].splits {
             p.trainer_splits = (0..a.trainers)
                 .map(|t| {
@@ -68,6 +84,7 @@ pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress
         node_types: types.iter().map(|t| t.name.clone()).collect(),
         edge_cut,
         total_edges,
+        halo_features: opts.halo_features,
         info,
     };
     let mpath = dir.path().join("manifest.json");
@@ -77,25 +94,27 @@ pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress
     Ok(manifest)
 }
 
-fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path) -> Result<PartInfo> {
+fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path, halo_features: bool) -> Result<PartInfo> {
     let types = g.node_types();
-    let mut touched: Vec<Vec<bool>> = types.iter().map(|t| vec![false; t.count as usize]).collect();
+    // Edges are written before features, so the halo is known when the rows are.
+    let touched: Vec<Vec<std::cell::Cell<bool>>> = types.iter().map(|t| (0..t.count).map(|_| std::cell::Cell::new(false)).collect()).collect();
     // Every edge into or out of a core node, so core neighborhoods are whole in both directions.
     let keep_edge = |ri: usize, s: u32, d: u32| {
         let r = &g.relations()[ri];
         let keep = owners[r.dst.index()][d as usize] == k || owners[r.src.index()][s as usize] == k;
         if keep {
-            touched[r.src.index()][s as usize] = true;
-            touched[r.dst.index()][d as usize] = true;
+            touched[r.src.index()][s as usize].set(true);
+            touched[r.dst.index()][d as usize].set(true);
         }
         keep
     };
-    let edges = super::graph_dir::write(g, dir, keep_edge, |t, v| owners[t][v as usize] == k)?;
+    let keep_row = |t: usize, v: u32| owners[t][v as usize] == k || (halo_features && touched[t][v as usize].get());
+    let edges = super::graph_dir::write(g, dir, keep_edge, keep_row)?;
     let mut info = PartInfo { edges, ..PartInfo::default() };
     for (t, nt) in types.iter().enumerate() {
         let own = &owners[t];
         info.core.push(own.iter().filter(|&&p| p == k).count() as u64);
-        info.halo.push(touched[t].iter().zip(own).filter(|(&hit, &p)| hit && p != k).count() as u64);
+        info.halo.push(touched[t].iter().zip(own).filter(|(hit, &p)| hit.get() && p != k).count() as u64);
         if let Some(splits) = &nt.splits {
             for (i, (_, ids)) in splits.named().into_iter().enumerate() {
                 info.splits[i] = ids.iter().filter(|&&v| own[v as usize] == k).count() as u64;
