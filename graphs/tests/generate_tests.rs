@@ -4,22 +4,8 @@ use graphs::generate::{generate, Like};
 use graphs::stats::DegreeStats;
 use graphs::{load, LoadOptions, NoProgress};
 
-fn read_all(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
+mod common;
+use common::read_all;
 
 #[test]
 fn output_is_byte_identical_for_a_seed_whatever_the_threads() {

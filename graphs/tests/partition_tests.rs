@@ -4,6 +4,9 @@
 
 use std::path::Path;
 
+mod common;
+use common::read_all;
+
 use graphs::partition::{self, Method, PartitionReport, PartitionSet};
 use graphs::sampler::epoch_batches;
 use graphs::{HetGraph, LoadOptions, NoProgress, RelationFilter, Sampler};
@@ -395,23 +398,6 @@ fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
     assert_eq!(set.owners, a.owners);
 }
 
-/// Every file under `a` and `b`, relative path and bytes.
-fn files(root: &Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p.strip_prefix(root).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
@@ -424,10 +410,10 @@ fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
         let m1 = partition::write(&g, &a, &loaded, false, &mut NoProgress).unwrap();
         let m2 = partition::write_streaming(&gdir, &a, &streamed, &partition::WriteOptions::default(), &mut NoProgress).unwrap();
         assert_eq!(m1, m2, "{name}: manifests");
-        let (f1, f2) = (files(&loaded), files(&streamed));
-        assert_eq!(f1.keys().collect::<Vec<_>>(), f2.keys().collect::<Vec<_>>(), "{name}: file lists");
-        for (path, bytes) in &f1 {
-            assert!(bytes == &f2[path], "{name}: {} differs", path.display());
+        let (f1, f2) = (read_all(&loaded), read_all(&streamed));
+        assert_eq!(f1.iter().map(|f| &f.0).collect::<Vec<_>>(), f2.iter().map(|f| &f.0).collect::<Vec<_>>(), "{name}: file lists");
+        for ((path, bytes), (_, other)) in f1.iter().zip(&f2) {
+            assert!(bytes == other, "{name}: {path} differs");
         }
     }
 }
@@ -443,7 +429,7 @@ fn halo_feature_rows_are_kept_on_request_by_both_writers_alike() {
     let m = partition::write_with(&g, &a, &loaded, &opts, &mut NoProgress).unwrap();
     assert!(m.halo_features);
     partition::write_streaming(&gdir, &a, &streamed, &opts, &mut NoProgress).unwrap();
-    assert_eq!(files(&loaded), files(&streamed));
+    assert_eq!(read_all(&loaded), read_all(&streamed));
     // A halo paper of partition 0 has its own features there; a node it never touches reads zeros.
     let set = PartitionSet::open(&loaded).unwrap();
     let p0 = set.load_part(0, &LoadOptions { mmap_features: false, reverse_edges: false }).unwrap();

@@ -12,7 +12,11 @@ pub mod schedule;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use graphs::{Block, MiniBatch, Sampler};
+use graphs::{Block, HetGraph, MiniBatch, Sampler};
+use models::model::FeatureGather;
+use models::rgcn::PerType;
+
+use crate::cache::FeatureCache;
 
 use crate::error::{Result, TrainError};
 
@@ -30,6 +34,32 @@ pub fn lap(clock: &mut Instant) -> f64 {
     let s = clock.elapsed().as_secs_f64();
     *clock = Instant::now();
     s
+}
+
+/// A batch sampled, with its feature rows gathered, ahead of its step.
+pub struct Prepared {
+    /// The sampled blocks.
+    pub mb: MiniBatch,
+    /// Feature rows of the first block's sources (`None` for embedding types).
+    pub features: PerType,
+    /// Seconds sampling it.
+    pub sample_s: f64,
+    /// Seconds gathering its feature rows.
+    pub gather_s: f64,
+}
+
+/// Samples a batch with `sample`, then gathers its first block's feature
+/// rows (the cached ones from `cached`, counted in its hit rates when
+/// `count`), timing both.
+pub fn prepare(g: &HetGraph, gather: &FeatureGather, cached: Option<&FeatureCache>, count: bool, sample: impl FnOnce() -> Result<MiniBatch>) -> Result<Prepared> {
+    let mut clock = Instant::now();
+    let mb = sample()?;
+    let sample_s = lap(&mut clock);
+    let features = match cached {
+        Some(c) => c.gather(gather, g, &mb.blocks[0].src, count)?,
+        None => gather.gather(g, &mb.blocks[0].src)?,
+    };
+    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
 }
 
 /// Samples a mini-batch, or for a features-only model a single block of the seeds.

@@ -9,7 +9,6 @@ use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
-use models::rgcn::PerType;
 use models::Model;
 
 use std::collections::BTreeMap;
@@ -18,19 +17,10 @@ use crate::config::Config;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, StepFigures, Steps};
-use crate::epoch::{lap, sample, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
-
-/// A batch sampled, with its feature rows gathered, ahead of its step.
-struct Prepared {
-    mb: graphs::MiniBatch,
-    /// Feature rows of the first block's sources (`None` for embedding types).
-    features: PerType,
-    sample_s: f64,
-    gather_s: f64,
-}
 
 /// Single-process training: the graph in `training.data`, one model, one optimiser.
 pub struct Single;
@@ -164,14 +154,7 @@ impl<'g> Steps for Run<'g, '_> {
 
     /// Samples the batch and gathers its feature rows.
     fn prepare<'f>(feed: &'f Feed<'g>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
-        let mut clock = Instant::now();
-        let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
-        let sample_s = lap(&mut clock);
-        let features = match &feed.cached {
-            Some(c) => c.gather(&feed.gather, feed.graph, &mb.blocks[0].src, true)?,
-            None => feed.gather.gather(feed.graph, &mb.blocks[0].src)?,
-        };
-        Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+        prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds))
     }
 
     /// The model after the steps before [`Steps::seq`] (an epoch end).

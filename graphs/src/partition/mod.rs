@@ -183,7 +183,7 @@ pub fn assign_streaming(dir: &std::path::Path, parts: usize, method: Method, see
         Method::Dbh => vertex_cut::assign(vertex_cut::VertexCut::Dbh, &s, parts, seed)?,
         other => return Err(GraphError::InvalidArgument(format!("{other} does not stream: use partition::assign_two_level"))),
     };
-    let target = s.schema.type_index(&s.schema.target).ok_or_else(|| GraphError::InvalidArgument("the target type is not a node type".into()))?;
+    let target = s.target()?;
     let trainer_of = vec![0u16; owners[target].len()];
     Ok(Assignment { method, seed, parts, trainers: 1, owners, trainer_of })
 }

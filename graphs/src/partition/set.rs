@@ -57,6 +57,13 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Writes `manifest.json` into partition directory `dir`.
+    pub(crate) fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("manifest.json");
+        let text = serde_json::to_string_pretty(self).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+        std::fs::write(&path, text).map_err(|e| GraphError::io(&path, e))
+    }
+
     /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
     pub fn balance(&self, f: impl Fn(&PartInfo) -> u64) -> f64 {
         let v: Vec<u64> = self.info.iter().map(f).collect();

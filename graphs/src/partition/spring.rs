@@ -144,6 +144,7 @@ impl Spring {
         // With several counts balanced, a merge must keep each of them (nodes
         // of each type, training nodes, volume) within its own bound too.
         let types = s.base.len() - 1;
+        let train = if self.balance == Balance::Multi { s.train_nodes()? } else { Vec::new() };
         let (mw, mbound, mcounts) = if self.balance == Balance::Multi {
             let k = types + 2;
             let mut mw = vec![0u32; n * k];
@@ -152,7 +153,7 @@ impl Spring {
                 mw[c + s.type_of_node(v as u32)] += 1;
                 mw[c + types + 1] = mw[c + types + 1].saturating_add(deg[v]);
             }
-            for v in s.train_nodes()? {
+            for &v in &train {
                 mw[cluster[v as usize] as usize * k + types] += 1;
             }
             let totals: Vec<u64> = (0..k).map(|j| (0..n).map(|c| u64::from(mw[c * k + j])).sum()).collect();

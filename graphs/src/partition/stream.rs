@@ -136,10 +136,15 @@ impl EdgeStream {
         Ok(deg)
     }
 
-    /// The global ids of the target type's training nodes.
-    pub fn train_nodes(&self) -> Result<Vec<u32>> {
-        let t = self.schema.type_index(&self.schema.target).ok_or_else(|| GraphError::schema(&paths::schema(&self.dir), "the target type is not a node type"))?;
-        let path = paths::split(&self.dir, &self.schema.target, "train");
+    /// The target type's index.
+    pub fn target(&self) -> Result<usize> {
+        self.schema.type_index(&self.schema.target).ok_or_else(|| GraphError::schema(&paths::schema(&self.dir), "the target type is not a node type"))
+    }
+
+    /// The target type's nodes (its own ids) in split `name` (absent: none), checked in range.
+    pub fn split(&self, name: &str) -> Result<Vec<u32>> {
+        let t = self.target()?;
+        let path = paths::split(&self.dir, &self.schema.target, name);
         if !path.exists() {
             return Ok(Vec::new());
         }
@@ -151,9 +156,15 @@ impl EdgeStream {
                 if v < 0 || v as u64 >= count {
                     return Err(GraphError::data(&path, format!("node {v} out of range 0..{count}")));
                 }
-                Ok((self.base[t] + v as u64) as u32)
+                Ok(v as u32)
             })
             .collect()
+    }
+
+    /// The global ids of the target type's training nodes.
+    pub fn train_nodes(&self) -> Result<Vec<u32>> {
+        let base = self.base[self.target()?];
+        Ok(self.split("train")?.into_iter().map(|v| (base + u64::from(v)) as u32).collect())
     }
 
     /// The type of global node `v`.
@@ -166,24 +177,30 @@ impl EdgeStream {
     }
 }
 
-/// Checks the header of edge file `path` (int64, C order, `[2, e]`, exact
-/// length) and returns where its data starts.
+/// Checks the header of edge file `path` (int64, `[2, e]`) and returns where its data starts.
 fn data_offset(path: &Path, e: u64) -> Result<u64> {
+    checked_offset(path, DType::I64, &[2, e])
+}
+
+/// Checks that `.npy` file `path` holds `dtype` in C order with exactly
+/// `shape` (its length included), reading only its header, and returns where
+/// its data starts.
+pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result<u64> {
     let mut f = File::open(path).map_err(|err| if err.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, err) })?;
     let len = f.metadata().map_err(|err| GraphError::io(path, err))?.len();
     // A header is at most a few hundred bytes; 64 KiB bounds a hostile one.
     let mut head = vec![0u8; len.min(64 << 10) as usize];
     f.read_exact(&mut head).map_err(|err| GraphError::io(path, err))?;
     let h = parse_header(&head, path)?;
-    if h.fortran_order || h.descr != DType::I64.descr() {
-        return Err(GraphError::npy(path, "edges must be int64 in C order"));
+    if h.fortran_order || h.descr != dtype.descr() {
+        return Err(GraphError::npy(path, format!("{} in C order is required", dtype.descr())));
     }
-    if h.shape != [2, e] {
-        return Err(GraphError::npy(path, format!("shape {:?} where [2, {e}] (schema.json's count) is required", h.shape)));
+    if h.shape != shape {
+        return Err(GraphError::npy(path, format!("shape {:?} where {shape:?} (schema.json's) is required", h.shape)));
     }
-    let want = h.data_offset as u64 + 16 * e;
+    let want = shape.iter().product::<u64>() * dtype.size() as u64 + h.data_offset as u64;
     if len != want {
-        return Err(GraphError::npy(path, format!("{len} bytes where shape [2, {e}] needs {want}")));
+        return Err(GraphError::npy(path, format!("{len} bytes where shape {shape:?} needs {want}")));
     }
     Ok(h.data_offset as u64)
 }

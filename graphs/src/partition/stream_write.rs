@@ -20,7 +20,7 @@ use super::write::WriteOptions;
 use super::{Assignment, Manifest, PartInfo};
 use crate::error::{GraphError, Result};
 use crate::format::{paths, AtomicDir};
-use crate::npy::{self, parse_header, DType, NpyFile, NpyWriter};
+use crate::npy::{self, DType, NpyFile, NpyWriter};
 use crate::progress::Progress;
 
 /// Writes the graph directory `src` split as `a` says into `out` (atomically), streaming.
@@ -62,8 +62,8 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
         Ok(())
     })?;
     let total_edges = s.edges();
-    let target = s.schema.type_index(&s.schema.target).ok_or_else(|| GraphError::InvalidArgument("the target type is not a node type".into()))?;
-    let splits: Vec<(&str, Vec<u32>)> = ["train", "valid", "test"].iter().map(|&name| Ok((name, read_ids(&paths::split(src, &s.schema.target, name))?))).collect::<Result<_>>()?;
+    let target = s.target()?;
+    let splits: Vec<(&str, Vec<u32>)> = ["train", "valid", "test"].iter().map(|&name| Ok((name, s.split(name)?))).collect::<Result<_>>()?;
     let labels = read_i64(&paths::labels(src, &s.schema.target))?;
     let mut info = Vec::with_capacity(parts);
     let mut touched = vec![0u64; (s.nodes() as usize).div_ceil(64)];
@@ -147,9 +147,7 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
         halo_features: opts.halo_features,
         info,
     };
-    let mpath = dir.path().join("manifest.json");
-    let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-    std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
+    manifest.write(dir.path())?;
     dir.commit()?;
     Ok(manifest)
 }
@@ -167,15 +165,6 @@ fn write_ids_iter(w: &mut NpyWriter, ids: impl Iterator<Item = u32>) -> Result<(
     w.write_ids(&buf)
 }
 
-/// The ids of a split file (absent: none).
-fn read_ids(path: &Path) -> Result<Vec<u32>> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let f = NpyFile::open(path, DType::I64)?;
-    (0..f.len()).map(|i| u32::try_from(f.i64_at(i)).map_err(|_| GraphError::data(path, format!("entry {i}: {} is not a node id", f.i64_at(i))))).collect()
-}
-
 /// A whole int64 file (absent: empty).
 fn read_i64(path: &Path) -> Result<Vec<i64>> {
     if !path.exists() {
@@ -188,15 +177,9 @@ fn read_i64(path: &Path) -> Result<Vec<i64>> {
 /// Copies the rows `keep` accepts of the `[count, dim]` float32 file `from`
 /// into a sparse file of the same shape at `to`, reading `from` sequentially.
 fn copy_core_rows(from: &Path, to: &Path, count: u64, dim: usize, keep: impl Fn(u64) -> bool) -> Result<()> {
+    let offset = super::stream::checked_offset(from, DType::F32, &[count, dim as u64])?;
     let mut f = File::open(from).map_err(|e| GraphError::io(from, e))?;
-    let len = f.metadata().map_err(|e| GraphError::io(from, e))?.len();
-    let mut head = vec![0u8; len.min(64 << 10) as usize];
-    f.read_exact(&mut head).map_err(|e| GraphError::io(from, e))?;
-    let h = parse_header(&head, from)?;
-    if h.fortran_order || h.descr != DType::F32.descr() || h.shape != [count, dim as u64] || len != h.data_offset as u64 + count * dim as u64 * 4 {
-        return Err(GraphError::npy(from, format!("features must be float32 [{count}, {dim}] in C order")));
-    }
-    f.seek(SeekFrom::Start(h.data_offset as u64)).map_err(|e| GraphError::io(from, e))?;
+    f.seek(SeekFrom::Start(offset)).map_err(|e| GraphError::io(from, e))?;
     let mut r = BufReader::with_capacity(1 << 20, f);
     let mut w = NpyWriter::create(to, DType::F32, &[count, dim as u64])?.into_sparse(dim)?;
     let mut raw = vec![0u8; dim * 4];

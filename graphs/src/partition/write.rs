@@ -87,9 +87,7 @@ pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions,
         halo_features: opts.halo_features,
         info,
     };
-    let mpath = dir.path().join("manifest.json");
-    let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-    std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
+    manifest.write(dir.path())?;
     dir.commit()?;
     Ok(manifest)
 }

@@ -40,3 +40,21 @@ pub fn random(n: u32, m: u32, edges: usize, seed: u64) -> HetGraph {
         .build()
         .expect("random graph is valid")
 }
+
+/// Every file under `dir`: its path relative to `dir` and its bytes, sorted by path.
+pub fn read_all(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}

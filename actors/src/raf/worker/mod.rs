@@ -61,14 +61,6 @@ const WHOLE: u32 = u32::MAX;
 /// A replica's piece of a partial: its replica index, the batch positions it covers, the rows.
 type ReplicaPiece = (u32, Vec<usize>, Tensor);
 
-/// A batch sampled, with its feature rows gathered, ahead of its step.
-struct Prepared {
-    mb: MiniBatch,
-    features: models::rgcn::PerType,
-    sample_s: f64,
-    gather_s: f64,
-}
-
 /// Evaluation steps are numbered apart from training steps.
 const EVAL_BIT: u64 = 1 << 63;
 

@@ -1,17 +1,16 @@
 //! A worker as the shared epoch loop (`crate::epoch::run`) drives
 //! it: what its prefetch thread prepares, its steps, its evaluation.
 
-use super::{share, Prepared, Worker, EVAL_BIT};
+use super::{share, Worker, EVAL_BIT};
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::run::{StepFigures, Steps};
-use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{prepare, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::Result;
 use graphs::{HetGraph, RelationFilter, Sampler};
 use models::model::DropoutKey;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// What a worker's prefetch thread reads: its partition and relations.
 pub(super) struct Feed<'a> {
@@ -43,15 +42,8 @@ impl<'a> Steps for Worker<'a> {
 
     /// Samples the worker's share of the batch over its relations and gathers its feature rows.
     fn prepare<'f>(feed: &'f Feed<'a>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
-        let mut clock = Instant::now();
         let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
-        let mb = sampler.sample_relations(epoch, step, &mine, &feed.filter)?;
-        let sample_s = lap(&mut clock);
-        let features = match &feed.cached {
-            Some(c) => c.gather(&feed.gather, feed.graph, &mb.blocks[0].src, true)?,
-            None => feed.gather.gather(feed.graph, &mb.blocks[0].src)?,
-        };
-        Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+        prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || Ok(sampler.sample_relations(epoch, step, &mine, &feed.filter)?))
     }
 
     fn checkpoint(&mut self, _: &Feed<'a>, progress: Progress) -> Result<()> {
@@ -84,13 +76,9 @@ impl<'a> Steps for Worker<'a> {
             let mut correct = 0;
             for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
                 let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
-                let mb = sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?;
+                let p = prepare(&s.graph, &feed.gather, feed.cached.as_deref(), false, || Ok(sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?))?;
                 let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                let features = match &feed.cached {
-                    Some(c) => c.gather(&feed.gather, &s.graph, &mb.blocks[0].src, false)?,
-                    None => feed.gather.gather(&s.graph, &mb.blocks[0].src)?,
-                };
-                correct += self.step(&mb, features, seeds, None, labels, seq)?.correct;
+                correct += self.step(&p.mb, p.features, seeds, None, labels, seq)?.correct;
             }
             if split == 1 {
                 st.valid_correct = correct;
