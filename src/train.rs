@@ -21,10 +21,16 @@ pub struct TrainArgs {
     /// Graph directory (default: mag-like S=0.01, generated once into the cache directory).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// single | data-parallel | raf [default: single]
+    /// single | data-parallel | raf | model-averaging [default: single]
     #[arg(long)]
     mode: Option<String>,
-    /// Partition directory for data-parallel (hetgnn partition) or raf (--method meta).
+    /// Model averaging: epochs between averagings [default: 1].
+    #[arg(long)]
+    sync_every: Option<u64>,
+    /// Model averaging: workers, each training its share of the partitions in turn [default: one per partition].
+    #[arg(long)]
+    workers: Option<u32>,
+    /// Partition directory for data-parallel and model-averaging (hetgnn partition) or raf (--method meta).
     #[arg(long)]
     partitions: Option<PathBuf>,
     /// rgcn | rgat | hgt | mlp [default: rgcn]
@@ -98,6 +104,8 @@ impl TrainArgs {
         let quoted = actors::config::toml_string;
         push("data", self.data.as_ref().map(|p| quoted(&p.display().to_string())));
         push("mode", self.mode.as_deref().map(quoted));
+        push("sync_every", self.sync_every.map(|v| v.to_string()));
+        push("workers", self.workers.map(|v| v.to_string()));
         push("partitions", self.partitions.as_ref().map(|p| quoted(&p.display().to_string())));
         push("model", self.model.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));

@@ -47,6 +47,9 @@ pub enum Mode {
     /// Heta: relation-aggregation-first training on meta-partitions, one
     /// RelationAggWorker per partition and a designated reducer.
     Raf,
+    /// CATGNN: local training on each partition (halo included), the
+    /// models averaged every `sync_every` epochs.
+    ModelAveraging,
 }
 
 impl Mode {
@@ -56,6 +59,7 @@ impl Mode {
             Mode::Single => "single",
             Mode::DataParallel => "data-parallel",
             Mode::Raf => "raf",
+            Mode::ModelAveraging => "model-averaging",
         }
     }
 }
@@ -99,6 +103,10 @@ pub struct TrainingConfig {
     pub allreduce: AllReduce,
     /// RAF: "synced" (default) or "local" embedding tables shared by workers.
     pub raf_embeddings: RafEmbeddings,
+    /// Model averaging: epochs between averagings (default 1).
+    pub sync_every: u64,
+    /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
+    pub workers: u32,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -162,6 +170,8 @@ impl Default for TrainingConfig {
             partitions: None,
             allreduce: AllReduce::AllGather,
             raf_embeddings: RafEmbeddings::Synced,
+            sync_every: 1,
+            workers: 0,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,

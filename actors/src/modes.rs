@@ -11,6 +11,7 @@ use crate::config::{Config, Mode};
 use crate::data_parallel::DataParallel;
 use crate::distributed::Distributed;
 use crate::error::{Result, TrainError};
+use crate::model_averaging::ModelAveraging;
 use crate::observer::TrainObserver;
 use crate::raf::Raf;
 use crate::report::Report;
@@ -46,6 +47,7 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
         Mode::Single => Box::new(crate::single::Single),
         Mode::DataParallel => Box::new(Cluster(Arc::new(DataParallel::open(t)?))),
         Mode::Raf => Box::new(Cluster(Arc::new(Raf::open(t)?))),
+        Mode::ModelAveraging => Box::new(Cluster(Arc::new(ModelAveraging::open(t)?))),
     })
 }
 

@@ -30,6 +30,22 @@ pub struct EpochReport {
     /// Where the epoch's time went.
     #[serde(flatten)]
     pub time: Timings,
+    /// Model averaging: each worker's figures on its own partitions, its
+    /// models before averaging (the accuracies above are the averaged model's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerReport>,
+}
+
+/// A model-averaging worker's epoch: its own loss, and its models' accuracy
+/// before averaging on the nodes its partitions own.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// Mean loss of its steps.
+    pub loss: f64,
+    /// Validation accuracy before averaging.
+    pub valid_acc: f64,
+    /// Test accuracy before averaging.
+    pub test_acc: f64,
 }
 
 impl EpochReport {
@@ -40,13 +56,27 @@ impl EpochReport {
     pub fn from_stats(epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
         let Some(s0) = stats.first() else { return EpochReport { epoch, ..EpochReport::default() } };
         let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
+        let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
+        // Model averaging: each worker's training figures are its own; the run's are their sum.
+        let (loss, train_acc) = if s0.local.is_some() {
+            let steps: u64 = stats.iter().map(|s| s.steps).sum();
+            let loss = stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
+            (loss, ratio(stats.iter().map(|s| s.train_correct).sum(), stats.iter().map(|s| s.train_seen).sum()))
+        } else {
+            (s0.loss, ratio(s0.train_correct, s0.train_seen))
+        };
+        let workers = stats
+            .iter()
+            .filter_map(|s| s.local.map(|l| WorkerReport { loss: s.loss, valid_acc: ratio(l.valid_correct, l.valid), test_acc: ratio(l.test_correct, l.test) }))
+            .collect();
         EpochReport {
             epoch,
-            loss: s0.loss,
-            train_acc: s0.train_correct as f64 / s0.train_seen.max(1) as f64,
-            valid_acc: stats.iter().map(|s| s.valid_correct).sum::<u64>() as f64 / valid.max(1) as f64,
-            test_acc: stats.iter().map(|s| s.test_correct).sum::<u64>() as f64 / test.max(1) as f64,
+            loss,
+            train_acc,
+            valid_acc: ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64),
+            test_acc: ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64),
             time: Timings::across(&times),
+            workers,
         }
     }
 }

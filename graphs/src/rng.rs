@@ -55,6 +55,13 @@ impl CounterRng {
         Self::new(key(parts))
     }
 
+    /// Moves to just after draw `draws` (the next draw is `draws + 1`): any
+    /// stretch of the stream can be drawn without drawing what comes before.
+    #[inline]
+    pub fn seek(&mut self, draws: u64) {
+        self.ctr = draws;
+    }
+
     /// The next 64 random bits.
     #[inline]
     pub fn next_u64(&mut self) -> u64 {

@@ -36,6 +36,13 @@ impl EmbeddingTable {
         EmbeddingTable { name: name.to_string(), rows, dim, data: init::normal(seed, name, rows * dim), m: vec![0.0; rows * dim], v: vec![0.0; rows * dim], steps: vec![0; rows] }
     }
 
+    /// A table of the rows `ids` of the one [`EmbeddingTable::new`] makes for
+    /// (seed, name), in `ids` order: row `k` here is row `ids[k]` there.
+    pub fn rows_of(seed: u64, name: &str, dim: usize, ids: &[u32]) -> EmbeddingTable {
+        let n = ids.len();
+        EmbeddingTable { name: name.to_string(), rows: n, dim, data: init::normal_rows(seed, name, dim, ids), m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n] }
+    }
+
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
     pub fn gather(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
         let mut out = Vec::with_capacity(ids.len() * self.dim);

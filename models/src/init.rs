@@ -18,3 +18,32 @@ pub fn normal(seed: u64, name: &str, n: usize) -> Vec<f32> {
     let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
     (0..n).map(|_| r.normal() as f32).collect()
 }
+
+/// Rows `ids` (`dim` values each) of the `[rows, dim]` table [`normal`]
+/// initialises, without drawing the others: a holder of some rows keeps
+/// memory in proportion to them.
+pub fn normal_rows(seed: u64, name: &str, dim: usize, ids: &[u32]) -> Vec<f32> {
+    let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
+    let mut out = Vec::with_capacity(ids.len() * dim);
+    for &id in ids {
+        // Each value takes two draws (Box-Muller).
+        r.seek(2 * id as u64 * dim as u64);
+        out.extend((0..dim).map(|_| r.normal() as f32));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_drawn_alone_equal_those_of_the_whole_table() {
+        let (rows, dim) = (50usize, 3usize);
+        let whole = normal(7, "embed.author", rows * dim);
+        let ids = [0u32, 3, 4, 49, 17];
+        let picked: Vec<f32> = ids.iter().flat_map(|&i| whole[i as usize * dim..(i as usize + 1) * dim].to_vec()).collect();
+        assert_eq!(normal_rows(7, "embed.author", dim, &ids), picked);
+        assert_ne!(normal_rows(8, "embed.author", dim, &ids), picked, "the seed keys the rows");
+    }
+}

@@ -131,6 +131,17 @@ pub struct Model {
 impl Model {
     /// Builds and initialises a model for `g`.
     pub fn new(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device) -> Result<Model> {
+        Model::build(spec, g, dtype, device, true)
+    }
+
+    /// [`Model::new`] without its embedding tables (every entry `None`): for
+    /// a replica whose learnable rows live elsewhere, so that it never
+    /// allocates whole tables.
+    pub fn without_tables(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device) -> Result<Model> {
+        Model::build(spec, g, dtype, device, false)
+    }
+
+    fn build(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device, tables: bool) -> Result<Model> {
         spec.validate()?;
         let seed = spec.seed;
         let num_classes = g.num_classes() as usize;
@@ -140,7 +151,7 @@ impl Model {
         let mut in_dims = Vec::new();
         for (nt, learnable) in g.node_types().iter().zip(Model::learnable_types(spec.kind, g)) {
             in_dims.push(nt.features.as_ref().map_or(spec.embed_dim, |f| f.dim()));
-            embeddings.push(learnable.then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
+            embeddings.push((tables && learnable).then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
         }
         let registered = crate::layer::registered(spec.kind);
         let has_head = registered.as_ref().is_some_and(|r| r.head);

@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 
 use actix::{Actor, Context, Handler, MessageResult};
 use graphs::HetGraph;
-use models::embedding::{adam_rows, EmbeddingTable, RowsMut};
+use models::embedding::{adam_rows, RowsMut};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
@@ -49,11 +49,7 @@ impl Shard {
     /// The rows of `owned` (ascending) of the table a single process would
     /// initialise for (seed, name): the same values, row for row.
     pub fn new(seed: u64, name: &str, count: usize, dim: usize, owned: Vec<u32>, adam: AdamConfig, trainers: usize) -> Shard {
-        let full = EmbeddingTable::new(seed, name, count, dim);
-        let mut data = Vec::with_capacity(owned.len() * dim);
-        for &i in &owned {
-            data.extend_from_slice(&full.data[i as usize * dim..(i as usize + 1) * dim]);
-        }
+        let data = models::init::normal_rows(seed, name, dim, &owned);
         let n = owned.len();
         Shard {
             ids: owned,
@@ -342,7 +338,7 @@ mod tests {
     fn a_step_is_applied_once_every_trainer_pushed_with_the_summed_gradient() {
         let adam = AdamConfig::with_lr(0.1);
         let mut s = Shard::new(3, "embed.author", 6, 2, vec![1, 4, 5], adam, 2);
-        let mut reference = EmbeddingTable::new(3, "embed.author", 6, 2);
+        let mut reference = models::embedding::EmbeddingTable::new(3, "embed.author", 6, 2);
         assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "rows start as the single-process table's");
         s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0])).unwrap();
         assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "nothing applied before every trainer pushed");

@@ -107,7 +107,8 @@ impl<'a> Coordinator<'a> {
     fn epoch_report(&mut self, epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
         let s0 = &stats[0];
         let er = EpochReport::from_stats(epoch, stats, valid, test);
-        self.steps_run += s0.steps;
+        // Model-averaging workers take steps of their own; the others share the global ones.
+        self.steps_run += if s0.local.is_some() { stats.iter().map(|s| s.steps).sum() } else { s0.steps };
         let caches: Vec<_> = stats.iter().map(|s| s.cache.clone()).filter(|c| !c.is_empty()).collect();
         if !caches.is_empty() {
             self.report.cache = crate::cache::merge_reports(&caches, self.t.cache_bytes.0);

@@ -114,6 +114,23 @@ pub struct EpochStats {
     pub messages_by_kind: std::collections::BTreeMap<String, u64>,
     /// This trainer's (worker's) device cache so far in the attempt, per node type.
     pub cache: std::collections::BTreeMap<String, crate::cache::CacheTypeReport>,
+    /// Model averaging: the loss and training figures above are this
+    /// worker's own, and these are its models' before averaging.
+    #[serde(default)]
+    pub local: Option<LocalFigures>,
+}
+
+/// A model-averaging worker's own figures of an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LocalFigures {
+    /// Validation nodes its partitions own.
+    pub valid: u64,
+    /// Test nodes its partitions own.
+    pub test: u64,
+    /// Correct validation predictions of its models before averaging.
+    pub valid_correct: u64,
+    /// Correct test predictions of its models before averaging.
+    pub test_correct: u64,
 }
 
 impl Msg for EpochStats {
@@ -187,4 +204,25 @@ pub struct Saved {
 impl Msg for Saved {
     type Reply = ();
     const KIND: &'static str = "saved";
+}
+
+/// Most bytes an encoded payload may have.
+pub const MAX_PAYLOAD: usize = 1 << 31;
+
+/// Encodes `v` for a payload message.
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| e.to_string())
+}
+
+/// Decodes a payload (its size checked before decoding, its contents by the caller).
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    if bytes.len() > MAX_PAYLOAD {
+        return Err(format!("payload of {} bytes is over the {MAX_PAYLOAD}-byte limit", bytes.len()));
+    }
+    let cfg = bincode::config::standard().with_limit::<MAX_PAYLOAD>();
+    let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(|e| e.to_string())?;
+    if used != bytes.len() {
+        return Err(format!("{} trailing bytes after the payload", bytes.len() - used));
+    }
+    Ok(v)
 }

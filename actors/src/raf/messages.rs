@@ -119,26 +119,7 @@ pub struct FinalPiece {
     pub state: FinalState,
 }
 
-/// Most bytes an encoded payload may have.
-pub const MAX_PAYLOAD: usize = 1 << 31;
-
-/// Encodes `v` for a payload message.
-pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
-    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| e.to_string())
-}
-
-/// Decodes a payload (its size checked before decoding, its contents by the caller).
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    if bytes.len() > MAX_PAYLOAD {
-        return Err(format!("payload of {} bytes is over the {MAX_PAYLOAD}-byte limit", bytes.len()));
-    }
-    let cfg = bincode::config::standard().with_limit::<MAX_PAYLOAD>();
-    let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(|e| e.to_string())?;
-    if used != bytes.len() {
-        return Err(format!("{} trailing bytes after the payload", bytes.len() - used));
-    }
-    Ok(v)
-}
+pub use crate::distributed::messages::{decode, encode};
 
 #[cfg(test)]
 mod tests {

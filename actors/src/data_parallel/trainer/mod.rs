@@ -156,12 +156,9 @@ impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
         let t = &s.cfg;
         let device = crate::device::open(&t.device)?;
-        let mut model = Model::new(&t.model_spec(), &s.graph, DType::F32, &device)?;
-        let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
         // The stores own the learnable rows: the replica keeps none.
-        for e in &mut model.embeddings {
-            *e = None;
-        }
+        let mut model = Model::without_tables(&t.model_spec(), &s.graph, DType::F32, &device)?;
+        let learnable = Model::learnable_types(t.model, &s.graph);
         let target = s.graph.target().index();
         let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
         let me = runtime::ActorName::new(&names::trainer(s.trainer)).map_err(|e| TrainError::Distributed(e.to_string()))?;

@@ -1,0 +1,318 @@
+//! Averaging the partitions' models at the end of a round (CATGNN §3.3).
+//!
+//! Dense parameters: every worker sends every other its partitions' values
+//! (an all-gather), and each computes the same weighted mean in partition
+//! order, so every copy ends bit-identical. A partition weighs as many as
+//! the training nodes it owns, and only in the parameters it changed in the
+//! round: one that never touched a parameter does not pull the mean back.
+//!
+//! Learnable rows: a row may be held by several partitions (its owner and
+//! those whose halo it is). Each partition sends the rows it changed to the
+//! worker of their owner; the owner takes the weighted mean over the
+//! partitions that changed the row, in partition order, and sends it back
+//! to every partition holding the row (known from a [`phase::HOLD`]
+//! exchange at the start of each attempt), so every copy agrees again.
+//! Adam state stays each partition's own.
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+use runtime::{ActorRef, ByteVec};
+
+use super::local::Local;
+use super::messages::{self, phase, Average, Dense, Rows, TypeRows, Up};
+use crate::distributed::inbox::Inbox;
+use crate::distributed::Timeouts;
+use crate::error::{Result, TrainError};
+
+/// The weighted mean of `contribs` (weight, values), summed in order in f64;
+/// a single contribution is taken as it is, and weights that are all zero
+/// count equally.
+pub fn weighted_mean(contribs: &[(u64, &[f32])], out: &mut [f32]) {
+    if let [(_, only)] = contribs {
+        out.copy_from_slice(only);
+        return;
+    }
+    let total: u64 = contribs.iter().map(|c| c.0).sum();
+    let w = |c: u64| if total == 0 { 1.0 } else { c as f64 };
+    let denom: f64 = contribs.iter().map(|c| w(c.0)).sum();
+    for (j, o) in out.iter_mut().enumerate() {
+        let s: f64 = contribs.iter().map(|(c, v)| w(*c) * f64::from(v[j])).sum();
+        *o = (s / denom) as f32;
+    }
+}
+
+/// Who holds which owned rows: per holding partition, per node type, the
+/// ids (ascending) of rows owned by a partition of this worker.
+pub type Holders = BTreeMap<u32, Vec<Vec<u32>>>;
+
+/// A worker's side of the averaging protocol.
+pub(crate) struct Averager<'a> {
+    /// This worker.
+    pub worker: u32,
+    /// Workers in all.
+    pub workers: u32,
+    /// The run's generation.
+    pub gen: u64,
+    /// Partition owners by node type.
+    pub owners: &'a [Vec<u16>],
+    /// Its runtime.
+    pub handle: &'a tokio::runtime::Handle,
+    /// Its inbox.
+    pub inbox: &'a Inbox,
+    /// Every worker's inbox actor (from this worker).
+    pub peers: Vec<ActorRef>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+}
+
+impl Averager<'_> {
+    fn worker_of(&self, part: u32) -> u32 {
+        part % self.workers
+    }
+
+    fn owner_worker(&self, ty: usize, id: u32) -> u32 {
+        self.worker_of(u32::from(self.owners[ty][id as usize]))
+    }
+
+    /// Sends `payloads[q]` to every other worker `q`, then gathers theirs;
+    /// returns every worker's payload in worker order (this one's included).
+    fn exchange(&self, round: u64, ph: u32, payloads: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        let mut asks = Vec::new();
+        for (q, bytes) in payloads.iter().enumerate() {
+            if q as u32 == self.worker {
+                continue;
+            }
+            let parts = messages::pieces(bytes);
+            let pieces = parts.len() as u32;
+            for (i, piece) in parts.into_iter().enumerate() {
+                let msg = Average { gen: self.gen, round, phase: ph, piece: i as u32, pieces, from: self.worker, data: ByteVec(piece.to_vec()) };
+                asks.push(self.peers[q].ask(msg, self.timeouts.ask));
+            }
+        }
+        let inbox = self.inbox;
+        let sent = self.handle.block_on(async {
+            tokio::select! {
+                r = join_all(asks) => Ok(r),
+                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
+            }
+        })?;
+        for r in sent {
+            r?;
+        }
+        let mut mine = Some(payloads.into_iter().nth(self.worker as usize).unwrap_or_default());
+        (0..self.workers)
+            .map(|q| match q == self.worker {
+                true => Ok(mine.take().unwrap_or_default()),
+                false => messages::gather(inbox, &format!("worker {q}'s averaging (phase {ph:#x}, round {round})"), round, ph, q, self.timeouts.step),
+            })
+            .collect()
+    }
+
+    /// Tells each owner which of its rows this worker's partitions hold;
+    /// returns who holds the rows this worker's partitions own.
+    pub fn holders(&self, locals: &[Local]) -> Result<Holders> {
+        let mut out: Vec<Rows> = (0..self.workers).map(|_| Rows::default()).collect();
+        for l in locals {
+            let mut per: Vec<TypeRows> = (0..self.workers).map(|_| Vec::new()).collect();
+            for (ty, rows) in l.rows.iter().enumerate() {
+                let Some(rows) = rows else { continue };
+                let mut by: Vec<Vec<u32>> = vec![Vec::new(); self.workers as usize];
+                for &id in &rows.ids {
+                    if u32::from(self.owners[ty][id as usize]) != l.part {
+                        by[self.owner_worker(ty, id) as usize].push(id);
+                    }
+                }
+                for (q, ids) in by.into_iter().enumerate() {
+                    per[q].push((ty as u32, ids, Vec::new()));
+                }
+            }
+            for (q, rows) in per.into_iter().enumerate() {
+                out[q].parts.push((l.part, rows));
+            }
+        }
+        let payloads = out.iter().map(messages::encode).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
+        let mut holders = Holders::new();
+        for (q, bytes) in self.exchange(0, phase::HOLD, payloads)?.into_iter().enumerate() {
+            let rows: Rows = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {q}'s held rows: {e}")))?;
+            for (part, types) in rows.parts {
+                if self.worker_of(part) != q as u32 {
+                    return Err(TrainError::Distributed(format!("worker {q} sent the held rows of partition {part}, not its own")));
+                }
+                let entry = holders.entry(part).or_insert_with(|| vec![Vec::new(); self.owners.len()]);
+                for (ty, ids, _) in types {
+                    let ty = ty as usize;
+                    if ty >= self.owners.len() || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
+                        return Err(TrainError::Distributed(format!("worker {q} claims rows of type {ty} this worker does not own")));
+                    }
+                    entry[ty] = ids;
+                }
+            }
+        }
+        Ok(holders)
+    }
+
+    /// Averages the models of every partition at the end of round `round`;
+    /// returns the bytes of the payloads this worker sent.
+    pub fn average(&self, round: u64, locals: &mut [Local], holders: &Holders) -> Result<u64> {
+        let mut sent = 0u64;
+        // Up: dense parameters to everyone, changed rows to their owners.
+        let mut dense = Vec::new();
+        let mut up_rows: Vec<Vec<(u32, TypeRows)>> = (0..self.workers).map(|_| Vec::new()).collect();
+        for l in locals.iter() {
+            let (changed, values) = l.changed()?;
+            dense.push(Dense { part: l.part, weight: l.weight(), changed, values });
+            let mut per: Vec<TypeRows> = (0..self.workers).map(|_| Vec::new()).collect();
+            for (ty, rows) in l.rows.iter().enumerate() {
+                let Some(rows) = rows else { continue };
+                let mut by: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.workers as usize];
+                for (k, &id) in rows.ids.iter().enumerate().filter(|(k, _)| rows.touched[*k]) {
+                    let q = self.owner_worker(ty, id) as usize;
+                    by[q].0.push(id);
+                    by[q].1.extend_from_slice(rows.row(k));
+                }
+                for (q, (ids, values)) in by.into_iter().enumerate() {
+                    per[q].push((ty as u32, ids, values));
+                }
+            }
+            for (q, rows) in per.into_iter().enumerate() {
+                up_rows[q].push((l.part, rows));
+            }
+        }
+        let payloads = up_rows.into_iter().map(|rows| messages::encode(&Up { dense: dense.clone(), rows })).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
+        sent += payloads.iter().enumerate().filter(|(q, _)| *q as u32 != self.worker).map(|(_, b)| b.len() as u64).sum::<u64>();
+        let ups: Vec<Up> = self
+            .exchange(round, phase::UP, payloads)?
+            .into_iter()
+            .enumerate()
+            .map(|(q, b)| messages::decode(&b).map_err(|e| TrainError::Distributed(format!("worker {q}'s averaging: {e}"))))
+            .collect::<Result<_>>()?;
+        self.average_dense(&ups, locals)?;
+        let averaged = self.average_rows(&ups, locals)?;
+        // Down: the averaged rows to every partition holding them.
+        let mut down: Vec<Rows> = (0..self.workers).map(|_| Rows::default()).collect();
+        for (&part, types) in holders {
+            let mut rows: TypeRows = Vec::new();
+            for (ty, ids) in types.iter().enumerate() {
+                let Some(avg) = averaged.get(&ty) else { continue };
+                let (mut got, mut values) = (Vec::new(), Vec::new());
+                for id in ids {
+                    if let Some(v) = avg.get(id) {
+                        got.push(*id);
+                        values.extend_from_slice(v);
+                    }
+                }
+                if !got.is_empty() {
+                    rows.push((ty as u32, got, values));
+                }
+            }
+            down[self.worker_of(part) as usize].parts.push((part, rows));
+        }
+        let payloads = down.iter().map(messages::encode).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
+        sent += payloads.iter().enumerate().filter(|(q, _)| *q as u32 != self.worker).map(|(_, b)| b.len() as u64).sum::<u64>();
+        for (q, bytes) in self.exchange(round, phase::DOWN, payloads)?.into_iter().enumerate() {
+            let rows: Rows = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {q}'s averaged rows: {e}")))?;
+            for (part, types) in rows.parts {
+                let l = locals.iter_mut().find(|l| l.part == part).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows for partition {part}, not this worker's")))?;
+                for (ty, ids, values) in types {
+                    let rows = l.rows.get_mut(ty as usize).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
+                    let d = rows.table.dim;
+                    if values.len() != ids.len() * d {
+                        return Err(TrainError::Distributed(format!("worker {q} sent {} values for {} rows", values.len(), ids.len())));
+                    }
+                    for (i, id) in ids.iter().enumerate() {
+                        let k = rows.index(*id).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent row {id}, which partition {part} does not hold")))?;
+                        rows.set_row(k, &values[i * d..(i + 1) * d]);
+                    }
+                }
+            }
+        }
+        for l in locals.iter_mut() {
+            l.begin_round()?;
+        }
+        Ok(sent)
+    }
+
+    /// Every partition's dense parameters, averaged (the same on every worker).
+    fn average_dense(&self, ups: &[Up], locals: &mut [Local]) -> Result<()> {
+        let Some(first) = locals.first() else { return Ok(()) };
+        let current = first.params()?;
+        let mut all: Vec<&Dense> = ups.iter().flat_map(|u| u.dense.iter()).collect();
+        all.sort_by_key(|d| d.part);
+        // Per partition, where each changed parameter's values start.
+        let mut offsets = Vec::new();
+        for d in &all {
+            if d.changed.len() != current.len() {
+                return Err(TrainError::Distributed(format!("partition {} sent {} parameters, {} expected", d.part, d.changed.len(), current.len())));
+            }
+            let mut at = 0usize;
+            let mut offs = Vec::with_capacity(current.len());
+            for (i, &c) in d.changed.iter().enumerate() {
+                offs.push(at);
+                at += if c { current[i].len() } else { 0 };
+            }
+            if at != d.values.len() {
+                return Err(TrainError::Distributed(format!("partition {} sent {} values, its flags say {at}", d.part, d.values.len())));
+            }
+            offsets.push(offs);
+        }
+        let mut averaged = current;
+        for (i, out) in averaged.iter_mut().enumerate() {
+            let n = out.len();
+            let contribs: Vec<(u64, &[f32])> = all.iter().zip(&offsets).filter(|(d, _)| d.changed[i]).map(|(d, o)| (d.weight, &d.values[o[i]..o[i] + n])).collect();
+            // Nobody changed it: every copy still holds the last mean.
+            if !contribs.is_empty() {
+                weighted_mean(&contribs, out);
+            }
+        }
+        locals.iter_mut().try_for_each(|l| l.set_params(&averaged))
+    }
+
+    /// The mean of every row a partition changed whose owner is here, by
+    /// node type and id; set in every partition of this worker holding it.
+    fn average_rows(&self, ups: &[Up], locals: &mut [Local]) -> Result<BTreeMap<usize, BTreeMap<u32, Vec<f32>>>> {
+        let weights: BTreeMap<u32, u64> = ups.iter().flat_map(|u| u.dense.iter().map(|d| (d.part, d.weight))).collect();
+        // Per type and id, the contributions by partition (ordered).
+        let mut contribs: BTreeMap<usize, BTreeMap<u32, BTreeMap<u32, &[f32]>>> = BTreeMap::new();
+        for (q, up) in ups.iter().enumerate() {
+            for (part, types) in &up.rows {
+                if self.worker_of(*part) != q as u32 {
+                    return Err(TrainError::Distributed(format!("worker {q} sent rows of partition {part}, not its own")));
+                }
+                for (ty, ids, values) in types {
+                    let ty = *ty as usize;
+                    let d = locals.first().and_then(|l| l.rows.get(ty)).and_then(Option::as_ref).map(|r| r.table.dim).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
+                    if values.len() != ids.len() * d || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
+                        return Err(TrainError::Distributed(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
+                    }
+                    for (i, &id) in ids.iter().enumerate() {
+                        contribs.entry(ty).or_default().entry(id).or_default().insert(*part, &values[i * d..(i + 1) * d]);
+                    }
+                }
+            }
+        }
+        let mut out: BTreeMap<usize, BTreeMap<u32, Vec<f32>>> = BTreeMap::new();
+        for (ty, rows) in contribs {
+            for (id, by) in rows {
+                let c: Vec<(u64, &[f32])> = by.iter().map(|(p, v)| (weights.get(p).copied().unwrap_or(0), *v)).collect();
+                let mut mean = vec![0.0f32; c[0].1.len()];
+                weighted_mean(&c, &mut mean);
+                out.entry(ty).or_default().insert(id, mean);
+            }
+        }
+        // The owners' own copies (and other partitions of this worker, through `holders`' down messages).
+        for l in locals.iter_mut() {
+            for (ty, avg) in &out {
+                let Some(rows) = l.rows.get_mut(*ty).and_then(Option::as_mut) else { continue };
+                for (id, v) in avg {
+                    if u32::from(self.owners[*ty][*id as usize]) == l.part {
+                        if let Some(k) = rows.index(*id) {
+                            rows.set_row(k, v);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

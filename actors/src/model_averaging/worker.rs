@@ -1,0 +1,171 @@
+//! A model-averaging worker: trains each of its partitions on its own data
+//! for a round of `sync_every` epochs, then averages every partition's model
+//! with the other workers ([`super::average`]), reports the epoch and, at a
+//! round's end, writes its part of the checkpoint.
+//!
+//! It does not use `crate::epoch::run`, whose steps are the global batches
+//! every trainer shares: here each partition has batches of its own
+//! training nodes, and a worker trains its partitions in turn (CATGNN §3.2).
+//! It shares the bounded prefetch ([`crate::epoch::run_steps`]) and the
+//! sampling and gathering of a batch.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use graphs::sampler::epoch_batches;
+use graphs::{HetGraph, Sampler};
+use runtime::{ActorRef, Node};
+
+use super::average::{Averager, Holders};
+use super::local::Local;
+use super::names;
+use crate::config::TrainingConfig;
+use crate::distributed::checkpoint::{Manifest, Progress};
+use crate::distributed::generations::abort_peers;
+use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::{EpochStats, LocalFigures, Saved, StepDone};
+use crate::distributed::Timeouts;
+use crate::epoch::{prepare, run_steps, sample, PREFETCH};
+use crate::error::{Result, TrainError};
+
+/// Everything a worker thread needs.
+pub(crate) struct WorkerSetup {
+    /// This worker.
+    pub worker: u32,
+    /// Workers in all.
+    pub workers: u32,
+    /// Its partitions and their graphs (partition `p` is worker `p % workers`'s).
+    pub parts: Vec<(u32, Arc<HetGraph>)>,
+    /// Owners of every node, by type.
+    pub owners: Arc<Vec<Vec<u16>>>,
+    /// Training settings.
+    pub cfg: TrainingConfig,
+    /// The node its actors live on.
+    pub node: Node,
+    /// The node's runtime.
+    pub handle: tokio::runtime::Handle,
+    /// Its inbox.
+    pub inbox: Arc<Inbox>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+    /// The checkpoint the attempt resumes from.
+    pub from: Option<(std::path::PathBuf, Manifest)>,
+    /// The attempt's generation.
+    pub gen: u64,
+}
+
+/// Runs every epoch; returns the partitions' final state. On failure, tells
+/// the other workers and the coordinator so they stop instead of waiting.
+pub(crate) fn run(s: WorkerSetup) -> Result<Vec<Local>> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train(&s))).unwrap_or_else(|p| {
+        let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Err(TrainError::Distributed(format!("worker {} panicked: {what}", s.worker)))
+    });
+    if let Err(e) = &result {
+        let targets: Vec<String> = (0..s.workers).filter(|&q| q != s.worker).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
+        abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
+    }
+    result
+}
+
+fn dist_err(e: impl std::fmt::Display) -> TrainError {
+    TrainError::Distributed(e.to_string())
+}
+
+/// Runs `f` on the node's runtime; gives up as soon as the run is aborted.
+fn block_on<F: std::future::Future>(s: &WorkerSetup, f: F) -> Result<F::Output> {
+    let inbox = &s.inbox;
+    s.handle.block_on(async {
+        tokio::select! {
+            r = f => Ok(r),
+            reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
+        }
+    })
+}
+
+fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
+    let t = &s.cfg;
+    let mut locals = s.parts.iter().map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners)).collect::<Result<Vec<_>>>()?;
+    let g0 = locals.first().map(|l| l.graph.clone()).ok_or_else(|| TrainError::Distributed(format!("worker {} has no partition", s.worker)))?;
+    // The coordinator counts steps of the global batches: a round's end is its epoch's end there too.
+    let per_epoch = g0.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64;
+    let mut first = 0;
+    if let Some((dir, m)) = &s.from {
+        for l in &mut locals {
+            l.restore(dir, m)?;
+        }
+        first = m.seq / per_epoch.max(1);
+    }
+    let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(dist_err)?;
+    let actor = |n: &str| s.node.actor(n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+    let peers: Vec<ActorRef> = (0..s.workers).map(|q| actor(&names::worker(q))).collect::<Result<_>>()?;
+    let coordinator = actor(names::COORDINATOR)?;
+    let avg = Averager { worker: s.worker, workers: s.workers, gen: s.gen, owners: &s.owners, handle: &s.handle, inbox: &s.inbox, peers, timeouts: s.timeouts };
+    // One partition in all has nothing to average with: it trains as a single process does.
+    let averages = s.workers > 1 || locals.len() > 1;
+    let holders = if averages { avg.holders(&locals)? } else { Holders::new() };
+    let bytes = || s.node.metrics().bytes_by_kind();
+    for epoch in first..t.epochs {
+        let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, ..EpochStats::default() };
+        let clock = Instant::now();
+        let before = bytes();
+        let (mut loss_sum, mut steps) = (0.0f64, 0u64);
+        for (i, l) in locals.iter_mut().enumerate() {
+            let batches = epoch_batches(&l.train, t.batch, t.seed, epoch);
+            let feed = l.feed(t);
+            let make = || {
+                let mut sampler = Sampler::new(&feed.graph, &feed.fanouts, feed.seed)?;
+                let feed = &feed;
+                Ok(move |step: u64, seeds: &[u32]| prepare(&feed.graph, &feed.gather, None, true, || sample(&mut sampler, feed.uses_neighbors, epoch, step, seeds)))
+            };
+            run_steps(PREFETCH, &batches, 0, make, |step, seeds, p| {
+                let out = l.step(epoch, step, p, &mut st)?;
+                loss_sum += out.loss;
+                steps += 1;
+                st.train_correct += out.correct;
+                st.train_seen += seeds.len() as u64;
+                // Progress for the coordinator: the first partition's steps, numbered within the epoch's global steps.
+                if s.worker == 0 && i == 0 {
+                    let done = StepDone { gen: s.gen, epoch, seq: epoch * per_epoch + step.min(per_epoch.saturating_sub(1)), loss: out.loss };
+                    block_on(s, coordinator.ask(done, s.timeouts.ask))??;
+                }
+                Ok(())
+            })?;
+        }
+        st.time.seconds = clock.elapsed().as_secs_f64();
+        st.steps = steps;
+        st.loss = loss_sum / steps.max(1) as f64;
+        let eval = Instant::now();
+        let count = |locals: &[Local], valid: bool| -> Result<u64> { locals.iter().map(|l| l.correct_on(t, epoch, if valid { &l.valid } else { &l.test })).sum() };
+        let local = LocalFigures {
+            valid: locals.iter().map(|l| l.valid.len() as u64).sum(),
+            test: locals.iter().map(|l| l.test.len() as u64).sum(),
+            valid_correct: count(&locals, true)?,
+            test_correct: count(&locals, false)?,
+        };
+        let round_end = (epoch + 1) % t.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
+        if round_end && averages {
+            let sync = Instant::now();
+            avg.average(epoch, &mut locals, &holders)?;
+            st.time.comm_s += sync.elapsed().as_secs_f64();
+            st.valid_correct = count(&locals, true)?;
+            st.test_correct = count(&locals, false)?;
+        } else {
+            (st.valid_correct, st.test_correct) = (local.valid_correct, local.test_correct);
+        }
+        st.local = Some(local);
+        st.time.eval_s = eval.elapsed().as_secs_f64() - st.time.comm_s;
+        let m = s.node.metrics();
+        st.bytes_by_kind = m.bytes_by_kind();
+        st.messages_by_kind = m.messages_by_kind();
+        st.step_bytes_by_kind = st.bytes_by_kind.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
+        block_on(s, coordinator.ask(st, s.timeouts.ask))??;
+        if let (true, Some(root)) = (round_end, &t.checkpoint_dir) {
+            let seq = (epoch + 1) * per_epoch;
+            let files = locals.iter().map(|l| l.save(root, seq, &s.owners)).collect::<Result<Vec<_>>>()?.concat();
+            let saved = Saved { gen: s.gen, seq, part: s.worker, files, progress: (s.worker == 0).then(Progress::default) };
+            block_on(s, coordinator.ask(saved, s.timeouts.ask))??;
+        }
+    }
+    Ok(locals)
+}
