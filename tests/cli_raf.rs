@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::util::{hetgnn, killing_a_node_stops_its_peer, report, training_cluster};
+use crate::util::{hetgnn, kill_once_after_checkpoint, killing_a_node_stops_its_peer, report, training_cluster};
 
 fn cluster(dir: &Path, ids: &[&str], extra: &str, training: &str) {
     training_cluster(dir, ids, extra, &format!("mode = \"raf\"\npartitions = \"meta\"\n{training}"));
@@ -34,8 +34,6 @@ fn two_raf_nodes_under_message_loss_end_with_the_embedded_model_and_move_no_feat
 
 #[test]
 fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_ends_with_the_embedded_model() {
-    use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
@@ -43,43 +41,7 @@ fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_en
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
     let training = "epochs = 3\nbatch = 256\nmodel = \"rgat\"\ncheckpoint_dir = \"ck\"\ncheckpoint_every = 5\nreport = \"run.json\"\n";
     cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 60000\n", training);
-    let start = |id: &str, k: usize| {
-        let log = std::fs::File::create(d.join(format!("{id}.{k}.log"))).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(["node", "--config", "cluster.toml", "--node", id]).current_dir(d).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
-    };
-    let logs = || {
-        std::fs::read_dir(d)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap()))
-            .collect::<String>()
-    };
-    let mut n0 = start("n0", 0);
-    let mut n1 = start("n1", 0);
-    let t0 = Instant::now();
-    while !d.join("ck/step-000000010").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint at step 10:\n{}", logs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    n1.kill().unwrap();
-    n1.wait().unwrap();
-    let mut n1 = start("n1", 1);
-    for (id, p) in [("n0", &mut n0), ("n1", &mut n1)] {
-        let t = Instant::now();
-        let status = loop {
-            if let Some(s) = p.try_wait().unwrap() {
-                break s;
-            }
-            if t.elapsed() > Duration::from_secs(150) {
-                let _ = p.kill();
-                panic!("{id} did not finish:\n{}", logs());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(status.success(), "{id}: {status}\n{}", logs());
-    }
+    let logs = kill_once_after_checkpoint(d, &["n0", "n1"], "n1", "ck/step-000000010");
     let raf = [
         "train",
         "--data",
@@ -99,7 +61,7 @@ fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_en
     ];
     hetgnn(d, &raf).ok();
     let (run, embedded) = (report(&d.join("run.json")), report(&d.join("embedded.json")));
-    assert_eq!(run["final_model_sha256"], embedded["final_model_sha256"], "the redone steps recompute what was lost:\n{}", logs());
+    assert_eq!(run["final_model_sha256"], embedded["final_model_sha256"], "the redone steps recompute what was lost:\n{logs}");
     let f = &run["failures"][0];
     assert!(f["resumed_from_step"].as_u64().is_some_and(|s| s >= 10 && s % 5 == 0), "rolled back to a checkpoint: {}", run["failures"]);
 }

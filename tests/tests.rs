@@ -8,5 +8,6 @@ mod cli_data_parallel;
 mod cli_generate;
 mod cli_import;
 mod cli_inspect;
+mod cli_model_averaging;
 mod cli_raf;
 mod cli_train;

@@ -117,3 +117,49 @@ pub fn killing_a_node_stops_its_peer(dir: &Path, victim: &str, survivor: &str) {
     assert!(err.contains(victim), "the error names the lost node: {err}");
     assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
 }
+
+/// Runs `hetgnn node` for every id of `dir/cluster.toml`, kills `victim`
+/// (SIGKILL) once the checkpoint directory `checkpoint` exists, starts it
+/// again and waits for every node to finish well; returns their logs.
+pub fn kill_once_after_checkpoint(dir: &Path, ids: &[&str], victim: &str, checkpoint: &str) -> String {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let start = |id: &str, k: usize| {
+        let log = std::fs::File::create(dir.join(format!("{id}.{k}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(["node", "--config", "cluster.toml", "--node", id]).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+    };
+    let logs = || {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap()))
+            .collect::<String>()
+    };
+    let mut procs: Vec<(String, std::process::Child)> = ids.iter().map(|id| (id.to_string(), start(id, 0))).collect();
+    let t0 = Instant::now();
+    while !dir.join(checkpoint).exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint {checkpoint}:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let v = procs.iter().position(|(id, _)| id == victim).expect("the victim is one of the nodes");
+    procs[v].1.kill().unwrap();
+    procs[v].1.wait().unwrap();
+    procs[v].1 = start(victim, 1);
+    for (id, p) in &mut procs {
+        let t = Instant::now();
+        let status = loop {
+            if let Some(s) = p.try_wait().unwrap() {
+                break s;
+            }
+            if t.elapsed() > Duration::from_secs(150) {
+                let _ = p.kill();
+                panic!("{id} did not finish:\n{}", logs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{id}: {status}\n{}", logs());
+    }
+    logs()
+}

@@ -47,7 +47,7 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
         Mode::Single => Box::new(crate::single::Single),
         Mode::DataParallel => Box::new(Cluster(Arc::new(DataParallel::open(t)?))),
         Mode::Raf => Box::new(Cluster(Arc::new(Raf::open(t)?))),
-        Mode::ModelAveraging => Box::new(Cluster(Arc::new(ModelAveraging::open(t)?))),
+        Mode::ModelAveraging => Box::new(Cluster(Arc::new(ModelAveraging::open(t, cfg.cluster.as_ref().map(|c| c.nodes.len()))?))),
     })
 }
 

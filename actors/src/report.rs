@@ -65,10 +65,7 @@ impl EpochReport {
         } else {
             (s0.loss, ratio(s0.train_correct, s0.train_seen))
         };
-        let workers = stats
-            .iter()
-            .filter_map(|s| s.local.map(|l| WorkerReport { loss: s.loss, valid_acc: ratio(l.valid_correct, l.valid), test_acc: ratio(l.test_correct, l.test) }))
-            .collect();
+        let workers = stats.iter().filter_map(|s| s.local.map(|l| WorkerReport { loss: s.loss, valid_acc: ratio(l.valid_correct, l.valid), test_acc: ratio(l.test_correct, l.test) })).collect();
         EpochReport {
             epoch,
             loss,

@@ -236,35 +236,7 @@ impl Averager<'_> {
     /// Every partition's dense parameters, averaged (the same on every worker).
     fn average_dense(&self, ups: &[Up], locals: &mut [Local]) -> Result<()> {
         let Some(first) = locals.first() else { return Ok(()) };
-        let current = first.params()?;
-        let mut all: Vec<&Dense> = ups.iter().flat_map(|u| u.dense.iter()).collect();
-        all.sort_by_key(|d| d.part);
-        // Per partition, where each changed parameter's values start.
-        let mut offsets = Vec::new();
-        for d in &all {
-            if d.changed.len() != current.len() {
-                return Err(TrainError::Distributed(format!("partition {} sent {} parameters, {} expected", d.part, d.changed.len(), current.len())));
-            }
-            let mut at = 0usize;
-            let mut offs = Vec::with_capacity(current.len());
-            for (i, &c) in d.changed.iter().enumerate() {
-                offs.push(at);
-                at += if c { current[i].len() } else { 0 };
-            }
-            if at != d.values.len() {
-                return Err(TrainError::Distributed(format!("partition {} sent {} values, its flags say {at}", d.part, d.values.len())));
-            }
-            offsets.push(offs);
-        }
-        let mut averaged = current;
-        for (i, out) in averaged.iter_mut().enumerate() {
-            let n = out.len();
-            let contribs: Vec<(u64, &[f32])> = all.iter().zip(&offsets).filter(|(d, _)| d.changed[i]).map(|(d, o)| (d.weight, &d.values[o[i]..o[i] + n])).collect();
-            // Nobody changed it: every copy still holds the last mean.
-            if !contribs.is_empty() {
-                weighted_mean(&contribs, out);
-            }
-        }
+        let averaged = dense_mean(ups.iter().flat_map(|u| u.dense.iter()).collect(), first.params()?)?;
         locals.iter_mut().try_for_each(|l| l.set_params(&averaged))
     }
 
@@ -281,7 +253,12 @@ impl Averager<'_> {
                 }
                 for (ty, ids, values) in types {
                     let ty = *ty as usize;
-                    let d = locals.first().and_then(|l| l.rows.get(ty)).and_then(Option::as_ref).map(|r| r.table.dim).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
+                    let d = locals
+                        .first()
+                        .and_then(|l| l.rows.get(ty))
+                        .and_then(Option::as_ref)
+                        .map(|r| r.table.dim)
+                        .ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
                     if values.len() != ids.len() * d || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
                         return Err(TrainError::Distributed(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
                     }
@@ -314,5 +291,72 @@ impl Averager<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+/// The dense parameters averaged over the partitions `all` sent (any
+/// order), each from `current` (this worker's values, name order) where no
+/// partition changed it.
+fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>> {
+    all.sort_by_key(|d| d.part);
+    // Per partition, where each changed parameter's values start.
+    let mut offsets = Vec::new();
+    for d in &all {
+        if d.changed.len() != current.len() {
+            return Err(TrainError::Distributed(format!("partition {} sent {} parameters, {} expected", d.part, d.changed.len(), current.len())));
+        }
+        let mut at = 0usize;
+        let mut offs = Vec::with_capacity(current.len());
+        for (i, &c) in d.changed.iter().enumerate() {
+            offs.push(at);
+            at += if c { current[i].len() } else { 0 };
+        }
+        if at != d.values.len() {
+            return Err(TrainError::Distributed(format!("partition {} sent {} values, its flags say {at}", d.part, d.values.len())));
+        }
+        offsets.push(offs);
+    }
+    let mut averaged = current;
+    for (i, out) in averaged.iter_mut().enumerate() {
+        let n = out.len();
+        let contribs: Vec<(u64, &[f32])> = all.iter().zip(&offsets).filter(|(d, _)| d.changed[i]).map(|(d, o)| (d.weight, &d.values[o[i]..o[i] + n])).collect();
+        // Nobody changed it: every copy still holds the last mean.
+        if !contribs.is_empty() {
+            weighted_mean(&contribs, out);
+        }
+    }
+    Ok(averaged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weighted_mean_weighs_by_training_nodes_and_keeps_a_lone_value_exact() {
+        let mut out = [0.0f32; 2];
+        weighted_mean(&[(1, &[1.0, 10.0]), (3, &[5.0, 2.0])], &mut out);
+        assert_eq!(out, [4.0, 4.0]);
+        let odd = [0.1f32 + 1e-7, -3.3];
+        weighted_mean(&[(7, &odd)], &mut out);
+        assert_eq!(out, odd, "one contribution is taken bit for bit");
+        weighted_mean(&[(0, &[1.0, 1.0]), (0, &[3.0, 5.0])], &mut out);
+        assert_eq!(out, [2.0, 3.0], "weights all zero count equally");
+    }
+
+    #[test]
+    fn a_parameter_a_partition_did_not_change_does_not_pull_the_mean_back() {
+        let current = vec![vec![1.0f32, 1.0], vec![7.0]];
+        // Partition 0 changed only the first parameter; partition 1 both.
+        let a = Dense { part: 0, weight: 1, changed: vec![true, false], values: vec![3.0, 3.0] };
+        let b = Dense { part: 1, weight: 1, changed: vec![true, true], values: vec![5.0, 1.0, 9.0] };
+        let m = dense_mean(vec![&b, &a], current.clone()).unwrap();
+        assert_eq!(m, vec![vec![4.0, 2.0], vec![9.0]], "the second is partition 1's alone");
+        let nobody = Dense { part: 2, weight: 5, changed: vec![false, false], values: vec![] };
+        assert_eq!(dense_mean(vec![&nobody], current.clone()).unwrap(), current, "unchanged everywhere: kept");
+        let lying = Dense { part: 3, weight: 1, changed: vec![true, true], values: vec![1.0] };
+        assert!(dense_mean(vec![&lying], current.clone()).unwrap_err().to_string().contains("its flags say 3"));
+        let short = Dense { part: 4, weight: 1, changed: vec![true], values: vec![1.0, 1.0] };
+        assert!(dense_mean(vec![&short], current).unwrap_err().to_string().contains("1 parameters, 2 expected"));
     }
 }

@@ -99,13 +99,7 @@ impl Local {
         let model = Model::without_tables(&t.model_spec(), &graph, DType::F32, &device)?;
         let learnable = Model::learnable_types(t.model, &graph);
         let held = held_nodes(&graph, owners, part);
-        let rows = graph
-            .node_types()
-            .iter()
-            .enumerate()
-            .zip(held)
-            .map(|((ty, nt), ids)| learnable[ty].then(|| LocalRows::new(t.seed, &format!("embed.{}", nt.name), t.embed_dim, ids)))
-            .collect();
+        let rows = graph.node_types().iter().enumerate().zip(held).map(|((ty, nt), ids)| learnable[ty].then(|| LocalRows::new(t.seed, &format!("embed.{}", nt.name), t.embed_dim, ids))).collect();
         let (_, splits) = graph.target_labels();
         let target = graph.target().index();
         let own = |ids: &[u32]| ids.iter().copied().filter(|&v| u32::from(owners[target][v as usize]) == part).collect::<Vec<u32>>();
@@ -253,7 +247,9 @@ impl Local {
             let halo = format!("halo.{}.", crate::distributed::names::plain(nt));
             let rows = self.rows[ty].as_mut().expect("checked above");
             let mut seen = vec![false; rows.ids.len()];
-            restore_rows(rows, &mut seen, &mut shard, "").and_then(|()| restore_rows(rows, &mut seen, &mut local, &halo)).map_err(|e| TrainError::Checkpoint(format!("{}: {nt}: {e}", dir.display())))?;
+            restore_rows(rows, &mut seen, &mut shard, "")
+                .and_then(|()| restore_rows(rows, &mut seen, &mut local, &halo))
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {nt}: {e}", dir.display())))?;
             if let Some(k) = seen.iter().position(|s| !s) {
                 return Err(TrainError::Checkpoint(format!("{}: no file holds row {} of {nt} for partition {}", dir.display(), rows.ids[k], self.part)));
             }

@@ -59,23 +59,29 @@ pub struct ModelAveraging {
 }
 
 impl ModelAveraging {
-    /// The run `t` describes: its partitions must exist and hold their halo's features.
-    pub fn open(t: &TrainingConfig) -> Result<ModelAveraging> {
+    /// The run `t` describes, on `nodes` nodes if it has a cluster: its
+    /// partitions must exist and hold their halo's features.
+    pub fn open(t: &TrainingConfig, nodes: Option<usize>) -> Result<ModelAveraging> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: model averaging needs a partition directory (hetgnn partition --halo-features --out DIR)".into()))?;
         let set = PartitionSet::open(dir)?;
         let parts = set.manifest.parts as u32;
         if parts > 1 && !set.manifest.halo_features {
-            return Err(TrainError::Config(format!(
-                "training.partitions: {} holds no halo feature rows; model averaging trains on local data only (hetgnn partition --halo-features)",
-                dir.display()
-            )));
+            return Err(TrainError::Config(format!("training.partitions: {} holds no halo feature rows; model averaging trains on local data only (hetgnn partition --halo-features)", dir.display())));
         }
         if t.sync_every == 0 {
             return Err(TrainError::Config("training.sync_every: must be at least 1 (epochs between averagings)".into()));
         }
-        let workers = if t.workers == 0 { parts } else { t.workers };
+        // By default one worker per node of the cluster, or per partition in one process.
+        let workers = match (t.workers, nodes) {
+            (0, Some(n)) => n as u32,
+            (0, None) => parts,
+            (w, _) => w,
+        };
         if workers > parts {
-            return Err(TrainError::Config(format!("training.workers = {workers} but {} holds {parts} partitions; each worker needs at least one", dir.display())));
+            return Err(TrainError::Config(format!(
+                "{workers} workers but {} holds {parts} partitions; each worker needs at least one (training.workers = {workers}; a cluster has one per node)",
+                dir.display()
+            )));
         }
         let owners = Arc::new(set.owners.clone());
         Ok(ModelAveraging { set, parts, workers, cfg: t.clone(), owners, graphs: dashmap::DashMap::new() })
@@ -106,6 +112,7 @@ impl Distributed for ModelAveraging {
     }
 
     /// A worker is a "partition" of the shared machinery: one per node.
+    #[allow(clippy::misnamed_getters)]
     fn parts(&self) -> u32 {
         self.workers
     }
@@ -187,7 +194,8 @@ impl Distributed for ModelAveraging {
             from,
             gen: b.gen,
         };
-        let h = std::thread::Builder::new().name(format!("averaging-{}", p.part)).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
+        let h =
+            std::thread::Builder::new().name(format!("averaging-{}", p.part)).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
         Ok(join_threads(vec![h])?.swap_remove(0))
     }
 
