@@ -34,6 +34,14 @@ pub struct EpochReport {
     /// models before averaging (the accuracies above are the averaged model's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<WorkerReport>,
+    /// Model averaging: payload bytes all workers sent to average the models
+    /// this epoch (counted in one process too, where nothing crosses a wire).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub averaging_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A model-averaging worker's epoch: its own loss, and its models' accuracy
@@ -74,6 +82,7 @@ impl EpochReport {
             test_acc: ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64),
             time: Timings::across(&times),
             workers,
+            averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
         }
     }
 }

@@ -118,6 +118,9 @@ pub struct EpochStats {
     /// worker's own, and these are its models' before averaging.
     #[serde(default)]
     pub local: Option<LocalFigures>,
+    /// Model averaging: payload bytes this worker sent to average the models this epoch.
+    #[serde(default)]
+    pub averaging_bytes: u64,
 }
 
 /// A model-averaging worker's own figures of an epoch.

@@ -42,6 +42,9 @@ pub fn weighted_mean(contribs: &[(u64, &[f32])], out: &mut [f32]) {
     }
 }
 
+/// Averaged rows by node type and id, each with the partition that alone changed it, if one did.
+type Averaged = BTreeMap<usize, BTreeMap<u32, (Vec<f32>, Option<u32>)>>;
+
 /// Who holds which owned rows: per holding partition, per node type, the
 /// ids (ascending) of rows owned by a partition of this worker.
 pub type Holders = BTreeMap<u32, Vec<Vec<u32>>>;
@@ -197,7 +200,8 @@ impl Averager<'_> {
                 let Some(avg) = averaged.get(&ty) else { continue };
                 let (mut got, mut values) = (Vec::new(), Vec::new());
                 for id in ids {
-                    if let Some(v) = avg.get(id) {
+                    // A row one partition alone changed is already current there.
+                    if let Some((v, _)) = avg.get(id).filter(|(_, sole)| *sole != Some(part)) {
                         got.push(*id);
                         values.extend_from_slice(v);
                     }
@@ -242,7 +246,7 @@ impl Averager<'_> {
 
     /// The mean of every row a partition changed whose owner is here, by
     /// node type and id; set in every partition of this worker holding it.
-    fn average_rows(&self, ups: &[Up], locals: &mut [Local]) -> Result<BTreeMap<usize, BTreeMap<u32, Vec<f32>>>> {
+    fn average_rows(&self, ups: &[Up], locals: &mut [Local]) -> Result<Averaged> {
         let weights: BTreeMap<u32, u64> = ups.iter().flat_map(|u| u.dense.iter().map(|d| (d.part, d.weight))).collect();
         // Per type and id, the contributions by partition (ordered).
         let mut contribs: BTreeMap<usize, BTreeMap<u32, BTreeMap<u32, &[f32]>>> = BTreeMap::new();
@@ -268,20 +272,21 @@ impl Averager<'_> {
                 }
             }
         }
-        let mut out: BTreeMap<usize, BTreeMap<u32, Vec<f32>>> = BTreeMap::new();
+        let mut out = Averaged::new();
         for (ty, rows) in contribs {
             for (id, by) in rows {
                 let c: Vec<(u64, &[f32])> = by.iter().map(|(p, v)| (weights.get(p).copied().unwrap_or(0), *v)).collect();
                 let mut mean = vec![0.0f32; c[0].1.len()];
                 weighted_mean(&c, &mut mean);
-                out.entry(ty).or_default().insert(id, mean);
+                let sole = (by.len() == 1).then(|| by.keys().next().copied()).flatten();
+                out.entry(ty).or_default().insert(id, (mean, sole));
             }
         }
         // The owners' own copies (and other partitions of this worker, through `holders`' down messages).
         for l in locals.iter_mut() {
             for (ty, avg) in &out {
                 let Some(rows) = l.rows.get_mut(*ty).and_then(Option::as_mut) else { continue };
-                for (id, v) in avg {
+                for (id, (v, _)) in avg {
                     if u32::from(self.owners[*ty][*id as usize]) == l.part {
                         if let Some(k) = rows.index(*id) {
                             rows.set_row(k, v);

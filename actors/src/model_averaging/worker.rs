@@ -146,7 +146,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         let round_end = (epoch + 1) % t.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
         if round_end && averages {
             let sync = Instant::now();
-            avg.average(epoch, &mut locals, &holders)?;
+            st.averaging_bytes = avg.average(epoch, &mut locals, &holders)?;
             st.time.comm_s += sync.elapsed().as_secs_f64();
             st.valid_correct = count(&locals, true)?;
             st.test_correct = count(&locals, false)?;
