@@ -167,10 +167,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
         }
         Command::Partition(args) => partition::run(&args)?,
-        Command::Train(args) => train::run(&args)?,
+        Command::Train(args) => {
+            graphs::memory::track_anon();
+            train::run(&args)?
+        }
         Command::Plot { report, out } => plot::run(&report, &out)?,
         Command::Predict(args) => predict::run(&args)?,
-        Command::Node { cluster, node } => cluster::node(&cluster, &node)?,
+        Command::Node { cluster, node } => {
+            graphs::memory::track_anon();
+            cluster::node(&cluster, &node)?
+        }
         Command::Launch { cluster, restarts } => launch::run(&cluster, restarts)?,
         Command::Doctor { cluster, timeout } => {
             anyhow::ensure!(timeout.is_finite() && timeout > 0.0, "--timeout must be a positive number of seconds");

@@ -68,6 +68,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     if args.method == Method::Meta {
         return run_meta(args);
     }
+    graphs::memory::track_anon();
     let start = Instant::now();
     if args.method.streams() {
         anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions");
@@ -111,6 +112,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
 fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) -> Result<()> {
     report.seconds = start.elapsed().as_secs_f64();
     report.peak_memory_bytes = graphs::memory::peak_rss_bytes();
+    report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     let balance: Vec<String> = report.balance.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
     println!(
         "{} ({}): edge cut {} of {} ({:.1}%), replication factor {:.3}, boundary nodes {}",
@@ -125,7 +127,8 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
     println!("balance (max/mean): {}", balance.join(", "));
     let by_type: Vec<String> = report.replication_by_type.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
     println!("replication by type: {}", by_type.join(", "));
-    println!("{:.1}s, peak memory {}", report.seconds, report.peak_memory_bytes.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64)));
+    let mib = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
+    println!("{:.1}s, peak memory {} (anonymous {})", report.seconds, mib(report.peak_memory_bytes), mib(report.peak_anon_bytes));
     report.write(out).with_context(|| format!("writing the report into {}", out.display()))?;
     Ok(())
 }
@@ -160,6 +163,7 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
 fn run_meta(args: &PartitionArgs) -> Result<()> {
     anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions; meta-partitions replicate instead when --parts exceeds the sub-metatrees");
     anyhow::ensure!(!args.halo_features, "--halo-features applies to partitions by owner; meta-partitions hold whole relations");
+    graphs::memory::track_anon();
     let start = Instant::now();
     let opts = LoadOptions { mmap_features: true, reverse_edges: !args.no_reverse_edges };
     let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;

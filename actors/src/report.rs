@@ -182,8 +182,12 @@ pub struct Report {
     /// The checkpoint step the run started from, when it resumed one.
     #[serde(default)]
     pub resumed_from_step: Option<u64>,
-    /// Peak resident memory of the process, in bytes.
+    /// Peak resident memory of the process, in bytes (the high-water mark:
+    /// memory-mapped feature pages read count too).
     pub peak_memory_bytes: Option<u64>,
+    /// Peak anonymous resident memory (heap and stacks, no file pages), sampled.
+    #[serde(default)]
+    pub peak_anon_bytes: Option<u64>,
     /// Number of dense parameters and learnable embedding values.
     pub parameters: u64,
     /// SHA-256 over every parameter and embedding value (names included).
@@ -231,5 +235,6 @@ pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
     report.final_model_sha256 = model_hash(model)?;
     report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;
     report.peak_memory_bytes = peak_rss_bytes();
+    report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     Ok(())
 }

@@ -7,3 +7,65 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
+
+/// Resident anonymous memory of this process now (Linux): heap, stacks and
+/// private copies, but not pages of memory-mapped files, which the kernel can
+/// drop and read again (they count in [`peak_rss_bytes`]).
+pub fn anon_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+static ANON_PEAK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TRACKING: std::sync::Once = std::sync::Once::new();
+
+/// How often [`track_anon`] samples.
+const ANON_SAMPLE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Starts sampling [`anon_rss_bytes`] on a thread of its own (once per
+/// process, until it exits): the kernel keeps no peak of it.
+pub fn track_anon() {
+    TRACKING.call_once(|| {
+        note_anon();
+        let _ = std::thread::Builder::new().name("anon-rss".into()).spawn(|| loop {
+            std::thread::sleep(ANON_SAMPLE);
+            note_anon();
+        });
+    });
+}
+
+fn note_anon() {
+    if let Some(b) = anon_rss_bytes() {
+        ANON_PEAK.fetch_max(b, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The largest anonymous resident memory seen since [`track_anon`] started
+/// (sampled every 20 ms, and now); `None` if it never ran or is unknown here.
+pub fn peak_anon_bytes() -> Option<u64> {
+    if !TRACKING.is_completed() {
+        return None;
+    }
+    note_anon();
+    Some(ANON_PEAK.load(std::sync::atomic::Ordering::Relaxed)).filter(|&b| b > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_anonymous_peak_sees_a_large_allocation_and_stays_below_the_high_water_mark() {
+        track_anon();
+        let before = peak_anon_bytes().unwrap_or(0);
+        // 64 MiB touched, so it is resident.
+        let v = vec![1u8; 64 << 20];
+        std::thread::sleep(ANON_SAMPLE * 3);
+        let peak = peak_anon_bytes().unwrap_or(0);
+        assert!(v.iter().step_by(4096).all(|&b| b == 1));
+        assert!(peak >= before + (48 << 20), "peak {peak}, before {before}");
+        assert!(peak <= peak_rss_bytes().unwrap_or(u64::MAX));
+    }
+}

@@ -51,8 +51,12 @@ pub struct PartitionReport {
     pub balance: BTreeMap<String, f64>,
     /// Wall seconds, loading the graph included.
     pub seconds: f64,
-    /// Peak resident memory of the partitioning process.
+    /// Peak resident memory of the partitioning process (the high-water
+    /// mark: memory-mapped file pages read count too).
     pub peak_memory_bytes: Option<u64>,
+    /// Peak anonymous resident memory (heap and stacks, no file pages), sampled.
+    #[serde(default)]
+    pub peak_anon_bytes: Option<u64>,
 }
 
 /// Largest over mean of `v` (1.0 when empty or all zero).
@@ -98,6 +102,7 @@ impl PartitionReport {
             balance,
             seconds: 0.0,
             peak_memory_bytes: None,
+            peak_anon_bytes: None,
         }
     }
 
@@ -123,6 +128,7 @@ impl PartitionReport {
             balance,
             seconds: 0.0,
             peak_memory_bytes: None,
+            peak_anon_bytes: None,
         }
     }
 
