@@ -54,6 +54,12 @@ pub struct WorkerReport {
     pub valid_acc: f64,
     /// Test accuracy before averaging.
     pub test_acc: f64,
+    /// Peak resident memory of its process so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// Peak anonymous resident memory of its process so far (sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_anon_bytes: Option<u64>,
 }
 
 impl EpochReport {
@@ -73,7 +79,18 @@ impl EpochReport {
         } else {
             (s0.loss, ratio(s0.train_correct, s0.train_seen))
         };
-        let workers = stats.iter().filter_map(|s| s.local.map(|l| WorkerReport { loss: s.loss, valid_acc: ratio(l.valid_correct, l.valid), test_acc: ratio(l.test_correct, l.test) })).collect();
+        let workers = stats
+            .iter()
+            .filter_map(|s| {
+                s.local.map(|l| WorkerReport {
+                    loss: s.loss,
+                    valid_acc: ratio(l.valid_correct, l.valid),
+                    test_acc: ratio(l.test_correct, l.test),
+                    peak_memory_bytes: l.peak_memory_bytes,
+                    peak_anon_bytes: l.peak_anon_bytes,
+                })
+            })
+            .collect();
         EpochReport {
             epoch,
             loss,

@@ -134,6 +134,12 @@ pub struct LocalFigures {
     pub valid_correct: u64,
     /// Correct test predictions of its models before averaging.
     pub test_correct: u64,
+    /// Peak resident memory of its process so far.
+    #[serde(default)]
+    pub peak_memory_bytes: Option<u64>,
+    /// Peak anonymous resident memory of its process so far (sampled).
+    #[serde(default)]
+    pub peak_anon_bytes: Option<u64>,
 }
 
 impl Msg for EpochStats {

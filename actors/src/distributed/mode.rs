@@ -72,6 +72,11 @@ pub trait Distributed: Send + Sync + 'static {
     /// system; actors wanting a thread of their own push an arbiter) and
     /// returns its inboxes, the leader's first.
     fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>>;
+    /// The run's deadlines, from the defaults (a mode whose trainers may
+    /// wait long on each other lengthens them; lost nodes are detected apart).
+    fn timeouts(&self, t: Timeouts) -> Timeouts {
+        t
+    }
     /// Registers what the coordinator takes beyond the shared messages.
     fn serve_coordinator(&self, _node: &Node, _inbox: &Arc<Inbox>) -> Result<()> {
         Ok(())
@@ -113,7 +118,7 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
     let parts = mode.parts();
     let graphs: Vec<Arc<HetGraph>> = (0..parts).map(|k| mode.load(k).map(Arc::new)).collect::<Result<_>>()?;
     let run = mode.fingerprint(&graphs[0]);
-    let timeouts = Timeouts::default();
+    let timeouts = mode.timeouts(Timeouts::default());
     let (m, gs) = (mode.clone(), graphs.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
@@ -175,7 +180,7 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
     let run = mode.fingerprint(&graph);
-    let timeouts = Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() };
+    let timeouts = mode.timeouts(Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() });
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
     let (m, g, topo, me) = (mode.clone(), graph.clone(), topology.clone(), id.to_string());
     let (system, (inboxes, coord)) = System::start(move || async move {

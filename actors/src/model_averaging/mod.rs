@@ -121,6 +121,12 @@ impl Distributed for ModelAveraging {
         self.workers
     }
 
+    /// A round ends when the slowest worker's local epochs do: the others,
+    /// and the coordinator, wait as long as a node may take to finish.
+    fn timeouts(&self, t: Timeouts) -> Timeouts {
+        Timeouts { step: t.step.max(t.finish), ..t }
+    }
+
     fn leader(&self, w: u32) -> String {
         names::worker(w)
     }

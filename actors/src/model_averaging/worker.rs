@@ -142,6 +142,8 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
             valid_correct: count(&locals, true)?,
             test_correct: count(&locals, false)?,
+            peak_memory_bytes: graphs::memory::peak_rss_bytes(),
+            peak_anon_bytes: graphs::memory::peak_anon_bytes(),
         };
         let round_end = (epoch + 1) % t.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
         if round_end && averages {

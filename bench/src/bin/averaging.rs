@@ -151,9 +151,8 @@ fn main() -> anyhow::Result<()> {
     let work = bench::data_root().join("averaging");
     std::fs::create_dir_all(&work)?;
     let mag = bench::mag_like(a.scale, 0)?;
-    let acm = a.acm.clone().unwrap_or_else(|| {
-        std::env::var_os("HETGNN_DATASETS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/datasets")).join("heco-acm")
-    });
+    let acm =
+        a.acm.clone().unwrap_or_else(|| std::env::var_os("HETGNN_DATASETS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/datasets")).join("heco-acm"));
     let mag_name = format!("mag-like-S{}", a.scale);
     let graphs: Vec<(String, PathBuf)> = vec![(mag_name.clone(), mag.clone()), ("heco-acm".to_string(), acm)];
     let mut out = json!({ "scale": a.scale, "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers });
@@ -173,7 +172,8 @@ fn main() -> anyhow::Result<()> {
                     dp.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data)?));
                     let (r, ck) = train(&bin, &work, "model-averaging", &ma_parts, a.epochs, seed, 1, "ma")?;
                     ma.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data)?));
-                    let per_epoch: Vec<(f64, f64)> = r["epochs"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|e| (e["valid_acc"].as_f64().unwrap_or(0.0), e["test_acc"].as_f64().unwrap_or(0.0))).collect();
+                    let per_epoch: Vec<(f64, f64)> =
+                        r["epochs"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|e| (e["valid_acc"].as_f64().unwrap_or(0.0), e["test_acc"].as_f64().unwrap_or(0.0))).collect();
                     local.push(best_valid(&per_epoch));
                 }
                 let f = |v: &[f64]| format!("{:.4} ({})", mean(v), v.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" "));
