@@ -64,6 +64,20 @@ impl Mode {
     }
 }
 
+/// How a model-averaging partition sizes its steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalBatch {
+    /// Its share of `batch`, in proportion to the training nodes it owns: as
+    /// in data-parallel training, `batch` seeds per step over all workers and
+    /// as many steps per epoch.
+    #[default]
+    Share,
+    /// `batch` seeds per step in every partition (k partitions take about
+    /// 1/k of the steps each).
+    Whole,
+}
+
 /// How data-parallel trainers sum their dense gradients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -107,6 +121,8 @@ pub struct TrainingConfig {
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
     pub workers: u32,
+    /// Model averaging: "share" (default: each partition its share of `batch`) or "whole".
+    pub local_batch: LocalBatch,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -172,6 +188,7 @@ impl Default for TrainingConfig {
             raf_embeddings: RafEmbeddings::Synced,
             sync_every: 1,
             workers: 0,
+            local_batch: LocalBatch::Share,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,

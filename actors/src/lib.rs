@@ -22,7 +22,7 @@ pub mod raf;
 pub mod report;
 pub mod single;
 
-pub use config::{Config, Mode, RafEmbeddings, TrainingConfig};
+pub use config::{Config, LocalBatch, Mode, RafEmbeddings, TrainingConfig};
 pub use error::{Result, TrainError};
 pub use modes::{run_node, train, TrainingMode};
 pub use observer::TrainObserver;

@@ -15,7 +15,7 @@ use models::optim::{Adam, AdamConfig};
 use models::rgcn::PerType;
 use models::Model;
 
-use crate::config::TrainingConfig;
+use crate::config::{LocalBatch, TrainingConfig};
 use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::{lap, sample, Prepared, EVAL_BATCH, EVAL_SEED};
@@ -113,6 +113,15 @@ impl Local {
     /// Its weight in the average: the training nodes it owns (CATGNN's alpha).
     pub fn weight(&self) -> u64 {
         self.train.len() as u64
+    }
+
+    /// Seeds per step: `t.batch`, or its share of it (the partition's share
+    /// of the `total` training nodes, rounded up; all of it for one partition).
+    pub fn batch(&self, t: &TrainingConfig, total: usize) -> usize {
+        match t.local_batch {
+            LocalBatch::Whole => t.batch,
+            LocalBatch::Share => ((t.batch as u128 * self.train.len() as u128).div_ceil(total.max(1) as u128) as usize).max(1),
+        }
     }
 
     /// What its prefetch thread reads.

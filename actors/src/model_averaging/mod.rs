@@ -164,7 +164,7 @@ impl Distributed for ModelAveraging {
     /// Its partitioning (owners included), workers and rounds too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("model-averaging|{}|{}|{}|{:?}", m.parts, self.workers, t.sync_every, m.method);
+        let layout = format!("model-averaging|{}|{}|{}|{:?}|{:?}", m.parts, self.workers, t.sync_every, t.local_batch, m.method);
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
         extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
         checkpoint::fingerprint(t, g.name(), &extra)

@@ -88,7 +88,8 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let mut locals = s.parts.iter().map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners)).collect::<Result<Vec<_>>>()?;
     let g0 = locals.first().map(|l| l.graph.clone()).ok_or_else(|| TrainError::Distributed(format!("worker {} has no partition", s.worker)))?;
     // The coordinator counts steps of the global batches: a round's end is its epoch's end there too.
-    let per_epoch = g0.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64;
+    let total_train = g0.target_labels().1.train.len();
+    let per_epoch = total_train.div_ceil(t.batch.max(1)) as u64;
     let mut first = 0;
     if let Some((dir, m)) = &s.from {
         for l in &mut locals {
@@ -111,7 +112,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         let before = bytes();
         let (mut loss_sum, mut steps) = (0.0f64, 0u64);
         for (i, l) in locals.iter_mut().enumerate() {
-            let batches = epoch_batches(&l.train, t.batch, t.seed, epoch);
+            let batches = epoch_batches(&l.train, l.batch(t, total_train), t.seed, epoch);
             let feed = l.feed(t);
             let make = || {
                 let mut sampler = Sampler::new(&feed.graph, &feed.fanouts, feed.seed)?;
