@@ -38,6 +38,12 @@ fn one_partition_is_single_process_training_and_the_worker_count_changes_nothing
     }
     assert!(hashes.windows(2).all(|h| h[0] == h[1]), "{hashes:?}");
     assert_ne!(hashes[0], single["final_model_sha256"].as_str().unwrap(), "four partitions train other models");
+    // Each partition takes its share of the batch (about the global steps each), or the whole batch.
+    hetgnn(d, &averaging("p4", &["--epochs", "1", "--batch", "256", "--set", "training.local_batch=\"whole\"", "--report", "whole.json"])).ok();
+    hetgnn(d, &averaging("p4", &["--epochs", "1", "--batch", "256", "--report", "share.json"])).ok();
+    let steps = |f: &str| report(&d.join(f))["steps"].as_u64().unwrap();
+    let global = single["steps"].as_u64().unwrap() / 2;
+    assert!(steps("whole.json") <= global + 4 && steps("share.json") >= 4 * global - 4, "whole {}, share {}, global {global}", steps("whole.json"), steps("share.json"));
 }
 
 #[test]
