@@ -8,6 +8,7 @@
 //!   inside each partition, whose halo's neighbourhoods are cut, and are
 //!   kept beside them);
 //! - a sweep of `sync_every` (accuracy and averaging bytes per epoch);
+//! - heco-acm's final accuracy after more epochs (`--long-epochs`);
 //! - bytes per epoch over the wire: both modes as node processes on
 //!   loopback links shaped as asked, data-parallel on METIS partitions,
 //!   model averaging on SPRING partitions with halo features.
@@ -51,8 +52,11 @@ struct Args {
     /// Fixed one-way link delay of the wire-bytes runs, in milliseconds.
     #[arg(long, default_value_t = 0.1)]
     delay_ms: f64,
+    /// Epochs of the long heco-acm runs (part `long`: final accuracy of both modes).
+    #[arg(long, default_value_t = 100)]
+    long_epochs: u64,
     /// What to run.
-    #[arg(long, default_value = "accuracy,sweep,bytes", value_delimiter = ',')]
+    #[arg(long, default_value = "accuracy,sweep,bytes,long", value_delimiter = ',')]
     parts: Vec<String>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
@@ -82,12 +86,15 @@ fn read(path: &Path) -> anyhow::Result<Value> {
 }
 
 /// Whole-graph validation and test accuracy of every checkpoint under
-/// `root`, in step order.
-fn checkpoint_accuracy(bin: &Path, work: &Path, root: &Path, data: &Path) -> anyhow::Result<Vec<(f64, f64)>> {
+/// `root` (or only the newest), in step order.
+fn checkpoint_accuracy(bin: &Path, work: &Path, root: &Path, data: &Path, newest_only: bool) -> anyhow::Result<Vec<(f64, f64)>> {
     let g = graphs::load(data, &graphs::LoadOptions::default())?;
     let (labels, splits) = g.target_labels();
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)?.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"))).collect();
     dirs.sort();
+    if newest_only {
+        dirs = dirs.split_off(dirs.len().saturating_sub(1));
+    }
     let mut out = Vec::new();
     for d in dirs {
         let pred = work.join("pred.npy");
@@ -169,9 +176,9 @@ fn main() -> anyhow::Result<()> {
                 for &seed in &a.seeds {
                     eprintln!("{name}, {k} workers, seed {seed}");
                     let (_, ck) = train(&bin, &work, "data-parallel", &dp_parts, a.epochs, seed, 1, "dp")?;
-                    dp.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data)?));
+                    dp.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data, false)?));
                     let (r, ck) = train(&bin, &work, "model-averaging", &ma_parts, a.epochs, seed, 1, "ma")?;
-                    ma.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data)?));
+                    ma.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data, false)?));
                     let per_epoch: Vec<(f64, f64)> =
                         r["epochs"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|e| (e["valid_acc"].as_f64().unwrap_or(0.0), e["test_acc"].as_f64().unwrap_or(0.0))).collect();
                     local.push(best_valid(&per_epoch));
@@ -194,13 +201,37 @@ fn main() -> anyhow::Result<()> {
         for &s in &a.sweep {
             eprintln!("sweep: sync_every {s}");
             let (r, ck) = train(&bin, &work, "model-averaging", &parts, a.epochs, seed, s, "sweep")?;
-            let acc = best_valid(&checkpoint_accuracy(&bin, &work, &ck, &mag)?);
+            let acc = best_valid(&checkpoint_accuracy(&bin, &work, &ck, &mag, false)?);
             let mb = bench::epoch_mean(&r, "averaging_bytes") / 1e6;
             let secs = bench::epoch_mean(&r, "seconds");
             println!("{:>10} {:>16.4} {:>22.2} {:>12.2}", s, acc, mb, secs);
             rows.push(json!({ "sync_every": s, "test_acc": acc, "averaging_mb_per_epoch": mb, "epoch_s": secs }));
         }
         out["sweep"] = Value::Array(rows);
+    }
+
+    if a.parts.iter().any(|p| p == "long") {
+        let (name, data) = &graphs[1];
+        println!("{name}, {} epochs: whole-graph test accuracy of the final model", a.long_epochs);
+        println!("{:>3} {:>22} {:>22} {:>8}", "k", "data-parallel (METIS)", "model averaging", "diff");
+        let mut rows = Vec::new();
+        for &k in &a.workers {
+            let (mut dp, mut ma) = (Vec::new(), Vec::new());
+            for &seed in &a.seeds {
+                eprintln!("{name}, {k} workers, seed {seed}, {} epochs", a.long_epochs);
+                for (mode, method, out) in [("data-parallel", "metis", &mut dp), ("model-averaging", "spring", &mut ma)] {
+                    let parts = partitions(&bin, &work, name, data, method, k)?;
+                    let (_, ck) = train(&bin, &work, mode, &parts, a.long_epochs, seed, 1, "long")?;
+                    // The newest checkpoint is the final model.
+                    let last = checkpoint_accuracy(&bin, &work, &ck, data, true)?.last().map_or(0.0, |e| e.1);
+                    out.push(last);
+                }
+            }
+            let f = |v: &[f64]| format!("{:.4} ({})", mean(v), v.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" "));
+            println!("{:>3} {:>22} {:>22} {:>+8.4}", k, f(&dp), f(&ma), mean(&ma) - mean(&dp));
+            rows.push(json!({ "workers": k, "epochs": a.long_epochs, "data_parallel": dp, "model_averaging": ma }));
+        }
+        out["long"] = Value::Array(rows);
     }
 
     if a.parts.iter().any(|p| p == "bytes") {
