@@ -42,8 +42,18 @@ pub fn weighted_mean(contribs: &[(u64, &[f32])], out: &mut [f32]) {
     }
 }
 
-/// Averaged rows by node type and id, each with the partition that alone changed it, if one did.
-type Averaged = BTreeMap<usize, BTreeMap<u32, (Vec<f32>, Option<u32>)>>;
+/// Averaged rows of one node type, ids ascending.
+#[derive(Default)]
+struct Rows1 {
+    ids: Vec<u32>,
+    /// Their means, row after row.
+    values: Vec<f32>,
+    /// The partition that alone changed each (`u32::MAX`: several did).
+    sole: Vec<u32>,
+}
+
+/// Averaged rows by node type.
+type Averaged = BTreeMap<usize, Rows1>;
 
 /// Who holds which owned rows: per holding partition, per node type, the
 /// ids (ascending) of rows owned by a partition of this worker.
@@ -198,12 +208,18 @@ impl Averager<'_> {
             let mut rows: TypeRows = Vec::new();
             for (ty, ids) in types.iter().enumerate() {
                 let Some(avg) = averaged.get(&ty) else { continue };
+                let d = avg.values.len() / avg.ids.len().max(1);
                 let (mut got, mut values) = (Vec::new(), Vec::new());
-                for id in ids {
+                // Both ascending: a merge.
+                let mut k = 0;
+                for &id in ids {
+                    while k < avg.ids.len() && avg.ids[k] < id {
+                        k += 1;
+                    }
                     // A row one partition alone changed is already current there.
-                    if let Some((v, _)) = avg.get(id).filter(|(_, sole)| *sole != Some(part)) {
-                        got.push(*id);
-                        values.extend_from_slice(v);
+                    if k < avg.ids.len() && avg.ids[k] == id && avg.sole[k] != part {
+                        got.push(id);
+                        values.extend_from_slice(&avg.values[k * d..(k + 1) * d]);
                     }
                 }
                 if !got.is_empty() {
@@ -245,11 +261,14 @@ impl Averager<'_> {
     }
 
     /// The mean of every row a partition changed whose owner is here, by
-    /// node type and id; set in every partition of this worker holding it.
+    /// node type; set in every partition of this worker owning it (the
+    /// others holding it get it through the down messages).
     fn average_rows(&self, ups: &[Up], locals: &mut [Local]) -> Result<Averaged> {
         let weights: BTreeMap<u32, u64> = ups.iter().flat_map(|u| u.dense.iter().map(|d| (d.part, d.weight))).collect();
-        // Per type and id, the contributions by partition (ordered).
-        let mut contribs: BTreeMap<usize, BTreeMap<u32, BTreeMap<u32, &[f32]>>> = BTreeMap::new();
+        let dims: Vec<Option<usize>> = locals.first().map(|l| l.rows.iter().map(|r| r.as_ref().map(|r| r.table.dim)).collect()).unwrap_or_default();
+        let dim = |ty: usize| dims.get(ty).copied().flatten();
+        // Per type, every contribution (id, partition, its values), flat: sorted, a row's are adjacent in partition order.
+        let mut contribs: BTreeMap<usize, Vec<(u32, u32, &[f32])>> = BTreeMap::new();
         for (q, up) in ups.iter().enumerate() {
             for (part, types) in &up.rows {
                 if self.worker_of(*part) != q as u32 {
@@ -257,43 +276,43 @@ impl Averager<'_> {
                 }
                 for (ty, ids, values) in types {
                     let ty = *ty as usize;
-                    let d = locals
-                        .first()
-                        .and_then(|l| l.rows.get(ty))
-                        .and_then(Option::as_ref)
-                        .map(|r| r.table.dim)
-                        .ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
+                    let d = dim(ty).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
                     if values.len() != ids.len() * d || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
                         return Err(TrainError::Distributed(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
                     }
-                    for (i, &id) in ids.iter().enumerate() {
-                        contribs.entry(ty).or_default().entry(id).or_default().insert(*part, &values[i * d..(i + 1) * d]);
-                    }
+                    let c = contribs.entry(ty).or_default();
+                    c.extend(ids.iter().enumerate().map(|(i, &id)| (id, *part, &values[i * d..(i + 1) * d])));
                 }
             }
         }
         let mut out = Averaged::new();
-        for (ty, rows) in contribs {
-            for (id, by) in rows {
-                let c: Vec<(u64, &[f32])> = by.iter().map(|(p, v)| (weights.get(p).copied().unwrap_or(0), *v)).collect();
-                let mut mean = vec![0.0f32; c[0].1.len()];
-                weighted_mean(&c, &mut mean);
-                let sole = (by.len() == 1).then(|| by.keys().next().copied()).flatten();
-                out.entry(ty).or_default().insert(id, (mean, sole));
+        for (ty, mut c) in contribs {
+            c.sort_unstable_by_key(|&(id, part, _)| (id, part));
+            let d = dim(ty).unwrap_or(0);
+            let mut avg = Rows1::default();
+            let mut i = 0;
+            while i < c.len() {
+                let j = i + c[i..].iter().take_while(|x| x.0 == c[i].0).count();
+                let group: Vec<(u64, &[f32])> = c[i..j].iter().map(|&(_, p, v)| (weights.get(&p).copied().unwrap_or(0), v)).collect();
+                let at = avg.values.len();
+                avg.values.resize(at + d, 0.0);
+                weighted_mean(&group, &mut avg.values[at..]);
+                avg.ids.push(c[i].0);
+                avg.sole.push(if j - i == 1 { c[i].1 } else { u32::MAX });
+                i = j;
             }
-        }
-        // The owners' own copies (and other partitions of this worker, through `holders`' down messages).
-        for l in locals.iter_mut() {
-            for (ty, avg) in &out {
-                let Some(rows) = l.rows.get_mut(*ty).and_then(Option::as_mut) else { continue };
-                for (id, (v, _)) in avg {
-                    if u32::from(self.owners[*ty][*id as usize]) == l.part {
-                        if let Some(k) = rows.index(*id) {
-                            rows.set_row(k, v);
+            // The owners' own copies.
+            for l in locals.iter_mut() {
+                let Some(rows) = l.rows.get_mut(ty).and_then(Option::as_mut) else { continue };
+                for (k, &id) in avg.ids.iter().enumerate() {
+                    if u32::from(self.owners[ty][id as usize]) == l.part {
+                        if let Some(at) = rows.index(id) {
+                            rows.set_row(at, &avg.values[k * d..(k + 1) * d]);
                         }
                     }
                 }
             }
+            out.insert(ty, avg);
         }
         Ok(out)
     }
