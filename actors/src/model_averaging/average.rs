@@ -55,6 +55,9 @@ struct Rows1 {
 /// Averaged rows by node type.
 type Averaged = BTreeMap<usize, Rows1>;
 
+/// A partition's changed row: (id, partition, values).
+type Contribution<'a> = (u32, u32, &'a [f32]);
+
 /// Who holds which owned rows: per holding partition, per node type, the
 /// ids (ascending) of rows owned by a partition of this worker.
 pub type Holders = BTreeMap<u32, Vec<Vec<u32>>>;
@@ -268,7 +271,7 @@ impl Averager<'_> {
         let dims: Vec<Option<usize>> = locals.first().map(|l| l.rows.iter().map(|r| r.as_ref().map(|r| r.table.dim)).collect()).unwrap_or_default();
         let dim = |ty: usize| dims.get(ty).copied().flatten();
         // Per type, every contribution (id, partition, its values), flat: sorted, a row's are adjacent in partition order.
-        let mut contribs: BTreeMap<usize, Vec<(u32, u32, &[f32])>> = BTreeMap::new();
+        let mut contribs: BTreeMap<usize, Vec<Contribution>> = BTreeMap::new();
         for (q, up) in ups.iter().enumerate() {
             for (part, types) in &up.rows {
                 if self.worker_of(*part) != q as u32 {
