@@ -95,14 +95,16 @@ impl Averager<'_> {
     /// returns every worker's payload in worker order (this one's included).
     fn exchange(&self, round: u64, ph: u32, payloads: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         let mut asks = Vec::new();
-        for (q, bytes) in payloads.iter().enumerate() {
+        let mut mine = None;
+        for (q, bytes) in payloads.into_iter().enumerate() {
             if q as u32 == self.worker {
+                mine = Some(bytes);
                 continue;
             }
             let parts = messages::pieces(bytes);
             let pieces = parts.len() as u32;
             for (i, piece) in parts.into_iter().enumerate() {
-                let msg = Average { gen: self.gen, round, phase: ph, piece: i as u32, pieces, from: self.worker, data: ByteVec(piece.to_vec()) };
+                let msg = Average { gen: self.gen, round, phase: ph, piece: i as u32, pieces, from: self.worker, data: ByteVec(piece) };
                 asks.push(self.peers[q].ask(msg, self.timeouts.ask));
             }
         }
@@ -116,7 +118,6 @@ impl Averager<'_> {
         for r in sent {
             r?;
         }
-        let mut mine = Some(payloads.into_iter().nth(self.worker as usize).unwrap_or_default());
         (0..self.workers)
             .map(|q| match q == self.worker {
                 true => Ok(mine.take().unwrap_or_default()),

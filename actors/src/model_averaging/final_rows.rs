@@ -44,9 +44,9 @@ pub(crate) fn send(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, 
     let bytes = messages::encode(&owned(locals, owners)).map_err(dist_err)?;
     let me = runtime::ActorName::new(&names::worker(w)).map_err(dist_err)?;
     let to = node.actor(names::FINAL).map_err(dist_err)?.with_sender(me);
-    let pieces = messages::pieces(&bytes);
+    let pieces = messages::pieces(bytes);
     let n = pieces.len() as u32;
-    let asks = pieces.into_iter().enumerate().map(|(i, p)| to.ask(Average { gen, round: 0, phase: phase::FINAL, piece: i as u32, pieces: n, from: w, data: ByteVec(p.to_vec()) }, timeout));
+    let asks = pieces.into_iter().enumerate().map(|(i, p)| to.ask(Average { gen, round: 0, phase: phase::FINAL, piece: i as u32, pieces: n, from: w, data: ByteVec(p) }, timeout));
     // The coordinator may say the run is over (it has everything) before the last answer.
     let sent = handle.block_on(async {
         tokio::select! {

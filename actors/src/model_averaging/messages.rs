@@ -78,12 +78,13 @@ fn key(round: u64, piece: u32) -> u64 {
     (round << 20) | u64::from(piece)
 }
 
-/// Splits an encoded payload into the pieces of [`Average`] messages.
-pub fn pieces(bytes: &[u8]) -> Vec<&[u8]> {
-    if bytes.is_empty() {
+/// Splits an encoded payload into the pieces of [`Average`] messages (one
+/// piece is the payload itself, not a copy).
+pub fn pieces(bytes: Vec<u8>) -> Vec<Vec<u8>> {
+    if bytes.len() <= PIECE_BYTES {
         return vec![bytes];
     }
-    bytes.chunks(PIECE_BYTES).collect()
+    bytes.chunks(PIECE_BYTES).map(<[u8]>::to_vec).collect()
 }
 
 /// The payload of `phase` and round `round` from worker `from`, its pieces
@@ -142,11 +143,11 @@ mod tests {
     fn payloads_split_into_pieces_and_join_again() {
         let up = Up { dense: vec![Dense { part: 1, weight: 3, changed: vec![true, false], values: vec![0.5; 3] }], rows: vec![(1, vec![(2, vec![7, 9], vec![1.0; 4])])] };
         let bytes = encode(&up).unwrap();
-        let joined: Vec<u8> = pieces(&bytes).concat();
+        let joined: Vec<u8> = pieces(bytes).concat();
         let back: Up = decode(&joined).unwrap();
         assert_eq!((back.dense[0].part, &back.dense[0].changed, &back.rows[0].1[0].1), (1, &vec![true, false], &vec![7, 9]));
-        assert_eq!(pieces(&[]).len(), 1, "an empty payload is one empty piece");
+        assert_eq!(pieces(Vec::new()).len(), 1, "an empty payload is one empty piece");
         let big = vec![0u8; PIECE_BYTES * 2 + 1];
-        assert_eq!(pieces(&big).iter().map(|p| p.len()).collect::<Vec<_>>(), vec![PIECE_BYTES, PIECE_BYTES, 1]);
+        assert_eq!(pieces(big).iter().map(|p| p.len()).collect::<Vec<_>>(), vec![PIECE_BYTES, PIECE_BYTES, 1]);
     }
 }
