@@ -143,8 +143,8 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
             valid_correct: count(&locals, true)?,
             test_correct: count(&locals, false)?,
-            peak_memory_bytes: graphs::memory::peak_rss_bytes(),
-            peak_anon_bytes: graphs::memory::peak_anon_bytes(),
+            peak_memory_bytes: None,
+            peak_anon_bytes: None,
         };
         let round_end = (epoch + 1) % t.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
         if round_end && averages {
@@ -156,7 +156,8 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         } else {
             (st.valid_correct, st.test_correct) = (local.valid_correct, local.test_correct);
         }
-        st.local = Some(local);
+        // The process's peaks so far, the round's averaging included.
+        st.local = Some(LocalFigures { peak_memory_bytes: graphs::memory::peak_rss_bytes(), peak_anon_bytes: graphs::memory::peak_anon_bytes(), ..local });
         st.time.eval_s = eval.elapsed().as_secs_f64() - st.time.comm_s;
         let m = s.node.metrics();
         st.bytes_by_kind = m.bytes_by_kind();
