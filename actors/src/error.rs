@@ -3,6 +3,13 @@
 /// Result alias for this crate.
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
+impl TrainError {
+    /// A [`TrainError::Distributed`] saying `e`.
+    pub fn distributed(e: impl std::fmt::Display) -> TrainError {
+        TrainError::Distributed(e.to_string())
+    }
+}
+
 /// Errors from configuring or running training.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

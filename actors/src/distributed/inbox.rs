@@ -240,6 +240,17 @@ impl Inbox {
         }
     }
 
+    /// Runs `f` on `handle` from a training thread; gives up as soon as the
+    /// run is aborted (a peer failed or went down), not at `f`'s own deadline.
+    pub fn block_on<F: std::future::Future>(&self, handle: &tokio::runtime::Handle, f: F) -> Result<F::Output> {
+        handle.block_on(async {
+            tokio::select! {
+                r = f => Ok(r),
+                reason = self.aborted() => Err(TrainError::Distributed(reason)),
+            }
+        })
+    }
+
     /// Waits until `ready` returns a value, an abort arrives or `timeout` passes.
     fn wait<T>(&self, what: &str, timeout: Duration, mut ready: impl FnMut(&mut State) -> Option<T>) -> Result<T> {
         let deadline = Instant::now() + timeout;

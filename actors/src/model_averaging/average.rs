@@ -109,13 +109,7 @@ impl Averager<'_> {
             }
         }
         let inbox = self.inbox;
-        let sent = self.handle.block_on(async {
-            tokio::select! {
-                r = join_all(asks) => Ok(r),
-                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
-            }
-        })?;
-        for r in sent {
+        for r in inbox.block_on(self.handle, join_all(asks))? {
             r?;
         }
         (0..self.workers)

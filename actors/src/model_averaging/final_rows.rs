@@ -15,10 +15,6 @@ use crate::distributed::inbox::Inbox;
 use crate::distributed::Timeouts;
 use crate::error::{Result, TrainError};
 
-fn dist_err(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Distributed(e.to_string())
-}
-
 /// The rows `locals` own: `(node type, ids, values)`.
 pub(crate) fn owned(locals: &[Local], owners: &[Vec<u16>]) -> TypeRows {
     let mut out = Vec::new();
@@ -41,20 +37,14 @@ pub(crate) fn owned(locals: &[Local], owners: &[Vec<u16>]) -> TypeRows {
 /// Sends the rows worker `w`'s partitions own to the coordinator (cluster runs), in pieces.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn send(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, w: u32, gen: u64, locals: &[Local], owners: &[Vec<u16>], timeout: Duration) -> Result<()> {
-    let bytes = messages::encode(&owned(locals, owners)).map_err(dist_err)?;
-    let me = runtime::ActorName::new(&names::worker(w)).map_err(dist_err)?;
-    let to = node.actor(names::FINAL).map_err(dist_err)?.with_sender(me);
+    let bytes = messages::encode(&owned(locals, owners)).map_err(TrainError::distributed)?;
+    let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::distributed)?;
+    let to = node.actor(names::FINAL).map_err(TrainError::distributed)?.with_sender(me);
     let pieces = messages::pieces(bytes);
     let n = pieces.len() as u32;
     let asks = pieces.into_iter().enumerate().map(|(i, p)| to.ask(Average { gen, round: 0, phase: phase::FINAL, piece: i as u32, pieces: n, from: w, data: ByteVec(p) }, timeout));
     // The coordinator may say the run is over (it has everything) before the last answer.
-    let sent = handle.block_on(async {
-        tokio::select! {
-            r = join_all(asks) => Ok(r),
-            reason = inbox.aborted() => Err(dist_err(reason)),
-        }
-    })?;
-    sent.into_iter().try_for_each(|r| r.map_err(dist_err))
+    inbox.block_on(handle, join_all(asks))?.into_iter().try_for_each(|r| r.map_err(TrainError::distributed))
 }
 
 /// Worker `w`'s owned rows, gathered from the coordinator's inbox.

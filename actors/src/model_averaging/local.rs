@@ -18,7 +18,7 @@ use models::Model;
 use crate::config::{LocalBatch, TrainingConfig};
 use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
-use crate::epoch::{lap, sample, Prepared, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{count_correct, lap, sample, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 
 /// The learnable rows of one node type a partition holds, ids ascending.
@@ -342,9 +342,4 @@ pub fn held_nodes(g: &HetGraph, owners: &[Vec<u16>], part: u32) -> Vec<Vec<u32>>
         }
     }
     held.into_iter().map(|h| (0..h.len() as u32).filter(|&v| h[v as usize]).collect()).collect()
-}
-
-fn count_correct(logits: &Tensor, labels: &[i64], seeds: &[u32]) -> Result<u64> {
-    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-    Ok(pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64)
 }

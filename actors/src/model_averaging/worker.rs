@@ -68,21 +68,6 @@ pub(crate) fn run(s: WorkerSetup) -> Result<Vec<Local>> {
     result
 }
 
-fn dist_err(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Distributed(e.to_string())
-}
-
-/// Runs `f` on the node's runtime; gives up as soon as the run is aborted.
-fn block_on<F: std::future::Future>(s: &WorkerSetup, f: F) -> Result<F::Output> {
-    let inbox = &s.inbox;
-    s.handle.block_on(async {
-        tokio::select! {
-            r = f => Ok(r),
-            reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
-        }
-    })
-}
-
 fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let t = &s.cfg;
     let mut locals = s.parts.iter().map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners)).collect::<Result<Vec<_>>>()?;
@@ -97,7 +82,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         }
         first = m.seq / per_epoch.max(1);
     }
-    let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(dist_err)?;
+    let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(TrainError::distributed)?;
     let actor = |n: &str| s.node.actor(n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
     let peers: Vec<ActorRef> = (0..s.workers).map(|q| actor(&names::worker(q))).collect::<Result<_>>()?;
     let coordinator = actor(names::COORDINATOR)?;
@@ -128,7 +113,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
                 // Progress for the coordinator: the first partition's steps, numbered within the epoch's global steps.
                 if s.worker == 0 && i == 0 {
                     let done = StepDone { gen: s.gen, epoch, seq: epoch * per_epoch + step.min(per_epoch.saturating_sub(1)), loss: out.loss };
-                    block_on(s, coordinator.ask(done, s.timeouts.ask))??;
+                    s.inbox.block_on(&s.handle, coordinator.ask(done, s.timeouts.ask))??;
                 }
                 Ok(())
             })?;
@@ -163,12 +148,12 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         st.bytes_by_kind = m.bytes_by_kind();
         st.messages_by_kind = m.messages_by_kind();
         st.step_bytes_by_kind = st.bytes_by_kind.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
-        block_on(s, coordinator.ask(st, s.timeouts.ask))??;
+        s.inbox.block_on(&s.handle, coordinator.ask(st, s.timeouts.ask))??;
         if let (true, Some(root)) = (round_end, &t.checkpoint_dir) {
             let seq = (epoch + 1) * per_epoch;
             let files = locals.iter().map(|l| l.save(root, seq, &s.owners)).collect::<Result<Vec<_>>>()?.concat();
             let saved = Saved { gen: s.gen, seq, part: s.worker, files, progress: (s.worker == 0).then(Progress::default) };
-            block_on(s, coordinator.ask(saved, s.timeouts.ask))??;
+            s.inbox.block_on(&s.handle, coordinator.ask(saved, s.timeouts.ask))??;
         }
     }
     Ok(locals)

@@ -17,10 +17,6 @@ use crate::distributed::inbox::Inbox;
 use crate::distributed::Timeouts;
 use crate::error::{Result, TrainError};
 
-fn dist_err(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Distributed(e.to_string())
-}
-
 /// A worker's final state, for the coordinator.
 pub(crate) fn final_state(r: &WorkerResult) -> Result<FinalState> {
     let params =
@@ -39,19 +35,14 @@ pub(crate) fn send_final(node: &Node, handle: &tokio::runtime::Handle, inbox: &I
             pieces.push(FinalState { params: Vec::new(), tables: vec![(ty, (i * messages::FINAL_PIECE) as u64, chunk.to_vec())] });
         }
     }
-    let me = runtime::ActorName::new(&names::worker(worker)).map_err(dist_err)?;
-    let to = node.actor(names::FINAL).map_err(dist_err)?.with_sender(me);
+    let me = runtime::ActorName::new(&names::worker(worker)).map_err(TrainError::distributed)?;
+    let to = node.actor(names::FINAL).map_err(TrainError::distributed)?.with_sender(me);
     let total = pieces.len() as u32;
     for (i, state) in pieces.into_iter().enumerate() {
-        let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(dist_err)?;
+        let data = messages::encode(&messages::FinalPiece { pieces: total, state }).map_err(TrainError::distributed)?;
         let ask = to.ask(Final { gen, seq: i as u64, from: worker, data: ByteVec(data) }, timeout);
         // The coordinator may say the run is over (it has everything) before the last answer.
-        handle.block_on(async {
-            tokio::select! {
-                r = ask => r.map_err(dist_err),
-                reason = inbox.aborted() => Err(dist_err(reason)),
-            }
-        })?;
+        inbox.block_on(handle, ask)?.map_err(TrainError::distributed)?;
     }
     Ok(())
 }

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, StepFigures, Steps};
-use crate::epoch::{lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
@@ -239,11 +239,6 @@ fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_vec(y, seeds.len(), device)?)
 }
 
-fn count_correct(logits: &Tensor, labels: &[i64], seeds: &[u32]) -> Result<usize> {
-    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-    Ok(pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count())
-}
-
 /// Correct predictions on `nodes` with sampled neighborhoods and no dropout.
 pub fn correct_on(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<u64> {
     let (labels, _) = g.target_labels();
@@ -252,7 +247,7 @@ pub fn correct_on(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64
         let mb = sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
         let logits = model.forward(g, &mb, inputs, None)?.detach();
-        correct += count_correct(&logits, labels, seeds)? as u64;
+        correct += count_correct(&logits, labels, seeds)?;
     }
     Ok(correct)
 }

@@ -455,12 +455,6 @@ impl Ctx<'_> {
     /// Runs `f` on the node's runtime from this thread; gives up as soon as
     /// the run is aborted (a peer failed or went down).
     fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output> {
-        let inbox = &self.s.inbox;
-        self.s.handle.block_on(async {
-            tokio::select! {
-                r = f => Ok(r),
-                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
-            }
-        })
+        self.s.inbox.block_on(&self.s.handle, f)
     }
 }

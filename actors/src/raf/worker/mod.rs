@@ -172,10 +172,6 @@ struct StepOut {
     update_s: f64,
 }
 
-fn dist_err(e: impl std::fmt::Display) -> TrainError {
-    TrainError::Distributed(e.to_string())
-}
-
 fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
     let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     Ok(bytemuck::cast_slice(&v).to_vec())
@@ -236,7 +232,7 @@ impl<'a> Worker<'a> {
                 k != 0 && model.partial_reads_seeds() && !complete
             })
             .collect();
-        let me = runtime::ActorName::new(&names::worker(setup.worker)).map_err(dist_err)?;
+        let me = runtime::ActorName::new(&names::worker(setup.worker)).map_err(TrainError::distributed)?;
         let actor = |n: String| setup.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
         let refs = TrainerRefs {
             workers: (0..workers as u32).map(|k| actor(names::worker(k))).collect::<Result<_>>()?,
@@ -295,14 +291,8 @@ impl<'a> Worker<'a> {
     fn send_all<M: Msg<Reply = ()>>(&self, msgs: Vec<(&ActorRef, M)>) -> Result<()> {
         let timeout = self.setup.timeouts.ask;
         let asks = msgs.into_iter().map(|(to, m)| to.ask(m, timeout));
-        let inbox = &self.setup.inbox;
         // A peer reported down ends the wait at once (not at the ask's deadline).
-        let answers = self.setup.handle.block_on(async {
-            tokio::select! {
-                r = join_all(asks) => Ok(r),
-                reason = inbox.aborted() => Err(TrainError::Distributed(reason)),
-            }
-        })?;
+        let answers = self.setup.inbox.block_on(&self.setup.handle, join_all(asks))?;
         for r in answers {
             r.map_err(|e| TrainError::Distributed(format!("{}: {e}", M::KIND)))?;
         }
@@ -353,14 +343,14 @@ impl<'a> Worker<'a> {
         let mut seed_leaf = None;
         let mut seed_width = 0;
         if w == 0 {
-            let own = h[target].as_ref().ok_or_else(|| dist_err("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
+            let own = h[target].as_ref().ok_or_else(|| TrainError::distributed("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
             let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { gen: s.gen, seq, from: 0, data: data.clone() })).collect();
             self.send_all(msgs)?;
         } else if self.needs_seeds[w as usize] {
             let raw = s.inbox.raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
             seed_width = raw[0].len() / 4 / batch.len().max(1);
-            let all = decode_f32(&raw[0], batch.len() * seed_width).map_err(dist_err)?;
+            let all = decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::distributed)?;
             // A replica whose share of this batch is empty has no rows to replace.
             if let Some(x) = h[target].as_ref().filter(|_| b > 0) {
                 let (n, width) = x.dims2()?;
@@ -385,7 +375,7 @@ impl<'a> Worker<'a> {
         out.compute_s += lap(&mut clock);
         let grads: Option<GradStore>;
         if w == 0 {
-            let own = h[target].as_ref().ok_or_else(|| dist_err("no target rows"))?.narrow(0, 0, b)?;
+            let own = h[target].as_ref().ok_or_else(|| TrainError::distributed("no target rows"))?.narrow(0, 0, b)?;
             let peers: Vec<u32> = (1..self.workers()).collect();
             let raw = s.inbox.raw("the partial aggregations", seq, round::PARTIAL, &peers, timeout)?;
             out.comm_s += lap(&mut clock);
@@ -511,7 +501,7 @@ impl<'a> Worker<'a> {
                 let width = own.dim(1)?;
                 let mut sum: Option<Tensor> = None;
                 for bytes in &raw {
-                    let gr = Tensor::from_vec(decode_f32(bytes, b * width).map_err(dist_err)?, (b, width), &self.device)?;
+                    let gr = Tensor::from_vec(decode_f32(bytes, b * width).map_err(TrainError::distributed)?, (b, width), &self.device)?;
                     sum = Some(match sum {
                         Some(s) => (s + gr)?,
                         None => gr,
@@ -530,7 +520,7 @@ impl<'a> Worker<'a> {
                 let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
                 pieces.push((*tag, shape, t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?));
             }
-            self.send(&self.s.reducer, Partial { gen: s.gen, seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(dist_err)?) })?;
+            self.send(&self.s.reducer, Partial { gen: s.gen, seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(TrainError::distributed)?) })?;
             out.comm_s += lap(&mut clock);
             if !train {
                 return Ok(out);
@@ -538,7 +528,7 @@ impl<'a> Worker<'a> {
             let raw = s.inbox.raw("the gradient of this worker's partial", seq, round::PARTIAL_GRAD, &[0], timeout)?;
             out.comm_s += lap(&mut clock);
             let total: usize = shipped.iter().map(|(_, t)| t.elem_count()).sum();
-            let flat = decode_f32(&raw[0], total).map_err(dist_err)?;
+            let flat = decode_f32(&raw[0], total).map_err(TrainError::distributed)?;
             let mut surrogate: Option<Tensor> = None;
             let mut at = 0;
             for (_, t) in &shipped {

@@ -3,7 +3,7 @@
 //! (so every copy takes the same update), then Adam, dense and sparse.
 
 use super::super::messages::{self, round, Shared, SharedGrads};
-use super::{dist_err, StepOut, Worker};
+use super::{StepOut, Worker};
 use crate::epoch::lap;
 use crate::error::{Result, TrainError};
 use candle_core::backprop::GradStore;
@@ -55,7 +55,7 @@ impl Worker<'_> {
                     msg.rows.push((ty as u32, mb.blocks[0].src[ty].clone(), rows.clone()));
                 }
             }
-            msgs.push((&self.s.workers[k], Shared { gen: s.gen, seq, from: w as u32, data: ByteVec(messages::encode(&msg).map_err(dist_err)?) }));
+            msgs.push((&self.s.workers[k], Shared { gen: s.gen, seq, from: w as u32, data: ByteVec(messages::encode(&msg).map_err(TrainError::distributed)?) }));
         }
         self.send_all(msgs)?;
         let peers: Vec<u32> = (0..self.workers()).filter(|&k| k as usize != w && !(self.shared[k as usize].is_empty() && self.shared_tables[k as usize].is_empty())).collect();
@@ -78,7 +78,7 @@ impl Worker<'_> {
                 if !present {
                     continue;
                 }
-                let var = self.model.params.get(n).ok_or_else(|| dist_err(format!("unknown parameter {n}")))?;
+                let var = self.model.params.get(n).ok_or_else(|| TrainError::distributed(format!("unknown parameter {n}")))?;
                 let len = var.elem_count();
                 let at = offsets[k];
                 let vals = m.dense.get(at..at + len).ok_or_else(|| TrainError::Distributed(format!("worker {k}'s shared gradients are short")))?;
