@@ -17,6 +17,9 @@ pub struct ClusterArgs {
     /// Override any key: --set training.epochs=2 (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
+    /// Replace an existing training.report file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl ClusterArgs {
@@ -36,6 +39,7 @@ pub fn init_logging() {
 pub fn node(args: &ClusterArgs, id: &str) -> anyhow::Result<()> {
     init_logging();
     let cfg = args.load()?;
+    crate::train::check_outputs(&cfg, args.force, Some(&args.config))?;
     let start = std::time::Instant::now();
     let report = actors::run_node(&cfg, id, &mut crate::train::Progress::default()).with_context(|| format!("node {id}: {} training", cfg.training.mode.name()))?;
     if let Some(report) = report {
@@ -60,22 +64,22 @@ fn cache_line(answer: &Result<Option<actors::cache::manager::CacheStatus>, Strin
 /// `hetgnn doctor`: prints one line per node; fails if any node did not answer.
 pub fn doctor(args: &ClusterArgs, timeout: Duration) -> anyhow::Result<()> {
     let cfg = args.load()?;
-    println!("{}: configuration and certificates ok", args.config.display());
+    sayln!("{}: configuration and certificates ok", args.config.display());
     let rows = actors::cluster::doctor(&cfg, timeout)?;
-    println!("{:<12} {:<22} {:<8} {:>9} {:>10}  peers", "node", "address", "state", "rtt_ms", "uptime_s");
+    sayln!("{:<12} {:<22} {:<8} {:>9} {:>10}  peers", "node", "address", "state", "rtt_ms", "uptime_s");
     let mut missing = Vec::new();
     for r in &rows {
         match &r.status {
             Some(s) => {
                 let peers: Vec<String> = s.peers.iter().map(|p| format!("{}:{}", p.id, format!("{:?}", p.state).to_lowercase())).collect();
                 let rtt = r.rtt.map_or("-".to_string(), |d| format!("{:.3}", d.as_secs_f64() * 1e3));
-                println!("{:<12} {:<22} {:<8} {:>9} {:>10.1}  {}", r.id, r.addr, "up", rtt, s.uptime_ms as f64 / 1e3, peers.join(" "));
+                sayln!("{:<12} {:<22} {:<8} {:>9} {:>10.1}  {}", r.id, r.addr, "up", rtt, s.uptime_ms as f64 / 1e3, peers.join(" "));
                 for (name, answer) in &r.caches {
-                    println!("{:<12} {name}: {}", "", cache_line(answer));
+                    sayln!("{:<12} {name}: {}", "", cache_line(answer));
                 }
             }
             None => {
-                println!("{:<12} {:<22} {:<8} {:>9} {:>10}  {}", r.id, r.addr, "MISSING", "-", "-", r.error.as_deref().unwrap_or(""));
+                sayln!("{:<12} {:<22} {:<8} {:>9} {:>10}  {}", r.id, r.addr, "MISSING", "-", "-", r.error.as_deref().unwrap_or(""));
                 missing.push(r.id.clone());
             }
         }
@@ -83,6 +87,6 @@ pub fn doctor(args: &ClusterArgs, timeout: Duration) -> anyhow::Result<()> {
     if !missing.is_empty() {
         anyhow::bail!("{} of {} nodes did not answer: {}", missing.len(), rows.len(), missing.join(", "));
     }
-    println!("all {} nodes answered", rows.len());
+    sayln!("all {} nodes answered", rows.len());
     Ok(())
 }

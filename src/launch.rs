@@ -18,9 +18,9 @@ fn forward(id: String, from: impl std::io::Read + Send + 'static, to_stderr: boo
     std::thread::spawn(move || {
         for line in BufReader::new(from).lines().map_while(Result::ok) {
             if to_stderr {
-                eprintln!("[{id}] {line}");
+                warnln!("[{id}] {line}");
             } else {
-                println!("[{id}] {line}");
+                sayln!("[{id}] {line}");
             }
         }
     });
@@ -40,6 +40,7 @@ fn stop_all(children: &mut [(String, Child)]) {
 pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     let cfg = args.load()?;
     let topology = cfg.topology().context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
+    crate::train::check_outputs(&cfg, args.force, Some(&args.config))?;
     topology.check_certs().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let exe = std::env::current_exe().context("locating the hetgnn binary")?;
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -52,13 +53,16 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         (cores / topology.cluster.nodes.len()).max(1)
     });
     if let Some(t) = threads {
-        eprintln!("launch: {} node(s) share this machine: {t} compute thread(s) each (set RAYON_NUM_THREADS to choose)", topology.cluster.nodes.len());
+        warnln!("launch: {} node(s) share this machine: {t} compute thread(s) each (set RAYON_NUM_THREADS to choose)", topology.cluster.nodes.len());
     }
     let start = |id: &str| -> anyhow::Result<Child> {
         let mut cmd = Command::new(&exe);
         cmd.arg("node").arg("--config").arg(&args.config).arg("--node").arg(id);
         for s in &args.set {
             cmd.arg("--set").arg(s);
+        }
+        if args.force {
+            cmd.arg("--force");
         }
         if let Some(t) = threads {
             cmd.env("RAYON_NUM_THREADS", t.to_string());
@@ -68,6 +72,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
             cmd.env("MIMALLOC_PURGE_DELAY", "-1");
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        die_with_parent(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("starting node {id}"))?;
         if let Some(out) = child.stdout.take() {
             forward(id.to_string(), out, false);
@@ -81,7 +86,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     for n in &topology.cluster.nodes {
         match start(&n.id) {
             Ok(child) => {
-                eprintln!("launch: started {} (pid {}) on {}", n.id, child.id(), n.addr);
+                warnln!("launch: started {} (pid {}) on {}", n.id, child.id(), n.addr);
                 children.push((n.id.clone(), child));
             }
             Err(e) => {
@@ -93,7 +98,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     let mut restarted = 0;
     loop {
         if interrupted.load(Ordering::SeqCst) {
-            eprintln!("launch: interrupted, stopping every node");
+            warnln!("launch: interrupted, stopping every node");
             stop_all(&mut children);
             return Ok(());
         }
@@ -103,7 +108,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
                 Ok(Some(status)) if killed(&status) && restarted < restarts && !interrupted.load(Ordering::SeqCst) => {
                     restarted += 1;
                     let id = children[i].0.clone();
-                    eprintln!("launch: node {id} was killed ({status}); restarting it ({restarted} of at most {restarts} restarts)");
+                    warnln!("launch: node {id} was killed ({status}); restarting it ({restarted} of at most {restarts} restarts)");
                     match start(&id) {
                         Ok(child) => children[i].1 = child,
                         Err(e) => {
@@ -115,7 +120,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
                 }
                 Ok(Some(status)) if !status.success() => {
                     let id = children[i].0.clone();
-                    eprintln!("launch: node {id} failed ({status}), stopping the others");
+                    warnln!("launch: node {id} failed ({status}), stopping the others");
                     stop_all(&mut children);
                     anyhow::bail!("node {id} failed ({status})");
                 }
@@ -128,12 +133,37 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
             }
         }
         if running == 0 {
-            eprintln!("launch: every node finished");
+            warnln!("launch: every node finished");
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A node must not outlive its launcher (killed with SIGKILL, it cannot stop
+/// them): on Linux the kernel sends the child SIGTERM when this process dies,
+/// and the node stops as on Ctrl-C.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died before the prctl: then nobody is left to stop this node.
+            if libc::getppid() != parent as libc::pid_t {
+                return Err(std::io::Error::other("the launcher exited while starting this node"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
 
 /// Whether the process died of a signal rather than exiting with its own error.
 fn killed(status: &std::process::ExitStatus) -> bool {

@@ -8,10 +8,14 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[macro_use]
+mod console;
+
 mod bar;
 mod cluster;
 mod inspect;
 mod launch;
+mod output;
 mod partition;
 mod plot;
 mod predict;
@@ -25,6 +29,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use graphs::generate::{generate, Like};
 use graphs::ogb::{import_ogb, OgbImport};
+use output::{Kind, Output};
 
 /// Distributed training of graph neural networks on large heterogeneous graphs.
 #[derive(Parser)]
@@ -71,6 +76,9 @@ enum Command {
         /// Output PNG.
         #[arg(long, default_value = "curves.png")]
         out: PathBuf,
+        /// Replace the output file if it exists.
+        #[arg(long)]
+        force: bool,
     },
     /// Predict classes (and final-layer embeddings) of every target node from a checkpoint.
     Predict(predict::PredictArgs),
@@ -149,29 +157,35 @@ enum Import {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate { like, scale, seed, out, force } => {
+            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[])?;
             let start = Instant::now();
             let schema = generate(like, scale, seed, &out, force, &mut bar::Bars::new()).with_context(|| format!("generating into {}", out.display()))?;
             let nodes: u64 = schema.node_types.iter().map(|(_, t)| t.count).sum();
             let edges: u64 = schema.relations.iter().map(|r| r.count).sum();
-            println!("wrote {} to {} ({nodes} nodes, {edges} edges) in {:.1}s", schema.name, out.display(), start.elapsed().as_secs_f64());
+            sayln!("wrote {} to {} ({nodes} nodes, {edges} edges) in {:.1}s", schema.name, out.display(), start.elapsed().as_secs_f64());
         }
         Command::Import(Import::Ogb { dir, out, name, split, force }) => {
+            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[("DIR", &dir)])?;
             let opts = OgbImport { name, split, overwrite: force };
             let schema = import_ogb(&dir, &out, &opts, &mut bar::Bars::new()).with_context(|| format!("importing {} into {}", dir.display(), out.display()))?;
-            println!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
+            sayln!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
         Command::Certs(Certs::Init { out, nodes, force }) => {
+            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[])?;
             runtime::certs::init(&out, &nodes, force).with_context(|| format!("creating certificates in {}", out.display()))?;
-            println!("wrote the cluster CA and certificates for {} to {}", nodes.join(", "), out.display());
-            println!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
+            sayln!("wrote the cluster CA and certificates for {} to {}", nodes.join(", "), out.display());
+            sayln!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
         }
         Command::Partition(args) => partition::run(&args)?,
         Command::Train(args) => {
             graphs::memory::track_anon();
             train::run(&args)?
         }
-        Command::Plot { report, out } => plot::run(&report, &out)?,
+        Command::Plot { report, out, force } => {
+            output::check(&[Output { flag: "--out", path: &out, kind: Kind::File }], force, &[("REPORT", &report)])?;
+            plot::run(&report, &out)?
+        }
         Command::Predict(args) => predict::run(&args)?,
         Command::Node { cluster, node } => {
             graphs::memory::track_anon();
@@ -198,7 +212,7 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
-            eprintln!("error: {err:#}");
+            warnln!("error: {err:#}");
             ExitCode::FAILURE
         }
     }

@@ -64,6 +64,9 @@ pub struct PartitionArgs {
 
 /// Runs `hetgnn partition`.
 pub fn run(args: &PartitionArgs) -> Result<()> {
+    let mut inputs = vec![("--data", args.data.as_path())];
+    inputs.extend(args.metapaths.as_deref().map(|p| ("--metapaths", p)));
+    crate::output::check(&[crate::output::Output { flag: "--out", path: &args.out, kind: crate::output::Kind::Dir }], args.force, &inputs)?;
     anyhow::ensure!(args.metapaths.is_none() || args.method == Method::Meta, "--metapaths applies to --method meta");
     if args.method == Method::Meta {
         return run_meta(args);
@@ -87,10 +90,10 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
             acc.iter_mut().zip(&p.core).for_each(|(a, c)| *a += c);
             acc
         });
-        println!("{}: {} partitions ({}), edge cut {} of {}", manifest.graph, manifest.parts, manifest.method, manifest.edge_cut, manifest.total_edges);
-        println!("assigned in {assigned:.1}s");
+        sayln!("{}: {} partitions ({}), edge cut {} of {}", manifest.graph, manifest.parts, manifest.method, manifest.edge_cut, manifest.total_edges);
+        sayln!("assigned in {assigned:.1}s");
         finish(PartitionReport::of_nodes(&manifest, &counts), start, &args.out)?;
-        println!("wrote {} partitions to {}", manifest.parts, args.out.display());
+        sayln!("wrote {} partitions to {}", manifest.parts, args.out.display());
         return Ok(());
     }
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
@@ -101,9 +104,9 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     print_report(&manifest, &g);
     let counts: Vec<u64> = g.node_types().iter().map(|t| u64::from(t.count)).collect();
     let report = PartitionReport::of_nodes(&manifest, &counts);
-    println!("assigned in {assigned:.1}s");
+    sayln!("assigned in {assigned:.1}s");
     finish(report, start, &args.out)?;
-    println!("wrote {} partitions to {}", manifest.parts, args.out.display());
+    sayln!("wrote {} partitions to {}", manifest.parts, args.out.display());
     Ok(())
 }
 
@@ -114,7 +117,7 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
     report.peak_memory_bytes = graphs::memory::peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     let balance: Vec<String> = report.balance.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
-    println!(
+    sayln!(
         "{} ({}): edge cut {} of {} ({:.1}%), replication factor {:.3}, boundary nodes {}",
         report.method,
         report.kind,
@@ -124,37 +127,37 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
         report.replication_factor,
         report.boundary_nodes.iter().sum::<u64>()
     );
-    println!("balance (max/mean): {}", balance.join(", "));
+    sayln!("balance (max/mean): {}", balance.join(", "));
     let by_type: Vec<String> = report.replication_by_type.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
-    println!("replication by type: {}", by_type.join(", "));
+    sayln!("replication by type: {}", by_type.join(", "));
     let mib = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
-    println!("{:.1}s, peak memory {} (anonymous {})", report.seconds, mib(report.peak_memory_bytes), mib(report.peak_anon_bytes));
+    sayln!("{:.1}s, peak memory {} (anonymous {})", report.seconds, mib(report.peak_memory_bytes), mib(report.peak_anon_bytes));
     report.write(out).with_context(|| format!("writing the report into {}", out.display()))?;
     Ok(())
 }
 
 fn print_report(m: &Manifest, g: &graphs::HetGraph) {
-    println!("{}: {} partitions ({}), edge cut {} of {} ({:.1}%)", m.graph, m.parts, m.method, m.edge_cut, m.total_edges, 100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64);
+    sayln!("{}: {} partitions ({}), edge cut {} of {} ({:.1}%)", m.graph, m.parts, m.method, m.edge_cut, m.total_edges, 100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64);
     let types: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
-    print!("{:>5} {:>10}", "part", "edges");
+    say!("{:>5} {:>10}", "part", "edges");
     for t in &types {
-        print!(" {:>18}", format!("{t} core/halo"));
+        say!(" {:>18}", format!("{t} core/halo"));
     }
-    println!(" {:>20}", "train/valid/test");
+    sayln!(" {:>20}", "train/valid/test");
     for (k, p) in m.info.iter().enumerate() {
-        print!("{k:>5} {:>10}", p.edges);
+        say!("{k:>5} {:>10}", p.edges);
         for (c, h) in p.core.iter().zip(&p.halo) {
-            print!(" {:>18}", format!("{c}/{h}"));
+            say!(" {:>18}", format!("{c}/{h}"));
         }
-        println!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
+        sayln!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
     }
     let splits: Vec<String> = ["train", "valid", "test"].iter().enumerate().map(|(s, name)| format!("{name} {:.3}", m.balance(|p| p.splits[s]))).collect();
-    println!("split balance (max/mean): {}", splits.join(", "));
+    sayln!("split balance (max/mean): {}", splits.join(", "));
     if m.trainers > 1 {
-        println!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
+        sayln!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
         for (k, p) in m.info.iter().enumerate() {
             let per: Vec<String> = p.trainer_splits.iter().map(|s| format!("{}/{}/{}", s[0], s[1], s[2])).collect();
-            println!("{k:>5} {}", per.join("  "));
+            sayln!("{k:>5} {}", per.join("  "));
         }
     }
 }
@@ -177,25 +180,25 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
     let m = partition::meta::write_metapaths(&g, args.layers, args.parts, paths.as_deref(), &args.out, args.force, &mut bar::Bars::new())
         .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
     let total: u64 = m.info.iter().map(|p| p.load).sum();
-    println!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
+    sayln!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
     if !m.metapaths.is_empty() {
         let paths: Vec<String> = m.metapaths.iter().map(|p| p.join(" <- ")).collect();
-        println!("metatree from {} metapath(s): {}", paths.len(), paths.join("; "));
+        sayln!("metatree from {} metapath(s): {}", paths.len(), paths.join("; "));
     }
     for (k, p) in m.info.iter().enumerate() {
         let replica = if p.replica[1] > 1 { format!(", replica {} of {} (splits the target nodes)", p.replica[0] + 1, p.replica[1]) } else { String::new() };
         let reducer = if p.reducer { "; the reducer's (computes the target nodes' own rows)" } else { "" };
-        println!("part {k}: sub-metatrees via {}{replica}{reducer}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
-        println!("  relations: {}", p.relations.join(" "));
+        sayln!("part {k}: sub-metatrees via {}{replica}{reducer}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
+        sayln!("  relations: {}", p.relations.join(" "));
         let nodes: Vec<String> = p.nodes.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        println!("  nodes: {}; edges: {}; boundary nodes: {} (target only)", nodes.join(", "), p.edges.values().sum::<u64>(), p.boundary_nodes);
+        sayln!("  nodes: {}; edges: {}; boundary nodes: {} (target only)", nodes.join(", "), p.edges.values().sum::<u64>(), p.boundary_nodes);
     }
     let loads: Vec<u64> = m.info.iter().map(|p| p.load).collect();
     let mean = total as f64 / loads.len().max(1) as f64;
-    println!("load balance (max/mean) {:.3}", *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0));
+    sayln!("load balance (max/mean) {:.3}", *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0));
     let counts = g.node_types().iter().map(|t| (t.name.clone(), u64::from(t.count))).collect();
     let edges = g.relations().iter().map(|r| r.num_edges() as u64).sum();
     finish(PartitionReport::of_relations(&m, &counts, edges), start, &args.out)?;
-    println!("wrote {} meta-partitions to {}", m.parts, args.out.display());
+    sayln!("wrote {} meta-partitions to {}", m.parts, args.out.display());
     Ok(())
 }

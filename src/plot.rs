@@ -15,7 +15,7 @@ pub fn run(report: &Path, out: &Path) -> anyhow::Result<()> {
     // A bundled font: no system font libraries needed.
     register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).map_err(|_| anyhow!("bundled font is invalid"))?;
     draw(&r, out).map_err(|e| anyhow!("{e}")).with_context(|| format!("drawing {}", out.display()))?;
-    println!("wrote {}", out.display());
+    sayln!("wrote {}", out.display());
     Ok(())
 }
 

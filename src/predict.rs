@@ -9,6 +9,8 @@ use actors::epoch::EVAL_SEED;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 use clap::Args;
+
+use crate::output::{Kind, Output};
 use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::{LoadOptions, Sampler};
 use models::checkpoint;
@@ -34,6 +36,9 @@ pub struct PredictArgs {
     /// Seeds per inference batch.
     #[arg(long, default_value_t = 4096)]
     batch: usize,
+    /// Replace existing output files.
+    #[arg(long)]
+    force: bool,
 }
 
 /// What `predict` needs of a checkpoint, single-process or distributed.
@@ -56,7 +61,7 @@ fn source(path: &std::path::Path) -> anyhow::Result<Source> {
     } else if !dist::list(path)?.is_empty() {
         let (m, skipped) = dist::latest_any(path)?.with_context(|| format!("{}: no usable checkpoint", path.display()))?;
         for s in skipped {
-            eprintln!("skipped checkpoint: {s}");
+            warnln!("skipped checkpoint: {s}");
         }
         dist::dir(path, m.seq)
     } else {
@@ -74,6 +79,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
+    let mut outputs = vec![Output { flag: "--out", path: &a.out, kind: Kind::File }];
+    outputs.extend(a.embeddings.as_deref().map(|p| Output { flag: "--embeddings", path: p, kind: Kind::File }));
+    crate::output::check(&outputs, a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
     let src = source(&a.checkpoint)?;
     let dir = src.dir.clone();
     let g = graphs::load(&a.data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", a.data.display()))?;
@@ -109,9 +117,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if let Some(w) = emb_writer {
         w.finish()?;
     }
-    println!("wrote predictions for {n} {} nodes to {} (checkpoint {})", g.node_type(g.target()).name, a.out.display(), dir.display());
+    sayln!("wrote predictions for {n} {} nodes to {} (checkpoint {})", g.node_type(g.target()).name, a.out.display(), dir.display());
     if let Some(p) = &a.embeddings {
-        println!("wrote embeddings to {}", p.display());
+        sayln!("wrote embeddings to {}", p.display());
     }
     Ok(())
 }

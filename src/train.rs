@@ -90,6 +90,9 @@ pub struct TrainArgs {
     /// miss-penalty | hotness | none [default: miss-penalty].
     #[arg(long)]
     cache_policy: Option<String>,
+    /// Replace an existing --report file.
+    #[arg(long)]
+    force: bool,
 }
 
 impl TrainArgs {
@@ -148,10 +151,10 @@ fn cache_dir() -> PathBuf {
 fn default_data() -> anyhow::Result<PathBuf> {
     let dir = cache_dir().join(format!("mag-like-v{}-s0.01-seed0", graphs::generate::VERSION));
     if !dir.join("schema.json").exists() {
-        eprintln!("generating the default graph (mag-like, scale 0.01) into {} (once)", dir.display());
+        warnln!("generating the default graph (mag-like, scale 0.01) into {} (once)", dir.display());
         graphs::generate::generate(graphs::generate::Like::Mag, 0.01, 0, &dir, true, &mut crate::bar::Bars::new()).with_context(|| format!("generating the default graph into {}", dir.display()))?;
     } else {
-        eprintln!("using the default graph in {}", dir.display());
+        warnln!("using the default graph in {}", dir.display());
     }
     Ok(dir)
 }
@@ -166,16 +169,40 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if cfg.training.mode == actors::Mode::Single && cfg.training.data.is_none() {
         cfg.training.data = Some(default_data()?);
     }
+    check_outputs(&cfg, args.force, args.config.as_deref())?;
     let input = cfg.training.partitions.clone().or_else(|| cfg.training.data.clone()).unwrap_or_default();
     let start = Instant::now();
     let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("{} training on {}", cfg.training.mode.name(), input.display()))?;
     finish(&cfg, &report, start)
 }
 
-/// Prints the run's summary and writes its report if asked.
+/// Refuses, before any work, a report or checkpoint path that would
+/// overwrite a report without `--force`, name a directory, or fall inside an input.
+pub fn check_outputs(cfg: &Config, force: bool, config_file: Option<&Path>) -> anyhow::Result<()> {
+    use crate::output::{Kind, Output};
+    let t = &cfg.training;
+    let mut outputs = Vec::new();
+    if let Some(r) = &t.report {
+        outputs.push(Output { flag: "--report", path: r, kind: Kind::File });
+    }
+    if let Some(c) = &t.checkpoint_dir {
+        outputs.push(Output { flag: "--checkpoint", path: c, kind: Kind::AddTo });
+    }
+    let mut inputs: Vec<(&str, &Path)> = Vec::new();
+    inputs.extend(t.data.as_deref().map(|p| ("--data", p)));
+    inputs.extend(t.partitions.as_deref().map(|p| ("--partitions", p)));
+    inputs.extend(config_file.map(|p| ("--config", p)));
+    crate::output::check(&outputs, force, &inputs)
+}
+
+/// Writes the run's report if asked, then prints its summary (a closed
+/// stdout loses only the summary).
 pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::Result<()> {
+    if let Some(path) = &cfg.training.report {
+        write_report(report, path)?;
+    }
     if let Some(last) = report.epochs.last() {
-        println!(
+        sayln!(
             "done: {} epochs, {} steps in {:.1}s; final test accuracy {:.4} (valid {:.4}); model sha256 {}",
             report.epochs.len(),
             report.steps,
@@ -187,11 +214,10 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
     }
     if !report.cache.is_empty() {
         let per_type: Vec<String> = report.cache.iter().filter(|(_, c)| c.note.is_none()).map(|(name, c)| format!("{name} {:.0}% of it, hit rate {:.2}", c.share * 100.0, c.hit_rate)).collect();
-        println!("cache ({}, {} bytes per device): {}", cfg.training.cache_policy.name(), cfg.training.cache_bytes.0, per_type.join("; "));
+        sayln!("cache ({}, {} bytes per device): {}", cfg.training.cache_policy.name(), cfg.training.cache_bytes.0, per_type.join("; "));
     }
     if let Some(path) = &cfg.training.report {
-        write_report(report, path)?;
-        println!("report written to {}", path.display());
+        sayln!("report written to {}", path.display());
     }
     Ok(())
 }
@@ -216,7 +242,7 @@ pub struct Progress {
 impl TrainObserver for Progress {
     fn ready(&mut self, g: &graphs::HetGraph, model: &models::Model) {
         let spec = model.spec();
-        println!(
+        sayln!(
             "training {} ({} layers, hidden {}) on {}: {} node types, {} relations, {} dense parameters",
             spec.kind,
             spec.layers,
@@ -246,15 +272,25 @@ impl TrainObserver for Progress {
         }
     }
     fn note(&mut self, message: &str) {
-        eprintln!("{message}");
+        warnln!("{message}");
     }
     fn epoch_end(&mut self, r: &EpochReport) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        println!(
+        sayln!(
             "epoch {:>3}  loss {:.4}  train {:.4}  valid {:.4}  test {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
-            r.epoch, r.loss, r.train_acc, r.valid_acc, r.test_acc, r.time.seconds, r.time.sample_s, r.time.gather_s, r.time.compute_s, r.time.update_s, r.time.eval_s
+            r.epoch,
+            r.loss,
+            r.train_acc,
+            r.valid_acc,
+            r.test_acc,
+            r.time.seconds,
+            r.time.sample_s,
+            r.time.gather_s,
+            r.time.compute_s,
+            r.time.update_s,
+            r.time.eval_s
         );
     }
 }

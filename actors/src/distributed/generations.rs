@@ -85,6 +85,7 @@ pub(crate) fn serve_generations<T>(
     part: u32,
     inboxes: &[Arc<Inbox>],
     rejoin: Duration,
+    resumable: bool,
     mut attempt: impl FnMut(Begin) -> Result<T>,
 ) -> Result<Option<T>> {
     let leader = inboxes.first().ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
@@ -95,6 +96,7 @@ pub(crate) fn serve_generations<T>(
     let mut result = None;
     loop {
         let waiting = Instant::now();
+        let mut watch = CoordinatorWatch::new(node, rejoin);
         let control = loop {
             let ready = Ready { part, incarnation, last };
             let _ = handle.block_on(coordinator.ask(ready, Duration::from_secs(1)));
@@ -104,6 +106,7 @@ pub(crate) fn serve_generations<T>(
             if waiting.elapsed() > rejoin {
                 return Err(TrainError::Distributed(format!("no word from the coordinator within {rejoin:?}: is its node up?")));
             }
+            watch.check(node, resumable)?;
         };
         let b = match control {
             Control::Finish(true) => return Ok(result),
@@ -125,6 +128,54 @@ pub(crate) fn serve_generations<T>(
                 last = LastAttempt::Failed(b.gen);
             }
         }
+    }
+}
+
+/// How long a node waits for a coordinator whose node is down: the rejoin
+/// timeout when a restarted coordinator could resume the run from its
+/// checkpoints, and only a few failure timeouts when the run keeps none (a
+/// restart would begin it again from nothing, so waiting only holds ports
+/// and memory). Says what it waits for, every half minute.
+struct CoordinatorWatch {
+    /// The coordinator's node, when it is another node of a topology.
+    node: Option<String>,
+    /// When the coordinator's node was first seen down in this wait.
+    down_since: Option<Instant>,
+    last_said: Instant,
+    rejoin: Duration,
+}
+
+impl CoordinatorWatch {
+    fn new(node: &Node, rejoin: Duration) -> CoordinatorWatch {
+        let coord = node.topology().and_then(|t| t.placed(names::COORDINATOR)).filter(|&c| c != node.id()).map(str::to_string);
+        CoordinatorWatch { node: coord, down_since: None, last_said: Instant::now(), rejoin }
+    }
+
+    /// Fails when the coordinator's node has been down too long to wait on.
+    fn check(&mut self, node: &Node, resumable: bool) -> Result<()> {
+        let Some(coord) = &self.node else { return Ok(()) };
+        let down = node.members().iter().any(|m| &m.id == coord && m.state == runtime::PeerState::Down);
+        if !down {
+            self.down_since = None;
+            return Ok(());
+        }
+        let since = *self.down_since.get_or_insert_with(Instant::now);
+        let failure = node.topology().map_or(Duration::from_secs(2), |t| Duration::from_millis(t.cluster.failure_timeout_ms));
+        if !resumable && since.elapsed() > 3 * failure {
+            return Err(TrainError::Distributed(format!(
+                "the coordinator's node {coord} is down and this run keeps no checkpoints (training.checkpoint_dir), so no restart of it could resume the run: stopping"
+            )));
+        }
+        if self.last_said.elapsed() > Duration::from_secs(30) {
+            self.last_said = Instant::now();
+            let left = self.rejoin.saturating_sub(since.elapsed());
+            tracing::warn!(
+                "the coordinator's node {coord} has been down for {:.0}s; waiting for it to restart and resume from its checkpoints (giving up in {:.0}s)",
+                since.elapsed().as_secs_f64(),
+                left.as_secs_f64()
+            );
+        }
+        Ok(())
     }
 }
 

@@ -98,7 +98,7 @@ pub trait Distributed: Send + Sync + 'static {
 
 /// Partition `p` over the run's generations; `remote`: its node has no coordinator.
 fn serve_part<M: Distributed>(mode: &M, p: &Part, run: &str, t: &crate::config::TrainingConfig, rejoin: Duration, remote: bool) -> Result<Option<M::Outcome>> {
-    serve_generations(p.node, p.handle, &mode.leader(p.part), p.part, p.inboxes, rejoin, |b| {
+    serve_generations(p.node, p.handle, &mode.leader(p.part), p.part, p.inboxes, rejoin, t.checkpoint_dir.is_some(), |b| {
         let from = begin_from(t, run, b)?;
         let outcome = mode.attempt(p, b, run, from)?;
         // The attempt succeeded whatever becomes of this: the coordinator may
