@@ -244,7 +244,7 @@ impl Config {
 
     /// Reads the file `path` and parses it as [`Config::parse`] does.
     pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })?;
+        let text = graphs::input::read_text(path)?;
         Config::parse(&text, overrides).map_err(|e| match e {
             TrainError::Config(m) => TrainError::Config(format!("{}: {m}", path.display())),
             other => other,

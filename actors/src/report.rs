@@ -220,7 +220,7 @@ impl Report {
 
     /// Reads a report written by [`Report::write`].
     pub fn read(path: &Path) -> Result<Report> {
-        let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })?;
+        let text = graphs::input::read_text(path)?;
         serde_json::from_str(&text).map_err(|e| TrainError::Config(format!("{}: not a hetgnn report: {e}", path.display())))
     }
 }

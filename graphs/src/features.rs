@@ -1,6 +1,6 @@
 //! Node feature matrices, owned in memory or memory-mapped from a `.npy` file.
 
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 
 /// A row-major `[rows, dim]` float32 matrix.
 pub struct Features {
@@ -13,7 +13,7 @@ enum Storage {
     Owned(Vec<f32>),
     /// Zero-copy view of a mapped file; `offset` is 4-byte aligned.
     Mapped {
-        map: Mmap,
+        map: Mapped,
         offset: usize,
     },
 }
@@ -33,7 +33,7 @@ impl Features {
 
     /// Wraps a mapping whose bytes from `offset` hold `rows * dim` little-endian
     /// floats; copies instead when the offset is not 4-byte aligned.
-    pub(crate) fn from_map(rows: usize, dim: usize, map: Mmap, offset: usize) -> Features {
+    pub(crate) fn from_map(rows: usize, dim: usize, map: Mapped, offset: usize) -> Features {
         let bytes = rows * dim * 4;
         assert!(offset + bytes <= map.len(), "mapping shorter than the feature matrix");
         if offset % 4 == 0 {

@@ -22,6 +22,8 @@ pub mod format;
 pub mod generate;
 pub mod graph;
 pub mod ids;
+pub mod input;
+pub mod mapped;
 pub mod memory;
 pub mod metagraph;
 pub mod npy;

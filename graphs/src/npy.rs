@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use crate::mapped::Mapped;
 
 use crate::error::{GraphError, Result};
 
@@ -206,7 +206,7 @@ impl Lexer<'_> {
 /// A validated, memory-mapped `.npy` file.
 pub struct NpyFile {
     path: PathBuf,
-    map: Mmap,
+    map: Mapped,
     header: Header,
     dtype: DType,
 }
@@ -221,14 +221,14 @@ impl NpyFile {
     /// Opens `path`, checks it holds `dtype` in C order and that the data length
     /// matches the shape exactly.
     pub fn open(path: &Path, dtype: DType) -> Result<NpyFile> {
-        let file = File::open(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
+        let file = crate::input::open(path)?;
         let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
         if len < 10 {
             return Err(GraphError::npy(path, format!("truncated: only {len} bytes")));
         }
-        // SAFETY: the graph directory is treated as immutable while loaded (the
-        // format is written once, to a temporary name, then renamed).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))?;
+        // The graph directory is treated as immutable while loaded (written
+        // once, to a temporary name, then renamed); a change under a run is named by `Mapped`.
+        let map = Mapped::map(&file, path)?;
         let header = parse_header(&map, path)?;
         if header.fortran_order {
             return Err(GraphError::npy(path, "Fortran order is not supported (need C order)"));
@@ -278,7 +278,7 @@ impl NpyFile {
     }
 
     /// Gives up the mapping (for zero-copy features).
-    pub fn into_map(self) -> Mmap {
+    pub fn into_map(self) -> Mapped {
         self.map
     }
 

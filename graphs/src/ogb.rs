@@ -12,7 +12,6 @@
 //! Files are streamed; the result is validated by loading it before it is
 //! moved into place.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -134,7 +133,7 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
 }
 
 fn open_gz(path: &Path) -> Result<impl BufRead> {
-    let f = File::open(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
+    let f = crate::input::open(path)?;
     Ok(BufReader::with_capacity(1 << 20, GzDecoder::new(f)))
 }
 

@@ -66,7 +66,7 @@ pub const MAX_FEATURE_DIM: u64 = 1 << 20;
 impl Schema {
     /// Reads and validates `path`.
     pub fn read(path: &Path) -> Result<Schema> {
-        let text = std::fs::read_to_string(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, e) })?;
+        let text = crate::input::read_text(path)?;
         let schema: Schema = serde_json::from_str(&text).map_err(|e| GraphError::schema(path, e.to_string()))?;
         schema.validate().map_err(|p| GraphError::schema(path, p))?;
         Ok(schema)

@@ -231,7 +231,7 @@ pub type Files = Vec<(String, Vec<u8>)>;
 /// Reads and verifies a checkpoint's manifest and files (checksums).
 pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let mpath = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&mpath).map_err(|e| io(&mpath, e))?;
+    let text = graphs::input::read_text(&mpath).map_err(|e| bad(&mpath, e.to_string()))?;
     let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if manifest.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
@@ -242,7 +242,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let mut files = Vec::new();
     for (file, want) in &manifest.files {
         let path = dir.join(file);
-        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        let bytes = graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
         if sha256(&bytes) != *want {
             return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
         }

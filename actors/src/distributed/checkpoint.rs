@@ -189,11 +189,8 @@ pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
 /// Reads a checkpoint's manifest (not its files).
 pub fn manifest(dir: &Path) -> Result<Manifest> {
     let mpath = dir.join(MANIFEST);
-    let len = std::fs::metadata(&mpath).map_err(|e| io(&mpath, e))?.len();
-    if len > MAX_MANIFEST {
-        return Err(bad(&mpath, format!("{len} bytes, more than a manifest can be ({MAX_MANIFEST})")));
-    }
-    let text = std::fs::read_to_string(&mpath).map_err(|e| io(&mpath, e))?;
+    let text = graphs::input::read_capped(&mpath, MAX_MANIFEST)?;
+    let text = String::from_utf8(text).map_err(|_| bad(&mpath, "unreadable manifest: not UTF-8"))?;
     let m: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if m.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", m.format)));
@@ -216,7 +213,7 @@ pub fn valid_file_name(name: &str) -> bool {
 pub fn read_verified(dir: &Path, m: &Manifest, file: &str) -> Result<Vec<u8>> {
     let want = m.files.get(file).ok_or_else(|| bad(dir, format!("the manifest lists no {file}")))?;
     let path = dir.join(file);
-    let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+    let bytes = graphs::input::read_capped(&path, u64::MAX)?;
     if sha256(&bytes) != *want {
         return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
     }

@@ -517,7 +517,7 @@ impl MetaSet {
     pub fn open(dir: &std::path::Path) -> crate::Result<MetaSet> {
         use crate::error::GraphError;
         let mpath = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        let text = crate::input::read_text(&mpath)?;
         let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
         if value["method"] != "meta" {
             return Err(GraphError::data(&mpath, "these are edge-cut partitions (by node): mode = \"raf\" needs meta-partitions (hetgnn partition --method meta)"));

@@ -146,7 +146,7 @@ impl PartitionReport {
         if !meta.is_file() || meta.len() > MAX_REPORT {
             return Err(GraphError::data(&path, format!("not a report: a regular file of at most {MAX_REPORT} bytes is expected")));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| GraphError::io(&path, e))?;
+        let text = crate::input::read_text(&path)?;
         serde_json::from_str(&text).map_err(|e| GraphError::data(&path, e.to_string()))
     }
 }

@@ -97,7 +97,7 @@ impl PartitionSet {
     /// Opens and validates `dir` (manifest and owner files).
     pub fn open(dir: &Path) -> Result<PartitionSet> {
         let mpath = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&mpath).map_err(|e| GraphError::io(&mpath, e))?;
+        let text = crate::input::read_text(&mpath)?;
         if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
             return Err(GraphError::data(&mpath, "meta-partitions (by relation) are for mode = \"raf\"; data-parallel training needs --method metis or random"));
         }

@@ -186,7 +186,7 @@ fn data_offset(path: &Path, e: u64) -> Result<u64> {
 /// `shape` (its length included), reading only its header, and returns where
 /// its data starts.
 pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result<u64> {
-    let mut f = File::open(path).map_err(|err| if err.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: path.to_path_buf() } } else { GraphError::io(path, err) })?;
+    let mut f = crate::input::open(path)?;
     let len = f.metadata().map_err(|err| GraphError::io(path, err))?.len();
     // A header is at most a few hundred bytes; 64 KiB bounds a hostile one.
     let mut head = vec![0u8; len.min(64 << 10) as usize];
@@ -208,7 +208,7 @@ pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result
 /// A buffered reader of `path` from byte `at`.
 fn open_at(path: &Path, at: u64) -> Result<std::io::BufReader<File>> {
     use std::io::Seek;
-    let mut f = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    let mut f = crate::input::open(path)?;
     f.seek(std::io::SeekFrom::Start(at)).map_err(|e| GraphError::io(path, e))?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f))
 }

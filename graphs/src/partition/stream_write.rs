@@ -10,7 +10,6 @@
 //! map) and only core rows are written, into sparse files of the global
 //! shape. Labels and splits are rewritten as the loading writer writes them.
 
-use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -178,7 +177,7 @@ fn read_i64(path: &Path) -> Result<Vec<i64>> {
 /// into a sparse file of the same shape at `to`, reading `from` sequentially.
 fn copy_core_rows(from: &Path, to: &Path, count: u64, dim: usize, keep: impl Fn(u64) -> bool) -> Result<()> {
     let offset = super::stream::checked_offset(from, DType::F32, &[count, dim as u64])?;
-    let mut f = File::open(from).map_err(|e| GraphError::io(from, e))?;
+    let mut f = crate::input::open(from)?;
     f.seek(SeekFrom::Start(offset)).map_err(|e| GraphError::io(from, e))?;
     let mut r = BufReader::with_capacity(1 << 20, f);
     let mut w = NpyWriter::create(to, DType::F32, &[count, dim as u64])?.into_sparse(dim)?;
