@@ -110,7 +110,7 @@ fn push(out: &mut PathBuf, c: Component) {
 mod tests {
     use super::*;
 
-    fn out(flag: &'static str, path: &Path, kind: Kind) -> Output<'_> {
+    fn out<'a>(flag: &'static str, path: &'a Path, kind: Kind) -> Output<'a> {
         Output { flag, path, kind }
     }
 

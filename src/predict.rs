@@ -89,7 +89,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     match &src.distributed {
         Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
         None => {
-            checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges)?;
+            checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges, None)?;
         }
     }
     let manifest = src;

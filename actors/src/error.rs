@@ -34,6 +34,16 @@ pub enum TrainError {
     /// Distributed training failed or timed out (the message says where).
     #[error("distributed training: {0}")]
     Distributed(String),
+    /// The loss became NaN or infinite: the run stops rather than train on.
+    #[error("training diverged at epoch {epoch}, step {step} of the run: the loss is {loss}; lower training.lr, or check the inputs for extreme values")]
+    Diverged {
+        /// Epoch of the step.
+        epoch: u64,
+        /// The step, counted from 0 over the run.
+        step: u64,
+        /// The loss it reported.
+        loss: f64,
+    },
     /// The thread preparing batches ahead of the steps stopped without a word.
     #[error("the batch pipeline stopped unexpectedly")]
     PipelineStopped,

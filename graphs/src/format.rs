@@ -67,6 +67,8 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
         return Err(GraphError::Missing { path: dir.to_path_buf() });
     }
     let schema = Schema::read(&paths::schema(dir))?;
+    let need = schema.load_bytes(opts.reverse_edges, opts.mmap_features);
+    crate::memory::check_fits(&format!("loading this graph ({})", schema.largest_type()), need).map_err(|e| GraphError::schema(&paths::schema(dir), e))?;
     let target = schema.type_index(&schema.target).expect("validated schema");
     let mut node_types = Vec::with_capacity(schema.node_types.len());
     for (i, (name, ts)) in schema.node_types.iter().enumerate() {
@@ -77,12 +79,18 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
                 let f = NpyFile::open(&fpath, DType::F32)?;
                 f.expect_shape(&[count, dim], "features")?;
                 let (rows, dim) = (count as usize, dim as usize);
-                Some(if opts.mmap_features {
+                let features = if opts.mmap_features {
                     let off = f.data_offset();
                     Features::from_map(rows, dim, f.into_map(), off)
                 } else {
                     Features::from_vec(rows, dim, f.to_f32_vec())
-                })
+                };
+                // A NaN or infinity reaches every embedding it touches: training
+                // would diverge or learn nothing, and exit 0. Refused here, once.
+                if let Some((row, col, v)) = features.first_non_finite() {
+                    return Err(GraphError::data(&fpath, format!("row {row} (node {row} of '{name}'), column {col} is {v}: features must be finite numbers")));
+                }
+                Some(features)
             }
             None if fpath.exists() => {
                 return Err(GraphError::data(&fpath, format!("schema says node type '{name}' is featureless (feature_dim null) but this file exists")));

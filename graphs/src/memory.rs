@@ -1,4 +1,44 @@
-//! The process's peak memory, for reports.
+//! The process's peak memory, for reports, and the machine's, for refusing
+//! sizes that cannot fit before anything is allocated.
+
+/// The memory a run may plan for: `$HETGNN_MEMORY_BYTES` if set (a share of
+/// a machine, or a test), else the machine's physical memory (Linux
+/// `MemTotal`); `None` when neither is known.
+pub fn budget_bytes() -> Option<u64> {
+    if let Some(v) = std::env::var_os("HETGNN_MEMORY_BYTES") {
+        return v.to_str().and_then(|v| v.trim().parse().ok());
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuses `bytes` (at least what `what` will allocate) when over [`budget_bytes`].
+pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
+    match budget_bytes() {
+        Some(budget) if bytes > u128::from(budget) => {
+            Err(format!("{what} needs about {} of memory, more than this machine's {} (HETGNN_MEMORY_BYTES sets another budget)", human(bytes), human(u128::from(budget))))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Bytes in binary units, for messages.
+pub fn human(bytes: u128) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
 
 /// Peak resident memory of this process (Linux), if known.
 pub fn peak_rss_bytes() -> Option<u64> {

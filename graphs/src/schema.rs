@@ -115,6 +115,30 @@ impl Schema {
         Ok(())
     }
 
+    /// A lower bound on the bytes loading this graph allocates: each
+    /// relation's index by destination (and by source too with reverse
+    /// relations), labels and splits, and features unless they are mapped.
+    pub fn load_bytes(&self, reverse_edges: bool, mmap_features: bool) -> u128 {
+        let count = |t: &str| self.type_index(t).map_or(0, |i| u128::from(self.node_types[i].1.count));
+        let mut bytes: u128 = 0;
+        for r in &self.relations {
+            bytes += (count(&r.dst) + 1) * 8 + u128::from(r.count) * 4;
+            if reverse_edges {
+                bytes += (count(&r.src) + 1) * 8 + u128::from(r.count) * 4;
+            }
+        }
+        bytes += count(&self.target) * 16;
+        if !mmap_features {
+            bytes += self.node_types.iter().map(|(_, t)| u128::from(t.count) * u128::from(t.feature_dim.unwrap_or(0)) * 4).sum::<u128>();
+        }
+        bytes
+    }
+
+    /// The node type with the most nodes, as `'name' (N nodes)`, for messages.
+    pub fn largest_type(&self) -> String {
+        self.node_types.iter().max_by_key(|(_, t)| t.count).map_or(String::new(), |(n, t)| format!("node type '{n}' declares {} nodes", t.count))
+    }
+
     /// Index of the node type `name`.
     pub fn type_index(&self, name: &str) -> Option<usize> {
         self.node_types.iter().position(|(n, _)| n == name)

@@ -17,7 +17,8 @@ use crate::error::{ModelError, Result};
 use crate::model::{Model, ModelSpec};
 use crate::optim::Adam;
 
-const FORMAT: u32 = 1;
+/// 2: the manifest records the run's fingerprint and is sealed.
+const FORMAT: u32 = 2;
 const PARAMS: &str = "params.safetensors";
 const EMBEDDINGS: &str = "embeddings.safetensors";
 const MANIFEST: &str = "manifest.json";
@@ -41,11 +42,24 @@ pub struct Manifest {
     pub steps: u64,
     /// SHA-256 of each tensor file.
     pub files: BTreeMap<String, String>,
+    /// Every setting that shapes the run's trajectory (learning rate, batch,
+    /// fanouts, seed, model...) as one fingerprint: resuming requires an equal one.
+    pub run: String,
+    /// [`seal`] of the rest: a hand-edited manifest is refused, not believed.
+    pub seal: String,
 }
 
 /// Hex SHA-256 of `bytes` (the checksums manifests record).
 pub fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A manifest's seal: the SHA-256 of its JSON with the seal field empty
+/// (`with_empty_seal` gives that form). Not a signature (anyone can compute
+/// it again): it catches edits by hand or by tools, which would otherwise be
+/// believed, and partial writes.
+pub fn seal<T: Serialize>(with_empty_seal: &T) -> String {
+    sha256(serde_json::to_string(with_empty_seal).expect("manifests serialise").as_bytes())
 }
 
 /// The dense parameters (`param.<name>`), their Adam moments
@@ -174,6 +188,8 @@ pub struct RunInfo {
     pub epochs_done: u64,
     /// Steps completed.
     pub steps: u64,
+    /// The run's fingerprint (see [`Manifest::run`]).
+    pub run: String,
 }
 
 /// Writes a checkpoint of `model` and `adam` under `root` as `epoch-NNNNNN`,
@@ -197,8 +213,19 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
         let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
         files.insert(file.to_string(), sha256(&bytes));
     }
-    let manifest =
-        Manifest { format: FORMAT, spec: model.spec().clone(), graph: info.graph.clone(), reverse_edges: info.reverse_edges, fanouts: info.fanouts.clone(), epochs_done, steps: info.steps, files };
+    let mut manifest = Manifest {
+        format: FORMAT,
+        spec: model.spec().clone(),
+        graph: info.graph.clone(),
+        reverse_edges: info.reverse_edges,
+        fanouts: info.fanouts.clone(),
+        epochs_done,
+        steps: info.steps,
+        files,
+        run: info.run.clone(),
+        seal: String::new(),
+    };
+    manifest.seal = seal(&manifest);
     let mpath = tmp.join(MANIFEST);
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
     let dest = root.join(&name);
@@ -232,10 +259,15 @@ pub type Files = Vec<(String, Vec<u8>)>;
 pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let mpath = dir.join(MANIFEST);
     let text = graphs::input::read_text(&mpath).map_err(|e| bad(&mpath, e.to_string()))?;
-    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
+    let mut manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if manifest.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
     }
+    let sealed = std::mem::take(&mut manifest.seal);
+    if seal(&manifest) != sealed {
+        return Err(bad(&mpath, "was changed after it was written (its seal does not match): a checkpoint is read only as written"));
+    }
+    manifest.seal = sealed;
     if manifest.files.keys().any(|f| f != PARAMS && f != EMBEDDINGS) {
         return Err(bad(&mpath, "manifest names files other than the checkpoint's own"));
     }
@@ -281,10 +313,13 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
 }
 
 /// Restores `model` and `adam` from the checkpoint in `dir`, which must have
-/// been written for an equal model spec, the graph `graph` and the same
-/// reverse-relation setting.
-pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse_edges: bool) -> Result<Manifest> {
+/// been written for an equal model spec, the graph `graph`, the same
+/// reverse-relation setting and (when given) the run fingerprint `run`.
+pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse_edges: bool, run: Option<&str>) -> Result<Manifest> {
     let (manifest, files) = verify(dir)?;
+    if run.is_some_and(|r| r != manifest.run) {
+        return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts, seed or model): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));
+    }
     if manifest.spec != *model.spec() {
         return Err(bad(dir, format!("written for another model ({:?}); this run has {:?}", manifest.spec, model.spec())));
     }

@@ -73,6 +73,67 @@ fn default_heads() -> usize {
 }
 
 impl ModelSpec {
+    /// A lower bound on the bytes a model of this spec holds on `g` while
+    /// training: each layer's weights (one per relation, input width by
+    /// output width) with their gradients and two Adam moments, and with
+    /// `tables` the learnable rows (with their moments). Checked before
+    /// anything is allocated, so that a width no machine can hold is an error.
+    pub fn min_bytes(&self, g: &HetGraph, tables: bool) -> u128 {
+        let classes = u128::from(g.num_classes());
+        let (hidden, embed) = (self.hidden as u128, self.embed_dim as u128);
+        let input = g.node_types().iter().map(|t| t.features.as_ref().map_or(embed, |f| f.dim() as u128)).max().unwrap_or(embed);
+        let per_layer = if self.kind == ModelKind::Mlp { 1 } else { g.relations().len().max(1) as u128 };
+        let mut weights: u128 = 0;
+        for l in 0..self.layers {
+            let fan_in = if l == 0 { input } else { hidden };
+            let fan_out = if l + 1 == self.layers { classes } else { hidden };
+            weights = weights.saturating_add(per_layer.saturating_mul(fan_in).saturating_mul(fan_out));
+        }
+        let mut bytes = weights.saturating_mul(4 * 4);
+        if tables {
+            let learnable = Model::learnable_types(self.kind, g);
+            let rows: u128 = g.node_types().iter().zip(learnable).filter(|(_, l)| *l).map(|(t, _)| u128::from(t.count)).sum();
+            bytes = bytes.saturating_add(rows.saturating_mul(embed).saturating_mul(4 * 3));
+        }
+        bytes
+    }
+
+    /// An estimate of the bytes one training step of `batch` seeds with
+    /// `fanouts` (seeds outward) holds in activations on `g`: hop by hop,
+    /// each relation's sampled edges (its fanout or its mean in-degree, the
+    /// smaller, per destination row; rows capped by the type's node count),
+    /// their messages at the consuming layer's output width and the source
+    /// rows at its input width, kept for the backward pass.
+    pub fn step_bytes(&self, g: &HetGraph, fanouts: &[usize], batch: usize) -> u128 {
+        let types = g.node_types();
+        let count = |t: NodeTypeId| types[t.index()].count as f64;
+        let input = types.iter().map(|t| t.features.as_ref().map_or(self.embed_dim, |f| f.dim())).max().unwrap_or(self.embed_dim) as f64;
+        let mut rows = vec![0f64; types.len()];
+        rows[g.target().index()] = (batch as f64).min(count(g.target()));
+        let mut bytes = 0f64;
+        for (hop, &fanout) in fanouts.iter().enumerate().take(self.layers) {
+            let layer = self.layers - 1 - hop;
+            let w_in = if layer == 0 { input } else { self.hidden as f64 };
+            let w_out = if layer + 1 == self.layers { f64::from(g.num_classes()).max(self.hidden as f64) } else { self.hidden as f64 };
+            let mut next = rows.clone();
+            for r in g.relations() {
+                let dst_rows = rows[r.dst.index()];
+                if dst_rows == 0.0 || count(r.dst) == 0.0 {
+                    continue;
+                }
+                let edges = dst_rows * (fanout as f64).min(r.num_edges() as f64 / count(r.dst));
+                next[r.src.index()] += edges;
+                bytes += edges * w_out * 4.0 * 2.0;
+            }
+            for (t, n) in next.iter_mut().enumerate() {
+                *n = n.min(types[t].count as f64);
+                bytes += *n * w_in * 4.0 * 2.0;
+            }
+            rows = next;
+        }
+        bytes.min(u128::MAX as f64) as u128
+    }
+
     /// Checks the values are usable.
     pub fn validate(&self) -> Result<()> {
         if self.layers == 0 {
@@ -143,6 +204,15 @@ impl Model {
 
     fn build(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device, tables: bool) -> Result<Model> {
         spec.validate()?;
+        let what = format!(
+            "the model (training.hidden {}, training.embed_dim {}, training.layers {}, {} classes, {} relations)",
+            spec.hidden,
+            spec.embed_dim,
+            spec.layers,
+            g.num_classes(),
+            g.relations().len()
+        );
+        graphs::memory::check_fits(&what, spec.min_bytes(g, tables)).map_err(ModelError::Config)?;
         let seed = spec.seed;
         let num_classes = g.num_classes() as usize;
         let target = g.target();

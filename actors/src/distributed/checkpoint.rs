@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, TrainError};
 use crate::report::EpochReport;
 
-const FORMAT: u32 = 1;
+/// 2: the manifest is sealed.
+const FORMAT: u32 = 2;
 /// The file trainer 0 writes.
 pub const DENSE: &str = "dense.safetensors";
 const MANIFEST: &str = "manifest.json";
@@ -70,12 +71,14 @@ pub struct Manifest {
     pub progress: Progress,
     /// SHA-256 of each tensor file.
     pub files: BTreeMap<String, String>,
+    /// `models::checkpoint::seal` of the rest: a hand-edited manifest is refused.
+    pub seal: String,
 }
 
 impl Manifest {
     /// A manifest of the current format for a run of `mode` configured by `t`.
     pub fn new(run: String, mode: &str, t: &crate::config::TrainingConfig, seq: u64, epochs: Vec<EpochReport>, progress: Progress, files: BTreeMap<String, String>) -> Manifest {
-        Manifest { format: FORMAT, run, mode: mode.to_string(), spec: t.model_spec(), fanouts: t.fanouts.clone(), reverse_edges: t.reverse_edges, seq, epochs, progress, files }
+        Manifest { format: FORMAT, run, mode: mode.to_string(), spec: t.model_spec(), fanouts: t.fanouts.clone(), reverse_edges: t.reverse_edges, seq, epochs, progress, files, seal: String::new() }
     }
 }
 
@@ -144,7 +147,10 @@ pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf
             return Err(bad(&p, "reported written but missing"));
         }
     }
-    let text = serde_json::to_string_pretty(manifest).map_err(|e| bad(&partial, e))?;
+    let mut sealed = manifest.clone();
+    sealed.seal = String::new();
+    sealed.seal = models::checkpoint::seal(&sealed);
+    let text = serde_json::to_string_pretty(&sealed).map_err(|e| bad(&partial, e))?;
     let mpath = partial.join(MANIFEST);
     std::fs::write(&mpath, text).map_err(|e| io(&mpath, e))?;
     let dest = dir(root, manifest.seq);
@@ -198,6 +204,12 @@ pub fn manifest(dir: &Path) -> Result<Manifest> {
     if m.files.keys().any(|f| !valid_file_name(f)) {
         return Err(bad(&mpath, "names a file outside the checkpoint"));
     }
+    let mut m = m;
+    let sealed = std::mem::take(&mut m.seal);
+    if models::checkpoint::seal(&m) != sealed {
+        return Err(bad(&mpath, "was changed after it was written (its seal does not match): a checkpoint is read only as written"));
+    }
+    m.seal = sealed;
     if dir.file_name().map(|n| n.to_string_lossy().to_string()) != Some(format!("{PREFIX}{:09}", m.seq)) {
         return Err(bad(&mpath, format!("records step {} but sits in {}", m.seq, dir.display())));
     }
@@ -399,8 +411,13 @@ mod tests {
         // A manifest naming a file outside the checkpoint is refused.
         let d = dir(root.path(), 4);
         let text = std::fs::read_to_string(d.join(MANIFEST)).unwrap().replace("embed.a.0.safetensors", "../x.safetensors");
-        std::fs::write(d.join(MANIFEST), text).unwrap();
+        std::fs::write(d.join(MANIFEST), &text).unwrap();
         let err = latest(root.path(), "r").unwrap_err().to_string();
         assert!(err.contains("outside"), "{err}");
+        // Any other edit of the manifest is refused too (the seal).
+        let d = dir(root.path(), 4);
+        std::fs::write(d.join(MANIFEST), text.replace("../x.safetensors", "embed.a.0.safetensors").replace("\"mode\": \"", "\"mode\": \"x")).unwrap();
+        let err = manifest(&d).unwrap_err().to_string();
+        assert!(err.contains("was changed after it was written"), "{err}");
     }
 }

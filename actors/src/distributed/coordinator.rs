@@ -76,6 +76,9 @@ impl<'a> Coordinator<'a> {
             let stats = loop {
                 match self.inbox.epoch_progress(epoch, self.trainers, self.parts, self.timeouts.step)? {
                     EpochProgress::Step(seq, loss) => {
+                        if !loss.is_finite() {
+                            return Err(TrainError::Diverged { epoch, step: seq, loss });
+                        }
                         self.seq = seq + 1;
                         self.first_step_at.get_or_insert_with(Instant::now);
                         observer.step(loss);

@@ -117,6 +117,10 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
     let t = &cfg.training;
     let parts = mode.parts();
     let graphs: Vec<Arc<HetGraph>> = (0..parts).map(|k| mode.load(k).map(Arc::new)).collect::<Result<_>>()?;
+    crate::epoch::preflight::check_trainable(&graphs[0])?;
+    for g in &graphs {
+        crate::epoch::preflight::check_fits(t, g, false)?;
+    }
     let run = mode.fingerprint(&graphs[0]);
     let timeouts = mode.timeouts(Timeouts::default());
     let (m, gs) = (mode.clone(), graphs.clone());
@@ -179,6 +183,10 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     let parts = mode.parts();
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
+    if coordinator_here {
+        crate::epoch::preflight::check_trainable(&graph)?;
+    }
+    crate::epoch::preflight::check_fits(t, &graph, false)?;
     let run = mode.fingerprint(&graph);
     let timeouts = mode.timeouts(Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() });
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);

@@ -6,6 +6,7 @@
 //! every step, so a mode reads them when it uses the batch. Batches arrive in
 //! step order, so results equal those of the sequential loop.
 
+pub mod preflight;
 pub mod run;
 pub mod schedule;
 

@@ -38,12 +38,19 @@ impl crate::modes::TrainingMode for Single {
     }
 }
 
+/// Every setting that shapes a single-process run's trajectory, as the
+/// distributed modes fingerprint theirs.
+fn run_fingerprint(t: &crate::config::TrainingConfig, g: &HetGraph) -> String {
+    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single"])
+}
+
 /// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).
 pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
     let t = &cfg.training;
     let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
     let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges })?;
+    crate::epoch::preflight::check(t, &g, true)?;
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
@@ -62,7 +69,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 for s in skipped {
                     observer.note(&format!("skipped checkpoint: {s}"));
                 }
-                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges)?;
+                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges, Some(&run_fingerprint(t, &g)))?;
                 // The loop resumes by step: the checkpoint must end an epoch of this run's batches.
                 if m.steps != m.epochs_done * per_epoch {
                     return Err(TrainError::Checkpoint(format!(
@@ -165,7 +172,14 @@ impl<'g> Steps for Run<'g, '_> {
             c.write_back(&mut self.model)?;
         }
         let steps = self.report.steps;
-        let info = checkpoint::RunInfo { graph: self.g.name().to_string(), reverse_edges: t.reverse_edges, fanouts: t.fanouts.clone(), epochs_done: steps / self.per_epoch.max(1), steps };
+        let info = checkpoint::RunInfo {
+            graph: self.g.name().to_string(),
+            reverse_edges: t.reverse_edges,
+            fanouts: t.fanouts.clone(),
+            epochs_done: steps / self.per_epoch.max(1),
+            steps,
+            run: run_fingerprint(t, self.g),
+        };
         checkpoint::save(root, &self.model, &self.adam, &info, t.checkpoint_keep)?;
         Ok(())
     }
@@ -202,6 +216,9 @@ impl<'g> Steps for Run<'g, '_> {
         }
         st.time.update_s += lap(&mut clock);
         let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if !l.is_finite() {
+            return Err(TrainError::Diverged { epoch, step: self.report.steps, loss: l });
+        }
         let correct = count_correct(&logits, labels, seeds)?;
         self.report.steps += 1;
         self.observer.step(l);

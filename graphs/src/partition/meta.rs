@@ -68,6 +68,33 @@ pub fn metatree_within(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: O
     Metatree { vertices, depth }
 }
 
+/// Bytes a metatree vertex costs in all (the vertex, its link in a
+/// sub-metatree, its share of the assignment): a generous bound.
+const METATREE_VERTEX_BYTES: u128 = 256;
+
+/// The number of vertices [`metatree_within`] would build, counted per
+/// (depth, node type) without building it: it grows as the relations per
+/// type to the power of the depth.
+pub fn metatree_size(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Option<&[BTreeSet<RelationId>]>) -> u128 {
+    let types = m.types.len();
+    let mut level = vec![0u128; types];
+    level[root.0 as usize] = 1;
+    let mut total: u128 = 1;
+    for d in 0..depth {
+        let layer = depth - d - 1;
+        let mut next = vec![0u128; types];
+        for (t, &n) in level.iter().enumerate().filter(|(_, &n)| n > 0) {
+            for l in m.incoming(NodeTypeId(t as u32)).filter(|l| allowed.map_or(true, |a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
+                next[l.src.0 as usize] = next[l.src.0 as usize].saturating_add(n);
+            }
+            next[t] = next[t].saturating_add(n);
+        }
+        total = next.iter().fold(total, |a, &n| a.saturating_add(n));
+        level = next;
+    }
+    total
+}
+
 /// One child of the root with all its descendants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubMetatree {
@@ -269,6 +296,8 @@ mod tests {
         assert_eq!(subs[4].links, vec![(0, RelationId(0)), (0, RelationId(2)), (0, RelationId(6)), (0, RelationId(7))]);
         // Three layers: an author at depth 1 has a self child whose children are the relations into author at layer 0.
         let t3 = metatree(&m, NodeTypeId(0), 3);
+        assert_eq!(metatree_size(&m, NodeTypeId(0), 3, None), t3.vertices.len() as u128);
+        assert_eq!(metatree_size(&m, NodeTypeId(0), 2, None), metatree(&m, NodeTypeId(0), 2).vertices.len() as u128);
         let s3 = t3.split(&m);
         assert!(s3[0].links.contains(&(0, RelationId(4))) && s3[0].links.contains(&(1, RelationId(4))), "{:?}", s3[0].links);
         assert_eq!(subs[0].types, BTreeSet::from([NodeTypeId(0), NodeTypeId(1), NodeTypeId(2)]));
@@ -462,6 +491,9 @@ pub fn write_metapaths(
     }
     let m = g.metagraph();
     let allowed = metapaths.map(|p| allowed_per_layer(p, layers));
+    let size = metatree_size(&m, g.target(), layers, allowed.as_deref());
+    crate::memory::check_fits(&format!("the {layers}-layer metatree ({size} vertices)"), size.saturating_mul(METATREE_VERTEX_BYTES))
+        .map_err(|e| GraphError::InvalidArgument(format!("--layers {layers}: {e}")))?;
     let tree = metatree_within(&m, g.target(), layers, allowed.as_deref());
     let subs = tree.split(&m);
     if subs.iter().all(|s| s.self_loop) {
