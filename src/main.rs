@@ -100,6 +100,7 @@ enum Command {
         restarts: u32,
     },
     /// Check a topology file and its certificates, then ask every node for its state and round-trip time.
+    #[command(allow_negative_numbers = true)]
     Doctor {
         #[command(flatten)]
         cluster: cluster::ClusterArgs,
@@ -193,7 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Launch { cluster, restarts } => launch::run(&cluster, restarts)?,
         Command::Doctor { cluster, timeout } => {
-            anyhow::ensure!(timeout.is_finite() && timeout > 0.0, "--timeout must be a positive number of seconds");
+            anyhow::ensure!(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0, "--timeout must be a number of seconds in (0, 3600], got {timeout}");
             cluster::doctor(&cluster, std::time::Duration::from_secs_f64(timeout))?
         }
     }

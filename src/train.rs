@@ -10,7 +10,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Options of `hetgnn train` (each a shorthand for a `training.*` key).
+/// Negative numbers are values (`--lr -0.01` is refused by validation, with the key named, not by the parser).
 #[derive(Args, Default)]
+#[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// TOML configuration file (see the README); flags and --set override it.
     #[arg(long)]
@@ -97,7 +99,10 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     /// The flags as `training.key=value` overrides, then the explicit `--set`s.
-    fn overrides(&self) -> Vec<String> {
+    fn overrides(&self) -> anyhow::Result<Vec<String>> {
+        // The configuration is TOML, which holds UTF-8 only: say so rather than mangle a path.
+        let path = |flag: &str, p: &Option<PathBuf>| p.as_deref().map(|p| graphs::input::utf8_path(flag, p).map(|s| actors::config::toml_string(&s))).transpose();
+        let (data, partitions, report, checkpoint) = (path("--data", &self.data)?, path("--partitions", &self.partitions)?, path("--report", &self.report)?, path("--checkpoint", &self.checkpoint)?);
         let mut o = Vec::new();
         let mut push = |k: &str, v: Option<String>| {
             if let Some(v) = v {
@@ -105,11 +110,11 @@ impl TrainArgs {
             }
         };
         let quoted = actors::config::toml_string;
-        push("data", self.data.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("data", data);
         push("mode", self.mode.as_deref().map(quoted));
         push("sync_every", self.sync_every.map(|v| v.to_string()));
         push("workers", self.workers.map(|v| v.to_string()));
-        push("partitions", self.partitions.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("partitions", partitions);
         push("model", self.model.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
         push("batch", self.batch.map(|v| v.to_string()));
@@ -120,16 +125,17 @@ impl TrainArgs {
         push("embed_dim", self.embed_dim.map(|v| v.to_string()));
         push("lr", self.lr.map(|v| format!("{v:?}")));
         push("dropout", self.dropout.map(|v| format!("{v:?}")));
-        push("seed", self.seed.map(|v| v.to_string()));
+        // As a string: TOML integers stop at 2^63 - 1, seeds do not.
+        push("seed", self.seed.map(|v| quoted(&v.to_string())));
         push("reverse_edges", (self.reverse_edges || self.no_reverse_edges).then(|| self.reverse_edges.to_string()));
         push("device", self.device.as_deref().map(quoted));
-        push("report", self.report.as_ref().map(|p| quoted(&p.display().to_string())));
-        push("checkpoint_dir", self.checkpoint.as_ref().map(|p| quoted(&p.display().to_string())));
+        push("report", report);
+        push("checkpoint_dir", checkpoint);
         push("resume", self.resume.then(|| "true".to_string()));
         push("cache_bytes", self.cache_bytes.as_deref().map(quoted));
         push("cache_policy", self.cache_policy.as_deref().map(quoted));
         o.extend(self.set.iter().cloned());
-        o
+        Ok(o)
     }
 }
 
@@ -160,7 +166,7 @@ fn default_data() -> anyhow::Result<PathBuf> {
 }
 
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    let overrides = args.overrides();
+    let overrides = args.overrides()?;
     let mut cfg = match &args.config {
         Some(path) => Config::load(path, &overrides)?,
         None => Config::parse("", &overrides)?,

@@ -144,7 +144,9 @@ pub struct TrainingConfig {
     pub lr: f64,
     /// Dropout after every layer but the last (default 0.5).
     pub dropout: f32,
-    /// Seed of initialisation, batch order, sampling and dropout (default 0).
+    /// Seed of initialisation, batch order, sampling and dropout (default 0;
+    /// any u64: TOML integers stop at 2^63 - 1, so larger ones are written as strings).
+    #[serde(deserialize_with = "u64_or_string")]
     pub seed: u64,
     /// Add `rev_<name>` relations at load (default true).
     pub reverse_edges: bool,
@@ -294,6 +296,20 @@ impl Config {
             return bad("training.cache_presample_epochs must be at least 1 when training.cache_bytes is set: the cache is filled by pre-sampled visits".into());
         }
         Ok(())
+    }
+}
+
+/// A u64 from a TOML integer (at most 2^63 - 1) or a string of digits (any u64).
+fn u64_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Int(i64),
+        Text(String),
+    }
+    match Either::deserialize(d)? {
+        Either::Int(v) => u64::try_from(v).map_err(|_| serde::de::Error::custom(format!("{v} is negative: expected 0..=18446744073709551615"))),
+        Either::Text(s) => s.trim().parse().map_err(|_| serde::de::Error::custom(format!("'{s}' is not an integer in 0..=18446744073709551615"))),
     }
 }
 
