@@ -28,15 +28,6 @@ pub struct Output<'a> {
 /// Checks `outputs` against each other and against `inputs` (flag, path).
 pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
     for (i, o) in outputs.iter().enumerate() {
-        if let Ok(meta) = std::fs::metadata(o.path) {
-            match o.kind {
-                Kind::File if meta.is_dir() => bail!("{} {}: is a directory; give a file name", o.flag, o.path.display()),
-                Kind::Dir | Kind::AddTo if !meta.is_dir() => bail!("{} {}: exists and is not a directory", o.flag, o.path.display()),
-                Kind::Dir if !force && !is_empty_dir(o.path) => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
-                Kind::File if !force => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
-                _ => {}
-            }
-        }
         let out = absolute(o.path)?;
         for (flag, input) in inputs {
             let inp = absolute(input)?;
@@ -49,6 +40,15 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
                     "holds"
                 };
                 bail!("{} {} {how} the input {flag} {}: writing it would overwrite what this command reads; choose another path", o.flag, o.path.display(), input.display());
+            }
+        }
+        if let Ok(meta) = std::fs::metadata(o.path) {
+            match o.kind {
+                Kind::File if meta.is_dir() => bail!("{} {}: is a directory; give a file name", o.flag, o.path.display()),
+                Kind::Dir | Kind::AddTo if !meta.is_dir() => bail!("{} {}: exists and is not a directory", o.flag, o.path.display()),
+                Kind::Dir if !force && !is_empty_dir(o.path) => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
+                Kind::File if !force => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
+                _ => {}
             }
         }
         for other in &outputs[i + 1..] {

@@ -6,6 +6,7 @@ mod cli_chaos;
 mod cli_cluster;
 mod cli_data_parallel;
 mod cli_generate;
+mod cli_hardening;
 mod cli_import;
 mod cli_inspect;
 mod cli_model_averaging;

@@ -44,7 +44,7 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
     }
     let mut bytes = Vec::with_capacity(len as usize);
     // The file may grow after the stat: read at most one byte past the limit to tell.
-    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| GraphError::io(path, e))?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| GraphError::io(path, e))?;
     if bytes.len() as u64 > limit {
         return Err(GraphError::data(path, format!("grew past {limit} bytes while being read")));
     }
