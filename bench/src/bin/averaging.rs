@@ -121,6 +121,7 @@ fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u
     let sync = format!("training.sync_every={sync_every}");
     let args = [
         "train",
+        "--force",
         "--mode",
         mode,
         "--partitions",
@@ -253,7 +254,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 std::fs::write(work.join("cluster.toml"), toml)?;
                 eprintln!("{mode}, {k} node processes");
-                hetgnn(&bin, &work, &["launch", "--config", "cluster.toml"])?;
+                hetgnn(&bin, &work, &["launch", "--force", "--config", "cluster.toml"])?;
                 mb.push(bytes_per_epoch(&read(&work.join(&report))?) / 1e6);
             }
             println!("{:>3} {:>22.1} {:>22.1} {:>7.1}x", k, mb[0], mb[1], mb[0] / mb[1].max(1e-9));

@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
             let mut best: Option<(f64, Value)> = None;
             for rep in 0..a.repeats.max(1) {
                 eprintln!("{mode}, {policy}, budget {:.0}% ({bytes} bytes per device), {} epochs, run {}", frac * 100.0, a.epochs, rep + 1);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--config".into(), "cluster.toml".into()])?;
+                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
                 let r: Value = serde_json::from_str(&std::fs::read_to_string(w.join(&report))?)?;
                 let s = bench::epoch_mean(&r, "seconds");
                 if best.as_ref().map_or(true, |(b, _)| s < *b) {

@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
         let common =
             |report: &str| -> Vec<String> { ["--epochs", &a.epochs.to_string(), "--report", report, "--model", &a.model, "--hidden", &hidden.to_string()].iter().map(|s| s.to_string()).collect() };
         eprintln!("single process, {} hidden {hidden}, {} epochs", a.model, a.epochs);
-        let mut args: Vec<String> = vec!["train".into(), "--data".into(), d.clone()];
+        let mut args: Vec<String> = vec!["train".into(), "--force".into(), "--data".into(), d.clone()];
         args.extend(common("single.json"));
         bench::run_hetgnn(&bin, w, &args)?;
         let single = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join("single.json"))?)?;
@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 std::fs::write(w.join("cluster.toml"), toml)?;
                 eprintln!("{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs", a.epochs);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--config".into(), "cluster.toml".into()])?;
+                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
                 let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
                 let label = if mode == "raf" { format!("raf {method} x{k} h{hidden}") } else { format!("dp {method} x{k} h{hidden}") };
                 rows.push(summary(&r, &label));

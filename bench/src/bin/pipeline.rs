@@ -77,7 +77,7 @@ fn main() -> anyhow::Result<()> {
     toml += &format!("[training]\nmode = \"model-averaging\"\npartitions = {:?}\nepochs = {}\nembed_dim = {}\nreport = \"train.json\"\n", parts.display().to_string(), a.epochs, a.embed_dim);
     std::fs::write(work.join("cluster.toml"), toml)?;
     let clock = Instant::now();
-    run(&["launch", "--config", "cluster.toml"])?;
+    run(&["launch", "--force", "--config", "cluster.toml"])?;
     let train_s = clock.elapsed().as_secs_f64();
     let tr = read(&work.join("train.json"))?;
 

@@ -97,7 +97,7 @@ impl Run {
     fn spawn(&mut self, bin: &Path, id: &str) -> anyhow::Result<()> {
         let log = std::fs::File::create(self.dir.join(format!("{id}.{}.log", self.procs.len())))?;
         let child = Command::new(bin)
-            .args(["node", "--config", "cluster.toml", "--node", id])
+            .args(["node", "--force", "--config", "cluster.toml", "--node", id])
             .env("RAYON_NUM_THREADS", "1")
             .current_dir(&self.dir)
             .stdin(Stdio::null())
