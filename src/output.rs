@@ -46,8 +46,8 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
             match o.kind {
                 Kind::File if meta.is_dir() => bail!("{} {}: is a directory; give a file name", o.flag, o.path.display()),
                 Kind::Dir | Kind::AddTo if !meta.is_dir() => bail!("{} {}: exists and is not a directory", o.flag, o.path.display()),
-                Kind::Dir if !force && !is_empty_dir(o.path) => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
-                Kind::File if !force => bail!("{} {}: exists; pass --force to replace it", o.flag, o.path.display()),
+                Kind::Dir if !force && !is_empty_dir(o.path) => bail!("{} {}: already exists; pass --force to replace it", o.flag, o.path.display()),
+                Kind::File if !force => bail!("{} {}: already exists; pass --force to replace it", o.flag, o.path.display()),
                 _ => {}
             }
         }

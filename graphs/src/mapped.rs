@@ -4,11 +4,12 @@
 //! registered here, and a SIGBUS handler names the file and exits with status
 //! 1. Faults outside these mappings go to the handler that was there before.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Deref;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use memmap2::Mmap;
 
@@ -17,9 +18,7 @@ use crate::error::{GraphError, Result};
 /// Mappings that can be named at once; more are mapped all the same, unnamed.
 const SLOTS: usize = 256;
 
-/// One registered mapping: its address range and its message (leaked: a
-/// handler may be reading it while the mapping is dropped; a few hundred
-/// bytes per mapped file).
+/// One registered mapping: its address range and its message (see `message_for`).
 struct Slot {
     start: AtomicUsize,
     len: AtomicUsize,
@@ -72,13 +71,12 @@ fn register(start: usize, len: usize, path: &Path) -> Option<usize> {
         return None;
     }
     INSTALL.call_once(install);
-    let message = format!("error: {}: the file changed (truncated?) while hetgnn had it mapped; inputs must not be modified while a run reads them\n", path.display()).into_bytes().into_boxed_slice();
+    let message = message_for(path);
     let message_len = message.len();
     for (i, s) in REGISTRY.iter().enumerate() {
         // A slot is claimed by swapping its length from 0; start and message follow.
         if s.len.compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-            let ptr = Box::leak(message).as_mut_ptr();
-            s.message.store(ptr, Ordering::SeqCst);
+            s.message.store(message.as_ptr().cast_mut(), Ordering::SeqCst);
             s.message_len.store(message_len, Ordering::SeqCst);
             s.start.store(start, Ordering::SeqCst);
             s.len.store(len, Ordering::SeqCst);
@@ -86,6 +84,18 @@ fn register(start: usize, len: usize, path: &Path) -> Option<usize> {
         }
     }
     None
+}
+
+/// The message for `path`, made once per path and kept for the process's
+/// life (a handler may read it at any time): memory grows with the distinct
+/// files mapped, not with the mappings.
+fn message_for(path: &Path) -> &'static [u8] {
+    static MESSAGES: Mutex<BTreeMap<PathBuf, &'static [u8]>> = Mutex::new(BTreeMap::new());
+    let mut messages = MESSAGES.lock().unwrap_or_else(|p| p.into_inner());
+    messages.entry(path.to_path_buf()).or_insert_with(|| {
+        let text = format!("error: {}: the file changed (truncated?) while hetgnn had it mapped; inputs must not be modified while a run reads them\n", path.display());
+        Box::leak(text.into_bytes().into_boxed_slice())
+    })
 }
 
 fn install() {
@@ -110,7 +120,7 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         let (start, len) = (s.start.load(Ordering::SeqCst), s.len.load(Ordering::SeqCst));
         if len != usize::MAX && start != 0 && addr >= start && addr - start < len {
             let (ptr, n) = (s.message.load(Ordering::SeqCst), s.message_len.load(Ordering::SeqCst));
-            // SAFETY: the message was leaked at registration and is never freed.
+            // SAFETY: messages live for the whole process (`message_for`).
             unsafe {
                 libc::write(2, ptr as *const libc::c_void, n);
                 libc::_exit(1);

@@ -317,9 +317,6 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
 /// reverse-relation setting and (when given) the run fingerprint `run`.
 pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse_edges: bool, run: Option<&str>) -> Result<Manifest> {
     let (manifest, files) = verify(dir)?;
-    if run.is_some_and(|r| r != manifest.run) {
-        return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts, seed or model): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));
-    }
     if manifest.spec != *model.spec() {
         return Err(bad(dir, format!("written for another model ({:?}); this run has {:?}", manifest.spec, model.spec())));
     }
@@ -328,6 +325,9 @@ pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse
     }
     if manifest.reverse_edges != reverse_edges {
         return Err(bad(dir, format!("written with reverse_edges = {}, this run has {reverse_edges}", manifest.reverse_edges)));
+    }
+    if run.is_some_and(|r| r != manifest.run) {
+        return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts or seed): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));
     }
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for (_, bytes) in &files {

@@ -9,8 +9,9 @@
 //!
 //! Pieces, each a module: the wire format ([`wire`]) and duplicate
 //! suppression ([`dedup`]); the topology file's runtime sections
-//! ([`config`]); the sans-IO cores — failure detector ([`membership`]) and
-//! seeded fault plan with bandwidth shaping ([`chaos`]) — that take the time
+//! ([`config`]); the sans-IO cores — failure detector ([`membership`]),
+//! seeded fault plan with bandwidth shaping ([`chaos`]) and log rate limit
+//! ([`log_limit`]) — that take the time
 //! as input and so are tested without sockets or sleeps; the transport that
 //! drives them; [`metrics`] readable in-process and as Prometheus text.
 //!
@@ -27,6 +28,7 @@ pub mod certs;
 pub mod chaos;
 pub mod config;
 pub mod dedup;
+pub mod log_limit;
 pub mod membership;
 pub mod metrics;
 pub mod node;
@@ -48,5 +50,5 @@ pub use wire::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteE
 /// Internals exposed for tests and benchmarks of the wire protocol (not a stable API).
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::transport::{close, TAG_LARGE, TAG_SMALL};
+    pub use crate::transport::{close, stop, TAG_LARGE, TAG_SMALL};
 }

@@ -7,7 +7,10 @@
 //!
 //! Streams start with a one-byte tag: [`TAG_SMALL`] (a sequence of
 //! length-prefixed frames) or [`TAG_LARGE`] (exactly one frame). A stream that
-//! breaks the format closes its connection, and only that one.
+//! breaks the format closes its connection, and only that one. Large frames
+//! a peer has announced and not yet had handled share a byte budget per peer
+//! ([`LargeBudget`]); a frame refused for want of room, or whose body stalls,
+//! is stopped alone (the sender's resends bring it again).
 //!
 //! Why one file of ~900 lines: like quinn's `connection` module, this is one
 //! state machine (dialling, accepting, the writer and reader of each
@@ -23,12 +26,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch, Semaphore, SemaphorePermit, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
 use crate::actor_ref::AskError;
 use crate::chaos::{Faults, TokenBucket};
 use crate::dedup::{ReplyCache, Seen};
+use crate::log_limit::{suppressed_note, LogLimit};
 use crate::membership::{MemberEvent, Membership};
 use crate::metrics::{Dir, Metrics};
 use crate::registry::Registry;
@@ -56,6 +60,15 @@ pub mod close {
     pub const IDENTITY: u32 = 5;
 }
 
+/// Codes a receiver stops one large-frame stream with (its connection stays
+/// up; the sender's resends bring the frame again).
+pub mod stop {
+    /// The peer's large frames in flight already fill its budget, and enough wait for room.
+    pub const BUSY: u32 = 1;
+    /// The frame's body made no progress for the stall timeout (30 s).
+    pub const STALLED: u32 = 2;
+}
+
 /// Pieces in which large frames are paced through a bandwidth cap.
 const PACE_PIECE: usize = 256 << 10;
 /// Frames waiting to be written to one peer; beyond this, frames are dropped
@@ -67,6 +80,85 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 const DEDUP_WINDOW: usize = 1 << 16;
 const REPLY_ENTRIES: usize = 1 << 16;
 const REPLY_BYTES: usize = 256 << 20;
+
+/// Bytes of large frames one peer may have announced and not yet had handled
+/// (two maximal frames): a peer that announces frames and withholds their
+/// bodies pins at most this much of the node's memory.
+const LARGE_BUDGET: usize = 2 * MAX_LARGE_FRAME;
+/// Large frames of one peer that may wait for room in its budget; more are refused.
+///
+/// Waiting is back-pressure, but a waiting stream is not read, so quinn holds
+/// what the peer already sent on it (up to the 64 MiB stream window of
+/// `tls::transport_config`) against the connection's 256 MiB receive window.
+/// Enough waiters would fill that window and starve the very frames holding
+/// the budget, which then never finish: a deadlock. Two waiters pin at most
+/// 128 MiB and leave the frames being read room to finish; past them a frame
+/// is refused ([`stop::BUSY`]) and resent by the sender's retries.
+const LARGE_WAITERS: usize = 2;
+/// A large frame whose body makes no progress for this long is dropped
+/// ([`stop::STALLED`]), releasing its budget. The connection's idle timeout
+/// does not cover this: both ends send keep-alives every second, so a live
+/// connection never idles, however long one of its streams is silent. A
+/// sender paced by a bandwidth cap pauses at most one 256 KiB piece's time,
+/// well under this for any cap above ~70 kbit/s.
+const LARGE_STALL: Duration = Duration::from_secs(30);
+/// First buffer of a large frame's body: it grows as bytes arrive, so memory
+/// follows the bytes received rather than the length announced.
+const LARGE_FIRST_ALLOC: usize = 8 << 20;
+/// Refused connections logged at once, then one warning per interval (a
+/// stranger hammering the port would otherwise flood the log).
+const REFUSED_LOG_BURST: u32 = 5;
+const REFUSED_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The bytes of large frames a peer has in flight (announced, not yet
+/// handled), bounded, and how many more frames wait for room.
+pub(crate) struct LargeBudget {
+    bytes: Semaphore,
+    total: usize,
+    waiting: AtomicU64,
+    max_waiting: u64,
+}
+
+impl LargeBudget {
+    fn new(total: usize, max_waiting: usize) -> LargeBudget {
+        LargeBudget { bytes: Semaphore::new(total), total, waiting: AtomicU64::new(0), max_waiting: max_waiting as u64 }
+    }
+
+    /// Room for a frame of `len` bytes, held until the permit is dropped: at
+    /// once, after waiting in turn (first come, first served), or `None` when
+    /// the frame can never fit or enough frames wait already.
+    async fn admit(&self, len: usize) -> Option<SemaphorePermit<'_>> {
+        let n = u32::try_from(len).ok().filter(|_| len <= self.total)?;
+        match self.bytes.try_acquire_many(n) {
+            Ok(p) => return Some(p),
+            Err(TryAcquireError::NoPermits) => {}
+            Err(TryAcquireError::Closed) => return None,
+        }
+        self.waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| (w < self.max_waiting).then_some(w + 1)).ok()?;
+        // Counted until the wait ends, however it ends (the stream's task may be dropped).
+        let _waiting = Waiting(&self.waiting);
+        self.bytes.acquire_many(n).await.ok()
+    }
+
+    /// Bytes held by frames admitted and not yet handled (or set aside for the first in line).
+    fn in_use(&self) -> usize {
+        self.total - self.bytes.available_permits()
+    }
+
+    /// Frames waiting for room.
+    fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
+    }
+}
+
+/// One frame waiting for room in a [`LargeBudget`].
+struct Waiting<'a>(&'a AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 #[derive(Clone)]
 struct Conn {
@@ -130,12 +222,15 @@ pub(crate) struct Peer {
     bucket: Mutex<Option<TokenBucket>>,
     outbox: mpsc::Sender<Outgoing>,
     cancel: CancellationToken,
+    /// Large frames received from it and not yet handled.
+    large: LargeBudget,
 }
 
 impl Peer {
-    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool, cancel: CancellationToken) -> (Arc<Peer>, mpsc::Receiver<Outgoing>) {
+    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool, cancel: CancellationToken, budget: usize) -> (Arc<Peer>, mpsc::Receiver<Outgoing>) {
         let (outbox, rx) = mpsc::channel(OUTBOX);
-        let p = Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None), outbox, cancel };
+        let large = LargeBudget::new(budget, LARGE_WAITERS);
+        let p = Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None), outbox, cancel, large };
         (Arc::new(p), rx)
     }
 
@@ -163,12 +258,24 @@ pub(crate) struct Settings {
     pub retry: Duration,
     pub heartbeat: Duration,
     pub failure_timeout: Duration,
+    /// Bytes of large frames each peer may have in flight.
+    pub large_budget: usize,
+    /// Longest a large frame's body may make no progress.
+    pub large_stall: Duration,
 }
 
 impl Settings {
     /// The timing of `[cluster]` for the transport of `me`.
     pub fn new(c: &crate::config::ClusterConfig, me: &str, index: u32) -> Settings {
-        Settings { me: me.to_string(), index, retry: Duration::from_millis(c.retry_ms), heartbeat: Duration::from_millis(c.heartbeat_ms), failure_timeout: Duration::from_millis(c.failure_timeout_ms) }
+        Settings {
+            me: me.to_string(),
+            index,
+            retry: Duration::from_millis(c.retry_ms),
+            heartbeat: Duration::from_millis(c.heartbeat_ms),
+            failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+            large_budget: LARGE_BUDGET,
+            large_stall: LARGE_STALL,
+        }
     }
 }
 
@@ -230,6 +337,11 @@ pub(crate) struct Transport {
     cancel: CancellationToken,
     /// Frames queued or being written.
     unsent: Arc<AtomicU64>,
+    large_budget: usize,
+    large_stall: Duration,
+    /// Warnings about refused connections, and about refused or stalled large frames.
+    refused_log: Mutex<LogLimit>,
+    large_log: Mutex<LogLimit>,
 }
 
 /// Longest a shutdown waits for queued frames to be written.
@@ -265,7 +377,7 @@ impl Transport {
         let mut writers = Vec::new();
         let table = DashMap::new();
         for (id, addr, dial) in &peers {
-            let (p, rx) = Peer::new(id.clone(), Some(*addr), *dial, serve, cancel.child_token());
+            let (p, rx) = Peer::new(id.clone(), Some(*addr), *dial, serve, cancel.child_token(), s.large_budget);
             writers.push((p.clone(), rx));
             table.insert(id.clone(), p);
         }
@@ -288,6 +400,10 @@ impl Transport {
             heartbeat: s.heartbeat,
             cancel,
             unsent: Arc::new(AtomicU64::new(0)),
+            large_budget: s.large_budget,
+            large_stall: s.large_stall,
+            refused_log: Mutex::new(LogLimit::new(REFUSED_LOG_INTERVAL, REFUSED_LOG_BURST, now)),
+            large_log: Mutex::new(LogLimit::new(REFUSED_LOG_INTERVAL, REFUSED_LOG_BURST, now)),
         });
         t.set_faults(faults);
         for (p, rx) in writers {
@@ -361,17 +477,11 @@ impl Transport {
                 let config = me.configs.server(&incoming.remote_address());
                 let connecting = match incoming.accept_with(config) {
                     Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!("{}: refused a connection: {e}", me.me);
-                        return;
-                    }
+                    Err(e) => return me.refused(&e),
                 };
                 let quic = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
                     Ok(Ok(c)) => c,
-                    Ok(Err(e)) => {
-                        tracing::warn!("{}: refused a connection: {e}", me.me);
-                        return;
-                    }
+                    Ok(Err(e)) => return me.refused(&e),
                     Err(_) => return,
                 };
                 let Some(id) = tls::peer_id(&quic).filter(|id| *id != me.me) else {
@@ -381,7 +491,7 @@ impl Transport {
                 let peer = match me.peer(&id) {
                     Some(p) => p,
                     None => {
-                        let (p, rx) = Peer::new(id.clone(), None, false, false, me.cancel.child_token());
+                        let (p, rx) = Peer::new(id.clone(), None, false, false, me.cancel.child_token(), me.large_budget);
                         let old = me.peers.insert(id.clone(), p.clone());
                         if let Some(old) = old {
                             old.cancel.cancel();
@@ -395,6 +505,24 @@ impl Transport {
                     tracing::debug!("{}: connection from {id} lost during setup: {e}", me.me);
                 }
             });
+        }
+    }
+
+    /// Logs a refused connection, within the rate limit (the rest at debug level).
+    fn refused(&self, e: &dyn std::fmt::Display) {
+        let allowed = lock(&self.refused_log).allow(Instant::now());
+        match allowed {
+            Some(n) => tracing::warn!("{}: refused a connection: {e}{}", self.me, suppressed_note(n, "refused connections")),
+            None => tracing::debug!("{}: refused a connection: {e}", self.me),
+        }
+    }
+
+    /// Logs a large frame dropped without closing its connection, within the rate limit.
+    fn dropped_large(&self, peer: &Peer, why: &str) {
+        let allowed = lock(&self.large_log).allow(Instant::now());
+        match allowed {
+            Some(n) => tracing::warn!("{}: dropped a large frame from {}: {why}{}", self.me, peer.id, suppressed_note(n, "dropped large frames")),
+            None => tracing::debug!("{}: dropped a large frame from {}: {why}", self.me, peer.id),
         }
     }
 
@@ -518,26 +646,15 @@ impl Transport {
                 if len == 0 {
                     return Err("empty large frame".into());
                 }
-                // The length was checked against the limit above; read straight into one
-                // buffer of that size (no zero-fill, no regrowth).
-                let mut body = Vec::with_capacity(len);
-                loop {
-                    match s.read_chunk(len - body.len(), true).await {
-                        Ok(Some(c)) => body.extend_from_slice(&c.bytes),
-                        Ok(None) => break,
-                        Err(_) => return Ok(()),
-                    }
-                    if body.len() == len {
-                        // Anything after the announced length breaks the format.
-                        match s.read_chunk(1, true).await {
-                            Ok(None) | Err(_) => break,
-                            Ok(Some(_)) => return Err(format!("large frame longer than its announced {len} bytes")),
-                        }
-                    }
-                }
-                if body.len() != len {
-                    return Err(format!("large frame of {} bytes where {len} were announced", body.len()));
-                }
+                // Room in the peer's budget before any buffer is sized for the frame;
+                // held until the frame is handled or dropped, however this task ends.
+                let Some(_room) = peer.large.admit(len).await else {
+                    let (taken, waiting) = (peer.large.in_use(), peer.large.waiting());
+                    self.dropped_large(peer, &format!("{len} bytes announced while {taken} of its {}-byte budget are taken and {waiting} frames wait", self.large_budget));
+                    let _ = s.stop(stop::BUSY.into());
+                    return Ok(());
+                };
+                let Some(body) = self.read_large_body(peer, &mut s, len).await? else { return Ok(()) };
                 let reply = match decode_large_ref(&body).map_err(|e| e.to_string())? {
                     FrameRef::Request(r) => {
                         self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len);
@@ -562,6 +679,35 @@ impl Transport {
                 Ok(())
             }
             t => Err(format!("unknown stream tag {t}")),
+        }
+    }
+
+    /// Reads the `len`-byte body of a large frame: `Ok(None)` if the stream was
+    /// lost or stalled (and stopped), `Err` if it breaks the format.
+    async fn read_large_body(&self, peer: &Peer, s: &mut quinn::RecvStream, len: usize) -> Result<Option<Vec<u8>>, String> {
+        let mut body: Vec<u8> = Vec::with_capacity(len.min(LARGE_FIRST_ALLOC));
+        loop {
+            // Past the announced length, one more byte is read: anything there breaks the format.
+            let want = (len - body.len()).max(1);
+            let chunk = match tokio::time::timeout(self.large_stall, s.read_chunk(want, true)).await {
+                Ok(Ok(c)) => c,
+                // A lost stream: the frame is dropped, unless it had already arrived whole.
+                Ok(Err(_)) => return Ok((body.len() == len).then_some(body)),
+                Err(_) => {
+                    self.dropped_large(peer, &format!("no progress for {:?} ({} of {len} bytes received)", self.large_stall, body.len()));
+                    let _ = s.stop(stop::STALLED.into());
+                    return Ok(None);
+                }
+            };
+            match chunk {
+                Some(_) if body.len() == len => return Err(format!("large frame longer than its announced {len} bytes")),
+                Some(c) => {
+                    grow(&mut body, c.bytes.len(), len);
+                    body.extend_from_slice(&c.bytes);
+                }
+                None if body.len() == len => return Ok(Some(body)),
+                None => return Err(format!("large frame of {} bytes where {len} were announced", body.len())),
+            }
         }
     }
 
@@ -873,6 +1019,17 @@ impl Transport {
     }
 }
 
+/// Makes room in `body`, the body of a `len`-byte frame, for `more` bytes:
+/// the capacity doubles, never past `len`, so memory follows the bytes
+/// received, and the copies made in growing add up to less than twice the frame.
+fn grow(body: &mut Vec<u8>, more: usize, len: usize) {
+    let need = body.len() + more;
+    if need > body.capacity() {
+        let target = (body.capacity() * 2).min(len).max(need);
+        body.reserve_exact(target - body.len());
+    }
+}
+
 /// A request on its way: what is needed to resend it and to wait for its reply.
 pub(crate) struct Asking {
     peer: Arc<Peer>,
@@ -893,5 +1050,160 @@ struct Forget(Arc<Transport>, MsgId);
 impl Drop for Forget {
     fn drop(&mut self) {
         self.0.pending.remove(&self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_large_budget_admits_in_turn_and_refuses_past_its_waiters() {
+        let b = Arc::new(LargeBudget::new(1000, 2));
+        let first = b.admit(600).await.expect("room at once");
+        assert_eq!((b.in_use(), b.waiting()), (600, 0));
+        assert!(b.admit(1001).await.is_none(), "a frame larger than the whole budget never fits");
+        // Two frames wait their turn, a third is refused rather than queued.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for len in [500, 300] {
+            let (budget, tx) = (b.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let room = budget.admit(len).await;
+                tx.send((len, room.is_some())).unwrap();
+                // Held a moment, as a frame being read would be.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }));
+            while b.waiting() < waiters.len() as u64 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(b.admit(10).await.is_none(), "a third waiter is refused");
+        assert_eq!(b.waiting(), 2);
+        assert!(rx.try_recv().is_err(), "nobody admitted while the budget is full");
+        // Freeing the first frame admits both waiters (500 + 300 fit), never past the budget.
+        drop(first);
+        let mut admitted = vec![rx.recv().await, rx.recv().await];
+        admitted.sort();
+        assert_eq!(admitted, vec![Some((300, true)), Some((500, true))]);
+        assert!(b.in_use() <= 1000);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!((b.in_use(), b.waiting()), (0, 0));
+        // A waiter whose task is dropped gives its place back.
+        let hold = b.admit(1000).await.unwrap();
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            async move { b.admit(1).await.is_some() }
+        });
+        while b.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort();
+        let _ = waiting.await;
+        assert_eq!(b.waiting(), 0);
+        drop(hold);
+        assert_eq!(b.in_use(), 0);
+    }
+
+    #[test]
+    fn large_bodies_grow_with_the_bytes_received() {
+        let len = 100 << 20;
+        let mut body: Vec<u8> = Vec::with_capacity(LARGE_FIRST_ALLOC);
+        let mut copied = 0;
+        while body.len() < len {
+            let more = (len - body.len()).min(1 << 20);
+            let before = body.capacity();
+            grow(&mut body, more, len);
+            if body.capacity() != before {
+                copied += body.len();
+            }
+            body.resize(body.len() + more, 0);
+            assert!(body.capacity() <= len && body.capacity() <= 2 * body.len().max(LARGE_FIRST_ALLOC), "{} for {}", body.capacity(), body.len());
+        }
+        assert_eq!(body.capacity(), len, "never past the announced length");
+        assert!(copied < 2 * len, "growing copied {copied} bytes");
+    }
+
+    /// A node and a raw QUIC client with a cluster certificate, to speak the wire format by hand.
+    struct Rig {
+        _dir: tempfile::TempDir,
+        node: Arc<Transport>,
+        client: quinn::Endpoint,
+        conn: quinn::Connection,
+    }
+
+    async fn rig(large_budget: usize, large_stall: Duration) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        crate::certs::init(&certs, &["n0".to_string()], false).unwrap();
+        let (cert, key) = crate::certs::node_paths(&certs, "n0");
+        let ca = certs.join("ca.pem");
+        let idle = Duration::from_secs(10);
+        let configs = tls::QuicConfigs::new(&tls::Identity::load(&ca, &cert, &key).unwrap(), idle).unwrap();
+        let bind: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let s = Settings { me: "n0".into(), index: 0, retry: Duration::from_millis(50), heartbeat: Duration::from_millis(100), failure_timeout: Duration::from_secs(2), large_budget, large_stall };
+        let (events, _) = broadcast::channel(16);
+        let node = Transport::start(s, endpoint, configs, Vec::new(), Arc::default(), Arc::default(), Faults::default(), events, true);
+        let id = tls::mint_client(&ca, &certs.join("ca.key"), "prober").unwrap();
+        let client = quinn::Endpoint::client(bind).unwrap();
+        let conn = client.connect_with(id.client_config(idle, tls::PathKind::Loopback).unwrap(), addr, "n0").unwrap().await.unwrap();
+        Rig { _dir: dir, node, client, conn }
+    }
+
+    /// Opens a large-frame stream announcing `len` bytes and sends `body` of them.
+    async fn announce(conn: &quinn::Connection, len: usize, body: &[u8]) -> quinn::SendStream {
+        let mut s = conn.open_uni().await.unwrap();
+        s.write_all(&[&[TAG_LARGE][..], &(len as u32).to_le_bytes(), body].concat()).await.unwrap();
+        s
+    }
+
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_announcing_past_its_budget_holds_no_more_and_stalled_frames_are_dropped() {
+        let budget = 1 << 20;
+        let stall = Duration::from_millis(400);
+        let r = rig(budget, stall).await;
+        // Announced: 600 KiB four times, 2.4 MiB against a 1 MiB budget; one body
+        // is started, none is finished.
+        let len = 600 << 10;
+        let started = announce(&r.conn, len, &vec![7; 100 << 10]).await;
+        until("the prober is a peer", || r.node.peer("prober").is_some()).await;
+        let peer = r.node.peer("prober").unwrap();
+        until("the first frame is admitted", || peer.large.in_use() == len).await;
+        let waiting = vec![announce(&r.conn, len, &[]).await, announce(&r.conn, len, &[]).await];
+        until("two frames wait", || peer.large.waiting() == 2).await;
+        let refused = announce(&r.conn, len, &[]).await;
+        assert_eq!(refused.stopped().await.unwrap(), Some(stop::BUSY.into()));
+        assert!(peer.large.in_use() <= budget);
+        // The started frame stalls and is dropped; each waiter then gets the room in
+        // turn, holds it no more than the budget allows, and stalls in turn.
+        assert_eq!(started.stopped().await.unwrap(), Some(stop::STALLED.into()));
+        for s in &waiting {
+            assert!(peer.large.in_use() <= budget);
+            assert_eq!(s.stopped().await.unwrap(), Some(stop::STALLED.into()));
+        }
+        until("the budget is free again", || peer.large.in_use() == 0 && peer.large.waiting() == 0).await;
+        // Nothing closed the connection: a whole large frame is still handled.
+        assert!(r.conn.close_reason().is_none());
+        let frame = encode_frame(&Frame::Heartbeat { sent_us: 1 }).unwrap();
+        let mut whole = announce(&r.conn, frame.len() - 4, &frame[4..]).await;
+        whole.finish().unwrap();
+        assert_eq!(whole.stopped().await.unwrap(), None);
+        let key = ("prober".to_string(), Dir::In, "heartbeat".to_string());
+        until("the frame is handled", || r.node.metrics.snapshot().links.contains_key(&key)).await;
+        assert_eq!(peer.large.in_use(), 0);
+        r.node.shutdown().await;
+        r.client.close(0u32.into(), b"");
     }
 }

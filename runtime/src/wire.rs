@@ -53,9 +53,52 @@ pub enum WireError {
 }
 
 /// An actor's address: `sampler/2`, `features/author/1`, `reducer`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(into = "String")]
 pub struct ActorName(String);
+
+impl<'de> Deserialize<'de> for ActorName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ActorName, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = ActorName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an actor name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ActorName, E> {
+                ActorName::new(v).map_err(E::custom)
+            }
+        }
+        // Borrowed, as in `borrowed_str`.
+        d.deserialize_str(Name)
+    }
+}
+
+/// Strings decoded from the received bytes in place, then copied: bincode
+/// allocates an owned `String` at its declared length before checking that
+/// the bytes are there, so a few bytes declaring a long string would cost up
+/// to the whole frame limit; a borrowed one is checked against the input first.
+mod borrowed_str {
+    use serde::de::{Error, Visitor};
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        d.deserialize_str(Owned)
+    }
+
+    struct Owned;
+
+    impl Visitor<'_> for Owned {
+        type Value = String;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+    }
+}
 
 impl ActorName {
     /// Validates `name`.
@@ -126,21 +169,23 @@ pub struct Envelope {
 pub enum RemoteError {
     /// No actor of that name runs on the receiving node.
     #[error("no actor {0} on that node")]
-    NoSuchActor(String),
+    NoSuchActor(#[serde(deserialize_with = "borrowed_str::deserialize")] String),
     /// The actor does not handle that kind of message.
     #[error("actor {actor} does not handle {kind} messages")]
     NoHandler {
         /// The actor.
+        #[serde(deserialize_with = "borrowed_str::deserialize")]
         actor: String,
         /// The message kind.
+        #[serde(deserialize_with = "borrowed_str::deserialize")]
         kind: String,
     },
     /// The message bytes did not decode as the handler's type.
     #[error("undecodable message: {0}")]
-    BadMessage(String),
+    BadMessage(#[serde(deserialize_with = "borrowed_str::deserialize")] String),
     /// The actor stopped before replying.
     #[error("actor {0} stopped")]
-    Stopped(String),
+    Stopped(#[serde(deserialize_with = "borrowed_str::deserialize")] String),
 }
 
 /// One unit on the wire.
@@ -453,7 +498,30 @@ pub struct TensorPayload {
 }
 
 #[derive(Deserialize)]
-struct RawTensor(u8, Vec<u64>, #[serde(with = "owned_bytes")] Vec<u8>);
+struct RawTensor(u8, #[serde(deserialize_with = "dims")] Vec<u64>, #[serde(with = "owned_bytes")] Vec<u8>);
+
+/// A tensor's shape, refused past [`MAX_DIMS`] as it is read: the declared
+/// count is no reason to allocate, nor are a million one-byte dimensions.
+fn dims<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    struct Dims;
+    impl<'de> serde::de::Visitor<'de> for Dims {
+        type Value = Vec<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {MAX_DIMS} dimensions")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+            let mut shape = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_DIMS));
+            while let Some(d) = seq.next_element()? {
+                if shape.len() == MAX_DIMS {
+                    return Err(serde::de::Error::custom(WireError::BadTensor(format!("more than {MAX_DIMS} dimensions"))));
+                }
+                shape.push(d);
+            }
+            Ok(shape)
+        }
+    }
+    d.deserialize_seq(Dims)
+}
 
 /// [`RawTensor`]'s encoding, borrowed: `serde(into)` would clone the bytes first.
 #[derive(Serialize)]
