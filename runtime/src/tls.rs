@@ -45,11 +45,25 @@ fn bad(path: &Path, msg: impl Into<String>) -> TlsError {
     TlsError::BadCert { path: path.display().to_string(), msg: msg.into() }
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    if !path.exists() {
-        return Err(file_err(path, "does not exist (create it with `hetgnn certs init`)"));
+/// Largest PEM file read (a certificate chain is a few KiB).
+const MAX_PEM: u64 = 1 << 20;
+
+/// Reads a PEM file, refusing before any read what is not a small regular
+/// file (a FIFO would block, a device never end).
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let meta = std::fs::metadata(path).map_err(|_| file_err(path, "does not exist (create it with `hetgnn certs init`)"))?;
+    if !meta.is_file() {
+        return Err(file_err(path, "is not a regular file"));
     }
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path).map_err(|e| file_err(path, e))?.collect::<Result<_, _>>().map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
+    if meta.len() > MAX_PEM {
+        return Err(file_err(path, format!("is {} bytes; PEM files are at most {MAX_PEM}", meta.len())));
+    }
+    std::fs::read(path).map_err(|e| file_err(path, e))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read_pem(path)?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
     if certs.is_empty() {
         return Err(file_err(path, "holds no certificate"));
     }
@@ -57,10 +71,8 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    if !path.exists() {
-        return Err(file_err(path, "does not exist (create it with `hetgnn certs init`)"));
-    }
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
+    let pem = read_pem(path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
 }
 
 /// Loads the cluster CA certificate.
@@ -262,8 +274,9 @@ pub fn peer_id(conn: &quinn::Connection) -> Option<String> {
 /// An identity for `name` with a short-lived client certificate minted from the
 /// cluster CA's files (for `hetgnn doctor`, which is no node of the cluster).
 pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<Identity, TlsError> {
-    let ca_pem = std::fs::read_to_string(ca_cert).map_err(|e| file_err(ca_cert, e))?;
-    let key_pem = std::fs::read_to_string(ca_key).map_err(|e| file_err(ca_key, format!("{e} (doctor needs the CA key to mint its client certificate)")))?;
+    let text = |path: &Path| read_pem(path).and_then(|b| String::from_utf8(b).map_err(|_| file_err(path, "is not PEM text")));
+    let ca_pem = text(ca_cert)?;
+    let key_pem = text(ca_key).map_err(|e| file_err(ca_key, format!("{e} (doctor needs the CA key to mint its client certificate)")))?;
     let gen = |e: rcgen::Error| TlsError::Config(e.to_string());
     let ca_key = rcgen::KeyPair::from_pem(&key_pem).map_err(gen)?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(gen)?;

@@ -58,6 +58,12 @@ struct Args {
     /// What to run.
     #[arg(long, default_value = "accuracy,sweep,bytes,long", value_delimiter = ',')]
     parts: Vec<String>,
+    /// Graphs of the accuracy part: mag (mag-like) and acm (heco-acm).
+    #[arg(long, default_value = "mag,acm", value_delimiter = ',')]
+    graphs: Vec<String>,
+    /// Seeds per step of every training run (default: hetgnn's, 1024).
+    #[arg(long)]
+    batch: Option<usize>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -112,9 +118,10 @@ fn best_valid(epochs: &[(f64, f64)]) -> f64 {
     epochs.iter().fold((f64::MIN, 0.0), |best, &(v, t)| if v > best.0 { (v, t) } else { best }).1
 }
 
-/// One run of `mode` on `parts`, checkpointing every epoch (or round) and keeping all.
+/// One run of `mode` on `parts`, checkpointing every epoch (or round) and keeping all;
+/// `batch`: a `training.batch=N` override.
 #[allow(clippy::too_many_arguments)]
-fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str) -> anyhow::Result<(Value, PathBuf)> {
+fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str, batch: Option<&str>) -> anyhow::Result<(Value, PathBuf)> {
     let (report, ck) = (work.join(format!("{tag}.json")), work.join(format!("ck-{tag}")));
     let _ = std::fs::remove_dir_all(&ck);
     let keep = format!("training.checkpoint_keep={}", epochs + 1);
@@ -139,6 +146,10 @@ fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u
         "--report",
         &report.display().to_string(),
     ];
+    let mut args: Vec<&str> = args.to_vec();
+    if let Some(b) = batch {
+        args.extend(["--set", b]);
+    }
     hetgnn(bin, work, &args)?;
     Ok((read(&report)?, ck))
 }
@@ -163,22 +174,25 @@ fn main() -> anyhow::Result<()> {
         a.acm.clone().unwrap_or_else(|| std::env::var_os("HETGNN_DATASETS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/datasets")).join("heco-acm"));
     let mag_name = format!("mag-like-S{}", a.scale);
     let graphs: Vec<(String, PathBuf)> = vec![(mag_name.clone(), mag.clone()), ("heco-acm".to_string(), acm)];
-    let mut out = json!({ "scale": a.scale, "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers });
+    let chosen: Vec<&(String, PathBuf)> = graphs.iter().zip(["mag", "acm"]).filter(|(_, key)| a.graphs.iter().any(|g| g == key)).map(|(g, _)| g).collect();
+    let batch = a.batch.map(|b| format!("training.batch={b}"));
+    let train = |mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str| train(&bin, &work, mode, parts, epochs, seed, sync_every, tag, batch.as_deref());
+    let mut out = json!({ "scale": a.scale, "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers, "batch": a.batch });
 
     if a.parts.iter().any(|p| p == "accuracy") {
         let mut rows = Vec::new();
         println!("best-validation test accuracy, whole-graph evaluation of every epoch's model; {} epochs, sync every epoch", a.epochs);
         println!("{:<18} {:>3} {:>22} {:>22} {:>8} {:>22}", "graph", "k", "data-parallel (METIS)", "model averaging", "diff", "averaging, local eval");
-        for (name, data) in &graphs {
+        for (name, data) in chosen.iter().copied() {
             for &k in &a.workers {
                 let dp_parts = partitions(&bin, &work, name, data, "metis", k)?;
                 let ma_parts = partitions(&bin, &work, name, data, "spring", k)?;
                 let (mut dp, mut ma, mut local) = (Vec::new(), Vec::new(), Vec::new());
                 for &seed in &a.seeds {
                     eprintln!("{name}, {k} workers, seed {seed}");
-                    let (_, ck) = train(&bin, &work, "data-parallel", &dp_parts, a.epochs, seed, 1, "dp")?;
+                    let (_, ck) = train("data-parallel", &dp_parts, a.epochs, seed, 1, "dp")?;
                     dp.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data, false)?));
-                    let (r, ck) = train(&bin, &work, "model-averaging", &ma_parts, a.epochs, seed, 1, "ma")?;
+                    let (r, ck) = train("model-averaging", &ma_parts, a.epochs, seed, 1, "ma")?;
                     ma.push(best_valid(&checkpoint_accuracy(&bin, &work, &ck, data, false)?));
                     let per_epoch: Vec<(f64, f64)> =
                         r["epochs"].as_array().map_or(&[][..], Vec::as_slice).iter().map(|e| (e["valid_acc"].as_f64().unwrap_or(0.0), e["test_acc"].as_f64().unwrap_or(0.0))).collect();
@@ -201,7 +215,7 @@ fn main() -> anyhow::Result<()> {
         let mut rows = Vec::new();
         for &s in &a.sweep {
             eprintln!("sweep: sync_every {s}");
-            let (r, ck) = train(&bin, &work, "model-averaging", &parts, a.epochs, seed, s, "sweep")?;
+            let (r, ck) = train("model-averaging", &parts, a.epochs, seed, s, "sweep")?;
             let acc = best_valid(&checkpoint_accuracy(&bin, &work, &ck, &mag, false)?);
             let mb = bench::epoch_mean(&r, "averaging_bytes") / 1e6;
             let secs = bench::epoch_mean(&r, "seconds");
@@ -222,7 +236,7 @@ fn main() -> anyhow::Result<()> {
                 eprintln!("{name}, {k} workers, seed {seed}, {} epochs", a.long_epochs);
                 for (mode, method, out) in [("data-parallel", "metis", &mut dp), ("model-averaging", "spring", &mut ma)] {
                     let parts = partitions(&bin, &work, name, data, method, k)?;
-                    let (_, ck) = train(&bin, &work, mode, &parts, a.long_epochs, seed, 1, "long")?;
+                    let (_, ck) = train(mode, &parts, a.long_epochs, seed, 1, "long")?;
                     // The newest checkpoint is the final model.
                     let last = checkpoint_accuracy(&bin, &work, &ck, data, true)?.last().map_or(0.0, |e| e.1);
                     out.push(last);
