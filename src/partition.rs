@@ -34,6 +34,11 @@ pub struct PartitionArgs {
     /// paper's) or multi (nodes of every type, training nodes and edges together).
     #[arg(long, default_value = "nodes")]
     pub spring_balance: String,
+    /// SPRING: restreaming passes after LPT (0: the paper's algorithm), each
+    /// moving nodes to the partition holding most of their neighbours within
+    /// the node-balance bound; 2·parts bytes more per node.
+    #[arg(long, default_value_t = 0)]
+    pub spring_refine: usize,
     /// Second level (DistDGLv2): trainers per partition, each taking the seeds
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
@@ -80,7 +85,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
             "nodes" => partition::spring::Balance::Nodes,
             other => anyhow::bail!("--spring-balance: '{other}' is not multi or nodes"),
         };
-        let spring = partition::spring::Spring { tau_fraction: args.spring_tau, balance, ..Default::default() };
+        let spring = partition::spring::Spring { tau_fraction: args.spring_tau, balance, refine: args.spring_refine, ..Default::default() };
         // Neither step loads the graph: memory is bounded by the node count.
         let a = partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?;
         let assigned = start.elapsed().as_secs_f64();

@@ -382,6 +382,25 @@ fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
         let per: Vec<usize> = (0..4).map(|p| om[t].iter().filter(|&&x| x == p).count()).collect();
         assert!(per.iter().filter(|&&c| c > 0).count() > 1, "{} all in one partition: {per:?}", nt.name);
     }
+    // Restreaming refinement: fewer cut edges, the node bound kept, deterministic; nodes balance only.
+    let cut = |o: &[Vec<u16>]| {
+        let flat: Vec<u16> = o.iter().flatten().copied().collect();
+        let mut c = 0usize;
+        s.for_each(|ch| {
+            c += ch.src.iter().zip(ch.dst).filter(|(&u, &v)| flat[u as usize] != flat[v as usize]).count();
+            Ok(())
+        })
+        .unwrap();
+        c
+    };
+    let refined = partition::spring::Spring { refine: 2, ..spring };
+    let or = refined.assign(&s, 4).unwrap();
+    assert!(cut(&or) < cut(&o), "refinement cuts fewer edges: {} against {}", cut(&or), cut(&o));
+    let per: Vec<usize> = (0..4).map(|p| or.iter().flatten().filter(|&&x| x == p).count()).collect();
+    let n: usize = per.iter().sum();
+    assert!(per.iter().all(|&c| c as f64 <= 1.05 * n as f64 / 4.0 + 1.0), "node balance kept: {per:?}");
+    assert_eq!(refined.assign(&s, 4).unwrap(), or);
+    assert!(partition::spring::Spring { refine: 1, balance: partition::spring::Balance::Multi, ..spring }.assign(&s, 4).is_err());
     // The vertex-cut baselines: owners in range, deterministic, refused past 64 parts.
     for rule in [partition::vertex_cut::VertexCut::Hdrf, partition::vertex_cut::VertexCut::Dbh] {
         let a = partition::vertex_cut::assign(rule, &s, 4, 1).unwrap();

@@ -56,12 +56,59 @@ pub struct Spring {
     pub beta: f64,
     /// What LPT balances.
     pub balance: Balance,
+    /// Restreaming passes after LPT (0: the paper's SPRING): see [`refine`].
+    pub refine: usize,
 }
 
 impl Default for Spring {
     fn default() -> Self {
-        Spring { tau_fraction: 0.1, beta: 1.05, balance: Balance::Nodes }
+        Spring { tau_fraction: 0.1, beta: 1.05, balance: Balance::Nodes, refine: 0 }
     }
+}
+
+/// Restreaming refinement, our addition to SPRING (the paper stops at LPT):
+/// each pass streams the edges once, counting per node its neighbours in
+/// each partition (`parts` saturating u16 counters per node: 2·p more bytes
+/// per node), then moves each node, in id order, to the partition holding
+/// most of its neighbours when that beats its own and keeps the partition
+/// within `bound` nodes. Ties keep the node where it is. Stops early when a
+/// pass moves nothing.
+fn refine(s: &EdgeStream, owner: &mut [u16], parts: usize, passes: usize, bound: u64) -> Result<usize> {
+    let n = owner.len();
+    let mut load = vec![0u64; parts];
+    for &o in owner.iter() {
+        load[o as usize] += 1;
+    }
+    let mut moved_total = 0;
+    for _ in 0..passes {
+        let mut counts = vec![0u16; n * parts];
+        s.for_each(|c| {
+            for (&u, &v) in c.src.iter().zip(c.dst) {
+                let (u, v) = (u as usize, v as usize);
+                let (cu, cv) = (u * parts + owner[v] as usize, v * parts + owner[u] as usize);
+                counts[cu] = counts[cu].saturating_add(1);
+                counts[cv] = counts[cv].saturating_add(1);
+            }
+            Ok(())
+        })?;
+        let mut moved = 0;
+        for v in 0..n {
+            let cur = owner[v] as usize;
+            let row = &counts[v * parts..(v + 1) * parts];
+            let best = (0..parts).fold(cur, |b, p| if row[p] > row[b] { p } else { b });
+            if best != cur && load[best] < bound {
+                load[cur] -= 1;
+                load[best] += 1;
+                owner[v] = best as u16;
+                moved += 1;
+            }
+        }
+        moved_total += moved;
+        if moved == 0 {
+            break;
+        }
+    }
+    Ok(moved_total)
 }
 
 /// Union-find root of cluster `c`, halving paths as it goes.
@@ -276,6 +323,17 @@ impl Spring {
             }
             part_of[c] = best as u16;
         }
-        Ok((0..types).map(|t| (s.base[t]..s.base[t + 1]).map(|v| part_of[root_of[v as usize] as usize]).collect()).collect())
+        if self.refine == 0 {
+            return Ok((0..types).map(|t| (s.base[t]..s.base[t + 1]).map(|v| part_of[root_of[v as usize] as usize]).collect()).collect());
+        }
+        if self.balance != Balance::Nodes {
+            return Err(GraphError::InvalidArgument("SPRING's refinement keeps the node balance only: use it with --spring-balance nodes".into()));
+        }
+        let mut owner: Vec<u16> = root_of.iter().map(|&c| part_of[c as usize]).collect();
+        drop((root_of, part_of));
+        // Moves never push a partition past beta times its share (or past what LPT already gave it).
+        let bound = load.iter().copied().max().unwrap_or(0).max((self.beta * n as f64 / parts as f64).floor() as u64);
+        refine(s, &mut owner, parts, self.refine, bound)?;
+        Ok((0..types).map(|t| owner[s.base[t] as usize..s.base[t + 1] as usize].to_vec()).collect())
     }
 }
