@@ -126,4 +126,21 @@ fn spring_partitions_stream_the_edges_and_train_data_parallel() {
     assert_eq!(report(&d.join("dp.json"))["mode"], "data-parallel");
     hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "spring", "--spring-balance", "types", "--out", "x"]).fails_with(1, &["--spring-balance", "types"]);
     hetgnn(d, &["partition", "--data", "g", "--parts", "65", "--method", "hdrf", "--out", "x"]).fails_with(1, &["1..=64", "vertex-cut"]);
+    // With seeds dealt by batch position rather than owner, the model does not
+    // depend on the partitioning: SPRING (streamed, refined or not), METIS and
+    // random partitions end with one hash, which checks every writer.
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "spring", "--spring-refine", "1", "--out", "sr"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "metis"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--method", "random", "--out", "rnd"]).ok();
+    let hash = |parts: &str, assignment: &str| {
+        let r = format!("{parts}-{assignment}.json");
+        hetgnn(d, &["train", "--mode", "data-parallel", "--partitions", parts, "--epochs", "1", "--hidden", "16", "--set", &format!("training.seed_assignment=\"{assignment}\""), "--report", &r]).ok();
+        report(&d.join(&r))["final_model_sha256"].as_str().unwrap().to_string()
+    };
+    let h = hash("sp", "random");
+    for parts in ["sr", "metis", "rnd"] {
+        assert_eq!(hash(parts, "random"), h, "{parts}");
+    }
+    assert_ne!(hash("sp", "owner"), hash("metis", "owner"), "seeds by owner: the sums' order follows the partitioning");
+    hetgnn(d, &["train", "--data", "g", "--set", "training.seed_assignment=\"random\""]).fails_with(1, &["training.seed_assignment applies to data-parallel"]);
 }

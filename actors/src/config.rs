@@ -89,6 +89,19 @@ pub enum AllReduce {
     Ring,
 }
 
+/// Which seeds of a global batch each data-parallel trainer takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeedAssignment {
+    /// The seeds its partition owns (DistDGL: the neighbourhoods start local).
+    #[default]
+    Owner,
+    /// Slice k of the shuffled batch for trainer k, wherever its seeds live
+    /// (HopGNN's model-centric baseline): the trainers' work, and so the
+    /// model, does not depend on the partitioning at all.
+    Random,
+}
+
 /// How RAF workers treat an embedding table that several of them read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -115,6 +128,8 @@ pub struct TrainingConfig {
     pub partitions: Option<PathBuf>,
     /// Data-parallel gradient all-reduce: "all-gather" (default) or "ring".
     pub allreduce: AllReduce,
+    /// Data-parallel: which seeds each trainer takes, "owner" (default) or "random".
+    pub seed_assignment: SeedAssignment,
     /// RAF: "synced" (default) or "local" embedding tables shared by workers.
     pub raf_embeddings: RafEmbeddings,
     /// Model averaging: epochs between averagings (default 1).
@@ -187,6 +202,7 @@ impl Default for TrainingConfig {
             data: None,
             partitions: None,
             allreduce: AllReduce::AllGather,
+            seed_assignment: SeedAssignment::Owner,
             raf_embeddings: RafEmbeddings::Synced,
             sync_every: 1,
             workers: 0,
@@ -285,6 +301,9 @@ impl Config {
         }
         if !(0.0..1.0).contains(&t.dropout) {
             return bad(format!("training.dropout must be in [0, 1), got {}", t.dropout));
+        }
+        if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
+            return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
         }
         if t.resume && t.checkpoint_dir.is_none() {
             return bad("training.resume needs training.checkpoint_dir (--checkpoint DIR)".into());

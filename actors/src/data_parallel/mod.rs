@@ -187,7 +187,7 @@ impl Distributed for DataParallel {
     /// Its partitioning (owners included) and all-reduce order too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("data-parallel|{:?}|{}|{}|{:?}", t.allreduce, m.parts, m.trainers, m.method);
+        let layout = format!("data-parallel|{:?}|{}|{}|{:?}|{:?}", t.allreduce, m.parts, m.trainers, m.method, t.seed_assignment);
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
         extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
         extra.push(bytemuck::cast_slice::<u16, u8>(&self.trainer_of));

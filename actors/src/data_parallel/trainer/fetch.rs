@@ -26,7 +26,7 @@ const FILL_ROWS: usize = 16 << 10;
 impl Ctx<'_> {
     /// Samples step `step`'s share of `batch` and gathers its plain features.
     pub(super) fn prepare(&self, seed: u64, epoch: u64, step: u64, batch: &[u32], target: usize) -> Result<Prepared> {
-        let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.mine(target, v)).collect();
+        let seeds = self.my_seeds(target, batch);
         let share = seeds.len() as f64 / batch.len().max(1) as f64;
         if seeds.is_empty() {
             return Ok(Prepared { seeds, share, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
@@ -222,7 +222,7 @@ impl Ctx<'_> {
         let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
         let seed = t.seed ^ hotness::PRESAMPLE_SEED;
         let visits = hotness::presample(&sizes, &splits.train, t.batch, t.seed, t.cache_presample_epochs, |e, st, batch| {
-            let seeds: Vec<u32> = batch.iter().copied().filter(|&v| self.mine(target, v)).collect();
+            let seeds = self.my_seeds(target, batch);
             if seeds.is_empty() {
                 return Ok(Vec::new());
             }

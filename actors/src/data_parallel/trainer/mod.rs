@@ -31,7 +31,7 @@ use super::messages::{Push, Save};
 use super::names;
 use crate::cache::manager::{type_names, CacheView};
 use crate::cache::{DeviceCache, FeatureCache};
-use crate::config::TrainingConfig;
+use crate::config::{SeedAssignment, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
@@ -373,7 +373,7 @@ impl Replica<'_> {
         let target = g.target().index();
         let mut correct = 0;
         for (step, chunk) in nodes.chunks(EVAL_BATCH).enumerate() {
-            let seeds: Vec<u32> = chunk.iter().copied().filter(|&v| ctx.mine(target, v)).collect();
+            let seeds = ctx.my_seeds(target, chunk);
             if seeds.is_empty() {
                 continue;
             }
@@ -446,10 +446,18 @@ impl Ctx<'_> {
         self.s.owners[ty][v as usize] as u32 == self.s.part
     }
 
-    /// Whether target node `v` is one of this trainer's seeds.
-    fn mine(&self, target: usize, v: u32) -> bool {
-        let per_part = self.s.trainers / self.s.parts;
-        self.owned(target, v) && self.s.trainer_of.get(v as usize).map_or(0, |&t| u32::from(t)) == self.s.trainer % per_part
+    /// This trainer's seeds of the global `batch` of target nodes, in batch order.
+    fn my_seeds(&self, target: usize, batch: &[u32]) -> Vec<u32> {
+        match self.s.cfg.seed_assignment {
+            SeedAssignment::Owner => {
+                let per_part = self.s.trainers / self.s.parts;
+                batch.iter().copied().filter(|&v| self.owned(target, v) && self.s.trainer_of.get(v as usize).map_or(0, |&t| u32::from(t)) == self.s.trainer % per_part).collect()
+            }
+            SeedAssignment::Random => {
+                let (k, n, len) = (self.s.trainer as usize, self.s.trainers as usize, batch.len());
+                batch[len * k / n.max(1)..len * (k + 1) / n.max(1)].to_vec()
+            }
+        }
     }
 
     /// Runs `f` on the node's runtime from this thread; gives up as soon as
