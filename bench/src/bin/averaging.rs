@@ -64,6 +64,9 @@ struct Args {
     /// Seeds per step of every training run (default: hetgnn's, 1024).
     #[arg(long)]
     batch: Option<usize>,
+    /// Further `section.key=value` settings for every training run (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -119,9 +122,9 @@ fn best_valid(epochs: &[(f64, f64)]) -> f64 {
 }
 
 /// One run of `mode` on `parts`, checkpointing every epoch (or round) and keeping all;
-/// `batch`: a `training.batch=N` override.
+/// `sets`: further `--set` overrides.
 #[allow(clippy::too_many_arguments)]
-fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str, batch: Option<&str>) -> anyhow::Result<(Value, PathBuf)> {
+fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str, sets: &[String]) -> anyhow::Result<(Value, PathBuf)> {
     let (report, ck) = (work.join(format!("{tag}.json")), work.join(format!("ck-{tag}")));
     let _ = std::fs::remove_dir_all(&ck);
     let keep = format!("training.checkpoint_keep={}", epochs + 1);
@@ -147,8 +150,8 @@ fn train(bin: &Path, work: &Path, mode: &str, parts: &Path, epochs: u64, seed: u
         &report.display().to_string(),
     ];
     let mut args: Vec<&str> = args.to_vec();
-    if let Some(b) = batch {
-        args.extend(["--set", b]);
+    for s in sets {
+        args.extend(["--set", s.as_str()]);
     }
     hetgnn(bin, work, &args)?;
     Ok((read(&report)?, ck))
@@ -175,9 +178,9 @@ fn main() -> anyhow::Result<()> {
     let mag_name = format!("mag-like-S{}", a.scale);
     let graphs: Vec<(String, PathBuf)> = vec![(mag_name.clone(), mag.clone()), ("heco-acm".to_string(), acm)];
     let chosen: Vec<&(String, PathBuf)> = graphs.iter().zip(["mag", "acm"]).filter(|(_, key)| a.graphs.iter().any(|g| g == key)).map(|(g, _)| g).collect();
-    let batch = a.batch.map(|b| format!("training.batch={b}"));
-    let train = |mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str| train(&bin, &work, mode, parts, epochs, seed, sync_every, tag, batch.as_deref());
-    let mut out = json!({ "scale": a.scale, "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers, "batch": a.batch });
+    let sets: Vec<String> = a.batch.map(|b| format!("training.batch={b}")).into_iter().chain(a.set.iter().cloned()).collect();
+    let train = |mode: &str, parts: &Path, epochs: u64, seed: u64, sync_every: u64, tag: &str| train(&bin, &work, mode, parts, epochs, seed, sync_every, tag, &sets);
+    let mut out = json!({ "scale": a.scale, "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers, "batch": a.batch, "set": a.set });
 
     if a.parts.iter().any(|p| p == "accuracy") {
         let mut rows = Vec::new();
