@@ -13,6 +13,7 @@ mod console;
 
 mod bar;
 mod cluster;
+mod embed;
 mod inspect;
 mod launch;
 mod output;
@@ -82,6 +83,8 @@ enum Command {
     },
     /// Predict classes (and final-layer embeddings) of every target node from a checkpoint.
     Predict(predict::PredictArgs),
+    /// Embeddings of every node of every type from a checkpoint, by exact offline inference.
+    Embed(embed::EmbedArgs),
     /// Run one node of a cluster from a topology file (until Ctrl-C or SIGTERM).
     Node {
         #[command(flatten)]
@@ -188,6 +191,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             plot::run(&report, &out)?
         }
         Command::Predict(args) => predict::run(&args)?,
+        Command::Embed(args) => embed::run(&args)?,
         Command::Node { cluster, node } => {
             graphs::memory::track_anon();
             cluster::node(&cluster, &node)?

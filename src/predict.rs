@@ -42,8 +42,9 @@ pub struct PredictArgs {
 }
 
 /// What `predict` needs of a checkpoint, single-process or distributed.
-struct Source {
-    dir: PathBuf,
+pub struct Source {
+    /// The checkpoint directory used.
+    pub dir: PathBuf,
     spec: models::ModelSpec,
     reverse_edges: bool,
     fanouts: Vec<usize>,
@@ -75,16 +76,12 @@ fn source(path: &std::path::Path) -> anyhow::Result<Source> {
     Ok(Source { spec: m.spec, reverse_edges: m.reverse_edges, fanouts: m.fanouts, epochs_done: m.epochs_done, dir, distributed: None })
 }
 
-pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
-    if a.batch == 0 {
-        bail!("--batch must be at least 1");
-    }
-    let mut outputs = vec![Output { flag: "--out", path: &a.out, kind: Kind::File }];
-    outputs.extend(a.embeddings.as_deref().map(|p| Output { flag: "--embeddings", path: p, kind: Kind::File }));
-    crate::output::check(&outputs, a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
-    let src = source(&a.checkpoint)?;
+/// The model of the checkpoint `path` names, on the graph in `data` (loaded
+/// as the model was trained: reverse relations or not).
+pub fn load_model(path: &std::path::Path, data: &std::path::Path) -> anyhow::Result<(Model, graphs::HetGraph, Source)> {
+    let src = source(path)?;
     let dir = src.dir.clone();
-    let g = graphs::load(&a.data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", a.data.display()))?;
+    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", data.display()))?;
     let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
     match &src.distributed {
         Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
@@ -92,7 +89,18 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges, None)?;
         }
     }
-    let manifest = src;
+    Ok((model, g, src))
+}
+
+pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let mut outputs = vec![Output { flag: "--out", path: &a.out, kind: Kind::File }];
+    outputs.extend(a.embeddings.as_deref().map(|p| Output { flag: "--embeddings", path: p, kind: Kind::File }));
+    crate::output::check(&outputs, a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
+    let (model, g, manifest) = load_model(&a.checkpoint, &a.data)?;
+    let dir = manifest.dir.clone();
     let n = g.node_type(g.target()).count;
     let ids: Vec<u32> = (0..n).collect();
     let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;

@@ -61,3 +61,31 @@ fn train_refuses_bad_input_with_a_clear_message() {
     hetgnn(tmp.path(), &["plot", "missing.json"]).fails_with(1, &["missing.json"]);
     hetgnn(tmp.path(), &["predict", "--checkpoint", "nock", "--data", "g", "--out", "p.npy"]).fails_with(1, &["nock"]);
 }
+
+#[test]
+fn embed_writes_every_type_by_exact_inference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(d, &["train", "--data", "g", "--epochs", "1", "--hidden", "16", "--layers", "3", "--fanouts", "5,5,5", "--checkpoint", "ck"]).ok();
+    let out = hetgnn(d, &["embed", "--checkpoint", "ck", "--data", "g", "--out", "emb", "--batch", "100"]).ok().stdout();
+    assert!(out.contains("2 layer(s), full neighbourhoods"), "{out}");
+    let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("g/schema.json")).unwrap()).unwrap();
+    for (name, t) in schema["node_types"].as_object().unwrap() {
+        let f = graphs::npy::NpyFile::open(&d.join(format!("emb/{name}.npy")), graphs::npy::DType::F32).unwrap();
+        assert_eq!(f.shape(), &[t["count"].as_u64().unwrap(), 16], "{name}");
+        assert!(f.to_f32_vec().iter().all(|v| v.is_finite()));
+    }
+    // Deterministic for a chunk size; other chunk sizes agree to rounding (matrix products of other shapes).
+    hetgnn(d, &["embed", "--checkpoint", "ck", "--data", "g", "--out", "emb2", "--batch", "100"]).ok();
+    assert!(std::fs::read(d.join("emb/paper.npy")).unwrap() == std::fs::read(d.join("emb2/paper.npy")).unwrap(), "same chunks, same bytes");
+    hetgnn(d, &["embed", "--checkpoint", "ck", "--data", "g", "--out", "emb3", "--batch", "7"]).ok();
+    let read = |p: &str| graphs::npy::NpyFile::open(&d.join(p), graphs::npy::DType::F32).unwrap().to_f32_vec();
+    let (a, b) = (read("emb/paper.npy"), read("emb3/paper.npy"));
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs() / x.abs().max(1.0)).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "chunks of 7 against 100: {worst}");
+    hetgnn(d, &["embed", "--checkpoint", "ck", "--data", "g", "--out", "emb"]).fails_with(1, &["already exists", "--force"]);
+    hetgnn(d, &["embed", "--checkpoint", "ck", "--data", "g", "--out", "g/emb", "--force"]).fails_with(1, &["inside the input --data"]);
+    hetgnn(d, &["train", "--data", "g", "--epochs", "1", "--model", "mlp", "--checkpoint", "ck-mlp"]).ok();
+    hetgnn(d, &["embed", "--checkpoint", "ck-mlp", "--data", "g", "--out", "e3"]).fails_with(1, &["relational model"]);
+}

@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod embedding;
 pub mod error;
 pub mod hgt;
+pub mod inference;
 pub mod init;
 pub mod layer;
 pub mod model;

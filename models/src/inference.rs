@@ -1,0 +1,144 @@
+//! Exact offline inference: a relational model applied layer by layer to
+//! every node of every type with its full in-neighbourhood (no sampling), as
+//! DGL's offline inference does. One layer's rows of all nodes are kept in
+//! memory (nodes x width floats per type), the next layer's are computed in
+//! chunks of destinations, so memory is two layers' rows plus one chunk's
+//! block, whatever the graph's degrees.
+
+use candle_core::{DType, Tensor};
+use graphs::{Block, BlockRelation, HetGraph, NodeTypeId};
+
+use crate::error::{ModelError, Result};
+use crate::model::{Layers, Model};
+use crate::self_loop::PerType;
+
+/// Rows of every node of one type: `width` floats per node, in id order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypeRows {
+    /// Floats per node.
+    pub width: usize,
+    /// `count * width` floats.
+    pub data: Vec<f32>,
+}
+
+/// How many relational layers [`embed_all`] runs: the rows it returns are
+/// what the classifier reads, as `predict --embeddings` writes them (the
+/// last layer's input for R-GCN and R-GAT, whose last layer classifies; every
+/// layer's for HGT, which has a classifier of its own).
+pub fn embedding_layers(model: &Model) -> Result<usize> {
+    match &model.layers {
+        Layers::Relational(ls, head) => Ok(if head.is_some() { ls.len() } else { ls.len() - 1 }),
+        Layers::Mlp(_) => Err(ModelError::Config("embed needs a relational model (rgcn, rgat or hgt): the MLP reads no neighbourhood".into())),
+    }
+}
+
+/// Every node's embedding (see [`embedding_layers`]), per type (`None`: a
+/// type the model reads no rows of), computing `chunk` destinations at a
+/// time; `progress(layer, done, total)` after each chunk.
+pub fn embed_all(model: &Model, g: &HetGraph, chunk: usize, mut progress: impl FnMut(usize, u64, u64)) -> Result<Vec<Option<TypeRows>>> {
+    let layers = embedding_layers(model)?;
+    let Layers::Relational(ls, _) = &model.layers else { unreachable!("checked by embedding_layers") };
+    let types = g.node_types().len();
+    let chunk = chunk.max(1);
+    let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
+    // Layer 0's input rows are gathered per block (features or learnable rows).
+    let mut current: Option<Vec<Option<TypeRows>>> = None;
+    for (l, layer) in ls.iter().enumerate().take(layers) {
+        let mut next: Vec<Option<TypeRows>> = vec![None; types];
+        let mut done = 0u64;
+        for t in 0..types {
+            let count = g.node_types()[t].count;
+            let ids: Vec<u32> = (0..count).collect();
+            for dst in ids.chunks(chunk) {
+                let block = full_block(g, l, NodeTypeId(t as u32), dst);
+                let h = match &current {
+                    None => model.gather_inputs(g, &block.src)?,
+                    Some(rows) => rows_of(rows, &block.src, model)?,
+                };
+                let partials = layer.relation_partials(g, &block, &model.all_relations, &h)?;
+                let out = layer.cross_relation(&block, &h, partials)?;
+                let mut out = model.activate(l, &block, out, None)?;
+                if let Some(x) = out[t].take() {
+                    let (_, width) = x.dims2()?;
+                    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                    let slot = next[t].get_or_insert_with(|| TypeRows { width, data: Vec::with_capacity(count as usize * width) });
+                    slot.data.extend_from_slice(&values);
+                }
+                done += dst.len() as u64;
+                progress(l, done, total);
+            }
+        }
+        current = Some(next);
+    }
+    match current {
+        Some(rows) => Ok(rows),
+        // No layer runs (a one-layer R-GCN): the inputs themselves.
+        None => {
+            let all: Vec<Vec<u32>> = g.node_types().iter().map(|t| (0..t.count).collect()).collect();
+            let h = model.gather_inputs(g, &all)?;
+            h.into_iter()
+                .map(|x| {
+                    x.map(|x| -> Result<TypeRows> {
+                        let (_, width) = x.dims2()?;
+                        Ok(TypeRows { width, data: x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()? })
+                    })
+                    .transpose()
+                })
+                .collect()
+        }
+    }
+}
+
+/// The block of layer `layer` for destinations `dst` of type `t` with every
+/// in-neighbour of every relation into `t`, sources in first-seen order after
+/// the destinations themselves (as the sampler orders them).
+pub fn full_block(g: &HetGraph, layer: usize, t: NodeTypeId, dst: &[u32]) -> Block {
+    let types = g.node_types().len();
+    let mut src: Vec<Vec<u32>> = vec![Vec::new(); types];
+    let mut slot: Vec<std::collections::HashMap<u32, u32>> = vec![std::collections::HashMap::new(); types];
+    for &v in dst {
+        slot[t.index()].insert(v, src[t.index()].len() as u32);
+        src[t.index()].push(v);
+    }
+    let mut relations = Vec::new();
+    for &r in g.in_relations(t) {
+        let rel = g.relation(r);
+        let s = rel.src.index();
+        let mut offsets = Vec::with_capacity(dst.len() + 1);
+        offsets.push(0u32);
+        let mut sources = Vec::new();
+        for &v in dst {
+            for &u in rel.in_csr().neighbors(v) {
+                let next = src[s].len() as u32;
+                let local = *slot[s].entry(u).or_insert(next);
+                if local == next {
+                    src[s].push(u);
+                }
+                sources.push(local);
+            }
+            offsets.push(sources.len() as u32);
+        }
+        relations.push(BlockRelation { relation: r, offsets, sources });
+    }
+    let mut dsts = vec![Vec::new(); types];
+    dsts[t.index()] = dst.to_vec();
+    Block { layer, dst: dsts, src, relations }
+}
+
+/// The rows of `nodes` (per type) from a layer's stored rows, as tensors.
+fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> Result<PerType> {
+    rows.iter()
+        .zip(nodes)
+        .map(|(r, ids)| match r {
+            Some(r) if !ids.is_empty() => {
+                let mut buf = Vec::with_capacity(ids.len() * r.width);
+                for &v in ids {
+                    let at = v as usize * r.width;
+                    buf.extend_from_slice(r.data.get(at..at + r.width).ok_or_else(|| ModelError::Config(format!("node {v} beyond the stored rows")))?);
+                }
+                Ok(Some(Tensor::from_vec(buf, (ids.len(), r.width), model.device())?.to_dtype(model.dtype())?))
+            }
+            _ => Ok(None),
+        })
+        .collect()
+}

@@ -1,0 +1,71 @@
+//! `hetgnn embed`: every node's embedding, of every type, from a checkpoint
+//! by exact offline inference (full neighbourhoods, layer by layer), written
+//! as one float32 `.npy` per node type.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use graphs::npy::{DType as NpyType, NpyWriter};
+use graphs::Progress as _;
+
+use crate::output::{Kind, Output};
+
+/// Options of `hetgnn embed`.
+#[derive(Args)]
+pub struct EmbedArgs {
+    /// A checkpoint directory or root, as `predict` takes it.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The graph directory the model was trained on.
+    #[arg(long)]
+    data: PathBuf,
+    /// Output directory: `<type>.npy` (float32, [nodes, width]) per node type.
+    #[arg(long)]
+    out: PathBuf,
+    /// Destination nodes computed at a time.
+    #[arg(long, default_value_t = 4096)]
+    batch: usize,
+    /// Replace the output directory if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    crate::output::check(&[Output { flag: "--out", path: &a.out, kind: Kind::Dir }], a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
+    let start = Instant::now();
+    let (model, g, src) = crate::predict::load_model(&a.checkpoint, &a.data)?;
+    let layers = models::inference::embedding_layers(&model)?;
+    let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
+    let mut bars = crate::bar::Bars::new();
+    let (mut phase, mut counted) = (usize::MAX, 0u64);
+    let rows = models::inference::embed_all(&model, &g, a.batch, |layer, done, _| {
+        if layer != phase {
+            bars.finish();
+            bars.start(&format!("layer {} of {layers}, every node", layer + 1), total);
+            (phase, counted) = (layer, 0);
+        }
+        bars.advance(done - counted);
+        counted = done;
+    })
+    .with_context(|| format!("inference with {}", src.dir.display()))?;
+    bars.finish();
+    let dir = graphs::format::AtomicDir::create(&a.out, a.force)?;
+    let mut written = Vec::new();
+    for (t, r) in rows.iter().enumerate() {
+        let Some(r) = r else { continue };
+        let nt = &g.node_types()[t];
+        let path = dir.path().join(format!("{}.npy", nt.name));
+        let mut w = NpyWriter::create(&path, NpyType::F32, &[u64::from(nt.count), r.width as u64])?;
+        w.write_f32(&r.data)?;
+        w.finish()?;
+        written.push(format!("{} [{}, {}]", nt.name, nt.count, r.width));
+    }
+    dir.commit()?;
+    sayln!("wrote embeddings of {} to {} in {:.1}s (checkpoint {}; {layers} layer(s), full neighbourhoods)", written.join(", "), a.out.display(), start.elapsed().as_secs_f64(), src.dir.display());
+    Ok(())
+}
