@@ -66,6 +66,13 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
         written.push(format!("{} [{}, {}]", nt.name, nt.count, r.width));
     }
     dir.commit()?;
-    sayln!("wrote embeddings of {} to {} in {:.1}s (checkpoint {}; {layers} layer(s), full neighbourhoods)", written.join(", "), a.out.display(), start.elapsed().as_secs_f64(), src.dir.display());
+    let peak = graphs::memory::peak_rss_bytes().map_or("unknown".into(), |b| graphs::memory::human(u128::from(b)));
+    sayln!(
+        "wrote embeddings of {} to {} in {:.1}s, peak memory {peak} (checkpoint {}; {layers} layer(s), full neighbourhoods)",
+        written.join(", "),
+        a.out.display(),
+        start.elapsed().as_secs_f64(),
+        src.dir.display()
+    );
     Ok(())
 }
