@@ -28,19 +28,17 @@ fn wait_within(child: &mut std::process::Child, within: Duration, what: &str) ->
     }
 }
 
+/// `hetgnn args` started in `d` with stdout and stderr piped.
+fn spawn(d: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(args).current_dir(d).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
 #[test]
 fn a_closed_stdout_loses_the_summary_not_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     graph(d);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
-        .args(["train", "--data", "g", "--epochs", "2", "--hidden", "16", "--report", "run.json"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(d, &["train", "--data", "g", "--epochs", "2", "--hidden", "16", "--report", "run.json"]);
     // The reader goes away before the first line, as `| head -0` or a closed terminal.
     drop(child.stdout.take());
     let status = wait_within(&mut child, Duration::from_secs(120), "train with a closed stdout");
@@ -166,14 +164,7 @@ fn a_mapped_input_truncated_under_a_run_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     graph(d);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
-        .args(["train", "--data", "g", "--epochs", "10000", "--hidden", "8"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(d, &["train", "--data", "g", "--epochs", "10000", "--hidden", "8"]);
     // Truncate once training reads the features (its first epoch line).
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
     assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("epoch"))), "training started");

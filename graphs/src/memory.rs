@@ -3,15 +3,18 @@
 
 /// The memory a run may plan for: `$HETGNN_MEMORY_BYTES` if set (a share of
 /// a machine, or a test), else the machine's physical memory (Linux
-/// `MemTotal`); `None` when neither is known.
+/// `MemTotal`), or the container's limit when lower (cgroup v2
+/// `memory.max`, v1 `memory.limit_in_bytes`); `None` when none is known.
 pub fn budget_bytes() -> Option<u64> {
     if let Some(v) = std::env::var_os("HETGNN_MEMORY_BYTES") {
         return v.to_str().and_then(|v| v.trim().parse().ok());
     }
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let total = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
+    // "max" (no limit) and v1's huge "unlimited" value fail to parse or exceed the total.
+    let limit = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"].iter().find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
+    Some(limit.map_or(total, |l| l.min(total)))
 }
 
 /// Refuses `bytes` (at least what `what` will allocate) when over [`budget_bytes`].

@@ -537,20 +537,7 @@ fn tiny_files() -> &'static Vec<(PathBuf, Vec<u8>)> {
         let dir = tempfile::tempdir().unwrap();
         let g = dir.path().join("g");
         save(&common::tiny(), &g, false).unwrap();
-        let mut files = Vec::new();
-        let mut stack = vec![g.clone()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else {
-                    files.push((p.strip_prefix(&g).unwrap().to_path_buf(), std::fs::read(&p).unwrap()));
-                }
-            }
-        }
-        files.sort();
-        files
+        common::read_all(&g).into_iter().map(|(p, bytes)| (PathBuf::from(p), bytes)).collect()
     })
 }
 
