@@ -64,6 +64,9 @@ fn cache_line(answer: &Result<Option<actors::cache::manager::CacheStatus>, Strin
 /// `hetgnn doctor`: prints one line per node; fails if any node did not answer.
 pub fn doctor(args: &ClusterArgs, timeout: Duration) -> anyhow::Result<()> {
     let cfg = args.load()?;
+    if let Some(topology) = cfg.topology() {
+        topology.check_certs().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    }
     sayln!("{}: configuration and certificates ok", args.config.display());
     let rows = actors::cluster::doctor(&cfg, timeout)?;
     sayln!("{:<12} {:<22} {:<8} {:>9} {:>10}  peers", "node", "address", "state", "rtt_ms", "uptime_s");
