@@ -15,12 +15,8 @@ use crate::output::{Kind, Output};
 /// Options of `hetgnn embed`.
 #[derive(Args)]
 pub struct EmbedArgs {
-    /// A checkpoint directory or root, as `predict` takes it.
-    #[arg(long)]
-    checkpoint: PathBuf,
-    /// The graph directory the model was trained on.
-    #[arg(long)]
-    data: PathBuf,
+    #[command(flatten)]
+    model: crate::predict::ModelArgs,
     /// Output directory: `<type>.npy` (float32, [nodes, width]) per node type.
     #[arg(long)]
     out: PathBuf,
@@ -36,9 +32,9 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    crate::output::check(&[Output { flag: "--out", path: &a.out, kind: Kind::Dir }], a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
+    crate::output::check(&[Output { flag: "--out", path: &a.out, kind: Kind::Dir }], a.force, &a.model.inputs())?;
     let start = Instant::now();
-    let (model, g, src) = crate::predict::load_model(&a.checkpoint, &a.data)?;
+    let (model, g, src) = a.model.load()?;
     let layers = models::inference::embedding_layers(&model)?;
     let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
     let mut bars = crate::bar::Bars::new();

@@ -17,9 +17,9 @@ use models::checkpoint;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
 
-/// Options of `hetgnn predict`.
+/// A trained model's inputs, shared by `predict` and `embed`.
 #[derive(Args)]
-pub struct PredictArgs {
+pub struct ModelArgs {
     /// A checkpoint directory, or a checkpoint root (its newest valid checkpoint is used);
     /// single-process (epoch-*) or distributed (step-*) checkpoints.
     #[arg(long)]
@@ -27,6 +27,36 @@ pub struct PredictArgs {
     /// The graph directory the model was trained on.
     #[arg(long)]
     data: PathBuf,
+}
+
+impl ModelArgs {
+    /// The inputs as `(flag, path)`, for checking outputs against them.
+    pub fn inputs(&self) -> [(&str, &std::path::Path); 2] {
+        [("--checkpoint", &self.checkpoint), ("--data", &self.data)]
+    }
+
+    /// The checkpoint's model on the graph, loaded as the model was trained
+    /// (reverse relations or not).
+    pub fn load(&self) -> anyhow::Result<(Model, graphs::HetGraph, Source)> {
+        let src = source(&self.checkpoint)?;
+        let dir = src.dir.clone();
+        let g = graphs::load(&self.data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", self.data.display()))?;
+        let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
+        match &src.distributed {
+            Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
+            None => {
+                checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges, None)?;
+            }
+        }
+        Ok((model, g, src))
+    }
+}
+
+/// Options of `hetgnn predict`.
+#[derive(Args)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    model: ModelArgs,
     /// Output: predicted class per target node (int64 .npy).
     #[arg(long)]
     out: PathBuf,
@@ -76,30 +106,14 @@ fn source(path: &std::path::Path) -> anyhow::Result<Source> {
     Ok(Source { spec: m.spec, reverse_edges: m.reverse_edges, fanouts: m.fanouts, epochs_done: m.epochs_done, dir, distributed: None })
 }
 
-/// The model of the checkpoint `path` names, on the graph in `data` (loaded
-/// as the model was trained: reverse relations or not).
-pub fn load_model(path: &std::path::Path, data: &std::path::Path) -> anyhow::Result<(Model, graphs::HetGraph, Source)> {
-    let src = source(path)?;
-    let dir = src.dir.clone();
-    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", data.display()))?;
-    let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
-    match &src.distributed {
-        Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
-        None => {
-            checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges, None)?;
-        }
-    }
-    Ok((model, g, src))
-}
-
 pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
     let mut outputs = vec![Output { flag: "--out", path: &a.out, kind: Kind::File }];
     outputs.extend(a.embeddings.as_deref().map(|p| Output { flag: "--embeddings", path: p, kind: Kind::File }));
-    crate::output::check(&outputs, a.force, &[("--checkpoint", &a.checkpoint), ("--data", &a.data)])?;
-    let (model, g, manifest) = load_model(&a.checkpoint, &a.data)?;
+    crate::output::check(&outputs, a.force, &a.model.inputs())?;
+    let (model, g, manifest) = a.model.load()?;
     let dir = manifest.dir.clone();
     let n = g.node_type(g.target()).count;
     let ids: Vec<u32> = (0..n).collect();

@@ -45,7 +45,7 @@ pub struct Manifest {
     /// Every setting that shapes the run's trajectory (learning rate, batch,
     /// fanouts, seed, model...) as one fingerprint: resuming requires an equal one.
     pub run: String,
-    /// [`seal`] of the rest: a hand-edited manifest is refused, not believed.
+    /// The seal of the rest ([`Sealed`]): a hand-edited manifest is refused, not believed.
     pub seal: String,
 }
 
@@ -54,12 +54,35 @@ pub fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A manifest's seal: the SHA-256 of its JSON with the seal field empty
-/// (`with_empty_seal` gives that form). Not a signature (anyone can compute
-/// it again): it catches edits by hand or by tools, which would otherwise be
-/// believed, and partial writes.
-pub fn seal<T: Serialize>(with_empty_seal: &T) -> String {
-    sha256(serde_json::to_string(with_empty_seal).expect("manifests serialise").as_bytes())
+/// A manifest sealed against edits: its seal is the SHA-256 of its JSON with
+/// the seal field empty. Not a signature (anyone can compute it again): it
+/// catches edits by hand or by tools, which would otherwise be believed.
+pub trait Sealed: Serialize {
+    /// The manifest's seal field.
+    fn seal_field(&mut self) -> &mut String;
+
+    /// Sets the seal from the rest of the manifest.
+    fn seal(&mut self) {
+        self.seal_field().clear();
+        let digest = sha256(serde_json::to_string(self).expect("manifests serialise").as_bytes());
+        *self.seal_field() = digest;
+    }
+
+    /// Whether the seal matches the rest of the manifest.
+    fn seal_holds(&mut self) -> bool {
+        let recorded = std::mem::take(self.seal_field());
+        self.seal();
+        std::mem::replace(self.seal_field(), recorded.clone()) == recorded
+    }
+}
+
+/// What a manifest whose seal does not hold is told.
+pub const SEAL_BROKEN: &str = "was changed after it was written (its seal does not match): a checkpoint is read only as written";
+
+impl Sealed for Manifest {
+    fn seal_field(&mut self) -> &mut String {
+        &mut self.seal
+    }
 }
 
 /// The dense parameters (`param.<name>`), their Adam moments
@@ -225,7 +248,7 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
         run: info.run.clone(),
         seal: String::new(),
     };
-    manifest.seal = seal(&manifest);
+    manifest.seal();
     let mpath = tmp.join(MANIFEST);
     std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
     let dest = root.join(&name);
@@ -263,11 +286,9 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     if manifest.format != FORMAT {
         return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
     }
-    let sealed = std::mem::take(&mut manifest.seal);
-    if seal(&manifest) != sealed {
-        return Err(bad(&mpath, "was changed after it was written (its seal does not match): a checkpoint is read only as written"));
+    if !manifest.seal_holds() {
+        return Err(bad(&mpath, SEAL_BROKEN));
     }
-    manifest.seal = sealed;
     if manifest.files.keys().any(|f| f != PARAMS && f != EMBEDDINGS) {
         return Err(bad(&mpath, "manifest names files other than the checkpoint's own"));
     }

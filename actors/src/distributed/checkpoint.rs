@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use models::checkpoint::sha256;
+use models::checkpoint::{sha256, Sealed};
 use models::optim::Adam;
 use models::{Model, ModelSpec};
 use serde::{Deserialize, Serialize};
@@ -71,8 +71,14 @@ pub struct Manifest {
     pub progress: Progress,
     /// SHA-256 of each tensor file.
     pub files: BTreeMap<String, String>,
-    /// `models::checkpoint::seal` of the rest: a hand-edited manifest is refused.
+    /// The seal of the rest (`models::checkpoint::Sealed`): a hand-edited manifest is refused.
     pub seal: String,
+}
+
+impl Sealed for Manifest {
+    fn seal_field(&mut self) -> &mut String {
+        &mut self.seal
+    }
 }
 
 impl Manifest {
@@ -148,8 +154,7 @@ pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf
         }
     }
     let mut sealed = manifest.clone();
-    sealed.seal = String::new();
-    sealed.seal = models::checkpoint::seal(&sealed);
+    sealed.seal();
     let text = serde_json::to_string_pretty(&sealed).map_err(|e| bad(&partial, e))?;
     let mpath = partial.join(MANIFEST);
     std::fs::write(&mpath, text).map_err(|e| io(&mpath, e))?;
@@ -205,11 +210,9 @@ pub fn manifest(dir: &Path) -> Result<Manifest> {
         return Err(bad(&mpath, "names a file outside the checkpoint"));
     }
     let mut m = m;
-    let sealed = std::mem::take(&mut m.seal);
-    if models::checkpoint::seal(&m) != sealed {
-        return Err(bad(&mpath, "was changed after it was written (its seal does not match): a checkpoint is read only as written"));
+    if !m.seal_holds() {
+        return Err(bad(&mpath, models::checkpoint::SEAL_BROKEN));
     }
-    m.seal = sealed;
     if dir.file_name().map(|n| n.to_string_lossy().to_string()) != Some(format!("{PREFIX}{:09}", m.seq)) {
         return Err(bad(&mpath, format!("records step {} but sits in {}", m.seq, dir.display())));
     }
