@@ -177,6 +177,30 @@ impl HetGraph {
         Ok(())
     }
 
+    /// Keeps only the edges `u -> v` of stored relation `r` for which
+    /// `keep(u, v)` holds (link prediction's held-out edges leave the graph
+    /// this way). Refused once reverse relations exist: they share the arrays.
+    pub fn retain_edges(&mut self, r: RelationId, keep: impl Fn(u32, u32) -> bool) -> Result<()> {
+        if self.has_reverse_relations() {
+            return Err(GraphError::InvalidArgument("edges can only be removed before reverse relations are added".into()));
+        }
+        let rel = self.relations.get_mut(r.index()).ok_or_else(|| GraphError::InvalidArgument(format!("no relation {}", r.0)))?;
+        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        let by_src = &rel.by_src;
+        for u in 0..by_src.num_rows() as u32 {
+            for &v in by_src.neighbors(u) {
+                if keep(u, v) {
+                    src.push(u);
+                    dst.push(v);
+                }
+            }
+        }
+        let (ns, nd) = (by_src.num_rows(), rel.by_dst.num_rows());
+        rel.by_dst = Arc::new(Csr::from_edges(nd, &dst, &src));
+        rel.by_src = Arc::new(Csr::from_edges(ns, &src, &dst));
+        Ok(())
+    }
+
     /// Node types as vertices, relations as links weighted by edge count.
     pub fn metagraph(&self) -> Metagraph {
         Metagraph::new(self)

@@ -23,6 +23,7 @@ pub mod generate;
 pub mod graph;
 pub mod ids;
 pub mod input;
+pub mod link;
 pub mod mapped;
 pub mod memory;
 pub mod metagraph;

@@ -18,6 +18,7 @@ use std::collections::HashSet;
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::ids::{NodeTypeId, RelationId};
+use crate::link::Excluded;
 use crate::rng::{key, CounterRng};
 
 const UNSEEN: u32 = u32::MAX;
@@ -86,7 +87,8 @@ pub struct MiniBatch {
     pub epoch: u64,
     /// Step within the epoch.
     pub step: u64,
-    /// Seed nodes (of the target type).
+    /// Seed nodes of the target type (the last block's destinations hold the
+    /// seeds of every type).
     pub seeds: Vec<u32>,
     /// One block per layer; `blocks[0]` feeds the input layer and the last one
     /// has the seeds as destinations.
@@ -220,6 +222,8 @@ pub struct Sampler<'g> {
     local: Vec<Vec<u32>>,
     scratch: Vec<u32>,
     picked: Vec<u32>,
+    /// A neighbour list with excluded edges removed.
+    kept: Vec<u32>,
 }
 
 impl<'g> Sampler<'g> {
@@ -228,7 +232,7 @@ impl<'g> Sampler<'g> {
         if fanouts.is_empty() {
             return Err(GraphError::InvalidArgument("fanouts must list one value per layer (at least one)".into()));
         }
-        Ok(Sampler { graph, fanouts: fanouts.to_vec(), seed, local: graph.node_types().iter().map(|_| Vec::new()).collect(), scratch: Vec::new(), picked: Vec::new() })
+        Ok(Sampler { graph, fanouts: fanouts.to_vec(), seed, local: graph.node_types().iter().map(|_| Vec::new()).collect(), scratch: Vec::new(), picked: Vec::new(), kept: Vec::new() })
     }
 
     /// Number of layers sampled.
@@ -283,7 +287,26 @@ impl<'g> Sampler<'g> {
     /// [`Sampler::pick`]'s answer for that type's listed nodes (from their
     /// owners). The result is the mini-batch a sampler holding the whole graph
     /// would produce.
-    pub fn sample_with<L, R>(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
+    pub fn sample_with<L, R>(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter, local: L, remote: R) -> Result<MiniBatch>
+    where
+        L: Fn(usize, u32) -> bool,
+        R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
+    {
+        let mut typed = vec![Vec::new(); self.graph.node_types().len()];
+        typed[self.graph.target().index()] = seeds.to_vec();
+        self.sample_seeds(epoch, step, &typed, &Excluded::none(), filter, local, remote)
+    }
+
+    /// Samples every relation for seeds of any types (`seeds[t]`: distinct
+    /// nodes of type `t`), leaving the `excluded` edges out of every
+    /// in-neighbourhood before drawing (link prediction's positive edges):
+    /// a node's draw is then from its remaining neighbours, keyed as usual.
+    pub fn sample_typed(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &Excluded) -> Result<MiniBatch> {
+        self.sample_seeds(epoch, step, seeds, excluded, &RelationFilter::All, |_, _| true, |_, _, _| unreachable!("every node is local"))
+    }
+
+    #[allow(clippy::too_many_arguments)] // sample_with's, with typed seeds and exclusions
+    fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &Excluded, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
     where
         L: Fn(usize, u32) -> bool,
         R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
@@ -291,17 +314,19 @@ impl<'g> Sampler<'g> {
         let g = self.graph;
         let target = g.target();
         let nt = g.node_types().len();
+        if seeds.len() != nt {
+            return Err(GraphError::InvalidArgument(format!("seeds for {} node types in a graph of {nt}", seeds.len())));
+        }
         for (t, map) in self.local.iter_mut().enumerate() {
             if map.is_empty() {
                 map.resize(g.node_types()[t].count as usize, UNSEEN);
             }
         }
-        let mut frontier: Vec<Vec<u32>> = vec![Vec::new(); nt];
-        {
-            let map = &mut self.local[target.index()];
+        for (t, typed) in seeds.iter().enumerate() {
+            let map = &mut self.local[t];
             let count = map.len();
             let mut bad = None;
-            for (i, &s) in seeds.iter().enumerate() {
+            for (i, &s) in typed.iter().enumerate() {
                 match map.get(s as usize) {
                     None => bad = Some(format!("seed {s} is out of range 0..{count}")),
                     Some(&UNSEEN) => map[s as usize] = i as u32,
@@ -311,7 +336,7 @@ impl<'g> Sampler<'g> {
                     break;
                 }
             }
-            for &s in seeds {
+            for &s in typed {
                 if let Some(slot) = map.get_mut(s as usize) {
                     *slot = UNSEEN;
                 }
@@ -320,7 +345,7 @@ impl<'g> Sampler<'g> {
                 return Err(GraphError::InvalidArgument(problem));
             }
         }
-        frontier[target.index()] = seeds.to_vec();
+        let mut frontier: Vec<Vec<u32>> = seeds.to_vec();
 
         let layers = self.fanouts.len();
         let mut blocks = Vec::with_capacity(layers);
@@ -362,7 +387,18 @@ impl<'g> Sampler<'g> {
                 for &v in dnodes {
                     self.picked.clear();
                     if local(dt, v) {
-                        sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut self.picked);
+                        let all = csr.neighbors(v);
+                        let neighbors = match excluded.sources(rid, v) {
+                            Some(ex) => {
+                                self.kept.clear();
+                                self.kept.extend(all.iter().copied().filter(|u| ex.binary_search(u).is_err()));
+                                &self.kept[..]
+                            }
+                            None => all,
+                        };
+                        sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut self.picked);
+                    } else if !excluded.is_empty() {
+                        return Err(GraphError::InvalidArgument("excluded edges cannot be honoured for destinations sampled by their owners".into()));
                     } else {
                         let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
                         let i = rows[dt][&v];
@@ -389,7 +425,7 @@ impl<'g> Sampler<'g> {
             blocks.push(Block { layer, dst, src, relations: rels });
         }
         blocks.reverse();
-        Ok(MiniBatch { epoch, step, seeds: seeds.to_vec(), blocks })
+        Ok(MiniBatch { epoch, step, seeds: seeds[target.index()].clone(), blocks })
     }
 
     /// The graph sampled from.

@@ -1,0 +1,241 @@
+//! Link-prediction edges: the seeded train / valid / test split of the target
+//! relations, the held-out edges removed from message passing, the edges a
+//! batch must not see in its sampled neighbourhoods, and negative
+//! destinations.
+//!
+//! Every choice is a pure function of its key, so any process holding an
+//! edge knows its split, and every process draws the same negatives:
+//! - an edge `u -> v` of relation `r` is in the split that
+//!   `key(split_seed, r, u, v)` falls into (parallel edges share their pair's
+//!   split, so a duplicate never leaks a held-out pair into training);
+//! - negative `j` of a training edge is `key(seed, epoch, r, u, v, j)` below
+//!   the destination type's count (the destination type is the relation's);
+//! - evaluation negatives do not depend on the training seed at all (the
+//!   OGB convention of a fixed set per evaluation edge), so runs of different
+//!   seeds, and other systems given the same files, rank against the same
+//!   candidates.
+
+use std::collections::HashMap;
+
+use crate::error::{GraphError, Result};
+use crate::graph::HetGraph;
+use crate::ids::RelationId;
+use crate::rng::{key, CounterRng};
+
+#[allow(clippy::unusual_byte_groupings)]
+const SPLIT_STREAM: u64 = 0x5B1_17ED6E5;
+#[allow(clippy::unusual_byte_groupings)]
+const NEGATIVE_STREAM: u64 = 0x4E6_A71BE5;
+#[allow(clippy::unusual_byte_groupings)]
+const EVAL_NEGATIVE_STREAM: u64 = 0xE4A_14E65;
+
+/// Which split an edge is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EdgeSplit {
+    /// Trained on (and kept for message passing).
+    Train,
+    /// Validation: held out of the graph.
+    Valid,
+    /// Test: held out of the graph.
+    Test,
+}
+
+/// How the edges of the target relations are split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitSpec {
+    /// Share of edges held out for validation.
+    pub valid: f64,
+    /// Share of edges held out for testing.
+    pub test: f64,
+    /// Seed of the split (independent of the training seed).
+    pub seed: u64,
+}
+
+impl SplitSpec {
+    /// The split of edge `u -> v` of the relation keyed `rel_key`.
+    pub fn of(&self, rel_key: u64, u: u32, v: u32) -> EdgeSplit {
+        let x = CounterRng::from_parts(&[self.seed, SPLIT_STREAM, rel_key, u64::from(u), u64::from(v)]).next_f64();
+        if x < self.valid {
+            EdgeSplit::Valid
+        } else if x < self.valid + self.test {
+            EdgeSplit::Test
+        } else {
+            EdgeSplit::Train
+        }
+    }
+
+    /// Checks the shares leave edges to train on.
+    pub fn validate(&self) -> Result<()> {
+        let ok = |x: f64| x.is_finite() && (0.0..1.0).contains(&x);
+        if !ok(self.valid) || !ok(self.test) || self.valid + self.test >= 1.0 {
+            return Err(GraphError::InvalidArgument(format!("edge split: valid {} and test {} must be shares in [0, 1) that leave edges to train on", self.valid, self.test)));
+        }
+        Ok(())
+    }
+}
+
+/// Edges as parallel lists: relation (index into [`LinkEdges::relations`]), source, destination.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EdgeList {
+    /// Index of each edge's relation in [`LinkEdges::relations`].
+    pub rel: Vec<u16>,
+    /// Source ids.
+    pub src: Vec<u32>,
+    /// Destination ids.
+    pub dst: Vec<u32>,
+}
+
+impl EdgeList {
+    /// Number of edges.
+    pub fn len(&self) -> usize {
+        self.src.len()
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty()
+    }
+    fn push(&mut self, rel: u16, u: u32, v: u32) {
+        self.rel.push(rel);
+        self.src.push(u);
+        self.dst.push(v);
+    }
+    /// The edges at `ids`, in that order.
+    pub fn select(&self, ids: &[u32]) -> EdgeList {
+        let mut out = EdgeList::default();
+        for &i in ids {
+            let i = i as usize;
+            out.push(self.rel[i], self.src[i], self.dst[i]);
+        }
+        out
+    }
+}
+
+/// The target relations' edges, split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkEdges {
+    /// The target relations (stored ones, not added reverses).
+    pub relations: Vec<RelationId>,
+    /// Training edges, ordered by relation, then source, then destination.
+    pub train: EdgeList,
+    /// Validation edges, in the same order.
+    pub valid: EdgeList,
+    /// Test edges, in the same order.
+    pub test: EdgeList,
+}
+
+impl LinkEdges {
+    /// Splits the edges of `relations` (canonical names, `src__name__dst`) of
+    /// `g` as `spec` says.
+    pub fn split(g: &HetGraph, relations: &[String], spec: &SplitSpec) -> Result<LinkEdges> {
+        spec.validate()?;
+        if relations.is_empty() {
+            return Err(GraphError::InvalidArgument("link prediction needs at least one target relation".into()));
+        }
+        if relations.len() > usize::from(u16::MAX) {
+            return Err(GraphError::InvalidArgument(format!("{} target relations: at most {}", relations.len(), u16::MAX)));
+        }
+        let mut ids = Vec::new();
+        for name in relations {
+            let known = || g.relations().iter().filter(|r| r.reverse_of.is_none()).map(|r| r.canonical().to_string()).collect::<Vec<_>>().join(", ");
+            let rid = g.relation_id(name).ok_or_else(|| GraphError::InvalidArgument(format!("target relation '{name}' is not in graph '{}' (its relations: {})", g.name(), known())))?;
+            if g.relation(rid).reverse_of.is_some() {
+                return Err(GraphError::InvalidArgument(format!("target relation '{name}' is an added reverse relation: name the stored one ({})", known())));
+            }
+            if ids.contains(&rid) {
+                return Err(GraphError::InvalidArgument(format!("target relation '{name}' is listed twice")));
+            }
+            ids.push(rid);
+        }
+        let mut out = LinkEdges { relations: ids.clone(), train: EdgeList::default(), valid: EdgeList::default(), test: EdgeList::default() };
+        for (i, &rid) in ids.iter().enumerate() {
+            let rel = g.relation(rid);
+            let csr = rel.out_csr();
+            for u in 0..csr.num_rows() as u32 {
+                for &v in csr.neighbors(u) {
+                    let list = match spec.of(rel.key(), u, v) {
+                        EdgeSplit::Train => &mut out.train,
+                        EdgeSplit::Valid => &mut out.valid,
+                        EdgeSplit::Test => &mut out.test,
+                    };
+                    list.push(i as u16, u, v);
+                }
+            }
+        }
+        if out.train.is_empty() {
+            let names = relations.join(", ");
+            return Err(GraphError::InvalidArgument(format!("the target relations ({names}) have no training edges")));
+        }
+        Ok(out)
+    }
+
+    /// Removes the held-out (valid and test) edges of the target relations
+    /// from `g`, so that no layer passes messages along them. Must run
+    /// before reverse relations are added (they would keep the pairs).
+    pub fn hold_out(&self, g: &mut HetGraph, spec: &SplitSpec) -> Result<()> {
+        for &rid in &self.relations {
+            let k = g.relation(rid).key();
+            g.retain_edges(rid, |u, v| spec.of(k, u, v) == EdgeSplit::Train)?;
+        }
+        Ok(())
+    }
+}
+
+/// The edges a batch must not see: per relation and destination, the
+/// sources to leave out of its in-neighbourhood (a batch's positive edges,
+/// and their reverses where the graph has reverse relations), so no layer
+/// reads the very edge it is asked to predict.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Excluded {
+    by_dst: HashMap<(u32, u32), Vec<u32>>,
+}
+
+impl Excluded {
+    /// Nothing excluded.
+    pub fn none() -> Excluded {
+        Excluded::default()
+    }
+
+    /// The positive edges `edges` of `link`'s relations in `g`, and their reverses.
+    pub fn of_batch(g: &HetGraph, link: &LinkEdges, edges: &EdgeList) -> Excluded {
+        let reverse: Vec<Option<RelationId>> = link.relations.iter().map(|&r| g.relations().iter().position(|x| x.reverse_of == Some(r)).map(|i| RelationId(i as u32))).collect();
+        let mut by_dst: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
+        for i in 0..edges.len() {
+            let (r, u, v) = (edges.rel[i] as usize, edges.src[i], edges.dst[i]);
+            by_dst.entry((link.relations[r].0, v)).or_default().push(u);
+            if let Some(rev) = reverse[r] {
+                by_dst.entry((rev.0, u)).or_default().push(v);
+            }
+        }
+        for s in by_dst.values_mut() {
+            s.sort_unstable();
+            s.dedup();
+        }
+        Excluded { by_dst }
+    }
+
+    /// The sources excluded from `dst`'s in-neighbourhood in `relation` (sorted).
+    pub fn sources(&self, relation: RelationId, dst: u32) -> Option<&[u32]> {
+        if self.by_dst.is_empty() {
+            return None;
+        }
+        self.by_dst.get(&(relation.0, dst)).map(Vec::as_slice)
+    }
+
+    /// Whether nothing is excluded.
+    pub fn is_empty(&self) -> bool {
+        self.by_dst.is_empty()
+    }
+}
+
+/// Negative `j` (of `k`) of training edge `u -> v` of the relation keyed
+/// `rel_key` in `epoch`: uniform over the `count` destination-type nodes.
+pub fn train_negative(seed: u64, epoch: u64, rel_key: u64, u: u32, v: u32, j: u64, count: u32) -> u32 {
+    CounterRng::from_parts(&[seed, NEGATIVE_STREAM, epoch, rel_key, u64::from(u), u64::from(v), j]).below(u64::from(count)) as u32
+}
+
+/// The fixed evaluation negatives of edge `u -> v` of the relation keyed
+/// `rel_key`: `k` destinations uniform over `count` (the training seed plays no part).
+pub fn eval_negatives(rel_key: u64, u: u32, v: u32, k: usize, count: u32) -> impl Iterator<Item = u32> {
+    let mut rng = CounterRng::new(key(&[EVAL_NEGATIVE_STREAM, rel_key, u64::from(u), u64::from(v)]));
+    (0..k).map(move |_| rng.below(u64::from(count)) as u32)
+}

@@ -1,0 +1,136 @@
+//! Link prediction's edges: the split, the held-out edges, the batch's
+//! excluded edges in the sampler, and the negatives.
+
+mod common;
+
+use graphs::link::{eval_negatives, train_negative, EdgeList, Excluded, LinkEdges, SplitSpec};
+use graphs::{HetGraph, Sampler};
+
+const WRITES: &str = "author__writes__paper";
+
+fn graph() -> HetGraph {
+    common::random(300, 200, 3000, 5)
+}
+
+#[test]
+fn the_split_is_a_partition_of_the_edges_in_the_asked_shares() {
+    let g = graph();
+    let spec = SplitSpec { valid: 0.1, test: 0.2, seed: 7 };
+    let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
+    let n = g.relation(g.relation_id(WRITES).unwrap()).num_edges();
+    assert_eq!(e.train.len() + e.valid.len() + e.test.len(), n);
+    let share = |l: &EdgeList| l.len() as f64 / n as f64;
+    assert!((share(&e.valid) - 0.1).abs() < 0.03, "valid share {}", share(&e.valid));
+    assert!((share(&e.test) - 0.2).abs() < 0.03, "test share {}", share(&e.test));
+    // Deterministic, and another split seed splits differently.
+    assert_eq!(e, LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap());
+    assert_ne!(e, LinkEdges::split(&g, &[WRITES.into()], &SplitSpec { seed: 8, ..spec }).unwrap());
+}
+
+#[test]
+fn held_out_edges_leave_the_graph_and_its_reverse() {
+    let mut g = graph();
+    let rid = g.relation_id(WRITES).unwrap();
+    let spec = SplitSpec { valid: 0.2, test: 0.2, seed: 1 };
+    let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
+    e.hold_out(&mut g, &spec).unwrap();
+    g.add_reverse_relations().unwrap();
+    let r = g.relation(rid);
+    assert_eq!(r.num_edges(), e.train.len());
+    let rev = g.relations().iter().find(|x| x.reverse_of == Some(rid)).unwrap();
+    for held in [&e.valid, &e.test] {
+        for i in 0..held.len() {
+            let (u, v) = (held.src[i], held.dst[i]);
+            assert!(!r.in_csr().neighbors(v).contains(&u));
+            assert!(!r.out_csr().neighbors(u).contains(&v));
+            assert!(!rev.in_csr().neighbors(u).contains(&v));
+        }
+    }
+    for i in 0..e.train.len() {
+        assert!(r.in_csr().neighbors(e.train.dst[i]).contains(&e.train.src[i]));
+    }
+    // Too late once reverses exist: they would keep the pairs.
+    assert!(e.hold_out(&mut g, &spec).is_err());
+}
+
+#[test]
+fn bad_relations_and_shares_are_refused() {
+    let g = graph();
+    let spec = SplitSpec { valid: 0.1, test: 0.1, seed: 0 };
+    let err = LinkEdges::split(&g, &["no__such__rel".into()], &spec).unwrap_err().to_string();
+    assert!(err.contains("no__such__rel") && err.contains(WRITES), "{err}");
+    assert!(LinkEdges::split(&g, &[], &spec).is_err());
+    assert!(LinkEdges::split(&g, &[WRITES.into(), WRITES.into()], &spec).is_err());
+    for (valid, test) in [(0.5, 0.5), (-0.1, 0.1), (f64::NAN, 0.0)] {
+        assert!(LinkEdges::split(&g, &[WRITES.into()], &SplitSpec { valid, test, seed: 0 }).is_err());
+    }
+    let mut r = graph();
+    r.add_reverse_relations().unwrap();
+    let err = LinkEdges::split(&r, &["paper__rev_writes__author".into()], &spec).unwrap_err().to_string();
+    assert!(err.contains("reverse"), "{err}");
+}
+
+/// No sampled block of a batch holds one of its positive edges, in either
+/// direction, at any layer; everything else is sampled as without exclusions.
+#[test]
+fn a_batch_never_samples_its_own_positive_edges() {
+    let mut g = graph();
+    let spec = SplitSpec { valid: 0.0, test: 0.0, seed: 0 };
+    let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
+    g.add_reverse_relations().unwrap();
+    let rid = g.relation_id(WRITES).unwrap();
+    let rev = g.relation_id("paper__rev_writes__author").unwrap();
+    let batch = e.train.select(&(0..400).step_by(3).collect::<Vec<u32>>());
+    let mut seeds = vec![Vec::new(); g.node_types().len()];
+    let (author, paper) = (g.type_id("author").unwrap().index(), g.type_id("paper").unwrap().index());
+    for i in 0..batch.len() {
+        for (t, v) in [(author, batch.src[i]), (paper, batch.dst[i])] {
+            if !seeds[t].contains(&v) {
+                seeds[t].push(v);
+            }
+        }
+    }
+    let ex = Excluded::of_batch(&g, &e, &batch);
+    // Fanouts above every degree: the full neighbourhoods, minus the positives.
+    let mut s = Sampler::new(&g, &[1000, 1000], 3).unwrap();
+    let mb = s.sample_typed(0, 0, &seeds, &ex).unwrap();
+    let pairs: std::collections::HashSet<(u32, u32)> = (0..batch.len()).map(|i| (batch.src[i], batch.dst[i])).collect();
+    let mut kept = 0;
+    for block in &mb.blocks {
+        for br in &block.relations {
+            let rel = g.relation(br.relation);
+            for (d, sl) in br.edges() {
+                let (dst, src) = (block.dst[rel.dst.index()][d as usize], block.src[rel.src.index()][sl as usize]);
+                if br.relation == rid {
+                    assert!(!pairs.contains(&(src, dst)), "positive {src} -> {dst} sampled");
+                    kept += 1;
+                }
+                if br.relation == rev {
+                    assert!(!pairs.contains(&(dst, src)), "reverse of positive {dst} -> {src} sampled");
+                }
+            }
+            // Every other in-neighbour is there.
+            for (i, &v) in block.dst[rel.dst.index()].iter().enumerate() {
+                let expect = rel.in_csr().neighbors(v).iter().filter(|&&u| ex.sources(br.relation, v).is_none_or(|x| !x.contains(&u))).count();
+                assert_eq!((br.offsets[i + 1] - br.offsets[i]) as usize, expect);
+            }
+        }
+    }
+    assert!(kept > 0);
+    // Without exclusions the same sampler keeps the positives.
+    let all = s.sample_typed(0, 0, &seeds, &Excluded::none()).unwrap();
+    assert!(all.num_edges() > mb.num_edges());
+}
+
+#[test]
+fn negatives_are_keyed_and_in_range() {
+    let a: Vec<u32> = (0..50).map(|j| train_negative(1, 2, 3, 4, 5, j, 17)).collect();
+    let b: Vec<u32> = (0..50).map(|j| train_negative(1, 2, 3, 4, 5, j, 17)).collect();
+    assert_eq!(a, b);
+    assert!(a.iter().all(|&x| x < 17));
+    assert_ne!(a, (0..50).map(|j| train_negative(1, 3, 3, 4, 5, j, 17)).collect::<Vec<_>>());
+    let e: Vec<u32> = eval_negatives(3, 4, 5, 100, 9).collect();
+    assert_eq!(e, eval_negatives(3, 4, 5, 100, 9).collect::<Vec<_>>());
+    assert!(e.iter().all(|&x| x < 9));
+    assert_eq!(e.len(), 100);
+}
