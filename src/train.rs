@@ -38,6 +38,18 @@ pub struct TrainArgs {
     /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
+    /// node-classification | link-prediction [default: node-classification]
+    #[arg(long)]
+    task: Option<String>,
+    /// Link prediction: the relations to predict, canonical src__name__dst names, comma-separated.
+    #[arg(long, value_name = "RELATIONS")]
+    target_relations: Option<String>,
+    /// Link prediction: negative edges per positive edge [default: 5].
+    #[arg(long)]
+    negatives: Option<usize>,
+    /// Link prediction: dot | distmult [default: dot].
+    #[arg(long)]
+    decoder: Option<String>,
     /// Number of epochs [default: 10].
     #[arg(long)]
     epochs: Option<u64>,
@@ -116,6 +128,10 @@ impl TrainArgs {
         push("workers", self.workers.map(|v| v.to_string()));
         push("partitions", partitions);
         push("model", self.model.as_deref().map(quoted));
+        push("task", self.task.as_deref().map(quoted));
+        push("target_relations", self.target_relations.as_deref().map(quoted));
+        push("negatives", self.negatives.map(|v| v.to_string()));
+        push("decoder", self.decoder.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
         push("batch", self.batch.map(|v| v.to_string()));
         push("fanouts", self.fanouts.as_deref().map(quoted));
@@ -207,7 +223,18 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
     if let Some(path) = &cfg.training.report {
         write_report(report, path)?;
     }
-    if let Some(last) = report.epochs.last() {
+    if let Some(link) = report.epochs.last().and_then(|e| e.link) {
+        sayln!(
+            "done: {} epochs, {} steps in {:.1}s; final test MRR {:.4}, Hits@10 {:.4} (valid MRR {:.4}); model sha256 {}",
+            report.epochs.len(),
+            report.steps,
+            start.elapsed().as_secs_f64(),
+            link.test.mrr,
+            link.test.hits10,
+            link.valid.mrr,
+            &report.final_model_sha256[..16]
+        );
+    } else if let Some(last) = report.epochs.last() {
         sayln!(
             "done: {} epochs, {} steps in {:.1}s; final test accuracy {:.4} (valid {:.4}); model sha256 {}",
             report.epochs.len(),
@@ -283,6 +310,26 @@ impl TrainObserver for Progress {
     fn epoch_end(&mut self, r: &EpochReport) {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
+        }
+        if let Some(l) = &r.link {
+            sayln!(
+                "epoch {:>3}  loss {:.4}  valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
+                r.epoch,
+                r.loss,
+                l.valid.mrr,
+                l.valid.hits10,
+                l.test.mrr,
+                l.test.hits1,
+                l.test.hits10,
+                l.test.hits100,
+                r.time.seconds,
+                r.time.sample_s,
+                r.time.gather_s,
+                r.time.compute_s,
+                r.time.update_s,
+                r.time.eval_s
+            );
+            return;
         }
         sayln!(
             "epoch {:>3}  loss {:.4}  train {:.4}  valid {:.4}  test {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",

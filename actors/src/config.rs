@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, TrainError};
 use models::ModelKind;
 
+/// Most negatives per edge accepted (training and evaluation).
+pub const MAX_NEGATIVES: usize = 100_000;
+
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
 
@@ -62,6 +65,30 @@ impl Mode {
             Mode::ModelAveraging => "model-averaging",
         }
     }
+}
+
+/// What the model is trained to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Task {
+    /// Predict the target type's labels (the default).
+    #[default]
+    NodeClassification,
+    /// Predict the edges of `target_relations`, scored by `decoder`.
+    LinkPrediction,
+}
+
+/// Where a link-prediction batch's negative destinations come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NegativeSampler {
+    /// `negatives` destinations per positive edge, uniform over the
+    /// relation's destination type, keyed by the edge (the default).
+    #[default]
+    Uniform,
+    /// The destinations of the next `negatives` positive edges of the same
+    /// relation in the batch (no extra nodes to embed).
+    InBatch,
 }
 
 /// How a model-averaging partition sizes its steps.
@@ -138,6 +165,29 @@ pub struct TrainingConfig {
     pub workers: u32,
     /// Model averaging: "share" (default: each partition its share of `batch`) or "whole".
     pub local_batch: LocalBatch,
+    /// "node-classification" (default) or "link-prediction".
+    pub task: Task,
+    /// Link prediction: the relations whose edges are predicted, canonical
+    /// `src__name__dst` names of stored relations (a list, or one string with commas).
+    #[serde(deserialize_with = "names")]
+    pub target_relations: Vec<String>,
+    /// Link prediction: negative edges per positive edge (default 5).
+    pub negatives: usize,
+    /// Link prediction: "uniform" (default) or "in-batch".
+    pub negative_sampler: NegativeSampler,
+    /// Link prediction: "dot" (default) or "distmult".
+    pub decoder: models::link::Decoder,
+    /// Link prediction: "cross-entropy" (default) or "contrastive".
+    pub link_loss: models::link::LinkLoss,
+    /// Link prediction: fixed negatives each validation and test edge is ranked against (default 1000).
+    pub eval_negatives: usize,
+    /// Link prediction: shares of the target relations' edges held out for
+    /// validation and test, `[valid, test]` (default [0.05, 0.05]).
+    pub edge_split: [f64; 2],
+    /// Link prediction: seed of the edge split (default 0; independent of `seed`,
+    /// so runs of different seeds are measured on the same edges).
+    #[serde(deserialize_with = "u64_or_string")]
+    pub edge_split_seed: u64,
     /// "rgcn" (default), "rgat", "hgt" or "mlp".
     pub model: ModelKind,
     /// Number of layers (default 2); must equal the number of fanouts.
@@ -191,7 +241,13 @@ pub struct TrainingConfig {
 impl TrainingConfig {
     /// The model these settings describe.
     pub fn model_spec(&self) -> models::ModelSpec {
-        models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads }
+        let link = (self.task == Task::LinkPrediction).then(|| models::link::LinkSpec { relations: self.target_relations.clone(), decoder: self.decoder });
+        models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads, link }
+    }
+
+    /// Link prediction's edge split.
+    pub fn split_spec(&self) -> graphs::link::SplitSpec {
+        graphs::link::SplitSpec { valid: self.edge_split[0], test: self.edge_split[1], seed: self.edge_split_seed }
     }
 }
 
@@ -207,6 +263,15 @@ impl Default for TrainingConfig {
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
+            task: Task::NodeClassification,
+            target_relations: Vec::new(),
+            negatives: 5,
+            negative_sampler: NegativeSampler::Uniform,
+            decoder: models::link::Decoder::Dot,
+            link_loss: models::link::LinkLoss::CrossEntropy,
+            eval_negatives: 1000,
+            edge_split: [0.05, 0.05],
+            edge_split_seed: 0,
             model: ModelKind::Rgcn,
             layers: 2,
             epochs: 10,
@@ -230,6 +295,20 @@ impl Default for TrainingConfig {
             cache_presample_epochs: 2,
         }
     }
+}
+
+/// Accepts `["a__r__b", "c__s__d"]` or `"a__r__b,c__s__d"` (convenient on the command line).
+fn names<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum N {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match N::deserialize(d)? {
+        N::List(v) => v,
+        N::Text(s) => s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect(),
+    })
 }
 
 /// Accepts `[25, 20]`, `"25,20"` (convenient on the command line) or a single `25`.
@@ -304,6 +383,26 @@ impl Config {
         }
         if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
             return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
+        }
+        if t.task == Task::LinkPrediction {
+            if t.target_relations.is_empty() {
+                return bad("training.task = \"link-prediction\" needs training.target_relations (canonical names such as \"author__writes__paper\")".into());
+            }
+            if t.mode != Mode::Single {
+                return bad(format!("training.task = \"link-prediction\" runs in single-process training only so far; mode {} does not support it yet", t.mode.name()));
+            }
+            if t.model == ModelKind::Mlp {
+                return bad("training.task = \"link-prediction\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type".into());
+            }
+            if !(1..=MAX_NEGATIVES).contains(&t.negatives) || !(1..=MAX_NEGATIVES).contains(&t.eval_negatives) {
+                return bad(format!("training.negatives and training.eval_negatives must be in 1..={MAX_NEGATIVES}"));
+            }
+            if t.cache_bytes.0 > 0 {
+                return bad("training.cache_bytes: the device cache is not supported with link prediction yet".into());
+            }
+            self.training.split_spec().validate().map_err(|e| TrainError::Config(format!("training.edge_split: {e}")))?;
+        } else if !t.target_relations.is_empty() {
+            return bad("training.target_relations applies to training.task = \"link-prediction\"".into());
         }
         if t.resume && t.checkpoint_dir.is_none() {
             return bad("training.resume needs training.checkpoint_dir (--checkpoint DIR)".into());

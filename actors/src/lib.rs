@@ -21,6 +21,7 @@ pub mod observer;
 pub mod raf;
 pub mod report;
 pub mod single;
+pub mod task;
 
 pub use config::{Config, LocalBatch, Mode, RafEmbeddings, TrainingConfig};
 pub use error::{Result, TrainError};

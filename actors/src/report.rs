@@ -38,6 +38,9 @@ pub struct EpochReport {
     /// this epoch (counted in one process too, where nothing crosses a wire).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub averaging_bytes: u64,
+    /// Link prediction: MRR and Hits@K after the epoch (the accuracies above are then 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::task::link::LinkEpoch>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -100,6 +103,7 @@ impl EpochReport {
             time: Timings::across(&times),
             workers,
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
+            link: None,
         }
     }
 }
@@ -205,6 +209,9 @@ pub struct Report {
     /// Peak anonymous resident memory (heap and stacks, no file pages), sampled.
     #[serde(default)]
     pub peak_anon_bytes: Option<u64>,
+    /// Link prediction: the target relations, the split and how it is measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::task::link::LinkReport>,
     /// Number of dense parameters and learnable embedding values.
     pub parameters: u64,
     /// SHA-256 over every parameter and embedding value (names included).

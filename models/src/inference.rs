@@ -27,7 +27,8 @@ pub struct TypeRows {
 /// layer's for HGT, which has a classifier of its own).
 pub fn embedding_layers(model: &Model) -> Result<usize> {
     match &model.layers {
-        Layers::Relational(ls, head) => Ok(if head.is_some() { ls.len() } else { ls.len() - 1 }),
+        // A link predictor's last layer writes the embeddings the decoder scores.
+        Layers::Relational(ls, head) => Ok(if head.is_some() || model.spec().link.is_some() { ls.len() } else { ls.len() - 1 }),
         Layers::Mlp(_) => Err(ModelError::Config("embed needs a relational model (rgcn, rgat or hgt): the MLP reads no neighbourhood".into())),
     }
 }

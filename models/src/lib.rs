@@ -21,6 +21,7 @@ pub mod hgt;
 pub mod inference;
 pub mod init;
 pub mod layer;
+pub mod link;
 pub mod model;
 pub mod ops;
 pub mod optim;

@@ -66,6 +66,10 @@ pub struct ModelSpec {
     /// Attention heads (R-GAT); hidden must be a multiple of it.
     #[serde(default = "default_heads")]
     pub heads: usize,
+    /// Link prediction: the last layer's rows are embeddings (hidden wide, no
+    /// classifier) scored by this decoder; `None`: node classification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::link::LinkSpec>,
 }
 
 fn default_heads() -> usize {
@@ -79,7 +83,7 @@ impl ModelSpec {
     /// `tables` the learnable rows (with their moments). Checked before
     /// anything is allocated, so that a width no machine can hold is an error.
     pub fn min_bytes(&self, g: &HetGraph, tables: bool) -> u128 {
-        let classes = u128::from(g.num_classes());
+        let classes = if self.link.is_some() { self.hidden as u128 } else { u128::from(g.num_classes()) };
         let (hidden, embed) = (self.hidden as u128, self.embed_dim as u128);
         let input = g.node_types().iter().map(|t| t.features.as_ref().map_or(embed, |f| f.dim() as u128)).max().unwrap_or(embed);
         let per_layer = if self.kind == ModelKind::Mlp { 1 } else { g.relations().len().max(1) as u128 };
@@ -148,6 +152,14 @@ impl ModelSpec {
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(ModelError::Config(format!("dropout {} must be in [0, 1)", self.dropout)));
         }
+        if let Some(link) = &self.link {
+            if self.kind == ModelKind::Mlp {
+                return Err(ModelError::Config("link prediction needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type's features".into()));
+            }
+            if link.relations.is_empty() {
+                return Err(ModelError::Config("link prediction needs at least one target relation".into()));
+            }
+        }
         Ok(())
     }
 }
@@ -214,7 +226,8 @@ impl Model {
         );
         graphs::memory::check_fits(&what, spec.min_bytes(g, tables)).map_err(ModelError::Config)?;
         let seed = spec.seed;
-        let num_classes = g.num_classes() as usize;
+        // A link predictor's last layer writes embeddings, hidden wide.
+        let num_classes = if spec.link.is_some() { spec.hidden } else { g.num_classes() as usize };
         let target = g.target();
         let mut params = ParamStore::new();
         let mut embeddings = Vec::new();
@@ -224,7 +237,7 @@ impl Model {
             embeddings.push((tables && learnable).then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
         }
         let registered = crate::layer::registered(spec.kind);
-        let has_head = registered.as_ref().is_some_and(|r| r.head);
+        let has_head = registered.as_ref().is_some_and(|r| r.head) && spec.link.is_none();
         let width = |l: usize| if l + 1 == spec.layers && !has_head { num_classes } else { spec.hidden };
         let layers = match registered {
             Some(r) => {
@@ -239,6 +252,16 @@ impl Model {
                 } else {
                     None
                 };
+                if let Some(link) = &spec.link {
+                    for name in &link.relations {
+                        if g.relation_id(name).is_none() {
+                            return Err(ModelError::Config(format!("target relation '{name}' is not in graph '{}'", g.name())));
+                        }
+                        if link.decoder == crate::link::Decoder::Distmult {
+                            params.filled(&crate::link::diagonal_name(name), spec.hidden, 1.0, dtype, device)?;
+                        }
+                    }
+                }
                 Layers::Relational(ls, head)
             }
             None => {
@@ -336,6 +359,34 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// The last layer's rows of every seed of every type (`mb`'s last block's
+    /// destinations, in their order): a link predictor's embeddings.
+    pub fn forward_nodes(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+        let (ls, _) = self.relational()?;
+        if mb.blocks.len() != ls.len() {
+            return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+        }
+        let mut h = inputs;
+        for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {
+            let partials = layer.relation_partials(g, block, &self.all_relations, &h)?;
+            let out = layer.cross_relation(block, &h, partials)?;
+            h = self.activate(l, block, out, dropout)?;
+        }
+        Ok(h)
+    }
+
+    /// Scores of edges of target relation `r` (index into the link spec's
+    /// relations) whose endpoints' rows are `src` and `dst`.
+    pub fn score_edges(&self, r: usize, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
+        let link = self.spec.link.as_ref().ok_or_else(|| ModelError::Config("the model was not built for link prediction".into()))?;
+        let name = link.relations.get(r).ok_or_else(|| ModelError::Config(format!("no target relation {r}")))?;
+        let diag = match link.decoder {
+            crate::link::Decoder::Dot => None,
+            crate::link::Decoder::Distmult => Some(self.params.get(&crate::link::diagonal_name(name)).ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?.as_tensor().clone()),
+        };
+        crate::link::score(src, dst, diag.as_ref())
     }
 
     /// After layer `l`'s cross-relation step: R-GCN and R-GAT apply ReLU and

@@ -14,7 +14,7 @@ use common::graph;
 /// Loss and per-parameter gradients (host vectors) of one batch on `device`.
 fn run(kind: ModelKind, device: &Device) -> (f32, Vec<(String, Vec<f32>)>) {
     let g = graph();
-    let spec = ModelSpec { kind, layers: 2, hidden: 8, embed_dim: 4, dropout: 0.0, seed: 1, heads: 2 };
+    let spec = ModelSpec { kind, layers: 2, hidden: 8, embed_dim: 4, dropout: 0.0, seed: 1, heads: 2, link: None };
     let model = Model::new(&spec, &g, DType::F32, device).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0).unwrap().sample(0, 0, &[0, 1, 2, 3, 4]).unwrap();
     let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();

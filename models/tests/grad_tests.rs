@@ -70,7 +70,7 @@ fn loss(model: &Model, g: &HetGraph, mb: &graphs::MiniBatch, inputs: &PerType) -
 
 fn check_model_gradients(kind: ModelKind) {
     let g = graph();
-    let spec = ModelSpec { kind, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2 };
+    let spec = ModelSpec { kind, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2, link: None };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0).unwrap().sample(0, 0, &[0, 1, 2, 3, 4]).unwrap();
     let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
@@ -144,7 +144,7 @@ fn mlp_gradients_match_finite_differences() {
 #[test]
 fn a_layer_is_the_sum_of_its_relation_partials() {
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2, heads: 2 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 2, heads: 2, link: None };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mut store = models::params::ParamStore::new();
     let layers: [Box<dyn models::layer::RelationalLayer>; 4] = [
@@ -218,7 +218,7 @@ fn sparse_adam_is_exact_adam_per_touched_row() {
 #[test]
 fn initialisation_depends_only_on_seed_and_name() {
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.5, seed: 9, heads: 2 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.5, seed: 9, heads: 2, link: None };
     let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let b = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let c = Model::new(&ModelSpec { seed: 10, ..spec.clone() }, &g, DType::F32, &Device::Cpu).unwrap();
@@ -235,7 +235,7 @@ fn adam_state_never_holds_the_step_graph() {
     // A moment derived from an undetached gradient would keep every step's
     // forward graph alive through the next step's moment: memory grows without bound.
     let g = graph();
-    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2 };
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 4, embed_dim: 3, dropout: 0.0, seed: 1, heads: 2, link: None };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mut adam = models::optim::Adam::new(AdamConfig::with_lr(0.01));
     for step in 0..2 {

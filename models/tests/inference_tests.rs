@@ -13,7 +13,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
     graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 0, &dir, false, &mut graphs::NoProgress).unwrap();
     let g = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
     for (kind, layers) in [(ModelKind::Rgcn, 2), (ModelKind::Rgcn, 3), (ModelKind::Rgat, 2), (ModelKind::Hgt, 2)] {
-        let spec = ModelSpec { kind, layers, hidden: 16, embed_dim: 8, dropout: 0.5, seed: 3, heads: 2 };
+        let spec = ModelSpec { kind, layers, hidden: 16, embed_dim: 8, dropout: 0.5, seed: 3, heads: 2, link: None };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let mut calls = 0;
         let rows = embed_all(&model, &g, 97, |_, _, _| calls += 1).unwrap();

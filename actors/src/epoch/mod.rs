@@ -47,6 +47,8 @@ pub struct Prepared {
     pub sample_s: f64,
     /// Seconds gathering its feature rows.
     pub gather_s: f64,
+    /// Link prediction: the batch's edges, negatives and seeds.
+    pub link: Option<crate::task::link::LinkBatch>,
 }
 
 /// Samples a batch with `sample`, then gathers its first block's feature
@@ -60,7 +62,7 @@ pub fn prepare(g: &HetGraph, gather: &FeatureGather, cached: Option<&FeatureCach
         Some(c) => c.gather(gather, g, &mb.blocks[0].src, count)?,
         None => gather.gather(g, &mb.blocks[0].src)?,
     };
-    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock) })
+    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock), link: None })
 }
 
 /// Correct predictions (the arg-max of `logits`) among `seeds`.
@@ -154,7 +156,7 @@ mod tests {
     }
 
     fn model(g: &HetGraph, layers: usize) -> Model {
-        let spec = ModelSpec { kind: ModelKind::Rgcn, layers, hidden: 4, embed_dim: 2, dropout: 0.0, seed: 0, heads: 1 };
+        let spec = ModelSpec { kind: ModelKind::Rgcn, layers, hidden: 4, embed_dim: 2, dropout: 0.0, seed: 0, heads: 1, link: None };
         Model::new(&spec, g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
     }
 

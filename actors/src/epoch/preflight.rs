@@ -12,7 +12,10 @@ use crate::error::{Result, TrainError};
 /// Refuses a run of `t` on `g` that cannot train or cannot fit; `tables`:
 /// whether this process holds the learnable rows of the whole graph.
 pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
-    check_trainable(g)?;
+    // Link prediction trains on edges (LinkEdges::split refuses none).
+    if t.task == crate::config::Task::NodeClassification {
+        check_trainable(g)?;
+    }
     check_fits(t, g, tables)
 }
 
@@ -32,7 +35,12 @@ pub fn check_trainable(g: &HetGraph) -> Result<()> {
 /// Refuses settings whose model and training step need more memory than the machine has.
 pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
     let spec = t.model_spec();
-    let need = spec.min_bytes(g, tables).saturating_add(spec.step_bytes(g, &t.fanouts, t.batch));
+    // A link-prediction batch embeds both endpoints of each edge and its negatives.
+    let seeds = match t.task {
+        crate::config::Task::NodeClassification => t.batch,
+        crate::config::Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
+    };
+    let need = spec.min_bytes(g, tables).saturating_add(spec.step_bytes(g, &t.fanouts, seeds));
     let what = format!(
         "a training step (training.batch {}, training.fanouts {:?}, training.hidden {}, training.embed_dim {}, training.layers {}; {} classes)",
         t.batch,

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use graphs::sampler::epoch_batches;
-use graphs::HetGraph;
 use runtime::Node;
 
 use super::schedule::Schedule;
@@ -31,8 +30,8 @@ pub(crate) struct Attempt<'a> {
     pub trainer: u32,
     /// Training settings.
     pub cfg: &'a TrainingConfig,
-    /// The partition graph (its training nodes make the batches).
-    pub graph: &'a HetGraph,
+    /// What batches are cut from: the training nodes, or link prediction's training edges.
+    pub items: &'a [u32],
     /// The running figures of the epoch its checkpoint cut, if it resumes one.
     pub resumed: Progress,
 }
@@ -87,12 +86,11 @@ pub(crate) trait Steps {
 /// Runs every epoch of the attempt.
 pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Result<()> {
     let t = a.cfg;
-    let (_, splits) = a.graph.target_labels();
-    let plan = Schedule::new(t, splits.train.len(), steps.seq());
+    let plan = Schedule::new(t, a.items.len(), steps.seq());
     let plan = if steps.checkpoints_mid_epoch() { plan } else { plan.at_epoch_ends() };
     let bytes = || a.node.map(|n| n.metrics().bytes_by_kind()).unwrap_or_default();
     for epoch in plan.epochs() {
-        let batches = epoch_batches(&splits.train, t.batch, t.seed, epoch);
+        let batches = epoch_batches(a.items, t.batch, t.seed, epoch);
         let skip = plan.skip(epoch, batches.len());
         let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
         let start = Instant::now();

@@ -21,6 +21,7 @@ use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EV
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
+use crate::task::link::{LinkEpoch, LinkTask};
 
 /// Single-process training: the graph in `training.data`, one model, one optimiser.
 pub struct Single;
@@ -41,7 +42,11 @@ impl crate::modes::TrainingMode for Single {
 /// Every setting that shapes a single-process run's trajectory, as the
 /// distributed modes fingerprint theirs.
 fn run_fingerprint(t: &crate::config::TrainingConfig, g: &HetGraph) -> String {
-    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single"])
+    let link = match t.task {
+        crate::config::Task::NodeClassification => String::new(),
+        crate::config::Task::LinkPrediction => format!("{:?}|{:?}|{:?}|{}|{:?}|{}", t.task, t.negative_sampler, t.link_loss, t.negatives, t.edge_split, t.edge_split_seed),
+    };
+    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single", link.as_bytes()])
 }
 
 /// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).
@@ -49,15 +54,29 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let t = &cfg.training;
     let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
-    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges })?;
+    // Link prediction removes its held-out edges before the reverses are added.
+    let is_link = t.task == crate::config::Task::LinkPrediction;
+    let mut g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges && !is_link })?;
+    let link = is_link.then(|| LinkTask::prepare(t, &mut g)).transpose()?;
+    if is_link && t.reverse_edges {
+        g.add_reverse_relations()?;
+    }
+    let g = g;
     crate::epoch::preflight::check(t, &g, true)?;
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let (_, splits) = g.target_labels();
-    let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, ..Report::default() };
+    let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, link: link.as_ref().map(|l| l.report(&g, t)), ..Report::default() };
+    let items = match &link {
+        Some(l) => l.train_items(),
+        None => splits.train.clone(),
+    };
+    if let (Some(l), Some(r)) = (&link, &report.link) {
+        observer.note(&format!("link prediction on {}: {} training, {} validation, {} test edges", r.relations.join(", "), l.edges.train.len(), l.edges.valid.len(), l.edges.test.len()));
+    }
 
-    let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+    let per_epoch = items.len().div_ceil(t.batch.max(1)) as u64;
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
             return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
@@ -98,9 +117,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         observer.note(&c.summary());
     }
-    let feed = Feed { graph: &g, gather: model.feature_gather(), cached: cache.as_ref().map(|c| c.features.clone()), uses_neighbors: model.uses_neighbors(), fanouts: &t.fanouts, seed: t.seed };
-    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch };
-    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, graph: &g, resumed: Default::default() };
+    let feed = Feed { graph: &g, gather: model.feature_gather(), cached: cache.as_ref().map(|c| c.features.clone()), uses_neighbors: model.uses_neighbors(), fanouts: &t.fanouts, seed: t.seed, link: link.as_ref() };
+    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, link_figures: None };
+    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items: &items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
     let Run { model, cache, mut report, .. } = run;
     if let Some(c) = &cache {
@@ -118,6 +137,8 @@ struct Feed<'g> {
     uses_neighbors: bool,
     fanouts: &'g [usize],
     seed: u64,
+    /// Link prediction's edges and settings (`None`: node classification).
+    link: Option<&'g LinkTask>,
 }
 
 /// A single-process run as the epoch loop drives it.
@@ -132,6 +153,8 @@ struct Run<'g, 'o> {
     observer: &'o mut dyn TrainObserver,
     /// Steps per epoch.
     per_epoch: u64,
+    /// Link prediction: the last evaluation's figures, for the epoch's report.
+    link_figures: Option<LinkEpoch>,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -160,8 +183,21 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     /// Samples the batch and gathers its feature rows.
+    /// Link prediction: `seeds` are training edges, whose endpoints and
+    /// negatives are sampled with the batch's own edges left out.
     fn prepare<'f>(feed: &'f Feed<'g>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
-        prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds))
+        match feed.link {
+            None => prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds)),
+            Some(task) => {
+                let clock = Instant::now();
+                let batch = task.batch(feed.graph, epoch, seeds);
+                let extra = clock.elapsed().as_secs_f64();
+                let mut p = prepare(feed.graph, &feed.gather, None, false, || Ok(sampler.sample_typed(epoch, step, &batch.seeds, &batch.excluded)?))?;
+                p.sample_s += extra;
+                p.link = Some(batch);
+                Ok(p)
+            }
+        }
     }
 
     /// The model after the steps before [`Steps::seq`] (an epoch end).
@@ -184,8 +220,9 @@ impl<'g> Steps for Run<'g, '_> {
         Ok(())
     }
 
-    fn step(&mut self, _: &Feed<'g>, epoch: u64, step: u64, _: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(&mut self, feed: &Feed<'g>, epoch: u64, step: u64, _: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
         let (labels, _) = self.g.target_labels();
+        let link = feed.link.zip(p.link.as_ref());
         let (model, cache) = (&mut self.model, &mut self.cache);
         let mb = &p.mb;
         let seeds = &mb.seeds;
@@ -197,10 +234,15 @@ impl<'g> Steps for Run<'g, '_> {
             Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
             None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
         }
-        let y = targets(labels, seeds, &self.device)?;
         st.time.gather_s += lap(&mut clock);
-        let logits = model.forward(self.g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        let dropout = Some(DropoutKey { epoch, step });
+        let (loss, logits) = match link {
+            Some((task, batch)) => (task.loss(model, &model.forward_nodes(self.g, mb, inputs.clone(), dropout)?, batch)?, None),
+            None => {
+                let logits = model.forward(self.g, mb, inputs.clone(), dropout)?;
+                (candle_nn::loss::cross_entropy(&logits, &targets(labels, seeds, &self.device)?)?, Some(logits))
+            }
+        };
         let grads = loss.backward()?;
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&model.params, &grads)?;
@@ -219,16 +261,24 @@ impl<'g> Steps for Run<'g, '_> {
         if !l.is_finite() {
             return Err(TrainError::Diverged { epoch, step: self.report.steps, loss: l });
         }
-        let correct = count_correct(&logits, labels, seeds)?;
+        let (correct, seen) = match (&logits, link) {
+            (Some(logits), _) => (count_correct(logits, labels, seeds)?, seeds.len() as u64),
+            (None, Some((_, batch))) => (0, batch.edges.len() as u64),
+            (None, None) => (0, 0),
+        };
         self.report.steps += 1;
         self.observer.step(l);
-        Ok(StepFigures { loss: l, correct: correct as f64, seen: seeds.len() as u64 })
+        Ok(StepFigures { loss: l, correct: correct as f64, seen })
     }
 
-    fn evaluate(&mut self, _: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+    fn evaluate(&mut self, feed: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
         // Evaluation reads the tables: bring the cached rows home.
         if let Some(c) = &self.cache {
             c.write_back(&mut self.model)?;
+        }
+        if let Some(task) = feed.link {
+            self.link_figures = Some(task.evaluate(&self.model, self.g)?);
+            return Ok(());
         }
         let (_, splits) = self.g.target_labels();
         let mut sampler = Sampler::new(self.g, &self.cfg.training.fanouts, self.cfg.training.seed ^ EVAL_SEED)?;
@@ -244,7 +294,8 @@ impl<'g> Steps for Run<'g, '_> {
     /// The epoch's account becomes the report's epoch.
     fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
-        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
+        let mut er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
+        er.link = self.link_figures.take();
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);
         Ok(())

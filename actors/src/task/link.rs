@@ -1,0 +1,273 @@
+//! Link prediction as a training task: the target relations' edges split
+//! (held-out edges removed from the graph before reverse relations are
+//! added), batches of training edges with their negatives and the seeds
+//! they need (a batch's own edges excluded from its neighbourhoods), the
+//! loss over a batch, and evaluation by exact inference.
+//!
+//! Evaluation ranks each validation and test edge against its fixed
+//! negatives ([`graphs::link::eval_negatives`]) with every node's embedding
+//! computed by exact layer-wise inference over the training graph (full
+//! neighbourhoods, no sampling, as DGL's offline inference), so the metric
+//! is a pure function of the model.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+use graphs::link::{train_negative, EdgeList, Excluded, LinkEdges};
+use graphs::HetGraph;
+use models::inference::{embed_all, TypeRows};
+use models::link::{LinkLoss, RankSums};
+use models::rgcn::PerType;
+use models::Model;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{NegativeSampler, TrainingConfig};
+use crate::error::{Result, TrainError};
+
+/// Evaluation edges scored per chunk (each against all its negatives).
+const EVAL_CHUNK: usize = 256;
+
+/// Destinations per chunk in evaluation's exact inference.
+const INFERENCE_CHUNK: usize = 4096;
+
+/// The task's settings and edges, for one graph.
+pub struct LinkTask {
+    /// The split edges.
+    pub edges: LinkEdges,
+    negatives: usize,
+    sampler: NegativeSampler,
+    loss: LinkLoss,
+    eval_negatives: usize,
+    seed: u64,
+    /// Per target relation: its key, source and destination type, destination count.
+    rels: Vec<(u64, usize, usize, u32)>,
+}
+
+/// A batch of training edges: the seeds whose embeddings it needs, and
+/// where each edge's endpoints and negatives sit among them.
+#[derive(Clone, Debug)]
+pub struct LinkBatch {
+    /// The positive edges.
+    pub edges: EdgeList,
+    /// Seeds per node type (endpoints and negatives, each once).
+    pub seeds: Vec<Vec<u32>>,
+    /// The batch's edges and their reverses, left out of its neighbourhoods.
+    pub excluded: Excluded,
+    /// Per edge, its source's and destination's row among `seeds`.
+    src_at: Vec<u32>,
+    dst_at: Vec<u32>,
+    /// Per edge, `k` rows among `seeds[dst type]`.
+    neg_at: Vec<u32>,
+    k: usize,
+}
+
+/// Validation and test figures after an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkMetrics {
+    /// Mean reciprocal rank.
+    pub mrr: f64,
+    /// Share of edges ranked first.
+    pub hits1: f64,
+    /// Share ranked in the first 10.
+    pub hits10: f64,
+    /// Share ranked in the first 100.
+    pub hits100: f64,
+}
+
+impl From<&RankSums> for LinkMetrics {
+    fn from(r: &RankSums) -> LinkMetrics {
+        LinkMetrics { mrr: r.mrr(), hits1: r.hits(1), hits10: r.hits(10), hits100: r.hits(100) }
+    }
+}
+
+/// An epoch's link-prediction figures, in the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkEpoch {
+    /// On the validation edges.
+    pub valid: LinkMetrics,
+    /// On the test edges.
+    pub test: LinkMetrics,
+}
+
+/// The run's link-prediction setting, written down in the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkReport {
+    /// The target relations.
+    pub relations: Vec<String>,
+    /// Training edges.
+    pub train_edges: u64,
+    /// Validation edges (held out of the graph).
+    pub valid_edges: u64,
+    /// Test edges (held out of the graph).
+    pub test_edges: u64,
+    /// How the split was drawn.
+    pub split: String,
+    /// How the metrics are computed.
+    pub metric: String,
+}
+
+impl LinkTask {
+    /// Splits the target relations' edges of `g` and removes the held-out
+    /// ones from it. `g` must not have reverse relations yet: add them after.
+    pub fn prepare(t: &TrainingConfig, g: &mut HetGraph) -> Result<LinkTask> {
+        let spec = t.split_spec();
+        let edges = LinkEdges::split(g, &t.target_relations, &spec)?;
+        edges.hold_out(g, &spec)?;
+        let rels = edges
+            .relations
+            .iter()
+            .map(|&r| {
+                let rel = g.relation(r);
+                (rel.key(), rel.src.index(), rel.dst.index(), g.node_type(rel.dst).count)
+            })
+            .collect();
+        Ok(LinkTask { edges, negatives: t.negatives, sampler: t.negative_sampler, loss: t.link_loss, eval_negatives: t.eval_negatives, seed: t.seed, rels })
+    }
+
+    /// Training edges, the items batches are cut from.
+    pub fn train_items(&self) -> Vec<u32> {
+        (0..self.edges.train.len() as u32).collect()
+    }
+
+    /// What the report says of the task.
+    pub fn report(&self, g: &HetGraph, t: &TrainingConfig) -> LinkReport {
+        LinkReport {
+            relations: self.edges.relations.iter().map(|&r| g.relation(r).canonical().to_string()).collect(),
+            train_edges: self.edges.train.len() as u64,
+            valid_edges: self.edges.valid.len() as u64,
+            test_edges: self.edges.test.len() as u64,
+            split: format!(
+                "seeded by edge_split_seed {}: each pair u -> v of a target relation lands in valid ({}), test ({}) or train by a hash of (seed, relation, u, v); valid and test edges are removed from the graph, reverse relations included",
+                t.edge_split_seed, t.edge_split[0], t.edge_split[1]
+            ),
+            metric: format!(
+                "MRR and Hits@1/10/100 of each held-out edge against {} fixed negatives drawn uniformly from the destination type by a hash of the edge (ties count half, as OGB); embeddings by exact full-neighbourhood inference on the training graph",
+                t.eval_negatives
+            ),
+        }
+    }
+
+    /// The batch of training edges `ids` in `epoch`, with its negatives.
+    pub fn batch(&self, g: &HetGraph, epoch: u64, ids: &[u32]) -> LinkBatch {
+        let edges = self.edges.train.select(ids);
+        let types = g.node_types().len();
+        let mut seeds: Vec<Vec<u32>> = vec![Vec::new(); types];
+        let mut at: Vec<HashMap<u32, u32>> = vec![HashMap::new(); types];
+        let mut slot = |t: usize, v: u32| -> u32 {
+            *at[t].entry(v).or_insert_with(|| {
+                seeds[t].push(v);
+                seeds[t].len() as u32 - 1
+            })
+        };
+        let n = edges.len();
+        let k = self.negatives;
+        let (mut src_at, mut dst_at, mut neg_at) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n * k));
+        // In-batch negatives come from the positives of the same relation, in batch order.
+        let mut same: HashMap<u16, Vec<usize>> = HashMap::new();
+        for i in 0..n {
+            same.entry(edges.rel[i]).or_default().push(i);
+        }
+        let mut rank = vec![0usize; n];
+        for list in same.values() {
+            for (j, &i) in list.iter().enumerate() {
+                rank[i] = j;
+            }
+        }
+        for i in 0..n {
+            let r = edges.rel[i] as usize;
+            let (key, st, dt, count) = self.rels[r];
+            let (u, v) = (edges.src[i], edges.dst[i]);
+            src_at.push(slot(st, u));
+            dst_at.push(slot(dt, v));
+            let peers = &same[&edges.rel[i]];
+            for j in 0..k {
+                let neg = match self.sampler {
+                    NegativeSampler::InBatch if peers.len() > k => edges.dst[peers[(rank[i] + 1 + j) % peers.len()]],
+                    // Uniform, and in-batch where the batch has too few peers.
+                    _ => train_negative(self.seed, epoch, key, u, v, j as u64, count),
+                };
+                neg_at.push(slot(dt, neg));
+            }
+        }
+        let excluded = Excluded::of_batch(g, &self.edges, &edges);
+        LinkBatch { edges, seeds, excluded, src_at, dst_at, neg_at, k }
+    }
+
+    /// The batch's positive scores `[p]` and negative scores `[p, k]`, grouped by
+    /// relation, from the last layer's rows of its seeds (`out[t]` aligned with `b.seeds[t]`).
+    pub fn scores(&self, model: &Model, out: &PerType, b: &LinkBatch) -> Result<(Tensor, Tensor)> {
+        let mut pos = Vec::new();
+        let mut neg = Vec::new();
+        for (r, &(_, st, dt, _)) in self.rels.iter().enumerate() {
+            let idx: Vec<usize> = (0..b.edges.len()).filter(|&i| b.edges.rel[i] as usize == r).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let rows = |t: usize| out[t].as_ref().ok_or_else(|| TrainError::Config(format!("no output rows for node type {t}")));
+            let (hs, hd) = (rows(st)?, rows(dt)?);
+            let device = hs.device();
+            let pick = |x: &Tensor, at: Vec<u32>| -> Result<Tensor> {
+                let n = at.len();
+                Ok(x.index_select(&Tensor::from_vec(at, n, device)?, 0)?)
+            };
+            let s = pick(hs, idx.iter().map(|&i| b.src_at[i]).collect())?;
+            let d = pick(hd, idx.iter().map(|&i| b.dst_at[i]).collect())?;
+            pos.push(model.score_edges(r, &s, &d)?);
+            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat_n(b.src_at[i], b.k)).collect())?;
+            let negs = pick(hd, idx.iter().flat_map(|&i| b.neg_at[i * b.k..(i + 1) * b.k].iter().copied()).collect())?;
+            neg.push(model.score_edges(r, &s_rep, &negs)?.reshape((idx.len(), b.k))?);
+        }
+        Ok((Tensor::cat(&pos, 0)?, Tensor::cat(&neg, 0)?))
+    }
+
+    /// The batch's loss, as a mean over its scores (cross-entropy) or positives (contrastive).
+    pub fn loss(&self, model: &Model, out: &PerType, b: &LinkBatch) -> Result<Tensor> {
+        let (pos, neg) = self.scores(model, out, b)?;
+        let p = b.edges.len() as f64;
+        let denominator = match self.loss {
+            LinkLoss::CrossEntropy => p * (1 + b.k) as f64,
+            LinkLoss::Contrastive => p,
+        };
+        Ok(models::link::loss(self.loss, &pos, &neg, denominator)?)
+    }
+
+    /// Validation and test figures of `model` on `g` (the training graph).
+    pub fn evaluate(&self, model: &Model, g: &HetGraph) -> Result<LinkEpoch> {
+        let rows = embed_all(model, g, INFERENCE_CHUNK, |_, _, _| {})?;
+        Ok(LinkEpoch { valid: (&self.rank(model, &rows, &self.edges.valid)?).into(), test: (&self.rank(model, &rows, &self.edges.test)?).into() })
+    }
+
+    /// Ranks `edges` against their fixed negatives with every node's rows.
+    fn rank(&self, model: &Model, rows: &[Option<TypeRows>], edges: &EdgeList) -> Result<RankSums> {
+        let mut sums = RankSums::default();
+        let k = self.eval_negatives;
+        let ids: Vec<u32> = (0..edges.len() as u32).collect();
+        for chunk in ids.chunks(EVAL_CHUNK) {
+            for (r, &(key, st, dt, count)) in self.rels.iter().enumerate() {
+                let mine: Vec<usize> = chunk.iter().map(|&i| i as usize).filter(|&i| edges.rel[i] as usize == r).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let gather = |t: usize, ids: &mut dyn Iterator<Item = u32>| -> Result<Tensor> {
+                    let r = rows[t].as_ref().ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")))?;
+                    let mut buf = Vec::new();
+                    let mut n = 0;
+                    for v in ids {
+                        let at = v as usize * r.width;
+                        buf.extend_from_slice(&r.data[at..at + r.width]);
+                        n += 1;
+                    }
+                    Ok(Tensor::from_vec(buf, (n, r.width), model.device())?.to_dtype(model.dtype())?)
+                };
+                let s = gather(st, &mut mine.iter().map(|&i| edges.src[i]))?;
+                let d = gather(dt, &mut mine.iter().map(|&i| edges.dst[i]))?;
+                let pos = model.score_edges(r, &s, &d)?;
+                let s_rep = gather(st, &mut mine.iter().flat_map(|&i| std::iter::repeat_n(edges.src[i], k)))?;
+                let negs = gather(dt, &mut mine.iter().flat_map(|&i| graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)))?;
+                let neg = model.score_edges(r, &s_rep, &negs)?.reshape((mine.len(), k))?;
+                sums.add(&pos.to_dtype(DType::F32)?, &neg)?;
+            }
+        }
+        Ok(sums)
+    }
+}
