@@ -115,6 +115,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     crate::output::check(&outputs, a.force, &a.model.inputs())?;
     let (model, g, manifest) = a.model.load()?;
     let dir = manifest.dir.clone();
+    if manifest.spec.link.is_some() {
+        bail!("{}: this checkpoint was trained for link prediction and predicts no classes; `hetgnn embed` writes its node embeddings", dir.display());
+    }
     let n = g.node_type(g.target()).count;
     let ids: Vec<u32> = (0..n).collect();
     let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;

@@ -9,6 +9,7 @@ mod cli_generate;
 mod cli_hardening;
 mod cli_import;
 mod cli_inspect;
+mod cli_link;
 mod cli_model_averaging;
 mod cli_raf;
 mod cli_train;

@@ -137,6 +137,10 @@ impl LinkEdges {
         let mut ids = Vec::new();
         for name in relations {
             let known = || g.relations().iter().filter(|r| r.reverse_of.is_none()).map(|r| r.canonical().to_string()).collect::<Vec<_>>().join(", ");
+            let reverse_of = g.relations().iter().filter(|r| r.reverse_of.is_none()).find(|r| format!("{}__rev_{}__{}", g.node_type(r.dst).name, r.name, g.node_type(r.src).name) == *name);
+            if let Some(r) = reverse_of {
+                return Err(GraphError::InvalidArgument(format!("target relation '{name}' is the reverse relation added at load: name the stored one ({})", r.canonical())));
+            }
             let rid = g.relation_id(name).ok_or_else(|| GraphError::InvalidArgument(format!("target relation '{name}' is not in graph '{}' (its relations: {})", g.name(), known())))?;
             if g.relation(rid).reverse_of.is_some() {
                 return Err(GraphError::InvalidArgument(format!("target relation '{name}' is an added reverse relation: name the stored one ({})", known())));

@@ -384,7 +384,9 @@ impl Model {
         let name = link.relations.get(r).ok_or_else(|| ModelError::Config(format!("no target relation {r}")))?;
         let diag = match link.decoder {
             crate::link::Decoder::Dot => None,
-            crate::link::Decoder::Distmult => Some(self.params.get(&crate::link::diagonal_name(name)).ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?.as_tensor().clone()),
+            crate::link::Decoder::Distmult => {
+                Some(self.params.get(&crate::link::diagonal_name(name)).ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?.as_tensor().clone())
+            }
         };
         crate::link::score(src, dst, diag.as_ref())
     }

@@ -117,7 +117,15 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         observer.note(&c.summary());
     }
-    let feed = Feed { graph: &g, gather: model.feature_gather(), cached: cache.as_ref().map(|c| c.features.clone()), uses_neighbors: model.uses_neighbors(), fanouts: &t.fanouts, seed: t.seed, link: link.as_ref() };
+    let feed = Feed {
+        graph: &g,
+        gather: model.feature_gather(),
+        cached: cache.as_ref().map(|c| c.features.clone()),
+        uses_neighbors: model.uses_neighbors(),
+        fanouts: &t.fanouts,
+        seed: t.seed,
+        link: link.as_ref(),
+    };
     let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, link_figures: None };
     let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items: &items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;

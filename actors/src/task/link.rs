@@ -213,7 +213,7 @@ impl LinkTask {
             let s = pick(hs, idx.iter().map(|&i| b.src_at[i]).collect())?;
             let d = pick(hd, idx.iter().map(|&i| b.dst_at[i]).collect())?;
             pos.push(model.score_edges(r, &s, &d)?);
-            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat_n(b.src_at[i], b.k)).collect())?;
+            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat(b.src_at[i]).take(b.k)).collect())?;
             let negs = pick(hd, idx.iter().flat_map(|&i| b.neg_at[i * b.k..(i + 1) * b.k].iter().copied()).collect())?;
             neg.push(model.score_edges(r, &s_rep, &negs)?.reshape((idx.len(), b.k))?);
         }
@@ -248,22 +248,20 @@ impl LinkTask {
                 if mine.is_empty() {
                     continue;
                 }
-                let gather = |t: usize, ids: &mut dyn Iterator<Item = u32>| -> Result<Tensor> {
+                let gather = |t: usize, ids: Vec<u32>| -> Result<Tensor> {
                     let r = rows[t].as_ref().ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")))?;
-                    let mut buf = Vec::new();
-                    let mut n = 0;
-                    for v in ids {
+                    let mut buf = Vec::with_capacity(ids.len() * r.width);
+                    for &v in &ids {
                         let at = v as usize * r.width;
                         buf.extend_from_slice(&r.data[at..at + r.width]);
-                        n += 1;
                     }
-                    Ok(Tensor::from_vec(buf, (n, r.width), model.device())?.to_dtype(model.dtype())?)
+                    Ok(Tensor::from_vec(buf, (ids.len(), r.width), model.device())?.to_dtype(model.dtype())?)
                 };
-                let s = gather(st, &mut mine.iter().map(|&i| edges.src[i]))?;
-                let d = gather(dt, &mut mine.iter().map(|&i| edges.dst[i]))?;
+                let s = gather(st, mine.iter().map(|&i| edges.src[i]).collect())?;
+                let d = gather(dt, mine.iter().map(|&i| edges.dst[i]).collect())?;
                 let pos = model.score_edges(r, &s, &d)?;
-                let s_rep = gather(st, &mut mine.iter().flat_map(|&i| std::iter::repeat_n(edges.src[i], k)))?;
-                let negs = gather(dt, &mut mine.iter().flat_map(|&i| graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)))?;
+                let s_rep = gather(st, mine.iter().flat_map(|&i| std::iter::repeat(edges.src[i]).take(k)).collect())?;
+                let negs = gather(dt, mine.iter().flat_map(|&i| graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)).collect())?;
                 let neg = model.score_edges(r, &s_rep, &negs)?.reshape((mine.len(), k))?;
                 sums.add(&pos.to_dtype(DType::F32)?, &neg)?;
             }
