@@ -8,14 +8,15 @@
 //! - an edge `u -> v` of relation `r` is in the split that
 //!   `key(split_seed, r, u, v)` falls into (parallel edges share their pair's
 //!   split, so a duplicate never leaks a held-out pair into training);
+//! - a training edge's step in an epoch is `key(seed, epoch, r, u, v)` modulo
+//!   the steps per epoch ([`Batching`]), so the edges a step must not see in
+//!   its neighbourhoods are a predicate any sampler can evaluate;
 //! - negative `j` of a training edge is `key(seed, epoch, r, u, v, j)` below
 //!   the destination type's count (the destination type is the relation's);
 //! - evaluation negatives do not depend on the training seed at all (the
 //!   OGB convention of a fixed set per evaluation edge), so runs of different
 //!   seeds, and other systems given the same files, rank against the same
 //!   candidates.
-
-use std::collections::HashMap;
 
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
@@ -26,6 +27,8 @@ use crate::rng::{key, CounterRng};
 const SPLIT_STREAM: u64 = 0x5B1_17ED6E5;
 #[allow(clippy::unusual_byte_groupings)]
 const NEGATIVE_STREAM: u64 = 0x4E6_A71BE5;
+#[allow(clippy::unusual_byte_groupings)]
+const BATCH_STREAM: u64 = 0xBA7C_4ED6E5;
 #[allow(clippy::unusual_byte_groupings)]
 const EVAL_NEGATIVE_STREAM: u64 = 0xE4A_14E65;
 
@@ -184,50 +187,113 @@ impl LinkEdges {
     }
 }
 
-/// The edges a batch must not see: per relation and destination, the
-/// sources to leave out of its in-neighbourhood (a batch's positive edges,
-/// and their reverses where the graph has reverse relations), so no layer
-/// reads the very edge it is asked to predict.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Excluded {
-    by_dst: HashMap<(u32, u32), Vec<u32>>,
+/// Edges a sampler leaves out of in-neighbourhoods before it draws.
+pub trait ExcludeEdges {
+    /// Whether any edge of relation `r` may be excluded (a fast path for the others).
+    fn touches(&self, r: RelationId) -> bool;
+    /// Whether edge `src -> dst` of relation `r` is excluded.
+    fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool;
 }
 
-impl Excluded {
-    /// Nothing excluded.
-    pub fn none() -> Excluded {
-        Excluded::default()
-    }
+/// Nothing excluded.
+pub struct NoExclusion;
 
-    /// The positive edges `edges` of `link`'s relations in `g`, and their reverses.
-    pub fn of_batch(g: &HetGraph, link: &LinkEdges, edges: &EdgeList) -> Excluded {
-        let reverse: Vec<Option<RelationId>> = link.relations.iter().map(|&r| g.relations().iter().position(|x| x.reverse_of == Some(r)).map(|i| RelationId(i as u32))).collect();
-        let mut by_dst: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
-        for i in 0..edges.len() {
-            let (r, u, v) = (edges.rel[i] as usize, edges.src[i], edges.dst[i]);
-            by_dst.entry((link.relations[r].0, v)).or_default().push(u);
-            if let Some(rev) = reverse[r] {
-                by_dst.entry((rev.0, u)).or_default().push(v);
+impl ExcludeEdges for NoExclusion {
+    fn touches(&self, _: RelationId) -> bool {
+        false
+    }
+    fn excludes(&self, _: RelationId, _: u32, _: u32) -> bool {
+        false
+    }
+}
+
+/// How training edges fall into steps: in epoch `e`, edge `u -> v` of
+/// relation `r` belongs to step `key(seed, e, r, u, v) mod buckets`, with
+/// `buckets = ceil(training edges / batch)`. A step's edges are then a pure
+/// function of the edge itself, so a process holding an edge knows its step
+/// without the global list of edges (any partition of the graph, any
+/// trainer), and so does a sampler asked to leave a step's edges out of its
+/// neighbourhoods. Steps hold `batch` edges on average (binomially many).
+#[derive(Clone, Debug)]
+pub struct Batching {
+    seed: u64,
+    buckets: u64,
+    split: SplitSpec,
+    /// Per relation of the graph: the key of the target relation it is (or
+    /// reverses: `true`), `None` for the others.
+    by_relation: Vec<Option<(u64, bool)>>,
+    /// Mean training edges per step.
+    nominal: f64,
+}
+
+impl Batching {
+    /// The batching of `link`'s training edges (of `g`, whose added reverse
+    /// relations are recognised) into steps of `batch` edges on average.
+    pub fn new(g: &HetGraph, link: &LinkEdges, split: SplitSpec, seed: u64, batch: usize) -> Batching {
+        let train = link.train.len() as u64;
+        let buckets = train.div_ceil(batch.max(1) as u64).max(1);
+        let mut by_relation = vec![None; g.relations().len()];
+        for &r in &link.relations {
+            let key = g.relation(r).key();
+            by_relation[r.index()] = Some((key, false));
+            for (i, x) in g.relations().iter().enumerate() {
+                if x.reverse_of == Some(r) {
+                    by_relation[i] = Some((key, true));
+                }
             }
         }
-        for s in by_dst.values_mut() {
-            s.sort_unstable();
-            s.dedup();
-        }
-        Excluded { by_dst }
+        Batching { seed, buckets, split, by_relation, nominal: train as f64 / buckets as f64 }
     }
 
-    /// The sources excluded from `dst`'s in-neighbourhood in `relation` (sorted).
-    pub fn sources(&self, relation: RelationId, dst: u32) -> Option<&[u32]> {
-        if self.by_dst.is_empty() {
-            return None;
-        }
-        self.by_dst.get(&(relation.0, dst)).map(Vec::as_slice)
+    /// Steps per epoch.
+    pub fn steps(&self) -> u64 {
+        self.buckets
     }
 
-    /// Whether nothing is excluded.
-    pub fn is_empty(&self) -> bool {
-        self.by_dst.is_empty()
+    /// Mean training edges per step (what a step's loss is divided by, so
+    /// that trainers holding parts of a step can scale their shares alone).
+    pub fn nominal(&self) -> f64 {
+        self.nominal
+    }
+
+    /// The step of training edge `u -> v` of the relation keyed `rel_key` in `epoch`.
+    pub fn step_of(&self, epoch: u64, rel_key: u64, u: u32, v: u32) -> u64 {
+        key(&[self.seed, BATCH_STREAM, epoch, rel_key, u64::from(u), u64::from(v)]) % self.buckets
+    }
+
+    /// Every step's edges (indices into `train`, in its order) for `epoch`;
+    /// `keys[i]` is the key of target relation `i`.
+    pub fn batches(&self, epoch: u64, train: &EdgeList, keys: &[u64]) -> Vec<Vec<u32>> {
+        let mut out = vec![Vec::new(); self.buckets as usize];
+        for i in 0..train.len() {
+            let b = self.step_of(epoch, keys[train.rel[i] as usize], train.src[i], train.dst[i]);
+            out[b as usize].push(i as u32);
+        }
+        out
+    }
+
+    /// The training edges of step `step` of `epoch`, and their reverses, as
+    /// edges to leave out of every neighbourhood of that step.
+    pub fn exclusion(&self, epoch: u64, step: u64) -> StepEdges<'_> {
+        StepEdges { b: self, epoch, step }
+    }
+}
+
+/// One step's training edges, as [`ExcludeEdges`].
+pub struct StepEdges<'a> {
+    b: &'a Batching,
+    epoch: u64,
+    step: u64,
+}
+
+impl ExcludeEdges for StepEdges<'_> {
+    fn touches(&self, r: RelationId) -> bool {
+        self.b.by_relation.get(r.index()).is_some_and(Option::is_some)
+    }
+    fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool {
+        let Some(Some((key, reversed))) = self.b.by_relation.get(r.index()) else { return false };
+        let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
+        self.b.split.of(*key, u, v) == EdgeSplit::Train && self.b.step_of(self.epoch, *key, u, v) == self.step
     }
 }
 

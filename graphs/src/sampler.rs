@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::ids::{NodeTypeId, RelationId};
-use crate::link::Excluded;
+use crate::link::{ExcludeEdges, NoExclusion};
 use crate::rng::{key, CounterRng};
 
 const UNSEEN: u32 = u32::MAX;
@@ -294,19 +294,19 @@ impl<'g> Sampler<'g> {
     {
         let mut typed = vec![Vec::new(); self.graph.node_types().len()];
         typed[self.graph.target().index()] = seeds.to_vec();
-        self.sample_seeds(epoch, step, &typed, &Excluded::none(), filter, local, remote)
+        self.sample_seeds(epoch, step, &typed, &NoExclusion, filter, local, remote)
     }
 
     /// Samples every relation for seeds of any types (`seeds[t]`: distinct
     /// nodes of type `t`), leaving the `excluded` edges out of every
     /// in-neighbourhood before drawing (link prediction's positive edges):
     /// a node's draw is then from its remaining neighbours, keyed as usual.
-    pub fn sample_typed(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &Excluded) -> Result<MiniBatch> {
+    pub fn sample_typed(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges) -> Result<MiniBatch> {
         self.sample_seeds(epoch, step, seeds, excluded, &RelationFilter::All, |_, _| true, |_, _, _| unreachable!("every node is local"))
     }
 
     #[allow(clippy::too_many_arguments)] // sample_with's, with typed seeds and exclusions
-    fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &Excluded, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
+    fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
     where
         L: Fn(usize, u32) -> bool,
         R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
@@ -388,16 +388,15 @@ impl<'g> Sampler<'g> {
                     self.picked.clear();
                     if local(dt, v) {
                         let all = csr.neighbors(v);
-                        let neighbors = match excluded.sources(rid, v) {
-                            Some(ex) => {
-                                self.kept.clear();
-                                self.kept.extend(all.iter().copied().filter(|u| ex.binary_search(u).is_err()));
-                                &self.kept[..]
-                            }
-                            None => all,
+                        let neighbors = if excluded.touches(rid) {
+                            self.kept.clear();
+                            self.kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(rid, v, u)));
+                            &self.kept[..]
+                        } else {
+                            all
                         };
                         sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut self.picked);
-                    } else if !excluded.is_empty() {
+                    } else if excluded.touches(rid) {
                         return Err(GraphError::InvalidArgument("excluded edges cannot be honoured for destinations sampled by their owners".into()));
                     } else {
                         let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use graphs::link::{eval_negatives, train_negative, EdgeList, Excluded, LinkEdges, SplitSpec};
+use graphs::link::{eval_negatives, train_negative, Batching, EdgeList, LinkEdges, NoExclusion, SplitSpec};
 use graphs::{HetGraph, Sampler};
 
 const WRITES: &str = "author__writes__paper";
@@ -70,17 +70,43 @@ fn bad_relations_and_shares_are_refused() {
     assert!(err.contains("reverse"), "{err}");
 }
 
-/// No sampled block of a batch holds one of its positive edges, in either
-/// direction, at any layer; everything else is sampled as without exclusions.
 #[test]
-fn a_batch_never_samples_its_own_positive_edges() {
+fn steps_partition_the_training_edges_by_a_hash_of_each_edge() {
+    let mut g = graph();
+    let spec = SplitSpec { valid: 0.1, test: 0.1, seed: 0 };
+    let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
+    e.hold_out(&mut g, &spec).unwrap();
+    g.add_reverse_relations().unwrap();
+    let b = Batching::new(&g, &e, spec, 9, 100);
+    assert_eq!(b.steps(), (e.train.len() as u64).div_ceil(100));
+    let key = g.relation(e.relations[0]).key();
+    let steps = b.batches(3, &e.train, &[key]);
+    let mut all: Vec<u32> = steps.iter().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..e.train.len() as u32).collect::<Vec<_>>(), "every edge in exactly one step");
+    for (s, ids) in steps.iter().enumerate() {
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "a step keeps the list's order");
+        assert!(ids.iter().all(|&i| b.step_of(3, key, e.train.src[i as usize], e.train.dst[i as usize]) == s as u64));
+    }
+    assert!((b.nominal() - e.train.len() as f64 / b.steps() as f64).abs() < 1e-9);
+    assert_ne!(steps, b.batches(4, &e.train, &[key]), "another epoch, other steps");
+}
+
+/// No sampled block of a step holds one of the step's training edges, in
+/// either direction, at any layer; every other neighbour is kept.
+#[test]
+fn a_step_never_samples_its_own_training_edges() {
     let mut g = graph();
     let spec = SplitSpec { valid: 0.0, test: 0.0, seed: 0 };
     let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
     g.add_reverse_relations().unwrap();
     let rid = g.relation_id(WRITES).unwrap();
     let rev = g.relation_id("paper__rev_writes__author").unwrap();
-    let batch = e.train.select(&(0..400).step_by(3).collect::<Vec<u32>>());
+    let b = Batching::new(&g, &e, spec, 4, 300);
+    let key = g.relation(rid).key();
+    let (epoch, step) = (2, 1);
+    let batch = e.train.select(&b.batches(epoch, &e.train, &[key])[step as usize]);
+    assert!(batch.len() > 100);
     let mut seeds = vec![Vec::new(); g.node_types().len()];
     let (author, paper) = (g.type_id("author").unwrap().index(), g.type_id("paper").unwrap().index());
     for i in 0..batch.len() {
@@ -90,10 +116,10 @@ fn a_batch_never_samples_its_own_positive_edges() {
             }
         }
     }
-    let ex = Excluded::of_batch(&g, &e, &batch);
+    let ex = b.exclusion(epoch, step);
     // Fanouts above every degree: the full neighbourhoods, minus the positives.
     let mut s = Sampler::new(&g, &[1000, 1000], 3).unwrap();
-    let mb = s.sample_typed(0, 0, &seeds, &ex).unwrap();
+    let mb = s.sample_typed(epoch, step, &seeds, &ex).unwrap();
     let pairs: std::collections::HashSet<(u32, u32)> = (0..batch.len()).map(|i| (batch.src[i], batch.dst[i])).collect();
     let mut kept = 0;
     for block in &mb.blocks {
@@ -109,17 +135,22 @@ fn a_batch_never_samples_its_own_positive_edges() {
                     assert!(!pairs.contains(&(dst, src)), "reverse of positive {dst} -> {src} sampled");
                 }
             }
-            // Every other in-neighbour is there.
+            // Every other in-neighbour is there: only this step's edges are left out.
             for (i, &v) in block.dst[rel.dst.index()].iter().enumerate() {
-                let expect = rel.in_csr().neighbors(v).iter().filter(|&&u| ex.sources(br.relation, v).map_or(true, |x| !x.contains(&u))).count();
+                let all = rel.in_csr().neighbors(v);
+                let expect = match br.relation {
+                    r if r == rid => all.iter().filter(|&&u| !pairs.contains(&(u, v))).count(),
+                    r if r == rev => all.iter().filter(|&&u| !pairs.contains(&(v, u))).count(),
+                    _ => all.len(),
+                };
                 assert_eq!((br.offsets[i + 1] - br.offsets[i]) as usize, expect);
             }
         }
     }
     assert!(kept > 0);
     // Without exclusions the same sampler keeps the positives.
-    let all = s.sample_typed(0, 0, &seeds, &Excluded::none()).unwrap();
-    assert!(all.num_edges() > mb.num_edges());
+    let full = s.sample_typed(epoch, step, &seeds, &NoExclusion).unwrap();
+    assert!(full.num_edges() > mb.num_edges());
 }
 
 #[test]

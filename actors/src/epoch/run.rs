@@ -18,6 +18,7 @@ use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::error::Result;
+use crate::task::link::LinkTask;
 
 /// What the loop knows of the attempt.
 pub(crate) struct Attempt<'a> {
@@ -30,10 +31,37 @@ pub(crate) struct Attempt<'a> {
     pub trainer: u32,
     /// Training settings.
     pub cfg: &'a TrainingConfig,
-    /// What batches are cut from: the training nodes, or link prediction's training edges.
-    pub items: &'a [u32],
+    /// What batches are cut from.
+    pub items: Items<'a>,
     /// The running figures of the epoch its checkpoint cut, if it resumes one.
     pub resumed: Progress,
+}
+
+/// What an epoch's batches are made of.
+#[derive(Clone, Copy)]
+pub(crate) enum Items<'a> {
+    /// Training nodes, shuffled per epoch and cut into `batch`-sized steps.
+    Nodes(&'a [u32]),
+    /// Link prediction's training edges, each in the step its hash picks.
+    Link(&'a LinkTask),
+}
+
+impl Items<'_> {
+    /// Steps per epoch.
+    pub fn steps(&self, t: &TrainingConfig) -> u64 {
+        match self {
+            Items::Nodes(n) => n.len().div_ceil(t.batch.max(1)) as u64,
+            Items::Link(l) => l.steps(),
+        }
+    }
+
+    /// The steps of `epoch`.
+    fn batches(&self, t: &TrainingConfig, epoch: u64) -> Vec<Vec<u32>> {
+        match self {
+            Items::Nodes(n) => epoch_batches(n, t.batch, t.seed, epoch),
+            Items::Link(l) => l.batches(epoch),
+        }
+    }
 }
 
 /// One step's contribution to the epoch's figures.
@@ -86,11 +114,11 @@ pub(crate) trait Steps {
 /// Runs every epoch of the attempt.
 pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Result<()> {
     let t = a.cfg;
-    let plan = Schedule::new(t, a.items.len(), steps.seq());
+    let plan = Schedule::new(t, a.items.steps(t), steps.seq());
     let plan = if steps.checkpoints_mid_epoch() { plan } else { plan.at_epoch_ends() };
     let bytes = || a.node.map(|n| n.metrics().bytes_by_kind()).unwrap_or_default();
     for epoch in plan.epochs() {
-        let batches = epoch_batches(a.items, t.batch, t.seed, epoch);
+        let batches = a.items.batches(t, epoch);
         let skip = plan.skip(epoch, batches.len());
         let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
         let start = Instant::now();

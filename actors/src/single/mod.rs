@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use crate::config::Config;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
-use crate::epoch::run::{Attempt, StepFigures, Steps};
+use crate::epoch::run::{Attempt, Items, StepFigures, Steps};
 use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
@@ -56,12 +56,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let device = crate::device::open(&t.device)?;
     // Link prediction removes its held-out edges before the reverses are added.
     let is_link = t.task == crate::config::Task::LinkPrediction;
-    let mut g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges && !is_link })?;
-    let link = is_link.then(|| LinkTask::prepare(t, &mut g)).transpose()?;
-    if is_link && t.reverse_edges {
-        g.add_reverse_relations()?;
-    }
-    let g = g;
+    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges && !is_link })?;
+    let (g, link) = match is_link {
+        true => LinkTask::prepare(t, g).map(|(g, l)| (g, Some(l)))?,
+        false => (g, None),
+    };
     crate::epoch::preflight::check(t, &g, true)?;
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
@@ -69,14 +68,14 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let (_, splits) = g.target_labels();
     let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, link: link.as_ref().map(|l| l.report(&g, t)), ..Report::default() };
     let items = match &link {
-        Some(l) => l.train_items(),
-        None => splits.train.clone(),
+        Some(l) => Items::Link(l),
+        None => Items::Nodes(&splits.train),
     };
     if let (Some(l), Some(r)) = (&link, &report.link) {
         observer.note(&format!("link prediction on {}: {} training, {} validation, {} test edges", r.relations.join(", "), l.edges.train.len(), l.edges.valid.len(), l.edges.test.len()));
     }
 
-    let per_epoch = items.len().div_ceil(t.batch.max(1)) as u64;
+    let per_epoch = items.steps(t);
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
             return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
@@ -127,7 +126,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         link: link.as_ref(),
     };
     let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, link_figures: None };
-    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items: &items, resumed: Default::default() };
+    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
     let Run { model, cache, mut report, .. } = run;
     if let Some(c) = &cache {
@@ -200,7 +199,7 @@ impl<'g> Steps for Run<'g, '_> {
                 let clock = Instant::now();
                 let batch = task.batch(feed.graph, epoch, seeds);
                 let extra = clock.elapsed().as_secs_f64();
-                let mut p = prepare(feed.graph, &feed.gather, None, false, || Ok(sampler.sample_typed(epoch, step, &batch.seeds, &batch.excluded)?))?;
+                let mut p = prepare(feed.graph, &feed.gather, None, false, || Ok(sampler.sample_typed(epoch, step, &batch.seeds, &task.exclusion(epoch, step))?))?;
                 p.sample_s += extra;
                 p.link = Some(batch);
                 Ok(p)
@@ -231,6 +230,12 @@ impl<'g> Steps for Run<'g, '_> {
     fn step(&mut self, feed: &Feed<'g>, epoch: u64, step: u64, _: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
         let (labels, _) = self.g.target_labels();
         let link = feed.link.zip(p.link.as_ref());
+        // A link step's size is binomial: one may, rarely, hold no edge.
+        if link.is_some_and(|(_, b)| b.edges.is_empty()) {
+            self.report.steps += 1;
+            self.observer.step(0.0);
+            return Ok(StepFigures::default());
+        }
         let (model, cache) = (&mut self.model, &mut self.cache);
         let mb = &p.mb;
         let seeds = &mb.seeds;

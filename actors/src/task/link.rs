@@ -1,8 +1,9 @@
 //! Link prediction as a training task: the target relations' edges split
 //! (held-out edges removed from the graph before reverse relations are
-//! added), batches of training edges with their negatives and the seeds
-//! they need (a batch's own edges excluded from its neighbourhoods), the
-//! loss over a batch, and evaluation by exact inference.
+//! added), steps of training edges ([`Batching`]: an edge's step is a hash of
+//! the edge) with their negatives and the seeds they need (a step's own
+//! edges excluded from its neighbourhoods), the loss over a batch, and
+//! evaluation by exact inference.
 //!
 //! Evaluation ranks each validation and test edge against its fixed
 //! negatives ([`graphs::link::eval_negatives`]) with every node's embedding
@@ -13,7 +14,7 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
-use graphs::link::{train_negative, EdgeList, Excluded, LinkEdges};
+use graphs::link::{train_negative, Batching, EdgeList, LinkEdges, StepEdges};
 use graphs::HetGraph;
 use models::inference::{embed_all, TypeRows};
 use models::link::{LinkLoss, RankSums};
@@ -41,6 +42,8 @@ pub struct LinkTask {
     seed: u64,
     /// Per target relation: its key, source and destination type, destination count.
     rels: Vec<(u64, usize, usize, u32)>,
+    /// Which step each training edge falls in.
+    batching: Batching,
 }
 
 /// A batch of training edges: the seeds whose embeddings it needs, and
@@ -51,8 +54,6 @@ pub struct LinkBatch {
     pub edges: EdgeList,
     /// Seeds per node type (endpoints and negatives, each once).
     pub seeds: Vec<Vec<u32>>,
-    /// The batch's edges and their reverses, left out of its neighbourhoods.
-    pub excluded: Excluded,
     /// Per edge, its source's and destination's row among `seeds`.
     src_at: Vec<u32>,
     dst_at: Vec<u32>,
@@ -107,12 +108,16 @@ pub struct LinkReport {
 }
 
 impl LinkTask {
-    /// Splits the target relations' edges of `g` and removes the held-out
-    /// ones from it. `g` must not have reverse relations yet: add them after.
-    pub fn prepare(t: &TrainingConfig, g: &mut HetGraph) -> Result<LinkTask> {
+    /// Splits the target relations' edges of `g` (loaded without reverse
+    /// relations), removes the held-out ones from it, then adds the reverse
+    /// relations if `t` asks for them; returns the training graph.
+    pub fn prepare(t: &TrainingConfig, mut g: HetGraph) -> Result<(HetGraph, LinkTask)> {
         let spec = t.split_spec();
-        let edges = LinkEdges::split(g, &t.target_relations, &spec)?;
-        edges.hold_out(g, &spec)?;
+        let edges = LinkEdges::split(&g, &t.target_relations, &spec)?;
+        edges.hold_out(&mut g, &spec)?;
+        if t.reverse_edges {
+            g.add_reverse_relations()?;
+        }
         let rels = edges
             .relations
             .iter()
@@ -121,12 +126,26 @@ impl LinkTask {
                 (rel.key(), rel.src.index(), rel.dst.index(), g.node_type(rel.dst).count)
             })
             .collect();
-        Ok(LinkTask { edges, negatives: t.negatives, sampler: t.negative_sampler, loss: t.link_loss, eval_negatives: t.eval_negatives, seed: t.seed, rels })
+        let batching = Batching::new(&g, &edges, spec, t.seed, t.batch);
+        let task = LinkTask { edges, negatives: t.negatives, sampler: t.negative_sampler, loss: t.link_loss, eval_negatives: t.eval_negatives, seed: t.seed, rels, batching };
+        Ok((g, task))
     }
 
-    /// Training edges, the items batches are cut from.
-    pub fn train_items(&self) -> Vec<u32> {
-        (0..self.edges.train.len() as u32).collect()
+    /// The steps of `epoch`: training edges (indices into the training list) per step.
+    pub fn batches(&self, epoch: u64) -> Vec<Vec<u32>> {
+        let keys: Vec<u64> = self.rels.iter().map(|r| r.0).collect();
+        self.batching.batches(epoch, &self.edges.train, &keys)
+    }
+
+    /// Steps per epoch.
+    pub fn steps(&self) -> u64 {
+        self.batching.steps()
+    }
+
+    /// The edges step `step` of `epoch` leaves out of its neighbourhoods: its
+    /// own training edges and their reverses.
+    pub fn exclusion(&self, epoch: u64, step: u64) -> StepEdges<'_> {
+        self.batching.exclusion(epoch, step)
     }
 
     /// What the report says of the task.
@@ -189,8 +208,7 @@ impl LinkTask {
                 neg_at.push(slot(dt, neg));
             }
         }
-        let excluded = Excluded::of_batch(g, &self.edges, &edges);
-        LinkBatch { edges, seeds, excluded, src_at, dst_at, neg_at, k }
+        LinkBatch { edges, seeds, src_at, dst_at, neg_at, k }
     }
 
     /// The batch's positive scores `[p]` and negative scores `[p, k]`, grouped by
@@ -220,10 +238,13 @@ impl LinkTask {
         Ok((Tensor::cat(&pos, 0)?, Tensor::cat(&neg, 0)?))
     }
 
-    /// The batch's loss, as a mean over its scores (cross-entropy) or positives (contrastive).
+    /// The batch's loss: summed over its scores (cross-entropy) or positives
+    /// (contrastive), divided by their number in a step of the mean size (a
+    /// step's size varies; a fixed divisor lets trainers holding parts of a
+    /// step scale their shares without knowing the others').
     pub fn loss(&self, model: &Model, out: &PerType, b: &LinkBatch) -> Result<Tensor> {
         let (pos, neg) = self.scores(model, out, b)?;
-        let p = b.edges.len() as f64;
+        let p = self.batching.nominal();
         let denominator = match self.loss {
             LinkLoss::CrossEntropy => p * (1 + b.k) as f64,
             LinkLoss::Contrastive => p,

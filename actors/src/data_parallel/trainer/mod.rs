@@ -205,7 +205,7 @@ impl<'a> Trainer<'a> {
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, items: &s.graph.target_labels().1.train, resumed };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, items: epochs::Items::Nodes(&s.graph.target_labels().1.train), resumed };
         epochs::run(&attempt, &self.ctx, &mut self.rep)
     }
 }

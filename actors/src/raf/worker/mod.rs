@@ -311,7 +311,7 @@ impl<'a> Worker<'a> {
             seed: s.cfg.seed,
         };
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.worker, cfg: &s.cfg, items: &s.graph.target_labels().1.train, resumed };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.worker, cfg: &s.cfg, items: epochs::Items::Nodes(&s.graph.target_labels().1.train), resumed };
         epochs::run(&attempt, &feed, self)
     }
 
