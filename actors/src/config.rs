@@ -91,6 +91,19 @@ pub enum NegativeSampler {
     InBatch,
 }
 
+/// How link prediction's held-out edges are scored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkEval {
+    /// Exact in a single process, sampled in the distributed modes.
+    #[default]
+    Auto,
+    /// Exact layer-wise inference over full neighbourhoods (single process).
+    Exact,
+    /// Neighbourhoods sampled with the training fanouts, keyed by node alone.
+    Sampled,
+}
+
 /// How a model-averaging partition sizes its steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -181,6 +194,9 @@ pub struct TrainingConfig {
     pub link_loss: models::link::LinkLoss,
     /// Link prediction: fixed negatives each validation and test edge is ranked against (default 1000).
     pub eval_negatives: usize,
+    /// Link prediction: embeddings for evaluation by "exact" inference or
+    /// "sampled" neighbourhoods (default "auto": exact in one process, sampled otherwise).
+    pub link_eval: LinkEval,
     /// Link prediction: shares of the target relations' edges held out for
     /// validation and test, `[valid, test]` (default [0.05, 0.05]).
     pub edge_split: [f64; 2],
@@ -245,6 +261,15 @@ impl TrainingConfig {
         models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads, link }
     }
 
+    /// Whether link prediction evaluates by exact inference.
+    pub fn exact_link_eval(&self) -> bool {
+        match self.link_eval {
+            LinkEval::Auto => self.mode == Mode::Single,
+            LinkEval::Exact => true,
+            LinkEval::Sampled => false,
+        }
+    }
+
     /// Link prediction's edge split.
     pub fn split_spec(&self) -> graphs::link::SplitSpec {
         graphs::link::SplitSpec { valid: self.edge_split[0], test: self.edge_split[1], seed: self.edge_split_seed }
@@ -270,6 +295,7 @@ impl Default for TrainingConfig {
             decoder: models::link::Decoder::Dot,
             link_loss: models::link::LinkLoss::CrossEntropy,
             eval_negatives: 1000,
+            link_eval: LinkEval::Auto,
             edge_split: [0.05, 0.05],
             edge_split_seed: 0,
             model: ModelKind::Rgcn,
@@ -388,8 +414,19 @@ impl Config {
             if t.target_relations.is_empty() {
                 return bad("training.task = \"link-prediction\" needs training.target_relations (canonical names such as \"author__writes__paper\")".into());
             }
-            if t.mode != Mode::Single {
-                return bad(format!("training.task = \"link-prediction\" runs in single-process training only so far; mode {} does not support it yet", t.mode.name()));
+            if !matches!(t.mode, Mode::Single | Mode::DataParallel) {
+                return bad(format!("training.task = \"link-prediction\" runs in single-process and data-parallel training; mode {} does not support it yet", t.mode.name()));
+            }
+            if t.mode == Mode::DataParallel {
+                if t.negative_sampler == NegativeSampler::InBatch {
+                    return bad("training.negative_sampler = \"in-batch\" needs every positive of a step in one process: single-process training only".into());
+                }
+                if t.link_eval == LinkEval::Exact {
+                    return bad("training.link_eval = \"exact\" needs the whole graph in one process: data-parallel training evaluates with \"sampled\"".into());
+                }
+                if t.seed_assignment != SeedAssignment::Owner {
+                    return bad("training.seed_assignment: link prediction's steps are owned by the partition of each edge's source (\"owner\")".into());
+                }
             }
             if t.model == ModelKind::Mlp {
                 return bad("training.task = \"link-prediction\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type".into());

@@ -103,9 +103,22 @@ impl EpochReport {
             time: Timings::across(&times),
             workers,
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
-            link: None,
+            link: link_figures(stats),
         }
     }
+}
+
+/// Link prediction's figures of an epoch: every trainer's ranking sums merged.
+fn link_figures(stats: &[EpochStats]) -> Option<crate::task::link::LinkEpoch> {
+    let mut sums: Option<[models::link::RankSums; 2]> = None;
+    for s in stats {
+        if let Some([v, t]) = &s.link {
+            let acc = sums.get_or_insert_with(Default::default);
+            acc[0].merge(v);
+            acc[1].merge(t);
+        }
+    }
+    sums.map(|[v, t]| crate::task::link::LinkEpoch { valid: (&v).into(), test: (&t).into() })
 }
 
 /// Where an epoch's time went, in seconds: the same figures in a trainer's

@@ -209,7 +209,9 @@ impl ExcludeEdges for NoExclusion {
 
 /// How training edges fall into steps: in epoch `e`, edge `u -> v` of
 /// relation `r` belongs to step `key(seed, e, r, u, v) mod buckets`, with
-/// `buckets = ceil(training edges / batch)`. A step's edges are then a pure
+/// `buckets = ceil(expected training edges / batch)` (the target relations'
+/// edges in the whole graph times the training share: a figure every
+/// partition knows). A step's edges are then a pure
 /// function of the edge itself, so a process holding an edge knows its step
 /// without the global list of edges (any partition of the graph, any
 /// trainer), and so does a sampler asked to leave a step's edges out of its
@@ -228,9 +230,10 @@ pub struct Batching {
 
 impl Batching {
     /// The batching of `link`'s training edges (of `g`, whose added reverse
-    /// relations are recognised) into steps of `batch` edges on average.
-    pub fn new(g: &HetGraph, link: &LinkEdges, split: SplitSpec, seed: u64, batch: usize) -> Batching {
-        let train = link.train.len() as u64;
+    /// relations are recognised) into steps of `batch` edges on average;
+    /// `total`: the target relations' edges in the whole graph, every split.
+    pub fn new(g: &HetGraph, link: &LinkEdges, split: SplitSpec, seed: u64, batch: usize, total: u64) -> Batching {
+        let train = (total as f64 * (1.0 - split.valid - split.test)).round().max(1.0) as u64;
         let buckets = train.div_ceil(batch.max(1) as u64).max(1);
         let mut by_relation = vec![None; g.relations().len()];
         for &r in &link.relations {
@@ -293,7 +296,8 @@ impl ExcludeEdges for StepEdges<'_> {
     fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool {
         let Some(Some((key, reversed))) = self.b.by_relation.get(r.index()) else { return false };
         let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
-        self.b.split.of(*key, u, v) == EdgeSplit::Train && self.b.step_of(self.epoch, *key, u, v) == self.step
+        // The step test first: it fails for all but one edge in `steps`, the split test for few.
+        self.b.step_of(self.epoch, *key, u, v) == self.step && self.b.split.of(*key, u, v) == EdgeSplit::Train
     }
 }
 

@@ -121,6 +121,9 @@ pub struct EpochStats {
     /// Model averaging: payload bytes this worker sent to average the models this epoch.
     #[serde(default)]
     pub averaging_bytes: u64,
+    /// Link prediction: this trainer's validation and test ranking sums.
+    #[serde(default)]
+    pub link: Option<[models::link::RankSums; 2]>,
 }
 
 /// A model-averaging worker's own figures of an epoch.

@@ -21,7 +21,7 @@ use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EV
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
-use crate::task::link::{LinkEpoch, LinkTask};
+use crate::task::link::LinkTask;
 
 /// Single-process training: the graph in `training.data`, one model, one optimiser.
 pub struct Single;
@@ -125,7 +125,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         seed: t.seed,
         link: link.as_ref(),
     };
-    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, link_figures: None };
+    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch };
     let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
     let Run { model, cache, mut report, .. } = run;
@@ -160,8 +160,6 @@ struct Run<'g, 'o> {
     observer: &'o mut dyn TrainObserver,
     /// Steps per epoch.
     per_epoch: u64,
-    /// Link prediction: the last evaluation's figures, for the epoch's report.
-    link_figures: Option<LinkEpoch>,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -290,7 +288,20 @@ impl<'g> Steps for Run<'g, '_> {
             c.write_back(&mut self.model)?;
         }
         if let Some(task) = feed.link {
-            self.link_figures = Some(task.evaluate(&self.model, self.g)?);
+            let t = &self.cfg.training;
+            st.link = Some(match t.exact_link_eval() {
+                true => task.evaluate_exact(&self.model, self.g)?,
+                false => {
+                    let mut sampler = Sampler::new(self.g, &t.fanouts, t.seed ^ EVAL_SEED)?;
+                    let (g, model) = (self.g, &self.model);
+                    // Step 0 for every chunk: a node's rows do not depend on its chunk.
+                    task.evaluate_sampled(model, g, |seeds| {
+                        let mb = sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
+                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+                        Ok(model.forward_nodes(g, &mb, inputs, None)?)
+                    })?
+                }
+            });
             return Ok(());
         }
         let (_, splits) = self.g.target_labels();
@@ -307,8 +318,7 @@ impl<'g> Steps for Run<'g, '_> {
     /// The epoch's account becomes the report's epoch.
     fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
-        let mut er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
-        er.link = self.link_figures.take();
+        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);
         Ok(())

@@ -111,14 +111,23 @@ impl LinkTask {
     /// Splits the target relations' edges of `g` (loaded without reverse
     /// relations), removes the held-out ones from it, then adds the reverse
     /// relations if `t` asks for them; returns the training graph.
-    pub fn prepare(t: &TrainingConfig, mut g: HetGraph) -> Result<(HetGraph, LinkTask)> {
+    pub fn prepare(t: &TrainingConfig, g: HetGraph) -> Result<(HetGraph, LinkTask)> {
+        // Unknown names are refused by the split.
+        let total = t.target_relations.iter().filter_map(|n| g.relation_id(n)).map(|r| g.relation(r).num_edges() as u64).sum();
+        LinkTask::prepare_part(t, g, total, |_, _| true)
+    }
+
+    /// [`LinkTask::prepare`] for a partition of the graph: `total` is the
+    /// target relations' edge count in the whole graph, and the task trains
+    /// on the training edges whose source `mine` accepts (its owned nodes).
+    pub fn prepare_part(t: &TrainingConfig, mut g: HetGraph, total: u64, mine: impl Fn(usize, u32) -> bool) -> Result<(HetGraph, LinkTask)> {
         let spec = t.split_spec();
-        let edges = LinkEdges::split(&g, &t.target_relations, &spec)?;
+        let mut edges = LinkEdges::split(&g, &t.target_relations, &spec)?;
         edges.hold_out(&mut g, &spec)?;
         if t.reverse_edges {
             g.add_reverse_relations()?;
         }
-        let rels = edges
+        let rels: Vec<(u64, usize, usize, u32)> = edges
             .relations
             .iter()
             .map(|&r| {
@@ -126,7 +135,13 @@ impl LinkTask {
                 (rel.key(), rel.src.index(), rel.dst.index(), g.node_type(rel.dst).count)
             })
             .collect();
-        let batching = Batching::new(&g, &edges, spec, t.seed, t.batch);
+        let batching = Batching::new(&g, &edges, spec, t.seed, t.batch, total);
+        for list in [&mut edges.train, &mut edges.valid, &mut edges.test] {
+            let keep: Vec<u32> = (0..list.len() as u32).filter(|&i| mine(rels[list.rel[i as usize] as usize].1, list.src[i as usize])).collect();
+            if keep.len() < list.len() {
+                *list = list.select(&keep);
+            }
+        }
         let task = LinkTask { edges, negatives: t.negatives, sampler: t.negative_sampler, loss: t.link_loss, eval_negatives: t.eval_negatives, seed: t.seed, rels, batching };
         Ok((g, task))
     }
@@ -160,8 +175,12 @@ impl LinkTask {
                 t.edge_split_seed, t.edge_split[0], t.edge_split[1]
             ),
             metric: format!(
-                "MRR and Hits@1/10/100 of each held-out edge against {} fixed negatives drawn uniformly from the destination type by a hash of the edge (ties count half, as OGB); embeddings by exact full-neighbourhood inference on the training graph",
-                t.eval_negatives
+                "MRR and Hits@1/10/100 of each held-out edge against {} fixed negatives drawn uniformly from the destination type by a hash of the edge (ties count half, as OGB); embeddings by {} on the training graph",
+                t.eval_negatives,
+                match t.exact_link_eval() {
+                    true => "exact full-neighbourhood inference",
+                    false => "neighbourhoods sampled with the training fanouts, keyed by node alone",
+                }
             ),
         }
     }
@@ -252,10 +271,59 @@ impl LinkTask {
         Ok(models::link::loss(self.loss, &pos, &neg, denominator)?)
     }
 
-    /// Validation and test figures of `model` on `g` (the training graph).
-    pub fn evaluate(&self, model: &Model, g: &HetGraph) -> Result<LinkEpoch> {
+    /// Validation and test ranking sums of `model`, every node embedded by
+    /// exact inference on `g` (the training graph).
+    pub fn evaluate_exact(&self, model: &Model, g: &HetGraph) -> Result<[RankSums; 2]> {
         let rows = embed_all(model, g, INFERENCE_CHUNK, |_, _, _| {})?;
-        Ok(LinkEpoch { valid: (&self.rank(model, &rows, &self.edges.valid)?).into(), test: (&self.rank(model, &rows, &self.edges.test)?).into() })
+        self.rank_all(model, &rows)
+    }
+
+    /// Validation and test ranking sums of `model`, the nodes they need
+    /// embedded by `embed` (per type, nodes of one type at a time: the last
+    /// layer's rows of those seeds, sampled with a key that does not depend
+    /// on which nodes are embedded together, so every mode gets the same rows).
+    pub fn evaluate_sampled(&self, model: &Model, g: &HetGraph, mut embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>) -> Result<[RankSums; 2]> {
+        let types = g.node_types().len();
+        let mut rows: Vec<Option<TypeRows>> = vec![None; types];
+        for (t, nodes) in self.eval_nodes(g).into_iter().enumerate() {
+            for chunk in nodes.chunks(INFERENCE_CHUNK) {
+                let mut seeds = vec![Vec::new(); types];
+                seeds[t] = chunk.to_vec();
+                let out = embed(&seeds)?;
+                let x = out.get(t).and_then(Option::as_ref).ok_or_else(|| TrainError::Config(format!("no rows for node type {t}")))?;
+                let (n, width) = x.dims2()?;
+                if n != chunk.len() {
+                    return Err(TrainError::Config(format!("{n} rows for {} nodes", chunk.len())));
+                }
+                let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let slot = rows[t].get_or_insert_with(|| TypeRows { width, data: vec![0.0; g.node_types()[t].count as usize * width] });
+                for (i, &v) in chunk.iter().enumerate() {
+                    slot.data[v as usize * width..(v as usize + 1) * width].copy_from_slice(&values[i * width..(i + 1) * width]);
+                }
+            }
+        }
+        self.rank_all(model, &rows)
+    }
+
+    /// Per type, the distinct nodes the held-out edges and their negatives need, ascending.
+    fn eval_nodes(&self, g: &HetGraph) -> Vec<Vec<u32>> {
+        let mut seen: Vec<Vec<bool>> = g.node_types().iter().map(|t| vec![false; t.count as usize]).collect();
+        for edges in [&self.edges.valid, &self.edges.test] {
+            for i in 0..edges.len() {
+                let (key, st, dt, count) = self.rels[edges.rel[i] as usize];
+                seen[st][edges.src[i] as usize] = true;
+                seen[dt][edges.dst[i] as usize] = true;
+                for n in graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], self.eval_negatives, count) {
+                    seen[dt][n as usize] = true;
+                }
+            }
+        }
+        seen.iter().map(|s| (0..s.len() as u32).filter(|&v| s[v as usize]).collect()).collect()
+    }
+
+    /// Validation and test ranking sums with the rows of every node they need.
+    fn rank_all(&self, model: &Model, rows: &[Option<TypeRows>]) -> Result<[RankSums; 2]> {
+        Ok([self.rank(model, rows, &self.edges.valid)?, self.rank(model, rows, &self.edges.test)?])
     }
 
     /// Ranks `edges` against their fixed negatives with every node's rows.

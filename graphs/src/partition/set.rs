@@ -49,6 +49,10 @@ pub struct Manifest {
     pub edge_cut: u64,
     /// All edges (original relations).
     pub total_edges: u64,
+    /// Edges per original relation (canonical name), in the whole graph
+    /// (empty in directories written before it was recorded).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub relation_edges: std::collections::BTreeMap<String, u64>,
     /// Whether partitions hold their halo nodes' feature rows too.
     #[serde(default)]
     pub halo_features: bool,

@@ -143,6 +143,7 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
         node_types: types.iter().map(|(n, _)| n.clone()).collect(),
         edge_cut,
         total_edges,
+        relation_edges: s.schema.relations.iter().map(|r| (r.canonical(), r.count)).collect(),
         halo_features: opts.halo_features,
         info,
     };

@@ -84,6 +84,7 @@ pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions,
         node_types: types.iter().map(|t| t.name.clone()).collect(),
         edge_cut,
         total_edges,
+        relation_edges: g.relations().iter().filter(|r| r.reverse_of.is_none()).map(|r| (r.canonical().to_string(), r.num_edges() as u64)).collect(),
         halo_features: opts.halo_features,
         info,
     };
