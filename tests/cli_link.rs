@@ -61,7 +61,8 @@ fn link_prediction_refuses_what_it_cannot_do() {
     train(&["--task", "link-prediction", "--target-relations", "author__reads__paper"]).fails_with(1, &["author__reads__paper", "author__writes__paper"]);
     train(&["--task", "link-prediction", "--target-relations", "paper__rev_writes__author"]).fails_with(1, &["reverse"]);
     train(&[&LP[..], &["--model", "mlp"]].concat()).fails_with(1, &["relational model"]);
-    train(&[&LP[..], &["--mode", "data-parallel"]].concat()).fails_with(1, &["single-process", "data-parallel"]);
+    train(&[&LP[..], &["--mode", "raf"]].concat()).fails_with(1, &["raf", "does not support it yet"]);
+    train(&[&LP[..], &["--mode", "data-parallel", "--set", "training.negative_sampler=\"in-batch\""]].concat()).fails_with(1, &["in-batch"]);
     train(&[&LP[..], &["--negatives", "0"]].concat()).fails_with(1, &["training.negatives"]);
     train(&[&LP[..], &["--set", "training.edge_split=[0.6, 0.5]"]].concat()).fails_with(1, &["training.edge_split"]);
     train(&["--target-relations", "author__writes__paper"]).fails_with(1, &["link-prediction"]);
