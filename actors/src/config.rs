@@ -261,6 +261,14 @@ impl TrainingConfig {
         models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads, link }
     }
 
+    /// The link-prediction settings a run's checkpoints must share (empty for node classification).
+    pub fn link_fingerprint(&self) -> String {
+        match self.task {
+            Task::NodeClassification => String::new(),
+            Task::LinkPrediction => format!("{:?}|{:?}|{:?}|{}|{:?}|{}", self.task, self.negative_sampler, self.link_loss, self.negatives, self.edge_split, self.edge_split_seed),
+        }
+    }
+
     /// Whether link prediction evaluates by exact inference.
     pub fn exact_link_eval(&self) -> bool {
         match self.link_eval {

@@ -255,7 +255,7 @@ impl<'g> Sampler<'g> {
     /// `nodes` (whose in-neighborhoods this sampler's graph must hold): what a
     /// partition's owner answers to a remote sampling request.
     #[allow(clippy::too_many_arguments)] // the sampling key's parts, flat
-    pub fn pick(&mut self, epoch: u64, step: u64, layer: usize, fanout: usize, ntype: NodeTypeId, nodes: &[u32], filter: &RelationFilter) -> Result<Vec<RelationPicks>> {
+    pub fn pick(&mut self, epoch: u64, step: u64, layer: usize, fanout: usize, ntype: NodeTypeId, nodes: &[u32], filter: &RelationFilter, excluded: &dyn ExcludeEdges) -> Result<Vec<RelationPicks>> {
         let g = self.graph;
         let count = g.node_type(ntype).count;
         if let Some(&bad) = nodes.iter().find(|&&v| v >= count) {
@@ -272,8 +272,17 @@ impl<'g> Sampler<'g> {
             let mut offsets = Vec::with_capacity(nodes.len() + 1);
             offsets.push(0u32);
             let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
+            let touched = excluded.touches(rid);
             for &v in nodes {
-                sample_neighbors(key(&[base, u64::from(v)]), csr.neighbors(v), fanout, &mut self.scratch, &mut picks);
+                let all = csr.neighbors(v);
+                let neighbors = if touched {
+                    self.kept.clear();
+                    self.kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(rid, v, u)));
+                    &self.kept[..]
+                } else {
+                    all
+                };
+                sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut picks);
                 offsets.push(picks.len() as u32);
             }
             out.push(RelationPicks { relation: rid, offsets, picks });
@@ -305,8 +314,11 @@ impl<'g> Sampler<'g> {
         self.sample_seeds(epoch, step, seeds, excluded, &RelationFilter::All, |_, _| true, |_, _, _| unreachable!("every node is local"))
     }
 
+    /// [`Sampler::sample_typed`] with remote destinations, as
+    /// [`Sampler::sample_with`]: `remote` must answer with the owners' picks
+    /// made under the same exclusions ([`Sampler::pick`]'s `excluded`).
     #[allow(clippy::too_many_arguments)] // sample_with's, with typed seeds and exclusions
-    fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
+    pub fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
     where
         L: Fn(usize, u32) -> bool,
         R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
@@ -396,8 +408,6 @@ impl<'g> Sampler<'g> {
                             all
                         };
                         sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut self.picked);
-                    } else if excluded.touches(rid) {
-                        return Err(GraphError::InvalidArgument("excluded edges cannot be honoured for destinations sampled by their owners".into()));
                     } else {
                         let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
                         let i = rows[dt][&v];

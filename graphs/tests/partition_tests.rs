@@ -113,7 +113,7 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                                 for (o, sampler) in owners_samplers.iter_mut().enumerate() {
                                     let idx: Vec<usize> = (0..nodes.len()).filter(|&i| owners[t][nodes[i] as usize] as usize == o).collect();
                                     let ask: Vec<u32> = idx.iter().map(|&i| nodes[i]).collect();
-                                    let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All)?;
+                                    let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All, &graphs::link::NoExclusion)?;
                                     per_owner.push((idx, ans));
                                 }
                                 let n_rel = per_owner[0].1.len();

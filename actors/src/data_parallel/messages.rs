@@ -22,6 +22,9 @@ pub struct SampleReq {
     pub fanout: u32,
     /// Destination nodes per node type, all owned by the receiver.
     pub nodes: Vec<Vec<u32>>,
+    /// Link prediction: leave the step's training edges out of the neighbourhoods.
+    #[serde(default)]
+    pub exclude: bool,
 }
 
 impl Msg for SampleReq {

@@ -23,13 +23,14 @@ use models::Model;
 use runtime::{Node, Topology};
 
 use crate::cache::manager::{self, CacheDirectory};
-use crate::config::TrainingConfig;
+use crate::config::{Task, TrainingConfig};
 use crate::distributed::checkpoint::{self, Manifest};
 use crate::distributed::generations::join_threads;
 use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{decode_f32, load_options, Distributed, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
+use crate::task::link::LinkTask;
 use messages::{Export, Pull, Push, Reset, SampleReq, Save};
 use sampler::SamplerActor;
 use store::{FeatureStore, Shard, StoreData};
@@ -69,6 +70,8 @@ pub struct DataParallel {
     caches: CacheSlots,
     /// Per trainer (by name), what its cache manager serves.
     views: Arc<CacheDirectory>,
+    /// Link prediction: per partition loaded in this process, its share of the task.
+    links: std::sync::Mutex<std::collections::HashMap<u32, Arc<LinkTask>>>,
 }
 
 impl DataParallel {
@@ -79,7 +82,7 @@ impl DataParallel {
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
         // The set keeps its copy: loading a partition checks against it.
         let (owners, trainer_of) = (Arc::new(set.owners.clone()), Arc::new(set.trainer_of.clone()));
-        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default() })
+        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default(), links: Default::default() })
     }
 
     /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.
@@ -104,6 +107,7 @@ impl DataParallel {
                 from: from.clone(),
                 caches: self.caches.clone(),
                 cache_view: self.views.get(&names::trainer(trainer)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("trainer {trainer} has no cache manager")))?,
+                link: self.link(p.part),
             };
             let h = std::thread::Builder::new()
                 .name(format!("trainer-{trainer}"))
@@ -112,6 +116,11 @@ impl DataParallel {
             handles.push(h);
         }
         Ok(handles)
+    }
+
+    /// Partition `part`'s share of the link-prediction task, once loaded.
+    fn link(&self, part: u32) -> Option<Arc<LinkTask>> {
+        self.links.lock().ok().and_then(|l| l.get(&part).cloned())
     }
 
     /// Every learnable table, whole, from the stores of every partition.
@@ -180,15 +189,36 @@ impl Distributed for DataParallel {
         Ok(topology.cluster.nodes.iter().map(|n| n.id.clone()).collect())
     }
 
+    /// For link prediction, the partition's held-out edges leave it before
+    /// its reverse relations are added, and its share of the task (the edges
+    /// whose source it owns) is kept for its sampler and trainers.
     fn load(&self, part: u32) -> Result<HetGraph> {
-        Ok(self.set.load_part(part as usize, &load_options(&self.cfg))?)
+        let t = &self.cfg;
+        if t.task != Task::LinkPrediction {
+            return Ok(self.set.load_part(part as usize, &load_options(t))?);
+        }
+        let g = self.set.load_part(part as usize, &graphs::LoadOptions { reverse_edges: false, ..load_options(t) })?;
+        let m = &self.set.manifest;
+        let mut total = 0;
+        for name in &t.target_relations {
+            total += m.relation_edges.get(name).copied().ok_or_else(|| {
+                TrainError::Config(format!(
+                    "training.partitions: the manifest does not record the edges of '{name}' (partitions written before link prediction, or no such relation): partition the graph again"
+                ))
+            })?;
+        }
+        let owners = self.owners.clone();
+        let (g, task) = LinkTask::prepare_part(t, g, total, |ty, v| owners[ty].get(v as usize).is_some_and(|&o| u32::from(o) == part))?;
+        self.links.lock().map_err(|_| TrainError::Distributed("a link task lock was poisoned".into()))?.insert(part, Arc::new(task));
+        Ok(g)
     }
 
     /// Its partitioning (owners included) and all-reduce order too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!("data-parallel|{:?}|{}|{}|{:?}|{:?}", t.allreduce, m.parts, m.trainers, m.method, t.seed_assignment);
-        let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
+        let link = t.link_fingerprint();
+        let mut extra: Vec<&[u8]> = vec![layout.as_bytes(), link.as_bytes()];
         extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
         extra.push(bytemuck::cast_slice::<u16, u8>(&self.trainer_of));
         checkpoint::fingerprint(t, g.name(), &extra)
@@ -204,7 +234,7 @@ impl Distributed for DataParallel {
             arbiters.push(actix::Arbiter::new());
             arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
         };
-        let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone());
+        let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), self.link(part));
         let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
         node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
         let learnable = models::Model::learnable_types(t.model, graph);

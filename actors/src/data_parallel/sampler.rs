@@ -5,10 +5,12 @@
 use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, MessageResult};
+use graphs::link::{ExcludeEdges, NoExclusion};
 use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
 use runtime::Deliver;
 
 use super::messages::SampleReq;
+use crate::task::link::LinkTask;
 
 /// Most destination nodes one request may name.
 pub const MAX_NODES: usize = 1 << 24;
@@ -20,12 +22,14 @@ pub struct SamplerActor {
     part: u16,
     graph: Arc<HetGraph>,
     owners: Arc<Vec<Vec<u16>>>,
+    /// Link prediction: which edges a step leaves out of its neighbourhoods.
+    link: Option<Arc<LinkTask>>,
 }
 
 impl SamplerActor {
     /// The sampler of partition `part`.
-    pub fn new(part: u16, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>) -> SamplerActor {
-        SamplerActor { part, graph, owners }
+    pub fn new(part: u16, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, link: Option<Arc<LinkTask>>) -> SamplerActor {
+        SamplerActor { part, graph, owners, link }
     }
 
     fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, String> {
@@ -40,6 +44,15 @@ impl SamplerActor {
             return Err(format!("more than {MAX_NODES} nodes in one request"));
         }
         let mut sampler = Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
+        let step_edges = match (&self.link, r.exclude) {
+            (Some(l), true) => Some(l.exclusion(r.epoch, r.step)),
+            (None, true) => return Err("asked to leave a link-prediction step's edges out, in a run without link prediction".into()),
+            (_, false) => None,
+        };
+        let excluded: &dyn ExcludeEdges = match &step_edges {
+            Some(x) => x,
+            None => &NoExclusion,
+        };
         let mut out = Vec::with_capacity(r.nodes.len());
         for (t, nodes) in r.nodes.iter().enumerate() {
             for &v in nodes {
@@ -50,7 +63,7 @@ impl SamplerActor {
             let picks = if nodes.is_empty() {
                 Vec::new()
             } else {
-                sampler.pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All).map_err(|e| e.to_string())?
+                sampler.pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All, excluded).map_err(|e| e.to_string())?
             };
             out.push(picks);
         }

@@ -117,7 +117,9 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
     let t = &cfg.training;
     let parts = mode.parts();
     let graphs: Vec<Arc<HetGraph>> = (0..parts).map(|k| mode.load(k).map(Arc::new)).collect::<Result<_>>()?;
-    crate::epoch::preflight::check_trainable(&graphs[0])?;
+    if t.task == crate::config::Task::NodeClassification {
+        crate::epoch::preflight::check_trainable(&graphs[0])?;
+    }
     for g in &graphs {
         crate::epoch::preflight::check_fits(t, g, false)?;
     }
@@ -183,7 +185,7 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     let parts = mode.parts();
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
-    if coordinator_here {
+    if coordinator_here && t.task == crate::config::Task::NodeClassification {
         crate::epoch::preflight::check_trainable(&graph)?;
     }
     crate::epoch::preflight::check_fits(t, &graph, false)?;

@@ -42,11 +42,7 @@ impl crate::modes::TrainingMode for Single {
 /// Every setting that shapes a single-process run's trajectory, as the
 /// distributed modes fingerprint theirs.
 fn run_fingerprint(t: &crate::config::TrainingConfig, g: &HetGraph) -> String {
-    let link = match t.task {
-        crate::config::Task::NodeClassification => String::new(),
-        crate::config::Task::LinkPrediction => format!("{:?}|{:?}|{:?}|{}|{:?}|{}", t.task, t.negative_sampler, t.link_loss, t.negatives, t.edge_split, t.edge_split_seed),
-    };
-    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single", link.as_bytes()])
+    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single", t.link_fingerprint().as_bytes()])
 }
 
 /// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor, Var};
 use futures_util::future::join_all;
+use graphs::link::{ExcludeEdges, NoExclusion, StepEdges};
 use graphs::{GraphError, MiniBatch, RelationFilter, RelationPicks, Sampler};
 use models::rgcn::PerType;
 use runtime::{ActorRef, ByteVec};
@@ -19,6 +20,7 @@ use crate::cache::rows::Lookup;
 use crate::cache::{hotness, profile, CachePolicy, DeviceCache};
 use crate::distributed::decode_f32;
 use crate::error::{Result, TrainError};
+use crate::task::link::LinkTask;
 
 /// Rows per pull when a cache is filled.
 const FILL_ROWS: usize = 16 << 10;
@@ -29,14 +31,47 @@ impl Ctx<'_> {
         let seeds = self.my_seeds(target, batch);
         let share = seeds.len() as f64 / batch.len().max(1) as f64;
         if seeds.is_empty() {
-            return Ok(Prepared { seeds, share, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
+            return Ok(Prepared { seeds, share, link: None, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
         }
         let t = Instant::now();
         let mb = self.sample(seed, epoch, step, &seeds)?;
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
-        Ok(Prepared { seeds, share, mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+        Ok(Prepared { seeds, share, link: None, mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+    }
+
+    /// Link prediction: samples the endpoints and negatives of this
+    /// trainer's edges `ids` of step `step`, the step's training edges left
+    /// out of every neighbourhood (here and at the owners), and gathers their
+    /// plain features.
+    pub(super) fn prepare_link(&self, task: &LinkTask, epoch: u64, step: u64, ids: &[u32]) -> Result<Prepared> {
+        if ids.is_empty() {
+            return Ok(Prepared { seeds: Vec::new(), share: 0.0, link: None, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
+        }
+        let t = Instant::now();
+        let batch = task.batch(&self.s.graph, epoch, ids);
+        let mb = self.sample_typed(self.s.cfg.seed, epoch, step, &batch.seeds, Some(&task.exclusion(epoch, step)))?;
+        let sample_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
+        Ok(Prepared { seeds: ids.to_vec(), share: 0.0, link: Some(batch), mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+    }
+
+    /// Samples seeds of any types (owned here) with `excluded` edges left out,
+    /// asking owners for the picks of remote frontier nodes under the same exclusions.
+    pub(super) fn sample_typed(&self, seed: u64, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: Option<&StepEdges>) -> Result<MiniBatch> {
+        let g = &*self.s.graph;
+        let mut sampler = Sampler::new(g, &self.s.cfg.fanouts, seed)?;
+        let owners = &self.s.owners;
+        let part = self.s.part;
+        let exclude = excluded.is_some();
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away, exclude);
+        let ex: &dyn ExcludeEdges = match excluded {
+            Some(x) => x,
+            None => &NoExclusion,
+        };
+        Ok(sampler.sample_seeds(epoch, step, seeds, ex, &RelationFilter::All, |t, v| owners[t][v as usize] as u32 == part, remote)?)
     }
 
     /// Samples `seeds` (owned here), asking owners for the picks of remote frontier nodes.
@@ -48,11 +83,14 @@ impl Ctx<'_> {
         let mut sampler = Sampler::new(g, &self.s.cfg.fanouts, seed)?;
         let owners = &self.s.owners;
         let part = self.s.part;
-        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away);
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away, false);
         Ok(sampler.sample_with(epoch, step, seeds, &RelationFilter::All, |t, v| owners[t][v as usize] as u32 == part, remote)?)
     }
 
-    pub(super) fn remote_picks(&self, seed: u64, epoch: u64, step: u64, layer: usize, fanout: usize, away: &[Vec<u32>]) -> graphs::Result<Vec<Vec<RelationPicks>>> {
+    /// The owners' picks for remote frontier nodes `away`; `exclude`: they
+    /// leave the link-prediction step's training edges out.
+    #[allow(clippy::too_many_arguments)] // the sampling key's parts, flat
+    pub(super) fn remote_picks(&self, seed: u64, epoch: u64, step: u64, layer: usize, fanout: usize, away: &[Vec<u32>], exclude: bool) -> graphs::Result<Vec<Vec<RelationPicks>>> {
         let parts = self.s.parts as usize;
         let nt = away.len();
         let mut reqs = vec![vec![Vec::new(); nt]; parts];
@@ -66,7 +104,7 @@ impl Ctx<'_> {
         }
         let asking: Vec<usize> = (0..parts).filter(|&o| reqs[o].iter().any(|r| !r.is_empty())).collect();
         let asks = asking.iter().map(|&o| {
-            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]) };
+            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]), exclude };
             self.peers.samplers[o].ask(msg, self.s.timeouts.ask)
         });
         let bad = |m: String| GraphError::InvalidArgument(m);

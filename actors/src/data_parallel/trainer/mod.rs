@@ -40,6 +40,7 @@ use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
+use crate::task::link::{LinkBatch, LinkTask};
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -75,6 +76,8 @@ pub struct TrainerSetup {
     pub caches: super::CacheSlots,
     /// What this trainer's cache manager serves.
     pub cache_view: Arc<CacheView>,
+    /// Link prediction: the partition's share of the task (the edges whose source it owns).
+    pub link: Option<Arc<LinkTask>>,
 }
 
 struct Peers {
@@ -129,6 +132,8 @@ enum Rows {
 struct Prepared {
     seeds: Vec<u32>,
     share: f64,
+    /// Link prediction: the trainer's edges of the step, their negatives and seeds.
+    link: Option<LinkBatch>,
     mb: Option<MiniBatch>,
     features: PerType,
     sample_s: f64,
@@ -205,7 +210,11 @@ impl<'a> Trainer<'a> {
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, items: epochs::Items::Nodes(&s.graph.target_labels().1.train), resumed };
+        let items = match &s.link {
+            Some(l) => epochs::Items::Link(l),
+            None => epochs::Items::Nodes(&s.graph.target_labels().1.train),
+        };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, items, resumed };
         epochs::run(&attempt, &self.ctx, &mut self.rep)
     }
 }
@@ -227,8 +236,12 @@ impl<'a> Steps for Replica<'a> {
     }
 
     /// Samples the trainer's share of the batch and gathers its plain features.
+    /// Link prediction: `seeds` are the trainer's training edges of the step.
     fn prepare(ctx: &Ctx<'a>, _: &mut (), epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
-        ctx.prepare(ctx.s.cfg.seed, epoch, step, seeds, ctx.s.graph.target().index())
+        match &ctx.s.link {
+            Some(task) => ctx.prepare_link(task, epoch, step, seeds),
+            None => ctx.prepare(ctx.s.cfg.seed, epoch, step, seeds, ctx.s.graph.target().index()),
+        }
     }
 
     fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
@@ -247,6 +260,19 @@ impl<'a> Steps for Replica<'a> {
     }
 
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        if let Some(task) = &self.s.link {
+            let g = ctx.s.graph.clone();
+            let seed = ctx.s.cfg.seed ^ EVAL_SEED;
+            let model = &self.model;
+            let after = self.seq.checked_sub(1);
+            // Step 0 for every chunk: a node's rows do not depend on its chunk (as in one process).
+            st.link = Some(task.evaluate_sampled(model, &g, |seeds| {
+                let mb = ctx.sample_typed(seed, epoch, 0, seeds, None)?;
+                let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
+                Ok(model.forward_nodes(&g, &mb, inputs, None)?)
+            })?);
+            return Ok(());
+        }
         let (_, splits) = self.s.graph.target_labels();
         st.valid_correct = self.count_correct(ctx, epoch, &splits.valid)?;
         st.test_correct = self.count_correct(ctx, epoch, &splits.test)?;
@@ -284,15 +310,26 @@ impl Replica<'_> {
                 }
             }
             st.time.gather_s += lap(&mut clock);
-            let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
-            let y = Tensor::from_vec(y, seeds.len(), &ctx.device)?;
-            let logits = self.model.forward(&g, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-            let scaled = (&loss * share)?;
-            let gs = scaled.backward()?;
-            wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
-            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
+            let dropout = Some(DropoutKey { epoch, step });
+            let gs = match (&ctx.s.link, &p.link) {
+                // Link prediction: the loss is already this trainer's share (divided by the mean step size).
+                (Some(task), Some(batch)) => {
+                    let loss = task.loss(&self.model, &self.model.forward_nodes(&g, mb, inputs.clone(), dropout)?, batch)?;
+                    wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                    loss.backward()?
+                }
+                _ => {
+                    let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+                    let y = Tensor::from_vec(y, seeds.len(), &ctx.device)?;
+                    let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
+                    let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+                    let scaled = (&loss * share)?;
+                    wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+                    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+                    correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
+                    scaled.backward()?
+                }
+            };
             st.time.compute_s += lap(&mut clock);
             for (ty, x) in inputs.iter().enumerate() {
                 let mut per_owner = vec![(Vec::new(), Vec::new()); ctx.s.parts as usize];

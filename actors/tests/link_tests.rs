@@ -1,0 +1,96 @@
+//! Link prediction in data-parallel training: 2 and 3 trainers follow
+//! single-process training step by step (the same steps, negatives,
+//! excluded edges and samples), and end with its model and metrics.
+
+mod common;
+
+use std::path::PathBuf;
+
+use actors::{train, Config};
+use candle_core::DType;
+use common::{derived, same_losses, Losses};
+use graphs::partition::{self, Method};
+use graphs::NoProgress;
+
+const BASE: [&str; 8] = [
+    "training.epochs=2",
+    "training.batch=512",
+    "training.hidden=16",
+    "training.embed_dim=8",
+    "training.task=\"link-prediction\"",
+    "training.target_relations=\"author__writes__paper\"",
+    "training.link_eval=\"sampled\"",
+    "training.eval_negatives=100",
+];
+
+fn config(extra: &[String]) -> Config {
+    common::config(&BASE, extra)
+}
+
+fn partitions(parts: usize, method: Method) -> PathBuf {
+    derived(&format!("link-{method}-{parts}"), false, |g, out| {
+        let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    })
+}
+
+fn data_parallel(pdir: &std::path::Path) -> Config {
+    config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())])
+}
+
+#[test]
+fn two_and_three_trainers_match_single_process_link_prediction() {
+    let mut single_losses = Losses::default();
+    let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
+    let link = single.link.as_ref().unwrap();
+    assert!(link.metric.contains("sampled"), "{}", link.metric);
+    for (parts, method) in [(2, Method::Metis), (3, Method::Random)] {
+        let mut losses = Losses::default();
+        let (report, fin) = train(&data_parallel(&partitions(parts, method)), &mut losses).unwrap();
+        assert_eq!((report.mode.as_str(), report.nodes, report.steps), ("data-parallel", parts, single.steps));
+        same_losses(&single_losses.0, &losses.0, &format!("{parts} trainers"));
+        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.params.iter()) {
+            assert_eq!(name, name2);
+            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            // As in dist_tests: gradients summed in another order, then Adam.
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y}");
+            }
+        }
+        for (t, e) in model.embeddings.iter().flatten().zip(fin.embeddings.iter().flatten()) {
+            assert_eq!(t.name, e.name);
+            for (x, y) in t.data.iter().zip(&e.data) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{parts} trainers, {}: {x} vs {y}", t.name);
+            }
+        }
+        // Every held-out edge ranked once, by the trainer owning its source.
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            let (a, b) = (a.link.unwrap(), b.link.unwrap());
+            for (x, y) in [(a.valid.mrr, b.valid.mrr), (a.test.mrr, b.test.mrr), (a.test.hits10, b.test.hits10), (a.test.hits100, b.test.hits100)] {
+                assert!((x - y).abs() < 1e-3, "{parts} trainers: metrics {x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn data_parallel_link_prediction_refuses_old_partitions_and_exact_evaluation() {
+    let pdir = derived("link-old-manifest", false, |g, out| {
+        let a = partition::assign_two_level(g, 2, 1, Method::Random, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+        let path = out.join("manifest.json");
+        let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        m.as_object_mut().unwrap().remove("relation_edges");
+        std::fs::write(&path, m.to_string()).unwrap();
+    });
+    let err = train(&data_parallel(&pdir), &mut ()).err().unwrap().to_string();
+    assert!(err.contains("partition the graph again"), "{err}");
+    let pdir = partitions(2, Method::Metis);
+    let o = ["training.mode=\"data-parallel\"".to_string(), format!("training.partitions={:?}", pdir.display().to_string()), "training.link_eval=\"exact\"".into()];
+    let mut all: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+    all.extend(o);
+    let err = Config::parse("", &all).err().unwrap().to_string();
+    assert!(err.contains("link_eval"), "{err}");
+}
