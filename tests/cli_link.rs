@@ -67,3 +67,29 @@ fn link_prediction_refuses_what_it_cannot_do() {
     train(&[&LP[..], &["--set", "training.edge_split=[0.6, 0.5]"]].concat()).fails_with(1, &["training.edge_split"]);
     train(&["--target-relations", "author__writes__paper"]).fails_with(1, &["link-prediction"]);
 }
+
+#[test]
+fn two_node_processes_predict_links_as_one_process_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.003", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let lp = "task = \"link-prediction\"\ntarget_relations = [\"author__writes__paper\"]\nlink_eval = \"sampled\"\neval_negatives = 100\nepochs = 2\nbatch = 512\nhidden = 16\n";
+    crate::util::training_cluster(d, &["n0", "n1"], "", &format!("mode = \"data-parallel\"\npartitions = \"parts\"\nreport = \"nodes.json\"\n{lp}"));
+    hetgnn(d, &["launch", "--config", "cluster.toml"]).ok();
+    std::fs::write(d.join("one.toml"), format!("[training]\ndata = \"g\"\nreport = \"single.json\"\n{lp}")).unwrap();
+    hetgnn(d, &["train", "--config", "one.toml"]).ok();
+    std::fs::write(d.join("embedded.toml"), format!("[training]\nmode = \"data-parallel\"\npartitions = \"parts\"\nreport = \"embedded.json\"\n{lp}")).unwrap();
+    hetgnn(d, &["train", "--config", "embedded.toml"]).ok();
+    let (nodes, single, embedded) = (report(&d.join("nodes.json")), report(&d.join("single.json")), report(&d.join("embedded.json")));
+    assert_eq!(nodes["nodes"], 2);
+    assert_eq!(nodes["final_model_sha256"], embedded["final_model_sha256"], "over QUIC as in one process");
+    assert!(nodes["bytes_by_kind"]["sample"].as_u64().unwrap_or(0) > 0, "owners sampled under the step's exclusions: {}", nodes["bytes_by_kind"]);
+    for split in ["valid", "test"] {
+        for m in ["mrr", "hits10"] {
+            let (a, b) = (single["epochs"][1]["link"][split][m].as_f64().unwrap(), nodes["epochs"][1]["link"][split][m].as_f64().unwrap());
+            assert!((a - b).abs() < 1e-3, "{split} {m}: single {a}, two nodes {b}");
+        }
+    }
+}
