@@ -44,3 +44,44 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
         assert!(worst < 1e-5, "{kind:?} {layers} layers: largest relative difference {worst}");
     }
 }
+
+/// A link predictor's embeddings (its last layer's rows, of every type) by
+/// exact inference equal `forward_nodes` on seeds of several types with
+/// every neighbour sampled.
+#[test]
+fn link_embeddings_equal_full_neighbourhood_minibatches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("g");
+    graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 0, &dir, false, &mut graphs::NoProgress).unwrap();
+    let g = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+    let link = models::link::LinkSpec { relations: vec!["author__writes__paper".into()], decoder: models::link::Decoder::Distmult };
+    for kind in [ModelKind::Rgcn, ModelKind::Hgt] {
+        let spec = ModelSpec { kind, layers: 2, hidden: 16, embed_dim: 8, dropout: 0.5, seed: 4, heads: 2, link: Some(link.clone()) };
+        let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(embedding_layers(&model).unwrap(), 2, "every layer: the decoder reads the last one's rows");
+        assert!(model.params.get("decoder.author__writes__paper.diag").is_some());
+        let rows = embed_all(&model, &g, 61, |_, _, _| {}).unwrap();
+        let mut seeds = vec![Vec::new(); g.node_types().len()];
+        for name in ["author", "paper"] {
+            let t = g.type_id(name).unwrap().index();
+            seeds[t] = (0..g.node_types()[t].count).step_by(5).take(200).collect();
+        }
+        let mut sampler = Sampler::new(&g, &[1 << 30, 1 << 30], 0).unwrap();
+        let mb = sampler.sample_typed(0, 0, &seeds, &graphs::link::NoExclusion).unwrap();
+        let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+        let out = model.forward_nodes(&g, &mb, inputs, None).unwrap();
+        for (t, ids) in seeds.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+            let got: Vec<f32> = out[t].as_ref().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let want = rows[t].as_ref().unwrap();
+            assert_eq!(want.width, 16);
+            let mut worst = 0f32;
+            for (i, &v) in ids.iter().enumerate() {
+                for j in 0..16 {
+                    let (a, b) = (got[i * 16 + j], want.data[v as usize * 16 + j]);
+                    worst = worst.max((a - b).abs() / a.abs().max(1.0));
+                }
+            }
+            assert!(worst < 1e-5, "{kind:?}, type {t}: largest relative difference {worst}");
+        }
+    }
+}
