@@ -93,3 +93,23 @@ fn two_node_processes_predict_links_as_one_process_does() {
         }
     }
 }
+
+#[test]
+fn a_killed_node_restarted_under_lost_messages_ends_with_the_embedded_link_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.003", "--out", "g"]).ok();
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--out", "parts"]).ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let lp =
+        "task = \"link-prediction\"\ntarget_relations = [\"author__writes__paper\"]\neval_negatives = 100\nepochs = 3\nbatch = 512\nhidden = 16\nmode = \"data-parallel\"\npartitions = \"parts\"\n";
+    let training = format!("{lp}checkpoint_dir = \"ck\"\ncheckpoint_every = 10\nreport = \"run.json\"\n[chaos]\nseed = 5\ndrop = 0.03\nduplicate = 0.03\n");
+    crate::util::training_cluster(d, &["n0", "n1"], "retry_ms = 50\nrejoin_timeout_ms = 60000\n", &training);
+    let logs = crate::util::kill_once_after_checkpoint(d, &["n0", "n1"], "n1", "ck/step-000000010");
+    std::fs::write(d.join("embedded.toml"), format!("[training]\n{lp}report = \"embedded.json\"\n")).unwrap();
+    hetgnn(d, &["train", "--config", "embedded.toml"]).ok();
+    let (run, embedded) = (report(&d.join("run.json")), report(&d.join("embedded.json")));
+    assert_eq!(run["final_model_sha256"], embedded["final_model_sha256"], "the redone steps recompute what was lost:\n{logs}");
+    assert!(run["failures"][0]["resumed_from_step"].as_u64().is_some_and(|s| s >= 10 && s % 10 == 0), "{}", run["failures"]);
+    assert_eq!(run["epochs"][2]["link"], embedded["epochs"][2]["link"]);
+}

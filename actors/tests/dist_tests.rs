@@ -6,8 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use actors::{train, Config};
-use candle_core::DType;
-use common::{assembled_hash, close, derived, Losses, Notes};
+use common::{assembled_hash, close, derived, same_model, Losses, Notes};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
@@ -42,28 +41,7 @@ fn one_two_and_three_trainers_match_single_process_training() {
         for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
             close(*a, *b, &format!("{parts} trainers, loss of step {i}"));
         }
-        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.params.iter()) {
-            assert_eq!(name, name2);
-            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-            // Summing gradients in another order changes their last bits, and
-            // Adam turns a near-zero gradient's noise into a step of up to lr:
-            // after these steps that leaves up to ~5e-5 of the parameter's
-            // scale. A lost or double-counted gradient moves it by ~lr (1e-2).
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y} (scale {scale})");
-            }
-        }
-        let tables: Vec<_> = model.embeddings.iter().flatten().collect();
-        let got: Vec<_> = fin.embeddings.iter().flatten().map(|e| (&e.name, &e.data)).collect();
-        assert_eq!(tables.len(), got.len());
-        for (t, (name, data)) in tables.iter().zip(got) {
-            assert_eq!(&t.name, name);
-            for (x, y) in t.data.iter().zip(data) {
-                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{parts} trainers, {name}: {x} vs {y}");
-            }
-        }
+        same_model(&model, &fin, &format!("{parts} trainers"));
         if parts == 1 {
             // One trainer does the single process's arithmetic exactly.
             assert_eq!(report.final_model_sha256, single.final_model_sha256);

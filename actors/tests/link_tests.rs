@@ -7,8 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use actors::{train, Config};
-use candle_core::DType;
-use common::{derived, same_losses, Losses};
+use common::{derived, same_losses, same_model, Losses};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
@@ -49,22 +48,7 @@ fn two_and_three_trainers_match_single_process_link_prediction() {
         let (report, fin) = train(&data_parallel(&partitions(parts, method)), &mut losses).unwrap();
         assert_eq!((report.mode.as_str(), report.nodes, report.steps), ("data-parallel", parts, single.steps));
         same_losses(&single_losses.0, &losses.0, &format!("{parts} trainers"));
-        for ((name, var), (name2, var2)) in model.params.iter().zip(fin.params.iter()) {
-            assert_eq!(name, name2);
-            let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-            // As in dist_tests: gradients summed in another order, then Adam.
-            for (x, y) in a.iter().zip(&b) {
-                assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{parts} trainers, parameter {name}: {x} vs {y}");
-            }
-        }
-        for (t, e) in model.embeddings.iter().flatten().zip(fin.embeddings.iter().flatten()) {
-            assert_eq!(t.name, e.name);
-            for (x, y) in t.data.iter().zip(&e.data) {
-                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{parts} trainers, {}: {x} vs {y}", t.name);
-            }
-        }
+        same_model(&model, &fin, &format!("{parts} trainers"));
         // Every held-out edge ranked once, by the trainer owning its source.
         for (a, b) in single.epochs.iter().zip(&report.epochs) {
             let (a, b) = (a.link.unwrap(), b.link.unwrap());

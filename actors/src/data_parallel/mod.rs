@@ -189,6 +189,15 @@ impl Distributed for DataParallel {
         Ok(topology.cluster.nodes.iter().map(|n| n.id.clone()).collect())
     }
 
+    /// Link prediction's steps are the task's (a hash of each edge), the same in every partition.
+    fn steps_per_epoch(&self, graph: &HetGraph, t: &TrainingConfig) -> u64 {
+        let link = self.links.lock().ok().and_then(|l| l.values().next().cloned());
+        match link {
+            Some(l) => l.steps(),
+            None => graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64,
+        }
+    }
+
     /// For link prediction, the partition's held-out edges leave it before
     /// its reverse relations are added, and its share of the task (the edges
     /// whose source it owns) is kept for its sampler and trainers.

@@ -51,20 +51,23 @@ pub(crate) struct Coordinator<'a> {
     first_step_at: Option<Instant>,
     /// The last checkpoint completed (its step).
     completed: Option<u64>,
+    /// Steps per epoch.
+    per_epoch: u64,
 }
 
 impl<'a> Coordinator<'a> {
     /// A coordinator of `trainers` trainers over `parts` partitions.
-    pub(crate) fn new(mode: &'static str, t: &'a TrainingConfig, parts: u32, trainers: u32, inbox: &'a Inbox, timeouts: Timeouts, run: String) -> Coordinator<'a> {
+    #[allow(clippy::too_many_arguments)] // the run's shape, flat
+    pub(crate) fn new(mode: &'static str, t: &'a TrainingConfig, parts: u32, trainers: u32, inbox: &'a Inbox, timeouts: Timeouts, run: String, per_epoch: u64) -> Coordinator<'a> {
         let report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
-        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None, completed: None }
+        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None, completed: None, per_epoch }
     }
 
     /// Follows one attempt from the checkpoint `from` (or the start) to the end of the run.
     pub(crate) fn attempt(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver, from: Option<&Manifest>) -> Result<()> {
         let (_, splits) = g.target_labels();
         let t = self.t;
-        let per_epoch = splits.train.len().div_ceil(t.batch.max(1)) as u64;
+        let per_epoch = self.per_epoch;
         let total = per_epoch * t.epochs;
         let first = from.map_or(0, |m| m.seq);
         self.seq = first;

@@ -66,6 +66,11 @@ pub trait Distributed: Send + Sync + 'static {
     fn place(&self, topology: &mut Topology) -> Result<Vec<String>>;
     /// Loads partition `part`'s graph.
     fn load(&self, part: u32) -> Result<HetGraph>;
+    /// Steps per epoch of the run, given a loaded partition `graph` (by
+    /// default its training nodes cut into `batch`-sized steps).
+    fn steps_per_epoch(&self, graph: &HetGraph, t: &crate::config::TrainingConfig) -> u64 {
+        graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64
+    }
     /// The run's fingerprint: a checkpoint of another run is refused.
     fn fingerprint(&self, graph: &HetGraph) -> String;
     /// Registers partition `part`'s actors on `node` (inside its actix
@@ -145,7 +150,7 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
                 })
             })
             .collect();
-        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone());
+        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone(), mode.steps_per_epoch(&graphs[0], t));
         let nodes = vec!["local".to_string(); parts as usize];
         let mut d = Driver {
             c,
@@ -224,7 +229,7 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     let (driven, mut report, mine) = std::thread::scope(|scope| {
         let (mode_ref, p, run_ref) = (&*mode, &p, &run);
         let mine = scope.spawn(move || serve_part(mode_ref, p, run_ref, t, rejoin, false));
-        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone());
+        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone(), mode.steps_per_epoch(p.graph, t));
         let mut d = Driver {
             c,
             system: &system,

@@ -92,3 +92,32 @@ pub fn same_losses(want: &[f64], got: &[f64], what: &str) {
         close(*a, *b, &format!("{what}, loss of step {i}"));
     }
 }
+
+/// Asserts a distributed run's final model is the single-process one: every
+/// dense parameter within the tolerance summation order and Adam leave, every
+/// embedding row to 1e-5.
+pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
+    use candle_core::DType;
+    for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
+        assert_eq!(name, name2);
+        let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // Summing gradients in another order changes their last bits, and
+        // Adam turns a near-zero gradient's noise into a step of up to lr:
+        // after these steps that leaves up to ~5e-5 of the parameter's
+        // scale. A lost or double-counted gradient moves it by ~lr (1e-2).
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{what}, parameter {name}: {x} vs {y} (scale {scale})");
+        }
+    }
+    let tables: Vec<_> = want.embeddings.iter().flatten().collect();
+    let rows: Vec<_> = got.embeddings.iter().flatten().collect();
+    assert_eq!(tables.len(), rows.len());
+    for (t, e) in tables.iter().zip(rows) {
+        assert_eq!(t.name, e.name);
+        for (x, y) in t.data.iter().zip(&e.data) {
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{what}, {}: {x} vs {y}", t.name);
+        }
+    }
+}
