@@ -59,7 +59,10 @@ const RELATION: &str = "author__writes__paper";
 /// destination) per split, and `[n, k]` evaluation negatives.
 fn write_split(data: &Path, dir: &Path, a: &Args) -> anyhow::Result<(u64, u64, u64)> {
     let g = graphs::load(data, &graphs::LoadOptions { mmap_features: true, reverse_edges: false })?;
-    let cfg = Config::parse("", &[])?;
+    // The split `hetgnn` draws under the same overrides.
+    let mut o = vec!["training.task=\"link-prediction\"".to_string(), format!("training.target_relations=[{RELATION:?}]")];
+    o.extend(a.set.iter().cloned());
+    let cfg = Config::parse("", &o)?;
     let spec = cfg.training.split_spec();
     let e = LinkEdges::split(&g, &[RELATION.into()], &spec)?;
     std::fs::create_dir_all(dir)?;
