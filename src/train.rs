@@ -311,39 +311,23 @@ impl TrainObserver for Progress {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        if let Some(l) = &r.link {
-            sayln!(
-                "epoch {:>3}  loss {:.4}  valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
-                r.epoch,
-                r.loss,
-                l.valid.mrr,
-                l.valid.hits10,
-                l.test.mrr,
-                l.test.hits1,
-                l.test.hits10,
-                l.test.hits100,
-                r.time.seconds,
-                r.time.sample_s,
-                r.time.gather_s,
-                r.time.compute_s,
-                r.time.update_s,
-                r.time.eval_s
-            );
-            return;
-        }
+        let figures = match &r.link {
+            Some(l) => {
+                format!("valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}", l.valid.mrr, l.valid.hits10, l.test.mrr, l.test.hits1, l.test.hits10, l.test.hits100)
+            }
+            None => format!("train {:.4}  valid {:.4}  test {:.4}", r.train_acc, r.valid_acc, r.test_acc),
+        };
+        let t = &r.time;
         sayln!(
-            "epoch {:>3}  loss {:.4}  train {:.4}  valid {:.4}  test {:.4}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
+            "epoch {:>3}  loss {:.4}  {figures}  {:.2}s (sample {:.2}, gather {:.2}, compute {:.2}, update {:.2}; eval {:.2})",
             r.epoch,
             r.loss,
-            r.train_acc,
-            r.valid_acc,
-            r.test_acc,
-            r.time.seconds,
-            r.time.sample_s,
-            r.time.gather_s,
-            r.time.compute_s,
-            r.time.update_s,
-            r.time.eval_s
+            t.seconds,
+            t.sample_s,
+            t.gather_s,
+            t.compute_s,
+            t.update_s,
+            t.eval_s
         );
     }
 }

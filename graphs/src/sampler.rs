@@ -201,6 +201,17 @@ pub fn sample_neighbors(key: u64, neighbors: &[u32], fanout: usize, scratch: &mu
     out.extend(scratch.iter().map(|&i| neighbors[i as usize]));
 }
 
+/// `dst`'s in-neighbours `all` in `relation` without the excluded ones
+/// (copied into `kept` only when the relation has exclusions).
+fn kept_neighbors<'a>(kept: &'a mut Vec<u32>, all: &'a [u32], excluded: &dyn ExcludeEdges, relation: RelationId, dst: u32) -> &'a [u32] {
+    if !excluded.touches(relation) {
+        return all;
+    }
+    kept.clear();
+    kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(relation, dst, u)));
+    kept
+}
+
 /// The batches of one epoch: `train` shuffled by a pure function of
 /// `(seed, epoch)` and cut into batches of `batch` (the last may be short).
 pub fn epoch_batches(train: &[u32], batch: usize, seed: u64, epoch: u64) -> Vec<Vec<u32>> {
@@ -272,16 +283,8 @@ impl<'g> Sampler<'g> {
             let mut offsets = Vec::with_capacity(nodes.len() + 1);
             offsets.push(0u32);
             let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
-            let touched = excluded.touches(rid);
             for &v in nodes {
-                let all = csr.neighbors(v);
-                let neighbors = if touched {
-                    self.kept.clear();
-                    self.kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(rid, v, u)));
-                    &self.kept[..]
-                } else {
-                    all
-                };
+                let neighbors = kept_neighbors(&mut self.kept, csr.neighbors(v), excluded, rid, v);
                 sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut picks);
                 offsets.push(picks.len() as u32);
             }
@@ -399,14 +402,7 @@ impl<'g> Sampler<'g> {
                 for &v in dnodes {
                     self.picked.clear();
                     if local(dt, v) {
-                        let all = csr.neighbors(v);
-                        let neighbors = if excluded.touches(rid) {
-                            self.kept.clear();
-                            self.kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(rid, v, u)));
-                            &self.kept[..]
-                        } else {
-                            all
-                        };
+                        let neighbors = kept_neighbors(&mut self.kept, csr.neighbors(v), excluded, rid, v);
                         sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut self.picked);
                     } else {
                         let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
