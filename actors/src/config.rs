@@ -53,6 +53,9 @@ pub enum Mode {
     /// CATGNN: local training on each partition (halo included), the
     /// models averaged every `sync_every` epochs.
     ModelAveraging,
+    /// HopGNN: feature-centric training, one worker per partition; each
+    /// step's models visit the partitions holding their roots' features.
+    Hopgnn,
 }
 
 impl Mode {
@@ -63,6 +66,7 @@ impl Mode {
             Mode::DataParallel => "data-parallel",
             Mode::Raf => "raf",
             Mode::ModelAveraging => "model-averaging",
+            Mode::Hopgnn => "hopgnn",
         }
     }
 }
@@ -142,6 +146,61 @@ pub enum SeedAssignment {
     Random,
 }
 
+/// What a HopGNN model carries from one partition to the next within a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HopMigrate {
+    /// Its parameters and the gradient it has accumulated (the paper's migration).
+    #[default]
+    Model,
+    /// The accumulated gradient only: every worker holds the same parameters
+    /// within a step, so they need not travel.
+    Gradient,
+}
+
+/// How many time steps a HopGNN step takes (`hop_time_steps`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HopTimeSteps {
+    /// One per partition: every micrograph trained at its home (no merging, the default).
+    #[default]
+    All,
+    /// An examination period merges one more time step per epoch while the epoch gets faster.
+    Auto,
+    /// This many (1 to the number of partitions): the time steps with the fewest roots are merged into the others.
+    Fixed(u32),
+}
+
+impl Serialize for HopTimeSteps {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            HopTimeSteps::All => s.serialize_str("all"),
+            HopTimeSteps::Auto => s.serialize_str("auto"),
+            HopTimeSteps::Fixed(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HopTimeSteps {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Int(i64),
+            Str(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Int(n) if (1..=i64::from(u16::MAX)).contains(&n) => Ok(HopTimeSteps::Fixed(n as u32)),
+            Either::Str(s) if s == "all" => Ok(HopTimeSteps::All),
+            Either::Str(s) if s == "auto" => Ok(HopTimeSteps::Auto),
+            Either::Str(s) => match s.parse::<u32>() {
+                Ok(n) if (1..=u32::from(u16::MAX)).contains(&n) => Ok(HopTimeSteps::Fixed(n)),
+                _ => Err(serde::de::Error::custom(format!("\"{s}\": expected \"all\", \"auto\" or a number of time steps"))),
+            },
+            Either::Int(n) => Err(serde::de::Error::custom(format!("{n}: the number of time steps must be at least 1"))),
+        }
+    }
+}
+
 /// How RAF workers treat an embedding table that several of them read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -172,6 +231,12 @@ pub struct TrainingConfig {
     pub seed_assignment: SeedAssignment,
     /// RAF: "synced" (default) or "local" embedding tables shared by workers.
     pub raf_embeddings: RafEmbeddings,
+    /// HopGNN: what a model carries between partitions, "model" (default) or "gradient".
+    pub hop_migrate: HopMigrate,
+    /// HopGNN: time steps per step, "all" (default: one per partition), "auto" or a number.
+    pub hop_time_steps: HopTimeSteps,
+    /// HopGNN: pull each step's remote rows once for all its time steps (default true).
+    pub hop_pregather: bool,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
@@ -293,6 +358,9 @@ impl Default for TrainingConfig {
             allreduce: AllReduce::AllGather,
             seed_assignment: SeedAssignment::Owner,
             raf_embeddings: RafEmbeddings::Synced,
+            hop_migrate: HopMigrate::Model,
+            hop_time_steps: HopTimeSteps::All,
+            hop_pregather: true,
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
@@ -417,6 +485,12 @@ impl Config {
         }
         if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
             return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
+        }
+        if t.mode != Mode::Hopgnn && (t.hop_migrate != HopMigrate::Model || t.hop_time_steps != HopTimeSteps::All || !t.hop_pregather) {
+            return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));
+        }
+        if t.mode == Mode::Hopgnn && t.cache_bytes.0 > 0 {
+            return bad("training.cache_bytes: hopgnn trains where the features are; it has no device cache".into());
         }
         if t.task == Task::LinkPrediction {
             if t.target_relations.is_empty() {

@@ -18,6 +18,7 @@ pub mod error;
 pub mod model_averaging;
 pub mod modes;
 pub mod observer;
+pub mod owner;
 pub mod raf;
 pub mod report;
 pub mod single;

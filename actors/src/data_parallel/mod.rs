@@ -5,20 +5,14 @@
 //! local mailboxes; with a `[cluster]`, partition k runs on the k-th node.
 //! The generations, the coordinator and checkpoints are `crate::distributed`'s.
 
-pub mod messages;
-pub mod sampler;
-pub mod store;
 pub mod trainer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::Actor;
-use candle_core::{DType, Device};
-use futures_util::future::join_all;
 use graphs::partition::PartitionSet;
 use graphs::HetGraph;
-use models::optim::AdamConfig;
 use models::Model;
 use runtime::{Node, Topology};
 
@@ -28,28 +22,18 @@ use crate::distributed::checkpoint::{self, Manifest};
 use crate::distributed::generations::join_threads;
 use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
-use crate::distributed::{decode_f32, load_options, Distributed, Part, System, Timeouts};
+use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
 use crate::task::link::LinkTask;
-use messages::{Export, Pull, Push, Reset, SampleReq, Save};
-use sampler::SamplerActor;
-use store::{FeatureStore, Shard, StoreData};
 
 /// Actor names of data-parallel training.
 pub mod names {
-    pub use crate::distributed::names::{plain, COORDINATOR};
+    pub use crate::distributed::names::COORDINATOR;
+    pub use crate::owner::names::{sampler, store};
 
-    /// Sampler of partition `p`.
-    pub fn sampler(p: u32) -> String {
-        format!("sampler/{p}")
-    }
     /// Trainer (its inbox) of partition `p`.
     pub fn trainer(p: u32) -> String {
         format!("trainer/{p}")
-    }
-    /// FeatureStore of node type `ty` in partition `p`.
-    pub fn store(ty: &str, p: u32) -> String {
-        format!("features/{}/{p}", plain(ty))
     }
 }
 
@@ -121,34 +105,6 @@ impl DataParallel {
     /// Partition `part`'s share of the link-prediction task, once loaded.
     fn link(&self, part: u32) -> Option<Arc<LinkTask>> {
         self.links.lock().ok().and_then(|l| l.get(&part).cloned())
-    }
-
-    /// Every learnable table, whole, from the stores of every partition.
-    fn export_tables(&self, system: &System, g: &HetGraph) -> Result<Vec<(usize, Vec<f32>)>> {
-        let t = &self.cfg;
-        let parts = self.parts;
-        let learnable = models::Model::learnable_types(t.model, g);
-        let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
-        let ask = Timeouts::default().ask;
-        for (ty, nt) in g.node_types().iter().enumerate() {
-            if !learnable[ty] {
-                continue;
-            }
-            let dim = t.embed_dim;
-            let mut table = vec![0.0f32; nt.count as usize * dim];
-            let refs = (0..parts).map(|p| system.node.actor(&names::store(&nt.name, p))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
-            let answers = system.handle.block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
-            for (p, a) in answers.into_iter().enumerate() {
-                let (ids, data) = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32))))?;
-                let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
-                for (k, &id) in ids.iter().enumerate() {
-                    let at = id as usize * dim;
-                    table.get_mut(at..at + dim).ok_or_else(|| TrainError::Distributed(format!("exported row {id} out of range")))?.copy_from_slice(&rows[k * dim..(k + 1) * dim]);
-                }
-            }
-            tables.push((ty, table));
-        }
-        Ok(tables)
     }
 }
 
@@ -237,31 +193,9 @@ impl Distributed for DataParallel {
     /// arbiter): serving a large pull must not hold up a push, a sampling
     /// request or the transport, which stays on the node's thread.
     fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
-        let (parts, per_part, owners, t) = (self.parts, self.per_part, &self.owners, &self.cfg);
+        let (parts, per_part) = (self.parts, self.per_part);
         let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
-        let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
-            arbiters.push(actix::Arbiter::new());
-            arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
-        };
-        let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), self.link(part));
-        let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
-        node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
-        let learnable = models::Model::learnable_types(t.model, graph);
-        for (ty, nt) in graph.node_types().iter().enumerate() {
-            let data = if nt.features.is_some() {
-                StoreData::Features { graph: graph.clone(), ty }
-            } else if learnable[ty] {
-                let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
-                let name = format!("embed.{}", nt.name);
-                StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), (parts * per_part) as usize)))
-            } else {
-                continue;
-            };
-            let files = t.checkpoint_dir.clone().map(|root| (root, checkpoint::shard_file(&nt.name, part)));
-            let store = FeatureStore::new(part as u16, owners.clone(), ty, data, files);
-            let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
-            node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
-        }
+        crate::owner::serve(node, part, graph, &self.owners, self.link(part), &self.cfg, parts * per_part, arbiters)?;
         let mut inboxes = Vec::new();
         for j in 0..per_part {
             let inbox = Arc::new(Inbox::default());
@@ -275,13 +209,7 @@ impl Distributed for DataParallel {
 
     /// The partition's stores restore the checkpoint, its trainers train.
     fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Vec<Model>> {
-        let learnable = Model::learnable_types(self.cfg.model, p.graph);
-        let stores: Vec<String> = p.graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, p.part)).collect();
-        let refs = stores.iter().map(|n| p.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let answers = p.handle.block_on(join_all(refs.iter().map(|r| r.ask(Reset { gen: b.gen, from: b.from }, p.timeouts.ask))));
-        for (name, a) in stores.iter().zip(answers) {
-            a?.map_err(|e| TrainError::Checkpoint(format!("{name}: {e}")))?;
-        }
+        crate::owner::reset_stores(p, &self.cfg, b)?;
         let handles = self.spawn_trainers(p, b.gen, &from)?;
         join_threads(handles)
     }
@@ -293,21 +221,7 @@ impl Distributed for DataParallel {
         let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
         let replica = own?.and_then(|mut r| (!r.is_empty()).then(|| r.swap_remove(0)));
         let replica = replica.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
-        let tables = self.export_tables(system, g)?;
-        // The whole model: the replica's dense parameters, the stores' rows.
-        let mut model = Model::new(&self.cfg.model_spec(), g, DType::F32, &Device::Cpu)?;
-        for (name, var) in model.params.iter() {
-            let theirs = replica.params.get(name).ok_or_else(|| TrainError::Distributed(format!("the replica has no parameter {name}")))?;
-            var.set(&theirs.as_tensor().to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
-        }
-        for (ty, rows) in tables {
-            let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("a table for node type {ty}, which has none")))?;
-            if e.data.len() != rows.len() {
-                return Err(TrainError::Distributed(format!("{}: {} values exported, {} expected", e.name, rows.len(), e.data.len())));
-            }
-            e.data = rows;
-        }
-        Ok(model)
+        crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
     }
 }
 

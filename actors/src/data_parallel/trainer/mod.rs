@@ -12,25 +12,23 @@
 //! Gradients are summed in trainer order, so every replica applies the same
 //! update, bit for bit.
 
-mod allreduce;
 mod fetch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use graphs::{HetGraph, MiniBatch};
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
 use models::rgcn::PerType;
 use models::Model;
-use runtime::{ActorRef, ByteVec, Node};
+use runtime::{ActorRef, Node};
 
-use super::messages::{Push, Save};
 use super::names;
 use crate::cache::manager::{type_names, CacheView};
-use crate::cache::{DeviceCache, FeatureCache};
+use crate::cache::DeviceCache;
 use crate::config::{SeedAssignment, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::generations::abort_peers;
@@ -40,6 +38,8 @@ use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
+use crate::owner::allreduce::{all_reduce, Group};
+use crate::owner::client::{Client, ClientSetup, Rows};
 use crate::task::link::{LinkBatch, LinkTask};
 
 /// Everything a trainer thread needs.
@@ -80,14 +80,6 @@ pub struct TrainerSetup {
     pub link: Option<Arc<LinkTask>>,
 }
 
-struct Peers {
-    samplers: Vec<ActorRef>,
-    /// `[type][part]`, for types that have a store.
-    stores: Vec<Vec<ActorRef>>,
-    trainers: Vec<ActorRef>,
-    coordinator: ActorRef,
-}
-
 /// Runs every epoch; returns the final replica. On failure, tells the other
 /// trainers and the coordinator so they stop instead of waiting.
 pub fn run(s: TrainerSetup) -> Result<Model> {
@@ -105,27 +97,18 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
 /// What sampling and gathering need: shared by the trainer and its prefetch thread.
 struct Ctx<'a> {
     s: &'a TrainerSetup,
-    peers: Peers,
-    /// Types whose inputs are learnable rows held by the stores.
-    learnable: Vec<bool>,
-    /// Types the model reads.
-    wanted: Vec<bool>,
-    device: Device,
-    dtype: DType,
-    uses_neighbors: bool,
-    /// Feature rows cached on the device (set once the cache is built).
-    cache: Option<Arc<FeatureCache>>,
+    /// Every partition's sampler and stores.
+    c: Client,
+    /// Every trainer's inbox, in trainer order.
+    trainers: Vec<ActorRef>,
+    coordinator: ActorRef,
 }
 
-/// Which input rows to gather.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Rows {
-    /// Plain features only (immutable: can be fetched ahead).
-    Features,
-    /// Learnable rows only (read when used: they change every step), as gradient leaves.
-    Learnable,
-    /// Both, learnable ones without gradients (evaluation).
-    All,
+impl std::ops::Deref for Ctx<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.c
+    }
 }
 
 /// A batch sampled and with its features gathered ahead of its step.
@@ -166,20 +149,30 @@ impl<'a> Trainer<'a> {
         let learnable = Model::learnable_types(t.model, &s.graph);
         let target = s.graph.target().index();
         let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
-        let me = runtime::ActorName::new(&names::trainer(s.trainer)).map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
-        let types = s.graph.node_types();
-        let mut stores = Vec::new();
-        for (ty, nt) in types.iter().enumerate() {
-            let has = nt.features.is_some() || learnable[ty];
-            stores.push(if has { (0..s.parts).map(|p| actor(names::store(&nt.name, p))).collect::<Result<Vec<_>>>()? } else { Vec::new() });
-        }
-        let peers = Peers {
-            samplers: (0..s.parts).map(|p| actor(names::sampler(p))).collect::<Result<_>>()?,
-            stores,
-            trainers: (0..s.trainers).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?,
-            coordinator: actor(names::COORDINATOR.to_string())?,
-        };
+        let me = names::trainer(s.trainer);
+        let c = Client::new(ClientSetup {
+            part: s.part,
+            parts: s.parts,
+            graph: s.graph.clone(),
+            owners: s.owners.clone(),
+            fanouts: t.fanouts.clone(),
+            embed_dim: t.embed_dim,
+            gen: s.gen,
+            timeouts: s.timeouts,
+            inbox: s.inbox.clone(),
+            handle: s.handle.clone(),
+            node: &s.node,
+            me: &me,
+            learnable,
+            wanted,
+            device,
+            dtype: model.dtype(),
+            uses_neighbors: model.uses_neighbors(),
+        })?;
+        let name = runtime::ActorName::new(&me).map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(name.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let trainers = (0..s.trainers).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?;
+        let coordinator = actor(names::COORDINATOR.to_string())?;
         let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
         let mut seq = 0;
         if let Some((dir, m)) = &s.from {
@@ -187,7 +180,7 @@ impl<'a> Trainer<'a> {
             models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
             seq = m.seq;
         }
-        let mut ctx = Ctx { s, peers, learnable, wanted, device, dtype: model.dtype(), uses_neighbors: model.uses_neighbors(), cache: None };
+        let mut ctx = Ctx { s, c, trainers, coordinator };
         // Feature rows do not change: a cache built by an earlier generation of this process serves on.
         let reused = s.caches.get(&s.trainer).map(|c| c.clone());
         let cache = match reused {
@@ -200,7 +193,7 @@ impl<'a> Trainer<'a> {
                 built
             }
         };
-        ctx.cache = cache.as_ref().map(|c| c.features.clone());
+        ctx.c.cache = cache.as_ref().map(|c| c.features.clone());
         if let Some(c) = &cache {
             s.cache_view.publish(&names::trainer(s.trainer), s.cfg.cache_policy.name(), &type_names(&s.graph), c);
         }
@@ -253,7 +246,7 @@ impl<'a> Steps for Replica<'a> {
         st.time.gather_s += p.gather_s;
         let (loss, correct) = self.train_step(ctx, epoch, step, p, st)?;
         if self.s.trainer == 0 {
-            let c = ctx.peers.coordinator.clone();
+            let c = ctx.coordinator.clone();
             ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
         }
         Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
@@ -286,7 +279,7 @@ impl<'a> Steps for Replica<'a> {
     }
 
     fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
-        let c = ctx.peers.coordinator.clone();
+        let c = ctx.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())
     }
@@ -331,38 +324,12 @@ impl Replica<'_> {
                 }
             };
             st.time.compute_s += lap(&mut clock);
-            for (ty, x) in inputs.iter().enumerate() {
-                let mut per_owner = vec![(Vec::new(), Vec::new()); ctx.s.parts as usize];
-                if let (true, Some(x)) = (ctx.learnable[ty], x) {
-                    if let Some(gr) = gs.get(x) {
-                        let dim = gr.dim(1)?;
-                        let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                        for (i, &v) in mb.blocks[0].src[ty].iter().enumerate() {
-                            let o = &mut per_owner[ctx.s.owners[ty][v as usize] as usize];
-                            o.0.push(v);
-                            o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
-                        }
-                    }
-                }
-                pushes.push(per_owner);
-            }
+            ctx.gradient_rows(&mb.blocks[0].src, &inputs, &gs, &mut pushes)?;
             grads = Some(gs);
         }
         // Every trainer pushes to every learnable store each step (empty if it
         // has nothing), so a store knows when the step's gradient is complete.
-        let me = ctx.s.trainer;
-        let mut asks = Vec::new();
-        for (ty, stores) in ctx.peers.stores.iter().enumerate() {
-            if !ctx.learnable[ty] {
-                continue;
-            }
-            for (p, store) in stores.iter().enumerate() {
-                let (ids, grad) = pushes.get_mut(ty).map(|o| std::mem::take(&mut o[p])).unwrap_or_default();
-                let msg = Push { gen: ctx.s.gen, seq: self.seq, trainer: me, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
-                asks.push(ctx.push(store, msg));
-            }
-        }
-        let pushes = asks;
+        let pushes = ctx.pushes(self.seq, ctx.s.trainer, pushes);
 
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
         let mut flat = Vec::new();
@@ -382,7 +349,8 @@ impl Replica<'_> {
         flat.extend(flags);
         flat.push(wloss as f32);
         flat.push(correct as f32);
-        let sum = self.all_reduce(ctx, flat, pushes)?;
+        let group = Group { trainers: &ctx.trainers, me: ctx.s.trainer, seq: self.seq, kind: ctx.s.cfg.allreduce };
+        let sum = all_reduce(ctx, &group, flat, pushes)?;
         st.time.comm_s += lap(&mut clock);
         let n_params = self.model.params.len();
         let values = sum.len() - n_params - 2;
@@ -440,47 +408,10 @@ impl Ctx<'_> {
         if s.trainer == 0 {
             files.push(checkpoint::write_dense(root, seq, &rep.model, &rep.adam)?);
         }
-        let deadline = Instant::now() + s.timeouts.step;
-        for (ty, stores) in self.peers.stores.iter().enumerate() {
-            if !self.learnable[ty] {
-                continue;
-            }
-            let store = &stores[s.part as usize];
-            loop {
-                match self.block_on(store.ask(Save { gen: s.gen, seq }, s.timeouts.ask))?? {
-                    Ok(Some(f)) => {
-                        files.push(f);
-                        break;
-                    }
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                    Ok(None) => return Err(TrainError::Distributed(format!("{}: not at step {seq} within {:?}", store.name(), s.timeouts.step))),
-                    Err(e) => return Err(TrainError::Checkpoint(format!("{}: {e}", store.name()))),
-                }
-            }
-        }
+        files.extend(self.save_stores(seq)?);
         let msg = Saved { gen: s.gen, seq, part: s.part, files, progress: (s.trainer == 0).then_some(progress) };
-        self.block_on(self.peers.coordinator.ask(msg, s.timeouts.ask))??;
+        self.block_on(self.coordinator.ask(msg, s.timeouts.ask))??;
         Ok(())
-    }
-
-    /// Pushes a step's gradient rows to a store, again while the store has
-    /// not started this generation.
-    async fn push(&self, store: &ActorRef, msg: Push) -> std::result::Result<(), String> {
-        let deadline = Instant::now() + self.s.timeouts.step;
-        loop {
-            let again = Push { gen: msg.gen, seq: msg.seq, trainer: msg.trainer, ids: msg.ids.clone(), grad: msg.grad.clone() };
-            match store.ask(again, self.s.timeouts.ask).await {
-                Ok(Ok(Some(()))) => return Ok(()),
-                Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(1)).await,
-                Ok(Ok(None)) => return Err(format!("not at generation {:x} within {:?}", msg.gen, self.s.timeouts.step)),
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-    }
-
-    fn owned(&self, ty: usize, v: u32) -> bool {
-        self.s.owners[ty][v as usize] as u32 == self.s.part
     }
 
     /// This trainer's seeds of the global `batch` of target nodes, in batch order.
@@ -495,11 +426,5 @@ impl Ctx<'_> {
                 batch[len * k / n.max(1)..len * (k + 1) / n.max(1)].to_vec()
             }
         }
-    }
-
-    /// Runs `f` on the node's runtime from this thread; gives up as soon as
-    /// the run is aborted (a peer failed or went down).
-    fn block_on<F: std::future::Future>(&self, f: F) -> Result<F::Output> {
-        self.s.inbox.block_on(&self.s.handle, f)
     }
 }

@@ -1,0 +1,114 @@
+//! The dense-gradient all-reduce of a step: every trainer ends with the sum
+//! of all trainers' gradients, added in trainer order so that every replica
+//! applies the same update, bit for bit. All-gather (each sends its whole
+//! vector to all) or a ring (reduce-scatter then all-gather, in chunks).
+
+use futures_util::future::join_all;
+use runtime::{ActorRef, ByteVec};
+
+use super::client::Client;
+use crate::config::AllReduce;
+use crate::distributed::messages::GradShare;
+use crate::error::{Result, TrainError};
+
+/// The trainers of one all-reduce, and this one among them.
+pub struct Group<'a> {
+    /// Every trainer's inbox, in trainer order.
+    pub trainers: &'a [ActorRef],
+    /// This trainer.
+    pub me: u32,
+    /// The step.
+    pub seq: u64,
+    /// All-gather or ring.
+    pub kind: AllReduce,
+}
+
+/// Sums `mine` with the other trainers' vectors of this step, in trainer
+/// order, while `pushes` (this step's embedding gradients) travel; both are
+/// acknowledged before it returns. A store serves this step's rows to the
+/// next only once every push has arrived (see `Pull::after`).
+pub fn all_reduce<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+where
+    P: std::future::Future<Output = std::result::Result<(), String>>,
+{
+    match g.kind {
+        AllReduce::AllGather => all_gather(c, g, mine, pushes),
+        AllReduce::Ring => ring(c, g, mine, pushes),
+    }
+}
+
+/// Every trainer sends its whole vector to every other and sums all of
+/// them in trainer order: one round, (K-1)·n values sent per trainer.
+fn all_gather<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+where
+    P: std::future::Future<Output = std::result::Result<(), String>>,
+{
+    let me = g.me;
+    let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
+    let asks = g.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { gen: c.gen, seq: g.seq, round: 0, from: me, data: bytes.clone() }, c.timeouts.ask));
+    let (shared, pushed) = c.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
+    for r in shared {
+        r?;
+    }
+    for r in pushed {
+        r.map_err(TrainError::Distributed)?;
+    }
+    let k = g.trainers.len() as u32;
+    let others: Vec<u32> = (0..k).filter(|&p| p != me).collect();
+    let mut shares = c.inbox.gradients(g.seq, 0, &others, mine.len(), c.timeouts.step)?.into_iter();
+    let mut sum = vec![0.0f32; mine.len()];
+    for p in 0..k {
+        let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
+        sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
+    }
+    Ok(sum)
+}
+
+/// Ring all-reduce: K-1 rounds of reduce-scatter, then K-1 of all-gather,
+/// one chunk of n/K values to the next trainer per round: 2(K-1)/K·n
+/// values sent per trainer. Each chunk is summed once, on one trainer,
+/// and copied to the others, so every replica gets the same bits.
+fn ring<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
+where
+    P: std::future::Future<Output = std::result::Result<(), String>>,
+{
+    let (k, r, n) = (g.trainers.len(), g.me as usize, mine.len());
+    let mut pushes = Some(join_all(pushes));
+    let mut v = mine;
+    let span = |c: usize| c * n / k..(c + 1) * n / k;
+    let next = &g.trainers[(r + 1) % k];
+    let prev = ((r + k - 1) % k) as u32;
+    for i in 0..2 * (k - 1) {
+        let (send, recv) = if i < k - 1 {
+            ((r + k - i) % k, (r + 2 * k - i - 1) % k)
+        } else {
+            let j = i - (k - 1);
+            ((r + 1 + k - j) % k, (r + k - j) % k)
+        };
+        let msg = GradShare { gen: c.gen, seq: g.seq, round: i as u32, from: g.me, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
+        let ask = next.ask(msg, c.timeouts.ask);
+        match pushes.take() {
+            Some(p) => {
+                let (sent, pushed) = c.block_on(futures_util::future::join(ask, p))?;
+                sent?;
+                for r in pushed {
+                    r.map_err(TrainError::Distributed)?;
+                }
+            }
+            None => c.block_on(ask)??,
+        }
+        let got = c.inbox.gradients(g.seq, i as u32, &[prev], span(recv).len(), c.timeouts.step)?.remove(0);
+        let dst = &mut v[span(recv)];
+        if i < k - 1 {
+            dst.iter_mut().zip(&got).for_each(|(a, b)| *a += b);
+        } else {
+            dst.copy_from_slice(&got);
+        }
+    }
+    if let Some(p) = pushes {
+        for r in c.block_on(p)? {
+            r.map_err(TrainError::Distributed)?;
+        }
+    }
+    Ok(v)
+}

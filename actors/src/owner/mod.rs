@@ -1,0 +1,145 @@
+//! Owner-compute, as the modes that sample mini-batches across partitions
+//! share it: each partition's Sampler (the picks of the nodes it owns, with
+//! the requester's keys) and FeatureStores (its rows of every node type,
+//! learnable rows updated sparsely once every trainer has pushed), their
+//! messages, the client side a training thread reads them through, and the
+//! dense-gradient all-reduce of a step.
+
+pub mod allreduce;
+pub mod client;
+pub mod messages;
+pub mod sampler;
+pub mod store;
+
+use std::sync::Arc;
+
+use actix::Actor;
+use candle_core::{DType, Device};
+use futures_util::future::join_all;
+use graphs::HetGraph;
+use models::optim::AdamConfig;
+use models::Model;
+use runtime::Node;
+
+use crate::config::TrainingConfig;
+use crate::distributed::messages::Begin;
+use crate::distributed::{checkpoint, decode_f32, Part, System, Timeouts};
+use crate::error::{Result, TrainError};
+use crate::task::link::LinkTask;
+use messages::{Export, Pull, Push, Reset, SampleReq, Save};
+use sampler::SamplerActor;
+use store::{FeatureStore, Shard, StoreData};
+
+/// Actor names of the owner-compute services.
+pub mod names {
+    use crate::distributed::names::plain;
+
+    /// Sampler of partition `p`.
+    pub fn sampler(p: u32) -> String {
+        format!("sampler/{p}")
+    }
+    /// FeatureStore of node type `ty` in partition `p`.
+    pub fn store(ty: &str, p: u32) -> String {
+        format!("features/{}/{p}", plain(ty))
+    }
+}
+
+/// Registers partition `part`'s sampler and stores on `node`, each on a
+/// thread of its own (an actix arbiter): serving a large pull must not hold
+/// up a push, a sampling request or the transport, which stays on the node's
+/// thread. `pushers`: the trainers whose pushes complete a step.
+#[allow(clippy::too_many_arguments)] // the partition's parts, flat
+pub fn serve(
+    node: &Node,
+    part: u32,
+    graph: &Arc<HetGraph>,
+    owners: &Arc<Vec<Vec<u16>>>,
+    link: Option<Arc<LinkTask>>,
+    t: &TrainingConfig,
+    pushers: u32,
+    arbiters: &mut Vec<actix::Arbiter>,
+) -> Result<()> {
+    let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+    let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
+        arbiters.push(actix::Arbiter::new());
+        arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
+    };
+    let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), link);
+    let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
+    node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
+    let learnable = Model::learnable_types(t.model, graph);
+    for (ty, nt) in graph.node_types().iter().enumerate() {
+        let data = if nt.features.is_some() {
+            StoreData::Features { graph: graph.clone(), ty }
+        } else if learnable[ty] {
+            let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
+            let name = format!("embed.{}", nt.name);
+            StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), pushers as usize)))
+        } else {
+            continue;
+        };
+        let files = t.checkpoint_dir.clone().map(|root| (root, checkpoint::shard_file(&nt.name, part)));
+        let store = FeatureStore::new(part as u16, owners.clone(), ty, data, files);
+        let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
+        node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
+    }
+    Ok(())
+}
+
+/// Partition `p.part`'s learnable stores restore the checkpoint `b` names
+/// (or their initial rows) and serve generation `b.gen`.
+pub fn reset_stores(p: &Part, t: &TrainingConfig, b: Begin) -> Result<()> {
+    let learnable = Model::learnable_types(t.model, p.graph);
+    let stores: Vec<String> = p.graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, p.part)).collect();
+    let refs = stores.iter().map(|n| p.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let answers = p.handle.block_on(join_all(refs.iter().map(|r| r.ask(Reset { gen: b.gen, from: b.from }, p.timeouts.ask))));
+    for (name, a) in stores.iter().zip(answers) {
+        a?.map_err(|e| TrainError::Checkpoint(format!("{name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The whole model: `replica`'s dense parameters and every learnable table
+/// exported from the stores of the `parts` partitions.
+pub fn assemble(t: &TrainingConfig, system: &System, parts: u32, replica: &Model, g: &HetGraph) -> Result<Model> {
+    let tables = export_tables(t, system, parts, g)?;
+    let mut model = Model::new(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
+    for (name, var) in model.params.iter() {
+        let theirs = replica.params.get(name).ok_or_else(|| TrainError::Distributed(format!("the replica has no parameter {name}")))?;
+        var.set(&theirs.as_tensor().to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
+    }
+    for (ty, rows) in tables {
+        let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("a table for node type {ty}, which has none")))?;
+        if e.data.len() != rows.len() {
+            return Err(TrainError::Distributed(format!("{}: {} values exported, {} expected", e.name, rows.len(), e.data.len())));
+        }
+        e.data = rows;
+    }
+    Ok(model)
+}
+
+/// Every learnable table, whole, from the stores of every partition.
+fn export_tables(t: &TrainingConfig, system: &System, parts: u32, g: &HetGraph) -> Result<Vec<(usize, Vec<f32>)>> {
+    let learnable = Model::learnable_types(t.model, g);
+    let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
+    let ask = Timeouts::default().ask;
+    for (ty, nt) in g.node_types().iter().enumerate() {
+        if !learnable[ty] {
+            continue;
+        }
+        let dim = t.embed_dim;
+        let mut table = vec![0.0f32; nt.count as usize * dim];
+        let refs = (0..parts).map(|p| system.node.actor(&names::store(&nt.name, p))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = system.handle.block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
+        for (p, a) in answers.into_iter().enumerate() {
+            let (ids, data) = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32))))?;
+            let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
+            for (k, &id) in ids.iter().enumerate() {
+                let at = id as usize * dim;
+                table.get_mut(at..at + dim).ok_or_else(|| TrainError::Distributed(format!("exported row {id} out of range")))?.copy_from_slice(&rows[k * dim..(k + 1) * dim]);
+            }
+        }
+        tables.push((ty, table));
+    }
+    Ok(tables)
+}
