@@ -1,6 +1,6 @@
 //! hetgnn's training roles and what drives them: the run configuration (TOML
 //! with `--set` overrides), one folder per training mode (`single`,
-//! `data_parallel`, `raf`, `model_averaging`) behind one seam, what every distributed mode
+//! `data_parallel`, `raf`, `model_averaging`, `hopgnn`) behind one seam, what every distributed mode
 //! shares (`distributed`), the device cache, and the run report.
 //!
 //! [`train`] runs any mode embedded in this process and [`run_node`] one node
@@ -15,6 +15,7 @@ pub mod device;
 pub mod distributed;
 pub mod epoch;
 pub mod error;
+pub mod hopgnn;
 pub mod model_averaging;
 pub mod modes;
 pub mod observer;

@@ -11,6 +11,7 @@ use crate::config::{Config, Mode};
 use crate::data_parallel::DataParallel;
 use crate::distributed::Distributed;
 use crate::error::{Result, TrainError};
+use crate::hopgnn::HopGnn;
 use crate::model_averaging::ModelAveraging;
 use crate::observer::TrainObserver;
 use crate::raf::Raf;
@@ -48,6 +49,7 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
         Mode::DataParallel => Box::new(Cluster(Arc::new(DataParallel::open(t)?))),
         Mode::Raf => Box::new(Cluster(Arc::new(Raf::open(t)?))),
         Mode::ModelAveraging => Box::new(Cluster(Arc::new(ModelAveraging::open(t, cfg.cluster.as_ref().map(|c| c.nodes.len()))?))),
+        Mode::Hopgnn => Box::new(Cluster(Arc::new(HopGnn::open(t)?))),
     })
 }
 

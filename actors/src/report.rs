@@ -41,6 +41,48 @@ pub struct EpochReport {
     /// Link prediction: MRR and Hits@K after the epoch (the accuracies above are then 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::task::link::LinkEpoch>,
+    /// HopGNN: time steps, rows pulled and micrograph locality.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hop: Option<HopEpoch>,
+}
+
+/// HopGNN's figures of an epoch, over every worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HopEpoch {
+    /// Time steps per step (after merging).
+    pub time_steps: u32,
+    /// Remote input rows pulled per step.
+    pub rows_pulled_per_step: f64,
+    /// Remote input rows per step had each time step pulled its own (no pre-gathering).
+    pub rows_pulled_per_step_without_pregathering: f64,
+    /// Share of the micrographs' input rows held by another partition.
+    pub remote_row_rate: f64,
+    /// Per node type, the share of a micrograph's input rows held by the
+    /// partition that trains it (HopGNN's Table 1; 1/N for a random assignment).
+    pub locality: BTreeMap<String, f64>,
+}
+
+/// HopGNN's figures of an epoch: every worker's merged.
+fn hop_figures(stats: &[EpochStats]) -> Option<HopEpoch> {
+    let mine: Vec<&crate::distributed::messages::HopFigures> = stats.iter().filter_map(|s| s.hop.as_ref()).collect();
+    let first = mine.first()?;
+    let steps = stats.first().map_or(1, |s| s.steps.max(1)) as f64;
+    let mut rows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for h in &mine {
+        for (name, all, home) in &h.rows {
+            let r = rows.entry(name.clone()).or_default();
+            r.0 += all;
+            r.1 += home;
+        }
+    }
+    let (all, home) = rows.values().fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1));
+    Some(HopEpoch {
+        time_steps: first.time_steps,
+        rows_pulled_per_step: mine.iter().map(|h| h.rows_pulled).sum::<u64>() as f64 / steps,
+        rows_pulled_per_step_without_pregathering: mine.iter().map(|h| h.rows_pulled_per_time_step).sum::<u64>() as f64 / steps,
+        remote_row_rate: (all - home) as f64 / all.max(1) as f64,
+        locality: rows.into_iter().filter(|(_, r)| r.0 > 0).map(|(k, r)| (k, r.1 as f64 / r.0 as f64)).collect(),
+    })
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -104,6 +146,7 @@ impl EpochReport {
             workers,
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
             link: link_figures(stats),
+            hop: hop_figures(stats),
         }
     }
 }

@@ -124,6 +124,23 @@ pub struct EpochStats {
     /// Link prediction: this trainer's validation and test ranking sums.
     #[serde(default)]
     pub link: Option<[models::link::RankSums; 2]>,
+    /// HopGNN: this worker's micrograph and pull figures.
+    #[serde(default)]
+    pub hop: Option<HopFigures>,
+}
+
+/// A HopGNN worker's figures of an epoch's training steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HopFigures {
+    /// Time steps per step (the last step's).
+    pub time_steps: u32,
+    /// Remote input rows pulled (once per step and owner with pre-gathering).
+    pub rows_pulled: u64,
+    /// Remote input rows one pull per time step would have fetched.
+    pub rows_pulled_per_time_step: u64,
+    /// Per node type: its name, the input rows the worker's micrographs read
+    /// (per time step, distinct within it), and those of them its partition holds.
+    pub rows: Vec<(String, u64, u64)>,
 }
 
 /// A model-averaging worker's own figures of an epoch.

@@ -13,14 +13,18 @@ use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
 use graphs::link::{ExcludeEdges, NoExclusion, StepEdges};
 use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sampler};
+use models::optim::Adam;
 use models::rgcn::PerType;
+use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
 
 use super::messages::{Pull, Push, SampleReq, Save};
 use super::names;
 use crate::cache::rows::Lookup;
 use crate::cache::FeatureCache;
+use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::Saved;
 use crate::distributed::{decode_f32, Timeouts};
 use crate::error::{Result, TrainError};
 
@@ -195,23 +199,21 @@ impl Client {
         asks
     }
 
-    /// Gradient rows of the learnable leaves among `inputs` (rows `src`),
-    /// grouped per type by owner: `[type][part] = (ids, rows)`. Rows named
-    /// twice are added up by the store.
-    pub fn gradient_rows(&self, src: &[Vec<u32>], inputs: &PerType, grads: &candle_core::backprop::GradStore, out: &mut Vec<Vec<(Vec<u32>, Vec<f32>)>>) -> Result<()> {
+    /// Gradient rows of the rows `src` (per learnable type, their gradient
+    /// in `grads`, if any) added to `out`, grouped per type by owner:
+    /// `[type][part] = (ids, rows)`. A store adds up rows named twice.
+    pub fn gradient_rows(&self, src: &[Vec<u32>], grads: &[Option<Tensor>], out: &mut Vec<Vec<(Vec<u32>, Vec<f32>)>>) -> Result<()> {
         if out.is_empty() {
             *out = vec![vec![(Vec::new(), Vec::new()); self.parts as usize]; src.len()];
         }
-        for (ty, x) in inputs.iter().enumerate() {
-            if let (true, Some(x)) = (self.learnable[ty], x) {
-                if let Some(gr) = grads.get(x) {
-                    let dim = gr.dim(1)?;
-                    let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                    for (i, &v) in src[ty].iter().enumerate() {
-                        let o = &mut out[ty][self.owners[ty][v as usize] as usize];
-                        o.0.push(v);
-                        o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
-                    }
+        for (ty, gr) in grads.iter().enumerate() {
+            if let (true, Some(gr)) = (self.learnable[ty], gr) {
+                let dim = gr.dim(1)?;
+                let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                for (i, &v) in src[ty].iter().enumerate() {
+                    let o = &mut out[ty][self.owners[ty][v as usize] as usize];
+                    o.0.push(v);
+                    o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
                 }
             }
         }
@@ -427,5 +429,40 @@ impl Client {
             out.push(Some(if rows == Rows::Learnable { Var::from_tensor(&x)?.into_inner() } else { x }));
         }
         Ok(out)
+    }
+
+    /// Correct predictions of `model` (no dropout) on the share of `nodes`
+    /// that `mine` picks from each evaluation chunk, sampled with `seed`.
+    pub fn count_correct(&self, model: &Model, seed: u64, epoch: u64, nodes: &[u32], after: Option<u64>, mine: impl Fn(&[u32]) -> Vec<u32>) -> Result<u64> {
+        let g = self.graph.clone();
+        let (labels, _) = g.target_labels();
+        let mut correct = 0;
+        for (step, chunk) in nodes.chunks(crate::epoch::EVAL_BATCH).enumerate() {
+            let seeds = mine(chunk);
+            if seeds.is_empty() {
+                continue;
+            }
+            let mb = self.sample(seed, epoch, step as u64, &seeds)?;
+            let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
+            let logits = model.forward(&g, &mb, inputs, None)?.detach();
+            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+            correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
+        }
+        Ok(correct)
+    }
+
+    /// This partition's part of the checkpoint before step `seq` under
+    /// `root`: the dense state if `dense` (one training thread of the run
+    /// writes it), the rows of its learnable stores; then the coordinator
+    /// hears of the files (with the epoch's `progress` from the thread that writes the dense state).
+    pub fn checkpoint_part(&self, coordinator: &ActorRef, root: &std::path::Path, seq: u64, dense: Option<(&Model, &Adam)>, progress: Progress) -> Result<()> {
+        let mut files = Vec::new();
+        if let Some((model, adam)) = dense {
+            files.push(checkpoint::write_dense(root, seq, model, adam)?);
+        }
+        files.extend(self.save_stores(seq)?);
+        let msg = Saved { gen: self.gen, seq, part: self.part, files, progress: dense.is_some().then_some(progress) };
+        self.block_on(coordinator.ask(msg, self.timeouts.ask))??;
+        Ok(())
     }
 }

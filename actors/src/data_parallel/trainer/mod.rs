@@ -33,10 +33,10 @@ use crate::config::{SeedAssignment, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
-use crate::distributed::messages::{EpochStats, Saved, StepDone};
+use crate::distributed::messages::{EpochStats, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
-use crate::epoch::{lap, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{lap, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::owner::allreduce::{all_reduce, Group};
 use crate::owner::client::{Client, ClientSetup, Rows};
@@ -267,8 +267,10 @@ impl<'a> Steps for Replica<'a> {
             return Ok(());
         }
         let (_, splits) = self.s.graph.target_labels();
-        st.valid_correct = self.count_correct(ctx, epoch, &splits.valid)?;
-        st.test_correct = self.count_correct(ctx, epoch, &splits.test)?;
+        let target = self.s.graph.target().index();
+        let (seed, after) = (ctx.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
+        st.valid_correct = ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, |c| ctx.my_seeds(target, c))?;
+        st.test_correct = ctx.count_correct(&self.model, seed, epoch, &splits.test, after, |c| ctx.my_seeds(target, c))?;
         Ok(())
     }
 
@@ -324,7 +326,8 @@ impl Replica<'_> {
                 }
             };
             st.time.compute_s += lap(&mut clock);
-            ctx.gradient_rows(&mb.blocks[0].src, &inputs, &gs, &mut pushes)?;
+            let leaves: Vec<Option<Tensor>> = inputs.iter().map(|x| x.as_ref().and_then(|x| gs.get(x).cloned())).collect();
+            ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
             grads = Some(gs);
         }
         // Every trainer pushes to every learnable store each step (empty if it
@@ -370,26 +373,6 @@ impl Replica<'_> {
         ctx.s.inbox.forget_before(self.seq);
         Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
     }
-
-    /// Correct predictions on this trainer's share of `nodes` (no dropout).
-    fn count_correct(&self, ctx: &Ctx, epoch: u64, nodes: &[u32]) -> Result<u64> {
-        let g = ctx.s.graph.clone();
-        let (labels, _) = g.target_labels();
-        let target = g.target().index();
-        let mut correct = 0;
-        for (step, chunk) in nodes.chunks(EVAL_BATCH).enumerate() {
-            let seeds = ctx.my_seeds(target, chunk);
-            if seeds.is_empty() {
-                continue;
-            }
-            let mb = ctx.sample(ctx.s.cfg.seed ^ EVAL_SEED, epoch, step as u64, &seeds)?;
-            let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, self.seq.checked_sub(1))?;
-            let logits = self.model.forward(&g, &mb, inputs, None)?.detach();
-            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
-        }
-        Ok(correct)
-    }
 }
 
 impl Ctx<'_> {
@@ -403,15 +386,8 @@ impl Ctx<'_> {
         if s.trainer % per_part != 0 {
             return Ok(());
         }
-        let seq = rep.seq;
-        let mut files = Vec::new();
-        if s.trainer == 0 {
-            files.push(checkpoint::write_dense(root, seq, &rep.model, &rep.adam)?);
-        }
-        files.extend(self.save_stores(seq)?);
-        let msg = Saved { gen: s.gen, seq, part: s.part, files, progress: (s.trainer == 0).then_some(progress) };
-        self.block_on(self.coordinator.ask(msg, s.timeouts.ask))??;
-        Ok(())
+        let dense = (s.trainer == 0).then_some((&rep.model, &rep.adam));
+        self.checkpoint_part(&self.coordinator, root, rep.seq, dense, progress)
     }
 
     /// This trainer's seeds of the global `batch` of target nodes, in batch order.

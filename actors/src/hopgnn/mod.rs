@@ -1,0 +1,173 @@
+//! HopGNN: feature-centric training. One worker per partition, with the
+//! partition's sampler and feature stores (owner-compute, as data-parallel
+//! training has them). Each step the global batch is cut into one slice per
+//! model (the model-centric assignment); each model's roots are grouped by
+//! the partition holding them, and the models visit the workers in time
+//! steps, training at each the micrographs of their roots homed there and
+//! carrying their accumulated gradient (and parameters) to the next. One
+//! all-reduce of the models' gradients and one optimiser step end the step.
+//! Every worker holds the same parameters within a step, so the result is
+//! the single-process model whatever the time steps.
+
+pub mod messages;
+pub mod schedule;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::Actor;
+use graphs::partition::PartitionSet;
+use graphs::HetGraph;
+use models::Model;
+use runtime::{Node, Topology};
+
+use crate::config::{Task, TrainingConfig};
+use crate::distributed::checkpoint::{self, Manifest};
+use crate::distributed::generations::join_threads;
+use crate::distributed::inbox::{Inbox, InboxActor};
+use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
+use crate::distributed::{load_options, Distributed, Part, System};
+use crate::error::{Result, TrainError};
+use messages::Migrate;
+
+/// Actor names of HopGNN training.
+pub mod names {
+    pub use crate::distributed::names::COORDINATOR;
+    pub use crate::owner::names::{sampler, store};
+
+    /// Worker (its inbox) of partition `p`.
+    pub fn worker(p: u32) -> String {
+        format!("hop/{p}")
+    }
+}
+
+/// A HopGNN run: its partitions and settings.
+pub struct HopGnn {
+    set: PartitionSet,
+    parts: u32,
+    cfg: TrainingConfig,
+    owners: Arc<Vec<Vec<u16>>>,
+}
+
+impl HopGnn {
+    /// The run `t` describes: its partitions must exist.
+    pub fn open(t: &TrainingConfig) -> Result<HopGnn> {
+        let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: hopgnn training needs a partition directory (hetgnn partition --out DIR)".into()))?;
+        if t.task != Task::NodeClassification {
+            return Err(TrainError::Config("training.task: hopgnn trains node classification".into()));
+        }
+        let set = PartitionSet::open(dir)?;
+        let parts = set.manifest.parts as u32;
+        let owners = Arc::new(set.owners.clone());
+        Ok(HopGnn { set, parts, cfg: t.clone(), owners })
+    }
+}
+
+impl Distributed for HopGnn {
+    /// The worker's final replica.
+    type Outcome = Model;
+
+    fn name(&self) -> &'static str {
+        "hopgnn"
+    }
+
+    fn parts(&self) -> u32 {
+        self.parts
+    }
+
+    fn trainers(&self) -> u32 {
+        self.parts
+    }
+
+    fn leader(&self, part: u32) -> String {
+        names::worker(part)
+    }
+
+    fn members(&self, part: u32) -> Vec<String> {
+        vec![names::worker(part)]
+    }
+
+    /// Partition k's actors run on the k-th node (which loads partition k);
+    /// the coordinator where `[placement]` puts it, else on the first node.
+    fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
+        let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+        if self.parts as usize != ids.len() {
+            return Err(TrainError::Config(format!(
+                "training.partitions: {} partitions for {} nodes; hopgnn runs one partition per node (hetgnn partition --parts {})",
+                self.parts,
+                ids.len(),
+                ids.len()
+            )));
+        }
+        for (k, id) in ids.iter().enumerate() {
+            let k = k as u32;
+            let stores = self.set.manifest.node_types.iter().map(|ty| names::store(ty, k));
+            for name in [names::worker(k), names::sampler(k)].into_iter().chain(stores) {
+                topology.placement.insert(name, id.clone());
+            }
+        }
+        if topology.placed(names::COORDINATOR).is_none() {
+            if let Some(first) = ids.first() {
+                topology.placement.insert(names::COORDINATOR.to_string(), first.clone());
+            }
+        }
+        Ok(ids)
+    }
+
+    fn load(&self, part: u32) -> Result<HetGraph> {
+        Ok(self.set.load_part(part as usize, &load_options(&self.cfg))?)
+    }
+
+    /// Its partitioning and how models migrate and merge too.
+    fn fingerprint(&self, g: &HetGraph) -> String {
+        let (t, m) = (&self.cfg, &self.set.manifest);
+        let layout = format!("hopgnn|{:?}|{}|{:?}|{:?}|{:?}|{}", t.allreduce, m.parts, m.method, t.hop_migrate, t.hop_time_steps, t.hop_pregather);
+        let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
+        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        checkpoint::fingerprint(t, g.name(), &extra)
+    }
+
+    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+        crate::owner::serve(node, part, graph, &self.owners, None, &self.cfg, self.parts, arbiters)?;
+        let inbox = Arc::new(Inbox::default());
+        let addr = InboxActor(inbox.clone()).start();
+        node.register(&names::worker(part), &addr)
+            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .handle::<GradShare>()
+            .handle::<Migrate>()
+            .handle::<Abort>()
+            .handle::<Finish>()
+            .handle::<Begin>();
+        Ok(vec![inbox])
+    }
+
+    /// The partition's stores restore the checkpoint, its worker trains.
+    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Model> {
+        crate::owner::reset_stores(p, &self.cfg, b)?;
+        let setup = worker::WorkerSetup {
+            part: p.part,
+            parts: self.parts,
+            cfg: self.cfg.clone(),
+            graph: p.graph.clone(),
+            owners: self.owners.clone(),
+            node: p.node.clone(),
+            handle: p.handle.clone(),
+            inbox: p.inboxes.first().cloned().ok_or_else(|| TrainError::Distributed("a hopgnn partition without its worker's inbox".into()))?,
+            timeouts: p.timeouts,
+            gen: b.gen,
+            from,
+        };
+        let name = format!("hop-worker-{}", p.part);
+        let h = std::thread::Builder::new().name(name).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
+        Ok(join_threads(vec![h])?.swap_remove(0))
+    }
+
+    /// The coordinator's own worker's replica (every replica is the same)
+    /// and the learnable tables from the stores.
+    fn assemble(&self, system: &System, _inbox: &Inbox, local: Vec<(u32, Result<Option<Model>>)>, g: &HetGraph) -> Result<Model> {
+        let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+        let replica = own?.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
+        crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
+    }
+}

@@ -1,0 +1,489 @@
+//! The HopGNN worker of a partition. Ahead of each step (on the prefetch
+//! thread) it plans the step's time steps ([`Plan`]), samples the
+//! micrographs of the roots it trains at each (remote frontier nodes by their
+//! owners) and, with pre-gathering, pulls the distinct remote rows of all of
+//! them at once, one pull per owner and node type (HopGNN §5.2). In the step
+//! it hosts one model per time step: it takes the model's accumulated
+//! gradient (and parameters) from the worker it leaves, trains the
+//! micrographs, and hands the model on; after the last time step the models'
+//! gradients are all-reduced and every worker applies the same update.
+//!
+//! Learnable rows do not migrate: they stay with their owners' stores, are
+//! pulled once per step after the previous step's sparse update, and their
+//! gradient rows (summed over the time steps) are pushed once per step.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use graphs::{HetGraph, MiniBatch};
+use models::model::DropoutKey;
+use models::optim::{Adam, AdamConfig};
+use models::rgcn::PerType;
+use models::Model;
+use runtime::{ActorRef, ByteVec, Node};
+
+use super::messages::{Migrate, MIGRATE_ROUND};
+use super::names;
+use super::schedule::Plan;
+use crate::config::{HopMigrate, HopTimeSteps, TrainingConfig};
+use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::generations::abort_peers;
+use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::{EpochStats, HopFigures, StepDone};
+use crate::distributed::Timeouts;
+use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
+use crate::epoch::{lap, EVAL_SEED};
+use crate::error::{Result, TrainError};
+use crate::owner::allreduce::{all_reduce, Group};
+use crate::owner::client::{Client, ClientSetup, Rows};
+
+/// Everything a worker thread needs.
+pub struct WorkerSetup {
+    /// This worker's partition.
+    pub part: u32,
+    /// Partitions (= workers = models).
+    pub parts: u32,
+    /// Training settings.
+    pub cfg: TrainingConfig,
+    /// The partition graph.
+    pub graph: Arc<HetGraph>,
+    /// Owner of every node.
+    pub owners: Arc<Vec<Vec<u16>>>,
+    /// The node the worker's actors live on.
+    pub node: Node,
+    /// The node's runtime, for asks from this thread.
+    pub handle: tokio::runtime::Handle,
+    /// This worker's inbox (migrations, gradient shares, abort).
+    pub inbox: Arc<Inbox>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+    /// Generation of the run this attempt is.
+    pub gen: u64,
+    /// The checkpoint this attempt starts from (its directory and manifest).
+    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+}
+
+/// Runs every epoch; returns the final replica. On failure, tells the other
+/// workers and the coordinator so they stop instead of waiting.
+pub fn run(s: WorkerSetup) -> Result<Model> {
+    let result = Worker::new(&s).and_then(|mut w| {
+        w.train()?;
+        Ok(w.rep.model)
+    });
+    if let Err(e) = &result {
+        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
+        abort_peers(&s.node, &s.handle, &names::worker(s.part), s.part, s.gen, &targets, &e.to_string());
+    }
+    result
+}
+
+/// What sampling and gathering need: shared by the worker and its prefetch thread.
+struct Ctx<'a> {
+    s: &'a WorkerSetup,
+    /// Every partition's sampler and stores.
+    c: Client,
+    /// Every worker's inbox, in partition order.
+    workers: Vec<ActorRef>,
+    coordinator: ActorRef,
+}
+
+impl std::ops::Deref for Ctx<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.c
+    }
+}
+
+/// A step planned, its micrographs sampled and their features gathered.
+struct Prepared {
+    plan: Plan,
+    /// Per time step, the micrograph of the roots this worker trains then.
+    micro: Vec<Option<MiniBatch>>,
+    /// Pre-gathering: the distinct input rows of every time step, per type.
+    union: Vec<Vec<u32>>,
+    /// Their feature rows (pre-gathering), or each time step's own.
+    features: Vec<PerType>,
+    /// Pre-gathering: per time step and type, where its input rows sit in `union`.
+    index: Vec<Vec<Option<Tensor>>>,
+    figures: HopFigures,
+    sample_s: f64,
+    gather_s: f64,
+}
+
+struct Worker<'a> {
+    ctx: Ctx<'a>,
+    rep: Replica<'a>,
+}
+
+/// The model replica and its optimiser: what the steps change.
+struct Replica<'a> {
+    model: Model,
+    adam: Adam,
+    /// Global step number.
+    seq: u64,
+    /// The epoch's figures so far.
+    hop: HopFigures,
+    s: &'a WorkerSetup,
+}
+
+impl<'a> Worker<'a> {
+    fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
+        let t = &s.cfg;
+        let device = crate::device::open(&t.device)?;
+        // The stores own the learnable rows: the replica keeps none.
+        let mut model = Model::without_tables(&t.model_spec(), &s.graph, DType::F32, &device)?;
+        let learnable = Model::learnable_types(t.model, &s.graph);
+        let target = s.graph.target().index();
+        let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
+        let me = names::worker(s.part);
+        let c = Client::new(ClientSetup {
+            part: s.part,
+            parts: s.parts,
+            graph: s.graph.clone(),
+            owners: s.owners.clone(),
+            fanouts: t.fanouts.clone(),
+            embed_dim: t.embed_dim,
+            gen: s.gen,
+            timeouts: s.timeouts,
+            inbox: s.inbox.clone(),
+            handle: s.handle.clone(),
+            node: &s.node,
+            me: &me,
+            learnable,
+            wanted,
+            device,
+            dtype: model.dtype(),
+            uses_neighbors: model.uses_neighbors(),
+        })?;
+        let name = runtime::ActorName::new(&me).map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(name.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let workers = (0..s.parts).map(|p| actor(names::worker(p))).collect::<Result<_>>()?;
+        let coordinator = actor(names::COORDINATOR.to_string())?;
+        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+        let mut seq = 0;
+        if let Some((dir, m)) = &s.from {
+            let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
+            models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
+            seq = m.seq;
+        }
+        Ok(Worker { ctx: Ctx { s, c, workers, coordinator }, rep: Replica { model, adam, seq, hop: HopFigures::default(), s } })
+    }
+
+    fn train(&mut self) -> Result<()> {
+        let s = self.ctx.s;
+        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let items = epochs::Items::Nodes(&s.graph.target_labels().1.train);
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.part, cfg: &s.cfg, items, resumed };
+        epochs::run(&attempt, &self.ctx, &mut self.rep)
+    }
+}
+
+impl Ctx<'_> {
+    /// Time steps per step.
+    fn time_steps(&self) -> u32 {
+        match self.s.cfg.hop_time_steps {
+            HopTimeSteps::All | HopTimeSteps::Auto => self.s.parts,
+            HopTimeSteps::Fixed(n) => n.min(self.s.parts),
+        }
+    }
+
+    /// Plans step `step` of `batch`, samples this worker's micrographs and
+    /// gathers their features.
+    fn prepare(&self, epoch: u64, step: u64, batch: &[u32]) -> Result<Prepared> {
+        let s = self.s;
+        let g = &*s.graph;
+        let target = g.target().index();
+        let owners = &s.owners;
+        let plan = Plan::new(batch, s.parts, self.time_steps(), |v| u32::from(owners[target][v as usize]));
+        let clock = Instant::now();
+        let mut micro = Vec::with_capacity(plan.steps());
+        for i in 0..plan.steps() {
+            let roots = plan.roots_at(s.part, i);
+            micro.push(if roots.is_empty() { None } else { Some(self.sample(s.cfg.seed, epoch, step, roots)?) });
+        }
+        let sample_s = clock.elapsed().as_secs_f64();
+        let clock = Instant::now();
+        let types = g.node_types();
+        let gathered = |ty: usize| self.gathers(ty, Rows::All);
+        let remote = |ty: usize, ids: &[u32]| ids.iter().filter(|&&v| !self.owned(ty, v)).count() as u64;
+        let mut figures = HopFigures { time_steps: plan.steps() as u32, rows: types.iter().map(|nt| (nt.name.clone(), 0, 0)).collect(), ..HopFigures::default() };
+        for mb in micro.iter().flatten() {
+            for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
+                if gathered(ty) {
+                    let away = remote(ty, ids);
+                    figures.rows[ty].1 += ids.len() as u64;
+                    figures.rows[ty].2 += ids.len() as u64 - away;
+                    figures.rows_pulled_per_time_step += away;
+                }
+            }
+        }
+        let (mut union, mut features, mut index) = (Vec::new(), Vec::new(), Vec::new());
+        if s.cfg.hop_pregather {
+            union = vec![Vec::new(); types.len()];
+            for mb in micro.iter().flatten() {
+                for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
+                    union[ty].extend_from_slice(ids);
+                }
+            }
+            for (ty, ids) in union.iter_mut().enumerate() {
+                ids.sort_unstable();
+                ids.dedup();
+                if gathered(ty) {
+                    figures.rows_pulled += remote(ty, ids);
+                }
+            }
+            features.push(self.gather(&union, Rows::Features, None)?);
+            for mb in &micro {
+                let at = match mb {
+                    Some(mb) => mb.blocks[0]
+                        .src
+                        .iter()
+                        .zip(&union)
+                        .map(|(ids, all)| {
+                            let pos: Vec<u32> = ids
+                                .iter()
+                                .map(|v| all.binary_search(v).map(|p| p as u32).map_err(|_| TrainError::Distributed("a micrograph row missing from the pre-gathered rows".into())))
+                                .collect::<Result<_>>()?;
+                            Ok((!pos.is_empty()).then(|| Tensor::from_vec(pos.clone(), pos.len(), &self.device)).transpose()?)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                    None => Vec::new(),
+                };
+                index.push(at);
+            }
+        } else {
+            figures.rows_pulled = figures.rows_pulled_per_time_step;
+            for mb in &micro {
+                features.push(match mb {
+                    Some(mb) => self.gather(&mb.blocks[0].src, Rows::Features, None)?,
+                    None => Vec::new(),
+                });
+            }
+        }
+        Ok(Prepared { plan, micro, union, features, index, figures, sample_s, gather_s: clock.elapsed().as_secs_f64() })
+    }
+}
+
+impl<'a> Steps for Replica<'a> {
+    type Feed = Ctx<'a>;
+    type Batch = Prepared;
+    type State<'f>
+        = ()
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn feed_state(_: &Ctx<'a>) -> Result<()> {
+        Ok(())
+    }
+
+    fn prepare(ctx: &Ctx<'a>, _: &mut (), epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+        ctx.prepare(epoch, step, seeds)
+    }
+
+    /// Worker 0 writes the dense state; every partition its stores' rows.
+    fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
+        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
+        let dense = (self.s.part == 0).then_some((&self.model, &self.adam));
+        ctx.checkpoint_part(&ctx.coordinator, root, self.seq, dense, progress)
+    }
+
+    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+        st.time.sample_s += p.sample_s;
+        st.time.gather_s += p.gather_s;
+        let f = &p.figures;
+        self.hop.time_steps = f.time_steps;
+        self.hop.rows_pulled += f.rows_pulled;
+        self.hop.rows_pulled_per_time_step += f.rows_pulled_per_time_step;
+        if self.hop.rows.is_empty() {
+            self.hop.rows = f.rows.iter().map(|(n, _, _)| (n.clone(), 0, 0)).collect();
+        }
+        for (acc, r) in self.hop.rows.iter_mut().zip(&f.rows) {
+            acc.1 += r.1;
+            acc.2 += r.2;
+        }
+        let (loss, correct) = self.train_step(ctx, epoch, step, seeds, p, st)?;
+        if self.s.part == 0 {
+            let c = ctx.coordinator.clone();
+            ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
+        }
+        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+    }
+
+    /// Each worker counts the validation and test nodes its partition owns.
+    fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        st.hop = Some(std::mem::take(&mut self.hop));
+        let (_, splits) = self.s.graph.target_labels();
+        let target = self.s.graph.target().index();
+        let (seed, after) = (self.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
+        let mine = |c: &[u32]| c.iter().copied().filter(|&v| ctx.owned(target, v)).collect();
+        st.valid_correct = ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, mine)?;
+        st.test_correct = ctx.count_correct(&self.model, seed, epoch, &splits.test, after, mine)?;
+        Ok(())
+    }
+
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        BTreeMap::new()
+    }
+
+    fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+        let c = ctx.coordinator.clone();
+        ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
+        Ok(())
+    }
+}
+
+impl Replica<'_> {
+    /// The model's flat parameter values, in parameter order.
+    fn flat_params(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for (_, var) in self.model.params.iter() {
+            out.extend(var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
+    }
+
+    /// Takes the parameters a migrating model brought.
+    fn set_params(&self, ctx: &Ctx, values: &[f32]) -> Result<()> {
+        let mut at = 0;
+        for (_, var) in self.model.params.iter() {
+            let n = var.elem_count();
+            let v = values.get(at..at + n).ok_or_else(|| TrainError::Distributed("a migrating model brought too few parameters".into()))?;
+            var.set(&Tensor::from_slice(v, var.shape(), &ctx.device)?.to_dtype(var.dtype())?)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// One step: the time steps, the all-reduce and the update; returns the
+    /// global loss and number of correct predictions.
+    fn train_step(&mut self, ctx: &Ctx, epoch: u64, step: u64, batch: &[u32], p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
+        let s = ctx.s;
+        let g = s.graph.clone();
+        let (labels, _) = g.target_labels();
+        let me = s.part;
+        let plan = &p.plan;
+        let mut clock = Instant::now();
+        let n_params = self.model.params.len();
+        let values: usize = self.model.params.iter().map(|(_, v)| v.elem_count()).sum();
+        let len = values + n_params + 2;
+        let carry = s.cfg.hop_migrate == HopMigrate::Model;
+        let after = self.seq.checked_sub(1);
+        // Pre-gathering: the step's learnable rows, pulled once, as gradient leaves.
+        let learn = if s.cfg.hop_pregather { ctx.gather(&p.union, Rows::Learnable, after)? } else { Vec::new() };
+        st.time.gather_s += lap(&mut clock);
+        let mut leaf_grads: Vec<Option<Tensor>> = vec![None; learn.len()];
+        let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
+        let mut acc = vec![0.0f32; len];
+        let dropout = Some(DropoutKey { epoch, step });
+        for i in 0..plan.steps() {
+            if i > 0 {
+                let from = plan.came_from(me, i);
+                let want = if carry { len + values } else { len };
+                let got = s.inbox.gradients(self.seq, MIGRATE_ROUND + i as u32 - 1, &[from], want, s.timeouts.step)?.swap_remove(0);
+                if carry {
+                    self.set_params(ctx, &got[len..])?;
+                }
+                acc.copy_from_slice(&got[..len]);
+                st.time.comm_s += lap(&mut clock);
+            }
+            if let Some(mb) = &p.micro[i] {
+                let roots = plan.roots_at(me, i);
+                let inputs: PerType = if s.cfg.hop_pregather {
+                    let union_rows = p.features.first().map(Vec::as_slice).unwrap_or_default();
+                    (0..g.node_types().len())
+                        .map(|ty| {
+                            let idx = p.index[i].get(ty).and_then(Option::as_ref);
+                            let whole = learn.get(ty).and_then(Option::as_ref).or(union_rows.get(ty).and_then(Option::as_ref));
+                            match (idx, whole) {
+                                (Some(idx), Some(x)) => Ok(Some(x.index_select(idx, 0)?)),
+                                _ => Ok(None),
+                            }
+                        })
+                        .collect::<Result<_>>()?
+                } else {
+                    let mut x = ctx.gather(&mb.blocks[0].src, Rows::Learnable, after)?;
+                    for (x, f) in x.iter_mut().zip(p.features[i].iter()) {
+                        if x.is_none() {
+                            *x = f.clone();
+                        }
+                    }
+                    x
+                };
+                st.time.gather_s += lap(&mut clock);
+                let share = roots.len() as f64 / batch.len().max(1) as f64;
+                let y: Vec<u32> = roots.iter().map(|&v| labels[v as usize] as u32).collect();
+                let y = Tensor::from_vec(y, roots.len(), &ctx.device)?;
+                let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
+                let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+                let gs = (&loss * share)?.backward()?;
+                acc[len - 2] += (loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share) as f32;
+                let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+                acc[len - 1] += pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f32;
+                let mut at = 0;
+                for (k, (_, var)) in self.model.params.iter().enumerate() {
+                    let n = var.elem_count();
+                    if let Some(gr) = gs.get(var.as_tensor()) {
+                        let gv = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                        acc[at..at + n].iter_mut().zip(&gv).for_each(|(a, b)| *a += b);
+                        acc[values + k] = 1.0;
+                    }
+                    at += n;
+                }
+                if s.cfg.hop_pregather {
+                    for (ty, x) in learn.iter().enumerate() {
+                        if let Some(gr) = x.as_ref().and_then(|x| gs.get(x)) {
+                            leaf_grads[ty] = Some(match leaf_grads[ty].take() {
+                                Some(sum) => (sum + gr)?,
+                                None => gr.clone(),
+                            });
+                        }
+                    }
+                } else {
+                    let leaves: Vec<Option<Tensor>> = inputs.iter().enumerate().map(|(ty, x)| x.as_ref().filter(|_| ctx.learnable[ty]).and_then(|x| gs.get(x).cloned())).collect();
+                    ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
+                }
+                st.time.compute_s += lap(&mut clock);
+            }
+            if i + 1 < plan.steps() {
+                let to = plan.goes_to(me, i);
+                let mut data = acc.clone();
+                if carry {
+                    data.extend(self.flat_params()?);
+                }
+                let msg = Migrate { gen: s.gen, seq: self.seq, step: i as u32, from: me, data: ByteVec(bytemuck::cast_slice(&data).to_vec()) };
+                ctx.block_on(ctx.workers[to as usize].ask(msg, s.timeouts.ask))??;
+                st.time.comm_s += lap(&mut clock);
+            }
+        }
+        if s.cfg.hop_pregather {
+            ctx.gradient_rows(&p.union, &leaf_grads, &mut pushes)?;
+        }
+        // Every worker pushes to every learnable store each step (empty if it
+        // has nothing), so a store knows when the step's gradient is complete.
+        let pushes = ctx.pushes(self.seq, me, pushes);
+        let group = Group { trainers: &ctx.workers, me, seq: self.seq, kind: s.cfg.allreduce };
+        let sum = all_reduce(ctx, &group, acc, pushes)?;
+        st.time.comm_s += lap(&mut clock);
+        let mut named = BTreeMap::new();
+        let mut at = 0;
+        for (k, (name, var)) in self.model.params.iter().enumerate() {
+            let n = var.elem_count();
+            if sum[values + k] > 0.0 {
+                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &ctx.device)?.to_dtype(var.dtype())?);
+            }
+            at += n;
+        }
+        self.adam.step_named(&self.model.params, &named)?;
+        st.time.update_s += lap(&mut clock);
+        self.seq += 1;
+        // Every share and migration of earlier steps has been taken: what is left of them is duplicates.
+        s.inbox.forget_before(self.seq);
+        Ok((f64::from(sum[len - 2]), f64::from(sum[len - 1])))
+    }
+}
