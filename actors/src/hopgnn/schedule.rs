@@ -43,8 +43,9 @@ impl Plan {
             let total = |o: usize| units[o].iter().map(Vec::len).sum::<usize>();
             let (at, &gone) = offsets.iter().enumerate().min_by_key(|&(i, &o)| (total(o), i)).expect("more than one time step left");
             offsets.remove(at);
-            for d in 0..n {
-                for v in std::mem::take(&mut units[gone][d]) {
+            let moved = std::mem::replace(&mut units[gone], vec![Vec::new(); n]);
+            for (d, roots) in moved.into_iter().enumerate() {
+                for v in roots {
                     let &o = offsets.iter().min_by_key(|&&o| units[o][d].len()).expect("a time step left");
                     units[o][d].push(v);
                 }
