@@ -56,7 +56,13 @@ pub fn run_hetgnn(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()>
 /// Partitions `data` (mag-like at `scale`) into `k` parts with `method`,
 /// once, under [`data_root`]; returns the directory.
 pub fn partitions(bin: &Path, data: &Path, method: &str, k: usize, scale: f64) -> anyhow::Result<PathBuf> {
-    let parts = data_root().join(format!("parts-{method}-{k}-s{scale}"));
+    partitions_named(bin, data, method, k, &format!("s{scale}"))
+}
+
+/// Partitions `data` (called `name` in the cache) into `k` parts with
+/// `method`, once, under [`data_root`]; returns the directory.
+pub fn partitions_named(bin: &Path, data: &Path, method: &str, k: usize, name: &str) -> anyhow::Result<PathBuf> {
+    let parts = data_root().join(format!("parts-{method}-{k}-{name}"));
     if !parts.join("manifest.json").exists() {
         eprintln!("partitioning ({method}, {k} parts)");
         let args = ["partition", "--data", &data.display().to_string(), "--parts", &k.to_string(), "--method", method, "--out", &parts.display().to_string(), "--force"];

@@ -348,6 +348,13 @@ impl Replica<'_> {
         Ok(out)
     }
 
+    /// The model arriving for time step `i` (`want` values: its gradient so
+    /// far, and its parameters if they travel).
+    fn receive(&self, ctx: &Ctx, plan: &Plan, i: usize, want: usize) -> Result<Vec<f32>> {
+        let from = plan.came_from(ctx.s.part, i);
+        Ok(ctx.s.inbox.gradients(self.seq, MIGRATE_ROUND + i as u32 - 1, &[from], want, ctx.s.timeouts.step)?.swap_remove(0))
+    }
+
     /// Takes the parameters a migrating model brought.
     fn set_params(&self, ctx: &Ctx, values: &[f32]) -> Result<()> {
         let mut at = 0;
@@ -379,19 +386,20 @@ impl Replica<'_> {
         st.time.gather_s += lap(&mut clock);
         let mut leaf_grads: Vec<Option<Tensor>> = vec![None; learn.len()];
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
-        let mut acc = vec![0.0f32; len];
+        let mut acc = Vec::new();
         let dropout = Some(DropoutKey { epoch, step });
         for i in 0..plan.steps() {
-            if i > 0 {
-                let from = plan.came_from(me, i);
-                let want = if carry { len + values } else { len };
-                let got = s.inbox.gradients(self.seq, MIGRATE_ROUND + i as u32 - 1, &[from], want, s.timeouts.step)?.swap_remove(0);
-                if carry {
-                    self.set_params(ctx, &got[len..])?;
-                }
-                acc.copy_from_slice(&got[..len]);
+            // The model's parameters must be here before it trains; its
+            // gradient so far only before it leaves: with the gradient alone
+            // migrating, this time step trains while the model travels.
+            let mut got = None;
+            if i > 0 && carry {
+                let v = self.receive(ctx, plan, i, len + values)?;
+                self.set_params(ctx, &v[len..])?;
+                got = Some(v);
                 st.time.comm_s += lap(&mut clock);
             }
+            let mut mine = vec![0.0f32; len];
             if let Some(mb) = &p.micro[i] {
                 let roots = plan.roots_at(me, i);
                 let inputs: PerType = if s.cfg.hop_pregather {
@@ -422,16 +430,16 @@ impl Replica<'_> {
                 let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
                 let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
                 let gs = (&loss * share)?.backward()?;
-                acc[len - 2] += (loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share) as f32;
+                mine[len - 2] = (loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share) as f32;
                 let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                acc[len - 1] += pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f32;
+                mine[len - 1] = pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f32;
                 let mut at = 0;
                 for (k, (_, var)) in self.model.params.iter().enumerate() {
                     let n = var.elem_count();
                     if let Some(gr) = gs.get(var.as_tensor()) {
                         let gv = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                        acc[at..at + n].iter_mut().zip(&gv).for_each(|(a, b)| *a += b);
-                        acc[values + k] = 1.0;
+                        mine[at..at + n].copy_from_slice(&gv);
+                        mine[values + k] = 1.0;
                     }
                     at += n;
                 }
@@ -450,6 +458,15 @@ impl Replica<'_> {
                 }
                 st.time.compute_s += lap(&mut clock);
             }
+            if i > 0 && !carry {
+                got = Some(self.receive(ctx, plan, i, len)?);
+                st.time.comm_s += lap(&mut clock);
+            }
+            // The model's gradient so far, then this time step's, in that order on every run.
+            acc = match got {
+                Some(v) => v[..len].iter().zip(&mine).map(|(a, b)| a + b).collect(),
+                None => mine,
+            };
             if i + 1 < plan.steps() {
                 let to = plan.goes_to(me, i);
                 let mut data = acc.clone();
