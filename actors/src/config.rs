@@ -164,7 +164,8 @@ pub enum HopTimeSteps {
     /// One per partition: every micrograph trained at its home (no merging, the default).
     #[default]
     All,
-    /// An examination period merges one more time step per epoch while the epoch gets faster.
+    /// An examination period merging one more time step per epoch while
+    /// the epoch gets faster (HopGNN §5.3): parsed, and refused until built.
     Auto,
     /// This many (1 to the number of partitions): the time steps with the fewest roots are merged into the others.
     Fixed(u32),
@@ -488,6 +489,9 @@ impl Config {
         }
         if t.mode != Mode::Hopgnn && (t.hop_migrate != HopMigrate::Model || t.hop_time_steps != HopTimeSteps::All || !t.hop_pregather) {
             return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));
+        }
+        if t.hop_time_steps == HopTimeSteps::Auto {
+            return bad("training.hop_time_steps = \"auto\" (HopGNN's examination period) is not built yet: a choice made from epoch timings would make the model depend on the machine's noise; give a number of time steps".into());
         }
         if t.mode == Mode::Hopgnn && t.cache_bytes.0 > 0 {
             return bad("training.cache_bytes: hopgnn trains where the features are; it has no device cache".into());

@@ -92,6 +92,8 @@ fn hopgnn_settings_are_checked() {
     assert!(err.contains("at least 1"), "{err}");
     let err = refused(&["training.mode=\"hopgnn\"", "training.hop_time_steps=\"many\""]);
     assert!(err.contains("\"auto\""), "{err}");
+    let err = refused(&["training.mode=\"hopgnn\"", "training.hop_time_steps=\"auto\""]);
+    assert!(err.contains("not built yet"), "{err}");
     let err = refused(&["training.mode=\"hopgnn\"", "training.cache_bytes=\"1MiB\""]);
     assert!(err.contains("device cache"), "{err}");
     let err = train(&common::config(&BASE, &["training.mode=\"hopgnn\"".into()]), &mut ()).err().unwrap().to_string();

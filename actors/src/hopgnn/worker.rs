@@ -184,6 +184,7 @@ impl Ctx<'_> {
     /// Time steps per step.
     fn time_steps(&self) -> u32 {
         match self.s.cfg.hop_time_steps {
+            // "auto" is refused at validation.
             HopTimeSteps::All | HopTimeSteps::Auto => self.s.parts,
             HopTimeSteps::Fixed(n) => n.min(self.s.parts),
         }

@@ -146,6 +146,13 @@ fn main() -> anyhow::Result<()> {
             f(r, "test_acc")
         );
     }
+    // Micrograph locality per node type (the paper's Table 1), from each node count's hop run.
+    for r in rows.iter().filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop x"))) {
+        if let Some(loc) = r["hop"]["locality"].as_object() {
+            let per: Vec<String> = loc.iter().map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0))).collect();
+            println!("{}: micrograph locality per node type: {}", r["run"].as_str().unwrap_or(""), per.join(", "));
+        }
+    }
     let find = |label: &str| rows.iter().find(|r| r["run"] == label);
     let mut checks = Vec::new();
     for &k in &a.nodes {
