@@ -22,6 +22,7 @@ use super::messages::{Pull, Push, SampleReq, Save};
 use super::names;
 use crate::cache::rows::Lookup;
 use crate::cache::FeatureCache;
+use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::Saved;
@@ -49,10 +50,10 @@ pub struct ClientSetup<'a> {
     pub graph: Arc<HetGraph>,
     /// Owner of every node, per type.
     pub owners: Arc<Vec<Vec<u16>>>,
-    /// Neighbours per relation and layer.
-    pub fanouts: Vec<usize>,
-    /// Width of learnable rows.
-    pub embed_dim: usize,
+    /// Training settings (fanouts, embedding width, model).
+    pub cfg: &'a TrainingConfig,
+    /// The model the rows feed (its device, dtype and which types it reads).
+    pub model: &'a Model,
     /// Generation of the attempt.
     pub gen: u64,
     /// Deadlines.
@@ -65,16 +66,6 @@ pub struct ClientSetup<'a> {
     pub node: &'a Node,
     /// The name its requests are sent under.
     pub me: &'a str,
-    /// Types whose inputs are learnable rows held by the stores.
-    pub learnable: Vec<bool>,
-    /// Types the model reads.
-    pub wanted: Vec<bool>,
-    /// Where input rows go.
-    pub device: Device,
-    /// Their dtype.
-    pub dtype: DType,
-    /// Whether the model reads neighbours at all (an MLP does not).
-    pub uses_neighbors: bool,
 }
 
 /// A training thread's access to every partition's sampler and stores.
@@ -118,35 +109,43 @@ pub struct Client {
     pub rows_pulled: AtomicU64,
 }
 
+/// A reference to actor `name` on `node` whose messages say they come from `me`.
+pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
+    let from = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
+    node.actor(name).map(|r| r.with_sender(from)).map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
+}
+
 impl Client {
     /// The client `s` describes, with references to every sampler and store.
     pub fn new(s: ClientSetup) -> Result<Client> {
-        let me = runtime::ActorName::new(s.me).map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let learnable = Model::learnable_types(s.cfg.model, &s.graph);
+        let target = s.graph.target().index();
+        let uses_neighbors = s.model.uses_neighbors();
+        let wanted: Vec<bool> = (0..learnable.len()).map(|ty| uses_neighbors || ty == target).collect();
         let mut stores = Vec::new();
         for (ty, nt) in s.graph.node_types().iter().enumerate() {
-            let has = nt.features.is_some() || s.learnable[ty];
-            stores.push(if has { (0..s.parts).map(|p| actor(names::store(&nt.name, p))).collect::<Result<Vec<_>>>()? } else { Vec::new() });
+            let has = nt.features.is_some() || learnable[ty];
+            stores.push(if has { (0..s.parts).map(|p| sender_ref(s.node, s.me, &names::store(&nt.name, p))).collect::<Result<Vec<_>>>()? } else { Vec::new() });
         }
-        let samplers = (0..s.parts).map(|p| actor(names::sampler(p))).collect::<Result<_>>()?;
+        let samplers = (0..s.parts).map(|p| sender_ref(s.node, s.me, &names::sampler(p))).collect::<Result<_>>()?;
         Ok(Client {
             part: s.part,
             parts: s.parts,
             graph: s.graph,
             owners: s.owners,
-            fanouts: s.fanouts,
-            embed_dim: s.embed_dim,
+            fanouts: s.cfg.fanouts.clone(),
+            embed_dim: s.cfg.embed_dim,
             gen: s.gen,
             timeouts: s.timeouts,
             inbox: s.inbox,
             handle: s.handle,
             samplers,
             stores,
-            learnable: s.learnable,
-            wanted: s.wanted,
-            device: s.device,
-            dtype: s.dtype,
-            uses_neighbors: s.uses_neighbors,
+            learnable,
+            wanted,
+            device: s.model.device().clone(),
+            dtype: s.model.dtype(),
+            uses_neighbors,
             cache: None,
             rows_pulled: AtomicU64::new(0),
         })

@@ -37,9 +37,9 @@ use crate::distributed::messages::{EpochStats, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 use crate::owner::allreduce::{all_reduce, Group};
-use crate::owner::client::{Client, ClientSetup, Rows};
+use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 use crate::task::link::{LinkBatch, LinkTask};
 
 /// Everything a trainer thread needs.
@@ -146,33 +146,23 @@ impl<'a> Trainer<'a> {
         let device = crate::device::open(&t.device)?;
         // The stores own the learnable rows: the replica keeps none.
         let mut model = Model::without_tables(&t.model_spec(), &s.graph, DType::F32, &device)?;
-        let learnable = Model::learnable_types(t.model, &s.graph);
-        let target = s.graph.target().index();
-        let wanted = (0..learnable.len()).map(|ty| model.uses_neighbors() || ty == target).collect();
         let me = names::trainer(s.trainer);
         let c = Client::new(ClientSetup {
             part: s.part,
             parts: s.parts,
             graph: s.graph.clone(),
             owners: s.owners.clone(),
-            fanouts: t.fanouts.clone(),
-            embed_dim: t.embed_dim,
+            cfg: t,
+            model: &model,
             gen: s.gen,
             timeouts: s.timeouts,
             inbox: s.inbox.clone(),
             handle: s.handle.clone(),
             node: &s.node,
             me: &me,
-            learnable,
-            wanted,
-            device,
-            dtype: model.dtype(),
-            uses_neighbors: model.uses_neighbors(),
         })?;
-        let name = runtime::ActorName::new(&me).map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let actor = |n: String| s.node.actor(&n).map(|r| r.with_sender(name.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
-        let trainers = (0..s.trainers).map(|p| actor(names::trainer(p))).collect::<Result<_>>()?;
-        let coordinator = actor(names::COORDINATOR.to_string())?;
+        let trainers = (0..s.trainers).map(|p| sender_ref(&s.node, &me, &names::trainer(p))).collect::<Result<_>>()?;
+        let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
         let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
         let mut seq = 0;
         if let Some((dir, m)) = &s.from {
