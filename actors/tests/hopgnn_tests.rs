@@ -81,7 +81,7 @@ fn micrographs_at_home_read_more_local_rows_than_merged_ones() {
 fn refused(set: &[&str]) -> String {
     let mut o: Vec<String> = BASE.iter().chain(set).map(|s| s.to_string()).collect();
     o.push(format!("training.data={:?}", common::graph().display().to_string()));
-    Config::parse("", &o).err().expect("refused").to_string()
+    Config::parse("", &o).expect_err("refused").to_string()
 }
 
 #[test]

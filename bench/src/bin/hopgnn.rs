@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         for &hidden in &a.hidden {
             for run in &a.runs {
                 let mode = match run.as_str() {
-                    "random" => format!("mode = \"data-parallel\"\nseed_assignment = \"random\"\n"),
+                    "random" => "mode = \"data-parallel\"\nseed_assignment = \"random\"\n".to_string(),
                     "owner" => "mode = \"data-parallel\"\n".to_string(),
                     "hop" => "mode = \"hopgnn\"\n".to_string(),
                     "hop-grad" => "mode = \"hopgnn\"\nhop_migrate = \"gradient\"\n".to_string(),
