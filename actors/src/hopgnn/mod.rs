@@ -22,7 +22,7 @@ use graphs::HetGraph;
 use models::Model;
 use runtime::{Node, Topology};
 
-use crate::config::{Task, TrainingConfig};
+use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Manifest};
 use crate::distributed::generations::join_threads;
 use crate::distributed::inbox::{Inbox, InboxActor};
@@ -54,9 +54,6 @@ impl HopGnn {
     /// The run `t` describes: its partitions must exist.
     pub fn open(t: &TrainingConfig) -> Result<HopGnn> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: hopgnn training needs a partition directory (hetgnn partition --out DIR)".into()))?;
-        if t.task != Task::NodeClassification {
-            return Err(TrainError::Config("training.task: hopgnn trains node classification".into()));
-        }
         let set = PartitionSet::open(dir)?;
         let parts = set.manifest.parts as u32;
         let owners = Arc::new(set.owners.clone());

@@ -19,7 +19,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use graphs::{HetGraph, MiniBatch};
 use models::model::DropoutKey;
-use models::optim::{Adam, AdamConfig};
+use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
 use runtime::{ActorRef, ByteVec, Node};
@@ -36,7 +36,7 @@ use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
 use crate::error::{Result, TrainError};
-use crate::owner::allreduce::{all_reduce, Group};
+use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 
 /// Everything a worker thread needs.
@@ -101,15 +101,20 @@ struct Prepared {
     plan: Plan,
     /// Per time step, the micrograph of the roots this worker trains then.
     micro: Vec<Option<MiniBatch>>,
-    /// Pre-gathering: the distinct input rows of every time step, per type.
-    union: Vec<Vec<u32>>,
-    /// Their feature rows (pre-gathering), or each time step's own.
-    features: Vec<PerType>,
-    /// Pre-gathering: per time step and type, where its input rows sit in `union`.
-    index: Vec<Vec<Option<Tensor>>>,
+    /// Their feature rows.
+    rows: Gathered,
     figures: HopFigures,
     sample_s: f64,
     gather_s: f64,
+}
+
+/// A step's feature rows, gathered ahead of it.
+enum Gathered {
+    /// Pre-gathering: the distinct input rows of every time step per type,
+    /// their features, and per time step and type where its rows sit among them.
+    Once { union: Vec<Vec<u32>>, features: PerType, index: Vec<Vec<Option<Tensor>>> },
+    /// Each time step's own features.
+    PerStep(Vec<PerType>),
 }
 
 struct Worker<'a> {
@@ -131,9 +136,7 @@ struct Replica<'a> {
 impl<'a> Worker<'a> {
     fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
         let t = &s.cfg;
-        let device = crate::device::open(&t.device)?;
-        // The stores own the learnable rows: the replica keeps none.
-        let mut model = Model::without_tables(&t.model_spec(), &s.graph, DType::F32, &device)?;
+        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
         let me = names::worker(s.part);
         let c = Client::new(ClientSetup {
             part: s.part,
@@ -151,13 +154,6 @@ impl<'a> Worker<'a> {
         })?;
         let workers = (0..s.parts).map(|p| sender_ref(&s.node, &me, &names::worker(p))).collect::<Result<_>>()?;
         let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
-        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
-        let mut seq = 0;
-        if let Some((dir, m)) = &s.from {
-            let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
-            models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
-            seq = m.seq;
-        }
         Ok(Worker { ctx: Ctx { s, c, workers, coordinator }, rep: Replica { model, adam, seq, hop: HopFigures::default(), s } })
     }
 
@@ -210,9 +206,8 @@ impl Ctx<'_> {
                 }
             }
         }
-        let (mut union, mut features, mut index) = (Vec::new(), Vec::new(), Vec::new());
-        if s.cfg.hop_pregather {
-            union = vec![Vec::new(); types.len()];
+        let rows = if s.cfg.hop_pregather {
+            let mut union = vec![Vec::new(); types.len()];
             for mb in micro.iter().flatten() {
                 for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
                     union[ty].extend_from_slice(ids);
@@ -225,7 +220,8 @@ impl Ctx<'_> {
                     figures.rows_pulled += remote(ty, ids);
                 }
             }
-            features.push(self.gather(&union, Rows::Features, None)?);
+            let features = self.gather(&union, Rows::Features, None)?;
+            let mut index = Vec::with_capacity(micro.len());
             for mb in &micro {
                 let at = match mb {
                     Some(mb) => mb.blocks[0]
@@ -244,16 +240,13 @@ impl Ctx<'_> {
                 };
                 index.push(at);
             }
+            Gathered::Once { union, features, index }
         } else {
             figures.rows_pulled = figures.rows_pulled_per_time_step;
-            for mb in &micro {
-                features.push(match mb {
-                    Some(mb) => self.gather(&mb.blocks[0].src, Rows::Features, None)?,
-                    None => Vec::new(),
-                });
-            }
-        }
-        Ok(Prepared { plan, micro, union, features, index, figures, sample_s, gather_s: clock.elapsed().as_secs_f64() })
+            let per_step = micro.iter().map(|mb| mb.as_ref().map_or(Ok(Vec::new()), |mb| self.gather(&mb.blocks[0].src, Rows::Features, None))).collect::<Result<_>>()?;
+            Gathered::PerStep(per_step)
+        };
+        Ok(Prepared { plan, micro, rows, figures, sample_s, gather_s: clock.elapsed().as_secs_f64() })
     }
 }
 
@@ -367,13 +360,15 @@ impl Replica<'_> {
         let me = s.part;
         let plan = &p.plan;
         let mut clock = Instant::now();
-        let n_params = self.model.params.len();
         let values: usize = self.model.params.iter().map(|(_, v)| v.elem_count()).sum();
-        let len = values + n_params + 2;
+        let len = values + allreduce::extra(&self.model.params);
         let carry = s.cfg.hop_migrate == HopMigrate::Model;
         let after = self.seq.checked_sub(1);
         // Pre-gathering: the step's learnable rows, pulled once, as gradient leaves.
-        let learn = if s.cfg.hop_pregather { ctx.gather(&p.union, Rows::Learnable, after)? } else { Vec::new() };
+        let learn = match &p.rows {
+            Gathered::Once { union, .. } => ctx.gather(union, Rows::Learnable, after)?,
+            Gathered::PerStep(_) => Vec::new(),
+        };
         st.time.gather_s += lap(&mut clock);
         let mut leaf_grads: Vec<Option<Tensor>> = vec![None; learn.len()];
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
@@ -393,26 +388,26 @@ impl Replica<'_> {
             let mut mine = vec![0.0f32; len];
             if let Some(mb) = &p.micro[i] {
                 let roots = plan.roots_at(me, i);
-                let inputs: PerType = if s.cfg.hop_pregather {
-                    let union_rows = p.features.first().map(Vec::as_slice).unwrap_or_default();
-                    (0..g.node_types().len())
+                let inputs: PerType = match &p.rows {
+                    Gathered::Once { features, index, .. } => (0..g.node_types().len())
                         .map(|ty| {
-                            let idx = p.index[i].get(ty).and_then(Option::as_ref);
-                            let whole = learn.get(ty).and_then(Option::as_ref).or(union_rows.get(ty).and_then(Option::as_ref));
+                            let idx = index[i].get(ty).and_then(Option::as_ref);
+                            let whole = learn.get(ty).and_then(Option::as_ref).or(features.get(ty).and_then(Option::as_ref));
                             match (idx, whole) {
                                 (Some(idx), Some(x)) => Ok(Some(x.index_select(idx, 0)?)),
                                 _ => Ok(None),
                             }
                         })
-                        .collect::<Result<_>>()?
-                } else {
-                    let mut x = ctx.gather(&mb.blocks[0].src, Rows::Learnable, after)?;
-                    for (x, f) in x.iter_mut().zip(p.features[i].iter()) {
-                        if x.is_none() {
-                            *x = f.clone();
+                        .collect::<Result<_>>()?,
+                    Gathered::PerStep(features) => {
+                        let mut x = ctx.gather(&mb.blocks[0].src, Rows::Learnable, after)?;
+                        for (x, f) in x.iter_mut().zip(features[i].iter()) {
+                            if x.is_none() {
+                                *x = f.clone();
+                            }
                         }
+                        x
                     }
-                    x
                 };
                 st.time.gather_s += lap(&mut clock);
                 let share = roots.len() as f64 / batch.len().max(1) as f64;
@@ -421,20 +416,10 @@ impl Replica<'_> {
                 let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
                 let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
                 let gs = (&loss * share)?.backward()?;
-                mine[len - 2] = (loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share) as f32;
                 let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                mine[len - 1] = pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f32;
-                let mut at = 0;
-                for (k, (_, var)) in self.model.params.iter().enumerate() {
-                    let n = var.elem_count();
-                    if let Some(gr) = gs.get(var.as_tensor()) {
-                        let gv = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                        mine[at..at + n].copy_from_slice(&gv);
-                        mine[values + k] = 1.0;
-                    }
-                    at += n;
-                }
-                if s.cfg.hop_pregather {
+                let correct = pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
+                mine = allreduce::flatten(&self.model.params, Some(&gs), loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share, correct)?;
+                if let Gathered::Once { .. } = p.rows {
                     for (ty, x) in learn.iter().enumerate() {
                         if let Some(gr) = x.as_ref().and_then(|x| gs.get(x)) {
                             leaf_grads[ty] = Some(match leaf_grads[ty].take() {
@@ -469,8 +454,8 @@ impl Replica<'_> {
                 st.time.comm_s += lap(&mut clock);
             }
         }
-        if s.cfg.hop_pregather {
-            ctx.gradient_rows(&p.union, &leaf_grads, &mut pushes)?;
+        if let Gathered::Once { union, .. } = &p.rows {
+            ctx.gradient_rows(union, &leaf_grads, &mut pushes)?;
         }
         // Every worker pushes to every learnable store each step (empty if it
         // has nothing), so a store knows when the step's gradient is complete.
@@ -478,20 +463,11 @@ impl Replica<'_> {
         let group = Group { trainers: &ctx.workers, me, seq: self.seq, kind: s.cfg.allreduce };
         let sum = all_reduce(ctx, &group, acc, pushes)?;
         st.time.comm_s += lap(&mut clock);
-        let mut named = BTreeMap::new();
-        let mut at = 0;
-        for (k, (name, var)) in self.model.params.iter().enumerate() {
-            let n = var.elem_count();
-            if sum[values + k] > 0.0 {
-                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &ctx.device)?.to_dtype(var.dtype())?);
-            }
-            at += n;
-        }
-        self.adam.step_named(&self.model.params, &named)?;
+        let figures = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         // Every share and migration of earlier steps has been taken: what is left of them is duplicates.
         s.inbox.forget_before(self.seq);
-        Ok((f64::from(sum[len - 2]), f64::from(sum[len - 1])))
+        Ok(figures)
     }
 }

@@ -3,7 +3,13 @@
 //! applies the same update, bit for bit. All-gather (each sends its whole
 //! vector to all) or a ring (reduce-scatter then all-gather, in chunks).
 
+use std::collections::BTreeMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor};
 use futures_util::future::join_all;
+use models::optim::Adam;
+use models::params::ParamStore;
 use runtime::{ActorRef, ByteVec};
 
 use super::client::Client;
@@ -21,6 +27,54 @@ pub struct Group<'a> {
     pub seq: u64,
     /// All-gather or ring.
     pub kind: AllReduce,
+}
+
+/// Values in a step's vector after every parameter's: a presence flag per
+/// parameter, then the loss and the correct count.
+pub fn extra(params: &ParamStore) -> usize {
+    params.len() + 2
+}
+
+/// A step's dense gradients as one vector: every parameter's values in
+/// parameter order (zeros where `grads` has none), a presence flag per
+/// parameter, the loss and the number of correct predictions.
+pub fn flatten(params: &ParamStore, grads: Option<&GradStore>, loss: f64, correct: f64) -> Result<Vec<f32>> {
+    let mut flat = Vec::new();
+    let mut flags = Vec::new();
+    for (_, var) in params.iter() {
+        match grads.and_then(|gs| gs.get(var.as_tensor())) {
+            Some(gr) => {
+                flat.extend(gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+                flags.push(1.0);
+            }
+            None => {
+                flat.resize(flat.len() + var.elem_count(), 0.0);
+                flags.push(0.0);
+            }
+        }
+    }
+    flat.extend(flags);
+    flat.push(loss as f32);
+    flat.push(correct as f32);
+    Ok(flat)
+}
+
+/// One Adam step from `sum`, the all-reduced [`flatten`] vectors: only the
+/// parameters some trainer had a gradient for move. Returns the summed loss
+/// and number of correct predictions.
+pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, f64)> {
+    let values = sum.len().checked_sub(extra(params)).ok_or_else(|| TrainError::Distributed("a gradient vector shorter than the model".into()))?;
+    let mut named = BTreeMap::new();
+    let mut at = 0;
+    for (i, (name, var)) in params.iter().enumerate() {
+        let n = var.elem_count();
+        if sum[values + i] > 0.0 {
+            named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), var.device())?.to_dtype(var.dtype())?);
+        }
+        at += n;
+    }
+    adam.step_named(params, &named)?;
+    Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
 }
 
 /// Sums `mine` with the other trainers' vectors of this step, in trainer

@@ -5,7 +5,6 @@
 //! stores, and write a partition's part of a checkpoint.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,8 +104,6 @@ pub struct Client {
     pub uses_neighbors: bool,
     /// Feature rows cached on the device (set once a cache is built).
     pub cache: Option<Arc<FeatureCache>>,
-    /// Rows pulled from other partitions' stores so far.
-    pub rows_pulled: AtomicU64,
 }
 
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
@@ -147,7 +144,6 @@ impl Client {
             dtype: s.model.dtype(),
             uses_neighbors,
             cache: None,
-            rows_pulled: AtomicU64::new(0),
         })
     }
 
@@ -393,7 +389,6 @@ impl Client {
         }
         let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
         let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
-        self.rows_pulled.fetch_add(plan.iter().map(|(_, _, w)| w.len() as u64).sum(), Ordering::Relaxed);
         let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {

@@ -17,7 +17,7 @@ use actix::Actor;
 use candle_core::{DType, Device};
 use futures_util::future::join_all;
 use graphs::HetGraph;
-use models::optim::AdamConfig;
+use models::optim::{Adam, AdamConfig};
 use models::Model;
 use runtime::Node;
 
@@ -84,6 +84,22 @@ pub fn serve(
         node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
     }
     Ok(())
+}
+
+/// A training thread's replica: the dense model on `t.device` without
+/// learnable tables (the stores own those), its Adam state and the next step,
+/// restored from the checkpoint `from` if any.
+pub fn replica(t: &TrainingConfig, graph: &HetGraph, from: &Option<(std::path::PathBuf, checkpoint::Manifest)>) -> Result<(Model, Adam, u64)> {
+    let device = crate::device::open(&t.device)?;
+    let mut model = Model::without_tables(&t.model_spec(), graph, DType::F32, &device)?;
+    let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+    let mut seq = 0;
+    if let Some((dir, m)) = from {
+        let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
+        models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
+        seq = m.seq;
+    }
+    Ok((model, adam, seq))
 }
 
 /// Partition `p.part`'s learnable stores restore the checkpoint `b` names

@@ -21,7 +21,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use graphs::{HetGraph, MiniBatch};
 use models::model::DropoutKey;
-use models::optim::{Adam, AdamConfig};
+use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
 use runtime::{ActorRef, Node};
@@ -38,7 +38,7 @@ use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
 use crate::error::Result;
-use crate::owner::allreduce::{all_reduce, Group};
+use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 use crate::task::link::{LinkBatch, LinkTask};
 
@@ -143,9 +143,7 @@ struct Replica<'a> {
 impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
         let t = &s.cfg;
-        let device = crate::device::open(&t.device)?;
-        // The stores own the learnable rows: the replica keeps none.
-        let mut model = Model::without_tables(&t.model_spec(), &s.graph, DType::F32, &device)?;
+        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
         let me = names::trainer(s.trainer);
         let c = Client::new(ClientSetup {
             part: s.part,
@@ -163,13 +161,6 @@ impl<'a> Trainer<'a> {
         })?;
         let trainers = (0..s.trainers).map(|p| sender_ref(&s.node, &me, &names::trainer(p))).collect::<Result<_>>()?;
         let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
-        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
-        let mut seq = 0;
-        if let Some((dir, m)) = &s.from {
-            let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
-            models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;
-            seq = m.seq;
-        }
         let mut ctx = Ctx { s, c, trainers, coordinator };
         // Feature rows do not change: a cache built by an earlier generation of this process serves on.
         let reused = s.caches.get(&s.trainer).map(|c| c.clone());
@@ -325,43 +316,16 @@ impl Replica<'_> {
         let pushes = ctx.pushes(self.seq, ctx.s.trainer, pushes);
 
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
-        let mut flat = Vec::new();
-        let mut flags = Vec::new();
-        for (_, var) in self.model.params.iter() {
-            match grads.as_ref().and_then(|gs| gs.get(var.as_tensor())) {
-                Some(gr) => {
-                    flat.extend(gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
-                    flags.push(1.0);
-                }
-                None => {
-                    flat.resize(flat.len() + var.elem_count(), 0.0);
-                    flags.push(0.0);
-                }
-            }
-        }
-        flat.extend(flags);
-        flat.push(wloss as f32);
-        flat.push(correct as f32);
+        let flat = allreduce::flatten(&self.model.params, grads.as_ref(), wloss, correct)?;
         let group = Group { trainers: &ctx.trainers, me: ctx.s.trainer, seq: self.seq, kind: ctx.s.cfg.allreduce };
         let sum = all_reduce(ctx, &group, flat, pushes)?;
         st.time.comm_s += lap(&mut clock);
-        let n_params = self.model.params.len();
-        let values = sum.len() - n_params - 2;
-        let mut named = BTreeMap::new();
-        let mut at = 0;
-        for (i, (name, var)) in self.model.params.iter().enumerate() {
-            let n = var.elem_count();
-            if sum[values + i] > 0.0 {
-                named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), &ctx.device)?.to_dtype(var.dtype())?);
-            }
-            at += n;
-        }
-        self.adam.step_named(&self.model.params, &named)?;
+        let figures = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         // Every share of earlier steps has been taken: what is left of them is duplicates.
         ctx.s.inbox.forget_before(self.seq);
-        Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
+        Ok(figures)
     }
 }
 
