@@ -22,8 +22,10 @@ pub struct PartitionArgs {
     #[arg(long)]
     pub parts: usize,
     /// How to assign owners: metis (edge cut, balanced types, edges and
-    /// splits), random, meta (by relation, for raf), or streaming in
-    /// O(nodes) memory: spring (CATGNN), hdrf or dbh (vertex-cut baselines).
+    /// splits), random, meta (by relation, for raf), block-row or
+    /// block-row-random (equal blocks of METIS or shuffled order per type, for
+    /// full-graph training), or streaming in O(nodes) memory: spring
+    /// (CATGNN), hdrf or dbh (vertex-cut baselines).
     #[arg(long, default_value = "metis")]
     pub method: Method,
     /// SPRING: the clustering pass's volume bound, as a fraction of one

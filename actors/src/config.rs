@@ -14,6 +14,9 @@ pub const MAX_NEGATIVES: usize = 100_000;
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
 
+/// Most epochs a full-graph cached copy may lag (`training.staleness_epochs`).
+pub const MAX_STALE_EPOCHS: u32 = 1000;
+
 /// The whole configuration file: `[training]` for every command, plus the
 /// runtime's `[cluster]`, `[placement]`, `[links]` and `[chaos]` sections
 /// for `node`, `launch` and `doctor` (see [`runtime::config`]).
@@ -56,6 +59,10 @@ pub enum Mode {
     /// HopGNN: feature-centric training, one worker per partition; each
     /// step's models visit the partitions holding their roots' features.
     Hopgnn,
+    /// SANCUS: full-graph training, one worker per block-row partition;
+    /// each layer's blocks broadcast to every worker, or skipped while the
+    /// receivers' cached copies are fresh enough (`staleness`).
+    FullGraph,
 }
 
 impl Mode {
@@ -67,6 +74,7 @@ impl Mode {
             Mode::Raf => "raf",
             Mode::ModelAveraging => "model-averaging",
             Mode::Hopgnn => "hopgnn",
+            Mode::FullGraph => "full-graph",
         }
     }
 }
@@ -158,6 +166,24 @@ pub enum HopMigrate {
     Gradient,
 }
 
+/// When a full-graph worker may skip broadcasting a block (SANCUS §4.3.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Staleness {
+    /// Every block, every layer, every epoch (the CAGNET-style baseline).
+    #[default]
+    None,
+    /// Definition 1: every block broadcast once every `staleness_epochs + 1`
+    /// epochs, all workers in the same epochs.
+    Fixed,
+    /// Definition 2: no copy older than `staleness_epochs` epochs, each
+    /// worker's broadcasts in epochs of its own (see the README).
+    Adaptive,
+    /// Definition 3: a block broadcast when it has moved more than
+    /// `staleness_variation` (relative Frobenius norm) from its last broadcast copy.
+    Variation,
+}
+
 /// How many time steps a HopGNN step takes (`hop_time_steps`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HopTimeSteps {
@@ -238,6 +264,14 @@ pub struct TrainingConfig {
     pub hop_time_steps: HopTimeSteps,
     /// HopGNN: pull each step's remote rows once for all its time steps (default true).
     pub hop_pregather: bool,
+    /// Full-graph: when a block's broadcast may be skipped (default "none").
+    pub staleness: Staleness,
+    /// Full-graph, `staleness = "fixed"` or `"adaptive"`: epochs a cached copy may lag (default 1).
+    pub staleness_epochs: u32,
+    /// Full-graph, `staleness = "variation"`: the relative change that forces a broadcast (default 0.05).
+    pub staleness_variation: f64,
+    /// Full-graph: skip a block's gradient too when its forward broadcast was skipped (default false).
+    pub skip_gradients: bool,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
@@ -362,6 +396,10 @@ impl Default for TrainingConfig {
             hop_migrate: HopMigrate::Model,
             hop_time_steps: HopTimeSteps::All,
             hop_pregather: true,
+            staleness: Staleness::None,
+            staleness_epochs: 1,
+            staleness_variation: 0.05,
+            skip_gradients: false,
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
@@ -492,6 +530,27 @@ impl Config {
         }
         if t.hop_time_steps == HopTimeSteps::Auto {
             return bad("training.hop_time_steps = \"auto\" (HopGNN's examination period) is not built yet: a choice made from epoch timings would make the model depend on the machine's noise; give a number of time steps".into());
+        }
+        let stale_defaults = t.staleness == Staleness::None && t.staleness_epochs == 1 && t.staleness_variation == 0.05 && !t.skip_gradients;
+        if t.mode != Mode::FullGraph && !stale_defaults {
+            return bad(format!("training.staleness, staleness_epochs, staleness_variation and skip_gradients apply to full-graph training, not {}", t.mode.name()));
+        }
+        if t.mode == Mode::FullGraph {
+            if t.staleness_epochs == 0 || t.staleness_epochs > MAX_STALE_EPOCHS {
+                return bad(format!("training.staleness_epochs must be in 1..={MAX_STALE_EPOCHS} (0 is staleness = \"none\"), got {}", t.staleness_epochs));
+            }
+            if !(t.staleness_variation.is_finite() && t.staleness_variation > 0.0 && t.staleness_variation <= 1.0) {
+                return bad(format!("training.staleness_variation must be in (0, 1] (a relative change), got {}", t.staleness_variation));
+            }
+            if t.skip_gradients && t.staleness == Staleness::None {
+                return bad("training.skip_gradients skips the gradients of skipped broadcasts: it needs a staleness rule (fixed, adaptive or variation)".into());
+            }
+            if !matches!(t.model, ModelKind::Rgcn | ModelKind::Rgat) {
+                return bad(format!("training.model = \"{}\": full-graph training runs rgcn and rgat (ReLU and dropout between layers, no separate classifier)", t.model));
+            }
+            if t.cache_bytes.0 > 0 {
+                return bad("training.cache_bytes: full-graph training keeps every row of a layer; it has no device cache (its staleness cache is not one to size)".into());
+            }
         }
         if t.mode == Mode::Hopgnn && t.cache_bytes.0 > 0 {
             return bad("training.cache_bytes: hopgnn trains where the features are; it has no device cache".into());

@@ -15,6 +15,7 @@ pub mod device;
 pub mod distributed;
 pub mod epoch;
 pub mod error;
+pub mod full_graph;
 pub mod hopgnn;
 pub mod model_averaging;
 pub mod modes;

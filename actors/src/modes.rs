@@ -11,6 +11,7 @@ use crate::config::{Config, Mode};
 use crate::data_parallel::DataParallel;
 use crate::distributed::Distributed;
 use crate::error::{Result, TrainError};
+use crate::full_graph::FullGraph;
 use crate::hopgnn::HopGnn;
 use crate::model_averaging::ModelAveraging;
 use crate::observer::TrainObserver;
@@ -50,6 +51,7 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
         Mode::Raf => Box::new(Cluster(Arc::new(Raf::open(t)?))),
         Mode::ModelAveraging => Box::new(Cluster(Arc::new(ModelAveraging::open(t, cfg.cluster.as_ref().map(|c| c.nodes.len()))?))),
         Mode::Hopgnn => Box::new(Cluster(Arc::new(HopGnn::open(t)?))),
+        Mode::FullGraph => Box::new(Cluster(Arc::new(FullGraph::open(t)?))),
     })
 }
 

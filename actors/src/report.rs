@@ -44,6 +44,40 @@ pub struct EpochReport {
     /// HopGNN: time steps, rows pulled and micrograph locality.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hop: Option<HopEpoch>,
+    /// Full-graph: broadcast bytes, skipped broadcasts and the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full: Option<FullEpoch>,
+}
+
+/// Full-graph training's figures of an epoch, over every worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FullEpoch {
+    /// Payload bytes of the training forward pass's broadcasts (every receiver counted).
+    pub forward_bytes: u64,
+    /// Payload bytes of the gradient blocks sent back to their owners.
+    pub backward_bytes: u64,
+    /// Payload bytes of evaluation's broadcasts.
+    pub eval_bytes: u64,
+    /// Bytes of cached blocks, summed over workers.
+    pub cache_bytes: u64,
+    /// Per block (`l<layer>.<type>`): broadcasts made and skipped, gradient blocks sent and skipped, over all workers.
+    pub blocks: BTreeMap<String, crate::distributed::messages::BlockCounts>,
+}
+
+/// Full-graph training's figures of an epoch: every worker's summed.
+fn full_figures(stats: &[EpochStats]) -> Option<FullEpoch> {
+    let mut out: Option<FullEpoch> = None;
+    for f in stats.iter().filter_map(|s| s.full.as_ref()) {
+        let o = out.get_or_insert_with(FullEpoch::default);
+        o.forward_bytes += f.forward_bytes;
+        o.backward_bytes += f.backward_bytes;
+        o.eval_bytes += f.eval_bytes;
+        o.cache_bytes += f.cache_bytes;
+        for (k, c) in &f.blocks {
+            o.blocks.entry(k.clone()).or_default().add(c);
+        }
+    }
+    out
 }
 
 /// HopGNN's figures of an epoch, over every worker.
@@ -147,6 +181,7 @@ impl EpochReport {
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
             link: link_figures(stats),
             hop: hop_figures(stats),
+            full: full_figures(stats),
         }
     }
 }

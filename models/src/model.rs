@@ -407,6 +407,33 @@ impl Model {
         Ok(out)
     }
 
+    /// Relational layer `l` on `block` from its sources' rows `h_src`: the
+    /// destinations' rows before any activation (full-graph training
+    /// activates them itself, applying dropout on the receiving side).
+    pub fn layer_forward(&self, g: &HetGraph, l: usize, block: &graphs::Block, h_src: &PerType) -> Result<PerType> {
+        let (ls, _) = self.relational()?;
+        let layer = ls.get(l).ok_or_else(|| ModelError::Config(format!("no layer {l} in a {}-layer model", ls.len())))?;
+        let partials = layer.relation_partials(g, block, &self.all_relations, h_src)?;
+        layer.cross_relation(block, h_src, partials)
+    }
+
+    /// Whether every layer but the last is followed by ReLU and dropout and
+    /// the last feeds the loss directly (R-GCN, R-GAT; not HGT, which has a
+    /// classifier of its own, nor the MLP).
+    pub fn relu_between_layers(&self) -> bool {
+        match &self.layers {
+            Layers::Relational(ls, head) => head.is_none() && ls.iter().all(|l| l.activation() == Activation::ReluDropoutBetween),
+            Layers::Mlp(_) => false,
+        }
+    }
+
+    /// Dropout of training step `key` on rows `x` of nodes `ids` of type
+    /// `ntype` feeding layer `layer + 1`: the masks [`Model::forward`] applies
+    /// after layer `layer` (without its ReLU); `x` itself without `key`.
+    pub fn dropout_rows(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
+        self.dropout(x, false, key, layer, ntype, ids)
+    }
+
     /// The relational layers and head (an error for the MLP).
     pub(crate) fn relational(&self) -> Result<(&RelationalLayers, &Option<Linear>)> {
         match &self.layers {

@@ -127,6 +127,9 @@ pub struct EpochStats {
     /// HopGNN: this worker's micrograph and pull figures.
     #[serde(default)]
     pub hop: Option<HopFigures>,
+    /// Full-graph: this worker's broadcasts, skips and cache.
+    #[serde(default)]
+    pub full: Option<FullFigures>,
 }
 
 /// A HopGNN worker's figures of an epoch's training steps.
@@ -141,6 +144,44 @@ pub struct HopFigures {
     /// Per node type: its name, the input rows the worker's micrographs read
     /// (per time step, distinct within it), and those of them its partition holds.
     pub rows: Vec<(String, u64, u64)>,
+}
+
+/// A full-graph worker's figures of an epoch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FullFigures {
+    /// Per block (`l<layer>.<type>`): what this worker did with its own.
+    pub blocks: std::collections::BTreeMap<String, BlockCounts>,
+    /// Payload bytes of the blocks it broadcast in training (every receiver counted).
+    pub forward_bytes: u64,
+    /// Payload bytes of the gradient blocks it sent.
+    pub backward_bytes: u64,
+    /// Payload bytes of the blocks it broadcast for evaluation.
+    pub eval_bytes: u64,
+    /// Bytes its cache of blocks holds at the epoch's end.
+    pub cache_bytes: u64,
+}
+
+/// What a full-graph worker did with one of its blocks over an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockCounts {
+    /// Training broadcasts made.
+    pub sent: u64,
+    /// Training broadcasts skipped (the receivers used their copy).
+    pub skipped: u64,
+    /// Gradient blocks sent back to their owners.
+    pub grad_sent: u64,
+    /// Gradient blocks skipped (`skip_gradients`).
+    pub grad_skipped: u64,
+}
+
+impl BlockCounts {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &BlockCounts) {
+        self.sent += other.sent;
+        self.skipped += other.skipped;
+        self.grad_sent += other.grad_sent;
+        self.grad_skipped += other.grad_skipped;
+    }
 }
 
 /// A model-averaging worker's own figures of an epoch.

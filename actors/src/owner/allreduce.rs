@@ -39,10 +39,15 @@ pub fn extra(params: &ParamStore) -> usize {
 /// parameter order (zeros where `grads` has none), a presence flag per
 /// parameter, the loss and the number of correct predictions.
 pub fn flatten(params: &ParamStore, grads: Option<&GradStore>, loss: f64, correct: f64) -> Result<Vec<f32>> {
+    flatten_named(params, |_, var| grads.and_then(|gs| gs.get(var.as_tensor())).cloned(), loss, correct)
+}
+
+/// [`flatten`] with each parameter's gradient from `grad(name, var)`.
+pub fn flatten_named(params: &ParamStore, grad: impl Fn(&str, &candle_core::Var) -> Option<Tensor>, loss: f64, correct: f64) -> Result<Vec<f32>> {
     let mut flat = Vec::new();
     let mut flags = Vec::new();
-    for (_, var) in params.iter() {
-        match grads.and_then(|gs| gs.get(var.as_tensor())) {
+    for (name, var) in params.iter() {
+        match grad(name, var) {
             Some(gr) => {
                 flat.extend(gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
                 flags.push(1.0);

@@ -450,7 +450,11 @@ impl Client {
     /// writes it), the rows of its learnable stores; then the coordinator
     /// hears of the files (with the epoch's `progress` from the thread that writes the dense state).
     pub fn checkpoint_part(&self, coordinator: &ActorRef, root: &std::path::Path, seq: u64, dense: Option<(&Model, &Adam)>, progress: Progress) -> Result<()> {
-        let mut files = Vec::new();
+        self.checkpoint_part_with(coordinator, root, seq, dense, progress, Vec::new())
+    }
+
+    /// [`Client::checkpoint_part`] with `files` the training thread wrote itself (name, SHA-256).
+    pub fn checkpoint_part_with(&self, coordinator: &ActorRef, root: &std::path::Path, seq: u64, dense: Option<(&Model, &Adam)>, progress: Progress, mut files: Vec<(String, String)>) -> Result<()> {
         if let Some((model, adam)) = dense {
             files.push(checkpoint::write_dense(root, seq, model, adam)?);
         }

@@ -1,6 +1,7 @@
 //! Partitioners, in two kinds. Node-assigning ones ([`NodePartitioner`]: one
 //! file each, [`random`], [`metis`]; the streaming and block ones to come)
-//! give every node an owner partition, for data-parallel training; the
+//! give every node an owner partition, for data-parallel training (and
+//! [`block_row`]'s equal blocks, for full-graph training); the
 //! relation-assigning one ([`meta`], Heta's meta-partitioning) gives every
 //! relation to partitions, for raf training. Both report the same figures
 //! ([`report::PartitionReport`]: edge cut, replication, balance per type,
@@ -22,6 +23,7 @@
 //! ```
 //! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
 
+pub mod block_row;
 mod graph_dir;
 pub mod meta;
 pub mod metis;
@@ -59,6 +61,8 @@ pub fn node_partitioner(method: Method) -> Option<&'static dyn NodePartitioner> 
     match method {
         Method::Random => Some(&random::Random),
         Method::Metis => Some(&metis::Metis),
+        Method::BlockRow => Some(&block_row::BlockRow(block_row::Order::Metis)),
+        Method::BlockRowRandom => Some(&block_row::BlockRow(block_row::Order::Random)),
         Method::Meta | Method::Spring | Method::Hdrf | Method::Dbh => None,
     }
 }
@@ -79,6 +83,12 @@ pub enum Method {
     Hdrf,
     /// Streaming vertex-cut DBH ([`vertex_cut`]), a baseline for SPRING.
     Dbh,
+    /// Equal contiguous blocks of METIS order per type ([`block_row`]), for full-graph training.
+    #[serde(rename = "block-row")]
+    BlockRow,
+    /// Equal contiguous blocks of a seeded shuffle per type ([`block_row`]).
+    #[serde(rename = "block-row-random")]
+    BlockRowRandom,
 }
 
 impl Method {
@@ -98,7 +108,9 @@ impl std::str::FromStr for Method {
             "spring" => Ok(Method::Spring),
             "hdrf" => Ok(Method::Hdrf),
             "dbh" => Ok(Method::Dbh),
-            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta, spring, hdrf, dbh)"))),
+            "block-row" => Ok(Method::BlockRow),
+            "block-row-random" => Ok(Method::BlockRowRandom),
+            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta, spring, hdrf, dbh, block-row, block-row-random)"))),
         }
     }
 }
@@ -112,6 +124,8 @@ impl std::fmt::Display for Method {
             Method::Spring => "spring",
             Method::Hdrf => "hdrf",
             Method::Dbh => "dbh",
+            Method::BlockRow => "block-row",
+            Method::BlockRowRandom => "block-row-random",
         })
     }
 }

@@ -1,0 +1,113 @@
+//! Full-graph training's own messages: a worker's block of one layer and
+//! node type, broadcast to every other worker in training
+//! ([`Broadcast`], kind `broadcast`) and evaluation ([`EvalBroadcast`],
+//! `broadcast.eval`), and the gradient of a worker's block sent back to its
+//! owner ([`GradBlock`], `grad-block`). A skipped block travels as a
+//! one-byte notice, so a receiver never has to guess what the sender
+//! decided. Kinds name them so the report's bytes per kind show each apart.
+
+use actix::{Context, Handler, MessageResult};
+use runtime::{ByteVec, Deliver, Msg};
+use serde::{Deserialize, Serialize};
+
+use crate::distributed::inbox::InboxActor;
+
+/// Inbox rounds of forward blocks: apart from the all-reduce's (0 to 2(K-1)-1).
+pub const FORWARD_ROUND: u32 = 2 << 20;
+/// Inbox rounds of gradient blocks.
+pub const BACKWARD_ROUND: u32 = 3 << 20;
+/// Most node types a round number can tell apart.
+pub const MAX_TYPES: usize = 1 << 12;
+
+/// The inbox round of layer `layer`'s blocks of type `ty`, from `base`.
+pub fn round(base: u32, layer: usize, ty: usize) -> u32 {
+    base + (layer * MAX_TYPES + ty) as u32
+}
+
+/// One worker's rows of one layer and node type, or the notice that the
+/// receivers keep their copy.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BlockMsg {
+    /// Generation of the run.
+    pub gen: u64,
+    /// Global step number (one step per epoch; the top bit set in evaluation).
+    pub seq: u64,
+    /// Inbox round: the layer and node type ([`round`]).
+    pub round: u32,
+    /// Sending worker.
+    pub from: u32,
+    /// A flag byte (1: rows follow, 0: skipped), then little-endian f32 rows.
+    pub data: ByteVec,
+}
+
+macro_rules! block_message {
+    ($name:ident, $kind:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub BlockMsg);
+
+        impl Msg for $name {
+            type Reply = ();
+            const KIND: &'static str = $kind;
+        }
+
+        impl Handler<Deliver<$name>> for InboxActor {
+            type Result = MessageResult<Deliver<$name>>;
+            fn handle(&mut self, m: Deliver<$name>, _: &mut Context<Self>) -> Self::Result {
+                let b = m.msg.0;
+                // Filed under the worker the sending actor is, not the one it claims.
+                if m.from.as_str() == super::names::worker(b.from) && b.round >= FORWARD_ROUND && b.round < BACKWARD_ROUND + (1 << 20) && !b.data.0.is_empty() {
+                    self.0.file_gen(b.gen, b.seq, b.round, b.from, b.data.0);
+                } else {
+                    tracing::warn!("dropped a {} message from {} claiming to be worker {} (round {})", $kind, m.from.as_str(), b.from, b.round);
+                }
+                MessageResult(())
+            }
+        }
+    };
+}
+
+block_message!(Broadcast, "broadcast", "A block broadcast in a training epoch's forward pass.");
+block_message!(EvalBroadcast, "broadcast.eval", "A block broadcast for evaluation (no block is skipped there).");
+block_message!(GradBlock, "grad-block", "The gradient of the owner's block, from a worker that read it.");
+
+/// The payload of a block: its flag, then its rows.
+pub fn encode(rows: Option<&[f32]>) -> Vec<u8> {
+    match rows {
+        Some(r) => {
+            let mut out = Vec::with_capacity(1 + 4 * r.len());
+            out.push(1);
+            out.extend_from_slice(bytemuck::cast_slice(r));
+            out
+        }
+        None => vec![0],
+    }
+}
+
+/// Rows of a payload (`None`: skipped), checked to be `len` values.
+pub fn decode(data: &[u8], len: usize) -> Result<Option<Vec<f32>>, String> {
+    match data.split_first() {
+        Some((0, [])) => Ok(None),
+        Some((1, rows)) => crate::distributed::decode_f32(rows, len).map(Some),
+        _ => Err(format!("a block payload of {} bytes is neither a skip notice nor {len} values", data.len())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_round_trip_and_bad_ones_are_refused() {
+        assert_eq!(decode(&encode(Some(&[1.0, -2.5])), 2).unwrap(), Some(vec![1.0, -2.5]));
+        assert_eq!(decode(&encode(None), 2).unwrap(), None);
+        assert_eq!(decode(&encode(Some(&[])), 0).unwrap(), Some(vec![]));
+        assert!(decode(&encode(Some(&[1.0])), 2).is_err(), "too few values");
+        assert!(decode(&[0, 1], 0).is_err(), "a skip notice with a body");
+        assert!(decode(&[7], 0).is_err(), "an unknown flag");
+        assert!(decode(&[], 0).is_err(), "no flag");
+        assert_ne!(round(FORWARD_ROUND, 1, 0), round(FORWARD_ROUND, 0, 1));
+        assert!(round(FORWARD_ROUND, 200, MAX_TYPES - 1) < BACKWARD_ROUND);
+    }
+}

@@ -1,0 +1,655 @@
+//! The full-graph worker of a partition: one step per epoch over the whole
+//! graph. Forward, layer by layer: its rows of the types the layer reads
+//! across relations are broadcast (or the broadcast skipped, as the
+//! staleness rule says), every other worker's block is taken from its
+//! message or the cache, the layer runs on the worker's rows with their full
+//! in-neighbourhoods, and ReLU follows; dropout is applied to a layer's
+//! input rows where they are read (keyed by node, so every worker applies
+//! the same mask to a row). Backward, layer by layer from the loss: the
+//! gradient of every other worker's block goes back to it, its own rows'
+//! gradient is the sum of its own and what the others sent, and the layer
+//! below is differentiated against it. Then one all-reduce of the dense
+//! gradients and one Adam step; learnable rows' gradients are pushed to
+//! their stores.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Tensor, Var};
+use futures_util::future::join_all;
+use graphs::HetGraph;
+use models::model::DropoutKey;
+use models::optim::Adam;
+use models::rgcn::PerType;
+use models::Model;
+use runtime::{ActorRef, ByteVec, Node};
+
+use super::blocks::{plans, LayerPlan, Layout};
+use super::messages::{self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND};
+use super::names;
+use super::staleness::{relative_change, Rule};
+use crate::config::TrainingConfig;
+use crate::distributed::checkpoint::{self, Progress};
+use crate::distributed::generations::abort_peers;
+use crate::distributed::inbox::Inbox;
+use crate::distributed::messages::{EpochStats, FullFigures, StepDone};
+use crate::distributed::Timeouts;
+use crate::epoch::lap;
+use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
+use crate::error::{Result, TrainError};
+use crate::owner::allreduce::{self, all_reduce, Group};
+use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
+
+/// Everything a worker thread needs.
+pub struct WorkerSetup {
+    /// This worker's partition.
+    pub part: u32,
+    /// Partitions (= workers).
+    pub parts: u32,
+    /// Training settings.
+    pub cfg: TrainingConfig,
+    /// The partition graph.
+    pub graph: Arc<HetGraph>,
+    /// Owner of every node.
+    pub owners: Arc<Vec<Vec<u16>>>,
+    /// Who holds which rows.
+    pub layout: Arc<Layout>,
+    /// The node the worker's actors live on.
+    pub node: Node,
+    /// The node's runtime, for asks from this thread.
+    pub handle: tokio::runtime::Handle,
+    /// This worker's inbox (blocks, gradient shares, abort).
+    pub inbox: Arc<Inbox>,
+    /// Deadlines.
+    pub timeouts: Timeouts,
+    /// Generation of the run this attempt is.
+    pub gen: u64,
+    /// The checkpoint this attempt starts from (its directory and manifest).
+    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+}
+
+/// Runs every epoch; returns the final replica. On failure, tells the other
+/// workers and the coordinator so they stop instead of waiting.
+pub fn run(s: WorkerSetup) -> Result<Model> {
+    let result = Worker::new(&s).and_then(|mut w| {
+        w.train()?;
+        Ok(w.state.model)
+    });
+    if let Err(e) = &result {
+        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
+        abort_peers(&s.node, &s.handle, &names::worker(s.part), s.part, s.gen, &targets, &e.to_string());
+    }
+    result
+}
+
+/// Step numbers of evaluation passes have the top bit set.
+const EVAL: u64 = 1 << 63;
+
+/// The checkpoint file of worker `part`'s cached blocks.
+fn cache_file(part: u32) -> String {
+    format!("staleness.{part}.safetensors")
+}
+
+/// What the steps read and never change.
+struct Ctx<'a> {
+    s: &'a WorkerSetup,
+    /// Its stores (learnable rows) and the all-reduce's plumbing.
+    c: Client,
+    /// Every worker's inbox, in partition order.
+    workers: Vec<ActorRef>,
+    coordinator: ActorRef,
+    /// Per layer, what the worker computes.
+    plans: Vec<LayerPlan>,
+    /// The worker's own rows per type (what its stores hold).
+    own: Vec<Vec<u32>>,
+    /// Its own rows' input features per type (constant), `None` for learnable types.
+    features: PerType,
+    /// Input width per type.
+    widths: Vec<usize>,
+    /// Positions among its own target rows of its training, validation and test nodes, with the training labels.
+    train: (Vec<u32>, Vec<u32>),
+    valid: Vec<u32>,
+    test: Vec<u32>,
+    /// Training nodes of the whole graph.
+    total_train: usize,
+    rule: Rule,
+}
+
+impl std::ops::Deref for Ctx<'_> {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.c
+    }
+}
+
+/// A block as the receivers hold it: the epoch it was broadcast and its rows.
+#[derive(Clone)]
+struct Copy {
+    epoch: u64,
+    rows: Tensor,
+}
+
+/// The model replica, its optimiser and the cache: what the steps change.
+struct State<'a> {
+    model: Model,
+    adam: Adam,
+    /// Global step number (= epochs done).
+    seq: u64,
+    /// `[layer][type][part]`: the newest copy of that partition's block
+    /// (this worker's own: the copy it last broadcast).
+    cache: Vec<Vec<Vec<Option<Copy>>>>,
+    /// The epoch's figures so far.
+    figures: FullFigures,
+    s: &'a WorkerSetup,
+}
+
+struct Worker<'a> {
+    ctx: Ctx<'a>,
+    state: State<'a>,
+}
+
+impl<'a> Worker<'a> {
+    fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
+        let t = &s.cfg;
+        let g = &*s.graph;
+        let (model, adam, seq) = crate::owner::replica(t, g, &s.from)?;
+        if !model.relu_between_layers() {
+            return Err(TrainError::Config(format!("training.model = \"{}\": full-graph training needs ReLU and dropout between layers and no separate classifier (rgcn, rgat)", t.model)));
+        }
+        let me = names::worker(s.part);
+        let c = Client::new(ClientSetup {
+            part: s.part,
+            parts: s.parts,
+            graph: s.graph.clone(),
+            owners: s.owners.clone(),
+            cfg: t,
+            model: &model,
+            gen: s.gen,
+            timeouts: s.timeouts,
+            inbox: s.inbox.clone(),
+            handle: s.handle.clone(),
+            node: &s.node,
+            me: &me,
+        })?;
+        let workers = (0..s.parts).map(|p| sender_ref(&s.node, &me, &names::worker(p))).collect::<Result<_>>()?;
+        let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
+        let plans = plans(g, &s.layout, s.part, t.layers)?;
+        let own: Vec<Vec<u32>> = s.layout.rows[s.part as usize].clone();
+        let gather = model.feature_gather();
+        let features = (0..own.len()).map(|ty| if c.learnable[ty] || own[ty].is_empty() { Ok(None) } else { Ok(gather.gather_type(g, ty, &own[ty])?) }).collect::<Result<PerType>>()?;
+        let widths = g.node_types().iter().map(|nt| nt.features.as_ref().map_or(t.embed_dim, |f| f.dim())).collect();
+        let target = g.target().index();
+        let (labels, splits) = g.target_labels();
+        let at = |nodes: &[u32]| -> Vec<u32> { nodes.iter().filter_map(|&v| s.layout.locate(target, v).filter(|(q, _)| *q == s.part).map(|(_, i)| i)).collect() };
+        let mine: Vec<u32> = splits.train.iter().copied().filter(|&v| c.owned(target, v)).collect();
+        let y = mine.iter().map(|&v| u32::try_from(labels[v as usize]).map_err(|_| TrainError::Config(format!("training node {v} has no label")))).collect::<Result<Vec<u32>>>()?;
+        let ctx = Ctx {
+            s,
+            c,
+            workers,
+            coordinator,
+            plans,
+            own,
+            features,
+            widths,
+            train: (at(&mine), y),
+            valid: at(&splits.valid),
+            test: at(&splits.test),
+            total_train: splits.train.len(),
+            rule: Rule { kind: t.staleness, epochs: t.staleness_epochs, variation: t.staleness_variation },
+        };
+        let types = g.node_types().len();
+        let mut cache = vec![vec![vec![None; s.parts as usize]; types]; t.layers];
+        if let Some((dir, m)) = &s.from {
+            restore_cache(&mut cache, &checkpoint::load_tensors(dir, m, &cache_file(s.part))?, &s.layout, &ctx.widths, t.hidden, &ctx.device)?;
+        }
+        Ok(Worker { ctx, state: State { model, adam, seq, cache, figures: FullFigures::default(), s } })
+    }
+
+    fn train(&mut self) -> Result<()> {
+        let s = self.ctx.s;
+        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let all: Vec<u32> = s.graph.target_labels().1.train.clone();
+        let batch = all.len().max(1);
+        // One step per epoch: the batch is every training node.
+        let cfg = TrainingConfig { batch, ..s.cfg.clone() };
+        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.part, cfg: &cfg, items: epochs::Items::Nodes(&all), resumed };
+        epochs::run(&attempt, &self.ctx, &mut self.state)
+    }
+}
+
+/// Width of layer `l`'s input rows of type `ty`.
+fn width(widths: &[usize], hidden: usize, l: usize, ty: usize) -> usize {
+    if l == 0 {
+        widths[ty]
+    } else {
+        hidden
+    }
+}
+
+/// Restores the cached copies a checkpoint kept (constant blocks are not kept: they are broadcast again).
+fn restore_cache(cache: &mut [Vec<Vec<Option<Copy>>>], tensors: &HashMap<String, Tensor>, layout: &Layout, widths: &[usize], hidden: usize, device: &candle_core::Device) -> Result<()> {
+    for (l, per_type) in cache.iter_mut().enumerate() {
+        for (ty, per_part) in per_type.iter_mut().enumerate() {
+            for (q, slot) in per_part.iter_mut().enumerate() {
+                let name = format!("l{l}.t{ty}.p{q}");
+                let (Some(rows), Some(epoch)) = (tensors.get(&name), tensors.get(&format!("{name}.epoch"))) else { continue };
+                let want = (layout.count(q as u32, ty), width(widths, hidden, l, ty));
+                if rows.dims2()? != want {
+                    return Err(TrainError::Checkpoint(format!("cached block {name}: shape {:?}, expected {want:?}", rows.dims())));
+                }
+                let epoch = epoch.to_vec1::<i64>()?.first().copied().and_then(|e| u64::try_from(e).ok()).ok_or_else(|| TrainError::Checkpoint(format!("cached block {name}: a bad epoch")))?;
+                *slot = Some(Copy { epoch, rows: rows.to_device(device)? });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gradient rows for the learnable stores, `[type][part] = (ids, rows)`.
+type Pushes = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
+
+/// A forward pass's tensors that backward needs.
+#[derive(Default)]
+struct Forward {
+    /// Per layer and type: the leaf of the worker's own input rows (layers above the first).
+    own: Vec<PerType>,
+    /// Per layer and type: the leaf of the other workers' blocks, in source order.
+    remote: Vec<PerType>,
+    /// Per type: the leaf of the first layer's learnable rows, own and others' together.
+    learn: PerType,
+    /// Per layer and type, per partition: whether its block was broadcast this epoch.
+    fresh: Vec<Vec<Vec<bool>>>,
+    /// Per layer: the worker's output rows (after ReLU below the last layer; the logits there).
+    out: Vec<PerType>,
+}
+
+/// Whether a pass trains (with dropout, staleness and the cache) or evaluates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Train,
+    Eval,
+}
+
+impl Ctx<'_> {
+    /// Sends `data` (per other worker) as `round`'s message of step `seq` and
+    /// returns what every other worker sent, in partition order.
+    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        let (s, me) = (self.s, self.s.part);
+        let others: Vec<u32> = (0..s.parts).filter(|&q| q != me).collect();
+        let asks: Vec<_> = others
+            .iter()
+            .zip(data)
+            .map(|(&q, d)| {
+                let b = BlockMsg { gen: s.gen, seq, round, from: me, data: ByteVec(d.clone()) };
+                let to = &self.workers[q as usize];
+                async move {
+                    match (backward, pass) {
+                        (true, _) => to.ask(GradBlock(b), s.timeouts.ask).await,
+                        (false, Pass::Train) => to.ask(Broadcast(b), s.timeouts.ask).await,
+                        (false, Pass::Eval) => to.ask(EvalBroadcast(b), s.timeouts.ask).await,
+                    }
+                }
+            })
+            .collect();
+        for r in self.block_on(join_all(asks))? {
+            r?;
+        }
+        s.inbox.raw("blocks", seq, round, &others, s.timeouts.step)
+    }
+}
+
+/// Rows of a tensor as f32 values.
+fn values(x: &Tensor) -> Result<Vec<f32>> {
+    Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// `[0, width]` rows on the model's device.
+fn empty(width: usize, c: &Client) -> Result<Tensor> {
+    Ok(Tensor::zeros((0, width), c.dtype, &c.device)?)
+}
+
+/// Concatenates row blocks (skipping empty ones), `[0, width]` if all are.
+fn cat_rows(parts: &[Tensor], width: usize, c: &Client) -> Result<Tensor> {
+    let kept: Vec<&Tensor> = parts.iter().filter(|t| t.dim(0).is_ok_and(|n| n > 0)).collect();
+    match kept.len() {
+        0 => empty(width, c),
+        1 => Ok(kept[0].clone()),
+        _ => Ok(Tensor::cat(&kept, 0)?),
+    }
+}
+
+impl State<'_> {
+    /// The forward pass of epoch `epoch` (a training step when `pass` is
+    /// `Train`); `counts` gets the blocks broadcast and skipped.
+    fn forward(&mut self, ctx: &Ctx, epoch: u64, pass: Pass, st: &mut EpochStats) -> Result<Forward> {
+        let s = ctx.s;
+        let g = &*s.graph;
+        let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
+        let order = s.layout.order(me);
+        let train = pass == Pass::Train;
+        let seq = if train { self.seq } else { EVAL | self.seq };
+        let key = train.then_some(DropoutKey { epoch, step: 0 });
+        let mut clock = Instant::now();
+        let mut f = Forward::default();
+        // The worker's own learnable rows, after the last update.
+        let learnable = ctx.gather(&ctx.own, Rows::Learnable, self.seq.checked_sub(1))?;
+        st.time.gather_s += lap(&mut clock);
+        for (l, plan) in ctx.plans.iter().enumerate() {
+            let mut h_src: PerType = vec![None; types];
+            let (mut own_leaves, mut remote_leaves): (PerType, PerType) = (vec![None; types], vec![None; types]);
+            let mut fresh = vec![vec![false; s.parts as usize]; types];
+            for ty in (0..types).filter(|&ty| plan.read[ty]) {
+                let w = width(&ctx.widths, s.cfg.hidden, l, ty);
+                let mine = match l {
+                    0 => ctx.features[ty].clone().or_else(|| learnable[ty].clone()),
+                    _ => f.out[l - 1][ty].clone(),
+                };
+                let mine = match mine {
+                    Some(x) => x,
+                    None => empty(w, &ctx.c)?,
+                };
+                let constant = l == 0 && ctx.features[ty].is_some();
+                let mut remote = Vec::new();
+                if plan.shared[ty] && s.parts > 1 {
+                    // Send this worker's block (or the notice that it is skipped) ...
+                    let slot = &self.cache[l][ty][me as usize];
+                    let send = match pass {
+                        _ if constant => slot.is_none(),
+                        Pass::Eval => true,
+                        Pass::Train => {
+                            let last = slot.as_ref().map(|c| c.epoch);
+                            ctx.rule.broadcast(epoch, me, last, || match slot {
+                                Some(c) => match (values(&mine), values(&c.rows)) {
+                                    (Ok(a), Ok(b)) => relative_change(&a, &b),
+                                    _ => f64::INFINITY,
+                                },
+                                None => f64::INFINITY,
+                            })
+                        }
+                    };
+                    let rows = if send { Some(values(&mine)?) } else { None };
+                    let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
+                    if train {
+                        if send {
+                            counts.sent += 1;
+                            self.figures.forward_bytes += 4 * rows.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.parts - 1);
+                        } else {
+                            counts.skipped += 1;
+                        }
+                    } else {
+                        self.figures.eval_bytes += 4 * rows.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.parts - 1);
+                    }
+                    let payload = messages::encode(rows.as_deref());
+                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![payload; s.parts as usize - 1])?;
+                    st.time.comm_s += lap(&mut clock);
+                    if send && (train || constant) {
+                        self.cache[l][ty][me as usize] = Some(Copy { epoch, rows: mine.detach() });
+                    }
+                    // ... and take every other worker's, fresh or cached.
+                    for (&q, data) in order[1..].iter().zip(&got) {
+                        let n = s.layout.count(q, ty);
+                        let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?;
+                        let block = match rows {
+                            Some(v) => {
+                                fresh[ty][q as usize] = true;
+                                let x = Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;
+                                if train || constant {
+                                    self.cache[l][ty][q as usize] = Some(Copy { epoch, rows: x.clone() });
+                                }
+                                x
+                            }
+                            None => self.cache[l][ty][q as usize]
+                                .as_ref()
+                                .map(|c| c.rows.clone())
+                                .ok_or_else(|| TrainError::Distributed(format!("worker {q} skipped its block of layer {l}, type {ty}, which this worker has no copy of")))?,
+                        };
+                        remote.push(block);
+                    }
+                }
+                let remote = cat_rows(&remote, w, &ctx.c)?;
+                let x = if l == 0 {
+                    let all = cat_rows(&[mine, remote], w, &ctx.c)?;
+                    if ctx.learnable[ty] && train {
+                        let leaf = Var::from_tensor(&all.detach())?.into_inner();
+                        f.learn.resize(types, None);
+                        f.learn[ty] = Some(leaf.clone());
+                        leaf
+                    } else {
+                        all
+                    }
+                } else if train {
+                    let own = Var::from_tensor(&mine.detach())?.into_inner();
+                    let away = Var::from_tensor(&remote)?.into_inner();
+                    own_leaves[ty] = Some(own.clone());
+                    remote_leaves[ty] = Some(away.clone());
+                    cat_rows(&[own, away], w, &ctx.c)?
+                } else {
+                    cat_rows(&[mine, remote], w, &ctx.c)?
+                };
+                // Dropout of the rows a layer reads, where it reads them.
+                h_src[ty] = Some(if l > 0 { self.model.dropout_rows(x, key, l - 1, ty, &plan.block.src[ty])? } else { x });
+            }
+            let mut out = self.model.layer_forward(g, l, &plan.block, &h_src)?;
+            if l + 1 < layers {
+                for o in out.iter_mut() {
+                    if let Some(x) = o.take() {
+                        *o = Some(x.relu()?);
+                    }
+                }
+            }
+            st.time.compute_s += lap(&mut clock);
+            f.own.push(own_leaves);
+            f.remote.push(remote_leaves);
+            f.fresh.push(fresh);
+            f.out.push(out);
+        }
+        Ok(f)
+    }
+
+    /// Backward from the worker's loss share; returns the flattened dense
+    /// gradients (with the loss and correct count) and the learnable rows' pushes.
+    fn backward(&mut self, ctx: &Ctx, f: Forward, st: &mut EpochStats) -> Result<(Vec<f32>, Pushes)> {
+        let s = ctx.s;
+        let g = &*s.graph;
+        let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
+        let target = g.target().index();
+        let order = s.layout.order(me);
+        let mut clock = Instant::now();
+        let (pos, y) = &ctx.train;
+        let logits = f.out[layers - 1][target].clone();
+        let (mut upstream, loss, correct) = match logits {
+            Some(logits) if !pos.is_empty() => {
+                let idx = Tensor::from_slice(pos, pos.len(), &ctx.device)?;
+                let picked = logits.index_select(&idx, 0)?;
+                let labels = Tensor::from_slice(y, y.len(), &ctx.device)?;
+                let share = pos.len() as f64 / ctx.total_train.max(1) as f64;
+                let loss = (candle_nn::loss::cross_entropy(&picked, &labels)? * share)?;
+                let pred: Vec<u32> = picked.argmax(1)?.to_vec1()?;
+                let correct = pred.iter().zip(y).filter(|(p, t)| p == t).count() as f64;
+                let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                (Some(loss.backward()?), value, correct)
+            }
+            _ => (None, 0.0, 0.0),
+        };
+        let mut grads: HashMap<String, Tensor> = HashMap::new();
+        let mut pushes = Vec::new();
+        for l in (0..layers).rev() {
+            let plan = &ctx.plans[l];
+            if let Some(gs) = &upstream {
+                for (name, var) in self.model.params.iter() {
+                    if let Some(gr) = gs.get(var.as_tensor()) {
+                        grads.insert(name.to_string(), gr.clone());
+                    }
+                }
+            }
+            let grad_of = |x: &Option<Tensor>| -> Option<Tensor> { x.as_ref().and_then(|x| upstream.as_ref().and_then(|gs| gs.get(x).cloned())) };
+            st.time.compute_s += lap(&mut clock);
+            if l == 0 {
+                let learn: Vec<Option<Tensor>> = (0..types).map(|ty| grad_of(f.learn.get(ty).unwrap_or(&None))).collect();
+                ctx.gradient_rows(&plan.block.src, &learn, &mut pushes)?;
+                break;
+            }
+            // The gradient of each layer-l input row of this worker's, then the layer below against it.
+            let mut surrogate: Option<Tensor> = None;
+            for ty in (0..types).filter(|&ty| plan.read[ty]) {
+                let w = s.cfg.hidden;
+                let mut mine = grad_of(&f.own[l][ty]);
+                if plan.shared[ty] && s.parts > 1 {
+                    let away = grad_of(&f.remote[l][ty]).map(|x| values(&x)).transpose()?;
+                    let mut data = Vec::with_capacity(order.len() - 1);
+                    let mut at = 0usize;
+                    let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
+                    for &q in &order[1..] {
+                        let n = s.layout.count(q, ty) * w;
+                        let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
+                        let rows = away.as_ref().filter(|_| !skip).map(|v| &v[at..at + n]);
+                        if skip {
+                            counts.grad_skipped += 1;
+                        } else {
+                            counts.grad_sent += 1;
+                            self.figures.backward_bytes += 4 * rows.map_or(0, <[f32]>::len) as u64;
+                        }
+                        data.push(messages::encode(rows));
+                        at += n;
+                    }
+                    st.time.compute_s += lap(&mut clock);
+                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), &data)?;
+                    st.time.comm_s += lap(&mut clock);
+                    let n = s.layout.count(me, ty);
+                    for (&q, data) in order[1..].iter().zip(&got) {
+                        let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
+                        if let Some(v) = rows {
+                            let x = Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;
+                            mine = Some(match mine {
+                                Some(m) => (m + x)?,
+                                None => x,
+                            });
+                        }
+                    }
+                }
+                if let (Some(gr), Some(out)) = (mine, &f.out[l - 1][ty]) {
+                    let term = (out * gr.detach())?.sum_all()?;
+                    surrogate = Some(match surrogate {
+                        Some(acc) => (acc + term)?,
+                        None => term,
+                    });
+                }
+            }
+            upstream = surrogate.map(|x| x.backward()).transpose()?;
+        }
+        st.time.compute_s += lap(&mut clock);
+        Ok((allreduce::flatten_named(&self.model.params, |name, _| grads.get(name).cloned(), loss, correct)?, pushes))
+    }
+
+    /// The checkpoint tensors of the cache: every copy but the constant blocks.
+    fn cache_tensors(&self, ctx: &Ctx) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        for (l, per_type) in self.cache.iter().enumerate() {
+            for (ty, per_part) in per_type.iter().enumerate() {
+                if l == 0 && !ctx.learnable[ty] {
+                    continue;
+                }
+                for (q, c) in per_part.iter().enumerate() {
+                    if let Some(c) = c {
+                        let name = format!("l{l}.t{ty}.p{q}");
+                        out.insert(format!("{name}.epoch"), Tensor::new(&[c.epoch as i64], &candle_core::Device::Cpu)?);
+                        out.insert(name, c.rows.to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes the cache holds (the worker's own last-broadcast copies included).
+    fn cache_bytes(&self) -> u64 {
+        self.cache.iter().flatten().flatten().flatten().map(|c| (c.rows.elem_count() * c.rows.dtype().size_in_bytes()) as u64).sum()
+    }
+}
+
+impl<'a> Steps for State<'a> {
+    type Feed = Ctx<'a>;
+    type Batch = ();
+    type State<'f>
+        = ()
+    where
+        Self: 'f;
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    fn checkpoints_mid_epoch(&self) -> bool {
+        false
+    }
+
+    fn feed_state(_: &Ctx<'a>) -> Result<()> {
+        Ok(())
+    }
+
+    fn prepare(_: &Ctx<'a>, _: &mut (), _: u64, _: u64, _: &[u32]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Worker 0 writes the dense state; every worker its cache and its stores' rows.
+    fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
+        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
+        let cache = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &cache_file(self.s.part), &self.cache_tensors(ctx)?)?;
+        let dense = (self.s.part == 0).then_some((&self.model, &self.adam));
+        ctx.checkpoint_part_with(&ctx.coordinator, root, self.seq, dense, progress, vec![cache])
+    }
+
+    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, _step: u64, seeds: &[u32], _: (), st: &mut EpochStats) -> Result<StepFigures> {
+        let s = ctx.s;
+        let f = self.forward(ctx, epoch, Pass::Train, st)?;
+        let (mine, pushes) = self.backward(ctx, f, st)?;
+        let mut clock = Instant::now();
+        let pushes = ctx.pushes(self.seq, s.part, pushes);
+        let group = Group { trainers: &ctx.workers, me: s.part, seq: self.seq, kind: s.cfg.allreduce };
+        let sum = all_reduce(ctx, &group, mine, pushes)?;
+        st.time.comm_s += lap(&mut clock);
+        let (loss, correct) = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
+        st.time.update_s += lap(&mut clock);
+        self.seq += 1;
+        s.inbox.forget_before(self.seq);
+        if s.part == 0 {
+            let c = ctx.coordinator.clone();
+            ctx.block_on(c.ask(StepDone { gen: s.gen, epoch, seq: self.seq - 1, loss }, s.timeouts.ask))??;
+        }
+        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+    }
+
+    /// Every row computed again without dropout from fresh blocks; each
+    /// worker counts the validation and test nodes it owns.
+    fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let mut scratch = EpochStats::default();
+        let f = self.forward(ctx, epoch, Pass::Eval, &mut scratch)?;
+        let g = &*ctx.s.graph;
+        let target = g.target().index();
+        let (labels, _) = g.target_labels();
+        let own = &ctx.own[target];
+        if let Some(logits) = &f.out[ctx.plans.len() - 1][target] {
+            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+            let count = |at: &[u32]| at.iter().filter(|&&i| i64::from(pred[i as usize]) == labels[own[i as usize] as usize]).count() as u64;
+            st.valid_correct = count(&ctx.valid);
+            st.test_correct = count(&ctx.test);
+        }
+        self.figures.cache_bytes = self.cache_bytes();
+        st.full = Some(std::mem::take(&mut self.figures));
+        // Evaluation's messages are taken; what is left of them is duplicates.
+        ctx.s.inbox.forget_before(EVAL | self.seq.saturating_add(1));
+        Ok(())
+    }
+
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        BTreeMap::new()
+    }
+
+    fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+        let c = ctx.coordinator.clone();
+        ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
+        Ok(())
+    }
+}
