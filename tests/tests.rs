@@ -7,6 +7,7 @@ mod cli_cluster;
 mod cli_data_parallel;
 mod cli_generate;
 mod cli_hardening;
+mod cli_full_graph;
 mod cli_hopgnn;
 mod cli_import;
 mod cli_inspect;
