@@ -23,7 +23,7 @@ pub struct TrainArgs {
     /// Graph directory (default: mag-like S=0.01, generated once into the cache directory).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// single | data-parallel | raf | model-averaging | hopgnn [default: single]
+    /// single | data-parallel | raf | model-averaging | hopgnn | full-graph [default: single]
     #[arg(long)]
     mode: Option<String>,
     /// Model averaging: epochs between averagings [default: 1].
@@ -32,7 +32,7 @@ pub struct TrainArgs {
     /// Model averaging: workers, each training its share of the partitions in turn [default: one per partition].
     #[arg(long)]
     workers: Option<u32>,
-    /// Partition directory for data-parallel, model-averaging and hopgnn (hetgnn partition) or raf (--method meta).
+    /// Partition directory for data-parallel, model-averaging, hopgnn and full-graph (hetgnn partition) or raf (--method meta).
     #[arg(long)]
     partitions: Option<PathBuf>,
     /// rgcn | rgat | hgt | mlp [default: rgcn]

@@ -88,28 +88,7 @@ impl Distributed for HopGnn {
     /// Partition k's actors run on the k-th node (which loads partition k);
     /// the coordinator where `[placement]` puts it, else on the first node.
     fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
-        let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
-        if self.parts as usize != ids.len() {
-            return Err(TrainError::Config(format!(
-                "training.partitions: {} partitions for {} nodes; hopgnn runs one partition per node (hetgnn partition --parts {})",
-                self.parts,
-                ids.len(),
-                ids.len()
-            )));
-        }
-        for (k, id) in ids.iter().enumerate() {
-            let k = k as u32;
-            let stores = self.set.manifest.node_types.iter().map(|ty| names::store(ty, k));
-            for name in [names::worker(k), names::sampler(k)].into_iter().chain(stores) {
-                topology.placement.insert(name, id.clone());
-            }
-        }
-        if topology.placed(names::COORDINATOR).is_none() {
-            if let Some(first) = ids.first() {
-                topology.placement.insert(names::COORDINATOR.to_string(), first.clone());
-            }
-        }
-        Ok(ids)
+        crate::owner::place_one_per_node(topology, self.parts, &self.set.manifest.node_types, names::worker, "hopgnn")
     }
 
     fn load(&self, part: u32) -> Result<HetGraph> {

@@ -86,6 +86,32 @@ pub fn serve(
     Ok(())
 }
 
+/// Places one worker per partition with its partition's sampler and stores
+/// on the k-th node of `topology` (which loads partition k), the
+/// coordinator where `[placement]` puts it, else on the first node; returns
+/// the node of each partition. `mode` names the mode in the error for a
+/// cluster of another size.
+pub fn place_one_per_node(topology: &mut runtime::Topology, parts: u32, node_types: &[String], worker: fn(u32) -> String, mode: &str) -> Result<Vec<String>> {
+    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+    if parts as usize != ids.len() {
+        return Err(TrainError::Config(format!("training.partitions: {parts} partitions for {} nodes; {mode} runs one partition per node (hetgnn partition --parts {})", ids.len(), ids.len())));
+    }
+    for (k, id) in ids.iter().enumerate() {
+        let k = k as u32;
+        let stores = node_types.iter().map(|ty| names::store(ty, k));
+        for name in [worker(k), names::sampler(k)].into_iter().chain(stores) {
+            topology.placement.insert(name, id.clone());
+        }
+    }
+    let coordinator = crate::distributed::names::COORDINATOR;
+    if topology.placed(coordinator).is_none() {
+        if let Some(first) = ids.first() {
+            topology.placement.insert(coordinator.to_string(), first.clone());
+        }
+    }
+    Ok(ids)
+}
+
 /// A training thread's replica: the dense model on `t.device` without
 /// learnable tables (the stores own those), its Adam state and the next step,
 /// restored from the checkpoint `from` if any.
