@@ -372,7 +372,7 @@ impl State<'_> {
                     let rows = if send { Some(values(&mine)?) } else { None };
                     let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
                     // A constant block is sent once and never stale: only the one broadcast counts.
-                    if train && !(constant && !send) {
+                    if train && (send || !constant) {
                         if send {
                             counts.sent += 1;
                             self.figures.forward_bytes += 4 * rows.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.parts - 1);
