@@ -13,74 +13,34 @@
 //! their stores.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Tensor, Var};
 use futures_util::future::join_all;
-use graphs::HetGraph;
 use models::model::DropoutKey;
 use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
-use runtime::{ActorRef, ByteVec, Node};
+use runtime::{ActorRef, ByteVec};
 
 use super::blocks::{plans, LayerPlan, Layout};
 use super::messages::{self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND};
-use super::names;
 use super::staleness::{relative_change, Rule};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::generations::abort_peers;
-use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, FullFigures, StepDone};
-use crate::distributed::Timeouts;
 use crate::epoch::lap;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::error::{Result, TrainError};
 use crate::owner::allreduce::{self, all_reduce, Group};
-use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
+use crate::owner::client::{Client, Rows};
+use crate::owner::worker::WorkerSetup;
 
-/// Everything a worker thread needs.
-pub struct WorkerSetup {
-    /// This worker's partition.
-    pub part: u32,
-    /// Partitions (= workers).
-    pub parts: u32,
-    /// Training settings.
-    pub cfg: TrainingConfig,
-    /// The partition graph.
-    pub graph: Arc<HetGraph>,
-    /// Owner of every node.
-    pub owners: Arc<Vec<Vec<u16>>>,
-    /// Who holds which rows.
-    pub layout: Arc<Layout>,
-    /// The node the worker's actors live on.
-    pub node: Node,
-    /// The node's runtime, for asks from this thread.
-    pub handle: tokio::runtime::Handle,
-    /// This worker's inbox (blocks, gradient shares, abort).
-    pub inbox: Arc<Inbox>,
-    /// Deadlines.
-    pub timeouts: Timeouts,
-    /// Generation of the run this attempt is.
-    pub gen: u64,
-    /// The checkpoint this attempt starts from (its directory and manifest).
-    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
-}
-
-/// Runs every epoch; returns the final replica. On failure, tells the other
-/// workers and the coordinator so they stop instead of waiting.
-pub fn run(s: WorkerSetup) -> Result<Model> {
-    let result = Worker::new(&s).and_then(|mut w| {
-        w.train()?;
-        Ok(w.state.model)
-    });
-    if let Err(e) = &result {
-        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
-        abort_peers(&s.node, &s.handle, &names::worker(s.part), s.part, s.gen, &targets, &e.to_string());
-    }
-    result
+/// Trains every epoch with the blocks of `layout`; returns the final replica.
+pub fn train(s: &WorkerSetup, layout: &Layout) -> Result<Model> {
+    let mut w = Worker::new(s, layout)?;
+    w.train()?;
+    Ok(w.state.model)
 }
 
 /// Step numbers of evaluation passes have the top bit set.
@@ -94,6 +54,8 @@ fn cache_file(part: u32) -> String {
 /// What the steps read and never change.
 struct Ctx<'a> {
     s: &'a WorkerSetup,
+    /// Who holds which rows.
+    layout: &'a Layout,
     /// Its stores (learnable rows) and the all-reduce's plumbing.
     c: Client,
     /// Every worker's inbox, in partition order.
@@ -150,42 +112,27 @@ struct Worker<'a> {
 }
 
 impl<'a> Worker<'a> {
-    fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
+    fn new(s: &'a WorkerSetup, layout: &'a Layout) -> Result<Worker<'a>> {
         let t = &s.cfg;
         let g = &*s.graph;
         let (model, adam, seq) = crate::owner::replica(t, g, &s.from)?;
         if !model.relu_between_layers() {
             return Err(TrainError::Config(format!("training.model = \"{}\": full-graph training needs ReLU and dropout between layers and no separate classifier (rgcn, rgat)", t.model)));
         }
-        let me = names::worker(s.part);
-        let c = Client::new(ClientSetup {
-            part: s.part,
-            parts: s.parts,
-            graph: s.graph.clone(),
-            owners: s.owners.clone(),
-            cfg: t,
-            model: &model,
-            gen: s.gen,
-            timeouts: s.timeouts,
-            inbox: s.inbox.clone(),
-            handle: s.handle.clone(),
-            node: &s.node,
-            me: &me,
-        })?;
-        let workers = (0..s.parts).map(|p| sender_ref(&s.node, &me, &names::worker(p))).collect::<Result<_>>()?;
-        let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
-        let plans = plans(g, &s.layout, s.part, t.layers)?;
-        let own: Vec<Vec<u32>> = s.layout.rows[s.part as usize].clone();
+        let (c, workers, coordinator) = s.peers(&model)?;
+        let plans = plans(g, layout, s.part, t.layers)?;
+        let own: Vec<Vec<u32>> = layout.rows[s.part as usize].clone();
         let gather = model.feature_gather();
         let features = (0..own.len()).map(|ty| if c.learnable[ty] || own[ty].is_empty() { Ok(None) } else { Ok(gather.gather_type(g, ty, &own[ty])?) }).collect::<Result<PerType>>()?;
         let widths = g.node_types().iter().map(|nt| nt.features.as_ref().map_or(t.embed_dim, |f| f.dim())).collect();
         let target = g.target().index();
         let (labels, splits) = g.target_labels();
-        let at = |nodes: &[u32]| -> Vec<u32> { nodes.iter().filter_map(|&v| s.layout.locate(target, v).filter(|(q, _)| *q == s.part).map(|(_, i)| i)).collect() };
+        let at = |nodes: &[u32]| -> Vec<u32> { nodes.iter().filter_map(|&v| layout.locate(target, v).filter(|(q, _)| *q == s.part).map(|(_, i)| i)).collect() };
         let mine: Vec<u32> = splits.train.iter().copied().filter(|&v| c.owned(target, v)).collect();
         let y = mine.iter().map(|&v| u32::try_from(labels[v as usize]).map_err(|_| TrainError::Config(format!("training node {v} has no label")))).collect::<Result<Vec<u32>>>()?;
         let ctx = Ctx {
             s,
+            layout,
             c,
             workers,
             coordinator,
@@ -202,7 +149,7 @@ impl<'a> Worker<'a> {
         let types = g.node_types().len();
         let mut cache = vec![vec![vec![None; s.parts as usize]; types]; t.layers];
         if let Some((dir, m)) = &s.from {
-            restore_cache(&mut cache, &checkpoint::load_tensors(dir, m, &cache_file(s.part))?, &s.layout, &ctx.widths, t.hidden, &ctx.device)?;
+            restore_cache(&mut cache, &checkpoint::load_tensors(dir, m, &cache_file(s.part))?, layout, &ctx.widths, t.hidden, &ctx.device)?;
         }
         Ok(Worker { ctx, state: State { model, adam, seq, cache, figures: FullFigures::default(), s } })
     }
@@ -327,7 +274,7 @@ impl State<'_> {
         let s = ctx.s;
         let g = &*s.graph;
         let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
-        let order = s.layout.order(me);
+        let order = ctx.layout.order(me);
         let train = pass == Pass::Train;
         let seq = if train { self.seq } else { EVAL | self.seq };
         let key = train.then_some(DropoutKey { epoch, step: 0 });
@@ -390,7 +337,7 @@ impl State<'_> {
                     }
                     // ... and take every other worker's, fresh or cached.
                     for (&q, data) in order[1..].iter().zip(&got) {
-                        let n = s.layout.count(q, ty);
+                        let n = ctx.layout.count(q, ty);
                         let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?;
                         let block = match rows {
                             Some(v) => {
@@ -456,7 +403,7 @@ impl State<'_> {
         let g = &*s.graph;
         let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
         let target = g.target().index();
-        let order = s.layout.order(me);
+        let order = ctx.layout.order(me);
         let mut clock = Instant::now();
         let (pos, y) = &ctx.train;
         let logits = f.out[layers - 1][target].clone();
@@ -503,7 +450,7 @@ impl State<'_> {
                     let mut at = 0usize;
                     let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
                     for &q in &order[1..] {
-                        let n = s.layout.count(q, ty) * w;
+                        let n = ctx.layout.count(q, ty) * w;
                         let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
                         let rows = away.as_ref().filter(|_| !skip).map(|v| &v[at..at + n]);
                         if skip {
@@ -518,7 +465,7 @@ impl State<'_> {
                     st.time.compute_s += lap(&mut clock);
                     let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), &data)?;
                     st.time.comm_s += lap(&mut clock);
-                    let n = s.layout.count(me, ty);
+                    let n = ctx.layout.count(me, ty);
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
                         if let Some(v) = rows {

@@ -24,11 +24,11 @@ use runtime::{Node, Topology};
 
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Manifest};
-use crate::distributed::generations::join_threads;
 use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
+use crate::owner::worker::{run_thread, WorkerSetup};
 use messages::Migrate;
 
 /// Actor names of HopGNN training.
@@ -121,22 +121,8 @@ impl Distributed for HopGnn {
     /// The partition's stores restore the checkpoint, its worker trains.
     fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Model> {
         crate::owner::reset_stores(p, &self.cfg, b)?;
-        let setup = worker::WorkerSetup {
-            part: p.part,
-            parts: self.parts,
-            cfg: self.cfg.clone(),
-            graph: p.graph.clone(),
-            owners: self.owners.clone(),
-            node: p.node.clone(),
-            handle: p.handle.clone(),
-            inbox: p.inboxes.first().cloned().ok_or_else(|| TrainError::Distributed("a hopgnn partition without its worker's inbox".into()))?,
-            timeouts: p.timeouts,
-            gen: b.gen,
-            from,
-        };
-        let name = format!("hop-worker-{}", p.part);
-        let h = std::thread::Builder::new().name(name).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
-        Ok(join_threads(vec![h])?.swap_remove(0))
+        let setup = WorkerSetup::new(p, self.parts, &self.cfg, &self.owners, &b, from, names::worker)?;
+        run_thread(format!("hop-worker-{}", p.part), setup, worker::train)
     }
 
     /// The coordinator's own worker's replica (every replica is the same)

@@ -13,70 +13,33 @@
 //! gradient rows (summed over the time steps) are pushed once per step.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
-use graphs::{HetGraph, MiniBatch};
+use graphs::MiniBatch;
 use models::model::DropoutKey;
 use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
-use runtime::{ActorRef, ByteVec, Node};
+use runtime::{ActorRef, ByteVec};
 
 use super::messages::{Migrate, MIGRATE_ROUND};
-use super::names;
 use super::schedule::Plan;
-use crate::config::{HopMigrate, HopTimeSteps, TrainingConfig};
-use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::generations::abort_peers;
-use crate::distributed::inbox::Inbox;
+use crate::config::{HopMigrate, HopTimeSteps};
+use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::{EpochStats, HopFigures, StepDone};
-use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
 use crate::error::{Result, TrainError};
 use crate::owner::allreduce::{self, all_reduce, Group};
-use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
+use crate::owner::client::{Client, Rows};
+use crate::owner::worker::WorkerSetup;
 
-/// Everything a worker thread needs.
-pub struct WorkerSetup {
-    /// This worker's partition.
-    pub part: u32,
-    /// Partitions (= workers = models).
-    pub parts: u32,
-    /// Training settings.
-    pub cfg: TrainingConfig,
-    /// The partition graph.
-    pub graph: Arc<HetGraph>,
-    /// Owner of every node.
-    pub owners: Arc<Vec<Vec<u16>>>,
-    /// The node the worker's actors live on.
-    pub node: Node,
-    /// The node's runtime, for asks from this thread.
-    pub handle: tokio::runtime::Handle,
-    /// This worker's inbox (migrations, gradient shares, abort).
-    pub inbox: Arc<Inbox>,
-    /// Deadlines.
-    pub timeouts: Timeouts,
-    /// Generation of the run this attempt is.
-    pub gen: u64,
-    /// The checkpoint this attempt starts from (its directory and manifest).
-    pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
-}
-
-/// Runs every epoch; returns the final replica. On failure, tells the other
-/// workers and the coordinator so they stop instead of waiting.
-pub fn run(s: WorkerSetup) -> Result<Model> {
-    let result = Worker::new(&s).and_then(|mut w| {
-        w.train()?;
-        Ok(w.rep.model)
-    });
-    if let Err(e) = &result {
-        let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
-        abort_peers(&s.node, &s.handle, &names::worker(s.part), s.part, s.gen, &targets, &e.to_string());
-    }
-    result
+/// Trains every epoch; returns the final replica.
+pub fn train(s: &WorkerSetup) -> Result<Model> {
+    let mut w = Worker::new(s)?;
+    w.train()?;
+    Ok(w.rep.model)
 }
 
 /// What sampling and gathering need: shared by the worker and its prefetch thread.
@@ -137,23 +100,7 @@ impl<'a> Worker<'a> {
     fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
         let t = &s.cfg;
         let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
-        let me = names::worker(s.part);
-        let c = Client::new(ClientSetup {
-            part: s.part,
-            parts: s.parts,
-            graph: s.graph.clone(),
-            owners: s.owners.clone(),
-            cfg: t,
-            model: &model,
-            gen: s.gen,
-            timeouts: s.timeouts,
-            inbox: s.inbox.clone(),
-            handle: s.handle.clone(),
-            node: &s.node,
-            me: &me,
-        })?;
-        let workers = (0..s.parts).map(|p| sender_ref(&s.node, &me, &names::worker(p))).collect::<Result<_>>()?;
-        let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
+        let (c, workers, coordinator) = s.peers(&model)?;
         Ok(Worker { ctx: Ctx { s, c, workers, coordinator }, rep: Replica { model, adam, seq, hop: HopFigures::default(), s } })
     }
 

@@ -10,6 +10,7 @@ pub mod client;
 pub mod messages;
 pub mod sampler;
 pub mod store;
+pub mod worker;
 
 use std::sync::Arc;
 
