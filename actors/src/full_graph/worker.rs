@@ -529,10 +529,6 @@ impl<'a> Steps for State<'a> {
         self.seq
     }
 
-    fn checkpoints_mid_epoch(&self) -> bool {
-        false
-    }
-
     fn feed_state(_: &Ctx<'a>) -> Result<()> {
         Ok(())
     }
