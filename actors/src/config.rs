@@ -14,6 +14,10 @@ pub const MAX_NEGATIVES: usize = 100_000;
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
 
+/// Most threads of a sampling worker (`training.dag_threads`).
+pub const MAX_DAG_THREADS: u32 = 1024;
+/// Most batches a trainer may have in flight (`training.dag_max_in_flight`).
+pub const MAX_DAG_IN_FLIGHT: u32 = 256;
 /// Most epochs a full-graph cached copy may lag (`training.staleness_epochs`).
 pub const MAX_STALE_EPOCHS: u32 = 1000;
 
@@ -166,6 +170,18 @@ pub enum HopMigrate {
     Gradient,
 }
 
+/// How a data-parallel trainer's batches are sampled and their rows fetched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sampling {
+    /// One prefetch thread per trainer samples and gathers each batch end to end (the default).
+    #[default]
+    Pipeline,
+    /// ByteGNN: each batch a DAG of one-hop tasks on the partition's
+    /// sampling worker, many batches in flight, launched by measured rates.
+    Dag,
+}
+
 /// When a full-graph worker may skip broadcasting a block (SANCUS §4.3.5).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -272,6 +288,14 @@ pub struct TrainingConfig {
     pub staleness_variation: f64,
     /// Full-graph: skip a block's gradient too when its forward broadcast was skipped (default false).
     pub skip_gradients: bool,
+    /// Data-parallel: "pipeline" (default) or "dag" (ByteGNN's sampling worker).
+    pub sampling: Sampling,
+    /// `sampling = "dag"`: the sampling worker's threads (default 0: one per core).
+    pub dag_threads: u32,
+    /// `sampling = "dag"`: most batches sampled at once per trainer (default 8).
+    pub dag_max_in_flight: u32,
+    /// `sampling = "dag"`: destination rows per one-hop task (default 512).
+    pub dag_chunk_rows: u32,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
@@ -400,6 +424,10 @@ impl Default for TrainingConfig {
             staleness_epochs: 1,
             staleness_variation: 0.05,
             skip_gradients: false,
+            sampling: Sampling::Pipeline,
+            dag_threads: 0,
+            dag_max_in_flight: 8,
+            dag_chunk_rows: 512,
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
@@ -524,6 +552,16 @@ impl Config {
         }
         if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
             return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
+        }
+        let dag_defaults = t.sampling == Sampling::Pipeline && t.dag_threads == 0 && t.dag_max_in_flight == 8 && t.dag_chunk_rows == 512;
+        if t.mode != Mode::DataParallel && !dag_defaults {
+            return bad(format!("training.sampling, dag_threads, dag_max_in_flight and dag_chunk_rows apply to data-parallel training, not {}", t.mode.name()));
+        }
+        if t.sampling == Sampling::Pipeline && !dag_defaults {
+            return bad("training.dag_threads, dag_max_in_flight and dag_chunk_rows apply to sampling = \"dag\"".into());
+        }
+        if t.dag_threads > MAX_DAG_THREADS || t.dag_max_in_flight == 0 || t.dag_max_in_flight > MAX_DAG_IN_FLIGHT || t.dag_chunk_rows == 0 {
+            return bad(format!("training.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));
         }
         if t.mode != Mode::Hopgnn && (t.hop_migrate != HopMigrate::Model || t.hop_time_steps != HopTimeSteps::All || !t.hop_pregather) {
             return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));

@@ -47,6 +47,38 @@ pub struct EpochReport {
     /// Full-graph: broadcast bytes, skipped broadcasts and the cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub full: Option<FullEpoch>,
+    /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub cpu_util: f64,
+    /// `sampling = "dag"`: DAGs in flight and time per operator, over every trainer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<crate::sampling::pipeline::DagFigures>,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// The DAG figures of every trainer: launches and operator seconds summed,
+/// in-flight and queued means averaged, the largest in flight.
+fn sampling_figures(stats: &[EpochStats]) -> Option<crate::sampling::pipeline::DagFigures> {
+    let all: Vec<&crate::sampling::pipeline::DagFigures> = stats.iter().filter_map(|s| s.sampling.as_ref()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let n = all.len() as f64;
+    let mut out = crate::sampling::pipeline::DagFigures::default();
+    for f in &all {
+        out.threads = out.threads.max(f.threads);
+        out.launches += f.launches;
+        out.in_flight_mean += f.in_flight_mean / n;
+        out.in_flight_max = out.in_flight_max.max(f.in_flight_max);
+        out.queued_mean += f.queued_mean / n;
+        for (k, v) in &f.op_seconds {
+            *out.op_seconds.entry(k.clone()).or_default() += v;
+        }
+    }
+    Some(out)
 }
 
 /// Full-graph training's figures of an epoch, over every worker.
@@ -182,6 +214,8 @@ impl EpochReport {
             link: link_figures(stats),
             hop: hop_figures(stats),
             full: full_figures(stats),
+            cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
+            sampling: sampling_figures(stats),
         }
     }
 }
@@ -220,6 +254,9 @@ pub struct Timings {
     /// Writing checkpoints during the epoch's steps.
     #[serde(default)]
     pub checkpoint_s: f64,
+    /// The training thread waiting for its next batch (from the end of one step to the start of the next).
+    #[serde(default)]
+    pub wait_s: f64,
 }
 
 impl Timings {
@@ -238,6 +275,7 @@ impl Timings {
             update_s: mean(|t| t.update_s),
             eval_s: max(|t| t.eval_s),
             checkpoint_s: max(|t| t.checkpoint_s),
+            wait_s: mean(|t| t.wait_s),
         }
     }
 }

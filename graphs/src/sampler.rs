@@ -332,11 +332,7 @@ impl<'g> Sampler<'g> {
         if seeds.len() != nt {
             return Err(GraphError::InvalidArgument(format!("seeds for {} node types in a graph of {nt}", seeds.len())));
         }
-        for (t, map) in self.local.iter_mut().enumerate() {
-            if map.is_empty() {
-                map.resize(g.node_types()[t].count as usize, UNSEEN);
-            }
-        }
+        self.ensure_maps();
         for (t, typed) in seeds.iter().enumerate() {
             let map = &mut self.local[t];
             let count = map.len();
@@ -378,59 +374,44 @@ impl<'g> Sampler<'g> {
             } else {
                 (Vec::new(), Vec::new())
             };
-            let mut src = dst.clone();
-            for (t, nodes) in dst.iter().enumerate() {
-                for (i, &v) in nodes.iter().enumerate() {
-                    self.local[t][v as usize] = i as u32;
-                }
-            }
-            let mut rels = Vec::new();
-            for (r, rel) in g.relations().iter().enumerate() {
-                let rid = RelationId(r as u32);
-                let dt = rel.dst.index();
-                let dnodes = &dst[dt];
-                if dnodes.is_empty() || !filter.allows(layer, rid) {
-                    continue;
-                }
-                let base = layer_key(self.seed, epoch, step, layer, rel.key());
-                let csr = rel.in_csr();
-                let remote_rel = fetched.get(dt).and_then(|f| f.iter().find(|p| p.relation == rid));
-                let mut offsets = Vec::with_capacity(dnodes.len() + 1);
-                offsets.push(0u32);
-                let mut sources = Vec::with_capacity(dnodes.len() * fanout.min(32));
-                let (map, srcs) = (&mut self.local[rel.src.index()], &mut src[rel.src.index()]);
-                for &v in dnodes {
-                    self.picked.clear();
-                    if local(dt, v) {
-                        let neighbors = kept_neighbors(&mut self.kept, csr.neighbors(v), excluded, rid, v);
-                        sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut self.picked);
-                    } else {
-                        let p = remote_rel.ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
-                        let i = rows[dt][&v];
-                        self.picked.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
+            let (seed, scratch, kept) = (self.seed, &mut self.scratch, &mut self.kept);
+            let mut base = (RelationId(u32::MAX), 0u64);
+            let fill = |rid: RelationId, dt: usize, _: usize, v: u32, out: &mut Vec<u32>| {
+                let rel = g.relation(rid);
+                if local(dt, v) {
+                    if base.0 != rid {
+                        base = (rid, layer_key(seed, epoch, step, layer, rel.key()));
                     }
-                    for &u in &self.picked {
-                        let slot = map.get_mut(u as usize).ok_or_else(|| GraphError::InvalidArgument(format!("picked node {u} is out of range")))?;
-                        if *slot == UNSEEN {
-                            *slot = srcs.len() as u32;
-                            srcs.push(u);
-                        }
-                        sources.push(*slot);
-                    }
-                    offsets.push(sources.len() as u32);
+                    let neighbors = kept_neighbors(kept, rel.in_csr().neighbors(v), excluded, rid, v);
+                    sample_neighbors(key(&[base.1, u64::from(v)]), neighbors, fanout, scratch, out);
+                } else {
+                    let p = fetched.get(dt).and_then(|f| f.iter().find(|p| p.relation == rid)).ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
+                    let i = rows[dt][&v];
+                    out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
                 }
-                rels.push(BlockRelation { relation: rid, offsets, sources });
-            }
-            for (t, nodes) in src.iter().enumerate() {
-                for &v in nodes {
-                    self.local[t][v as usize] = UNSEEN;
-                }
-            }
-            frontier = src.clone();
-            blocks.push(Block { layer, dst, src, relations: rels });
+                Ok(())
+            };
+            let block = build_block(g, &mut self.local, &mut self.picked, layer, dst, filter, fill)?;
+            frontier = block.src.clone();
+            blocks.push(block);
         }
         blocks.reverse();
         Ok(MiniBatch { epoch, step, seeds: seeds[target.index()].clone(), blocks })
+    }
+
+    /// One hop's block from picks made elsewhere ([`assemble`] with this
+    /// sampler's position maps).
+    pub fn assemble(&mut self, layer: usize, fanout: usize, dst: Vec<Vec<u32>>, picks: &[Vec<RelationPicks>], filter: &RelationFilter) -> Result<Block> {
+        assemble(self.graph, &mut self.local, layer, fanout, dst, picks, filter)
+    }
+
+    /// Sizes the per-type position maps on first use.
+    fn ensure_maps(&mut self) {
+        for (t, map) in self.local.iter_mut().enumerate() {
+            if map.is_empty() {
+                map.resize(self.graph.node_types()[t].count as usize, UNSEEN);
+            }
+        }
     }
 
     /// The graph sampled from.
@@ -442,4 +423,90 @@ impl<'g> Sampler<'g> {
     pub fn target(&self) -> NodeTypeId {
         self.graph.target()
     }
+}
+
+/// One hop's block, from its destinations and the picks of every relation
+/// into their types made elsewhere: `picks[t]` is [`Sampler::pick`]'s
+/// answer for all of `dst[t]`, in order (ByteGNN's one-hop tasks, merged).
+/// The block is the one [`Sampler::sample_seeds`] builds at that hop from
+/// the same picks. `maps` is reusable working memory: one position map per
+/// node type, sized on first use and left as found.
+pub fn assemble(g: &HetGraph, maps: &mut Vec<Vec<u32>>, layer: usize, fanout: usize, dst: Vec<Vec<u32>>, picks: &[Vec<RelationPicks>], filter: &RelationFilter) -> Result<Block> {
+    let nt = g.node_types().len();
+    if dst.len() != nt {
+        return Err(GraphError::InvalidArgument(format!("destinations for {} node types in a graph of {nt}", dst.len())));
+    }
+    check_picks(&dst, picks, fanout)?;
+    maps.resize(nt, Vec::new());
+    for (t, map) in maps.iter_mut().enumerate() {
+        if map.is_empty() {
+            map.resize(g.node_types()[t].count as usize, UNSEEN);
+        }
+    }
+    for (t, nodes) in dst.iter().enumerate() {
+        if let Some(&bad) = nodes.iter().find(|&&v| v as usize >= maps[t].len()) {
+            return Err(GraphError::InvalidArgument(format!("destination {bad} of type {t} is out of range")));
+        }
+    }
+    let fill = |rid: RelationId, dt: usize, i: usize, _: u32, out: &mut Vec<u32>| {
+        let p = picks[dt].iter().find(|p| p.relation == rid).ok_or_else(|| GraphError::InvalidArgument(format!("picks lack relation {}", g.relation(rid).canonical())))?;
+        out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
+        Ok(())
+    };
+    build_block(g, maps, &mut Vec::new(), layer, dst, filter, fill)
+}
+
+/// One hop's block: `dst`, then per relation (in the graph's order) into a
+/// type with destinations and allowed at `layer`, each destination's picks
+/// from `fill(relation, dst type, index in dst[type], node, out)`, sources
+/// numbered in order of first appearance after the destinations. `local` is
+/// the per-type position map (all `UNSEEN` before and after).
+fn build_block<F>(g: &HetGraph, local: &mut [Vec<u32>], picked: &mut Vec<u32>, layer: usize, dst: Vec<Vec<u32>>, filter: &RelationFilter, mut fill: F) -> Result<Block>
+where
+    F: FnMut(RelationId, usize, usize, u32, &mut Vec<u32>) -> Result<()>,
+{
+    let mut src = dst.clone();
+    for (t, nodes) in dst.iter().enumerate() {
+        for (i, &v) in nodes.iter().enumerate() {
+            local[t][v as usize] = i as u32;
+        }
+    }
+    let mut rels = Vec::new();
+    let built = (|| {
+        for (r, rel) in g.relations().iter().enumerate() {
+            let rid = RelationId(r as u32);
+            let dt = rel.dst.index();
+            let dnodes = &dst[dt];
+            if dnodes.is_empty() || !filter.allows(layer, rid) {
+                continue;
+            }
+            let mut offsets = Vec::with_capacity(dnodes.len() + 1);
+            offsets.push(0u32);
+            let mut sources = Vec::with_capacity(dnodes.len() * 8);
+            let (map, srcs) = (&mut local[rel.src.index()], &mut src[rel.src.index()]);
+            for (i, &v) in dnodes.iter().enumerate() {
+                picked.clear();
+                fill(rid, dt, i, v, picked)?;
+                for &u in picked.iter() {
+                    let slot = map.get_mut(u as usize).ok_or_else(|| GraphError::InvalidArgument(format!("picked node {u} is out of range")))?;
+                    if *slot == UNSEEN {
+                        *slot = srcs.len() as u32;
+                        srcs.push(u);
+                    }
+                    sources.push(*slot);
+                }
+                offsets.push(sources.len() as u32);
+            }
+            rels.push(BlockRelation { relation: rid, offsets, sources });
+        }
+        Ok(())
+    })();
+    // The maps are reset whatever happened: the sampler stays usable after an error.
+    for (t, nodes) in src.iter().enumerate() {
+        for &v in nodes {
+            local[t][v as usize] = UNSEEN;
+        }
+    }
+    built?;
+    Ok(Block { layer, dst, src, relations: rels })
 }

@@ -114,6 +114,59 @@ fn same_inputs_same_sample_across_calls_samplers_and_threads() {
 }
 
 #[test]
+fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
+    // ByteGNN's DAG: each hop's picks made in chunks of destinations (by any
+    // thread, in any order), merged, then assembled.
+    let g = common::random(500, 300, 8000, 2);
+    let seeds: Vec<u32> = (0..64).map(|i| i * 7 % 500).collect();
+    let fanouts = [5, 3];
+    let want = Sampler::new(&g, &fanouts, 11).unwrap().sample(3, 4, &seeds).unwrap();
+    let mut frontier = vec![Vec::new(); g.node_types().len()];
+    frontier[g.target().index()] = seeds.clone();
+    let mut s = Sampler::new(&g, &fanouts, 11).unwrap();
+    let mut blocks = Vec::new();
+    for (hop, &fanout) in fanouts.iter().enumerate() {
+        let layer = fanouts.len() - 1 - hop;
+        let mut picks = Vec::new();
+        for (t, nodes) in frontier.iter().enumerate() {
+            // Chunks of 7 destinations, picked last chunk first, concatenated in order.
+            let chunks: Vec<Vec<graphs::RelationPicks>> = nodes
+                .chunks(7)
+                .rev()
+                .map(|c| Sampler::new(&g, &fanouts, 11).unwrap().pick(3, 4, layer, fanout, graphs::NodeTypeId(t as u32), c, &RelationFilter::All, &graphs::link::NoExclusion).unwrap())
+                .collect();
+            let mut merged: Vec<graphs::RelationPicks> = Vec::new();
+            for chunk in chunks.into_iter().rev() {
+                for p in chunk {
+                    match merged.iter_mut().find(|m| m.relation == p.relation) {
+                        Some(m) => {
+                            let base = *m.offsets.last().unwrap();
+                            m.offsets.extend(p.offsets[1..].iter().map(|o| o + base));
+                            m.picks.extend(p.picks);
+                        }
+                        None => merged.push(p),
+                    }
+                }
+            }
+            picks.push(merged);
+        }
+        let block = s.assemble(layer, fanout, frontier.clone(), &picks, &RelationFilter::All).unwrap();
+        frontier = block.src.clone();
+        blocks.push(block);
+    }
+    blocks.reverse();
+    assert_eq!(blocks, want.blocks);
+    // Malformed picks (one destination short) are refused, and the sampler stays usable.
+    let mut dst = vec![Vec::new(); g.node_types().len()];
+    dst[g.target().index()] = vec![1, 2];
+    let short = s.pick(0, 0, 0, 3, g.target(), &[1], &RelationFilter::All, &graphs::link::NoExclusion).unwrap();
+    let mut picks = vec![Vec::new(); g.node_types().len()];
+    picks[g.target().index()] = short;
+    assert!(s.assemble(0, 3, dst, &picks, &RelationFilter::All).is_err());
+    assert_eq!(s.sample(3, 4, &seeds).unwrap(), want);
+}
+
+#[test]
 fn a_node_draws_the_same_neighbors_whatever_batch_it_is_in() {
     let g = common::random(400, 100, 6000, 3);
     let cites = g.relation_id("paper__cites__paper").unwrap();

@@ -56,6 +56,8 @@ pub struct DataParallel {
     views: Arc<CacheDirectory>,
     /// Link prediction: per partition loaded in this process, its share of the task.
     links: std::sync::Mutex<std::collections::HashMap<u32, Arc<LinkTask>>>,
+    /// `sampling = "dag"`: per partition loaded here, its sampling worker.
+    sampling: crate::sampling::Workers,
 }
 
 impl DataParallel {
@@ -66,7 +68,7 @@ impl DataParallel {
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
         // The set keeps its copy: loading a partition checks against it.
         let (owners, trainer_of) = (Arc::new(set.owners.clone()), Arc::new(set.trainer_of.clone()));
-        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default(), links: Default::default() })
+        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default(), links: Default::default(), sampling: Default::default() })
     }
 
     /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.
@@ -92,6 +94,7 @@ impl DataParallel {
                 caches: self.caches.clone(),
                 cache_view: self.views.get(&names::trainer(trainer)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("trainer {trainer} has no cache manager")))?,
                 link: self.link(p.part),
+                sampling: self.sampling.clone(),
             };
             let h = std::thread::Builder::new()
                 .name(format!("trainer-{trainer}"))

@@ -120,6 +120,11 @@ impl Inbox {
         self.cv.notify_all();
     }
 
+    /// Why the current generation was aborted, if it was.
+    pub fn abort_reason(&self) -> Option<String> {
+        self.lock().abort.clone()
+    }
+
     /// The current generation.
     pub fn gen(&self) -> u64 {
         self.lock().gen

@@ -130,6 +130,12 @@ pub struct EpochStats {
     /// Full-graph: this worker's broadcasts, skips and cache.
     #[serde(default)]
     pub full: Option<FullFigures>,
+    /// The share of the machine's cores busy during the epoch's steps (0 to 1).
+    #[serde(default)]
+    pub cpu_util: f64,
+    /// `sampling = "dag"`: this trainer's DAG figures.
+    #[serde(default)]
+    pub sampling: Option<crate::sampling::pipeline::DagFigures>,
 }
 
 /// A HopGNN worker's figures of an epoch's training steps.

@@ -18,6 +18,7 @@ use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::error::Result;
+use crate::sampling::launch::CpuSpan;
 use crate::task::link::LinkTask;
 
 /// What the loop knows of the attempt.
@@ -75,6 +76,17 @@ pub(crate) struct StepFigures {
     pub seen: u64,
 }
 
+/// A mode's own supply of an epoch's batches in step order, instead of the
+/// prefetch thread (ByteGNN's DAG sampling).
+pub(crate) trait BatchSource<B> {
+    /// The next step's batch.
+    fn next(&mut self) -> Result<B>;
+    /// The trainer spent `seconds` on the batch it took last.
+    fn trained(&self, seconds: f64);
+    /// The epoch's figures.
+    fn figures(&self) -> crate::sampling::pipeline::DagFigures;
+}
+
 /// A distributed mode's training thread, as the loop drives it. `Feed` is
 /// what its prefetch thread reads while the steps run (shared, immutable).
 pub(crate) trait Steps {
@@ -96,6 +108,11 @@ pub(crate) trait Steps {
     fn epoch_start(&mut self, _epoch: u64, _steps: u64) {}
     /// Builds the prefetch thread's state for an epoch, on that thread.
     fn feed_state(feed: &Self::Feed) -> Result<Self::State<'_>>;
+    /// The mode's own supply of the batches of `epoch` from step `skip` on
+    /// (`None`: the prefetch thread and [`Steps::prepare`]).
+    fn batch_source<'f>(_feed: &'f Self::Feed, _epoch: u64, _batches: &[Vec<u32>], _skip: usize) -> Result<Option<Box<dyn BatchSource<Self::Batch> + 'f>>> {
+        Ok(None)
+    }
     /// Prepares step `step` of `epoch` (its `seeds`) on the prefetch thread.
     fn prepare<'f>(feed: &'f Self::Feed, state: &mut Self::State<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Self::Batch>;
     /// Writes this thread's part of the checkpoint before step [`Steps::seq`].
@@ -125,24 +142,44 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         let before = bytes();
         steps.epoch_start(epoch, batches.len() as u64);
         let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
-        // The next batches are prepared on a thread of their own while this
-        // one computes and waits for its peers (DistDGLv2's pipeline).
-        let make = || {
-            let mut state = S::feed_state(feed)?;
-            Ok(move |step: u64, seeds: &[u32]| S::prepare(feed, &mut state, epoch, step, seeds))
-        };
-        run_steps(PREFETCH, &batches, skip, make, |step, seeds, batch| {
+        let cpu = CpuSpan::start();
+        // The trainer waits from the end of one step to the start of the next.
+        let mut last = Instant::now();
+        let mut consume = |step: u64, seeds: &[u32], batch: S::Batch, st: &mut EpochStats| -> Result<()> {
+            st.time.wait_s += last.elapsed().as_secs_f64();
             if plan.due(steps.seq()) {
                 let clock = Instant::now();
                 steps.checkpoint(feed, progress)?;
                 st.time.checkpoint_s += clock.elapsed().as_secs_f64();
             }
-            let f = steps.step(feed, epoch, step, seeds, batch, &mut st)?;
+            let f = steps.step(feed, epoch, step, seeds, batch, st)?;
             progress.loss_sum += f.loss;
             progress.correct += f.correct;
             progress.seen += f.seen;
+            last = Instant::now();
             Ok(())
-        })?;
+        };
+        match S::batch_source(feed, epoch, &batches, skip)? {
+            Some(mut source) => {
+                for (step, seeds) in batches.iter().enumerate().skip(skip) {
+                    let batch = source.next()?;
+                    let clock = Instant::now();
+                    consume(step as u64, seeds, batch, &mut st)?;
+                    source.trained(clock.elapsed().as_secs_f64());
+                }
+                st.sampling = Some(source.figures());
+            }
+            None => {
+                // The next batches are prepared on a thread of their own while this
+                // one computes and waits for its peers (DistDGLv2's pipeline).
+                let make = || {
+                    let mut state = S::feed_state(feed)?;
+                    Ok(move |step: u64, seeds: &[u32]| S::prepare(feed, &mut state, epoch, step, seeds))
+                };
+                run_steps(PREFETCH, &batches, skip, make, |step, seeds, batch| consume(step, seeds, batch, &mut st))?;
+            }
+        }
+        st.cpu_util = cpu.util();
         st.time.seconds = start.elapsed().as_secs_f64();
         st.step_bytes_by_kind = bytes().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
         st.loss = progress.loss_sum / batches.len().max(1) as f64;

@@ -112,6 +112,22 @@ pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
     node.actor(name).map(|r| r.with_sender(from)).map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
 }
 
+/// Pulls `ids` of generation `gen` from `store`, asking again while step
+/// `after`'s update is not applied there or the store has not started the
+/// generation, until the step deadline.
+pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, timeouts: Timeouts) -> std::result::Result<ByteVec, String> {
+    let deadline = Instant::now() + timeouts.step;
+    loop {
+        match store.ask(Pull { gen, ids: ids.to_vec(), after }, timeouts.ask).await {
+            Ok(Ok(Some(rows))) => return Ok(rows),
+            Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
+            Ok(Ok(None)) => return Err(format!("step {after:?} of generation {gen:x} not applied within {:?}", timeouts.step)),
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 impl Client {
     /// The client `s` describes, with references to every sampler and store.
     pub fn new(s: ClientSetup) -> Result<Client> {
@@ -339,16 +355,12 @@ impl Client {
     /// Pulls `ids` from `store`, asking again while step `after`'s update is
     /// not applied there (pushes travel alongside the all-reduce).
     pub async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<ByteVec, String> {
-        let deadline = Instant::now() + self.timeouts.step;
-        loop {
-            match store.ask(Pull { gen: self.gen, ids: ids.to_vec(), after }, self.timeouts.ask).await {
-                Ok(Ok(Some(rows))) => return Ok(rows),
-                Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
-                Ok(Ok(None)) => return Err(format!("step {after:?} of generation {:x} not applied within {:?}", self.gen, self.timeouts.step)),
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
+        pull_from(store, self.gen, ids, after, self.timeouts).await
+    }
+
+    /// The node's runtime (for requests sent from other threads).
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
     }
 
     /// Whether `rows` includes type `ty`'s inputs.

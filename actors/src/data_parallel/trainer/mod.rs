@@ -12,6 +12,7 @@
 //! Gradients are summed in trainer order, so every replica applies the same
 //! update, bit for bit.
 
+mod dag;
 mod fetch;
 
 use std::collections::BTreeMap;
@@ -29,13 +30,13 @@ use runtime::{ActorRef, Node};
 use super::names;
 use crate::cache::manager::{type_names, CacheView};
 use crate::cache::DeviceCache;
-use crate::config::{SeedAssignment, TrainingConfig};
+use crate::config::{Sampling, SeedAssignment, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, StepDone};
 use crate::distributed::Timeouts;
-use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
+use crate::epoch::run::{self as epochs, Attempt, BatchSource, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
 use crate::error::Result;
 use crate::owner::allreduce::{self, all_reduce, Group};
@@ -78,6 +79,8 @@ pub struct TrainerSetup {
     pub cache_view: Arc<CacheView>,
     /// Link prediction: the partition's share of the task (the edges whose source it owns).
     pub link: Option<Arc<LinkTask>>,
+    /// `sampling = "dag"`: the sampling workers of the partitions loaded in this process.
+    pub sampling: crate::sampling::Workers,
 }
 
 /// Runs every epoch; returns the final replica. On failure, tells the other
@@ -207,6 +210,14 @@ impl<'a> Steps for Replica<'a> {
 
     fn feed_state(_: &Ctx<'a>) -> Result<()> {
         Ok(())
+    }
+
+    /// `sampling = "dag"`: the epoch's batches from the partition's sampling worker.
+    fn batch_source<'f>(ctx: &'f Ctx<'a>, epoch: u64, batches: &[Vec<u32>], skip: usize) -> Result<Option<Box<dyn BatchSource<Prepared> + 'f>>> {
+        if ctx.s.cfg.sampling != Sampling::Dag {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(ctx.dag_batches(epoch, batches, skip)?)))
     }
 
     /// Samples the trainer's share of the batch and gathers its plain features.
