@@ -112,13 +112,13 @@ pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
     node.actor(name).map(|r| r.with_sender(from)).map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
 }
 
-/// Pulls `ids` of generation `gen` from `store`, asking again while step
-/// `after`'s update is not applied there or the store has not started the
-/// generation, until the step deadline.
-pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, timeouts: Timeouts) -> std::result::Result<ByteVec, String> {
+/// Pulls `ids` of generation `gen` from `store` (served by `priority` among
+/// waiting pulls), asking again while step `after`'s update is not applied
+/// there or the store has not started the generation, until the step deadline.
+pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, priority: u64, timeouts: Timeouts) -> std::result::Result<ByteVec, String> {
     let deadline = Instant::now() + timeouts.step;
     loop {
-        match store.ask(Pull { gen, ids: ids.to_vec(), after }, timeouts.ask).await {
+        match store.ask(Pull { gen, ids: ids.to_vec(), after, priority }, timeouts.ask).await {
             Ok(Ok(Some(rows))) => return Ok(rows),
             Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
             Ok(Ok(None)) => return Err(format!("step {after:?} of generation {gen:x} not applied within {:?}", timeouts.step)),
@@ -302,7 +302,7 @@ impl Client {
         }
         let asking: Vec<usize> = (0..parts).filter(|&o| reqs[o].iter().any(|r| !r.is_empty())).collect();
         let asks = asking.iter().map(|&o| {
-            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]), exclude };
+            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]), exclude, priority: 0 };
             self.samplers[o].ask(msg, self.timeouts.ask)
         });
         let bad = |m: String| GraphError::InvalidArgument(m);
@@ -355,7 +355,7 @@ impl Client {
     /// Pulls `ids` from `store`, asking again while step `after`'s update is
     /// not applied there (pushes travel alongside the all-reduce).
     pub async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<ByteVec, String> {
-        pull_from(store, self.gen, ids, after, self.timeouts).await
+        pull_from(store, self.gen, ids, after, 0, self.timeouts).await
     }
 
     /// The node's runtime (for requests sent from other threads).

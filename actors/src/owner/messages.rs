@@ -25,6 +25,9 @@ pub struct SampleReq {
     /// Link prediction: leave the step's training edges out of the neighbourhoods.
     #[serde(default)]
     pub exclude: bool,
+    /// Requests waiting together are served lowest value first (ByteGNN: the oldest batch's).
+    #[serde(default)]
+    pub priority: u64,
 }
 
 impl Msg for SampleReq {
@@ -42,6 +45,9 @@ pub struct Pull {
     pub ids: Vec<u32>,
     /// Learnable rows: only once the pushes of this step have been applied.
     pub after: Option<u64>,
+    /// Requests waiting together are served lowest value first (ByteGNN: the oldest batch's).
+    #[serde(default)]
+    pub priority: u64,
 }
 
 impl Msg for Pull {

@@ -8,6 +8,7 @@
 pub mod allreduce;
 pub mod client;
 pub mod messages;
+pub mod priority;
 pub mod sampler;
 pub mod store;
 pub mod worker;

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use actix::{Actor, Context, Handler, MessageResult};
+use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture};
 use graphs::link::{ExcludeEdges, NoExclusion};
 use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
 use runtime::Deliver;
 
 use super::messages::SampleReq;
+use super::priority::Parked;
 use crate::task::link::LinkTask;
 
 /// Most destination nodes one request may name.
@@ -24,12 +25,14 @@ pub struct SamplerActor {
     owners: Arc<Vec<Vec<u16>>>,
     /// Link prediction: which edges a step leaves out of its neighbourhoods.
     link: Option<Arc<LinkTask>>,
+    /// Requests waiting to be served.
+    parked: Parked<SampleReq, Answer>,
 }
 
 impl SamplerActor {
     /// The sampler of partition `part`.
     pub fn new(part: u16, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, link: Option<Arc<LinkTask>>) -> SamplerActor {
-        SamplerActor { part, graph, owners, link }
+        SamplerActor { part, graph, owners, link, parked: Parked::default() }
     }
 
     fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, String> {
@@ -75,9 +78,31 @@ impl Actor for SamplerActor {
     type Context = Context<Self>;
 }
 
+/// The answer to a sampling request.
+type Answer = Result<Vec<Vec<RelationPicks>>, String>;
+
+/// Serve the most urgent parked request.
+struct Serve;
+
+impl actix::Message for Serve {
+    type Result = ();
+}
+
 impl Handler<Deliver<SampleReq>> for SamplerActor {
-    type Result = MessageResult<Deliver<SampleReq>>;
-    fn handle(&mut self, m: Deliver<SampleReq>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.answer(&m.msg))
+    type Result = ResponseFuture<Answer>;
+    /// Parked and served by priority (see [`super::priority`]).
+    fn handle(&mut self, m: Deliver<SampleReq>, ctx: &mut Context<Self>) -> Self::Result {
+        let rx = self.parked.park(m.msg.priority, m.msg);
+        ctx.notify(Serve);
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err("the sampler stopped".into())) })
+    }
+}
+
+impl Handler<Serve> for SamplerActor {
+    type Result = ();
+    fn handle(&mut self, _: Serve, _: &mut Context<Self>) {
+        let mut parked = std::mem::take(&mut self.parked);
+        parked.serve_one(|r| self.answer(&r));
+        self.parked = parked;
     }
 }

@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use actix::{Actor, Context, Handler, MessageResult};
+use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture};
 use graphs::HetGraph;
 use models::embedding::{adam_rows, RowsMut};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
 use super::messages::{Export, Pull, Push, Reset, Save};
+use super::priority::Parked;
 use crate::distributed::{checkpoint, decode_f32};
 
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
@@ -187,13 +188,15 @@ pub struct FeatureStore {
     gen: u64,
     /// Where checkpoints go, and this store's file in them.
     checkpoints: Option<(PathBuf, String)>,
+    /// Pulls waiting to be served.
+    parked: Parked<Pull, PullAnswer>,
 }
 
 impl FeatureStore {
     /// A store for partition `part`, node type `ty`; learnable rows are
     /// checkpointed under `checkpoints` as `file`.
     pub fn new(part: u16, owners: Arc<Vec<Vec<u16>>>, ty: usize, data: StoreData, checkpoints: Option<(PathBuf, String)>) -> FeatureStore {
-        FeatureStore { part, owners, ty, data, gen: 0, checkpoints }
+        FeatureStore { part, owners, ty, data, gen: 0, checkpoints, parked: Parked::default() }
     }
 
     /// Starts generation `gen` from the checkpoint at step `from` (or afresh).
@@ -276,10 +279,32 @@ impl Actor for FeatureStore {
     type Context = Context<Self>;
 }
 
+/// The answer to a pull.
+type PullAnswer = Result<Option<ByteVec>, String>;
+
+/// Serve the most urgent parked pull.
+struct ServePull;
+
+impl actix::Message for ServePull {
+    type Result = ();
+}
+
 impl Handler<Deliver<Pull>> for FeatureStore {
-    type Result = MessageResult<Deliver<Pull>>;
-    fn handle(&mut self, m: Deliver<Pull>, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.pull(m.msg.gen, &m.msg.ids, m.msg.after))
+    type Result = ResponseFuture<PullAnswer>;
+    /// Parked and served by priority (see [`super::priority`]).
+    fn handle(&mut self, m: Deliver<Pull>, ctx: &mut Context<Self>) -> Self::Result {
+        let rx = self.parked.park(m.msg.priority, m.msg);
+        ctx.notify(ServePull);
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err("the store stopped".into())) })
+    }
+}
+
+impl Handler<ServePull> for FeatureStore {
+    type Result = ();
+    fn handle(&mut self, _: ServePull, _: &mut Context<Self>) {
+        let mut parked = std::mem::take(&mut self.parked);
+        parked.serve_one(|m| self.pull(m.gen, &m.ids, m.after));
+        self.parked = parked;
     }
 }
 

@@ -289,7 +289,7 @@ impl Dag {
         }
         for (o, nodes) in asking.into_iter().map(|o| (o, std::mem::take(&mut away[o]))) {
             let exclude = matches!(self.job.seeds, Seeds::Edges(_));
-            let msg = SampleReq { seed: self.job.seed, epoch: self.job.epoch, step: self.job.step, layer: layer as u32, fanout: fanout as u32, nodes, exclude };
+            let msg = SampleReq { seed: self.job.seed, epoch: self.job.epoch, step: self.job.step, layer: layer as u32, fanout: fanout as u32, nodes, exclude, priority: self.job.dag };
             let (me, sampler, ask) = (self.clone(), src.samplers[o].clone(), src.timeouts.ask);
             let sent = Instant::now();
             src.handle.spawn(async move {
@@ -418,7 +418,7 @@ impl Dag {
                 let (me, store, gen, timeouts) = (self.clone(), src.stores[t][o].clone(), src.gen, src.timeouts);
                 let sent = Instant::now();
                 src.handle.spawn(async move {
-                    let answer = pull_from(&store, gen, &ids, None, timeouts).await;
+                    let answer = pull_from(&store, gen, &ids, None, me.job.dag, timeouts).await;
                     let waited = sent.elapsed();
                     let d = me.clone();
                     me.ex.spawn(me.job.dag, 0, move || {
