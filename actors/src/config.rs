@@ -296,6 +296,10 @@ pub struct TrainingConfig {
     pub dag_max_in_flight: u32,
     /// `sampling = "dag"`: destination rows per one-hop task (default 512).
     pub dag_chunk_rows: u32,
+    /// Data-parallel benchmarks: the trainers drop each batch unused (no
+    /// forward, no update, no evaluation), so an epoch measures sampling and
+    /// fetching alone (default false).
+    pub sampling_sink: bool,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
@@ -428,6 +432,7 @@ impl Default for TrainingConfig {
             dag_threads: 0,
             dag_max_in_flight: 8,
             dag_chunk_rows: 512,
+            sampling_sink: false,
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
@@ -554,6 +559,9 @@ impl Config {
             return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
         }
         let dag_defaults = t.sampling == Sampling::Pipeline && t.dag_threads == 0 && t.dag_max_in_flight == 8 && t.dag_chunk_rows == 512;
+        if t.sampling_sink && t.mode != Mode::DataParallel {
+            return bad(format!("training.sampling_sink applies to data-parallel training, not {}", t.mode.name()));
+        }
         if t.mode != Mode::DataParallel && !dag_defaults {
             return bad(format!("training.sampling, dag_threads, dag_max_in_flight and dag_chunk_rows apply to data-parallel training, not {}", t.mode.name()));
         }

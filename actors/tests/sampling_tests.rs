@@ -89,6 +89,25 @@ fn dag_sampling_with_a_device_cache_and_for_link_prediction() {
 }
 
 #[test]
+fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
+    let pdir = partitions(2, Method::Metis);
+    let (trained, _) = train(&data_parallel(&pdir, &BASE, &["training.sampling=\"dag\""]), &mut ()).unwrap();
+    let (sink, _) = train(&data_parallel(&pdir, &BASE, &["training.sampling=\"dag\"", "training.sampling_sink=true"]), &mut ()).unwrap();
+    assert_eq!(sink.steps, trained.steps);
+    let steps_per_epoch = sink.steps / sink.epochs.len() as u64;
+    for (e, t) in sink.epochs.iter().zip(&trained.epochs) {
+        assert_eq!((e.loss, e.test_acc, e.time.compute_s), (0.0, 0.0, 0.0));
+        let s = e.sampling.as_ref().unwrap();
+        // Both trainers launched one DAG per step in which they have seeds.
+        assert!(s.launches <= 2 * steps_per_epoch && s.launches >= steps_per_epoch, "{s:?}");
+        assert_eq!(e.sampling.as_ref().unwrap().launches, t.sampling.as_ref().unwrap().launches);
+    }
+    assert_ne!(sink.final_model_sha256, trained.final_model_sha256);
+    let err = Config::parse("", &["training.sampling_sink=true".to_string()]).err().unwrap().to_string();
+    assert!(err.contains("sampling_sink applies to data-parallel"), "{err}");
+}
+
+#[test]
 fn dag_settings_are_refused_where_they_do_not_apply() {
     let pdir = partitions(2, Method::Metis);
     let parse = |o: &[&str]| {

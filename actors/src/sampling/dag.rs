@@ -488,7 +488,8 @@ impl Dag {
                 continue;
             }
             let dim = src.dims[t];
-            let mut misses = Vec::new();
+            // Sized once for every hop's rows: no copies as it grows.
+            let mut misses = Vec::with_capacity(fetches.iter().filter_map(|h| h.get(t)).map(|f| f.ids.len() * dim).sum());
             let mut lookup: Option<Lookup> = None;
             let mut at = 0usize;
             for hop in &fetches {
@@ -533,15 +534,20 @@ impl Dag {
 fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()> {
     let dim = src.dims[t];
     let local_rows = src.graph.node_types()[t].features.is_some();
-    let local: Vec<f32> = f.local.iter().map(|c| c.as_deref().ok_or_else(|| TrainError::Distributed("a fetch part is missing".into()))).collect::<Result<Vec<_>>>()?.concat();
-    let mut next_local = 0usize;
+    let missing = || TrainError::Distributed("a fetch part is missing".into());
+    // Local rows are read chunk by chunk where they lie: no copy of them all first.
+    let (mut chunk, mut row) = (0usize, 0usize);
     let mut next = vec![0usize; f.remote.len()];
-    out.reserve(f.ids.len() * dim);
     for &v in &f.ids {
         let o = src.owner(t, v);
         if o == src.part as usize && local_rows {
-            out.extend_from_slice(local.get(next_local * dim..(next_local + 1) * dim).ok_or_else(|| TrainError::Distributed("too few local rows".into()))?);
-            next_local += 1;
+            let c = f.local.get(chunk).and_then(Option::as_deref).ok_or_else(missing)?;
+            out.extend_from_slice(c.get(row * dim..(row + 1) * dim).ok_or_else(|| TrainError::Distributed("too few local rows".into()))?);
+            row += 1;
+            if row * dim >= c.len() {
+                chunk += 1;
+                row = 0;
+            }
         } else {
             let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}")))?;
             out.extend_from_slice(rows.get(next[o] * dim..(next[o] + 1) * dim).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?);

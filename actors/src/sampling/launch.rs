@@ -18,7 +18,7 @@
 //!   latency, because CPU use reacts late to a launch.
 //!
 //! A DAG is launched when balance · cpu · gap ≥ 1, always when none is in
-//! flight, never when `max` are.
+//! flight and none waits, never when `max` are in flight or waiting.
 
 /// Upper bound of the balance factor (an empty queue counts as this).
 pub const BALANCE_CAP: f64 = 4.0;
@@ -58,10 +58,10 @@ pub fn score(m: &Measures, max: usize) -> f64 {
 
 /// Whether to launch now.
 pub fn decide(m: &Measures, max: usize) -> bool {
-    if m.in_flight >= max {
+    if m.in_flight >= max || m.queued >= max {
         return false;
     }
-    m.in_flight == 0 || score(m, max) >= 1.0
+    (m.in_flight == 0 && m.queued == 0) || score(m, max) >= 1.0
 }
 
 /// The machine's CPU use between two readings of `/proc/stat` (where
@@ -141,7 +141,8 @@ mod tests {
         let m = Measures { in_flight: 2, queued: 0, sample_s: 0.1, train_s: 0.02, gap_s: 1.0, util: 50.0 };
         assert!(decide(&m, 8), "an empty queue launches");
         assert!(!decide(&Measures { in_flight: 8, ..m }, 8), "never more than max");
-        assert!(decide(&Measures { in_flight: 0, queued: 50, util: 100.0, ..m }, 8), "always when none is in flight");
+        assert!(decide(&Measures { in_flight: 0, queued: 0, util: 100.0, ..m }, 8), "always when none is in flight and none waits");
+        assert!(!decide(&Measures { in_flight: 0, queued: 8, util: 0.0, ..m }, 8), "never when max wait");
         // Queue drains in 3 x 0.02 = 0.06 s; next batch in 0.1 / 3 = 0.033 s: no hurry.
         let full = Measures { queued: 3, ..m };
         assert!(score(&full, 8) > 1.0 / BALANCE_CAP);

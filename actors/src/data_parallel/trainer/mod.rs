@@ -236,7 +236,14 @@ impl<'a> Steps for Replica<'a> {
     fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
-        let (loss, correct) = self.train_step(ctx, epoch, step, p, st)?;
+        let (loss, correct) = match ctx.s.cfg.sampling_sink {
+            // The batch is dropped: the epoch measures sampling alone.
+            true => {
+                self.seq += 1;
+                (0.0, 0.0)
+            }
+            false => self.train_step(ctx, epoch, step, p, st)?,
+        };
         if self.s.trainer == 0 {
             let c = ctx.coordinator.clone();
             ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
@@ -245,6 +252,9 @@ impl<'a> Steps for Replica<'a> {
     }
 
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        if ctx.s.cfg.sampling_sink {
+            return Ok(());
+        }
         if let Some(task) = &self.s.link {
             let g = ctx.s.graph.clone();
             let seed = ctx.s.cfg.seed ^ EVAL_SEED;
