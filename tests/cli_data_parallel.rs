@@ -79,6 +79,11 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
     hetgnn(d, &["train"].iter().chain(dp.iter()).copied().collect::<Vec<_>>()).ok();
     let (chaos, embedded) = (report(&d.join("chaos.json")), report(&d.join("embedded.json")));
     assert_eq!(chaos["final_model_sha256"], embedded["final_model_sha256"], "lost and duplicated messages (and the cache) change nothing");
+    // ByteGNN's DAG sampling over the same lossy links: the same model, its DAGs reported.
+    hetgnn(d, &["launch", "--config", "cluster.toml", "--force", "--set", "training.sampling=\"dag\"", "--set", "training.dag_chunk_rows=64", "--set", "training.report=\"dag.json\""]).ok();
+    let dag = report(&d.join("dag.json"));
+    assert_eq!(dag["final_model_sha256"], embedded["final_model_sha256"], "DAG sampling over lossy links changes nothing");
+    assert!(dag["epochs"][1]["sampling"]["launches"].as_u64().unwrap_or(0) > 0, "{}", dag["epochs"][1]);
     let paper = &chaos["cache"]["paper"];
     assert!(paper["rows"].as_u64().unwrap_or(0) > 0 && paper["hits"].as_u64().unwrap_or(0) > 0, "{}", chaos["cache"]);
     let traffic = chaos["bytes_by_kind"].as_object().unwrap();
