@@ -24,8 +24,10 @@ pub struct PartitionArgs {
     /// How to assign owners: metis (edge cut, balanced types, edges and
     /// splits), random, meta (by relation, for raf), block-row or
     /// block-row-random (equal blocks of METIS or shuffled order per type, for
-    /// full-graph training), or streaming in O(nodes) memory: spring
-    /// (CATGNN), hdrf or dbh (vertex-cut baselines).
+    /// full-graph training), bytegnn (ByteGNN: K-hop blocks around the
+    /// labelled nodes, placed for cross edges and train/valid/test balance),
+    /// or streaming in O(nodes) memory: spring (CATGNN), hdrf or dbh
+    /// (vertex-cut baselines).
     #[arg(long, default_value = "metis")]
     pub method: Method,
     /// SPRING: the clustering pass's volume bound, as a fraction of one
@@ -41,6 +43,30 @@ pub struct PartitionArgs {
     /// the node-balance bound; 2·parts bytes more per node.
     #[arg(long, default_value_t = 0)]
     pub spring_refine: usize,
+    /// ByteGNN: hops of the BFS that grows a block around each labelled
+    /// node, the model's depth [default: 2].
+    #[arg(long)]
+    pub bytegnn_hops: Option<usize>,
+    /// ByteGNN: weight in 0..=1 of the per-type node and edge terms in the
+    /// balance score, for heterogeneous graphs (the train/valid/test terms
+    /// get the rest); above 0 they also cap every node type and the edges
+    /// at 1.05 × the mean, as far as blocks allow [default: 0].
+    #[arg(long)]
+    pub bytegnn_type_weight: Option<f64>,
+    /// ByteGNN: strength in 0..=1 of the balance term of the score (1: the
+    /// paper's, 0 at 5% over the mean; lower leaves the balance to the caps
+    /// and weighs cross edges more) [default: 1].
+    #[arg(long)]
+    pub bytegnn_balance_weight: Option<f64>,
+    /// ByteGNN: clusters of neighbouring blocks per partition, placed whole
+    /// (0: blocks one by one, as in the paper) [default: 32].
+    #[arg(long)]
+    pub bytegnn_clusters: Option<usize>,
+    /// ByteGNN: refinement sweeps after placement, each moving every block
+    /// to the partition it shares most edges with, within the caps (0: none,
+    /// as in the paper) [default: 10].
+    #[arg(long)]
+    pub bytegnn_passes: Option<usize>,
     /// Second level (DistDGLv2): trainers per partition, each taking the seeds
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
@@ -48,7 +74,9 @@ pub struct PartitionArgs {
     /// Meta-partitioning: the model's depth (the metatree's).
     #[arg(long, default_value_t = 2)]
     pub layers: usize,
-    /// Meta-partitioning: build the metatree without reverse relations (as training with --no-reverse-edges).
+    /// Meta-partitioning and bytegnn: without reverse relations (as training
+    /// with --no-reverse-edges): the metatree, or the blocks' BFS, follows
+    /// the stored relations' direction only.
     #[arg(long)]
     pub no_reverse_edges: bool,
     /// Meta-partitioning: build the metatree from these metapaths (one per line,
@@ -75,6 +103,7 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     inputs.extend(args.metapaths.as_deref().map(|p| ("--metapaths", p)));
     crate::output::check(&[crate::output::Output { flag: "--out", path: &args.out, kind: crate::output::Kind::Dir }], args.force, &inputs)?;
     anyhow::ensure!(args.metapaths.is_none() || args.method == Method::Meta, "--metapaths applies to --method meta");
+    let bytegnn = bytegnn_options(args)?;
     if args.method == Method::Meta {
         return run_meta(args);
     }
@@ -104,7 +133,11 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
         return Ok(());
     }
     let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
-    let a = partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed).context("assigning owners")?;
+    let a = match &bytegnn {
+        Some(b) => partition::assign_two_level_with(&g, args.parts, args.trainers, args.method, b, args.seed),
+        None => partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed),
+    }
+    .context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
     let opts = partition::WriteOptions { overwrite: args.force, halo_features: args.halo_features };
     let manifest = partition::write_with(&g, &a, &args.out, &opts, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
@@ -115,6 +148,34 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     finish(report, start, &args.out)?;
     sayln!("wrote {} partitions to {}", manifest.parts, args.out.display());
     Ok(())
+}
+
+/// `--method bytegnn`'s options (`None` for other methods, which refuse them).
+fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::ByteGnn>> {
+    if args.method != Method::Bytegnn {
+        let given = [
+            ("--bytegnn-hops", args.bytegnn_hops.is_some()),
+            ("--bytegnn-type-weight", args.bytegnn_type_weight.is_some()),
+            ("--bytegnn-passes", args.bytegnn_passes.is_some()),
+            ("--bytegnn-balance-weight", args.bytegnn_balance_weight.is_some()),
+            ("--bytegnn-clusters", args.bytegnn_clusters.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
+            anyhow::bail!("{flag} applies to --method bytegnn, not {}", args.method);
+        }
+        return Ok(None);
+    }
+    let d = partition::bytegnn::ByteGnn::DEFAULT;
+    let b = partition::bytegnn::ByteGnn {
+        hops: args.bytegnn_hops.unwrap_or(d.hops),
+        reverse: !args.no_reverse_edges,
+        type_weight: args.bytegnn_type_weight.unwrap_or(d.type_weight),
+        balance_weight: args.bytegnn_balance_weight.unwrap_or(d.balance_weight),
+        clusters: args.bytegnn_clusters.unwrap_or(d.clusters),
+        passes: args.bytegnn_passes.unwrap_or(d.passes),
+    };
+    b.validate()?;
+    Ok(Some(b))
 }
 
 /// Adds the time and peak memory to `report`, prints its summary (the same
@@ -135,6 +196,10 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
         report.boundary_nodes.iter().sum::<u64>()
     );
     sayln!("balance (max/mean): {}", balance.join(", "));
+    if !report.split_balance.is_empty() {
+        let splits: Vec<String> = ["train", "valid", "test"].iter().filter_map(|s| report.split_balance.get(*s).map(|v| format!("{s} {v:.3}"))).collect();
+        sayln!("split balance (max/mean): {}", splits.join(", "));
+    }
     let by_type: Vec<String> = report.replication_by_type.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
     sayln!("replication by type: {}", by_type.join(", "));
     let mib = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
@@ -158,8 +223,6 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
         }
         sayln!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
     }
-    let splits: Vec<String> = ["train", "valid", "test"].iter().enumerate().map(|(s, name)| format!("{name} {:.3}", m.balance(|p| p.splits[s]))).collect();
-    sayln!("split balance (max/mean): {}", splits.join(", "));
     if m.trainers > 1 {
         sayln!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
         for (k, p) in m.info.iter().enumerate() {

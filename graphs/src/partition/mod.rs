@@ -1,5 +1,5 @@
 //! Partitioners, in two kinds. Node-assigning ones ([`NodePartitioner`]: one
-//! file each, [`random`], [`metis`]; the streaming and block ones to come)
+//! file each, [`random`], [`metis`], [`bytegnn`]'s neighbourhood blocks)
 //! give every node an owner partition, for data-parallel training (and
 //! [`block_row`]'s equal blocks, for full-graph training); the
 //! relation-assigning one ([`meta`], Heta's meta-partitioning) gives every
@@ -24,6 +24,7 @@
 //! Each `part<k>` loads with [`crate::load`] (features memory-mapped).
 
 pub mod block_row;
+pub mod bytegnn;
 mod graph_dir;
 pub mod meta;
 pub mod metis;
@@ -63,6 +64,7 @@ pub fn node_partitioner(method: Method) -> Option<&'static dyn NodePartitioner> 
         Method::Metis => Some(&metis::Metis),
         Method::BlockRow => Some(&block_row::BlockRow(block_row::Order::Metis)),
         Method::BlockRowRandom => Some(&block_row::BlockRow(block_row::Order::Random)),
+        Method::Bytegnn => Some(&bytegnn::ByteGnn::DEFAULT),
         Method::Meta | Method::Spring | Method::Hdrf | Method::Dbh => None,
     }
 }
@@ -89,6 +91,9 @@ pub enum Method {
     /// Equal contiguous blocks of a seeded shuffle per type ([`block_row`]).
     #[serde(rename = "block-row-random")]
     BlockRowRandom,
+    /// ByteGNN's blocks: K-hop neighbourhoods of the labelled nodes, placed
+    /// for cross edges and train/valid/test balance ([`bytegnn`]).
+    Bytegnn,
 }
 
 impl Method {
@@ -110,7 +115,8 @@ impl std::str::FromStr for Method {
             "dbh" => Ok(Method::Dbh),
             "block-row" => Ok(Method::BlockRow),
             "block-row-random" => Ok(Method::BlockRowRandom),
-            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta, spring, hdrf, dbh, block-row, block-row-random)"))),
+            "bytegnn" => Ok(Method::Bytegnn),
+            other => Err(GraphError::InvalidArgument(format!("unknown partition method '{other}' (known: metis, random, meta, spring, hdrf, dbh, block-row, block-row-random, bytegnn)"))),
         }
     }
 }
@@ -126,6 +132,7 @@ impl std::fmt::Display for Method {
             Method::Dbh => "dbh",
             Method::BlockRow => "block-row",
             Method::BlockRowRandom => "block-row-random",
+            Method::Bytegnn => "bytegnn",
         })
     }
 }
@@ -160,16 +167,23 @@ pub fn assign(g: &HetGraph, parts: usize, method: Method, seed: u64) -> Result<A
 /// into `trainers` sub-partitions with the same method; a trainer takes the
 /// seeds of its sub-partition.
 pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Method, seed: u64) -> Result<Assignment> {
+    let p = node_partitioner(method).ok_or_else(|| match method {
+        Method::Meta => GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()),
+        _ => GraphError::InvalidArgument(format!("{method} streams the graph directory's edges: use partition::assign_streaming")),
+    })?;
+    assign_two_level_with(g, parts, trainers, method, p, seed)
+}
+
+/// [`assign_two_level`] with partitioner `p` (of `method`, recorded in the
+/// manifest) as given, options included: e.g. a [`bytegnn::ByteGnn`] other
+/// than the default.
+pub fn assign_two_level_with(g: &HetGraph, parts: usize, trainers: usize, method: Method, p: &dyn NodePartitioner, seed: u64) -> Result<Assignment> {
     if parts == 0 || parts > MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={MAX_PARTS}, got {parts}")));
     }
     if trainers == 0 || parts * trainers > MAX_PARTS {
         return Err(GraphError::InvalidArgument(format!("--trainers must be in 1..={} for {parts} parts, got {trainers}", MAX_PARTS / parts)));
     }
-    let p = node_partitioner(method).ok_or_else(|| match method {
-        Method::Meta => GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()),
-        _ => GraphError::InvalidArgument(format!("{method} streams the graph directory's edges: use partition::assign_streaming")),
-    })?;
     let owners = p.assign(g, parts, seed, None)?;
     let target = g.target().index();
     let mut trainer_of = vec![0u16; g.node_types()[target].count as usize];

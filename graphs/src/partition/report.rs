@@ -49,6 +49,12 @@ pub struct PartitionReport {
     /// nodes of each type (owned ones, where nodes have owners), and of
     /// `edges`.
     pub balance: BTreeMap<String, f64>,
+    /// Largest over mean across partitions of the target type's owned
+    /// `train`, `valid` and `test` nodes (node-assigning partitions only:
+    /// relation-assigning ones hold every target node; empty in reports
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub split_balance: BTreeMap<String, f64>,
     /// Wall seconds, loading the graph included.
     pub seconds: f64,
     /// Peak resident memory of the partitioning process (the high-water
@@ -100,6 +106,7 @@ impl PartitionReport {
                 .collect(),
             edges: m.info.iter().map(|p| p.edges).collect(),
             balance,
+            split_balance: ["train", "valid", "test"].iter().enumerate().map(|(s, name)| (name.to_string(), m.balance(|p| p.splits[s]))).collect(),
             seconds: 0.0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
@@ -126,6 +133,7 @@ impl PartitionReport {
             nodes: m.info.iter().map(|p| p.nodes.clone()).collect(),
             edges,
             balance,
+            split_balance: BTreeMap::new(),
             seconds: 0.0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
