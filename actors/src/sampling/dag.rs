@@ -17,7 +17,7 @@
 //! hop is sampled. The last task puts the rows in the first block's order.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use graphs::link::{ExcludeEdges, NoExclusion};
@@ -620,6 +620,3 @@ fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<Relatio
     }
     Ok(out)
 }
-
-/// How long a consumer waits for a batch before asking whether the run is still on.
-pub const POLL: Duration = Duration::from_millis(50);

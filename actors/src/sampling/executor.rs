@@ -9,7 +9,6 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
 
 use crate::error::{Result, TrainError};
 
@@ -48,8 +47,6 @@ struct Queue {
     ready: BinaryHeap<Task>,
     next: u64,
     stop: bool,
-    /// Tasks running now.
-    running: usize,
 }
 
 /// The pool's shared state.
@@ -57,8 +54,6 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
-    /// Seconds the threads spent running tasks.
-    busy_ns: std::sync::atomic::AtomicU64,
 }
 
 /// A fixed pool of threads taking tasks from one priority queue.
@@ -98,16 +93,6 @@ impl Executor {
         drop(q);
         self.shared.wake.notify_one();
     }
-
-    /// Tasks waiting and tasks running.
-    pub fn load(&self) -> (usize, usize) {
-        self.shared.queue.lock().map(|q| (q.ready.len(), q.running)).unwrap_or_default()
-    }
-
-    /// Seconds the threads have spent running tasks so far.
-    pub fn busy_s(&self) -> f64 {
-        self.shared.busy_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
-    }
 }
 
 impl Drop for Executor {
@@ -140,7 +125,6 @@ fn work(s: &Shared) {
                     return;
                 }
                 if let Some(t) = q.ready.pop() {
-                    q.running += 1;
                     break t;
                 }
                 q = match s.wake.wait(q) {
@@ -149,12 +133,7 @@ fn work(s: &Shared) {
                 };
             }
         };
-        let start = Instant::now();
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task.job));
-        s.busy_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut q) = s.queue.lock() {
-            q.running -= 1;
-        }
     }
 }
 

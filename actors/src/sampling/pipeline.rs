@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::dag::{self, Job, Sampled, Source, POLL};
+use super::dag::{self, Job, Sampled, Source};
 use super::executor::Executor;
 use super::launch::{decide, CpuMeter, Measures};
 use super::ops::OpTimes;
@@ -17,6 +17,8 @@ use crate::error::{Result, TrainError};
 
 /// Weight of the newest sample in the running means.
 const EMA: f64 = 0.2;
+/// How long the trainer waits for a batch before asking whether the run is still on.
+const POLL: Duration = Duration::from_millis(50);
 /// Longest the launcher sleeps between looks (Algorithm 1's sleep).
 const LOOK: Duration = Duration::from_millis(2);
 

@@ -96,20 +96,9 @@ fn main() -> anyhow::Result<()> {
                     other => bail!("--runs {other}: expected pipeline, dag, pipeline-sink or dag-sink"),
                 };
                 extra = extra.replace("\\n", "\n");
-                let report = format!("{run}-{k}-{rep}.json");
-                let mut toml = bench::local_cluster(&bin, w, k)?;
-                toml += &format!(
-                    "[training]\nmode = \"data-parallel\"\n{extra}partitions = {:?}\nepochs = {}\nbatch = {}\nreport = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
-                    parts.display().to_string(),
-                    a.epochs,
-                    a.batch,
-                    a.bandwidth,
-                    a.delay_ms
-                );
-                std::fs::write(w.join("cluster.toml"), toml)?;
+                let training = format!("mode = \"data-parallel\"\n{extra}partitions = {:?}\nepochs = {}\nbatch = {}\n", parts.display().to_string(), a.epochs, a.batch);
                 eprintln!("{run}, {k} nodes, repeat {rep}, {} epochs", a.epochs);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
-                let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
+                let r = bench::launch_shaped(&bin, w, k, &training, &format!("{run}-{k}-{rep}.json"), &a.bandwidth, a.delay_ms)?;
                 rows.push(summary(&r, run, k));
             }
         }

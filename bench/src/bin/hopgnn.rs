@@ -107,20 +107,9 @@ fn main() -> anyhow::Result<()> {
                     "hop-merged" => format!("mode = \"hopgnn\"\nhop_time_steps = {}\n", (k - 1).max(1)),
                     other => bail!("--runs {other}: expected random, owner, hop, hop-grad or hop-merged"),
                 };
-                let report = format!("{run}-{k}-h{hidden}.json");
-                let mut toml = bench::local_cluster(&bin, w, k)?;
-                toml += &format!(
-                    "[training]\n{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\nreport = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
-                    parts.display().to_string(),
-                    a.epochs,
-                    a.batch,
-                    a.bandwidth,
-                    a.delay_ms
-                );
-                std::fs::write(w.join("cluster.toml"), toml)?;
+                let training = format!("{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n", parts.display().to_string(), a.epochs, a.batch);
                 eprintln!("{run}, {k} nodes, hidden {hidden}, {} epochs", a.epochs);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
-                let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
+                let r = bench::launch_shaped(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}.json"), &a.bandwidth, a.delay_ms)?;
                 rows.push(summary(&r, &format!("{run} x{k} h{hidden}")));
             }
         }
