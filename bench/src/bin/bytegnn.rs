@@ -37,6 +37,11 @@ struct Args {
     /// Each run this many times, interleaved (the machine is noisy: ranges are printed).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Untimed 1-epoch runs per node count before the timed ones: the first
+    /// launch after building reads the graph and binary cold and was up to
+    /// 2x slower, which flattered whichever run came second.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Seed nodes per step.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
@@ -86,6 +91,11 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &k in &a.nodes {
         let parts = bench::partitions_named(&bin, &data, "metis", k, &a.graph)?;
+        for i in 0..a.warmup {
+            eprintln!("warm-up {i}, {k} nodes, 1 epoch (not counted)");
+            let training = format!("mode = \"data-parallel\"\nsampling_sink = true\npartitions = {:?}\nepochs = 1\nbatch = {}\n", parts.display().to_string(), a.batch);
+            bench::launch_shaped(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"), &a.bandwidth, a.delay_ms)?;
+        }
         for rep in 0..a.repeat {
             for run in &a.runs {
                 let mut extra = match run.as_str() {
@@ -104,7 +114,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    println!("{}, batch {}, METIS partitions, default fanouts; links {} + {} ms", a.graph, a.batch, a.bandwidth, a.delay_ms);
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!("{}, batch {}, METIS partitions, default fanouts; links {} + {} ms; {cores} cores", a.graph, a.batch, a.bandwidth, a.delay_ms);
     println!("{:<15} {:>5} {:>8} {:>9} {:>7} {:>6} {:>8} {:>8} {:>9}", "run", "nodes", "epoch_s", "batches/s", "wait %", "cpu %", "in-fl", "queued", "test_acc");
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
@@ -165,7 +176,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows, "checks": checks });
+    let doc = json!({ "graph": a.graph, "cores": cores, "warmup": a.warmup, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())
