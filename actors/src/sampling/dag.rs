@@ -29,7 +29,7 @@ use super::executor::Executor;
 use super::ops::{Op, OpTimes};
 use crate::cache::rows::Lookup;
 use crate::cache::FeatureCache;
-use crate::distributed::{decode_f32, Timeouts};
+use crate::distributed::Timeouts;
 use crate::error::{Result, TrainError};
 use crate::owner::client::{pull_from, Client, Rows};
 use crate::owner::messages::SampleReq;
@@ -141,8 +141,9 @@ struct Fetch {
     lookup: Option<Lookup>,
     /// Local rows, per chunk of the local ids (in order).
     local: Vec<Option<Vec<f32>>>,
-    /// Pulled rows, per owner.
-    remote: Vec<Option<Vec<f32>>>,
+    /// Pulled rows, per owner, as received (little-endian f32 bytes,
+    /// length checked): copied once, into place, by the last task.
+    remote: Vec<Option<Vec<u8>>>,
 }
 
 #[derive(Default)]
@@ -424,9 +425,11 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
-                            let rows = decode_f32(&bytes.0, ids.len() * dim).map_err(TrainError::Distributed)?;
-                            d.fetched(|st| st.fetches[hop][t].remote[o] = Some(rows))
+                            let bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?.0;
+                            if bytes.len() != ids.len() * dim * 4 {
+                                return Err(TrainError::Distributed(format!("{}: {} bytes where {} rows of {dim} f32 were expected", store.name(), bytes.len(), ids.len())));
+                            }
+                            d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
                     });
                 });
@@ -550,7 +553,10 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
             }
         } else {
             let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}")))?;
-            out.extend_from_slice(rows.get(next[o] * dim..(next[o] + 1) * dim).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?);
+            let row = rows.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+            let start = out.len();
+            out.resize(start + dim, 0.0);
+            bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..]).copy_from_slice(row);
             next[o] += 1;
         }
     }

@@ -1,4 +1,4 @@
-use super::blocks::State;
+use super::blocks::{degree, State};
 use super::*;
 use crate::partition::{self, metis::Metis, random::Random, Method, PartitionReport};
 use crate::rng::key;
@@ -211,6 +211,68 @@ fn nodes_beyond_every_block_follow_their_neighbours() {
         let o = &b.assign(&g, 2, 0, None).unwrap()[0];
         assert_ne!(o[0], o[20], "one training node each");
         assert!(o[..20].iter().all(|&p| p == o[0]) && o[20..].iter().all(|&p| p == o[20]), "{o:?}");
+    }
+}
+
+/// Per partition, the nodes per type, the sampler's in-edges and the labelled nodes per split, counted afresh.
+fn counted(s: &State, g: &HetGraph) -> Vec<(Vec<u64>, u64, [u64; 3])> {
+    let mut c = vec![(vec![0u64; g.node_types().len()], 0u64, [0u64; 3]); s.parts];
+    for (t, owners) in s.owners.iter().enumerate() {
+        for (v, &p) in owners.iter().enumerate() {
+            let e = &mut c[p as usize];
+            e.0[t] += 1;
+            e.1 += degree(&s.walk[t], v as u32);
+            if t == s.target {
+                (0..3).for_each(|b| e.2[b] += u64::from(s.split_of[v] >> b & 1));
+            }
+        }
+    }
+    c
+}
+
+#[test]
+fn node_refinement_lowers_the_cut_within_the_caps_and_keeps_the_loads_true() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = mag(&tmp.path().join("g"));
+    for (g, parts) in [(&communities(), 2), (&m, 2), (&m, 3)] {
+        let opts = ByteGnn::DEFAULT;
+        let mut s = State::new(&opts, g, parts, None).unwrap();
+        s.grow_blocks(1);
+        let order = s.block_order(1);
+        let groups = s.clusters(&order);
+        s.place(&groups);
+        for _ in 0..opts.passes {
+            if s.refine(&order) == 0 {
+                break;
+            }
+        }
+        s.place_rest();
+        let before = edge_cut(g, &s.owners);
+        let loads_before: Vec<_> = s.loads.clone();
+        let mut moved = 0;
+        for _ in 0..20 {
+            match s.refine_nodes() {
+                0 => break,
+                n => moved += n,
+            }
+        }
+        let after = edge_cut(g, &s.owners);
+        assert!(after <= before, "{parts} parts: cut {before} -> {after}");
+        if g.node_types().len() > 2 {
+            assert!(moved > 0 && after < before, "mag, {parts} parts: {moved} moved, cut {before} -> {after}");
+        }
+        assert_eq!(s.refine_nodes(), 0, "a sweep after the last moves nothing");
+        // The running loads are the owners' counts, and no partition passed a cap it was within.
+        let fresh = counted(&s, g);
+        for (p, (load, was)) in s.loads.iter().zip(&loads_before).enumerate() {
+            assert_eq!((&load.types, load.edges, load.splits), (&fresh[p].0, fresh[p].1, fresh[p].2), "partition {p}");
+            for t in 0..load.types.len() {
+                assert!(load.types[t] <= s.cap.types[t].max(was.types[t]), "partition {p}, type {t}");
+            }
+            for b in 0..3 {
+                assert!(load.splits[b] <= s.cap.splits[b].max(was.splits[b]), "partition {p}, split {b}");
+            }
+        }
     }
 }
 
