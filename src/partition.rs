@@ -67,6 +67,11 @@ pub struct PartitionArgs {
     /// as in the paper) [default: 10].
     #[arg(long)]
     pub bytegnn_passes: Option<usize>,
+    /// ByteGNN: how blocks are placed: `greedy` (the paper's Algorithm 2,
+    /// fixed) or `metis` (METIS over the block graph: a lower cut on small
+    /// graphs, at METIS's memory) [default: greedy].
+    #[arg(long)]
+    pub bytegnn_place: Option<partition::bytegnn::Placement>,
     /// Second level (DistDGLv2): trainers per partition, each taking the seeds
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
@@ -159,6 +164,7 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
             ("--bytegnn-passes", args.bytegnn_passes.is_some()),
             ("--bytegnn-balance-weight", args.bytegnn_balance_weight.is_some()),
             ("--bytegnn-clusters", args.bytegnn_clusters.is_some()),
+            ("--bytegnn-place", args.bytegnn_place.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
             anyhow::bail!("{flag} applies to --method bytegnn, not {}", args.method);
@@ -173,6 +179,7 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
         balance_weight: args.bytegnn_balance_weight.unwrap_or(d.balance_weight),
         clusters: args.bytegnn_clusters.unwrap_or(d.clusters),
         passes: args.bytegnn_passes.unwrap_or(d.passes),
+        place: args.bytegnn_place.unwrap_or(d.place),
     };
     b.validate()?;
     Ok(Some(b))

@@ -38,7 +38,8 @@
 //! prints a table and writes bench/results/bytegnn-partition.json. A method
 //! `bytegnn-hH-cC-pP-wW-bB` is bytegnn with `--bytegnn-hops H`,
 //! `--bytegnn-clusters C`, `--bytegnn-passes P`, `--bytegnn-type-weight W`
-//! and `--bytegnn-balance-weight B` (any subset, in any order), for tuning:
+//! and `--bytegnn-balance-weight B` (any subset, in any order; `-metis` adds
+//! `--bytegnn-place metis`), for tuning:
 //! `bytegnn-c0-p0` is the paper's Algorithm 2 with only its fixes.
 
 #[global_allocator]
@@ -70,7 +71,7 @@ struct Args {
     #[arg(long, default_value = "2,4", value_delimiter = ',')]
     parts: Vec<usize>,
     /// Methods (the first ratio column compares with metis).
-    #[arg(long, default_value = "bytegnn,metis,random", value_delimiter = ',')]
+    #[arg(long, default_value = "bytegnn,bytegnn-metis,metis,random", value_delimiter = ',')]
     methods: Vec<String>,
     /// Fanouts per hop, seeds outward (training's default).
     #[arg(long, default_value = "25,20", value_delimiter = ',')]
@@ -108,6 +109,10 @@ fn method_flags(method: &str, reverse: bool) -> anyhow::Result<Vec<String>> {
     let base = parts.next().unwrap_or_default();
     let mut flags = vec!["--method".to_string(), base.to_string()];
     for opt in parts {
+        if opt == "metis" {
+            flags.extend(["--bytegnn-place".to_string(), "metis".to_string()]);
+            continue;
+        }
         let (flag, value) = match opt.split_at(1) {
             ("h", v) => ("--bytegnn-hops", v),
             ("p", v) => ("--bytegnn-passes", v),

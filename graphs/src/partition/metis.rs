@@ -22,6 +22,14 @@ impl NodePartitioner for Metis {
     }
 }
 
+/// Held while METIS runs: it keeps its random state in globals, so two calls
+/// at once (tests, or a library user's threads) would interleave it and lose
+/// determinism.
+pub(super) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static METIS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    METIS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
     let types = g.node_types();
     // Dense vertex ids of the kept nodes, type after type.
@@ -136,10 +144,7 @@ fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16
         .map_err(|e| GraphError::InvalidArgument(format!("METIS refused the graph: {e}")))?
         .set_vwgt(&vwgt)
         .set_option(metis::option::Seed((seed & 0x7fff_ffff) as i32));
-    // METIS keeps its random state in globals: two calls at once (tests, or
-    // a library user's threads) would interleave it and lose determinism.
-    static METIS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = METIS.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_at_a_time = one_at_a_time();
     graph.part_kway(&mut part).map_err(|e| GraphError::InvalidArgument(format!("METIS failed: {e}")))?;
     let mut out = zeros();
     for (t, ids) in vid.iter().enumerate() {

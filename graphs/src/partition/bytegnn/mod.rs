@@ -27,6 +27,8 @@
 //!    in either direction) between the group and the nodes partition `j`
 //!    holds, `BS[j]` how much room `j` has left. A cluster no partition has
 //!    room for is placed block by block.
+//!    With `place = metis` (an addition), METIS places the blocks instead:
+//!    see `quotient.rs`.
 //! 4. **Refinement** (an addition, `passes` sweeps, each ending the
 //!    refinement early once nothing moves): every block in turn, in block
 //!    order, leaves its partition and goes to the one it shares the most
@@ -102,6 +104,7 @@
 mod blocks;
 mod nodes;
 mod place;
+mod quotient;
 
 use super::{NodePartitioner, MAX_PARTS};
 use crate::error::{GraphError, Result};
@@ -132,11 +135,36 @@ pub struct ByteGnn {
     /// nodes once every node is placed (default 10 each; 0: none, as in the
     /// paper); each refinement stops once a sweep moves nothing.
     pub passes: usize,
+    /// How step 3 places the blocks (default: greedily, as in the paper).
+    pub place: Placement,
+}
+
+/// How the blocks are placed (step 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Algorithm 2 (fixed), over clusters of blocks when `clusters > 0`.
+    #[default]
+    Greedy,
+    /// METIS over the block graph (blocks as vertices, the edges between
+    /// them as weights; one constraint per split and one for the nodes).
+    Metis,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = GraphError;
+
+    fn from_str(s: &str) -> Result<Placement> {
+        match s {
+            "greedy" => Ok(Placement::Greedy),
+            "metis" => Ok(Placement::Metis),
+            other => Err(GraphError::InvalidArgument(format!("bytegnn: placement '{other}' is not greedy or metis"))),
+        }
+    }
 }
 
 impl ByteGnn {
     /// The defaults (see the fields).
-    pub const DEFAULT: ByteGnn = ByteGnn { hops: 2, reverse: true, type_weight: 0.0, balance_weight: 1.0, clusters: 32, passes: 10 };
+    pub const DEFAULT: ByteGnn = ByteGnn { hops: 2, reverse: true, type_weight: 0.0, balance_weight: 1.0, clusters: 32, passes: 10, place: Placement::Greedy };
 
     /// The paper's Algorithm 2 with only the fixes it needs (no clusters, no
     /// refinement), `hops` and `reverse` as given.
@@ -193,9 +221,10 @@ impl NodePartitioner for ByteGnn {
         }
         state.grow_blocks(seed);
         let order = state.block_order(seed);
-        let groups = if self.clusters > 0 { state.clusters(&order) } else { order.iter().map(|&b| vec![b]).collect() };
-        state.place(&groups);
-        drop(groups);
+        if self.place == Placement::Greedy || !state.place_metis(seed)? {
+            let groups = if self.clusters > 0 { state.clusters(&order) } else { order.iter().map(|&b| vec![b]).collect() };
+            state.place(&groups);
+        }
         for _ in 0..self.passes {
             if state.refine(&order) == 0 {
                 break;

@@ -16,7 +16,7 @@ type Rank = (bool, bool, f64, bool, f64);
 
 impl State<'_> {
     /// Empties `fig` and the cross-edge counts.
-    fn clear_measure(&mut self, fig: &mut Figures) {
+    pub(super) fn clear_measure(&mut self, fig: &mut Figures) {
         fig.clear();
         for &p in &self.touched {
             self.ce[p as usize] = 0;
@@ -26,7 +26,7 @@ impl State<'_> {
 
     /// Adds block `b` to `fig`, and its edges to each partition's placed
     /// nodes (its own members left out) to `ce` / `touched`.
-    fn accumulate(&mut self, b: u32, fig: &mut Figures) {
+    pub(super) fn accumulate(&mut self, b: u32, fig: &mut Figures) {
         let (base, walk, incident, owners, block, split_of) = (&self.base, &self.walk, &self.incident, &self.owners, &self.block, &self.split_of);
         let (ce, touched) = (&mut self.ce, &mut self.touched);
         for &x in &self.members[self.offsets[b as usize]..self.offsets[b as usize + 1]] {
@@ -97,7 +97,7 @@ impl State<'_> {
     }
 
     /// Sets the owner of block `b`'s members.
-    fn own(&mut self, b: u32, j: u16) {
+    pub(super) fn own(&mut self, b: u32, j: u16) {
         for i in self.offsets[b as usize]..self.offsets[b as usize + 1] {
             let (t, v) = typed(&self.base, self.members[i]);
             self.owners[t][v as usize] = j;

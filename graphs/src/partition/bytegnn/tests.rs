@@ -277,6 +277,28 @@ fn node_refinement_lowers_the_cut_within_the_caps_and_keeps_the_loads_true() {
 }
 
 #[test]
+fn metis_placement_keeps_blocks_whole_and_splits_balanced_with_a_cut_near_metis() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = mag(&tmp.path().join("g"));
+    let b = ByteGnn { place: Placement::Metis, ..ByteGnn::DEFAULT };
+    for (g, parts) in [(&communities(), 2), (&m, 2), (&m, 3)] {
+        let owners = b.assign(g, parts, 4, None).unwrap();
+        assert!(in_range(g, &owners, parts));
+        assert_eq!(owners, b.assign(g, parts, 4, None).unwrap(), "same seed, same owners");
+        assert!(split_balance(g, &owners, parts) <= 1.05, "{parts} parts: split balance {}", split_balance(g, &owners, parts));
+        let (cut, mcut) = (edge_cut(g, &owners), edge_cut(g, &Metis.assign(g, parts, 4, None).unwrap()));
+        let greedy = edge_cut(g, &ByteGnn::DEFAULT.assign(g, parts, 4, None).unwrap());
+        eprintln!("{parts} parts: cut {cut}, greedy {greedy}, METIS {mcut}");
+        assert!(cut as f64 <= 1.1 * mcut as f64 + 20.0, "{parts} parts: cut {cut}, METIS's {mcut}");
+    }
+    // Fewer blocks than partitions: the greedy placement takes over.
+    let few = b.assign(&communities(), 200, 0, None);
+    assert!(few.is_ok());
+    assert!("metis".parse::<Placement>().unwrap() == Placement::Metis && "greedy".parse::<Placement>().unwrap() == Placement::Greedy);
+    assert!("best".parse::<Placement>().is_err());
+}
+
+#[test]
 fn a_node_reached_by_two_blocks_at_once_joins_one_of_them_by_seed() {
     // Papers 0 and 2 (labelled) are both cited by paper 1.
     let g = GraphBuilder::new("tie", "paper", 2)
