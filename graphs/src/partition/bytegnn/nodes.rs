@@ -18,7 +18,7 @@ use super::blocks::{degree, typed, State, NO_PART};
 
 impl State<'_> {
     /// Counts `v`'s neighbours (type `t`) per partition into `ce` / `touched`.
-    fn tally(&mut self, t: usize, v: u32) {
+    pub(super) fn tally(&mut self, t: usize, v: u32) {
         for &p in &self.touched {
             self.ce[p as usize] = 0;
         }

@@ -174,21 +174,7 @@ impl State<'_> {
                 }
             };
             let (t, v) = typed(&self.base, x);
-            for &p in &self.touched {
-                self.ce[p as usize] = 0;
-            }
-            self.touched.clear();
-            for &(s, csr) in &self.incident[t] {
-                for &u in csr.neighbors(v) {
-                    let p = self.owners[s][u as usize];
-                    if p != NO_PART {
-                        if self.ce[p as usize] == 0 {
-                            self.touched.push(p);
-                        }
-                        self.ce[p as usize] += 1;
-                    }
-                }
-            }
+            self.tally(t, v);
             let held = |p: u16| self.loads[p as usize].types[t];
             let cap = self.cap.types[t];
             let j = self
