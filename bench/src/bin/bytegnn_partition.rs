@@ -34,7 +34,8 @@
 //! the labelled-node batches).
 //!
 //! `cargo build --release && cargo run --release -p bench --bin bytegnn_partition
-//! [-- --scales 0.05,0.1 --parts 2,4 --methods bytegnn,metis,random --epochs 2]`
+//! [-- --scales 0.05,0.1 --parts 2,4 --methods bytegnn,metis,random --epochs 2
+//! --seeds 0,1,2,3,4]`
 //! prints a table and writes bench/results/bytegnn-partition.json. A method
 //! `bytegnn-hH-cC-pP-wW-bB` is bytegnn with `--bytegnn-hops H`,
 //! `--bytegnn-clusters C`, `--bytegnn-passes P`, `--bytegnn-type-weight W`
@@ -85,9 +86,12 @@ struct Args {
     /// Width of a featureless type's learnable embedding rows (training's `embed_dim`).
     #[arg(long, default_value_t = 64)]
     embed_dim: usize,
-    /// Partitioner seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Partitioner seeds: each partitioning runs once per seed, and with
+    /// several a summary gives each ratio's mean and range over them (the
+    /// real graphs' 60-140 training nodes make one batch per epoch, so a
+    /// single seed's ratio is a small sample).
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    seeds: Vec<u64>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -226,6 +230,42 @@ fn worst_of(map: &Value) -> f64 {
     map.as_object().map_or(0.0, |m| m.values().filter_map(Value::as_f64).fold(0.0, f64::max))
 }
 
+/// With several seeds: per graph, parts and method, the mean, min and max
+/// over the seeds of each ratio to METIS and the worst split balance, printed
+/// and returned.
+fn summarise(rows: &[Value], seeds: usize) -> Vec<Value> {
+    let mut out = Vec::new();
+    if seeds < 2 {
+        return out;
+    }
+    let mut keys: Vec<(String, u64, String)> = Vec::new();
+    for r in rows {
+        let key = (r["graph"].as_str().unwrap_or("").to_string(), r["parts"].as_u64().unwrap_or(0), r["method"].as_str().unwrap_or("").to_string());
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    println!("over {seeds} seeds: mean (min-max) of the ratios to METIS; t/v/t the worst");
+    println!("{:<14} {:>2} {:<20} {:>21} {:>21} {:>21} {:>6}", "graph", "k", "method", "remote rows", "bytes/step", "remote rows, all lab.", "t/v/t");
+    for (graph, k, method) in keys {
+        let of = |f: &dyn Fn(&Value) -> f64| -> (f64, f64, f64) {
+            let v: Vec<f64> = rows.iter().filter(|r| r["graph"] == graph.as_str() && r["parts"] == k && r["method"] == method.as_str()).map(f).collect();
+            let n = v.len().max(1) as f64;
+            (v.iter().sum::<f64>() / n, v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+        };
+        let rows_vs = of(&|r| r["remote_rows_vs_metis"].as_f64().unwrap_or(f64::NAN));
+        let bytes_vs = of(&|r| r["bytes_vs_metis"].as_f64().unwrap_or(f64::NAN));
+        let l_rows_vs = of(&|r| r["labelled_seeds"]["remote_rows_vs_metis"].as_f64().unwrap_or(f64::NAN));
+        let tvt = of(&|r| r["split_balance_worst"].as_f64().unwrap_or(f64::NAN)).2;
+        let show = |(m, lo, hi): (f64, f64, f64)| format!("{m:.3} ({lo:.3}-{hi:.3})");
+        println!("{graph:<14} {k:>2} {method:<20} {:>21} {:>21} {:>21} {tvt:>6.3}", show(rows_vs), show(bytes_vs), show(l_rows_vs));
+        let j = |(m, lo, hi): (f64, f64, f64)| json!({ "mean": m, "min": lo, "max": hi });
+        out.push(json!({ "graph": graph, "parts": k, "method": method, "remote_rows_vs_metis": j(rows_vs), "bytes_vs_metis": j(bytes_vs),
+            "labelled_remote_rows_vs_metis": j(l_rows_vs), "split_balance_worst": tvt }));
+    }
+    out
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let bin = bench::hetgnn_bin(args.hetgnn.clone())?;
@@ -254,63 +294,66 @@ fn main() -> anyhow::Result<()> {
         labelled.sort_unstable();
         labelled.dedup();
         for &k in &args.parts {
-            let mut metis = None;
-            let mut results = Vec::new();
-            for method in &args.methods {
-                let out = bench::data_root().join(format!("bench-bytegnn-{method}-{k}-{}", gr.name));
-                let report = partition(&bin, gr, method, k, args.seed, &out)?;
-                let set = PartitionSet::open(&out)?;
-                let t = traffic(&g, &set.owners, k, &args, &train)?;
-                let l = traffic(&g, &set.owners, k, &args, &labelled)?;
-                let _ = std::fs::remove_dir_all(&out);
-                let bytes = t.per_step(t.sampling_bytes + t.pull_bytes);
-                if method == "metis" {
-                    metis = Some((t.per_step(t.remote_rows), bytes, l.per_step(l.remote_rows), l.per_step(l.sampling_bytes + l.pull_bytes)));
+            for &seed in &args.seeds {
+                let mut metis = None;
+                let mut results = Vec::new();
+                for method in &args.methods {
+                    let out = bench::data_root().join(format!("bench-bytegnn-{method}-{k}-{}", gr.name));
+                    let report = partition(&bin, gr, method, k, seed, &out)?;
+                    let set = PartitionSet::open(&out)?;
+                    let t = traffic(&g, &set.owners, k, &args, &train)?;
+                    let l = traffic(&g, &set.owners, k, &args, &labelled)?;
+                    let _ = std::fs::remove_dir_all(&out);
+                    let bytes = t.per_step(t.sampling_bytes + t.pull_bytes);
+                    if method == "metis" {
+                        metis = Some((t.per_step(t.remote_rows), bytes, l.per_step(l.remote_rows), l.per_step(l.sampling_bytes + l.pull_bytes)));
+                    }
+                    results.push((method.clone(), report, t, bytes, l));
                 }
-                results.push((method.clone(), report, t, bytes, l));
-            }
-            for (method, r, t, bytes, l) in results {
-                let cut = 100.0 * r["edge_cut"].as_f64().unwrap_or(0.0) / r["total_edges"].as_f64().unwrap_or(1.0).max(1.0);
-                let tvt = worst_of(&r["split_balance"]);
-                let nodes = r["balance"].as_object().map_or(0.0, |m| m.iter().filter(|(k, _)| *k != "edges").filter_map(|(_, v)| v.as_f64()).fold(0.0, f64::max));
-                let peak = r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64;
-                let rows_vs = metis.map_or(f64::NAN, |(m, ..)| t.per_step(t.remote_rows) / m.max(1.0));
-                let vs = metis.map_or(f64::NAN, |(_, m, ..)| bytes / m.max(1.0));
-                let l_bytes = l.per_step(l.sampling_bytes + l.pull_bytes);
-                let l_rows_vs = metis.map_or(f64::NAN, |(_, _, m, _)| l.per_step(l.remote_rows) / m.max(1.0));
-                let l_vs = metis.map_or(f64::NAN, |(.., m)| l_bytes / m.max(1.0));
-                let mb = |x: f64| x / 1e6;
-                println!(
-                    "{:<14} {k:>2} {method:<20} {:>5.2} {peak:>5.0} {cut:>5.1} {tvt:>6.3} {nodes:>6.3} {:>8.0} {:>5.1} {rows_vs:>7.3} {:>8.2} {:>7.2} {vs:>7.3} {l_rows_vs:>7.3} {l_vs:>7.3}",
-                    gr.name,
-                    r["seconds"].as_f64().unwrap_or(0.0),
-                    t.per_step(t.remote_rows),
-                    100.0 * t.remote_rows as f64 / t.input_rows.max(1) as f64,
-                    mb(bytes),
-                    mb(t.per_step(t.sampling_bytes)),
-                );
-                rows.push(json!({
-                    "graph": gr.name, "parts": k, "method": method, "seconds": r["seconds"], "peak_memory_bytes": r["peak_memory_bytes"],
-                    "edge_cut": r["edge_cut"], "total_edges": r["total_edges"], "edge_cut_percent": cut,
-                    "split_balance": r["split_balance"], "split_balance_worst": tvt, "balance": r["balance"], "node_balance_worst": nodes,
-                    "steps": t.steps, "input_rows_per_step": t.per_step(t.input_rows), "remote_rows_per_step": t.per_step(t.remote_rows),
-                    "remote_rows_percent": 100.0 * t.remote_rows as f64 / t.input_rows.max(1) as f64,
-                    "max_partition_remote_rows_per_step": t.per_step(t.max_part_remote_rows),
-                    "remote_frontier_per_step": t.per_step(t.remote_frontier),
-                    "sampling_bytes_per_step": t.per_step(t.sampling_bytes), "pull_bytes_per_step": t.per_step(t.pull_bytes),
-                    "bytes_per_step": bytes, "remote_rows_vs_metis": rows_vs, "bytes_vs_metis": vs,
-                    "labelled_seeds": { "steps": l.steps, "input_rows_per_step": l.per_step(l.input_rows), "remote_rows_per_step": l.per_step(l.remote_rows),
-                        "sampling_bytes_per_step": l.per_step(l.sampling_bytes), "pull_bytes_per_step": l.per_step(l.pull_bytes), "bytes_per_step": l_bytes,
-                        "remote_rows_vs_metis": l_rows_vs, "bytes_vs_metis": l_vs },
-                }));
+                for (method, r, t, bytes, l) in results {
+                    let cut = 100.0 * r["edge_cut"].as_f64().unwrap_or(0.0) / r["total_edges"].as_f64().unwrap_or(1.0).max(1.0);
+                    let tvt = worst_of(&r["split_balance"]);
+                    let nodes = r["balance"].as_object().map_or(0.0, |m| m.iter().filter(|(k, _)| *k != "edges").filter_map(|(_, v)| v.as_f64()).fold(0.0, f64::max));
+                    let peak = r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64;
+                    let rows_vs = metis.map_or(f64::NAN, |(m, ..)| t.per_step(t.remote_rows) / m.max(1.0));
+                    let vs = metis.map_or(f64::NAN, |(_, m, ..)| bytes / m.max(1.0));
+                    let l_bytes = l.per_step(l.sampling_bytes + l.pull_bytes);
+                    let l_rows_vs = metis.map_or(f64::NAN, |(_, _, m, _)| l.per_step(l.remote_rows) / m.max(1.0));
+                    let l_vs = metis.map_or(f64::NAN, |(.., m)| l_bytes / m.max(1.0));
+                    let mb = |x: f64| x / 1e6;
+                    println!(
+                        "{:<14} {k:>2} {method:<20} {:>5.2} {peak:>5.0} {cut:>5.1} {tvt:>6.3} {nodes:>6.3} {:>8.0} {:>5.1} {rows_vs:>7.3} {:>8.2} {:>7.2} {vs:>7.3} {l_rows_vs:>7.3} {l_vs:>7.3}",
+                        gr.name,
+                        r["seconds"].as_f64().unwrap_or(0.0),
+                        t.per_step(t.remote_rows),
+                        100.0 * t.remote_rows as f64 / t.input_rows.max(1) as f64,
+                        mb(bytes),
+                        mb(t.per_step(t.sampling_bytes)),
+                    );
+                    rows.push(json!({
+                        "graph": gr.name, "parts": k, "method": method, "seed": seed, "seconds": r["seconds"], "peak_memory_bytes": r["peak_memory_bytes"],
+                        "edge_cut": r["edge_cut"], "total_edges": r["total_edges"], "edge_cut_percent": cut,
+                        "split_balance": r["split_balance"], "split_balance_worst": tvt, "balance": r["balance"], "node_balance_worst": nodes,
+                        "steps": t.steps, "input_rows_per_step": t.per_step(t.input_rows), "remote_rows_per_step": t.per_step(t.remote_rows),
+                        "remote_rows_percent": 100.0 * t.remote_rows as f64 / t.input_rows.max(1) as f64,
+                        "max_partition_remote_rows_per_step": t.per_step(t.max_part_remote_rows),
+                        "remote_frontier_per_step": t.per_step(t.remote_frontier),
+                        "sampling_bytes_per_step": t.per_step(t.sampling_bytes), "pull_bytes_per_step": t.per_step(t.pull_bytes),
+                        "bytes_per_step": bytes, "remote_rows_vs_metis": rows_vs, "bytes_vs_metis": vs,
+                        "labelled_seeds": { "steps": l.steps, "input_rows_per_step": l.per_step(l.input_rows), "remote_rows_per_step": l.per_step(l.remote_rows),
+                            "sampling_bytes_per_step": l.per_step(l.sampling_bytes), "pull_bytes_per_step": l.per_step(l.pull_bytes), "bytes_per_step": l_bytes,
+                            "remote_rows_vs_metis": l_rows_vs, "bytes_vs_metis": l_vs },
+                    }));
+                }
             }
         }
     }
+    let summary = summarise(&rows, args.seeds.len());
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let config = json!({ "fanouts": args.fanouts, "batch": args.batch, "epochs": args.epochs, "embed_dim": args.embed_dim, "seed": args.seed });
-    std::fs::write(&args.out, serde_json::to_string_pretty(&json!({ "config": config, "runs": rows }))? + "\n")?;
+    let config = json!({ "fanouts": args.fanouts, "batch": args.batch, "epochs": args.epochs, "embed_dim": args.embed_dim, "seeds": args.seeds });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json!({ "config": config, "runs": rows, "over_seeds": summary }))? + "\n")?;
     println!("wrote {}", args.out.display());
     Ok(())
 }
