@@ -7,23 +7,12 @@ mod common;
 use std::path::PathBuf;
 
 use actors::{train, Config};
-use common::{derived, same_losses, same_model, Losses};
+use common::{derived, same_losses, same_model, Losses, LINK_BASE};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
-const BASE: [&str; 8] = [
-    "training.epochs=2",
-    "training.batch=512",
-    "training.hidden=16",
-    "training.embed_dim=8",
-    "training.task=\"link-prediction\"",
-    "training.target_relations=\"author__writes__paper\"",
-    "training.link_eval=\"sampled\"",
-    "training.eval_negatives=100",
-];
-
 fn config(extra: &[String]) -> Config {
-    common::config(&BASE, extra)
+    common::config(&LINK_BASE, extra)
 }
 
 fn partitions(parts: usize, method: Method) -> PathBuf {
@@ -73,7 +62,7 @@ fn data_parallel_link_prediction_refuses_old_partitions_and_exact_evaluation() {
     assert!(err.contains("partition the graph again"), "{err}");
     let pdir = partitions(2, Method::Metis);
     let o = ["training.mode=\"data-parallel\"".to_string(), format!("training.partitions={:?}", pdir.display().to_string()), "training.link_eval=\"exact\"".into()];
-    let mut all: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+    let mut all: Vec<String> = LINK_BASE.iter().map(|s| s.to_string()).collect();
     all.extend(o);
     let err = Config::parse("", &all).err().unwrap().to_string();
     assert!(err.contains("link_eval"), "{err}");

@@ -71,16 +71,7 @@ fn dag_sampling_trains_the_pipeline_s_model() {
 fn dag_sampling_with_a_device_cache_and_for_link_prediction() {
     let cached = ["training.cache_bytes=98304", "training.cache_policy=\"miss-penalty\""];
     same_as_pipeline(&partitions(2, Method::Metis), &BASE, &cached, &[&["training.dag_chunk_rows=16"]]);
-    let link = [
-        "training.epochs=2",
-        "training.batch=512",
-        "training.hidden=16",
-        "training.embed_dim=8",
-        "training.task=\"link-prediction\"",
-        "training.target_relations=\"author__writes__paper\"",
-        "training.link_eval=\"sampled\"",
-        "training.eval_negatives=100",
-    ];
+    let link = common::LINK_BASE;
     let pdir = derived("link-metis-2", false, |g, out| {
         let a = partition::assign_two_level(g, 2, 1, Method::Metis, 0).unwrap();
         partition::write(g, &a, out, false, &mut NoProgress).unwrap();

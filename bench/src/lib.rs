@@ -87,15 +87,28 @@ pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String
     Ok(toml)
 }
 
-/// Launches `k` local node processes in `work` training with `training`
-/// (`[training]` lines) over links of `bandwidth` and a fixed one-way
-/// `delay_ms`, and returns the run's report (written as `report`).
-pub fn launch_shaped(bin: &Path, work: &Path, k: usize, training: &str, report: &str, bandwidth: &str, delay_ms: f64) -> anyhow::Result<serde_json::Value> {
-    let mut toml = local_cluster(bin, work, k)?;
-    toml += &format!("[training]\n{training}report = {report:?}\n[links]\nbandwidth = {bandwidth:?}\ndelay = {{ dist = \"fixed\", ms = {delay_ms} }}\n");
-    std::fs::write(work.join("cluster.toml"), toml)?;
-    run_hetgnn(bin, work, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
-    Ok(serde_json::from_str(&std::fs::read_to_string(work.join(report))?)?)
+/// The shaped links of a benchmark's node processes (flatten into its arguments).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Links {
+    /// Link bandwidth cap.
+    #[arg(long, default_value = "10Gbit/s")]
+    pub bandwidth: String,
+    /// Fixed one-way link delay in milliseconds.
+    #[arg(long, default_value_t = 0.1)]
+    pub delay_ms: f64,
+}
+
+impl Links {
+    /// Launches `k` local node processes in `work` training with `training`
+    /// (`[training]` lines) over these links, and returns the run's report
+    /// (written as `report`).
+    pub fn launch(&self, bin: &Path, work: &Path, k: usize, training: &str, report: &str) -> anyhow::Result<serde_json::Value> {
+        let mut toml = local_cluster(bin, work, k)?;
+        toml += &format!("[training]\n{training}report = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n", self.bandwidth, self.delay_ms);
+        std::fs::write(work.join("cluster.toml"), toml)?;
+        run_hetgnn(bin, work, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
+        Ok(serde_json::from_str(&std::fs::read_to_string(work.join(report))?)?)
+    }
 }
 
 /// The mean of `key` over a run report's epochs (0 without epochs).

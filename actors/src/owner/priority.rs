@@ -9,6 +9,13 @@ use std::collections::BinaryHeap;
 
 use tokio::sync::oneshot;
 
+/// What a handler notifies itself with after parking: serve the most urgent parked request.
+pub struct Serve;
+
+impl actix::Message for Serve {
+    type Result = ();
+}
+
 /// A parked request.
 struct Entry<Req, Reply> {
     priority: u64,

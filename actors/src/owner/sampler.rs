@@ -10,7 +10,7 @@ use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
 use runtime::Deliver;
 
 use super::messages::SampleReq;
-use super::priority::Parked;
+use super::priority::{Parked, Serve};
 use crate::task::link::LinkTask;
 
 /// Most destination nodes one request may name.
@@ -80,13 +80,6 @@ impl Actor for SamplerActor {
 
 /// The answer to a sampling request.
 type Answer = Result<Vec<Vec<RelationPicks>>, String>;
-
-/// Serve the most urgent parked request.
-struct Serve;
-
-impl actix::Message for Serve {
-    type Result = ();
-}
 
 impl Handler<Deliver<SampleReq>> for SamplerActor {
     type Result = ResponseFuture<Answer>;

@@ -17,7 +17,7 @@ use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver};
 
 use super::messages::{Export, Pull, Push, Reset, Save};
-use super::priority::Parked;
+use super::priority::{Parked, Serve};
 use crate::distributed::{checkpoint, decode_f32};
 
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
@@ -282,26 +282,19 @@ impl Actor for FeatureStore {
 /// The answer to a pull.
 type PullAnswer = Result<Option<ByteVec>, String>;
 
-/// Serve the most urgent parked pull.
-struct ServePull;
-
-impl actix::Message for ServePull {
-    type Result = ();
-}
-
 impl Handler<Deliver<Pull>> for FeatureStore {
     type Result = ResponseFuture<PullAnswer>;
     /// Parked and served by priority (see [`super::priority`]).
     fn handle(&mut self, m: Deliver<Pull>, ctx: &mut Context<Self>) -> Self::Result {
         let rx = self.parked.park(m.msg.priority, m.msg);
-        ctx.notify(ServePull);
+        ctx.notify(Serve);
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err("the store stopped".into())) })
     }
 }
 
-impl Handler<ServePull> for FeatureStore {
+impl Handler<Serve> for FeatureStore {
     type Result = ();
-    fn handle(&mut self, _: ServePull, _: &mut Context<Self>) {
+    fn handle(&mut self, _: Serve, _: &mut Context<Self>) {
         let mut parked = std::mem::take(&mut self.parked);
         parked.serve_one(|m| self.pull(m.gen, &m.ids, m.after));
         self.parked = parked;

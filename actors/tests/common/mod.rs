@@ -121,3 +121,15 @@ pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
         }
     }
 }
+
+/// A small link-prediction run on the test graph (author writes paper).
+pub const LINK_BASE: [&str; 8] = [
+    "training.epochs=2",
+    "training.batch=512",
+    "training.hidden=16",
+    "training.embed_dim=8",
+    "training.task=\"link-prediction\"",
+    "training.target_relations=\"author__writes__paper\"",
+    "training.link_eval=\"sampled\"",
+    "training.eval_negatives=100",
+];

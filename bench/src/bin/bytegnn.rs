@@ -48,12 +48,8 @@ struct Args {
     /// Extra `[training]` lines for the dag runs (e.g. "dag_max_in_flight = 4").
     #[arg(long, default_value = "")]
     dag: String,
-    /// Link bandwidth cap.
-    #[arg(long, default_value = "10Gbit/s")]
-    bandwidth: String,
-    /// Fixed one-way link delay in milliseconds.
-    #[arg(long, default_value_t = 0.1)]
-    delay_ms: f64,
+    #[command(flatten)]
+    links: bench::Links,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -94,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         for i in 0..a.warmup {
             eprintln!("warm-up {i}, {k} nodes, 1 epoch (not counted)");
             let training = format!("mode = \"data-parallel\"\nsampling_sink = true\npartitions = {:?}\nepochs = 1\nbatch = {}\n", parts.display().to_string(), a.batch);
-            bench::launch_shaped(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"), &a.bandwidth, a.delay_ms)?;
+            a.links.launch(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"))?;
         }
         for rep in 0..a.repeat {
             for run in &a.runs {
@@ -108,14 +104,14 @@ fn main() -> anyhow::Result<()> {
                 extra = extra.replace("\\n", "\n");
                 let training = format!("mode = \"data-parallel\"\n{extra}partitions = {:?}\nepochs = {}\nbatch = {}\n", parts.display().to_string(), a.epochs, a.batch);
                 eprintln!("{run}, {k} nodes, repeat {rep}, {} epochs", a.epochs);
-                let r = bench::launch_shaped(&bin, w, k, &training, &format!("{run}-{k}-{rep}.json"), &a.bandwidth, a.delay_ms)?;
+                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-{rep}.json"))?;
                 rows.push(summary(&r, run, k));
             }
         }
     }
 
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!("{}, batch {}, METIS partitions, default fanouts; links {} + {} ms; {cores} cores", a.graph, a.batch, a.bandwidth, a.delay_ms);
+    println!("{}, batch {}, METIS partitions, default fanouts; links {} + {} ms; {cores} cores", a.graph, a.batch, a.links.bandwidth, a.links.delay_ms);
     println!("{:<15} {:>5} {:>8} {:>9} {:>7} {:>6} {:>8} {:>8} {:>9}", "run", "nodes", "epoch_s", "batches/s", "wait %", "cpu %", "in-fl", "queued", "test_acc");
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
@@ -176,7 +172,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "cores": cores, "warmup": a.warmup, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows, "checks": checks });
+    let doc = json!({ "graph": a.graph, "cores": cores, "warmup": a.warmup, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "runs": rows, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())

@@ -48,12 +48,8 @@ struct Args {
     /// Seed nodes per step.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
-    /// Link bandwidth cap.
-    #[arg(long, default_value = "10Gbit/s")]
-    bandwidth: String,
-    /// Fixed one-way link delay in milliseconds.
-    #[arg(long, default_value_t = 0.1)]
-    delay_ms: f64,
+    #[command(flatten)]
+    links: bench::Links,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -109,13 +105,13 @@ fn main() -> anyhow::Result<()> {
                 };
                 let training = format!("{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n", parts.display().to_string(), a.epochs, a.batch);
                 eprintln!("{run}, {k} nodes, hidden {hidden}, {} epochs", a.epochs);
-                let r = bench::launch_shaped(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}.json"), &a.bandwidth, a.delay_ms)?;
+                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}.json"))?;
                 rows.push(summary(&r, &format!("{run} x{k} h{hidden}")));
             }
         }
     }
 
-    println!("{}, fanouts 25,20, batch {}, METIS partitions; links {} + {} ms", a.graph, a.batch, a.bandwidth, a.delay_ms);
+    println!("{}, fanouts 25,20, batch {}, METIS partitions; links {} + {} ms", a.graph, a.batch, a.links.bandwidth, a.links.delay_ms);
     println!("{:<22} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>7} {:>8}", "run", "epoch_s", "sample", "gather", "compute", "comm", "MB/step", "pull MB", "migr MB", "R_micro", "test_acc");
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
@@ -175,7 +171,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "batch": a.batch, "epochs": a.epochs, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows, "checks": checks });
+    let doc = json!({ "graph": a.graph, "batch": a.batch, "epochs": a.epochs, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "runs": rows, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())
