@@ -207,7 +207,7 @@ pub enum HopTimeSteps {
     #[default]
     All,
     /// An examination period merging one more time step per epoch while
-    /// the epoch gets faster (HopGNN §5.3): parsed, and refused until built.
+    /// the epoch gets faster (HopGNN §5.3; `hopgnn::examine`).
     Auto,
     /// This many (1 to the number of partitions): the time steps with the fewest roots are merged into the others.
     Fixed(u32),
@@ -573,9 +573,6 @@ impl Config {
         }
         if t.mode != Mode::Hopgnn && (t.hop_migrate != HopMigrate::Model || t.hop_time_steps != HopTimeSteps::All || !t.hop_pregather) {
             return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));
-        }
-        if t.hop_time_steps == HopTimeSteps::Auto {
-            return bad("training.hop_time_steps = \"auto\" (HopGNN's examination period) is not built yet: a choice made from epoch timings would make the model depend on the machine's noise; give a number of time steps".into());
         }
         let stale_defaults = t.staleness == Staleness::None && t.staleness_epochs == 1 && t.staleness_variation == 0.05 && !t.skip_gradients;
         if t.mode != Mode::FullGraph && !stale_defaults {

@@ -126,6 +126,11 @@ pub struct HopEpoch {
     /// Per node type, the share of a micrograph's input rows held by the
     /// partition that trains it (HopGNN's Table 1; 1/N for a random assignment).
     pub locality: BTreeMap<String, f64>,
+    /// `hop_time_steps = "auto"`: the step seconds per worker the
+    /// examination period measured in this epoch and compared (none in the
+    /// warm-up epoch, and once the time steps are settled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examined_s: Option<f64>,
 }
 
 /// HopGNN's figures of an epoch: every worker's merged.
@@ -148,6 +153,7 @@ fn hop_figures(stats: &[EpochStats]) -> Option<HopEpoch> {
         rows_pulled_per_step_without_pregathering: mine.iter().map(|h| h.rows_pulled_per_time_step).sum::<u64>() as f64 / steps,
         remote_row_rate: (all - home) as f64 / all.max(1) as f64,
         locality: rows.into_iter().filter(|(_, r)| r.0 > 0).map(|(k, r)| (k, r.1 as f64 / r.0 as f64)).collect(),
+        examined_s: first.examined_s,
     })
 }
 

@@ -92,8 +92,8 @@ fn hopgnn_settings_are_checked() {
     assert!(err.contains("at least 1"), "{err}");
     let err = refused(&["training.mode=\"hopgnn\"", "training.hop_time_steps=\"many\""]);
     assert!(err.contains("\"auto\""), "{err}");
-    let err = refused(&["training.mode=\"hopgnn\"", "training.hop_time_steps=\"auto\""]);
-    assert!(err.contains("not built yet"), "{err}");
+    let err = refused(&["training.hop_time_steps=\"auto\""]);
+    assert!(err.contains("hop_time_steps") && err.contains("hopgnn training"), "{err}");
     let err = refused(&["training.mode=\"hopgnn\"", "training.cache_bytes=\"1MiB\""]);
     assert!(err.contains("device cache"), "{err}");
     let err = train(&common::config(&BASE, &["training.mode=\"hopgnn\"".into()]), &mut ()).err().unwrap().to_string();
@@ -118,4 +118,72 @@ fn an_interrupted_run_resumes_mid_epoch_to_the_same_bits() {
     let got = run(&dir, 2);
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
     assert_eq!(got.epochs[0].loss, want.epochs[0].loss);
+}
+
+/// Asserts the time steps of `report`'s epochs follow the examination
+/// period from `workers` unmerged ones (see `hopgnn::examine`), given the
+/// seconds it reports measuring.
+fn examined(report: &actors::Report, workers: u32, what: &str) {
+    let hop: Vec<_> = report.epochs.iter().map(|e| e.hop.clone().unwrap_or_else(|| panic!("{what}: no hopgnn figures"))).collect();
+    assert_eq!((hop[0].time_steps, hop[0].examined_s), (workers, None), "{what}: the warm-up epoch runs unmerged, unmeasured");
+    assert_eq!(hop[1].time_steps, workers, "{what}: the first measured epoch runs unmerged");
+    let mut settled = false;
+    for e in 1..hop.len() - 1 {
+        let (now, next) = (hop[e].time_steps, hop[e + 1].time_steps);
+        match hop[e].examined_s {
+            None => {
+                assert!(settled || e > 1, "{what}: epoch {e} not measured");
+                settled = true;
+            }
+            Some(t) => {
+                assert!(!settled && t > 0.0, "{what}: epoch {e} measured {t} s after settling");
+                let faster = e == 1 || t < hop[e - 1].examined_s.unwrap_or(f64::INFINITY);
+                let want = if faster { now.saturating_sub(1).max(1) } else { now + 1 };
+                assert_eq!(next, want, "{what}: after epoch {e} ({t} s, {now} time steps): {hop:?}");
+            }
+        }
+        if settled {
+            assert_eq!(next, now, "{what}: the time steps changed after settling: {hop:?}");
+        }
+    }
+}
+
+#[test]
+fn the_examination_period_merges_while_epochs_get_faster_and_keeps_the_model() {
+    let epochs = ["training.epochs=5"];
+    let mut single_losses = Losses::default();
+    let (_, model) = train(&common::config(&BASE, &epochs.map(String::from)), &mut single_losses).unwrap();
+    let mut losses = Losses::default();
+    let (report, fin) = train(&hop(3, Method::Metis, &["training.epochs=5", "training.hop_time_steps=\"auto\""]), &mut losses).unwrap();
+    assert_eq!(losses.0.len(), single_losses.0.len());
+    for (i, (a, b)) in single_losses.0.iter().zip(&losses.0).enumerate() {
+        close(*a, *b, &format!("auto time steps, loss of step {i}"));
+    }
+    same_model(&model, &fin, "auto time steps");
+    examined(&report, 3, "auto time steps");
+    // The second measured epoch always runs with one time step merged.
+    assert_eq!(report.epochs[2].hop.as_ref().unwrap().time_steps, 2);
+}
+
+#[test]
+fn a_resumed_run_goes_on_with_the_examination_its_checkpoint_cut() {
+    let dir = common::root().join("hop-resume-auto");
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |epochs: u64| {
+        let ck = format!("training.checkpoint_dir={:?}", dir.display().to_string());
+        let ep = format!("training.epochs={epochs}");
+        train(&hop(3, Method::Metis, &[&ck, "training.checkpoint_every=3", "training.checkpoint_keep=2", &ep, "training.hop_time_steps=\"auto\""]), &mut Notes::default()).unwrap().0
+    };
+    let first = run(3);
+    let per_epoch = first.steps / 3;
+    let kept = actors::distributed::checkpoint::list(&dir).unwrap();
+    std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
+    let mid = actors::distributed::checkpoint::manifest(&kept[0]).unwrap().seq;
+    assert_eq!(mid / per_epoch, 2, "step {mid} of {per_epoch} per epoch is in the third epoch");
+    assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
+    // Restarted without its examination state, the third epoch would run unmerged (3).
+    let got = run(4);
+    assert_eq!(got.epochs[2].hop.as_ref().unwrap().time_steps, 2, "resumed at step {mid}");
+    assert_eq!(got.epochs[..2], first.epochs[..2]);
+    examined(&got, 3, "resumed");
 }

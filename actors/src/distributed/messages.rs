@@ -150,6 +150,10 @@ pub struct HopFigures {
     /// Per node type: its name, the input rows the worker's micrographs read
     /// (per time step, distinct within it), and those of them its partition holds.
     pub rows: Vec<(String, u64, u64)>,
+    /// `hop_time_steps = "auto"`: the epoch's step seconds the examination
+    /// period measured, per worker (none in the warm-up epoch and once settled).
+    #[serde(default)]
+    pub examined_s: Option<f64>,
 }
 
 /// A full-graph worker's figures of an epoch.

@@ -9,6 +9,7 @@
 //! Every worker holds the same parameters within a step, so the result is
 //! the single-process model whatever the time steps.
 
+pub mod examine;
 pub mod messages;
 pub mod schedule;
 pub mod worker;

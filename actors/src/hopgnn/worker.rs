@@ -13,6 +13,7 @@
 //! gradient rows (summed over the time steps) are pushed once per step.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
@@ -23,10 +24,11 @@ use models::rgcn::PerType;
 use models::Model;
 use runtime::{ActorRef, ByteVec};
 
+use super::examine::Examination;
 use super::messages::{Migrate, MIGRATE_ROUND};
 use super::schedule::Plan;
 use crate::config::{HopMigrate, HopTimeSteps};
-use crate::distributed::checkpoint::Progress;
+use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::messages::{EpochStats, HopFigures, StepDone};
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
@@ -34,6 +36,9 @@ use crate::error::{Result, TrainError};
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;
+
+/// The checkpoint file of the examination period's state.
+const EXAMINATION: &str = "hop-examination.safetensors";
 
 /// Trains every epoch; returns the final replica.
 pub fn train(s: &WorkerSetup) -> Result<Model> {
@@ -50,6 +55,9 @@ struct Ctx<'a> {
     /// Every worker's inbox, in partition order.
     workers: Vec<ActorRef>,
     coordinator: ActorRef,
+    /// Time steps of the current epoch under `hop_time_steps = "auto"`
+    /// (set by the training thread between epochs, read by the prefetch thread).
+    auto_steps: AtomicU32,
 }
 
 impl std::ops::Deref for Ctx<'_> {
@@ -93,6 +101,10 @@ struct Replica<'a> {
     seq: u64,
     /// The epoch's figures so far.
     hop: HopFigures,
+    /// `hop_time_steps = "auto"`: the examination period.
+    exam: Option<Examination>,
+    /// When this worker's previous all-reduce (or the epoch) began.
+    since: Instant,
     s: &'a WorkerSetup,
 }
 
@@ -101,7 +113,13 @@ impl<'a> Worker<'a> {
         let t = &s.cfg;
         let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
         let (c, workers, coordinator) = s.peers(&model)?;
-        Ok(Worker { ctx: Ctx { s, c, workers, coordinator }, rep: Replica { model, adam, seq, hop: HopFigures::default(), s } })
+        let exam = match (t.hop_time_steps, &s.from) {
+            (HopTimeSteps::Auto, Some((dir, m))) => Some(Examination::from_tensors(&checkpoint::load_tensors(dir, m, EXAMINATION)?, s.parts)?),
+            (HopTimeSteps::Auto, None) => Some(Examination::new(s.parts)),
+            _ => None,
+        };
+        let auto_steps = AtomicU32::new(exam.map_or(s.parts, |e| e.steps));
+        Ok(Worker { ctx: Ctx { s, c, workers, coordinator, auto_steps }, rep: Replica { model, adam, seq, hop: HopFigures::default(), exam, since: Instant::now(), s } })
     }
 
     fn train(&mut self) -> Result<()> {
@@ -117,8 +135,8 @@ impl Ctx<'_> {
     /// Time steps per step.
     fn time_steps(&self) -> u32 {
         match self.s.cfg.hop_time_steps {
-            // "auto" is refused at validation.
-            HopTimeSteps::All | HopTimeSteps::Auto => self.s.parts,
+            HopTimeSteps::All => self.s.parts,
+            HopTimeSteps::Auto => self.auto_steps.load(Ordering::Acquire),
             HopTimeSteps::Fixed(n) => n.min(self.s.parts),
         }
     }
@@ -209,6 +227,10 @@ impl<'a> Steps for Replica<'a> {
         self.seq
     }
 
+    fn epoch_start(&mut self, _epoch: u64, _steps: u64) {
+        self.since = Instant::now();
+    }
+
     fn feed_state(_: &Ctx<'a>) -> Result<()> {
         Ok(())
     }
@@ -217,11 +239,17 @@ impl<'a> Steps for Replica<'a> {
         ctx.prepare(epoch, step, seeds)
     }
 
-    /// Worker 0 writes the dense state; every partition its stores' rows.
+    /// Worker 0 writes the dense state (and the examination's, the same on
+    /// every worker); every partition its stores' rows.
     fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
         let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
-        let dense = (self.s.part == 0).then_some((&self.model, &self.adam));
-        ctx.checkpoint_part(&ctx.coordinator, root, self.seq, dense, progress)
+        let lead = self.s.part == 0;
+        let dense = lead.then_some((&self.model, &self.adam));
+        let files = match self.exam.filter(|_| lead) {
+            Some(e) => vec![checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), EXAMINATION, &e.to_tensors()?)?],
+            None => Vec::new(),
+        };
+        ctx.checkpoint_part_with(&ctx.coordinator, root, self.seq, dense, progress, files)
     }
 
     fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
@@ -248,6 +276,11 @@ impl<'a> Steps for Replica<'a> {
 
     /// Each worker counts the validation and test nodes its partition owns.
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        if let Some(e) = &mut self.exam {
+            self.hop.examined_s = e.epoch_end(epoch).map(|t| t / f64::from(self.s.parts));
+            // The next epoch's prefetch starts after this returns.
+            ctx.auto_steps.store(e.steps, Ordering::Release);
+        }
         st.hop = Some(std::mem::take(&mut self.hop));
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
@@ -408,7 +441,15 @@ impl Replica<'_> {
         // has nothing), so a store knows when the step's gradient is complete.
         let pushes = ctx.pushes(self.seq, me, pushes);
         let group = Group { trainers: &ctx.workers, me, seq: self.seq, kind: s.cfg.allreduce };
-        let sum = all_reduce(ctx, &group, acc, pushes)?;
+        // The examination's clock rides on the all-reduce, so every worker sums the same seconds.
+        if self.exam.is_some() {
+            acc.push(std::mem::replace(&mut self.since, Instant::now()).elapsed().as_secs_f32());
+        }
+        let mut sum = all_reduce(ctx, &group, acc, pushes)?;
+        if let Some(e) = &mut self.exam {
+            let seconds = sum.pop().ok_or_else(|| TrainError::Distributed("an empty all-reduce".into()))?;
+            e.add(f64::from(seconds));
+        }
         st.time.comm_s += lap(&mut clock);
         let figures = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
         st.time.update_s += lap(&mut clock);

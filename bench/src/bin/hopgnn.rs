@@ -7,12 +7,16 @@
 //!   model-centric baseline);
 //! - `owner`: today's owner-compute data-parallel training;
 //! - `hop`: `mode = "hopgnn"` (models migrate with their parameters), and
-//!   `hop-grad` (the gradient only), and `hop-merged` (one time step fewer).
+//!   `hop-grad` (the gradient only), `hop-merged` (one time step fewer) and
+//!   `hop-auto` (the examination period picks the time steps; run it with 5
+//!   or more epochs: its `settled_s` is the mean epoch after it settled).
 //!
 //! Per run: epoch time and its split, bytes per step by message kind (feature
 //! rows travel as `pull`), HopGNN's micrograph locality R_micro and rows
 //! pulled with and without pre-gathering; then the paper's bound: HopGNN's
 //! pull bytes against (1 - R_micro) / (1 - 1/N) of the baseline's.
+//! Epoch times are compared over every epoch but the first (warm-up), and
+//! hop-auto's over the epochs after its examination period settled.
 //!
 //! `cargo build --release && cargo run --release -p bench --bin hopgnn
 //! [-- --graph mag-0.05 --nodes 2,4 --hidden 64,256,1024 --epochs 2]`
@@ -39,7 +43,7 @@ struct Args {
     /// Hidden widths to sweep.
     #[arg(long, default_value = "64", value_delimiter = ',')]
     hidden: Vec<usize>,
-    /// Runs: random, owner, hop, hop-grad, hop-merged.
+    /// Runs: random, owner, hop, hop-grad, hop-merged, hop-auto.
     #[arg(long, default_value = "random,owner,hop,hop-grad,hop-merged", value_delimiter = ',')]
     runs: Vec<String>,
     /// Epochs per run (figures are means over them).
@@ -65,6 +69,17 @@ fn summary(r: &Value, label: &str) -> Value {
     let kind = |k: &str| r["bytes_per_step"][k].as_f64().unwrap_or(0.0) + r["bytes_per_step"][format!("{k}.reply")].as_f64().unwrap_or(0.0);
     let per_step: f64 = r["bytes_per_step"].as_object().map_or(0.0, |m| m.values().filter_map(Value::as_f64).sum());
     let hop = epochs.last().map_or(Value::Null, |e| e["hop"].clone());
+    let seconds = |from: usize| {
+        let s: Vec<f64> = epochs.iter().skip(from).filter_map(|e| e["seconds"].as_f64()).collect();
+        if s.is_empty() {
+            Value::Null
+        } else {
+            json!(s.iter().sum::<f64>() / s.len() as f64)
+        }
+    };
+    // hop-auto: the epochs after the last one the examination period measured.
+    let measured = epochs.iter().rposition(|e| !e["hop"]["examined_s"].is_null());
+    let time_steps: Vec<Value> = epochs.iter().map(|e| e["hop"]["time_steps"].clone()).collect();
     json!({
         "run": label,
         "epoch_s": mean("seconds"),
@@ -75,6 +90,10 @@ fn summary(r: &Value, label: &str) -> Value {
         "migrate_mb_per_step": kind("migrate") / 1e6,
         "bytes_per_step": r["bytes_per_step"],
         "hop": hop,
+        "time_steps_per_epoch": time_steps,
+        // Every epoch but the first (connections, allocator warm-up).
+        "steady_s": seconds(usize::from(epochs.len() > 1)),
+        "settled_s": measured.map_or(Value::Null, |m| seconds(m + 1)),
         "test_acc": epochs.last().map_or(Value::Null, |e| e["test_acc"].clone()),
         "steps": r["steps"],
     })
@@ -101,7 +120,8 @@ fn main() -> anyhow::Result<()> {
                     "hop" => "mode = \"hopgnn\"\n".to_string(),
                     "hop-grad" => "mode = \"hopgnn\"\nhop_migrate = \"gradient\"\n".to_string(),
                     "hop-merged" => format!("mode = \"hopgnn\"\nhop_time_steps = {}\n", (k - 1).max(1)),
-                    other => bail!("--runs {other}: expected random, owner, hop, hop-grad or hop-merged"),
+                    "hop-auto" => "mode = \"hopgnn\"\nhop_time_steps = \"auto\"\n".to_string(),
+                    other => bail!("--runs {other}: expected random, owner, hop, hop-grad, hop-merged or hop-auto"),
                 };
                 let training = format!("{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n", parts.display().to_string(), a.epochs, a.batch);
                 eprintln!("{run}, {k} nodes, hidden {hidden}, {} epochs", a.epochs);
@@ -112,14 +132,18 @@ fn main() -> anyhow::Result<()> {
     }
 
     println!("{}, fanouts 25,20, batch {}, METIS partitions; links {} + {} ms", a.graph, a.batch, a.links.bandwidth, a.links.delay_ms);
-    println!("{:<22} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>7} {:>8}", "run", "epoch_s", "sample", "gather", "compute", "comm", "MB/step", "pull MB", "migr MB", "R_micro", "test_acc");
+    println!(
+        "{:<22} {:>8} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>7} {:>8}",
+        "run", "epoch_s", "steady_s", "sample", "gather", "compute", "comm", "MB/step", "pull MB", "migr MB", "R_micro", "test_acc"
+    );
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
         let r_micro = 1.0 - r["hop"]["remote_row_rate"].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:<22} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>9.2} {:>8.2} {:>8.2} {:>7.3} {:>8.4}",
+            "{:<22} {:>8.2} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>9.2} {:>8.2} {:>8.2} {:>7.3} {:>8.4}",
             r["run"].as_str().unwrap_or(""),
             f(r, "epoch_s"),
+            f(r, "steady_s"),
             f(r, "sample_s"),
             f(r, "gather_s"),
             f(r, "compute_s"),
@@ -138,31 +162,59 @@ fn main() -> anyhow::Result<()> {
             println!("{}: micrograph locality per node type: {}", r["run"].as_str().unwrap_or(""), per.join(", "));
         }
     }
+    for r in rows.iter().filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop-auto"))) {
+        let steps: Vec<String> = r["time_steps_per_epoch"].as_array().map_or(Vec::new(), |v| v.iter().map(|t| t.to_string()).collect());
+        let settled = r["settled_s"].as_f64().map_or("not settled: give more epochs".to_string(), |t| format!("{t:.2} s per epoch once settled"));
+        println!("{}: time steps per epoch {}; {settled}", r["run"].as_str().unwrap_or(""), steps.join(" "));
+    }
     let find = |label: &str| rows.iter().find(|r| r["run"] == label);
+    // Epoch times compared: every epoch but the first; hop-auto's once settled.
+    let time = |r: &Value| r["settled_s"].as_f64().or(r["steady_s"].as_f64()).unwrap_or(f64::NAN);
     let mut checks = Vec::new();
     for &k in &a.nodes {
         for &hidden in &a.hidden {
-            let (Some(hop), Some(random)) = (find(&format!("hop x{k} h{hidden}")), find(&format!("random x{k} h{hidden}"))) else { continue };
-            let r_micro = 1.0 - hop["hop"]["remote_row_rate"].as_f64().unwrap_or(1.0);
-            let bound = (1.0 - r_micro) / (1.0 - 1.0 / k as f64);
-            let ratio = f(hop, "pull_mb_per_step") / f(random, "pull_mb_per_step").max(1e-12);
-            let time = f(hop, "epoch_s") / f(random, "epoch_s").max(1e-12);
-            println!(
-                "{k} nodes, hidden {hidden}: hopgnn pulls {ratio:.3}x the model-centric baseline's feature bytes (bound (1 - R_micro)/(1 - 1/N) = {bound:.3}, R_micro {r_micro:.3}); epoch time {time:.2}x of it"
-            );
-            let mut check = json!({ "nodes": k, "hidden": hidden, "r_micro": r_micro, "pull_ratio_vs_random": ratio, "bound": bound, "epoch_ratio_vs_random": time });
-            if let Some(owner) = find(&format!("owner x{k} h{hidden}")) {
-                let t = f(hop, "epoch_s") / f(owner, "epoch_s").max(1e-12);
-                let best = ["hop", "hop-grad", "hop-merged"].iter().filter_map(|v| find(&format!("{v} x{k} h{hidden}"))).map(|r| f(r, "epoch_s")).fold(f64::INFINITY, f64::min);
+            let run = |v: &str| find(&format!("{v} x{k} h{hidden}"));
+            let mut check = json!({ "nodes": k, "hidden": hidden });
+            if let (Some(hop), Some(random)) = (run("hop"), run("random")) {
+                let r_micro = 1.0 - hop["hop"]["remote_row_rate"].as_f64().unwrap_or(1.0);
+                let bound = (1.0 - r_micro) / (1.0 - 1.0 / k as f64);
+                let ratio = f(hop, "pull_mb_per_step") / f(random, "pull_mb_per_step").max(1e-12);
+                let t = time(hop) / time(random);
                 println!(
-                    "{k} nodes, hidden {hidden}: against owner-compute data-parallel, hopgnn's epoch time is {t:.2}x (best variant {:.2}x); it adds {:.2} MB/step of migration and pulls {:.2} vs {:.2} MB/step",
-                    best / f(owner, "epoch_s").max(1e-12),
+                    "{k} nodes, hidden {hidden}: hopgnn pulls {ratio:.3}x the model-centric baseline's feature bytes (bound (1 - R_micro)/(1 - 1/N) = {bound:.3}, R_micro {r_micro:.3}); epoch time {t:.2}x of it"
+                );
+                check["r_micro"] = json!(r_micro);
+                check["pull_ratio_vs_random"] = json!(ratio);
+                check["bound"] = json!(bound);
+                check["epoch_ratio_vs_random"] = json!(t);
+            }
+            if let (Some(hop), Some(owner)) = (run("hop"), run("owner")) {
+                let t = time(hop) / time(owner);
+                println!(
+                    "{k} nodes, hidden {hidden}: against owner-compute data-parallel, hopgnn's epoch time is {t:.2}x; it adds {:.2} MB/step of migration and pulls {:.2} vs {:.2} MB/step",
                     f(hop, "migrate_mb_per_step"),
                     f(hop, "pull_mb_per_step"),
                     f(owner, "pull_mb_per_step")
                 );
                 check["epoch_ratio_vs_owner"] = json!(t);
-                check["best_epoch_ratio_vs_owner"] = json!(best / f(owner, "epoch_s").max(1e-12));
+            }
+            if let Some(auto) = run("hop-auto") {
+                let steps = auto["time_steps_per_epoch"].as_array().and_then(|v| v.last()).cloned().unwrap_or(Value::Null);
+                let vs = |v: &str| run(v).map(|r| time(auto) / time(r));
+                let say = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}x"));
+                println!(
+                    "{k} nodes, hidden {hidden}: hop-auto settled at {steps} time steps, {:.2} s per epoch: {} the model-centric baseline's, {} owner-compute's",
+                    time(auto),
+                    say(vs("random")),
+                    say(vs("owner"))
+                );
+                check["auto_time_steps"] = steps;
+                check["auto_epoch_ratio_vs_random"] = json!(vs("random"));
+                check["auto_epoch_ratio_vs_owner"] = json!(vs("owner"));
+            }
+            let best = ["hop", "hop-grad", "hop-merged", "hop-auto"].iter().filter_map(|v| run(v)).map(time).fold(f64::INFINITY, f64::min);
+            if let Some(owner) = run("owner").filter(|_| best.is_finite()) {
+                check["best_epoch_ratio_vs_owner"] = json!(best / time(owner));
             }
             checks.push(check);
         }
