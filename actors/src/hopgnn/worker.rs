@@ -171,7 +171,10 @@ impl Ctx<'_> {
                 }
             }
         }
-        let rows = if s.cfg.hop_pregather {
+        // One micrograph here this step: its rows are already distinct, so
+        // pulling them in its own order is the same single pull per owner and
+        // type, without selecting each time step's rows out of a union.
+        let rows = if s.cfg.hop_pregather && micro.iter().flatten().count() > 1 {
             let mut union = vec![Vec::new(); types.len()];
             for mb in micro.iter().flatten() {
                 for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
