@@ -124,9 +124,9 @@ impl RelationalLayer for HgtLayer {
 
     /// Finishes the softmax, applies the output map and the gated skip.
     fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        per_dst_type(block, h_src, partials, |t, own, p| {
+        per_dst_type(block, h_src, partials, |t, x, n_dst, p| {
             let tm = &self.types[t];
-            let n_dst = own.dim(0)?;
+            let own = x.narrow(0, 0, n_dst)?;
             let agg = match p {
                 Some(p) => finish_partial(&p)?.reshape((n_dst, self.out_dim))?,
                 None => Tensor::zeros((n_dst, self.out_dim), own.dtype(), own.device())?,

@@ -11,7 +11,7 @@ use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
 use crate::layer::RelationalLayer;
-use crate::ops::{attention_aggregate, matmul, SegmentCsr};
+use crate::ops::{attention_aggregate, matmul, matmul_prefix, SegmentCsr};
 use crate::params::ParamStore;
 use crate::self_loop::{accumulate, PerType, SelfLoops};
 
@@ -79,7 +79,7 @@ impl RelationalLayer for RgatLayer {
             let csr = SegmentCsr::new(n_src, br.offsets.clone(), br.sources.clone());
             let values = matmul(x, &p.weight)?.reshape((n_src, self.heads, self.head_dim))?;
             let el = matmul(x, &p.attn_src)?;
-            let er = matmul(&xd.narrow(0, 0, n_dst)?, &p.attn_dst)?;
+            let er = matmul_prefix(xd, n_dst, &p.attn_dst)?;
             let agg = attention_aggregate(&values, &el, &er, &csr)?;
             let msg = if self.mean_heads { agg.mean(1)? } else { agg.reshape((n_dst, self.heads * self.head_dim))? };
             accumulate(&mut out[d], msg)?;

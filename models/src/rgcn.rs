@@ -106,13 +106,15 @@ impl RelationMeans for RgcnLayer {
 }
 
 /// `mean(x) · w`, in whichever order costs fewer multiply-adds: transforming
-/// first pays `n_src·in·out + E·out`, aggregating first `E·in + n_dst·in·out`.
+/// first pays `n_src·in·out + E·out` (`nnz·out + E·out` for a constant,
+/// mostly-zero `x`: see `ops::sparse`), aggregating first `E·in + n_dst·in·out`.
 /// (Sampled blocks have many more sources than destinations, so aggregating
-/// first usually wins even when `in > out`.)
+/// first usually wins for dense inputs even when `in > out`.)
 fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Result<Tensor> {
     let (i, o) = w.dims2()?;
     let (n_src, n_dst, e) = (csr.n_src(), csr.n_dst(), csr.n_edges());
-    let transform_first = n_src * i * o + e * o;
+    let sparse = if w.dtype() == DType::F32 { crate::ops::sparse::rows_of(x)? } else { None };
+    let transform_first = sparse.map_or(n_src * i, |sp| sp.nnz()) * o + e * o;
     let aggregate_first = e * i + n_dst * i * o;
     Ok(if transform_first < aggregate_first { segment_mean(&matmul(x, w)?, csr)? } else { matmul(&segment_mean(x, csr)?, w)? })
 }

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph};
 
 use crate::error::Result;
-use crate::ops::{add_bias, matmul};
+use crate::ops::{add_bias, matmul_prefix};
 use crate::params::ParamStore;
 
 /// Per node type, an optional tensor (absent where the block has no rows of that type).
@@ -38,9 +38,9 @@ impl SelfLoops {
 
     /// Self-loop on the destinations' own rows plus the summed partials.
     pub fn cross_relation(&self, block: &Block, h_src: &PerType, partials: PerType) -> Result<PerType> {
-        per_dst_type(block, h_src, partials, |t, own, p| {
+        per_dst_type(block, h_src, partials, |t, x, n_dst, p| {
             let (w, b) = &self.per_type[t];
-            let own = add_bias(&matmul(&own, w)?, b)?;
+            let own = add_bias(&matmul_prefix(x, n_dst, w)?, b)?;
             Ok(match p {
                 Some(p) => (own + p)?,
                 None => own,
@@ -49,15 +49,15 @@ impl SelfLoops {
     }
 }
 
-/// Applies `f(type, own rows, partial)` to every destination type of `block`
-/// that has destinations and inputs; `None` elsewhere. The own rows are the
-/// first `dst[t].len()` rows of `h_src[t]`.
-pub(crate) fn per_dst_type(block: &Block, h_src: &PerType, partials: PerType, mut f: impl FnMut(usize, Tensor, Option<Tensor>) -> Result<Tensor>) -> Result<PerType> {
+/// Applies `f(type, inputs, n_dst, partial)` to every destination type of
+/// `block` that has destinations and inputs; `None` elsewhere. The own rows
+/// are the first `n_dst = dst[t].len()` rows of the inputs `h_src[t]`.
+pub(crate) fn per_dst_type(block: &Block, h_src: &PerType, partials: PerType, mut f: impl FnMut(usize, &Tensor, usize, Option<Tensor>) -> Result<Tensor>) -> Result<PerType> {
     let mut out = Vec::with_capacity(block.dst.len());
     for (t, p) in partials.into_iter().enumerate() {
         let n_dst = block.dst[t].len();
         out.push(match (&h_src[t], n_dst > 0) {
-            (Some(x), true) => Some(f(t, x.narrow(0, 0, n_dst)?, p)?),
+            (Some(x), true) => Some(f(t, x, n_dst, p)?),
             _ => None,
         });
     }

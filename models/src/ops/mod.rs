@@ -23,6 +23,7 @@ macro_rules! cpu_by_dtype {
 }
 
 mod attention;
+mod axpy;
 mod bias;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -30,12 +31,13 @@ mod dropout;
 mod lse_attention;
 mod matmul;
 mod segment;
+pub mod sparse;
 
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
 pub use bias::add_bias;
 pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_prefix};
 pub use segment::{segment_mean, SegmentCsr};
 
 use candle_core::{CpuStorage, Layout};

@@ -4,12 +4,12 @@
 //! Both directions parallelise over output rows and sum each row in a fixed
 //! order, so results are bit-identical whatever the thread count.
 
-use std::ops::{AddAssign, Mul};
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::axpy::{axpy, Elem};
 use crate::prefetch::{prefetch, AHEAD};
 
 /// A destination-major CSR with its source-major transpose, shared by the
@@ -125,10 +125,6 @@ pub fn segment_mean(x: &Tensor, csr: &Arc<SegmentCsr>) -> candle_core::Result<Te
 struct SegmentMean(Arc<SegmentCsr>);
 struct SegmentMeanT(Arc<SegmentCsr>);
 
-trait Elem: Copy + Default + AddAssign + Mul<Output = Self> + Send + Sync {}
-impl Elem for f32 {}
-impl Elem for f64 {}
-
 /// `out[r] = scale(r) · Σ_{j in row r} x[idx[j]]` for every output row.
 fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight: impl Fn(usize, u32) -> T + Sync) -> Vec<T> {
     let rows = offsets.len() - 1;
@@ -142,11 +138,7 @@ fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight:
             if let Some(&a) = idx.get(p + AHEAD) {
                 prefetch(&x[a as usize * h..(a as usize + 1) * h]);
             }
-            let w = weight(r, s);
-            let row = &x[s as usize * h..(s as usize + 1) * h];
-            for (a, &b) in o.iter_mut().zip(row) {
-                *a += w * b;
-            }
+            axpy(o, weight(r, s), &x[s as usize * h..(s as usize + 1) * h]);
         }
     });
     out
