@@ -72,25 +72,86 @@ block_message!(Broadcast, "broadcast", "A block broadcast in a training epoch's 
 block_message!(EvalBroadcast, "broadcast.eval", "A block broadcast for evaluation (no block is skipped there).");
 block_message!(GradBlock, "grad-block", "The gradient of the owner's block, from a worker that read it.");
 
-/// The payload of a block: its flag, then its rows.
-pub fn encode(rows: Option<&[f32]>) -> Vec<u8> {
-    match rows {
-        Some(r) => {
-            let mut out = Vec::with_capacity(1 + 4 * r.len());
-            out.push(1);
-            out.extend_from_slice(bytemuck::cast_slice(r));
-            out
-        }
-        None => vec![0],
+/// Payload flags.
+const SKIPPED: u8 = 0;
+const DENSE: u8 = 1;
+const SPARSE: u8 = 2;
+
+/// The payload of a block of `width`-wide rows (`None`: skipped): a flag,
+/// then the rows as little-endian f32 (`DENSE`), or, with `sparse` and where
+/// it is shorter, their non-zeros (`SPARSE`: `rows + 1` u32 row offsets, then per non-zero
+/// its u32 column, then its f32 value). Bag-of-words features (heco-acm's
+/// 4-7% non-zero) travel about ten times smaller; the values received are
+/// the same bits either way (a non-zero is any value whose bits are not all
+/// zero, -0.0 included).
+pub fn encode(rows: Option<&[f32]>, width: usize, sparse: bool) -> Vec<u8> {
+    let Some(r) = rows else { return vec![SKIPPED] };
+    let n = if width == 0 { 0 } else { r.len() / width };
+    let nnz = if sparse { r.iter().filter(|v| v.to_bits() != 0).count() } else { r.len() };
+    if !sparse || width == 0 || n * width != r.len() || 4 * (n + 1) + 8 * nnz >= 4 * r.len() {
+        let mut out = Vec::with_capacity(1 + 4 * r.len());
+        out.push(DENSE);
+        out.extend_from_slice(bytemuck::cast_slice(r));
+        return out;
     }
+    let mut out = Vec::with_capacity(1 + 4 * (n + 1) + 8 * nnz);
+    out.push(SPARSE);
+    let mut at = 0u32;
+    out.extend_from_slice(&at.to_le_bytes());
+    for row in r.chunks(width) {
+        at += row.iter().filter(|v| v.to_bits() != 0).count() as u32;
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    for row in r.chunks(width) {
+        for (c, v) in row.iter().enumerate().filter(|(_, v)| v.to_bits() != 0) {
+            out.extend_from_slice(&(c as u32).to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
 }
 
-/// Rows of a payload (`None`: skipped), checked to be `len` values.
-pub fn decode(data: &[u8], len: usize) -> Result<Option<Vec<f32>>, String> {
+/// The bytes a payload carries past its flag (what the report counts).
+pub fn body_bytes(payload: &[u8]) -> u64 {
+    payload.len().saturating_sub(1) as u64
+}
+
+/// Rows of a payload (`None`: skipped), checked to be `rows` rows of
+/// `width` values before anything is allocated.
+pub fn decode(data: &[u8], rows: usize, width: usize) -> Result<Option<Vec<f32>>, String> {
+    let len = rows * width;
     match data.split_first() {
-        Some((0, [])) => Ok(None),
-        Some((1, rows)) => crate::distributed::decode_f32(rows, len).map(Some),
-        _ => Err(format!("a block payload of {} bytes is neither a skip notice nor {len} values", data.len())),
+        Some((&SKIPPED, [])) => Ok(None),
+        Some((&DENSE, body)) => crate::distributed::decode_f32(body, len).map(Some),
+        Some((&SPARSE, body)) => {
+            let bad = |why: &str| Err(format!("a sparse block payload of {} bytes for {rows} rows of {width}: {why}", data.len()));
+            let u32_at = |i: usize| u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]) as usize;
+            let head = 4 * (rows + 1);
+            if body.len() < head {
+                return bad("too short for its row offsets");
+            }
+            let nnz = u32_at(4 * rows);
+            if u32_at(0) != 0 || body.len() != head + 8 * nnz || nnz > len {
+                return bad("its offsets do not match its length");
+            }
+            let mut out = vec![0f32; len];
+            for r in 0..rows {
+                let (a, b) = (u32_at(4 * r), u32_at(4 * (r + 1)));
+                if a > b || b > nnz {
+                    return bad("its row offsets are not ascending");
+                }
+                for p in a..b {
+                    let at = head + 8 * p;
+                    let c = u32_at(at);
+                    if c >= width {
+                        return bad(&format!("column {c} out of range"));
+                    }
+                    out[r * width + c] = f32::from_le_bytes([body[at + 4], body[at + 5], body[at + 6], body[at + 7]]);
+                }
+            }
+            Ok(Some(out))
+        }
+        _ => Err(format!("a block payload of {} bytes is neither a skip notice nor {rows} rows of {width} values", data.len())),
     }
 }
 
@@ -100,14 +161,44 @@ mod tests {
 
     #[test]
     fn payloads_round_trip_and_bad_ones_are_refused() {
-        assert_eq!(decode(&encode(Some(&[1.0, -2.5])), 2).unwrap(), Some(vec![1.0, -2.5]));
-        assert_eq!(decode(&encode(None), 2).unwrap(), None);
-        assert_eq!(decode(&encode(Some(&[])), 0).unwrap(), Some(vec![]));
-        assert!(decode(&encode(Some(&[1.0])), 2).is_err(), "too few values");
-        assert!(decode(&[0, 1], 0).is_err(), "a skip notice with a body");
-        assert!(decode(&[7], 0).is_err(), "an unknown flag");
-        assert!(decode(&[], 0).is_err(), "no flag");
+        assert_eq!(decode(&encode(Some(&[1.0, -2.5]), 2, true), 1, 2).unwrap(), Some(vec![1.0, -2.5]));
+        assert_eq!(decode(&encode(None, 2, true), 1, 2).unwrap(), None);
+        assert_eq!(decode(&encode(Some(&[]), 4, true), 0, 4).unwrap(), Some(vec![]));
+        assert!(decode(&encode(Some(&[1.0]), 1, true), 2, 1).is_err(), "too few values");
+        assert!(decode(&[0, 1], 0, 1).is_err(), "a skip notice with a body");
+        assert!(decode(&[7], 0, 1).is_err(), "an unknown flag");
+        assert!(decode(&[], 0, 1).is_err(), "no flag");
         assert_ne!(round(FORWARD_ROUND, 1, 0), round(FORWARD_ROUND, 0, 1));
         assert!(round(FORWARD_ROUND, 200, MAX_TYPES - 1) < BACKWARD_ROUND);
+    }
+
+    #[test]
+    fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
+        let (rows, width) = (3, 40);
+        let mut x = vec![0f32; rows * width];
+        x[5] = 1.5;
+        x[width + 39] = -0.0;
+        x[2 * width] = f32::MIN_POSITIVE;
+        x[2 * width + 7] = 3.0;
+        assert_eq!(encode(Some(&x), width, false)[0], DENSE, "sparse only where asked");
+        let p = encode(Some(&x), width, true);
+        assert_eq!(p[0], SPARSE);
+        assert_eq!(body_bytes(&p), 4 * 4 + 8 * 4, "offsets and four non-zeros (-0.0 kept: its bits are not zero)");
+        let back = decode(&p, rows, width).unwrap().unwrap();
+        assert_eq!(back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        // Dense rows stay dense.
+        let dense: Vec<f32> = (0..rows * width).map(|i| i as f32 + 1.0).collect();
+        assert_eq!(encode(Some(&dense), width, true)[0], DENSE);
+        // Damaged sparse payloads are refused before use.
+        assert!(decode(&p, rows + 1, width).is_err(), "more rows than sent");
+        assert!(decode(&p, rows, 7).is_err(), "a column past the width");
+        assert!(decode(&p[..p.len() - 1], rows, width).is_err(), "truncated");
+        let mut unordered = p.clone();
+        unordered[1 + 4..1 + 8].copy_from_slice(&9u32.to_le_bytes());
+        assert!(decode(&unordered, rows, width).is_err(), "offsets out of order");
+        let mut huge = vec![SPARSE];
+        huge.extend_from_slice(&0u32.to_le_bytes());
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&huge, 1, width).is_err(), "a count past the payload");
     }
 }

@@ -317,19 +317,22 @@ impl State<'_> {
                         }
                     };
                     let rows = if send { Some(values(&mine)?) } else { None };
+                    // Constant features travel as their non-zeros where that is shorter (bag-of-words);
+                    // hidden blocks stay dense, so their bytes do not depend on their values.
+                    let payload = messages::encode(rows.as_deref(), w, constant);
+                    let bytes = messages::body_bytes(&payload) * u64::from(s.parts - 1);
                     let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
                     // A constant block is sent once and never stale: only the one broadcast counts.
                     if train && (send || !constant) {
                         if send {
                             counts.sent += 1;
-                            self.figures.forward_bytes += 4 * rows.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.parts - 1);
+                            self.figures.forward_bytes += bytes;
                         } else {
                             counts.skipped += 1;
                         }
                     } else {
-                        self.figures.eval_bytes += 4 * rows.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.parts - 1);
+                        self.figures.eval_bytes += bytes;
                     }
-                    let payload = messages::encode(rows.as_deref());
                     let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![payload; s.parts as usize - 1])?;
                     st.time.comm_s += lap(&mut clock);
                     if send && (train || constant) {
@@ -338,7 +341,7 @@ impl State<'_> {
                     // ... and take every other worker's, fresh or cached.
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let n = ctx.layout.count(q, ty);
-                        let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?;
+                        let rows = messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?;
                         let block = match rows {
                             Some(v) => {
                                 fresh[ty][q as usize] = true;
@@ -453,13 +456,14 @@ impl State<'_> {
                         let n = ctx.layout.count(q, ty) * w;
                         let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
                         let rows = away.as_ref().filter(|_| !skip).map(|v| &v[at..at + n]);
+                        let payload = messages::encode(rows, w, false);
                         if skip {
                             counts.grad_skipped += 1;
                         } else {
                             counts.grad_sent += 1;
-                            self.figures.backward_bytes += 4 * rows.map_or(0, <[f32]>::len) as u64;
+                            self.figures.backward_bytes += messages::body_bytes(&payload);
                         }
-                        data.push(messages::encode(rows));
+                        data.push(payload);
                         at += n;
                     }
                     st.time.compute_s += lap(&mut clock);
@@ -467,7 +471,7 @@ impl State<'_> {
                     st.time.comm_s += lap(&mut clock);
                     let n = ctx.layout.count(me, ty);
                     for (&q, data) in order[1..].iter().zip(&got) {
-                        let rows = messages::decode(data, n * w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
+                        let rows = messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
                         if let Some(v) = rows {
                             let x = Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;
                             mine = Some(match mine {
