@@ -86,7 +86,7 @@ const SPARSE: u8 = 2;
 /// zero, -0.0 included).
 pub fn encode(rows: Option<&[f32]>, width: usize, sparse: bool) -> Vec<u8> {
     let Some(r) = rows else { return vec![SKIPPED] };
-    let n = if width == 0 { 0 } else { r.len() / width };
+    let n = r.len().checked_div(width).unwrap_or(0);
     let nnz = if sparse { r.iter().filter(|v| v.to_bits() != 0).count() } else { r.len() };
     if !sparse || width == 0 || n * width != r.len() || 4 * (n + 1) + 8 * nnz >= 4 * r.len() {
         let mut out = Vec::with_capacity(1 + 4 * r.len());
