@@ -134,3 +134,35 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let err = train(&other, &mut ()).err().unwrap().to_string();
     assert!(err.contains("another run"), "{err}");
 }
+
+/// heco-acm's bag-of-words rows are pulled as their non-zeros (and multiplied
+/// as them): two trainers still follow single-process training step by step.
+#[test]
+fn bag_of_words_rows_pulled_as_non_zeros_follow_single_process_training() {
+    let Ok(root) = std::env::var("HETGNN_DATASETS") else {
+        eprintln!("HETGNN_DATASETS is not set: skipping the sparse-pull check on heco-acm");
+        return;
+    };
+    let data = std::path::Path::new(&root).join("heco-acm");
+    let pdir = common::root().join("heco-acm-metis-2x1");
+    if !pdir.exists() {
+        let g = graphs::load(&data, &graphs::LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
+        let a = partition::assign_two_level(&g, 2, 1, Method::Metis, 0).unwrap();
+        partition::write(&g, &a, &pdir, false, &mut NoProgress).unwrap();
+    }
+    let base = ["training.epochs=3", "training.batch=16", "training.hidden=16", "training.embed_dim=8"];
+    let cfg = |extra: &[String]| {
+        let mut o: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        o.push(format!("training.data={:?}", data.display().to_string()));
+        o.extend(extra.iter().cloned());
+        Config::parse("", &o).unwrap()
+    };
+    let (mut one, mut two) = (Losses::default(), Losses::default());
+    let (single, model) = train(&cfg(&[]), &mut one).unwrap();
+    let (report, fin) = train(&cfg(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())]), &mut two).unwrap();
+    assert_eq!((report.steps, two.0.len()), (single.steps, one.0.len()));
+    for (i, (a, b)) in one.0.iter().zip(&two.0).enumerate() {
+        close(*a, *b, &format!("heco-acm, 2 trainers, loss of step {i}"));
+    }
+    same_model(&model, &fin, "heco-acm, 2 trainers");
+}

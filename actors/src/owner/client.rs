@@ -25,7 +25,7 @@ use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::Saved;
-use crate::distributed::{decode_f32, Timeouts};
+use crate::distributed::Timeouts;
 use crate::error::{Result, TrainError};
 
 /// Which input rows to gather.
@@ -405,7 +405,7 @@ impl Client {
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
             let bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
-            pulled.insert((*ty, *o), decode_f32(&bytes.0, want.len() * dims[*ty]).map_err(TrainError::Distributed)?);
+            pulled.insert((*ty, *o), crate::distributed::rows::decode(&bytes.0, want.len(), dims[*ty]).map_err(TrainError::Distributed)?);
         }
         let mut out: PerType = Vec::with_capacity(src.len());
         for (ty, ids) in src.iter().enumerate() {

@@ -256,12 +256,14 @@ impl FeatureStore {
         self.check_owned(ids)?;
         let mut out: Vec<u8> = Vec::new();
         match &self.data {
+            // Constant rows go as their non-zeros where that is shorter (bags of words).
             StoreData::Features { graph, ty } => {
                 let f = graph.node_types()[*ty].features.as_ref().ok_or("this type has no features")?;
-                out.reserve(ids.len() * f.dim() * 4);
+                let mut rows = Vec::with_capacity(ids.len() * f.dim());
                 for &i in ids {
-                    out.extend_from_slice(bytemuck::cast_slice(f.row(i as usize)));
+                    rows.extend_from_slice(f.row(i as usize));
                 }
+                out = crate::distributed::rows::encode(&rows, f.dim());
             }
             StoreData::Embeddings(s) => {
                 out.reserve(ids.len() * s.dim * 4);

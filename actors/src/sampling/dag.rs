@@ -425,9 +425,11 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?.0;
+                            let mut bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?.0;
+                            // Rows that came as their non-zeros are laid out dense here, where they are copied from.
                             if bytes.len() != ids.len() * dim * 4 {
-                                return Err(TrainError::Distributed(format!("{}: {} bytes where {} rows of {dim} f32 were expected", store.name(), bytes.len(), ids.len())));
+                                let rows = crate::distributed::rows::decode_sparse(&bytes, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
+                                bytes = bytemuck::cast_slice(&rows).to_vec();
                             }
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });

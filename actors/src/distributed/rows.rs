@@ -1,0 +1,111 @@
+//! Rows of `f32` on the wire: dense (`rows × width` little-endian values,
+//! exactly that many bytes) or, where shorter, their non-zeros: `rows + 1`
+//! u32 row offsets, then per non-zero its u32 column and its f32 value.
+//! Bag-of-words features (heco-acm's 1902 columns are 4-7% non-zero) travel
+//! about ten times smaller. A non-zero is any value whose bits are not all
+//! zero (-0.0 included), so the receiver gets the same bits either way.
+//! The sparse form is always shorter than the dense one, so a payload's
+//! length says which it is.
+
+/// `values` (`width`-wide rows) as their non-zeros, or `None` where that is
+/// not shorter than the dense bytes.
+pub fn encode_sparse(values: &[f32], width: usize) -> Option<Vec<u8>> {
+    let n = values.len().checked_div(width)?;
+    let nnz = values.iter().filter(|v| v.to_bits() != 0).count();
+    if n * width != values.len() || 4 * (n + 1) + 8 * nnz >= 4 * values.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(4 * (n + 1) + 8 * nnz);
+    let mut at = 0u32;
+    out.extend_from_slice(&at.to_le_bytes());
+    for row in values.chunks(width) {
+        at += row.iter().filter(|v| v.to_bits() != 0).count() as u32;
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    for row in values.chunks(width) {
+        for (c, v) in row.iter().enumerate().filter(|(_, v)| v.to_bits() != 0) {
+            out.extend_from_slice(&(c as u32).to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Some(out)
+}
+
+/// `values` as the shorter of the two forms.
+pub fn encode(values: &[f32], width: usize) -> Vec<u8> {
+    encode_sparse(values, width).unwrap_or_else(|| bytemuck::cast_slice(values).to_vec())
+}
+
+/// `rows` rows of `width` values from either form, checked before anything is allocated.
+pub fn decode(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+    if bytes.len() == 4 * rows * width {
+        return super::decode_f32(bytes, rows * width);
+    }
+    decode_sparse(bytes, rows, width)
+}
+
+/// `rows` rows of `width` values from their non-zeros.
+pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+    let len = rows * width;
+    let bad = |why: &str| Err(format!("{} bytes are neither {rows} rows of {width} f32 values nor their non-zeros: {why}", bytes.len()));
+    let u32_at = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize;
+    let head = 4 * (rows + 1);
+    if bytes.len() < head || bytes.len() >= 4 * len.max(1) + 4 {
+        return bad("wrong length");
+    }
+    let nnz = u32_at(4 * rows);
+    if u32_at(0) != 0 || nnz > len || bytes.len() != head + 8 * nnz {
+        return bad("its offsets do not match its length");
+    }
+    let mut out = vec![0f32; len];
+    for r in 0..rows {
+        let (a, b) = (u32_at(4 * r), u32_at(4 * (r + 1)));
+        if a > b || b > nnz {
+            return bad("its row offsets are not ascending");
+        }
+        for p in a..b {
+            let at = head + 8 * p;
+            let c = u32_at(at);
+            if c >= width {
+                return bad(&format!("column {c} out of range"));
+            }
+            out[r * width + c] = f32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
+        let (rows, width) = (3, 40);
+        let mut x = vec![0f32; rows * width];
+        x[5] = 1.5;
+        x[width + 39] = -0.0;
+        x[2 * width] = f32::MIN_POSITIVE;
+        x[2 * width + 7] = 3.0;
+        let p = encode(&x, width);
+        assert_eq!(p.len(), 4 * 4 + 8 * 4, "offsets and four non-zeros (-0.0 kept: its bits are not zero)");
+        let back = decode(&p, rows, width).unwrap();
+        assert_eq!(back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        // Dense rows stay dense, and round-trip.
+        let dense: Vec<f32> = (0..rows * width).map(|i| i as f32 + 1.0).collect();
+        assert!(encode_sparse(&dense, width).is_none());
+        assert_eq!(decode(&encode(&dense, width), rows, width).unwrap(), dense);
+        assert_eq!(decode(&encode(&[], 4), 0, 4).unwrap(), Vec::<f32>::new());
+        // Damaged payloads are refused before use.
+        assert!(decode(&p, rows + 1, width).is_err(), "more rows than sent");
+        assert!(decode(&p, rows, 7).is_err(), "a column past the width");
+        assert!(decode(&p[..p.len() - 1], rows, width).is_err(), "truncated");
+        let mut unordered = p.clone();
+        unordered[4..8].copy_from_slice(&9u32.to_le_bytes());
+        assert!(decode(&unordered, rows, width).is_err(), "offsets out of order");
+        let mut huge = 0u32.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&huge, 1, width).is_err(), "a count past the payload");
+        assert!(decode(&vec![0u8; 4 * rows * width + 4], rows, width).is_err(), "longer than dense");
+    }
+}
