@@ -113,7 +113,7 @@ impl RelationMeans for RgcnLayer {
 fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Result<Tensor> {
     let (i, o) = w.dims2()?;
     let (n_src, n_dst, e) = (csr.n_src(), csr.n_dst(), csr.n_edges());
-    let sparse = if w.dtype() == DType::F32 { crate::ops::sparse::rows_of(x)? } else { None };
+    let sparse = crate::ops::sparse::rows_for(x, w)?;
     let transform_first = sparse.map_or(n_src * i, |sp| sp.nnz()) * o + e * o;
     let aggregate_first = e * i + n_dst * i * o;
     Ok(if transform_first < aggregate_first { segment_mean(&matmul(x, w)?, csr)? } else { matmul(&segment_mean(x, csr)?, w)? })

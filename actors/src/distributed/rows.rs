@@ -10,19 +10,44 @@
 /// `values` (`width`-wide rows) as their non-zeros, or `None` where that is
 /// not shorter than the dense bytes.
 pub fn encode_sparse(values: &[f32], width: usize) -> Option<Vec<u8>> {
-    let n = values.len().checked_div(width)?;
-    let nnz = values.iter().filter(|v| v.to_bits() != 0).count();
-    if n * width != values.len() || 4 * (n + 1) + 8 * nnz >= 4 * values.len() {
+    if width == 0 || values.len() % width != 0 {
         return None;
     }
-    let mut out = Vec::with_capacity(4 * (n + 1) + 8 * nnz);
+    sparse_rows(&values.chunks(width).collect::<Vec<_>>())
+}
+
+/// The rows (each as wide as the dense form implies) as the shorter of the two forms.
+pub fn encode_rows(rows: &[&[f32]]) -> Vec<u8> {
+    sparse_rows(rows).unwrap_or_else(|| {
+        let mut out = Vec::with_capacity(4 * rows.iter().map(|r| r.len()).sum::<usize>());
+        for r in rows {
+            out.extend_from_slice(bytemuck::cast_slice(r));
+        }
+        out
+    })
+}
+
+/// `rows` as their non-zeros, or `None` where that is not shorter. Counting
+/// stops as soon as the sparse form would not be shorter, so dense rows cost little.
+fn sparse_rows(rows: &[&[f32]]) -> Option<Vec<u8>> {
+    let len: usize = rows.iter().map(|r| r.len()).sum();
+    // Shorter iff 4(rows + 1) + 8·nnz < 4·len.
+    let room = (4 * len).checked_sub(4 * (rows.len() + 1))?;
+    let mut nnz = 0usize;
+    for r in rows {
+        nnz += r.iter().filter(|v| v.to_bits() != 0).count();
+        if 8 * nnz >= room {
+            return None;
+        }
+    }
+    let mut out = Vec::with_capacity(4 * (rows.len() + 1) + 8 * nnz);
     let mut at = 0u32;
     out.extend_from_slice(&at.to_le_bytes());
-    for row in values.chunks(width) {
+    for row in rows {
         at += row.iter().filter(|v| v.to_bits() != 0).count() as u32;
         out.extend_from_slice(&at.to_le_bytes());
     }
-    for row in values.chunks(width) {
+    for row in rows {
         for (c, v) in row.iter().enumerate().filter(|(_, v)| v.to_bits() != 0) {
             out.extend_from_slice(&(c as u32).to_le_bytes());
             out.extend_from_slice(&v.to_le_bytes());
@@ -76,24 +101,32 @@ pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
+    /// Three 40-wide rows with four non-zeros, -0.0 among them: `(rows, width, values)`.
+    pub(crate) fn mostly_zero() -> (usize, usize, Vec<f32>) {
         let (rows, width) = (3, 40);
         let mut x = vec![0f32; rows * width];
         x[5] = 1.5;
         x[width + 39] = -0.0;
         x[2 * width] = f32::MIN_POSITIVE;
         x[2 * width + 7] = 3.0;
+        (rows, width, x)
+    }
+
+    #[test]
+    fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
+        let (rows, width, x) = mostly_zero();
         let p = encode(&x, width);
+        assert_eq!(encode_rows(&x.chunks(width).collect::<Vec<_>>()), p, "rows one by one encode the same");
         assert_eq!(p.len(), 4 * 4 + 8 * 4, "offsets and four non-zeros (-0.0 kept: its bits are not zero)");
         let back = decode(&p, rows, width).unwrap();
         assert_eq!(back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         // Dense rows stay dense, and round-trip.
         let dense: Vec<f32> = (0..rows * width).map(|i| i as f32 + 1.0).collect();
         assert!(encode_sparse(&dense, width).is_none());
+        assert_eq!(encode_rows(&dense.chunks(width).collect::<Vec<_>>()), encode(&dense, width));
         assert_eq!(decode(&encode(&dense, width), rows, width).unwrap(), dense);
         assert_eq!(decode(&encode(&[], 4), 0, 4).unwrap(), Vec::<f32>::new());
         // Damaged payloads are refused before use.

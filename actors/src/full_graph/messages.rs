@@ -130,12 +130,7 @@ mod tests {
 
     #[test]
     fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
-        let (rows, width) = (3, 40);
-        let mut x = vec![0f32; rows * width];
-        x[5] = 1.5;
-        x[width + 39] = -0.0;
-        x[2 * width] = f32::MIN_POSITIVE;
-        x[2 * width + 7] = 3.0;
+        let (rows, width, x) = crate::distributed::rows::tests::mostly_zero();
         assert_eq!(encode(Some(&x), width, false)[0], DENSE, "sparse only where asked");
         let p = encode(Some(&x), width, true);
         assert_eq!(p[0], SPARSE);

@@ -259,11 +259,8 @@ impl FeatureStore {
             // Constant rows go as their non-zeros where that is shorter (bags of words).
             StoreData::Features { graph, ty } => {
                 let f = graph.node_types()[*ty].features.as_ref().ok_or("this type has no features")?;
-                let mut rows = Vec::with_capacity(ids.len() * f.dim());
-                for &i in ids {
-                    rows.extend_from_slice(f.row(i as usize));
-                }
-                out = crate::distributed::rows::encode(&rows, f.dim());
+                let rows: Vec<&[f32]> = ids.iter().map(|&i| f.row(i as usize)).collect();
+                out = crate::distributed::rows::encode_rows(&rows);
             }
             StoreData::Embeddings(s) => {
                 out.reserve(ids.len() * s.dim * 4);

@@ -10,10 +10,8 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 /// `x · w` for `x: [m, k]`, `w: [k, n]`, differentiable; a constant,
 /// mostly-zero `x` multiplies by its non-zeros only (`super::sparse`).
 pub fn matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
-    if w.dtype() == candle_core::DType::F32 {
-        if let Some(sp) = super::sparse::rows_of(x)? {
-            return super::sparse::matmul(&sp, x.dim(0)?, w);
-        }
+    if let Some(sp) = super::sparse::rows_for(x, w)? {
+        return super::sparse::matmul(&sp, x.dim(0)?, w);
     }
     x.contiguous()?.apply_op2(&w.contiguous()?, MatMul)
 }
@@ -21,10 +19,8 @@ pub fn matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
 /// `x[..rows] · w`: [`matmul`] of a prefix of `x`'s rows (a block's
 /// destinations), sharing `x`'s scan for non-zeros.
 pub fn matmul_prefix(x: &Tensor, rows: usize, w: &Tensor) -> candle_core::Result<Tensor> {
-    if w.dtype() == candle_core::DType::F32 {
-        if let Some(sp) = super::sparse::rows_of(x)? {
-            return super::sparse::matmul(&sp, rows, w);
-        }
+    if let Some(sp) = super::sparse::rows_for(x, w)? {
+        return super::sparse::matmul(&sp, rows, w);
     }
     matmul(&x.narrow(0, 0, rows)?, w)
 }

@@ -196,6 +196,14 @@ pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
     Ok(found)
 }
 
+/// `x`'s non-zeros when `x` qualifies and `w` is f32: what a product `x · w` can use.
+pub fn rows_for(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
+    if w.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    rows_of(x)
+}
+
 /// `x[..rows] · w`, with `x`'s non-zeros `x`; differentiable in `w` (f32, CPU).
 pub fn matmul(x: &Arc<SparseRows>, rows: usize, w: &Tensor) -> candle_core::Result<Tensor> {
     if rows > x.rows || w.dims() != [x.cols, w.dim(1)?] {
