@@ -53,6 +53,10 @@ pub struct EpochReport {
     /// `sampling = "dag"`: DAGs in flight and time per operator, over every trainer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<crate::sampling::pipeline::DagFigures>,
+    /// Input rows pulled from other partitions per training step, over every
+    /// trainer (data-parallel and HopGNN; 0: none, or a mode that does not pull rows).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub remote_rows_per_step: f64,
 }
 
 fn is_zero_f64(x: &f64) -> bool {
@@ -222,6 +226,7 @@ impl EpochReport {
             full: full_figures(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             sampling: sampling_figures(stats),
+            remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
         }
     }
 }

@@ -58,6 +58,8 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
         assert_eq!(h.time_steps, steps, "{what}");
         // Without merging every micrograph is trained at home: its seeds are local.
         assert!(h.remote_row_rate < 1.0 && !h.locality.is_empty(), "{what}: {h:?}");
+        // The rows the clients pulled are the rows the plan said it would pull.
+        assert_eq!(last.remote_rows_per_step, h.rows_pulled_per_step, "{what}");
         let pregather = !extra.contains(&"training.hop_pregather=false");
         if pregather {
             assert!(h.rows_pulled_per_step <= h.rows_pulled_per_step_without_pregathering, "{what}: {h:?}");

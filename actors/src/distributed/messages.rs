@@ -136,6 +136,10 @@ pub struct EpochStats {
     /// `sampling = "dag"`: this trainer's DAG figures.
     #[serde(default)]
     pub sampling: Option<crate::sampling::pipeline::DagFigures>,
+    /// Input rows (features and learnable rows) this trainer pulled from
+    /// other partitions during the epoch's training steps.
+    #[serde(default)]
+    pub remote_rows: u64,
 }
 
 /// A HopGNN worker's figures of an epoch's training steps.

@@ -126,6 +126,10 @@ pub(crate) trait Steps {
     fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
     /// Sends the epoch's account to the coordinator.
     fn send_stats(&mut self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
+    /// Input rows pulled from other partitions so far (modes that pull rows count them).
+    fn remote_rows(_feed: &Self::Feed) -> u64 {
+        0
+    }
 }
 
 /// Runs every epoch of the attempt.
@@ -140,6 +144,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
         let start = Instant::now();
         let before = bytes();
+        let rows_before = S::remote_rows(feed);
         steps.epoch_start(epoch, batches.len() as u64);
         let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
         let cpu = CpuSpan::start();
@@ -181,6 +186,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         }
         st.cpu_util = cpu.util();
         st.time.seconds = start.elapsed().as_secs_f64();
+        st.remote_rows = S::remote_rows(feed) - rows_before;
         st.step_bytes_by_kind = bytes().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
         st.loss = progress.loss_sum / batches.len().max(1) as f64;
         st.train_correct = progress.correct.round() as u64;

@@ -5,6 +5,7 @@
 //! stores, and write a partition's part of a checkpoint.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,9 @@ pub struct Client {
     pub uses_neighbors: bool,
     /// Feature rows cached on the device (set once a cache is built).
     pub cache: Option<Arc<FeatureCache>>,
+    /// Input rows pulled from other partitions so far (features and
+    /// learnable rows; shared with the DAG sampler, which pulls on its own).
+    pub remote_rows: Arc<AtomicU64>,
 }
 
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
@@ -160,6 +164,7 @@ impl Client {
             dtype: s.model.dtype(),
             uses_neighbors,
             cache: None,
+            remote_rows: Arc::default(),
         })
     }
 
@@ -399,6 +404,7 @@ impl Client {
                 }
             }
         }
+        self.remote_rows.fetch_add(plan.iter().filter(|(_, o, _)| *o as u32 != self.part).map(|(_, _, want)| want.len() as u64).sum(), Ordering::Relaxed);
         let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
         let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
         let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();

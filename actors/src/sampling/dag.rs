@@ -57,6 +57,8 @@ pub struct Source {
     link: Option<Arc<LinkTask>>,
     /// Position maps for assembling blocks, reused.
     maps: Mutex<Vec<Vec<Vec<u32>>>>,
+    /// The trainer's count of rows pulled from other partitions.
+    remote_rows: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Source {
@@ -83,6 +85,7 @@ impl Source {
             chunk: chunk.max(1),
             link,
             maps: Mutex::default(),
+            remote_rows: c.remote_rows.clone(),
         }
     }
 
@@ -416,6 +419,7 @@ impl Dag {
         for (t, chunks, away) in launches {
             let dim = src.dims[t];
             for (o, ids) in away.into_iter().enumerate().filter(|(_, a)| !a.is_empty()) {
+                src.remote_rows.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 let (me, store, gen, timeouts) = (self.clone(), src.stores[t][o].clone(), src.gen, src.timeouts);
                 let sent = Instant::now();
                 src.handle.spawn(async move {

@@ -287,6 +287,10 @@ impl<'a> Steps for Replica<'a> {
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())
     }
+
+    fn remote_rows(ctx: &Ctx<'a>) -> u64 {
+        ctx.remote_rows.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Replica<'_> {
