@@ -19,7 +19,9 @@
 //! hop-auto's over the epochs after its examination period settled.
 //!
 //! `cargo build --release && cargo run --release -p bench --bin hopgnn
-//! [-- --graph mag-0.05 --nodes 2,4 --hidden 64,256,1024 --epochs 2]`
+//! [-- --graph mag-0.05 --nodes 2,4 --hidden 64,256,1024 --epochs 2 --repeat 1]`
+//! (`--repeat R`: R interleaved rounds of every run; each ratio is taken
+//! within a round and printed as its range over the rounds)
 //! (`--graph heco-acm` for the shared dataset) prints a table and writes
 //! bench/results/hopgnn-<graph>.json.
 
@@ -49,6 +51,10 @@ struct Args {
     /// Epochs per run (figures are means over them).
     #[arg(long, default_value_t = 2)]
     epochs: u64,
+    /// Rounds of every run, interleaved (ratios are taken within a round and
+    /// given as ranges: this machine's timings drift between runs).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Seed nodes per step.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
@@ -116,7 +122,7 @@ fn main() -> anyhow::Result<()> {
     for &k in &a.nodes {
         let parts = bench::partitions_named(&bin, &data, "metis", k, &a.graph)?;
         for &hidden in &a.hidden {
-            for run in &a.runs {
+            for (rep, run) in (0..a.repeat).flat_map(|rep| a.runs.iter().map(move |r| (rep, r))) {
                 let mode = match run.as_str() {
                     "random" => "mode = \"data-parallel\"\nseed_assignment = \"random\"\n".to_string(),
                     "owner" => "mode = \"data-parallel\"\n".to_string(),
@@ -127,9 +133,11 @@ fn main() -> anyhow::Result<()> {
                     other => bail!("--runs {other}: expected random, owner, hop, hop-grad, hop-merged or hop-auto"),
                 };
                 let training = format!("{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n", parts.display().to_string(), a.epochs, a.batch);
-                eprintln!("{run}, {k} nodes, hidden {hidden}, {} epochs", a.epochs);
-                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}.json"))?;
-                rows.push(summary(&r, &format!("{run} x{k} h{hidden}")));
+                eprintln!("{run}, {k} nodes, hidden {hidden}, round {rep}, {} epochs", a.epochs);
+                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}-{rep}.json"))?;
+                let mut row = summary(&r, &format!("{run} x{k} h{hidden}"));
+                row["round"] = json!(rep);
+                rows.push(row);
             }
         }
     }
@@ -144,7 +152,7 @@ fn main() -> anyhow::Result<()> {
         let r_micro = 1.0 - r["hop"]["remote_row_rate"].as_f64().unwrap_or(f64::NAN);
         println!(
             "{:<22} {:>8.2} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>9.2} {:>8.2} {:>9.0} {:>8.2} {:>7.3} {:>8.4}",
-            r["run"].as_str().unwrap_or(""),
+            format!("{}{}", r["run"].as_str().unwrap_or(""), if a.repeat > 1 { format!(" #{}", r["round"]) } else { String::new() }),
             f(r, "epoch_s"),
             f(r, "steady_s"),
             f(r, "sample_s"),
@@ -171,14 +179,14 @@ fn main() -> anyhow::Result<()> {
         let settled = r["settled_s"].as_f64().map_or("not settled: give more epochs".to_string(), |t| format!("{t:.2} s per epoch once settled"));
         println!("{}: time steps per epoch {}; {settled}", r["run"].as_str().unwrap_or(""), steps.join(" "));
     }
-    let find = |label: &str| rows.iter().find(|r| r["run"] == label);
+    let find = |label: &str, rep: usize| rows.iter().find(|r| r["run"] == label && r["round"] == rep);
     // Epoch times compared: every epoch but the first; hop-auto's once settled.
     let time = |r: &Value| r["settled_s"].as_f64().or(r["steady_s"].as_f64()).unwrap_or(f64::NAN);
     let mut checks = Vec::new();
     for &k in &a.nodes {
-        for &hidden in &a.hidden {
-            let run = |v: &str| find(&format!("{v} x{k} h{hidden}"));
-            let mut check = json!({ "nodes": k, "hidden": hidden });
+        for (hidden, rep) in a.hidden.iter().flat_map(|&h| (0..a.repeat).map(move |rep| (h, rep))) {
+            let run = |v: &str| find(&format!("{v} x{k} h{hidden}"), rep);
+            let mut check = json!({ "nodes": k, "hidden": hidden, "round": rep });
             if let (Some(hop), Some(random)) = (run("hop"), run("random")) {
                 let r_micro = 1.0 - hop["hop"]["remote_row_rate"].as_f64().unwrap_or(1.0);
                 let bound = (1.0 - r_micro) / (1.0 - 1.0 / k as f64);
@@ -225,11 +233,26 @@ fn main() -> anyhow::Result<()> {
             checks.push(check);
         }
     }
+    // Each ratio's range over the rounds.
+    if a.repeat > 1 {
+        for &k in &a.nodes {
+            for &hidden in &a.hidden {
+                let mine: Vec<&Value> = checks.iter().filter(|c| c["nodes"] == k && c["hidden"] == hidden).collect();
+                for key in ["epoch_ratio_vs_random", "epoch_ratio_vs_owner", "auto_epoch_ratio_vs_random", "auto_epoch_ratio_vs_owner", "best_epoch_ratio_vs_owner"] {
+                    let v: Vec<f64> = mine.iter().filter_map(|c| c[key].as_f64()).collect();
+                    if !v.is_empty() {
+                        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                        println!("{k} nodes, hidden {hidden}: {key} {lo:.2}-{hi:.2} over {} rounds", v.len());
+                    }
+                }
+            }
+        }
+    }
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/hopgnn-{}.json", a.graph)));
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "batch": a.batch, "epochs": a.epochs, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "runs": rows, "checks": checks });
+    let doc = json!({ "graph": a.graph, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "runs": rows, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())
