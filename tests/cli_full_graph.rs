@@ -28,6 +28,14 @@ fn node_processes_train_the_embedded_full_graph_model() {
     }
     let full = &nodes["epochs"][1]["full"];
     assert!(full["blocks"].as_object().unwrap().values().any(|c| c["skipped"].as_u64().unwrap() > 0), "fixed staleness skips in epoch 1: {full}");
+    // An epoch rule's skip is known to every worker: it costs no message at all.
+    crate::util::training_cluster(d, &["n0", "n1", "n2"], "", &format!("{}epochs = 3\nreport = \"none.json\"\n", FULL.replace("\"fixed\"", "\"none\"")));
+    hetgnn(d, &["launch", "--config", "cluster.toml"]).ok();
+    let none = report(&d.join("none.json"));
+    let skipped: u64 = nodes["epochs"].as_array().unwrap().iter().flat_map(|e| e["full"]["blocks"].as_object().unwrap().values()).map(|c| c["skipped"].as_u64().unwrap()).sum();
+    let sent = |r: &serde_json::Value| r["messages_by_kind"]["broadcast"].as_u64().unwrap_or(0);
+    assert!(skipped > 0);
+    assert_eq!(sent(&none) - sent(&nodes), 2 * skipped, "each skipped block saves a message to each of the 2 other workers");
 }
 
 #[test]

@@ -26,7 +26,7 @@ use runtime::{ActorRef, ByteVec};
 use super::blocks::{plans, LayerPlan, Layout};
 use super::messages::{self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND};
 use super::staleness::{relative_change, Rule};
-use crate::config::TrainingConfig;
+use crate::config::{Staleness, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::messages::{EpochStats, FullFigures, StepDone};
 use crate::epoch::lap;
@@ -206,7 +206,7 @@ struct Forward {
     remote: Vec<PerType>,
     /// Per type: the leaf of the first layer's learnable rows, own and others' together.
     learn: PerType,
-    /// Per layer and type, per partition: whether its block was broadcast this epoch.
+    /// Per layer and type, per partition: whether its block was broadcast this epoch (this worker's own included).
     fresh: Vec<Vec<Vec<bool>>>,
     /// Per layer: the worker's output rows (after ReLU below the last layer; the logits there).
     out: Vec<PerType>,
@@ -220,15 +220,18 @@ enum Pass {
 }
 
 impl Ctx<'_> {
-    /// Sends `data` (per other worker) as `round`'s message of step `seq` and
-    /// returns what every other worker sent, in partition order.
-    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+    /// Sends `data` (per other worker, in partition order; `None`: nothing
+    /// to it) as `round`'s message of step `seq` and returns what every other
+    /// worker sent, in partition order: `None` from those `expect` says send
+    /// nothing. A round nobody sends in costs no message and no wait.
+    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: &[Option<Vec<u8>>], expect: &[bool]) -> Result<Vec<Option<Vec<u8>>>> {
         let (s, me) = (self.s, self.s.part);
         let others: Vec<u32> = (0..s.parts).filter(|&q| q != me).collect();
         let asks: Vec<_> = others
             .iter()
             .zip(data)
-            .map(|(&q, d)| {
+            .filter_map(|(&q, d)| d.as_ref().map(|d| (q, d)))
+            .map(|(q, d)| {
                 let b = BlockMsg { gen: s.gen, seq, round, from: me, data: ByteVec(d.clone()) };
                 let to = &self.workers[q as usize];
                 async move {
@@ -240,10 +243,14 @@ impl Ctx<'_> {
                 }
             })
             .collect();
-        for r in self.block_on(join_all(asks))? {
-            r?;
+        if !asks.is_empty() {
+            for r in self.block_on(join_all(asks))? {
+                r?;
+            }
         }
-        s.inbox.raw("blocks", seq, round, &others, s.timeouts.step)
+        let from: Vec<u32> = others.iter().zip(expect).filter(|(_, &e)| e).map(|(&q, _)| q).collect();
+        let mut got = if from.is_empty() { Vec::new() } else { s.inbox.raw("blocks", seq, round, &from, s.timeouts.step)? }.into_iter();
+        Ok(expect.iter().map(|&e| if e { got.next() } else { None }).collect())
     }
 }
 
@@ -333,15 +340,34 @@ impl State<'_> {
                     } else {
                         self.figures.eval_bytes += bytes;
                     }
-                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![payload; s.parts as usize - 1])?;
+                    // Whether worker q sends its block: the epoch rules and a constant
+                    // block's one broadcast are functions of what every worker knows
+                    // (the epoch and the version cached of it), so a skipped block costs
+                    // no message; the variation rule's skip is a notice.
+                    let variation = train && !constant && ctx.rule.kind == Staleness::Variation;
+                    let sends = |q: u32| {
+                        let slot = &self.cache[l][ty][q as usize];
+                        match pass {
+                            _ if constant => slot.is_none(),
+                            Pass::Eval => true,
+                            Pass::Train => variation || ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || f64::INFINITY),
+                        }
+                    };
+                    let expect: Vec<bool> = order[1..].iter().map(|&q| sends(q)).collect();
+                    let out = (send || variation).then_some(payload);
+                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![out; s.parts as usize - 1], &expect)?;
                     st.time.comm_s += lap(&mut clock);
+                    fresh[ty][me as usize] = send;
                     if send && (train || constant) {
                         self.cache[l][ty][me as usize] = Some(Copy { epoch, rows: mine.detach() });
                     }
                     // ... and take every other worker's, fresh or cached.
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let n = ctx.layout.count(q, ty);
-                        let rows = messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?;
+                        let rows = match data {
+                            Some(data) => messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?,
+                            None => None,
+                        };
                         let block = match rows {
                             Some(v) => {
                                 fresh[ty][q as usize] = true;
@@ -455,22 +481,29 @@ impl State<'_> {
                     for &q in &order[1..] {
                         let n = ctx.layout.count(q, ty) * w;
                         let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
-                        let rows = away.as_ref().filter(|_| !skip).map(|v| &v[at..at + n]);
-                        let payload = messages::encode(rows, w, false);
                         if skip {
+                            // q knows its block was not fresh here (it did not send it): nothing to tell it.
                             counts.grad_skipped += 1;
+                            data.push(None);
                         } else {
+                            let payload = messages::encode(away.as_ref().map(|v| &v[at..at + n]), w, false);
                             counts.grad_sent += 1;
                             self.figures.backward_bytes += messages::body_bytes(&payload);
+                            data.push(Some(payload));
                         }
-                        data.push(payload);
                         at += n;
                     }
+                    // Every other worker sends the gradient of this worker's block unless
+                    // gradients of stale blocks are skipped and it was stale there
+                    // (not sent this epoch, so stale at every receiver).
+                    let sent_mine = f.fresh[l][ty][me as usize];
+                    let expect = vec![!s.cfg.skip_gradients || sent_mine; order.len() - 1];
                     st.time.compute_s += lap(&mut clock);
-                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), &data)?;
+                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), &data, &expect)?;
                     st.time.comm_s += lap(&mut clock);
                     let n = ctx.layout.count(me, ty);
                     for (&q, data) in order[1..].iter().zip(&got) {
+                        let Some(data) = data else { continue };
                         let rows = messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
                         if let Some(v) = rows {
                             let x = Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;

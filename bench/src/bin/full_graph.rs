@@ -20,7 +20,9 @@
 //! of them to skip the gradients of skipped blocks too.
 //!
 //! `cargo build --release && cargo run --release -p bench --bin full_graph
-//! [-- --graph heco-acm --nodes 2,4 --epochs 200]` (`--graph mag-S`,
+//! [-- --graph heco-acm --nodes 2,4 --epochs 200 --seeds 0 --repeat 1]`
+//! (`--seeds`: accuracy runs per seed, their means compared; `--repeat`:
+//! interleaved rounds of the timed runs, ratios given as ranges) (`--graph mag-S`,
 //! `heco-acm` or `planetoid-cora`) prints tables and writes
 //! bench/results/full-graph-<graph>.json.
 
@@ -47,6 +49,14 @@ struct Args {
     /// Epochs of the accuracy runs.
     #[arg(long, default_value_t = 200)]
     epochs: u64,
+    /// Seeds of the accuracy runs: accuracies and bytes are their means (one
+    /// seed's test accuracy moves by a few nodes between settings).
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    seeds: Vec<u64>,
+    /// Interleaved rounds of the timed runs (ratios are taken within a round
+    /// and printed as their range).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Epochs of the timed runs (0: none).
     #[arg(long, default_value_t = 6)]
     timed_epochs: u64,
@@ -137,32 +147,46 @@ fn main() -> anyhow::Result<()> {
     for &k in &a.nodes {
         let parts = bench::partitions_named(&bin, &data, "block-row", k, &a.graph)?;
         for s in &a.settings {
-            let report = format!("acc-{s}-{k}.json");
-            let toml = format!(
-                "[training]\nmode = \"full-graph\"\ndata = {:?}\npartitions = {:?}\nepochs = {}\n{model}{}report = {report:?}\n",
-                data.display().to_string(),
-                parts.display().to_string(),
-                a.epochs,
-                setting(s)?
-            );
-            std::fs::write(w.join("acc.toml"), toml)?;
-            eprintln!("{s}, {k} workers in one process, {} epochs", a.epochs);
-            bench::run_hetgnn(&bin, w, &["train".into(), "--config".into(), "acc.toml".into()])?;
-            let r = read(w.join(&report))?;
-            let last = r["epochs"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
-            let (skipped, sent) = skips(&r);
+            let mut per_seed = Vec::new();
+            for &seed in &a.seeds {
+                let report = format!("acc-{s}-{k}-{seed}.json");
+                let toml = format!(
+                    "[training]\nmode = \"full-graph\"\ndata = {:?}\npartitions = {:?}\nepochs = {}\nseed = {seed}\n{model}{}report = {report:?}\n",
+                    data.display().to_string(),
+                    parts.display().to_string(),
+                    a.epochs,
+                    setting(s)?
+                );
+                std::fs::write(w.join("acc.toml"), toml)?;
+                eprintln!("{s}, {k} workers in one process, seed {seed}, {} epochs", a.epochs);
+                bench::run_hetgnn(&bin, w, &["train".into(), "--config".into(), "acc.toml".into()])?;
+                let r = read(w.join(&report))?;
+                let last = r["epochs"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
+                let (skipped, sent) = skips(&r);
+                per_seed.push(json!({
+                    "seed": seed,
+                    "test_acc": last["test_acc"], "valid_acc": last["valid_acc"], "loss": last["loss"],
+                    "forward_bytes": full_sum(&r, "forward_bytes"), "backward_bytes": full_sum(&r, "backward_bytes"),
+                    "eval_bytes": full_sum(&r, "eval_bytes"),
+                    "skipped": skipped, "sent": sent,
+                    "cache_bytes": last["full"]["cache_bytes"],
+                }));
+            }
+            let mean = |key: &str| per_seed.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).sum::<f64>() / per_seed.len().max(1) as f64;
+            let total = |key: &str| per_seed.iter().map(|r| r[key].as_u64().unwrap_or(0)).sum::<u64>();
             accuracy.push(json!({
                 "setting": s, "nodes": k,
-                "test_acc": last["test_acc"], "valid_acc": last["valid_acc"], "loss": last["loss"],
-                "forward_bytes": full_sum(&r, "forward_bytes"), "backward_bytes": full_sum(&r, "backward_bytes"),
-                "eval_bytes": full_sum(&r, "eval_bytes"),
-                "skipped": skipped, "sent": sent,
-                "cache_bytes": last["full"]["cache_bytes"],
+                "test_acc": mean("test_acc"), "valid_acc": mean("valid_acc"), "loss": mean("loss"),
+                "forward_bytes": mean("forward_bytes"), "backward_bytes": mean("backward_bytes"),
+                "eval_bytes": mean("eval_bytes"),
+                "skipped": total("skipped"), "sent": total("sent"),
+                "cache_bytes": mean("cache_bytes"),
+                "seeds": per_seed,
             }));
         }
-        for bw in &a.bandwidth {
+        for (round, bw) in (0..a.repeat).flat_map(|r| a.bandwidth.iter().map(move |bw| (r, bw))) {
             for s in a.timed.iter().filter(|_| a.timed_epochs > 0) {
-                let report = format!("time-{s}-{k}.json");
+                let report = format!("time-{s}-{k}-{round}.json");
                 let mut toml = bench::local_cluster(&bin, w, k)?;
                 toml += &format!(
                     "[training]\nmode = \"full-graph\"\npartitions = {:?}\nepochs = {}\n{model}{}report = {report:?}\n[links]\nbandwidth = {bw:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
@@ -172,11 +196,11 @@ fn main() -> anyhow::Result<()> {
                     a.delay_ms
                 );
                 std::fs::write(w.join("cluster.toml"), toml)?;
-                eprintln!("{s}, {k} node processes, {bw}, {} epochs", a.timed_epochs);
+                eprintln!("{s}, {k} node processes, {bw}, round {round}, {} epochs", a.timed_epochs);
                 bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
                 let r = read(w.join(&report))?;
                 timed.push(json!({
-                    "setting": s, "nodes": k, "bandwidth": bw,
+                    "setting": s, "nodes": k, "bandwidth": bw, "round": round,
                     "epoch_s": later_mean(&r, "seconds"), "compute_s": later_mean(&r, "compute_s"), "comm_s": later_mean(&r, "comm_s"),
                     "first_epoch_s": r["epochs"][0]["seconds"],
                     "bytes_per_step": r["bytes_per_step"],
@@ -220,7 +244,7 @@ fn main() -> anyhow::Result<()> {
     if !timed.is_empty() {
         println!("{:<16} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10}", "timed", "nodes", "link", "epoch_s", "compute", "comm", "vs none");
         for r in &timed {
-            let base = timed.iter().find(|b| b["nodes"] == r["nodes"] && b["bandwidth"] == r["bandwidth"] && b["setting"] == "none");
+            let base = timed.iter().find(|b| b["nodes"] == r["nodes"] && b["bandwidth"] == r["bandwidth"] && b["round"] == r["round"] && b["setting"] == "none");
             let ratio = base.map_or(f64::NAN, |b| f(r, "epoch_s") / f(b, "epoch_s").max(1e-12));
             println!(
                 "{:<16} {:>5} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>10.3}",
@@ -232,7 +256,21 @@ fn main() -> anyhow::Result<()> {
                 f(r, "comm_s"),
                 ratio
             );
-            checks.push(json!({ "setting": r["setting"], "nodes": r["nodes"], "bandwidth": r["bandwidth"], "epoch_time_vs_none": ratio }));
+            checks.push(json!({ "setting": r["setting"], "nodes": r["nodes"], "bandwidth": r["bandwidth"], "round": r["round"], "epoch_time_vs_none": ratio }));
+        }
+        if a.repeat > 1 {
+            for r in timed.iter().filter(|r| r["round"] == 0) {
+                let v: Vec<f64> =
+                    checks.iter().filter(|c| c["setting"] == r["setting"] && c["nodes"] == r["nodes"] && c["bandwidth"] == r["bandwidth"]).filter_map(|c| c["epoch_time_vs_none"].as_f64()).collect();
+                let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                println!(
+                    "{} on {} nodes at {}: {lo:.3}-{hi:.3}x the baseline's epoch time over {} rounds",
+                    r["setting"].as_str().unwrap_or(""),
+                    r["nodes"],
+                    r["bandwidth"].as_str().unwrap_or(""),
+                    v.len()
+                );
+            }
         }
     }
     if !sampled.is_null() {
@@ -242,7 +280,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "epochs": a.epochs, "hidden": a.hidden, "delay_ms": a.delay_ms, "accuracy": accuracy, "timed": timed, "sampled": sampled, "checks": checks });
+    let doc = json!({ "graph": a.graph, "epochs": a.epochs, "seeds": a.seeds, "repeat": a.repeat, "hidden": a.hidden, "delay_ms": a.delay_ms, "accuracy": accuracy, "timed": timed, "sampled": sampled, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())
