@@ -129,6 +129,13 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
     assert!(back(&grads, 1) < back(&fixed, 1), "{} vs {}", back(&grads, 1), back(&fixed, 1));
     assert_eq!(back(&grads, 0), back(&fixed, 0), "nothing is stale in the first epoch");
     assert!(hidden(&grads, 1, |c| c.grad_skipped) > 0);
+    // The learnable rows' gradients of stale blocks stay home too (the first layer's blocks).
+    let first = |r: &actors::Report, e: usize, f: fn(&actors::distributed::messages::BlockCounts) -> u64| {
+        r.epochs[e].full.as_ref().unwrap().blocks.iter().filter(|(k, _)| k.starts_with("l0.")).map(|(_, c)| f(c)).sum::<u64>()
+    };
+    assert!(first(&fixed, 1, |c| c.grad_sent) > 0 && first(&fixed, 1, |c| c.grad_skipped) == 0);
+    assert!(first(&grads, 1, |c| c.grad_skipped) > 0 && first(&grads, 1, |c| c.grad_sent) == 0);
+    assert!(first(&grads, 0, |c| c.grad_sent) > 0 && first(&grads, 0, |c| c.grad_skipped) == 0);
 }
 
 #[test]

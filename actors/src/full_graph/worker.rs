@@ -464,8 +464,32 @@ impl State<'_> {
             let grad_of = |x: &Option<Tensor>| -> Option<Tensor> { x.as_ref().and_then(|x| upstream.as_ref().and_then(|gs| gs.get(x).cloned())) };
             st.time.compute_s += lap(&mut clock);
             if l == 0 {
-                let learn: Vec<Option<Tensor>> = (0..types).map(|ty| grad_of(f.learn.get(ty).unwrap_or(&None))).collect();
-                ctx.gradient_rows(&plan.block.src, &learn, &mut pushes)?;
+                let mut learn: Vec<Option<Tensor>> = (0..types).map(|ty| grad_of(f.learn.get(ty).unwrap_or(&None))).collect();
+                // Learnable rows are the first layer's blocks: their gradient rows go
+                // back to the owners' stores, those of stale blocks only unless skipped too.
+                let mut src = std::borrow::Cow::Borrowed(&plan.block.src);
+                for ty in (0..types).filter(|&ty| plan.shared[ty] && ctx.learnable[ty] && s.parts > 1) {
+                    let Some(gr) = learn[ty].take() else { continue };
+                    let counts = self.figures.blocks.entry(format!("l0.{}", g.node_types()[ty].name)).or_default();
+                    let (mut rows, mut ids, mut at) = (Vec::new(), Vec::new(), 0usize);
+                    for &q in &order {
+                        let n = ctx.layout.count(q, ty);
+                        let keep = q == me || !s.cfg.skip_gradients || f.fresh[0][ty][q as usize];
+                        match (q == me, keep) {
+                            (true, _) => {}
+                            (false, true) => counts.grad_sent += 1,
+                            (false, false) => counts.grad_skipped += 1,
+                        }
+                        if keep {
+                            rows.push(gr.narrow(0, at, n)?);
+                            ids.extend_from_slice(&src[ty][at..at + n]);
+                        }
+                        at += n;
+                    }
+                    learn[ty] = Some(cat_rows(&rows, gr.dim(1)?, &ctx.c)?);
+                    src.to_mut()[ty] = ids;
+                }
+                ctx.gradient_rows(&src, &learn, &mut pushes)?;
                 break;
             }
             // The gradient of each layer-l input row of this worker's, then the layer below against it.
