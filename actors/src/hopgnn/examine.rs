@@ -8,6 +8,11 @@
 //! settles the count for the rest of the run. The paper compares epoch
 //! times the same way and stops at the first one not reduced.
 //!
+//! An epoch's time is measured as its median step time times its steps: a
+//! few steps stalled by something else on the machine (a burst of another
+//! process, a page-in) move a sum but not a median, and on a shared machine
+//! one such epoch was enough to undo a merge that helped.
+//!
 //! Every worker must choose the same count, so the time measured is the sum
 //! over the workers of their step times, carried as one extra value of each
 //! step's all-reduce (whose result is the same bits on every worker). The
@@ -27,7 +32,7 @@ use crate::error::{Result, TrainError};
 const TENSOR: &str = "examination";
 
 /// Where the examination stands.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Examination {
     /// Time steps of the current epoch.
     pub steps: u32,
@@ -36,26 +41,37 @@ pub struct Examination {
     pub before: Option<f64>,
     /// Whether the count is chosen for the rest of the run.
     pub settled: bool,
-    /// Seconds measured so far in the current epoch, summed over the workers.
-    pub seconds: f64,
+    /// The current epoch's step seconds so far, each summed over the workers.
+    pub seconds: Vec<f64>,
 }
 
 impl Examination {
     /// An examination over `workers` workers, starting unmerged.
     pub fn new(workers: u32) -> Examination {
         let steps = workers.max(1);
-        Examination { steps, before: None, settled: steps == 1, seconds: 0.0 }
+        Examination { steps, before: None, settled: steps == 1, seconds: Vec::new() }
     }
 
     /// Adds a step's seconds (summed over the workers).
     pub fn add(&mut self, seconds: f64) {
-        self.seconds += seconds;
+        self.seconds.push(seconds);
+    }
+
+    /// The epoch's measure: its median step time times its steps.
+    fn measure(seconds: &mut [f64]) -> f64 {
+        if seconds.is_empty() {
+            return 0.0;
+        }
+        seconds.sort_unstable_by(f64::total_cmp);
+        let n = seconds.len();
+        let median = if n % 2 == 1 { seconds[n / 2] } else { (seconds[n / 2 - 1] + seconds[n / 2]) / 2.0 };
+        median * n as f64
     }
 
     /// Epoch `epoch` ended: chooses the next epoch's time steps. Returns the
     /// epoch's measured seconds (`None` for the warm-up epoch and once settled).
     pub fn epoch_end(&mut self, epoch: u64) -> Option<f64> {
-        let t = std::mem::take(&mut self.seconds);
+        let t = Self::measure(&mut std::mem::take(&mut self.seconds));
         if self.settled || epoch == 0 {
             return None;
         }
@@ -77,24 +93,27 @@ impl Examination {
         Some(t)
     }
 
-    /// The state as a checkpoint tensor.
+    /// The state as a checkpoint tensor: time steps, the epoch before's
+    /// measure (NaN: none), settled (0 or 1), then the epoch's step seconds.
     pub fn to_tensors(&self) -> Result<HashMap<String, Tensor>> {
-        let v = [f64::from(self.steps), self.before.unwrap_or(f64::NAN), if self.settled { 1.0 } else { 0.0 }, self.seconds];
-        Ok(HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&v, 4, &Device::Cpu)?)]))
+        let mut v = vec![f64::from(self.steps), self.before.unwrap_or(f64::NAN), if self.settled { 1.0 } else { 0.0 }];
+        v.extend_from_slice(&self.seconds);
+        let n = v.len();
+        Ok(HashMap::from([(TENSOR.to_string(), Tensor::from_vec(v, n, &Device::Cpu)?)]))
     }
 
     /// The state a checkpoint holds, checked against `workers`.
     pub fn from_tensors(t: &HashMap<String, Tensor>, workers: u32) -> Result<Examination> {
         let bad = |why: &str| TrainError::Checkpoint(format!("the examination state in the checkpoint {why}"));
         let v: Vec<f64> = t.get(TENSOR).ok_or_else(|| bad("is missing"))?.to_dtype(candle_core::DType::F64)?.to_vec1()?;
-        let [steps, before, settled, seconds] = v[..] else { return Err(bad("does not have 4 values")) };
+        let [steps, before, settled, ref seconds @ ..] = v[..] else { return Err(bad("has fewer than 3 values")) };
         if !(steps >= 1.0 && steps <= f64::from(workers.max(1)) && steps.fract() == 0.0) {
             return Err(bad(&format!("has {steps} time steps, not 1 to {workers}")));
         }
-        if !(seconds.is_finite() && seconds >= 0.0) || !(before.is_nan() || before.is_finite() && before >= 0.0) || !(settled == 0.0 || settled == 1.0) {
+        if seconds.iter().any(|s| !(s.is_finite() && *s >= 0.0)) || !(before.is_nan() || before.is_finite() && before >= 0.0) || !(settled == 0.0 || settled == 1.0) {
             return Err(bad("is damaged"));
         }
-        Ok(Examination { steps: steps as u32, before: (!before.is_nan()).then_some(before), settled: settled == 1.0, seconds })
+        Ok(Examination { steps: steps as u32, before: (!before.is_nan()).then_some(before), settled: settled == 1.0, seconds: seconds.to_vec() })
     }
 }
 
@@ -141,6 +160,27 @@ mod tests {
     }
 
     #[test]
+    fn a_few_stalled_steps_do_not_decide() {
+        // Epoch 2 (3 time steps) is faster on most steps; two stalls make its sum larger.
+        let mut e = Examination::new(4);
+        e.epoch_end(0);
+        for _ in 0..10 {
+            e.add(1.0);
+        }
+        assert_eq!(e.epoch_end(1), Some(10.0));
+        assert_eq!(e.steps, 3);
+        for t in [0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 5.0, 5.0] {
+            e.add(t);
+        }
+        assert_eq!(e.epoch_end(2), Some(9.0), "median 0.9 x 10 steps");
+        assert_eq!(e.steps, 2, "the merge helped: merge another");
+        assert!(!e.settled);
+        // An even count takes the mean of the middle two.
+        assert_eq!(Examination::measure(&mut [4.0, 1.0, 2.0, 3.0]), 10.0);
+        assert_eq!(Examination::measure(&mut []), 0.0);
+    }
+
+    #[test]
     fn the_state_survives_a_checkpoint_and_damage_is_refused() {
         let mut e = Examination::new(4);
         e.epoch_end(0);
@@ -155,6 +195,10 @@ mod tests {
         assert!(err.contains("3 time steps, not 1 to 2"), "{err}");
         let bad = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0, 0.5, 0.0], 4, &Device::Cpu).unwrap())]);
         assert!(Examination::from_tensors(&bad, 4).unwrap_err().to_string().contains("damaged"));
+        let bad = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0, 0.0, 0.5, -1.0], 5, &Device::Cpu).unwrap())]);
+        assert!(Examination::from_tensors(&bad, 4).unwrap_err().to_string().contains("damaged"), "a negative step time");
+        let short = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0], 2, &Device::Cpu).unwrap())]);
+        assert!(Examination::from_tensors(&short, 4).unwrap_err().to_string().contains("fewer than 3"));
         assert!(Examination::from_tensors(&HashMap::new(), 4).unwrap_err().to_string().contains("missing"));
     }
 }

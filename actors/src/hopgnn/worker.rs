@@ -118,7 +118,7 @@ impl<'a> Worker<'a> {
             (HopTimeSteps::Auto, None) => Some(Examination::new(s.parts)),
             _ => None,
         };
-        let auto_steps = AtomicU32::new(exam.map_or(s.parts, |e| e.steps));
+        let auto_steps = AtomicU32::new(exam.as_ref().map_or(s.parts, |e| e.steps));
         Ok(Worker { ctx: Ctx { s, c, workers, coordinator, auto_steps }, rep: Replica { model, adam, seq, hop: HopFigures::default(), exam, since: Instant::now(), s } })
     }
 
@@ -248,7 +248,7 @@ impl<'a> Steps for Replica<'a> {
         let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
         let lead = self.s.part == 0;
         let dense = lead.then_some((&self.model, &self.adam));
-        let files = match self.exam.filter(|_| lead) {
+        let files = match self.exam.as_ref().filter(|_| lead) {
             Some(e) => vec![checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), EXAMINATION, &e.to_tensors()?)?],
             None => Vec::new(),
         };
