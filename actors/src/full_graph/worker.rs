@@ -307,22 +307,18 @@ impl State<'_> {
                 let constant = l == 0 && ctx.features[ty].is_some();
                 let mut remote = Vec::new();
                 if plan.shared[ty] && s.parts > 1 {
-                    // Send this worker's block (or the notice that it is skipped) ...
-                    let slot = &self.cache[l][ty][me as usize];
-                    let send = match pass {
+                    // Whether worker q sends its block, its receivers holding `slot` of it
+                    // (`variation` measures the block against it: only q itself can).
+                    let sends = |q: u32, slot: &Option<Copy>, variation: &dyn Fn(&Copy) -> f64| match pass {
                         _ if constant => slot.is_none(),
                         Pass::Eval => true,
-                        Pass::Train => {
-                            let last = slot.as_ref().map(|c| c.epoch);
-                            ctx.rule.broadcast(epoch, me, last, || match slot {
-                                Some(c) => match (values(&mine), values(&c.rows)) {
-                                    (Ok(a), Ok(b)) => relative_change(&a, &b),
-                                    _ => f64::INFINITY,
-                                },
-                                None => f64::INFINITY,
-                            })
-                        }
+                        Pass::Train => ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || slot.as_ref().map_or(f64::INFINITY, variation)),
                     };
+                    // Send this worker's block (or the notice that it is skipped) ...
+                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| match (values(&mine), values(&c.rows)) {
+                        (Ok(a), Ok(b)) => relative_change(&a, &b),
+                        _ => f64::INFINITY,
+                    });
                     let rows = if send { Some(values(&mine)?) } else { None };
                     // Constant features travel as their non-zeros where that is shorter (bag-of-words);
                     // hidden blocks stay dense, so their bytes do not depend on their values.
@@ -345,15 +341,7 @@ impl State<'_> {
                     // (the epoch and the version cached of it), so a skipped block costs
                     // no message; the variation rule's skip is a notice.
                     let variation = train && !constant && ctx.rule.kind == Staleness::Variation;
-                    let sends = |q: u32| {
-                        let slot = &self.cache[l][ty][q as usize];
-                        match pass {
-                            _ if constant => slot.is_none(),
-                            Pass::Eval => true,
-                            Pass::Train => variation || ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || f64::INFINITY),
-                        }
-                    };
-                    let expect: Vec<bool> = order[1..].iter().map(|&q| sends(q)).collect();
+                    let expect: Vec<bool> = order[1..].iter().map(|&q| variation || sends(q, &self.cache[l][ty][q as usize], &|_| f64::INFINITY)).collect();
                     let out = (send || variation).then_some(payload);
                     let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![out; s.parts as usize - 1], &expect)?;
                     st.time.comm_s += lap(&mut clock);
@@ -469,18 +457,20 @@ impl State<'_> {
                 // back to the owners' stores, those of stale blocks only unless skipped too.
                 let mut src = std::borrow::Cow::Borrowed(&plan.block.src);
                 for ty in (0..types).filter(|&ty| plan.shared[ty] && ctx.learnable[ty] && s.parts > 1) {
-                    let Some(gr) = learn[ty].take() else { continue };
+                    let stale: Vec<bool> = order[1..].iter().map(|&q| !f.fresh[0][ty][q as usize]).collect();
+                    let skipped = if s.cfg.skip_gradients { stale.iter().filter(|&&x| x).count() as u64 } else { 0 };
                     let counts = self.figures.blocks.entry(format!("l0.{}", g.node_types()[ty].name)).or_default();
+                    counts.grad_sent += stale.len() as u64 - skipped;
+                    counts.grad_skipped += skipped;
+                    if skipped == 0 {
+                        continue;
+                    }
+                    let Some(gr) = learn[ty].take() else { continue };
+                    // Only the own rows and those of fresh blocks: cut the stale blocks' rows out.
                     let (mut rows, mut ids, mut at) = (Vec::new(), Vec::new(), 0usize);
-                    for &q in &order {
+                    for (i, &q) in order.iter().enumerate() {
                         let n = ctx.layout.count(q, ty);
-                        let keep = q == me || !s.cfg.skip_gradients || f.fresh[0][ty][q as usize];
-                        match (q == me, keep) {
-                            (true, _) => {}
-                            (false, true) => counts.grad_sent += 1,
-                            (false, false) => counts.grad_skipped += 1,
-                        }
-                        if keep {
+                        if i == 0 || !stale[i - 1] {
                             rows.push(gr.narrow(0, at, n)?);
                             ids.extend_from_slice(&src[ty][at..at + n]);
                         }
