@@ -9,8 +9,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::axpy::{axpy, Elem};
-use crate::prefetch::{prefetch, AHEAD};
+use super::axpy::{gather_row, Elem};
 
 /// A destination-major CSR with its source-major transpose, shared by the
 /// forward and backward ops.
@@ -20,23 +19,27 @@ pub struct SegmentCsr {
     offsets: Vec<u32>,
     sources: Vec<u32>,
     inv_deg: Vec<f64>,
-    t_offsets: Vec<u32>,
-    t_dsts: Vec<u32>,
-    /// For each transposed entry, the edge's position in destination order.
-    t_edges: Vec<u32>,
+    /// Built at first use: a block over constant inputs (feature rows) never
+    /// runs a backward pass, so never needs it.
+    transpose: std::sync::OnceLock<Transpose>,
     /// The arrays the CUDA kernels read, uploaded at first use on a device.
     #[cfg(feature = "cuda")]
     on_device: std::sync::Mutex<Option<Arc<super::cuda::DeviceCsr>>>,
 }
 
-impl SegmentCsr {
-    /// Destination `d`'s sources are `sources[offsets[d]..offsets[d+1]]`, each `< n_src`.
-    pub fn new(n_src: usize, offsets: Vec<u32>, sources: Vec<u32>) -> Arc<SegmentCsr> {
-        assert!(!offsets.is_empty() && *offsets.last().expect("non-empty") as usize == sources.len());
-        assert!(sources.iter().all(|&s| (s as usize) < n_src), "source index out of range");
-        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
+/// The source-major transpose of a [`SegmentCsr`].
+#[derive(Debug)]
+struct Transpose {
+    t_offsets: Vec<u32>,
+    t_dsts: Vec<u32>,
+    /// For each transposed entry, the edge's position in destination order.
+    t_edges: Vec<u32>,
+}
+
+impl Transpose {
+    fn of(n_src: usize, offsets: &[u32], sources: &[u32]) -> Transpose {
         let mut t_offsets = vec![0u32; n_src + 1];
-        for &s in &sources {
+        for &s in sources {
             t_offsets[s as usize + 1] += 1;
         }
         for i in 0..n_src {
@@ -53,17 +56,29 @@ impl SegmentCsr {
                 fill[s] += 1;
             }
         }
+        Transpose { t_offsets, t_dsts, t_edges }
+    }
+}
+
+impl SegmentCsr {
+    /// Destination `d`'s sources are `sources[offsets[d]..offsets[d+1]]`, each `< n_src`.
+    pub fn new(n_src: usize, offsets: Vec<u32>, sources: Vec<u32>) -> Arc<SegmentCsr> {
+        assert!(!offsets.is_empty() && *offsets.last().expect("non-empty") as usize == sources.len());
+        assert!(sources.iter().all(|&s| (s as usize) < n_src), "source index out of range");
+        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
         Arc::new(SegmentCsr {
             n_src,
             offsets,
             sources,
             inv_deg,
-            t_offsets,
-            t_dsts,
-            t_edges,
+            transpose: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             on_device: std::sync::Mutex::new(None),
         })
+    }
+
+    fn t(&self) -> &Transpose {
+        self.transpose.get_or_init(|| Transpose::of(self.n_src, &self.offsets, &self.sources))
     }
 
     /// Number of destination rows.
@@ -89,8 +104,9 @@ impl SegmentCsr {
 
     /// Source `s`'s edges: `(destination, edge position)` pairs.
     pub(crate) fn out_edges(&self, s: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let r = self.t_offsets[s] as usize..self.t_offsets[s + 1] as usize;
-        self.t_dsts[r.clone()].iter().zip(&self.t_edges[r]).map(|(&d, &e)| (d as usize, e as usize))
+        let t = self.t();
+        let r = t.t_offsets[s] as usize..t.t_offsets[s + 1] as usize;
+        t.t_dsts[r.clone()].iter().zip(&t.t_edges[r]).map(|(&d, &e)| (d as usize, e as usize))
     }
 }
 
@@ -103,13 +119,14 @@ impl SegmentCsr {
             return Ok(Arc::clone(d));
         }
         let up = |v: &[u32]| super::cuda::upload(dev, v);
+        let t = self.t();
         let d = Arc::new(super::cuda::DeviceCsr {
             device: dev.id(),
             offsets: up(&self.offsets)?,
             sources: up(&self.sources)?,
-            t_offsets: up(&self.t_offsets)?,
-            t_dsts: up(&self.t_dsts)?,
-            t_edges: up(&self.t_edges)?,
+            t_offsets: up(&t.t_offsets)?,
+            t_dsts: up(&t.t_dsts)?,
+            t_edges: up(&t.t_edges)?,
             inv_deg: super::cuda::upload(dev, &self.inv_deg)?,
         });
         *slot = Some(Arc::clone(&d));
@@ -128,19 +145,16 @@ struct SegmentMeanT(Arc<SegmentCsr>);
 /// `out[r] = scale(r) · Σ_{j in row r} x[idx[j]]` for every output row.
 fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight: impl Fn(usize, u32) -> T + Sync) -> Vec<T> {
     let rows = offsets.len() - 1;
-    let mut out = vec![T::default(); rows * h];
+    let mut out = Vec::with_capacity(rows * h);
     if h == 0 {
         return out;
     }
-    out.par_chunks_mut(h).enumerate().with_min_len(64).for_each(|(r, o)| {
-        let span = offsets[r] as usize..offsets[r + 1] as usize;
-        for (p, &s) in span.clone().zip(&idx[span]) {
-            if let Some(&a) = idx.get(p + AHEAD) {
-                prefetch(&x[a as usize * h..(a as usize + 1) * h]);
-            }
-            axpy(o, weight(r, s), &x[s as usize * h..(s as usize + 1) * h]);
-        }
+    // Every row is written once (no zeroing pass first: a row's first term is written, not added).
+    out.spare_capacity_mut()[..rows * h].par_chunks_mut(h).enumerate().with_min_len(64).for_each(|(r, o)| {
+        gather_row(o, x, idx, offsets[r] as usize..offsets[r + 1] as usize, |s| weight(r, s));
     });
+    // SAFETY: the loop above wrote all `rows * h` elements (gather_row writes its whole row).
+    unsafe { out.set_len(rows * h) };
     out
 }
 
@@ -205,11 +219,13 @@ impl CustomOp1 for SegmentMeanT {
         let st = match s {
             CpuStorage::F32(_) => {
                 let g = input::<f32>(s, l)?;
-                CpuStorage::F32(gather_rows(g, h, &c.t_offsets, &c.t_dsts, |_, d| c.inv_deg[d as usize] as f32))
+                let t = c.t();
+                CpuStorage::F32(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| c.inv_deg[d as usize] as f32))
             }
             CpuStorage::F64(_) => {
                 let g = input::<f64>(s, l)?;
-                CpuStorage::F64(gather_rows(g, h, &c.t_offsets, &c.t_dsts, |_, d| c.inv_deg[d as usize]))
+                let t = c.t();
+                CpuStorage::F64(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| c.inv_deg[d as usize]))
             }
             _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
         };

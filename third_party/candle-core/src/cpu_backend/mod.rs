@@ -1478,7 +1478,10 @@ impl Map2 for MatMul {
         let dst_rs = dst_strides[0];
         let dst_cs = dst_strides[1];
 
-        let mut dst = vec![T::zero(); b * m * n];
+        // gemm overwrites dst (read_dst = false below) unless k is 0, so it
+        // starts uninitialised: a zero fill would be a full pass for nothing.
+        let mut dst: Vec<T> = if k == 0 { vec![T::zero(); b * m * n] } else { Vec::with_capacity(b * m * n) };
+        let dst_ptr = dst.spare_capacity_mut().as_mut_ptr() as *mut T;
         let num_threads = crate::utils::get_num_threads();
         let parallelism = if num_threads > 1 {
             Parallelism::Rayon(num_threads)
@@ -1502,13 +1505,13 @@ impl Map2 for MatMul {
         for step in 0..b {
             let lhs_p = &lhs[step * a_skip..];
             let rhs_p = &rhs[step * b_skip..];
-            let dst_p = &mut dst[step * c_skip..];
+            let dst_p = if k == 0 { dst[step * c_skip..].as_mut_ptr() } else { unsafe { dst_ptr.add(step * c_skip) } };
             unsafe {
                 gemm(
                     /* m: usize = */ m,
                     /* n: usize = */ n,
                     /* k: usize = */ k,
-                    /* dst: *mut T = */ dst_p.as_mut_ptr(),
+                    /* dst: *mut T = */ dst_p,
                     /* dst_cs: isize = */ dst_cs as isize,
                     /* dst_rs: isize = */ dst_rs as isize,
                     /* read_dst: bool = */ false,
@@ -1526,6 +1529,10 @@ impl Map2 for MatMul {
                     parallelism,
                 )
             }
+        }
+        if k != 0 {
+            // SAFETY: the gemm calls above wrote all b * m * n elements.
+            unsafe { dst.set_len(b * m * n) };
         }
         Ok(dst)
     }
