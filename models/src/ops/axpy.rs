@@ -59,28 +59,27 @@ pub(crate) fn gather_row<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32]
 fn gather_row_any<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
     let h = o.len();
     let row = |s: u32| &x[s as usize * h..(s as usize + 1) * h];
-    let Some(first) = span.clone().next() else {
-        o.fill(MaybeUninit::new(T::default()));
-        return;
-    };
-    for p in span.clone() {
+    let mut terms = span.map(|p| {
         if let Some(&a) = idx.get(p + AHEAD) {
             prefetch(row(a));
         }
-        let s = idx[p];
-        let (a, xs) = (weight(s), row(s));
-        if p == first {
-            // 0 + a·x, not a·x: the same bits as adding into zeros (-0.0 becomes 0.0).
-            for (o, &x) in o.iter_mut().zip(xs) {
-                let mut v = T::default();
-                v += a * x;
-                o.write(v);
-            }
-        } else {
-            // SAFETY: the first term wrote every element of `o`; MaybeUninit<T> has T's layout.
-            let o = unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<T>]>(o) as *mut [T]) };
-            axpy_any(o, a, xs);
-        }
+        idx[p]
+    });
+    let Some(s) = terms.next() else {
+        o.fill(MaybeUninit::new(T::default()));
+        return;
+    };
+    let a = weight(s);
+    // 0 + a·x, not a·x: the same bits as adding into zeros (-0.0 becomes 0.0).
+    for (o, &x) in o.iter_mut().zip(row(s)) {
+        let mut v = T::default();
+        v += a * x;
+        o.write(v);
+    }
+    // SAFETY: the loop above wrote every element of `o`; MaybeUninit<T> has T's layout.
+    let o = unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<T>]>(o) as *mut [T]) };
+    for s in terms {
+        axpy_any(o, weight(s), row(s));
     }
 }
 

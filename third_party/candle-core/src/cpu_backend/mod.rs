@@ -1478,9 +1478,12 @@ impl Map2 for MatMul {
         let dst_rs = dst_strides[0];
         let dst_cs = dst_strides[1];
 
-        // gemm overwrites dst (read_dst = false below) unless k is 0, so it
-        // starts uninitialised: a zero fill would be a full pass for nothing.
-        let mut dst: Vec<T> = if k == 0 { vec![T::zero(); b * m * n] } else { Vec::with_capacity(b * m * n) };
+        if k == 0 {
+            return Ok(vec![T::zero(); b * m * n]);
+        }
+        // gemm overwrites dst (read_dst = false below), so it starts
+        // uninitialised: a zero fill would be a full pass for nothing.
+        let mut dst: Vec<T> = Vec::with_capacity(b * m * n);
         let dst_ptr = dst.spare_capacity_mut().as_mut_ptr() as *mut T;
         let num_threads = crate::utils::get_num_threads();
         let parallelism = if num_threads > 1 {
@@ -1505,7 +1508,7 @@ impl Map2 for MatMul {
         for step in 0..b {
             let lhs_p = &lhs[step * a_skip..];
             let rhs_p = &rhs[step * b_skip..];
-            let dst_p = if k == 0 { dst[step * c_skip..].as_mut_ptr() } else { unsafe { dst_ptr.add(step * c_skip) } };
+            let dst_p = unsafe { dst_ptr.add(step * c_skip) };
             unsafe {
                 gemm(
                     /* m: usize = */ m,
@@ -1530,10 +1533,8 @@ impl Map2 for MatMul {
                 )
             }
         }
-        if k != 0 {
-            // SAFETY: the gemm calls above wrote all b * m * n elements.
-            unsafe { dst.set_len(b * m * n) };
-        }
+        // SAFETY: the gemm calls above wrote all b * m * n elements.
+        unsafe { dst.set_len(b * m * n) };
         Ok(dst)
     }
 
