@@ -35,6 +35,13 @@ pub fn hash_str(s: &str) -> u64 {
     mix64(h)
 }
 
+/// Draw `ctr` (counting from 1) of the stream of `key`: what
+/// [`CounterRng::next_u64`] returns as its `ctr`-th value.
+#[inline(always)]
+pub fn draw(key: u64, ctr: u64) -> u64 {
+    mix64(key.wrapping_add(ctr.wrapping_mul(GOLDEN)))
+}
+
 /// A stream of draws for one key: draw `i` is `mix64(key + (i+1)·φ)`.
 #[derive(Clone, Debug)]
 pub struct CounterRng {
@@ -66,7 +73,7 @@ impl CounterRng {
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
         self.ctr = self.ctr.wrapping_add(1);
-        mix64(self.key.wrapping_add(self.ctr.wrapping_mul(GOLDEN)))
+        draw(self.key, self.ctr)
     }
 
     /// Uniform in `[0, 1)` with 53 random bits.
