@@ -325,6 +325,15 @@ impl BarrierPool {
             f(0..n_items);
             return;
         }
+        // hetgnn: a pool of the caller alone (CANDLE_NUM_THREADS=1, so that no
+        // second pool spins beside rayon's) hands the units to rayon's pool,
+        // where the rest of the work already runs. Units are independent and
+        // each is computed alone, so results do not change.
+        if self.threads.is_empty() {
+            use rayon::prelude::*;
+            (0..n_items).into_par_iter().for_each(|i| f(i..i + 1));
+            return;
+        }
         let n_threads = self.threads.len() + 1;
         // ~8 grabs per thread amortizes cursor contention while keeping tail imbalance small
         let chunk = n_items.div_ceil(n_threads * 8).max(1);
