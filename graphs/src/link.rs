@@ -21,7 +21,7 @@
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::ids::RelationId;
-use crate::rng::{key, CounterRng};
+use crate::rng::{extend_key, key, CounterRng};
 
 #[allow(clippy::unusual_byte_groupings)]
 const SPLIT_STREAM: u64 = 0x5B1_17ED6E5;
@@ -261,15 +261,27 @@ impl Batching {
 
     /// The step of training edge `u -> v` of the relation keyed `rel_key` in `epoch`.
     pub fn step_of(&self, epoch: u64, rel_key: u64, u: u32, v: u32) -> u64 {
-        key(&[self.seed, BATCH_STREAM, epoch, rel_key, u64::from(u), u64::from(v)]) % self.buckets
+        self.step_in(self.prefix(epoch, rel_key), u, v)
+    }
+
+    /// The part of [`Batching::step_of`]'s key that all edges of a relation share in an epoch.
+    fn prefix(&self, epoch: u64, rel_key: u64) -> u64 {
+        key(&[self.seed, BATCH_STREAM, epoch, rel_key])
+    }
+
+    /// [`Batching::step_of`] from the relation's [`Batching::prefix`].
+    #[inline]
+    fn step_in(&self, prefix: u64, u: u32, v: u32) -> u64 {
+        extend_key(prefix, &[u64::from(u), u64::from(v)]) % self.buckets
     }
 
     /// Every step's edges (indices into `train`, in its order) for `epoch`;
     /// `keys[i]` is the key of target relation `i`.
     pub fn batches(&self, epoch: u64, train: &EdgeList, keys: &[u64]) -> Vec<Vec<u32>> {
         let mut out = vec![Vec::new(); self.buckets as usize];
+        let prefixes: Vec<u64> = keys.iter().map(|&k| self.prefix(epoch, k)).collect();
         for i in 0..train.len() {
-            let b = self.step_of(epoch, keys[train.rel[i] as usize], train.src[i], train.dst[i]);
+            let b = self.step_in(prefixes[train.rel[i] as usize], train.src[i], train.dst[i]);
             out[b as usize].push(i as u32);
         }
         out
@@ -278,15 +290,18 @@ impl Batching {
     /// The training edges of step `step` of `epoch`, and their reverses, as
     /// edges to leave out of every neighbourhood of that step.
     pub fn exclusion(&self, epoch: u64, step: u64) -> StepEdges<'_> {
-        StepEdges { b: self, epoch, step }
+        let prefixes = self.by_relation.iter().map(|r| r.map(|(key, _)| self.prefix(epoch, key))).collect();
+        StepEdges { b: self, step, prefixes }
     }
 }
 
 /// One step's training edges, as [`ExcludeEdges`].
 pub struct StepEdges<'a> {
     b: &'a Batching,
-    epoch: u64,
     step: u64,
+    /// Per relation of the graph, its target relation's [`Batching::prefix`]
+    /// in this epoch (the test runs on every candidate neighbour).
+    prefixes: Vec<Option<u64>>,
 }
 
 impl ExcludeEdges for StepEdges<'_> {
@@ -294,10 +309,10 @@ impl ExcludeEdges for StepEdges<'_> {
         self.b.by_relation.get(r.index()).is_some_and(Option::is_some)
     }
     fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool {
-        let Some(Some((key, reversed))) = self.b.by_relation.get(r.index()) else { return false };
+        let (Some(Some((key, reversed))), Some(Some(prefix))) = (self.b.by_relation.get(r.index()), self.prefixes.get(r.index())) else { return false };
         let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
         // The step test first: it fails for all but one edge in `steps`, the split test for few.
-        self.b.step_of(self.epoch, *key, u, v) == self.step && self.b.split.of(*key, u, v) == EdgeSplit::Train
+        self.b.step_in(*prefix, u, v) == self.step && self.b.split.of(*key, u, v) == EdgeSplit::Train
     }
 }
 

@@ -18,7 +18,13 @@ pub fn mix64(mut z: u64) -> u64 {
 /// Folds `parts` into one 64-bit key.
 #[inline]
 pub fn key(parts: &[u64]) -> u64 {
-    let mut h = 0x6A09_E667_F3BC_C909u64;
+    extend_key(0x6A09_E667_F3BC_C909, parts)
+}
+
+/// Folds more `parts` into a key: `extend_key(key(a), b) == key(a ++ b)`, so
+/// a prefix shared by many keys is folded once.
+#[inline]
+pub fn extend_key(mut h: u64, parts: &[u64]) -> u64 {
     for &p in parts {
         h = mix64(h ^ p.wrapping_mul(GOLDEN)).wrapping_add(GOLDEN);
     }
@@ -131,6 +137,17 @@ mod tests {
             .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_key_extended_equals_the_key_of_all_parts() {
+        let parts = [7u64, 0xBA7C_4ED6E5, 3, u64::MAX, 12, 0];
+        for cut in 0..=parts.len() {
+            assert_eq!(extend_key(key(&parts[..cut]), &parts[cut..]), key(&parts), "cut at {cut}");
+        }
+        let mut rng = CounterRng::new(5);
+        let (a, b) = (rng.next_u64(), rng.next_u64());
+        assert_eq!((draw(5, 1), draw(5, 2)), (a, b), "draw is the stream's value");
     }
 
     #[test]

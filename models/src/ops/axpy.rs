@@ -1,6 +1,7 @@
 //! `o += a · x` on one row: the inner loop of the CSR kernels, and a whole
 //! gathered row ([`gather_row`]). Built for the baseline x86-64 (SSE2, what a
-//! portable binary may assume) and again for AVX2, chosen at run time. The
+//! portable binary may assume) and again for AVX2 and AVX-512, chosen at run
+//! time. The
 //! multiply and the add stay separate instructions (no fused multiply-add),
 //! so every CPU gets the same bits.
 
@@ -17,6 +18,12 @@ impl Elem for f64 {}
 /// `o[i] += a · x[i]` over the shorter of the two.
 #[inline]
 pub(crate) fn axpy<T: Elem>(o: &mut [T], a: T, x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512 F.
+        unsafe { axpy_avx512(o, a, x) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2.
@@ -39,13 +46,25 @@ fn axpy_avx2<T: Elem>(o: &mut [T], a: T, x: &[T]) {
     axpy_any(o, a, x);
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn axpy_avx512<T: Elem>(o: &mut [T], a: T, x: &[T]) {
+    axpy_any(o, a, x);
+}
+
 /// Writes `o = Σ_{p in span} weight(idx[p]) · x[idx[p]]` (each term added in
 /// `span`'s order to 0, exactly as [`axpy`] into a zeroed row would), where
 /// `x` holds rows of width `o.len()`; prefetches the rows `AHEAD` entries on.
 /// The feature test is made once per row, not per term, so the term loop
-/// inlines into one AVX2 body.
+/// inlines into one AVX-512 (or AVX2) body.
 #[inline]
 pub(crate) fn gather_row<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512 F.
+        unsafe { gather_row_avx512(o, x, idx, span, weight) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2.
@@ -86,6 +105,12 @@ fn gather_row_any<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn gather_row_avx2<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+    gather_row_any(o, x, idx, span, weight);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gather_row_avx512<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
     gather_row_any(o, x, idx, span, weight);
 }
 
