@@ -116,7 +116,7 @@ fn an_interrupted_run_resumes_mid_epoch_to_the_same_bits() {
     let kept = actors::distributed::checkpoint::list(&dir).unwrap();
     std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
     let mid = actors::distributed::checkpoint::manifest(&kept[0]).unwrap().seq;
-    assert!(mid % (want.steps / 2) != 0, "step {mid} is inside an epoch");
+    assert!(!mid.is_multiple_of(want.steps / 2), "step {mid} is inside an epoch");
     let got = run(&dir, 2);
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
     assert_eq!(got.epochs[0].loss, want.epochs[0].loss);
@@ -182,7 +182,7 @@ fn a_resumed_run_goes_on_with_the_examination_its_checkpoint_cut() {
     std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
     let mid = actors::distributed::checkpoint::manifest(&kept[0]).unwrap().seq;
     assert_eq!(mid / per_epoch, 2, "step {mid} of {per_epoch} per epoch is in the third epoch");
-    assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
+    assert!(!mid.is_multiple_of(per_epoch), "step {mid} is inside an epoch");
     // Restarted without its examination state, the third epoch would run unmerged (3).
     let got = run(4);
     assert_eq!(got.epochs[2].hop.as_ref().unwrap().time_steps, 2, "resumed at step {mid}");

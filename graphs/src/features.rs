@@ -36,7 +36,7 @@ impl Features {
     pub(crate) fn from_map(rows: usize, dim: usize, map: Mapped, offset: usize) -> Features {
         let bytes = rows * dim * 4;
         assert!(offset + bytes <= map.len(), "mapping shorter than the feature matrix");
-        if offset % 4 == 0 {
+        if offset.is_multiple_of(4) {
             Features { rows, dim, data: Storage::Mapped { map, offset } }
         } else {
             let data = map[offset..offset + bytes].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();

@@ -51,7 +51,7 @@ impl HgtLayer {
     /// Creates layer `index`'s parameters; `out_dim` must be a multiple of `heads`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, heads: usize, seed: u64, dtype: DType, device: &Device) -> Result<HgtLayer> {
-        if heads == 0 || out_dim % heads != 0 {
+        if heads == 0 || !out_dim.is_multiple_of(heads) {
             return Err(ModelError::Config(format!("HGT: width {out_dim} must be a multiple of heads ({heads})")));
         }
         let d = out_dim / heads;

@@ -146,7 +146,7 @@ impl ModelSpec {
         if self.hidden == 0 || self.embed_dim == 0 {
             return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
         }
-        if crate::layer::registered(self.kind).is_some_and(|r| r.uses_heads) && (self.heads == 0 || self.hidden % self.heads != 0) {
+        if crate::layer::registered(self.kind).is_some_and(|r| r.uses_heads) && (self.heads == 0 || !self.hidden.is_multiple_of(self.heads)) {
             return Err(ModelError::Config(format!("hidden ({}) must be a positive multiple of heads ({})", self.hidden, self.heads)));
         }
         if !(0.0..1.0).contains(&self.dropout) {

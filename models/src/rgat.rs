@@ -38,7 +38,7 @@ impl RgatLayer {
     /// width `out_dim`, others concatenate heads of width `out_dim / heads`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, heads: usize, last: bool, seed: u64, dtype: DType, device: &Device) -> Result<RgatLayer> {
-        if heads == 0 || (!last && out_dim % heads != 0) {
+        if heads == 0 || (!last && !out_dim.is_multiple_of(heads)) {
             return Err(ModelError::Config(format!("R-GAT: hidden width {out_dim} must be a multiple of heads ({heads})")));
         }
         let head_dim = if last { out_dim } else { out_dim / heads };

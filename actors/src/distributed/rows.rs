@@ -10,7 +10,7 @@
 /// `values` (`width`-wide rows) as their non-zeros, or `None` where that is
 /// not shorter than the dense bytes.
 pub fn encode_sparse(values: &[f32], width: usize) -> Option<Vec<u8>> {
-    if width == 0 || values.len() % width != 0 {
+    if width == 0 || !values.len().is_multiple_of(width) {
         return None;
     }
     sparse_rows(&values.chunks(width).collect::<Vec<_>>())

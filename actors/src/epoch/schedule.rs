@@ -42,7 +42,7 @@ impl Schedule {
     /// Whether a checkpoint is due before global step `seq`: every
     /// `checkpoint_every` steps (0: every epoch), and after the last step.
     pub fn due(&self, seq: u64) -> bool {
-        let periodic = if self.every == 0 { seq % self.per_epoch.max(1) == 0 } else { seq % self.every == 0 };
+        let periodic = if self.every == 0 { seq.is_multiple_of(self.per_epoch.max(1)) } else { seq.is_multiple_of(self.every) };
         self.checkpoints && seq > self.first && (seq == self.total || periodic)
     }
 }

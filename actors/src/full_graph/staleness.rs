@@ -38,7 +38,7 @@ impl Rule {
         match self.kind {
             Staleness::None => true,
             Staleness::Fixed => epoch.saturating_sub(last) > k,
-            Staleness::Adaptive => epoch > last && ((epoch + u64::from(part)) % (k + 1) == 0 || epoch - last > k),
+            Staleness::Adaptive => epoch > last && ((epoch + u64::from(part)).is_multiple_of(k + 1) || epoch - last > k),
             Staleness::Variation => variation() > self.variation,
         }
     }

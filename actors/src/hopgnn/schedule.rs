@@ -122,7 +122,7 @@ mod tests {
     fn merging_removes_the_time_step_with_fewest_roots_and_keeps_every_root() {
         // Roots homed mostly on worker 0: the offsets that reach worker 0 least go first.
         let batch: Vec<u32> = (0..60).collect();
-        let skewed = |v: u32| if v % 5 == 0 { v % 3 } else { 0 };
+        let skewed = |v: u32| if v.is_multiple_of(5) { v % 3 } else { 0 };
         let all = Plan::new(&batch, 3, 3, skewed);
         let totals: Vec<usize> = (0..3).map(|i| all.roots[i].iter().map(Vec::len).sum()).collect();
         let fewest = (0..3).min_by_key(|&i| (totals[i], i)).unwrap() as u32;

@@ -249,7 +249,7 @@ impl FeatureStore {
 
     fn pull(&self, gen: u64, ids: &[u32], after: Option<u64>) -> Result<Option<ByteVec>, String> {
         if let StoreData::Embeddings(s) = &self.data {
-            if gen != self.gen || after.is_some_and(|a| s.applied.map_or(true, |done| done < a)) {
+            if gen != self.gen || after.is_some_and(|a| s.applied.is_none_or(|done| done < a)) {
                 return Ok(None);
             }
         }

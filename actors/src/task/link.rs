@@ -250,7 +250,7 @@ impl LinkTask {
             let s = pick(hs, idx.iter().map(|&i| b.src_at[i]).collect())?;
             let d = pick(hd, idx.iter().map(|&i| b.dst_at[i]).collect())?;
             pos.push(model.score_edges(r, &s, &d)?);
-            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat(b.src_at[i]).take(b.k)).collect())?;
+            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat_n(b.src_at[i], b.k)).collect())?;
             let negs = pick(hd, idx.iter().flat_map(|&i| b.neg_at[i * b.k..(i + 1) * b.k].iter().copied()).collect())?;
             neg.push(model.score_edges(r, &s_rep, &negs)?.reshape((idx.len(), b.k))?);
         }
@@ -349,7 +349,7 @@ impl LinkTask {
                 let s = gather(st, mine.iter().map(|&i| edges.src[i]).collect())?;
                 let d = gather(dt, mine.iter().map(|&i| edges.dst[i]).collect())?;
                 let pos = model.score_edges(r, &s, &d)?;
-                let s_rep = gather(st, mine.iter().flat_map(|&i| std::iter::repeat(edges.src[i]).take(k)).collect())?;
+                let s_rep = gather(st, mine.iter().flat_map(|&i| std::iter::repeat_n(edges.src[i], k)).collect())?;
                 let negs = gather(dt, mine.iter().flat_map(|&i| graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)).collect())?;
                 let neg = model.score_edges(r, &s_rep, &negs)?.reshape((mine.len(), k))?;
                 sums.add(&pos.to_dtype(DType::F32)?, &neg)?;

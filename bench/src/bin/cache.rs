@@ -90,7 +90,7 @@ fn main() -> anyhow::Result<()> {
                 bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
                 let r: Value = serde_json::from_str(&std::fs::read_to_string(w.join(&report))?)?;
                 let s = bench::epoch_mean(&r, "seconds");
-                if best.as_ref().map_or(true, |(b, _)| s < *b) {
+                if best.as_ref().is_none_or(|(b, _)| s < *b) {
                     best = Some((s, r));
                 }
             }

@@ -41,7 +41,7 @@ impl NodePartitioner for BlockRow {
         };
         let mut owners = Vec::with_capacity(g.node_types().len());
         for (t, nt) in g.node_types().iter().enumerate() {
-            let mut order: Vec<u32> = (0..nt.count).filter(|&v| within.map_or(true, |(o, k)| o[t][v as usize] == k)).collect();
+            let mut order: Vec<u32> = (0..nt.count).filter(|&v| within.is_none_or(|(o, k)| o[t][v as usize] == k)).collect();
             match &metis {
                 Some(m) => order.sort_by_key(|&v| (m[t][v as usize], v)),
                 None => order.sort_by_key(|&v| (key(&[seed, 0xB10C, t as u64, u64::from(v)]), v)),

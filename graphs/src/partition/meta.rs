@@ -58,7 +58,7 @@ pub fn metatree_within(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: O
         if v.depth < depth {
             // A child at depth d + 1 feeds model layer depth - d - 1.
             let layer = depth - v.depth - 1;
-            for l in m.incoming(v.ntype).filter(|l| allowed.map_or(true, |a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
+            for l in m.incoming(v.ntype).filter(|l| allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
                 vertices.push(TreeVertex { ntype: l.src, depth: v.depth + 1, parent: Some(i), via: Some(l.relation) });
             }
             vertices.push(TreeVertex { ntype: v.ntype, depth: v.depth + 1, parent: Some(i), via: None });
@@ -84,7 +84,7 @@ pub fn metatree_size(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Opt
         let layer = depth - d - 1;
         let mut next = vec![0u128; types];
         for (t, &n) in level.iter().enumerate().filter(|(_, &n)| n > 0) {
-            for l in m.incoming(NodeTypeId(t as u32)).filter(|l| allowed.map_or(true, |a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
+            for l in m.incoming(NodeTypeId(t as u32)).filter(|l| allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
                 next[l.src.0 as usize] = next[l.src.0 as usize].saturating_add(n);
             }
             next[t] = next[t].saturating_add(n);

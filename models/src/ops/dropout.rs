@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_integer_drop_test_equals_the_float_one() {
-        let unit = |t: u64| ((t as f64 * (1.0 / (1u64 << 53) as f64)) as f32);
+        let unit = |t: u64| (t as f64 * (1.0 / (1u64 << 53) as f64)) as f32;
         for p in [0.0f32, 1e-8, 0.1, 0.25, 0.3, 0.5, 0.7, 0.9999, 1.0, 1.5, -0.5] {
             let t = drop_threshold(p);
             // Around the threshold, where rounding decides, and spread over the range.

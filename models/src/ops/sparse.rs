@@ -54,7 +54,7 @@ impl SparseRows {
     /// The non-zeros of row-major `x` (`cols` wide), or `None` when more
     /// than `max_density` of its entries are non-zero.
     pub fn scan(x: &[f32], cols: usize, max_density: f64) -> Option<SparseRows> {
-        if cols == 0 || x.len() % cols != 0 {
+        if cols == 0 || !x.len().is_multiple_of(cols) {
             return None;
         }
         let rows = x.len() / cols;

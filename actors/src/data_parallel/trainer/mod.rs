@@ -362,7 +362,7 @@ impl Ctx<'_> {
         let s = self.s;
         let per_part = s.trainers / s.parts;
         let Some(root) = s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
-        if s.trainer % per_part != 0 {
+        if !s.trainer.is_multiple_of(per_part) {
             return Ok(());
         }
         let dense = (s.trainer == 0).then_some((&rep.model, &rep.adam));

@@ -271,7 +271,7 @@ impl<'a> Worker<'a> {
         }
         // Only what this worker holds: the rest of its model is stale.
         let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
-        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).map_or(true, |n| self.used.contains(n));
+        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).is_none_or(|n| self.used.contains(n));
         tensors.retain(|name, _| held(name));
         tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
         let w = self.setup.worker;

@@ -164,7 +164,7 @@ impl<'g> State<'g> {
 
     /// Whether node `v` of type `t` is being partitioned (all are, without `within`).
     pub fn kept(&self, t: usize, v: u32) -> bool {
-        self.within.map_or(true, |(o, k)| o[t][v as usize] == k)
+        self.within.is_none_or(|(o, k)| o[t][v as usize] == k)
     }
 
     pub fn zero_figures(&self) -> Figures {

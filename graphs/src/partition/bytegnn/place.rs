@@ -89,7 +89,7 @@ impl State<'_> {
                 None => self.ce[j] as f64 * room,
             };
             let rank = (splits_fit, types_fit, if types_fit { score } else { -over }, stay == Some(j as u16), room);
-            if best.map_or(true, |(b, _)| rank > b) {
+            if best.is_none_or(|(b, _)| rank > b) {
                 best = Some((rank, j as u16));
             }
         }
