@@ -1,4 +1,5 @@
-//! `hetgnn plot`: loss and accuracy curves of a run report, as a PNG.
+//! `hetgnn plot`: loss and accuracy curves of a run report (MRR and Hits@10
+//! for link prediction), as a PNG.
 
 use std::path::Path;
 
@@ -37,12 +38,62 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     chart.configure_mesh().x_desc("epoch").y_desc("loss").draw()?;
     chart.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, e.loss)), &RED))?;
 
-    let mut chart = ChartBuilder::on(&right).caption("accuracy", ("sans-serif", 20)).margin(15).x_label_area_size(35).y_label_area_size(50).build_cartesian_2d(epochs[0]..x_max, 0.0..1.0)?;
-    chart.configure_mesh().x_desc("epoch").y_desc("accuracy").draw()?;
-    for (name, color, get) in [("train", BLUE, (|e: &actors::EpochReport| e.train_acc) as fn(&actors::EpochReport) -> f64), ("valid", GREEN, |e| e.valid_acc), ("test", BLACK, |e| e.test_acc)] {
-        chart.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, get(e))), &color))?.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    let panel = metrics(r);
+    let y_max = if panel.link { panel.series.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0, f64::max).mul_add(1.1, 1e-3).min(1.0) } else { 1.0 };
+    let mut chart = ChartBuilder::on(&right).caption(panel.caption, ("sans-serif", 20)).margin(15).x_label_area_size(35).y_label_area_size(50).build_cartesian_2d(epochs[0]..x_max, 0.0..y_max)?;
+    chart.configure_mesh().x_desc("epoch").y_desc(panel.caption).draw()?;
+    for ((name, values), color) in panel.series.into_iter().zip([BLUE, GREEN, BLACK, RED]) {
+        chart.draw_series(LineSeries::new(epochs.iter().copied().zip(values), &color))?.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The right-hand panel: accuracies, or a link-prediction run's ranking metrics.
+struct Panel {
+    caption: &'static str,
+    link: bool,
+    /// Per curve: its legend and one value per epoch.
+    series: Vec<(&'static str, Vec<f64>)>,
+}
+
+/// What the right-hand panel of `r` shows: for a link-prediction run (whose
+/// accuracies are all 0) its validation and test MRR and test Hits@10.
+fn metrics(r: &Report) -> Panel {
+    let curve = |get: fn(&actors::EpochReport) -> f64| r.epochs.iter().map(get).collect::<Vec<_>>();
+    if r.epochs.iter().any(|e| e.link.is_some()) {
+        fn link(e: &actors::EpochReport) -> actors::task::link::LinkEpoch {
+            e.link.unwrap_or_default()
+        }
+        return Panel {
+            caption: "link prediction",
+            link: true,
+            series: vec![("valid MRR", curve(|e| link(e).valid.mrr)), ("test MRR", curve(|e| link(e).test.mrr)), ("test Hits@10", curve(|e| link(e).test.hits10))],
+        };
+    }
+    Panel { caption: "accuracy", link: false, series: vec![("train", curve(|e| e.train_acc)), ("valid", curve(|e| e.valid_acc)), ("test", curve(|e| e.test_acc))] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actors::task::link::{LinkEpoch, LinkMetrics};
+
+    #[test]
+    fn a_link_prediction_report_plots_its_ranking_metrics() {
+        let mut r = Report::default();
+        for (i, mrr) in [0.02, 0.05].into_iter().enumerate() {
+            let m = LinkMetrics { mrr, hits1: 0.0, hits10: 2.0 * mrr, hits100: 0.5 };
+            r.epochs.push(actors::EpochReport { epoch: i as u64, link: Some(LinkEpoch { valid: m, test: LinkMetrics { mrr: mrr + 0.01, ..m } }), ..Default::default() });
+        }
+        let p = metrics(&r);
+        assert!(p.link);
+        assert_eq!(p.series, vec![("valid MRR", vec![0.02, 0.05]), ("test MRR", vec![0.03, 0.060000000000000005]), ("test Hits@10", vec![0.04, 0.1])]);
+        // A node-classification report keeps its accuracies.
+        r.epochs.iter_mut().for_each(|e| (e.link, e.test_acc) = (None, 0.7));
+        let p = metrics(&r);
+        assert!(!p.link);
+        assert_eq!(p.series[2], ("test", vec![0.7, 0.7]));
+    }
 }

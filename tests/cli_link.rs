@@ -34,6 +34,8 @@ fn link_prediction_trains_reports_and_embeds() {
     // Ranking 1 positive among 1000 uniform negatives by chance gives an MRR near 0.0075.
     let mrr = epochs[3]["link"]["test"]["mrr"].as_f64().unwrap();
     assert!(mrr > 0.03, "test MRR {mrr} is no better than chance");
+    hetgnn(d, &["plot", "a.json", "--out", "curves.png"]).ok();
+    assert_eq!(&std::fs::read(d.join("curves.png")).unwrap()[..4], b"\x89PNG");
 
     // Deterministic; another decoder and loss train another model.
     hetgnn(d, &args(&["--report", "b.json"])).ok();

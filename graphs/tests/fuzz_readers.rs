@@ -41,7 +41,7 @@ fn put(path: &Path, bytes: &[u8]) {
 fn npy_bytes(version: u8, header: &str, data: &[u8]) -> Vec<u8> {
     let pre = if version == 1 { 10 } else { 12 };
     let mut text = header.to_string();
-    while (pre + text.len() + 1) % 64 != 0 {
+    while !(pre + text.len() + 1).is_multiple_of(64) {
         text.push(' ');
     }
     text.push('\n');

@@ -3,7 +3,7 @@
 //! own step count, so a touched row gets exactly the update dense Adam would
 //! give it if it were the only row.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 
 use rayon::prelude::*;
 
@@ -45,20 +45,52 @@ impl EmbeddingTable {
 
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
     pub fn gather(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
-        let mut out = Vec::with_capacity(ids.len() * self.dim);
-        for (k, &i) in ids.iter().enumerate() {
-            if let Some(row) = ids.get(k + AHEAD).and_then(|&a| self.data.get(a as usize * self.dim..(a as usize + 1) * self.dim)) {
-                prefetch(row);
-            }
-            out.extend_from_slice(&self.data[i as usize * self.dim..(i as usize + 1) * self.dim]);
+        Ok(Tensor::from_vec(self.rows_at(ids), (ids.len(), self.dim), device)?.to_dtype(dtype)?)
+    }
+
+    /// [`EmbeddingTable::gather`] as a variable (a leaf the backward pass
+    /// gives a gradient), without the copy `Var::from_tensor` makes.
+    pub fn gather_var(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
+        let rows = self.rows_at(ids);
+        Ok(if dtype == DType::F32 {
+            Var::from_vec(rows, (ids.len(), self.dim), device)?.into_inner()
+        } else {
+            Var::from_tensor(&Tensor::from_vec(rows, (ids.len(), self.dim), device)?.to_dtype(dtype)?)?.into_inner()
+        })
+    }
+
+    /// Rows `ids`, row-major, copied in parallel.
+    fn rows_at(&self, ids: &[u32]) -> Vec<f32> {
+        let d = self.dim;
+        let mut out = Vec::with_capacity(ids.len() * d);
+        if d > 0 {
+            let row = |i: u32| &self.data[i as usize * d..(i as usize + 1) * d];
+            out.spare_capacity_mut().par_chunks_mut(d).enumerate().with_min_len(512).for_each(|(k, o)| {
+                if let Some(&a) = ids.get(k + AHEAD) {
+                    if (a as usize) < self.rows {
+                        prefetch(row(a));
+                    }
+                }
+                for (o, &x) in o.iter_mut().zip(row(ids[k])) {
+                    o.write(x);
+                }
+            });
         }
-        Ok(Tensor::from_vec(out, (ids.len(), self.dim), device)?.to_dtype(dtype)?)
+        // SAFETY: every one of the ids.len() rows was written above (none when d = 0).
+        unsafe { out.set_len(ids.len() * d) };
+        out
     }
 
     /// Applies Adam to rows `ids` with gradient `grad` (`[ids.len(), dim]`, ids distinct).
     pub fn sparse_adam(&mut self, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
-        let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        self.adam_rows(ids, &g, cfg)
+        let g = grad.to_dtype(DType::F32)?.contiguous()?;
+        // On the CPU the gradient is read in place (no copy of every row).
+        let (storage, layout) = g.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            return self.adam_rows(ids, &cpu.as_slice::<f32>()?[a..b], cfg);
+        }
+        drop(storage);
+        self.adam_rows(ids, &g.flatten_all()?.to_vec1::<f32>()?, cfg)
     }
 
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
@@ -171,7 +203,7 @@ pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: &[u32], cfg:
 fn update_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], grad_row: impl Fn(usize) -> usize, cfg: &AdamConfig) -> std::result::Result<(), String> {
     let (dim, rows) = (t.dim, t.steps.len());
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
-    order.sort_unstable();
+    order.par_sort_unstable();
     if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= rows) {
         return Err(format!("row {i} of {rows}"));
     }

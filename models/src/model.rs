@@ -485,7 +485,7 @@ impl Model {
             let Some(e) = &self.embeddings[t] else {
                 return Err(ModelError::Config(format!("node type {t} has neither features nor an embedding table")));
             };
-            inputs[t] = Some(candle_core::Var::from_tensor(&e.gather(ids, self.dtype, &self.device)?)?.into_inner());
+            inputs[t] = Some(e.gather_var(ids, self.dtype, &self.device)?);
         }
         Ok(())
     }

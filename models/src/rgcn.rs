@@ -116,5 +116,9 @@ fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Re
     let sparse = crate::ops::sparse::rows_for(x, w)?;
     let transform_first = sparse.map_or(n_src * i, |sp| sp.nnz()) * o + e * o;
     let aggregate_first = e * i + n_dst * i * o;
+    if x.track_op() {
+        // The backward pass will spread the gradient over the sources.
+        csr.transpose_ahead();
+    }
     Ok(if transform_first < aggregate_first { segment_mean(&matmul(x, w)?, csr)? } else { matmul(&segment_mean(x, csr)?, w)? })
 }

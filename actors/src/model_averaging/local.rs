@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use graphs::{HetGraph, Sampler};
 use models::embedding::EmbeddingTable;
 use models::model::{DropoutKey, FeatureGather};
@@ -142,7 +142,7 @@ impl Local {
             }
             let rows = self.rows[ty].as_ref().ok_or_else(|| TrainError::Distributed(format!("node type {ty} has neither features nor learnable rows")))?;
             at[ty] = rows.map(ids)?;
-            inputs[ty] = Some(Var::from_tensor(&rows.table.gather(&at[ty], self.model.dtype(), &self.device)?)?.into_inner());
+            inputs[ty] = Some(rows.table.gather_var(&at[ty], self.model.dtype(), &self.device)?);
         }
         Ok((inputs, at))
     }

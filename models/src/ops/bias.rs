@@ -6,6 +6,7 @@
 //! row by row from zero, the order candle uses, so results are unchanged.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use rayon::prelude::*;
 
 /// `x + b` for `x: [n, c]` and `b: [c]`, differentiable.
 pub fn add_bias(x: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
@@ -39,12 +40,19 @@ impl CustomOp2 for AddBias {
         }
         let st = cpu_by_dtype!(sx, self.name(), |T| {
             let (x, b) = (slice::<T>(sx, lx, self.name())?, slice::<T>(sb, lb, self.name())?);
-            let mut out = x.to_vec();
+            let mut out: Vec<T> = Vec::with_capacity(n * c);
             if c > 0 {
-                for row in out.chunks_mut(c) {
-                    row.iter_mut().zip(b).for_each(|(o, &bj)| *o += bj);
-                }
+                // Rows in parallel, each written once (no copy then add).
+                out.spare_capacity_mut().par_chunks_mut(c).zip(x.par_chunks(c)).with_min_len(256).for_each(|(o, xr)| {
+                    for ((o, &xj), &bj) in o.iter_mut().zip(xr).zip(b) {
+                        let mut v = xj;
+                        v += bj;
+                        o.write(v);
+                    }
+                });
             }
+            // SAFETY: every row of the n·c elements was written above (none when c = 0).
+            unsafe { out.set_len(n * c) };
             out
         });
         Ok((st, Shape::from((n, c))))

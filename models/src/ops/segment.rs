@@ -76,6 +76,17 @@ impl SegmentCsr {
             on_device: std::sync::Mutex::new(None),
         })
     }
+    /// Starts building the transpose on rayon's pool for a backward pass to
+    /// come: it is then built while the forward pass's sequential parts leave
+    /// a core idle, not on the backward pass's thread.
+    pub fn transpose_ahead(self: &Arc<Self>) {
+        if self.transpose.get().is_none() {
+            let csr = Arc::clone(self);
+            rayon::spawn(move || {
+                csr.t();
+            });
+        }
+    }
 
     fn t(&self) -> &Transpose {
         self.transpose.get_or_init(|| Transpose::of(self.n_src, &self.offsets, &self.sources))
