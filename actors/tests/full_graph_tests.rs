@@ -39,7 +39,11 @@ fn one_worker_is_sampled_training_over_every_neighbour_with_one_batch() {
     assert_eq!(report.mode, "full-graph");
     assert_eq!(report.steps, 3, "one step per epoch");
     same_losses(&want.0, &got.0, "one full-graph worker");
-    same_model(&model, &fin, "one full-graph worker");
+    // Full-graph products have other shapes than the batch's, so the AVX-512
+    // gemm kernels block their sums differently, and Adam turns the rounding
+    // of near-zero gradients into steps (1.8e-4 at scale 0.23 seen). A lost
+    // or doubled gradient still moves a parameter by ~lr = 1e-2, 20x this bound.
+    common::same_model_within(&model, &fin, "one full-graph worker", 2e-3);
     for (a, b) in single.epochs.iter().zip(&report.epochs) {
         close(a.test_acc, b.test_acc, "test accuracy");
         close(a.valid_acc, b.valid_acc, "validation accuracy");

@@ -97,6 +97,11 @@ pub fn same_losses(want: &[f64], got: &[f64], what: &str) {
 /// dense parameter within the tolerance summation order and Adam leave, every
 /// embedding row to 1e-5.
 pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
+    same_model_within(want, got, what, 3e-4);
+}
+
+/// [`same_model`] with dense parameters within `rel` of their scale.
+pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, rel: f32) {
     use candle_core::DType;
     for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
         assert_eq!(name, name2);
@@ -108,7 +113,7 @@ pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
         // after these steps that leaves up to ~5e-5 of the parameter's
         // scale. A lost or double-counted gradient moves it by ~lr (1e-2).
         for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 3e-4 * scale.max(1e-3) + 1e-6, "{what}, parameter {name}: {x} vs {y} (scale {scale})");
+            assert!((x - y).abs() <= rel * scale.max(1e-3) + 1e-6, "{what}, parameter {name}: {x} vs {y} (scale {scale})");
         }
     }
     let tables: Vec<_> = want.embeddings.iter().flatten().collect();
