@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use actors::{train, Config};
-use common::{close, derived, same_losses, same_model, Losses, Notes};
+use common::{close, derived, same_losses, same_model_within, Losses, Notes};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
@@ -43,7 +43,7 @@ fn one_worker_is_sampled_training_over_every_neighbour_with_one_batch() {
     // gemm kernels block their sums differently, and Adam turns the rounding
     // of near-zero gradients into steps (1.8e-4 at scale 0.23 seen). A lost
     // or doubled gradient still moves a parameter by ~lr = 1e-2, 20x this bound.
-    common::same_model_within(&model, &fin, "one full-graph worker", 2e-3);
+    same_model_within(&model, &fin, "one full-graph worker", 2e-3);
     for (a, b) in single.epochs.iter().zip(&report.epochs) {
         close(a.test_acc, b.test_acc, "test accuracy");
         close(a.valid_acc, b.valid_acc, "validation accuracy");
