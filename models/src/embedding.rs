@@ -51,12 +51,7 @@ impl EmbeddingTable {
     /// [`EmbeddingTable::gather`] as a variable (a leaf the backward pass
     /// gives a gradient), without the copy `Var::from_tensor` makes.
     pub fn gather_var(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
-        let rows = self.rows_at(ids);
-        Ok(if dtype == DType::F32 {
-            Var::from_vec(rows, (ids.len(), self.dim), device)?.into_inner()
-        } else {
-            Var::from_tensor(&Tensor::from_vec(rows, (ids.len(), self.dim), device)?.to_dtype(dtype)?)?.into_inner()
-        })
+        Ok(if dtype == DType::F32 { Var::from_vec(self.rows_at(ids), (ids.len(), self.dim), device)?.into_inner() } else { Var::from_tensor(&self.gather(ids, dtype, device)?)?.into_inner() })
     }
 
     /// Rows `ids`, row-major, copied in parallel.

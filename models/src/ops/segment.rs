@@ -76,6 +76,7 @@ impl SegmentCsr {
             on_device: std::sync::Mutex::new(None),
         })
     }
+
     /// Starts building the transpose on rayon's pool for a backward pass to
     /// come: it is then built while the forward pass's sequential parts leave
     /// a core idle, not on the backward pass's thread.
