@@ -5,18 +5,24 @@
 # (default gpu-out/):
 #   1. gpu.txt: nvidia-smi, and where the CUDA libraries were found;
 #   2. cuda_tests.txt: every op and every model on cuda:0 against the CPU;
-#   3. train.txt, train.json: the train benchmark (R-GCN, mag-like S=0.01,
-#      0.05, 0.1) with --device cuda:0, then with the CPU for the same-machine
-#      ratio (train_cpu.json);
+#   3. train.txt, train.json: the train benchmark (R-GCN, mag-like at
+#      $SCALES, default 0.05,0.1,1, $EPOCHS epochs, default 2) with --device
+#      cuda:0 against PyTorch Geometric's R-GCN on the same GPU
+#      (bench/baselines/pyg_rgcn.py with the machine's python3), with the
+#      GPU memory of each process sampled every 100 ms (train_gpu_mem.csv); then
+#      with the CPU for the same-machine ratio (train_cpu.json);
 #   4. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
-# A step that fails is reported and the next one runs.
+# A step that fails or outlasts $STEP_TIMEOUT seconds (default 300) is
+# reported and the next one runs.
 #
-#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train cache (default: all)
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu cache (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-steps="${*:-gpu tests train cache}"
+steps="${*:-gpu tests train train_cpu cache}"
+scales="${SCALES:-0.05,0.1,1}"
+epochs="${EPOCHS:-2}"
 bin=/tmp/hetgnn-gpu
 mkdir -p "$bin"
 for f in gpu-pack/*.xz; do
@@ -31,6 +37,12 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python
         libs="$libs${libs:+:}$d"
     fi
 done
+# The driver's libcuda.so.1, where the loader's cache does not list it.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/local/cuda/compat; do
+        [ -e "$d/libcuda.so.1" ] && libs="$libs${libs:+:}$d" && break
+    done
+fi
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Generated graphs: the benches' built-in path is this machine's checkout.
 export HETGNN_BENCH_DATA="${HETGNN_BENCH_DATA:-$PWD/target/bench-data}"
@@ -39,15 +51,17 @@ step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 run() {
     local name="$1"; shift
     echo "== $name: $*" >&2
-    "$@" > "$out/$name.txt" 2>&1
+    timeout "${STEP_TIMEOUT:-300}" "$@" > "$out/$name.txt" 2>&1
     local rc=$?
     tail -n 25 "$out/$name.txt"
     echo "== $name: exit $rc" >&2
 }
 
 if step gpu; then
-    { nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; echo "commit $(cat gpu-pack/COMMIT 2>/dev/null)"; } > "$out/gpu.txt" 2>&1
-    head -n 20 "$out/gpu.txt"
+    { nvidia-smi; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; echo "commit $(cat gpu-pack/COMMIT 2>/dev/null)"
+      nproc; python3 -c 'import torch, torch_geometric; print("torch", torch.__version__, "pyg", torch_geometric.__version__)'
+      ldd "$bin/hetgnn" | grep -E 'cuda|cublas|curand|nvrtc'; } > "$out/gpu.txt" 2>&1
+    sed -n '1,12p;/^LD_LIBRARY_PATH/,$p' "$out/gpu.txt"
 fi
 if step tests; then
     # Required: without it the tests pass unchecked where cuda:0 cannot be opened.
@@ -55,8 +69,16 @@ if step tests; then
     run models_unit "$bin/models_unit" kernels_compile
 fi
 if step train; then
-    run train "$bin/train" --device cuda:0 --out "$out/train.json"
-    run train_cpu "$bin/train" --device cpu --out "$out/train_cpu.json"
+    # Per process: the benchmark's children (train) and PyG's (python3) apart.
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits -lms 100 > "$out/train_gpu_mem.csv" 2>&1 &
+    smi=$!
+    run train "$bin/train" --device cuda:0 --scales "$scales" --epochs "$epochs" --pyg python3 --out "$out/train.json"
+    kill "$smi" 2>/dev/null
+    echo "peak GPU memory per process (MiB, CUDA context included):"
+    awk -F', *' 'NF == 3 && $3 ~ /^[0-9]+$/ { k = $1 " " $2; if ($3 > m[k]) m[k] = $3 } END { for (k in m) print "  " k ": " m[k] }' "$out/train_gpu_mem.csv"
+fi
+if step train_cpu; then
+    run train_cpu "$bin/train" --device cpu --scales "$scales" --epochs "$epochs" --out "$out/train_cpu.json"
 fi
 if step cache; then
     run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"

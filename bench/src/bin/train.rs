@@ -6,7 +6,9 @@
 //! runs each scale in a child process (so peak memory is per scale), prints a
 //! table and writes bench/results/train.json. With `--dgl PYTHON` it also runs
 //! bench/baselines/dgl_rgcn.py (DGL's R-GCN, same model and settings) on the
-//! same graph directory with that interpreter and reports the ratios.
+//! same graph directory with that interpreter and reports the ratios; with
+//! `--pyg PYTHON`, bench/baselines/pyg_rgcn.py (PyTorch Geometric's layers, the
+//! same model, on the benchmark's `--device`) likewise.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -35,6 +37,9 @@ struct Args {
     /// A Python interpreter with dgl 2.1 and torch 2.2.1: also train DGL's R-GCN on each graph (R-GCN only).
     #[arg(long)]
     dgl: Option<PathBuf>,
+    /// A Python interpreter with torch and torch_geometric: also train PyG's R-GCN on each graph, on `--device` (R-GCN only).
+    #[arg(long)]
+    pyg: Option<PathBuf>,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/train.json")]
     out: PathBuf,
@@ -53,20 +58,23 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the DGL baseline on `data` with `python` and returns its JSON report.
-fn dgl(python: &std::path::Path, data: &std::path::Path, epochs: u64, threads: usize) -> anyhow::Result<serde_json::Value> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/dgl_rgcn.py");
+/// Runs the baseline `script` (under bench/baselines/) on `data` with `python` and returns its JSON report.
+fn baseline(python: &std::path::Path, script: &str, data: &std::path::Path, epochs: u64, threads: usize, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
+    // The build's checkout, or (a binary carried to another machine) the current directory's.
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines").join(script);
+    let script = if built.exists() { built } else { std::path::Path::new("bench/baselines").join(script) };
     let out = Command::new(python)
         .arg(&script)
         .args(["--data", &data.display().to_string(), "--epochs", &epochs.to_string(), "--threads", &threads.to_string()])
+        .args(extra)
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .with_context(|| format!("running {} {}", python.display(), script.display()))?;
     if !out.status.success() {
-        bail!("the DGL baseline failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!("the baseline {} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
     }
     let last = out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]);
-    serde_json::from_slice(last).context("the DGL baseline's report")
+    serde_json::from_slice(last).with_context(|| format!("the report of {}", script.display()))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,8 +85,8 @@ fn main() -> anyhow::Result<()> {
     if let Some(scale) = a.child {
         return child(&a, scale);
     }
-    if a.dgl.is_some() && a.model != "rgcn" {
-        bail!("--dgl compares R-GCN only (got --model {})", a.model);
+    if (a.dgl.is_some() || a.pyg.is_some()) && a.model != "rgcn" {
+        bail!("--dgl and --pyg compare R-GCN only (got --model {})", a.model);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exe = std::env::current_exe()?;
@@ -111,13 +119,15 @@ fn main() -> anyhow::Result<()> {
             "compute_s": mean(|e| e.time.compute_s), "update_s": mean(|e| e.time.update_s),
             "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
         });
-        if let Some(python) = &a.dgl {
-            let theirs = dgl(python, &bench::mag_like(scale, 0)?, a.epochs, cores)?;
+        let peers = [("dgl", "dgl_rgcn.py", &a.dgl, vec![]), ("pyg", "pyg_rgcn.py", &a.pyg, vec!["--device", a.device.as_str()])];
+        for (name, script, python, extra) in peers {
+            let Some(python) = python else { continue };
+            let theirs = baseline(python, script, &bench::mag_like(scale, 0)?, a.epochs, cores, &extra)?;
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
             let test = theirs["epochs"].as_array().and_then(|e| e.last()).and_then(|e| e["test_acc"].as_f64()).unwrap_or(f64::NAN);
             let ratio = mean(|e| e.time.seconds) / epoch_s;
-            println!("{:>6} dgl {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/dgl time {ratio:.2}x, test accuracy {:+.4}", "", theirs["dgl"], last.test_acc - test);
-            row["dgl"] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
+            println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/{name} time {ratio:.2}x, test accuracy {:+.4}", "", theirs[name], last.test_acc - test);
+            row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
                 "test_acc_diff": last.test_acc - test, "report": theirs });
         }
         rows.push(row);
