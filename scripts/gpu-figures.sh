@@ -11,16 +11,20 @@
 #      (bench/baselines/pyg_rgcn.py with the machine's python3), with the
 #      GPU memory of each process sampled every 100 ms (train_gpu_mem.csv); then
 #      with the CPU for the same-machine ratio (train_cpu.json);
-#   4. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
+#   4. train_cache.txt, train_cache.json: `hetgnn train` on cuda:0 on the
+#      largest of $SCALES with a device cache of $CACHE_BYTES (default 8GiB,
+#      enough for every learnable row of S=1: they are then read and updated
+#      on the GPU);
+#   5. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
 # A step that fails or outlasts $STEP_TIMEOUT seconds (default 300) is
 # reported and the next one runs.
 #
-#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu cache (default: all)
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache cache (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-steps="${*:-gpu tests train train_cpu cache}"
+steps="${*:-gpu tests train train_cpu train_cache cache}"
 scales="${SCALES:-0.05,0.1,1}"
 epochs="${EPOCHS:-2}"
 bin=/tmp/hetgnn-gpu
@@ -79,6 +83,11 @@ if step train; then
 fi
 if step train_cpu; then
     run train_cpu "$bin/train" --device cpu --scales "$scales" --epochs "$epochs" --out "$out/train_cpu.json"
+fi
+if step train_cache; then
+    largest="$(tr ',' '\n' <<< "$scales" | sort -g | tail -n 1)"
+    run train_cache "$bin/hetgnn" train --data "$HETGNN_BENCH_DATA/mag-v1-s$largest-seed0" --device cuda:0 --epochs "$epochs" \
+        --cache-bytes "${CACHE_BYTES:-8GiB}" --set training.cache_presample_epochs=1 --report "$out/train_cache.json" --force
 fi
 if step cache; then
     run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"

@@ -14,6 +14,8 @@ pub const MAX_NEGATIVES: usize = 100_000;
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
 
+/// Most prefetch threads of a single-process run (`training.prefetch_threads`).
+const MAX_PREFETCH_THREADS: u32 = 64;
 /// Most threads of a sampling worker (`training.dag_threads`).
 pub const MAX_DAG_THREADS: u32 = 1024;
 /// Most batches a trainer may have in flight (`training.dag_max_in_flight`).
@@ -300,6 +302,10 @@ pub struct TrainingConfig {
     /// forward, no update, no evaluation), so an epoch measures sampling and
     /// fetching alone (default false).
     pub sampling_sink: bool,
+    /// Single process: threads sampling and gathering batches ahead of the
+    /// trainer, each every n-th step (default 0: one per four cores, at most
+    /// four). The model does not depend on it.
+    pub prefetch_threads: u32,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,
     /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
@@ -433,6 +439,7 @@ impl Default for TrainingConfig {
             dag_max_in_flight: 8,
             dag_chunk_rows: 512,
             sampling_sink: false,
+            prefetch_threads: 0,
             sync_every: 1,
             workers: 0,
             local_batch: LocalBatch::Share,
@@ -567,6 +574,12 @@ impl Config {
         }
         if t.sampling == Sampling::Pipeline && !dag_defaults {
             return bad("training.dag_threads, dag_max_in_flight and dag_chunk_rows apply to sampling = \"dag\"".into());
+        }
+        if t.prefetch_threads != 0 && t.mode != Mode::Single {
+            return bad(format!("training.prefetch_threads applies to single-process training, not {}", t.mode.name()));
+        }
+        if t.prefetch_threads > MAX_PREFETCH_THREADS {
+            return bad(format!("training.prefetch_threads must be in 0..={MAX_PREFETCH_THREADS} (0: one per four cores)"));
         }
         if t.dag_threads > MAX_DAG_THREADS || t.dag_max_in_flight == 0 || t.dag_max_in_flight > MAX_DAG_IN_FLIGHT || t.dag_chunk_rows == 0 {
             return bad(format!("training.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));

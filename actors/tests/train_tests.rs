@@ -38,6 +38,11 @@ fn two_runs_with_the_same_seed_are_bit_identical() {
     let other = config(&data, &["training.epochs=2", "training.batch=256", "training.hidden=16", "training.embed_dim=8", "training.seed=1"]);
     let (c, _) = train(&other, &mut ()).unwrap();
     assert_ne!(a.final_model_sha256, c.final_model_sha256);
+    // Batches made by three prefetch threads (each every third step) train the same model.
+    let threads = config(&data, &["training.epochs=2", "training.batch=256", "training.hidden=16", "training.embed_dim=8", "training.prefetch_threads=3"]);
+    let (d, _) = train(&threads, &mut ()).unwrap();
+    assert_eq!(curve(&a), curve(&d));
+    assert_eq!(a.final_model_sha256, d.final_model_sha256);
 }
 
 #[test]
@@ -121,6 +126,10 @@ fn bad_input_is_refused_clearly() {
     assert!(err.contains("multiple of heads"), "{err}");
     let err = Config::parse("", &["training.resume=true".into()]).unwrap_err().to_string();
     assert!(err.contains("checkpoint_dir"), "{err}");
+    let err = Config::parse("", &["training.prefetch_threads=1000".into()]).unwrap_err().to_string();
+    assert!(err.contains("training.prefetch_threads must be in 0..=64"), "{err}");
+    let err = Config::parse("", &["training.prefetch_threads=2".into(), "training.mode=\"raf\"".into()]).unwrap_err().to_string();
+    assert!(err.contains("training.prefetch_threads applies to single-process training, not raf"), "{err}");
 }
 
 #[test]

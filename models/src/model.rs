@@ -523,6 +523,12 @@ impl FeatureGather {
         Ok(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?))
     }
 
+    /// The same gather into host memory, for threads that must not touch the
+    /// model's device (the rows go to the device on the thread that trains).
+    pub fn on_host(&self) -> FeatureGather {
+        FeatureGather { device: Device::Cpu, ..self.clone() }
+    }
+
     /// Whether the model reads type `t`'s input rows.
     pub fn wants(&self, t: usize) -> bool {
         self.wanted.get(t).copied().unwrap_or(false)

@@ -1,6 +1,7 @@
 //! One epoch's steps, as every mode runs them: a producer thread prepares
 //! each step's batch (sampling, feature rows) ahead of the step that trains
-//! on it, up to [`PREFETCH`] batches ahead, and a bounded channel gives
+//! on it, up to [`PREFETCH`] batches ahead (several producer threads where a
+//! mode allows, each making every n-th step), and bounded channels give
 //! backpressure instead of an unbounded queue (DistDGLv2, ByteGNN). Only
 //! immutable data may be touched ahead of time: learnable embeddings change
 //! every step, so a mode reads them when it uses the batch. Batches arrive in
@@ -84,40 +85,60 @@ pub fn sample(sampler: &mut Sampler, uses_neighbors: bool, epoch: u64, step: u64
 
 /// Runs the steps `skip..` of an epoch whose batches are `batches`, in order:
 /// `consume(step, seeds, prepared)` on this thread, with the batches made by
-/// `produce(step, seeds)` up to `depth` steps ahead on a thread of its own.
-/// `make` builds the producer on that thread (a sampler, say). The first
-/// error on either side stops both, without hanging.
-pub fn run_steps<P, F, M>(depth: usize, batches: &[Vec<u32>], skip: usize, make: M, mut consume: impl FnMut(u64, &[u32], P) -> Result<()>) -> Result<()>
+/// `produce(step, seeds)` up to `depth` steps ahead on `workers` threads of
+/// their own (at least one), worker `w` making every `workers`-th step from
+/// `skip + w`. `make` builds a worker's producer on its thread (a sampler,
+/// say). Producers must be pure functions of (step, seeds) for the result to
+/// equal the sequential loop's; batches are consumed in step order whatever
+/// the workers' pace. The first error on either side stops all, without
+/// hanging.
+pub fn run_steps<P, F, M>(depth: usize, workers: usize, batches: &[Vec<u32>], skip: usize, make: M, mut consume: impl FnMut(u64, &[u32], P) -> Result<()>) -> Result<()>
 where
     P: Send,
     F: FnMut(u64, &[u32]) -> Result<P>,
-    M: FnOnce() -> Result<F> + Send,
+    M: Fn() -> Result<F> + Sync,
 {
+    let workers = workers.clamp(1, batches.len().saturating_sub(skip).max(1));
+    // Each worker's own queue; together about `depth` batches ahead.
+    let per_worker = depth.div_ceil(workers).max(1);
     std::thread::scope(|s| {
-        let (tx, rx) = sync_channel::<Result<P>>(depth.max(1));
-        s.spawn(move || {
-            let mut produce = match make() {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
+        let mut queues = Vec::with_capacity(workers);
+        for w in 0..workers {
+            let (tx, rx) = sync_channel::<Result<P>>(per_worker);
+            queues.push(rx);
+            let make = &make;
+            s.spawn(move || {
+                let mut produce = match make() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                for (step, seeds) in batches.iter().enumerate().skip(skip + w).step_by(workers) {
+                    let prepared = produce(step as u64, seeds);
+                    let failed = prepared.is_err();
+                    // A closed channel means the consumer stopped: stop too.
+                    if tx.send(prepared).is_err() || failed {
+                        return;
+                    }
                 }
-            };
-            for (step, seeds) in batches.iter().enumerate().skip(skip) {
-                let prepared = produce(step as u64, seeds);
-                let failed = prepared.is_err();
-                // A closed channel means the consumer stopped: stop too.
-                if tx.send(prepared).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        for (step, seeds) in batches.iter().enumerate().skip(skip) {
-            let prepared = rx.recv().map_err(|_| TrainError::PipelineStopped)??;
+            });
+        }
+        for (k, (step, seeds)) in batches.iter().enumerate().skip(skip).enumerate() {
+            let prepared = queues[k % workers].recv().map_err(|_| TrainError::PipelineStopped)??;
             consume(step as u64, seeds, prepared)?;
         }
         Ok(())
     })
+}
+
+/// Prefetch workers for `training.prefetch_threads` (0: one per four cores, at most four).
+pub fn prefetch_workers(configured: u32) -> usize {
+    match configured {
+        0 => (std::thread::available_parallelism().map_or(1, |n| n.get()) / 4).clamp(1, 4),
+        n => n as usize,
+    }
 }
 
 #[cfg(test)]
@@ -143,10 +164,11 @@ mod tests {
     type Producer<'a> = Box<dyn FnMut(u64, &[u32]) -> Result<(MiniBatch, PerType)> + 'a>;
 
     /// A producer as single-process training builds it: sample, then gather features.
-    fn producer<'a>(g: &'a HetGraph, model: &Model, fanouts: &'a [usize], seed: u64, epoch: u64) -> impl FnOnce() -> Result<Producer<'a>> + Send + 'a {
+    fn producer<'a>(g: &'a HetGraph, model: &Model, fanouts: &'a [usize], seed: u64, epoch: u64) -> impl Fn() -> Result<Producer<'a>> + Sync + 'a {
         let gather = model.feature_gather();
         move || {
             let mut sampler = Sampler::new(g, fanouts, seed)?;
+            let gather = gather.clone();
             Ok(Box::new(move |step, seeds: &[u32]| {
                 let mb = sample(&mut sampler, true, epoch, step, seeds)?;
                 let f = gather.gather(g, &mb.blocks[0].src)?;
@@ -165,19 +187,42 @@ mod tests {
         let g = graph();
         let m = model(&g, 2);
         let batches: Vec<Vec<u32>> = (0..10u32).map(|b| (b * 5..b * 5 + 5).collect()).collect();
+        // One worker, several (each making every n-th step), more than the steps left.
+        for workers in [1, 3, 20] {
+            let mut seen = Vec::new();
+            run_steps(2, workers, &batches, 3, producer(&g, &m, &[3, 2], 5, 3), |step, seeds, (mb, features)| {
+                seen.push(step);
+                assert_eq!(seeds, batches[step as usize].as_slice());
+                let want = Sampler::new(&g, &[3, 2], 5).unwrap().sample(3, step, &batches[step as usize]).unwrap();
+                assert_eq!(mb, want);
+                let f: Vec<f32> = features[0].as_ref().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let rows: Vec<f32> = mb.blocks[0].src[0].iter().flat_map(|&i| [2.0 * i as f32, 2.0 * i as f32 + 1.0]).collect();
+                assert_eq!(f, rows);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, (3..10).collect::<Vec<u64>>(), "{workers} workers: the steps before `skip` are not run, the rest in order");
+        }
+    }
+
+    #[test]
+    fn a_failing_worker_stops_the_others_after_the_steps_before_its_failure() {
+        let g = graph();
+        let m = model(&g, 1);
+        // Batch 5 fails (a seed out of range); with 3 workers steps 0..5 still arrive, in order.
+        let mut batches: Vec<Vec<u32>> = (0..30u32).map(|b| vec![b]).collect();
+        batches[5] = vec![99];
         let mut seen = Vec::new();
-        run_steps(1, &batches, 3, producer(&g, &m, &[3, 2], 5, 3), |step, seeds, (mb, features)| {
+        let err = run_steps(2, 3, &batches, 0, producer(&g, &m, &[3], 0, 0), |step, _, _| {
             seen.push(step);
-            assert_eq!(seeds, batches[step as usize].as_slice());
-            let want = Sampler::new(&g, &[3, 2], 5).unwrap().sample(3, step, &batches[step as usize]).unwrap();
-            assert_eq!(mb, want);
-            let f: Vec<f32> = features[0].as_ref().unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let rows: Vec<f32> = mb.blocks[0].src[0].iter().flat_map(|&i| [2.0 * i as f32, 2.0 * i as f32 + 1.0]).collect();
-            assert_eq!(f, rows);
             Ok(())
         })
-        .unwrap();
-        assert_eq!(seen, (3..10).collect::<Vec<u64>>(), "the steps before `skip` are not run");
+        .unwrap_err();
+        assert!(err.to_string().contains("seed 99 is out of range"), "{err}");
+        assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+        // The consumer fails while every worker is blocked on a full queue.
+        let err = run_steps(2, 3, &batches, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| Err(TrainError::Config("stop".into()))).unwrap_err();
+        assert!(err.to_string().contains("stop"));
     }
 
     #[test]
@@ -187,7 +232,7 @@ mod tests {
         // The producer fails on batch 2 (a seed out of range).
         let batches = vec![vec![0, 1], vec![2, 3], vec![4, 99], vec![5, 6]];
         let mut consumed = 0;
-        let err = run_steps(1, &batches, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| {
+        let err = run_steps(1, 1, &batches, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| {
             consumed += 1;
             Ok(())
         })
@@ -196,10 +241,10 @@ mod tests {
         assert_eq!(consumed, 2);
         // The consumer fails on its first batch while the producer is blocked on a full channel.
         let many: Vec<Vec<u32>> = (0..40u32).map(|b| vec![b]).collect();
-        let err = run_steps(1, &many, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| Err(TrainError::Config("stop".into()))).unwrap_err();
+        let err = run_steps(1, 1, &many, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| Err(TrainError::Config("stop".into()))).unwrap_err();
         assert!(err.to_string().contains("stop"));
         // A producer that cannot be built says why.
-        let err = run_steps(1, &many, 0, || Err::<fn(u64, &[u32]) -> Result<()>, _>(TrainError::Config("no sampler".into())), |_, _, _: ()| Ok(())).unwrap_err();
+        let err = run_steps(1, 1, &many, 0, || Err::<fn(u64, &[u32]) -> Result<()>, _>(TrainError::Config("no sampler".into())), |_, _, _: ()| Ok(())).unwrap_err();
         assert!(err.to_string().contains("no sampler"), "{err}");
     }
 }

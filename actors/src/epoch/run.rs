@@ -126,6 +126,11 @@ pub(crate) trait Steps {
     fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport>;
     /// Sends the epoch's account to the coordinator.
     fn send_stats(&mut self, feed: &Self::Feed, st: EpochStats) -> Result<()>;
+    /// Threads preparing batches ahead (each every n-th step): more than one
+    /// only where [`Steps::prepare`] is a pure function of the step and its seeds.
+    fn prefetch_workers(&self) -> usize {
+        1
+    }
     /// Input rows pulled from other partitions so far (modes that pull rows count them).
     fn remote_rows(_feed: &Self::Feed) -> u64 {
         0
@@ -147,6 +152,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         let rows_before = S::remote_rows(feed);
         steps.epoch_start(epoch, batches.len() as u64);
         let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
+        let workers = steps.prefetch_workers();
         let cpu = CpuSpan::start();
         // The trainer waits from the end of one step to the start of the next.
         let mut last = Instant::now();
@@ -181,7 +187,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
                     let mut state = S::feed_state(feed)?;
                     Ok(move |step: u64, seeds: &[u32]| S::prepare(feed, &mut state, epoch, step, seeds))
                 };
-                run_steps(PREFETCH, &batches, skip, make, |step, seeds, batch| consume(step, seeds, batch, &mut st))?;
+                run_steps(PREFETCH, workers, &batches, skip, make, |step, seeds, batch| consume(step, seeds, batch, &mut st))?;
             }
         }
         st.cpu_util = cpu.util();

@@ -104,7 +104,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
                 let feed = &feed;
                 Ok(move |step: u64, seeds: &[u32]| prepare(&feed.graph, &feed.gather, None, true, || sample(&mut sampler, feed.uses_neighbors, epoch, step, seeds)))
             };
-            run_steps(PREFETCH, &batches, 0, make, |step, seeds, p| {
+            run_steps(PREFETCH, 1, &batches, 0, make, |step, seeds, p| {
                 let out = l.step(epoch, step, p, &mut st)?;
                 loss_sum += out.loss;
                 steps += 1;

@@ -9,6 +9,7 @@ use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
+use models::rgcn::PerType;
 use models::Model;
 
 use std::collections::BTreeMap;
@@ -112,16 +113,23 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         observer.note(&c.summary());
     }
+    // On a GPU, prefetch threads gather feature rows into host memory and the
+    // training thread copies them to the device: CUDA work from several
+    // prefetch threads at once failed on an H100 (CUDA_ERROR_INVALID_CONTEXT),
+    // and one thread keeps the device's stream in step order. A device cache
+    // hands out rows already on the device, so it keeps one prefetch thread.
+    let on_gpu = !device.is_cpu();
+    let prefetch = if on_gpu && cache.is_some() { 1 } else { crate::epoch::prefetch_workers(t.prefetch_threads) };
     let feed = Feed {
         graph: &g,
-        gather: model.feature_gather(),
+        gather: if on_gpu && cache.is_none() { model.feature_gather().on_host() } else { model.feature_gather() },
         cached: cache.as_ref().map(|c| c.features.clone()),
         uses_neighbors: model.uses_neighbors(),
         fanouts: &t.fanouts,
         seed: t.seed,
         link: link.as_ref(),
     };
-    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch };
+    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, prefetch };
     let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
     let Run { model, cache, mut report, .. } = run;
@@ -156,6 +164,8 @@ struct Run<'g, 'o> {
     observer: &'o mut dyn TrainObserver,
     /// Steps per epoch.
     per_epoch: u64,
+    /// Prefetch threads.
+    prefetch: usize,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -177,6 +187,11 @@ impl<'g> Steps for Run<'g, '_> {
 
     fn epoch_start(&mut self, epoch: u64, steps: u64) {
         self.observer.epoch_start(epoch, steps);
+    }
+
+    /// Batches are pure functions of (epoch, step, seeds): any number of threads may make them.
+    fn prefetch_workers(&self) -> usize {
+        self.prefetch
     }
 
     fn feed_state<'f>(feed: &'f Feed<'g>) -> Result<Sampler<'f>> {
@@ -236,7 +251,8 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let mut clock = Instant::now();
-        let mut inputs = p.features;
+        // Rows gathered into host memory for a GPU (see `train`) go to the device here.
+        let mut inputs: PerType = p.features.into_iter().map(|x| x.map(|x| x.to_device(&self.device)).transpose()).collect::<candle_core::Result<_>>()?;
         match cache {
             Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
             None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,

@@ -102,6 +102,8 @@ fn main() -> anyhow::Result<()> {
                 "test_acc": r["epochs"].as_array().and_then(|e| e.last()).map_or(Value::Null, |e| e["test_acc"].clone()),
                 "model_sha256": r["final_model_sha256"], "cache": r["cache"], "bytes_per_step": r["bytes_per_step"],
             }));
+            // A line per setting as it finishes, so a run cut short still says what it measured.
+            eprintln!("  -> {mode}, {policy}, budget {:.0}%: {:.3} s/epoch, gather {:.3} s", frac * 100.0, mean("seconds"), mean("gather_s"));
         }
     }
     println!("mag-like S={}, R-GCN, {} nodes, links {} + {} ms, device {}; feature+embedding bytes {total}", a.scale, a.nodes, a.bandwidth, a.delay_ms, a.device);
