@@ -520,7 +520,11 @@ impl FeatureGather {
             }
             buf.extend_from_slice(f.row(i as usize));
         }
-        Ok(Some(Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?))
+        let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?;
+        // Mostly-zero rows are scanned for their non-zeros here, on the
+        // prefetch thread, rather than at the first product on the training thread.
+        crate::ops::sparse::rows_of(&x)?;
+        Ok(Some(x))
     }
 
     /// The same gather into host memory, for threads that must not touch the

@@ -13,11 +13,12 @@
 //!
 //! The layers read the same input several times a step (every relation
 //! from its type and the self-loop), so the last inputs scanned are
-//! remembered by tensor id (ids are never reused).
+//! remembered by tensor id (ids are never reused), process-wide: the
+//! prefetch threads scan the feature rows they gather ([`rows_of`] from
+//! `FeatureGather`), off the training thread's path.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Storage, Tensor, TensorId};
@@ -32,8 +33,8 @@ pub const MIN_WIDTH: usize = 256;
 pub const MAX_DENSITY: f64 = 0.125;
 /// Rows looked at before a full scan, to turn dense inputs away cheaply.
 const SAMPLE_ROWS: usize = 64;
-/// Inputs remembered (per thread).
-const REMEMBERED: usize = 16;
+/// Inputs remembered: a few steps' worth, prefetched batches included.
+const REMEMBERED: usize = 32;
 
 /// The non-zeros of a `[rows, cols]` matrix, by row and by column.
 #[derive(Debug)]
@@ -165,8 +166,12 @@ impl SparseRows {
     }
 }
 
-thread_local! {
-    static SCANNED: RefCell<VecDeque<(TensorId, Option<Arc<SparseRows>>)>> = const { RefCell::new(VecDeque::new()) };
+/// The last inputs scanned, by tensor id.
+static SCANNED: Mutex<VecDeque<(TensorId, Option<Arc<SparseRows>>)>> = Mutex::new(VecDeque::new());
+
+/// The remembered inputs (a panic elsewhere while holding the lock leaves a usable list).
+fn scanned() -> std::sync::MutexGuard<'static, VecDeque<(TensorId, Option<Arc<SparseRows>>)>> {
+    SCANNED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `x`'s non-zeros when `x` qualifies (see the module), remembered by tensor id.
@@ -175,7 +180,7 @@ pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
         return Ok(None);
     }
     let id = x.id();
-    if let Some(hit) = SCANNED.with(|s| s.borrow().iter().find(|(i, _)| *i == id).map(|(_, r)| r.clone())) {
+    if let Some(hit) = scanned().iter().find(|(i, _)| *i == id).map(|(_, r)| r.clone()) {
         return Ok(hit);
     }
     let cols = x.dim(1)?;
@@ -186,13 +191,11 @@ pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
             _ => None,
         }
     };
-    SCANNED.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() == REMEMBERED {
-            s.pop_front();
-        }
-        s.push_back((id, found.clone()));
-    });
+    let mut s = scanned();
+    if s.len() == REMEMBERED {
+        s.pop_front();
+    }
+    s.push_back((id, found.clone()));
     Ok(found)
 }
 
