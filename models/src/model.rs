@@ -463,7 +463,7 @@ impl Model {
     pub fn feature_gather(&self) -> FeatureGather {
         let n = self.embeddings.len();
         let wanted = (0..n).map(|t| self.uses_neighbors() || t == self.target.index()).collect();
-        FeatureGather { wanted, dtype: self.dtype, device: self.device.clone() }
+        FeatureGather { wanted, dtype: self.dtype, device: self.device.clone(), scan: true }
     }
 
     /// The input rows for a mini-batch: features of typed nodes (copied from the
@@ -497,6 +497,8 @@ pub struct FeatureGather {
     wanted: Vec<bool>,
     dtype: DType,
     device: Device,
+    /// Scan mostly-zero rows for their non-zeros as they are gathered (CPU models).
+    scan: bool,
 }
 
 impl FeatureGather {
@@ -523,14 +525,17 @@ impl FeatureGather {
         let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?;
         // Mostly-zero rows are scanned for their non-zeros here, on the
         // prefetch thread, rather than at the first product on the training thread.
-        crate::ops::sparse::rows_of(&x)?;
+        if self.scan {
+            crate::ops::sparse::rows_of(&x)?;
+        }
         Ok(Some(x))
     }
 
     /// The same gather into host memory, for threads that must not touch the
     /// model's device (the rows go to the device on the thread that trains).
     pub fn on_host(&self) -> FeatureGather {
-        FeatureGather { device: Device::Cpu, ..self.clone() }
+        // The rows are bound for the model's device: no sparse product reads them.
+        FeatureGather { device: Device::Cpu, scan: false, ..self.clone() }
     }
 
     /// Whether the model reads type `t`'s input rows.
