@@ -79,7 +79,7 @@ if step train; then
     run train "$bin/train" --device cuda:0 --scales "$scales" --epochs "$epochs" --pyg python3 --out "$out/train.json"
     kill "$smi" 2>/dev/null
     echo "peak GPU memory per process (MiB, CUDA context included):"
-    awk -F', *' 'NF == 3 && $3 ~ /^[0-9]+$/ { k = $1 " " $2; if ($3 > m[k]) m[k] = $3 } END { for (k in m) print "  " k ": " m[k] }' "$out/train_gpu_mem.csv"
+    awk -F', *' 'NF == 3 && $2 != "[No data]" && $3 ~ /^[0-9]+$/ { k = $1 " " $2; if ($3 > m[k]) m[k] = $3 } END { for (k in m) print "  " k ": " m[k] }' "$out/train_gpu_mem.csv"
 fi
 if step train_cpu; then
     run train_cpu "$bin/train" --device cpu --scales "$scales" --epochs "$epochs" --out "$out/train_cpu.json"
