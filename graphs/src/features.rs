@@ -1,12 +1,17 @@
 //! Node feature matrices, owned in memory or memory-mapped from a `.npy` file.
 
+use std::sync::OnceLock;
+
 use crate::mapped::Mapped;
+use crate::nonzeros::{RowNonzeros, MAX_DENSITY, MIN_WIDTH};
 
 /// A row-major `[rows, dim]` float32 matrix.
 pub struct Features {
     rows: usize,
     dim: usize,
     data: Storage,
+    /// The non-zeros by row when the matrix is mostly zeros, scanned at first use.
+    nonzeros: OnceLock<Option<RowNonzeros>>,
 }
 
 enum Storage {
@@ -28,7 +33,7 @@ impl Features {
     /// Wraps an owned row-major buffer; `data.len()` must be `rows * dim`.
     pub fn from_vec(rows: usize, dim: usize, data: Vec<f32>) -> Features {
         assert_eq!(data.len(), rows * dim, "feature buffer length must be rows*dim");
-        Features { rows, dim, data: Storage::Owned(data) }
+        Features { rows, dim, data: Storage::Owned(data), nonzeros: OnceLock::new() }
     }
 
     /// Wraps a mapping whose bytes from `offset` hold `rows * dim` little-endian
@@ -37,7 +42,7 @@ impl Features {
         let bytes = rows * dim * 4;
         assert!(offset + bytes <= map.len(), "mapping shorter than the feature matrix");
         if offset.is_multiple_of(4) {
-            Features { rows, dim, data: Storage::Mapped { map, offset } }
+            Features { rows, dim, data: Storage::Mapped { map, offset }, nonzeros: OnceLock::new() }
         } else {
             let data = map[offset..offset + bytes].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
             Features::from_vec(rows, dim, data)
@@ -81,5 +86,13 @@ impl Features {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.as_slice()[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// The non-zeros by row, when the matrix is at least
+    /// [`MIN_WIDTH`](crate::nonzeros::MIN_WIDTH) wide and at most
+    /// [`MAX_DENSITY`](crate::nonzeros::MAX_DENSITY) non-zero; scanned once,
+    /// at the first call (in parallel), and kept.
+    pub fn nonzeros(&self) -> Option<&RowNonzeros> {
+        self.nonzeros.get_or_init(|| if self.dim >= MIN_WIDTH { RowNonzeros::scan(self.as_slice(), self.dim, MAX_DENSITY) } else { None }).as_ref()
     }
 }

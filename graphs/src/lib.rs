@@ -27,6 +27,7 @@ pub mod link;
 pub mod mapped;
 pub mod memory;
 pub mod metagraph;
+pub mod nonzeros;
 pub mod npy;
 pub mod ogb;
 pub mod partition;

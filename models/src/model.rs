@@ -515,6 +515,15 @@ impl FeatureGather {
             _ => return Ok(None),
         };
         let dim = f.dim();
+        if self.scan && self.dtype == DType::F32 && self.device.is_cpu() {
+            if let Some(nz) = f.nonzeros() {
+                // Mostly zeros: the rows' non-zeros come from the table's, not from a scan of the dense rows.
+                let picked = nz.pick(ids);
+                let x = Tensor::from_vec(picked.to_dense(), (ids.len(), dim), &self.device)?;
+                crate::ops::sparse::remember(&x, std::sync::Arc::new(crate::ops::sparse::SparseRows::from_rows(picked)))?;
+                return Ok(Some(x));
+            }
+        }
         let mut buf = Vec::with_capacity(ids.len() * dim);
         for (k, &i) in ids.iter().enumerate() {
             if let Some(&a) = ids.get(k + crate::prefetch::AHEAD) {

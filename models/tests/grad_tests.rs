@@ -402,3 +402,50 @@ fn lse_partials_merge_into_the_softmax_over_all_relations() {
         }
     }
 }
+
+/// Bag-of-words paper features: 300 wide, about 3% non-zero.
+fn bag_of_words_graph() -> HetGraph {
+    let mut r = graphs::rng::CounterRng::new(11);
+    let (np, na, dim) = (40u32, 9u32, 300usize);
+    let feats: Vec<f32> = (0..np as usize * dim).map(|_| if r.below(100) < 3 { 1.0 + r.below(4) as f32 } else { 0.0 }).collect();
+    let mut e = |n_src: u32, n_dst: u32, m: usize| -> (Vec<u32>, Vec<u32>) { (0..m).map(|_| (r.below(n_src.into()) as u32, r.below(n_dst.into()) as u32)).unzip() };
+    let (ws, wd) = e(na, np, 60);
+    let (cs, cd) = e(np, np, 80);
+    let mut g = graphs::GraphBuilder::new("bow", "paper", 3)
+        .node_type("paper", np, Some(graphs::Features::from_vec(np as usize, dim, feats)))
+        .node_type("author", na, None)
+        .labels((0..np).map(|i| i64::from(i % 3)).collect(), graphs::Splits { train: (0..30).collect(), valid: vec![30, 31], test: vec![32, 33] })
+        .relation("author", "writes", "paper", ws, wd)
+        .relation("paper", "cites", "paper", cs, cd)
+        .build()
+        .unwrap();
+    g.add_reverse_relations().unwrap();
+    g
+}
+
+#[test]
+fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same_model_output() {
+    let g = bag_of_words_graph();
+    let table = g.node_types()[0].features.as_ref().unwrap();
+    let nz = table.nonzeros().expect("3% of 300 columns is sparse");
+    assert_eq!(nz.nnz(), table.as_slice().iter().filter(|v| **v != 0.0).count());
+    let spec = ModelSpec { kind: ModelKind::Rgcn, layers: 2, hidden: 8, embed_dim: 4, dropout: 0.0, seed: 5, heads: 2, link: None };
+    let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+    let mb = Sampler::new(&g, &[4, 4], 0).unwrap().sample(0, 0, &[0, 1, 2, 3, 4, 5]).unwrap();
+    let ids = &mb.blocks[0].src[0];
+    let fg = model.feature_gather();
+    let picked = fg.gather_type(&g, 0, ids).unwrap().unwrap();
+    // The host gather copies dense rows and is never taken as sparse.
+    let dense = fg.on_host().gather_type(&g, 0, ids).unwrap().unwrap();
+    let (a, b): (Vec<f32>, Vec<f32>) = (picked.flatten_all().unwrap().to_vec1().unwrap(), dense.flatten_all().unwrap().to_vec1().unwrap());
+    assert_eq!(a, b, "the rows picked from the non-zeros are the table's rows");
+    let sp = models::ops::sparse::rows_of(&picked).unwrap().expect("picked rows come with their non-zeros");
+    assert_eq!(sp.rows(), ids.len());
+    assert_eq!(sp.nnz(), a.iter().filter(|v| **v != 0.0).count());
+    // The model's output over the picked rows equals that over a fresh scan of the dense rows, bit for bit.
+    let mut with = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
+    let out_picked: Vec<f32> = model.forward(&g, &mb, with.clone(), None).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    with[0] = Some(dense.copy().unwrap());
+    let out_scanned: Vec<f32> = model.forward(&g, &mb, with, None).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(out_picked, out_scanned);
+}

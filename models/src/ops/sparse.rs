@@ -13,26 +13,21 @@
 //!
 //! The layers read the same input several times a step (every relation
 //! from its type and the self-loop), so the last inputs scanned are
-//! remembered by tensor id (ids are never reused), process-wide: the
-//! prefetch threads scan the feature rows they gather ([`rows_of`] from
-//! `FeatureGather`), off the training thread's path.
+//! remembered by tensor id (ids are never reused), process-wide. Feature
+//! rows need no scan: `FeatureGather` picks their non-zeros from the feature
+//! table's ([`graphs::Features::nonzeros`]) on the prefetch threads and
+//! [`remember`]s them; other inputs are scanned at their first product.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Storage, Tensor, TensorId};
+pub use graphs::nonzeros::{RowNonzeros, MAX_DENSITY, MIN_WIDTH};
 use rayon::prelude::*;
 
 use super::axpy::axpy;
 
-/// Narrower inputs stay dense: the product is cheap and the scan would not pay.
-pub const MIN_WIDTH: usize = 256;
-/// Largest share of non-zero entries taken as sparse: above it the dense
-/// kernel's throughput beats skipping zeros.
-pub const MAX_DENSITY: f64 = 0.125;
-/// Rows looked at before a full scan, to turn dense inputs away cheaply.
-const SAMPLE_ROWS: usize = 64;
 /// Inputs remembered: a few steps' worth, prefetched batches included.
 const REMEMBERED: usize = 32;
 
@@ -55,52 +50,13 @@ impl SparseRows {
     /// The non-zeros of row-major `x` (`cols` wide), or `None` when more
     /// than `max_density` of its entries are non-zero.
     pub fn scan(x: &[f32], cols: usize, max_density: f64) -> Option<SparseRows> {
-        if cols == 0 || !x.len().is_multiple_of(cols) {
-            return None;
-        }
-        let rows = x.len() / cols;
-        let budget = (max_density * x.len() as f64) as usize;
-        let sample = &x[..SAMPLE_ROWS.min(rows) * cols];
-        if sample.iter().filter(|v| **v != 0.0).count() as f64 > 2.0 * max_density * sample.len() as f64 {
-            return None;
-        }
-        // Chunks of rows in parallel, then joined in row order.
-        let chunks: Vec<(Vec<usize>, Vec<u32>, Vec<f32>)> = x
-            .par_chunks(cols * 256)
-            .map(|chunk| {
-                let mut ends = Vec::with_capacity(chunk.len() / cols);
-                let (mut cs, mut vs) = (Vec::new(), Vec::new());
-                for row in chunk.chunks(cols) {
-                    // Most blocks of 16 are all zeros (±0): an OR of their bits says so without branching per entry.
-                    for (b, block) in row.chunks(16).enumerate() {
-                        if block.iter().fold(0u32, |acc, v| acc | (v.to_bits() << 1)) == 0 {
-                            continue;
-                        }
-                        for (c, &v) in block.iter().enumerate() {
-                            if v != 0.0 {
-                                cs.push((b * 16 + c) as u32);
-                                vs.push(v);
-                            }
-                        }
-                    }
-                    ends.push(cs.len());
-                }
-                (ends, cs, vs)
-            })
-            .collect();
-        if chunks.iter().map(|c| c.1.len()).sum::<usize>() > budget {
-            return None;
-        }
-        let nnz: usize = chunks.iter().map(|c| c.1.len()).sum();
-        let mut row_at = Vec::with_capacity(rows + 1);
-        row_at.push(0);
-        let (mut row_cols, mut row_vals) = (Vec::with_capacity(nnz), Vec::with_capacity(nnz));
-        for (ends, cs, vs) in chunks {
-            let base = row_cols.len();
-            row_at.extend(ends.into_iter().map(|e| base + e));
-            row_cols.extend(cs);
-            row_vals.extend(vs);
-        }
+        RowNonzeros::scan(x, cols, max_density).map(SparseRows::from_rows)
+    }
+
+    /// The same entries, indexed by column as well (for the weight's gradient).
+    pub fn from_rows(nz: RowNonzeros) -> SparseRows {
+        let (rows, cols, nnz) = (nz.rows(), nz.cols(), nz.nnz());
+        let (row_at, row_cols, row_vals) = (nz.row_offsets().to_vec(), nz.columns().to_vec(), nz.values().to_vec());
         // By column: a counting sort over the row-ordered entries keeps rows ascending.
         let mut col_at = vec![0usize; cols + 1];
         for &c in &row_cols {
@@ -119,7 +75,7 @@ impl SparseRows {
                 *at += 1;
             }
         }
-        Some(SparseRows { rows, cols, row_at, row_cols, row_vals, col_at, col_rows, col_vals })
+        SparseRows { rows, cols, row_at, row_cols, row_vals, col_at, col_rows, col_vals }
     }
 
     /// Non-zero entries.
@@ -197,6 +153,20 @@ pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
     }
     s.push_back((id, found.clone()));
     Ok(found)
+}
+
+/// Records `sp` as the non-zeros of `x` (built without scanning `x`, e.g.
+/// from a feature table's [`RowNonzeros`]), so products with `x` use them.
+pub fn remember(x: &Tensor, sp: Arc<SparseRows>) -> candle_core::Result<()> {
+    if x.dims() != [sp.rows, sp.cols] {
+        return Err(candle_core::Error::Msg(format!("sparse rows of {}x{} for a tensor of {:?}", sp.rows, sp.cols, x.dims())));
+    }
+    let mut s = scanned();
+    if s.len() == REMEMBERED {
+        s.pop_front();
+    }
+    s.push_back((x.id(), Some(sp)));
+    Ok(())
 }
 
 /// `x`'s non-zeros when `x` qualifies and `w` is f32: what a product `x · w` can use.
@@ -322,9 +292,5 @@ mod tests {
         let trainable = Var::from_tensor(&sparse).unwrap();
         assert!(rows_of(trainable.as_tensor()).unwrap().is_none());
         assert!(rows_of(&sparse).unwrap().is_some());
-        // Dense past the sampled rows: the full scan turns it away.
-        let mut mixed = sparse_input(100, 300, 0.01, 6);
-        mixed[SAMPLE_ROWS * 300..].iter_mut().for_each(|v| *v = 1.0);
-        assert!(SparseRows::scan(&mixed, 300, MAX_DENSITY).is_none());
     }
 }
