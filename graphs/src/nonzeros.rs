@@ -100,11 +100,15 @@ impl RowNonzeros {
 
     /// The matrix, dense and row-major.
     pub fn to_dense(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows() * self.cols];
-        for (r, row) in out.chunks_mut(self.cols.max(1)).enumerate().take(self.rows()) {
+        // Row by row, zeroed then filled while in cache: one pass over the
+        // output instead of a zeroing pass and a scattering pass.
+        let mut out = Vec::with_capacity(self.rows() * self.cols);
+        for r in 0..self.rows() {
+            let at = out.len();
+            out.resize(at + self.cols, 0f32);
             let (cs, vs) = self.row(r);
             for (&c, &v) in cs.iter().zip(vs) {
-                row[c as usize] = v;
+                out[at + c as usize] = v;
             }
         }
         out

@@ -4,9 +4,9 @@
 //!
 //! An input qualifies when it needs no gradient, lives on the CPU, is f32,
 //! has at least [`MIN_WIDTH`] columns and at most [`MAX_DENSITY`] of its
-//! entries are non-zero. Its non-zeros are then kept row by row (for the
-//! product) and column by column (for the weight's gradient), and the
-//! product costs `nnz · out` instead of `rows · in · out`. Each output row
+//! entries are non-zero. Its non-zeros are then kept row by row, and the
+//! product and the weight's gradient cost `nnz · out` instead of
+//! `rows · in · out`. Each output row
 //! and each gradient row is summed in a fixed order whatever the threads,
 //! so results are reproducible; they differ from the dense product only by
 //! rounding (zeros are skipped, the order of the sum is the row's).
@@ -31,19 +31,12 @@ use super::axpy::axpy;
 /// Inputs remembered: a few steps' worth, prefetched batches included.
 const REMEMBERED: usize = 32;
 
-/// The non-zeros of a `[rows, cols]` matrix, by row and by column.
+/// The non-zeros of a `[rows, cols]` matrix, by row (columns ascending).
 #[derive(Debug)]
 pub struct SparseRows {
     rows: usize,
     cols: usize,
-    /// Row `r`'s entries are `row_at[r]..row_at[r + 1]` of `row_cols` / `row_vals`.
-    row_at: Vec<usize>,
-    row_cols: Vec<u32>,
-    row_vals: Vec<f32>,
-    /// Column `c`'s entries, rows ascending: `col_at[c]..col_at[c + 1]` of `col_rows` / `col_vals`.
-    col_at: Vec<usize>,
-    col_rows: Vec<u32>,
-    col_vals: Vec<f32>,
+    nz: RowNonzeros,
 }
 
 impl SparseRows {
@@ -53,34 +46,14 @@ impl SparseRows {
         RowNonzeros::scan(x, cols, max_density).map(SparseRows::from_rows)
     }
 
-    /// The same entries, indexed by column as well (for the weight's gradient).
+    /// Wraps non-zeros found elsewhere (a feature table's rows picked for a batch).
     pub fn from_rows(nz: RowNonzeros) -> SparseRows {
-        let (rows, cols, nnz) = (nz.rows(), nz.cols(), nz.nnz());
-        let (row_at, row_cols, row_vals) = (nz.row_offsets().to_vec(), nz.columns().to_vec(), nz.values().to_vec());
-        // By column: a counting sort over the row-ordered entries keeps rows ascending.
-        let mut col_at = vec![0usize; cols + 1];
-        for &c in &row_cols {
-            col_at[c as usize + 1] += 1;
-        }
-        for c in 0..cols {
-            col_at[c + 1] += col_at[c];
-        }
-        let mut next = col_at.clone();
-        let (mut col_rows, mut col_vals) = (vec![0u32; nnz], vec![0f32; nnz]);
-        for r in 0..rows {
-            for p in row_at[r]..row_at[r + 1] {
-                let at = &mut next[row_cols[p] as usize];
-                col_rows[*at] = r as u32;
-                col_vals[*at] = row_vals[p];
-                *at += 1;
-            }
-        }
-        SparseRows { rows, cols, row_at, row_cols, row_vals, col_at, col_rows, col_vals }
+        SparseRows { rows: nz.rows(), cols: nz.cols(), nz }
     }
 
     /// Non-zero entries.
     pub fn nnz(&self) -> usize {
-        self.row_cols.len()
+        self.nz.nnz()
     }
 
     /// Rows.
@@ -95,27 +68,37 @@ impl SparseRows {
             return out;
         }
         out.par_chunks_mut(n).enumerate().with_min_len(32).for_each(|(r, o)| {
-            for p in self.row_at[r]..self.row_at[r + 1] {
-                let (c, v) = (self.row_cols[p] as usize, self.row_vals[p]);
-                axpy(o, v, &w[c * n..(c + 1) * n]);
+            let (cs, vs) = self.nz.row(r);
+            for (&c, &v) in cs.iter().zip(vs) {
+                axpy(o, v, &w[c as usize * n..(c as usize + 1) * n]);
             }
         });
         out
     }
 
     /// `self[..rows]ᵀ · g` for row-major `g` (`[rows, n]`): `[cols, n]`.
+    ///
+    /// Each task owns a range of columns (output rows) and walks the input
+    /// rows in order, so every output row sums its terms rows ascending,
+    /// whatever the threads, with no column index to build.
     fn transposed_product(&self, rows: usize, g: &[f32], n: usize) -> Vec<f32> {
         let mut out = vec![0f32; self.cols * n];
-        if n == 0 {
+        if n == 0 || self.cols == 0 {
             return out;
         }
-        out.par_chunks_mut(n).enumerate().with_min_len(16).for_each(|(c, o)| {
-            let span = self.col_at[c]..self.col_at[c + 1];
-            // Rows ascend within a column: stop at the first one past the prefix.
-            let end = span.start + self.col_rows[span.clone()].partition_point(|&r| (r as usize) < rows);
-            for p in span.start..end {
-                let (r, v) = (self.col_rows[p] as usize, self.col_vals[p]);
-                axpy(o, v, &g[r * n..(r + 1) * n]);
+        // A few ranges per thread, for balance when some columns are busier.
+        let width = self.cols.div_ceil((4 * rayon::current_num_threads()).clamp(1, self.cols));
+        out.par_chunks_mut(width * n).enumerate().for_each(|(k, o)| {
+            let (lo, hi) = ((k * width) as u32, ((k + 1) * width).min(self.cols) as u32);
+            for r in 0..rows {
+                let (cs, vs) = self.nz.row(r);
+                let a = cs.partition_point(|&c| c < lo);
+                let b = a + cs[a..].partition_point(|&c| c < hi);
+                let gr = &g[r * n..(r + 1) * n];
+                for (&c, &v) in cs[a..b].iter().zip(&vs[a..b]) {
+                    let at = (c - lo) as usize * n;
+                    axpy(&mut o[at..at + n], v, gr);
+                }
             }
         });
         out
