@@ -92,7 +92,48 @@ impl Features {
     /// [`MIN_WIDTH`](crate::nonzeros::MIN_WIDTH) wide and at most
     /// [`MAX_DENSITY`](crate::nonzeros::MAX_DENSITY) non-zero; scanned once,
     /// at the first call (in parallel), and kept.
+    ///
+    /// A table whose non-zeros could take more than a sixteenth of the
+    /// memory budget ([`crate::memory::budget_bytes`]) is never scanned:
+    /// its batches' rows are then scanned one batch at a time.
     pub fn nonzeros(&self) -> Option<&RowNonzeros> {
-        self.nonzeros.get_or_init(|| if self.dim >= MIN_WIDTH { RowNonzeros::scan(self.as_slice(), self.dim, MAX_DENSITY) } else { None }).as_ref()
+        self.nonzeros
+            .get_or_init(|| {
+                let keep = self.dim >= MIN_WIDTH && affordable(self.rows, self.dim, crate::memory::budget_bytes());
+                if keep {
+                    RowNonzeros::scan(self.as_slice(), self.dim, MAX_DENSITY)
+                } else {
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
+
+/// Whether the non-zeros of a `rows × dim` table, at the largest density
+/// kept (8 bytes an entry, plus an offset a row), fit in a sixteenth of `budget`.
+fn affordable(rows: usize, dim: usize, budget: Option<u64>) -> bool {
+    let worst = (rows as f64) * (dim as f64) * MAX_DENSITY * 8.0 + (rows as f64 + 1.0) * 8.0;
+    budget.is_none_or(|b| worst <= b as f64 / 16.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_zeros_are_kept_only_for_wide_sparse_tables_that_fit_the_budget() {
+        let (rows, dim) = (50, 300);
+        let data: Vec<f32> = (0..rows * dim).map(|i| if i % 37 == 0 { 1.5 } else { 0.0 }).collect();
+        let f = Features::from_vec(rows, dim, data.clone());
+        let nz = f.nonzeros().expect("a wide table 3% non-zero");
+        assert_eq!(nz.nnz(), data.iter().filter(|v| **v != 0.0).count());
+        assert!(std::ptr::eq(nz, f.nonzeros().unwrap()), "scanned once");
+        let narrow = Features::from_vec(rows, 100, vec![0.0; rows * 100]);
+        assert!(narrow.nonzeros().is_none());
+        // 1 M rows of 1902 columns could hold 1.9 GB of non-zeros: kept on a 64 GiB machine, not on 16 GiB.
+        assert!(affordable(1_000_000, 1902, Some(64 << 30)));
+        assert!(!affordable(1_000_000, 1902, Some(16 << 30)));
+        assert!(affordable(1_000_000, 1902, None));
     }
 }
