@@ -47,11 +47,33 @@ pub fn diagonal_name(relation: &str) -> String {
 /// Scores of edges whose endpoints' rows are `src` and `dst` (`[n, width]`
 /// each), with `diag` the relation's diagonal for DistMult: `[n]`.
 pub fn score(src: &Tensor, dst: &Tensor, diag: Option<&Tensor>) -> Result<Tensor> {
-    let s = match diag {
+    Ok((query(src, diag)? * dst)?.sum(1)?)
+}
+
+/// What a destination row is dotted with: `src`, times the relation's
+/// diagonal for DistMult.
+pub fn query(src: &Tensor, diag: Option<&Tensor>) -> Result<Tensor> {
+    Ok(match diag {
         Some(d) => src.broadcast_mul(d)?,
         None => src.clone(),
-    };
-    Ok((s * dst)?.sum(1)?)
+    })
+}
+
+/// `a · b`, summed in eight lanes then across them, in a fixed order (the
+/// same bits on any thread); `a` and `b` have the same length.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        lanes[l] += x * y;
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
 
 /// `log(1 + exp(x))`, computed without overflow.
@@ -101,7 +123,19 @@ impl RankSums {
     pub fn add(&mut self, pos: &Tensor, neg: &Tensor) -> Result<()> {
         let pos: Vec<f32> = pos.to_dtype(DType::F32)?.to_vec1()?;
         let neg: Vec<Vec<f32>> = neg.to_dtype(DType::F32)?.to_vec2()?;
-        for (p, row) in pos.iter().zip(&neg) {
+        if neg.len() != pos.len() {
+            return Err(ModelError::Config(format!("{} positive scores, {} rows of negatives", pos.len(), neg.len())));
+        }
+        self.add_scores(&pos, &neg.concat(), neg.first().map_or(0, Vec::len))
+    }
+
+    /// [`RankSums::add`] of host scores: `neg` holds `k` negatives per positive, row after row.
+    pub fn add_scores(&mut self, pos: &[f32], neg: &[f32], k: usize) -> Result<()> {
+        if neg.len() != pos.len() * k {
+            return Err(ModelError::Config(format!("{} negative scores for {} positives of {k} each", neg.len(), pos.len())));
+        }
+        for (i, p) in pos.iter().enumerate() {
+            let row = &neg[i * k..(i + 1) * k];
             let above = row.iter().filter(|&&n| n > *p).count() as f64;
             let tied = row.iter().filter(|&&n| n >= *p).count() as f64;
             let rank = 1.0 + 0.5 * (above + tied);
@@ -146,6 +180,30 @@ mod tests {
 
     fn t(v: &[f32]) -> Tensor {
         Tensor::new(v, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_host_dot_is_the_scores_dot_and_ranks_as_the_tensors_do() {
+        let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..67).map(|i| (i as f32 * 0.11).cos()).collect();
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-5);
+        let score = super::score(&t(&a).reshape((1, 67)).unwrap(), &t(&b).reshape((1, 67)).unwrap(), None).unwrap();
+        assert!((score.to_vec1::<f32>().unwrap()[0] - dot(&a, &b)).abs() < 1e-5);
+        assert_eq!(dot(&[], &[]), 0.0);
+        // Host scores rank as tensors of the same scores do, ties included.
+        let (pos, neg) = ([0.5f32, -1.0, 2.0], [0.5f32, 0.7, -2.0, 1.0, -1.0, -3.0, 0.0, 0.1, 0.2]);
+        let (mut a, mut b) = (RankSums::default(), RankSums::default());
+        a.add(&t(&pos), &t(&neg).reshape((3, 3)).unwrap()).unwrap();
+        b.add_scores(&pos, &neg, 3).unwrap();
+        assert_eq!((a.count, a.reciprocal, a.hits1, a.hits10), (b.count, b.reciprocal, b.hits1, b.hits10));
+        assert_eq!(b.count, 3);
+        assert!((b.reciprocal - (1.0 / 2.5 + 1.0 / 2.5 + 1.0)).abs() < 1e-12, "a tie counts half: {}", b.reciprocal);
+        assert!(b.add_scores(&pos, &neg[..8], 3).is_err());
+        // No negatives: every edge ranks first.
+        let mut c = RankSums::default();
+        c.add_scores(&pos, &[], 0).unwrap();
+        assert_eq!((c.count, c.hits1), (3, 3));
     }
 
     #[test]

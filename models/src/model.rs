@@ -380,15 +380,25 @@ impl Model {
     /// Scores of edges of target relation `r` (index into the link spec's
     /// relations) whose endpoints' rows are `src` and `dst`.
     pub fn score_edges(&self, r: usize, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
+        crate::link::score(src, dst, self.decoder_diagonal(r)?.as_ref())
+    }
+
+    /// What relation `r`'s decoder dots a destination row with, for sources
+    /// whose rows are `src`: the score of an edge is `query · dst`.
+    pub fn link_query(&self, r: usize, src: &Tensor) -> Result<Tensor> {
+        crate::link::query(src, self.decoder_diagonal(r)?.as_ref())
+    }
+
+    /// Relation `r`'s DistMult diagonal (`None` for the dot decoder).
+    fn decoder_diagonal(&self, r: usize) -> Result<Option<Tensor>> {
         let link = self.spec.link.as_ref().ok_or_else(|| ModelError::Config("the model was not built for link prediction".into()))?;
         let name = link.relations.get(r).ok_or_else(|| ModelError::Config(format!("no target relation {r}")))?;
-        let diag = match link.decoder {
+        Ok(match link.decoder {
             crate::link::Decoder::Dot => None,
             crate::link::Decoder::Distmult => {
                 Some(self.params.get(&crate::link::diagonal_name(name)).ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?.as_tensor().clone())
             }
-        };
-        crate::link::score(src, dst, diag.as_ref())
+        })
     }
 
     /// After layer `l`'s cross-relation step: R-GCN and R-GAT apply ReLU and

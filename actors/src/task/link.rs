@@ -20,6 +20,7 @@ use models::inference::{embed_all, TypeRows};
 use models::link::{LinkLoss, RankSums};
 use models::rgcn::PerType;
 use models::Model;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{NegativeSampler, TrainingConfig};
@@ -327,9 +328,17 @@ impl LinkTask {
     }
 
     /// Ranks `edges` against their fixed negatives with every node's rows.
+    ///
+    /// Each edge's query row (its source's row, through the decoder) is
+    /// dotted on the host with its destination's row and its negatives'
+    /// rows where they lie in `rows`: no `[edges × negatives × width]`
+    /// copies. Every score, the positive's included, is the same
+    /// fixed-order dot ([`models::link::dot`]), so a negative that is the
+    /// destination itself ties with it exactly.
     fn rank(&self, model: &Model, rows: &[Option<TypeRows>], edges: &EdgeList) -> Result<RankSums> {
         let mut sums = RankSums::default();
         let k = self.eval_negatives;
+        let table = |t: usize| rows[t].as_ref().ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")));
         let ids: Vec<u32> = (0..edges.len() as u32).collect();
         for chunk in ids.chunks(EVAL_CHUNK) {
             for (r, &(key, st, dt, count)) in self.rels.iter().enumerate() {
@@ -337,22 +346,31 @@ impl LinkTask {
                 if mine.is_empty() {
                     continue;
                 }
-                let gather = |t: usize, ids: Vec<u32>| -> Result<Tensor> {
-                    let r = rows[t].as_ref().ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")))?;
-                    let mut buf = Vec::with_capacity(ids.len() * r.width);
-                    for &v in &ids {
-                        let at = v as usize * r.width;
-                        buf.extend_from_slice(&r.data[at..at + r.width]);
-                    }
-                    Ok(Tensor::from_vec(buf, (ids.len(), r.width), model.device())?.to_dtype(model.dtype())?)
-                };
-                let s = gather(st, mine.iter().map(|&i| edges.src[i]).collect())?;
-                let d = gather(dt, mine.iter().map(|&i| edges.dst[i]).collect())?;
-                let pos = model.score_edges(r, &s, &d)?;
-                let s_rep = gather(st, mine.iter().flat_map(|&i| std::iter::repeat_n(edges.src[i], k)).collect())?;
-                let negs = gather(dt, mine.iter().flat_map(|&i| graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)).collect())?;
-                let neg = model.score_edges(r, &s_rep, &negs)?.reshape((mine.len(), k))?;
-                sums.add(&pos.to_dtype(DType::F32)?, &neg)?;
+                let (src_rows, dst_rows) = (table(st)?, table(dt)?);
+                let w = src_rows.width;
+                if dst_rows.width != w {
+                    return Err(TrainError::Config(format!("embeddings {w} and {} wide cannot be scored together", dst_rows.width)));
+                }
+                let mut buf = Vec::with_capacity(mine.len() * w);
+                for &i in &mine {
+                    let at = edges.src[i] as usize * w;
+                    buf.extend_from_slice(&src_rows.data[at..at + w]);
+                }
+                let s = Tensor::from_vec(buf, (mine.len(), w), model.device())?.to_dtype(model.dtype())?;
+                let q: Vec<f32> = model.link_query(r, &s)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                let row = |v: u32| &dst_rows.data[v as usize * w..(v as usize + 1) * w];
+                let query = |a: usize| &q[a * w..(a + 1) * w];
+                let pos: Vec<f32> = mine.iter().enumerate().map(|(a, &i)| models::link::dot(query(a), row(edges.dst[i]))).collect();
+                let mut neg = vec![0f32; mine.len() * k];
+                if k > 0 {
+                    neg.par_chunks_mut(k).enumerate().for_each(|(a, n)| {
+                        let i = mine[a];
+                        for (slot, v) in n.iter_mut().zip(graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)) {
+                            *slot = models::link::dot(query(a), row(v));
+                        }
+                    });
+                }
+                sums.add_scores(&pos, &neg, k)?;
             }
         }
         Ok(sums)
