@@ -134,21 +134,6 @@ impl RowNonzeros {
     pub fn nnz(&self) -> usize {
         self.col.len()
     }
-
-    /// Where each row starts in [`RowNonzeros::columns`], plus the end: `rows + 1` offsets.
-    pub fn row_offsets(&self) -> &[usize] {
-        &self.row_at
-    }
-
-    /// Every entry's column, row after row.
-    pub fn columns(&self) -> &[u32] {
-        &self.col
-    }
-
-    /// Every entry's value, row after row.
-    pub fn values(&self) -> &[f32] {
-        &self.val
-    }
 }
 
 #[cfg(test)]

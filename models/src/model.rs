@@ -507,7 +507,7 @@ pub struct FeatureGather {
     wanted: Vec<bool>,
     dtype: DType,
     device: Device,
-    /// Scan mostly-zero rows for their non-zeros as they are gathered (CPU models).
+    /// Find mostly-zero rows' non-zeros as they are gathered, for the sparse products (CPU models).
     scan: bool,
 }
 

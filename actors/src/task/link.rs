@@ -370,7 +370,7 @@ impl LinkTask {
                         }
                     });
                 }
-                sums.add_scores(&pos, &neg, k)?;
+                sums.add(&pos, &neg, k)?;
             }
         }
         Ok(sums)

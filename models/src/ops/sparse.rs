@@ -34,8 +34,6 @@ const REMEMBERED: usize = 32;
 /// The non-zeros of a `[rows, cols]` matrix, by row (columns ascending).
 #[derive(Debug)]
 pub struct SparseRows {
-    rows: usize,
-    cols: usize,
     nz: RowNonzeros,
 }
 
@@ -48,7 +46,7 @@ impl SparseRows {
 
     /// Wraps non-zeros found elsewhere (a feature table's rows picked for a batch).
     pub fn from_rows(nz: RowNonzeros) -> SparseRows {
-        SparseRows { rows: nz.rows(), cols: nz.cols(), nz }
+        SparseRows { nz }
     }
 
     /// Non-zero entries.
@@ -58,7 +56,12 @@ impl SparseRows {
 
     /// Rows.
     pub fn rows(&self) -> usize {
-        self.rows
+        self.nz.rows()
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.nz.cols()
     }
 
     /// `self[..rows] · w` for row-major `w` (`[cols, n]`).
@@ -82,14 +85,15 @@ impl SparseRows {
     /// rows in order, so every output row sums its terms rows ascending,
     /// whatever the threads, with no column index to build.
     fn transposed_product(&self, rows: usize, g: &[f32], n: usize) -> Vec<f32> {
-        let mut out = vec![0f32; self.cols * n];
-        if n == 0 || self.cols == 0 {
+        let cols = self.cols();
+        let mut out = vec![0f32; cols * n];
+        if n == 0 || cols == 0 {
             return out;
         }
         // A few ranges per thread, for balance when some columns are busier.
-        let width = self.cols.div_ceil((4 * rayon::current_num_threads()).clamp(1, self.cols));
+        let width = cols.div_ceil((4 * rayon::current_num_threads()).clamp(1, cols));
         out.par_chunks_mut(width * n).enumerate().for_each(|(k, o)| {
-            let (lo, hi) = ((k * width) as u32, ((k + 1) * width).min(self.cols) as u32);
+            let (lo, hi) = ((k * width) as u32, ((k + 1) * width).min(cols) as u32);
             for r in 0..rows {
                 let (cs, vs) = self.nz.row(r);
                 let a = cs.partition_point(|&c| c < lo);
@@ -130,25 +134,26 @@ pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
             _ => None,
         }
     };
+    keep(id, found.clone());
+    Ok(found)
+}
+
+/// Remembers `found` as tensor `id`'s non-zeros, forgetting the oldest past [`REMEMBERED`].
+fn keep(id: TensorId, found: Option<Arc<SparseRows>>) {
     let mut s = scanned();
     if s.len() == REMEMBERED {
         s.pop_front();
     }
-    s.push_back((id, found.clone()));
-    Ok(found)
+    s.push_back((id, found));
 }
 
 /// Records `sp` as the non-zeros of `x` (built without scanning `x`, e.g.
 /// from a feature table's [`RowNonzeros`]), so products with `x` use them.
 pub fn remember(x: &Tensor, sp: Arc<SparseRows>) -> candle_core::Result<()> {
-    if x.dims() != [sp.rows, sp.cols] {
-        return Err(candle_core::Error::Msg(format!("sparse rows of {}x{} for a tensor of {:?}", sp.rows, sp.cols, x.dims())));
+    if x.dims() != [sp.rows(), sp.cols()] {
+        return Err(candle_core::Error::Msg(format!("sparse rows of {}x{} for a tensor of {:?}", sp.rows(), sp.cols(), x.dims())));
     }
-    let mut s = scanned();
-    if s.len() == REMEMBERED {
-        s.pop_front();
-    }
-    s.push_back((x.id(), Some(sp)));
+    keep(x.id(), Some(sp));
     Ok(())
 }
 
@@ -162,8 +167,8 @@ pub fn rows_for(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Arc<Sparse
 
 /// `x[..rows] · w`, with `x`'s non-zeros `x`; differentiable in `w` (f32, CPU).
 pub fn matmul(x: &Arc<SparseRows>, rows: usize, w: &Tensor) -> candle_core::Result<Tensor> {
-    if rows > x.rows || w.dims() != [x.cols, w.dim(1)?] {
-        return Err(candle_core::Error::Msg(format!("sparse matmul: {} of {}x{} rows times {:?}", rows, x.rows, x.cols, w.dims())));
+    if rows > x.rows() || w.dims() != [x.cols(), w.dim(1)?] {
+        return Err(candle_core::Error::Msg(format!("sparse matmul: {} of {}x{} rows times {:?}", rows, x.rows(), x.cols(), w.dims())));
     }
     w.contiguous()?.apply_op1(Product { x: Arc::clone(x), rows })
 }
@@ -213,7 +218,7 @@ impl CustomOp1 for Transposed {
         if g.len() != self.rows * n {
             return Err(candle_core::Error::Msg(format!("{}: gradient of {} rows, expected {}", self.name(), g.len() / n.max(1), self.rows)));
         }
-        Ok((CpuStorage::F32(self.x.transposed_product(self.rows, g, n)), Shape::from((self.x.cols, n))))
+        Ok((CpuStorage::F32(self.x.transposed_product(self.rows, g, n)), Shape::from((self.x.cols(), n))))
     }
 }
 
