@@ -67,11 +67,22 @@ pub struct PartitionArgs {
     /// as in the paper) [default: 10].
     #[arg(long)]
     pub bytegnn_passes: Option<usize>,
-    /// ByteGNN: how blocks are placed: `greedy` (the paper's Algorithm 2,
-    /// fixed) or `metis` (METIS over the block graph: a lower cut on small
-    /// graphs, at METIS's memory) [default: greedy].
+    /// ByteGNN: how blocks are placed: `metis` (METIS over the block graph)
+    /// or `greedy` (the paper's Algorithm 2, fixed: less memory, a higher
+    /// cut on small graphs) [default: metis].
     #[arg(long)]
     pub bytegnn_place: Option<partition::bytegnn::Placement>,
+    /// ByteGNN: the sampler's fanouts per hop, seeds outward, which the
+    /// last step places nodes for (hops past the list take the last)
+    /// [default: 25,20, training's].
+    #[arg(long, value_delimiter = ',')]
+    pub bytegnn_fanouts: Option<Vec<usize>>,
+    /// ByteGNN: weights of train, valid and test nodes as seeds in the last
+    /// step, which moves nodes to the partitions whose seeds' sampled
+    /// neighbourhoods read them, and seeds to where what they read is
+    /// (0,0,0: no such step, as in the paper) [default: 1,0.1,0.1].
+    #[arg(long, value_delimiter = ',')]
+    pub bytegnn_seed_weights: Option<Vec<f64>>,
     /// Second level (DistDGLv2): trainers per partition, each taking the seeds
     /// of a sub-partition of its machine's nodes.
     #[arg(long, default_value_t = 1)]
@@ -165,6 +176,8 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
             ("--bytegnn-balance-weight", args.bytegnn_balance_weight.is_some()),
             ("--bytegnn-clusters", args.bytegnn_clusters.is_some()),
             ("--bytegnn-place", args.bytegnn_place.is_some()),
+            ("--bytegnn-fanouts", args.bytegnn_fanouts.is_some()),
+            ("--bytegnn-seed-weights", args.bytegnn_seed_weights.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
             anyhow::bail!("{flag} applies to --method bytegnn, not {}", args.method);
@@ -180,6 +193,15 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
         clusters: args.bytegnn_clusters.unwrap_or(d.clusters),
         passes: args.bytegnn_passes.unwrap_or(d.passes),
         place: args.bytegnn_place.unwrap_or(d.place),
+        fanouts: match &args.bytegnn_fanouts {
+            Some(list) => partition::bytegnn::Fanouts::new(list).context("--bytegnn-fanouts")?,
+            None => d.fanouts,
+        },
+        seed_weights: match args.bytegnn_seed_weights.as_deref() {
+            Some(&[train, valid, test]) => [train, valid, test],
+            Some(other) => anyhow::bail!("--bytegnn-seed-weights takes three values (train, valid, test), got {}", other.len()),
+            None => d.seed_weights,
+        },
     };
     b.validate()?;
     Ok(Some(b))

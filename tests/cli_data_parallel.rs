@@ -155,3 +155,24 @@ fn spring_partitions_stream_the_edges_and_train_data_parallel() {
     assert_ne!(hash(&run("sp", "owner")), hash(&run("metis", "owner")), "seeds by owner: the sums' order follows the partitioning");
     hetgnn(d, &["train", "--data", "g", "--set", "training.seed_assignment=\"random\""]).fails_with(1, &["training.seed_assignment applies to data-parallel"]);
 }
+
+#[test]
+fn bytegnn_partitions_take_the_samplers_fanouts_and_seed_weights_and_refuse_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let part = |extra: &[&str]| {
+        let mut args = vec!["partition", "--data", "g", "--parts", "2", "--method", "bytegnn", "--out", "bg", "--force"];
+        args.extend_from_slice(extra);
+        hetgnn(d, &args)
+    };
+    part(&["--bytegnn-fanouts", "10,5", "--bytegnn-seed-weights", "1,0,0"]).ok();
+    let pr = report(&d.join("bg/report.json"));
+    assert_eq!(pr["method"].as_str(), Some("bytegnn"), "{pr}");
+    assert!(pr["split_balance"].as_object().unwrap().values().all(|b| b.as_f64().unwrap() <= 1.05), "{pr}");
+    part(&["--bytegnn-seed-weights", "1,0"]).fails_with(1, &["--bytegnn-seed-weights", "three values"]);
+    part(&["--bytegnn-seed-weights", "1,-1,0"]).fails_with(1, &["seed weights"]);
+    part(&["--bytegnn-fanouts", "25,0"]).fails_with(1, &["--bytegnn-fanouts", "positive"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--bytegnn-fanouts", "10", "--out", "x"]).fails_with(1, &["--bytegnn-fanouts applies to --method bytegnn"]);
+    hetgnn(d, &["partition", "--data", "g", "--parts", "2", "--bytegnn-seed-weights", "1,0,0", "--out", "x"]).fails_with(1, &["--bytegnn-seed-weights applies to --method bytegnn"]);
+}

@@ -39,9 +39,11 @@
 //! prints a table and writes bench/results/bytegnn-partition.json. A method
 //! `bytegnn-hH-cC-pP-wW-bB` is bytegnn with `--bytegnn-hops H`,
 //! `--bytegnn-clusters C`, `--bytegnn-passes P`, `--bytegnn-type-weight W`
-//! and `--bytegnn-balance-weight B` (any subset, in any order; `-metis` adds
-//! `--bytegnn-place metis`), for tuning:
-//! `bytegnn-c0-p0` is the paper's Algorithm 2 with only its fixes.
+//! and `--bytegnn-balance-weight B` (any subset, in any order; `-greedy` and
+//! `-metis` set `--bytegnn-place`, `-nofollow` turns the last step off with
+//! `--bytegnn-seed-weights 0,0,0`), for tuning:
+//! `bytegnn-greedy-c0-p0-nofollow` is the paper's Algorithm 2 with only its
+//! fixes.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -72,7 +74,7 @@ struct Args {
     #[arg(long, default_value = "2,4", value_delimiter = ',')]
     parts: Vec<usize>,
     /// Methods (the first ratio column compares with metis).
-    #[arg(long, default_value = "bytegnn,bytegnn-metis,metis,random", value_delimiter = ',')]
+    #[arg(long, default_value = "bytegnn,bytegnn-greedy,metis,random", value_delimiter = ',')]
     methods: Vec<String>,
     /// Fanouts per hop, seeds outward (training's default).
     #[arg(long, default_value = "25,20", value_delimiter = ',')]
@@ -113,8 +115,12 @@ fn method_flags(method: &str, reverse: bool) -> anyhow::Result<Vec<String>> {
     let base = parts.next().unwrap_or_default();
     let mut flags = vec!["--method".to_string(), base.to_string()];
     for opt in parts {
-        if opt == "metis" {
-            flags.extend(["--bytegnn-place".to_string(), "metis".to_string()]);
+        if opt == "metis" || opt == "greedy" {
+            flags.extend(["--bytegnn-place".to_string(), opt.to_string()]);
+            continue;
+        }
+        if opt == "nofollow" {
+            flags.extend(["--bytegnn-seed-weights".to_string(), "0,0,0".to_string()]);
             continue;
         }
         let (flag, value) = match opt.split_at(1) {
@@ -123,7 +129,7 @@ fn method_flags(method: &str, reverse: bool) -> anyhow::Result<Vec<String>> {
             ("w", v) => ("--bytegnn-type-weight", v),
             ("b", v) => ("--bytegnn-balance-weight", v),
             ("c", v) => ("--bytegnn-clusters", v),
-            _ => anyhow::bail!("method '{method}': '{opt}' is not hN, pN, cN, wX or bX"),
+            _ => anyhow::bail!("method '{method}': '{opt}' is not hN, pN, cN, wX, bX, metis, greedy or nofollow"),
         };
         flags.extend([flag.to_string(), value.to_string()]);
     }

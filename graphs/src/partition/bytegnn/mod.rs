@@ -27,8 +27,8 @@
 //!    in either direction) between the group and the nodes partition `j`
 //!    holds, `BS[j]` how much room `j` has left. A cluster no partition has
 //!    room for is placed block by block.
-//!    With `place = metis` (an addition), METIS places the blocks instead:
-//!    see `quotient.rs`.
+//!    With `place = metis` (an addition, the default), METIS places the
+//!    blocks instead: see `quotient.rs`.
 //! 4. **Refinement** (an addition, `passes` sweeps, each ending the
 //!    refinement early once nothing moves): every block in turn, in block
 //!    order, leaves its partition and goes to the one it shares the most
@@ -47,6 +47,14 @@
 //!    its type and of its splits (and of the sampler's in-edges with
 //!    `type_weight > 0`); ties to the partition holding fewest of its type,
 //!    then the lowest index. Each move lowers the edge cut.
+//! 7. **Following the samples** (an addition, up to `passes` rounds, ending
+//!    early once nothing moves; off with every `seed_weights` at 0): what a
+//!    trainer pulls is the part of its seeds' *sampled* neighbourhoods
+//!    other partitions hold, which the cut only approximates. Each round
+//!    moves every node that is not a seed to the partition whose seeds
+//!    read it most (in expected reads under `fanouts`, seeds weighted by
+//!    split), then every seed to the partition holding most of what it
+//!    reads, within the caps: see `sampled.rs`.
 //!
 //! The paper's Algorithm 2 does not work as written; the fixes chosen here:
 //! - **`CE[j] / |P_j|` divides by zero** while partition `j` is empty (the
@@ -93,18 +101,21 @@
 //!
 //! Deterministic: one thread, and every order fixed (centre ids, the block
 //! order, seeded hashes), so the same graph, options and seed give the same
-//! owners on any machine with any number of threads. Memory is O(nodes +
-//! blocks + parts) beside the graph, whose CSR is only read: per node a
-//! block id and an owner (and a BFS level while blocks grow), per reached
-//! node its place in its block's member list, per block its order and
-//! cluster. Time: a few sweeps over the edges (the BFS, each clustering
-//! sweep, the placement, each refinement pass), plus `parts` per group
-//! placed.
+//! owners on any machine with any number of threads. Memory beside the
+//! graph, whose CSR is only read, is METIS's over the block graph (a
+//! vertex per labelled node) with the default placement; with the greedy
+//! one it is O(nodes + blocks + parts): per node a block id and an owner
+//! (and a BFS level while blocks grow, 28 bytes during step 7), per
+//! reached node its place in its block's member list, per block its order
+//! and cluster. Time: a few sweeps over the edges (the BFS, each
+//! clustering sweep, the placement, each refinement pass), plus `parts`
+//! per group placed, plus `parts × hops` sweeps per round of step 7.
 
 mod blocks;
 mod nodes;
 mod place;
 mod quotient;
+mod sampled;
 
 use super::{NodePartitioner, MAX_PARTS};
 use crate::error::{GraphError, Result};
@@ -135,18 +146,57 @@ pub struct ByteGnn {
     /// nodes once every node is placed (default 10 each; 0: none, as in the
     /// paper); each refinement stops once a sweep moves nothing.
     pub passes: usize,
-    /// How step 3 places the blocks (default: greedily, as in the paper).
+    /// How step 3 places the blocks (default: METIS over the block graph;
+    /// greedily, as in the paper, in less memory).
     pub place: Placement,
+    /// The sampler's fanouts per hop, seeds outward, for step 7 (default:
+    /// training's 25, 20; hops past the list take its last).
+    pub fanouts: Fanouts,
+    /// Weights of train, valid and test nodes as seeds in step 7 (default
+    /// 1, 0.1, 0.1: training reads the train split every epoch; all 0: no
+    /// step 7, as in the paper).
+    pub seed_weights: [f64; 3],
+}
+
+/// Per-hop fanouts, seeds outward (at most [`Fanouts::MAX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fanouts {
+    len: u8,
+    per_hop: [u32; Fanouts::MAX],
+}
+
+impl Fanouts {
+    /// Most hops listed.
+    pub const MAX: usize = 8;
+    /// Fanouts no sampler would use: more neighbours than any node holds.
+    const LARGEST: usize = u32::MAX as usize;
+    /// Training's default fanouts: 25, then 20.
+    pub const TRAINING: Fanouts = Fanouts { len: 2, per_hop: [25, 20, 0, 0, 0, 0, 0, 0] };
+
+    /// Fanouts from a list of 1 to [`Fanouts::MAX`] positive values.
+    pub fn new(list: &[usize]) -> Result<Fanouts> {
+        if list.is_empty() || list.len() > Fanouts::MAX || list.iter().any(|&f| f == 0 || f > Fanouts::LARGEST) {
+            return Err(GraphError::InvalidArgument(format!("bytegnn: fanouts must be 1 to {} positive values, got {list:?}", Fanouts::MAX)));
+        }
+        let mut per_hop = [0u32; Fanouts::MAX];
+        list.iter().zip(&mut per_hop).for_each(|(&f, slot)| *slot = f as u32);
+        Ok(Fanouts { len: list.len() as u8, per_hop })
+    }
+
+    /// The fanout of hop `h` (0: the seeds' own picks); the last one past the list.
+    pub fn at(&self, h: usize) -> u32 {
+        self.per_hop[h.min(self.len as usize - 1)]
+    }
 }
 
 /// How the blocks are placed (step 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Placement {
     /// Algorithm 2 (fixed), over clusters of blocks when `clusters > 0`.
-    #[default]
     Greedy,
     /// METIS over the block graph (blocks as vertices, the edges between
     /// them as weights; one constraint per split and one for the nodes).
+    #[default]
     Metis,
 }
 
@@ -164,12 +214,14 @@ impl std::str::FromStr for Placement {
 
 impl ByteGnn {
     /// The defaults (see the fields).
-    pub const DEFAULT: ByteGnn = ByteGnn { hops: 2, reverse: true, type_weight: 0.0, balance_weight: 1.0, clusters: 32, passes: 10, place: Placement::Greedy };
+    pub const DEFAULT: ByteGnn =
+        ByteGnn { hops: 2, reverse: true, type_weight: 0.0, balance_weight: 1.0, clusters: 32, passes: 10, place: Placement::Metis, fanouts: Fanouts::TRAINING, seed_weights: [1.0, 0.1, 0.1] };
 
-    /// The paper's Algorithm 2 with only the fixes it needs (no clusters, no
-    /// refinement), `hops` and `reverse` as given.
+    /// The paper's Algorithm 2 with only the fixes it needs (greedy
+    /// placement, no clusters, no refinement, no step 7), `hops` and
+    /// `reverse` as given.
     pub fn paper(hops: usize, reverse: bool) -> ByteGnn {
-        ByteGnn { hops, reverse, clusters: 0, passes: 0, ..ByteGnn::DEFAULT }
+        ByteGnn { hops, reverse, clusters: 0, passes: 0, place: Placement::Greedy, seed_weights: [0.0; 3], ..ByteGnn::DEFAULT }
     }
 
     /// Checks the options.
@@ -182,6 +234,9 @@ impl ByteGnn {
         }
         if self.hops > MAX_HOPS {
             return Err(GraphError::InvalidArgument(format!("bytegnn: {} hops is more than any model's depth (at most {MAX_HOPS})", self.hops)));
+        }
+        if self.seed_weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) {
+            return Err(GraphError::InvalidArgument(format!("bytegnn: the seed weights must be finite and at least 0, got {:?}", self.seed_weights)));
         }
         if self.clusters > MAX_PARTS {
             return Err(GraphError::InvalidArgument(format!("bytegnn: at most {MAX_PARTS} clusters per partition, got {}", self.clusters)));
@@ -234,6 +289,13 @@ impl NodePartitioner for ByteGnn {
         for _ in 0..self.passes {
             if state.refine_nodes() == 0 {
                 break;
+            }
+        }
+        if self.seed_weights.iter().any(|&w| w > 0.0) {
+            for _ in 0..self.passes {
+                if state.follow_samples() == 0 {
+                    break;
+                }
             }
         }
         Ok(state.into_owners())

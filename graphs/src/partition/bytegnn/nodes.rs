@@ -37,7 +37,7 @@ impl State<'_> {
     }
 
     /// Moves node `v` of type `t` from `from` to `to`, with its counts.
-    fn shift(&mut self, t: usize, v: u32, from: u16, to: u16) {
+    pub(super) fn shift(&mut self, t: usize, v: u32, from: u16, to: u16) {
         let splits = if t == self.target { self.split_of[v as usize] } else { 0 };
         let deg = degree(&self.walk[t], v);
         for (j, add) in [(from, false), (to, true)] {

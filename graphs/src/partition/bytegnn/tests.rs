@@ -359,6 +359,9 @@ fn invalid_inputs_are_errors_not_panics() {
         ByteGnn { balance_weight: f64::NAN, ..d },
         ByteGnn { hops: MAX_HOPS + 1, ..d },
         ByteGnn { clusters: MAX_PARTS + 1, ..d },
+        ByteGnn { seed_weights: [1.0, -0.1, 0.0], ..d },
+        ByteGnn { seed_weights: [f64::INFINITY, 0.0, 0.0], ..d },
+        ByteGnn { seed_weights: [f64::NAN, 0.0, 0.0], ..d },
     ] {
         assert!(bad.validate().is_err(), "{bad:?}");
         assert!(bad.assign(&g, 2, 0, None).is_err(), "{bad:?}");
@@ -368,6 +371,122 @@ fn invalid_inputs_are_errors_not_panics() {
     let missing = [vec![0u16; 200]];
     assert!(d.assign(&g, 2, 0, Some((&missing, 0))).is_err());
     assert!(partition::assign(&g, 0, Method::Bytegnn, 0).is_err());
+    for bad in [&[][..], &[0], &[25, 0], &[1; Fanouts::MAX + 1], &[u32::MAX as usize + 1]] {
+        assert!(Fanouts::new(bad).is_err(), "{bad:?}");
+    }
+    let f = Fanouts::new(&[15, 10, 5]).unwrap();
+    assert_eq!([f.at(0), f.at(1), f.at(2), f.at(3), f.at(9)], [15, 10, 5, 5, 5], "past the list: the last");
+    assert_eq!(Fanouts::new(&[25, 20]).unwrap(), Fanouts::TRAINING);
+}
+
+/// Paper 0 (the one labelled node, train) cited by papers 1..=50, each of
+/// them cited by two papers of its own (51.., a tree), and paper 151 alone.
+fn citation_tree() -> HetGraph {
+    let (mut s, mut d) = (Vec::new(), Vec::new());
+    for i in 1..=50u32 {
+        s.push(i);
+        d.push(0);
+        for j in 0..2 {
+            s.push(50 + 2 * (i - 1) + j + 1);
+            d.push(i);
+        }
+    }
+    GraphBuilder::new("tree", "paper", 2)
+        .node_type("paper", 152, None)
+        .labels(vec![0; 152], Splits { train: vec![0], valid: Vec::new(), test: Vec::new() })
+        .relation("paper", "cites", "paper", s, d)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn masses_and_scores_are_the_samplers_expected_reads_along_paths() {
+    let g = citation_tree();
+    let opts = ByteGnn { reverse: false, fanouts: Fanouts::new(&[10, 1]).unwrap(), ..ByteGnn::DEFAULT };
+    let mut s = State::new(&opts, &g, 2, None).unwrap();
+    s.grow_blocks(0);
+    // Paper 0 and its first 25 citers (with theirs) on partition 0, the rest on 1.
+    let on_zero = |v: u32| v == 0 || (1..=25).contains(&v) || (51..101).contains(&v);
+    s.owners[0] = (0..152).map(|v| if on_zero(v) { 0 } else { 1 }).collect();
+    let (mut out, mut next, mut cur) = (vec![0.0f32; 152], vec![0.0f32; 152], Vec::new());
+    s.masses(0, &mut out, &mut cur, &mut next);
+    // The seed itself, then 10 of 50 citers (0.2 each), then 1 of 2 of theirs (0.1).
+    let want = |v: u32| match v {
+        0 => 1.0,
+        1..=50 => 0.2,
+        51..=150 => 0.1,
+        _ => 0.0,
+    };
+    for v in 0..152u32 {
+        assert!((out[v as usize] - want(v)).abs() < 1e-6, "paper {v}: mass {}", out[v as usize]);
+    }
+    // Partition 1's seeds: none.
+    s.masses(1, &mut out, &mut cur, &mut next);
+    assert!(out.iter().all(|&m| m == 0.0));
+    // What the seed reads on each partition: 25 × 0.2 + 50 × 0.1 on both (its own row not counted).
+    for q in 0..2u16 {
+        s.scores(q, &mut out, &mut next);
+        assert!((out[0] - 10.0).abs() < 1e-4, "partition {q}: score {}", out[0]);
+    }
+    // Moving the seed's far half home: partition 0's score doubles, 1's vanishes.
+    s.owners[0] = (0..152).map(|v| if v == 151 { 1 } else { 0 }).collect();
+    s.scores(0, &mut out, &mut next);
+    assert!((out[0] - 20.0).abs() < 1e-4, "score {}", out[0]);
+    s.scores(1, &mut out, &mut next);
+    assert_eq!(out[0], 0.0);
+}
+
+/// Remote input rows of `epochs` epochs of training batches (fanouts 25, 20,
+/// batch 64), each partition sampling the seeds it owns.
+fn remote_rows(g: &HetGraph, owners: &[Vec<u16>], parts: usize, epochs: u64) -> u64 {
+    let t0 = g.target().index();
+    let (_, splits) = g.target_labels();
+    let mut sampler = crate::Sampler::new(g, &[25, 20], 0).unwrap();
+    let mut remote = 0;
+    for e in 0..epochs {
+        for (step, batch) in crate::sampler::epoch_batches(&splits.train, 64, 0, e).into_iter().enumerate() {
+            for k in 0..parts as u16 {
+                let share: Vec<u32> = batch.iter().copied().filter(|&v| owners[t0][v as usize] == k).collect();
+                if share.is_empty() {
+                    continue;
+                }
+                let mb = sampler.sample(e, step as u64, &share).unwrap();
+                for (t, src) in mb.blocks[0].src.iter().enumerate() {
+                    remote += src.iter().filter(|&&v| owners[t][v as usize] != k).count() as u64;
+                }
+            }
+        }
+    }
+    remote
+}
+
+#[test]
+fn following_the_samples_pulls_fewer_remote_rows_within_the_caps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = mag(&tmp.path().join("g"));
+    let sampled = crate::load(&tmp.path().join("g"), &crate::LoadOptions { mmap_features: false, reverse_edges: true }).unwrap();
+    let c = communities();
+    // On the planted communities the cut already finds what the samples read: no worse there.
+    for (name, g, on, strict) in [("mag", &m, &sampled, true), ("communities", &c, &c, false)] {
+        for parts in [2usize, 4] {
+            let follow = ByteGnn::DEFAULT.assign(g, parts, 0, None).unwrap();
+            let cut_only = ByteGnn { seed_weights: [0.0; 3], ..ByteGnn::DEFAULT }.assign(g, parts, 0, None).unwrap();
+            let (a, b) = (remote_rows(on, &follow, parts, 3), remote_rows(on, &cut_only, parts, 3));
+            eprintln!("{name}, {parts} parts: {a} remote rows following the samples, {b} without");
+            assert!(a < b || (!strict && a == b), "{name}, {parts} parts: {a} remote rows following the samples, {b} without");
+            assert!(split_balance(g, &follow, parts) <= 1.05, "{name}, {parts} parts");
+            // Nodes move only into partitions below their type's cap.
+            for (t, nt) in g.node_types().iter().enumerate() {
+                let count = |o: &[Vec<u16>]| {
+                    let mut c = vec![0u64; parts];
+                    o[t].iter().for_each(|&p| c[p as usize] += 1);
+                    c.into_iter().max().unwrap_or(0)
+                };
+                let cap = (u64::from(nt.count).div_ceil(parts as u64)).max((1.05 * f64::from(nt.count) / parts as f64) as u64);
+                assert!(count(&follow) <= cap.max(count(&cut_only)), "{name}, {parts} parts, type {t}");
+            }
+        }
+    }
 }
 
 #[test]
