@@ -105,7 +105,7 @@
 //! graph, whose CSR is only read, is METIS's over the block graph (a
 //! vertex per labelled node) with the default placement; with the greedy
 //! one it is O(nodes + blocks + parts): per node a block id and an owner
-//! (and a BFS level while blocks grow, 28 bytes during step 7), per
+//! (and a BFS level while blocks grow, at most 52 bytes during step 7), per
 //! reached node its place in its block's member list, per block its order
 //! and cluster. Time: a few sweeps over the edges (the BFS, each
 //! clustering sweep, the placement, each refinement pass), plus `parts`

@@ -26,8 +26,9 @@
 //! rounds are done.
 //!
 //! Memory: per node its value at home and at its two best other partitions
-//! (16 bytes), plus three `f32` per node while one partition's values are
-//! computed. Time per round: per partition, `hops` sweeps over the edges.
+//! (20 bytes), plus two `f32` per node and the frontier (at most 24 bytes
+//! per node) while one partition's values are computed. Time per round:
+//! per partition, `hops` sweeps over the edges.
 
 use std::collections::BTreeMap;
 
