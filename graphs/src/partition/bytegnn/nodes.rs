@@ -99,6 +99,17 @@ impl State<'_> {
         moved
     }
 
+    /// Whether swapping `v` (type `t`, on `was`) with `y` (on `p`) keeps both
+    /// partitions' in-edges within their cap, or no higher than they are.
+    pub(super) fn swap_keeps_edges(&self, t: usize, v: u32, y: u32, was: u16, p: u16) -> bool {
+        let (dv, dy) = (degree(&self.walk[t], v), degree(&self.walk[t], y));
+        let within = |j: u16, out: u64, inn: u64| {
+            let e = self.loads[j as usize].edges;
+            e - out + inn <= self.cap.edges.max(e)
+        };
+        within(was, dv, dy) && within(p, dy, dv)
+    }
+
     /// Swaps `v` (type `t`, wanting `was` -> `p` for `gain`) with a waiting
     /// node wanting `p` -> `was`, if the pair lowers the cut.
     #[allow(clippy::too_many_arguments)]
@@ -116,15 +127,8 @@ impl State<'_> {
             if gain as i64 + other <= 0 {
                 continue;
             }
-            if edges_capped {
-                let (dv, dy) = (degree(&self.walk[t], v), degree(&self.walk[t], y));
-                let within = |j: u16, out: u64, inn: u64| {
-                    let e = self.loads[j as usize].edges;
-                    e - out + inn <= self.cap.edges.max(e)
-                };
-                if !within(was, dv, dy) || !within(p, dy, dv) {
-                    continue;
-                }
+            if edges_capped && !self.swap_keeps_edges(t, v, y, was, p) {
+                continue;
             }
             self.owners[t][v as usize] = was;
             self.shift(t, v, was, p);

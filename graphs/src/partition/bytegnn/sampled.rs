@@ -229,15 +229,8 @@ impl State<'_> {
             if self.owners[t][u as usize] != p {
                 continue;
             }
-            if edges_capped {
-                let (dv, du) = (degree(&self.walk[t], v), degree(&self.walk[t], u));
-                let within = |j: u16, out: u64, inn: u64| {
-                    let e = self.loads[j as usize].edges;
-                    e - out + inn <= self.cap.edges.max(e)
-                };
-                if !within(was, dv, du) || !within(p, du, dv) {
-                    continue;
-                }
+            if edges_capped && !self.swap_keeps_edges(t, v, u, was, p) {
+                continue;
             }
             return Some(u);
         }
