@@ -168,14 +168,12 @@ pub struct Fanouts {
 impl Fanouts {
     /// Most hops listed.
     pub const MAX: usize = 8;
-    /// Fanouts no sampler would use: more neighbours than any node holds.
-    const LARGEST: usize = u32::MAX as usize;
     /// Training's default fanouts: 25, then 20.
     pub const TRAINING: Fanouts = Fanouts { len: 2, per_hop: [25, 20, 0, 0, 0, 0, 0, 0] };
 
     /// Fanouts from a list of 1 to [`Fanouts::MAX`] positive values.
     pub fn new(list: &[usize]) -> Result<Fanouts> {
-        if list.is_empty() || list.len() > Fanouts::MAX || list.iter().any(|&f| f == 0 || f > Fanouts::LARGEST) {
+        if list.is_empty() || list.len() > Fanouts::MAX || list.iter().any(|&f| f == 0 || u32::try_from(f).is_err()) {
             return Err(GraphError::InvalidArgument(format!("bytegnn: fanouts must be 1 to {} positive values, got {list:?}", Fanouts::MAX)));
         }
         let mut per_hop = [0u32; Fanouts::MAX];

@@ -118,30 +118,28 @@ impl State<'_> {
     /// Every node's score on partition `q` (what of its sampled
     /// neighbourhood `q` holds) into `out`, with `next` as scratch.
     pub(super) fn scores(&self, q: u16, out: &mut [f32], next: &mut [f32]) {
-        let held = |x: usize| {
-            let (t, v) = typed(&self.base, x);
-            if self.owners[t][v as usize] == q && self.kept(t, v) {
-                1.0
-            } else {
-                0.0
-            }
-        };
+        let held = |t: usize, v: u32| if self.owners[t][v as usize] == q && self.kept(t, v) { 1.0 } else { 0.0 };
         // Innermost first: h_K(x) = held(x), h_k(x) = held(x) + Σ p · h_{k+1}(u)
-        // (h_0 without its own term).
-        (0..out.len()).for_each(|x| out[x] = held(x));
+        // (h_0 without its own term). Type by type: dense ids run in type order.
+        for t in 0..self.walk.len() {
+            for v in 0..(self.base[t + 1] - self.base[t]) as u32 {
+                out[self.base[t] + v as usize] = held(t, v);
+            }
+        }
         for hop in (0..self.opts.hops).rev() {
-            for (x, slot) in next.iter_mut().enumerate() {
-                let (t, v) = typed(&self.base, x);
-                let mut sum = 0.0;
-                for &(s, csr) in &self.walk[t] {
-                    let nb = csr.neighbors(v);
-                    if !nb.is_empty() {
-                        let inner: f32 = nb.iter().map(|&u| out[self.base[s] + u as usize]).sum();
-                        sum += self.pick(hop, nb.len()) * inner;
+            for (t, walk) in self.walk.iter().enumerate() {
+                for v in 0..(self.base[t + 1] - self.base[t]) as u32 {
+                    let mut sum = 0.0;
+                    for &(s, csr) in walk {
+                        let nb = csr.neighbors(v);
+                        if !nb.is_empty() {
+                            let inner: f32 = nb.iter().map(|&u| out[self.base[s] + u as usize]).sum();
+                            sum += self.pick(hop, nb.len()) * inner;
+                        }
                     }
+                    // A seed's own row is at home wherever it goes.
+                    next[self.base[t] + v as usize] = if hop == 0 { sum } else { held(t, v) + sum };
                 }
-                // A seed's own row is at home wherever it goes.
-                *slot = if hop == 0 { sum } else { held(x) + sum };
             }
             out.copy_from_slice(next);
         }
