@@ -64,7 +64,13 @@ pub fn decode_f32(bytes: &[u8], n: usize) -> std::result::Result<Vec<f32>, Strin
     if bytes.len() != n * 4 {
         return Err(format!("{} bytes where {n} f32 values ({} bytes) were expected", bytes.len(), n * 4));
     }
-    let mut out = vec![0f32; n];
-    bytemuck::cast_slice_mut::<f32, u8>(&mut out).copy_from_slice(bytes);
+    // Copied into uninitialised capacity: zero-filling first was a second pass over every block.
+    let mut out: Vec<f32> = Vec::with_capacity(n);
+    // SAFETY: `out` has room for `n` f32 values, `bytes` holds exactly `4n` bytes (checked
+    // above), every bit pattern is a valid f32, and the two buffers do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n * 4);
+        out.set_len(n);
+    }
     Ok(out)
 }

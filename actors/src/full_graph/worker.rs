@@ -101,6 +101,9 @@ struct State<'a> {
     /// `[layer][type][part]`: the newest copy of that partition's block
     /// (this worker's own: the copy it last broadcast).
     cache: Vec<Vec<Vec<Option<Copy>>>>,
+    /// Per type: the first layer's input rows where they are constant
+    /// features, once every block of them has come (the same every epoch).
+    constant: PerType,
     /// The epoch's figures so far.
     figures: FullFigures,
     s: &'a WorkerSetup,
@@ -151,7 +154,7 @@ impl<'a> Worker<'a> {
         if let Some((dir, m)) = &s.from {
             restore_cache(&mut cache, &checkpoint::load_tensors(dir, m, &cache_file(s.part))?, layout, &ctx.widths, t.hidden, &ctx.device)?;
         }
-        Ok(Worker { ctx, state: State { model, adam, seq, cache, figures: FullFigures::default(), s } })
+        Ok(Worker { ctx, state: State { model, adam, seq, cache, constant: vec![None; types], figures: FullFigures::default(), s } })
     }
 
     fn train(&mut self) -> Result<()> {
@@ -200,10 +203,10 @@ type Pushes = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
 /// A forward pass's tensors that backward needs.
 #[derive(Default)]
 struct Forward {
-    /// Per layer and type: the leaf of the worker's own input rows (layers above the first).
-    own: Vec<PerType>,
-    /// Per layer and type: the leaf of the other workers' blocks, in source order.
-    remote: Vec<PerType>,
+    /// Per layer and type (layers above the first): the leaf of the layer's
+    /// input rows, the worker's own first, then the other workers' blocks in
+    /// source order.
+    inputs: Vec<PerType>,
     /// Per type: the leaf of the first layer's learnable rows, own and others' together.
     learn: PerType,
     /// Per layer and type, per partition: whether its block was broadcast this epoch (this worker's own included).
@@ -224,15 +227,15 @@ impl Ctx<'_> {
     /// to it) as `round`'s message of step `seq` and returns what every other
     /// worker sent, in partition order: `None` from those `expect` says send
     /// nothing. A round nobody sends in costs no message and no wait.
-    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: &[Option<Vec<u8>>], expect: &[bool]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: Vec<Option<Vec<u8>>>, expect: &[bool]) -> Result<Vec<Option<Vec<u8>>>> {
         let (s, me) = (self.s, self.s.part);
         let others: Vec<u32> = (0..s.parts).filter(|&q| q != me).collect();
         let asks: Vec<_> = others
             .iter()
             .zip(data)
-            .filter_map(|(&q, d)| d.as_ref().map(|d| (q, d)))
+            .filter_map(|(&q, d)| d.map(|d| (q, d)))
             .map(|(q, d)| {
-                let b = BlockMsg { gen: s.gen, seq, round, from: me, data: ByteVec(d.clone()) };
+                let b = BlockMsg { gen: s.gen, seq, round, from: me, data: ByteVec(d) };
                 let to = &self.workers[q as usize];
                 async move {
                     match (backward, pass) {
@@ -259,6 +262,18 @@ fn values(x: &Tensor) -> Result<Vec<f32>> {
     Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
+/// `f` of the rows of `x` as f32 values: borrowed where `x` is a contiguous
+/// f32 tensor on the CPU (no copy), else copied out.
+fn with_values<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    {
+        let (storage, layout) = x.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    Ok(f(&values(x)?))
+}
+
 /// `[0, width]` rows on the model's device.
 fn empty(width: usize, c: &Client) -> Result<Tensor> {
     Ok(Tensor::zeros((0, width), c.dtype, &c.device)?)
@@ -272,6 +287,34 @@ fn cat_rows(parts: &[Tensor], width: usize, c: &Client) -> Result<Tensor> {
         1 => Ok(kept[0].clone()),
         _ => Ok(Tensor::cat(&kept, 0)?),
     }
+}
+
+/// Stacks row blocks (skipping empty ones) into one `[rows, width]` tensor,
+/// copying each row once; with `leaf`, a fresh variable whose gradient
+/// backward reads. On the CPU the rows are copied straight into the
+/// variable's storage (`cat` then `Var::from_tensor` copied them twice).
+fn stack_rows(parts: &[Tensor], width: usize, leaf: bool, c: &Client) -> Result<Tensor> {
+    let kept: Vec<&Tensor> = parts.iter().filter(|t| t.dim(0).is_ok_and(|n| n > 0)).collect();
+    if !leaf {
+        return match kept.len() {
+            0 => empty(width, c),
+            1 => Ok(kept[0].clone()),
+            _ => Ok(Tensor::cat(&kept, 0)?),
+        };
+    }
+    if c.device.is_cpu() && c.dtype == DType::F32 {
+        let rows = kept.iter().map(|t| t.dim(0)).sum::<candle_core::Result<usize>>()?;
+        let mut out: Vec<f32> = Vec::with_capacity(rows * width);
+        for t in &kept {
+            with_values(t, |v| out.extend_from_slice(v))?;
+        }
+        return Ok(Var::from_vec(out, (rows, width), &c.device)?.into_inner());
+    }
+    let all = match kept.len() {
+        0 => empty(width, c)?,
+        _ => Tensor::cat(&kept, 0)?,
+    };
+    Ok(Var::from_tensor(&all.detach())?.into_inner())
 }
 
 impl State<'_> {
@@ -292,7 +335,7 @@ impl State<'_> {
         st.time.gather_s += lap(&mut clock);
         for (l, plan) in ctx.plans.iter().enumerate() {
             let mut h_src: PerType = vec![None; types];
-            let (mut own_leaves, mut remote_leaves): (PerType, PerType) = (vec![None; types], vec![None; types]);
+            let mut leaves: PerType = vec![None; types];
             let mut fresh = vec![vec![false; s.parts as usize]; types];
             for ty in (0..types).filter(|&ty| plan.read[ty]) {
                 let w = width(&ctx.widths, s.cfg.hidden, l, ty);
@@ -305,6 +348,12 @@ impl State<'_> {
                     None => empty(w, &ctx.c)?,
                 };
                 let constant = l == 0 && ctx.features[ty].is_some();
+                // Once every block has come, constant inputs need no round and no copy:
+                // no worker sends a constant block twice.
+                if let Some(x) = self.constant[ty].as_ref().filter(|_| constant) {
+                    h_src[ty] = Some(x.clone());
+                    continue;
+                }
                 let mut remote = Vec::new();
                 if plan.shared[ty] && s.parts > 1 {
                     // Whether worker q sends its block, its receivers holding `slot` of it
@@ -315,14 +364,13 @@ impl State<'_> {
                         Pass::Train => ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || slot.as_ref().map_or(f64::INFINITY, variation)),
                     };
                     // Send this worker's block (or the notice that it is skipped) ...
-                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| match (values(&mine), values(&c.rows)) {
-                        (Ok(a), Ok(b)) => relative_change(&a, &b),
-                        _ => f64::INFINITY,
-                    });
-                    let rows = if send { Some(values(&mine)?) } else { None };
+                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| with_values(&mine, |a| with_values(&c.rows, |b| relative_change(a, b))).and_then(|x| x).unwrap_or(f64::INFINITY));
                     // Constant features travel as their non-zeros where that is shorter (bag-of-words);
                     // hidden blocks stay dense, so their bytes do not depend on their values.
-                    let payload = messages::encode(rows.as_deref(), w, constant);
+                    let payload = match send {
+                        true => with_values(&mine, |v| messages::encode(Some(v), w, constant))?,
+                        false => messages::encode(None, w, constant),
+                    };
                     let bytes = messages::body_bytes(&payload) * u64::from(s.parts - 1);
                     let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
                     // A constant block is sent once and never stale: only the one broadcast counts.
@@ -343,7 +391,7 @@ impl State<'_> {
                     let variation = train && !constant && ctx.rule.kind == Staleness::Variation;
                     let expect: Vec<bool> = order[1..].iter().map(|&q| variation || sends(q, &self.cache[l][ty][q as usize], &|_| f64::INFINITY)).collect();
                     let out = (send || variation).then_some(payload);
-                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), &vec![out; s.parts as usize - 1], &expect)?;
+                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), vec![out; s.parts as usize - 1], &expect)?;
                     st.time.comm_s += lap(&mut clock);
                     fresh[ty][me as usize] = send;
                     if send && (train || constant) {
@@ -373,26 +421,19 @@ impl State<'_> {
                         remote.push(block);
                     }
                 }
-                let remote = cat_rows(&remote, w, &ctx.c)?;
-                let x = if l == 0 {
-                    let all = cat_rows(&[mine, remote], w, &ctx.c)?;
-                    if ctx.learnable[ty] && train {
-                        let leaf = Var::from_tensor(&all.detach())?.into_inner();
-                        f.learn.resize(types, None);
-                        f.learn[ty] = Some(leaf.clone());
-                        leaf
-                    } else {
-                        all
-                    }
-                } else if train {
-                    let own = Var::from_tensor(&mine.detach())?.into_inner();
-                    let away = Var::from_tensor(&remote)?.into_inner();
-                    own_leaves[ty] = Some(own.clone());
-                    remote_leaves[ty] = Some(away.clone());
-                    cat_rows(&[own, away], w, &ctx.c)?
-                } else {
-                    cat_rows(&[mine, remote], w, &ctx.c)?
-                };
+                // The layer's input rows, own first, copied once; a leaf where backward needs their gradient.
+                remote.insert(0, mine);
+                let leaf = train && (l > 0 || ctx.learnable[ty]);
+                let x = stack_rows(&remote, w, leaf, &ctx.c)?;
+                if leaf && l == 0 {
+                    f.learn.resize(types, None);
+                    f.learn[ty] = Some(x.clone());
+                } else if leaf {
+                    leaves[ty] = Some(x.clone());
+                }
+                if constant {
+                    self.constant[ty] = Some(x.clone());
+                }
                 // Dropout of the rows a layer reads, where it reads them.
                 h_src[ty] = Some(if l > 0 { self.model.dropout_rows(x, key, l - 1, ty, &plan.block.src[ty])? } else { x });
             }
@@ -405,8 +446,7 @@ impl State<'_> {
                 }
             }
             st.time.compute_s += lap(&mut clock);
-            f.own.push(own_leaves);
-            f.remote.push(remote_leaves);
+            f.inputs.push(leaves);
             f.fresh.push(fresh);
             f.out.push(out);
         }
@@ -486,21 +526,29 @@ impl State<'_> {
             let mut surrogate: Option<Tensor> = None;
             for ty in (0..types).filter(|&ty| plan.read[ty]) {
                 let w = s.cfg.hidden;
-                let mut mine = grad_of(&f.own[l][ty]);
+                // The input leaf's gradient: the worker's own rows, then the others' blocks.
+                let n_me = ctx.layout.count(me, ty);
+                let grad = grad_of(&f.inputs[l][ty]);
+                let part = |at: usize, n: usize| grad.as_ref().filter(|_| n > 0).map(|g| g.narrow(0, at, n)).transpose();
+                let mut mine = part(0, n_me)?;
                 if plan.shared[ty] && s.parts > 1 {
-                    let away = grad_of(&f.remote[l][ty]).map(|x| values(&x)).transpose()?;
+                    let n_away = grad.as_ref().map_or(Ok(0), |g| g.dim(0))?.saturating_sub(n_me);
+                    let away = part(n_me, n_away)?;
                     let mut data = Vec::with_capacity(order.len() - 1);
                     let mut at = 0usize;
                     let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
                     for &q in &order[1..] {
-                        let n = ctx.layout.count(q, ty) * w;
+                        let n = ctx.layout.count(q, ty);
                         let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
                         if skip {
                             // q knows its block was not fresh here (it did not send it): nothing to tell it.
                             counts.grad_skipped += 1;
                             data.push(None);
                         } else {
-                            let payload = messages::encode(away.as_ref().map(|v| &v[at..at + n]), w, false);
+                            let payload = match &away {
+                                Some(x) => with_values(&x.narrow(0, at, n)?, |v| messages::encode(Some(v), w, false))?,
+                                None => messages::encode(None, w, false),
+                            };
                             counts.grad_sent += 1;
                             self.figures.backward_bytes += messages::body_bytes(&payload);
                             data.push(Some(payload));
@@ -513,7 +561,7 @@ impl State<'_> {
                     let sent_mine = f.fresh[l][ty][me as usize];
                     let expect = vec![!s.cfg.skip_gradients || sent_mine; order.len() - 1];
                     st.time.compute_s += lap(&mut clock);
-                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), &data, &expect)?;
+                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), data, &expect)?;
                     st.time.comm_s += lap(&mut clock);
                     let n = ctx.layout.count(me, ty);
                     for (&q, data) in order[1..].iter().zip(&got) {
