@@ -432,6 +432,15 @@ impl State<'_> {
                     leaves[ty] = Some(x.clone());
                 }
                 if constant {
+                    // The cached blocks become views of the kept input, so its rows are held once.
+                    let mut at = 0;
+                    for &q in &order {
+                        let n = ctx.layout.count(q, ty);
+                        if let Some(c) = self.cache[l][ty][q as usize].as_mut().filter(|_| n > 0) {
+                            c.rows = x.narrow(0, at, n)?;
+                        }
+                        at += n;
+                    }
                     self.constant[ty] = Some(x.clone());
                 }
                 // Dropout of the rows a layer reads, where it reads them.
