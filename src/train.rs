@@ -53,6 +53,9 @@ pub struct TrainArgs {
     /// Number of epochs [default: 10].
     #[arg(long)]
     epochs: Option<u64>,
+    /// Validate and test after every N-th epoch and the last [default: 1].
+    #[arg(long)]
+    eval_every: Option<u64>,
     /// Seeds per step [default: 1024].
     #[arg(long)]
     batch: Option<usize>,
@@ -133,6 +136,7 @@ impl TrainArgs {
         push("negatives", self.negatives.map(|v| v.to_string()));
         push("decoder", self.decoder.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
+        push("eval_every", self.eval_every.map(|v| v.to_string()));
         push("batch", self.batch.map(|v| v.to_string()));
         push("fanouts", self.fanouts.as_deref().map(quoted));
         push("layers", self.layers.map(|v| v.to_string()));
@@ -236,12 +240,12 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
         );
     } else if let Some(last) = report.epochs.last() {
         sayln!(
-            "done: {} epochs, {} steps in {:.1}s; final test accuracy {:.4} (valid {:.4}); model sha256 {}",
+            "done: {} epochs, {} steps in {:.1}s; final test accuracy {} (valid {}); model sha256 {}",
             report.epochs.len(),
             report.steps,
             start.elapsed().as_secs_f64(),
-            last.test_acc,
-            last.valid_acc,
+            accuracy(last.test_acc),
+            accuracy(last.valid_acc),
             &report.final_model_sha256[..16]
         );
     }
@@ -253,6 +257,11 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
         sayln!("report written to {}", path.display());
     }
     Ok(())
+}
+
+/// An accuracy as printed: four decimals, or "-" for an epoch not evaluated (`training.eval_every`).
+fn accuracy(a: Option<f64>) -> String {
+    a.map_or_else(|| "-".into(), |a| format!("{a:.4}"))
 }
 
 fn write_report(report: &actors::Report, path: &Path) -> anyhow::Result<()> {
@@ -315,7 +324,7 @@ impl TrainObserver for Progress {
             Some(l) => {
                 format!("valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}", l.valid.mrr, l.valid.hits10, l.test.mrr, l.test.hits1, l.test.hits10, l.test.hits100)
             }
-            None => format!("train {:.4}  valid {:.4}  test {:.4}", r.train_acc, r.valid_acc, r.test_acc),
+            None => format!("train {:.4}  valid {}  test {}", r.train_acc, accuracy(r.valid_acc), accuracy(r.test_acc)),
         };
         let t = &r.time;
         sayln!(

@@ -31,6 +31,23 @@ fn default_train_generates_once_and_reports() {
 }
 
 #[test]
+fn eval_every_skips_evaluations_in_the_log_the_report_and_the_plot() {
+    let tmp = tempfile::tempdir().unwrap();
+    hetgnn(tmp.path(), &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let run = hetgnn(tmp.path(), &["train", "--data", "g", "--epochs", "3", "--batch", "256", "--hidden", "16", "--eval-every", "2", "--report", "r.json"]).ok();
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].contains("valid -  test -"), "epoch 0 is not evaluated: {}", lines[0]);
+    assert!(!lines[1].contains("valid -") && !lines[2].contains("valid -"), "{out}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("r.json")).unwrap()).unwrap();
+    assert!(report["epochs"][0]["valid_acc"].is_null() && report["epochs"][0]["test_acc"].is_null());
+    assert!(report["epochs"][1]["test_acc"].is_number() && report["epochs"][2]["test_acc"].is_number());
+    hetgnn(tmp.path(), &["plot", "r.json", "--out", "curves.png"]).ok();
+    hetgnn(tmp.path(), &["train", "--data", "g", "--eval-every", "0"]).fails_with(1, &["eval_every must be at least 1"]);
+}
+
+#[test]
 fn config_file_checkpoint_resume_and_predict() {
     let tmp = tempfile::tempdir().unwrap();
     hetgnn(tmp.path(), &["generate", "--scale", "0.002", "--out", "g"]).ok();

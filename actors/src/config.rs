@@ -369,6 +369,11 @@ pub struct TrainingConfig {
     pub device: String,
     /// Where to write the JSON report (default: none).
     pub report: Option<PathBuf>,
+    /// Evaluate (validation and test) after every `eval_every`-th epoch and
+    /// after the last (default 1: every epoch). Full-graph evaluation is a
+    /// forward pass that broadcasts every block, so it can cost as much as a
+    /// training epoch's forward pass.
+    pub eval_every: u64,
     /// Directory for checkpoints (default: none). Single-process runs write
     /// one after every epoch; distributed runs every `checkpoint_every` steps
     /// and at the end, and resume from it by themselves.
@@ -467,6 +472,7 @@ impl Default for TrainingConfig {
             reverse_edges: true,
             device: "cpu".into(),
             report: None,
+            eval_every: 1,
             checkpoint_dir: None,
             checkpoint_every: 0,
             checkpoint_keep: 3,
@@ -561,6 +567,12 @@ impl Config {
         }
         if !(0.0..1.0).contains(&t.dropout) {
             return bad(format!("training.dropout must be in [0, 1), got {}", t.dropout));
+        }
+        if t.eval_every == 0 {
+            return bad("training.eval_every must be at least 1 (the last epoch is always evaluated)".into());
+        }
+        if t.eval_every > 1 && t.mode == Mode::ModelAveraging {
+            return bad("training.eval_every: model-averaging evaluates every epoch (each worker's model before averaging is part of its report)".into());
         }
         if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
             return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
@@ -728,6 +740,9 @@ mod tests {
         assert!(err("", &["training.cache_bytes=4 GB/s"]).contains("bad size"));
         assert!(err("", &["training.cache_policy=lru"]).contains("unknown variant `lru`"));
         assert!(err("", &["training.cache_bytes=1MiB", "training.cache_presample_epochs=0"]).contains("training.cache_presample_epochs"));
+        assert!(err("", &["training.eval_every=0"]).contains("training.eval_every must be at least 1"));
+        assert!(err("", &["training.mode=\"model-averaging\"", "training.eval_every=2"]).contains("model-averaging evaluates every epoch"));
+        assert_eq!(Config::parse("", &["training.eval_every=5".into()]).unwrap().training.eval_every, 5);
         assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));
     }
 

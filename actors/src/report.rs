@@ -23,10 +23,10 @@ pub struct EpochReport {
     pub loss: f64,
     /// Accuracy on the training seeds as they were trained (with dropout).
     pub train_acc: f64,
-    /// Validation accuracy after the epoch.
-    pub valid_acc: f64,
-    /// Test accuracy after the epoch.
-    pub test_acc: f64,
+    /// Validation accuracy after the epoch (`null`: not evaluated, see `training.eval_every`).
+    pub valid_acc: Option<f64>,
+    /// Test accuracy after the epoch (`null`: not evaluated).
+    pub test_acc: Option<f64>,
     /// Where the epoch's time went.
     #[serde(flatten)]
     pub time: Timings,
@@ -216,8 +216,8 @@ impl EpochReport {
             epoch,
             loss,
             train_acc,
-            valid_acc: ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64),
-            test_acc: ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64),
+            valid_acc: s0.evaluated.then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
+            test_acc: s0.evaluated.then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
             time: Timings::across(&times),
             workers,
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),

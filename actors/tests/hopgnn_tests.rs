@@ -52,7 +52,7 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
         same_model(&model, &fin, &what);
         let last = report.epochs.last().unwrap();
         let want = single.epochs.last().unwrap();
-        assert!((last.test_acc - want.test_acc).abs() < 0.01, "{what}: {} vs {}", last.test_acc, want.test_acc);
+        assert!((last.test_acc.unwrap() - want.test_acc.unwrap()).abs() < 0.01, "{what}: {:?} vs {:?}", last.test_acc, want.test_acc);
         let h = last.hop.as_ref().unwrap_or_else(|| panic!("{what}: no hopgnn figures"));
         let steps = extra.iter().find_map(|s| s.strip_prefix("training.hop_time_steps=")).map_or(parts as u32, |n| n.parse().unwrap());
         assert_eq!(h.time_steps, steps, "{what}");

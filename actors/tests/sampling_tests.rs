@@ -87,7 +87,7 @@ fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
     assert_eq!(sink.steps, trained.steps);
     let steps_per_epoch = sink.steps / sink.epochs.len() as u64;
     for (e, t) in sink.epochs.iter().zip(&trained.epochs) {
-        assert_eq!((e.loss, e.test_acc, e.time.compute_s), (0.0, 0.0, 0.0));
+        assert_eq!((e.loss, e.test_acc, e.time.compute_s), (0.0, None, 0.0));
         let s = e.sampling.as_ref().unwrap();
         // Both trainers launched one DAG per step in which they have seeds.
         assert!(s.launches <= 2 * steps_per_epoch && s.launches >= steps_per_epoch, "{s:?}");

@@ -99,6 +99,8 @@ pub struct EpochStats {
     pub train_correct: u64,
     /// Training seeds over all trainers.
     pub train_seen: u64,
+    /// Whether the epoch was evaluated (`training.eval_every`).
+    pub evaluated: bool,
     /// This trainer's correct validation and test predictions.
     pub valid_correct: u64,
     /// See `valid_correct`.

@@ -119,7 +119,8 @@ pub(crate) trait Steps {
     fn checkpoint(&mut self, feed: &Self::Feed, progress: Progress) -> Result<()>;
     /// Trains on one batch (telling the coordinator of it if this thread does).
     fn step(&mut self, feed: &Self::Feed, epoch: u64, step: u64, seeds: &[u32], batch: Self::Batch, st: &mut EpochStats) -> Result<StepFigures>;
-    /// Counts correct validation and test predictions into `st`.
+    /// Counts correct validation and test predictions into `st`, after the
+    /// epochs that evaluate ([`evaluates`]); clears `st.evaluated` where it has nothing to count.
     fn evaluate(&mut self, feed: &Self::Feed, epoch: u64, st: &mut EpochStats) -> Result<()>;
     /// This thread's device cache figures so far (published to its cache
     /// manager too).
@@ -135,6 +136,11 @@ pub(crate) trait Steps {
     fn remote_rows(_feed: &Self::Feed) -> u64 {
         0
     }
+}
+
+/// Whether epoch `epoch` ends with an evaluation: every `eval_every`-th and the last.
+pub(crate) fn evaluates(t: &TrainingConfig, epoch: u64) -> bool {
+    (epoch + 1).is_multiple_of(t.eval_every.max(1)) || epoch + 1 >= t.epochs
 }
 
 /// Runs every epoch of the attempt.
@@ -197,9 +203,13 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         st.loss = progress.loss_sum / batches.len().max(1) as f64;
         st.train_correct = progress.correct.round() as u64;
         st.train_seen = progress.seen;
-        let eval = Instant::now();
-        steps.evaluate(feed, epoch, &mut st)?;
-        st.time.eval_s = eval.elapsed().as_secs_f64();
+        if evaluates(t, epoch) {
+            let eval = Instant::now();
+            // An implementation that has nothing to evaluate (a sampling sink) says so.
+            st.evaluated = true;
+            steps.evaluate(feed, epoch, &mut st)?;
+            st.time.eval_s = eval.elapsed().as_secs_f64();
+        }
         if let Some(n) = a.node {
             let m = n.metrics();
             st.bytes_by_kind = m.bytes_by_kind();

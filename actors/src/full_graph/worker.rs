@@ -688,8 +688,6 @@ impl<'a> Steps for State<'a> {
             st.valid_correct = count(&ctx.valid);
             st.test_correct = count(&ctx.test);
         }
-        self.figures.cache_bytes = self.cache_bytes();
-        st.full = Some(std::mem::take(&mut self.figures));
         // Evaluation's messages are taken; what is left of them is duplicates.
         ctx.s.inbox.forget_before(EVAL | self.seq.saturating_add(1));
         Ok(())
@@ -699,7 +697,10 @@ impl<'a> Steps for State<'a> {
         BTreeMap::new()
     }
 
-    fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+    /// The epoch's figures (its evaluation's broadcast included) go with the stats.
+    fn send_stats(&mut self, ctx: &Ctx<'a>, mut st: EpochStats) -> Result<()> {
+        self.figures.cache_bytes = self.cache_bytes();
+        st.full = Some(std::mem::take(&mut self.figures));
         let c = ctx.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())

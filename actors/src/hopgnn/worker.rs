@@ -279,12 +279,6 @@ impl<'a> Steps for Replica<'a> {
 
     /// Each worker counts the validation and test nodes its partition owns.
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
-        if let Some(e) = &mut self.exam {
-            self.hop.examined_s = e.epoch_end(epoch).map(|t| t / f64::from(self.s.parts));
-            // The next epoch's prefetch starts after this returns.
-            ctx.auto_steps.store(e.steps, Ordering::Release);
-        }
-        st.hop = Some(std::mem::take(&mut self.hop));
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
         let (seed, after) = (self.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
@@ -298,7 +292,15 @@ impl<'a> Steps for Replica<'a> {
         BTreeMap::new()
     }
 
-    fn send_stats(&mut self, ctx: &Ctx<'a>, st: EpochStats) -> Result<()> {
+    /// The epoch's HopGNN figures go with the stats, and the examination
+    /// period (`hop_time_steps = "auto"`) learns the epoch ended.
+    fn send_stats(&mut self, ctx: &Ctx<'a>, mut st: EpochStats) -> Result<()> {
+        if let Some(e) = &mut self.exam {
+            self.hop.examined_s = e.epoch_end(st.epoch).map(|t| t / f64::from(self.s.parts));
+            // The next epoch's prefetch starts after this returns.
+            ctx.auto_steps.store(e.steps, Ordering::Release);
+        }
+        st.hop = Some(std::mem::take(&mut self.hop));
         let c = ctx.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())

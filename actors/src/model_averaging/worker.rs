@@ -92,7 +92,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let holders = if averages { avg.holders(&locals)? } else { Holders::new() };
     let bytes = || s.node.metrics().bytes_by_kind();
     for epoch in first..t.epochs {
-        let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, ..EpochStats::default() };
+        let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, evaluated: true, ..EpochStats::default() };
         let clock = Instant::now();
         let before = bytes();
         let (mut loss_sum, mut steps) = (0.0f64, 0u64);

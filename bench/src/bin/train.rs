@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
             mean(|e| e.time.gather_s),
             mean(|e| e.time.compute_s),
             mean(|e| e.time.update_s),
-            last.test_acc
+            last.test_acc.unwrap_or(f64::NAN)
         );
         let mut row = serde_json::json!({
             "scale": scale, "steps_per_epoch": report.steps / report.epochs.len() as u64,
@@ -126,9 +126,9 @@ fn main() -> anyhow::Result<()> {
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
             let test = theirs["epochs"].as_array().and_then(|e| e.last()).and_then(|e| e["test_acc"].as_f64()).unwrap_or(f64::NAN);
             let ratio = mean(|e| e.time.seconds) / epoch_s;
-            println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/{name} time {ratio:.2}x, test accuracy {:+.4}", "", theirs[name], last.test_acc - test);
+            println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/{name} time {ratio:.2}x, test accuracy {:+.4}", "", theirs[name], last.test_acc.unwrap_or(f64::NAN) - test);
             row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
-                "test_acc_diff": last.test_acc - test, "report": theirs });
+                "test_acc_diff": last.test_acc.unwrap_or(f64::NAN) - test, "report": theirs });
         }
         rows.push(row);
     }

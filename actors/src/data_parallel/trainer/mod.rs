@@ -253,6 +253,7 @@ impl<'a> Steps for Replica<'a> {
 
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
         if ctx.s.cfg.sampling_sink {
+            st.evaluated = false;
             return Ok(());
         }
         if let Some(task) = &self.s.link {
