@@ -78,14 +78,8 @@ impl EmbeddingTable {
 
     /// Applies Adam to rows `ids` with gradient `grad` (`[ids.len(), dim]`, ids distinct).
     pub fn sparse_adam(&mut self, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
-        let g = grad.to_dtype(DType::F32)?.contiguous()?;
         // On the CPU the gradient is read in place (no copy of every row).
-        let (storage, layout) = g.storage_and_layout();
-        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
-            return self.adam_rows(ids, &cpu.as_slice::<f32>()?[a..b], cfg);
-        }
-        drop(storage);
-        self.adam_rows(ids, &g.flatten_all()?.to_vec1::<f32>()?, cfg)
+        crate::ops::with_f32(grad, |g| self.adam_rows(ids, g, cfg))?
     }
 
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,

@@ -18,6 +18,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor, Var};
 use futures_util::future::join_all;
 use models::model::DropoutKey;
+use models::ops::with_f32;
 use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
@@ -257,23 +258,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Rows of a tensor as f32 values.
-fn values(x: &Tensor) -> Result<Vec<f32>> {
-    Ok(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-}
-
-/// `f` of the rows of `x` as f32 values: borrowed where `x` is a contiguous
-/// f32 tensor on the CPU (no copy), else copied out.
-fn with_values<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    {
-        let (storage, layout) = x.storage_and_layout();
-        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
-            return Ok(f(&v[a..b]));
-        }
-    }
-    Ok(f(&values(x)?))
-}
-
 /// `[0, width]` rows on the model's device.
 fn empty(width: usize, c: &Client) -> Result<Tensor> {
     Ok(Tensor::zeros((0, width), c.dtype, &c.device)?)
@@ -294,27 +278,18 @@ fn cat_rows(parts: &[Tensor], width: usize, c: &Client) -> Result<Tensor> {
 /// backward reads. On the CPU the rows are copied straight into the
 /// variable's storage (`cat` then `Var::from_tensor` copied them twice).
 fn stack_rows(parts: &[Tensor], width: usize, leaf: bool, c: &Client) -> Result<Tensor> {
-    let kept: Vec<&Tensor> = parts.iter().filter(|t| t.dim(0).is_ok_and(|n| n > 0)).collect();
     if !leaf {
-        return match kept.len() {
-            0 => empty(width, c),
-            1 => Ok(kept[0].clone()),
-            _ => Ok(Tensor::cat(&kept, 0)?),
-        };
+        return cat_rows(parts, width, c);
     }
     if c.device.is_cpu() && c.dtype == DType::F32 {
-        let rows = kept.iter().map(|t| t.dim(0)).sum::<candle_core::Result<usize>>()?;
+        let rows = parts.iter().map(|t| t.dim(0)).sum::<candle_core::Result<usize>>()?;
         let mut out: Vec<f32> = Vec::with_capacity(rows * width);
-        for t in &kept {
-            with_values(t, |v| out.extend_from_slice(v))?;
+        for t in parts {
+            with_f32(t, |v| out.extend_from_slice(v))?;
         }
         return Ok(Var::from_vec(out, (rows, width), &c.device)?.into_inner());
     }
-    let all = match kept.len() {
-        0 => empty(width, c)?,
-        _ => Tensor::cat(&kept, 0)?,
-    };
-    Ok(Var::from_tensor(&all.detach())?.into_inner())
+    Ok(Var::from_tensor(&cat_rows(parts, width, c)?.detach())?.into_inner())
 }
 
 impl State<'_> {
@@ -364,11 +339,11 @@ impl State<'_> {
                         Pass::Train => ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || slot.as_ref().map_or(f64::INFINITY, variation)),
                     };
                     // Send this worker's block (or the notice that it is skipped) ...
-                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| with_values(&mine, |a| with_values(&c.rows, |b| relative_change(a, b))).and_then(|x| x).unwrap_or(f64::INFINITY));
+                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| with_f32(&mine, |a| with_f32(&c.rows, |b| relative_change(a, b))).and_then(|x| x).unwrap_or(f64::INFINITY));
                     // Constant features travel as their non-zeros where that is shorter (bag-of-words);
                     // hidden blocks stay dense, so their bytes do not depend on their values.
                     let payload = match send {
-                        true => with_values(&mine, |v| messages::encode(Some(v), w, constant))?,
+                        true => with_f32(&mine, |v| messages::encode(Some(v), w, constant))?,
                         false => messages::encode(None, w, constant),
                     };
                     let bytes = messages::body_bytes(&payload) * u64::from(s.parts - 1);
@@ -555,7 +530,7 @@ impl State<'_> {
                             data.push(None);
                         } else {
                             let payload = match &away {
-                                Some(x) => with_values(&x.narrow(0, at, n)?, |v| messages::encode(Some(v), w, false))?,
+                                Some(x) => with_f32(&x.narrow(0, at, n)?, |v| messages::encode(Some(v), w, false))?,
                                 None => messages::encode(None, w, false),
                             };
                             counts.grad_sent += 1;

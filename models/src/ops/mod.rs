@@ -40,7 +40,19 @@ pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX
 pub use matmul::{matmul, matmul_prefix};
 pub use segment::{segment_mean, SegmentCsr};
 
-use candle_core::{CpuStorage, Layout};
+use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
+
+/// `f` of `x`'s values as f32, row-major: read in place where `x` is a
+/// contiguous f32 tensor on the CPU (no copy), else copied out as f32.
+pub fn with_f32<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    {
+        let (storage, layout) = x.storage_and_layout();
+        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    Ok(f(&x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
+}
 
 /// A contiguous f32 or f64 input as f64 values (the attention kernels compute in f64).
 pub(crate) fn to_f64(s: &CpuStorage, l: &Layout, op: &str) -> candle_core::Result<Vec<f64>> {
