@@ -11,11 +11,13 @@
 #      (bench/baselines/pyg_rgcn.py with the machine's python3), with the
 #      GPU memory of each process sampled every 100 ms (train_gpu_mem.csv); then
 #      with the CPU for the same-machine ratio (train_cpu.json);
-#   4. train_cache.txt, train_cache.json: `hetgnn train` on cuda:0 on the
-#      largest of $SCALES with a device cache of $CACHE_BYTES (default 8GiB,
-#      enough for every learnable row of S=1: they are then read and updated
-#      on the GPU);
-#   5. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
+#   4. train_cache.txt, train_cache.json: the train benchmark on cuda:0 at
+#      the largest of $SCALES with a device cache of $CACHE_BYTES (default
+#      8GiB, enough for every feature and learnable row of S=1: they are then
+#      read and updated on the GPU, with no pre-sampling), against PyG again;
+#   5. gather.txt, gather.json: a batch's feature rows picked out of a table
+#      on cuda:0 against the bytes-over-bandwidth floor;
+#   6. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
 # Not by default: `cores` runs, on the machine's CPU cores (no GPU), the
 # timing targets that a 2-core machine cannot show because its node
 # processes outnumber its cores (issues 23-25): DAG sampling against the
@@ -26,12 +28,12 @@
 # A step that fails or outlasts $STEP_TIMEOUT seconds (default 300) is
 # reported and the next one runs.
 #
-#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache cache (default), cores
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache gather cache (default), cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-steps="${*:-gpu tests train train_cpu train_cache cache}"
+steps="${*:-gpu tests train train_cpu train_cache gather cache}"
 scales="${SCALES:-0.05,0.1,1}"
 epochs="${EPOCHS:-2}"
 bin=/tmp/hetgnn-gpu
@@ -93,8 +95,16 @@ if step train_cpu; then
 fi
 if step train_cache; then
     largest="$(tr ',' '\n' <<< "$scales" | sort -g | tail -n 1)"
-    run train_cache "$bin/hetgnn" train --data "$HETGNN_BENCH_DATA/mag-v1-s$largest-seed0" --device cuda:0 --epochs "$epochs" \
-        --cache-bytes "${CACHE_BYTES:-8GiB}" --set training.cache_presample_epochs=1 --report "$out/train_cache.json" --force
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits -lms 100 > "$out/train_cache_gpu_mem.csv" 2>&1 &
+    smi=$!
+    run train_cache "$bin/train" --device cuda:0 --scales "$largest" --epochs "$epochs" --pyg python3 \
+        --set "training.cache_bytes=\"${CACHE_BYTES:-8GiB}\"" --out "$out/train_cache.json"
+    kill "$smi" 2>/dev/null
+    echo "peak GPU memory per process (MiB, CUDA context included):"
+    awk -F', *' 'NF == 3 && $2 != "[No data]" && $3 ~ /^[0-9]+$/ { k = $1 " " $2; if ($3 > m[k]) m[k] = $3 } END { for (k in m) print "  " k ": " m[k] }' "$out/train_cache_gpu_mem.csv"
+fi
+if step gather; then
+    run gather "$bin/gather" --device cuda:0 --out "$out/gather.json"
 fi
 if step cache; then
     run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"

@@ -304,7 +304,7 @@ pub struct TrainingConfig {
     pub sampling_sink: bool,
     /// Single process: threads sampling and gathering batches ahead of the
     /// trainer, each every n-th step (default 0: one per four cores, at most
-    /// four). The model does not depend on it.
+    /// four; on a GPU one per two cores, at most eight). The model does not depend on it.
     pub prefetch_threads: u32,
     /// Model averaging: epochs between averagings (default 1).
     pub sync_every: u64,

@@ -67,6 +67,25 @@ fn single_process_cached_runs_are_bit_identical_to_uncached_ones() {
 }
 
 #[test]
+fn a_budget_that_holds_every_row_caches_everything_without_presampling_and_changes_nothing() {
+    let mut want_losses = Losses::default();
+    let (want, _) = train(&config(&[]), &mut want_losses).unwrap();
+    let mut losses = Losses::default();
+    let (got, _) = train(&config(&["training.cache_bytes=\"1GiB\"".to_string()]), &mut losses).unwrap();
+    assert_eq!(losses.0, want_losses.0, "losses");
+    assert_eq!(got.final_model_sha256, want.final_model_sha256, "model");
+    let g = graphs::load(&common::graph(), &LoadOptions::default()).unwrap();
+    assert!(got.cache.values().any(|c| c.learnable) && got.cache.values().any(|c| !c.learnable), "{:?}", got.cache);
+    for (name, c) in &got.cache {
+        let nt = g.node_types().iter().find(|nt| &nt.name == name).unwrap();
+        assert_eq!(c.rows, u64::from(nt.count), "{name}: every row");
+        assert!(c.note.as_deref().is_some_and(|n| n.contains("every row")), "{name}: {c:?}");
+        assert_eq!((c.visits, c.hits), (0, c.lookups), "{name}: no pre-sampling, every lookup a hit");
+        assert!(c.lookups > 0, "{name}: {c:?}");
+    }
+}
+
+#[test]
 fn hit_rates_match_a_brute_force_replay_of_the_batches() {
     // Hotness allocation depends on visit counts only (no timing), so the
     // cached rows can be recomputed here: each type's most visited rows.

@@ -177,18 +177,34 @@ impl FeatureCache {
     /// [`FeatureGather::gather`]), the cached ones from the cache; `count`:
     /// add the lookups to the hit rates.
     pub fn gather(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>], count: bool) -> Result<PerType> {
-        let mut out = Vec::with_capacity(nodes.len());
-        for (t, ids) in nodes.iter().enumerate() {
-            let x = match (self.get(t), &g.node_types()[t].features) {
-                (Some(c), Some(f)) if fg.wants(t) && !ids.is_empty() => {
-                    let lk = c.lookup(ids, count);
-                    Some(c.assemble_from(&lk, |j| f.row(lk.miss_ids[j] as usize), fg.dtype(), fg.device())?)
-                }
-                _ => fg.gather_type(g, t, ids)?,
-            };
-            out.push(x);
-        }
+        let mut out = self.gather_uncached(fg, g, nodes)?;
+        self.fill_cached(fg, g, nodes, &mut out, count)?;
         Ok(out)
+    }
+
+    /// Whether the cache serves type `t`'s rows to `fg`.
+    fn serves(&self, fg: &FeatureGather, g: &HetGraph, t: usize) -> bool {
+        self.get(t).is_some() && fg.wants(t) && g.node_types()[t].features.is_some()
+    }
+
+    /// [`FeatureCache::gather`] of the types the cache does not serve (as
+    /// `fg` gathers them); `None` for those it serves. The part of a batch a
+    /// prefetch thread can make without touching the device.
+    pub fn gather_uncached(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
+        nodes.iter().enumerate().map(|(t, ids)| if self.serves(fg, g, t) && !ids.is_empty() { Ok(None) } else { Ok(fg.gather_type(g, t, ids)?) }).collect()
+    }
+
+    /// Fills in the rows of the types the cache serves, where `inputs` has none.
+    pub fn fill_cached(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {
+        for (t, ids) in nodes.iter().enumerate() {
+            let (Some(c), Some(f)) = (self.get(t), &g.node_types()[t].features) else { continue };
+            if !fg.wants(t) || ids.is_empty() || inputs.get(t).is_some_and(Option::is_some) {
+                continue;
+            }
+            let lk = c.lookup(ids, count);
+            inputs[t] = Some(c.assemble_from(&lk, |j| f.row(lk.miss_ids[j] as usize), fg.dtype(), fg.device())?);
+        }
+        Ok(())
     }
 }
 
@@ -304,8 +320,20 @@ impl DeviceCache {
 
     /// [`DeviceCache::adam_rows`] with the gradient as a `[ids.len(), dim]` tensor.
     pub fn sparse_adam(&mut self, ty: usize, table: &mut EmbeddingTable, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
-        let g: Vec<f32> = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        self.adam_rows(ty, table, ids, &g, cfg)
+        if grad.device().is_cpu() {
+            return models::ops::with_f32(grad, |g| self.adam_rows(ty, table, ids, g, cfg))?;
+        }
+        let Some(c) = self.learnable.get_mut(ty).and_then(Option::as_mut) else {
+            return Ok(table.sparse_adam(ids, grad, cfg)?);
+        };
+        // On a GPU the cached rows' gradients stay there; only the misses' come to the host table.
+        let lk = c.rows().lookup(ids, false);
+        c.adam_tensor(&lk.hit_slot, grad, &lk.hit_pos, cfg)?;
+        if !lk.miss_ids.is_empty() {
+            let misses = grad.index_select(&Tensor::from_slice(&lk.miss_pos, lk.miss_pos.len(), grad.device())?, 0)?;
+            table.sparse_adam(&lk.miss_ids, &misses, cfg)?;
+        }
+        Ok(())
     }
 
     /// Copies the cached learnable rows into the model's tables, which then
@@ -393,6 +421,9 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         return Ok(None);
     }
     let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
+    if let Some(cache) = whole(budget, g, model)? {
+        return Ok(Some(cache));
+    }
     let visits = hotness::presample(&sizes, train, t.batch, t.seed, t.cache_presample_epochs, |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src))?;
     let batches = (t.cache_presample_epochs * train.len().div_ceil(t.batch.max(1)) as u64).max(1);
     let fg = model.feature_gather();
@@ -448,6 +479,49 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
     };
     Ok(Some(DeviceCache::new(g, budget, &visits, planned, &model.embeddings, &device, rows)?))
+}
+
+/// What a cache holding every row of every type the model reads takes: no
+/// choice to make, so no pre-sampling and no profiling.
+const WHOLE_NOTE: &str = "every row cached (the budget holds them all: no pre-sampling)";
+
+/// The cache of every row of every type `model` reads (feature rows and
+/// learnable rows with their Adam state), when that fits in `budget`.
+fn whole(budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
+    let fg = model.feature_gather();
+    let mut candidates = Vec::new();
+    for (ty, nt) in g.node_types().iter().enumerate() {
+        if nt.count == 0 || !fg.wants(ty) {
+            continue;
+        }
+        let (learnable, dim) = match (&nt.features, model.embeddings.get(ty).and_then(Option::as_ref)) {
+            (Some(f), _) => (false, f.dim()),
+            (None, Some(table)) => (true, table.dim),
+            (None, None) => continue,
+        };
+        candidates.push(Candidate { ty, learnable, dim, miss: 0.0, hit: 0.0 });
+    }
+    let need: u64 = candidates.iter().map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes()).sum();
+    if candidates.is_empty() || need > budget {
+        return Ok(None);
+    }
+    let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
+    let plan = candidates
+        .into_iter()
+        .map(|c| {
+            let all = (0..g.node_types()[c.ty].count).collect();
+            (c, all)
+        })
+        .collect();
+    let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
+        let f = g.node_types()[ty].features.as_ref().ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
+        Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
+    };
+    let mut cache = DeviceCache::new(g, budget, &hotness::Visits::new(&sizes), plan, &model.embeddings, model.device(), rows)?;
+    for p in cache.planned.iter_mut().flatten() {
+        p.note = Some(WHOLE_NOTE.into());
+    }
+    Ok(Some(cache))
 }
 
 #[cfg(test)]

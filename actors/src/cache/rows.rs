@@ -226,6 +226,10 @@ fn device_assemble(data: &Tensor, lk: &Lookup, misses: Vec<f32>, d: usize, devic
         return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
     }
     let h = lk.hit_slot.len();
+    // Every row hit (a cache holding the whole type): one gather, already in batch order.
+    if lk.miss_ids.is_empty() {
+        return Ok(data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?);
+    }
     let hit = data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?;
     let miss = Tensor::from_vec(misses, (lk.miss_ids.len(), d), device)?;
     let mut order = vec![0u32; lk.len];
@@ -302,33 +306,64 @@ impl LearnableCache {
             (Store::Host(data), Store::Host(m), Store::Host(v)) => {
                 adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, at, cfg).map_err(|e| TrainError::Config(format!("cache: {e}")))
             }
-            (Store::Device(data), Store::Device(m), Store::Device(v)) => {
+            (Store::Device(data), _, _) => {
                 let dev = data.device().clone();
-                let n = slots.len();
                 let grads: Vec<f32> = at.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
-                for &s in slots {
-                    self.steps[s as usize] += 1;
-                }
-                let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32)).collect() };
-                let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
-                let idx = Tensor::from_slice(slots, n, &dev)?;
-                let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
-                let g = Tensor::from_slice(&grads, (n, d), &dev)?;
-                let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
-                // The order of adam_row's operations, each rounded the same way.
-                let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)? + g.affine(f64::from(1.0 - b1), 0.0)?)?;
-                let v1 = (v.index_select(&idx, 0)?.affine(f64::from(b2), 0.0)? + (g.affine(f64::from(1.0 - b2), 0.0)? * &g)?)?;
-                let mhat = m1.to_dtype(DType::F64)?.broadcast_div(&bc1)?;
-                let vhat = v1.to_dtype(DType::F64)?.broadcast_div(&bc2)?;
-                let step = (mhat.affine(cfg.lr, 0.0)? / vhat.sqrt()?.affine(1.0, cfg.eps)?)?.to_dtype(DType::F32)?;
-                let x1 = (data.index_select(&idx, 0)? - step)?;
-                m.scatter_set(&at, &m1, 0)?;
-                v.scatter_set(&at, &v1, 0)?;
-                data.scatter_set(&at, &x1, 0)?;
-                Ok(())
+                let g = Tensor::from_vec(grads, (slots.len(), d), &dev)?;
+                self.device_adam(slots, &g, cfg)
             }
             _ => unreachable!("a cache keeps all its arrays in one place"),
         }
+    }
+
+    /// [`LearnableCache::adam`] with the gradient a tensor on the cache's
+    /// device (row `at[k]` for slot `slots[k]`): on a GPU the rows never
+    /// leave it, so the step needs no copy to the host and back.
+    pub fn adam_tensor(&mut self, slots: &[u32], grad: &Tensor, at: &[u32], cfg: &AdamConfig) -> Result<()> {
+        let d = self.rows.dim;
+        let n = grad.dims().first().copied().unwrap_or(0);
+        if grad.dims() != [n, d] || at.len() != slots.len() || at.iter().any(|&p| p as usize >= n) || slots.iter().any(|&s| s as usize >= self.steps.len()) {
+            return Err(TrainError::Config(format!("cache: a gradient of shape {:?} for {} cached rows of width {d}", grad.dims(), slots.len())));
+        }
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let grad = grad.to_dtype(DType::F32)?;
+        if !matches!(self.rows.data, Store::Device(_)) {
+            return models::ops::with_f32(&grad, |g| self.adam(slots, g, at, cfg))?;
+        }
+        let all_in_order = at.len() == n && at.iter().enumerate().all(|(k, &p)| p as usize == k);
+        let g = match all_in_order {
+            true => grad,
+            false => grad.index_select(&Tensor::from_slice(at, at.len(), grad.device())?, 0)?,
+        };
+        self.device_adam(slots, &g, cfg)
+    }
+
+    /// Adam on the device for `slots` (distinct, checked) with gradient rows `g` (`[slots.len(), dim]`, on the device).
+    fn device_adam(&mut self, slots: &[u32], g: &Tensor, cfg: &AdamConfig) -> Result<()> {
+        let (Store::Device(data), Store::Device(m), Store::Device(v)) = (&mut self.rows.data, &mut self.m, &mut self.v) else { unreachable!("a cache keeps all its arrays in one place") };
+        let dev = data.device().clone();
+        let (n, d) = (slots.len(), self.rows.dim);
+        for &s in slots {
+            self.steps[s as usize] += 1;
+        }
+        let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32)).collect() };
+        let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
+        let idx = Tensor::from_slice(slots, n, &dev)?;
+        let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
+        let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
+        // The order of adam_row's operations, each rounded the same way.
+        let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)? + g.affine(f64::from(1.0 - b1), 0.0)?)?;
+        let v1 = (v.index_select(&idx, 0)?.affine(f64::from(b2), 0.0)? + (g.affine(f64::from(1.0 - b2), 0.0)? * g)?)?;
+        let mhat = m1.to_dtype(DType::F64)?.broadcast_div(&bc1)?;
+        let vhat = v1.to_dtype(DType::F64)?.broadcast_div(&bc2)?;
+        let step = (mhat.affine(cfg.lr, 0.0)? / vhat.sqrt()?.affine(1.0, cfg.eps)?)?.to_dtype(DType::F32)?;
+        let x1 = (data.index_select(&idx, 0)? - step)?;
+        m.scatter_set(&at, &m1, 0)?;
+        v.scatter_set(&at, &v1, 0)?;
+        data.scatter_set(&at, &x1, 0)?;
+        Ok(())
     }
 
     /// Copies the cached rows and their Adam state into `table`, which then
@@ -371,6 +406,11 @@ mod tests {
             let x: Vec<f32> = c.assemble(&lk, misses, DType::F32, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let want: Vec<f32> = batch.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect();
             assert_eq!(x, want);
+            // Every row a hit: the device store's one-gather path.
+            let all = [1u32, 8, 4, 1];
+            let lk_all = c.lookup(&all, false);
+            let x: Vec<f32> = c.assemble(&lk_all, Vec::new(), DType::F32, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(x, all.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect::<Vec<f32>>());
             c.lookup(&batch, false);
             assert_eq!(c.counts(), (3, 5), "evaluation lookups are not counted");
             assert!(c.assemble(&lk, vec![1.0], DType::F32, &Device::Cpu).is_err(), "wrong number of miss values");
@@ -382,7 +422,7 @@ mod tests {
     #[test]
     fn cached_adam_matches_the_host_table_bit_for_bit_in_both_stores() {
         let cfg = AdamConfig::with_lr(0.05);
-        for on_device in [false, true] {
+        for (on_device, via_tensor) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut host = table(20, 5);
             let mut cached = table(20, 5);
             let ids = vec![3u32, 17, 0, 9];
@@ -400,15 +440,22 @@ mod tests {
                 let gt = Tensor::from_slice(&g, (touched.len(), 5), &Device::Cpu).unwrap();
                 host.sparse_adam(&touched, &gt, &cfg).unwrap();
                 let lk = c.rows().lookup(&touched, true);
-                c.adam(&lk.hit_slot, &g, &lk.hit_pos, &cfg).unwrap();
+                match via_tensor {
+                    // The gradient stays a tensor (on a GPU it would stay there).
+                    true => c.adam_tensor(&lk.hit_slot, &gt, &lk.hit_pos, &cfg).unwrap(),
+                    false => c.adam(&lk.hit_slot, &g, &lk.hit_pos, &cfg).unwrap(),
+                }
                 cached.adam_rows_picked(&lk.miss_ids, &g, &lk.miss_pos, &cfg).unwrap();
             }
             c.write_back(&mut cached).unwrap();
-            assert_eq!(cached.data, host.data, "on_device={on_device}");
+            assert_eq!(cached.data, host.data, "on_device={on_device}, via_tensor={via_tensor}");
             assert_eq!((cached.m.clone(), cached.v.clone(), cached.steps.clone()), (host.m.clone(), host.v.clone(), host.steps.clone()));
             assert_eq!(c.bytes(), 4 * learnable_row_bytes(5));
             assert!(c.adam(&[0], &[0.0; 5], &[1], &cfg).is_err(), "a gradient row past the end");
             assert!(c.adam(&[0, 1], &[0.0; 10], &[0], &cfg).is_err(), "a position per row");
+            let two = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
+            assert!(c.adam_tensor(&[0], &two, &[2], &cfg).is_err(), "a gradient row past the end");
+            assert!(c.adam_tensor(&[0], &Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap(), &[0], &cfg).is_err(), "a narrower gradient");
         }
     }
 }

@@ -133,10 +133,13 @@ where
     })
 }
 
-/// Prefetch workers for `training.prefetch_threads` (0: one per four cores, at most four).
-pub fn prefetch_workers(configured: u32) -> usize {
+/// Prefetch workers for `training.prefetch_threads` (0: one per four cores, at most four; with a GPU, one per two cores, at most eight).
+pub fn prefetch_workers(configured: u32, gpu: bool) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match configured {
-        0 => (std::thread::available_parallelism().map_or(1, |n| n.get()) / 4).clamp(1, 4),
+        // With the model on a GPU the host's cores have nothing to do but make batches.
+        0 if gpu => (cores / 2).clamp(1, 8),
+        0 => (cores / 4).clamp(1, 4),
         n => n as usize,
     }
 }

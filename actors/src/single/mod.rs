@@ -113,17 +113,18 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(c) = &cache {
         observer.note(&c.summary());
     }
-    // On a GPU, prefetch threads gather feature rows into host memory and the
-    // training thread copies them to the device: CUDA work from several
-    // prefetch threads at once failed on an H100 (CUDA_ERROR_INVALID_CONTEXT),
-    // and one thread keeps the device's stream in step order. A device cache
-    // hands out rows already on the device, so it keeps one prefetch thread.
+    // On a GPU, prefetch threads only sample and gather into host memory; the
+    // training thread copies the rows to the device and reads the cached ones
+    // there. CUDA work from several prefetch threads at once failed on an
+    // H100 (CUDA_ERROR_INVALID_CONTEXT), and one thread keeps the device's
+    // stream in step order.
     let on_gpu = !device.is_cpu();
-    let prefetch = if on_gpu && cache.is_some() { 1 } else { crate::epoch::prefetch_workers(t.prefetch_threads) };
+    let prefetch = crate::epoch::prefetch_workers(t.prefetch_threads, on_gpu);
     let feed = Feed {
         graph: &g,
-        gather: if on_gpu && cache.is_none() { model.feature_gather().on_host() } else { model.feature_gather() },
+        gather: if on_gpu { model.feature_gather().on_host() } else { model.feature_gather() },
         cached: cache.as_ref().map(|c| c.features.clone()),
+        cached_in_step: on_gpu,
         uses_neighbors: model.uses_neighbors(),
         fanouts: &t.fanouts,
         seed: t.seed,
@@ -145,6 +146,8 @@ struct Feed<'g> {
     graph: &'g HetGraph,
     gather: models::model::FeatureGather,
     cached: Option<std::sync::Arc<crate::cache::FeatureCache>>,
+    /// The cached rows are read by the training thread (on a GPU), not the prefetch threads.
+    cached_in_step: bool,
     uses_neighbors: bool,
     fanouts: &'g [usize],
     seed: u64,
@@ -203,7 +206,16 @@ impl<'g> Steps for Run<'g, '_> {
     /// negatives are sampled with the batch's own edges left out.
     fn prepare<'f>(feed: &'f Feed<'g>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
         match feed.link {
-            None => prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds)),
+            None => match (&feed.cached, feed.cached_in_step) {
+                (Some(c), true) => {
+                    let mut clock = Instant::now();
+                    let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
+                    let sample_s = lap(&mut clock);
+                    let features = c.gather_uncached(&feed.gather, feed.graph, &mb.blocks[0].src)?;
+                    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock), link: None })
+                }
+                _ => prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds)),
+            },
             Some(task) => {
                 let clock = Instant::now();
                 let batch = task.batch(feed.graph, epoch, seeds);
@@ -253,6 +265,9 @@ impl<'g> Steps for Run<'g, '_> {
         let mut clock = Instant::now();
         // Rows gathered into host memory for a GPU (see `train`) go to the device here.
         let mut inputs: PerType = p.features.into_iter().map(|x| x.map(|x| x.to_device(&self.device)).transpose()).collect::<candle_core::Result<_>>()?;
+        if let (Some(c), true) = (&feed.cached, feed.cached_in_step) {
+            c.fill_cached(&model.feature_gather(), self.g, &mb.blocks[0].src, &mut inputs, true)?;
+        }
         match cache {
             Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
             None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,

@@ -8,7 +8,9 @@
 //! bench/baselines/dgl_rgcn.py (DGL's R-GCN, same model and settings) on the
 //! same graph directory with that interpreter and reports the ratios; with
 //! `--pyg PYTHON`, bench/baselines/pyg_rgcn.py (PyTorch Geometric's layers, the
-//! same model, on the benchmark's `--device`) likewise.
+//! same model, on the benchmark's `--device`) likewise. `--set KEY=VALUE`
+//! (repeatable) passes a setting to hetgnn's runs, such as
+//! `training.cache_bytes=8GiB` to keep every row on a GPU.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -40,6 +42,9 @@ struct Args {
     /// A Python interpreter with torch and torch_geometric: also train PyG's R-GCN on each graph, on `--device` (R-GCN only).
     #[arg(long)]
     pyg: Option<PathBuf>,
+    /// A setting for hetgnn's runs (`training.cache_bytes=8GiB`, say), repeatable; the peers take none.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/train.json")]
     out: PathBuf,
@@ -52,6 +57,7 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
     let data = bench::mag_like(scale, 0)?;
     let overrides =
         vec![format!("training.data={:?}", data.display().to_string()), format!("training.epochs={}", a.epochs), format!("training.model={}", a.model), format!("training.device={:?}", a.device)];
+    let overrides: Vec<String> = overrides.into_iter().chain(a.set.iter().cloned()).collect();
     let cfg = Config::parse("", &overrides)?;
     let (report, _) = actors::train(&cfg, &mut ())?;
     println!("{}", serde_json::to_string(&report)?);
@@ -93,8 +99,12 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     println!("{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}", "scale", "steps", "epoch_s", "sample", "gather", "compute", "update", "peak_MiB", "test_acc");
     for &scale in &a.scales {
-        let out =
-            Command::new(&exe).args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device]).output().context("running a child benchmark")?;
+        let sets = a.set.iter().flat_map(|s| ["--set", s.as_str()]);
+        let out = Command::new(&exe)
+            .args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device])
+            .args(sets)
+            .output()
+            .context("running a child benchmark")?;
         if !out.status.success() {
             bail!("scale {scale} failed:\n{}", String::from_utf8_lossy(&out.stderr));
         }
@@ -133,7 +143,7 @@ fn main() -> anyhow::Result<()> {
         rows.push(row);
     }
     let json = serde_json::json!({ "model": a.model, "device": a.device, "epochs": a.epochs,
-        "cores": cores, "runs": rows });
+        "settings": a.set, "cores": cores, "runs": rows });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
     }
