@@ -485,9 +485,15 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
 /// choice to make, so no pre-sampling and no profiling.
 const WHOLE_NOTE: &str = "every row cached (the budget holds them all: no pre-sampling)";
 
-/// The cache of every row of every type `model` reads (feature rows and
-/// learnable rows with their Adam state), when that fits in `budget`.
-fn whole(budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
+/// Whether `budget` holds every row of every type `model` reads (then the
+/// cache takes them all, with no pre-sampling).
+pub fn holds_every_row(budget: u64, g: &HetGraph, model: &Model) -> bool {
+    let candidates = every_type(g, model);
+    !candidates.is_empty() && candidates.iter().map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes()).sum::<u64>() <= budget
+}
+
+/// Every type `model` reads, as an unmeasured candidate.
+fn every_type(g: &HetGraph, model: &Model) -> Vec<Candidate> {
     let fg = model.feature_gather();
     let mut candidates = Vec::new();
     for (ty, nt) in g.node_types().iter().enumerate() {
@@ -501,10 +507,16 @@ fn whole(budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>
         };
         candidates.push(Candidate { ty, learnable, dim, miss: 0.0, hit: 0.0 });
     }
-    let need: u64 = candidates.iter().map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes()).sum();
-    if candidates.is_empty() || need > budget {
+    candidates
+}
+
+/// The cache of every row of every type `model` reads (feature rows and
+/// learnable rows with their Adam state), when that fits in `budget`.
+fn whole(budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
+    if !holds_every_row(budget, g, model) {
         return Ok(None);
     }
+    let candidates = every_type(g, model);
     let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
     let plan = candidates
         .into_iter()

@@ -96,7 +96,7 @@ fn cuda_bwd(c: &SegmentCsr, dm: &Dims, values: &Tensor, el: &Tensor, er: &Tensor
     let (Storage::Cuda(sv), Storage::Cuda(sl), Storage::Cuda(sr), Storage::Cuda(sg)) = (&*sv, &*sl, &*sr, &*sg) else {
         return Err(candle_core::Error::Msg("attention: backward inputs on different devices".into()));
     };
-    let d = c.on_device(&sv.device)?;
+    let d = c.on_device(&sv.device, true)?;
     let (dv, del, der) = super::cuda::attention_bwd((sv, lv), (sl, ll), (sr, lr), (sg, lg), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
     let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
     Ok((Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))), Some(tensor(del, Shape::from((dm.n_src, dm.heads)))), Some(tensor(der, Shape::from((dm.n_dst, dm.heads))))))
@@ -144,7 +144,7 @@ impl CustomOp3 for Attention {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let dm = dims(c, lv.dims(), ll.dims(), lr.dims())?;
-        let d = c.on_device(&sv.device)?;
+        let d = c.on_device(&sv.device, false)?;
         let out = super::cuda::attention_fwd((sv, lv), (sl, ll), (sr, lr), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
         Ok((out, Shape::from((dm.n_dst, dm.heads, dm.width))))
     }

@@ -97,10 +97,24 @@ pub(crate) struct DeviceCsr {
     pub device: DeviceId,
     pub offsets: CudaSlice<u32>,
     pub sources: CudaSlice<u32>,
+    pub inv_deg: CudaSlice<f64>,
+    /// The source-major transpose, uploaded only for a backward pass: blocks
+    /// over constant inputs (feature rows, the largest) never need it.
+    pub transpose: OnceLock<DeviceTranspose>,
+}
+
+/// The source-major transpose of a [`DeviceCsr`], on its device.
+pub(crate) struct DeviceTranspose {
     pub t_offsets: CudaSlice<u32>,
     pub t_dsts: CudaSlice<u32>,
     pub t_edges: CudaSlice<u32>,
-    pub inv_deg: CudaSlice<f64>,
+}
+
+impl DeviceCsr {
+    /// The transpose, which a backward op has uploaded (`SegmentCsr::on_device` with `backward`).
+    pub(crate) fn t(&self) -> candle_core::Result<&DeviceTranspose> {
+        self.transpose.get().ok_or_else(|| candle_core::Error::Msg("segment CSR: the transpose was not uploaded for a backward pass".into()))
+    }
 }
 
 impl std::fmt::Debug for DeviceCsr {
@@ -288,7 +302,8 @@ pub(crate) fn attention_bwd(values: Input, el: Input, er: Input, g: Input, csr: 
         if d.n_src * d.heads > 0 {
             let f = kernel(dev, "attention_bwd_src", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&gv).arg(&alpha_e).arg(&dpre_e).arg(&csr.t_offsets).arg(&csr.t_dsts).arg(&csr.t_edges);
+            let t = csr.t()?;
+            b.arg(&gv).arg(&alpha_e).arg(&dpre_e).arg(&t.t_offsets).arg(&t.t_dsts).arg(&t.t_edges);
             b.arg(&dv).arg(&del).arg(&n_src).arg(&heads).arg(&width);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_src, (heads * width).max(heads))) }.w()?;
@@ -357,7 +372,8 @@ pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceC
         if d.n_src * d.heads * (d.dk + d.dv) > 0 {
             let f = kernel(dev, "lse_bwd_src", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&qv).arg(&gv).arg(&de_e).arg(&w_e).arg(&csr.t_offsets).arg(&csr.t_dsts).arg(&csr.t_edges).arg(&dk_out).arg(&dv_out);
+            let t = csr.t()?;
+            b.arg(&qv).arg(&gv).arg(&de_e).arg(&w_e).arg(&t.t_offsets).arg(&t.t_dsts).arg(&t.t_edges).arg(&dk_out).arg(&dv_out);
             b.arg(&n_src).arg(&heads).arg(&dk).arg(&dv);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_src, heads * (dk + dv))) }.w()?;

@@ -116,7 +116,7 @@ fn cuda_bwd(c: &SegmentCsr, d: &Dims, q: &Tensor, k: &Tensor, values: &Tensor, g
     let (Storage::Cuda(sq), Storage::Cuda(sk), Storage::Cuda(sv), Storage::Cuda(sg)) = (&*sq, &*sk, &*sv, &*sg) else {
         return Err(candle_core::Error::Msg("lse-attention: backward inputs on different devices".into()));
     };
-    let on = c.on_device(&sq.device)?;
+    let on = c.on_device(&sq.device, true)?;
     let (dq, dk, dv) = super::cuda::lse_bwd((sq, lq), (sk, lk), (sv, lv), (sg, lg), &on, d.for_cuda())?;
     let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
     Ok((Some(tensor(dq, Shape::from((d.n_dst, d.heads, d.dk)))), Some(tensor(dk, Shape::from((d.n_src, d.heads, d.dk)))), Some(tensor(dv, Shape::from((d.n_src, d.heads, d.dv))))))
@@ -167,7 +167,7 @@ impl CustomOp3 for LseAttention {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let d = dims(c, lq.dims(), lk.dims(), lv.dims())?;
-        let on = c.on_device(&sq.device)?;
+        let on = c.on_device(&sq.device, false)?;
         let out = super::cuda::lse_fwd((sq, lq), (sk, lk), (sv, lv), &on, EMPTY_MAX, d.for_cuda())?;
         Ok((out, Shape::from((d.n_dst, d.heads, 2 + d.dv))))
     }

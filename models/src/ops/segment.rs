@@ -124,24 +124,30 @@ impl SegmentCsr {
 
 #[cfg(feature = "cuda")]
 impl SegmentCsr {
-    /// The CSR's arrays on `dev`, uploaded once (the forward and backward ops share them).
-    pub(super) fn on_device(&self, dev: &candle_core::CudaDevice) -> candle_core::Result<Arc<super::cuda::DeviceCsr>> {
+    /// The CSR's arrays on `dev`, uploaded once (the forward and backward ops
+    /// share them); `backward`: with the transpose, uploaded at its first use.
+    pub(super) fn on_device(&self, dev: &candle_core::CudaDevice, backward: bool) -> candle_core::Result<Arc<super::cuda::DeviceCsr>> {
         let mut slot = self.on_device.lock().map_err(|_| candle_core::Error::Msg("segment CSR lock poisoned".into()))?;
-        if let Some(d) = slot.as_ref().filter(|d| d.device == dev.id()) {
-            return Ok(Arc::clone(d));
+        let d = match slot.as_ref().filter(|d| d.device == dev.id()) {
+            Some(d) => Arc::clone(d),
+            None => {
+                let d = Arc::new(super::cuda::DeviceCsr {
+                    device: dev.id(),
+                    offsets: super::cuda::upload(dev, &self.offsets)?,
+                    sources: super::cuda::upload(dev, &self.sources)?,
+                    inv_deg: super::cuda::upload(dev, &self.inv_deg)?,
+                    transpose: std::sync::OnceLock::new(),
+                });
+                *slot = Some(Arc::clone(&d));
+                d
+            }
+        };
+        if backward && d.transpose.get().is_none() {
+            let t = self.t();
+            let up = |v: &[u32]| super::cuda::upload(dev, v);
+            // Under the lock: no other thread uploads it meanwhile.
+            let _ = d.transpose.set(super::cuda::DeviceTranspose { t_offsets: up(&t.t_offsets)?, t_dsts: up(&t.t_dsts)?, t_edges: up(&t.t_edges)? });
         }
-        let up = |v: &[u32]| super::cuda::upload(dev, v);
-        let t = self.t();
-        let d = Arc::new(super::cuda::DeviceCsr {
-            device: dev.id(),
-            offsets: up(&self.offsets)?,
-            sources: up(&self.sources)?,
-            t_offsets: up(&t.t_offsets)?,
-            t_dsts: up(&t.t_dsts)?,
-            t_edges: up(&t.t_edges)?,
-            inv_deg: super::cuda::upload(dev, &self.inv_deg)?,
-        });
-        *slot = Some(Arc::clone(&d));
         Ok(d)
     }
 }
@@ -209,7 +215,7 @@ impl CustomOp1 for SegmentMean {
     fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let h = width(l, c.n_src, self.name())?;
-        let d = c.on_device(&s.device)?;
+        let d = c.on_device(&s.device, false)?;
         let out = super::cuda::gather_rows(s, l, &d.offsets, &d.sources, &d.inv_deg, true, c.n_dst(), h)?;
         Ok((out, Shape::from((c.n_dst(), h))))
     }
@@ -248,8 +254,9 @@ impl CustomOp1 for SegmentMeanT {
     fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let h = width(l, c.n_dst(), self.name())?;
-        let d = c.on_device(&s.device)?;
-        let out = super::cuda::gather_rows(s, l, &d.t_offsets, &d.t_dsts, &d.inv_deg, false, c.n_src, h)?;
+        let d = c.on_device(&s.device, true)?;
+        let t = d.t()?;
+        let out = super::cuda::gather_rows(s, l, &t.t_offsets, &t.t_dsts, &d.inv_deg, false, c.n_src, h)?;
         Ok((out, Shape::from((c.n_src, h))))
     }
 
