@@ -272,14 +272,22 @@ fn write_report(report: &actors::Report, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One bar per epoch on stderr, one summary line per epoch on stdout.
+/// One bar per epoch on stderr (where stderr is not a terminal, a line there
+/// every [`PLAIN_EVERY`] instead), one summary line per epoch on stdout.
 #[derive(Default)]
 pub struct Progress {
     bar: Option<ProgressBar>,
     started: Option<Instant>,
     loss: f64,
     steps: u64,
+    /// The epoch and its steps, for the plain lines.
+    epoch: (u64, u64),
+    /// When the last plain line was written.
+    said: Option<Instant>,
 }
+
+/// How often a log (stderr not a terminal) hears how an epoch is going.
+const PLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl TrainObserver for Progress {
     fn ready(&mut self, g: &graphs::HetGraph, model: &models::Model) {
@@ -301,6 +309,8 @@ impl TrainObserver for Progress {
         bar.set_prefix(epoch.to_string());
         self.bar = Some(bar);
         self.started = Some(Instant::now());
+        self.said = self.started;
+        self.epoch = (epoch, steps);
         self.loss = 0.0;
         self.steps = 0;
     }
@@ -311,6 +321,11 @@ impl TrainObserver for Progress {
             let rate = self.steps as f64 / t.elapsed().as_secs_f64().max(1e-9);
             bar.set_message(format!("loss {:.4}  {rate:.2} batches/s", self.loss / self.steps as f64));
             bar.inc(1);
+            // A log file shows no bar: a line now and then says the epoch is moving, and how fast.
+            if bar.is_hidden() && self.said.is_some_and(|s| s.elapsed() >= PLAIN_EVERY) {
+                self.said = Some(Instant::now());
+                warnln!("epoch {:>3}: step {}/{}  loss {:.4}  {rate:.2} batches/s", self.epoch.0, self.steps, self.epoch.1, self.loss / self.steps as f64);
+            }
         }
     }
     fn note(&mut self, message: &str) {

@@ -211,3 +211,47 @@ fn every_model_matches_the_cpu_on_cuda() {
         }
     }
 }
+
+/// The in-place sparse Adam on rows in device memory gives the host table's
+/// bits, and a segment CSR whose last holder is another thread frees its
+/// device arrays there without breaking the device's next call.
+#[test]
+fn sparse_adam_in_place_gives_the_host_tables_bits_on_cuda() {
+    use models::embedding::EmbeddingTable;
+    use models::optim::AdamConfig;
+    let Some(dev) = gpu() else { return };
+    let cfg = AdamConfig::with_lr(0.05);
+    let (rows, dim) = (300usize, 64usize);
+    let mut host = EmbeddingTable::new(5, "embed.x", rows, dim);
+    let on = |v: &[f32]| Tensor::from_slice(v, (rows, dim), &dev).unwrap();
+    let (d, m, v) = (on(&host.data), on(&host.m), on(&host.v));
+    let mut steps = vec![0u32; rows];
+    for step in 0..3u32 {
+        let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7 + step * 11) % rows as u32).filter(|i| (i + step) % 4 != 0).collect();
+        let g: Vec<f32> = (0..ids.len() * dim).map(|k| ((k as u32 * 2_654_435_761u32.wrapping_add(step)) >> 20) as f32 / 2048.0 - 1.0).collect();
+        host.adam_rows(&ids, &g, &cfg).unwrap();
+        let bc: Vec<f64> = ids
+            .iter()
+            .flat_map(|&s| {
+                steps[s as usize] += 1;
+                let n = steps[s as usize] as i32;
+                [1.0 - cfg.beta1.powi(n), 1.0 - cfg.beta2.powi(n)]
+            })
+            .collect();
+        let gt = Tensor::from_slice(&g, (ids.len(), dim), &dev).unwrap();
+        assert!(models::ops::adam_rows_in_place(&d, &m, &v, &ids, &gt, &bc, &cfg).unwrap());
+    }
+    let back = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(back(&d), host.data, "values");
+    assert_eq!((back(&m), back(&v)), (host.m.clone(), host.v.clone()), "moments");
+    let g1 = Tensor::zeros((1, dim), DType::F32, &dev).unwrap();
+    assert!(models::ops::adam_rows_in_place(&d, &m, &v, &[rows as u32], &g1, &[0.5, 0.5], &cfg).is_err(), "a row out of range");
+    // A CSR used on the device, then dropped last on another thread.
+    let csr = models::ops::SegmentCsr::new(3, vec![0, 2, 3], vec![0, 2, 1]);
+    let x = Var::from_tensor(&Tensor::ones((3, 4), DType::F32, &dev).unwrap()).unwrap();
+    let y = models::ops::segment_mean(x.as_tensor(), &csr).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    drop(y);
+    std::thread::spawn(move || drop(csr)).join().unwrap();
+    assert_eq!(Tensor::ones(4, DType::F32, &dev).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 4.0, "the device works after a free on another thread");
+}

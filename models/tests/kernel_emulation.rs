@@ -407,3 +407,46 @@ fn lse_attention_kernels_match_the_cpu() {
     lse_case::<f32>(e);
     lse_case::<f64>(e);
 }
+
+/// The sparse Adam kernel a GPU cache runs on its learnable rows, against the
+/// host table's update: several steps over shuffled, partly overlapping rows,
+/// so each row's own step count (and bias corrections) differs.
+#[test]
+fn sparse_adam_kernel_matches_the_host_table() {
+    use models::embedding::EmbeddingTable;
+    use models::optim::AdamConfig;
+    let Some(e) = emu() else { return };
+    let cfg = AdamConfig::with_lr(0.05);
+    let (rows, dim) = (40usize, 37usize);
+    type Kernel = unsafe extern "C" fn(*mut f32, *mut f32, *mut f32, *const u32, *const f32, *const f64, f32, f32, f32, f32, f64, f64, u32, u32);
+    let adam: Kernel = e.kernel("sparse_adam_f32");
+    let touched: Vec<Vec<u32>> = (0..4u32).map(|step| (0..rows as u32).map(|i| (i * 7 + step * 3) % rows as u32).filter(|i| (i + step) % 3 != 0).collect()).collect();
+    let grads: Vec<Vec<f32>> = touched.iter().enumerate().map(|(k, ids)| random::<f32>(20 + k as u64, ids.len() * dim)).collect();
+    let mut host = EmbeddingTable::new(5, "embed.x", rows, dim);
+    for (ids, g) in touched.iter().zip(&grads) {
+        host.adam_rows(ids, g, &cfg).unwrap();
+    }
+    for (grid, block) in cfg_rows(touched[0].len(), dim) {
+        let mut t = EmbeddingTable::new(5, "embed.x", rows, dim);
+        let mut steps = vec![0u32; rows];
+        for (ids, g) in touched.iter().zip(&grads) {
+            let bc: Vec<f64> = ids
+                .iter()
+                .flat_map(|&s| {
+                    steps[s as usize] += 1;
+                    let n = steps[s as usize] as i32;
+                    [1.0 - cfg.beta1.powi(n), 1.0 - cfg.beta2.powi(n)]
+                })
+                .collect();
+            let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
+            let (d, m, v) = (t.data.as_mut_ptr(), t.m.as_mut_ptr(), t.v.as_mut_ptr());
+            // SAFETY: buffers sized as the kernel indexes them; ids are distinct and in range.
+            e.launch(grid, block, || unsafe { adam(d, m, v, ids.as_ptr(), g.as_ptr(), bc.as_ptr(), b1, 1.0 - b1, b2, 1.0 - b2, cfg.lr, cfg.eps, ids.len() as u32, dim as u32) });
+        }
+        let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+        assert_same(&format!("sparse adam values grid={grid}"), &f(&t.data), &f(&host.data));
+        assert_same(&format!("sparse adam first moments grid={grid}"), &f(&t.m), &f(&host.m));
+        assert_same(&format!("sparse adam second moments grid={grid}"), &f(&t.v), &f(&host.v));
+        assert_eq!(steps, host.steps);
+    }
+}

@@ -349,6 +349,13 @@ impl LearnableCache {
             self.steps[s as usize] += 1;
         }
         let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32)).collect() };
+        // On a GPU one kernel updates every row in place.
+        if dev.is_cuda() {
+            let pairs: Vec<f64> = bias(cfg.beta1).into_iter().zip(bias(cfg.beta2)).flat_map(|(a, b)| [a, b]).collect();
+            models::ops::adam_rows_in_place(data, m, v, slots, &g.contiguous()?, &pairs, cfg)?;
+            return Ok(());
+        }
+        // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
         let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
         let idx = Tensor::from_slice(slots, n, &dev)?;
         let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;

@@ -117,6 +117,17 @@ impl DeviceCsr {
     }
 }
 
+impl Drop for DeviceCsr {
+    /// The last holder may be a rayon thread (`SegmentCsr::transpose_ahead`)
+    /// with no CUDA context current, where freeing device memory fails
+    /// (cudarc records `CUDA_ERROR_INVALID_CONTEXT`, and the next CUDA call
+    /// of the training thread returns it): bind the context before the
+    /// arrays are freed.
+    fn drop(&mut self) {
+        let _ = self.offsets.context().bind_to_thread();
+    }
+}
+
 impl std::fmt::Debug for DeviceCsr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceCsr({:?}, {} edges)", self.device, self.sources.len())
@@ -395,4 +406,39 @@ mod tests {
             }
         }
     }
+}
+
+/// Adam's per-row constants for [`sparse_adam`], as `embedding::adam_row` computes them.
+pub(crate) struct AdamConsts {
+    pub b1: f32,
+    pub b2: f32,
+    pub lr: f64,
+    pub eps: f64,
+}
+
+/// In place: rows `slots` of `data`, `m`, `v` (`[_, cols]` f32) take one Adam
+/// step with gradient rows `g` (`[slots.len(), cols]`) and per-row bias
+/// corrections `bc` (pairs). The caller checked shapes, slots and contiguity.
+///
+/// The three tables are written through shared borrows of their storage: the
+/// kernel writes device memory that no host reference reads, on the one
+/// stream every op of the device runs on, so it is ordered after every
+/// earlier reader and before every later one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sparse_adam(data: Input, m: Input, v: Input, g: Input, slots: &[u32], bc: &[f64], c: &AdamConsts, cols: usize) -> candle_core::Result<()> {
+    let dev = &data.0.device;
+    let (r32, c32) = (dim(slots.len(), "rows")?, dim(cols, "columns")?);
+    if slots.is_empty() || cols == 0 {
+        return Ok(());
+    }
+    let (dv, mv, vv, gv) = (view::<f32>(data.0, data.1, "sparse-adam")?, view::<f32>(m.0, m.1, "sparse-adam")?, view::<f32>(v.0, v.1, "sparse-adam")?, view::<f32>(g.0, g.1, "sparse-adam")?);
+    let (slots, bc) = (upload(dev, slots)?, upload(dev, bc)?);
+    let (ob1, ob2) = (1.0 - c.b1, 1.0 - c.b2);
+    let f = kernel(dev, "sparse_adam", "f32")?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dv).arg(&mv).arg(&vv).arg(&slots).arg(&gv).arg(&bc).arg(&c.b1).arg(&ob1).arg(&c.b2).arg(&ob2).arg(&c.lr).arg(&c.eps).arg(&r32).arg(&c32);
+    // SAFETY: argument types and counts match the kernel's signature; slots were checked against the tables' rows.
+    unsafe { b.launch(launch_cfg_rows(r32, c32)) }.w()?;
+    Ok(())
 }

@@ -384,3 +384,29 @@ __device__ void lse_bwd_src(const T* q, const T* g, const double* de_e, const do
 
 LSE_KERNELS(float, f32)
 LSE_KERNELS(double, f64)
+
+// Sparse Adam in place: row slots[r] of data, m and v takes gradient row r of
+// g, with its bias corrections bc[2r] = 1 - b1^t and bc[2r + 1] = 1 - b2^t
+// (t: that row's own step count), the arithmetic of embedding.rs's adam_row
+// in its order: m and v in f32, the step in f64. ob1 = 1 - b1 and ob2 = 1 - b2
+// as f32. Slots are distinct, so no two blocks write one row. One block walks
+// a row (grid-stride over rows), its threads the columns.
+extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, const u32* slots, const float* g,
+                                           const double* bc, float b1, float ob1, float b2, float ob2, double lr,
+                                           double eps, u32 rows, u32 cols) {
+    for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const size_t s = (size_t)slots[r] * cols;
+        const double bc1 = bc[2 * (size_t)r], bc2 = bc[2 * (size_t)r + 1];
+        for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
+            const float gj = g[(size_t)r * cols + j];
+            const float mj = add_rn(mul_rn(b1, m[s + j]), mul_rn(ob1, gj));
+            const float vj = add_rn(mul_rn(b2, v[s + j]), mul_rn(mul_rn(ob2, gj), gj));
+            m[s + j] = mj;
+            v[s + j] = vj;
+            const double mhat = __ddiv_rn((double)mj, bc1);
+            const double vhat = __ddiv_rn((double)vj, bc2);
+            const double step = __ddiv_rn(mul_rn(lr, mhat), add_rn(sqrt(vhat), eps));
+            data[s + j] = add_rn(data[s + j], -(float)step);
+        }
+    }
+}

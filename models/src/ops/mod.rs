@@ -22,6 +22,7 @@ macro_rules! cpu_by_dtype {
     };
 }
 
+mod adam;
 mod attention;
 mod axpy;
 mod bias;
@@ -33,6 +34,7 @@ mod matmul;
 mod segment;
 pub mod sparse;
 
+pub use adam::adam_rows_in_place;
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
 pub use bias::add_bias;
 pub use dropout::dropout;
