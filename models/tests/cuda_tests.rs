@@ -246,6 +246,11 @@ fn sparse_adam_in_place_gives_the_host_tables_bits_on_cuda() {
     assert_eq!((back(&m), back(&v)), (host.m.clone(), host.v.clone()), "moments");
     let g1 = Tensor::zeros((1, dim), DType::F32, &dev).unwrap();
     assert!(models::ops::adam_rows_in_place(&d, &m, &v, &[rows as u32], &g1, &[0.5, 0.5], &cfg).is_err(), "a row out of range");
+    // Rows picked on the device (16-byte vectors, and a view whose offset rules them out).
+    let want: Vec<f32> = [7usize, 0, 299, 7].iter().flat_map(|&i| host.data[i * dim..(i + 1) * dim].to_vec()).collect();
+    assert_eq!(back(&models::ops::take_rows(&d, &[7, 0, 299, 7]).unwrap()), want, "take_rows");
+    let view = d.flatten_all().unwrap().narrow(0, 1, 299 * dim).unwrap().reshape((299, dim)).unwrap();
+    assert_eq!(back(&models::ops::take_rows(&view, &[0]).unwrap()), host.data[1..1 + dim].to_vec(), "take_rows of an unaligned view");
     // A CSR used on the device, then dropped last on another thread.
     let csr = models::ops::SegmentCsr::new(3, vec![0, 2, 3], vec![0, 2, 1]);
     let x = Var::from_tensor(&Tensor::ones((3, 4), DType::F32, &dev).unwrap()).unwrap();

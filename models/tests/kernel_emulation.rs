@@ -38,6 +38,7 @@ static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __ddiv_rn(double a, double b) { return a / b; }
 static inline double __longlong_as_double(unsigned long long v) { double d; std::memcpy(&d, &v, sizeof d); return d; }
+struct float4 { float x, y, z, w; };
 using std::exp;
 using std::fmax;
 extern "C" void emu_set(unsigned grid, unsigned block, unsigned bx, unsigned tx) {
@@ -448,5 +449,26 @@ fn sparse_adam_kernel_matches_the_host_table() {
         assert_same(&format!("sparse adam first moments grid={grid}"), &f(&t.m), &f(&host.m));
         assert_same(&format!("sparse adam second moments grid={grid}"), &f(&t.v), &f(&host.v));
         assert_eq!(steps, host.steps);
+    }
+}
+
+/// The row-picking kernel of a GPU cache's gathers, whole 16-byte vectors and single values.
+#[test]
+fn take_rows_kernel_matches_the_host_gather() {
+    let Some(e) = emu() else { return };
+    type Kernel = unsafe extern "C" fn(*const f32, *const u32, *mut f32, u32, u32, u32);
+    let take: Kernel = e.kernel("take_rows_f32");
+    for (cols, vec) in [(128usize, 1u32), (37, 0), (8, 0)] {
+        let n = 50usize;
+        let x = random::<f32>(30 + cols as u64, n * cols);
+        let idx: Vec<u32> = (0..70u32).map(|i| (i * 13 + 5) % n as u32).collect();
+        let want: Vec<f64> = idx.iter().flat_map(|&i| x[i as usize * cols..(i as usize + 1) * cols].iter().map(|&v| f64::from(v))).collect();
+        for (grid, block) in [((idx.len() as u32).div_ceil(8), 256), (2, 64)] {
+            let mut out = vec![f32::NAN; idx.len() * cols];
+            let o = out.as_mut_ptr();
+            // SAFETY: buffers sized as the kernel indexes them; ids in range.
+            e.launch(grid, block, || unsafe { take(x.as_ptr(), idx.as_ptr(), o, vec, idx.len() as u32, cols as u32) });
+            assert_same(&format!("take rows cols={cols} grid={grid}"), &out.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want);
+        }
     }
 }

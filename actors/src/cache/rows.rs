@@ -228,9 +228,9 @@ fn device_assemble(data: &Tensor, lk: &Lookup, misses: Vec<f32>, d: usize, devic
     let h = lk.hit_slot.len();
     // Every row hit (a cache holding the whole type): one gather, already in batch order.
     if lk.miss_ids.is_empty() {
-        return Ok(data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?);
+        return Ok(models::ops::take_rows(data, &lk.hit_slot)?);
     }
-    let hit = data.index_select(&Tensor::from_slice(&lk.hit_slot, h, device)?, 0)?;
+    let hit = models::ops::take_rows(data, &lk.hit_slot)?;
     let miss = Tensor::from_vec(misses, (lk.miss_ids.len(), d), device)?;
     let mut order = vec![0u32; lk.len];
     for (k, &p) in lk.hit_pos.iter().enumerate() {

@@ -1,7 +1,8 @@
 //! The feature gather on a device against its bandwidth floor: a batch's rows
 //! picked out of a table held on the device (what a cache holding every row
 //! does each step), timed with the device synchronised, against the bytes it
-//! must move (rows read and rows written) at the device's memory bandwidth.
+//! must move (rows read and rows written) at the device's memory bandwidth:
+//! candle's `index_select` and hetgnn's `take_rows`.
 //!
 //! `cargo run --release -p bench --bin gather -- [--device cuda:0] [--rows 736389 --dim 128 --batch 200000]`
 //!
@@ -91,14 +92,17 @@ fn main() -> anyhow::Result<()> {
         let b = &batches[r % 4];
         table.index_select(&Tensor::from_slice(b, b.len(), &device)?, 0)
     })?;
+    let (take_min, take_med) = time(&device, a.repeat, |r| models::ops::take_rows(&table, &batches[r % 4]))?;
     println!("{} rows of {} f32 from a table of {} on {}: {:.1} MB moved, floor {:.1} us at {:.2} TB/s", n, a.dim, a.rows, a.device, bytes / 1e6, floor * 1e6, a.bandwidth / 1e12);
     println!("  index_select, ids on the device: min {:.1} us, median {:.1} us = {:.2}x the floor", kernel_min * 1e6, kernel_med * 1e6, kernel_med / floor);
     println!("  ids uploaded first (as a step does): min {:.1} us, median {:.1} us = {:.2}x the floor", step_min * 1e6, step_med * 1e6, step_med / floor);
+    println!("  models::ops::take_rows (what the cache uses; ids uploaded): min {:.1} us, median {:.1} us = {:.2}x the floor", take_min * 1e6, take_med * 1e6, take_med / floor);
     let json = serde_json::json!({
         "device": a.device, "rows": a.rows, "dim": a.dim, "batch": n, "repeat": a.repeat, "bandwidth": a.bandwidth,
         "bytes_moved": bytes, "floor_s": floor,
         "index_select_s": { "min": kernel_min, "median": kernel_med, "ratio_to_floor": kernel_med / floor },
         "with_upload_s": { "min": step_min, "median": step_med, "ratio_to_floor": step_med / floor },
+        "take_rows_s": { "min": take_min, "median": take_med, "ratio_to_floor": take_med / floor },
     });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;

@@ -442,3 +442,28 @@ pub(crate) fn sparse_adam(data: Input, m: Input, v: Input, g: Input, slots: &[u3
     unsafe { b.launch(launch_cfg_rows(r32, c32)) }.w()?;
     Ok(())
 }
+
+/// Rows `idx` of `x` (`[_, cols]` f32, contiguous), each in range (checked by the caller).
+pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Result<CudaStorage> {
+    let dev = &x.0.device;
+    let (r32, c32) = (dim(idx.len(), "rows")?, dim(cols, "columns")?);
+    dim(idx.len() * cols, "elements")?;
+    let (a, _) = x.1.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("take-rows needs a contiguous input".into()))?;
+    let xv = view::<f32>(x.0, x.1, "take-rows")?;
+    // SAFETY: every element is written by the kernel below.
+    let out = unsafe { dev.alloc::<f32>(idx.len() * cols)? };
+    if idx.len() * cols > 0 {
+        let ids = upload(dev, idx)?;
+        // Allocations are 256-byte aligned: the view's offset decides.
+        let vec = u32::from(cols % 4 == 0 && a % 4 == 0);
+        let f = kernel(dev, "take_rows", "f32")?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&xv).arg(&ids).arg(&out).arg(&vec).arg(&r32).arg(&c32);
+        // Eight rows (warps) to a block, enough blocks to fill any GPU.
+        let cfg = LaunchConfig { grid_dim: (r32.div_ceil(8).clamp(1, 65_535), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argument types and counts match the kernel's signature; indices were checked on the host.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok(f32::wrap_cuda_slice(out, dev.clone()))
+}

@@ -410,3 +410,21 @@ extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, cons
         }
     }
 }
+
+// out[r, :] = x[idx[r], :]: a warp per row (grid-stride over rows), its lanes
+// over the columns, as 16-byte vectors when vec (cols a multiple of 4 and x
+// 16-byte aligned), so a batch's rows move at the memory's pace.
+extern "C" __global__ void take_rows_f32(const float* x, const u32* idx, float* out, u32 vec, u32 rows, u32 cols) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 warps = gridDim.x * (blockDim.x / 32);
+    for (u32 r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+        const size_t s = (size_t)idx[r] * cols, o = (size_t)r * cols;
+        if (vec) {
+            const float4* xs = (const float4*)(x + s);
+            float4* os = (float4*)(out + o);
+            for (u32 j = lane; j < cols / 4; j += 32) os[j] = xs[j];
+        } else {
+            for (u32 j = lane; j < cols; j += 32) out[o + j] = x[s + j];
+        }
+    }
+}

@@ -33,6 +33,7 @@ mod lse_attention;
 mod matmul;
 mod segment;
 pub mod sparse;
+mod take;
 
 pub use adam::adam_rows_in_place;
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
@@ -41,6 +42,7 @@ pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::{matmul, matmul_prefix};
 pub use segment::{segment_mean, SegmentCsr};
+pub use take::take_rows;
 
 use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
 
