@@ -130,7 +130,13 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         seed: t.seed,
         link: link.as_ref(),
     };
-    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, prefetch };
+    // Kernels run behind the host: without a wait at each phase's end, a
+    // phase's GPU time shows up in whichever later phase first waits for it.
+    let sync_timing = on_gpu && std::env::var_os(SYNC_TIMING).is_some();
+    if sync_timing {
+        observer.note(&format!("{SYNC_TIMING}: waiting for the device at the end of every phase of a step (slower; for the split)"));
+    }
+    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, prefetch, sync_timing };
     let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items, resumed: Default::default() };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
     let Run { model, cache, mut report, .. } = run;
@@ -140,6 +146,10 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     crate::report::finish(&mut report, &model)?;
     Ok((report, model))
 }
+
+/// Set (to anything) to time each phase of a GPU step by its device work:
+/// the device is synchronised at every phase's end.
+pub const SYNC_TIMING: &str = "HETGNN_SYNC_TIMING";
 
 /// What the prefetch thread reads: the graph and how to gather its features.
 struct Feed<'g> {
@@ -169,6 +179,8 @@ struct Run<'g, 'o> {
     per_epoch: u64,
     /// Prefetch threads.
     prefetch: usize,
+    /// Wait for the device at the end of each phase of a step ([`SYNC_TIMING`]).
+    sync_timing: bool,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -272,6 +284,8 @@ impl<'g> Steps for Run<'g, '_> {
             Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
             None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
         }
+        let wait = |on: bool, device: &Device| if on { device.synchronize() } else { Ok(()) };
+        wait(self.sync_timing, &self.device)?;
         st.time.gather_s += lap(&mut clock);
         let dropout = Some(DropoutKey { epoch, step });
         let (loss, logits) = match link {
@@ -282,6 +296,7 @@ impl<'g> Steps for Run<'g, '_> {
             }
         };
         let grads = loss.backward()?;
+        wait(self.sync_timing, &self.device)?;
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&model.params, &grads)?;
         for (ty, x) in inputs.iter().enumerate() {
@@ -294,6 +309,7 @@ impl<'g> Steps for Run<'g, '_> {
                 }
             }
         }
+        wait(self.sync_timing, &self.device)?;
         st.time.update_s += lap(&mut clock);
         let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         if !l.is_finite() {

@@ -467,3 +467,25 @@ pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Resu
     }
     Ok(f32::wrap_cuda_slice(out, dev.clone()))
 }
+
+/// Keeps memory freed on `dev` in its stream-ordered pool rather than handing
+/// it back to the driver at every synchronisation (the pool's default release
+/// threshold is 0). A training step allocates and frees hundreds of MB and
+/// synchronises at least once (its loss is read back): without this, every
+/// step maps its memory afresh.
+pub(crate) fn keep_pool_memory(dev: &CudaDevice) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let stream = dev.cuda_stream();
+    let ctx = stream.context();
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    ctx.bind_to_thread().w()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid device handle and an out-pointer to a pool handle.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result().w()?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the release threshold attribute takes a pointer to a u64.
+    unsafe { sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut threshold as *mut u64).cast()) }.result().w()?;
+    Ok(())
+}

@@ -46,6 +46,16 @@ pub use take::take_rows;
 
 use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
 
+/// On a CUDA device, keeps freed memory in the device's pool across
+/// synchronisations (see `cuda::keep_pool_memory`); nothing elsewhere.
+pub fn keep_device_memory(device: &candle_core::Device) -> candle_core::Result<()> {
+    match device {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => cuda::keep_pool_memory(d),
+        _ => Ok(()),
+    }
+}
+
 /// `f` of `x`'s values as f32, row-major: read in place where `x` is a
 /// contiguous f32 tensor on the CPU (no copy), else copied out as f32.
 pub fn with_f32<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
