@@ -284,6 +284,7 @@ fn bias_case<T: F>(e: &Emu) {
     let (xv, bv, gv) = (values::<T>(&x), values::<T>(&b), values::<T>(&g));
     let add: unsafe extern "C" fn(*const T, *const T, *mut T, u32, u32) = e.kernel(&format!("add_bias_{}", T::SUFFIX));
     let sums: unsafe extern "C" fn(*const T, *mut T, u32, u32) = e.kernel(&format!("column_sums_{}", T::SUFFIX));
+    let partials: unsafe extern "C" fn(*const T, *mut T, u32, u32, u32) = e.kernel(&format!("column_partials_{}", T::SUFFIX));
     for (grid, block) in cfg_elems(rows * cols) {
         let mut out = vec![T::from_f64(f64::NAN); rows * cols];
         let o = out.as_mut_ptr();
@@ -291,12 +292,21 @@ fn bias_case<T: F>(e: &Emu) {
         e.launch(grid, block, || unsafe { add(xv.as_ptr(), bv.as_ptr(), o, rows as u32, cols as u32) });
         assert_same(&format!("add bias grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
     }
-    // cuda.rs: a thread per column, 128 to a block; the kernel has no stride loop, so every column needs its thread.
-    let mut out = vec![T::from_f64(f64::NAN); cols];
-    let o = out.as_mut_ptr();
-    // SAFETY: as above.
-    e.launch((cols as u32).div_ceil(128), 128, || unsafe { sums(gv.as_ptr(), o, rows as u32, cols as u32) });
-    assert_same("column sums", &as_f64(&out), &as_f64(&values::<T>(&grads[1])));
+    // cuda.rs: blocks of rows summed by a thread per (block, column), then a
+    // thread per column, 128 to a block, over the blocks' sums (no stride
+    // loop there, so every column needs its thread). 300 rows: two blocks of 256.
+    let (block, blocks) = (256usize, rows.div_ceil(256));
+    for (grid, threads) in cfg_elems(blocks * cols) {
+        let mut part = vec![T::from_f64(f64::NAN); blocks * cols];
+        let p = part.as_mut_ptr();
+        // SAFETY: as above.
+        e.launch(grid, threads, || unsafe { partials(gv.as_ptr(), p, rows as u32, cols as u32, block as u32) });
+        let mut out = vec![T::from_f64(f64::NAN); cols];
+        let o = out.as_mut_ptr();
+        // SAFETY: as above.
+        e.launch((cols as u32).div_ceil(128), 128, || unsafe { sums(part.as_ptr(), o, blocks as u32, cols as u32) });
+        assert_same(&format!("column sums grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&grads[1])));
+    }
     assert_same("add bias backward (input)", &as_f64(&values::<T>(&grads[0])), &as_f64(&gv));
 }
 

@@ -231,20 +231,31 @@ pub(crate) fn add_bias(x: &CudaStorage, lx: &Layout, bias: &CudaStorage, lb: &La
     })
 }
 
-/// Column sums of `g: [rows, cols]`, rows added in order.
+/// Column sums of `g: [rows, cols]`: blocks of `SUM_BLOCK` rows summed in
+/// parallel, each in order, then the blocks' sums in order (bias.rs's order).
 pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
     let dev = &g.device;
     let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
     dim(rows * cols, "elements")?;
+    let block = super::bias::SUM_BLOCK;
+    let blocks = rows.div_ceil(block);
+    let (b32, block32) = (dim(blocks, "row blocks")?, dim(block, "rows per block")?);
     by_dtype!(g.dtype(), "column-sums", |T| {
         let gv = view::<T>(g, l, "column-sums")?;
-        // SAFETY: every element is written by the kernel below.
-        let out = unsafe { dev.alloc::<T>(cols)? };
+        // SAFETY: every element is written by the kernels below.
+        let (partials, out) = unsafe { (dev.alloc::<T>((blocks * cols).max(1))?, dev.alloc::<T>(cols)?) };
         if cols > 0 {
-            let f = kernel(dev, "column_sums", T::SUFFIX)?;
             let stream = dev.cuda_stream();
+            if blocks > 0 {
+                let f = kernel(dev, "column_partials", T::SUFFIX)?;
+                let mut b = stream.launch_builder(&f);
+                b.arg(&gv).arg(&partials).arg(&r32).arg(&c32).arg(&block32);
+                // SAFETY: as in gather_rows.
+                unsafe { b.launch(launch_cfg_elems(blocks * cols)) }.w()?;
+            }
+            let f = kernel(dev, "column_sums", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&gv).arg(&out).arg(&r32).arg(&c32);
+            b.arg(&partials).arg(&out).arg(&b32).arg(&c32);
             let cfg = LaunchConfig { grid_dim: (c32.div_ceil(128), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: as in gather_rows.
             unsafe { b.launch(cfg) }.w()?;
@@ -400,7 +411,20 @@ mod tests {
     #[test]
     fn kernels_compile_with_nvrtc() {
         let ptx = super::ptx().unwrap();
-        for k in ["gather_rows", "dropout_fwd", "dropout_bwd", "add_bias", "column_sums", "attention_fwd", "attention_bwd_dst", "attention_bwd_src", "lse_fwd", "lse_bwd_dst", "lse_bwd_src"] {
+        for k in [
+            "gather_rows",
+            "dropout_fwd",
+            "dropout_bwd",
+            "add_bias",
+            "column_partials",
+            "column_sums",
+            "attention_fwd",
+            "attention_bwd_dst",
+            "attention_bwd_src",
+            "lse_fwd",
+            "lse_bwd_dst",
+            "lse_bwd_src",
+        ] {
             for t in ["f32", "f64"] {
                 assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
             }

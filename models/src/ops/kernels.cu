@@ -115,9 +115,32 @@ extern "C" __global__ void add_bias_f64(const double* x, const double* b, double
     add_bias<double>(x, b, out, rows, cols);
 }
 
-// out[j] = sum over rows r of g[r, j], rows in order from zero (the CPU's
-// order): one thread per column, neighbouring threads reading neighbouring
-// columns of a row.
+// Column sums in two passes, bias.rs's order: column_partials sums each
+// block of block_rows rows in order from zero (a thread per block and column,
+// neighbouring threads on neighbouring columns), then column_sums adds the
+// blocks' sums in order from zero.
+template <typename T>
+__device__ void column_partials(const T* g, T* out, u32 rows, u32 cols, u32 block_rows) {
+    const size_t n = (size_t)((rows + block_rows - 1) / block_rows) * cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t b = i / cols, j = i % cols;
+        const size_t start = b * block_rows, end = start + block_rows < rows ? start + block_rows : rows;
+        T acc = 0;
+        for (size_t r = start; r < end; ++r) acc = add_rn(acc, g[r * cols + j]);
+        out[i] = acc;
+    }
+}
+
+extern "C" __global__ void column_partials_f32(const float* g, float* out, u32 rows, u32 cols, u32 block_rows) {
+    column_partials<float>(g, out, rows, cols, block_rows);
+}
+
+extern "C" __global__ void column_partials_f64(const double* g, double* out, u32 rows, u32 cols, u32 block_rows) {
+    column_partials<double>(g, out, rows, cols, block_rows);
+}
+
+// out[j] = sum over rows r of g[r, j], rows in order from zero: one thread per
+// column, neighbouring threads reading neighbouring columns of a row.
 template <typename T>
 __device__ void column_sums(const T* g, T* out, u32 rows, u32 cols) {
     const u32 j = blockIdx.x * blockDim.x + threadIdx.x;
