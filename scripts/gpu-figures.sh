@@ -18,7 +18,11 @@
 #   5. gather.txt, gather.json: a batch's feature rows picked out of a table
 #      on cuda:0 against the bytes-over-bandwidth floor;
 #   6. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
-# Not by default: `cores` runs, on the machine's CPU cores (no GPU), the
+# Not by default: `profile` trains one epoch at the largest of $SCALES with
+# every row on cuda:0, once with HETGNN_SYNC_TIMING=1 (profile_sync.txt/json:
+# each phase of a step charged its device time) and once under Nsight Compute
+# for $NCU_KERNELS kernels of mid-epoch steps (profile_ncu.txt: time per
+# kernel name). `cores` runs, on the machine's CPU cores (no GPU), the
 # timing targets that a 2-core machine cannot show because its node
 # processes outnumber its cores (issues 23-25): DAG sampling against the
 # pipeline (bytegnn-*.json), full-graph staleness at 1 Gbit/s on 4 nodes
@@ -28,7 +32,7 @@
 # A step that fails or outlasts $STEP_TIMEOUT seconds (default 300) is
 # reported and the next one runs.
 #
-#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache gather cache (default), cores
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache gather cache (default), profile, cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
@@ -108,6 +112,15 @@ if step gather; then
 fi
 if step cache; then
     run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"
+fi
+if step profile; then
+    largest="$(tr ',' '\n' <<< "$scales" | sort -g | tail -n 1)"
+    data="$HETGNN_BENCH_DATA/mag-v1-s$largest-seed0"
+    [ -e "$data/schema.json" ] || "$bin/hetgnn" generate --like mag --scale "$largest" --seed 0 --out "$data" --force
+    train=("$bin/hetgnn" train --data "$data" --device cuda:0 --epochs 1 --cache-bytes "${CACHE_BYTES:-8GiB}" --force)
+    HETGNN_SYNC_TIMING=1 run profile_sync "${train[@]}" --report "$out/profile_sync.json"
+    run profile_ncu ncu --launch-skip "${NCU_SKIP:-20000}" --launch-count "${NCU_KERNELS:-2000}" --print-summary per-kernel \
+        --metrics gpu__time_duration.sum "${train[@]}" --report "$out/profile_ncu.json"
 fi
 if step cores; then
     nproc > "$out/cores.txt"
