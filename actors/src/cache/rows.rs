@@ -16,11 +16,15 @@ use candle_core::{DType, Device, Tensor};
 use models::embedding::{adam_rows_picked, EmbeddingTable, RowsMut};
 use models::optim::AdamConfig;
 use models::prefetch::{prefetch, AHEAD};
+use rayon::prelude::*;
 
 use crate::error::{Result, TrainError};
 
 /// Slot of a node that is not cached.
 const NONE: u32 = u32::MAX;
+
+/// Batches of at least this many ids look their slots up in parallel.
+const PARALLEL_LOOKUP: usize = 1 << 16;
 
 /// Where a cache keeps `rows × dim` values.
 enum Store {
@@ -118,13 +122,23 @@ impl RowCache {
     /// (training batches count, evaluation does not).
     pub fn lookup(&self, ids: &[u32], count: bool) -> Lookup {
         let mut lk = Lookup { len: ids.len(), ..Lookup::default() };
-        for (p, &v) in ids.iter().enumerate() {
-            match self.slot.get(v as usize).copied().unwrap_or(NONE) {
-                NONE => {
+        let slot_of = |&v: &u32| self.slot.get(v as usize).copied().unwrap_or(NONE);
+        // A batch's ids are scattered over the slot map: read it on every core
+        // for large batches (hundreds of thousands of rows at S=1), then split.
+        let slots: Vec<u32> = match ids.len() >= PARALLEL_LOOKUP {
+            true => ids.par_iter().with_min_len(PARALLEL_LOOKUP / 4).map(slot_of).collect(),
+            false => ids.iter().map(slot_of).collect(),
+        };
+        if !slots.contains(&NONE) {
+            // Every row a hit (a cache holding the whole type): the slots are the lookup.
+            lk.hit_pos = (0..ids.len() as u32).collect();
+            lk.hit_slot = slots;
+        } else {
+            for (p, (&v, &s)) in ids.iter().zip(&slots).enumerate() {
+                if s == NONE {
                     lk.miss_pos.push(p as u32);
                     lk.miss_ids.push(v);
-                }
-                s => {
+                } else {
                     lk.hit_pos.push(p as u32);
                     lk.hit_slot.push(s);
                 }
@@ -424,6 +438,31 @@ mod tests {
         }
         assert!(RowCache::new(5, vec![1, 1], 1, vec![0.0, 0.0], &Device::Cpu).is_err(), "a row twice");
         assert!(RowCache::new(5, vec![5], 1, vec![0.0], &Device::Cpu).is_err(), "a row out of range");
+    }
+
+    #[test]
+    fn large_lookups_read_slots_in_parallel_and_split_as_small_ones_do() {
+        let count = 200_000u32;
+        let ids: Vec<u32> = (0..count).filter(|v| v % 3 == 0).collect();
+        let c = RowCache::build(count as usize, ids.clone(), 0, Vec::new(), &Device::Cpu, false).unwrap();
+        let batch: Vec<u32> = (0..100_000u32).map(|k| k.wrapping_mul(2_654_435_761) % count).collect();
+        let lk = c.lookup(&batch, true);
+        let (mut hit_pos, mut hit_slot, mut miss_pos, mut miss_ids) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (p, &v) in batch.iter().enumerate() {
+            if v % 3 == 0 {
+                hit_pos.push(p as u32);
+                hit_slot.push(v / 3);
+            } else {
+                miss_pos.push(p as u32);
+                miss_ids.push(v);
+            }
+        }
+        assert_eq!(lk, Lookup { len: batch.len(), hit_pos, hit_slot, miss_pos, miss_ids });
+        let all: Vec<u32> = batch.iter().map(|v| v - v % 3).collect();
+        let lk = c.lookup(&all, true);
+        assert_eq!((lk.hit_pos.len(), lk.miss_pos.len()), (all.len(), 0));
+        assert!(lk.hit_slot.iter().zip(&all).all(|(&s, &v)| s == v / 3));
+        assert_eq!(c.counts(), (lk.hit_pos.len() as u64 + batch.iter().filter(|v| *v % 3 == 0).count() as u64, 2 * batch.len() as u64));
     }
 
     #[test]
