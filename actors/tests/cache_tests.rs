@@ -70,8 +70,11 @@ fn single_process_cached_runs_are_bit_identical_to_uncached_ones() {
 fn a_budget_that_holds_every_row_caches_everything_without_presampling_and_changes_nothing() {
     let mut want_losses = Losses::default();
     let (want, _) = train(&config(&[]), &mut want_losses).unwrap();
+    // On the CPU, miss-penalty still measures (and caches nothing: a hit costs a miss there).
+    let (measured, _) = train(&config(&["training.cache_bytes=\"1GiB\"".to_string()]), &mut Losses::default()).unwrap();
+    assert!(measured.cache.values().all(|c| c.note.is_none() && c.visits > 0), "{:?}", measured.cache);
     let mut losses = Losses::default();
-    let (got, _) = train(&config(&["training.cache_bytes=\"1GiB\"".to_string()]), &mut losses).unwrap();
+    let (got, _) = train(&config(&["training.cache_bytes=\"1GiB\"".to_string(), "training.cache_policy=\"hotness\"".to_string()]), &mut losses).unwrap();
     assert_eq!(losses.0, want_losses.0, "losses");
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "model");
     let g = graphs::load(&common::graph(), &LoadOptions::default()).unwrap();

@@ -421,7 +421,7 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         return Ok(None);
     }
     let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
-    if let Some(cache) = whole(budget, g, model)? {
+    if let Some(cache) = whole(t.cache_policy, budget, g, model)? {
         return Ok(Some(cache));
     }
     let visits = hotness::presample(&sizes, train, t.batch, t.seed, t.cache_presample_epochs, |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src))?;
@@ -485,9 +485,15 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
 /// choice to make, so no pre-sampling and no profiling.
 const WHOLE_NOTE: &str = "every row cached (the budget holds them all: no pre-sampling)";
 
-/// Whether `budget` holds every row of every type `model` reads (then the
-/// cache takes them all, with no pre-sampling).
-pub fn holds_every_row(budget: u64, g: &HetGraph, model: &Model) -> bool {
+/// Whether a cache of `budget` under `policy` takes every row of every type
+/// `model` reads at once, with no pre-sampling: when they all fit, on a GPU,
+/// or on the CPU under `hotness`. On the CPU `miss-penalty` still measures,
+/// since there a hit costs what a miss does and copying every row would only
+/// double the host memory they take.
+pub fn takes_every_row(policy: CachePolicy, budget: u64, g: &HetGraph, model: &Model) -> bool {
+    if policy == CachePolicy::None || (policy != CachePolicy::Hotness && model.device().is_cpu()) {
+        return false;
+    }
     let candidates = every_type(g, model);
     !candidates.is_empty() && candidates.iter().map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes()).sum::<u64>() <= budget
 }
@@ -511,9 +517,9 @@ fn every_type(g: &HetGraph, model: &Model) -> Vec<Candidate> {
 }
 
 /// The cache of every row of every type `model` reads (feature rows and
-/// learnable rows with their Adam state), when that fits in `budget`.
-fn whole(budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
-    if !holds_every_row(budget, g, model) {
+/// learnable rows with their Adam state), when [`takes_every_row`].
+fn whole(policy: CachePolicy, budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
+    if !takes_every_row(policy, budget, g, model) {
         return Ok(None);
     }
     let candidates = every_type(g, model);

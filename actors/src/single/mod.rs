@@ -102,7 +102,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         }
     }
 
-    if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None && !crate::cache::holds_every_row(t.cache_bytes.0, &g, &model) {
+    if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None && !crate::cache::takes_every_row(t.cache_policy, t.cache_bytes.0, &g, &model) {
         observer.note(&format!("cache: pre-sampling {} epoch(s) to count visits, then profiling miss penalties", t.cache_presample_epochs));
     }
     let cache = {
