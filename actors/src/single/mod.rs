@@ -115,9 +115,8 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     }
     // On a GPU, prefetch threads only sample and gather into host memory; the
     // training thread copies the rows to the device and reads the cached ones
-    // there. CUDA work from several prefetch threads at once failed on an
-    // H100 (CUDA_ERROR_INVALID_CONTEXT), and one thread keeps the device's
-    // stream in step order.
+    // there: all CUDA work on one thread keeps the device's stream in step
+    // order, and host threads never wait for it.
     let on_gpu = !device.is_cpu();
     let prefetch = crate::epoch::prefetch_workers(t.prefetch_threads, on_gpu);
     let feed = Feed {
