@@ -359,14 +359,15 @@ impl LearnableCache {
         let (Store::Device(data), Store::Device(m), Store::Device(v)) = (&mut self.rows.data, &mut self.m, &mut self.v) else { unreachable!("a cache keeps all its arrays in one place") };
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
-        for &s in slots {
-            self.steps[s as usize] += 1;
-        }
-        let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32)).collect() };
+        // Each row's step count after this step (written back once the update is made).
+        let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32 + 1)).collect() };
         // On a GPU one kernel updates every row in place.
         if dev.is_cuda() {
             let pairs: Vec<f64> = bias(cfg.beta1).into_iter().zip(bias(cfg.beta2)).flat_map(|(a, b)| [a, b]).collect();
             models::ops::adam_rows_in_place(data, m, v, slots, &g.contiguous()?, &pairs, cfg)?;
+            for &s in slots {
+                self.steps[s as usize] += 1;
+            }
             return Ok(());
         }
         // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
@@ -384,6 +385,9 @@ impl LearnableCache {
         m.scatter_set(&at, &m1, 0)?;
         v.scatter_set(&at, &v1, 0)?;
         data.scatter_set(&at, &x1, 0)?;
+        for &s in slots {
+            self.steps[s as usize] += 1;
+        }
         Ok(())
     }
 

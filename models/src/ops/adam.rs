@@ -13,11 +13,9 @@ use crate::optim::AdamConfig;
 /// (`[slots.len(), dim]`, on that device) and per-row bias corrections `bc`
 /// (`1 - β1^t, 1 - β2^t` for each row's own step count `t`): what
 /// [`adam_row`](crate::embedding::adam_row) does to each, bit for bit.
-/// `Ok(false)`, touching nothing, when the tensors are not on a CUDA device.
+/// Arguments are checked wherever the tensors are; `Ok(false)`, touching
+/// nothing, when they are not on a CUDA device.
 pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, slots: &[u32], g: &Tensor, bc: &[f64], cfg: &AdamConfig) -> candle_core::Result<bool> {
-    if !data.device().is_cuda() {
-        return Ok(false);
-    }
     let (rows, dim) = data.dims2()?;
     for (what, t, want) in [("moments", m, (rows, dim)), ("moments", v, (rows, dim)), ("gradient", g, (slots.len(), dim))] {
         if t.dims2()? != want || !t.is_contiguous() || t.dtype() != candle_core::DType::F32 || !t.device().same_device(data.device()) {
@@ -32,6 +30,18 @@ pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, slots: &[u32], 
     }
     if let Some(&s) = slots.iter().find(|&&s| s as usize >= rows) {
         return Err(candle_core::Error::Msg(format!("sparse-adam: row {s} of {rows}")));
+    }
+    // Two blocks updating one row would race: refuse, as the host table does.
+    let mut seen = vec![0u64; rows.div_ceil(64)];
+    for &s in slots {
+        let (word, bit) = (s as usize / 64, 1u64 << (s % 64));
+        if seen[word] & bit != 0 {
+            return Err(candle_core::Error::Msg(format!("sparse-adam: row {s} updated twice in one step")));
+        }
+        seen[word] |= bit;
+    }
+    if !data.device().is_cuda() {
+        return Ok(false);
     }
     device(data, m, v, g, slots, bc, cfg, dim)?;
     Ok(true)
@@ -56,4 +66,24 @@ fn device(data: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, slots: &[u32], bc: 
 #[allow(clippy::too_many_arguments)]
 fn device(_: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &[u32], _: &[f64], _: &AdamConfig, _: usize) -> candle_core::Result<()> {
     Err(candle_core::Error::Msg("sparse-adam: a CUDA tensor in a build without CUDA".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn bad_rows_and_shapes_are_refused_before_any_launch() {
+        let cfg = AdamConfig::with_lr(0.01);
+        let t = |r: usize| Tensor::zeros((r, 4), DType::F32, &Device::Cpu).unwrap();
+        let (d, m, v) = (t(10), t(10), t(10));
+        assert!(!adam_rows_in_place(&d, &m, &v, &[3, 1], &t(2), &[0.5; 4], &cfg).unwrap(), "not a CUDA device: nothing done");
+        let err = |slots: &[u32], g: &Tensor, bc: &[f64]| adam_rows_in_place(&d, &m, &v, slots, g, bc, &cfg).unwrap_err().to_string();
+        assert!(err(&[3, 3], &t(2), &[0.5; 4]).contains("row 3 updated twice"));
+        assert!(err(&[10], &t(1), &[0.5; 2]).contains("row 10 of 10"));
+        assert!(err(&[1], &t(2), &[0.5; 2]).contains("gradient"));
+        assert!(err(&[1], &t(1), &[0.5; 3]).contains("bias corrections"));
+        assert!(adam_rows_in_place(&d, &t(9), &v, &[1], &t(1), &[0.5; 2], &cfg).unwrap_err().to_string().contains("moments"));
+    }
 }

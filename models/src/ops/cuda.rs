@@ -124,7 +124,10 @@ impl Drop for DeviceCsr {
     /// of the training thread returns it): bind the context before the
     /// arrays are freed.
     fn drop(&mut self) {
-        let _ = self.offsets.context().bind_to_thread();
+        // Straight to the driver: `bind_to_thread` first returns (and clears)
+        // an error recorded earlier, and then binds nothing.
+        // SAFETY: the context outlives its slices (each holds it).
+        let _ = unsafe { candle_core::cuda_backend::cudarc::driver::result::ctx::set_current(self.offsets.context().cu_ctx()) };
     }
 }
 
@@ -429,6 +432,10 @@ mod tests {
                 assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
             }
         }
+        // f32 only: the cache's rows.
+        for k in ["sparse_adam_f32", "take_rows_f32"] {
+            assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing from the PTX");
+        }
     }
 }
 
@@ -492,9 +499,9 @@ pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Resu
     Ok(f32::wrap_cuda_slice(out, dev.clone()))
 }
 
-/// Keeps memory freed on `dev` in its stream-ordered pool rather than handing
-/// it back to the driver at every synchronisation (the pool's default release
-/// threshold is 0). A training step allocates and frees hundreds of MB and
+/// Keeps memory freed on `dev` in its stream-ordered pool, up to half the
+/// device, rather than handing it back to the driver at every
+/// synchronisation (the pool's default release threshold is 0). A training step allocates and frees hundreds of MB and
 /// synchronises at least once (its loss is read back): without this, every
 /// step maps its memory afresh.
 pub(crate) fn keep_pool_memory(dev: &CudaDevice) -> candle_core::Result<()> {
@@ -508,7 +515,11 @@ pub(crate) fn keep_pool_memory(dev: &CudaDevice) -> candle_core::Result<()> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: a valid device handle and an out-pointer to a pool handle.
     unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result().w()?;
-    let mut threshold = u64::MAX;
+    // Half the device: all a step needs stays pooled, and the pool never
+    // starves allocations made outside it (cuBLAS's workspaces) of the rest.
+    // SAFETY: a valid device handle.
+    let total = unsafe { candle_core::cuda_backend::cudarc::driver::result::device::total_mem(ctx.cu_device()) }.w()?;
+    let mut threshold = (total / 2) as u64;
     // SAFETY: the release threshold attribute takes a pointer to a u64.
     unsafe { sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut threshold as *mut u64).cast()) }.result().w()?;
     Ok(())
