@@ -106,8 +106,8 @@ impl EmbeddingTable {
 /// of learnable rows (table or sharded store) shares, so they agree exactly.
 pub fn adam_row(data: &mut [f32], m: &mut [f32], v: &mut [f32], steps: &mut u32, g: &[f32], cfg: &AdamConfig) {
     *steps += 1;
-    let t = *steps as i32;
-    let c = RowConsts { b1: cfg.beta1 as f32, b2: cfg.beta2 as f32, bc1: 1.0 - cfg.beta1.powi(t), bc2: 1.0 - cfg.beta2.powi(t), lr: cfg.lr, eps: cfg.eps };
+    let (bc1, bc2) = cfg.bias_corrections(*steps);
+    let c = RowConsts { b1: cfg.beta1 as f32, b2: cfg.beta2 as f32, bc1, bc2, lr: cfg.lr, eps: cfg.eps };
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).

@@ -22,6 +22,12 @@ pub struct AdamConfig {
 }
 
 impl AdamConfig {
+    /// Adam's bias corrections `(1 - β1^t, 1 - β2^t)` after `t` updates: one
+    /// expression for every holder of Adam state, so they agree bit for bit.
+    pub fn bias_corrections(&self, t: u32) -> (f64, f64) {
+        (1.0 - self.beta1.powi(t as i32), 1.0 - self.beta2.powi(t as i32))
+    }
+
     /// PyTorch's defaults with learning rate `lr`.
     pub fn with_lr(lr: f64) -> AdamConfig {
         AdamConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
@@ -60,8 +66,7 @@ impl Adam {
     fn step_with(&mut self, params: &ParamStore, grad_of: impl Fn(&candle_core::Var) -> Option<Tensor>) -> Result<()> {
         self.step += 1;
         let c = self.cfg;
-        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
-        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
+        let (bc1, bc2) = c.bias_corrections(self.step as u32);
         for (name, var) in params.iter() {
             // Detach: a leaf's gradient can still reference the step's forward
             // graph, and moments derived from it would chain every step's graph

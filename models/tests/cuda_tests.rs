@@ -234,8 +234,8 @@ fn sparse_adam_in_place_gives_the_host_tables_bits_on_cuda() {
             .iter()
             .flat_map(|&s| {
                 steps[s as usize] += 1;
-                let n = steps[s as usize] as i32;
-                [1.0 - cfg.beta1.powi(n), 1.0 - cfg.beta2.powi(n)]
+                let (a, b) = cfg.bias_corrections(steps[s as usize]);
+                [a, b]
             })
             .collect();
         let gt = Tensor::from_slice(&g, (ids.len(), dim), &dev).unwrap();

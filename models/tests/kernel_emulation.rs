@@ -445,8 +445,8 @@ fn sparse_adam_kernel_matches_the_host_table() {
                 .iter()
                 .flat_map(|&s| {
                     steps[s as usize] += 1;
-                    let n = steps[s as usize] as i32;
-                    [1.0 - cfg.beta1.powi(n), 1.0 - cfg.beta2.powi(n)]
+                    let (a, b) = cfg.bias_corrections(steps[s as usize]);
+                    [a, b]
                 })
                 .collect();
             let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);

@@ -360,10 +360,10 @@ impl LearnableCache {
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
         // Each row's step count after this step (written back once the update is made).
-        let bias = |beta: f64| -> Vec<f64> { slots.iter().map(|&s| 1.0 - beta.powi(self.steps[s as usize] as i32 + 1)).collect() };
+        let bias: Vec<(f64, f64)> = slots.iter().map(|&s| cfg.bias_corrections(self.steps[s as usize] + 1)).collect();
         // On a GPU one kernel updates every row in place.
         if dev.is_cuda() {
-            let pairs: Vec<f64> = bias(cfg.beta1).into_iter().zip(bias(cfg.beta2)).flat_map(|(a, b)| [a, b]).collect();
+            let pairs: Vec<f64> = bias.iter().flat_map(|&(a, b)| [a, b]).collect();
             models::ops::adam_rows_in_place(data, m, v, slots, &g.contiguous()?, &pairs, cfg)?;
             for &s in slots {
                 self.steps[s as usize] += 1;
@@ -371,7 +371,8 @@ impl LearnableCache {
             return Ok(());
         }
         // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
-        let (bc1, bc2) = (Tensor::from_vec(bias(cfg.beta1), (n, 1), &dev)?, Tensor::from_vec(bias(cfg.beta2), (n, 1), &dev)?);
+        let (bc1, bc2): (Vec<f64>, Vec<f64>) = bias.into_iter().unzip();
+        let (bc1, bc2) = (Tensor::from_vec(bc1, (n, 1), &dev)?, Tensor::from_vec(bc2, (n, 1), &dev)?);
         let idx = Tensor::from_slice(slots, n, &dev)?;
         let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
         let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
