@@ -20,9 +20,10 @@
 #   6. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
 # Not by default: `profile` trains one epoch at the largest of $SCALES with
 # every row on cuda:0, once with HETGNN_SYNC_TIMING=1 (profile_sync.txt/json:
-# each phase of a step charged its device time) and once under Nsight Compute
-# for $NCU_KERNELS kernels of mid-epoch steps (profile_ncu.txt: time per
-# kernel name). `cores` runs, on the machine's CPU cores (no GPU), the
+# each phase of a step charged its device time), once under the host
+# profiler (profile_host.txt, .svg: each thread's busiest functions) and,
+# with NCU=1, once under Nsight Compute for $NCU_KERNELS kernels of
+# mid-epoch steps (profile_ncu.txt: time per kernel name). `cores` runs, on the machine's CPU cores (no GPU), the
 # timing targets that a 2-core machine cannot show because its node
 # processes outnumber its cores (issues 23-25): DAG sampling against the
 # pipeline (bytegnn-*.json), full-graph staleness at 1 Gbit/s on 4 nodes
@@ -119,7 +120,8 @@ if step profile; then
     [ -e "$data/schema.json" ] || "$bin/hetgnn" generate --like mag --scale "$largest" --seed 0 --out "$data" --force
     train=("$bin/hetgnn" train --data "$data" --device cuda:0 --epochs 1 --cache-bytes "${CACHE_BYTES:-8GiB}" --force)
     HETGNN_SYNC_TIMING=1 run profile_sync "${train[@]}" --report "$out/profile_sync.json"
-    run profile_ncu ncu --launch-skip "${NCU_SKIP:-20000}" --launch-count "${NCU_KERNELS:-2000}" --print-summary per-kernel \
+    HETGNN_PROFILE="$out/profile_host" run profile_host "${train[@]}" --report "$out/profile_host.json"
+    [ -n "${NCU:-}" ] && run profile_ncu ncu --launch-skip "${NCU_SKIP:-20000}" --launch-count "${NCU_KERNELS:-2000}" --print-summary per-kernel \
         --metrics gpu__time_duration.sum "${train[@]}" --report "$out/profile_ncu.json"
 fi
 if step cores; then

@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 
 target="${CARGO_TARGET_DIR:-target/cuda}"
 export CARGO_TARGET_DIR="$target"
-scripts/build-cuda.sh -p hetgnn -p bench
+# hetgnn with its host profiler (HETGNN_PROFILE; src/profile.rs).
+scripts/build-cuda.sh -p hetgnn -p bench --features hetgnn/profile
 scripts/build-cuda.sh -p models --lib --tests
 
 # The newest test binary of a name (cargo leaves one per build, named by hash).
@@ -25,7 +26,8 @@ cp "$target/release/bytegnn" "$target/release/full_graph" "$target/release/hopgn
 cp "$(newest cuda_tests)" gpu-pack/cuda_tests
 cp "$(newest models)" gpu-pack/models_unit
 for f in gpu-pack/*; do
-    strip "$f"
+    # hetgnn keeps its symbol table, for the profiler's function names.
+    case "$f" in */hetgnn) strip --strip-debug "$f" ;; *) strip "$f" ;; esac
     xz -T0 -6 "$f"
 done
 git rev-parse HEAD > gpu-pack/COMMIT

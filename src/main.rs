@@ -20,6 +20,7 @@ mod output;
 mod partition;
 mod plot;
 mod predict;
+mod profile;
 mod train;
 
 use std::path::PathBuf;

@@ -198,7 +198,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     check_outputs(&cfg, args.force, args.config.as_deref())?;
     let input = cfg.training.partitions.clone().or_else(|| cfg.training.data.clone()).unwrap_or_default();
     let start = Instant::now();
+    let profile = crate::profile::HostProfile::start();
     let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("{} training on {}", cfg.training.mode.name(), input.display()))?;
+    drop(profile);
     finish(&cfg, &report, start)
 }
 

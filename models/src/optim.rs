@@ -34,6 +34,34 @@ impl AdamConfig {
     }
 }
 
+/// [`AdamConfig::bias_corrections`] for every step count up to the largest
+/// asked for, computed once: a sparse step asks for one per row (hundreds of
+/// thousands), and `powi` per row was most of a GPU step's host time.
+#[derive(Debug, Default, Clone)]
+pub struct BiasTable {
+    /// The betas (bits) the table was made for.
+    betas: (u64, u64),
+    /// Entry `t`: the corrections after `t` updates.
+    by_step: Vec<(f64, f64)>,
+}
+
+impl BiasTable {
+    /// `cfg.bias_corrections(t)`, the same bits.
+    pub fn get(&mut self, cfg: &AdamConfig, t: u32) -> (f64, f64) {
+        let betas = (cfg.beta1.to_bits(), cfg.beta2.to_bits());
+        if betas != self.betas {
+            self.by_step.clear();
+            self.betas = betas;
+        }
+        let t = t as usize;
+        while self.by_step.len() <= t {
+            let k = self.by_step.len() as u32;
+            self.by_step.push(cfg.bias_corrections(k));
+        }
+        self.by_step[t]
+    }
+}
+
 /// Adam over a [`ParamStore`]; a parameter without a gradient in a step is left
 /// untouched (its moments too), as PyTorch does.
 pub struct Adam {
@@ -83,5 +111,24 @@ impl Adam {
             self.moments.insert(name.to_string(), (m, v));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bias_table_gives_the_corrections_bits_and_follows_the_betas() {
+        let (a, mut b) = (AdamConfig::with_lr(0.01), AdamConfig::with_lr(0.01));
+        b.beta2 = 0.99;
+        let mut table = BiasTable::default();
+        for t in [3u32, 1, 700, 0, 699, 2000] {
+            for cfg in [&a, &b] {
+                let (x, y) = table.get(cfg, t);
+                let (wx, wy) = cfg.bias_corrections(t);
+                assert_eq!((x.to_bits(), y.to_bits()), (wx.to_bits(), wy.to_bits()), "t {t}, beta2 {}", cfg.beta2);
+            }
+        }
     }
 }

@@ -262,6 +262,7 @@ pub struct LearnableCache {
     m: Store,
     v: Store,
     steps: Vec<u32>,
+    bias: models::optim::BiasTable,
 }
 
 /// Cache bytes one learnable row of width `dim` takes: value, both moments and its step count.
@@ -291,7 +292,7 @@ impl LearnableCache {
         let steps = ids.iter().map(|&i| table.steps[i as usize]).collect();
         let n = ids.len();
         let rows = RowCache::build(table.rows, ids, d, data, device, on_device)?;
-        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps })
+        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps, bias: Default::default() })
     }
 
     /// The cached rows (for lookups and gathers).
@@ -360,7 +361,8 @@ impl LearnableCache {
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
         // Each row's step count after this step (written back once the update is made).
-        let bias: Vec<(f64, f64)> = slots.iter().map(|&s| cfg.bias_corrections(self.steps[s as usize] + 1)).collect();
+        let (steps, table) = (&mut self.steps, &mut self.bias);
+        let bias: Vec<(f64, f64)> = slots.iter().map(|&s| table.get(cfg, steps[s as usize] + 1)).collect();
         // On a GPU one kernel updates every row in place.
         if dev.is_cuda() {
             let pairs: Vec<f64> = bias.iter().flat_map(|&(a, b)| [a, b]).collect();
