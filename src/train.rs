@@ -200,7 +200,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let profile = crate::profile::HostProfile::start();
     let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("{} training on {}", cfg.training.mode.name(), input.display()))?;
-    drop(profile);
+    profile.finish();
     finish(&cfg, &report, start)
 }
 

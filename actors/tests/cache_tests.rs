@@ -77,6 +77,9 @@ fn a_budget_that_holds_every_row_caches_everything_without_presampling_and_chang
     let (got, _) = train(&config(&["training.cache_bytes=\"1GiB\"".to_string(), "training.cache_policy=\"hotness\"".to_string()]), &mut losses).unwrap();
     assert_eq!(losses.0, want_losses.0, "losses");
     assert_eq!(got.final_model_sha256, want.final_model_sha256, "model");
+    // Evaluation reads the rows from the cache: the same predictions.
+    let acc = |r: &Report| r.epochs.iter().map(|e| (e.valid_acc, e.test_acc)).collect::<Vec<_>>();
+    assert_eq!(acc(&got), acc(&want), "valid and test accuracy");
     let g = graphs::load(&common::graph(), &LoadOptions::default()).unwrap();
     assert!(got.cache.values().any(|c| c.learnable) && got.cache.values().any(|c| !c.learnable), "{:?}", got.cache);
     for (name, c) in &got.cache {

@@ -60,6 +60,14 @@ impl BiasTable {
         }
         self.by_step[t]
     }
+
+    /// The corrections after `t` updates, from a table made by [`BiasTable::get`] for `t` or more.
+    ///
+    /// # Panics
+    /// Past the table's end (a caller's bug: `get` the largest first).
+    pub fn at(&self, t: u32) -> (f64, f64) {
+        self.by_step[t as usize]
+    }
 }
 
 /// Adam over a [`ParamStore`]; a parameter without a gradient in a step is left

@@ -71,6 +71,8 @@ pub struct RowCache {
     /// Per slot, its node.
     ids: Vec<u32>,
     data: Store,
+    /// Every node cached, in its own slot (`ids` is `0..count`): a lookup is the ids themselves.
+    identity: bool,
     hits: AtomicU64,
     lookups: AtomicU64,
 }
@@ -95,7 +97,8 @@ impl RowCache {
             }
         }
         let data = Store::new(values, ids.len(), dim, device, on_device)?;
-        Ok(RowCache { dim, slot, ids, data, hits: AtomicU64::new(0), lookups: AtomicU64::new(0) })
+        let identity = ids.len() == count && ids.iter().enumerate().all(|(s, &v)| s == v as usize);
+        Ok(RowCache { dim, slot, ids, data, identity, hits: AtomicU64::new(0), lookups: AtomicU64::new(0) })
     }
 
     /// Cached rows.
@@ -122,6 +125,16 @@ impl RowCache {
     /// (training batches count, evaluation does not).
     pub fn lookup(&self, ids: &[u32], count: bool) -> Lookup {
         let mut lk = Lookup { len: ids.len(), ..Lookup::default() };
+        if self.identity && ids.iter().all(|&v| (v as usize) < self.slot.len()) {
+            // A cache of the whole type in id order (at S=1, a step's ~500,000 ids): nothing to read.
+            lk.hit_pos = (0..ids.len() as u32).collect();
+            lk.hit_slot = ids.to_vec();
+            if count {
+                self.hits.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                self.lookups.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            return lk;
+        }
         let slot_of = |&v: &u32| self.slot.get(v as usize).copied().unwrap_or(NONE);
         // A batch's ids are scattered over the slot map: read it on every core
         // for large batches (hundreds of thousands of rows at S=1), then split.
@@ -361,11 +374,18 @@ impl LearnableCache {
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
         // Each row's step count after this step (written back once the update is made).
-        let (steps, table) = (&mut self.steps, &mut self.bias);
-        let bias: Vec<(f64, f64)> = slots.iter().map(|&s| table.get(cfg, steps[s as usize] + 1)).collect();
+        let (steps, table) = (&self.steps, &mut self.bias);
+        // Hundreds of thousands of rows a step at S=1: read on every core, from a table made first.
+        let top = slots.par_iter().with_min_len(PARALLEL_LOOKUP / 4).map(|&s| steps[s as usize]).max().unwrap_or(0);
+        table.get(cfg, top + 1);
+        let table = &*table;
         // On a GPU one kernel updates every row in place.
         if dev.is_cuda() {
-            let pairs: Vec<f64> = bias.iter().flat_map(|&(a, b)| [a, b]).collect();
+            let mut pairs = vec![0f64; 2 * n];
+            pairs.par_chunks_mut(2).zip(slots.par_iter()).with_min_len(PARALLEL_LOOKUP / 4).for_each(|(p, &s)| {
+                let (a, b) = table.at(steps[s as usize] + 1);
+                p.copy_from_slice(&[a, b]);
+            });
             models::ops::adam_rows_in_place(data, m, v, slots, &g.contiguous()?, &pairs, cfg)?;
             for &s in slots {
                 self.steps[s as usize] += 1;
@@ -373,7 +393,7 @@ impl LearnableCache {
             return Ok(());
         }
         // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
-        let (bc1, bc2): (Vec<f64>, Vec<f64>) = bias.into_iter().unzip();
+        let (bc1, bc2): (Vec<f64>, Vec<f64>) = slots.iter().map(|&s| table.at(steps[s as usize] + 1)).unzip();
         let (bc1, bc2) = (Tensor::from_vec(bc1, (n, 1), &dev)?, Tensor::from_vec(bc2, (n, 1), &dev)?);
         let idx = Tensor::from_slice(slots, n, &dev)?;
         let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
@@ -465,6 +485,15 @@ mod tests {
             }
         }
         assert_eq!(lk, Lookup { len: batch.len(), hit_pos, hit_slot, miss_pos, miss_ids });
+        // A cache of every row in id order answers without its slot map, as one built otherwise would.
+        let whole = RowCache::build(count as usize, (0..count).collect(), 0, Vec::new(), &Device::Cpu, false).unwrap();
+        let shuffled = RowCache::build(count as usize, (0..count).rev().collect(), 0, Vec::new(), &Device::Cpu, false).unwrap();
+        assert!(whole.identity && !shuffled.identity);
+        let lk = whole.lookup(&batch, true);
+        assert_eq!((lk.hit_pos.len(), lk.hit_slot.clone(), lk.miss_pos.len()), (batch.len(), batch.clone(), 0));
+        assert_eq!(whole.counts(), (batch.len() as u64, batch.len() as u64));
+        let far = [3u32, count];
+        assert_eq!((whole.lookup(&far, false).miss_ids, shuffled.lookup(&far, false).miss_ids), (vec![count], vec![count]), "an id past the end misses");
         let all: Vec<u32> = batch.iter().map(|v| v - v % 3).collect();
         let lk = c.lookup(&all, true);
         assert_eq!((lk.hit_pos.len(), lk.miss_pos.len()), (all.len(), 0));

@@ -348,8 +348,10 @@ impl<'g> Steps for Run<'g, '_> {
         }
         let (_, splits) = self.g.target_labels();
         let mut sampler = Sampler::new(self.g, &self.cfg.training.fanouts, self.cfg.training.seed ^ EVAL_SEED)?;
-        st.valid_correct = correct_on(self.g, &self.model, &mut sampler, epoch, &splits.valid)?;
-        st.test_correct = correct_on(self.g, &self.model, &mut sampler, epoch, &splits.test)?;
+        // The cached rows are read from the cache, as the steps read them (on a GPU, there).
+        let cache = self.cache.as_ref();
+        st.valid_correct = correct_with(self.g, &self.model, &mut sampler, epoch, &splits.valid, cache)?;
+        st.test_correct = correct_with(self.g, &self.model, &mut sampler, epoch, &splits.test, cache)?;
         Ok(())
     }
 
@@ -374,11 +376,27 @@ fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
 
 /// Correct predictions on `nodes` with sampled neighborhoods and no dropout.
 pub fn correct_on(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<u64> {
+    correct_with(g, model, sampler, epoch, nodes, None)
+}
+
+/// [`correct_on`], reading the rows `cache` holds from it (on a GPU: no
+/// copy from the host). The values are the tables', so the predictions are too.
+fn correct_with(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32], cache: Option<&crate::cache::DeviceCache>) -> Result<u64> {
     let (labels, _) = g.target_labels();
     let mut correct = 0;
     for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
         let mb = sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
-        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+        let src = &mb.blocks[0].src;
+        let inputs = match cache {
+            Some(c) => {
+                let fg = model.feature_gather();
+                let mut inputs = c.features.gather_uncached(&fg, g, src)?;
+                c.features.fill_cached(&fg, g, src, &mut inputs, false)?;
+                c.gather_embeddings(model, src, &mut inputs, false)?;
+                inputs
+            }
+            None => model.gather_inputs(g, src)?,
+        };
         let logits = model.forward(g, &mb, inputs, None)?.detach();
         correct += count_correct(&logits, labels, seeds)?;
     }
