@@ -1,6 +1,7 @@
 //! Parameter initialisation as a pure function of (seed, parameter name).
 
 use graphs::rng::{hash_str, CounterRng};
+use rayon::prelude::*;
 
 /// The Glorot-uniform bound of a `[fan_in, fan_out]` matrix.
 pub fn glorot_bound(fan_in: usize, fan_out: usize) -> f64 {
@@ -15,8 +16,19 @@ pub fn uniform(seed: u64, name: &str, n: usize, bound: f64) -> Vec<f32> {
 
 /// Standard normal values (learnable embedding rows), `n` of them.
 pub fn normal(seed: u64, name: &str, n: usize) -> Vec<f32> {
-    let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
-    (0..n).map(|_| r.normal() as f32).collect()
+    // Value k is draws 2k+1 and 2k+2 of one stream: stretches of it are drawn
+    // on every core (an S=1 author table, 73 million values, took 3.6 s on one).
+    const STRETCH: usize = 1 << 16;
+    let start = CounterRng::from_parts(&[seed, hash_str(name)]);
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(STRETCH).enumerate().for_each(|(c, o)| {
+        let mut r = start.clone();
+        r.seek(2 * (c * STRETCH) as u64);
+        for x in o {
+            *x = r.normal() as f32;
+        }
+    });
+    out
 }
 
 /// Rows `ids` (`dim` values each) of the `[rows, dim]` table [`normal`]
@@ -36,6 +48,14 @@ pub fn normal_rows(seed: u64, name: &str, dim: usize, ids: &[u32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_drawn_in_stretches_is_the_one_stream() {
+        let n = 3 * (1 << 16) + 17;
+        let mut r = CounterRng::from_parts(&[5, hash_str("embed.paper")]);
+        let one: Vec<f32> = (0..n).map(|_| r.normal() as f32).collect();
+        assert_eq!(normal(5, "embed.paper", n), one);
+    }
 
     #[test]
     fn rows_drawn_alone_equal_those_of_the_whole_table() {
