@@ -225,27 +225,23 @@ fn sparse_adam_in_place_gives_the_host_tables_bits_on_cuda() {
     let mut host = EmbeddingTable::new(5, "embed.x", rows, dim);
     let on = |v: &[f32]| Tensor::from_slice(v, (rows, dim), &dev).unwrap();
     let (d, m, v) = (on(&host.data), on(&host.m), on(&host.v));
-    let mut steps = vec![0u32; rows];
+    // Step counts on the device, bumped by the kernels; corrections by count (counts reach 3).
+    let steps = Tensor::zeros(rows, DType::U32, &dev).unwrap();
+    let bc: Vec<f64> = (0..4u32).flat_map(|t| <[f64; 2]>::from(cfg.bias_corrections(t))).collect();
+    let table = Tensor::from_vec(bc, (4, 2), &dev).unwrap();
     for step in 0..3u32 {
         let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7 + step * 11) % rows as u32).filter(|i| (i + step) % 4 != 0).collect();
         let g: Vec<f32> = (0..ids.len() * dim).map(|k| ((k as u32 * 2_654_435_761u32.wrapping_add(step)) >> 20) as f32 / 2048.0 - 1.0).collect();
         host.adam_rows(&ids, &g, &cfg).unwrap();
-        let bc: Vec<f64> = ids
-            .iter()
-            .flat_map(|&s| {
-                steps[s as usize] += 1;
-                let (a, b) = cfg.bias_corrections(steps[s as usize]);
-                [a, b]
-            })
-            .collect();
         let gt = Tensor::from_slice(&g, (ids.len(), dim), &dev).unwrap();
-        assert!(models::ops::adam_rows_in_place(&d, &m, &v, &ids, &gt, &bc, &cfg).unwrap());
+        assert!(models::ops::adam_rows_in_place(&d, &m, &v, &steps, &ids, &gt, &table, &cfg).unwrap());
     }
     let back = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(back(&d), host.data, "values");
     assert_eq!((back(&m), back(&v)), (host.m.clone(), host.v.clone()), "moments");
+    assert_eq!(steps.to_vec1::<u32>().unwrap(), host.steps, "step counts");
     let g1 = Tensor::zeros((1, dim), DType::F32, &dev).unwrap();
-    assert!(models::ops::adam_rows_in_place(&d, &m, &v, &[rows as u32], &g1, &[0.5, 0.5], &cfg).is_err(), "a row out of range");
+    assert!(models::ops::adam_rows_in_place(&d, &m, &v, &steps, &[rows as u32], &g1, &table, &cfg).is_err(), "a row out of range");
     // Rows picked on the device (16-byte vectors, and a view whose offset rules them out).
     let want: Vec<f32> = [7usize, 0, 299, 7].iter().flat_map(|&i| host.data[i * dim..(i + 1) * dim].to_vec()).collect();
     assert_eq!(back(&models::ops::take_rows(&d, &[7, 0, 299, 7]).unwrap()), want, "take_rows");

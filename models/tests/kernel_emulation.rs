@@ -429,30 +429,28 @@ fn sparse_adam_kernel_matches_the_host_table() {
     let Some(e) = emu() else { return };
     let cfg = AdamConfig::with_lr(0.05);
     let (rows, dim) = (40usize, 37usize);
-    type Kernel = unsafe extern "C" fn(*mut f32, *mut f32, *mut f32, *const u32, *const f32, *const f64, f32, f32, f32, f32, f64, f64, u32, u32);
-    let adam: Kernel = e.kernel("sparse_adam_f32");
+    type Kernel = unsafe extern "C" fn(*mut f32, *mut f32, *mut f32, *const u32, *const u32, *const f32, *const f64, u32, f32, f32, f32, f32, f64, f64, u32, u32);
+    type Bump = unsafe extern "C" fn(*mut u32, *const u32, u32, u32);
+    let (adam, bump): (Kernel, Bump) = (e.kernel("sparse_adam_f32"), e.kernel("bump_steps_u32"));
     let touched: Vec<Vec<u32>> = (0..4u32).map(|step| (0..rows as u32).map(|i| (i * 7 + step * 3) % rows as u32).filter(|i| (i + step) % 3 != 0).collect()).collect();
     let grads: Vec<Vec<f32>> = touched.iter().enumerate().map(|(k, ids)| random::<f32>(20 + k as u64, ids.len() * dim)).collect();
     let mut host = EmbeddingTable::new(5, "embed.x", rows, dim);
     for (ids, g) in touched.iter().zip(&grads) {
         host.adam_rows(ids, g, &cfg).unwrap();
     }
-    for (grid, block) in cfg_rows(touched[0].len(), dim) {
+    // The corrections by step count, as the cache uploads them (5 entries: counts up to 4).
+    let bc: Vec<f64> = (0..5u32).flat_map(|t| <[f64; 2]>::from(cfg.bias_corrections(t))).collect();
+    for ((grid, block), (bgrid, bblock)) in cfg_rows(touched[0].len(), dim).into_iter().zip(cfg_elems(touched[0].len())) {
         let mut t = EmbeddingTable::new(5, "embed.x", rows, dim);
         let mut steps = vec![0u32; rows];
         for (ids, g) in touched.iter().zip(&grads) {
-            let bc: Vec<f64> = ids
-                .iter()
-                .flat_map(|&s| {
-                    steps[s as usize] += 1;
-                    let (a, b) = cfg.bias_corrections(steps[s as usize]);
-                    [a, b]
-                })
-                .collect();
             let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
-            let (d, m, v) = (t.data.as_mut_ptr(), t.m.as_mut_ptr(), t.v.as_mut_ptr());
-            // SAFETY: buffers sized as the kernel indexes them; ids are distinct and in range.
-            e.launch(grid, block, || unsafe { adam(d, m, v, ids.as_ptr(), g.as_ptr(), bc.as_ptr(), b1, 1.0 - b1, b2, 1.0 - b2, cfg.lr, cfg.eps, ids.len() as u32, dim as u32) });
+            let (d, m, v, st) = (t.data.as_mut_ptr(), t.m.as_mut_ptr(), t.v.as_mut_ptr(), steps.as_mut_ptr());
+            let n = ids.len() as u32;
+            // SAFETY: buffers sized as the kernels index them; ids are distinct and in range.
+            e.launch(grid, block, || unsafe { adam(d, m, v, st, ids.as_ptr(), g.as_ptr(), bc.as_ptr(), 5, b1, 1.0 - b1, b2, 1.0 - b2, cfg.lr, cfg.eps, n, dim as u32) });
+            // SAFETY: as above.
+            e.launch(bgrid, bblock, || unsafe { bump(st, ids.as_ptr(), 5, n) });
         }
         let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
         assert_same(&format!("sparse adam values grid={grid}"), &f(&t.data), &f(&host.data));

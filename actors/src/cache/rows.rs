@@ -274,8 +274,23 @@ pub struct LearnableCache {
     rows: RowCache,
     m: Store,
     v: Store,
+    /// Per slot, its step count (on a CUDA device, `device_steps` holds the current ones).
     steps: Vec<u32>,
     bias: models::optim::BiasTable,
+    device_steps: Option<DeviceSteps>,
+}
+
+/// A GPU cache's step counts, kept there (its Adam kernel bumps them), and
+/// Adam's bias corrections by step count for the kernel to read.
+struct DeviceSteps {
+    /// `[rows]` u32, by slot.
+    steps: Tensor,
+    /// `[len, 2]` f64: row `t`, the corrections after `t` updates.
+    table: Tensor,
+    /// No row's count is above this.
+    bound: u32,
+    /// The betas (bits) of the table.
+    betas: (u64, u64),
 }
 
 /// Cache bytes one learnable row of width `dim` takes: value, both moments and its step count.
@@ -305,7 +320,7 @@ impl LearnableCache {
         let steps = ids.iter().map(|&i| table.steps[i as usize]).collect();
         let n = ids.len();
         let rows = RowCache::build(table.rows, ids, d, data, device, on_device)?;
-        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps, bias: Default::default() })
+        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps, bias: Default::default(), device_steps: None })
     }
 
     /// The cached rows (for lookups and gathers).
@@ -373,25 +388,35 @@ impl LearnableCache {
         let (Store::Device(data), Store::Device(m), Store::Device(v)) = (&mut self.rows.data, &mut self.m, &mut self.v) else { unreachable!("a cache keeps all its arrays in one place") };
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
-        // Each row's step count after this step (written back once the update is made).
-        let (steps, table) = (&self.steps, &mut self.bias);
-        // Hundreds of thousands of rows a step at S=1: read on every core, from a table made first.
-        let top = slots.par_iter().with_min_len(PARALLEL_LOOKUP / 4).map(|&s| steps[s as usize]).max().unwrap_or(0);
-        table.get(cfg, top + 1);
-        let table = &*table;
-        // On a GPU one kernel updates every row in place.
+        // On a GPU one kernel updates every row in place, and another bumps
+        // the rows' step counts, which live there: nothing is done per row here.
         if dev.is_cuda() {
-            let mut pairs = vec![0f64; 2 * n];
-            pairs.par_chunks_mut(2).zip(slots.par_iter()).with_min_len(PARALLEL_LOOKUP / 4).for_each(|(p, &s)| {
-                let (a, b) = table.at(steps[s as usize] + 1);
-                p.copy_from_slice(&[a, b]);
-            });
-            models::ops::adam_rows_in_place(data, m, v, slots, &g.contiguous()?, &pairs, cfg)?;
-            for &s in slots {
-                self.steps[s as usize] += 1;
+            let ds = match &mut self.device_steps {
+                Some(ds) => ds,
+                slot => {
+                    let bound = self.steps.iter().copied().max().unwrap_or(0);
+                    let steps = Tensor::from_slice(&self.steps, self.steps.len(), &dev)?;
+                    slot.insert(DeviceSteps { table: Tensor::zeros((2, 2), DType::F64, &dev)?, steps, bound, betas: (0, 0) })
+                }
+            };
+            // This update takes no row's count past bound + 1; the table must reach it.
+            ds.bound = ds.bound.saturating_add(1);
+            let betas = (cfg.beta1.to_bits(), cfg.beta2.to_bits());
+            let len = ds.table.dims()[0];
+            if ds.betas != betas || len <= ds.bound as usize {
+                let len = (2 * (ds.bound as usize + 1)).max(1024);
+                let pairs: Vec<f64> = (0..len as u32).flat_map(|t| <[f64; 2]>::from(self.bias.get(cfg, t))).collect();
+                ds.table = Tensor::from_vec(pairs, (len, 2), &dev)?;
+                ds.betas = betas;
             }
+            models::ops::adam_rows_in_place(data, m, v, &ds.steps, slots, &g.contiguous()?, &ds.table, cfg)?;
             return Ok(());
         }
+        // Each row's step count after this step (written back once the update is made).
+        let (steps, table) = (&self.steps, &mut self.bias);
+        let top = slots.iter().map(|&s| steps[s as usize]).max().unwrap_or(0);
+        table.get(cfg, top + 1);
+        let table = &*table;
         // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
         let (bc1, bc2): (Vec<f64>, Vec<f64>) = slots.iter().map(|&s| table.at(steps[s as usize] + 1)).unzip();
         let (bc1, bc2) = (Tensor::from_vec(bc1, (n, 1), &dev)?, Tensor::from_vec(bc2, (n, 1), &dev)?);
@@ -420,12 +445,16 @@ impl LearnableCache {
     pub fn write_back(&self, table: &mut EmbeddingTable) -> Result<()> {
         let d = self.rows.dim;
         let (data, m, v) = (self.rows.data.values()?, self.m.values()?, self.v.values()?);
+        let steps = match &self.device_steps {
+            Some(ds) => ds.steps.to_vec1::<u32>()?,
+            None => self.steps.clone(),
+        };
         for (s, &id) in self.rows.ids.iter().enumerate() {
             let (dst, src) = (id as usize * d..(id as usize + 1) * d, s * d..(s + 1) * d);
             table.data[dst.clone()].copy_from_slice(&data[src.clone()]);
             table.m[dst.clone()].copy_from_slice(&m[src.clone()]);
             table.v[dst].copy_from_slice(&v[src]);
-            table.steps[id as usize] = self.steps[s];
+            table.steps[id as usize] = steps[s];
         }
         Ok(())
     }

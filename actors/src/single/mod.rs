@@ -347,11 +347,12 @@ impl<'g> Steps for Run<'g, '_> {
             return Ok(());
         }
         let (_, splits) = self.g.target_labels();
-        let mut sampler = Sampler::new(self.g, &self.cfg.training.fanouts, self.cfg.training.seed ^ EVAL_SEED)?;
-        // The cached rows are read from the cache, as the steps read them (on a GPU, there).
-        let cache = self.cache.as_ref();
-        st.valid_correct = correct_with(self.g, &self.model, &mut sampler, epoch, &splits.valid, cache)?;
-        st.test_correct = correct_with(self.g, &self.model, &mut sampler, epoch, &splits.test, cache)?;
+        // The cached rows are read from the cache, as the steps read them (on a
+        // GPU, there); batches are sampled on the prefetch threads' count.
+        let (t, cache) = (&self.cfg.training, self.cache.as_ref());
+        let seed = t.seed ^ EVAL_SEED;
+        st.valid_correct = correct_with(self.g, &self.model, &t.fanouts, seed, self.prefetch, epoch, &splits.valid, cache)?;
+        st.test_correct = correct_with(self.g, &self.model, &t.fanouts, seed, self.prefetch, epoch, &splits.test, cache)?;
         Ok(())
     }
 
@@ -374,18 +375,23 @@ fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_vec(y, seeds.len(), device)?)
 }
 
-/// Correct predictions on `nodes` with sampled neighborhoods and no dropout.
-pub fn correct_on(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32]) -> Result<u64> {
-    correct_with(g, model, sampler, epoch, nodes, None)
-}
-
-/// [`correct_on`], reading the rows `cache` holds from it (on a GPU: no
-/// copy from the host). The values are the tables', so the predictions are too.
-fn correct_with(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, nodes: &[u32], cache: Option<&crate::cache::DeviceCache>) -> Result<u64> {
+/// Correct predictions on `nodes` with sampled neighborhoods (a sampler of
+/// `fanouts` and `seed`) and no dropout, the batches sampled
+/// on `workers` threads ahead of the model (samples are pure functions of
+/// (epoch, step, seeds): the same batches as one sampler's), reading the rows
+/// `cache` holds from it (on a GPU: no copy from the host). The values are
+/// the tables', so the predictions are too.
+#[allow(clippy::too_many_arguments)]
+fn correct_with(g: &HetGraph, model: &Model, fanouts: &[usize], seed: u64, workers: usize, epoch: u64, nodes: &[u32], cache: Option<&crate::cache::DeviceCache>) -> Result<u64> {
     let (labels, _) = g.target_labels();
+    let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
+    let uses_neighbors = model.uses_neighbors();
+    let make = || -> Result<_> {
+        let mut sampler = Sampler::new(g, fanouts, seed)?;
+        Ok(move |step: u64, seeds: &[u32]| sample(&mut sampler, uses_neighbors, epoch, step, seeds))
+    };
     let mut correct = 0;
-    for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-        let mb = sample(sampler, model.uses_neighbors(), epoch, step as u64, seeds)?;
+    crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
         let src = &mb.blocks[0].src;
         let inputs = match cache {
             Some(c) => {
@@ -399,6 +405,7 @@ fn correct_with(g: &HetGraph, model: &Model, sampler: &mut Sampler, epoch: u64, 
         };
         let logits = model.forward(g, &mb, inputs, None)?.detach();
         correct += count_correct(&logits, labels, seeds)?;
-    }
+        Ok(())
+    })?;
     Ok(correct)
 }

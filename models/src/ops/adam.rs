@@ -10,12 +10,17 @@ use crate::optim::AdamConfig;
 
 /// One Adam step, in place, for rows `slots` (distinct) of `data`, `m` and
 /// `v` (`[rows, dim]` f32 tensors on one CUDA device) with gradient rows `g`
-/// (`[slots.len(), dim]`, on that device) and per-row bias corrections `bc`
-/// (`1 - β1^t, 1 - β2^t` for each row's own step count `t`): what
-/// [`adam_row`](crate::embedding::adam_row) does to each, bit for bit.
+/// (`[slots.len(), dim]`, on that device): what
+/// [`adam_row`](crate::embedding::adam_row) does to each, bit for bit. Each
+/// row's step count is in `steps` (`[rows]` u32, there too), bumped here, and
+/// its bias corrections `1 - β1^t, 1 - β2^t` for its count `t` after the
+/// update are row `t` of `bc` (`[len, 2]` f64, there too), which the caller
+/// makes longer than any count (past its end the last row is used): the host
+/// does nothing per row.
 /// Arguments are checked wherever the tensors are; `Ok(false)`, touching
 /// nothing, when they are not on a CUDA device.
-pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, slots: &[u32], g: &Tensor, bc: &[f64], cfg: &AdamConfig) -> candle_core::Result<bool> {
+#[allow(clippy::too_many_arguments)]
+pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, steps: &Tensor, slots: &[u32], g: &Tensor, bc: &Tensor, cfg: &AdamConfig) -> candle_core::Result<bool> {
     let (rows, dim) = data.dims2()?;
     for (what, t, want) in [("moments", m, (rows, dim)), ("moments", v, (rows, dim)), ("gradient", g, (slots.len(), dim))] {
         if t.dims2()? != want || !t.is_contiguous() || t.dtype() != candle_core::DType::F32 || !t.device().same_device(data.device()) {
@@ -25,8 +30,12 @@ pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, slots: &[u32], 
     if !data.is_contiguous() || data.dtype() != candle_core::DType::F32 {
         return Err(candle_core::Error::Msg("sparse-adam: the values must be contiguous f32".into()));
     }
-    if bc.len() != 2 * slots.len() {
-        return Err(candle_core::Error::Msg(format!("sparse-adam: {} bias corrections for {} rows", bc.len(), slots.len())));
+    let on = |t: &Tensor| t.is_contiguous() && t.device().same_device(data.device());
+    if steps.dims() != [rows] || steps.dtype() != candle_core::DType::U32 || !on(steps) {
+        return Err(candle_core::Error::Msg(format!("sparse-adam: step counts of shape {:?} ({:?}) for {rows} rows", steps.dims(), steps.dtype())));
+    }
+    if bc.dims().len() != 2 || bc.dims()[1] != 2 || bc.dims()[0] < 2 || bc.dtype() != candle_core::DType::F64 || !on(bc) {
+        return Err(candle_core::Error::Msg(format!("sparse-adam: bias corrections of shape {:?} ({:?}), not [at least 2, 2] f64", bc.dims(), bc.dtype())));
     }
     if let Some(&s) = slots.iter().find(|&&s| s as usize >= rows) {
         return Err(candle_core::Error::Msg(format!("sparse-adam: row {s} of {rows}")));
@@ -43,28 +52,30 @@ pub fn adam_rows_in_place(data: &Tensor, m: &Tensor, v: &Tensor, slots: &[u32], 
     if !data.device().is_cuda() {
         return Ok(false);
     }
-    device(data, m, v, g, slots, bc, cfg, dim)?;
+    device(data, m, v, steps, g, slots, bc, cfg, dim)?;
     Ok(true)
 }
 
 #[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
-fn device(data: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, slots: &[u32], bc: &[f64], cfg: &AdamConfig, dim: usize) -> candle_core::Result<()> {
+fn device(data: &Tensor, m: &Tensor, v: &Tensor, steps: &Tensor, g: &Tensor, slots: &[u32], bc: &Tensor, cfg: &AdamConfig, dim: usize) -> candle_core::Result<()> {
     use candle_core::Storage;
     let (sd, ld) = data.storage_and_layout();
     let (sm, lm) = m.storage_and_layout();
     let (sv, lv) = v.storage_and_layout();
+    let (ss, ls) = steps.storage_and_layout();
     let (sg, lg) = g.storage_and_layout();
-    let (Storage::Cuda(sd), Storage::Cuda(sm), Storage::Cuda(sv), Storage::Cuda(sg)) = (&*sd, &*sm, &*sv, &*sg) else {
+    let (sb, lb) = bc.storage_and_layout();
+    let (Storage::Cuda(sd), Storage::Cuda(sm), Storage::Cuda(sv), Storage::Cuda(ss), Storage::Cuda(sg), Storage::Cuda(sb)) = (&*sd, &*sm, &*sv, &*ss, &*sg, &*sb) else {
         return Err(candle_core::Error::Msg("sparse-adam: tensors on different devices".into()));
     };
     let c = super::cuda::AdamConsts { b1: cfg.beta1 as f32, b2: cfg.beta2 as f32, lr: cfg.lr, eps: cfg.eps };
-    super::cuda::sparse_adam((sd, ld), (sm, lm), (sv, lv), (sg, lg), slots, bc, &c, dim)
+    super::cuda::sparse_adam((sd, ld), (sm, lm), (sv, lv), (ss, ls), (sg, lg), slots, (sb, lb), &c, dim)
 }
 
 #[cfg(not(feature = "cuda"))]
 #[allow(clippy::too_many_arguments)]
-fn device(_: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &[u32], _: &[f64], _: &AdamConfig, _: usize) -> candle_core::Result<()> {
+fn device(_: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &[u32], _: &Tensor, _: &AdamConfig, _: usize) -> candle_core::Result<()> {
     Err(candle_core::Error::Msg("sparse-adam: a CUDA tensor in a build without CUDA".into()))
 }
 
@@ -78,12 +89,18 @@ mod tests {
         let cfg = AdamConfig::with_lr(0.01);
         let t = |r: usize| Tensor::zeros((r, 4), DType::F32, &Device::Cpu).unwrap();
         let (d, m, v) = (t(10), t(10), t(10));
-        assert!(!adam_rows_in_place(&d, &m, &v, &[3, 1], &t(2), &[0.5; 4], &cfg).unwrap(), "not a CUDA device: nothing done");
-        let err = |slots: &[u32], g: &Tensor, bc: &[f64]| adam_rows_in_place(&d, &m, &v, slots, g, bc, &cfg).unwrap_err().to_string();
-        assert!(err(&[3, 3], &t(2), &[0.5; 4]).contains("row 3 updated twice"));
-        assert!(err(&[10], &t(1), &[0.5; 2]).contains("row 10 of 10"));
-        assert!(err(&[1], &t(2), &[0.5; 2]).contains("gradient"));
-        assert!(err(&[1], &t(1), &[0.5; 3]).contains("bias corrections"));
-        assert!(adam_rows_in_place(&d, &t(9), &v, &[1], &t(1), &[0.5; 2], &cfg).unwrap_err().to_string().contains("moments"));
+        let steps = Tensor::zeros(10, DType::U32, &Device::Cpu).unwrap();
+        let bc = |n: usize| Tensor::ones((n, 2), DType::F64, &Device::Cpu).unwrap();
+        assert!(!adam_rows_in_place(&d, &m, &v, &steps, &[3, 1], &t(2), &bc(4), &cfg).unwrap(), "not a CUDA device: nothing done");
+        let err = |slots: &[u32], g: &Tensor, bc: &Tensor| adam_rows_in_place(&d, &m, &v, &steps, slots, g, bc, &cfg).unwrap_err().to_string();
+        assert!(err(&[3, 3], &t(2), &bc(4)).contains("row 3 updated twice"));
+        assert!(err(&[10], &t(1), &bc(4)).contains("row 10 of 10"));
+        assert!(err(&[1], &t(2), &bc(4)).contains("gradient"));
+        assert!(err(&[1], &t(1), &bc(1)).contains("bias corrections"), "a table shorter than two");
+        assert!(err(&[1], &t(1), &Tensor::ones((4, 3), DType::F64, &Device::Cpu).unwrap()).contains("bias corrections"));
+        assert!(err(&[1], &t(1), &Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap()).contains("bias corrections"));
+        let short = Tensor::zeros(9, DType::U32, &Device::Cpu).unwrap();
+        assert!(adam_rows_in_place(&d, &m, &v, &short, &[1], &t(1), &bc(4), &cfg).unwrap_err().to_string().contains("step counts"));
+        assert!(adam_rows_in_place(&d, &t(9), &v, &steps, &[1], &t(1), &bc(4), &cfg).unwrap_err().to_string().contains("moments"));
     }
 }

@@ -433,7 +433,7 @@ mod tests {
             }
         }
         // f32 only: the cache's rows.
-        for k in ["sparse_adam_f32", "take_rows_f32"] {
+        for k in ["sparse_adam_f32", "bump_steps_u32", "take_rows_f32"] {
             assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing from the PTX");
         }
     }
@@ -448,29 +448,40 @@ pub(crate) struct AdamConsts {
 }
 
 /// In place: rows `slots` of `data`, `m`, `v` (`[_, cols]` f32) take one Adam
-/// step with gradient rows `g` (`[slots.len(), cols]`) and per-row bias
-/// corrections `bc` (pairs). The caller checked shapes, slots and contiguity.
+/// step with gradient rows `g` (`[slots.len(), cols]`), each with the bias
+/// corrections of its own step count (`steps`, u32, bumped here) from the
+/// table `bc` (`[bc_len, 2]` f64, by step count). The caller checked shapes,
+/// slots, contiguity and that the table outlasts every count.
 ///
-/// The three tables are written through shared borrows of their storage: the
-/// kernel writes device memory that no host reference reads, on the one
-/// stream every op of the device runs on, so it is ordered after every
+/// The tables are written through shared borrows of their storage: the
+/// kernels write device memory that no host reference reads, on the one
+/// stream every op of the device runs on, so they are ordered after every
 /// earlier reader and before every later one.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sparse_adam(data: Input, m: Input, v: Input, g: Input, slots: &[u32], bc: &[f64], c: &AdamConsts, cols: usize) -> candle_core::Result<()> {
+pub(crate) fn sparse_adam(data: Input, m: Input, v: Input, steps: Input, g: Input, slots: &[u32], bc: Input, c: &AdamConsts, cols: usize) -> candle_core::Result<()> {
     let dev = &data.0.device;
     let (r32, c32) = (dim(slots.len(), "rows")?, dim(cols, "columns")?);
+    let bc_len = dim(bc.1.shape().elem_count() / 2, "bias corrections")?;
     if slots.is_empty() || cols == 0 {
         return Ok(());
     }
     let (dv, mv, vv, gv) = (view::<f32>(data.0, data.1, "sparse-adam")?, view::<f32>(m.0, m.1, "sparse-adam")?, view::<f32>(v.0, v.1, "sparse-adam")?, view::<f32>(g.0, g.1, "sparse-adam")?);
-    let (slots, bc) = (upload(dev, slots)?, upload(dev, bc)?);
+    let bcv = view::<f64>(bc.0, bc.1, "sparse-adam")?;
+    let (a, b) = steps.1.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("sparse-adam needs contiguous step counts".into()))?;
+    let sv = steps.0.as_cuda_slice::<u32>()?.slice(a..b);
+    let slots = upload(dev, slots)?;
     let (ob1, ob2) = (1.0 - c.b1, 1.0 - c.b2);
-    let f = kernel(dev, "sparse_adam", "f32")?;
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
-    b.arg(&dv).arg(&mv).arg(&vv).arg(&slots).arg(&gv).arg(&bc).arg(&c.b1).arg(&ob1).arg(&c.b2).arg(&ob2).arg(&c.lr).arg(&c.eps).arg(&r32).arg(&c32);
-    // SAFETY: argument types and counts match the kernel's signature; slots were checked against the tables' rows.
-    unsafe { b.launch(launch_cfg_rows(r32, c32)) }.w()?;
+    let f = kernel(dev, "sparse_adam", "f32")?;
+    let mut l = stream.launch_builder(&f);
+    l.arg(&dv).arg(&mv).arg(&vv).arg(&sv).arg(&slots).arg(&gv).arg(&bcv).arg(&bc_len).arg(&c.b1).arg(&ob1).arg(&c.b2).arg(&ob2).arg(&c.lr).arg(&c.eps).arg(&r32).arg(&c32);
+    // SAFETY: argument types and counts match the kernel's signature; slots were checked against the tables' rows, and step counts are clamped to the table.
+    unsafe { l.launch(launch_cfg_rows(r32, c32)) }.w()?;
+    let f = kernel(dev, "bump_steps", "u32")?;
+    let mut l = stream.launch_builder(&f);
+    l.arg(&sv).arg(&slots).arg(&bc_len).arg(&r32);
+    // SAFETY: as above; one thread per row, each slot distinct.
+    unsafe { l.launch(launch_cfg_elems(slots.len())) }.w()?;
     Ok(())
 }
 

@@ -409,17 +409,22 @@ LSE_KERNELS(float, f32)
 LSE_KERNELS(double, f64)
 
 // Sparse Adam in place: row slots[r] of data, m and v takes gradient row r of
-// g, with its bias corrections bc[2r] = 1 - b1^t and bc[2r + 1] = 1 - b2^t
-// (t: that row's own step count), the arithmetic of embedding.rs's adam_row
+// g. The row's step count after this update is t = steps[slots[r]] + 1 and
+// its bias corrections are bc[2t] = 1 - b1^t and bc[2t + 1] = 1 - b2^t, a
+// table by step count (t is clamped to bc_len - 1 for safety; the host keeps
+// the table longer than any count). The arithmetic is embedding.rs's adam_row
 // in its order: m and v in f32, the step in f64. ob1 = 1 - b1 and ob2 = 1 - b2
 // as f32. Slots are distinct, so no two blocks write one row. One block walks
-// a row (grid-stride over rows), its threads the columns.
-extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, const u32* slots, const float* g,
-                                           const double* bc, float b1, float ob1, float b2, float ob2, double lr,
-                                           double eps, u32 rows, u32 cols) {
+// a row (grid-stride over rows), its threads the columns. The step counts are
+// read here and bumped by bump_steps_u32 after it (no barrier needed).
+extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, const u32* steps, const u32* slots,
+                                           const float* g, const double* bc, u32 bc_len, float b1, float ob1, float b2,
+                                           float ob2, double lr, double eps, u32 rows, u32 cols) {
     for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const size_t s = (size_t)slots[r] * cols;
-        const double bc1 = bc[2 * (size_t)r], bc2 = bc[2 * (size_t)r + 1];
+        const u32 slot = slots[r];
+        const size_t s = (size_t)slot * cols;
+        const u32 t = steps[slot] + 1 < bc_len ? steps[slot] + 1 : bc_len - 1;
+        const double bc1 = bc[2 * (size_t)t], bc2 = bc[2 * (size_t)t + 1];
         for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
             const float gj = g[(size_t)r * cols + j];
             const float mj = add_rn(mul_rn(b1, m[s + j]), mul_rn(ob1, gj));
@@ -431,6 +436,15 @@ extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, cons
             const double step = __ddiv_rn(mul_rn(lr, mhat), add_rn(sqrt(vhat), eps));
             data[s + j] = add_rn(data[s + j], -(float)step);
         }
+    }
+}
+
+// The step counts of the rows sparse_adam_f32 just updated, bumped (clamped
+// as it clamps them). A thread per row, grid-stride.
+extern "C" __global__ void bump_steps_u32(u32* steps, const u32* slots, u32 bc_len, u32 rows) {
+    for (u32 r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        const u32 slot = slots[r];
+        steps[slot] = steps[slot] + 1 < bc_len ? steps[slot] + 1 : bc_len - 1;
     }
 }
 
