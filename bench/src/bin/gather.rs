@@ -93,16 +93,26 @@ fn main() -> anyhow::Result<()> {
         table.index_select(&Tensor::from_slice(b, b.len(), &device)?, 0)
     })?;
     let (take_min, take_med) = time(&device, a.repeat, |r| models::ops::take_rows(&table, &batches[r % 4]))?;
+    // What the uploads and the device's own copies cost alone: the ids'
+    // upload (to take from take_rows' time) and a contiguous copy of as many
+    // rows (the bandwidth a gather could reach, with nothing scattered).
+    let (up_min, up_med) = time(&device, a.repeat, |r| Tensor::from_slice(&batches[r % 4], n, &device))?;
+    let (copy_min, copy_med) = time(&device, a.repeat, |r| table.narrow(0, (r % 4) * (a.rows - n) / 4, n)?.copy())?;
     println!("{} rows of {} f32 from a table of {} on {}: {:.1} MB moved, floor {:.1} us at {:.2} TB/s", n, a.dim, a.rows, a.device, bytes / 1e6, floor * 1e6, a.bandwidth / 1e12);
     println!("  index_select, ids on the device: min {:.1} us, median {:.1} us = {:.2}x the floor", kernel_min * 1e6, kernel_med * 1e6, kernel_med / floor);
     println!("  ids uploaded first (as a step does): min {:.1} us, median {:.1} us = {:.2}x the floor", step_min * 1e6, step_med * 1e6, step_med / floor);
     println!("  models::ops::take_rows (what the cache uses; ids uploaded): min {:.1} us, median {:.1} us = {:.2}x the floor", take_min * 1e6, take_med * 1e6, take_med / floor);
+    println!("  the ids' upload alone: min {:.1} us, median {:.1} us; take_rows less it: {:.2}x the floor", up_min * 1e6, up_med * 1e6, (take_med - up_med).max(0.0) / floor);
+    println!("  a contiguous copy of as many rows: min {:.1} us, median {:.1} us = {:.2}x the floor", copy_min * 1e6, copy_med * 1e6, copy_med / floor);
     let json = serde_json::json!({
         "device": a.device, "rows": a.rows, "dim": a.dim, "batch": n, "repeat": a.repeat, "bandwidth": a.bandwidth,
         "bytes_moved": bytes, "floor_s": floor,
         "index_select_s": { "min": kernel_min, "median": kernel_med, "ratio_to_floor": kernel_med / floor },
         "with_upload_s": { "min": step_min, "median": step_med, "ratio_to_floor": step_med / floor },
         "take_rows_s": { "min": take_min, "median": take_med, "ratio_to_floor": take_med / floor },
+        "upload_ids_s": { "min": up_min, "median": up_med },
+        "take_rows_less_upload_ratio_to_floor": (take_med - up_med).max(0.0) / floor,
+        "contiguous_copy_s": { "min": copy_min, "median": copy_med, "ratio_to_floor": copy_med / floor },
     });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
