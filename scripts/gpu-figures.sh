@@ -23,8 +23,10 @@
 # each phase of a step charged its device time), once under the host
 # profiler (profile_host.txt, .svg: each thread's busiest functions) and,
 # with NCU=1, once under Nsight Compute for $NCU_KERNELS kernels of
-# mid-epoch steps (profile_ncu.txt: time per kernel name). `cores` runs, on the machine's CPU cores (no GPU), the
-# timing targets that a 2-core machine cannot show because its node
+# mid-epoch steps (profile_ncu.txt: time per kernel name); with
+# HETGNN_PROFILE_WALL=1 in the environment the host profile is of the
+# training thread's wall time. `cores` runs, on the machine's CPU cores (no
+# GPU), the timing targets that a 2-core machine cannot show because its node
 # processes outnumber its cores (issues 23-25): DAG sampling against the
 # pipeline (bytegnn-*.json), full-graph staleness at 1 Gbit/s on 4 nodes
 # (full_graph.json) and HopGNN against its baselines (hopgnn.json). Each
