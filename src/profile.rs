@@ -20,12 +20,13 @@ impl HostProfile {
         #[cfg(feature = "profile")]
         {
             let wall = stem.is_some() && std::env::var("HETGNN_PROFILE_WALL").is_ok_and(|v| v == "1");
-            // 250 Hz: enough samples over a minute's run, little overhead. In
+            // 250 Hz: enough samples over a minute's run, little overhead.
+            // Names match by substring: "libc.so", not "libc" (libcuda). In
             // wall mode the timer all but stops (1 Hz) and nothing is left
             // out: a blocked thread's newest frame is in libc or the driver.
             let builder = match wall {
                 true => pprof::ProfilerGuardBuilder::default().frequency(1),
-                false => pprof::ProfilerGuardBuilder::default().frequency(250).blocklist(&["libc", "libgcc", "pthread", "vdso"]),
+                false => pprof::ProfilerGuardBuilder::default().frequency(250).blocklist(&["libc.so", "libgcc", "libpthread", "vdso"]),
             };
             let run = stem.and_then(|s| match builder.build() {
                 Ok(g) => Some((g, std::path::PathBuf::from(s))),

@@ -289,8 +289,8 @@ struct DeviceSteps {
     table: Tensor,
     /// No row's count is above this.
     bound: u32,
-    /// The betas (bits) of the table.
-    betas: (u64, u64),
+    /// The betas (bits) of the table; `None` before the first is made.
+    betas: Option<(u64, u64)>,
 }
 
 /// Cache bytes one learnable row of width `dim` takes: value, both moments and its step count.
@@ -396,12 +396,12 @@ impl LearnableCache {
                 slot => {
                     let bound = self.steps.iter().copied().max().unwrap_or(0);
                     let steps = Tensor::from_slice(&self.steps, self.steps.len(), &dev)?;
-                    slot.insert(DeviceSteps { table: Tensor::zeros((2, 2), DType::F64, &dev)?, steps, bound, betas: (0, 0) })
+                    slot.insert(DeviceSteps { table: Tensor::zeros((2, 2), DType::F64, &dev)?, steps, bound, betas: None })
                 }
             };
             // This update takes no row's count past bound + 1; the table must reach it.
             ds.bound = ds.bound.saturating_add(1);
-            let betas = (cfg.beta1.to_bits(), cfg.beta2.to_bits());
+            let betas = Some((cfg.beta1.to_bits(), cfg.beta2.to_bits()));
             let len = ds.table.dims()[0];
             if ds.betas != betas || len <= ds.bound as usize {
                 let len = (2 * (ds.bound as usize + 1)).max(1024);

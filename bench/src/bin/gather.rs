@@ -97,7 +97,7 @@ fn main() -> anyhow::Result<()> {
     // upload (to take from take_rows' time) and a contiguous copy of as many
     // rows (the bandwidth a gather could reach, with nothing scattered).
     let (up_min, up_med) = time(&device, a.repeat, |r| Tensor::from_slice(&batches[r % 4], n, &device))?;
-    let (copy_min, copy_med) = time(&device, a.repeat, |r| table.narrow(0, (r % 4) * (a.rows - n) / 4, n)?.copy())?;
+    let (copy_min, copy_med) = time(&device, a.repeat, |r| table.narrow(0, (r % 4) * (a.rows - n) / 4, n)?.force_contiguous())?;
     println!("{} rows of {} f32 from a table of {} on {}: {:.1} MB moved, floor {:.1} us at {:.2} TB/s", n, a.dim, a.rows, a.device, bytes / 1e6, floor * 1e6, a.bandwidth / 1e12);
     println!("  index_select, ids on the device: min {:.1} us, median {:.1} us = {:.2}x the floor", kernel_min * 1e6, kernel_med * 1e6, kernel_med / floor);
     println!("  ids uploaded first (as a step does): min {:.1} us, median {:.1} us = {:.2}x the floor", step_min * 1e6, step_med * 1e6, step_med / floor);
