@@ -280,6 +280,13 @@ impl DeviceCache {
         self.features.types.iter().flatten().map(RowCache::bytes).sum::<u64>() + self.learnable.iter().flatten().map(LearnableCache::bytes).sum::<u64>()
     }
 
+    /// [`Model::gather_inputs`] with the rows the cache holds read from it.
+    pub fn gather_inputs(&self, model: &Model, g: &HetGraph, nodes: &[Vec<u32>], count: bool) -> Result<PerType> {
+        let mut inputs = self.features.gather(&model.feature_gather(), g, nodes, count)?;
+        self.gather_embeddings(model, nodes, &mut inputs, count)?;
+        Ok(inputs)
+    }
+
     /// Fills the learnable rows of `inputs` (as gradient leaves), the cached
     /// ones from the cache; the model's [`Model::gather_embeddings`] otherwise.
     pub fn gather_embeddings(&self, model: &Model, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {

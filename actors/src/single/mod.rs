@@ -394,13 +394,7 @@ fn correct_with(g: &HetGraph, model: &Model, fanouts: &[usize], seed: u64, worke
     crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
         let src = &mb.blocks[0].src;
         let inputs = match cache {
-            Some(c) => {
-                let fg = model.feature_gather();
-                let mut inputs = c.features.gather_uncached(&fg, g, src)?;
-                c.features.fill_cached(&fg, g, src, &mut inputs, false)?;
-                c.gather_embeddings(model, src, &mut inputs, false)?;
-                inputs
-            }
+            Some(c) => c.gather_inputs(model, g, src, false)?,
             None => model.gather_inputs(g, src)?,
         };
         let logits = model.forward(g, &mb, inputs, None)?.detach();
