@@ -271,7 +271,7 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
     let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;
     let paths = match &args.metapaths {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text = graphs::input::read_text(p).with_context(|| format!("reading {}", p.display()))?;
             Some(partition::meta::parse_metapaths(&text, &g, args.layers).with_context(|| format!("in {}", p.display()))?)
         }
         None => None,

@@ -12,7 +12,7 @@
 //! Files are streamed; the result is validated by loading it before it is
 //! moved into place.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use flate2::read::GzDecoder;
@@ -137,18 +137,30 @@ fn open_gz(path: &Path) -> Result<impl BufRead> {
     Ok(BufReader::with_capacity(1 << 20, GzDecoder::new(f)))
 }
 
+/// Longest line accepted in an OGB CSV: a 1 MiB line holds a row of over
+/// 50,000 features, and a line with no end (a decompression bomb of one
+/// line) is refused here rather than read into memory whole.
+const MAX_LINE_BYTES: u64 = 1 << 20;
+
 /// Calls `f(line_number, line)` for each line (1-based numbers).
 fn for_lines(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
-    let mut r = open_gz(path)?;
+    for_lines_of(open_gz(path)?, path, MAX_LINE_BYTES, &mut f)
+}
+
+/// [`for_lines`] over `r`, refusing a line longer than `max` bytes.
+fn for_lines_of(mut r: impl BufRead, path: &Path, max: u64, f: &mut impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
     let mut line = String::new();
     let mut n = 0;
     loop {
         line.clear();
-        let got = r.read_line(&mut line).map_err(|e| GraphError::io(path, e))?;
+        let got = (&mut r).take(max + 1).read_line(&mut line).map_err(|e| GraphError::io(path, e))?;
         if got == 0 {
             return Ok(());
         }
         n += 1;
+        if got as u64 > max {
+            return Err(GraphError::data(path, format!("line {n} is longer than {max} bytes")));
+        }
         f(n, line.trim_end_matches(['\n', '\r']))?;
     }
 }
@@ -264,4 +276,23 @@ fn read_edges(path: &Path, n_src: u64, n_dst: u64) -> Result<(Vec<i64>, Vec<i64>
         }
     })?;
     Ok((s, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_read_in_order_and_one_past_the_limit_is_refused_naming_it() {
+        let mut seen = Vec::new();
+        for_lines_of(&b"a,1\nbb,2\r\n\nccc"[..], Path::new("x.csv.gz"), 8, &mut |n, l| {
+            seen.push((n, l.to_string()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, [(1, "a,1".to_string()), (2, "bb,2".into()), (3, "".into()), (4, "ccc".into())]);
+        let long = [&b"ok\n"[..], &[b'7'; 64][..]].concat();
+        let err = for_lines_of(&long[..], Path::new("x.csv.gz"), 8, &mut |_, _| Ok(())).unwrap_err().to_string();
+        assert!(err.contains("x.csv.gz") && err.contains("line 2 is longer than 8 bytes"), "{err}");
+    }
 }

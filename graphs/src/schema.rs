@@ -62,6 +62,9 @@ pub const MAX_NODES: u64 = u32::MAX as u64 - 1;
 pub const MAX_CLASSES: u32 = 1 << 20;
 /// Largest feature width accepted.
 pub const MAX_FEATURE_DIM: u64 = 1 << 20;
+/// Most edges accepted in one relation: 2^40, a thousand times ogbn-papers100M's
+/// 1.6 billion, and small enough that byte offsets into its files never overflow.
+pub const MAX_EDGES: u64 = 1 << 40;
 
 impl Schema {
     /// Reads and validates `path`.
@@ -103,6 +106,9 @@ impl Schema {
         let mut seen = std::collections::HashSet::new();
         for r in &self.relations {
             check_name(&r.name, "relation")?;
+            if r.count > MAX_EDGES {
+                return Err(format!("relation '{}': count {} exceeds the limit {MAX_EDGES}", r.canonical(), r.count));
+            }
             for end in [&r.src, &r.dst] {
                 if self.type_index(end).is_none() {
                     return Err(format!("relation '{}': '{end}' is not a node type", r.canonical()));
@@ -221,6 +227,7 @@ mod tests {
             (OK.replace("\"author\":{\"count\":3", "\"paper\":{\"count\":3"), "twice"),
             (OK.replace("\"name\":\"g\",", "\"name\":\"g\",\"extra\":1,"), "unknown field"),
             (OK.replace("\"count\":4", "\"count\":-4"), "invalid value"),
+            (OK.replace("\"count\":5}", "\"count\":1099511627777}"), "exceeds the limit 1099511627776"),
         ];
         for (text, needle) in cases {
             let err = parse(&text).unwrap_err();

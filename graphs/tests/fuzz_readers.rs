@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use graphs::npy::{parse_header, DType, NpyFile, MAX_HEADER_LEN};
-use graphs::schema::{NodeTypeSchema, RelationSchema, MAX_CLASSES, MAX_FEATURE_DIM, MAX_NODES};
+use graphs::schema::{NodeTypeSchema, RelationSchema, MAX_CLASSES, MAX_EDGES, MAX_FEATURE_DIM, MAX_NODES};
 use graphs::{load, save, LoadOptions, Schema};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -244,12 +244,19 @@ proptest! {
     #![proptest_config(config(3000))]
 
     #[test]
-    fn npy_headers_of_arbitrary_bytes_are_refused(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
-        let _ = parse_header(&bytes, Path::new("x.npy")).map_err(|e| e.to_string());
+    fn npy_headers_of_arbitrary_bytes_are_refused_or_point_inside_them(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        match parse_header(&bytes, Path::new("x.npy")) {
+            Ok(h) => prop_assert!(bytes.starts_with(b"\x93NUMPY") && h.data_offset <= bytes.len()),
+            Err(e) => prop_assert!(e.to_string().contains("x.npy")),
+        }
         // With a correct preamble, so the bytes reach the dict parser.
         let text = String::from_utf8_lossy(&bytes);
         for v in [1u8, 2] {
-            let _ = parse_header(&npy_bytes(v, &text, &[]), Path::new("x.npy")).map_err(|e| e.to_string());
+            let file = npy_bytes(v, &text, &[]);
+            match parse_header(&file, Path::new("x.npy")) {
+                Ok(h) => prop_assert!(h.data_offset <= file.len()),
+                Err(e) => prop_assert!(e.to_string().contains("x.npy")),
+            }
         }
     }
 
@@ -317,7 +324,7 @@ fn valid_schema() -> impl Strategy<Value = Schema> {
         .prop_flat_map(|(types, num_classes, name)| {
             let n = types.len();
             let node_types: Vec<(String, NodeTypeSchema)> = types.iter().enumerate().map(|(i, (count, dim))| (format!("t{i}"), NodeTypeSchema { count: *count, feature_dim: *dim })).collect();
-            let relation = (0..n, "[a-z][a-z0-9]{0,6}", 0..n, any::<u64>());
+            let relation = (0..n, "[a-z][a-z0-9]{0,6}", 0..n, 0u64..=MAX_EDGES);
             (Just(node_types), 0..n, prop::collection::vec(relation, 0..5), Just(num_classes), Just(name))
         })
         .prop_map(|(node_types, target, rels, num_classes, name)| {
@@ -376,7 +383,7 @@ enum JsonEdit {
 fn tweak_value() -> impl Strategy<Value = Value> {
     prop_oneof![
         4 => (0u64..100).prop_map(Value::from),
-        1 => prop_oneof![Just(MAX_NODES), Just(MAX_FEATURE_DIM), Just(MAX_FEATURE_DIM + 1), Just(u64::from(MAX_CLASSES)), Just(u64::from(MAX_CLASSES) + 1)].prop_map(Value::from),
+        1 => prop_oneof![Just(MAX_NODES), Just(MAX_FEATURE_DIM), Just(MAX_FEATURE_DIM + 1), Just(u64::from(MAX_CLASSES)), Just(u64::from(MAX_CLASSES) + 1), Just(MAX_EDGES), Just(MAX_EDGES + 1)].prop_map(Value::from),
         3 => prop_oneof![Just("t0".to_string()), Just("t1".to_string()), type_name()].prop_map(Value::String),
         1 => Just(Value::Null),
     ]

@@ -155,6 +155,15 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     assert!(partition::assign(&g, 0, Method::Random, 0).is_err());
     let err = PartitionSet::open(tmp.path()).err().unwrap().to_string();
     assert!(err.contains("manifest.json"), "{err}");
+    // A trainer count whose product with the parts overflows is refused, not wrapped.
+    let mpath = dir.join("manifest.json");
+    let good = std::fs::read_to_string(&mpath).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&good).unwrap();
+    m["trainers"] = serde_json::json!(1u64 << 63);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let err = PartitionSet::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("manifest.json") && err.contains("trainers = 9223372036854775808 out of range"), "{err}");
+    std::fs::write(&mpath, good).unwrap();
     let owners = dir.join("owners").join("paper.npy");
     let mut bytes = std::fs::read(&owners).unwrap();
     let n = bytes.len();

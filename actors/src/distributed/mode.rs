@@ -125,6 +125,7 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
     if t.task == crate::config::Task::NodeClassification {
         crate::epoch::preflight::check_trainable(&graphs[0])?;
     }
+    crate::epoch::preflight::check_distinct_names(&graphs[0])?;
     for g in &graphs {
         crate::epoch::preflight::check_fits(t, g, false)?;
     }
@@ -193,6 +194,7 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     if coordinator_here && t.task == crate::config::Task::NodeClassification {
         crate::epoch::preflight::check_trainable(&graph)?;
     }
+    crate::epoch::preflight::check_distinct_names(&graph)?;
     crate::epoch::preflight::check_fits(t, &graph, false)?;
     let run = mode.fingerprint(&graph);
     let timeouts = mode.timeouts(Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() });

@@ -32,6 +32,24 @@ pub fn check_trainable(g: &HetGraph) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a graph two of whose node types would share a store actor and a
+/// checkpoint file in the distributed modes (`Paper` and `paper`, `a.b` and
+/// `a_b`: names are lower-cased and `.` becomes `_` there): one store would
+/// silently replace the other.
+pub fn check_distinct_names(g: &HetGraph) -> Result<()> {
+    let mut seen: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    for nt in g.node_types() {
+        let plain = crate::distributed::names::plain(&nt.name);
+        if let Some(other) = seen.insert(plain.clone(), &nt.name) {
+            return Err(TrainError::Config(format!(
+                "node types '{other}' and '{}' both become '{plain}' as actor and file names in the distributed modes; rename one (names there ignore case and read '.' as '_')",
+                nt.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses settings whose model and training step need more memory than the machine has.
 pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
     let spec = t.model_spec();
@@ -51,4 +69,26 @@ pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> 
         g.num_classes()
     );
     graphs::memory::check_fits(&what, need).map_err(TrainError::Config)
+}
+
+#[cfg(test)]
+mod tests {
+    use graphs::{GraphBuilder, HetGraph, Splits};
+
+    fn graph(types: &[&str]) -> HetGraph {
+        let mut b = GraphBuilder::new("g", types[0], 2);
+        for t in types {
+            b = b.node_type(t, 2, None);
+        }
+        b.labels(vec![0, 1], Splits { train: vec![0], valid: vec![1], test: vec![] }).relation(types[1], "to", types[0], vec![0, 1], vec![1, 0]).build().unwrap()
+    }
+
+    #[test]
+    fn node_types_that_would_share_a_store_name_are_refused_naming_both() {
+        assert!(super::check_distinct_names(&graph(&["paper", "author", "Author-2"])).is_ok());
+        for (a, b) in [("Paper", "paper"), ("a.b", "a_b")] {
+            let err = super::check_distinct_names(&graph(&[a, b])).unwrap_err().to_string();
+            assert!(err.contains(&format!("'{a}'")) && err.contains(&format!("'{b}'")) && err.contains("rename one"), "{err}");
+        }
+    }
 }

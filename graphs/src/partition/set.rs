@@ -130,7 +130,7 @@ impl PartitionSet {
             owners.push(o);
         }
         let trainers = manifest.trainers;
-        if trainers == 0 || trainers * manifest.parts > MAX_PARTS {
+        if trainers == 0 || trainers.checked_mul(manifest.parts).is_none_or(|n| n > MAX_PARTS) {
             return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
         }
         let tpath = dir.join("trainers.npy");

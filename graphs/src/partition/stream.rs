@@ -198,7 +198,10 @@ pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result
     if h.shape != shape {
         return Err(GraphError::npy(path, format!("shape {:?} where {shape:?} (schema.json's) is required", h.shape)));
     }
-    let want = shape.iter().product::<u64>() * dtype.size() as u64 + h.data_offset as u64;
+    let want = shape.iter().try_fold(dtype.size() as u64, |n, &d| n.checked_mul(d)).and_then(|n| n.checked_add(h.data_offset as u64));
+    let Some(want) = want else {
+        return Err(GraphError::npy(path, format!("shape {shape:?} is too large to address")));
+    };
     if len != want {
         return Err(GraphError::npy(path, format!("{len} bytes where shape {shape:?} needs {want}")));
     }
