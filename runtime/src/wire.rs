@@ -386,8 +386,25 @@ pub fn encode_msg<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
 }
 
 /// Decodes a message body, refusing trailing bytes.
+///
+/// bincode sizes an owned `String` or `Vec<u8>` at its declared length
+/// before it checks that the bytes are there; only its limit bounds that
+/// buffer. So the limit follows the body's size: at least 32 times it (what
+/// bincode counts against the limit while decoding through serde is at most
+/// 16 bytes per byte read, for a one-byte varint of a `u128`, and twice the
+/// length of a string), in steps of 16, from 1 MiB. A few bytes declaring a
+/// gigabyte-long error string then cost at most 1 MiB, not the frame limit.
 pub fn decode_msg<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    let (v, used): (T, usize) = bincode::serde::decode_from_slice(bytes, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    fn limited<T: serde::de::DeserializeOwned, const N: usize>(bytes: &[u8]) -> Result<(T, usize), bincode::error::DecodeError> {
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard().with_limit::<N>())
+    }
+    let decoded = match bytes.len() {
+        n if n <= 32 << 10 => limited::<T, { 1 << 20 }>(bytes),
+        n if n <= 512 << 10 => limited::<T, { 16 << 20 }>(bytes),
+        n if n <= 8 << 20 => limited::<T, { 256 << 20 }>(bytes),
+        _ => bincode::serde::decode_from_slice(bytes, LARGE),
+    };
+    let (v, used): (T, usize) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != bytes.len() {
         return Err(WireError::Malformed(format!("{} trailing bytes in message", bytes.len() - used)));
     }

@@ -432,6 +432,27 @@ fn strings_declaring_more_than_the_frame_holds_allocate_nothing_for_them() {
     assert!(r.is_err() && largest <= body.len() + SLACK, "{largest} bytes");
 }
 
+/// Replies carry their errors as owned strings (`Result<_, String>`): a few
+/// bytes declaring a long one are refused at the decoder's limit for a body
+/// of their size, before a buffer of the declared length is made.
+#[test]
+fn owned_strings_declaring_more_than_their_message_holds_allocate_little() {
+    for claim in [2u64 << 20, 1 << 29, 1 << 30] {
+        let msg = [&[1u8][..], &varint(claim), b"oops"].concat();
+        let (r, largest) = largest_alloc(|| decode_msg::<Result<(), String>>(&msg));
+        assert!(matches!(r, Err(WireError::Malformed(_))), "{r:?}");
+        assert!(largest <= (1 << 20) + SLACK, "{largest} bytes for a claim of {claim}");
+    }
+    // Bodies of every size decode, strings and vectors of small numbers (which
+    // bincode counts at their full width against its limit) included.
+    for len in [0usize, 40 << 10, 600 << 10, 9 << 20] {
+        let s = "y".repeat(len);
+        assert_eq!(decode_msg::<Result<(), String>>(&encode_msg(&Err::<(), String>(s.clone())).unwrap()), Ok(Err(s)));
+        let small = vec![0u128; len / 8];
+        assert_eq!(decode_msg::<Vec<u128>>(&encode_msg(&small).unwrap()), Ok(small));
+    }
+}
+
 /// Found by the properties above: a tensor's shape was preallocated at its
 /// declared count (up to 1 MiB from ten bytes) and read whole before the
 /// dimension limit was checked.
