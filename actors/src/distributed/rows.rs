@@ -28,11 +28,20 @@ pub fn encode_rows(rows: &[&[f32]]) -> Vec<u8> {
 }
 
 /// `rows` as their non-zeros, or `None` where that is not shorter. Counting
-/// stops as soon as the sparse form would not be shorter, so dense rows cost little.
+/// stops as soon as the sparse form would not be shorter, and a payload
+/// whose first rows are mostly non-zero goes dense uncounted (dense is
+/// always a valid form; the rest would have to be mostly zeros for sparse to
+/// win), so dense rows cost a glance at their first 256 values, not a pass
+/// over half of them.
 fn sparse_rows(rows: &[&[f32]]) -> Option<Vec<u8>> {
     let len: usize = rows.iter().map(|r| r.len()).sum();
     // Shorter iff 4(rows + 1) + 8·nnz < 4·len.
     let room = (4 * len).checked_sub(4 * (rows.len() + 1))?;
+    let head = rows.iter().flat_map(|r| r.iter()).take(256);
+    let (seen, head_nnz) = head.fold((0usize, 0usize), |(n, z), v| (n + 1, z + usize::from(v.to_bits() != 0)));
+    if seen == 256 && 4 * head_nnz > 3 * seen && len > 4 * seen {
+        return None;
+    }
     let mut nnz = 0usize;
     for r in rows {
         nnz += r.iter().filter(|v| v.to_bits() != 0).count();
@@ -140,5 +149,25 @@ pub(crate) mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&huge, 1, width).is_err(), "a count past the payload");
         assert!(decode(&vec![0u8; 4 * rows * width + 4], rows, width).is_err(), "longer than dense");
+    }
+
+    #[test]
+    fn mostly_non_zero_first_rows_go_dense_and_anything_sparse_enough_still_goes_sparse() {
+        let width = 64;
+        // Dense rows: dense, whatever follows is never looked at.
+        let dense: Vec<f32> = (0..width * 40).map(|i| i as f32 + 1.0).collect();
+        assert!(encode_sparse(&dense, width).is_none());
+        // Mostly-zero rows after a few dense ones: the dense head is too short to decide alone.
+        let mut mixed = vec![0f32; width * 400];
+        mixed[..2 * width].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 + 1.0);
+        let p = encode(&mixed, width);
+        assert!(p.len() < 4 * mixed.len(), "sparse: {} bytes", p.len());
+        assert_eq!(decode(&p, 400, width).unwrap(), mixed);
+        // A head past the glance that is mostly zero: counted, and sparse.
+        let mut sparse = vec![0f32; width * 100];
+        sparse.iter_mut().step_by(9).for_each(|v| *v = 2.5);
+        let p = encode(&sparse, width);
+        assert!(p.len() < 4 * sparse.len());
+        assert_eq!(decode(&p, 100, width).unwrap(), sparse);
     }
 }

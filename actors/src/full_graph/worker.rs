@@ -198,8 +198,8 @@ fn restore_cache(cache: &mut [Vec<Vec<Option<Copy>>>], tensors: &HashMap<String,
     Ok(())
 }
 
-/// Gradient rows for the learnable stores, `[type][part] = (ids, rows)`.
-type Pushes = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
+/// Gradient rows for the learnable stores, `[type][part] = (ids, rows as little-endian f32 bytes)`.
+type Pushes = Vec<Vec<(Vec<u32>, Vec<u8>)>>;
 
 /// A forward pass's tensors that backward needs.
 #[derive(Default)]

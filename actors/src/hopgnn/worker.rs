@@ -360,7 +360,7 @@ impl Replica<'_> {
         };
         st.time.gather_s += lap(&mut clock);
         let mut leaf_grads: Vec<Option<Tensor>> = vec![None; learn.len()];
-        let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
+        let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let mut acc = Vec::new();
         let dropout = Some(DropoutKey { epoch, step });
         for i in 0..plan.steps() {

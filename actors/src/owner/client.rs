@@ -199,7 +199,7 @@ impl Client {
     /// gradient rows of `src` (per type, the gradient of `inputs`' leaves in
     /// `grads`, if any) grouped by owner. Every store gets a push, empty if
     /// there is nothing for it, so it knows when the step's gradient is complete.
-    pub fn pushes<'c>(&'c self, seq: u64, trainer: u32, rows: Vec<Vec<(Vec<u32>, Vec<f32>)>>) -> Vec<impl std::future::Future<Output = std::result::Result<(), String>> + 'c> {
+    pub fn pushes<'c>(&'c self, seq: u64, trainer: u32, rows: Vec<Vec<(Vec<u32>, Vec<u8>)>>) -> Vec<impl std::future::Future<Output = std::result::Result<(), String>> + 'c> {
         let mut rows = rows;
         let mut asks = Vec::new();
         for (ty, stores) in self.stores.iter().enumerate() {
@@ -208,7 +208,7 @@ impl Client {
             }
             for (p, store) in stores.iter().enumerate() {
                 let (ids, grad) = rows.get_mut(ty).and_then(|o| o.get_mut(p)).map(std::mem::take).unwrap_or_default();
-                let msg = Push { gen: self.gen, seq, trainer, ids, grad: ByteVec(bytemuck::cast_slice(&grad).to_vec()) };
+                let msg = Push { gen: self.gen, seq, trainer, ids, grad: ByteVec(grad) };
                 asks.push(self.push(store, msg));
             }
         }
@@ -218,19 +218,30 @@ impl Client {
     /// Gradient rows of the rows `src` (per learnable type, their gradient
     /// in `grads`, if any) added to `out`, grouped per type by owner:
     /// `[type][part] = (ids, rows)`. A store adds up rows named twice.
-    pub fn gradient_rows(&self, src: &[Vec<u32>], grads: &[Option<Tensor>], out: &mut Vec<Vec<(Vec<u32>, Vec<f32>)>>) -> Result<()> {
+    /// The rows go as the little-endian bytes a push carries, sized exactly
+    /// before they are written (no growing, no copy into the message).
+    pub fn gradient_rows(&self, src: &[Vec<u32>], grads: &[Option<Tensor>], out: &mut Vec<Vec<(Vec<u32>, Vec<u8>)>>) -> Result<()> {
         if out.is_empty() {
             *out = vec![vec![(Vec::new(), Vec::new()); self.parts as usize]; src.len()];
         }
         for (ty, gr) in grads.iter().enumerate() {
             if let (true, Some(gr)) = (self.learnable[ty], gr) {
                 let dim = gr.dim(1)?;
-                let gv: Vec<f32> = gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-                for (i, &v) in src[ty].iter().enumerate() {
-                    let o = &mut out[ty][self.owners[ty][v as usize] as usize];
-                    o.0.push(v);
-                    o.1.extend_from_slice(&gv[i * dim..(i + 1) * dim]);
+                let owners = &self.owners[ty];
+                let mut per = vec![0usize; self.parts as usize];
+                src[ty].iter().for_each(|&v| per[owners[v as usize] as usize] += 1);
+                for (o, n) in out[ty].iter_mut().zip(per) {
+                    o.0.reserve(n);
+                    o.1.reserve(n * dim * 4);
                 }
+                // Read in place (a gradient is a contiguous f32 tensor on the CPU).
+                models::ops::with_f32(gr, |gv| {
+                    for (i, &v) in src[ty].iter().enumerate() {
+                        let o = &mut out[ty][owners[v as usize] as usize];
+                        o.0.push(v);
+                        o.1.extend_from_slice(bytemuck::cast_slice(&gv[i * dim..(i + 1) * dim]));
+                    }
+                })?;
             }
         }
         Ok(())
@@ -436,9 +447,11 @@ impl Client {
             }
             let x = match (cached(ty), &lookups[ty]) {
                 (Some(c), Some(lk)) => c.assemble(lk, buf, self.dtype, &self.device)?,
+                // A gradient leaf made from the rows themselves: `Var::from_tensor` would copy them.
+                _ if rows == Rows::Learnable && self.dtype == DType::F32 => Var::from_vec(buf, (ids.len(), dim), &self.device)?.into_inner(),
                 _ => Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?,
             };
-            out.push(Some(if rows == Rows::Learnable { Var::from_tensor(&x)?.into_inner() } else { x }));
+            out.push(Some(if rows == Rows::Learnable && !x.is_variable() { Var::from_tensor(&x)?.into_inner() } else { x }));
         }
         Ok(out)
     }

@@ -137,8 +137,10 @@ impl Shard {
         let Some(slots) = self.pending.remove(&p.seq) else { return Ok(()) };
         // Sum per row in trainer order, then one Adam step per touched row.
         let d = self.dim;
-        let mut rows: Vec<usize> = Vec::new();
-        let mut sums: Vec<f32> = Vec::new();
+        // At most one row per id pushed: sized once, never grown.
+        let most: usize = slots.iter().flatten().map(|(ids, _)| ids.len()).sum();
+        let mut rows: Vec<usize> = Vec::with_capacity(most);
+        let mut sums: Vec<f32> = Vec::with_capacity(most * d);
         for (ids, grad) in slots.into_iter().flatten() {
             for (k, id) in ids.into_iter().enumerate() {
                 let r = self.row(id)?;

@@ -302,7 +302,7 @@ impl Replica<'_> {
         let mut clock = Instant::now();
         let mut grads = None;
         let (mut wloss, mut correct) = (0.0, 0.0);
-        let mut pushes: Vec<Vec<(Vec<u32>, Vec<f32>)>> = Vec::new();
+        let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
         if let Some(mb) = &p.mb {
             let mut inputs = ctx.gather(&mb.blocks[0].src, Rows::Learnable, self.seq.checked_sub(1))?;
