@@ -23,7 +23,7 @@ use crate::distributed::{checkpoint, decode_f32};
 /// Most rows one pull or push may name (a mini-batch's input rows are far fewer).
 pub const MAX_ROWS: usize = 1 << 24;
 
-/// One trainer's push: ids and their gradient rows.
+/// One trainer's push: the rows (positions in this shard) and their gradients.
 type Pushed = (Vec<u32>, Vec<f32>);
 
 /// Learnable rows owned by one store, with their Adam state.
@@ -126,11 +126,10 @@ impl Shard {
             return Ok(()); // a resend of a step already applied
         }
         let grad: Vec<f32> = decode_f32(&p.grad.0, p.ids.len() * self.dim)?;
-        for &id in &p.ids {
-            self.row(id)?;
-        }
+        // Looked up once, here, where a bad id is refused to its sender; the step keeps the rows.
+        let rows = p.ids.iter().map(|&id| self.row(id).map(|r| r as u32)).collect::<Result<Vec<u32>, String>>()?;
         let slots = self.pending.entry(p.seq).or_insert_with(|| vec![None; self.trainers]);
-        slots[t].get_or_insert((p.ids, grad));
+        slots[t].get_or_insert((rows, grad));
         if slots.iter().any(Option::is_none) {
             return Ok(());
         }
@@ -138,12 +137,12 @@ impl Shard {
         // Sum per row in trainer order, then one Adam step per touched row.
         let d = self.dim;
         // At most one row per id pushed: sized once, never grown.
-        let most: usize = slots.iter().flatten().map(|(ids, _)| ids.len()).sum();
+        let most: usize = slots.iter().flatten().map(|(pushed, _)| pushed.len()).sum();
         let mut rows: Vec<usize> = Vec::with_capacity(most);
         let mut sums: Vec<f32> = Vec::with_capacity(most * d);
-        for (ids, grad) in slots.into_iter().flatten() {
-            for (k, id) in ids.into_iter().enumerate() {
-                let r = self.row(id)?;
+        for (pushed, grad) in slots.into_iter().flatten() {
+            for (k, r) in pushed.into_iter().enumerate() {
+                let r = r as usize;
                 let g = &grad[k * d..(k + 1) * d];
                 match self.slot[r] {
                     u32::MAX => {
