@@ -45,7 +45,7 @@ pub use membership::{MemberEvent, PeerState};
 pub use metrics::MetricsSnapshot;
 pub use node::{MemberInfo, Node, StartError};
 pub use node_actor::{NodeStatus, Ping, Status};
-pub use wire::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, TensorPayload, WireError};
+pub use wire::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, SharedBytes, TensorPayload, WireError};
 
 /// Internals exposed for tests and benchmarks of the wire protocol (not a stable API).
 #[doc(hidden)]

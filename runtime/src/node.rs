@@ -20,7 +20,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::{Lookup, Registry};
 use crate::tls::{Identity, QuicConfigs, TlsError};
 use crate::transport::{bind_endpoint, Settings, Transport};
-use crate::wire::{decode_msg, encode_msg, ActorName, RemoteError, WireError};
+use crate::wire::{decode_msg_shared, encode_msg, ActorName, RemoteError, WireError};
 
 /// How long a remote `tell` keeps resending before giving up (and logging it).
 pub const TELL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -367,7 +367,8 @@ impl Node {
                 let t = self.inner.transport.as_ref().ok_or(AskError::Shutdown)?;
                 let payload = encode_msg(&msg).map_err(|e| AskError::Codec(e.to_string()))?;
                 let reply = t.ask(&peer, to, from, kind, payload, timeout).await?;
-                decode_msg::<M::Reply>(&reply).map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
+                // Byte blocks in the reply stay where they were received.
+                decode_msg_shared::<M::Reply>(&reply).map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
             }
         }
     }

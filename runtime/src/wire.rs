@@ -212,6 +212,68 @@ pub enum Frame {
 #[serde(transparent)]
 pub struct ByteVec(#[serde(with = "owned_bytes")] pub Vec<u8>);
 
+/// A block of bytes that [`decode_msg_shared`] hands out as a view of the
+/// received buffer, not a copy (elsewhere it decodes as a copy): the rows a
+/// feature store sends reach the trainer without another pass over them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedBytes(pub bytes::Bytes);
+
+impl Serialize for SharedBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SharedBytes, D::Error> {
+        struct Shared;
+        impl<'de> serde::de::Visitor<'de> for Shared {
+            type Value = SharedBytes;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_borrowed_bytes<E: serde::de::Error>(self, v: &'de [u8]) -> Result<SharedBytes, E> {
+                Ok(SharedBytes(SOURCE.with(|s| match s.borrow().as_ref() {
+                    Some(src) if within(src, v) => src.slice_ref(v),
+                    _ => bytes::Bytes::copy_from_slice(v),
+                })))
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<SharedBytes, E> {
+                Ok(SharedBytes(bytes::Bytes::copy_from_slice(v)))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<SharedBytes, E> {
+                Ok(SharedBytes(v.into()))
+            }
+        }
+        d.deserialize_bytes(Shared)
+    }
+}
+
+thread_local! {
+    /// The buffer [`decode_msg_shared`] is decoding on this thread, if any.
+    static SOURCE: std::cell::RefCell<Option<bytes::Bytes>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Whether `v` lies inside `src` (then `slice_ref` takes it without a copy).
+fn within(src: &bytes::Bytes, v: &[u8]) -> bool {
+    let (a, b) = (src.as_ptr() as usize, v.as_ptr() as usize);
+    !v.is_empty() && b >= a && b + v.len() <= a + src.len()
+}
+
+/// [`decode_msg`], with every [`SharedBytes`] in `T` a view of `bytes`.
+pub fn decode_msg_shared<T: serde::de::DeserializeOwned>(bytes: &bytes::Bytes) -> Result<T, WireError> {
+    /// Puts back what was there before, however decoding ends.
+    struct Restore(Option<bytes::Bytes>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            SOURCE.with(|s| *s.borrow_mut() = before);
+        }
+    }
+    let _restore = Restore(SOURCE.with(|s| s.borrow_mut().replace(bytes.clone())));
+    decode_msg(bytes)
+}
+
 /// Byte blocks as serde bytes, decoded into an owned vector by one copy of the
 /// borrowed input: bincode's own `Vec<u8>` decoding zero-fills the vector
 /// before copying into it, a wasted pass over every tensor received.
@@ -643,6 +705,25 @@ impl TensorPayload {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shared_bytes_decode_as_views_of_the_received_buffer_and_as_copies_elsewhere() {
+        let reply: Result<Option<SharedBytes>, String> = Ok(Some(SharedBytes(bytes::Bytes::from((0..1000u32).map(|i| i as u8).collect::<Vec<_>>()))));
+        let wire = bytes::Bytes::from(encode_msg(&reply).unwrap());
+        let shared: Result<Option<SharedBytes>, String> = decode_msg_shared(&wire).unwrap();
+        assert_eq!(shared, reply);
+        let view = shared.unwrap().unwrap().0;
+        let inside = view.as_ptr() as usize - wire.as_ptr() as usize;
+        assert!(inside < wire.len(), "a view of the received bytes");
+        // Plain decoding copies, and leaves nothing behind for the next message.
+        let copied: Result<Option<SharedBytes>, String> = decode_msg(&wire).unwrap();
+        let c = copied.unwrap().unwrap().0;
+        assert_eq!(c, view);
+        assert!((c.as_ptr() as usize).wrapping_sub(wire.as_ptr() as usize) >= wire.len());
+        // Truncated or lying input is refused as before.
+        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&wire.slice(..wire.len() - 1)).is_err());
+        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&bytes::Bytes::from_static(&[0, 1, 0xfc, 0xff, 0xff, 0xff, 0x7f, 1])).is_err());
+    }
+
     use super::*;
 
     fn req(payload: Vec<u8>) -> Frame {

@@ -16,7 +16,7 @@ use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sam
 use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
-use runtime::{ActorRef, ByteVec, Node};
+use runtime::{ActorRef, ByteVec, Node, SharedBytes};
 
 use super::messages::{Pull, Push, SampleReq, Save};
 use super::names;
@@ -119,7 +119,7 @@ pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
 /// Pulls `ids` of generation `gen` from `store` (served by `priority` among
 /// waiting pulls), asking again while step `after`'s update is not applied
 /// there or the store has not started the generation, until the step deadline.
-pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, priority: u64, timeouts: Timeouts) -> std::result::Result<ByteVec, String> {
+pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, priority: u64, timeouts: Timeouts) -> std::result::Result<SharedBytes, String> {
     let deadline = Instant::now() + timeouts.step;
     loop {
         match store.ask(Pull { gen, ids: ids.to_vec(), after, priority }, timeouts.ask).await {
@@ -370,7 +370,7 @@ impl Client {
 
     /// Pulls `ids` from `store`, asking again while step `after`'s update is
     /// not applied there (pushes travel alongside the all-reduce).
-    pub async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<ByteVec, String> {
+    pub async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<SharedBytes, String> {
         pull_from(store, self.gen, ids, after, 0, self.timeouts).await
     }
 
@@ -418,11 +418,17 @@ impl Client {
         self.remote_rows.fetch_add(plan.iter().filter(|(_, o, _)| *o as u32 != self.part).map(|(_, _, want)| want.len() as u64).sum(), Ordering::Relaxed);
         let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
         let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
-        let mut pulled: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
+        // Pulled rows stay as received (little-endian f32 bytes) and are copied once, into place.
+        let mut pulled: BTreeMap<(usize, usize), SharedBytes> = BTreeMap::new();
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
-            let bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
-            pulled.insert((*ty, *o), crate::distributed::rows::decode(&bytes.0, want.len(), dims[*ty]).map_err(TrainError::Distributed)?);
+            let mut bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
+            // Rows that came as their non-zeros are laid out dense first.
+            if bytes.0.len() != want.len() * dims[*ty] * 4 {
+                let rows = crate::distributed::rows::decode_sparse(&bytes.0, want.len(), dims[*ty]).map_err(TrainError::Distributed)?;
+                bytes = SharedBytes(bytemuck::cast_slice(&rows).to_vec().into());
+            }
+            pulled.insert((*ty, *o), bytes);
         }
         let mut out: PerType = Vec::with_capacity(src.len());
         for (ty, ids) in src.iter().enumerate() {
@@ -440,7 +446,10 @@ impl Client {
                     (Some(f), true) => buf.extend_from_slice(f.row(v as usize)),
                     _ => {
                         let rows = pulled.get(&(ty, o)).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {ty} from partition {o}")))?;
-                        buf.extend_from_slice(&rows[next[o] * dim..(next[o] + 1) * dim]);
+                        let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+                        let start = buf.len();
+                        buf.resize(start + dim, 0.0);
+                        bytemuck::cast_slice_mut::<f32, u8>(&mut buf[start..]).copy_from_slice(row);
                         next[o] += 1;
                     }
                 }

@@ -3,7 +3,7 @@
 //! sampling, feature pulls and embedding pushes.
 
 use graphs::RelationPicks;
-use runtime::{ByteVec, Msg};
+use runtime::{ByteVec, Msg, SharedBytes};
 use serde::{Deserialize, Serialize};
 
 /// Owner-compute sampling: the picks of every relation into each requested
@@ -53,7 +53,7 @@ pub struct Pull {
 impl Msg for Pull {
     /// `ids.len() × dim` little-endian f32, or `None` if step `after` is not
     /// applied yet or the store is not at generation `gen` yet (ask again).
-    type Reply = Result<Option<ByteVec>, String>;
+    type Reply = Result<Option<SharedBytes>, String>;
     const KIND: &'static str = "pull";
 }
 

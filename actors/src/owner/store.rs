@@ -14,7 +14,7 @@ use actix::{Actor, AsyncContext, Context, Handler, MessageResult, ResponseFuture
 use graphs::HetGraph;
 use models::embedding::{adam_rows, RowsMut};
 use models::optim::AdamConfig;
-use runtime::{ByteVec, Deliver};
+use runtime::{ByteVec, Deliver, SharedBytes};
 
 use super::messages::{Export, Pull, Push, Reset, Save};
 use super::priority::{Parked, Serve};
@@ -248,7 +248,7 @@ impl FeatureStore {
         Ok(())
     }
 
-    fn pull(&self, gen: u64, ids: &[u32], after: Option<u64>) -> Result<Option<ByteVec>, String> {
+    fn pull(&self, gen: u64, ids: &[u32], after: Option<u64>) -> Result<Option<SharedBytes>, String> {
         if let StoreData::Embeddings(s) = &self.data {
             if gen != self.gen || after.is_some_and(|a| s.applied.is_none_or(|done| done < a)) {
                 return Ok(None);
@@ -271,7 +271,7 @@ impl FeatureStore {
                 }
             }
         }
-        Ok(Some(ByteVec(out)))
+        Ok(Some(SharedBytes(out.into())))
     }
 }
 
@@ -280,7 +280,7 @@ impl Actor for FeatureStore {
 }
 
 /// The answer to a pull.
-type PullAnswer = Result<Option<ByteVec>, String>;
+type PullAnswer = Result<Option<SharedBytes>, String>;
 
 impl Handler<Deliver<Pull>> for FeatureStore {
     type Result = ResponseFuture<PullAnswer>;

@@ -146,7 +146,7 @@ struct Fetch {
     local: Vec<Option<Vec<f32>>>,
     /// Pulled rows, per owner, as received (little-endian f32 bytes,
     /// length checked): copied once, into place, by the last task.
-    remote: Vec<Option<Vec<u8>>>,
+    remote: Vec<Option<runtime::SharedBytes>>,
 }
 
 #[derive(Default)]
@@ -429,11 +429,11 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let mut bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?.0;
+                            let mut bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
-                            if bytes.len() != ids.len() * dim * 4 {
-                                let rows = crate::distributed::rows::decode_sparse(&bytes, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
-                                bytes = bytemuck::cast_slice(&rows).to_vec();
+                            if bytes.0.len() != ids.len() * dim * 4 {
+                                let rows = crate::distributed::rows::decode_sparse(&bytes.0, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
+                                bytes = runtime::SharedBytes(bytemuck::cast_slice(&rows).to_vec().into());
                             }
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
@@ -559,7 +559,7 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
             }
         } else {
             let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}")))?;
-            let row = rows.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+            let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
             let start = out.len();
             out.resize(start + dim, 0.0);
             bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..]).copy_from_slice(row);
