@@ -65,6 +65,14 @@ fn sparse_rows(rows: &[&[f32]]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Appends one row received as little-endian f32 bytes to `out`: one copy,
+/// from wherever the bytes lie (aligned or not) into place.
+pub fn append_row(out: &mut Vec<f32>, bytes: &[u8]) {
+    let start = out.len();
+    out.resize(start + bytes.len() / 4, 0.0);
+    bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..]).copy_from_slice(&bytes[..bytes.len() / 4 * 4]);
+}
+
 /// `values` as the shorter of the two forms.
 pub fn encode(values: &[f32], width: usize) -> Vec<u8> {
     encode_sparse(values, width).unwrap_or_else(|| bytemuck::cast_slice(values).to_vec())
@@ -149,6 +157,16 @@ pub(crate) mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&huge, 1, width).is_err(), "a count past the payload");
         assert!(decode(&vec![0u8; 4 * rows * width + 4], rows, width).is_err(), "longer than dense");
+    }
+
+    #[test]
+    fn rows_are_appended_from_unaligned_bytes_with_their_bits() {
+        let row = [1.5f32, -0.0, f32::MIN_POSITIVE];
+        let mut bytes = vec![9u8];
+        bytes.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+        let mut out = vec![7.0f32];
+        append_row(&mut out, &bytes[1..]);
+        assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), [7.0f32, 1.5, -0.0, f32::MIN_POSITIVE].iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
     #[test]

@@ -447,9 +447,7 @@ impl Client {
                     _ => {
                         let rows = pulled.get(&(ty, o)).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {ty} from partition {o}")))?;
                         let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
-                        let start = buf.len();
-                        buf.resize(start + dim, 0.0);
-                        bytemuck::cast_slice_mut::<f32, u8>(&mut buf[start..]).copy_from_slice(row);
+                        crate::distributed::rows::append_row(&mut buf, row);
                         next[o] += 1;
                     }
                 }

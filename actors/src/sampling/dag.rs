@@ -560,9 +560,7 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
         } else {
             let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}")))?;
             let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
-            let start = out.len();
-            out.resize(start + dim, 0.0);
-            bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..]).copy_from_slice(row);
+            crate::distributed::rows::append_row(out, row);
             next[o] += 1;
         }
     }
