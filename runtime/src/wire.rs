@@ -705,6 +705,8 @@ impl TensorPayload {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn shared_bytes_decode_as_views_of_the_received_buffer_and_as_copies_elsewhere() {
         let reply: Result<Option<SharedBytes>, String> = Ok(Some(SharedBytes(bytes::Bytes::from((0..1000u32).map(|i| i as u8).collect::<Vec<_>>()))));
@@ -723,8 +725,6 @@ mod tests {
         assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&wire.slice(..wire.len() - 1)).is_err());
         assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&bytes::Bytes::from_static(&[0, 1, 0xfc, 0xff, 0xff, 0xff, 0x7f, 1])).is_err());
     }
-
-    use super::*;
 
     fn req(payload: Vec<u8>) -> Frame {
         Frame::Request(Envelope {

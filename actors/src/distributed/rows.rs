@@ -78,12 +78,15 @@ pub fn encode(values: &[f32], width: usize) -> Vec<u8> {
     encode_sparse(values, width).unwrap_or_else(|| bytemuck::cast_slice(values).to_vec())
 }
 
-/// `rows` rows of `width` values from either form, checked before anything is allocated.
-pub fn decode(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
-    if bytes.len() == 4 * rows * width {
-        return super::decode_f32(bytes, rows * width);
+/// `rows` rows of `width` values received in either form, as dense
+/// little-endian f32 bytes: dense ones as they are (no copy), non-zeros laid
+/// out dense, checked before anything is allocated.
+pub fn dense(bytes: runtime::SharedBytes, rows: usize, width: usize) -> Result<runtime::SharedBytes, String> {
+    if bytes.0.len() == 4 * rows * width {
+        return Ok(bytes);
     }
-    decode_sparse(bytes, rows, width)
+    let values = decode_sparse(&bytes.0, rows, width)?;
+    Ok(runtime::SharedBytes(bytemuck::cast_slice(&values).to_vec().into()))
 }
 
 /// `rows` rows of `width` values from their non-zeros.
@@ -120,6 +123,12 @@ pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Either form back to values, through [`dense`].
+    fn decode(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+        let d = dense(runtime::SharedBytes(bytes.to_vec().into()), rows, width)?;
+        Ok(d.0.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
 
     /// Three 40-wide rows with four non-zeros, -0.0 among them: `(rows, width, values)`.
     pub(crate) fn mostly_zero() -> (usize, usize, Vec<f32>) {

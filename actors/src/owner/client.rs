@@ -422,13 +422,8 @@ impl Client {
         let mut pulled: BTreeMap<(usize, usize), SharedBytes> = BTreeMap::new();
         let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.embed_dim, |f| f.dim())).collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
-            let mut bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
-            // Rows that came as their non-zeros are laid out dense first.
-            if bytes.0.len() != want.len() * dims[*ty] * 4 {
-                let rows = crate::distributed::rows::decode_sparse(&bytes.0, want.len(), dims[*ty]).map_err(TrainError::Distributed)?;
-                bytes = SharedBytes(bytemuck::cast_slice(&rows).to_vec().into());
-            }
-            pulled.insert((*ty, *o), bytes);
+            let bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
+            pulled.insert((*ty, *o), crate::distributed::rows::dense(bytes, want.len(), dims[*ty]).map_err(TrainError::Distributed)?);
         }
         let mut out: PerType = Vec::with_capacity(src.len());
         for (ty, ids) in src.iter().enumerate() {

@@ -429,12 +429,9 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let mut bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
+                            let bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
-                            if bytes.0.len() != ids.len() * dim * 4 {
-                                let rows = crate::distributed::rows::decode_sparse(&bytes.0, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
-                                bytes = runtime::SharedBytes(bytemuck::cast_slice(&rows).to_vec().into());
-                            }
+                            let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
                     });
