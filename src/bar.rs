@@ -16,8 +16,16 @@ impl Bars {
 impl graphs::Progress for Bars {
     fn start(&mut self, phase: &str, total: u64) {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        let template = if total > 0 { "{msg:>36} [{bar:30}] {human_pos}/{human_len} ({per_sec}, {eta})" } else { "{msg:>36} {spinner} {human_pos}" };
-        bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+        let template = if total > 0 {
+            "{msg:>36} [{bar:30}] {human_pos}/{human_len} ({per_sec}, {eta})"
+        } else {
+            "{msg:>36} {spinner} {human_pos}"
+        };
+        bar.set_style(
+            ProgressStyle::with_template(template)
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
         bar.set_message(phase.to_string());
         self.bar = Some(bar);
     }

@@ -32,7 +32,15 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    crate::output::check(&[Output { flag: "--out", path: &a.out, kind: Kind::Dir }], a.force, &a.model.inputs())?;
+    crate::output::check(
+        &[Output {
+            flag: "--out",
+            path: &a.out,
+            kind: Kind::Dir,
+        }],
+        a.force,
+        &a.model.inputs(),
+    )?;
     let start = Instant::now();
     let (model, g, src) = a.model.load()?;
     let layers = models::inference::embedding_layers(&model)?;
@@ -42,7 +50,10 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     let rows = models::inference::embed_all(&model, &g, a.batch, |layer, done, _| {
         if layer != phase {
             bars.finish();
-            bars.start(&format!("layer {} of {layers}, every node", layer + 1), total);
+            bars.start(
+                &format!("layer {} of {layers}, every node", layer + 1),
+                total,
+            );
             (phase, counted) = (layer, 0);
         }
         bars.advance(done - counted);
@@ -62,7 +73,8 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
         written.push(format!("{} [{}, {}]", nt.name, nt.count, r.width));
     }
     dir.commit()?;
-    let peak = graphs::memory::peak_rss_bytes().map_or("unknown".into(), |b| graphs::memory::human(u128::from(b)));
+    let peak = graphs::memory::peak_rss_bytes()
+        .map_or("unknown".into(), |b| graphs::memory::human(u128::from(b)));
     sayln!(
         "wrote embeddings of {} to {} in {:.1}s, peak memory {peak} (checkpoint {}; {layers} layer(s), full neighbourhoods)",
         written.join(", "),

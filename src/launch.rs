@@ -39,13 +39,18 @@ fn stop_all(children: &mut [(String, Child)]) {
 /// nodes killed by a signal up to `restarts` times in all.
 pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     let cfg = args.load()?;
-    let topology = cfg.topology().context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
+    let topology = cfg
+        .topology()
+        .context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
     crate::train::check_outputs(&cfg, args.force, Some(&args.config))?;
-    topology.check_certs().map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    topology
+        .check_certs()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let exe = std::env::current_exe().context("locating the hetgnn binary")?;
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = interrupted.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
     // The nodes share this machine's cores: give each its share of compute
     // threads rather than letting every node oversubscribe all of them.
     let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
@@ -57,7 +62,11 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     }
     let start = |id: &str| -> anyhow::Result<Child> {
         let mut cmd = Command::new(&exe);
-        cmd.arg("node").arg("--config").arg(&args.config).arg("--node").arg(id);
+        cmd.arg("node")
+            .arg("--config")
+            .arg(&args.config)
+            .arg("--node")
+            .arg(id);
         for s in &args.set {
             cmd.arg("--set").arg(s);
         }
@@ -71,7 +80,9 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
             cmd.env("MIMALLOC_PURGE_DELAY", "-1");
         }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
         die_with_parent(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("starting node {id}"))?;
         if let Some(out) = child.stdout.take() {
@@ -86,7 +97,12 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     for n in &topology.cluster.nodes {
         match start(&n.id) {
             Ok(child) => {
-                warnln!("launch: started {} (pid {}) on {}", n.id, child.id(), n.addr);
+                warnln!(
+                    "launch: started {} (pid {}) on {}",
+                    n.id,
+                    child.id(),
+                    n.addr
+                );
                 children.push((n.id.clone(), child));
             }
             Err(e) => {
@@ -105,7 +121,11 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         let mut running = 0;
         for i in 0..children.len() {
             match children[i].1.try_wait() {
-                Ok(Some(status)) if killed(&status) && restarted < restarts && !interrupted.load(Ordering::SeqCst) => {
+                Ok(Some(status))
+                    if killed(&status)
+                        && restarted < restarts
+                        && !interrupted.load(Ordering::SeqCst) =>
+                {
                     restarted += 1;
                     let id = children[i].0.clone();
                     warnln!("launch: node {id} was killed ({status}); restarting it ({restarted} of at most {restarts} restarts)");
@@ -155,7 +175,9 @@ fn die_with_parent(cmd: &mut Command) {
             }
             // The launcher may have died before the prctl: then nobody is left to stop this node.
             if libc::getppid() != parent as libc::pid_t {
-                return Err(std::io::Error::other("the launcher exited while starting this node"));
+                return Err(std::io::Error::other(
+                    "the launcher exited while starting this node",
+                ));
             }
             Ok(())
         });

@@ -161,26 +161,87 @@ enum Import {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Generate { like, scale, seed, out, force } => {
-            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[])?;
+        Command::Generate {
+            like,
+            scale,
+            seed,
+            out,
+            force,
+        } => {
+            output::check(
+                &[Output {
+                    flag: "--out",
+                    path: &out,
+                    kind: Kind::Dir,
+                }],
+                force,
+                &[],
+            )?;
             let start = Instant::now();
-            let schema = generate(like, scale, seed, &out, force, &mut bar::Bars::new()).with_context(|| format!("generating into {}", out.display()))?;
+            let schema = generate(like, scale, seed, &out, force, &mut bar::Bars::new())
+                .with_context(|| format!("generating into {}", out.display()))?;
             let nodes: u64 = schema.node_types.iter().map(|(_, t)| t.count).sum();
             let edges: u64 = schema.relations.iter().map(|r| r.count).sum();
-            sayln!("wrote {} to {} ({nodes} nodes, {edges} edges) in {:.1}s", schema.name, out.display(), start.elapsed().as_secs_f64());
+            sayln!(
+                "wrote {} to {} ({nodes} nodes, {edges} edges) in {:.1}s",
+                schema.name,
+                out.display(),
+                start.elapsed().as_secs_f64()
+            );
         }
-        Command::Import(Import::Ogb { dir, out, name, split, force }) => {
-            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[("DIR", &dir)])?;
-            let opts = OgbImport { name, split, overwrite: force };
-            let schema = import_ogb(&dir, &out, &opts, &mut bar::Bars::new()).with_context(|| format!("importing {} into {}", dir.display(), out.display()))?;
-            sayln!("wrote {} to {} (target {}, {} classes)", schema.name, out.display(), schema.target, schema.num_classes);
+        Command::Import(Import::Ogb {
+            dir,
+            out,
+            name,
+            split,
+            force,
+        }) => {
+            output::check(
+                &[Output {
+                    flag: "--out",
+                    path: &out,
+                    kind: Kind::Dir,
+                }],
+                force,
+                &[("DIR", &dir)],
+            )?;
+            let opts = OgbImport {
+                name,
+                split,
+                overwrite: force,
+            };
+            let schema = import_ogb(&dir, &out, &opts, &mut bar::Bars::new())
+                .with_context(|| format!("importing {} into {}", dir.display(), out.display()))?;
+            sayln!(
+                "wrote {} to {} (target {}, {} classes)",
+                schema.name,
+                out.display(),
+                schema.target,
+                schema.num_classes
+            );
         }
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
         Command::Certs(Certs::Init { out, nodes, force }) => {
-            output::check(&[Output { flag: "--out", path: &out, kind: Kind::Dir }], force, &[])?;
-            runtime::certs::init(&out, &nodes, force).with_context(|| format!("creating certificates in {}", out.display()))?;
-            sayln!("wrote the cluster CA and certificates for {} to {}", nodes.join(", "), out.display());
-            sayln!("keep {} private: it can sign new nodes into the cluster", out.join("ca.key").display());
+            output::check(
+                &[Output {
+                    flag: "--out",
+                    path: &out,
+                    kind: Kind::Dir,
+                }],
+                force,
+                &[],
+            )?;
+            runtime::certs::init(&out, &nodes, force)
+                .with_context(|| format!("creating certificates in {}", out.display()))?;
+            sayln!(
+                "wrote the cluster CA and certificates for {} to {}",
+                nodes.join(", "),
+                out.display()
+            );
+            sayln!(
+                "keep {} private: it can sign new nodes into the cluster",
+                out.join("ca.key").display()
+            );
         }
         Command::Partition(args) => partition::run(&args)?,
         Command::Train(args) => {
@@ -188,7 +249,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train::run(&args)?
         }
         Command::Plot { report, out, force } => {
-            output::check(&[Output { flag: "--out", path: &out, kind: Kind::File }], force, &[("REPORT", &report)])?;
+            output::check(
+                &[Output {
+                    flag: "--out",
+                    path: &out,
+                    kind: Kind::File,
+                }],
+                force,
+                &[("REPORT", &report)],
+            )?;
             plot::run(&report, &out)?
         }
         Command::Predict(args) => predict::run(&args)?,
@@ -199,7 +268,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Launch { cluster, restarts } => launch::run(&cluster, restarts)?,
         Command::Doctor { cluster, timeout } => {
-            anyhow::ensure!(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0, "--timeout must be a number of seconds in (0, 3600], got {timeout}");
+            anyhow::ensure!(
+                timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0,
+                "--timeout must be a number of seconds in (0, 3600], got {timeout}"
+            );
             cluster::doctor(&cluster, std::time::Duration::from_secs_f64(timeout))?
         }
     }

@@ -44,17 +44,39 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
         }
         if let Ok(meta) = std::fs::metadata(o.path) {
             match o.kind {
-                Kind::File if meta.is_dir() => bail!("{} {}: is a directory; give a file name", o.flag, o.path.display()),
-                Kind::Dir | Kind::AddTo if !meta.is_dir() => bail!("{} {}: exists and is not a directory", o.flag, o.path.display()),
-                Kind::Dir if !force && !is_empty_dir(o.path) => bail!("{} {}: already exists; pass --force to replace it", o.flag, o.path.display()),
-                Kind::File if !force => bail!("{} {}: already exists; pass --force to replace it", o.flag, o.path.display()),
+                Kind::File if meta.is_dir() => bail!(
+                    "{} {}: is a directory; give a file name",
+                    o.flag,
+                    o.path.display()
+                ),
+                Kind::Dir | Kind::AddTo if !meta.is_dir() => bail!(
+                    "{} {}: exists and is not a directory",
+                    o.flag,
+                    o.path.display()
+                ),
+                Kind::Dir if !force && !is_empty_dir(o.path) => bail!(
+                    "{} {}: already exists; pass --force to replace it",
+                    o.flag,
+                    o.path.display()
+                ),
+                Kind::File if !force => bail!(
+                    "{} {}: already exists; pass --force to replace it",
+                    o.flag,
+                    o.path.display()
+                ),
                 _ => {}
             }
         }
         for other in &outputs[i + 1..] {
             let b = absolute(other.path)?;
             if out.starts_with(&b) || b.starts_with(&out) {
-                bail!("{} {} and {} {} overlap; give them separate paths", o.flag, o.path.display(), other.flag, other.path.display());
+                bail!(
+                    "{} {} and {} {} overlap; give them separate paths",
+                    o.flag,
+                    o.path.display(),
+                    other.flag,
+                    other.path.display()
+                );
             }
         }
     }
@@ -69,7 +91,11 @@ fn is_empty_dir(path: &Path) -> bool {
 /// `.`/`..` folded lexically beyond that (an output need not exist yet).
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     let cwd = std::env::current_dir()?;
-    let full = if path.is_absolute() { path.to_path_buf() } else { cwd.join(path) };
+    let full = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    };
     let mut existing = full.as_path();
     let mut rest = Vec::new();
     loop {
@@ -122,23 +148,52 @@ mod tests {
         std::fs::write(data.join("labels.npy"), b"x").unwrap();
         let inputs = [("--data", data.as_path())];
         // Inside the input, the input itself, and the input's parent: refused even with --force.
-        for p in [data.join("labels.npy"), data.clone(), d.path().to_path_buf(), data.join("sub/../labels.npy"), data.join("new/x.npy")] {
-            let e = check(&[out("--out", &p, Kind::File)], true, &inputs).unwrap_err().to_string();
+        for p in [
+            data.join("labels.npy"),
+            data.clone(),
+            d.path().to_path_buf(),
+            data.join("sub/../labels.npy"),
+            data.join("new/x.npy"),
+        ] {
+            let e = check(&[out("--out", &p, Kind::File)], true, &inputs)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("the input --data"), "{p:?}: {e}");
         }
         // A symlink to the input is the input.
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&data, &link).unwrap();
-        assert!(check(&[out("--out", &link.join("p.npy"), Kind::File)], true, &inputs).is_err());
+        assert!(check(
+            &[out("--out", &link.join("p.npy"), Kind::File)],
+            true,
+            &inputs
+        )
+        .is_err());
         // Elsewhere: fine when new, refused when it exists without --force, fine with it.
         let p = d.path().join("preds.npy");
         check(&[out("--out", &p, Kind::File)], false, &inputs).unwrap();
         std::fs::write(&p, b"x").unwrap();
-        assert!(check(&[out("--out", &p, Kind::File)], false, &inputs).unwrap_err().to_string().contains("--force"));
+        assert!(check(&[out("--out", &p, Kind::File)], false, &inputs)
+            .unwrap_err()
+            .to_string()
+            .contains("--force"));
         check(&[out("--out", &p, Kind::File)], true, &inputs).unwrap();
         // A directory where a file is wanted, and two outputs on one path.
-        assert!(check(&[out("--report", &data, Kind::File)], true, &[]).unwrap_err().to_string().contains("is a directory"));
-        assert!(check(&[out("--out", &p, Kind::File), out("--embeddings", &p, Kind::File)], true, &[]).unwrap_err().to_string().contains("overlap"));
+        assert!(check(&[out("--report", &data, Kind::File)], true, &[])
+            .unwrap_err()
+            .to_string()
+            .contains("is a directory"));
+        assert!(check(
+            &[
+                out("--out", &p, Kind::File),
+                out("--embeddings", &p, Kind::File)
+            ],
+            true,
+            &[]
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("overlap"));
         // A directory a run adds to may exist.
         check(&[out("--checkpoint", &data, Kind::AddTo)], false, &[]).unwrap();
     }

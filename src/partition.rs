@@ -117,8 +117,19 @@ pub struct PartitionArgs {
 pub fn run(args: &PartitionArgs) -> Result<()> {
     let mut inputs = vec![("--data", args.data.as_path())];
     inputs.extend(args.metapaths.as_deref().map(|p| ("--metapaths", p)));
-    crate::output::check(&[crate::output::Output { flag: "--out", path: &args.out, kind: crate::output::Kind::Dir }], args.force, &inputs)?;
-    anyhow::ensure!(args.metapaths.is_none() || args.method == Method::Meta, "--metapaths applies to --method meta");
+    crate::output::check(
+        &[crate::output::Output {
+            flag: "--out",
+            path: &args.out,
+            kind: crate::output::Kind::Dir,
+        }],
+        args.force,
+        &inputs,
+    )?;
+    anyhow::ensure!(
+        args.metapaths.is_none() || args.method == Method::Meta,
+        "--metapaths applies to --method meta"
+    );
     let bytegnn = bytegnn_options(args)?;
     if args.method == Method::Meta {
         return run_meta(args);
@@ -126,43 +137,98 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     graphs::memory::track_anon();
     let start = Instant::now();
     if args.method.streams() {
-        anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions");
+        anyhow::ensure!(
+            args.trainers == 1,
+            "--trainers applies to metis and random partitions"
+        );
         let balance = match args.spring_balance.as_str() {
             "multi" => partition::spring::Balance::Multi,
             "nodes" => partition::spring::Balance::Nodes,
             other => anyhow::bail!("--spring-balance: '{other}' is not multi or nodes"),
         };
-        let spring = partition::spring::Spring { tau_fraction: args.spring_tau, balance, refine: args.spring_refine, ..Default::default() };
+        let spring = partition::spring::Spring {
+            tau_fraction: args.spring_tau,
+            balance,
+            refine: args.spring_refine,
+            ..Default::default()
+        };
         // Neither step loads the graph: memory is bounded by the node count.
-        let a = partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring).with_context(|| format!("streaming the edges of {}", args.data.display()))?;
+        let a = partition::assign_streaming(&args.data, args.parts, args.method, args.seed, spring)
+            .with_context(|| format!("streaming the edges of {}", args.data.display()))?;
         let assigned = start.elapsed().as_secs_f64();
-        let opts = partition::WriteOptions { overwrite: args.force, halo_features: args.halo_features };
-        let manifest = partition::write_streaming(&args.data, &a, &args.out, &opts, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
-        let counts: Vec<u64> = manifest.info.iter().fold(vec![0u64; manifest.node_types.len()], |mut acc, p| {
-            acc.iter_mut().zip(&p.core).for_each(|(a, c)| *a += c);
-            acc
-        });
-        sayln!("{}: {} partitions ({}), edge cut {} of {}", manifest.graph, manifest.parts, manifest.method, manifest.edge_cut, manifest.total_edges);
+        let opts = partition::WriteOptions {
+            overwrite: args.force,
+            halo_features: args.halo_features,
+        };
+        let manifest =
+            partition::write_streaming(&args.data, &a, &args.out, &opts, &mut bar::Bars::new())
+                .with_context(|| format!("writing partitions to {}", args.out.display()))?;
+        let counts: Vec<u64> =
+            manifest
+                .info
+                .iter()
+                .fold(vec![0u64; manifest.node_types.len()], |mut acc, p| {
+                    acc.iter_mut().zip(&p.core).for_each(|(a, c)| *a += c);
+                    acc
+                });
+        sayln!(
+            "{}: {} partitions ({}), edge cut {} of {}",
+            manifest.graph,
+            manifest.parts,
+            manifest.method,
+            manifest.edge_cut,
+            manifest.total_edges
+        );
         sayln!("assigned in {assigned:.1}s");
-        finish(PartitionReport::of_nodes(&manifest, &counts), start, &args.out)?;
-        sayln!("wrote {} partitions to {}", manifest.parts, args.out.display());
+        finish(
+            PartitionReport::of_nodes(&manifest, &counts),
+            start,
+            &args.out,
+        )?;
+        sayln!(
+            "wrote {} partitions to {}",
+            manifest.parts,
+            args.out.display()
+        );
         return Ok(());
     }
-    let g = graphs::load(&args.data, &LoadOptions { mmap_features: true, reverse_edges: false }).with_context(|| format!("loading {}", args.data.display()))?;
+    let g = graphs::load(
+        &args.data,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: false,
+        },
+    )
+    .with_context(|| format!("loading {}", args.data.display()))?;
     let a = match &bytegnn {
-        Some(b) => partition::assign_two_level_with(&g, args.parts, args.trainers, args.method, b, args.seed),
+        Some(b) => partition::assign_two_level_with(
+            &g,
+            args.parts,
+            args.trainers,
+            args.method,
+            b,
+            args.seed,
+        ),
         None => partition::assign_two_level(&g, args.parts, args.trainers, args.method, args.seed),
     }
     .context("assigning owners")?;
     let assigned = start.elapsed().as_secs_f64();
-    let opts = partition::WriteOptions { overwrite: args.force, halo_features: args.halo_features };
-    let manifest = partition::write_with(&g, &a, &args.out, &opts, &mut bar::Bars::new()).with_context(|| format!("writing partitions to {}", args.out.display()))?;
+    let opts = partition::WriteOptions {
+        overwrite: args.force,
+        halo_features: args.halo_features,
+    };
+    let manifest = partition::write_with(&g, &a, &args.out, &opts, &mut bar::Bars::new())
+        .with_context(|| format!("writing partitions to {}", args.out.display()))?;
     print_report(&manifest, &g);
     let counts: Vec<u64> = g.node_types().iter().map(|t| u64::from(t.count)).collect();
     let report = PartitionReport::of_nodes(&manifest, &counts);
     sayln!("assigned in {assigned:.1}s");
     finish(report, start, &args.out)?;
-    sayln!("wrote {} partitions to {}", manifest.parts, args.out.display());
+    sayln!(
+        "wrote {} partitions to {}",
+        manifest.parts,
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -173,11 +239,17 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
             ("--bytegnn-hops", args.bytegnn_hops.is_some()),
             ("--bytegnn-type-weight", args.bytegnn_type_weight.is_some()),
             ("--bytegnn-passes", args.bytegnn_passes.is_some()),
-            ("--bytegnn-balance-weight", args.bytegnn_balance_weight.is_some()),
+            (
+                "--bytegnn-balance-weight",
+                args.bytegnn_balance_weight.is_some(),
+            ),
             ("--bytegnn-clusters", args.bytegnn_clusters.is_some()),
             ("--bytegnn-place", args.bytegnn_place.is_some()),
             ("--bytegnn-fanouts", args.bytegnn_fanouts.is_some()),
-            ("--bytegnn-seed-weights", args.bytegnn_seed_weights.is_some()),
+            (
+                "--bytegnn-seed-weights",
+                args.bytegnn_seed_weights.is_some(),
+            ),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, on)| *on) {
             anyhow::bail!("{flag} applies to --method bytegnn, not {}", args.method);
@@ -199,7 +271,10 @@ fn bytegnn_options(args: &PartitionArgs) -> Result<Option<partition::bytegnn::By
         },
         seed_weights: match args.bytegnn_seed_weights.as_deref() {
             Some(&[train, valid, test]) => [train, valid, test],
-            Some(other) => anyhow::bail!("--bytegnn-seed-weights takes three values (train, valid, test), got {}", other.len()),
+            Some(other) => anyhow::bail!(
+                "--bytegnn-seed-weights takes three values (train, valid, test), got {}",
+                other.len()
+            ),
             None => d.seed_weights,
         },
     };
@@ -213,7 +288,11 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
     report.seconds = start.elapsed().as_secs_f64();
     report.peak_memory_bytes = graphs::memory::peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
-    let balance: Vec<String> = report.balance.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+    let balance: Vec<String> = report
+        .balance
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.3}"))
+        .collect();
     sayln!(
         "{} ({}): edge cut {} of {} ({:.1}%), replication factor {:.3}, boundary nodes {}",
         report.method,
@@ -226,19 +305,45 @@ fn finish(mut report: PartitionReport, start: Instant, out: &std::path::Path) ->
     );
     sayln!("balance (max/mean): {}", balance.join(", "));
     if !report.split_balance.is_empty() {
-        let splits: Vec<String> = ["train", "valid", "test"].iter().filter_map(|s| report.split_balance.get(*s).map(|v| format!("{s} {v:.3}"))).collect();
+        let splits: Vec<String> = ["train", "valid", "test"]
+            .iter()
+            .filter_map(|s| report.split_balance.get(*s).map(|v| format!("{s} {v:.3}")))
+            .collect();
         sayln!("split balance (max/mean): {}", splits.join(", "));
     }
-    let by_type: Vec<String> = report.replication_by_type.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+    let by_type: Vec<String> = report
+        .replication_by_type
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.3}"))
+        .collect();
     sayln!("replication by type: {}", by_type.join(", "));
-    let mib = |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
-    sayln!("{:.1}s, peak memory {} (anonymous {})", report.seconds, mib(report.peak_memory_bytes), mib(report.peak_anon_bytes));
-    report.write(out).with_context(|| format!("writing the report into {}", out.display()))?;
+    let mib = |b: Option<u64>| {
+        b.map_or("unknown".into(), |b| {
+            format!("{:.0} MiB", b as f64 / (1 << 20) as f64)
+        })
+    };
+    sayln!(
+        "{:.1}s, peak memory {} (anonymous {})",
+        report.seconds,
+        mib(report.peak_memory_bytes),
+        mib(report.peak_anon_bytes)
+    );
+    report
+        .write(out)
+        .with_context(|| format!("writing the report into {}", out.display()))?;
     Ok(())
 }
 
 fn print_report(m: &Manifest, g: &graphs::HetGraph) {
-    sayln!("{}: {} partitions ({}), edge cut {} of {} ({:.1}%)", m.graph, m.parts, m.method, m.edge_cut, m.total_edges, 100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64);
+    sayln!(
+        "{}: {} partitions ({}), edge cut {} of {} ({:.1}%)",
+        m.graph,
+        m.parts,
+        m.method,
+        m.edge_cut,
+        m.total_edges,
+        100.0 * m.edge_cut as f64 / m.total_edges.max(1) as f64
+    );
     let types: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
     say!("{:>5} {:>10}", "part", "edges");
     for t in &types {
@@ -250,12 +355,22 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
         for (c, h) in p.core.iter().zip(&p.halo) {
             say!(" {:>18}", format!("{c}/{h}"));
         }
-        sayln!(" {:>20}", format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2]));
+        sayln!(
+            " {:>20}",
+            format!("{}/{}/{}", p.splits[0], p.splits[1], p.splits[2])
+        );
     }
     if m.trainers > 1 {
-        sayln!("second level: {} trainers per partition; train/valid/test seeds per trainer:", m.trainers);
+        sayln!(
+            "second level: {} trainers per partition; train/valid/test seeds per trainer:",
+            m.trainers
+        );
         for (k, p) in m.info.iter().enumerate() {
-            let per: Vec<String> = p.trainer_splits.iter().map(|s| format!("{}/{}/{}", s[0], s[1], s[2])).collect();
+            let per: Vec<String> = p
+                .trainer_splits
+                .iter()
+                .map(|s| format!("{}/{}/{}", s[0], s[1], s[2]))
+                .collect();
             sayln!("{k:>5} {}", per.join("  "));
         }
     }
@@ -264,40 +379,110 @@ fn print_report(m: &Manifest, g: &graphs::HetGraph) {
 /// `--method meta`: Heta's partitioning by relations, with its report.
 fn run_meta(args: &PartitionArgs) -> Result<()> {
     anyhow::ensure!(args.trainers == 1, "--trainers applies to metis and random partitions; meta-partitions replicate instead when --parts exceeds the sub-metatrees");
-    anyhow::ensure!(!args.halo_features, "--halo-features applies to partitions by owner; meta-partitions hold whole relations");
+    anyhow::ensure!(
+        !args.halo_features,
+        "--halo-features applies to partitions by owner; meta-partitions hold whole relations"
+    );
     graphs::memory::track_anon();
     let start = Instant::now();
-    let opts = LoadOptions { mmap_features: true, reverse_edges: !args.no_reverse_edges };
-    let g = graphs::load(&args.data, &opts).with_context(|| format!("loading {}", args.data.display()))?;
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: !args.no_reverse_edges,
+    };
+    let g = graphs::load(&args.data, &opts)
+        .with_context(|| format!("loading {}", args.data.display()))?;
     let paths = match &args.metapaths {
         Some(p) => {
-            let text = graphs::input::read_text(p).with_context(|| format!("reading {}", p.display()))?;
-            Some(partition::meta::parse_metapaths(&text, &g, args.layers).with_context(|| format!("in {}", p.display()))?)
+            let text =
+                graphs::input::read_text(p).with_context(|| format!("reading {}", p.display()))?;
+            Some(
+                partition::meta::parse_metapaths(&text, &g, args.layers)
+                    .with_context(|| format!("in {}", p.display()))?,
+            )
         }
         None => None,
     };
-    let m = partition::meta::write_metapaths(&g, args.layers, args.parts, paths.as_deref(), &args.out, args.force, &mut bar::Bars::new())
-        .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
+    let m = partition::meta::write_metapaths(
+        &g,
+        args.layers,
+        args.parts,
+        paths.as_deref(),
+        &args.out,
+        args.force,
+        &mut bar::Bars::new(),
+    )
+    .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
     let total: u64 = m.info.iter().map(|p| p.load).sum();
-    sayln!("{}: {} meta-partitions for a {}-layer model (reverse relations {})", m.graph, m.parts, m.layers, if m.reverse_edges { "included" } else { "excluded" });
+    sayln!(
+        "{}: {} meta-partitions for a {}-layer model (reverse relations {})",
+        m.graph,
+        m.parts,
+        m.layers,
+        if m.reverse_edges {
+            "included"
+        } else {
+            "excluded"
+        }
+    );
     if !m.metapaths.is_empty() {
         let paths: Vec<String> = m.metapaths.iter().map(|p| p.join(" <- ")).collect();
-        sayln!("metatree from {} metapath(s): {}", paths.len(), paths.join("; "));
+        sayln!(
+            "metatree from {} metapath(s): {}",
+            paths.len(),
+            paths.join("; ")
+        );
     }
     for (k, p) in m.info.iter().enumerate() {
-        let replica = if p.replica[1] > 1 { format!(", replica {} of {} (splits the target nodes)", p.replica[0] + 1, p.replica[1]) } else { String::new() };
-        let reducer = if p.reducer { "; the reducer's (computes the target nodes' own rows)" } else { "" };
-        sayln!("part {k}: sub-metatrees via {}{replica}{reducer}; load {} ({:.1}% of all)", p.subtrees.join(", "), p.load, 100.0 * p.load as f64 / total.max(1) as f64);
+        let replica = if p.replica[1] > 1 {
+            format!(
+                ", replica {} of {} (splits the target nodes)",
+                p.replica[0] + 1,
+                p.replica[1]
+            )
+        } else {
+            String::new()
+        };
+        let reducer = if p.reducer {
+            "; the reducer's (computes the target nodes' own rows)"
+        } else {
+            ""
+        };
+        sayln!(
+            "part {k}: sub-metatrees via {}{replica}{reducer}; load {} ({:.1}% of all)",
+            p.subtrees.join(", "),
+            p.load,
+            100.0 * p.load as f64 / total.max(1) as f64
+        );
         sayln!("  relations: {}", p.relations.join(" "));
         let nodes: Vec<String> = p.nodes.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        sayln!("  nodes: {}; edges: {}; boundary nodes: {} (target only)", nodes.join(", "), p.edges.values().sum::<u64>(), p.boundary_nodes);
+        sayln!(
+            "  nodes: {}; edges: {}; boundary nodes: {} (target only)",
+            nodes.join(", "),
+            p.edges.values().sum::<u64>(),
+            p.boundary_nodes
+        );
     }
     let loads: Vec<u64> = m.info.iter().map(|p| p.load).collect();
     let mean = total as f64 / loads.len().max(1) as f64;
-    sayln!("load balance (max/mean) {:.3}", *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0));
-    let counts = g.node_types().iter().map(|t| (t.name.clone(), u64::from(t.count))).collect();
+    sayln!(
+        "load balance (max/mean) {:.3}",
+        *loads.iter().max().unwrap_or(&0) as f64 / mean.max(1.0)
+    );
+    let counts = g
+        .node_types()
+        .iter()
+        .map(|t| (t.name.clone(), u64::from(t.count)))
+        .collect();
     let edges = g.relations().iter().map(|r| r.num_edges() as u64).sum();
-    finish(PartitionReport::of_relations(&m, &counts, edges), start, &args.out)?;
-    sayln!("wrote {} meta-partitions to {}", m.parts, args.out.display());
+    finish(
+        PartitionReport::of_relations(&m, &counts, edges),
+        start,
+        &args.out,
+    )?;
+    sayln!(
+        "wrote {} meta-partitions to {}",
+        m.parts,
+        args.out.display()
+    );
     Ok(())
 }

@@ -14,8 +14,11 @@ pub fn run(report: &Path, out: &Path) -> anyhow::Result<()> {
         anyhow::bail!("{} has no epochs to plot", report.display());
     }
     // A bundled font: no system font libraries needed.
-    register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).map_err(|_| anyhow!("bundled font is invalid"))?;
-    draw(&r, out).map_err(|e| anyhow!("{e}")).with_context(|| format!("drawing {}", out.display()))?;
+    register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| anyhow!("bundled font is invalid"))?;
+    draw(&r, out)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("drawing {}", out.display()))?;
     sayln!("wrote {}", out.display());
     Ok(())
 }
@@ -35,17 +38,51 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .x_label_area_size(35)
         .y_label_area_size(50)
         .build_cartesian_2d(epochs[0]..x_max, 0.0..loss_max)?;
-    chart.configure_mesh().x_desc("epoch").y_desc("loss").draw()?;
-    chart.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, e.loss)), &RED))?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("loss")
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        r.epochs.iter().map(|e| (e.epoch as f64, e.loss)),
+        &RED,
+    ))?;
 
     let panel = metrics(r);
-    let y_max = if panel.link { panel.series.iter().flat_map(|(_, v)| v.iter().map(|&(_, y)| y)).fold(0.0, f64::max).mul_add(1.1, 1e-3).min(1.0) } else { 1.0 };
-    let mut chart = ChartBuilder::on(&right).caption(panel.caption, ("sans-serif", 20)).margin(15).x_label_area_size(35).y_label_area_size(50).build_cartesian_2d(epochs[0]..x_max, 0.0..y_max)?;
-    chart.configure_mesh().x_desc("epoch").y_desc(panel.caption).draw()?;
+    let y_max = if panel.link {
+        panel
+            .series
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|&(_, y)| y))
+            .fold(0.0, f64::max)
+            .mul_add(1.1, 1e-3)
+            .min(1.0)
+    } else {
+        1.0
+    };
+    let mut chart = ChartBuilder::on(&right)
+        .caption(panel.caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(epochs[0]..x_max, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc(panel.caption)
+        .draw()?;
     for ((name, points), color) in panel.series.into_iter().zip([BLUE, GREEN, BLACK, RED]) {
-        chart.draw_series(LineSeries::new(points, &color))?.label(name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(LineSeries::new(points, &color))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -61,15 +98,32 @@ struct Panel {
 /// What the right-hand panel of `r` shows: for a link-prediction run (whose
 /// accuracies are all 0) its validation and test MRR and test Hits@10.
 fn metrics(r: &Report) -> Panel {
-    let curve = |get: fn(&actors::EpochReport) -> Option<f64>| r.epochs.iter().filter_map(|e| get(e).map(|y| (e.epoch as f64, y))).collect::<Vec<_>>();
+    let curve = |get: fn(&actors::EpochReport) -> Option<f64>| {
+        r.epochs
+            .iter()
+            .filter_map(|e| get(e).map(|y| (e.epoch as f64, y)))
+            .collect::<Vec<_>>()
+    };
     if r.epochs.iter().any(|e| e.link.is_some()) {
         return Panel {
             caption: "link prediction",
             link: true,
-            series: vec![("valid MRR", curve(|e| e.link.map(|l| l.valid.mrr))), ("test MRR", curve(|e| e.link.map(|l| l.test.mrr))), ("test Hits@10", curve(|e| e.link.map(|l| l.test.hits10)))],
+            series: vec![
+                ("valid MRR", curve(|e| e.link.map(|l| l.valid.mrr))),
+                ("test MRR", curve(|e| e.link.map(|l| l.test.mrr))),
+                ("test Hits@10", curve(|e| e.link.map(|l| l.test.hits10))),
+            ],
         };
     }
-    Panel { caption: "accuracy", link: false, series: vec![("train", curve(|e| Some(e.train_acc))), ("valid", curve(|e| e.valid_acc)), ("test", curve(|e| e.test_acc))] }
+    Panel {
+        caption: "accuracy",
+        link: false,
+        series: vec![
+            ("train", curve(|e| Some(e.train_acc))),
+            ("valid", curve(|e| e.valid_acc)),
+            ("test", curve(|e| e.test_acc)),
+        ],
+    }
 }
 
 #[cfg(test)]
@@ -81,14 +135,38 @@ mod tests {
     fn a_link_prediction_report_plots_its_ranking_metrics() {
         let mut r = Report::default();
         for (i, mrr) in [0.02, 0.05].into_iter().enumerate() {
-            let m = LinkMetrics { mrr, hits1: 0.0, hits10: 2.0 * mrr, hits100: 0.5 };
-            r.epochs.push(actors::EpochReport { epoch: i as u64, link: Some(LinkEpoch { valid: m, test: LinkMetrics { mrr: mrr + 0.01, ..m } }), ..Default::default() });
+            let m = LinkMetrics {
+                mrr,
+                hits1: 0.0,
+                hits10: 2.0 * mrr,
+                hits100: 0.5,
+            };
+            r.epochs.push(actors::EpochReport {
+                epoch: i as u64,
+                link: Some(LinkEpoch {
+                    valid: m,
+                    test: LinkMetrics {
+                        mrr: mrr + 0.01,
+                        ..m
+                    },
+                }),
+                ..Default::default()
+            });
         }
         let p = metrics(&r);
         assert!(p.link);
-        assert_eq!(p.series, vec![("valid MRR", vec![(0.0, 0.02), (1.0, 0.05)]), ("test MRR", vec![(0.0, 0.03), (1.0, 0.060000000000000005)]), ("test Hits@10", vec![(0.0, 0.04), (1.0, 0.1)])]);
+        assert_eq!(
+            p.series,
+            vec![
+                ("valid MRR", vec![(0.0, 0.02), (1.0, 0.05)]),
+                ("test MRR", vec![(0.0, 0.03), (1.0, 0.060000000000000005)]),
+                ("test Hits@10", vec![(0.0, 0.04), (1.0, 0.1)])
+            ]
+        );
         // A node-classification report keeps its accuracies, at the epochs it evaluated.
-        r.epochs.iter_mut().for_each(|e| (e.link, e.test_acc) = (None, Some(0.7)));
+        r.epochs
+            .iter_mut()
+            .for_each(|e| (e.link, e.test_acc) = (None, Some(0.7)));
         r.epochs[0].test_acc = None;
         let p = metrics(&r);
         assert!(!p.link);

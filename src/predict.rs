@@ -40,12 +40,27 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<(Model, graphs::HetGraph, Source)> {
         let src = source(&self.checkpoint)?;
         let dir = src.dir.clone();
-        let g = graphs::load(&self.data, &LoadOptions { mmap_features: true, reverse_edges: src.reverse_edges }).with_context(|| format!("loading {}", self.data.display()))?;
+        let g = graphs::load(
+            &self.data,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: src.reverse_edges,
+            },
+        )
+        .with_context(|| format!("loading {}", self.data.display()))?;
         let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
         match &src.distributed {
-            Some(m) => dist::assemble(&dir, m, &mut model).with_context(|| format!("assembling the model of {}", dir.display()))?,
+            Some(m) => dist::assemble(&dir, m, &mut model)
+                .with_context(|| format!("assembling the model of {}", dir.display()))?,
             None => {
-                checkpoint::load(&dir, &mut model, &mut Adam::new(AdamConfig::with_lr(1e-3)), g.name(), src.reverse_edges, None)?;
+                checkpoint::load(
+                    &dir,
+                    &mut model,
+                    &mut Adam::new(AdamConfig::with_lr(1e-3)),
+                    g.name(),
+                    src.reverse_edges,
+                    None,
+                )?;
             }
         }
         Ok((model, g, src))
@@ -86,11 +101,15 @@ pub struct Source {
 /// Finds the checkpoint `path` names: a checkpoint directory of either kind,
 /// or a root of `epoch-*` (single-process) or `step-*` (distributed) ones.
 fn source(path: &std::path::Path) -> anyhow::Result<Source> {
-    let is_dist = |d: &std::path::Path| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+    let is_dist = |d: &std::path::Path| {
+        d.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+    };
     let dir = if path.join("manifest.json").exists() {
         path.to_path_buf()
     } else if !dist::list(path)?.is_empty() {
-        let (m, skipped) = dist::latest_any(path)?.with_context(|| format!("{}: no usable checkpoint", path.display()))?;
+        let (m, skipped) = dist::latest_any(path)?
+            .with_context(|| format!("{}: no usable checkpoint", path.display()))?;
         for s in skipped {
             warnln!("skipped checkpoint: {s}");
         }
@@ -100,18 +119,40 @@ fn source(path: &std::path::Path) -> anyhow::Result<Source> {
     };
     if is_dist(&dir) {
         let m = dist::manifest(&dir)?;
-        return Ok(Source { spec: m.spec.clone(), reverse_edges: m.reverse_edges, fanouts: m.fanouts.clone(), epochs_done: m.epochs.len() as u64, dir, distributed: Some(m) });
+        return Ok(Source {
+            spec: m.spec.clone(),
+            reverse_edges: m.reverse_edges,
+            fanouts: m.fanouts.clone(),
+            epochs_done: m.epochs.len() as u64,
+            dir,
+            distributed: Some(m),
+        });
     }
     let (m, _) = checkpoint::verify(&dir)?;
-    Ok(Source { spec: m.spec, reverse_edges: m.reverse_edges, fanouts: m.fanouts, epochs_done: m.epochs_done, dir, distributed: None })
+    Ok(Source {
+        spec: m.spec,
+        reverse_edges: m.reverse_edges,
+        fanouts: m.fanouts,
+        epochs_done: m.epochs_done,
+        dir,
+        distributed: None,
+    })
 }
 
 pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let mut outputs = vec![Output { flag: "--out", path: &a.out, kind: Kind::File }];
-    outputs.extend(a.embeddings.as_deref().map(|p| Output { flag: "--embeddings", path: p, kind: Kind::File }));
+    let mut outputs = vec![Output {
+        flag: "--out",
+        path: &a.out,
+        kind: Kind::File,
+    }];
+    outputs.extend(a.embeddings.as_deref().map(|p| Output {
+        flag: "--embeddings",
+        path: p,
+        kind: Kind::File,
+    }));
     crate::output::check(&outputs, a.force, &a.model.inputs())?;
     let (model, g, manifest) = a.model.load()?;
     let dir = manifest.dir.clone();
@@ -124,15 +165,30 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     let mut preds = NpyWriter::create(&a.out, NpyType::I64, &[u64::from(n)])?;
     let mut emb_writer: Option<NpyWriter> = None;
     for (step, seeds) in ids.chunks(a.batch).enumerate() {
-        let mb = sample(&mut sampler, model.uses_neighbors(), manifest.epochs_done, step as u64, seeds)?;
+        let mb = sample(
+            &mut sampler,
+            model.uses_neighbors(),
+            manifest.epochs_done,
+            step as u64,
+            seeds,
+        )?;
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
         let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
-        let p: Vec<i64> = logits.argmax(1)?.to_vec1::<u32>()?.into_iter().map(i64::from).collect();
+        let p: Vec<i64> = logits
+            .argmax(1)?
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(i64::from)
+            .collect();
         preds.write_i64(&p)?;
         if let Some(path) = &a.embeddings {
             let emb = emb.to_dtype(DType::F32)?;
             if emb_writer.is_none() {
-                emb_writer = Some(NpyWriter::create(path, NpyType::F32, &[u64::from(n), emb.dims2()?.1 as u64])?);
+                emb_writer = Some(NpyWriter::create(
+                    path,
+                    NpyType::F32,
+                    &[u64::from(n), emb.dims2()?.1 as u64],
+                )?);
             }
             let w = emb_writer.as_mut().expect("created above");
             w.write_f32(&emb.flatten_all()?.to_vec1::<f32>()?)?;
@@ -142,7 +198,12 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if let Some(w) = emb_writer {
         w.finish()?;
     }
-    sayln!("wrote predictions for {n} {} nodes to {} (checkpoint {})", g.node_type(g.target()).name, a.out.display(), dir.display());
+    sayln!(
+        "wrote predictions for {n} {} nodes to {} (checkpoint {})",
+        g.node_type(g.target()).name,
+        a.out.display(),
+        dir.display()
+    );
     if let Some(p) = &a.embeddings {
         sayln!("wrote embeddings to {}", p.display());
     }

@@ -10,7 +10,10 @@ pub struct HostProfile {
     run: Option<(pprof::ProfilerGuard<'static>, std::path::PathBuf)>,
     /// The wall-time sampler's stop flag and thread.
     #[cfg(feature = "profile")]
-    wall: Option<(std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>)>,
+    wall: Option<(
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<()>,
+    )>,
 }
 
 impl HostProfile {
@@ -19,14 +22,17 @@ impl HostProfile {
         let stem = std::env::var_os("HETGNN_PROFILE").filter(|s| !s.is_empty());
         #[cfg(feature = "profile")]
         {
-            let wall = stem.is_some() && std::env::var("HETGNN_PROFILE_WALL").is_ok_and(|v| v == "1");
+            let wall =
+                stem.is_some() && std::env::var("HETGNN_PROFILE_WALL").is_ok_and(|v| v == "1");
             // 250 Hz: enough samples over a minute's run, little overhead.
             // Names match by substring: "libc.so", not "libc" (libcuda). In
             // wall mode the timer all but stops (1 Hz) and nothing is left
             // out: a blocked thread's newest frame is in libc or the driver.
             let builder = match wall {
                 true => pprof::ProfilerGuardBuilder::default().frequency(1),
-                false => pprof::ProfilerGuardBuilder::default().frequency(250).blocklist(&["libc.so", "libgcc", "libpthread", "vdso"]),
+                false => pprof::ProfilerGuardBuilder::default()
+                    .frequency(250)
+                    .blocklist(&["libc.so", "libgcc", "libpthread", "vdso"]),
             };
             let run = stem.and_then(|s| match builder.build() {
                 Ok(g) => Some((g, std::path::PathBuf::from(s))),
@@ -58,7 +64,9 @@ impl Drop for HostProfile {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = thread.join();
         }
-        let Some((guard, stem)) = self.run.take() else { return };
+        let Some((guard, stem)) = self.run.take() else {
+            return;
+        };
         if let Err(e) = write(&guard, &stem) {
             eprintln!("warning: HETGNN_PROFILE: {e}");
         }
@@ -67,7 +75,10 @@ impl Drop for HostProfile {
 
 /// Signals the calling thread 250 times a second, for the profiler's handler to record where it is.
 #[cfg(feature = "profile")]
-fn wall_sampler() -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+fn wall_sampler() -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // SAFETY: gettid and getpid have no preconditions.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
@@ -92,7 +103,9 @@ fn write(guard: &pprof::ProfilerGuard<'static>, stem: &std::path::Path) -> anyho
     type Counts = BTreeMap<String, i64>;
     let mut threads: BTreeMap<u64, (String, i64, Counts, Counts)> = BTreeMap::new();
     for (frames, &n) in &report.data {
-        let t = threads.entry(frames.thread_id).or_insert_with(|| (frames.thread_name.clone(), 0, Counts::new(), Counts::new()));
+        let t = threads
+            .entry(frames.thread_id)
+            .or_insert_with(|| (frames.thread_name.clone(), 0, Counts::new(), Counts::new()));
         let n = n as i64;
         t.1 += n;
         let names: Vec<String> = frames.frames.iter().flatten().map(|s| s.name()).collect();
@@ -111,12 +124,28 @@ fn write(guard: &pprof::ProfilerGuard<'static>, stem: &std::path::Path) -> anyho
     writeln!(out, "{all} samples at 250 Hz (of CPU time; with HETGNN_PROFILE_WALL=1, of the training thread's wall time) over {} threads", order.len())?;
     for (id, (name, total, inclusive, own)) in order.into_iter().take(12) {
         writeln!(out, "== thread {id} ({name:?}): {total} samples")?;
-        for (what, counts, top) in [("inclusive (frames in nearly every sample left out)", inclusive, 70), ("self", own, 30)] {
-            let mut v: Vec<_> = counts.into_iter().filter(|&(_, n)| what == "self" || n * 100 < total * 97).collect();
+        for (what, counts, top) in [
+            (
+                "inclusive (frames in nearly every sample left out)",
+                inclusive,
+                70,
+            ),
+            ("self", own, 30),
+        ] {
+            let mut v: Vec<_> = counts
+                .into_iter()
+                .filter(|&(_, n)| what == "self" || n * 100 < total * 97)
+                .collect();
             v.sort_by_key(|(_, n)| -n);
             writeln!(out, "  -- {what}")?;
             for (f, n) in v.into_iter().take(top) {
-                writeln!(out, "  {:6} {:5.1}%  {}", n, 100.0 * n as f64 / total.max(1) as f64, f.chars().take(160).collect::<String>())?;
+                writeln!(
+                    out,
+                    "  {:6} {:5.1}%  {}",
+                    n,
+                    100.0 * n as f64 / total.max(1) as f64,
+                    f.chars().take(160).collect::<String>()
+                )?;
             }
         }
     }

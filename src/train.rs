@@ -116,8 +116,17 @@ impl TrainArgs {
     /// The flags as `training.key=value` overrides, then the explicit `--set`s.
     fn overrides(&self) -> anyhow::Result<Vec<String>> {
         // The configuration is TOML, which holds UTF-8 only: say so rather than mangle a path.
-        let path = |flag: &str, p: &Option<PathBuf>| p.as_deref().map(|p| graphs::input::utf8_path(flag, p).map(|s| actors::config::toml_string(&s))).transpose();
-        let (data, partitions, report, checkpoint) = (path("--data", &self.data)?, path("--partitions", &self.partitions)?, path("--report", &self.report)?, path("--checkpoint", &self.checkpoint)?);
+        let path = |flag: &str, p: &Option<PathBuf>| {
+            p.as_deref()
+                .map(|p| graphs::input::utf8_path(flag, p).map(|s| actors::config::toml_string(&s)))
+                .transpose()
+        };
+        let (data, partitions, report, checkpoint) = (
+            path("--data", &self.data)?,
+            path("--partitions", &self.partitions)?,
+            path("--report", &self.report)?,
+            path("--checkpoint", &self.checkpoint)?,
+        );
         let mut o = Vec::new();
         let mut push = |k: &str, v: Option<String>| {
             if let Some(v) = v {
@@ -132,7 +141,10 @@ impl TrainArgs {
         push("partitions", partitions);
         push("model", self.model.as_deref().map(quoted));
         push("task", self.task.as_deref().map(quoted));
-        push("target_relations", self.target_relations.as_deref().map(quoted));
+        push(
+            "target_relations",
+            self.target_relations.as_deref().map(quoted),
+        );
         push("negatives", self.negatives.map(|v| v.to_string()));
         push("decoder", self.decoder.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
@@ -147,7 +159,10 @@ impl TrainArgs {
         push("dropout", self.dropout.map(|v| format!("{v:?}")));
         // As a string: TOML integers stop at 2^63 - 1, seeds do not.
         push("seed", self.seed.map(|v| quoted(&v.to_string())));
-        push("reverse_edges", (self.reverse_edges || self.no_reverse_edges).then(|| self.reverse_edges.to_string()));
+        push(
+            "reverse_edges",
+            (self.reverse_edges || self.no_reverse_edges).then(|| self.reverse_edges.to_string()),
+        );
         push("device", self.device.as_deref().map(quoted));
         push("report", report);
         push("checkpoint_dir", checkpoint);
@@ -175,10 +190,24 @@ fn cache_dir() -> PathBuf {
 
 /// The built-in default graph: mag-like at scale 0.01, seed 0, generated once.
 fn default_data() -> anyhow::Result<PathBuf> {
-    let dir = cache_dir().join(format!("mag-like-v{}-s0.01-seed0", graphs::generate::VERSION));
+    let dir = cache_dir().join(format!(
+        "mag-like-v{}-s0.01-seed0",
+        graphs::generate::VERSION
+    ));
     if !dir.join("schema.json").exists() {
-        warnln!("generating the default graph (mag-like, scale 0.01) into {} (once)", dir.display());
-        graphs::generate::generate(graphs::generate::Like::Mag, 0.01, 0, &dir, true, &mut crate::bar::Bars::new()).with_context(|| format!("generating the default graph into {}", dir.display()))?;
+        warnln!(
+            "generating the default graph (mag-like, scale 0.01) into {} (once)",
+            dir.display()
+        );
+        graphs::generate::generate(
+            graphs::generate::Like::Mag,
+            0.01,
+            0,
+            &dir,
+            true,
+            &mut crate::bar::Bars::new(),
+        )
+        .with_context(|| format!("generating the default graph into {}", dir.display()))?;
     } else {
         warnln!("using the default graph in {}", dir.display());
     }
@@ -196,10 +225,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         cfg.training.data = Some(default_data()?);
     }
     check_outputs(&cfg, args.force, args.config.as_deref())?;
-    let input = cfg.training.partitions.clone().or_else(|| cfg.training.data.clone()).unwrap_or_default();
+    let input = cfg
+        .training
+        .partitions
+        .clone()
+        .or_else(|| cfg.training.data.clone())
+        .unwrap_or_default();
     let start = Instant::now();
     let profile = crate::profile::HostProfile::start();
-    let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| format!("{} training on {}", cfg.training.mode.name(), input.display()))?;
+    let (report, _) = actors::train(&cfg, &mut Progress::default()).with_context(|| {
+        format!(
+            "{} training on {}",
+            cfg.training.mode.name(),
+            input.display()
+        )
+    })?;
     profile.finish();
     finish(&cfg, &report, start)
 }
@@ -211,10 +251,18 @@ pub fn check_outputs(cfg: &Config, force: bool, config_file: Option<&Path>) -> a
     let t = &cfg.training;
     let mut outputs = Vec::new();
     if let Some(r) = &t.report {
-        outputs.push(Output { flag: "--report", path: r, kind: Kind::File });
+        outputs.push(Output {
+            flag: "--report",
+            path: r,
+            kind: Kind::File,
+        });
     }
     if let Some(c) = &t.checkpoint_dir {
-        outputs.push(Output { flag: "--checkpoint", path: c, kind: Kind::AddTo });
+        outputs.push(Output {
+            flag: "--checkpoint",
+            path: c,
+            kind: Kind::AddTo,
+        });
     }
     let mut inputs: Vec<(&str, &Path)> = Vec::new();
     inputs.extend(t.data.as_deref().map(|p| ("--data", p)));
@@ -252,8 +300,24 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
         );
     }
     if !report.cache.is_empty() {
-        let per_type: Vec<String> = report.cache.iter().filter(|(_, c)| c.note.is_none()).map(|(name, c)| format!("{name} {:.0}% of it, hit rate {:.2}", c.share * 100.0, c.hit_rate)).collect();
-        sayln!("cache ({}, {} bytes per device): {}", cfg.training.cache_policy.name(), cfg.training.cache_bytes.0, per_type.join("; "));
+        let per_type: Vec<String> = report
+            .cache
+            .iter()
+            .filter(|(_, c)| c.note.is_none())
+            .map(|(name, c)| {
+                format!(
+                    "{name} {:.0}% of it, hit rate {:.2}",
+                    c.share * 100.0,
+                    c.hit_rate
+                )
+            })
+            .collect();
+        sayln!(
+            "cache ({}, {} bytes per device): {}",
+            cfg.training.cache_policy.name(),
+            cfg.training.cache_bytes.0,
+            per_type.join("; ")
+        );
     }
     if let Some(path) = &cfg.training.report {
         sayln!("report written to {}", path.display());
@@ -268,7 +332,8 @@ fn accuracy(a: Option<f64>) -> String {
 
 fn write_report(report: &actors::Report, path: &Path) -> anyhow::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
     }
     report.write(path)?;
     Ok(())
@@ -307,7 +372,11 @@ impl TrainObserver for Progress {
     }
     fn epoch_start(&mut self, epoch: u64, steps: u64) {
         let bar = ProgressBar::new(steps);
-        bar.set_style(ProgressStyle::with_template("epoch {prefix:>3} [{bar:30}] {pos}/{len} {msg}").expect("valid template").progress_chars("=> "));
+        bar.set_style(
+            ProgressStyle::with_template("epoch {prefix:>3} [{bar:30}] {pos}/{len} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
         bar.set_prefix(epoch.to_string());
         self.bar = Some(bar);
         self.started = Some(Instant::now());
@@ -321,12 +390,21 @@ impl TrainObserver for Progress {
         self.steps += 1;
         if let (Some(bar), Some(t)) = (&self.bar, self.started) {
             let rate = self.steps as f64 / t.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!("loss {:.4}  {rate:.2} batches/s", self.loss / self.steps as f64));
+            bar.set_message(format!(
+                "loss {:.4}  {rate:.2} batches/s",
+                self.loss / self.steps as f64
+            ));
             bar.inc(1);
             // A log file shows no bar: a line now and then says the epoch is moving, and how fast.
             if bar.is_hidden() && self.said.is_some_and(|s| s.elapsed() >= PLAIN_EVERY) {
                 self.said = Some(Instant::now());
-                warnln!("epoch {:>3}: step {}/{}  loss {:.4}  {rate:.2} batches/s", self.epoch.0, self.steps, self.epoch.1, self.loss / self.steps as f64);
+                warnln!(
+                    "epoch {:>3}: step {}/{}  loss {:.4}  {rate:.2} batches/s",
+                    self.epoch.0,
+                    self.steps,
+                    self.epoch.1,
+                    self.loss / self.steps as f64
+                );
             }
         }
     }
@@ -341,7 +419,12 @@ impl TrainObserver for Progress {
             Some(l) => {
                 format!("valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}", l.valid.mrr, l.valid.hits10, l.test.mrr, l.test.hits1, l.test.hits10, l.test.hits100)
             }
-            None => format!("train {:.4}  valid {}  test {}", r.train_acc, accuracy(r.valid_acc), accuracy(r.test_acc)),
+            None => format!(
+                "train {:.4}  valid {}  test {}",
+                r.train_acc,
+                accuracy(r.valid_acc),
+                accuracy(r.test_acc)
+            ),
         };
         let t = &r.time;
         sayln!(

@@ -34,14 +34,52 @@ fn shared() -> &'static Shared {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
         hetgnn(&d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
-        hetgnn(&d, &["partition", "--data", "g", "--parts", "3", "--out", "parts"]).ok();
-        hetgnn(&d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"]).ok();
-        hetgnn(&d, &["certs", "init", "--out", "rogue-certs", "--nodes", "n0,n1,n2"]).ok();
+        hetgnn(
+            &d,
+            &["partition", "--data", "g", "--parts", "3", "--out", "parts"],
+        )
+        .ok();
+        hetgnn(
+            &d,
+            &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"],
+        )
+        .ok();
+        hetgnn(
+            &d,
+            &[
+                "certs",
+                "init",
+                "--out",
+                "rogue-certs",
+                "--nodes",
+                "n0,n1,n2",
+            ],
+        )
+        .ok();
         let (epochs, batch) = (EPOCHS.to_string(), BATCH.to_string());
-        let args = ["train", "--data", "g", "--set", "training.mode=\"data-parallel\"", "--set", "training.partitions=\"parts\"", "--epochs", &epochs, "--batch", &batch, "--report", "reference.json"];
+        let args = [
+            "train",
+            "--data",
+            "g",
+            "--set",
+            "training.mode=\"data-parallel\"",
+            "--set",
+            "training.partitions=\"parts\"",
+            "--epochs",
+            &epochs,
+            "--batch",
+            &batch,
+            "--report",
+            "reference.json",
+        ];
         hetgnn(&d, &args).ok();
         let r = report(&d.join("reference.json"));
-        Shared { want: r["final_model_sha256"].as_str().unwrap().to_string(), steps: r["steps"].as_u64().unwrap(), root: d, _dir: dir }
+        Shared {
+            want: r["final_model_sha256"].as_str().unwrap().to_string(),
+            steps: r["steps"].as_u64().unwrap(),
+            root: d,
+            _dir: dir,
+        }
     })
 }
 
@@ -56,8 +94,15 @@ struct Rng(u64);
 
 impl Rng {
     fn for_case(name: &str) -> Rng {
-        let seed =
-            std::env::var("HETGNN_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+        let seed = std::env::var("HETGNN_CHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
         eprintln!("chaos case {name}: seed {seed} (HETGNN_CHAOS_SEED={seed} replays it)");
         Rng(seed)
     }
@@ -100,7 +145,11 @@ impl Cluster {
             nodes_toml(&NODES)
         );
         std::fs::write(dir.join("cluster.toml"), text).unwrap();
-        Cluster { dir, procs: BTreeMap::new(), logs: Vec::new() }
+        Cluster {
+            dir,
+            procs: BTreeMap::new(),
+            logs: Vec::new(),
+        }
     }
 
     fn spawn(&mut self, id: &str) {
@@ -119,19 +168,41 @@ impl Cluster {
     }
 
     fn dump(&self) -> String {
-        self.logs.iter().map(|l| format!("--- {}\n{}", l.display(), std::fs::read_to_string(l).unwrap_or_default())).collect()
+        self.logs
+            .iter()
+            .map(|l| {
+                format!(
+                    "--- {}\n{}",
+                    l.display(),
+                    std::fs::read_to_string(l).unwrap_or_default()
+                )
+            })
+            .collect()
     }
 
     /// Waits until the coordinator has completed the checkpoint at `step` or a later one.
     fn wait_for_checkpoint(&self, step: u64) {
         let start = Instant::now();
         loop {
-            let done =
-                std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
+            let done = std::fs::read_dir(self.dir.join("ck"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .strip_prefix("step-")
+                        .and_then(|n| n.parse::<u64>().ok())
+                })
+                .max();
             if done.is_some_and(|d| d >= step) {
                 return;
             }
-            assert!(start.elapsed() < RUN_LIMIT, "no checkpoint at step {step}:\n{}", self.dump());
+            assert!(
+                start.elapsed() < RUN_LIMIT,
+                "no checkpoint at step {step}:\n{}",
+                self.dump()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -144,7 +215,11 @@ impl Cluster {
 
     fn signal(&self, id: &str, sig: &str) {
         let pid = self.procs[id].id().to_string();
-        assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
     }
 
     /// Waits for every node to exit 0 and returns the coordinator's report.
@@ -159,18 +234,30 @@ impl Cluster {
             }
             for (id, status) in done {
                 self.procs.remove(&id);
-                assert!(status.success(), "{id} exited with {status}:\n{}", self.dump());
+                assert!(
+                    status.success(),
+                    "{id} exited with {status}:\n{}",
+                    self.dump()
+                );
             }
             if start.elapsed() > RUN_LIMIT {
                 for p in self.procs.values_mut() {
                     let _ = p.kill();
                 }
-                panic!("the cluster did not finish within {RUN_LIMIT:?}:\n{}", self.dump());
+                panic!(
+                    "the cluster did not finish within {RUN_LIMIT:?}:\n{}",
+                    self.dump()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let r = report(&self.dir.join("run.json"));
-        assert_eq!(r["final_model_sha256"].as_str().unwrap(), shared().want, "the model differs from the failure-free run's:\n{}", self.dump());
+        assert_eq!(
+            r["final_model_sha256"].as_str().unwrap(),
+            shared().want,
+            "the model differs from the failure-free run's:\n{}",
+            self.dump()
+        );
         r
     }
 }
@@ -194,10 +281,21 @@ fn strike_step(rng: &mut Rng) -> u64 {
 fn one_recovery(r: &serde_json::Value) -> &serde_json::Value {
     let f = &r["failures"][0];
     assert!(f.is_object(), "a failure is reported: {r}");
-    let (detected, rejoined, resumed) = (f["detected_at_s"].as_f64().unwrap(), f["rejoined_at_s"].as_f64().unwrap(), f["resumed_at_s"].as_f64().unwrap());
+    let (detected, rejoined, resumed) = (
+        f["detected_at_s"].as_f64().unwrap(),
+        f["rejoined_at_s"].as_f64().unwrap(),
+        f["resumed_at_s"].as_f64().unwrap(),
+    );
     assert!(detected <= rejoined && rejoined <= resumed, "{f}");
-    assert_eq!(f["steps_redone"].as_u64().unwrap(), f["failed_at_step"].as_u64().unwrap() - f["resumed_from_step"].as_u64().unwrap(), "{f}");
-    assert!(f["resumed_from_step"].as_u64().unwrap().is_multiple_of(5), "rolled back to a checkpoint: {f}");
+    assert_eq!(
+        f["steps_redone"].as_u64().unwrap(),
+        f["failed_at_step"].as_u64().unwrap() - f["resumed_from_step"].as_u64().unwrap(),
+        "{f}"
+    );
+    assert!(
+        f["resumed_from_step"].as_u64().unwrap().is_multiple_of(5),
+        "rolled back to a checkpoint: {f}"
+    );
     f
 }
 
@@ -209,16 +307,27 @@ fn chaos_a_killed_node_restarted_rejoins_and_the_run_ends_with_the_same_model() 
     let at = strike_step(&mut rng);
     // With a feature cache: the survivors keep theirs into the next generation, the victim builds
     // its own again; the model must still be the failure-free (and cache-free) run's.
-    let mut c = Cluster::start("kill", "cache_bytes = \"128KiB\"\ncache_policy = \"hotness\"\n");
+    let mut c = Cluster::start(
+        "kill",
+        "cache_bytes = \"128KiB\"\ncache_policy = \"hotness\"\n",
+    );
     c.wait_for_checkpoint(at);
     std::thread::sleep(Duration::from_millis(rng.below(300)));
     c.kill(victim);
     c.spawn(victim);
     let r = c.finish();
     one_recovery(&r);
-    assert!(r["cache"]["paper"]["hits"].as_u64().unwrap_or(0) > 0, "{}", r["cache"]);
+    assert!(
+        r["cache"]["paper"]["hits"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        r["cache"]
+    );
     // (A loaded machine may add a spurious failure: the victim's is among them.)
-    let named = r["failures"].as_array().unwrap().iter().any(|f| f["what"].as_str().is_some_and(|w| w.contains(victim) || w.contains("restarted")));
+    let named = r["failures"].as_array().unwrap().iter().any(|f| {
+        f["what"]
+            .as_str()
+            .is_some_and(|w| w.contains(victim) || w.contains("restarted"))
+    });
     assert!(named, "the failure names {victim}: {}", r["failures"]);
 }
 
@@ -234,7 +343,10 @@ fn chaos_a_node_frozen_past_the_failure_timeout_rejoins_when_it_wakes() {
     std::thread::sleep(Duration::from_millis(2500 + rng.below(1000)));
     c.signal(victim, "-CONT");
     let r = c.finish();
-    assert!(!r["failures"].as_array().unwrap().is_empty(), "the freeze was noticed: {r}");
+    assert!(
+        !r["failures"].as_array().unwrap().is_empty(),
+        "the freeze was noticed: {r}"
+    );
 }
 
 #[test]
@@ -244,10 +356,29 @@ fn chaos_lossy_duplicating_delaying_links_change_nothing() {
     let seed = rng.below(1 << 31);
     let mut c = Cluster::start("lossy", &format!("[chaos]\nseed = {seed}\ndrop = 0.1\nduplicate = 0.05\ndelay = {{ dist = \"uniform\", min_ms = 0, max_ms = 2 }}\n"));
     let r = c.finish();
-    assert!(r["messages_by_kind"]["grad"].as_u64().unwrap_or(0) > 0, "the run crossed the network: {r}");
+    assert!(
+        r["messages_by_kind"]["grad"].as_u64().unwrap_or(0) > 0,
+        "the run crossed the network: {r}"
+    );
     // The run's model is readable from its checkpoints.
-    let out = hetgnn(&c.dir, &["predict", "--checkpoint", "ck", "--data", "../g", "--out", "preds.npy"]).ok().stdout();
-    assert!(out.contains("wrote predictions for") && out.contains("step-"), "{out}");
+    let out = hetgnn(
+        &c.dir,
+        &[
+            "predict",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "../g",
+            "--out",
+            "preds.npy",
+        ],
+    )
+    .ok()
+    .stdout();
+    assert!(
+        out.contains("wrote predictions for") && out.contains("step-"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -259,7 +390,11 @@ fn chaos_a_rogue_peer_is_refused_and_training_goes_on() {
     let text = std::fs::read_to_string(c.dir.join("cluster.toml")).unwrap();
     // Garbage datagrams at every node.
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addrs: Vec<String> = text.lines().filter_map(|l| l.strip_prefix("addr = ")).map(|a| a.trim_matches('"').to_string()).collect();
+    let addrs: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("addr = "))
+        .map(|a| a.trim_matches('"').to_string())
+        .collect();
     for addr in &addrs {
         for _ in 0..200 {
             let junk: Vec<u8> = (0..1 + rng.below(1200)).map(|_| rng.next() as u8).collect();
@@ -267,9 +402,21 @@ fn chaos_a_rogue_peer_is_refused_and_training_goes_on() {
         }
     }
     // A client whose certificate comes from another CA: refused by every node.
-    std::fs::write(c.dir.join("rogue.toml"), text.replace("certs_dir = \"../certs\"", "certs_dir = \"../rogue-certs\"")).unwrap();
-    let doctor = hetgnn(&c.dir, &["doctor", "--config", "rogue.toml", "--timeout", "1"]);
-    assert_eq!(doctor.out.status.code(), Some(1), "the rogue is refused: {}", doctor.stdout());
+    std::fs::write(
+        c.dir.join("rogue.toml"),
+        text.replace("certs_dir = \"../certs\"", "certs_dir = \"../rogue-certs\""),
+    )
+    .unwrap();
+    let doctor = hetgnn(
+        &c.dir,
+        &["doctor", "--config", "rogue.toml", "--timeout", "1"],
+    );
+    assert_eq!(
+        doctor.out.status.code(),
+        Some(1),
+        "the rogue is refused: {}",
+        doctor.stdout()
+    );
     assert!(doctor.stdout().contains("MISSING"), "{}", doctor.stdout());
     // Training is unaffected: the same model (checked by finish).
     c.finish();
@@ -287,18 +434,54 @@ fn chaos_a_corrupted_newest_checkpoint_is_skipped_when_the_whole_cluster_restart
         c.kill(id);
     }
     let ck = c.dir.join("ck");
-    let newest = std::fs::read_dir(&ck).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-")).max().unwrap();
-    let victim: PathBuf = std::fs::read_dir(&newest).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).min().unwrap();
+    let newest = std::fs::read_dir(&ck)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("step-")
+        })
+        .max()
+        .unwrap();
+    let victim: PathBuf = std::fs::read_dir(&newest)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .min()
+        .unwrap();
     let len = std::fs::metadata(&victim).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&victim)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
     for id in NODES {
         c.spawn(id);
     }
     let r = c.finish();
-    let newest_step: u64 = newest.file_name().unwrap().to_string_lossy().strip_prefix("step-").unwrap().parse().unwrap();
-    assert_eq!(r["resumed_from_step"].as_u64(), Some(newest_step - 5), "resumed from the checkpoint before the corrupted one");
+    let newest_step: u64 = newest
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .strip_prefix("step-")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        r["resumed_from_step"].as_u64(),
+        Some(newest_step - 5),
+        "resumed from the checkpoint before the corrupted one"
+    );
     let logs = c.dump();
-    assert!(logs.contains("skipped checkpoint") && logs.contains("checksum"), "the corruption is reported:\n{logs}");
+    assert!(
+        logs.contains("skipped checkpoint") && logs.contains("checksum"),
+        "the corruption is reported:\n{logs}"
+    );
 }
 
 #[test]
@@ -312,7 +495,11 @@ fn chaos_the_coordinators_node_killed_and_restarted_resumes_the_run() {
     c.kill("n0");
     c.spawn("n0");
     let r = c.finish();
-    assert!(r["resumed_from_step"].as_u64().is_some_and(|s| s >= at), "the new coordinator resumed from a checkpoint: {}", r["resumed_from_step"]);
+    assert!(
+        r["resumed_from_step"].as_u64().is_some_and(|s| s >= at),
+        "the new coordinator resumed from a checkpoint: {}",
+        r["resumed_from_step"]
+    );
 }
 
 #[test]
@@ -336,9 +523,24 @@ fn chaos_launch_restarts_a_killed_node_and_the_run_ends_with_the_same_model() {
     c.logs.push(log.clone());
     c.wait_for_checkpoint(at);
     let text = std::fs::read_to_string(&log).unwrap();
-    let pid = text.lines().find_map(|l| l.strip_prefix(&format!("launch: started {victim} (pid "))).and_then(|r| r.split(')').next()).unwrap().to_string();
-    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let pid = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("launch: started {victim} (pid ")))
+        .and_then(|r| r.split(')').next())
+        .unwrap()
+        .to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
     let r = c.finish();
-    assert!(std::fs::read_to_string(&log).unwrap().contains(&format!("launch: node {victim} was killed")), "{}", c.dump());
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains(&format!("launch: node {victim} was killed")),
+        "{}",
+        c.dump()
+    );
     one_recovery(&r);
 }

@@ -6,7 +6,9 @@ use crate::util::hetgnn;
 fn inspect_prints_schema_degrees_and_metagraph() {
     let tmp = tempfile::tempdir().unwrap();
     hetgnn(tmp.path(), &["generate", "--scale", "0.002", "--out", "g"]).ok();
-    let out = hetgnn(tmp.path(), &["inspect", "g", "--reverse-edges"]).ok().stdout();
+    let out = hetgnn(tmp.path(), &["inspect", "g", "--reverse-edges"])
+        .ok()
+        .stdout();
     for needle in [
         "target paper  (349 classes)",
         "paper                        1473 nodes  features   128",
@@ -24,7 +26,10 @@ fn inspect_prints_schema_degrees_and_metagraph() {
 #[test]
 fn inspect_refuses_invalid_directories_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
-    hetgnn(tmp.path(), &["inspect", "nowhere"]).fails_with(1, &["nowhere is not a valid graph directory", "file is missing"]);
+    hetgnn(tmp.path(), &["inspect", "nowhere"]).fails_with(
+        1,
+        &["nowhere is not a valid graph directory", "file is missing"],
+    );
     hetgnn(tmp.path(), &["generate", "--scale", "0.001", "--out", "g"]).ok();
     let edges = tmp.path().join("g/edges/paper__cites__paper.npy");
     let bytes = std::fs::read(&edges).unwrap();

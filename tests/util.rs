@@ -17,18 +17,37 @@ impl Run {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }
     fn dump(&self) -> String {
-        format!("hetgnn {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}", self.args.join(" "), self.out.status.code(), self.stdout(), self.stderr())
+        format!(
+            "hetgnn {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.args.join(" "),
+            self.out.status.code(),
+            self.stdout(),
+            self.stderr()
+        )
     }
     /// Asserts success and returns self.
     pub fn ok(self) -> Self {
-        assert!(self.out.status.success(), "expected success:\n{}", self.dump());
+        assert!(
+            self.out.status.success(),
+            "expected success:\n{}",
+            self.dump()
+        );
         self
     }
     /// Asserts exit code `code` and that stderr mentions every needle.
     pub fn fails_with(self, code: i32, needles: &[&str]) -> Self {
-        assert_eq!(self.out.status.code(), Some(code), "wrong exit code:\n{}", self.dump());
+        assert_eq!(
+            self.out.status.code(),
+            Some(code),
+            "wrong exit code:\n{}",
+            self.dump()
+        );
         for n in needles {
-            assert!(self.stderr().contains(n), "stderr should mention {n:?}:\n{}", self.dump());
+            assert!(
+                self.stderr().contains(n),
+                "stderr should mention {n:?}:\n{}",
+                self.dump()
+            );
         }
         self
     }
@@ -47,17 +66,25 @@ pub fn hetgnn_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
         cmd.env(k, v);
     }
     let out = cmd.output().expect("hetgnn runs");
-    Run { args: args.iter().map(|s| s.to_string()).collect(), out }
+    Run {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        out,
+    }
 }
 
 /// A UDP port on loopback that was free a moment ago and that no other test
 /// of this binary got (the OS may hand a just-released port out again, and
 /// tests run side by side).
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         if given.insert(port) {
             return port;
         }
@@ -66,7 +93,14 @@ pub fn free_port() -> u16 {
 
 /// `[[cluster.nodes]]` entries for `ids` on free loopback ports.
 pub fn nodes_toml(ids: &[&str]) -> String {
-    ids.iter().map(|id| format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n", free_port())).collect()
+    ids.iter()
+        .map(|id| {
+            format!(
+                "[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{}\"\n",
+                free_port()
+            )
+        })
+        .collect()
 }
 
 /// Writes `dir/cluster.toml` for training on `ids`: fast failure detection,
@@ -100,7 +134,10 @@ pub fn killing_a_node_stops_its_peer(dir: &Path, victim: &str, survivor: &str) {
     let mut victim_proc = start(victim);
     let mut survivor_proc = start(survivor);
     std::thread::sleep(Duration::from_secs(4));
-    assert!(survivor_proc.try_wait().unwrap().is_none(), "{survivor} is still training");
+    assert!(
+        survivor_proc.try_wait().unwrap().is_none(),
+        "{survivor} is still training"
+    );
     victim_proc.kill().unwrap();
     victim_proc.wait().unwrap();
     let killed = Instant::now();
@@ -108,42 +145,77 @@ pub fn killing_a_node_stops_its_peer(dir: &Path, victim: &str, survivor: &str) {
         if let Some(s) = survivor_proc.try_wait().unwrap() {
             break s;
         }
-        assert!(killed.elapsed() < Duration::from_secs(30), "{survivor} did not stop within 30 s of {victim}'s death");
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "{survivor} did not stop within 30 s of {victim}'s death"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut err = String::new();
     std::io::Read::read_to_string(survivor_proc.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains(victim), "the error names the lost node: {err}");
-    assert!(killed.elapsed() < Duration::from_secs(15), "stopped after {:?}: {err}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "stopped after {:?}: {err}",
+        killed.elapsed()
+    );
 }
 
 /// Runs `hetgnn node` for every id of `dir/cluster.toml`, kills `victim`
 /// (SIGKILL) once the checkpoint directory `checkpoint` exists, starts it
 /// again and waits for every node to finish well; returns their logs.
-pub fn kill_once_after_checkpoint(dir: &Path, ids: &[&str], victim: &str, checkpoint: &str) -> String {
+pub fn kill_once_after_checkpoint(
+    dir: &Path,
+    ids: &[&str],
+    victim: &str,
+    checkpoint: &str,
+) -> String {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let start = |id: &str, k: usize| {
         let log = std::fs::File::create(dir.join(format!("{id}.{k}.log"))).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_hetgnn")).args(["node", "--config", "cluster.toml", "--node", id]).current_dir(dir).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args(["node", "--config", "cluster.toml", "--node", id])
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
     };
     let logs = || {
         std::fs::read_dir(dir)
             .unwrap()
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap()))
+            .map(|e| {
+                format!(
+                    "--- {}\n{}",
+                    e.path().display(),
+                    std::fs::read_to_string(e.path()).unwrap()
+                )
+            })
             .collect::<String>()
     };
-    let mut procs: Vec<(String, std::process::Child)> = ids.iter().map(|id| (id.to_string(), start(id, 0))).collect();
+    let mut procs: Vec<(String, std::process::Child)> = ids
+        .iter()
+        .map(|id| (id.to_string(), start(id, 0)))
+        .collect();
     let t0 = Instant::now();
     while !dir.join(checkpoint).exists() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint {checkpoint}:\n{}", logs());
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no checkpoint {checkpoint}:\n{}",
+            logs()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let v = procs.iter().position(|(id, _)| id == victim).expect("the victim is one of the nodes");
+    let v = procs
+        .iter()
+        .position(|(id, _)| id == victim)
+        .expect("the victim is one of the nodes");
     procs[v].1.kill().unwrap();
     procs[v].1.wait().unwrap();
     procs[v].1 = start(victim, 1);

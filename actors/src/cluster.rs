@@ -10,7 +10,11 @@ use crate::config::Config;
 use crate::error::{Result, TrainError};
 
 fn topology(config: &Config, what: &str) -> Result<runtime::Topology> {
-    config.topology().ok_or_else(|| TrainError::Config(format!("cluster: {what} needs a [cluster] section with [[cluster.nodes]]")))
+    config.topology().ok_or_else(|| {
+        TrainError::Config(format!(
+            "cluster: {what} needs a [cluster] section with [[cluster.nodes]]"
+        ))
+    })
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -38,12 +42,19 @@ pub async fn stop_signal() {
 
 /// Runs node `id` of the configured cluster until `stop` resolves: joins the
 /// cluster, serves its actors, watches its peers.
-pub fn run_node(config: &Config, id: &str, stop: impl std::future::Future<Output = ()>) -> Result<()> {
+pub fn run_node(
+    config: &Config,
+    id: &str,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let topology = topology(config, "hetgnn node")?;
     let system = actix_rt::System::new();
     system.block_on(async move {
         let node = Node::start(topology, id).await?;
-        tracing::info!("{id}: up; {} peer(s); stop with Ctrl-C", node.members().len());
+        tracing::info!(
+            "{id}: up; {} peer(s); stop with Ctrl-C",
+            node.members().len()
+        );
         stop.await;
         tracing::info!("{id}: stopping");
         node.shutdown().await;
@@ -66,23 +77,36 @@ pub struct DoctorRow {
     pub error: Option<String>,
     /// Each device cache manager it runs (`cache/...`): its status, `None`
     /// while its cache is not built (or the run has none), or why it did not answer.
-    pub caches: Vec<(String, std::result::Result<Option<crate::cache::manager::CacheStatus>, String>)>,
+    pub caches: Vec<(
+        String,
+        std::result::Result<Option<crate::cache::manager::CacheStatus>, String>,
+    )>,
 }
 
 /// Checks the file and its certificates, then asks every node for its status
 /// and pings it, each within `timeout`.
 pub fn doctor(config: &Config, timeout: Duration) -> Result<Vec<DoctorRow>> {
     let topology = topology(config, "hetgnn doctor")?;
-    topology.check_certs().map_err(|e| TrainError::Config(e.to_string()))?;
+    topology
+        .check_certs()
+        .map_err(|e| TrainError::Config(e.to_string()))?;
     let ca_key = topology.cluster.certs_dir.join("ca.key");
-    let identity = runtime::tls::mint_client(&topology.ca_path(), &ca_key, "doctor").map_err(|e| TrainError::Config(format!("cluster.certs_dir: {e}")))?;
+    let identity = runtime::tls::mint_client(&topology.ca_path(), &ca_key, "doctor")
+        .map_err(|e| TrainError::Config(format!("cluster.certs_dir: {e}")))?;
     let system = actix_rt::System::new();
     system.block_on(async move {
         let client = Node::client(topology.clone(), "doctor", identity).await?;
         let asks = topology.cluster.nodes.iter().map(|n| {
             let client = client.clone();
             async move {
-                let mut row = DoctorRow { id: n.id.clone(), addr: n.addr.clone(), status: None, rtt: None, error: None, caches: Vec::new() };
+                let mut row = DoctorRow {
+                    id: n.id.clone(),
+                    addr: n.addr.clone(),
+                    status: None,
+                    rtt: None,
+                    error: None,
+                    caches: Vec::new(),
+                };
                 let target = match client.actor(&format!("node/{}", n.id)) {
                     Ok(t) => t,
                     Err(e) => {
@@ -100,14 +124,28 @@ pub fn doctor(config: &Config, timeout: Duration) -> Result<Vec<DoctorRow>> {
                 let mut rtts = Vec::new();
                 for _ in 0..5 {
                     let t0 = Instant::now();
-                    if target.ask(Ping(runtime::ByteVec(vec![0; 64])), timeout).await.is_ok() {
+                    if target
+                        .ask(Ping(runtime::ByteVec(vec![0; 64])), timeout)
+                        .await
+                        .is_ok()
+                    {
                         rtts.push(t0.elapsed());
                     }
                 }
                 rtts.sort();
                 row.rtt = rtts.get(rtts.len() / 2).copied();
                 // The node's device cache managers, found in its status.
-                let managers: Vec<String> = row.status.as_ref().map(|s| s.actors.iter().filter(|a| a.starts_with("cache/")).cloned().collect()).unwrap_or_default();
+                let managers: Vec<String> = row
+                    .status
+                    .as_ref()
+                    .map(|s| {
+                        s.actors
+                            .iter()
+                            .filter(|a| a.starts_with("cache/"))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 for name in managers {
                     client.learn_placement(&name, &n.id);
                     let answer = match client.actor(&name) {

@@ -234,14 +234,20 @@ impl<'de> Deserialize<'de> for HopTimeSteps {
             Str(String),
         }
         match Either::deserialize(d)? {
-            Either::Int(n) if (1..=i64::from(u16::MAX)).contains(&n) => Ok(HopTimeSteps::Fixed(n as u32)),
+            Either::Int(n) if (1..=i64::from(u16::MAX)).contains(&n) => {
+                Ok(HopTimeSteps::Fixed(n as u32))
+            }
             Either::Str(s) if s == "all" => Ok(HopTimeSteps::All),
             Either::Str(s) if s == "auto" => Ok(HopTimeSteps::Auto),
             Either::Str(s) => match s.parse::<u32>() {
                 Ok(n) if (1..=u32::from(u16::MAX)).contains(&n) => Ok(HopTimeSteps::Fixed(n)),
-                _ => Err(serde::de::Error::custom(format!("\"{s}\": expected \"all\", \"auto\" or a number of time steps"))),
+                _ => Err(serde::de::Error::custom(format!(
+                    "\"{s}\": expected \"all\", \"auto\" or a number of time steps"
+                ))),
             },
-            Either::Int(n) => Err(serde::de::Error::custom(format!("{n}: the number of time steps must be at least 1"))),
+            Either::Int(n) => Err(serde::de::Error::custom(format!(
+                "{n}: the number of time steps must be at least 1"
+            ))),
         }
     }
 }
@@ -396,15 +402,35 @@ pub struct TrainingConfig {
 impl TrainingConfig {
     /// The model these settings describe.
     pub fn model_spec(&self) -> models::ModelSpec {
-        let link = (self.task == Task::LinkPrediction).then(|| models::link::LinkSpec { relations: self.target_relations.clone(), decoder: self.decoder });
-        models::ModelSpec { kind: self.model, layers: self.layers, hidden: self.hidden, embed_dim: self.embed_dim, dropout: self.dropout, seed: self.seed, heads: self.heads, link }
+        let link = (self.task == Task::LinkPrediction).then(|| models::link::LinkSpec {
+            relations: self.target_relations.clone(),
+            decoder: self.decoder,
+        });
+        models::ModelSpec {
+            kind: self.model,
+            layers: self.layers,
+            hidden: self.hidden,
+            embed_dim: self.embed_dim,
+            dropout: self.dropout,
+            seed: self.seed,
+            heads: self.heads,
+            link,
+        }
     }
 
     /// The link-prediction settings a run's checkpoints must share (empty for node classification).
     pub fn link_fingerprint(&self) -> String {
         match self.task {
             Task::NodeClassification => String::new(),
-            Task::LinkPrediction => format!("{:?}|{:?}|{:?}|{}|{:?}|{}", self.task, self.negative_sampler, self.link_loss, self.negatives, self.edge_split, self.edge_split_seed),
+            Task::LinkPrediction => format!(
+                "{:?}|{:?}|{:?}|{}|{:?}|{}",
+                self.task,
+                self.negative_sampler,
+                self.link_loss,
+                self.negatives,
+                self.edge_split,
+                self.edge_split_seed
+            ),
         }
     }
 
@@ -419,7 +445,11 @@ impl TrainingConfig {
 
     /// Link prediction's edge split.
     pub fn split_spec(&self) -> graphs::link::SplitSpec {
-        graphs::link::SplitSpec { valid: self.edge_split[0], test: self.edge_split[1], seed: self.edge_split_seed }
+        graphs::link::SplitSpec {
+            valid: self.edge_split[0],
+            test: self.edge_split[1],
+            seed: self.edge_split_seed,
+        }
     }
 }
 
@@ -494,7 +524,12 @@ fn names<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<Stri
     }
     Ok(match N::deserialize(d)? {
         N::List(v) => v,
-        N::Text(s) => s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect(),
+        N::Text(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect(),
     })
 }
 
@@ -510,18 +545,30 @@ fn fanouts<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<us
     match F::deserialize(d)? {
         F::List(v) => Ok(v),
         F::One(v) => Ok(vec![v]),
-        F::Text(s) => s.split(',').map(|p| p.trim().parse::<usize>().map_err(|_| serde::de::Error::custom(format!("fanouts: '{p}' is not a non-negative integer")))).collect(),
+        F::Text(s) => s
+            .split(',')
+            .map(|p| {
+                p.trim().parse::<usize>().map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "fanouts: '{p}' is not a non-negative integer"
+                    ))
+                })
+            })
+            .collect(),
     }
 }
 
 impl Config {
     /// Parses `text` (TOML), applies `overrides` (`section.key=value`), validates.
     pub fn parse(text: &str, overrides: &[String]) -> Result<Config> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| TrainError::Config(e.to_string()))?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| TrainError::Config(e.to_string()))?;
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let cfg: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| TrainError::Config(e.to_string()))?;
+        let cfg: Config = Config::deserialize(toml::Value::Table(table))
+            .map_err(|e| TrainError::Config(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -538,15 +585,23 @@ impl Config {
     /// The runtime's view of the file, if it has a `[cluster]` section.
     pub fn topology(&self) -> Option<runtime::Topology> {
         let cluster = self.cluster.clone()?;
-        Some(runtime::Topology { cluster, placement: self.placement.clone(), links: self.links.clone(), chaos: self.chaos.clone() })
+        Some(runtime::Topology {
+            cluster,
+            placement: self.placement.clone(),
+            links: self.links.clone(),
+            chaos: self.chaos.clone(),
+        })
     }
 
     /// Checks values and their combinations, naming the key at fault.
     pub fn validate(&self) -> Result<()> {
         if let Some(t) = self.topology() {
-            t.validate().map_err(|e| TrainError::Config(e.to_string()))?;
+            t.validate()
+                .map_err(|e| TrainError::Config(e.to_string()))?;
         } else if !self.placement.is_empty() {
-            return Err(TrainError::Config("placement: needs a [cluster] section naming the nodes".into()));
+            return Err(TrainError::Config(
+                "placement: needs a [cluster] section naming the nodes".into(),
+            ));
         }
         let t = &self.training;
         let bad = |m: String| Err(TrainError::Config(m));
@@ -560,26 +615,46 @@ impl Config {
             return bad("training.batch must be at least 1".into());
         }
         if t.hidden == 0 || t.embed_dim == 0 || t.hidden > MAX_WIDTH || t.embed_dim > MAX_WIDTH {
-            return bad(format!("training.hidden and training.embed_dim must be in 1..={MAX_WIDTH}"));
+            return bad(format!(
+                "training.hidden and training.embed_dim must be in 1..={MAX_WIDTH}"
+            ));
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
-            return bad(format!("training.lr must be a positive number, got {}", t.lr));
+            return bad(format!(
+                "training.lr must be a positive number, got {}",
+                t.lr
+            ));
         }
         if !(0.0..1.0).contains(&t.dropout) {
-            return bad(format!("training.dropout must be in [0, 1), got {}", t.dropout));
+            return bad(format!(
+                "training.dropout must be in [0, 1), got {}",
+                t.dropout
+            ));
         }
         if t.eval_every == 0 {
-            return bad("training.eval_every must be at least 1 (the last epoch is always evaluated)".into());
+            return bad(
+                "training.eval_every must be at least 1 (the last epoch is always evaluated)"
+                    .into(),
+            );
         }
         if t.eval_every > 1 && t.mode == Mode::ModelAveraging {
             return bad("training.eval_every: model-averaging evaluates every epoch (each worker's model before averaging is part of its report)".into());
         }
         if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
-            return bad(format!("training.seed_assignment applies to data-parallel training, not {}", t.mode.name()));
+            return bad(format!(
+                "training.seed_assignment applies to data-parallel training, not {}",
+                t.mode.name()
+            ));
         }
-        let dag_defaults = t.sampling == Sampling::Pipeline && t.dag_threads == 0 && t.dag_max_in_flight == 8 && t.dag_chunk_rows == 512;
+        let dag_defaults = t.sampling == Sampling::Pipeline
+            && t.dag_threads == 0
+            && t.dag_max_in_flight == 8
+            && t.dag_chunk_rows == 512;
         if t.sampling_sink && t.mode != Mode::DataParallel {
-            return bad(format!("training.sampling_sink applies to data-parallel training, not {}", t.mode.name()));
+            return bad(format!(
+                "training.sampling_sink applies to data-parallel training, not {}",
+                t.mode.name()
+            ));
         }
         if t.mode != Mode::DataParallel && !dag_defaults {
             return bad(format!("training.sampling, dag_threads, dag_max_in_flight and dag_chunk_rows apply to data-parallel training, not {}", t.mode.name()));
@@ -588,18 +663,32 @@ impl Config {
             return bad("training.dag_threads, dag_max_in_flight and dag_chunk_rows apply to sampling = \"dag\"".into());
         }
         if t.prefetch_threads != 0 && t.mode != Mode::Single {
-            return bad(format!("training.prefetch_threads applies to single-process training, not {}", t.mode.name()));
+            return bad(format!(
+                "training.prefetch_threads applies to single-process training, not {}",
+                t.mode.name()
+            ));
         }
         if t.prefetch_threads > MAX_PREFETCH_THREADS {
             return bad(format!("training.prefetch_threads must be in 0..={MAX_PREFETCH_THREADS} (0: one per four cores)"));
         }
-        if t.dag_threads > MAX_DAG_THREADS || t.dag_max_in_flight == 0 || t.dag_max_in_flight > MAX_DAG_IN_FLIGHT || t.dag_chunk_rows == 0 {
+        if t.dag_threads > MAX_DAG_THREADS
+            || t.dag_max_in_flight == 0
+            || t.dag_max_in_flight > MAX_DAG_IN_FLIGHT
+            || t.dag_chunk_rows == 0
+        {
             return bad(format!("training.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));
         }
-        if t.mode != Mode::Hopgnn && (t.hop_migrate != HopMigrate::Model || t.hop_time_steps != HopTimeSteps::All || !t.hop_pregather) {
+        if t.mode != Mode::Hopgnn
+            && (t.hop_migrate != HopMigrate::Model
+                || t.hop_time_steps != HopTimeSteps::All
+                || !t.hop_pregather)
+        {
             return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));
         }
-        let stale_defaults = t.staleness == Staleness::None && t.staleness_epochs == 1 && t.staleness_variation == 0.05 && !t.skip_gradients;
+        let stale_defaults = t.staleness == Staleness::None
+            && t.staleness_epochs == 1
+            && t.staleness_variation == 0.05
+            && !t.skip_gradients;
         if t.mode != Mode::FullGraph && !stale_defaults {
             return bad(format!("training.staleness, staleness_epochs, staleness_variation and skip_gradients apply to full-graph training, not {}", t.mode.name()));
         }
@@ -607,8 +696,14 @@ impl Config {
             if t.staleness_epochs == 0 || t.staleness_epochs > MAX_STALE_EPOCHS {
                 return bad(format!("training.staleness_epochs must be in 1..={MAX_STALE_EPOCHS} (0 is staleness = \"none\"), got {}", t.staleness_epochs));
             }
-            if !(t.staleness_variation.is_finite() && t.staleness_variation > 0.0 && t.staleness_variation <= 1.0) {
-                return bad(format!("training.staleness_variation must be in (0, 1] (a relative change), got {}", t.staleness_variation));
+            if !(t.staleness_variation.is_finite()
+                && t.staleness_variation > 0.0
+                && t.staleness_variation <= 1.0)
+            {
+                return bad(format!(
+                    "training.staleness_variation must be in (0, 1] (a relative change), got {}",
+                    t.staleness_variation
+                ));
             }
             if t.skip_gradients && t.staleness == Staleness::None {
                 return bad("training.skip_gradients skips the gradients of skipped broadcasts: it needs a staleness rule (fixed, adaptive or variation)".into());
@@ -644,15 +739,24 @@ impl Config {
             if t.model == ModelKind::Mlp {
                 return bad("training.task = \"link-prediction\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type".into());
             }
-            if !(1..=MAX_NEGATIVES).contains(&t.negatives) || !(1..=MAX_NEGATIVES).contains(&t.eval_negatives) {
-                return bad(format!("training.negatives and training.eval_negatives must be in 1..={MAX_NEGATIVES}"));
+            if !(1..=MAX_NEGATIVES).contains(&t.negatives)
+                || !(1..=MAX_NEGATIVES).contains(&t.eval_negatives)
+            {
+                return bad(format!(
+                    "training.negatives and training.eval_negatives must be in 1..={MAX_NEGATIVES}"
+                ));
             }
             if t.cache_bytes.0 > 0 {
                 return bad("training.cache_bytes: the device cache is not supported with link prediction yet".into());
             }
-            self.training.split_spec().validate().map_err(|e| TrainError::Config(format!("training.edge_split: {e}")))?;
+            self.training
+                .split_spec()
+                .validate()
+                .map_err(|e| TrainError::Config(format!("training.edge_split: {e}")))?;
         } else if !t.target_relations.is_empty() {
-            return bad("training.target_relations applies to training.task = \"link-prediction\"".into());
+            return bad(
+                "training.target_relations applies to training.task = \"link-prediction\"".into(),
+            );
         }
         if t.resume && t.checkpoint_dir.is_none() {
             return bad("training.resume needs training.checkpoint_dir (--checkpoint DIR)".into());
@@ -660,7 +764,10 @@ impl Config {
         if t.checkpoint_keep == 0 {
             return bad("training.checkpoint_keep must be at least 1".into());
         }
-        if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None && t.cache_presample_epochs == 0 {
+        if t.cache_bytes.0 > 0
+            && t.cache_policy != crate::cache::CachePolicy::None
+            && t.cache_presample_epochs == 0
+        {
             return bad("training.cache_presample_epochs must be at least 1 when training.cache_bytes is set: the cache is filled by pre-sampled visits".into());
         }
         Ok(())
@@ -676,8 +783,16 @@ fn u64_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<
         Text(String),
     }
     match Either::deserialize(d)? {
-        Either::Int(v) => u64::try_from(v).map_err(|_| serde::de::Error::custom(format!("{v} is negative: expected 0..=18446744073709551615"))),
-        Either::Text(s) => s.trim().parse().map_err(|_| serde::de::Error::custom(format!("'{s}' is not an integer in 0..=18446744073709551615"))),
+        Either::Int(v) => u64::try_from(v).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "{v} is negative: expected 0..=18446744073709551615"
+            ))
+        }),
+        Either::Text(s) => s.trim().parse().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "'{s}' is not an integer in 0..=18446744073709551615"
+            ))
+        }),
     }
 }
 
@@ -688,18 +803,27 @@ pub fn toml_string(s: &str) -> String {
 
 /// Sets `a.b=value` in `table`; the value is TOML (`2`, `"x"`, `[25, 20]`) or else a bare string.
 fn apply_override(table: &mut toml::Table, o: &str) -> Result<()> {
-    let (key, raw) = o.split_once('=').ok_or_else(|| TrainError::Config(format!("--set {o}: expected section.key=value")))?;
+    let (key, raw) = o
+        .split_once('=')
+        .ok_or_else(|| TrainError::Config(format!("--set {o}: expected section.key=value")))?;
     let path: Vec<&str> = key.trim().split('.').collect();
     if path.len() != 2 || path.iter().any(|p| p.is_empty()) {
-        return Err(TrainError::Config(format!("--set {o}: the key must be section.key")));
+        return Err(TrainError::Config(format!(
+            "--set {o}: the key must be section.key"
+        )));
     }
     let value = match format!("v = {raw}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         Err(_) => toml::Value::String(raw.to_string()),
     };
-    let section = table.entry(path[0]).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let section = table
+        .entry(path[0])
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
     let toml::Value::Table(section) = section else {
-        return Err(TrainError::Config(format!("--set {o}: '{}' is not a section", path[0])));
+        return Err(TrainError::Config(format!(
+            "--set {o}: '{}' is not a section",
+            path[0]
+        )));
     };
     section.insert(path[1].to_string(), value);
     Ok(())
@@ -714,24 +838,56 @@ mod tests {
     fn defaults_files_and_overrides() {
         let c = Config::parse("", &[]).unwrap();
         assert_eq!(c.training, TrainingConfig::default());
-        let c = Config::parse("[training]\nepochs = 3\nfanouts = [5]\nlayers = 1\n", &["training.model=mlp".into(), "training.lr=0.5".into()]).unwrap();
-        assert_eq!((c.training.epochs, c.training.model, c.training.lr), (3, ModelKind::Mlp, 0.5));
-        let c = Config::parse("", &["training.fanouts=10,5".into(), "training.data=/tmp/g".into()]).unwrap();
+        let c = Config::parse(
+            "[training]\nepochs = 3\nfanouts = [5]\nlayers = 1\n",
+            &["training.model=mlp".into(), "training.lr=0.5".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.training.epochs, c.training.model, c.training.lr),
+            (3, ModelKind::Mlp, 0.5)
+        );
+        let c = Config::parse(
+            "",
+            &[
+                "training.fanouts=10,5".into(),
+                "training.data=/tmp/g".into(),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.training.fanouts, vec![10, 5]);
         assert_eq!(c.training.data, Some(PathBuf::from("/tmp/g")));
-        let c = Config::parse("[training]\ncache_bytes = \"4GiB\"\ncache_policy = \"hotness\"\n", &[]).unwrap();
-        assert_eq!((c.training.cache_bytes, c.training.cache_policy), (ByteSize(4 << 30), crate::cache::CachePolicy::Hotness));
+        let c = Config::parse(
+            "[training]\ncache_bytes = \"4GiB\"\ncache_policy = \"hotness\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.training.cache_bytes, c.training.cache_policy),
+            (ByteSize(4 << 30), crate::cache::CachePolicy::Hotness)
+        );
         let c = Config::parse("", &["training.cache_bytes=1.5MB".into()]).unwrap();
         assert_eq!(c.training.cache_bytes, ByteSize(1_500_000));
-        assert_eq!(Config::parse("", &["training.cache_bytes=300".into()]).unwrap().training.cache_bytes, ByteSize(300));
+        assert_eq!(
+            Config::parse("", &["training.cache_bytes=300".into()])
+                .unwrap()
+                .training
+                .cache_bytes,
+            ByteSize(300)
+        );
     }
 
     #[test]
     fn errors_name_the_key() {
-        let err = |text: &str, o: &[&str]| Config::parse(text, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err().to_string();
+        let err = |text: &str, o: &[&str]| {
+            Config::parse(text, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap_err()
+                .to_string()
+        };
         assert!(err("[training]\nepoch = 3\n", &[]).contains("unknown field `epoch`"));
         assert!(err("[trainning]\n", &[]).contains("unknown field `trainning`"));
-        assert!(err("", &["training.fanouts=25"]).contains("training.fanouts lists 1 values but training.layers is 2"));
+        assert!(err("", &["training.fanouts=25"])
+            .contains("training.fanouts lists 1 values but training.layers is 2"));
         assert!(err("", &["training.model=gat"]).contains("unknown variant `gat`"));
         assert!(err("", &["training.lr=-1"]).contains("training.lr"));
         assert!(err("", &["training.mode=heta"]).contains("unknown variant `heta`"));
@@ -739,11 +895,33 @@ mod tests {
         assert!(err("", &["training.fanouts=a,b"]).contains("fanouts"));
         assert!(err("", &["training.cache_bytes=4 GB/s"]).contains("bad size"));
         assert!(err("", &["training.cache_policy=lru"]).contains("unknown variant `lru`"));
-        assert!(err("", &["training.cache_bytes=1MiB", "training.cache_presample_epochs=0"]).contains("training.cache_presample_epochs"));
-        assert!(err("", &["training.eval_every=0"]).contains("training.eval_every must be at least 1"));
-        assert!(err("", &["training.mode=\"model-averaging\"", "training.eval_every=2"]).contains("model-averaging evaluates every epoch"));
-        assert_eq!(Config::parse("", &["training.eval_every=5".into()]).unwrap().training.eval_every, 5);
-        assert!(err("[training\n", &[]).contains("TOML") || err("[training\n", &[]).contains("expected"));
+        assert!(err(
+            "",
+            &[
+                "training.cache_bytes=1MiB",
+                "training.cache_presample_epochs=0"
+            ]
+        )
+        .contains("training.cache_presample_epochs"));
+        assert!(
+            err("", &["training.eval_every=0"]).contains("training.eval_every must be at least 1")
+        );
+        assert!(err(
+            "",
+            &["training.mode=\"model-averaging\"", "training.eval_every=2"]
+        )
+        .contains("model-averaging evaluates every epoch"));
+        assert_eq!(
+            Config::parse("", &["training.eval_every=5".into()])
+                .unwrap()
+                .training
+                .eval_every,
+            5
+        );
+        assert!(
+            err("[training\n", &[]).contains("TOML")
+                || err("[training\n", &[]).contains("expected")
+        );
     }
 
     #[test]
@@ -754,6 +932,12 @@ mod tests {
             assert!(c.topology().is_some(), "{name} has a cluster");
         }
         let raf = Config::load(&dir.join("raf-2.toml"), &[]).unwrap();
-        assert_eq!((raf.training.mode, raf.placement.get("reducer").map(String::as_str)), (Mode::Raf, Some("n0")));
+        assert_eq!(
+            (
+                raf.training.mode,
+                raf.placement.get("reducer").map(String::as_str)
+            ),
+            (Mode::Raf, Some("n0"))
+        );
     }
 }

@@ -66,7 +66,8 @@ fn is_zero_f64(x: &f64) -> bool {
 /// The DAG figures of every trainer: launches and operator seconds summed,
 /// in-flight and queued means averaged, the largest in flight.
 fn sampling_figures(stats: &[EpochStats]) -> Option<crate::sampling::pipeline::DagFigures> {
-    let all: Vec<&crate::sampling::pipeline::DagFigures> = stats.iter().filter_map(|s| s.sampling.as_ref()).collect();
+    let all: Vec<&crate::sampling::pipeline::DagFigures> =
+        stats.iter().filter_map(|s| s.sampling.as_ref()).collect();
     if all.is_empty() {
         return None;
     }
@@ -139,7 +140,8 @@ pub struct HopEpoch {
 
 /// HopGNN's figures of an epoch: every worker's merged.
 fn hop_figures(stats: &[EpochStats]) -> Option<HopEpoch> {
-    let mine: Vec<&crate::distributed::messages::HopFigures> = stats.iter().filter_map(|s| s.hop.as_ref()).collect();
+    let mine: Vec<&crate::distributed::messages::HopFigures> =
+        stats.iter().filter_map(|s| s.hop.as_ref()).collect();
     let first = mine.first()?;
     let steps = stats.first().map_or(1, |s| s.steps.max(1)) as f64;
     let mut rows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -154,9 +156,17 @@ fn hop_figures(stats: &[EpochStats]) -> Option<HopEpoch> {
     Some(HopEpoch {
         time_steps: first.time_steps,
         rows_pulled_per_step: mine.iter().map(|h| h.rows_pulled).sum::<u64>() as f64 / steps,
-        rows_pulled_per_step_without_pregathering: mine.iter().map(|h| h.rows_pulled_per_time_step).sum::<u64>() as f64 / steps,
+        rows_pulled_per_step_without_pregathering: mine
+            .iter()
+            .map(|h| h.rows_pulled_per_time_step)
+            .sum::<u64>() as f64
+            / steps,
         remote_row_rate: (all - home) as f64 / all.max(1) as f64,
-        locality: rows.into_iter().filter(|(_, r)| r.0 > 0).map(|(k, r)| (k, r.1 as f64 / r.0 as f64)).collect(),
+        locality: rows
+            .into_iter()
+            .filter(|(_, r)| r.0 > 0)
+            .map(|(k, r)| (k, r.1 as f64 / r.0 as f64))
+            .collect(),
         examined_s: first.examined_s,
     })
 }
@@ -189,14 +199,26 @@ impl EpochReport {
     /// test predictions summed over trainers (`valid` and `test` nodes in all),
     /// the times across trainers ([`Timings::across`]).
     pub fn from_stats(epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
-        let Some(s0) = stats.first() else { return EpochReport { epoch, ..EpochReport::default() } };
+        let Some(s0) = stats.first() else {
+            return EpochReport {
+                epoch,
+                ..EpochReport::default()
+            };
+        };
         let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
         let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
         // Model averaging: each worker's training figures are its own; the run's are their sum.
         let (loss, train_acc) = if s0.local.is_some() {
             let steps: u64 = stats.iter().map(|s| s.steps).sum();
-            let loss = stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
-            (loss, ratio(stats.iter().map(|s| s.train_correct).sum(), stats.iter().map(|s| s.train_seen).sum()))
+            let loss =
+                stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
+            (
+                loss,
+                ratio(
+                    stats.iter().map(|s| s.train_correct).sum(),
+                    stats.iter().map(|s| s.train_seen).sum(),
+                ),
+            )
         } else {
             (s0.loss, ratio(s0.train_correct, s0.train_seen))
         };
@@ -216,8 +238,12 @@ impl EpochReport {
             epoch,
             loss,
             train_acc,
-            valid_acc: s0.evaluated.then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
-            test_acc: s0.evaluated.then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
+            valid_acc: s0
+                .evaluated
+                .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
+            test_acc: s0
+                .evaluated
+                .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
             time: Timings::across(&times),
             workers,
             averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
@@ -226,7 +252,8 @@ impl EpochReport {
             full: full_figures(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             sampling: sampling_figures(stats),
-            remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
+            remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
+                / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
         }
     }
 }
@@ -241,7 +268,10 @@ fn link_figures(stats: &[EpochStats]) -> Option<crate::task::link::LinkEpoch> {
             acc[1].merge(t);
         }
     }
-    sums.map(|[v, t]| crate::task::link::LinkEpoch { valid: (&v).into(), test: (&t).into() })
+    sums.map(|[v, t]| crate::task::link::LinkEpoch {
+        valid: (&v).into(),
+        test: (&t).into(),
+    })
 }
 
 /// Where an epoch's time went, in seconds: the same figures in a trainer's
@@ -362,13 +392,18 @@ impl Report {
     /// Writes the report as pretty JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("report serialises");
-        std::fs::write(path, text + "\n").map_err(|e| TrainError::Io { path: path.display().to_string(), source: e })
+        std::fs::write(path, text + "\n").map_err(|e| TrainError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })
     }
 
     /// Reads a report written by [`Report::write`].
     pub fn read(path: &Path) -> Result<Report> {
         let text = graphs::input::read_text(path)?;
-        serde_json::from_str(&text).map_err(|e| TrainError::Config(format!("{}: not a hetgnn report: {e}", path.display())))
+        serde_json::from_str(&text).map_err(|e| {
+            TrainError::Config(format!("{}: not a hetgnn report: {e}", path.display()))
+        })
     }
 }
 
@@ -379,7 +414,11 @@ pub fn model_hash(model: &Model) -> Result<String> {
     let mut h = Sha256::new();
     for (name, var) in model.params.iter() {
         h.update(name.as_bytes());
-        let v: Vec<f32> = var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let v: Vec<f32> = var
+            .as_tensor()
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1()?;
         for x in v {
             h.update(x.to_le_bytes());
         }
@@ -397,7 +436,13 @@ pub fn model_hash(model: &Model) -> Result<String> {
 /// and the process's peak memory.
 pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
     report.final_model_sha256 = model_hash(model)?;
-    report.parameters = (model.params.numel() + model.embeddings.iter().flatten().map(|e| e.data.len()).sum::<usize>()) as u64;
+    report.parameters = (model.params.numel()
+        + model
+            .embeddings
+            .iter()
+            .flatten()
+            .map(|e| e.data.len())
+            .sum::<usize>()) as u64;
     report.peak_memory_bytes = peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     Ok(())

@@ -17,7 +17,12 @@ fn partitions_two_level(parts: usize, trainers: usize, method: Method) -> PathBu
     })
 }
 
-const BASE: [&str; 4] = ["training.epochs=2", "training.batch=256", "training.hidden=16", "training.embed_dim=8"];
+const BASE: [&str; 4] = [
+    "training.epochs=2",
+    "training.batch=256",
+    "training.hidden=16",
+    "training.embed_dim=8",
+];
 
 fn config(extra: &[String]) -> Config {
     common::config(&BASE, extra)
@@ -28,10 +33,20 @@ fn one_two_and_three_trainers_match_single_process_training() {
     let mut single_losses = Losses::default();
     let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
     assert_eq!(single_losses.0.len() as u64, single.steps);
-    let runs = [(1, 1, Method::Metis, "all-gather"), (2, 1, Method::Metis, "all-gather"), (3, 1, Method::Random, "all-gather"), (3, 1, Method::Metis, "ring"), (2, 2, Method::Metis, "ring")];
+    let runs = [
+        (1, 1, Method::Metis, "all-gather"),
+        (2, 1, Method::Metis, "all-gather"),
+        (3, 1, Method::Random, "all-gather"),
+        (3, 1, Method::Metis, "ring"),
+        (2, 2, Method::Metis, "ring"),
+    ];
     for (parts, per_part, method, allreduce) in runs {
         let pdir = partitions_two_level(parts, per_part, method);
-        let cfg = config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string()), format!("training.allreduce={allreduce:?}")]);
+        let cfg = config(&[
+            "training.mode=\"data-parallel\"".into(),
+            format!("training.partitions={:?}", pdir.display().to_string()),
+            format!("training.allreduce={allreduce:?}"),
+        ]);
         let mut losses = Losses::default();
         let (report, fin) = train(&cfg, &mut losses).unwrap();
         assert_eq!(report.mode, "data-parallel");
@@ -48,7 +63,12 @@ fn one_two_and_three_trainers_match_single_process_training() {
         }
         let last = report.epochs.last().unwrap();
         let want = single.epochs.last().unwrap();
-        assert!((last.test_acc.unwrap() - want.test_acc.unwrap()).abs() < 0.01, "{:?} vs {:?}", last.test_acc, want.test_acc);
+        assert!(
+            (last.test_acc.unwrap() - want.test_acc.unwrap()).abs() < 0.01,
+            "{:?} vs {:?}",
+            last.test_acc,
+            want.test_acc
+        );
     }
 }
 
@@ -57,7 +77,10 @@ fn missing_partitions_are_named() {
     let cfg = config(&["training.mode=\"data-parallel\"".into()]);
     let err = train(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("training.partitions"), "{err}");
-    let cfg = config(&["training.mode=\"data-parallel\"".into(), "training.partitions=\"/nonexistent/parts\"".into()]);
+    let cfg = config(&[
+        "training.mode=\"data-parallel\"".into(),
+        "training.partitions=\"/nonexistent/parts\"".into(),
+    ]);
     let err = train(&cfg, &mut ()).err().unwrap().to_string();
     assert!(err.contains("/nonexistent/parts/manifest.json"), "{err}");
 }
@@ -85,22 +108,50 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let reference = root.join("reference");
     let (want, _) = train(&checkpointed(&reference, 2), &mut ()).unwrap();
     let per_epoch = want.steps / 2;
-    assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
+    assert!(
+        per_epoch > 3,
+        "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)"
+    );
     let kept = checkpoints(&reference);
     let last = |d: &PathBuf| actors::distributed::checkpoint::manifest(d).unwrap().seq;
     assert_eq!(kept.len(), 2, "checkpoint_keep = 2: {kept:?}");
-    assert_eq!(last(&kept[1]), want.steps, "the last checkpoint is taken at the end");
-    assert_eq!(assembled_hash(&kept[1]), want.final_model_sha256, "the last checkpoint holds the final model");
+    assert_eq!(
+        last(&kept[1]),
+        want.steps,
+        "the last checkpoint is taken at the end"
+    );
+    assert_eq!(
+        assembled_hash(&kept[1]),
+        want.final_model_sha256,
+        "the last checkpoint holds the final model"
+    );
 
     // A run of one epoch, then the same run extended to two: it resumes at the end of epoch 1.
     let dir = root.join("extended");
     train(&checkpointed(&dir, 1), &mut ()).unwrap();
     let mut notes = Notes::default();
     let (got, _) = train(&checkpointed(&dir, 2), &mut notes).unwrap();
-    assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
-    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
-    assert_eq!(got.steps, per_epoch, "only the second epoch's steps are taken");
-    assert_eq!(got.epochs.len(), 2, "the first epoch's figures come from the checkpoint");
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))),
+        "{:?}",
+        notes.0
+    );
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed at an epoch boundary"
+    );
+    assert_eq!(
+        got.steps, per_epoch,
+        "only the second epoch's steps are taken"
+    );
+    assert_eq!(
+        got.epochs.len(),
+        2,
+        "the first epoch's figures come from the checkpoint"
+    );
     assert_eq!(got.epochs[0].loss, want.epochs[0].loss);
     assert_eq!(got.epochs[1].loss, want.epochs[1].loss);
 
@@ -112,8 +163,14 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let mid = last(&kept[0]);
     assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
     let (got, _) = train(&checkpointed(&dir, 2), &mut ()).unwrap();
-    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
-    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the epoch's loss counts the steps before the checkpoint");
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed mid-epoch at step {mid}"
+    );
+    assert_eq!(
+        got.epochs[0].loss, want.epochs[0].loss,
+        "the epoch's loss counts the steps before the checkpoint"
+    );
 
     // A truncated newest checkpoint is detected by its checksum and the previous one used.
     let dir = root.join("corrupt");
@@ -121,11 +178,26 @@ fn interrupted_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let newest = checkpoints(&dir).pop().unwrap();
     let file = newest.join("dense.safetensors");
     let len = std::fs::metadata(&file).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 100).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
     let mut notes = Notes::default();
     let (got, _) = train(&checkpointed(&dir, 2), &mut notes).unwrap();
-    assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
-    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed from the checkpoint before the corrupted one");
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains("skipped checkpoint") && n.contains("checksum")),
+        "{:?}",
+        notes.0
+    );
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed from the checkpoint before the corrupted one"
+    );
 
     // Another run's checkpoints are not mixed in.
     let other = checkpointed(&reference, 2);
@@ -146,11 +218,23 @@ fn bag_of_words_rows_pulled_as_non_zeros_follow_single_process_training() {
     let data = std::path::Path::new(&root).join("heco-acm");
     let pdir = common::root().join("heco-acm-metis-2x1");
     if !pdir.exists() {
-        let g = graphs::load(&data, &graphs::LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
+        let g = graphs::load(
+            &data,
+            &graphs::LoadOptions {
+                mmap_features: true,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
         let a = partition::assign_two_level(&g, 2, 1, Method::Metis, 0).unwrap();
         partition::write(&g, &a, &pdir, false, &mut NoProgress).unwrap();
     }
-    let base = ["training.epochs=3", "training.batch=16", "training.hidden=16", "training.embed_dim=8"];
+    let base = [
+        "training.epochs=3",
+        "training.batch=16",
+        "training.hidden=16",
+        "training.embed_dim=8",
+    ];
     let cfg = |extra: &[String]| {
         let mut o: Vec<String> = base.iter().map(|s| s.to_string()).collect();
         o.push(format!("training.data={:?}", data.display().to_string()));
@@ -159,7 +243,14 @@ fn bag_of_words_rows_pulled_as_non_zeros_follow_single_process_training() {
     };
     let (mut one, mut two) = (Losses::default(), Losses::default());
     let (single, model) = train(&cfg(&[]), &mut one).unwrap();
-    let (report, fin) = train(&cfg(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())]), &mut two).unwrap();
+    let (report, fin) = train(
+        &cfg(&[
+            "training.mode=\"data-parallel\"".into(),
+            format!("training.partitions={:?}", pdir.display().to_string()),
+        ]),
+        &mut two,
+    )
+    .unwrap();
     assert_eq!((report.steps, two.0.len()), (single.steps, one.0.len()));
     for (i, (a, b)) in one.0.iter().zip(&two.0).enumerate() {
         close(*a, *b, &format!("heco-acm, 2 trainers, loss of step {i}"));

@@ -23,7 +23,10 @@ fn partitions(parts: usize, method: Method) -> PathBuf {
 }
 
 fn data_parallel(pdir: &std::path::Path) -> Config {
-    config(&["training.mode=\"data-parallel\"".into(), format!("training.partitions={:?}", pdir.display().to_string())])
+    config(&[
+        "training.mode=\"data-parallel\"".into(),
+        format!("training.partitions={:?}", pdir.display().to_string()),
+    ])
 }
 
 #[test]
@@ -35,13 +38,21 @@ fn two_and_three_trainers_match_single_process_link_prediction() {
     for (parts, method) in [(2, Method::Metis), (3, Method::Random)] {
         let mut losses = Losses::default();
         let (report, fin) = train(&data_parallel(&partitions(parts, method)), &mut losses).unwrap();
-        assert_eq!((report.mode.as_str(), report.nodes, report.steps), ("data-parallel", parts, single.steps));
+        assert_eq!(
+            (report.mode.as_str(), report.nodes, report.steps),
+            ("data-parallel", parts, single.steps)
+        );
         same_losses(&single_losses.0, &losses.0, &format!("{parts} trainers"));
         same_model(&model, &fin, &format!("{parts} trainers"));
         // Every held-out edge ranked once, by the trainer owning its source.
         for (a, b) in single.epochs.iter().zip(&report.epochs) {
             let (a, b) = (a.link.unwrap(), b.link.unwrap());
-            for (x, y) in [(a.valid.mrr, b.valid.mrr), (a.test.mrr, b.test.mrr), (a.test.hits10, b.test.hits10), (a.test.hits100, b.test.hits100)] {
+            for (x, y) in [
+                (a.valid.mrr, b.valid.mrr),
+                (a.test.mrr, b.test.mrr),
+                (a.test.hits10, b.test.hits10),
+                (a.test.hits100, b.test.hits100),
+            ] {
                 assert!((x - y).abs() < 1e-3, "{parts} trainers: metrics {x} vs {y}");
             }
         }
@@ -54,14 +65,22 @@ fn data_parallel_link_prediction_refuses_old_partitions_and_exact_evaluation() {
         let a = partition::assign_two_level(g, 2, 1, Method::Random, 0).unwrap();
         partition::write(g, &a, out, false, &mut NoProgress).unwrap();
         let path = out.join("manifest.json");
-        let mut m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         m.as_object_mut().unwrap().remove("relation_edges");
         std::fs::write(&path, m.to_string()).unwrap();
     });
-    let err = train(&data_parallel(&pdir), &mut ()).err().unwrap().to_string();
+    let err = train(&data_parallel(&pdir), &mut ())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("partition the graph again"), "{err}");
     let pdir = partitions(2, Method::Metis);
-    let o = ["training.mode=\"data-parallel\"".to_string(), format!("training.partitions={:?}", pdir.display().to_string()), "training.link_eval=\"exact\"".into()];
+    let o = [
+        "training.mode=\"data-parallel\"".to_string(),
+        format!("training.partitions={:?}", pdir.display().to_string()),
+        "training.link_eval=\"exact\"".into(),
+    ];
     let mut all: Vec<String> = LINK_BASE.iter().map(|s| s.to_string()).collect();
     all.extend(o);
     let err = Config::parse("", &all).err().unwrap().to_string();

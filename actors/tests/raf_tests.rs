@@ -23,12 +23,24 @@ fn meta(parts: usize, layers: usize) -> PathBuf {
 /// Meta-partitions whose metatree follows three metapaths.
 fn meta_paths(parts: usize) -> PathBuf {
     derived(&format!("metapaths-{parts}"), true, |g, out| {
-        let paths = partition::meta::parse_metapaths("writes rev_writes\ncites  # one hop\nrev_has_topic, has_topic\n", g, 2).unwrap();
-        partition::meta::write_metapaths(g, 2, parts, Some(&paths), out, false, &mut NoProgress).unwrap();
+        let paths = partition::meta::parse_metapaths(
+            "writes rev_writes\ncites  # one hop\nrev_has_topic, has_topic\n",
+            g,
+            2,
+        )
+        .unwrap();
+        partition::meta::write_metapaths(g, 2, parts, Some(&paths), out, false, &mut NoProgress)
+            .unwrap();
     })
 }
 
-const BASE: [&str; 5] = ["training.epochs=1", "training.batch=256", "training.hidden=16", "training.embed_dim=8", "training.dropout=0.3"];
+const BASE: [&str; 5] = [
+    "training.epochs=1",
+    "training.batch=256",
+    "training.hidden=16",
+    "training.embed_dim=8",
+    "training.dropout=0.3",
+];
 
 fn config(extra: &[String]) -> Config {
     common::config(&BASE, extra)
@@ -38,7 +50,13 @@ fn config(extra: &[String]) -> Config {
 fn errors(a: &[f32], b: &[f32]) -> (f32, f32) {
     assert_eq!(a.len(), b.len());
     let sq: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-    ((sq / a.len().max(1) as f64).sqrt() as f32, a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max))
+    (
+        (sq / a.len().max(1) as f64).sqrt() as f32,
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max),
+    )
 }
 
 /// Asserts every parameter tensor and embedding table of `got` matches `want`.
@@ -51,31 +69,62 @@ fn errors(a: &[f32], b: &[f32]) -> (f32, f32) {
 fn same_model(want: &Model, got: &Model, what: &str) {
     for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
         assert_eq!(name, name2);
-        let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = var
+            .as_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = var2
+            .as_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
         let (rms, worst) = errors(&a, &b);
-        assert!(rms <= 2e-5 * scale && worst <= 2e-4 * scale, "{what}, parameter {name}: rms error {rms}, worst {worst} (scale {scale})");
+        assert!(
+            rms <= 2e-5 * scale && worst <= 2e-4 * scale,
+            "{what}, parameter {name}: rms error {rms}, worst {worst} (scale {scale})"
+        );
     }
-    let (ta, tb): (Vec<_>, Vec<_>) = (want.embeddings.iter().flatten().collect(), got.embeddings.iter().flatten().collect());
+    let (ta, tb): (Vec<_>, Vec<_>) = (
+        want.embeddings.iter().flatten().collect(),
+        got.embeddings.iter().flatten().collect(),
+    );
     assert_eq!(ta.len(), tb.len());
     assert!(!ta.is_empty(), "the test needs learnable embeddings");
     for (a, b) in ta.iter().zip(&tb) {
         let (rms, worst) = errors(&a.data, &b.data);
-        assert!(rms <= 2e-5 && worst <= 2e-4, "{what}, {}: rms error {rms}, worst {worst}", a.name);
+        assert!(
+            rms <= 2e-5 && worst <= 2e-4,
+            "{what}, {}: rms error {rms}, worst {worst}",
+            a.name
+        );
     }
 }
 
 fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
     let fanouts = ["8", "6", "4"][..layers].join(",");
-    let common = [format!("training.model={model:?}"), format!("training.layers={layers}"), format!("training.fanouts={fanouts:?}")];
+    let common = [
+        format!("training.model={model:?}"),
+        format!("training.layers={layers}"),
+        format!("training.fanouts={fanouts:?}"),
+    ];
     let mut single_losses = Losses::default();
     let (single, want) = train(&config(&common), &mut single_losses).unwrap();
     for &k in parts {
         let pdir = meta(k, layers);
         let mut extra = common.to_vec();
         extra.push("training.mode=\"raf\"".into());
-        extra.push(format!("training.partitions={:?}", pdir.display().to_string()));
+        extra.push(format!(
+            "training.partitions={:?}",
+            pdir.display().to_string()
+        ));
         let mut losses = Losses::default();
         let (report, got) = train(&config(&extra), &mut losses).unwrap();
         assert_eq!(report.mode, "raf");
@@ -84,9 +133,21 @@ fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
         same_losses(&single_losses.0, &losses.0, &what);
         same_model(&want, &got, &what);
         let (last, w) = (report.epochs.last().unwrap(), single.epochs.last().unwrap());
-        assert!((last.test_acc.unwrap() - w.test_acc.unwrap()).abs() < 0.01, "{:?} vs {:?}", last.test_acc, w.test_acc);
+        assert!(
+            (last.test_acc.unwrap() - w.test_acc.unwrap()).abs() < 0.01,
+            "{:?} vs {:?}",
+            last.test_acc,
+            w.test_acc
+        );
         // Only partial aggregations, their gradients and shared gradients cross: no features.
-        assert!(report.bytes_by_kind.keys().all(|k| !k.starts_with("pull") && !k.starts_with("sample")), "{:?}", report.bytes_by_kind);
+        assert!(
+            report
+                .bytes_by_kind
+                .keys()
+                .all(|k| !k.starts_with("pull") && !k.starts_with("sample")),
+            "{:?}",
+            report.bytes_by_kind
+        );
     }
 }
 
@@ -113,13 +174,23 @@ fn three_layer_models_match_single_process_training() {
 
 #[test]
 fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
-    let common = ["training.model=\"rgcn\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta(2, 2).display().to_string())];
+    let common = [
+        "training.model=\"rgcn\"".to_string(),
+        "training.mode=\"raf\"".into(),
+        format!("training.partitions={:?}", meta(2, 2).display().to_string()),
+    ];
     let (synced, _) = train(&config(&common), &mut ()).unwrap();
     let mut local = common.to_vec();
     local.push("training.raf_embeddings=\"local\"".into());
     let (report, _) = train(&config(&local), &mut ()).unwrap();
-    assert_ne!(report.final_model_sha256, synced.final_model_sha256, "a different model");
-    let (a, b) = (report.epochs[0].test_acc.unwrap(), synced.epochs[0].test_acc.unwrap());
+    assert_ne!(
+        report.final_model_sha256, synced.final_model_sha256,
+        "a different model"
+    );
+    let (a, b) = (
+        report.epochs[0].test_acc.unwrap(),
+        synced.epochs[0].test_acc.unwrap(),
+    );
     assert!(a > 0.5 * b, "local embeddings still learn: {a} vs {b}");
 }
 
@@ -127,8 +198,15 @@ fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
 fn replicated_sub_metatrees_split_the_seeds_and_match_single_process_training() {
     // Four sub-metatrees into paper and the self one: six partitions replicate
     // the heaviest, seven the two heaviest (the self one stays alone).
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(meta(7, 2).join("manifest.json")).unwrap()).unwrap();
-    let replicated = manifest["info"].as_array().unwrap().iter().filter(|p| p["replica"][1] == 2).count();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(meta(7, 2).join("manifest.json")).unwrap())
+            .unwrap();
+    let replicated = manifest["info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["replica"][1] == 2)
+        .count();
     assert_eq!(replicated, 4, "{manifest}");
     raf_matches_single("rgcn", 2, &[7]);
     raf_matches_single("hgt", 2, &[6]);
@@ -137,7 +215,14 @@ fn replicated_sub_metatrees_split_the_seeds_and_match_single_process_training() 
 #[test]
 fn metapath_models_train_the_same_on_one_two_and_three_workers() {
     let run = |parts: usize| {
-        let extra = ["training.model=\"hgt\"".to_string(), "training.mode=\"raf\"".into(), format!("training.partitions={:?}", meta_paths(parts).display().to_string())];
+        let extra = [
+            "training.model=\"hgt\"".to_string(),
+            "training.mode=\"raf\"".into(),
+            format!(
+                "training.partitions={:?}",
+                meta_paths(parts).display().to_string()
+            ),
+        ];
         let mut losses = Losses::default();
         let (report, model) = train(&config(&extra), &mut losses).unwrap();
         (report, model, losses.0)
@@ -145,14 +230,22 @@ fn metapath_models_train_the_same_on_one_two_and_three_workers() {
     let (one, want, want_losses) = run(1);
     let mut full = Losses::default();
     train(&config(&["training.model=\"hgt\"".to_string()]), &mut full).unwrap();
-    assert!(want_losses.iter().zip(&full.0).any(|(a, b)| (a - b).abs() > 1e-3), "the metapaths restrict the model");
+    assert!(
+        want_losses
+            .iter()
+            .zip(&full.0)
+            .any(|(a, b)| (a - b).abs() > 1e-3),
+        "the metapaths restrict the model"
+    );
     for k in [2, 3] {
         let (report, got, losses) = run(k);
         assert_eq!(report.nodes, k);
         let what = format!("metapaths, {k} workers");
         same_losses(&want_losses, &losses, &what);
         same_model(&want, &got, &what);
-        assert!((report.epochs[0].test_acc.unwrap() - one.epochs[0].test_acc.unwrap()).abs() < 0.01);
+        assert!(
+            (report.epochs[0].test_acc.unwrap() - one.epochs[0].test_acc.unwrap()).abs() < 0.01
+        );
     }
 }
 
@@ -172,7 +265,10 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
     };
     let (want, _) = train(&cfg(&root.join("reference"), 2), &mut ()).unwrap();
     let per_epoch = want.steps / 2;
-    assert!(per_epoch > 3, "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)");
+    assert!(
+        per_epoch > 3,
+        "the test wants a checkpoint inside an epoch ({per_epoch} steps per epoch)"
+    );
     let list = |d: &std::path::Path| actors::distributed::checkpoint::list(d).unwrap();
     // The last checkpoint, assembled from the workers' files, is the final model.
     let last = list(&root.join("reference")).pop().unwrap();
@@ -184,10 +280,26 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
     train(&cfg(&dir, 1), &mut ()).unwrap();
     let mut notes = Notes::default();
     let (got, _) = train(&cfg(&dir, 2), &mut notes).unwrap();
-    assert!(notes.0.iter().any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))), "{:?}", notes.0);
-    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed at an epoch boundary");
-    assert_eq!((got.steps, got.resumed_from_step), (per_epoch, Some(per_epoch)));
-    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the first epoch's figures come from the checkpoint");
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains(&format!("resuming from the checkpoint at step {per_epoch}"))),
+        "{:?}",
+        notes.0
+    );
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed at an epoch boundary"
+    );
+    assert_eq!(
+        (got.steps, got.resumed_from_step),
+        (per_epoch, Some(per_epoch))
+    );
+    assert_eq!(
+        got.epochs[0].loss, want.epochs[0].loss,
+        "the first epoch's figures come from the checkpoint"
+    );
 
     // Mid-epoch, after the newest checkpoint is truncated: the one before it is used.
     let dir = root.join("mid");
@@ -195,13 +307,31 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
     let kept = list(&dir);
     let file = kept[1].join("worker-1.safetensors");
     let len = std::fs::metadata(&file).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len / 3).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
     let mid = seq(&kept[0]);
     assert!(mid % per_epoch != 0, "step {mid} is inside an epoch");
     let mut notes = Notes::default();
     let (got, _) = train(&cfg(&dir, 2), &mut notes).unwrap();
-    assert!(notes.0.iter().any(|n| n.contains("skipped checkpoint") && n.contains("checksum")), "{:?}", notes.0);
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains("skipped checkpoint") && n.contains("checksum")),
+        "{:?}",
+        notes.0
+    );
     assert_eq!(got.resumed_from_step, Some(mid));
-    assert_eq!(got.final_model_sha256, want.final_model_sha256, "resumed mid-epoch at step {mid}");
-    assert_eq!(got.epochs[0].loss, want.epochs[0].loss, "the epoch's loss counts the steps before the checkpoint");
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed mid-epoch at step {mid}"
+    );
+    assert_eq!(
+        got.epochs[0].loss, want.epochs[0].loss,
+        "the epoch's loss counts the steps before the checkpoint"
+    );
 }

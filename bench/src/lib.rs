@@ -10,17 +10,26 @@ use graphs::NoProgress;
 /// the workspace's `target/bench-data/` (a path fixed at build time, so a
 /// benchmark binary carried to another machine is given the variable).
 pub fn data_root() -> PathBuf {
-    std::env::var_os("HETGNN_BENCH_DATA").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"))
+    std::env::var_os("HETGNN_BENCH_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"))
 }
 
 /// Returns a mag-like graph directory at `scale` for `seed`, generating it once
 /// under [`data_root`] (reused by later runs).
 pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
     let root = data_root();
-    let dir = root.join(format!("mag-v{}-s{scale}-seed{seed}", graphs::generate::VERSION));
+    let dir = root.join(format!(
+        "mag-v{}-s{scale}-seed{seed}",
+        graphs::generate::VERSION
+    ));
     if !dir.join("schema.json").exists() {
-        eprintln!("generating mag-like S={scale} seed={seed} into {}", dir.display());
-        generate(Like::Mag, scale, seed, &dir, true, &mut NoProgress).with_context(|| format!("generating {}", dir.display()))?;
+        eprintln!(
+            "generating mag-like S={scale} seed={seed} into {}",
+            dir.display()
+        );
+        generate(Like::Mag, scale, seed, &dir, true, &mut NoProgress)
+            .with_context(|| format!("generating {}", dir.display()))?;
     }
     Ok(dir)
 }
@@ -28,8 +37,13 @@ pub fn mag_like(scale: f64, seed: u64) -> anyhow::Result<PathBuf> {
 /// `n` distinct free UDP ports on loopback (the sockets are held together
 /// while choosing, so the OS cannot hand one out twice).
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let sockets = (0..n).map(|_| std::net::UdpSocket::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
-    Ok(sockets.iter().map(|s| s.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?)
+    let sockets = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(sockets
+        .iter()
+        .map(|s| s.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<_>>()?)
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -37,36 +51,76 @@ pub use actors::report::peak_rss_bytes;
 
 /// The hetgnn binary: `given`, else `target/release/hetgnn` (which must be built).
 pub fn hetgnn_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let bin = given.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/hetgnn"));
+    let bin = given
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/hetgnn"));
     if !bin.exists() {
-        anyhow::bail!("{} not found: build it first (cargo build --release)", bin.display());
+        anyhow::bail!(
+            "{} not found: build it first (cargo build --release)",
+            bin.display()
+        );
     }
     Ok(bin)
 }
 
 /// Runs `bin args` in `dir`; an error carries its output.
 pub fn run_hetgnn(bin: &Path, dir: &Path, args: &[String]) -> anyhow::Result<()> {
-    let out = std::process::Command::new(bin).args(args).current_dir(dir).output().with_context(|| format!("running {}", bin.display()))?;
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
     if !out.status.success() {
-        anyhow::bail!("hetgnn {} failed:\n{}\n{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        anyhow::bail!(
+            "hetgnn {} failed:\n{}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
 
 /// Partitions `data` (mag-like at `scale`) into `k` parts with `method`,
 /// once, under [`data_root`]; returns the directory.
-pub fn partitions(bin: &Path, data: &Path, method: &str, k: usize, scale: f64) -> anyhow::Result<PathBuf> {
+pub fn partitions(
+    bin: &Path,
+    data: &Path,
+    method: &str,
+    k: usize,
+    scale: f64,
+) -> anyhow::Result<PathBuf> {
     partitions_named(bin, data, method, k, &format!("s{scale}"))
 }
 
 /// Partitions `data` (called `name` in the cache) into `k` parts with
 /// `method`, once, under [`data_root`]; returns the directory.
-pub fn partitions_named(bin: &Path, data: &Path, method: &str, k: usize, name: &str) -> anyhow::Result<PathBuf> {
+pub fn partitions_named(
+    bin: &Path,
+    data: &Path,
+    method: &str,
+    k: usize,
+    name: &str,
+) -> anyhow::Result<PathBuf> {
     let parts = data_root().join(format!("parts-{method}-{k}-{name}"));
     if !parts.join("manifest.json").exists() {
         eprintln!("partitioning ({method}, {k} parts)");
-        let args = ["partition", "--data", &data.display().to_string(), "--parts", &k.to_string(), "--method", method, "--out", &parts.display().to_string(), "--force"];
-        run_hetgnn(bin, data.parent().unwrap_or(Path::new(".")), &args.map(String::from))?;
+        let args = [
+            "partition",
+            "--data",
+            &data.display().to_string(),
+            "--parts",
+            &k.to_string(),
+            "--method",
+            method,
+            "--out",
+            &parts.display().to_string(),
+            "--force",
+        ];
+        run_hetgnn(
+            bin,
+            data.parent().unwrap_or(Path::new(".")),
+            &args.map(String::from),
+        )?;
     }
     Ok(parts)
 }
@@ -77,7 +131,14 @@ pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String
     let ids: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
     let certs = work.join(format!("certs{k}"));
     if !certs.exists() {
-        let args = ["certs", "init", "--out", &certs.display().to_string(), "--nodes", &ids.join(",")];
+        let args = [
+            "certs",
+            "init",
+            "--out",
+            &certs.display().to_string(),
+            "--nodes",
+            &ids.join(","),
+        ];
         run_hetgnn(bin, work, &args.map(String::from))?;
     }
     let mut toml = format!("[cluster]\ncerts_dir = {:?}\n", certs.display().to_string());
@@ -102,17 +163,39 @@ impl Links {
     /// Launches `k` local node processes in `work` training with `training`
     /// (`[training]` lines) over these links, and returns the run's report
     /// (written as `report`).
-    pub fn launch(&self, bin: &Path, work: &Path, k: usize, training: &str, report: &str) -> anyhow::Result<serde_json::Value> {
+    pub fn launch(
+        &self,
+        bin: &Path,
+        work: &Path,
+        k: usize,
+        training: &str,
+        report: &str,
+    ) -> anyhow::Result<serde_json::Value> {
         let mut toml = local_cluster(bin, work, k)?;
         toml += &format!("[training]\n{training}report = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n", self.bandwidth, self.delay_ms);
         std::fs::write(work.join("cluster.toml"), toml)?;
-        run_hetgnn(bin, work, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
-        Ok(serde_json::from_str(&std::fs::read_to_string(work.join(report))?)?)
+        run_hetgnn(
+            bin,
+            work,
+            &[
+                "launch".into(),
+                "--force".into(),
+                "--config".into(),
+                "cluster.toml".into(),
+            ],
+        )?;
+        Ok(serde_json::from_str(&std::fs::read_to_string(
+            work.join(report),
+        )?)?)
     }
 }
 
 /// The mean of `key` over a run report's epochs (0 without epochs).
 pub fn epoch_mean(report: &serde_json::Value, key: &str) -> f64 {
     let epochs = report["epochs"].as_array().map_or(&[][..], Vec::as_slice);
-    epochs.iter().map(|e| e[key].as_f64().unwrap_or(0.0)).sum::<f64>() / epochs.len().max(1) as f64
+    epochs
+        .iter()
+        .map(|e| e[key].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / epochs.len().max(1) as f64
 }

@@ -54,15 +54,27 @@ pub enum GraphError {
 
 impl GraphError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        GraphError::Io { path: path.to_path_buf(), source }
+        GraphError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
     pub(crate) fn npy(path: &Path, problem: impl Into<String>) -> Self {
-        GraphError::Npy { path: path.to_path_buf(), problem: problem.into() }
+        GraphError::Npy {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
     }
     pub(crate) fn data(path: &Path, problem: impl Into<String>) -> Self {
-        GraphError::Data { path: path.to_path_buf(), problem: problem.into() }
+        GraphError::Data {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
     }
     pub(crate) fn schema(path: &Path, problem: impl Into<String>) -> Self {
-        GraphError::Schema { path: path.to_path_buf(), problem: problem.into() }
+        GraphError::Schema {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
     }
 }

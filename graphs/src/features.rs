@@ -25,26 +25,50 @@ enum Storage {
 
 impl std::fmt::Debug for Features {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Features").field("rows", &self.rows).field("dim", &self.dim).field("mapped", &self.is_mapped()).finish()
+        f.debug_struct("Features")
+            .field("rows", &self.rows)
+            .field("dim", &self.dim)
+            .field("mapped", &self.is_mapped())
+            .finish()
     }
 }
 
 impl Features {
     /// Wraps an owned row-major buffer; `data.len()` must be `rows * dim`.
     pub fn from_vec(rows: usize, dim: usize, data: Vec<f32>) -> Features {
-        assert_eq!(data.len(), rows * dim, "feature buffer length must be rows*dim");
-        Features { rows, dim, data: Storage::Owned(data), nonzeros: OnceLock::new() }
+        assert_eq!(
+            data.len(),
+            rows * dim,
+            "feature buffer length must be rows*dim"
+        );
+        Features {
+            rows,
+            dim,
+            data: Storage::Owned(data),
+            nonzeros: OnceLock::new(),
+        }
     }
 
     /// Wraps a mapping whose bytes from `offset` hold `rows * dim` little-endian
     /// floats; copies instead when the offset is not 4-byte aligned.
     pub(crate) fn from_map(rows: usize, dim: usize, map: Mapped, offset: usize) -> Features {
         let bytes = rows * dim * 4;
-        assert!(offset + bytes <= map.len(), "mapping shorter than the feature matrix");
+        assert!(
+            offset + bytes <= map.len(),
+            "mapping shorter than the feature matrix"
+        );
         if offset.is_multiple_of(4) {
-            Features { rows, dim, data: Storage::Mapped { map, offset }, nonzeros: OnceLock::new() }
+            Features {
+                rows,
+                dim,
+                data: Storage::Mapped { map, offset },
+                nonzeros: OnceLock::new(),
+            }
         } else {
-            let data = map[offset..offset + bytes].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+            let data = map[offset..offset + bytes]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect();
             Features::from_vec(rows, dim, data)
         }
     }
@@ -68,7 +92,9 @@ impl Features {
     pub fn as_slice(&self) -> &[f32] {
         match &self.data {
             Storage::Owned(v) => v,
-            Storage::Mapped { map, offset } => bytemuck::cast_slice(&map[*offset..*offset + self.rows * self.dim * 4]),
+            Storage::Mapped { map, offset } => {
+                bytemuck::cast_slice(&map[*offset..*offset + self.rows * self.dim * 4])
+            }
         }
     }
 
@@ -78,7 +104,15 @@ impl Features {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 20;
         let data = self.as_slice();
-        let at = data.par_chunks(CHUNK).enumerate().find_map_first(|(c, chunk)| chunk.iter().position(|v| !v.is_finite()).map(|i| c * CHUNK + i))?;
+        let at = data
+            .par_chunks(CHUNK)
+            .enumerate()
+            .find_map_first(|(c, chunk)| {
+                chunk
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|i| c * CHUNK + i)
+            })?;
         let dim = self.dim.max(1);
         Some((at / dim, at % dim, data[at]))
     }
@@ -99,7 +133,8 @@ impl Features {
     pub fn nonzeros(&self) -> Option<&RowNonzeros> {
         self.nonzeros
             .get_or_init(|| {
-                let keep = self.dim >= MIN_WIDTH && affordable(self.rows, self.dim, crate::memory::budget_bytes());
+                let keep = self.dim >= MIN_WIDTH
+                    && affordable(self.rows, self.dim, crate::memory::budget_bytes());
                 if keep {
                     RowNonzeros::scan(self.as_slice(), self.dim, MAX_DENSITY)
                 } else {
@@ -124,7 +159,9 @@ mod tests {
     #[test]
     fn non_zeros_are_kept_only_for_wide_sparse_tables_that_fit_the_budget() {
         let (rows, dim) = (50, 300);
-        let data: Vec<f32> = (0..rows * dim).map(|i| if i % 37 == 0 { 1.5 } else { 0.0 }).collect();
+        let data: Vec<f32> = (0..rows * dim)
+            .map(|i| if i % 37 == 0 { 1.5 } else { 0.0 })
+            .collect();
         let f = Features::from_vec(rows, dim, data.clone());
         let nz = f.nonzeros().expect("a wide table 3% non-zero");
         assert_eq!(nz.nnz(), data.iter().filter(|v| **v != 0.0).count());

@@ -27,7 +27,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { mmap_features: true, reverse_edges: false }
+        LoadOptions {
+            mmap_features: true,
+            reverse_edges: false,
+        }
     }
 }
 
@@ -64,11 +67,17 @@ pub mod paths {
 /// Loads and validates the graph directory `dir`.
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
     if !dir.is_dir() {
-        return Err(GraphError::Missing { path: dir.to_path_buf() });
+        return Err(GraphError::Missing {
+            path: dir.to_path_buf(),
+        });
     }
     let schema = Schema::read(&paths::schema(dir))?;
     let need = schema.load_bytes(opts.reverse_edges, opts.mmap_features);
-    crate::memory::check_fits(&format!("loading this graph ({})", schema.largest_type()), need).map_err(|e| GraphError::schema(&paths::schema(dir), e))?;
+    crate::memory::check_fits(
+        &format!("loading this graph ({})", schema.largest_type()),
+        need,
+    )
+    .map_err(|e| GraphError::schema(&paths::schema(dir), e))?;
     let target = schema.type_index(&schema.target).expect("validated schema");
     let mut node_types = Vec::with_capacity(schema.node_types.len());
     for (i, (name, ts)) in schema.node_types.iter().enumerate() {
@@ -97,11 +106,25 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             }
             None => None,
         };
-        let (labels, splits) = if i == target { read_labels(dir, name, count, schema.num_classes).map(|(l, s)| (Some(l), Some(s)))? } else { (None, None) };
-        node_types.push(NodeType { name: name.clone(), count: count as u32, features, labels, splits });
+        let (labels, splits) = if i == target {
+            read_labels(dir, name, count, schema.num_classes).map(|(l, s)| (Some(l), Some(s)))?
+        } else {
+            (None, None)
+        };
+        node_types.push(NodeType {
+            name: name.clone(),
+            count: count as u32,
+            features,
+            labels,
+            splits,
+        });
     }
     let counts: Vec<u64> = schema.node_types.iter().map(|(_, t)| t.count).collect();
-    let edges = schema.relations.par_iter().map(|r| read_edges(dir, &schema, r, &counts)).collect::<Result<Vec<_>>>()?;
+    let edges = schema
+        .relations
+        .par_iter()
+        .map(|r| read_edges(dir, &schema, r, &counts))
+        .collect::<Result<Vec<_>>>()?;
     let mut g = HetGraph::from_parts(&schema, node_types, edges);
     if opts.reverse_edges {
         g.add_reverse_relations()?;
@@ -109,7 +132,12 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
     Ok(g)
 }
 
-fn read_labels(dir: &Path, ntype: &str, count: u64, num_classes: u32) -> Result<(Vec<i64>, Splits)> {
+fn read_labels(
+    dir: &Path,
+    ntype: &str,
+    count: u64,
+    num_classes: u32,
+) -> Result<(Vec<i64>, Splits)> {
     let lpath = paths::labels(dir, ntype);
     let f = NpyFile::open(&lpath, DType::I64)?;
     f.expect_shape(&[count], "labels")?;
@@ -117,27 +145,46 @@ fn read_labels(dir: &Path, ntype: &str, count: u64, num_classes: u32) -> Result<
     check_labels(&labels, num_classes).map_err(|p| GraphError::data(&lpath, p))?;
     let mut seen = vec![0u8; count as usize];
     let mut splits = Splits::default();
-    for (tag, (name, slot)) in [("train", &mut splits.train), ("valid", &mut splits.valid), ("test", &mut splits.test)].into_iter().enumerate() {
+    for (tag, (name, slot)) in [
+        ("train", &mut splits.train),
+        ("valid", &mut splits.valid),
+        ("test", &mut splits.test),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let spath = paths::split(dir, ntype, name);
         let f = NpyFile::open(&spath, DType::I64)?;
         if f.shape().len() != 1 {
-            return Err(GraphError::data(&spath, format!("split must be 1-dimensional, shape is {:?}", f.shape())));
+            return Err(GraphError::data(
+                &spath,
+                format!("split must be 1-dimensional, shape is {:?}", f.shape()),
+            ));
         }
         let mut ids = Vec::with_capacity(f.len());
         for i in 0..f.len() {
             let v = f.i64_at(i);
             if v < 0 || v as u64 >= count {
-                return Err(GraphError::data(&spath, format!("node id {v} out of range 0..{count}")));
+                return Err(GraphError::data(
+                    &spath,
+                    format!("node id {v} out of range 0..{count}"),
+                ));
             }
             ids.push(v as u32);
         }
-        check_split(&ids, &mut seen, tag as u8 + 1, &labels).map_err(|p| GraphError::data(&spath, p))?;
+        check_split(&ids, &mut seen, tag as u8 + 1, &labels)
+            .map_err(|p| GraphError::data(&spath, p))?;
         *slot = ids;
     }
     Ok((labels, splits))
 }
 
-fn read_edges(dir: &Path, schema: &Schema, r: &RelationSchema, counts: &[u64]) -> Result<(Csr, Csr)> {
+fn read_edges(
+    dir: &Path,
+    schema: &Schema,
+    r: &RelationSchema,
+    counts: &[u64],
+) -> Result<(Csr, Csr)> {
     let path = paths::edges(dir, &r.canonical());
     let f = NpyFile::open(&path, DType::I64)?;
     f.expect_shape(&[2, r.count], "edges (schema count)")?;
@@ -149,7 +196,10 @@ fn read_edges(dir: &Path, schema: &Schema, r: &RelationSchema, counts: &[u64]) -
         for i in 0..e {
             let v = f.i64_at(row * e + i);
             if v < 0 || v as u64 >= bound {
-                return Err(GraphError::data(&path, format!("edge {i}: {end} id {v} out of range 0..{bound}")));
+                return Err(GraphError::data(
+                    &path,
+                    format!("edge {i}: {end} id {v} out of range 0..{bound}"),
+                ));
             }
             out.push(v as u32);
         }
@@ -157,7 +207,10 @@ fn read_edges(dir: &Path, schema: &Schema, r: &RelationSchema, counts: &[u64]) -
     };
     let src = convert(0, ns, "source")?;
     let dst = convert(1, nd, "destination")?;
-    Ok((Csr::from_edges(nd as usize, &dst, &src), Csr::from_edges(ns as usize, &src, &dst)))
+    Ok((
+        Csr::from_edges(nd as usize, &dst, &src),
+        Csr::from_edges(ns as usize, &src, &dst),
+    ))
 }
 
 /// Writes `g` (without added reverse relations) to `dir`, atomically.
@@ -168,12 +221,24 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
     for t in g.node_types() {
         out.create_dir(&paths::node_dir(out.path(), &t.name))?;
         if let Some(f) = &t.features {
-            npy::write_f32(&paths::features(out.path(), &t.name), &[t.count.into(), f.dim() as u64], f.as_slice())?;
+            npy::write_f32(
+                &paths::features(out.path(), &t.name),
+                &[t.count.into(), f.dim() as u64],
+                f.as_slice(),
+            )?;
         }
         if let (Some(labels), Some(splits)) = (&t.labels, &t.splits) {
-            npy::write_i64(&paths::labels(out.path(), &t.name), &[labels.len() as u64], labels)?;
+            npy::write_i64(
+                &paths::labels(out.path(), &t.name),
+                &[labels.len() as u64],
+                labels,
+            )?;
             for (name, ids) in splits.named() {
-                let mut w = NpyWriter::create(&paths::split(out.path(), &t.name, name), DType::I64, &[ids.len() as u64])?;
+                let mut w = NpyWriter::create(
+                    &paths::split(out.path(), &t.name, name),
+                    DType::I64,
+                    &[ids.len() as u64],
+                )?;
                 w.write_ids(ids)?;
                 w.finish()?;
             }
@@ -190,7 +255,11 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
                 dsts.push(d);
             }
         }
-        let mut w = NpyWriter::create(&paths::edges(out.path(), r.canonical()), DType::I64, &[2, srcs.len() as u64])?;
+        let mut w = NpyWriter::create(
+            &paths::edges(out.path(), r.canonical()),
+            DType::I64,
+            &[2, srcs.len() as u64],
+        )?;
         w.write_ids(&srcs)?;
         w.write_ids(&dsts)?;
         w.finish()?;
@@ -212,20 +281,40 @@ impl AtomicDir {
     /// Prepares to write `dest`. Fails if it exists (and is not empty) unless `overwrite`.
     pub fn create(dest: &Path, overwrite: bool) -> Result<AtomicDir> {
         if dest.exists() && !overwrite {
-            let empty = dest.is_dir() && std::fs::read_dir(dest).map(|mut d| d.next().is_none()).unwrap_or(false);
+            let empty = dest.is_dir()
+                && std::fs::read_dir(dest)
+                    .map(|mut d| d.next().is_none())
+                    .unwrap_or(false);
             if !empty {
-                return Err(GraphError::InvalidArgument(format!("{} already exists (use --force to replace it)", dest.display())));
+                return Err(GraphError::InvalidArgument(format!(
+                    "{} already exists (use --force to replace it)",
+                    dest.display()
+                )));
             }
         }
-        let name = dest.file_name().ok_or_else(|| GraphError::InvalidArgument(format!("{} is not a directory name", dest.display())))?;
-        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = dest.file_name().ok_or_else(|| {
+            GraphError::InvalidArgument(format!("{} is not a directory name", dest.display()))
+        })?;
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| GraphError::io(parent, e))?;
-        let tmp = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+        let tmp = parent.join(format!(
+            ".{}.partial-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
         }
         std::fs::create_dir(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
-        Ok(AtomicDir { tmp, dest: dest.to_path_buf(), overwrite, committed: false })
+        Ok(AtomicDir {
+            tmp,
+            dest: dest.to_path_buf(),
+            overwrite,
+            committed: false,
+        })
     }
 
     /// Where to write meanwhile.
@@ -241,11 +330,23 @@ impl AtomicDir {
     /// Moves the finished directory into place.
     pub fn commit(mut self) -> Result<()> {
         if self.dest.exists() {
-            if !self.overwrite && std::fs::read_dir(&self.dest).map(|mut d| d.next().is_some()).unwrap_or(true) {
-                return Err(GraphError::InvalidArgument(format!("{} appeared while writing", self.dest.display())));
+            if !self.overwrite
+                && std::fs::read_dir(&self.dest)
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(true)
+            {
+                return Err(GraphError::InvalidArgument(format!(
+                    "{} appeared while writing",
+                    self.dest.display()
+                )));
             }
-            let name = self.dest.file_name().map_or_else(|| "graph".into(), |n| n.to_string_lossy().into_owned());
-            let old = self.dest.with_file_name(format!(".{name}.old-{}", std::process::id()));
+            let name = self
+                .dest
+                .file_name()
+                .map_or_else(|| "graph".into(), |n| n.to_string_lossy().into_owned());
+            let old = self
+                .dest
+                .with_file_name(format!(".{name}.old-{}", std::process::id()));
             std::fs::rename(&self.dest, &old).map_err(|e| GraphError::io(&self.dest, e))?;
             std::fs::rename(&self.tmp, &self.dest).map_err(|e| GraphError::io(&self.dest, e))?;
             std::fs::remove_dir_all(&old).map_err(|e| GraphError::io(&old, e))?;

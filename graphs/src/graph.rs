@@ -25,7 +25,11 @@ pub struct Splits {
 impl Splits {
     /// The three splits with their names.
     pub fn named(&self) -> [(&'static str, &[u32]); 3] {
-        [("train", &self.train), ("valid", &self.valid), ("test", &self.test)]
+        [
+            ("train", &self.train),
+            ("valid", &self.valid),
+            ("test", &self.test),
+        ]
     }
 }
 
@@ -120,7 +124,10 @@ impl HetGraph {
     }
     /// Id of the node type called `name`.
     pub fn type_id(&self, name: &str) -> Option<NodeTypeId> {
-        self.node_types.iter().position(|t| t.name == name).map(|i| NodeTypeId(i as u32))
+        self.node_types
+            .iter()
+            .position(|t| t.name == name)
+            .map(|i| NodeTypeId(i as u32))
     }
     /// All relations, indexed by [`RelationId`].
     pub fn relations(&self) -> &[Relation] {
@@ -132,7 +139,10 @@ impl HetGraph {
     }
     /// Id of the relation whose canonical name is `canonical` (`src__name__dst`).
     pub fn relation_id(&self, canonical: &str) -> Option<RelationId> {
-        self.relations.iter().position(|r| r.canonical == canonical).map(|i| RelationId(i as u32))
+        self.relations
+            .iter()
+            .position(|r| r.canonical == canonical)
+            .map(|i| RelationId(i as u32))
     }
     /// Relations whose destination is `t`, in id order.
     pub fn in_relations(&self, t: NodeTypeId) -> &[RelationId] {
@@ -141,7 +151,14 @@ impl HetGraph {
     /// Labels and splits of the target type.
     pub fn target_labels(&self) -> (&[i64], &Splits) {
         let t = self.node_type(self.target);
-        (t.labels.as_deref().expect("the target type always has labels"), t.splits.as_ref().expect("the target type always has splits"))
+        (
+            t.labels
+                .as_deref()
+                .expect("the target type always has labels"),
+            t.splits
+                .as_ref()
+                .expect("the target type always has splits"),
+        )
     }
     /// Whether reverse relations have been added.
     pub fn has_reverse_relations(&self) -> bool {
@@ -157,9 +174,16 @@ impl HetGraph {
         let mut added = Vec::new();
         for (i, r) in self.relations.iter().enumerate() {
             let name = format!("rev_{}", r.name);
-            let canonical = format!("{}__{}__{}", self.node_types[r.dst.index()].name, name, self.node_types[r.src.index()].name);
+            let canonical = format!(
+                "{}__{}__{}",
+                self.node_types[r.dst.index()].name,
+                name,
+                self.node_types[r.src.index()].name
+            );
             if self.relations.iter().any(|o| o.canonical == canonical) {
-                return Err(GraphError::InvalidArgument(format!("cannot add reverse relations: '{canonical}' already exists in the graph")));
+                return Err(GraphError::InvalidArgument(format!(
+                    "cannot add reverse relations: '{canonical}' already exists in the graph"
+                )));
             }
             added.push(Relation {
                 key: hash_str(&canonical),
@@ -182,9 +206,14 @@ impl HetGraph {
     /// this way). Refused once reverse relations exist: they share the arrays.
     pub fn retain_edges(&mut self, r: RelationId, keep: impl Fn(u32, u32) -> bool) -> Result<()> {
         if self.has_reverse_relations() {
-            return Err(GraphError::InvalidArgument("edges can only be removed before reverse relations are added".into()));
+            return Err(GraphError::InvalidArgument(
+                "edges can only be removed before reverse relations are added".into(),
+            ));
         }
-        let rel = self.relations.get_mut(r.index()).ok_or_else(|| GraphError::InvalidArgument(format!("no relation {}", r.0)))?;
+        let rel = self
+            .relations
+            .get_mut(r.index())
+            .ok_or_else(|| GraphError::InvalidArgument(format!("no relation {}", r.0)))?;
         let (mut src, mut dst) = (Vec::new(), Vec::new());
         let by_src = &rel.by_src;
         for u in 0..by_src.num_rows() as u32 {
@@ -216,7 +245,10 @@ impl HetGraph {
                 .node_types
                 .iter()
                 .map(|t| {
-                    let schema = NodeTypeSchema { count: t.count.into(), feature_dim: t.features.as_ref().map(|f| f.dim() as u64) };
+                    let schema = NodeTypeSchema {
+                        count: t.count.into(),
+                        feature_dim: t.features.as_ref().map(|f| f.dim() as u64),
+                    };
                     (t.name.clone(), schema)
                 })
                 .collect(),
@@ -224,14 +256,24 @@ impl HetGraph {
                 .relations
                 .iter()
                 .filter(|r| r.reverse_of.is_none())
-                .map(|r| RelationSchema { src: self.node_types[r.src.index()].name.clone(), name: r.name.clone(), dst: self.node_types[r.dst.index()].name.clone(), count: r.num_edges() as u64 })
+                .map(|r| RelationSchema {
+                    src: self.node_types[r.src.index()].name.clone(),
+                    name: r.name.clone(),
+                    dst: self.node_types[r.dst.index()].name.clone(),
+                    count: r.num_edges() as u64,
+                })
                 .collect(),
         }
     }
 
     /// Assembles a graph from validated parts (used by the loader and the builder).
-    pub(crate) fn from_parts(schema: &Schema, node_types: Vec<NodeType>, edges: Vec<(Csr, Csr)>) -> HetGraph {
-        let type_id = |name: &str| NodeTypeId(schema.type_index(name).expect("validated schema") as u32);
+    pub(crate) fn from_parts(
+        schema: &Schema,
+        node_types: Vec<NodeType>,
+        edges: Vec<(Csr, Csr)>,
+    ) -> HetGraph {
+        let type_id =
+            |name: &str| NodeTypeId(schema.type_index(name).expect("validated schema") as u32);
         let relations: Vec<Relation> = schema
             .relations
             .iter()
@@ -248,7 +290,14 @@ impl HetGraph {
             })
             .collect();
         let in_relations = index_in_relations(node_types.len(), &relations);
-        HetGraph { name: schema.name.clone(), target: type_id(&schema.target), num_classes: schema.num_classes, node_types, relations, in_relations }
+        HetGraph {
+            name: schema.name.clone(),
+            target: type_id(&schema.target),
+            num_classes: schema.num_classes,
+            node_types,
+            relations,
+            in_relations,
+        }
     }
 }
 
@@ -262,14 +311,25 @@ fn index_in_relations(num_types: usize, relations: &[Relation]) -> Vec<Vec<Relat
 
 /// Checks labels are in `-1..num_classes`; returns the problem otherwise.
 pub(crate) fn check_labels(labels: &[i64], num_classes: u32) -> std::result::Result<(), String> {
-    match labels.iter().position(|&l| l < -1 || l >= i64::from(num_classes)) {
-        Some(i) => Err(format!("label {} of node {i} is outside -1..{num_classes}", labels[i])),
+    match labels
+        .iter()
+        .position(|&l| l < -1 || l >= i64::from(num_classes))
+    {
+        Some(i) => Err(format!(
+            "label {} of node {i} is outside -1..{num_classes}",
+            labels[i]
+        )),
         None => Ok(()),
     }
 }
 
 /// Checks one split: ids in range, unique, not in an earlier split, labelled.
-pub(crate) fn check_split(ids: &[u32], seen: &mut [u8], tag: u8, labels: &[i64]) -> std::result::Result<(), String> {
+pub(crate) fn check_split(
+    ids: &[u32],
+    seen: &mut [u8],
+    tag: u8,
+    labels: &[i64],
+) -> std::result::Result<(), String> {
     for &id in ids {
         let Some(slot) = seen.get_mut(id as usize) else {
             return Err(format!("node id {id} is out of range 0..{}", labels.len()));
@@ -299,7 +359,17 @@ pub struct GraphBuilder {
 impl GraphBuilder {
     /// Starts a graph whose labelled type will be `target`.
     pub fn new(name: &str, target: &str, num_classes: u32) -> GraphBuilder {
-        GraphBuilder { schema: Some(Schema { name: name.into(), target: target.into(), num_classes, node_types: Vec::new(), relations: Vec::new() }), types: Vec::new(), edges: Vec::new() }
+        GraphBuilder {
+            schema: Some(Schema {
+                name: name.into(),
+                target: target.into(),
+                num_classes,
+                node_types: Vec::new(),
+                relations: Vec::new(),
+            }),
+            types: Vec::new(),
+            edges: Vec::new(),
+        }
     }
 
     fn schema(&mut self) -> &mut Schema {
@@ -309,8 +379,20 @@ impl GraphBuilder {
     /// Adds a node type; `features` must have `count` rows.
     pub fn node_type(mut self, name: &str, count: u32, features: Option<Features>) -> Self {
         let feature_dim = features.as_ref().map(|f| f.dim() as u64);
-        self.schema().node_types.push((name.into(), NodeTypeSchema { count: count.into(), feature_dim }));
-        self.types.push(NodeType { name: name.into(), count, features, labels: None, splits: None });
+        self.schema().node_types.push((
+            name.into(),
+            NodeTypeSchema {
+                count: count.into(),
+                feature_dim,
+            },
+        ));
+        self.types.push(NodeType {
+            name: name.into(),
+            count,
+            features,
+            labels: None,
+            splits: None,
+        });
         self
     }
 
@@ -325,9 +407,21 @@ impl GraphBuilder {
     }
 
     /// Adds a relation with edges `src[i] -> dst[i]`.
-    pub fn relation(mut self, src: &str, name: &str, dst: &str, src_ids: Vec<u32>, dst_ids: Vec<u32>) -> Self {
+    pub fn relation(
+        mut self,
+        src: &str,
+        name: &str,
+        dst: &str,
+        src_ids: Vec<u32>,
+        dst_ids: Vec<u32>,
+    ) -> Self {
         let count = src_ids.len() as u64;
-        self.schema().relations.push(RelationSchema { src: src.into(), name: name.into(), dst: dst.into(), count });
+        self.schema().relations.push(RelationSchema {
+            src: src.into(),
+            name: name.into(),
+            dst: dst.into(),
+            count,
+        });
         self.edges.push((src_ids, dst_ids));
         self
     }
@@ -343,36 +437,66 @@ impl GraphBuilder {
             }
             if let Some(f) = &t.features {
                 if f.rows() != t.count as usize {
-                    return Err(bad(format!("node type '{}': {} feature rows for {} nodes", t.name, f.rows(), t.count)));
+                    return Err(bad(format!(
+                        "node type '{}': {} feature rows for {} nodes",
+                        t.name,
+                        f.rows(),
+                        t.count
+                    )));
                 }
             }
         }
         let target = schema.type_index(&schema.target).expect("validated");
         let t = &self.types[target];
         let (Some(labels), Some(splits)) = (&t.labels, &t.splits) else {
-            return Err(bad(format!("target type '{}' needs labels and splits", t.name)));
+            return Err(bad(format!(
+                "target type '{}' needs labels and splits",
+                t.name
+            )));
         };
         if labels.len() != t.count as usize {
-            return Err(bad(format!("{} labels for {} target nodes", labels.len(), t.count)));
+            return Err(bad(format!(
+                "{} labels for {} target nodes",
+                labels.len(),
+                t.count
+            )));
         }
         check_labels(labels, schema.num_classes).map_err(bad)?;
         let mut seen = vec![0u8; t.count as usize];
         for (tag, (name, ids)) in splits.named().into_iter().enumerate() {
-            check_split(ids, &mut seen, tag as u8 + 1, labels).map_err(|p| bad(format!("{name} split: {p}")))?;
+            check_split(ids, &mut seen, tag as u8 + 1, labels)
+                .map_err(|p| bad(format!("{name} split: {p}")))?;
         }
         let mut csrs = Vec::new();
         for (r, (src, dst)) in schema.relations.iter().zip(&self.edges) {
             if src.len() != dst.len() {
-                return Err(bad(format!("relation '{}': {} sources, {} destinations", r.canonical(), src.len(), dst.len())));
+                return Err(bad(format!(
+                    "relation '{}': {} sources, {} destinations",
+                    r.canonical(),
+                    src.len(),
+                    dst.len()
+                )));
             }
-            let (ns, nd) = (self.types[schema.type_index(&r.src).expect("validated")].count, self.types[schema.type_index(&r.dst).expect("validated")].count);
+            let (ns, nd) = (
+                self.types[schema.type_index(&r.src).expect("validated")].count,
+                self.types[schema.type_index(&r.dst).expect("validated")].count,
+            );
             if let Some(&v) = src.iter().find(|&&v| v >= ns) {
-                return Err(bad(format!("relation '{}': source id {v} out of range 0..{ns}", r.canonical())));
+                return Err(bad(format!(
+                    "relation '{}': source id {v} out of range 0..{ns}",
+                    r.canonical()
+                )));
             }
             if let Some(&v) = dst.iter().find(|&&v| v >= nd) {
-                return Err(bad(format!("relation '{}': destination id {v} out of range 0..{nd}", r.canonical())));
+                return Err(bad(format!(
+                    "relation '{}': destination id {v} out of range 0..{nd}",
+                    r.canonical()
+                )));
             }
-            csrs.push((Csr::from_edges(nd as usize, dst, src), Csr::from_edges(ns as usize, src, dst)));
+            csrs.push((
+                Csr::from_edges(nd as usize, dst, src),
+                Csr::from_edges(ns as usize, src, dst),
+            ));
         }
         Ok(HetGraph::from_parts(&schema, self.types, csrs))
     }

@@ -3,11 +3,15 @@
 use std::fmt;
 
 /// Index of a node type in a [`crate::HetGraph`] (schema order).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct NodeTypeId(pub u32);
 
 /// Index of a relation in a [`crate::HetGraph`] (schema order, reverse relations after).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct RelationId(pub u32);
 
 impl NodeTypeId {

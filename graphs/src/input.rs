@@ -25,12 +25,17 @@ pub fn open(path: &Path) -> Result<File> {
         opts.custom_flags(libc::O_NONBLOCK);
     }
     let file = opts.open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => GraphError::Missing { path: path.to_path_buf() },
+        std::io::ErrorKind::NotFound => GraphError::Missing {
+            path: path.to_path_buf(),
+        },
         _ => GraphError::io(path, e),
     })?;
     let meta = file.metadata().map_err(|e| GraphError::io(path, e))?;
     if !meta.is_file() {
-        return Err(GraphError::data(path, format!("is {}, not a regular file", kind_of(&meta))));
+        return Err(GraphError::data(
+            path,
+            format!("is {}, not a regular file", kind_of(&meta)),
+        ));
     }
     Ok(file)
 }
@@ -40,13 +45,21 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let file = open(path)?;
     let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
     if len > limit {
-        return Err(GraphError::data(path, format!("is {len} bytes; files of this kind are at most {limit} bytes")));
+        return Err(GraphError::data(
+            path,
+            format!("is {len} bytes; files of this kind are at most {limit} bytes"),
+        ));
     }
     let mut bytes = Vec::with_capacity(len as usize);
     // The file may grow after the stat: read at most one byte past the limit to tell.
-    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| GraphError::io(path, e))?;
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| GraphError::io(path, e))?;
     if bytes.len() as u64 > limit {
-        return Err(GraphError::data(path, format!("grew past {limit} bytes while being read")));
+        return Err(GraphError::data(
+            path,
+            format!("grew past {limit} bytes while being read"),
+        ));
     }
     Ok(bytes)
 }
@@ -54,7 +67,12 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Vec<u8>> {
 /// Reads `path` as UTF-8 text of at most [`MAX_TEXT_BYTES`].
 pub fn read_text(path: &Path) -> Result<String> {
     let bytes = read_capped(path, MAX_TEXT_BYTES)?;
-    String::from_utf8(bytes).map_err(|e| GraphError::data(path, format!("is not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))
+    String::from_utf8(bytes).map_err(|e| {
+        GraphError::data(
+            path,
+            format!("is not UTF-8 text (byte {})", e.utf8_error().valid_up_to()),
+        )
+    })
 }
 
 /// A path the configuration (TOML, UTF-8) can hold, or an error naming the flag.
@@ -98,17 +116,35 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // Returns at once (a blocking open would hang the test) with the kind named.
         assert!(open(&fifo).unwrap_err().to_string().contains("a FIFO"));
-        assert!(open(d.path()).unwrap_err().to_string().contains("a directory"));
-        assert!(open(Path::new("/dev/zero")).unwrap_err().to_string().contains("a device"));
-        assert!(matches!(open(&d.path().join("none")), Err(GraphError::Missing { .. })));
+        assert!(open(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("a directory"));
+        assert!(open(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string()
+            .contains("a device"));
+        assert!(matches!(
+            open(&d.path().join("none")),
+            Err(GraphError::Missing { .. })
+        ));
         let link = d.path().join("zero");
         std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
-        assert!(read_text(&link).unwrap_err().to_string().contains("a device"));
+        assert!(read_text(&link)
+            .unwrap_err()
+            .to_string()
+            .contains("a device"));
         let big = d.path().join("big.json");
         std::fs::write(&big, vec![b' '; 100]).unwrap();
-        assert!(read_capped(&big, 99).unwrap_err().to_string().contains("at most 99 bytes"));
+        assert!(read_capped(&big, 99)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 99 bytes"));
         assert_eq!(read_capped(&big, 100).unwrap().len(), 100);
         std::fs::write(&big, [0xff, 0xfe]).unwrap();
-        assert!(read_text(&big).unwrap_err().to_string().contains("not UTF-8"));
+        assert!(read_text(&big)
+            .unwrap_err()
+            .to_string()
+            .contains("not UTF-8"));
     }
 }

@@ -13,7 +13,9 @@
 #![warn(missing_docs)]
 
 #[cfg(not(target_endian = "little"))]
-compile_error!("hetgnn maps little-endian .npy data directly and supports little-endian hosts only");
+compile_error!(
+    "hetgnn maps little-endian .npy data directly and supports little-endian hosts only"
+);
 
 pub mod csr;
 pub mod error;

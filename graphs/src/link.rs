@@ -57,7 +57,9 @@ pub struct SplitSpec {
 impl SplitSpec {
     /// The split of edge `u -> v` of the relation keyed `rel_key`.
     pub fn of(&self, rel_key: u64, u: u32, v: u32) -> EdgeSplit {
-        let x = CounterRng::from_parts(&[self.seed, SPLIT_STREAM, rel_key, u64::from(u), u64::from(v)]).next_f64();
+        let x =
+            CounterRng::from_parts(&[self.seed, SPLIT_STREAM, rel_key, u64::from(u), u64::from(v)])
+                .next_f64();
         if x < self.valid {
             EdgeSplit::Valid
         } else if x < self.valid + self.test {
@@ -132,28 +134,65 @@ impl LinkEdges {
     pub fn split(g: &HetGraph, relations: &[String], spec: &SplitSpec) -> Result<LinkEdges> {
         spec.validate()?;
         if relations.is_empty() {
-            return Err(GraphError::InvalidArgument("link prediction needs at least one target relation".into()));
+            return Err(GraphError::InvalidArgument(
+                "link prediction needs at least one target relation".into(),
+            ));
         }
         if relations.len() > usize::from(u16::MAX) {
-            return Err(GraphError::InvalidArgument(format!("{} target relations: at most {}", relations.len(), u16::MAX)));
+            return Err(GraphError::InvalidArgument(format!(
+                "{} target relations: at most {}",
+                relations.len(),
+                u16::MAX
+            )));
         }
         let mut ids = Vec::new();
         for name in relations {
-            let known = || g.relations().iter().filter(|r| r.reverse_of.is_none()).map(|r| r.canonical().to_string()).collect::<Vec<_>>().join(", ");
-            let reverse_of = g.relations().iter().filter(|r| r.reverse_of.is_none()).find(|r| format!("{}__rev_{}__{}", g.node_type(r.dst).name, r.name, g.node_type(r.src).name) == *name);
+            let known = || {
+                g.relations()
+                    .iter()
+                    .filter(|r| r.reverse_of.is_none())
+                    .map(|r| r.canonical().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let reverse_of = g
+                .relations()
+                .iter()
+                .filter(|r| r.reverse_of.is_none())
+                .find(|r| {
+                    format!(
+                        "{}__rev_{}__{}",
+                        g.node_type(r.dst).name,
+                        r.name,
+                        g.node_type(r.src).name
+                    ) == *name
+                });
             if let Some(r) = reverse_of {
                 return Err(GraphError::InvalidArgument(format!("target relation '{name}' is the reverse relation added at load: name the stored one ({})", r.canonical())));
             }
-            let rid = g.relation_id(name).ok_or_else(|| GraphError::InvalidArgument(format!("target relation '{name}' is not in graph '{}' (its relations: {})", g.name(), known())))?;
+            let rid = g.relation_id(name).ok_or_else(|| {
+                GraphError::InvalidArgument(format!(
+                    "target relation '{name}' is not in graph '{}' (its relations: {})",
+                    g.name(),
+                    known()
+                ))
+            })?;
             if g.relation(rid).reverse_of.is_some() {
                 return Err(GraphError::InvalidArgument(format!("target relation '{name}' is an added reverse relation: name the stored one ({})", known())));
             }
             if ids.contains(&rid) {
-                return Err(GraphError::InvalidArgument(format!("target relation '{name}' is listed twice")));
+                return Err(GraphError::InvalidArgument(format!(
+                    "target relation '{name}' is listed twice"
+                )));
             }
             ids.push(rid);
         }
-        let mut out = LinkEdges { relations: ids.clone(), train: EdgeList::default(), valid: EdgeList::default(), test: EdgeList::default() };
+        let mut out = LinkEdges {
+            relations: ids.clone(),
+            train: EdgeList::default(),
+            valid: EdgeList::default(),
+            test: EdgeList::default(),
+        };
         for (i, &rid) in ids.iter().enumerate() {
             let rel = g.relation(rid);
             let csr = rel.out_csr();
@@ -170,7 +209,9 @@ impl LinkEdges {
         }
         if out.train.is_empty() {
             let names = relations.join(", ");
-            return Err(GraphError::InvalidArgument(format!("the target relations ({names}) have no training edges")));
+            return Err(GraphError::InvalidArgument(format!(
+                "the target relations ({names}) have no training edges"
+            )));
         }
         Ok(out)
     }
@@ -232,8 +273,17 @@ impl Batching {
     /// The batching of `link`'s training edges (of `g`, whose added reverse
     /// relations are recognised) into steps of `batch` edges on average;
     /// `total`: the target relations' edges in the whole graph, every split.
-    pub fn new(g: &HetGraph, link: &LinkEdges, split: SplitSpec, seed: u64, batch: usize, total: u64) -> Batching {
-        let train = (total as f64 * (1.0 - split.valid - split.test)).round().max(1.0) as u64;
+    pub fn new(
+        g: &HetGraph,
+        link: &LinkEdges,
+        split: SplitSpec,
+        seed: u64,
+        batch: usize,
+        total: u64,
+    ) -> Batching {
+        let train = (total as f64 * (1.0 - split.valid - split.test))
+            .round()
+            .max(1.0) as u64;
         let buckets = train.div_ceil(batch.max(1) as u64).max(1);
         let mut by_relation = vec![None; g.relations().len()];
         for &r in &link.relations {
@@ -245,7 +295,13 @@ impl Batching {
                 }
             }
         }
-        Batching { seed, buckets, split, by_relation, nominal: train as f64 / buckets as f64 }
+        Batching {
+            seed,
+            buckets,
+            split,
+            by_relation,
+            nominal: train as f64 / buckets as f64,
+        }
     }
 
     /// Steps per epoch.
@@ -290,8 +346,16 @@ impl Batching {
     /// The training edges of step `step` of `epoch`, and their reverses, as
     /// edges to leave out of every neighbourhood of that step.
     pub fn exclusion(&self, epoch: u64, step: u64) -> StepEdges<'_> {
-        let prefixes = self.by_relation.iter().map(|r| r.map(|(key, _)| self.prefix(epoch, key))).collect();
-        StepEdges { b: self, step, prefixes }
+        let prefixes = self
+            .by_relation
+            .iter()
+            .map(|r| r.map(|(key, _)| self.prefix(epoch, key)))
+            .collect();
+        StepEdges {
+            b: self,
+            step,
+            prefixes,
+        }
     }
 }
 
@@ -306,25 +370,62 @@ pub struct StepEdges<'a> {
 
 impl ExcludeEdges for StepEdges<'_> {
     fn touches(&self, r: RelationId) -> bool {
-        self.b.by_relation.get(r.index()).is_some_and(Option::is_some)
+        self.b
+            .by_relation
+            .get(r.index())
+            .is_some_and(Option::is_some)
     }
     fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool {
-        let (Some(Some((key, reversed))), Some(Some(prefix))) = (self.b.by_relation.get(r.index()), self.prefixes.get(r.index())) else { return false };
+        let (Some(Some((key, reversed))), Some(Some(prefix))) = (
+            self.b.by_relation.get(r.index()),
+            self.prefixes.get(r.index()),
+        ) else {
+            return false;
+        };
         let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
         // The step test first: it fails for all but one edge in `steps`, the split test for few.
-        self.b.step_in(*prefix, u, v) == self.step && self.b.split.of(*key, u, v) == EdgeSplit::Train
+        self.b.step_in(*prefix, u, v) == self.step
+            && self.b.split.of(*key, u, v) == EdgeSplit::Train
     }
 }
 
 /// Negative `j` (of `k`) of training edge `u -> v` of the relation keyed
 /// `rel_key` in `epoch`: uniform over the `count` destination-type nodes.
-pub fn train_negative(seed: u64, epoch: u64, rel_key: u64, u: u32, v: u32, j: u64, count: u32) -> u32 {
-    CounterRng::from_parts(&[seed, NEGATIVE_STREAM, epoch, rel_key, u64::from(u), u64::from(v), j]).below(u64::from(count)) as u32
+pub fn train_negative(
+    seed: u64,
+    epoch: u64,
+    rel_key: u64,
+    u: u32,
+    v: u32,
+    j: u64,
+    count: u32,
+) -> u32 {
+    CounterRng::from_parts(&[
+        seed,
+        NEGATIVE_STREAM,
+        epoch,
+        rel_key,
+        u64::from(u),
+        u64::from(v),
+        j,
+    ])
+    .below(u64::from(count)) as u32
 }
 
 /// The fixed evaluation negatives of edge `u -> v` of the relation keyed
 /// `rel_key`: `k` destinations uniform over `count` (the training seed plays no part).
-pub fn eval_negatives(rel_key: u64, u: u32, v: u32, k: usize, count: u32) -> impl Iterator<Item = u32> {
-    let mut rng = CounterRng::new(key(&[EVAL_NEGATIVE_STREAM, rel_key, u64::from(u), u64::from(v)]));
+pub fn eval_negatives(
+    rel_key: u64,
+    u: u32,
+    v: u32,
+    k: usize,
+    count: u32,
+) -> impl Iterator<Item = u32> {
+    let mut rng = CounterRng::new(key(&[
+        EVAL_NEGATIVE_STREAM,
+        rel_key,
+        u64::from(u),
+        u64::from(v),
+    ]));
     (0..k).map(move |_| rng.below(u64::from(count)) as u32)
 }

@@ -27,7 +27,12 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // the initialiser of the static array below
-const EMPTY: Slot = Slot { start: AtomicUsize::new(0), len: AtomicUsize::new(0), message: AtomicPtr::new(std::ptr::null_mut()), message_len: AtomicUsize::new(0) };
+const EMPTY: Slot = Slot {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    message: AtomicPtr::new(std::ptr::null_mut()),
+    message_len: AtomicUsize::new(0),
+};
 static REGISTRY: [Slot; SLOTS] = [EMPTY; SLOTS];
 static INSTALL: Once = Once::new();
 /// The `sigaction` in place before ours, as raw bytes of `libc::sigaction` (restored for foreign faults).
@@ -75,8 +80,12 @@ fn register(start: usize, len: usize, path: &Path) -> Option<usize> {
     let message_len = message.len();
     for (i, s) in REGISTRY.iter().enumerate() {
         // A slot is claimed by swapping its length from 0; start and message follow.
-        if s.len.compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-            s.message.store(message.as_ptr().cast_mut(), Ordering::SeqCst);
+        if s.len
+            .compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            s.message
+                .store(message.as_ptr().cast_mut(), Ordering::SeqCst);
             s.message_len.store(message_len, Ordering::SeqCst);
             s.start.store(start, Ordering::SeqCst);
             s.len.store(len, Ordering::SeqCst);
@@ -119,7 +128,10 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     for s in &REGISTRY {
         let (start, len) = (s.start.load(Ordering::SeqCst), s.len.load(Ordering::SeqCst));
         if len != usize::MAX && start != 0 && addr >= start && addr - start < len {
-            let (ptr, n) = (s.message.load(Ordering::SeqCst), s.message_len.load(Ordering::SeqCst));
+            let (ptr, n) = (
+                s.message.load(Ordering::SeqCst),
+                s.message_len.load(Ordering::SeqCst),
+            );
             // SAFETY: messages live for the whole process (`message_for`).
             unsafe {
                 libc::write(2, ptr as *const libc::c_void, n);

@@ -13,7 +13,12 @@ pub fn budget_bytes() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let total = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
     // "max" (no limit) and v1's huge "unlimited" value fail to parse or exceed the total.
-    let limit = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"].iter().find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
     Some(limit.map_or(total, |l| l.min(total)))
 }
 
@@ -72,10 +77,12 @@ const ANON_SAMPLE: std::time::Duration = std::time::Duration::from_millis(20);
 pub fn track_anon() {
     TRACKING.call_once(|| {
         note_anon();
-        let _ = std::thread::Builder::new().name("anon-rss".into()).spawn(|| loop {
-            std::thread::sleep(ANON_SAMPLE);
-            note_anon();
-        });
+        let _ = std::thread::Builder::new()
+            .name("anon-rss".into())
+            .spawn(|| loop {
+                std::thread::sleep(ANON_SAMPLE);
+                note_anon();
+            });
     });
 }
 

@@ -37,7 +37,18 @@ impl Metagraph {
         Metagraph {
             types: g.node_types().iter().map(|t| t.name.clone()).collect(),
             type_weights: g.node_types().iter().map(|t| u64::from(t.count)).collect(),
-            links: g.relations().iter().enumerate().map(|(i, r)| MetaLink { relation: RelationId(i as u32), name: r.name.clone(), src: r.src, dst: r.dst, weight: r.num_edges() as u64 }).collect(),
+            links: g
+                .relations()
+                .iter()
+                .enumerate()
+                .map(|(i, r)| MetaLink {
+                    relation: RelationId(i as u32),
+                    name: r.name.clone(),
+                    src: r.src,
+                    dst: r.dst,
+                    weight: r.num_edges() as u64,
+                })
+                .collect(),
         }
     }
 
@@ -55,7 +66,14 @@ impl Metagraph {
 impl fmt::Display for Metagraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for l in &self.links {
-            writeln!(f, "{} --{}--> {}  ({} edges)", self.types[l.src.index()], l.name, self.types[l.dst.index()], l.weight)?;
+            writeln!(
+                f,
+                "{} --{}--> {}  ({} edges)",
+                self.types[l.src.index()],
+                l.name,
+                self.types[l.dst.index()],
+                l.weight
+            )?;
         }
         Ok(())
     }

@@ -37,7 +37,9 @@ impl RowNonzeros {
         }
         let budget = (max_density * x.len() as f64) as usize;
         let sample = &x[..SAMPLE_ROWS.min(x.len() / cols) * cols];
-        if sample.iter().filter(|v| **v != 0.0).count() as f64 > 2.0 * max_density * sample.len() as f64 {
+        if sample.iter().filter(|v| **v != 0.0).count() as f64
+            > 2.0 * max_density * sample.len() as f64
+        {
             return None;
         }
         // Chunks of rows in parallel, then joined in row order.
@@ -77,7 +79,12 @@ impl RowNonzeros {
             col.extend(cs);
             val.extend(vs);
         }
-        Some(RowNonzeros { cols, row_at, col, val })
+        Some(RowNonzeros {
+            cols,
+            row_at,
+            col,
+            val,
+        })
     }
 
     /// Rows `ids` of `self`, in that order (repeats allowed).
@@ -85,7 +92,10 @@ impl RowNonzeros {
     /// # Panics
     /// If an id is not below [`RowNonzeros::rows`].
     pub fn pick(&self, ids: &[u32]) -> RowNonzeros {
-        let nnz = ids.iter().map(|&i| self.row_at[i as usize + 1] - self.row_at[i as usize]).sum();
+        let nnz = ids
+            .iter()
+            .map(|&i| self.row_at[i as usize + 1] - self.row_at[i as usize])
+            .sum();
         let mut row_at = Vec::with_capacity(ids.len() + 1);
         row_at.push(0);
         let (mut col, mut val) = (Vec::with_capacity(nnz), Vec::with_capacity(nnz));
@@ -95,7 +105,12 @@ impl RowNonzeros {
             val.extend_from_slice(&self.val[span]);
             row_at.push(col.len());
         }
-        RowNonzeros { cols: self.cols, row_at, col, val }
+        RowNonzeros {
+            cols: self.cols,
+            row_at,
+            col,
+            val,
+        }
     }
 
     /// The matrix, dense and row-major.
@@ -171,10 +186,16 @@ mod tests {
         assert_eq!((nz.rows(), nz.cols()), (rows, cols));
         assert_eq!(nz.nnz(), x.iter().filter(|v| **v != 0.0).count());
         let back = nz.to_dense();
-        assert!(x.iter().zip(&back).all(|(a, b)| a == b), "the dense matrix comes back (±0 equal)");
+        assert!(
+            x.iter().zip(&back).all(|(a, b)| a == b),
+            "the dense matrix comes back (±0 equal)"
+        );
         let (cs, vs) = nz.row(5);
         assert!(cs.windows(2).all(|w| w[0] < w[1]));
-        assert!(cs.iter().zip(vs).all(|(&c, &v)| x[5 * cols + c as usize] == v && v != 0.0));
+        assert!(cs
+            .iter()
+            .zip(vs)
+            .all(|(&c, &v)| x[5 * cols + c as usize] == v && v != 0.0));
     }
 
     #[test]
@@ -183,7 +204,14 @@ mod tests {
         let x = sparse(rows, cols, 0.03, 2);
         let nz = RowNonzeros::scan(&x, cols, MAX_DENSITY).unwrap();
         let ids = [7u32, 399, 0, 7, 123];
-        let dense: Vec<f32> = ids.iter().flat_map(|&i| x[i as usize * cols..(i as usize + 1) * cols].iter().copied()).collect();
+        let dense: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                x[i as usize * cols..(i as usize + 1) * cols]
+                    .iter()
+                    .copied()
+            })
+            .collect();
         assert_eq!(nz.pick(&ids), RowNonzeros::scan(&dense, cols, 1.0).unwrap());
         assert_eq!(nz.pick(&[]).rows(), 0);
     }

@@ -60,7 +60,10 @@ pub struct Header {
 /// Parses the header at the start of `bytes` (the whole file or a prefix of it).
 pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header> {
     if bytes.len() < 10 {
-        return Err(GraphError::npy(path, "truncated: shorter than the 10-byte preamble"));
+        return Err(GraphError::npy(
+            path,
+            "truncated: shorter than the 10-byte preamble",
+        ));
     }
     if &bytes[..6] != MAGIC {
         return Err(GraphError::npy(path, "not a .npy file (bad magic string)"));
@@ -70,22 +73,43 @@ pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header> {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
         2 => {
             if bytes.len() < 12 {
-                return Err(GraphError::npy(path, "truncated: shorter than the 12-byte v2 preamble"));
+                return Err(GraphError::npy(
+                    path,
+                    "truncated: shorter than the 12-byte v2 preamble",
+                ));
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
-        _ => return Err(GraphError::npy(path, format!("unsupported format version {major}.{minor} (need 1.0 or 2.0)"))),
+        _ => {
+            return Err(GraphError::npy(
+                path,
+                format!("unsupported format version {major}.{minor} (need 1.0 or 2.0)"),
+            ))
+        }
     };
     if len > MAX_HEADER_LEN {
-        return Err(GraphError::npy(path, format!("header of {len} bytes exceeds the {MAX_HEADER_LEN}-byte limit")));
+        return Err(GraphError::npy(
+            path,
+            format!("header of {len} bytes exceeds the {MAX_HEADER_LEN}-byte limit"),
+        ));
     }
     let end = start + len;
     if bytes.len() < end {
         return Err(GraphError::npy(path, "truncated inside the header"));
     }
-    let text = std::str::from_utf8(&bytes[start..end]).map_err(|_| GraphError::npy(path, "header is not ASCII"))?;
-    let dict = HeaderDict::parse(text).map_err(|e| GraphError::npy(path, format!("bad header {text:?}: {e}")))?;
-    Ok(Header { descr: dict.descr, fortran_order: dict.fortran_order, shape: dict.shape, data_offset: end })
+    let text = std::str::from_utf8(&bytes[start..end])
+        .map_err(|_| GraphError::npy(path, "header is not ASCII"))?;
+    let dict = HeaderDict::parse(text)
+        .map_err(|e| GraphError::npy(path, format!("bad header {text:?}: {e}")))?;
+    Ok(Header {
+        descr: dict.descr,
+        fortran_order: dict.fortran_order,
+        shape: dict.shape,
+        data_offset: end,
+    })
 }
 
 struct HeaderDict {
@@ -97,7 +121,10 @@ struct HeaderDict {
 impl HeaderDict {
     /// Parses numpy's Python-literal dict: `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
     fn parse(text: &str) -> std::result::Result<Self, String> {
-        let mut p = Lexer { s: text.trim_end_matches(['\n', ' ', '\0']).as_bytes(), i: 0 };
+        let mut p = Lexer {
+            s: text.trim_end_matches(['\n', ' ', '\0']).as_bytes(),
+            i: 0,
+        };
         p.expect(b'{')?;
         let (mut descr, mut fortran, mut shape) = (None, None, None);
         loop {
@@ -123,7 +150,11 @@ impl HeaderDict {
         if p.i != p.s.len() {
             return Err("trailing characters after the dict".into());
         }
-        Ok(HeaderDict { descr: descr.ok_or("missing 'descr'")?, fortran_order: fortran.ok_or("missing 'fortran_order'")?, shape: shape.ok_or("missing 'shape'")? })
+        Ok(HeaderDict {
+            descr: descr.ok_or("missing 'descr'")?,
+            fortran_order: fortran.ok_or("missing 'fortran_order'")?,
+            shape: shape.ok_or("missing 'shape'")?,
+        })
     }
 }
 
@@ -161,7 +192,10 @@ impl Lexer<'_> {
             return Err(format!("expected a string at byte {}", self.i));
         }
         let start = self.i + 1;
-        let len = self.s[start..].iter().position(|&c| c == q).ok_or("unterminated string")?;
+        let len = self.s[start..]
+            .iter()
+            .position(|&c| c == q)
+            .ok_or("unterminated string")?;
         self.i = start + len + 1;
         Ok(String::from_utf8_lossy(&self.s[start..start + len]).into_owned())
     }
@@ -190,7 +224,10 @@ impl Lexer<'_> {
             if start == self.i {
                 return Err(format!("expected a dimension at byte {start}"));
             }
-            let d = std::str::from_utf8(&self.s[start..self.i]).ok().and_then(|t| t.parse::<u64>().ok()).ok_or("dimension out of range")?;
+            let d = std::str::from_utf8(&self.s[start..self.i])
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or("dimension out of range")?;
             dims.push(d);
             if dims.len() > 32 {
                 return Err("more than 32 dimensions".into());
@@ -213,7 +250,10 @@ pub struct NpyFile {
 
 impl std::fmt::Debug for NpyFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NpyFile").field("path", &self.path).field("header", &self.header).finish()
+        f.debug_struct("NpyFile")
+            .field("path", &self.path)
+            .field("header", &self.header)
+            .finish()
     }
 }
 
@@ -224,27 +264,61 @@ impl NpyFile {
         let file = crate::input::open(path)?;
         let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
         if len < 10 {
-            return Err(GraphError::npy(path, format!("truncated: only {len} bytes")));
+            return Err(GraphError::npy(
+                path,
+                format!("truncated: only {len} bytes"),
+            ));
         }
         // The graph directory is treated as immutable while loaded (written
         // once, to a temporary name, then renamed); a change under a run is named by `Mapped`.
         let map = Mapped::map(&file, path)?;
         let header = parse_header(&map, path)?;
         if header.fortran_order {
-            return Err(GraphError::npy(path, "Fortran order is not supported (need C order)"));
+            return Err(GraphError::npy(
+                path,
+                "Fortran order is not supported (need C order)",
+            ));
         }
         if header.descr != dtype.descr() {
-            return Err(GraphError::npy(path, format!("dtype {} where {} is required", header.descr, dtype.descr())));
+            return Err(GraphError::npy(
+                path,
+                format!("dtype {} where {} is required", header.descr, dtype.descr()),
+            ));
         }
-        let elems = header.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
-        let want = elems.checked_mul(dtype.size() as u64).and_then(|b| b.checked_add(header.data_offset as u64)).ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
+        let elems = header
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
+        let want = elems
+            .checked_mul(dtype.size() as u64)
+            .and_then(|b| b.checked_add(header.data_offset as u64))
+            .ok_or_else(|| GraphError::npy(path, "shape overflows"))?;
         if len < want {
-            return Err(GraphError::npy(path, format!("truncated: shape {:?} needs {want} bytes, file has {len}", header.shape)));
+            return Err(GraphError::npy(
+                path,
+                format!(
+                    "truncated: shape {:?} needs {want} bytes, file has {len}",
+                    header.shape
+                ),
+            ));
         }
         if len > want {
-            return Err(GraphError::npy(path, format!("{} trailing bytes after the data of shape {:?}", len - want, header.shape)));
+            return Err(GraphError::npy(
+                path,
+                format!(
+                    "{} trailing bytes after the data of shape {:?}",
+                    len - want,
+                    header.shape
+                ),
+            ));
         }
-        Ok(NpyFile { path: path.to_path_buf(), map, header, dtype })
+        Ok(NpyFile {
+            path: path.to_path_buf(),
+            map,
+            header,
+            dtype,
+        })
     }
 
     /// The array shape.
@@ -285,7 +359,10 @@ impl NpyFile {
     /// Checks the shape equals `want`, naming `what` in the error.
     pub fn expect_shape(&self, want: &[u64], what: &str) -> Result<()> {
         if self.header.shape != want {
-            return Err(GraphError::data(&self.path, format!("{what}: shape {:?}, expected {want:?}", self.header.shape)));
+            return Err(GraphError::data(
+                &self.path,
+                format!("{what}: shape {:?}, expected {want:?}", self.header.shape),
+            ));
         }
         Ok(())
     }
@@ -301,7 +378,10 @@ impl NpyFile {
     /// All elements as `f32` (copying).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         debug_assert_eq!(self.dtype, DType::F32);
-        self.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect()
+        self.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect()
     }
 }
 
@@ -321,9 +401,20 @@ impl NpyWriter {
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let shape_txt = match shape {
             [d] => format!("({d},)"),
-            _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+            _ => format!(
+                "({})",
+                shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         };
-        let dict = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", dtype.descr(), shape_txt);
+        let dict = format!(
+            "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+            dtype.descr(),
+            shape_txt
+        );
         // Pad with spaces and a newline so the data starts on a 64-byte boundary.
         let unpadded = 10 + dict.len() + 1;
         let total = unpadded.div_ceil(64) * 64;
@@ -333,14 +424,24 @@ impl NpyWriter {
         let mut pre = MAGIC.to_vec();
         pre.extend_from_slice(&[1, 0]);
         pre.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.write_all(&pre).and_then(|_| out.write_all(&header)).map_err(|e| GraphError::io(path, e))?;
+        out.write_all(&pre)
+            .and_then(|_| out.write_all(&header))
+            .map_err(|e| GraphError::io(path, e))?;
         let remaining = shape.iter().product();
-        Ok(NpyWriter { path: path.to_path_buf(), out, dtype, remaining })
+        Ok(NpyWriter {
+            path: path.to_path_buf(),
+            out,
+            dtype,
+            remaining,
+        })
     }
 
     fn take(&mut self, n: usize) -> Result<()> {
         if n as u64 > self.remaining {
-            return Err(GraphError::npy(&self.path, "more elements written than the shape holds"));
+            return Err(GraphError::npy(
+                &self.path,
+                "more elements written than the shape holds",
+            ));
         }
         self.remaining -= n as u64;
         Ok(())
@@ -350,14 +451,18 @@ impl NpyWriter {
     pub fn write_f32(&mut self, values: &[f32]) -> Result<()> {
         debug_assert_eq!(self.dtype, DType::F32);
         self.take(values.len())?;
-        self.out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&self.path, e))
+        self.out
+            .write_all(bytemuck::cast_slice(values))
+            .map_err(|e| GraphError::io(&self.path, e))
     }
 
     /// Appends int64 elements.
     pub fn write_i64(&mut self, values: &[i64]) -> Result<()> {
         debug_assert_eq!(self.dtype, DType::I64);
         self.take(values.len())?;
-        self.out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&self.path, e))
+        self.out
+            .write_all(bytemuck::cast_slice(values))
+            .map_err(|e| GraphError::io(&self.path, e))
     }
 
     /// Appends unsigned ids widened to int64.
@@ -375,7 +480,11 @@ impl NpyWriter {
     /// data: the rest are holes of the (sparse) file and read as zeros. Used by
     /// partitions, whose feature files keep the global shape but only the rows
     /// the partition owns.
-    pub fn write_sparse_rows<'a>(self, dim: usize, rows: impl Iterator<Item = (u64, &'a [f32])>) -> Result<()> {
+    pub fn write_sparse_rows<'a>(
+        self,
+        dim: usize,
+        rows: impl Iterator<Item = (u64, &'a [f32])>,
+    ) -> Result<()> {
         let mut w = self.into_sparse(dim)?;
         for (r, values) in rows {
             w.put(r, values)?;
@@ -390,16 +499,32 @@ impl NpyWriter {
         debug_assert_eq!(self.dtype, DType::F32);
         let path = self.path.clone();
         let total = self.remaining * 4;
-        let mut file = self.out.into_inner().map_err(|e| GraphError::io(&path, e.into_error()))?;
-        let start = file.stream_position().map_err(|e| GraphError::io(&path, e))?;
-        file.set_len(start + total).map_err(|e| GraphError::io(&path, e))?;
-        Ok(SparseRows { path, out: BufWriter::with_capacity(1 << 20, file), start, total, dim, next: u64::MAX })
+        let mut file = self
+            .out
+            .into_inner()
+            .map_err(|e| GraphError::io(&path, e.into_error()))?;
+        let start = file
+            .stream_position()
+            .map_err(|e| GraphError::io(&path, e))?;
+        file.set_len(start + total)
+            .map_err(|e| GraphError::io(&path, e))?;
+        Ok(SparseRows {
+            path,
+            out: BufWriter::with_capacity(1 << 20, file),
+            start,
+            total,
+            dim,
+            next: u64::MAX,
+        })
     }
 
     /// Flushes and checks every element was written.
     pub fn finish(mut self) -> Result<()> {
         if self.remaining != 0 {
-            return Err(GraphError::npy(&self.path, format!("{} elements missing at close", self.remaining)));
+            return Err(GraphError::npy(
+                &self.path,
+                format!("{} elements missing at close", self.remaining),
+            ));
         }
         self.out.flush().map_err(|e| GraphError::io(&self.path, e))
     }
@@ -421,12 +546,19 @@ impl SparseRows {
         use std::io::{Seek, SeekFrom};
         let at = self.start + r * self.dim as u64 * 4;
         if values.len() != self.dim || at + values.len() as u64 * 4 > self.start + self.total {
-            return Err(GraphError::npy(&self.path, format!("row {r} does not fit the shape")));
+            return Err(GraphError::npy(
+                &self.path,
+                format!("row {r} does not fit the shape"),
+            ));
         }
         if at != self.next {
-            self.out.seek(SeekFrom::Start(at)).map_err(|e| GraphError::io(&self.path, e))?;
+            self.out
+                .seek(SeekFrom::Start(at))
+                .map_err(|e| GraphError::io(&self.path, e))?;
         }
-        self.out.write_all(bytemuck::cast_slice(values)).map_err(|e| GraphError::io(&self.path, e))?;
+        self.out
+            .write_all(bytemuck::cast_slice(values))
+            .map_err(|e| GraphError::io(&self.path, e))?;
         self.next = at + self.dim as u64 * 4;
         Ok(())
     }
@@ -470,12 +602,30 @@ mod tests {
             v
         };
         let p = Path::new("x.npy");
-        let h = parse_header(&mk("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }  \n", 1), p).unwrap();
+        let h = parse_header(
+            &mk(
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }  \n",
+                1,
+            ),
+            p,
+        )
+        .unwrap();
         assert_eq!(h.shape, vec![3, 4]);
         assert_eq!(h.descr, "<f4");
-        let h = parse_header(&mk("{'descr': '<i8', 'fortran_order': False, 'shape': (7,)}\n", 2), p).unwrap();
+        let h = parse_header(
+            &mk(
+                "{'descr': '<i8', 'fortran_order': False, 'shape': (7,)}\n",
+                2,
+            ),
+            p,
+        )
+        .unwrap();
         assert_eq!(h.shape, vec![7]);
-        let h = parse_header(&mk("{'shape': (), 'fortran_order': True, 'descr': '<i8'}", 1), p).unwrap();
+        let h = parse_header(
+            &mk("{'shape': (), 'fortran_order': True, 'descr': '<i8'}", 1),
+            p,
+        )
+        .unwrap();
         assert!(h.fortran_order);
         assert!(h.shape.is_empty());
         for bad in [
@@ -500,12 +650,18 @@ mod tests {
         assert_eq!(f.shape(), &[2, 3]);
         assert_eq!(f.data_offset() % 64, 0);
         assert_eq!(f.to_f32_vec(), vec![1.0, 2.0, 3.0, 4.0, 5.0, -6.5]);
-        assert!(matches!(NpyFile::open(&p, DType::I64), Err(GraphError::Npy { .. })));
+        assert!(matches!(
+            NpyFile::open(&p, DType::I64),
+            Err(GraphError::Npy { .. })
+        ));
 
         let q = dir.path().join("b.npy");
         write_i64(&q, &[2, 2], &[1, -1, i64::MAX, 0]).unwrap();
         let f = NpyFile::open(&q, DType::I64).unwrap();
-        assert_eq!((0..4).map(|i| f.i64_at(i)).collect::<Vec<_>>(), vec![1, -1, i64::MAX, 0]);
+        assert_eq!(
+            (0..4).map(|i| f.i64_at(i)).collect::<Vec<_>>(),
+            vec![1, -1, i64::MAX, 0]
+        );
     }
 
     #[test]

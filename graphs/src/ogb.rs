@@ -21,7 +21,9 @@ use crate::error::{GraphError, Result};
 use crate::format::{self, paths, AtomicDir, LoadOptions};
 use crate::npy::{DType, NpyWriter};
 use crate::progress::Progress;
-use crate::schema::{check_name, NodeTypeSchema, RelationSchema, Schema, MAX_CLASSES, MAX_FEATURE_DIM, MAX_NODES};
+use crate::schema::{
+    check_name, NodeTypeSchema, RelationSchema, Schema, MAX_CLASSES, MAX_FEATURE_DIM, MAX_NODES,
+};
 
 /// Options of [`import_ogb`].
 #[derive(Clone, Debug, Default)]
@@ -35,17 +37,41 @@ pub struct OgbImport {
 }
 
 /// Converts the OGB dataset directory `src` (holding `raw/` and `split/`) to `out`.
-pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn Progress) -> Result<Schema> {
+pub fn import_ogb(
+    src: &Path,
+    out: &Path,
+    opts: &OgbImport,
+    progress: &mut dyn Progress,
+) -> Result<Schema> {
     let raw = src.join("raw");
     let dict_path = raw.join("num-node-dict.csv.gz");
     let types = read_node_dict(&dict_path)?;
 
     let label_root = raw.join("node-label");
-    let labelled: Vec<&String> = types.iter().map(|(n, _)| n).filter(|n| label_root.join(n).join("node-label.csv.gz").exists()).collect();
+    let labelled: Vec<&String> = types
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| label_root.join(n).join("node-label.csv.gz").exists())
+        .collect();
     let target = match labelled.as_slice() {
         [one] => (*one).clone(),
-        [] => return Err(GraphError::Missing { path: label_root.join("<type>").join("node-label.csv.gz") }),
-        many => return Err(GraphError::data(&label_root, format!("several types have labels ({}); hetgnn needs exactly one target", many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")))),
+        [] => {
+            return Err(GraphError::Missing {
+                path: label_root.join("<type>").join("node-label.csv.gz"),
+            })
+        }
+        many => {
+            return Err(GraphError::data(
+                &label_root,
+                format!(
+                    "several types have labels ({}); hetgnn needs exactly one target",
+                    many.iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ))
+        }
     };
     let split_dir = pick_split(&src.join("split"), opts.split.as_deref())?;
 
@@ -57,12 +83,20 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
         let dirname = entry.file_name().to_string_lossy().into_owned();
         let parts: Vec<&str> = dirname.split("___").collect();
         let [s, r, d] = parts.as_slice() else {
-            return Err(GraphError::data(&entry.path(), "relation directory name must be <src>___<rel>___<dst>"));
+            return Err(GraphError::data(
+                &entry.path(),
+                "relation directory name must be <src>___<rel>___<dst>",
+            ));
         };
         for (name, what) in [(s, "node type"), (r, "relation"), (d, "node type")] {
             check_name(name, what).map_err(|p| GraphError::data(&entry.path(), p))?;
         }
-        relations.push((s.to_string(), r.to_string(), d.to_string(), entry.path().join("edge.csv.gz")));
+        relations.push((
+            s.to_string(),
+            r.to_string(),
+            d.to_string(),
+            entry.path().join("edge.csv.gz"),
+        ));
     }
     relations.sort();
 
@@ -86,45 +120,87 @@ pub fn import_ogb(src: &Path, out: &Path, opts: &OgbImport, progress: &mut dyn P
                 if s.eq_ignore_ascii_case("nan") || s.is_empty() {
                     Some(-1)
                 } else {
-                    s.parse::<f64>().ok().filter(|v| v.fract() == 0.0 && *v >= -1.0 && *v < f64::from(MAX_CLASSES)).map(|v| v as i64)
+                    s.parse::<f64>()
+                        .ok()
+                        .filter(|v| v.fract() == 0.0 && *v >= -1.0 && *v < f64::from(MAX_CLASSES))
+                        .map(|v| v as i64)
                 }
             })?;
             if labels.len() as u64 != *count {
-                return Err(GraphError::data(&lpath, format!("{} labels for {count} nodes", labels.len())));
+                return Err(GraphError::data(
+                    &lpath,
+                    format!("{} labels for {count} nodes", labels.len()),
+                ));
             }
             num_classes = labels.iter().copied().max().unwrap_or(-1) + 1;
             crate::npy::write_i64(&paths::labels(dir.path(), name), &[*count], &labels)?;
             for s in ["train", "valid", "test"] {
                 let spath = split_dir.join(name).join(format!("{s}.csv.gz"));
                 let ids = read_column(&spath, |t| t.parse::<i64>().ok())?;
-                let mut w = NpyWriter::create(&paths::split(dir.path(), name, s), DType::I64, &[ids.len() as u64])?;
+                let mut w = NpyWriter::create(
+                    &paths::split(dir.path(), name, s),
+                    DType::I64,
+                    &[ids.len() as u64],
+                )?;
                 w.write_i64(&ids)?;
                 w.finish()?;
             }
         }
-        node_types.push((name.clone(), NodeTypeSchema { count: *count, feature_dim }));
+        node_types.push((
+            name.clone(),
+            NodeTypeSchema {
+                count: *count,
+                feature_dim,
+            },
+        ));
     }
     dir.create_dir(&dir.path().join("edges"))?;
     let mut rel_schemas = Vec::new();
     let count_of = |t: &str| types.iter().find(|(n, _)| n == t).map(|(_, c)| *c);
     for (s, r, d, path) in &relations {
-        let rs = RelationSchema { src: s.clone(), name: r.clone(), dst: d.clone(), count: 0 };
+        let rs = RelationSchema {
+            src: s.clone(),
+            name: r.clone(),
+            dst: d.clone(),
+            count: 0,
+        };
         let (Some(ns), Some(nd)) = (count_of(s), count_of(d)) else {
-            return Err(GraphError::data(path, format!("relation {s}___{r}___{d} names a type missing from num-node-dict.csv.gz")));
+            return Err(GraphError::data(
+                path,
+                format!("relation {s}___{r}___{d} names a type missing from num-node-dict.csv.gz"),
+            ));
         };
         progress.start(&format!("edges {}", rs.canonical()), 0);
         let (srcs, dsts) = read_edges(path, ns, nd)?;
-        let mut w = NpyWriter::create(&paths::edges(dir.path(), &rs.canonical()), DType::I64, &[2, srcs.len() as u64])?;
+        let mut w = NpyWriter::create(
+            &paths::edges(dir.path(), &rs.canonical()),
+            DType::I64,
+            &[2, srcs.len() as u64],
+        )?;
         w.write_i64(&srcs)?;
         w.write_i64(&dsts)?;
         w.finish()?;
         progress.advance(srcs.len() as u64);
         progress.finish();
-        rel_schemas.push(RelationSchema { count: srcs.len() as u64, ..rs });
+        rel_schemas.push(RelationSchema {
+            count: srcs.len() as u64,
+            ..rs
+        });
     }
-    let name = opts.name.clone().unwrap_or_else(|| src.file_name().map_or("ogb".into(), |n| n.to_string_lossy().into_owned()));
-    let schema = Schema { name, target, num_classes: num_classes.max(1) as u32, node_types, relations: rel_schemas };
-    schema.validate().map_err(|p| GraphError::data(src, format!("imported schema is invalid: {p}")))?;
+    let name = opts.name.clone().unwrap_or_else(|| {
+        src.file_name()
+            .map_or("ogb".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let schema = Schema {
+        name,
+        target,
+        num_classes: num_classes.max(1) as u32,
+        node_types,
+        relations: rel_schemas,
+    };
+    schema
+        .validate()
+        .map_err(|p| GraphError::data(src, format!("imported schema is invalid: {p}")))?;
     schema.write(&paths::schema(dir.path()))?;
     // Validate the whole result (ids in range, splits, shapes) before publishing it.
     format::load(dir.path(), &LoadOptions::default())?;
@@ -148,18 +224,29 @@ fn for_lines(path: &Path, mut f: impl FnMut(usize, &str) -> Result<()>) -> Resul
 }
 
 /// [`for_lines`] over `r`, refusing a line longer than `max` bytes.
-fn for_lines_of(mut r: impl BufRead, path: &Path, max: u64, f: &mut impl FnMut(usize, &str) -> Result<()>) -> Result<()> {
+fn for_lines_of(
+    mut r: impl BufRead,
+    path: &Path,
+    max: u64,
+    f: &mut impl FnMut(usize, &str) -> Result<()>,
+) -> Result<()> {
     let mut line = String::new();
     let mut n = 0;
     loop {
         line.clear();
-        let got = (&mut r).take(max + 1).read_line(&mut line).map_err(|e| GraphError::io(path, e))?;
+        let got = (&mut r)
+            .take(max + 1)
+            .read_line(&mut line)
+            .map_err(|e| GraphError::io(path, e))?;
         if got == 0 {
             return Ok(());
         }
         n += 1;
         if got as u64 > max {
-            return Err(GraphError::data(path, format!("line {n} is longer than {max} bytes")));
+            return Err(GraphError::data(
+                path,
+                format!("line {n} is longer than {max} bytes"),
+            ));
         }
         f(n, line.trim_end_matches(['\n', '\r']))?;
     }
@@ -169,15 +256,28 @@ fn read_node_dict(path: &Path) -> Result<Vec<(String, u64)>> {
     let mut rows = Vec::new();
     for_lines(path, |_, l| {
         if !l.is_empty() {
-            rows.push(l.split(',').map(|s| s.trim().to_string()).collect::<Vec<_>>());
+            rows.push(
+                l.split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect::<Vec<_>>(),
+            );
         }
         Ok(())
     })?;
     let [names, counts] = rows.as_slice() else {
-        return Err(GraphError::data(path, format!("expected a header row and a count row, found {} rows", rows.len())));
+        return Err(GraphError::data(
+            path,
+            format!(
+                "expected a header row and a count row, found {} rows",
+                rows.len()
+            ),
+        ));
     };
     if names.len() != counts.len() {
-        return Err(GraphError::data(path, "header and count rows differ in length"));
+        return Err(GraphError::data(
+            path,
+            "header and count rows differ in length",
+        ));
     }
     names
         .iter()
@@ -186,7 +286,10 @@ fn read_node_dict(path: &Path) -> Result<Vec<(String, u64)>> {
             check_name(n, "node type").map_err(|p| GraphError::data(path, p))?;
             match c.parse::<u64>() {
                 Ok(v) if v <= MAX_NODES => Ok((n.clone(), v)),
-                _ => Err(GraphError::data(path, format!("count '{c}' of type '{n}' is not a valid node count"))),
+                _ => Err(GraphError::data(
+                    path,
+                    format!("count '{c}' of type '{n}' is not a valid node count"),
+                )),
             }
         })
         .collect()
@@ -195,10 +298,22 @@ fn read_node_dict(path: &Path) -> Result<Vec<(String, u64)>> {
 fn pick_split(root: &Path, name: Option<&str>) -> Result<PathBuf> {
     if let Some(n) = name {
         let p = root.join(n);
-        return if p.is_dir() { Ok(p) } else { Err(GraphError::Missing { path: p }) };
+        return if p.is_dir() {
+            Ok(p)
+        } else {
+            Err(GraphError::Missing { path: p })
+        };
     }
     let mut names: Vec<PathBuf> = std::fs::read_dir(root)
-        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { GraphError::Missing { path: root.to_path_buf() } } else { GraphError::io(root, e) })?
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                GraphError::Missing {
+                    path: root.to_path_buf(),
+                }
+            } else {
+                GraphError::io(root, e)
+            }
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
@@ -206,7 +321,10 @@ fn pick_split(root: &Path, name: Option<&str>) -> Result<PathBuf> {
     match names.len() {
         1 => Ok(names.remove(0)),
         0 => Err(GraphError::data(root, "no split directory")),
-        _ => Err(GraphError::data(root, "several splits: choose one with --split NAME")),
+        _ => Err(GraphError::data(
+            root,
+            "several splits: choose one with --split NAME",
+        )),
     }
 }
 
@@ -218,37 +336,59 @@ fn import_features(src: &Path, count: u64, out: &Path, progress: &mut dyn Progre
     for_lines(src, |n, l| {
         row.clear();
         for v in l.split(',') {
-            let x: f32 = v.trim().parse().map_err(|_| GraphError::data(src, format!("line {n}: '{v}' is not a number")))?;
+            let x: f32 = v
+                .trim()
+                .parse()
+                .map_err(|_| GraphError::data(src, format!("line {n}: '{v}' is not a number")))?;
             row.push(x);
         }
         if writer.is_none() {
             dim = row.len();
             if dim == 0 || dim as u64 > MAX_FEATURE_DIM {
-                return Err(GraphError::data(src, format!("line {n}: feature width {dim} out of range")));
+                return Err(GraphError::data(
+                    src,
+                    format!("line {n}: feature width {dim} out of range"),
+                ));
             }
             writer = Some(NpyWriter::create(out, DType::F32, &[count, dim as u64])?);
         }
         if row.len() != dim {
-            return Err(GraphError::data(src, format!("line {n}: {} values where earlier rows have {dim}", row.len())));
+            return Err(GraphError::data(
+                src,
+                format!(
+                    "line {n}: {} values where earlier rows have {dim}",
+                    row.len()
+                ),
+            ));
         }
         rows += 1;
         if rows > count {
-            return Err(GraphError::data(src, format!("more than the {count} rows num-node-dict declares")));
+            return Err(GraphError::data(
+                src,
+                format!("more than the {count} rows num-node-dict declares"),
+            ));
         }
         progress.advance(1);
         writer.as_mut().expect("created above").write_f32(&row)
     })?;
     if rows != count {
-        return Err(GraphError::data(src, format!("{rows} rows for {count} nodes")));
+        return Err(GraphError::data(
+            src,
+            format!("{rows} rows for {count} nodes"),
+        ));
     }
-    writer.ok_or_else(|| GraphError::data(src, "no rows"))?.finish()?;
+    writer
+        .ok_or_else(|| GraphError::data(src, "no rows"))?
+        .finish()?;
     Ok(dim as u64)
 }
 
 fn read_column(path: &Path, parse: impl Fn(&str) -> Option<i64>) -> Result<Vec<i64>> {
     let mut out = Vec::new();
     for_lines(path, |n, l| {
-        let v = parse(l.trim()).ok_or_else(|| GraphError::data(path, format!("line {n}: '{l}' is not a valid value")))?;
+        let v = parse(l.trim()).ok_or_else(|| {
+            GraphError::data(path, format!("line {n}: '{l}' is not a valid value"))
+        })?;
         out.push(v);
         Ok(())
     })?;
@@ -263,16 +403,25 @@ fn read_edges(path: &Path, n_src: u64, n_dst: u64) -> Result<(Vec<i64>, Vec<i64>
         match (it.next(), it.next(), it.next()) {
             (Some(Ok(a)), Some(Ok(b)), None) => {
                 if a < 0 || a as u64 >= n_src {
-                    return Err(GraphError::data(path, format!("line {n}: source id {a} out of range 0..{n_src}")));
+                    return Err(GraphError::data(
+                        path,
+                        format!("line {n}: source id {a} out of range 0..{n_src}"),
+                    ));
                 }
                 if b < 0 || b as u64 >= n_dst {
-                    return Err(GraphError::data(path, format!("line {n}: destination id {b} out of range 0..{n_dst}")));
+                    return Err(GraphError::data(
+                        path,
+                        format!("line {n}: destination id {b} out of range 0..{n_dst}"),
+                    ));
                 }
                 s.push(a);
                 d.push(b);
                 Ok(())
             }
-            _ => Err(GraphError::data(path, format!("line {n}: expected 'src,dst', got '{l}'"))),
+            _ => Err(GraphError::data(
+                path,
+                format!("line {n}: expected 'src,dst', got '{l}'"),
+            )),
         }
     })?;
     Ok((s, d))
@@ -285,14 +434,32 @@ mod tests {
     #[test]
     fn lines_are_read_in_order_and_one_past_the_limit_is_refused_naming_it() {
         let mut seen = Vec::new();
-        for_lines_of(&b"a,1\nbb,2\r\n\nccc"[..], Path::new("x.csv.gz"), 8, &mut |n, l| {
-            seen.push((n, l.to_string()));
-            Ok(())
-        })
+        for_lines_of(
+            &b"a,1\nbb,2\r\n\nccc"[..],
+            Path::new("x.csv.gz"),
+            8,
+            &mut |n, l| {
+                seen.push((n, l.to_string()));
+                Ok(())
+            },
+        )
         .unwrap();
-        assert_eq!(seen, [(1, "a,1".to_string()), (2, "bb,2".into()), (3, "".into()), (4, "ccc".into())]);
+        assert_eq!(
+            seen,
+            [
+                (1, "a,1".to_string()),
+                (2, "bb,2".into()),
+                (3, "".into()),
+                (4, "ccc".into())
+            ]
+        );
         let long = [&b"ok\n"[..], &[b'7'; 64][..]].concat();
-        let err = for_lines_of(&long[..], Path::new("x.csv.gz"), 8, &mut |_, _| Ok(())).unwrap_err().to_string();
-        assert!(err.contains("x.csv.gz") && err.contains("line 2 is longer than 8 bytes"), "{err}");
+        let err = for_lines_of(&long[..], Path::new("x.csv.gz"), 8, &mut |_, _| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("x.csv.gz") && err.contains("line 2 is longer than 8 bytes"),
+            "{err}"
+        );
     }
 }

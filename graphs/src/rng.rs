@@ -143,11 +143,19 @@ mod tests {
     fn a_key_extended_equals_the_key_of_all_parts() {
         let parts = [7u64, 0xBA7C_4ED6E5, 3, u64::MAX, 12, 0];
         for cut in 0..=parts.len() {
-            assert_eq!(extend_key(key(&parts[..cut]), &parts[cut..]), key(&parts), "cut at {cut}");
+            assert_eq!(
+                extend_key(key(&parts[..cut]), &parts[cut..]),
+                key(&parts),
+                "cut at {cut}"
+            );
         }
         let mut rng = CounterRng::new(5);
         let (a, b) = (rng.next_u64(), rng.next_u64());
-        assert_eq!((draw(5, 1), draw(5, 2)), (a, b), "draw is the stream's value");
+        assert_eq!(
+            (draw(5, 1), draw(5, 2)),
+            (a, b),
+            "draw is the stream's value"
+        );
     }
 
     #[test]
@@ -160,7 +168,10 @@ mod tests {
             counts[r.below(n) as usize] += 1;
         }
         let expected = draws as f64 / n as f64;
-        let chi2: f64 = counts.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+        let chi2: f64 = counts
+            .iter()
+            .map(|&c| (c as f64 - expected).powi(2) / expected)
+            .sum();
         // 5 degrees of freedom: p = 0.001 at 20.5.
         assert!(chi2 < 20.5, "chi2 {chi2} counts {counts:?}");
     }

@@ -57,7 +57,11 @@ impl BlockRelation {
     }
     /// `(dst_local, src_local)` pairs.
     pub fn edges(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.offsets.windows(2).enumerate().flat_map(move |(d, w)| self.sources[w[0] as usize..w[1] as usize].iter().map(move |&s| (d as u32, s)))
+        self.offsets.windows(2).enumerate().flat_map(move |(d, w)| {
+            self.sources[w[0] as usize..w[1] as usize]
+                .iter()
+                .map(move |&s| (d as u32, s))
+        })
     }
 }
 
@@ -122,16 +126,25 @@ pub struct RelationPicks {
 /// from the network).
 fn check_picks(away: &[Vec<u32>], fetched: &[Vec<RelationPicks>], fanout: usize) -> Result<()> {
     if fetched.len() != away.len() {
-        return Err(GraphError::InvalidArgument(format!("remote picks for {} node types, {} expected", fetched.len(), away.len())));
+        return Err(GraphError::InvalidArgument(format!(
+            "remote picks for {} node types, {} expected",
+            fetched.len(),
+            away.len()
+        )));
     }
     for (nodes, rels) in away.iter().zip(fetched) {
         for p in rels {
             let ok = p.offsets.len() == nodes.len() + 1
                 && p.offsets.first() == Some(&0)
                 && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len())
-                && p.offsets.windows(2).all(|w| w[0] <= w[1] && (w[1] - w[0]) as usize <= fanout);
+                && p.offsets
+                    .windows(2)
+                    .all(|w| w[0] <= w[1] && (w[1] - w[0]) as usize <= fanout);
             if !ok {
-                return Err(GraphError::InvalidArgument(format!("malformed remote picks for relation {}", p.relation.0)));
+                return Err(GraphError::InvalidArgument(format!(
+                    "malformed remote picks for relation {}",
+                    p.relation.0
+                )));
             }
         }
     }
@@ -162,8 +175,18 @@ impl RelationFilter {
 
 /// The RNG key for one destination node's draw: a pure function of its arguments.
 #[inline]
-pub fn neighbor_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64, node: u32) -> u64 {
-    key(&[layer_key(seed, epoch, step, layer, relation_key), u64::from(node)])
+pub fn neighbor_key(
+    seed: u64,
+    epoch: u64,
+    step: u64,
+    layer: usize,
+    relation_key: u64,
+    node: u32,
+) -> u64 {
+    key(&[
+        layer_key(seed, epoch, step, layer, relation_key),
+        u64::from(node),
+    ])
 }
 
 #[inline]
@@ -174,7 +197,13 @@ fn layer_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64) 
 /// Appends to `out` up to `fanout` of `neighbors`, drawn uniformly without
 /// replacement with the stream of `key` (Floyd's algorithm), in neighbor order.
 /// `scratch` is reused working memory.
-pub fn sample_neighbors(key: u64, neighbors: &[u32], fanout: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+pub fn sample_neighbors(
+    key: u64,
+    neighbors: &[u32],
+    fanout: usize,
+    scratch: &mut Vec<u32>,
+    out: &mut Vec<u32>,
+) {
     let d = neighbors.len();
     if fanout >= d {
         out.extend_from_slice(neighbors);
@@ -203,12 +232,22 @@ pub fn sample_neighbors(key: u64, neighbors: &[u32], fanout: usize, scratch: &mu
 
 /// `dst`'s in-neighbours `all` in `relation` without the excluded ones
 /// (copied into `kept` only when the relation has exclusions).
-fn kept_neighbors<'a>(kept: &'a mut Vec<u32>, all: &'a [u32], excluded: &dyn ExcludeEdges, relation: RelationId, dst: u32) -> &'a [u32] {
+fn kept_neighbors<'a>(
+    kept: &'a mut Vec<u32>,
+    all: &'a [u32],
+    excluded: &dyn ExcludeEdges,
+    relation: RelationId,
+    dst: u32,
+) -> &'a [u32] {
     if !excluded.touches(relation) {
         return all;
     }
     kept.clear();
-    kept.extend(all.iter().copied().filter(|&u| !excluded.excludes(relation, dst, u)));
+    kept.extend(
+        all.iter()
+            .copied()
+            .filter(|&u| !excluded.excludes(relation, dst, u)),
+    );
     kept
 }
 
@@ -241,9 +280,19 @@ impl<'g> Sampler<'g> {
     /// A sampler for `graph` with per-hop `fanouts` (seeds outward; one per layer).
     pub fn new(graph: &'g HetGraph, fanouts: &[usize], seed: u64) -> Result<Sampler<'g>> {
         if fanouts.is_empty() {
-            return Err(GraphError::InvalidArgument("fanouts must list one value per layer (at least one)".into()));
+            return Err(GraphError::InvalidArgument(
+                "fanouts must list one value per layer (at least one)".into(),
+            ));
         }
-        Ok(Sampler { graph, fanouts: fanouts.to_vec(), seed, local: graph.node_types().iter().map(|_| Vec::new()).collect(), scratch: Vec::new(), picked: Vec::new(), kept: Vec::new() })
+        Ok(Sampler {
+            graph,
+            fanouts: fanouts.to_vec(),
+            seed,
+            local: graph.node_types().iter().map(|_| Vec::new()).collect(),
+            scratch: Vec::new(),
+            picked: Vec::new(),
+            kept: Vec::new(),
+        })
     }
 
     /// Number of layers sampled.
@@ -258,19 +307,44 @@ impl<'g> Sampler<'g> {
 
     /// Samples only the relations `filter` allows; every edge it yields is one
     /// the full sample has, with the same destination.
-    pub fn sample_relations(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter) -> Result<MiniBatch> {
-        self.sample_with(epoch, step, seeds, filter, |_, _| true, |_, _, _| unreachable!("every node is local"))
+    pub fn sample_relations(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        filter: &RelationFilter,
+    ) -> Result<MiniBatch> {
+        self.sample_with(
+            epoch,
+            step,
+            seeds,
+            filter,
+            |_, _| true,
+            |_, _, _| unreachable!("every node is local"),
+        )
     }
 
     /// The picks of every relation into `ntype` allowed at `layer` for
     /// `nodes` (whose in-neighborhoods this sampler's graph must hold): what a
     /// partition's owner answers to a remote sampling request.
     #[allow(clippy::too_many_arguments)] // the sampling key's parts, flat
-    pub fn pick(&mut self, epoch: u64, step: u64, layer: usize, fanout: usize, ntype: NodeTypeId, nodes: &[u32], filter: &RelationFilter, excluded: &dyn ExcludeEdges) -> Result<Vec<RelationPicks>> {
+    pub fn pick(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        layer: usize,
+        fanout: usize,
+        ntype: NodeTypeId,
+        nodes: &[u32],
+        filter: &RelationFilter,
+        excluded: &dyn ExcludeEdges,
+    ) -> Result<Vec<RelationPicks>> {
         let g = self.graph;
         let count = g.node_type(ntype).count;
         if let Some(&bad) = nodes.iter().find(|&&v| v >= count) {
-            return Err(GraphError::InvalidArgument(format!("node {bad} is out of range 0..{count}")));
+            return Err(GraphError::InvalidArgument(format!(
+                "node {bad} is out of range 0..{count}"
+            )));
         }
         let mut out = Vec::new();
         for &rid in g.in_relations(ntype) {
@@ -285,10 +359,20 @@ impl<'g> Sampler<'g> {
             let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
             for &v in nodes {
                 let neighbors = kept_neighbors(&mut self.kept, csr.neighbors(v), excluded, rid, v);
-                sample_neighbors(key(&[base, u64::from(v)]), neighbors, fanout, &mut self.scratch, &mut picks);
+                sample_neighbors(
+                    key(&[base, u64::from(v)]),
+                    neighbors,
+                    fanout,
+                    &mut self.scratch,
+                    &mut picks,
+                );
                 offsets.push(picks.len() as u32);
             }
-            out.push(RelationPicks { relation: rid, offsets, picks });
+            out.push(RelationPicks {
+                relation: rid,
+                offsets,
+                picks,
+            });
         }
         Ok(out)
     }
@@ -299,7 +383,15 @@ impl<'g> Sampler<'g> {
     /// [`Sampler::pick`]'s answer for that type's listed nodes (from their
     /// owners). The result is the mini-batch a sampler holding the whole graph
     /// would produce.
-    pub fn sample_with<L, R>(&mut self, epoch: u64, step: u64, seeds: &[u32], filter: &RelationFilter, local: L, remote: R) -> Result<MiniBatch>
+    pub fn sample_with<L, R>(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        filter: &RelationFilter,
+        local: L,
+        remote: R,
+    ) -> Result<MiniBatch>
     where
         L: Fn(usize, u32) -> bool,
         R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
@@ -313,15 +405,38 @@ impl<'g> Sampler<'g> {
     /// nodes of type `t`), leaving the `excluded` edges out of every
     /// in-neighbourhood before drawing (link prediction's positive edges):
     /// a node's draw is then from its remaining neighbours, keyed as usual.
-    pub fn sample_typed(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges) -> Result<MiniBatch> {
-        self.sample_seeds(epoch, step, seeds, excluded, &RelationFilter::All, |_, _| true, |_, _, _| unreachable!("every node is local"))
+    pub fn sample_typed(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seeds: &[Vec<u32>],
+        excluded: &dyn ExcludeEdges,
+    ) -> Result<MiniBatch> {
+        self.sample_seeds(
+            epoch,
+            step,
+            seeds,
+            excluded,
+            &RelationFilter::All,
+            |_, _| true,
+            |_, _, _| unreachable!("every node is local"),
+        )
     }
 
     /// [`Sampler::sample_typed`] with remote destinations, as
     /// [`Sampler::sample_with`]: `remote` must answer with the owners' picks
     /// made under the same exclusions ([`Sampler::pick`]'s `excluded`).
     #[allow(clippy::too_many_arguments)] // sample_with's, with typed seeds and exclusions
-    pub fn sample_seeds<L, R>(&mut self, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: &dyn ExcludeEdges, filter: &RelationFilter, local: L, mut remote: R) -> Result<MiniBatch>
+    pub fn sample_seeds<L, R>(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seeds: &[Vec<u32>],
+        excluded: &dyn ExcludeEdges,
+        filter: &RelationFilter,
+        local: L,
+        mut remote: R,
+    ) -> Result<MiniBatch>
     where
         L: Fn(usize, u32) -> bool,
         R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
@@ -330,7 +445,10 @@ impl<'g> Sampler<'g> {
         let target = g.target();
         let nt = g.node_types().len();
         if seeds.len() != nt {
-            return Err(GraphError::InvalidArgument(format!("seeds for {} node types in a graph of {nt}", seeds.len())));
+            return Err(GraphError::InvalidArgument(format!(
+                "seeds for {} node types in a graph of {nt}",
+                seeds.len()
+            )));
         }
         self.ensure_maps();
         for (t, typed) in seeds.iter().enumerate() {
@@ -365,11 +483,18 @@ impl<'g> Sampler<'g> {
             let fanout = self.fanouts[hop];
             let dst = frontier;
             // Destinations sampled elsewhere: their picks, and each one's row in them.
-            let away: Vec<Vec<u32>> = dst.iter().enumerate().map(|(t, nodes)| nodes.iter().copied().filter(|&v| !local(t, v)).collect()).collect();
+            let away: Vec<Vec<u32>> = dst
+                .iter()
+                .enumerate()
+                .map(|(t, nodes)| nodes.iter().copied().filter(|&v| !local(t, v)).collect())
+                .collect();
             let (fetched, rows) = if away.iter().any(|a| !a.is_empty()) {
                 let fetched = remote(layer, fanout, &away)?;
                 check_picks(&away, &fetched, fanout)?;
-                let rows: Vec<std::collections::HashMap<u32, usize>> = away.iter().map(|a| a.iter().enumerate().map(|(i, &v)| (v, i)).collect()).collect();
+                let rows: Vec<std::collections::HashMap<u32, usize>> = away
+                    .iter()
+                    .map(|a| a.iter().enumerate().map(|(i, &v)| (v, i)).collect())
+                    .collect();
                 (fetched, rows)
             } else {
                 (Vec::new(), Vec::new())
@@ -382,27 +507,72 @@ impl<'g> Sampler<'g> {
                     if base.0 != rid {
                         base = (rid, layer_key(seed, epoch, step, layer, rel.key()));
                     }
-                    let neighbors = kept_neighbors(kept, rel.in_csr().neighbors(v), excluded, rid, v);
-                    sample_neighbors(key(&[base.1, u64::from(v)]), neighbors, fanout, scratch, out);
+                    let neighbors =
+                        kept_neighbors(kept, rel.in_csr().neighbors(v), excluded, rid, v);
+                    sample_neighbors(
+                        key(&[base.1, u64::from(v)]),
+                        neighbors,
+                        fanout,
+                        scratch,
+                        out,
+                    );
                 } else {
-                    let p = fetched.get(dt).and_then(|f| f.iter().find(|p| p.relation == rid)).ok_or_else(|| GraphError::InvalidArgument(format!("remote picks lack relation {}", rel.canonical())))?;
+                    let p = fetched
+                        .get(dt)
+                        .and_then(|f| f.iter().find(|p| p.relation == rid))
+                        .ok_or_else(|| {
+                            GraphError::InvalidArgument(format!(
+                                "remote picks lack relation {}",
+                                rel.canonical()
+                            ))
+                        })?;
                     let i = rows[dt][&v];
-                    out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
+                    out.extend_from_slice(
+                        &p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize],
+                    );
                 }
                 Ok(())
             };
-            let block = build_block(g, &mut self.local, &mut self.picked, layer, dst, filter, fill)?;
+            let block = build_block(
+                g,
+                &mut self.local,
+                &mut self.picked,
+                layer,
+                dst,
+                filter,
+                fill,
+            )?;
             frontier = block.src.clone();
             blocks.push(block);
         }
         blocks.reverse();
-        Ok(MiniBatch { epoch, step, seeds: seeds[target.index()].clone(), blocks })
+        Ok(MiniBatch {
+            epoch,
+            step,
+            seeds: seeds[target.index()].clone(),
+            blocks,
+        })
     }
 
     /// One hop's block from picks made elsewhere ([`assemble`] with this
     /// sampler's position maps).
-    pub fn assemble(&mut self, layer: usize, fanout: usize, dst: Vec<Vec<u32>>, picks: &[Vec<RelationPicks>], filter: &RelationFilter) -> Result<Block> {
-        assemble(self.graph, &mut self.local, layer, fanout, dst, picks, filter)
+    pub fn assemble(
+        &mut self,
+        layer: usize,
+        fanout: usize,
+        dst: Vec<Vec<u32>>,
+        picks: &[Vec<RelationPicks>],
+        filter: &RelationFilter,
+    ) -> Result<Block> {
+        assemble(
+            self.graph,
+            &mut self.local,
+            layer,
+            fanout,
+            dst,
+            picks,
+            filter,
+        )
     }
 
     /// Sizes the per-type position maps on first use.
@@ -431,10 +601,21 @@ impl<'g> Sampler<'g> {
 /// The block is the one [`Sampler::sample_seeds`] builds at that hop from
 /// the same picks. `maps` is reusable working memory: one position map per
 /// node type, sized on first use and left as found.
-pub fn assemble(g: &HetGraph, maps: &mut Vec<Vec<u32>>, layer: usize, fanout: usize, dst: Vec<Vec<u32>>, picks: &[Vec<RelationPicks>], filter: &RelationFilter) -> Result<Block> {
+pub fn assemble(
+    g: &HetGraph,
+    maps: &mut Vec<Vec<u32>>,
+    layer: usize,
+    fanout: usize,
+    dst: Vec<Vec<u32>>,
+    picks: &[Vec<RelationPicks>],
+    filter: &RelationFilter,
+) -> Result<Block> {
     let nt = g.node_types().len();
     if dst.len() != nt {
-        return Err(GraphError::InvalidArgument(format!("destinations for {} node types in a graph of {nt}", dst.len())));
+        return Err(GraphError::InvalidArgument(format!(
+            "destinations for {} node types in a graph of {nt}",
+            dst.len()
+        )));
     }
     check_picks(&dst, picks, fanout)?;
     maps.resize(nt, Vec::new());
@@ -445,11 +626,21 @@ pub fn assemble(g: &HetGraph, maps: &mut Vec<Vec<u32>>, layer: usize, fanout: us
     }
     for (t, nodes) in dst.iter().enumerate() {
         if let Some(&bad) = nodes.iter().find(|&&v| v as usize >= maps[t].len()) {
-            return Err(GraphError::InvalidArgument(format!("destination {bad} of type {t} is out of range")));
+            return Err(GraphError::InvalidArgument(format!(
+                "destination {bad} of type {t} is out of range"
+            )));
         }
     }
     let fill = |rid: RelationId, dt: usize, i: usize, _: u32, out: &mut Vec<u32>| {
-        let p = picks[dt].iter().find(|p| p.relation == rid).ok_or_else(|| GraphError::InvalidArgument(format!("picks lack relation {}", g.relation(rid).canonical())))?;
+        let p = picks[dt]
+            .iter()
+            .find(|p| p.relation == rid)
+            .ok_or_else(|| {
+                GraphError::InvalidArgument(format!(
+                    "picks lack relation {}",
+                    g.relation(rid).canonical()
+                ))
+            })?;
         out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
         Ok(())
     };
@@ -461,7 +652,15 @@ pub fn assemble(g: &HetGraph, maps: &mut Vec<Vec<u32>>, layer: usize, fanout: us
 /// from `fill(relation, dst type, index in dst[type], node, out)`, sources
 /// numbered in order of first appearance after the destinations. `local` is
 /// the per-type position map (all `UNSEEN` before and after).
-fn build_block<F>(g: &HetGraph, local: &mut [Vec<u32>], picked: &mut Vec<u32>, layer: usize, dst: Vec<Vec<u32>>, filter: &RelationFilter, mut fill: F) -> Result<Block>
+fn build_block<F>(
+    g: &HetGraph,
+    local: &mut [Vec<u32>],
+    picked: &mut Vec<u32>,
+    layer: usize,
+    dst: Vec<Vec<u32>>,
+    filter: &RelationFilter,
+    mut fill: F,
+) -> Result<Block>
 where
     F: FnMut(RelationId, usize, usize, u32, &mut Vec<u32>) -> Result<()>,
 {
@@ -488,7 +687,9 @@ where
                 picked.clear();
                 fill(rid, dt, i, v, picked)?;
                 for &u in picked.iter() {
-                    let slot = map.get_mut(u as usize).ok_or_else(|| GraphError::InvalidArgument(format!("picked node {u} is out of range")))?;
+                    let slot = map.get_mut(u as usize).ok_or_else(|| {
+                        GraphError::InvalidArgument(format!("picked node {u} is out of range"))
+                    })?;
                     if *slot == UNSEEN {
                         *slot = srcs.len() as u32;
                         srcs.push(u);
@@ -497,7 +698,11 @@ where
                 }
                 offsets.push(sources.len() as u32);
             }
-            rels.push(BlockRelation { relation: rid, offsets, sources });
+            rels.push(BlockRelation {
+                relation: rid,
+                offsets,
+                sources,
+            });
         }
         Ok(())
     })();
@@ -508,5 +713,10 @@ where
         }
     }
     built?;
-    Ok(Block { layer, dst, src, relations: rels })
+    Ok(Block {
+        layer,
+        dst,
+        src,
+        relations: rels,
+    })
 }

@@ -70,7 +70,8 @@ impl Schema {
     /// Reads and validates `path`.
     pub fn read(path: &Path) -> Result<Schema> {
         let text = crate::input::read_text(path)?;
-        let schema: Schema = serde_json::from_str(&text).map_err(|e| GraphError::schema(path, e.to_string()))?;
+        let schema: Schema =
+            serde_json::from_str(&text).map_err(|e| GraphError::schema(path, e.to_string()))?;
         schema.validate().map_err(|p| GraphError::schema(path, p))?;
         Ok(schema)
     }
@@ -89,7 +90,10 @@ impl Schema {
         for (name, t) in &self.node_types {
             check_name(name, "node type")?;
             if t.count > MAX_NODES {
-                return Err(format!("node type '{name}': count {} exceeds the limit {MAX_NODES}", t.count));
+                return Err(format!(
+                    "node type '{name}': count {} exceeds the limit {MAX_NODES}",
+                    t.count
+                ));
             }
             if let Some(d) = t.feature_dim {
                 if d == 0 || d > MAX_FEATURE_DIM {
@@ -107,11 +111,18 @@ impl Schema {
         for r in &self.relations {
             check_name(&r.name, "relation")?;
             if r.count > MAX_EDGES {
-                return Err(format!("relation '{}': count {} exceeds the limit {MAX_EDGES}", r.canonical(), r.count));
+                return Err(format!(
+                    "relation '{}': count {} exceeds the limit {MAX_EDGES}",
+                    r.canonical(),
+                    r.count
+                ));
             }
             for end in [&r.src, &r.dst] {
                 if self.type_index(end).is_none() {
-                    return Err(format!("relation '{}': '{end}' is not a node type", r.canonical()));
+                    return Err(format!(
+                        "relation '{}': '{end}' is not a node type",
+                        r.canonical()
+                    ));
                 }
             }
             if !seen.insert(r.canonical()) {
@@ -125,7 +136,10 @@ impl Schema {
     /// relation's index by destination (and by source too with reverse
     /// relations), labels and splits, and features unless they are mapped.
     pub fn load_bytes(&self, reverse_edges: bool, mmap_features: bool) -> u128 {
-        let count = |t: &str| self.type_index(t).map_or(0, |i| u128::from(self.node_types[i].1.count));
+        let count = |t: &str| {
+            self.type_index(t)
+                .map_or(0, |i| u128::from(self.node_types[i].1.count))
+        };
         let mut bytes: u128 = 0;
         for r in &self.relations {
             bytes += (count(&r.dst) + 1) * 8 + u128::from(r.count) * 4;
@@ -135,14 +149,23 @@ impl Schema {
         }
         bytes += count(&self.target) * 16;
         if !mmap_features {
-            bytes += self.node_types.iter().map(|(_, t)| u128::from(t.count) * u128::from(t.feature_dim.unwrap_or(0)) * 4).sum::<u128>();
+            bytes += self
+                .node_types
+                .iter()
+                .map(|(_, t)| u128::from(t.count) * u128::from(t.feature_dim.unwrap_or(0)) * 4)
+                .sum::<u128>();
         }
         bytes
     }
 
     /// The node type with the most nodes, as `'name' (N nodes)`, for messages.
     pub fn largest_type(&self) -> String {
-        self.node_types.iter().max_by_key(|(_, t)| t.count).map_or(String::new(), |(n, t)| format!("node type '{n}' declares {} nodes", t.count))
+        self.node_types
+            .iter()
+            .max_by_key(|(_, t)| t.count)
+            .map_or(String::new(), |(n, t)| {
+                format!("node type '{n}' declares {} nodes", t.count)
+            })
     }
 
     /// Index of the node type `name`.
@@ -153,7 +176,13 @@ impl Schema {
 
 /// Names become file names: keep them to a safe alphabet, without the `__` separator.
 pub(crate) fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
-    let ok = !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') && !name.contains("__") && !name.starts_with('.');
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        && !name.contains("__")
+        && !name.starts_with('.');
     if ok {
         Ok(())
     } else {
@@ -161,7 +190,10 @@ pub(crate) fn check_name(name: &str, what: &str) -> std::result::Result<(), Stri
     }
 }
 
-fn ordered<S: Serializer>(v: &[(String, NodeTypeSchema)], s: S) -> std::result::Result<S::Ok, S::Error> {
+fn ordered<S: Serializer>(
+    v: &[(String, NodeTypeSchema)],
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut m = s.serialize_map(Some(v.len()))?;
     for (k, t) in v {
@@ -171,18 +203,25 @@ fn ordered<S: Serializer>(v: &[(String, NodeTypeSchema)], s: S) -> std::result::
 }
 
 /// A JSON object kept in file order, refusing repeated keys (serde_json would keep the last).
-fn unique_ordered<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Vec<(String, NodeTypeSchema)>, D::Error> {
+fn unique_ordered<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<(String, NodeTypeSchema)>, D::Error> {
     struct V;
     impl<'de> Visitor<'de> for V {
         type Value = Vec<(String, NodeTypeSchema)>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("an object of node types")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut out: Vec<(String, NodeTypeSchema)> = Vec::new();
             while let Some((k, v)) = map.next_entry::<String, NodeTypeSchema>()? {
                 if out.iter().any(|(n, _)| *n == k) {
-                    return Err(serde::de::Error::custom(format!("node type '{k}' is listed twice")));
+                    return Err(serde::de::Error::custom(format!(
+                        "node type '{k}' is listed twice"
+                    )));
                 }
                 out.push((k, v));
             }

@@ -26,7 +26,15 @@ impl DegreeStats {
     pub fn of(csr: &Csr) -> DegreeStats {
         let n = csr.num_rows();
         if n == 0 {
-            return DegreeStats { min: 0, mean: 0.0, p50: 0, p99: 0, max: 0, zeros: 0, top1_share: 0.0 };
+            return DegreeStats {
+                min: 0,
+                mean: 0.0,
+                p50: 0,
+                p99: 0,
+                max: 0,
+                zeros: 0,
+                top1_share: 0.0,
+            };
         }
         let mut d: Vec<u64> = csr.offsets().windows(2).map(|w| w[1] - w[0]).collect();
         d.sort_unstable();
@@ -41,7 +49,11 @@ impl DegreeStats {
             p99: q(0.99),
             max: d[n - 1],
             zeros: d.iter().take_while(|&&x| x == 0).count() as u64,
-            top1_share: if total == 0 { 0.0 } else { top_sum as f64 / total as f64 },
+            top1_share: if total == 0 {
+                0.0
+            } else {
+                top_sum as f64 / total as f64
+            },
         }
     }
 }

@@ -19,14 +19,27 @@ fn round_trip_preserves_everything() {
     let tmp = write_tiny();
     let dir = tmp.path().join("g");
     for mmap in [true, false] {
-        let h = load(&dir, &LoadOptions { mmap_features: mmap, reverse_edges: false }).unwrap();
+        let h = load(
+            &dir,
+            &LoadOptions {
+                mmap_features: mmap,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
         assert_eq!(h.schema(), g.schema());
-        assert_eq!(h.node_types()[0].features.as_ref().unwrap().is_mapped(), mmap);
+        assert_eq!(
+            h.node_types()[0].features.as_ref().unwrap().is_mapped(),
+            mmap
+        );
         for (a, b) in g.node_types().iter().zip(h.node_types()) {
             assert_eq!(a.count, b.count);
             assert_eq!(a.labels, b.labels);
             assert_eq!(a.splits, b.splits);
-            assert_eq!(a.features.as_ref().map(|f| f.as_slice().to_vec()), b.features.as_ref().map(|f| f.as_slice().to_vec()));
+            assert_eq!(
+                a.features.as_ref().map(|f| f.as_slice().to_vec()),
+                b.features.as_ref().map(|f| f.as_slice().to_vec())
+            );
         }
         for (a, b) in g.relations().iter().zip(h.relations()) {
             assert_eq!(a.in_csr(), b.in_csr());
@@ -37,15 +50,32 @@ fn round_trip_preserves_everything() {
     // Saving the loaded graph again gives byte-identical files.
     let h = load(&dir, &LoadOptions::default()).unwrap();
     save(&h, &tmp.path().join("g2"), false).unwrap();
-    for f in ["schema.json", "nodes/paper/features.npy", "nodes/paper/labels.npy", "nodes/paper/train.npy", "edges/paper__cites__paper.npy"] {
-        assert_eq!(std::fs::read(dir.join(f)).unwrap(), std::fs::read(tmp.path().join("g2").join(f)).unwrap(), "{f}");
+    for f in [
+        "schema.json",
+        "nodes/paper/features.npy",
+        "nodes/paper/labels.npy",
+        "nodes/paper/train.npy",
+        "edges/paper__cites__paper.npy",
+    ] {
+        assert_eq!(
+            std::fs::read(dir.join(f)).unwrap(),
+            std::fs::read(tmp.path().join("g2").join(f)).unwrap(),
+            "{f}"
+        );
     }
 }
 
 #[test]
 fn reverse_relations_mirror_the_originals() {
     let tmp = write_tiny();
-    let g = load(&tmp.path().join("g"), &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
+    let g = load(
+        &tmp.path().join("g"),
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )
+    .unwrap();
     assert_eq!(g.relations().len(), 6);
     let rev = g.relation(g.relation_id("paper__rev_writes__author").unwrap());
     let fwd = g.relation(rev.reverse_of.unwrap());
@@ -56,7 +86,10 @@ fn reverse_relations_mirror_the_originals() {
     let mg = g.metagraph();
     assert_eq!(mg.links.len(), 6);
     assert_eq!(mg.incoming(g.type_id("paper").unwrap()).count(), 4); // writes, cites, rev_cites, rev_published_in
-    assert_eq!(mg.links.iter().find(|l| l.name == "cites").unwrap().weight, 7);
+    assert_eq!(
+        mg.links.iter().find(|l| l.name == "cites").unwrap().weight,
+        7
+    );
     // The saved schema never includes added reverses.
     assert_eq!(g.schema().relations.len(), 3);
 }
@@ -68,7 +101,10 @@ fn saving_refuses_to_clobber_unless_asked() {
     assert!(err.to_string().contains("already exists"), "{err}");
     save(&common::tiny(), &tmp.path().join("g"), true).unwrap();
     // No temporary directories are left behind.
-    let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("g")]);
 }
 
@@ -88,16 +124,29 @@ fn assert_err(err: GraphError, file: &str, needle: &str) {
 
 fn edit_schema(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("schema.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(p, v.to_string()).unwrap();
 }
 
 #[test]
 fn every_format_violation_names_its_file() {
-    assert_err(broken(|d| std::fs::remove_file(d.join("schema.json")).unwrap()), "schema.json", "missing");
-    assert_err(broken(|d| std::fs::write(d.join("schema.json"), "{ not json").unwrap()), "schema.json", "invalid schema");
-    assert_err(broken(|d| edit_schema(d, |v| v["target"] = "venue2".into())), "schema.json", "not a node type");
+    assert_err(
+        broken(|d| std::fs::remove_file(d.join("schema.json")).unwrap()),
+        "schema.json",
+        "missing",
+    );
+    assert_err(
+        broken(|d| std::fs::write(d.join("schema.json"), "{ not json").unwrap()),
+        "schema.json",
+        "invalid schema",
+    );
+    assert_err(
+        broken(|d| edit_schema(d, |v| v["target"] = "venue2".into())),
+        "schema.json",
+        "not a node type",
+    );
     assert_err(
         broken(|d| {
             edit_schema(d, |v| {
@@ -108,13 +157,35 @@ fn every_format_violation_names_its_file() {
         "schema.json",
         "listed twice",
     );
-    assert_err(broken(|d| std::fs::remove_file(d.join("nodes/paper/features.npy")).unwrap()), "features.npy", "missing");
-    assert_err(broken(|d| std::fs::remove_file(d.join("edges/paper__cites__paper.npy")).unwrap()), "paper__cites__paper.npy", "missing");
-    assert_err(broken(|d| std::fs::remove_file(d.join("nodes/paper/test.npy")).unwrap()), "test.npy", "missing");
+    assert_err(
+        broken(|d| std::fs::remove_file(d.join("nodes/paper/features.npy")).unwrap()),
+        "features.npy",
+        "missing",
+    );
+    assert_err(
+        broken(|d| std::fs::remove_file(d.join("edges/paper__cites__paper.npy")).unwrap()),
+        "paper__cites__paper.npy",
+        "missing",
+    );
+    assert_err(
+        broken(|d| std::fs::remove_file(d.join("nodes/paper/test.npy")).unwrap()),
+        "test.npy",
+        "missing",
+    );
     // Wrong dtype: int64 where float32 is required.
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/features.npy"), &[6, 3], &[0; 18]).unwrap()), "features.npy", "dtype <i8 where <f4 is required");
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/features.npy"), &[6, 3], &[0; 18]).unwrap()),
+        "features.npy",
+        "dtype <i8 where <f4 is required",
+    );
     // Wrong shape.
-    assert_err(broken(|d| npy::write_f32(&d.join("nodes/paper/features.npy"), &[6, 4], &[0.0; 24]).unwrap()), "features.npy", "shape [6, 4], expected [6, 3]");
+    assert_err(
+        broken(|d| {
+            npy::write_f32(&d.join("nodes/paper/features.npy"), &[6, 4], &[0.0; 24]).unwrap()
+        }),
+        "features.npy",
+        "shape [6, 4], expected [6, 3]",
+    );
     // Truncated file.
     assert_err(
         broken(|d| {
@@ -125,30 +196,88 @@ fn every_format_violation_names_its_file() {
         "author__writes__paper.npy",
         "truncated",
     );
-    assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), b"\x93NUM").unwrap()), "labels.npy", "truncated");
-    assert_err(broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), vec![7u8; 200]).unwrap()), "labels.npy", "bad magic");
+    assert_err(
+        broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), b"\x93NUM").unwrap()),
+        "labels.npy",
+        "truncated",
+    );
+    assert_err(
+        broken(|d| std::fs::write(d.join("nodes/paper/labels.npy"), vec![7u8; 200]).unwrap()),
+        "labels.npy",
+        "bad magic",
+    );
     // Edge count disagrees with the schema.
-    assert_err(broken(|d| edit_schema(d, |v| v["relations"][1]["count"] = 8.into())), "paper__cites__paper.npy", "expected [2, 8]");
+    assert_err(
+        broken(|d| edit_schema(d, |v| v["relations"][1]["count"] = 8.into())),
+        "paper__cites__paper.npy",
+        "expected [2, 8]",
+    );
     // Node count disagrees with the features.
-    assert_err(broken(|d| edit_schema(d, |v| v["node_types"]["paper"]["count"] = 7.into())), "features.npy", "expected [7, 3]");
+    assert_err(
+        broken(|d| edit_schema(d, |v| v["node_types"]["paper"]["count"] = 7.into())),
+        "features.npy",
+        "expected [7, 3]",
+    );
     // Ids out of range.
     assert_err(
-        broken(|d| npy::write_i64(&d.join("edges/paper__cites__paper.npy"), &[2, 7], &[1, 2, 3, 4, 5, 0, 6, 0, 0, 0, 0, 0, 5, 1]).unwrap()),
+        broken(|d| {
+            npy::write_i64(
+                &d.join("edges/paper__cites__paper.npy"),
+                &[2, 7],
+                &[1, 2, 3, 4, 5, 0, 6, 0, 0, 0, 0, 0, 5, 1],
+            )
+            .unwrap()
+        }),
         "paper__cites__paper.npy",
         "source id 6 out of range 0..6",
     );
     assert_err(
-        broken(|d| npy::write_i64(&d.join("edges/paper__published_in__venue.npy"), &[2, 6], &[0, 1, 2, 3, 4, 5, 0, 0, 1, 1, -1, 1]).unwrap()),
+        broken(|d| {
+            npy::write_i64(
+                &d.join("edges/paper__published_in__venue.npy"),
+                &[2, 6],
+                &[0, 1, 2, 3, 4, 5, 0, 0, 1, 1, -1, 1],
+            )
+            .unwrap()
+        }),
         "paper__published_in__venue.npy",
         "destination id -1 out of range",
     );
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 6]).unwrap()), "train.npy", "out of range");
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 0]).unwrap()), "train.npy", "listed twice");
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[0]).unwrap()), "valid.npy", "another split");
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[4]).unwrap()), "valid.npy", "no label");
-    assert_err(broken(|d| npy::write_i64(&d.join("nodes/paper/labels.npy"), &[6], &[0, 1, 2, 1, 0, 1]).unwrap()), "labels.npy", "outside -1..2");
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 6]).unwrap()),
+        "train.npy",
+        "out of range",
+    );
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/train.npy"), &[2], &[0, 0]).unwrap()),
+        "train.npy",
+        "listed twice",
+    );
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[0]).unwrap()),
+        "valid.npy",
+        "another split",
+    );
+    assert_err(
+        broken(|d| npy::write_i64(&d.join("nodes/paper/valid.npy"), &[1], &[4]).unwrap()),
+        "valid.npy",
+        "no label",
+    );
+    assert_err(
+        broken(|d| {
+            npy::write_i64(&d.join("nodes/paper/labels.npy"), &[6], &[0, 1, 2, 1, 0, 1]).unwrap()
+        }),
+        "labels.npy",
+        "outside -1..2",
+    );
     // A featureless type with a feature file.
-    assert_err(broken(|d| npy::write_f32(&d.join("nodes/venue/features.npy"), &[2, 1], &[0.0, 1.0]).unwrap()), "venue/features.npy", "featureless");
+    assert_err(
+        broken(|d| {
+            npy::write_f32(&d.join("nodes/venue/features.npy"), &[2, 1], &[0.0, 1.0]).unwrap()
+        }),
+        "venue/features.npy",
+        "featureless",
+    );
     // Fortran order.
     assert_err(
         broken(|d| {
@@ -193,9 +322,20 @@ fn loads_the_shared_real_datasets() {
         eprintln!("HETGNN_DATASETS is not set: skipping the real-dataset check");
         return;
     };
-    for (name, target, classes) in [("heco-acm", "paper", 3), ("heco-freebase", "movie", 3), ("planetoid-cora", "paper", 7)] {
+    for (name, target, classes) in [
+        ("heco-acm", "paper", 3),
+        ("heco-freebase", "movie", 3),
+        ("planetoid-cora", "paper", 7),
+    ] {
         let dir = Path::new(&root).join(name);
-        let g = load(&dir, &LoadOptions { mmap_features: true, reverse_edges: name != "planetoid-cora" }).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let g = load(
+            &dir,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: name != "planetoid-cora",
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(g.node_type(g.target()).name, target);
         assert_eq!(g.num_classes(), classes);
         let (labels, splits) = g.target_labels();

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use graphs::npy::{parse_header, DType, NpyFile, MAX_HEADER_LEN};
-use graphs::schema::{NodeTypeSchema, RelationSchema, MAX_CLASSES, MAX_EDGES, MAX_FEATURE_DIM, MAX_NODES};
+use graphs::schema::{
+    NodeTypeSchema, RelationSchema, MAX_CLASSES, MAX_EDGES, MAX_FEATURE_DIM, MAX_NODES,
+};
 use graphs::{load, save, LoadOptions, Schema};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -23,7 +25,10 @@ use serde_json::{json, Value};
 /// Cases per property unless `HETGNN_FUZZ_CASES` says otherwise (scaled by
 /// each property's cost so the file runs in a few seconds).
 fn config(default: u32) -> ProptestConfig {
-    let cases = std::env::var("HETGNN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let cases = std::env::var("HETGNN_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
     ProptestConfig::with_cases(cases)
 }
 
@@ -64,7 +69,14 @@ fn dict(descr: &str, fortran: &str, shape: &str) -> String {
 fn tuple(shape: &[u64]) -> String {
     match shape {
         [d] => format!("({d},)"),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -88,10 +100,20 @@ impl ValidNpy {
 
 fn valid_npy() -> impl Strategy<Value = ValidNpy> {
     let dtype = prop_oneof![Just(DType::F32), Just(DType::I64)];
-    (dtype, prop::collection::vec(0u64..5, 0..4), prop_oneof![Just(1u8), Just(2u8)]).prop_flat_map(|(dtype, shape, version)| {
-        let n = shape.iter().product::<u64>() as usize * dtype.size();
-        prop::collection::vec(any::<u8>(), n).prop_map(move |data| ValidNpy { dtype, shape: shape.clone(), version, data })
-    })
+    (
+        dtype,
+        prop::collection::vec(0u64..5, 0..4),
+        prop_oneof![Just(1u8), Just(2u8)],
+    )
+        .prop_flat_map(|(dtype, shape, version)| {
+            let n = shape.iter().product::<u64>() as usize * dtype.size();
+            prop::collection::vec(any::<u8>(), n).prop_map(move |data| ValidNpy {
+                dtype,
+                shape: shape.clone(),
+                version,
+                data,
+            })
+        })
 }
 
 /// Values a header field may be replaced with: near misses of the real ones.
@@ -156,15 +178,30 @@ fn edit() -> impl Strategy<Value = Edit> {
 
 /// A file whose header fields were replaced (the header still well framed and
 /// padded), so the reader gets past the preamble to the dtype and shape checks.
-fn with_fields(f: &ValidNpy, descr: &Option<String>, fortran: &Option<String>, shape: &Option<String>) -> Vec<u8> {
-    let descr = descr.clone().unwrap_or_else(|| format!("'{}'", f.dtype.descr()));
-    let text = format!("{{'descr': {descr}, 'fortran_order': {}, 'shape': {}, }}", fortran.as_deref().unwrap_or("False"), shape.clone().unwrap_or_else(|| tuple(&f.shape)));
+fn with_fields(
+    f: &ValidNpy,
+    descr: &Option<String>,
+    fortran: &Option<String>,
+    shape: &Option<String>,
+) -> Vec<u8> {
+    let descr = descr
+        .clone()
+        .unwrap_or_else(|| format!("'{}'", f.dtype.descr()));
+    let text = format!(
+        "{{'descr': {descr}, 'fortran_order': {}, 'shape': {}, }}",
+        fortran.as_deref().unwrap_or("False"),
+        shape.clone().unwrap_or_else(|| tuple(&f.shape))
+    );
     npy_bytes(f.version, &text, &f.data)
 }
 
 /// Applies `edits` to the data of a `.npy` file only (past its header), or to all of it.
 fn apply_npy(bytes: &mut Vec<u8>, edits: &[Edit], data_only: bool) {
-    let start = if data_only { parse_header(bytes, Path::new("x.npy")).map_or(0, |h| h.data_offset) } else { 0 };
+    let start = if data_only {
+        parse_header(bytes, Path::new("x.npy")).map_or(0, |h| h.data_offset)
+    } else {
+        0
+    };
     let mut tail = bytes.split_off(start);
     apply(&mut tail, edits);
     bytes.extend(tail);
@@ -319,23 +356,55 @@ fn type_name() -> impl Strategy<Value = String> {
 
 /// A schema that passes validation (names, references, counts within limits).
 fn valid_schema() -> impl Strategy<Value = Schema> {
-    let types = prop::collection::vec((0u64..=MAX_NODES, prop::option::of(1u64..=MAX_FEATURE_DIM)), 1..5);
+    let types = prop::collection::vec(
+        (0u64..=MAX_NODES, prop::option::of(1u64..=MAX_FEATURE_DIM)),
+        1..5,
+    );
     (types, 1u32..=MAX_CLASSES, "[ -~]{0,20}")
         .prop_flat_map(|(types, num_classes, name)| {
             let n = types.len();
-            let node_types: Vec<(String, NodeTypeSchema)> = types.iter().enumerate().map(|(i, (count, dim))| (format!("t{i}"), NodeTypeSchema { count: *count, feature_dim: *dim })).collect();
+            let node_types: Vec<(String, NodeTypeSchema)> = types
+                .iter()
+                .enumerate()
+                .map(|(i, (count, dim))| {
+                    (
+                        format!("t{i}"),
+                        NodeTypeSchema {
+                            count: *count,
+                            feature_dim: *dim,
+                        },
+                    )
+                })
+                .collect();
             let relation = (0..n, "[a-z][a-z0-9]{0,6}", 0..n, 0u64..=MAX_EDGES);
-            (Just(node_types), 0..n, prop::collection::vec(relation, 0..5), Just(num_classes), Just(name))
+            (
+                Just(node_types),
+                0..n,
+                prop::collection::vec(relation, 0..5),
+                Just(num_classes),
+                Just(name),
+            )
         })
         .prop_map(|(node_types, target, rels, num_classes, name)| {
             let mut relations: Vec<RelationSchema> = Vec::new();
             for (s, rel, d, count) in rels {
-                let r = RelationSchema { src: format!("t{s}"), name: rel, dst: format!("t{d}"), count };
+                let r = RelationSchema {
+                    src: format!("t{s}"),
+                    name: rel,
+                    dst: format!("t{d}"),
+                    count,
+                };
                 if !relations.iter().any(|x| x.canonical() == r.canonical()) {
                     relations.push(r);
                 }
             }
-            Schema { name, target: format!("t{target}"), num_classes, node_types, relations }
+            Schema {
+                name,
+                target: format!("t{target}"),
+                num_classes,
+                node_types,
+                relations,
+            }
         })
 }
 
@@ -344,7 +413,8 @@ fn json_value() -> impl Strategy<Value = Value> {
     let number = prop_oneof![
         any::<u64>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
         Just(json!(MAX_NODES)),
         Just(json!(MAX_NODES + 1)),
         Just(json!(u32::MAX)),
@@ -353,7 +423,13 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(json!(1.5)),
         Just(json!(1e300)),
     ];
-    let leaf = prop_oneof![Just(Value::Null), any::<bool>().prop_map(Value::Bool), number, type_name().prop_map(Value::String), any::<String>().prop_map(Value::String)];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        number,
+        type_name().prop_map(Value::String),
+        any::<String>().prop_map(Value::String)
+    ];
     let key = prop_oneof![
         Just("name".to_string()),
         Just("target".to_string()),
@@ -367,7 +443,11 @@ fn json_value() -> impl Strategy<Value = Value> {
         type_name(),
     ];
     leaf.prop_recursive(4, 48, 6, move |inner| {
-        prop_oneof![prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array), prop::collection::vec((key.clone(), inner), 0..6).prop_map(|kv| Value::Object(kv.into_iter().collect())),]
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((key.clone(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
     })
 }
 
@@ -413,7 +493,10 @@ fn walk<'a>(mut v: &'a mut Value, path: &[Index]) -> &'a mut Value {
         let i = step.index(n);
         let child_is_container = match &*v {
             Value::Array(a) => a[i].is_array() || a[i].is_object(),
-            Value::Object(o) => o.values().nth(i).is_some_and(|c| c.is_array() || c.is_object()),
+            Value::Object(o) => o
+                .values()
+                .nth(i)
+                .is_some_and(|c| c.is_array() || c.is_object()),
             _ => false,
         };
         if !child_is_container {
@@ -431,7 +514,9 @@ fn walk<'a>(mut v: &'a mut Value, path: &[Index]) -> &'a mut Value {
 fn apply_json(doc: &mut Value, edits: &[JsonEdit]) {
     for e in edits {
         let (path, pick) = match e {
-            JsonEdit::Replace(p, _) | JsonEdit::Drop(p) | JsonEdit::Rename(p, _) => (&p[..p.len().saturating_sub(1)], p.last()),
+            JsonEdit::Replace(p, _) | JsonEdit::Drop(p) | JsonEdit::Rename(p, _) => {
+                (&p[..p.len().saturating_sub(1)], p.last())
+            }
         };
         let v = walk(doc, path);
         let n = match &*v {
@@ -445,7 +530,9 @@ fn apply_json(doc: &mut Value, edits: &[JsonEdit]) {
         };
         match (e, v) {
             (JsonEdit::Replace(_, new), Value::Array(a)) if n > 0 => a[i] = new.clone(),
-            (JsonEdit::Replace(_, new), Value::Object(o)) if n > 0 => *o.values_mut().nth(i).expect("in range") = new.clone(),
+            (JsonEdit::Replace(_, new), Value::Object(o)) if n > 0 => {
+                *o.values_mut().nth(i).expect("in range") = new.clone()
+            }
             (JsonEdit::Replace(_, new), v) => *v = new.clone(),
             (JsonEdit::Drop(_), Value::Array(a)) if n > 0 => {
                 a.remove(i);
@@ -472,8 +559,12 @@ fn read_checked(dir: &Path, text: &[u8]) -> Result<(), TestCaseError> {
     match Schema::read(&path) {
         Ok(s) => {
             prop_assert_eq!(s.validate(), Ok(()));
-            s.write(&path).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(Schema::read(&path).map_err(|e| TestCaseError::fail(e.to_string()))?, s);
+            s.write(&path)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(
+                Schema::read(&path).map_err(|e| TestCaseError::fail(e.to_string()))?,
+                s
+            );
         }
         Err(e) => {
             let _ = e.to_string();
@@ -544,14 +635,24 @@ fn tiny_files() -> &'static Vec<(PathBuf, Vec<u8>)> {
         let dir = tempfile::tempdir().unwrap();
         let g = dir.path().join("g");
         save(&common::tiny(), &g, false).unwrap();
-        common::read_all(&g).into_iter().map(|(p, bytes)| (PathBuf::from(p), bytes)).collect()
+        common::read_all(&g)
+            .into_iter()
+            .map(|(p, bytes)| (PathBuf::from(p), bytes))
+            .collect()
     })
 }
 
 /// Counts a mutated schema may declare here: small (the loader allocates per
 /// declared node, as it must) or refused by validation before any loading.
 fn small_count() -> impl Strategy<Value = Value> {
-    prop_oneof![(0u64..64).prop_map(Value::from), Just(json!(MAX_NODES + 1)), Just(json!(u64::MAX)), Just(json!(-1)), Just(json!(2.5)), Just(Value::Null)]
+    prop_oneof![
+        (0u64..64).prop_map(Value::from),
+        Just(json!(MAX_NODES + 1)),
+        Just(json!(u64::MAX)),
+        Just(json!(-1)),
+        Just(json!(2.5)),
+        Just(Value::Null)
+    ]
 }
 
 proptest! {

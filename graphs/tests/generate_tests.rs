@@ -14,13 +14,21 @@ fn output_is_byte_identical_for_a_seed_whatever_the_threads() {
     let b = tmp.path().join("b");
     let c = tmp.path().join("c");
     generate(Like::Mag, 0.003, 5, &a, false, &mut NoProgress).unwrap();
-    let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    one_thread.install(|| generate(Like::Mag, 0.003, 5, &b, false, &mut NoProgress)).unwrap();
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    one_thread
+        .install(|| generate(Like::Mag, 0.003, 5, &b, false, &mut NoProgress))
+        .unwrap();
     generate(Like::Mag, 0.003, 6, &c, false, &mut NoProgress).unwrap();
     let (fa, fb, fc) = (read_all(&a), read_all(&b), read_all(&c));
     assert_eq!(fa.len(), 10, "schema, 5 paper files, 4 edge files");
     assert!(fa == fb, "same seed must give identical bytes");
-    assert!(fa.iter().zip(&fc).any(|(x, y)| x.1 != y.1), "another seed gives another graph");
+    assert!(
+        fa.iter().zip(&fc).any(|(x, y)| x.1 != y.1),
+        "another seed gives another graph"
+    );
 }
 
 #[test]
@@ -37,7 +45,10 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
     let paper = g.type_id("paper").unwrap();
     assert_eq!(g.node_type(paper).features.as_ref().unwrap().dim(), 128);
     for t in ["author", "institution", "field_of_study"] {
-        assert!(g.node_type(g.type_id(t).unwrap()).features.is_none(), "{t} is featureless");
+        assert!(
+            g.node_type(g.type_id(t).unwrap()).features.is_none(),
+            "{t} is featureless"
+        );
     }
     let (labels, splits) = g.target_labels();
     let n = labels.len() as f64;
@@ -48,9 +59,15 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
     // Citation homophily: well above chance (1/349), "mostly within a class".
     let cites = g.relation(g.relation_id("paper__cites__paper").unwrap());
     let csr = cites.in_csr();
-    let same = (0..csr.num_rows() as u32).flat_map(|d| csr.neighbors(d).iter().map(move |&s| (s, d))).filter(|&(s, d)| labels[s as usize] == labels[d as usize]).count();
+    let same = (0..csr.num_rows() as u32)
+        .flat_map(|d| csr.neighbors(d).iter().map(move |&s| (s, d)))
+        .filter(|&(s, d)| labels[s as usize] == labels[d as usize])
+        .count();
     let homophily = same as f64 / csr.num_edges() as f64;
-    assert!(homophily > 0.5 && homophily < 0.65, "cites homophily {homophily}");
+    assert!(
+        homophily > 0.5 && homophily < 0.65,
+        "cites homophily {homophily}"
+    );
 
     // Features: class centroids explain part of the variance, noise dominates.
     let f = g.node_type(paper).features.as_ref().unwrap();
@@ -72,7 +89,10 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
         }
     }
     let explained = 1.0 - within / total;
-    assert!(explained > 0.03 && explained < 0.25, "share of feature variance explained by class: {explained}");
+    assert!(
+        explained > 0.03 && explained < 0.25,
+        "share of feature variance explained by class: {explained}"
+    );
 
     // Authors link mostly to papers of one dominant class.
     let writes = g.relation(g.relation_id("author__writes__paper").unwrap());
@@ -105,7 +125,18 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
 fn bad_arguments_are_refused_and_nothing_is_left_behind() {
     let tmp = tempfile::tempdir().unwrap();
     for scale in [0.0, -1.0, f64::NAN, 1e6] {
-        assert!(generate(Like::Mag, scale, 0, &tmp.path().join("x"), false, &mut NoProgress).is_err(), "scale {scale}");
+        assert!(
+            generate(
+                Like::Mag,
+                scale,
+                0,
+                &tmp.path().join("x"),
+                false,
+                &mut NoProgress
+            )
+            .is_err(),
+            "scale {scale}"
+        );
     }
     assert!("papers".parse::<Like>().is_err());
     let dir = tmp.path().join("g");

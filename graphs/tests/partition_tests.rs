@@ -13,8 +13,23 @@ use graphs::{HetGraph, LoadOptions, NoProgress, RelationFilter, Sampler};
 
 fn mag(dir: &Path) -> HetGraph {
     let gdir = dir.join("g");
-    graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 3, &gdir, false, &mut NoProgress).unwrap();
-    graphs::load(&gdir, &LoadOptions { mmap_features: false, reverse_edges: false }).unwrap()
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        0.002,
+        3,
+        &gdir,
+        false,
+        &mut NoProgress,
+    )
+    .unwrap();
+    graphs::load(
+        &gdir,
+        &LoadOptions {
+            mmap_features: false,
+            reverse_edges: false,
+        },
+    )
+    .unwrap()
 }
 
 fn write(g: &HetGraph, dir: &Path, parts: usize, method: Method) -> PartitionSet {
@@ -31,7 +46,12 @@ fn metis_cuts_fewer_edges_than_random_and_balances_every_type_and_split() {
     let m = write(&g, tmp.path(), 3, Method::Metis).manifest;
     let r = write(&g, tmp.path(), 3, Method::Random).manifest;
     assert_eq!(m.total_edges, r.total_edges);
-    assert!(m.edge_cut * 10 < r.edge_cut * 8, "metis cut {} vs random {}", m.edge_cut, r.edge_cut);
+    assert!(
+        m.edge_cut * 10 < r.edge_cut * 8,
+        "metis cut {} vs random {}",
+        m.edge_cut,
+        r.edge_cut
+    );
     for t in 0..g.node_types().len() {
         let b = m.balance(|p| p.core[t]);
         assert!(b < 1.15, "type {t} balance {b}");
@@ -49,7 +69,10 @@ fn partitions_hold_full_neighborhoods_of_core_nodes_and_only_core_features() {
     let tmp = tempfile::tempdir().unwrap();
     let g = mag(tmp.path());
     let set = write(&g, tmp.path(), 3, Method::Metis);
-    let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
     let mut full = graphs::load(&tmp.path().join("g"), &opts).unwrap();
     full.add_reverse_relations().ok();
     for k in 0..3 {
@@ -58,23 +81,36 @@ fn partitions_hold_full_neighborhoods_of_core_nodes_and_only_core_features() {
         for (r, (pr, fr)) in p.relations().iter().zip(full.relations()).enumerate() {
             for v in 0..fr.in_csr().num_rows() as u32 {
                 if set.owners[fr.dst.index()][v as usize] as usize == k {
-                    assert_eq!(pr.in_csr().neighbors(v), fr.in_csr().neighbors(v), "relation {r} node {v}");
+                    assert_eq!(
+                        pr.in_csr().neighbors(v),
+                        fr.in_csr().neighbors(v),
+                        "relation {r} node {v}"
+                    );
                 }
             }
         }
         for (t, (pt, ft)) in p.node_types().iter().zip(full.node_types()).enumerate() {
-            let (Some(pf), Some(ff)) = (&pt.features, &ft.features) else { continue };
+            let (Some(pf), Some(ff)) = (&pt.features, &ft.features) else {
+                continue;
+            };
             for v in 0..ft.count as usize {
                 if set.owners[t][v] as usize == k {
                     assert_eq!(pf.row(v), ff.row(v));
                 } else {
-                    assert!(pf.row(v).iter().all(|&x| x == 0.0), "non-core rows are holes");
+                    assert!(
+                        pf.row(v).iter().all(|&x| x == 0.0),
+                        "non-core rows are holes"
+                    );
                 }
             }
         }
     }
     // Halo counts in the manifest are consistent with the stored edges.
-    assert!(set.manifest.info.iter().all(|p| p.halo.iter().sum::<u64>() > 0));
+    assert!(set
+        .manifest
+        .info
+        .iter()
+        .all(|p| p.halo.iter().sum::<u64>() > 0));
 }
 
 #[test]
@@ -84,17 +120,27 @@ fn distributed_sampling_equals_whole_graph_sampling() {
     let g = mag(tmp.path());
     for method in [Method::Metis, Method::Random] {
         let set = write(&g, tmp.path(), 3, method);
-        let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+        let opts = LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        };
         let full = graphs::load(&tmp.path().join("g"), &opts).unwrap();
         let parts: Vec<HetGraph> = (0..3).map(|k| set.load_part(k, &opts).unwrap()).collect();
         let fanouts = [4, 3];
         let mut whole = Sampler::new(&full, &fanouts, 11).unwrap();
-        let mut owners_samplers: Vec<Sampler> = parts.iter().map(|p| Sampler::new(p, &fanouts, 11).unwrap()).collect();
+        let mut owners_samplers: Vec<Sampler> = parts
+            .iter()
+            .map(|p| Sampler::new(p, &fanouts, 11).unwrap())
+            .collect();
         let (_, splits) = full.target_labels();
         let batches = epoch_batches(&splits.train, 64, 11, 1);
         for (step, batch) in batches.iter().take(3).enumerate() {
             for k in 0..3 {
-                let seeds: Vec<u32> = batch.iter().copied().filter(|&v| set.owners[full.target().index()][v as usize] as usize == k).collect();
+                let seeds: Vec<u32> = batch
+                    .iter()
+                    .copied()
+                    .filter(|&v| set.owners[full.target().index()][v as usize] as usize == k)
+                    .collect();
                 let want = whole.sample(1, step as u64, &seeds).unwrap();
                 let mut me = Sampler::new(&parts[k], &fanouts, 11).unwrap();
                 let owners = &set.owners;
@@ -109,11 +155,23 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                             let mut out = Vec::new();
                             for (t, nodes) in away.iter().enumerate() {
                                 // Ask each owner for its nodes, then put the answers back in request order.
-                                let mut per_owner: Vec<(Vec<usize>, Vec<graphs::RelationPicks>)> = Vec::new();
+                                let mut per_owner: Vec<(Vec<usize>, Vec<graphs::RelationPicks>)> =
+                                    Vec::new();
                                 for (o, sampler) in owners_samplers.iter_mut().enumerate() {
-                                    let idx: Vec<usize> = (0..nodes.len()).filter(|&i| owners[t][nodes[i] as usize] as usize == o).collect();
+                                    let idx: Vec<usize> = (0..nodes.len())
+                                        .filter(|&i| owners[t][nodes[i] as usize] as usize == o)
+                                        .collect();
                                     let ask: Vec<u32> = idx.iter().map(|&i| nodes[i]).collect();
-                                    let ans = sampler.pick(1, step as u64, layer, fanout, graphs::NodeTypeId(t as u32), &ask, &RelationFilter::All, &graphs::link::NoExclusion)?;
+                                    let ans = sampler.pick(
+                                        1,
+                                        step as u64,
+                                        layer,
+                                        fanout,
+                                        graphs::NodeTypeId(t as u32),
+                                        &ask,
+                                        &RelationFilter::All,
+                                        &graphs::link::NoExclusion,
+                                    )?;
                                     per_owner.push((idx, ans));
                                 }
                                 let n_rel = per_owner[0].1.len();
@@ -123,7 +181,9 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                                     for (idx, ans) in &per_owner {
                                         let p = &ans[r];
                                         for (j, &i) in idx.iter().enumerate() {
-                                            lists[i] = p.picks[p.offsets[j] as usize..p.offsets[j + 1] as usize].to_vec();
+                                            lists[i] = p.picks
+                                                [p.offsets[j] as usize..p.offsets[j + 1] as usize]
+                                                .to_vec();
                                         }
                                     }
                                     let mut offsets = vec![0u32];
@@ -132,7 +192,11 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                                         picks.extend(l);
                                         offsets.push(picks.len() as u32);
                                     }
-                                    merged.push(graphs::RelationPicks { relation: per_owner[0].1[r].relation, offsets, picks });
+                                    merged.push(graphs::RelationPicks {
+                                        relation: per_owner[0].1[r].relation,
+                                        offsets,
+                                        picks,
+                                    });
                                 }
                                 out.push(merged);
                             }
@@ -162,7 +226,11 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     m["trainers"] = serde_json::json!(1u64 << 63);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let err = PartitionSet::open(&dir).err().unwrap().to_string();
-    assert!(err.contains("manifest.json") && err.contains("trainers = 9223372036854775808 out of range"), "{err}");
+    assert!(
+        err.contains("manifest.json")
+            && err.contains("trainers = 9223372036854775808 out of range"),
+        "{err}"
+    );
     std::fs::write(&mpath, good).unwrap();
     let owners = dir.join("owners").join("paper.npy");
     let mut bytes = std::fs::read(&owners).unwrap();
@@ -170,7 +238,10 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     bytes[n - 8..].copy_from_slice(&9i64.to_le_bytes());
     std::fs::write(&owners, &bytes).unwrap();
     let err = PartitionSet::open(&dir).err().unwrap().to_string();
-    assert!(err.contains("paper.npy") && err.contains("owner 9"), "{err}");
+    assert!(
+        err.contains("paper.npy") && err.contains("owner 9"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -188,9 +259,16 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
         for (k, p) in m.info.iter().enumerate() {
             assert_eq!(p.trainer_splits.len(), 3);
             let per: Vec<u64> = p.trainer_splits.iter().map(|s| s[0]).collect();
-            assert_eq!(per.iter().sum::<u64>(), p.splits[0], "partition {k}: every owned seed has one trainer");
+            assert_eq!(
+                per.iter().sum::<u64>(),
+                p.splits[0],
+                "partition {k}: every owned seed has one trainer"
+            );
             let mean = p.splits[0] as f64 / 3.0;
-            assert!(per.iter().all(|&c| (c as f64) < mean * 1.25), "{method} partition {k}: {per:?}");
+            assert!(
+                per.iter().all(|&c| (c as f64) < mean * 1.25),
+                "{method} partition {k}: {per:?}"
+            );
         }
         assert!(splits.train.iter().all(|&v| a.trainer_of[v as usize] < 3));
     }
@@ -210,7 +288,10 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
 fn meta_partitions_hold_whole_relations_and_load_as_graphs() {
     let tmp = tempfile::tempdir().unwrap();
     mag(tmp.path());
-    let opts = LoadOptions { mmap_features: true, reverse_edges: true };
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
     let g = graphs::load(&tmp.path().join("g"), &opts).unwrap();
     let out = tmp.path().join("meta");
     let m = partition::meta::write(&g, 2, 2, &out, false, &mut NoProgress).unwrap();
@@ -218,42 +299,82 @@ fn meta_partitions_hold_whole_relations_and_load_as_graphs() {
     let target = g.node_type(g.target()).count as u64;
     for (k, p) in m.info.iter().enumerate() {
         assert_eq!(p.boundary_nodes, target);
-        assert_eq!(p.nodes["paper"], target, "every partition holds all target nodes");
+        assert_eq!(
+            p.nodes["paper"], target,
+            "every partition holds all target nodes"
+        );
         let part = graphs::load(&out.join(format!("part{k}")), &opts).unwrap();
         // A relation has data there iff the partition holds it or its reverse (stored once, as the original).
         let base = |r: usize| g.relations()[r].reverse_of.map_or(r, |o| o.0 as usize);
-        let held: Vec<usize> = (0..g.relations().len()).filter(|&r| p.relations.contains(&g.relations()[r].canonical().to_string())).map(base).collect();
+        let held: Vec<usize> = (0..g.relations().len())
+            .filter(|&r| {
+                p.relations
+                    .contains(&g.relations()[r].canonical().to_string())
+            })
+            .map(base)
+            .collect();
         for (r, (pr, fr)) in part.relations().iter().zip(g.relations()).enumerate() {
-            let want = if held.contains(&base(r)) { fr.num_edges() } else { 0 };
-            assert_eq!(pr.num_edges(), want, "partition {k}, relation {}", fr.canonical());
+            let want = if held.contains(&base(r)) {
+                fr.num_edges()
+            } else {
+                0
+            };
+            assert_eq!(
+                pr.num_edges(),
+                want,
+                "partition {k}, relation {}",
+                fr.canonical()
+            );
         }
     }
     // Data-parallel training cannot use them, and says why.
     let err = PartitionSet::open(&out).err().unwrap().to_string();
     assert!(err.contains("raf"), "{err}");
-    assert!(partition::meta::write(&g, 2, 0, &tmp.path().join("m0"), false, &mut NoProgress).is_err());
+    assert!(
+        partition::meta::write(&g, 2, 0, &tmp.path().join("m0"), false, &mut NoProgress).is_err()
+    );
 }
 
 #[test]
 fn metapaths_restrict_the_metatree_and_bad_ones_are_named() {
     let tmp = tempfile::tempdir().unwrap();
     mag(tmp.path());
-    let g = graphs::load(&tmp.path().join("g"), &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
-    let paths = partition::meta::parse_metapaths("# paper <- author <- paper\nwrites rev_writes\n\nfield_of_study__rev_has_topic__paper\n", &g, 2).unwrap();
+    let g = graphs::load(
+        &tmp.path().join("g"),
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )
+    .unwrap();
+    let paths = partition::meta::parse_metapaths(
+        "# paper <- author <- paper\nwrites rev_writes\n\nfield_of_study__rev_has_topic__paper\n",
+        &g,
+        2,
+    )
+    .unwrap();
     let out = tmp.path().join("mp");
-    let m = partition::meta::write_metapaths(&g, 2, 2, Some(&paths), &out, false, &mut NoProgress).unwrap();
+    let m = partition::meta::write_metapaths(&g, 2, 2, Some(&paths), &out, false, &mut NoProgress)
+        .unwrap();
     assert_eq!(m.metapaths.len(), 2);
     let allowed = partition::meta::allowed_per_layer(&paths, 2);
     for p in &m.info {
         for (l, rels) in p.per_layer.iter().enumerate() {
             for r in rels {
-                assert!(allowed[l].contains(&g.relation_id(r).unwrap()), "{r} at layer {l} is on no metapath");
+                assert!(
+                    allowed[l].contains(&g.relation_id(r).unwrap()),
+                    "{r} at layer {l} is on no metapath"
+                );
             }
         }
     }
     let set = partition::meta::MetaSet::open(&out).unwrap();
     assert_eq!(set.manifest.metapaths, m.metapaths);
-    let err = |text: &str| partition::meta::parse_metapaths(text, &g, 2).unwrap_err().to_string();
+    let err = |text: &str| {
+        partition::meta::parse_metapaths(text, &g, 2)
+            .unwrap_err()
+            .to_string()
+    };
     assert!(err("wrote\n").contains("no relation named wrote"));
     assert!(err("rev_writes\n").contains("leads into author, not paper"));
     assert!(err("cites cites cites\n").contains("3 relations for a 2-layer model"));
@@ -269,40 +390,102 @@ fn both_kinds_report_the_same_figures_and_the_report_round_trips() {
     // Node-assigning: every node owned once, halo nodes are the copies.
     let set = write(&g, tmp.path(), 3, Method::Metis);
     let r = PartitionReport::of_nodes(&set.manifest, &counts);
-    assert_eq!((r.kind.as_str(), r.method.as_str(), r.parts, r.edge_cut), ("node-assigning", "metis", 3, set.manifest.edge_cut));
-    let halo: u64 = set.manifest.info.iter().map(|p| p.halo.iter().sum::<u64>()).sum();
-    assert!((r.replication_factor - (total_nodes + halo) as f64 / total_nodes as f64).abs() < 1e-12, "{}", r.replication_factor);
+    assert_eq!(
+        (r.kind.as_str(), r.method.as_str(), r.parts, r.edge_cut),
+        ("node-assigning", "metis", 3, set.manifest.edge_cut)
+    );
+    let halo: u64 = set
+        .manifest
+        .info
+        .iter()
+        .map(|p| p.halo.iter().sum::<u64>())
+        .sum();
+    assert!(
+        (r.replication_factor - (total_nodes + halo) as f64 / total_nodes as f64).abs() < 1e-12,
+        "{}",
+        r.replication_factor
+    );
     assert!(r.replication_factor > 1.0, "a cut leaves halo nodes");
     assert_eq!(r.boundary_nodes.iter().sum::<u64>(), halo);
     for (t, nt) in g.node_types().iter().enumerate() {
         assert_eq!(r.balance[&nt.name], set.manifest.balance(|p| p.core[t]));
-        assert_eq!(r.nodes.iter().map(|n| n[&nt.name]).sum::<u64>(), set.manifest.info.iter().map(|p| p.core[t] + p.halo[t]).sum::<u64>());
+        assert_eq!(
+            r.nodes.iter().map(|n| n[&nt.name]).sum::<u64>(),
+            set.manifest
+                .info
+                .iter()
+                .map(|p| p.core[t] + p.halo[t])
+                .sum::<u64>()
+        );
     }
-    assert_eq!(r.edges.iter().sum::<u64>(), set.manifest.info.iter().map(|p| p.edges).sum::<u64>());
-    let weighted: f64 = g.node_types().iter().map(|nt| r.replication_by_type[&nt.name] * f64::from(nt.count)).sum();
-    assert!((weighted / total_nodes as f64 - r.replication_factor).abs() < 1e-9, "per-type factors weigh into the whole");
+    assert_eq!(
+        r.edges.iter().sum::<u64>(),
+        set.manifest.info.iter().map(|p| p.edges).sum::<u64>()
+    );
+    let weighted: f64 = g
+        .node_types()
+        .iter()
+        .map(|nt| r.replication_by_type[&nt.name] * f64::from(nt.count))
+        .sum();
+    assert!(
+        (weighted / total_nodes as f64 - r.replication_factor).abs() < 1e-9,
+        "per-type factors weigh into the whole"
+    );
     // One partition: nothing cut, nothing copied.
-    let one = PartitionReport::of_nodes(&write(&g, tmp.path(), 1, Method::Random).manifest, &counts);
-    assert_eq!((one.edge_cut, one.replication_factor, one.boundary_nodes.clone()), (0, 1.0, vec![0]));
+    let one =
+        PartitionReport::of_nodes(&write(&g, tmp.path(), 1, Method::Random).manifest, &counts);
+    assert_eq!(
+        (
+            one.edge_cut,
+            one.replication_factor,
+            one.boundary_nodes.clone()
+        ),
+        (0, 1.0, vec![0])
+    );
     // Relation-assigning: nothing cut, nodes a relation touches copied to each holder.
     let out = tmp.path().join("meta");
-    let gr = graphs::load(&tmp.path().join("g"), &LoadOptions { mmap_features: false, reverse_edges: true }).unwrap();
+    let gr = graphs::load(
+        &tmp.path().join("g"),
+        &LoadOptions {
+            mmap_features: false,
+            reverse_edges: true,
+        },
+    )
+    .unwrap();
     let m = partition::meta::write(&gr, 2, 2, &out, false, &mut NoProgress).unwrap();
-    let names = gr.node_types().iter().map(|t| (t.name.clone(), u64::from(t.count))).collect();
+    let names = gr
+        .node_types()
+        .iter()
+        .map(|t| (t.name.clone(), u64::from(t.count)))
+        .collect();
     let edges = gr.relations().iter().map(|r| r.num_edges() as u64).sum();
     let mr = PartitionReport::of_relations(&m, &names, edges);
-    assert_eq!((mr.kind.as_str(), mr.edge_cut, mr.parts), ("relation-assigning", 0, 2));
+    assert_eq!(
+        (mr.kind.as_str(), mr.edge_cut, mr.parts),
+        ("relation-assigning", 0, 2)
+    );
     let held: u64 = m.info.iter().map(|p| p.nodes.values().sum::<u64>()).sum();
     assert!((mr.replication_factor - held as f64 / total_nodes as f64).abs() < 1e-12);
-    assert!(mr.replication_factor > 1.0, "every partition holds all target nodes");
-    assert_eq!(mr.boundary_nodes, m.info.iter().map(|p| p.boundary_nodes).collect::<Vec<_>>());
+    assert!(
+        mr.replication_factor > 1.0,
+        "every partition holds all target nodes"
+    );
+    assert_eq!(
+        mr.boundary_nodes,
+        m.info.iter().map(|p| p.boundary_nodes).collect::<Vec<_>>()
+    );
     assert!(mr.balance.contains_key("edges") && mr.balance.values().all(|&b| b >= 1.0));
     // The report round-trips through report.json; a non-file is refused.
     mr.write(&out).unwrap();
     assert_eq!(PartitionReport::read(&out).unwrap(), mr);
     std::fs::create_dir_all(tmp.path().join("odd/report.json")).unwrap();
-    let err = PartitionReport::read(&tmp.path().join("odd")).unwrap_err().to_string();
-    assert!(err.contains("report.json") && err.contains("regular file"), "{err}");
+    let err = PartitionReport::read(&tmp.path().join("odd"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("report.json") && err.contains("regular file"),
+        "{err}"
+    );
 }
 
 /// Two 6-cliques joined by nothing, and 4 isolated nodes, as a graph directory.
@@ -320,8 +503,23 @@ fn two_cliques(dir: &Path) -> std::path::PathBuf {
     }
     let n = 16u32;
     let g = graphs::GraphBuilder::new("cliques", "paper", 2)
-        .node_type("paper", n, Some(graphs::Features::from_vec(n as usize, 1, vec![0.0; n as usize])))
-        .labels((0..n).map(|i| i64::from(i % 2)).collect(), graphs::Splits { train: (0..n).collect(), valid: vec![], test: vec![] })
+        .node_type(
+            "paper",
+            n,
+            Some(graphs::Features::from_vec(
+                n as usize,
+                1,
+                vec![0.0; n as usize],
+            )),
+        )
+        .labels(
+            (0..n).map(|i| i64::from(i % 2)).collect(),
+            graphs::Splits {
+                train: (0..n).collect(),
+                valid: vec![],
+                test: vec![],
+            },
+        )
         .relation("paper", "cites", "paper", src, dst)
         .build()
         .unwrap();
@@ -336,7 +534,9 @@ fn streaming_partitioners_read_edges_in_chunks_and_refuse_bad_ids() {
     let g = mag(tmp.path());
     let gdir = tmp.path().join("g");
     // Degrees through the stream, chunk boundaries crossed often, equal the loaded graph's.
-    let s = partition::stream::EdgeStream::open(&gdir).unwrap().with_chunk(7);
+    let s = partition::stream::EdgeStream::open(&gdir)
+        .unwrap()
+        .with_chunk(7);
     let deg = s.degrees().unwrap();
     let mut want = vec![0u32; s.nodes() as usize];
     for r in g.relations() {
@@ -349,76 +549,158 @@ fn streaming_partitioners_read_edges_in_chunks_and_refuse_bad_ids() {
         }
     }
     assert_eq!(deg, want);
-    assert_eq!(s.edges() as usize, g.relations().iter().map(|r| r.num_edges()).sum::<usize>());
+    assert_eq!(
+        s.edges() as usize,
+        g.relations().iter().map(|r| r.num_edges()).sum::<usize>()
+    );
     // An id out of range is named with its file and edge.
     let bad = two_cliques(&tmp.path().join("bad"));
     let mut ids: Vec<i64> = vec![0, 1, 2, 99];
     ids.extend([1, 2, 3, 4]);
     graphs::npy::write_i64(&bad.join("edges/paper__cites__paper.npy"), &[2, 4], &ids).unwrap();
-    let mut schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bad.join("schema.json")).unwrap()).unwrap();
+    let mut schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bad.join("schema.json")).unwrap()).unwrap();
     schema["relations"][0]["count"] = 4.into();
     std::fs::write(bad.join("schema.json"), schema.to_string()).unwrap();
-    let err = partition::stream::EdgeStream::open(&bad).unwrap().degrees().unwrap_err().to_string();
-    assert!(err.contains("paper__cites__paper.npy") && err.contains("edge 3") && err.contains("99"), "{err}");
+    let err = partition::stream::EdgeStream::open(&bad)
+        .unwrap()
+        .degrees()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("paper__cites__paper.npy") && err.contains("edge 3") && err.contains("99"),
+        "{err}"
+    );
 }
 
 #[test]
 fn spring_keeps_cliques_whole_spreads_isolated_nodes_and_repeats_itself() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = two_cliques(tmp.path());
-    let s = partition::stream::EdgeStream::open(&dir).unwrap().with_chunk(4);
+    let s = partition::stream::EdgeStream::open(&dir)
+        .unwrap()
+        .with_chunk(4);
     let spring = partition::spring::Spring::default();
     let owners = spring.assign(&s, 2).unwrap().swap_remove(0);
-    assert!(owners[..6].iter().all(|&o| o == owners[0]) && owners[6..12].iter().all(|&o| o == owners[6]), "{owners:?}");
-    assert_ne!(owners[0], owners[6], "the two cliques are apart: {owners:?}");
-    let per: Vec<usize> = (0..2).map(|p| owners.iter().filter(|&&o| o == p).count()).collect();
-    assert_eq!(per, vec![8, 8], "the isolated nodes even the count: {owners:?}");
-    assert_eq!(spring.assign(&s, 2).unwrap()[0], owners, "the same input gives the same owners");
+    assert!(
+        owners[..6].iter().all(|&o| o == owners[0])
+            && owners[6..12].iter().all(|&o| o == owners[6]),
+        "{owners:?}"
+    );
+    assert_ne!(
+        owners[0], owners[6],
+        "the two cliques are apart: {owners:?}"
+    );
+    let per: Vec<usize> = (0..2)
+        .map(|p| owners.iter().filter(|&&o| o == p).count())
+        .collect();
+    assert_eq!(
+        per,
+        vec![8, 8],
+        "the isolated nodes even the count: {owners:?}"
+    );
+    assert_eq!(
+        spring.assign(&s, 2).unwrap()[0],
+        owners,
+        "the same input gives the same owners"
+    );
     // On mag-like: every node owned, in range, deterministic, the node count balanced within beta.
     let g = mag(tmp.path());
     let s = partition::stream::EdgeStream::open(&tmp.path().join("g")).unwrap();
     let o = spring.assign(&s, 4).unwrap();
-    assert_eq!(o.iter().map(Vec::len).collect::<Vec<_>>(), g.node_types().iter().map(|t| t.count as usize).collect::<Vec<_>>());
-    let per: Vec<usize> = (0..4).map(|p| o.iter().flatten().filter(|&&x| x == p).count()).collect();
+    assert_eq!(
+        o.iter().map(Vec::len).collect::<Vec<_>>(),
+        g.node_types()
+            .iter()
+            .map(|t| t.count as usize)
+            .collect::<Vec<_>>()
+    );
+    let per: Vec<usize> = (0..4)
+        .map(|p| o.iter().flatten().filter(|&&x| x == p).count())
+        .collect();
     let mean = per.iter().sum::<usize>() as f64 / 4.0;
-    assert!(per.iter().all(|&c| c as f64 <= 1.05 * mean), "node balance {per:?}");
+    assert!(
+        per.iter().all(|&c| c as f64 <= 1.05 * mean),
+        "node balance {per:?}"
+    );
     assert_eq!(spring.assign(&s, 4).unwrap(), o);
     // Balancing every count: each type spread over the partitions, deterministic.
-    let multi = partition::spring::Spring { balance: partition::spring::Balance::Multi, ..spring };
+    let multi = partition::spring::Spring {
+        balance: partition::spring::Balance::Multi,
+        ..spring
+    };
     let om = multi.assign(&s, 4).unwrap();
     assert_eq!(multi.assign(&s, 4).unwrap(), om);
     for (t, nt) in g.node_types().iter().enumerate() {
-        let per: Vec<usize> = (0..4).map(|p| om[t].iter().filter(|&&x| x == p).count()).collect();
-        assert!(per.iter().filter(|&&c| c > 0).count() > 1, "{} all in one partition: {per:?}", nt.name);
+        let per: Vec<usize> = (0..4)
+            .map(|p| om[t].iter().filter(|&&x| x == p).count())
+            .collect();
+        assert!(
+            per.iter().filter(|&&c| c > 0).count() > 1,
+            "{} all in one partition: {per:?}",
+            nt.name
+        );
     }
     // Restreaming refinement: fewer cut edges, the node bound kept, deterministic; nodes balance only.
     let cut = |o: &[Vec<u16>]| {
         let flat: Vec<u16> = o.iter().flatten().copied().collect();
         let mut c = 0usize;
         s.for_each(|ch| {
-            c += ch.src.iter().zip(ch.dst).filter(|(&u, &v)| flat[u as usize] != flat[v as usize]).count();
+            c += ch
+                .src
+                .iter()
+                .zip(ch.dst)
+                .filter(|(&u, &v)| flat[u as usize] != flat[v as usize])
+                .count();
             Ok(())
         })
         .unwrap();
         c
     };
-    let refined = partition::spring::Spring { refine: 2, ..spring };
+    let refined = partition::spring::Spring {
+        refine: 2,
+        ..spring
+    };
     let or = refined.assign(&s, 4).unwrap();
-    assert!(cut(&or) < cut(&o), "refinement cuts fewer edges: {} against {}", cut(&or), cut(&o));
-    let per: Vec<usize> = (0..4).map(|p| or.iter().flatten().filter(|&&x| x == p).count()).collect();
+    assert!(
+        cut(&or) < cut(&o),
+        "refinement cuts fewer edges: {} against {}",
+        cut(&or),
+        cut(&o)
+    );
+    let per: Vec<usize> = (0..4)
+        .map(|p| or.iter().flatten().filter(|&&x| x == p).count())
+        .collect();
     let n: usize = per.iter().sum();
-    assert!(per.iter().all(|&c| c as f64 <= 1.05 * n as f64 / 4.0 + 1.0), "node balance kept: {per:?}");
+    assert!(
+        per.iter().all(|&c| c as f64 <= 1.05 * n as f64 / 4.0 + 1.0),
+        "node balance kept: {per:?}"
+    );
     assert_eq!(refined.assign(&s, 4).unwrap(), or);
-    assert!(partition::spring::Spring { refine: 1, balance: partition::spring::Balance::Multi, ..spring }.assign(&s, 4).is_err());
+    assert!(partition::spring::Spring {
+        refine: 1,
+        balance: partition::spring::Balance::Multi,
+        ..spring
+    }
+    .assign(&s, 4)
+    .is_err());
     // The vertex-cut baselines: owners in range, deterministic, refused past 64 parts.
-    for rule in [partition::vertex_cut::VertexCut::Hdrf, partition::vertex_cut::VertexCut::Dbh] {
+    for rule in [
+        partition::vertex_cut::VertexCut::Hdrf,
+        partition::vertex_cut::VertexCut::Dbh,
+    ] {
         let a = partition::vertex_cut::assign(rule, &s, 4, 1).unwrap();
         assert!(a.iter().flatten().all(|&x| x < 4));
-        assert_eq!(partition::vertex_cut::assign(rule, &s, 4, 1).unwrap(), a, "{rule:?}");
+        assert_eq!(
+            partition::vertex_cut::assign(rule, &s, 4, 1).unwrap(),
+            a,
+            "{rule:?}"
+        );
         assert!(partition::vertex_cut::assign(rule, &s, 65, 1).is_err());
     }
     // Written like any other partitioning, so every mode trains on it.
-    let a = partition::assign_streaming(&tmp.path().join("g"), 2, Method::Spring, 0, spring).unwrap();
+    let a =
+        partition::assign_streaming(&tmp.path().join("g"), 2, Method::Spring, 0, spring).unwrap();
     let out = tmp.path().join("spring2");
     partition::write(&g, &a, &out, false, &mut NoProgress).unwrap();
     let set = PartitionSet::open(&out).unwrap();
@@ -431,15 +713,36 @@ fn the_streaming_writer_writes_what_the_loading_writer_writes_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
     let g = mag(tmp.path());
     let gdir = tmp.path().join("g");
-    let spring = partition::assign_streaming(&gdir, 3, Method::Spring, 0, partition::spring::Spring::default()).unwrap();
+    let spring = partition::assign_streaming(
+        &gdir,
+        3,
+        Method::Spring,
+        0,
+        partition::spring::Spring::default(),
+    )
+    .unwrap();
     let metis = partition::assign(&g, 3, Method::Metis, 7).unwrap();
     for (name, a) in [("spring", spring), ("metis", metis)] {
-        let (loaded, streamed) = (tmp.path().join(format!("{name}-loaded")), tmp.path().join(format!("{name}-streamed")));
+        let (loaded, streamed) = (
+            tmp.path().join(format!("{name}-loaded")),
+            tmp.path().join(format!("{name}-streamed")),
+        );
         let m1 = partition::write(&g, &a, &loaded, false, &mut NoProgress).unwrap();
-        let m2 = partition::write_streaming(&gdir, &a, &streamed, &partition::WriteOptions::default(), &mut NoProgress).unwrap();
+        let m2 = partition::write_streaming(
+            &gdir,
+            &a,
+            &streamed,
+            &partition::WriteOptions::default(),
+            &mut NoProgress,
+        )
+        .unwrap();
         assert_eq!(m1, m2, "{name}: manifests");
         let (f1, f2) = (read_all(&loaded), read_all(&streamed));
-        assert_eq!(f1.iter().map(|f| &f.0).collect::<Vec<_>>(), f2.iter().map(|f| &f.0).collect::<Vec<_>>(), "{name}: file lists");
+        assert_eq!(
+            f1.iter().map(|f| &f.0).collect::<Vec<_>>(),
+            f2.iter().map(|f| &f.0).collect::<Vec<_>>(),
+            "{name}: file lists"
+        );
         for ((path, bytes), (_, other)) in f1.iter().zip(&f2) {
             assert!(bytes == other, "{name}: {path} differs");
         }
@@ -452,29 +755,53 @@ fn halo_feature_rows_are_kept_on_request_by_both_writers_alike() {
     let g = mag(tmp.path());
     let gdir = tmp.path().join("g");
     let a = partition::assign(&g, 2, Method::Random, 3).unwrap();
-    let opts = partition::WriteOptions { overwrite: false, halo_features: true };
-    let (loaded, streamed) = (tmp.path().join("halo-loaded"), tmp.path().join("halo-streamed"));
+    let opts = partition::WriteOptions {
+        overwrite: false,
+        halo_features: true,
+    };
+    let (loaded, streamed) = (
+        tmp.path().join("halo-loaded"),
+        tmp.path().join("halo-streamed"),
+    );
     let m = partition::write_with(&g, &a, &loaded, &opts, &mut NoProgress).unwrap();
     assert!(m.halo_features);
     partition::write_streaming(&gdir, &a, &streamed, &opts, &mut NoProgress).unwrap();
     assert_eq!(read_all(&loaded), read_all(&streamed));
     // A halo paper of partition 0 has its own features there; a node it never touches reads zeros.
     let set = PartitionSet::open(&loaded).unwrap();
-    let p0 = set.load_part(0, &LoadOptions { mmap_features: false, reverse_edges: false }).unwrap();
+    let p0 = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: false,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
     let t = g.type_id("paper").unwrap().index();
-    let (whole, part) = (g.node_types()[t].features.as_ref().unwrap(), p0.node_types()[t].features.as_ref().unwrap());
+    let (whole, part) = (
+        g.node_types()[t].features.as_ref().unwrap(),
+        p0.node_types()[t].features.as_ref().unwrap(),
+    );
     let mut halo_seen = 0;
     for v in 0..g.node_types()[t].count as usize {
         if set.owners[t][v] == 0 {
             assert_eq!(part.row(v), whole.row(v));
         } else if part.row(v) != whole.row(v) {
-            assert!(part.row(v).iter().all(|&x| x == 0.0), "node {v}: a row is whole or absent");
+            assert!(
+                part.row(v).iter().all(|&x| x == 0.0),
+                "node {v}: a row is whole or absent"
+            );
         } else {
             halo_seen += 1;
         }
     }
-    assert!(halo_seen > 0 && halo_seen as u64 <= set.manifest.info[0].halo[t], "{halo_seen} halo rows kept");
-    let plain = partition::write(&g, &a, &tmp.path().join("plain"), false, &mut NoProgress).unwrap();
+    assert!(
+        halo_seen > 0 && halo_seen as u64 <= set.manifest.info[0].halo[t],
+        "{halo_seen} halo rows kept"
+    );
+    let plain =
+        partition::write(&g, &a, &tmp.path().join("plain"), false, &mut NoProgress).unwrap();
     assert!(!plain.halo_features);
 }
 
@@ -487,12 +814,26 @@ fn remote_rows(g: &HetGraph, owners: &[Vec<u16>], parts: usize, epochs: u64) -> 
     let mut sampler = Sampler::new(g, &[25, 20], 0).unwrap();
     let mut remote = 0;
     for e in 0..epochs {
-        for (step, batch) in epoch_batches(&splits.train, 1024, 0, e).into_iter().enumerate() {
+        for (step, batch) in epoch_batches(&splits.train, 1024, 0, e)
+            .into_iter()
+            .enumerate()
+        {
             for k in 0..parts as u16 {
-                let share: Vec<u32> = batch.iter().copied().filter(|&v| owners[t0][v as usize] == k).collect();
+                let share: Vec<u32> = batch
+                    .iter()
+                    .copied()
+                    .filter(|&v| owners[t0][v as usize] == k)
+                    .collect();
                 if !share.is_empty() {
                     let mb = sampler.sample(e, step as u64, &share).unwrap();
-                    remote += mb.blocks[0].src.iter().enumerate().map(|(t, src)| src.iter().filter(|&&v| owners[t][v as usize] != k).count() as u64).sum::<u64>();
+                    remote += mb.blocks[0]
+                        .src
+                        .iter()
+                        .enumerate()
+                        .map(|(t, src)| {
+                            src.iter().filter(|&&v| owners[t][v as usize] != k).count() as u64
+                        })
+                        .sum::<u64>();
                 }
             }
         }
@@ -511,19 +852,46 @@ fn bytegnn_partitions_of_the_real_graphs_pull_at_most_ten_percent_more_rows_than
     for name in ["heco-acm", "planetoid-cora"] {
         let dir = Path::new(&root).join(name);
         let reverse = name != "planetoid-cora";
-        let stored = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: false }).unwrap();
-        let sampled = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: reverse }).unwrap();
+        let stored = graphs::load(
+            &dir,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
+        let sampled = graphs::load(
+            &dir,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: reverse,
+            },
+        )
+        .unwrap();
         for parts in [2usize, 4] {
             let mut ratios = Vec::new();
             for seed in 0..5 {
                 let mut opts = graphs::partition::bytegnn::ByteGnn::DEFAULT;
                 opts.reverse = reverse;
-                let b = graphs::partition::assign_two_level_with(&stored, parts, 1, Method::Bytegnn, &opts, seed).unwrap();
+                let b = graphs::partition::assign_two_level_with(
+                    &stored,
+                    parts,
+                    1,
+                    Method::Bytegnn,
+                    &opts,
+                    seed,
+                )
+                .unwrap();
                 let m = partition::assign(&stored, parts, Method::Metis, seed).unwrap();
-                ratios.push(remote_rows(&sampled, &b.owners, parts, 20) as f64 / remote_rows(&sampled, &m.owners, parts, 20).max(1) as f64);
+                ratios.push(
+                    remote_rows(&sampled, &b.owners, parts, 20) as f64
+                        / remote_rows(&sampled, &m.owners, parts, 20).max(1) as f64,
+                );
             }
             let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-            eprintln!("{name}, {parts} parts: bytegnn / METIS remote rows {ratios:.3?}, mean {mean:.3}");
+            eprintln!(
+                "{name}, {parts} parts: bytegnn / METIS remote rows {ratios:.3?}, mean {mean:.3}"
+            );
             assert!(mean <= 1.1, "{name}, {parts} parts: bytegnn pulls {mean:.3}x METIS's remote rows ({ratios:.3?})");
         }
     }

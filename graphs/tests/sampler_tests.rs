@@ -14,7 +14,15 @@ fn global_edges(g: &HetGraph, mb: &MiniBatch) -> HashMap<(usize, RelationId), Ve
     for b in &mb.blocks {
         for r in &b.relations {
             let rel = g.relation(r.relation);
-            let mut e: Vec<(u32, u32)> = r.edges().map(|(d, s)| (b.dst[rel.dst.index()][d as usize], b.src[rel.src.index()][s as usize])).collect();
+            let mut e: Vec<(u32, u32)> = r
+                .edges()
+                .map(|(d, s)| {
+                    (
+                        b.dst[rel.dst.index()][d as usize],
+                        b.src[rel.src.index()][s as usize],
+                    )
+                })
+                .collect();
             e.sort_unstable();
             out.insert((b.layer, r.relation), e);
         }
@@ -36,7 +44,11 @@ fn check_block_invariants(g: &HetGraph, mb: &MiniBatch, fanouts: &[usize]) {
             assert_eq!(uniq.len(), b.src[t].len(), "src nodes are distinct");
         }
         if i + 1 < layers {
-            assert_eq!(b.dst, mb.blocks[i + 1].src, "a block's destinations are the next block's sources");
+            assert_eq!(
+                b.dst,
+                mb.blocks[i + 1].src,
+                "a block's destinations are the next block's sources"
+            );
         }
         for r in &b.relations {
             let rel = g.relation(r.relation);
@@ -44,13 +56,19 @@ fn check_block_invariants(g: &HetGraph, mb: &MiniBatch, fanouts: &[usize]) {
             assert_eq!(r.offsets.len(), dst.len() + 1);
             for (d, w) in r.offsets.windows(2).enumerate() {
                 let v = dst[d];
-                let picked: Vec<u32> = r.sources[w[0] as usize..w[1] as usize].iter().map(|&s| b.src[rel.src.index()][s as usize]).collect();
+                let picked: Vec<u32> = r.sources[w[0] as usize..w[1] as usize]
+                    .iter()
+                    .map(|&s| b.src[rel.src.index()][s as usize])
+                    .collect();
                 let all = rel.in_csr().neighbors(v);
                 assert_eq!(picked.len(), all.len().min(fanout), "fanout cap");
                 // Every pick is a real in-neighbor, and no edge slot is used twice.
                 let mut pool: Vec<u32> = all.to_vec();
                 for p in &picked {
-                    let at = pool.iter().position(|x| x == p).expect("picked node is an in-neighbor");
+                    let at = pool
+                        .iter()
+                        .position(|x| x == p)
+                        .expect("picked node is an in-neighbor");
                     pool.swap_remove(at);
                 }
             }
@@ -74,7 +92,10 @@ fn blocks_have_the_documented_shape() {
     // With reverse relations, authors reached at hop 1 get paper neighbors at hop 2.
     let author = g.type_id("author").unwrap();
     assert!(!mb.blocks[0].dst[author.index()].is_empty());
-    assert!(mb.blocks[0].relations.iter().any(|r| g.relation(r.relation).dst == author && r.num_edges() > 0));
+    assert!(mb.blocks[0]
+        .relations
+        .iter()
+        .any(|r| g.relation(r.relation).dst == author && r.num_edges() > 0));
 }
 
 #[test]
@@ -85,30 +106,52 @@ fn tiny_graph_sample_is_exact_when_fanout_covers_degrees() {
     let b = &mb.blocks[0];
     let cites = g.relation_id("paper__cites__paper").unwrap();
     let r = b.relation(cites).unwrap();
-    let got: Vec<(u32, u32)> = r.edges().map(|(d, s)| (b.dst[0][d as usize], b.src[0][s as usize])).collect();
+    let got: Vec<(u32, u32)> = r
+        .edges()
+        .map(|(d, s)| (b.dst[0][d as usize], b.src[0][s as usize]))
+        .collect();
     assert_eq!(got, vec![(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (5, 0)]);
     // Paper sources: the seeds first, then newly reached papers in discovery order.
     assert_eq!(b.src[0], vec![0, 5, 1, 2, 3, 4]);
     assert_eq!(b.src[1], vec![0, 1, 3]); // authors of paper 0, then of paper 5 (sorted)
-    assert!(b.relation(g.relation_id("paper__published_in__venue").unwrap()).is_none(), "no venue destinations");
+    assert!(
+        b.relation(g.relation_id("paper__published_in__venue").unwrap())
+            .is_none(),
+        "no venue destinations"
+    );
 }
 
 #[test]
 fn same_inputs_same_sample_across_calls_samplers_and_threads() {
     let g = common::random(500, 300, 8000, 2);
     let seeds: Vec<u32> = (0..64).map(|i| i * 7 % 500).collect();
-    let reference = Sampler::new(&g, &[5, 3], 11).unwrap().sample(3, 4, &seeds).unwrap();
+    let reference = Sampler::new(&g, &[5, 3], 11)
+        .unwrap()
+        .sample(3, 4, &seeds)
+        .unwrap();
     let mut s = Sampler::new(&g, &[5, 3], 11).unwrap();
     s.sample(0, 0, &[1, 2, 3]).unwrap(); // unrelated work in between must not matter
     assert_eq!(s.sample(3, 4, &seeds).unwrap(), reference);
     let from_threads: Vec<MiniBatch> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..4).map(|_| sc.spawn(|| Sampler::new(&g, &[5, 3], 11).unwrap().sample(3, 4, &seeds).unwrap())).collect();
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(|| {
+                    Sampler::new(&g, &[5, 3], 11)
+                        .unwrap()
+                        .sample(3, 4, &seeds)
+                        .unwrap()
+                })
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert!(from_threads.iter().all(|m| *m == reference));
     // Any change of seed, epoch or step changes the sample.
     for (seed, epoch, step) in [(12, 3, 4), (11, 4, 4), (11, 3, 5)] {
-        let other = Sampler::new(&g, &[5, 3], seed).unwrap().sample(epoch, step, &seeds).unwrap();
+        let other = Sampler::new(&g, &[5, 3], seed)
+            .unwrap()
+            .sample(epoch, step, &seeds)
+            .unwrap();
         assert_ne!(global_edges(&g, &other), global_edges(&g, &reference));
     }
 }
@@ -120,7 +163,10 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
     let g = common::random(500, 300, 8000, 2);
     let seeds: Vec<u32> = (0..64).map(|i| i * 7 % 500).collect();
     let fanouts = [5, 3];
-    let want = Sampler::new(&g, &fanouts, 11).unwrap().sample(3, 4, &seeds).unwrap();
+    let want = Sampler::new(&g, &fanouts, 11)
+        .unwrap()
+        .sample(3, 4, &seeds)
+        .unwrap();
     let mut frontier = vec![Vec::new(); g.node_types().len()];
     frontier[g.target().index()] = seeds.clone();
     let mut s = Sampler::new(&g, &fanouts, 11).unwrap();
@@ -133,7 +179,21 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
             let chunks: Vec<Vec<graphs::RelationPicks>> = nodes
                 .chunks(7)
                 .rev()
-                .map(|c| Sampler::new(&g, &fanouts, 11).unwrap().pick(3, 4, layer, fanout, graphs::NodeTypeId(t as u32), c, &RelationFilter::All, &graphs::link::NoExclusion).unwrap())
+                .map(|c| {
+                    Sampler::new(&g, &fanouts, 11)
+                        .unwrap()
+                        .pick(
+                            3,
+                            4,
+                            layer,
+                            fanout,
+                            graphs::NodeTypeId(t as u32),
+                            c,
+                            &RelationFilter::All,
+                            &graphs::link::NoExclusion,
+                        )
+                        .unwrap()
+                })
                 .collect();
             let mut merged: Vec<graphs::RelationPicks> = Vec::new();
             for chunk in chunks.into_iter().rev() {
@@ -150,7 +210,15 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
             }
             picks.push(merged);
         }
-        let block = s.assemble(layer, fanout, frontier.clone(), &picks, &RelationFilter::All).unwrap();
+        let block = s
+            .assemble(
+                layer,
+                fanout,
+                frontier.clone(),
+                &picks,
+                &RelationFilter::All,
+            )
+            .unwrap();
         frontier = block.src.clone();
         blocks.push(block);
     }
@@ -159,7 +227,18 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
     // Malformed picks (one destination short) are refused, and the sampler stays usable.
     let mut dst = vec![Vec::new(); g.node_types().len()];
     dst[g.target().index()] = vec![1, 2];
-    let short = s.pick(0, 0, 0, 3, g.target(), &[1], &RelationFilter::All, &graphs::link::NoExclusion).unwrap();
+    let short = s
+        .pick(
+            0,
+            0,
+            0,
+            3,
+            g.target(),
+            &[1],
+            &RelationFilter::All,
+            &graphs::link::NoExclusion,
+        )
+        .unwrap();
     let mut picks = vec![Vec::new(); g.node_types().len()];
     picks[g.target().index()] = short;
     assert!(s.assemble(0, 3, dst, &picks, &RelationFilter::All).is_err());
@@ -170,14 +249,32 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
 fn a_node_draws_the_same_neighbors_whatever_batch_it_is_in() {
     let g = common::random(400, 100, 6000, 3);
     let cites = g.relation_id("paper__cites__paper").unwrap();
-    let a = Sampler::new(&g, &[4], 5).unwrap().sample(0, 9, &[10, 20, 30]).unwrap();
-    let b = Sampler::new(&g, &[4], 5).unwrap().sample(0, 9, &[30, 99]).unwrap();
-    let pick = |mb: &MiniBatch, v: u32| -> Vec<u32> { global_edges(&g, mb)[&(0, cites)].iter().filter(|e| e.0 == v).map(|e| e.1).collect() };
+    let a = Sampler::new(&g, &[4], 5)
+        .unwrap()
+        .sample(0, 9, &[10, 20, 30])
+        .unwrap();
+    let b = Sampler::new(&g, &[4], 5)
+        .unwrap()
+        .sample(0, 9, &[30, 99])
+        .unwrap();
+    let pick = |mb: &MiniBatch, v: u32| -> Vec<u32> {
+        global_edges(&g, mb)[&(0, cites)]
+            .iter()
+            .filter(|e| e.0 == v)
+            .map(|e| e.1)
+            .collect()
+    };
     assert_eq!(pick(&a, 30), pick(&b, 30));
     // ... and it is the documented pure function of the key.
     let mut scratch = Vec::new();
     let mut out = Vec::new();
-    sample_neighbors(neighbor_key(5, 0, 9, 0, g.relation(cites).key(), 30), g.relation(cites).in_csr().neighbors(30), 4, &mut scratch, &mut out);
+    sample_neighbors(
+        neighbor_key(5, 0, 9, 0, g.relation(cites).key(), 30),
+        g.relation(cites).in_csr().neighbors(30),
+        4,
+        &mut scratch,
+        &mut out,
+    );
     out.sort_unstable();
     assert_eq!(pick(&a, 30), out);
 }
@@ -192,9 +289,18 @@ fn sampling_without_replacement_is_uniform() {
     let (mut scratch, mut out) = (Vec::new(), Vec::new());
     for step in 0..trials {
         out.clear();
-        sample_neighbors(neighbor_key(0, 0, step, 0, 42, 1), &neighbors, 3, &mut scratch, &mut out);
+        sample_neighbors(
+            neighbor_key(0, 0, step, 0, 42, 1),
+            &neighbors,
+            3,
+            &mut scratch,
+            &mut out,
+        );
         assert_eq!(out.len(), 3);
-        assert!(out.windows(2).all(|w| w[0] < w[1]), "distinct and in neighbor order");
+        assert!(
+            out.windows(2).all(|w| w[0] < w[1]),
+            "distinct and in neighbor order"
+        );
         for &v in &out {
             per_node[(v - 100) as usize] += 1;
         }
@@ -202,11 +308,17 @@ fn sampling_without_replacement_is_uniform() {
     }
     assert_eq!(counts.len(), 56);
     let expected = trials as f64 / 56.0;
-    let chi2: f64 = counts.values().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+    let chi2: f64 = counts
+        .values()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum();
     // 55 degrees of freedom: the 0.001 critical value is 93.2.
     assert!(chi2 < 93.2, "subset chi-square {chi2}");
     let expected = trials as f64 * 3.0 / 8.0;
-    let chi2: f64 = per_node.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+    let chi2: f64 = per_node
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum();
     assert!(chi2 < 24.3, "per-node chi-square {chi2} {per_node:?}"); // 7 dof, p = 0.001
 
     // Large fanouts take the hash-set path; still distinct and capped.
@@ -223,7 +335,10 @@ fn relation_subsets_yield_exactly_the_full_samples_edges() {
     g.add_reverse_relations().unwrap();
     let fanouts = [5, 4];
     let seeds: Vec<u32> = (0..50).map(|i| i * 3).collect();
-    let full = Sampler::new(&g, &fanouts, 9).unwrap().sample(1, 2, &seeds).unwrap();
+    let full = Sampler::new(&g, &fanouts, 9)
+        .unwrap()
+        .sample(1, 2, &seeds)
+        .unwrap();
     let full_edges = global_edges(&g, &full);
     let writes = g.relation_id("author__writes__paper").unwrap();
     let rev_writes = g.relation_id("paper__rev_writes__author").unwrap();
@@ -236,7 +351,10 @@ fn relation_subsets_yield_exactly_the_full_samples_edges() {
         RelationFilter::PerLayer(vec![vec![rev_writes], vec![writes]]),
     ];
     for filter in &filters {
-        let part = Sampler::new(&g, &fanouts, 9).unwrap().sample_relations(1, 2, &seeds, filter).unwrap();
+        let part = Sampler::new(&g, &fanouts, 9)
+            .unwrap()
+            .sample_relations(1, 2, &seeds, filter)
+            .unwrap();
         for b in &part.blocks {
             for r in &b.relations {
                 assert!(filter.allows(b.layer, r.relation));
@@ -244,14 +362,29 @@ fn relation_subsets_yield_exactly_the_full_samples_edges() {
         }
         for ((layer, rel), edges) in global_edges(&g, &part) {
             let want = &full_edges[&(layer, rel)];
-            let dsts: BTreeSet<u32> = part.blocks[layer].dst[g.relation(rel).dst.index()].iter().copied().collect();
-            let restricted: Vec<(u32, u32)> = want.iter().filter(|e| dsts.contains(&e.0)).copied().collect();
-            assert_eq!(edges, restricted, "layer {layer} {}", g.relation(rel).canonical());
+            let dsts: BTreeSet<u32> = part.blocks[layer].dst[g.relation(rel).dst.index()]
+                .iter()
+                .copied()
+                .collect();
+            let restricted: Vec<(u32, u32)> = want
+                .iter()
+                .filter(|e| dsts.contains(&e.0))
+                .copied()
+                .collect();
+            assert_eq!(
+                edges,
+                restricted,
+                "layer {layer} {}",
+                g.relation(rel).canonical()
+            );
         }
         // At the last layer (the seeds) the subset's edges are the full sample's, whole.
         let last = fanouts.len() - 1;
         for r in &part.blocks[last].relations {
-            assert_eq!(global_edges(&g, &part)[&(last, r.relation)], full_edges[&(last, r.relation)]);
+            assert_eq!(
+                global_edges(&g, &part)[&(last, r.relation)],
+                full_edges[&(last, r.relation)]
+            );
         }
     }
 }
@@ -266,7 +399,13 @@ fn bad_arguments_are_refused() {
     let e = s.sample(0, 0, &[1, 2, 1]).unwrap_err();
     assert!(e.to_string().contains("listed twice"), "{e}");
     // The sampler stays usable after a refused call.
-    assert_eq!(s.sample(0, 0, &[1, 2]).unwrap(), Sampler::new(&g, &[2], 0).unwrap().sample(0, 0, &[1, 2]).unwrap());
+    assert_eq!(
+        s.sample(0, 0, &[1, 2]).unwrap(),
+        Sampler::new(&g, &[2], 0)
+            .unwrap()
+            .sample(0, 0, &[1, 2])
+            .unwrap()
+    );
 }
 
 #[test]

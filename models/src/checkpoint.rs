@@ -51,7 +51,10 @@ pub struct Manifest {
 
 /// Hex SHA-256 of `bytes` (the checksums manifests record).
 pub fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A manifest sealed against edits: its seal is the SHA-256 of its JSON with
@@ -64,7 +67,11 @@ pub trait Sealed: Serialize {
     /// Sets the seal from the rest of the manifest.
     fn seal(&mut self) {
         self.seal_field().clear();
-        let digest = sha256(serde_json::to_string(self).expect("manifests serialise").as_bytes());
+        let digest = sha256(
+            serde_json::to_string(self)
+                .expect("manifests serialise")
+                .as_bytes(),
+        );
         *self.seal_field() = digest;
     }
 
@@ -90,45 +97,95 @@ impl Sealed for Manifest {
 pub fn dense_tensors(model: &Model, adam: &Adam) -> Result<HashMap<String, Tensor>> {
     let mut params: HashMap<String, Tensor> = HashMap::new();
     for (n, var) in model.params.iter() {
-        params.insert(format!("param.{n}"), var.as_tensor().to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        params.insert(
+            format!("param.{n}"),
+            var.as_tensor()
+                .to_dtype(DType::F32)?
+                .to_device(&Device::Cpu)?,
+        );
     }
     for (n, (m, v)) in &adam.moments {
-        params.insert(format!("adam.m.{n}"), m.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-        params.insert(format!("adam.v.{n}"), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        params.insert(
+            format!("adam.m.{n}"),
+            m.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+        );
+        params.insert(
+            format!("adam.v.{n}"),
+            v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+        );
     }
-    params.insert("adam.step".into(), Tensor::new(&[adam.step as u32], &Device::Cpu)?);
+    params.insert(
+        "adam.step".into(),
+        Tensor::new(&[adam.step as u32], &Device::Cpu)?,
+    );
     Ok(params)
 }
 
 /// Restores what [`dense_tensors`] wrote (taking it out of `tensors`); checks
 /// every name and shape before changing anything. `dir` names the source in errors.
-pub fn restore_dense(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+pub fn restore_dense(
+    dir: &Path,
+    tensors: &mut HashMap<String, Tensor>,
+    model: &mut Model,
+    adam: &mut Adam,
+) -> Result<()> {
     restore_dense_where(dir, tensors, model, adam, |_| true)
 }
 
 /// [`restore_dense`] for the parameters `held` accepts (the others keep their values).
-pub fn restore_dense_where(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam, held: impl Fn(&str) -> bool) -> Result<()> {
+pub fn restore_dense_where(
+    dir: &Path,
+    tensors: &mut HashMap<String, Tensor>,
+    model: &mut Model,
+    adam: &mut Adam,
+    held: impl Fn(&str) -> bool,
+) -> Result<()> {
     let device = model.device().clone();
     let dtype = model.dtype();
-    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
+    let mut take = |name: &str| {
+        tensors
+            .remove(name)
+            .ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")))
+    };
     let mut dense = Vec::new();
     for (n, var) in model.params.iter().filter(|(n, _)| held(n)) {
         let t = take(&format!("param.{n}"))?;
         if t.shape() != var.as_tensor().shape() {
-            return Err(bad(dir, format!("parameter {n} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
+            return Err(bad(
+                dir,
+                format!(
+                    "parameter {n} has shape {:?}, the model {:?}",
+                    t.dims(),
+                    var.as_tensor().dims()
+                ),
+            ));
         }
         let moments = match (take(&format!("adam.m.{n}")), take(&format!("adam.v.{n}"))) {
             (Ok(m), Ok(v)) => {
                 if m.shape() != t.shape() || v.shape() != t.shape() {
-                    return Err(bad(dir, format!("Adam moments of {n} do not match its shape")));
+                    return Err(bad(
+                        dir,
+                        format!("Adam moments of {n} do not match its shape"),
+                    ));
                 }
-                Some((m.to_dtype(dtype)?.to_device(&device)?, v.to_dtype(dtype)?.to_device(&device)?))
+                Some((
+                    m.to_dtype(dtype)?.to_device(&device)?,
+                    v.to_dtype(dtype)?.to_device(&device)?,
+                ))
             }
             _ => None,
         };
-        dense.push((n.to_string(), t.to_dtype(dtype)?.to_device(&device)?, moments));
+        dense.push((
+            n.to_string(),
+            t.to_dtype(dtype)?.to_device(&device)?,
+            moments,
+        ));
     }
-    let step = take("adam.step")?.to_vec1::<u32>()?.first().copied().unwrap_or(0);
+    let step = take("adam.step")?
+        .to_vec1::<u32>()?
+        .first()
+        .copied()
+        .unwrap_or(0);
     for (n, t, moments) in dense {
         model.params.get(&n).expect("listed above").set(&t)?;
         if let Some(mv) = moments {
@@ -145,10 +202,22 @@ pub fn embedding_tensors(model: &Model) -> Result<HashMap<String, Tensor>> {
     let mut emb: HashMap<String, Tensor> = HashMap::new();
     for e in model.embeddings.iter().flatten() {
         let shape = (e.rows, e.dim);
-        emb.insert(format!("{}.data", e.name), Tensor::from_slice(&e.data, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.m", e.name), Tensor::from_slice(&e.m, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.v", e.name), Tensor::from_slice(&e.v, shape, &Device::Cpu)?);
-        emb.insert(format!("{}.steps", e.name), Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?);
+        emb.insert(
+            format!("{}.data", e.name),
+            Tensor::from_slice(&e.data, shape, &Device::Cpu)?,
+        );
+        emb.insert(
+            format!("{}.m", e.name),
+            Tensor::from_slice(&e.m, shape, &Device::Cpu)?,
+        );
+        emb.insert(
+            format!("{}.v", e.name),
+            Tensor::from_slice(&e.v, shape, &Device::Cpu)?,
+        );
+        emb.insert(
+            format!("{}.steps", e.name),
+            Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?,
+        );
     }
     Ok(emb)
 }
@@ -157,8 +226,16 @@ pub fn embedding_tensors(model: &Model) -> Result<HashMap<String, Tensor>> {
 type TableState = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u32>);
 
 /// Takes and checks what [`embedding_tensors`] wrote for every table `model` has.
-fn take_embeddings(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &Model) -> Result<Vec<TableState>> {
-    let mut take = |name: &str| tensors.remove(name).ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")));
+fn take_embeddings(
+    dir: &Path,
+    tensors: &mut HashMap<String, Tensor>,
+    model: &Model,
+) -> Result<Vec<TableState>> {
+    let mut take = |name: &str| {
+        tensors
+            .remove(name)
+            .ok_or_else(|| bad(dir, format!("tensor '{name}' is missing")))
+    };
     let mut tables = Vec::new();
     for e in model.embeddings.iter().flatten() {
         let get = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
@@ -166,8 +243,15 @@ fn take_embeddings(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &Mo
         let m = get(take(&format!("{}.m", e.name))?)?;
         let v = get(take(&format!("{}.v", e.name))?)?;
         let steps = take(&format!("{}.steps", e.name))?.to_vec1::<u32>()?;
-        if data.len() != e.data.len() || m.len() != e.m.len() || v.len() != e.v.len() || steps.len() != e.rows {
-            return Err(bad(dir, format!("embedding table {} does not match the model's size", e.name)));
+        if data.len() != e.data.len()
+            || m.len() != e.m.len()
+            || v.len() != e.v.len()
+            || steps.len() != e.rows
+        {
+            return Err(bad(
+                dir,
+                format!("embedding table {} does not match the model's size", e.name),
+            ));
         }
         tables.push((data, m, v, steps));
     }
@@ -176,12 +260,23 @@ fn take_embeddings(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &Mo
 
 /// Restores the dense state and the embedding tables (see [`dense_tensors`],
 /// [`embedding_tensors`]) from `tensors`; checks everything before changing anything.
-pub fn restore_model(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam) -> Result<()> {
+pub fn restore_model(
+    dir: &Path,
+    tensors: &mut HashMap<String, Tensor>,
+    model: &mut Model,
+    adam: &mut Adam,
+) -> Result<()> {
     restore_model_where(dir, tensors, model, adam, |_| true)
 }
 
 /// [`restore_model`] for the parameters `held` accepts (and every table the model has).
-pub fn restore_model_where(dir: &Path, tensors: &mut HashMap<String, Tensor>, model: &mut Model, adam: &mut Adam, held: impl Fn(&str) -> bool) -> Result<()> {
+pub fn restore_model_where(
+    dir: &Path,
+    tensors: &mut HashMap<String, Tensor>,
+    model: &mut Model,
+    adam: &mut Adam,
+    held: impl Fn(&str) -> bool,
+) -> Result<()> {
     let tables = take_embeddings(dir, tensors, model)?;
     restore_dense_where(dir, tensors, model, adam, held)?;
     for (e, (data, m, v, steps)) in model.embeddings.iter_mut().flatten().zip(tables) {
@@ -191,11 +286,17 @@ pub fn restore_model_where(dir: &Path, tensors: &mut HashMap<String, Tensor>, mo
 }
 
 fn io(path: &Path, source: std::io::Error) -> ModelError {
-    ModelError::Io { path: path.display().to_string(), source }
+    ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 fn bad(path: &Path, problem: impl Into<String>) -> ModelError {
-    ModelError::Checkpoint { path: path.display().to_string(), problem: problem.into() }
+    ModelError::Checkpoint {
+        path: path.display().to_string(),
+        problem: problem.into(),
+    }
 }
 
 /// Where a run stands, recorded with its tensors.
@@ -217,7 +318,13 @@ pub struct RunInfo {
 
 /// Writes a checkpoint of `model` and `adam` under `root` as `epoch-NNNNNN`,
 /// keeping the newest `keep` checkpoints. Returns its directory.
-pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize) -> Result<PathBuf> {
+pub fn save(
+    root: &Path,
+    model: &Model,
+    adam: &Adam,
+    info: &RunInfo,
+    keep: usize,
+) -> Result<PathBuf> {
     let epochs_done = info.epochs_done;
     std::fs::create_dir_all(root).map_err(|e| io(root, e))?;
     let name = format!("epoch-{epochs_done:06}");
@@ -250,7 +357,11 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
     };
     manifest.seal();
     let mpath = tmp.join(MANIFEST);
-    std::fs::write(&mpath, serde_json::to_string_pretty(&manifest).expect("manifest serialises")).map_err(|e| io(&mpath, e))?;
+    std::fs::write(
+        &mpath,
+        serde_json::to_string_pretty(&manifest).expect("manifest serialises"),
+    )
+    .map_err(|e| io(&mpath, e))?;
     let dest = root.join(&name);
     if dest.exists() {
         std::fs::remove_dir_all(&dest).map_err(|e| io(&dest, e))?;
@@ -258,7 +369,10 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
     std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;
     // Prune the oldest, never the one just written.
     let others: Vec<PathBuf> = list(root)?.into_iter().filter(|p| *p != dest).collect();
-    for old in others.iter().take((others.len() + 1).saturating_sub(keep.max(1))) {
+    for old in others
+        .iter()
+        .take((others.len() + 1).saturating_sub(keep.max(1)))
+    {
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
     }
     Ok(dest)
@@ -267,7 +381,11 @@ pub fn save(root: &Path, model: &Model, adam: &Adam, info: &RunInfo, keep: usize
 /// Checkpoint directories under `root`, oldest first.
 pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = match std::fs::read_dir(root) {
-        Ok(rd) => rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("epoch-")).map(|e| e.path()).collect(),
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("epoch-"))
+            .map(|e| e.path())
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io(root, e)),
     };
@@ -282,20 +400,32 @@ pub type Files = Vec<(String, Vec<u8>)>;
 pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     let mpath = dir.join(MANIFEST);
     let text = graphs::input::read_text(&mpath).map_err(|e| bad(&mpath, e.to_string()))?;
-    let mut manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
+    let mut manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if manifest.format != FORMAT {
-        return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", manifest.format)));
+        return Err(bad(
+            &mpath,
+            format!("format {} (this build reads {FORMAT})", manifest.format),
+        ));
     }
     if !manifest.seal_holds() {
         return Err(bad(&mpath, SEAL_BROKEN));
     }
-    if manifest.files.keys().any(|f| f != PARAMS && f != EMBEDDINGS) {
-        return Err(bad(&mpath, "manifest names files other than the checkpoint's own"));
+    if manifest
+        .files
+        .keys()
+        .any(|f| f != PARAMS && f != EMBEDDINGS)
+    {
+        return Err(bad(
+            &mpath,
+            "manifest names files other than the checkpoint's own",
+        ));
     }
     let mut files = Vec::new();
     for (file, want) in &manifest.files {
         let path = dir.join(file);
-        let bytes = graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
+        let bytes =
+            graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
         if sha256(&bytes) != *want {
             return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
         }
@@ -317,7 +447,10 @@ pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
     if skipped.is_empty() {
         Ok(None)
     } else {
-        Err(bad(root, format!("no usable checkpoint: {}", skipped.join("; "))))
+        Err(bad(
+            root,
+            format!("no usable checkpoint: {}", skipped.join("; ")),
+        ))
     }
 }
 
@@ -329,23 +462,52 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     }
     match latest(path)? {
         Some((dir, _)) => Ok(dir),
-        None => Err(bad(path, "no checkpoint here (neither a manifest.json nor epoch-* directories)")),
+        None => Err(bad(
+            path,
+            "no checkpoint here (neither a manifest.json nor epoch-* directories)",
+        )),
     }
 }
 
 /// Restores `model` and `adam` from the checkpoint in `dir`, which must have
 /// been written for an equal model spec, the graph `graph`, the same
 /// reverse-relation setting and (when given) the run fingerprint `run`.
-pub fn load(dir: &Path, model: &mut Model, adam: &mut Adam, graph: &str, reverse_edges: bool, run: Option<&str>) -> Result<Manifest> {
+pub fn load(
+    dir: &Path,
+    model: &mut Model,
+    adam: &mut Adam,
+    graph: &str,
+    reverse_edges: bool,
+    run: Option<&str>,
+) -> Result<Manifest> {
     let (manifest, files) = verify(dir)?;
     if manifest.spec != *model.spec() {
-        return Err(bad(dir, format!("written for another model ({:?}); this run has {:?}", manifest.spec, model.spec())));
+        return Err(bad(
+            dir,
+            format!(
+                "written for another model ({:?}); this run has {:?}",
+                manifest.spec,
+                model.spec()
+            ),
+        ));
     }
     if manifest.graph != graph {
-        return Err(bad(dir, format!("written for graph '{}', this run trains on '{graph}'", manifest.graph)));
+        return Err(bad(
+            dir,
+            format!(
+                "written for graph '{}', this run trains on '{graph}'",
+                manifest.graph
+            ),
+        ));
     }
     if manifest.reverse_edges != reverse_edges {
-        return Err(bad(dir, format!("written with reverse_edges = {}, this run has {reverse_edges}", manifest.reverse_edges)));
+        return Err(bad(
+            dir,
+            format!(
+                "written with reverse_edges = {}, this run has {reverse_edges}",
+                manifest.reverse_edges
+            ),
+        ));
     }
     if run.is_some_and(|r| r != manifest.run) {
         return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts or seed): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));

@@ -33,14 +33,30 @@ pub struct EmbeddingTable {
 impl EmbeddingTable {
     /// A table initialised N(0, 1) as a pure function of (seed, name).
     pub fn new(seed: u64, name: &str, rows: usize, dim: usize) -> EmbeddingTable {
-        EmbeddingTable { name: name.to_string(), rows, dim, data: init::normal(seed, name, rows * dim), m: vec![0.0; rows * dim], v: vec![0.0; rows * dim], steps: vec![0; rows] }
+        EmbeddingTable {
+            name: name.to_string(),
+            rows,
+            dim,
+            data: init::normal(seed, name, rows * dim),
+            m: vec![0.0; rows * dim],
+            v: vec![0.0; rows * dim],
+            steps: vec![0; rows],
+        }
     }
 
     /// A table of the rows `ids` of the one [`EmbeddingTable::new`] makes for
     /// (seed, name), in `ids` order: row `k` here is row `ids[k]` there.
     pub fn rows_of(seed: u64, name: &str, dim: usize, ids: &[u32]) -> EmbeddingTable {
         let n = ids.len();
-        EmbeddingTable { name: name.to_string(), rows: n, dim, data: init::normal_rows(seed, name, dim, ids), m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n] }
+        EmbeddingTable {
+            name: name.to_string(),
+            rows: n,
+            dim,
+            data: init::normal_rows(seed, name, dim, ids),
+            m: vec![0.0; n * dim],
+            v: vec![0.0; n * dim],
+            steps: vec![0; n],
+        }
     }
 
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
@@ -51,7 +67,11 @@ impl EmbeddingTable {
     /// [`EmbeddingTable::gather`] as a variable (a leaf the backward pass
     /// gives a gradient), without the copy `Var::from_tensor` makes.
     pub fn gather_var(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
-        Ok(if dtype == DType::F32 { Var::from_vec(self.rows_at(ids), (ids.len(), self.dim), device)?.into_inner() } else { Var::from_tensor(&self.gather(ids, dtype, device)?)?.into_inner() })
+        Ok(if dtype == DType::F32 {
+            Var::from_vec(self.rows_at(ids), (ids.len(), self.dim), device)?.into_inner()
+        } else {
+            Var::from_tensor(&self.gather(ids, dtype, device)?)?.into_inner()
+        })
     }
 
     /// Rows `ids`, row-major, copied in parallel.
@@ -60,16 +80,20 @@ impl EmbeddingTable {
         let mut out = Vec::with_capacity(ids.len() * d);
         if d > 0 {
             let row = |i: u32| &self.data[i as usize * d..(i as usize + 1) * d];
-            out.spare_capacity_mut().par_chunks_mut(d).enumerate().with_min_len(512).for_each(|(k, o)| {
-                if let Some(&a) = ids.get(k + AHEAD) {
-                    if (a as usize) < self.rows {
-                        prefetch(row(a));
+            out.spare_capacity_mut()
+                .par_chunks_mut(d)
+                .enumerate()
+                .with_min_len(512)
+                .for_each(|(k, o)| {
+                    if let Some(&a) = ids.get(k + AHEAD) {
+                        if (a as usize) < self.rows {
+                            prefetch(row(a));
+                        }
                     }
-                }
-                for (o, &x) in o.iter_mut().zip(row(ids[k])) {
-                    o.write(x);
-                }
-            });
+                    for (o, &x) in o.iter_mut().zip(row(ids[k])) {
+                        o.write(x);
+                    }
+                });
         }
         // SAFETY: every one of the ids.len() rows was written above (none when d = 0).
         unsafe { out.set_len(ids.len() * d) };
@@ -85,29 +109,80 @@ impl EmbeddingTable {
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
     /// in `ids` order), rows in parallel: see [`adam_rows`].
     pub fn adam_rows(&mut self, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> Result<()> {
-        adam_rows(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, cfg).map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
+        adam_rows(
+            RowsMut {
+                data: &mut self.data,
+                m: &mut self.m,
+                v: &mut self.v,
+                steps: &mut self.steps,
+                dim: self.dim,
+            },
+            ids,
+            g,
+            cfg,
+        )
+        .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
     /// [`EmbeddingTable::adam_rows`] with row `ids[k]`'s gradient at row `at[k]` of `g`.
-    pub fn adam_rows_picked(&mut self, ids: &[u32], g: &[f32], at: &[u32], cfg: &AdamConfig) -> Result<()> {
-        adam_rows_picked(RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: self.dim }, ids, g, at, cfg)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
+    pub fn adam_rows_picked(
+        &mut self,
+        ids: &[u32],
+        g: &[f32],
+        at: &[u32],
+        cfg: &AdamConfig,
+    ) -> Result<()> {
+        adam_rows_picked(
+            RowsMut {
+                data: &mut self.data,
+                m: &mut self.m,
+                v: &mut self.v,
+                steps: &mut self.steps,
+                dim: self.dim,
+            },
+            ids,
+            g,
+            at,
+            cfg,
+        )
+        .map_err(|e| ModelError::Config(format!("{}: {e}", self.name)))
     }
 
     /// Applies Adam to row `id` with gradient row `g`.
     pub fn adam_row_at(&mut self, id: u32, g: &[f32], cfg: &AdamConfig) {
         let i = id as usize;
         let r = i * self.dim..(i + 1) * self.dim;
-        adam_row(&mut self.data[r.clone()], &mut self.m[r.clone()], &mut self.v[r], &mut self.steps[i], g, cfg);
+        adam_row(
+            &mut self.data[r.clone()],
+            &mut self.m[r.clone()],
+            &mut self.v[r],
+            &mut self.steps[i],
+            g,
+            cfg,
+        );
     }
 }
 
 /// One row's Adam update with its own step count: the arithmetic every holder
 /// of learnable rows (table or sharded store) shares, so they agree exactly.
-pub fn adam_row(data: &mut [f32], m: &mut [f32], v: &mut [f32], steps: &mut u32, g: &[f32], cfg: &AdamConfig) {
+pub fn adam_row(
+    data: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    steps: &mut u32,
+    g: &[f32],
+    cfg: &AdamConfig,
+) {
     *steps += 1;
     let (bc1, bc2) = cfg.bias_corrections(*steps);
-    let c = RowConsts { b1: cfg.beta1 as f32, b2: cfg.beta2 as f32, bc1, bc2, lr: cfg.lr, eps: cfg.eps };
+    let c = RowConsts {
+        b1: cfg.beta1 as f32,
+        b2: cfg.beta2 as f32,
+        bc1,
+        bc2,
+        lr: cfg.lr,
+        eps: cfg.eps,
+    };
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -146,7 +221,13 @@ fn adam_elems(data: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], c: &Row
 /// time instead of two (the sparse update was mostly these).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn adam_elems_avx2(data: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], c: &RowConsts) {
+unsafe fn adam_elems_avx2(
+    data: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[f32],
+    c: &RowConsts,
+) {
     adam_elems(data, m, v, g, c)
 }
 
@@ -168,9 +249,19 @@ pub struct RowsMut<'a> {
 /// `g` (row-major, in `ids` order). Rows are updated in parallel; each row's
 /// update is independent and computed exactly as [`adam_row`] does alone, so
 /// the result does not depend on the thread count.
-pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> std::result::Result<(), String> {
+pub fn adam_rows(
+    t: RowsMut<'_>,
+    ids: &[u32],
+    g: &[f32],
+    cfg: &AdamConfig,
+) -> std::result::Result<(), String> {
     if g.len() != ids.len() * t.dim {
-        return Err(format!("{} gradient values for {} rows of width {}", g.len(), ids.len(), t.dim));
+        return Err(format!(
+            "{} gradient values for {} rows of width {}",
+            g.len(),
+            ids.len(),
+            t.dim
+        ));
     }
     update_rows(t, ids, g, |k| k, cfg)
 }
@@ -178,9 +269,19 @@ pub fn adam_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> st
 /// [`adam_rows`] with the gradient of row `ids[k]` at row `at[k]` of `g`, so
 /// that a caller updating part of a batch's rows (a cache's hits, the table's
 /// misses) need not copy their gradients apart first.
-pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: &[u32], cfg: &AdamConfig) -> std::result::Result<(), String> {
+pub fn adam_rows_picked(
+    t: RowsMut<'_>,
+    ids: &[u32],
+    g: &[f32],
+    at: &[u32],
+    cfg: &AdamConfig,
+) -> std::result::Result<(), String> {
     if at.len() != ids.len() {
-        return Err(format!("{} gradient positions for {} rows", at.len(), ids.len()));
+        return Err(format!(
+            "{} gradient positions for {} rows",
+            at.len(),
+            ids.len()
+        ));
     }
     if let Some(&p) = at.iter().find(|&&p| (p as usize + 1) * t.dim > g.len()) {
         return Err(format!("gradient row {p} of {}", g.len() / t.dim.max(1)));
@@ -189,7 +290,13 @@ pub fn adam_rows_picked(t: RowsMut<'_>, ids: &[u32], g: &[f32], at: &[u32], cfg:
 }
 
 /// The update of [`adam_rows`], row `ids[k]`'s gradient being row `grad_row(k)` of `g` (checked by the callers).
-fn update_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], grad_row: impl Fn(usize) -> usize, cfg: &AdamConfig) -> std::result::Result<(), String> {
+fn update_rows(
+    t: RowsMut<'_>,
+    ids: &[u32],
+    g: &[f32],
+    grad_row: impl Fn(usize) -> usize,
+    cfg: &AdamConfig,
+) -> std::result::Result<(), String> {
     let (dim, rows) = (t.dim, t.steps.len());
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     order.par_sort_unstable();
@@ -200,11 +307,19 @@ fn update_rows(t: RowsMut<'_>, ids: &[u32], g: &[f32], grad_row: impl Fn(usize) 
         return Err(format!("row {} updated twice in one step", w[0].0));
     }
     let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
-    let rows = rows_mut(t.data, dim, &sorted).into_iter().zip(rows_mut(t.m, dim, &sorted)).zip(rows_mut(t.v, dim, &sorted)).zip(rows_mut(t.steps, 1, &sorted)).zip(order.iter().map(|&(_, k)| {
-        let r = grad_row(k);
-        &g[r * dim..(r + 1) * dim]
-    }));
-    rows.collect::<Vec<_>>().into_par_iter().with_min_len(256).for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
+    let rows = rows_mut(t.data, dim, &sorted)
+        .into_iter()
+        .zip(rows_mut(t.m, dim, &sorted))
+        .zip(rows_mut(t.v, dim, &sorted))
+        .zip(rows_mut(t.steps, 1, &sorted))
+        .zip(order.iter().map(|&(_, k)| {
+            let r = grad_row(k);
+            &g[r * dim..(r + 1) * dim]
+        }));
+    rows.collect::<Vec<_>>()
+        .into_par_iter()
+        .with_min_len(256)
+        .for_each(|((((d, m), v), s), gk)| adam_row(d, m, v, &mut s[0], gk, cfg));
     Ok(())
 }
 
@@ -235,20 +350,45 @@ mod tests {
         let mut b = EmbeddingTable::new(3, "embed.x", rows, dim);
         for step in 0..3u32 {
             // Shuffled, distinct, a different subset each step.
-            let ids: Vec<u32> = (0..rows as u32).map(|i| i.wrapping_mul(2654435761u32.wrapping_add(step)) % rows as u32).filter(|i| i % 3 != step % 3).collect();
-            let ids: Vec<u32> = ids.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().rev().collect();
-            let g: Vec<f32> = (0..ids.len() * dim).map(|k| ((k * 31 + step as usize) % 17) as f32 - 8.0).collect();
+            let ids: Vec<u32> = (0..rows as u32)
+                .map(|i| i.wrapping_mul(2654435761u32.wrapping_add(step)) % rows as u32)
+                .filter(|i| i % 3 != step % 3)
+                .collect();
+            let ids: Vec<u32> = ids
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let g: Vec<f32> = (0..ids.len() * dim)
+                .map(|k| ((k * 31 + step as usize) % 17) as f32 - 8.0)
+                .collect();
             a.adam_rows(&ids, &g, &cfg).unwrap();
             for (k, &i) in ids.iter().enumerate() {
                 b.adam_row_at(i, &g[k * dim..(k + 1) * dim], &cfg);
             }
         }
-        assert_eq!(a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            a.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         assert_eq!((&a.m, &a.v, &a.steps), (&b.m, &b.v, &b.steps));
         let g = vec![0.5; 2 * dim];
-        assert!(a.adam_rows(&[7, 7], &g, &cfg).unwrap_err().to_string().contains("twice"));
-        assert!(a.adam_rows(&[1, rows as u32], &g, &cfg).unwrap_err().to_string().contains("row 5000"));
-        assert!(a.adam_rows(&[1], &g, &cfg).unwrap_err().to_string().contains("gradient values"));
+        assert!(a
+            .adam_rows(&[7, 7], &g, &cfg)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
+        assert!(a
+            .adam_rows(&[1, rows as u32], &g, &cfg)
+            .unwrap_err()
+            .to_string()
+            .contains("row 5000"));
+        assert!(a
+            .adam_rows(&[1], &g, &cfg)
+            .unwrap_err()
+            .to_string()
+            .contains("gradient values"));
     }
 
     #[test]
@@ -261,10 +401,24 @@ mod tests {
         // Rows 9, 2 and 40 take gradient rows 5, 0 and 3 of six.
         let (ids, at) = ([9u32, 2, 40], [5u32, 0, 3]);
         a.adam_rows_picked(&ids, &g, &at, &cfg).unwrap();
-        let copied: Vec<f32> = at.iter().flat_map(|&p| g[p as usize * dim..(p as usize + 1) * dim].to_vec()).collect();
+        let copied: Vec<f32> = at
+            .iter()
+            .flat_map(|&p| g[p as usize * dim..(p as usize + 1) * dim].to_vec())
+            .collect();
         b.adam_rows(&ids, &copied, &cfg).unwrap();
-        assert_eq!((&a.data, &a.m, &a.v, &a.steps), (&b.data, &b.m, &b.v, &b.steps));
-        assert!(a.adam_rows_picked(&ids, &g, &[5, 0], &cfg).unwrap_err().to_string().contains("positions"));
-        assert!(a.adam_rows_picked(&ids, &g, &[5, 0, 6], &cfg).unwrap_err().to_string().contains("gradient row 6 of 6"));
+        assert_eq!(
+            (&a.data, &a.m, &a.v, &a.steps),
+            (&b.data, &b.m, &b.v, &b.steps)
+        );
+        assert!(a
+            .adam_rows_picked(&ids, &g, &[5, 0], &cfg)
+            .unwrap_err()
+            .to_string()
+            .contains("positions"));
+        assert!(a
+            .adam_rows_picked(&ids, &g, &[5, 0, 6], &cfg)
+            .unwrap_err()
+            .to_string()
+            .contains("gradient row 6 of 6"));
     }
 }

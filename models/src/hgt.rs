@@ -50,9 +50,21 @@ pub struct HgtLayer {
 impl HgtLayer {
     /// Creates layer `index`'s parameters; `out_dim` must be a multiple of `heads`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, heads: usize, seed: u64, dtype: DType, device: &Device) -> Result<HgtLayer> {
+    pub fn new(
+        store: &mut ParamStore,
+        g: &HetGraph,
+        index: usize,
+        in_dims: &[usize],
+        out_dim: usize,
+        heads: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<HgtLayer> {
         if heads == 0 || !out_dim.is_multiple_of(heads) {
-            return Err(ModelError::Config(format!("HGT: width {out_dim} must be a multiple of heads ({heads})")));
+            return Err(ModelError::Config(format!(
+                "HGT: width {out_dim} must be a multiple of heads ({heads})"
+            )));
         }
         let d = out_dim / heads;
         let mut types = Vec::new();
@@ -63,7 +75,14 @@ impl HgtLayer {
                 key: store.matrix(seed, &format!("{p}.key"), i, out_dim, dtype, device)?,
                 query: store.matrix(seed, &format!("{p}.query"), i, out_dim, dtype, device)?,
                 value: store.matrix(seed, &format!("{p}.value"), i, out_dim, dtype, device)?,
-                out_w: store.matrix(seed, &format!("{p}.out.weight"), out_dim, out_dim, dtype, device)?,
+                out_w: store.matrix(
+                    seed,
+                    &format!("{p}.out.weight"),
+                    out_dim,
+                    out_dim,
+                    dtype,
+                    device,
+                )?,
                 out_b: store.zeros(&format!("{p}.out.bias"), out_dim, dtype, device)?,
                 skip: store.filled(&format!("{p}.skip"), 1, 1.0, dtype, device)?,
                 in_dim: i,
@@ -73,12 +92,22 @@ impl HgtLayer {
         for r in g.relations() {
             let p = format!("layer{index}.rel.{}", r.canonical());
             rels.push(RelationMaps {
-                att: store.matrix(seed, &format!("{p}.att"), heads * d, d, dtype, device)?.reshape((heads, d, d))?,
-                msg: store.matrix(seed, &format!("{p}.msg"), heads * d, d, dtype, device)?.reshape((heads, d, d))?,
+                att: store
+                    .matrix(seed, &format!("{p}.att"), heads * d, d, dtype, device)?
+                    .reshape((heads, d, d))?,
+                msg: store
+                    .matrix(seed, &format!("{p}.msg"), heads * d, d, dtype, device)?
+                    .reshape((heads, d, d))?,
                 prior: store.filled(&format!("{p}.prior"), heads, 1.0, dtype, device)?,
             });
         }
-        Ok(HgtLayer { types, rels, heads, head_dim: d, out_dim })
+        Ok(HgtLayer {
+            types,
+            rels,
+            heads,
+            head_dim: d,
+            out_dim,
+        })
     }
 
     /// `[n, H, d]` rows of `x · w`, then per head through `[H, d, d]` matrices.
@@ -86,7 +115,12 @@ impl HgtLayer {
         let n = x.dim(0)?;
         let h = matmul(x, w)?.reshape((n, self.heads, self.head_dim))?;
         Ok(match rel {
-            Some(m) => h.transpose(0, 1)?.contiguous()?.matmul(m)?.transpose(0, 1)?.contiguous()?,
+            Some(m) => h
+                .transpose(0, 1)?
+                .contiguous()?
+                .matmul(m)?
+                .transpose(0, 1)?
+                .contiguous()?,
             None => h,
         })
     }
@@ -94,18 +128,32 @@ impl HgtLayer {
 
 impl RelationalLayer for HgtLayer {
     /// Merged log-sum-exp partials of `relations`, per destination type (`[n_dst, H, 2 + d]`).
-    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
+        for br in block
+            .relations
+            .iter()
+            .filter(|br| relations.contains(&br.relation))
+        {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
-            let (Some(x), Some(xd)) = (&h_src[s], &h_src[d]) else { continue };
+            let (Some(x), Some(xd)) = (&h_src[s], &h_src[d]) else {
+                continue;
+            };
             let (n_src, n_dst) = (block.src[s].len(), block.dst[d].len());
             let r = &self.rels[br.relation.index()];
             let csr = SegmentCsr::new(n_src, br.offsets.clone(), br.sources.clone());
             let prior = (r.prior.reshape((1, self.heads, 1))? * scale)?;
-            let k = self.per_head(x, &self.types[s].key, Some(&r.att))?.broadcast_mul(&prior)?;
+            let k = self
+                .per_head(x, &self.types[s].key, Some(&r.att))?
+                .broadcast_mul(&prior)?;
             let v = self.per_head(x, &self.types[s].value, Some(&r.msg))?;
             let q = self.per_head(&xd.narrow(0, 0, n_dst)?, &self.types[d].query, None)?;
             let p = lse_attention(&q, &k, &v, &csr)?;
@@ -158,7 +206,10 @@ impl RelationalLayer for HgtLayer {
         m_shape[last] = 1;
         let m = (Tensor::ones(m_shape, dtype, device)? * crate::ops::EMPTY_MAX)?;
         let zeros = Tensor::zeros(shape.clone(), dtype, device)?;
-        Ok(Tensor::cat(&[&m, &zeros.narrow(last, 1, shape[last] - 1)?], last)?)
+        Ok(Tensor::cat(
+            &[&m, &zeros.narrow(last, 1, shape[last] - 1)?],
+            last,
+        )?)
     }
 
     /// Attention queries read the destinations' rows.

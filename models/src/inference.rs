@@ -28,17 +28,31 @@ pub struct TypeRows {
 pub fn embedding_layers(model: &Model) -> Result<usize> {
     match &model.layers {
         // A link predictor's last layer writes the embeddings the decoder scores.
-        Layers::Relational(ls, head) => Ok(if head.is_some() || model.spec().link.is_some() { ls.len() } else { ls.len() - 1 }),
-        Layers::Mlp(_) => Err(ModelError::Config("embed needs a relational model (rgcn, rgat or hgt): the MLP reads no neighbourhood".into())),
+        Layers::Relational(ls, head) => Ok(if head.is_some() || model.spec().link.is_some() {
+            ls.len()
+        } else {
+            ls.len() - 1
+        }),
+        Layers::Mlp(_) => Err(ModelError::Config(
+            "embed needs a relational model (rgcn, rgat or hgt): the MLP reads no neighbourhood"
+                .into(),
+        )),
     }
 }
 
 /// Every node's embedding (see [`embedding_layers`]), per type (`None`: a
 /// type the model reads no rows of), computing `chunk` destinations at a
 /// time; `progress(layer, done, total)` after each chunk.
-pub fn embed_all(model: &Model, g: &HetGraph, chunk: usize, mut progress: impl FnMut(usize, u64, u64)) -> Result<Vec<Option<TypeRows>>> {
+pub fn embed_all(
+    model: &Model,
+    g: &HetGraph,
+    chunk: usize,
+    mut progress: impl FnMut(usize, u64, u64),
+) -> Result<Vec<Option<TypeRows>>> {
     let layers = embedding_layers(model)?;
-    let Layers::Relational(ls, _) = &model.layers else { unreachable!("checked by embedding_layers") };
+    let Layers::Relational(ls, _) = &model.layers else {
+        unreachable!("checked by embedding_layers")
+    };
     let types = g.node_types().len();
     let chunk = chunk.max(1);
     let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
@@ -62,7 +76,10 @@ pub fn embed_all(model: &Model, g: &HetGraph, chunk: usize, mut progress: impl F
                 if let Some(x) = out[t].take() {
                     let (_, width) = x.dims2()?;
                     let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                    let slot = next[t].get_or_insert_with(|| TypeRows { width, data: Vec::with_capacity(count as usize * width) });
+                    let slot = next[t].get_or_insert_with(|| TypeRows {
+                        width,
+                        data: Vec::with_capacity(count as usize * width),
+                    });
                     slot.data.extend_from_slice(&values);
                 }
                 done += dst.len() as u64;
@@ -75,13 +92,20 @@ pub fn embed_all(model: &Model, g: &HetGraph, chunk: usize, mut progress: impl F
         Some(rows) => Ok(rows),
         // No layer runs (a one-layer R-GCN): the inputs themselves.
         None => {
-            let all: Vec<Vec<u32>> = g.node_types().iter().map(|t| (0..t.count).collect()).collect();
+            let all: Vec<Vec<u32>> = g
+                .node_types()
+                .iter()
+                .map(|t| (0..t.count).collect())
+                .collect();
             let h = model.gather_inputs(g, &all)?;
             h.into_iter()
                 .map(|x| {
                     x.map(|x| -> Result<TypeRows> {
                         let (_, width) = x.dims2()?;
-                        Ok(TypeRows { width, data: x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()? })
+                        Ok(TypeRows {
+                            width,
+                            data: x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                        })
                     })
                     .transpose()
                 })
@@ -96,7 +120,8 @@ pub fn embed_all(model: &Model, g: &HetGraph, chunk: usize, mut progress: impl F
 pub fn full_block(g: &HetGraph, layer: usize, t: NodeTypeId, dst: &[u32]) -> Block {
     let types = g.node_types().len();
     let mut src: Vec<Vec<u32>> = vec![Vec::new(); types];
-    let mut slot: Vec<std::collections::HashMap<u32, u32>> = vec![std::collections::HashMap::new(); types];
+    let mut slot: Vec<std::collections::HashMap<u32, u32>> =
+        vec![std::collections::HashMap::new(); types];
     for &v in dst {
         slot[t.index()].insert(v, src[t.index()].len() as u32);
         src[t.index()].push(v);
@@ -119,11 +144,20 @@ pub fn full_block(g: &HetGraph, layer: usize, t: NodeTypeId, dst: &[u32]) -> Blo
             }
             offsets.push(sources.len() as u32);
         }
-        relations.push(BlockRelation { relation: r, offsets, sources });
+        relations.push(BlockRelation {
+            relation: r,
+            offsets,
+            sources,
+        });
     }
     let mut dsts = vec![Vec::new(); types];
     dsts[t.index()] = dst.to_vec();
-    Block { layer, dst: dsts, src, relations }
+    Block {
+        layer,
+        dst: dsts,
+        src,
+        relations,
+    }
 }
 
 /// The rows of `nodes` (per type) from a layer's stored rows, as tensors.
@@ -135,9 +169,14 @@ fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> Resu
                 let mut buf = Vec::with_capacity(ids.len() * r.width);
                 for &v in ids {
                     let at = v as usize * r.width;
-                    buf.extend_from_slice(r.data.get(at..at + r.width).ok_or_else(|| ModelError::Config(format!("node {v} beyond the stored rows")))?);
+                    buf.extend_from_slice(r.data.get(at..at + r.width).ok_or_else(|| {
+                        ModelError::Config(format!("node {v} beyond the stored rows"))
+                    })?);
                 }
-                Ok(Some(Tensor::from_vec(buf, (ids.len(), r.width), model.device())?.to_dtype(model.dtype())?))
+                Ok(Some(
+                    Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
+                        .to_dtype(model.dtype())?,
+                ))
             }
             _ => Ok(None),
         })

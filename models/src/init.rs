@@ -11,7 +11,9 @@ pub fn glorot_bound(fan_in: usize, fan_out: usize) -> f64 {
 /// `n` values uniform in `[-bound, bound)` for the parameter named `name`.
 pub fn uniform(seed: u64, name: &str, n: usize, bound: f64) -> Vec<f32> {
     let mut r = CounterRng::from_parts(&[seed, hash_str(name)]);
-    (0..n).map(|_| ((r.next_f64() * 2.0 - 1.0) * bound) as f32).collect()
+    (0..n)
+        .map(|_| ((r.next_f64() * 2.0 - 1.0) * bound) as f32)
+        .collect()
 }
 
 /// Standard normal values (learnable embedding rows), `n` of them.
@@ -62,8 +64,15 @@ mod tests {
         let (rows, dim) = (50usize, 3usize);
         let whole = normal(7, "embed.author", rows * dim);
         let ids = [0u32, 3, 4, 49, 17];
-        let picked: Vec<f32> = ids.iter().flat_map(|&i| whole[i as usize * dim..(i as usize + 1) * dim].to_vec()).collect();
+        let picked: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| whole[i as usize * dim..(i as usize + 1) * dim].to_vec())
+            .collect();
         assert_eq!(normal_rows(7, "embed.author", dim, &ids), picked);
-        assert_ne!(normal_rows(8, "embed.author", dim, &ids), picked, "the seed keys the rows");
+        assert_ne!(
+            normal_rows(8, "embed.author", dim, &ids),
+            picked,
+            "the seed keys the rows"
+        );
     }
 }

@@ -35,7 +35,13 @@ pub trait RelationalLayer: Send + Sync {
     /// The summed (or merged) partial aggregations of `relations` (those
     /// present in `block`), per destination type; `h_src[t]` holds the rows of
     /// `block.src[t]`.
-    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType>;
+    fn relation_partials(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<PerType>;
 
     /// Merges two partials of the same destinations computed from disjoint
     /// relation subsets: a sum unless the layer normalises across relations.
@@ -83,7 +89,13 @@ pub trait RelationMeans {
     fn out_width(&self) -> Result<usize>;
     /// Per relation in `relations` (those present in `block` with source
     /// rows), the mean of the sampled sources' rows, untransformed.
-    fn relation_means(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<Vec<(RelationId, Tensor)>>;
+    fn relation_means(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<Vec<(RelationId, Tensor)>>;
     /// The partial of relation means: each times its relation's weight, summed.
     fn transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>>;
 }
@@ -123,13 +135,57 @@ pub struct Registration {
 /// The registry of relational models (`None` for the MLP, which reads no relations).
 pub fn registered(kind: ModelKind) -> Option<Registration> {
     Some(match kind {
-        ModelKind::Rgcn => Registration { build: |a| Ok(Box::new(RgcnLayer::new(a.store, a.g, a.index, a.in_dims, a.out_dim, a.spec.seed, a.dtype, a.device)?)), head: false, uses_heads: false },
-        ModelKind::Rgat => {
-            Registration { build: |a| Ok(Box::new(RgatLayer::new(a.store, a.g, a.index, a.in_dims, a.out_dim, a.spec.heads, a.last, a.spec.seed, a.dtype, a.device)?)), head: false, uses_heads: true }
-        }
-        ModelKind::Hgt => {
-            Registration { build: |a| Ok(Box::new(HgtLayer::new(a.store, a.g, a.index, a.in_dims, a.out_dim, a.spec.heads, a.spec.seed, a.dtype, a.device)?)), head: true, uses_heads: true }
-        }
+        ModelKind::Rgcn => Registration {
+            build: |a| {
+                Ok(Box::new(RgcnLayer::new(
+                    a.store,
+                    a.g,
+                    a.index,
+                    a.in_dims,
+                    a.out_dim,
+                    a.spec.seed,
+                    a.dtype,
+                    a.device,
+                )?))
+            },
+            head: false,
+            uses_heads: false,
+        },
+        ModelKind::Rgat => Registration {
+            build: |a| {
+                Ok(Box::new(RgatLayer::new(
+                    a.store,
+                    a.g,
+                    a.index,
+                    a.in_dims,
+                    a.out_dim,
+                    a.spec.heads,
+                    a.last,
+                    a.spec.seed,
+                    a.dtype,
+                    a.device,
+                )?))
+            },
+            head: false,
+            uses_heads: true,
+        },
+        ModelKind::Hgt => Registration {
+            build: |a| {
+                Ok(Box::new(HgtLayer::new(
+                    a.store,
+                    a.g,
+                    a.index,
+                    a.in_dims,
+                    a.out_dim,
+                    a.spec.heads,
+                    a.spec.seed,
+                    a.dtype,
+                    a.device,
+                )?))
+            },
+            head: true,
+            uses_heads: true,
+        },
         ModelKind::Mlp => return None,
     })
 }

@@ -73,7 +73,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
         lanes[l] += x * y;
     }
-    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
 
 /// `log(1 + exp(x))`, computed without overflow.
@@ -89,13 +90,20 @@ fn softplus(x: &Tensor) -> Result<Tensor> {
 /// the whole batch (`p·(1+k)`), for [`LinkLoss::Contrastive`] its positives.
 pub fn loss(kind: LinkLoss, pos: &Tensor, neg: &Tensor, denominator: f64) -> Result<Tensor> {
     if denominator <= 0.0 {
-        return Err(ModelError::Config("a link-prediction loss over no edges".into()));
+        return Err(ModelError::Config(
+            "a link-prediction loss over no edges".into(),
+        ));
     }
     let total = match kind {
-        LinkLoss::CrossEntropy => (softplus(&pos.neg()?)?.sum_all()? + softplus(neg)?.sum_all()?)?,
+        LinkLoss::CrossEntropy => {
+            (softplus(&pos.neg()?)?.sum_all()? + softplus(neg)?.sum_all()?)?
+        }
         LinkLoss::Contrastive => {
             let logits = Tensor::cat(&[&pos.unsqueeze(1)?, neg], 1)?;
-            candle_nn::ops::log_softmax(&logits, 1)?.narrow(1, 0, 1)?.sum_all()?.neg()?
+            candle_nn::ops::log_softmax(&logits, 1)?
+                .narrow(1, 0, 1)?
+                .sum_all()?
+                .neg()?
         }
     };
     Ok((total / denominator)?)
@@ -122,7 +130,11 @@ impl RankSums {
     /// above and those scored at least as high (ties count half).
     pub fn add(&mut self, pos: &[f32], neg: &[f32], k: usize) -> Result<()> {
         if neg.len() != pos.len() * k {
-            return Err(ModelError::Config(format!("{} negative scores for {} positives of {k} each", neg.len(), pos.len())));
+            return Err(ModelError::Config(format!(
+                "{} negative scores for {} positives of {k} each",
+                neg.len(),
+                pos.len()
+            )));
         }
         for (i, p) in pos.iter().enumerate() {
             let row = &neg[i * k..(i + 1) * k];
@@ -176,17 +188,33 @@ mod tests {
     fn the_host_dot_is_the_scores_dot_and_ties_rank_half() {
         let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..67).map(|i| (i as f32 * 0.11).cos()).collect();
-        let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let want: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
         assert!((f64::from(dot(&a, &b)) - want).abs() < 1e-5);
-        let score = super::score(&t(&a).reshape((1, 67)).unwrap(), &t(&b).reshape((1, 67)).unwrap(), None).unwrap();
+        let score = super::score(
+            &t(&a).reshape((1, 67)).unwrap(),
+            &t(&b).reshape((1, 67)).unwrap(),
+            None,
+        )
+        .unwrap();
         assert!((score.to_vec1::<f32>().unwrap()[0] - dot(&a, &b)).abs() < 1e-5);
         assert_eq!(dot(&[], &[]), 0.0);
         // A negative scored exactly as its positive counts half.
-        let (pos, neg) = ([0.5f32, -1.0, 2.0], [0.5f32, 0.7, -2.0, 1.0, -1.0, -3.0, 0.0, 0.1, 0.2]);
+        let (pos, neg) = (
+            [0.5f32, -1.0, 2.0],
+            [0.5f32, 0.7, -2.0, 1.0, -1.0, -3.0, 0.0, 0.1, 0.2],
+        );
         let mut b = RankSums::default();
         b.add(&pos, &neg, 3).unwrap();
         assert_eq!((b.count, b.hits1, b.hits10), (3, 1, 3));
-        assert!((b.reciprocal - (1.0 / 2.5 + 1.0 / 2.5 + 1.0)).abs() < 1e-12, "a tie counts half: {}", b.reciprocal);
+        assert!(
+            (b.reciprocal - (1.0 / 2.5 + 1.0 / 2.5 + 1.0)).abs() < 1e-12,
+            "a tie counts half: {}",
+            b.reciprocal
+        );
         assert!(b.add(&pos, &neg[..8], 3).is_err());
         // No negatives: every edge ranks first.
         let mut c = RankSums::default();
@@ -200,9 +228,15 @@ mod tests {
         let neg = Tensor::new(&[[0.5f32, -3.0], [100.0, -100.0]], &Device::Cpu).unwrap();
         let sp = |x: f64| (1.0 + x.exp()).ln();
         let want = (sp(-2.0) + sp(1.0) + sp(0.5) + sp(-3.0) + 100.0 + sp(-100.0)) / 6.0;
-        let got = loss(LinkLoss::CrossEntropy, &pos, &neg, 6.0).unwrap().to_scalar::<f32>().unwrap();
+        let got = loss(LinkLoss::CrossEntropy, &pos, &neg, 6.0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!((f64::from(got) - want).abs() < 1e-5, "{got} vs {want}");
-        let c = loss(LinkLoss::Contrastive, &pos, &neg, 2.0).unwrap().to_scalar::<f32>().unwrap();
+        let c = loss(LinkLoss::Contrastive, &pos, &neg, 2.0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         let lse = |v: &[f64]| v.iter().map(|x| x.exp()).sum::<f64>().ln();
         let want = ((lse(&[2.0, 0.5, -3.0]) - 2.0) + (lse(&[-1.0, 100.0, -100.0]) + 1.0)) / 2.0;
         assert!((f64::from(c) - want).abs() < 1e-4, "{c} vs {want}");
@@ -212,7 +246,12 @@ mod tests {
     #[test]
     fn ranks_follow_the_ogb_convention() {
         let mut r = RankSums::default();
-        r.add(&[3.0, 5.0, 1.0], &[0.0, 1.0, 2.0, 5.0, 5.0, 0.0, 9.0, 8.0, 7.0], 3).unwrap();
+        r.add(
+            &[3.0, 5.0, 1.0],
+            &[0.0, 1.0, 2.0, 5.0, 5.0, 0.0, 9.0, 8.0, 7.0],
+            3,
+        )
+        .unwrap();
         // Ranks 1, 1 + (0 + 2)/2 = 2, 4.
         assert_eq!(r.count, 3);
         assert!((r.mrr() - (1.0 + 0.5 + 0.25) / 3.0).abs() < 1e-12);
@@ -223,7 +262,16 @@ mod tests {
     fn distmult_scales_each_dimension() {
         let a = Tensor::new(&[[1.0f32, 2.0]], &Device::Cpu).unwrap();
         let b = Tensor::new(&[[3.0f32, 4.0]], &Device::Cpu).unwrap();
-        assert_eq!(score(&a, &b, None).unwrap().to_vec1::<f32>().unwrap(), vec![11.0]);
-        assert_eq!(score(&a, &b, Some(&t(&[2.0, 0.5]))).unwrap().to_vec1::<f32>().unwrap(), vec![10.0]);
+        assert_eq!(
+            score(&a, &b, None).unwrap().to_vec1::<f32>().unwrap(),
+            vec![11.0]
+        );
+        assert_eq!(
+            score(&a, &b, Some(&t(&[2.0, 0.5])))
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+            vec![10.0]
+        );
     }
 }

@@ -32,7 +32,9 @@ impl std::str::FromStr for ModelKind {
             "rgat" => Ok(ModelKind::Rgat),
             "hgt" => Ok(ModelKind::Hgt),
             "mlp" => Ok(ModelKind::Mlp),
-            other => Err(ModelError::Config(format!("unknown model '{other}' (known: rgcn, rgat, hgt, mlp)"))),
+            other => Err(ModelError::Config(format!(
+                "unknown model '{other}' (known: rgcn, rgat, hgt, mlp)"
+            ))),
         }
     }
 }
@@ -83,20 +85,44 @@ impl ModelSpec {
     /// `tables` the learnable rows (with their moments). Checked before
     /// anything is allocated, so that a width no machine can hold is an error.
     pub fn min_bytes(&self, g: &HetGraph, tables: bool) -> u128 {
-        let classes = if self.link.is_some() { self.hidden as u128 } else { u128::from(g.num_classes()) };
+        let classes = if self.link.is_some() {
+            self.hidden as u128
+        } else {
+            u128::from(g.num_classes())
+        };
         let (hidden, embed) = (self.hidden as u128, self.embed_dim as u128);
-        let input = g.node_types().iter().map(|t| t.features.as_ref().map_or(embed, |f| f.dim() as u128)).max().unwrap_or(embed);
-        let per_layer = if self.kind == ModelKind::Mlp { 1 } else { g.relations().len().max(1) as u128 };
+        let input = g
+            .node_types()
+            .iter()
+            .map(|t| t.features.as_ref().map_or(embed, |f| f.dim() as u128))
+            .max()
+            .unwrap_or(embed);
+        let per_layer = if self.kind == ModelKind::Mlp {
+            1
+        } else {
+            g.relations().len().max(1) as u128
+        };
         let mut weights: u128 = 0;
         for l in 0..self.layers {
             let fan_in = if l == 0 { input } else { hidden };
-            let fan_out = if l + 1 == self.layers { classes } else { hidden };
-            weights = weights.saturating_add(per_layer.saturating_mul(fan_in).saturating_mul(fan_out));
+            let fan_out = if l + 1 == self.layers {
+                classes
+            } else {
+                hidden
+            };
+            weights =
+                weights.saturating_add(per_layer.saturating_mul(fan_in).saturating_mul(fan_out));
         }
         let mut bytes = weights.saturating_mul(4 * 4);
         if tables {
             let learnable = Model::learnable_types(self.kind, g);
-            let rows: u128 = g.node_types().iter().zip(learnable).filter(|(_, l)| *l).map(|(t, _)| u128::from(t.count)).sum();
+            let rows: u128 = g
+                .node_types()
+                .iter()
+                .zip(learnable)
+                .filter(|(_, l)| *l)
+                .map(|(t, _)| u128::from(t.count))
+                .sum();
             bytes = bytes.saturating_add(rows.saturating_mul(embed).saturating_mul(4 * 3));
         }
         bytes
@@ -111,14 +137,26 @@ impl ModelSpec {
     pub fn step_bytes(&self, g: &HetGraph, fanouts: &[usize], batch: usize) -> u128 {
         let types = g.node_types();
         let count = |t: NodeTypeId| types[t.index()].count as f64;
-        let input = types.iter().map(|t| t.features.as_ref().map_or(self.embed_dim, |f| f.dim())).max().unwrap_or(self.embed_dim) as f64;
+        let input = types
+            .iter()
+            .map(|t| t.features.as_ref().map_or(self.embed_dim, |f| f.dim()))
+            .max()
+            .unwrap_or(self.embed_dim) as f64;
         let mut rows = vec![0f64; types.len()];
         rows[g.target().index()] = (batch as f64).min(count(g.target()));
         let mut bytes = 0f64;
         for (hop, &fanout) in fanouts.iter().enumerate().take(self.layers) {
             let layer = self.layers - 1 - hop;
-            let w_in = if layer == 0 { input } else { self.hidden as f64 };
-            let w_out = if layer + 1 == self.layers { f64::from(g.num_classes()).max(self.hidden as f64) } else { self.hidden as f64 };
+            let w_in = if layer == 0 {
+                input
+            } else {
+                self.hidden as f64
+            };
+            let w_out = if layer + 1 == self.layers {
+                f64::from(g.num_classes()).max(self.hidden as f64)
+            } else {
+                self.hidden as f64
+            };
             let mut next = rows.clone();
             for r in g.relations() {
                 let dst_rows = rows[r.dst.index()];
@@ -144,20 +182,32 @@ impl ModelSpec {
             return Err(ModelError::Config("layers must be at least 1".into()));
         }
         if self.hidden == 0 || self.embed_dim == 0 {
-            return Err(ModelError::Config("hidden and embed_dim must be at least 1".into()));
+            return Err(ModelError::Config(
+                "hidden and embed_dim must be at least 1".into(),
+            ));
         }
-        if crate::layer::registered(self.kind).is_some_and(|r| r.uses_heads) && (self.heads == 0 || !self.hidden.is_multiple_of(self.heads)) {
-            return Err(ModelError::Config(format!("hidden ({}) must be a positive multiple of heads ({})", self.hidden, self.heads)));
+        if crate::layer::registered(self.kind).is_some_and(|r| r.uses_heads)
+            && (self.heads == 0 || !self.hidden.is_multiple_of(self.heads))
+        {
+            return Err(ModelError::Config(format!(
+                "hidden ({}) must be a positive multiple of heads ({})",
+                self.hidden, self.heads
+            )));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return Err(ModelError::Config(format!("dropout {} must be in [0, 1)", self.dropout)));
+            return Err(ModelError::Config(format!(
+                "dropout {} must be in [0, 1)",
+                self.dropout
+            )));
         }
         if let Some(link) = &self.link {
             if self.kind == ModelKind::Mlp {
                 return Err(ModelError::Config("link prediction needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type's features".into()));
             }
             if link.relations.is_empty() {
-                return Err(ModelError::Config("link prediction needs at least one target relation".into()));
+                return Err(ModelError::Config(
+                    "link prediction needs at least one target relation".into(),
+                ));
             }
         }
         Ok(())
@@ -210,11 +260,22 @@ impl Model {
     /// [`Model::new`] without its embedding tables (every entry `None`): for
     /// a replica whose learnable rows live elsewhere, so that it never
     /// allocates whole tables.
-    pub fn without_tables(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device) -> Result<Model> {
+    pub fn without_tables(
+        spec: &ModelSpec,
+        g: &HetGraph,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Model> {
         Model::build(spec, g, dtype, device, false)
     }
 
-    fn build(spec: &ModelSpec, g: &HetGraph, dtype: DType, device: &Device, tables: bool) -> Result<Model> {
+    fn build(
+        spec: &ModelSpec,
+        g: &HetGraph,
+        dtype: DType,
+        device: &Device,
+        tables: bool,
+    ) -> Result<Model> {
         spec.validate()?;
         let what = format!(
             "the model (training.hidden {}, training.embed_dim {}, training.layers {}, {} classes, {} relations)",
@@ -227,27 +288,69 @@ impl Model {
         graphs::memory::check_fits(&what, spec.min_bytes(g, tables)).map_err(ModelError::Config)?;
         let seed = spec.seed;
         // A link predictor's last layer writes embeddings, hidden wide.
-        let num_classes = if spec.link.is_some() { spec.hidden } else { g.num_classes() as usize };
+        let num_classes = if spec.link.is_some() {
+            spec.hidden
+        } else {
+            g.num_classes() as usize
+        };
         let target = g.target();
         let mut params = ParamStore::new();
         let mut embeddings = Vec::new();
         let mut in_dims = Vec::new();
-        for (nt, learnable) in g.node_types().iter().zip(Model::learnable_types(spec.kind, g)) {
+        for (nt, learnable) in g
+            .node_types()
+            .iter()
+            .zip(Model::learnable_types(spec.kind, g))
+        {
             in_dims.push(nt.features.as_ref().map_or(spec.embed_dim, |f| f.dim()));
-            embeddings.push((tables && learnable).then(|| EmbeddingTable::new(seed, &format!("embed.{}", nt.name), nt.count as usize, spec.embed_dim)));
+            embeddings.push((tables && learnable).then(|| {
+                EmbeddingTable::new(
+                    seed,
+                    &format!("embed.{}", nt.name),
+                    nt.count as usize,
+                    spec.embed_dim,
+                )
+            }));
         }
         let registered = crate::layer::registered(spec.kind);
         let has_head = registered.as_ref().is_some_and(|r| r.head) && spec.link.is_none();
-        let width = |l: usize| if l + 1 == spec.layers && !has_head { num_classes } else { spec.hidden };
+        let width = |l: usize| {
+            if l + 1 == spec.layers && !has_head {
+                num_classes
+            } else {
+                spec.hidden
+            }
+        };
         let layers = match registered {
             Some(r) => {
                 let mut ls = Vec::new();
                 for l in 0..spec.layers {
-                    let dims: Vec<usize> = if l == 0 { in_dims.clone() } else { vec![spec.hidden; in_dims.len()] };
-                    ls.push((r.build)(LayerArgs { store: &mut params, g, index: l, in_dims: &dims, out_dim: width(l), last: l + 1 == spec.layers, spec, dtype, device })?);
+                    let dims: Vec<usize> = if l == 0 {
+                        in_dims.clone()
+                    } else {
+                        vec![spec.hidden; in_dims.len()]
+                    };
+                    ls.push((r.build)(LayerArgs {
+                        store: &mut params,
+                        g,
+                        index: l,
+                        in_dims: &dims,
+                        out_dim: width(l),
+                        last: l + 1 == spec.layers,
+                        spec,
+                        dtype,
+                        device,
+                    })?);
                 }
                 let head = if has_head {
-                    let w = params.matrix(seed, "head.weight", spec.hidden, num_classes, dtype, device)?;
+                    let w = params.matrix(
+                        seed,
+                        "head.weight",
+                        spec.hidden,
+                        num_classes,
+                        dtype,
+                        device,
+                    )?;
                     Some((w, params.zeros("head.bias", num_classes, dtype, device)?))
                 } else {
                     None
@@ -255,10 +358,19 @@ impl Model {
                 if let Some(link) = &spec.link {
                     for name in &link.relations {
                         if g.relation_id(name).is_none() {
-                            return Err(ModelError::Config(format!("target relation '{name}' is not in graph '{}'", g.name())));
+                            return Err(ModelError::Config(format!(
+                                "target relation '{name}' is not in graph '{}'",
+                                g.name()
+                            )));
                         }
                         if link.decoder == crate::link::Decoder::Distmult {
-                            params.filled(&crate::link::diagonal_name(name), spec.hidden, 1.0, dtype, device)?;
+                            params.filled(
+                                &crate::link::diagonal_name(name),
+                                spec.hidden,
+                                1.0,
+                                dtype,
+                                device,
+                            )?;
                         }
                     }
                 }
@@ -268,7 +380,14 @@ impl Model {
                 let mut ls = Vec::new();
                 let mut d = in_dims[target.index()];
                 for l in 0..spec.layers {
-                    let w = params.matrix(seed, &format!("mlp.layer{l}.weight"), d, width(l), dtype, device)?;
+                    let w = params.matrix(
+                        seed,
+                        &format!("mlp.layer{l}.weight"),
+                        d,
+                        width(l),
+                        dtype,
+                        device,
+                    )?;
                     let b = params.zeros(&format!("mlp.layer{l}.bias"), width(l), dtype, device)?;
                     ls.push((w, b));
                     d = width(l);
@@ -276,14 +395,28 @@ impl Model {
                 Layers::Mlp(ls)
             }
         };
-        Ok(Model { spec: spec.clone(), target, num_classes, params, embeddings, layers, all_relations: (0..g.relations().len() as u32).map(RelationId).collect(), dtype, device: device.clone() })
+        Ok(Model {
+            spec: spec.clone(),
+            target,
+            num_classes,
+            params,
+            embeddings,
+            layers,
+            all_relations: (0..g.relations().len() as u32).map(RelationId).collect(),
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// Which node types get a learnable embedding table: the featureless ones
     /// the model reads (the MLP reads only the target type).
     pub fn learnable_types(kind: ModelKind, g: &HetGraph) -> Vec<bool> {
         let target = g.target().index();
-        g.node_types().iter().enumerate().map(|(t, nt)| nt.features.is_none() && (kind != ModelKind::Mlp || t == target)).collect()
+        g.node_types()
+            .iter()
+            .enumerate()
+            .map(|(t, nt)| nt.features.is_none() && (kind != ModelKind::Mlp || t == target))
+            .collect()
     }
 
     /// The spec the model was built from.
@@ -313,18 +446,33 @@ impl Model {
 
     /// Logits `[seeds, classes]` for a mini-batch. `inputs[t]` holds the input
     /// rows of `mb.blocks[0].src[t]`; `dropout` is `Some` in training.
-    pub fn forward(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        inputs: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
         Ok(self.forward_with_embeddings(g, mb, inputs, dropout)?.0)
     }
 
     /// Like [`Model::forward`], also returning the seeds' final-layer input
     /// embeddings (`[seeds, width]`: what the last layer reads for each seed).
-    pub fn forward_with_embeddings(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<(Tensor, Tensor)> {
+    pub fn forward_with_embeddings(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        inputs: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<(Tensor, Tensor)> {
         let n_seeds = mb.seeds.len();
         let t = self.target.index();
         match &self.layers {
             Layers::Mlp(ls) => {
-                let mut h = inputs[t].as_ref().ok_or_else(|| ModelError::Config("no input rows for the target type".into()))?.narrow(0, 0, n_seeds)?;
+                let mut h = inputs[t]
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Config("no input rows for the target type".into()))?
+                    .narrow(0, 0, n_seeds)?;
                 let mut last_in = h.clone();
                 for (l, (w, b)) in ls.iter().enumerate() {
                     last_in = h.clone();
@@ -337,7 +485,11 @@ impl Model {
             }
             Layers::Relational(ls, head) => {
                 if mb.blocks.len() != ls.len() {
-                    return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+                    return Err(ModelError::Config(format!(
+                        "{} sampled blocks for a {}-layer model: give one fanout per layer",
+                        mb.blocks.len(),
+                        ls.len()
+                    )));
                 }
                 let mut h = inputs;
                 let mut last_in = None;
@@ -349,11 +501,17 @@ impl Model {
                     let out = layer.cross_relation(block, &h, partials)?;
                     h = self.activate(l, block, out, dropout)?;
                 }
-                let out = h[t].take().ok_or_else(|| ModelError::Config("the last block has no target rows".into()))?;
+                let out = h[t].take().ok_or_else(|| {
+                    ModelError::Config("the last block has no target rows".into())
+                })?;
                 match head {
-                    Some((w, b)) => Ok((crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?, out)),
+                    Some((w, b)) => {
+                        Ok((crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?, out))
+                    }
                     None => {
-                        let emb = last_in.ok_or_else(|| ModelError::Config("the last block has no target inputs".into()))?;
+                        let emb = last_in.ok_or_else(|| {
+                            ModelError::Config("the last block has no target inputs".into())
+                        })?;
                         Ok((out, emb))
                     }
                 }
@@ -363,10 +521,20 @@ impl Model {
 
     /// The last layer's rows of every seed of every type (`mb`'s last block's
     /// destinations, in their order): a link predictor's embeddings.
-    pub fn forward_nodes(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+    pub fn forward_nodes(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        inputs: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<PerType> {
         let (ls, _) = self.relational()?;
         if mb.blocks.len() != ls.len() {
-            return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+            return Err(ModelError::Config(format!(
+                "{} sampled blocks for a {}-layer model: give one fanout per layer",
+                mb.blocks.len(),
+                ls.len()
+            )));
         }
         let mut h = inputs;
         for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate() {
@@ -391,21 +559,38 @@ impl Model {
 
     /// Relation `r`'s DistMult diagonal (`None` for the dot decoder).
     fn decoder_diagonal(&self, r: usize) -> Result<Option<Tensor>> {
-        let link = self.spec.link.as_ref().ok_or_else(|| ModelError::Config("the model was not built for link prediction".into()))?;
-        let name = link.relations.get(r).ok_or_else(|| ModelError::Config(format!("no target relation {r}")))?;
+        let link = self.spec.link.as_ref().ok_or_else(|| {
+            ModelError::Config("the model was not built for link prediction".into())
+        })?;
+        let name = link
+            .relations
+            .get(r)
+            .ok_or_else(|| ModelError::Config(format!("no target relation {r}")))?;
         Ok(match link.decoder {
             crate::link::Decoder::Dot => None,
-            crate::link::Decoder::Distmult => {
-                Some(self.params.get(&crate::link::diagonal_name(name)).ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?.as_tensor().clone())
-            }
+            crate::link::Decoder::Distmult => Some(
+                self.params
+                    .get(&crate::link::diagonal_name(name))
+                    .ok_or_else(|| ModelError::Config(format!("no decoder diagonal for {name}")))?
+                    .as_tensor()
+                    .clone(),
+            ),
         })
     }
 
     /// After layer `l`'s cross-relation step: R-GCN and R-GAT apply ReLU and
     /// dropout between layers; HGT has its own nonlinearity and feeds the
     /// classifier, so it gets dropout after every layer.
-    pub(crate) fn activate(&self, l: usize, block: &graphs::Block, mut out: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
-        let Layers::Relational(ls, _) = &self.layers else { return Ok(out) };
+    pub(crate) fn activate(
+        &self,
+        l: usize,
+        block: &graphs::Block,
+        mut out: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<PerType> {
+        let Layers::Relational(ls, _) = &self.layers else {
+            return Ok(out);
+        };
         let relu = ls[l].activation() == Activation::ReluDropoutBetween;
         if l + 1 < ls.len() || !relu {
             for (ty, o) in out.iter_mut().enumerate() {
@@ -420,9 +605,17 @@ impl Model {
     /// Relational layer `l` on `block` from its sources' rows `h_src`: the
     /// destinations' rows before any activation (full-graph training
     /// activates them itself, applying dropout on the receiving side).
-    pub fn layer_forward(&self, g: &HetGraph, l: usize, block: &graphs::Block, h_src: &PerType) -> Result<PerType> {
+    pub fn layer_forward(
+        &self,
+        g: &HetGraph,
+        l: usize,
+        block: &graphs::Block,
+        h_src: &PerType,
+    ) -> Result<PerType> {
         let (ls, _) = self.relational()?;
-        let layer = ls.get(l).ok_or_else(|| ModelError::Config(format!("no layer {l} in a {}-layer model", ls.len())))?;
+        let layer = ls.get(l).ok_or_else(|| {
+            ModelError::Config(format!("no layer {l} in a {}-layer model", ls.len()))
+        })?;
         let partials = layer.relation_partials(g, block, &self.all_relations, h_src)?;
         layer.cross_relation(block, h_src, partials)
     }
@@ -432,7 +625,12 @@ impl Model {
     /// classifier of its own, nor the MLP).
     pub fn relu_between_layers(&self) -> bool {
         match &self.layers {
-            Layers::Relational(ls, head) => head.is_none() && ls.iter().all(|l| l.activation() == Activation::ReluDropoutBetween),
+            Layers::Relational(ls, head) => {
+                head.is_none()
+                    && ls
+                        .iter()
+                        .all(|l| l.activation() == Activation::ReluDropoutBetween)
+            }
             Layers::Mlp(_) => false,
         }
     }
@@ -440,7 +638,14 @@ impl Model {
     /// Dropout of training step `key` on rows `x` of nodes `ids` of type
     /// `ntype` feeding layer `layer + 1`: the masks [`Model::forward`] applies
     /// after layer `layer` (without its ReLU); `x` itself without `key`.
-    pub fn dropout_rows(&self, x: Tensor, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
+    pub fn dropout_rows(
+        &self,
+        x: Tensor,
+        key: Option<DropoutKey>,
+        layer: usize,
+        ntype: usize,
+        ids: &[u32],
+    ) -> Result<Tensor> {
         self.dropout(x, false, key, layer, ntype, ids)
     }
 
@@ -458,12 +663,32 @@ impl Model {
     /// `relu(x)` (when `relu`) then dropout keyed by (seed, epoch, step,
     /// layer, type) and each row's node id; in evaluation only the ReLU.
     #[allow(clippy::too_many_arguments)]
-    fn dropout(&self, x: Tensor, relu: bool, key: Option<DropoutKey>, layer: usize, ntype: usize, ids: &[u32]) -> Result<Tensor> {
-        let (Some(k), true) = (key, self.spec.dropout > 0.0) else { return Ok(if relu { x.relu()? } else { x }) };
-        let k = graphs::rng::key(&[self.spec.seed, 0xD809, k.epoch, k.step, layer as u64, ntype as u64]);
+    fn dropout(
+        &self,
+        x: Tensor,
+        relu: bool,
+        key: Option<DropoutKey>,
+        layer: usize,
+        ntype: usize,
+        ids: &[u32],
+    ) -> Result<Tensor> {
+        let (Some(k), true) = (key, self.spec.dropout > 0.0) else {
+            return Ok(if relu { x.relu()? } else { x });
+        };
+        let k = graphs::rng::key(&[
+            self.spec.seed,
+            0xD809,
+            k.epoch,
+            k.step,
+            layer as u64,
+            ntype as u64,
+        ]);
         let rows = x.dim(0)?;
         if rows != ids.len() {
-            return Err(ModelError::Config(format!("dropout over {rows} rows for {} nodes", ids.len())));
+            return Err(ModelError::Config(format!(
+                "dropout over {rows} rows for {} nodes",
+                ids.len()
+            )));
         }
         Ok(crate::ops::dropout(&x, relu, k, self.spec.dropout, ids)?)
     }
@@ -472,8 +697,15 @@ impl Model {
     /// pipeline stage running ahead of training on another thread).
     pub fn feature_gather(&self) -> FeatureGather {
         let n = self.embeddings.len();
-        let wanted = (0..n).map(|t| self.uses_neighbors() || t == self.target.index()).collect();
-        FeatureGather { wanted, dtype: self.dtype, device: self.device.clone(), scan: true }
+        let wanted = (0..n)
+            .map(|t| self.uses_neighbors() || t == self.target.index())
+            .collect();
+        FeatureGather {
+            wanted,
+            dtype: self.dtype,
+            device: self.device.clone(),
+            scan: true,
+        }
     }
 
     /// The input rows for a mini-batch: features of typed nodes (copied from the
@@ -493,7 +725,9 @@ impl Model {
                 continue;
             }
             let Some(e) = &self.embeddings[t] else {
-                return Err(ModelError::Config(format!("node type {t} has neither features nor an embedding table")));
+                return Err(ModelError::Config(format!(
+                    "node type {t} has neither features nor an embedding table"
+                )));
             };
             inputs[t] = Some(e.gather_var(ids, self.dtype, &self.device)?);
         }
@@ -514,7 +748,11 @@ pub struct FeatureGather {
 impl FeatureGather {
     /// Feature rows of `nodes[t]` for every wanted type with features; `None` elsewhere.
     pub fn gather(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
-        nodes.iter().enumerate().map(|(t, ids)| self.gather_type(g, t, ids)).collect()
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(t, ids)| self.gather_type(g, t, ids))
+            .collect()
     }
 
     /// Feature rows `ids` of type `t` (`None` if the model does not read the
@@ -530,7 +768,10 @@ impl FeatureGather {
                 // Mostly zeros: the rows' non-zeros come from the table's, not from a scan of the dense rows.
                 let picked = nz.pick(ids);
                 let x = Tensor::from_vec(picked.to_dense(), (ids.len(), dim), &self.device)?;
-                crate::ops::sparse::remember(&x, std::sync::Arc::new(crate::ops::sparse::SparseRows::from_rows(picked)))?;
+                crate::ops::sparse::remember(
+                    &x,
+                    std::sync::Arc::new(crate::ops::sparse::SparseRows::from_rows(picked)),
+                )?;
                 return Ok(Some(x));
             }
         }
@@ -554,7 +795,11 @@ impl FeatureGather {
     /// model's device (the rows go to the device on the thread that trains).
     pub fn on_host(&self) -> FeatureGather {
         // The rows are bound for the model's device: no sparse product reads them.
-        FeatureGather { device: Device::Cpu, scan: false, ..self.clone() }
+        FeatureGather {
+            device: Device::Cpu,
+            scan: false,
+            ..self.clone()
+        }
     }
 
     /// Whether the model reads type `t`'s input rows.
@@ -575,6 +820,9 @@ impl FeatureGather {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("spec", &self.spec).field("parameters", &self.params.numel()).finish()
+        f.debug_struct("Model")
+            .field("spec", &self.spec)
+            .field("parameters", &self.params.numel())
+            .finish()
     }
 }

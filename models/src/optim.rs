@@ -25,12 +25,20 @@ impl AdamConfig {
     /// Adam's bias corrections `(1 - β1^t, 1 - β2^t)` after `t` updates: one
     /// expression for every holder of Adam state, so they agree bit for bit.
     pub fn bias_corrections(&self, t: u32) -> (f64, f64) {
-        (1.0 - self.beta1.powi(t as i32), 1.0 - self.beta2.powi(t as i32))
+        (
+            1.0 - self.beta1.powi(t as i32),
+            1.0 - self.beta2.powi(t as i32),
+        )
     }
 
     /// PyTorch's defaults with learning rate `lr`.
     pub fn with_lr(lr: f64) -> AdamConfig {
-        AdamConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+        AdamConfig {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
     }
 }
 
@@ -84,7 +92,11 @@ pub struct Adam {
 impl Adam {
     /// A fresh optimiser.
     pub fn new(cfg: AdamConfig) -> Adam {
-        Adam { cfg, step: 0, moments: BTreeMap::new() }
+        Adam {
+            cfg,
+            step: 0,
+            moments: BTreeMap::new(),
+        }
     }
 
     /// Applies one update from `grads`.
@@ -94,12 +106,28 @@ impl Adam {
 
     /// Applies one update from gradients given by parameter name (all-reduced
     /// gradients of data-parallel training).
-    pub fn step_named(&mut self, params: &ParamStore, grads: &BTreeMap<String, Tensor>) -> Result<()> {
-        let by_ptr: Vec<(candle_core::TensorId, &Tensor)> = params.iter().filter_map(|(n, v)| grads.get(n).map(|g| (v.as_tensor().id(), g))).collect();
-        self.step_with(params, |var| by_ptr.iter().find(|(id, _)| *id == var.as_tensor().id()).map(|(_, g)| (*g).clone()))
+    pub fn step_named(
+        &mut self,
+        params: &ParamStore,
+        grads: &BTreeMap<String, Tensor>,
+    ) -> Result<()> {
+        let by_ptr: Vec<(candle_core::TensorId, &Tensor)> = params
+            .iter()
+            .filter_map(|(n, v)| grads.get(n).map(|g| (v.as_tensor().id(), g)))
+            .collect();
+        self.step_with(params, |var| {
+            by_ptr
+                .iter()
+                .find(|(id, _)| *id == var.as_tensor().id())
+                .map(|(_, g)| (*g).clone())
+        })
     }
 
-    fn step_with(&mut self, params: &ParamStore, grad_of: impl Fn(&candle_core::Var) -> Option<Tensor>) -> Result<()> {
+    fn step_with(
+        &mut self,
+        params: &ParamStore,
+        grad_of: impl Fn(&candle_core::Var) -> Option<Tensor>,
+    ) -> Result<()> {
         self.step += 1;
         let c = self.cfg;
         let (bc1, bc2) = c.bias_corrections(self.step as u32);
@@ -107,7 +135,9 @@ impl Adam {
             // Detach: a leaf's gradient can still reference the step's forward
             // graph, and moments derived from it would chain every step's graph
             // to the next (an unbounded leak).
-            let Some(g) = grad_of(var).map(|g| g.detach()) else { continue };
+            let Some(g) = grad_of(var).map(|g| g.detach()) else {
+                continue;
+            };
             let (m, v) = match self.moments.get(name) {
                 Some((m, v)) => (m.clone(), v.clone()),
                 None => (g.zeros_like()?, g.zeros_like()?),
@@ -135,7 +165,12 @@ mod tests {
             for cfg in [&a, &b] {
                 let (x, y) = table.get(cfg, t);
                 let (wx, wy) = cfg.bias_corrections(t);
-                assert_eq!((x.to_bits(), y.to_bits()), (wx.to_bits(), wy.to_bits()), "t {t}, beta2 {}", cfg.beta2);
+                assert_eq!(
+                    (x.to_bits(), y.to_bits()),
+                    (wx.to_bits(), wy.to_bits()),
+                    "t {t}, beta2 {}",
+                    cfg.beta2
+                );
             }
         }
     }

@@ -21,14 +21,42 @@ impl ParamStore {
     }
 
     /// Adds a Glorot-initialised `[rows, cols]` matrix and returns it.
-    pub fn matrix(&mut self, seed: u64, name: &str, rows: usize, cols: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-        self.uniform(seed, name, (rows, cols), init::glorot_bound(rows, cols), dtype, device)
+    pub fn matrix(
+        &mut self,
+        seed: u64,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        self.uniform(
+            seed,
+            name,
+            (rows, cols),
+            init::glorot_bound(rows, cols),
+            dtype,
+            device,
+        )
     }
 
     /// Adds a tensor of `shape` uniform in `[-bound, bound)` and returns it.
-    pub fn uniform(&mut self, seed: u64, name: &str, shape: impl Into<Shape>, bound: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn uniform(
+        &mut self,
+        seed: u64,
+        name: &str,
+        shape: impl Into<Shape>,
+        bound: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let shape = shape.into();
-        let t = Tensor::from_vec(init::uniform(seed, name, shape.elem_count(), bound), shape, device)?.to_dtype(dtype)?;
+        let t = Tensor::from_vec(
+            init::uniform(seed, name, shape.elem_count(), bound),
+            shape,
+            device,
+        )?
+        .to_dtype(dtype)?;
         self.insert(name, t)
     }
 
@@ -38,14 +66,24 @@ impl ParamStore {
     }
 
     /// Adds a vector of length `n` filled with `value` and returns it.
-    pub fn filled(&mut self, name: &str, n: usize, value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn filled(
+        &mut self,
+        name: &str,
+        n: usize,
+        value: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         self.insert(name, (Tensor::ones(n, dtype, device)? * value)?)
     }
 
     fn insert(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
         let var = Var::from_tensor(&t)?;
         let out = var.as_tensor().clone();
-        assert!(self.params.insert(name.to_string(), var).is_none(), "parameter {name} defined twice");
+        assert!(
+            self.params.insert(name.to_string(), var).is_none(),
+            "parameter {name} defined twice"
+        );
         Ok(out)
     }
 

@@ -45,19 +45,36 @@ pub trait RelationPartials {
     /// `layers - 1` layers, over the relations sampled into `mb` (a
     /// partition's). Rows whose neighborhoods the partition holds whole are
     /// exactly the single-process rows.
-    fn hidden_below_top(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType>;
+    fn hidden_below_top(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        inputs: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<PerType>;
     /// On a worker: the seeds' partial over the top-layer relations sampled
     /// into `mb`, from `h`; `None` when the partition has none.
     fn top_partial(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Option<Tensor>>;
     /// On the reducer: the logits of `seeds` from their own rows and every
     /// worker's partial (merged in the order given).
-    fn reduce_top(&self, seeds: &[u32], own: &Tensor, partials: &[Tensor], dropout: Option<DropoutKey>) -> Result<Tensor>;
+    fn reduce_top(
+        &self,
+        seeds: &[u32],
+        own: &Tensor,
+        partials: &[Tensor],
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor>;
     /// Whether a worker whose top-layer relations are `top` ships their means instead.
     fn ships_means(&self, top: &[RelationId]) -> Result<bool>;
     /// The width of relation `r`'s shipped means.
     fn mean_width(&self, r: RelationId) -> Result<usize>;
     /// On a worker that ships means: the seeds' mean rows per top-layer relation.
-    fn top_means(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Vec<(RelationId, Tensor)>>;
+    fn top_means(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        h: &PerType,
+    ) -> Result<Vec<(RelationId, Tensor)>>;
     /// On the reducer: the partial of a worker's shipped means.
     fn transform_means(&self, means: &[(RelationId, Tensor)]) -> Result<Option<Tensor>>;
     /// The shape of one seed's partial (after the seed dimension).
@@ -69,7 +86,12 @@ pub trait RelationPartials {
     /// Names of the dense parameters a partition sampling `per_layer`
     /// relations may use (a superset); with `reducer`, also those of the top
     /// layer's cross-relation step and the head.
-    fn params_for(&self, g: &HetGraph, per_layer: &[Vec<RelationId>], reducer: bool) -> Result<BTreeSet<String>>;
+    fn params_for(
+        &self,
+        g: &HetGraph,
+        per_layer: &[Vec<RelationId>],
+        reducer: bool,
+    ) -> Result<BTreeSet<String>>;
 }
 
 impl RelationPartials for Model {
@@ -77,10 +99,20 @@ impl RelationPartials for Model {
     /// `layers - 1` layers, over the relations sampled into `mb` (a
     /// partition's). Rows whose neighborhoods the partition holds whole are
     /// exactly the single-process rows.
-    fn hidden_below_top(&self, g: &HetGraph, mb: &MiniBatch, inputs: PerType, dropout: Option<DropoutKey>) -> Result<PerType> {
+    fn hidden_below_top(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        inputs: PerType,
+        dropout: Option<DropoutKey>,
+    ) -> Result<PerType> {
         let (ls, _) = self.relational()?;
         if mb.blocks.len() != ls.len() {
-            return Err(ModelError::Config(format!("{} sampled blocks for a {}-layer model: give one fanout per layer", mb.blocks.len(), ls.len())));
+            return Err(ModelError::Config(format!(
+                "{} sampled blocks for a {}-layer model: give one fanout per layer",
+                mb.blocks.len(),
+                ls.len()
+            )));
         }
         let mut h = inputs;
         for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate().take(ls.len() - 1) {
@@ -96,16 +128,33 @@ impl RelationPartials for Model {
     /// when the partition has no top-layer relation.
     fn top_partial(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Option<Tensor>> {
         let (ls, _) = self.relational()?;
-        let (layer, block) = (ls.last().expect("validated: layers >= 1"), mb.blocks.last().ok_or_else(|| ModelError::Config("no sampled blocks".into()))?);
-        if !block.relations.iter().any(|r| g.relation(r.relation).dst == self.target) {
+        let (layer, block) = (
+            ls.last().expect("validated: layers >= 1"),
+            mb.blocks
+                .last()
+                .ok_or_else(|| ModelError::Config("no sampled blocks".into()))?,
+        );
+        if !block
+            .relations
+            .iter()
+            .any(|r| g.relation(r.relation).dst == self.target)
+        {
             return Ok(None);
         }
-        Ok(layer.relation_partials(g, block, &self.all_relations, h)?.swap_remove(self.target.index()))
+        Ok(layer
+            .relation_partials(g, block, &self.all_relations, h)?
+            .swap_remove(self.target.index()))
     }
 
     /// On the reducer: the logits of `seeds` from their own rows after
     /// `layers - 1` layers and every worker's partial (merged in the order given).
-    fn reduce_top(&self, seeds: &[u32], own: &Tensor, partials: &[Tensor], dropout: Option<DropoutKey>) -> Result<Tensor> {
+    fn reduce_top(
+        &self,
+        seeds: &[u32],
+        own: &Tensor,
+        partials: &[Tensor],
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
         let (ls, head) = self.relational()?;
         let layer = ls.last().expect("validated: layers >= 1");
         let mut merged: Option<Tensor> = None;
@@ -119,14 +168,21 @@ impl RelationPartials for Model {
         let t = self.target.index();
         let mut ids = vec![Vec::new(); n];
         ids[t] = seeds.to_vec();
-        let block = graphs::Block { layer: ls.len() - 1, dst: ids.clone(), src: ids, relations: Vec::new() };
+        let block = graphs::Block {
+            layer: ls.len() - 1,
+            dst: ids.clone(),
+            src: ids,
+            relations: Vec::new(),
+        };
         let mut h: PerType = vec![None; n];
         h[t] = Some(own.clone());
         let mut p: PerType = vec![None; n];
         p[t] = merged;
         let out = layer.cross_relation(&block, &h, p)?;
         let mut out = self.activate(ls.len() - 1, &block, out, dropout)?;
-        let out = out[t].take().ok_or_else(|| ModelError::Config("no target rows after the top layer".into()))?;
+        let out = out[t]
+            .take()
+            .ok_or_else(|| ModelError::Config("no target rows after the top layer".into()))?;
         Ok(match head {
             Some((w, b)) => crate::ops::add_bias(&crate::ops::matmul(&out, w)?, b)?,
             None => out,
@@ -138,7 +194,9 @@ impl RelationPartials for Model {
     /// one transformed partial); the reducer then applies their weights.
     fn ships_means(&self, top: &[RelationId]) -> Result<bool> {
         let (ls, _) = self.relational()?;
-        let Some(l) = ls.last().and_then(|l| l.means()) else { return Ok(false) };
+        let Some(l) = ls.last().and_then(|l| l.means()) else {
+            return Ok(false);
+        };
         let width: usize = top.iter().map(|&r| l.in_width(r)).sum::<Result<usize>>()?;
         Ok(!top.is_empty() && width < l.out_width()?)
     }
@@ -147,13 +205,23 @@ impl RelationPartials for Model {
     fn mean_width(&self, r: RelationId) -> Result<usize> {
         let (ls, _) = self.relational()?;
         match ls.last() {
-            Some(l) if r.index() < self.all_relations.len() && l.means().is_some() => l.means().map_or(Ok(0), |m| m.in_width(r)),
-            _ => Err(ModelError::Config(format!("relation {} ships no means", r.0))),
+            Some(l) if r.index() < self.all_relations.len() && l.means().is_some() => {
+                l.means().map_or(Ok(0), |m| m.in_width(r))
+            }
+            _ => Err(ModelError::Config(format!(
+                "relation {} ships no means",
+                r.0
+            ))),
         }
     }
 
     /// On a worker that ships means: the seeds' mean rows per top-layer relation.
-    fn top_means(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
+    fn top_means(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        h: &PerType,
+    ) -> Result<Vec<(RelationId, Tensor)>> {
         let (ls, _) = self.relational()?;
         let (Some(l), Some(block)) = (ls.last().and_then(|l| l.means()), mb.blocks.last()) else {
             return Err(ModelError::Config("only R-GCN ships relation means".into()));
@@ -180,7 +248,9 @@ impl RelationPartials for Model {
     /// merging leaves unchanged: zeros, or HGT's empty log-sum-exp rows).
     fn neutral_partial(&self, rows: usize) -> Result<Tensor> {
         let (ls, _) = self.relational()?;
-        let layer = ls.last().ok_or_else(|| ModelError::Config("no relational layer".into()))?;
+        let layer = ls
+            .last()
+            .ok_or_else(|| ModelError::Config("no relational layer".into()))?;
         layer.neutral_partial(rows, self.dtype(), self.device())
     }
 
@@ -194,10 +264,19 @@ impl RelationPartials for Model {
     /// names of the dense parameters a partition sampling `per_layer`
     /// relations may use (a superset); with `reducer`, also those of the
     /// cross-relation step and head of the top layer.
-    fn params_for(&self, g: &HetGraph, per_layer: &[Vec<RelationId>], reducer: bool) -> Result<std::collections::BTreeSet<String>> {
+    fn params_for(
+        &self,
+        g: &HetGraph,
+        per_layer: &[Vec<RelationId>],
+        reducer: bool,
+    ) -> Result<std::collections::BTreeSet<String>> {
         let (ls, _) = self.relational()?;
         if per_layer.len() != ls.len() {
-            return Err(ModelError::Config(format!("relations for {} layers, the model has {}", per_layer.len(), ls.len())));
+            return Err(ModelError::Config(format!(
+                "relations for {} layers, the model has {}",
+                per_layer.len(),
+                ls.len()
+            )));
         }
         let types = types_per_layer(g, per_layer);
         let top = ls.len() - 1;
@@ -223,6 +302,12 @@ impl RelationPartials for Model {
             prefixes.push(format!("layer{top}.type.{}.", name(t)));
             prefixes.push("head.".to_string());
         }
-        Ok(self.params.iter().map(|(n, _)| n).filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str()))).map(str::to_string).collect())
+        Ok(self
+            .params
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
+            .map(str::to_string)
+            .collect())
     }
 }

@@ -37,9 +37,22 @@ impl RgatLayer {
     /// Creates layer `index`'s parameters; `last` layers average `heads` heads of
     /// width `out_dim`, others concatenate heads of width `out_dim / heads`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, heads: usize, last: bool, seed: u64, dtype: DType, device: &Device) -> Result<RgatLayer> {
+    pub fn new(
+        store: &mut ParamStore,
+        g: &HetGraph,
+        index: usize,
+        in_dims: &[usize],
+        out_dim: usize,
+        heads: usize,
+        last: bool,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<RgatLayer> {
         if heads == 0 || (!last && !out_dim.is_multiple_of(heads)) {
-            return Err(ModelError::Config(format!("R-GAT: hidden width {out_dim} must be a multiple of heads ({heads})")));
+            return Err(ModelError::Config(format!(
+                "R-GAT: hidden width {out_dim} must be a multiple of heads ({heads})"
+            )));
         }
         let head_dim = if last { out_dim } else { out_dim / heads };
         let mut rels = Vec::new();
@@ -47,13 +60,40 @@ impl RgatLayer {
             let p = format!("layer{index}.rel.{}", r.canonical());
             let (i_s, i_d) = (in_dims[r.src.index()], in_dims[r.dst.index()]);
             rels.push(RelationAttention {
-                weight: store.matrix(seed, &format!("{p}.weight"), i_s, heads * head_dim, dtype, device)?,
-                attn_src: store.matrix(seed, &format!("{p}.attn_src"), i_s, heads, dtype, device)?,
-                attn_dst: store.matrix(seed, &format!("{p}.attn_dst"), i_d, heads, dtype, device)?,
+                weight: store.matrix(
+                    seed,
+                    &format!("{p}.weight"),
+                    i_s,
+                    heads * head_dim,
+                    dtype,
+                    device,
+                )?,
+                attn_src: store.matrix(
+                    seed,
+                    &format!("{p}.attn_src"),
+                    i_s,
+                    heads,
+                    dtype,
+                    device,
+                )?,
+                attn_dst: store.matrix(
+                    seed,
+                    &format!("{p}.attn_dst"),
+                    i_d,
+                    heads,
+                    dtype,
+                    device,
+                )?,
             });
         }
         let self_loop = SelfLoops::new(store, g, index, in_dims, out_dim, seed, dtype, device)?;
-        Ok(RgatLayer { rels, heads, head_dim, mean_heads: last, self_loop })
+        Ok(RgatLayer {
+            rels,
+            heads,
+            head_dim,
+            mean_heads: last,
+            self_loop,
+        })
     }
 
     /// Width of a destination's partial: the mean of the heads in the last layer, their concatenation before.
@@ -68,12 +108,24 @@ impl RgatLayer {
 
 impl RelationalLayer for RgatLayer {
     /// Sum over `relations` of each relation's attention-weighted messages, per destination type.
-    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
-        for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
+        for br in block
+            .relations
+            .iter()
+            .filter(|br| relations.contains(&br.relation))
+        {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
-            let (Some(x), Some(xd)) = (&h_src[s], &h_src[d]) else { continue };
+            let (Some(x), Some(xd)) = (&h_src[s], &h_src[d]) else {
+                continue;
+            };
             let (n_src, n_dst) = (block.src[s].len(), block.dst[d].len());
             let p = &self.rels[br.relation.index()];
             let csr = SegmentCsr::new(n_src, br.offsets.clone(), br.sources.clone());
@@ -81,7 +133,11 @@ impl RelationalLayer for RgatLayer {
             let el = matmul(x, &p.attn_src)?;
             let er = matmul_prefix(xd, n_dst, &p.attn_dst)?;
             let agg = attention_aggregate(&values, &el, &er, &csr)?;
-            let msg = if self.mean_heads { agg.mean(1)? } else { agg.reshape((n_dst, self.heads * self.head_dim))? };
+            let msg = if self.mean_heads {
+                agg.mean(1)?
+            } else {
+                agg.reshape((n_dst, self.heads * self.head_dim))?
+            };
             accumulate(&mut out[d], msg)?;
         }
         Ok(out)

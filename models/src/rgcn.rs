@@ -28,14 +28,33 @@ pub struct RgcnLayer {
 impl RgcnLayer {
     /// Creates layer `index`'s parameters in `store`; `in_dims[t]` is type `t`'s input width.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(store: &mut ParamStore, g: &HetGraph, index: usize, in_dims: &[usize], out_dim: usize, seed: u64, dtype: DType, device: &Device) -> Result<RgcnLayer> {
+    pub fn new(
+        store: &mut ParamStore,
+        g: &HetGraph,
+        index: usize,
+        in_dims: &[usize],
+        out_dim: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<RgcnLayer> {
         let mut rel_weight = Vec::new();
         for r in g.relations() {
             let name = format!("layer{index}.rel.{}.weight", r.canonical());
-            rel_weight.push(store.matrix(seed, &name, in_dims[r.src.index()], out_dim, dtype, device)?);
+            rel_weight.push(store.matrix(
+                seed,
+                &name,
+                in_dims[r.src.index()],
+                out_dim,
+                dtype,
+                device,
+            )?);
         }
         let self_loop = SelfLoops::new(store, g, index, in_dims, out_dim, seed, dtype, device)?;
-        Ok(RgcnLayer { rel_weight, self_loop })
+        Ok(RgcnLayer {
+            rel_weight,
+            self_loop,
+        })
     }
 }
 
@@ -43,9 +62,19 @@ impl RelationalLayer for RgcnLayer {
     /// Sum over `relations` (those present in `block`) of each relation's
     /// mean-aggregated, transformed messages, per destination type.
     /// `h_src[t]` holds the rows of `block.src[t]`.
-    fn relation_partials(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<PerType> {
+    fn relation_partials(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
-        for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
+        for br in block
+            .relations
+            .iter()
+            .filter(|br| relations.contains(&br.relation))
+        {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
             let Some(x) = &h_src[s] else { continue };
@@ -78,15 +107,30 @@ impl RelationMeans for RgcnLayer {
 
     /// Output width.
     fn out_width(&self) -> Result<usize> {
-        Ok(self.rel_weight.first().map(|w| w.dim(1)).transpose()?.unwrap_or(0))
+        Ok(self
+            .rel_weight
+            .first()
+            .map(|w| w.dim(1))
+            .transpose()?
+            .unwrap_or(0))
     }
 
     /// Per relation in `relations` (those present in `block` with source
     /// rows), the mean of the sampled sources' rows, untransformed: what a
     /// RAF worker ships when that is narrower than the transformed partial.
-    fn relation_means(&self, g: &HetGraph, block: &Block, relations: &[RelationId], h_src: &PerType) -> Result<Vec<(RelationId, Tensor)>> {
+    fn relation_means(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        h_src: &PerType,
+    ) -> Result<Vec<(RelationId, Tensor)>> {
         let mut out = Vec::new();
-        for br in block.relations.iter().filter(|br| relations.contains(&br.relation)) {
+        for br in block
+            .relations
+            .iter()
+            .filter(|br| relations.contains(&br.relation))
+        {
             let s = g.relation(br.relation).src.index();
             let Some(x) = &h_src[s] else { continue };
             let csr = SegmentCsr::new(block.src[s].len(), br.offsets.clone(), br.sources.clone());
@@ -120,5 +164,9 @@ fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Re
         // The backward pass will spread the gradient over the sources.
         csr.transpose_ahead();
     }
-    Ok(if transform_first < aggregate_first { segment_mean(&matmul(x, w)?, csr)? } else { matmul(&segment_mean(x, csr)?, w)? })
+    Ok(if transform_first < aggregate_first {
+        segment_mean(&matmul(x, w)?, csr)?
+    } else {
+        matmul(&segment_mean(x, csr)?, w)?
+    })
 }

@@ -10,20 +10,57 @@ use models::{Model, ModelKind, ModelSpec};
 fn layerwise_inference_equals_full_neighbourhood_minibatches() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("g");
-    graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 0, &dir, false, &mut graphs::NoProgress).unwrap();
-    let g = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
-    for (kind, layers) in [(ModelKind::Rgcn, 2), (ModelKind::Rgcn, 3), (ModelKind::Rgat, 2), (ModelKind::Hgt, 2)] {
-        let spec = ModelSpec { kind, layers, hidden: 16, embed_dim: 8, dropout: 0.5, seed: 3, heads: 2, link: None };
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        0.002,
+        0,
+        &dir,
+        false,
+        &mut graphs::NoProgress,
+    )
+    .unwrap();
+    let g = graphs::load(
+        &dir,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )
+    .unwrap();
+    for (kind, layers) in [
+        (ModelKind::Rgcn, 2),
+        (ModelKind::Rgcn, 3),
+        (ModelKind::Rgat, 2),
+        (ModelKind::Hgt, 2),
+    ] {
+        let spec = ModelSpec {
+            kind,
+            layers,
+            hidden: 16,
+            embed_dim: 8,
+            dropout: 0.5,
+            seed: 3,
+            heads: 2,
+            link: None,
+        };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let mut calls = 0;
         let rows = embed_all(&model, &g, 97, |_, _, _| calls += 1).unwrap();
         assert!(calls > 0);
         let t = g.target().index();
         let target = rows[t].as_ref().expect("target rows");
-        assert_eq!(target.data.len(), g.node_types()[t].count as usize * target.width);
+        assert_eq!(
+            target.data.len(),
+            g.node_types()[t].count as usize * target.width
+        );
         // Every node of every type the model reads has a row.
         for (nt, r) in g.node_types().iter().zip(&rows) {
-            assert_eq!(r.as_ref().map(|r| r.data.len() / r.width), Some(nt.count as usize), "{kind:?}: {}", nt.name);
+            assert_eq!(
+                r.as_ref().map(|r| r.data.len() / r.width),
+                Some(nt.count as usize),
+                "{kind:?}: {}",
+                nt.name
+            );
         }
         // The same nodes through the model with every neighbour sampled (fanouts past any degree).
         let fanouts = vec![1 << 30; layers];
@@ -31,17 +68,30 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
         let seeds: Vec<u32> = (0..g.node_types()[t].count).step_by(7).take(300).collect();
         let mb = sampler.sample(0, 0, &seeds).unwrap();
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
-        let (_, emb) = model.forward_with_embeddings(&g, &mb, inputs, None).unwrap();
+        let (_, emb) = model
+            .forward_with_embeddings(&g, &mb, inputs, None)
+            .unwrap();
         let emb: Vec<f32> = emb.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(emb.len(), seeds.len() * target.width, "{kind:?} {layers}: {} layer(s) embed", embedding_layers(&model).unwrap());
+        assert_eq!(
+            emb.len(),
+            seeds.len() * target.width,
+            "{kind:?} {layers}: {} layer(s) embed",
+            embedding_layers(&model).unwrap()
+        );
         let mut worst = 0f32;
         for (i, &v) in seeds.iter().enumerate() {
             for j in 0..target.width {
-                let (a, b) = (emb[i * target.width + j], target.data[v as usize * target.width + j]);
+                let (a, b) = (
+                    emb[i * target.width + j],
+                    target.data[v as usize * target.width + j],
+                );
                 worst = worst.max((a - b).abs() / a.abs().max(1.0));
             }
         }
-        assert!(worst < 1e-5, "{kind:?} {layers} layers: largest relative difference {worst}");
+        assert!(
+            worst < 1e-5,
+            "{kind:?} {layers} layers: largest relative difference {worst}"
+        );
     }
 }
 
@@ -52,14 +102,48 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
 fn link_embeddings_equal_full_neighbourhood_minibatches() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("g");
-    graphs::generate::generate(graphs::generate::Like::Mag, 0.002, 0, &dir, false, &mut graphs::NoProgress).unwrap();
-    let g = graphs::load(&dir, &LoadOptions { mmap_features: true, reverse_edges: true }).unwrap();
-    let link = models::link::LinkSpec { relations: vec!["author__writes__paper".into()], decoder: models::link::Decoder::Distmult };
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        0.002,
+        0,
+        &dir,
+        false,
+        &mut graphs::NoProgress,
+    )
+    .unwrap();
+    let g = graphs::load(
+        &dir,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )
+    .unwrap();
+    let link = models::link::LinkSpec {
+        relations: vec!["author__writes__paper".into()],
+        decoder: models::link::Decoder::Distmult,
+    };
     for kind in [ModelKind::Rgcn, ModelKind::Hgt] {
-        let spec = ModelSpec { kind, layers: 2, hidden: 16, embed_dim: 8, dropout: 0.5, seed: 4, heads: 2, link: Some(link.clone()) };
+        let spec = ModelSpec {
+            kind,
+            layers: 2,
+            hidden: 16,
+            embed_dim: 8,
+            dropout: 0.5,
+            seed: 4,
+            heads: 2,
+            link: Some(link.clone()),
+        };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
-        assert_eq!(embedding_layers(&model).unwrap(), 2, "every layer: the decoder reads the last one's rows");
-        assert!(model.params.get("decoder.author__writes__paper.diag").is_some());
+        assert_eq!(
+            embedding_layers(&model).unwrap(),
+            2,
+            "every layer: the decoder reads the last one's rows"
+        );
+        assert!(model
+            .params
+            .get("decoder.author__writes__paper.diag")
+            .is_some());
         let rows = embed_all(&model, &g, 61, |_, _, _| {}).unwrap();
         let mut seeds = vec![Vec::new(); g.node_types().len()];
         for name in ["author", "paper"] {
@@ -67,11 +151,19 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
             seeds[t] = (0..g.node_types()[t].count).step_by(5).take(200).collect();
         }
         let mut sampler = Sampler::new(&g, &[1 << 30, 1 << 30], 0).unwrap();
-        let mb = sampler.sample_typed(0, 0, &seeds, &graphs::link::NoExclusion).unwrap();
+        let mb = sampler
+            .sample_typed(0, 0, &seeds, &graphs::link::NoExclusion)
+            .unwrap();
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src).unwrap();
         let out = model.forward_nodes(&g, &mb, inputs, None).unwrap();
         for (t, ids) in seeds.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
-            let got: Vec<f32> = out[t].as_ref().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let got: Vec<f32> = out[t]
+                .as_ref()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             let want = rows[t].as_ref().unwrap();
             assert_eq!(want.width, 16);
             let mut worst = 0f32;
@@ -81,7 +173,10 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
                     worst = worst.max((a - b).abs() / a.abs().max(1.0));
                 }
             }
-            assert!(worst < 1e-5, "{kind:?}, type {t}: largest relative difference {worst}");
+            assert!(
+                worst < 1e-5,
+                "{kind:?}, type {t}: largest relative difference {worst}"
+            );
         }
     }
 }

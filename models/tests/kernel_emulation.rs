@@ -20,7 +20,10 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor, Var};
 use graphs::rng::{key, CounterRng};
-use models::ops::{add_bias, attention_aggregate, dropout, lse_attention, segment_mean, SegmentCsr, EMPTY_MAX, NEGATIVE_SLOPE};
+use models::ops::{
+    add_bias, attention_aggregate, dropout, lse_attention, segment_mean, SegmentCsr, EMPTY_MAX,
+    NEGATIVE_SLOPE,
+};
 
 const SHIM: &str = r#"
 #include <cmath>
@@ -63,7 +66,15 @@ fn emu() -> Option<&'static Emu> {
         let lib = dir.path().join("libkernels.so");
         // No contraction into fused multiply-adds, as the kernels' `_rn` intrinsics promise.
         let out = std::process::Command::new(&cxx)
-            .args(["-std=c++14", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-include"])
+            .args([
+                "-std=c++14",
+                "-O1",
+                "-ffp-contract=off",
+                "-fno-fast-math",
+                "-fPIC",
+                "-shared",
+                "-include",
+            ])
             .arg(dir.path().join("shim.h"))
             .args(["-x", "c++"])
             .arg(&src)
@@ -72,11 +83,17 @@ fn emu() -> Option<&'static Emu> {
             .output();
         match out {
             Err(e) => {
-                eprintln!("skipped: no C++ compiler ({cxx}: {e}); the CUDA kernels were not emulated");
+                eprintln!(
+                    "skipped: no C++ compiler ({cxx}: {e}); the CUDA kernels were not emulated"
+                );
                 None
             }
             Ok(o) => {
-                assert!(o.status.success(), "kernels.cu does not compile for the host:\n{}", String::from_utf8_lossy(&o.stderr));
+                assert!(
+                    o.status.success(),
+                    "kernels.cu does not compile for the host:\n{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
                 // SAFETY: a library we just built, with no initialisers beyond the shim's statics.
                 let lib = unsafe { libloading::Library::new(&lib) }.unwrap();
                 Some(Emu { lib, _dir: dir })
@@ -90,7 +107,12 @@ impl Emu {
     /// The kernel `name`, typed `F` (which must match its C signature).
     fn kernel<F: Copy>(&self, name: &str) -> F {
         // SAFETY: callers give the signature the kernel declares in kernels.cu.
-        unsafe { *self.lib.get::<F>(name.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}")) }
+        unsafe {
+            *self
+                .lib
+                .get::<F>(name.as_bytes())
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        }
     }
 
     /// Runs `launch` once per (block, thread) of a `grid` × `block` launch.
@@ -108,7 +130,13 @@ impl Emu {
 
 /// `ops/cuda.rs`'s launch shapes, and a tiny grid that makes every grid-stride loop go round.
 fn cfg_rows(rows: usize, h: usize) -> [(u32, u32); 2] {
-    [((rows as u32).clamp(1, 65_535), (h as u32).div_ceil(32).clamp(1, 8) * 32), (2, 32)]
+    [
+        (
+            (rows as u32).clamp(1, 65_535),
+            (h as u32).div_ceil(32).clamp(1, 8) * 32,
+        ),
+        (2, 32),
+    ]
 }
 
 fn cfg_elems(n: usize) -> [(u32, u32); 2] {
@@ -119,7 +147,10 @@ fn cfg_elems(n: usize) -> [(u32, u32); 2] {
 fn assert_same(what: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{what}[{i}]: kernel {a:e}, CPU op {b:e}");
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{what}[{i}]: kernel {a:e}, CPU op {b:e}"
+        );
     }
 }
 
@@ -145,7 +176,15 @@ fn as_f64<T: F>(v: &[T]) -> Vec<f64> {
 /// `n` values in [-2, 2) drawn from `seed`, some exactly zero.
 fn random<T: F>(seed: u64, n: usize) -> Vec<T> {
     let mut r = CounterRng::new(seed);
-    (0..n).map(|i| T::from_f64(if i % 11 == 3 { 0.0 } else { r.next_f64() * 4.0 - 2.0 })).collect()
+    (0..n)
+        .map(|i| {
+            T::from_f64(if i % 11 == 3 {
+                0.0
+            } else {
+                r.next_f64() * 4.0 - 2.0
+            })
+        })
+        .collect()
 }
 
 /// A random destination-major CSR with empty rows and repeated sources, and
@@ -183,8 +222,25 @@ impl Csr {
             t_edges.extend(l.iter().map(|&(_, e)| e));
             t_offsets.push(t_dsts.len() as u32);
         }
-        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
-        Csr { n_src, offsets, sources, t_offsets, t_dsts, t_edges, inv_deg }
+        let inv_deg = offsets
+            .windows(2)
+            .map(|w| {
+                if w[1] > w[0] {
+                    1.0 / f64::from(w[1] - w[0])
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Csr {
+            n_src,
+            offsets,
+            sources,
+            t_offsets,
+            t_dsts,
+            t_edges,
+            inv_deg,
+        }
     }
 
     fn n_dst(&self) -> usize {
@@ -198,12 +254,22 @@ impl Csr {
 
 /// Forward value and input gradients of `op` for the upstream gradient `g`,
 /// by candle's autograd on the CPU (`sum(op(x) · g)` has gradient `g` at the output).
-fn cpu_op(inputs: &[Tensor], g: &Tensor, op: impl Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+fn cpu_op(
+    inputs: &[Tensor],
+    g: &Tensor,
+    op: impl Fn(&[Tensor]) -> Tensor,
+) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
     let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let y = op(&ts);
     let grads = (&y * g).unwrap().sum_all().unwrap().backward().unwrap();
-    let gs = ts.iter().map(|t| grads.get(t).expect("an input without gradient").clone()).collect();
+    let gs = ts
+        .iter()
+        .map(|t| grads.get(t).expect("an input without gradient").clone())
+        .collect();
     (y.detach(), gs)
 }
 
@@ -211,25 +277,67 @@ fn segment_mean_case<T: F>(e: &Emu) {
     let c = Csr::new(1, 37, 53);
     for h in [1usize, 5, 64, 300] {
         let x = Tensor::from_vec(random::<T>(2, c.n_src * h), (c.n_src, h), &Device::Cpu).unwrap();
-        let g = Tensor::from_vec(random::<T>(3, c.n_dst() * h), (c.n_dst(), h), &Device::Cpu).unwrap();
+        let g =
+            Tensor::from_vec(random::<T>(3, c.n_dst() * h), (c.n_dst(), h), &Device::Cpu).unwrap();
         let csr = c.segment();
-        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| segment_mean(&t[0], &csr).unwrap());
-        type K<T> = unsafe extern "C" fn(*const T, *const u32, *const u32, *const f64, u32, *mut T, u32, u32);
+        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| {
+            segment_mean(&t[0], &csr).unwrap()
+        });
+        type K<T> = unsafe extern "C" fn(
+            *const T,
+            *const u32,
+            *const u32,
+            *const f64,
+            u32,
+            *mut T,
+            u32,
+            u32,
+        );
         let k: K<T> = e.kernel(&format!("gather_rows_{}", T::SUFFIX));
         let (xv, gv) = (values::<T>(&x), values::<T>(&g));
         for (grid, block) in cfg_rows(c.n_dst(), h) {
             let mut out = vec![T::from_f64(f64::NAN); c.n_dst() * h];
             let o = out.as_mut_ptr();
             // SAFETY: buffers sized as the kernel indexes them.
-            e.launch(grid, block, || unsafe { k(xv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), c.inv_deg.as_ptr(), 1, o, c.n_dst() as u32, h as u32) });
-            assert_same(&format!("segment mean h={h} grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+            e.launch(grid, block, || unsafe {
+                k(
+                    xv.as_ptr(),
+                    c.offsets.as_ptr(),
+                    c.sources.as_ptr(),
+                    c.inv_deg.as_ptr(),
+                    1,
+                    o,
+                    c.n_dst() as u32,
+                    h as u32,
+                )
+            });
+            assert_same(
+                &format!("segment mean h={h} grid={grid}"),
+                &as_f64(&out),
+                &as_f64(&values::<T>(&y)),
+            );
         }
         for (grid, block) in cfg_rows(c.n_src, h) {
             let mut out = vec![T::from_f64(f64::NAN); c.n_src * h];
             let o = out.as_mut_ptr();
             // SAFETY: as above; the transpose weighs each edge by its destination's 1/degree.
-            e.launch(grid, block, || unsafe { k(gv.as_ptr(), c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.inv_deg.as_ptr(), 0, o, c.n_src as u32, h as u32) });
-            assert_same(&format!("segment mean backward h={h} grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&gx[0])));
+            e.launch(grid, block, || unsafe {
+                k(
+                    gv.as_ptr(),
+                    c.t_offsets.as_ptr(),
+                    c.t_dsts.as_ptr(),
+                    c.inv_deg.as_ptr(),
+                    0,
+                    o,
+                    c.n_src as u32,
+                    h as u32,
+                )
+            });
+            assert_same(
+                &format!("segment mean backward h={h} grid={grid}"),
+                &as_f64(&out),
+                &as_f64(&values::<T>(&gx[0])),
+            );
         }
     }
 }
@@ -245,25 +353,72 @@ fn dropout_case<T: F>(e: &Emu) {
     let (rows, cols) = (41usize, 70usize);
     let ids: Vec<u32> = (0..rows as u32).map(|i| i * 7 + 3).collect();
     let mask_key = 99u64;
-    let keys: Vec<u64> = ids.iter().map(|&id| key(&[mask_key, u64::from(id)])).collect();
+    let keys: Vec<u64> = ids
+        .iter()
+        .map(|&id| key(&[mask_key, u64::from(id)]))
+        .collect();
     let x = Tensor::from_vec(random::<T>(4, rows * cols), (rows, cols), &Device::Cpu).unwrap();
     let g = Tensor::from_vec(random::<T>(5, rows * cols), (rows, cols), &Device::Cpu).unwrap();
     let (xv, gv) = (values::<T>(&x), values::<T>(&g));
     for (relu, p) in [(true, 0.5f32), (false, 0.3), (true, 0.0)] {
-        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| dropout(&t[0], relu, mask_key, p, &ids).unwrap());
+        let (y, gx) = cpu_op(std::slice::from_ref(&x), &g, |t| {
+            dropout(&t[0], relu, mask_key, p, &ids).unwrap()
+        });
         let scale = 1.0 / (1.0 - p);
-        let fwd: unsafe extern "C" fn(*const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_fwd_{}", T::SUFFIX));
-        let bwd: unsafe extern "C" fn(*const T, *const T, *const u64, f32, f32, u32, *mut T, u32, u32) = e.kernel(&format!("dropout_bwd_{}", T::SUFFIX));
+        let fwd: unsafe extern "C" fn(*const T, *const u64, f32, f32, u32, *mut T, u32, u32) =
+            e.kernel(&format!("dropout_fwd_{}", T::SUFFIX));
+        let bwd: unsafe extern "C" fn(
+            *const T,
+            *const T,
+            *const u64,
+            f32,
+            f32,
+            u32,
+            *mut T,
+            u32,
+            u32,
+        ) = e.kernel(&format!("dropout_bwd_{}", T::SUFFIX));
         for (grid, block) in cfg_elems(rows * cols) {
             let what = format!("relu={relu} p={p} grid={grid}");
             let mut out = vec![T::from_f64(f64::NAN); rows * cols];
             let o = out.as_mut_ptr();
             // SAFETY: buffers sized as the kernels index them.
-            e.launch(grid, block, || unsafe { fwd(xv.as_ptr(), keys.as_ptr(), p, scale, u32::from(relu), o, rows as u32, cols as u32) });
-            assert_same(&format!("dropout {what}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+            e.launch(grid, block, || unsafe {
+                fwd(
+                    xv.as_ptr(),
+                    keys.as_ptr(),
+                    p,
+                    scale,
+                    u32::from(relu),
+                    o,
+                    rows as u32,
+                    cols as u32,
+                )
+            });
+            assert_same(
+                &format!("dropout {what}"),
+                &as_f64(&out),
+                &as_f64(&values::<T>(&y)),
+            );
             // SAFETY: as above.
-            e.launch(grid, block, || unsafe { bwd(gv.as_ptr(), xv.as_ptr(), keys.as_ptr(), p, scale, u32::from(relu), o, rows as u32, cols as u32) });
-            assert_same(&format!("dropout backward {what}"), &as_f64(&out), &as_f64(&values::<T>(&gx[0])));
+            e.launch(grid, block, || unsafe {
+                bwd(
+                    gv.as_ptr(),
+                    xv.as_ptr(),
+                    keys.as_ptr(),
+                    p,
+                    scale,
+                    u32::from(relu),
+                    o,
+                    rows as u32,
+                    cols as u32,
+                )
+            });
+            assert_same(
+                &format!("dropout backward {what}"),
+                &as_f64(&out),
+                &as_f64(&values::<T>(&gx[0])),
+            );
         }
     }
 }
@@ -280,17 +435,28 @@ fn bias_case<T: F>(e: &Emu) {
     let x = Tensor::from_vec(random::<T>(6, rows * cols), (rows, cols), &Device::Cpu).unwrap();
     let b = Tensor::from_vec(random::<T>(7, cols), cols, &Device::Cpu).unwrap();
     let g = Tensor::from_vec(random::<T>(8, rows * cols), (rows, cols), &Device::Cpu).unwrap();
-    let (y, grads) = cpu_op(&[x.clone(), b.clone()], &g, |t| add_bias(&t[0], &t[1]).unwrap());
+    let (y, grads) = cpu_op(&[x.clone(), b.clone()], &g, |t| {
+        add_bias(&t[0], &t[1]).unwrap()
+    });
     let (xv, bv, gv) = (values::<T>(&x), values::<T>(&b), values::<T>(&g));
-    let add: unsafe extern "C" fn(*const T, *const T, *mut T, u32, u32) = e.kernel(&format!("add_bias_{}", T::SUFFIX));
-    let sums: unsafe extern "C" fn(*const T, *mut T, u32, u32) = e.kernel(&format!("column_sums_{}", T::SUFFIX));
-    let partials: unsafe extern "C" fn(*const T, *mut T, u32, u32, u32) = e.kernel(&format!("column_partials_{}", T::SUFFIX));
+    let add: unsafe extern "C" fn(*const T, *const T, *mut T, u32, u32) =
+        e.kernel(&format!("add_bias_{}", T::SUFFIX));
+    let sums: unsafe extern "C" fn(*const T, *mut T, u32, u32) =
+        e.kernel(&format!("column_sums_{}", T::SUFFIX));
+    let partials: unsafe extern "C" fn(*const T, *mut T, u32, u32, u32) =
+        e.kernel(&format!("column_partials_{}", T::SUFFIX));
     for (grid, block) in cfg_elems(rows * cols) {
         let mut out = vec![T::from_f64(f64::NAN); rows * cols];
         let o = out.as_mut_ptr();
         // SAFETY: buffers sized as the kernel indexes them.
-        e.launch(grid, block, || unsafe { add(xv.as_ptr(), bv.as_ptr(), o, rows as u32, cols as u32) });
-        assert_same(&format!("add bias grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+        e.launch(grid, block, || unsafe {
+            add(xv.as_ptr(), bv.as_ptr(), o, rows as u32, cols as u32)
+        });
+        assert_same(
+            &format!("add bias grid={grid}"),
+            &as_f64(&out),
+            &as_f64(&values::<T>(&y)),
+        );
     }
     // cuda.rs: blocks of rows summed by a thread per (block, column), then a
     // thread per column, 128 to a block, over the blocks' sums (no stride
@@ -300,14 +466,26 @@ fn bias_case<T: F>(e: &Emu) {
         let mut part = vec![T::from_f64(f64::NAN); blocks * cols];
         let p = part.as_mut_ptr();
         // SAFETY: as above.
-        e.launch(grid, threads, || unsafe { partials(gv.as_ptr(), p, rows as u32, cols as u32, block as u32) });
+        e.launch(grid, threads, || unsafe {
+            partials(gv.as_ptr(), p, rows as u32, cols as u32, block as u32)
+        });
         let mut out = vec![T::from_f64(f64::NAN); cols];
         let o = out.as_mut_ptr();
         // SAFETY: as above.
-        e.launch((cols as u32).div_ceil(128), 128, || unsafe { sums(part.as_ptr(), o, blocks as u32, cols as u32) });
-        assert_same(&format!("column sums grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&grads[1])));
+        e.launch((cols as u32).div_ceil(128), 128, || unsafe {
+            sums(part.as_ptr(), o, blocks as u32, cols as u32)
+        });
+        assert_same(
+            &format!("column sums grid={grid}"),
+            &as_f64(&out),
+            &as_f64(&values::<T>(&grads[1])),
+        );
     }
-    assert_same("add bias backward (input)", &as_f64(&values::<T>(&grads[0])), &as_f64(&gv));
+    assert_same(
+        "add bias backward (input)",
+        &as_f64(&values::<T>(&grads[0])),
+        &as_f64(&gv),
+    );
 }
 
 #[test]
@@ -323,15 +501,65 @@ fn attention_case<T: F>(e: &Emu) {
     let (heads, width) = (3usize, 5usize);
     let (n_src, n_dst) = (c.n_src, c.n_dst());
     let cpu = |v: Vec<T>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
-    let vals = cpu(random::<T>(10, n_src * heads * width), &[n_src, heads, width]);
+    let vals = cpu(
+        random::<T>(10, n_src * heads * width),
+        &[n_src, heads, width],
+    );
     let el = cpu(random::<T>(11, n_src * heads), &[n_src, heads]);
     let er = cpu(random::<T>(12, n_dst * heads), &[n_dst, heads]);
-    let g = cpu(random::<T>(13, n_dst * heads * width), &[n_dst, heads, width]);
-    let (y, grads) = cpu_op(&[vals.clone(), el.clone(), er.clone()], &g, |t| attention_aggregate(&t[0], &t[1], &t[2], &csr).unwrap());
-    let (vv, lv, rv, gv) = (values::<T>(&vals), values::<T>(&el), values::<T>(&er), values::<T>(&g));
-    type Fwd<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const u32, *const u32, f64, *mut T, u32, u32, u32);
-    type BwdDst<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const T, *const u32, *const u32, f64, *mut f64, *mut f64, *mut T, u32, u32, u32);
-    type BwdSrc<T> = unsafe extern "C" fn(*const T, *const f64, *const f64, *const u32, *const u32, *const u32, *mut T, *mut T, u32, u32, u32);
+    let g = cpu(
+        random::<T>(13, n_dst * heads * width),
+        &[n_dst, heads, width],
+    );
+    let (y, grads) = cpu_op(&[vals.clone(), el.clone(), er.clone()], &g, |t| {
+        attention_aggregate(&t[0], &t[1], &t[2], &csr).unwrap()
+    });
+    let (vv, lv, rv, gv) = (
+        values::<T>(&vals),
+        values::<T>(&el),
+        values::<T>(&er),
+        values::<T>(&g),
+    );
+    type Fwd<T> = unsafe extern "C" fn(
+        *const T,
+        *const T,
+        *const T,
+        *const u32,
+        *const u32,
+        f64,
+        *mut T,
+        u32,
+        u32,
+        u32,
+    );
+    type BwdDst<T> = unsafe extern "C" fn(
+        *const T,
+        *const T,
+        *const T,
+        *const T,
+        *const u32,
+        *const u32,
+        f64,
+        *mut f64,
+        *mut f64,
+        *mut T,
+        u32,
+        u32,
+        u32,
+    );
+    type BwdSrc<T> = unsafe extern "C" fn(
+        *const T,
+        *const f64,
+        *const f64,
+        *const u32,
+        *const u32,
+        *const u32,
+        *mut T,
+        *mut T,
+        u32,
+        u32,
+        u32,
+    );
     let fwd: Fwd<T> = e.kernel(&format!("attention_fwd_{}", T::SUFFIX));
     let bwd_dst: BwdDst<T> = e.kernel(&format!("attention_bwd_dst_{}", T::SUFFIX));
     let bwd_src: BwdSrc<T> = e.kernel(&format!("attention_bwd_src_{}", T::SUFFIX));
@@ -341,23 +569,85 @@ fn attention_case<T: F>(e: &Emu) {
         let mut out = vec![nan; n_dst * heads * width];
         let o = out.as_mut_ptr();
         // SAFETY: buffers sized as the kernel indexes them.
-        e.launch(grid, block, || unsafe { fwd(vv.as_ptr(), lv.as_ptr(), rv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), NEGATIVE_SLOPE, o, nd, hk, wd) });
-        assert_same(&format!("attention grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+        e.launch(grid, block, || unsafe {
+            fwd(
+                vv.as_ptr(),
+                lv.as_ptr(),
+                rv.as_ptr(),
+                c.offsets.as_ptr(),
+                c.sources.as_ptr(),
+                NEGATIVE_SLOPE,
+                o,
+                nd,
+                hk,
+                wd,
+            )
+        });
+        assert_same(
+            &format!("attention grid={grid}"),
+            &as_f64(&out),
+            &as_f64(&values::<T>(&y)),
+        );
     }
-    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads).into_iter().zip(cfg_rows(n_src, (heads * width).max(heads))) {
+    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads)
+        .into_iter()
+        .zip(cfg_rows(n_src, (heads * width).max(heads)))
+    {
         let per_edge = c.sources.len() * heads;
         let (mut alpha_e, mut dpre_e) = (vec![f64::NAN; per_edge], vec![f64::NAN; per_edge]);
         let mut der = vec![nan; n_dst * heads];
         let (mut dv, mut del) = (vec![nan; n_src * heads * width], vec![nan; n_src * heads]);
         let (a, p, r) = (alpha_e.as_mut_ptr(), dpre_e.as_mut_ptr(), der.as_mut_ptr());
         // SAFETY: as above; the source pass reads what the destination pass wrote, as the stream orders them.
-        e.launch(g1, b1, || unsafe { bwd_dst(vv.as_ptr(), lv.as_ptr(), rv.as_ptr(), gv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), NEGATIVE_SLOPE, a, p, r, nd, hk, wd) });
+        e.launch(g1, b1, || unsafe {
+            bwd_dst(
+                vv.as_ptr(),
+                lv.as_ptr(),
+                rv.as_ptr(),
+                gv.as_ptr(),
+                c.offsets.as_ptr(),
+                c.sources.as_ptr(),
+                NEGATIVE_SLOPE,
+                a,
+                p,
+                r,
+                nd,
+                hk,
+                wd,
+            )
+        });
         let (o1, o2) = (dv.as_mut_ptr(), del.as_mut_ptr());
         // SAFETY: as above.
-        e.launch(g2, b2, || unsafe { bwd_src(gv.as_ptr(), a, p, c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.t_edges.as_ptr(), o1, o2, ns, hk, wd) });
-        assert_same(&format!("attention d(values) grids={g1},{g2}"), &as_f64(&dv), &as_f64(&values::<T>(&grads[0])));
-        assert_same(&format!("attention d(el) grids={g1},{g2}"), &as_f64(&del), &as_f64(&values::<T>(&grads[1])));
-        assert_same(&format!("attention d(er) grids={g1},{g2}"), &as_f64(&der), &as_f64(&values::<T>(&grads[2])));
+        e.launch(g2, b2, || unsafe {
+            bwd_src(
+                gv.as_ptr(),
+                a,
+                p,
+                c.t_offsets.as_ptr(),
+                c.t_dsts.as_ptr(),
+                c.t_edges.as_ptr(),
+                o1,
+                o2,
+                ns,
+                hk,
+                wd,
+            )
+        });
+        assert_same(
+            &format!("attention d(values) grids={g1},{g2}"),
+            &as_f64(&dv),
+            &as_f64(&values::<T>(&grads[0])),
+        );
+        assert_same(
+            &format!("attention d(el) grids={g1},{g2}"),
+            &as_f64(&del),
+            &as_f64(&values::<T>(&grads[1])),
+        );
+        assert_same(
+            &format!("attention d(er) grids={g1},{g2}"),
+            &as_f64(&der),
+            &as_f64(&values::<T>(&grads[2])),
+        );
     }
 }
 
@@ -378,37 +668,156 @@ fn lse_case<T: F>(e: &Emu) {
     let k = cpu(random::<T>(16, n_src * heads * dk), &[n_src, heads, dk]);
     let vals = cpu(random::<T>(17, n_src * heads * dv), &[n_src, heads, dv]);
     let g = cpu(random::<T>(18, n_dst * heads * gw), &[n_dst, heads, gw]);
-    let (y, grads) = cpu_op(&[q.clone(), k.clone(), vals.clone()], &g, |t| lse_attention(&t[0], &t[1], &t[2], &csr).unwrap());
-    let (qv, kv, vv, gv) = (values::<T>(&q), values::<T>(&k), values::<T>(&vals), values::<T>(&g));
-    type Fwd<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const u32, *const u32, f64, *mut T, u32, u32, u32, u32);
-    type BwdDst<T> = unsafe extern "C" fn(*const T, *const T, *const T, *const T, *const u32, *const u32, *mut f64, *mut f64, *mut T, u32, u32, u32, u32);
-    type BwdSrc<T> = unsafe extern "C" fn(*const T, *const T, *const f64, *const f64, *const u32, *const u32, *const u32, *mut T, *mut T, u32, u32, u32, u32);
+    let (y, grads) = cpu_op(&[q.clone(), k.clone(), vals.clone()], &g, |t| {
+        lse_attention(&t[0], &t[1], &t[2], &csr).unwrap()
+    });
+    let (qv, kv, vv, gv) = (
+        values::<T>(&q),
+        values::<T>(&k),
+        values::<T>(&vals),
+        values::<T>(&g),
+    );
+    type Fwd<T> = unsafe extern "C" fn(
+        *const T,
+        *const T,
+        *const T,
+        *const u32,
+        *const u32,
+        f64,
+        *mut T,
+        u32,
+        u32,
+        u32,
+        u32,
+    );
+    type BwdDst<T> = unsafe extern "C" fn(
+        *const T,
+        *const T,
+        *const T,
+        *const T,
+        *const u32,
+        *const u32,
+        *mut f64,
+        *mut f64,
+        *mut T,
+        u32,
+        u32,
+        u32,
+        u32,
+    );
+    type BwdSrc<T> = unsafe extern "C" fn(
+        *const T,
+        *const T,
+        *const f64,
+        *const f64,
+        *const u32,
+        *const u32,
+        *const u32,
+        *mut T,
+        *mut T,
+        u32,
+        u32,
+        u32,
+        u32,
+    );
     let fwd: Fwd<T> = e.kernel(&format!("lse_fwd_{}", T::SUFFIX));
     let bwd_dst: BwdDst<T> = e.kernel(&format!("lse_bwd_dst_{}", T::SUFFIX));
     let bwd_src: BwdSrc<T> = e.kernel(&format!("lse_bwd_src_{}", T::SUFFIX));
-    let (nd, ns, hk, k32, v32) = (n_dst as u32, n_src as u32, heads as u32, dk as u32, dv as u32);
+    let (nd, ns, hk, k32, v32) = (
+        n_dst as u32,
+        n_src as u32,
+        heads as u32,
+        dk as u32,
+        dv as u32,
+    );
     let nan = T::from_f64(f64::NAN);
     for (grid, block) in cfg_rows(n_dst, heads * gw) {
         let mut out = vec![nan; n_dst * heads * gw];
         let o = out.as_mut_ptr();
         // SAFETY: buffers sized as the kernel indexes them.
-        e.launch(grid, block, || unsafe { fwd(qv.as_ptr(), kv.as_ptr(), vv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), EMPTY_MAX, o, nd, hk, k32, v32) });
-        assert_same(&format!("lse attention grid={grid}"), &as_f64(&out), &as_f64(&values::<T>(&y)));
+        e.launch(grid, block, || unsafe {
+            fwd(
+                qv.as_ptr(),
+                kv.as_ptr(),
+                vv.as_ptr(),
+                c.offsets.as_ptr(),
+                c.sources.as_ptr(),
+                EMPTY_MAX,
+                o,
+                nd,
+                hk,
+                k32,
+                v32,
+            )
+        });
+        assert_same(
+            &format!("lse attention grid={grid}"),
+            &as_f64(&out),
+            &as_f64(&values::<T>(&y)),
+        );
     }
-    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads).into_iter().zip(cfg_rows(n_src, heads * (dk + dv))) {
+    for ((g1, b1), (g2, b2)) in cfg_elems(n_dst * heads)
+        .into_iter()
+        .zip(cfg_rows(n_src, heads * (dk + dv)))
+    {
         let per_edge = c.sources.len() * heads;
         let (mut de_e, mut w_e) = (vec![f64::NAN; per_edge], vec![f64::NAN; per_edge]);
         let mut dq = vec![nan; n_dst * heads * dk];
-        let (mut dk_out, mut dv_out) = (vec![nan; n_src * heads * dk], vec![nan; n_src * heads * dv]);
+        let (mut dk_out, mut dv_out) =
+            (vec![nan; n_src * heads * dk], vec![nan; n_src * heads * dv]);
         let (a, w, r) = (de_e.as_mut_ptr(), w_e.as_mut_ptr(), dq.as_mut_ptr());
         // SAFETY: as above; the source pass reads what the destination pass wrote.
-        e.launch(g1, b1, || unsafe { bwd_dst(qv.as_ptr(), kv.as_ptr(), vv.as_ptr(), gv.as_ptr(), c.offsets.as_ptr(), c.sources.as_ptr(), a, w, r, nd, hk, k32, v32) });
+        e.launch(g1, b1, || unsafe {
+            bwd_dst(
+                qv.as_ptr(),
+                kv.as_ptr(),
+                vv.as_ptr(),
+                gv.as_ptr(),
+                c.offsets.as_ptr(),
+                c.sources.as_ptr(),
+                a,
+                w,
+                r,
+                nd,
+                hk,
+                k32,
+                v32,
+            )
+        });
         let (o1, o2) = (dk_out.as_mut_ptr(), dv_out.as_mut_ptr());
         // SAFETY: as above.
-        e.launch(g2, b2, || unsafe { bwd_src(qv.as_ptr(), gv.as_ptr(), a, w, c.t_offsets.as_ptr(), c.t_dsts.as_ptr(), c.t_edges.as_ptr(), o1, o2, ns, hk, k32, v32) });
-        assert_same(&format!("lse d(q) grids={g1},{g2}"), &as_f64(&dq), &as_f64(&values::<T>(&grads[0])));
-        assert_same(&format!("lse d(k) grids={g1},{g2}"), &as_f64(&dk_out), &as_f64(&values::<T>(&grads[1])));
-        assert_same(&format!("lse d(values) grids={g1},{g2}"), &as_f64(&dv_out), &as_f64(&values::<T>(&grads[2])));
+        e.launch(g2, b2, || unsafe {
+            bwd_src(
+                qv.as_ptr(),
+                gv.as_ptr(),
+                a,
+                w,
+                c.t_offsets.as_ptr(),
+                c.t_dsts.as_ptr(),
+                c.t_edges.as_ptr(),
+                o1,
+                o2,
+                ns,
+                hk,
+                k32,
+                v32,
+            )
+        });
+        assert_same(
+            &format!("lse d(q) grids={g1},{g2}"),
+            &as_f64(&dq),
+            &as_f64(&values::<T>(&grads[0])),
+        );
+        assert_same(
+            &format!("lse d(k) grids={g1},{g2}"),
+            &as_f64(&dk_out),
+            &as_f64(&values::<T>(&grads[1])),
+        );
+        assert_same(
+            &format!("lse d(values) grids={g1},{g2}"),
+            &as_f64(&dv_out),
+            &as_f64(&values::<T>(&grads[2])),
+        );
     }
 }
 
@@ -429,33 +838,102 @@ fn sparse_adam_kernel_matches_the_host_table() {
     let Some(e) = emu() else { return };
     let cfg = AdamConfig::with_lr(0.05);
     let (rows, dim) = (40usize, 37usize);
-    type Kernel = unsafe extern "C" fn(*mut f32, *mut f32, *mut f32, *const u32, *const u32, *const f32, *const f64, u32, f32, f32, f32, f32, f64, f64, u32, u32);
+    type Kernel = unsafe extern "C" fn(
+        *mut f32,
+        *mut f32,
+        *mut f32,
+        *const u32,
+        *const u32,
+        *const f32,
+        *const f64,
+        u32,
+        f32,
+        f32,
+        f32,
+        f32,
+        f64,
+        f64,
+        u32,
+        u32,
+    );
     type Bump = unsafe extern "C" fn(*mut u32, *const u32, u32, u32);
     let (adam, bump): (Kernel, Bump) = (e.kernel("sparse_adam_f32"), e.kernel("bump_steps_u32"));
-    let touched: Vec<Vec<u32>> = (0..4u32).map(|step| (0..rows as u32).map(|i| (i * 7 + step * 3) % rows as u32).filter(|i| (i + step) % 3 != 0).collect()).collect();
-    let grads: Vec<Vec<f32>> = touched.iter().enumerate().map(|(k, ids)| random::<f32>(20 + k as u64, ids.len() * dim)).collect();
+    let touched: Vec<Vec<u32>> = (0..4u32)
+        .map(|step| {
+            (0..rows as u32)
+                .map(|i| (i * 7 + step * 3) % rows as u32)
+                .filter(|i| (i + step) % 3 != 0)
+                .collect()
+        })
+        .collect();
+    let grads: Vec<Vec<f32>> = touched
+        .iter()
+        .enumerate()
+        .map(|(k, ids)| random::<f32>(20 + k as u64, ids.len() * dim))
+        .collect();
     let mut host = EmbeddingTable::new(5, "embed.x", rows, dim);
     for (ids, g) in touched.iter().zip(&grads) {
         host.adam_rows(ids, g, &cfg).unwrap();
     }
     // The corrections by step count, as the cache uploads them (5 entries: counts up to 4).
-    let bc: Vec<f64> = (0..5u32).flat_map(|t| <[f64; 2]>::from(cfg.bias_corrections(t))).collect();
-    for ((grid, block), (bgrid, bblock)) in cfg_rows(touched[0].len(), dim).into_iter().zip(cfg_elems(touched[0].len())) {
+    let bc: Vec<f64> = (0..5u32)
+        .flat_map(|t| <[f64; 2]>::from(cfg.bias_corrections(t)))
+        .collect();
+    for ((grid, block), (bgrid, bblock)) in cfg_rows(touched[0].len(), dim)
+        .into_iter()
+        .zip(cfg_elems(touched[0].len()))
+    {
         let mut t = EmbeddingTable::new(5, "embed.x", rows, dim);
         let mut steps = vec![0u32; rows];
         for (ids, g) in touched.iter().zip(&grads) {
             let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
-            let (d, m, v, st) = (t.data.as_mut_ptr(), t.m.as_mut_ptr(), t.v.as_mut_ptr(), steps.as_mut_ptr());
+            let (d, m, v, st) = (
+                t.data.as_mut_ptr(),
+                t.m.as_mut_ptr(),
+                t.v.as_mut_ptr(),
+                steps.as_mut_ptr(),
+            );
             let n = ids.len() as u32;
             // SAFETY: buffers sized as the kernels index them; ids are distinct and in range.
-            e.launch(grid, block, || unsafe { adam(d, m, v, st, ids.as_ptr(), g.as_ptr(), bc.as_ptr(), 5, b1, 1.0 - b1, b2, 1.0 - b2, cfg.lr, cfg.eps, n, dim as u32) });
+            e.launch(grid, block, || unsafe {
+                adam(
+                    d,
+                    m,
+                    v,
+                    st,
+                    ids.as_ptr(),
+                    g.as_ptr(),
+                    bc.as_ptr(),
+                    5,
+                    b1,
+                    1.0 - b1,
+                    b2,
+                    1.0 - b2,
+                    cfg.lr,
+                    cfg.eps,
+                    n,
+                    dim as u32,
+                )
+            });
             // SAFETY: as above.
             e.launch(bgrid, bblock, || unsafe { bump(st, ids.as_ptr(), 5, n) });
         }
         let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-        assert_same(&format!("sparse adam values grid={grid}"), &f(&t.data), &f(&host.data));
-        assert_same(&format!("sparse adam first moments grid={grid}"), &f(&t.m), &f(&host.m));
-        assert_same(&format!("sparse adam second moments grid={grid}"), &f(&t.v), &f(&host.v));
+        assert_same(
+            &format!("sparse adam values grid={grid}"),
+            &f(&t.data),
+            &f(&host.data),
+        );
+        assert_same(
+            &format!("sparse adam first moments grid={grid}"),
+            &f(&t.m),
+            &f(&host.m),
+        );
+        assert_same(
+            &format!("sparse adam second moments grid={grid}"),
+            &f(&t.v),
+            &f(&host.v),
+        );
         assert_eq!(steps, host.steps);
     }
 }
@@ -470,13 +948,33 @@ fn take_rows_kernel_matches_the_host_gather() {
         let n = 50usize;
         let x = random::<f32>(30 + cols as u64, n * cols);
         let idx: Vec<u32> = (0..70u32).map(|i| (i * 13 + 5) % n as u32).collect();
-        let want: Vec<f64> = idx.iter().flat_map(|&i| x[i as usize * cols..(i as usize + 1) * cols].iter().map(|&v| f64::from(v))).collect();
+        let want: Vec<f64> = idx
+            .iter()
+            .flat_map(|&i| {
+                x[i as usize * cols..(i as usize + 1) * cols]
+                    .iter()
+                    .map(|&v| f64::from(v))
+            })
+            .collect();
         for (grid, block) in [((idx.len() as u32).div_ceil(8), 256), (2, 64)] {
             let mut out = vec![f32::NAN; idx.len() * cols];
             let o = out.as_mut_ptr();
             // SAFETY: buffers sized as the kernel indexes them; ids in range.
-            e.launch(grid, block, || unsafe { take(x.as_ptr(), idx.as_ptr(), o, vec, idx.len() as u32, cols as u32) });
-            assert_same(&format!("take rows cols={cols} grid={grid}"), &out.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want);
+            e.launch(grid, block, || unsafe {
+                take(
+                    x.as_ptr(),
+                    idx.as_ptr(),
+                    o,
+                    vec,
+                    idx.len() as u32,
+                    cols as u32,
+                )
+            });
+            assert_same(
+                &format!("take rows cols={cols} grid={grid}"),
+                &out.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+                &want,
+            );
         }
     }
 }

@@ -8,7 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 /// Errors creating certificates.
 #[derive(Debug, thiserror::Error)]
@@ -44,18 +47,29 @@ pub enum CertError {
 
 /// Whether `id` is a valid node id (`ca` is reserved: its files are the CA's).
 pub fn valid_node_id(id: &str) -> bool {
-    id != "ca" && !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    id != "ca"
+        && !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// The certificate and key paths of `node` under `dir`.
 pub fn node_paths(dir: &Path, node: &str) -> (PathBuf, PathBuf) {
-    (dir.join(format!("{node}.pem")), dir.join(format!("{node}.key")))
+    (
+        dir.join(format!("{node}.pem")),
+        dir.join(format!("{node}.key")),
+    )
 }
 
 /// Writes `text`; private files are created with mode 0600 from the start.
 fn write(path: &Path, text: &str, private: bool) -> Result<(), CertError> {
     use std::io::Write;
-    let io = |source| CertError::Io { path: path.to_path_buf(), source };
+    let io = |source| CertError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -65,7 +79,9 @@ fn write(path: &Path, text: &str, private: bool) -> Result<(), CertError> {
     }
     #[cfg(not(unix))]
     let _ = private;
-    opts.open(path).and_then(|mut f| f.write_all(text.as_bytes())).map_err(io)
+    opts.open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io)
 }
 
 /// Creates a CA and one certificate per node in `out` (written to a temporary
@@ -92,7 +108,10 @@ pub fn init(out: &Path, nodes: &[String], overwrite: bool) -> Result<(), CertErr
         let path = path.to_path_buf();
         move |source| CertError::Io { path, source }
     };
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
     if tmp.exists() {
@@ -102,8 +121,13 @@ pub fn init(out: &Path, nodes: &[String], overwrite: bool) -> Result<(), CertErr
     let result = (|| {
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        ca.distinguished_name.push(DnType::CommonName, "hetgnn cluster CA");
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca.distinguished_name
+            .push(DnType::CommonName, "hetgnn cluster CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let ca_key = KeyPair::generate()?;
         let ca_cert = ca.self_signed(&ca_key)?;
         write(&tmp.join("ca.pem"), &ca_cert.pem(), false)?;
@@ -114,7 +138,10 @@ pub fn init(out: &Path, nodes: &[String], overwrite: bool) -> Result<(), CertErr
             p.distinguished_name.push(DnType::CommonName, n.as_str());
             p.use_authority_key_identifier_extension = true;
             p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+            p.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
             let key = KeyPair::generate()?;
             let cert = p.signed_by(&key, &issuer)?;
             let (cpath, kpath) = node_paths(&tmp, n);
@@ -156,14 +183,18 @@ mod tests {
         for n in ["n0", "n1"] {
             let der = cert(&out.join(format!("{n}.pem")));
             let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
-            c.verify_signature(Some(ca.public_key())).expect("signed by the CA");
+            c.verify_signature(Some(ca.public_key()))
+                .expect("signed by the CA");
             let san = c.subject_alternative_name().unwrap().unwrap();
             assert!(format!("{:?}", san.value).contains(n));
             assert!(out.join(format!("{n}.key")).exists());
             #[cfg(unix)]
             {
                 use std::os::unix::fs::PermissionsExt;
-                let mode = std::fs::metadata(out.join(format!("{n}.key"))).unwrap().permissions().mode();
+                let mode = std::fs::metadata(out.join(format!("{n}.key")))
+                    .unwrap()
+                    .permissions()
+                    .mode();
                 assert_eq!(mode & 0o777, 0o600);
             }
         }
@@ -182,15 +213,37 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("certs");
         assert!(matches!(init(&out, &[], false), Err(CertError::NoNodes)));
-        assert!(matches!(init(&out, &["N0".into()], false), Err(CertError::BadNodeId(_))));
-        assert!(matches!(init(&out, &["a".into(), "a".into()], false), Err(CertError::DuplicateNode(_))));
-        assert!(matches!(init(&out, &["ca".into()], false), Err(CertError::BadNodeId(_))), "ca is reserved");
-        assert!(matches!(init(&tmp.path().join(".."), &["a".into()], true), Err(CertError::BadOutput(_))));
+        assert!(matches!(
+            init(&out, &["N0".into()], false),
+            Err(CertError::BadNodeId(_))
+        ));
+        assert!(matches!(
+            init(&out, &["a".into(), "a".into()], false),
+            Err(CertError::DuplicateNode(_))
+        ));
+        assert!(
+            matches!(
+                init(&out, &["ca".into()], false),
+                Err(CertError::BadNodeId(_))
+            ),
+            "ca is reserved"
+        );
+        assert!(matches!(
+            init(&tmp.path().join(".."), &["a".into()], true),
+            Err(CertError::BadOutput(_))
+        ));
         assert!(!out.exists());
         init(&out, &["a".into()], false).unwrap();
-        assert!(matches!(init(&out, &["a".into()], false), Err(CertError::Exists(_))));
+        assert!(matches!(
+            init(&out, &["a".into()], false),
+            Err(CertError::Exists(_))
+        ));
         init(&out, &["a".into(), "b".into()], true).unwrap();
         assert!(out.join("b.pem").exists());
-        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "no temporary directory left");
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            1,
+            "no temporary directory left"
+        );
     }
 }

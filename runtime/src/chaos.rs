@@ -31,7 +31,9 @@ fn mix(mut z: u64) -> u64 {
 }
 
 fn hash_str(s: &str) -> u64 {
-    s.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
+    s.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
+    })
 }
 
 /// A uniform draw in [0, 1) keyed by everything that identifies the decision.
@@ -60,36 +62,68 @@ impl Faults {
     }
 
     fn link(&self, from: &str, to: &str) -> Option<&crate::config::LinkSpec> {
-        self.links.link.iter().find(|l| (l.between[0] == from && l.between[1] == to) || (l.between[0] == to && l.between[1] == from))
+        self.links.link.iter().find(|l| {
+            (l.between[0] == from && l.between[1] == to)
+                || (l.between[0] == to && l.between[1] == from)
+        })
     }
 
     /// Whether a partition window cuts `from`–`to` at `since_start`.
     pub fn partitioned(&self, from: &str, to: &str, since_start: Duration) -> bool {
         let ms = since_start.as_millis() as u64;
-        self.chaos.partitions.iter().any(|p| (p.start_ms..p.end_ms).contains(&ms) && (p.nodes.iter().any(|n| n == from) != p.nodes.iter().any(|n| n == to)))
+        self.chaos.partitions.iter().any(|p| {
+            (p.start_ms..p.end_ms).contains(&ms)
+                && (p.nodes.iter().any(|n| n == from) != p.nodes.iter().any(|n| n == to))
+        })
     }
 
     /// The fate of the `n`-th frame sent from `from` to `to`.
     pub fn decide(&self, from: &str, to: &str, n: u64, since_start: Duration) -> Decision {
         let seed = self.chaos.seed;
-        if self.partitioned(from, to, since_start) || uniform(seed, from, to, n, 1) < self.chaos.drop {
-            return Decision { copies: 0, delay: Duration::ZERO };
+        if self.partitioned(from, to, since_start)
+            || uniform(seed, from, to, n, 1) < self.chaos.drop
+        {
+            return Decision {
+                copies: 0,
+                delay: Duration::ZERO,
+            };
         }
-        let copies = if uniform(seed, from, to, n, 2) < self.chaos.duplicate { 2 } else { 1 };
+        let copies = if uniform(seed, from, to, n, 2) < self.chaos.duplicate {
+            2
+        } else {
+            1
+        };
         let mut ms = 0.0;
-        let link_delay = self.link(from, to).and_then(|l| l.delay).or(self.links.delay);
+        let link_delay = self
+            .link(from, to)
+            .and_then(|l| l.delay)
+            .or(self.links.delay);
         if let Some(d) = link_delay {
-            ms += sample(&d, uniform(seed, from, to, n, 3), uniform(seed, from, to, n, 4));
+            ms += sample(
+                &d,
+                uniform(seed, from, to, n, 3),
+                uniform(seed, from, to, n, 4),
+            );
         }
         if let Some(d) = &self.chaos.delay {
-            ms += sample(d, uniform(seed, from, to, n, 5), uniform(seed, from, to, n, 6));
+            ms += sample(
+                d,
+                uniform(seed, from, to, n, 5),
+                uniform(seed, from, to, n, 6),
+            );
         }
-        Decision { copies, delay: Duration::from_secs_f64(ms / 1000.0) }
+        Decision {
+            copies,
+            delay: Duration::from_secs_f64(ms / 1000.0),
+        }
     }
 
     /// The bandwidth cap of `from`–`to` in bytes per second, if any.
     pub fn bandwidth(&self, from: &str, to: &str) -> Option<u64> {
-        self.link(from, to).and_then(|l| l.bandwidth).or(self.links.bandwidth).map(|b| b.0)
+        self.link(from, to)
+            .and_then(|l| l.bandwidth)
+            .or(self.links.bandwidth)
+            .map(|b| b.0)
     }
 }
 
@@ -107,7 +141,12 @@ impl TokenBucket {
     pub fn new(rate: u64, now: Instant) -> TokenBucket {
         let rate = rate.max(1) as f64;
         let burst = (rate / 100.0).max(65536.0);
-        TokenBucket { rate, burst, tokens: burst, last: now }
+        TokenBucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: now,
+        }
     }
 
     /// Takes `bytes` tokens (going into debt if needed) and says how long the
@@ -131,7 +170,13 @@ mod tests {
     use crate::config::{Bandwidth, LinkSpec, Partition};
 
     fn chaos(drop: f64, duplicate: f64) -> ChaosConfig {
-        ChaosConfig { seed: 7, drop, duplicate, delay: None, partitions: vec![] }
+        ChaosConfig {
+            seed: 7,
+            drop,
+            duplicate,
+            delay: None,
+            partitions: vec![],
+        }
     }
 
     #[test]
@@ -142,7 +187,11 @@ mod tests {
         let (mut dropped, mut dup) = (0, 0);
         for i in 0..n {
             let d = f.decide("n0", "n1", i, Duration::ZERO);
-            assert_eq!(d, g.decide("n0", "n1", i, Duration::ZERO), "same seed, same fate");
+            assert_eq!(
+                d,
+                g.decide("n0", "n1", i, Duration::ZERO),
+                "same seed, same fate"
+            );
             dropped += (d.copies == 0) as u64;
             dup += (d.copies == 2) as u64;
         }
@@ -151,16 +200,37 @@ mod tests {
         assert!((drop_rate - 0.2).abs() < 0.015, "{drop_rate}");
         assert!((dup_rate - 0.1).abs() < 0.015, "{dup_rate}");
         // Another seed gives other fates; links are independent.
-        let h = Faults::new(ChaosConfig { seed: 8, ..chaos(0.2, 0.1) }, LinksConfig::default());
-        let differ = (0..1000).filter(|&i| f.decide("n0", "n1", i, Duration::ZERO) != h.decide("n0", "n1", i, Duration::ZERO)).count();
+        let h = Faults::new(
+            ChaosConfig {
+                seed: 8,
+                ..chaos(0.2, 0.1)
+            },
+            LinksConfig::default(),
+        );
+        let differ = (0..1000)
+            .filter(|&i| {
+                f.decide("n0", "n1", i, Duration::ZERO) != h.decide("n0", "n1", i, Duration::ZERO)
+            })
+            .count();
         assert!(differ > 100);
-        let cross = (0..1000).filter(|&i| f.decide("n0", "n1", i, Duration::ZERO) != f.decide("n1", "n0", i, Duration::ZERO)).count();
+        let cross = (0..1000)
+            .filter(|&i| {
+                f.decide("n0", "n1", i, Duration::ZERO) != f.decide("n1", "n0", i, Duration::ZERO)
+            })
+            .count();
         assert!(cross > 100);
     }
 
     #[test]
     fn partitions_cut_only_across_the_cut_and_only_in_the_window() {
-        let c = ChaosConfig { partitions: vec![Partition { start_ms: 100, end_ms: 200, nodes: vec!["n2".into()] }], ..chaos(0.0, 0.0) };
+        let c = ChaosConfig {
+            partitions: vec![Partition {
+                start_ms: 100,
+                end_ms: 200,
+                nodes: vec!["n2".into()],
+            }],
+            ..chaos(0.0, 0.0)
+        };
         let f = Faults::new(c, LinksConfig::default());
         let at = Duration::from_millis;
         assert_eq!(f.decide("n0", "n2", 0, at(150)).copies, 0);
@@ -174,22 +244,65 @@ mod tests {
     fn delays_follow_their_distribution_and_links_override_defaults() {
         let links = LinksConfig {
             bandwidth: Some(Bandwidth(1000)),
-            delay: Some(Delay::Uniform { min_ms: 1.0, max_ms: 3.0 }),
-            link: vec![LinkSpec { between: ["n1".into(), "n0".into()], bandwidth: Some(Bandwidth(50)), delay: Some(Delay::Fixed { ms: 10.0 }) }],
+            delay: Some(Delay::Uniform {
+                min_ms: 1.0,
+                max_ms: 3.0,
+            }),
+            link: vec![LinkSpec {
+                between: ["n1".into(), "n0".into()],
+                bandwidth: Some(Bandwidth(50)),
+                delay: Some(Delay::Fixed { ms: 10.0 }),
+            }],
         };
-        let c = ChaosConfig { delay: Some(Delay::Exponential { mean_ms: 2.0 }), ..chaos(0.0, 0.0) };
+        let c = ChaosConfig {
+            delay: Some(Delay::Exponential { mean_ms: 2.0 }),
+            ..chaos(0.0, 0.0)
+        };
         let f = Faults::new(c, links);
         assert_eq!(f.bandwidth("n0", "n1"), Some(50));
         assert_eq!(f.bandwidth("n0", "n2"), Some(1000));
         let n = 20_000;
-        let mean = |a: &str, b: &str| (0..n).map(|i| f.decide(a, b, i, Duration::ZERO).delay.as_secs_f64() * 1e3).sum::<f64>() / n as f64;
-        assert!((mean("n0", "n2") - 4.0).abs() < 0.1, "uniform(1,3) + exp(2): {}", mean("n0", "n2"));
-        assert!((mean("n0", "n1") - 12.0).abs() < 0.1, "fixed 10 + exp(2): {}", mean("n0", "n1"));
-        let normal = Faults::new(ChaosConfig { delay: Some(Delay::Normal { mean_ms: 5.0, std_ms: 1.0 }), ..chaos(0.0, 0.0) }, LinksConfig::default());
-        let xs: Vec<f64> = (0..n).map(|i| normal.decide("a", "b", i, Duration::ZERO).delay.as_secs_f64() * 1e3).collect();
+        let mean = |a: &str, b: &str| {
+            (0..n)
+                .map(|i| f.decide(a, b, i, Duration::ZERO).delay.as_secs_f64() * 1e3)
+                .sum::<f64>()
+                / n as f64
+        };
+        assert!(
+            (mean("n0", "n2") - 4.0).abs() < 0.1,
+            "uniform(1,3) + exp(2): {}",
+            mean("n0", "n2")
+        );
+        assert!(
+            (mean("n0", "n1") - 12.0).abs() < 0.1,
+            "fixed 10 + exp(2): {}",
+            mean("n0", "n1")
+        );
+        let normal = Faults::new(
+            ChaosConfig {
+                delay: Some(Delay::Normal {
+                    mean_ms: 5.0,
+                    std_ms: 1.0,
+                }),
+                ..chaos(0.0, 0.0)
+            },
+            LinksConfig::default(),
+        );
+        let xs: Vec<f64> = (0..n)
+            .map(|i| {
+                normal
+                    .decide("a", "b", i, Duration::ZERO)
+                    .delay
+                    .as_secs_f64()
+                    * 1e3
+            })
+            .collect();
         let m = xs.iter().sum::<f64>() / n as f64;
         let sd = (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n as f64).sqrt();
-        assert!((m - 5.0).abs() < 0.05 && (sd - 1.0).abs() < 0.05, "{m} {sd}");
+        assert!(
+            (m - 5.0).abs() < 0.05 && (sd - 1.0).abs() < 0.05,
+            "{m} {sd}"
+        );
     }
 
     #[test]

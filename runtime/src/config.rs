@@ -26,7 +26,10 @@ pub struct ConfigError {
 impl ConfigError {
     /// An error about `key`.
     pub fn new(key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
-        ConfigError { key: key.into(), msg: msg.into() }
+        ConfigError {
+            key: key.into(),
+            msg: msg.into(),
+        }
     }
 }
 
@@ -113,7 +116,9 @@ enum Quantity {
 /// `"800Mbps"`), or `None` if it is not one.
 fn parse_bytes(text: &str, bits: bool) -> Option<f64> {
     let s = text.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let value: f64 = num.parse().ok()?;
     let (scale, is_bits) = match unit.trim() {
@@ -161,7 +166,9 @@ impl TryFrom<Quantity> for Bandwidth {
 impl Bandwidth {
     /// Parses `"10Gbit/s"`, `"800Mbps"`, `"100MB/s"`, `"1GiB/s"`, `"5000"` (bytes/s).
     pub fn parse(text: &str) -> Result<Bandwidth, String> {
-        let bad = || format!("bad bandwidth {text:?}: use e.g. \"10Gbit/s\", \"800Mbps\", \"100MB/s\" or bytes per second");
+        let bad = || {
+            format!("bad bandwidth {text:?}: use e.g. \"10Gbit/s\", \"800Mbps\", \"100MB/s\" or bytes per second")
+        };
         let s = text.trim();
         let bytes = parse_bytes(s.strip_suffix("/s").unwrap_or(s), true).ok_or_else(bad)?;
         if !(1.0..1e15).contains(&bytes) {
@@ -196,7 +203,11 @@ impl TryFrom<Quantity> for ByteSize {
 impl ByteSize {
     /// Parses `"4GiB"`, `"512MiB"`, `"100MB"`, `"1.5GB"`, `"64KiB"`, `"5000"` (bytes).
     pub fn parse(text: &str) -> Result<ByteSize, String> {
-        let bad = || format!("bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes");
+        let bad = || {
+            format!(
+                "bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes"
+            )
+        };
         let bytes = parse_bytes(text, false).ok_or_else(bad)?;
         if !(0.0..1e18).contains(&bytes) {
             return Err(bad());
@@ -250,7 +261,10 @@ impl Delay {
         if fine {
             Ok(())
         } else {
-            Err(ConfigError::new(key, "delays must be finite, 0-600000 ms, with min_ms <= max_ms"))
+            Err(ConfigError::new(
+                key,
+                "delays must be finite, 0-600000 ms, with min_ms <= max_ms",
+            ))
         }
     }
 }
@@ -338,7 +352,12 @@ pub struct Topology {
 impl Topology {
     /// A topology of `nodes` with defaults elsewhere.
     pub fn new(cluster: ClusterConfig) -> Topology {
-        Topology { cluster, placement: Placement::new(), links: LinksConfig::default(), chaos: ChaosConfig::default() }
+        Topology {
+            cluster,
+            placement: Placement::new(),
+            links: LinksConfig::default(),
+            chaos: ChaosConfig::default(),
+        }
     }
 
     /// Index of node `id` in `cluster.nodes`.
@@ -376,23 +395,47 @@ impl Topology {
         if let Some(n) = self.placement.get(name) {
             return Some(n);
         }
-        self.placement.iter().filter_map(|(k, v)| k.strip_suffix('*').filter(|p| name.starts_with(p)).map(|p| (p.len(), v))).max_by_key(|(len, _)| *len).map(|(_, v)| v.as_str())
+        self.placement
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_suffix('*')
+                    .filter(|p| name.starts_with(p))
+                    .map(|p| (p.len(), v))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Checks everything that can be checked without touching files or sockets.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.cluster;
         if c.nodes.is_empty() {
-            return Err(ConfigError::new("cluster.nodes", "no nodes: add [[cluster.nodes]] entries with id and addr"));
+            return Err(ConfigError::new(
+                "cluster.nodes",
+                "no nodes: add [[cluster.nodes]] entries with id and addr",
+            ));
         }
         if c.nodes.len() > crate::dedup::MAX_NODES {
-            return Err(ConfigError::new("cluster.nodes", format!("{} nodes (limit {})", c.nodes.len(), crate::dedup::MAX_NODES)));
+            return Err(ConfigError::new(
+                "cluster.nodes",
+                format!(
+                    "{} nodes (limit {})",
+                    c.nodes.len(),
+                    crate::dedup::MAX_NODES
+                ),
+            ));
         }
         if c.heartbeat_ms == 0 {
             return Err(ConfigError::new("cluster.heartbeat_ms", "must be positive"));
         }
         if c.failure_timeout_ms < 2 * c.heartbeat_ms {
-            return Err(ConfigError::new("cluster.failure_timeout_ms", format!("{} ms is less than twice heartbeat_ms ({} ms): every peer would flap", c.failure_timeout_ms, c.heartbeat_ms)));
+            return Err(ConfigError::new(
+                "cluster.failure_timeout_ms",
+                format!(
+                    "{} ms is less than twice heartbeat_ms ({} ms): every peer would flap",
+                    c.failure_timeout_ms, c.heartbeat_ms
+                ),
+            ));
         }
         if c.retry_ms == 0 {
             return Err(ConfigError::new("cluster.retry_ms", "must be positive"));
@@ -400,19 +443,31 @@ impl Topology {
         let mut addrs = BTreeMap::new();
         for (i, n) in c.nodes.iter().enumerate() {
             if !certs::valid_node_id(&n.id) {
-                return Err(ConfigError::new(format!("cluster.nodes[{i}].id"), format!("{:?}: use 1-64 characters of [a-z0-9_-], not \"ca\"", n.id)));
+                return Err(ConfigError::new(
+                    format!("cluster.nodes[{i}].id"),
+                    format!("{:?}: use 1-64 characters of [a-z0-9_-], not \"ca\"", n.id),
+                ));
             }
             if let Some(j) = c.nodes[..i].iter().position(|m| m.id == n.id) {
-                return Err(ConfigError::new(format!("cluster.nodes[{i}].id"), format!("node id {:?} appears twice (also cluster.nodes[{j}])", n.id)));
+                return Err(ConfigError::new(
+                    format!("cluster.nodes[{i}].id"),
+                    format!("node id {:?} appears twice (also cluster.nodes[{j}])", n.id),
+                ));
             }
             let a = self.addr(i)?;
             if let Some(j) = addrs.insert(a, i) {
-                return Err(ConfigError::new(format!("cluster.nodes[{i}].addr"), format!("{a} is also the address of cluster.nodes[{j}]")));
+                return Err(ConfigError::new(
+                    format!("cluster.nodes[{i}].addr"),
+                    format!("{a} is also the address of cluster.nodes[{j}]"),
+                ));
             }
         }
         let known = |key: String, id: &str| -> Result<(), ConfigError> {
             if self.index(id).is_none() {
-                return Err(ConfigError::new(key, format!("node {id:?} is not in cluster.nodes")));
+                return Err(ConfigError::new(
+                    key,
+                    format!("node {id:?} is not in cluster.nodes"),
+                ));
             }
             Ok(())
         };
@@ -420,7 +475,10 @@ impl Topology {
             let key = format!("placement.{name:?}");
             let bare = name.strip_suffix("/*").unwrap_or(name);
             if ActorName::new(bare).is_err() {
-                return Err(ConfigError::new(key, "not an actor name (1-256 characters of [a-z0-9_./-], optionally ending in /*)"));
+                return Err(ConfigError::new(
+                    key,
+                    "not an actor name (1-256 characters of [a-z0-9_./-], optionally ending in /*)",
+                ));
             }
             known(key, node)?;
         }
@@ -432,7 +490,10 @@ impl Topology {
                 known(format!("links.link[{i}].between"), id)?;
             }
             if l.between[0] == l.between[1] {
-                return Err(ConfigError::new(format!("links.link[{i}].between"), "a link joins two different nodes"));
+                return Err(ConfigError::new(
+                    format!("links.link[{i}].between"),
+                    "a link joins two different nodes",
+                ));
             }
             if let Some(d) = &l.delay {
                 d.check(&format!("links.link[{i}].delay"))?;
@@ -441,18 +502,27 @@ impl Topology {
         let ch = &self.chaos;
         for (key, p) in [("chaos.drop", ch.drop), ("chaos.duplicate", ch.duplicate)] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(ConfigError::new(key, format!("{p} is not a probability in [0, 1]")));
+                return Err(ConfigError::new(
+                    key,
+                    format!("{p} is not a probability in [0, 1]"),
+                ));
             }
         }
         if ch.drop >= 1.0 {
-            return Err(ConfigError::new("chaos.drop", "1.0 drops everything: nothing could ever be delivered"));
+            return Err(ConfigError::new(
+                "chaos.drop",
+                "1.0 drops everything: nothing could ever be delivered",
+            ));
         }
         if let Some(d) = &ch.delay {
             d.check("chaos.delay")?;
         }
         for (i, p) in ch.partitions.iter().enumerate() {
             if p.start_ms >= p.end_ms {
-                return Err(ConfigError::new(format!("chaos.partitions[{i}]"), "start_ms must be before end_ms"));
+                return Err(ConfigError::new(
+                    format!("chaos.partitions[{i}]"),
+                    "start_ms must be before end_ms",
+                ));
             }
             for id in &p.nodes {
                 known(format!("chaos.partitions[{i}].nodes"), id)?;
@@ -465,18 +535,26 @@ impl Topology {
     /// and that each certificate is signed by the CA and names its node.
     pub fn check_certs(&self) -> Result<(), ConfigError> {
         let ca = self.ca_path();
-        crate::tls::load_ca(&ca).map_err(|e| ConfigError::new("cluster.certs_dir", e.to_string()))?;
+        crate::tls::load_ca(&ca)
+            .map_err(|e| ConfigError::new("cluster.certs_dir", e.to_string()))?;
         for (i, n) in self.cluster.nodes.iter().enumerate() {
             let (cert, key) = self.cert_paths(&n.id);
-            let k = if n.cert.is_some() { format!("cluster.nodes[{i}].cert") } else { "cluster.certs_dir".to_string() };
-            crate::tls::check_node_cert(&ca, &cert, &key, &n.id).map_err(|e| ConfigError::new(k, e.to_string()))?;
+            let k = if n.cert.is_some() {
+                format!("cluster.nodes[{i}].cert")
+            } else {
+                "cluster.certs_dir".to_string()
+            };
+            crate::tls::check_node_cert(&ca, &cert, &key, &n.id)
+                .map_err(|e| ConfigError::new(k, e.to_string()))?;
         }
         Ok(())
     }
 
     /// The metrics address of node `i` (the configured port plus `i`).
     pub fn metrics_addr(&self, i: usize) -> Result<Option<SocketAddr>, ConfigError> {
-        let Some(text) = &self.cluster.metrics_addr else { return Ok(None) };
+        let Some(text) = &self.cluster.metrics_addr else {
+            return Ok(None);
+        };
         let key = "cluster.metrics_addr";
         let a = text
             .to_socket_addrs()
@@ -484,7 +562,11 @@ impl Topology {
             .next()
             .ok_or_else(|| ConfigError::new(key, format!("{text:?} resolves to no address")))?;
         // Port 0 asks the OS for a free port on every node.
-        let port = if a.port() == 0 { Some(0) } else { u16::try_from(i).ok().and_then(|i| a.port().checked_add(i)) };
+        let port = if a.port() == 0 {
+            Some(0)
+        } else {
+            u16::try_from(i).ok().and_then(|i| a.port().checked_add(i))
+        };
         let port = port.ok_or_else(|| ConfigError::new(key, "port + node index exceeds 65535"))?;
         Ok(Some(SocketAddr::new(a.ip(), port)))
     }
@@ -508,7 +590,12 @@ mod tests {
 
     fn parse(text: &str) -> Result<Topology, String> {
         let f: File = toml::from_str(text).map_err(|e| e.to_string())?;
-        let t = Topology { cluster: f.cluster, placement: f.placement, links: f.links, chaos: f.chaos };
+        let t = Topology {
+            cluster: f.cluster,
+            placement: f.placement,
+            links: f.links,
+            chaos: f.chaos,
+        };
         t.validate().map_err(|e| e.to_string())?;
         Ok(t)
     }
@@ -580,14 +667,26 @@ nodes = [\"n1\"]
         ];
         for (text, key) in cases {
             let e = parse(text).unwrap_err();
-            assert!(e.starts_with(&format!("{key}:")), "expected an error about {key}, got {e}");
+            assert!(
+                e.starts_with(&format!("{key}:")),
+                "expected an error about {key}, got {e}"
+            );
         }
         // Unknown keys and bad values are refused by the parser, which names them.
         for (text, word) in [
             (format!("{BASE}[chaos]\ndorp = 0.1\n"), "dorp"),
-            ("[cluster]\n[[cluster.nodes]]\nid = \"a\"\nadr = \"x\"\n".to_string(), "adr"),
-            (format!("{BASE}[links]\nbandwidth = \"fast\"\n"), "bandwidth"),
-            (format!("{BASE}[links]\ndelay = {{ dist = \"gamma\", k = 1 }}\n"), "gamma"),
+            (
+                "[cluster]\n[[cluster.nodes]]\nid = \"a\"\nadr = \"x\"\n".to_string(),
+                "adr",
+            ),
+            (
+                format!("{BASE}[links]\nbandwidth = \"fast\"\n"),
+                "bandwidth",
+            ),
+            (
+                format!("{BASE}[links]\ndelay = {{ dist = \"gamma\", k = 1 }}\n"),
+                "gamma",
+            ),
         ] {
             let e = parse(&text).unwrap_err();
             assert!(e.contains(word), "{e}");

@@ -23,7 +23,10 @@ pub struct Dedup {
 impl Dedup {
     /// Remembers up to `window` ids per sending node (at least 1).
     pub fn new(window: usize) -> Dedup {
-        Dedup { window: window.max(1), per_node: HashMap::new() }
+        Dedup {
+            window: window.max(1),
+            per_node: HashMap::new(),
+        }
     }
 
     /// True the first time `id` is seen (deliver it), false for a duplicate
@@ -83,7 +86,14 @@ pub struct ReplyCache {
 impl ReplyCache {
     /// Remembers `window` ids per sender and up to `max_entries` replies of `max_bytes` in total.
     pub fn new(window: usize, max_entries: usize, max_bytes: usize) -> ReplyCache {
-        ReplyCache { dedup: Dedup::new(window), replies: HashMap::new(), order: VecDeque::new(), bytes: 0, max_entries, max_bytes }
+        ReplyCache {
+            dedup: Dedup::new(window),
+            replies: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            max_entries,
+            max_bytes,
+        }
     }
 
     /// Classifies an arriving request.
@@ -103,8 +113,12 @@ impl ReplyCache {
         if self.replies.insert(id, reply).is_none() {
             self.order.push_back(id);
         }
-        while self.order.len() > self.max_entries || (self.bytes > self.max_bytes && !self.order.is_empty()) {
-            let Some(old) = self.order.pop_front() else { break };
+        while self.order.len() > self.max_entries
+            || (self.bytes > self.max_bytes && !self.order.is_empty())
+        {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
             if let Some(r) = self.replies.remove(&old) {
                 self.bytes -= r.as_ref().map_or(64, |b| b.len());
             }
@@ -160,7 +174,11 @@ mod tests {
             c.complete(id(s), Ok(Bytes::from(vec![0; 10])));
         }
         assert_eq!(c.held(), (3, 30));
-        assert_eq!(c.check(id(1)), Seen::Dropped, "evicted reply: still not handled twice");
+        assert_eq!(
+            c.check(id(1)),
+            Seen::Dropped,
+            "evicted reply: still not handled twice"
+        );
         c.complete(id(9), Ok(Bytes::from(vec![0; 95])));
         assert!(c.held().1 <= 100);
     }

@@ -39,13 +39,18 @@ mod transport;
 pub mod wire;
 
 pub use actor_ref::{ActorRef, AskError, Deliver, Msg};
-pub use config::{ByteSize, ChaosConfig, ClusterConfig, ConfigError, LinksConfig, NodeSpec, Placement, Topology};
+pub use config::{
+    ByteSize, ChaosConfig, ClusterConfig, ConfigError, LinksConfig, NodeSpec, Placement, Topology,
+};
 pub use dedup::Dedup;
 pub use membership::{MemberEvent, PeerState};
 pub use metrics::MetricsSnapshot;
 pub use node::{MemberInfo, Node, StartError};
 pub use node_actor::{NodeStatus, Ping, Status};
-pub use wire::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, SharedBytes, TensorPayload, WireError};
+pub use wire::{
+    ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, SharedBytes,
+    TensorPayload, WireError,
+};
 
 /// Internals exposed for tests and benchmarks of the wire protocol (not a stable API).
 #[doc(hidden)]

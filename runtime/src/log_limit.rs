@@ -21,7 +21,12 @@ pub struct LogLimit {
 impl LogLimit {
     /// A limiter with a full burst available at `now`.
     pub fn new(interval: Duration, burst: u32, now: Instant) -> LogLimit {
-        LogLimit { interval, burst: burst.max(1), full_at: now, suppressed: 0 }
+        LogLimit {
+            interval,
+            burst: burst.max(1),
+            full_at: now,
+            suppressed: 0,
+        }
     }
 
     /// Whether to print a line at `now`: `Some(n)` with the `n` lines held back
@@ -76,7 +81,10 @@ mod tests {
         // counts what was held back since the last one (the flood's last 999 ms).
         let later = t0 + Duration::from_secs(60);
         assert_eq!(l.allow(later), Some(999));
-        assert_eq!((0..4).map(|_| l.allow(later)).collect::<Vec<_>>(), vec![Some(0); 4]);
+        assert_eq!(
+            (0..4).map(|_| l.allow(later)).collect::<Vec<_>>(),
+            vec![Some(0); 4]
+        );
         assert_eq!(l.allow(later), None);
     }
 
@@ -92,6 +100,9 @@ mod tests {
     #[test]
     fn the_note_names_what_was_held_back() {
         assert_eq!(suppressed_note(0, "refused connections"), "");
-        assert_eq!(suppressed_note(37, "refused connections"), " (and 37 more refused connections since the last warning)");
+        assert_eq!(
+            suppressed_note(37, "refused connections"),
+            " (and 37 more refused connections since the last warning)"
+        );
     }
 }

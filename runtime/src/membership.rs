@@ -49,9 +49,28 @@ pub struct Membership {
 
 impl Membership {
     /// Watches `peers`; a peer silent for `timeout` is down.
-    pub fn new(peers: impl IntoIterator<Item = String>, timeout: Duration, now: Instant) -> Membership {
-        let peers = peers.into_iter().map(|p| (p, Peer { state: PeerState::Unknown, last_heard: None })).collect();
-        Membership { timeout, peers, started: now }
+    pub fn new(
+        peers: impl IntoIterator<Item = String>,
+        timeout: Duration,
+        now: Instant,
+    ) -> Membership {
+        let peers = peers
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    Peer {
+                        state: PeerState::Unknown,
+                        last_heard: None,
+                    },
+                )
+            })
+            .collect();
+        Membership {
+            timeout,
+            peers,
+            started: now,
+        }
     }
 
     /// Records a heartbeat from `peer` (ignored for peers not watched); returns
@@ -82,7 +101,11 @@ impl Membership {
 
     /// The earliest time at which [`Membership::poll`] could report something.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.peers.values().filter(|p| p.state != PeerState::Down).map(|p| p.last_heard.unwrap_or(self.started) + self.timeout).min()
+        self.peers
+            .values()
+            .filter(|p| p.state != PeerState::Down)
+            .map(|p| p.last_heard.unwrap_or(self.started) + self.timeout)
+            .min()
     }
 
     /// The state of `peer`.
@@ -92,7 +115,16 @@ impl Membership {
 
     /// Every watched peer with its state and time since last heard.
     pub fn view(&self, now: Instant) -> Vec<(String, PeerState, Option<Duration>)> {
-        self.peers.iter().map(|(id, p)| (id.clone(), p.state, p.last_heard.map(|t| now.saturating_duration_since(t)))).collect()
+        self.peers
+            .iter()
+            .map(|(id, p)| {
+                (
+                    id.clone(),
+                    p.state,
+                    p.last_heard.map(|t| now.saturating_duration_since(t)),
+                )
+            })
+            .collect()
     }
 }
 
@@ -104,11 +136,22 @@ mod tests {
     fn peers_go_up_down_and_up_again() {
         let t0 = Instant::now();
         let ms = |m| t0 + Duration::from_millis(m);
-        let mut m = Membership::new(["a".to_string(), "b".to_string()], Duration::from_millis(1000), t0);
+        let mut m = Membership::new(
+            ["a".to_string(), "b".to_string()],
+            Duration::from_millis(1000),
+            t0,
+        );
         assert_eq!(m.next_deadline(), Some(ms(1000)));
-        assert_eq!(m.handle_heartbeat("a", ms(100)), Some(MemberEvent::Up("a".into())));
+        assert_eq!(
+            m.handle_heartbeat("a", ms(100)),
+            Some(MemberEvent::Up("a".into()))
+        );
         assert_eq!(m.handle_heartbeat("a", ms(300)), None);
-        assert_eq!(m.handle_heartbeat("zz", ms(300)), None, "unknown peers are ignored");
+        assert_eq!(
+            m.handle_heartbeat("zz", ms(300)),
+            None,
+            "unknown peers are ignored"
+        );
         assert!(m.poll(ms(999)).is_empty());
         // b was never heard from: down once the timeout has passed since start.
         assert_eq!(m.poll(ms(1000)), vec![MemberEvent::Down("b".into())]);
@@ -117,7 +160,10 @@ mod tests {
         assert_eq!(m.poll(ms(1300)), vec![MemberEvent::Down("a".into())]);
         assert!(m.poll(ms(5000)).is_empty(), "reported once per outage");
         assert_eq!(m.state("a"), Some(PeerState::Down));
-        assert_eq!(m.handle_heartbeat("a", ms(6000)), Some(MemberEvent::Up("a".into())));
+        assert_eq!(
+            m.handle_heartbeat("a", ms(6000)),
+            Some(MemberEvent::Up("a".into()))
+        );
         // A late heartbeat (reordered) does not move the clock back.
         m.handle_heartbeat("a", ms(5500));
         assert!(m.poll(ms(6999)).is_empty());

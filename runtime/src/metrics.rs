@@ -11,7 +11,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// Upper bounds of the latency buckets, microseconds (powers of 4 from 16 µs to ~17 s).
-pub const LATENCY_BUCKETS_US: [u64; 11] = [16, 64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576, 4_194_304, 16_777_216];
+pub const LATENCY_BUCKETS_US: [u64; 11] = [
+    16, 64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576, 4_194_304, 16_777_216,
+];
 
 /// Direction of traffic on a link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -55,7 +57,10 @@ impl Histogram {
             self.buckets = vec![0; LATENCY_BUCKETS_US.len() + 1];
         }
         let us = d.as_micros().min(u64::MAX as u128) as u64;
-        let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
+        let i = LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
         self.buckets[i] += 1;
         self.count += 1;
         self.sum_us = self.sum_us.saturating_add(us);
@@ -113,7 +118,10 @@ impl Metrics {
     /// Counts one frame.
     pub fn count(&self, peer: &str, dir: Dir, kind: &str, payload: usize, wire: usize) {
         self.with(|m| {
-            let c = m.links.entry((peer.to_string(), dir, kind.to_string())).or_default();
+            let c = m
+                .links
+                .entry((peer.to_string(), dir, kind.to_string()))
+                .or_default();
             c.messages += 1;
             c.payload_bytes += payload as u64;
             c.wire_bytes += wire as u64;
@@ -123,7 +131,10 @@ impl Metrics {
     /// Counts an injected drop (`copies == 0`) or duplication (`copies == 2`).
     pub fn fault(&self, peer: &str, kind: &str, copies: u32) {
         self.with(|m| {
-            let c = m.links.entry((peer.to_string(), Dir::Out, kind.to_string())).or_default();
+            let c = m
+                .links
+                .entry((peer.to_string(), Dir::Out, kind.to_string()))
+                .or_default();
             match copies {
                 0 => c.dropped += 1,
                 2 => c.duplicated += 1,
@@ -153,30 +164,84 @@ impl Metrics {
         let mut s = String::new();
         let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
         for (name, help, get) in [
-            ("hetgnn_messages_total", "Frames sent or received", (|c: &Counters| c.messages) as fn(&Counters) -> u64),
-            ("hetgnn_payload_bytes_total", "Message payload bytes", |c| c.payload_bytes),
-            ("hetgnn_wire_bytes_total", "Framed bytes on QUIC streams", |c| c.wire_bytes),
-            ("hetgnn_injected_drops_total", "Frames dropped by fault injection", |c| c.dropped),
-            ("hetgnn_injected_duplicates_total", "Extra copies sent by fault injection", |c| c.duplicated),
+            (
+                "hetgnn_messages_total",
+                "Frames sent or received",
+                (|c: &Counters| c.messages) as fn(&Counters) -> u64,
+            ),
+            ("hetgnn_payload_bytes_total", "Message payload bytes", |c| {
+                c.payload_bytes
+            }),
+            (
+                "hetgnn_wire_bytes_total",
+                "Framed bytes on QUIC streams",
+                |c| c.wire_bytes,
+            ),
+            (
+                "hetgnn_injected_drops_total",
+                "Frames dropped by fault injection",
+                |c| c.dropped,
+            ),
+            (
+                "hetgnn_injected_duplicates_total",
+                "Extra copies sent by fault injection",
+                |c| c.duplicated,
+            ),
         ] {
             let _ = writeln!(s, "# HELP {name} {help}.\n# TYPE {name} counter");
             for ((peer, dir, kind), c) in &m.links {
                 let dir = if *dir == Dir::Out { "out" } else { "in" };
-                let _ = writeln!(s, "{name}{{node=\"{}\",peer=\"{}\",dir=\"{dir}\",kind=\"{}\"}} {}", esc(node), esc(peer), esc(kind), get(c));
+                let _ = writeln!(
+                    s,
+                    "{name}{{node=\"{}\",peer=\"{}\",dir=\"{dir}\",kind=\"{}\"}} {}",
+                    esc(node),
+                    esc(peer),
+                    esc(kind),
+                    get(c)
+                );
             }
         }
         let _ = writeln!(s, "# HELP hetgnn_ask_retries_total Asks resent after a timeout.\n# TYPE hetgnn_ask_retries_total counter");
-        let _ = writeln!(s, "hetgnn_ask_retries_total{{node=\"{}\"}} {}", esc(node), m.retries);
+        let _ = writeln!(
+            s,
+            "hetgnn_ask_retries_total{{node=\"{}\"}} {}",
+            esc(node),
+            m.retries
+        );
         let _ = writeln!(s, "# HELP hetgnn_ask_latency_seconds Ask latency, retries included.\n# TYPE hetgnn_ask_latency_seconds histogram");
         for (kind, h) in &m.latency {
             let mut cum = 0;
             for (i, b) in LATENCY_BUCKETS_US.iter().enumerate() {
                 cum += h.buckets.get(i).copied().unwrap_or(0);
-                let _ = writeln!(s, "hetgnn_ask_latency_seconds_bucket{{node=\"{}\",kind=\"{}\",le=\"{}\"}} {cum}", esc(node), esc(kind), *b as f64 / 1e6);
+                let _ = writeln!(
+                    s,
+                    "hetgnn_ask_latency_seconds_bucket{{node=\"{}\",kind=\"{}\",le=\"{}\"}} {cum}",
+                    esc(node),
+                    esc(kind),
+                    *b as f64 / 1e6
+                );
             }
-            let _ = writeln!(s, "hetgnn_ask_latency_seconds_bucket{{node=\"{}\",kind=\"{}\",le=\"+Inf\"}} {}", esc(node), esc(kind), h.count);
-            let _ = writeln!(s, "hetgnn_ask_latency_seconds_sum{{node=\"{}\",kind=\"{}\"}} {}", esc(node), esc(kind), h.sum_us as f64 / 1e6);
-            let _ = writeln!(s, "hetgnn_ask_latency_seconds_count{{node=\"{}\",kind=\"{}\"}} {}", esc(node), esc(kind), h.count);
+            let _ = writeln!(
+                s,
+                "hetgnn_ask_latency_seconds_bucket{{node=\"{}\",kind=\"{}\",le=\"+Inf\"}} {}",
+                esc(node),
+                esc(kind),
+                h.count
+            );
+            let _ = writeln!(
+                s,
+                "hetgnn_ask_latency_seconds_sum{{node=\"{}\",kind=\"{}\"}} {}",
+                esc(node),
+                esc(kind),
+                h.sum_us as f64 / 1e6
+            );
+            let _ = writeln!(
+                s,
+                "hetgnn_ask_latency_seconds_count{{node=\"{}\",kind=\"{}\"}} {}",
+                esc(node),
+                esc(kind),
+                h.count
+            );
         }
         s
     }
@@ -199,16 +264,24 @@ mod tests {
         m.latency("feature_pull", Duration::from_secs(100));
         let s = m.snapshot();
         let c = s.links[&("n1".to_string(), Dir::Out, "feature_pull".to_string())];
-        assert_eq!((c.messages, c.payload_bytes, c.wire_bytes, c.dropped), (2, 150, 200, 1));
+        assert_eq!(
+            (c.messages, c.payload_bytes, c.wire_bytes, c.dropped),
+            (2, 150, 200, 1)
+        );
         assert_eq!(s.bytes_by_kind()["feature_pull"], 201);
-        assert!(!s.bytes_by_kind().contains_key("reply"), "only outgoing bytes count");
+        assert!(
+            !s.bytes_by_kind().contains_key("reply"),
+            "only outgoing bytes count"
+        );
         let h = &s.latency["feature_pull"];
         assert_eq!(h.buckets[2], 1); // 100 µs <= 256
         assert_eq!(h.buckets[3], 1); // 300 µs <= 1024
         assert_eq!(h.buckets[LATENCY_BUCKETS_US.len()], 1);
         let text = m.prometheus("n0");
         assert!(text.contains("hetgnn_wire_bytes_total{node=\"n0\",peer=\"n1\",dir=\"out\",kind=\"feature_pull\"} 200"), "{text}");
-        assert!(text.contains("hetgnn_ask_latency_seconds_bucket{node=\"n0\",kind=\"feature_pull\",le=\"+Inf\"} 3"));
+        assert!(text.contains(
+            "hetgnn_ask_latency_seconds_bucket{node=\"n0\",kind=\"feature_pull\",le=\"+Inf\"} 3"
+        ));
         assert!(text.contains("hetgnn_ask_latency_seconds_bucket{node=\"n0\",kind=\"feature_pull\",le=\"0.001024\"} 2"));
     }
 }

@@ -114,7 +114,10 @@ impl<A: Actor<Context = Context<A>>> Registration<'_, A> {
     where
         A: Handler<Deliver<M>>,
     {
-        self.node.inner.registry.insert::<M>(&self.name, self.addr.clone().recipient());
+        self.node
+            .inner
+            .registry
+            .insert::<M>(&self.name, self.addr.clone().recipient());
         self
     }
 }
@@ -158,11 +161,20 @@ impl Node {
     /// an actix system.
     pub async fn start(topology: Topology, id: &str) -> Result<Node, StartError> {
         topology.validate()?;
-        let i = topology.index(id).ok_or_else(|| ConfigError::new("--node", format!("{id:?} is not in cluster.nodes ({})", node_list(&topology))))?;
+        let i = topology.index(id).ok_or_else(|| {
+            ConfigError::new(
+                "--node",
+                format!("{id:?} is not in cluster.nodes ({})", node_list(&topology)),
+            )
+        })?;
         let (cert, key) = topology.cert_paths(id);
         let ca = topology.ca_path();
         // Certificate problems name the key that points at the file.
-        let key_name = if topology.cluster.nodes[i].cert.is_some() { format!("cluster.nodes[{i}].cert") } else { "cluster.certs_dir".to_string() };
+        let key_name = if topology.cluster.nodes[i].cert.is_some() {
+            format!("cluster.nodes[{i}].cert")
+        } else {
+            "cluster.certs_dir".to_string()
+        };
         let named = |e: TlsError| ConfigError::new(&key_name, e.to_string());
         crate::tls::check_node_cert(&ca, &cert, &key, id).map_err(named)?;
         let identity = Identity::load(&ca, &cert, &key).map_err(named)?;
@@ -170,7 +182,14 @@ impl Node {
         let idle = idle_timeout(c.failure_timeout_ms);
         let bind = topology.addr(i)?;
         let configs = QuicConfigs::new(&identity, idle)?;
-        let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).map_err(|e| StartError::Bind { key: format!("cluster.nodes[{i}].addr"), addr: bind, msg: e.to_string() })?;
+        let endpoint =
+            bind_endpoint(bind, Some((*configs.server(&bind)).clone())).map_err(|e| {
+                StartError::Bind {
+                    key: format!("cluster.nodes[{i}].addr"),
+                    addr: bind,
+                    msg: e.to_string(),
+                }
+            })?;
         let mut peers = Vec::new();
         for (j, n) in c.nodes.iter().enumerate() {
             if j != i {
@@ -183,8 +202,26 @@ impl Node {
         let registry: Arc<Registry> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
         let faults = Faults::new(topology.chaos.clone(), topology.links.clone());
-        let transport = Transport::start(settings, endpoint, configs, peers, registry.clone(), metrics.clone(), faults, events.clone(), true);
-        let node = Node::build(id, Some(transport), Some(topology), registry, metrics, events).map_err(|e| ConfigError::new("--node", e.to_string()))?;
+        let transport = Transport::start(
+            settings,
+            endpoint,
+            configs,
+            peers,
+            registry.clone(),
+            metrics.clone(),
+            faults,
+            events.clone(),
+            true,
+        );
+        let node = Node::build(
+            id,
+            Some(transport),
+            Some(topology),
+            registry,
+            metrics,
+            events,
+        )
+        .map_err(|e| ConfigError::new("--node", e.to_string()))?;
         if let Some(addr) = metrics_addr {
             node.serve_metrics(addr).await?;
         }
@@ -195,25 +232,58 @@ impl Node {
 
     /// A client of the cluster (for tools such as `hetgnn doctor`): it hosts no
     /// actors, dials every node and can ask their actors.
-    pub async fn client(topology: Topology, name: &str, identity: Identity) -> Result<Node, StartError> {
+    pub async fn client(
+        topology: Topology,
+        name: &str,
+        identity: Identity,
+    ) -> Result<Node, StartError> {
         topology.validate()?;
         let c = &topology.cluster;
         let idle = idle_timeout(c.failure_timeout_ms);
         let first = topology.addr(0)?;
-        let bind: SocketAddr = if first.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-        let endpoint = bind_endpoint(bind, None).map_err(|e| StartError::Bind { key: "client".into(), addr: bind, msg: e.to_string() })?;
+        let bind: SocketAddr = if first.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint = bind_endpoint(bind, None).map_err(|e| StartError::Bind {
+            key: "client".into(),
+            addr: bind,
+            msg: e.to_string(),
+        })?;
         let configs = QuicConfigs::new(&identity, idle)?;
         let mut peers = Vec::new();
         for (j, n) in c.nodes.iter().enumerate() {
             peers.push((n.id.clone(), topology.addr(j)?, true));
         }
-        let index = 0x8000_0000 | (name.bytes().fold(0x811C_9DC5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193)) & 0x7FFF_FFFF);
+        let index = 0x8000_0000
+            | (name.bytes().fold(0x811C_9DC5u32, |h, b| {
+                (h ^ b as u32).wrapping_mul(0x0100_0193)
+            }) & 0x7FFF_FFFF);
         let settings = Settings::new(c, name, index);
         let (events, _) = broadcast::channel(16);
         let registry: Arc<Registry> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
-        let transport = Transport::start(settings, endpoint, configs, peers, registry.clone(), metrics.clone(), Faults::default(), events.clone(), false);
-        Node::build(name, Some(transport), Some(topology), registry, metrics, events).map_err(|e| StartError::Config(ConfigError::new("client", e.to_string())))
+        let transport = Transport::start(
+            settings,
+            endpoint,
+            configs,
+            peers,
+            registry.clone(),
+            metrics.clone(),
+            Faults::default(),
+            events.clone(),
+            false,
+        );
+        Node::build(
+            name,
+            Some(transport),
+            Some(topology),
+            registry,
+            metrics,
+            events,
+        )
+        .map_err(|e| StartError::Config(ConfigError::new("client", e.to_string())))
     }
 
     /// A reference that does not keep the node alive.
@@ -233,19 +303,33 @@ impl Node {
 
     /// A reference to actor `name`, wherever it runs.
     pub fn actor(&self, name: &str) -> Result<ActorRef, WireError> {
-        Ok(ActorRef { name: ActorName::new(name)?, from: self.inner.system.clone(), node: self.clone() })
+        Ok(ActorRef {
+            name: ActorName::new(name)?,
+            from: self.inner.system.clone(),
+            node: self.clone(),
+        })
     }
 
     /// Notes that actor `name` runs on node `node`, for an actor the topology
     /// does not place (one a node's status lists, say).
     pub fn learn_placement(&self, name: &str, node: &str) {
-        self.inner.learned.insert(name.to_string(), node.to_string());
+        self.inner
+            .learned
+            .insert(name.to_string(), node.to_string());
     }
 
     /// Registers a local actor under `name`; chain [`Registration::handle`] for
     /// each message type it accepts over location-transparent references.
-    pub fn register<A: Actor<Context = Context<A>>>(&self, name: &str, addr: &Addr<A>) -> Result<Registration<'_, A>, WireError> {
-        Ok(Registration { node: self, name: ActorName::new(name)?, addr: addr.clone() })
+    pub fn register<A: Actor<Context = Context<A>>>(
+        &self,
+        name: &str,
+        addr: &Addr<A>,
+    ) -> Result<Registration<'_, A>, WireError> {
+        Ok(Registration {
+            node: self,
+            name: ActorName::new(name)?,
+            addr: addr.clone(),
+        })
     }
 
     /// Removes a local actor's registration.
@@ -275,7 +359,9 @@ impl Node {
                 };
                 match ev {
                     Ok(ev) => recipient.do_send(ev),
-                    Err(broadcast::error::RecvError::Lagged(n)) => tracing::warn!("an event subscriber missed {n} membership events"),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!("an event subscriber missed {n} membership events")
+                    }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
@@ -284,9 +370,22 @@ impl Node {
 
     /// The peers and their states (empty when embedded).
     pub fn members(&self) -> Vec<MemberInfo> {
-        let Some(t) = &self.inner.transport else { return Vec::new() };
-        let view = t.membership.lock().unwrap_or_else(|p| p.into_inner()).view(Instant::now());
-        view.into_iter().map(|(id, state, since)| MemberInfo { connected: t.connected(&id), id, state, last_heard_ms: since.map(|d| d.as_millis() as u64) }).collect()
+        let Some(t) = &self.inner.transport else {
+            return Vec::new();
+        };
+        let view = t
+            .membership
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .view(Instant::now());
+        view.into_iter()
+            .map(|(id, state, since)| MemberInfo {
+                connected: t.connected(&id),
+                id,
+                state,
+                last_heard_ms: since.map(|d| d.as_millis() as u64),
+            })
+            .collect()
     }
 
     /// The transport's metrics so far.
@@ -317,7 +416,9 @@ impl Node {
 
     fn route(&self, name: &ActorName) -> Result<Route, AskError> {
         let inner = &self.inner;
-        let (Some(t), Some(topo)) = (&inner.transport, &inner.topology) else { return Ok(Route::Local) };
+        let (Some(t), Some(topo)) = (&inner.transport, &inner.topology) else {
+            return Ok(Route::Local);
+        };
         if inner.registry.contains(name) {
             return Ok(Route::Local);
         }
@@ -339,28 +440,56 @@ impl Node {
         }
     }
 
-    pub(crate) async fn ask<M: Msg>(&self, to: &ActorName, from: &ActorName, msg: M, timeout: Duration) -> Result<M::Reply, AskError> {
+    pub(crate) async fn ask<M: Msg>(
+        &self,
+        to: &ActorName,
+        from: &ActorName,
+        msg: M,
+        timeout: Duration,
+    ) -> Result<M::Reply, AskError> {
         let start = Instant::now();
         let deadline = start + timeout;
-        let kind = ActorName::new(M::KIND).map_err(|e| AskError::Codec(format!("message kind: {e}")))?;
+        let kind =
+            ActorName::new(M::KIND).map_err(|e| AskError::Codec(format!("message kind: {e}")))?;
         match self.route(to)? {
             Route::Local => loop {
                 match self.inner.registry.local::<M>(to) {
                     Lookup::Found(r) => {
-                        let fut = r.send(Deliver { msg, from: from.clone() });
+                        let fut = r.send(Deliver {
+                            msg,
+                            from: from.clone(),
+                        });
                         return match tokio::time::timeout_at(deadline.into(), fut).await {
-                            Err(_) => Err(AskError::Timeout { actor: to.to_string(), kind: kind.to_string(), after: timeout }),
-                            Ok(Err(_)) => Err(local_error(to, RemoteError::Stopped(to.to_string()))),
+                            Err(_) => Err(AskError::Timeout {
+                                actor: to.to_string(),
+                                kind: kind.to_string(),
+                                after: timeout,
+                            }),
+                            Ok(Err(_)) => {
+                                Err(local_error(to, RemoteError::Stopped(to.to_string())))
+                            }
                             Ok(Ok(v)) => {
                                 self.inner.metrics.latency(M::KIND, start.elapsed());
                                 Ok(v)
                             }
                         };
                     }
-                    Lookup::NoHandler => return Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() })),
+                    Lookup::NoHandler => {
+                        return Err(local_error(
+                            to,
+                            RemoteError::NoHandler {
+                                actor: to.to_string(),
+                                kind: kind.to_string(),
+                            },
+                        ))
+                    }
                     // Placed here but not registered yet (start-up): wait for it until the deadline.
-                    Lookup::Missing if Instant::now() + Duration::from_millis(5) < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
-                    Lookup::Missing => return Err(local_error(to, RemoteError::NoSuchActor(to.to_string()))),
+                    Lookup::Missing if Instant::now() + Duration::from_millis(5) < deadline => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Lookup::Missing => {
+                        return Err(local_error(to, RemoteError::NoSuchActor(to.to_string())))
+                    }
                 }
             },
             Route::Remote(peer) => {
@@ -368,20 +497,36 @@ impl Node {
                 let payload = encode_msg(&msg).map_err(|e| AskError::Codec(e.to_string()))?;
                 let reply = t.ask(&peer, to, from, kind, payload, timeout).await?;
                 // Byte blocks in the reply stay where they were received.
-                decode_msg_shared::<M::Reply>(&reply).map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
+                decode_msg_shared::<M::Reply>(&reply)
+                    .map_err(|e| AskError::Codec(format!("reply from {to}: {e}")))
             }
         }
     }
 
-    pub(crate) fn tell<M: Msg>(&self, to: &ActorName, from: &ActorName, msg: M) -> Result<(), AskError> {
-        let kind = ActorName::new(M::KIND).map_err(|e| AskError::Codec(format!("message kind: {e}")))?;
+    pub(crate) fn tell<M: Msg>(
+        &self,
+        to: &ActorName,
+        from: &ActorName,
+        msg: M,
+    ) -> Result<(), AskError> {
+        let kind =
+            ActorName::new(M::KIND).map_err(|e| AskError::Codec(format!("message kind: {e}")))?;
         match self.route(to)? {
             Route::Local => match self.inner.registry.local::<M>(to) {
                 Lookup::Found(r) => {
-                    r.do_send(Deliver { msg, from: from.clone() });
+                    r.do_send(Deliver {
+                        msg,
+                        from: from.clone(),
+                    });
                     Ok(())
                 }
-                Lookup::NoHandler => Err(local_error(to, RemoteError::NoHandler { actor: to.to_string(), kind: kind.to_string() })),
+                Lookup::NoHandler => Err(local_error(
+                    to,
+                    RemoteError::NoHandler {
+                        actor: to.to_string(),
+                        kind: kind.to_string(),
+                    },
+                )),
                 Lookup::Missing => Err(local_error(to, RemoteError::NoSuchActor(to.to_string()))),
             },
             Route::Remote(peer) => {
@@ -401,7 +546,13 @@ impl Node {
 
     async fn serve_metrics(&self, addr: SocketAddr) -> Result<(), StartError> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| StartError::Bind { key: "cluster.metrics_addr".into(), addr, msg: e.to_string() })?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| StartError::Bind {
+                key: "cluster.metrics_addr".into(),
+                addr,
+                msg: e.to_string(),
+            })?;
         let metrics = self.inner.metrics.clone();
         let id = self.inner.id.clone();
         let cancel = self.inner.cancel.clone();
@@ -430,7 +581,10 @@ impl Node {
 
 /// The error a local delivery reports, shaped like a remote one so callers cannot tell them apart.
 fn local_error(to: &ActorName, source: RemoteError) -> AskError {
-    AskError::Remote { actor: to.to_string(), source }
+    AskError::Remote {
+        actor: to.to_string(),
+        source,
+    }
 }
 
 fn idle_timeout(failure_timeout_ms: u64) -> Duration {
@@ -438,5 +592,10 @@ fn idle_timeout(failure_timeout_ms: u64) -> Duration {
 }
 
 fn node_list(t: &Topology) -> String {
-    t.cluster.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>().join(", ")
+    t.cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

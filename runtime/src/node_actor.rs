@@ -58,7 +58,10 @@ impl Actor for NodeActor {
 impl NodeActor {
     /// Starts the system actor of `node` and registers it as `node/<id>`.
     pub(crate) fn serve(node: &Node) {
-        let addr = NodeActor { node: node.downgrade() }.start();
+        let addr = NodeActor {
+            node: node.downgrade(),
+        }
+        .start();
         let name = crate::node::system_actor(node.id()).expect("node ids are valid actor names");
         if let Ok(r) = node.register(name.as_str(), &addr) {
             r.handle::<Status>().handle::<Ping>();
@@ -74,11 +77,22 @@ impl Handler<Deliver<Status>> for NodeActor {
     type Result = MessageResult<Deliver<Status>>;
     fn handle(&mut self, _: Deliver<Status>, _: &mut Context<Self>) -> Self::Result {
         let Some(node) = self.node() else {
-            return MessageResult(NodeStatus { id: String::new(), uptime_ms: 0, peers: vec![], actors: vec![], messages_out: 0, wire_bytes_out: 0 });
+            return MessageResult(NodeStatus {
+                id: String::new(),
+                uptime_ms: 0,
+                peers: vec![],
+                actors: vec![],
+                messages_out: 0,
+                wire_bytes_out: 0,
+            });
         };
         let m = node.metrics();
-        let out = m.links.iter().filter(|((_, d, _), _)| *d == crate::metrics::Dir::Out);
-        let (messages_out, wire_bytes_out) = out.fold((0, 0), |(a, b), (_, c)| (a + c.messages, b + c.wire_bytes));
+        let out = m
+            .links
+            .iter()
+            .filter(|((_, d, _), _)| *d == crate::metrics::Dir::Out);
+        let (messages_out, wire_bytes_out) =
+            out.fold((0, 0), |(a, b), (_, c)| (a + c.messages, b + c.wire_bytes));
         MessageResult(NodeStatus {
             id: node.id().to_string(),
             uptime_ms: node.uptime().as_millis() as u64,

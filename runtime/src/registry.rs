@@ -53,8 +53,13 @@ impl Registry {
             let actor = actor.clone();
             Box::pin(async move {
                 let msg = msg.map_err(|e| RemoteError::BadMessage(e.to_string()))?;
-                let reply = r.send(Deliver { msg, from }).await.map_err(|_| RemoteError::Stopped(actor))?;
-                encode_msg(&reply).map(ByteVec).map_err(|e| RemoteError::BadMessage(format!("reply: {e}")))
+                let reply = r
+                    .send(Deliver { msg, from })
+                    .await
+                    .map_err(|_| RemoteError::Stopped(actor))?;
+                encode_msg(&reply)
+                    .map(ByteVec)
+                    .map_err(|e| RemoteError::BadMessage(format!("reply: {e}")))
             })
         });
         let mut e = self.actors.entry(name.clone()).or_default();
@@ -74,8 +79,14 @@ impl Registry {
 
     /// `name`'s mailbox for `M`.
     pub(crate) fn local<M: Msg>(&self, name: &ActorName) -> Lookup<M> {
-        let Some(e) = self.actors.get(name) else { return Lookup::Missing };
-        match e.typed.get(&TypeId::of::<M>()).and_then(|b| b.downcast_ref::<Recipient<Deliver<M>>>()) {
+        let Some(e) = self.actors.get(name) else {
+            return Lookup::Missing;
+        };
+        match e
+            .typed
+            .get(&TypeId::of::<M>())
+            .and_then(|b| b.downcast_ref::<Recipient<Deliver<M>>>())
+        {
             Some(r) => Lookup::Found(r.clone()),
             None => Lookup::NoHandler,
         }
@@ -83,8 +94,17 @@ impl Registry {
 
     /// The dispatcher for a request that arrived over the wire.
     pub(crate) fn dispatch(&self, name: &ActorName, kind: &str) -> Result<Dispatch, RemoteError> {
-        let e = self.actors.get(name).ok_or_else(|| RemoteError::NoSuchActor(name.to_string()))?;
-        e.dispatch.get(kind).cloned().ok_or_else(|| RemoteError::NoHandler { actor: name.to_string(), kind: kind.to_string() })
+        let e = self
+            .actors
+            .get(name)
+            .ok_or_else(|| RemoteError::NoSuchActor(name.to_string()))?;
+        e.dispatch
+            .get(kind)
+            .cloned()
+            .ok_or_else(|| RemoteError::NoHandler {
+                actor: name.to_string(),
+                kind: kind.to_string(),
+            })
     }
 
     /// Names of the local actors, sorted.

@@ -38,11 +38,17 @@ pub enum TlsError {
 }
 
 fn file_err(path: &Path, e: impl std::fmt::Display) -> TlsError {
-    TlsError::File { path: path.display().to_string(), msg: e.to_string() }
+    TlsError::File {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    }
 }
 
 fn bad(path: &Path, msg: impl Into<String>) -> TlsError {
-    TlsError::BadCert { path: path.display().to_string(), msg: msg.into() }
+    TlsError::BadCert {
+        path: path.display().to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// Largest PEM file read (a certificate chain is a few KiB).
@@ -51,19 +57,25 @@ const MAX_PEM: u64 = 1 << 20;
 /// Reads a PEM file, refusing before any read what is not a small regular
 /// file (a FIFO would block, a device never end).
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
-    let meta = std::fs::metadata(path).map_err(|_| file_err(path, "does not exist (create it with `hetgnn certs init`)"))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|_| file_err(path, "does not exist (create it with `hetgnn certs init`)"))?;
     if !meta.is_file() {
         return Err(file_err(path, "is not a regular file"));
     }
     if meta.len() > MAX_PEM {
-        return Err(file_err(path, format!("is {} bytes; PEM files are at most {MAX_PEM}", meta.len())));
+        return Err(file_err(
+            path,
+            format!("is {} bytes; PEM files are at most {MAX_PEM}", meta.len()),
+        ));
     }
     std::fs::read(path).map_err(|e| file_err(path, e))
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read_pem(path)?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err(path, format!("not a PEM certificate: {e}")))?;
     if certs.is_empty() {
         return Err(file_err(path, "holds no certificate"));
     }
@@ -72,14 +84,16 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = read_pem(path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
 }
 
 /// Loads the cluster CA certificate.
 pub fn load_ca(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
     let mut certs = read_certs(path)?;
     let ca = certs.swap_remove(0);
-    let (_, parsed) = x509_parser::parse_x509_certificate(&ca).map_err(|e| bad(path, format!("unparsable: {e}")))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&ca)
+        .map_err(|e| bad(path, format!("unparsable: {e}")))?;
     if !parsed.is_ca() {
         return Err(bad(path, "is not a CA certificate"));
     }
@@ -91,7 +105,9 @@ pub fn cert_node_id(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert).ok()?;
     let san = parsed.subject_alternative_name().ok()??;
     san.value.general_names.iter().find_map(|n| match n {
-        x509_parser::extensions::GeneralName::DNSName(d) if *d != "localhost" => Some(d.to_string()),
+        x509_parser::extensions::GeneralName::DNSName(d) if *d != "localhost" => {
+            Some(d.to_string())
+        }
         _ => None,
     })
 }
@@ -100,10 +116,19 @@ pub fn cert_node_id(cert: &CertificateDer<'_>) -> Option<String> {
 /// names node `id`, and that `key` is a readable private key.
 pub fn check_node_cert(ca: &Path, cert: &Path, key: &Path, id: &str) -> Result<(), TlsError> {
     let ca_der = load_ca(ca)?;
-    let (_, ca_parsed) = x509_parser::parse_x509_certificate(&ca_der).map_err(|e| bad(ca, format!("unparsable: {e}")))?;
+    let (_, ca_parsed) = x509_parser::parse_x509_certificate(&ca_der)
+        .map_err(|e| bad(ca, format!("unparsable: {e}")))?;
     let chain = read_certs(cert)?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(&chain[0]).map_err(|e| bad(cert, format!("unparsable: {e}")))?;
-    parsed.verify_signature(Some(ca_parsed.public_key())).map_err(|_| bad(cert, format!("is not signed by the cluster CA {}", ca.display())))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&chain[0])
+        .map_err(|e| bad(cert, format!("unparsable: {e}")))?;
+    parsed
+        .verify_signature(Some(ca_parsed.public_key()))
+        .map_err(|_| {
+            bad(
+                cert,
+                format!("is not signed by the cluster CA {}", ca.display()),
+            )
+        })?;
     if !parsed.validity().is_valid() {
         return Err(bad(cert, "is expired or not yet valid"));
     }
@@ -122,7 +147,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 fn roots(ca: CertificateDer<'static>) -> Result<Arc<rustls::RootCertStore>, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca).map_err(|e| TlsError::Config(format!("CA certificate: {e}")))?;
+    roots
+        .add(ca)
+        .map_err(|e| TlsError::Config(format!("CA certificate: {e}")))?;
     Ok(Arc::new(roots))
 }
 
@@ -167,7 +194,8 @@ pub fn transport_config(idle: Duration, path: PathKind) -> Arc<quinn::TransportC
     if path == PathKind::Loopback {
         let mut mtu = quinn::MtuDiscoveryConfig::default();
         mtu.upper_bound(MAX_UDP_PAYLOAD);
-        t.mtu_discovery_config(Some(mtu)).enable_segmentation_offload(false);
+        t.mtu_discovery_config(Some(mtu))
+            .enable_segmentation_offload(false);
     }
     Arc::new(t)
 }
@@ -186,7 +214,10 @@ impl QuicConfigs {
         let kinds = [PathKind::Network, PathKind::Loopback];
         let [c0, c1] = kinds.map(|k| identity.client_config(idle, k));
         let [s0, s1] = kinds.map(|k| identity.server_config(idle, k));
-        Ok(QuicConfigs { client: [c0?, c1?], server: [Arc::new(s0?), Arc::new(s1?)] })
+        Ok(QuicConfigs {
+            client: [c0?, c1?],
+            server: [Arc::new(s0?), Arc::new(s1?)],
+        })
     }
 
     /// The client configuration for dialing `addr`.
@@ -217,7 +248,11 @@ pub struct Identity {
 impl Identity {
     /// Loads from files.
     pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Identity, TlsError> {
-        Ok(Identity { ca: load_ca(ca)?, chain: read_certs(cert)?, key: read_key(key)? })
+        Ok(Identity {
+            ca: load_ca(ca)?,
+            chain: read_certs(cert)?,
+            key: read_key(key)?,
+        })
     }
 
     /// From PEM text already in memory.
@@ -231,9 +266,18 @@ impl Identity {
     }
 
     /// Server side: requires a client certificate from the cluster CA.
-    pub fn server_config(&self, idle: Duration, path: PathKind) -> Result<quinn::ServerConfig, TlsError> {
+    pub fn server_config(
+        &self,
+        idle: Duration,
+        path: PathKind,
+    ) -> Result<quinn::ServerConfig, TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(self.ca.clone())?, provider()).build().map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots(self.ca.clone())?,
+            provider(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut tls = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(cfg)?
@@ -241,14 +285,19 @@ impl Identity {
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(cfg)?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
         server.transport_config(transport_config(idle, path));
         Ok(server)
     }
 
     /// Client side: trusts only the cluster CA and presents our certificate.
-    pub fn client_config(&self, idle: Duration, path: PathKind) -> Result<quinn::ClientConfig, TlsError> {
+    pub fn client_config(
+        &self,
+        idle: Duration,
+        path: PathKind,
+    ) -> Result<quinn::ClientConfig, TlsError> {
         let cfg = |e: rustls::Error| TlsError::Config(e.to_string());
         let mut tls = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -257,7 +306,8 @@ impl Identity {
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(cfg)?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| TlsError::Config(e.to_string()))?;
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
         let mut client = quinn::ClientConfig::new(Arc::new(quic));
         client.transport_config(transport_config(idle, path));
         Ok(client)
@@ -274,9 +324,17 @@ pub fn peer_id(conn: &quinn::Connection) -> Option<String> {
 /// An identity for `name` with a short-lived client certificate minted from the
 /// cluster CA's files (for `hetgnn doctor`, which is no node of the cluster).
 pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<Identity, TlsError> {
-    let text = |path: &Path| read_pem(path).and_then(|b| String::from_utf8(b).map_err(|_| file_err(path, "is not PEM text")));
+    let text = |path: &Path| {
+        read_pem(path)
+            .and_then(|b| String::from_utf8(b).map_err(|_| file_err(path, "is not PEM text")))
+    };
     let ca_pem = text(ca_cert)?;
-    let key_pem = text(ca_key).map_err(|e| file_err(ca_key, format!("{e} (doctor needs the CA key to mint its client certificate)")))?;
+    let key_pem = text(ca_key).map_err(|e| {
+        file_err(
+            ca_key,
+            format!("{e} (doctor needs the CA key to mint its client certificate)"),
+        )
+    })?;
     let gen = |e: rcgen::Error| TlsError::Config(e.to_string());
     let ca_key = rcgen::KeyPair::from_pem(&key_pem).map_err(gen)?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(gen)?;
@@ -284,7 +342,10 @@ pub fn mint_client(ca_cert: &Path, ca_key: &Path, name: &str) -> Result<Identity
     p.distinguished_name.push(rcgen::DnType::CommonName, name);
     p.use_authority_key_identifier_extension = true;
     p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth, rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    p.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    ];
     let now = std::time::SystemTime::now();
     p.not_before = (now - Duration::from_secs(300)).into();
     p.not_after = (now + Duration::from_secs(24 * 3600)).into();

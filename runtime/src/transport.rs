@@ -38,7 +38,8 @@ use crate::metrics::{Dir, Metrics};
 use crate::registry::Registry;
 use crate::tls;
 use crate::wire::{
-    decode_large_ref, encode_frame, encode_reply_head, encode_request_head, ActorName, Envelope, Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError, MAX_LARGE_FRAME, SMALL_FRAME,
+    decode_large_ref, encode_frame, encode_reply_head, encode_request_head, ActorName, Envelope,
+    Frame, FrameDecoder, FrameRef, MsgId, RemoteError, WireError, MAX_LARGE_FRAME, SMALL_FRAME,
 };
 
 /// Tag of the shared stream of small frames.
@@ -121,7 +122,12 @@ pub(crate) struct LargeBudget {
 
 impl LargeBudget {
     fn new(total: usize, max_waiting: usize) -> LargeBudget {
-        LargeBudget { bytes: Semaphore::new(total), total, waiting: AtomicU64::new(0), max_waiting: max_waiting as u64 }
+        LargeBudget {
+            bytes: Semaphore::new(total),
+            total,
+            waiting: AtomicU64::new(0),
+            max_waiting: max_waiting as u64,
+        }
     }
 
     /// Room for a frame of `len` bytes, held until the permit is dropped: at
@@ -134,7 +140,11 @@ impl LargeBudget {
             Err(TryAcquireError::NoPermits) => {}
             Err(TryAcquireError::Closed) => return None,
         }
-        self.waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| (w < self.max_waiting).then_some(w + 1)).ok()?;
+        self.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w < self.max_waiting).then_some(w + 1)
+            })
+            .ok()?;
         // Counted until the wait ends, however it ends (the stream's task may be dropped).
         let _waiting = Waiting(&self.waiting);
         self.bytes.acquire_many(n).await.ok()
@@ -227,10 +237,28 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    fn new(id: String, addr: Option<SocketAddr>, dial: bool, member: bool, cancel: CancellationToken, budget: usize) -> (Arc<Peer>, mpsc::Receiver<Outgoing>) {
+    fn new(
+        id: String,
+        addr: Option<SocketAddr>,
+        dial: bool,
+        member: bool,
+        cancel: CancellationToken,
+        budget: usize,
+    ) -> (Arc<Peer>, mpsc::Receiver<Outgoing>) {
         let (outbox, rx) = mpsc::channel(OUTBOX);
         let large = LargeBudget::new(budget, LARGE_WAITERS);
-        let p = Peer { id, addr, dial, member, conn: watch::Sender::new(None), sent: AtomicU64::new(0), bucket: Mutex::new(None), outbox, cancel, large };
+        let p = Peer {
+            id,
+            addr,
+            dial,
+            member,
+            conn: watch::Sender::new(None),
+            sent: AtomicU64::new(0),
+            bucket: Mutex::new(None),
+            outbox,
+            cancel,
+            large,
+        };
         (Arc::new(p), rx)
     }
 
@@ -243,7 +271,9 @@ impl Peer {
     /// How long to wait before sending `bytes` more under the link's cap.
     fn pace(&self, bytes: usize) -> Option<Duration> {
         let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        b.as_mut().map(|b| b.reserve(Instant::now(), bytes as u64)).filter(|d| !d.is_zero())
+        b.as_mut()
+            .map(|b| b.reserve(Instant::now(), bytes as u64))
+            .filter(|d| !d.is_zero())
     }
 
     fn current(&self) -> Option<Conn> {
@@ -286,8 +316,15 @@ const SOCKET_BUFFER: usize = 8 << 20;
 
 /// A QUIC endpoint on `bind` that accepts datagrams up to loopback's size and
 /// asks for large socket buffers; it serves with `server` when given.
-pub(crate) fn bind_endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig>) -> std::io::Result<quinn::Endpoint> {
-    let socket = socket2::Socket::new(socket2::Domain::for_address(bind), socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+pub(crate) fn bind_endpoint(
+    bind: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(bind),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
     if bind.is_ipv6() {
         socket.set_only_v6(false).ok();
     }
@@ -295,7 +332,11 @@ pub(crate) fn bind_endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig
     socket.set_recv_buffer_size(SOCKET_BUFFER).ok();
     socket.set_send_buffer_size(SOCKET_BUFFER).ok();
     // Linux reports twice what it grants (the other half is its bookkeeping).
-    let granted = socket.recv_buffer_size().unwrap_or(0).min(socket.send_buffer_size().unwrap_or(0)) / 2;
+    let granted = socket
+        .recv_buffer_size()
+        .unwrap_or(0)
+        .min(socket.send_buffer_size().unwrap_or(0))
+        / 2;
     if granted < SOCKET_BUFFER / 4 {
         tracing::info!(
             "UDP socket buffers: {} KiB granted of {} KiB asked; bulk transfers lose packets with less \
@@ -310,9 +351,12 @@ pub(crate) fn bind_endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig
     // batch from this limit (~128 MiB of address space at 64 KiB, ~3 MiB at the default).
     let ip = bind.ip().to_canonical();
     if ip.is_loopback() || ip.is_unspecified() {
-        config.max_udp_payload_size(tls::MAX_UDP_PAYLOAD).map_err(|e| std::io::Error::other(e.to_string()))?;
+        config
+            .max_udp_payload_size(tls::MAX_UDP_PAYLOAD)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
     }
-    let runtime = quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime for QUIC"))?;
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| std::io::Error::other("no async runtime for QUIC"))?;
     quinn::Endpoint::new(config, server, socket.into(), runtime)
 }
 
@@ -353,7 +397,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Ids start from the wall clock, so a restarted node does not reuse the ids of its previous life.
 fn seq_base() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
 }
 
 impl Transport {
@@ -372,12 +418,23 @@ impl Transport {
         serve: bool,
     ) -> Arc<Transport> {
         let now = Instant::now();
-        let members: Vec<String> = if serve { peers.iter().map(|p| p.0.clone()).collect() } else { Vec::new() };
+        let members: Vec<String> = if serve {
+            peers.iter().map(|p| p.0.clone()).collect()
+        } else {
+            Vec::new()
+        };
         let cancel = CancellationToken::new();
         let mut writers = Vec::new();
         let table = DashMap::new();
         for (id, addr, dial) in &peers {
-            let (p, rx) = Peer::new(id.clone(), Some(*addr), *dial, serve, cancel.child_token(), s.large_budget);
+            let (p, rx) = Peer::new(
+                id.clone(),
+                Some(*addr),
+                *dial,
+                serve,
+                cancel.child_token(),
+                s.large_budget,
+            );
             writers.push((p.clone(), rx));
             table.insert(id.clone(), p);
         }
@@ -432,7 +489,9 @@ impl Transport {
     /// Replaces the fault plan (and resets the bandwidth buckets).
     pub(crate) fn set_faults(&self, faults: Faults) {
         for p in self.all_peers() {
-            *lock(&p.bucket) = faults.bandwidth(&self.me, &p.id).map(|r| TokenBucket::new(r, Instant::now()));
+            *lock(&p.bucket) = faults
+                .bandwidth(&self.me, &p.id)
+                .map(|r| TokenBucket::new(r, Instant::now()));
         }
         *self.faults.write().unwrap_or_else(|p| p.into_inner()) = faults;
     }
@@ -443,7 +502,10 @@ impl Transport {
     }
 
     pub(crate) fn next_id(&self) -> MsgId {
-        MsgId { node: self.index, seq: self.seq.fetch_add(1, Ordering::Relaxed) }
+        MsgId {
+            node: self.index,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     fn endpoint(&self) -> Option<quinn::Endpoint> {
@@ -457,7 +519,9 @@ impl Transport {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         self.cancel.cancel();
-        let Some(ep) = lock(&self.endpoint).take() else { return };
+        let Some(ep) = lock(&self.endpoint).take() else {
+            return;
+        };
         ep.close(close::SHUTDOWN.into(), b"shutdown");
         for p in self.all_peers() {
             p.conn.send_replace(None);
@@ -466,7 +530,9 @@ impl Transport {
     }
 
     async fn accept_loop(self: Arc<Self>) {
-        let Some(endpoint) = self.endpoint() else { return };
+        let Some(endpoint) = self.endpoint() else {
+            return;
+        };
         loop {
             let incoming = tokio::select! {
                 _ = self.cancel.cancelled() => return,
@@ -485,13 +551,23 @@ impl Transport {
                     Err(_) => return,
                 };
                 let Some(id) = tls::peer_id(&quic).filter(|id| *id != me.me) else {
-                    quic.close(close::IDENTITY.into(), b"certificate names no usable node id");
+                    quic.close(
+                        close::IDENTITY.into(),
+                        b"certificate names no usable node id",
+                    );
                     return;
                 };
                 let peer = match me.peer(&id) {
                     Some(p) => p,
                     None => {
-                        let (p, rx) = Peer::new(id.clone(), None, false, false, me.cancel.child_token(), me.large_budget);
+                        let (p, rx) = Peer::new(
+                            id.clone(),
+                            None,
+                            false,
+                            false,
+                            me.cancel.child_token(),
+                            me.large_budget,
+                        );
                         let old = me.peers.insert(id.clone(), p.clone());
                         if let Some(old) = old {
                             old.cancel.cancel();
@@ -512,7 +588,11 @@ impl Transport {
     fn refused(&self, e: &dyn std::fmt::Display) {
         let allowed = lock(&self.refused_log).allow(Instant::now());
         match allowed {
-            Some(n) => tracing::warn!("{}: refused a connection: {e}{}", self.me, suppressed_note(n, "refused connections")),
+            Some(n) => tracing::warn!(
+                "{}: refused a connection: {e}{}",
+                self.me,
+                suppressed_note(n, "refused connections")
+            ),
             None => tracing::debug!("{}: refused a connection: {e}", self.me),
         }
     }
@@ -521,7 +601,12 @@ impl Transport {
     fn dropped_large(&self, peer: &Peer, why: &str) {
         let allowed = lock(&self.large_log).allow(Instant::now());
         match allowed {
-            Some(n) => tracing::warn!("{}: dropped a large frame from {}: {why}{}", self.me, peer.id, suppressed_note(n, "dropped large frames")),
+            Some(n) => tracing::warn!(
+                "{}: dropped a large frame from {}: {why}{}",
+                self.me,
+                peer.id,
+                suppressed_note(n, "dropped large frames")
+            ),
             None => tracing::debug!("{}: dropped a large frame from {}: {why}", self.me, peer.id),
         }
     }
@@ -532,7 +617,9 @@ impl Transport {
         loop {
             let attempt = async {
                 let endpoint = self.endpoint().ok_or("shutting down")?;
-                let connecting = endpoint.connect_with(self.configs.client(&addr), addr, &peer.id).map_err(|e| e.to_string())?;
+                let connecting = endpoint
+                    .connect_with(self.configs.client(&addr), addr, &peer.id)
+                    .map_err(|e| e.to_string())?;
                 connecting.await.map_err(|e| e.to_string())
             };
             let result = tokio::select! {
@@ -561,13 +648,24 @@ impl Transport {
     }
 
     /// Makes `quic` the connection to `peer`: opens our small-frame stream and starts reading.
-    async fn install(self: &Arc<Self>, peer: &Arc<Peer>, quic: quinn::Connection) -> Result<(), String> {
+    async fn install(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        quic: quinn::Connection,
+    ) -> Result<(), String> {
         let mut control = quic.open_uni().await.map_err(|e| e.to_string())?;
-        control.write_all(&[TAG_SMALL]).await.map_err(|e| e.to_string())?;
-        let conn = Conn { quic: quic.clone(), control: Arc::new(tokio::sync::Mutex::new(control)) };
+        control
+            .write_all(&[TAG_SMALL])
+            .await
+            .map_err(|e| e.to_string())?;
+        let conn = Conn {
+            quic: quic.clone(),
+            control: Arc::new(tokio::sync::Mutex::new(control)),
+        };
         if let Some(old) = peer.conn.send_replace(Some(conn)) {
             if old.quic.stable_id() != quic.stable_id() {
-                old.quic.close(close::REPLACED.into(), b"replaced by a newer connection");
+                old.quic
+                    .close(close::REPLACED.into(), b"replaced by a newer connection");
             }
         }
         tokio::spawn(self.clone().read_loop(peer.clone(), quic));
@@ -587,14 +685,20 @@ impl Transport {
                     let quic = quic.clone();
                     tokio::spawn(async move {
                         if let Err(e) = me.read_stream(&peer, s).await {
-                            tracing::warn!("{}: closing the connection from {}: {e}", me.me, peer.id);
+                            tracing::warn!(
+                                "{}: closing the connection from {}: {e}",
+                                me.me,
+                                peer.id
+                            );
                             quic.close(close::BAD_FRAME.into(), e.as_bytes());
                         }
                     });
                 }
                 Err(e) => {
                     tracing::debug!("{}: connection to {} ended: {e}", self.me, peer.id);
-                    let same = peer.current().is_some_and(|c| c.quic.stable_id() == quic.stable_id());
+                    let same = peer
+                        .current()
+                        .is_some_and(|c| c.quic.stable_id() == quic.stable_id());
                     if same {
                         peer.conn.send_replace(None);
                         if !peer.member && !peer.dial {
@@ -610,7 +714,11 @@ impl Transport {
 
     /// Reads one stream to its end. `Err` means the peer broke the format (close
     /// its connection); a lost connection ends the stream quietly.
-    async fn read_stream(self: &Arc<Self>, peer: &Arc<Peer>, mut s: quinn::RecvStream) -> Result<(), String> {
+    async fn read_stream(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        mut s: quinn::RecvStream,
+    ) -> Result<(), String> {
         let mut tag = [0u8; 1];
         if s.read_exact(&mut tag).await.is_err() {
             return Ok(());
@@ -622,7 +730,12 @@ impl Transport {
                     let chunk = match s.read_chunk(1 << 20, true).await {
                         Ok(Some(c)) => c,
                         Ok(None) if dec.pending() == 0 => return Ok(()),
-                        Ok(None) => return Err(format!("stream ended inside a frame ({} bytes pending)", dec.pending())),
+                        Ok(None) => {
+                            return Err(format!(
+                                "stream ended inside a frame ({} bytes pending)",
+                                dec.pending()
+                            ))
+                        }
                         Err(_) => return Ok(()),
                     };
                     dec.push(&chunk.bytes).map_err(|e| e.to_string())?;
@@ -636,12 +749,18 @@ impl Transport {
                 let mut len = [0u8; 4];
                 match s.read_exact(&mut len).await {
                     Ok(()) => {}
-                    Err(quinn::ReadExactError::FinishedEarly(_)) => return Err("large-frame stream ended inside its length".into()),
+                    Err(quinn::ReadExactError::FinishedEarly(_)) => {
+                        return Err("large-frame stream ended inside its length".into())
+                    }
                     Err(_) => return Ok(()),
                 }
                 let len = u32::from_le_bytes(len) as usize;
                 if len > MAX_LARGE_FRAME {
-                    return Err(WireError::FrameTooLarge { got: len, limit: MAX_LARGE_FRAME }.to_string());
+                    return Err(WireError::FrameTooLarge {
+                        got: len,
+                        limit: MAX_LARGE_FRAME,
+                    }
+                    .to_string());
                 }
                 if len == 0 {
                     return Err("empty large frame".into());
@@ -654,14 +773,28 @@ impl Transport {
                     let _ = s.stop(stop::BUSY.into());
                     return Ok(());
                 };
-                let Some(body) = self.read_large_body(peer, &mut s, len).await? else { return Ok(()) };
+                let Some(body) = self.read_large_body(peer, &mut s, len).await? else {
+                    return Ok(());
+                };
                 let reply = match decode_large_ref(&body).map_err(|e| e.to_string())? {
                     FrameRef::Request(r) => {
-                        self.handle_request(peer, r.to, r.from, r.msg_id, r.kind, r.payload, 5 + len);
+                        self.handle_request(
+                            peer,
+                            r.to,
+                            r.from,
+                            r.msg_id,
+                            r.kind,
+                            r.payload,
+                            5 + len,
+                        );
                         return Ok(());
                     }
                     // A reply's bytes stay where they were received: found by their place in the body.
-                    FrameRef::Reply { id, result: Ok(b) } => Some((id, (b.0.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize), b.0.len())),
+                    FrameRef::Reply { id, result: Ok(b) } => Some((
+                        id,
+                        (b.0.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize),
+                        b.0.len(),
+                    )),
                     other => {
                         self.handle(peer, other.into_owned(), 5 + len);
                         None
@@ -684,37 +817,67 @@ impl Transport {
 
     /// Reads the `len`-byte body of a large frame: `Ok(None)` if the stream was
     /// lost or stalled (and stopped), `Err` if it breaks the format.
-    async fn read_large_body(&self, peer: &Peer, s: &mut quinn::RecvStream, len: usize) -> Result<Option<Vec<u8>>, String> {
+    async fn read_large_body(
+        &self,
+        peer: &Peer,
+        s: &mut quinn::RecvStream,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, String> {
         let mut body: Vec<u8> = Vec::with_capacity(len.min(LARGE_FIRST_ALLOC));
         loop {
             // Past the announced length, one more byte is read: anything there breaks the format.
             let want = (len - body.len()).max(1);
-            let chunk = match tokio::time::timeout(self.large_stall, s.read_chunk(want, true)).await {
+            let chunk = match tokio::time::timeout(self.large_stall, s.read_chunk(want, true)).await
+            {
                 Ok(Ok(c)) => c,
                 // A lost stream: the frame is dropped, unless it had already arrived whole.
                 Ok(Err(_)) => return Ok((body.len() == len).then_some(body)),
                 Err(_) => {
-                    self.dropped_large(peer, &format!("no progress for {:?} ({} of {len} bytes received)", self.large_stall, body.len()));
+                    self.dropped_large(
+                        peer,
+                        &format!(
+                            "no progress for {:?} ({} of {len} bytes received)",
+                            self.large_stall,
+                            body.len()
+                        ),
+                    );
                     let _ = s.stop(stop::STALLED.into());
                     return Ok(None);
                 }
             };
             match chunk {
-                Some(_) if body.len() == len => return Err(format!("large frame longer than its announced {len} bytes")),
+                Some(_) if body.len() == len => {
+                    return Err(format!("large frame longer than its announced {len} bytes"))
+                }
                 Some(c) => {
                     grow(&mut body, c.bytes.len(), len);
                     body.extend_from_slice(&c.bytes);
                 }
                 None if body.len() == len => return Ok(Some(body)),
-                None => return Err(format!("large frame of {} bytes where {len} were announced", body.len())),
+                None => {
+                    return Err(format!(
+                        "large frame of {} bytes where {len} were announced",
+                        body.len()
+                    ))
+                }
             }
         }
     }
 
     fn handle(self: &Arc<Self>, peer: &Arc<Peer>, frame: Frame, wire: usize) {
         match frame {
-            Frame::Request(env) => self.handle_request(peer, env.to, env.from, env.msg_id, env.kind, &env.payload, wire),
-            Frame::Reply { id, result } => self.reply_arrived(peer, id, result.map(|b| Bytes::from(b.0)), wire),
+            Frame::Request(env) => self.handle_request(
+                peer,
+                env.to,
+                env.from,
+                env.msg_id,
+                env.kind,
+                &env.payload,
+                wire,
+            ),
+            Frame::Reply { id, result } => {
+                self.reply_arrived(peer, id, result.map(|b| Bytes::from(b.0)), wire)
+            }
             Frame::Heartbeat { .. } => {
                 self.metrics.count(&peer.id, Dir::In, "heartbeat", 0, wire);
                 let ev = lock(&self.membership).handle_heartbeat(&peer.id, Instant::now());
@@ -727,7 +890,13 @@ impl Transport {
     }
 
     /// Hands a reply to the ask waiting for it, if any still is.
-    fn reply_arrived(&self, peer: &Peer, id: MsgId, result: Result<Bytes, RemoteError>, wire: usize) {
+    fn reply_arrived(
+        &self,
+        peer: &Peer,
+        id: MsgId,
+        result: Result<Bytes, RemoteError>,
+        wire: usize,
+    ) {
         let len = result.as_ref().map_or(0, |b| b.len());
         self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
         if let Some((_, tx)) = self.pending.remove(&id) {
@@ -736,8 +905,18 @@ impl Transport {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn handle_request(self: &Arc<Self>, peer: &Arc<Peer>, to: ActorName, from: ActorName, id: MsgId, kind: ActorName, payload: &[u8], wire: usize) {
-        self.metrics.count(&peer.id, Dir::In, kind.as_str(), payload.len(), wire);
+    fn handle_request(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        to: ActorName,
+        from: ActorName,
+        id: MsgId,
+        kind: ActorName,
+        payload: &[u8],
+        wire: usize,
+    ) {
+        self.metrics
+            .count(&peer.id, Dir::In, kind.as_str(), payload.len(), wire);
         // Bound first: a guard in the match scrutinee would live through the arms.
         let seen = lock(&self.replies).check(id);
         match seen {
@@ -745,7 +924,9 @@ impl Transport {
             Seen::Replied(r) => self.spawn_reply(peer, id, kind.as_str(), r, false),
             Seen::New => match self.registry.dispatch(&to, kind.as_str()) {
                 // Not cached: the asker retries under a new id once the actor is registered.
-                Err(e @ RemoteError::NoSuchActor(_)) => self.spawn_reply(peer, id, kind.as_str(), Err(e), false),
+                Err(e @ RemoteError::NoSuchActor(_)) => {
+                    self.spawn_reply(peer, id, kind.as_str(), Err(e), false)
+                }
                 Err(e) => self.spawn_reply(peer, id, kind.as_str(), Err(e), true),
                 Ok(dispatch) => {
                     // Called here, not in the task, so the message enters the mailbox in stream order.
@@ -762,7 +943,14 @@ impl Transport {
     }
 
     /// Sends a reply, counted in the metrics as `<kind>.reply`.
-    fn spawn_reply(self: &Arc<Self>, peer: &Arc<Peer>, id: MsgId, kind: &str, result: Result<Bytes, RemoteError>, cache: bool) {
+    fn spawn_reply(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        id: MsgId,
+        kind: &str,
+        result: Result<Bytes, RemoteError>,
+        cache: bool,
+    ) {
         if cache {
             lock(&self.replies).complete(id, result.clone());
         }
@@ -770,12 +958,15 @@ impl Transport {
         // The reply's bytes follow their head uncopied, as a request's payload does.
         let frame = match result {
             Ok(body) => encode_reply_head(id, body.len()).map(|head| (Bytes::from(head), body)),
-            Err(e) => encode_frame(&Frame::Reply { id, result: Err(e) }).map(|f| (Bytes::from(f), Bytes::new())),
+            Err(e) => encode_frame(&Frame::Reply { id, result: Err(e) })
+                .map(|f| (Bytes::from(f), Bytes::new())),
         };
         match frame {
             // A reply is not waited for: if the connection is gone, the asker resends
             // its request and gets the cached reply.
-            Ok((head, body)) => drop(self.send(peer, head, body, &format!("{kind}.reply"), len, None, false)),
+            Ok((head, body)) => {
+                drop(self.send(peer, head, body, &format!("{kind}.reply"), len, None, false))
+            }
             Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
         }
     }
@@ -789,7 +980,9 @@ impl Transport {
                 _ = tick.tick() => {}
             }
             let sent_us = self.started.elapsed().as_micros() as u64;
-            let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) else { continue };
+            let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) else {
+                continue;
+            };
             let hb = Bytes::from(hb);
             for p in self.all_peers().into_iter().filter(|p| p.member) {
                 drop(self.send(&p, hb.clone(), Bytes::new(), "heartbeat", 0, None, false));
@@ -797,10 +990,16 @@ impl Transport {
             let events = lock(&self.membership).poll(Instant::now());
             for ev in events {
                 if let MemberEvent::Down(id) = &ev {
-                    tracing::warn!("{}: peer {id} down (silent for the failure timeout)", self.me);
+                    tracing::warn!(
+                        "{}: peer {id} down (silent for the failure timeout)",
+                        self.me
+                    );
                     // A silent connection may be dead without knowing it: drop it so the dialer starts afresh.
                     if let Some(c) = self.peer(id).and_then(|p| p.current()) {
-                        c.quic.close(close::PEER_DOWN.into(), b"no heartbeat within the failure timeout");
+                        c.quic.close(
+                            close::PEER_DOWN.into(),
+                            b"no heartbeat within the failure timeout",
+                        );
                     }
                 }
                 let _ = self.events.send(ev);
@@ -813,16 +1012,37 @@ impl Transport {
     /// `wait_until` (not at all if `None`). With `confirm`, returns a receiver
     /// told when the frame is written (small) or received by the peer (large).
     #[allow(clippy::too_many_arguments)]
-    fn send(self: &Arc<Self>, peer: &Arc<Peer>, head: Bytes, body: Bytes, kind: &str, payload: usize, wait_until: Option<Instant>, confirm: bool) -> Option<oneshot::Receiver<Result<(), String>>> {
+    fn send(
+        self: &Arc<Self>,
+        peer: &Arc<Peer>,
+        head: Bytes,
+        body: Bytes,
+        kind: &str,
+        payload: usize,
+        wait_until: Option<Instant>,
+        confirm: bool,
+    ) -> Option<oneshot::Receiver<Result<(), String>>> {
         let n = peer.sent.fetch_add(1, Ordering::Relaxed);
-        let d = self.faults.read().unwrap_or_else(|p| p.into_inner()).decide(&self.me, &peer.id, n, self.started.elapsed());
+        let d = self
+            .faults
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .decide(&self.me, &peer.id, n, self.started.elapsed());
         if d.copies != 1 {
             self.metrics.fault(&peer.id, kind, d.copies);
         }
         if d.copies == 0 {
             return None;
         }
-        let item = |done| Outgoing { head: head.clone(), body: body.clone(), kind: kind.to_string(), payload, wait_until, done, _unsent: Unsent::new(&self.unsent) };
+        let item = |done| Outgoing {
+            head: head.clone(),
+            body: body.clone(),
+            kind: kind.to_string(),
+            payload,
+            wait_until,
+            done,
+            _unsent: Unsent::new(&self.unsent),
+        };
         if !d.delay.is_zero() {
             let peer = peer.clone();
             let items: Vec<Outgoing> = (0..d.copies).map(|_| item(None)).collect();
@@ -881,7 +1101,9 @@ impl Transport {
             if let Some(c) = rx.borrow_and_update().clone() {
                 return Ok(c);
             }
-            let Some(until) = wait_until else { return Err(format!("not connected to {}", peer.id)) };
+            let Some(until) = wait_until else {
+                return Err(format!("not connected to {}", peer.id));
+            };
             tokio::select! {
                 _ = peer.cancel.cancelled() => return Err("shutting down".into()),
                 r = tokio::time::timeout_at(until.into(), rx.changed()) => match r {
@@ -894,8 +1116,11 @@ impl Transport {
 
     async fn write_small(&self, peer: &Peer, conn: &Conn, item: &Outgoing) -> Result<(), String> {
         let mut s = conn.control.lock().await;
-        self.paced_write(peer, &mut s, item).await.map_err(|x| format!("sending to {}: {x}", peer.id))?;
-        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
+        self.paced_write(peer, &mut s, item)
+            .await
+            .map_err(|x| format!("sending to {}: {x}", peer.id))?;
+        self.metrics
+            .count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
         Ok(())
     }
 
@@ -903,9 +1128,12 @@ impl Transport {
         let e = |e: &dyn std::fmt::Display| format!("sending to {}: {e}", peer.id);
         let mut s = conn.quic.open_uni().await.map_err(|x| e(&x))?;
         s.write_all(&[TAG_LARGE]).await.map_err(|x| e(&x))?;
-        self.paced_write(peer, &mut s, item).await.map_err(|x| e(&x))?;
+        self.paced_write(peer, &mut s, item)
+            .await
+            .map_err(|x| e(&x))?;
         s.finish().map_err(|x| e(&x))?;
-        self.metrics.count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
+        self.metrics
+            .count(&peer.id, Dir::Out, &item.kind, item.payload, item.len());
         match s.stopped().await {
             Ok(None) => Ok(()),
             Ok(Some(code)) => Err(e(&format!("stream stopped by the peer ({code})"))),
@@ -913,12 +1141,21 @@ impl Transport {
         }
     }
 
-    async fn paced_write(&self, peer: &Peer, s: &mut quinn::SendStream, item: &Outgoing) -> Result<(), quinn::WriteError> {
+    async fn paced_write(
+        &self,
+        peer: &Peer,
+        s: &mut quinn::SendStream,
+        item: &Outgoing,
+    ) -> Result<(), quinn::WriteError> {
         let capped = lock(&peer.bucket).is_some();
         for bytes in [&item.head, &item.body] {
             let mut off = 0;
             while off < bytes.len() {
-                let end = if capped { (off + PACE_PIECE).min(bytes.len()) } else { bytes.len() };
+                let end = if capped {
+                    (off + PACE_PIECE).min(bytes.len())
+                } else {
+                    bytes.len()
+                };
                 if let Some(wait) = peer.pace(end - off) {
                     tokio::time::sleep(wait).await;
                 }
@@ -931,20 +1168,55 @@ impl Transport {
 
     /// Asks actor `to` on `peer_id` and waits for the encoded reply, resending
     /// (same id) after `retry`, doubling, until `timeout`.
-    pub(crate) async fn ask(self: &Arc<Self>, peer_id: &str, to: &ActorName, from: &ActorName, kind: ActorName, payload: Vec<u8>, timeout: Duration) -> Result<Bytes, AskError> {
+    pub(crate) async fn ask(
+        self: &Arc<Self>,
+        peer_id: &str,
+        to: &ActorName,
+        from: &ActorName,
+        kind: ActorName,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Bytes, AskError> {
         let started = self.begin(peer_id, to, from, kind, payload, timeout)?;
         self.complete(started).await
     }
 
     /// Sends a request now (so it is queued behind everything sent before it)
     /// and returns what [`Transport::complete`] needs to wait for its reply.
-    pub(crate) fn begin(self: &Arc<Self>, peer_id: &str, to: &ActorName, from: &ActorName, kind: ActorName, payload: Vec<u8>, timeout: Duration) -> Result<Asking, AskError> {
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        peer_id: &str,
+        to: &ActorName,
+        from: &ActorName,
+        kind: ActorName,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Asking, AskError> {
         let started = Instant::now();
-        let peer = self.peer(peer_id).ok_or_else(|| AskError::Unplaced(to.to_string()))?;
+        let peer = self
+            .peer(peer_id)
+            .ok_or_else(|| AskError::Unplaced(to.to_string()))?;
         let ttl_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
-        let env = Envelope { to: to.clone(), from: from.clone(), msg_id: self.next_id(), kind, ttl_ms, payload: Vec::new() };
+        let env = Envelope {
+            to: to.clone(),
+            from: from.clone(),
+            msg_id: self.next_id(),
+            kind,
+            ttl_ms,
+            payload: Vec::new(),
+        };
         let body = Bytes::from(payload);
-        let mut a = Asking { peer, env, head: Bytes::new(), body, rx: None, sent: None, forget: None, started, timeout };
+        let mut a = Asking {
+            peer,
+            env,
+            head: Bytes::new(),
+            body,
+            rx: None,
+            sent: None,
+            forget: None,
+            started,
+            timeout,
+        };
         self.attempt(&mut a)?;
         Ok(a)
     }
@@ -952,12 +1224,23 @@ impl Transport {
     /// Registers `a`'s current id as pending and sends it the first time.
     fn attempt(self: &Arc<Self>, a: &mut Asking) -> Result<(), AskError> {
         let id = a.env.msg_id;
-        a.head = Bytes::from(encode_request_head(&a.env, a.body.len()).map_err(|e| AskError::Codec(e.to_string()))?);
+        a.head = Bytes::from(
+            encode_request_head(&a.env, a.body.len())
+                .map_err(|e| AskError::Codec(e.to_string()))?,
+        );
         let (tx, rx) = oneshot::channel();
         self.pending.insert(id, tx);
         a.forget = Some(Forget(self.clone(), id));
         a.rx = Some(rx);
-        a.sent = self.send(&a.peer, a.head.clone(), a.body.clone(), a.env.kind.as_str(), a.body.len(), Some(a.started + a.timeout), true);
+        a.sent = self.send(
+            &a.peer,
+            a.head.clone(),
+            a.body.clone(),
+            a.env.kind.as_str(),
+            a.body.len(),
+            Some(a.started + a.timeout),
+            true,
+        );
         Ok(())
     }
 
@@ -969,12 +1252,21 @@ impl Transport {
         // If the actor was reported missing before the deadline, say so rather than "timed out".
         let mut missing: Option<RemoteError> = None;
         let timed_out = |missing: &Option<RemoteError>| match missing {
-            Some(source) => AskError::Remote { actor: to.clone(), source: source.clone() },
-            None => AskError::Timeout { actor: to.clone(), kind: kind.clone(), after },
+            Some(source) => AskError::Remote {
+                actor: to.clone(),
+                source: source.clone(),
+            },
+            None => AskError::Timeout {
+                actor: to.clone(),
+                kind: kind.clone(),
+                after,
+            },
         };
         loop {
             let mut wait = self.retry;
-            let Some(mut rx) = a.rx.take() else { return Err(AskError::Shutdown) };
+            let Some(mut rx) = a.rx.take() else {
+                return Err(AskError::Shutdown);
+            };
             let result = loop {
                 if let Some(done) = a.sent.take() {
                     // The resend timer starts once the frame is out (large frames: received).
@@ -1007,7 +1299,9 @@ impl Transport {
                     return Ok(b);
                 }
                 // The actor may not be registered yet: try again under a new id until the deadline.
-                Err(e @ RemoteError::NoSuchActor(_)) if Instant::now() + Duration::from_millis(20) < deadline => {
+                Err(e @ RemoteError::NoSuchActor(_))
+                    if Instant::now() + Duration::from_millis(20) < deadline =>
+                {
                     missing = Some(e);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     a.env.msg_id = self.next_id();
@@ -1062,7 +1356,10 @@ mod tests {
         let b = Arc::new(LargeBudget::new(1000, 2));
         let first = b.admit(600).await.expect("room at once");
         assert_eq!((b.in_use(), b.waiting()), (600, 0));
-        assert!(b.admit(1001).await.is_none(), "a frame larger than the whole budget never fits");
+        assert!(
+            b.admit(1001).await.is_none(),
+            "a frame larger than the whole budget never fits"
+        );
         // Two frames wait their turn, a third is refused rather than queued.
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut waiters = Vec::new();
@@ -1080,7 +1377,10 @@ mod tests {
         }
         assert!(b.admit(10).await.is_none(), "a third waiter is refused");
         assert_eq!(b.waiting(), 2);
-        assert!(rx.try_recv().is_err(), "nobody admitted while the budget is full");
+        assert!(
+            rx.try_recv().is_err(),
+            "nobody admitted while the budget is full"
+        );
         // Freeing the first frame admits both waiters (500 + 300 fit), never past the budget.
         drop(first);
         let mut admitted = vec![rx.recv().await, rx.recv().await];
@@ -1120,7 +1420,12 @@ mod tests {
                 copied += body.len();
             }
             body.resize(body.len() + more, 0);
-            assert!(body.capacity() <= len && body.capacity() <= 2 * body.len().max(LARGE_FIRST_ALLOC), "{} for {}", body.capacity(), body.len());
+            assert!(
+                body.capacity() <= len && body.capacity() <= 2 * body.len().max(LARGE_FIRST_ALLOC),
+                "{} for {}",
+                body.capacity(),
+                body.len()
+            );
         }
         assert_eq!(body.capacity(), len, "never past the announced length");
         assert!(copied < 2 * len, "growing copied {copied} bytes");
@@ -1141,23 +1446,57 @@ mod tests {
         let (cert, key) = crate::certs::node_paths(&certs, "n0");
         let ca = certs.join("ca.pem");
         let idle = Duration::from_secs(10);
-        let configs = tls::QuicConfigs::new(&tls::Identity::load(&ca, &cert, &key).unwrap(), idle).unwrap();
+        let configs =
+            tls::QuicConfigs::new(&tls::Identity::load(&ca, &cert, &key).unwrap(), idle).unwrap();
         let bind: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let endpoint = bind_endpoint(bind, Some((*configs.server(&bind)).clone())).unwrap();
         let addr = endpoint.local_addr().unwrap();
-        let s = Settings { me: "n0".into(), index: 0, retry: Duration::from_millis(50), heartbeat: Duration::from_millis(100), failure_timeout: Duration::from_secs(2), large_budget, large_stall };
+        let s = Settings {
+            me: "n0".into(),
+            index: 0,
+            retry: Duration::from_millis(50),
+            heartbeat: Duration::from_millis(100),
+            failure_timeout: Duration::from_secs(2),
+            large_budget,
+            large_stall,
+        };
         let (events, _) = broadcast::channel(16);
-        let node = Transport::start(s, endpoint, configs, Vec::new(), Arc::default(), Arc::default(), Faults::default(), events, true);
+        let node = Transport::start(
+            s,
+            endpoint,
+            configs,
+            Vec::new(),
+            Arc::default(),
+            Arc::default(),
+            Faults::default(),
+            events,
+            true,
+        );
         let id = tls::mint_client(&ca, &certs.join("ca.key"), "prober").unwrap();
         let client = quinn::Endpoint::client(bind).unwrap();
-        let conn = client.connect_with(id.client_config(idle, tls::PathKind::Loopback).unwrap(), addr, "n0").unwrap().await.unwrap();
-        Rig { _dir: dir, node, client, conn }
+        let conn = client
+            .connect_with(
+                id.client_config(idle, tls::PathKind::Loopback).unwrap(),
+                addr,
+                "n0",
+            )
+            .unwrap()
+            .await
+            .unwrap();
+        Rig {
+            _dir: dir,
+            node,
+            client,
+            conn,
+        }
     }
 
     /// Opens a large-frame stream announcing `len` bytes and sends `body` of them.
     async fn announce(conn: &quinn::Connection, len: usize, body: &[u8]) -> quinn::SendStream {
         let mut s = conn.open_uni().await.unwrap();
-        s.write_all(&[&[TAG_LARGE][..], &(len as u32).to_le_bytes(), body].concat()).await.unwrap();
+        s.write_all(&[&[TAG_LARGE][..], &(len as u32).to_le_bytes(), body].concat())
+            .await
+            .unwrap();
         s
     }
 
@@ -1181,7 +1520,10 @@ mod tests {
         until("the prober is a peer", || r.node.peer("prober").is_some()).await;
         let peer = r.node.peer("prober").unwrap();
         until("the first frame is admitted", || peer.large.in_use() == len).await;
-        let waiting = vec![announce(&r.conn, len, &[]).await, announce(&r.conn, len, &[]).await];
+        let waiting = vec![
+            announce(&r.conn, len, &[]).await,
+            announce(&r.conn, len, &[]).await,
+        ];
         until("two frames wait", || peer.large.waiting() == 2).await;
         let refused = announce(&r.conn, len, &[]).await;
         assert_eq!(refused.stopped().await.unwrap(), Some(stop::BUSY.into()));
@@ -1193,7 +1535,10 @@ mod tests {
             assert!(peer.large.in_use() <= budget);
             assert_eq!(s.stopped().await.unwrap(), Some(stop::STALLED.into()));
         }
-        until("the budget is free again", || peer.large.in_use() == 0 && peer.large.waiting() == 0).await;
+        until("the budget is free again", || {
+            peer.large.in_use() == 0 && peer.large.waiting() == 0
+        })
+        .await;
         // Nothing closed the connection: a whole large frame is still handled.
         assert!(r.conn.close_reason().is_none());
         let frame = encode_frame(&Frame::Heartbeat { sent_us: 1 }).unwrap();
@@ -1201,7 +1546,10 @@ mod tests {
         whole.finish().unwrap();
         assert_eq!(whole.stopped().await.unwrap(), None);
         let key = ("prober".to_string(), Dir::In, "heartbeat".to_string());
-        until("the frame is handled", || r.node.metrics.snapshot().links.contains_key(&key)).await;
+        until("the frame is handled", || {
+            r.node.metrics.snapshot().links.contains_key(&key)
+        })
+        .await;
         assert_eq!(peer.large.in_use(), 0);
         r.node.shutdown().await;
         r.client.close(0u32.into(), b"");

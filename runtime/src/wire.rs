@@ -26,7 +26,11 @@ pub const MAX_DIMS: usize = 8;
 /// Longest actor name or message kind.
 pub const MAX_NAME: usize = 256;
 
-type Limited<const N: usize> = bincode::config::Configuration<bincode::config::LittleEndian, bincode::config::Varint, bincode::config::Limit<N>>;
+type Limited<const N: usize> = bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<N>,
+>;
 const SMALL: Limited<MAX_FRAME> = bincode::config::standard().with_limit::<MAX_FRAME>();
 const LARGE: Limited<MAX_LARGE_FRAME> = bincode::config::standard().with_limit::<MAX_LARGE_FRAME>();
 
@@ -103,7 +107,11 @@ mod borrowed_str {
 impl ActorName {
     /// Validates `name`.
     pub fn new(name: &str) -> Result<ActorName, WireError> {
-        let ok = !name.is_empty() && name.len() <= MAX_NAME && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_./-".contains(&b));
+        let ok = !name.is_empty()
+            && name.len() <= MAX_NAME
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_./-".contains(&b));
         if ok {
             Ok(ActorName(name.to_string()))
         } else {
@@ -232,7 +240,10 @@ impl<'de> Deserialize<'de> for SharedBytes {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("bytes")
             }
-            fn visit_borrowed_bytes<E: serde::de::Error>(self, v: &'de [u8]) -> Result<SharedBytes, E> {
+            fn visit_borrowed_bytes<E: serde::de::Error>(
+                self,
+                v: &'de [u8],
+            ) -> Result<SharedBytes, E> {
                 Ok(SharedBytes(SOURCE.with(|s| match s.borrow().as_ref() {
                     Some(src) if within(src, v) => src.slice_ref(v),
                     _ => bytes::Bytes::copy_from_slice(v),
@@ -261,7 +272,9 @@ fn within(src: &bytes::Bytes, v: &[u8]) -> bool {
 }
 
 /// [`decode_msg`], with every [`SharedBytes`] in `T` a view of `bytes`.
-pub fn decode_msg_shared<T: serde::de::DeserializeOwned>(bytes: &bytes::Bytes) -> Result<T, WireError> {
+pub fn decode_msg_shared<T: serde::de::DeserializeOwned>(
+    bytes: &bytes::Bytes,
+) -> Result<T, WireError> {
     /// Puts back what was there before, however decoding ends.
     struct Restore(Option<bytes::Bytes>);
     impl Drop for Restore {
@@ -320,10 +333,14 @@ mod owned_bytes {
 /// Encodes `frame` (length prefix included), refusing frames over [`MAX_LARGE_FRAME`].
 pub fn encode_frame(frame: &Frame) -> Result<Vec<u8>, WireError> {
     let mut out = vec![0u8; 4];
-    bincode::serde::encode_into_std_write(frame, &mut out, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    bincode::serde::encode_into_std_write(frame, &mut out, LARGE)
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
     let len = out.len() - 4;
     if len > MAX_LARGE_FRAME {
-        return Err(WireError::FrameTooLarge { got: len, limit: MAX_LARGE_FRAME });
+        return Err(WireError::FrameTooLarge {
+            got: len,
+            limit: MAX_LARGE_FRAME,
+        });
     }
     out[..4].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(out)
@@ -334,7 +351,9 @@ pub fn encode_frame(frame: &Frame) -> Result<Vec<u8>, WireError> {
 /// payload equals `encode_frame(&Frame::Request(env_with_payload))`.
 pub fn encode_request_head(env: &Envelope, payload_len: usize) -> Result<Vec<u8>, WireError> {
     if !env.payload.is_empty() {
-        return Err(WireError::Malformed("encode_request_head takes an envelope without payload".into()));
+        return Err(WireError::Malformed(
+            "encode_request_head takes an envelope without payload".into(),
+        ));
     }
     head_of(&Frame::Request(env.clone()), payload_len)
 }
@@ -343,7 +362,13 @@ pub fn encode_request_head(env: &Envelope, payload_len: usize) -> Result<Vec<u8>
 /// after it, uncopied: head followed by the bytes equals
 /// `encode_frame(&Frame::Reply { id, result: Ok(ByteVec(bytes)) })`.
 pub fn encode_reply_head(id: MsgId, reply_len: usize) -> Result<Vec<u8>, WireError> {
-    head_of(&Frame::Reply { id, result: Ok(ByteVec::default()) }, reply_len)
+    head_of(
+        &Frame::Reply {
+            id,
+            result: Ok(ByteVec::default()),
+        },
+        reply_len,
+    )
 }
 
 /// `frame` ends with an empty byte block; its encoding without that block's
@@ -369,7 +394,10 @@ fn head_of(frame: &Frame, len: usize) -> Result<Vec<u8>, WireError> {
     }
     let total = head.len() - 4 + len;
     if total > MAX_LARGE_FRAME {
-        return Err(WireError::FrameTooLarge { got: total, limit: MAX_LARGE_FRAME });
+        return Err(WireError::FrameTooLarge {
+            got: total,
+            limit: MAX_LARGE_FRAME,
+        });
     }
     head[..4].copy_from_slice(&(total as u32).to_le_bytes());
     Ok(head)
@@ -422,11 +450,19 @@ pub enum FrameRef<'a> {
 /// of its own, in place: a request's payload or a reply's bytes borrow `body`.
 pub fn decode_large_ref(body: &[u8]) -> Result<FrameRef<'_>, WireError> {
     if body.len() > MAX_LARGE_FRAME {
-        return Err(WireError::FrameTooLarge { got: body.len(), limit: MAX_LARGE_FRAME });
+        return Err(WireError::FrameTooLarge {
+            got: body.len(),
+            limit: MAX_LARGE_FRAME,
+        });
     }
-    let (frame, used): (FrameRef<'_>, usize) = bincode::serde::borrow_decode_from_slice(body, LARGE).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (frame, used): (FrameRef<'_>, usize) =
+        bincode::serde::borrow_decode_from_slice(body, LARGE)
+            .map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != body.len() {
-        return Err(WireError::Malformed(format!("{} trailing bytes in frame", body.len() - used)));
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes in frame",
+            body.len() - used
+        )));
     }
     Ok(frame)
 }
@@ -435,8 +471,18 @@ impl FrameRef<'_> {
     /// The owned frame (copies a request's payload or a reply's bytes).
     pub fn into_owned(self) -> Frame {
         match self {
-            FrameRef::Request(r) => Frame::Request(Envelope { to: r.to, from: r.from, msg_id: r.msg_id, kind: r.kind, ttl_ms: r.ttl_ms, payload: r.payload.to_vec() }),
-            FrameRef::Reply { id, result } => Frame::Reply { id, result: result.map(|b| ByteVec(b.0.to_vec())) },
+            FrameRef::Request(r) => Frame::Request(Envelope {
+                to: r.to,
+                from: r.from,
+                msg_id: r.msg_id,
+                kind: r.kind,
+                ttl_ms: r.ttl_ms,
+                payload: r.payload.to_vec(),
+            }),
+            FrameRef::Reply { id, result } => Frame::Reply {
+                id,
+                result: result.map(|b| ByteVec(b.0.to_vec())),
+            },
             FrameRef::Heartbeat { sent_us } => Frame::Heartbeat { sent_us },
         }
     }
@@ -457,7 +503,9 @@ pub fn encode_msg<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
 /// length of a string), in steps of 16, from 1 MiB. A few bytes declaring a
 /// gigabyte-long error string then cost at most 1 MiB, not the frame limit.
 pub fn decode_msg<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    fn limited<T: serde::de::DeserializeOwned, const N: usize>(bytes: &[u8]) -> Result<(T, usize), bincode::error::DecodeError> {
+    fn limited<T: serde::de::DeserializeOwned, const N: usize>(
+        bytes: &[u8],
+    ) -> Result<(T, usize), bincode::error::DecodeError> {
         bincode::serde::decode_from_slice(bytes, bincode::config::standard().with_limit::<N>())
     }
     let decoded = match bytes.len() {
@@ -468,7 +516,10 @@ pub fn decode_msg<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Wir
     };
     let (v, used): (T, usize) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != bytes.len() {
-        return Err(WireError::Malformed(format!("{} trailing bytes in message", bytes.len() - used)));
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes in message",
+            bytes.len() - used
+        )));
     }
     Ok(v)
 }
@@ -491,7 +542,10 @@ impl FrameDecoder {
     /// plus `bytes` undecoded (the caller drains with [`FrameDecoder::next_frame`]).
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), WireError> {
         if self.pending() > 4 + MAX_FRAME {
-            return Err(WireError::FrameTooLarge { got: self.pending(), limit: MAX_FRAME });
+            return Err(WireError::FrameTooLarge {
+                got: self.pending(),
+                limit: MAX_FRAME,
+            });
         }
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.buf.drain(..self.start);
@@ -510,14 +564,22 @@ impl FrameDecoder {
         }
         let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
         if len > MAX_FRAME {
-            return Err(WireError::FrameTooLarge { got: len, limit: MAX_FRAME });
+            return Err(WireError::FrameTooLarge {
+                got: len,
+                limit: MAX_FRAME,
+            });
         }
         if buf.len() < 4 + len {
             return Ok(None);
         }
-        let (frame, used): (Frame, usize) = bincode::serde::decode_from_slice(&buf[4..4 + len], SMALL).map_err(|e| WireError::Malformed(e.to_string()))?;
+        let (frame, used): (Frame, usize) =
+            bincode::serde::decode_from_slice(&buf[4..4 + len], SMALL)
+                .map_err(|e| WireError::Malformed(e.to_string()))?;
         if used != len {
-            return Err(WireError::Malformed(format!("{} trailing bytes in frame", len - used)));
+            return Err(WireError::Malformed(format!(
+                "{} trailing bytes in frame",
+                len - used
+            )));
         }
         self.start += 4 + len;
         self.last = 4 + len;
@@ -577,7 +639,11 @@ pub struct TensorPayload {
 }
 
 #[derive(Deserialize)]
-struct RawTensor(u8, #[serde(deserialize_with = "dims")] Vec<u64>, #[serde(with = "owned_bytes")] Vec<u8>);
+struct RawTensor(
+    u8,
+    #[serde(deserialize_with = "dims")] Vec<u64>,
+    #[serde(with = "owned_bytes")] Vec<u8>,
+);
 
 /// A tensor's shape, refused past [`MAX_DIMS`] as it is read: the declared
 /// count is no reason to allocate, nor are a million one-byte dimensions.
@@ -592,7 +658,9 @@ fn dims<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
             let mut shape = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_DIMS));
             while let Some(d) = seq.next_element()? {
                 if shape.len() == MAX_DIMS {
-                    return Err(serde::de::Error::custom(WireError::BadTensor(format!("more than {MAX_DIMS} dimensions"))));
+                    return Err(serde::de::Error::custom(WireError::BadTensor(format!(
+                        "more than {MAX_DIMS} dimensions"
+                    ))));
                 }
                 shape.push(d);
             }
@@ -615,8 +683,13 @@ impl Serialize for TensorPayload {
 impl TryFrom<RawTensor> for TensorPayload {
     type Error = WireError;
     fn try_from(r: RawTensor) -> Result<TensorPayload, WireError> {
-        let dtype = WireDType::from_code(r.0).ok_or_else(|| WireError::BadTensor(format!("unknown dtype code {}", r.0)))?;
-        let t = TensorPayload { dtype, shape: r.1, data: r.2 };
+        let dtype = WireDType::from_code(r.0)
+            .ok_or_else(|| WireError::BadTensor(format!("unknown dtype code {}", r.0)))?;
+        let t = TensorPayload {
+            dtype,
+            shape: r.1,
+            data: r.2,
+        };
         t.check()?;
         Ok(t)
     }
@@ -625,7 +698,11 @@ impl TryFrom<RawTensor> for TensorPayload {
 impl TensorPayload {
     /// Raw bytes of the given dtype and shape (validated).
     pub fn new(dtype: WireDType, shape: &[u64], data: Vec<u8>) -> Result<TensorPayload, WireError> {
-        let t = TensorPayload { dtype, shape: shape.to_vec(), data };
+        let t = TensorPayload {
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        };
         t.check()?;
         Ok(t)
     }
@@ -633,7 +710,11 @@ impl TensorPayload {
     /// A float32 tensor.
     pub fn from_f32(shape: &[u64], values: &[f32]) -> Result<TensorPayload, WireError> {
         let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let t = TensorPayload { dtype: WireDType::F32, shape: shape.to_vec(), data };
+        let t = TensorPayload {
+            dtype: WireDType::F32,
+            shape: shape.to_vec(),
+            data,
+        };
         t.check()?;
         Ok(t)
     }
@@ -641,18 +722,33 @@ impl TensorPayload {
     /// The values of a float32 tensor.
     pub fn to_f32(&self) -> Result<Vec<f32>, WireError> {
         if self.dtype != WireDType::F32 {
-            return Err(WireError::BadTensor(format!("{:?} where f32 was expected", self.dtype)));
+            return Err(WireError::BadTensor(format!(
+                "{:?} where f32 was expected",
+                self.dtype
+            )));
         }
-        Ok(self.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(self
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
     }
 
     fn byte_len(dtype: WireDType, shape: &[u64]) -> Result<u64, WireError> {
         if shape.len() > MAX_DIMS {
-            return Err(WireError::BadTensor(format!("{} dimensions (limit {MAX_DIMS})", shape.len())));
+            return Err(WireError::BadTensor(format!(
+                "{} dimensions (limit {MAX_DIMS})",
+                shape.len()
+            )));
         }
-        let bytes = shape.iter().try_fold(dtype.size(), |acc, &d| acc.checked_mul(d)).ok_or_else(|| WireError::BadTensor(format!("shape {shape:?} overflows")))?;
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| WireError::BadTensor(format!("shape {shape:?} overflows")))?;
         if bytes > MAX_TENSOR_BYTES {
-            return Err(WireError::BadTensor(format!("{bytes} bytes exceeds the {MAX_TENSOR_BYTES}-byte limit")));
+            return Err(WireError::BadTensor(format!(
+                "{bytes} bytes exceeds the {MAX_TENSOR_BYTES}-byte limit"
+            )));
         }
         Ok(bytes)
     }
@@ -660,7 +756,11 @@ impl TensorPayload {
     fn check(&self) -> Result<(), WireError> {
         let want = Self::byte_len(self.dtype, &self.shape)?;
         if want != self.data.len() as u64 {
-            return Err(WireError::BadTensor(format!("shape {:?} needs {want} bytes, got {}", self.shape, self.data.len())));
+            return Err(WireError::BadTensor(format!(
+                "shape {:?} needs {want} bytes, got {}",
+                self.shape,
+                self.data.len()
+            )));
         }
         Ok(())
     }
@@ -681,10 +781,13 @@ impl TensorPayload {
     pub fn decode(bytes: &[u8]) -> Result<TensorPayload, WireError> {
         let short = || WireError::BadTensor("truncated header".into());
         let (&code, rest) = bytes.split_first().ok_or_else(short)?;
-        let dtype = WireDType::from_code(code).ok_or_else(|| WireError::BadTensor(format!("unknown dtype code {code}")))?;
+        let dtype = WireDType::from_code(code)
+            .ok_or_else(|| WireError::BadTensor(format!("unknown dtype code {code}")))?;
         let (&ndims, mut rest) = rest.split_first().ok_or_else(short)?;
         if ndims as usize > MAX_DIMS {
-            return Err(WireError::BadTensor(format!("{ndims} dimensions (limit {MAX_DIMS})")));
+            return Err(WireError::BadTensor(format!(
+                "{ndims} dimensions (limit {MAX_DIMS})"
+            )));
         }
         let mut shape = Vec::with_capacity(ndims as usize);
         for _ in 0..ndims {
@@ -697,9 +800,16 @@ impl TensorPayload {
         }
         let want = Self::byte_len(dtype, &shape)?;
         if rest.len() as u64 != want {
-            return Err(WireError::BadTensor(format!("shape {shape:?} needs {want} bytes, got {}", rest.len())));
+            return Err(WireError::BadTensor(format!(
+                "shape {shape:?} needs {want} bytes, got {}",
+                rest.len()
+            )));
         }
-        Ok(TensorPayload { dtype, shape, data: rest.to_vec() })
+        Ok(TensorPayload {
+            dtype,
+            shape,
+            data: rest.to_vec(),
+        })
     }
 }
 
@@ -709,7 +819,9 @@ mod tests {
 
     #[test]
     fn shared_bytes_decode_as_views_of_the_received_buffer_and_as_copies_elsewhere() {
-        let reply: Result<Option<SharedBytes>, String> = Ok(Some(SharedBytes(bytes::Bytes::from((0..1000u32).map(|i| i as u8).collect::<Vec<_>>()))));
+        let reply: Result<Option<SharedBytes>, String> = Ok(Some(SharedBytes(bytes::Bytes::from(
+            (0..1000u32).map(|i| i as u8).collect::<Vec<_>>(),
+        ))));
         let wire = bytes::Bytes::from(encode_msg(&reply).unwrap());
         let shared: Result<Option<SharedBytes>, String> = decode_msg_shared(&wire).unwrap();
         assert_eq!(shared, reply);
@@ -722,8 +834,14 @@ mod tests {
         assert_eq!(c, view);
         assert!((c.as_ptr() as usize).wrapping_sub(wire.as_ptr() as usize) >= wire.len());
         // Truncated or lying input is refused as before.
-        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&wire.slice(..wire.len() - 1)).is_err());
-        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(&bytes::Bytes::from_static(&[0, 1, 0xfc, 0xff, 0xff, 0xff, 0x7f, 1])).is_err());
+        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(
+            &wire.slice(..wire.len() - 1)
+        )
+        .is_err());
+        assert!(decode_msg_shared::<Result<Option<SharedBytes>, String>>(
+            &bytes::Bytes::from_static(&[0, 1, 0xfc, 0xff, 0xff, 0xff, 0x7f, 1])
+        )
+        .is_err());
     }
 
     fn req(payload: Vec<u8>) -> Frame {
@@ -741,7 +859,10 @@ mod tests {
     fn frames_round_trip_across_arbitrary_splits() {
         let a = req(vec![1, 2, 3]);
         let b = req(vec![9; 1000]);
-        let c = Frame::Reply { id: MsgId { node: 1, seq: 5 }, result: Err(RemoteError::NoSuchActor("x".into())) };
+        let c = Frame::Reply {
+            id: MsgId { node: 1, seq: 5 },
+            result: Err(RemoteError::NoSuchActor("x".into())),
+        };
         let d = Frame::Heartbeat { sent_us: 99 };
         let mut bytes = Vec::new();
         for f in [&a, &b, &c, &d] {
@@ -756,7 +877,11 @@ mod tests {
                     got.push(e);
                 }
             }
-            assert_eq!(got, vec![a.clone(), b.clone(), c.clone(), d.clone()], "split {split}");
+            assert_eq!(
+                got,
+                vec![a.clone(), b.clone(), c.clone(), d.clone()],
+                "split {split}"
+            );
             assert_eq!(dec.pending(), 0);
         }
         // A large frame decodes whole, without its prefix.
@@ -769,7 +894,9 @@ mod tests {
     #[test]
     fn split_encodings_equal_the_whole() {
         for n in [0usize, 1, 250, 251, 65535, 65536, 1 << 20] {
-            let Frame::Request(mut env) = req(vec![]) else { unreachable!() };
+            let Frame::Request(mut env) = req(vec![]) else {
+                unreachable!()
+            };
             let payload: Vec<u8> = (0..n).map(|i| i as u8).collect();
             let mut split = encode_request_head(&env, n).unwrap();
             split.extend_from_slice(&payload);
@@ -777,25 +904,54 @@ mod tests {
             let whole = encode_frame(&Frame::Request(env.clone())).unwrap();
             assert_eq!(split, whole, "payload of {n} bytes");
             match decode_large_ref(&whole[4..]).unwrap() {
-                FrameRef::Request(r) => assert_eq!((r.payload, r.msg_id, r.kind.as_str()), (payload.as_slice(), env.msg_id, "feature_pull")),
+                FrameRef::Request(r) => assert_eq!(
+                    (r.payload, r.msg_id, r.kind.as_str()),
+                    (payload.as_slice(), env.msg_id, "feature_pull")
+                ),
                 other => panic!("{other:?}"),
             }
         }
-        let Frame::Request(env) = req(vec![1]) else { unreachable!() };
-        assert!(encode_request_head(&env, 1).is_err(), "payload must be outside");
+        let Frame::Request(env) = req(vec![1]) else {
+            unreachable!()
+        };
+        assert!(
+            encode_request_head(&env, 1).is_err(),
+            "payload must be outside"
+        );
         for n in [0usize, 250, 251, 70_000] {
-            let id = MsgId { node: 1, seq: 2 + n as u64 };
+            let id = MsgId {
+                node: 1,
+                seq: 2 + n as u64,
+            };
             let bytes: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
-            let whole = encode_frame(&Frame::Reply { id, result: Ok(ByteVec(bytes.clone())) }).unwrap();
+            let whole = encode_frame(&Frame::Reply {
+                id,
+                result: Ok(ByteVec(bytes.clone())),
+            })
+            .unwrap();
             let mut split = encode_reply_head(id, n).unwrap();
             split.extend_from_slice(&bytes);
             assert_eq!(split, whole, "reply of {n} bytes");
-            assert!(matches!(decode_large_ref(&whole[4..]).unwrap(), FrameRef::Reply { id: i, result: Ok(b) } if i == id && b.0 == bytes.as_slice()));
+            assert!(
+                matches!(decode_large_ref(&whole[4..]).unwrap(), FrameRef::Reply { id: i, result: Ok(b) } if i == id && b.0 == bytes.as_slice())
+            );
         }
-        let e = Frame::Reply { id: MsgId { node: 1, seq: 2 }, result: Err(RemoteError::Stopped("a".into())) };
-        assert!(matches!(decode_large_ref(&encode_frame(&e).unwrap()[4..]).unwrap(), FrameRef::Reply { result: Err(RemoteError::Stopped(_)), .. }));
+        let e = Frame::Reply {
+            id: MsgId { node: 1, seq: 2 },
+            result: Err(RemoteError::Stopped("a".into())),
+        };
+        assert!(matches!(
+            decode_large_ref(&encode_frame(&e).unwrap()[4..]).unwrap(),
+            FrameRef::Reply {
+                result: Err(RemoteError::Stopped(_)),
+                ..
+            }
+        ));
         let h = Frame::Heartbeat { sent_us: 5 };
-        assert!(matches!(decode_large_ref(&encode_frame(&h).unwrap()[4..]).unwrap(), FrameRef::Heartbeat { sent_us: 5 }));
+        assert!(matches!(
+            decode_large_ref(&encode_frame(&h).unwrap()[4..]).unwrap(),
+            FrameRef::Heartbeat { sent_us: 5 }
+        ));
     }
 
     #[test]
@@ -809,7 +965,10 @@ mod tests {
     fn oversized_and_garbage_frames_are_refused() {
         let mut d = FrameDecoder::new();
         d.push(&(u32::MAX).to_le_bytes()).unwrap();
-        assert!(matches!(d.next_frame(), Err(WireError::FrameTooLarge { .. })));
+        assert!(matches!(
+            d.next_frame(),
+            Err(WireError::FrameTooLarge { .. })
+        ));
 
         let mut d = FrameDecoder::new();
         let garbage = [0xFFu8; 32];
@@ -840,7 +999,9 @@ mod tests {
         e[at] = b'T';
         let mut d = FrameDecoder::new();
         d.push(&e).unwrap();
-        assert!(matches!(d.next_frame(), Err(WireError::Malformed(m)) if m.contains("bad actor name")));
+        assert!(
+            matches!(d.next_frame(), Err(WireError::Malformed(m)) if m.contains("bad actor name"))
+        );
     }
 
     /// Property test: random bytes, random splits and corrupted valid frames never
@@ -879,7 +1040,10 @@ mod tests {
                     match d.next_frame() {
                         Ok(Some(f)) => {
                             let re = encode_frame(&f).unwrap();
-                            assert!(bytes.windows(re.len()).any(|w| w == re.as_slice()) || re.len() > bytes.len());
+                            assert!(
+                                bytes.windows(re.len()).any(|w| w == re.as_slice())
+                                    || re.len() > bytes.len()
+                            );
                         }
                         Ok(None) => break,
                         Err(_) => break 'feed,
@@ -898,8 +1062,14 @@ mod tests {
         assert_eq!(back.to_f32().unwrap(), vec![1.0, -2.0, 3.5, 0.0, 1e-7, 8.0]);
         assert!(TensorPayload::from_f32(&[2, 2], &[1.0]).is_err());
         let enc = t.encode();
-        assert!(TensorPayload::decode(&enc[..enc.len() - 1]).is_err(), "truncated data");
-        assert!(TensorPayload::decode(&enc[..5]).is_err(), "truncated header");
+        assert!(
+            TensorPayload::decode(&enc[..enc.len() - 1]).is_err(),
+            "truncated data"
+        );
+        assert!(
+            TensorPayload::decode(&enc[..5]).is_err(),
+            "truncated header"
+        );
         let mut bad = enc.clone();
         bad[0] = 9;
         assert!(TensorPayload::decode(&bad).is_err(), "unknown dtype");
@@ -907,7 +1077,9 @@ mod tests {
         let mut huge = vec![0u8, 2];
         huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
         huge.extend_from_slice(&(1u64 << 20).to_le_bytes());
-        assert!(matches!(TensorPayload::decode(&huge), Err(WireError::BadTensor(m)) if m.contains("limit") || m.contains("overflows")));
+        assert!(
+            matches!(TensorPayload::decode(&huge), Err(WireError::BadTensor(m)) if m.contains("limit") || m.contains("overflows"))
+        );
         let mut many = vec![0u8, 200];
         many.extend_from_slice(&[0; 16]);
         assert!(TensorPayload::decode(&many).is_err());

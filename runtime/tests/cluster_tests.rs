@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use actix::{Actor, Context, Handler, MessageResult, ResponseFuture};
 use runtime::config::{ChaosConfig, ClusterConfig, LinksConfig, NodeSpec, Topology};
-use runtime::{ActorRef, AskError, ByteVec, Deliver, MemberEvent, Msg, Node, Ping, RemoteError, Status};
+use runtime::{
+    ActorRef, AskError, ByteVec, Deliver, MemberEvent, Msg, Node, Ping, RemoteError, Status,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -56,16 +58,24 @@ impl Handler<Deliver<Sleep>> for Counter {
 
 fn serve_counter(node: &Node, name: &str) {
     let addr = Counter::default().start();
-    node.register(name, &addr).unwrap().handle::<Add>().handle::<Sleep>();
+    node.register(name, &addr)
+        .unwrap()
+        .handle::<Add>()
+        .handle::<Sleep>();
 }
 
 /// A free loopback port no other test of this binary got (the OS may hand a
 /// just-released port out again, and tests run side by side).
 fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         if given.insert(port) {
             return port;
         }
@@ -76,8 +86,25 @@ fn topology(dir: &Path, n: usize) -> Topology {
     let ids: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
     let certs = dir.join("certs");
     runtime::certs::init(&certs, &ids, false).unwrap();
-    let nodes = ids.iter().map(|id| NodeSpec { id: id.clone(), addr: format!("127.0.0.1:{}", free_port()), cert: None, key: None }).collect();
-    let cluster = ClusterConfig { certs_dir: certs, metrics_addr: None, heartbeat_ms: 50, failure_timeout_ms: 600, retry_ms: 50, start_timeout_ms: 30_000, rejoin_timeout_ms: 600_000, nodes };
+    let nodes = ids
+        .iter()
+        .map(|id| NodeSpec {
+            id: id.clone(),
+            addr: format!("127.0.0.1:{}", free_port()),
+            cert: None,
+            key: None,
+        })
+        .collect();
+    let cluster = ClusterConfig {
+        certs_dir: certs,
+        metrics_addr: None,
+        heartbeat_ms: 50,
+        failure_timeout_ms: 600,
+        retry_ms: 50,
+        start_timeout_ms: 30_000,
+        rejoin_timeout_ms: 600_000,
+        nodes,
+    };
     let mut t = Topology::new(cluster);
     for i in 0..n {
         t.placement.insert(format!("counter/{i}"), format!("n{i}"));
@@ -104,7 +131,11 @@ async fn exercise(from: &Node, names: &[&str]) {
         assert_eq!(c.ask(Add(5), T).await.unwrap(), 5, "{name}");
         c.tell(Add(1)).unwrap();
         // The tell was sent first, and small messages of a link keep their order.
-        assert_eq!(c.ask(Add(10 + i as u64), T).await.unwrap(), 16 + i as u64, "{name}");
+        assert_eq!(
+            c.ask(Add(10 + i as u64), T).await.unwrap(),
+            16 + i as u64,
+            "{name}"
+        );
     }
 }
 
@@ -125,23 +156,45 @@ async fn asks_cross_three_nodes_and_match_embedded() {
     }
     exercise(&embedded, &["counter/0", "counter/1", "counter/2"]).await;
     // The system actor (what `hetgnn doctor` asks across processes) answers embedded too.
-    let st = embedded.actor("node/solo").unwrap().ask(Status, T).await.unwrap();
+    let st = embedded
+        .actor("node/solo")
+        .unwrap()
+        .ask(Status, T)
+        .await
+        .unwrap();
     assert_eq!((st.id.as_str(), st.peers.len()), ("solo", 0));
     assert!(st.actors.contains(&"counter/2".to_string()));
 
     // System actors answer status and echo large payloads (their own stream).
-    let st = nodes[0].actor("node/n2").unwrap().ask(Status, T).await.unwrap();
+    let st = nodes[0]
+        .actor("node/n2")
+        .unwrap()
+        .ask(Status, T)
+        .await
+        .unwrap();
     assert_eq!(st.id, "n2");
-    assert!(st.actors.contains(&"counter/2".to_string()), "{:?}", st.actors);
+    assert!(
+        st.actors.contains(&"counter/2".to_string()),
+        "{:?}",
+        st.actors
+    );
     let big = ByteVec((0..8 << 20).map(|i| (i * 7) as u8).collect());
-    let back = nodes[1].actor("node/n0").unwrap().ask(Ping(big.clone()), T).await.unwrap();
+    let back = nodes[1]
+        .actor("node/n0")
+        .unwrap()
+        .ask(Ping(big.clone()), T)
+        .await
+        .unwrap();
     assert!(back == big);
 
     // An actor no placement names is unreachable until its node is learned
     // (as `doctor` learns a node's cache managers from its status).
     serve_counter(&nodes[2], "cache/extra");
     let extra = nodes[0].actor("cache/extra").unwrap();
-    assert!(matches!(extra.ask(Add(1), T).await, Err(AskError::Unplaced(_))));
+    assert!(matches!(
+        extra.ask(Add(1), T).await,
+        Err(AskError::Unplaced(_))
+    ));
     nodes[0].learn_placement("cache/extra", "n2");
     assert_eq!(extra.ask(Add(2), T).await.unwrap(), 2);
 
@@ -151,10 +204,22 @@ async fn asks_cross_three_nodes_and_match_embedded() {
     assert!(m.messages_by_kind()["heartbeat"] > 0);
     // Membership: everybody up.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while nodes[0].members().iter().any(|m| m.state != runtime::PeerState::Up) && Instant::now() < deadline {
+    while nodes[0]
+        .members()
+        .iter()
+        .any(|m| m.state != runtime::PeerState::Up)
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(nodes[0].members().iter().all(|m| m.state == runtime::PeerState::Up && m.connected), "{:?}", nodes[0].members());
+    assert!(
+        nodes[0]
+            .members()
+            .iter()
+            .all(|m| m.state == runtime::PeerState::Up && m.connected),
+        "{:?}",
+        nodes[0].members()
+    );
     for n in &nodes {
         n.shutdown().await;
     }
@@ -169,19 +234,58 @@ async fn deadlines_and_bad_targets_are_typed_errors() {
     let remote = nodes[0].actor("counter/1").unwrap();
     let local = nodes[0].actor("counter/0").unwrap();
     for c in [&remote, &local] {
-        let e = c.ask(Sleep(2000), Duration::from_millis(300)).await.unwrap_err();
-        assert!(matches!(e, AskError::Timeout { ref kind, .. } if kind == "sleep"), "{e}");
+        let e = c
+            .ask(Sleep(2000), Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, AskError::Timeout { ref kind, .. } if kind == "sleep"),
+            "{e}"
+        );
         let e = c.ask(Unhandled, T).await.unwrap_err();
-        assert!(matches!(e, AskError::Remote { source: RemoteError::NoHandler { .. }, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                AskError::Remote {
+                    source: RemoteError::NoHandler { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
-    let e = nodes[0].actor("nobody/3").unwrap().ask(Add(1), T).await.unwrap_err();
+    let e = nodes[0]
+        .actor("nobody/3")
+        .unwrap()
+        .ask(Add(1), T)
+        .await
+        .unwrap_err();
     assert_eq!(e, AskError::Unplaced("nobody/3".into()));
     // Placed on n1 but never registered there: "no such actor" once the deadline passes.
-    let e = nodes[0].actor("ghost").unwrap().ask(Add(1), Duration::from_millis(300)).await.unwrap_err();
-    assert!(matches!(e, AskError::Remote { source: RemoteError::NoSuchActor(_), .. }), "{e}");
+    let e = nodes[0]
+        .actor("ghost")
+        .unwrap()
+        .ask(Add(1), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AskError::Remote {
+                source: RemoteError::NoSuchActor(_),
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A node's address is its own: a second n0 cannot start.
-    assert!(matches!(Node::start(t.clone(), "n0").await, Err(runtime::StartError::Bind { ref key, .. }) if key == "cluster.nodes[0].addr"));
-    assert!(Node::start(t.clone(), "n7").await.is_err(), "unknown node id");
+    assert!(
+        matches!(Node::start(t.clone(), "n0").await, Err(runtime::StartError::Bind { ref key, .. }) if key == "cluster.nodes[0].addr")
+    );
+    assert!(
+        Node::start(t.clone(), "n7").await.is_err(),
+        "unknown node id"
+    );
     for n in &nodes {
         n.shutdown().await;
     }
@@ -195,15 +299,44 @@ async fn foreign_certificates_are_refused_and_the_node_keeps_serving() {
     // A client with a certificate from another CA, even one naming a real node.
     let rogue_dir = dir.path().join("rogue");
     runtime::certs::init(&rogue_dir, &["n1".to_string()], false).unwrap();
-    let id = runtime::tls::Identity::load(&rogue_dir.join("ca.pem"), &rogue_dir.join("n1.pem"), &rogue_dir.join("n1.key")).unwrap();
+    let id = runtime::tls::Identity::load(
+        &rogue_dir.join("ca.pem"),
+        &rogue_dir.join("n1.pem"),
+        &rogue_dir.join("n1.key"),
+    )
+    .unwrap();
     let rogue = Node::client(t.clone(), "rogue", id).await.unwrap();
-    let e = rogue.actor("counter/0").unwrap().ask(Add(1), Duration::from_millis(800)).await.unwrap_err();
+    let e = rogue
+        .actor("counter/0")
+        .unwrap()
+        .ask(Add(1), Duration::from_millis(800))
+        .await
+        .unwrap_err();
     assert!(matches!(e, AskError::Timeout { .. }), "{e}");
     // A client with a certificate the cluster CA minted is served.
-    let minted = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "doctor").unwrap();
+    let minted =
+        runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "doctor")
+            .unwrap();
     let client = Node::client(t.clone(), "doctor", minted).await.unwrap();
-    assert_eq!(client.actor("counter/0").unwrap().ask(Add(2), T).await.unwrap(), 2, "the rogue's request never ran");
-    assert_eq!(nodes[1].actor("counter/0").unwrap().ask(Add(1), T).await.unwrap(), 3);
+    assert_eq!(
+        client
+            .actor("counter/0")
+            .unwrap()
+            .ask(Add(2), T)
+            .await
+            .unwrap(),
+        2,
+        "the rogue's request never ran"
+    );
+    assert_eq!(
+        nodes[1]
+            .actor("counter/0")
+            .unwrap()
+            .ask(Add(1), T)
+            .await
+            .unwrap(),
+        3
+    );
     for n in [&rogue, &client].into_iter().chain(&nodes) {
         n.shutdown().await;
     }
@@ -211,14 +344,26 @@ async fn foreign_certificates_are_refused_and_the_node_keeps_serving() {
 
 /// Opens a raw QUIC connection with a cluster-minted certificate and sends `bytes` on a fresh stream.
 async fn raw_send(t: &Topology, to: usize, bytes: Vec<u8>) -> quinn::ConnectionError {
-    let id = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "fuzzer").unwrap();
+    let id = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "fuzzer")
+        .unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = t.addr(to).unwrap();
-    let conn = ep.connect_with(id.client_config(Duration::from_secs(10), runtime::tls::PathKind::Loopback).unwrap(), addr, &t.cluster.nodes[to].id).unwrap().await.unwrap();
+    let conn = ep
+        .connect_with(
+            id.client_config(Duration::from_secs(10), runtime::tls::PathKind::Loopback)
+                .unwrap(),
+            addr,
+            &t.cluster.nodes[to].id,
+        )
+        .unwrap()
+        .await
+        .unwrap();
     let mut s = conn.open_uni().await.unwrap();
     s.write_all(&bytes).await.unwrap();
     s.finish().unwrap();
-    let e = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("the node closes the connection");
+    let e = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("the node closes the connection");
     ep.close(0u32.into(), b"");
     e
 }
@@ -231,22 +376,50 @@ async fn malformed_truncated_and_oversized_frames_close_only_their_connection() 
     let nodes = start_all(&t).await;
     let valid = runtime::wire::encode_frame(&runtime::Frame::Heartbeat { sent_us: 1 }).unwrap();
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("garbage small frame", [vec![TAG_SMALL], 8u32.to_le_bytes().to_vec(), vec![0xFF; 8]].concat()),
-        ("oversized small frame", [vec![TAG_SMALL], u32::MAX.to_le_bytes().to_vec()].concat()),
-        ("truncated small frame", [vec![TAG_SMALL], valid[..valid.len() - 1].to_vec()].concat()),
-        ("oversized large frame", [vec![TAG_LARGE], u32::MAX.to_le_bytes().to_vec()].concat()),
-        ("truncated large frame", [vec![TAG_LARGE], 100u32.to_le_bytes().to_vec(), vec![0; 10]].concat()),
-        ("large frame longer than announced", [vec![TAG_LARGE], valid.clone(), vec![0; 3]].concat()),
+        (
+            "garbage small frame",
+            [vec![TAG_SMALL], 8u32.to_le_bytes().to_vec(), vec![0xFF; 8]].concat(),
+        ),
+        (
+            "oversized small frame",
+            [vec![TAG_SMALL], u32::MAX.to_le_bytes().to_vec()].concat(),
+        ),
+        (
+            "truncated small frame",
+            [vec![TAG_SMALL], valid[..valid.len() - 1].to_vec()].concat(),
+        ),
+        (
+            "oversized large frame",
+            [vec![TAG_LARGE], u32::MAX.to_le_bytes().to_vec()].concat(),
+        ),
+        (
+            "truncated large frame",
+            [vec![TAG_LARGE], 100u32.to_le_bytes().to_vec(), vec![0; 10]].concat(),
+        ),
+        (
+            "large frame longer than announced",
+            [vec![TAG_LARGE], valid.clone(), vec![0; 3]].concat(),
+        ),
         ("unknown stream tag", vec![9, 1, 2, 3]),
     ];
     for (what, bytes) in cases {
         let e = raw_send(&t, 0, bytes).await;
         match e {
-            quinn::ConnectionError::ApplicationClosed(c) => assert_eq!(c.error_code, close::BAD_FRAME.into(), "{what}: {c:?}"),
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code, close::BAD_FRAME.into(), "{what}: {c:?}")
+            }
             other => panic!("{what}: {other}"),
         }
         // The node still serves its members.
-        assert!(nodes[1].actor("counter/0").unwrap().ask(Add(1), T).await.is_ok(), "{what}");
+        assert!(
+            nodes[1]
+                .actor("counter/0")
+                .unwrap()
+                .ask(Add(1), T)
+                .await
+                .is_ok(),
+            "{what}"
+        );
     }
     for n in &nodes {
         n.shutdown().await;
@@ -263,7 +436,9 @@ async fn counters_under_chaos(chaos: ChaosConfig) -> (u64, runtime::MetricsSnaps
     for i in 0..asks {
         let from = &nodes[(i % 3) as usize];
         let to = from.actor(&format!("counter/{}", (i + 1) % 3)).unwrap();
-        to.ask(Add(1), Duration::from_secs(20)).await.unwrap_or_else(|e| panic!("ask {i}: {e}"));
+        to.ask(Add(1), Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("ask {i}: {e}"));
     }
     // Read the counters without faults.
     for n in &nodes {
@@ -271,12 +446,21 @@ async fn counters_under_chaos(chaos: ChaosConfig) -> (u64, runtime::MetricsSnaps
     }
     let mut sum = 0;
     for i in 0..3 {
-        sum += nodes[0].actor(&format!("counter/{i}")).unwrap().ask(Add(0), T).await.unwrap();
+        sum += nodes[0]
+            .actor(&format!("counter/{i}"))
+            .unwrap()
+            .ask(Add(0), T)
+            .await
+            .unwrap();
     }
     let mut m = nodes[0].metrics();
     for n in &nodes[1..] {
         let o = n.metrics();
-        m.links.extend(o.links.into_iter().map(|((p, d, k), c)| ((format!("{}>{p}", n.id()), d, k), c)));
+        m.links.extend(
+            o.links
+                .into_iter()
+                .map(|((p, d, k), c)| ((format!("{}>{p}", n.id()), d, k), c)),
+        );
         m.retries += o.retries;
     }
     for n in &nodes {
@@ -288,14 +472,25 @@ async fn counters_under_chaos(chaos: ChaosConfig) -> (u64, runtime::MetricsSnaps
 
 #[actix_rt::test]
 async fn duplicates_are_dropped_under_injected_duplication() {
-    let (_, m) = counters_under_chaos(ChaosConfig { seed: 1, duplicate: 0.5, ..Default::default() }).await;
+    let (_, m) = counters_under_chaos(ChaosConfig {
+        seed: 1,
+        duplicate: 0.5,
+        ..Default::default()
+    })
+    .await;
     let dups: u64 = m.links.values().map(|c| c.duplicated).sum();
     assert!(dups > 50, "duplication was injected: {dups}");
 }
 
 #[actix_rt::test]
 async fn all_asks_complete_under_twenty_percent_drop() {
-    let (_, m) = counters_under_chaos(ChaosConfig { seed: 2, drop: 0.2, duplicate: 0.05, ..Default::default() }).await;
+    let (_, m) = counters_under_chaos(ChaosConfig {
+        seed: 2,
+        drop: 0.2,
+        duplicate: 0.05,
+        ..Default::default()
+    })
+    .await;
     let drops: u64 = m.links.values().map(|c| c.dropped).sum();
     assert!(drops > 30, "loss was injected: {drops}");
     assert!(m.retries > 10, "asks were resent: {}", m.retries);
@@ -313,7 +508,11 @@ impl Handler<MemberEvent> for Recorder {
     }
 }
 
-async fn wait_for(events: &mut tokio::sync::broadcast::Receiver<MemberEvent>, want: MemberEvent, within: Duration) -> Instant {
+async fn wait_for(
+    events: &mut tokio::sync::broadcast::Receiver<MemberEvent>,
+    want: MemberEvent,
+    within: Duration,
+) -> Instant {
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -334,14 +533,22 @@ async fn a_stopped_peer_is_reported_down_then_up_when_restarted() {
     // An actor subscribed to membership events sees the same sequence.
     let (tx, mut actor_events) = tokio::sync::mpsc::unbounded_channel();
     nodes[0].subscribe_actor(Recorder(tx).start().recipient());
-    wait_for(&mut events, MemberEvent::Up("n2".into()), Duration::from_secs(5)).await;
+    wait_for(
+        &mut events,
+        MemberEvent::Up("n2".into()),
+        Duration::from_secs(5),
+    )
+    .await;
     // n2 stops answering (its transport shuts down).
     let stopped = Instant::now();
     nodes[2].shutdown().await;
     let timeout = Duration::from_millis(t.cluster.failure_timeout_ms);
     let seen = wait_for(&mut events, MemberEvent::Down("n2".into()), timeout * 3).await;
     let took = seen - stopped;
-    assert!(took <= timeout + Duration::from_millis(2 * t.cluster.heartbeat_ms + 200), "down after {took:?}");
+    assert!(
+        took <= timeout + Duration::from_millis(2 * t.cluster.heartbeat_ms + 200),
+        "down after {took:?}"
+    );
     // Restarted on the same address, it is reported up again and serves.
     let mut restarted = None;
     for _ in 0..50 {
@@ -355,15 +562,35 @@ async fn a_stopped_peer_is_reported_down_then_up_when_restarted() {
     }
     let n2 = restarted.expect("n2 restarts on its address");
     serve_counter(&n2, "counter/2");
-    wait_for(&mut events, MemberEvent::Up("n2".into()), Duration::from_secs(10)).await;
-    assert_eq!(nodes[0].actor("counter/2").unwrap().ask(Add(4), T).await.unwrap(), 4);
+    wait_for(
+        &mut events,
+        MemberEvent::Up("n2".into()),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        nodes[0]
+            .actor("counter/2")
+            .unwrap()
+            .ask(Add(4), T)
+            .await
+            .unwrap(),
+        4
+    );
     let mut seen = Vec::new();
     while let Ok(e) = actor_events.try_recv() {
         if matches!(&e, MemberEvent::Up(p) | MemberEvent::Down(p) if p == "n2") {
             seen.push(e);
         }
     }
-    assert_eq!(seen, vec![MemberEvent::Up("n2".into()), MemberEvent::Down("n2".into()), MemberEvent::Up("n2".into())]);
+    assert_eq!(
+        seen,
+        vec![
+            MemberEvent::Up("n2".into()),
+            MemberEvent::Down("n2".into()),
+            MemberEvent::Up("n2".into())
+        ]
+    );
     for n in nodes.iter().chain([&n2]) {
         n.shutdown().await;
     }
@@ -374,19 +601,44 @@ async fn metrics_are_served_as_prometheus_text() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let mut t = topology(dir.path(), 1);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     t.cluster.metrics_addr = Some(format!("127.0.0.1:{port}"));
     let nodes = start_all(&t).await;
-    let minted = runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "probe").unwrap();
+    let minted =
+        runtime::tls::mint_client(&t.ca_path(), &t.cluster.certs_dir.join("ca.key"), "probe")
+            .unwrap();
     let client = Node::client(t.clone(), "probe", minted).await.unwrap();
-    client.actor("node/n0").unwrap().ask(Ping(ByteVec(vec![1; 1000])), T).await.unwrap();
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    client
+        .actor("node/n0")
+        .unwrap()
+        .ask(Ping(ByteVec(vec![1; 1000])), T)
+        .await
+        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
-    assert!(text.contains("hetgnn_messages_total{node=\"n0\",peer=\"probe\",dir=\"in\",kind=\"ping\"} 1"), "{text}");
-    assert!(text.contains("hetgnn_wire_bytes_total{node=\"n0\",peer=\"probe\",dir=\"out\",kind=\"ping.reply\"}"), "{text}");
+    assert!(
+        text.contains(
+            "hetgnn_messages_total{node=\"n0\",peer=\"probe\",dir=\"in\",kind=\"ping\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "hetgnn_wire_bytes_total{node=\"n0\",peer=\"probe\",dir=\"out\",kind=\"ping.reply\"}"
+        ),
+        "{text}"
+    );
     // The client measured its ask's latency.
     assert_eq!(client.metrics().latency["ping"].count, 1);
     client.shutdown().await;

@@ -13,14 +13,22 @@ use std::cell::Cell;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use runtime::wire::{decode_large_ref, decode_msg, encode_frame, encode_msg, encode_reply_head, encode_request_head, FrameRef, WireDType, MAX_DIMS, MAX_FRAME};
-use runtime::{ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, TensorPayload, WireError};
+use runtime::wire::{
+    decode_large_ref, decode_msg, encode_frame, encode_msg, encode_reply_head, encode_request_head,
+    FrameRef, WireDType, MAX_DIMS, MAX_FRAME,
+};
+use runtime::{
+    ActorName, ByteVec, Envelope, Frame, FrameDecoder, MsgId, RemoteError, TensorPayload, WireError,
+};
 
 /// Cases per property unless `HETGNN_FUZZ_CASES` says otherwise (the file runs in a few seconds).
 const DEFAULT_CASES: u32 = 5000;
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("HETGNN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CASES);
+    let cases = std::env::var("HETGNN_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_CASES);
     ProptestConfig::with_cases(cases)
 }
 
@@ -69,7 +77,8 @@ fn largest_alloc<R>(f: impl FnOnce() -> R) -> (R, usize) {
 const SLACK: usize = 4 << 10;
 
 fn name() -> impl Strategy<Value = ActorName> {
-    prop_oneof![9 => "[a-z0-9_./-]{1,24}", 1 => "[a-z0-9_./-]{250,256}"].prop_map(|s| ActorName::new(&s).expect("a valid name"))
+    prop_oneof![9 => "[a-z0-9_./-]{1,24}", 1 => "[a-z0-9_./-]{250,256}"]
+        .prop_map(|s| ActorName::new(&s).expect("a valid name"))
 }
 
 fn msg_id() -> impl Strategy<Value = MsgId> {
@@ -84,7 +93,8 @@ fn block() -> impl Strategy<Value = Vec<u8>> {
 fn remote_error() -> impl Strategy<Value = RemoteError> {
     prop_oneof![
         any::<String>().prop_map(RemoteError::NoSuchActor),
-        (any::<String>(), any::<String>()).prop_map(|(actor, kind)| RemoteError::NoHandler { actor, kind }),
+        (any::<String>(), any::<String>())
+            .prop_map(|(actor, kind)| RemoteError::NoHandler { actor, kind }),
         any::<String>().prop_map(RemoteError::BadMessage),
         any::<String>().prop_map(RemoteError::Stopped),
     ]
@@ -92,18 +102,39 @@ fn remote_error() -> impl Strategy<Value = RemoteError> {
 
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
-        (name(), name(), msg_id(), name(), any::<u64>(), block()).prop_map(|(to, from, msg_id, kind, ttl_ms, payload)| Frame::Request(Envelope { to, from, msg_id, kind, ttl_ms, payload })),
-        (msg_id(), prop_oneof![block().prop_map(|b| Ok(ByteVec(b))), remote_error().prop_map(Err)]).prop_map(|(id, result)| Frame::Reply { id, result }),
+        (name(), name(), msg_id(), name(), any::<u64>(), block()).prop_map(
+            |(to, from, msg_id, kind, ttl_ms, payload)| Frame::Request(Envelope {
+                to,
+                from,
+                msg_id,
+                kind,
+                ttl_ms,
+                payload
+            })
+        ),
+        (
+            msg_id(),
+            prop_oneof![
+                block().prop_map(|b| Ok(ByteVec(b))),
+                remote_error().prop_map(Err)
+            ]
+        )
+            .prop_map(|(id, result)| Frame::Reply { id, result }),
         any::<u64>().prop_map(|sent_us| Frame::Heartbeat { sent_us }),
     ]
 }
 
 fn tensor() -> impl Strategy<Value = TensorPayload> {
-    let dtype = prop_oneof![Just(WireDType::F32), Just(WireDType::I64), Just(WireDType::U32)];
+    let dtype = prop_oneof![
+        Just(WireDType::F32),
+        Just(WireDType::I64),
+        Just(WireDType::U32)
+    ];
     (dtype, prop::collection::vec(0u64..5, 0..=MAX_DIMS)).prop_flat_map(|(dtype, shape)| {
         let size = if dtype == WireDType::I64 { 8 } else { 4 };
         let bytes = shape.iter().product::<u64>() as usize * size;
-        prop::collection::vec(any::<u8>(), bytes).prop_map(move |data| TensorPayload::new(dtype, &shape, data).expect("consistent"))
+        prop::collection::vec(any::<u8>(), bytes)
+            .prop_map(move |data| TensorPayload::new(dtype, &shape, data).expect("consistent"))
     })
 }
 
@@ -122,7 +153,12 @@ enum Mutation {
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
-    let big = prop_oneof![0u64..300, 60_000u64..70_000, any::<u32>().prop_map(u64::from), any::<u64>()];
+    let big = prop_oneof![
+        0u64..300,
+        60_000u64..70_000,
+        any::<u32>().prop_map(u64::from),
+        any::<u64>()
+    ];
     prop_oneof![
         3 => (any::<Index>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
         3 => (any::<Index>(), 1u8..=255).prop_map(|(i, b)| Mutation::Flip(i, b)),
@@ -207,7 +243,11 @@ fn stream(bytes: &[u8], cuts: &[usize]) -> Result<Vec<Frame>, TestCaseError> {
         }
         frames
     });
-    prop_assert!(largest <= 2 * bytes.len() + SLACK, "{largest} bytes allocated at once for {} bytes of input", bytes.len());
+    prop_assert!(
+        largest <= 2 * bytes.len() + SLACK,
+        "{largest} bytes allocated at once for {} bytes of input",
+        bytes.len()
+    );
     let mut out = Vec::new();
     for (f, wire) in frames {
         // Whatever decodes is a frame that encodes within the bytes it came from
@@ -215,8 +255,15 @@ fn stream(bytes: &[u8], cuts: &[usize]) -> Result<Vec<Frame>, TestCaseError> {
         let enc = encode_frame(&f).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(enc.len() <= wire && wire <= 4 + MAX_FRAME);
         let mut again = FrameDecoder::new();
-        again.push(&enc).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        prop_assert_eq!(again.next_frame().map_err(|e| TestCaseError::fail(e.to_string()))?, Some(f.clone()));
+        again
+            .push(&enc)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(
+            again
+                .next_frame()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?,
+            Some(f.clone())
+        );
         out.push(f);
     }
     Ok(out)
@@ -226,7 +273,10 @@ fn stream(bytes: &[u8], cuts: &[usize]) -> Result<Vec<Frame>, TestCaseError> {
 fn large(body: &[u8]) -> Result<Option<Frame>, TestCaseError> {
     let (decoded, largest) = largest_alloc(|| {
         decode_large_ref(body).map(|f| {
-            let inside = |b: &[u8]| body.as_ptr_range().start <= b.as_ptr_range().start && b.as_ptr_range().end <= body.as_ptr_range().end;
+            let inside = |b: &[u8]| {
+                body.as_ptr_range().start <= b.as_ptr_range().start
+                    && b.as_ptr_range().end <= body.as_ptr_range().end
+            };
             let borrowed_inside = match &f {
                 FrameRef::Request(r) => inside(r.payload),
                 FrameRef::Reply { result: Ok(b), .. } => inside(b.0),
@@ -235,12 +285,19 @@ fn large(body: &[u8]) -> Result<Option<Frame>, TestCaseError> {
             (f.into_owned(), borrowed_inside)
         })
     });
-    prop_assert!(largest <= 2 * body.len() + SLACK, "{largest} bytes allocated at once for a {}-byte body", body.len());
+    prop_assert!(
+        largest <= 2 * body.len() + SLACK,
+        "{largest} bytes allocated at once for a {}-byte body",
+        body.len()
+    );
     match decoded {
         Ok((f, inside)) => {
             prop_assert!(inside, "borrowed bytes outside the body");
             let enc = encode_frame(&f).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(decode_large_ref(&enc[4..]).map(FrameRef::into_owned), Ok(f.clone()));
+            prop_assert_eq!(
+                decode_large_ref(&enc[4..]).map(FrameRef::into_owned),
+                Ok(f.clone())
+            );
             Ok(Some(f))
         }
         Err(WireError::FrameTooLarge { .. } | WireError::Malformed(_)) => Ok(None),
@@ -250,8 +307,17 @@ fn large(body: &[u8]) -> Result<Option<Frame>, TestCaseError> {
 
 /// Decodes `bytes` as a tensor, both ways (the hand-made encoding and inside messages).
 fn tensors(bytes: &[u8]) -> Result<(), TestCaseError> {
-    let ((plain, msg), largest) = largest_alloc(|| (TensorPayload::decode(bytes), decode_msg::<TensorPayload>(bytes)));
-    prop_assert!(largest <= bytes.len() + SLACK, "{largest} bytes allocated at once for {} bytes of tensor", bytes.len());
+    let ((plain, msg), largest) = largest_alloc(|| {
+        (
+            TensorPayload::decode(bytes),
+            decode_msg::<TensorPayload>(bytes),
+        )
+    });
+    prop_assert!(
+        largest <= bytes.len() + SLACK,
+        "{largest} bytes allocated at once for {} bytes of tensor",
+        bytes.len()
+    );
     for t in [plain, msg].into_iter().flatten() {
         // Whatever decodes is consistent and encodes back to what decodes to it.
         prop_assert_eq!(TensorPayload::decode(&t.encode()), Ok(t.clone()));
@@ -407,7 +473,14 @@ fn the_stream_decoder_refuses_to_buffer_past_one_maximal_frame() {
 /// for a small frame and 1 GiB for a large one, from a frame of a few bytes).
 #[test]
 fn strings_declaring_more_than_the_frame_holds_allocate_nothing_for_them() {
-    let env = Envelope { to: ActorName::new("a").unwrap(), from: ActorName::new("b").unwrap(), msg_id: MsgId { node: 1, seq: 2 }, kind: ActorName::new("k").unwrap(), ttl_ms: 0, payload: vec![] };
+    let env = Envelope {
+        to: ActorName::new("a").unwrap(),
+        from: ActorName::new("b").unwrap(),
+        msg_id: MsgId { node: 1, seq: 2 },
+        kind: ActorName::new("k").unwrap(),
+        ttl_ms: 0,
+        payload: vec![],
+    };
     let enc = encode_frame(&Frame::Request(env)).unwrap();
     // The body: variant 0, then `to` as length 1 and "a"; claim far more.
     assert_eq!(&enc[4..7], &[0, 1, b'a']);
@@ -415,7 +488,10 @@ fn strings_declaring_more_than_the_frame_holds_allocate_nothing_for_them() {
         let body = [&[0u8][..], &varint(claim), b"a", &enc[7..]].concat();
         let (r, largest) = largest_alloc(|| decode_large_ref(&body).map(|_| ()));
         assert!(matches!(r, Err(WireError::Malformed(_))), "{r:?}");
-        assert!(largest <= body.len() + SLACK, "{largest} bytes for a claim of {claim}");
+        assert!(
+            largest <= body.len() + SLACK,
+            "{largest} bytes for a claim of {claim}"
+        );
         let framed = [&(body.len() as u32).to_le_bytes()[..], &body].concat();
         let (r, largest) = largest_alloc(|| {
             let mut d = FrameDecoder::new();
@@ -423,13 +499,22 @@ fn strings_declaring_more_than_the_frame_holds_allocate_nothing_for_them() {
             d.next_frame().map(|_| ())
         });
         assert!(matches!(r, Err(WireError::Malformed(_))), "{r:?}");
-        assert!(largest <= 2 * framed.len() + SLACK, "{largest} bytes for a claim of {claim}");
+        assert!(
+            largest <= 2 * framed.len() + SLACK,
+            "{largest} bytes for a claim of {claim}"
+        );
     }
-    let err = Frame::Reply { id: MsgId { node: 1, seq: 2 }, result: Err(RemoteError::Stopped("x".into())) };
+    let err = Frame::Reply {
+        id: MsgId { node: 1, seq: 2 },
+        result: Err(RemoteError::Stopped("x".into())),
+    };
     let enc = encode_frame(&err).unwrap();
     let body = [&enc[4..enc.len() - 2], &varint(1 << 29), b"x"].concat();
     let (r, largest) = largest_alloc(|| decode_msg::<Frame>(&body));
-    assert!(r.is_err() && largest <= body.len() + SLACK, "{largest} bytes");
+    assert!(
+        r.is_err() && largest <= body.len() + SLACK,
+        "{largest} bytes"
+    );
 }
 
 /// Replies carry their errors as owned strings (`Result<_, String>`): a few
@@ -441,15 +526,24 @@ fn owned_strings_declaring_more_than_their_message_holds_allocate_little() {
         let msg = [&[1u8][..], &varint(claim), b"oops"].concat();
         let (r, largest) = largest_alloc(|| decode_msg::<Result<(), String>>(&msg));
         assert!(matches!(r, Err(WireError::Malformed(_))), "{r:?}");
-        assert!(largest <= (1 << 20) + SLACK, "{largest} bytes for a claim of {claim}");
+        assert!(
+            largest <= (1 << 20) + SLACK,
+            "{largest} bytes for a claim of {claim}"
+        );
     }
     // Bodies of every size decode, strings and vectors of small numbers (which
     // bincode counts at their full width against its limit) included.
     for len in [0usize, 40 << 10, 600 << 10, 9 << 20] {
         let s = "y".repeat(len);
-        assert_eq!(decode_msg::<Result<(), String>>(&encode_msg(&Err::<(), String>(s.clone())).unwrap()), Ok(Err(s)));
+        assert_eq!(
+            decode_msg::<Result<(), String>>(&encode_msg(&Err::<(), String>(s.clone())).unwrap()),
+            Ok(Err(s))
+        );
         let small = vec![0u128; len / 8];
-        assert_eq!(decode_msg::<Vec<u128>>(&encode_msg(&small).unwrap()), Ok(small));
+        assert_eq!(
+            decode_msg::<Vec<u128>>(&encode_msg(&small).unwrap()),
+            Ok(small)
+        );
     }
 }
 

@@ -19,7 +19,9 @@ pub struct Visits {
 impl Visits {
     /// No visits yet, for types of `sizes[t]` nodes.
     pub fn new(sizes: &[usize]) -> Visits {
-        Visits { counts: sizes.iter().map(|&n| vec![0; n]).collect() }
+        Visits {
+            counts: sizes.iter().map(|&n| vec![0; n]).collect(),
+        }
     }
 
     /// Counts one batch's input rows (`src[t]`: ids of type `t`; out-of-range ids are ignored).
@@ -56,10 +58,20 @@ impl Visits {
 /// run's batch size); `inputs(epoch, step, batch)` samples one batch the way
 /// training will (its own seeds of it, its relations) and returns its input
 /// rows per type.
-pub fn presample(sizes: &[usize], train: &[u32], batch: usize, seed: u64, epochs: u64, mut inputs: impl FnMut(u64, u64, &[u32]) -> Result<Vec<Vec<u32>>>) -> Result<Visits> {
+pub fn presample(
+    sizes: &[usize],
+    train: &[u32],
+    batch: usize,
+    seed: u64,
+    epochs: u64,
+    mut inputs: impl FnMut(u64, u64, &[u32]) -> Result<Vec<Vec<u32>>>,
+) -> Result<Visits> {
     let mut visits = Visits::new(sizes);
     for epoch in 0..epochs {
-        for (step, b) in epoch_batches(train, batch, seed ^ PRESAMPLE_SEED, epoch).iter().enumerate() {
+        for (step, b) in epoch_batches(train, batch, seed ^ PRESAMPLE_SEED, epoch)
+            .iter()
+            .enumerate()
+        {
             visits.add(&inputs(epoch, step as u64, b)?);
         }
     }
@@ -77,7 +89,11 @@ mod tests {
         v.add(&[vec![3, 4, 99], vec![]]);
         assert_eq!(v.of(0), &[0, 1, 0, 3, 1]);
         assert_eq!((v.total(0), v.total(1)), (5, 1));
-        assert_eq!(v.ranked(0), vec![3, 1, 4], "most visited first, ties by id, unvisited left out");
+        assert_eq!(
+            v.ranked(0),
+            vec![3, 1, 4],
+            "most visited first, ties by id, unvisited left out"
+        );
         assert_eq!(v.ranked(1), vec![2]);
         assert!(v.ranked(7).is_empty());
     }
@@ -91,7 +107,21 @@ mod tests {
             Ok(vec![b.to_vec()])
         })
         .unwrap();
-        assert_eq!(calls, vec![(0, 0, 4), (0, 1, 4), (0, 2, 2), (1, 0, 4), (1, 1, 4), (1, 2, 2)]);
-        assert_eq!(v.of(0), &[2; 10], "every training node seeds once per epoch");
+        assert_eq!(
+            calls,
+            vec![
+                (0, 0, 4),
+                (0, 1, 4),
+                (0, 2, 2),
+                (1, 0, 4),
+                (1, 1, 4),
+                (1, 2, 2)
+            ]
+        );
+        assert_eq!(
+            v.of(0),
+            &[2; 10],
+            "every training node seeds once per epoch"
+        );
     }
 }

@@ -92,29 +92,54 @@ pub struct CacheView {
 impl CacheView {
     /// Publishes `cache`'s current figures (owner `owner`, node type names `types`).
     pub fn publish(&self, owner: &str, policy: &str, types: &[String], cache: &DeviceCache) {
-        let status = CacheStatus { owner: owner.to_string(), policy: policy.to_string(), budget_bytes: cache.budget(), used_bytes: cache.bytes(), types: cache.report() };
-        let p = Published { status, features: cache.features.clone(), types: types.to_vec() };
+        let status = CacheStatus {
+            owner: owner.to_string(),
+            policy: policy.to_string(),
+            budget_bytes: cache.budget(),
+            used_bytes: cache.bytes(),
+            types: cache.report(),
+        };
+        let p = Published {
+            status,
+            features: cache.features.clone(),
+            types: types.to_vec(),
+        };
         *self.published.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 
     /// The published figures, if any.
     pub fn status(&self) -> Option<CacheStatus> {
-        self.published.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.status.clone())
+        self.published
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.status.clone())
     }
 
     /// The cached feature rows among `ids` of type `ntype`.
     pub fn rows(&self, ntype: &str, ids: &[u32]) -> Result<CachedRows, String> {
         if ids.len() > MAX_ROWS_ASKED {
-            return Err(format!("{} rows asked, at most {MAX_ROWS_ASKED} per request", ids.len()));
+            return Err(format!(
+                "{} rows asked, at most {MAX_ROWS_ASKED} per request",
+                ids.len()
+            ));
         }
         let guard = self.published.read().unwrap_or_else(|e| e.into_inner());
         let p = guard.as_ref().ok_or("no cache built yet")?;
-        let ty = p.types.iter().position(|t| t == ntype).ok_or_else(|| format!("no node type {ntype:?}"))?;
+        let ty = p
+            .types
+            .iter()
+            .position(|t| t == ntype)
+            .ok_or_else(|| format!("no node type {ntype:?}"))?;
         let Some(c) = p.features.get(ty) else {
             return Ok(CachedRows::default());
         };
         let (held, rows) = c.read(ids).map_err(|e| e.to_string())?;
-        Ok(CachedRows { dim: c.dim() as u32, ids: held, rows: ByteVec(bytemuck::cast_slice(&rows).to_vec()) })
+        Ok(CachedRows {
+            dim: c.dim() as u32,
+            ids: held,
+            rows: ByteVec(bytemuck::cast_slice(&rows).to_vec()),
+        })
     }
 }
 
@@ -149,10 +174,16 @@ impl Handler<Deliver<CacheRows>> for CacheManager {
 }
 
 /// Starts `owner`'s cache manager on `node` and enters its view in `directory`.
-pub fn serve(node: &runtime::Node, owner: &str, directory: &CacheDirectory) -> Result<Arc<CacheView>, runtime::WireError> {
+pub fn serve(
+    node: &runtime::Node,
+    owner: &str,
+    directory: &CacheDirectory,
+) -> Result<Arc<CacheView>, runtime::WireError> {
     let view = directory.entry(owner.to_string()).or_default().clone();
     let addr = CacheManager(view.clone()).start();
-    node.register(&name(owner), &addr)?.handle::<CacheQuery>().handle::<CacheRows>();
+    node.register(&name(owner), &addr)?
+        .handle::<CacheQuery>()
+        .handle::<CacheRows>();
     Ok(view)
 }
 
@@ -166,10 +197,31 @@ mod tests {
     fn graph() -> HetGraph {
         let papers = 8u32;
         GraphBuilder::new("g", "paper", 2)
-            .node_type("paper", papers, Some(Features::from_vec(papers as usize, 3, (0..3 * papers).map(|i| i as f32).collect())))
+            .node_type(
+                "paper",
+                papers,
+                Some(Features::from_vec(
+                    papers as usize,
+                    3,
+                    (0..3 * papers).map(|i| i as f32).collect(),
+                )),
+            )
             .node_type("author", 4, None)
-            .labels((0..papers).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..papers).collect(), valid: vec![], test: vec![] })
-            .relation("author", "writes", "paper", vec![0, 1, 2, 3], vec![0, 1, 2, 3])
+            .labels(
+                (0..papers).map(|i| i64::from(i % 2)).collect(),
+                Splits {
+                    train: (0..papers).collect(),
+                    valid: vec![],
+                    test: vec![],
+                },
+            )
+            .relation(
+                "author",
+                "writes",
+                "paper",
+                vec![0, 1, 2, 3],
+                vec![0, 1, 2, 3],
+            )
             .build()
             .unwrap()
     }
@@ -179,33 +231,120 @@ mod tests {
         let g = graph();
         let mut visits = Visits::new(&[8, 4]);
         visits.add(&[vec![6, 6, 2, 1], vec![]]);
-        let paper = Candidate { ty: 0, learnable: false, dim: 3, miss: 2e-6, hit: 1e-6 };
+        let paper = Candidate {
+            ty: 0,
+            learnable: false,
+            dim: 3,
+            miss: 2e-6,
+            hit: 1e-6,
+        };
         let feats = g.node_types()[0].features.as_ref().unwrap();
-        let cache =
-            DeviceCache::new(&g, 1 << 10, &visits, vec![(paper, vec![6, 2])], &[], &candle_core::Device::Cpu, |_, ids| Ok(ids.iter().flat_map(|&v| feats.row(v as usize).to_vec()).collect())).unwrap();
+        let cache = DeviceCache::new(
+            &g,
+            1 << 10,
+            &visits,
+            vec![(paper, vec![6, 2])],
+            &[],
+            &candle_core::Device::Cpu,
+            |_, ids| {
+                Ok(ids
+                    .iter()
+                    .flat_map(|&v| feats.row(v as usize).to_vec())
+                    .collect())
+            },
+        )
+        .unwrap();
         let directory = CacheDirectory::default();
         let system = actix_rt::System::new();
         system.block_on(async {
             let node = runtime::Node::embedded("local").unwrap();
             let view = serve(&node, "trainer/0", &directory).unwrap();
             let me = node.actor(&name("trainer/0")).unwrap();
-            assert_eq!(me.ask(CacheQuery, std::time::Duration::from_secs(5)).await.unwrap(), None, "nothing published yet");
-            let err = me.ask(CacheRows { ntype: "paper".into(), ids: vec![6] }, std::time::Duration::from_secs(5)).await.unwrap().unwrap_err();
+            assert_eq!(
+                me.ask(CacheQuery, std::time::Duration::from_secs(5))
+                    .await
+                    .unwrap(),
+                None,
+                "nothing published yet"
+            );
+            let err = me
+                .ask(
+                    CacheRows {
+                        ntype: "paper".into(),
+                        ids: vec![6],
+                    },
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap()
+                .unwrap_err();
             assert!(err.contains("no cache built yet"), "{err}");
             view.publish("trainer/0", "miss-penalty", &type_names(&g), &cache);
-            let status = me.ask(CacheQuery, std::time::Duration::from_secs(5)).await.unwrap().unwrap();
-            assert_eq!((status.owner.as_str(), status.policy.as_str(), status.budget_bytes, status.used_bytes), ("trainer/0", "miss-penalty", 1 << 10, 24));
+            let status = me
+                .ask(CacheQuery, std::time::Duration::from_secs(5))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (
+                    status.owner.as_str(),
+                    status.policy.as_str(),
+                    status.budget_bytes,
+                    status.used_bytes
+                ),
+                ("trainer/0", "miss-penalty", 1 << 10, 24)
+            );
             assert_eq!(status.types["paper"].rows, 2);
             // Rows 6 and 2 are cached; 5 is not and is left out; the order is the request's.
-            let got = me.ask(CacheRows { ntype: "paper".into(), ids: vec![2, 5, 6] }, std::time::Duration::from_secs(5)).await.unwrap().unwrap();
+            let got = me
+                .ask(
+                    CacheRows {
+                        ntype: "paper".into(),
+                        ids: vec![2, 5, 6],
+                    },
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!((got.dim, got.ids.clone()), (3, vec![2, 6]));
             let rows: Vec<f32> = bytemuck::cast_slice(&got.rows.0).to_vec();
             assert_eq!(rows, [feats.row(2), feats.row(6)].concat());
-            let none = me.ask(CacheRows { ntype: "author".into(), ids: vec![0] }, std::time::Duration::from_secs(5)).await.unwrap().unwrap();
+            let none = me
+                .ask(
+                    CacheRows {
+                        ntype: "author".into(),
+                        ids: vec![0],
+                    },
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap()
+                .unwrap();
             assert!(none.ids.is_empty(), "author rows are not cached");
-            let bad = me.ask(CacheRows { ntype: "venue".into(), ids: vec![0] }, std::time::Duration::from_secs(5)).await.unwrap().unwrap_err();
+            let bad = me
+                .ask(
+                    CacheRows {
+                        ntype: "venue".into(),
+                        ids: vec![0],
+                    },
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap()
+                .unwrap_err();
             assert!(bad.contains("no node type \"venue\""), "{bad}");
-            let big = me.ask(CacheRows { ntype: "paper".into(), ids: vec![0; MAX_ROWS_ASKED + 1] }, std::time::Duration::from_secs(5)).await.unwrap().unwrap_err();
+            let big = me
+                .ask(
+                    CacheRows {
+                        ntype: "paper".into(),
+                        ids: vec![0; MAX_ROWS_ASKED + 1],
+                    },
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap()
+                .unwrap_err();
             assert!(big.contains("at most"), "{big}");
             node.shutdown().await;
         });

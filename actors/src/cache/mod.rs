@@ -71,19 +71,30 @@ pub struct CacheTypeReport {
 }
 
 /// Merges the reports of several devices, each with `budget` bytes.
-pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64) -> BTreeMap<String, CacheTypeReport> {
+pub fn merge_reports(
+    reports: &[BTreeMap<String, CacheTypeReport>],
+    budget: u64,
+) -> BTreeMap<String, CacheTypeReport> {
     let mut out: BTreeMap<String, CacheTypeReport> = BTreeMap::new();
     let mut measured: BTreeMap<String, Vec<[f64; 3]>> = BTreeMap::new();
     for r in reports {
         for (name, t) in r {
-            let o = out.entry(name.clone()).or_insert_with(|| CacheTypeReport { learnable: t.learnable, note: t.note.clone(), ..CacheTypeReport::default() });
+            let o = out.entry(name.clone()).or_insert_with(|| CacheTypeReport {
+                learnable: t.learnable,
+                note: t.note.clone(),
+                ..CacheTypeReport::default()
+            });
             o.rows += t.rows;
             o.bytes += t.bytes;
             o.hits += t.hits;
             o.lookups += t.lookups;
             o.visits += t.visits;
             if t.miss_us_per_byte > 0.0 {
-                measured.entry(name.clone()).or_default().push([t.miss_penalty_us_per_byte, t.miss_us_per_byte, t.hit_us_per_byte]);
+                measured.entry(name.clone()).or_default().push([
+                    t.miss_penalty_us_per_byte,
+                    t.miss_us_per_byte,
+                    t.hit_us_per_byte,
+                ]);
             }
         }
     }
@@ -93,7 +104,11 @@ pub fn merge_reports(reports: &[BTreeMap<String, CacheTypeReport>], budget: u64)
         o.hit_rate = o.hits as f64 / o.lookups.max(1) as f64;
         if let Some(p) = measured.get(name) {
             let mean = |i: usize| p.iter().map(|m| m[i]).sum::<f64>() / p.len() as f64;
-            (o.miss_penalty_us_per_byte, o.miss_us_per_byte, o.hit_us_per_byte) = (mean(0), mean(1), mean(2));
+            (
+                o.miss_penalty_us_per_byte,
+                o.miss_us_per_byte,
+                o.hit_us_per_byte,
+            ) = (mean(0), mean(1), mean(2));
         }
     }
     out
@@ -146,10 +161,23 @@ pub fn penalty(miss: f64, hit: f64) -> f64 {
 
 /// The rows to cache per candidate (same order): each type's share of
 /// `budget` filled with its most visited rows.
-pub fn plan(policy: CachePolicy, budget: u64, visits: &Visits, candidates: &[Candidate]) -> Vec<Vec<u32>> {
+pub fn plan(
+    policy: CachePolicy,
+    budget: u64,
+    visits: &Visits,
+    candidates: &[Candidate],
+) -> Vec<Vec<u32>> {
     let ranked: Vec<Vec<u32>> = candidates.iter().map(|c| visits.ranked(c.ty)).collect();
-    let demands: Vec<Demand> =
-        candidates.iter().zip(&ranked).map(|(c, r)| Demand { visits: visits.total(c.ty), visited_rows: r.len() as u64, row_bytes: c.row_bytes(), penalty: c.penalty() }).collect();
+    let demands: Vec<Demand> = candidates
+        .iter()
+        .zip(&ranked)
+        .map(|(c, r)| Demand {
+            visits: visits.total(c.ty),
+            visited_rows: r.len() as u64,
+            row_bytes: c.row_bytes(),
+            penalty: c.penalty(),
+        })
+        .collect();
     let rows = alloc::allocate(policy, budget, &demands);
     ranked
         .into_iter()
@@ -176,7 +204,13 @@ impl FeatureCache {
     /// Feature rows of `nodes[t]` for every type `fg` wants (as
     /// [`FeatureGather::gather`]), the cached ones from the cache; `count`:
     /// add the lookups to the hit rates.
-    pub fn gather(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>], count: bool) -> Result<PerType> {
+    pub fn gather(
+        &self,
+        fg: &FeatureGather,
+        g: &HetGraph,
+        nodes: &[Vec<u32>],
+        count: bool,
+    ) -> Result<PerType> {
         let mut out = self.gather_uncached(fg, g, nodes)?;
         self.fill_cached(fg, g, nodes, &mut out, count)?;
         Ok(out)
@@ -190,19 +224,48 @@ impl FeatureCache {
     /// [`FeatureCache::gather`] of the types the cache does not serve (as
     /// `fg` gathers them); `None` for those it serves. The part of a batch a
     /// prefetch thread can make without touching the device.
-    pub fn gather_uncached(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
-        nodes.iter().enumerate().map(|(t, ids)| if self.serves(fg, g, t) && !ids.is_empty() { Ok(None) } else { Ok(fg.gather_type(g, t, ids)?) }).collect()
+    pub fn gather_uncached(
+        &self,
+        fg: &FeatureGather,
+        g: &HetGraph,
+        nodes: &[Vec<u32>],
+    ) -> Result<PerType> {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(t, ids)| {
+                if self.serves(fg, g, t) && !ids.is_empty() {
+                    Ok(None)
+                } else {
+                    Ok(fg.gather_type(g, t, ids)?)
+                }
+            })
+            .collect()
     }
 
     /// Fills in the rows of the types the cache serves, where `inputs` has none.
-    pub fn fill_cached(&self, fg: &FeatureGather, g: &HetGraph, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {
+    pub fn fill_cached(
+        &self,
+        fg: &FeatureGather,
+        g: &HetGraph,
+        nodes: &[Vec<u32>],
+        inputs: &mut PerType,
+        count: bool,
+    ) -> Result<()> {
         for (t, ids) in nodes.iter().enumerate() {
-            let (Some(c), Some(f)) = (self.get(t), &g.node_types()[t].features) else { continue };
+            let (Some(c), Some(f)) = (self.get(t), &g.node_types()[t].features) else {
+                continue;
+            };
             if !fg.wants(t) || ids.is_empty() || inputs.get(t).is_some_and(Option::is_some) {
                 continue;
             }
             let lk = c.lookup(ids, count);
-            inputs[t] = Some(c.assemble_from(&lk, |j| f.row(lk.miss_ids[j] as usize), fg.dtype(), fg.device())?);
+            inputs[t] = Some(c.assemble_from(
+                &lk,
+                |j| f.row(lk.miss_ids[j] as usize),
+                fg.dtype(),
+                fg.device(),
+            )?);
         }
         Ok(())
     }
@@ -248,25 +311,55 @@ impl DeviceCache {
         let mut planned: Vec<Option<Planned>> = vec![None; n];
         for (c, ids) in plan {
             let nt = &g.node_types()[c.ty];
-            planned[c.ty] = Some(Planned { name: nt.name.clone(), visits: visits.total(c.ty), miss: c.miss, hit: c.hit, learnable: c.learnable, note: None });
+            planned[c.ty] = Some(Planned {
+                name: nt.name.clone(),
+                visits: visits.total(c.ty),
+                miss: c.miss,
+                hit: c.hit,
+                learnable: c.learnable,
+                note: None,
+            });
             if ids.is_empty() {
                 continue;
             }
             if c.learnable {
-                let table = tables.get(c.ty).and_then(Option::as_ref).ok_or_else(|| TrainError::Config(format!("cache: node type {} has no embedding table here", nt.name)))?;
+                let table = tables.get(c.ty).and_then(Option::as_ref).ok_or_else(|| {
+                    TrainError::Config(format!(
+                        "cache: node type {} has no embedding table here",
+                        nt.name
+                    ))
+                })?;
                 learnable[c.ty] = Some(LearnableCache::from_table(table, ids, device)?);
             } else {
                 let values = feature_rows(c.ty, &ids)?;
-                features[c.ty] = Some(RowCache::new(nt.count as usize, ids, c.dim, values, device)?);
+                features[c.ty] = Some(RowCache::new(
+                    nt.count as usize,
+                    ids,
+                    c.dim,
+                    values,
+                    device,
+                )?);
             }
         }
-        Ok(DeviceCache { features: Arc::new(FeatureCache { types: features }), learnable, planned, budget })
+        Ok(DeviceCache {
+            features: Arc::new(FeatureCache { types: features }),
+            learnable,
+            planned,
+            budget,
+        })
     }
 
     /// Notes that type `ty` (named `name`, visited `visits` times) is not cached, and why.
     pub fn not_cached(&mut self, ty: usize, name: &str, visits: u64, learnable: bool, why: &str) {
         if let Some(p) = self.planned.get_mut(ty) {
-            *p = Some(Planned { name: name.to_string(), visits, miss: 0.0, hit: 0.0, learnable, note: Some(why.to_string()) });
+            *p = Some(Planned {
+                name: name.to_string(),
+                visits,
+                miss: 0.0,
+                hit: 0.0,
+                learnable,
+                note: Some(why.to_string()),
+            });
         }
     }
 
@@ -277,22 +370,52 @@ impl DeviceCache {
 
     /// The device bytes the cached rows take (never more than the budget).
     pub fn bytes(&self) -> u64 {
-        self.features.types.iter().flatten().map(RowCache::bytes).sum::<u64>() + self.learnable.iter().flatten().map(LearnableCache::bytes).sum::<u64>()
+        self.features
+            .types
+            .iter()
+            .flatten()
+            .map(RowCache::bytes)
+            .sum::<u64>()
+            + self
+                .learnable
+                .iter()
+                .flatten()
+                .map(LearnableCache::bytes)
+                .sum::<u64>()
     }
 
     /// [`Model::gather_inputs`] with the rows the cache holds read from it.
-    pub fn gather_inputs(&self, model: &Model, g: &HetGraph, nodes: &[Vec<u32>], count: bool) -> Result<PerType> {
-        let mut inputs = self.features.gather(&model.feature_gather(), g, nodes, count)?;
+    pub fn gather_inputs(
+        &self,
+        model: &Model,
+        g: &HetGraph,
+        nodes: &[Vec<u32>],
+        count: bool,
+    ) -> Result<PerType> {
+        let mut inputs = self
+            .features
+            .gather(&model.feature_gather(), g, nodes, count)?;
         self.gather_embeddings(model, nodes, &mut inputs, count)?;
         Ok(inputs)
     }
 
     /// Fills the learnable rows of `inputs` (as gradient leaves), the cached
     /// ones from the cache; the model's [`Model::gather_embeddings`] otherwise.
-    pub fn gather_embeddings(&self, model: &Model, nodes: &[Vec<u32>], inputs: &mut PerType, count: bool) -> Result<()> {
+    pub fn gather_embeddings(
+        &self,
+        model: &Model,
+        nodes: &[Vec<u32>],
+        inputs: &mut PerType,
+        count: bool,
+    ) -> Result<()> {
         let fg = model.feature_gather();
         for (t, ids) in nodes.iter().enumerate() {
-            let (Some(c), Some(table)) = (self.learnable.get(t).and_then(Option::as_ref), model.embeddings.get(t).and_then(Option::as_ref)) else { continue };
+            let (Some(c), Some(table)) = (
+                self.learnable.get(t).and_then(Option::as_ref),
+                model.embeddings.get(t).and_then(Option::as_ref),
+            ) else {
+                continue;
+            };
             if ids.is_empty() || inputs[t].is_some() || !fg.wants(t) {
                 continue;
             }
@@ -302,7 +425,9 @@ impl DeviceCache {
                 let v = lk.miss_ids[j] as usize;
                 &table.data[v * d..(v + 1) * d]
             };
-            let x = c.rows().assemble_from(&lk, row, model.dtype(), model.device())?;
+            let x = c
+                .rows()
+                .assemble_from(&lk, row, model.dtype(), model.device())?;
             inputs[t] = Some(candle_core::Var::from_tensor(&x)?.into_inner());
         }
         Ok(model.gather_embeddings(nodes, inputs)?)
@@ -310,10 +435,21 @@ impl DeviceCache {
 
     /// One Adam step for rows `ids` (distinct) of type `ty` with gradient
     /// rows `grads` (row-major): cached rows in the cache, the rest in `table`.
-    pub fn adam_rows(&mut self, ty: usize, table: &mut EmbeddingTable, ids: &[u32], grads: &[f32], cfg: &AdamConfig) -> Result<()> {
+    pub fn adam_rows(
+        &mut self,
+        ty: usize,
+        table: &mut EmbeddingTable,
+        ids: &[u32],
+        grads: &[f32],
+        cfg: &AdamConfig,
+    ) -> Result<()> {
         let d = table.dim;
         if grads.len() != ids.len() * d {
-            return Err(TrainError::Config(format!("{} gradient values for {} rows of width {d}", grads.len(), ids.len())));
+            return Err(TrainError::Config(format!(
+                "{} gradient values for {} rows of width {d}",
+                grads.len(),
+                ids.len()
+            )));
         }
         // Both parts update their rows in parallel, as an uncached run does.
         let Some(c) = self.learnable.get_mut(ty).and_then(Option::as_mut) else {
@@ -326,7 +462,14 @@ impl DeviceCache {
     }
 
     /// [`DeviceCache::adam_rows`] with the gradient as a `[ids.len(), dim]` tensor.
-    pub fn sparse_adam(&mut self, ty: usize, table: &mut EmbeddingTable, ids: &[u32], grad: &Tensor, cfg: &AdamConfig) -> Result<()> {
+    pub fn sparse_adam(
+        &mut self,
+        ty: usize,
+        table: &mut EmbeddingTable,
+        ids: &[u32],
+        grad: &Tensor,
+        cfg: &AdamConfig,
+    ) -> Result<()> {
         if grad.device().is_cpu() {
             return models::ops::with_f32(grad, |g| self.adam_rows(ty, table, ids, g, cfg))?;
         }
@@ -337,7 +480,10 @@ impl DeviceCache {
         let lk = c.rows().lookup(ids, false);
         c.adam_tensor(&lk.hit_slot, grad, &lk.hit_pos, cfg)?;
         if !lk.miss_ids.is_empty() {
-            let misses = grad.index_select(&Tensor::from_slice(&lk.miss_pos, lk.miss_pos.len(), grad.device())?, 0)?;
+            let misses = grad.index_select(
+                &Tensor::from_slice(&lk.miss_pos, lk.miss_pos.len(), grad.device())?,
+                0,
+            )?;
             table.sparse_adam(&lk.miss_ids, &misses, cfg)?;
         }
         Ok(())
@@ -359,7 +505,10 @@ impl DeviceCache {
         let mut out = BTreeMap::new();
         for (ty, p) in self.planned.iter().enumerate() {
             let Some(p) = p else { continue };
-            let (rows, bytes, (hits, lookups)) = match (self.features.get(ty), self.learnable.get(ty).and_then(Option::as_ref)) {
+            let (rows, bytes, (hits, lookups)) = match (
+                self.features.get(ty),
+                self.learnable.get(ty).and_then(Option::as_ref),
+            ) {
                 (Some(c), _) => (c.rows() as u64, c.bytes(), c.counts()),
                 (_, Some(c)) => (c.rows().rows() as u64, c.bytes(), c.rows().counts()),
                 _ => (0, 0, (0, 0)),
@@ -392,10 +541,21 @@ impl DeviceCache {
             .iter()
             .map(|(name, r)| match &r.note {
                 Some(n) => format!("{name}: {n}"),
-                None => format!("{name} {} rows ({:.0}%; miss {:.2e}, hit {:.2e} us/B)", r.rows, r.share * 100.0, r.miss_us_per_byte, r.hit_us_per_byte),
+                None => format!(
+                    "{name} {} rows ({:.0}%; miss {:.2e}, hit {:.2e} us/B)",
+                    r.rows,
+                    r.share * 100.0,
+                    r.miss_us_per_byte,
+                    r.hit_us_per_byte
+                ),
             })
             .collect();
-        let mut line = format!("cache {}/{} bytes: {}", self.bytes(), self.budget, parts.join(", "));
+        let mut line = format!(
+            "cache {}/{} bytes: {}",
+            self.bytes(),
+            self.budget,
+            parts.join(", ")
+        );
         if self.bytes() == 0 && self.planned.iter().flatten().any(|p| p.note.is_none()) {
             line += ". Nothing cached: on this device a hit costs as much as a miss (the cache and the rows share host memory); cache_policy = \"hotness\" caches by visits regardless";
         }
@@ -406,7 +566,14 @@ impl DeviceCache {
 /// Profiles feature type `ty` (of `count` nodes) on the rows `probe`, whose
 /// values are `values`: `miss` fetches them the uncached way; a hit serves
 /// them from a scratch cache holding all of them, as `dtype` on `device`.
-pub fn feature_candidate(ty: usize, count: usize, probe: &[u32], values: Vec<f32>, (dtype, device): (DType, &Device), miss: impl FnMut() -> Result<()>) -> Result<Candidate> {
+pub fn feature_candidate(
+    ty: usize,
+    count: usize,
+    probe: &[u32],
+    values: Vec<f32>,
+    (dtype, device): (DType, &Device),
+    miss: impl FnMut() -> Result<()>,
+) -> Result<Candidate> {
     let dim = values.len() / probe.len().max(1);
     let scratch = RowCache::new(count, probe.to_vec(), dim, values, device)?;
     let hit = || {
@@ -415,14 +582,26 @@ pub fn feature_candidate(ty: usize, count: usize, probe: &[u32], values: Vec<f32
         Ok(())
     };
     let (miss, hit) = profile::compare(probe.len(), (dim * 4) as u64, miss, hit)?;
-    Ok(Candidate { ty, learnable: false, dim, miss, hit })
+    Ok(Candidate {
+        ty,
+        learnable: false,
+        dim,
+        miss,
+        hit,
+    })
 }
 
 /// Builds the cache of a device that reads its feature rows from `g` and
 /// owns the learnable tables of `model` (a single process, a raf worker):
 /// pre-samples with `sample(epoch, step, seeds)` over `train`, measures miss
 /// penalties, plans and fills. `None` when the configuration asks for no cache.
-pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32], mut sample: impl FnMut(u64, u64, &[u32]) -> Result<MiniBatch>) -> Result<Option<DeviceCache>> {
+pub fn build_local(
+    t: &TrainingConfig,
+    g: &HetGraph,
+    model: &Model,
+    train: &[u32],
+    mut sample: impl FnMut(u64, u64, &[u32]) -> Result<MiniBatch>,
+) -> Result<Option<DeviceCache>> {
     let budget = t.cache_bytes.0;
     if t.cache_policy == CachePolicy::None || budget == 0 {
         return Ok(None);
@@ -431,7 +610,14 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
     if let Some(cache) = whole(t.cache_policy, budget, g, model)? {
         return Ok(Some(cache));
     }
-    let visits = hotness::presample(&sizes, train, t.batch, t.seed, t.cache_presample_epochs, |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src))?;
+    let visits = hotness::presample(
+        &sizes,
+        train,
+        t.batch,
+        t.seed,
+        t.cache_presample_epochs,
+        |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src),
+    )?;
     let batches = (t.cache_presample_epochs * train.len().div_ceil(t.batch.max(1)) as u64).max(1);
     let fg = model.feature_gather();
     let (device, dtype) = (model.device().clone(), model.dtype());
@@ -443,12 +629,22 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
         }
         let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
         if let Some(f) = &nt.features {
-            let values: Vec<f32> = probe.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect();
+            let values: Vec<f32> = probe
+                .iter()
+                .flat_map(|&v| f.row(v as usize).iter().copied())
+                .collect();
             let miss = || {
                 std::hint::black_box(fg.gather_type(g, ty, &probe)?);
                 Ok(())
             };
-            candidates.push(feature_candidate(ty, nt.count as usize, &probe, values, (dtype, &device), miss)?);
+            candidates.push(feature_candidate(
+                ty,
+                nt.count as usize,
+                &probe,
+                values,
+                (dtype, &device),
+                miss,
+            )?);
         } else if let Some(table) = model.embeddings.get(ty).and_then(Option::as_ref) {
             let dim = table.dim;
             let bytes = learnable_row_bytes(dim);
@@ -457,8 +653,23 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
             // copies of the probed rows both: the model is not touched).
             let mut rows = profile::Scratch::new(probe.len(), dim);
             let n = probe.len();
-            let values: Vec<f32> = probe.iter().flat_map(|&v| table.data[v as usize * dim..(v as usize + 1) * dim].iter().copied()).collect();
-            let scratch_table = EmbeddingTable { name: table.name.clone(), rows: n, dim, data: values, m: vec![0.0; n * dim], v: vec![0.0; n * dim], steps: vec![0; n] };
+            let values: Vec<f32> = probe
+                .iter()
+                .flat_map(|&v| {
+                    table.data[v as usize * dim..(v as usize + 1) * dim]
+                        .iter()
+                        .copied()
+                })
+                .collect();
+            let scratch_table = EmbeddingTable {
+                name: table.name.clone(),
+                rows: n,
+                dim,
+                data: values,
+                m: vec![0.0; n * dim],
+                v: vec![0.0; n * dim],
+                steps: vec![0; n],
+            };
             let local: Vec<u32> = (0..n as u32).collect();
             let mut scratch = LearnableCache::from_table(&scratch_table, local.clone(), &device)?;
             let cfg = AdamConfig::with_lr(0.0);
@@ -476,16 +687,36 @@ pub fn build_local(t: &TrainingConfig, g: &HetGraph, model: &Model, train: &[u32
                     scratch.adam(&lk.hit_slot, &grads, &lk.hit_pos, &cfg)
                 },
             )?;
-            candidates.push(Candidate { ty, learnable: true, dim, miss, hit });
+            candidates.push(Candidate {
+                ty,
+                learnable: true,
+                dim,
+                miss,
+                hit,
+            });
         }
     }
     let chosen = plan(t.cache_policy, budget, &visits, &candidates);
     let planned = candidates.into_iter().zip(chosen).collect();
     let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
-        let f = g.node_types()[ty].features.as_ref().ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
-        Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
+        let f = g.node_types()[ty]
+            .features
+            .as_ref()
+            .ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
+        Ok(ids
+            .iter()
+            .flat_map(|&v| f.row(v as usize).iter().copied())
+            .collect())
     };
-    Ok(Some(DeviceCache::new(g, budget, &visits, planned, &model.embeddings, &device, rows)?))
+    Ok(Some(DeviceCache::new(
+        g,
+        budget,
+        &visits,
+        planned,
+        &model.embeddings,
+        &device,
+        rows,
+    )?))
 }
 
 /// What a cache holding every row of every type the model reads takes: no
@@ -502,7 +733,12 @@ pub fn takes_every_row(policy: CachePolicy, budget: u64, g: &HetGraph, model: &M
         return false;
     }
     let candidates = every_type(g, model);
-    !candidates.is_empty() && candidates.iter().map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes()).sum::<u64>() <= budget
+    !candidates.is_empty()
+        && candidates
+            .iter()
+            .map(|c| u64::from(g.node_types()[c.ty].count) * c.row_bytes())
+            .sum::<u64>()
+            <= budget
 }
 
 /// Every type `model` reads, as an unmeasured candidate.
@@ -513,19 +749,33 @@ fn every_type(g: &HetGraph, model: &Model) -> Vec<Candidate> {
         if nt.count == 0 || !fg.wants(ty) {
             continue;
         }
-        let (learnable, dim) = match (&nt.features, model.embeddings.get(ty).and_then(Option::as_ref)) {
+        let (learnable, dim) = match (
+            &nt.features,
+            model.embeddings.get(ty).and_then(Option::as_ref),
+        ) {
             (Some(f), _) => (false, f.dim()),
             (None, Some(table)) => (true, table.dim),
             (None, None) => continue,
         };
-        candidates.push(Candidate { ty, learnable, dim, miss: 0.0, hit: 0.0 });
+        candidates.push(Candidate {
+            ty,
+            learnable,
+            dim,
+            miss: 0.0,
+            hit: 0.0,
+        });
     }
     candidates
 }
 
 /// The cache of every row of every type `model` reads (feature rows and
 /// learnable rows with their Adam state), when [`takes_every_row`].
-fn whole(policy: CachePolicy, budget: u64, g: &HetGraph, model: &Model) -> Result<Option<DeviceCache>> {
+fn whole(
+    policy: CachePolicy,
+    budget: u64,
+    g: &HetGraph,
+    model: &Model,
+) -> Result<Option<DeviceCache>> {
     if !takes_every_row(policy, budget, g, model) {
         return Ok(None);
     }
@@ -539,10 +789,24 @@ fn whole(policy: CachePolicy, budget: u64, g: &HetGraph, model: &Model) -> Resul
         })
         .collect();
     let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
-        let f = g.node_types()[ty].features.as_ref().ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
-        Ok(ids.iter().flat_map(|&v| f.row(v as usize).iter().copied()).collect())
+        let f = g.node_types()[ty]
+            .features
+            .as_ref()
+            .ok_or_else(|| TrainError::Config("cache: a feature type without features".into()))?;
+        Ok(ids
+            .iter()
+            .flat_map(|&v| f.row(v as usize).iter().copied())
+            .collect())
     };
-    let mut cache = DeviceCache::new(g, budget, &hotness::Visits::new(&sizes), plan, &model.embeddings, model.device(), rows)?;
+    let mut cache = DeviceCache::new(
+        g,
+        budget,
+        &hotness::Visits::new(&sizes),
+        plan,
+        &model.embeddings,
+        model.device(),
+        rows,
+    )?;
     for p in cache.planned.iter_mut().flatten() {
         p.note = Some(WHOLE_NOTE.into());
     }
@@ -558,13 +822,38 @@ mod tests {
         let mut v = Visits::new(&[6, 4]);
         v.add(&[vec![5, 5, 5, 2, 2, 0], vec![1, 3]]);
         // Type 0: 4-byte rows, type 1: learnable width 1 (16 bytes); hotness by visits 6 : 2.
-        let cands = [Candidate { ty: 0, learnable: false, dim: 1, miss: 0.0, hit: 0.0 }, Candidate { ty: 1, learnable: true, dim: 1, miss: 0.0, hit: 0.0 }];
+        let cands = [
+            Candidate {
+                ty: 0,
+                learnable: false,
+                dim: 1,
+                miss: 0.0,
+                hit: 0.0,
+            },
+            Candidate {
+                ty: 1,
+                learnable: true,
+                dim: 1,
+                miss: 0.0,
+                hit: 0.0,
+            },
+        ];
         let chosen = plan(CachePolicy::Hotness, 24, &v, &cands);
         assert_eq!(chosen, vec![vec![5, 2, 0], vec![]], "type 0 takes its 3 visited rows (12 of its 18 bytes); the 12 left cannot hold a 16-byte row");
-        assert_eq!(plan(CachePolicy::Hotness, 28, &v, &cands), vec![vec![5, 2, 0], vec![1]], "the rest goes to type 1");
+        assert_eq!(
+            plan(CachePolicy::Hotness, 28, &v, &cands),
+            vec![vec![5, 2, 0], vec![1]],
+            "the rest goes to type 1"
+        );
         // Miss-penalty: no measurable saving, no rows.
-        assert_eq!(plan(CachePolicy::MissPenalty, 1000, &v, &cands), vec![Vec::<u32>::new(), vec![]]);
-        assert_eq!((penalty(1.05, 1.0), penalty(2.0, 1.0), penalty(1.0, 2.0)), (0.0, 1.0, 0.0));
+        assert_eq!(
+            plan(CachePolicy::MissPenalty, 1000, &v, &cands),
+            vec![Vec::<u32>::new(), vec![]]
+        );
+        assert_eq!(
+            (penalty(1.05, 1.0), penalty(2.0, 1.0), penalty(1.0, 2.0)),
+            (0.0, 1.0, 0.0)
+        );
     }
 
     #[test]
@@ -581,12 +870,26 @@ mod tests {
             ..CacheTypeReport::default()
         };
         let a = BTreeMap::from([("paper".to_string(), one(10, 400, 30, 100, 2.0))]);
-        let b = BTreeMap::from([("paper".to_string(), one(20, 800, 10, 100, 4.0)), ("author".to_string(), one(0, 0, 0, 0, 0.0))]);
+        let b = BTreeMap::from([
+            ("paper".to_string(), one(20, 800, 10, 100, 4.0)),
+            ("author".to_string(), one(0, 0, 0, 0, 0.0)),
+        ]);
         let m = merge_reports(&[a, b], 1000);
         let p = &m["paper"];
-        assert_eq!((p.rows, p.bytes, p.hits, p.lookups, p.visits), (30, 1200, 40, 200, 20));
+        assert_eq!(
+            (p.rows, p.bytes, p.hits, p.lookups, p.visits),
+            (30, 1200, 40, 200, 20)
+        );
         assert_eq!((p.share, p.hit_rate), (0.6, 0.2));
-        assert_eq!((p.miss_us_per_byte, p.hit_us_per_byte, p.miss_penalty_us_per_byte), (3.0, 0.75, 2.25), "means over the devices that measured");
+        assert_eq!(
+            (
+                p.miss_us_per_byte,
+                p.hit_us_per_byte,
+                p.miss_penalty_us_per_byte
+            ),
+            (3.0, 0.75, 2.25),
+            "means over the devices that measured"
+        );
         assert_eq!(m["author"].hit_rate, 0.0);
     }
 }

@@ -21,7 +21,12 @@ pub const MAX_PROBE_ROWS: usize = 8192;
 
 /// Median seconds per byte of a miss and of a hit, timed in alternation so
 /// that drift (frequency, other threads) affects both alike.
-pub fn compare(rows: usize, row_bytes: u64, mut miss: impl FnMut() -> Result<()>, mut hit: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+pub fn compare(
+    rows: usize,
+    row_bytes: u64,
+    mut miss: impl FnMut() -> Result<()>,
+    mut hit: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
     miss()?;
     hit()?;
     let (mut m, mut h) = (Vec::with_capacity(REPS), Vec::with_capacity(REPS));
@@ -60,7 +65,13 @@ pub struct Scratch {
 impl Scratch {
     /// Room for `rows` rows of width `dim`.
     pub fn new(rows: usize, dim: usize) -> Scratch {
-        Scratch { data: vec![0.0; rows * dim], m: vec![0.0; rows * dim], v: vec![0.0; rows * dim], steps: vec![0; rows], dim }
+        Scratch {
+            data: vec![0.0; rows * dim],
+            m: vec![0.0; rows * dim],
+            v: vec![0.0; rows * dim],
+            steps: vec![0; rows],
+            dim,
+        }
     }
 
     /// The write-back half of a learnable row's miss, as the uncached path
@@ -71,7 +82,14 @@ impl Scratch {
         let (d, cfg) = (self.dim, AdamConfig::with_lr(0.0));
         for r in 0..(g.len() / d.max(1)).min(self.steps.len()) {
             let span = r * d..(r + 1) * d;
-            adam_row(&mut self.data[span.clone()], &mut self.m[span.clone()], &mut self.v[span.clone()], &mut self.steps[r], &g[span], &cfg);
+            adam_row(
+                &mut self.data[span.clone()],
+                &mut self.m[span.clone()],
+                &mut self.v[span.clone()],
+                &mut self.steps[r],
+                &g[span],
+                &cfg,
+            );
         }
         Ok(())
     }
@@ -104,10 +122,15 @@ mod tests {
                 std::hint::black_box(Tensor::from_vec(out, (ids.len(), dim), &Device::Cpu)?);
                 Ok(())
             };
-            compare(ids.len(), (dim * 4) as u64, fetch, || Ok(())).unwrap().0
+            compare(ids.len(), (dim * 4) as u64, fetch, || Ok(()))
+                .unwrap()
+                .0
         };
         let (narrow, wide) = (per_byte(2), per_byte(256));
-        assert!(narrow > wide, "width 2: {narrow} s/B, width 256: {wide} s/B");
+        assert!(
+            narrow > wide,
+            "width 2: {narrow} s/B, width 256: {wide} s/B"
+        );
     }
 
     #[test]
@@ -123,7 +146,16 @@ mod tests {
             Ok(())
         };
         let (learnable, read) = compare(512, 256, learnable, read).unwrap();
-        assert!(read > 0.0 && learnable > read, "read {read}, read + write-back {learnable}");
-        assert!(compare(1, 1, || Err(crate::error::TrainError::Config("x".into())), || Ok(())).is_err());
+        assert!(
+            read > 0.0 && learnable > read,
+            "read {read}, read + write-back {learnable}"
+        );
+        assert!(compare(
+            1,
+            1,
+            || Err(crate::error::TrainError::Config("x".into())),
+            || Ok(())
+        )
+        .is_err());
     }
 }

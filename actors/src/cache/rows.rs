@@ -35,8 +35,18 @@ enum Store {
 }
 
 impl Store {
-    fn new(values: Vec<f32>, rows: usize, dim: usize, device: &Device, on_device: bool) -> Result<Store> {
-        Ok(if on_device { Store::Device(Tensor::from_vec(values, (rows, dim), device)?) } else { Store::Host(values) })
+    fn new(
+        values: Vec<f32>,
+        rows: usize,
+        dim: usize,
+        device: &Device,
+        on_device: bool,
+    ) -> Result<Store> {
+        Ok(if on_device {
+            Store::Device(Tensor::from_vec(values, (rows, dim), device)?)
+        } else {
+            Store::Host(values)
+        })
     }
 
     /// The values, row-major (copied off the device only when on one).
@@ -80,25 +90,54 @@ pub struct RowCache {
 impl RowCache {
     /// Caches `values` (row-major, `ids.len() × dim`) as the rows `ids` of a
     /// type of `count` nodes, on `device` (host memory for the CPU).
-    pub fn new(count: usize, ids: Vec<u32>, dim: usize, values: Vec<f32>, device: &Device) -> Result<RowCache> {
+    pub fn new(
+        count: usize,
+        ids: Vec<u32>,
+        dim: usize,
+        values: Vec<f32>,
+        device: &Device,
+    ) -> Result<RowCache> {
         RowCache::build(count, ids, dim, values, device, !device.is_cpu())
     }
 
-    fn build(count: usize, ids: Vec<u32>, dim: usize, values: Vec<f32>, device: &Device, on_device: bool) -> Result<RowCache> {
+    fn build(
+        count: usize,
+        ids: Vec<u32>,
+        dim: usize,
+        values: Vec<f32>,
+        device: &Device,
+        on_device: bool,
+    ) -> Result<RowCache> {
         if values.len() != ids.len() * dim {
-            return Err(TrainError::Config(format!("cache: {} values for {} rows of width {dim}", values.len(), ids.len())));
+            return Err(TrainError::Config(format!(
+                "cache: {} values for {} rows of width {dim}",
+                values.len(),
+                ids.len()
+            )));
         }
         let mut slot = vec![NONE; count];
         for (s, &v) in ids.iter().enumerate() {
             match slot.get_mut(v as usize) {
                 Some(x) if *x == NONE => *x = s as u32,
                 Some(_) => return Err(TrainError::Config(format!("cache: node {v} listed twice"))),
-                None => return Err(TrainError::Config(format!("cache: node {v} out of range 0..{count}"))),
+                None => {
+                    return Err(TrainError::Config(format!(
+                        "cache: node {v} out of range 0..{count}"
+                    )))
+                }
             }
         }
         let data = Store::new(values, ids.len(), dim, device, on_device)?;
         let identity = ids.len() == count && ids.iter().enumerate().all(|(s, &v)| s == v as usize);
-        Ok(RowCache { dim, slot, ids, data, identity, hits: AtomicU64::new(0), lookups: AtomicU64::new(0) })
+        Ok(RowCache {
+            dim,
+            slot,
+            ids,
+            data,
+            identity,
+            hits: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+        })
     }
 
     /// Cached rows.
@@ -124,7 +163,10 @@ impl RowCache {
     /// Splits `ids` into hits and misses; `count`: add them to the hit rate
     /// (training batches count, evaluation does not).
     pub fn lookup(&self, ids: &[u32], count: bool) -> Lookup {
-        let mut lk = Lookup { len: ids.len(), ..Lookup::default() };
+        let mut lk = Lookup {
+            len: ids.len(),
+            ..Lookup::default()
+        };
         if self.identity && ids.iter().all(|&v| (v as usize) < self.slot.len()) {
             // A cache of the whole type in id order (at S=1, a step's ~500,000 ids): nothing to read.
             lk.hit_pos = (0..ids.len() as u32).collect();
@@ -139,7 +181,11 @@ impl RowCache {
         // A batch's ids are scattered over the slot map: read it on every core
         // for large batches (hundreds of thousands of rows at S=1), then split.
         let slots: Vec<u32> = match ids.len() >= PARALLEL_LOOKUP {
-            true => ids.par_iter().with_min_len(PARALLEL_LOOKUP / 4).map(slot_of).collect(),
+            true => ids
+                .par_iter()
+                .with_min_len(PARALLEL_LOOKUP / 4)
+                .map(slot_of)
+                .collect(),
             false => ids.iter().map(slot_of).collect(),
         };
         if !slots.contains(&NONE) {
@@ -158,7 +204,8 @@ impl RowCache {
             }
         }
         if count {
-            self.hits.fetch_add(lk.hit_pos.len() as u64, Ordering::Relaxed);
+            self.hits
+                .fetch_add(lk.hit_pos.len() as u64, Ordering::Relaxed);
             self.lookups.fetch_add(ids.len() as u64, Ordering::Relaxed);
         }
         lk
@@ -167,10 +214,21 @@ impl RowCache {
     /// The cached ones of `ids` and their rows (row-major, copied to the
     /// host), in `ids` order; uncached ids are left out.
     pub fn read(&self, ids: &[u32]) -> Result<(Vec<u32>, Vec<f32>)> {
-        let (held, slots): (Vec<u32>, Vec<u32>) = ids.iter().filter_map(|&v| self.slot.get(v as usize).filter(|&&s| s != NONE).map(|&s| (v, s))).unzip();
+        let (held, slots): (Vec<u32>, Vec<u32>) = ids
+            .iter()
+            .filter_map(|&v| {
+                self.slot
+                    .get(v as usize)
+                    .filter(|&&s| s != NONE)
+                    .map(|&s| (v, s))
+            })
+            .unzip();
         let d = self.dim;
         let rows = match &self.data {
-            Store::Host(data) => slots.iter().flat_map(|&s| data[s as usize * d..(s as usize + 1) * d].iter().copied()).collect(),
+            Store::Host(data) => slots
+                .iter()
+                .flat_map(|&s| data[s as usize * d..(s as usize + 1) * d].iter().copied())
+                .collect(),
             Store::Device(_) if slots.is_empty() => Vec::new(),
             Store::Device(t) => {
                 let at = Tensor::from_vec(slots, held.len(), t.device())?;
@@ -182,15 +240,28 @@ impl RowCache {
 
     /// Rows hit and rows looked up so far (training batches only).
     pub fn counts(&self) -> (u64, u64) {
-        (self.hits.load(Ordering::Relaxed), self.lookups.load(Ordering::Relaxed))
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.lookups.load(Ordering::Relaxed),
+        )
     }
 
     /// The batch's rows as a `[len, dim]` tensor of `dtype` on `device`: hits
     /// from the cache, misses from `misses` (row-major, in `lk.miss_ids` order).
-    pub fn assemble(&self, lk: &Lookup, misses: Vec<f32>, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn assemble(
+        &self,
+        lk: &Lookup,
+        misses: Vec<f32>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let d = self.dim;
         if misses.len() != lk.miss_ids.len() * d {
-            return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
+            return Err(TrainError::Config(format!(
+                "cache: {} miss values for {} rows of width {d}",
+                misses.len(),
+                lk.miss_ids.len()
+            )));
         }
         if let Store::Device(data) = &self.data {
             return Ok(device_assemble(data, lk, misses, d, device)?.to_dtype(dtype)?);
@@ -200,7 +271,13 @@ impl RowCache {
 
     /// [`RowCache::assemble`] with the `j`-th miss's row read by `miss_row(j)`
     /// (on the CPU straight into the batch: no intermediate copy).
-    pub fn assemble_from<'a>(&self, lk: &Lookup, miss_row: impl Fn(usize) -> &'a [f32], dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn assemble_from<'a>(
+        &self,
+        lk: &Lookup,
+        miss_row: impl Fn(usize) -> &'a [f32],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let d = self.dim;
         let x = match &self.data {
             Store::Host(data) => {
@@ -222,7 +299,10 @@ impl RowCache {
                     } else {
                         let row = miss_row(m);
                         if row.len() != d {
-                            return Err(TrainError::Config(format!("cache: a miss row of width {}, not {d}", row.len())));
+                            return Err(TrainError::Config(format!(
+                                "cache: a miss row of width {}, not {d}",
+                                row.len()
+                            )));
                         }
                         out.extend_from_slice(row);
                         m += 1;
@@ -248,9 +328,19 @@ impl RowCache {
 }
 
 /// Hits gathered on the device, misses uploaded, then both put in batch order.
-fn device_assemble(data: &Tensor, lk: &Lookup, misses: Vec<f32>, d: usize, device: &Device) -> Result<Tensor> {
+fn device_assemble(
+    data: &Tensor,
+    lk: &Lookup,
+    misses: Vec<f32>,
+    d: usize,
+    device: &Device,
+) -> Result<Tensor> {
     if misses.len() != lk.miss_ids.len() * d {
-        return Err(TrainError::Config(format!("cache: {} miss values for {} rows of width {d}", misses.len(), lk.miss_ids.len())));
+        return Err(TrainError::Config(format!(
+            "cache: {} miss values for {} rows of width {d}",
+            misses.len(),
+            lk.miss_ids.len()
+        )));
     }
     let h = lk.hit_slot.len();
     // Every row hit (a cache holding the whole type): one gather, already in batch order.
@@ -300,11 +390,20 @@ pub fn learnable_row_bytes(dim: usize) -> u64 {
 
 impl LearnableCache {
     /// Takes rows `ids` of `table` (values and Adam state) into the cache on `device`.
-    pub fn from_table(table: &EmbeddingTable, ids: Vec<u32>, device: &Device) -> Result<LearnableCache> {
+    pub fn from_table(
+        table: &EmbeddingTable,
+        ids: Vec<u32>,
+        device: &Device,
+    ) -> Result<LearnableCache> {
         LearnableCache::build(table, ids, device, !device.is_cpu())
     }
 
-    fn build(table: &EmbeddingTable, ids: Vec<u32>, device: &Device, on_device: bool) -> Result<LearnableCache> {
+    fn build(
+        table: &EmbeddingTable,
+        ids: Vec<u32>,
+        device: &Device,
+        on_device: bool,
+    ) -> Result<LearnableCache> {
         let d = table.dim;
         let pick = |src: &[f32]| -> Vec<f32> {
             let mut out = Vec::with_capacity(ids.len() * d);
@@ -314,13 +413,23 @@ impl LearnableCache {
             out
         };
         if let Some(&bad) = ids.iter().find(|&&v| v as usize >= table.rows) {
-            return Err(TrainError::Config(format!("cache: node {bad} out of range 0..{}", table.rows)));
+            return Err(TrainError::Config(format!(
+                "cache: node {bad} out of range 0..{}",
+                table.rows
+            )));
         }
         let (data, m, v) = (pick(&table.data), pick(&table.m), pick(&table.v));
         let steps = ids.iter().map(|&i| table.steps[i as usize]).collect();
         let n = ids.len();
         let rows = RowCache::build(table.rows, ids, d, data, device, on_device)?;
-        Ok(LearnableCache { rows, m: Store::new(m, n, d, device, on_device)?, v: Store::new(v, n, d, device, on_device)?, steps, bias: Default::default(), device_steps: None })
+        Ok(LearnableCache {
+            rows,
+            m: Store::new(m, n, d, device, on_device)?,
+            v: Store::new(v, n, d, device, on_device)?,
+            steps,
+            bias: Default::default(),
+            device_steps: None,
+        })
     }
 
     /// The cached rows (for lookups and gathers).
@@ -336,22 +445,49 @@ impl LearnableCache {
     /// One Adam step for the cached rows at `slots` (distinct), the gradient
     /// of `slots[k]` being row `at[k]` of `grads` (row-major): what
     /// [`adam_row`](models::embedding::adam_row) does to them in the host table.
-    pub fn adam(&mut self, slots: &[u32], grads: &[f32], at: &[u32], cfg: &AdamConfig) -> Result<()> {
+    pub fn adam(
+        &mut self,
+        slots: &[u32],
+        grads: &[f32],
+        at: &[u32],
+        cfg: &AdamConfig,
+    ) -> Result<()> {
         let d = self.rows.dim;
-        if at.len() != slots.len() || at.iter().any(|&p| (p as usize + 1) * d > grads.len()) || slots.iter().any(|&s| s as usize >= self.steps.len()) {
-            return Err(TrainError::Config(format!("cache: {} gradient values for {} cached rows of width {d}", grads.len(), slots.len())));
+        if at.len() != slots.len()
+            || at.iter().any(|&p| (p as usize + 1) * d > grads.len())
+            || slots.iter().any(|&s| s as usize >= self.steps.len())
+        {
+            return Err(TrainError::Config(format!(
+                "cache: {} gradient values for {} cached rows of width {d}",
+                grads.len(),
+                slots.len()
+            )));
         }
         if slots.is_empty() {
             return Ok(());
         }
         match (&mut self.rows.data, &mut self.m, &mut self.v) {
             // Rows in parallel, as the host table updates its own.
-            (Store::Host(data), Store::Host(m), Store::Host(v)) => {
-                adam_rows_picked(RowsMut { data, m, v, steps: &mut self.steps, dim: d }, slots, grads, at, cfg).map_err(|e| TrainError::Config(format!("cache: {e}")))
-            }
+            (Store::Host(data), Store::Host(m), Store::Host(v)) => adam_rows_picked(
+                RowsMut {
+                    data,
+                    m,
+                    v,
+                    steps: &mut self.steps,
+                    dim: d,
+                },
+                slots,
+                grads,
+                at,
+                cfg,
+            )
+            .map_err(|e| TrainError::Config(format!("cache: {e}"))),
             (Store::Device(data), _, _) => {
                 let dev = data.device().clone();
-                let grads: Vec<f32> = at.iter().flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied()).collect();
+                let grads: Vec<f32> = at
+                    .iter()
+                    .flat_map(|&p| grads[p as usize * d..(p as usize + 1) * d].iter().copied())
+                    .collect();
                 let g = Tensor::from_vec(grads, (slots.len(), d), &dev)?;
                 self.device_adam(slots, &g, cfg)
             }
@@ -362,11 +498,25 @@ impl LearnableCache {
     /// [`LearnableCache::adam`] with the gradient a tensor on the cache's
     /// device (row `at[k]` for slot `slots[k]`): on a GPU the rows never
     /// leave it, so the step needs no copy to the host and back.
-    pub fn adam_tensor(&mut self, slots: &[u32], grad: &Tensor, at: &[u32], cfg: &AdamConfig) -> Result<()> {
+    pub fn adam_tensor(
+        &mut self,
+        slots: &[u32],
+        grad: &Tensor,
+        at: &[u32],
+        cfg: &AdamConfig,
+    ) -> Result<()> {
         let d = self.rows.dim;
         let n = grad.dims().first().copied().unwrap_or(0);
-        if grad.dims() != [n, d] || at.len() != slots.len() || at.iter().any(|&p| p as usize >= n) || slots.iter().any(|&s| s as usize >= self.steps.len()) {
-            return Err(TrainError::Config(format!("cache: a gradient of shape {:?} for {} cached rows of width {d}", grad.dims(), slots.len())));
+        if grad.dims() != [n, d]
+            || at.len() != slots.len()
+            || at.iter().any(|&p| p as usize >= n)
+            || slots.iter().any(|&s| s as usize >= self.steps.len())
+        {
+            return Err(TrainError::Config(format!(
+                "cache: a gradient of shape {:?} for {} cached rows of width {d}",
+                grad.dims(),
+                slots.len()
+            )));
         }
         if slots.is_empty() {
             return Ok(());
@@ -385,7 +535,11 @@ impl LearnableCache {
 
     /// Adam on the device for `slots` (distinct, checked) with gradient rows `g` (`[slots.len(), dim]`, on the device).
     fn device_adam(&mut self, slots: &[u32], g: &Tensor, cfg: &AdamConfig) -> Result<()> {
-        let (Store::Device(data), Store::Device(m), Store::Device(v)) = (&mut self.rows.data, &mut self.m, &mut self.v) else { unreachable!("a cache keeps all its arrays in one place") };
+        let (Store::Device(data), Store::Device(m), Store::Device(v)) =
+            (&mut self.rows.data, &mut self.m, &mut self.v)
+        else {
+            unreachable!("a cache keeps all its arrays in one place")
+        };
         let dev = data.device().clone();
         let (n, d) = (slots.len(), self.rows.dim);
         // On a GPU one kernel updates every row in place, and another bumps
@@ -396,7 +550,12 @@ impl LearnableCache {
                 slot => {
                     let bound = self.steps.iter().copied().max().unwrap_or(0);
                     let steps = Tensor::from_slice(&self.steps, self.steps.len(), &dev)?;
-                    slot.insert(DeviceSteps { table: Tensor::zeros((2, 2), DType::F64, &dev)?, steps, bound, betas: None })
+                    slot.insert(DeviceSteps {
+                        table: Tensor::zeros((2, 2), DType::F64, &dev)?,
+                        steps,
+                        bound,
+                        betas: None,
+                    })
                 }
             };
             // This update takes no row's count past bound + 1; the table must reach it.
@@ -405,11 +564,22 @@ impl LearnableCache {
             let len = ds.table.dims()[0];
             if ds.betas != betas || len <= ds.bound as usize {
                 let len = (2 * (ds.bound as usize + 1)).max(1024);
-                let pairs: Vec<f64> = (0..len as u32).flat_map(|t| <[f64; 2]>::from(self.bias.get(cfg, t))).collect();
+                let pairs: Vec<f64> = (0..len as u32)
+                    .flat_map(|t| <[f64; 2]>::from(self.bias.get(cfg, t)))
+                    .collect();
                 ds.table = Tensor::from_vec(pairs, (len, 2), &dev)?;
                 ds.betas = betas;
             }
-            models::ops::adam_rows_in_place(data, m, v, &ds.steps, slots, &g.contiguous()?, &ds.table, cfg)?;
+            models::ops::adam_rows_in_place(
+                data,
+                m,
+                v,
+                &ds.steps,
+                slots,
+                &g.contiguous()?,
+                &ds.table,
+                cfg,
+            )?;
             return Ok(());
         }
         // Each row's step count after this step (written back once the update is made).
@@ -418,17 +588,26 @@ impl LearnableCache {
         table.get(cfg, top + 1);
         let table = &*table;
         // Elsewhere (the CPU device, in tests) tensor arithmetic does the same, operation for operation.
-        let (bc1, bc2): (Vec<f64>, Vec<f64>) = slots.iter().map(|&s| table.at(steps[s as usize] + 1)).unzip();
-        let (bc1, bc2) = (Tensor::from_vec(bc1, (n, 1), &dev)?, Tensor::from_vec(bc2, (n, 1), &dev)?);
+        let (bc1, bc2): (Vec<f64>, Vec<f64>) = slots
+            .iter()
+            .map(|&s| table.at(steps[s as usize] + 1))
+            .unzip();
+        let (bc1, bc2) = (
+            Tensor::from_vec(bc1, (n, 1), &dev)?,
+            Tensor::from_vec(bc2, (n, 1), &dev)?,
+        );
         let idx = Tensor::from_slice(slots, n, &dev)?;
         let at = idx.unsqueeze(1)?.broadcast_as((n, d))?.contiguous()?;
         let (b1, b2) = (cfg.beta1 as f32, cfg.beta2 as f32);
         // The order of adam_row's operations, each rounded the same way.
-        let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)? + g.affine(f64::from(1.0 - b1), 0.0)?)?;
-        let v1 = (v.index_select(&idx, 0)?.affine(f64::from(b2), 0.0)? + (g.affine(f64::from(1.0 - b2), 0.0)? * g)?)?;
+        let m1 = (m.index_select(&idx, 0)?.affine(f64::from(b1), 0.0)?
+            + g.affine(f64::from(1.0 - b1), 0.0)?)?;
+        let v1 = (v.index_select(&idx, 0)?.affine(f64::from(b2), 0.0)?
+            + (g.affine(f64::from(1.0 - b2), 0.0)? * g)?)?;
         let mhat = m1.to_dtype(DType::F64)?.broadcast_div(&bc1)?;
         let vhat = v1.to_dtype(DType::F64)?.broadcast_div(&bc2)?;
-        let step = (mhat.affine(cfg.lr, 0.0)? / vhat.sqrt()?.affine(1.0, cfg.eps)?)?.to_dtype(DType::F32)?;
+        let step = (mhat.affine(cfg.lr, 0.0)? / vhat.sqrt()?.affine(1.0, cfg.eps)?)?
+            .to_dtype(DType::F32)?;
         let x1 = (data.index_select(&idx, 0)? - step)?;
         m.scatter_set(&at, &m1, 0)?;
         v.scatter_set(&at, &v1, 0)?;
@@ -473,37 +652,99 @@ mod tests {
         let t = table(10, 3);
         for on_device in [false, true] {
             let ids = [4usize, 1, 8];
-            let vals: Vec<f32> = ids.iter().flat_map(|&v| t.data[v * 3..v * 3 + 3].to_vec()).collect();
-            let c = RowCache::build(10, ids.iter().map(|&v| v as u32).collect(), 3, vals, &Device::Cpu, on_device).unwrap();
+            let vals: Vec<f32> = ids
+                .iter()
+                .flat_map(|&v| t.data[v * 3..v * 3 + 3].to_vec())
+                .collect();
+            let c = RowCache::build(
+                10,
+                ids.iter().map(|&v| v as u32).collect(),
+                3,
+                vals,
+                &Device::Cpu,
+                on_device,
+            )
+            .unwrap();
             let batch = [8u32, 0, 1, 9, 4];
             let lk = c.lookup(&batch, true);
-            assert_eq!((lk.hit_pos.clone(), lk.hit_slot.clone()), (vec![0, 2, 4], vec![2, 1, 0]));
-            assert_eq!((lk.miss_pos.clone(), lk.miss_ids.clone()), (vec![1, 3], vec![0, 9]));
-            let misses: Vec<f32> = lk.miss_ids.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect();
-            let x: Vec<f32> = c.assemble(&lk, misses, DType::F32, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            let want: Vec<f32> = batch.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect();
+            assert_eq!(
+                (lk.hit_pos.clone(), lk.hit_slot.clone()),
+                (vec![0, 2, 4], vec![2, 1, 0])
+            );
+            assert_eq!(
+                (lk.miss_pos.clone(), lk.miss_ids.clone()),
+                (vec![1, 3], vec![0, 9])
+            );
+            let misses: Vec<f32> = lk
+                .miss_ids
+                .iter()
+                .flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec())
+                .collect();
+            let x: Vec<f32> = c
+                .assemble(&lk, misses, DType::F32, &Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let want: Vec<f32> = batch
+                .iter()
+                .flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec())
+                .collect();
             assert_eq!(x, want);
             // Every row a hit: the device store's one-gather path.
             let all = [1u32, 8, 4, 1];
             let lk_all = c.lookup(&all, false);
-            let x: Vec<f32> = c.assemble(&lk_all, Vec::new(), DType::F32, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-            assert_eq!(x, all.iter().flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec()).collect::<Vec<f32>>());
+            let x: Vec<f32> = c
+                .assemble(&lk_all, Vec::new(), DType::F32, &Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_eq!(
+                x,
+                all.iter()
+                    .flat_map(|&v| t.data[v as usize * 3..v as usize * 3 + 3].to_vec())
+                    .collect::<Vec<f32>>()
+            );
             c.lookup(&batch, false);
             assert_eq!(c.counts(), (3, 5), "evaluation lookups are not counted");
-            assert!(c.assemble(&lk, vec![1.0], DType::F32, &Device::Cpu).is_err(), "wrong number of miss values");
+            assert!(
+                c.assemble(&lk, vec![1.0], DType::F32, &Device::Cpu)
+                    .is_err(),
+                "wrong number of miss values"
+            );
         }
-        assert!(RowCache::new(5, vec![1, 1], 1, vec![0.0, 0.0], &Device::Cpu).is_err(), "a row twice");
-        assert!(RowCache::new(5, vec![5], 1, vec![0.0], &Device::Cpu).is_err(), "a row out of range");
+        assert!(
+            RowCache::new(5, vec![1, 1], 1, vec![0.0, 0.0], &Device::Cpu).is_err(),
+            "a row twice"
+        );
+        assert!(
+            RowCache::new(5, vec![5], 1, vec![0.0], &Device::Cpu).is_err(),
+            "a row out of range"
+        );
     }
 
     #[test]
     fn large_lookups_read_slots_in_parallel_and_split_as_small_ones_do() {
         let count = 200_000u32;
         let ids: Vec<u32> = (0..count).filter(|v| v % 3 == 0).collect();
-        let c = RowCache::build(count as usize, ids.clone(), 0, Vec::new(), &Device::Cpu, false).unwrap();
-        let batch: Vec<u32> = (0..100_000u32).map(|k| k.wrapping_mul(2_654_435_761) % count).collect();
+        let c = RowCache::build(
+            count as usize,
+            ids.clone(),
+            0,
+            Vec::new(),
+            &Device::Cpu,
+            false,
+        )
+        .unwrap();
+        let batch: Vec<u32> = (0..100_000u32)
+            .map(|k| k.wrapping_mul(2_654_435_761) % count)
+            .collect();
         let lk = c.lookup(&batch, true);
-        let (mut hit_pos, mut hit_slot, mut miss_pos, mut miss_ids) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut hit_pos, mut hit_slot, mut miss_pos, mut miss_ids) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (p, &v) in batch.iter().enumerate() {
             if v % 3 == 0 {
                 hit_pos.push(p as u32);
@@ -513,31 +754,74 @@ mod tests {
                 miss_ids.push(v);
             }
         }
-        assert_eq!(lk, Lookup { len: batch.len(), hit_pos, hit_slot, miss_pos, miss_ids });
+        assert_eq!(
+            lk,
+            Lookup {
+                len: batch.len(),
+                hit_pos,
+                hit_slot,
+                miss_pos,
+                miss_ids
+            }
+        );
         // A cache of every row in id order answers without its slot map, as one built otherwise would.
-        let whole = RowCache::build(count as usize, (0..count).collect(), 0, Vec::new(), &Device::Cpu, false).unwrap();
-        let shuffled = RowCache::build(count as usize, (0..count).rev().collect(), 0, Vec::new(), &Device::Cpu, false).unwrap();
+        let whole = RowCache::build(
+            count as usize,
+            (0..count).collect(),
+            0,
+            Vec::new(),
+            &Device::Cpu,
+            false,
+        )
+        .unwrap();
+        let shuffled = RowCache::build(
+            count as usize,
+            (0..count).rev().collect(),
+            0,
+            Vec::new(),
+            &Device::Cpu,
+            false,
+        )
+        .unwrap();
         assert!(whole.identity && !shuffled.identity);
         let lk = whole.lookup(&batch, true);
-        assert_eq!((lk.hit_pos.len(), lk.hit_slot.clone(), lk.miss_pos.len()), (batch.len(), batch.clone(), 0));
+        assert_eq!(
+            (lk.hit_pos.len(), lk.hit_slot.clone(), lk.miss_pos.len()),
+            (batch.len(), batch.clone(), 0)
+        );
         assert_eq!(whole.counts(), (batch.len() as u64, batch.len() as u64));
         let far = [3u32, count];
-        assert_eq!((whole.lookup(&far, false).miss_ids, shuffled.lookup(&far, false).miss_ids), (vec![count], vec![count]), "an id past the end misses");
+        assert_eq!(
+            (
+                whole.lookup(&far, false).miss_ids,
+                shuffled.lookup(&far, false).miss_ids
+            ),
+            (vec![count], vec![count]),
+            "an id past the end misses"
+        );
         let all: Vec<u32> = batch.iter().map(|v| v - v % 3).collect();
         let lk = c.lookup(&all, true);
         assert_eq!((lk.hit_pos.len(), lk.miss_pos.len()), (all.len(), 0));
         assert!(lk.hit_slot.iter().zip(&all).all(|(&s, &v)| s == v / 3));
-        assert_eq!(c.counts(), (lk.hit_pos.len() as u64 + batch.iter().filter(|v| *v % 3 == 0).count() as u64, 2 * batch.len() as u64));
+        assert_eq!(
+            c.counts(),
+            (
+                lk.hit_pos.len() as u64 + batch.iter().filter(|v| *v % 3 == 0).count() as u64,
+                2 * batch.len() as u64
+            )
+        );
     }
 
     #[test]
     fn cached_adam_matches_the_host_table_bit_for_bit_in_both_stores() {
         let cfg = AdamConfig::with_lr(0.05);
-        for (on_device, via_tensor) in [(false, false), (true, false), (false, true), (true, true)] {
+        for (on_device, via_tensor) in [(false, false), (true, false), (false, true), (true, true)]
+        {
             let mut host = table(20, 5);
             let mut cached = table(20, 5);
             let ids = vec![3u32, 17, 0, 9];
-            let mut c = LearnableCache::build(&cached, ids.clone(), &Device::Cpu, on_device).unwrap();
+            let mut c =
+                LearnableCache::build(&cached, ids.clone(), &Device::Cpu, on_device).unwrap();
             let mut x = 99u32;
             for step in 0..6 {
                 // A different subset each step: rows' step counts diverge.
@@ -556,17 +840,43 @@ mod tests {
                     true => c.adam_tensor(&lk.hit_slot, &gt, &lk.hit_pos, &cfg).unwrap(),
                     false => c.adam(&lk.hit_slot, &g, &lk.hit_pos, &cfg).unwrap(),
                 }
-                cached.adam_rows_picked(&lk.miss_ids, &g, &lk.miss_pos, &cfg).unwrap();
+                cached
+                    .adam_rows_picked(&lk.miss_ids, &g, &lk.miss_pos, &cfg)
+                    .unwrap();
             }
             c.write_back(&mut cached).unwrap();
-            assert_eq!(cached.data, host.data, "on_device={on_device}, via_tensor={via_tensor}");
-            assert_eq!((cached.m.clone(), cached.v.clone(), cached.steps.clone()), (host.m.clone(), host.v.clone(), host.steps.clone()));
+            assert_eq!(
+                cached.data, host.data,
+                "on_device={on_device}, via_tensor={via_tensor}"
+            );
+            assert_eq!(
+                (cached.m.clone(), cached.v.clone(), cached.steps.clone()),
+                (host.m.clone(), host.v.clone(), host.steps.clone())
+            );
             assert_eq!(c.bytes(), 4 * learnable_row_bytes(5));
-            assert!(c.adam(&[0], &[0.0; 5], &[1], &cfg).is_err(), "a gradient row past the end");
-            assert!(c.adam(&[0, 1], &[0.0; 10], &[0], &cfg).is_err(), "a position per row");
+            assert!(
+                c.adam(&[0], &[0.0; 5], &[1], &cfg).is_err(),
+                "a gradient row past the end"
+            );
+            assert!(
+                c.adam(&[0, 1], &[0.0; 10], &[0], &cfg).is_err(),
+                "a position per row"
+            );
             let two = Tensor::zeros((2, 5), DType::F32, &Device::Cpu).unwrap();
-            assert!(c.adam_tensor(&[0], &two, &[2], &cfg).is_err(), "a gradient row past the end");
-            assert!(c.adam_tensor(&[0], &Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap(), &[0], &cfg).is_err(), "a narrower gradient");
+            assert!(
+                c.adam_tensor(&[0], &two, &[2], &cfg).is_err(),
+                "a gradient row past the end"
+            );
+            assert!(
+                c.adam_tensor(
+                    &[0],
+                    &Tensor::zeros((2, 4), DType::F32, &Device::Cpu).unwrap(),
+                    &[0],
+                    &cfg
+                )
+                .is_err(),
+                "a narrower gradient"
+            );
         }
     }
 }

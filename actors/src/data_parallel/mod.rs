@@ -67,12 +67,31 @@ impl DataParallel {
         let set = PartitionSet::open(dir)?;
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
         // The set keeps its copy: loading a partition checks against it.
-        let (owners, trainer_of) = (Arc::new(set.owners.clone()), Arc::new(set.trainer_of.clone()));
-        Ok(DataParallel { set, parts, per_part, cfg: t.clone(), owners, trainer_of, caches: CacheSlots::default(), views: Arc::default(), links: Default::default(), sampling: Default::default() })
+        let (owners, trainer_of) = (
+            Arc::new(set.owners.clone()),
+            Arc::new(set.trainer_of.clone()),
+        );
+        Ok(DataParallel {
+            set,
+            parts,
+            per_part,
+            cfg: t.clone(),
+            owners,
+            trainer_of,
+            caches: CacheSlots::default(),
+            views: Arc::default(),
+            links: Default::default(),
+            sampling: Default::default(),
+        })
     }
 
     /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.
-    fn spawn_trainers(&self, p: &Part, gen: u64, from: &Option<(PathBuf, Manifest)>) -> Result<Vec<std::thread::JoinHandle<Result<Model>>>> {
+    fn spawn_trainers(
+        &self,
+        p: &Part,
+        gen: u64,
+        from: &Option<(PathBuf, Manifest)>,
+    ) -> Result<Vec<std::thread::JoinHandle<Result<Model>>>> {
         let mut handles = Vec::new();
         for (j, inbox) in p.inboxes.iter().enumerate() {
             let trainer = p.part * self.per_part + j as u32;
@@ -92,14 +111,22 @@ impl DataParallel {
                 gen,
                 from: from.clone(),
                 caches: self.caches.clone(),
-                cache_view: self.views.get(&names::trainer(trainer)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("trainer {trainer} has no cache manager")))?,
+                cache_view: self
+                    .views
+                    .get(&names::trainer(trainer))
+                    .map(|v| v.clone())
+                    .ok_or_else(|| {
+                        TrainError::Distributed(format!("trainer {trainer} has no cache manager"))
+                    })?,
                 link: self.link(p.part),
                 sampling: self.sampling.clone(),
             };
             let h = std::thread::Builder::new()
                 .name(format!("trainer-{trainer}"))
                 .spawn(move || trainer::run(setup))
-                .map_err(|e| TrainError::Distributed(format!("cannot start a trainer thread: {e}")))?;
+                .map_err(|e| {
+                    TrainError::Distributed(format!("cannot start a trainer thread: {e}"))
+                })?;
             handles.push(h);
         }
         Ok(handles)
@@ -133,7 +160,9 @@ impl Distributed for DataParallel {
     }
 
     fn members(&self, part: u32) -> Vec<String> {
-        (0..self.per_part).map(|j| names::trainer(part * self.per_part + j)).collect()
+        (0..self.per_part)
+            .map(|j| names::trainer(part * self.per_part + j))
+            .collect()
     }
 
     /// Partition k's actors run on the k-th node (which loads partition k),
@@ -145,12 +174,21 @@ impl Distributed for DataParallel {
             return Err(TrainError::Config(format!("training.partitions: {} partitions for {nodes} nodes; data-parallel runs one partition per node (hetgnn partition --parts {nodes})", self.parts)));
         }
         data_parallel_placement(topology, &self.set.manifest.node_types, self.per_part);
-        Ok(topology.cluster.nodes.iter().map(|n| n.id.clone()).collect())
+        Ok(topology
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.id.clone())
+            .collect())
     }
 
     /// Link prediction's steps are the task's (a hash of each edge), the same in every partition.
     fn steps_per_epoch(&self, graph: &HetGraph, t: &TrainingConfig) -> u64 {
-        let link = self.links.lock().ok().and_then(|l| l.values().next().cloned());
+        let link = self
+            .links
+            .lock()
+            .ok()
+            .and_then(|l| l.values().next().cloned());
         match link {
             Some(l) => l.steps(),
             None => graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64,
@@ -165,7 +203,13 @@ impl Distributed for DataParallel {
         if t.task != Task::LinkPrediction {
             return Ok(self.set.load_part(part as usize, &load_options(t))?);
         }
-        let g = self.set.load_part(part as usize, &graphs::LoadOptions { reverse_edges: false, ..load_options(t) })?;
+        let g = self.set.load_part(
+            part as usize,
+            &graphs::LoadOptions {
+                reverse_edges: false,
+                ..load_options(t)
+            },
+        )?;
         let m = &self.set.manifest;
         let mut total = 0;
         for name in &t.target_relations {
@@ -176,18 +220,32 @@ impl Distributed for DataParallel {
             })?;
         }
         let owners = self.owners.clone();
-        let (g, task) = LinkTask::prepare_part(t, g, total, |ty, v| owners[ty].get(v as usize).is_some_and(|&o| u32::from(o) == part))?;
-        self.links.lock().map_err(|_| TrainError::Distributed("a link task lock was poisoned".into()))?.insert(part, Arc::new(task));
+        let (g, task) = LinkTask::prepare_part(t, g, total, |ty, v| {
+            owners[ty]
+                .get(v as usize)
+                .is_some_and(|&o| u32::from(o) == part)
+        })?;
+        self.links
+            .lock()
+            .map_err(|_| TrainError::Distributed("a link task lock was poisoned".into()))?
+            .insert(part, Arc::new(task));
         Ok(g)
     }
 
     /// Its partitioning (owners included) and all-reduce order too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("data-parallel|{:?}|{}|{}|{:?}|{:?}", t.allreduce, m.parts, m.trainers, m.method, t.seed_assignment);
+        let layout = format!(
+            "data-parallel|{:?}|{}|{}|{:?}|{:?}",
+            t.allreduce, m.parts, m.trainers, m.method, t.seed_assignment
+        );
         let link = t.link_fingerprint();
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes(), link.as_bytes()];
-        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        extra.extend(
+            self.owners
+                .iter()
+                .map(|o| bytemuck::cast_slice::<u16, u8>(o)),
+        );
         extra.push(bytemuck::cast_slice::<u16, u8>(&self.trainer_of));
         checkpoint::fingerprint(t, g.name(), &extra)
     }
@@ -195,15 +253,35 @@ impl Distributed for DataParallel {
     /// The sampler and the stores each get a thread of their own (an actix
     /// arbiter): serving a large pull must not hold up a push, a sampling
     /// request or the transport, which stays on the node's thread.
-    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+    fn serve(
+        &self,
+        node: &Node,
+        part: u32,
+        graph: &Arc<HetGraph>,
+        arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>> {
         let (parts, per_part) = (self.parts, self.per_part);
         let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
-        crate::owner::serve(node, part, graph, &self.owners, self.link(part), &self.cfg, parts * per_part, arbiters)?;
+        crate::owner::serve(
+            node,
+            part,
+            graph,
+            &self.owners,
+            self.link(part),
+            &self.cfg,
+            parts * per_part,
+            arbiters,
+        )?;
         let mut inboxes = Vec::new();
         for j in 0..per_part {
             let inbox = Arc::new(Inbox::default());
             let addr = InboxActor(inbox.clone()).start();
-            node.register(&names::trainer(part * per_part + j), &addr).map_err(reg)?.handle::<GradShare>().handle::<Abort>().handle::<Finish>().handle::<Begin>();
+            node.register(&names::trainer(part * per_part + j), &addr)
+                .map_err(reg)?
+                .handle::<GradShare>()
+                .handle::<Abort>()
+                .handle::<Finish>()
+                .handle::<Begin>();
             manager::serve(node, &names::trainer(part * per_part + j), &self.views).map_err(reg)?;
             inboxes.push(inbox);
         }
@@ -211,7 +289,13 @@ impl Distributed for DataParallel {
     }
 
     /// The partition's stores restore the checkpoint, its trainers train.
-    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Vec<Model>> {
+    fn attempt(
+        &self,
+        p: &Part,
+        b: Begin,
+        _run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<Vec<Model>> {
         crate::owner::reset_stores(p, &self.cfg, b)?;
         let handles = self.spawn_trainers(p, b.gen, &from)?;
         join_threads(handles)
@@ -220,10 +304,23 @@ impl Distributed for DataParallel {
     /// A replica of the coordinator's own partition (its last attempt
     /// finished: the coordinator saw every step; every replica is the same)
     /// and the learnable tables from the stores.
-    fn assemble(&self, system: &System, _inbox: &Inbox, local: Vec<(u32, Result<Option<Vec<Model>>>)>, g: &HetGraph) -> Result<Model> {
-        let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+    fn assemble(
+        &self,
+        system: &System,
+        _inbox: &Inbox,
+        local: Vec<(u32, Result<Option<Vec<Model>>>)>,
+        g: &HetGraph,
+    ) -> Result<Model> {
+        let (_, own) = local
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Distributed("no partition".into()))?;
         let replica = own?.and_then(|mut r| (!r.is_empty()).then(|| r.swap_remove(0)));
-        let replica = replica.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
+        let replica = replica.ok_or_else(|| {
+            TrainError::Distributed(
+                "the coordinator's own partition did not finish its last attempt".into(),
+            )
+        })?;
         crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
     }
 }
@@ -232,18 +329,28 @@ impl Distributed for DataParallel {
 /// k-th node (which loads partition k), whatever `[placement]` says; the
 /// coordinator where `[placement]` puts it, else on the first node.
 pub fn data_parallel_placement(topology: &mut runtime::Topology, types: &[String], per_part: u32) {
-    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+    let ids: Vec<String> = topology
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
     for (k, id) in ids.iter().enumerate() {
         let k = k as u32;
         let trainers = (0..per_part).map(|j| names::trainer(k * per_part + j));
-        let names = [names::sampler(k)].into_iter().chain(trainers).chain(types.iter().map(|ty| names::store(ty, k)));
+        let names = [names::sampler(k)]
+            .into_iter()
+            .chain(trainers)
+            .chain(types.iter().map(|ty| names::store(ty, k)));
         for name in names {
             topology.placement.insert(name, id.clone());
         }
     }
     if topology.placed(names::COORDINATOR).is_none() {
         if let Some(first) = ids.first() {
-            topology.placement.insert(names::COORDINATOR.to_string(), first.clone());
+            topology
+                .placement
+                .insert(names::COORDINATOR.to_string(), first.clone());
         }
     }
 }

@@ -83,13 +83,36 @@ impl Sealed for Manifest {
 
 impl Manifest {
     /// A manifest of the current format for a run of `mode` configured by `t`.
-    pub fn new(run: String, mode: &str, t: &crate::config::TrainingConfig, seq: u64, epochs: Vec<EpochReport>, progress: Progress, files: BTreeMap<String, String>) -> Manifest {
-        Manifest { format: FORMAT, run, mode: mode.to_string(), spec: t.model_spec(), fanouts: t.fanouts.clone(), reverse_edges: t.reverse_edges, seq, epochs, progress, files, seal: String::new() }
+    pub fn new(
+        run: String,
+        mode: &str,
+        t: &crate::config::TrainingConfig,
+        seq: u64,
+        epochs: Vec<EpochReport>,
+        progress: Progress,
+        files: BTreeMap<String, String>,
+    ) -> Manifest {
+        Manifest {
+            format: FORMAT,
+            run,
+            mode: mode.to_string(),
+            spec: t.model_spec(),
+            fanouts: t.fanouts.clone(),
+            reverse_edges: t.reverse_edges,
+            seq,
+            epochs,
+            progress,
+            files,
+            seal: String::new(),
+        }
     }
 }
 
 fn io(path: &Path, source: std::io::Error) -> TrainError {
-    TrainError::Io { path: path.display().to_string(), source }
+    TrainError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 fn bad(path: &Path, problem: impl std::fmt::Display) -> TrainError {
@@ -102,7 +125,18 @@ fn bad(path: &Path, problem: impl std::fmt::Display) -> TrainError {
 pub fn fingerprint(t: &crate::config::TrainingConfig, graph: &str, extra: &[&[u8]]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    h.update(format!("{:?}|{graph}|{}|{:?}|{}|{}|{}", t.model_spec(), t.reverse_edges, t.fanouts, t.batch, t.lr, t.seed).as_bytes());
+    h.update(
+        format!(
+            "{:?}|{graph}|{}|{:?}|{}|{}|{}",
+            t.model_spec(),
+            t.reverse_edges,
+            t.fanouts,
+            t.batch,
+            t.lr,
+            t.seed
+        )
+        .as_bytes(),
+    );
     for e in extra {
         h.update((e.len() as u64).to_le_bytes());
         h.update(e);
@@ -127,7 +161,11 @@ pub fn shard_file(ty: &str, part: u32) -> String {
 
 /// Writes `tensors` as `file` into `dir` (temporary name, then rename);
 /// returns the file's name and SHA-256.
-pub fn write_tensors(dir: &Path, file: &str, tensors: &HashMap<String, Tensor>) -> Result<(String, String)> {
+pub fn write_tensors(
+    dir: &Path,
+    file: &str,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<(String, String)> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
     candle_core::safetensors::save(tensors, &tmp)?;
@@ -139,7 +177,11 @@ pub fn write_tensors(dir: &Path, file: &str, tensors: &HashMap<String, Tensor>) 
 
 /// Writes the dense parameters and their Adam state into the partial checkpoint at `seq`.
 pub fn write_dense(root: &Path, seq: u64, model: &Model, adam: &Adam) -> Result<(String, String)> {
-    write_tensors(&partial_dir(root, seq), DENSE, &models::checkpoint::dense_tensors(model, adam)?)
+    write_tensors(
+        &partial_dir(root, seq),
+        DENSE,
+        &models::checkpoint::dense_tensors(model, adam)?,
+    )
 }
 
 /// Completes the checkpoint at `manifest.seq`: writes the manifest, renames the
@@ -167,18 +209,31 @@ pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf
     // unusable): they go, then all but the newest `keep`.
     let mut complete = Vec::new();
     for d in list(root)? {
-        if d.file_name().and_then(|n| n.to_string_lossy().strip_prefix(PREFIX).and_then(|n| n.parse::<u64>().ok())).is_some_and(|s| s > manifest.seq) {
+        if d.file_name()
+            .and_then(|n| {
+                n.to_string_lossy()
+                    .strip_prefix(PREFIX)
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .is_some_and(|s| s > manifest.seq)
+        {
             std::fs::remove_dir_all(&d).map_err(|e| io(&d, e))?;
         } else {
             complete.push(d);
         }
     }
-    for old in complete.iter().take(complete.len().saturating_sub(keep.max(1))) {
+    for old in complete
+        .iter()
+        .take(complete.len().saturating_sub(keep.max(1)))
+    {
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
     }
     for entry in std::fs::read_dir(root).map_err(|e| io(root, e))?.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let seq = name.strip_prefix(&format!(".{PREFIX}")).and_then(|r| r.strip_suffix(".partial")).and_then(|n| n.parse::<u64>().ok());
+        let seq = name
+            .strip_prefix(&format!(".{PREFIX}"))
+            .and_then(|r| r.strip_suffix(".partial"))
+            .and_then(|n| n.parse::<u64>().ok());
         if seq.is_some_and(|s| s < manifest.seq) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -189,7 +244,11 @@ pub fn finalize(root: &Path, manifest: &Manifest, keep: usize) -> Result<PathBuf
 /// Complete checkpoint directories under `root`, oldest first.
 pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = match std::fs::read_dir(root) {
-        Ok(rd) => rd.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX)).map(|e| e.path()).collect(),
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX))
+            .map(|e| e.path())
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io(root, e)),
     };
@@ -201,10 +260,15 @@ pub fn list(root: &Path) -> Result<Vec<PathBuf>> {
 pub fn manifest(dir: &Path) -> Result<Manifest> {
     let mpath = dir.join(MANIFEST);
     let text = graphs::input::read_capped(&mpath, MAX_MANIFEST)?;
-    let text = String::from_utf8(text).map_err(|_| bad(&mpath, "unreadable manifest: not UTF-8"))?;
-    let m: Manifest = serde_json::from_str(&text).map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
+    let text =
+        String::from_utf8(text).map_err(|_| bad(&mpath, "unreadable manifest: not UTF-8"))?;
+    let m: Manifest = serde_json::from_str(&text)
+        .map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
     if m.format != FORMAT {
-        return Err(bad(&mpath, format!("format {} (this build reads {FORMAT})", m.format)));
+        return Err(bad(
+            &mpath,
+            format!("format {} (this build reads {FORMAT})", m.format),
+        ));
     }
     if m.files.keys().any(|f| !valid_file_name(f)) {
         return Err(bad(&mpath, "names a file outside the checkpoint"));
@@ -213,20 +277,32 @@ pub fn manifest(dir: &Path) -> Result<Manifest> {
     if !m.seal_holds() {
         return Err(bad(&mpath, models::checkpoint::SEAL_BROKEN));
     }
-    if dir.file_name().map(|n| n.to_string_lossy().to_string()) != Some(format!("{PREFIX}{:09}", m.seq)) {
-        return Err(bad(&mpath, format!("records step {} but sits in {}", m.seq, dir.display())));
+    if dir.file_name().map(|n| n.to_string_lossy().to_string())
+        != Some(format!("{PREFIX}{:09}", m.seq))
+    {
+        return Err(bad(
+            &mpath,
+            format!("records step {} but sits in {}", m.seq, dir.display()),
+        ));
     }
     Ok(m)
 }
 
 /// Whether `name` can be a checkpoint's tensor file: a plain name inside its directory.
 pub fn valid_file_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 255 && !name.contains(['/', '\\']) && !name.starts_with('.') && name.ends_with(".safetensors")
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.contains(['/', '\\'])
+        && !name.starts_with('.')
+        && name.ends_with(".safetensors")
 }
 
 /// Reads `file` of the checkpoint in `dir` and checks it against the manifest's checksum.
 pub fn read_verified(dir: &Path, m: &Manifest, file: &str) -> Result<Vec<u8>> {
-    let want = m.files.get(file).ok_or_else(|| bad(dir, format!("the manifest lists no {file}")))?;
+    let want = m
+        .files
+        .get(file)
+        .ok_or_else(|| bad(dir, format!("the manifest lists no {file}")))?;
     let path = dir.join(file);
     let bytes = graphs::input::read_capped(&path, u64::MAX)?;
     if sha256(&bytes) != *want {
@@ -257,12 +333,24 @@ pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
     let mut shard_rows: HashMap<String, Vec<ShardRows>> = HashMap::new();
     for file in m.files.keys() {
         let tensors = load_tensors(dir, m, file)?;
-        if let Some(ty) = file.strip_prefix("embed.").and_then(|r| r.rsplit_once('.')).and_then(|(r, _)| r.rsplit_once('.')).map(|(ty, _)| ty) {
+        if let Some(ty) = file
+            .strip_prefix("embed.")
+            .and_then(|r| r.rsplit_once('.'))
+            .and_then(|(r, _)| r.rsplit_once('.'))
+            .map(|(ty, _)| ty)
+        {
             // A store's shard: `embed.<type>.<part>.safetensors`.
-            let get = |k: &str| tensors.get(k).ok_or_else(|| bad(&dir.join(file), format!("tensor '{k}' is missing")));
+            let get = |k: &str| {
+                tensors
+                    .get(k)
+                    .ok_or_else(|| bad(&dir.join(file), format!("tensor '{k}' is missing")))
+            };
             let ids: Vec<u32> = get("ids")?.to_vec1()?;
             let data: Vec<f32> = get("data")?.flatten_all()?.to_vec1()?;
-            shard_rows.entry(ty.to_string()).or_default().push((ids, data));
+            shard_rows
+                .entry(ty.to_string())
+                .or_default()
+                .push((ids, data));
             continue;
         }
         for (name, t) in tensors {
@@ -285,7 +373,14 @@ pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
             return Err(bad(dir, format!("no file holds parameter {name}")));
         };
         if t.shape() != var.as_tensor().shape() {
-            return Err(bad(dir, format!("parameter {name} has shape {:?}, the model {:?}", t.dims(), var.as_tensor().dims())));
+            return Err(bad(
+                dir,
+                format!(
+                    "parameter {name} has shape {:?}, the model {:?}",
+                    t.dims(),
+                    var.as_tensor().dims()
+                ),
+            ));
         }
         var.set(&t.to_dtype(dtype)?.to_device(&device)?)?;
     }
@@ -294,26 +389,44 @@ pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
         let ty_file = super::names::plain(ty);
         if let Some(data) = tables.remove(&e.name) {
             if data.len() != e.data.len() {
-                return Err(bad(dir, format!("table {} has {} values, the model {}", e.name, data.len(), e.data.len())));
+                return Err(bad(
+                    dir,
+                    format!(
+                        "table {} has {} values, the model {}",
+                        e.name,
+                        data.len(),
+                        e.data.len()
+                    ),
+                ));
             }
             e.data = data;
         } else if let Some(shards) = shard_rows.remove(&ty_file) {
             let mut seen = vec![false; e.rows];
             for (ids, data) in shards {
                 if data.len() != ids.len() * e.dim {
-                    return Err(bad(dir, format!("a shard of {} has rows of another width", e.name)));
+                    return Err(bad(
+                        dir,
+                        format!("a shard of {} has rows of another width", e.name),
+                    ));
                 }
                 for (k, &id) in ids.iter().enumerate() {
                     let row = id as usize;
                     if row >= e.rows || seen[row] {
-                        return Err(bad(dir, format!("a shard of {} names row {id} out of range or twice", e.name)));
+                        return Err(bad(
+                            dir,
+                            format!("a shard of {} names row {id} out of range or twice", e.name),
+                        ));
                     }
                     seen[row] = true;
-                    e.data[row * e.dim..(row + 1) * e.dim].copy_from_slice(&data[k * e.dim..(k + 1) * e.dim]);
+                    e.data[row * e.dim..(row + 1) * e.dim]
+                        .copy_from_slice(&data[k * e.dim..(k + 1) * e.dim]);
                 }
             }
             if let Some(missing) = seen.iter().position(|s| !s) {
-                return Err(bad(dir, format!("no shard holds row {missing} of {}", e.name)));
+                return Err(bad(
+                    dir,
+                    format!("no shard holds row {missing} of {}", e.name),
+                ));
             }
         } else {
             return Err(bad(dir, format!("no file holds table {}", e.name)));
@@ -355,7 +468,10 @@ fn latest_of(root: &Path, run: Option<&str>) -> Result<Option<(Manifest, Vec<Str
     if skipped.is_empty() {
         Ok(None)
     } else {
-        Err(bad(root, format!("no usable checkpoint: {}", skipped.join("; "))))
+        Err(bad(
+            root,
+            format!("no usable checkpoint: {}", skipped.join("; ")),
+        ))
     }
 }
 
@@ -364,12 +480,28 @@ mod tests {
     use super::*;
 
     fn tensors(v: f32) -> HashMap<String, Tensor> {
-        HashMap::from([("x".to_string(), Tensor::new(&[v, v + 1.0], &Device::Cpu).unwrap())])
+        HashMap::from([(
+            "x".to_string(),
+            Tensor::new(&[v, v + 1.0], &Device::Cpu).unwrap(),
+        )])
     }
 
     fn save(root: &Path, seq: u64, v: f32, keep: usize) -> Manifest {
-        let (f, sum) = write_tensors(&partial_dir(root, seq), "embed.a.0.safetensors", &tensors(v)).unwrap();
-        let m = Manifest::new("r".into(), "data-parallel", &crate::config::TrainingConfig::default(), seq, Vec::new(), Progress::default(), BTreeMap::from([(f, sum)]));
+        let (f, sum) = write_tensors(
+            &partial_dir(root, seq),
+            "embed.a.0.safetensors",
+            &tensors(v),
+        )
+        .unwrap();
+        let m = Manifest::new(
+            "r".into(),
+            "data-parallel",
+            &crate::config::TrainingConfig::default(),
+            seq,
+            Vec::new(),
+            Progress::default(),
+            BTreeMap::from([(f, sum)]),
+        );
         finalize(root, &m, keep).unwrap();
         m
     }
@@ -377,11 +509,18 @@ mod tests {
     #[test]
     fn the_newest_verified_checkpoint_wins_and_old_ones_are_pruned() {
         let root = tempfile::tempdir().unwrap();
-        assert!(latest(root.path(), "r").unwrap().is_none(), "an empty directory has none");
+        assert!(
+            latest(root.path(), "r").unwrap().is_none(),
+            "an empty directory has none"
+        );
         for (seq, v) in [(5, 1.0), (10, 2.0), (15, 3.0)] {
             save(root.path(), seq, v, 2);
         }
-        assert_eq!(list(root.path()).unwrap(), vec![dir(root.path(), 10), dir(root.path(), 15)], "keep = 2");
+        assert_eq!(
+            list(root.path()).unwrap(),
+            vec![dir(root.path(), 10), dir(root.path(), 15)],
+            "keep = 2"
+        );
         let (m, skipped) = latest(root.path(), "r").unwrap().unwrap();
         assert_eq!((m.seq, skipped.len()), (15, 0));
         let t = load_tensors(&dir(root.path(), 15), &m, "embed.a.0.safetensors").unwrap();
@@ -390,14 +529,22 @@ mod tests {
         // Truncate the newest: its checksum fails and the one before is used.
         let f = dir(root.path(), 15).join("embed.a.0.safetensors");
         let len = std::fs::metadata(&f).unwrap().len();
-        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len / 2).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
         let (m, skipped) = latest(root.path(), "r").unwrap().unwrap();
         assert_eq!(m.seq, 10);
         assert!(skipped[0].contains("checksum"), "{skipped:?}");
 
         // The next checkpoint written (rolled back to 10) removes the unusable 15.
         save(root.path(), 12, 4.0, 2);
-        assert_eq!(list(root.path()).unwrap(), vec![dir(root.path(), 10), dir(root.path(), 12)]);
+        assert_eq!(
+            list(root.path()).unwrap(),
+            vec![dir(root.path(), 10), dir(root.path(), 12)]
+        );
 
         // Another run's checkpoints are refused, not mixed in.
         let err = latest(root.path(), "other").unwrap_err().to_string();
@@ -407,19 +554,37 @@ mod tests {
     #[test]
     fn unfinished_checkpoints_are_invisible_and_cleaned_up() {
         let root = tempfile::tempdir().unwrap();
-        write_tensors(&partial_dir(root.path(), 3), "dense.safetensors", &tensors(0.0)).unwrap();
-        assert!(latest(root.path(), "r").unwrap().is_none(), "a partial directory is no checkpoint");
+        write_tensors(
+            &partial_dir(root.path(), 3),
+            "dense.safetensors",
+            &tensors(0.0),
+        )
+        .unwrap();
+        assert!(
+            latest(root.path(), "r").unwrap().is_none(),
+            "a partial directory is no checkpoint"
+        );
         save(root.path(), 4, 1.0, 3);
-        assert!(!partial_dir(root.path(), 3).exists(), "an older partial directory is removed");
+        assert!(
+            !partial_dir(root.path(), 3).exists(),
+            "an older partial directory is removed"
+        );
         // A manifest naming a file outside the checkpoint is refused.
         let d = dir(root.path(), 4);
-        let text = std::fs::read_to_string(d.join(MANIFEST)).unwrap().replace("embed.a.0.safetensors", "../x.safetensors");
+        let text = std::fs::read_to_string(d.join(MANIFEST))
+            .unwrap()
+            .replace("embed.a.0.safetensors", "../x.safetensors");
         std::fs::write(d.join(MANIFEST), &text).unwrap();
         let err = latest(root.path(), "r").unwrap_err().to_string();
         assert!(err.contains("outside"), "{err}");
         // Any other edit of the manifest is refused too (the seal).
         let d = dir(root.path(), 4);
-        std::fs::write(d.join(MANIFEST), text.replace("../x.safetensors", "embed.a.0.safetensors").replace("\"mode\": \"", "\"mode\": \"x")).unwrap();
+        std::fs::write(
+            d.join(MANIFEST),
+            text.replace("../x.safetensors", "embed.a.0.safetensors")
+                .replace("\"mode\": \"", "\"mode\": \"x"),
+        )
+        .unwrap();
         let err = manifest(&d).unwrap_err().to_string();
         assert!(err.contains("was changed after it was written"), "{err}");
     }

@@ -58,13 +58,46 @@ pub(crate) struct Coordinator<'a> {
 impl<'a> Coordinator<'a> {
     /// A coordinator of `trainers` trainers over `parts` partitions.
     #[allow(clippy::too_many_arguments)] // the run's shape, flat
-    pub(crate) fn new(mode: &'static str, t: &'a TrainingConfig, parts: u32, trainers: u32, inbox: &'a Inbox, timeouts: Timeouts, run: String, per_epoch: u64) -> Coordinator<'a> {
-        let report = Report { mode: mode.into(), nodes: parts as usize, ..Report::default() };
-        Coordinator { t, parts, trainers, inbox, timeouts, run, report, step_bytes: BTreeMap::new(), steps_run: 0, seq: 0, pending: Vec::new(), first_step_at: None, completed: None, per_epoch }
+    pub(crate) fn new(
+        mode: &'static str,
+        t: &'a TrainingConfig,
+        parts: u32,
+        trainers: u32,
+        inbox: &'a Inbox,
+        timeouts: Timeouts,
+        run: String,
+        per_epoch: u64,
+    ) -> Coordinator<'a> {
+        let report = Report {
+            mode: mode.into(),
+            nodes: parts as usize,
+            ..Report::default()
+        };
+        Coordinator {
+            t,
+            parts,
+            trainers,
+            inbox,
+            timeouts,
+            run,
+            report,
+            step_bytes: BTreeMap::new(),
+            steps_run: 0,
+            seq: 0,
+            pending: Vec::new(),
+            first_step_at: None,
+            completed: None,
+            per_epoch,
+        }
     }
 
     /// Follows one attempt from the checkpoint `from` (or the start) to the end of the run.
-    pub(crate) fn attempt(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver, from: Option<&Manifest>) -> Result<()> {
+    pub(crate) fn attempt(
+        &mut self,
+        g: &HetGraph,
+        observer: &mut dyn TrainObserver,
+        from: Option<&Manifest>,
+    ) -> Result<()> {
         let (_, splits) = g.target_labels();
         let t = self.t;
         let per_epoch = self.per_epoch;
@@ -77,10 +110,19 @@ impl<'a> Coordinator<'a> {
         for epoch in first / per_epoch.max(1)..t.epochs {
             observer.epoch_start(epoch, per_epoch);
             let stats = loop {
-                match self.inbox.epoch_progress(epoch, self.trainers, self.parts, self.timeouts.step)? {
+                match self.inbox.epoch_progress(
+                    epoch,
+                    self.trainers,
+                    self.parts,
+                    self.timeouts.step,
+                )? {
                     EpochProgress::Step(seq, loss) => {
                         if !loss.is_finite() {
-                            return Err(TrainError::Diverged { epoch, step: seq, loss });
+                            return Err(TrainError::Diverged {
+                                epoch,
+                                step: seq,
+                                loss,
+                            });
                         }
                         self.seq = seq + 1;
                         self.first_step_at.get_or_insert_with(Instant::now);
@@ -106,23 +148,48 @@ impl<'a> Coordinator<'a> {
         }
         self.seq = total;
         self.report.steps = self.steps_run;
-        self.report.bytes_per_step = self.step_bytes.iter().map(|(k, v)| (k.clone(), *v as f64 / self.steps_run.max(1) as f64)).collect();
+        self.report.bytes_per_step = self
+            .step_bytes
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as f64 / self.steps_run.max(1) as f64))
+            .collect();
         Ok(())
     }
 
-    fn epoch_report(&mut self, epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
+    fn epoch_report(
+        &mut self,
+        epoch: u64,
+        stats: &[EpochStats],
+        valid: usize,
+        test: usize,
+    ) -> EpochReport {
         let s0 = &stats[0];
         let er = EpochReport::from_stats(epoch, stats, valid, test);
         // Model-averaging workers take steps of their own; the others share the global ones.
-        self.steps_run += if s0.local.is_some() { stats.iter().map(|s| s.steps).sum() } else { s0.steps };
-        let caches: Vec<_> = stats.iter().map(|s| s.cache.clone()).filter(|c| !c.is_empty()).collect();
+        self.steps_run += if s0.local.is_some() {
+            stats.iter().map(|s| s.steps).sum()
+        } else {
+            s0.steps
+        };
+        let caches: Vec<_> = stats
+            .iter()
+            .map(|s| s.cache.clone())
+            .filter(|c| !c.is_empty())
+            .collect();
         if !caches.is_empty() {
             self.report.cache = crate::cache::merge_reports(&caches, self.t.cache_bytes.0);
         }
         // Each trainer reports its node's cumulative traffic; in one process they share a node.
         self.report.bytes_by_kind.clear();
         self.report.messages_by_kind.clear();
-        let distinct = if stats.windows(2).all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind) { &stats[..1] } else { stats };
+        let distinct = if stats
+            .windows(2)
+            .all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind)
+        {
+            &stats[..1]
+        } else {
+            stats
+        };
         for s in distinct {
             for (k, v) in &s.bytes_by_kind {
                 *self.report.bytes_by_kind.entry(k.clone()).or_default() += v;
@@ -139,8 +206,14 @@ impl<'a> Coordinator<'a> {
 
     /// Writes the manifest of every checkpoint whose files are all written
     /// and whose earlier epochs are reported.
-    fn complete_checkpoints(&mut self, per_epoch: u64, observer: &mut dyn TrainObserver) -> Result<()> {
-        let Some(root) = self.t.checkpoint_dir.as_ref() else { return Ok(()) };
+    fn complete_checkpoints(
+        &mut self,
+        per_epoch: u64,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<()> {
+        let Some(root) = self.t.checkpoint_dir.as_ref() else {
+            return Ok(());
+        };
         self.pending.sort_by_key(|v| v.first().map_or(0, |s| s.seq));
         while let Some(saved) = self.pending.first() {
             let seq = saved.first().map_or(0, |s| s.seq);
@@ -150,25 +223,46 @@ impl<'a> Coordinator<'a> {
             }
             let saved = self.pending.remove(0);
             let bad = |m: String| TrainError::Checkpoint(format!("checkpoint at step {seq}: {m}"));
-            let progress = saved.iter().find(|s| s.part == 0).and_then(|s| s.progress).ok_or_else(|| bad("partition 0's running figures are missing".into()))?;
+            let progress = saved
+                .iter()
+                .find(|s| s.part == 0)
+                .and_then(|s| s.progress)
+                .ok_or_else(|| bad("partition 0's running figures are missing".into()))?;
             let mut files: BTreeMap<String, String> = BTreeMap::new();
             for s in saved {
                 if s.files.is_empty() {
                     return Err(bad(format!("partition {} wrote no files", s.part)));
                 }
                 for (name, sum) in s.files {
-                    if !checkpoint::valid_file_name(&name) || sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                        return Err(bad(format!("partition {} reported a bad file entry {name:?}", s.part)));
+                    if !checkpoint::valid_file_name(&name)
+                        || sum.len() != 64
+                        || !sum.bytes().all(|b| b.is_ascii_hexdigit())
+                    {
+                        return Err(bad(format!(
+                            "partition {} reported a bad file entry {name:?}",
+                            s.part
+                        )));
                     }
                     if files.insert(name.clone(), sum).is_some() {
                         return Err(bad(format!("{name} reported twice")));
                     }
                 }
             }
-            let m = Manifest::new(self.run.clone(), &self.report.mode, self.t, seq, self.report.epochs[..before].to_vec(), progress, files);
+            let m = Manifest::new(
+                self.run.clone(),
+                &self.report.mode,
+                self.t,
+                seq,
+                self.report.epochs[..before].to_vec(),
+                progress,
+                files,
+            );
             let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
             self.completed = Some(seq);
-            observer.note(&format!("checkpoint at step {seq} written to {}", dir.display()));
+            observer.note(&format!(
+                "checkpoint at step {seq} written to {}",
+                dir.display()
+            ));
         }
         Ok(())
     }
@@ -179,7 +273,11 @@ impl<'a> Coordinator<'a> {
 pub(crate) fn new_generation() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.write_u32(std::process::id());
     // 0: inboxes that never started one.
     h.finish() | 1
@@ -212,13 +310,19 @@ impl Driver<'_> {
     /// Runs generations until one finishes the run.
     pub(crate) fn run(&mut self, g: &HetGraph, observer: &mut dyn TrainObserver) -> Result<()> {
         let clock = Instant::now();
-        self.c.report.started_at_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.c.report.started_at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let mut open: Option<FailureReport> = None;
         let mut fruitless = 0;
         // (rolled back to, failed at) of the last failure, and how often in a row.
         let mut same: (Option<(u64, u64)>, u32) = (None, 0);
         for attempt in 0u32.. {
-            let wait = if attempt == 0 { self.start } else { self.rejoin };
+            let wait = if attempt == 0 {
+                self.start
+            } else {
+                self.rejoin
+            };
             let gen = new_generation();
             let members = self.wait_ready(wait, gen)?;
             let from = match &self.c.t.checkpoint_dir {
@@ -239,7 +343,10 @@ impl Driver<'_> {
                     f.rejoined_at_s = clock.elapsed().as_secs_f64();
                     f.resumed_from_step = from_seq;
                     f.steps_redone = f.failed_at_step.saturating_sub(from_seq);
-                    observer.note(&format!("every node is ready: rolling back to step {from_seq} ({} steps to redo)", f.steps_redone));
+                    observer.note(&format!(
+                        "every node is ready: rolling back to step {from_seq} ({} steps to redo)",
+                        f.steps_redone
+                    ));
                 }
                 None if from.is_some() => {
                     self.c.report.resumed_from_step = Some(from_seq);
@@ -249,13 +356,20 @@ impl Driver<'_> {
             }
             self.c.inbox.running(gen, Some(members));
             let order = (self.c.report.started_at_unix_ms, u64::from(attempt));
-            let begun = self.begin(Begin { gen, from: from.as_ref().map(|m| m.seq), order });
+            let begun = self.begin(Begin {
+                gen,
+                from: from.as_ref().map(|m| m.seq),
+                order,
+            });
             let result = begun.and_then(|()| self.c.attempt(g, observer, from.as_ref()));
             self.c.inbox.running(gen, None);
             let stepped = self.c.first_step_at;
             if let (Some(f), Some(at)) = (open.as_mut(), stepped) {
                 f.resumed_at_s = at.duration_since(clock).as_secs_f64();
-                self.c.report.failures.push(open.take().expect("just matched"));
+                self.c
+                    .report
+                    .failures
+                    .push(open.take().expect("just matched"));
             }
             let err = match result {
                 Ok(()) => {
@@ -270,7 +384,15 @@ impl Driver<'_> {
             };
             // Every trainer of this generation stops (those waiting on the lost node included).
             let trainers: Vec<String> = self.members.iter().flatten().cloned().collect();
-            abort_peers(&self.system.node, &self.system.handle, names::COORDINATOR, u32::MAX, gen, &trainers, &format!("the coordinator stops generation {gen:x}: {err}"));
+            abort_peers(
+                &self.system.node,
+                &self.system.handle,
+                names::COORDINATOR,
+                u32::MAX,
+                gen,
+                &trainers,
+                &format!("the coordinator stops generation {gen:x}: {err}"),
+            );
             if !recoverable(&err) {
                 return Err(err);
             }
@@ -279,7 +401,11 @@ impl Driver<'_> {
                 return Err(TrainError::Distributed(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
             }
             let key = (from_seq, self.c.seq);
-            same = if same.0 == Some(key) { (Some(key), same.1 + 1) } else { (Some(key), 1) };
+            same = if same.0 == Some(key) {
+                (Some(key), same.1 + 1)
+            } else {
+                (Some(key), 1)
+            };
             if same.1 >= MAX_FRUITLESS_ATTEMPTS {
                 return Err(TrainError::Distributed(format!("failed {} times at step {} after rolling back to step {from_seq}; giving up: {err}", same.1, self.c.seq)));
             }
@@ -287,10 +413,23 @@ impl Driver<'_> {
             match open.as_mut() {
                 // Failed again before its first step: the same failure goes on.
                 Some(f) => f.what = format!("{}; then {err}", f.what),
-                None => open = Some(FailureReport { what: err.to_string(), detected_at_s: now, failed_at_step: self.c.seq, ..FailureReport::default() }),
+                None => {
+                    open = Some(FailureReport {
+                        what: err.to_string(),
+                        detected_at_s: now,
+                        failed_at_step: self.c.seq,
+                        ..FailureReport::default()
+                    })
+                }
             }
-            tracing::warn!("step {}: {err}; waiting for every node to be ready again", self.c.seq);
-            observer.note(&format!("failure at step {}: {err}; waiting for every node to be ready", self.c.seq));
+            tracing::warn!(
+                "step {}: {err}; waiting for every node to be ready again",
+                self.c.seq
+            );
+            observer.note(&format!(
+                "failure at step {}: {err}; waiting for every node to be ready",
+                self.c.seq
+            ));
         }
         unreachable!("the loop returns")
     }
@@ -308,12 +447,30 @@ impl Driver<'_> {
             }
             if nudged.elapsed() >= NUDGE_AFTER {
                 nudged = Instant::now();
-                let silent: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).flat_map(|p| self.members[p as usize].iter().cloned()).collect();
+                let silent: Vec<String> = (0..self.c.parts)
+                    .filter(|p| !ready.contains_key(p))
+                    .flat_map(|p| self.members[p as usize].iter().cloned())
+                    .collect();
                 // Whatever they run is stale, but not the generation about to start (a late copy of this must not stop it).
-                stop_all_but(&self.system.node, &self.system.handle, names::COORDINATOR, next, &silent, "the coordinator is starting the run again");
+                stop_all_but(
+                    &self.system.node,
+                    &self.system.handle,
+                    names::COORDINATOR,
+                    next,
+                    &silent,
+                    "the coordinator is starting the run again",
+                );
             }
             if Instant::now() >= deadline {
-                let missing: Vec<String> = (0..self.c.parts).filter(|p| !ready.contains_key(p)).map(|p| format!("{p} (node {})", self.nodes.get(p as usize).map_or("?", String::as_str))).collect();
+                let missing: Vec<String> = (0..self.c.parts)
+                    .filter(|p| !ready.contains_key(p))
+                    .map(|p| {
+                        format!(
+                            "{p} (node {})",
+                            self.nodes.get(p as usize).map_or("?", String::as_str)
+                        )
+                    })
+                    .collect();
                 return Err(TrainError::Distributed(format!(
                     "partition(s) {} not ready within {timeout:?}: restart their nodes (hetgnn node), or raise cluster.rejoin_timeout_ms",
                     missing.join(", ")
@@ -325,10 +482,20 @@ impl Driver<'_> {
 
     /// Tells every partition's first trainer to start generation `b.gen`.
     fn begin(&self, b: Begin) -> Result<()> {
-        let refs = self.leaders.iter().map(|n| self.system.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let answers = self.system.handle.block_on(join_all(refs.iter().map(|r| r.ask(b, BEGIN_TIMEOUT))));
+        let refs = self
+            .leaders
+            .iter()
+            .map(|n| self.system.node.actor(n))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = self
+            .system
+            .handle
+            .block_on(join_all(refs.iter().map(|r| r.ask(b, BEGIN_TIMEOUT))));
         for (p, a) in answers.into_iter().enumerate() {
-            a.map_err(|e| TrainError::Distributed(format!("partition {p} did not take the start: {e}")))?;
+            a.map_err(|e| {
+                TrainError::Distributed(format!("partition {p} did not take the start: {e}"))
+            })?;
         }
         Ok(())
     }
@@ -337,5 +504,8 @@ impl Driver<'_> {
 /// Whether a failure may be a lost node or message (worth a restart) rather
 /// than bad input or a bug (which a restart would only repeat).
 fn recoverable(e: &TrainError) -> bool {
-    matches!(e, TrainError::Distributed(_) | TrainError::Ask(_) | TrainError::PipelineStopped)
+    matches!(
+        e,
+        TrainError::Distributed(_) | TrainError::Ask(_) | TrainError::PipelineStopped
+    )
 }

@@ -28,7 +28,8 @@ pub(crate) fn join_threads<T>(handles: Vec<std::thread::JoinHandle<Result<T>>>) 
                 first_err.get_or_insert(e);
             }
             Err(_) => {
-                first_err.get_or_insert(TrainError::Distributed("a training thread panicked".into()));
+                first_err
+                    .get_or_insert(TrainError::Distributed("a training thread panicked".into()));
             }
         }
     }
@@ -44,19 +45,70 @@ const ABORT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Tells the actors `targets` that `me` (numbered `from`) failed, best effort
 /// (a peer that is down will not answer), so they stop instead of waiting.
-pub(crate) fn abort_peers(node: &Node, handle: &tokio::runtime::Handle, me: &str, from: u32, gen: u64, targets: &[String], reason: &str) {
-    send_abort(node, handle, me, Abort { gen, all_but: false, from, reason: reason.to_string() }, targets);
+pub(crate) fn abort_peers(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    me: &str,
+    from: u32,
+    gen: u64,
+    targets: &[String],
+    reason: &str,
+) {
+    send_abort(
+        node,
+        handle,
+        me,
+        Abort {
+            gen,
+            all_but: false,
+            from,
+            reason: reason.to_string(),
+        },
+        targets,
+    );
 }
 
 /// Tells `targets` to stop whatever generation they run unless it is `keep`.
-pub(crate) fn stop_all_but(node: &Node, handle: &tokio::runtime::Handle, me: &str, keep: u64, targets: &[String], reason: &str) {
-    send_abort(node, handle, me, Abort { gen: keep, all_but: true, from: u32::MAX, reason: reason.to_string() }, targets);
+pub(crate) fn stop_all_but(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    me: &str,
+    keep: u64,
+    targets: &[String],
+    reason: &str,
+) {
+    send_abort(
+        node,
+        handle,
+        me,
+        Abort {
+            gen: keep,
+            all_but: true,
+            from: u32::MAX,
+            reason: reason.to_string(),
+        },
+        targets,
+    );
 }
 
-fn send_abort(node: &Node, handle: &tokio::runtime::Handle, me: &str, abort: Abort, targets: &[String]) {
-    let Ok(me) = runtime::ActorName::new(me) else { return };
+fn send_abort(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    me: &str,
+    abort: Abort,
+    targets: &[String],
+) {
+    let Ok(me) = runtime::ActorName::new(me) else {
+        return;
+    };
     let asks = targets.iter().filter_map(|n| node.actor(n).ok()).map(|r| {
-        let (r, abort) = (r.with_sender(me.clone()), Abort { reason: abort.reason.clone(), ..abort });
+        let (r, abort) = (
+            r.with_sender(me.clone()),
+            Abort {
+                reason: abort.reason.clone(),
+                ..abort
+            },
+        );
         async move { r.ask(abort, ABORT_NOTICE).await }
     });
     let _ = handle.block_on(join_all(asks));
@@ -66,7 +118,13 @@ fn send_abort(node: &Node, handle: &tokio::runtime::Handle, me: &str, abort: Abo
 pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
     let inbox = Arc::new(Inbox::default());
     let addr = InboxActor(inbox.clone()).start();
-    node.register(names::COORDINATOR, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<EpochStats>().handle::<StepDone>().handle::<Abort>().handle::<Saved>().handle::<Ready>();
+    node.register(names::COORDINATOR, &addr)
+        .map_err(|e| TrainError::Distributed(e.to_string()))?
+        .handle::<EpochStats>()
+        .handle::<StepDone>()
+        .handle::<Abort>()
+        .handle::<Saved>()
+        .handle::<Ready>();
     Ok(inbox)
 }
 
@@ -88,9 +146,14 @@ pub(crate) fn serve_generations<T>(
     resumable: bool,
     mut attempt: impl FnMut(Begin) -> Result<T>,
 ) -> Result<Option<T>> {
-    let leader = inboxes.first().ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
+    let leader = inboxes
+        .first()
+        .ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
     let me = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
-    let coordinator = node.actor(names::COORDINATOR).map_err(|e| TrainError::Distributed(e.to_string()))?.with_sender(me);
+    let coordinator = node
+        .actor(names::COORDINATOR)
+        .map_err(|e| TrainError::Distributed(e.to_string()))?
+        .with_sender(me);
     let incarnation = coordinator::new_generation();
     let mut last = LastAttempt::None;
     let mut result = None;
@@ -98,19 +161,29 @@ pub(crate) fn serve_generations<T>(
         let waiting = Instant::now();
         let mut watch = CoordinatorWatch::new(node, rejoin);
         let control = loop {
-            let ready = Ready { part, incarnation, last };
+            let ready = Ready {
+                part,
+                incarnation,
+                last,
+            };
             let _ = handle.block_on(coordinator.ask(ready, Duration::from_secs(1)));
             if let Some(c) = leader.control(Duration::from_millis(200)) {
                 break c;
             }
             if waiting.elapsed() > rejoin {
-                return Err(TrainError::Distributed(format!("no word from the coordinator within {rejoin:?}: is its node up?")));
+                return Err(TrainError::Distributed(format!(
+                    "no word from the coordinator within {rejoin:?}: is its node up?"
+                )));
             }
             watch.check(node, resumable)?;
         };
         let b = match control {
             Control::Finish(true) => return Ok(result),
-            Control::Finish(false) => return Err(TrainError::Distributed("the coordinator gave up the run (its log says why)".into())),
+            Control::Finish(false) => {
+                return Err(TrainError::Distributed(
+                    "the coordinator gave up the run (its log says why)".into(),
+                ))
+            }
             Control::Begin(b) => b,
         };
         // The leader started the generation as it took the word.
@@ -147,20 +220,36 @@ struct CoordinatorWatch {
 
 impl CoordinatorWatch {
     fn new(node: &Node, rejoin: Duration) -> CoordinatorWatch {
-        let coord = node.topology().and_then(|t| t.placed(names::COORDINATOR)).filter(|&c| c != node.id()).map(str::to_string);
-        CoordinatorWatch { node: coord, down_since: None, last_said: Instant::now(), rejoin }
+        let coord = node
+            .topology()
+            .and_then(|t| t.placed(names::COORDINATOR))
+            .filter(|&c| c != node.id())
+            .map(str::to_string);
+        CoordinatorWatch {
+            node: coord,
+            down_since: None,
+            last_said: Instant::now(),
+            rejoin,
+        }
     }
 
     /// Fails when the coordinator's node has been down too long to wait on.
     fn check(&mut self, node: &Node, resumable: bool) -> Result<()> {
-        let Some(coord) = &self.node else { return Ok(()) };
-        let down = node.members().iter().any(|m| &m.id == coord && m.state == runtime::PeerState::Down);
+        let Some(coord) = &self.node else {
+            return Ok(());
+        };
+        let down = node
+            .members()
+            .iter()
+            .any(|m| &m.id == coord && m.state == runtime::PeerState::Down);
         if !down {
             self.down_since = None;
             return Ok(());
         }
         let since = *self.down_since.get_or_insert_with(Instant::now);
-        let failure = node.topology().map_or(Duration::from_secs(2), |t| Duration::from_millis(t.cluster.failure_timeout_ms));
+        let failure = node.topology().map_or(Duration::from_secs(2), |t| {
+            Duration::from_millis(t.cluster.failure_timeout_ms)
+        });
         if !resumable && since.elapsed() > 3 * failure {
             return Err(TrainError::Distributed(format!(
                 "the coordinator's node {coord} is down and this run keeps no checkpoints (training.checkpoint_dir), so no restart of it could resume the run: stopping"
@@ -181,7 +270,11 @@ impl CoordinatorWatch {
 
 /// The checkpoint a `Begin` names: its directory and manifest, which must
 /// be of this node's run (`run`: its fingerprint).
-pub(crate) fn begin_from(t: &TrainingConfig, run: &str, b: Begin) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
+pub(crate) fn begin_from(
+    t: &TrainingConfig,
+    run: &str,
+    b: Begin,
+) -> Result<Option<(std::path::PathBuf, checkpoint::Manifest)>> {
     match (b.from, &t.checkpoint_dir) {
         (None, _) => Ok(None),
         (Some(seq), Some(root)) => {

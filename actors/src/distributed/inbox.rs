@@ -16,7 +16,9 @@ use actix::{Actor, Context, Handler, MessageResult};
 use runtime::Deliver;
 
 use super::decode_f32;
-use super::messages::{Abort, Begin, EpochStats, Finish, GradShare, LastAttempt, Ready, Saved, StepDone};
+use super::messages::{
+    Abort, Begin, EpochStats, Finish, GradShare, LastAttempt, Ready, Saved, StepDone,
+};
 use crate::error::{Result, TrainError};
 
 /// Most gradient shares of other generations kept for later.
@@ -85,7 +87,11 @@ pub struct Inbox {
 
 impl Default for Inbox {
     fn default() -> Self {
-        Inbox { state: Mutex::default(), cv: Condvar::new(), aborted: tokio::sync::watch::Sender::new(None) }
+        Inbox {
+            state: Mutex::default(),
+            cv: Condvar::new(),
+            aborted: tokio::sync::watch::Sender::new(None),
+        }
     }
 }
 
@@ -116,7 +122,8 @@ impl Inbox {
     /// Under the state lock, so a reset cannot slip between the flag and the signal.
     fn abort_locked(&self, s: &mut State, reason: String) {
         s.abort.get_or_insert(reason.clone());
-        self.aborted.send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
+        self.aborted
+            .send_if_modified(|r| r.is_none() && r.replace(reason).is_none());
         self.cv.notify_all();
     }
 
@@ -171,7 +178,11 @@ impl Inbox {
             if now >= deadline {
                 return None;
             }
-            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            s = self
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -206,7 +217,10 @@ impl Inbox {
         }
         s.begun = b.order;
         if s.gen != b.gen {
-            self.abort_locked(&mut s, format!("the coordinator restarts the run (generation {:x})", b.gen));
+            self.abort_locked(
+                &mut s,
+                format!("the coordinator restarts the run (generation {:x})", b.gen),
+            );
         }
         s.begin = Some(b);
         self.cv.notify_all();
@@ -216,8 +230,11 @@ impl Inbox {
         let mut s = self.lock();
         let mut reason = None;
         if let Some(members) = &s.running {
-            let restarted = members.get(&r.part).is_some_and(|&inc| inc != r.incarnation);
-            let failed = r.last == LastAttempt::Failed(s.gen) && members.get(&r.part) == Some(&r.incarnation);
+            let restarted = members
+                .get(&r.part)
+                .is_some_and(|&inc| inc != r.incarnation);
+            let failed = r.last == LastAttempt::Failed(s.gen)
+                && members.get(&r.part) == Some(&r.incarnation);
             if restarted {
                 reason = Some(format!("the node of partition {} restarted", r.part));
             } else if failed {
@@ -247,7 +264,11 @@ impl Inbox {
 
     /// Runs `f` on `handle` from a training thread; gives up as soon as the
     /// run is aborted (a peer failed or went down), not at `f`'s own deadline.
-    pub fn block_on<F: std::future::Future>(&self, handle: &tokio::runtime::Handle, f: F) -> Result<F::Output> {
+    pub fn block_on<F: std::future::Future>(
+        &self,
+        handle: &tokio::runtime::Handle,
+        f: F,
+    ) -> Result<F::Output> {
         handle.block_on(async {
             tokio::select! {
                 r = f => Ok(r),
@@ -257,43 +278,92 @@ impl Inbox {
     }
 
     /// Waits until `ready` returns a value, an abort arrives or `timeout` passes.
-    fn wait<T>(&self, what: &str, timeout: Duration, mut ready: impl FnMut(&mut State) -> Option<T>) -> Result<T> {
+    fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl FnMut(&mut State) -> Option<T>,
+    ) -> Result<T> {
         let deadline = Instant::now() + timeout;
         let mut s = self.lock();
         loop {
             if let Some(reason) = &s.abort {
-                return Err(TrainError::Distributed(format!("stopped while waiting for {what}: {reason}")));
+                return Err(TrainError::Distributed(format!(
+                    "stopped while waiting for {what}: {reason}"
+                )));
             }
             if let Some(v) = ready(&mut s) {
                 return Ok(v);
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(TrainError::Distributed(format!("no {what} within {timeout:?}")));
+                return Err(TrainError::Distributed(format!(
+                    "no {what} within {timeout:?}"
+                )));
             }
-            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            s = self
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
     /// The gradient shares of step `seq`, round `round` from `peers`, each `len` values, in peer order.
-    pub fn gradients(&self, seq: u64, round: u32, peers: &[u32], len: usize, timeout: Duration) -> Result<Vec<Vec<f32>>> {
-        let raw = self.wait(&format!("the gradients of step {seq} (round {round}) from trainers {peers:?}"), timeout, |s| {
-            if !peers.iter().all(|p| s.grads.contains_key(&(seq, round, *p))) {
-                return None;
-            }
-            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, round, *p))).collect::<Vec<_>>())
-        })?;
-        raw.iter().map(|b| decode_f32(b, len).map_err(TrainError::Distributed)).collect()
+    pub fn gradients(
+        &self,
+        seq: u64,
+        round: u32,
+        peers: &[u32],
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<f32>>> {
+        let raw = self.wait(
+            &format!("the gradients of step {seq} (round {round}) from trainers {peers:?}"),
+            timeout,
+            |s| {
+                if !peers
+                    .iter()
+                    .all(|p| s.grads.contains_key(&(seq, round, *p)))
+                {
+                    return None;
+                }
+                Some(
+                    peers
+                        .iter()
+                        .filter_map(|p| s.grads.remove(&(seq, round, *p)))
+                        .collect::<Vec<_>>(),
+                )
+            },
+        )?;
+        raw.iter()
+            .map(|b| decode_f32(b, len).map_err(TrainError::Distributed))
+            .collect()
     }
 
     /// The next news of `epoch`: a step's loss, a checkpoint every one of
     /// `parts` partitions wrote, or once every trainer (`0..trainers`) has
     /// reported it, the epoch's statistics. Each wait (for a step, or for the
     /// statistics) lasts at most `timeout`.
-    pub fn epoch_progress(&self, epoch: u64, trainers: u32, parts: u32, timeout: Duration) -> Result<EpochProgress> {
+    pub fn epoch_progress(
+        &self,
+        epoch: u64,
+        trainers: u32,
+        parts: u32,
+        timeout: Duration,
+    ) -> Result<EpochProgress> {
         self.wait(&format!("progress of epoch {epoch}"), timeout, |s| {
-            if let Some(seq) = s.saved.keys().map(|k| k.0).find(|&q| (0..parts).all(|p| s.saved.contains_key(&(q, p)))) {
-                return Some(EpochProgress::Saved((0..parts).filter_map(|p| s.saved.remove(&(seq, p))).collect()));
+            if let Some(seq) = s
+                .saved
+                .keys()
+                .map(|k| k.0)
+                .find(|&q| (0..parts).all(|p| s.saved.contains_key(&(q, p))))
+            {
+                return Some(EpochProgress::Saved(
+                    (0..parts)
+                        .filter_map(|p| s.saved.remove(&(seq, p)))
+                        .collect(),
+                ));
             }
             // Steps of later epochs wait their turn; earlier ones are stale.
             while let Some(&(e, seq, loss)) = s.steps.front().filter(|(e, _, _)| *e <= epoch) {
@@ -305,7 +375,11 @@ impl Inbox {
             if !(0..trainers).all(|t| s.stats.contains_key(&(epoch, t))) {
                 return None;
             }
-            Some(EpochProgress::Done((0..trainers).filter_map(|t| s.stats.remove(&(epoch, t))).collect()))
+            Some(EpochProgress::Done(
+                (0..trainers)
+                    .filter_map(|t| s.stats.remove(&(epoch, t)))
+                    .collect(),
+            ))
         })
     }
 
@@ -327,12 +401,20 @@ impl Inbox {
     /// Waits until every one of `parts` partitions wrote its files of the
     /// checkpoint at `seq` (the end of the run's).
     pub fn saved(&self, seq: u64, parts: u32, timeout: Duration) -> Result<Vec<Saved>> {
-        self.wait(&format!("the files of the checkpoint at step {seq}"), timeout, |s| {
-            if !(0..parts).all(|p| s.saved.contains_key(&(seq, p))) {
-                return None;
-            }
-            Some((0..parts).filter_map(|p| s.saved.remove(&(seq, p))).collect())
-        })
+        self.wait(
+            &format!("the files of the checkpoint at step {seq}"),
+            timeout,
+            |s| {
+                if !(0..parts).all(|p| s.saved.contains_key(&(seq, p))) {
+                    return None;
+                }
+                Some(
+                    (0..parts)
+                        .filter_map(|p| s.saved.remove(&(seq, p)))
+                        .collect(),
+                )
+            },
+        )
     }
 
     /// Drops what is filed under steps before `seq`: late duplicates of
@@ -342,17 +424,38 @@ impl Inbox {
     /// the other one, and its messages must stay.
     pub fn forget_before(&self, seq: u64) {
         const TOP: u64 = 1 << 63;
-        self.lock().grads.retain(|(q, _, _), _| (*q & TOP) != (seq & TOP) || *q >= seq);
+        self.lock()
+            .grads
+            .retain(|(q, _, _), _| (*q & TOP) != (seq & TOP) || *q >= seq);
     }
 
     /// The payloads filed under `(seq, round, p)` for every `p` in `peers`, in peer order.
-    pub fn raw(&self, what: &str, seq: u64, round: u32, peers: &[u32], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        self.wait(&format!("{what} of step {seq} from {peers:?}"), timeout, |s| {
-            if !peers.iter().all(|p| s.grads.contains_key(&(seq, round, *p))) {
-                return None;
-            }
-            Some(peers.iter().filter_map(|p| s.grads.remove(&(seq, round, *p))).collect::<Vec<_>>())
-        })
+    pub fn raw(
+        &self,
+        what: &str,
+        seq: u64,
+        round: u32,
+        peers: &[u32],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.wait(
+            &format!("{what} of step {seq} from {peers:?}"),
+            timeout,
+            |s| {
+                if !peers
+                    .iter()
+                    .all(|p| s.grads.contains_key(&(seq, round, *p)))
+                {
+                    return None;
+                }
+                Some(
+                    peers
+                        .iter()
+                        .filter_map(|p| s.grads.remove(&(seq, round, *p)))
+                        .collect::<Vec<_>>(),
+                )
+            },
+        )
     }
 
     /// The run is over, well or not (wakes a node waiting for the coordinator's word).
@@ -373,7 +476,13 @@ impl Actor for InboxActor {
 impl Handler<Deliver<GradShare>> for InboxActor {
     type Result = MessageResult<Deliver<GradShare>>;
     fn handle(&mut self, m: Deliver<GradShare>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| s.file(m.msg.gen, (m.msg.seq, m.msg.round, m.msg.from), m.msg.data.0));
+        self.0.update(|s| {
+            s.file(
+                m.msg.gen,
+                (m.msg.seq, m.msg.round, m.msg.from),
+                m.msg.data.0,
+            )
+        });
         MessageResult(())
     }
 }
@@ -381,7 +490,11 @@ impl Handler<Deliver<GradShare>> for InboxActor {
 impl Handler<Deliver<Abort>> for InboxActor {
     type Result = MessageResult<Deliver<Abort>>;
     fn handle(&mut self, m: Deliver<Abort>, _: &mut Context<Self>) -> Self::Result {
-        let from = if m.msg.from == u32::MAX { "the coordinator".to_string() } else { format!("trainer {}", m.msg.from) };
+        let from = if m.msg.from == u32::MAX {
+            "the coordinator".to_string()
+        } else {
+            format!("trainer {}", m.msg.from)
+        };
         let reason = format!("{from}: {}", m.msg.reason);
         if m.msg.all_but {
             let inbox = &self.0;
@@ -467,14 +580,20 @@ mod tests {
     fn waits_end_at_their_deadline_or_on_abort_naming_what_was_awaited() {
         let inbox = Inbox::default();
         let t = Instant::now();
-        let err = inbox.gradients(7, 0, &[1, 2], 4, Duration::from_millis(50)).unwrap_err().to_string();
+        let err = inbox
+            .gradients(7, 0, &[1, 2], 4, Duration::from_millis(50))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("step 7") && err.contains("[1, 2]"), "{err}");
         assert!(t.elapsed() < Duration::from_secs(2));
         inbox.update(|s| {
             s.grads.insert((7, 0, 1), vec![0; 16]);
         });
         inbox.abort("trainer 2 failed: disk full".into());
-        let err = inbox.gradients(7, 0, &[1], 4, Duration::from_secs(30)).unwrap_err().to_string();
+        let err = inbox
+            .gradients(7, 0, &[1], 4, Duration::from_secs(30))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("disk full"), "{err}");
     }
 
@@ -484,13 +603,28 @@ mod tests {
         inbox.update(|s| {
             s.steps.push_back((0, 0, 1.5));
             s.steps.push_back((1, 1, 0.5));
-            s.stats.insert((0, 0), EpochStats { epoch: 0, ..EpochStats::default() });
+            s.stats.insert(
+                (0, 0),
+                EpochStats {
+                    epoch: 0,
+                    ..EpochStats::default()
+                },
+            );
         });
         let t = Duration::from_secs(1);
-        assert!(matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Step(0, l) if l == 1.5));
-        assert!(matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1));
-        assert!(matches!(inbox.epoch_progress(1, 1, 1, t).unwrap(), EpochProgress::Step(1, l) if l == 0.5));
-        let err = inbox.epoch_progress(1, 1, 1, Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(
+            matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Step(0, l) if l == 1.5)
+        );
+        assert!(
+            matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1)
+        );
+        assert!(
+            matches!(inbox.epoch_progress(1, 1, 1, t).unwrap(), EpochProgress::Step(1, l) if l == 0.5)
+        );
+        let err = inbox
+            .epoch_progress(1, 1, 1, Duration::from_millis(20))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("epoch 1"), "{err}");
     }
 
@@ -498,17 +632,44 @@ mod tests {
     fn late_duplicates_of_taken_steps_are_forgotten() {
         let inbox = Inbox::default();
         inbox.file(3, 0x100, 1, vec![1]);
-        assert_eq!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![1]]);
+        assert_eq!(
+            inbox
+                .raw("partials", 3, 0x100, &[1], Duration::from_secs(1))
+                .unwrap(),
+            vec![vec![1]]
+        );
         inbox.file(3, 0x100, 1, vec![9]);
         inbox.file(4, 0x100, 1, vec![2]);
         inbox.file(1 << 63, 0x100, 1, vec![7]);
         inbox.forget_before(4);
-        assert!(inbox.raw("partials", 3, 0x100, &[1], Duration::from_millis(20)).is_err(), "the duplicate is gone");
-        assert_eq!(inbox.raw("partials", 4, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![2]], "the next step's message stays");
+        assert!(
+            inbox
+                .raw("partials", 3, 0x100, &[1], Duration::from_millis(20))
+                .is_err(),
+            "the duplicate is gone"
+        );
+        assert_eq!(
+            inbox
+                .raw("partials", 4, 0x100, &[1], Duration::from_secs(1))
+                .unwrap(),
+            vec![vec![2]],
+            "the next step's message stays"
+        );
         inbox.file(5, 0x100, 1, vec![5]);
         inbox.forget_before((1 << 63) | 9);
-        assert_eq!(inbox.raw("partials", 5, 0x100, &[1], Duration::from_secs(1)).unwrap(), vec![vec![5]], "an evaluation step keeps training messages");
-        assert!(inbox.raw("partials", 1 << 63, 0x100, &[1], Duration::from_millis(20)).is_err(), "earlier evaluation steps' are gone");
+        assert_eq!(
+            inbox
+                .raw("partials", 5, 0x100, &[1], Duration::from_secs(1))
+                .unwrap(),
+            vec![vec![5]],
+            "an evaluation step keeps training messages"
+        );
+        assert!(
+            inbox
+                .raw("partials", 1 << 63, 0x100, &[1], Duration::from_millis(20))
+                .is_err(),
+            "earlier evaluation steps' are gone"
+        );
     }
 
     #[test]
@@ -518,17 +679,26 @@ mod tests {
         let h = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             sender.update(|s| {
-                s.grads.insert((3, 0, 2), bytemuck::cast_slice(&[2.0f32, 2.0]).to_vec());
-                s.grads.insert((3, 0, 0), bytemuck::cast_slice(&[0.5f32, 0.5]).to_vec());
+                s.grads
+                    .insert((3, 0, 2), bytemuck::cast_slice(&[2.0f32, 2.0]).to_vec());
+                s.grads
+                    .insert((3, 0, 0), bytemuck::cast_slice(&[0.5f32, 0.5]).to_vec());
             });
         });
-        let got = inbox.gradients(3, 0, &[0, 2], 2, Duration::from_secs(10)).unwrap();
+        let got = inbox
+            .gradients(3, 0, &[0, 2], 2, Duration::from_secs(10))
+            .unwrap();
         h.join().unwrap();
         assert_eq!(got, vec![vec![0.5, 0.5], vec![2.0, 2.0]]);
         inbox.update(|s| {
             s.grads.insert((4, 0, 0), vec![1, 2, 3]);
         });
-        assert!(inbox.gradients(4, 0, &[0], 2, Duration::from_secs(1)).is_err(), "a share of the wrong size is refused");
+        assert!(
+            inbox
+                .gradients(4, 0, &[0], 2, Duration::from_secs(1))
+                .is_err(),
+            "a share of the wrong size is refused"
+        );
     }
 
     #[test]
@@ -538,19 +708,35 @@ mod tests {
         inbox.update(|s| s.file(2, (0, 0, 1), vec![2]));
         inbox.update(|s| s.file(1, (0, 0, 1), vec![1]));
         inbox.abort("peer down".into());
-        assert!(inbox.raw("x", 0, 0, &[1], Duration::from_millis(10)).is_err(), "aborted");
+        assert!(
+            inbox
+                .raw("x", 0, 0, &[1], Duration::from_millis(10))
+                .is_err(),
+            "aborted"
+        );
         // The next generation forgets the abort and its predecessor's shares, and keeps its own early ones.
         inbox.reset(2);
-        assert_eq!(inbox.raw("x", 0, 0, &[1], Duration::from_secs(1)).unwrap(), vec![vec![2]]);
+        assert_eq!(
+            inbox.raw("x", 0, 0, &[1], Duration::from_secs(1)).unwrap(),
+            vec![vec![2]]
+        );
         inbox.abort_gen(1, "stale".into());
         inbox.file(1, 0, 1, vec![3]);
-        assert_eq!(inbox.raw("x", 1, 0, &[1], Duration::from_secs(1)).unwrap(), vec![vec![3]], "an abort of an old generation is ignored");
+        assert_eq!(
+            inbox.raw("x", 1, 0, &[1], Duration::from_secs(1)).unwrap(),
+            vec![vec![3]],
+            "an abort of an old generation is ignored"
+        );
     }
 
     #[test]
     fn a_ready_partition_of_the_running_generation_aborts_it_unless_stale() {
         let inbox = Inbox::default();
-        let ready = |part, incarnation, last| Ready { part, incarnation, last };
+        let ready = |part, incarnation, last| Ready {
+            part,
+            incarnation,
+            last,
+        };
         inbox.take_ready(ready(0, 10, LastAttempt::None));
         inbox.take_ready(ready(1, 11, LastAttempt::None));
         assert_eq!(inbox.ready().len(), 2);
@@ -561,24 +747,52 @@ mod tests {
         inbox.take_ready(ready(0, 10, LastAttempt::Done(5)));
         assert!(inbox.lock().abort.is_none());
         inbox.take_ready(ready(1, 12, LastAttempt::None));
-        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("restarted")));
+        assert!(inbox
+            .lock()
+            .abort
+            .as_deref()
+            .is_some_and(|r| r.contains("restarted")));
         inbox.running(6, Some(BTreeMap::from([(0, 10), (1, 12)])));
         inbox.take_ready(ready(0, 10, LastAttempt::Failed(6)));
-        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("failed")));
+        assert!(inbox
+            .lock()
+            .abort
+            .as_deref()
+            .is_some_and(|r| r.contains("failed")));
     }
 
     #[test]
     fn a_late_start_is_ignored_and_a_new_one_stops_the_running_generation() {
         let inbox = Inbox::default();
-        let begin = |gen, order| Begin { gen, from: None, order };
+        let begin = |gen, order| Begin {
+            gen,
+            from: None,
+            order,
+        };
         inbox.take_begin(begin(7, (100, 0)));
-        assert_eq!(inbox.control(Duration::from_millis(10)), Some(Control::Begin(begin(7, (100, 0)))));
+        assert_eq!(
+            inbox.control(Duration::from_millis(10)),
+            Some(Control::Begin(begin(7, (100, 0))))
+        );
         assert_eq!(inbox.gen(), 7, "taking the word starts the generation");
         inbox.take_begin(begin(5, (99, 3)));
-        assert!(inbox.lock().begin.is_none() && inbox.lock().abort.is_none(), "an older start changes nothing");
+        assert!(
+            inbox.lock().begin.is_none() && inbox.lock().abort.is_none(),
+            "an older start changes nothing"
+        );
         inbox.take_begin(begin(9, (100, 1)));
-        assert!(inbox.lock().abort.as_deref().is_some_and(|r| r.contains("restarts")), "the running generation stops");
-        assert_eq!(inbox.control(Duration::from_millis(10)), Some(Control::Begin(begin(9, (100, 1)))));
+        assert!(
+            inbox
+                .lock()
+                .abort
+                .as_deref()
+                .is_some_and(|r| r.contains("restarts")),
+            "the running generation stops"
+        );
+        assert_eq!(
+            inbox.control(Duration::from_millis(10)),
+            Some(Control::Begin(begin(9, (100, 1))))
+        );
         assert!(inbox.lock().abort.is_none(), "and the new one starts clean");
     }
 }

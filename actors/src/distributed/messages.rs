@@ -303,12 +303,18 @@ pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
 /// Decodes a payload (its size checked before decoding, its contents by the caller).
 pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     if bytes.len() > MAX_PAYLOAD {
-        return Err(format!("payload of {} bytes is over the {MAX_PAYLOAD}-byte limit", bytes.len()));
+        return Err(format!(
+            "payload of {} bytes is over the {MAX_PAYLOAD}-byte limit",
+            bytes.len()
+        ));
     }
     let cfg = bincode::config::standard().with_limit::<MAX_PAYLOAD>();
     let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(|e| e.to_string())?;
     if used != bytes.len() {
-        return Err(format!("{} trailing bytes after the payload", bytes.len() - used));
+        return Err(format!(
+            "{} trailing bytes after the payload",
+            bytes.len() - used
+        ));
     }
     Ok(v)
 }

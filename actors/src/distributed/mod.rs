@@ -31,7 +31,15 @@ pub mod names {
 
     /// A node type's name made a valid actor (and file) name.
     pub fn plain(ty: &str) -> String {
-        ty.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' }).collect()
+        ty.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect()
     }
 }
 
@@ -50,19 +58,31 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { ask: Duration::from_secs(60), step: Duration::from_secs(300), start: Duration::from_secs(30), finish: Duration::from_secs(600) }
+        Timeouts {
+            ask: Duration::from_secs(60),
+            step: Duration::from_secs(300),
+            start: Duration::from_secs(30),
+            finish: Duration::from_secs(600),
+        }
     }
 }
 
 /// How every mode loads a partition's graph: features memory-mapped.
 pub(crate) fn load_options(t: &crate::config::TrainingConfig) -> graphs::LoadOptions {
-    graphs::LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges }
+    graphs::LoadOptions {
+        mmap_features: true,
+        reverse_edges: t.reverse_edges,
+    }
 }
 
 /// Little-endian f32 values from `bytes`, which must hold exactly `n` of them.
 pub fn decode_f32(bytes: &[u8], n: usize) -> std::result::Result<Vec<f32>, String> {
     if bytes.len() != n * 4 {
-        return Err(format!("{} bytes where {n} f32 values ({} bytes) were expected", bytes.len(), n * 4));
+        return Err(format!(
+            "{} bytes where {n} f32 values ({} bytes) were expected",
+            bytes.len(),
+            n * 4
+        ));
     }
     // Copied into uninitialised capacity: zero-filling first was a second pass over every block.
     let mut out: Vec<f32> = Vec::with_capacity(n);

@@ -76,7 +76,13 @@ pub trait Distributed: Send + Sync + 'static {
     /// Registers partition `part`'s actors on `node` (inside its actix
     /// system; actors wanting a thread of their own push an arbiter) and
     /// returns its inboxes, the leader's first.
-    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>>;
+    fn serve(
+        &self,
+        node: &Node,
+        part: u32,
+        graph: &Arc<HetGraph>,
+        arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>>;
     /// The run's deadlines, from the defaults (a mode whose trainers may
     /// wait long on each other lengthens them; lost nodes are detected apart).
     fn timeouts(&self, t: Timeouts) -> Timeouts {
@@ -88,7 +94,13 @@ pub trait Distributed: Send + Sync + 'static {
     }
     /// One attempt of generation `begin` on a partition, from the checkpoint
     /// `from` (its directory and manifest) if any.
-    fn attempt(&self, p: &Part, begin: Begin, run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Self::Outcome>;
+    fn attempt(
+        &self,
+        p: &Part,
+        begin: Begin,
+        run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<Self::Outcome>;
     /// After each attempt that finished, on a node without the coordinator
     /// (raf sends its worker's final state there). Best effort.
     fn after_attempt(&self, _p: &Part, _gen: u64, _outcome: &Self::Outcome) -> Result<()> {
@@ -98,30 +110,58 @@ pub trait Distributed: Send + Sync + 'static {
     /// from the last attempts of its own partitions (every partition when
     /// embedded), what reached the coordinator's `inbox`, and the actors that
     /// still serve.
-    fn assemble(&self, system: &System, inbox: &Inbox, local: Vec<(u32, Result<Option<Self::Outcome>>)>, graph: &HetGraph) -> Result<Model>;
+    fn assemble(
+        &self,
+        system: &System,
+        inbox: &Inbox,
+        local: Vec<(u32, Result<Option<Self::Outcome>>)>,
+        graph: &HetGraph,
+    ) -> Result<Model>;
 }
 
 /// Partition `p` over the run's generations; `remote`: its node has no coordinator.
-fn serve_part<M: Distributed>(mode: &M, p: &Part, run: &str, t: &crate::config::TrainingConfig, rejoin: Duration, remote: bool) -> Result<Option<M::Outcome>> {
-    serve_generations(p.node, p.handle, &mode.leader(p.part), p.part, p.inboxes, rejoin, t.checkpoint_dir.is_some(), |b| {
-        let from = begin_from(t, run, b)?;
-        let outcome = mode.attempt(p, b, run, from)?;
-        // The attempt succeeded whatever becomes of this: the coordinator may
-        // have all it needs and be gone before the last acknowledgement.
-        if remote {
-            if let Err(e) = mode.after_attempt(p, b.gen, &outcome) {
-                tracing::warn!("partition {}: after its attempt: {e}", p.part);
+fn serve_part<M: Distributed>(
+    mode: &M,
+    p: &Part,
+    run: &str,
+    t: &crate::config::TrainingConfig,
+    rejoin: Duration,
+    remote: bool,
+) -> Result<Option<M::Outcome>> {
+    serve_generations(
+        p.node,
+        p.handle,
+        &mode.leader(p.part),
+        p.part,
+        p.inboxes,
+        rejoin,
+        t.checkpoint_dir.is_some(),
+        |b| {
+            let from = begin_from(t, run, b)?;
+            let outcome = mode.attempt(p, b, run, from)?;
+            // The attempt succeeded whatever becomes of this: the coordinator may
+            // have all it needs and be gone before the last acknowledgement.
+            if remote {
+                if let Err(e) = mode.after_attempt(p, b.gen, &outcome) {
+                    tracing::warn!("partition {}: after its attempt: {e}", p.part);
+                }
             }
-        }
-        Ok(outcome)
-    })
+            Ok(outcome)
+        },
+    )
 }
 
 /// Trains with every partition's actors in this process.
-pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
+pub fn train_embedded<M: Distributed>(
+    mode: Arc<M>,
+    cfg: &Config,
+    observer: &mut dyn TrainObserver,
+) -> Result<(Report, Model)> {
     let t = &cfg.training;
     let parts = mode.parts();
-    let graphs: Vec<Arc<HetGraph>> = (0..parts).map(|k| mode.load(k).map(Arc::new)).collect::<Result<_>>()?;
+    let graphs: Vec<Arc<HetGraph>> = (0..parts)
+        .map(|k| mode.load(k).map(Arc::new))
+        .collect::<Result<_>>()?;
     if t.task == crate::config::Task::NodeClassification {
         crate::epoch::preflight::check_trainable(&graphs[0])?;
     }
@@ -135,23 +175,51 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
         let mut arbiters = Vec::new();
-        let inboxes = (0..parts).map(|k| m.serve(&node, k, &gs[k as usize], &mut arbiters)).collect::<Result<Vec<_>>>()?;
+        let inboxes = (0..parts)
+            .map(|k| m.serve(&node, k, &gs[k as usize], &mut arbiters))
+            .collect::<Result<Vec<_>>>()?;
         let coord = serve_coordinator(&node)?;
         m.serve_coordinator(&node, &coord)?;
         Ok((node, arbiters, (inboxes, coord)))
     })?;
-    observer.ready(&graphs[0], &Model::new(&t.model_spec(), &graphs[0], DType::F32, &Device::Cpu)?);
+    observer.ready(
+        &graphs[0],
+        &Model::new(&t.model_spec(), &graphs[0], DType::F32, &Device::Cpu)?,
+    );
     let (driven, mut report, local) = std::thread::scope(|scope| {
         let loops: Vec<_> = (0..parts)
             .map(|k| {
-                let (mode, run, g, node, handle, inboxes) = (&*mode, &run, &graphs[k as usize], &system.node, &system.handle, &inboxes[k as usize]);
+                let (mode, run, g, node, handle, inboxes) = (
+                    &*mode,
+                    &run,
+                    &graphs[k as usize],
+                    &system.node,
+                    &system.handle,
+                    &inboxes[k as usize],
+                );
                 scope.spawn(move || {
-                    let p = Part { part: k, graph: g, node, handle, inboxes, timeouts };
+                    let p = Part {
+                        part: k,
+                        graph: g,
+                        node,
+                        handle,
+                        inboxes,
+                        timeouts,
+                    };
                     serve_part(mode, &p, run, t, timeouts.finish, false)
                 })
             })
             .collect();
-        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone(), mode.steps_per_epoch(&graphs[0], t));
+        let c = Coordinator::new(
+            mode.name(),
+            t,
+            parts,
+            mode.trainers(),
+            &coord,
+            timeouts,
+            run.clone(),
+            mode.steps_per_epoch(&graphs[0], t),
+        );
         let nodes = vec!["local".to_string(); parts as usize];
         let mut d = Driver {
             c,
@@ -169,7 +237,20 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
             }
             k[0].finish(driven.is_ok());
         }
-        let local: Vec<_> = loops.into_iter().enumerate().map(|(k, h)| (k as u32, h.join().unwrap_or_else(|_| Err(TrainError::Distributed("a partition thread panicked".into()))))).collect();
+        let local: Vec<_> = loops
+            .into_iter()
+            .enumerate()
+            .map(|(k, h)| {
+                (
+                    k as u32,
+                    h.join().unwrap_or_else(|_| {
+                        Err(TrainError::Distributed(
+                            "a partition thread panicked".into(),
+                        ))
+                    }),
+                )
+            })
+            .collect();
         (driven, d.c.report, local)
     });
     driven?;
@@ -183,11 +264,22 @@ pub fn train_embedded<M: Distributed>(mode: Arc<M>, cfg: &Config, observer: &mut
 /// Runs node `id`'s partition over the run's generations; on the
 /// coordinator's node also the coordination, checkpoints and report
 /// (returned there).
-pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
+pub fn run_node<M: Distributed>(
+    mode: Arc<M>,
+    cfg: &Config,
+    id: &str,
+    observer: &mut dyn TrainObserver,
+) -> Result<Option<Report>> {
     let t = &cfg.training;
-    let mut topology = cfg.topology().ok_or_else(|| TrainError::Config("cluster: hetgnn node needs a [cluster] section".into()))?;
+    let mut topology = cfg.topology().ok_or_else(|| {
+        TrainError::Config("cluster: hetgnn node needs a [cluster] section".into())
+    })?;
     let nodes = mode.place(&mut topology)?;
-    let part = nodes.iter().position(|n| n == id).ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))? as u32;
+    let part = nodes
+        .iter()
+        .position(|n| n == id)
+        .ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))?
+        as u32;
     let parts = mode.parts();
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
@@ -197,9 +289,17 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     crate::epoch::preflight::check_distinct_names(&graph)?;
     crate::epoch::preflight::check_fits(t, &graph, false)?;
     let run = mode.fingerprint(&graph);
-    let timeouts = mode.timeouts(Timeouts { start: Duration::from_millis(topology.cluster.start_timeout_ms), ..Timeouts::default() });
+    let timeouts = mode.timeouts(Timeouts {
+        start: Duration::from_millis(topology.cluster.start_timeout_ms),
+        ..Timeouts::default()
+    });
     let rejoin = Duration::from_millis(topology.cluster.rejoin_timeout_ms);
-    let (m, g, topo, me) = (mode.clone(), graph.clone(), topology.clone(), id.to_string());
+    let (m, g, topo, me) = (
+        mode.clone(),
+        graph.clone(),
+        topology.clone(),
+        id.to_string(),
+    );
     let (system, (inboxes, coord)) = System::start(move || async move {
         let node = Node::start(topo.clone(), &me).await?;
         let mut arbiters = Vec::new();
@@ -219,10 +319,20 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
             });
             return Err(e);
         }
-        watch_peers(&node, inboxes.iter().cloned().chain(coord.clone()).collect());
+        watch_peers(
+            &node,
+            inboxes.iter().cloned().chain(coord.clone()).collect(),
+        );
         Ok((node, arbiters, (inboxes, coord)))
     })?;
-    let p = Part { part, graph: &graph, node: &system.node, handle: &system.handle, inboxes: &inboxes, timeouts };
+    let p = Part {
+        part,
+        graph: &graph,
+        node: &system.node,
+        handle: &system.handle,
+        inboxes: &inboxes,
+        timeouts,
+    };
     let Some(coord) = coord else {
         serve_part(&*mode, &p, &run, t, rejoin, true)?;
         tracing::info!("{id}: the run is over");
@@ -231,7 +341,16 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
     let (driven, mut report, mine) = std::thread::scope(|scope| {
         let (mode_ref, p, run_ref) = (&*mode, &p, &run);
         let mine = scope.spawn(move || serve_part(mode_ref, p, run_ref, t, rejoin, false));
-        let c = Coordinator::new(mode.name(), t, parts, mode.trainers(), &coord, timeouts, run.clone(), mode.steps_per_epoch(p.graph, t));
+        let c = Coordinator::new(
+            mode.name(),
+            t,
+            parts,
+            mode.trainers(),
+            &coord,
+            timeouts,
+            run.clone(),
+            mode.steps_per_epoch(p.graph, t),
+        );
         let mut d = Driver {
             c,
             system: &system,
@@ -246,7 +365,11 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
             inboxes[0].abort(format!("the coordinator failed: {e}"));
         }
         inboxes[0].finish(driven.is_ok());
-        let mine = mine.join().unwrap_or_else(|_| Err(TrainError::Distributed("the partition thread panicked".into())));
+        let mine = mine.join().unwrap_or_else(|_| {
+            Err(TrainError::Distributed(
+                "the partition thread panicked".into(),
+            ))
+        });
         (driven, d.c.report, mine)
     });
     let finished = driven.and_then(|()| {
@@ -254,7 +377,10 @@ pub fn run_node<M: Distributed>(mode: Arc<M>, cfg: &Config, id: &str, observer: 
         report.config = cfg.clone();
         crate::report::finish(&mut report, &model)
     });
-    let peers: Vec<(String, String)> = (0..parts).filter(|&k| k != part).map(|k| (mode.leader(k), nodes[k as usize].clone())).collect();
+    let peers: Vec<(String, String)> = (0..parts)
+        .filter(|&k| k != part)
+        .map(|k| (mode.leader(k), nodes[k as usize].clone()))
+        .collect();
     tell_finish(&system, &peers, finished.is_ok());
     finished?;
     drop(system);

@@ -13,10 +13,19 @@ use super::System;
 use crate::error::{Result, TrainError};
 
 /// Waits until every peer of `node` is up, or names those that are not.
-pub(crate) async fn wait_for_peers(node: &Node, topology: &runtime::Topology, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_for_peers(
+    node: &Node,
+    topology: &runtime::Topology,
+    timeout: Duration,
+) -> Result<()> {
     let start = Instant::now();
     loop {
-        let missing: Vec<String> = node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
+        let missing: Vec<String> = node
+            .members()
+            .into_iter()
+            .filter(|m| m.state != PeerState::Up)
+            .map(|m| m.id)
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
@@ -24,7 +33,12 @@ pub(crate) async fn wait_for_peers(node: &Node, topology: &runtime::Topology, ti
             let named: Vec<String> = missing
                 .iter()
                 .map(|id| {
-                    let addr = topology.cluster.nodes.iter().find(|n| &n.id == id).map_or("?", |n| n.addr.as_str());
+                    let addr = topology
+                        .cluster
+                        .nodes
+                        .iter()
+                        .find(|n| &n.id == id)
+                        .map_or("?", |n| n.addr.as_str());
                     format!("{id} at {addr}")
                 })
                 .collect();
@@ -58,9 +72,20 @@ pub(crate) fn watch_peers(node: &Node, inboxes: Vec<Arc<Inbox>>) {
 /// Tells each `(actor, its node)` the run is over, well or not, skipping nodes
 /// that are down (they would not hear it); the others wait for the word.
 pub(crate) fn tell_finish(system: &System, peers: &[(String, String)], ok: bool) {
-    let down: Vec<String> = system.node.members().into_iter().filter(|m| m.state != PeerState::Up).map(|m| m.id).collect();
-    let refs = peers.iter().filter(|(_, node)| !down.contains(node)).filter_map(|(actor, _)| system.node.actor(actor).ok());
-    let asks: Vec<_> = refs.map(|r| async move { r.ask(Finish { ok }, Duration::from_secs(5)).await }).collect();
+    let down: Vec<String> = system
+        .node
+        .members()
+        .into_iter()
+        .filter(|m| m.state != PeerState::Up)
+        .map(|m| m.id)
+        .collect();
+    let refs = peers
+        .iter()
+        .filter(|(_, node)| !down.contains(node))
+        .filter_map(|(actor, _)| system.node.actor(actor).ok());
+    let asks: Vec<_> = refs
+        .map(|r| async move { r.ask(Finish { ok }, Duration::from_secs(5)).await })
+        .collect();
     for r in system.handle.block_on(join_all(asks)) {
         if let Err(e) = r {
             tracing::warn!("could not tell a peer the run is over: {e}");

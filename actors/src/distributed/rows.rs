@@ -38,7 +38,9 @@ fn sparse_rows(rows: &[&[f32]]) -> Option<Vec<u8>> {
     // Shorter iff 4(rows + 1) + 8·nnz < 4·len.
     let room = (4 * len).checked_sub(4 * (rows.len() + 1))?;
     let head = rows.iter().flat_map(|r| r.iter()).take(256);
-    let (seen, head_nnz) = head.fold((0usize, 0usize), |(n, z), v| (n + 1, z + usize::from(v.to_bits() != 0)));
+    let (seen, head_nnz) = head.fold((0usize, 0usize), |(n, z), v| {
+        (n + 1, z + usize::from(v.to_bits() != 0))
+    });
     if seen == 256 && 4 * head_nnz > 3 * seen && len > 4 * seen {
         return None;
     }
@@ -70,7 +72,8 @@ fn sparse_rows(rows: &[&[f32]]) -> Option<Vec<u8>> {
 pub fn append_row(out: &mut Vec<f32>, bytes: &[u8]) {
     let start = out.len();
     out.resize(start + bytes.len() / 4, 0.0);
-    bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..]).copy_from_slice(&bytes[..bytes.len() / 4 * 4]);
+    bytemuck::cast_slice_mut::<f32, u8>(&mut out[start..])
+        .copy_from_slice(&bytes[..bytes.len() / 4 * 4]);
 }
 
 /// `values` as the shorter of the two forms.
@@ -81,19 +84,32 @@ pub fn encode(values: &[f32], width: usize) -> Vec<u8> {
 /// `rows` rows of `width` values received in either form, as dense
 /// little-endian f32 bytes: dense ones as they are (no copy), non-zeros laid
 /// out dense, checked before anything is allocated.
-pub fn dense(bytes: runtime::SharedBytes, rows: usize, width: usize) -> Result<runtime::SharedBytes, String> {
+pub fn dense(
+    bytes: runtime::SharedBytes,
+    rows: usize,
+    width: usize,
+) -> Result<runtime::SharedBytes, String> {
     if bytes.0.len() == 4 * rows * width {
         return Ok(bytes);
     }
     let values = decode_sparse(&bytes.0, rows, width)?;
-    Ok(runtime::SharedBytes(bytemuck::cast_slice(&values).to_vec().into()))
+    Ok(runtime::SharedBytes(
+        bytemuck::cast_slice(&values).to_vec().into(),
+    ))
 }
 
 /// `rows` rows of `width` values from their non-zeros.
 pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
     let len = rows * width;
-    let bad = |why: &str| Err(format!("{} bytes are neither {rows} rows of {width} f32 values nor their non-zeros: {why}", bytes.len()));
-    let u32_at = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize;
+    let bad = |why: &str| {
+        Err(format!(
+            "{} bytes are neither {rows} rows of {width} f32 values nor their non-zeros: {why}",
+            bytes.len()
+        ))
+    };
+    let u32_at = |i: usize| {
+        u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize
+    };
     let head = 4 * (rows + 1);
     if bytes.len() < head || bytes.len() >= 4 * len.max(1) + 4 {
         return bad("wrong length");
@@ -114,7 +130,8 @@ pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>
             if c >= width {
                 return bad(&format!("column {c} out of range"));
             }
-            out[r * width + c] = f32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+            out[r * width + c] =
+                f32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
         }
     }
     Ok(out)
@@ -127,7 +144,10 @@ pub(crate) mod tests {
     /// Either form back to values, through [`dense`].
     fn decode(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
         let d = dense(runtime::SharedBytes(bytes.to_vec().into()), rows, width)?;
-        Ok(d.0.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(d.0
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Three 40-wide rows with four non-zeros, -0.0 among them: `(rows, width, values)`.
@@ -145,14 +165,28 @@ pub(crate) mod tests {
     fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
         let (rows, width, x) = mostly_zero();
         let p = encode(&x, width);
-        assert_eq!(encode_rows(&x.chunks(width).collect::<Vec<_>>()), p, "rows one by one encode the same");
-        assert_eq!(p.len(), 4 * 4 + 8 * 4, "offsets and four non-zeros (-0.0 kept: its bits are not zero)");
+        assert_eq!(
+            encode_rows(&x.chunks(width).collect::<Vec<_>>()),
+            p,
+            "rows one by one encode the same"
+        );
+        assert_eq!(
+            p.len(),
+            4 * 4 + 8 * 4,
+            "offsets and four non-zeros (-0.0 kept: its bits are not zero)"
+        );
         let back = decode(&p, rows, width).unwrap();
-        assert_eq!(back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         // Dense rows stay dense, and round-trip.
         let dense: Vec<f32> = (0..rows * width).map(|i| i as f32 + 1.0).collect();
         assert!(encode_sparse(&dense, width).is_none());
-        assert_eq!(encode_rows(&dense.chunks(width).collect::<Vec<_>>()), encode(&dense, width));
+        assert_eq!(
+            encode_rows(&dense.chunks(width).collect::<Vec<_>>()),
+            encode(&dense, width)
+        );
         assert_eq!(decode(&encode(&dense, width), rows, width).unwrap(), dense);
         assert_eq!(decode(&encode(&[], 4), 0, 4).unwrap(), Vec::<f32>::new());
         // Damaged payloads are refused before use.
@@ -161,11 +195,17 @@ pub(crate) mod tests {
         assert!(decode(&p[..p.len() - 1], rows, width).is_err(), "truncated");
         let mut unordered = p.clone();
         unordered[4..8].copy_from_slice(&9u32.to_le_bytes());
-        assert!(decode(&unordered, rows, width).is_err(), "offsets out of order");
+        assert!(
+            decode(&unordered, rows, width).is_err(),
+            "offsets out of order"
+        );
         let mut huge = 0u32.to_le_bytes().to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&huge, 1, width).is_err(), "a count past the payload");
-        assert!(decode(&vec![0u8; 4 * rows * width + 4], rows, width).is_err(), "longer than dense");
+        assert!(
+            decode(&vec![0u8; 4 * rows * width + 4], rows, width).is_err(),
+            "longer than dense"
+        );
     }
 
     #[test]
@@ -175,7 +215,13 @@ pub(crate) mod tests {
         bytes.extend(row.iter().flat_map(|v| v.to_le_bytes()));
         let mut out = vec![7.0f32];
         append_row(&mut out, &bytes[1..]);
-        assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), [7.0f32, 1.5, -0.0, f32::MIN_POSITIVE].iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            [7.0f32, 1.5, -0.0, f32::MIN_POSITIVE]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -186,7 +232,10 @@ pub(crate) mod tests {
         assert!(encode_sparse(&dense, width).is_none());
         // Mostly-zero rows after a few dense ones: the dense head is too short to decide alone.
         let mut mixed = vec![0f32; width * 400];
-        mixed[..2 * width].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 + 1.0);
+        mixed[..2 * width]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32 + 1.0);
         let p = encode(&mixed, width);
         assert!(p.len() < 4 * mixed.len(), "sparse: {} bytes", p.len());
         assert_eq!(decode(&p, 400, width).unwrap(), mixed);

@@ -36,7 +36,12 @@ impl System {
                 system.block_on(async move {
                     match setup().await {
                         Ok((node, arbiters, extra)) => {
-                            let _ = ready_tx.send(Ok((node.clone(), tokio::runtime::Handle::current(), arbiters, extra)));
+                            let _ = ready_tx.send(Ok((
+                                node.clone(),
+                                tokio::runtime::Handle::current(),
+                                arbiters,
+                                extra,
+                            )));
                             let _ = stop_rx.await;
                             node.shutdown().await;
                         }
@@ -48,12 +53,23 @@ impl System {
             })
             .map_err(|e| TrainError::Distributed(format!("cannot start the actor thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok((node, handle, arbiters, extra))) => Ok((System { node, handle, arbiters, stop: Some(stop_tx), thread: Some(thread) }, extra)),
+            Ok(Ok((node, handle, arbiters, extra))) => Ok((
+                System {
+                    node,
+                    handle,
+                    arbiters,
+                    stop: Some(stop_tx),
+                    thread: Some(thread),
+                },
+                extra,
+            )),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(TrainError::Distributed("the actor thread stopped during start-up".into())),
+            Err(_) => Err(TrainError::Distributed(
+                "the actor thread stopped during start-up".into(),
+            )),
         }
     }
 }

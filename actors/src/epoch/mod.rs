@@ -55,7 +55,13 @@ pub struct Prepared {
 /// Samples a batch with `sample`, then gathers its first block's feature
 /// rows (the cached ones from `cached`, counted in its hit rates when
 /// `count`), timing both.
-pub fn prepare(g: &HetGraph, gather: &FeatureGather, cached: Option<&FeatureCache>, count: bool, sample: impl FnOnce() -> Result<MiniBatch>) -> Result<Prepared> {
+pub fn prepare(
+    g: &HetGraph,
+    gather: &FeatureGather,
+    cached: Option<&FeatureCache>,
+    count: bool,
+    sample: impl FnOnce() -> Result<MiniBatch>,
+) -> Result<Prepared> {
     let mut clock = Instant::now();
     let mb = sample()?;
     let sample_s = lap(&mut clock);
@@ -63,24 +69,50 @@ pub fn prepare(g: &HetGraph, gather: &FeatureGather, cached: Option<&FeatureCach
         Some(c) => c.gather(gather, g, &mb.blocks[0].src, count)?,
         None => gather.gather(g, &mb.blocks[0].src)?,
     };
-    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock), link: None })
+    Ok(Prepared {
+        mb,
+        features,
+        sample_s,
+        gather_s: lap(&mut clock),
+        link: None,
+    })
 }
 
 /// Correct predictions (the arg-max of `logits`) among `seeds`.
 pub fn count_correct(logits: &candle_core::Tensor, labels: &[i64], seeds: &[u32]) -> Result<u64> {
     let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-    Ok(pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64)
+    Ok(pred
+        .iter()
+        .zip(seeds)
+        .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
+        .count() as u64)
 }
 
 /// Samples a mini-batch, or for a features-only model a single block of the seeds.
-pub fn sample(sampler: &mut Sampler, uses_neighbors: bool, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
+pub fn sample(
+    sampler: &mut Sampler,
+    uses_neighbors: bool,
+    epoch: u64,
+    step: u64,
+    seeds: &[u32],
+) -> Result<MiniBatch> {
     if uses_neighbors {
         return Ok(sampler.sample(epoch, step, seeds)?);
     }
     let g = sampler.graph();
     let mut dst = vec![Vec::new(); g.node_types().len()];
     dst[g.target().index()] = seeds.to_vec();
-    Ok(MiniBatch { epoch, step, seeds: seeds.to_vec(), blocks: vec![Block { layer: 0, src: dst.clone(), dst, relations: Vec::new() }] })
+    Ok(MiniBatch {
+        epoch,
+        step,
+        seeds: seeds.to_vec(),
+        blocks: vec![Block {
+            layer: 0,
+            src: dst.clone(),
+            dst,
+            relations: Vec::new(),
+        }],
+    })
 }
 
 /// Runs the steps `skip..` of an epoch whose batches are `batches`, in order:
@@ -92,7 +124,14 @@ pub fn sample(sampler: &mut Sampler, uses_neighbors: bool, epoch: u64, step: u64
 /// equal the sequential loop's; batches are consumed in step order whatever
 /// the workers' pace. The first error on either side stops all, without
 /// hanging.
-pub fn run_steps<P, F, M>(depth: usize, workers: usize, batches: &[Vec<u32>], skip: usize, make: M, mut consume: impl FnMut(u64, &[u32], P) -> Result<()>) -> Result<()>
+pub fn run_steps<P, F, M>(
+    depth: usize,
+    workers: usize,
+    batches: &[Vec<u32>],
+    skip: usize,
+    make: M,
+    mut consume: impl FnMut(u64, &[u32], P) -> Result<()>,
+) -> Result<()>
 where
     P: Send,
     F: FnMut(u64, &[u32]) -> Result<P>,
@@ -126,7 +165,9 @@ where
             });
         }
         for (k, (step, seeds)) in batches.iter().enumerate().skip(skip).enumerate() {
-            let prepared = queues[k % workers].recv().map_err(|_| TrainError::PipelineStopped)??;
+            let prepared = queues[k % workers]
+                .recv()
+                .map_err(|_| TrainError::PipelineStopped)??;
             consume(step as u64, seeds, prepared)?;
         }
         Ok(())
@@ -156,8 +197,23 @@ mod tests {
         let src: Vec<u32> = (0..200).map(|i| (i * 7) % n).collect();
         let dst: Vec<u32> = (0..200).map(|i| (i * 13 + 1) % n).collect();
         GraphBuilder::new("p", "paper", 2)
-            .node_type("paper", n, Some(Features::from_vec(n as usize, 2, (0..2 * n).map(|i| i as f32).collect())))
-            .labels((0..n).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..n).collect(), valid: vec![], test: vec![] })
+            .node_type(
+                "paper",
+                n,
+                Some(Features::from_vec(
+                    n as usize,
+                    2,
+                    (0..2 * n).map(|i| i as f32).collect(),
+                )),
+            )
+            .labels(
+                (0..n).map(|i| i64::from(i % 2)).collect(),
+                Splits {
+                    train: (0..n).collect(),
+                    valid: vec![],
+                    test: vec![],
+                },
+            )
             .relation("paper", "cites", "paper", src, dst)
             .build()
             .unwrap()
@@ -167,7 +223,13 @@ mod tests {
     type Producer<'a> = Box<dyn FnMut(u64, &[u32]) -> Result<(MiniBatch, PerType)> + 'a>;
 
     /// A producer as single-process training builds it: sample, then gather features.
-    fn producer<'a>(g: &'a HetGraph, model: &Model, fanouts: &'a [usize], seed: u64, epoch: u64) -> impl Fn() -> Result<Producer<'a>> + Sync + 'a {
+    fn producer<'a>(
+        g: &'a HetGraph,
+        model: &Model,
+        fanouts: &'a [usize],
+        seed: u64,
+        epoch: u64,
+    ) -> impl Fn() -> Result<Producer<'a>> + Sync + 'a {
         let gather = model.feature_gather();
         move || {
             let mut sampler = Sampler::new(g, fanouts, seed)?;
@@ -181,7 +243,16 @@ mod tests {
     }
 
     fn model(g: &HetGraph, layers: usize) -> Model {
-        let spec = ModelSpec { kind: ModelKind::Rgcn, layers, hidden: 4, embed_dim: 2, dropout: 0.0, seed: 0, heads: 1, link: None };
+        let spec = ModelSpec {
+            kind: ModelKind::Rgcn,
+            layers,
+            hidden: 4,
+            embed_dim: 2,
+            dropout: 0.0,
+            seed: 0,
+            heads: 1,
+            link: None,
+        };
         Model::new(&spec, g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
     }
 
@@ -193,18 +264,41 @@ mod tests {
         // One worker, several (each making every n-th step), more than the steps left.
         for workers in [1, 3, 20] {
             let mut seen = Vec::new();
-            run_steps(2, workers, &batches, 3, producer(&g, &m, &[3, 2], 5, 3), |step, seeds, (mb, features)| {
-                seen.push(step);
-                assert_eq!(seeds, batches[step as usize].as_slice());
-                let want = Sampler::new(&g, &[3, 2], 5).unwrap().sample(3, step, &batches[step as usize]).unwrap();
-                assert_eq!(mb, want);
-                let f: Vec<f32> = features[0].as_ref().unwrap().flatten_all().unwrap().to_vec1().unwrap();
-                let rows: Vec<f32> = mb.blocks[0].src[0].iter().flat_map(|&i| [2.0 * i as f32, 2.0 * i as f32 + 1.0]).collect();
-                assert_eq!(f, rows);
-                Ok(())
-            })
+            run_steps(
+                2,
+                workers,
+                &batches,
+                3,
+                producer(&g, &m, &[3, 2], 5, 3),
+                |step, seeds, (mb, features)| {
+                    seen.push(step);
+                    assert_eq!(seeds, batches[step as usize].as_slice());
+                    let want = Sampler::new(&g, &[3, 2], 5)
+                        .unwrap()
+                        .sample(3, step, &batches[step as usize])
+                        .unwrap();
+                    assert_eq!(mb, want);
+                    let f: Vec<f32> = features[0]
+                        .as_ref()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap();
+                    let rows: Vec<f32> = mb.blocks[0].src[0]
+                        .iter()
+                        .flat_map(|&i| [2.0 * i as f32, 2.0 * i as f32 + 1.0])
+                        .collect();
+                    assert_eq!(f, rows);
+                    Ok(())
+                },
+            )
             .unwrap();
-            assert_eq!(seen, (3..10).collect::<Vec<u64>>(), "{workers} workers: the steps before `skip` are not run, the rest in order");
+            assert_eq!(
+                seen,
+                (3..10).collect::<Vec<u64>>(),
+                "{workers} workers: the steps before `skip` are not run, the rest in order"
+            );
         }
     }
 
@@ -216,15 +310,30 @@ mod tests {
         let mut batches: Vec<Vec<u32>> = (0..30u32).map(|b| vec![b]).collect();
         batches[5] = vec![99];
         let mut seen = Vec::new();
-        let err = run_steps(2, 3, &batches, 0, producer(&g, &m, &[3], 0, 0), |step, _, _| {
-            seen.push(step);
-            Ok(())
-        })
+        let err = run_steps(
+            2,
+            3,
+            &batches,
+            0,
+            producer(&g, &m, &[3], 0, 0),
+            |step, _, _| {
+                seen.push(step);
+                Ok(())
+            },
+        )
         .unwrap_err();
         assert!(err.to_string().contains("seed 99 is out of range"), "{err}");
         assert_eq!(seen, vec![0, 1, 2, 3, 4]);
         // The consumer fails while every worker is blocked on a full queue.
-        let err = run_steps(2, 3, &batches, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| Err(TrainError::Config("stop".into()))).unwrap_err();
+        let err = run_steps(
+            2,
+            3,
+            &batches,
+            0,
+            producer(&g, &m, &[3], 0, 0),
+            |_, _, _| Err(TrainError::Config("stop".into())),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("stop"));
     }
 
@@ -235,19 +344,37 @@ mod tests {
         // The producer fails on batch 2 (a seed out of range).
         let batches = vec![vec![0, 1], vec![2, 3], vec![4, 99], vec![5, 6]];
         let mut consumed = 0;
-        let err = run_steps(1, 1, &batches, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| {
-            consumed += 1;
-            Ok(())
-        })
+        let err = run_steps(
+            1,
+            1,
+            &batches,
+            0,
+            producer(&g, &m, &[3], 0, 0),
+            |_, _, _| {
+                consumed += 1;
+                Ok(())
+            },
+        )
         .unwrap_err();
         assert!(err.to_string().contains("seed 99 is out of range"), "{err}");
         assert_eq!(consumed, 2);
         // The consumer fails on its first batch while the producer is blocked on a full channel.
         let many: Vec<Vec<u32>> = (0..40u32).map(|b| vec![b]).collect();
-        let err = run_steps(1, 1, &many, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| Err(TrainError::Config("stop".into()))).unwrap_err();
+        let err = run_steps(1, 1, &many, 0, producer(&g, &m, &[3], 0, 0), |_, _, _| {
+            Err(TrainError::Config("stop".into()))
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("stop"));
         // A producer that cannot be built says why.
-        let err = run_steps(1, 1, &many, 0, || Err::<fn(u64, &[u32]) -> Result<()>, _>(TrainError::Config("no sampler".into())), |_, _, _: ()| Ok(())).unwrap_err();
+        let err = run_steps(
+            1,
+            1,
+            &many,
+            0,
+            || Err::<fn(u64, &[u32]) -> Result<()>, _>(TrainError::Config("no sampler".into())),
+            |_, _, _: ()| Ok(()),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("no sampler"), "{err}");
     }
 }

@@ -23,11 +23,17 @@ pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
 pub fn check_trainable(g: &HetGraph) -> Result<()> {
     let target = g.node_type(g.target());
     if target.count == 0 {
-        return Err(TrainError::Config(format!("the target type '{}' has no nodes: nothing to train", target.name)));
+        return Err(TrainError::Config(format!(
+            "the target type '{}' has no nodes: nothing to train",
+            target.name
+        )));
     }
     let (_, splits) = g.target_labels();
     if splits.train.is_empty() {
-        return Err(TrainError::Config(format!("the training split of '{}' is empty (nodes/{}/train.npy): nothing to train", target.name, target.name)));
+        return Err(TrainError::Config(format!(
+            "the training split of '{}' is empty (nodes/{}/train.npy): nothing to train",
+            target.name, target.name
+        )));
     }
     Ok(())
 }
@@ -58,7 +64,9 @@ pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> 
         crate::config::Task::NodeClassification => t.batch,
         crate::config::Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
     };
-    let need = spec.min_bytes(g, tables).saturating_add(spec.step_bytes(g, &t.fanouts, seeds));
+    let need = spec
+        .min_bytes(g, tables)
+        .saturating_add(spec.step_bytes(g, &t.fanouts, seeds));
     let what = format!(
         "a training step (training.batch {}, training.fanouts {:?}, training.hidden {}, training.embed_dim {}, training.layers {}; {} classes)",
         t.batch,
@@ -80,15 +88,32 @@ mod tests {
         for t in types {
             b = b.node_type(t, 2, None);
         }
-        b.labels(vec![0, 1], Splits { train: vec![0], valid: vec![1], test: vec![] }).relation(types[1], "to", types[0], vec![0, 1], vec![1, 0]).build().unwrap()
+        b.labels(
+            vec![0, 1],
+            Splits {
+                train: vec![0],
+                valid: vec![1],
+                test: vec![],
+            },
+        )
+        .relation(types[1], "to", types[0], vec![0, 1], vec![1, 0])
+        .build()
+        .unwrap()
     }
 
     #[test]
     fn node_types_that_would_share_a_store_name_are_refused_naming_both() {
         assert!(super::check_distinct_names(&graph(&["paper", "author", "Author-2"])).is_ok());
         for (a, b) in [("Paper", "paper"), ("a.b", "a_b")] {
-            let err = super::check_distinct_names(&graph(&[a, b])).unwrap_err().to_string();
-            assert!(err.contains(&format!("'{a}'")) && err.contains(&format!("'{b}'")) && err.contains("rename one"), "{err}");
+            let err = super::check_distinct_names(&graph(&[a, b]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("'{a}'"))
+                    && err.contains(&format!("'{b}'"))
+                    && err.contains("rename one"),
+                "{err}"
+            );
         }
     }
 }

@@ -110,15 +110,34 @@ pub(crate) trait Steps {
     fn feed_state(feed: &Self::Feed) -> Result<Self::State<'_>>;
     /// The mode's own supply of the batches of `epoch` from step `skip` on
     /// (`None`: the prefetch thread and [`Steps::prepare`]).
-    fn batch_source<'f>(_feed: &'f Self::Feed, _epoch: u64, _batches: &[Vec<u32>], _skip: usize) -> Result<Option<Box<dyn BatchSource<Self::Batch> + 'f>>> {
+    fn batch_source<'f>(
+        _feed: &'f Self::Feed,
+        _epoch: u64,
+        _batches: &[Vec<u32>],
+        _skip: usize,
+    ) -> Result<Option<Box<dyn BatchSource<Self::Batch> + 'f>>> {
         Ok(None)
     }
     /// Prepares step `step` of `epoch` (its `seeds`) on the prefetch thread.
-    fn prepare<'f>(feed: &'f Self::Feed, state: &mut Self::State<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Self::Batch>;
+    fn prepare<'f>(
+        feed: &'f Self::Feed,
+        state: &mut Self::State<'f>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+    ) -> Result<Self::Batch>;
     /// Writes this thread's part of the checkpoint before step [`Steps::seq`].
     fn checkpoint(&mut self, feed: &Self::Feed, progress: Progress) -> Result<()>;
     /// Trains on one batch (telling the coordinator of it if this thread does).
-    fn step(&mut self, feed: &Self::Feed, epoch: u64, step: u64, seeds: &[u32], batch: Self::Batch, st: &mut EpochStats) -> Result<StepFigures>;
+    fn step(
+        &mut self,
+        feed: &Self::Feed,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        batch: Self::Batch,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures>;
     /// Counts correct validation and test predictions into `st`, after the
     /// epochs that evaluate ([`evaluates`]); clears `st.evaluated` where it has nothing to count.
     fn evaluate(&mut self, feed: &Self::Feed, epoch: u64, st: &mut EpochStats) -> Result<()>;
@@ -147,35 +166,54 @@ pub(crate) fn evaluates(t: &TrainingConfig, epoch: u64) -> bool {
 pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Result<()> {
     let t = a.cfg;
     let plan = Schedule::new(t, a.items.steps(t), steps.seq());
-    let plan = if steps.checkpoints_mid_epoch() { plan } else { plan.at_epoch_ends() };
-    let bytes = || a.node.map(|n| n.metrics().bytes_by_kind()).unwrap_or_default();
+    let plan = if steps.checkpoints_mid_epoch() {
+        plan
+    } else {
+        plan.at_epoch_ends()
+    };
+    let bytes = || {
+        a.node
+            .map(|n| n.metrics().bytes_by_kind())
+            .unwrap_or_default()
+    };
     for epoch in plan.epochs() {
         let batches = a.items.batches(t, epoch);
         let skip = plan.skip(epoch, batches.len());
-        let mut st = EpochStats { gen: a.gen, trainer: a.trainer, epoch, steps: (batches.len() - skip) as u64, ..EpochStats::default() };
+        let mut st = EpochStats {
+            gen: a.gen,
+            trainer: a.trainer,
+            epoch,
+            steps: (batches.len() - skip) as u64,
+            ..EpochStats::default()
+        };
         let start = Instant::now();
         let before = bytes();
         let rows_before = S::remote_rows(feed);
         steps.epoch_start(epoch, batches.len() as u64);
-        let mut progress = if skip > 0 { a.resumed } else { Progress::default() };
+        let mut progress = if skip > 0 {
+            a.resumed
+        } else {
+            Progress::default()
+        };
         let workers = steps.prefetch_workers();
         let cpu = CpuSpan::start();
         // The trainer waits from the end of one step to the start of the next.
         let mut last = Instant::now();
-        let mut consume = |step: u64, seeds: &[u32], batch: S::Batch, st: &mut EpochStats| -> Result<()> {
-            st.time.wait_s += last.elapsed().as_secs_f64();
-            if plan.due(steps.seq()) {
-                let clock = Instant::now();
-                steps.checkpoint(feed, progress)?;
-                st.time.checkpoint_s += clock.elapsed().as_secs_f64();
-            }
-            let f = steps.step(feed, epoch, step, seeds, batch, st)?;
-            progress.loss_sum += f.loss;
-            progress.correct += f.correct;
-            progress.seen += f.seen;
-            last = Instant::now();
-            Ok(())
-        };
+        let mut consume =
+            |step: u64, seeds: &[u32], batch: S::Batch, st: &mut EpochStats| -> Result<()> {
+                st.time.wait_s += last.elapsed().as_secs_f64();
+                if plan.due(steps.seq()) {
+                    let clock = Instant::now();
+                    steps.checkpoint(feed, progress)?;
+                    st.time.checkpoint_s += clock.elapsed().as_secs_f64();
+                }
+                let f = steps.step(feed, epoch, step, seeds, batch, st)?;
+                progress.loss_sum += f.loss;
+                progress.correct += f.correct;
+                progress.seen += f.seen;
+                last = Instant::now();
+                Ok(())
+            };
         match S::batch_source(feed, epoch, &batches, skip)? {
             Some(mut source) => {
                 for (step, seeds) in batches.iter().enumerate().skip(skip) {
@@ -191,15 +229,28 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
                 // one computes and waits for its peers (DistDGLv2's pipeline).
                 let make = || {
                     let mut state = S::feed_state(feed)?;
-                    Ok(move |step: u64, seeds: &[u32]| S::prepare(feed, &mut state, epoch, step, seeds))
+                    Ok(move |step: u64, seeds: &[u32]| {
+                        S::prepare(feed, &mut state, epoch, step, seeds)
+                    })
                 };
-                run_steps(PREFETCH, workers, &batches, skip, make, |step, seeds, batch| consume(step, seeds, batch, &mut st))?;
+                run_steps(
+                    PREFETCH,
+                    workers,
+                    &batches,
+                    skip,
+                    make,
+                    |step, seeds, batch| consume(step, seeds, batch, &mut st),
+                )?;
             }
         }
         st.cpu_util = cpu.util();
         st.time.seconds = start.elapsed().as_secs_f64();
         st.remote_rows = S::remote_rows(feed) - rows_before;
-        st.step_bytes_by_kind = bytes().into_iter().map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
+        st.step_bytes_by_kind = bytes()
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v - before.get(&k).copied().unwrap_or(0)))
+            .filter(|(_, v)| *v > 0)
+            .collect();
         st.loss = progress.loss_sum / batches.len().max(1) as f64;
         st.train_correct = progress.correct.round() as u64;
         st.train_seen = progress.seen;

@@ -37,7 +37,11 @@ impl Layout {
             }
             pos.push(at);
         }
-        Ok(Layout { rows, pos, owner: owners.to_vec() })
+        Ok(Layout {
+            rows,
+            pos,
+            owner: owners.to_vec(),
+        })
     }
 
     /// Partitions.
@@ -52,12 +56,17 @@ impl Layout {
 
     /// Owner and position in its owner's block of node `v` of type `t`.
     pub fn locate(&self, t: usize, v: u32) -> Option<(u32, u32)> {
-        Some((u32::from(*self.owner.get(t)?.get(v as usize)?), self.pos[t][v as usize]))
+        Some((
+            u32::from(*self.owner.get(t)?.get(v as usize)?),
+            self.pos[t][v as usize],
+        ))
     }
 
     /// The order of the blocks in worker `me`'s sources: its own, then the others by partition.
     pub fn order(&self, me: u32) -> Vec<u32> {
-        std::iter::once(me).chain((0..self.parts()).filter(|&q| q != me)).collect()
+        std::iter::once(me)
+            .chain((0..self.parts()).filter(|&q| q != me))
+            .collect()
     }
 }
 
@@ -112,23 +121,54 @@ pub fn plans(g: &HetGraph, layout: &Layout, me: u32, layers: usize) -> Result<Ve
                 spans[t][q as usize] = start..src[t].len();
             }
         }
-        let dst: Vec<Vec<u32>> = (0..types).map(|t| if dst_types[t] { layout.rows[me as usize][t].clone() } else { Vec::new() }).collect();
+        let dst: Vec<Vec<u32>> = (0..types)
+            .map(|t| {
+                if dst_types[t] {
+                    layout.rows[me as usize][t].clone()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         let mut relations = Vec::new();
-        for (ri, r) in rels.iter().enumerate().filter(|(_, r)| dst_types[r.dst.index()]) {
+        for (ri, r) in rels
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| dst_types[r.dst.index()])
+        {
             let (s, d) = (r.src.index(), r.dst.index());
             let mut offsets = Vec::with_capacity(dst[d].len() + 1);
             offsets.push(0u32);
             let mut sources = Vec::new();
             for &v in &dst[d] {
                 for &u in r.in_csr().neighbors(v) {
-                    let (q, at) = layout.locate(s, u).ok_or_else(|| TrainError::Config(format!("relation {} reaches node {u} of type {s}, which has no owner", r.canonical())))?;
+                    let (q, at) = layout.locate(s, u).ok_or_else(|| {
+                        TrainError::Config(format!(
+                            "relation {} reaches node {u} of type {s}, which has no owner",
+                            r.canonical()
+                        ))
+                    })?;
                     sources.push((spans[s][q as usize].start + at as usize) as u32);
                 }
                 offsets.push(sources.len() as u32);
             }
-            relations.push(BlockRelation { relation: RelationId(ri as u32), offsets, sources });
+            relations.push(BlockRelation {
+                relation: RelationId(ri as u32),
+                offsets,
+                sources,
+            });
         }
-        out.push(LayerPlan { block: Block { layer: l, dst, src, relations }, shared, read, spans });
+        out.push(LayerPlan {
+            block: Block {
+                layer: l,
+                dst,
+                src,
+                relations,
+            },
+            shared,
+            read,
+            spans,
+        });
     }
     Ok(out)
 }
@@ -147,10 +187,21 @@ mod tests {
         let about_src: Vec<u32> = (0..p).collect();
         let about_dst: Vec<u32> = (0..p).map(|i| i % s).collect();
         GraphBuilder::new("g", "paper", 2)
-            .node_type("paper", p, Some(Features::from_vec(p as usize, 1, vec![0.0; p as usize])))
+            .node_type(
+                "paper",
+                p,
+                Some(Features::from_vec(p as usize, 1, vec![0.0; p as usize])),
+            )
             .node_type("author", a, None)
             .node_type("subject", s, None)
-            .labels((0..p).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..20).collect(), valid: vec![], test: vec![] })
+            .labels(
+                (0..p).map(|i| i64::from(i % 2)).collect(),
+                Splits {
+                    train: (0..20).collect(),
+                    valid: vec![],
+                    test: vec![],
+                },
+            )
             .relation("paper", "cites", "paper", cites_src, cites_dst)
             .relation("author", "writes", "paper", writes_src, writes_dst)
             .relation("paper", "about", "subject", about_src, about_dst)
@@ -159,7 +210,14 @@ mod tests {
     }
 
     fn owners(g: &HetGraph, parts: u16) -> Vec<Vec<u16>> {
-        g.node_types().iter().map(|nt| (0..nt.count).map(|v| ((v * 7 + 3) % u32::from(parts)) as u16).collect()).collect()
+        g.node_types()
+            .iter()
+            .map(|nt| {
+                (0..nt.count)
+                    .map(|v| ((v * 7 + 3) % u32::from(parts)) as u16)
+                    .collect()
+            })
+            .collect()
     }
 
     #[test]
@@ -179,8 +237,17 @@ mod tests {
                     for br in &p.block.relations {
                         let r = g.relation(br.relation);
                         for (i, &v) in p.block.dst[r.dst.index()].iter().enumerate() {
-                            let got: Vec<u32> = br.sources[br.offsets[i] as usize..br.offsets[i + 1] as usize].iter().map(|&k| p.block.src[r.src.index()][k as usize]).collect();
-                            assert_eq!(got, r.in_csr().neighbors(v), "layer {l}, {} into {v}", r.canonical());
+                            let got: Vec<u32> = br.sources
+                                [br.offsets[i] as usize..br.offsets[i + 1] as usize]
+                                .iter()
+                                .map(|&k| p.block.src[r.src.index()][k as usize])
+                                .collect();
+                            assert_eq!(
+                                got,
+                                r.in_csr().neighbors(v),
+                                "layer {l}, {} into {v}",
+                                r.canonical()
+                            );
                         }
                     }
                     for (t, spans) in p.spans.iter().enumerate() {
@@ -210,6 +277,9 @@ mod tests {
         // Worker 1's own rows come first.
         assert_eq!(ps[1].spans[0][1].start, 0);
         assert_eq!(ps[1].spans[0][0].start, layout.count(1, 0));
-        assert!(Layout::new(&[vec![0, 3]], 2).is_err(), "an owner beyond the partitions");
+        assert!(
+            Layout::new(&[vec![0, 3]], 2).is_err(),
+            "an owner beyond the partitions"
+        );
     }
 }

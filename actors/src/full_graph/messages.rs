@@ -57,10 +57,20 @@ macro_rules! block_message {
             fn handle(&mut self, m: Deliver<$name>, _: &mut Context<Self>) -> Self::Result {
                 let b = m.msg.0;
                 // Filed under the worker the sending actor is, not the one it claims.
-                if m.from.as_str() == super::names::worker(b.from) && b.round >= FORWARD_ROUND && b.round < BACKWARD_ROUND + (1 << 20) && !b.data.0.is_empty() {
+                if m.from.as_str() == super::names::worker(b.from)
+                    && b.round >= FORWARD_ROUND
+                    && b.round < BACKWARD_ROUND + (1 << 20)
+                    && !b.data.0.is_empty()
+                {
                     self.0.file_gen(b.gen, b.seq, b.round, b.from, b.data.0);
                 } else {
-                    tracing::warn!("dropped a {} message from {} claiming to be worker {} (round {})", $kind, m.from.as_str(), b.from, b.round);
+                    tracing::warn!(
+                        "dropped a {} message from {} claiming to be worker {} (round {})",
+                        $kind,
+                        m.from.as_str(),
+                        b.from,
+                        b.round
+                    );
                 }
                 MessageResult(())
             }
@@ -68,9 +78,21 @@ macro_rules! block_message {
     };
 }
 
-block_message!(Broadcast, "broadcast", "A block broadcast in a training epoch's forward pass.");
-block_message!(EvalBroadcast, "broadcast.eval", "A block broadcast for evaluation (no block is skipped there).");
-block_message!(GradBlock, "grad-block", "The gradient of the owner's block, from a worker that read it.");
+block_message!(
+    Broadcast,
+    "broadcast",
+    "A block broadcast in a training epoch's forward pass."
+);
+block_message!(
+    EvalBroadcast,
+    "broadcast.eval",
+    "A block broadcast for evaluation (no block is skipped there)."
+);
+block_message!(
+    GradBlock,
+    "grad-block",
+    "The gradient of the owner's block, from a worker that read it."
+);
 
 /// Payload flags.
 const SKIPPED: u8 = 0;
@@ -83,7 +105,10 @@ const SPARSE: u8 = 2;
 /// about ten times smaller, with the same bits.
 pub fn encode(rows: Option<&[f32]>, width: usize, sparse: bool) -> Vec<u8> {
     let Some(r) = rows else { return vec![SKIPPED] };
-    match sparse.then(|| crate::distributed::rows::encode_sparse(r, width)).flatten() {
+    match sparse
+        .then(|| crate::distributed::rows::encode_sparse(r, width))
+        .flatten()
+    {
         Some(body) => [vec![SPARSE], body].concat(),
         None => {
             let mut out = Vec::with_capacity(1 + 4 * r.len());
@@ -117,10 +142,19 @@ mod tests {
 
     #[test]
     fn payloads_round_trip_and_bad_ones_are_refused() {
-        assert_eq!(decode(&encode(Some(&[1.0, -2.5]), 2, true), 1, 2).unwrap(), Some(vec![1.0, -2.5]));
+        assert_eq!(
+            decode(&encode(Some(&[1.0, -2.5]), 2, true), 1, 2).unwrap(),
+            Some(vec![1.0, -2.5])
+        );
         assert_eq!(decode(&encode(None, 2, true), 1, 2).unwrap(), None);
-        assert_eq!(decode(&encode(Some(&[]), 4, true), 0, 4).unwrap(), Some(vec![]));
-        assert!(decode(&encode(Some(&[1.0]), 1, true), 2, 1).is_err(), "too few values");
+        assert_eq!(
+            decode(&encode(Some(&[]), 4, true), 0, 4).unwrap(),
+            Some(vec![])
+        );
+        assert!(
+            decode(&encode(Some(&[1.0]), 1, true), 2, 1).is_err(),
+            "too few values"
+        );
         assert!(decode(&[0, 1], 0, 1).is_err(), "a skip notice with a body");
         assert!(decode(&[7], 0, 1).is_err(), "an unknown flag");
         assert!(decode(&[], 0, 1).is_err(), "no flag");
@@ -131,12 +165,23 @@ mod tests {
     #[test]
     fn mostly_zero_rows_travel_as_their_non_zeros_with_the_same_bits() {
         let (rows, width, x) = crate::distributed::rows::tests::mostly_zero();
-        assert_eq!(encode(Some(&x), width, false)[0], DENSE, "sparse only where asked");
+        assert_eq!(
+            encode(Some(&x), width, false)[0],
+            DENSE,
+            "sparse only where asked"
+        );
         let p = encode(Some(&x), width, true);
         assert_eq!(p[0], SPARSE);
-        assert_eq!(body_bytes(&p), 4 * 4 + 8 * 4, "offsets and four non-zeros (-0.0 kept: its bits are not zero)");
+        assert_eq!(
+            body_bytes(&p),
+            4 * 4 + 8 * 4,
+            "offsets and four non-zeros (-0.0 kept: its bits are not zero)"
+        );
         let back = decode(&p, rows, width).unwrap().unwrap();
-        assert_eq!(back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
         // Dense rows stay dense.
         let dense: Vec<f32> = (0..rows * width).map(|i| i as f32 + 1.0).collect();
         assert_eq!(encode(Some(&dense), width, true)[0], DENSE);

@@ -64,16 +64,27 @@ impl FullGraph {
         let dir =
             t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: full-graph training needs a partition directory (hetgnn partition --method block-row --out DIR)".into()))?;
         if t.layers > MAX_LAYERS {
-            return Err(TrainError::Config(format!("training.layers: full-graph training runs at most {MAX_LAYERS} layers")));
+            return Err(TrainError::Config(format!(
+                "training.layers: full-graph training runs at most {MAX_LAYERS} layers"
+            )));
         }
         let set = PartitionSet::open(dir)?;
         if set.manifest.node_types.len() > messages::MAX_TYPES {
-            return Err(TrainError::Config(format!("full-graph training handles at most {} node types", messages::MAX_TYPES)));
+            return Err(TrainError::Config(format!(
+                "full-graph training handles at most {} node types",
+                messages::MAX_TYPES
+            )));
         }
         let parts = set.manifest.parts as u32;
         let owners = Arc::new(set.owners.clone());
         let layout = Arc::new(Layout::new(&owners, parts)?);
-        Ok(FullGraph { set, parts, cfg: t.clone(), owners, layout })
+        Ok(FullGraph {
+            set,
+            parts,
+            cfg: t.clone(),
+            owners,
+            layout,
+        })
     }
 }
 
@@ -104,11 +115,19 @@ impl Distributed for FullGraph {
     /// Partition k's actors run on the k-th node (which loads partition k);
     /// the coordinator where `[placement]` puts it, else on the first node.
     fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
-        crate::owner::place_one_per_node(topology, self.parts, &self.set.manifest.node_types, names::worker, "full-graph training")
+        crate::owner::place_one_per_node(
+            topology,
+            self.parts,
+            &self.set.manifest.node_types,
+            names::worker,
+            "full-graph training",
+        )
     }
 
     fn load(&self, part: u32) -> Result<HetGraph> {
-        Ok(self.set.load_part(part as usize, &load_options(&self.cfg))?)
+        Ok(self
+            .set
+            .load_part(part as usize, &load_options(&self.cfg))?)
     }
 
     /// One step per epoch: the whole graph.
@@ -119,14 +138,42 @@ impl Distributed for FullGraph {
     /// Its partitioning and staleness settings too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("full-graph|{:?}|{}|{:?}|{:?}|{}|{}|{}", t.allreduce, m.parts, m.method, t.staleness, t.staleness_epochs, t.staleness_variation, t.skip_gradients);
+        let layout = format!(
+            "full-graph|{:?}|{}|{:?}|{:?}|{}|{}|{}",
+            t.allreduce,
+            m.parts,
+            m.method,
+            t.staleness,
+            t.staleness_epochs,
+            t.staleness_variation,
+            t.skip_gradients
+        );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
-        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        extra.extend(
+            self.owners
+                .iter()
+                .map(|o| bytemuck::cast_slice::<u16, u8>(o)),
+        );
         checkpoint::fingerprint(t, g.name(), &extra)
     }
 
-    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
-        crate::owner::serve(node, part, graph, &self.owners, None, &self.cfg, self.parts, arbiters)?;
+    fn serve(
+        &self,
+        node: &Node,
+        part: u32,
+        graph: &Arc<HetGraph>,
+        arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>> {
+        crate::owner::serve(
+            node,
+            part,
+            graph,
+            &self.owners,
+            None,
+            &self.cfg,
+            self.parts,
+            arbiters,
+        )?;
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
         node.register(&names::worker(part), &addr)
@@ -142,18 +189,47 @@ impl Distributed for FullGraph {
     }
 
     /// The partition's stores restore the checkpoint, its worker trains.
-    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Model> {
+    fn attempt(
+        &self,
+        p: &Part,
+        b: Begin,
+        _run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<Model> {
         crate::owner::reset_stores(p, &self.cfg, b)?;
-        let setup = WorkerSetup::new(p, self.parts, &self.cfg, &self.owners, &b, from, names::worker)?;
+        let setup = WorkerSetup::new(
+            p,
+            self.parts,
+            &self.cfg,
+            &self.owners,
+            &b,
+            from,
+            names::worker,
+        )?;
         let layout = self.layout.clone();
-        run_thread(format!("full-worker-{}", p.part), setup, move |s| worker::train(s, &layout))
+        run_thread(format!("full-worker-{}", p.part), setup, move |s| {
+            worker::train(s, &layout)
+        })
     }
 
     /// The coordinator's own worker's replica (every replica is the same)
     /// and the learnable tables from the stores.
-    fn assemble(&self, system: &System, _inbox: &Inbox, local: Vec<(u32, Result<Option<Model>>)>, g: &HetGraph) -> Result<Model> {
-        let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
-        let replica = own?.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
+    fn assemble(
+        &self,
+        system: &System,
+        _inbox: &Inbox,
+        local: Vec<(u32, Result<Option<Model>>)>,
+        g: &HetGraph,
+    ) -> Result<Model> {
+        let (_, own) = local
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+        let replica = own?.ok_or_else(|| {
+            TrainError::Distributed(
+                "the coordinator's own partition did not finish its last attempt".into(),
+            )
+        })?;
         crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
     }
 }

@@ -32,13 +32,22 @@ impl Rule {
     /// holding the copy of epoch `last` (`None`: they hold none);
     /// `variation` measures the block against that copy (only called by the
     /// variation rule).
-    pub fn broadcast(&self, epoch: u64, part: u32, last: Option<u64>, variation: impl FnOnce() -> f64) -> bool {
+    pub fn broadcast(
+        &self,
+        epoch: u64,
+        part: u32,
+        last: Option<u64>,
+        variation: impl FnOnce() -> f64,
+    ) -> bool {
         let Some(last) = last else { return true };
         let k = u64::from(self.epochs);
         match self.kind {
             Staleness::None => true,
             Staleness::Fixed => epoch.saturating_sub(last) > k,
-            Staleness::Adaptive => epoch > last && ((epoch + u64::from(part)).is_multiple_of(k + 1) || epoch - last > k),
+            Staleness::Adaptive => {
+                epoch > last
+                    && ((epoch + u64::from(part)).is_multiple_of(k + 1) || epoch - last > k)
+            }
             Staleness::Variation => variation() > self.variation,
         }
     }
@@ -70,7 +79,11 @@ mod tests {
     use super::*;
 
     fn rule(kind: Staleness, epochs: u32) -> Rule {
-        Rule { kind, epochs, variation: 0.1 }
+        Rule {
+            kind,
+            epochs,
+            variation: 0.1,
+        }
     }
 
     /// The epochs in `0..n` in which `part` broadcasts, following its own decisions.
@@ -90,19 +103,39 @@ mod tests {
     fn the_epoch_rules_keep_every_copy_within_the_bound() {
         assert_eq!(pattern(rule(Staleness::None, 1), 0, 5), vec![0, 1, 2, 3, 4]);
         assert_eq!(pattern(rule(Staleness::Fixed, 1), 0, 7), vec![0, 2, 4, 6]);
-        assert_eq!(pattern(rule(Staleness::Fixed, 1), 3, 7), vec![0, 2, 4, 6], "fixed: every worker in the same epochs");
+        assert_eq!(
+            pattern(rule(Staleness::Fixed, 1), 3, 7),
+            vec![0, 2, 4, 6],
+            "fixed: every worker in the same epochs"
+        );
         assert_eq!(pattern(rule(Staleness::Fixed, 2), 1, 7), vec![0, 3, 6]);
         // Adaptive: the workers' refreshes fall in different epochs.
-        assert_eq!(pattern(rule(Staleness::Adaptive, 1), 0, 7), vec![0, 2, 4, 6]);
-        assert_eq!(pattern(rule(Staleness::Adaptive, 1), 1, 7), vec![0, 1, 3, 5]);
-        assert_eq!(pattern(rule(Staleness::Adaptive, 2), 2, 8), vec![0, 1, 4, 7]);
+        assert_eq!(
+            pattern(rule(Staleness::Adaptive, 1), 0, 7),
+            vec![0, 2, 4, 6]
+        );
+        assert_eq!(
+            pattern(rule(Staleness::Adaptive, 1), 1, 7),
+            vec![0, 1, 3, 5]
+        );
+        assert_eq!(
+            pattern(rule(Staleness::Adaptive, 2), 2, 8),
+            vec![0, 1, 4, 7]
+        );
         for kind in [Staleness::Fixed, Staleness::Adaptive] {
             for k in 1..4 {
                 for part in 0..5 {
                     let p = pattern(rule(kind, k), part, 40);
                     let worst = p.windows(2).map(|w| w[1] - w[0] - 1).max().unwrap();
-                    assert!(worst <= u64::from(k), "{kind:?} k={k} part {part}: a copy {worst} epochs old in {p:?}");
-                    assert!(p.len() as u64 <= 40 / (u64::from(k) + 1) + 2, "{kind:?} k={k}: {} broadcasts", p.len());
+                    assert!(
+                        worst <= u64::from(k),
+                        "{kind:?} k={k} part {part}: a copy {worst} epochs old in {p:?}"
+                    );
+                    assert!(
+                        p.len() as u64 <= 40 / (u64::from(k) + 1) + 2,
+                        "{kind:?} k={k}: {} broadcasts",
+                        p.len()
+                    );
                 }
             }
         }

@@ -25,7 +25,9 @@ use models::Model;
 use runtime::{ActorRef, ByteVec};
 
 use super::blocks::{plans, LayerPlan, Layout};
-use super::messages::{self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND};
+use super::messages::{
+    self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND,
+};
 use super::staleness::{relative_change, Rule};
 use crate::config::{Staleness, TrainingConfig};
 use crate::distributed::checkpoint::{self, Progress};
@@ -127,13 +129,46 @@ impl<'a> Worker<'a> {
         let plans = plans(g, layout, s.part, t.layers)?;
         let own: Vec<Vec<u32>> = layout.rows[s.part as usize].clone();
         let gather = model.feature_gather();
-        let features = (0..own.len()).map(|ty| if c.learnable[ty] || own[ty].is_empty() { Ok(None) } else { Ok(gather.gather_type(g, ty, &own[ty])?) }).collect::<Result<PerType>>()?;
-        let widths = g.node_types().iter().map(|nt| nt.features.as_ref().map_or(t.embed_dim, |f| f.dim())).collect();
+        let features = (0..own.len())
+            .map(|ty| {
+                if c.learnable[ty] || own[ty].is_empty() {
+                    Ok(None)
+                } else {
+                    Ok(gather.gather_type(g, ty, &own[ty])?)
+                }
+            })
+            .collect::<Result<PerType>>()?;
+        let widths = g
+            .node_types()
+            .iter()
+            .map(|nt| nt.features.as_ref().map_or(t.embed_dim, |f| f.dim()))
+            .collect();
         let target = g.target().index();
         let (labels, splits) = g.target_labels();
-        let at = |nodes: &[u32]| -> Vec<u32> { nodes.iter().filter_map(|&v| layout.locate(target, v).filter(|(q, _)| *q == s.part).map(|(_, i)| i)).collect() };
-        let mine: Vec<u32> = splits.train.iter().copied().filter(|&v| c.owned(target, v)).collect();
-        let y = mine.iter().map(|&v| u32::try_from(labels[v as usize]).map_err(|_| TrainError::Config(format!("training node {v} has no label")))).collect::<Result<Vec<u32>>>()?;
+        let at = |nodes: &[u32]| -> Vec<u32> {
+            nodes
+                .iter()
+                .filter_map(|&v| {
+                    layout
+                        .locate(target, v)
+                        .filter(|(q, _)| *q == s.part)
+                        .map(|(_, i)| i)
+                })
+                .collect()
+        };
+        let mine: Vec<u32> = splits
+            .train
+            .iter()
+            .copied()
+            .filter(|&v| c.owned(target, v))
+            .collect();
+        let y = mine
+            .iter()
+            .map(|&v| {
+                u32::try_from(labels[v as usize])
+                    .map_err(|_| TrainError::Config(format!("training node {v} has no label")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
         let ctx = Ctx {
             s,
             layout,
@@ -148,14 +183,36 @@ impl<'a> Worker<'a> {
             valid: at(&splits.valid),
             test: at(&splits.test),
             total_train: splits.train.len(),
-            rule: Rule { kind: t.staleness, epochs: t.staleness_epochs, variation: t.staleness_variation },
+            rule: Rule {
+                kind: t.staleness,
+                epochs: t.staleness_epochs,
+                variation: t.staleness_variation,
+            },
         };
         let types = g.node_types().len();
         let mut cache = vec![vec![vec![None; s.parts as usize]; types]; t.layers];
         if let Some((dir, m)) = &s.from {
-            restore_cache(&mut cache, &checkpoint::load_tensors(dir, m, &cache_file(s.part))?, layout, &ctx.widths, t.hidden, &ctx.device)?;
+            restore_cache(
+                &mut cache,
+                &checkpoint::load_tensors(dir, m, &cache_file(s.part))?,
+                layout,
+                &ctx.widths,
+                t.hidden,
+                &ctx.device,
+            )?;
         }
-        Ok(Worker { ctx, state: State { model, adam, seq, cache, constant: vec![None; types], figures: FullFigures::default(), s } })
+        Ok(Worker {
+            ctx,
+            state: State {
+                model,
+                adam,
+                seq,
+                cache,
+                constant: vec![None; types],
+                figures: FullFigures::default(),
+                s,
+            },
+        })
     }
 
     fn train(&mut self) -> Result<()> {
@@ -164,8 +221,18 @@ impl<'a> Worker<'a> {
         let all: Vec<u32> = s.graph.target_labels().1.train.clone();
         let batch = all.len().max(1);
         // One step per epoch: the batch is every training node.
-        let cfg = TrainingConfig { batch, ..s.cfg.clone() };
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.part, cfg: &cfg, items: epochs::Items::Nodes(&all), resumed };
+        let cfg = TrainingConfig {
+            batch,
+            ..s.cfg.clone()
+        };
+        let attempt = Attempt {
+            node: Some(&s.node),
+            gen: s.gen,
+            trainer: s.part,
+            cfg: &cfg,
+            items: epochs::Items::Nodes(&all),
+            resumed,
+        };
         epochs::run(&attempt, &self.ctx, &mut self.state)
     }
 }
@@ -180,18 +247,42 @@ fn width(widths: &[usize], hidden: usize, l: usize, ty: usize) -> usize {
 }
 
 /// Restores the cached copies a checkpoint kept (constant blocks are not kept: they are broadcast again).
-fn restore_cache(cache: &mut [Vec<Vec<Option<Copy>>>], tensors: &HashMap<String, Tensor>, layout: &Layout, widths: &[usize], hidden: usize, device: &candle_core::Device) -> Result<()> {
+fn restore_cache(
+    cache: &mut [Vec<Vec<Option<Copy>>>],
+    tensors: &HashMap<String, Tensor>,
+    layout: &Layout,
+    widths: &[usize],
+    hidden: usize,
+    device: &candle_core::Device,
+) -> Result<()> {
     for (l, per_type) in cache.iter_mut().enumerate() {
         for (ty, per_part) in per_type.iter_mut().enumerate() {
             for (q, slot) in per_part.iter_mut().enumerate() {
                 let name = format!("l{l}.t{ty}.p{q}");
-                let (Some(rows), Some(epoch)) = (tensors.get(&name), tensors.get(&format!("{name}.epoch"))) else { continue };
+                let (Some(rows), Some(epoch)) =
+                    (tensors.get(&name), tensors.get(&format!("{name}.epoch")))
+                else {
+                    continue;
+                };
                 let want = (layout.count(q as u32, ty), width(widths, hidden, l, ty));
                 if rows.dims2()? != want {
-                    return Err(TrainError::Checkpoint(format!("cached block {name}: shape {:?}, expected {want:?}", rows.dims())));
+                    return Err(TrainError::Checkpoint(format!(
+                        "cached block {name}: shape {:?}, expected {want:?}",
+                        rows.dims()
+                    )));
                 }
-                let epoch = epoch.to_vec1::<i64>()?.first().copied().and_then(|e| u64::try_from(e).ok()).ok_or_else(|| TrainError::Checkpoint(format!("cached block {name}: a bad epoch")))?;
-                *slot = Some(Copy { epoch, rows: rows.to_device(device)? });
+                let epoch = epoch
+                    .to_vec1::<i64>()?
+                    .first()
+                    .copied()
+                    .and_then(|e| u64::try_from(e).ok())
+                    .ok_or_else(|| {
+                        TrainError::Checkpoint(format!("cached block {name}: a bad epoch"))
+                    })?;
+                *slot = Some(Copy {
+                    epoch,
+                    rows: rows.to_device(device)?,
+                });
             }
         }
     }
@@ -228,7 +319,15 @@ impl Ctx<'_> {
     /// to it) as `round`'s message of step `seq` and returns what every other
     /// worker sent, in partition order: `None` from those `expect` says send
     /// nothing. A round nobody sends in costs no message and no wait.
-    fn exchange(&self, pass: Pass, backward: bool, seq: u64, round: u32, data: Vec<Option<Vec<u8>>>, expect: &[bool]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn exchange(
+        &self,
+        pass: Pass,
+        backward: bool,
+        seq: u64,
+        round: u32,
+        data: Vec<Option<Vec<u8>>>,
+        expect: &[bool],
+    ) -> Result<Vec<Option<Vec<u8>>>> {
         let (s, me) = (self.s, self.s.part);
         let others: Vec<u32> = (0..s.parts).filter(|&q| q != me).collect();
         let asks: Vec<_> = others
@@ -236,7 +335,13 @@ impl Ctx<'_> {
             .zip(data)
             .filter_map(|(&q, d)| d.map(|d| (q, d)))
             .map(|(q, d)| {
-                let b = BlockMsg { gen: s.gen, seq, round, from: me, data: ByteVec(d) };
+                let b = BlockMsg {
+                    gen: s.gen,
+                    seq,
+                    round,
+                    from: me,
+                    data: ByteVec(d),
+                };
                 let to = &self.workers[q as usize];
                 async move {
                     match (backward, pass) {
@@ -252,9 +357,22 @@ impl Ctx<'_> {
                 r?;
             }
         }
-        let from: Vec<u32> = others.iter().zip(expect).filter(|(_, &e)| e).map(|(&q, _)| q).collect();
-        let mut got = if from.is_empty() { Vec::new() } else { s.inbox.raw("blocks", seq, round, &from, s.timeouts.step)? }.into_iter();
-        Ok(expect.iter().map(|&e| if e { got.next() } else { None }).collect())
+        let from: Vec<u32> = others
+            .iter()
+            .zip(expect)
+            .filter(|(_, &e)| e)
+            .map(|(&q, _)| q)
+            .collect();
+        let mut got = if from.is_empty() {
+            Vec::new()
+        } else {
+            s.inbox.raw("blocks", seq, round, &from, s.timeouts.step)?
+        }
+        .into_iter();
+        Ok(expect
+            .iter()
+            .map(|&e| if e { got.next() } else { None })
+            .collect())
     }
 }
 
@@ -265,7 +383,10 @@ fn empty(width: usize, c: &Client) -> Result<Tensor> {
 
 /// Concatenates row blocks (skipping empty ones), `[0, width]` if all are.
 fn cat_rows(parts: &[Tensor], width: usize, c: &Client) -> Result<Tensor> {
-    let kept: Vec<&Tensor> = parts.iter().filter(|t| t.dim(0).is_ok_and(|n| n > 0)).collect();
+    let kept: Vec<&Tensor> = parts
+        .iter()
+        .filter(|t| t.dim(0).is_ok_and(|n| n > 0))
+        .collect();
     match kept.len() {
         0 => empty(width, c),
         1 => Ok(kept[0].clone()),
@@ -282,7 +403,10 @@ fn stack_rows(parts: &[Tensor], width: usize, leaf: bool, c: &Client) -> Result<
         return cat_rows(parts, width, c);
     }
     if c.device.is_cpu() && c.dtype == DType::F32 {
-        let rows = parts.iter().map(|t| t.dim(0)).sum::<candle_core::Result<usize>>()?;
+        let rows = parts
+            .iter()
+            .map(|t| t.dim(0))
+            .sum::<candle_core::Result<usize>>()?;
         let mut out: Vec<f32> = Vec::with_capacity(rows * width);
         for t in parts {
             with_f32(t, |v| out.extend_from_slice(v))?;
@@ -295,7 +419,13 @@ fn stack_rows(parts: &[Tensor], width: usize, leaf: bool, c: &Client) -> Result<
 impl State<'_> {
     /// The forward pass of epoch `epoch` (a training step when `pass` is
     /// `Train`); `counts` gets the blocks broadcast and skipped.
-    fn forward(&mut self, ctx: &Ctx, epoch: u64, pass: Pass, st: &mut EpochStats) -> Result<Forward> {
+    fn forward(
+        &mut self,
+        ctx: &Ctx,
+        epoch: u64,
+        pass: Pass,
+        st: &mut EpochStats,
+    ) -> Result<Forward> {
         let s = ctx.s;
         let g = &*s.graph;
         let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
@@ -333,13 +463,24 @@ impl State<'_> {
                 if plan.shared[ty] && s.parts > 1 {
                     // Whether worker q sends its block, its receivers holding `slot` of it
                     // (`variation` measures the block against it: only q itself can).
-                    let sends = |q: u32, slot: &Option<Copy>, variation: &dyn Fn(&Copy) -> f64| match pass {
-                        _ if constant => slot.is_none(),
-                        Pass::Eval => true,
-                        Pass::Train => ctx.rule.broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || slot.as_ref().map_or(f64::INFINITY, variation)),
+                    let sends = |q: u32, slot: &Option<Copy>, variation: &dyn Fn(&Copy) -> f64| {
+                        match pass {
+                            _ if constant => slot.is_none(),
+                            Pass::Eval => true,
+                            Pass::Train => {
+                                ctx.rule
+                                    .broadcast(epoch, q, slot.as_ref().map(|c| c.epoch), || {
+                                        slot.as_ref().map_or(f64::INFINITY, variation)
+                                    })
+                            }
+                        }
                     };
                     // Send this worker's block (or the notice that it is skipped) ...
-                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| with_f32(&mine, |a| with_f32(&c.rows, |b| relative_change(a, b))).and_then(|x| x).unwrap_or(f64::INFINITY));
+                    let send = sends(me, &self.cache[l][ty][me as usize], &|c| {
+                        with_f32(&mine, |a| with_f32(&c.rows, |b| relative_change(a, b)))
+                            .and_then(|x| x)
+                            .unwrap_or(f64::INFINITY)
+                    });
                     // Constant features travel as their non-zeros where that is shorter (bag-of-words);
                     // hidden blocks stay dense, so their bytes do not depend on their values.
                     let payload = match send {
@@ -347,7 +488,11 @@ impl State<'_> {
                         false => messages::encode(None, w, constant),
                     };
                     let bytes = messages::body_bytes(&payload) * u64::from(s.parts - 1);
-                    let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
+                    let counts = self
+                        .figures
+                        .blocks
+                        .entry(format!("l{l}.{}", g.node_types()[ty].name))
+                        .or_default();
                     // A constant block is sent once and never stale: only the one broadcast counts.
                     if train && (send || !constant) {
                         if send {
@@ -364,19 +509,39 @@ impl State<'_> {
                     // (the epoch and the version cached of it), so a skipped block costs
                     // no message; the variation rule's skip is a notice.
                     let variation = train && !constant && ctx.rule.kind == Staleness::Variation;
-                    let expect: Vec<bool> = order[1..].iter().map(|&q| variation || sends(q, &self.cache[l][ty][q as usize], &|_| f64::INFINITY)).collect();
+                    let expect: Vec<bool> = order[1..]
+                        .iter()
+                        .map(|&q| {
+                            variation
+                                || sends(q, &self.cache[l][ty][q as usize], &|_| f64::INFINITY)
+                        })
+                        .collect();
                     let out = (send || variation).then_some(payload);
-                    let got = ctx.exchange(pass, false, seq, messages::round(FORWARD_ROUND, l, ty), vec![out; s.parts as usize - 1], &expect)?;
+                    let got = ctx.exchange(
+                        pass,
+                        false,
+                        seq,
+                        messages::round(FORWARD_ROUND, l, ty),
+                        vec![out; s.parts as usize - 1],
+                        &expect,
+                    )?;
                     st.time.comm_s += lap(&mut clock);
                     fresh[ty][me as usize] = send;
                     if send && (train || constant) {
-                        self.cache[l][ty][me as usize] = Some(Copy { epoch, rows: mine.detach() });
+                        self.cache[l][ty][me as usize] = Some(Copy {
+                            epoch,
+                            rows: mine.detach(),
+                        });
                     }
                     // ... and take every other worker's, fresh or cached.
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let n = ctx.layout.count(q, ty);
                         let rows = match data {
-                            Some(data) => messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s block of layer {l}, type {ty}: {e}")))?,
+                            Some(data) => messages::decode(data, n, w).map_err(|e| {
+                                TrainError::Distributed(format!(
+                                    "worker {q}'s block of layer {l}, type {ty}: {e}"
+                                ))
+                            })?,
                             None => None,
                         };
                         let block = match rows {
@@ -419,7 +584,12 @@ impl State<'_> {
                     self.constant[ty] = Some(x.clone());
                 }
                 // Dropout of the rows a layer reads, where it reads them.
-                h_src[ty] = Some(if l > 0 { self.model.dropout_rows(x, key, l - 1, ty, &plan.block.src[ty])? } else { x });
+                h_src[ty] = Some(if l > 0 {
+                    self.model
+                        .dropout_rows(x, key, l - 1, ty, &plan.block.src[ty])?
+                } else {
+                    x
+                });
             }
             let mut out = self.model.layer_forward(g, l, &plan.block, &h_src)?;
             if l + 1 < layers {
@@ -439,7 +609,12 @@ impl State<'_> {
 
     /// Backward from the worker's loss share; returns the flattened dense
     /// gradients (with the loss and correct count) and the learnable rows' pushes.
-    fn backward(&mut self, ctx: &Ctx, f: Forward, st: &mut EpochStats) -> Result<(Vec<f32>, Pushes)> {
+    fn backward(
+        &mut self,
+        ctx: &Ctx,
+        f: Forward,
+        st: &mut EpochStats,
+    ) -> Result<(Vec<f32>, Pushes)> {
         let s = ctx.s;
         let g = &*s.graph;
         let (me, types, layers) = (s.part, g.node_types().len(), ctx.plans.len());
@@ -473,17 +648,35 @@ impl State<'_> {
                     }
                 }
             }
-            let grad_of = |x: &Option<Tensor>| -> Option<Tensor> { x.as_ref().and_then(|x| upstream.as_ref().and_then(|gs| gs.get(x).cloned())) };
+            let grad_of = |x: &Option<Tensor>| -> Option<Tensor> {
+                x.as_ref()
+                    .and_then(|x| upstream.as_ref().and_then(|gs| gs.get(x).cloned()))
+            };
             st.time.compute_s += lap(&mut clock);
             if l == 0 {
-                let mut learn: Vec<Option<Tensor>> = (0..types).map(|ty| grad_of(f.learn.get(ty).unwrap_or(&None))).collect();
+                let mut learn: Vec<Option<Tensor>> = (0..types)
+                    .map(|ty| grad_of(f.learn.get(ty).unwrap_or(&None)))
+                    .collect();
                 // Learnable rows are the first layer's blocks: their gradient rows go
                 // back to the owners' stores, those of stale blocks only unless skipped too.
                 let mut src = std::borrow::Cow::Borrowed(&plan.block.src);
-                for ty in (0..types).filter(|&ty| plan.shared[ty] && ctx.learnable[ty] && s.parts > 1) {
-                    let stale: Vec<bool> = order[1..].iter().map(|&q| !f.fresh[0][ty][q as usize]).collect();
-                    let skipped = if s.cfg.skip_gradients { stale.iter().filter(|&&x| x).count() as u64 } else { 0 };
-                    let counts = self.figures.blocks.entry(format!("l0.{}", g.node_types()[ty].name)).or_default();
+                for ty in
+                    (0..types).filter(|&ty| plan.shared[ty] && ctx.learnable[ty] && s.parts > 1)
+                {
+                    let stale: Vec<bool> = order[1..]
+                        .iter()
+                        .map(|&q| !f.fresh[0][ty][q as usize])
+                        .collect();
+                    let skipped = if s.cfg.skip_gradients {
+                        stale.iter().filter(|&&x| x).count() as u64
+                    } else {
+                        0
+                    };
+                    let counts = self
+                        .figures
+                        .blocks
+                        .entry(format!("l0.{}", g.node_types()[ty].name))
+                        .or_default();
                     counts.grad_sent += stale.len() as u64 - skipped;
                     counts.grad_skipped += skipped;
                     if skipped == 0 {
@@ -513,14 +706,26 @@ impl State<'_> {
                 // The input leaf's gradient: the worker's own rows, then the others' blocks.
                 let n_me = ctx.layout.count(me, ty);
                 let grad = grad_of(&f.inputs[l][ty]);
-                let part = |at: usize, n: usize| grad.as_ref().filter(|_| n > 0).map(|g| g.narrow(0, at, n)).transpose();
+                let part = |at: usize, n: usize| {
+                    grad.as_ref()
+                        .filter(|_| n > 0)
+                        .map(|g| g.narrow(0, at, n))
+                        .transpose()
+                };
                 let mut mine = part(0, n_me)?;
                 if plan.shared[ty] && s.parts > 1 {
-                    let n_away = grad.as_ref().map_or(Ok(0), |g| g.dim(0))?.saturating_sub(n_me);
+                    let n_away = grad
+                        .as_ref()
+                        .map_or(Ok(0), |g| g.dim(0))?
+                        .saturating_sub(n_me);
                     let away = part(n_me, n_away)?;
                     let mut data = Vec::with_capacity(order.len() - 1);
                     let mut at = 0usize;
-                    let counts = self.figures.blocks.entry(format!("l{l}.{}", g.node_types()[ty].name)).or_default();
+                    let counts = self
+                        .figures
+                        .blocks
+                        .entry(format!("l{l}.{}", g.node_types()[ty].name))
+                        .or_default();
                     for &q in &order[1..] {
                         let n = ctx.layout.count(q, ty);
                         let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
@@ -530,7 +735,9 @@ impl State<'_> {
                             data.push(None);
                         } else {
                             let payload = match &away {
-                                Some(x) => with_f32(&x.narrow(0, at, n)?, |v| messages::encode(Some(v), w, false))?,
+                                Some(x) => with_f32(&x.narrow(0, at, n)?, |v| {
+                                    messages::encode(Some(v), w, false)
+                                })?,
                                 None => messages::encode(None, w, false),
                             };
                             counts.grad_sent += 1;
@@ -545,14 +752,26 @@ impl State<'_> {
                     let sent_mine = f.fresh[l][ty][me as usize];
                     let expect = vec![!s.cfg.skip_gradients || sent_mine; order.len() - 1];
                     st.time.compute_s += lap(&mut clock);
-                    let got = ctx.exchange(Pass::Train, true, self.seq, messages::round(BACKWARD_ROUND, l, ty), data, &expect)?;
+                    let got = ctx.exchange(
+                        Pass::Train,
+                        true,
+                        self.seq,
+                        messages::round(BACKWARD_ROUND, l, ty),
+                        data,
+                        &expect,
+                    )?;
                     st.time.comm_s += lap(&mut clock);
                     let n = ctx.layout.count(me, ty);
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let Some(data) = data else { continue };
-                        let rows = messages::decode(data, n, w).map_err(|e| TrainError::Distributed(format!("worker {q}'s gradient of layer {l}, type {ty}: {e}")))?;
+                        let rows = messages::decode(data, n, w).map_err(|e| {
+                            TrainError::Distributed(format!(
+                                "worker {q}'s gradient of layer {l}, type {ty}: {e}"
+                            ))
+                        })?;
                         if let Some(v) = rows {
-                            let x = Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;
+                            let x =
+                                Tensor::from_vec(v, (n, w), &ctx.device)?.to_dtype(ctx.dtype)?;
                             mine = Some(match mine {
                                 Some(m) => (m + x)?,
                                 None => x,
@@ -571,7 +790,15 @@ impl State<'_> {
             upstream = surrogate.map(|x| x.backward()).transpose()?;
         }
         st.time.compute_s += lap(&mut clock);
-        Ok((allreduce::flatten_named(&self.model.params, |name, _| grads.get(name).cloned(), loss, correct)?, pushes))
+        Ok((
+            allreduce::flatten_named(
+                &self.model.params,
+                |name, _| grads.get(name).cloned(),
+                loss,
+                correct,
+            )?,
+            pushes,
+        ))
     }
 
     /// The checkpoint tensors of the cache: every copy but the constant blocks.
@@ -585,8 +812,16 @@ impl State<'_> {
                 for (q, c) in per_part.iter().enumerate() {
                     if let Some(c) = c {
                         let name = format!("l{l}.t{ty}.p{q}");
-                        out.insert(format!("{name}.epoch"), Tensor::new(&[c.epoch as i64], &candle_core::Device::Cpu)?);
-                        out.insert(name, c.rows.to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?);
+                        out.insert(
+                            format!("{name}.epoch"),
+                            Tensor::new(&[c.epoch as i64], &candle_core::Device::Cpu)?,
+                        );
+                        out.insert(
+                            name,
+                            c.rows
+                                .to_dtype(DType::F32)?
+                                .to_device(&candle_core::Device::Cpu)?,
+                        );
                     }
                 }
             }
@@ -596,7 +831,13 @@ impl State<'_> {
 
     /// Bytes the cache holds (the worker's own last-broadcast copies included).
     fn cache_bytes(&self) -> u64 {
-        self.cache.iter().flatten().flatten().flatten().map(|c| (c.rows.elem_count() * c.rows.dtype().size_in_bytes()) as u64).sum()
+        self.cache
+            .iter()
+            .flatten()
+            .flatten()
+            .flatten()
+            .map(|c| (c.rows.elem_count() * c.rows.dtype().size_in_bytes()) as u64)
+            .sum()
     }
 }
 
@@ -622,19 +863,45 @@ impl<'a> Steps for State<'a> {
 
     /// Worker 0 writes the dense state; every worker its cache and its stores' rows.
     fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
-        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
-        let cache = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &cache_file(self.s.part), &self.cache_tensors(ctx)?)?;
+        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else {
+            return Ok(());
+        };
+        let cache = checkpoint::write_tensors(
+            &checkpoint::partial_dir(root, self.seq),
+            &cache_file(self.s.part),
+            &self.cache_tensors(ctx)?,
+        )?;
         let dense = (self.s.part == 0).then_some((&self.model, &self.adam));
-        ctx.checkpoint_part_with(&ctx.coordinator, root, self.seq, dense, progress, vec![cache])
+        ctx.checkpoint_part_with(
+            &ctx.coordinator,
+            root,
+            self.seq,
+            dense,
+            progress,
+            vec![cache],
+        )
     }
 
-    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, _step: u64, seeds: &[u32], _: (), st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(
+        &mut self,
+        ctx: &Ctx<'a>,
+        epoch: u64,
+        _step: u64,
+        seeds: &[u32],
+        _: (),
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
         let s = ctx.s;
         let f = self.forward(ctx, epoch, Pass::Train, st)?;
         let (mine, pushes) = self.backward(ctx, f, st)?;
         let mut clock = Instant::now();
         let pushes = ctx.pushes(self.seq, s.part, pushes);
-        let group = Group { trainers: &ctx.workers, me: s.part, seq: self.seq, kind: s.cfg.allreduce };
+        let group = Group {
+            trainers: &ctx.workers,
+            me: s.part,
+            seq: self.seq,
+            kind: s.cfg.allreduce,
+        };
         let sum = all_reduce(ctx, &group, mine, pushes)?;
         st.time.comm_s += lap(&mut clock);
         let (loss, correct) = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
@@ -643,9 +910,21 @@ impl<'a> Steps for State<'a> {
         s.inbox.forget_before(self.seq);
         if s.part == 0 {
             let c = ctx.coordinator.clone();
-            ctx.block_on(c.ask(StepDone { gen: s.gen, epoch, seq: self.seq - 1, loss }, s.timeouts.ask))??;
+            ctx.block_on(c.ask(
+                StepDone {
+                    gen: s.gen,
+                    epoch,
+                    seq: self.seq - 1,
+                    loss,
+                },
+                s.timeouts.ask,
+            ))??;
         }
-        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+        Ok(StepFigures {
+            loss,
+            correct,
+            seen: seeds.len() as u64,
+        })
     }
 
     /// Every row computed again without dropout from fresh blocks; each
@@ -659,7 +938,11 @@ impl<'a> Steps for State<'a> {
         let own = &ctx.own[target];
         if let Some(logits) = &f.out[ctx.plans.len() - 1][target] {
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            let count = |at: &[u32]| at.iter().filter(|&&i| i64::from(pred[i as usize]) == labels[own[i as usize] as usize]).count() as u64;
+            let count = |at: &[u32]| {
+                at.iter()
+                    .filter(|&&i| i64::from(pred[i as usize]) == labels[own[i as usize] as usize])
+                    .count() as u64
+            };
             st.valid_correct = count(&ctx.valid);
             st.test_correct = count(&ctx.test);
         }

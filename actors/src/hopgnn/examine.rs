@@ -49,7 +49,12 @@ impl Examination {
     /// An examination over `workers` workers, starting unmerged.
     pub fn new(workers: u32) -> Examination {
         let steps = workers.max(1);
-        Examination { steps, before: None, settled: steps == 1, seconds: Vec::new() }
+        Examination {
+            steps,
+            before: None,
+            settled: steps == 1,
+            seconds: Vec::new(),
+        }
     }
 
     /// Adds a step's seconds (summed over the workers).
@@ -64,7 +69,11 @@ impl Examination {
         }
         seconds.sort_unstable_by(f64::total_cmp);
         let n = seconds.len();
-        let median = if n % 2 == 1 { seconds[n / 2] } else { (seconds[n / 2 - 1] + seconds[n / 2]) / 2.0 };
+        let median = if n % 2 == 1 {
+            seconds[n / 2]
+        } else {
+            (seconds[n / 2 - 1] + seconds[n / 2]) / 2.0
+        };
         median * n as f64
     }
 
@@ -96,24 +105,47 @@ impl Examination {
     /// The state as a checkpoint tensor: time steps, the epoch before's
     /// measure (NaN: none), settled (0 or 1), then the epoch's step seconds.
     pub fn to_tensors(&self) -> Result<HashMap<String, Tensor>> {
-        let mut v = vec![f64::from(self.steps), self.before.unwrap_or(f64::NAN), if self.settled { 1.0 } else { 0.0 }];
+        let mut v = vec![
+            f64::from(self.steps),
+            self.before.unwrap_or(f64::NAN),
+            if self.settled { 1.0 } else { 0.0 },
+        ];
         v.extend_from_slice(&self.seconds);
         let n = v.len();
-        Ok(HashMap::from([(TENSOR.to_string(), Tensor::from_vec(v, n, &Device::Cpu)?)]))
+        Ok(HashMap::from([(
+            TENSOR.to_string(),
+            Tensor::from_vec(v, n, &Device::Cpu)?,
+        )]))
     }
 
     /// The state a checkpoint holds, checked against `workers`.
     pub fn from_tensors(t: &HashMap<String, Tensor>, workers: u32) -> Result<Examination> {
-        let bad = |why: &str| TrainError::Checkpoint(format!("the examination state in the checkpoint {why}"));
-        let v: Vec<f64> = t.get(TENSOR).ok_or_else(|| bad("is missing"))?.to_dtype(candle_core::DType::F64)?.to_vec1()?;
-        let [steps, before, settled, ref seconds @ ..] = v[..] else { return Err(bad("has fewer than 3 values")) };
+        let bad = |why: &str| {
+            TrainError::Checkpoint(format!("the examination state in the checkpoint {why}"))
+        };
+        let v: Vec<f64> = t
+            .get(TENSOR)
+            .ok_or_else(|| bad("is missing"))?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1()?;
+        let [steps, before, settled, ref seconds @ ..] = v[..] else {
+            return Err(bad("has fewer than 3 values"));
+        };
         if !(steps >= 1.0 && steps <= f64::from(workers.max(1)) && steps.fract() == 0.0) {
             return Err(bad(&format!("has {steps} time steps, not 1 to {workers}")));
         }
-        if seconds.iter().any(|s| !(s.is_finite() && *s >= 0.0)) || !(before.is_nan() || before.is_finite() && before >= 0.0) || !(settled == 0.0 || settled == 1.0) {
+        if seconds.iter().any(|s| !(s.is_finite() && *s >= 0.0))
+            || !(before.is_nan() || before.is_finite() && before >= 0.0)
+            || !(settled == 0.0 || settled == 1.0)
+        {
             return Err(bad("is damaged"));
         }
-        Ok(Examination { steps: steps as u32, before: (!before.is_nan()).then_some(before), settled: settled == 1.0, seconds: seconds.to_vec() })
+        Ok(Examination {
+            steps: steps as u32,
+            before: (!before.is_nan()).then_some(before),
+            settled: settled == 1.0,
+            seconds: seconds.to_vec(),
+        })
     }
 }
 
@@ -131,7 +163,11 @@ mod tests {
             e.add(t / 2.0);
             e.add(t / 2.0);
             let measured = e.epoch_end(epoch as u64);
-            assert_eq!(measured, (epoch > 0 && !was_settled).then_some(t), "epoch {epoch}");
+            assert_eq!(
+                measured,
+                (epoch > 0 && !was_settled).then_some(t),
+                "epoch {epoch}"
+            );
         }
         (steps, e)
     }
@@ -190,15 +226,44 @@ mod tests {
         let back = Examination::from_tensors(&e.to_tensors().unwrap(), 4).unwrap();
         assert_eq!(back, e);
         let fresh = Examination::new(4);
-        assert_eq!(Examination::from_tensors(&fresh.to_tensors().unwrap(), 4).unwrap(), fresh);
-        let err = Examination::from_tensors(&e.to_tensors().unwrap(), 2).unwrap_err().to_string();
+        assert_eq!(
+            Examination::from_tensors(&fresh.to_tensors().unwrap(), 4).unwrap(),
+            fresh
+        );
+        let err = Examination::from_tensors(&e.to_tensors().unwrap(), 2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("3 time steps, not 1 to 2"), "{err}");
-        let bad = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0, 0.5, 0.0], 4, &Device::Cpu).unwrap())]);
-        assert!(Examination::from_tensors(&bad, 4).unwrap_err().to_string().contains("damaged"));
-        let bad = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0, 0.0, 0.5, -1.0], 5, &Device::Cpu).unwrap())]);
-        assert!(Examination::from_tensors(&bad, 4).unwrap_err().to_string().contains("damaged"), "a negative step time");
-        let short = HashMap::from([(TENSOR.to_string(), Tensor::from_slice(&[2.0f64, 1.0], 2, &Device::Cpu).unwrap())]);
-        assert!(Examination::from_tensors(&short, 4).unwrap_err().to_string().contains("fewer than 3"));
-        assert!(Examination::from_tensors(&HashMap::new(), 4).unwrap_err().to_string().contains("missing"));
+        let bad = HashMap::from([(
+            TENSOR.to_string(),
+            Tensor::from_slice(&[2.0f64, 1.0, 0.5, 0.0], 4, &Device::Cpu).unwrap(),
+        )]);
+        assert!(Examination::from_tensors(&bad, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("damaged"));
+        let bad = HashMap::from([(
+            TENSOR.to_string(),
+            Tensor::from_slice(&[2.0f64, 1.0, 0.0, 0.5, -1.0], 5, &Device::Cpu).unwrap(),
+        )]);
+        assert!(
+            Examination::from_tensors(&bad, 4)
+                .unwrap_err()
+                .to_string()
+                .contains("damaged"),
+            "a negative step time"
+        );
+        let short = HashMap::from([(
+            TENSOR.to_string(),
+            Tensor::from_slice(&[2.0f64, 1.0], 2, &Device::Cpu).unwrap(),
+        )]);
+        assert!(Examination::from_tensors(&short, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("fewer than 3"));
+        assert!(Examination::from_tensors(&HashMap::new(), 4)
+            .unwrap_err()
+            .to_string()
+            .contains("missing"));
     }
 }

@@ -38,9 +38,19 @@ impl Handler<Deliver<Migrate>> for InboxActor {
     fn handle(&mut self, m: Deliver<Migrate>, _: &mut Context<Self>) -> Self::Result {
         // Filed under the worker the sending actor is, not the one it claims.
         if m.from.as_str() == super::names::worker(m.msg.from) && m.msg.step < MIGRATE_ROUND {
-            self.0.file_gen(m.msg.gen, m.msg.seq, MIGRATE_ROUND + m.msg.step, m.msg.from, m.msg.data.0);
+            self.0.file_gen(
+                m.msg.gen,
+                m.msg.seq,
+                MIGRATE_ROUND + m.msg.step,
+                m.msg.from,
+                m.msg.data.0,
+            );
         } else {
-            tracing::warn!("dropped a migration from {} claiming to be worker {}", m.from.as_str(), m.msg.from);
+            tracing::warn!(
+                "dropped a migration from {} claiming to be worker {}",
+                m.from.as_str(),
+                m.msg.from
+            );
         }
         MessageResult(())
     }

@@ -58,7 +58,12 @@ impl HopGnn {
         let set = PartitionSet::open(dir)?;
         let parts = set.manifest.parts as u32;
         let owners = Arc::new(set.owners.clone());
-        Ok(HopGnn { set, parts, cfg: t.clone(), owners })
+        Ok(HopGnn {
+            set,
+            parts,
+            cfg: t.clone(),
+            owners,
+        })
     }
 }
 
@@ -89,24 +94,54 @@ impl Distributed for HopGnn {
     /// Partition k's actors run on the k-th node (which loads partition k);
     /// the coordinator where `[placement]` puts it, else on the first node.
     fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
-        crate::owner::place_one_per_node(topology, self.parts, &self.set.manifest.node_types, names::worker, "hopgnn")
+        crate::owner::place_one_per_node(
+            topology,
+            self.parts,
+            &self.set.manifest.node_types,
+            names::worker,
+            "hopgnn",
+        )
     }
 
     fn load(&self, part: u32) -> Result<HetGraph> {
-        Ok(self.set.load_part(part as usize, &load_options(&self.cfg))?)
+        Ok(self
+            .set
+            .load_part(part as usize, &load_options(&self.cfg))?)
     }
 
     /// Its partitioning and how models migrate and merge too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("hopgnn|{:?}|{}|{:?}|{:?}|{:?}|{}", t.allreduce, m.parts, m.method, t.hop_migrate, t.hop_time_steps, t.hop_pregather);
+        let layout = format!(
+            "hopgnn|{:?}|{}|{:?}|{:?}|{:?}|{}",
+            t.allreduce, m.parts, m.method, t.hop_migrate, t.hop_time_steps, t.hop_pregather
+        );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
-        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        extra.extend(
+            self.owners
+                .iter()
+                .map(|o| bytemuck::cast_slice::<u16, u8>(o)),
+        );
         checkpoint::fingerprint(t, g.name(), &extra)
     }
 
-    fn serve(&self, node: &Node, part: u32, graph: &Arc<HetGraph>, arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
-        crate::owner::serve(node, part, graph, &self.owners, None, &self.cfg, self.parts, arbiters)?;
+    fn serve(
+        &self,
+        node: &Node,
+        part: u32,
+        graph: &Arc<HetGraph>,
+        arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>> {
+        crate::owner::serve(
+            node,
+            part,
+            graph,
+            &self.owners,
+            None,
+            &self.cfg,
+            self.parts,
+            arbiters,
+        )?;
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
         node.register(&names::worker(part), &addr)
@@ -120,17 +155,44 @@ impl Distributed for HopGnn {
     }
 
     /// The partition's stores restore the checkpoint, its worker trains.
-    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Model> {
+    fn attempt(
+        &self,
+        p: &Part,
+        b: Begin,
+        _run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<Model> {
         crate::owner::reset_stores(p, &self.cfg, b)?;
-        let setup = WorkerSetup::new(p, self.parts, &self.cfg, &self.owners, &b, from, names::worker)?;
+        let setup = WorkerSetup::new(
+            p,
+            self.parts,
+            &self.cfg,
+            &self.owners,
+            &b,
+            from,
+            names::worker,
+        )?;
         run_thread(format!("hop-worker-{}", p.part), setup, worker::train)
     }
 
     /// The coordinator's own worker's replica (every replica is the same)
     /// and the learnable tables from the stores.
-    fn assemble(&self, system: &System, _inbox: &Inbox, local: Vec<(u32, Result<Option<Model>>)>, g: &HetGraph) -> Result<Model> {
-        let (_, own) = local.into_iter().next().ok_or_else(|| TrainError::Distributed("no partition".into()))?;
-        let replica = own?.ok_or_else(|| TrainError::Distributed("the coordinator's own partition did not finish its last attempt".into()))?;
+    fn assemble(
+        &self,
+        system: &System,
+        _inbox: &Inbox,
+        local: Vec<(u32, Result<Option<Model>>)>,
+        g: &HetGraph,
+    ) -> Result<Model> {
+        let (_, own) = local
+            .into_iter()
+            .next()
+            .ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+        let replica = own?.ok_or_else(|| {
+            TrainError::Distributed(
+                "the coordinator's own partition did not finish its last attempt".into(),
+            )
+        })?;
         crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
     }
 }

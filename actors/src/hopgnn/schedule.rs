@@ -41,18 +41,32 @@ impl Plan {
         let keep = (steps.max(1) as usize).min(n);
         while offsets.len() > keep {
             let total = |o: usize| units[o].iter().map(Vec::len).sum::<usize>();
-            let (at, &gone) = offsets.iter().enumerate().min_by_key(|&(i, &o)| (total(o), i)).expect("more than one time step left");
+            let (at, &gone) = offsets
+                .iter()
+                .enumerate()
+                .min_by_key(|&(i, &o)| (total(o), i))
+                .expect("more than one time step left");
             offsets.remove(at);
             let moved = std::mem::replace(&mut units[gone], vec![Vec::new(); n]);
             for (d, roots) in moved.into_iter().enumerate() {
                 for v in roots {
-                    let &o = offsets.iter().min_by_key(|&&o| units[o][d].len()).expect("a time step left");
+                    let &o = offsets
+                        .iter()
+                        .min_by_key(|&&o| units[o][d].len())
+                        .expect("a time step left");
                     units[o][d].push(v);
                 }
             }
         }
-        let roots = offsets.iter().map(|&o| std::mem::take(&mut units[o])).collect();
-        Plan { workers: n as u32, offsets: offsets.into_iter().map(|o| o as u32).collect(), roots }
+        let roots = offsets
+            .iter()
+            .map(|&o| std::mem::take(&mut units[o]))
+            .collect();
+        Plan {
+            workers: n as u32,
+            offsets: offsets.into_iter().map(|o| o as u32).collect(),
+            roots,
+        }
     }
 
     /// Time steps.
@@ -124,7 +138,9 @@ mod tests {
         let batch: Vec<u32> = (0..60).collect();
         let skewed = |v: u32| if v.is_multiple_of(5) { v % 3 } else { 0 };
         let all = Plan::new(&batch, 3, 3, skewed);
-        let totals: Vec<usize> = (0..3).map(|i| all.roots[i].iter().map(Vec::len).sum()).collect();
+        let totals: Vec<usize> = (0..3)
+            .map(|i| all.roots[i].iter().map(Vec::len).sum())
+            .collect();
         let fewest = (0..3).min_by_key(|&i| (totals[i], i)).unwrap() as u32;
         let two = Plan::new(&batch, 3, 2, skewed);
         assert_eq!(two.steps(), 2);

@@ -83,7 +83,11 @@ struct Prepared {
 enum Gathered {
     /// Pre-gathering: the distinct input rows of every time step per type,
     /// their features, and per time step and type where its rows sit among them.
-    Once { union: Vec<Vec<u32>>, features: PerType, index: Vec<Vec<Option<Tensor>>> },
+    Once {
+        union: Vec<Vec<u32>>,
+        features: PerType,
+        index: Vec<Vec<Option<Tensor>>>,
+    },
     /// Each time step's own features.
     PerStep(Vec<PerType>),
 }
@@ -114,19 +118,46 @@ impl<'a> Worker<'a> {
         let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
         let (c, workers, coordinator) = s.peers(&model)?;
         let exam = match (t.hop_time_steps, &s.from) {
-            (HopTimeSteps::Auto, Some((dir, m))) => Some(Examination::from_tensors(&checkpoint::load_tensors(dir, m, EXAMINATION)?, s.parts)?),
+            (HopTimeSteps::Auto, Some((dir, m))) => Some(Examination::from_tensors(
+                &checkpoint::load_tensors(dir, m, EXAMINATION)?,
+                s.parts,
+            )?),
             (HopTimeSteps::Auto, None) => Some(Examination::new(s.parts)),
             _ => None,
         };
         let auto_steps = AtomicU32::new(exam.as_ref().map_or(s.parts, |e| e.steps));
-        Ok(Worker { ctx: Ctx { s, c, workers, coordinator, auto_steps }, rep: Replica { model, adam, seq, hop: HopFigures::default(), exam, since: Instant::now(), s } })
+        Ok(Worker {
+            ctx: Ctx {
+                s,
+                c,
+                workers,
+                coordinator,
+                auto_steps,
+            },
+            rep: Replica {
+                model,
+                adam,
+                seq,
+                hop: HopFigures::default(),
+                exam,
+                since: Instant::now(),
+                s,
+            },
+        })
     }
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
         let items = epochs::Items::Nodes(&s.graph.target_labels().1.train);
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.part, cfg: &s.cfg, items, resumed };
+        let attempt = Attempt {
+            node: Some(&s.node),
+            gen: s.gen,
+            trainer: s.part,
+            cfg: &s.cfg,
+            items,
+            resumed,
+        };
         epochs::run(&attempt, &self.ctx, &mut self.rep)
     }
 }
@@ -148,19 +179,30 @@ impl Ctx<'_> {
         let g = &*s.graph;
         let target = g.target().index();
         let owners = &s.owners;
-        let plan = Plan::new(batch, s.parts, self.time_steps(), |v| u32::from(owners[target][v as usize]));
+        let plan = Plan::new(batch, s.parts, self.time_steps(), |v| {
+            u32::from(owners[target][v as usize])
+        });
         let clock = Instant::now();
         let mut micro = Vec::with_capacity(plan.steps());
         for i in 0..plan.steps() {
             let roots = plan.roots_at(s.part, i);
-            micro.push(if roots.is_empty() { None } else { Some(self.sample(s.cfg.seed, epoch, step, roots)?) });
+            micro.push(if roots.is_empty() {
+                None
+            } else {
+                Some(self.sample(s.cfg.seed, epoch, step, roots)?)
+            });
         }
         let sample_s = clock.elapsed().as_secs_f64();
         let clock = Instant::now();
         let types = g.node_types();
         let gathered = |ty: usize| self.gathers(ty, Rows::All);
-        let remote = |ty: usize, ids: &[u32]| ids.iter().filter(|&&v| !self.owned(ty, v)).count() as u64;
-        let mut figures = HopFigures { time_steps: plan.steps() as u32, rows: types.iter().map(|nt| (nt.name.clone(), 0, 0)).collect(), ..HopFigures::default() };
+        let remote =
+            |ty: usize, ids: &[u32]| ids.iter().filter(|&&v| !self.owned(ty, v)).count() as u64;
+        let mut figures = HopFigures {
+            time_steps: plan.steps() as u32,
+            rows: types.iter().map(|nt| (nt.name.clone(), 0, 0)).collect(),
+            ..HopFigures::default()
+        };
         for mb in micro.iter().flatten() {
             for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
                 if gathered(ty) {
@@ -199,22 +241,49 @@ impl Ctx<'_> {
                         .map(|(ids, all)| {
                             let pos: Vec<u32> = ids
                                 .iter()
-                                .map(|v| all.binary_search(v).map(|p| p as u32).map_err(|_| TrainError::Distributed("a micrograph row missing from the pre-gathered rows".into())))
+                                .map(|v| {
+                                    all.binary_search(v).map(|p| p as u32).map_err(|_| {
+                                        TrainError::Distributed(
+                                            "a micrograph row missing from the pre-gathered rows"
+                                                .into(),
+                                        )
+                                    })
+                                })
                                 .collect::<Result<_>>()?;
-                            Ok((!pos.is_empty()).then(|| Tensor::from_vec(pos.clone(), pos.len(), &self.device)).transpose()?)
+                            Ok((!pos.is_empty())
+                                .then(|| Tensor::from_vec(pos.clone(), pos.len(), &self.device))
+                                .transpose()?)
                         })
                         .collect::<Result<Vec<_>>>()?,
                     None => Vec::new(),
                 };
                 index.push(at);
             }
-            Gathered::Once { union, features, index }
+            Gathered::Once {
+                union,
+                features,
+                index,
+            }
         } else {
             figures.rows_pulled = figures.rows_pulled_per_time_step;
-            let per_step = micro.iter().map(|mb| mb.as_ref().map_or(Ok(Vec::new()), |mb| self.gather(&mb.blocks[0].src, Rows::Features, None))).collect::<Result<_>>()?;
+            let per_step = micro
+                .iter()
+                .map(|mb| {
+                    mb.as_ref().map_or(Ok(Vec::new()), |mb| {
+                        self.gather(&mb.blocks[0].src, Rows::Features, None)
+                    })
+                })
+                .collect::<Result<_>>()?;
             Gathered::PerStep(per_step)
         };
-        Ok(Prepared { plan, micro, rows, figures, sample_s, gather_s: clock.elapsed().as_secs_f64() })
+        Ok(Prepared {
+            plan,
+            micro,
+            rows,
+            figures,
+            sample_s,
+            gather_s: clock.elapsed().as_secs_f64(),
+        })
     }
 }
 
@@ -238,24 +307,44 @@ impl<'a> Steps for Replica<'a> {
         Ok(())
     }
 
-    fn prepare(ctx: &Ctx<'a>, _: &mut (), epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+    fn prepare(
+        ctx: &Ctx<'a>,
+        _: &mut (),
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+    ) -> Result<Prepared> {
         ctx.prepare(epoch, step, seeds)
     }
 
     /// Worker 0 writes the dense state (and the examination's, the same on
     /// every worker); every partition its stores' rows.
     fn checkpoint(&mut self, ctx: &Ctx<'a>, progress: Progress) -> Result<()> {
-        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
+        let Some(root) = self.s.cfg.checkpoint_dir.as_ref() else {
+            return Ok(());
+        };
         let lead = self.s.part == 0;
         let dense = lead.then_some((&self.model, &self.adam));
         let files = match self.exam.as_ref().filter(|_| lead) {
-            Some(e) => vec![checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), EXAMINATION, &e.to_tensors()?)?],
+            Some(e) => vec![checkpoint::write_tensors(
+                &checkpoint::partial_dir(root, self.seq),
+                EXAMINATION,
+                &e.to_tensors()?,
+            )?],
             None => Vec::new(),
         };
         ctx.checkpoint_part_with(&ctx.coordinator, root, self.seq, dense, progress, files)
     }
 
-    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(
+        &mut self,
+        ctx: &Ctx<'a>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let f = &p.figures;
@@ -272,9 +361,21 @@ impl<'a> Steps for Replica<'a> {
         let (loss, correct) = self.train_step(ctx, epoch, step, seeds, p, st)?;
         if self.s.part == 0 {
             let c = ctx.coordinator.clone();
-            ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
+            ctx.block_on(c.ask(
+                StepDone {
+                    gen: self.s.gen,
+                    epoch,
+                    seq: self.seq - 1,
+                    loss,
+                },
+                self.s.timeouts.ask,
+            ))??;
         }
-        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+        Ok(StepFigures {
+            loss,
+            correct,
+            seen: seeds.len() as u64,
+        })
     }
 
     /// Each worker counts the validation and test nodes its partition owns.
@@ -282,8 +383,14 @@ impl<'a> Steps for Replica<'a> {
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
         let (seed, after) = (self.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
-        let mine = |c: &[u32]| c.iter().copied().filter(|&v| ctx.owned(target, v)).collect();
-        st.valid_correct = ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, mine)?;
+        let mine = |c: &[u32]| {
+            c.iter()
+                .copied()
+                .filter(|&v| ctx.owned(target, v))
+                .collect()
+        };
+        st.valid_correct =
+            ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, mine)?;
         st.test_correct = ctx.count_correct(&self.model, seed, epoch, &splits.test, after, mine)?;
         Ok(())
     }
@@ -316,7 +423,12 @@ impl Replica<'_> {
     fn flat_params(&self) -> Result<Vec<f32>> {
         let mut out = Vec::new();
         for (_, var) in self.model.params.iter() {
-            out.extend(var.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+            out.extend(
+                var.as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            );
         }
         Ok(out)
     }
@@ -325,7 +437,17 @@ impl Replica<'_> {
     /// far, and its parameters if they travel).
     fn receive(&self, ctx: &Ctx, plan: &Plan, i: usize, want: usize) -> Result<Vec<f32>> {
         let from = plan.came_from(ctx.s.part, i);
-        Ok(ctx.s.inbox.gradients(self.seq, MIGRATE_ROUND + i as u32 - 1, &[from], want, ctx.s.timeouts.step)?.swap_remove(0))
+        Ok(ctx
+            .s
+            .inbox
+            .gradients(
+                self.seq,
+                MIGRATE_ROUND + i as u32 - 1,
+                &[from],
+                want,
+                ctx.s.timeouts.step,
+            )?
+            .swap_remove(0))
     }
 
     /// Takes the parameters a migrating model brought.
@@ -333,7 +455,9 @@ impl Replica<'_> {
         let mut at = 0;
         for (_, var) in self.model.params.iter() {
             let n = var.elem_count();
-            let v = values.get(at..at + n).ok_or_else(|| TrainError::Distributed("a migrating model brought too few parameters".into()))?;
+            let v = values.get(at..at + n).ok_or_else(|| {
+                TrainError::Distributed("a migrating model brought too few parameters".into())
+            })?;
             var.set(&Tensor::from_slice(v, var.shape(), &ctx.device)?.to_dtype(var.dtype())?)?;
             at += n;
         }
@@ -342,7 +466,15 @@ impl Replica<'_> {
 
     /// One step: the time steps, the all-reduce and the update; returns the
     /// global loss and number of correct predictions.
-    fn train_step(&mut self, ctx: &Ctx, epoch: u64, step: u64, batch: &[u32], p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
+    fn train_step(
+        &mut self,
+        ctx: &Ctx,
+        epoch: u64,
+        step: u64,
+        batch: &[u32],
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<(f64, f64)> {
         let s = ctx.s;
         let g = s.graph.clone();
         let (labels, _) = g.target_labels();
@@ -378,10 +510,15 @@ impl Replica<'_> {
             if let Some(mb) = &p.micro[i] {
                 let roots = plan.roots_at(me, i);
                 let inputs: PerType = match &p.rows {
-                    Gathered::Once { features, index, .. } => (0..g.node_types().len())
+                    Gathered::Once {
+                        features, index, ..
+                    } => (0..g.node_types().len())
                         .map(|ty| {
                             let idx = index[i].get(ty).and_then(Option::as_ref);
-                            let whole = learn.get(ty).and_then(Option::as_ref).or(features.get(ty).and_then(Option::as_ref));
+                            let whole = learn
+                                .get(ty)
+                                .and_then(Option::as_ref)
+                                .or(features.get(ty).and_then(Option::as_ref));
                             match (idx, whole) {
                                 (Some(idx), Some(x)) => Ok(Some(x.index_select(idx, 0)?)),
                                 _ => Ok(None),
@@ -406,8 +543,17 @@ impl Replica<'_> {
                 let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
                 let gs = (&loss * share)?.backward()?;
                 let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                let correct = pred.iter().zip(roots).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
-                mine = allreduce::flatten(&self.model.params, Some(&gs), loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share, correct)?;
+                let correct = pred
+                    .iter()
+                    .zip(roots)
+                    .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
+                    .count() as f64;
+                mine = allreduce::flatten(
+                    &self.model.params,
+                    Some(&gs),
+                    loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
+                    correct,
+                )?;
                 if let Gathered::Once { .. } = p.rows {
                     for (ty, x) in learn.iter().enumerate() {
                         if let Some(gr) = x.as_ref().and_then(|x| gs.get(x)) {
@@ -418,7 +564,15 @@ impl Replica<'_> {
                         }
                     }
                 } else {
-                    let leaves: Vec<Option<Tensor>> = inputs.iter().enumerate().map(|(ty, x)| x.as_ref().filter(|_| ctx.learnable[ty]).and_then(|x| gs.get(x).cloned())).collect();
+                    let leaves: Vec<Option<Tensor>> = inputs
+                        .iter()
+                        .enumerate()
+                        .map(|(ty, x)| {
+                            x.as_ref()
+                                .filter(|_| ctx.learnable[ty])
+                                .and_then(|x| gs.get(x).cloned())
+                        })
+                        .collect();
                     ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
                 }
                 st.time.compute_s += lap(&mut clock);
@@ -438,7 +592,13 @@ impl Replica<'_> {
                 if carry {
                     data.extend(self.flat_params()?);
                 }
-                let msg = Migrate { gen: s.gen, seq: self.seq, step: i as u32, from: me, data: ByteVec(bytemuck::cast_slice(&data).to_vec()) };
+                let msg = Migrate {
+                    gen: s.gen,
+                    seq: self.seq,
+                    step: i as u32,
+                    from: me,
+                    data: ByteVec(bytemuck::cast_slice(&data).to_vec()),
+                };
                 ctx.block_on(ctx.workers[to as usize].ask(msg, s.timeouts.ask))??;
                 st.time.comm_s += lap(&mut clock);
             }
@@ -449,14 +609,25 @@ impl Replica<'_> {
         // Every worker pushes to every learnable store each step (empty if it
         // has nothing), so a store knows when the step's gradient is complete.
         let pushes = ctx.pushes(self.seq, me, pushes);
-        let group = Group { trainers: &ctx.workers, me, seq: self.seq, kind: s.cfg.allreduce };
+        let group = Group {
+            trainers: &ctx.workers,
+            me,
+            seq: self.seq,
+            kind: s.cfg.allreduce,
+        };
         // The examination's clock rides on the all-reduce, so every worker sums the same seconds.
         if self.exam.is_some() {
-            acc.push(std::mem::replace(&mut self.since, Instant::now()).elapsed().as_secs_f32());
+            acc.push(
+                std::mem::replace(&mut self.since, Instant::now())
+                    .elapsed()
+                    .as_secs_f32(),
+            );
         }
         let mut sum = all_reduce(ctx, &group, acc, pushes)?;
         if let Some(e) = &mut self.exam {
-            let seconds = sum.pop().ok_or_else(|| TrainError::Distributed("an empty all-reduce".into()))?;
+            let seconds = sum
+                .pop()
+                .ok_or_else(|| TrainError::Distributed("an empty all-reduce".into()))?;
             e.add(f64::from(seconds));
         }
         st.time.comm_s += lap(&mut clock);

@@ -104,7 +104,15 @@ impl Averager<'_> {
             let parts = messages::pieces(bytes);
             let pieces = parts.len() as u32;
             for (i, piece) in parts.into_iter().enumerate() {
-                let msg = Average { gen: self.gen, round, phase: ph, piece: i as u32, pieces, from: self.worker, data: ByteVec(piece) };
+                let msg = Average {
+                    gen: self.gen,
+                    round,
+                    phase: ph,
+                    piece: i as u32,
+                    pieces,
+                    from: self.worker,
+                    data: ByteVec(piece),
+                };
                 asks.push(self.peers[q].ask(msg, self.timeouts.ask));
             }
         }
@@ -115,7 +123,14 @@ impl Averager<'_> {
         (0..self.workers)
             .map(|q| match q == self.worker {
                 true => Ok(mine.take().unwrap_or_default()),
-                false => messages::gather(inbox, &format!("worker {q}'s averaging (phase {ph:#x}, round {round})"), round, ph, q, self.timeouts.step),
+                false => messages::gather(
+                    inbox,
+                    &format!("worker {q}'s averaging (phase {ph:#x}, round {round})"),
+                    round,
+                    ph,
+                    q,
+                    self.timeouts.step,
+                ),
             })
             .collect()
     }
@@ -142,19 +157,39 @@ impl Averager<'_> {
                 out[q].parts.push((l.part, rows));
             }
         }
-        let payloads = out.iter().map(messages::encode).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
+        let payloads = out
+            .iter()
+            .map(messages::encode)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(TrainError::Distributed)?;
         let mut holders = Holders::new();
-        for (q, bytes) in self.exchange(0, phase::HOLD, payloads)?.into_iter().enumerate() {
-            let rows: Rows = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {q}'s held rows: {e}")))?;
+        for (q, bytes) in self
+            .exchange(0, phase::HOLD, payloads)?
+            .into_iter()
+            .enumerate()
+        {
+            let rows: Rows = messages::decode(&bytes)
+                .map_err(|e| TrainError::Distributed(format!("worker {q}'s held rows: {e}")))?;
             for (part, types) in rows.parts {
                 if self.worker_of(part) != q as u32 {
-                    return Err(TrainError::Distributed(format!("worker {q} sent the held rows of partition {part}, not its own")));
+                    return Err(TrainError::Distributed(format!(
+                        "worker {q} sent the held rows of partition {part}, not its own"
+                    )));
                 }
-                let entry = holders.entry(part).or_insert_with(|| vec![Vec::new(); self.owners.len()]);
+                let entry = holders
+                    .entry(part)
+                    .or_insert_with(|| vec![Vec::new(); self.owners.len()]);
                 for (ty, ids, _) in types {
                     let ty = ty as usize;
-                    if ty >= self.owners.len() || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
-                        return Err(TrainError::Distributed(format!("worker {q} claims rows of type {ty} this worker does not own")));
+                    if ty >= self.owners.len()
+                        || ids.iter().any(|&id| {
+                            (id as usize) >= self.owners[ty].len()
+                                || self.owner_worker(ty, id) != self.worker
+                        })
+                    {
+                        return Err(TrainError::Distributed(format!(
+                            "worker {q} claims rows of type {ty} this worker does not own"
+                        )));
                     }
                     entry[ty] = ids;
                 }
@@ -169,15 +204,27 @@ impl Averager<'_> {
         let mut sent = 0u64;
         // Up: dense parameters to everyone, changed rows to their owners.
         let mut dense = Vec::new();
-        let mut up_rows: Vec<Vec<(u32, TypeRows)>> = (0..self.workers).map(|_| Vec::new()).collect();
+        let mut up_rows: Vec<Vec<(u32, TypeRows)>> =
+            (0..self.workers).map(|_| Vec::new()).collect();
         for l in locals.iter() {
             let (changed, values) = l.changed()?;
-            dense.push(Dense { part: l.part, weight: l.weight(), changed, values });
+            dense.push(Dense {
+                part: l.part,
+                weight: l.weight(),
+                changed,
+                values,
+            });
             let mut per: Vec<TypeRows> = (0..self.workers).map(|_| Vec::new()).collect();
             for (ty, rows) in l.rows.iter().enumerate() {
                 let Some(rows) = rows else { continue };
-                let mut by: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.workers as usize];
-                for (k, &id) in rows.ids.iter().enumerate().filter(|(k, _)| rows.touched[*k]) {
+                let mut by: Vec<(Vec<u32>, Vec<f32>)> =
+                    vec![(Vec::new(), Vec::new()); self.workers as usize];
+                for (k, &id) in rows
+                    .ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| rows.touched[*k])
+                {
                     let q = self.owner_worker(ty, id) as usize;
                     by[q].0.push(id);
                     by[q].1.extend_from_slice(rows.row(k));
@@ -190,13 +237,30 @@ impl Averager<'_> {
                 up_rows[q].push((l.part, rows));
             }
         }
-        let payloads = up_rows.into_iter().map(|rows| messages::encode(&Up { dense: dense.clone(), rows })).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
-        sent += payloads.iter().enumerate().filter(|(q, _)| *q as u32 != self.worker).map(|(_, b)| b.len() as u64).sum::<u64>();
+        let payloads = up_rows
+            .into_iter()
+            .map(|rows| {
+                messages::encode(&Up {
+                    dense: dense.clone(),
+                    rows,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(TrainError::Distributed)?;
+        sent += payloads
+            .iter()
+            .enumerate()
+            .filter(|(q, _)| *q as u32 != self.worker)
+            .map(|(_, b)| b.len() as u64)
+            .sum::<u64>();
         let ups: Vec<Up> = self
             .exchange(round, phase::UP, payloads)?
             .into_iter()
             .enumerate()
-            .map(|(q, b)| messages::decode(&b).map_err(|e| TrainError::Distributed(format!("worker {q}'s averaging: {e}"))))
+            .map(|(q, b)| {
+                messages::decode(&b)
+                    .map_err(|e| TrainError::Distributed(format!("worker {q}'s averaging: {e}")))
+            })
             .collect::<Result<_>>()?;
         self.average_dense(&ups, locals)?;
         let averaged = self.average_rows(&ups, locals)?;
@@ -205,7 +269,9 @@ impl Averager<'_> {
         for (&part, types) in holders {
             let mut rows: TypeRows = Vec::new();
             for (ty, ids) in types.iter().enumerate() {
-                let Some(avg) = averaged.get(&ty) else { continue };
+                let Some(avg) = averaged.get(&ty) else {
+                    continue;
+                };
                 let d = avg.values.len() / avg.ids.len().max(1);
                 let (mut got, mut values) = (Vec::new(), Vec::new());
                 // Both ascending: a merge.
@@ -226,20 +292,54 @@ impl Averager<'_> {
             }
             down[self.worker_of(part) as usize].parts.push((part, rows));
         }
-        let payloads = down.iter().map(messages::encode).collect::<std::result::Result<Vec<_>, _>>().map_err(TrainError::Distributed)?;
-        sent += payloads.iter().enumerate().filter(|(q, _)| *q as u32 != self.worker).map(|(_, b)| b.len() as u64).sum::<u64>();
-        for (q, bytes) in self.exchange(round, phase::DOWN, payloads)?.into_iter().enumerate() {
-            let rows: Rows = messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {q}'s averaged rows: {e}")))?;
+        let payloads = down
+            .iter()
+            .map(messages::encode)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(TrainError::Distributed)?;
+        sent += payloads
+            .iter()
+            .enumerate()
+            .filter(|(q, _)| *q as u32 != self.worker)
+            .map(|(_, b)| b.len() as u64)
+            .sum::<u64>();
+        for (q, bytes) in self
+            .exchange(round, phase::DOWN, payloads)?
+            .into_iter()
+            .enumerate()
+        {
+            let rows: Rows = messages::decode(&bytes)
+                .map_err(|e| TrainError::Distributed(format!("worker {q}'s averaged rows: {e}")))?;
             for (part, types) in rows.parts {
-                let l = locals.iter_mut().find(|l| l.part == part).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows for partition {part}, not this worker's")))?;
+                let l = locals.iter_mut().find(|l| l.part == part).ok_or_else(|| {
+                    TrainError::Distributed(format!(
+                        "worker {q} sent rows for partition {part}, not this worker's"
+                    ))
+                })?;
                 for (ty, ids, values) in types {
-                    let rows = l.rows.get_mut(ty as usize).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
+                    let rows = l
+                        .rows
+                        .get_mut(ty as usize)
+                        .and_then(Option::as_mut)
+                        .ok_or_else(|| {
+                            TrainError::Distributed(format!(
+                                "worker {q} sent rows of node type {ty}, which has none"
+                            ))
+                        })?;
                     let d = rows.table.dim;
                     if values.len() != ids.len() * d {
-                        return Err(TrainError::Distributed(format!("worker {q} sent {} values for {} rows", values.len(), ids.len())));
+                        return Err(TrainError::Distributed(format!(
+                            "worker {q} sent {} values for {} rows",
+                            values.len(),
+                            ids.len()
+                        )));
                     }
                     for (i, id) in ids.iter().enumerate() {
-                        let k = rows.index(*id).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent row {id}, which partition {part} does not hold")))?;
+                        let k = rows.index(*id).ok_or_else(|| {
+                            TrainError::Distributed(format!(
+                                "worker {q} sent row {id}, which partition {part} does not hold"
+                            ))
+                        })?;
                         rows.set_row(k, &values[i * d..(i + 1) * d]);
                     }
                 }
@@ -253,8 +353,13 @@ impl Averager<'_> {
 
     /// Every partition's dense parameters, averaged (the same on every worker).
     fn average_dense(&self, ups: &[Up], locals: &mut [Local]) -> Result<()> {
-        let Some(first) = locals.first() else { return Ok(()) };
-        let averaged = dense_mean(ups.iter().flat_map(|u| u.dense.iter()).collect(), first.params()?)?;
+        let Some(first) = locals.first() else {
+            return Ok(());
+        };
+        let averaged = dense_mean(
+            ups.iter().flat_map(|u| u.dense.iter()).collect(),
+            first.params()?,
+        )?;
         locals.iter_mut().try_for_each(|l| l.set_params(&averaged))
     }
 
@@ -262,24 +367,50 @@ impl Averager<'_> {
     /// node type; set in every partition of this worker owning it (the
     /// others holding it get it through the down messages).
     fn average_rows(&self, ups: &[Up], locals: &mut [Local]) -> Result<Averaged> {
-        let weights: BTreeMap<u32, u64> = ups.iter().flat_map(|u| u.dense.iter().map(|d| (d.part, d.weight))).collect();
-        let dims: Vec<Option<usize>> = locals.first().map(|l| l.rows.iter().map(|r| r.as_ref().map(|r| r.table.dim)).collect()).unwrap_or_default();
+        let weights: BTreeMap<u32, u64> = ups
+            .iter()
+            .flat_map(|u| u.dense.iter().map(|d| (d.part, d.weight)))
+            .collect();
+        let dims: Vec<Option<usize>> = locals
+            .first()
+            .map(|l| {
+                l.rows
+                    .iter()
+                    .map(|r| r.as_ref().map(|r| r.table.dim))
+                    .collect()
+            })
+            .unwrap_or_default();
         let dim = |ty: usize| dims.get(ty).copied().flatten();
         // Per type, every contribution (id, partition, its values), flat: sorted, a row's are adjacent in partition order.
         let mut contribs: BTreeMap<usize, Vec<Contribution>> = BTreeMap::new();
         for (q, up) in ups.iter().enumerate() {
             for (part, types) in &up.rows {
                 if self.worker_of(*part) != q as u32 {
-                    return Err(TrainError::Distributed(format!("worker {q} sent rows of partition {part}, not its own")));
+                    return Err(TrainError::Distributed(format!(
+                        "worker {q} sent rows of partition {part}, not its own"
+                    )));
                 }
                 for (ty, ids, values) in types {
                     let ty = *ty as usize;
-                    let d = dim(ty).ok_or_else(|| TrainError::Distributed(format!("worker {q} sent rows of node type {ty}, which has none")))?;
-                    if values.len() != ids.len() * d || ids.iter().any(|&id| (id as usize) >= self.owners[ty].len() || self.owner_worker(ty, id) != self.worker) {
+                    let d = dim(ty).ok_or_else(|| {
+                        TrainError::Distributed(format!(
+                            "worker {q} sent rows of node type {ty}, which has none"
+                        ))
+                    })?;
+                    if values.len() != ids.len() * d
+                        || ids.iter().any(|&id| {
+                            (id as usize) >= self.owners[ty].len()
+                                || self.owner_worker(ty, id) != self.worker
+                        })
+                    {
                         return Err(TrainError::Distributed(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
                     }
                     let c = contribs.entry(ty).or_default();
-                    c.extend(ids.iter().enumerate().map(|(i, &id)| (id, *part, &values[i * d..(i + 1) * d])));
+                    c.extend(
+                        ids.iter()
+                            .enumerate()
+                            .map(|(i, &id)| (id, *part, &values[i * d..(i + 1) * d])),
+                    );
                 }
             }
         }
@@ -291,7 +422,10 @@ impl Averager<'_> {
             let mut i = 0;
             while i < c.len() {
                 let j = i + c[i..].iter().take_while(|x| x.0 == c[i].0).count();
-                let group: Vec<(u64, &[f32])> = c[i..j].iter().map(|&(_, p, v)| (weights.get(&p).copied().unwrap_or(0), v)).collect();
+                let group: Vec<(u64, &[f32])> = c[i..j]
+                    .iter()
+                    .map(|&(_, p, v)| (weights.get(&p).copied().unwrap_or(0), v))
+                    .collect();
                 let at = avg.values.len();
                 avg.values.resize(at + d, 0.0);
                 weighted_mean(&group, &mut avg.values[at..]);
@@ -301,7 +435,9 @@ impl Averager<'_> {
             }
             // The owners' own copies.
             for l in locals.iter_mut() {
-                let Some(rows) = l.rows.get_mut(ty).and_then(Option::as_mut) else { continue };
+                let Some(rows) = l.rows.get_mut(ty).and_then(Option::as_mut) else {
+                    continue;
+                };
                 for (k, &id) in avg.ids.iter().enumerate() {
                     if u32::from(self.owners[ty][id as usize]) == l.part {
                         if let Some(at) = rows.index(id) {
@@ -325,7 +461,12 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
     let mut offsets = Vec::new();
     for d in &all {
         if d.changed.len() != current.len() {
-            return Err(TrainError::Distributed(format!("partition {} sent {} parameters, {} expected", d.part, d.changed.len(), current.len())));
+            return Err(TrainError::Distributed(format!(
+                "partition {} sent {} parameters, {} expected",
+                d.part,
+                d.changed.len(),
+                current.len()
+            )));
         }
         let mut at = 0usize;
         let mut offs = Vec::with_capacity(current.len());
@@ -334,14 +475,23 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
             at += if c { current[i].len() } else { 0 };
         }
         if at != d.values.len() {
-            return Err(TrainError::Distributed(format!("partition {} sent {} values, its flags say {at}", d.part, d.values.len())));
+            return Err(TrainError::Distributed(format!(
+                "partition {} sent {} values, its flags say {at}",
+                d.part,
+                d.values.len()
+            )));
         }
         offsets.push(offs);
     }
     let mut averaged = current;
     for (i, out) in averaged.iter_mut().enumerate() {
         let n = out.len();
-        let contribs: Vec<(u64, &[f32])> = all.iter().zip(&offsets).filter(|(d, _)| d.changed[i]).map(|(d, o)| (d.weight, &d.values[o[i]..o[i] + n])).collect();
+        let contribs: Vec<(u64, &[f32])> = all
+            .iter()
+            .zip(&offsets)
+            .filter(|(d, _)| d.changed[i])
+            .map(|(d, o)| (d.weight, &d.values[o[i]..o[i] + n]))
+            .collect();
         // Nobody changed it: every copy still holds the last mean.
         if !contribs.is_empty() {
             weighted_mean(&contribs, out);
@@ -370,15 +520,54 @@ mod tests {
     fn a_parameter_a_partition_did_not_change_does_not_pull_the_mean_back() {
         let current = vec![vec![1.0f32, 1.0], vec![7.0]];
         // Partition 0 changed only the first parameter; partition 1 both.
-        let a = Dense { part: 0, weight: 1, changed: vec![true, false], values: vec![3.0, 3.0] };
-        let b = Dense { part: 1, weight: 1, changed: vec![true, true], values: vec![5.0, 1.0, 9.0] };
+        let a = Dense {
+            part: 0,
+            weight: 1,
+            changed: vec![true, false],
+            values: vec![3.0, 3.0],
+        };
+        let b = Dense {
+            part: 1,
+            weight: 1,
+            changed: vec![true, true],
+            values: vec![5.0, 1.0, 9.0],
+        };
         let m = dense_mean(vec![&b, &a], current.clone()).unwrap();
-        assert_eq!(m, vec![vec![4.0, 2.0], vec![9.0]], "the second is partition 1's alone");
-        let nobody = Dense { part: 2, weight: 5, changed: vec![false, false], values: vec![] };
-        assert_eq!(dense_mean(vec![&nobody], current.clone()).unwrap(), current, "unchanged everywhere: kept");
-        let lying = Dense { part: 3, weight: 1, changed: vec![true, true], values: vec![1.0] };
-        assert!(dense_mean(vec![&lying], current.clone()).unwrap_err().to_string().contains("its flags say 3"));
-        let short = Dense { part: 4, weight: 1, changed: vec![true], values: vec![1.0, 1.0] };
-        assert!(dense_mean(vec![&short], current).unwrap_err().to_string().contains("1 parameters, 2 expected"));
+        assert_eq!(
+            m,
+            vec![vec![4.0, 2.0], vec![9.0]],
+            "the second is partition 1's alone"
+        );
+        let nobody = Dense {
+            part: 2,
+            weight: 5,
+            changed: vec![false, false],
+            values: vec![],
+        };
+        assert_eq!(
+            dense_mean(vec![&nobody], current.clone()).unwrap(),
+            current,
+            "unchanged everywhere: kept"
+        );
+        let lying = Dense {
+            part: 3,
+            weight: 1,
+            changed: vec![true, true],
+            values: vec![1.0],
+        };
+        assert!(dense_mean(vec![&lying], current.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("its flags say 3"));
+        let short = Dense {
+            part: 4,
+            weight: 1,
+            changed: vec![true],
+            values: vec![1.0, 1.0],
+        };
+        assert!(dense_mean(vec![&short], current)
+            .unwrap_err()
+            .to_string()
+            .contains("1 parameters, 2 expected"));
     }
 }

@@ -36,43 +36,100 @@ pub(crate) fn owned(locals: &[Local], owners: &[Vec<u16>]) -> TypeRows {
 
 /// Sends the rows worker `w`'s partitions own to the coordinator (cluster runs), in pieces.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn send(node: &Node, handle: &tokio::runtime::Handle, inbox: &Inbox, w: u32, gen: u64, locals: &[Local], owners: &[Vec<u16>], timeout: Duration) -> Result<()> {
+pub(crate) fn send(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    inbox: &Inbox,
+    w: u32,
+    gen: u64,
+    locals: &[Local],
+    owners: &[Vec<u16>],
+    timeout: Duration,
+) -> Result<()> {
     let bytes = messages::encode(&owned(locals, owners)).map_err(TrainError::distributed)?;
     let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::distributed)?;
-    let to = node.actor(names::FINAL).map_err(TrainError::distributed)?.with_sender(me);
+    let to = node
+        .actor(names::FINAL)
+        .map_err(TrainError::distributed)?
+        .with_sender(me);
     let pieces = messages::pieces(bytes);
     let n = pieces.len() as u32;
-    let asks = pieces.into_iter().enumerate().map(|(i, p)| to.ask(Average { gen, round: 0, phase: phase::FINAL, piece: i as u32, pieces: n, from: w, data: ByteVec(p) }, timeout));
+    let asks = pieces.into_iter().enumerate().map(|(i, p)| {
+        to.ask(
+            Average {
+                gen,
+                round: 0,
+                phase: phase::FINAL,
+                piece: i as u32,
+                pieces: n,
+                from: w,
+                data: ByteVec(p),
+            },
+            timeout,
+        )
+    });
     // The coordinator may say the run is over (it has everything) before the last answer.
-    inbox.block_on(handle, join_all(asks))?.into_iter().try_for_each(|r| r.map_err(TrainError::distributed))
+    inbox
+        .block_on(handle, join_all(asks))?
+        .into_iter()
+        .try_for_each(|r| r.map_err(TrainError::distributed))
 }
 
 /// Worker `w`'s owned rows, gathered from the coordinator's inbox.
 pub(crate) fn gather(inbox: &Inbox, w: u32, timeouts: Timeouts) -> Result<TypeRows> {
-    let bytes = messages::gather(inbox, &format!("worker {w}'s final rows"), 0, phase::FINAL, w, timeouts.step)?;
-    messages::decode(&bytes).map_err(|e| TrainError::Distributed(format!("worker {w}'s final rows: {e}")))
+    let bytes = messages::gather(
+        inbox,
+        &format!("worker {w}'s final rows"),
+        0,
+        phase::FINAL,
+        w,
+        timeouts.step,
+    )?;
+    messages::decode(&bytes)
+        .map_err(|e| TrainError::Distributed(format!("worker {w}'s final rows: {e}")))
 }
 
 /// Puts `rows` into `model`'s tables: every row of every table exactly once.
 pub(crate) fn fill(model: &mut Model, rows: TypeRows) -> Result<()> {
-    let mut seen: Vec<Vec<bool>> = model.embeddings.iter().map(|e| vec![false; e.as_ref().map_or(0, |e| e.rows)]).collect();
+    let mut seen: Vec<Vec<bool>> = model
+        .embeddings
+        .iter()
+        .map(|e| vec![false; e.as_ref().map_or(0, |e| e.rows)])
+        .collect();
     for (ty, ids, values) in rows {
-        let e = model.embeddings.get_mut(ty as usize).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("rows for node type {ty}, which has no table")))?;
+        let e = model
+            .embeddings
+            .get_mut(ty as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| {
+                TrainError::Distributed(format!("rows for node type {ty}, which has no table"))
+            })?;
         let d = e.dim;
         if values.len() != ids.len() * d {
-            return Err(TrainError::Distributed(format!("{}: {} values for {} rows", e.name, values.len(), ids.len())));
+            return Err(TrainError::Distributed(format!(
+                "{}: {} values for {} rows",
+                e.name,
+                values.len(),
+                ids.len()
+            )));
         }
         for (i, &id) in ids.iter().enumerate() {
             let k = id as usize;
             if k >= e.rows || std::mem::replace(&mut seen[ty as usize][k], true) {
-                return Err(TrainError::Distributed(format!("{}: row {id} out of range or sent twice", e.name)));
+                return Err(TrainError::Distributed(format!(
+                    "{}: row {id} out of range or sent twice",
+                    e.name
+                )));
             }
             e.data[k * d..(k + 1) * d].copy_from_slice(&values[i * d..(i + 1) * d]);
         }
     }
     for (e, s) in model.embeddings.iter().zip(&seen) {
         if let (Some(e), Some(k)) = (e, s.iter().position(|s| !s)) {
-            return Err(TrainError::Distributed(format!("{}: no worker sent row {k}", e.name)));
+            return Err(TrainError::Distributed(format!(
+                "{}: no worker sent row {k}",
+                e.name
+            )));
         }
     }
     Ok(())

@@ -35,7 +35,11 @@ impl LocalRows {
     /// Rows `ids` (ascending) as a single process initialises them.
     fn new(seed: u64, name: &str, dim: usize, ids: Vec<u32>) -> LocalRows {
         let table = EmbeddingTable::rows_of(seed, name, dim, &ids);
-        LocalRows { touched: vec![false; ids.len()], ids, table }
+        LocalRows {
+            touched: vec![false; ids.len()],
+            ids,
+            table,
+        }
     }
 
     /// The local row of node `id`.
@@ -45,7 +49,16 @@ impl LocalRows {
 
     /// The local rows of nodes `ids`, every one held.
     fn map(&self, ids: &[u32]) -> Result<Vec<u32>> {
-        ids.iter().map(|&id| self.index(id).map(|k| k as u32).ok_or_else(|| TrainError::Distributed(format!("{}: node {id} is not held by this partition", self.table.name)))).collect()
+        ids.iter()
+            .map(|&id| {
+                self.index(id).map(|k| k as u32).ok_or_else(|| {
+                    TrainError::Distributed(format!(
+                        "{}: node {id} is not held by this partition",
+                        self.table.name
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Row `k`'s values.
@@ -94,18 +107,50 @@ pub struct StepOut {
 
 impl Local {
     /// Partition `part` of `graph` (whose nodes `owners` places), as initialised for training.
-    pub fn new(t: &TrainingConfig, part: u32, graph: Arc<HetGraph>, owners: &[Vec<u16>]) -> Result<Local> {
+    pub fn new(
+        t: &TrainingConfig,
+        part: u32,
+        graph: Arc<HetGraph>,
+        owners: &[Vec<u16>],
+    ) -> Result<Local> {
         let device = crate::device::open(&t.device)?;
         let model = Model::without_tables(&t.model_spec(), &graph, DType::F32, &device)?;
         let learnable = Model::learnable_types(t.model, &graph);
         let held = held_nodes(&graph, owners, part);
-        let rows = graph.node_types().iter().enumerate().zip(held).map(|((ty, nt), ids)| learnable[ty].then(|| LocalRows::new(t.seed, &format!("embed.{}", nt.name), t.embed_dim, ids))).collect();
+        let rows = graph
+            .node_types()
+            .iter()
+            .enumerate()
+            .zip(held)
+            .map(|((ty, nt), ids)| {
+                learnable[ty].then(|| {
+                    LocalRows::new(t.seed, &format!("embed.{}", nt.name), t.embed_dim, ids)
+                })
+            })
+            .collect();
         let (_, splits) = graph.target_labels();
         let target = graph.target().index();
-        let own = |ids: &[u32]| ids.iter().copied().filter(|&v| u32::from(owners[target][v as usize]) == part).collect::<Vec<u32>>();
+        let own = |ids: &[u32]| {
+            ids.iter()
+                .copied()
+                .filter(|&v| u32::from(owners[target][v as usize]) == part)
+                .collect::<Vec<u32>>()
+        };
         let (train, valid, test) = (own(&splits.train), own(&splits.valid), own(&splits.test));
         let gather = model.feature_gather();
-        let mut local = Local { part, graph, model, adam: Adam::new(AdamConfig::with_lr(t.lr)), rows, train, valid, test, start: Vec::new(), gather, device };
+        let mut local = Local {
+            part,
+            graph,
+            model,
+            adam: Adam::new(AdamConfig::with_lr(t.lr)),
+            rows,
+            train,
+            valid,
+            test,
+            start: Vec::new(),
+            gather,
+            device,
+        };
         local.begin_round()?;
         Ok(local)
     }
@@ -120,13 +165,21 @@ impl Local {
     pub fn batch(&self, t: &TrainingConfig, total: usize) -> usize {
         match t.local_batch {
             LocalBatch::Whole => t.batch,
-            LocalBatch::Share => ((t.batch as u128 * self.train.len() as u128).div_ceil(total.max(1) as u128) as usize).max(1),
+            LocalBatch::Share => ((t.batch as u128 * self.train.len() as u128)
+                .div_ceil(total.max(1) as u128) as usize)
+                .max(1),
         }
     }
 
     /// What its prefetch thread reads.
     pub fn feed(&self, t: &TrainingConfig) -> Feed {
-        Feed { graph: self.graph.clone(), gather: self.gather.clone(), uses_neighbors: self.model.uses_neighbors(), fanouts: t.fanouts.clone(), seed: t.seed }
+        Feed {
+            graph: self.graph.clone(),
+            gather: self.gather.clone(),
+            uses_neighbors: self.model.uses_neighbors(),
+            fanouts: t.fanouts.clone(),
+            seed: t.seed,
+        }
     }
 
     /// The inputs of a batch: its feature rows and its learnable rows (as
@@ -140,25 +193,47 @@ impl Local {
             if ids.is_empty() || !wanted || inputs[ty].is_some() {
                 continue;
             }
-            let rows = self.rows[ty].as_ref().ok_or_else(|| TrainError::Distributed(format!("node type {ty} has neither features nor learnable rows")))?;
+            let rows = self.rows[ty].as_ref().ok_or_else(|| {
+                TrainError::Distributed(format!(
+                    "node type {ty} has neither features nor learnable rows"
+                ))
+            })?;
             at[ty] = rows.map(ids)?;
-            inputs[ty] = Some(rows.table.gather_var(&at[ty], self.model.dtype(), &self.device)?);
+            inputs[ty] = Some(
+                rows.table
+                    .gather_var(&at[ty], self.model.dtype(), &self.device)?,
+            );
         }
         Ok((inputs, at))
     }
 
     /// One training step on a prepared batch; times go into `st`.
-    pub fn step(&mut self, epoch: u64, step: u64, p: Prepared, st: &mut EpochStats) -> Result<StepOut> {
+    pub fn step(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<StepOut> {
         let (labels, _) = self.graph.target_labels();
         let mb = &p.mb;
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let mut clock = Instant::now();
         let (inputs, at) = self.inputs(&mb.blocks[0].src, p.features)?;
-        let y: Vec<u32> = mb.seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+        let y: Vec<u32> = mb
+            .seeds
+            .iter()
+            .map(|&s| labels[s as usize] as u32)
+            .collect();
         let y = Tensor::from_vec(y, mb.seeds.len(), &self.device)?;
         st.time.gather_s += lap(&mut clock);
-        let logits = self.model.forward(&self.graph, mb, inputs.clone(), Some(DropoutKey { epoch, step }))?;
+        let logits = self.model.forward(
+            &self.graph,
+            mb,
+            inputs.clone(),
+            Some(DropoutKey { epoch, step }),
+        )?;
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let grads = loss.backward()?;
         st.time.compute_s += lap(&mut clock);
@@ -173,7 +248,10 @@ impl Local {
         }
         st.time.update_s += lap(&mut clock);
         let correct = count_correct(&logits, labels, &mb.seeds)?;
-        Ok(StepOut { loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, correct })
+        Ok(StepOut {
+            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            correct,
+        })
     }
 
     /// Correct predictions on `nodes` (sampled within the partition, no dropout).
@@ -182,7 +260,13 @@ impl Local {
         let mut sampler = Sampler::new(&self.graph, &t.fanouts, t.seed ^ EVAL_SEED)?;
         let mut correct = 0;
         for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-            let mb = sample(&mut sampler, self.model.uses_neighbors(), epoch, step as u64, seeds)?;
+            let mb = sample(
+                &mut sampler,
+                self.model.uses_neighbors(),
+                epoch,
+                step as u64,
+                seeds,
+            )?;
             let features = self.gather.gather(&self.graph, &mb.blocks[0].src)?;
             let (inputs, _) = self.inputs(&mb.blocks[0].src, features)?;
             let logits = self.model.forward(&self.graph, &mb, inputs, None)?.detach();
@@ -193,14 +277,34 @@ impl Local {
 
     /// The dense parameters in name order, flattened.
     pub fn params(&self) -> Result<Vec<Vec<f32>>> {
-        self.model.params.iter().map(|(_, v)| Ok(v.as_tensor().to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)).collect()
+        self.model
+            .params
+            .iter()
+            .map(|(_, v)| {
+                Ok(v.as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            })
+            .collect()
     }
 
     /// Per parameter, whether the round changed it (bit for bit), and the values of those that changed.
     pub fn changed(&self) -> Result<(Vec<bool>, Vec<f32>)> {
         let now = self.params()?;
-        let changed: Vec<bool> = now.iter().zip(&self.start).map(|(a, b)| a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())).collect();
-        let values = now.into_iter().zip(&changed).filter(|(_, c)| **c).flat_map(|(v, _)| v).collect();
+        let changed: Vec<bool> = now
+            .iter()
+            .zip(&self.start)
+            .map(|(a, b)| {
+                a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+            })
+            .collect();
+        let values = now
+            .into_iter()
+            .zip(&changed)
+            .filter(|(_, c)| **c)
+            .flat_map(|(v, _)| v)
+            .collect();
         Ok((changed, values))
     }
 
@@ -208,7 +312,11 @@ impl Local {
     pub fn set_params(&mut self, values: &[Vec<f32>]) -> Result<()> {
         for ((name, var), v) in self.model.params.iter().zip(values) {
             if v.len() != var.elem_count() {
-                return Err(TrainError::Distributed(format!("parameter {name}: {} values for {}", v.len(), var.elem_count())));
+                return Err(TrainError::Distributed(format!(
+                    "parameter {name}: {} values for {}",
+                    v.len(),
+                    var.elem_count()
+                )));
             }
             var.set(&Tensor::from_slice(v, var.shape(), var.device())?.to_dtype(var.dtype())?)?;
         }
@@ -227,7 +335,12 @@ impl Local {
     /// Writes its files of the checkpoint at `seq` (a round's end): its
     /// dense state and halo rows (`local.<p>`), and its owned rows as
     /// embedding shards (`embed.<type>.<p>`, which assemble a whole model).
-    pub fn save(&self, root: &std::path::Path, seq: u64, owners: &[Vec<u16>]) -> Result<Vec<(String, String)>> {
+    pub fn save(
+        &self,
+        root: &std::path::Path,
+        seq: u64,
+        owners: &[Vec<u16>],
+    ) -> Result<Vec<(String, String)>> {
         let dir = checkpoint::partial_dir(root, seq);
         let mut local = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
         let mut files = Vec::new();
@@ -236,10 +349,18 @@ impl Local {
             let owned = |k: &usize| u32::from(owners[ty][rows.ids[*k] as usize]) == self.part;
             let (mine, halo): (Vec<usize>, Vec<usize>) = (0..rows.ids.len()).partition(owned);
             let name = crate::distributed::names::plain(&self.graph.node_types()[ty].name);
-            files.push(checkpoint::write_tensors(&dir, &checkpoint::shard_file(&self.graph.node_types()[ty].name, self.part), &row_tensors(rows, &mine, "")?)?);
+            files.push(checkpoint::write_tensors(
+                &dir,
+                &checkpoint::shard_file(&self.graph.node_types()[ty].name, self.part),
+                &row_tensors(rows, &mine, "")?,
+            )?);
             local.extend(row_tensors(rows, &halo, &format!("halo.{name}."))?);
         }
-        files.push(checkpoint::write_tensors(&dir, &local_file(self.part), &local)?);
+        files.push(checkpoint::write_tensors(
+            &dir,
+            &local_file(self.part),
+            &local,
+        )?);
         Ok(files)
     }
 
@@ -252,7 +373,8 @@ impl Local {
                 continue;
             }
             let nt = &self.graph.node_types()[ty].name;
-            let mut shard = checkpoint::load_tensors(dir, m, &checkpoint::shard_file(nt, self.part))?;
+            let mut shard =
+                checkpoint::load_tensors(dir, m, &checkpoint::shard_file(nt, self.part))?;
             let halo = format!("halo.{}.", crate::distributed::names::plain(nt));
             let rows = self.rows[ty].as_mut().expect("checked above");
             let mut seen = vec![false; rows.ids.len()];
@@ -260,7 +382,12 @@ impl Local {
                 .and_then(|()| restore_rows(rows, &mut seen, &mut local, &halo))
                 .map_err(|e| TrainError::Checkpoint(format!("{}: {nt}: {e}", dir.display())))?;
             if let Some(k) = seen.iter().position(|s| !s) {
-                return Err(TrainError::Checkpoint(format!("{}: no file holds row {} of {nt} for partition {}", dir.display(), rows.ids[k], self.part)));
+                return Err(TrainError::Checkpoint(format!(
+                    "{}: no file holds row {} of {nt} for partition {}",
+                    dir.display(),
+                    rows.ids[k],
+                    self.part
+                )));
             }
         }
         self.begin_round()
@@ -290,30 +417,72 @@ fn local_file(part: u32) -> String {
 fn row_tensors(rows: &LocalRows, at: &[usize], prefix: &str) -> Result<HashMap<String, Tensor>> {
     let (d, cpu) = (rows.table.dim, &Device::Cpu);
     let t = &rows.table;
-    let pick = |v: &[f32]| at.iter().flat_map(|&k| v[k * d..(k + 1) * d].iter().copied()).collect::<Vec<f32>>();
+    let pick = |v: &[f32]| {
+        at.iter()
+            .flat_map(|&k| v[k * d..(k + 1) * d].iter().copied())
+            .collect::<Vec<f32>>()
+    };
     let n = at.len();
     Ok(HashMap::from([
-        (format!("{prefix}ids"), Tensor::from_vec(at.iter().map(|&k| rows.ids[k]).collect::<Vec<u32>>(), n, cpu)?),
-        (format!("{prefix}data"), Tensor::from_vec(pick(&t.data), (n, d), cpu)?),
-        (format!("{prefix}m"), Tensor::from_vec(pick(&t.m), (n, d), cpu)?),
-        (format!("{prefix}v"), Tensor::from_vec(pick(&t.v), (n, d), cpu)?),
-        (format!("{prefix}steps"), Tensor::from_vec(at.iter().map(|&k| t.steps[k]).collect::<Vec<u32>>(), n, cpu)?),
+        (
+            format!("{prefix}ids"),
+            Tensor::from_vec(
+                at.iter().map(|&k| rows.ids[k]).collect::<Vec<u32>>(),
+                n,
+                cpu,
+            )?,
+        ),
+        (
+            format!("{prefix}data"),
+            Tensor::from_vec(pick(&t.data), (n, d), cpu)?,
+        ),
+        (
+            format!("{prefix}m"),
+            Tensor::from_vec(pick(&t.m), (n, d), cpu)?,
+        ),
+        (
+            format!("{prefix}v"),
+            Tensor::from_vec(pick(&t.v), (n, d), cpu)?,
+        ),
+        (
+            format!("{prefix}steps"),
+            Tensor::from_vec(at.iter().map(|&k| t.steps[k]).collect::<Vec<u32>>(), n, cpu)?,
+        ),
     ]))
 }
 
 /// Puts the rows `tensors` holds under `prefix` back into `rows`, each held row once.
-fn restore_rows(rows: &mut LocalRows, seen: &mut [bool], tensors: &mut HashMap<String, Tensor>, prefix: &str) -> std::result::Result<(), String> {
-    let mut take = |k: &str| tensors.remove(&format!("{prefix}{k}")).ok_or_else(|| format!("tensor '{prefix}{k}' is missing"));
+fn restore_rows(
+    rows: &mut LocalRows,
+    seen: &mut [bool],
+    tensors: &mut HashMap<String, Tensor>,
+    prefix: &str,
+) -> std::result::Result<(), String> {
+    let mut take = |k: &str| {
+        tensors
+            .remove(&format!("{prefix}{k}"))
+            .ok_or_else(|| format!("tensor '{prefix}{k}' is missing"))
+    };
     let ids: Vec<u32> = take("ids")?.to_vec1().map_err(|e| e.to_string())?;
-    let flat = |t: Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string());
+    let flat = |t: Tensor| {
+        t.flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| e.to_string())
+    };
     let (data, m, v) = (flat(take("data")?)?, flat(take("m")?)?, flat(take("v")?)?);
     let steps: Vec<u32> = take("steps")?.to_vec1().map_err(|e| e.to_string())?;
     let d = rows.table.dim;
-    if [data.len(), m.len(), v.len()].iter().any(|&l| l != ids.len() * d) || steps.len() != ids.len() {
+    if [data.len(), m.len(), v.len()]
+        .iter()
+        .any(|&l| l != ids.len() * d)
+        || steps.len() != ids.len()
+    {
         return Err(format!("{} ids but rows of other sizes", ids.len()));
     }
     for (i, &id) in ids.iter().enumerate() {
-        let k = rows.index(id).ok_or_else(|| format!("row {id} is not held by this partition"))?;
+        let k = rows
+            .index(id)
+            .ok_or_else(|| format!("row {id} is not held by this partition"))?;
         if std::mem::replace(&mut seen[k], true) {
             return Err(format!("row {id} twice"));
         }
@@ -329,7 +498,10 @@ fn restore_rows(rows: &mut LocalRows, seen: &mut [bool], tensors: &mut HashMap<S
 /// Per node type, the nodes partition `part` holds: those it owns and every
 /// end of its edges (its halo), ascending.
 pub fn held_nodes(g: &HetGraph, owners: &[Vec<u16>], part: u32) -> Vec<Vec<u32>> {
-    let mut held: Vec<Vec<bool>> = owners.iter().map(|o| o.iter().map(|&p| u32::from(p) == part).collect()).collect();
+    let mut held: Vec<Vec<bool>> = owners
+        .iter()
+        .map(|o| o.iter().map(|&p| u32::from(p) == part).collect())
+        .collect();
     for r in g.relations() {
         let csr = r.in_csr();
         let (s, d) = (r.src.index(), r.dst.index());
@@ -341,5 +513,7 @@ pub fn held_nodes(g: &HetGraph, owners: &[Vec<u16>], part: u32) -> Vec<Vec<u32>>
             }
         }
     }
-    held.into_iter().map(|h| (0..h.len() as u32).filter(|&v| h[v as usize]).collect()).collect()
+    held.into_iter()
+        .map(|h| (0..h.len() as u32).filter(|&v| h[v as usize]).collect())
+        .collect()
 }

@@ -59,8 +59,17 @@ impl Handler<Deliver<Average>> for InboxActor {
     fn handle(&mut self, m: Deliver<Average>, _: &mut Context<Self>) -> Self::Result {
         let a = m.msg;
         // Filed under the worker the sending actor is, not the one it claims.
-        if m.from.as_str() != super::names::worker(a.from) || a.piece >= a.pieces || a.pieces > MAX_PIECES {
-            tracing::warn!("dropped an average message from {} (worker {}, piece {} of {})", m.from.as_str(), a.from, a.piece, a.pieces);
+        if m.from.as_str() != super::names::worker(a.from)
+            || a.piece >= a.pieces
+            || a.pieces > MAX_PIECES
+        {
+            tracing::warn!(
+                "dropped an average message from {} (worker {}, piece {} of {})",
+                m.from.as_str(),
+                a.from,
+                a.piece,
+                a.pieces
+            );
             return MessageResult(());
         }
         // Piece 0 carries the count; the others are filed by their number.
@@ -68,7 +77,8 @@ impl Handler<Deliver<Average>> for InboxActor {
         if a.piece == 0 {
             data.extend_from_slice(&a.pieces.to_le_bytes());
         }
-        self.0.file_gen(a.gen, key(a.round, a.piece), a.phase, a.from, data);
+        self.0
+            .file_gen(a.gen, key(a.round, a.piece), a.phase, a.from, data);
         MessageResult(())
     }
 }
@@ -89,13 +99,31 @@ pub fn pieces(bytes: Vec<u8>) -> Vec<Vec<u8>> {
 
 /// The payload of `phase` and round `round` from worker `from`, its pieces
 /// joined, waiting for each up to `timeout`.
-pub fn gather(inbox: &Inbox, what: &str, round: u64, phase: u32, from: u32, timeout: std::time::Duration) -> Result<Vec<u8>> {
-    let mut first = inbox.raw(what, key(round, 0), phase, &[from], timeout)?.swap_remove(0);
-    let split = first.len().checked_sub(4).ok_or_else(|| TrainError::Distributed(format!("{what}: a piece without its count")))?;
-    let count = u32::from_le_bytes(first[split..].try_into().map_err(|_| TrainError::Distributed(format!("{what}: bad piece count")))?);
+pub fn gather(
+    inbox: &Inbox,
+    what: &str,
+    round: u64,
+    phase: u32,
+    from: u32,
+    timeout: std::time::Duration,
+) -> Result<Vec<u8>> {
+    let mut first = inbox
+        .raw(what, key(round, 0), phase, &[from], timeout)?
+        .swap_remove(0);
+    let split = first
+        .len()
+        .checked_sub(4)
+        .ok_or_else(|| TrainError::Distributed(format!("{what}: a piece without its count")))?;
+    let count = u32::from_le_bytes(
+        first[split..]
+            .try_into()
+            .map_err(|_| TrainError::Distributed(format!("{what}: bad piece count")))?,
+    );
     first.truncate(split);
     for piece in 1..count {
-        let more = inbox.raw(what, key(round, piece), phase, &[from], timeout)?.swap_remove(0);
+        let more = inbox
+            .raw(what, key(round, piece), phase, &[from], timeout)?
+            .swap_remove(0);
         first.extend_from_slice(&more);
     }
     Ok(first)
@@ -141,13 +169,35 @@ mod tests {
 
     #[test]
     fn payloads_split_into_pieces_and_join_again() {
-        let up = Up { dense: vec![Dense { part: 1, weight: 3, changed: vec![true, false], values: vec![0.5; 3] }], rows: vec![(1, vec![(2, vec![7, 9], vec![1.0; 4])])] };
+        let up = Up {
+            dense: vec![Dense {
+                part: 1,
+                weight: 3,
+                changed: vec![true, false],
+                values: vec![0.5; 3],
+            }],
+            rows: vec![(1, vec![(2, vec![7, 9], vec![1.0; 4])])],
+        };
         let bytes = encode(&up).unwrap();
         let joined: Vec<u8> = pieces(bytes).concat();
         let back: Up = decode(&joined).unwrap();
-        assert_eq!((back.dense[0].part, &back.dense[0].changed, &back.rows[0].1[0].1), (1, &vec![true, false], &vec![7, 9]));
-        assert_eq!(pieces(Vec::new()).len(), 1, "an empty payload is one empty piece");
+        assert_eq!(
+            (
+                back.dense[0].part,
+                &back.dense[0].changed,
+                &back.rows[0].1[0].1
+            ),
+            (1, &vec![true, false], &vec![7, 9])
+        );
+        assert_eq!(
+            pieces(Vec::new()).len(),
+            1,
+            "an empty payload is one empty piece"
+        );
         let big = vec![0u8; PIECE_BYTES * 2 + 1];
-        assert_eq!(pieces(big).iter().map(|p| p.len()).collect::<Vec<_>>(), vec![PIECE_BYTES, PIECE_BYTES, 1]);
+        assert_eq!(
+            pieces(big).iter().map(|p| p.len()).collect::<Vec<_>>(),
+            vec![PIECE_BYTES, PIECE_BYTES, 1]
+        );
     }
 }

@@ -69,7 +69,9 @@ impl ModelAveraging {
             return Err(TrainError::Config(format!("training.partitions: {} holds no halo feature rows; model averaging trains on local data only (hetgnn partition --halo-features)", dir.display())));
         }
         if t.sync_every == 0 {
-            return Err(TrainError::Config("training.sync_every: must be at least 1 (epochs between averagings)".into()));
+            return Err(TrainError::Config(
+                "training.sync_every: must be at least 1 (epochs between averagings)".into(),
+            ));
         }
         // By default one worker per node of the cluster, or per partition in one process.
         let workers = match (t.workers, nodes) {
@@ -84,7 +86,14 @@ impl ModelAveraging {
             )));
         }
         let owners = Arc::new(set.owners.clone());
-        Ok(ModelAveraging { set, parts, workers, cfg: t.clone(), owners, graphs: dashmap::DashMap::new() })
+        Ok(ModelAveraging {
+            set,
+            parts,
+            workers,
+            cfg: t.clone(),
+            owners,
+            graphs: dashmap::DashMap::new(),
+        })
     }
 
     /// Partition `p`'s graph, loaded once.
@@ -124,7 +133,10 @@ impl Distributed for ModelAveraging {
     /// A round ends when the slowest worker's local epochs do: the others,
     /// and the coordinator, wait as long as a node may take to finish.
     fn timeouts(&self, t: Timeouts) -> Timeouts {
-        Timeouts { step: t.step.max(t.finish), ..t }
+        Timeouts {
+            step: t.step.max(t.finish),
+            ..t
+        }
     }
 
     fn leader(&self, w: u32) -> String {
@@ -138,7 +150,12 @@ impl Distributed for ModelAveraging {
     /// Worker k runs on the k-th node; the coordinator where `[placement]`
     /// puts it, else on the first node.
     fn place(&self, topology: &mut Topology) -> Result<Vec<String>> {
-        let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+        let ids: Vec<String> = topology
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.id.clone())
+            .collect();
         if ids.len() != self.workers as usize {
             return Err(TrainError::Config(format!(
                 "training.workers: {} workers for {} nodes; model averaging runs one worker per node (set training.workers = {} or leave it 0)",
@@ -148,11 +165,21 @@ impl Distributed for ModelAveraging {
             )));
         }
         for (w, id) in ids.iter().enumerate() {
-            topology.placement.insert(names::worker(w as u32), id.clone());
+            topology
+                .placement
+                .insert(names::worker(w as u32), id.clone());
         }
-        let coordinator = topology.placed(names::COORDINATOR).map(str::to_string).filter(|c| ids.contains(c)).unwrap_or_else(|| ids[0].clone());
-        topology.placement.insert(names::COORDINATOR.to_string(), coordinator.clone());
-        topology.placement.insert(names::FINAL.to_string(), coordinator);
+        let coordinator = topology
+            .placed(names::COORDINATOR)
+            .map(str::to_string)
+            .filter(|c| ids.contains(c))
+            .unwrap_or_else(|| ids[0].clone());
+        topology
+            .placement
+            .insert(names::COORDINATOR.to_string(), coordinator.clone());
+        topology
+            .placement
+            .insert(names::FINAL.to_string(), coordinator);
         Ok(ids)
     }
 
@@ -164,29 +191,58 @@ impl Distributed for ModelAveraging {
     /// Its partitioning (owners included), workers and rounds too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
-        let layout = format!("model-averaging|{}|{}|{}|{:?}|{:?}", m.parts, self.workers, t.sync_every, t.local_batch, m.method);
+        let layout = format!(
+            "model-averaging|{}|{}|{}|{:?}|{:?}",
+            m.parts, self.workers, t.sync_every, t.local_batch, m.method
+        );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
-        extra.extend(self.owners.iter().map(|o| bytemuck::cast_slice::<u16, u8>(o)));
+        extra.extend(
+            self.owners
+                .iter()
+                .map(|o| bytemuck::cast_slice::<u16, u8>(o)),
+        );
         checkpoint::fingerprint(t, g.name(), &extra)
     }
 
-    fn serve(&self, node: &Node, w: u32, graph: &Arc<HetGraph>, _arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+    fn serve(
+        &self,
+        node: &Node,
+        w: u32,
+        graph: &Arc<HetGraph>,
+        _arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>> {
         self.graphs.entry(w).or_insert_with(|| graph.clone());
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
-        node.register(&names::worker(w), &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<Average>().handle::<Abort>().handle::<Finish>().handle::<Begin>();
+        node.register(&names::worker(w), &addr)
+            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .handle::<Average>()
+            .handle::<Abort>()
+            .handle::<Finish>()
+            .handle::<Begin>();
         Ok(vec![inbox])
     }
 
     /// The coordinator also takes the workers' final rows.
     fn serve_coordinator(&self, node: &Node, inbox: &Arc<Inbox>) -> Result<()> {
         let addr = InboxActor(inbox.clone()).start();
-        node.register(names::FINAL, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<Average>();
+        node.register(names::FINAL, &addr)
+            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .handle::<Average>();
         Ok(())
     }
 
-    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<Vec<Local>> {
-        let parts = self.parts_of(p.part).map(|k| Ok((k, self.graph(k)?))).collect::<Result<Vec<_>>>()?;
+    fn attempt(
+        &self,
+        p: &Part,
+        b: Begin,
+        _run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<Vec<Local>> {
+        let parts = self
+            .parts_of(p.part)
+            .map(|k| Ok((k, self.graph(k)?)))
+            .collect::<Result<Vec<_>>>()?;
         let setup = worker::WorkerSetup {
             worker: p.part,
             workers: self.workers,
@@ -200,25 +256,46 @@ impl Distributed for ModelAveraging {
             from,
             gen: b.gen,
         };
-        let h =
-            std::thread::Builder::new().name(format!("averaging-{}", p.part)).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
+        let h = std::thread::Builder::new()
+            .name(format!("averaging-{}", p.part))
+            .spawn(move || worker::run(setup))
+            .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
         Ok(join_threads(vec![h])?.swap_remove(0))
     }
 
     /// Each finished attempt's owned rows go to the coordinator, which keeps the last.
     fn after_attempt(&self, p: &Part, gen: u64, locals: &Vec<Local>) -> Result<()> {
-        final_rows::send(p.node, p.handle, &p.inboxes[0], p.part, gen, locals, &self.owners, p.timeouts.ask)
+        final_rows::send(
+            p.node,
+            p.handle,
+            &p.inboxes[0],
+            p.part,
+            gen,
+            locals,
+            &self.owners,
+            p.timeouts.ask,
+        )
     }
 
     /// The averaged dense parameters (every partition holds them after the
     /// last round) and each row from its owner.
-    fn assemble(&self, _system: &System, inbox: &Inbox, local: Vec<(u32, Result<Option<Vec<Local>>>)>, g: &HetGraph) -> Result<Model> {
+    fn assemble(
+        &self,
+        _system: &System,
+        inbox: &Inbox,
+        local: Vec<(u32, Result<Option<Vec<Local>>>)>,
+        g: &HetGraph,
+    ) -> Result<Model> {
         let mut model = Model::new(&self.cfg.model_spec(), g, DType::F32, &Device::Cpu)?;
         let mut dense = None;
         let mut rows = Vec::new();
         let mut have = vec![false; self.workers as usize];
         for (w, r) in local {
-            let locals = r?.ok_or_else(|| TrainError::Distributed(format!("worker {w} of the coordinator's process did not finish its last attempt")))?;
+            let locals = r?.ok_or_else(|| {
+                TrainError::Distributed(format!(
+                    "worker {w} of the coordinator's process did not finish its last attempt"
+                ))
+            })?;
             if dense.is_none() {
                 dense = locals.first().map(Local::params).transpose()?;
             }
@@ -228,10 +305,16 @@ impl Distributed for ModelAveraging {
         for w in (0..self.workers).filter(|&w| !have[w as usize]) {
             rows.extend(final_rows::gather(inbox, w, Timeouts::default())?);
         }
-        let dense = dense.ok_or_else(|| TrainError::Distributed("no worker's parameters reached the coordinator".into()))?;
+        let dense = dense.ok_or_else(|| {
+            TrainError::Distributed("no worker's parameters reached the coordinator".into())
+        })?;
         for ((name, var), v) in model.params.iter().zip(&dense) {
             if v.len() != var.elem_count() {
-                return Err(TrainError::Distributed(format!("parameter {name}: {} values for {}", v.len(), var.elem_count())));
+                return Err(TrainError::Distributed(format!(
+                    "parameter {name}: {} values for {}",
+                    v.len(),
+                    var.elem_count()
+                )));
             }
             var.set(&Tensor::from_slice(v, var.shape(), &Device::Cpu)?)?;
         }

@@ -57,21 +57,48 @@ pub(crate) struct WorkerSetup {
 /// Runs every epoch; returns the partitions' final state. On failure, tells
 /// the other workers and the coordinator so they stop instead of waiting.
 pub(crate) fn run(s: WorkerSetup) -> Result<Vec<Local>> {
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train(&s))).unwrap_or_else(|p| {
-        let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-        Err(TrainError::Distributed(format!("worker {} panicked: {what}", s.worker)))
-    });
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| train(&s)))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(TrainError::Distributed(format!(
+                "worker {} panicked: {what}",
+                s.worker
+            )))
+        });
     if let Err(e) = &result {
-        let targets: Vec<String> = (0..s.workers).filter(|&q| q != s.worker).map(names::worker).chain([names::COORDINATOR.to_string()]).collect();
-        abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
+        let targets: Vec<String> = (0..s.workers)
+            .filter(|&q| q != s.worker)
+            .map(names::worker)
+            .chain([names::COORDINATOR.to_string()])
+            .collect();
+        abort_peers(
+            &s.node,
+            &s.handle,
+            &names::worker(s.worker),
+            s.worker,
+            s.gen,
+            &targets,
+            &e.to_string(),
+        );
     }
     result
 }
 
 fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let t = &s.cfg;
-    let mut locals = s.parts.iter().map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners)).collect::<Result<Vec<_>>>()?;
-    let g0 = locals.first().map(|l| l.graph.clone()).ok_or_else(|| TrainError::Distributed(format!("worker {} has no partition", s.worker)))?;
+    let mut locals = s
+        .parts
+        .iter()
+        .map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners))
+        .collect::<Result<Vec<_>>>()?;
+    let g0 = locals
+        .first()
+        .map(|l| l.graph.clone())
+        .ok_or_else(|| TrainError::Distributed(format!("worker {} has no partition", s.worker)))?;
     // The coordinator counts steps of the global batches: a round's end is its epoch's end there too.
     let total_train = g0.target_labels().1.train.len();
     let per_epoch = total_train.div_ceil(t.batch.max(1)) as u64;
@@ -83,16 +110,42 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         first = m.seq / per_epoch.max(1);
     }
     let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(TrainError::distributed)?;
-    let actor = |n: &str| s.node.actor(n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
-    let peers: Vec<ActorRef> = (0..s.workers).map(|q| actor(&names::worker(q))).collect::<Result<_>>()?;
+    let actor = |n: &str| {
+        s.node
+            .actor(n)
+            .map(|r| r.with_sender(me.clone()))
+            .map_err(|e| TrainError::Distributed(format!("{n}: {e}")))
+    };
+    let peers: Vec<ActorRef> = (0..s.workers)
+        .map(|q| actor(&names::worker(q)))
+        .collect::<Result<_>>()?;
     let coordinator = actor(names::COORDINATOR)?;
-    let avg = Averager { worker: s.worker, workers: s.workers, gen: s.gen, owners: &s.owners, handle: &s.handle, inbox: &s.inbox, peers, timeouts: s.timeouts };
+    let avg = Averager {
+        worker: s.worker,
+        workers: s.workers,
+        gen: s.gen,
+        owners: &s.owners,
+        handle: &s.handle,
+        inbox: &s.inbox,
+        peers,
+        timeouts: s.timeouts,
+    };
     // One partition in all has nothing to average with: it trains as a single process does.
     let averages = s.workers > 1 || locals.len() > 1;
-    let holders = if averages { avg.holders(&locals)? } else { Holders::new() };
+    let holders = if averages {
+        avg.holders(&locals)?
+    } else {
+        Holders::new()
+    };
     let bytes = || s.node.metrics().bytes_by_kind();
     for epoch in first..t.epochs {
-        let mut st = EpochStats { gen: s.gen, trainer: s.worker, epoch, evaluated: true, ..EpochStats::default() };
+        let mut st = EpochStats {
+            gen: s.gen,
+            trainer: s.worker,
+            epoch,
+            evaluated: true,
+            ..EpochStats::default()
+        };
         let clock = Instant::now();
         let before = bytes();
         let (mut loss_sum, mut steps) = (0.0f64, 0u64);
@@ -102,7 +155,11 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             let make = || {
                 let mut sampler = Sampler::new(&feed.graph, &feed.fanouts, feed.seed)?;
                 let feed = &feed;
-                Ok(move |step: u64, seeds: &[u32]| prepare(&feed.graph, &feed.gather, None, true, || sample(&mut sampler, feed.uses_neighbors, epoch, step, seeds)))
+                Ok(move |step: u64, seeds: &[u32]| {
+                    prepare(&feed.graph, &feed.gather, None, true, || {
+                        sample(&mut sampler, feed.uses_neighbors, epoch, step, seeds)
+                    })
+                })
             };
             run_steps(PREFETCH, 1, &batches, 0, make, |step, seeds, p| {
                 let out = l.step(epoch, step, p, &mut st)?;
@@ -112,8 +169,14 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
                 st.train_seen += seeds.len() as u64;
                 // Progress for the coordinator: the first partition's steps, numbered within the epoch's global steps.
                 if s.worker == 0 && i == 0 {
-                    let done = StepDone { gen: s.gen, epoch, seq: epoch * per_epoch + step.min(per_epoch.saturating_sub(1)), loss: out.loss };
-                    s.inbox.block_on(&s.handle, coordinator.ask(done, s.timeouts.ask))??;
+                    let done = StepDone {
+                        gen: s.gen,
+                        epoch,
+                        seq: epoch * per_epoch + step.min(per_epoch.saturating_sub(1)),
+                        loss: out.loss,
+                    };
+                    s.inbox
+                        .block_on(&s.handle, coordinator.ask(done, s.timeouts.ask))??;
                 }
                 Ok(())
             })?;
@@ -122,7 +185,12 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         st.steps = steps;
         st.loss = loss_sum / steps.max(1) as f64;
         let eval = Instant::now();
-        let count = |locals: &[Local], valid: bool| -> Result<u64> { locals.iter().map(|l| l.correct_on(t, epoch, if valid { &l.valid } else { &l.test })).sum() };
+        let count = |locals: &[Local], valid: bool| -> Result<u64> {
+            locals
+                .iter()
+                .map(|l| l.correct_on(t, epoch, if valid { &l.valid } else { &l.test }))
+                .sum()
+        };
         let local = LocalFigures {
             valid: locals.iter().map(|l| l.valid.len() as u64).sum(),
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
@@ -142,18 +210,39 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             (st.valid_correct, st.test_correct) = (local.valid_correct, local.test_correct);
         }
         // The process's peaks so far, the round's averaging included.
-        st.local = Some(LocalFigures { peak_memory_bytes: graphs::memory::peak_rss_bytes(), peak_anon_bytes: graphs::memory::peak_anon_bytes(), ..local });
+        st.local = Some(LocalFigures {
+            peak_memory_bytes: graphs::memory::peak_rss_bytes(),
+            peak_anon_bytes: graphs::memory::peak_anon_bytes(),
+            ..local
+        });
         st.time.eval_s = eval.elapsed().as_secs_f64() - st.time.comm_s;
         let m = s.node.metrics();
         st.bytes_by_kind = m.bytes_by_kind();
         st.messages_by_kind = m.messages_by_kind();
-        st.step_bytes_by_kind = st.bytes_by_kind.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, v)| *v > 0).collect();
-        s.inbox.block_on(&s.handle, coordinator.ask(st, s.timeouts.ask))??;
+        st.step_bytes_by_kind = st
+            .bytes_by_kind
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        s.inbox
+            .block_on(&s.handle, coordinator.ask(st, s.timeouts.ask))??;
         if let (true, Some(root)) = (round_end, &t.checkpoint_dir) {
             let seq = (epoch + 1) * per_epoch;
-            let files = locals.iter().map(|l| l.save(root, seq, &s.owners)).collect::<Result<Vec<_>>>()?.concat();
-            let saved = Saved { gen: s.gen, seq, part: s.worker, files, progress: (s.worker == 0).then(Progress::default) };
-            s.inbox.block_on(&s.handle, coordinator.ask(saved, s.timeouts.ask))??;
+            let files = locals
+                .iter()
+                .map(|l| l.save(root, seq, &s.owners))
+                .collect::<Result<Vec<_>>>()?
+                .concat();
+            let saved = Saved {
+                gen: s.gen,
+                seq,
+                part: s.worker,
+                files,
+                progress: (s.worker == 0).then(Progress::default),
+            };
+            s.inbox
+                .block_on(&s.handle, coordinator.ask(saved, s.timeouts.ask))??;
         }
     }
     Ok(locals)

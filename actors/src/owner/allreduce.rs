@@ -38,12 +38,27 @@ pub fn extra(params: &ParamStore) -> usize {
 /// A step's dense gradients as one vector: every parameter's values in
 /// parameter order (zeros where `grads` has none), a presence flag per
 /// parameter, the loss and the number of correct predictions.
-pub fn flatten(params: &ParamStore, grads: Option<&GradStore>, loss: f64, correct: f64) -> Result<Vec<f32>> {
-    flatten_named(params, |_, var| grads.and_then(|gs| gs.get(var.as_tensor())).cloned(), loss, correct)
+pub fn flatten(
+    params: &ParamStore,
+    grads: Option<&GradStore>,
+    loss: f64,
+    correct: f64,
+) -> Result<Vec<f32>> {
+    flatten_named(
+        params,
+        |_, var| grads.and_then(|gs| gs.get(var.as_tensor())).cloned(),
+        loss,
+        correct,
+    )
 }
 
 /// [`flatten`] with each parameter's gradient from `grad(name, var)`.
-pub fn flatten_named(params: &ParamStore, grad: impl Fn(&str, &candle_core::Var) -> Option<Tensor>, loss: f64, correct: f64) -> Result<Vec<f32>> {
+pub fn flatten_named(
+    params: &ParamStore,
+    grad: impl Fn(&str, &candle_core::Var) -> Option<Tensor>,
+    loss: f64,
+    correct: f64,
+) -> Result<Vec<f32>> {
     let mut flat = Vec::new();
     let mut flags = Vec::new();
     for (name, var) in params.iter() {
@@ -68,13 +83,19 @@ pub fn flatten_named(params: &ParamStore, grad: impl Fn(&str, &candle_core::Var)
 /// parameters some trainer had a gradient for move. Returns the summed loss
 /// and number of correct predictions.
 pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, f64)> {
-    let values = sum.len().checked_sub(extra(params)).ok_or_else(|| TrainError::Distributed("a gradient vector shorter than the model".into()))?;
+    let values = sum.len().checked_sub(extra(params)).ok_or_else(|| {
+        TrainError::Distributed("a gradient vector shorter than the model".into())
+    })?;
     let mut named = BTreeMap::new();
     let mut at = 0;
     for (i, (name, var)) in params.iter().enumerate() {
         let n = var.elem_count();
         if sum[values + i] > 0.0 {
-            named.insert(name.to_string(), Tensor::from_slice(&sum[at..at + n], var.shape(), var.device())?.to_dtype(var.dtype())?);
+            named.insert(
+                name.to_string(),
+                Tensor::from_slice(&sum[at..at + n], var.shape(), var.device())?
+                    .to_dtype(var.dtype())?,
+            );
         }
         at += n;
     }
@@ -104,8 +125,25 @@ where
 {
     let me = g.me;
     let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
-    let asks = g.trainers.iter().enumerate().filter(|(p, _)| *p as u32 != me).map(|(_, r)| r.ask(GradShare { gen: c.gen, seq: g.seq, round: 0, from: me, data: bytes.clone() }, c.timeouts.ask));
-    let (shared, pushed) = c.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
+    let asks = g
+        .trainers
+        .iter()
+        .enumerate()
+        .filter(|(p, _)| *p as u32 != me)
+        .map(|(_, r)| {
+            r.ask(
+                GradShare {
+                    gen: c.gen,
+                    seq: g.seq,
+                    round: 0,
+                    from: me,
+                    data: bytes.clone(),
+                },
+                c.timeouts.ask,
+            )
+        });
+    let (shared, pushed) =
+        c.block_on(futures_util::future::join(join_all(asks), join_all(pushes)))?;
     for r in shared {
         r?;
     }
@@ -114,10 +152,17 @@ where
     }
     let k = g.trainers.len() as u32;
     let others: Vec<u32> = (0..k).filter(|&p| p != me).collect();
-    let mut shares = c.inbox.gradients(g.seq, 0, &others, mine.len(), c.timeouts.step)?.into_iter();
+    let mut shares = c
+        .inbox
+        .gradients(g.seq, 0, &others, mine.len(), c.timeouts.step)?
+        .into_iter();
     let mut sum = vec![0.0f32; mine.len()];
     for p in 0..k {
-        let v = if p == me { mine.clone() } else { shares.next().expect("one share per peer") };
+        let v = if p == me {
+            mine.clone()
+        } else {
+            shares.next().expect("one share per peer")
+        };
         sum.iter_mut().zip(&v).for_each(|(a, b)| *a += b);
     }
     Ok(sum)
@@ -144,7 +189,13 @@ where
             let j = i - (k - 1);
             ((r + 1 + k - j) % k, (r + k - j) % k)
         };
-        let msg = GradShare { gen: c.gen, seq: g.seq, round: i as u32, from: g.me, data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()) };
+        let msg = GradShare {
+            gen: c.gen,
+            seq: g.seq,
+            round: i as u32,
+            from: g.me,
+            data: ByteVec(bytemuck::cast_slice(&v[span(send)]).to_vec()),
+        };
         let ask = next.ask(msg, c.timeouts.ask);
         match pushes.take() {
             Some(p) => {
@@ -156,7 +207,10 @@ where
             }
             None => c.block_on(ask)??,
         }
-        let got = c.inbox.gradients(g.seq, i as u32, &[prev], span(recv).len(), c.timeouts.step)?.remove(0);
+        let got = c
+            .inbox
+            .gradients(g.seq, i as u32, &[prev], span(recv).len(), c.timeouts.step)?
+            .remove(0);
         let dst = &mut v[span(recv)];
         if i < k - 1 {
             dst.iter_mut().zip(&got).for_each(|(a, b)| *a += b);

@@ -113,19 +113,46 @@ pub struct Client {
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
 pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
     let from = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
-    node.actor(name).map(|r| r.with_sender(from)).map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
+    node.actor(name)
+        .map(|r| r.with_sender(from))
+        .map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
 }
 
 /// Pulls `ids` of generation `gen` from `store` (served by `priority` among
 /// waiting pulls), asking again while step `after`'s update is not applied
 /// there or the store has not started the generation, until the step deadline.
-pub async fn pull_from(store: &ActorRef, gen: u64, ids: &[u32], after: Option<u64>, priority: u64, timeouts: Timeouts) -> std::result::Result<SharedBytes, String> {
+pub async fn pull_from(
+    store: &ActorRef,
+    gen: u64,
+    ids: &[u32],
+    after: Option<u64>,
+    priority: u64,
+    timeouts: Timeouts,
+) -> std::result::Result<SharedBytes, String> {
     let deadline = Instant::now() + timeouts.step;
     loop {
-        match store.ask(Pull { gen, ids: ids.to_vec(), after, priority }, timeouts.ask).await {
+        match store
+            .ask(
+                Pull {
+                    gen,
+                    ids: ids.to_vec(),
+                    after,
+                    priority,
+                },
+                timeouts.ask,
+            )
+            .await
+        {
             Ok(Ok(Some(rows))) => return Ok(rows),
-            Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_micros(500)).await,
-            Ok(Ok(None)) => return Err(format!("step {after:?} of generation {gen:x} not applied within {:?}", timeouts.step)),
+            Ok(Ok(None)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_micros(500)).await
+            }
+            Ok(Ok(None)) => {
+                return Err(format!(
+                    "step {after:?} of generation {gen:x} not applied within {:?}",
+                    timeouts.step
+                ))
+            }
             Ok(Err(e)) => return Err(e),
             Err(e) => return Err(e.to_string()),
         }
@@ -138,13 +165,23 @@ impl Client {
         let learnable = Model::learnable_types(s.cfg.model, &s.graph);
         let target = s.graph.target().index();
         let uses_neighbors = s.model.uses_neighbors();
-        let wanted: Vec<bool> = (0..learnable.len()).map(|ty| uses_neighbors || ty == target).collect();
+        let wanted: Vec<bool> = (0..learnable.len())
+            .map(|ty| uses_neighbors || ty == target)
+            .collect();
         let mut stores = Vec::new();
         for (ty, nt) in s.graph.node_types().iter().enumerate() {
             let has = nt.features.is_some() || learnable[ty];
-            stores.push(if has { (0..s.parts).map(|p| sender_ref(s.node, s.me, &names::store(&nt.name, p))).collect::<Result<Vec<_>>>()? } else { Vec::new() });
+            stores.push(if has {
+                (0..s.parts)
+                    .map(|p| sender_ref(s.node, s.me, &names::store(&nt.name, p)))
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            });
         }
-        let samplers = (0..s.parts).map(|p| sender_ref(s.node, s.me, &names::sampler(p))).collect::<Result<_>>()?;
+        let samplers = (0..s.parts)
+            .map(|p| sender_ref(s.node, s.me, &names::sampler(p)))
+            .collect::<Result<_>>()?;
         Ok(Client {
             part: s.part,
             parts: s.parts,
@@ -184,11 +221,24 @@ impl Client {
     pub async fn push(&self, store: &ActorRef, msg: Push) -> std::result::Result<(), String> {
         let deadline = Instant::now() + self.timeouts.step;
         loop {
-            let again = Push { gen: msg.gen, seq: msg.seq, trainer: msg.trainer, ids: msg.ids.clone(), grad: msg.grad.clone() };
+            let again = Push {
+                gen: msg.gen,
+                seq: msg.seq,
+                trainer: msg.trainer,
+                ids: msg.ids.clone(),
+                grad: msg.grad.clone(),
+            };
             match store.ask(again, self.timeouts.ask).await {
                 Ok(Ok(Some(()))) => return Ok(()),
-                Ok(Ok(None)) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(1)).await,
-                Ok(Ok(None)) => return Err(format!("not at generation {:x} within {:?}", msg.gen, self.timeouts.step)),
+                Ok(Ok(None)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(1)).await
+                }
+                Ok(Ok(None)) => {
+                    return Err(format!(
+                        "not at generation {:x} within {:?}",
+                        msg.gen, self.timeouts.step
+                    ))
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(e) => return Err(e.to_string()),
             }
@@ -199,7 +249,12 @@ impl Client {
     /// gradient rows of `src` (per type, the gradient of `inputs`' leaves in
     /// `grads`, if any) grouped by owner. Every store gets a push, empty if
     /// there is nothing for it, so it knows when the step's gradient is complete.
-    pub fn pushes<'c>(&'c self, seq: u64, trainer: u32, rows: Vec<Vec<(Vec<u32>, Vec<u8>)>>) -> Vec<impl std::future::Future<Output = std::result::Result<(), String>> + 'c> {
+    pub fn pushes<'c>(
+        &'c self,
+        seq: u64,
+        trainer: u32,
+        rows: Vec<Vec<(Vec<u32>, Vec<u8>)>>,
+    ) -> Vec<impl std::future::Future<Output = std::result::Result<(), String>> + 'c> {
         let mut rows = rows;
         let mut asks = Vec::new();
         for (ty, stores) in self.stores.iter().enumerate() {
@@ -207,8 +262,18 @@ impl Client {
                 continue;
             }
             for (p, store) in stores.iter().enumerate() {
-                let (ids, grad) = rows.get_mut(ty).and_then(|o| o.get_mut(p)).map(std::mem::take).unwrap_or_default();
-                let msg = Push { gen: self.gen, seq, trainer, ids, grad: ByteVec(grad) };
+                let (ids, grad) = rows
+                    .get_mut(ty)
+                    .and_then(|o| o.get_mut(p))
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                let msg = Push {
+                    gen: self.gen,
+                    seq,
+                    trainer,
+                    ids,
+                    grad: ByteVec(grad),
+                };
                 asks.push(self.push(store, msg));
             }
         }
@@ -220,7 +285,12 @@ impl Client {
     /// `[type][part] = (ids, rows)`. A store adds up rows named twice.
     /// The rows go as the little-endian bytes a push carries, sized exactly
     /// before they are written (no growing, no copy into the message).
-    pub fn gradient_rows(&self, src: &[Vec<u32>], grads: &[Option<Tensor>], out: &mut Vec<Vec<(Vec<u32>, Vec<u8>)>>) -> Result<()> {
+    pub fn gradient_rows(
+        &self,
+        src: &[Vec<u32>],
+        grads: &[Option<Tensor>],
+        out: &mut Vec<Vec<(Vec<u32>, Vec<u8>)>>,
+    ) -> Result<()> {
         if out.is_empty() {
             *out = vec![vec![(Vec::new(), Vec::new()); self.parts as usize]; src.len()];
         }
@@ -229,7 +299,9 @@ impl Client {
                 let dim = gr.dim(1)?;
                 let owners = &self.owners[ty];
                 let mut per = vec![0usize; self.parts as usize];
-                src[ty].iter().for_each(|&v| per[owners[v as usize] as usize] += 1);
+                src[ty]
+                    .iter()
+                    .for_each(|&v| per[owners[v as usize] as usize] += 1);
                 for (o, n) in out[ty].iter_mut().zip(per) {
                     o.0.reserve(n);
                     o.1.reserve(n * dim * 4);
@@ -263,8 +335,16 @@ impl Client {
                         files.push(f);
                         break;
                     }
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                    Ok(None) => return Err(TrainError::Distributed(format!("{}: not at step {seq} within {:?}", store.name(), self.timeouts.step))),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Ok(None) => {
+                        return Err(TrainError::Distributed(format!(
+                            "{}: not at step {seq} within {:?}",
+                            store.name(),
+                            self.timeouts.step
+                        )))
+                    }
                     Err(e) => return Err(TrainError::Checkpoint(format!("{}: {e}", store.name()))),
                 }
             }
@@ -274,37 +354,78 @@ impl Client {
 
     /// Samples seeds of any types (owned here) with `excluded` edges left out,
     /// asking owners for the picks of remote frontier nodes under the same exclusions.
-    pub fn sample_typed(&self, seed: u64, epoch: u64, step: u64, seeds: &[Vec<u32>], excluded: Option<&StepEdges>) -> Result<MiniBatch> {
+    pub fn sample_typed(
+        &self,
+        seed: u64,
+        epoch: u64,
+        step: u64,
+        seeds: &[Vec<u32>],
+        excluded: Option<&StepEdges>,
+    ) -> Result<MiniBatch> {
         let g = &*self.graph;
         let mut sampler = Sampler::new(g, &self.fanouts, seed)?;
         let owners = &self.owners;
         let part = self.part;
         let exclude = excluded.is_some();
-        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away, exclude);
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| {
+            self.remote_picks(seed, epoch, step, layer, fanout, away, exclude)
+        };
         let ex: &dyn ExcludeEdges = match excluded {
             Some(x) => x,
             None => &NoExclusion,
         };
-        Ok(sampler.sample_seeds(epoch, step, seeds, ex, &RelationFilter::All, |t, v| owners[t][v as usize] as u32 == part, remote)?)
+        Ok(sampler.sample_seeds(
+            epoch,
+            step,
+            seeds,
+            ex,
+            &RelationFilter::All,
+            |t, v| owners[t][v as usize] as u32 == part,
+            remote,
+        )?)
     }
 
     /// Samples `seeds` (owned here), asking owners for the picks of remote frontier nodes.
     pub fn sample(&self, seed: u64, epoch: u64, step: u64, seeds: &[u32]) -> Result<MiniBatch> {
         let g = &*self.graph;
         if !self.uses_neighbors {
-            return crate::epoch::sample(&mut Sampler::new(g, &self.fanouts, seed)?, false, epoch, step, seeds);
+            return crate::epoch::sample(
+                &mut Sampler::new(g, &self.fanouts, seed)?,
+                false,
+                epoch,
+                step,
+                seeds,
+            );
         }
         let mut sampler = Sampler::new(g, &self.fanouts, seed)?;
         let owners = &self.owners;
         let part = self.part;
-        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| self.remote_picks(seed, epoch, step, layer, fanout, away, false);
-        Ok(sampler.sample_with(epoch, step, seeds, &RelationFilter::All, |t, v| owners[t][v as usize] as u32 == part, remote)?)
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| {
+            self.remote_picks(seed, epoch, step, layer, fanout, away, false)
+        };
+        Ok(sampler.sample_with(
+            epoch,
+            step,
+            seeds,
+            &RelationFilter::All,
+            |t, v| owners[t][v as usize] as u32 == part,
+            remote,
+        )?)
     }
 
     /// The owners' picks for remote frontier nodes `away`; `exclude`: they
     /// leave the link-prediction step's training edges out.
     #[allow(clippy::too_many_arguments)] // the sampling key's parts, flat
-    pub fn remote_picks(&self, seed: u64, epoch: u64, step: u64, layer: usize, fanout: usize, away: &[Vec<u32>], exclude: bool) -> graphs::Result<Vec<Vec<RelationPicks>>> {
+    pub fn remote_picks(
+        &self,
+        seed: u64,
+        epoch: u64,
+        step: u64,
+        layer: usize,
+        fanout: usize,
+        away: &[Vec<u32>],
+        exclude: bool,
+    ) -> graphs::Result<Vec<Vec<RelationPicks>>> {
         let parts = self.parts as usize;
         let nt = away.len();
         let mut reqs = vec![vec![Vec::new(); nt]; parts];
@@ -316,18 +437,37 @@ impl Client {
                 pos[o][t].push(i);
             }
         }
-        let asking: Vec<usize> = (0..parts).filter(|&o| reqs[o].iter().any(|r| !r.is_empty())).collect();
+        let asking: Vec<usize> = (0..parts)
+            .filter(|&o| reqs[o].iter().any(|r| !r.is_empty()))
+            .collect();
         let asks = asking.iter().map(|&o| {
-            let msg = SampleReq { seed, epoch, step, layer: layer as u32, fanout: fanout as u32, nodes: std::mem::take(&mut reqs[o]), exclude, priority: 0 };
+            let msg = SampleReq {
+                seed,
+                epoch,
+                step,
+                layer: layer as u32,
+                fanout: fanout as u32,
+                nodes: std::mem::take(&mut reqs[o]),
+                exclude,
+                priority: 0,
+            };
             self.samplers[o].ask(msg, self.timeouts.ask)
         });
         let bad = |m: String| GraphError::InvalidArgument(m);
-        let answers = self.block_on(join_all(asks.collect::<Vec<_>>())).map_err(|e| bad(e.to_string()))?;
+        let answers = self
+            .block_on(join_all(asks.collect::<Vec<_>>()))
+            .map_err(|e| bad(e.to_string()))?;
         let mut by_owner: Vec<Option<Vec<Vec<RelationPicks>>>> = vec![None; parts];
         for (&o, a) in asking.iter().zip(answers) {
-            let picks = a.map_err(|e| bad(e.to_string()))?.map_err(|e| bad(format!("{}: {e}", names::sampler(o as u32))))?;
+            let picks = a
+                .map_err(|e| bad(e.to_string()))?
+                .map_err(|e| bad(format!("{}: {e}", names::sampler(o as u32))))?;
             if picks.len() != nt {
-                return Err(bad(format!("{} answered for {} types, {nt} asked", names::sampler(o as u32), picks.len())));
+                return Err(bad(format!(
+                    "{} answered for {} types, {nt} asked",
+                    names::sampler(o as u32),
+                    picks.len()
+                )));
             }
             by_owner[o] = Some(picks);
         }
@@ -339,16 +479,33 @@ impl Client {
                 out.push(Vec::new());
                 continue;
             };
-            let rels: Vec<graphs::RelationId> = by_owner[first].as_ref().map(|a| a[t].iter().map(|p| p.relation).collect()).unwrap_or_default();
+            let rels: Vec<graphs::RelationId> = by_owner[first]
+                .as_ref()
+                .map(|a| a[t].iter().map(|p| p.relation).collect())
+                .unwrap_or_default();
             let mut merged = Vec::with_capacity(rels.len());
             for (j, &rel) in rels.iter().enumerate() {
                 let mut lists: Vec<&[u32]> = vec![&[]; nodes.len()];
                 for &o in &holders {
-                    let p = by_owner[o].as_ref().and_then(|a| a[t].get(j)).filter(|p| p.relation == rel).ok_or_else(|| bad(format!("{} answered other relations", names::sampler(o as u32))))?;
+                    let p = by_owner[o]
+                        .as_ref()
+                        .and_then(|a| a[t].get(j))
+                        .filter(|p| p.relation == rel)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "{} answered other relations",
+                                names::sampler(o as u32)
+                            ))
+                        })?;
                     let n = pos[o][t].len();
-                    let ok = p.offsets.len() == n + 1 && p.offsets.windows(2).all(|w| w[0] <= w[1]) && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len());
+                    let ok = p.offsets.len() == n + 1
+                        && p.offsets.windows(2).all(|w| w[0] <= w[1])
+                        && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len());
                     if !ok {
-                        return Err(bad(format!("{} sent malformed picks", names::sampler(o as u32))));
+                        return Err(bad(format!(
+                            "{} sent malformed picks",
+                            names::sampler(o as u32)
+                        )));
                     }
                     for (q, &i) in pos[o][t].iter().enumerate() {
                         lists[i] = &p.picks[p.offsets[q] as usize..p.offsets[q + 1] as usize];
@@ -361,7 +518,11 @@ impl Client {
                     picks.extend_from_slice(l);
                     offsets.push(picks.len() as u32);
                 }
-                merged.push(RelationPicks { relation: rel, offsets, picks });
+                merged.push(RelationPicks {
+                    relation: rel,
+                    offsets,
+                    picks,
+                });
             }
             out.push(merged);
         }
@@ -370,7 +531,12 @@ impl Client {
 
     /// Pulls `ids` from `store`, asking again while step `after`'s update is
     /// not applied there (pushes travel alongside the all-reduce).
-    pub async fn pull(&self, store: &ActorRef, ids: &[u32], after: Option<u64>) -> std::result::Result<SharedBytes, String> {
+    pub async fn pull(
+        &self,
+        store: &ActorRef,
+        ids: &[u32],
+        after: Option<u64>,
+    ) -> std::result::Result<SharedBytes, String> {
         pull_from(store, self.gen, ids, after, 0, self.timeouts).await
     }
 
@@ -396,9 +562,29 @@ impl Client {
         let g = &*self.graph;
         let parts = self.parts as usize;
         // Cached feature rows are taken from the device cache; only the misses are read or pulled.
-        let cached = |ty: usize| self.cache.as_ref().and_then(|c| c.get(ty)).filter(|_| rows != Rows::Learnable);
-        let lookups: Vec<Option<Lookup>> = src.iter().enumerate().map(|(ty, ids)| cached(ty).filter(|_| self.gathers(ty, rows)).map(|c| c.lookup(ids, rows == Rows::Features))).collect();
-        let fetch: Vec<&[u32]> = src.iter().zip(&lookups).map(|(ids, lk)| lk.as_ref().map_or(ids.as_slice(), |lk| lk.miss_ids.as_slice())).collect();
+        let cached = |ty: usize| {
+            self.cache
+                .as_ref()
+                .and_then(|c| c.get(ty))
+                .filter(|_| rows != Rows::Learnable)
+        };
+        let lookups: Vec<Option<Lookup>> = src
+            .iter()
+            .enumerate()
+            .map(|(ty, ids)| {
+                cached(ty)
+                    .filter(|_| self.gathers(ty, rows))
+                    .map(|c| c.lookup(ids, rows == Rows::Features))
+            })
+            .collect();
+        let fetch: Vec<&[u32]> = src
+            .iter()
+            .zip(&lookups)
+            .map(|(ids, lk)| {
+                lk.as_ref()
+                    .map_or(ids.as_slice(), |lk| lk.miss_ids.as_slice())
+            })
+            .collect();
         let mut plan = Vec::new();
         for (ty, ids) in fetch.iter().enumerate() {
             if !self.gathers(ty, rows) || ids.is_empty() {
@@ -409,21 +595,53 @@ impl Client {
                 if local_rows && o as u32 == self.part {
                     continue;
                 }
-                let want: Vec<u32> = ids.iter().copied().filter(|&v| self.owners[ty][v as usize] as usize == o).collect();
+                let want: Vec<u32> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&v| self.owners[ty][v as usize] as usize == o)
+                    .collect();
                 if !want.is_empty() {
                     plan.push((ty, o, want));
                 }
             }
         }
-        self.remote_rows.fetch_add(plan.iter().filter(|(_, o, _)| *o as u32 != self.part).map(|(_, _, want)| want.len() as u64).sum(), Ordering::Relaxed);
-        let asks = plan.iter().map(|(ty, o, want)| self.pull(&self.stores[*ty][*o], want, if self.learnable[*ty] { after } else { None }));
+        self.remote_rows.fetch_add(
+            plan.iter()
+                .filter(|(_, o, _)| *o as u32 != self.part)
+                .map(|(_, _, want)| want.len() as u64)
+                .sum(),
+            Ordering::Relaxed,
+        );
+        let asks = plan.iter().map(|(ty, o, want)| {
+            self.pull(
+                &self.stores[*ty][*o],
+                want,
+                if self.learnable[*ty] { after } else { None },
+            )
+        });
         let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
         // Pulled rows stay as received (little-endian f32 bytes) and are copied once, into place.
         let mut pulled: BTreeMap<(usize, usize), SharedBytes> = BTreeMap::new();
-        let dims: Vec<usize> = (0..src.len()).map(|ty| g.node_types()[ty].features.as_ref().map_or(self.embed_dim, |f| f.dim())).collect();
+        let dims: Vec<usize> = (0..src.len())
+            .map(|ty| {
+                g.node_types()[ty]
+                    .features
+                    .as_ref()
+                    .map_or(self.embed_dim, |f| f.dim())
+            })
+            .collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
-            let bytes = a.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&g.node_types()[*ty].name, *o as u32))))?;
-            pulled.insert((*ty, *o), crate::distributed::rows::dense(bytes, want.len(), dims[*ty]).map_err(TrainError::Distributed)?);
+            let bytes = a.map_err(|e| {
+                TrainError::Distributed(format!(
+                    "{}: {e}",
+                    names::store(&g.node_types()[*ty].name, *o as u32)
+                ))
+            })?;
+            pulled.insert(
+                (*ty, *o),
+                crate::distributed::rows::dense(bytes, want.len(), dims[*ty])
+                    .map_err(TrainError::Distributed)?,
+            );
         }
         let mut out: PerType = Vec::with_capacity(src.len());
         for (ty, ids) in src.iter().enumerate() {
@@ -440,8 +658,15 @@ impl Client {
                 match (feats, o as u32 == self.part) {
                     (Some(f), true) => buf.extend_from_slice(f.row(v as usize)),
                     _ => {
-                        let rows = pulled.get(&(ty, o)).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {ty} from partition {o}")))?;
-                        let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+                        let rows = pulled.get(&(ty, o)).ok_or_else(|| {
+                            TrainError::Distributed(format!(
+                                "no rows pulled for type {ty} from partition {o}"
+                            ))
+                        })?;
+                        let row = rows
+                            .0
+                            .get(next[o] * dim * 4..(next[o] + 1) * dim * 4)
+                            .ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
                         crate::distributed::rows::append_row(&mut buf, row);
                         next[o] += 1;
                     }
@@ -450,17 +675,31 @@ impl Client {
             let x = match (cached(ty), &lookups[ty]) {
                 (Some(c), Some(lk)) => c.assemble(lk, buf, self.dtype, &self.device)?,
                 // A gradient leaf made from the rows themselves: `Var::from_tensor` would copy them.
-                _ if rows == Rows::Learnable && self.dtype == DType::F32 => Var::from_vec(buf, (ids.len(), dim), &self.device)?.into_inner(),
+                _ if rows == Rows::Learnable && self.dtype == DType::F32 => {
+                    Var::from_vec(buf, (ids.len(), dim), &self.device)?.into_inner()
+                }
                 _ => Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?,
             };
-            out.push(Some(if rows == Rows::Learnable && !x.is_variable() { Var::from_tensor(&x)?.into_inner() } else { x }));
+            out.push(Some(if rows == Rows::Learnable && !x.is_variable() {
+                Var::from_tensor(&x)?.into_inner()
+            } else {
+                x
+            }));
         }
         Ok(out)
     }
 
     /// Correct predictions of `model` (no dropout) on the share of `nodes`
     /// that `mine` picks from each evaluation chunk, sampled with `seed`.
-    pub fn count_correct(&self, model: &Model, seed: u64, epoch: u64, nodes: &[u32], after: Option<u64>, mine: impl Fn(&[u32]) -> Vec<u32>) -> Result<u64> {
+    pub fn count_correct(
+        &self,
+        model: &Model,
+        seed: u64,
+        epoch: u64,
+        nodes: &[u32],
+        after: Option<u64>,
+        mine: impl Fn(&[u32]) -> Vec<u32>,
+    ) -> Result<u64> {
         let g = self.graph.clone();
         let (labels, _) = g.target_labels();
         let mut correct = 0;
@@ -473,7 +712,11 @@ impl Client {
             let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
             let logits = model.forward(&g, &mb, inputs, None)?.detach();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            correct += pred.iter().zip(&seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as u64;
+            correct += pred
+                .iter()
+                .zip(&seeds)
+                .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
+                .count() as u64;
         }
         Ok(correct)
     }
@@ -482,17 +725,38 @@ impl Client {
     /// `root`: the dense state if `dense` (one training thread of the run
     /// writes it), the rows of its learnable stores; then the coordinator
     /// hears of the files (with the epoch's `progress` from the thread that writes the dense state).
-    pub fn checkpoint_part(&self, coordinator: &ActorRef, root: &std::path::Path, seq: u64, dense: Option<(&Model, &Adam)>, progress: Progress) -> Result<()> {
+    pub fn checkpoint_part(
+        &self,
+        coordinator: &ActorRef,
+        root: &std::path::Path,
+        seq: u64,
+        dense: Option<(&Model, &Adam)>,
+        progress: Progress,
+    ) -> Result<()> {
         self.checkpoint_part_with(coordinator, root, seq, dense, progress, Vec::new())
     }
 
     /// [`Client::checkpoint_part`] with `files` the training thread wrote itself (name, SHA-256).
-    pub fn checkpoint_part_with(&self, coordinator: &ActorRef, root: &std::path::Path, seq: u64, dense: Option<(&Model, &Adam)>, progress: Progress, mut files: Vec<(String, String)>) -> Result<()> {
+    pub fn checkpoint_part_with(
+        &self,
+        coordinator: &ActorRef,
+        root: &std::path::Path,
+        seq: u64,
+        dense: Option<(&Model, &Adam)>,
+        progress: Progress,
+        mut files: Vec<(String, String)>,
+    ) -> Result<()> {
         if let Some((model, adam)) = dense {
             files.push(checkpoint::write_dense(root, seq, model, adam)?);
         }
         files.extend(self.save_stores(seq)?);
-        let msg = Saved { gen: self.gen, seq, part: self.part, files, progress: dense.is_some().then_some(progress) };
+        let msg = Saved {
+            gen: self.gen,
+            seq,
+            part: self.part,
+            files,
+            progress: dense.is_some().then_some(progress),
+        };
         self.block_on(coordinator.ask(msg, self.timeouts.ask))??;
         Ok(())
     }

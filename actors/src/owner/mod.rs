@@ -64,26 +64,53 @@ pub fn serve(
     let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
         arbiters.push(actix::Arbiter::new());
-        arbiters.last().map(actix::Arbiter::handle).expect("just pushed")
+        arbiters
+            .last()
+            .map(actix::Arbiter::handle)
+            .expect("just pushed")
     };
     let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), link);
     let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
-    node.register(&names::sampler(part), &addr).map_err(reg)?.handle::<SampleReq>();
+    node.register(&names::sampler(part), &addr)
+        .map_err(reg)?
+        .handle::<SampleReq>();
     let learnable = Model::learnable_types(t.model, graph);
     for (ty, nt) in graph.node_types().iter().enumerate() {
         let data = if nt.features.is_some() {
-            StoreData::Features { graph: graph.clone(), ty }
+            StoreData::Features {
+                graph: graph.clone(),
+                ty,
+            }
         } else if learnable[ty] {
-            let owned: Vec<u32> = (0..nt.count).filter(|&v| owners[ty][v as usize] as u32 == part).collect();
+            let owned: Vec<u32> = (0..nt.count)
+                .filter(|&v| owners[ty][v as usize] as u32 == part)
+                .collect();
             let name = format!("embed.{}", nt.name);
-            StoreData::Embeddings(Box::new(Shard::new(t.seed, &name, nt.count as usize, t.embed_dim, owned, AdamConfig::with_lr(t.lr), pushers as usize)))
+            StoreData::Embeddings(Box::new(Shard::new(
+                t.seed,
+                &name,
+                nt.count as usize,
+                t.embed_dim,
+                owned,
+                AdamConfig::with_lr(t.lr),
+                pushers as usize,
+            )))
         } else {
             continue;
         };
-        let files = t.checkpoint_dir.clone().map(|root| (root, checkpoint::shard_file(&nt.name, part)));
+        let files = t
+            .checkpoint_dir
+            .clone()
+            .map(|root| (root, checkpoint::shard_file(&nt.name, part)));
         let store = FeatureStore::new(part as u16, owners.clone(), ty, data, files);
         let addr = FeatureStore::start_in_arbiter(&on_own_thread(arbiters), move |_| store);
-        node.register(&names::store(&nt.name, part), &addr).map_err(reg)?.handle::<Pull>().handle::<Push>().handle::<Export>().handle::<Reset>().handle::<Save>();
+        node.register(&names::store(&nt.name, part), &addr)
+            .map_err(reg)?
+            .handle::<Pull>()
+            .handle::<Push>()
+            .handle::<Export>()
+            .handle::<Reset>()
+            .handle::<Save>();
     }
     Ok(())
 }
@@ -93,8 +120,19 @@ pub fn serve(
 /// coordinator where `[placement]` puts it, else on the first node; returns
 /// the node of each partition. `mode` names the mode in the error for a
 /// cluster of another size.
-pub fn place_one_per_node(topology: &mut runtime::Topology, parts: u32, node_types: &[String], worker: fn(u32) -> String, mode: &str) -> Result<Vec<String>> {
-    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
+pub fn place_one_per_node(
+    topology: &mut runtime::Topology,
+    parts: u32,
+    node_types: &[String],
+    worker: fn(u32) -> String,
+    mode: &str,
+) -> Result<Vec<String>> {
+    let ids: Vec<String> = topology
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
     if parts as usize != ids.len() {
         return Err(TrainError::Config(format!("training.partitions: {parts} partitions for {} nodes; {mode} runs one partition per node (hetgnn partition --parts {})", ids.len(), ids.len())));
     }
@@ -108,7 +146,9 @@ pub fn place_one_per_node(topology: &mut runtime::Topology, parts: u32, node_typ
     let coordinator = crate::distributed::names::COORDINATOR;
     if topology.placed(coordinator).is_none() {
         if let Some(first) = ids.first() {
-            topology.placement.insert(coordinator.to_string(), first.clone());
+            topology
+                .placement
+                .insert(coordinator.to_string(), first.clone());
         }
     }
     Ok(ids)
@@ -117,7 +157,11 @@ pub fn place_one_per_node(topology: &mut runtime::Topology, parts: u32, node_typ
 /// A training thread's replica: the dense model on `t.device` without
 /// learnable tables (the stores own those), its Adam state and the next step,
 /// restored from the checkpoint `from` if any.
-pub fn replica(t: &TrainingConfig, graph: &HetGraph, from: &Option<(std::path::PathBuf, checkpoint::Manifest)>) -> Result<(Model, Adam, u64)> {
+pub fn replica(
+    t: &TrainingConfig,
+    graph: &HetGraph,
+    from: &Option<(std::path::PathBuf, checkpoint::Manifest)>,
+) -> Result<(Model, Adam, u64)> {
     let device = crate::device::open(&t.device)?;
     let mut model = Model::without_tables(&t.model_spec(), graph, DType::F32, &device)?;
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
@@ -134,9 +178,28 @@ pub fn replica(t: &TrainingConfig, graph: &HetGraph, from: &Option<(std::path::P
 /// (or their initial rows) and serve generation `b.gen`.
 pub fn reset_stores(p: &Part, t: &TrainingConfig, b: Begin) -> Result<()> {
     let learnable = Model::learnable_types(t.model, p.graph);
-    let stores: Vec<String> = p.graph.node_types().iter().enumerate().filter(|(ty, _)| learnable[*ty]).map(|(_, nt)| names::store(&nt.name, p.part)).collect();
-    let refs = stores.iter().map(|n| p.node.actor(n)).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
-    let answers = p.handle.block_on(join_all(refs.iter().map(|r| r.ask(Reset { gen: b.gen, from: b.from }, p.timeouts.ask))));
+    let stores: Vec<String> = p
+        .graph
+        .node_types()
+        .iter()
+        .enumerate()
+        .filter(|(ty, _)| learnable[*ty])
+        .map(|(_, nt)| names::store(&nt.name, p.part))
+        .collect();
+    let refs = stores
+        .iter()
+        .map(|n| p.node.actor(n))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let answers = p.handle.block_on(join_all(refs.iter().map(|r| {
+        r.ask(
+            Reset {
+                gen: b.gen,
+                from: b.from,
+            },
+            p.timeouts.ask,
+        )
+    })));
     for (name, a) in stores.iter().zip(answers) {
         a?.map_err(|e| TrainError::Checkpoint(format!("{name}: {e}")))?;
     }
@@ -145,17 +208,41 @@ pub fn reset_stores(p: &Part, t: &TrainingConfig, b: Begin) -> Result<()> {
 
 /// The whole model: `replica`'s dense parameters and every learnable table
 /// exported from the stores of the `parts` partitions.
-pub fn assemble(t: &TrainingConfig, system: &System, parts: u32, replica: &Model, g: &HetGraph) -> Result<Model> {
+pub fn assemble(
+    t: &TrainingConfig,
+    system: &System,
+    parts: u32,
+    replica: &Model,
+    g: &HetGraph,
+) -> Result<Model> {
     let tables = export_tables(t, system, parts, g)?;
     let mut model = Model::new(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
     for (name, var) in model.params.iter() {
-        let theirs = replica.params.get(name).ok_or_else(|| TrainError::Distributed(format!("the replica has no parameter {name}")))?;
-        var.set(&theirs.as_tensor().to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
+        let theirs = replica.params.get(name).ok_or_else(|| {
+            TrainError::Distributed(format!("the replica has no parameter {name}"))
+        })?;
+        var.set(
+            &theirs
+                .as_tensor()
+                .to_device(&Device::Cpu)?
+                .to_dtype(DType::F32)?,
+        )?;
     }
     for (ty, rows) in tables {
-        let e = model.embeddings.get_mut(ty).and_then(Option::as_mut).ok_or_else(|| TrainError::Distributed(format!("a table for node type {ty}, which has none")))?;
+        let e = model
+            .embeddings
+            .get_mut(ty)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| {
+                TrainError::Distributed(format!("a table for node type {ty}, which has none"))
+            })?;
         if e.data.len() != rows.len() {
-            return Err(TrainError::Distributed(format!("{}: {} values exported, {} expected", e.name, rows.len(), e.data.len())));
+            return Err(TrainError::Distributed(format!(
+                "{}: {} values exported, {} expected",
+                e.name,
+                rows.len(),
+                e.data.len()
+            )));
         }
         e.data = rows;
     }
@@ -163,7 +250,12 @@ pub fn assemble(t: &TrainingConfig, system: &System, parts: u32, replica: &Model
 }
 
 /// Every learnable table, whole, from the stores of every partition.
-fn export_tables(t: &TrainingConfig, system: &System, parts: u32, g: &HetGraph) -> Result<Vec<(usize, Vec<f32>)>> {
+fn export_tables(
+    t: &TrainingConfig,
+    system: &System,
+    parts: u32,
+    g: &HetGraph,
+) -> Result<Vec<(usize, Vec<f32>)>> {
     let learnable = Model::learnable_types(t.model, g);
     let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
     let ask = Timeouts::default().ask;
@@ -173,14 +265,26 @@ fn export_tables(t: &TrainingConfig, system: &System, parts: u32, g: &HetGraph) 
         }
         let dim = t.embed_dim;
         let mut table = vec![0.0f32; nt.count as usize * dim];
-        let refs = (0..parts).map(|p| system.node.actor(&names::store(&nt.name, p))).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| TrainError::Distributed(e.to_string()))?;
-        let answers = system.handle.block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
+        let refs = (0..parts)
+            .map(|p| system.node.actor(&names::store(&nt.name, p)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let answers = system
+            .handle
+            .block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
         for (p, a) in answers.into_iter().enumerate() {
-            let (ids, data) = a?.map_err(|e| TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32))))?;
+            let (ids, data) = a?.map_err(|e| {
+                TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32)))
+            })?;
             let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
             for (k, &id) in ids.iter().enumerate() {
                 let at = id as usize * dim;
-                table.get_mut(at..at + dim).ok_or_else(|| TrainError::Distributed(format!("exported row {id} out of range")))?.copy_from_slice(&rows[k * dim..(k + 1) * dim]);
+                table
+                    .get_mut(at..at + dim)
+                    .ok_or_else(|| {
+                        TrainError::Distributed(format!("exported row {id} out of range"))
+                    })?
+                    .copy_from_slice(&rows[k * dim..(k + 1) * dim]);
             }
         }
         tables.push((ty, table));

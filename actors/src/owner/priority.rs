@@ -50,7 +50,10 @@ pub struct Parked<Req, Reply> {
 
 impl<Req, Reply> Default for Parked<Req, Reply> {
     fn default() -> Self {
-        Parked { heap: BinaryHeap::new(), next: 0 }
+        Parked {
+            heap: BinaryHeap::new(),
+            next: 0,
+        }
     }
 }
 
@@ -58,7 +61,12 @@ impl<Req, Reply> Parked<Req, Reply> {
     /// Parks `req`; the receiver gets its reply once served.
     pub fn park(&mut self, priority: u64, req: Req) -> oneshot::Receiver<Reply> {
         let (reply, rx) = oneshot::channel();
-        self.heap.push(Entry { priority, order: self.next, req, reply });
+        self.heap.push(Entry {
+            priority,
+            order: self.next,
+            req,
+            reply,
+        });
         self.next += 1;
         rx
     }
@@ -79,7 +87,10 @@ mod tests {
     #[test]
     fn the_lowest_priority_value_is_served_first_then_arrival_order() {
         let mut p: Parked<&str, String> = Parked::default();
-        let mut rx: Vec<_> = [(5, "e"), (1, "a"), (3, "c"), (1, "b")].into_iter().map(|(pr, r)| p.park(pr, r)).collect();
+        let mut rx: Vec<_> = [(5, "e"), (1, "a"), (3, "c"), (1, "b")]
+            .into_iter()
+            .map(|(pr, r)| p.park(pr, r))
+            .collect();
         let mut served = Vec::new();
         for _ in 0..4 {
             p.serve_one(|r| {

@@ -31,22 +31,41 @@ pub struct SamplerActor {
 
 impl SamplerActor {
     /// The sampler of partition `part`.
-    pub fn new(part: u16, graph: Arc<HetGraph>, owners: Arc<Vec<Vec<u16>>>, link: Option<Arc<LinkTask>>) -> SamplerActor {
-        SamplerActor { part, graph, owners, link, parked: Parked::default() }
+    pub fn new(
+        part: u16,
+        graph: Arc<HetGraph>,
+        owners: Arc<Vec<Vec<u16>>>,
+        link: Option<Arc<LinkTask>>,
+    ) -> SamplerActor {
+        SamplerActor {
+            part,
+            graph,
+            owners,
+            link,
+            parked: Parked::default(),
+        }
     }
 
     fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, String> {
         let g = &*self.graph;
         if r.nodes.len() != g.node_types().len() {
-            return Err(format!("nodes for {} types, the graph has {}", r.nodes.len(), g.node_types().len()));
+            return Err(format!(
+                "nodes for {} types, the graph has {}",
+                r.nodes.len(),
+                g.node_types().len()
+            ));
         }
         if r.fanout == 0 || r.fanout > MAX_FANOUT || r.layer as usize >= 64 {
-            return Err(format!("fanout {} or layer {} out of range", r.fanout, r.layer));
+            return Err(format!(
+                "fanout {} or layer {} out of range",
+                r.fanout, r.layer
+            ));
         }
         if r.nodes.iter().map(Vec::len).sum::<usize>() > MAX_NODES {
             return Err(format!("more than {MAX_NODES} nodes in one request"));
         }
-        let mut sampler = Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
+        let mut sampler =
+            Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
         let step_edges = match (&self.link, r.exclude) {
             (Some(l), true) => Some(l.exclusion(r.epoch, r.step)),
             (None, true) => return Err("asked to leave a link-prediction step's edges out, in a run without link prediction".into()),
@@ -60,13 +79,27 @@ impl SamplerActor {
         for (t, nodes) in r.nodes.iter().enumerate() {
             for &v in nodes {
                 if self.owners[t].get(v as usize) != Some(&self.part) {
-                    return Err(format!("node {v} of type {t} is not owned by partition {}", self.part));
+                    return Err(format!(
+                        "node {v} of type {t} is not owned by partition {}",
+                        self.part
+                    ));
                 }
             }
             let picks = if nodes.is_empty() {
                 Vec::new()
             } else {
-                sampler.pick(r.epoch, r.step, r.layer as usize, r.fanout as usize, NodeTypeId(t as u32), nodes, &RelationFilter::All, excluded).map_err(|e| e.to_string())?
+                sampler
+                    .pick(
+                        r.epoch,
+                        r.step,
+                        r.layer as usize,
+                        r.fanout as usize,
+                        NodeTypeId(t as u32),
+                        nodes,
+                        &RelationFilter::All,
+                        excluded,
+                    )
+                    .map_err(|e| e.to_string())?
             };
             out.push(picks);
         }
@@ -87,7 +120,10 @@ impl Handler<Deliver<SampleReq>> for SamplerActor {
     fn handle(&mut self, m: Deliver<SampleReq>, ctx: &mut Context<Self>) -> Self::Result {
         let rx = self.parked.park(m.msg.priority, m.msg);
         ctx.notify(Serve);
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err("the sampler stopped".into())) })
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err("the sampler stopped".into()))
+        })
     }
 }
 

@@ -49,7 +49,15 @@ pub struct Shard {
 impl Shard {
     /// The rows of `owned` (ascending) of the table a single process would
     /// initialise for (seed, name): the same values, row for row.
-    pub fn new(seed: u64, name: &str, count: usize, dim: usize, owned: Vec<u32>, adam: AdamConfig, trainers: usize) -> Shard {
+    pub fn new(
+        seed: u64,
+        name: &str,
+        count: usize,
+        dim: usize,
+        owned: Vec<u32>,
+        adam: AdamConfig,
+        trainers: usize,
+    ) -> Shard {
         let data = models::init::normal_rows(seed, name, dim, &owned);
         let n = owned.len();
         Shard {
@@ -72,7 +80,15 @@ impl Shard {
 
     /// The shard as it was before training.
     fn initial(&self) -> Shard {
-        Shard::new(self.seed, &self.name, self.count, self.dim, self.ids.clone(), self.adam, self.trainers)
+        Shard::new(
+            self.seed,
+            &self.name,
+            self.count,
+            self.dim,
+            self.ids.clone(),
+            self.adam,
+            self.trainers,
+        )
     }
 
     /// Its rows and their Adam state, for a checkpoint.
@@ -80,29 +96,53 @@ impl Shard {
         let (n, d, cpu) = (self.ids.len(), self.dim, &Device::Cpu);
         Ok(HashMap::from([
             ("ids".to_string(), Tensor::from_slice(&self.ids, n, cpu)?),
-            ("data".to_string(), Tensor::from_slice(&self.data, (n, d), cpu)?),
+            (
+                "data".to_string(),
+                Tensor::from_slice(&self.data, (n, d), cpu)?,
+            ),
             ("m".to_string(), Tensor::from_slice(&self.m, (n, d), cpu)?),
             ("v".to_string(), Tensor::from_slice(&self.v, (n, d), cpu)?),
-            ("steps".to_string(), Tensor::from_slice(&self.steps, n, cpu)?),
+            (
+                "steps".to_string(),
+                Tensor::from_slice(&self.steps, n, cpu)?,
+            ),
         ]))
     }
 
     /// Takes rows and Adam state from checkpoint tensors, which must hold
     /// exactly this shard's rows; `applied`: the last step they include.
-    fn restore(&mut self, mut t: HashMap<String, Tensor>, applied: Option<u64>) -> Result<(), String> {
-        let mut take = |k: &str| t.remove(k).ok_or_else(|| format!("tensor '{k}' is missing"));
-        let (ids, data, m, v, steps) = (take("ids")?, take("data")?, take("m")?, take("v")?, take("steps")?);
+    fn restore(
+        &mut self,
+        mut t: HashMap<String, Tensor>,
+        applied: Option<u64>,
+    ) -> Result<(), String> {
+        let mut take = |k: &str| {
+            t.remove(k)
+                .ok_or_else(|| format!("tensor '{k}' is missing"))
+        };
+        let (ids, data, m, v, steps) = (
+            take("ids")?,
+            take("data")?,
+            take("m")?,
+            take("v")?,
+            take("steps")?,
+        );
         let e = |e: candle_core::Error| e.to_string();
         let ids: Vec<u32> = ids.to_vec1().map_err(e)?;
         if ids != self.ids {
             return Err("holds other rows than this store owns (another partitioning?)".into());
         }
-        let flat = |t: Tensor| -> Result<Vec<f32>, String> { t.flatten_all().and_then(|t| t.to_vec1()).map_err(e) };
+        let flat = |t: Tensor| -> Result<Vec<f32>, String> {
+            t.flatten_all().and_then(|t| t.to_vec1()).map_err(e)
+        };
         let (data, m, v) = (flat(data)?, flat(m)?, flat(v)?);
         let steps: Vec<u32> = steps.to_vec1().map_err(e)?;
         let n = self.ids.len() * self.dim;
         if data.len() != n || m.len() != n || v.len() != n || steps.len() != self.ids.len() {
-            return Err(format!("rows of another width (this store's is {})", self.dim));
+            return Err(format!(
+                "rows of another width (this store's is {})",
+                self.dim
+            ));
         }
         if data.iter().chain(&m).chain(&v).any(|x| !x.is_finite()) {
             return Err("holds values that are not finite".into());
@@ -114,7 +154,9 @@ impl Shard {
     }
 
     fn row(&self, id: u32) -> Result<usize, String> {
-        self.ids.binary_search(&id).map_err(|_| format!("row {id} is not owned here"))
+        self.ids
+            .binary_search(&id)
+            .map_err(|_| format!("row {id} is not owned here"))
     }
 
     fn push(&mut self, p: Push) -> Result<(), String> {
@@ -127,13 +169,22 @@ impl Shard {
         }
         let grad: Vec<f32> = decode_f32(&p.grad.0, p.ids.len() * self.dim)?;
         // Looked up once, here, where a bad id is refused to its sender; the step keeps the rows.
-        let rows = p.ids.iter().map(|&id| self.row(id).map(|r| r as u32)).collect::<Result<Vec<u32>, String>>()?;
-        let slots = self.pending.entry(p.seq).or_insert_with(|| vec![None; self.trainers]);
+        let rows = p
+            .ids
+            .iter()
+            .map(|&id| self.row(id).map(|r| r as u32))
+            .collect::<Result<Vec<u32>, String>>()?;
+        let slots = self
+            .pending
+            .entry(p.seq)
+            .or_insert_with(|| vec![None; self.trainers]);
         slots[t].get_or_insert((rows, grad));
         if slots.iter().any(Option::is_none) {
             return Ok(());
         }
-        let Some(slots) = self.pending.remove(&p.seq) else { return Ok(()) };
+        let Some(slots) = self.pending.remove(&p.seq) else {
+            return Ok(());
+        };
         // Sum per row in trainer order, then one Adam step per touched row.
         let d = self.dim;
         // At most one row per id pushed: sized once, never grown.
@@ -150,7 +201,10 @@ impl Shard {
                         rows.push(r);
                         sums.extend_from_slice(g);
                     }
-                    at => sums[at as usize * d..(at as usize + 1) * d].iter_mut().zip(g).for_each(|(a, b)| *a += b),
+                    at => sums[at as usize * d..(at as usize + 1) * d]
+                        .iter_mut()
+                        .zip(g)
+                        .for_each(|(a, b)| *a += b),
                 }
             }
         }
@@ -159,7 +213,13 @@ impl Shard {
             self.slot[r] = u32::MAX;
             ids.push(r as u32);
         }
-        let table = RowsMut { data: &mut self.data, m: &mut self.m, v: &mut self.v, steps: &mut self.steps, dim: d };
+        let table = RowsMut {
+            data: &mut self.data,
+            m: &mut self.m,
+            v: &mut self.v,
+            steps: &mut self.steps,
+            dim: d,
+        };
         adam_rows(table, &ids, &sums, &self.adam)?;
         self.applied = Some(p.seq);
         Ok(())
@@ -196,8 +256,22 @@ pub struct FeatureStore {
 impl FeatureStore {
     /// A store for partition `part`, node type `ty`; learnable rows are
     /// checkpointed under `checkpoints` as `file`.
-    pub fn new(part: u16, owners: Arc<Vec<Vec<u16>>>, ty: usize, data: StoreData, checkpoints: Option<(PathBuf, String)>) -> FeatureStore {
-        FeatureStore { part, owners, ty, data, gen: 0, checkpoints, parked: Parked::default() }
+    pub fn new(
+        part: u16,
+        owners: Arc<Vec<Vec<u16>>>,
+        ty: usize,
+        data: StoreData,
+        checkpoints: Option<(PathBuf, String)>,
+    ) -> FeatureStore {
+        FeatureStore {
+            part,
+            owners,
+            ty,
+            data,
+            gen: 0,
+            checkpoints,
+            parked: Parked::default(),
+        }
     }
 
     /// Starts generation `gen` from the checkpoint at step `from` (or afresh).
@@ -206,11 +280,15 @@ impl FeatureStore {
             match from {
                 None => **s = s.initial(),
                 Some(seq) => {
-                    let (root, file) = self.checkpoints.as_ref().ok_or("no checkpoint_dir configured on this node")?;
+                    let (root, file) = self
+                        .checkpoints
+                        .as_ref()
+                        .ok_or("no checkpoint_dir configured on this node")?;
                     let dir = checkpoint::dir(root, seq);
                     let m = checkpoint::manifest(&dir).map_err(|e| e.to_string())?;
                     let t = checkpoint::load_tensors(&dir, &m, file).map_err(|e| e.to_string())?;
-                    s.restore(t, seq.checked_sub(1)).map_err(|e| format!("{}: {e}", dir.join(file).display()))?;
+                    s.restore(t, seq.checked_sub(1))
+                        .map_err(|e| format!("{}: {e}", dir.join(file).display()))?;
                 }
             }
         }
@@ -221,16 +299,26 @@ impl FeatureStore {
     /// Writes the rows into the checkpoint at `seq` once the updates of the
     /// steps before it are applied (`None` until then).
     fn save(&self, gen: u64, seq: u64) -> Result<Option<(String, String)>, String> {
-        let StoreData::Embeddings(s) = &self.data else { return Err("plain features are not checkpointed".into()) };
+        let StoreData::Embeddings(s) = &self.data else {
+            return Err("plain features are not checkpointed".into());
+        };
         if gen != self.gen || s.applied.map_or(0, |a| a + 1) < seq {
             return Ok(None);
         }
         if s.applied.map_or(0, |a| a + 1) > seq {
-            return Err(format!("asked for the checkpoint at step {seq}, but step {} is already applied", s.applied.unwrap_or(0)));
+            return Err(format!(
+                "asked for the checkpoint at step {seq}, but step {} is already applied",
+                s.applied.unwrap_or(0)
+            ));
         }
-        let (root, file) = self.checkpoints.as_ref().ok_or("no checkpoint_dir configured on this node")?;
+        let (root, file) = self
+            .checkpoints
+            .as_ref()
+            .ok_or("no checkpoint_dir configured on this node")?;
         let t = s.tensors().map_err(|e| e.to_string())?;
-        checkpoint::write_tensors(&checkpoint::partial_dir(root, seq), file, &t).map(Some).map_err(|e| e.to_string())
+        checkpoint::write_tensors(&checkpoint::partial_dir(root, seq), file, &t)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 
     fn check_owned(&self, ids: &[u32]) -> Result<(), String> {
@@ -241,14 +329,24 @@ impl FeatureStore {
         for &i in ids {
             match own.get(i as usize) {
                 Some(&p) if p == self.part => {}
-                Some(p) => return Err(format!("row {i} belongs to partition {p}, not {}", self.part)),
+                Some(p) => {
+                    return Err(format!(
+                        "row {i} belongs to partition {p}, not {}",
+                        self.part
+                    ))
+                }
                 None => return Err(format!("row {i} out of range 0..{}", own.len())),
             }
         }
         Ok(())
     }
 
-    fn pull(&self, gen: u64, ids: &[u32], after: Option<u64>) -> Result<Option<SharedBytes>, String> {
+    fn pull(
+        &self,
+        gen: u64,
+        ids: &[u32],
+        after: Option<u64>,
+    ) -> Result<Option<SharedBytes>, String> {
         if let StoreData::Embeddings(s) = &self.data {
             if gen != self.gen || after.is_some_and(|a| s.applied.is_none_or(|done| done < a)) {
                 return Ok(None);
@@ -259,7 +357,10 @@ impl FeatureStore {
         match &self.data {
             // Constant rows go as their non-zeros where that is shorter (bags of words).
             StoreData::Features { graph, ty } => {
-                let f = graph.node_types()[*ty].features.as_ref().ok_or("this type has no features")?;
+                let f = graph.node_types()[*ty]
+                    .features
+                    .as_ref()
+                    .ok_or("this type has no features")?;
                 let rows: Vec<&[f32]> = ids.iter().map(|&i| f.row(i as usize)).collect();
                 out = crate::distributed::rows::encode_rows(&rows);
             }
@@ -267,7 +368,9 @@ impl FeatureStore {
                 out.reserve(ids.len() * s.dim * 4);
                 for &i in ids {
                     let r = s.row(i)?;
-                    out.extend_from_slice(bytemuck::cast_slice(&s.data[r * s.dim..(r + 1) * s.dim]));
+                    out.extend_from_slice(bytemuck::cast_slice(
+                        &s.data[r * s.dim..(r + 1) * s.dim],
+                    ));
                 }
             }
         }
@@ -333,7 +436,10 @@ impl Handler<Deliver<Export>> for FeatureStore {
     type Result = MessageResult<Deliver<Export>>;
     fn handle(&mut self, _: Deliver<Export>, _: &mut Context<Self>) -> Self::Result {
         MessageResult(match &self.data {
-            StoreData::Embeddings(s) => Ok((s.ids.clone(), ByteVec(bytemuck::cast_slice(&s.data).to_vec()))),
+            StoreData::Embeddings(s) => Ok((
+                s.ids.clone(),
+                ByteVec(bytemuck::cast_slice(&s.data).to_vec()),
+            )),
             StoreData::Features { .. } => Err("plain features are not exported".into()),
         })
     }
@@ -344,7 +450,13 @@ mod tests {
     use super::*;
 
     fn push(seq: u64, trainer: u32, ids: Vec<u32>, grad: &[f32]) -> Push {
-        Push { gen: 0, seq, trainer, ids, grad: ByteVec(bytemuck::cast_slice(grad).to_vec()) }
+        Push {
+            gen: 0,
+            seq,
+            trainer,
+            ids,
+            grad: ByteVec(bytemuck::cast_slice(grad).to_vec()),
+        }
     }
 
     fn row(s: &Shard, id: u32) -> Vec<f32> {
@@ -357,17 +469,36 @@ mod tests {
         let adam = AdamConfig::with_lr(0.1);
         let mut s = Shard::new(3, "embed.author", 6, 2, vec![1, 4, 5], adam, 2);
         let mut reference = models::embedding::EmbeddingTable::new(3, "embed.author", 6, 2);
-        assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "rows start as the single-process table's");
-        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0])).unwrap();
-        assert_eq!(row(&s, 4), reference.data[8..10].to_vec(), "nothing applied before every trainer pushed");
+        assert_eq!(
+            row(&s, 4),
+            reference.data[8..10].to_vec(),
+            "rows start as the single-process table's"
+        );
+        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0]))
+            .unwrap();
+        assert_eq!(
+            row(&s, 4),
+            reference.data[8..10].to_vec(),
+            "nothing applied before every trainer pushed"
+        );
         // A resend of the same push changes nothing.
-        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0])).unwrap();
+        s.push(push(0, 1, vec![4, 1], &[1.0, 2.0, 3.0, 4.0]))
+            .unwrap();
         s.push(push(0, 0, vec![4], &[0.5, -1.0])).unwrap();
-        let g = candle_core::Tensor::from_vec(vec![3.0f32, 4.0, 1.5, 1.0], (2, 2), &candle_core::Device::Cpu).unwrap();
+        let g = candle_core::Tensor::from_vec(
+            vec![3.0f32, 4.0, 1.5, 1.0],
+            (2, 2),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
         reference.sparse_adam(&[1, 4], &g, &adam).unwrap();
         assert_eq!(row(&s, 1), reference.data[2..4].to_vec());
         assert_eq!(row(&s, 4), reference.data[8..10].to_vec());
-        assert_eq!(row(&s, 5), reference.data[10..12].to_vec(), "untouched rows keep their values");
+        assert_eq!(
+            row(&s, 5),
+            reference.data[10..12].to_vec(),
+            "untouched rows keep their values"
+        );
         // A late duplicate of an applied step is ignored.
         s.push(push(0, 0, vec![4], &[100.0, 100.0])).unwrap();
         assert_eq!(row(&s, 4), reference.data[8..10].to_vec());
@@ -376,18 +507,41 @@ mod tests {
     #[test]
     fn malformed_pushes_are_refused() {
         let mut s = Shard::new(0, "embed.x", 4, 2, vec![0, 2], AdamConfig::with_lr(0.1), 2);
-        assert!(s.push(push(0, 2, vec![0], &[1.0, 1.0])).unwrap_err().contains("trainer 2"));
-        assert!(s.push(push(0, 0, vec![1], &[1.0, 1.0])).unwrap_err().contains("not owned"));
-        assert!(s.push(push(0, 0, vec![0], &[1.0])).unwrap_err().contains("bytes"));
+        assert!(s
+            .push(push(0, 2, vec![0], &[1.0, 1.0]))
+            .unwrap_err()
+            .contains("trainer 2"));
+        assert!(s
+            .push(push(0, 0, vec![1], &[1.0, 1.0]))
+            .unwrap_err()
+            .contains("not owned"));
+        assert!(s
+            .push(push(0, 0, vec![0], &[1.0]))
+            .unwrap_err()
+            .contains("bytes"));
     }
 
     #[test]
     fn a_checkpointed_shard_restores_exactly_and_resumes_its_steps() {
         let root = tempfile::tempdir().unwrap();
         let owners = Arc::new(vec![vec![0u16, 1, 0, 0]]);
-        let shard = Shard::new(1, "embed.x", 4, 2, vec![0, 2, 3], AdamConfig::with_lr(0.1), 1);
+        let shard = Shard::new(
+            1,
+            "embed.x",
+            4,
+            2,
+            vec![0, 2, 3],
+            AdamConfig::with_lr(0.1),
+            1,
+        );
         let file = checkpoint::shard_file("x", 0);
-        let mut store = FeatureStore::new(0, owners, 0, StoreData::Embeddings(Box::new(shard)), Some((root.path().to_path_buf(), file.clone())));
+        let mut store = FeatureStore::new(
+            0,
+            owners,
+            0,
+            StoreData::Embeddings(Box::new(shard)),
+            Some((root.path().to_path_buf(), file.clone())),
+        );
         let step = |st: &mut FeatureStore, seq: u64, g: f32| match &mut st.data {
             StoreData::Embeddings(s) => s.push(push(seq, 0, vec![0, 3], &[g, g, -g, g])).unwrap(),
             _ => unreachable!(),
@@ -401,14 +555,42 @@ mod tests {
         let at_2 = rows(&store);
         step(&mut store, 2, 2.0);
         assert_ne!(rows(&store), at_2);
-        let m = checkpoint::Manifest::new("r".into(), "data-parallel", &crate::config::TrainingConfig::default(), 2, Vec::new(), Default::default(), BTreeMap::from([(f, sum)]));
+        let m = checkpoint::Manifest::new(
+            "r".into(),
+            "data-parallel",
+            &crate::config::TrainingConfig::default(),
+            2,
+            Vec::new(),
+            Default::default(),
+            BTreeMap::from([(f, sum)]),
+        );
         checkpoint::finalize(root.path(), &m, 3).unwrap();
         store.reset(7, Some(2)).unwrap();
         assert_eq!(rows(&store), at_2, "the rows of the checkpoint");
-        assert_eq!(store.pull(7, &[0], Some(1)).unwrap().map(|b| b.0.len()), Some(8), "steps before the checkpoint count as applied");
-        assert_eq!(store.pull(6, &[0], None).unwrap(), None, "another generation waits");
+        assert_eq!(
+            store.pull(7, &[0], Some(1)).unwrap().map(|b| b.0.len()),
+            Some(8),
+            "steps before the checkpoint count as applied"
+        );
+        assert_eq!(
+            store.pull(6, &[0], None).unwrap(),
+            None,
+            "another generation waits"
+        );
         store.reset(8, None).unwrap();
-        let fresh = Shard::new(1, "embed.x", 4, 2, vec![0, 2, 3], AdamConfig::with_lr(0.1), 1);
-        assert_eq!(rows(&store), bytemuck::cast_slice::<f32, u8>(&fresh.data).to_vec(), "no checkpoint: the initial rows");
+        let fresh = Shard::new(
+            1,
+            "embed.x",
+            4,
+            2,
+            vec![0, 2, 3],
+            AdamConfig::with_lr(0.1),
+            1,
+        );
+        assert_eq!(
+            rows(&store),
+            bytemuck::cast_slice::<f32, u8>(&fresh.data).to_vec(),
+            "no checkpoint: the initial rows"
+        );
     }
 }

@@ -49,7 +49,15 @@ pub struct WorkerSetup {
 
 impl WorkerSetup {
     /// Partition `p`'s worker for the attempt `b` of a run of `parts` partitions.
-    pub fn new(p: &Part, parts: u32, cfg: &TrainingConfig, owners: &Arc<Vec<Vec<u16>>>, b: &Begin, from: Option<(std::path::PathBuf, Manifest)>, name: fn(u32) -> String) -> Result<WorkerSetup> {
+    pub fn new(
+        p: &Part,
+        parts: u32,
+        cfg: &TrainingConfig,
+        owners: &Arc<Vec<Vec<u16>>>,
+        b: &Begin,
+        from: Option<(std::path::PathBuf, Manifest)>,
+        name: fn(u32) -> String,
+    ) -> Result<WorkerSetup> {
         Ok(WorkerSetup {
             part: p.part,
             parts,
@@ -58,7 +66,9 @@ impl WorkerSetup {
             owners: owners.clone(),
             node: p.node.clone(),
             handle: p.handle.clone(),
-            inbox: p.inboxes.first().cloned().ok_or_else(|| TrainError::Distributed(format!("partition {} without its worker's inbox", p.part)))?,
+            inbox: p.inboxes.first().cloned().ok_or_else(|| {
+                TrainError::Distributed(format!("partition {} without its worker's inbox", p.part))
+            })?,
             timeouts: p.timeouts,
             gen: b.gen,
             from,
@@ -84,7 +94,9 @@ impl WorkerSetup {
             node: &self.node,
             me: &me,
         })?;
-        let workers = (0..self.parts).map(|p| sender_ref(&self.node, &me, &(self.name)(p))).collect::<Result<_>>()?;
+        let workers = (0..self.parts)
+            .map(|p| sender_ref(&self.node, &me, &(self.name)(p)))
+            .collect::<Result<_>>()?;
         let coordinator = sender_ref(&self.node, &me, COORDINATOR)?;
         Ok((c, workers, coordinator))
     }
@@ -93,14 +105,30 @@ impl WorkerSetup {
 /// Runs `train` on a thread of its own called `thread` and returns its
 /// result; on failure tells the other workers and the coordinator, so they
 /// stop instead of waiting.
-pub fn run_thread<T: Send + 'static>(thread: String, s: WorkerSetup, train: impl FnOnce(&WorkerSetup) -> Result<T> + Send + 'static) -> Result<T> {
+pub fn run_thread<T: Send + 'static>(
+    thread: String,
+    s: WorkerSetup,
+    train: impl FnOnce(&WorkerSetup) -> Result<T> + Send + 'static,
+) -> Result<T> {
     let h = std::thread::Builder::new()
         .name(thread)
         .spawn(move || {
             let result = train(&s);
             if let Err(e) = &result {
-                let targets: Vec<String> = (0..s.parts).filter(|&p| p != s.part).map(s.name).chain([COORDINATOR.to_string()]).collect();
-                abort_peers(&s.node, &s.handle, &(s.name)(s.part), s.part, s.gen, &targets, &e.to_string());
+                let targets: Vec<String> = (0..s.parts)
+                    .filter(|&p| p != s.part)
+                    .map(s.name)
+                    .chain([COORDINATOR.to_string()])
+                    .collect();
+                abort_peers(
+                    &s.node,
+                    &s.handle,
+                    &(s.name)(s.part),
+                    s.part,
+                    s.gen,
+                    &targets,
+                    &e.to_string(),
+                );
             }
             result
         })

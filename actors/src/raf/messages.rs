@@ -127,14 +127,26 @@ mod tests {
 
     #[test]
     fn payloads_round_trip_and_malformed_ones_are_refused() {
-        let m = SharedGrads { present: vec![true, false], dense: vec![1.0, 2.0], rows: vec![(1, vec![3, 4], vec![0.5; 4])] };
+        let m = SharedGrads {
+            present: vec![true, false],
+            dense: vec![1.0, 2.0],
+            rows: vec![(1, vec![3, 4], vec![0.5; 4])],
+        };
         let bytes = encode(&m).unwrap();
         let back: SharedGrads = decode(&bytes).unwrap();
-        assert_eq!((back.present, back.dense, back.rows), (m.present, m.dense, m.rows));
+        assert_eq!(
+            (back.present, back.dense, back.rows),
+            (m.present, m.dense, m.rows)
+        );
         let mut long = bytes.clone();
         long.push(0);
-        assert!(decode::<SharedGrads>(&long).unwrap_err().contains("trailing"));
-        assert!(decode::<SharedGrads>(&bytes[..bytes.len() - 3]).is_err(), "a truncated payload is refused");
+        assert!(decode::<SharedGrads>(&long)
+            .unwrap_err()
+            .contains("trailing"));
+        assert!(
+            decode::<SharedGrads>(&bytes[..bytes.len() - 3]).is_err(),
+            "a truncated payload is refused"
+        );
         // A length prefix claiming more than the limit is refused before allocating.
         let huge = encode(&(u64::MAX, 0u8)).unwrap();
         assert!(decode::<Vec<f32>>(&huge).is_err());

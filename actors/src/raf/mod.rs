@@ -74,8 +74,16 @@ impl Raf {
             )));
         }
         let r = set.reducer();
-        let part_of = std::iter::once(r).chain((0..set.manifest.parts).filter(|&k| k != r)).collect();
-        Ok(Raf { set, part_of, cfg: t.clone(), per_layer: std::sync::OnceLock::new(), views: Arc::default() })
+        let part_of = std::iter::once(r)
+            .chain((0..set.manifest.parts).filter(|&k| k != r))
+            .collect();
+        Ok(Raf {
+            set,
+            part_of,
+            cfg: t.clone(),
+            per_layer: std::sync::OnceLock::new(),
+            views: Arc::default(),
+        })
     }
 
     fn workers(&self) -> u32 {
@@ -84,7 +92,17 @@ impl Raf {
 
     /// Every worker's `(replica, replicas)`.
     fn replicas(&self) -> Arc<Vec<(u32, u32)>> {
-        Arc::new(self.part_of.iter().map(|&k| (self.set.manifest.info[k].replica[0] as u32, self.set.manifest.info[k].replica[1] as u32)).collect())
+        Arc::new(
+            self.part_of
+                .iter()
+                .map(|&k| {
+                    (
+                        self.set.manifest.info[k].replica[0] as u32,
+                        self.set.manifest.info[k].replica[1] as u32,
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// Every worker's relations per layer (the relation ids of `g`, which every partition shares).
@@ -92,13 +110,21 @@ impl Raf {
         if let Some(p) = self.per_layer.get() {
             return Ok(p.clone());
         }
-        let p = Arc::new(self.part_of.iter().map(|&k| self.set.per_layer(k, g)).collect::<graphs::Result<Vec<_>>>()?);
+        let p = Arc::new(
+            self.part_of
+                .iter()
+                .map(|&k| self.set.per_layer(k, g))
+                .collect::<graphs::Result<Vec<_>>>()?,
+        );
         Ok(self.per_layer.get_or_init(|| p).clone())
     }
 }
 
 fn spawn_worker(setup: WorkerSetup) -> Result<std::thread::JoinHandle<Result<WorkerResult>>> {
-    std::thread::Builder::new().name(format!("raf-worker-{}", setup.worker)).spawn(move || worker::run(setup)).map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
+    std::thread::Builder::new()
+        .name(format!("raf-worker-{}", setup.worker))
+        .spawn(move || worker::run(setup))
+        .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
 }
 
 impl Distributed for Raf {
@@ -139,21 +165,36 @@ impl Distributed for Raf {
     }
 
     fn load(&self, part: u32) -> Result<HetGraph> {
-        Ok(self.set.load_part(self.part_of[part as usize], &load_options(&self.cfg))?)
+        Ok(self
+            .set
+            .load_part(self.part_of[part as usize], &load_options(&self.cfg))?)
     }
 
     /// Its meta-partitions, worker order and embedding mode too.
     fn fingerprint(&self, g: &HetGraph) -> String {
-        let layout = format!("raf|{:?}|{:?}|{:?}", self.cfg.raf_embeddings, self.part_of, self.set.manifest);
+        let layout = format!(
+            "raf|{:?}|{:?}|{:?}",
+            self.cfg.raf_embeddings, self.part_of, self.set.manifest
+        );
         crate::distributed::checkpoint::fingerprint(&self.cfg, g.name(), &[layout.as_bytes()])
     }
 
     /// The worker's inbox (on worker 0 also under the reducer's name).
-    fn serve(&self, node: &Node, w: u32, _graph: &Arc<HetGraph>, _arbiters: &mut Vec<actix::Arbiter>) -> Result<Vec<Arc<Inbox>>> {
+    fn serve(
+        &self,
+        node: &Node,
+        w: u32,
+        _graph: &Arc<HetGraph>,
+        _arbiters: &mut Vec<actix::Arbiter>,
+    ) -> Result<Vec<Arc<Inbox>>> {
         let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
-        let names = if w == 0 { vec![names::worker(0), names::REDUCER.to_string()] } else { vec![names::worker(w)] };
+        let names = if w == 0 {
+            vec![names::worker(0), names::REDUCER.to_string()]
+        } else {
+            vec![names::worker(w)]
+        };
         for n in names {
             node.register(&n, &addr)
                 .map_err(reg)?
@@ -173,11 +214,19 @@ impl Distributed for Raf {
     /// The coordinator also takes the workers' final states.
     fn serve_coordinator(&self, node: &Node, inbox: &Arc<Inbox>) -> Result<()> {
         let addr = InboxActor(inbox.clone()).start();
-        node.register(names::FINAL, &addr).map_err(|e| TrainError::Distributed(e.to_string()))?.handle::<Final>();
+        node.register(names::FINAL, &addr)
+            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .handle::<Final>();
         Ok(())
     }
 
-    fn attempt(&self, p: &Part, b: Begin, _run: &str, from: Option<(PathBuf, Manifest)>) -> Result<WorkerResult> {
+    fn attempt(
+        &self,
+        p: &Part,
+        b: Begin,
+        _run: &str,
+        from: Option<(PathBuf, Manifest)>,
+    ) -> Result<WorkerResult> {
         let setup = WorkerSetup {
             worker: p.part,
             per_layer: self.per_layer(p.graph)?,
@@ -190,23 +239,47 @@ impl Distributed for Raf {
             timeouts: p.timeouts,
             from,
             gen: b.gen,
-            cache_view: self.views.get(&names::worker(p.part)).map(|v| v.clone()).ok_or_else(|| TrainError::Distributed(format!("worker {} has no cache manager", p.part)))?,
+            cache_view: self
+                .views
+                .get(&names::worker(p.part))
+                .map(|v| v.clone())
+                .ok_or_else(|| {
+                    TrainError::Distributed(format!("worker {} has no cache manager", p.part))
+                })?,
         };
         Ok(join_threads(vec![spawn_worker(setup)?])?.swap_remove(0))
     }
 
     /// Each successful attempt's final state goes to the coordinator, which takes the last one.
     fn after_attempt(&self, p: &Part, gen: u64, r: &WorkerResult) -> Result<()> {
-        send_final(p.node, p.handle, &p.inboxes[0], p.part, gen, r, p.timeouts.ask)
+        send_final(
+            p.node,
+            p.handle,
+            &p.inboxes[0],
+            p.part,
+            gen,
+            r,
+            p.timeouts.ask,
+        )
     }
 
     /// Every worker's final state (the remote ones gathered from the
     /// coordinator's inbox), each parameter and table from its first holder.
-    fn assemble(&self, _system: &System, inbox: &Inbox, local: Vec<(u32, Result<Option<WorkerResult>>)>, g: &HetGraph) -> Result<Model> {
+    fn assemble(
+        &self,
+        _system: &System,
+        inbox: &Inbox,
+        local: Vec<(u32, Result<Option<WorkerResult>>)>,
+        g: &HetGraph,
+    ) -> Result<Model> {
         let timeouts = Timeouts::default();
         let mut states: Vec<Option<FinalState>> = (0..self.workers()).map(|_| None).collect();
         for (w, r) in local {
-            let r = r?.ok_or_else(|| TrainError::Distributed("a worker of the coordinator's process did not finish its last attempt".into()))?;
+            let r = r?.ok_or_else(|| {
+                TrainError::Distributed(
+                    "a worker of the coordinator's process did not finish its last attempt".into(),
+                )
+            })?;
             states[w as usize] = Some(final_state(&r)?);
         }
         for (w, s) in states.iter_mut().enumerate() {
@@ -214,7 +287,11 @@ impl Distributed for Raf {
                 *s = Some(gather_final(inbox, w as u32, timeouts)?);
             }
         }
-        assemble(&self.cfg, g, &states.into_iter().flatten().collect::<Vec<_>>())
+        assemble(
+            &self.cfg,
+            g,
+            &states.into_iter().flatten().collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -223,14 +300,32 @@ use models::Model;
 /// Which node runs which worker: worker 0 (the reducer's partition) where
 /// `[placement]` puts `reducer`, else on the first node; the others in node order.
 pub fn raf_placement(topology: &mut Topology) -> Vec<String> {
-    let ids: Vec<String> = topology.cluster.nodes.iter().map(|n| n.id.clone()).collect();
-    let first = topology.placed(names::REDUCER).map(str::to_string).filter(|r| ids.contains(r)).unwrap_or_else(|| ids.first().cloned().unwrap_or_default());
-    let order: Vec<String> = std::iter::once(first.clone()).chain(ids.into_iter().filter(|i| *i != first)).collect();
+    let ids: Vec<String> = topology
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
+    let first = topology
+        .placed(names::REDUCER)
+        .map(str::to_string)
+        .filter(|r| ids.contains(r))
+        .unwrap_or_else(|| ids.first().cloned().unwrap_or_default());
+    let order: Vec<String> = std::iter::once(first.clone())
+        .chain(ids.into_iter().filter(|i| *i != first))
+        .collect();
     for (w, id) in order.iter().enumerate() {
-        topology.placement.insert(names::worker(w as u32), id.clone());
+        topology
+            .placement
+            .insert(names::worker(w as u32), id.clone());
     }
-    topology.placement.insert(names::REDUCER.to_string(), first.clone());
-    topology.placement.insert(crate::distributed::names::COORDINATOR.to_string(), first.clone());
+    topology
+        .placement
+        .insert(names::REDUCER.to_string(), first.clone());
+    topology.placement.insert(
+        crate::distributed::names::COORDINATOR.to_string(),
+        first.clone(),
+    );
     topology.placement.insert(names::FINAL.to_string(), first);
     order
 }

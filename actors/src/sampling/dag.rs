@@ -21,7 +21,9 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use graphs::link::{ExcludeEdges, NoExclusion};
-use graphs::{Block, HetGraph, MiniBatch, NodeTypeId, RelationFilter, RelationId, RelationPicks, Sampler};
+use graphs::{
+    Block, HetGraph, MiniBatch, NodeTypeId, RelationFilter, RelationId, RelationPicks, Sampler,
+};
 use models::rgcn::PerType;
 use runtime::ActorRef;
 
@@ -65,8 +67,20 @@ impl Source {
     /// What `c`'s DAGs read, with `chunk` destination rows per task.
     pub fn new(c: &Client, link: Option<Arc<LinkTask>>, chunk: usize) -> Source {
         let g = &c.graph;
-        let stores = (0..g.node_types().len()).map(|ty| if c.gathers(ty, Rows::Features) { c.stores[ty].clone() } else { Vec::new() }).collect();
-        let dims = g.node_types().iter().map(|nt| nt.features.as_ref().map_or(c.embed_dim, |f| f.dim())).collect();
+        let stores = (0..g.node_types().len())
+            .map(|ty| {
+                if c.gathers(ty, Rows::Features) {
+                    c.stores[ty].clone()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let dims = g
+            .node_types()
+            .iter()
+            .map(|nt| nt.features.as_ref().map_or(c.embed_dim, |f| f.dim()))
+            .collect();
         Source {
             graph: c.graph.clone(),
             owners: c.owners.clone(),
@@ -90,7 +104,9 @@ impl Source {
     }
 
     fn owner(&self, ty: usize, v: u32) -> usize {
-        self.owners[ty].get(v as usize).map_or(usize::MAX, |&o| o as usize)
+        self.owners[ty]
+            .get(v as usize)
+            .map_or(usize::MAX, |&o| o as usize)
     }
 }
 
@@ -184,13 +200,30 @@ struct Dag {
 
 /// Starts `job`'s DAG on `ex`; `done` gets its result.
 pub fn launch(src: Arc<Source>, ex: Arc<Executor>, ops: Arc<OpTimes>, job: Job, done: Done) {
-    let dag = Arc::new(Dag { src, ex: ex.clone(), ops, job, start: Instant::now(), st: Mutex::new(State { done: Some(done), ..State::default() }) });
+    let dag = Arc::new(Dag {
+        src,
+        ex: ex.clone(),
+        ops,
+        job,
+        start: Instant::now(),
+        st: Mutex::new(State {
+            done: Some(done),
+            ..State::default()
+        }),
+    });
     let id = dag.job.dag;
     ex.spawn(id, u64::MAX, move || dag.run(Op::Seed, |d| d.seed()));
 }
 
 /// Picks of `nodes` (one type) with the job's keys.
-fn pick_chunk(src: &Source, job: &Job, layer: usize, fanout: usize, ty: usize, nodes: &[u32]) -> Result<Vec<RelationPicks>> {
+fn pick_chunk(
+    src: &Source,
+    job: &Job,
+    layer: usize,
+    fanout: usize,
+    ty: usize,
+    nodes: &[u32],
+) -> Result<Vec<RelationPicks>> {
     let mut sampler = Sampler::new(&src.graph, &src.fanouts, job.seed)?;
     let step_edges = match (&job.seeds, &src.link) {
         (Seeds::Edges(_), Some(l)) => Some(l.exclusion(job.epoch, job.step)),
@@ -200,7 +233,16 @@ fn pick_chunk(src: &Source, job: &Job, layer: usize, fanout: usize, ty: usize, n
         Some(x) => x,
         None => &NoExclusion,
     };
-    Ok(sampler.pick(job.epoch, job.step, layer, fanout, NodeTypeId(ty as u32), nodes, &RelationFilter::All, excluded)?)
+    Ok(sampler.pick(
+        job.epoch,
+        job.step,
+        layer,
+        fanout,
+        NodeTypeId(ty as u32),
+        nodes,
+        &RelationFilter::All,
+        excluded,
+    )?)
 }
 
 impl Dag {
@@ -229,7 +271,12 @@ impl Dag {
     }
 
     /// Queues `f` as a task of this DAG.
-    fn task(self: &Arc<Self>, op: Op, cost: u64, f: impl FnOnce(&Arc<Self>) -> Result<()> + Send + 'static) {
+    fn task(
+        self: &Arc<Self>,
+        op: Op,
+        cost: u64,
+        f: impl FnOnce(&Arc<Self>) -> Result<()> + Send + 'static,
+    ) {
         let me = self.clone();
         self.ex.spawn(self.job.dag, cost, move || me.run(op, f));
     }
@@ -247,7 +294,11 @@ impl Dag {
                 let b = task.batch(g, self.job.epoch, ids);
                 (b.seeds.clone(), Some(b))
             }
-            (Seeds::Edges(_), None) => return Err(TrainError::Config("training edges given to a run without link prediction".into())),
+            (Seeds::Edges(_), None) => {
+                return Err(TrainError::Config(
+                    "training edges given to a run without link prediction".into(),
+                ))
+            }
         };
         {
             let mut st = self.lock();
@@ -255,7 +306,12 @@ impl Dag {
             st.link = link;
         }
         if !self.src.uses_neighbors {
-            let block = Block { layer: 0, src: typed.clone(), dst: typed.clone(), relations: Vec::new() };
+            let block = Block {
+                layer: 0,
+                src: typed.clone(),
+                dst: typed.clone(),
+                relations: Vec::new(),
+            };
             return self.hop_done(block, true);
         }
         self.start_hop(0, typed)
@@ -276,12 +332,18 @@ impl Dag {
                 match src.owner(t, v) {
                     o if o == src.part as usize => mine.push(v),
                     o if o < parts => away[o][t].push(v),
-                    _ => return Err(TrainError::Distributed(format!("node {v} of type {t} has no owner"))),
+                    _ => {
+                        return Err(TrainError::Distributed(format!(
+                            "node {v} of type {t} has no owner"
+                        )))
+                    }
                 }
             }
             chunks.push(mine.chunks(src.chunk).map(<[u32]>::to_vec).collect());
         }
-        let asking: Vec<usize> = (0..parts).filter(|&o| away[o].iter().any(|a| !a.is_empty())).collect();
+        let asking: Vec<usize> = (0..parts)
+            .filter(|&o| away[o].iter().any(|a| !a.is_empty()))
+            .collect();
         let parts_out = chunks.iter().map(Vec::len).sum::<usize>() + asking.len();
         {
             let mut st = self.lock();
@@ -291,9 +353,21 @@ impl Dag {
             st.remote = vec![None; parts];
             st.picking = parts_out;
         }
-        for (o, nodes) in asking.into_iter().map(|o| (o, std::mem::take(&mut away[o]))) {
+        for (o, nodes) in asking
+            .into_iter()
+            .map(|o| (o, std::mem::take(&mut away[o])))
+        {
             let exclude = matches!(self.job.seeds, Seeds::Edges(_));
-            let msg = SampleReq { seed: self.job.seed, epoch: self.job.epoch, step: self.job.step, layer: layer as u32, fanout: fanout as u32, nodes, exclude, priority: self.job.dag };
+            let msg = SampleReq {
+                seed: self.job.seed,
+                epoch: self.job.epoch,
+                step: self.job.step,
+                layer: layer as u32,
+                fanout: fanout as u32,
+                nodes,
+                exclude,
+                priority: self.job.dag,
+            };
             let (me, sampler, ask) = (self.clone(), src.samplers[o].clone(), src.timeouts.ask);
             let sent = Instant::now();
             src.handle.spawn(async move {
@@ -303,7 +377,16 @@ impl Dag {
                 me.ex.spawn(me.job.dag, u64::MAX, move || {
                     d.ops.add(Op::RemotePick, waited);
                     d.run(Op::Merge, |d| {
-                        let picks = answer.map_err(|e| e.to_string()).and_then(|a| a).map_err(|e| TrainError::Distributed(format!("{}: {e}", names::sampler(o as u32))))?;
+                        let picks =
+                            answer
+                                .map_err(|e| e.to_string())
+                                .and_then(|a| a)
+                                .map_err(|e| {
+                                    TrainError::Distributed(format!(
+                                        "{}: {e}",
+                                        names::sampler(o as u32)
+                                    ))
+                                })?;
                         d.picked(|st| st.remote[o] = Some(picks))
                     });
                 });
@@ -311,7 +394,16 @@ impl Dag {
         }
         for (t, list) in chunks.into_iter().enumerate() {
             for (c, nodes) in list.into_iter().enumerate() {
-                let cost: u64 = g.in_relations(NodeTypeId(t as u32)).iter().map(|&r| nodes.iter().map(|&v| g.relation(r).in_csr().neighbors(v).len().min(fanout) as u64).sum::<u64>()).sum();
+                let cost: u64 = g
+                    .in_relations(NodeTypeId(t as u32))
+                    .iter()
+                    .map(|&r| {
+                        nodes
+                            .iter()
+                            .map(|&v| g.relation(r).in_csr().neighbors(v).len().min(fanout) as u64)
+                            .sum::<u64>()
+                    })
+                    .sum();
                 self.task(Op::Pick, cost, move |d| {
                     let picks = pick_chunk(&d.src, &d.job, layer, fanout, t, &nodes)?;
                     d.picked(|st| st.local[t][c] = Some(picks))
@@ -341,15 +433,33 @@ impl Dag {
         let g = &src.graph;
         let (hop, dst, local, remote) = {
             let mut st = self.lock();
-            (st.hop, std::mem::take(&mut st.dst), std::mem::take(&mut st.local), std::mem::take(&mut st.remote))
+            (
+                st.hop,
+                std::mem::take(&mut st.dst),
+                std::mem::take(&mut st.local),
+                std::mem::take(&mut st.remote),
+            )
         };
         let (layer, fanout) = (src.fanouts.len() - 1 - hop, src.fanouts[hop]);
         let mut picks = Vec::with_capacity(dst.len());
         for (t, nodes) in dst.iter().enumerate() {
             picks.push(merge_type(src, t, nodes, &local[t], &remote)?);
         }
-        let mut maps = src.maps.lock().ok().and_then(|mut m| m.pop()).unwrap_or_default();
-        let block = graphs::sampler::assemble(g, &mut maps, layer, fanout, dst, &picks, &RelationFilter::All);
+        let mut maps = src
+            .maps
+            .lock()
+            .ok()
+            .and_then(|mut m| m.pop())
+            .unwrap_or_default();
+        let block = graphs::sampler::assemble(
+            g,
+            &mut maps,
+            layer,
+            fanout,
+            dst,
+            &picks,
+            &RelationFilter::All,
+        );
         if let Ok(mut m) = src.maps.lock() {
             m.push(maps);
         }
@@ -360,7 +470,12 @@ impl Dag {
     fn hop_done(self: &Arc<Self>, block: Block, last: bool) -> Result<()> {
         let first = self.lock().blocks.is_empty();
         // The first hop fetches its destinations (the seeds) too.
-        let new: Vec<Vec<u32>> = block.src.iter().zip(&block.dst).map(|(s, d)| s[if first { 0 } else { d.len() }..].to_vec()).collect();
+        let new: Vec<Vec<u32>> = block
+            .src
+            .iter()
+            .zip(&block.dst)
+            .map(|(s, d)| s[if first { 0 } else { d.len() }..].to_vec())
+            .collect();
         let next = block.src.clone();
         let hop = {
             let mut st = self.lock();
@@ -388,7 +503,11 @@ impl Dag {
                 fetches.push(Fetch::default());
                 continue;
             }
-            let lookup = src.cache.as_ref().and_then(|c| c.get(t)).map(|c| c.lookup(&ids, true));
+            let lookup = src
+                .cache
+                .as_ref()
+                .and_then(|c| c.get(t))
+                .map(|c| c.lookup(&ids, true));
             let ids = match &lookup {
                 Some(lk) => lk.miss_ids.clone(),
                 None => ids,
@@ -400,14 +519,26 @@ impl Dag {
                 match src.owner(t, v) {
                     o if o == src.part as usize && local_rows => mine.push(v),
                     o if o < parts => away[o].push(v),
-                    _ => return Err(TrainError::Distributed(format!("node {v} of type {t} has no owner"))),
+                    _ => {
+                        return Err(TrainError::Distributed(format!(
+                            "node {v} of type {t} has no owner"
+                        )))
+                    }
                 }
             }
             let chunks: Vec<Vec<u32>> = mine.chunks(src.chunk).map(<[u32]>::to_vec).collect();
-            fetches.push(Fetch { ids, lookup, local: vec![None; chunks.len()], remote: vec![None; parts] });
+            fetches.push(Fetch {
+                ids,
+                lookup,
+                local: vec![None; chunks.len()],
+                remote: vec![None; parts],
+            });
             launches.push((t, chunks, away));
         }
-        let out = launches.iter().map(|(_, c, a)| c.len() + a.iter().filter(|a| !a.is_empty()).count()).sum::<usize>();
+        let out = launches
+            .iter()
+            .map(|(_, c, a)| c.len() + a.iter().filter(|a| !a.is_empty()).count())
+            .sum::<usize>();
         {
             let mut st = self.lock();
             st.fetches.push(fetches);
@@ -419,8 +550,14 @@ impl Dag {
         for (t, chunks, away) in launches {
             let dim = src.dims[t];
             for (o, ids) in away.into_iter().enumerate().filter(|(_, a)| !a.is_empty()) {
-                src.remote_rows.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                let (me, store, gen, timeouts) = (self.clone(), src.stores[t][o].clone(), src.gen, src.timeouts);
+                src.remote_rows
+                    .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let (me, store, gen, timeouts) = (
+                    self.clone(),
+                    src.stores[t][o].clone(),
+                    src.gen,
+                    src.timeouts,
+                );
                 let sent = Instant::now();
                 src.handle.spawn(async move {
                     let answer = pull_from(&store, gen, &ids, None, me.job.dag, timeouts).await;
@@ -429,9 +566,14 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let bytes = answer.map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
+                            let bytes = answer.map_err(|e| {
+                                TrainError::Distributed(format!("{}: {e}", store.name()))
+                            })?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
-                            let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim).map_err(|e| TrainError::Distributed(format!("{}: {e}", store.name())))?;
+                            let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim)
+                                .map_err(|e| {
+                                    TrainError::Distributed(format!("{}: {e}", store.name()))
+                                })?;
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
                     });
@@ -439,7 +581,12 @@ impl Dag {
             }
             for (c, ids) in chunks.into_iter().enumerate() {
                 self.task(Op::Fetch, (ids.len() * dim) as u64, move |d| {
-                    let f = d.src.graph.node_types()[t].features.as_ref().ok_or_else(|| TrainError::Distributed(format!("type {t} has no local features")))?;
+                    let f = d.src.graph.node_types()[t]
+                        .features
+                        .as_ref()
+                        .ok_or_else(|| {
+                            TrainError::Distributed(format!("type {t} has no local features"))
+                        })?;
                     let mut rows = Vec::with_capacity(ids.len() * dim);
                     for (i, &v) in ids.iter().enumerate() {
                         if let Some(&ahead) = ids.get(i + models::prefetch::AHEAD) {
@@ -469,7 +616,8 @@ impl Dag {
     fn maybe_finish(self: &Arc<Self>) {
         let ready = {
             let mut st = self.lock();
-            let ready = st.sampled.is_some() && st.fetching == 0 && !st.finishing && st.done.is_some();
+            let ready =
+                st.sampled.is_some() && st.fetching == 0 && !st.finishing && st.done.is_some();
             st.finishing |= ready;
             ready
         };
@@ -483,10 +631,18 @@ impl Dag {
         let src = &self.src;
         let (mut blocks, fetches, link, typed, sampled) = {
             let mut st = self.lock();
-            (std::mem::take(&mut st.blocks), std::mem::take(&mut st.fetches), st.link.take(), std::mem::take(&mut st.typed), st.sampled.unwrap_or(self.start))
+            (
+                std::mem::take(&mut st.blocks),
+                std::mem::take(&mut st.fetches),
+                st.link.take(),
+                std::mem::take(&mut st.typed),
+                st.sampled.unwrap_or(self.start),
+            )
         };
         blocks.reverse();
-        let first = blocks.first().ok_or_else(|| TrainError::Distributed("a batch without blocks".into()))?;
+        let first = blocks
+            .first()
+            .ok_or_else(|| TrainError::Distributed("a batch without blocks".into()))?;
         let mut features: PerType = Vec::with_capacity(first.src.len());
         for (t, ids) in first.src.iter().enumerate() {
             if src.stores[t].is_empty() || ids.is_empty() {
@@ -495,7 +651,13 @@ impl Dag {
             }
             let dim = src.dims[t];
             // Sized once for every hop's rows: no copies as it grows.
-            let mut misses = Vec::with_capacity(fetches.iter().filter_map(|h| h.get(t)).map(|f| f.ids.len() * dim).sum());
+            let mut misses = Vec::with_capacity(
+                fetches
+                    .iter()
+                    .filter_map(|h| h.get(t))
+                    .map(|f| f.ids.len() * dim)
+                    .sum(),
+            );
             let mut lookup: Option<Lookup> = None;
             let mut at = 0usize;
             for hop in &fetches {
@@ -504,9 +666,11 @@ impl Dag {
                 in_order(src, t, f, &mut misses)?;
                 if let Some(lk) = &f.lookup {
                     let all = lookup.get_or_insert_with(Lookup::default);
-                    all.hit_pos.extend(lk.hit_pos.iter().map(|&p| p + at as u32));
+                    all.hit_pos
+                        .extend(lk.hit_pos.iter().map(|&p| p + at as u32));
                     all.hit_slot.extend_from_slice(&lk.hit_slot);
-                    all.miss_pos.extend(lk.miss_pos.iter().map(|&p| p + at as u32));
+                    all.miss_pos
+                        .extend(lk.miss_pos.iter().map(|&p| p + at as u32));
                     all.miss_ids.extend_from_slice(&lk.miss_ids);
                     at += lk.len;
                 } else {
@@ -514,20 +678,36 @@ impl Dag {
                 }
             }
             if at != ids.len() {
-                return Err(TrainError::Distributed(format!("type {t}: {at} rows fetched for {} inputs", ids.len())));
+                return Err(TrainError::Distributed(format!(
+                    "type {t}: {at} rows fetched for {} inputs",
+                    ids.len()
+                )));
             }
             let x = match (src.cache.as_ref().and_then(|c| c.get(t)), lookup) {
                 (Some(c), Some(mut lk)) => {
                     lk.len = at;
                     c.assemble(&lk, misses, src.dtype, &src.device)?
                 }
-                _ => Tensor::from_vec(misses, (ids.len(), dim), &src.device)?.to_dtype(src.dtype)?,
+                _ => {
+                    Tensor::from_vec(misses, (ids.len(), dim), &src.device)?.to_dtype(src.dtype)?
+                }
             };
             features.push(Some(x));
         }
         let g = &src.graph;
-        let mb = MiniBatch { epoch: self.job.epoch, step: self.job.step, seeds: typed[g.target().index()].clone(), blocks };
-        let out = Sampled { mb, features, link, sample_s: (sampled - self.start).as_secs_f64(), gather_s: sampled.elapsed().as_secs_f64() };
+        let mb = MiniBatch {
+            epoch: self.job.epoch,
+            step: self.job.step,
+            seeds: typed[g.target().index()].clone(),
+            blocks,
+        };
+        let out = Sampled {
+            mb,
+            features,
+            link,
+            sample_s: (sampled - self.start).as_secs_f64(),
+            gather_s: sampled.elapsed().as_secs_f64(),
+        };
         let done = self.lock().done.take();
         if let Some(d) = done {
             d(Ok(out));
@@ -547,16 +727,28 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
     for &v in &f.ids {
         let o = src.owner(t, v);
         if o == src.part as usize && local_rows {
-            let c = f.local.get(chunk).and_then(Option::as_deref).ok_or_else(missing)?;
-            out.extend_from_slice(c.get(row * dim..(row + 1) * dim).ok_or_else(|| TrainError::Distributed("too few local rows".into()))?);
+            let c = f
+                .local
+                .get(chunk)
+                .and_then(Option::as_deref)
+                .ok_or_else(missing)?;
+            out.extend_from_slice(
+                c.get(row * dim..(row + 1) * dim)
+                    .ok_or_else(|| TrainError::Distributed("too few local rows".into()))?,
+            );
             row += 1;
             if row * dim >= c.len() {
                 chunk += 1;
                 row = 0;
             }
         } else {
-            let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}")))?;
-            let row = rows.0.get(next[o] * dim * 4..(next[o] + 1) * dim * 4).ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+            let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| {
+                TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}"))
+            })?;
+            let row = rows
+                .0
+                .get(next[o] * dim * 4..(next[o] + 1) * dim * 4)
+                .ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
             crate::distributed::rows::append_row(out, row);
             next[o] += 1;
         }
@@ -567,11 +759,23 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
 /// Type `t`'s picks over all of `nodes` (in order), from the local chunks
 /// (over its local nodes, in order) and the owners' answers (over theirs).
 /// The owners' answers come from the network: their shape is checked.
-fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<RelationPicks>>], remote: &[Option<Vec<Vec<RelationPicks>>>]) -> Result<Vec<RelationPicks>> {
+fn merge_type(
+    src: &Source,
+    t: usize,
+    nodes: &[u32],
+    local: &[Option<Vec<RelationPicks>>],
+    remote: &[Option<Vec<Vec<RelationPicks>>>],
+) -> Result<Vec<RelationPicks>> {
     let g = &src.graph;
     let rels: Vec<RelationId> = g.in_relations(NodeTypeId(t as u32)).to_vec();
     let bad = |m: String| TrainError::Distributed(m);
-    let local: Vec<&Vec<RelationPicks>> = local.iter().map(|c| c.as_ref().ok_or_else(|| bad("a pick part is missing".into()))).collect::<Result<_>>()?;
+    let local: Vec<&Vec<RelationPicks>> = local
+        .iter()
+        .map(|c| {
+            c.as_ref()
+                .ok_or_else(|| bad("a pick part is missing".into()))
+        })
+        .collect::<Result<_>>()?;
     // How many of `nodes` each owner was asked for.
     let mut asked = vec![0usize; remote.len()];
     for &v in nodes {
@@ -584,7 +788,12 @@ fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<Relatio
         if n == 0 {
             continue;
         }
-        let answer = remote[o].as_ref().and_then(|a| a.get(t)).ok_or_else(|| bad(format!("{} sent no picks for type {t}", names::sampler(o as u32))))?;
+        let answer = remote[o].as_ref().and_then(|a| a.get(t)).ok_or_else(|| {
+            bad(format!(
+                "{} sent no picks for type {t}",
+                names::sampler(o as u32)
+            ))
+        })?;
         let ok = answer.len() == rels.len()
             && answer.iter().zip(&rels).all(|(p, r)| {
                 p.relation == *r
@@ -594,7 +803,10 @@ fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<Relatio
                     && p.offsets.last().map(|&e| e as usize) == Some(p.picks.len())
             });
         if !ok {
-            return Err(bad(format!("{} sent malformed picks", names::sampler(o as u32))));
+            return Err(bad(format!(
+                "{} sent malformed picks",
+                names::sampler(o as u32)
+            )));
         }
     }
     let mut out = Vec::with_capacity(rels.len());
@@ -607,7 +819,10 @@ fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<Relatio
         for &v in nodes {
             let o = src.owner(t, v);
             let (p, i) = if o == src.part as usize {
-                let p = local.get(chunk).and_then(|c| c.get(j)).ok_or_else(|| bad("too few local picks".into()))?;
+                let p = local
+                    .get(chunk)
+                    .and_then(|c| c.get(j))
+                    .ok_or_else(|| bad("too few local picks".into()))?;
                 let i = row;
                 row += 1;
                 if row + 1 >= p.offsets.len() {
@@ -616,14 +831,20 @@ fn merge_type(src: &Source, t: usize, nodes: &[u32], local: &[Option<Vec<Relatio
                 }
                 (p, i)
             } else {
-                let p = &remote[o].as_ref().ok_or_else(|| bad("no remote picks".into()))?[t][j];
+                let p = &remote[o]
+                    .as_ref()
+                    .ok_or_else(|| bad("no remote picks".into()))?[t][j];
                 next[o] += 1;
                 (p, next[o] - 1)
             };
             picks.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
             offsets.push(picks.len() as u32);
         }
-        out.push(RelationPicks { relation: rel, offsets, picks });
+        out.push(RelationPicks {
+            relation: rel,
+            offsets,
+            picks,
+        });
     }
     Ok(out)
 }

@@ -38,7 +38,11 @@ impl PartialOrd for Task {
 impl Ord for Task {
     /// The heap pops the greatest: lowest DAG, then highest cost, then earliest.
     fn cmp(&self, other: &Self) -> Ordering {
-        other.dag.cmp(&self.dag).then(self.cost.cmp(&other.cost)).then(other.order.cmp(&self.order))
+        other
+            .dag
+            .cmp(&self.dag)
+            .then(self.cost.cmp(&other.cost))
+            .then(other.order.cmp(&self.order))
     }
 }
 
@@ -70,10 +74,19 @@ impl Executor {
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
             let s = shared.clone();
-            let h = std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || work(&s)).map_err(|e| TrainError::Distributed(format!("cannot start a sampling thread: {e}")))?;
+            let h = std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || work(&s))
+                .map_err(|e| {
+                    TrainError::Distributed(format!("cannot start a sampling thread: {e}"))
+                })?;
             handles.push(h);
         }
-        Ok(Arc::new(Executor { shared, threads: Mutex::new(handles), size: threads.max(1) }))
+        Ok(Arc::new(Executor {
+            shared,
+            threads: Mutex::new(handles),
+            size: threads.max(1),
+        }))
     }
 
     /// Threads in the pool.
@@ -83,13 +96,20 @@ impl Executor {
 
     /// Queues `job` for DAG `dag` with cost `cost`.
     pub fn spawn(&self, dag: u64, cost: u64, job: impl FnOnce() + Send + 'static) {
-        let Ok(mut q) = self.shared.queue.lock() else { return };
+        let Ok(mut q) = self.shared.queue.lock() else {
+            return;
+        };
         if q.stop {
             return;
         }
         let order = q.next;
         q.next += 1;
-        q.ready.push(Task { dag, cost, order, job: Box::new(job) });
+        q.ready.push(Task {
+            dag,
+            cost,
+            order,
+            job: Box::new(job),
+        });
         drop(q);
         self.shared.wake.notify_one();
     }
@@ -102,7 +122,11 @@ impl Drop for Executor {
             q.ready.clear();
         }
         self.shared.wake.notify_all();
-        let handles = self.threads.lock().map(|mut h| std::mem::take(&mut *h)).unwrap_or_default();
+        let handles = self
+            .threads
+            .lock()
+            .map(|mut h| std::mem::take(&mut *h))
+            .unwrap_or_default();
         for h in handles {
             // A pool thread is dropped from a task's own continuation only
             // through an Arc it holds; never join oneself.
@@ -151,7 +175,13 @@ mod tests {
         ex.spawn(0, 0, move || {
             let _ = gate_rx.recv();
         });
-        for (dag, cost, name) in [(3, 1, "3a"), (1, 1, "1a"), (1, 9, "1b"), (2, 5, "2a"), (1, 1, "1c")] {
+        for (dag, cost, name) in [
+            (3, 1, "3a"),
+            (1, 1, "1a"),
+            (1, 9, "1b"),
+            (2, 5, "2a"),
+            (1, 1, "1c"),
+        ] {
             let tx = tx.clone();
             ex.spawn(dag, cost, move || tx.send(name).unwrap());
         }

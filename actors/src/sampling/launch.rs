@@ -50,9 +50,17 @@ pub struct Measures {
 
 /// The launch score of `m` with at most `max` DAGs in flight.
 pub fn score(m: &Measures, max: usize) -> f64 {
-    let balance = if m.queued == 0 || m.train_s <= 0.0 || m.sample_s <= 0.0 { BALANCE_CAP } else { (m.sample_s / ((m.in_flight + 1) as f64 * m.train_s * m.queued as f64)).min(BALANCE_CAP) };
+    let balance = if m.queued == 0 || m.train_s <= 0.0 || m.sample_s <= 0.0 {
+        BALANCE_CAP
+    } else {
+        (m.sample_s / ((m.in_flight + 1) as f64 * m.train_s * m.queued as f64)).min(BALANCE_CAP)
+    };
     let cpu = f_util(m.util) / f_util(TARGET_UTIL);
-    let gap = if m.sample_s <= 0.0 { 1.0 } else { (m.gap_s / (m.sample_s / max.max(1) as f64)).min(1.0) };
+    let gap = if m.sample_s <= 0.0 {
+        1.0
+    } else {
+        (m.gap_s / (m.sample_s / max.max(1) as f64)).min(1.0)
+    };
     balance * cpu * gap
 }
 
@@ -73,7 +81,10 @@ pub struct CpuMeter {
 
 impl Default for CpuMeter {
     fn default() -> Self {
-        CpuMeter { last: busy_total(), util: 0.0 }
+        CpuMeter {
+            last: busy_total(),
+            util: 0.0,
+        }
     }
 }
 
@@ -96,7 +107,11 @@ impl CpuMeter {
 fn busy_total() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     // user nice system idle iowait irq softirq steal
     let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
     let total: u64 = v.iter().take(8).sum();
@@ -111,13 +126,17 @@ pub struct CpuSpan {
 impl CpuSpan {
     /// Starts the span now.
     pub fn start() -> CpuSpan {
-        CpuSpan { start: busy_total() }
+        CpuSpan {
+            start: busy_total(),
+        }
     }
 
     /// The share of the machine's cores busy since the start (0 to 1; 0 where unknown).
     pub fn util(&self) -> f64 {
         match (self.start, busy_total()) {
-            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => b1.saturating_sub(b0) as f64 / (t1 - t0) as f64,
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                b1.saturating_sub(b0) as f64 / (t1 - t0) as f64
+            }
             _ => 0.0,
         }
     }
@@ -138,18 +157,57 @@ mod tests {
 
     #[test]
     fn launches_follow_the_queue_the_cpu_and_the_gap() {
-        let m = Measures { in_flight: 2, queued: 0, sample_s: 0.1, train_s: 0.02, gap_s: 1.0, util: 50.0 };
+        let m = Measures {
+            in_flight: 2,
+            queued: 0,
+            sample_s: 0.1,
+            train_s: 0.02,
+            gap_s: 1.0,
+            util: 50.0,
+        };
         assert!(decide(&m, 8), "an empty queue launches");
-        assert!(!decide(&Measures { in_flight: 8, ..m }, 8), "never more than max");
-        assert!(decide(&Measures { in_flight: 0, queued: 0, util: 100.0, ..m }, 8), "always when none is in flight and none waits");
-        assert!(!decide(&Measures { in_flight: 0, queued: 8, util: 0.0, ..m }, 8), "never when max wait");
+        assert!(
+            !decide(&Measures { in_flight: 8, ..m }, 8),
+            "never more than max"
+        );
+        assert!(
+            decide(
+                &Measures {
+                    in_flight: 0,
+                    queued: 0,
+                    util: 100.0,
+                    ..m
+                },
+                8
+            ),
+            "always when none is in flight and none waits"
+        );
+        assert!(
+            !decide(
+                &Measures {
+                    in_flight: 0,
+                    queued: 8,
+                    util: 0.0,
+                    ..m
+                },
+                8
+            ),
+            "never when max wait"
+        );
         // Queue drains in 3 x 0.02 = 0.06 s; next batch in 0.1 / 3 = 0.033 s: no hurry.
         let full = Measures { queued: 3, ..m };
         assert!(score(&full, 8) > 1.0 / BALANCE_CAP);
         assert!(!decide(&Measures { queued: 6, ..m }, 8));
         // A busy machine holds launches back; an idle one lets them through.
         assert!(!decide(&Measures { util: 99.5, ..m }, 8));
-        assert!(decide(&Measures { queued: 1, util: 10.0, ..m }, 8));
+        assert!(decide(
+            &Measures {
+                queued: 1,
+                util: 10.0,
+                ..m
+            },
+            8
+        ));
         // Right after a launch, wait.
         assert!(!decide(&Measures { gap_s: 0.0, ..m }, 8));
     }

@@ -26,7 +26,16 @@ pub enum Op {
     Finish,
 }
 
-const OPS: [Op; 8] = [Op::Seed, Op::Pick, Op::RemotePick, Op::Assemble, Op::Fetch, Op::RemoteFetch, Op::Merge, Op::Finish];
+const OPS: [Op; 8] = [
+    Op::Seed,
+    Op::Pick,
+    Op::RemotePick,
+    Op::Assemble,
+    Op::Fetch,
+    Op::RemoteFetch,
+    Op::Merge,
+    Op::Finish,
+];
 
 impl Op {
     /// Its name in the report.
@@ -56,7 +65,15 @@ impl OpTimes {
 
     /// Seconds per operator name, those with any.
     pub fn seconds(&self) -> BTreeMap<String, f64> {
-        OPS.iter().map(|&op| (op.name().to_string(), self.0[op as usize].load(Ordering::Relaxed) as f64 * 1e-9)).filter(|(_, s)| *s > 0.0).collect()
+        OPS.iter()
+            .map(|&op| {
+                (
+                    op.name().to_string(),
+                    self.0[op as usize].load(Ordering::Relaxed) as f64 * 1e-9,
+                )
+            })
+            .filter(|(_, s)| *s > 0.0)
+            .collect()
     }
 }
 
@@ -74,6 +91,9 @@ mod tests {
         assert!((s["pick"] - 0.005).abs() < 1e-12);
         assert!((s["finish"] - 1e-5).abs() < 1e-12);
         assert!(!s.contains_key("seed"));
-        assert_eq!(OPS.iter().map(|o| *o as usize).collect::<Vec<_>>(), (0..OPS.len()).collect::<Vec<_>>());
+        assert_eq!(
+            OPS.iter().map(|o| *o as usize).collect::<Vec<_>>(),
+            (0..OPS.len()).collect::<Vec<_>>()
+        );
     }
 }

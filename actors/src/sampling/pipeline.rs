@@ -104,7 +104,13 @@ pub struct DagBatches {
 impl DagBatches {
     /// Starts sampling `jobs` (one per step; `None`: the trainer has no seeds
     /// in that step) on `ex`, at most `max` DAGs at once.
-    pub fn start(src: Arc<Source>, ex: Arc<Executor>, jobs: Vec<Option<Job>>, max: usize, timeout: Duration) -> Result<DagBatches> {
+    pub fn start(
+        src: Arc<Source>,
+        ex: Arc<Executor>,
+        jobs: Vec<Option<Job>>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<DagBatches> {
         let shared = Arc::new(Shared::default());
         let ops = Arc::new(OpTimes::default());
         let threads = ex.size();
@@ -113,7 +119,14 @@ impl DagBatches {
             .name("dag-launcher".into())
             .spawn(move || launch_all(&s, &src, &ex, &o, jobs, max.max(1)))
             .map_err(|e| TrainError::Distributed(format!("cannot start the DAG launcher: {e}")))?;
-        Ok(DagBatches { shared, launcher: Some(launcher), ops, threads, start: Instant::now(), timeout })
+        Ok(DagBatches {
+            shared,
+            launcher: Some(launcher),
+            ops,
+            threads,
+            start: Instant::now(),
+            timeout,
+        })
     }
 
     /// The next step's batch, in step order (`None`: no seeds of this
@@ -131,20 +144,34 @@ impl DagBatches {
                 return r;
             }
             if let Some(reason) = aborted() {
-                return Err(TrainError::Distributed(format!("stopped while waiting for a sampled batch: {reason}")));
+                return Err(TrainError::Distributed(format!(
+                    "stopped while waiting for a sampled batch: {reason}"
+                )));
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(TrainError::Distributed(format!("batch {i} not sampled within {:?}", self.timeout)));
+                return Err(TrainError::Distributed(format!(
+                    "batch {i} not sampled within {:?}",
+                    self.timeout
+                )));
             }
-            st = self.shared.cv.wait_timeout(st, POLL.min(deadline - now)).unwrap_or_else(|p| p.into_inner()).0;
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, POLL.min(deadline - now))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
     /// Tells the launcher how long the trainer spent on the batch it took last.
     pub fn trained(&self, seconds: f64) {
         let mut st = self.shared.lock();
-        st.train_s = if st.train_s == 0.0 { seconds } else { (1.0 - EMA) * st.train_s + EMA * seconds };
+        st.train_s = if st.train_s == 0.0 {
+            seconds
+        } else {
+            (1.0 - EMA) * st.train_s + EMA * seconds
+        };
     }
 
     /// The epoch's figures so far.
@@ -174,7 +201,14 @@ impl Drop for DagBatches {
 }
 
 /// The launcher thread: Algorithm 1 over `jobs`, in step order.
-fn launch_all(s: &Arc<Shared>, src: &Arc<Source>, ex: &Arc<Executor>, ops: &Arc<OpTimes>, jobs: Vec<Option<Job>>, max: usize) {
+fn launch_all(
+    s: &Arc<Shared>,
+    src: &Arc<Source>,
+    ex: &Arc<Executor>,
+    ops: &Arc<OpTimes>,
+    jobs: Vec<Option<Job>>,
+    max: usize,
+) {
     let mut meter = CpuMeter::default();
     for (i, job) in jobs.into_iter().enumerate() {
         let Some(job) = job else {
@@ -197,13 +231,18 @@ fn launch_all(s: &Arc<Shared>, src: &Arc<Source>, ex: &Arc<Executor>, ops: &Arc<
                 queued: st.queued(),
                 sample_s: st.sample_s,
                 train_s: st.train_s,
-                gap_s: st.last_launch.map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64()),
+                gap_s: st
+                    .last_launch
+                    .map_or(f64::INFINITY, |t| t.elapsed().as_secs_f64()),
                 util: meter.read(),
             };
             if decide(&m, max) {
                 break;
             }
-            st = s.cv.wait_timeout(st, LOOK).unwrap_or_else(|p| p.into_inner()).0;
+            st =
+                s.cv.wait_timeout(st, LOOK)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
         }
         st.tick();
         st.launched += 1;
@@ -214,7 +253,11 @@ fn launch_all(s: &Arc<Shared>, src: &Arc<Source>, ex: &Arc<Executor>, ops: &Arc<
             let mut st = shared.lock();
             st.tick();
             let secs = started.elapsed().as_secs_f64();
-            st.sample_s = if st.sample_s == 0.0 { secs } else { (1.0 - EMA) * st.sample_s + EMA * secs };
+            st.sample_s = if st.sample_s == 0.0 {
+                secs
+            } else {
+                (1.0 - EMA) * st.sample_s + EMA * secs
+            };
             st.completed += 1;
             st.results.insert(i, r.map(Some));
             drop(st);

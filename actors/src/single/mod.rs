@@ -28,13 +28,22 @@ use crate::task::link::LinkTask;
 pub struct Single;
 
 impl crate::modes::TrainingMode for Single {
-    fn train_embedded(&self, cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
+    fn train_embedded(
+        &self,
+        cfg: &Config,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<(Report, Model)> {
         train(cfg, observer)
     }
 
     /// A node of a cluster with nothing to train: it serves the runtime
     /// (`hetgnn doctor` asks it) until Ctrl-C or SIGTERM.
-    fn run_node(&self, cfg: &Config, id: &str, _observer: &mut dyn TrainObserver) -> Result<Option<Report>> {
+    fn run_node(
+        &self,
+        cfg: &Config,
+        id: &str,
+        _observer: &mut dyn TrainObserver,
+    ) -> Result<Option<Report>> {
         crate::cluster::run_node(cfg, id, crate::cluster::stop_signal())?;
         Ok(None)
     }
@@ -43,17 +52,30 @@ impl crate::modes::TrainingMode for Single {
 /// Every setting that shapes a single-process run's trajectory, as the
 /// distributed modes fingerprint theirs.
 fn run_fingerprint(t: &crate::config::TrainingConfig, g: &HetGraph) -> String {
-    crate::distributed::checkpoint::fingerprint(t, g.name(), &[b"single", t.link_fingerprint().as_bytes()])
+    crate::distributed::checkpoint::fingerprint(
+        t,
+        g.name(),
+        &[b"single", t.link_fingerprint().as_bytes()],
+    )
 }
 
 /// Trains as `cfg` says on the graph in `cfg.training.data` (which must be set).
 pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
     let t = &cfg.training;
-    let data = t.data.as_ref().ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
+    let data = t
+        .data
+        .as_ref()
+        .ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
     // Link prediction removes its held-out edges before the reverses are added.
     let is_link = t.task == crate::config::Task::LinkPrediction;
-    let g = graphs::load(data, &LoadOptions { mmap_features: true, reverse_edges: t.reverse_edges && !is_link })?;
+    let g = graphs::load(
+        data,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: t.reverse_edges && !is_link,
+        },
+    )?;
     let (g, link) = match is_link {
         true => LinkTask::prepare(t, g).map(|(g, l)| (g, Some(l)))?,
         false => (g, None),
@@ -63,13 +85,25 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let (_, splits) = g.target_labels();
-    let mut report = Report { config: cfg.clone(), mode: "single".into(), nodes: 1, link: link.as_ref().map(|l| l.report(&g, t)), ..Report::default() };
+    let mut report = Report {
+        config: cfg.clone(),
+        mode: "single".into(),
+        nodes: 1,
+        link: link.as_ref().map(|l| l.report(&g, t)),
+        ..Report::default()
+    };
     let items = match &link {
         Some(l) => Items::Link(l),
         None => Items::Nodes(&splits.train),
     };
     if let (Some(l), Some(r)) = (&link, &report.link) {
-        observer.note(&format!("link prediction on {}: {} training, {} validation, {} test edges", r.relations.join(", "), l.edges.train.len(), l.edges.valid.len(), l.edges.test.len()));
+        observer.note(&format!(
+            "link prediction on {}: {} training, {} validation, {} test edges",
+            r.relations.join(", "),
+            l.edges.train.len(),
+            l.edges.valid.len(),
+            l.edges.test.len()
+        ));
     }
 
     let per_epoch = items.steps(t);
@@ -84,7 +118,14 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 for s in skipped {
                     observer.note(&format!("skipped checkpoint: {s}"));
                 }
-                let m = checkpoint::load(&dir, &mut model, &mut adam, g.name(), t.reverse_edges, Some(&run_fingerprint(t, &g)))?;
+                let m = checkpoint::load(
+                    &dir,
+                    &mut model,
+                    &mut adam,
+                    g.name(),
+                    t.reverse_edges,
+                    Some(&run_fingerprint(t, &g)),
+                )?;
                 // The loop resumes by step: the checkpoint must end an epoch of this run's batches.
                 if m.steps != m.epochs_done * per_epoch {
                     return Err(TrainError::Checkpoint(format!(
@@ -96,19 +137,39 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 }
                 report.steps = m.steps;
                 report.resumed_from_step = Some(m.steps);
-                observer.note(&format!("resumed from {} (epoch {}, step {})", dir.display(), m.epochs_done, m.steps));
+                observer.note(&format!(
+                    "resumed from {} (epoch {}, step {})",
+                    dir.display(),
+                    m.epochs_done,
+                    m.steps
+                ));
             }
-            None => observer.note(&format!("no checkpoint in {}: starting from scratch", root.display())),
+            None => observer.note(&format!(
+                "no checkpoint in {}: starting from scratch",
+                root.display()
+            )),
         }
     }
 
-    if t.cache_bytes.0 > 0 && t.cache_policy != crate::cache::CachePolicy::None && !crate::cache::takes_every_row(t.cache_policy, t.cache_bytes.0, &g, &model) {
-        observer.note(&format!("cache: pre-sampling {} epoch(s) to count visits, then profiling miss penalties", t.cache_presample_epochs));
+    if t.cache_bytes.0 > 0
+        && t.cache_policy != crate::cache::CachePolicy::None
+        && !crate::cache::takes_every_row(t.cache_policy, t.cache_bytes.0, &g, &model)
+    {
+        observer.note(&format!(
+            "cache: pre-sampling {} epoch(s) to count visits, then profiling miss penalties",
+            t.cache_presample_epochs
+        ));
     }
     let cache = {
-        let mut presampler = Sampler::new(&g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
+        let mut presampler = Sampler::new(
+            &g,
+            &t.fanouts,
+            t.seed ^ crate::cache::hotness::PRESAMPLE_SEED,
+        )?;
         let uses_neighbors = model.uses_neighbors();
-        crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| sample(&mut presampler, uses_neighbors, e, s, b))?
+        crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| {
+            sample(&mut presampler, uses_neighbors, e, s, b)
+        })?
     };
     if let Some(c) = &cache {
         observer.note(&c.summary());
@@ -121,7 +182,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     let prefetch = crate::epoch::prefetch_workers(t.prefetch_threads, on_gpu);
     let feed = Feed {
         graph: &g,
-        gather: if on_gpu { model.feature_gather().on_host() } else { model.feature_gather() },
+        gather: if on_gpu {
+            model.feature_gather().on_host()
+        } else {
+            model.feature_gather()
+        },
         cached: cache.as_ref().map(|c| c.features.clone()),
         cached_in_step: on_gpu,
         uses_neighbors: model.uses_neighbors(),
@@ -135,10 +200,34 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if sync_timing {
         observer.note(&format!("{SYNC_TIMING}: waiting for the device at the end of every phase of a step (slower; for the split)"));
     }
-    let mut run = Run { cfg, g: &g, device, model, adam, cache, report, observer, per_epoch, prefetch, sync_timing };
-    let attempt = Attempt { node: None, gen: 0, trainer: 0, cfg: t, items, resumed: Default::default() };
+    let mut run = Run {
+        cfg,
+        g: &g,
+        device,
+        model,
+        adam,
+        cache,
+        report,
+        observer,
+        per_epoch,
+        prefetch,
+        sync_timing,
+    };
+    let attempt = Attempt {
+        node: None,
+        gen: 0,
+        trainer: 0,
+        cfg: t,
+        items,
+        resumed: Default::default(),
+    };
     crate::epoch::run::run(&attempt, &feed, &mut run)?;
-    let Run { model, cache, mut report, .. } = run;
+    let Run {
+        model,
+        cache,
+        mut report,
+        ..
+    } = run;
     if let Some(c) = &cache {
         report.cache = c.report();
     }
@@ -215,23 +304,49 @@ impl<'g> Steps for Run<'g, '_> {
     /// Samples the batch and gathers its feature rows.
     /// Link prediction: `seeds` are training edges, whose endpoints and
     /// negatives are sampled with the batch's own edges left out.
-    fn prepare<'f>(feed: &'f Feed<'g>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+    fn prepare<'f>(
+        feed: &'f Feed<'g>,
+        sampler: &mut Sampler<'f>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+    ) -> Result<Prepared> {
         match feed.link {
             None => match (&feed.cached, feed.cached_in_step) {
                 (Some(c), true) => {
                     let mut clock = Instant::now();
                     let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
                     let sample_s = lap(&mut clock);
-                    let features = c.gather_uncached(&feed.gather, feed.graph, &mb.blocks[0].src)?;
-                    Ok(Prepared { mb, features, sample_s, gather_s: lap(&mut clock), link: None })
+                    let features =
+                        c.gather_uncached(&feed.gather, feed.graph, &mb.blocks[0].src)?;
+                    Ok(Prepared {
+                        mb,
+                        features,
+                        sample_s,
+                        gather_s: lap(&mut clock),
+                        link: None,
+                    })
                 }
-                _ => prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || sample(sampler, feed.uses_neighbors, epoch, step, seeds)),
+                _ => prepare(
+                    feed.graph,
+                    &feed.gather,
+                    feed.cached.as_deref(),
+                    true,
+                    || sample(sampler, feed.uses_neighbors, epoch, step, seeds),
+                ),
             },
             Some(task) => {
                 let clock = Instant::now();
                 let batch = task.batch(feed.graph, epoch, seeds);
                 let extra = clock.elapsed().as_secs_f64();
-                let mut p = prepare(feed.graph, &feed.gather, None, false, || Ok(sampler.sample_typed(epoch, step, &batch.seeds, &task.exclusion(epoch, step))?))?;
+                let mut p = prepare(feed.graph, &feed.gather, None, false, || {
+                    Ok(sampler.sample_typed(
+                        epoch,
+                        step,
+                        &batch.seeds,
+                        &task.exclusion(epoch, step),
+                    )?)
+                })?;
                 p.sample_s += extra;
                 p.link = Some(batch);
                 Ok(p)
@@ -241,7 +356,9 @@ impl<'g> Steps for Run<'g, '_> {
 
     /// The model after the steps before [`Steps::seq`] (an epoch end).
     fn checkpoint(&mut self, _: &Feed<'g>, _: Progress) -> Result<()> {
-        let (t, Some(root)) = (&self.cfg.training, &self.cfg.training.checkpoint_dir) else { return Ok(()) };
+        let (t, Some(root)) = (&self.cfg.training, &self.cfg.training.checkpoint_dir) else {
+            return Ok(());
+        };
         // Checkpoints read the tables: bring the cached rows home.
         if let Some(c) = &self.cache {
             c.write_back(&mut self.model)?;
@@ -259,7 +376,15 @@ impl<'g> Steps for Run<'g, '_> {
         Ok(())
     }
 
-    fn step(&mut self, feed: &Feed<'g>, epoch: u64, step: u64, _: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(
+        &mut self,
+        feed: &Feed<'g>,
+        epoch: u64,
+        step: u64,
+        _: &[u32],
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
         let (labels, _) = self.g.target_labels();
         let link = feed.link.zip(p.link.as_ref());
         // A link step's size is binomial: one may, rarely, hold no edge.
@@ -275,9 +400,19 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.gather_s += p.gather_s;
         let mut clock = Instant::now();
         // Rows gathered into host memory for a GPU (see `train`) go to the device here.
-        let mut inputs: PerType = p.features.into_iter().map(|x| x.map(|x| x.to_device(&self.device)).transpose()).collect::<candle_core::Result<_>>()?;
+        let mut inputs: PerType = p
+            .features
+            .into_iter()
+            .map(|x| x.map(|x| x.to_device(&self.device)).transpose())
+            .collect::<candle_core::Result<_>>()?;
         if let (Some(c), true) = (&feed.cached, feed.cached_in_step) {
-            c.fill_cached(&model.feature_gather(), self.g, &mb.blocks[0].src, &mut inputs, true)?;
+            c.fill_cached(
+                &model.feature_gather(),
+                self.g,
+                &mb.blocks[0].src,
+                &mut inputs,
+                true,
+            )?;
         }
         match cache {
             Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
@@ -288,10 +423,23 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.gather_s += lap(&mut clock);
         let dropout = Some(DropoutKey { epoch, step });
         let (loss, logits) = match link {
-            Some((task, batch)) => (task.loss(model, &model.forward_nodes(self.g, mb, inputs.clone(), dropout)?, batch)?, None),
+            Some((task, batch)) => (
+                task.loss(
+                    model,
+                    &model.forward_nodes(self.g, mb, inputs.clone(), dropout)?,
+                    batch,
+                )?,
+                None,
+            ),
             None => {
                 let logits = model.forward(self.g, mb, inputs.clone(), dropout)?;
-                (candle_nn::loss::cross_entropy(&logits, &targets(labels, seeds, &self.device)?)?, Some(logits))
+                (
+                    candle_nn::loss::cross_entropy(
+                        &logits,
+                        &targets(labels, seeds, &self.device)?,
+                    )?,
+                    Some(logits),
+                )
             }
         };
         let grads = loss.backward()?;
@@ -302,7 +450,9 @@ impl<'g> Steps for Run<'g, '_> {
             if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
                 if let Some(gr) = grads.get(x) {
                     match cache.as_mut() {
-                        Some(c) => c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
+                        Some(c) => {
+                            c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &self.adam.cfg)?
+                        }
                         None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
                     }
                 }
@@ -312,7 +462,11 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.update_s += lap(&mut clock);
         let l = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         if !l.is_finite() {
-            return Err(TrainError::Diverged { epoch, step: self.report.steps, loss: l });
+            return Err(TrainError::Diverged {
+                epoch,
+                step: self.report.steps,
+                loss: l,
+            });
         }
         let (correct, seen) = match (&logits, link) {
             (Some(logits), _) => (count_correct(logits, labels, seeds)?, seeds.len() as u64),
@@ -321,7 +475,11 @@ impl<'g> Steps for Run<'g, '_> {
         };
         self.report.steps += 1;
         self.observer.step(l);
-        Ok(StepFigures { loss: l, correct: correct as f64, seen })
+        Ok(StepFigures {
+            loss: l,
+            correct: correct as f64,
+            seen,
+        })
     }
 
     fn evaluate(&mut self, feed: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
@@ -338,7 +496,8 @@ impl<'g> Steps for Run<'g, '_> {
                     let (g, model) = (self.g, &self.model);
                     // Step 0 for every chunk: a node's rows do not depend on its chunk.
                     task.evaluate_sampled(model, g, |seeds| {
-                        let mb = sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
+                        let mb =
+                            sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
                         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
                         Ok(model.forward_nodes(g, &mb, inputs, None)?)
                     })?
@@ -351,8 +510,26 @@ impl<'g> Steps for Run<'g, '_> {
         // GPU, there); batches are sampled on the prefetch threads' count.
         let (t, cache) = (&self.cfg.training, self.cache.as_ref());
         let seed = t.seed ^ EVAL_SEED;
-        st.valid_correct = correct_with(self.g, &self.model, &t.fanouts, seed, self.prefetch, epoch, &splits.valid, cache)?;
-        st.test_correct = correct_with(self.g, &self.model, &t.fanouts, seed, self.prefetch, epoch, &splits.test, cache)?;
+        st.valid_correct = correct_with(
+            self.g,
+            &self.model,
+            &t.fanouts,
+            seed,
+            self.prefetch,
+            epoch,
+            &splits.valid,
+            cache,
+        )?;
+        st.test_correct = correct_with(
+            self.g,
+            &self.model,
+            &t.fanouts,
+            seed,
+            self.prefetch,
+            epoch,
+            &splits.test,
+            cache,
+        )?;
         Ok(())
     }
 
@@ -363,7 +540,12 @@ impl<'g> Steps for Run<'g, '_> {
     /// The epoch's account becomes the report's epoch.
     fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
-        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), splits.valid.len(), splits.test.len());
+        let er = EpochReport::from_stats(
+            st.epoch,
+            std::slice::from_ref(&st),
+            splits.valid.len(),
+            splits.test.len(),
+        );
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);
         Ok(())
@@ -382,14 +564,26 @@ fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
 /// `cache` holds from it (on a GPU: no copy from the host). The values are
 /// the tables', so the predictions are too.
 #[allow(clippy::too_many_arguments)]
-fn correct_with(g: &HetGraph, model: &Model, fanouts: &[usize], seed: u64, workers: usize, epoch: u64, nodes: &[u32], cache: Option<&crate::cache::DeviceCache>) -> Result<u64> {
+fn correct_with(
+    g: &HetGraph,
+    model: &Model,
+    fanouts: &[usize],
+    seed: u64,
+    workers: usize,
+    epoch: u64,
+    nodes: &[u32],
+    cache: Option<&crate::cache::DeviceCache>,
+) -> Result<u64> {
     let (labels, _) = g.target_labels();
     let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
     let uses_neighbors = model.uses_neighbors();
-    let make = || -> Result<_> {
-        let mut sampler = Sampler::new(g, fanouts, seed)?;
-        Ok(move |step: u64, seeds: &[u32]| sample(&mut sampler, uses_neighbors, epoch, step, seeds))
-    };
+    let make =
+        || -> Result<_> {
+            let mut sampler = Sampler::new(g, fanouts, seed)?;
+            Ok(move |step: u64, seeds: &[u32]| {
+                sample(&mut sampler, uses_neighbors, epoch, step, seeds)
+            })
+        };
     let mut correct = 0;
     crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
         let src = &mb.blocks[0].src;

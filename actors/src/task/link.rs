@@ -78,7 +78,12 @@ pub struct LinkMetrics {
 
 impl From<&RankSums> for LinkMetrics {
     fn from(r: &RankSums) -> LinkMetrics {
-        LinkMetrics { mrr: r.mrr(), hits1: r.hits(1), hits10: r.hits(10), hits100: r.hits(100) }
+        LinkMetrics {
+            mrr: r.mrr(),
+            hits1: r.hits(1),
+            hits10: r.hits(10),
+            hits100: r.hits(100),
+        }
     }
 }
 
@@ -114,14 +119,24 @@ impl LinkTask {
     /// relations if `t` asks for them; returns the training graph.
     pub fn prepare(t: &TrainingConfig, g: HetGraph) -> Result<(HetGraph, LinkTask)> {
         // Unknown names are refused by the split.
-        let total = t.target_relations.iter().filter_map(|n| g.relation_id(n)).map(|r| g.relation(r).num_edges() as u64).sum();
+        let total = t
+            .target_relations
+            .iter()
+            .filter_map(|n| g.relation_id(n))
+            .map(|r| g.relation(r).num_edges() as u64)
+            .sum();
         LinkTask::prepare_part(t, g, total, |_, _| true)
     }
 
     /// [`LinkTask::prepare`] for a partition of the graph: `total` is the
     /// target relations' edge count in the whole graph, and the task trains
     /// on the training edges whose source `mine` accepts (its owned nodes).
-    pub fn prepare_part(t: &TrainingConfig, mut g: HetGraph, total: u64, mine: impl Fn(usize, u32) -> bool) -> Result<(HetGraph, LinkTask)> {
+    pub fn prepare_part(
+        t: &TrainingConfig,
+        mut g: HetGraph,
+        total: u64,
+        mine: impl Fn(usize, u32) -> bool,
+    ) -> Result<(HetGraph, LinkTask)> {
         let spec = t.split_spec();
         let mut edges = LinkEdges::split(&g, &t.target_relations, &spec)?;
         edges.hold_out(&mut g, &spec)?;
@@ -133,17 +148,33 @@ impl LinkTask {
             .iter()
             .map(|&r| {
                 let rel = g.relation(r);
-                (rel.key(), rel.src.index(), rel.dst.index(), g.node_type(rel.dst).count)
+                (
+                    rel.key(),
+                    rel.src.index(),
+                    rel.dst.index(),
+                    g.node_type(rel.dst).count,
+                )
             })
             .collect();
         let batching = Batching::new(&g, &edges, spec, t.seed, t.batch, total);
         for list in [&mut edges.train, &mut edges.valid, &mut edges.test] {
-            let keep: Vec<u32> = (0..list.len() as u32).filter(|&i| mine(rels[list.rel[i as usize] as usize].1, list.src[i as usize])).collect();
+            let keep: Vec<u32> = (0..list.len() as u32)
+                .filter(|&i| mine(rels[list.rel[i as usize] as usize].1, list.src[i as usize]))
+                .collect();
             if keep.len() < list.len() {
                 *list = list.select(&keep);
             }
         }
-        let task = LinkTask { edges, negatives: t.negatives, sampler: t.negative_sampler, loss: t.link_loss, eval_negatives: t.eval_negatives, seed: t.seed, rels, batching };
+        let task = LinkTask {
+            edges,
+            negatives: t.negatives,
+            sampler: t.negative_sampler,
+            loss: t.link_loss,
+            eval_negatives: t.eval_negatives,
+            seed: t.seed,
+            rels,
+            batching,
+        };
         Ok((g, task))
     }
 
@@ -200,7 +231,11 @@ impl LinkTask {
         };
         let n = edges.len();
         let k = self.negatives;
-        let (mut src_at, mut dst_at, mut neg_at) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n * k));
+        let (mut src_at, mut dst_at, mut neg_at) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n * k),
+        );
         // In-batch negatives come from the positives of the same relation, in batch order.
         let mut same: HashMap<u16, Vec<usize>> = HashMap::new();
         for i in 0..n {
@@ -221,14 +256,23 @@ impl LinkTask {
             let peers = &same[&edges.rel[i]];
             for j in 0..k {
                 let neg = match self.sampler {
-                    NegativeSampler::InBatch if peers.len() > k => edges.dst[peers[(rank[i] + 1 + j) % peers.len()]],
+                    NegativeSampler::InBatch if peers.len() > k => {
+                        edges.dst[peers[(rank[i] + 1 + j) % peers.len()]]
+                    }
                     // Uniform, and in-batch where the batch has too few peers.
                     _ => train_negative(self.seed, epoch, key, u, v, j as u64, count),
                 };
                 neg_at.push(slot(dt, neg));
             }
         }
-        LinkBatch { edges, seeds, src_at, dst_at, neg_at, k }
+        LinkBatch {
+            edges,
+            seeds,
+            src_at,
+            dst_at,
+            neg_at,
+            k,
+        }
     }
 
     /// The batch's positive scores `[p]` and negative scores `[p, k]`, grouped by
@@ -237,11 +281,17 @@ impl LinkTask {
         let mut pos = Vec::new();
         let mut neg = Vec::new();
         for (r, &(_, st, dt, _)) in self.rels.iter().enumerate() {
-            let idx: Vec<usize> = (0..b.edges.len()).filter(|&i| b.edges.rel[i] as usize == r).collect();
+            let idx: Vec<usize> = (0..b.edges.len())
+                .filter(|&i| b.edges.rel[i] as usize == r)
+                .collect();
             if idx.is_empty() {
                 continue;
             }
-            let rows = |t: usize| out[t].as_ref().ok_or_else(|| TrainError::Config(format!("no output rows for node type {t}")));
+            let rows = |t: usize| {
+                out[t]
+                    .as_ref()
+                    .ok_or_else(|| TrainError::Config(format!("no output rows for node type {t}")))
+            };
             let (hs, hd) = (rows(st)?, rows(dt)?);
             let device = hs.device();
             let pick = |x: &Tensor, at: Vec<u32>| -> Result<Tensor> {
@@ -251,9 +301,23 @@ impl LinkTask {
             let s = pick(hs, idx.iter().map(|&i| b.src_at[i]).collect())?;
             let d = pick(hd, idx.iter().map(|&i| b.dst_at[i]).collect())?;
             pos.push(model.score_edges(r, &s, &d)?);
-            let s_rep = pick(hs, idx.iter().flat_map(|&i| std::iter::repeat_n(b.src_at[i], b.k)).collect())?;
-            let negs = pick(hd, idx.iter().flat_map(|&i| b.neg_at[i * b.k..(i + 1) * b.k].iter().copied()).collect())?;
-            neg.push(model.score_edges(r, &s_rep, &negs)?.reshape((idx.len(), b.k))?);
+            let s_rep = pick(
+                hs,
+                idx.iter()
+                    .flat_map(|&i| std::iter::repeat_n(b.src_at[i], b.k))
+                    .collect(),
+            )?;
+            let negs = pick(
+                hd,
+                idx.iter()
+                    .flat_map(|&i| b.neg_at[i * b.k..(i + 1) * b.k].iter().copied())
+                    .collect(),
+            )?;
+            neg.push(
+                model
+                    .score_edges(r, &s_rep, &negs)?
+                    .reshape((idx.len(), b.k))?,
+            );
         }
         Ok((Tensor::cat(&pos, 0)?, Tensor::cat(&neg, 0)?))
     }
@@ -283,7 +347,12 @@ impl LinkTask {
     /// embedded by `embed` (per type, nodes of one type at a time: the last
     /// layer's rows of those seeds, sampled with a key that does not depend
     /// on which nodes are embedded together, so every mode gets the same rows).
-    pub fn evaluate_sampled(&self, model: &Model, g: &HetGraph, mut embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>) -> Result<[RankSums; 2]> {
+    pub fn evaluate_sampled(
+        &self,
+        model: &Model,
+        g: &HetGraph,
+        mut embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
+    ) -> Result<[RankSums; 2]> {
         let types = g.node_types().len();
         let mut rows: Vec<Option<TypeRows>> = vec![None; types];
         for (t, nodes) in self.eval_nodes(g).into_iter().enumerate() {
@@ -291,15 +360,25 @@ impl LinkTask {
                 let mut seeds = vec![Vec::new(); types];
                 seeds[t] = chunk.to_vec();
                 let out = embed(&seeds)?;
-                let x = out.get(t).and_then(Option::as_ref).ok_or_else(|| TrainError::Config(format!("no rows for node type {t}")))?;
+                let x = out
+                    .get(t)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| TrainError::Config(format!("no rows for node type {t}")))?;
                 let (n, width) = x.dims2()?;
                 if n != chunk.len() {
-                    return Err(TrainError::Config(format!("{n} rows for {} nodes", chunk.len())));
+                    return Err(TrainError::Config(format!(
+                        "{n} rows for {} nodes",
+                        chunk.len()
+                    )));
                 }
                 let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let slot = rows[t].get_or_insert_with(|| TypeRows { width, data: vec![0.0; g.node_types()[t].count as usize * width] });
+                let slot = rows[t].get_or_insert_with(|| TypeRows {
+                    width,
+                    data: vec![0.0; g.node_types()[t].count as usize * width],
+                });
                 for (i, &v) in chunk.iter().enumerate() {
-                    slot.data[v as usize * width..(v as usize + 1) * width].copy_from_slice(&values[i * width..(i + 1) * width]);
+                    slot.data[v as usize * width..(v as usize + 1) * width]
+                        .copy_from_slice(&values[i * width..(i + 1) * width]);
                 }
             }
         }
@@ -308,23 +387,38 @@ impl LinkTask {
 
     /// Per type, the distinct nodes the held-out edges and their negatives need, ascending.
     fn eval_nodes(&self, g: &HetGraph) -> Vec<Vec<u32>> {
-        let mut seen: Vec<Vec<bool>> = g.node_types().iter().map(|t| vec![false; t.count as usize]).collect();
+        let mut seen: Vec<Vec<bool>> = g
+            .node_types()
+            .iter()
+            .map(|t| vec![false; t.count as usize])
+            .collect();
         for edges in [&self.edges.valid, &self.edges.test] {
             for i in 0..edges.len() {
                 let (key, st, dt, count) = self.rels[edges.rel[i] as usize];
                 seen[st][edges.src[i] as usize] = true;
                 seen[dt][edges.dst[i] as usize] = true;
-                for n in graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], self.eval_negatives, count) {
+                for n in graphs::link::eval_negatives(
+                    key,
+                    edges.src[i],
+                    edges.dst[i],
+                    self.eval_negatives,
+                    count,
+                ) {
                     seen[dt][n as usize] = true;
                 }
             }
         }
-        seen.iter().map(|s| (0..s.len() as u32).filter(|&v| s[v as usize]).collect()).collect()
+        seen.iter()
+            .map(|s| (0..s.len() as u32).filter(|&v| s[v as usize]).collect())
+            .collect()
     }
 
     /// Validation and test ranking sums with the rows of every node they need.
     fn rank_all(&self, model: &Model, rows: &[Option<TypeRows>]) -> Result<[RankSums; 2]> {
-        Ok([self.rank(model, rows, &self.edges.valid)?, self.rank(model, rows, &self.edges.test)?])
+        Ok([
+            self.rank(model, rows, &self.edges.valid)?,
+            self.rank(model, rows, &self.edges.test)?,
+        ])
     }
 
     /// Ranks `edges` against their fixed negatives with every node's rows.
@@ -338,34 +432,60 @@ impl LinkTask {
     fn rank(&self, model: &Model, rows: &[Option<TypeRows>], edges: &EdgeList) -> Result<RankSums> {
         let mut sums = RankSums::default();
         let k = self.eval_negatives;
-        let table = |t: usize| rows[t].as_ref().ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")));
+        let table = |t: usize| {
+            rows[t]
+                .as_ref()
+                .ok_or_else(|| TrainError::Config(format!("no embeddings for node type {t}")))
+        };
         let ids: Vec<u32> = (0..edges.len() as u32).collect();
         for chunk in ids.chunks(EVAL_CHUNK) {
             for (r, &(key, st, dt, count)) in self.rels.iter().enumerate() {
-                let mine: Vec<usize> = chunk.iter().map(|&i| i as usize).filter(|&i| edges.rel[i] as usize == r).collect();
+                let mine: Vec<usize> = chunk
+                    .iter()
+                    .map(|&i| i as usize)
+                    .filter(|&i| edges.rel[i] as usize == r)
+                    .collect();
                 if mine.is_empty() {
                     continue;
                 }
                 let (src_rows, dst_rows) = (table(st)?, table(dt)?);
                 let w = src_rows.width;
                 if dst_rows.width != w {
-                    return Err(TrainError::Config(format!("embeddings {w} and {} wide cannot be scored together", dst_rows.width)));
+                    return Err(TrainError::Config(format!(
+                        "embeddings {w} and {} wide cannot be scored together",
+                        dst_rows.width
+                    )));
                 }
                 let mut buf = Vec::with_capacity(mine.len() * w);
                 for &i in &mine {
                     let at = edges.src[i] as usize * w;
                     buf.extend_from_slice(&src_rows.data[at..at + w]);
                 }
-                let s = Tensor::from_vec(buf, (mine.len(), w), model.device())?.to_dtype(model.dtype())?;
-                let q: Vec<f32> = model.link_query(r, &s)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+                let s = Tensor::from_vec(buf, (mine.len(), w), model.device())?
+                    .to_dtype(model.dtype())?;
+                let q: Vec<f32> = model
+                    .link_query(r, &s)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?;
                 let row = |v: u32| &dst_rows.data[v as usize * w..(v as usize + 1) * w];
                 let query = |a: usize| &q[a * w..(a + 1) * w];
-                let pos: Vec<f32> = mine.iter().enumerate().map(|(a, &i)| models::link::dot(query(a), row(edges.dst[i]))).collect();
+                let pos: Vec<f32> = mine
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &i)| models::link::dot(query(a), row(edges.dst[i])))
+                    .collect();
                 let mut neg = vec![0f32; mine.len() * k];
                 if k > 0 {
                     neg.par_chunks_mut(k).enumerate().for_each(|(a, n)| {
                         let i = mine[a];
-                        for (slot, v) in n.iter_mut().zip(graphs::link::eval_negatives(key, edges.src[i], edges.dst[i], k, count)) {
+                        for (slot, v) in n.iter_mut().zip(graphs::link::eval_negatives(
+                            key,
+                            edges.src[i],
+                            edges.dst[i],
+                            k,
+                            count,
+                        )) {
                             *slot = models::link::dot(query(a), row(v));
                         }
                     });

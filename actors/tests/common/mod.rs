@@ -36,7 +36,14 @@ pub fn derived(name: &str, reverse_edges: bool, write: impl FnOnce(&HetGraph, &P
     let _g = LOCK.lock().unwrap();
     let out = root().join(name);
     if !out.exists() {
-        let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges }).unwrap();
+        let g = graphs::load(
+            &data,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges,
+            },
+        )
+        .unwrap();
         write(&g, &out);
     }
     out
@@ -63,8 +70,21 @@ impl TrainObserver for Notes {
 /// The hash of the whole model assembled from the distributed checkpoint in `dir`.
 pub fn assembled_hash(dir: &Path) -> String {
     let m = actors::distributed::checkpoint::manifest(dir).unwrap();
-    let g = graphs::load(&graph(), &LoadOptions { mmap_features: true, reverse_edges: m.reverse_edges }).unwrap();
-    let mut model = models::Model::new(&m.spec, &g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let g = graphs::load(
+        &graph(),
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: m.reverse_edges,
+        },
+    )
+    .unwrap();
+    let mut model = models::Model::new(
+        &m.spec,
+        &g,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
     actors::distributed::checkpoint::assemble(dir, &m, &mut model).unwrap();
     actors::report::model_hash(&model).unwrap()
 }
@@ -105,15 +125,32 @@ pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, 
     use candle_core::DType;
     for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
         assert_eq!(name, name2);
-        let a: Vec<f32> = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = var2.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = var
+            .as_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = var2
+            .as_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
         // Summing gradients in another order changes their last bits, and
         // Adam turns a near-zero gradient's noise into a step of up to lr:
         // after these steps that leaves up to ~5e-5 of the parameter's
         // scale. A lost or double-counted gradient moves it by ~lr (1e-2).
         for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= rel * scale.max(1e-3) + 1e-6, "{what}, parameter {name}: {x} vs {y} (scale {scale})");
+            assert!(
+                (x - y).abs() <= rel * scale.max(1e-3) + 1e-6,
+                "{what}, parameter {name}: {x} vs {y} (scale {scale})"
+            );
         }
     }
     let tables: Vec<_> = want.embeddings.iter().flatten().collect();
@@ -122,7 +159,11 @@ pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, 
     for (t, e) in tables.iter().zip(rows) {
         assert_eq!(t.name, e.name);
         for (x, y) in t.data.iter().zip(&e.data) {
-            assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{what}, {}: {x} vs {y}", t.name);
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                "{what}, {}: {x} vs {y}",
+                t.name
+            );
         }
     }
 }

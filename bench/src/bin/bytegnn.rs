@@ -29,7 +29,11 @@ struct Args {
     #[arg(long, default_value = "2,4", value_delimiter = ',')]
     nodes: Vec<usize>,
     /// Runs: pipeline-sink, dag-sink, pipeline, dag.
-    #[arg(long, default_value = "pipeline-sink,dag-sink,pipeline,dag", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "pipeline-sink,dag-sink,pipeline,dag",
+        value_delimiter = ','
+    )]
     runs: Vec<String>,
     /// Epochs per run (figures are means over them).
     #[arg(long, default_value_t = 2)]
@@ -80,7 +84,9 @@ fn summary(r: &Value, run: &str, k: usize) -> Value {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let bin = bench::hetgnn_bin(a.hetgnn.clone())?;
-    let Some(scale) = a.graph.strip_prefix("mag-") else { bail!("--graph {}: expected mag-SCALE", a.graph) };
+    let Some(scale) = a.graph.strip_prefix("mag-") else {
+        bail!("--graph {}: expected mag-SCALE", a.graph)
+    };
     let data = bench::mag_like(scale.parse()?, 0)?;
     let work = tempfile::tempdir()?;
     let w = work.path();
@@ -90,7 +96,8 @@ fn main() -> anyhow::Result<()> {
         for i in 0..a.warmup {
             eprintln!("warm-up {i}, {k} nodes, 1 epoch (not counted)");
             let training = format!("mode = \"data-parallel\"\nsampling_sink = true\npartitions = {:?}\nepochs = 1\nbatch = {}\n", parts.display().to_string(), a.batch);
-            a.links.launch(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"))?;
+            a.links
+                .launch(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"))?;
         }
         for rep in 0..a.repeat {
             for run in &a.runs {
@@ -99,20 +106,35 @@ fn main() -> anyhow::Result<()> {
                     "dag" => format!("sampling = \"dag\"\n{}\n", a.dag),
                     "pipeline-sink" => "sampling_sink = true\n".into(),
                     "dag-sink" => format!("sampling = \"dag\"\nsampling_sink = true\n{}\n", a.dag),
-                    other => bail!("--runs {other}: expected pipeline, dag, pipeline-sink or dag-sink"),
+                    other => {
+                        bail!("--runs {other}: expected pipeline, dag, pipeline-sink or dag-sink")
+                    }
                 };
                 extra = extra.replace("\\n", "\n");
-                let training = format!("mode = \"data-parallel\"\n{extra}partitions = {:?}\nepochs = {}\nbatch = {}\n", parts.display().to_string(), a.epochs, a.batch);
+                let training = format!(
+                    "mode = \"data-parallel\"\n{extra}partitions = {:?}\nepochs = {}\nbatch = {}\n",
+                    parts.display().to_string(),
+                    a.epochs,
+                    a.batch
+                );
                 eprintln!("{run}, {k} nodes, repeat {rep}, {} epochs", a.epochs);
-                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-{rep}.json"))?;
+                let r = a
+                    .links
+                    .launch(&bin, w, k, &training, &format!("{run}-{k}-{rep}.json"))?;
                 rows.push(summary(&r, run, k));
             }
         }
     }
 
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!("{}, batch {}, METIS partitions, default fanouts; links {} + {} ms; {cores} cores", a.graph, a.batch, a.links.bandwidth, a.links.delay_ms);
-    println!("{:<15} {:>5} {:>8} {:>9} {:>7} {:>6} {:>8} {:>8} {:>9}", "run", "nodes", "epoch_s", "batches/s", "wait %", "cpu %", "in-fl", "queued", "test_acc");
+    println!(
+        "{}, batch {}, METIS partitions, default fanouts; links {} + {} ms; {cores} cores",
+        a.graph, a.batch, a.links.bandwidth, a.links.delay_ms
+    );
+    println!(
+        "{:<15} {:>5} {:>8} {:>9} {:>7} {:>6} {:>8} {:>8} {:>9}",
+        "run", "nodes", "epoch_s", "batches/s", "wait %", "cpu %", "in-fl", "queued", "test_acc"
+    );
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
         println!(
@@ -129,12 +151,25 @@ fn main() -> anyhow::Result<()> {
         );
     }
     // Ratios per node count, over the repeats: min..max of each pairing.
-    let of = |run: &str, k: usize, key: &str| -> Vec<f64> { rows.iter().filter(|r| r["run"] == run && r["nodes"] == k).map(|r| f(r, key)).collect() };
-    let range = |v: &[f64]| (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    let of = |run: &str, k: usize, key: &str| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| r["run"] == run && r["nodes"] == k)
+            .map(|r| f(r, key))
+            .collect()
+    };
+    let range = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
     let mut checks = Vec::new();
     for &k in &a.nodes {
         let mut check = json!({ "nodes": k });
-        let (ps, ds) = (of("pipeline-sink", k, "batches_per_s"), of("dag-sink", k, "batches_per_s"));
+        let (ps, ds) = (
+            of("pipeline-sink", k, "batches_per_s"),
+            of("dag-sink", k, "batches_per_s"),
+        );
         if !ps.is_empty() && ps.len() == ds.len() {
             let r: Vec<f64> = ds.iter().zip(&ps).map(|(d, p)| d / p.max(1e-12)).collect();
             let (lo, hi) = range(&r);
@@ -168,7 +203,10 @@ fn main() -> anyhow::Result<()> {
         }
         checks.push(check);
     }
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/bytegnn-{}.json", a.graph)));
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench/results/bytegnn-{}.json", a.graph)));
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }

@@ -64,7 +64,11 @@ struct Args {
     #[arg(long, default_value = "0.05,0.1", value_delimiter = ',')]
     scales: Vec<String>,
     /// Real graphs, folders of `--datasets` (none: `--real ""`).
-    #[arg(long, default_value = "heco-acm,planetoid-cora,heco-freebase", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "heco-acm,planetoid-cora,heco-freebase",
+        value_delimiter = ','
+    )]
     real: Vec<String>,
     /// Where the real graphs are: `$HETGNN_DATASETS`, else ../shared/datasets
     /// beside the workspace.
@@ -74,7 +78,11 @@ struct Args {
     #[arg(long, default_value = "2,4", value_delimiter = ',')]
     parts: Vec<usize>,
     /// Methods (the first ratio column compares with metis).
-    #[arg(long, default_value = "bytegnn,bytegnn-greedy,metis,random", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "bytegnn,bytegnn-greedy,metis,random",
+        value_delimiter = ','
+    )]
     methods: Vec<String>,
     /// Fanouts per hop, seeds outward (training's default).
     #[arg(long, default_value = "25,20", value_delimiter = ',')]
@@ -129,7 +137,9 @@ fn method_flags(method: &str, reverse: bool) -> anyhow::Result<Vec<String>> {
             ("w", v) => ("--bytegnn-type-weight", v),
             ("b", v) => ("--bytegnn-balance-weight", v),
             ("c", v) => ("--bytegnn-clusters", v),
-            _ => anyhow::bail!("method '{method}': '{opt}' is not hN, pN, cN, wX, bX, metis, greedy or nofollow"),
+            _ => anyhow::bail!(
+                "method '{method}': '{opt}' is not hN, pN, cN, wX, bX, metis, greedy or nofollow"
+            ),
         };
         flags.extend([flag.to_string(), value.to_string()]);
     }
@@ -140,12 +150,33 @@ fn method_flags(method: &str, reverse: bool) -> anyhow::Result<Vec<String>> {
 }
 
 /// One `hetgnn partition` run into `out`: its report.
-fn partition(bin: &Path, g: &Graph, method: &str, parts: usize, seed: u64, out: &Path) -> anyhow::Result<Value> {
-    let mut args: Vec<String> =
-        ["partition", "--data", &g.dir.display().to_string(), "--parts", &parts.to_string(), "--seed", &seed.to_string(), "--out", &out.display().to_string(), "--force"].map(String::from).to_vec();
+fn partition(
+    bin: &Path,
+    g: &Graph,
+    method: &str,
+    parts: usize,
+    seed: u64,
+    out: &Path,
+) -> anyhow::Result<Value> {
+    let mut args: Vec<String> = [
+        "partition",
+        "--data",
+        &g.dir.display().to_string(),
+        "--parts",
+        &parts.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--out",
+        &out.display().to_string(),
+        "--force",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(method_flags(method, g.reverse)?);
     bench::run_hetgnn(bin, &bench::data_root(), &args)?;
-    Ok(serde_json::from_slice(&std::fs::read(out.join("report.json"))?)?)
+    Ok(serde_json::from_slice(&std::fs::read(
+        out.join("report.json"),
+    )?)?)
 }
 
 /// What sampling the training steps came to, summed over steps.
@@ -178,10 +209,27 @@ impl Traffic {
 }
 
 /// Samples `epochs` epochs of steps with owner seed assignment and counts the traffic.
-fn traffic(g: &HetGraph, owners: &[Vec<u16>], parts: usize, args: &Args, seeds: &[u32]) -> anyhow::Result<Traffic> {
+fn traffic(
+    g: &HetGraph,
+    owners: &[Vec<u16>],
+    parts: usize,
+    args: &Args,
+    seeds: &[u32],
+) -> anyhow::Result<Traffic> {
     let target = g.target().index();
-    let width: Vec<u64> = g.node_types().iter().map(|t| t.features.as_ref().map_or(args.embed_dim, |f| f.dim()) as u64).collect();
-    let steps: Vec<(u64, u64, Vec<u32>)> = (0..args.epochs).flat_map(|e| epoch_batches(seeds, args.batch, 0, e).into_iter().enumerate().map(move |(s, b)| (e, s as u64, b))).collect();
+    let width: Vec<u64> = g
+        .node_types()
+        .iter()
+        .map(|t| t.features.as_ref().map_or(args.embed_dim, |f| f.dim()) as u64)
+        .collect();
+    let steps: Vec<(u64, u64, Vec<u32>)> = (0..args.epochs)
+        .flat_map(|e| {
+            epoch_batches(seeds, args.batch, 0, e)
+                .into_iter()
+                .enumerate()
+                .map(move |(s, b)| (e, s as u64, b))
+        })
+        .collect();
     let per_chunk: Vec<anyhow::Result<Traffic>> = steps
         .par_chunks(steps.len().div_ceil(rayon::current_num_threads()).max(1))
         .map(|chunk| {
@@ -191,7 +239,11 @@ fn traffic(g: &HetGraph, owners: &[Vec<u16>], parts: usize, args: &Args, seeds: 
                 sum.steps += 1;
                 let mut worst = 0u64;
                 for k in 0..parts as u16 {
-                    let share: Vec<u32> = batch.iter().copied().filter(|&v| owners[target][v as usize] == k).collect();
+                    let share: Vec<u32> = batch
+                        .iter()
+                        .copied()
+                        .filter(|&v| owners[target][v as usize] == k)
+                        .collect();
                     if share.is_empty() {
                         continue;
                     }
@@ -206,11 +258,15 @@ fn traffic(g: &HetGraph, owners: &[Vec<u16>], parts: usize, args: &Args, seeds: 
                         for r in &block.relations {
                             let t = g.relation(r.relation).dst.index();
                             let dst = &block.dst[t];
-                            let asked: Vec<usize> = (0..dst.len()).filter(|&i| away(t, dst[i])).collect();
+                            let asked: Vec<usize> =
+                                (0..dst.len()).filter(|&i| away(t, dst[i])).collect();
                             if asked.is_empty() {
                                 continue;
                             }
-                            let picks: u64 = asked.iter().map(|&i| u64::from(r.offsets[i + 1] - r.offsets[i])).sum();
+                            let picks: u64 = asked
+                                .iter()
+                                .map(|&i| u64::from(r.offsets[i + 1] - r.offsets[i]))
+                                .sum();
                             sum.sampling_bytes += 4 * (asked.len() as u64 + 1) + 4 * picks;
                         }
                     }
@@ -229,11 +285,15 @@ fn traffic(g: &HetGraph, owners: &[Vec<u16>], parts: usize, args: &Args, seeds: 
             Ok(sum)
         })
         .collect();
-    per_chunk.into_iter().try_fold(Traffic::default(), |acc, t| Ok(acc.add(t?)))
+    per_chunk
+        .into_iter()
+        .try_fold(Traffic::default(), |acc, t| Ok(acc.add(t?)))
 }
 
 fn worst_of(map: &Value) -> f64 {
-    map.as_object().map_or(0.0, |m| m.values().filter_map(Value::as_f64).fold(0.0, f64::max))
+    map.as_object().map_or(0.0, |m| {
+        m.values().filter_map(Value::as_f64).fold(0.0, f64::max)
+    })
 }
 
 /// With several seeds: per graph, parts and method, the mean, min and max
@@ -246,25 +306,53 @@ fn summarise(rows: &[Value], seeds: usize) -> Vec<Value> {
     }
     let mut keys: Vec<(String, u64, String)> = Vec::new();
     for r in rows {
-        let key = (r["graph"].as_str().unwrap_or("").to_string(), r["parts"].as_u64().unwrap_or(0), r["method"].as_str().unwrap_or("").to_string());
+        let key = (
+            r["graph"].as_str().unwrap_or("").to_string(),
+            r["parts"].as_u64().unwrap_or(0),
+            r["method"].as_str().unwrap_or("").to_string(),
+        );
         if !keys.contains(&key) {
             keys.push(key);
         }
     }
     println!("over {seeds} seeds: mean (min-max) of the ratios to METIS; t/v/t the worst");
-    println!("{:<14} {:>2} {:<20} {:>21} {:>21} {:>21} {:>6}", "graph", "k", "method", "remote rows", "bytes/step", "remote rows, all lab.", "t/v/t");
+    println!(
+        "{:<14} {:>2} {:<20} {:>21} {:>21} {:>21} {:>6}",
+        "graph", "k", "method", "remote rows", "bytes/step", "remote rows, all lab.", "t/v/t"
+    );
     for (graph, k, method) in keys {
         let of = |f: &dyn Fn(&Value) -> f64| -> (f64, f64, f64) {
-            let v: Vec<f64> = rows.iter().filter(|r| r["graph"] == graph.as_str() && r["parts"] == k && r["method"] == method.as_str()).map(f).collect();
+            let v: Vec<f64> = rows
+                .iter()
+                .filter(|r| {
+                    r["graph"] == graph.as_str()
+                        && r["parts"] == k
+                        && r["method"] == method.as_str()
+                })
+                .map(f)
+                .collect();
             let n = v.len().max(1) as f64;
-            (v.iter().sum::<f64>() / n, v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+            (
+                v.iter().sum::<f64>() / n,
+                v.iter().copied().fold(f64::INFINITY, f64::min),
+                v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            )
         };
         let rows_vs = of(&|r| r["remote_rows_vs_metis"].as_f64().unwrap_or(f64::NAN));
         let bytes_vs = of(&|r| r["bytes_vs_metis"].as_f64().unwrap_or(f64::NAN));
-        let l_rows_vs = of(&|r| r["labelled_seeds"]["remote_rows_vs_metis"].as_f64().unwrap_or(f64::NAN));
+        let l_rows_vs = of(&|r| {
+            r["labelled_seeds"]["remote_rows_vs_metis"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        });
         let tvt = of(&|r| r["split_balance_worst"].as_f64().unwrap_or(f64::NAN)).2;
         let show = |(m, lo, hi): (f64, f64, f64)| format!("{m:.3} ({lo:.3}-{hi:.3})");
-        println!("{graph:<14} {k:>2} {method:<20} {:>21} {:>21} {:>21} {tvt:>6.3}", show(rows_vs), show(bytes_vs), show(l_rows_vs));
+        println!(
+            "{graph:<14} {k:>2} {method:<20} {:>21} {:>21} {:>21} {tvt:>6.3}",
+            show(rows_vs),
+            show(bytes_vs),
+            show(l_rows_vs)
+        );
         let j = |(m, lo, hi): (f64, f64, f64)| json!({ "mean": m, "min": lo, "max": hi });
         out.push(json!({ "graph": graph, "parts": k, "method": method, "remote_rows_vs_metis": j(rows_vs), "bytes_vs_metis": j(bytes_vs),
             "labelled_remote_rows_vs_metis": j(l_rows_vs), "split_balance_worst": tvt }));
@@ -277,15 +365,33 @@ fn main() -> anyhow::Result<()> {
     let bin = bench::hetgnn_bin(args.hetgnn.clone())?;
     let mut graphs_list = Vec::new();
     for scale in args.scales.iter().filter(|s| !s.is_empty()) {
-        let scale: f64 = scale.parse().with_context(|| format!("--scales: '{scale}' is not a number"))?;
-        graphs_list.push(Graph { name: format!("mag-s{scale}"), dir: bench::mag_like(scale, 0)?, reverse: true });
+        let scale: f64 = scale
+            .parse()
+            .with_context(|| format!("--scales: '{scale}' is not a number"))?;
+        graphs_list.push(Graph {
+            name: format!("mag-s{scale}"),
+            dir: bench::mag_like(scale, 0)?,
+            reverse: true,
+        });
     }
-    let datasets = args.datasets.clone().or_else(|| std::env::var_os("HETGNN_DATASETS").map(PathBuf::from)).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/datasets"));
+    let datasets = args
+        .datasets
+        .clone()
+        .or_else(|| std::env::var_os("HETGNN_DATASETS").map(PathBuf::from))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/datasets"));
     for name in args.real.iter().filter(|n| !n.is_empty()) {
         let dir = datasets.join(name);
-        anyhow::ensure!(dir.join("schema.json").exists(), "{} is not a graph directory (set --datasets or HETGNN_DATASETS)", dir.display());
+        anyhow::ensure!(
+            dir.join("schema.json").exists(),
+            "{} is not a graph directory (set --datasets or HETGNN_DATASETS)",
+            dir.display()
+        );
         // Cora stores each citation both ways: training it adds no reverse relations.
-        graphs_list.push(Graph { name: name.clone(), dir, reverse: name != "planetoid-cora" });
+        graphs_list.push(Graph {
+            name: name.clone(),
+            dir,
+            reverse: name != "planetoid-cora",
+        });
     }
     println!(
         "{:<14} {:>2} {:<20} {:>5} {:>5} {:>5} {:>6} {:>6} {:>8} {:>5} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7}",
@@ -293,10 +399,21 @@ fn main() -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for gr in &graphs_list {
-        let g = graphs::load(&gr.dir, &LoadOptions { mmap_features: true, reverse_edges: gr.reverse }).with_context(|| format!("loading {}", gr.dir.display()))?;
+        let g = graphs::load(
+            &gr.dir,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: gr.reverse,
+            },
+        )
+        .with_context(|| format!("loading {}", gr.dir.display()))?;
         let (_, splits) = g.target_labels();
         let train = splits.train.clone();
-        let mut labelled: Vec<u32> = splits.named().iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
+        let mut labelled: Vec<u32> = splits
+            .named()
+            .iter()
+            .flat_map(|(_, ids)| ids.iter().copied())
+            .collect();
         labelled.sort_unstable();
         labelled.dedup();
         for &k in &args.parts {
@@ -304,7 +421,8 @@ fn main() -> anyhow::Result<()> {
                 let mut metis = None;
                 let mut results = Vec::new();
                 for method in &args.methods {
-                    let out = bench::data_root().join(format!("bench-bytegnn-{method}-{k}-{}", gr.name));
+                    let out =
+                        bench::data_root().join(format!("bench-bytegnn-{method}-{k}-{}", gr.name));
                     let report = partition(&bin, gr, method, k, seed, &out)?;
                     let set = PartitionSet::open(&out)?;
                     let t = traffic(&g, &set.owners, k, &args, &train)?;
@@ -312,19 +430,33 @@ fn main() -> anyhow::Result<()> {
                     let _ = std::fs::remove_dir_all(&out);
                     let bytes = t.per_step(t.sampling_bytes + t.pull_bytes);
                     if method == "metis" {
-                        metis = Some((t.per_step(t.remote_rows), bytes, l.per_step(l.remote_rows), l.per_step(l.sampling_bytes + l.pull_bytes)));
+                        metis = Some((
+                            t.per_step(t.remote_rows),
+                            bytes,
+                            l.per_step(l.remote_rows),
+                            l.per_step(l.sampling_bytes + l.pull_bytes),
+                        ));
                     }
                     results.push((method.clone(), report, t, bytes, l));
                 }
                 for (method, r, t, bytes, l) in results {
-                    let cut = 100.0 * r["edge_cut"].as_f64().unwrap_or(0.0) / r["total_edges"].as_f64().unwrap_or(1.0).max(1.0);
+                    let cut = 100.0 * r["edge_cut"].as_f64().unwrap_or(0.0)
+                        / r["total_edges"].as_f64().unwrap_or(1.0).max(1.0);
                     let tvt = worst_of(&r["split_balance"]);
-                    let nodes = r["balance"].as_object().map_or(0.0, |m| m.iter().filter(|(k, _)| *k != "edges").filter_map(|(_, v)| v.as_f64()).fold(0.0, f64::max));
+                    let nodes = r["balance"].as_object().map_or(0.0, |m| {
+                        m.iter()
+                            .filter(|(k, _)| *k != "edges")
+                            .filter_map(|(_, v)| v.as_f64())
+                            .fold(0.0, f64::max)
+                    });
                     let peak = r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / (1 << 20) as f64;
-                    let rows_vs = metis.map_or(f64::NAN, |(m, ..)| t.per_step(t.remote_rows) / m.max(1.0));
+                    let rows_vs =
+                        metis.map_or(f64::NAN, |(m, ..)| t.per_step(t.remote_rows) / m.max(1.0));
                     let vs = metis.map_or(f64::NAN, |(_, m, ..)| bytes / m.max(1.0));
                     let l_bytes = l.per_step(l.sampling_bytes + l.pull_bytes);
-                    let l_rows_vs = metis.map_or(f64::NAN, |(_, _, m, _)| l.per_step(l.remote_rows) / m.max(1.0));
+                    let l_rows_vs = metis.map_or(f64::NAN, |(_, _, m, _)| {
+                        l.per_step(l.remote_rows) / m.max(1.0)
+                    });
                     let l_vs = metis.map_or(f64::NAN, |(.., m)| l_bytes / m.max(1.0));
                     let mb = |x: f64| x / 1e6;
                     println!(
@@ -359,7 +491,12 @@ fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let config = json!({ "fanouts": args.fanouts, "batch": args.batch, "epochs": args.epochs, "embed_dim": args.embed_dim, "seeds": args.seeds });
-    std::fs::write(&args.out, serde_json::to_string_pretty(&json!({ "config": config, "runs": rows, "over_seeds": summary }))? + "\n")?;
+    std::fs::write(
+        &args.out,
+        serde_json::to_string_pretty(
+            &json!({ "config": config, "runs": rows, "over_seeds": summary }),
+        )? + "\n",
+    )?;
     println!("wrote {}", args.out.display());
     Ok(())
 }

@@ -56,10 +56,22 @@ fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let bin = bench::hetgnn_bin(a.hetgnn.clone())?;
     let data = bench::mag_like(a.scale, 0)?;
-    let g = graphs::load(&data, &LoadOptions { mmap_features: true, reverse_edges: true })?;
+    let g = graphs::load(
+        &data,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )?;
     let embed_dim = actors::TrainingConfig::default().embed_dim;
     // What a whole-graph cache would hold: every feature row and every embedding value.
-    let total: u64 = g.node_types().iter().map(|nt| u64::from(nt.count) * 4 * nt.features.as_ref().map_or(embed_dim, |f| f.dim()) as u64).sum();
+    let total: u64 = g
+        .node_types()
+        .iter()
+        .map(|nt| {
+            u64::from(nt.count) * 4 * nt.features.as_ref().map_or(embed_dim, |f| f.dim()) as u64
+        })
+        .sum();
     let work = tempfile::tempdir()?;
     let w = work.path();
     let mut runs = Vec::new();
@@ -86,8 +98,22 @@ fn main() -> anyhow::Result<()> {
             std::fs::write(w.join("cluster.toml"), toml)?;
             let mut best: Option<(f64, Value)> = None;
             for rep in 0..a.repeats.max(1) {
-                eprintln!("{mode}, {policy}, budget {:.0}% ({bytes} bytes per device), {} epochs, run {}", frac * 100.0, a.epochs, rep + 1);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
+                eprintln!(
+                    "{mode}, {policy}, budget {:.0}% ({bytes} bytes per device), {} epochs, run {}",
+                    frac * 100.0,
+                    a.epochs,
+                    rep + 1
+                );
+                bench::run_hetgnn(
+                    &bin,
+                    w,
+                    &[
+                        "launch".into(),
+                        "--force".into(),
+                        "--config".into(),
+                        "cluster.toml".into(),
+                    ],
+                )?;
                 let r: Value = serde_json::from_str(&std::fs::read_to_string(w.join(&report))?)?;
                 let s = bench::epoch_mean(&r, "seconds");
                 if best.as_ref().is_none_or(|(b, _)| s < *b) {
@@ -103,15 +129,32 @@ fn main() -> anyhow::Result<()> {
                 "model_sha256": r["final_model_sha256"], "cache": r["cache"], "bytes_per_step": r["bytes_per_step"],
             }));
             // A line per setting as it finishes, so a run cut short still says what it measured.
-            eprintln!("  -> {mode}, {policy}, budget {:.0}%: {:.3} s/epoch, gather {:.3} s", frac * 100.0, mean("seconds"), mean("gather_s"));
+            eprintln!(
+                "  -> {mode}, {policy}, budget {:.0}%: {:.3} s/epoch, gather {:.3} s",
+                frac * 100.0,
+                mean("seconds"),
+                mean("gather_s")
+            );
         }
     }
     println!("mag-like S={}, R-GCN, {} nodes, links {} + {} ms, device {}; feature+embedding bytes {total}", a.scale, a.nodes, a.bandwidth, a.delay_ms, a.device);
-    println!("{:<14} {:<13} {:>6} {:>8} {:>7}  hit rate per type (share of the budget)", "mode", "policy", "budget", "epoch_s", "gather");
+    println!(
+        "{:<14} {:<13} {:>6} {:>8} {:>7}  hit rate per type (share of the budget)",
+        "mode", "policy", "budget", "epoch_s", "gather"
+    );
     for r in &runs {
-        let cache = r["cache"]
-            .as_object()
-            .map(|m| m.iter().map(|(k, c)| format!("{k} {:.2} ({:.0}%)", c["hit_rate"].as_f64().unwrap_or(0.0), c["share"].as_f64().unwrap_or(0.0) * 100.0)).collect::<Vec<_>>().join(", "));
+        let cache = r["cache"].as_object().map(|m| {
+            m.iter()
+                .map(|(k, c)| {
+                    format!(
+                        "{k} {:.2} ({:.0}%)",
+                        c["hit_rate"].as_f64().unwrap_or(0.0),
+                        c["share"].as_f64().unwrap_or(0.0) * 100.0
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
         println!(
             "{:<14} {:<13} {:>5.0}% {:>8.2} {:>7.2}  {}",
             r["mode"].as_str().unwrap_or(""),
@@ -126,7 +169,11 @@ fn main() -> anyhow::Result<()> {
     println!("profiled per type (ns per cache byte, largest budget's miss-penalty run): miss / hit / penalty = miss - hit");
     for mode in &a.modes {
         let last = a.budgets.last().copied().unwrap_or(0.0);
-        if let Some(r) = runs.iter().find(|r| r["mode"] == mode.as_str() && r["policy"] == "miss-penalty" && r["budget_fraction"].as_f64() == Some(last)) {
+        if let Some(r) = runs.iter().find(|r| {
+            r["mode"] == mode.as_str()
+                && r["policy"] == "miss-penalty"
+                && r["budget_fraction"].as_f64() == Some(last)
+        }) {
             for (k, c) in r["cache"].as_object().into_iter().flatten() {
                 let ns = |f: &str| c[f].as_f64().unwrap_or(0.0) * 1e3;
                 println!(
@@ -134,22 +181,41 @@ fn main() -> anyhow::Result<()> {
                     ns("miss_us_per_byte"),
                     ns("hit_us_per_byte"),
                     ns("miss_penalty_us_per_byte"),
-                    c["note"].as_str().map(|n| format!("  ({n})")).unwrap_or_default()
+                    c["note"]
+                        .as_str()
+                        .map(|n| format!("  ({n})"))
+                        .unwrap_or_default()
                 );
             }
         }
     }
     // Ratios within a mode, all measured in this run.
     for mode in &a.modes {
-        let find = |p: &str, f: f64| runs.iter().find(|r| r["mode"] == mode.as_str() && r["policy"] == p && r["budget_fraction"].as_f64() == Some(f)).and_then(|r| r["epoch_s"].as_f64());
+        let find = |p: &str, f: f64| {
+            runs.iter()
+                .find(|r| {
+                    r["mode"] == mode.as_str()
+                        && r["policy"] == p
+                        && r["budget_fraction"].as_f64() == Some(f)
+                })
+                .and_then(|r| r["epoch_s"].as_f64())
+        };
         let none = find("none", 0.0);
         for &b in &a.budgets {
-            if let (Some(n), Some(h), Some(m)) = (none, find("hotness", b), find("miss-penalty", b)) {
+            if let (Some(n), Some(h), Some(m)) = (none, find("hotness", b), find("miss-penalty", b))
+            {
                 println!("{mode}, budget {:.0}%: miss-penalty epoch time {:.3}x hotness's, {:.3}x no cache's (hotness {:.3}x)", b * 100.0, m / h, m / n, h / n);
             }
         }
-        let hashes: std::collections::BTreeSet<String> = runs.iter().filter(|r| r["mode"] == mode.as_str()).filter_map(|r| r["model_sha256"].as_str().map(String::from)).collect();
-        println!("{mode}: {} distinct final model hash(es) over all cache settings", hashes.len());
+        let hashes: std::collections::BTreeSet<String> = runs
+            .iter()
+            .filter(|r| r["mode"] == mode.as_str())
+            .filter_map(|r| r["model_sha256"].as_str().map(String::from))
+            .collect();
+        println!(
+            "{mode}: {} distinct final model hash(es) over all cache settings",
+            hashes.len()
+        );
     }
     if let Some(p) = a.out.parent() {
         std::fs::create_dir_all(p)?;

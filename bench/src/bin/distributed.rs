@@ -26,7 +26,11 @@ struct Args {
     nodes: Vec<usize>,
     /// Partitioners: meta (trains raf, embedding tables synced), meta-local
     /// (raf, each worker its own tables), metis and random (data-parallel).
-    #[arg(long, default_value = "meta,meta-local,metis,random", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "meta,meta-local,metis,random",
+        value_delimiter = ','
+    )]
     methods: Vec<String>,
     /// Model.
     #[arg(long, default_value = "rgcn")]
@@ -57,7 +61,9 @@ struct Args {
 fn summary(r: &Value, label: &str) -> Value {
     let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
     let mean = |k: &str| bench::epoch_mean(r, k);
-    let per_step: f64 = r["bytes_per_step"].as_object().map_or(0.0, |m| m.values().filter_map(Value::as_f64).fold(0.0, |a, b| a + b));
+    let per_step: f64 = r["bytes_per_step"].as_object().map_or(0.0, |m| {
+        m.values().filter_map(Value::as_f64).fold(0.0, |a, b| a + b)
+    });
     json!({
         "run": label,
         "epoch_s": mean("seconds"),
@@ -81,14 +87,35 @@ fn main() -> anyhow::Result<()> {
 
     let one_thread = std::thread::available_parallelism().map_or(1, |n| n.get());
     for &hidden in &a.hidden {
-        let common =
-            |report: &str| -> Vec<String> { ["--epochs", &a.epochs.to_string(), "--report", report, "--model", &a.model, "--hidden", &hidden.to_string()].iter().map(|s| s.to_string()).collect() };
-        eprintln!("single process, {} hidden {hidden}, {} epochs", a.model, a.epochs);
-        let mut args: Vec<String> = vec!["train".into(), "--force".into(), "--data".into(), d.clone()];
+        let common = |report: &str| -> Vec<String> {
+            [
+                "--epochs",
+                &a.epochs.to_string(),
+                "--report",
+                report,
+                "--model",
+                &a.model,
+                "--hidden",
+                &hidden.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        eprintln!(
+            "single process, {} hidden {hidden}, {} epochs",
+            a.model, a.epochs
+        );
+        let mut args: Vec<String> =
+            vec!["train".into(), "--force".into(), "--data".into(), d.clone()];
         args.extend(common("single.json"));
         bench::run_hetgnn(&bin, w, &args)?;
-        let single = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join("single.json"))?)?;
-        rows.push(summary(&single, &format!("single h{hidden} ({one_thread} thr)")));
+        let single =
+            serde_json::from_str::<Value>(&std::fs::read_to_string(w.join("single.json"))?)?;
+        rows.push(summary(
+            &single,
+            &format!("single h{hidden} ({one_thread} thr)"),
+        ));
         for method in &a.methods {
             for &k in &a.nodes {
                 let (partitioner, local) = match method.as_str() {
@@ -97,7 +124,11 @@ fn main() -> anyhow::Result<()> {
                 };
                 let parts = bench::partitions(&bin, &data, partitioner, k, a.scale)?;
                 let mut toml = bench::local_cluster(&bin, w, k)?;
-                let mode = if partitioner == "meta" { "raf" } else { "data-parallel" };
+                let mode = if partitioner == "meta" {
+                    "raf"
+                } else {
+                    "data-parallel"
+                };
                 let report = format!("{mode}-{method}-{k}-h{hidden}.json");
                 toml += &format!(
                     "[training]\nmode = {mode:?}\npartitions = {:?}\nepochs = {}\nreport = {report:?}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf_embeddings = {:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
@@ -110,17 +141,39 @@ fn main() -> anyhow::Result<()> {
                     a.delay_ms
                 );
                 std::fs::write(w.join("cluster.toml"), toml)?;
-                eprintln!("{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs", a.epochs);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
+                eprintln!(
+                    "{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs",
+                    a.epochs
+                );
+                bench::run_hetgnn(
+                    &bin,
+                    w,
+                    &[
+                        "launch".into(),
+                        "--force".into(),
+                        "--config".into(),
+                        "cluster.toml".into(),
+                    ],
+                )?;
                 let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
-                let label = if mode == "raf" { format!("raf {method} x{k} h{hidden}") } else { format!("dp {method} x{k} h{hidden}") };
+                let label = if mode == "raf" {
+                    format!("raf {method} x{k} h{hidden}")
+                } else {
+                    format!("dp {method} x{k} h{hidden}")
+                };
                 rows.push(summary(&r, &label));
             }
         }
     }
 
-    println!("mag-like S={}, {}, fanouts 25,20, batch 1024; links {} + {} ms", a.scale, a.model, a.bandwidth, a.delay_ms);
-    println!("{:<30} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>9} {:>8}", "run", "epoch_s", "sample", "gather", "compute", "comm", "update", "MB/step", "test_acc");
+    println!(
+        "mag-like S={}, {}, fanouts 25,20, batch 1024; links {} + {} ms",
+        a.scale, a.model, a.bandwidth, a.delay_ms
+    );
+    println!(
+        "{:<30} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>9} {:>8}",
+        "run", "epoch_s", "sample", "gather", "compute", "comm", "update", "MB/step", "test_acc"
+    );
     for r in &rows {
         println!(
             "{:<30} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>7.2} {:>9.2} {:>8.4}",
@@ -140,7 +193,10 @@ fn main() -> anyhow::Result<()> {
     for &hidden in &a.hidden {
         for &k in &a.nodes {
             for variant in ["meta", "meta-local"] {
-                if let (Some(raf), Some(dp)) = (find(&format!("raf {variant} x{k} h{hidden}")), find(&format!("dp metis x{k} h{hidden}"))) {
+                if let (Some(raf), Some(dp)) = (
+                    find(&format!("raf {variant} x{k} h{hidden}")),
+                    find(&format!("dp metis x{k} h{hidden}")),
+                ) {
                     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
                     println!(
                         "hidden {hidden}, {k} nodes: raf ({variant}) moves {:.1}x fewer bytes per step than data-parallel METIS ({:.2} vs {:.2} MB); epoch time {:.2}x of it",

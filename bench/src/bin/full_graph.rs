@@ -44,7 +44,11 @@ struct Args {
     #[arg(long, default_value = "2,4", value_delimiter = ',')]
     nodes: Vec<usize>,
     /// Staleness settings (none, fixedK, adaptiveK, variationE; a `-g` suffix skips gradients too).
-    #[arg(long, default_value = "none,fixed1,adaptive1,variation0.05,variation0.1,variation0.2,fixed1-g", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "none,fixed1,adaptive1,variation0.05,variation0.1,variation0.2,fixed1-g",
+        value_delimiter = ','
+    )]
     settings: Vec<String>,
     /// Epochs of the accuracy runs.
     #[arg(long, default_value_t = 200)]
@@ -61,7 +65,11 @@ struct Args {
     #[arg(long, default_value_t = 6)]
     timed_epochs: u64,
     /// Settings of the timed runs.
-    #[arg(long, default_value = "none,fixed1,adaptive1,variation0.1", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "none,fixed1,adaptive1,variation0.1",
+        value_delimiter = ','
+    )]
     timed: Vec<String>,
     /// Link bandwidth caps of the timed runs.
     #[arg(long, default_value = "10Gbit/s,1Gbit/s", value_delimiter = ',')]
@@ -92,11 +100,20 @@ fn setting(s: &str) -> anyhow::Result<String> {
     let body = if s == "none" {
         String::new()
     } else if let Some(k) = s.strip_prefix("fixed") {
-        format!("staleness = \"fixed\"\nstaleness_epochs = {}\n", k.parse::<u32>()?)
+        format!(
+            "staleness = \"fixed\"\nstaleness_epochs = {}\n",
+            k.parse::<u32>()?
+        )
     } else if let Some(k) = s.strip_prefix("adaptive") {
-        format!("staleness = \"adaptive\"\nstaleness_epochs = {}\n", k.parse::<u32>()?)
+        format!(
+            "staleness = \"adaptive\"\nstaleness_epochs = {}\n",
+            k.parse::<u32>()?
+        )
     } else if let Some(e) = s.strip_prefix("variation") {
-        format!("staleness = \"variation\"\nstaleness_variation = {}\n", e.parse::<f64>()?)
+        format!(
+            "staleness = \"variation\"\nstaleness_variation = {}\n",
+            e.parse::<f64>()?
+        )
     } else {
         bail!("--settings {s}: expected none, fixedK, adaptiveK or variationE (with -g to skip gradients)");
     };
@@ -105,14 +122,22 @@ fn setting(s: &str) -> anyhow::Result<String> {
 
 /// Sum of `key` over a report's epochs' full-graph figures.
 fn full_sum(r: &Value, key: &str) -> f64 {
-    r["epochs"].as_array().map_or(0.0, |es| es.iter().map(|e| e["full"][key].as_f64().unwrap_or(0.0)).sum())
+    r["epochs"].as_array().map_or(0.0, |es| {
+        es.iter()
+            .map(|e| e["full"][key].as_f64().unwrap_or(0.0))
+            .sum()
+    })
 }
 
 /// Broadcasts skipped over all epochs and blocks, and made.
 fn skips(r: &Value) -> (u64, u64) {
     let mut out = (0, 0);
     for e in r["epochs"].as_array().into_iter().flatten() {
-        for c in e["full"]["blocks"].as_object().into_iter().flat_map(|m| m.values()) {
+        for c in e["full"]["blocks"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.values())
+        {
             out.0 += c["skipped"].as_u64().unwrap_or(0);
             out.1 += c["sent"].as_u64().unwrap_or(0);
         }
@@ -124,11 +149,17 @@ fn skips(r: &Value) -> (u64, u64) {
 fn later_mean(r: &Value, key: &str) -> f64 {
     let es = r["epochs"].as_array().map_or(&[][..], Vec::as_slice);
     let later = if es.len() > 1 { &es[1..] } else { es };
-    later.iter().map(|e| e[key].as_f64().unwrap_or(0.0)).sum::<f64>() / later.len().max(1) as f64
+    later
+        .iter()
+        .map(|e| e[key].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / later.len().max(1) as f64
 }
 
 fn read(path: PathBuf) -> anyhow::Result<Value> {
-    Ok(serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?)
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -136,8 +167,13 @@ fn main() -> anyhow::Result<()> {
     let bin = bench::hetgnn_bin(a.hetgnn.clone())?;
     let data = match a.graph.strip_prefix("mag-") {
         Some(s) => bench::mag_like(s.parse()?, 0)?,
-        None if ["heco-acm", "planetoid-cora"].contains(&a.graph.as_str()) => std::fs::canonicalize(a.datasets.join(&a.graph))?,
-        None => bail!("--graph {}: expected mag-SCALE, heco-acm or planetoid-cora", a.graph),
+        None if ["heco-acm", "planetoid-cora"].contains(&a.graph.as_str()) => {
+            std::fs::canonicalize(a.datasets.join(&a.graph))?
+        }
+        None => bail!(
+            "--graph {}: expected mag-SCALE, heco-acm or planetoid-cora",
+            a.graph
+        ),
     };
     let work = tempfile::tempdir()?;
     let w = work.path();
@@ -158,10 +194,21 @@ fn main() -> anyhow::Result<()> {
                     setting(s)?
                 );
                 std::fs::write(w.join("acc.toml"), toml)?;
-                eprintln!("{s}, {k} workers in one process, seed {seed}, {} epochs", a.epochs);
-                bench::run_hetgnn(&bin, w, &["train".into(), "--config".into(), "acc.toml".into()])?;
+                eprintln!(
+                    "{s}, {k} workers in one process, seed {seed}, {} epochs",
+                    a.epochs
+                );
+                bench::run_hetgnn(
+                    &bin,
+                    w,
+                    &["train".into(), "--config".into(), "acc.toml".into()],
+                )?;
                 let r = read(w.join(&report))?;
-                let last = r["epochs"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
+                let last = r["epochs"]
+                    .as_array()
+                    .and_then(|e| e.last())
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 let (skipped, sent) = skips(&r);
                 per_seed.push(json!({
                     "seed": seed,
@@ -172,8 +219,19 @@ fn main() -> anyhow::Result<()> {
                     "cache_bytes": last["full"]["cache_bytes"],
                 }));
             }
-            let mean = |key: &str| per_seed.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).sum::<f64>() / per_seed.len().max(1) as f64;
-            let total = |key: &str| per_seed.iter().map(|r| r[key].as_u64().unwrap_or(0)).sum::<u64>();
+            let mean = |key: &str| {
+                per_seed
+                    .iter()
+                    .map(|r| r[key].as_f64().unwrap_or(0.0))
+                    .sum::<f64>()
+                    / per_seed.len().max(1) as f64
+            };
+            let total = |key: &str| {
+                per_seed
+                    .iter()
+                    .map(|r| r[key].as_u64().unwrap_or(0))
+                    .sum::<u64>()
+            };
             accuracy.push(json!({
                 "setting": s, "nodes": k,
                 "test_acc": mean("test_acc"), "valid_acc": mean("valid_acc"), "loss": mean("loss"),
@@ -196,8 +254,20 @@ fn main() -> anyhow::Result<()> {
                     a.delay_ms
                 );
                 std::fs::write(w.join("cluster.toml"), toml)?;
-                eprintln!("{s}, {k} node processes, {bw}, round {round}, {} epochs", a.timed_epochs);
-                bench::run_hetgnn(&bin, w, &["launch".into(), "--force".into(), "--config".into(), "cluster.toml".into()])?;
+                eprintln!(
+                    "{s}, {k} node processes, {bw}, round {round}, {} epochs",
+                    a.timed_epochs
+                );
+                bench::run_hetgnn(
+                    &bin,
+                    w,
+                    &[
+                        "launch".into(),
+                        "--force".into(),
+                        "--config".into(),
+                        "cluster.toml".into(),
+                    ],
+                )?;
                 let r = read(w.join(&report))?;
                 timed.push(json!({
                     "setting": s, "nodes": k, "bandwidth": bw, "round": round,
@@ -209,25 +279,57 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let sampled = if a.sampled_epochs > 0 {
-        let toml = format!("[training]\ndata = {:?}\nepochs = {}\n{model}report = \"sampled.json\"\n", data.display().to_string(), a.sampled_epochs);
+        let toml = format!(
+            "[training]\ndata = {:?}\nepochs = {}\n{model}report = \"sampled.json\"\n",
+            data.display().to_string(),
+            a.sampled_epochs
+        );
         std::fs::write(w.join("sampled.toml"), toml)?;
-        eprintln!("sampled single-process training, {} epochs", a.sampled_epochs);
-        bench::run_hetgnn(&bin, w, &["train".into(), "--config".into(), "sampled.toml".into()])?;
+        eprintln!(
+            "sampled single-process training, {} epochs",
+            a.sampled_epochs
+        );
+        bench::run_hetgnn(
+            &bin,
+            w,
+            &["train".into(), "--config".into(), "sampled.toml".into()],
+        )?;
         let r = read(w.join("sampled.json"))?;
-        let last = r["epochs"].as_array().and_then(|e| e.last()).cloned().unwrap_or(Value::Null);
+        let last = r["epochs"]
+            .as_array()
+            .and_then(|e| e.last())
+            .cloned()
+            .unwrap_or(Value::Null);
         json!({ "epochs": a.sampled_epochs, "epoch_s": bench::epoch_mean(&r, "seconds"), "test_acc": last["test_acc"], "valid_acc": last["valid_acc"] })
     } else {
         Value::Null
     };
 
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
-    println!("{}: 2-layer R-GCN, hidden {}, {} epochs, block-row partitions", a.graph, a.hidden, a.epochs);
-    println!("{:<16} {:>5} {:>9} {:>12} {:>10} {:>12} {:>12} {:>9}", "setting", "nodes", "test_acc", "forward MB", "vs none", "backward MB", "skipped", "cache MB");
+    println!(
+        "{}: 2-layer R-GCN, hidden {}, {} epochs, block-row partitions",
+        a.graph, a.hidden, a.epochs
+    );
+    println!(
+        "{:<16} {:>5} {:>9} {:>12} {:>10} {:>12} {:>12} {:>9}",
+        "setting",
+        "nodes",
+        "test_acc",
+        "forward MB",
+        "vs none",
+        "backward MB",
+        "skipped",
+        "cache MB"
+    );
     let mut checks = Vec::new();
     for r in &accuracy {
         let k = r["nodes"].as_u64().unwrap_or(0);
-        let base = accuracy.iter().find(|b| b["nodes"] == r["nodes"] && b["setting"] == "none");
-        let ratio = base.map_or(f64::NAN, |b| f(r, "forward_bytes") / f(b, "forward_bytes").max(1.0));
+        let base = accuracy
+            .iter()
+            .find(|b| b["nodes"] == r["nodes"] && b["setting"] == "none");
+        let ratio = base.map_or(f64::NAN, |b| {
+            f(r, "forward_bytes") / f(b, "forward_bytes").max(1.0)
+        });
         let drop = base.map_or(f64::NAN, |b| 100.0 * (f(b, "test_acc") - f(r, "test_acc")));
         println!(
             "{:<16} {k:>5} {:>9.4} {:>12.1} {:>10.3} {:>12.1} {:>12} {:>9.1}",
@@ -236,15 +338,27 @@ fn main() -> anyhow::Result<()> {
             f(r, "forward_bytes") / 1e6,
             ratio,
             f(r, "backward_bytes") / 1e6,
-            format!("{}/{}", r["skipped"], r["sent"].as_u64().unwrap_or(0) + r["skipped"].as_u64().unwrap_or(0)),
+            format!(
+                "{}/{}",
+                r["skipped"],
+                r["sent"].as_u64().unwrap_or(0) + r["skipped"].as_u64().unwrap_or(0)
+            ),
             f(r, "cache_bytes") / 1e6
         );
         checks.push(json!({ "setting": r["setting"], "nodes": k, "forward_bytes_vs_none": ratio, "test_acc_drop_points": drop }));
     }
     if !timed.is_empty() {
-        println!("{:<16} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10}", "timed", "nodes", "link", "epoch_s", "compute", "comm", "vs none");
+        println!(
+            "{:<16} {:>5} {:>10} {:>9} {:>9} {:>9} {:>10}",
+            "timed", "nodes", "link", "epoch_s", "compute", "comm", "vs none"
+        );
         for r in &timed {
-            let base = timed.iter().find(|b| b["nodes"] == r["nodes"] && b["bandwidth"] == r["bandwidth"] && b["round"] == r["round"] && b["setting"] == "none");
+            let base = timed.iter().find(|b| {
+                b["nodes"] == r["nodes"]
+                    && b["bandwidth"] == r["bandwidth"]
+                    && b["round"] == r["round"]
+                    && b["setting"] == "none"
+            });
             let ratio = base.map_or(f64::NAN, |b| f(r, "epoch_s") / f(b, "epoch_s").max(1e-12));
             println!(
                 "{:<16} {:>5} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>10.3}",
@@ -260,9 +374,20 @@ fn main() -> anyhow::Result<()> {
         }
         if a.repeat > 1 {
             for r in timed.iter().filter(|r| r["round"] == 0) {
-                let v: Vec<f64> =
-                    checks.iter().filter(|c| c["setting"] == r["setting"] && c["nodes"] == r["nodes"] && c["bandwidth"] == r["bandwidth"]).filter_map(|c| c["epoch_time_vs_none"].as_f64()).collect();
-                let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                let v: Vec<f64> = checks
+                    .iter()
+                    .filter(|c| {
+                        c["setting"] == r["setting"]
+                            && c["nodes"] == r["nodes"]
+                            && c["bandwidth"] == r["bandwidth"]
+                    })
+                    .filter_map(|c| c["epoch_time_vs_none"].as_f64())
+                    .collect();
+                let (lo, hi) = v
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                        (lo.min(x), hi.max(x))
+                    });
                 println!(
                     "{} on {} nodes at {}: {lo:.3}-{hi:.3}x the baseline's epoch time over {} rounds",
                     r["setting"].as_str().unwrap_or(""),
@@ -276,7 +401,10 @@ fn main() -> anyhow::Result<()> {
     if !sampled.is_null() {
         println!("sampled single-process (fanouts 25,20, batch 1024): {:.3} s/epoch, test_acc {:.4} after {} epochs", f(&sampled, "epoch_s"), f(&sampled, "test_acc"), a.sampled_epochs);
     }
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/full-graph-{}.json", a.graph)));
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench/results/full-graph-{}.json", a.graph)));
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }

@@ -62,7 +62,11 @@ fn ids(rows: usize, n: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Seconds per batch (min, median) of `f`, the device synchronised after each.
-fn time(device: &Device, repeat: usize, mut f: impl FnMut(usize) -> candle_core::Result<Tensor>) -> anyhow::Result<(f64, f64)> {
+fn time(
+    device: &Device,
+    repeat: usize,
+    mut f: impl FnMut(usize) -> candle_core::Result<Tensor>,
+) -> anyhow::Result<(f64, f64)> {
     f(0)?;
     device.synchronize()?;
     let mut s = Vec::with_capacity(repeat);
@@ -78,32 +82,76 @@ fn time(device: &Device, repeat: usize, mut f: impl FnMut(usize) -> candle_core:
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    anyhow::ensure!(a.rows > 0 && a.dim > 0 && a.batch > 0 && a.repeat > 0, "--rows, --dim, --batch and --repeat must be positive");
+    anyhow::ensure!(
+        a.rows > 0 && a.dim > 0 && a.batch > 0 && a.repeat > 0,
+        "--rows, --dim, --batch and --repeat must be positive"
+    );
     let device = actors::device::open(&a.device)?;
-    let table = Tensor::randn(0f32, 1f32, (a.rows, a.dim), &device).context("the table")?.to_dtype(DType::F32)?;
+    let table = Tensor::randn(0f32, 1f32, (a.rows, a.dim), &device)
+        .context("the table")?
+        .to_dtype(DType::F32)?;
     // A few batches' ids, cycled, so caches see different rows each time.
-    let batches: Vec<Vec<u32>> = (0..4).map(|k| ids(a.rows, a.batch, 0x9E37_79B9 + k)).collect();
-    let on_device: Vec<Tensor> = batches.iter().map(|b| Tensor::from_slice(b, b.len(), &device)).collect::<candle_core::Result<_>>()?;
+    let batches: Vec<Vec<u32>> = (0..4)
+        .map(|k| ids(a.rows, a.batch, 0x9E37_79B9 + k))
+        .collect();
+    let on_device: Vec<Tensor> = batches
+        .iter()
+        .map(|b| Tensor::from_slice(b, b.len(), &device))
+        .collect::<candle_core::Result<_>>()?;
     let n = batches[0].len();
     let bytes = (2 * n * a.dim * 4) as f64;
     let floor = bytes / a.bandwidth;
-    let (kernel_min, kernel_med) = time(&device, a.repeat, |r| table.index_select(&on_device[r % 4], 0))?;
+    let (kernel_min, kernel_med) = time(&device, a.repeat, |r| {
+        table.index_select(&on_device[r % 4], 0)
+    })?;
     let (step_min, step_med) = time(&device, a.repeat, |r| {
         let b = &batches[r % 4];
         table.index_select(&Tensor::from_slice(b, b.len(), &device)?, 0)
     })?;
-    let (take_min, take_med) = time(&device, a.repeat, |r| models::ops::take_rows(&table, &batches[r % 4]))?;
+    let (take_min, take_med) = time(&device, a.repeat, |r| {
+        models::ops::take_rows(&table, &batches[r % 4])
+    })?;
     // What the uploads and the device's own copies cost alone: the ids'
     // upload (to take from take_rows' time) and a contiguous copy of as many
     // rows (the bandwidth a gather could reach, with nothing scattered).
-    let (up_min, up_med) = time(&device, a.repeat, |r| Tensor::from_slice(&batches[r % 4], n, &device))?;
-    let (copy_min, copy_med) = time(&device, a.repeat, |r| table.narrow(0, (r % 4) * (a.rows - n) / 4, n)?.force_contiguous())?;
-    println!("{} rows of {} f32 from a table of {} on {}: {:.1} MB moved, floor {:.1} us at {:.2} TB/s", n, a.dim, a.rows, a.device, bytes / 1e6, floor * 1e6, a.bandwidth / 1e12);
-    println!("  index_select, ids on the device: min {:.1} us, median {:.1} us = {:.2}x the floor", kernel_min * 1e6, kernel_med * 1e6, kernel_med / floor);
-    println!("  ids uploaded first (as a step does): min {:.1} us, median {:.1} us = {:.2}x the floor", step_min * 1e6, step_med * 1e6, step_med / floor);
+    let (up_min, up_med) = time(&device, a.repeat, |r| {
+        Tensor::from_slice(&batches[r % 4], n, &device)
+    })?;
+    let (copy_min, copy_med) = time(&device, a.repeat, |r| {
+        table
+            .narrow(0, (r % 4) * (a.rows - n) / 4, n)?
+            .force_contiguous()
+    })?;
+    println!(
+        "{} rows of {} f32 from a table of {} on {}: {:.1} MB moved, floor {:.1} us at {:.2} TB/s",
+        n,
+        a.dim,
+        a.rows,
+        a.device,
+        bytes / 1e6,
+        floor * 1e6,
+        a.bandwidth / 1e12
+    );
+    println!(
+        "  index_select, ids on the device: min {:.1} us, median {:.1} us = {:.2}x the floor",
+        kernel_min * 1e6,
+        kernel_med * 1e6,
+        kernel_med / floor
+    );
+    println!(
+        "  ids uploaded first (as a step does): min {:.1} us, median {:.1} us = {:.2}x the floor",
+        step_min * 1e6,
+        step_med * 1e6,
+        step_med / floor
+    );
     println!("  models::ops::take_rows (what the cache uses; ids uploaded): min {:.1} us, median {:.1} us = {:.2}x the floor", take_min * 1e6, take_med * 1e6, take_med / floor);
     println!("  the ids' upload alone: min {:.1} us, median {:.1} us; take_rows less it: {:.2}x the floor", up_min * 1e6, up_med * 1e6, (take_med - up_med).max(0.0) / floor);
-    println!("  a contiguous copy of as many rows: min {:.1} us, median {:.1} us = {:.2}x the floor", copy_min * 1e6, copy_med * 1e6, copy_med / floor);
+    println!(
+        "  a contiguous copy of as many rows: min {:.1} us, median {:.1} us = {:.2}x the floor",
+        copy_min * 1e6,
+        copy_med * 1e6,
+        copy_med / floor
+    );
     let json = serde_json::json!({
         "device": a.device, "rows": a.rows, "dim": a.dim, "batch": n, "repeat": a.repeat, "bandwidth": a.bandwidth,
         "bytes_moved": bytes, "floor_s": floor,

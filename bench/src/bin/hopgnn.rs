@@ -46,7 +46,11 @@ struct Args {
     #[arg(long, default_value = "64", value_delimiter = ',')]
     hidden: Vec<usize>,
     /// Runs: random, owner, hop, hop-grad, hop-merged, hop-auto.
-    #[arg(long, default_value = "random,owner,hop,hop-grad,hop-merged", value_delimiter = ',')]
+    #[arg(
+        long,
+        default_value = "random,owner,hop,hop-grad,hop-merged",
+        value_delimiter = ','
+    )]
     runs: Vec<String>,
     /// Epochs per run (figures are means over them).
     #[arg(long, default_value_t = 2)]
@@ -72,11 +76,22 @@ fn summary(r: &Value, label: &str) -> Value {
     let epochs = r["epochs"].as_array().cloned().unwrap_or_default();
     let mean = |k: &str| bench::epoch_mean(r, k);
     // A kind's bytes both ways: the requests and their replies (feature rows come back as `pull.reply`).
-    let kind = |k: &str| r["bytes_per_step"][k].as_f64().unwrap_or(0.0) + r["bytes_per_step"][format!("{k}.reply")].as_f64().unwrap_or(0.0);
-    let per_step: f64 = r["bytes_per_step"].as_object().map_or(0.0, |m| m.values().filter_map(Value::as_f64).sum());
+    let kind = |k: &str| {
+        r["bytes_per_step"][k].as_f64().unwrap_or(0.0)
+            + r["bytes_per_step"][format!("{k}.reply")]
+                .as_f64()
+                .unwrap_or(0.0)
+    };
+    let per_step: f64 = r["bytes_per_step"]
+        .as_object()
+        .map_or(0.0, |m| m.values().filter_map(Value::as_f64).sum());
     let hop = epochs.last().map_or(Value::Null, |e| e["hop"].clone());
     let seconds = |from: usize| {
-        let s: Vec<f64> = epochs.iter().skip(from).filter_map(|e| e["seconds"].as_f64()).collect();
+        let s: Vec<f64> = epochs
+            .iter()
+            .skip(from)
+            .filter_map(|e| e["seconds"].as_f64())
+            .collect();
         if s.is_empty() {
             Value::Null
         } else {
@@ -84,8 +99,13 @@ fn summary(r: &Value, label: &str) -> Value {
         }
     };
     // hop-auto: the epochs after the last one the examination period measured.
-    let measured = epochs.iter().rposition(|e| !e["hop"]["examined_s"].is_null());
-    let time_steps: Vec<Value> = epochs.iter().map(|e| e["hop"]["time_steps"].clone()).collect();
+    let measured = epochs
+        .iter()
+        .rposition(|e| !e["hop"]["examined_s"].is_null());
+    let time_steps: Vec<Value> = epochs
+        .iter()
+        .map(|e| e["hop"]["time_steps"].clone())
+        .collect();
     json!({
         "run": label,
         "epoch_s": mean("seconds"),
@@ -132,9 +152,23 @@ fn main() -> anyhow::Result<()> {
                     "hop-auto" => "mode = \"hopgnn\"\nhop_time_steps = \"auto\"\n".to_string(),
                     other => bail!("--runs {other}: expected random, owner, hop, hop-grad, hop-merged or hop-auto"),
                 };
-                let training = format!("{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n", parts.display().to_string(), a.epochs, a.batch);
-                eprintln!("{run}, {k} nodes, hidden {hidden}, round {rep}, {} epochs", a.epochs);
-                let r = a.links.launch(&bin, w, k, &training, &format!("{run}-{k}-h{hidden}-{rep}.json"))?;
+                let training = format!(
+                    "{mode}partitions = {:?}\nepochs = {}\nbatch = {}\nhidden = {hidden}\n",
+                    parts.display().to_string(),
+                    a.epochs,
+                    a.batch
+                );
+                eprintln!(
+                    "{run}, {k} nodes, hidden {hidden}, round {rep}, {} epochs",
+                    a.epochs
+                );
+                let r = a.links.launch(
+                    &bin,
+                    w,
+                    k,
+                    &training,
+                    &format!("{run}-{k}-h{hidden}-{rep}.json"),
+                )?;
                 let mut row = summary(&r, &format!("{run} x{k} h{hidden}"));
                 row["round"] = json!(rep);
                 rows.push(row);
@@ -142,10 +176,25 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    println!("{}, fanouts 25,20, batch {}, METIS partitions; links {} + {} ms", a.graph, a.batch, a.links.bandwidth, a.links.delay_ms);
+    println!(
+        "{}, fanouts 25,20, batch {}, METIS partitions; links {} + {} ms",
+        a.graph, a.batch, a.links.bandwidth, a.links.delay_ms
+    );
     println!(
         "{:<22} {:>8} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9} {:>8} {:>9} {:>8} {:>7} {:>8}",
-        "run", "epoch_s", "steady_s", "sample", "gather", "compute", "comm", "MB/step", "pull MB", "rows/step", "migr MB", "R_micro", "test_acc"
+        "run",
+        "epoch_s",
+        "steady_s",
+        "sample",
+        "gather",
+        "compute",
+        "comm",
+        "MB/step",
+        "pull MB",
+        "rows/step",
+        "migr MB",
+        "R_micro",
+        "test_acc"
     );
     let f = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
     for r in &rows {
@@ -168,29 +217,63 @@ fn main() -> anyhow::Result<()> {
         );
     }
     // Micrograph locality per node type (the paper's Table 1), from each node count's hop run.
-    for r in rows.iter().filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop x"))) {
+    for r in rows
+        .iter()
+        .filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop x")))
+    {
         if let Some(loc) = r["hop"]["locality"].as_object() {
-            let per: Vec<String> = loc.iter().map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0))).collect();
-            println!("{}: micrograph locality per node type: {}", r["run"].as_str().unwrap_or(""), per.join(", "));
+            let per: Vec<String> = loc
+                .iter()
+                .map(|(k, v)| format!("{k} {:.3}", v.as_f64().unwrap_or(0.0)))
+                .collect();
+            println!(
+                "{}: micrograph locality per node type: {}",
+                r["run"].as_str().unwrap_or(""),
+                per.join(", ")
+            );
         }
     }
-    for r in rows.iter().filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop-auto"))) {
-        let steps: Vec<String> = r["time_steps_per_epoch"].as_array().map_or(Vec::new(), |v| v.iter().map(|t| t.to_string()).collect());
-        let settled = r["settled_s"].as_f64().map_or("not settled: give more epochs".to_string(), |t| format!("{t:.2} s per epoch once settled"));
-        println!("{}: time steps per epoch {}; {settled}", r["run"].as_str().unwrap_or(""), steps.join(" "));
+    for r in rows
+        .iter()
+        .filter(|r| r["run"].as_str().is_some_and(|l| l.starts_with("hop-auto")))
+    {
+        let steps: Vec<String> = r["time_steps_per_epoch"]
+            .as_array()
+            .map_or(Vec::new(), |v| v.iter().map(|t| t.to_string()).collect());
+        let settled = r["settled_s"]
+            .as_f64()
+            .map_or("not settled: give more epochs".to_string(), |t| {
+                format!("{t:.2} s per epoch once settled")
+            });
+        println!(
+            "{}: time steps per epoch {}; {settled}",
+            r["run"].as_str().unwrap_or(""),
+            steps.join(" ")
+        );
     }
-    let find = |label: &str, rep: usize| rows.iter().find(|r| r["run"] == label && r["round"] == rep);
+    let find =
+        |label: &str, rep: usize| rows.iter().find(|r| r["run"] == label && r["round"] == rep);
     // Epoch times compared: every epoch but the first; hop-auto's once settled.
-    let time = |r: &Value| r["settled_s"].as_f64().or(r["steady_s"].as_f64()).unwrap_or(f64::NAN);
+    let time = |r: &Value| {
+        r["settled_s"]
+            .as_f64()
+            .or(r["steady_s"].as_f64())
+            .unwrap_or(f64::NAN)
+    };
     let mut checks = Vec::new();
     for &k in &a.nodes {
-        for (hidden, rep) in a.hidden.iter().flat_map(|&h| (0..a.repeat).map(move |rep| (h, rep))) {
+        for (hidden, rep) in a
+            .hidden
+            .iter()
+            .flat_map(|&h| (0..a.repeat).map(move |rep| (h, rep)))
+        {
             let run = |v: &str| find(&format!("{v} x{k} h{hidden}"), rep);
             let mut check = json!({ "nodes": k, "hidden": hidden, "round": rep });
             if let (Some(hop), Some(random)) = (run("hop"), run("random")) {
                 let r_micro = 1.0 - hop["hop"]["remote_row_rate"].as_f64().unwrap_or(1.0);
                 let bound = (1.0 - r_micro) / (1.0 - 1.0 / k as f64);
-                let ratio = f(hop, "remote_rows_per_step") / f(random, "remote_rows_per_step").max(1e-12);
+                let ratio =
+                    f(hop, "remote_rows_per_step") / f(random, "remote_rows_per_step").max(1e-12);
                 let bytes = f(hop, "pull_mb_per_step") / f(random, "pull_mb_per_step").max(1e-12);
                 let t = time(hop) / time(random);
                 println!(
@@ -213,7 +296,11 @@ fn main() -> anyhow::Result<()> {
                 check["epoch_ratio_vs_owner"] = json!(t);
             }
             if let Some(auto) = run("hop-auto") {
-                let steps = auto["time_steps_per_epoch"].as_array().and_then(|v| v.last()).cloned().unwrap_or(Value::Null);
+                let steps = auto["time_steps_per_epoch"]
+                    .as_array()
+                    .and_then(|v| v.last())
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 let vs = |v: &str| run(v).map(|r| time(auto) / time(r));
                 let say = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}x"));
                 println!(
@@ -226,7 +313,11 @@ fn main() -> anyhow::Result<()> {
                 check["auto_epoch_ratio_vs_random"] = json!(vs("random"));
                 check["auto_epoch_ratio_vs_owner"] = json!(vs("owner"));
             }
-            let best = ["hop", "hop-grad", "hop-merged", "hop-auto"].iter().filter_map(|v| run(v)).map(time).fold(f64::INFINITY, f64::min);
+            let best = ["hop", "hop-grad", "hop-merged", "hop-auto"]
+                .iter()
+                .filter_map(|v| run(v))
+                .map(time)
+                .fold(f64::INFINITY, f64::min);
             if let Some(owner) = run("owner").filter(|_| best.is_finite()) {
                 check["best_epoch_ratio_vs_owner"] = json!(best / time(owner));
             }
@@ -237,18 +328,37 @@ fn main() -> anyhow::Result<()> {
     if a.repeat > 1 {
         for &k in &a.nodes {
             for &hidden in &a.hidden {
-                let mine: Vec<&Value> = checks.iter().filter(|c| c["nodes"] == k && c["hidden"] == hidden).collect();
-                for key in ["epoch_ratio_vs_random", "epoch_ratio_vs_owner", "auto_epoch_ratio_vs_random", "auto_epoch_ratio_vs_owner", "best_epoch_ratio_vs_owner"] {
+                let mine: Vec<&Value> = checks
+                    .iter()
+                    .filter(|c| c["nodes"] == k && c["hidden"] == hidden)
+                    .collect();
+                for key in [
+                    "epoch_ratio_vs_random",
+                    "epoch_ratio_vs_owner",
+                    "auto_epoch_ratio_vs_random",
+                    "auto_epoch_ratio_vs_owner",
+                    "best_epoch_ratio_vs_owner",
+                ] {
                     let v: Vec<f64> = mine.iter().filter_map(|c| c[key].as_f64()).collect();
                     if !v.is_empty() {
-                        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-                        println!("{k} nodes, hidden {hidden}: {key} {lo:.2}-{hi:.2} over {} rounds", v.len());
+                        let (lo, hi) = v
+                            .iter()
+                            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                                (lo.min(x), hi.max(x))
+                            });
+                        println!(
+                            "{k} nodes, hidden {hidden}: {key} {lo:.2}-{hi:.2} over {} rounds",
+                            v.len()
+                        );
                     }
                 }
             }
         }
     }
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/hopgnn-{}.json", a.graph)));
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench/results/hopgnn-{}.json", a.graph)));
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }

@@ -58,30 +58,70 @@ const RELATION: &str = "author__writes__paper";
 /// Writes the split as DGL reads it: `[3, n]` int64 (relation, source,
 /// destination) per split, and `[n, k]` evaluation negatives.
 fn write_split(data: &Path, dir: &Path, a: &Args) -> anyhow::Result<(u64, u64, u64)> {
-    let g = graphs::load(data, &graphs::LoadOptions { mmap_features: true, reverse_edges: false })?;
+    let g = graphs::load(
+        data,
+        &graphs::LoadOptions {
+            mmap_features: true,
+            reverse_edges: false,
+        },
+    )?;
     // The split `hetgnn` draws under the same overrides.
-    let mut o = vec!["training.task=\"link-prediction\"".to_string(), format!("training.target_relations=[{RELATION:?}]")];
+    let mut o = vec![
+        "training.task=\"link-prediction\"".to_string(),
+        format!("training.target_relations=[{RELATION:?}]"),
+    ];
     o.extend(a.set.iter().cloned());
     let cfg = Config::parse("", &o)?;
     let spec = cfg.training.split_spec();
     let e = LinkEdges::split(&g, &[RELATION.into()], &spec)?;
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("relations.json"), serde_json::to_string(&[RELATION])?)?;
+    std::fs::write(
+        dir.join("relations.json"),
+        serde_json::to_string(&[RELATION])?,
+    )?;
     let rel = g.relation(e.relations[0]);
     let count = g.node_type(rel.dst).count;
-    let flat = |l: &EdgeList| -> Vec<i64> { l.rel.iter().map(|&r| i64::from(r)).chain(l.src.iter().map(|&v| i64::from(v))).chain(l.dst.iter().map(|&v| i64::from(v))).collect() };
+    let flat = |l: &EdgeList| -> Vec<i64> {
+        l.rel
+            .iter()
+            .map(|&r| i64::from(r))
+            .chain(l.src.iter().map(|&v| i64::from(v)))
+            .chain(l.dst.iter().map(|&v| i64::from(v)))
+            .collect()
+    };
     for (name, l) in [("train", &e.train), ("valid", &e.valid), ("test", &e.test)] {
-        graphs::npy::write_i64(&dir.join(format!("{name}.npy")), &[3, l.len() as u64], &flat(l))?;
+        graphs::npy::write_i64(
+            &dir.join(format!("{name}.npy")),
+            &[3, l.len() as u64],
+            &flat(l),
+        )?;
         if name != "train" {
-            let negs: Vec<i64> = (0..l.len()).flat_map(|i| eval_negatives(rel.key(), l.src[i], l.dst[i], a.eval_negatives, count)).map(i64::from).collect();
-            graphs::npy::write_i64(&dir.join(format!("{name}_neg.npy")), &[l.len() as u64, a.eval_negatives as u64], &negs)?;
+            let negs: Vec<i64> = (0..l.len())
+                .flat_map(|i| {
+                    eval_negatives(rel.key(), l.src[i], l.dst[i], a.eval_negatives, count)
+                })
+                .map(i64::from)
+                .collect();
+            graphs::npy::write_i64(
+                &dir.join(format!("{name}_neg.npy")),
+                &[l.len() as u64, a.eval_negatives as u64],
+                &negs,
+            )?;
         }
     }
-    Ok((e.train.len() as u64, e.valid.len() as u64, e.test.len() as u64))
+    Ok((
+        e.train.len() as u64,
+        e.valid.len() as u64,
+        e.test.len() as u64,
+    ))
 }
 
 /// One hetgnn run: (mean epoch seconds, final test metrics, final valid MRR).
-fn hetgnn(data: &Path, seed: u64, a: &Args) -> anyhow::Result<(f64, actors::task::link::LinkEpoch, Vec<actors::EpochReport>)> {
+fn hetgnn(
+    data: &Path,
+    seed: u64,
+    a: &Args,
+) -> anyhow::Result<(f64, actors::task::link::LinkEpoch, Vec<actors::EpochReport>)> {
     let mut o = vec![
         format!("training.data={:?}", data.display().to_string()),
         "training.task=\"link-prediction\"".into(),
@@ -97,30 +137,68 @@ fn hetgnn(data: &Path, seed: u64, a: &Args) -> anyhow::Result<(f64, actors::task
     let (report, _) = actors::train(&cfg, &mut ())?;
     let n = report.epochs.len().max(1) as f64;
     let secs = report.epochs.iter().map(|e| e.time.seconds).sum::<f64>() / n;
-    let last = report.epochs.last().and_then(|e| e.link).context("no link figures")?;
+    let last = report
+        .epochs
+        .last()
+        .and_then(|e| e.link)
+        .context("no link figures")?;
     Ok((secs, last, report.epochs))
 }
 
-fn dgl(python: &Path, data: &Path, split: &Path, seed: u64, a: &Args, threads: usize) -> anyhow::Result<serde_json::Value> {
+fn dgl(
+    python: &Path,
+    data: &Path,
+    split: &Path,
+    seed: u64,
+    a: &Args,
+    threads: usize,
+) -> anyhow::Result<serde_json::Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/dgl_link.py");
     let out = Command::new(python)
         .arg(&script)
-        .args(["--data", &data.display().to_string(), "--split", &split.display().to_string()])
-        .args(["--epochs", &a.epochs.to_string(), "--batch", &a.batch.to_string(), "--negatives", &a.negatives.to_string()])
-        .args(["--seed", &seed.to_string(), "--threads", &threads.to_string()])
+        .args([
+            "--data",
+            &data.display().to_string(),
+            "--split",
+            &split.display().to_string(),
+        ])
+        .args([
+            "--epochs",
+            &a.epochs.to_string(),
+            "--batch",
+            &a.batch.to_string(),
+            "--negatives",
+            &a.negatives.to_string(),
+        ])
+        .args([
+            "--seed",
+            &seed.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
         .output()
         .context("running the DGL baseline")?;
     if !out.status.success() {
-        bail!("the DGL baseline failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "the DGL baseline failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let last = out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]);
+    let last = out
+        .stdout
+        .rsplit(|&b| b == b'\n')
+        .find(|l| !l.is_empty())
+        .unwrap_or(&[]);
     serde_json::from_slice(last).context("the DGL baseline's report")
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len().max(1) as f64;
     let m = v.iter().sum::<f64>() / n;
-    (m, (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt())
+    (
+        m,
+        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt(),
+    )
 }
 
 fn main() -> anyhow::Result<()> {
@@ -132,7 +210,11 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for name in &a.graphs {
         let data = match name.strip_prefix("mag-") {
-            Some(s) => bench::mag_like(s.parse().with_context(|| format!("--graphs {name}: not mag-SCALE"))?, 0)?,
+            Some(s) => bench::mag_like(
+                s.parse()
+                    .with_context(|| format!("--graphs {name}: not mag-SCALE"))?,
+                0,
+            )?,
             None if name == "heco-acm" => a.acm.clone(),
             None => bail!("--graphs {name}: expected heco-acm or mag-SCALE"),
         };
@@ -140,7 +222,8 @@ fn main() -> anyhow::Result<()> {
         let (train, valid, test) = write_split(&data, &split, &a)?;
         println!("{name}: {train} training, {valid} validation, {test} test edges ({RELATION}); {} epochs, batch {}, {} negatives", a.epochs, a.batch, a.negatives);
         let mut runs = Vec::new();
-        let (mut ours_mrr, mut theirs_mrr, mut ours_s, mut theirs_s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ours_mrr, mut theirs_mrr, mut ours_s, mut theirs_s) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for &seed in &a.seeds {
             let (secs, m, epochs) = hetgnn(&data, seed, &a)?;
             println!("  seed {seed} hetgnn: {secs:>7.2} s/epoch  test MRR {:.4}  Hits@1 {:.4}  Hits@10 {:.4}  Hits@100 {:.4}", m.test.mrr, m.test.hits1, m.test.hits10, m.test.hits100);
@@ -150,7 +233,11 @@ fn main() -> anyhow::Result<()> {
             if let Some(python) = &a.dgl {
                 let r = dgl(python, &data, &split, seed, &a, cores)?;
                 let s = bench::epoch_mean(&r, "seconds");
-                let last = r["epochs"].as_array().and_then(|e| e.last()).cloned().unwrap_or_default();
+                let last = r["epochs"]
+                    .as_array()
+                    .and_then(|e| e.last())
+                    .cloned()
+                    .unwrap_or_default();
                 let mrr = last["test"]["mrr"].as_f64().unwrap_or(f64::NAN);
                 println!(
                     "  seed {seed} dgl:    {s:>7.2} s/epoch  test MRR {mrr:.4}  Hits@1 {:.4}  Hits@10 {:.4}  Hits@100 {:.4}",
@@ -167,7 +254,10 @@ fn main() -> anyhow::Result<()> {
         let (om, osd) = mean_sd(&ours_mrr);
         let mut row = serde_json::json!({ "graph": name, "relation": RELATION, "train_edges": train, "valid_edges": valid, "test_edges": test,
             "hetgnn": { "test_mrr_mean": om, "test_mrr_sd": osd, "epoch_seconds_mean": mean_sd(&ours_s).0 }, "runs": runs });
-        println!("  hetgnn test MRR {om:.4} ± {osd:.4}, {:.2} s/epoch", mean_sd(&ours_s).0);
+        println!(
+            "  hetgnn test MRR {om:.4} ± {osd:.4}, {:.2} s/epoch",
+            mean_sd(&ours_s).0
+        );
         if !theirs_mrr.is_empty() {
             let (tm, tsd) = mean_sd(&theirs_mrr);
             let ratio = mean_sd(&ours_s).0 / mean_sd(&theirs_s).0;

@@ -53,15 +53,25 @@ struct Args {
 const NODES: [&str; 3] = ["n0", "n1", "n2"];
 
 fn hetgnn(bin: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(bin).args(args).current_dir(dir).output().with_context(|| format!("running {}", bin.display()))?;
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
     if !out.status.success() {
-        bail!("hetgnn {} failed:\n{}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "hetgnn {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One cluster run in `dir` (a fresh case directory under `root`).
@@ -71,7 +81,13 @@ struct Run {
 }
 
 impl Run {
-    fn start(bin: &Path, root: &Path, case: &str, a: &Args, every: Option<u64>) -> anyhow::Result<Run> {
+    fn start(
+        bin: &Path,
+        root: &Path,
+        case: &str,
+        a: &Args,
+        every: Option<u64>,
+    ) -> anyhow::Result<Run> {
         let dir = root.join(case);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
@@ -81,13 +97,18 @@ impl Run {
         for (id, port) in NODES.iter().zip(bench::free_ports(NODES.len())?) {
             nodes += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n");
         }
-        let ck = every.map_or(String::new(), |e| format!("checkpoint_dir = \"ck\"\ncheckpoint_every = {e}\n"));
+        let ck = every.map_or(String::new(), |e| {
+            format!("checkpoint_dir = \"ck\"\ncheckpoint_every = {e}\n")
+        });
         let text = format!(
             "[cluster]\ncerts_dir = \"../certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = {}\n{nodes}[training]\nmode = \"data-parallel\"\npartitions = \"../parts\"\nepochs = {}\nbatch = {}\nreport = \"run.json\"\n{ck}",
             a.failure_timeout_ms, a.epochs, a.batch
         );
         std::fs::write(dir.join("cluster.toml"), text)?;
-        let mut run = Run { dir, procs: Vec::new() };
+        let mut run = Run {
+            dir,
+            procs: Vec::new(),
+        };
         for id in NODES {
             run.spawn(bin, id)?;
         }
@@ -111,8 +132,17 @@ impl Run {
     fn wait_for_checkpoint(&self, step: u64) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
-            let done =
-                std::fs::read_dir(self.dir.join("ck")).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_string_lossy().strip_prefix("step-").and_then(|n| n.parse::<u64>().ok())).max();
+            let done = std::fs::read_dir(self.dir.join("ck"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .strip_prefix("step-")
+                        .and_then(|n| n.parse::<u64>().ok())
+                })
+                .max();
             if done.is_some_and(|d| d >= step) {
                 return Ok(());
             }
@@ -125,7 +155,11 @@ impl Run {
 
     /// SIGKILLs `id` and starts it again; returns the kill's Unix time in ms.
     fn kill_and_restart(&mut self, bin: &Path, id: &str) -> anyhow::Result<u64> {
-        let i = self.procs.iter().position(|(n, c)| n == id && c.id() > 0).context("no such node")?;
+        let i = self
+            .procs
+            .iter()
+            .position(|(n, c)| n == id && c.id() > 0)
+            .context("no such node")?;
         let (_, mut child) = self.procs.remove(i);
         child.kill()?;
         let at = unix_ms();
@@ -141,40 +175,77 @@ impl Run {
                 bail!("{id} failed ({status}); logs in {}", self.dir.display());
             }
         }
-        Ok(serde_json::from_str(&std::fs::read_to_string(self.dir.join("run.json"))?)?)
+        Ok(serde_json::from_str(&std::fs::read_to_string(
+            self.dir.join("run.json"),
+        )?)?)
     }
 }
 
 fn mean_epoch_s(r: &Value) -> f64 {
     let e = r["epochs"].as_array().cloned().unwrap_or_default();
-    e.iter().map(|e| e["seconds"].as_f64().unwrap_or(0.0)).sum::<f64>() / e.len().max(1) as f64
+    e.iter()
+        .map(|e| e["seconds"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / e.len().max(1) as f64
 }
 
 fn mean_checkpoint_s(r: &Value) -> f64 {
     let e = r["epochs"].as_array().cloned().unwrap_or_default();
-    e.iter().map(|e| e["checkpoint_s"].as_f64().unwrap_or(0.0)).sum::<f64>() / e.len().max(1) as f64
+    e.iter()
+        .map(|e| e["checkpoint_s"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / e.len().max(1) as f64
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
 }
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = a.hetgnn.clone().unwrap_or_else(|| repo.join("target/release/hetgnn"));
+    let bin = a
+        .hetgnn
+        .clone()
+        .unwrap_or_else(|| repo.join("target/release/hetgnn"));
     if !bin.exists() {
-        bail!("{} not found: build it first (cargo build --release)", bin.display());
+        bail!(
+            "{} not found: build it first (cargo build --release)",
+            bin.display()
+        );
     }
     let data = bench::mag_like(a.scale, 0)?;
     let root = repo.join("target/bench-recovery");
     std::fs::create_dir_all(&root)?;
     let data_s = data.display().to_string();
     if !root.join("parts/manifest.json").exists() {
-        hetgnn(&bin, &root, &["partition", "--data", &data_s, "--parts", "3", "--out", "parts"])?;
+        hetgnn(
+            &bin,
+            &root,
+            &[
+                "partition",
+                "--data",
+                &data_s,
+                "--parts",
+                "3",
+                "--out",
+                "parts",
+            ],
+        )?;
     }
     if !root.join("certs/ca.pem").exists() {
-        hetgnn(&bin, &root, &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"])?;
+        hetgnn(
+            &bin,
+            &root,
+            &["certs", "init", "--out", "certs", "--nodes", "n0,n1,n2"],
+        )?;
     }
 
     // Runs with and without checkpoints alternate, `rounds` times each; the
@@ -185,12 +256,30 @@ fn main() -> anyhow::Result<()> {
     let mut want = String::new();
     let mut steps = 0;
     for round in 0..a.rounds {
-        for (i, every) in std::iter::once(None).chain(a.every.iter().copied().map(Some)).enumerate() {
-            eprintln!("failure-free run {}, {}", round + 1, every.map_or("no checkpoints".to_string(), |e| format!("a checkpoint every {e} steps")));
-            let r = Run::start(&bin, &root, &format!("every-{}", every.unwrap_or(0)), &a, every)?;
+        for (i, every) in std::iter::once(None)
+            .chain(a.every.iter().copied().map(Some))
+            .enumerate()
+        {
+            eprintln!(
+                "failure-free run {}, {}",
+                round + 1,
+                every.map_or("no checkpoints".to_string(), |e| format!(
+                    "a checkpoint every {e} steps"
+                ))
+            );
+            let r = Run::start(
+                &bin,
+                &root,
+                &format!("every-{}", every.unwrap_or(0)),
+                &a,
+                every,
+            )?;
             let dir = r.dir.clone();
             let rep = r.finish()?;
-            let hash = rep["final_model_sha256"].as_str().unwrap_or_default().to_string();
+            let hash = rep["final_model_sha256"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             if want.is_empty() {
                 (want, steps) = (hash, rep["steps"].as_u64().unwrap_or(0));
             } else if hash != want {
@@ -201,7 +290,10 @@ fn main() -> anyhow::Result<()> {
                 let newest = std::fs::read_dir(dir.join("ck"))?
                     .flatten()
                     .map(|e| e.path())
-                    .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")))
+                    .filter(|p| {
+                        p.file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+                    })
                     .max()
                     .context("no checkpoint written")?;
                 sizes[i - 1] = dir_bytes(&newest);
@@ -231,7 +323,9 @@ fn main() -> anyhow::Result<()> {
             break;
         }
         let victim = NODES[1 + k % 2];
-        eprintln!("kill -9 {victim} after step ~{strike} and restart it (checkpoint every {every})");
+        eprintln!(
+            "kill -9 {victim} after step ~{strike} and restart it (checkpoint every {every})"
+        );
         let mut r = Run::start(&bin, &root, &format!("kill-{k}"), &a, Some(every))?;
         r.wait_for_checkpoint(strike - every / 2)?;
         // Strike a little later each time: more steps to redo.
@@ -254,9 +348,15 @@ fn main() -> anyhow::Result<()> {
         }));
     }
 
-    println!("3 node processes, mag-like S={}, batch {}, {} steps per epoch, failure timeout {} ms", a.scale, a.batch, per_epoch, a.failure_timeout_ms);
+    println!(
+        "3 node processes, mag-like S={}, batch {}, {} steps per epoch, failure timeout {} ms",
+        a.scale, a.batch, per_epoch, a.failure_timeout_ms
+    );
     println!("no checkpoints: {base:.2} s per epoch");
-    println!("{:>6} {:>9} {:>9} {:>18} {:>16} {:>18}", "every", "epoch_s", "ckpt_MB", "write_ms/ckpt", "write_ms/step", "epoch_diff_ms/step");
+    println!(
+        "{:>6} {:>9} {:>9} {:>18} {:>16} {:>18}",
+        "every", "epoch_s", "ckpt_MB", "write_ms/ckpt", "write_ms/step", "epoch_diff_ms/step"
+    );
     for c in &checkpointing {
         println!(
             "{:>6} {:>9.2} {:>9.2} {:>18.1} {:>16.2} {:>18.1}",
@@ -268,7 +368,10 @@ fn main() -> anyhow::Result<()> {
             c["epoch_s_difference_per_step_ms"].as_f64().unwrap_or(0.0)
         );
     }
-    println!("{:>7} {:>7} {:>7} {:>12} {:>11} {:>9} {:>8} {:>5}", "victim", "failed", "redone", "detection_s", "rollback_s", "resume_s", "total_s", "same");
+    println!(
+        "{:>7} {:>7} {:>7} {:>12} {:>11} {:>9} {:>8} {:>5}",
+        "victim", "failed", "redone", "detection_s", "rollback_s", "resume_s", "total_s", "same"
+    );
     for r in &recoveries {
         println!(
             "{:>7} {:>7} {:>7} {:>12.2} {:>11.2} {:>9.2} {:>8.2} {:>5}",

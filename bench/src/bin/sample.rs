@@ -46,8 +46,15 @@ struct Run {
     batches: usize,
 }
 
-fn run(g: &graphs::HetGraph, batches: &[Vec<u32>], fanouts: &[usize], threads: usize) -> anyhow::Result<Run> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+fn run(
+    g: &graphs::HetGraph,
+    batches: &[Vec<u32>],
+    fanouts: &[usize],
+    threads: usize,
+) -> anyhow::Result<Run> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let start = Instant::now();
     let per_thread: Vec<anyhow::Result<(u64, u64)>> = pool.install(|| {
         batches
@@ -72,7 +79,12 @@ fn run(g: &graphs::HetGraph, batches: &[Vec<u32>], fanouts: &[usize], threads: u
         edges += e;
         nodes += n;
     }
-    Ok(Run { seconds, edges, nodes, batches: batches.len() })
+    Ok(Run {
+        seconds,
+        edges,
+        nodes,
+        batches: batches.len(),
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,7 +94,14 @@ fn main() -> anyhow::Result<()> {
         None => bench::mag_like(args.scale, 0)?,
     };
     let t = Instant::now();
-    let g = load(&dir, &LoadOptions { mmap_features: true, reverse_edges: true }).with_context(|| format!("loading {}", dir.display()))?;
+    let g = load(
+        &dir,
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges: true,
+        },
+    )
+    .with_context(|| format!("loading {}", dir.display()))?;
     let load_s = t.elapsed().as_secs_f64();
     let (_, splits) = g.target_labels();
     let mut batches = epoch_batches(&splits.train, args.batch, 0, 0);
@@ -90,8 +109,17 @@ fn main() -> anyhow::Result<()> {
         batches.truncate(n);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("graph {} ({} relations incl. reverse), loaded in {load_s:.2}s", g.name(), g.relations().len());
-    println!("fanouts {:?}, batch {}, {} batches, {cores} cores", args.fanouts, args.batch, batches.len());
+    println!(
+        "graph {} ({} relations incl. reverse), loaded in {load_s:.2}s",
+        g.name(),
+        g.relations().len()
+    );
+    println!(
+        "fanouts {:?}, batch {}, {} batches, {cores} cores",
+        args.fanouts,
+        args.batch,
+        batches.len()
+    );
 
     // Warm-up pass so page faults of the mapping do not count.
     run(&g, &batches[..batches.len().min(2)], &args.fanouts, 1)?;
@@ -128,7 +156,8 @@ fn main() -> anyhow::Result<()> {
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", args.out.display()))?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote {}", args.out.display());
     Ok(())
 }

@@ -55,8 +55,12 @@ struct Args {
 
 fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
     let data = bench::mag_like(scale, 0)?;
-    let overrides =
-        vec![format!("training.data={:?}", data.display().to_string()), format!("training.epochs={}", a.epochs), format!("training.model={}", a.model), format!("training.device={:?}", a.device)];
+    let overrides = vec![
+        format!("training.data={:?}", data.display().to_string()),
+        format!("training.epochs={}", a.epochs),
+        format!("training.model={}", a.model),
+        format!("training.device={:?}", a.device),
+    ];
     let overrides: Vec<String> = overrides.into_iter().chain(a.set.iter().cloned()).collect();
     let cfg = Config::parse("", &overrides)?;
     let (report, _) = actors::train(&cfg, &mut ())?;
@@ -65,21 +69,49 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
 }
 
 /// Runs the baseline `script` (under bench/baselines/) on `data` with `python` and returns its JSON report.
-fn baseline(python: &std::path::Path, script: &str, data: &std::path::Path, epochs: u64, threads: usize, extra: &[&str]) -> anyhow::Result<serde_json::Value> {
+fn baseline(
+    python: &std::path::Path,
+    script: &str,
+    data: &std::path::Path,
+    epochs: u64,
+    threads: usize,
+    extra: &[&str],
+) -> anyhow::Result<serde_json::Value> {
     // The build's checkout, or (a binary carried to another machine) the current directory's.
-    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines").join(script);
-    let script = if built.exists() { built } else { std::path::Path::new("bench/baselines").join(script) };
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("baselines")
+        .join(script);
+    let script = if built.exists() {
+        built
+    } else {
+        std::path::Path::new("bench/baselines").join(script)
+    };
     let out = Command::new(python)
         .arg(&script)
-        .args(["--data", &data.display().to_string(), "--epochs", &epochs.to_string(), "--threads", &threads.to_string()])
+        .args([
+            "--data",
+            &data.display().to_string(),
+            "--epochs",
+            &epochs.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
         .args(extra)
         .env("OMP_NUM_THREADS", threads.to_string())
         .output()
         .with_context(|| format!("running {} {}", python.display(), script.display()))?;
     if !out.status.success() {
-        bail!("the baseline {} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "the baseline {} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let last = out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]);
+    let last = out
+        .stdout
+        .rsplit(|&b| b == b'\n')
+        .find(|l| !l.is_empty())
+        .unwrap_or(&[]);
     serde_json::from_slice(last).with_context(|| format!("the report of {}", script.display()))
 }
 
@@ -92,25 +124,57 @@ fn main() -> anyhow::Result<()> {
         return child(&a, scale);
     }
     if (a.dgl.is_some() || a.pyg.is_some()) && a.model != "rgcn" {
-        bail!("--dgl and --pyg compare R-GCN only (got --model {})", a.model);
+        bail!(
+            "--dgl and --pyg compare R-GCN only (got --model {})",
+            a.model
+        );
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
-    println!("{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}", "scale", "steps", "epoch_s", "sample", "gather", "compute", "update", "peak_MiB", "test_acc");
+    println!(
+        "{:>6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9}",
+        "scale",
+        "steps",
+        "epoch_s",
+        "sample",
+        "gather",
+        "compute",
+        "update",
+        "peak_MiB",
+        "test_acc"
+    );
     for &scale in &a.scales {
         let sets = a.set.iter().flat_map(|s| ["--set", s.as_str()]);
         let out = Command::new(&exe)
-            .args(["--child", &scale.to_string(), "--epochs", &a.epochs.to_string(), "--model", &a.model, "--device", &a.device])
+            .args([
+                "--child",
+                &scale.to_string(),
+                "--epochs",
+                &a.epochs.to_string(),
+                "--model",
+                &a.model,
+                "--device",
+                &a.device,
+            ])
             .args(sets)
             .output()
             .context("running a child benchmark")?;
         if !out.status.success() {
-            bail!("scale {scale} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "scale {scale} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
-        let report: actors::Report = serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap_or(&[]))?;
+        let report: actors::Report = serde_json::from_slice(
+            out.stdout
+                .rsplit(|&b| b == b'\n')
+                .find(|l| !l.is_empty())
+                .unwrap_or(&[]),
+        )?;
         let n = report.epochs.len() as f64;
-        let mean = |f: fn(&actors::EpochReport) -> f64| report.epochs.iter().map(f).sum::<f64>() / n;
+        let mean =
+            |f: fn(&actors::EpochReport) -> f64| report.epochs.iter().map(f).sum::<f64>() / n;
         let last = report.epochs.last().context("no epochs")?;
         let peak = report.peak_memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
         println!(
@@ -129,12 +193,31 @@ fn main() -> anyhow::Result<()> {
             "compute_s": mean(|e| e.time.compute_s), "update_s": mean(|e| e.time.update_s),
             "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
         });
-        let peers = [("dgl", "dgl_rgcn.py", &a.dgl, vec![]), ("pyg", "pyg_rgcn.py", &a.pyg, vec!["--device", a.device.as_str()])];
+        let peers = [
+            ("dgl", "dgl_rgcn.py", &a.dgl, vec![]),
+            (
+                "pyg",
+                "pyg_rgcn.py",
+                &a.pyg,
+                vec!["--device", a.device.as_str()],
+            ),
+        ];
         for (name, script, python, extra) in peers {
             let Some(python) = python else { continue };
-            let theirs = baseline(python, script, &bench::mag_like(scale, 0)?, a.epochs, cores, &extra)?;
+            let theirs = baseline(
+                python,
+                script,
+                &bench::mag_like(scale, 0)?,
+                a.epochs,
+                cores,
+                &extra,
+            )?;
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
-            let test = theirs["epochs"].as_array().and_then(|e| e.last()).and_then(|e| e["test_acc"].as_f64()).unwrap_or(f64::NAN);
+            let test = theirs["epochs"]
+                .as_array()
+                .and_then(|e| e.last())
+                .and_then(|e| e["test_acc"].as_f64())
+                .unwrap_or(f64::NAN);
             let ratio = mean(|e| e.time.seconds) / epoch_s;
             println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/{name} time {ratio:.2}x, test accuracy {:+.4}", "", theirs[name], last.test_acc.unwrap_or(f64::NAN) - test);
             row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,

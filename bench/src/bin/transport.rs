@@ -95,7 +95,16 @@ impl Handler<Deliver<Pull>> for Sink {
 
 fn topology(certs: &std::path::Path) -> Topology {
     let ports = bench::free_ports(2).unwrap_or_else(|_| vec![0, 0]);
-    let nodes = ["n0", "n1"].iter().zip(ports).map(|(id, port)| NodeSpec { id: id.to_string(), addr: format!("127.0.0.1:{port}"), cert: None, key: None }).collect();
+    let nodes = ["n0", "n1"]
+        .iter()
+        .zip(ports)
+        .map(|(id, port)| NodeSpec {
+            id: id.to_string(),
+            addr: format!("127.0.0.1:{port}"),
+            cert: None,
+            key: None,
+        })
+        .collect();
     let mut t = Topology::new(ClusterConfig {
         certs_dir: certs.to_path_buf(),
         metrics_addr: None,
@@ -112,7 +121,11 @@ fn topology(certs: &std::path::Path) -> Topology {
 
 fn blob(bytes: usize) -> anyhow::Result<Blob> {
     let data: Vec<u8> = (0..bytes).map(|i| (i * 31 % 251) as u8).collect();
-    Ok(Blob(TensorPayload::new(runtime::wire::WireDType::F32, &[(bytes / 4) as u64], data)?))
+    Ok(Blob(TensorPayload::new(
+        runtime::wire::WireDType::F32,
+        &[(bytes / 4) as u64],
+        data,
+    )?))
 }
 
 fn stats(mut v: Vec<f64>) -> (f64, f64) {
@@ -153,7 +166,9 @@ fn tcp_throughput(bytes: usize, count: usize) -> anyhow::Result<f64> {
         c.read_exact(&mut ack)?;
     }
     let secs = start.elapsed().as_secs_f64();
-    server.join().map_err(|_| anyhow::anyhow!("tcp server panicked"))??;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("tcp server panicked"))??;
     Ok((bytes * count) as f64 / secs)
 }
 
@@ -180,7 +195,9 @@ fn tcp_latency(count: usize) -> anyhow::Result<Vec<f64>> {
         c.read_exact(&mut buf)?;
         out.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    server.join().map_err(|_| anyhow::anyhow!("tcp server panicked"))??;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("tcp server panicked"))??;
     Ok(out)
 }
 
@@ -217,7 +234,10 @@ fn main() -> anyhow::Result<()> {
             node.shutdown().await;
         })
     });
-    ready_rx.recv().context("receiver thread")?.map_err(|e| anyhow::anyhow!(e))?;
+    ready_rx
+        .recv()
+        .context("receiver thread")?
+        .map_err(|e| anyhow::anyhow!(e))?;
 
     let report = actix_rt::System::new().block_on(async move {
         let node = Node::start(topo.clone(), "n0").await?;
@@ -317,7 +337,8 @@ fn main() -> anyhow::Result<()> {
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", args.out.display()))?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote {}", args.out.display());
     Ok(())
 }

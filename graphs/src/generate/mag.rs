@@ -90,10 +90,42 @@ struct RelationPlan {
 }
 
 const RELATIONS: [(&str, RelationPlan); 4] = [
-    ("affiliated_with", RelationPlan { src: AUTHOR, dst: INSTITUTION, same_class: AFFILIATION_SAME_CLASS, popular_src: false }),
-    ("writes", RelationPlan { src: AUTHOR, dst: PAPER, same_class: WRITES_SAME_CLASS, popular_src: true }),
-    ("cites", RelationPlan { src: PAPER, dst: PAPER, same_class: CITE_SAME_CLASS, popular_src: true }),
-    ("has_topic", RelationPlan { src: PAPER, dst: FIELD, same_class: TOPIC_SAME_CLASS, popular_src: false }),
+    (
+        "affiliated_with",
+        RelationPlan {
+            src: AUTHOR,
+            dst: INSTITUTION,
+            same_class: AFFILIATION_SAME_CLASS,
+            popular_src: false,
+        },
+    ),
+    (
+        "writes",
+        RelationPlan {
+            src: AUTHOR,
+            dst: PAPER,
+            same_class: WRITES_SAME_CLASS,
+            popular_src: true,
+        },
+    ),
+    (
+        "cites",
+        RelationPlan {
+            src: PAPER,
+            dst: PAPER,
+            same_class: CITE_SAME_CLASS,
+            popular_src: true,
+        },
+    ),
+    (
+        "has_topic",
+        RelationPlan {
+            src: PAPER,
+            dst: FIELD,
+            same_class: TOPIC_SAME_CLASS,
+            popular_src: false,
+        },
+    ),
 ];
 const TYPE_NAMES: [&str; 4] = ["paper", "author", "institution", "field_of_study"];
 
@@ -101,18 +133,32 @@ impl MagLike {
     /// Checks `scale` and derives the counts (each at least 1).
     pub fn new(scale: f64, seed: u64) -> Result<MagLike> {
         if !(scale.is_finite() && scale > 0.0) {
-            return Err(GraphError::InvalidArgument(format!("scale must be a positive number, got {scale}")));
+            return Err(GraphError::InvalidArgument(format!(
+                "scale must be a positive number, got {scale}"
+            )));
         }
         let n = |c: f64| (c * scale).round().max(1.0);
         let node_counts = [n(PAPERS), n(AUTHORS), n(INSTITUTIONS), n(FIELDS)];
         // Below the permutation prime, so `popular` stays a bijection.
         let limit = (MAX_NODES).min(PERMUTE_PRIME - 1);
         if node_counts.iter().any(|&c| c > limit as f64) {
-            return Err(GraphError::InvalidArgument(format!("scale {scale} gives more than {limit} nodes of a type")));
+            return Err(GraphError::InvalidArgument(format!(
+                "scale {scale} gives more than {limit} nodes of a type"
+            )));
         }
         let counts = node_counts.map(|c| c as u32);
-        let edges = [n(AFFILIATED) as u64, n(WRITES) as u64, n(CITES) as u64, n(HAS_TOPIC) as u64];
-        Ok(MagLike { seed, scale, counts, edges })
+        let edges = [
+            n(AFFILIATED) as u64,
+            n(WRITES) as u64,
+            n(CITES) as u64,
+            n(HAS_TOPIC) as u64,
+        ];
+        Ok(MagLike {
+            seed,
+            scale,
+            counts,
+            edges,
+        })
     }
 
     /// The schema of the graph this generator writes.
@@ -126,23 +172,40 @@ impl MagLike {
                 .enumerate()
                 .map(|(i, name)| {
                     let feature_dim = (i == PAPER).then_some(FEATURE_DIM as u64);
-                    (name.to_string(), NodeTypeSchema { count: self.counts[i].into(), feature_dim })
+                    (
+                        name.to_string(),
+                        NodeTypeSchema {
+                            count: self.counts[i].into(),
+                            feature_dim,
+                        },
+                    )
                 })
                 .collect(),
             relations: RELATIONS
                 .iter()
                 .zip(self.edges)
-                .map(|((name, p), count)| RelationSchema { src: TYPE_NAMES[p.src].into(), name: name.to_string(), dst: TYPE_NAMES[p.dst].into(), count })
+                .map(|((name, p), count)| RelationSchema {
+                    src: TYPE_NAMES[p.src].into(),
+                    name: name.to_string(),
+                    dst: TYPE_NAMES[p.dst].into(),
+                    count,
+                })
                 .collect(),
         }
     }
 
     fn class_of(&self, ntype: usize, id: u32) -> u32 {
-        CounterRng::from_parts(&[self.seed, S_CLASS, ntype as u64, u64::from(id)]).below(u64::from(CLASSES)) as u32
+        CounterRng::from_parts(&[self.seed, S_CLASS, ntype as u64, u64::from(id)])
+            .below(u64::from(CLASSES)) as u32
     }
 
     /// Writes the graph to `out` (atomically) and returns its schema.
-    pub fn write(&self, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Schema> {
+    pub fn write(
+        &self,
+        out: &Path,
+        overwrite: bool,
+        progress: &mut dyn Progress,
+    ) -> Result<Schema> {
         let schema = self.schema();
         let dir = AtomicDir::create(out, overwrite)?;
         for name in TYPE_NAMES {
@@ -150,7 +213,14 @@ impl MagLike {
         }
         dir.create_dir(&dir.path().join("edges"))?;
 
-        let classes: Vec<Vec<u32>> = (0..4).map(|t| (0..self.counts[t]).into_par_iter().map(|i| self.class_of(t, i)).collect()).collect();
+        let classes: Vec<Vec<u32>> = (0..4)
+            .map(|t| {
+                (0..self.counts[t])
+                    .into_par_iter()
+                    .map(|i| self.class_of(t, i))
+                    .collect()
+            })
+            .collect();
         // Members of each class per type, sorted by id: the popular ones of a
         // class are its first members.
         let members: Vec<Vec<Vec<u32>>> = classes
@@ -166,10 +236,20 @@ impl MagLike {
 
         self.write_papers(dir.path(), &classes[PAPER], progress)?;
         for (i, (name, plan)) in RELATIONS.iter().enumerate() {
-            let canonical = format!("{}__{}__{}", TYPE_NAMES[plan.src], name, TYPE_NAMES[plan.dst]);
+            let canonical = format!(
+                "{}__{}__{}",
+                TYPE_NAMES[plan.src], name, TYPE_NAMES[plan.dst]
+            );
             progress.start(&format!("edges {canonical}"), self.edges[i]);
             let path = paths::edges(dir.path(), &canonical);
-            let (src, dst) = self.relation_edges(i as u64, plan, self.edges[i] as usize, &classes, &members[plan.dst], progress);
+            let (src, dst) = self.relation_edges(
+                i as u64,
+                plan,
+                self.edges[i] as usize,
+                &classes,
+                &members[plan.dst],
+                progress,
+            );
             let mut w = NpyWriter::create(&path, DType::I64, &[2, self.edges[i]])?;
             w.write_ids(&src)?;
             w.write_ids(&dst)?;
@@ -190,18 +270,25 @@ impl MagLike {
             })
             .collect();
         progress.start("paper features", n as u64);
-        let mut w = NpyWriter::create(&paths::features(dir, "paper"), DType::F32, &[n as u64, FEATURE_DIM as u64])?;
+        let mut w = NpyWriter::create(
+            &paths::features(dir, "paper"),
+            DType::F32,
+            &[n as u64, FEATURE_DIM as u64],
+        )?;
         let mut buf = vec![0f32; FEATURE_CHUNK * FEATURE_DIM];
         for start in (0..n).step_by(FEATURE_CHUNK) {
             let rows = FEATURE_CHUNK.min(n - start);
-            buf[..rows * FEATURE_DIM].par_chunks_mut(FEATURE_DIM).enumerate().for_each(|(i, row)| {
-                let p = start + i;
-                let c = &centroids[classes[p] as usize * FEATURE_DIM..][..FEATURE_DIM];
-                let mut r = CounterRng::from_parts(&[self.seed, S_FEATURE, p as u64]);
-                for (x, m) in row.iter_mut().zip(c) {
-                    *x = (m + r.normal()) as f32;
-                }
-            });
+            buf[..rows * FEATURE_DIM]
+                .par_chunks_mut(FEATURE_DIM)
+                .enumerate()
+                .for_each(|(i, row)| {
+                    let p = start + i;
+                    let c = &centroids[classes[p] as usize * FEATURE_DIM..][..FEATURE_DIM];
+                    let mut r = CounterRng::from_parts(&[self.seed, S_FEATURE, p as u64]);
+                    for (x, m) in row.iter_mut().zip(c) {
+                        *x = (m + r.normal()) as f32;
+                    }
+                });
             w.write_f32(&buf[..rows * FEATURE_DIM])?;
             progress.advance(rows as u64);
         }
@@ -223,7 +310,11 @@ impl MagLike {
             splits[s].push(p);
         }
         for (name, ids) in ["train", "valid", "test"].iter().zip(&splits) {
-            let mut w = NpyWriter::create(&paths::split(dir, "paper", name), DType::I64, &[ids.len() as u64])?;
+            let mut w = NpyWriter::create(
+                &paths::split(dir, "paper", name),
+                DType::I64,
+                &[ids.len() as u64],
+            )?;
             w.write_ids(ids)?;
             w.finish()?;
         }
@@ -238,31 +329,48 @@ impl MagLike {
         ((u128::from(rank) * u128::from(PERMUTE_PRIME) + u128::from(offset)) % u128::from(n)) as u32
     }
 
-    fn relation_edges(&self, rel: u64, plan: &RelationPlan, count: usize, classes: &[Vec<u32>], dst_members: &[Vec<u32>], progress: &mut dyn Progress) -> (Vec<u32>, Vec<u32>) {
+    fn relation_edges(
+        &self,
+        rel: u64,
+        plan: &RelationPlan,
+        count: usize,
+        classes: &[Vec<u32>],
+        dst_members: &[Vec<u32>],
+        progress: &mut dyn Progress,
+    ) -> (Vec<u32>, Vec<u32>) {
         let mut src = vec![0u32; count];
         let mut dst = vec![0u32; count];
         let n_src = u64::from(self.counts[plan.src]);
         for start in (0..count).step_by(EDGE_CHUNK * 16) {
             let end = (start + EDGE_CHUNK * 16).min(count);
-            src[start..end].par_chunks_mut(EDGE_CHUNK).zip(dst[start..end].par_chunks_mut(EDGE_CHUNK)).enumerate().for_each(|(c, (s_chunk, d_chunk))| {
-                for (k, (s, d)) in s_chunk.iter_mut().zip(d_chunk.iter_mut()).enumerate() {
-                    let e = (start + c * EDGE_CHUNK + k) as u64;
-                    let mut r = CounterRng::from_parts(&[self.seed, S_EDGE, rel, e]);
-                    let from = if plan.popular_src { self.popular(&mut r, plan.src) } else { r.below(n_src) as u32 };
-                    let class = classes[plan.src][from as usize] as usize;
-                    let mut to = if r.next_f64() < plan.same_class && !dst_members[class].is_empty() {
-                        let m = &dst_members[class];
-                        m[((m.len() as f64) * r.next_f64().powf(SKEW)) as usize % m.len()]
-                    } else {
-                        self.popular(&mut r, plan.dst)
-                    };
-                    if plan.src == plan.dst && to == from && self.counts[plan.dst] > 1 {
-                        to = (to + 1) % self.counts[plan.dst]; // no self-citations
+            src[start..end]
+                .par_chunks_mut(EDGE_CHUNK)
+                .zip(dst[start..end].par_chunks_mut(EDGE_CHUNK))
+                .enumerate()
+                .for_each(|(c, (s_chunk, d_chunk))| {
+                    for (k, (s, d)) in s_chunk.iter_mut().zip(d_chunk.iter_mut()).enumerate() {
+                        let e = (start + c * EDGE_CHUNK + k) as u64;
+                        let mut r = CounterRng::from_parts(&[self.seed, S_EDGE, rel, e]);
+                        let from = if plan.popular_src {
+                            self.popular(&mut r, plan.src)
+                        } else {
+                            r.below(n_src) as u32
+                        };
+                        let class = classes[plan.src][from as usize] as usize;
+                        let mut to =
+                            if r.next_f64() < plan.same_class && !dst_members[class].is_empty() {
+                                let m = &dst_members[class];
+                                m[((m.len() as f64) * r.next_f64().powf(SKEW)) as usize % m.len()]
+                            } else {
+                                self.popular(&mut r, plan.dst)
+                            };
+                        if plan.src == plan.dst && to == from && self.counts[plan.dst] > 1 {
+                            to = (to + 1) % self.counts[plan.dst]; // no self-citations
+                        }
+                        *s = from;
+                        *d = to;
                     }
-                    *s = from;
-                    *d = to;
-                }
-            });
+                });
             progress.advance((end - start) as u64);
         }
         (src, dst)

@@ -26,7 +26,9 @@ impl std::str::FromStr for Like {
     fn from_str(s: &str) -> Result<Like> {
         match s {
             "mag" => Ok(Like::Mag),
-            other => Err(GraphError::InvalidArgument(format!("unknown graph kind '{other}' (known: mag)"))),
+            other => Err(GraphError::InvalidArgument(format!(
+                "unknown graph kind '{other}' (known: mag)"
+            ))),
         }
     }
 }
@@ -34,7 +36,14 @@ impl std::str::FromStr for Like {
 /// Generates a graph like `like` at `scale` (1.0 = the real graph's size) with
 /// `seed`, writing it to `out` atomically. The output is byte-identical for the
 /// same arguments whatever the number of threads.
-pub fn generate(like: Like, scale: f64, seed: u64, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Schema> {
+pub fn generate(
+    like: Like,
+    scale: f64,
+    seed: u64,
+    out: &Path,
+    overwrite: bool,
+    progress: &mut dyn Progress,
+) -> Result<Schema> {
     match like {
         Like::Mag => MagLike::new(scale, seed)?.write(out, overwrite, progress),
     }

@@ -34,14 +34,22 @@ impl NodePartitioner for BlockRow {
     }
 
     /// Only `within`'s nodes are cut (into `parts` blocks); the others get 0.
-    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+    fn assign(
+        &self,
+        g: &HetGraph,
+        parts: usize,
+        seed: u64,
+        within: Option<(&[Vec<u16>], u16)>,
+    ) -> Result<Vec<Vec<u16>>> {
         let metis = match self.0 {
             Order::Metis => Some(super::metis::Metis.assign(g, parts, seed, within)?),
             Order::Random => None,
         };
         let mut owners = Vec::with_capacity(g.node_types().len());
         for (t, nt) in g.node_types().iter().enumerate() {
-            let mut order: Vec<u32> = (0..nt.count).filter(|&v| within.is_none_or(|(o, k)| o[t][v as usize] == k)).collect();
+            let mut order: Vec<u32> = (0..nt.count)
+                .filter(|&v| within.is_none_or(|(o, k)| o[t][v as usize] == k))
+                .collect();
             match &metis {
                 Some(m) => order.sort_by_key(|&v| (m[t][v as usize], v)),
                 None => order.sort_by_key(|&v| (key(&[seed, 0xB10C, t as u64, u64::from(v)]), v)),
@@ -75,9 +83,20 @@ mod tests {
         let writes_src: Vec<u32> = (0..60).map(|i| i % a).collect();
         let writes_dst: Vec<u32> = (0..60).map(|i| (i * 5) % p).collect();
         GraphBuilder::new("g", "paper", 2)
-            .node_type("paper", p, Some(Features::from_vec(p as usize, 1, vec![0.0; p as usize])))
+            .node_type(
+                "paper",
+                p,
+                Some(Features::from_vec(p as usize, 1, vec![0.0; p as usize])),
+            )
             .node_type("author", a, None)
-            .labels((0..p).map(|i| i64::from(i % 2)).collect(), Splits { train: (0..20).collect(), valid: (20..30).collect(), test: (30..40).collect() })
+            .labels(
+                (0..p).map(|i| i64::from(i % 2)).collect(),
+                Splits {
+                    train: (0..20).collect(),
+                    valid: (20..30).collect(),
+                    test: (30..40).collect(),
+                },
+            )
             .relation("paper", "cites", "paper", cites_src, cites_dst)
             .relation("author", "writes", "paper", writes_src, writes_dst)
             .build()
@@ -94,7 +113,11 @@ mod tests {
                     let mut sizes = vec![0usize; parts];
                     owners[t].iter().for_each(|&o| sizes[o as usize] += 1);
                     let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-                    assert!(hi - lo <= 1, "{order:?} {parts} parts, type {}: sizes {sizes:?}", nt.name);
+                    assert!(
+                        hi - lo <= 1,
+                        "{order:?} {parts} parts, type {}: sizes {sizes:?}",
+                        nt.name
+                    );
                     assert_eq!(sizes.iter().sum::<usize>(), nt.count as usize);
                 }
             }
@@ -109,7 +132,11 @@ mod tests {
         // A block is a METIS part moved by at most the rebalancing: most nodes keep their part.
         let kept = m[0].iter().zip(&b[0]).filter(|(x, y)| x == y).count();
         let moved = m[0].iter().filter(|&&x| x == 0).count().abs_diff(20);
-        assert_eq!(kept, 40 - moved, "only the surplus of the larger METIS part moves");
+        assert_eq!(
+            kept,
+            40 - moved,
+            "only the surplus of the larger METIS part moves"
+        );
         let r1 = BlockRow(Order::Random).assign(&g, 3, 1, None).unwrap();
         assert_eq!(r1, BlockRow(Order::Random).assign(&g, 3, 1, None).unwrap());
         assert_ne!(r1, BlockRow(Order::Random).assign(&g, 3, 2, None).unwrap());

@@ -50,18 +50,40 @@ pub fn metatree(m: &Metagraph, root: NodeTypeId, depth: usize) -> Metatree {
 
 /// Like [`metatree`], following at model layer `l` only the relations in
 /// `allowed[l]` (when given): the metatree of metapaths ([`allowed_per_layer`]).
-pub fn metatree_within(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Option<&[BTreeSet<RelationId>]>) -> Metatree {
-    let mut vertices = vec![TreeVertex { ntype: root, depth: 0, parent: None, via: None }];
+pub fn metatree_within(
+    m: &Metagraph,
+    root: NodeTypeId,
+    depth: usize,
+    allowed: Option<&[BTreeSet<RelationId>]>,
+) -> Metatree {
+    let mut vertices = vec![TreeVertex {
+        ntype: root,
+        depth: 0,
+        parent: None,
+        via: None,
+    }];
     let mut i = 0;
     while i < vertices.len() {
         let v = vertices[i].clone();
         if v.depth < depth {
             // A child at depth d + 1 feeds model layer depth - d - 1.
             let layer = depth - v.depth - 1;
-            for l in m.incoming(v.ntype).filter(|l| allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
-                vertices.push(TreeVertex { ntype: l.src, depth: v.depth + 1, parent: Some(i), via: Some(l.relation) });
+            for l in m.incoming(v.ntype).filter(|l| {
+                allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))
+            }) {
+                vertices.push(TreeVertex {
+                    ntype: l.src,
+                    depth: v.depth + 1,
+                    parent: Some(i),
+                    via: Some(l.relation),
+                });
             }
-            vertices.push(TreeVertex { ntype: v.ntype, depth: v.depth + 1, parent: Some(i), via: None });
+            vertices.push(TreeVertex {
+                ntype: v.ntype,
+                depth: v.depth + 1,
+                parent: Some(i),
+                via: None,
+            });
         }
         i += 1;
     }
@@ -75,7 +97,12 @@ const METATREE_VERTEX_BYTES: u128 = 256;
 /// The number of vertices [`metatree_within`] would build, counted per
 /// (depth, node type) without building it: it grows as the relations per
 /// type to the power of the depth.
-pub fn metatree_size(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Option<&[BTreeSet<RelationId>]>) -> u128 {
+pub fn metatree_size(
+    m: &Metagraph,
+    root: NodeTypeId,
+    depth: usize,
+    allowed: Option<&[BTreeSet<RelationId>]>,
+) -> u128 {
     let types = m.types.len();
     let mut level = vec![0u128; types];
     level[root.0 as usize] = 1;
@@ -84,7 +111,9 @@ pub fn metatree_size(m: &Metagraph, root: NodeTypeId, depth: usize, allowed: Opt
         let layer = depth - d - 1;
         let mut next = vec![0u128; types];
         for (t, &n) in level.iter().enumerate().filter(|(_, &n)| n > 0) {
-            for l in m.incoming(NodeTypeId(t as u32)).filter(|l| allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))) {
+            for l in m.incoming(NodeTypeId(t as u32)).filter(|l| {
+                allowed.is_none_or(|a| a.get(layer).is_some_and(|s| s.contains(&l.relation)))
+            }) {
                 next[l.src.0 as usize] = next[l.src.0 as usize].saturating_add(n);
             }
             next[t] = next[t].saturating_add(n);
@@ -175,8 +204,19 @@ impl MetaPart {
     /// What adding sub-metatree `s` would add to the load: its links and
     /// types this partition does not hold yet.
     fn marginal(&self, m: &Metagraph, s: &SubMetatree) -> u64 {
-        let links: u64 = s.links.iter().zip(&s.link_weights).filter(|((l, r), _)| !self.per_layer[*l].contains(r)).map(|(_, w)| w).sum();
-        let types: u64 = s.types.iter().filter(|t| !self.types.contains(t)).map(|t| m.type_weights[t.index()]).sum();
+        let links: u64 = s
+            .links
+            .iter()
+            .zip(&s.link_weights)
+            .filter(|((l, r), _)| !self.per_layer[*l].contains(r))
+            .map(|(_, w)| w)
+            .sum();
+        let types: u64 = s
+            .types
+            .iter()
+            .filter(|t| !self.types.contains(t))
+            .map(|t| m.type_weights[t.index()])
+            .sum();
         links + types
     }
 
@@ -199,7 +239,15 @@ impl MetaPart {
 /// target type into itself, so it joins the partition it adds least to (or
 /// gets one of its own when there are more partitions than other sub-metatrees).
 pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) -> Vec<MetaPart> {
-    let empty = |replica| MetaPart { subtrees: Vec::new(), replica, reducer: false, relations: BTreeSet::new(), per_layer: vec![Vec::new(); layers], types: BTreeSet::new(), load: 0 };
+    let empty = |replica| MetaPart {
+        subtrees: Vec::new(),
+        replica,
+        reducer: false,
+        relations: BTreeSet::new(),
+        per_layer: vec![Vec::new(); layers],
+        types: BTreeSet::new(),
+        load: 0,
+    };
     let rel_subs: Vec<usize> = (0..subs.len()).filter(|&s| !subs[s].self_loop).collect();
     let self_sub = (0..subs.len()).find(|&s| subs[s].self_loop);
     let mut out: Vec<MetaPart> = Vec::new();
@@ -216,7 +264,9 @@ pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) 
         order.sort_by(|&a, &b| subs[b].weight.cmp(&subs[a].weight).then(a.cmp(&b)));
         out = (0..rel_parts).map(|_| empty((0, 1))).collect();
         for s in order {
-            let k = (0..rel_parts).min_by_key(|&k| (out[k].load, k)).expect("parts > 0");
+            let k = (0..rel_parts)
+                .min_by_key(|&k| (out[k].load, k))
+                .expect("parts > 0");
             out[k].load += out[k].marginal(m, &subs[s]);
             out[k].add(s, &subs[s]);
         }
@@ -224,7 +274,13 @@ pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) 
         // Give the next replica to the sub-metatree with the most weight per replica.
         let mut replicas = vec![1usize; n];
         for _ in n..rel_parts {
-            let i = (0..n).max_by(|&a, &b| (subs[rel_subs[a]].weight * replicas[b] as u64).cmp(&(subs[rel_subs[b]].weight * replicas[a] as u64)).then(b.cmp(&a))).expect("subs non-empty");
+            let i = (0..n)
+                .max_by(|&a, &b| {
+                    (subs[rel_subs[a]].weight * replicas[b] as u64)
+                        .cmp(&(subs[rel_subs[b]].weight * replicas[a] as u64))
+                        .then(b.cmp(&a))
+                })
+                .expect("subs non-empty");
             replicas[i] += 1;
         }
         for (i, &r) in replicas.iter().enumerate() {
@@ -242,7 +298,9 @@ pub fn assign(m: &Metagraph, subs: &[SubMetatree], parts: usize, layers: usize) 
             out.push(empty((0, 1)));
             out.len() - 1
         } else {
-            (0..out.len()).min_by_key(|&k| (out[k].load + out[k].marginal(m, &subs[s]), k)).expect("parts > 0")
+            (0..out.len())
+                .min_by_key(|&k| (out[k].load + out[k].marginal(m, &subs[s]), k))
+                .expect("parts > 0")
         };
         out[k].load += out[k].marginal(m, &subs[s]);
         out[k].add(s, &subs[s]);
@@ -263,9 +321,20 @@ mod tests {
 
     /// ogbn-mag's metagraph with reverse relations: P=0, A=1, I=2, F=3.
     fn mag() -> Metagraph {
-        let link = |i: u32, name: &str, src: u32, dst: u32, weight: u64| MetaLink { relation: RelationId(i), name: name.into(), src: NodeTypeId(src), dst: NodeTypeId(dst), weight };
+        let link = |i: u32, name: &str, src: u32, dst: u32, weight: u64| MetaLink {
+            relation: RelationId(i),
+            name: name.into(),
+            src: NodeTypeId(src),
+            dst: NodeTypeId(dst),
+            weight,
+        };
         Metagraph {
-            types: vec!["paper".into(), "author".into(), "institution".into(), "field".into()],
+            types: vec![
+                "paper".into(),
+                "author".into(),
+                "institution".into(),
+                "field".into(),
+            ],
             type_weights: vec![736, 1134, 9, 60],
             links: vec![
                 link(0, "writes", 1, 0, 7145),
@@ -288,20 +357,59 @@ mod tests {
         let subs = t.split(&m);
         assert_eq!(subs.len(), 5);
         let via: Vec<Option<RelationId>> = subs.iter().map(|s| t.vertices[s.child].via).collect();
-        assert_eq!(via, vec![Some(RelationId(0)), Some(RelationId(2)), Some(RelationId(6)), Some(RelationId(7)), None]);
-        assert_eq!(subs.iter().map(|s| s.self_loop).collect::<Vec<_>>(), vec![false, false, false, false, true]);
+        assert_eq!(
+            via,
+            vec![
+                Some(RelationId(0)),
+                Some(RelationId(2)),
+                Some(RelationId(6)),
+                Some(RelationId(7)),
+                None
+            ]
+        );
+        assert_eq!(
+            subs.iter().map(|s| s.self_loop).collect::<Vec<_>>(),
+            vec![false, false, false, false, true]
+        );
         // The author branch: writes at layer 1, then into author (rev_writes, rev_affiliated_with) at layer 0.
-        assert_eq!(subs[0].links, vec![(1, RelationId(0)), (0, RelationId(4)), (0, RelationId(5))]);
+        assert_eq!(
+            subs[0].links,
+            vec![(1, RelationId(0)), (0, RelationId(4)), (0, RelationId(5))]
+        );
         // The self branch: every relation into paper at layer 0 (the seeds' own previous-layer rows).
-        assert_eq!(subs[4].links, vec![(0, RelationId(0)), (0, RelationId(2)), (0, RelationId(6)), (0, RelationId(7))]);
+        assert_eq!(
+            subs[4].links,
+            vec![
+                (0, RelationId(0)),
+                (0, RelationId(2)),
+                (0, RelationId(6)),
+                (0, RelationId(7))
+            ]
+        );
         // Three layers: an author at depth 1 has a self child whose children are the relations into author at layer 0.
         let t3 = metatree(&m, NodeTypeId(0), 3);
-        assert_eq!(metatree_size(&m, NodeTypeId(0), 3, None), t3.vertices.len() as u128);
-        assert_eq!(metatree_size(&m, NodeTypeId(0), 2, None), metatree(&m, NodeTypeId(0), 2).vertices.len() as u128);
+        assert_eq!(
+            metatree_size(&m, NodeTypeId(0), 3, None),
+            t3.vertices.len() as u128
+        );
+        assert_eq!(
+            metatree_size(&m, NodeTypeId(0), 2, None),
+            metatree(&m, NodeTypeId(0), 2).vertices.len() as u128
+        );
         let s3 = t3.split(&m);
-        assert!(s3[0].links.contains(&(0, RelationId(4))) && s3[0].links.contains(&(1, RelationId(4))), "{:?}", s3[0].links);
-        assert_eq!(subs[0].types, BTreeSet::from([NodeTypeId(0), NodeTypeId(1), NodeTypeId(2)]));
-        assert_eq!(subs[0].weight, 736 + (1134 + 7145) + (736 + 7145) + (9 + 1043));
+        assert!(
+            s3[0].links.contains(&(0, RelationId(4))) && s3[0].links.contains(&(1, RelationId(4))),
+            "{:?}",
+            s3[0].links
+        );
+        assert_eq!(
+            subs[0].types,
+            BTreeSet::from([NodeTypeId(0), NodeTypeId(1), NodeTypeId(2)])
+        );
+        assert_eq!(
+            subs[0].weight,
+            736 + (1134 + 7145) + (736 + 7145) + (9 + 1043)
+        );
         assert!(t.vertices.iter().all(|v| v.depth <= 2));
     }
 
@@ -318,11 +426,18 @@ mod tests {
         // The self sub-metatree joins a partition holding a paper branch (it adds no relation there).
         let r: Vec<&MetaPart> = parts.iter().filter(|p| p.reducer).collect();
         assert_eq!(r.len(), 1);
-        assert!(r[0].subtrees.contains(&1) || r[0].subtrees.contains(&2), "{:?}", r[0].subtrees);
+        assert!(
+            r[0].subtrees.contains(&1) || r[0].subtrees.contains(&2),
+            "{:?}",
+            r[0].subtrees
+        );
         // LPT bound: the largest load is at most the optimum + the largest item; here also at most 4/3 of the mean.
         let total: u64 = subs.iter().filter(|s| !s.self_loop).map(|s| s.weight).sum();
         let max = parts.iter().map(|p| p.load).max().unwrap();
-        assert!(max as f64 <= total as f64 / 2.0 * 4.0 / 3.0, "{max} of {total}");
+        assert!(
+            max as f64 <= total as f64 / 2.0 * 4.0 / 3.0,
+            "{max} of {total}"
+        );
         for p in &parts {
             // Every partition holds the target type, and each relation once per layer.
             assert!(p.types.contains(&NodeTypeId(0)));
@@ -335,15 +450,29 @@ mod tests {
         // Five partitions: each sub-metatree alone, the self one included.
         let five = assign(&m, &subs, 5, 2);
         assert_eq!(five.len(), 5);
-        assert!(five[4].reducer && five[4].subtrees == vec![4] && five[..4].iter().all(|p| !p.reducer && p.subtrees.len() == 1));
+        assert!(
+            five[4].reducer
+                && five[4].subtrees == vec![4]
+                && five[..4]
+                    .iter()
+                    .all(|p| !p.reducer && p.subtrees.len() == 1)
+        );
         // Seven: the self sub-metatree alone, and the two heaviest others get a second replica.
         let seven = assign(&m, &subs, 7, 2);
         assert_eq!(seven.len(), 7);
-        assert!(seven[6].reducer && seven[6].subtrees == vec![4] && seven[..6].iter().all(|p| !p.reducer));
+        assert!(
+            seven[6].reducer
+                && seven[6].subtrees == vec![4]
+                && seven[..6].iter().all(|p| !p.reducer)
+        );
         let mut by_weight: Vec<usize> = (0..4).collect();
         by_weight.sort_by_key(|&s| std::cmp::Reverse(subs[s].weight));
         for &s in &by_weight[..2] {
-            let reps: Vec<_> = seven.iter().filter(|p| p.subtrees.first() == Some(&s)).map(|p| p.replica).collect();
+            let reps: Vec<_> = seven
+                .iter()
+                .filter(|p| p.subtrees.first() == Some(&s))
+                .map(|p| p.replica)
+                .collect();
             assert_eq!(reps, vec![(0, 2), (1, 2)]);
         }
         assert!(assign(&m, &subs, 0, 2).is_empty());
@@ -403,19 +532,31 @@ pub struct MetaPartInfo {
 /// the target type outward; `#` starts a comment. Each path's first relation
 /// leads into the target type and each next one into the previous one's
 /// source type; a path has at most `layers` relations.
-pub fn parse_metapaths(text: &str, g: &crate::HetGraph, layers: usize) -> crate::Result<Vec<Vec<RelationId>>> {
+pub fn parse_metapaths(
+    text: &str,
+    g: &crate::HetGraph,
+    layers: usize,
+) -> crate::Result<Vec<Vec<RelationId>>> {
     use crate::error::GraphError;
-    let bad = |line: usize, why: String| GraphError::InvalidArgument(format!("metapaths line {line}: {why}"));
+    let bad = |line: usize, why: String| {
+        GraphError::InvalidArgument(format!("metapaths line {line}: {why}"))
+    };
     let mut paths = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
         let body = line.split('#').next().unwrap_or("");
-        let names: Vec<&str> = body.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty()).collect();
+        let names: Vec<&str> = body
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .collect();
         if names.is_empty() {
             continue;
         }
         if names.len() > layers {
-            return Err(bad(line_no, format!("{} relations for a {layers}-layer model", names.len())));
+            return Err(bad(
+                line_no,
+                format!("{} relations for a {layers}-layer model", names.len()),
+            ));
         }
         let mut path = Vec::new();
         let mut into = g.target();
@@ -423,17 +564,33 @@ pub fn parse_metapaths(text: &str, g: &crate::HetGraph, layers: usize) -> crate:
             let r = match g.relation_id(name) {
                 Some(r) => r,
                 None => {
-                    let matches: Vec<RelationId> = (0..g.relations().len() as u32).map(RelationId).filter(|&r| g.relation(r).name == name).collect();
+                    let matches: Vec<RelationId> = (0..g.relations().len() as u32)
+                        .map(RelationId)
+                        .filter(|&r| g.relation(r).name == name)
+                        .collect();
                     match matches.as_slice() {
                         [r] => *r,
                         [] => return Err(bad(line_no, format!("no relation named {name}"))),
-                        _ => return Err(bad(line_no, format!("{name} names several relations: use src__{name}__dst"))),
+                        _ => {
+                            return Err(bad(
+                                line_no,
+                                format!("{name} names several relations: use src__{name}__dst"),
+                            ))
+                        }
                     }
                 }
             };
             let rel = g.relation(r);
             if rel.dst != into {
-                return Err(bad(line_no, format!("{} leads into {}, not {}", rel.canonical(), g.node_type(rel.dst).name, g.node_type(into).name)));
+                return Err(bad(
+                    line_no,
+                    format!(
+                        "{} leads into {}, not {}",
+                        rel.canonical(),
+                        g.node_type(rel.dst).name,
+                        g.node_type(into).name
+                    ),
+                ));
             }
             into = rel.src;
             path.push(r);
@@ -441,7 +598,9 @@ pub fn parse_metapaths(text: &str, g: &crate::HetGraph, layers: usize) -> crate:
         paths.push(path);
     }
     if paths.is_empty() {
-        return Err(GraphError::InvalidArgument("metapaths: no path given".into()));
+        return Err(GraphError::InvalidArgument(
+            "metapaths: no path given".into(),
+        ));
     }
     Ok(paths)
 }
@@ -464,7 +623,14 @@ pub fn allowed_per_layer(paths: &[Vec<RelationId>], layers: usize) -> Vec<BTreeS
 /// the manifest. Each `part<k>/` is a graph directory holding the original
 /// relations behind its relations (a reverse relation is stored as the
 /// original, added back at load) and the features of its node types.
-pub fn write(g: &crate::HetGraph, layers: usize, parts: usize, out: &std::path::Path, overwrite: bool, progress: &mut dyn crate::Progress) -> crate::Result<MetaManifest> {
+pub fn write(
+    g: &crate::HetGraph,
+    layers: usize,
+    parts: usize,
+    out: &std::path::Path,
+    overwrite: bool,
+    progress: &mut dyn crate::Progress,
+) -> crate::Result<MetaManifest> {
     write_metapaths(g, layers, parts, None, out, overwrite, progress)
 }
 
@@ -484,20 +650,30 @@ pub fn write_metapaths(
     use crate::error::GraphError;
     use crate::format::AtomicDir;
     if parts == 0 || parts > super::MAX_PARTS {
-        return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={}, got {parts}", super::MAX_PARTS)));
+        return Err(GraphError::InvalidArgument(format!(
+            "--parts must be in 1..={}, got {parts}",
+            super::MAX_PARTS
+        )));
     }
     if layers == 0 {
-        return Err(GraphError::InvalidArgument("--layers must be at least 1".into()));
+        return Err(GraphError::InvalidArgument(
+            "--layers must be at least 1".into(),
+        ));
     }
     let m = g.metagraph();
     let allowed = metapaths.map(|p| allowed_per_layer(p, layers));
     let size = metatree_size(&m, g.target(), layers, allowed.as_deref());
-    crate::memory::check_fits(&format!("the {layers}-layer metatree ({size} vertices)"), size.saturating_mul(METATREE_VERTEX_BYTES))
-        .map_err(|e| GraphError::InvalidArgument(format!("--layers {layers}: {e}")))?;
+    crate::memory::check_fits(
+        &format!("the {layers}-layer metatree ({size} vertices)"),
+        size.saturating_mul(METATREE_VERTEX_BYTES),
+    )
+    .map_err(|e| GraphError::InvalidArgument(format!("--layers {layers}: {e}")))?;
     let tree = metatree_within(&m, g.target(), layers, allowed.as_deref());
     let subs = tree.split(&m);
     if subs.iter().all(|s| s.self_loop) {
-        return Err(GraphError::InvalidArgument("no relation leads into the target type: nothing to partition".into()));
+        return Err(GraphError::InvalidArgument(
+            "no relation leads into the target type: nothing to partition".into(),
+        ));
     }
     let assigned = assign(&m, &subs, parts, layers);
     let name = |r: RelationId| g.relation(r).canonical().to_string();
@@ -509,15 +685,42 @@ pub fn write_metapaths(
         let pdir = dir.path().join(format!("part{k}"));
         let keep: BTreeSet<RelationId> = p.relations.iter().map(|&r| original(r)).collect();
         let held = |t: usize| p.types.contains(&NodeTypeId(t as u32));
-        super::graph_dir::write(g, &pdir, |ri, _, _| keep.contains(&RelationId(ri as u32)), |t, _| held(t))?;
-        let edges = p.relations.iter().map(|&r| (name(r), g.relation(r).num_edges() as u64)).collect();
-        let nodes = g.node_types().iter().enumerate().filter(|(t, _)| held(*t)).map(|(_, nt)| (nt.name.clone(), u64::from(nt.count))).collect();
+        super::graph_dir::write(
+            g,
+            &pdir,
+            |ri, _, _| keep.contains(&RelationId(ri as u32)),
+            |t, _| held(t),
+        )?;
+        let edges = p
+            .relations
+            .iter()
+            .map(|&r| (name(r), g.relation(r).num_edges() as u64))
+            .collect();
+        let nodes = g
+            .node_types()
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| held(*t))
+            .map(|(_, nt)| (nt.name.clone(), u64::from(nt.count)))
+            .collect();
         info.push(MetaPartInfo {
-            subtrees: p.subtrees.iter().map(|&s| tree.vertices[subs[s].child].via.map_or_else(|| "self".to_string(), name)).collect(),
+            subtrees: p
+                .subtrees
+                .iter()
+                .map(|&s| {
+                    tree.vertices[subs[s].child]
+                        .via
+                        .map_or_else(|| "self".to_string(), name)
+                })
+                .collect(),
             reducer: p.reducer,
             replica: [p.replica.0, p.replica.1],
             relations: p.relations.iter().map(|&r| name(r)).collect(),
-            per_layer: p.per_layer.iter().map(|l| l.iter().map(|&r| name(r)).collect()).collect(),
+            per_layer: p
+                .per_layer
+                .iter()
+                .map(|l| l.iter().map(|&r| name(r)).collect())
+                .collect(),
             nodes,
             edges,
             boundary_nodes: u64::from(g.node_type(g.target()).count),
@@ -526,10 +729,26 @@ pub fn write_metapaths(
         progress.advance(1);
     }
     progress.finish();
-    let metapaths = metapaths.map(|ps| ps.iter().map(|p| p.iter().map(|&r| name(r)).collect()).collect()).unwrap_or_default();
-    let manifest = MetaManifest { format: 1, method: "meta".into(), graph: g.name().to_string(), layers, reverse_edges: g.has_reverse_relations(), metapaths, parts: assigned.len(), info };
+    let metapaths = metapaths
+        .map(|ps| {
+            ps.iter()
+                .map(|p| p.iter().map(|&r| name(r)).collect())
+                .collect()
+        })
+        .unwrap_or_default();
+    let manifest = MetaManifest {
+        format: 1,
+        method: "meta".into(),
+        graph: g.name().to_string(),
+        layers,
+        reverse_edges: g.has_reverse_relations(),
+        metapaths,
+        parts: assigned.len(),
+        info,
+    };
     let mpath = dir.path().join("manifest.json");
-    let text = serde_json::to_string_pretty(&manifest).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
     std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
     dir.commit()?;
     Ok(manifest)
@@ -550,16 +769,31 @@ impl MetaSet {
         use crate::error::GraphError;
         let mpath = dir.join("manifest.json");
         let text = crate::input::read_text(&mpath)?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
         if value["method"] != "meta" {
             return Err(GraphError::data(&mpath, "these are edge-cut partitions (by node): mode = \"raf\" needs meta-partitions (hetgnn partition --method meta)"));
         }
-        let manifest: MetaManifest = serde_json::from_value(value).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        let manifest: MetaManifest =
+            serde_json::from_value(value).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
         if manifest.format != 1 {
-            return Err(GraphError::data(&mpath, format!("format {} is not the supported 1", manifest.format)));
+            return Err(GraphError::data(
+                &mpath,
+                format!("format {} is not the supported 1", manifest.format),
+            ));
         }
-        if manifest.parts == 0 || manifest.parts > super::MAX_PARTS || manifest.info.len() != manifest.parts {
-            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
+        if manifest.parts == 0
+            || manifest.parts > super::MAX_PARTS
+            || manifest.info.len() != manifest.parts
+        {
+            return Err(GraphError::data(
+                &mpath,
+                format!(
+                    "parts = {} but {} partition entries",
+                    manifest.parts,
+                    manifest.info.len()
+                ),
+            ));
         }
         if manifest.info.iter().filter(|p| p.reducer).count() != 1 {
             return Err(GraphError::data(&mpath, "no partition (or more than one) holds the self sub-metatree: written by an older hetgnn, run hetgnn partition --method meta again"));
@@ -571,7 +805,19 @@ impl MetaSet {
             let bad = r == 0
                 || j >= r
                 || (p.reducer && r != 1)
-                || (r > 1 && (0..r).any(|i| manifest.info.iter().filter(|q| q.replica == [i, r] && q.subtrees == p.subtrees && q.per_layer == p.per_layer).count() != 1));
+                || (r > 1
+                    && (0..r).any(|i| {
+                        manifest
+                            .info
+                            .iter()
+                            .filter(|q| {
+                                q.replica == [i, r]
+                                    && q.subtrees == p.subtrees
+                                    && q.per_layer == p.per_layer
+                            })
+                            .count()
+                            != 1
+                    }));
             if bad {
                 return Err(GraphError::data(
                     &mpath,
@@ -579,22 +825,43 @@ impl MetaSet {
                 ));
             }
         }
-        if let Some(p) = manifest.info.iter().find(|p| p.per_layer.len() != manifest.layers) {
-            return Err(GraphError::data(&mpath, format!("a partition lists relations for {} layers, the manifest says {}", p.per_layer.len(), manifest.layers)));
+        if let Some(p) = manifest
+            .info
+            .iter()
+            .find(|p| p.per_layer.len() != manifest.layers)
+        {
+            return Err(GraphError::data(
+                &mpath,
+                format!(
+                    "a partition lists relations for {} layers, the manifest says {}",
+                    p.per_layer.len(),
+                    manifest.layers
+                ),
+            ));
         }
-        Ok(MetaSet { dir: dir.to_path_buf(), manifest })
+        Ok(MetaSet {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
     }
 
     /// The partition that hosts the reducer.
     pub fn reducer(&self) -> usize {
-        self.manifest.info.iter().position(|p| p.reducer).unwrap_or(0)
+        self.manifest
+            .info
+            .iter()
+            .position(|p| p.reducer)
+            .unwrap_or(0)
     }
 
     /// Loads partition `k` (global ids; only its relations have edges).
     pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> crate::Result<crate::HetGraph> {
         use crate::error::GraphError;
         if k >= self.manifest.parts {
-            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
+            return Err(GraphError::InvalidArgument(format!(
+                "partition {k} does not exist (0..{})",
+                self.manifest.parts
+            )));
         }
         if opts.reverse_edges != self.manifest.reverse_edges {
             return Err(GraphError::InvalidArgument(format!("the meta-partitions were built with reverse_edges = {}; train with the same setting (or partition again)", self.manifest.reverse_edges)));
@@ -605,10 +872,24 @@ impl MetaSet {
     /// Partition `k`'s relations per model layer, as ids of `g` (any of its partitions).
     pub fn per_layer(&self, k: usize, g: &crate::HetGraph) -> crate::Result<Vec<Vec<RelationId>>> {
         use crate::error::GraphError;
-        let info = self.manifest.info.get(k).ok_or_else(|| GraphError::InvalidArgument(format!("partition {k} does not exist")))?;
+        let info =
+            self.manifest.info.get(k).ok_or_else(|| {
+                GraphError::InvalidArgument(format!("partition {k} does not exist"))
+            })?;
         info.per_layer
             .iter()
-            .map(|l| l.iter().map(|n| g.relation_id(n).ok_or_else(|| GraphError::data(&self.dir.join("manifest.json"), format!("partition {k}: unknown relation {n}")))).collect())
+            .map(|l| {
+                l.iter()
+                    .map(|n| {
+                        g.relation_id(n).ok_or_else(|| {
+                            GraphError::data(
+                                &self.dir.join("manifest.json"),
+                                format!("partition {k}: unknown relation {n}"),
+                            )
+                        })
+                    })
+                    .collect()
+            })
             .collect()
     }
 }

@@ -17,7 +17,13 @@ impl NodePartitioner for Metis {
     }
 
     /// Nodes outside `within` get sub-partition 0.
-    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+    fn assign(
+        &self,
+        g: &HetGraph,
+        parts: usize,
+        seed: u64,
+        within: Option<(&[Vec<u16>], u16)>,
+    ) -> Result<Vec<Vec<u16>>> {
         metis(g, parts, seed, within)
     }
 }
@@ -30,7 +36,12 @@ pub(super) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     METIS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+fn metis(
+    g: &HetGraph,
+    parts: usize,
+    seed: u64,
+    within: Option<(&[Vec<u16>], u16)>,
+) -> Result<Vec<Vec<u16>>> {
     let types = g.node_types();
     // Dense vertex ids of the kept nodes, type after type.
     const OUT: u32 = u32::MAX;
@@ -56,9 +67,13 @@ fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16
         return Ok(zeros());
     }
     if n > i32::MAX as usize / 2 {
-        return Err(GraphError::InvalidArgument(format!("{n} nodes are too many for METIS's 32-bit ids")));
+        return Err(GraphError::InvalidArgument(format!(
+            "{n} nodes are too many for METIS's 32-bit ids"
+        )));
     }
-    let at = |t: usize, v: u32| -> Option<usize> { (vid[t][v as usize] != OUT).then(|| base[t] + vid[t][v as usize] as usize) };
+    let at = |t: usize, v: u32| -> Option<usize> {
+        (vid[t][v as usize] != OUT).then(|| base[t] + vid[t][v as usize] as usize)
+    };
     // Undirected adjacency over the kept nodes, without self-loops or duplicates.
     let each_edge = |f: &mut dyn FnMut(usize, usize)| {
         for r in g.relations().iter().filter(|r| r.reverse_of.is_none()) {
@@ -116,7 +131,9 @@ fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16
                 last = v;
             }
         }
-        out_xadj[i + 1] = i32::try_from(w).map_err(|_| GraphError::InvalidArgument("too many edges for METIS's 32-bit ids".into()))?;
+        out_xadj[i + 1] = i32::try_from(w).map_err(|_| {
+            GraphError::InvalidArgument("too many edges for METIS's 32-bit ids".into())
+        })?;
     }
     adj.truncate(w);
 
@@ -127,9 +144,19 @@ fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16
     for t in 0..types.len() {
         cons.push((base[t]..base[t + 1]).map(|v| (v, 1)).collect());
     }
-    cons.push((0..n).filter(|&v| in_deg[v] > 0).map(|v| (v, in_deg[v])).collect());
+    cons.push(
+        (0..n)
+            .filter(|&v| in_deg[v] > 0)
+            .map(|v| (v, in_deg[v]))
+            .collect(),
+    );
     for (_, ids) in splits.named() {
-        cons.push(ids.iter().filter_map(|&v| at(target, v)).map(|v| (v, 1)).collect());
+        cons.push(
+            ids.iter()
+                .filter_map(|&v| at(target, v))
+                .map(|v| (v, 1))
+                .collect(),
+        );
     }
     cons.retain(|c| !c.is_empty());
     let ncon = cons.len();
@@ -145,7 +172,9 @@ fn metis(g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16
         .set_vwgt(&vwgt)
         .set_option(metis::option::Seed((seed & 0x7fff_ffff) as i32));
     let _one_at_a_time = one_at_a_time();
-    graph.part_kway(&mut part).map_err(|e| GraphError::InvalidArgument(format!("METIS failed: {e}")))?;
+    graph
+        .part_kway(&mut part)
+        .map_err(|e| GraphError::InvalidArgument(format!("METIS failed: {e}")))?;
     let mut out = zeros();
     for (t, ids) in vid.iter().enumerate() {
         for (v, &i) in ids.iter().enumerate() {

@@ -54,7 +54,13 @@ pub trait NodePartitioner: Sync {
     /// An owner in `0..parts` for every node, per type; with `within =
     /// (owners, k)`, only partition `k`'s nodes matter (the second level
     /// splits a machine's nodes between its trainers).
-    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>>;
+    fn assign(
+        &self,
+        g: &HetGraph,
+        parts: usize,
+        seed: u64,
+        within: Option<(&[Vec<u16>], u16)>,
+    ) -> Result<Vec<Vec<u16>>>;
 }
 
 /// The node-assigning partitioner of `method` (`None` for meta, which assigns relations).
@@ -166,10 +172,20 @@ pub fn assign(g: &HetGraph, parts: usize, method: Method, seed: u64) -> Result<A
 /// Owners, then (DistDGLv2's second level) each partition's nodes split again
 /// into `trainers` sub-partitions with the same method; a trainer takes the
 /// seeds of its sub-partition.
-pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Method, seed: u64) -> Result<Assignment> {
+pub fn assign_two_level(
+    g: &HetGraph,
+    parts: usize,
+    trainers: usize,
+    method: Method,
+    seed: u64,
+) -> Result<Assignment> {
     let p = node_partitioner(method).ok_or_else(|| match method {
-        Method::Meta => GraphError::InvalidArgument("meta-partitioning assigns relations, not nodes: use partition::meta::write".into()),
-        _ => GraphError::InvalidArgument(format!("{method} streams the graph directory's edges: use partition::assign_streaming")),
+        Method::Meta => GraphError::InvalidArgument(
+            "meta-partitioning assigns relations, not nodes: use partition::meta::write".into(),
+        ),
+        _ => GraphError::InvalidArgument(format!(
+            "{method} streams the graph directory's edges: use partition::assign_streaming"
+        )),
     })?;
     assign_two_level_with(g, parts, trainers, method, p, seed)
 }
@@ -177,12 +193,24 @@ pub fn assign_two_level(g: &HetGraph, parts: usize, trainers: usize, method: Met
 /// [`assign_two_level`] with partitioner `p` (of `method`, recorded in the
 /// manifest) as given, options included: e.g. a [`bytegnn::ByteGnn`] other
 /// than the default.
-pub fn assign_two_level_with(g: &HetGraph, parts: usize, trainers: usize, method: Method, p: &dyn NodePartitioner, seed: u64) -> Result<Assignment> {
+pub fn assign_two_level_with(
+    g: &HetGraph,
+    parts: usize,
+    trainers: usize,
+    method: Method,
+    p: &dyn NodePartitioner,
+    seed: u64,
+) -> Result<Assignment> {
     if parts == 0 || parts > MAX_PARTS {
-        return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={MAX_PARTS}, got {parts}")));
+        return Err(GraphError::InvalidArgument(format!(
+            "--parts must be in 1..={MAX_PARTS}, got {parts}"
+        )));
     }
     if trainers == 0 || parts * trainers > MAX_PARTS {
-        return Err(GraphError::InvalidArgument(format!("--trainers must be in 1..={} for {parts} parts, got {trainers}", MAX_PARTS / parts)));
+        return Err(GraphError::InvalidArgument(format!(
+            "--trainers must be in 1..={} for {parts} parts, got {trainers}",
+            MAX_PARTS / parts
+        )));
     }
     let owners = p.assign(g, parts, seed, None)?;
     let target = g.target().index();
@@ -198,20 +226,44 @@ pub fn assign_two_level_with(g: &HetGraph, parts: usize, trainers: usize, method
             }
         }
     }
-    Ok(Assignment { method, seed, parts, trainers, owners, trainer_of })
+    Ok(Assignment {
+        method,
+        seed,
+        parts,
+        trainers,
+        owners,
+        trainer_of,
+    })
 }
 
 /// Owners from a streaming partitioner over the edges of graph directory
 /// `dir` (one trainer per partition), in O(nodes) memory.
-pub fn assign_streaming(dir: &std::path::Path, parts: usize, method: Method, seed: u64, spring: spring::Spring) -> Result<Assignment> {
+pub fn assign_streaming(
+    dir: &std::path::Path,
+    parts: usize,
+    method: Method,
+    seed: u64,
+    spring: spring::Spring,
+) -> Result<Assignment> {
     let s = stream::EdgeStream::open(dir)?;
     let owners = match method {
         Method::Spring => spring.assign(&s, parts)?,
         Method::Hdrf => vertex_cut::assign(vertex_cut::VertexCut::Hdrf, &s, parts, seed)?,
         Method::Dbh => vertex_cut::assign(vertex_cut::VertexCut::Dbh, &s, parts, seed)?,
-        other => return Err(GraphError::InvalidArgument(format!("{other} does not stream: use partition::assign_two_level"))),
+        other => {
+            return Err(GraphError::InvalidArgument(format!(
+                "{other} does not stream: use partition::assign_two_level"
+            )))
+        }
     };
     let target = s.target()?;
     let trainer_of = vec![0u16; owners[target].len()];
-    Ok(Assignment { method, seed, parts, trainers: 1, owners, trainer_of })
+    Ok(Assignment {
+        method,
+        seed,
+        parts,
+        trainers: 1,
+        owners,
+        trainer_of,
+    })
 }

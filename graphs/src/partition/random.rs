@@ -14,7 +14,21 @@ impl NodePartitioner for Random {
     }
 
     /// Every node hashed on its own, so `within` changes nothing.
-    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, _within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
-        Ok(g.node_types().iter().enumerate().map(|(t, nt)| (0..nt.count).map(|v| (key(&[seed, t as u64, u64::from(v)]) % parts as u64) as u16).collect()).collect())
+    fn assign(
+        &self,
+        g: &HetGraph,
+        parts: usize,
+        seed: u64,
+        _within: Option<(&[Vec<u16>], u16)>,
+    ) -> Result<Vec<Vec<u16>>> {
+        Ok(g.node_types()
+            .iter()
+            .enumerate()
+            .map(|(t, nt)| {
+                (0..nt.count)
+                    .map(|v| (key(&[seed, t as u64, u64::from(v)]) % parts as u64) as u16)
+                    .collect()
+            })
+            .collect())
     }
 }

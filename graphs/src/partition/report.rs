@@ -78,16 +78,39 @@ impl PartitionReport {
     /// The report of a node-assigning partitioning (`counts`: nodes per type of the graph).
     pub fn of_nodes(m: &Manifest, counts: &[u64]) -> PartitionReport {
         let total_nodes: u64 = counts.iter().sum();
-        let held: u64 = m.info.iter().map(|p| p.core.iter().sum::<u64>() + p.halo.iter().sum::<u64>()).sum();
-        let mut balance: BTreeMap<String, f64> = m.node_types.iter().enumerate().map(|(t, name)| (name.clone(), m.balance(|p| p.core.get(t).copied().unwrap_or(0)))).collect();
+        let held: u64 = m
+            .info
+            .iter()
+            .map(|p| p.core.iter().sum::<u64>() + p.halo.iter().sum::<u64>())
+            .sum();
+        let mut balance: BTreeMap<String, f64> = m
+            .node_types
+            .iter()
+            .enumerate()
+            .map(|(t, name)| {
+                (
+                    name.clone(),
+                    m.balance(|p| p.core.get(t).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
         balance.insert("edges".into(), m.balance(|p| p.edges));
         let replication_by_type = m
             .node_types
             .iter()
             .enumerate()
             .map(|(t, name)| {
-                let held: u64 = m.info.iter().map(|p| p.core.get(t).copied().unwrap_or(0) + p.halo.get(t).copied().unwrap_or(0)).sum();
-                (name.clone(), held as f64 / counts.get(t).copied().unwrap_or(0).max(1) as f64)
+                let held: u64 = m
+                    .info
+                    .iter()
+                    .map(|p| {
+                        p.core.get(t).copied().unwrap_or(0) + p.halo.get(t).copied().unwrap_or(0)
+                    })
+                    .sum();
+                (
+                    name.clone(),
+                    held as f64 / counts.get(t).copied().unwrap_or(0).max(1) as f64,
+                )
             })
             .collect();
         PartitionReport {
@@ -102,11 +125,27 @@ impl PartitionReport {
             nodes: m
                 .info
                 .iter()
-                .map(|p| m.node_types.iter().enumerate().map(|(t, name)| (name.clone(), p.core.get(t).copied().unwrap_or(0) + p.halo.get(t).copied().unwrap_or(0))).collect())
+                .map(|p| {
+                    m.node_types
+                        .iter()
+                        .enumerate()
+                        .map(|(t, name)| {
+                            (
+                                name.clone(),
+                                p.core.get(t).copied().unwrap_or(0)
+                                    + p.halo.get(t).copied().unwrap_or(0),
+                            )
+                        })
+                        .collect()
+                })
                 .collect(),
             edges: m.info.iter().map(|p| p.edges).collect(),
             balance,
-            split_balance: ["train", "valid", "test"].iter().enumerate().map(|(s, name)| (name.to_string(), m.balance(|p| p.splits[s]))).collect(),
+            split_balance: ["train", "valid", "test"]
+                .iter()
+                .enumerate()
+                .map(|(s, name)| (name.to_string(), m.balance(|p| p.splits[s])))
+                .collect(),
             seconds: 0.0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
@@ -115,11 +154,28 @@ impl PartitionReport {
 
     /// The report of a relation-assigning partitioning (`counts`: nodes per
     /// type name; `total_edges`: edges of the relations it could place).
-    pub fn of_relations(m: &MetaManifest, counts: &BTreeMap<String, u64>, total_edges: u64) -> PartitionReport {
+    pub fn of_relations(
+        m: &MetaManifest,
+        counts: &BTreeMap<String, u64>,
+        total_edges: u64,
+    ) -> PartitionReport {
         let total_nodes: u64 = counts.values().sum();
         let held: u64 = m.info.iter().map(|p| p.nodes.values().sum::<u64>()).sum();
         let edges: Vec<u64> = m.info.iter().map(|p| p.edges.values().sum()).collect();
-        let mut balance: BTreeMap<String, f64> = counts.keys().map(|name| (name.clone(), max_over_mean(&m.info.iter().map(|p| p.nodes.get(name).copied().unwrap_or(0)).collect::<Vec<_>>()))).collect();
+        let mut balance: BTreeMap<String, f64> = counts
+            .keys()
+            .map(|name| {
+                (
+                    name.clone(),
+                    max_over_mean(
+                        &m.info
+                            .iter()
+                            .map(|p| p.nodes.get(name).copied().unwrap_or(0))
+                            .collect::<Vec<_>>(),
+                    ),
+                )
+            })
+            .collect();
         balance.insert("edges".into(), max_over_mean(&edges));
         PartitionReport {
             method: m.method.clone(),
@@ -128,7 +184,19 @@ impl PartitionReport {
             edge_cut: 0,
             total_edges,
             replication_factor: held as f64 / total_nodes.max(1) as f64,
-            replication_by_type: counts.iter().map(|(name, &c)| (name.clone(), m.info.iter().map(|p| p.nodes.get(name).copied().unwrap_or(0)).sum::<u64>() as f64 / c.max(1) as f64)).collect(),
+            replication_by_type: counts
+                .iter()
+                .map(|(name, &c)| {
+                    (
+                        name.clone(),
+                        m.info
+                            .iter()
+                            .map(|p| p.nodes.get(name).copied().unwrap_or(0))
+                            .sum::<u64>() as f64
+                            / c.max(1) as f64,
+                    )
+                })
+                .collect(),
             boundary_nodes: m.info.iter().map(|p| p.boundary_nodes).collect(),
             nodes: m.info.iter().map(|p| p.nodes.clone()).collect(),
             edges,
@@ -143,7 +211,8 @@ impl PartitionReport {
     /// Writes the report into partition directory `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join(REPORT);
-        let text = serde_json::to_string_pretty(self).map_err(|e| GraphError::data(&path, e.to_string()))?;
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| GraphError::data(&path, e.to_string()))?;
         std::fs::write(&path, text + "\n").map_err(|e| GraphError::io(&path, e))
     }
 
@@ -152,7 +221,10 @@ impl PartitionReport {
         let path = dir.join(REPORT);
         let meta = std::fs::metadata(&path).map_err(|e| GraphError::io(&path, e))?;
         if !meta.is_file() || meta.len() > MAX_REPORT {
-            return Err(GraphError::data(&path, format!("not a report: a regular file of at most {MAX_REPORT} bytes is expected")));
+            return Err(GraphError::data(
+                &path,
+                format!("not a report: a regular file of at most {MAX_REPORT} bytes is expected"),
+            ));
         }
         let text = crate::input::read_text(&path)?;
         serde_json::from_str(&text).map_err(|e| GraphError::data(&path, e.to_string()))

@@ -64,7 +64,8 @@ impl Manifest {
     /// Writes `manifest.json` into partition directory `dir`.
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join("manifest.json");
-        let text = serde_json::to_string_pretty(self).map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
         std::fs::write(&path, text).map_err(|e| GraphError::io(&path, e))
     }
 
@@ -105,12 +106,26 @@ impl PartitionSet {
         if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
             return Err(GraphError::data(&mpath, "meta-partitions (by relation) are for mode = \"raf\"; data-parallel training needs --method metis or random"));
         }
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
         if manifest.format != FORMAT {
-            return Err(GraphError::data(&mpath, format!("format {} is not the supported {FORMAT}", manifest.format)));
+            return Err(GraphError::data(
+                &mpath,
+                format!("format {} is not the supported {FORMAT}", manifest.format),
+            ));
         }
-        if manifest.parts == 0 || manifest.parts > MAX_PARTS || manifest.info.len() != manifest.parts {
-            return Err(GraphError::data(&mpath, format!("parts = {} but {} partition entries", manifest.parts, manifest.info.len())));
+        if manifest.parts == 0
+            || manifest.parts > MAX_PARTS
+            || manifest.info.len() != manifest.parts
+        {
+            return Err(GraphError::data(
+                &mpath,
+                format!(
+                    "parts = {} but {} partition entries",
+                    manifest.parts,
+                    manifest.info.len()
+                ),
+            ));
         }
         let mut owners = Vec::with_capacity(manifest.node_types.len());
         for name in &manifest.node_types {
@@ -123,15 +138,25 @@ impl PartitionSet {
             for i in 0..f.len() {
                 let v = f.i64_at(i);
                 if v < 0 || v as usize >= manifest.parts {
-                    return Err(GraphError::data(&p, format!("node {i}: owner {v} out of range 0..{}", manifest.parts)));
+                    return Err(GraphError::data(
+                        &p,
+                        format!("node {i}: owner {v} out of range 0..{}", manifest.parts),
+                    ));
                 }
                 o.push(v as u16);
             }
             owners.push(o);
         }
         let trainers = manifest.trainers;
-        if trainers == 0 || trainers.checked_mul(manifest.parts).is_none_or(|n| n > MAX_PARTS) {
-            return Err(GraphError::data(&mpath, format!("trainers = {trainers} out of range")));
+        if trainers == 0
+            || trainers
+                .checked_mul(manifest.parts)
+                .is_none_or(|n| n > MAX_PARTS)
+        {
+            return Err(GraphError::data(
+                &mpath,
+                format!("trainers = {trainers} out of range"),
+            ));
         }
         let tpath = dir.join("trainers.npy");
         let mut trainer_of = Vec::new();
@@ -142,12 +167,20 @@ impl PartitionSet {
             for i in 0..f.len() {
                 let v = f.i64_at(i);
                 if v < 0 || v as usize >= trainers {
-                    return Err(GraphError::data(&tpath, format!("node {i}: trainer {v} out of range 0..{trainers}")));
+                    return Err(GraphError::data(
+                        &tpath,
+                        format!("node {i}: trainer {v} out of range 0..{trainers}"),
+                    ));
                 }
                 trainer_of.push(v as u16);
             }
         }
-        Ok(PartitionSet { dir: dir.to_path_buf(), manifest, owners, trainer_of })
+        Ok(PartitionSet {
+            dir: dir.to_path_buf(),
+            manifest,
+            owners,
+            trainer_of,
+        })
     }
 
     /// Directory of partition `k` (a graph directory).
@@ -158,17 +191,29 @@ impl PartitionSet {
     /// Loads partition `k`, checking it matches the owners.
     pub fn load_part(&self, k: usize, opts: &crate::LoadOptions) -> Result<HetGraph> {
         if k >= self.manifest.parts {
-            return Err(GraphError::InvalidArgument(format!("partition {k} does not exist (0..{})", self.manifest.parts)));
+            return Err(GraphError::InvalidArgument(format!(
+                "partition {k} does not exist (0..{})",
+                self.manifest.parts
+            )));
         }
         let dir = self.part_dir(k);
         let g = crate::load(&dir, opts)?;
         let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
         let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
-        if names != self.manifest.node_types.iter().map(String::as_str).collect::<Vec<_>>()
+        if names
+            != self
+                .manifest
+                .node_types
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
             || counts != self.owners.iter().map(Vec::len).collect::<Vec<_>>()
             || (!self.trainer_of.is_empty() && self.trainer_of.len() != counts[g.target().index()])
         {
-            return Err(GraphError::data(&dir, "node types or counts differ from the manifest's owner files"));
+            return Err(GraphError::data(
+                &dir,
+                "node types or counts differ from the manifest's owner files",
+            ));
         }
         Ok(g)
     }

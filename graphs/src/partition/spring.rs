@@ -62,7 +62,12 @@ pub struct Spring {
 
 impl Default for Spring {
     fn default() -> Self {
-        Spring { tau_fraction: 0.1, beta: 1.05, balance: Balance::Nodes, refine: 0 }
+        Spring {
+            tau_fraction: 0.1,
+            beta: 1.05,
+            balance: Balance::Nodes,
+            refine: 0,
+        }
     }
 }
 
@@ -73,7 +78,13 @@ impl Default for Spring {
 /// most of its neighbours when that beats its own and keeps the partition
 /// within `bound` nodes. Ties keep the node where it is. Stops early when a
 /// pass moves nothing.
-fn refine(s: &EdgeStream, owner: &mut [u16], parts: usize, passes: usize, bound: u64) -> Result<usize> {
+fn refine(
+    s: &EdgeStream,
+    owner: &mut [u16],
+    parts: usize,
+    passes: usize,
+    bound: u64,
+) -> Result<usize> {
     let n = owner.len();
     let mut load = vec![0u64; parts];
     for &o in owner.iter() {
@@ -125,10 +136,16 @@ impl Spring {
     /// The owner partition of every node of the streamed graph, per type.
     pub fn assign(&self, s: &EdgeStream, parts: usize) -> Result<Vec<Vec<u16>>> {
         if parts == 0 || parts > super::MAX_PARTS {
-            return Err(GraphError::InvalidArgument(format!("--parts must be in 1..={}, got {parts}", super::MAX_PARTS)));
+            return Err(GraphError::InvalidArgument(format!(
+                "--parts must be in 1..={}, got {parts}",
+                super::MAX_PARTS
+            )));
         }
         if !(self.tau_fraction > 0.0 && self.beta >= 1.0) {
-            return Err(GraphError::InvalidArgument(format!("SPRING: tau fraction {} must be positive and beta {} at least 1", self.tau_fraction, self.beta)));
+            return Err(GraphError::InvalidArgument(format!(
+                "SPRING: tau fraction {} must be positive and beta {} at least 1",
+                self.tau_fraction, self.beta
+            )));
         }
         let n = s.nodes() as usize;
         let deg = s.degrees()?;
@@ -140,7 +157,13 @@ impl Spring {
         let mut vol = vec![0u64; n];
         let mut size = vec![0u32; n];
         let mut richest = vec![NONE; n];
-        let d = |v: u32| if v == NONE { -1i64 } else { i64::from(deg[v as usize]) };
+        let d = |v: u32| {
+            if v == NONE {
+                -1i64
+            } else {
+                i64::from(deg[v as usize])
+            }
+        };
         s.for_each(|c| {
             for (&u, &v) in c.src.iter().zip(c.dst) {
                 for x in [u, v] {
@@ -152,7 +175,11 @@ impl Spring {
                 }
                 let (cu, cv) = (cluster[u as usize], cluster[v as usize]);
                 if cu != cv && vol[cu as usize] <= tau && vol[cv as usize] <= tau {
-                    let (mover, from, to) = if vol[cu as usize] <= vol[cv as usize] { (u, cu, cv) } else { (v, cv, cu) };
+                    let (mover, from, to) = if vol[cu as usize] <= vol[cv as usize] {
+                        (u, cu, cv)
+                    } else {
+                        (v, cv, cu)
+                    };
                     let dm = u64::from(deg[mover as usize]);
                     vol[from as usize] -= dm;
                     vol[to as usize] += dm;
@@ -182,7 +209,9 @@ impl Spring {
         let mut rep = vec![NONE; n];
         for v in 0..n as u32 {
             let c = cluster[v as usize] as usize;
-            if richest[v as usize] != NONE && (rep[c] == NONE || d(richest[rep[c] as usize]) < d(richest[v as usize])) {
+            if richest[v as usize] != NONE
+                && (rep[c] == NONE || d(richest[rep[c] as usize]) < d(richest[v as usize]))
+            {
                 rep[c] = v;
             }
         }
@@ -191,7 +220,11 @@ impl Spring {
         // With several counts balanced, a merge must keep each of them (nodes
         // of each type, training nodes, volume) within its own bound too.
         let types = s.base.len() - 1;
-        let train = if self.balance == Balance::Multi { s.train_nodes()? } else { Vec::new() };
+        let train = if self.balance == Balance::Multi {
+            s.train_nodes()?
+        } else {
+            Vec::new()
+        };
         let (mw, mbound, mcounts) = if self.balance == Balance::Multi {
             let k = types + 2;
             let mut mw = vec![0u32; n * k];
@@ -203,8 +236,13 @@ impl Spring {
             for &v in &train {
                 mw[cluster[v as usize] as usize * k + types] += 1;
             }
-            let totals: Vec<u64> = (0..k).map(|j| (0..n).map(|c| u64::from(mw[c * k + j])).sum()).collect();
-            let mbound: Vec<u64> = totals.iter().map(|&t| (self.beta * t as f64 / parts as f64).ceil() as u64).collect();
+            let totals: Vec<u64> = (0..k)
+                .map(|j| (0..n).map(|c| u64::from(mw[c * k + j])).sum())
+                .collect();
+            let mbound: Vec<u64> = totals
+                .iter()
+                .map(|&t| (self.beta * t as f64 / parts as f64).ceil() as u64)
+                .collect();
             (mw, mbound, k)
         } else {
             (Vec::new(), Vec::new(), 0)
@@ -216,7 +254,8 @@ impl Spring {
         // beside the first order, its entries stamped with the cluster's
         // growth count (older entries, and first-order entries of clusters
         // that grew, are stale).
-        let mut grown: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u32, u32)>> = std::collections::BinaryHeap::new();
+        let mut grown: std::collections::BinaryHeap<std::cmp::Reverse<(u32, u32, u32)>> =
+            std::collections::BinaryHeap::new();
         let mut stamp = vec![0u32; n];
         let mut next = 0usize;
         loop {
@@ -243,7 +282,10 @@ impl Spring {
                     next += 1;
                     f.1
                 }
-                (_, Some(_)) => grown.pop().map(|std::cmp::Reverse((_, c, _))| c).expect("peeked"),
+                (_, Some(_)) => grown
+                    .pop()
+                    .map(|std::cmp::Reverse((_, c, _))| c)
+                    .expect("peeked"),
                 (None, None) => break,
             };
             let r = rep[i as usize];
@@ -264,7 +306,9 @@ impl Spring {
             parent[i as usize] = j;
             size[j as usize] += size[i as usize];
             size[i as usize] = 0;
-            if rep[j as usize] == NONE || d(richest[rep[j as usize] as usize]) < d(richest[r as usize]) {
+            if rep[j as usize] == NONE
+                || d(richest[rep[j as usize] as usize]) < d(richest[r as usize])
+            {
                 rep[j as usize] = r;
             }
             stamp[j as usize] += 1;
@@ -273,7 +317,9 @@ impl Spring {
         drop((rep, richest, order, stamp, grown, mw));
 
         // LPT over the final clusters.
-        let roots: Vec<u32> = (0..n as u32).filter(|&c| parent[c as usize] == c && size[c as usize] > 0).collect();
+        let roots: Vec<u32> = (0..n as u32)
+            .filter(|&c| parent[c as usize] == c && size[c as usize] > 0)
+            .collect();
         // Each node's final cluster, numbered 0.. in root order, written over
         // its pass-1 cluster (roots' `size` is reused for their numbers).
         for (k, &c) in roots.iter().enumerate() {
@@ -291,7 +337,11 @@ impl Spring {
             Balance::Multi => types + 2,
         };
         let mut w = vec![0u64; roots.len() * counts];
-        let train = if self.balance == Balance::Multi { s.train_nodes()? } else { Vec::new() };
+        let train = if self.balance == Balance::Multi {
+            s.train_nodes()?
+        } else {
+            Vec::new()
+        };
         for v in 0..n {
             let k = root_of[v] as usize * counts;
             match self.balance {
@@ -305,26 +355,52 @@ impl Spring {
         for &v in &train {
             w[root_of[v as usize] as usize * counts + types] += 1;
         }
-        let totals: Vec<f64> = (0..counts).map(|j| (0..roots.len()).map(|c| w[c * counts + j]).sum::<u64>().max(1) as f64).collect();
+        let totals: Vec<f64> = (0..counts)
+            .map(|j| {
+                (0..roots.len())
+                    .map(|c| w[c * counts + j])
+                    .sum::<u64>()
+                    .max(1) as f64
+            })
+            .collect();
         let mut by_size: Vec<u32> = (0..roots.len() as u32).collect();
         by_size.sort_unstable_by_key(|&c| {
             let c = c as usize;
-            (std::cmp::Reverse(if self.balance == Balance::Nodes { w[c] } else { w[c * counts..c * counts + types].iter().sum::<u64>() }), roots[c])
+            (
+                std::cmp::Reverse(if self.balance == Balance::Nodes {
+                    w[c]
+                } else {
+                    w[c * counts..c * counts + types].iter().sum::<u64>()
+                }),
+                roots[c],
+            )
         });
         let mut load = vec![0u64; parts * counts];
         let mut part_of = vec![0u16; roots.len()];
         for c in by_size {
             let c = c as usize;
             let cw = &w[c * counts..(c + 1) * counts];
-            let after = |p: usize| -> f64 { (0..counts).map(|j| (load[p * counts + j] + cw[j]) as f64 / totals[j]).fold(0.0, f64::max) };
-            let best = (0..parts).min_by(|&a, &b| after(a).total_cmp(&after(b)).then(a.cmp(&b))).expect("parts >= 1");
+            let after = |p: usize| -> f64 {
+                (0..counts)
+                    .map(|j| (load[p * counts + j] + cw[j]) as f64 / totals[j])
+                    .fold(0.0, f64::max)
+            };
+            let best = (0..parts)
+                .min_by(|&a, &b| after(a).total_cmp(&after(b)).then(a.cmp(&b)))
+                .expect("parts >= 1");
             for j in 0..counts {
                 load[best * counts + j] += cw[j];
             }
             part_of[c] = best as u16;
         }
         if self.refine == 0 {
-            return Ok((0..types).map(|t| (s.base[t]..s.base[t + 1]).map(|v| part_of[root_of[v as usize] as usize]).collect()).collect());
+            return Ok((0..types)
+                .map(|t| {
+                    (s.base[t]..s.base[t + 1])
+                        .map(|v| part_of[root_of[v as usize] as usize])
+                        .collect()
+                })
+                .collect());
         }
         if self.balance != Balance::Nodes {
             return Err(GraphError::InvalidArgument("SPRING's refinement keeps the node balance only: use it with --spring-balance nodes".into()));
@@ -332,8 +408,15 @@ impl Spring {
         let mut owner: Vec<u16> = root_of.iter().map(|&c| part_of[c as usize]).collect();
         drop((root_of, part_of));
         // Moves never push a partition past beta times its share (or past what LPT already gave it).
-        let bound = load.iter().copied().max().unwrap_or(0).max((self.beta * n as f64 / parts as f64).floor() as u64);
+        let bound = load
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max((self.beta * n as f64 / parts as f64).floor() as u64);
         refine(s, &mut owner, parts, self.refine, bound)?;
-        Ok((0..types).map(|t| owner[s.base[t] as usize..s.base[t + 1] as usize].to_vec()).collect())
+        Ok((0..types)
+            .map(|t| owner[s.base[t] as usize..s.base[t + 1] as usize].to_vec())
+            .collect())
     }
 }

@@ -48,9 +48,20 @@ impl EdgeStream {
             base.push(base[base.len() - 1] + nt.count);
         }
         if base[base.len() - 1] >= u64::from(u32::MAX) {
-            return Err(GraphError::schema(&paths::schema(dir), format!("{} nodes in all: streaming partitioners number nodes with 32 bits", base[base.len() - 1])));
+            return Err(GraphError::schema(
+                &paths::schema(dir),
+                format!(
+                    "{} nodes in all: streaming partitioners number nodes with 32 bits",
+                    base[base.len() - 1]
+                ),
+            ));
         }
-        Ok(EdgeStream { dir: dir.to_path_buf(), schema, base, chunk: CHUNK })
+        Ok(EdgeStream {
+            dir: dir.to_path_buf(),
+            schema,
+            base,
+            chunk: CHUNK,
+        })
     }
 
     /// Reads `n` edges per chunk instead of [`CHUNK`] (tests cross chunk boundaries with it).
@@ -79,33 +90,60 @@ impl EdgeStream {
 
     /// Calls `f` on every chunk of relation `r` (its index in the schema), in file order.
     pub fn for_each_of(&self, r: usize, mut f: impl FnMut(Chunk<'_>) -> Result<()>) -> Result<()> {
-        let rel = self.schema.relations.get(r).ok_or_else(|| GraphError::InvalidArgument(format!("relation {r} does not exist")))?;
+        let rel =
+            self.schema.relations.get(r).ok_or_else(|| {
+                GraphError::InvalidArgument(format!("relation {r} does not exist"))
+            })?;
         let mut src = Vec::with_capacity(self.chunk);
         let mut dst = Vec::with_capacity(self.chunk);
         let mut raw = vec![0u8; self.chunk * 8];
         let path = paths::edges(&self.dir, &rel.canonical());
-        let (ts, td) = (self.type_of(&rel.src, &path)?, self.type_of(&rel.dst, &path)?);
-        let (n_src, n_dst) = (self.base[ts + 1] - self.base[ts], self.base[td + 1] - self.base[td]);
+        let (ts, td) = (
+            self.type_of(&rel.src, &path)?,
+            self.type_of(&rel.dst, &path)?,
+        );
+        let (n_src, n_dst) = (
+            self.base[ts + 1] - self.base[ts],
+            self.base[td + 1] - self.base[td],
+        );
         let e = rel.count;
         let offset = data_offset(&path, e)?;
         let mut rows = [open_at(&path, offset)?, open_at(&path, offset + e * 8)?];
         let mut done = 0u64;
         while done < e {
             let n = (e - done).min(self.chunk as u64) as usize;
-            for (row, (out, (count, base))) in [(&mut src, (n_src, self.base[ts])), (&mut dst, (n_dst, self.base[td]))].into_iter().enumerate() {
+            for (row, (out, (count, base))) in [
+                (&mut src, (n_src, self.base[ts])),
+                (&mut dst, (n_dst, self.base[td])),
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 let bytes = &mut raw[..n * 8];
-                rows[row].read_exact(bytes).map_err(|e| GraphError::io(&path, e))?;
+                rows[row]
+                    .read_exact(bytes)
+                    .map_err(|e| GraphError::io(&path, e))?;
                 out.clear();
                 for (k, b) in bytes.chunks_exact(8).enumerate() {
                     let id = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
                     if id < 0 || id as u64 >= count {
                         let which = if row == 0 { "source" } else { "destination" };
-                        return Err(GraphError::data(&path, format!("edge {}: {which} id {id} out of range 0..{count}", done + k as u64)));
+                        return Err(GraphError::data(
+                            &path,
+                            format!(
+                                "edge {}: {which} id {id} out of range 0..{count}",
+                                done + k as u64
+                            ),
+                        ));
                     }
                     out.push((base + id as u64) as u32);
                 }
             }
-            f(Chunk { relation: r, src: &src, dst: &dst })?;
+            f(Chunk {
+                relation: r,
+                src: &src,
+                dst: &dst,
+            })?;
             done += n as u64;
         }
         Ok(())
@@ -120,7 +158,10 @@ impl EdgeStream {
     pub fn relation_types(&self, r: usize) -> Result<(usize, usize)> {
         let rel = &self.schema.relations[r];
         let path = paths::edges(&self.dir, &rel.canonical());
-        Ok((self.type_of(&rel.src, &path)?, self.type_of(&rel.dst, &path)?))
+        Ok((
+            self.type_of(&rel.src, &path)?,
+            self.type_of(&rel.dst, &path)?,
+        ))
     }
 
     /// The degree of every node (both directions; a self-loop counts twice).
@@ -138,7 +179,12 @@ impl EdgeStream {
 
     /// The target type's index.
     pub fn target(&self) -> Result<usize> {
-        self.schema.type_index(&self.schema.target).ok_or_else(|| GraphError::schema(&paths::schema(&self.dir), "the target type is not a node type"))
+        self.schema.type_index(&self.schema.target).ok_or_else(|| {
+            GraphError::schema(
+                &paths::schema(&self.dir),
+                "the target type is not a node type",
+            )
+        })
     }
 
     /// The target type's nodes (its own ids) in split `name` (absent: none), checked in range.
@@ -154,7 +200,10 @@ impl EdgeStream {
             .map(|i| {
                 let v = f.i64_at(i);
                 if v < 0 || v as u64 >= count {
-                    return Err(GraphError::data(&path, format!("node {v} out of range 0..{count}")));
+                    return Err(GraphError::data(
+                        &path,
+                        format!("node {v} out of range 0..{count}"),
+                    ));
                 }
                 Ok(v as u32)
             })
@@ -164,7 +213,11 @@ impl EdgeStream {
     /// The global ids of the target type's training nodes.
     pub fn train_nodes(&self) -> Result<Vec<u32>> {
         let base = self.base[self.target()?];
-        Ok(self.split("train")?.into_iter().map(|v| (base + u64::from(v)) as u32).collect())
+        Ok(self
+            .split("train")?
+            .into_iter()
+            .map(|v| (base + u64::from(v)) as u32)
+            .collect())
     }
 
     /// The type of global node `v`.
@@ -173,7 +226,9 @@ impl EdgeStream {
     }
 
     fn type_of(&self, name: &str, path: &Path) -> Result<usize> {
-        self.schema.type_index(name).ok_or_else(|| GraphError::data(path, format!("unknown node type {name:?}")))
+        self.schema
+            .type_index(name)
+            .ok_or_else(|| GraphError::data(path, format!("unknown node type {name:?}")))
     }
 }
 
@@ -190,20 +245,39 @@ pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result
     let len = f.metadata().map_err(|err| GraphError::io(path, err))?.len();
     // A header is at most a few hundred bytes; 64 KiB bounds a hostile one.
     let mut head = vec![0u8; len.min(64 << 10) as usize];
-    f.read_exact(&mut head).map_err(|err| GraphError::io(path, err))?;
+    f.read_exact(&mut head)
+        .map_err(|err| GraphError::io(path, err))?;
     let h = parse_header(&head, path)?;
     if h.fortran_order || h.descr != dtype.descr() {
-        return Err(GraphError::npy(path, format!("{} in C order is required", dtype.descr())));
+        return Err(GraphError::npy(
+            path,
+            format!("{} in C order is required", dtype.descr()),
+        ));
     }
     if h.shape != shape {
-        return Err(GraphError::npy(path, format!("shape {:?} where {shape:?} (schema.json's) is required", h.shape)));
+        return Err(GraphError::npy(
+            path,
+            format!(
+                "shape {:?} where {shape:?} (schema.json's) is required",
+                h.shape
+            ),
+        ));
     }
-    let want = shape.iter().try_fold(dtype.size() as u64, |n, &d| n.checked_mul(d)).and_then(|n| n.checked_add(h.data_offset as u64));
+    let want = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |n, &d| n.checked_mul(d))
+        .and_then(|n| n.checked_add(h.data_offset as u64));
     let Some(want) = want else {
-        return Err(GraphError::npy(path, format!("shape {shape:?} is too large to address")));
+        return Err(GraphError::npy(
+            path,
+            format!("shape {shape:?} is too large to address"),
+        ));
     };
     if len != want {
-        return Err(GraphError::npy(path, format!("{len} bytes where shape {shape:?} needs {want}")));
+        return Err(GraphError::npy(
+            path,
+            format!("{len} bytes where shape {shape:?} needs {want}"),
+        ));
     }
     Ok(h.data_offset as u64)
 }
@@ -212,6 +286,7 @@ pub(super) fn checked_offset(path: &Path, dtype: DType, shape: &[u64]) -> Result
 fn open_at(path: &Path, at: u64) -> Result<std::io::BufReader<File>> {
     use std::io::Seek;
     let mut f = crate::input::open(path)?;
-    f.seek(std::io::SeekFrom::Start(at)).map_err(|e| GraphError::io(path, e))?;
+    f.seek(std::io::SeekFrom::Start(at))
+        .map_err(|e| GraphError::io(path, e))?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f))
 }

@@ -23,16 +23,31 @@ use crate::npy::{self, DType, NpyFile, NpyWriter};
 use crate::progress::Progress;
 
 /// Writes the graph directory `src` split as `a` says into `out` (atomically), streaming.
-pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptions, progress: &mut dyn Progress) -> Result<Manifest> {
+pub fn write_streaming(
+    src: &Path,
+    a: &Assignment,
+    out: &Path,
+    opts: &WriteOptions,
+    progress: &mut dyn Progress,
+) -> Result<Manifest> {
     let overwrite = opts.overwrite;
     let s = EdgeStream::open(src)?;
     let (owners, parts) = (&a.owners, a.parts);
     let types = &s.schema.node_types;
-    if owners.len() != types.len() || owners.iter().zip(types).any(|(o, (_, t))| o.len() as u64 != t.count || o.iter().any(|&p| p as usize >= parts)) {
-        return Err(GraphError::InvalidArgument("owners do not match the graph's node types and counts".into()));
+    if owners.len() != types.len()
+        || owners
+            .iter()
+            .zip(types)
+            .any(|(o, (_, t))| o.len() as u64 != t.count || o.iter().any(|&p| p as usize >= parts))
+    {
+        return Err(GraphError::InvalidArgument(
+            "owners do not match the graph's node types and counts".into(),
+        ));
     }
     if a.trainers != 1 {
-        return Err(GraphError::InvalidArgument("the streaming writer writes one trainer per partition".into()));
+        return Err(GraphError::InvalidArgument(
+            "the streaming writer writes one trainer per partition".into(),
+        ));
     }
     let owner = |v: u32| -> u16 {
         let t = s.type_of_node(v);
@@ -62,7 +77,10 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
     })?;
     let total_edges = s.edges();
     let target = s.target()?;
-    let splits: Vec<(&str, Vec<u32>)> = ["train", "valid", "test"].iter().map(|&name| Ok((name, s.split(name)?))).collect::<Result<_>>()?;
+    let splits: Vec<(&str, Vec<u32>)> = ["train", "valid", "test"]
+        .iter()
+        .map(|&name| Ok((name, s.split(name)?)))
+        .collect::<Result<_>>()?;
     let labels = read_i64(&paths::labels(src, &s.schema.target))?;
     let mut info = Vec::with_capacity(parts);
     let mut touched = vec![0u64; (s.nodes() as usize).div_ceil(64)];
@@ -91,16 +109,27 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
             kept.sort_unstable();
             schema.relations[r].count = kept.len() as u64;
             stored += kept.len() as u64;
-            let mut w = NpyWriter::create(&paths::edges(&pdir, &s.schema.relations[r].canonical()), DType::I64, &[2, kept.len() as u64])?;
-            let ids = |hi: bool| kept.iter().map(move |&x| if hi { (x >> 32) as u32 } else { x as u32 });
+            let mut w = NpyWriter::create(
+                &paths::edges(&pdir, &s.schema.relations[r].canonical()),
+                DType::I64,
+                &[2, kept.len() as u64],
+            )?;
+            let ids = |hi: bool| {
+                kept.iter()
+                    .map(move |&x| if hi { (x >> 32) as u32 } else { x as u32 })
+            };
             write_ids_iter(&mut w, ids(false))?;
             write_ids_iter(&mut w, ids(true))?;
             w.finish()?;
             drop(kept);
         }
-        let mut p = PartInfo { edges: stored, ..PartInfo::default() };
+        let mut p = PartInfo {
+            edges: stored,
+            ..PartInfo::default()
+        };
         for (t, ((name, nt), o)) in types.iter().zip(owners).enumerate() {
-            std::fs::create_dir_all(paths::node_dir(&pdir, name)).map_err(|e| GraphError::io(&pdir, e))?;
+            std::fs::create_dir_all(paths::node_dir(&pdir, name))
+                .map_err(|e| GraphError::io(&pdir, e))?;
             p.core.push(o.iter().filter(|&&x| x == k).count() as u64);
             let halo = (0..nt.count).filter(|&v| {
                 o[v as usize] != k && {
@@ -114,16 +143,33 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
                     let g = (s.base[t] + v) as usize;
                     opts.halo_features && touched[g / 64] & (1 << (g % 64)) != 0
                 };
-                copy_core_rows(&paths::features(src, name), &paths::features(&pdir, name), nt.count, dim as usize, |v| o[v as usize] == k || halo(v))?;
+                copy_core_rows(
+                    &paths::features(src, name),
+                    &paths::features(&pdir, name),
+                    nt.count,
+                    dim as usize,
+                    |v| o[v as usize] == k || halo(v),
+                )?;
             }
         }
         let tname = &s.schema.target;
-        npy::write_i64(&paths::labels(&pdir, tname), &[labels.len() as u64], &labels)?;
+        npy::write_i64(
+            &paths::labels(&pdir, tname),
+            &[labels.len() as u64],
+            &labels,
+        )?;
         for (i, (name, ids)) in splits.iter().enumerate() {
-            let mut w = NpyWriter::create(&paths::split(&pdir, tname, name), DType::I64, &[ids.len() as u64])?;
+            let mut w = NpyWriter::create(
+                &paths::split(&pdir, tname, name),
+                DType::I64,
+                &[ids.len() as u64],
+            )?;
             w.write_ids(ids)?;
             w.finish()?;
-            p.splits[i] = ids.iter().filter(|&&v| owners[target][v as usize] == k).count() as u64;
+            p.splits[i] = ids
+                .iter()
+                .filter(|&&v| owners[target][v as usize] == k)
+                .count() as u64;
         }
         p.trainer_splits = vec![p.splits];
         schema.write(&paths::schema(&pdir))?;
@@ -143,7 +189,12 @@ pub fn write_streaming(src: &Path, a: &Assignment, out: &Path, opts: &WriteOptio
         node_types: types.iter().map(|(n, _)| n.clone()).collect(),
         edge_cut,
         total_edges,
-        relation_edges: s.schema.relations.iter().map(|r| (r.canonical(), r.count)).collect(),
+        relation_edges: s
+            .schema
+            .relations
+            .iter()
+            .map(|r| (r.canonical(), r.count))
+            .collect(),
         halo_features: opts.halo_features,
         info,
     };
@@ -176,20 +227,29 @@ fn read_i64(path: &Path) -> Result<Vec<i64>> {
 
 /// Copies the rows `keep` accepts of the `[count, dim]` float32 file `from`
 /// into a sparse file of the same shape at `to`, reading `from` sequentially.
-fn copy_core_rows(from: &Path, to: &Path, count: u64, dim: usize, keep: impl Fn(u64) -> bool) -> Result<()> {
+fn copy_core_rows(
+    from: &Path,
+    to: &Path,
+    count: u64,
+    dim: usize,
+    keep: impl Fn(u64) -> bool,
+) -> Result<()> {
     let offset = super::stream::checked_offset(from, DType::F32, &[count, dim as u64])?;
     let mut f = crate::input::open(from)?;
-    f.seek(SeekFrom::Start(offset)).map_err(|e| GraphError::io(from, e))?;
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| GraphError::io(from, e))?;
     let mut r = BufReader::with_capacity(1 << 20, f);
     let mut w = NpyWriter::create(to, DType::F32, &[count, dim as u64])?.into_sparse(dim)?;
     let mut raw = vec![0u8; dim * 4];
     let mut row = vec![0f32; dim];
     for v in 0..count {
         if !keep(v) {
-            r.seek_relative(raw.len() as i64).map_err(|e| GraphError::io(from, e))?;
+            r.seek_relative(raw.len() as i64)
+                .map_err(|e| GraphError::io(from, e))?;
             continue;
         }
-        r.read_exact(&mut raw).map_err(|e| GraphError::io(from, e))?;
+        r.read_exact(&mut raw)
+            .map_err(|e| GraphError::io(from, e))?;
         for (x, b) in row.iter_mut().zip(raw.chunks_exact(4)) {
             *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }

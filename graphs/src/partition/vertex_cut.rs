@@ -43,7 +43,11 @@ pub fn assign(rule: VertexCut, s: &EdgeStream, parts: usize, seed: u64) -> Resul
             let deg = s.degrees()?;
             s.for_each(|c| {
                 for (&u, &v) in c.src.iter().zip(c.dst) {
-                    let x = if (deg[u as usize], u) <= (deg[v as usize], v) { u } else { v };
+                    let x = if (deg[u as usize], u) <= (deg[v as usize], v) {
+                        u
+                    } else {
+                        v
+                    };
                     let p = key(&[seed, 0xDB4, u64::from(x)]) % parts as u64;
                     replicas[u as usize] |= 1 << p;
                     replicas[v as usize] |= 1 << p;
@@ -59,12 +63,30 @@ pub fn assign(rule: VertexCut, s: &EdgeStream, parts: usize, seed: u64) -> Resul
                 for (&u, &v) in c.src.iter().zip(c.dst) {
                     partial[u as usize] = partial[u as usize].saturating_add(1);
                     partial[v as usize] = partial[v as usize].saturating_add(1);
-                    let (du, dv) = (f64::from(partial[u as usize]), f64::from(partial[v as usize]));
+                    let (du, dv) = (
+                        f64::from(partial[u as usize]),
+                        f64::from(partial[v as usize]),
+                    );
                     let (tu, tv) = (du / (du + dv), dv / (du + dv));
-                    let (max, min) = (sizes.iter().copied().max().unwrap_or(0) as f64, sizes.iter().copied().min().unwrap_or(0) as f64);
-                    let g = |mask: u64, p: usize, theta: f64| if mask & (1 << p) != 0 { 1.0 + (1.0 - theta) } else { 0.0 };
-                    let score = |p: usize| g(replicas[u as usize], p, tu) + g(replicas[v as usize], p, tv) + lambda * (max - sizes[p] as f64) / (eps + max - min);
-                    let best = (0..parts).max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a))).expect("parts >= 1");
+                    let (max, min) = (
+                        sizes.iter().copied().max().unwrap_or(0) as f64,
+                        sizes.iter().copied().min().unwrap_or(0) as f64,
+                    );
+                    let g = |mask: u64, p: usize, theta: f64| {
+                        if mask & (1 << p) != 0 {
+                            1.0 + (1.0 - theta)
+                        } else {
+                            0.0
+                        }
+                    };
+                    let score = |p: usize| {
+                        g(replicas[u as usize], p, tu)
+                            + g(replicas[v as usize], p, tv)
+                            + lambda * (max - sizes[p] as f64) / (eps + max - min)
+                    };
+                    let best = (0..parts)
+                        .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+                        .expect("parts >= 1");
                     replicas[u as usize] |= 1 << best;
                     replicas[v as usize] |= 1 << best;
                     sizes[best] += 1;
@@ -92,5 +114,11 @@ pub fn assign(rule: VertexCut, s: &EdgeStream, parts: usize, seed: u64) -> Resul
         }
     };
     let types = s.base.len() - 1;
-    Ok((0..types).map(|t| (s.base[t]..s.base[t + 1]).map(|v| owner(v as usize)).collect()).collect())
+    Ok((0..types)
+        .map(|t| {
+            (s.base[t]..s.base[t + 1])
+                .map(|v| owner(v as usize))
+                .collect()
+        })
+        .collect())
 }

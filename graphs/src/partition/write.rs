@@ -21,24 +21,59 @@ pub struct WriteOptions {
 }
 
 /// Writes `g` split as `a` says into `out` (atomically) and returns the manifest.
-pub fn write(g: &HetGraph, a: &Assignment, out: &Path, overwrite: bool, progress: &mut dyn Progress) -> Result<Manifest> {
-    write_with(g, a, out, &WriteOptions { overwrite, ..WriteOptions::default() }, progress)
+pub fn write(
+    g: &HetGraph,
+    a: &Assignment,
+    out: &Path,
+    overwrite: bool,
+    progress: &mut dyn Progress,
+) -> Result<Manifest> {
+    write_with(
+        g,
+        a,
+        out,
+        &WriteOptions {
+            overwrite,
+            ..WriteOptions::default()
+        },
+        progress,
+    )
 }
 
 /// [`write`] with every option.
-pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions, progress: &mut dyn Progress) -> Result<Manifest> {
+pub fn write_with(
+    g: &HetGraph,
+    a: &Assignment,
+    out: &Path,
+    opts: &WriteOptions,
+    progress: &mut dyn Progress,
+) -> Result<Manifest> {
     let overwrite = opts.overwrite;
     let (owners, parts) = (&a.owners, a.parts);
     if g.has_reverse_relations() {
-        return Err(GraphError::InvalidArgument("partition a graph loaded without reverse relations (they are added at load time)".into()));
+        return Err(GraphError::InvalidArgument(
+            "partition a graph loaded without reverse relations (they are added at load time)"
+                .into(),
+        ));
     }
     let types = g.node_types();
-    if owners.len() != types.len() || owners.iter().zip(types).any(|(o, t)| o.len() != t.count as usize || o.iter().any(|&p| p as usize >= parts)) {
-        return Err(GraphError::InvalidArgument("owners do not match the graph's node types and counts".into()));
+    if owners.len() != types.len()
+        || owners
+            .iter()
+            .zip(types)
+            .any(|(o, t)| o.len() != t.count as usize || o.iter().any(|&p| p as usize >= parts))
+    {
+        return Err(GraphError::InvalidArgument(
+            "owners do not match the graph's node types and counts".into(),
+        ));
     }
     let target = g.target().index();
-    if a.trainer_of.len() != types[target].count as usize || a.trainer_of.iter().any(|&t| t as usize >= a.trainers) {
-        return Err(GraphError::InvalidArgument("trainer assignment does not match the target type".into()));
+    if a.trainer_of.len() != types[target].count as usize
+        || a.trainer_of.iter().any(|&t| t as usize >= a.trainers)
+    {
+        return Err(GraphError::InvalidArgument(
+            "trainer assignment does not match the target type".into(),
+        ));
     }
     let dir = AtomicDir::create(out, overwrite)?;
     dir.create_dir(&dir.path().join("owners"))?;
@@ -52,19 +87,40 @@ pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions,
         let csr = r.in_csr();
         for d in 0..csr.num_rows() as u32 {
             let od = owners[r.dst.index()][d as usize];
-            edge_cut += csr.neighbors(d).iter().filter(|&&s| owners[r.src.index()][s as usize] != od).count() as u64;
+            edge_cut += csr
+                .neighbors(d)
+                .iter()
+                .filter(|&&s| owners[r.src.index()][s as usize] != od)
+                .count() as u64;
         }
         total_edges += r.num_edges() as u64;
     }
     let mut info = Vec::with_capacity(parts);
     progress.start("writing partitions", parts as u64);
     for k in 0..parts {
-        let mut p = write_part(g, owners, k as u16, &part_dir(dir.path(), k), opts.halo_features)?;
+        let mut p = write_part(
+            g,
+            owners,
+            k as u16,
+            &part_dir(dir.path(), k),
+            opts.halo_features,
+        )?;
         if let Some(splits) = &types[target].splits {
             p.trainer_splits = (0..a.trainers)
                 .map(|t| {
-                    let count = |ids: &[u32]| ids.iter().filter(|&&v| owners[target][v as usize] as usize == k && a.trainer_of[v as usize] as usize == t).count() as u64;
-                    [count(&splits.train), count(&splits.valid), count(&splits.test)]
+                    let count = |ids: &[u32]| {
+                        ids.iter()
+                            .filter(|&&v| {
+                                owners[target][v as usize] as usize == k
+                                    && a.trainer_of[v as usize] as usize == t
+                            })
+                            .count() as u64
+                    };
+                    [
+                        count(&splits.train),
+                        count(&splits.valid),
+                        count(&splits.test),
+                    ]
                 })
                 .collect();
         }
@@ -84,7 +140,12 @@ pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions,
         node_types: types.iter().map(|t| t.name.clone()).collect(),
         edge_cut,
         total_edges,
-        relation_edges: g.relations().iter().filter(|r| r.reverse_of.is_none()).map(|r| (r.canonical().to_string(), r.num_edges() as u64)).collect(),
+        relation_edges: g
+            .relations()
+            .iter()
+            .filter(|r| r.reverse_of.is_none())
+            .map(|r| (r.canonical().to_string(), r.num_edges() as u64))
+            .collect(),
         halo_features: opts.halo_features,
         info,
     };
@@ -93,10 +154,19 @@ pub fn write_with(g: &HetGraph, a: &Assignment, out: &Path, opts: &WriteOptions,
     Ok(manifest)
 }
 
-fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path, halo_features: bool) -> Result<PartInfo> {
+fn write_part(
+    g: &HetGraph,
+    owners: &[Vec<u16>],
+    k: u16,
+    dir: &Path,
+    halo_features: bool,
+) -> Result<PartInfo> {
     let types = g.node_types();
     // Edges are written before features, so the halo is known when the rows are.
-    let touched: Vec<Vec<std::cell::Cell<bool>>> = types.iter().map(|t| (0..t.count).map(|_| std::cell::Cell::new(false)).collect()).collect();
+    let touched: Vec<Vec<std::cell::Cell<bool>>> = types
+        .iter()
+        .map(|t| (0..t.count).map(|_| std::cell::Cell::new(false)).collect())
+        .collect();
     // Every edge into or out of a core node, so core neighborhoods are whole in both directions.
     let keep_edge = |ri: usize, s: u32, d: u32| {
         let r = &g.relations()[ri];
@@ -107,13 +177,25 @@ fn write_part(g: &HetGraph, owners: &[Vec<u16>], k: u16, dir: &Path, halo_featur
         }
         keep
     };
-    let keep_row = |t: usize, v: u32| owners[t][v as usize] == k || (halo_features && touched[t][v as usize].get());
+    let keep_row = |t: usize, v: u32| {
+        owners[t][v as usize] == k || (halo_features && touched[t][v as usize].get())
+    };
     let edges = super::graph_dir::write(g, dir, keep_edge, keep_row)?;
-    let mut info = PartInfo { edges, ..PartInfo::default() };
+    let mut info = PartInfo {
+        edges,
+        ..PartInfo::default()
+    };
     for (t, nt) in types.iter().enumerate() {
         let own = &owners[t];
-        info.core.push(own.iter().filter(|&&p| p == k).count() as u64);
-        info.halo.push(touched[t].iter().zip(own).filter(|(hit, &p)| hit.get() && p != k).count() as u64);
+        info.core
+            .push(own.iter().filter(|&&p| p == k).count() as u64);
+        info.halo.push(
+            touched[t]
+                .iter()
+                .zip(own)
+                .filter(|(hit, &p)| hit.get() && p != k)
+                .count() as u64,
+        );
         if let Some(splits) = &nt.splits {
             for (i, (_, ids)) in splits.named().into_iter().enumerate() {
                 info.splits[i] = ids.iter().filter(|&&v| own[v as usize] == k).count() as u64;

@@ -10,10 +10,35 @@ pub fn tiny() -> HetGraph {
         .node_type("paper", 6, Some(Features::from_vec(6, 3, feats)))
         .node_type("author", 4, None)
         .node_type("venue", 2, None)
-        .labels(vec![0, 1, 0, 1, -1, 1], Splits { train: vec![0, 1, 2], valid: vec![3], test: vec![5] })
-        .relation("author", "writes", "paper", vec![0, 0, 1, 2, 3, 3, 3, 1], vec![0, 1, 1, 2, 3, 4, 5, 5])
-        .relation("paper", "cites", "paper", vec![1, 2, 3, 4, 5, 0, 0], vec![0, 0, 0, 0, 0, 5, 1])
-        .relation("paper", "published_in", "venue", vec![0, 1, 2, 3, 4, 5], vec![0, 0, 1, 1, 0, 1])
+        .labels(
+            vec![0, 1, 0, 1, -1, 1],
+            Splits {
+                train: vec![0, 1, 2],
+                valid: vec![3],
+                test: vec![5],
+            },
+        )
+        .relation(
+            "author",
+            "writes",
+            "paper",
+            vec![0, 0, 1, 2, 3, 3, 3, 1],
+            vec![0, 1, 1, 2, 3, 4, 5, 5],
+        )
+        .relation(
+            "paper",
+            "cites",
+            "paper",
+            vec![1, 2, 3, 4, 5, 0, 0],
+            vec![0, 0, 0, 0, 0, 5, 1],
+        )
+        .relation(
+            "paper",
+            "published_in",
+            "venue",
+            vec![0, 1, 2, 3, 4, 5],
+            vec![0, 0, 1, 1, 0, 1],
+        )
         .build()
         .expect("tiny graph is valid")
 }
@@ -32,9 +57,20 @@ pub fn random(n: u32, m: u32, edges: usize, seed: u64) -> HetGraph {
         cdst.push(r.below(n.into()) as u32);
     }
     GraphBuilder::new("random", "paper", 3)
-        .node_type("paper", n, Some(Features::from_vec(n as usize, 1, vec![0.0; n as usize])))
+        .node_type(
+            "paper",
+            n,
+            Some(Features::from_vec(n as usize, 1, vec![0.0; n as usize])),
+        )
         .node_type("author", m, None)
-        .labels((0..n).map(|i| i64::from(i % 3)).collect(), Splits { train: (0..n).collect(), valid: vec![], test: vec![] })
+        .labels(
+            (0..n).map(|i| i64::from(i % 3)).collect(),
+            Splits {
+                train: (0..n).collect(),
+                valid: vec![],
+                test: vec![],
+            },
+        )
         .relation("author", "writes", "paper", src, dst)
         .relation("paper", "cites", "paper", csrc, cdst)
         .build()
@@ -51,7 +87,10 @@ pub fn read_all(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                out.push((p.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&p).unwrap()));
+                out.push((
+                    p.strip_prefix(dir).unwrap().display().to_string(),
+                    std::fs::read(&p).unwrap(),
+                ));
             }
         }
     }

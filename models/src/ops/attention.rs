@@ -20,8 +20,17 @@ pub const NEGATIVE_SLOPE: f64 = 0.2;
 
 /// `out[v,k,:] = Σ_u softmax_u(leaky(el[u,k] + er[v,k])) · values[u,k,:]`;
 /// `values: [n_src, K, D]`, `el: [n_src, K]`, `er: [n_dst, K]` → `[n_dst, K, D]`.
-pub fn attention_aggregate(values: &Tensor, el: &Tensor, er: &Tensor, csr: &Arc<SegmentCsr>) -> candle_core::Result<Tensor> {
-    values.contiguous()?.apply_op3(&el.contiguous()?, &er.contiguous()?, Attention(Arc::clone(csr)))
+pub fn attention_aggregate(
+    values: &Tensor,
+    el: &Tensor,
+    er: &Tensor,
+    csr: &Arc<SegmentCsr>,
+) -> candle_core::Result<Tensor> {
+    values.contiguous()?.apply_op3(
+        &el.contiguous()?,
+        &er.contiguous()?,
+        Attention(Arc::clone(csr)),
+    )
 }
 
 struct Attention(Arc<SegmentCsr>);
@@ -42,7 +51,15 @@ fn leaky(x: f64) -> f64 {
 }
 
 /// Softmax weights of destination `v`'s edges for head `k`, into `alpha` (edge order).
-fn softmax_row(csr: &SegmentCsr, el: &[f64], er: &[f64], heads: usize, v: usize, k: usize, alpha: &mut Vec<f64>) {
+fn softmax_row(
+    csr: &SegmentCsr,
+    el: &[f64],
+    er: &[f64],
+    heads: usize,
+    v: usize,
+    k: usize,
+    alpha: &mut Vec<f64>,
+) {
     let (_, srcs) = csr.row(v);
     alpha.clear();
     let mut m = f64::NEG_INFINITY;
@@ -78,13 +95,25 @@ fn dims(csr: &SegmentCsr, lv: &[usize], ll: &[usize], lr: &[usize]) -> candle_co
 #[cfg(feature = "cuda")]
 impl Dims {
     fn for_cuda(&self) -> super::cuda::AttentionDims {
-        super::cuda::AttentionDims { n_src: self.n_src, n_dst: self.n_dst, heads: self.heads, width: self.width }
+        super::cuda::AttentionDims {
+            n_src: self.n_src,
+            n_dst: self.n_dst,
+            heads: self.heads,
+            width: self.width,
+        }
     }
 }
 
 /// The backward pass with the native kernels: `(d values, d el, d er)`.
 #[cfg(feature = "cuda")]
-fn cuda_bwd(c: &SegmentCsr, dm: &Dims, values: &Tensor, el: &Tensor, er: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+fn cuda_bwd(
+    c: &SegmentCsr,
+    dm: &Dims,
+    values: &Tensor,
+    el: &Tensor,
+    er: &Tensor,
+    grad: &Tensor,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
     use candle_core::op::BackpropOp;
     use candle_core::Storage;
     let grad = grad.contiguous()?;
@@ -93,13 +122,30 @@ fn cuda_bwd(c: &SegmentCsr, dm: &Dims, values: &Tensor, el: &Tensor, er: &Tensor
     let (sl, ll) = el.storage_and_layout();
     let (sr, lr) = er.storage_and_layout();
     let (sg, lg) = grad.storage_and_layout();
-    let (Storage::Cuda(sv), Storage::Cuda(sl), Storage::Cuda(sr), Storage::Cuda(sg)) = (&*sv, &*sl, &*sr, &*sg) else {
-        return Err(candle_core::Error::Msg("attention: backward inputs on different devices".into()));
+    let (Storage::Cuda(sv), Storage::Cuda(sl), Storage::Cuda(sr), Storage::Cuda(sg)) =
+        (&*sv, &*sl, &*sr, &*sg)
+    else {
+        return Err(candle_core::Error::Msg(
+            "attention: backward inputs on different devices".into(),
+        ));
     };
     let d = c.on_device(&sv.device, true)?;
-    let (dv, del, der) = super::cuda::attention_bwd((sv, lv), (sl, ll), (sr, lr), (sg, lg), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
-    let tensor = |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
-    Ok((Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))), Some(tensor(del, Shape::from((dm.n_src, dm.heads)))), Some(tensor(der, Shape::from((dm.n_dst, dm.heads))))))
+    let (dv, del, der) = super::cuda::attention_bwd(
+        (sv, lv),
+        (sl, ll),
+        (sr, lr),
+        (sg, lg),
+        &d,
+        NEGATIVE_SLOPE,
+        dm.for_cuda(),
+    )?;
+    let tensor =
+        |s, shape: Shape| Tensor::from_storage(Storage::Cuda(s), shape, BackpropOp::none(), false);
+    Ok((
+        Some(tensor(dv, Shape::from((dm.n_src, dm.heads, dm.width)))),
+        Some(tensor(del, Shape::from((dm.n_src, dm.heads)))),
+        Some(tensor(der, Shape::from((dm.n_dst, dm.heads)))),
+    ))
 }
 
 impl CustomOp3 for Attention {
@@ -107,27 +153,42 @@ impl CustomOp3 for Attention {
         "attention-aggregate"
     }
 
-    fn cpu_fwd(&self, sv: &CpuStorage, lv: &Layout, sl: &CpuStorage, ll: &Layout, sr: &CpuStorage, lr: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        sv: &CpuStorage,
+        lv: &Layout,
+        sl: &CpuStorage,
+        ll: &Layout,
+        sr: &CpuStorage,
+        lr: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let c = &self.0;
         let dm = dims(c, lv.dims(), ll.dims(), lr.dims())?;
-        let (values, el, er) = (to_f64(sv, lv, "attention")?, to_f64(sl, ll, "attention")?, to_f64(sr, lr, "attention")?);
+        let (values, el, er) = (
+            to_f64(sv, lv, "attention")?,
+            to_f64(sl, ll, "attention")?,
+            to_f64(sr, lr, "attention")?,
+        );
         let (k_n, d_n) = (dm.heads, dm.width);
         let mut out = vec![0.0f64; dm.n_dst * k_n * d_n];
         if k_n * d_n > 0 {
-            out.par_chunks_mut(k_n * d_n).enumerate().with_min_len(32).for_each(|(v, o)| {
-                let mut alpha = Vec::new();
-                let (_, srcs) = c.row(v);
-                for k in 0..k_n {
-                    softmax_row(c, &el, &er, k_n, v, k, &mut alpha);
-                    let ok = &mut o[k * d_n..(k + 1) * d_n];
-                    for (&u, &a) in srcs.iter().zip(&alpha) {
-                        let row = &values[(u as usize * k_n + k) * d_n..][..d_n];
-                        for (x, &y) in ok.iter_mut().zip(row) {
-                            *x += a * y;
+            out.par_chunks_mut(k_n * d_n)
+                .enumerate()
+                .with_min_len(32)
+                .for_each(|(v, o)| {
+                    let mut alpha = Vec::new();
+                    let (_, srcs) = c.row(v);
+                    for k in 0..k_n {
+                        softmax_row(c, &el, &er, k_n, v, k, &mut alpha);
+                        let ok = &mut o[k * d_n..(k + 1) * d_n];
+                        for (&u, &a) in srcs.iter().zip(&alpha) {
+                            let row = &values[(u as usize * k_n + k) * d_n..][..d_n];
+                            for (x, &y) in ok.iter_mut().zip(row) {
+                                *x += a * y;
+                            }
                         }
                     }
-                }
-            });
+                });
         }
         Ok((from_f64(out, sv.dtype()), Shape::from((dm.n_dst, k_n, d_n))))
     }
@@ -145,19 +206,40 @@ impl CustomOp3 for Attention {
         let c = &self.0;
         let dm = dims(c, lv.dims(), ll.dims(), lr.dims())?;
         let d = c.on_device(&sv.device, false)?;
-        let out = super::cuda::attention_fwd((sv, lv), (sl, ll), (sr, lr), &d, NEGATIVE_SLOPE, dm.for_cuda())?;
+        let out = super::cuda::attention_fwd(
+            (sv, lv),
+            (sl, ll),
+            (sr, lr),
+            &d,
+            NEGATIVE_SLOPE,
+            dm.for_cuda(),
+        )?;
         Ok((out, Shape::from((dm.n_dst, dm.heads, dm.width))))
     }
 
-    fn bwd(&self, values: &Tensor, el: &Tensor, er: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        values: &Tensor,
+        el: &Tensor,
+        er: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let c = &self.0;
         let dm = dims(c, values.dims(), el.dims(), er.dims())?;
         #[cfg(feature = "cuda")]
         if values.device().is_cuda() {
             return cuda_bwd(c, &dm, values, el, er, grad);
         }
-        let flat = |t: &Tensor| -> candle_core::Result<Vec<f64>> { t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>() };
-        let (vals, elv, erv, g) = (flat(values)?, flat(el)?, flat(er)?, flat(&grad.contiguous()?)?);
+        let flat = |t: &Tensor| -> candle_core::Result<Vec<f64>> {
+            t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+        };
+        let (vals, elv, erv, g) = (
+            flat(values)?,
+            flat(el)?,
+            flat(er)?,
+            flat(&grad.contiguous()?)?,
+        );
         let (k_n, d_n, e_n) = (dm.heads, dm.width, c.n_edges());
         // Destination pass: per-edge attention and score gradients, and d(er).
         let per_dst: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..dm.n_dst)
@@ -173,8 +255,21 @@ impl CustomOp3 for Attention {
                     softmax_row(c, &elv, &erv, k_n, v, k, &mut alpha);
                     let gk = &g[(v * k_n + k) * d_n..][..d_n];
                     // Sums fold from +0.0 as the CUDA kernels do (`Sum` starts at -0.0).
-                    let da: Vec<f64> = srcs.iter().map(|&u| vals[(u as usize * k_n + k) * d_n..][..d_n].iter().zip(gk).map(|(a, b)| a * b).fold(0.0, |s, x| s + x)).collect();
-                    let dot: f64 = alpha.iter().zip(&da).map(|(a, b)| a * b).fold(0.0, |s, x| s + x);
+                    let da: Vec<f64> = srcs
+                        .iter()
+                        .map(|&u| {
+                            vals[(u as usize * k_n + k) * d_n..][..d_n]
+                                .iter()
+                                .zip(gk)
+                                .map(|(a, b)| a * b)
+                                .fold(0.0, |s, x| s + x)
+                        })
+                        .collect();
+                    let dot: f64 = alpha
+                        .iter()
+                        .zip(&da)
+                        .map(|(a, b)| a * b)
+                        .fold(0.0, |s, x| s + x);
                     for (i, &u) in srcs.iter().enumerate() {
                         let ds = alpha[i] * (da[i] - dot);
                         let pre = elv[u as usize * k_n + k] + erv[v * k_n + k];
@@ -218,7 +313,8 @@ impl CustomOp3 for Attention {
             .collect();
         let (dv, del): (Vec<Vec<f64>>, Vec<Vec<f64>>) = per_src.into_iter().unzip();
         let dev = values.device();
-        let dv = Tensor::from_vec(dv.concat(), (dm.n_src, k_n, d_n), dev)?.to_dtype(values.dtype())?;
+        let dv =
+            Tensor::from_vec(dv.concat(), (dm.n_src, k_n, d_n), dev)?.to_dtype(values.dtype())?;
         let del = Tensor::from_vec(del.concat(), (dm.n_src, k_n), dev)?.to_dtype(el.dtype())?;
         let der = Tensor::from_vec(der, (dm.n_dst, k_n), dev)?.to_dtype(er.dtype())?;
         Ok((Some(dv), Some(del), Some(der)))

@@ -11,7 +11,10 @@ use std::ops::{AddAssign, Mul, Range};
 use crate::prefetch::{prefetch, AHEAD};
 
 /// An element the kernels compute in (f32 or f64).
-pub(crate) trait Elem: Copy + Default + AddAssign + Mul<Output = Self> + Send + Sync {}
+pub(crate) trait Elem:
+    Copy + Default + AddAssign + Mul<Output = Self> + Send + Sync
+{
+}
 impl Elem for f32 {}
 impl Elem for f64 {}
 
@@ -58,7 +61,13 @@ fn axpy_avx512<T: Elem>(o: &mut [T], a: T, x: &[T]) {
 /// The feature test is made once per row, not per term, so the term loop
 /// inlines into one AVX-512 (or AVX2) body.
 #[inline]
-pub(crate) fn gather_row<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+pub(crate) fn gather_row<T: Elem>(
+    o: &mut [MaybeUninit<T>],
+    x: &[T],
+    idx: &[u32],
+    span: Range<usize>,
+    weight: impl Fn(u32) -> T,
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512 F.
@@ -75,7 +84,13 @@ pub(crate) fn gather_row<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32]
 }
 
 #[inline(always)]
-fn gather_row_any<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+fn gather_row_any<T: Elem>(
+    o: &mut [MaybeUninit<T>],
+    x: &[T],
+    idx: &[u32],
+    span: Range<usize>,
+    weight: impl Fn(u32) -> T,
+) {
     let h = o.len();
     let row = |s: u32| &x[s as usize * h..(s as usize + 1) * h];
     let mut terms = span.map(|p| {
@@ -104,13 +119,25 @@ fn gather_row_any<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span:
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn gather_row_avx2<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+fn gather_row_avx2<T: Elem>(
+    o: &mut [MaybeUninit<T>],
+    x: &[T],
+    idx: &[u32],
+    span: Range<usize>,
+    weight: impl Fn(u32) -> T,
+) {
     gather_row_any(o, x, idx, span, weight);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn gather_row_avx512<T: Elem>(o: &mut [MaybeUninit<T>], x: &[T], idx: &[u32], span: Range<usize>, weight: impl Fn(u32) -> T) {
+fn gather_row_avx512<T: Elem>(
+    o: &mut [MaybeUninit<T>],
+    x: &[T],
+    idx: &[u32],
+    span: Range<usize>,
+    weight: impl Fn(u32) -> T,
+) {
     gather_row_any(o, x, idx, span, weight);
 }
 
@@ -136,19 +163,32 @@ mod tests {
     #[test]
     fn a_gathered_row_equals_axpy_into_zeros_bit_for_bit() {
         let h = 13;
-        let x: Vec<f32> = (0..h * 6).map(|i| (i as f32 * 0.29).sin() * if i % 7 == 0 { -0.0 } else { 1.0 }).collect();
+        let x: Vec<f32> = (0..h * 6)
+            .map(|i| (i as f32 * 0.29).sin() * if i % 7 == 0 { -0.0 } else { 1.0 })
+            .collect();
         let idx = [4u32, 0, 5, 5, 2, 1, 3];
         let weight = |s: u32| 0.3 + s as f32 * 0.17;
         for span in [0..0, 0..1, 2..3, 1..7, 0..7] {
             let mut want = vec![0.0f32; h];
             for &s in &idx[span.clone()] {
-                axpy(&mut want, weight(s), &x[s as usize * h..(s as usize + 1) * h]);
+                axpy(
+                    &mut want,
+                    weight(s),
+                    &x[s as usize * h..(s as usize + 1) * h],
+                );
             }
             let mut got = vec![MaybeUninit::new(f32::NAN); h];
             gather_row(&mut got, &x, &idx, span.clone(), weight);
             // SAFETY: gather_row wrote every element.
-            let got: Vec<u32> = got.iter().map(|v| unsafe { v.assume_init() }.to_bits()).collect();
-            assert_eq!(got, want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{span:?}");
+            let got: Vec<u32> = got
+                .iter()
+                .map(|v| unsafe { v.assume_init() }.to_bits())
+                .collect();
+            assert_eq!(
+                got,
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{span:?}"
+            );
         }
     }
 }

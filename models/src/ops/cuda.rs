@@ -8,7 +8,9 @@
 use std::sync::OnceLock;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Layout};
 
@@ -22,10 +24,22 @@ pub(crate) fn ptx() -> candle_core::Result<&'static str> {
     // Stated rather than left to NVRTC's defaults: no contraction into fused
     // multiply-adds, no flushing of subnormals, IEEE division and square root,
     // which is what keeps the kernels' bits equal to the CPU ops'.
-    let opts = || CompileOptions { fmad: Some(false), ftz: Some(false), prec_div: Some(true), prec_sqrt: Some(true), ..Default::default() };
-    PTX.get_or_init(|| compile_ptx_with_opts(SOURCE, opts()).map(|p| p.to_src()).map_err(|e| e.to_string()))
-        .as_deref()
-        .map_err(|e| candle_core::Error::Msg(format!("compiling hetgnn's CUDA kernels with NVRTC: {e}")))
+    let opts = || CompileOptions {
+        fmad: Some(false),
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ..Default::default()
+    };
+    PTX.get_or_init(|| {
+        compile_ptx_with_opts(SOURCE, opts())
+            .map(|p| p.to_src())
+            .map_err(|e| e.to_string())
+    })
+    .as_deref()
+    .map_err(|e| {
+        candle_core::Error::Msg(format!("compiling hetgnn's CUDA kernels with NVRTC: {e}"))
+    })
 }
 
 /// An element type the kernels are instantiated for.
@@ -54,7 +68,10 @@ macro_rules! by_dtype {
                 type $t = f64;
                 $body
             }
-            d => Err(candle_core::Error::Msg(format!("{}: {d:?} is not supported on CUDA (f32 and f64 are)", $op))),
+            d => Err(candle_core::Error::Msg(format!(
+                "{}: {d:?} is not supported on CUDA (f32 and f64 are)",
+                $op
+            ))),
         }
     };
 }
@@ -62,13 +79,21 @@ macro_rules! by_dtype {
 fn launch_cfg_rows(rows: u32, h: u32) -> LaunchConfig {
     // One block per row (grid-stride beyond 65535 blocks), a warp's multiple of threads over its columns.
     let threads = h.div_ceil(32).clamp(1, 8) * 32;
-    LaunchConfig { grid_dim: (rows.clamp(1, 65_535), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (rows.clamp(1, 65_535), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn launch_cfg_elems(n: usize) -> LaunchConfig {
     // Grid-stride loops: enough blocks to fill any GPU, no more.
     let blocks = n.div_ceil(256).clamp(1, 16_384) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The largest size a kernel's 32-bit counters take: 2^31 - 1, so that a
@@ -77,19 +102,29 @@ const MAX_DIM: usize = i32::MAX as usize;
 
 fn dim(n: usize, what: &str) -> candle_core::Result<u32> {
     if n > MAX_DIM {
-        return Err(candle_core::Error::Msg(format!("{what} = {n} exceeds the CUDA kernels' limit of {MAX_DIM}")));
+        return Err(candle_core::Error::Msg(format!(
+            "{what} = {n} exceeds the CUDA kernels' limit of {MAX_DIM}"
+        )));
     }
     Ok(n as u32)
 }
 
 /// `s`'s elements from its layout's start to its end (contiguous layouts only).
-fn view<'a, T: Float>(s: &'a CudaStorage, l: &Layout, op: &str) -> candle_core::Result<CudaView<'a, T>> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
+fn view<'a, T: Float>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    op: &str,
+) -> candle_core::Result<CudaView<'a, T>> {
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
     Ok(s.as_cuda_slice::<T>()?.slice(a..b))
 }
 
 fn kernel(dev: &CudaDevice, name: &str, suffix: &str) -> candle_core::Result<CudaFunction> {
-    Ok(dev.get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, ptx()?)?.into_cuda_function())
+    Ok(dev
+        .get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, ptx()?)?
+        .into_cuda_function())
 }
 
 /// A `SegmentCsr`'s arrays in one device's memory.
@@ -113,7 +148,11 @@ pub(crate) struct DeviceTranspose {
 impl DeviceCsr {
     /// The transpose, which a backward op has uploaded (`SegmentCsr::on_device` with `backward`).
     pub(crate) fn t(&self) -> candle_core::Result<&DeviceTranspose> {
-        self.transpose.get().ok_or_else(|| candle_core::Error::Msg("segment CSR: the transpose was not uploaded for a backward pass".into()))
+        self.transpose.get().ok_or_else(|| {
+            candle_core::Error::Msg(
+                "segment CSR: the transpose was not uploaded for a backward pass".into(),
+            )
+        })
     }
 }
 
@@ -127,18 +166,30 @@ impl Drop for DeviceCsr {
         // Straight to the driver: `bind_to_thread` first returns (and clears)
         // an error recorded earlier, and then binds nothing.
         // SAFETY: the context outlives its slices (each holds it).
-        let _ = unsafe { candle_core::cuda_backend::cudarc::driver::result::ctx::set_current(self.offsets.context().cu_ctx()) };
+        let _ = unsafe {
+            candle_core::cuda_backend::cudarc::driver::result::ctx::set_current(
+                self.offsets.context().cu_ctx(),
+            )
+        };
     }
 }
 
 impl std::fmt::Debug for DeviceCsr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceCsr({:?}, {} edges)", self.device, self.sources.len())
+        write!(
+            f,
+            "DeviceCsr({:?}, {} edges)",
+            self.device,
+            self.sources.len()
+        )
     }
 }
 
 /// Host data uploaded for a kernel.
-pub(crate) fn upload<T: DeviceRepr + 'static>(dev: &CudaDevice, data: &[T]) -> candle_core::Result<CudaSlice<T>> {
+pub(crate) fn upload<T: DeviceRepr + 'static>(
+    dev: &CudaDevice,
+    data: &[T],
+) -> candle_core::Result<CudaSlice<T>> {
     dev.clone_htod(data)
 }
 
@@ -167,7 +218,14 @@ pub(crate) fn gather_rows(
             let per_row = u32::from(per_row);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
-            b.arg(&xv).arg(offsets).arg(idx).arg(weights).arg(&per_row).arg(&out).arg(&r32).arg(&h32);
+            b.arg(&xv)
+                .arg(offsets)
+                .arg(idx)
+                .arg(weights)
+                .arg(&per_row)
+                .arg(&out)
+                .arg(&r32)
+                .arg(&h32);
             // SAFETY: argument types and counts match the kernel's signature; indices were checked on the host.
             unsafe { b.launch(launch_cfg_rows(r32, h32)) }.w()?;
         }
@@ -177,7 +235,16 @@ pub(crate) fn gather_rows(
 
 /// Dropout forward (`backward = None`) or backward (`Some((g, lg))`, `x` the forward input).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn dropout(x: &CudaStorage, lx: &Layout, backward: Option<(&CudaStorage, &Layout)>, row_keys: &[u64], p: f32, relu: bool, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
+pub(crate) fn dropout(
+    x: &CudaStorage,
+    lx: &Layout,
+    backward: Option<(&CudaStorage, &Layout)>,
+    row_keys: &[u64],
+    p: f32,
+    relu: bool,
+    rows: usize,
+    cols: usize,
+) -> candle_core::Result<CudaStorage> {
     let dev = &x.device;
     let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
     let scale = 1.0 / (1.0 - p);
@@ -194,7 +261,14 @@ pub(crate) fn dropout(x: &CudaStorage, lx: &Layout, backward: Option<(&CudaStora
                     let f = kernel(dev, "dropout_fwd", T::SUFFIX)?;
                     let stream = dev.cuda_stream();
                     let mut b = stream.launch_builder(&f);
-                    b.arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
+                    b.arg(&xv)
+                        .arg(&keys)
+                        .arg(&p)
+                        .arg(&scale)
+                        .arg(&relu)
+                        .arg(&out)
+                        .arg(&r32)
+                        .arg(&c32);
                     // SAFETY: as in gather_rows.
                     unsafe { b.launch(cfg) }.w()?;
                 }
@@ -203,7 +277,15 @@ pub(crate) fn dropout(x: &CudaStorage, lx: &Layout, backward: Option<(&CudaStora
                     let f = kernel(dev, "dropout_bwd", T::SUFFIX)?;
                     let stream = dev.cuda_stream();
                     let mut b = stream.launch_builder(&f);
-                    b.arg(&gv).arg(&xv).arg(&keys).arg(&p).arg(&scale).arg(&relu).arg(&out).arg(&r32).arg(&c32);
+                    b.arg(&gv)
+                        .arg(&xv)
+                        .arg(&keys)
+                        .arg(&p)
+                        .arg(&scale)
+                        .arg(&relu)
+                        .arg(&out)
+                        .arg(&r32)
+                        .arg(&c32);
                     // SAFETY: as in gather_rows.
                     unsafe { b.launch(cfg) }.w()?;
                 }
@@ -214,12 +296,22 @@ pub(crate) fn dropout(x: &CudaStorage, lx: &Layout, backward: Option<(&CudaStora
 }
 
 /// `x + b` for `x: [rows, cols]`, `b: [cols]`.
-pub(crate) fn add_bias(x: &CudaStorage, lx: &Layout, bias: &CudaStorage, lb: &Layout, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
+pub(crate) fn add_bias(
+    x: &CudaStorage,
+    lx: &Layout,
+    bias: &CudaStorage,
+    lb: &Layout,
+    rows: usize,
+    cols: usize,
+) -> candle_core::Result<CudaStorage> {
     let dev = &x.device;
     let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
     dim(rows * cols, "elements")?;
     by_dtype!(x.dtype(), "add-bias", |T| {
-        let (xv, bv) = (view::<T>(x, lx, "add-bias")?, view::<T>(bias, lb, "add-bias")?);
+        let (xv, bv) = (
+            view::<T>(x, lx, "add-bias")?,
+            view::<T>(bias, lb, "add-bias")?,
+        );
         // SAFETY: every element is written by the kernel below.
         let out = unsafe { dev.alloc::<T>(rows * cols)? };
         if rows * cols > 0 {
@@ -236,7 +328,12 @@ pub(crate) fn add_bias(x: &CudaStorage, lx: &Layout, bias: &CudaStorage, lb: &La
 
 /// Column sums of `g: [rows, cols]`: blocks of `SUM_BLOCK` rows summed in
 /// parallel, each in order, then the blocks' sums in order (bias.rs's order).
-pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize) -> candle_core::Result<CudaStorage> {
+pub(crate) fn column_sums(
+    g: &CudaStorage,
+    l: &Layout,
+    rows: usize,
+    cols: usize,
+) -> candle_core::Result<CudaStorage> {
     let dev = &g.device;
     let (r32, c32) = (dim(rows, "rows")?, dim(cols, "columns")?);
     dim(rows * cols, "elements")?;
@@ -246,7 +343,12 @@ pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize)
     by_dtype!(g.dtype(), "column-sums", |T| {
         let gv = view::<T>(g, l, "column-sums")?;
         // SAFETY: every element is written by the kernels below.
-        let (partials, out) = unsafe { (dev.alloc::<T>((blocks * cols).max(1))?, dev.alloc::<T>(cols)?) };
+        let (partials, out) = unsafe {
+            (
+                dev.alloc::<T>((blocks * cols).max(1))?,
+                dev.alloc::<T>(cols)?,
+            )
+        };
         if cols > 0 {
             let stream = dev.cuda_stream();
             if blocks > 0 {
@@ -259,7 +361,11 @@ pub(crate) fn column_sums(g: &CudaStorage, l: &Layout, rows: usize, cols: usize)
             let f = kernel(dev, "column_sums", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
             b.arg(&partials).arg(&out).arg(&b32).arg(&c32);
-            let cfg = LaunchConfig { grid_dim: (c32.div_ceil(128), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (c32.div_ceil(128), 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: as in gather_rows.
             unsafe { b.launch(cfg) }.w()?;
         }
@@ -280,21 +386,45 @@ pub(crate) struct AttentionDims {
 pub(crate) type Input<'a> = (&'a CudaStorage, &'a Layout);
 
 /// Attention forward: `out[v, k, :]` as in `attention.rs`.
-pub(crate) fn attention_fwd(values: Input, el: Input, er: Input, csr: &DeviceCsr, slope: f64, d: AttentionDims) -> candle_core::Result<CudaStorage> {
+pub(crate) fn attention_fwd(
+    values: Input,
+    el: Input,
+    er: Input,
+    csr: &DeviceCsr,
+    slope: f64,
+    d: AttentionDims,
+) -> candle_core::Result<CudaStorage> {
     let dev = &values.0.device;
-    let (n_dst, heads, width) = (dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.width, "width")?);
+    let (n_dst, heads, width) = (
+        dim(d.n_dst, "destinations")?,
+        dim(d.heads, "heads")?,
+        dim(d.width, "width")?,
+    );
     let n = d.n_dst * d.heads * d.width;
     dim(n, "elements")?;
     dim(d.n_src * d.heads * d.width, "elements")?;
     by_dtype!(values.0.dtype(), "attention", |T| {
-        let (vv, lv, rv) = (view::<T>(values.0, values.1, "attention")?, view::<T>(el.0, el.1, "attention")?, view::<T>(er.0, er.1, "attention")?);
+        let (vv, lv, rv) = (
+            view::<T>(values.0, values.1, "attention")?,
+            view::<T>(el.0, el.1, "attention")?,
+            view::<T>(er.0, er.1, "attention")?,
+        );
         // SAFETY: every element is written by the kernel below.
         let out = unsafe { dev.alloc::<T>(n)? };
         if n > 0 {
             let f = kernel(dev, "attention_fwd", T::SUFFIX)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
-            b.arg(&vv).arg(&lv).arg(&rv).arg(&csr.offsets).arg(&csr.sources).arg(&slope).arg(&out).arg(&n_dst).arg(&heads).arg(&width);
+            b.arg(&vv)
+                .arg(&lv)
+                .arg(&rv)
+                .arg(&csr.offsets)
+                .arg(&csr.sources)
+                .arg(&slope)
+                .arg(&out)
+                .arg(&n_dst)
+                .arg(&heads)
+                .arg(&width);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_dst, heads * width)) }.w()?;
         }
@@ -303,15 +433,38 @@ pub(crate) fn attention_fwd(values: Input, el: Input, er: Input, csr: &DeviceCsr
 }
 
 /// Attention backward: `(d values, d el, d er)` for the upstream gradient `g: [n_dst, heads, width]`.
-pub(crate) fn attention_bwd(values: Input, el: Input, er: Input, g: Input, csr: &DeviceCsr, slope: f64, d: AttentionDims) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
+pub(crate) fn attention_bwd(
+    values: Input,
+    el: Input,
+    er: Input,
+    g: Input,
+    csr: &DeviceCsr,
+    slope: f64,
+    d: AttentionDims,
+) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let dev = &values.0.device;
-    let (n_src, n_dst, heads, width) = (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.width, "width")?);
+    let (n_src, n_dst, heads, width) = (
+        dim(d.n_src, "sources")?,
+        dim(d.n_dst, "destinations")?,
+        dim(d.heads, "heads")?,
+        dim(d.width, "width")?,
+    );
     dim(d.n_src.max(d.n_dst) * d.heads * d.width, "elements")?;
     let per_edge = csr.sources.len() * d.heads;
     by_dtype!(values.0.dtype(), "attention", |T| {
-        let (vv, lv, rv, gv) = (view::<T>(values.0, values.1, "attention")?, view::<T>(el.0, el.1, "attention")?, view::<T>(er.0, er.1, "attention")?, view::<T>(g.0, g.1, "attention")?);
+        let (vv, lv, rv, gv) = (
+            view::<T>(values.0, values.1, "attention")?,
+            view::<T>(el.0, el.1, "attention")?,
+            view::<T>(er.0, er.1, "attention")?,
+            view::<T>(g.0, g.1, "attention")?,
+        );
         // SAFETY: the destination pass writes every edge's entries and every d(er); the source pass every d(values), d(el).
-        let (alpha_e, dpre_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
+        let (alpha_e, dpre_e) = unsafe {
+            (
+                dev.alloc::<f64>(per_edge.max(1))?,
+                dev.alloc::<f64>(per_edge.max(1))?,
+            )
+        };
         let der = unsafe { dev.alloc::<T>(d.n_dst * d.heads)? };
         let dv = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.width)? };
         let del = unsafe { dev.alloc::<T>(d.n_src * d.heads)? };
@@ -319,8 +472,19 @@ pub(crate) fn attention_bwd(values: Input, el: Input, er: Input, g: Input, csr: 
         if d.n_dst * d.heads > 0 {
             let f = kernel(dev, "attention_bwd_dst", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&vv).arg(&lv).arg(&rv).arg(&gv).arg(&csr.offsets).arg(&csr.sources).arg(&slope);
-            b.arg(&alpha_e).arg(&dpre_e).arg(&der).arg(&n_dst).arg(&heads).arg(&width);
+            b.arg(&vv)
+                .arg(&lv)
+                .arg(&rv)
+                .arg(&gv)
+                .arg(&csr.offsets)
+                .arg(&csr.sources)
+                .arg(&slope);
+            b.arg(&alpha_e)
+                .arg(&dpre_e)
+                .arg(&der)
+                .arg(&n_dst)
+                .arg(&heads)
+                .arg(&width);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_elems(d.n_dst * d.heads)) }.w()?;
         }
@@ -328,7 +492,12 @@ pub(crate) fn attention_bwd(values: Input, el: Input, er: Input, g: Input, csr: 
             let f = kernel(dev, "attention_bwd_src", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
             let t = csr.t()?;
-            b.arg(&gv).arg(&alpha_e).arg(&dpre_e).arg(&t.t_offsets).arg(&t.t_dsts).arg(&t.t_edges);
+            b.arg(&gv)
+                .arg(&alpha_e)
+                .arg(&dpre_e)
+                .arg(&t.t_offsets)
+                .arg(&t.t_dsts)
+                .arg(&t.t_edges);
             b.arg(&dv).arg(&del).arg(&n_src).arg(&heads).arg(&width);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_src, (heads * width).max(heads))) }.w()?;
@@ -349,21 +518,43 @@ pub(crate) struct LseDims {
 }
 
 /// Log-sum-exp attention forward: the packed partial `[n_dst, heads, 2 + dv]`.
-pub(crate) fn lse_fwd(q: Input, k: Input, values: Input, csr: &DeviceCsr, empty_max: f64, d: LseDims) -> candle_core::Result<CudaStorage> {
+pub(crate) fn lse_fwd(
+    q: Input,
+    k: Input,
+    values: Input,
+    csr: &DeviceCsr,
+    empty_max: f64,
+    d: LseDims,
+) -> candle_core::Result<CudaStorage> {
     let dev = &q.0.device;
     let gw = d.dv + 2;
-    let (n_dst, heads, dk, dv) = (dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
+    let (n_dst, heads, dk, dv) = (
+        dim(d.n_dst, "destinations")?,
+        dim(d.heads, "heads")?,
+        dim(d.dk, "key width")?,
+        dim(d.dv, "value width")?,
+    );
     dim(d.n_src.max(d.n_dst) * d.heads * gw.max(d.dk), "elements")?;
     let n = d.n_dst * d.heads * gw;
     by_dtype!(q.0.dtype(), "lse-attention", |T| {
-        let (qv, kv, vv) = (view::<T>(q.0, q.1, "lse-attention")?, view::<T>(k.0, k.1, "lse-attention")?, view::<T>(values.0, values.1, "lse-attention")?);
+        let (qv, kv, vv) = (
+            view::<T>(q.0, q.1, "lse-attention")?,
+            view::<T>(k.0, k.1, "lse-attention")?,
+            view::<T>(values.0, values.1, "lse-attention")?,
+        );
         // SAFETY: every element is written by the kernel below.
         let out = unsafe { dev.alloc::<T>(n)? };
         if n > 0 {
             let f = kernel(dev, "lse_fwd", T::SUFFIX)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&f);
-            b.arg(&qv).arg(&kv).arg(&vv).arg(&csr.offsets).arg(&csr.sources).arg(&empty_max).arg(&out);
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&csr.offsets)
+                .arg(&csr.sources)
+                .arg(&empty_max)
+                .arg(&out);
             b.arg(&n_dst).arg(&heads).arg(&dk).arg(&dv);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_dst, heads * (dv + 2))) }.w()?;
@@ -373,15 +564,41 @@ pub(crate) fn lse_fwd(q: Input, k: Input, values: Input, csr: &DeviceCsr, empty_
 }
 
 /// Log-sum-exp attention backward: `(d q, d k, d values)` for the upstream gradient `g: [n_dst, heads, 2 + dv]`.
-pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceCsr, d: LseDims) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
+pub(crate) fn lse_bwd(
+    q: Input,
+    k: Input,
+    values: Input,
+    g: Input,
+    csr: &DeviceCsr,
+    d: LseDims,
+) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let dev = &q.0.device;
-    let (n_src, n_dst, heads, dk, dv) = (dim(d.n_src, "sources")?, dim(d.n_dst, "destinations")?, dim(d.heads, "heads")?, dim(d.dk, "key width")?, dim(d.dv, "value width")?);
-    dim(d.n_src.max(d.n_dst) * d.heads * (d.dv + 2 + d.dk), "elements")?;
+    let (n_src, n_dst, heads, dk, dv) = (
+        dim(d.n_src, "sources")?,
+        dim(d.n_dst, "destinations")?,
+        dim(d.heads, "heads")?,
+        dim(d.dk, "key width")?,
+        dim(d.dv, "value width")?,
+    );
+    dim(
+        d.n_src.max(d.n_dst) * d.heads * (d.dv + 2 + d.dk),
+        "elements",
+    )?;
     let per_edge = csr.sources.len() * d.heads;
     by_dtype!(q.0.dtype(), "lse-attention", |T| {
-        let (qv, kv, vv, gv) = (view::<T>(q.0, q.1, "lse-attention")?, view::<T>(k.0, k.1, "lse-attention")?, view::<T>(values.0, values.1, "lse-attention")?, view::<T>(g.0, g.1, "lse-attention")?);
+        let (qv, kv, vv, gv) = (
+            view::<T>(q.0, q.1, "lse-attention")?,
+            view::<T>(k.0, k.1, "lse-attention")?,
+            view::<T>(values.0, values.1, "lse-attention")?,
+            view::<T>(g.0, g.1, "lse-attention")?,
+        );
         // SAFETY: the destination pass writes every edge's entries and all of d(q); the source pass d(k) and d(values).
-        let (de_e, w_e) = unsafe { (dev.alloc::<f64>(per_edge.max(1))?, dev.alloc::<f64>(per_edge.max(1))?) };
+        let (de_e, w_e) = unsafe {
+            (
+                dev.alloc::<f64>(per_edge.max(1))?,
+                dev.alloc::<f64>(per_edge.max(1))?,
+            )
+        };
         let dq = unsafe { dev.alloc::<T>(d.n_dst * d.heads * d.dk)? };
         let dk_out = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.dk)? };
         let dv_out = unsafe { dev.alloc::<T>(d.n_src * d.heads * d.dv)? };
@@ -389,7 +606,15 @@ pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceC
         if d.n_dst * d.heads > 0 {
             let f = kernel(dev, "lse_bwd_dst", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&qv).arg(&kv).arg(&vv).arg(&gv).arg(&csr.offsets).arg(&csr.sources).arg(&de_e).arg(&w_e).arg(&dq);
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&gv)
+                .arg(&csr.offsets)
+                .arg(&csr.sources)
+                .arg(&de_e)
+                .arg(&w_e)
+                .arg(&dq);
             b.arg(&n_dst).arg(&heads).arg(&dk).arg(&dv);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_elems(d.n_dst * d.heads)) }.w()?;
@@ -398,7 +623,15 @@ pub(crate) fn lse_bwd(q: Input, k: Input, values: Input, g: Input, csr: &DeviceC
             let f = kernel(dev, "lse_bwd_src", T::SUFFIX)?;
             let mut b = stream.launch_builder(&f);
             let t = csr.t()?;
-            b.arg(&qv).arg(&gv).arg(&de_e).arg(&w_e).arg(&t.t_offsets).arg(&t.t_dsts).arg(&t.t_edges).arg(&dk_out).arg(&dv_out);
+            b.arg(&qv)
+                .arg(&gv)
+                .arg(&de_e)
+                .arg(&w_e)
+                .arg(&t.t_offsets)
+                .arg(&t.t_dsts)
+                .arg(&t.t_edges)
+                .arg(&dk_out)
+                .arg(&dv_out);
             b.arg(&n_src).arg(&heads).arg(&dk).arg(&dv);
             // SAFETY: as in gather_rows.
             unsafe { b.launch(launch_cfg_rows(n_src, heads * (dk + dv))) }.w()?;
@@ -429,12 +662,18 @@ mod tests {
             "lse_bwd_src",
         ] {
             for t in ["f32", "f64"] {
-                assert!(ptx.contains(&format!(".entry {k}_{t}(")), "{k}_{t} missing from the PTX");
+                assert!(
+                    ptx.contains(&format!(".entry {k}_{t}(")),
+                    "{k}_{t} missing from the PTX"
+                );
             }
         }
         // f32 only: the cache's rows.
         for k in ["sparse_adam_f32", "bump_steps_u32", "take_rows_f32"] {
-            assert!(ptx.contains(&format!(".entry {k}(")), "{k} missing from the PTX");
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "{k} missing from the PTX"
+            );
         }
     }
 }
@@ -458,23 +697,55 @@ pub(crate) struct AdamConsts {
 /// stream every op of the device runs on, so they are ordered after every
 /// earlier reader and before every later one.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sparse_adam(data: Input, m: Input, v: Input, steps: Input, g: Input, slots: &[u32], bc: Input, c: &AdamConsts, cols: usize) -> candle_core::Result<()> {
+pub(crate) fn sparse_adam(
+    data: Input,
+    m: Input,
+    v: Input,
+    steps: Input,
+    g: Input,
+    slots: &[u32],
+    bc: Input,
+    c: &AdamConsts,
+    cols: usize,
+) -> candle_core::Result<()> {
     let dev = &data.0.device;
     let (r32, c32) = (dim(slots.len(), "rows")?, dim(cols, "columns")?);
     let bc_len = dim(bc.1.shape().elem_count() / 2, "bias corrections")?;
     if slots.is_empty() || cols == 0 {
         return Ok(());
     }
-    let (dv, mv, vv, gv) = (view::<f32>(data.0, data.1, "sparse-adam")?, view::<f32>(m.0, m.1, "sparse-adam")?, view::<f32>(v.0, v.1, "sparse-adam")?, view::<f32>(g.0, g.1, "sparse-adam")?);
+    let (dv, mv, vv, gv) = (
+        view::<f32>(data.0, data.1, "sparse-adam")?,
+        view::<f32>(m.0, m.1, "sparse-adam")?,
+        view::<f32>(v.0, v.1, "sparse-adam")?,
+        view::<f32>(g.0, g.1, "sparse-adam")?,
+    );
     let bcv = view::<f64>(bc.0, bc.1, "sparse-adam")?;
-    let (a, b) = steps.1.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("sparse-adam needs contiguous step counts".into()))?;
+    let (a, b) = steps.1.contiguous_offsets().ok_or_else(|| {
+        candle_core::Error::Msg("sparse-adam needs contiguous step counts".into())
+    })?;
     let sv = steps.0.as_cuda_slice::<u32>()?.slice(a..b);
     let slots = upload(dev, slots)?;
     let (ob1, ob2) = (1.0 - c.b1, 1.0 - c.b2);
     let stream = dev.cuda_stream();
     let f = kernel(dev, "sparse_adam", "f32")?;
     let mut l = stream.launch_builder(&f);
-    l.arg(&dv).arg(&mv).arg(&vv).arg(&sv).arg(&slots).arg(&gv).arg(&bcv).arg(&bc_len).arg(&c.b1).arg(&ob1).arg(&c.b2).arg(&ob2).arg(&c.lr).arg(&c.eps).arg(&r32).arg(&c32);
+    l.arg(&dv)
+        .arg(&mv)
+        .arg(&vv)
+        .arg(&sv)
+        .arg(&slots)
+        .arg(&gv)
+        .arg(&bcv)
+        .arg(&bc_len)
+        .arg(&c.b1)
+        .arg(&ob1)
+        .arg(&c.b2)
+        .arg(&ob2)
+        .arg(&c.lr)
+        .arg(&c.eps)
+        .arg(&r32)
+        .arg(&c32);
     // SAFETY: argument types and counts match the kernel's signature; slots were checked against the tables' rows, and step counts are clamped to the table.
     unsafe { l.launch(launch_cfg_rows(r32, c32)) }.w()?;
     let f = kernel(dev, "bump_steps", "u32")?;
@@ -490,7 +761,9 @@ pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Resu
     let dev = &x.0.device;
     let (r32, c32) = (dim(idx.len(), "rows")?, dim(cols, "columns")?);
     dim(idx.len() * cols, "elements")?;
-    let (a, _) = x.1.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("take-rows needs a contiguous input".into()))?;
+    let (a, _) =
+        x.1.contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("take-rows needs a contiguous input".into()))?;
     let xv = view::<f32>(x.0, x.1, "take-rows")?;
     // SAFETY: every element is written by the kernel below.
     let out = unsafe { dev.alloc::<f32>(idx.len() * cols)? };
@@ -503,7 +776,11 @@ pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Resu
         let mut b = stream.launch_builder(&f);
         b.arg(&xv).arg(&ids).arg(&out).arg(&vec).arg(&r32).arg(&c32);
         // Eight rows (warps) to a block, enough blocks to fill any GPU.
-        let cfg = LaunchConfig { grid_dim: (r32.div_ceil(8).clamp(1, 65_535), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (r32.div_ceil(8).clamp(1, 65_535), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: argument types and counts match the kernel's signature; indices were checked on the host.
         unsafe { b.launch(cfg) }.w()?;
     }
@@ -525,13 +802,26 @@ pub(crate) fn keep_pool_memory(dev: &CudaDevice) -> candle_core::Result<()> {
     ctx.bind_to_thread().w()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: a valid device handle and an out-pointer to a pool handle.
-    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result().w()?;
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .w()?;
     // Half the device: all a step needs stays pooled, and the pool never
     // starves allocations made outside it (cuBLAS's workspaces) of the rest.
     // SAFETY: a valid device handle.
-    let total = unsafe { candle_core::cuda_backend::cudarc::driver::result::device::total_mem(ctx.cu_device()) }.w()?;
+    let total = unsafe {
+        candle_core::cuda_backend::cudarc::driver::result::device::total_mem(ctx.cu_device())
+    }
+    .w()?;
     let mut threshold = (total / 2) as u64;
     // SAFETY: the release threshold attribute takes a pointer to a u64.
-    unsafe { sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut threshold as *mut u64).cast()) }.result().w()?;
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()
+    .w()?;
     Ok(())
 }

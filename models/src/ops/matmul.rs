@@ -30,7 +30,9 @@ struct MatMul;
 fn dims(l1: &Layout, l2: &Layout) -> candle_core::Result<(usize, usize, usize)> {
     match (l1.dims(), l2.dims()) {
         ([m, k], [k2, n]) if k == k2 => Ok((*m, *k, *n)),
-        (a, b) => Err(candle_core::Error::Msg(format!("matmul: shapes {a:?} and {b:?} do not compose"))),
+        (a, b) => Err(candle_core::Error::Msg(format!(
+            "matmul: shapes {a:?} and {b:?} do not compose"
+        ))),
     }
 }
 
@@ -39,20 +41,46 @@ impl CustomOp2 for MatMul {
         "matmul-skip-const"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (m, k, n) = dims(l1, l2)?;
         Ok((s1.matmul(s2, (1, m, n, k), l1, l2)?, Shape::from((m, n))))
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s1: &candle_core::CudaStorage, l1: &Layout, s2: &candle_core::CudaStorage, l2: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (m, k, n) = dims(l1, l2)?;
         Ok((s1.matmul(s2, (1, m, n, k), l1, l2)?, Shape::from((m, n))))
     }
 
-    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let gx = if x.track_op() { Some(grad.matmul(&w.t()?)?) } else { None };
-        let gw = if w.track_op() { Some(x.t()?.matmul(grad)?) } else { None };
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let gx = if x.track_op() {
+            Some(grad.matmul(&w.t()?)?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            Some(x.t()?.matmul(grad)?)
+        } else {
+            None
+        };
         Ok((gx, gw))
     }
 }

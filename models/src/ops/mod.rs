@@ -17,7 +17,12 @@ macro_rules! cpu_by_dtype {
                 type $t = f64;
                 CpuStorage::F64($body)
             }
-            _ => return Err(candle_core::Error::Msg(format!("{} supports f32 and f64", $op))),
+            _ => {
+                return Err(candle_core::Error::Msg(format!(
+                    "{} supports f32 and f64",
+                    $op
+                )))
+            }
         }
     };
 }
@@ -61,19 +66,30 @@ pub fn keep_device_memory(device: &candle_core::Device) -> candle_core::Result<(
 pub fn with_f32<R>(x: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
     {
         let (storage, layout) = x.storage_and_layout();
-        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+        if let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
             return Ok(f(&v[a..b]));
         }
     }
-    Ok(f(&x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
+    Ok(f(&x
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?))
 }
 
 /// A contiguous f32 or f64 input as f64 values (the attention kernels compute in f64).
 pub(crate) fn to_f64(s: &CpuStorage, l: &Layout, op: &str) -> candle_core::Result<Vec<f64>> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op} needs contiguous inputs")))?;
     Ok(match s {
         CpuStorage::F32(v) => v[a..b].iter().map(|&x| f64::from(x)).collect(),
         CpuStorage::F64(v) => v[a..b].to_vec(),
-        _ => return Err(candle_core::Error::Msg(format!("{op} supports f32 and f64"))),
+        _ => {
+            return Err(candle_core::Error::Msg(format!(
+                "{op} supports f32 and f64"
+            )))
+        }
     })
 }

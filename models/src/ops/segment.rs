@@ -49,23 +49,46 @@ impl Transpose {
         let mut t_dsts = vec![0u32; sources.len()];
         let mut t_edges = vec![0u32; sources.len()];
         for (d, w) in offsets.windows(2).enumerate() {
-            for (e, &s) in sources.iter().enumerate().take(w[1] as usize).skip(w[0] as usize) {
+            for (e, &s) in sources
+                .iter()
+                .enumerate()
+                .take(w[1] as usize)
+                .skip(w[0] as usize)
+            {
                 let s = s as usize;
                 t_dsts[fill[s] as usize] = d as u32;
                 t_edges[fill[s] as usize] = e as u32;
                 fill[s] += 1;
             }
         }
-        Transpose { t_offsets, t_dsts, t_edges }
+        Transpose {
+            t_offsets,
+            t_dsts,
+            t_edges,
+        }
     }
 }
 
 impl SegmentCsr {
     /// Destination `d`'s sources are `sources[offsets[d]..offsets[d+1]]`, each `< n_src`.
     pub fn new(n_src: usize, offsets: Vec<u32>, sources: Vec<u32>) -> Arc<SegmentCsr> {
-        assert!(!offsets.is_empty() && *offsets.last().expect("non-empty") as usize == sources.len());
-        assert!(sources.iter().all(|&s| (s as usize) < n_src), "source index out of range");
-        let inv_deg = offsets.windows(2).map(|w| if w[1] > w[0] { 1.0 / f64::from(w[1] - w[0]) } else { 0.0 }).collect();
+        assert!(
+            !offsets.is_empty() && *offsets.last().expect("non-empty") as usize == sources.len()
+        );
+        assert!(
+            sources.iter().all(|&s| (s as usize) < n_src),
+            "source index out of range"
+        );
+        let inv_deg = offsets
+            .windows(2)
+            .map(|w| {
+                if w[1] > w[0] {
+                    1.0 / f64::from(w[1] - w[0])
+                } else {
+                    0.0
+                }
+            })
+            .collect();
         Arc::new(SegmentCsr {
             n_src,
             offsets,
@@ -90,7 +113,8 @@ impl SegmentCsr {
     }
 
     fn t(&self) -> &Transpose {
-        self.transpose.get_or_init(|| Transpose::of(self.n_src, &self.offsets, &self.sources))
+        self.transpose
+            .get_or_init(|| Transpose::of(self.n_src, &self.offsets, &self.sources))
     }
 
     /// Number of destination rows.
@@ -118,7 +142,10 @@ impl SegmentCsr {
     pub(crate) fn out_edges(&self, s: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         let t = self.t();
         let r = t.t_offsets[s] as usize..t.t_offsets[s + 1] as usize;
-        t.t_dsts[r.clone()].iter().zip(&t.t_edges[r]).map(|(&d, &e)| (d as usize, e as usize))
+        t.t_dsts[r.clone()]
+            .iter()
+            .zip(&t.t_edges[r])
+            .map(|(&d, &e)| (d as usize, e as usize))
     }
 }
 
@@ -126,8 +153,15 @@ impl SegmentCsr {
 impl SegmentCsr {
     /// The CSR's arrays on `dev`, uploaded once (the forward and backward ops
     /// share them); `backward`: with the transpose, uploaded at its first use.
-    pub(super) fn on_device(&self, dev: &candle_core::CudaDevice, backward: bool) -> candle_core::Result<Arc<super::cuda::DeviceCsr>> {
-        let mut slot = self.on_device.lock().map_err(|_| candle_core::Error::Msg("segment CSR lock poisoned".into()))?;
+    pub(super) fn on_device(
+        &self,
+        dev: &candle_core::CudaDevice,
+        backward: bool,
+    ) -> candle_core::Result<Arc<super::cuda::DeviceCsr>> {
+        let mut slot = self
+            .on_device
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("segment CSR lock poisoned".into()))?;
         let d = match slot.as_ref().filter(|d| d.device == dev.id()) {
             Some(d) => Arc::clone(d),
             None => {
@@ -146,7 +180,11 @@ impl SegmentCsr {
             let t = self.t();
             let up = |v: &[u32]| super::cuda::upload(dev, v);
             // Under the lock: no other thread uploads it meanwhile.
-            let _ = d.transpose.set(super::cuda::DeviceTranspose { t_offsets: up(&t.t_offsets)?, t_dsts: up(&t.t_dsts)?, t_edges: up(&t.t_edges)? });
+            let _ = d.transpose.set(super::cuda::DeviceTranspose {
+                t_offsets: up(&t.t_offsets)?,
+                t_dsts: up(&t.t_dsts)?,
+                t_edges: up(&t.t_edges)?,
+            });
         }
         Ok(d)
     }
@@ -161,30 +199,53 @@ struct SegmentMean(Arc<SegmentCsr>);
 struct SegmentMeanT(Arc<SegmentCsr>);
 
 /// `out[r] = scale(r) · Σ_{j in row r} x[idx[j]]` for every output row.
-fn gather_rows<T: Elem>(x: &[T], h: usize, offsets: &[u32], idx: &[u32], weight: impl Fn(usize, u32) -> T + Sync) -> Vec<T> {
+fn gather_rows<T: Elem>(
+    x: &[T],
+    h: usize,
+    offsets: &[u32],
+    idx: &[u32],
+    weight: impl Fn(usize, u32) -> T + Sync,
+) -> Vec<T> {
     let rows = offsets.len() - 1;
     let mut out = Vec::with_capacity(rows * h);
     if h == 0 {
         return out;
     }
     // Every row is written once (no zeroing pass first: a row's first term is written, not added).
-    out.spare_capacity_mut()[..rows * h].par_chunks_mut(h).enumerate().with_min_len(64).for_each(|(r, o)| {
-        gather_row(o, x, idx, offsets[r] as usize..offsets[r + 1] as usize, |s| weight(r, s));
-    });
+    out.spare_capacity_mut()[..rows * h]
+        .par_chunks_mut(h)
+        .enumerate()
+        .with_min_len(64)
+        .for_each(|(r, o)| {
+            gather_row(
+                o,
+                x,
+                idx,
+                offsets[r] as usize..offsets[r + 1] as usize,
+                |s| weight(r, s),
+            );
+        });
     // SAFETY: the loop above wrote all `rows * h` elements (gather_row writes its whole row).
     unsafe { out.set_len(rows * h) };
     out
 }
 
-fn input<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [T]> {
-    let (start, end) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("segment op needs a contiguous input".into()))?;
+fn input<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+) -> candle_core::Result<&'a [T]> {
+    let (start, end) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("segment op needs a contiguous input".into()))?;
     Ok(&s.as_slice::<T>()?[start..end])
 }
 
 fn width(l: &Layout, rows: usize, what: &str) -> candle_core::Result<usize> {
     match l.dims() {
         [r, h] if *r == rows => Ok(*h),
-        dims => Err(candle_core::Error::Msg(format!("{what}: input shape {dims:?}, expected [{rows}, h]"))),
+        dims => Err(candle_core::Error::Msg(format!(
+            "{what}: input shape {dims:?}, expected [{rows}, h]"
+        ))),
     }
 }
 
@@ -200,28 +261,49 @@ impl CustomOp1 for SegmentMean {
         let st = match s {
             CpuStorage::F32(_) => {
                 let x = input::<f32>(s, l)?;
-                CpuStorage::F32(gather_rows(x, h, &c.offsets, &c.sources, |d, _| c.inv_deg[d] as f32))
+                CpuStorage::F32(gather_rows(x, h, &c.offsets, &c.sources, |d, _| {
+                    c.inv_deg[d] as f32
+                }))
             }
             CpuStorage::F64(_) => {
                 let x = input::<f64>(s, l)?;
-                CpuStorage::F64(gather_rows(x, h, &c.offsets, &c.sources, |d, _| c.inv_deg[d]))
+                CpuStorage::F64(gather_rows(x, h, &c.offsets, &c.sources, |d, _| {
+                    c.inv_deg[d]
+                }))
             }
-            _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "segment-mean supports f32 and f64".into(),
+                ))
+            }
         };
         Ok((st, shape))
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let h = width(l, c.n_src, self.name())?;
         let d = c.on_device(&s.device, false)?;
-        let out = super::cuda::gather_rows(s, l, &d.offsets, &d.sources, &d.inv_deg, true, c.n_dst(), h)?;
+        let out =
+            super::cuda::gather_rows(s, l, &d.offsets, &d.sources, &d.inv_deg, true, c.n_dst(), h)?;
         Ok((out, Shape::from((c.n_dst(), h))))
     }
 
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op1(SegmentMeanT(Arc::clone(&self.0)))?))
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(
+            grad.contiguous()?
+                .apply_op1(SegmentMeanT(Arc::clone(&self.0)))?,
+        ))
     }
 }
 
@@ -238,29 +320,50 @@ impl CustomOp1 for SegmentMeanT {
             CpuStorage::F32(_) => {
                 let g = input::<f32>(s, l)?;
                 let t = c.t();
-                CpuStorage::F32(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| c.inv_deg[d as usize] as f32))
+                CpuStorage::F32(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| {
+                    c.inv_deg[d as usize] as f32
+                }))
             }
             CpuStorage::F64(_) => {
                 let g = input::<f64>(s, l)?;
                 let t = c.t();
-                CpuStorage::F64(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| c.inv_deg[d as usize]))
+                CpuStorage::F64(gather_rows(g, h, &t.t_offsets, &t.t_dsts, |_, d| {
+                    c.inv_deg[d as usize]
+                }))
             }
-            _ => return Err(candle_core::Error::Msg("segment-mean supports f32 and f64".into())),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "segment-mean supports f32 and f64".into(),
+                ))
+            }
         };
         Ok((st, shape))
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let c = &self.0;
         let h = width(l, c.n_dst(), self.name())?;
         let d = c.on_device(&s.device, true)?;
         let t = d.t()?;
-        let out = super::cuda::gather_rows(s, l, &t.t_offsets, &t.t_dsts, &d.inv_deg, false, c.n_src, h)?;
+        let out =
+            super::cuda::gather_rows(s, l, &t.t_offsets, &t.t_dsts, &d.inv_deg, false, c.n_src, h)?;
         Ok((out, Shape::from((c.n_src, h))))
     }
 
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op1(SegmentMean(Arc::clone(&self.0)))?))
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(
+            grad.contiguous()?
+                .apply_op1(SegmentMean(Arc::clone(&self.0)))?,
+        ))
     }
 }

@@ -70,12 +70,15 @@ impl SparseRows {
         if n == 0 {
             return out;
         }
-        out.par_chunks_mut(n).enumerate().with_min_len(32).for_each(|(r, o)| {
-            let (cs, vs) = self.nz.row(r);
-            for (&c, &v) in cs.iter().zip(vs) {
-                axpy(o, v, &w[c as usize * n..(c as usize + 1) * n]);
-            }
-        });
+        out.par_chunks_mut(n)
+            .enumerate()
+            .with_min_len(32)
+            .for_each(|(r, o)| {
+                let (cs, vs) = self.nz.row(r);
+                for (&c, &v) in cs.iter().zip(vs) {
+                    axpy(o, v, &w[c as usize * n..(c as usize + 1) * n]);
+                }
+            });
         out
     }
 
@@ -92,19 +95,21 @@ impl SparseRows {
         }
         // A few ranges per thread, for balance when some columns are busier.
         let width = cols.div_ceil((4 * rayon::current_num_threads()).clamp(1, cols));
-        out.par_chunks_mut(width * n).enumerate().for_each(|(k, o)| {
-            let (lo, hi) = ((k * width) as u32, ((k + 1) * width).min(cols) as u32);
-            for r in 0..rows {
-                let (cs, vs) = self.nz.row(r);
-                let a = cs.partition_point(|&c| c < lo);
-                let b = a + cs[a..].partition_point(|&c| c < hi);
-                let gr = &g[r * n..(r + 1) * n];
-                for (&c, &v) in cs[a..b].iter().zip(&vs[a..b]) {
-                    let at = (c - lo) as usize * n;
-                    axpy(&mut o[at..at + n], v, gr);
+        out.par_chunks_mut(width * n)
+            .enumerate()
+            .for_each(|(k, o)| {
+                let (lo, hi) = ((k * width) as u32, ((k + 1) * width).min(cols) as u32);
+                for r in 0..rows {
+                    let (cs, vs) = self.nz.row(r);
+                    let a = cs.partition_point(|&c| c < lo);
+                    let b = a + cs[a..].partition_point(|&c| c < hi);
+                    let gr = &g[r * n..(r + 1) * n];
+                    for (&c, &v) in cs[a..b].iter().zip(&vs[a..b]) {
+                        let at = (c - lo) as usize * n;
+                        axpy(&mut o[at..at + n], v, gr);
+                    }
                 }
-            }
-        });
+            });
         out
     }
 }
@@ -119,18 +124,29 @@ fn scanned() -> std::sync::MutexGuard<'static, VecDeque<(TensorId, Option<Arc<Sp
 
 /// `x`'s non-zeros when `x` qualifies (see the module), remembered by tensor id.
 pub fn rows_of(x: &Tensor) -> candle_core::Result<Option<Arc<SparseRows>>> {
-    if x.track_op() || !x.device().is_cpu() || x.dtype() != DType::F32 || x.rank() != 2 || x.dim(1)? < MIN_WIDTH {
+    if x.track_op()
+        || !x.device().is_cpu()
+        || x.dtype() != DType::F32
+        || x.rank() != 2
+        || x.dim(1)? < MIN_WIDTH
+    {
         return Ok(None);
     }
     let id = x.id();
-    if let Some(hit) = scanned().iter().find(|(i, _)| *i == id).map(|(_, r)| r.clone()) {
+    if let Some(hit) = scanned()
+        .iter()
+        .find(|(i, _)| *i == id)
+        .map(|(_, r)| r.clone())
+    {
         return Ok(hit);
     }
     let cols = x.dim(1)?;
     let found = {
         let (storage, layout) = x.storage_and_layout();
         match (&*storage, layout.contiguous_offsets()) {
-            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => SparseRows::scan(&v[a..b], cols, MAX_DENSITY).map(Arc::new),
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => {
+                SparseRows::scan(&v[a..b], cols, MAX_DENSITY).map(Arc::new)
+            }
             _ => None,
         }
     };
@@ -151,7 +167,12 @@ fn keep(id: TensorId, found: Option<Arc<SparseRows>>) {
 /// from a feature table's [`RowNonzeros`]), so products with `x` use them.
 pub fn remember(x: &Tensor, sp: Arc<SparseRows>) -> candle_core::Result<()> {
     if x.dims() != [sp.rows(), sp.cols()] {
-        return Err(candle_core::Error::Msg(format!("sparse rows of {}x{} for a tensor of {:?}", sp.rows(), sp.cols(), x.dims())));
+        return Err(candle_core::Error::Msg(format!(
+            "sparse rows of {}x{} for a tensor of {:?}",
+            sp.rows(),
+            sp.cols(),
+            x.dims()
+        )));
     }
     keep(x.id(), Some(sp));
     Ok(())
@@ -168,9 +189,18 @@ pub fn rows_for(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Arc<Sparse
 /// `x[..rows] · w`, with `x`'s non-zeros `x`; differentiable in `w` (f32, CPU).
 pub fn matmul(x: &Arc<SparseRows>, rows: usize, w: &Tensor) -> candle_core::Result<Tensor> {
     if rows > x.rows() || w.dims() != [x.cols(), w.dim(1)?] {
-        return Err(candle_core::Error::Msg(format!("sparse matmul: {} of {}x{} rows times {:?}", rows, x.rows(), x.cols(), w.dims())));
+        return Err(candle_core::Error::Msg(format!(
+            "sparse matmul: {} of {}x{} rows times {:?}",
+            rows,
+            x.rows(),
+            x.cols(),
+            w.dims()
+        )));
     }
-    w.contiguous()?.apply_op1(Product { x: Arc::clone(x), rows })
+    w.contiguous()?.apply_op1(Product {
+        x: Arc::clone(x),
+        rows,
+    })
 }
 
 /// `x[..rows] · w` as an op on `w`.
@@ -185,11 +215,21 @@ struct Transposed {
     rows: usize,
 }
 
-fn f32_input<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<(&'a [f32], usize)> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg(format!("{what} needs a contiguous input")))?;
+fn f32_input<'a>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> candle_core::Result<(&'a [f32], usize)> {
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{what} needs a contiguous input")))?;
     match (s, l.dims()) {
         (CpuStorage::F32(v), [_, n]) => Ok((&v[a..b], *n)),
-        _ => Err(candle_core::Error::Msg(format!("{what}: a 2-d f32 input, got {:?} {:?}", s.dtype(), l.dims()))),
+        _ => Err(candle_core::Error::Msg(format!(
+            "{what}: a 2-d f32 input, got {:?} {:?}",
+            s.dtype(),
+            l.dims()
+        ))),
     }
 }
 
@@ -200,11 +240,22 @@ impl CustomOp1 for Product {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (w, n) = f32_input(s, l, self.name())?;
-        Ok((CpuStorage::F32(self.x.product(self.rows, w, n)), Shape::from((self.rows, n))))
+        Ok((
+            CpuStorage::F32(self.x.product(self.rows, w, n)),
+            Shape::from((self.rows, n)),
+        ))
     }
 
-    fn bwd(&self, _w: &Tensor, _res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op1(Transposed { x: Arc::clone(&self.x), rows: self.rows })?))
+    fn bwd(
+        &self,
+        _w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad.contiguous()?.apply_op1(Transposed {
+            x: Arc::clone(&self.x),
+            rows: self.rows,
+        })?))
     }
 }
 
@@ -216,9 +267,17 @@ impl CustomOp1 for Transposed {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (g, n) = f32_input(s, l, self.name())?;
         if g.len() != self.rows * n {
-            return Err(candle_core::Error::Msg(format!("{}: gradient of {} rows, expected {}", self.name(), g.len() / n.max(1), self.rows)));
+            return Err(candle_core::Error::Msg(format!(
+                "{}: gradient of {} rows, expected {}",
+                self.name(),
+                g.len() / n.max(1),
+                self.rows
+            )));
         }
-        Ok((CpuStorage::F32(self.x.transposed_product(self.rows, g, n)), Shape::from((self.x.cols(), n))))
+        Ok((
+            CpuStorage::F32(self.x.transposed_product(self.rows, g, n)),
+            Shape::from((self.x.cols(), n)),
+        ))
     }
 }
 
@@ -236,14 +295,28 @@ mod tests {
             s ^= s << 17;
             s
         };
-        (0..rows * cols).map(|_| if (next() % 10_000) as f64 / 10_000.0 < density { (next() % 7) as f32 + 1.0 } else { 0.0 }).collect()
+        (0..rows * cols)
+            .map(|_| {
+                if (next() % 10_000) as f64 / 10_000.0 < density {
+                    (next() % 7) as f32 + 1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect()
     }
 
     fn close(a: &Tensor, b: &Tensor) {
-        let (a, b): (Vec<f32>, Vec<f32>) = (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            a.flatten_all().unwrap().to_vec1().unwrap(),
+            b.flatten_all().unwrap().to_vec1().unwrap(),
+        );
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!((x - y).abs() <= 1e-4 * x.abs().max(y.abs()).max(1.0), "entry {i}: {x} vs {y}");
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs().max(y.abs()).max(1.0),
+                "entry {i}: {x} vs {y}"
+            );
         }
     }
 
@@ -252,18 +325,51 @@ mod tests {
         let (rows, cols, n) = (300, 400, 24);
         let data = sparse_input(rows, cols, 0.05, 1);
         let x = Tensor::from_vec(data.clone(), (rows, cols), &Device::Cpu).unwrap();
-        let w = Var::from_tensor(&Tensor::from_vec(sparse_input(cols, n, 1.0, 2).iter().map(|v| v / 7.0 - 0.5).collect::<Vec<f32>>(), (cols, n), &Device::Cpu).unwrap()).unwrap();
+        let w = Var::from_tensor(
+            &Tensor::from_vec(
+                sparse_input(cols, n, 1.0, 2)
+                    .iter()
+                    .map(|v| v / 7.0 - 0.5)
+                    .collect::<Vec<f32>>(),
+                (cols, n),
+                &Device::Cpu,
+            )
+            .unwrap(),
+        )
+        .unwrap();
         let sp = rows_of(&x).unwrap().expect("5% non-zero is sparse");
         assert_eq!(sp.nnz(), data.iter().filter(|v| **v != 0.0).count());
         for prefix in [rows, 123, 0] {
             let got = matmul(&sp, prefix, w.as_tensor()).unwrap();
-            let want = x.narrow(0, 0, prefix).unwrap().matmul(w.as_tensor()).unwrap();
+            let want = x
+                .narrow(0, 0, prefix)
+                .unwrap()
+                .matmul(w.as_tensor())
+                .unwrap();
             close(&got, &want);
             // Weighted so every output entry's gradient differs.
-            let weights = Tensor::arange(0f32, (prefix * n) as f32, &Device::Cpu).unwrap().reshape((prefix, n)).unwrap().affine(1e-3, 0.1).unwrap();
-            let g_sparse = (got * &weights).unwrap().sum_all().unwrap().backward().unwrap();
-            let g_dense = (want * &weights).unwrap().sum_all().unwrap().backward().unwrap();
-            close(g_sparse.get(w.as_tensor()).unwrap(), g_dense.get(w.as_tensor()).unwrap());
+            let weights = Tensor::arange(0f32, (prefix * n) as f32, &Device::Cpu)
+                .unwrap()
+                .reshape((prefix, n))
+                .unwrap()
+                .affine(1e-3, 0.1)
+                .unwrap();
+            let g_sparse = (got * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let g_dense = (want * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            close(
+                g_sparse.get(w.as_tensor()).unwrap(),
+                g_dense.get(w.as_tensor()).unwrap(),
+            );
         }
         // The same input is scanned once.
         assert!(Arc::ptr_eq(&sp, &rows_of(&x).unwrap().unwrap()));
@@ -274,7 +380,12 @@ mod tests {
         let dev = Device::Cpu;
         let dense = Tensor::from_vec(sparse_input(100, 300, 0.5, 3), (100, 300), &dev).unwrap();
         assert!(rows_of(&dense).unwrap().is_none());
-        let narrow = Tensor::from_vec(sparse_input(100, MIN_WIDTH - 1, 0.01, 4), (100, MIN_WIDTH - 1), &dev).unwrap();
+        let narrow = Tensor::from_vec(
+            sparse_input(100, MIN_WIDTH - 1, 0.01, 4),
+            (100, MIN_WIDTH - 1),
+            &dev,
+        )
+        .unwrap();
         assert!(rows_of(&narrow).unwrap().is_none());
         let sparse = Tensor::from_vec(sparse_input(100, 300, 0.01, 5), (100, 300), &dev).unwrap();
         let trainable = Var::from_tensor(&sparse).unwrap();

@@ -21,10 +21,16 @@ impl TakeRows<'_> {
     fn shape(&self, l: &Layout) -> candle_core::Result<(usize, usize)> {
         let (n, d) = match l.dims() {
             [n, d] => (*n, *d),
-            dims => return Err(candle_core::Error::Msg(format!("take-rows: expected a matrix, got shape {dims:?}"))),
+            dims => {
+                return Err(candle_core::Error::Msg(format!(
+                    "take-rows: expected a matrix, got shape {dims:?}"
+                )))
+            }
         };
         if let Some(&bad) = self.0.iter().find(|&&i| i as usize >= n) {
-            return Err(candle_core::Error::Msg(format!("take-rows: row {bad} of {n}")));
+            return Err(candle_core::Error::Msg(format!(
+                "take-rows: row {bad} of {n}"
+            )));
         }
         Ok((n, d))
     }
@@ -37,7 +43,9 @@ impl CustomOp1 for TakeRows<'_> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (_, d) = self.shape(l)?;
-        let (a, b) = l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("take-rows needs a contiguous input".into()))?;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("take-rows needs a contiguous input".into()))?;
         let x = &s.as_slice::<f32>()?[a..b];
         let mut out = Vec::with_capacity(self.0.len() * d);
         for &i in self.0 {
@@ -47,9 +55,16 @@ impl CustomOp1 for TakeRows<'_> {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (_, d) = self.shape(l)?;
-        Ok((super::cuda::take_rows((s, l), self.0, d)?, Shape::from((self.0.len(), d))))
+        Ok((
+            super::cuda::take_rows((s, l), self.0, d)?,
+            Shape::from((self.0.len(), d)),
+        ))
     }
 }
 
@@ -60,12 +75,30 @@ mod tests {
 
     #[test]
     fn picks_rows_in_order_and_refuses_bad_ids() {
-        let x = Tensor::from_vec((0..30).map(|v| v as f32).collect::<Vec<_>>(), (10, 3), &Device::Cpu).unwrap();
-        let y: Vec<f32> = take_rows(&x, &[7, 0, 7, 2]).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let x = Tensor::from_vec(
+            (0..30).map(|v| v as f32).collect::<Vec<_>>(),
+            (10, 3),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let y: Vec<f32> = take_rows(&x, &[7, 0, 7, 2])
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(y, [21., 22., 23., 0., 1., 2., 21., 22., 23., 6., 7., 8.]);
-        assert!(take_rows(&x, &[10]).unwrap_err().to_string().contains("row 10 of 10"));
+        assert!(take_rows(&x, &[10])
+            .unwrap_err()
+            .to_string()
+            .contains("row 10 of 10"));
         let view = x.narrow(0, 2, 3).unwrap();
-        let y: Vec<f32> = take_rows(&view, &[1]).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let y: Vec<f32> = take_rows(&view, &[1])
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(y, [9., 10., 11.]);
     }
 }

@@ -20,11 +20,20 @@ pub(super) struct DagFeed<'a> {
 
 impl<'a> Ctx<'a> {
     /// Starts sampling the steps `skip..` of `epoch` (the global `batches`).
-    pub(super) fn dag_batches(&'a self, epoch: u64, batches: &[Vec<u32>], skip: usize) -> Result<DagFeed<'a>> {
+    pub(super) fn dag_batches(
+        &'a self,
+        epoch: u64,
+        batches: &[Vec<u32>],
+        skip: usize,
+    ) -> Result<DagFeed<'a>> {
         let t = &self.s.cfg;
         let target = self.s.graph.target().index();
         let worker = crate::sampling::worker(&self.s.sampling, self.s.part, t.dag_threads)?;
-        let src = Arc::new(Source::new(&self.c, self.s.link.clone(), t.dag_chunk_rows as usize));
+        let src = Arc::new(Source::new(
+            &self.c,
+            self.s.link.clone(),
+            t.dag_chunk_rows as usize,
+        ));
         let mut jobs = Vec::new();
         let mut shares = std::collections::VecDeque::new();
         for (step, batch) in batches.iter().enumerate().skip(skip) {
@@ -38,11 +47,27 @@ impl<'a> Ctx<'a> {
             };
             // A DAG's priority: its step's place in the run, the same for every trainer of the partition.
             let dag = (epoch << 32) | step as u64;
-            jobs.push((!mine.is_empty()).then_some(Job { dag, seed: t.seed, epoch, step: step as u64, seeds }));
+            jobs.push((!mine.is_empty()).then_some(Job {
+                dag,
+                seed: t.seed,
+                epoch,
+                step: step as u64,
+                seeds,
+            }));
             shares.push_back((mine, share));
         }
-        let dags = DagBatches::start(src, worker, jobs, t.dag_max_in_flight as usize, self.s.timeouts.step)?;
-        Ok(DagFeed { ctx: self, dags, shares })
+        let dags = DagBatches::start(
+            src,
+            worker,
+            jobs,
+            t.dag_max_in_flight as usize,
+            self.s.timeouts.step,
+        )?;
+        Ok(DagFeed {
+            ctx: self,
+            dags,
+            shares,
+        })
     }
 }
 
@@ -52,8 +77,24 @@ impl BatchSource<Prepared> for DagFeed<'_> {
         let sampled = self.dags.next(|| inbox.abort_reason())?;
         let (seeds, share) = self.shares.pop_front().unwrap_or_default();
         Ok(match sampled {
-            Some(s) => Prepared { seeds, share, link: s.link, mb: Some(s.mb), features: s.features, sample_s: s.sample_s, gather_s: s.gather_s },
-            None => Prepared { seeds, share, link: None, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 },
+            Some(s) => Prepared {
+                seeds,
+                share,
+                link: s.link,
+                mb: Some(s.mb),
+                features: s.features,
+                sample_s: s.sample_s,
+                gather_s: s.gather_s,
+            },
+            None => Prepared {
+                seeds,
+                share,
+                link: None,
+                mb: None,
+                features: Vec::new(),
+                sample_s: 0.0,
+                gather_s: 0.0,
+            },
         })
     }
 

@@ -17,35 +17,86 @@ const FILL_ROWS: usize = 16 << 10;
 
 impl Ctx<'_> {
     /// Samples step `step`'s share of `batch` and gathers its plain features.
-    pub(super) fn prepare(&self, seed: u64, epoch: u64, step: u64, batch: &[u32], target: usize) -> Result<Prepared> {
+    pub(super) fn prepare(
+        &self,
+        seed: u64,
+        epoch: u64,
+        step: u64,
+        batch: &[u32],
+        target: usize,
+    ) -> Result<Prepared> {
         let seeds = self.my_seeds(target, batch);
         let share = seeds.len() as f64 / batch.len().max(1) as f64;
         if seeds.is_empty() {
-            return Ok(Prepared { seeds, share, link: None, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
+            return Ok(Prepared {
+                seeds,
+                share,
+                link: None,
+                mb: None,
+                features: Vec::new(),
+                sample_s: 0.0,
+                gather_s: 0.0,
+            });
         }
         let t = Instant::now();
         let mb = self.sample(seed, epoch, step, &seeds)?;
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
-        Ok(Prepared { seeds, share, link: None, mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+        Ok(Prepared {
+            seeds,
+            share,
+            link: None,
+            mb: Some(mb),
+            features,
+            sample_s,
+            gather_s: t.elapsed().as_secs_f64(),
+        })
     }
 
     /// Link prediction: samples the endpoints and negatives of this
     /// trainer's edges `ids` of step `step`, the step's training edges left
     /// out of every neighbourhood (here and at the owners), and gathers their
     /// plain features.
-    pub(super) fn prepare_link(&self, task: &LinkTask, epoch: u64, step: u64, ids: &[u32]) -> Result<Prepared> {
+    pub(super) fn prepare_link(
+        &self,
+        task: &LinkTask,
+        epoch: u64,
+        step: u64,
+        ids: &[u32],
+    ) -> Result<Prepared> {
         if ids.is_empty() {
-            return Ok(Prepared { seeds: Vec::new(), share: 0.0, link: None, mb: None, features: Vec::new(), sample_s: 0.0, gather_s: 0.0 });
+            return Ok(Prepared {
+                seeds: Vec::new(),
+                share: 0.0,
+                link: None,
+                mb: None,
+                features: Vec::new(),
+                sample_s: 0.0,
+                gather_s: 0.0,
+            });
         }
         let t = Instant::now();
         let batch = task.batch(&self.s.graph, epoch, ids);
-        let mb = self.sample_typed(self.s.cfg.seed, epoch, step, &batch.seeds, Some(&task.exclusion(epoch, step)))?;
+        let mb = self.sample_typed(
+            self.s.cfg.seed,
+            epoch,
+            step,
+            &batch.seeds,
+            Some(&task.exclusion(epoch, step)),
+        )?;
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
-        Ok(Prepared { seeds: ids.to_vec(), share: 0.0, link: Some(batch), mb: Some(mb), features, sample_s, gather_s: t.elapsed().as_secs_f64() })
+        Ok(Prepared {
+            seeds: ids.to_vec(),
+            share: 0.0,
+            link: Some(batch),
+            mb: Some(mb),
+            features,
+            sample_s,
+            gather_s: t.elapsed().as_secs_f64(),
+        })
     }
 
     /// The device cache of this trainer's feature rows (learnable rows stay
@@ -64,15 +115,27 @@ impl Ctx<'_> {
         let target = g.target().index();
         let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
         let seed = t.seed ^ hotness::PRESAMPLE_SEED;
-        let visits = hotness::presample(&sizes, &splits.train, t.batch, t.seed, t.cache_presample_epochs, |e, st, batch| {
-            let seeds = self.my_seeds(target, batch);
-            if seeds.is_empty() {
-                return Ok(Vec::new());
-            }
-            Ok(self.sample(seed, e, st, &seeds)?.blocks.swap_remove(0).src)
-        })?;
-        let batches = (t.cache_presample_epochs * splits.train.len().div_ceil(t.batch.max(1)) as u64).max(1);
-        let only = |ty: usize, ids: &[u32]| -> Vec<Vec<u32>> { (0..sizes.len()).map(|k| if k == ty { ids.to_vec() } else { Vec::new() }).collect() };
+        let visits = hotness::presample(
+            &sizes,
+            &splits.train,
+            t.batch,
+            t.seed,
+            t.cache_presample_epochs,
+            |e, st, batch| {
+                let seeds = self.my_seeds(target, batch);
+                if seeds.is_empty() {
+                    return Ok(Vec::new());
+                }
+                Ok(self.sample(seed, e, st, &seeds)?.blocks.swap_remove(0).src)
+            },
+        )?;
+        let batches =
+            (t.cache_presample_epochs * splits.train.len().div_ceil(t.batch.max(1)) as u64).max(1);
+        let only = |ty: usize, ids: &[u32]| -> Vec<Vec<u32>> {
+            (0..sizes.len())
+                .map(|k| if k == ty { ids.to_vec() } else { Vec::new() })
+                .collect()
+        };
         let mut candidates = Vec::new();
         for (ty, nt) in g.node_types().iter().enumerate() {
             let ranked = visits.ranked(ty);
@@ -80,16 +143,34 @@ impl Ctx<'_> {
                 continue;
             }
             let probe = profile::probe_ids(&ranked, (visits.total(ty) / batches) as usize);
-            let values: Vec<f32> = self.gather(&only(ty, &probe), Rows::Features, None)?.swap_remove(ty).map_or(Ok(Vec::new()), |x| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1())?;
-            let miss = || self.gather(&only(ty, &probe), Rows::Features, None).map(|_| ());
-            candidates.push(crate::cache::feature_candidate(ty, nt.count as usize, &probe, values, (self.dtype, &self.device), miss)?);
+            let values: Vec<f32> = self
+                .gather(&only(ty, &probe), Rows::Features, None)?
+                .swap_remove(ty)
+                .map_or(Ok(Vec::new()), |x| {
+                    x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+                })?;
+            let miss = || {
+                self.gather(&only(ty, &probe), Rows::Features, None)
+                    .map(|_| ())
+            };
+            candidates.push(crate::cache::feature_candidate(
+                ty,
+                nt.count as usize,
+                &probe,
+                values,
+                (self.dtype, &self.device),
+                miss,
+            )?);
         }
         let chosen = crate::cache::plan(t.cache_policy, budget, &visits, &candidates);
         // Filled in pieces: one pull of a whole share could pass the wire's message limits.
         let rows = |ty: usize, ids: &[u32]| -> Result<Vec<f32>> {
             let mut out = Vec::new();
             for piece in ids.chunks(FILL_ROWS) {
-                let x = self.gather(&only(ty, piece), Rows::Features, None)?.swap_remove(ty).ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
+                let x = self
+                    .gather(&only(ty, piece), Rows::Features, None)?
+                    .swap_remove(ty)
+                    .ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
                 out.extend(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
             Ok(out)
@@ -98,7 +179,13 @@ impl Ctx<'_> {
         let mut cache = DeviceCache::new(g, budget, &visits, planned, &[], &self.device, rows)?;
         for (ty, nt) in g.node_types().iter().enumerate() {
             if self.learnable[ty] && visits.total(ty) > 0 {
-                cache.not_cached(ty, &nt.name, visits.total(ty), true, "learnable rows stay with their embedding stores in data-parallel training");
+                cache.not_cached(
+                    ty,
+                    &nt.name,
+                    visits.total(ty),
+                    true,
+                    "learnable rows stay with their embedding stores in data-parallel training",
+                );
             }
         }
         Ok(Some(cache))

@@ -91,8 +91,20 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
         Ok(t.rep.model)
     });
     if let Err(e) = &result {
-        let targets: Vec<String> = (0..s.trainers).filter(|&p| p != s.trainer).map(names::trainer).chain([names::COORDINATOR.to_string()]).collect();
-        abort_peers(&s.node, &s.handle, &names::trainer(s.trainer), s.trainer, s.gen, &targets, &e.to_string());
+        let targets: Vec<String> = (0..s.trainers)
+            .filter(|&p| p != s.trainer)
+            .map(names::trainer)
+            .chain([names::COORDINATOR.to_string()])
+            .collect();
+        abort_peers(
+            &s.node,
+            &s.handle,
+            &names::trainer(s.trainer),
+            s.trainer,
+            s.gen,
+            &targets,
+            &e.to_string(),
+        );
     }
     result
 }
@@ -162,9 +174,16 @@ impl<'a> Trainer<'a> {
             node: &s.node,
             me: &me,
         })?;
-        let trainers = (0..s.trainers).map(|p| sender_ref(&s.node, &me, &names::trainer(p))).collect::<Result<_>>()?;
+        let trainers = (0..s.trainers)
+            .map(|p| sender_ref(&s.node, &me, &names::trainer(p)))
+            .collect::<Result<_>>()?;
         let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
-        let mut ctx = Ctx { s, c, trainers, coordinator };
+        let mut ctx = Ctx {
+            s,
+            c,
+            trainers,
+            coordinator,
+        };
         // Feature rows do not change: a cache built by an earlier generation of this process serves on.
         let reused = s.caches.get(&s.trainer).map(|c| c.clone());
         let cache = match reused {
@@ -179,9 +198,23 @@ impl<'a> Trainer<'a> {
         };
         ctx.c.cache = cache.as_ref().map(|c| c.features.clone());
         if let Some(c) = &cache {
-            s.cache_view.publish(&names::trainer(s.trainer), s.cfg.cache_policy.name(), &type_names(&s.graph), c);
+            s.cache_view.publish(
+                &names::trainer(s.trainer),
+                s.cfg.cache_policy.name(),
+                &type_names(&s.graph),
+                c,
+            );
         }
-        Ok(Trainer { ctx, rep: Replica { model, adam, seq, cache, s } })
+        Ok(Trainer {
+            ctx,
+            rep: Replica {
+                model,
+                adam,
+                seq,
+                cache,
+                s,
+            },
+        })
     }
 
     fn train(&mut self) -> Result<()> {
@@ -191,7 +224,14 @@ impl<'a> Trainer<'a> {
             Some(l) => epochs::Items::Link(l),
             None => epochs::Items::Nodes(&s.graph.target_labels().1.train),
         };
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.trainer, cfg: &s.cfg, items, resumed };
+        let attempt = Attempt {
+            node: Some(&s.node),
+            gen: s.gen,
+            trainer: s.trainer,
+            cfg: &s.cfg,
+            items,
+            resumed,
+        };
         epochs::run(&attempt, &self.ctx, &mut self.rep)
     }
 }
@@ -213,7 +253,12 @@ impl<'a> Steps for Replica<'a> {
     }
 
     /// `sampling = "dag"`: the epoch's batches from the partition's sampling worker.
-    fn batch_source<'f>(ctx: &'f Ctx<'a>, epoch: u64, batches: &[Vec<u32>], skip: usize) -> Result<Option<Box<dyn BatchSource<Prepared> + 'f>>> {
+    fn batch_source<'f>(
+        ctx: &'f Ctx<'a>,
+        epoch: u64,
+        batches: &[Vec<u32>],
+        skip: usize,
+    ) -> Result<Option<Box<dyn BatchSource<Prepared> + 'f>>> {
         if ctx.s.cfg.sampling != Sampling::Dag {
             return Ok(None);
         }
@@ -222,10 +267,22 @@ impl<'a> Steps for Replica<'a> {
 
     /// Samples the trainer's share of the batch and gathers its plain features.
     /// Link prediction: `seeds` are the trainer's training edges of the step.
-    fn prepare(ctx: &Ctx<'a>, _: &mut (), epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
+    fn prepare(
+        ctx: &Ctx<'a>,
+        _: &mut (),
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+    ) -> Result<Prepared> {
         match &ctx.s.link {
             Some(task) => ctx.prepare_link(task, epoch, step, seeds),
-            None => ctx.prepare(ctx.s.cfg.seed, epoch, step, seeds, ctx.s.graph.target().index()),
+            None => ctx.prepare(
+                ctx.s.cfg.seed,
+                epoch,
+                step,
+                seeds,
+                ctx.s.graph.target().index(),
+            ),
         }
     }
 
@@ -233,7 +290,15 @@ impl<'a> Steps for Replica<'a> {
         ctx.checkpoint(self, progress)
     }
 
-    fn step(&mut self, ctx: &Ctx<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(
+        &mut self,
+        ctx: &Ctx<'a>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let (loss, correct) = match ctx.s.cfg.sampling_sink {
@@ -246,9 +311,21 @@ impl<'a> Steps for Replica<'a> {
         };
         if self.s.trainer == 0 {
             let c = ctx.coordinator.clone();
-            ctx.block_on(c.ask(StepDone { gen: self.s.gen, epoch, seq: self.seq - 1, loss }, self.s.timeouts.ask))??;
+            ctx.block_on(c.ask(
+                StepDone {
+                    gen: self.s.gen,
+                    epoch,
+                    seq: self.seq - 1,
+                    loss,
+                },
+                self.s.timeouts.ask,
+            ))??;
         }
-        Ok(StepFigures { loss, correct, seen: seeds.len() as u64 })
+        Ok(StepFigures {
+            loss,
+            correct,
+            seen: seeds.len() as u64,
+        })
     }
 
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
@@ -272,14 +349,27 @@ impl<'a> Steps for Replica<'a> {
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
         let (seed, after) = (ctx.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
-        st.valid_correct = ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, |c| ctx.my_seeds(target, c))?;
-        st.test_correct = ctx.count_correct(&self.model, seed, epoch, &splits.test, after, |c| ctx.my_seeds(target, c))?;
+        st.valid_correct =
+            ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, |c| {
+                ctx.my_seeds(target, c)
+            })?;
+        st.test_correct =
+            ctx.count_correct(&self.model, seed, epoch, &splits.test, after, |c| {
+                ctx.my_seeds(target, c)
+            })?;
         Ok(())
     }
 
     fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
-        let Some(c) = &self.cache else { return BTreeMap::new() };
-        self.s.cache_view.publish(&names::trainer(self.s.trainer), self.s.cfg.cache_policy.name(), &type_names(&self.s.graph), c);
+        let Some(c) = &self.cache else {
+            return BTreeMap::new();
+        };
+        self.s.cache_view.publish(
+            &names::trainer(self.s.trainer),
+            self.s.cfg.cache_policy.name(),
+            &type_names(&self.s.graph),
+            c,
+        );
         c.report()
     }
 
@@ -296,7 +386,14 @@ impl<'a> Steps for Replica<'a> {
 
 impl Replica<'_> {
     /// One training step; returns the global loss and the global number of correct predictions.
-    fn train_step(&mut self, ctx: &Ctx, epoch: u64, step: u64, p: Prepared, st: &mut EpochStats) -> Result<(f64, f64)> {
+    fn train_step(
+        &mut self,
+        ctx: &Ctx,
+        epoch: u64,
+        step: u64,
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<(f64, f64)> {
         let g = ctx.s.graph.clone();
         let (labels, _) = g.target_labels();
         let mut clock = Instant::now();
@@ -305,7 +402,8 @@ impl Replica<'_> {
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
         if let Some(mb) = &p.mb {
-            let mut inputs = ctx.gather(&mb.blocks[0].src, Rows::Learnable, self.seq.checked_sub(1))?;
+            let mut inputs =
+                ctx.gather(&mb.blocks[0].src, Rows::Learnable, self.seq.checked_sub(1))?;
             for (x, f) in inputs.iter_mut().zip(p.features) {
                 if x.is_none() {
                     *x = f;
@@ -316,7 +414,11 @@ impl Replica<'_> {
             let gs = match (&ctx.s.link, &p.link) {
                 // Link prediction: the loss is already this trainer's share (divided by the mean step size).
                 (Some(task), Some(batch)) => {
-                    let loss = task.loss(&self.model, &self.model.forward_nodes(&g, mb, inputs.clone(), dropout)?, batch)?;
+                    let loss = task.loss(
+                        &self.model,
+                        &self.model.forward_nodes(&g, mb, inputs.clone(), dropout)?,
+                        batch,
+                    )?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                     loss.backward()?
                 }
@@ -328,12 +430,19 @@ impl Replica<'_> {
                     let scaled = (&loss * share)?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
                     let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                    correct = pred.iter().zip(seeds).filter(|(p, s)| i64::from(**p) == labels[**s as usize]).count() as f64;
+                    correct = pred
+                        .iter()
+                        .zip(seeds)
+                        .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
+                        .count() as f64;
                     scaled.backward()?
                 }
             };
             st.time.compute_s += lap(&mut clock);
-            let leaves: Vec<Option<Tensor>> = inputs.iter().map(|x| x.as_ref().and_then(|x| gs.get(x).cloned())).collect();
+            let leaves: Vec<Option<Tensor>> = inputs
+                .iter()
+                .map(|x| x.as_ref().and_then(|x| gs.get(x).cloned()))
+                .collect();
             ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
             grads = Some(gs);
         }
@@ -343,7 +452,12 @@ impl Replica<'_> {
 
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
         let flat = allreduce::flatten(&self.model.params, grads.as_ref(), wloss, correct)?;
-        let group = Group { trainers: &ctx.trainers, me: ctx.s.trainer, seq: self.seq, kind: ctx.s.cfg.allreduce };
+        let group = Group {
+            trainers: &ctx.trainers,
+            me: ctx.s.trainer,
+            seq: self.seq,
+            kind: ctx.s.cfg.allreduce,
+        };
         let sum = all_reduce(ctx, &group, flat, pushes)?;
         st.time.comm_s += lap(&mut clock);
         let figures = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
@@ -362,7 +476,9 @@ impl Ctx<'_> {
     fn checkpoint(&self, rep: &Replica, progress: Progress) -> Result<()> {
         let s = self.s;
         let per_part = s.trainers / s.parts;
-        let Some(root) = s.cfg.checkpoint_dir.as_ref() else { return Ok(()) };
+        let Some(root) = s.cfg.checkpoint_dir.as_ref() else {
+            return Ok(());
+        };
         if !s.trainer.is_multiple_of(per_part) {
             return Ok(());
         }
@@ -375,10 +491,26 @@ impl Ctx<'_> {
         match self.s.cfg.seed_assignment {
             SeedAssignment::Owner => {
                 let per_part = self.s.trainers / self.s.parts;
-                batch.iter().copied().filter(|&v| self.owned(target, v) && self.s.trainer_of.get(v as usize).map_or(0, |&t| u32::from(t)) == self.s.trainer % per_part).collect()
+                batch
+                    .iter()
+                    .copied()
+                    .filter(|&v| {
+                        self.owned(target, v)
+                            && self
+                                .s
+                                .trainer_of
+                                .get(v as usize)
+                                .map_or(0, |&t| u32::from(t))
+                                == self.s.trainer % per_part
+                    })
+                    .collect()
             }
             SeedAssignment::Random => {
-                let (k, n, len) = (self.s.trainer as usize, self.s.trainers as usize, batch.len());
+                let (k, n, len) = (
+                    self.s.trainer as usize,
+                    self.s.trainers as usize,
+                    batch.len(),
+                );
                 batch[len * k / n.max(1)..len * (k + 1) / n.max(1)].to_vec()
             }
         }

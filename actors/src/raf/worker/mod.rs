@@ -52,7 +52,9 @@ use crate::error::{Result, TrainError};
 
 /// Positions in `batch` of the seeds replica `(j, r)` handles.
 pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
-    (0..batch.len()).filter(|&i| r <= 1 || batch[i] % r == j).collect()
+    (0..batch.len())
+        .filter(|&i| r <= 1 || batch[i] % r == j)
+        .collect()
 }
 
 /// The tag of a shipped whole partial (others are relation ids of shipped means).
@@ -114,18 +116,40 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
             if let Some(c) = &w.cache {
                 c.write_back(&mut w.model)?;
             }
-            Ok(WorkerResult { held: w.used.clone(), model: w.model })
+            Ok(WorkerResult {
+                held: w.used.clone(),
+                model: w.model,
+            })
         })
     });
     // A panic is a failure too: the others must hear of it rather than wait.
     let result = std::panic::catch_unwind(body).unwrap_or_else(|p| {
-        let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-        Err(TrainError::Distributed(format!("worker {} panicked: {what}", s.worker)))
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(TrainError::Distributed(format!(
+            "worker {} panicked: {what}",
+            s.worker
+        )))
     });
     if let Err(e) = &result {
         let workers = s.per_layer.len() as u32;
-        let targets: Vec<String> = (0..workers).filter(|&p| p != s.worker).map(names::worker).chain([crate::distributed::names::COORDINATOR.to_string()]).collect();
-        abort_peers(&s.node, &s.handle, &names::worker(s.worker), s.worker, s.gen, &targets, &e.to_string());
+        let targets: Vec<String> = (0..workers)
+            .filter(|&p| p != s.worker)
+            .map(names::worker)
+            .chain([crate::distributed::names::COORDINATOR.to_string()])
+            .collect();
+        abort_peers(
+            &s.node,
+            &s.handle,
+            &names::worker(s.worker),
+            s.worker,
+            s.gen,
+            &targets,
+            &e.to_string(),
+        );
     }
     result
 }
@@ -185,14 +209,25 @@ impl<'a> Worker<'a> {
         let mut model = Model::new(&t.model_spec(), g, DType::F32, &device)?;
         let workers = setup.per_layer.len();
         let w = setup.worker as usize;
-        let used_of = |k: usize| model.params_for(g, &setup.per_layer[k], k == 0).map_err(TrainError::from);
-        let mut all_used: Vec<BTreeSet<String>> = (0..workers).map(used_of).collect::<Result<_>>()?;
+        let used_of = |k: usize| {
+            model
+                .params_for(g, &setup.per_layer[k], k == 0)
+                .map_err(TrainError::from)
+        };
+        let mut all_used: Vec<BTreeSet<String>> =
+            (0..workers).map(used_of).collect::<Result<_>>()?;
         let top = setup.per_layer[0].len().saturating_sub(1);
-        let ships_means: Vec<bool> = (0..workers).map(|k| Ok(k != 0 && model.ships_means(&setup.per_layer[k][top])?)).collect::<Result<_>>()?;
+        let ships_means: Vec<bool> = (0..workers)
+            .map(|k| Ok(k != 0 && model.ships_means(&setup.per_layer[k][top])?))
+            .collect::<Result<_>>()?;
         for k in (1..workers).filter(|&k| ships_means[k]) {
             for &r in &setup.per_layer[k][top] {
                 let prefix = models::partials::relation_prefix(g, top, r);
-                let moved: Vec<String> = all_used[k].iter().filter(|n| n.starts_with(&prefix)).cloned().collect();
+                let moved: Vec<String> = all_used[k]
+                    .iter()
+                    .filter(|n| n.starts_with(&prefix))
+                    .cloned()
+                    .collect();
                 for n in moved {
                     all_used[k].remove(&n);
                     all_used[0].insert(n);
@@ -202,7 +237,9 @@ impl<'a> Worker<'a> {
         let learnable: Vec<bool> = model.embeddings.iter().map(Option::is_some).collect();
         let reads = |k: usize| -> Vec<bool> {
             let types = models::partials::types_per_layer(g, &setup.per_layer[k]);
-            types.first().map_or_else(Vec::new, |(_, src)| src.iter().zip(&learnable).map(|(a, b)| *a && *b).collect())
+            types.first().map_or_else(Vec::new, |(_, src)| {
+                src.iter().zip(&learnable).map(|(a, b)| *a && *b).collect()
+            })
         };
         let mine = reads(w);
         // Tables this worker never reads are dropped: only their holders keep them.
@@ -211,7 +248,15 @@ impl<'a> Worker<'a> {
                 *e = None;
             }
         }
-        let shared = (0..workers).map(|k| if k == w { Vec::new() } else { all_used[w].intersection(&all_used[k]).cloned().collect() }).collect();
+        let shared = (0..workers)
+            .map(|k| {
+                if k == w {
+                    Vec::new()
+                } else {
+                    all_used[w].intersection(&all_used[k]).cloned().collect()
+                }
+            })
+            .collect();
         let local = t.raf_embeddings == crate::config::RafEmbeddings::Local;
         let shared_tables = (0..workers)
             .map(|k| {
@@ -219,7 +264,9 @@ impl<'a> Worker<'a> {
                 if k == w || local {
                     Vec::new()
                 } else {
-                    (0..mine.len()).filter(|&ty| mine[ty] && theirs[ty]).collect()
+                    (0..mine.len())
+                        .filter(|&ty| mine[ty] && theirs[ty])
+                        .collect()
                 }
             })
             .collect();
@@ -228,14 +275,26 @@ impl<'a> Worker<'a> {
         let into_target: BTreeSet<RelationId> = g.in_relations(target).iter().copied().collect();
         let needs_seeds = (0..workers)
             .map(|k| {
-                let complete = layers < 2 || into_target.iter().all(|r| setup.per_layer[k][layers - 2].contains(r));
+                let complete = layers < 2
+                    || into_target
+                        .iter()
+                        .all(|r| setup.per_layer[k][layers - 2].contains(r));
                 k != 0 && model.partial_reads_seeds() && !complete
             })
             .collect();
-        let me = runtime::ActorName::new(&names::worker(setup.worker)).map_err(TrainError::distributed)?;
-        let actor = |n: String| setup.node.actor(&n).map(|r| r.with_sender(me.clone())).map_err(|e| TrainError::Distributed(format!("{n}: {e}")));
+        let me = runtime::ActorName::new(&names::worker(setup.worker))
+            .map_err(TrainError::distributed)?;
+        let actor = |n: String| {
+            setup
+                .node
+                .actor(&n)
+                .map(|r| r.with_sender(me.clone()))
+                .map_err(|e| TrainError::Distributed(format!("{n}: {e}")))
+        };
         let refs = TrainerRefs {
-            workers: (0..workers as u32).map(|k| actor(names::worker(k))).collect::<Result<_>>()?,
+            workers: (0..workers as u32)
+                .map(|k| actor(names::worker(k)))
+                .collect::<Result<_>>()?,
             reducer: actor(names::REDUCER.to_string())?,
             coordinator: actor(crate::distributed::names::COORDINATOR.to_string())?,
         };
@@ -244,39 +303,94 @@ impl<'a> Worker<'a> {
         if let Some((dir, m)) = &setup.from {
             let mut tensors = checkpoint::load_tensors(dir, m, &checkpoint_file(setup.worker))?;
             let held = &all_used[w];
-            models::checkpoint::restore_model_where(dir, &mut tensors, &mut model, &mut adam, |n| held.contains(n))?;
+            models::checkpoint::restore_model_where(
+                dir,
+                &mut tensors,
+                &mut model,
+                &mut adam,
+                |n| held.contains(n),
+            )?;
             seq = m.seq;
         }
         let cache = {
-            let (filter, replica) = (RelationFilter::PerLayer(setup.per_layer[w].clone()), setup.replicas[w]);
-            let mut presampler = Sampler::new(g, &t.fanouts, t.seed ^ crate::cache::hotness::PRESAMPLE_SEED)?;
+            let (filter, replica) = (
+                RelationFilter::PerLayer(setup.per_layer[w].clone()),
+                setup.replicas[w],
+            );
+            let mut presampler = Sampler::new(
+                g,
+                &t.fanouts,
+                t.seed ^ crate::cache::hotness::PRESAMPLE_SEED,
+            )?;
             let (_, splits) = g.target_labels();
             crate::cache::build_local(t, g, &model, &splits.train, |e, st, batch| {
-                let mine: Vec<u32> = share(batch, replica).into_iter().map(|i| batch[i]).collect();
+                let mine: Vec<u32> = share(batch, replica)
+                    .into_iter()
+                    .map(|i| batch[i])
+                    .collect();
                 Ok(presampler.sample_relations(e, st, &mine, &filter)?)
             })?
         };
         if let Some(c) = &cache {
-            setup.cache_view.publish(&names::worker(setup.worker), t.cache_policy.name(), &crate::cache::manager::type_names(g), c);
+            setup.cache_view.publish(
+                &names::worker(setup.worker),
+                t.cache_policy.name(),
+                &crate::cache::manager::type_names(g),
+                c,
+            );
         }
-        Ok(Worker { s: refs, setup, used: all_used[w].clone(), model, adam, shared, shared_tables, needs_seeds, ships_means, device, seq, cache, row_slot: Vec::new() })
+        Ok(Worker {
+            s: refs,
+            setup,
+            used: all_used[w].clone(),
+            model,
+            adam,
+            shared,
+            shared_tables,
+            needs_seeds,
+            ships_means,
+            device,
+            seq,
+            cache,
+            row_slot: Vec::new(),
+        })
     }
 
     /// Writes this worker's parameters, tables and optimiser state into the
     /// checkpoint before step `self.seq` and tells the coordinator.
     fn checkpoint(&mut self, progress: Progress) -> Result<()> {
-        let Some(root) = &self.setup.cfg.checkpoint_dir else { return Ok(()) };
+        let Some(root) = &self.setup.cfg.checkpoint_dir else {
+            return Ok(());
+        };
         if let Some(c) = &self.cache {
             c.write_back(&mut self.model)?;
         }
         // Only what this worker holds: the rest of its model is stale.
         let mut tensors = models::checkpoint::dense_tensors(&self.model, &self.adam)?;
-        let held = |name: &str| ["param.", "adam.m.", "adam.v."].iter().find_map(|p| name.strip_prefix(p)).is_none_or(|n| self.used.contains(n));
+        let held = |name: &str| {
+            ["param.", "adam.m.", "adam.v."]
+                .iter()
+                .find_map(|p| name.strip_prefix(p))
+                .is_none_or(|n| self.used.contains(n))
+        };
         tensors.retain(|name, _| held(name));
         tensors.extend(models::checkpoint::embedding_tensors(&self.model)?);
         let w = self.setup.worker;
-        let file = checkpoint::write_tensors(&checkpoint::partial_dir(root, self.seq), &checkpoint_file(w), &tensors)?;
-        self.send(&self.s.coordinator, Saved { gen: self.setup.gen, seq: self.seq, part: w, files: vec![file], progress: (w == 0).then_some(progress) })
+        let file = checkpoint::write_tensors(
+            &checkpoint::partial_dir(root, self.seq),
+            &checkpoint_file(w),
+            &tensors,
+        )?;
+        self.send(
+            &self.s.coordinator,
+            Saved {
+                gen: self.setup.gen,
+                seq: self.seq,
+                part: w,
+                files: vec![file],
+                progress: (w == 0).then_some(progress),
+            },
+        )
     }
 
     fn workers(&self) -> u32 {
@@ -292,7 +406,10 @@ impl<'a> Worker<'a> {
         let timeout = self.setup.timeouts.ask;
         let asks = msgs.into_iter().map(|(to, m)| to.ask(m, timeout));
         // A peer reported down ends the wait at once (not at the ask's deadline).
-        let answers = self.setup.inbox.block_on(&self.setup.handle, join_all(asks))?;
+        let answers = self
+            .setup
+            .inbox
+            .block_on(&self.setup.handle, join_all(asks))?;
         for r in answers {
             r.map_err(|e| TrainError::Distributed(format!("{}: {e}", M::KIND)))?;
         }
@@ -311,31 +428,57 @@ impl<'a> Worker<'a> {
             seed: s.cfg.seed,
         };
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let attempt = Attempt { node: Some(&s.node), gen: s.gen, trainer: s.worker, cfg: &s.cfg, items: epochs::Items::Nodes(&s.graph.target_labels().1.train), resumed };
+        let attempt = Attempt {
+            node: Some(&s.node),
+            gen: s.gen,
+            trainer: s.worker,
+            cfg: &s.cfg,
+            items: epochs::Items::Nodes(&s.graph.target_labels().1.train),
+            resumed,
+        };
         epochs::run(&attempt, &feed, self)
     }
 
     /// One training step (`dropout` is `Some`) or evaluation batch. On the
     /// reducer, `loss` and `correct` are the batch's; elsewhere zero. `mb` is
     /// sampled from this worker's share of `batch`.
-    fn step(&mut self, mb: &MiniBatch, features: models::rgcn::PerType, batch: &[u32], dropout: Option<DropoutKey>, labels: &[i64], seq: u64) -> Result<StepOut> {
+    fn step(
+        &mut self,
+        mb: &MiniBatch,
+        features: models::rgcn::PerType,
+        batch: &[u32],
+        dropout: Option<DropoutKey>,
+        labels: &[i64],
+        seq: u64,
+    ) -> Result<StepOut> {
         let s = self.setup;
         let g = &s.graph;
         let w = s.worker;
         let train = dropout.is_some();
         let target = g.target().index();
         let b = mb.seeds.len();
-        let mut out = StepOut { loss: 0.0, correct: 0, gather_s: 0.0, compute_s: 0.0, comm_s: 0.0, update_s: 0.0 };
+        let mut out = StepOut {
+            loss: 0.0,
+            correct: 0,
+            gather_s: 0.0,
+            compute_s: 0.0,
+            comm_s: 0.0,
+            update_s: 0.0,
+        };
         // Every message of earlier steps has been taken: what is left of them is duplicates.
         s.inbox.forget_before(seq);
         let mut clock = Instant::now();
         let mut inputs = features;
         match &self.cache {
             Some(c) => c.gather_embeddings(&self.model, &mb.blocks[0].src, &mut inputs, train)?,
-            None => self.model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
+            None => self
+                .model
+                .gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
         }
         out.gather_s += lap(&mut clock);
-        let mut h = self.model.hidden_below_top(g, mb, inputs.clone(), dropout)?;
+        let mut h = self
+            .model
+            .hidden_below_top(g, mb, inputs.clone(), dropout)?;
         out.compute_s += lap(&mut clock);
         let timeout = s.timeouts.step;
         // The seeds' own rows: the reducer's are exact; a worker whose top
@@ -343,22 +486,48 @@ impl<'a> Worker<'a> {
         let mut seed_leaf = None;
         let mut seed_width = 0;
         if w == 0 {
-            let own = h[target].as_ref().ok_or_else(|| TrainError::distributed("the reducer has no rows of the target type"))?.narrow(0, 0, b)?;
+            let own = h[target]
+                .as_ref()
+                .ok_or_else(|| {
+                    TrainError::distributed("the reducer has no rows of the target type")
+                })?
+                .narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
-            let msgs = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).map(|k| (&self.s.workers[k as usize], SeedRows { gen: s.gen, seq, from: 0, data: data.clone() })).collect();
+            let msgs = (1..self.workers())
+                .filter(|&k| self.needs_seeds[k as usize])
+                .map(|k| {
+                    (
+                        &self.s.workers[k as usize],
+                        SeedRows {
+                            gen: s.gen,
+                            seq,
+                            from: 0,
+                            data: data.clone(),
+                        },
+                    )
+                })
+                .collect();
             self.send_all(msgs)?;
         } else if self.needs_seeds[w as usize] {
-            let raw = s.inbox.raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
+            let raw = s
+                .inbox
+                .raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
             seed_width = raw[0].len() / 4 / batch.len().max(1);
-            let all = decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::distributed)?;
+            let all =
+                decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::distributed)?;
             // A replica whose share of this batch is empty has no rows to replace.
             if let Some(x) = h[target].as_ref().filter(|_| b > 0) {
                 let (n, width) = x.dims2()?;
                 if width != seed_width {
-                    return Err(TrainError::Distributed(format!("the reducer sent seed rows {seed_width} wide, this worker's are {width}")));
+                    return Err(TrainError::Distributed(format!(
+                        "the reducer sent seed rows {seed_width} wide, this worker's are {width}"
+                    )));
                 }
                 // This worker's share of the batch, in its order.
-                let rows: Vec<f32> = share(batch, s.replicas[w as usize]).iter().flat_map(|&i| all[i * width..(i + 1) * width].iter().copied()).collect();
+                let rows: Vec<f32> = share(batch, s.replicas[w as usize])
+                    .iter()
+                    .flat_map(|&i| all[i * width..(i + 1) * width].iter().copied())
+                    .collect();
                 let leaf = Var::from_tensor(&Tensor::from_vec(rows, (b, width), &self.device)?)?;
                 let rest = x.narrow(0, b, n - b)?;
                 h[target] = Some(Tensor::cat(&[leaf.as_tensor(), &rest], 0)?);
@@ -368,29 +537,55 @@ impl<'a> Worker<'a> {
         out.comm_s += lap(&mut clock);
         // What this worker ships: one partial, or (R-GCN, when narrower) its relation means.
         let shipped: Vec<(u32, Tensor)> = if w != 0 && self.ships_means[w as usize] {
-            self.model.top_means(g, mb, &h)?.into_iter().map(|(r, t)| (r.0, t)).collect()
+            self.model
+                .top_means(g, mb, &h)?
+                .into_iter()
+                .map(|(r, t)| (r.0, t))
+                .collect()
         } else {
-            self.model.top_partial(g, mb, &h)?.into_iter().map(|t| (WHOLE, t)).collect()
+            self.model
+                .top_partial(g, mb, &h)?
+                .into_iter()
+                .map(|t| (WHOLE, t))
+                .collect()
         };
         out.compute_s += lap(&mut clock);
         let grads: Option<GradStore>;
         if w == 0 {
-            let own = h[target].as_ref().ok_or_else(|| TrainError::distributed("no target rows"))?.narrow(0, 0, b)?;
+            let own = h[target]
+                .as_ref()
+                .ok_or_else(|| TrainError::distributed("no target rows"))?
+                .narrow(0, 0, b)?;
             let peers: Vec<u32> = (1..self.workers()).collect();
-            let raw = s.inbox.raw("the partial aggregations", seq, round::PARTIAL, &peers, timeout)?;
+            let raw = s.inbox.raw(
+                "the partial aggregations",
+                seq,
+                round::PARTIAL,
+                &peers,
+                timeout,
+            )?;
             out.comm_s += lap(&mut clock);
             // The head runs on leaves: the workers' gradients go out before
             // this worker backpropagates through its own layers (in parallel
             // with theirs), not after.
             let own_leaf = Var::from_tensor(&own.detach())?;
-            let own_part: Option<(Tensor, Var)> = shipped.first().map(|(_, t)| Ok::<_, candle_core::Error>((t.clone(), Var::from_tensor(&t.detach())?))).transpose()?;
-            let mut partials: Vec<Tensor> = own_part.iter().map(|(_, l)| l.as_tensor().clone()).collect();
+            let own_part: Option<(Tensor, Var)> = shipped
+                .first()
+                .map(|(_, t)| {
+                    Ok::<_, candle_core::Error>((t.clone(), Var::from_tensor(&t.detach())?))
+                })
+                .transpose()?;
+            let mut partials: Vec<Tensor> = own_part
+                .iter()
+                .map(|(_, l)| l.as_tensor().clone())
+                .collect();
             let mut leaves: Vec<Vec<Var>> = Vec::new();
             let top = self.setup.per_layer[0].len() - 1;
             // Replicas' partials cover disjoint seeds: gathered per replica group, then put in batch order.
             let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<ReplicaPiece>> = BTreeMap::new();
             for (k, bytes) in peers.iter().zip(&raw) {
-                let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes).map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
+                let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes)
+                    .map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
                 let (j, r) = s.replicas[*k as usize];
                 let rows = share(batch, (j, r));
                 let mut mine = Vec::new();
@@ -398,7 +593,11 @@ impl<'a> Worker<'a> {
                 let mut whole = None;
                 let means_expected = self.ships_means[*k as usize];
                 let mut tags = BTreeSet::new();
-                if (!means_expected && pieces.len() > 1) || pieces.iter().any(|p| (p.0 == WHOLE) == means_expected || !tags.insert(p.0)) {
+                if (!means_expected && pieces.len() > 1)
+                    || pieces
+                        .iter()
+                        .any(|p| (p.0 == WHOLE) == means_expected || !tags.insert(p.0))
+                {
                     return Err(TrainError::Distributed(format!("worker {k} sent {} pieces that are not one partial or distinct relation means", pieces.len())));
                 }
                 for (tag, shape, values) in pieces {
@@ -409,7 +608,10 @@ impl<'a> Worker<'a> {
                     } else {
                         want.push(self.model.mean_width(RelationId(tag))?);
                     }
-                    if dims != want || want.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(values.len()) {
+                    if dims != want
+                        || want.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+                            != Some(values.len())
+                    {
                         return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} and {} values; {want:?} expected", values.len())));
                     }
                     let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
@@ -417,7 +619,9 @@ impl<'a> Worker<'a> {
                         whole = Some(leaf.as_tensor().clone());
                     } else {
                         let r = RelationId(tag);
-                        if !self.ships_means[*k as usize] || !self.setup.per_layer[*k as usize][top].contains(&r) {
+                        if !self.ships_means[*k as usize]
+                            || !self.setup.per_layer[*k as usize][top].contains(&r)
+                        {
                             return Err(TrainError::Distributed(format!("worker {k} sent the means of relation {tag}, which it does not ship")));
                         }
                         means.push((r, leaf.as_tensor().clone()));
@@ -434,7 +638,10 @@ impl<'a> Worker<'a> {
                 }
                 if let Some(p) = whole {
                     if r > 1 {
-                        groups.entry(self.setup.per_layer[*k as usize].clone()).or_default().push((j, rows, p));
+                        groups
+                            .entry(self.setup.per_layer[*k as usize].clone())
+                            .or_default()
+                            .push((j, rows, p));
                     } else {
                         partials.push(p);
                     }
@@ -454,20 +661,32 @@ impl<'a> Worker<'a> {
                     offset += p.dim(0)?;
                 }
                 if covered != b {
-                    return Err(TrainError::Distributed(format!("the replicas of a sub-metatree cover {covered} of {b} seeds")));
+                    return Err(TrainError::Distributed(format!(
+                        "the replicas of a sub-metatree cover {covered} of {b} seeds"
+                    )));
                 }
-                let cat = Tensor::cat(&reps.iter().map(|(_, _, p)| p.clone()).collect::<Vec<_>>(), 0)?;
+                let cat = Tensor::cat(
+                    &reps.iter().map(|(_, _, p)| p.clone()).collect::<Vec<_>>(),
+                    0,
+                )?;
                 partials.push(cat.index_select(&Tensor::from_vec(index, b, &self.device)?, 0)?);
             }
-            let logits = self.model.reduce_top(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
-            let y: Vec<u32> = mb.seeds.iter().map(|&v| labels[v as usize] as u32).collect();
+            let logits =
+                self.model
+                    .reduce_top(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
+            let y: Vec<u32> = mb
+                .seeds
+                .iter()
+                .map(|&v| labels[v as usize] as u32)
+                .collect();
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
             if !train {
                 out.compute_s += lap(&mut clock);
                 return Ok(out);
             }
-            let loss = candle_nn::loss::cross_entropy(&logits, &Tensor::from_vec(y, b, &self.device)?)?;
+            let loss =
+                candle_nn::loss::cross_entropy(&logits, &Tensor::from_vec(y, b, &self.device)?)?;
             out.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let gs = loss.backward()?;
             out.compute_s += lap(&mut clock);
@@ -480,12 +699,24 @@ impl<'a> Worker<'a> {
                         None => data.extend(to_bytes(&leaf.as_tensor().zeros_like()?)?),
                     }
                 }
-                msgs.push((&self.s.workers[*k as usize], PartialGrad { gen: s.gen, seq, from: 0, data: ByteVec(data) }));
+                msgs.push((
+                    &self.s.workers[*k as usize],
+                    PartialGrad {
+                        gen: s.gen,
+                        seq,
+                        from: 0,
+                        data: ByteVec(data),
+                    },
+                ));
             }
             self.send_all(msgs)?;
             out.comm_s += lap(&mut clock);
             // Detached: a gradient can still reference the head's graph.
-            let grad_or_zeros = |l: &Var| gs.get(l.as_tensor()).map(Tensor::detach).map_or_else(|| l.as_tensor().zeros_like(), Ok);
+            let grad_or_zeros = |l: &Var| {
+                gs.get(l.as_tensor())
+                    .map(Tensor::detach)
+                    .map_or_else(|| l.as_tensor().zeros_like(), Ok)
+            };
             let mut surrogate = (&own * grad_or_zeros(&own_leaf)?)?.sum_all()?;
             if let Some((p, l)) = &own_part {
                 surrogate = (surrogate + (p * grad_or_zeros(l)?)?.sum_all()?)?;
@@ -494,14 +725,26 @@ impl<'a> Worker<'a> {
             add_grads(&mut local, &gs, &self.model, &inputs)?;
             let mut gs = local;
             out.compute_s += lap(&mut clock);
-            let askers: Vec<u32> = (1..self.workers()).filter(|&k| self.needs_seeds[k as usize]).collect();
+            let askers: Vec<u32> = (1..self.workers())
+                .filter(|&k| self.needs_seeds[k as usize])
+                .collect();
             if !askers.is_empty() {
-                let raw = s.inbox.raw("the seeds' row gradients", seq, round::SEED_GRAD, &askers, timeout)?;
+                let raw = s.inbox.raw(
+                    "the seeds' row gradients",
+                    seq,
+                    round::SEED_GRAD,
+                    &askers,
+                    timeout,
+                )?;
                 out.comm_s += lap(&mut clock);
                 let width = own.dim(1)?;
                 let mut sum: Option<Tensor> = None;
                 for bytes in &raw {
-                    let gr = Tensor::from_vec(decode_f32(bytes, b * width).map_err(TrainError::distributed)?, (b, width), &self.device)?;
+                    let gr = Tensor::from_vec(
+                        decode_f32(bytes, b * width).map_err(TrainError::distributed)?,
+                        (b, width),
+                        &self.device,
+                    )?;
                     sum = Some(match sum {
                         Some(s) => (s + gr)?,
                         None => gr,
@@ -518,21 +761,40 @@ impl<'a> Worker<'a> {
             let mut pieces = Vec::new();
             for (tag, t) in &shipped {
                 let shape: Vec<u32> = t.dims().iter().map(|&d| d as u32).collect();
-                pieces.push((*tag, shape, t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?));
+                pieces.push((
+                    *tag,
+                    shape,
+                    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                ));
             }
-            self.send(&self.s.reducer, Partial { gen: s.gen, seq, from: w, data: ByteVec(messages::encode(&pieces).map_err(TrainError::distributed)?) })?;
+            self.send(
+                &self.s.reducer,
+                Partial {
+                    gen: s.gen,
+                    seq,
+                    from: w,
+                    data: ByteVec(messages::encode(&pieces).map_err(TrainError::distributed)?),
+                },
+            )?;
             out.comm_s += lap(&mut clock);
             if !train {
                 return Ok(out);
             }
-            let raw = s.inbox.raw("the gradient of this worker's partial", seq, round::PARTIAL_GRAD, &[0], timeout)?;
+            let raw = s.inbox.raw(
+                "the gradient of this worker's partial",
+                seq,
+                round::PARTIAL_GRAD,
+                &[0],
+                timeout,
+            )?;
             out.comm_s += lap(&mut clock);
             let total: usize = shipped.iter().map(|(_, t)| t.elem_count()).sum();
             let flat = decode_f32(&raw[0], total).map_err(TrainError::distributed)?;
             let mut surrogate: Option<Tensor> = None;
             let mut at = 0;
             for (_, t) in &shipped {
-                let gr = Tensor::from_slice(&flat[at..at + t.elem_count()], t.shape(), &self.device)?;
+                let gr =
+                    Tensor::from_slice(&flat[at..at + t.elem_count()], t.shape(), &self.device)?;
                 at += t.elem_count();
                 let term = (t * gr)?.sum_all()?;
                 surrogate = Some(match surrogate {
@@ -544,16 +806,28 @@ impl<'a> Worker<'a> {
             out.compute_s += lap(&mut clock);
             if self.needs_seeds[w as usize] {
                 let width = seed_width;
-                let mine: Vec<f32> = match seed_leaf.as_ref().and_then(|l| gs.as_ref().and_then(|g| g.get(l.as_tensor()))) {
+                let mine: Vec<f32> = match seed_leaf
+                    .as_ref()
+                    .and_then(|l| gs.as_ref().and_then(|g| g.get(l.as_tensor())))
+                {
                     Some(gr) => gr.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
                     None => vec![0.0; b * width],
                 };
                 // Rows of the whole batch (zero where another replica's seeds are).
                 let mut full = vec![0f32; batch.len() * width];
                 for (k, &i) in share(batch, s.replicas[w as usize]).iter().enumerate() {
-                    full[i * width..(i + 1) * width].copy_from_slice(&mine[k * width..(k + 1) * width]);
+                    full[i * width..(i + 1) * width]
+                        .copy_from_slice(&mine[k * width..(k + 1) * width]);
                 }
-                self.send(&self.s.reducer, SeedGrad { gen: s.gen, seq, from: w, data: ByteVec(bytemuck::cast_slice(&full).to_vec()) })?;
+                self.send(
+                    &self.s.reducer,
+                    SeedGrad {
+                        gen: s.gen,
+                        seq,
+                        from: w,
+                        data: ByteVec(bytemuck::cast_slice(&full).to_vec()),
+                    },
+                )?;
             }
             grads = gs;
         }
@@ -571,10 +845,22 @@ mod tests {
     fn received_row_ids_must_be_distinct_and_in_range_and_leave_the_scratch_clean() {
         let mut slot = Vec::new();
         assert!(distinct_below(&mut slot, &[3, 0, 9], 10));
-        assert!(!distinct_below(&mut slot, &[3, 5, 3, 7], 10), "a repeated id");
-        assert!(!distinct_below(&mut slot, &[3, 10], 10), "an id out of range");
-        assert!(slot.iter().all(|&s| s == u32::MAX), "marks undone after a refusal too");
-        assert!(distinct_below(&mut slot, &[7, 5, 3], 10), "earlier calls leave nothing behind");
+        assert!(
+            !distinct_below(&mut slot, &[3, 5, 3, 7], 10),
+            "a repeated id"
+        );
+        assert!(
+            !distinct_below(&mut slot, &[3, 10], 10),
+            "an id out of range"
+        );
+        assert!(
+            slot.iter().all(|&s| s == u32::MAX),
+            "marks undone after a refusal too"
+        );
+        assert!(
+            distinct_below(&mut slot, &[7, 5, 3], 10),
+            "earlier calls leave nothing behind"
+        );
         assert!(distinct_below(&mut slot, &[], 0));
     }
 

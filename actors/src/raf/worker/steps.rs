@@ -41,20 +41,50 @@ impl<'a> Steps for Worker<'a> {
     }
 
     /// Samples the worker's share of the batch over its relations and gathers its feature rows.
-    fn prepare<'f>(feed: &'f Feed<'a>, sampler: &mut Sampler<'f>, epoch: u64, step: u64, seeds: &[u32]) -> Result<Prepared> {
-        let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
-        prepare(feed.graph, &feed.gather, feed.cached.as_deref(), true, || Ok(sampler.sample_relations(epoch, step, &mine, &feed.filter)?))
+    fn prepare<'f>(
+        feed: &'f Feed<'a>,
+        sampler: &mut Sampler<'f>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+    ) -> Result<Prepared> {
+        let mine: Vec<u32> = share(seeds, feed.replica)
+            .into_iter()
+            .map(|i| seeds[i])
+            .collect();
+        prepare(
+            feed.graph,
+            &feed.gather,
+            feed.cached.as_deref(),
+            true,
+            || Ok(sampler.sample_relations(epoch, step, &mine, &feed.filter)?),
+        )
     }
 
     fn checkpoint(&mut self, _: &Feed<'a>, progress: Progress) -> Result<()> {
         Worker::checkpoint(self, progress)
     }
 
-    fn step(&mut self, _: &Feed<'a>, epoch: u64, step: u64, seeds: &[u32], p: Prepared, st: &mut EpochStats) -> Result<StepFigures> {
+    fn step(
+        &mut self,
+        _: &Feed<'a>,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        p: Prepared,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let (labels, _) = self.setup.graph.target_labels();
-        let out = self.step(&p.mb, p.features, seeds, Some(DropoutKey { epoch, step }), labels, self.seq)?;
+        let out = self.step(
+            &p.mb,
+            p.features,
+            seeds,
+            Some(DropoutKey { epoch, step }),
+            labels,
+            self.seq,
+        )?;
         self.seq += 1;
         st.time.gather_s += out.gather_s;
         st.time.compute_s += out.compute_s;
@@ -63,9 +93,21 @@ impl<'a> Steps for Worker<'a> {
         // Only the reducer sees predictions: the others count nothing.
         let reducer = self.setup.worker == 0;
         if reducer {
-            self.send(&self.s.coordinator, StepDone { gen: self.setup.gen, epoch, seq: self.seq - 1, loss: out.loss })?;
+            self.send(
+                &self.s.coordinator,
+                StepDone {
+                    gen: self.setup.gen,
+                    epoch,
+                    seq: self.seq - 1,
+                    loss: out.loss,
+                },
+            )?;
         }
-        Ok(StepFigures { loss: out.loss, correct: out.correct as f64, seen: if reducer { seeds.len() as u64 } else { 0 } })
+        Ok(StepFigures {
+            loss: out.loss,
+            correct: out.correct as f64,
+            seen: if reducer { seeds.len() as u64 } else { 0 },
+        })
     }
 
     fn evaluate(&mut self, feed: &Feed<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
@@ -75,10 +117,21 @@ impl<'a> Steps for Worker<'a> {
         for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
             let mut correct = 0;
             for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
-                let mine: Vec<u32> = share(seeds, feed.replica).into_iter().map(|i| seeds[i]).collect();
-                let p = prepare(&s.graph, &feed.gather, feed.cached.as_deref(), false, || Ok(sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?))?;
+                let mine: Vec<u32> = share(seeds, feed.replica)
+                    .into_iter()
+                    .map(|i| seeds[i])
+                    .collect();
+                let p = prepare(
+                    &s.graph,
+                    &feed.gather,
+                    feed.cached.as_deref(),
+                    false,
+                    || Ok(sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?),
+                )?;
                 let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                correct += self.step(&p.mb, p.features, seeds, None, labels, seq)?.correct;
+                correct += self
+                    .step(&p.mb, p.features, seeds, None, labels, seq)?
+                    .correct;
             }
             if split == 1 {
                 st.valid_correct = correct;
@@ -90,9 +143,16 @@ impl<'a> Steps for Worker<'a> {
     }
 
     fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
-        let Some(c) = &self.cache else { return BTreeMap::new() };
+        let Some(c) = &self.cache else {
+            return BTreeMap::new();
+        };
         let s = self.setup;
-        s.cache_view.publish(&super::super::names::worker(s.worker), s.cfg.cache_policy.name(), &crate::cache::manager::type_names(&s.graph), c);
+        s.cache_view.publish(
+            &super::super::names::worker(s.worker),
+            s.cfg.cache_policy.name(),
+            &crate::cache::manager::type_names(&s.graph),
+            c,
+        );
         c.report()
     }
 

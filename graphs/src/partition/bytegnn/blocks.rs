@@ -30,7 +30,10 @@ pub(super) struct Figures {
 
 impl Figures {
     pub fn zero(types: usize) -> Figures {
-        Figures { types: vec![0; types], ..Figures::default() }
+        Figures {
+            types: vec![0; types],
+            ..Figures::default()
+        }
     }
 
     pub fn clear(&mut self) {
@@ -41,13 +44,19 @@ impl Figures {
 
     pub fn add(&mut self, o: &Figures) {
         (0..3).for_each(|s| self.splits[s] += o.splits[s]);
-        self.types.iter_mut().zip(&o.types).for_each(|(a, b)| *a += b);
+        self.types
+            .iter_mut()
+            .zip(&o.types)
+            .for_each(|(a, b)| *a += b);
         self.edges += o.edges;
     }
 
     pub fn sub(&mut self, o: &Figures) {
         (0..3).for_each(|s| self.splits[s] -= o.splits[s]);
-        self.types.iter_mut().zip(&o.types).for_each(|(a, b)| *a -= b);
+        self.types
+            .iter_mut()
+            .zip(&o.types)
+            .for_each(|(a, b)| *a -= b);
         self.edges -= o.edges;
     }
 }
@@ -88,7 +97,12 @@ pub(super) struct State<'g> {
 }
 
 impl<'g> State<'g> {
-    pub fn new(opts: &ByteGnn, g: &'g HetGraph, parts: usize, within: Option<(&'g [Vec<u16>], u16)>) -> Result<State<'g>> {
+    pub fn new(
+        opts: &ByteGnn,
+        g: &'g HetGraph,
+        parts: usize,
+        within: Option<(&'g [Vec<u16>], u16)>,
+    ) -> Result<State<'g>> {
         let types = g.node_types();
         let mut base = Vec::with_capacity(types.len() + 1);
         let mut n = 0usize;
@@ -119,7 +133,11 @@ impl<'g> State<'g> {
         if let Some(splits) = &types[target].splits {
             for (s, (name, ids)) in splits.named().into_iter().enumerate() {
                 for &v in ids {
-                    let slot = split_of.get_mut(v as usize).ok_or_else(|| GraphError::InvalidArgument(format!("bytegnn: {name} node {v} is out of range 0..{count}")))?;
+                    let slot = split_of.get_mut(v as usize).ok_or_else(|| {
+                        GraphError::InvalidArgument(format!(
+                            "bytegnn: {name} node {v} is out of range 0..{count}"
+                        ))
+                    })?;
                     *slot |= 1 << s;
                 }
             }
@@ -137,14 +155,19 @@ impl<'g> State<'g> {
             centres: Vec::new(),
             offsets: vec![0],
             members: Vec::new(),
-            owners: types.iter().map(|t| vec![NO_PART; t.count as usize]).collect(),
+            owners: types
+                .iter()
+                .map(|t| vec![NO_PART; t.count as usize])
+                .collect(),
             loads: vec![Figures::zero(types.len()); parts],
             total: Figures::zero(types.len()),
             cap: Figures::zero(types.len()),
             ce: vec![0; parts],
             touched: Vec::new(),
         };
-        state.centres = (0..count).filter(|&v| state.split_of[v as usize] != 0 && state.kept(target, v)).collect();
+        state.centres = (0..count)
+            .filter(|&v| state.split_of[v as usize] != 0 && state.kept(target, v))
+            .collect();
         let mut total = Figures::zero(types.len());
         for &c in &state.centres {
             (0..3).for_each(|s| total.splits[s] += u64::from(state.split_of[c as usize] >> s & 1));
@@ -156,8 +179,14 @@ impl<'g> State<'g> {
             }
         }
         let k = parts as f64;
-        let cap_of = |all: u64| ((all as f64 / k).ceil() as u64).max((SLACK * all as f64 / k).floor() as u64);
-        state.cap = Figures { splits: total.splits.map(cap_of), types: total.types.iter().map(|&c| cap_of(c)).collect(), edges: cap_of(total.edges) };
+        let cap_of = |all: u64| {
+            ((all as f64 / k).ceil() as u64).max((SLACK * all as f64 / k).floor() as u64)
+        };
+        state.cap = Figures {
+            splits: total.splits.map(cap_of),
+            types: total.types.iter().map(|&c| cap_of(c)).collect(),
+            edges: cap_of(total.edges),
+        };
         state.total = total;
         Ok(state)
     }
@@ -178,7 +207,14 @@ impl<'g> State<'g> {
 
     /// The owners, with 0 for nodes left out (outside `within`).
     pub fn into_owners(self) -> Vec<Vec<u16>> {
-        self.owners.into_iter().map(|o| o.into_iter().map(|p| if p == NO_PART { 0 } else { p }).collect()).collect()
+        self.owners
+            .into_iter()
+            .map(|o| {
+                o.into_iter()
+                    .map(|p| if p == NO_PART { 0 } else { p })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Step 1: the multi-source BFS, then the blocks' member lists (each in
@@ -231,7 +267,12 @@ impl<'g> State<'g> {
         }
         let mut fill = offsets[..blocks].to_vec();
         let mut members = vec![0usize; offsets[blocks]];
-        for (x, &b) in self.block.iter().enumerate().filter(|(_, &b)| b != NO_BLOCK) {
+        for (x, &b) in self
+            .block
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b != NO_BLOCK)
+        {
             members[fill[b as usize]] = x;
             fill[b as usize] += 1;
         }
@@ -252,7 +293,11 @@ impl<'g> State<'g> {
                         1 + degree(&self.walk[t], v)
                     })
                     .sum();
-                (Reverse(size), key(&[seed, 0x0DE5_B10C, u64::from(self.centres[b as usize])]), b)
+                (
+                    Reverse(size),
+                    key(&[seed, 0x0DE5_B10C, u64::from(self.centres[b as usize])]),
+                    b,
+                )
             })
             .collect();
         keyed.sort_unstable();
@@ -265,7 +310,10 @@ impl<'g> State<'g> {
     pub fn clusters(&self, order: &[u32]) -> Vec<Vec<u32>> {
         let nb = self.centres.len();
         let per = self.opts.clusters.max(1) * self.parts;
-        let (bound_blocks, bound_nodes) = ((nb / per).max(1) as u64, (self.members.len() / per).max(1) as u64);
+        let (bound_blocks, bound_nodes) = (
+            (nb / per).max(1) as u64,
+            (self.members.len() / per).max(1) as u64,
+        );
         let nodes_of = |b: u32| (self.offsets[b as usize + 1] - self.offsets[b as usize]) as u64;
         let mut cluster: Vec<u32> = (0..nb as u32).collect();
         let mut blocks_in = vec![1u64; nb];
@@ -295,8 +343,13 @@ impl<'g> State<'g> {
                 // Strictly more edges than staying, ties to the lowest cluster id.
                 let mut best = (count[cur as usize], cur);
                 for &k in &touched {
-                    let room = blocks_in[k as usize] < bound_blocks && nodes_in[k as usize] + size <= bound_nodes;
-                    if k != cur && room && (count[k as usize] > best.0 || (count[k as usize] == best.0 && best.1 != cur && k < best.1)) {
+                    let room = blocks_in[k as usize] < bound_blocks
+                        && nodes_in[k as usize] + size <= bound_nodes;
+                    if k != cur
+                        && room
+                        && (count[k as usize] > best.0
+                            || (count[k as usize] == best.0 && best.1 != cur && k < best.1))
+                    {
                         best = (count[k as usize], k);
                     }
                 }
@@ -335,10 +388,18 @@ impl<'g> State<'g> {
                 (0..3).for_each(|s| splits[s] += u64::from(self.split_of[v] >> s & 1));
             }
             let nodes: u64 = g.iter().map(|&b| nodes_of(b)).sum();
-            keyed.push((Reverse(splits.into_iter().max().unwrap_or(0)), Reverse(nodes), first[c], c as u32));
+            keyed.push((
+                Reverse(splits.into_iter().max().unwrap_or(0)),
+                Reverse(nodes),
+                first[c],
+                c as u32,
+            ));
         }
         keyed.sort_unstable();
-        keyed.into_iter().map(|(.., c)| std::mem::take(&mut groups[c as usize])).collect()
+        keyed
+            .into_iter()
+            .map(|(.., c)| std::mem::take(&mut groups[c as usize]))
+            .collect()
     }
 }
 

@@ -169,16 +169,30 @@ impl Fanouts {
     /// Most hops listed.
     pub const MAX: usize = 8;
     /// Training's default fanouts: 25, then 20.
-    pub const TRAINING: Fanouts = Fanouts { len: 2, per_hop: [25, 20, 0, 0, 0, 0, 0, 0] };
+    pub const TRAINING: Fanouts = Fanouts {
+        len: 2,
+        per_hop: [25, 20, 0, 0, 0, 0, 0, 0],
+    };
 
     /// Fanouts from a list of 1 to [`Fanouts::MAX`] positive values.
     pub fn new(list: &[usize]) -> Result<Fanouts> {
-        if list.is_empty() || list.len() > Fanouts::MAX || list.iter().any(|&f| f == 0 || u32::try_from(f).is_err()) {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: fanouts must be 1 to {} positive values, got {list:?}", Fanouts::MAX)));
+        if list.is_empty()
+            || list.len() > Fanouts::MAX
+            || list.iter().any(|&f| f == 0 || u32::try_from(f).is_err())
+        {
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: fanouts must be 1 to {} positive values, got {list:?}",
+                Fanouts::MAX
+            )));
         }
         let mut per_hop = [0u32; Fanouts::MAX];
-        list.iter().zip(&mut per_hop).for_each(|(&f, slot)| *slot = f as u32);
-        Ok(Fanouts { len: list.len() as u8, per_hop })
+        list.iter()
+            .zip(&mut per_hop)
+            .for_each(|(&f, slot)| *slot = f as u32);
+        Ok(Fanouts {
+            len: list.len() as u8,
+            per_hop,
+        })
     }
 
     /// The fanout of hop `h` (0: the seeds' own picks); the last one past the list.
@@ -205,39 +219,77 @@ impl std::str::FromStr for Placement {
         match s {
             "greedy" => Ok(Placement::Greedy),
             "metis" => Ok(Placement::Metis),
-            other => Err(GraphError::InvalidArgument(format!("bytegnn: placement '{other}' is not greedy or metis"))),
+            other => Err(GraphError::InvalidArgument(format!(
+                "bytegnn: placement '{other}' is not greedy or metis"
+            ))),
         }
     }
 }
 
 impl ByteGnn {
     /// The defaults (see the fields).
-    pub const DEFAULT: ByteGnn =
-        ByteGnn { hops: 2, reverse: true, type_weight: 0.0, balance_weight: 1.0, clusters: 32, passes: 10, place: Placement::Metis, fanouts: Fanouts::TRAINING, seed_weights: [1.0, 0.1, 0.1] };
+    pub const DEFAULT: ByteGnn = ByteGnn {
+        hops: 2,
+        reverse: true,
+        type_weight: 0.0,
+        balance_weight: 1.0,
+        clusters: 32,
+        passes: 10,
+        place: Placement::Metis,
+        fanouts: Fanouts::TRAINING,
+        seed_weights: [1.0, 0.1, 0.1],
+    };
 
     /// The paper's Algorithm 2 with only the fixes it needs (greedy
     /// placement, no clusters, no refinement, no step 7), `hops` and
     /// `reverse` as given.
     pub fn paper(hops: usize, reverse: bool) -> ByteGnn {
-        ByteGnn { hops, reverse, clusters: 0, passes: 0, place: Placement::Greedy, seed_weights: [0.0; 3], ..ByteGnn::DEFAULT }
+        ByteGnn {
+            hops,
+            reverse,
+            clusters: 0,
+            passes: 0,
+            place: Placement::Greedy,
+            seed_weights: [0.0; 3],
+            ..ByteGnn::DEFAULT
+        }
     }
 
     /// Checks the options.
     pub fn validate(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.type_weight) {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: the type weight must be in 0..=1, got {}", self.type_weight)));
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: the type weight must be in 0..=1, got {}",
+                self.type_weight
+            )));
         }
         if !(0.0..=1.0).contains(&self.balance_weight) {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: the balance weight must be in 0..=1, got {}", self.balance_weight)));
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: the balance weight must be in 0..=1, got {}",
+                self.balance_weight
+            )));
         }
         if self.hops > MAX_HOPS {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: {} hops is more than any model's depth (at most {MAX_HOPS})", self.hops)));
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: {} hops is more than any model's depth (at most {MAX_HOPS})",
+                self.hops
+            )));
         }
-        if self.seed_weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: the seed weights must be finite and at least 0, got {:?}", self.seed_weights)));
+        if self
+            .seed_weights
+            .iter()
+            .any(|w| !(w.is_finite() && *w >= 0.0))
+        {
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: the seed weights must be finite and at least 0, got {:?}",
+                self.seed_weights
+            )));
         }
         if self.clusters > MAX_PARTS {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: at most {MAX_PARTS} clusters per partition, got {}", self.clusters)));
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: at most {MAX_PARTS} clusters per partition, got {}",
+                self.clusters
+            )));
         }
         Ok(())
     }
@@ -258,24 +310,45 @@ impl NodePartitioner for ByteGnn {
     }
 
     /// Nodes outside `within` get sub-partition 0.
-    fn assign(&self, g: &HetGraph, parts: usize, seed: u64, within: Option<(&[Vec<u16>], u16)>) -> Result<Vec<Vec<u16>>> {
+    fn assign(
+        &self,
+        g: &HetGraph,
+        parts: usize,
+        seed: u64,
+        within: Option<(&[Vec<u16>], u16)>,
+    ) -> Result<Vec<Vec<u16>>> {
         self.validate()?;
         if parts == 0 || parts > MAX_PARTS {
-            return Err(GraphError::InvalidArgument(format!("bytegnn: parts must be in 1..={MAX_PARTS}, got {parts}")));
+            return Err(GraphError::InvalidArgument(format!(
+                "bytegnn: parts must be in 1..={MAX_PARTS}, got {parts}"
+            )));
         }
         if let Some((owners, _)) = within {
-            if owners.len() != g.node_types().len() || owners.iter().zip(g.node_types()).any(|(o, t)| o.len() != t.count as usize) {
+            if owners.len() != g.node_types().len()
+                || owners
+                    .iter()
+                    .zip(g.node_types())
+                    .any(|(o, t)| o.len() != t.count as usize)
+            {
                 return Err(GraphError::InvalidArgument("bytegnn: the first level's owners do not match the graph's node types and counts".into()));
             }
         }
         let mut state = State::new(self, g, parts, within)?;
         if parts == 1 {
-            return Ok(g.node_types().iter().map(|t| vec![0; t.count as usize]).collect());
+            return Ok(g
+                .node_types()
+                .iter()
+                .map(|t| vec![0; t.count as usize])
+                .collect());
         }
         state.grow_blocks(seed);
         let order = state.block_order(seed);
         if self.place == Placement::Greedy || !state.place_metis(seed)? {
-            let groups = if self.clusters > 0 { state.clusters(&order) } else { order.iter().map(|&b| vec![b]).collect() };
+            let groups = if self.clusters > 0 {
+                state.clusters(&order)
+            } else {
+                order.iter().map(|&b| vec![b]).collect()
+            };
             state.place(&groups);
         }
         for _ in 0..self.passes {

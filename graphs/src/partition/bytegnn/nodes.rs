@@ -38,14 +38,20 @@ impl State<'_> {
 
     /// Moves node `v` of type `t` from `from` to `to`, with its counts.
     pub(super) fn shift(&mut self, t: usize, v: u32, from: u16, to: u16) {
-        let splits = if t == self.target { self.split_of[v as usize] } else { 0 };
+        let splits = if t == self.target {
+            self.split_of[v as usize]
+        } else {
+            0
+        };
         let deg = degree(&self.walk[t], v);
         for (j, add) in [(from, false), (to, true)] {
             let load = &mut self.loads[j as usize];
             let step = |c: &mut u64, by: u64| if add { *c += by } else { *c -= by };
             step(&mut load.types[t], 1);
             step(&mut load.edges, deg);
-            (0..3).filter(|s| splits >> s & 1 == 1).for_each(|s| step(&mut load.splits[s], 1));
+            (0..3)
+                .filter(|s| splits >> s & 1 == 1)
+                .for_each(|s| step(&mut load.splits[s], 1));
         }
         self.owners[t][v as usize] = to;
     }
@@ -75,20 +81,39 @@ impl State<'_> {
             }
             self.tally(t, v);
             let here = self.ce[was as usize];
-            let splits = if t == self.target { self.split_of[v as usize] } else { 0 };
+            let splits = if t == self.target {
+                self.split_of[v as usize]
+            } else {
+                0
+            };
             let deg = degree(&self.walk[t], v);
             let fits = |p: u16| {
                 let load = &self.loads[p as usize];
-                load.types[t] < self.cap.types[t] && (0..3).all(|s| splits >> s & 1 == 0 || load.splits[s] < self.cap.splits[s]) && (!edges_capped || load.edges + deg <= self.cap.edges)
+                load.types[t] < self.cap.types[t]
+                    && (0..3).all(|s| splits >> s & 1 == 0 || load.splits[s] < self.cap.splits[s])
+                    && (!edges_capped || load.edges + deg <= self.cap.edges)
             };
-            let rank = |p: &u16| (self.ce[*p as usize], Reverse(self.loads[*p as usize].types[t]), Reverse(*p));
-            let better: Vec<u16> = self.touched.iter().copied().filter(|&p| p != was && self.ce[p as usize] > here).collect();
+            let rank = |p: &u16| {
+                (
+                    self.ce[*p as usize],
+                    Reverse(self.loads[*p as usize].types[t]),
+                    Reverse(*p),
+                )
+            };
+            let better: Vec<u16> = self
+                .touched
+                .iter()
+                .copied()
+                .filter(|&p| p != was && self.ce[p as usize] > here)
+                .collect();
             if let Some(p) = better.iter().copied().filter(|&p| fits(p)).max_by_key(rank) {
                 self.shift(t, v, was, p);
                 moved += 1;
                 continue;
             }
-            let Some(p) = better.iter().copied().max_by_key(rank) else { continue };
+            let Some(p) = better.iter().copied().max_by_key(rank) else {
+                continue;
+            };
             let gain = self.ce[p as usize] - here;
             if self.swap(t, v, was, p, gain, &mut waiting, edges_capped) {
                 moved += 2;
@@ -113,9 +138,24 @@ impl State<'_> {
     /// Swaps `v` (type `t`, wanting `was` -> `p` for `gain`) with a waiting
     /// node wanting `p` -> `was`, if the pair lowers the cut.
     #[allow(clippy::too_many_arguments)]
-    fn swap(&mut self, t: usize, v: u32, was: u16, p: u16, gain: u64, waiting: &mut BTreeMap<(u16, u16, usize, u8), Vec<u32>>, edges_capped: bool) -> bool {
-        let splits = if t == self.target { self.split_of[v as usize] } else { 0 };
-        let Some(list) = waiting.get_mut(&(p, was, t, splits)) else { return false };
+    fn swap(
+        &mut self,
+        t: usize,
+        v: u32,
+        was: u16,
+        p: u16,
+        gain: u64,
+        waiting: &mut BTreeMap<(u16, u16, usize, u8), Vec<u32>>,
+        edges_capped: bool,
+    ) -> bool {
+        let splits = if t == self.target {
+            self.split_of[v as usize]
+        } else {
+            0
+        };
+        let Some(list) = waiting.get_mut(&(p, was, t, splits)) else {
+            return false;
+        };
         self.owners[t][v as usize] = p;
         while let Some(y) = list.pop() {
             if self.owners[t][y as usize] != p {

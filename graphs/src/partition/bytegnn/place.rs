@@ -27,7 +27,14 @@ impl State<'_> {
     /// Adds block `b` to `fig`, and its edges to each partition's placed
     /// nodes (its own members left out) to `ce` / `touched`.
     pub(super) fn accumulate(&mut self, b: u32, fig: &mut Figures) {
-        let (base, walk, incident, owners, block, split_of) = (&self.base, &self.walk, &self.incident, &self.owners, &self.block, &self.split_of);
+        let (base, walk, incident, owners, block, split_of) = (
+            &self.base,
+            &self.walk,
+            &self.incident,
+            &self.owners,
+            &self.block,
+            &self.split_of,
+        );
         let (ce, touched) = (&mut self.ce, &mut self.touched);
         for &x in &self.members[self.offsets[b as usize]..self.offsets[b as usize + 1]] {
             let (t, v) = typed(base, x);
@@ -59,7 +66,11 @@ impl State<'_> {
         let k = self.parts as f64;
         let (total, cap) = (&self.total, &self.cap);
         let labelled: u64 = total.splits.iter().sum();
-        let w = if labelled == 0 { 1.0 } else { self.opts.type_weight };
+        let w = if labelled == 0 {
+            1.0
+        } else {
+            self.opts.type_weight
+        };
         let mut best: Option<(Rank, u16)> = None;
         for (j, load) in self.loads.iter().enumerate() {
             let splits_fit = (0..3).all(|s| load.splits[s] + fig.splits[s] <= cap.splits[s]);
@@ -71,9 +82,13 @@ impl State<'_> {
             // Past the type caps by this factor (types weighed only with w > 0).
             let mut over = 0.0f64;
             if w > 0.0 {
-                let terms = (0..total.types.len()).map(|t| (total.types[t], cap.types[t], load.types[t] + fig.types[t]));
+                let terms = (0..total.types.len())
+                    .map(|t| (total.types[t], cap.types[t], load.types[t] + fig.types[t]));
                 let (mut sum, mut n) = (0.0, 0usize);
-                for (all, c, held) in terms.chain([(total.edges, cap.edges, load.edges + fig.edges)]).filter(|&(all, ..)| all > 0) {
+                for (all, c, held) in terms
+                    .chain([(total.edges, cap.edges, load.edges + fig.edges)])
+                    .filter(|&(all, ..)| all > 0)
+                {
                     sum += k * held as f64 / all as f64;
                     n += 1;
                     over = over.max(held as f64 / c.max(1) as f64);
@@ -88,12 +103,20 @@ impl State<'_> {
                 Some(_) => self.ce[j] as f64,
                 None => self.ce[j] as f64 * room,
             };
-            let rank = (splits_fit, types_fit, if types_fit { score } else { -over }, stay == Some(j as u16), room);
+            let rank = (
+                splits_fit,
+                types_fit,
+                if types_fit { score } else { -over },
+                stay == Some(j as u16),
+                room,
+            );
             if best.is_none_or(|(b, _)| rank > b) {
                 best = Some((rank, j as u16));
             }
         }
-        best.map_or((0, false), |((splits_fit, types_fit, ..), j)| (j, splits_fit && types_fit))
+        best.map_or((0, false), |((splits_fit, types_fit, ..), j)| {
+            (j, splits_fit && types_fit)
+        })
     }
 
     /// Sets the owner of block `b`'s members.
@@ -152,7 +175,14 @@ impl State<'_> {
         let mut queue = VecDeque::new();
         for x in 0..n {
             let (t, v) = typed(&self.base, x);
-            if self.block[x] == NO_BLOCK && self.kept(t, v) && self.incident[t].iter().any(|&(s, csr)| csr.neighbors(v).iter().any(|&u| self.owners[s][u as usize] != NO_PART)) {
+            if self.block[x] == NO_BLOCK
+                && self.kept(t, v)
+                && self.incident[t].iter().any(|&(s, csr)| {
+                    csr.neighbors(v)
+                        .iter()
+                        .any(|&u| self.owners[s][u as usize] != NO_PART)
+                })
+            {
                 self.block[x] = QUEUED;
                 queue.push_back(x);
             }
@@ -183,14 +213,21 @@ impl State<'_> {
                 .copied()
                 .filter(|&p| held(p) < cap)
                 .max_by_key(|&p| (self.ce[p as usize], Reverse(held(p)), Reverse(p)))
-                .unwrap_or_else(|| (0..self.parts as u16).min_by_key(|&p| (held(p), p)).unwrap_or(0));
+                .unwrap_or_else(|| {
+                    (0..self.parts as u16)
+                        .min_by_key(|&p| (held(p), p))
+                        .unwrap_or(0)
+                });
             self.owners[t][v as usize] = j;
             self.loads[j as usize].types[t] += 1;
             self.loads[j as usize].edges += degree(&self.walk[t], v);
             for &(s, csr) in &self.incident[t] {
                 for &u in csr.neighbors(v) {
                     let y = self.base[s] + u as usize;
-                    if self.block[y] == NO_BLOCK && self.owners[s][u as usize] == NO_PART && self.kept(s, u) {
+                    if self.block[y] == NO_BLOCK
+                        && self.owners[s][u as usize] == NO_PART
+                        && self.kept(s, u)
+                    {
                         self.block[y] = QUEUED;
                         queue.push_back(y);
                     }

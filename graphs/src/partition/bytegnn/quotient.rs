@@ -23,7 +23,11 @@ impl State<'_> {
         if nb <= self.parts {
             return Ok(false);
         }
-        let too_big = || GraphError::InvalidArgument(format!("bytegnn: {nb} blocks and their edges are too many for METIS's 32-bit ids"));
+        let too_big = || {
+            GraphError::InvalidArgument(format!(
+                "bytegnn: {nb} blocks and their edges are too many for METIS's 32-bit ids"
+            ))
+        };
         if nb > i32::MAX as usize {
             return Err(too_big());
         }
@@ -67,21 +71,31 @@ impl State<'_> {
             for (i, &s) in splits.iter().enumerate() {
                 vwgt[b * ncon + i] = i32::from(bits >> s & 1);
             }
-            vwgt[b * ncon + splits.len()] = i32::try_from(self.members_of(b as u32).len()).map_err(|_| too_big())?;
+            vwgt[b * ncon + splits.len()] =
+                i32::try_from(self.members_of(b as u32).len()).map_err(|_| too_big())?;
         }
         let mut part = vec![0i32; nb];
         {
             let graph = metis::Graph::new(ncon as i32, self.parts as i32, &xadj, &adj)
-                .map_err(|e| GraphError::InvalidArgument(format!("METIS refused the block graph: {e}")))?
+                .map_err(|e| {
+                    GraphError::InvalidArgument(format!("METIS refused the block graph: {e}"))
+                })?
                 .set_vwgt(&vwgt)
                 .set_adjwgt(&wgt)
                 .set_option(metis::option::Seed((seed & 0x7fff_ffff) as i32));
             let _one = one_at_a_time();
-            graph.part_kway(&mut part).map_err(|e| GraphError::InvalidArgument(format!("METIS failed on the block graph: {e}")))?;
+            graph.part_kway(&mut part).map_err(|e| {
+                GraphError::InvalidArgument(format!("METIS failed on the block graph: {e}"))
+            })?;
         }
         let mut fig = self.zero_figures();
         for (b, &p) in part.iter().enumerate() {
-            let j = u16::try_from(p).ok().filter(|&j| (j as usize) < self.parts).ok_or_else(|| GraphError::InvalidArgument(format!("METIS returned partition {p}")))?;
+            let j = u16::try_from(p)
+                .ok()
+                .filter(|&j| (j as usize) < self.parts)
+                .ok_or_else(|| {
+                    GraphError::InvalidArgument(format!("METIS returned partition {p}"))
+                })?;
             self.clear_measure(&mut fig);
             self.accumulate(b as u32, &mut fig);
             self.own(b as u32, j);

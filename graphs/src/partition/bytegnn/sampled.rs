@@ -42,7 +42,10 @@ struct Value {
 }
 
 impl Value {
-    const NONE: Value = Value { home: 0.0, best: [(NO_PART, 0.0); 2] };
+    const NONE: Value = Value {
+        home: 0.0,
+        best: [(NO_PART, 0.0); 2],
+    };
 
     fn offer(&mut self, p: u16, m: f32) {
         if m > self.best[0].1 {
@@ -62,7 +65,10 @@ impl State<'_> {
             return 0.0;
         }
         let bits = self.split_of[v as usize];
-        (0..3).filter(|s| bits >> s & 1 == 1).map(|s| self.opts.seed_weights[s] as f32).sum()
+        (0..3)
+            .filter(|s| bits >> s & 1 == 1)
+            .map(|s| self.opts.seed_weights[s] as f32)
+            .sum()
     }
 
     /// The probability that the sampler at node `v` picks a given one of
@@ -73,7 +79,13 @@ impl State<'_> {
 
     /// Partition `q`'s mass at every node (dense ids) into `out`, with
     /// `cur` / `next` as scratch.
-    pub(super) fn masses(&self, q: u16, out: &mut [f32], cur: &mut Vec<(usize, f32)>, next: &mut [f32]) {
+    pub(super) fn masses(
+        &self,
+        q: u16,
+        out: &mut [f32],
+        cur: &mut Vec<(usize, f32)>,
+        next: &mut [f32],
+    ) {
         out.iter_mut().for_each(|m| *m = 0.0);
         cur.clear();
         let t0 = self.target;
@@ -118,7 +130,13 @@ impl State<'_> {
     /// Every node's score on partition `q` (what of its sampled
     /// neighbourhood `q` holds) into `out`, with `next` as scratch.
     pub(super) fn scores(&self, q: u16, out: &mut [f32], next: &mut [f32]) {
-        let held = |t: usize, v: u32| if self.owners[t][v as usize] == q && self.kept(t, v) { 1.0 } else { 0.0 };
+        let held = |t: usize, v: u32| {
+            if self.owners[t][v as usize] == q && self.kept(t, v) {
+                1.0
+            } else {
+                0.0
+            }
+        };
         // Innermost first: h_K(x) = held(x), h_k(x) = held(x) + Σ p · h_{k+1}(u)
         // (h_0 without its own term). Type by type: dense ids run in type order.
         for t in 0..self.walk.len() {
@@ -133,7 +151,8 @@ impl State<'_> {
                     for &(s, csr) in walk {
                         let nb = csr.neighbors(v);
                         if !nb.is_empty() {
-                            let inner: f32 = nb.iter().map(|&u| out[self.base[s] + u as usize]).sum();
+                            let inner: f32 =
+                                nb.iter().map(|&u| out[self.base[s] + u as usize]).sum();
                             sum += self.pick(hop, nb.len()) * inner;
                         }
                     }
@@ -156,7 +175,9 @@ impl State<'_> {
         let n = self.block.len();
         let movable = |s: &Self, x: usize| {
             let (t, v) = typed(&s.base, x);
-            s.kept(t, v) && s.owners[t][v as usize] != NO_PART && (s.seed_weight(t, v) > 0.0) == seeds
+            s.kept(t, v)
+                && s.owners[t][v as usize] != NO_PART
+                && (s.seed_weight(t, v) > 0.0) == seeds
         };
         let mut values = vec![Value::NONE; n];
         let (mut val, mut next, mut cur) = (vec![0.0f32; n], vec![0.0f32; n], Vec::new());
@@ -194,20 +215,40 @@ impl State<'_> {
             let (t, v) = typed(&self.base, x);
             let was = self.owners[t][v as usize];
             let value = values[x];
-            let splits = if t == self.target { self.split_of[v as usize] } else { 0 };
+            let splits = if t == self.target {
+                self.split_of[v as usize]
+            } else {
+                0
+            };
             let deg = degree(&self.walk[t], v);
             let fits = |p: u16| {
                 let load = &self.loads[p as usize];
-                load.types[t] < self.cap.types[t] && (0..3).all(|s| splits >> s & 1 == 0 || load.splits[s] < self.cap.splits[s]) && (!edges_capped || load.edges + deg <= self.cap.edges)
+                load.types[t] < self.cap.types[t]
+                    && (0..3).all(|s| splits >> s & 1 == 0 || load.splits[s] < self.cap.splits[s])
+                    && (!edges_capped || load.edges + deg <= self.cap.edges)
             };
-            let better = || value.best.into_iter().filter(|&(p, m)| p != NO_PART && m > value.home);
+            let better = || {
+                value
+                    .best
+                    .into_iter()
+                    .filter(|&(p, m)| p != NO_PART && m > value.home)
+            };
             if let Some((p, _)) = better().find(|&(p, _)| fits(p)) {
                 self.shift(t, v, was, p);
                 moved += 1;
                 continue;
             }
-            let Some((p, _)) = better().next() else { continue };
-            match self.partner(t, v, was, p, waiting.get_mut(&(p, was, t, splits)), edges_capped) {
+            let Some((p, _)) = better().next() else {
+                continue;
+            };
+            match self.partner(
+                t,
+                v,
+                was,
+                p,
+                waiting.get_mut(&(p, was, t, splits)),
+                edges_capped,
+            ) {
                 Some(u) => {
                     self.shift(t, v, was, p);
                     self.shift(t, u, p, was);
@@ -221,7 +262,15 @@ impl State<'_> {
 
     /// A node of `waiting` (type `t`, still on `p`, wanting `was`) that can
     /// swap with `v` (on `was`, wanting `p`) within the in-edge cap.
-    fn partner(&self, t: usize, v: u32, was: u16, p: u16, waiting: Option<&mut Vec<u32>>, edges_capped: bool) -> Option<u32> {
+    fn partner(
+        &self,
+        t: usize,
+        v: u32,
+        was: u16,
+        p: u16,
+        waiting: Option<&mut Vec<u32>>,
+        edges_capped: bool,
+    ) -> Option<u32> {
         let list = waiting?;
         while let Some(u) = list.pop() {
             if self.owners[t][u as usize] != p {
