@@ -358,6 +358,9 @@ pub struct Report {
     pub bytes_by_kind: BTreeMap<String, u64>,
     /// Network messages by kind.
     pub messages_by_kind: BTreeMap<String, u64>,
+    /// Requests sent again (zero in a run without faults) and probes for late replies.
+    #[serde(default)]
+    pub resends: runtime::Resends,
     /// Network bytes per training step by message kind (evaluation excluded).
     #[serde(default)]
     pub bytes_per_step: BTreeMap<String, f64>,

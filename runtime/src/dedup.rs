@@ -48,6 +48,18 @@ impl Dedup {
         true
     }
 
+    /// Whether `id` was delivered, or is older than the window (so a retry is moot).
+    pub fn knows(&self, id: MsgId) -> bool {
+        match self.per_node.get(&id.node) {
+            Some(seen) => {
+                seen.contains(&id.seq)
+                    || (seen.len() >= self.window && seen.first().is_some_and(|&o| id.seq < o))
+            }
+            // A sender past the node limit is never delivered: asking again changes nothing.
+            None => self.per_node.len() >= MAX_NODES,
+        }
+    }
+
     /// Ids remembered, over all nodes.
     pub fn len(&self) -> usize {
         self.per_node.values().map(BTreeSet::len).sum()
@@ -70,13 +82,36 @@ pub enum Seen {
     Replied(Result<Bytes, RemoteError>),
 }
 
+/// What the receiver tells an asker that probes for a late reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// Never received: the asker must send the request again.
+    Unheard,
+    /// Being handled, or its reply is on its way (or is too old to matter): nothing to do.
+    Underway,
+    /// Its reply never left (a fault, a lost connection, a full queue): send it again.
+    Lost(Result<Bytes, RemoteError>),
+}
+
+/// Where a cached reply is: a probe resends only a reply known not to have left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Delivery {
+    /// Queued or being written.
+    Sending,
+    /// Handed to a live connection, which delivers it unless the connection dies
+    /// (then the asker resends its request, and gets the reply again).
+    Written,
+    /// Dropped before it was written.
+    Lost,
+}
+
 /// Duplicate suppression for requests plus the replies already sent, so a
 /// retried request gets the same answer without running its handler again.
 /// Bounded in entries and in reply bytes; evicted replies leave the id
 /// remembered, so a late retry is dropped rather than handled twice.
 pub struct ReplyCache {
     dedup: Dedup,
-    replies: HashMap<MsgId, Result<Bytes, RemoteError>>,
+    replies: HashMap<MsgId, (Result<Bytes, RemoteError>, Delivery)>,
     order: VecDeque<MsgId>,
     bytes: usize,
     max_entries: usize,
@@ -101,16 +136,49 @@ impl ReplyCache {
         if self.dedup.first_time(id) {
             return Seen::New;
         }
-        match self.replies.get(&id) {
-            Some(r) => Seen::Replied(r.clone()),
+        match self.replies.get_mut(&id) {
+            Some((r, d)) => {
+                *d = Delivery::Sending;
+                Seen::Replied(r.clone())
+            }
             None => Seen::Dropped,
         }
     }
 
-    /// Stores the reply to `id`.
+    /// Answers a probe for `id` without marking it seen; a lost reply is
+    /// marked as being sent again.
+    pub fn probe(&mut self, id: MsgId) -> Probed {
+        if !self.dedup.knows(id) {
+            return Probed::Unheard;
+        }
+        match self.replies.get_mut(&id) {
+            Some((r, d)) if *d == Delivery::Lost => {
+                *d = Delivery::Sending;
+                Probed::Lost(r.clone())
+            }
+            _ => Probed::Underway,
+        }
+    }
+
+    /// Records whether the reply to `id` was written to a connection.
+    pub fn delivered(&mut self, id: MsgId, written: bool) {
+        if let Some((_, d)) = self.replies.get_mut(&id) {
+            *d = if written {
+                Delivery::Written
+            } else {
+                Delivery::Lost
+            };
+        }
+    }
+
+    /// Stores the reply to `id` (being sent).
     pub fn complete(&mut self, id: MsgId, reply: Result<Bytes, RemoteError>) {
         self.bytes += reply.as_ref().map_or(64, |b| b.len());
-        if self.replies.insert(id, reply).is_none() {
+        if self
+            .replies
+            .insert(id, (reply, Delivery::Sending))
+            .is_none()
+        {
             self.order.push_back(id);
         }
         while self.order.len() > self.max_entries
@@ -119,7 +187,7 @@ impl ReplyCache {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
-            if let Some(r) = self.replies.remove(&old) {
+            if let Some((r, _)) = self.replies.remove(&old) {
                 self.bytes -= r.as_ref().map_or(64, |b| b.len());
             }
         }
@@ -181,5 +249,39 @@ mod tests {
         );
         c.complete(id(9), Ok(Bytes::from(vec![0; 95])));
         assert!(c.held().1 <= 100);
+    }
+
+    #[test]
+    fn probes_resend_only_what_never_arrived_or_never_left() {
+        let id = |seq| MsgId { node: 2, seq };
+        let mut c = ReplyCache::new(4, 10, 1000);
+        assert_eq!(c.probe(id(10)), Probed::Unheard, "never received");
+        assert_eq!(c.probe(id(10)), Probed::Unheard, "a probe marks nothing");
+        assert_eq!(c.check(id(10)), Seen::New);
+        assert_eq!(c.probe(id(10)), Probed::Underway, "being handled");
+        c.complete(id(10), Ok(Bytes::from_static(b"r")));
+        assert_eq!(c.probe(id(10)), Probed::Underway, "being sent");
+        c.delivered(id(10), true);
+        assert_eq!(
+            c.probe(id(10)),
+            Probed::Underway,
+            "written: the connection delivers it"
+        );
+        c.delivered(id(10), false);
+        assert_eq!(c.probe(id(10)), Probed::Lost(Ok(Bytes::from_static(b"r"))));
+        assert_eq!(
+            c.probe(id(10)),
+            Probed::Underway,
+            "resent once per probe, not per probe while it is on its way"
+        );
+        // A duplicate request (the asker's connection was replaced) resends the reply too.
+        c.delivered(id(10), true);
+        assert_eq!(c.check(id(10)), Seen::Replied(Ok(Bytes::from_static(b"r"))));
+        // Ids older than the window are moot: never "unheard".
+        for s in 11..20 {
+            c.check(id(s));
+        }
+        assert_eq!(c.probe(id(1)), Probed::Underway);
+        assert_eq!(c.probe(id(25)), Probed::Unheard);
     }
 }

@@ -44,7 +44,7 @@ pub use config::{
 };
 pub use dedup::Dedup;
 pub use membership::{MemberEvent, PeerState};
-pub use metrics::MetricsSnapshot;
+pub use metrics::{MetricsSnapshot, Resends};
 pub use node::{MemberInfo, Node, StartError};
 pub use node_actor::{NodeStatus, Ping, Status};
 pub use wire::{

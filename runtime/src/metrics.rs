@@ -74,11 +74,44 @@ pub struct MetricsSnapshot {
     pub links: BTreeMap<(String, Dir, String), Counters>,
     /// Ask latency (send to reply, retries included) per kind.
     pub latency: BTreeMap<String, Histogram>,
-    /// Asks resent after a timeout.
-    pub retries: u64,
+    /// Requests sent again because they may have been lost (dropped unwritten,
+    /// their connection replaced, or unheard by the peer): zero in a run without faults.
+    pub resends: u64,
+    /// Framed bytes of those resends.
+    pub resent_bytes: u64,
+    /// Probes asking a peer after a late reply (a few bytes each).
+    pub probes: u64,
+}
+
+/// What a node sent again, and the probes it sent instead (a report field).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resends {
+    /// Requests sent again because they may have been lost: zero without faults.
+    pub requests: u64,
+    /// Their framed bytes.
+    pub bytes: u64,
+    /// Probes asking a peer after a late reply.
+    pub probes: u64,
+}
+
+impl std::ops::AddAssign for Resends {
+    fn add_assign(&mut self, o: Resends) {
+        self.requests += o.requests;
+        self.bytes += o.bytes;
+        self.probes += o.probes;
+    }
 }
 
 impl MetricsSnapshot {
+    /// The resend counters.
+    pub fn resent(&self) -> Resends {
+        Resends {
+            requests: self.resends,
+            bytes: self.resent_bytes,
+            probes: self.probes,
+        }
+    }
+
     /// Wire bytes sent per message kind, over all peers.
     pub fn bytes_by_kind(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
@@ -148,9 +181,17 @@ impl Metrics {
         self.with(|m| m.latency.entry(kind.to_string()).or_default().record(d))
     }
 
-    /// Counts a resend.
-    pub fn retry(&self) {
-        self.with(|m| m.retries += 1)
+    /// Counts a request sent again, `bytes` framed.
+    pub fn resend(&self, bytes: usize) {
+        self.with(|m| {
+            m.resends += 1;
+            m.resent_bytes += bytes as u64;
+        })
+    }
+
+    /// Counts a probe for a late reply.
+    pub fn probe(&self) {
+        self.with(|m| m.probes += 1)
     }
 
     /// A copy of everything.
@@ -201,13 +242,26 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(s, "# HELP hetgnn_ask_retries_total Asks resent after a timeout.\n# TYPE hetgnn_ask_retries_total counter");
-        let _ = writeln!(
-            s,
-            "hetgnn_ask_retries_total{{node=\"{}\"}} {}",
-            esc(node),
-            m.retries
-        );
+        for (name, help, v) in [
+            (
+                "hetgnn_ask_resends_total",
+                "Requests sent again because they may have been lost",
+                m.resends,
+            ),
+            (
+                "hetgnn_ask_resent_bytes_total",
+                "Framed bytes of requests sent again",
+                m.resent_bytes,
+            ),
+            (
+                "hetgnn_ask_probes_total",
+                "Probes asking a peer after a late reply",
+                m.probes,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}.\n# TYPE {name} counter");
+            let _ = writeln!(s, "{name}{{node=\"{}\"}} {v}", esc(node));
+        }
         let _ = writeln!(s, "# HELP hetgnn_ask_latency_seconds Ask latency, retries included.\n# TYPE hetgnn_ask_latency_seconds histogram");
         for (kind, h) in &m.latency {
             let mut cum = 0;

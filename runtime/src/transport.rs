@@ -26,12 +26,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use tokio::sync::{broadcast, mpsc, oneshot, watch, Semaphore, SemaphorePermit, TryAcquireError};
+use tokio::sync::{
+    broadcast, mpsc, oneshot, watch, Notify, Semaphore, SemaphorePermit, TryAcquireError,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::actor_ref::AskError;
 use crate::chaos::{Faults, TokenBucket};
-use crate::dedup::{ReplyCache, Seen};
+use crate::dedup::{Probed, ReplyCache, Seen};
 use crate::log_limit::{suppressed_note, LogLimit};
 use crate::membership::{MemberEvent, Membership};
 use crate::metrics::{Dir, Metrics};
@@ -174,6 +176,45 @@ impl Drop for Waiting<'_> {
 struct Conn {
     quic: quinn::Connection,
     control: Arc<tokio::sync::Mutex<quinn::SendStream>>,
+    /// Which of the peer's connections this is: a frame written on an earlier
+    /// one may have died with it, one written on this one is delivered.
+    generation: u64,
+}
+
+/// Told once what became of a frame: written to the connection of the given
+/// generation, or lost. A frame dropped unwritten (by the fault plan, a full
+/// queue, a shutdown) tells `Err` as it goes.
+struct Done(Option<Box<dyn FnOnce(Result<u64, String>) + Send + Sync>>);
+
+impl Done {
+    fn new(f: impl FnOnce(Result<u64, String>) + Send + Sync + 'static) -> Done {
+        Done(Some(Box::new(f)))
+    }
+
+    /// A `Done` and the receiver it tells.
+    fn channel() -> (Done, oneshot::Receiver<Result<u64, String>>) {
+        let (tx, rx) = oneshot::channel();
+        (
+            Done::new(move |r| {
+                let _ = tx.send(r);
+            }),
+            rx,
+        )
+    }
+
+    fn tell(mut self, r: Result<u64, String>) {
+        if let Some(f) = self.0.take() {
+            f(r)
+        }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err("dropped unwritten".into()))
+        }
+    }
 }
 
 /// A frame queued for a peer's writer.
@@ -184,7 +225,7 @@ struct Outgoing {
     kind: String,
     payload: usize,
     wait_until: Option<Instant>,
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    done: Option<Done>,
     /// Counts the frame as not yet written until it is dropped.
     _unsent: Unsent,
 }
@@ -211,9 +252,9 @@ impl Outgoing {
         self.head.len() + self.body.len()
     }
 
-    fn finish(self, r: Result<(), String>) {
+    fn finish(self, r: Result<u64, String>) {
         if let Some(d) = self.done {
-            let _ = d.send(r);
+            d.tell(r)
         }
     }
 }
@@ -228,6 +269,8 @@ pub(crate) struct Peer {
     /// Whether it is a node of the topology (watched by the failure detector).
     member: bool,
     conn: watch::Sender<Option<Conn>>,
+    /// Bumped whenever the connection is replaced or lost.
+    generation: AtomicU64,
     sent: AtomicU64,
     bucket: Mutex<Option<TokenBucket>>,
     outbox: mpsc::Sender<Outgoing>,
@@ -253,6 +296,7 @@ impl Peer {
             dial,
             member,
             conn: watch::Sender::new(None),
+            generation: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             bucket: Mutex::new(None),
             outbox,
@@ -367,7 +411,7 @@ pub(crate) struct Transport {
     endpoint: Mutex<Option<quinn::Endpoint>>,
     configs: tls::QuicConfigs,
     peers: DashMap<String, Arc<Peer>>,
-    pending: DashMap<MsgId, oneshot::Sender<Result<Bytes, RemoteError>>>,
+    pending: DashMap<MsgId, Waiter>,
     seq: AtomicU64,
     replies: Mutex<ReplyCache>,
     registry: Arc<Registry>,
@@ -654,6 +698,8 @@ impl Transport {
         quic: quinn::Connection,
     ) -> Result<(), String> {
         let mut control = quic.open_uni().await.map_err(|e| e.to_string())?;
+        // Small frames (control messages among them) go before large ones' bytes.
+        control.set_priority(1).map_err(|e| e.to_string())?;
         control
             .write_all(&[TAG_SMALL])
             .await
@@ -661,6 +707,7 @@ impl Transport {
         let conn = Conn {
             quic: quic.clone(),
             control: Arc::new(tokio::sync::Mutex::new(control)),
+            generation: peer.generation.fetch_add(1, Ordering::SeqCst) + 1,
         };
         if let Some(old) = peer.conn.send_replace(Some(conn)) {
             if old.quic.stable_id() != quic.stable_id() {
@@ -668,8 +715,52 @@ impl Transport {
                     .close(close::REPLACED.into(), b"replaced by a newer connection");
             }
         }
+        tokio::spawn(self.clone().datagram_loop(peer.clone(), quic.clone()));
         tokio::spawn(self.clone().read_loop(peer.clone(), quic));
         Ok(())
+    }
+
+    /// Reads heartbeats, which travel as datagrams so that no stream's bytes hold them up.
+    async fn datagram_loop(self: Arc<Self>, peer: Arc<Peer>, quic: quinn::Connection) {
+        loop {
+            let d = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                d = quic.read_datagram() => match d { Ok(d) => d, Err(_) => return },
+            };
+            let mut dec = FrameDecoder::new();
+            let frame = dec.push(&d).and_then(|()| dec.next_frame());
+            match frame {
+                Ok(Some(f @ Frame::Heartbeat { .. })) if dec.pending() == 0 => {
+                    self.handle(&peer, f, d.len())
+                }
+                other => {
+                    let why = match other {
+                        Err(e) => e.to_string(),
+                        _ => "a datagram that is not one heartbeat".into(),
+                    };
+                    tracing::warn!(
+                        "{}: closing the connection from {}: {why}",
+                        self.me,
+                        peer.id
+                    );
+                    quic.close(close::BAD_FRAME.into(), why.as_bytes());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Any frame from a member proves it alive, as a heartbeat does: a peer
+    /// busy sending bulk data is not silent.
+    fn heard_from(&self, peer: &Peer) {
+        if !peer.member {
+            return;
+        }
+        let ev = lock(&self.membership).handle_heartbeat(&peer.id, Instant::now());
+        if let Some(ev) = ev {
+            tracing::info!("{}: peer {} up", self.me, peer.id);
+            let _ = self.events.send(ev);
+        }
     }
 
     async fn read_loop(self: Arc<Self>, peer: Arc<Peer>, quic: quinn::Connection) {
@@ -701,6 +792,7 @@ impl Transport {
                         .is_some_and(|c| c.quic.stable_id() == quic.stable_id());
                     if same {
                         peer.conn.send_replace(None);
+                        peer.generation.fetch_add(1, Ordering::SeqCst);
                         if !peer.member && !peer.dial {
                             self.peers.remove_if(&peer.id, |_, p| Arc::ptr_eq(p, &peer));
                             peer.cancel.cancel();
@@ -850,6 +942,7 @@ impl Transport {
                     return Err(format!("large frame longer than its announced {len} bytes"))
                 }
                 Some(c) => {
+                    self.heard_from(peer);
                     grow(&mut body, c.bytes.len(), len);
                     body.extend_from_slice(&c.bytes);
                 }
@@ -865,6 +958,7 @@ impl Transport {
     }
 
     fn handle(self: &Arc<Self>, peer: &Arc<Peer>, frame: Frame, wire: usize) {
+        self.heard_from(peer);
         match frame {
             Frame::Request(env) => self.handle_request(
                 peer,
@@ -878,12 +972,27 @@ impl Transport {
             Frame::Reply { id, result } => {
                 self.reply_arrived(peer, id, result.map(|b| Bytes::from(b.0)), wire)
             }
-            Frame::Heartbeat { .. } => {
-                self.metrics.count(&peer.id, Dir::In, "heartbeat", 0, wire);
-                let ev = lock(&self.membership).handle_heartbeat(&peer.id, Instant::now());
-                if let Some(ev) = ev {
-                    tracing::info!("{}: peer {} up", self.me, peer.id);
-                    let _ = self.events.send(ev);
+            Frame::Heartbeat { .. } => self.metrics.count(&peer.id, Dir::In, "heartbeat", 0, wire),
+            Frame::Probe { id } => {
+                self.metrics.count(&peer.id, Dir::In, "probe", 0, wire);
+                // A large frame being read may be the request: an id is unheard only
+                // when none is.
+                let reading = peer.large.in_use() > 0 || peer.large.waiting() > 0;
+                let probed = lock(&self.replies).probe(id);
+                match probed {
+                    Probed::Unheard if !reading => {
+                        if let Ok(f) = encode_frame(&Frame::Unheard { id }) {
+                            self.send(peer, Bytes::from(f), Bytes::new(), "unheard", 0, None, None);
+                        }
+                    }
+                    Probed::Lost(r) => self.spawn_reply(peer, id, "probed", r, false),
+                    Probed::Unheard | Probed::Underway => {}
+                }
+            }
+            Frame::Unheard { id } => {
+                self.metrics.count(&peer.id, Dir::In, "unheard", 0, wire);
+                if let Some(w) = self.pending.get(&id) {
+                    w.unheard.notify_one();
                 }
             }
         }
@@ -899,8 +1008,8 @@ impl Transport {
     ) {
         let len = result.as_ref().map_or(0, |b| b.len());
         self.metrics.count(&peer.id, Dir::In, "reply", len, wire);
-        if let Some((_, tx)) = self.pending.remove(&id) {
-            let _ = tx.send(result);
+        if let Some((_, w)) = self.pending.remove(&id) {
+            let _ = w.reply.send(result);
         }
     }
 
@@ -954,6 +1063,13 @@ impl Transport {
         if cache {
             lock(&self.replies).complete(id, result.clone());
         }
+        // Whether it left decides what a probe for it gets (a reply not cached ignores this).
+        let me = Arc::downgrade(self);
+        let done = Done::new(move |r| {
+            if let Some(t) = me.upgrade() {
+                lock(&t.replies).delivered(id, r.is_ok());
+            }
+        });
         let len = result.as_ref().map_or(0, |b| b.len());
         // The reply's bytes follow their head uncopied, as a request's payload does.
         let frame = match result {
@@ -962,11 +1078,17 @@ impl Transport {
                 .map(|f| (Bytes::from(f), Bytes::new())),
         };
         match frame {
-            // A reply is not waited for: if the connection is gone, the asker resends
-            // its request and gets the cached reply.
-            Ok((head, body)) => {
-                drop(self.send(peer, head, body, &format!("{kind}.reply"), len, None, false))
-            }
+            // A reply is not waited for: if it is lost unwritten, the asker's probe
+            // brings it again; if its connection dies, the asker resends its request.
+            Ok((head, body)) => self.send(
+                peer,
+                head,
+                body,
+                &format!("{kind}.reply"),
+                len,
+                None,
+                Some(done),
+            ),
             Err(e) => tracing::error!("{}: cannot encode a reply: {e}", self.me),
         }
     }
@@ -985,7 +1107,7 @@ impl Transport {
             };
             let hb = Bytes::from(hb);
             for p in self.all_peers().into_iter().filter(|p| p.member) {
-                drop(self.send(&p, hb.clone(), Bytes::new(), "heartbeat", 0, None, false));
+                self.send_datagram(&p, hb.clone(), "heartbeat");
             }
             let events = lock(&self.membership).poll(Instant::now());
             for ev in events {
@@ -1007,10 +1129,44 @@ impl Transport {
         }
     }
 
+    /// Sends one encoded frame to `peer` as a QUIC datagram, through the fault
+    /// plan: unreliable, and never queued behind stream data.
+    fn send_datagram(self: &Arc<Self>, peer: &Arc<Peer>, frame: Bytes, kind: &'static str) {
+        let n = peer.sent.fetch_add(1, Ordering::Relaxed);
+        let d = self
+            .faults
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .decide(&self.me, &peer.id, n, self.started.elapsed());
+        if d.copies != 1 {
+            self.metrics.fault(&peer.id, kind, d.copies);
+        }
+        let Some(conn) = peer.current().filter(|_| d.copies > 0) else {
+            return;
+        };
+        let (metrics, id) = (self.metrics.clone(), peer.id.clone());
+        let go = move || {
+            for _ in 0..d.copies {
+                match conn.quic.send_datagram(frame.clone()) {
+                    Ok(()) => metrics.count(&id, Dir::Out, kind, 0, frame.len()),
+                    Err(e) => tracing::debug!("{kind} to {id} not sent: {e}"),
+                }
+            }
+        };
+        if d.delay.is_zero() {
+            go();
+        } else {
+            tokio::spawn(async move {
+                tokio::time::sleep(d.delay).await;
+                go();
+            });
+        }
+    }
+
     /// Queues one encoded frame for `peer` through the fault plan (frames
     /// queued without delay keep their order). Waits for a connection until
-    /// `wait_until` (not at all if `None`). With `confirm`, returns a receiver
-    /// told when the frame is written (small) or received by the peer (large).
+    /// `wait_until` (not at all if `None`). `done` is told when the frame is
+    /// written (small) or received by the peer (large), or lost.
     #[allow(clippy::too_many_arguments)]
     fn send(
         self: &Arc<Self>,
@@ -1020,8 +1176,8 @@ impl Transport {
         kind: &str,
         payload: usize,
         wait_until: Option<Instant>,
-        confirm: bool,
-    ) -> Option<oneshot::Receiver<Result<(), String>>> {
+        mut done: Option<Done>,
+    ) {
         let n = peer.sent.fetch_add(1, Ordering::Relaxed);
         let d = self
             .faults
@@ -1032,7 +1188,7 @@ impl Transport {
             self.metrics.fault(&peer.id, kind, d.copies);
         }
         if d.copies == 0 {
-            return None;
+            return;
         }
         let item = |done| Outgoing {
             head: head.clone(),
@@ -1043,27 +1199,21 @@ impl Transport {
             done,
             _unsent: Unsent::new(&self.unsent),
         };
-        if !d.delay.is_zero() {
+        // The first copy tells `done`.
+        let items: Vec<Outgoing> = (0..d.copies).map(|_| item(done.take())).collect();
+        if d.delay.is_zero() {
+            for i in items {
+                peer.enqueue(i);
+            }
+        } else {
             let peer = peer.clone();
-            let items: Vec<Outgoing> = (0..d.copies).map(|_| item(None)).collect();
             tokio::spawn(async move {
                 tokio::time::sleep(d.delay).await;
                 for i in items {
                     peer.enqueue(i);
                 }
             });
-            return None;
         }
-        let mut confirmed = None;
-        for c in 0..d.copies {
-            let done = (confirm && c == 0).then(|| {
-                let (tx, rx) = oneshot::channel();
-                confirmed = Some(rx);
-                tx
-            });
-            peer.enqueue(item(done));
-        }
-        confirmed
     }
 
     /// Writes `peer`'s queued frames: small ones in order on the shared stream,
@@ -1081,16 +1231,17 @@ impl Transport {
                     continue;
                 }
             };
+            let generation = conn.generation;
             if item.len() - 4 > SMALL_FRAME {
                 let me = self.clone();
                 let peer = peer.clone();
                 tokio::spawn(async move {
                     let r = me.write_large(&peer, &conn, &item).await;
-                    item.finish(r);
+                    item.finish(r.map(|()| generation));
                 });
             } else {
                 let r = self.write_small(&peer, &conn, &item).await;
-                item.finish(r);
+                item.finish(r.map(|()| generation));
             }
         }
     }
@@ -1166,8 +1317,13 @@ impl Transport {
         Ok(())
     }
 
-    /// Asks actor `to` on `peer_id` and waits for the encoded reply, resending
-    /// (same id) after `retry`, doubling, until `timeout`.
+    /// Asks actor `to` on `peer_id` and waits for the encoded reply until `timeout`.
+    ///
+    /// A request is sent again only when it may be lost: its copy was dropped
+    /// unwritten, its connection was replaced since, or the peer answers a probe
+    /// saying it never got it. A reply that is late because it is large, or the
+    /// link slow, is waited for, and the probes that ask after it are a few
+    /// bytes each, so the traffic of a step does not grow as links slow down.
     pub(crate) async fn ask(
         self: &Arc<Self>,
         peer_id: &str,
@@ -1212,6 +1368,7 @@ impl Transport {
             head: Bytes::new(),
             body,
             rx: None,
+            unheard: Arc::new(Notify::new()),
             sent: None,
             forget: None,
             started,
@@ -1229,19 +1386,45 @@ impl Transport {
                 .map_err(|e| AskError::Codec(e.to_string()))?,
         );
         let (tx, rx) = oneshot::channel();
-        self.pending.insert(id, tx);
+        a.unheard = Arc::new(Notify::new());
+        self.pending.insert(
+            id,
+            Waiter {
+                reply: tx,
+                unheard: a.unheard.clone(),
+            },
+        );
         a.forget = Some(Forget(self.clone(), id));
         a.rx = Some(rx);
-        a.sent = self.send(
-            &a.peer,
-            a.head.clone(),
-            a.body.clone(),
-            a.env.kind.as_str(),
-            a.body.len(),
-            Some(a.started + a.timeout),
-            true,
-        );
+        self.transmit(a);
         Ok(())
+    }
+
+    /// Sends `a`'s request (again), to be told where it went in `a.sent`.
+    fn transmit(self: &Arc<Self>, a: &mut Asking) {
+        let (done, sent) = Done::channel();
+        a.sent = Some(sent);
+        let deadline = a.started + a.timeout;
+        let kind = a.env.kind.as_str();
+        let (head, body, len) = (a.head.clone(), a.body.clone(), a.body.len());
+        self.send(&a.peer, head, body, kind, len, Some(deadline), Some(done));
+    }
+
+    /// Asks `a`'s peer whether it has `a`'s request (a few bytes, on the stream
+    /// the request took, so it arrives after it).
+    fn probe(self: &Arc<Self>, a: &Asking) {
+        self.metrics.probe();
+        if let Ok(f) = encode_frame(&Frame::Probe { id: a.env.msg_id }) {
+            self.send(
+                &a.peer,
+                Bytes::from(f),
+                Bytes::new(),
+                "probe",
+                0,
+                None,
+                None,
+            );
+        }
     }
 
     /// Waits for the reply to a request [`Transport::begin`] sent, resending as needed.
@@ -1267,18 +1450,30 @@ impl Transport {
             let Some(mut rx) = a.rx.take() else {
                 return Err(AskError::Shutdown);
             };
+            // The connection that took the latest copy; `None` while it may be lost.
+            let mut written_on: Option<u64> = None;
             let result = loop {
                 if let Some(done) = a.sent.take() {
-                    // The resend timer starts once the frame is out (large frames: received).
-                    match tokio::time::timeout_at(deadline.into(), done).await {
-                        Ok(Ok(Err(e))) => tracing::debug!("{}: {e}", self.me),
-                        Ok(_) => {}
+                    // The timer starts once the frame is out (large frames: received).
+                    written_on = match tokio::time::timeout_at(deadline.into(), done).await {
+                        Ok(Ok(Ok(generation))) => Some(generation),
+                        Ok(Ok(Err(e))) => {
+                            tracing::debug!("{}: {kind} to {}: {e}", self.me, a.peer.id);
+                            None
+                        }
+                        Ok(Err(_)) => None,
                         Err(_) => return Err(timed_out(&missing)),
-                    }
+                    };
                 }
                 let until = (Instant::now() + wait).min(deadline);
+                let unheard = a.unheard.clone();
                 tokio::select! {
                     _ = self.cancel.cancelled() => return Err(AskError::Shutdown),
+                    _ = unheard.notified() => {
+                        // The peer never got it (lost with a connection or a fault).
+                        self.metrics.resend(a.head.len() + a.body.len());
+                        self.transmit(&mut a);
+                    }
                     r = tokio::time::timeout_at(until.into(), &mut rx) => match r {
                         Ok(Ok(r)) => break r,
                         Ok(Err(_)) => return Err(AskError::Shutdown),
@@ -1286,9 +1481,14 @@ impl Transport {
                             if Instant::now() >= deadline {
                                 return Err(timed_out(&missing));
                             }
-                            self.metrics.retry();
                             wait = (wait * 2).min(MAX_RETRY);
-                            a.sent = self.send(&a.peer, a.head.clone(), a.body.clone(), &kind, a.body.len(), Some(deadline), true);
+                            let live = a.peer.current().map(|c| c.generation);
+                            if written_on.is_some() && written_on == live {
+                                self.probe(&a);
+                            } else {
+                                self.metrics.resend(a.head.len() + a.body.len());
+                                self.transmit(&mut a);
+                            }
                         }
                     },
                 }
@@ -1332,10 +1532,18 @@ pub(crate) struct Asking {
     head: Bytes,
     body: Bytes,
     rx: Option<oneshot::Receiver<Result<Bytes, RemoteError>>>,
-    sent: Option<oneshot::Receiver<Result<(), String>>>,
+    /// Woken when the peer says it never got the request.
+    unheard: Arc<Notify>,
+    sent: Option<oneshot::Receiver<Result<u64, String>>>,
     forget: Option<Forget>,
     started: Instant,
     timeout: Duration,
+}
+
+/// What a pending ask is told: its reply, and that its request went unheard.
+struct Waiter {
+    reply: oneshot::Sender<Result<Bytes, RemoteError>>,
+    unheard: Arc<Notify>,
 }
 
 /// Removes a pending ask when it finishes, however it finishes.

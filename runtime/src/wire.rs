@@ -213,6 +213,17 @@ pub enum Frame {
         /// Sender's clock, microseconds since its start (for diagnostics).
         sent_us: u64,
     },
+    /// From an asker whose reply is late: is request `id` known? Sent on the
+    /// ordered stream after the request, so it never overtakes it.
+    Probe {
+        /// The request asked about.
+        id: MsgId,
+    },
+    /// The answer to a [`Frame::Probe`] for a request never received: send it again.
+    Unheard {
+        /// The request asked about.
+        id: MsgId,
+    },
 }
 
 /// Bytes encoded as one block rather than element by element.
@@ -444,6 +455,16 @@ pub enum FrameRef<'a> {
         /// Sender's clock.
         sent_us: u64,
     },
+    /// See [`Frame::Probe`].
+    Probe {
+        /// The request asked about.
+        id: MsgId,
+    },
+    /// See [`Frame::Unheard`].
+    Unheard {
+        /// The request asked about.
+        id: MsgId,
+    },
 }
 
 /// Decodes a whole frame body (without its length prefix) received on a stream
@@ -484,6 +505,8 @@ impl FrameRef<'_> {
                 result: result.map(|b| ByteVec(b.0.to_vec())),
             },
             FrameRef::Heartbeat { sent_us } => Frame::Heartbeat { sent_us },
+            FrameRef::Probe { id } => Frame::Probe { id },
+            FrameRef::Unheard { id } => Frame::Unheard { id },
         }
     }
 }

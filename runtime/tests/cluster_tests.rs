@@ -461,7 +461,7 @@ async fn counters_under_chaos(chaos: ChaosConfig) -> (u64, runtime::MetricsSnaps
                 .into_iter()
                 .map(|((p, d, k), c)| ((format!("{}>{p}", n.id()), d, k), c)),
         );
-        m.retries += o.retries;
+        m.resends += o.resends;
     }
     for n in &nodes {
         n.shutdown().await;
@@ -493,7 +493,88 @@ async fn all_asks_complete_under_twenty_percent_drop() {
     .await;
     let drops: u64 = m.links.values().map(|c| c.dropped).sum();
     assert!(drops > 30, "loss was injected: {drops}");
-    assert!(m.retries > 10, "asks were resent: {}", m.retries);
+    assert!(m.resends > 10, "asks were resent: {}", m.resends);
+}
+
+/// Sums what every node's metrics counted out for `kind`: (messages, wire bytes).
+fn sent(nodes: &[Node], kind: &str) -> (u64, u64) {
+    let mut out = (0, 0);
+    for n in nodes {
+        let m = n.metrics();
+        out.0 += m.messages_by_kind().get(kind).copied().unwrap_or(0);
+        out.1 += m.bytes_by_kind().get(kind).copied().unwrap_or(0);
+    }
+    out
+}
+
+#[actix_rt::test]
+async fn a_late_reply_is_asked_after_not_resent() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = topology(dir.path(), 2);
+    let nodes = start_all(&t).await;
+    // Sixteen times the first resend timer (50 ms): before, the request went out 5 times.
+    nodes[0]
+        .actor("counter/1")
+        .unwrap()
+        .ask(Sleep(800), Duration::from_secs(20))
+        .await
+        .unwrap();
+    let m = nodes[0].metrics();
+    assert_eq!(sent(&nodes, "sleep").0, 1, "the request went out once");
+    assert_eq!(m.resends, 0);
+    assert!(
+        m.probes >= 2,
+        "the late reply was asked after: {}",
+        m.probes
+    );
+    for n in &nodes {
+        n.shutdown().await;
+    }
+}
+
+#[actix_rt::test]
+async fn traffic_does_not_grow_on_a_slow_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = topology(dir.path(), 2);
+    t.cluster.failure_timeout_ms = 2000;
+    let nodes = start_all(&t).await;
+    let ping = |n: usize| {
+        let big = ByteVec((0..n).map(|i| (i * 13) as u8).collect());
+        let to = nodes[0].actor("node/n1").unwrap();
+        async move { assert!(to.ask(Ping(big.clone()), T).await.unwrap() == big) }
+    };
+    ping(3 << 20).await;
+    let fast = sent(&nodes, "ping.reply");
+    // The same exchange at 40 Mbit/s: the 3 MiB reply takes ~0.6 s, twelve resend timers.
+    for n in &nodes {
+        let links = LinksConfig {
+            bandwidth: Some(runtime::config::Bandwidth(5_000_000)),
+            ..Default::default()
+        };
+        n.set_faults(ChaosConfig::default(), links);
+    }
+    ping(3 << 20).await;
+    let slow = sent(&nodes, "ping.reply");
+    assert_eq!(slow.0 - fast.0, fast.0, "one reply each time");
+    assert_eq!(slow.1 - fast.1, fast.1, "the same bytes whatever the link");
+    assert_eq!(sent(&nodes, "ping").0, 2, "each request went out once");
+    for n in &nodes {
+        assert_eq!(n.metrics().resends, 0, "{}", n.id());
+    }
+    // Heartbeats kept flowing beside the bulk bytes: nobody was reported down.
+    for n in &nodes {
+        assert!(
+            n.members()
+                .iter()
+                .all(|m| m.state == runtime::PeerState::Up),
+            "{}: {:?}",
+            n.id(),
+            n.members()
+        );
+    }
+    for n in &nodes {
+        n.shutdown().await;
+    }
 }
 
 /// Forwards the membership events it receives.

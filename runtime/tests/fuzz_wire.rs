@@ -121,6 +121,8 @@ fn frame() -> impl Strategy<Value = Frame> {
         )
             .prop_map(|(id, result)| Frame::Reply { id, result }),
         any::<u64>().prop_map(|sent_us| Frame::Heartbeat { sent_us }),
+        msg_id().prop_map(|id| Frame::Probe { id }),
+        msg_id().prop_map(|id| Frame::Unheard { id }),
     ]
 }
 

@@ -182,6 +182,7 @@ impl<'a> Coordinator<'a> {
         // Each trainer reports its node's cumulative traffic; in one process they share a node.
         self.report.bytes_by_kind.clear();
         self.report.messages_by_kind.clear();
+        self.report.resends = runtime::Resends::default();
         let distinct = if stats
             .windows(2)
             .all(|w| w[0].bytes_by_kind == w[1].bytes_by_kind)
@@ -194,6 +195,7 @@ impl<'a> Coordinator<'a> {
             for (k, v) in &s.bytes_by_kind {
                 *self.report.bytes_by_kind.entry(k.clone()).or_default() += v;
             }
+            self.report.resends += s.resends;
             for (k, v) in &s.messages_by_kind {
                 *self.report.messages_by_kind.entry(k.clone()).or_default() += v;
             }

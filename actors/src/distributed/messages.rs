@@ -114,6 +114,9 @@ pub struct EpochStats {
     pub bytes_by_kind: std::collections::BTreeMap<String, u64>,
     /// Messages this trainer's node sent so far, per message kind.
     pub messages_by_kind: std::collections::BTreeMap<String, u64>,
+    /// What this trainer's node sent again so far.
+    #[serde(default)]
+    pub resends: runtime::Resends,
     /// This trainer's (worker's) device cache so far in the attempt, per node type.
     pub cache: std::collections::BTreeMap<String, crate::cache::CacheTypeReport>,
     /// Model averaging: the loss and training figures above are this

@@ -265,6 +265,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
             let m = n.metrics();
             st.bytes_by_kind = m.bytes_by_kind();
             st.messages_by_kind = m.messages_by_kind();
+            st.resends = m.resent();
         }
         st.cache = steps.cache_figures();
         steps.send_stats(feed, st)?;

@@ -219,6 +219,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         let m = s.node.metrics();
         st.bytes_by_kind = m.bytes_by_kind();
         st.messages_by_kind = m.messages_by_kind();
+        st.resends = m.resent();
         st.step_bytes_by_kind = st
             .bytes_by_kind
             .iter()
