@@ -11,7 +11,7 @@ use clap::Args;
 /// Options shared by the cluster commands.
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
-    /// Topology file (TOML: [cluster], [placement], [training], [links], [chaos]; see the README).
+    /// Topology file (TOML: [cluster], [placement], [training], [links], [chaos]; see docs/guide/configuration.md).
     #[arg(long)]
     pub config: PathBuf,
     /// Override any key: --set training.epochs=2 (repeatable).

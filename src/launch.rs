@@ -3,6 +3,8 @@
 //! the node id; Ctrl-C, or any child failing with an error, stops them all. A
 //! child killed by a signal is started again (a bounded number of times): a
 //! data-parallel run takes it back and resumes from its last checkpoint.
+//! A node given `cpus` runs in a control group of its own with that CPU
+//! quota, so co-located nodes compete for compute as separate machines do.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -51,14 +53,24 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     let flag = interrupted.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .context("installing the Ctrl-C handler")?;
+    let shares = cpu_shares(&topology.cluster.nodes)?;
     // The nodes share this machine's cores: give each its share of compute
     // threads rather than letting every node oversubscribe all of them.
-    let threads = std::env::var_os("RAYON_NUM_THREADS").is_none().then(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores / topology.cluster.nodes.len()).max(1)
-    });
-    if let Some(t) = threads {
-        warnln!("launch: {} node(s) share this machine: {t} compute thread(s) each (set RAYON_NUM_THREADS to choose)", topology.cluster.nodes.len());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let unset = std::env::var_os("RAYON_NUM_THREADS").is_none();
+    let threads = |id: &str| -> Option<usize> {
+        match shares.iter().find(|(n, _)| n == id) {
+            Some((_, s)) if unset => Some((s.cpus().ceil() as usize).clamp(1, cores)),
+            _ => unset.then(|| (cores / topology.cluster.nodes.len()).max(1)),
+        }
+    };
+    if unset && shares.is_empty() {
+        warnln!(
+            "launch: {} node(s) share this machine: {} compute thread(s) each (set \
+             RAYON_NUM_THREADS to choose)",
+            topology.cluster.nodes.len(),
+            (cores / topology.cluster.nodes.len()).max(1)
+        );
     }
     let start = |id: &str| -> anyhow::Result<Child> {
         let mut cmd = Command::new(&exe);
@@ -73,7 +85,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         if args.force {
             cmd.arg("--force");
         }
-        if let Some(t) = threads {
+        if let Some(t) = threads(id) {
             cmd.env("RAYON_NUM_THREADS", t.to_string());
         }
         // As main() asks through the API; set before the allocator starts, it takes effect for sure.
@@ -85,6 +97,13 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
             .stdin(Stdio::null());
         die_with_parent(&mut cmd);
         let mut child = cmd.spawn().with_context(|| format!("starting node {id}"))?;
+        if let Some((_, share)) = shares.iter().find(|(n, _)| n == id) {
+            if let Err(e) = share.add(child.id()) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e).with_context(|| format!("giving node {id} its CPU share"));
+            }
+        }
         if let Some(out) = child.stdout.take() {
             forward(id.to_string(), out, false);
         }
@@ -158,6 +177,34 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A control group for each node that names `cpus`, made before any node starts.
+fn cpu_shares(
+    nodes: &[runtime::config::NodeSpec],
+) -> anyhow::Result<Vec<(String, runtime::cgroup::CpuShare)>> {
+    let wanted: Vec<_> = nodes
+        .iter()
+        .filter_map(|n| n.cpus.map(|c| (n, c)))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let controller = runtime::cgroup::Controller::detect().context(
+        "cluster.nodes ask for cpus, which launch enforces with the kernel's CPU controller",
+    )?;
+    let mut shares = Vec::new();
+    for (n, cpus) in wanted {
+        let share = runtime::cgroup::CpuShare::create(&controller, &n.id, cpus)
+            .with_context(|| format!("giving node {} a share of {cpus} CPUs", n.id))?;
+        warnln!(
+            "launch: node {} gets {cpus} CPU(s) ({})",
+            n.id,
+            share.dir().display()
+        );
+        shares.push((n.id.clone(), share));
+    }
+    Ok(shares)
 }
 
 /// A node must not outlive its launcher (killed with SIGKILL, it cannot stop

@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(Args, Default)]
 #[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
-    /// TOML configuration file (see the README); flags and --set override it.
+    /// TOML configuration file (see docs/guide/configuration.md); flags and --set override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override any key: --set training.epochs=3 (repeatable; applied last).

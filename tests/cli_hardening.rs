@@ -1,6 +1,6 @@
 //! What hetgnn refuses, and how it fails: every bad input an error naming
-//! the file or key, nothing hanging, no wrong run exiting 0 (see the README's
-//! "What hetgnn refuses").
+//! the file or key, nothing hanging, no wrong run exiting 0 (see
+//! docs/guide/refusals.md).
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -15,3 +15,4 @@ mod cli_link;
 mod cli_model_averaging;
 mod cli_raf;
 mod cli_train;
+mod docs_links;

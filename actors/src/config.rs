@@ -1,5 +1,5 @@
-//! The run configuration: one TOML schema (README "Training" and "The topology
-//! file"), any key overridable with `--set section.key=value`. Unknown keys are errors.
+//! The run configuration: one TOML schema (docs/guide/configuration.md and
+//! docs/guide/cluster.md), any key overridable with `--set section.key=value`. Unknown keys are errors.
 
 use std::path::PathBuf;
 
@@ -195,7 +195,7 @@ pub enum Staleness {
     /// epochs, all workers in the same epochs.
     Fixed,
     /// Definition 2: no copy older than `staleness_epochs` epochs, each
-    /// worker's broadcasts in epochs of its own (see the README).
+    /// worker's broadcasts in epochs of its own (see docs/modes/full-graph.md).
     Adaptive,
     /// Definition 3: a block broadcast when it has moved more than
     /// `staleness_variation` (relative Frobenius norm) from its last broadcast copy.

@@ -1,4 +1,4 @@
-//! The run report (README "The report"): the same fields in every mode,
+//! The run report (docs/guide/report.md): the same fields in every mode,
 //! so runs can be compared by scripts.
 
 use std::collections::BTreeMap;

@@ -123,8 +123,8 @@ impl Features {
     }
 
     /// The non-zeros by row, when the matrix is at least
-    /// [`MIN_WIDTH`](crate::nonzeros::MIN_WIDTH) wide and at most
-    /// [`MAX_DENSITY`](crate::nonzeros::MAX_DENSITY) non-zero; scanned once,
+    /// [`MIN_WIDTH`] wide and at most
+    /// [`MAX_DENSITY`] non-zero; scanned once,
     /// at the first call (in parallel), and kept.
     ///
     /// A table whose non-zeros could take more than a sixteenth of the

@@ -124,7 +124,7 @@ impl RelationPartials for Model {
     }
 
     /// On a worker: the seeds' partial aggregation over the top-layer
-    /// relations sampled into `mb`, from `h` ([`Model::raf_hidden`]); `None`
+    /// relations sampled into `mb`, from `h` (the lower layers' output); `None`
     /// when the partition has no top-layer relation.
     fn top_partial(&self, g: &HetGraph, mb: &MiniBatch, h: &PerType) -> Result<Option<Tensor>> {
         let (ls, _) = self.relational()?;

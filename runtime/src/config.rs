@@ -102,6 +102,11 @@ pub struct NodeSpec {
     /// Private key (default `<certs_dir>/<id>.key`).
     #[serde(default)]
     pub key: Option<PathBuf>,
+    /// CPUs this node may use when `launch` runs it beside others on one
+    /// machine (0.5 = half a core's time), enforced by the kernel's CPU
+    /// controller; default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
 }
 
 /// A number (bytes) or a string with a unit, as TOML gives it.
@@ -453,6 +458,14 @@ impl Topology {
                     format!("cluster.nodes[{i}].id"),
                     format!("node id {:?} appears twice (also cluster.nodes[{j}])", n.id),
                 ));
+            }
+            if let Some(cpus) = n.cpus {
+                if !(crate::cgroup::MIN_CPUS..=crate::cgroup::MAX_CPUS).contains(&cpus) {
+                    return Err(ConfigError::new(
+                        format!("cluster.nodes[{i}].cpus"),
+                        crate::cgroup::CgroupError::BadShare(cpus).to_string(),
+                    ));
+                }
             }
             let a = self.addr(i)?;
             if let Some(j) = addrs.insert(a, i) {

@@ -25,6 +25,7 @@
 pub mod actor_ref;
 pub mod alloc;
 pub mod certs;
+pub mod cgroup;
 pub mod chaos;
 pub mod config;
 pub mod dedup;

@@ -184,7 +184,10 @@ struct Conn {
 /// Told once what became of a frame: written to the connection of the given
 /// generation, or lost. A frame dropped unwritten (by the fault plan, a full
 /// queue, a shutdown) tells `Err` as it goes.
-struct Done(Option<Box<dyn FnOnce(Result<u64, String>) + Send + Sync>>);
+struct Done(Option<Box<Tell>>);
+
+/// What a [`Done`] calls: the generation written on, or why the frame was lost.
+type Tell = dyn FnOnce(Result<u64, String>) + Send + Sync;
 
 impl Done {
     fn new(f: impl FnOnce(Result<u64, String>) + Send + Sync + 'static) -> Done {
@@ -384,7 +387,7 @@ pub(crate) fn bind_endpoint(
     if granted < SOCKET_BUFFER / 4 {
         tracing::info!(
             "UDP socket buffers: {} KiB granted of {} KiB asked; bulk transfers lose packets with less \
-             (raise net.core.rmem_max and net.core.wmem_max, see the README)",
+             (raise net.core.rmem_max and net.core.wmem_max, see docs/guide/cluster.md)",
             granted >> 10,
             SOCKET_BUFFER >> 10
         );

@@ -93,6 +93,7 @@ fn topology(dir: &Path, n: usize) -> Topology {
             addr: format!("127.0.0.1:{}", free_port()),
             cert: None,
             key: None,
+            cpus: None,
         })
         .collect();
     let cluster = ClusterConfig {

@@ -1,4 +1,4 @@
-//! A run as a sequence of generations (see [`super::coordinator`]): each
+//! A run as a sequence of generations (see `distributed::coordinator`): each
 //! partition tells the coordinator it is ready, runs an attempt on each
 //! `Begin`, and on failure tells its peers so they stop instead of waiting.
 

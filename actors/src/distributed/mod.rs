@@ -4,7 +4,7 @@
 //! and the two drivers that run any mode behind the [`Distributed`] trait —
 //! every partition in this process, or one node of a cluster.
 //!
-//! A run is a sequence of generations (see [`coordinator`]): each node's
+//! A run is a sequence of generations (see `coordinator`): each node's
 //! partition waits for the coordinator's `Begin`, restores the checkpoint it
 //! names and trains; when a node fails, the survivors stop and wait for the
 //! next `Begin`, which comes once the failed node is back.

@@ -4,7 +4,7 @@
 //! checkpoints when due, the bounded prefetch of [`super::run_steps`], the
 //! epoch's figures and traffic, evaluation, and the epoch's account (sent to
 //! the coordinator, or in one process turned into the report's epoch). A
-//! mode supplies the steps through [`Steps`].
+//! mode supplies the steps through `Steps`.
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -2,7 +2,7 @@
 //! local models on its own partitions (their 1-hop halo included: written
 //! with `--halo-features`) with its own Adam state and nothing fetched from
 //! elsewhere, and every `sync_every` epochs all models averaged, weighted
-//! by their training nodes ([`average`]). With more partitions than
+//! by their training nodes (`average`). With more partitions than
 //! workers, partition `p` is worker `p % workers`'s, and a worker trains its
 //! partitions in turn. The generations, the coordinator and checkpoints are
 //! `crate::distributed`'s; checkpoints come at the ends of rounds.

@@ -103,6 +103,7 @@ fn topology(certs: &std::path::Path) -> Topology {
             addr: format!("127.0.0.1:{port}"),
             cert: None,
             key: None,
+            cpus: None,
         })
         .collect();
     let mut t = Topology::new(ClusterConfig {

@@ -634,7 +634,7 @@ pub fn write(
     write_metapaths(g, layers, parts, None, out, overwrite, progress)
 }
 
-/// [`write`] with the metatree built from `metapaths` ([`parse_metapaths`]):
+/// [`write()`] with the metatree built from `metapaths` ([`parse_metapaths`]):
 /// at each layer only the relations some path takes there (and the
 /// self-loops' chains through them). Training on these partitions trains
 /// that restricted model.

@@ -56,7 +56,7 @@ pub struct Spring {
     pub beta: f64,
     /// What LPT balances.
     pub balance: Balance,
-    /// Restreaming passes after LPT (0: the paper's SPRING): see [`refine`].
+    /// Restreaming passes after LPT (0: the paper's SPRING): see `refine`.
     pub refine: usize,
 }
 

@@ -40,7 +40,7 @@ pub fn write(
     )
 }
 
-/// [`write`] with every option.
+/// [`write()`] with every option.
 pub fn write_with(
     g: &HetGraph,
     a: &Assignment,
