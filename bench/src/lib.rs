@@ -6,6 +6,8 @@ use anyhow::Context;
 use graphs::generate::{generate, Like};
 use graphs::NoProgress;
 
+pub mod emulate;
+
 /// Where generated graphs and partitions are kept: `$HETGNN_BENCH_DATA`, or
 /// the workspace's `target/bench-data/` (a path fixed at build time, so a
 /// benchmark binary carried to another machine is given the variable).
@@ -128,6 +130,22 @@ pub fn partitions_named(
 /// The `[cluster]` section of `k` local nodes `n0..` on free loopback ports,
 /// with certificates created once under `work/certs<k>`.
 pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String> {
+    let addrs = free_ports(k)?
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>();
+    cluster_section(bin, work, &addrs, None)
+}
+
+/// The `[cluster]` section of nodes `n0..` at `addrs`, each limited to `cpus`
+/// CPUs when given, with certificates created once under `work/certs<k>`.
+pub fn cluster_section(
+    bin: &Path,
+    work: &Path,
+    addrs: &[String],
+    cpus: Option<f64>,
+) -> anyhow::Result<String> {
+    let k = addrs.len();
     let ids: Vec<String> = (0..k).map(|i| format!("n{i}")).collect();
     let certs = work.join(format!("certs{k}"));
     if !certs.exists() {
@@ -142,25 +160,59 @@ pub fn local_cluster(bin: &Path, work: &Path, k: usize) -> anyhow::Result<String
         run_hetgnn(bin, work, &args.map(String::from))?;
     }
     let mut toml = format!("[cluster]\ncerts_dir = {:?}\n", certs.display().to_string());
-    for (id, port) in ids.iter().zip(free_ports(k)?) {
-        toml += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"127.0.0.1:{port}\"\n");
+    for (id, addr) in ids.iter().zip(addrs) {
+        toml += &format!("[[cluster.nodes]]\nid = \"{id}\"\naddr = \"{addr}\"\n");
+        if let Some(c) = cpus {
+            toml += &format!("cpus = {c}\n");
+        }
     }
     Ok(toml)
 }
 
-/// The shaped links of a benchmark's node processes (flatten into its arguments).
+/// Who enforces a benchmark's link bandwidth.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shaping {
+    /// Each node's token bucket (`[links] bandwidth`), on loopback.
+    Runtime,
+    /// The kernel: each node in a network namespace of its own, its link
+    /// capped by `tc` (needs root; see `emulate`).
+    Kernel,
+}
+
+/// The emulated machines and links of a benchmark's node processes (flatten
+/// into its arguments; [`Links::describe`] goes into its JSON).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Links {
     /// Link bandwidth cap.
     #[arg(long, default_value = "10Gbit/s")]
     pub bandwidth: String,
-    /// Fixed one-way link delay in milliseconds.
+    /// Fixed one-way link delay in milliseconds (added by the runtime: the
+    /// kernel here has no netem).
     #[arg(long, default_value_t = 0.1)]
     pub delay_ms: f64,
+    /// CPUs each node process may use (a control group's quota; needs root).
+    /// Default: the nodes share the machine's cores.
+    #[arg(long)]
+    pub cpus_per_node: Option<f64>,
+    /// Who enforces the bandwidth: the runtime on loopback, or the kernel
+    /// between network namespaces.
+    #[arg(long, value_enum, default_value = "runtime")]
+    pub shaping: Shaping,
 }
 
 impl Links {
-    /// Launches `k` local node processes in `work` training with `training`
+    /// The emulation, as a benchmark's JSON records it.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bandwidth": self.bandwidth,
+            "delay_ms": self.delay_ms,
+            "cpus_per_node": self.cpus_per_node,
+            "shaping": self.shaping,
+        })
+    }
+
+    /// Launches `k` node processes in `work` training with `training`
     /// (`[training]` lines) over these links, and returns the run's report
     /// (written as `report`).
     pub fn launch(
@@ -171,22 +223,102 @@ impl Links {
         training: &str,
         report: &str,
     ) -> anyhow::Result<serde_json::Value> {
-        let mut toml = local_cluster(bin, work, k)?;
-        toml += &format!("[training]\n{training}report = {report:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n", self.bandwidth, self.delay_ms);
-        std::fs::write(work.join("cluster.toml"), toml)?;
-        run_hetgnn(
-            bin,
-            work,
-            &[
-                "launch".into(),
-                "--force".into(),
-                "--config".into(),
-                "cluster.toml".into(),
-            ],
-        )?;
+        self.launch_with(bin, work, k, training, report, "")
+    }
+
+    /// As [`Links::launch`], with `extra` TOML appended to the topology file.
+    pub fn launch_with(
+        &self,
+        bin: &Path,
+        work: &Path,
+        k: usize,
+        training: &str,
+        report: &str,
+        extra: &str,
+    ) -> anyhow::Result<serde_json::Value> {
+        let delay = format!("delay = {{ dist = \"fixed\", ms = {} }}\n", self.delay_ms);
+        match self.shaping {
+            Shaping::Runtime => {
+                let addrs: Vec<String> = free_ports(k)?
+                    .into_iter()
+                    .map(|p| format!("127.0.0.1:{p}"))
+                    .collect();
+                let mut toml = cluster_section(bin, work, &addrs, self.cpus_per_node)?;
+                toml += &format!(
+                    "[training]\n{training}report = {report:?}\n[links]\nbandwidth = {:?}\n{delay}{extra}",
+                    self.bandwidth
+                );
+                std::fs::write(work.join("cluster.toml"), toml)?;
+                let args = ["launch", "--force", "--config", "cluster.toml"];
+                run_hetgnn(bin, work, &args.map(String::from))?;
+            }
+            Shaping::Kernel => {
+                let rate = runtime::config::Bandwidth::parse(&self.bandwidth)
+                    .map_err(anyhow::Error::msg)?;
+                let machines = emulate::Machines {
+                    cpus: self.cpus_per_node,
+                    rate_bits: Some(rate.0.saturating_mul(8)),
+                };
+                let cluster = emulate::Cluster::create(k, &machines)?;
+                let addrs: Vec<String> = (0..k)
+                    .map(|i| format!("{}:7000", cluster.addr(i)))
+                    .collect();
+                // The CPU shares are the harness's, not launch's: no cpus in the file.
+                let mut toml = cluster_section(bin, work, &addrs, None)?;
+                toml +=
+                    &format!("[training]\n{training}report = {report:?}\n[links]\n{delay}{extra}");
+                std::fs::write(work.join("cluster.toml"), toml)?;
+                run_nodes(bin, work, &cluster)?;
+            }
+        }
         Ok(serde_json::from_str(&std::fs::read_to_string(
             work.join(report),
         )?)?)
+    }
+}
+
+/// Runs `hetgnn node` for every machine of `cluster` on `work/cluster.toml`
+/// until all exit; the first failure stops the others.
+fn run_nodes(bin: &Path, work: &Path, cluster: &emulate::Cluster) -> anyhow::Result<()> {
+    let threads = cluster
+        .machines()
+        .cpus
+        .map(|c| (c.ceil() as usize).max(1).to_string());
+    let mut children = Vec::new();
+    for i in 0..cluster.len() {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["node", "--force", "--config", "cluster.toml", "--node"])
+            .arg(format!("n{i}"))
+            .current_dir(work);
+        if let Some(t) = &threads {
+            cmd.env("RAYON_NUM_THREADS", t);
+        }
+        children.push(cluster.spawn(i, &cmd)?);
+    }
+    let mut failed = None;
+    loop {
+        let mut running = 0;
+        for (i, c) in children.iter_mut().enumerate() {
+            match c.try_wait()? {
+                Some(st) if !st.success() && failed.is_none() => {
+                    failed = Some(format!("node n{i} failed ({st})"))
+                }
+                Some(_) => {}
+                None => running += 1,
+            }
+        }
+        if failed.is_some() || running == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    match failed {
+        Some(f) => anyhow::bail!("{f}"),
+        None => Ok(()),
     }
 }
 

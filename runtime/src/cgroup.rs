@@ -178,6 +178,21 @@ impl Drop for CpuShare {
     }
 }
 
+/// Removes this process's groups (their processes must have exited): for an
+/// interrupt handler, which cannot reach the [`CpuShare`]s to drop them.
+pub fn remove_own_groups() {
+    let Ok(c) = Controller::detect() else { return };
+    let mine = format!("{PREFIX}{}-", std::process::id());
+    let Ok(entries) = std::fs::read_dir(c.root()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_str().is_some_and(|n| n.starts_with(&mine)) {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 /// Removes the empty groups of launchers that no longer run.
 fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {
