@@ -210,7 +210,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
-    let doc = json!({ "graph": a.graph, "cores": cores, "warmup": a.warmup, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "runs": rows, "checks": checks });
+    let doc = json!({ "graph": a.graph, "cores": cores, "warmup": a.warmup, "batch": a.batch, "epochs": a.epochs, "repeat": a.repeat, "dag": a.dag, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "emulation": a.links.describe(), "runs": rows, "checks": checks });
     std::fs::write(&out, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", out.display());
     Ok(())

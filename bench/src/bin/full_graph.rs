@@ -77,6 +77,13 @@ struct Args {
     /// Fixed one-way link delay in milliseconds.
     #[arg(long, default_value_t = 0.1)]
     delay_ms: f64,
+    /// CPUs per node process in the timed runs (a control group's quota; root).
+    #[arg(long)]
+    cpus_per_node: Option<f64>,
+    /// Who caps the timed runs' links: the runtime on loopback, or the
+    /// kernel between network namespaces (root).
+    #[arg(long, value_enum, default_value = "runtime")]
+    shaping: bench::Shaping,
     /// Epochs of the sampled single-process comparison (0: none).
     #[arg(long, default_value_t = 10)]
     sampled_epochs: u64,
@@ -245,32 +252,26 @@ fn main() -> anyhow::Result<()> {
         for (round, bw) in (0..a.repeat).flat_map(|r| a.bandwidth.iter().map(move |bw| (r, bw))) {
             for s in a.timed.iter().filter(|_| a.timed_epochs > 0) {
                 let report = format!("time-{s}-{k}-{round}.json");
-                let mut toml = bench::local_cluster(&bin, w, k)?;
-                toml += &format!(
-                    "[training]\nmode = \"full-graph\"\npartitions = {:?}\nepochs = {}\n{model}{}report = {report:?}\n[links]\nbandwidth = {bw:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
+                let training = format!(
+                    "mode = \"full-graph\"\npartitions = {:?}\nepochs = {}\n{model}{}",
                     parts.display().to_string(),
                     a.timed_epochs,
                     setting(s)?,
-                    a.delay_ms
                 );
-                std::fs::write(w.join("cluster.toml"), toml)?;
                 eprintln!(
                     "{s}, {k} node processes, {bw}, round {round}, {} epochs",
                     a.timed_epochs
                 );
-                bench::run_hetgnn(
-                    &bin,
-                    w,
-                    &[
-                        "launch".into(),
-                        "--force".into(),
-                        "--config".into(),
-                        "cluster.toml".into(),
-                    ],
-                )?;
-                let r = read(w.join(&report))?;
+                let links = bench::Links {
+                    bandwidth: bw.clone(),
+                    delay_ms: a.delay_ms,
+                    cpus_per_node: a.cpus_per_node,
+                    shaping: a.shaping,
+                };
+                let r = links.launch(&bin, w, k, &training, &report)?;
                 timed.push(json!({
                     "setting": s, "nodes": k, "bandwidth": bw, "round": round,
+                    "emulation": links.describe(),
                     "epoch_s": later_mean(&r, "seconds"), "compute_s": later_mean(&r, "compute_s"), "comm_s": later_mean(&r, "comm_s"),
                     "first_epoch_s": r["epochs"][0]["seconds"],
                     "bytes_per_step": r["bytes_per_step"],
