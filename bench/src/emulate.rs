@@ -315,6 +315,14 @@ mod tests {
             eprintln!("skipped: emulated machines need root and a CPU controller");
             return;
         }
+        // Root in a container may still be refused namespaces, or lack tc.
+        let probe = format!("{PREFIX}{}-probe", std::process::id());
+        if sh("ip", &["netns", "add", &probe]).is_err() || sh("tc", &["-V"]).is_err() {
+            eprintln!("skipped: this machine refuses network namespaces or has no tc");
+            delete_namespace(&probe);
+            return;
+        }
+        delete_namespace(&probe);
         // What a killed run leaves: a namespace of a process that is gone.
         let stale = format!("{PREFIX}4000000000-hub");
         sh("ip", &["netns", "add", &stale]).unwrap();
