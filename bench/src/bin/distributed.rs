@@ -41,12 +41,8 @@ struct Args {
     /// Epochs per run (figures are means over them).
     #[arg(long, default_value_t = 2)]
     epochs: u64,
-    /// Link bandwidth cap.
-    #[arg(long, default_value = "10Gbit/s")]
-    bandwidth: String,
-    /// Fixed one-way link delay in milliseconds.
-    #[arg(long, default_value_t = 0.1)]
-    delay_ms: f64,
+    #[command(flatten)]
+    links: bench::Links,
     /// Gradient all-reduce: all-gather or ring.
     #[arg(long, default_value = "all-gather")]
     allreduce: String,
@@ -123,39 +119,25 @@ fn main() -> anyhow::Result<()> {
                     m => (m, false),
                 };
                 let parts = bench::partitions(&bin, &data, partitioner, k, a.scale)?;
-                let mut toml = bench::local_cluster(&bin, w, k)?;
                 let mode = if partitioner == "meta" {
                     "raf"
                 } else {
                     "data-parallel"
                 };
                 let report = format!("{mode}-{method}-{k}-h{hidden}.json");
-                toml += &format!(
-                    "[training]\nmode = {mode:?}\npartitions = {:?}\nepochs = {}\nreport = {report:?}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf_embeddings = {:?}\n[links]\nbandwidth = {:?}\ndelay = {{ dist = \"fixed\", ms = {} }}\n",
+                let training = format!(
+                    "mode = {mode:?}\npartitions = {:?}\nepochs = {}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf_embeddings = {:?}\n",
                     parts.display().to_string(),
                     a.epochs,
                     a.allreduce,
                     a.model,
                     if local { "local" } else { "synced" },
-                    a.bandwidth,
-                    a.delay_ms
                 );
-                std::fs::write(w.join("cluster.toml"), toml)?;
                 eprintln!(
                     "{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs",
                     a.epochs
                 );
-                bench::run_hetgnn(
-                    &bin,
-                    w,
-                    &[
-                        "launch".into(),
-                        "--force".into(),
-                        "--config".into(),
-                        "cluster.toml".into(),
-                    ],
-                )?;
-                let r = serde_json::from_str::<Value>(&std::fs::read_to_string(w.join(&report))?)?;
+                let r = a.links.launch(&bin, w, k, &training, &report)?;
                 let label = if mode == "raf" {
                     format!("raf {method} x{k} h{hidden}")
                 } else {
@@ -168,7 +150,7 @@ fn main() -> anyhow::Result<()> {
 
     println!(
         "mag-like S={}, {}, fanouts 25,20, batch 1024; links {} + {} ms",
-        a.scale, a.model, a.bandwidth, a.delay_ms
+        a.scale, a.model, a.links.bandwidth, a.links.delay_ms
     );
     println!(
         "{:<30} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>9} {:>8}",
@@ -215,7 +197,7 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(
         &a.out,
         serde_json::to_string_pretty(
-            &json!({ "scale": a.scale, "model": a.model, "hidden": a.hidden, "epochs": a.epochs, "allreduce": a.allreduce, "bandwidth": a.bandwidth, "delay_ms": a.delay_ms, "runs": rows }),
+            &json!({ "scale": a.scale, "model": a.model, "hidden": a.hidden, "epochs": a.epochs, "allreduce": a.allreduce, "bandwidth": a.links.bandwidth, "delay_ms": a.links.delay_ms, "emulation": a.links.describe(), "runs": rows }),
         )?,
     )?;
     println!("wrote {}", a.out.display());
