@@ -73,11 +73,7 @@ fn namespaces_with(prefix: &str) -> Vec<String> {
 /// Removes the namespaces of earlier runs whose process no longer exists.
 fn sweep() {
     for ns in namespaces_with(PREFIX) {
-        let pid = ns[PREFIX.len()..]
-            .split('-')
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+        if runtime::cgroup::owner_gone(&ns, PREFIX) {
             delete_namespace(&ns);
         }
     }

@@ -193,20 +193,25 @@ pub fn remove_own_groups() {
     }
 }
 
+/// Whether `name`, made as `<prefix><pid>-...` by process `pid`, outlived
+/// that process (so a later run may remove it).
+pub fn owner_gone(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Removes the empty groups of launchers that no longer run.
 fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
     };
     for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if e.file_name()
+            .to_str()
+            .is_some_and(|n| owner_gone(n, PREFIX))
+        {
             // Fails harmlessly while a process is still inside.
             let _ = std::fs::remove_dir(e.path());
         }

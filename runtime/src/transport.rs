@@ -919,6 +919,7 @@ impl Transport {
         len: usize,
     ) -> Result<Option<Vec<u8>>, String> {
         let mut body: Vec<u8> = Vec::with_capacity(len.min(LARGE_FIRST_ALLOC));
+        let mut heard = Instant::now();
         loop {
             // Past the announced length, one more byte is read: anything there breaks the format.
             let want = (len - body.len()).max(1);
@@ -945,7 +946,12 @@ impl Transport {
                     return Err(format!("large frame longer than its announced {len} bytes"))
                 }
                 Some(c) => {
-                    self.heard_from(peer);
+                    // A long body proves its sender alive, checked a few times a second
+                    // rather than under the membership lock for every chunk.
+                    if heard.elapsed() >= self.heartbeat {
+                        self.heard_from(peer);
+                        heard = Instant::now();
+                    }
                     grow(&mut body, c.bytes.len(), len);
                     body.extend_from_slice(&c.bytes);
                 }
@@ -1132,9 +1138,8 @@ impl Transport {
         }
     }
 
-    /// Sends one encoded frame to `peer` as a QUIC datagram, through the fault
-    /// plan: unreliable, and never queued behind stream data.
-    fn send_datagram(self: &Arc<Self>, peer: &Arc<Peer>, frame: Bytes, kind: &'static str) {
+    /// What the fault plan does to the next frame to `peer` (counted when it drops or copies).
+    fn fate(&self, peer: &Peer, kind: &str) -> crate::chaos::Decision {
         let n = peer.sent.fetch_add(1, Ordering::Relaxed);
         let d = self
             .faults
@@ -1144,6 +1149,13 @@ impl Transport {
         if d.copies != 1 {
             self.metrics.fault(&peer.id, kind, d.copies);
         }
+        d
+    }
+
+    /// Sends one encoded frame to `peer` as a QUIC datagram, through the fault
+    /// plan: unreliable, and never queued behind stream data.
+    fn send_datagram(self: &Arc<Self>, peer: &Arc<Peer>, frame: Bytes, kind: &'static str) {
+        let d = self.fate(peer, kind);
         let Some(conn) = peer.current().filter(|_| d.copies > 0) else {
             return;
         };
@@ -1181,15 +1193,7 @@ impl Transport {
         wait_until: Option<Instant>,
         mut done: Option<Done>,
     ) {
-        let n = peer.sent.fetch_add(1, Ordering::Relaxed);
-        let d = self
-            .faults
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .decide(&self.me, &peer.id, n, self.started.elapsed());
-        if d.copies != 1 {
-            self.metrics.fault(&peer.id, kind, d.copies);
-        }
+        let d = self.fate(peer, kind);
         if d.copies == 0 {
             return;
         }
