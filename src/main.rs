@@ -21,6 +21,7 @@ mod partition;
 mod plot;
 mod predict;
 mod profile;
+mod tables;
 mod train;
 
 use std::path::PathBuf;
@@ -64,9 +65,12 @@ enum Command {
     /// Cluster certificates for mutual TLS between nodes.
     #[command(subcommand)]
     Certs(Certs),
-    /// Convert a dataset from another layout into the graph directory format.
+    /// Convert a dataset from another layout (tables, OGB) into the graph directory format.
     #[command(subcommand)]
     Import(Import),
+    /// Write a graph directory in another layout (node and edge tables).
+    #[command(subcommand)]
+    Export(Export),
     /// Split a graph into partitions for data-parallel training.
     Partition(partition::PartitionArgs),
     /// Train a model (with no options: R-GCN on a built-in mag-like graph).
@@ -140,6 +144,8 @@ enum Certs {
 
 #[derive(Subcommand)]
 enum Import {
+    /// Node and edge tables (Parquet, CSV) described by a TOML configuration.
+    Tables(tables::ImportTablesArgs),
     /// OGB's raw heterogeneous layout (raw/, split/ as ogbn-mag ships them).
     Ogb {
         /// The OGB dataset directory (holding raw/ and split/).
@@ -157,6 +163,12 @@ enum Import {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum Export {
+    /// Node and edge tables with string ids, and the configuration that imports them back.
+    Tables(tables::ExportTablesArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -220,6 +232,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 schema.num_classes
             );
         }
+        Command::Import(Import::Tables(args)) => tables::import(&args)?,
+        Command::Export(Export::Tables(args)) => tables::export(&args)?,
         Command::Inspect { dir, reverse_edges } => inspect::run(&dir, reverse_edges)?,
         Command::Certs(Certs::Init { out, nodes, force }) => {
             output::check(

@@ -175,7 +175,7 @@ impl Schema {
 }
 
 /// Names become file names: keep them to a safe alphabet, without the `__` separator.
-pub(crate) fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
+pub fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name

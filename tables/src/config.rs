@@ -1,0 +1,469 @@
+//! The table configuration (`graph.toml`): which files hold each node type and
+//! relation, which columns are ids, features, labels and splits. Parsed and
+//! checked as a whole before any table is opened.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TableError};
+
+/// Largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TablesConfig {
+    /// Graph name written to `schema.json` (default: the output directory's name).
+    pub name: Option<String>,
+    /// The node type whose labels are trained on (default: the only one with a label).
+    pub target: Option<String>,
+    /// Node tables, one entry per node type.
+    #[serde(default)]
+    pub nodes: Vec<NodeTable>,
+    /// Edge tables, one entry per relation.
+    #[serde(default)]
+    pub edges: Vec<EdgeTable>,
+}
+
+/// How a file is read.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FileFormat {
+    /// Comma-separated values with a header row, optionally gzipped (`.csv.gz`).
+    Csv,
+    /// Apache Parquet, any compression the reader supports.
+    Parquet,
+}
+
+/// The tables of one node type.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTable {
+    /// Node type name.
+    #[serde(rename = "type")]
+    pub ntype: String,
+    /// Files or directories (every table file inside, in name order), relative
+    /// to the configuration file.
+    pub files: Vec<PathBuf>,
+    /// File format (default: from the extension).
+    pub format: Option<FileFormat>,
+    /// CSV field delimiter (default `,`).
+    pub delimiter: Option<char>,
+    /// The id column.
+    pub id: String,
+    /// Feature blocks, concatenated in this order.
+    #[serde(default)]
+    pub features: Vec<FeatureSpec>,
+    /// The label column, on the target type.
+    pub label: Option<LabelSpec>,
+    /// How the labelled nodes are split into train, valid and test.
+    pub split: Option<SplitSpec>,
+}
+
+/// The tables of one relation.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeTable {
+    /// `[source type, relation name, destination type]`.
+    pub relation: [String; 3],
+    /// Files or directories, relative to the configuration file.
+    pub files: Vec<PathBuf>,
+    /// File format (default: from the extension).
+    pub format: Option<FileFormat>,
+    /// CSV field delimiter (default `,`).
+    pub delimiter: Option<char>,
+    /// The column of source node ids.
+    pub source: String,
+    /// The column of destination node ids.
+    pub destination: String,
+    /// What to do with an edge naming a node absent from its type's node table.
+    #[serde(default)]
+    pub unknown_ids: UnknownIds,
+}
+
+/// Policy for edges that name unknown node ids.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnknownIds {
+    /// Refuse the import, naming the file, row and id.
+    #[default]
+    Refuse,
+    /// Leave the edge out and count it.
+    Drop,
+}
+
+/// One block of features: columns and the transform applied to each.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSpec {
+    /// Source columns, each transformed the same way and concatenated.
+    pub columns: Vec<String>,
+    /// The transform (default `none`).
+    #[serde(default)]
+    pub transform: Transform,
+    /// Value for a missing cell (a number, or a category name); absent: refuse missing cells.
+    pub fill: Option<Fill>,
+    /// Bucket boundaries, ascending (`bucketize`).
+    pub boundaries: Option<Vec<f64>>,
+    /// Separator of a multi-valued text cell (`multi-hot`; default `;`).
+    pub separator: Option<String>,
+    /// Most distinct categories accepted per column (`one-hot`, `multi-hot`; default 1000).
+    pub max_categories: Option<usize>,
+}
+
+/// A fill value for missing cells.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum Fill {
+    /// A number, for numeric transforms.
+    Number(f64),
+    /// A category name, for categorical transforms.
+    Text(String),
+}
+
+/// Feature transforms.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transform {
+    /// The number as it is.
+    #[default]
+    None,
+    /// Scaled to [0, 1] by the fitted minimum and maximum.
+    MinMax,
+    /// Standardised by the fitted mean and standard deviation.
+    Standard,
+    /// Mapped through the fitted quantiles onto a standard normal.
+    RankGauss,
+    /// One-hot of the bucket the number falls in (`boundaries`).
+    Bucketize,
+    /// One-hot of the category (the distinct values, in sorted order).
+    OneHot,
+    /// Multi-hot of the categories in a list cell (Parquet list or delimited text).
+    MultiHot,
+}
+
+impl Transform {
+    /// Whether the transform reads numbers (else categories).
+    pub fn numeric(self) -> bool {
+        matches!(
+            self,
+            Transform::None
+                | Transform::MinMax
+                | Transform::Standard
+                | Transform::RankGauss
+                | Transform::Bucketize
+        )
+    }
+}
+
+/// The label column.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelSpec {
+    /// Column holding the class (integers from 0, or names); empty cells are unlabelled.
+    pub column: String,
+    /// Most classes accepted (default 1000).
+    pub max_classes: Option<u32>,
+}
+
+/// How labelled nodes are split.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitSpec {
+    /// A column of `train` / `valid` (or `val`, `validation`) / `test`; empty: none.
+    pub column: Option<String>,
+    /// Fractions of the labelled nodes for train, valid and test (sum at most 1).
+    pub fractions: Option<[f64; 3]>,
+    /// Seed of the random split by fractions (default 0).
+    pub seed: Option<u64>,
+    /// A numeric time column: train before `train_before`, valid before `valid_before`, test after.
+    pub time_column: Option<String>,
+    /// End (exclusive) of the training period.
+    pub train_before: Option<f64>,
+    /// End (exclusive) of the validation period.
+    pub valid_before: Option<f64>,
+}
+
+/// A split rule, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SplitRule {
+    /// From a column of names.
+    Column(String),
+    /// Random by fractions with a seed.
+    Fractions([f64; 3], u64),
+    /// By a time column and two bounds.
+    Time {
+        /// The column.
+        column: String,
+        /// Train below this.
+        train_before: f64,
+        /// Valid below this (and at or above `train_before`).
+        valid_before: f64,
+    },
+}
+
+impl SplitSpec {
+    /// The one rule this spec names.
+    pub fn rule(&self) -> std::result::Result<SplitRule, String> {
+        match (&self.column, &self.fractions, &self.time_column) {
+            (Some(c), None, None) => Ok(SplitRule::Column(c.clone())),
+            (None, Some(f), None) => {
+                if f.iter().any(|x| !x.is_finite() || *x < 0.0)
+                    || f.iter().sum::<f64>() > 1.0 + 1e-9
+                {
+                    return Err(format!(
+                        "split fractions {f:?} must be non-negative and sum to at most 1"
+                    ));
+                }
+                Ok(SplitRule::Fractions(*f, self.seed.unwrap_or(0)))
+            }
+            (None, None, Some(c)) => match (self.train_before, self.valid_before) {
+                (Some(t), Some(v)) if t.is_finite() && v.is_finite() && t <= v => {
+                    Ok(SplitRule::Time {
+                        column: c.clone(),
+                        train_before: t,
+                        valid_before: v,
+                    })
+                }
+                _ => Err("a time split needs train_before <= valid_before, both numbers".into()),
+            },
+            _ => Err("a split takes exactly one of `column`, `fractions` or `time_column`".into()),
+        }
+    }
+}
+
+impl TablesConfig {
+    /// Reads and checks `path`.
+    pub fn read(path: &Path) -> Result<TablesConfig> {
+        let meta = std::fs::metadata(path).map_err(|e| TableError::io(path, e))?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(TableError::config(
+                path,
+                format!(
+                    "{} bytes is more than a configuration holds ({MAX_CONFIG_BYTES})",
+                    meta.len()
+                ),
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| TableError::io(path, e))?;
+        let cfg: TablesConfig =
+            toml::from_str(&text).map_err(|e| TableError::config(path, e.to_string()))?;
+        cfg.check().map_err(|p| TableError::config(path, p))?;
+        Ok(cfg)
+    }
+
+    /// Checks the configuration's consistency without opening a table.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.nodes.is_empty() && self.edges.is_empty() {
+            return Err("no [[nodes]] or [[edges]] tables".into());
+        }
+        let mut types = BTreeSet::new();
+        for n in &self.nodes {
+            graphs::schema::check_name(&n.ntype, "node type")?;
+            if !types.insert(n.ntype.as_str()) {
+                return Err(format!(
+                    "node type '{}' has two [[nodes]] entries: list its files in one",
+                    n.ntype
+                ));
+            }
+            let at = format!("[[nodes]] '{}'", n.ntype);
+            if n.files.is_empty() {
+                return Err(format!("{at}: no files"));
+            }
+            for f in &n.features {
+                check_feature(f).map_err(|p| format!("{at}: {p}"))?;
+            }
+            if let Some(s) = &n.split {
+                if n.label.is_none() {
+                    return Err(format!("{at}: a split needs a label"));
+                }
+                s.rule().map_err(|p| format!("{at}: {p}"))?;
+            }
+            if let Some(l) = &n.label {
+                if l.max_classes == Some(0) {
+                    return Err(format!("{at}: max_classes must be at least 1"));
+                }
+                if n.split.is_none() {
+                    return Err(format!("{at}: a label needs a [nodes.split]"));
+                }
+            }
+        }
+        let labelled: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|n| n.label.is_some())
+            .map(|n| n.ntype.as_str())
+            .collect();
+        match (&self.target, labelled.as_slice()) {
+            (_, []) => return Err(
+                "no node table has a [nodes.label]: hetgnn trains on the labels of one node type"
+                    .into(),
+            ),
+            (Some(t), l) if !l.contains(&t.as_str()) => {
+                return Err(format!(
+                    "target '{t}' has no [nodes.label] (labelled: {})",
+                    l.join(", ")
+                ))
+            }
+            (Some(_), _) | (None, [_]) => {}
+            (None, l) => {
+                return Err(format!(
+                    "several node types have labels ({}): name the one to train on with `target`",
+                    l.join(", ")
+                ))
+            }
+        }
+        if labelled.len() > 1 {
+            return Err(format!(
+                "labels on several node types ({}): the graph format holds the labels of one target type",
+                labelled.join(", ")
+            ));
+        }
+        let mut rels = BTreeSet::new();
+        for e in &self.edges {
+            let [s, r, d] = &e.relation;
+            graphs::schema::check_name(s, "node type")?;
+            graphs::schema::check_name(r, "relation")?;
+            graphs::schema::check_name(d, "node type")?;
+            if !rels.insert(e.relation.clone()) {
+                return Err(format!(
+                    "relation {s}__{r}__{d} has two [[edges]] entries: list its files in one"
+                ));
+            }
+            if e.files.is_empty() {
+                return Err(format!("[[edges]] {s}__{r}__{d}: no files"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The node table of `ntype`, if it has one.
+    pub fn node_table(&self, ntype: &str) -> Option<&NodeTable> {
+        self.nodes.iter().find(|n| n.ntype == ntype)
+    }
+
+    /// The target type (checked to exist by [`TablesConfig::check`]).
+    pub fn target(&self) -> &str {
+        match &self.target {
+            Some(t) => t,
+            None => self
+                .nodes
+                .iter()
+                .find(|n| n.label.is_some())
+                .map(|n| n.ntype.as_str())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn check_feature(f: &FeatureSpec) -> std::result::Result<(), String> {
+    if f.columns.is_empty() {
+        return Err("a feature block needs at least one column".into());
+    }
+    let t = f.transform;
+    match (&f.fill, t.numeric()) {
+        (Some(Fill::Number(v)), true) if !v.is_finite() => {
+            return Err(format!("fill {v} must be a finite number"))
+        }
+        (Some(Fill::Text(s)), true) => {
+            return Err(format!(
+                "fill '{s}' must be a number for a numeric transform"
+            ))
+        }
+        (Some(Fill::Number(v)), false) => {
+            return Err(format!(
+                "fill {v} must be a category name (a string) for {t:?}"
+            ))
+        }
+        _ => {}
+    }
+    match (t, &f.boundaries) {
+        (Transform::Bucketize, None) => return Err("bucketize needs `boundaries`".into()),
+        (Transform::Bucketize, Some(b)) => {
+            if b.is_empty()
+                || b.iter().any(|x| !x.is_finite())
+                || b.windows(2).any(|w| w[0] >= w[1])
+            {
+                return Err(format!(
+                    "boundaries {b:?} must be finite and strictly ascending"
+                ));
+            }
+        }
+        (_, Some(_)) => return Err(format!("`boundaries` applies to bucketize, not {t:?}")),
+        _ => {}
+    }
+    if f.separator.is_some() && t != Transform::MultiHot {
+        return Err(format!("`separator` applies to multi-hot, not {t:?}"));
+    }
+    if matches!(&f.separator, Some(s) if s.is_empty()) {
+        return Err("`separator` must not be empty".into());
+    }
+    if f.max_categories.is_some() && t.numeric() {
+        return Err(format!(
+            "`max_categories` applies to one-hot and multi-hot, not {t:?}"
+        ));
+    }
+    if f.max_categories == Some(0) {
+        return Err("max_categories must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// The format of `path` from its extension.
+pub fn format_of(path: &Path) -> Option<FileFormat> {
+    let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
+    if name.ends_with(".csv") || name.ends_with(".csv.gz") || name.ends_with(".tsv") {
+        Some(FileFormat::Csv)
+    } else if name.ends_with(".parquet") || name.ends_with(".pq") {
+        Some(FileFormat::Parquet)
+    } else {
+        None
+    }
+}
+
+/// The files an entry names: each file as given, each directory's table files
+/// in name order. Refuses a missing path, an empty directory and a file of
+/// unknown format when none is configured.
+pub fn expand_files(
+    base: &Path,
+    entries: &[PathBuf],
+    format: Option<FileFormat>,
+) -> Result<Vec<(PathBuf, FileFormat)>> {
+    let mut out = Vec::new();
+    for e in entries {
+        let p = base.join(e);
+        let meta = std::fs::metadata(&p).map_err(|err| TableError::io(&p, err))?;
+        let mut files = Vec::new();
+        if meta.is_dir() {
+            let rd = std::fs::read_dir(&p).map_err(|err| TableError::io(&p, err))?;
+            for entry in rd {
+                let f = entry.map_err(|err| TableError::io(&p, err))?.path();
+                if f.is_file() && (format.is_some() || format_of(&f).is_some()) {
+                    files.push(f);
+                }
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(TableError::file(
+                    &p,
+                    "directory holds no .csv, .csv.gz or .parquet files",
+                ));
+            }
+        } else {
+            files.push(p);
+        }
+        for f in files {
+            let fmt = format.or_else(|| format_of(&f)).ok_or_else(|| {
+                TableError::file(
+                    &f,
+                    "unknown table format: name it .csv, .csv.gz or .parquet, or set `format`",
+                )
+            })?;
+            out.push((f, fmt));
+        }
+    }
+    Ok(out)
+}

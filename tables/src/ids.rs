@@ -1,0 +1,206 @@
+//! Original node ids (integers or strings) mapped to dense ids `0..count`, in
+//! the order first seen; saved beside the graph so results can name nodes by
+//! their original ids.
+
+use std::hash::BuildHasherDefault;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::Path;
+
+use indexmap::IndexSet;
+use rustc_hash::FxHasher;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TableError};
+use crate::source::Cells;
+
+type Set<T> = IndexSet<T, BuildHasherDefault<FxHasher>>;
+
+/// Whether a type's original ids are integers or strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IdKind {
+    /// 64-bit integers (a Parquet integer column).
+    Int,
+    /// Strings (text columns, and every CSV column).
+    Text,
+}
+
+/// A dense numbering of original ids.
+#[derive(Debug)]
+pub enum IdMap {
+    /// Integer ids.
+    Int(Set<i64>),
+    /// String ids.
+    Text(Set<Box<str>>),
+}
+
+/// What happened when an id was added.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Added {
+    /// A new id, given this dense id.
+    New(u32),
+    /// The id was already present, with this dense id.
+    Known(u32),
+}
+
+impl IdMap {
+    /// An empty map for ids of `kind`.
+    pub fn new(kind: IdKind) -> IdMap {
+        match kind {
+            IdKind::Int => IdMap::Int(Set::default()),
+            IdKind::Text => IdMap::Text(Set::default()),
+        }
+    }
+
+    /// The kind of the id column `cells` (an integer column gives integer ids).
+    pub fn kind_of(cells: &Cells) -> std::result::Result<IdKind, String> {
+        match cells {
+            Cells::Int(_) => Ok(IdKind::Int),
+            Cells::Text(_) => Ok(IdKind::Text),
+            Cells::Float(_) => {
+                Err("ids must be integers or strings, not floating-point numbers".into())
+            }
+            Cells::List(_) => Err("ids must be integers or strings, not lists".into()),
+        }
+    }
+
+    /// The kind of ids held.
+    pub fn kind(&self) -> IdKind {
+        match self {
+            IdMap::Int(_) => IdKind::Int,
+            IdMap::Text(_) => IdKind::Text,
+        }
+    }
+
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            IdMap::Int(s) => s.len(),
+            IdMap::Text(s) => s.len(),
+        }
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds cell `i` of `cells` (not missing). Errors say what is wrong with the value.
+    pub fn add(&mut self, cells: &Cells, i: usize) -> std::result::Result<Added, String> {
+        let (index, new) = match (self, cells) {
+            (IdMap::Int(s), Cells::Int(v)) => s.insert_full(v[i].ok_or("missing id")?),
+            (IdMap::Text(s), Cells::Text(v)) => {
+                let t = v[i].as_deref().ok_or("missing id")?;
+                match s.get_index_of(t) {
+                    Some(k) => (k, false),
+                    None => s.insert_full(t.into()),
+                }
+            }
+            (IdMap::Text(s), c) => {
+                let t = c.text(i).ok_or("missing id")?;
+                match s.get_index_of(t.as_str()) {
+                    Some(k) => (k, false),
+                    None => s.insert_full(t.into()),
+                }
+            }
+            (IdMap::Int(s), c) => {
+                let t = c.text(i).ok_or("missing id")?;
+                let v: i64 = t.trim().parse().map_err(|_| {
+                    format!(
+                        "id '{}' is not an integer like this type's other ids",
+                        t.escape_debug()
+                    )
+                })?;
+                s.insert_full(v)
+            }
+        };
+        let id = u32::try_from(index)
+            .ok()
+            .filter(|&d| u64::from(d) < graphs::schema::MAX_NODES)
+            .ok_or_else(|| format!("more than {} nodes of one type", graphs::schema::MAX_NODES))?;
+        Ok(if new {
+            Added::New(id)
+        } else {
+            Added::Known(id)
+        })
+    }
+
+    /// The dense id of cell `i`, if known (`None` also for a missing cell).
+    pub fn get(&self, cells: &Cells, i: usize) -> Option<u32> {
+        let k = match (self, cells) {
+            (IdMap::Int(s), Cells::Int(v)) => s.get_index_of(&v[i]?),
+            (IdMap::Text(s), Cells::Text(v)) => s.get_index_of(v[i].as_deref()?),
+            (IdMap::Text(s), c) => s.get_index_of(c.text(i)?.as_str()),
+            (IdMap::Int(s), c) => s.get_index_of(&c.text(i)?.trim().parse::<i64>().ok()?),
+        };
+        k.map(|k| k as u32)
+    }
+
+    /// The original id of dense id `d`, as text.
+    pub fn original(&self, d: u32) -> Option<String> {
+        match self {
+            IdMap::Int(s) => s.get_index(d as usize).map(|v| v.to_string()),
+            IdMap::Text(s) => s.get_index(d as usize).map(|v| v.to_string()),
+        }
+    }
+
+    /// Writes the ids one per row, in dense order, as a one-column CSV with header `id`.
+    pub fn write_csv(&self, path: &Path) -> Result<()> {
+        let file = std::fs::File::create(path).map_err(|e| TableError::io(path, e))?;
+        let mut w = csv::Writer::from_writer(BufWriter::with_capacity(1 << 20, file));
+        let err = |e: csv::Error| TableError::io(path, std::io::Error::other(e.to_string()));
+        w.write_record(["id"]).map_err(err)?;
+        match self {
+            IdMap::Int(s) => {
+                for v in s {
+                    w.write_record([v.to_string()]).map_err(err)?;
+                }
+            }
+            IdMap::Text(s) => {
+                for v in s {
+                    w.write_record([&**v]).map_err(err)?;
+                }
+            }
+        }
+        let mut inner = w
+            .into_inner()
+            .map_err(|e| TableError::io(path, std::io::Error::other(e.to_string())))?;
+        inner.flush().map_err(|e| TableError::io(path, e))
+    }
+
+    /// Reads a map written by [`IdMap::write_csv`].
+    pub fn read_csv(path: &Path, kind: IdKind) -> Result<IdMap> {
+        let file = std::fs::File::open(path).map_err(|e| TableError::io(path, e))?;
+        let mut r = csv::Reader::from_reader(BufReader::with_capacity(1 << 20, file));
+        let mut map = IdMap::new(kind);
+        let mut rec = csv::StringRecord::new();
+        let mut row = 0u64;
+        while r
+            .read_record(&mut rec)
+            .map_err(|e| TableError::file(path, e.to_string()))?
+        {
+            row += 1;
+            let cells = Cells::Text(vec![rec.get(0).map(str::to_string)]);
+            match map.add(&cells, 0) {
+                Ok(Added::New(_)) => {}
+                Ok(Added::Known(_)) => {
+                    return Err(TableError::cell(path, row, "id", "id listed twice"))
+                }
+                Err(p) => return Err(TableError::cell(path, row, "id", p)),
+            }
+        }
+        Ok(map)
+    }
+}
+
+/// Reads the saved ids of a type as text, in dense order (for writing results).
+pub fn read_original_ids(path: &Path) -> Result<Vec<String>> {
+    let file = std::fs::File::open(path).map_err(|e| TableError::io(path, e))?;
+    let mut out = Vec::new();
+    let mut r = csv::Reader::from_reader(BufReader::new(file));
+    for rec in r.records() {
+        let rec = rec.map_err(|e| TableError::file(path, e.to_string()))?;
+        out.push(rec.get(0).unwrap_or_default().to_string());
+    }
+    Ok(out)
+}

@@ -1,0 +1,572 @@
+//! `import tables`: node and edge tables to a graph directory. Node tables
+//! are read twice (fit, then transform and write), edge tables once; the
+//! result is validated by loading it before it is moved into place.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use graphs::format::{self, paths, AtomicDir, LoadOptions};
+use graphs::npy::{DType, NpyWriter};
+use graphs::schema::{NodeTypeSchema, RelationSchema, Schema};
+use graphs::Progress;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{expand_files, FileFormat, NodeTable, SplitRule, TablesConfig, UnknownIds};
+use crate::error::{Result, TableError};
+use crate::ids::{Added, IdKind, IdMap};
+use crate::labels::{LabelCollector, Labelled};
+use crate::source::{Cells, TableReader};
+use crate::transform::{FittedBlock, Fitter};
+
+/// Name of the file, beside `schema.json`, that records how the tables were imported.
+pub const TABLES_FILE: &str = "tables.json";
+
+/// Path of the saved original ids of `ntype` in graph directory `dir`.
+pub fn ids_path(dir: &Path, ntype: &str) -> PathBuf {
+    paths::node_dir(dir, ntype).join("ids.csv")
+}
+
+/// Options of [`import_tables`].
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Graph name (default: the configuration's, else the output directory's name).
+    pub name: Option<String>,
+    /// Replace the output directory if it exists.
+    pub overwrite: bool,
+}
+
+/// What an import wrote and left out.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ImportRecord {
+    /// Format version of this record.
+    pub version: u32,
+    /// The configuration as read.
+    pub config: TablesConfig,
+    /// Per node type, in schema order.
+    pub types: Vec<TypeRecord>,
+    /// Edges left out for naming an unknown node, per relation (only with `unknown_ids = "drop"`).
+    pub dropped_edges: Vec<(String, u64)>,
+}
+
+/// How one node type was imported.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TypeRecord {
+    /// Node type.
+    #[serde(rename = "type")]
+    pub ntype: String,
+    /// Kind of the original ids.
+    pub id_kind: IdKind,
+    /// The feature blocks with fitted statistics, in column order of `features.npy`.
+    pub features: Vec<FittedBlock>,
+    /// Class names in class order, when the labels were names.
+    pub classes: Vec<String>,
+}
+
+struct NodeResult {
+    ids: IdMap,
+    width: usize,
+    blocks: Vec<FittedBlock>,
+    labelled: Option<Labelled>,
+}
+
+/// Imports the tables described by the configuration file `config` into `out`.
+pub fn import_tables(
+    config: &Path,
+    out: &Path,
+    opts: &ImportOptions,
+    progress: &mut dyn Progress,
+) -> Result<(Schema, ImportRecord)> {
+    let cfg = TablesConfig::read(config)?;
+    let base = config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // Every file is found before anything is written.
+    let node_files = cfg
+        .nodes
+        .iter()
+        .map(|n| expand_files(base, &n.files, n.format))
+        .collect::<Result<Vec<_>>>()?;
+    let edge_files = cfg
+        .edges
+        .iter()
+        .map(|e| expand_files(base, &e.files, e.format))
+        .collect::<Result<Vec<_>>>()?;
+
+    let dir = AtomicDir::create(out, opts.overwrite)?;
+    let target = cfg.target().to_string();
+    let mut types: Vec<(String, Option<NodeResult>)> = Vec::new();
+    let mut maps: HashMap<String, IdMap> = HashMap::new();
+    for (table, files) in cfg.nodes.iter().zip(&node_files) {
+        dir.create_dir(&paths::node_dir(dir.path(), &table.ntype))?;
+        let mut r = import_nodes(table, files, dir.path(), progress)?;
+        if let Some(l) = &r.labelled {
+            graphs::npy::write_i64(
+                &paths::labels(dir.path(), &table.ntype),
+                &[l.labels.len() as u64],
+                &l.labels,
+            )?;
+            for (name, ids) in ["train", "valid", "test"].iter().zip(&l.splits) {
+                let mut w = NpyWriter::create(
+                    &paths::split(dir.path(), &table.ntype, name),
+                    DType::I64,
+                    &[ids.len() as u64],
+                )?;
+                w.write_ids(ids)?;
+                w.finish()?;
+            }
+        }
+        maps.insert(
+            table.ntype.clone(),
+            std::mem::replace(&mut r.ids, IdMap::new(IdKind::Int)),
+        );
+        types.push((table.ntype.clone(), Some(r)));
+    }
+    // Types named only by edges get their ids from the edges, in order of appearance.
+    for e in &cfg.edges {
+        for t in [&e.relation[0], &e.relation[2]] {
+            if !maps.contains_key(t) {
+                maps.insert(t.clone(), IdMap::new(IdKind::Text));
+                types.push((t.clone(), None));
+            }
+        }
+    }
+
+    dir.create_dir(&dir.path().join("edges"))?;
+    let mut relations = Vec::new();
+    let mut dropped_edges = Vec::new();
+    for (e, files) in cfg.edges.iter().zip(&edge_files) {
+        let [s, r, d] = &e.relation;
+        let mut rs = RelationSchema {
+            src: s.clone(),
+            name: r.clone(),
+            dst: d.clone(),
+            count: 0,
+        };
+        let from_table = [cfg.node_table(s).is_some(), cfg.node_table(d).is_some()];
+        let mut edges = EdgeSpool::create(dir.path(), &rs.canonical())?;
+        let mut dropped = 0u64;
+        for (path, format) in files {
+            let mut reader =
+                TableReader::open(path, *format, e.delimiter, &[&e.source, &e.destination])?;
+            progress.start(
+                &format!("{} {}", rs.canonical(), file_name(path)),
+                reader.total_rows().unwrap_or(0),
+            );
+            while let Some(chunk) = reader.next_chunk()? {
+                let (sc, dc) = (&chunk.columns[0], &chunk.columns[1]);
+                for i in 0..chunk.rows {
+                    let row = chunk.first_row + i as u64;
+                    let mut ends = [0u32; 2];
+                    let mut unknown = false;
+                    for (k, (cells, column, t)) in [(sc, &e.source, s), (dc, &e.destination, d)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        if cells.is_missing(i) {
+                            return Err(TableError::cell(path, row, column, "missing id"));
+                        }
+                        let map = maps.get_mut(t).expect("every edge end has a map");
+                        if from_table[k] {
+                            match map.get(cells, i) {
+                                Some(id) => ends[k] = id,
+                                None if e.unknown_ids == UnknownIds::Drop => unknown = true,
+                                None => {
+                                    return Err(TableError::cell(path, row, column, format!(
+                                        "id '{}' is not in the node table of '{t}' (set unknown_ids = \"drop\" to leave such edges out)",
+                                        cells.text(i).unwrap_or_default().escape_debug()
+                                    )))
+                                }
+                            }
+                        } else {
+                            ends[k] = match map
+                                .add(cells, i)
+                                .map_err(|p| TableError::cell(path, row, column, p))?
+                            {
+                                Added::New(id) | Added::Known(id) => id,
+                            };
+                        }
+                    }
+                    if unknown {
+                        dropped += 1;
+                    } else {
+                        edges
+                            .push(ends[0], ends[1])
+                            .map_err(|e| TableError::io(path, e))?;
+                    }
+                }
+                progress.advance(chunk.rows as u64);
+            }
+            progress.finish();
+        }
+        rs.count = edges.finish(&paths::edges(dir.path(), &rs.canonical()))?;
+        if dropped > 0 {
+            dropped_edges.push((rs.canonical(), dropped));
+        }
+        relations.push(rs);
+    }
+
+    let mut node_types = Vec::new();
+    let mut records = Vec::new();
+    let mut num_classes = 1;
+    for (ntype, result) in &types {
+        let ids = maps.remove(ntype).expect("a map per type");
+        if ids.is_empty() {
+            return Err(TableError::config(
+                config,
+                format!("node type '{ntype}' has no nodes"),
+            ));
+        }
+        if result.is_none() {
+            dir.create_dir(&paths::node_dir(dir.path(), ntype))?;
+        }
+        ids.write_csv(&ids_path(dir.path(), ntype))?;
+        let (width, blocks, classes) = match result {
+            Some(r) => {
+                if let Some(l) = &r.labelled {
+                    num_classes = l.num_classes;
+                }
+                (
+                    r.width,
+                    r.blocks.clone(),
+                    r.labelled
+                        .as_ref()
+                        .map(|l| l.classes.clone())
+                        .unwrap_or_default(),
+                )
+            }
+            None => (0, Vec::new(), Vec::new()),
+        };
+        node_types.push((
+            ntype.clone(),
+            NodeTypeSchema {
+                count: ids.len() as u64,
+                feature_dim: (width > 0).then_some(width as u64),
+            },
+        ));
+        records.push(TypeRecord {
+            ntype: ntype.clone(),
+            id_kind: ids.kind(),
+            features: blocks,
+            classes,
+        });
+    }
+    let name = opts
+        .name
+        .clone()
+        .or_else(|| cfg.name.clone())
+        .unwrap_or_else(|| {
+            out.file_name()
+                .map_or("tables".into(), |n| n.to_string_lossy().into_owned())
+        });
+    let schema = Schema {
+        name,
+        target,
+        num_classes,
+        node_types,
+        relations,
+    };
+    schema
+        .validate()
+        .map_err(|p| TableError::config(config, format!("the imported graph is invalid: {p}")))?;
+    schema.write(&paths::schema(dir.path()))?;
+    let record = ImportRecord {
+        version: 1,
+        config: cfg,
+        types: records,
+        dropped_edges,
+    };
+    let text = serde_json::to_string_pretty(&record).expect("record serialises");
+    let rpath = dir.path().join(TABLES_FILE);
+    std::fs::write(&rpath, text + "\n").map_err(|e| TableError::io(&rpath, e))?;
+    // Validate the whole result (ids in range, splits, shapes) before publishing it.
+    format::load(dir.path(), &LoadOptions::default())?;
+    dir.commit()?;
+    Ok((schema, record))
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// Reads a node type's tables: ids, fitted features, labels and splits on a
+/// first pass, transformed features on a second.
+fn import_nodes(
+    table: &NodeTable,
+    files: &[(PathBuf, FileFormat)],
+    out: &Path,
+    progress: &mut dyn Progress,
+) -> Result<NodeResult> {
+    let t = &table.ntype;
+    let mut fitters: Vec<Fitter> = table.features.iter().map(Fitter::new).collect();
+    let rule = table
+        .split
+        .as_ref()
+        .map(|s| s.rule().expect("checked with the config"));
+    let mut labels = table
+        .label
+        .as_ref()
+        .map(|l| LabelCollector::new(l.max_classes.unwrap_or(1000)));
+
+    // Pass 1: ids, statistics, labels, splits.
+    let mut columns: Vec<&str> = vec![&table.id];
+    let fit_at: Vec<Option<usize>> = fitters
+        .iter()
+        .zip(&table.features)
+        .map(|(f, spec)| {
+            f.needs_data().then(|| {
+                let at = columns.len();
+                columns.extend(spec.columns.iter().map(String::as_str));
+                at
+            })
+        })
+        .collect();
+    let label_at = table.label.as_ref().map(|l| {
+        columns.push(&l.column);
+        columns.len() - 1
+    });
+    let split_at = match &rule {
+        Some(SplitRule::Column(c)) | Some(SplitRule::Time { column: c, .. }) => {
+            columns.push(c);
+            Some(columns.len() - 1)
+        }
+        _ => None,
+    };
+    let mut ids: Option<IdMap> = None;
+    for (path, format) in files {
+        let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?;
+        progress.start(
+            &format!("{t} {}", file_name(path)),
+            reader.total_rows().unwrap_or(0),
+        );
+        while let Some(chunk) = reader.next_chunk()? {
+            let idc = &chunk.columns[0];
+            let map = match &mut ids {
+                Some(m) => m,
+                None => ids.insert(IdMap::new(
+                    IdMap::kind_of(idc).map_err(|p| column_error(path, None, &table.id, p))?,
+                )),
+            };
+            for i in 0..chunk.rows {
+                let row = chunk.first_row + i as u64;
+                if idc.is_missing(i) {
+                    return Err(TableError::cell(path, row, &table.id, "missing id"));
+                }
+                match map
+                    .add(idc, i)
+                    .map_err(|p| TableError::cell(path, row, &table.id, p))?
+                {
+                    Added::New(_) => {}
+                    Added::Known(d) => {
+                        return Err(TableError::cell(
+                            path,
+                            row,
+                            &table.id,
+                            format!(
+                                "duplicate id '{}' (first seen as node {d} of '{t}')",
+                                idc.text(i).unwrap_or_default().escape_debug()
+                            ),
+                        ))
+                    }
+                }
+                for ((f, spec), at) in fitters.iter_mut().zip(&table.features).zip(&fit_at) {
+                    if let Some(at) = at {
+                        let cells: Vec<&Cells> = chunk.columns[*at..*at + spec.columns.len()]
+                            .iter()
+                            .collect();
+                        f.observe(&cells, i)
+                            .map_err(|(c, p)| TableError::cell(path, row, &spec.columns[c], p))?;
+                    }
+                }
+                if let (Some(l), Some(at)) = (&mut labels, label_at) {
+                    l.push_label(&chunk.columns[at], i)
+                        .map_err(|p| TableError::cell(path, row, columns[at], p))?;
+                }
+                if let (Some(l), Some(at)) = (&mut labels, split_at) {
+                    let cells = &chunk.columns[at];
+                    match &rule {
+                        Some(SplitRule::Time {
+                            train_before,
+                            valid_before,
+                            ..
+                        }) => l.push_split_time(cells, i, *train_before, *valid_before),
+                        _ => l.push_split_name(cells, i),
+                    }
+                    .map_err(|p| TableError::cell(path, row, columns[at], p))?;
+                }
+            }
+            progress.advance(chunk.rows as u64);
+        }
+        progress.finish();
+    }
+    let ids = ids.ok_or_else(|| {
+        TableError::file(
+            &files[0].0,
+            format!("node type '{t}': the tables hold no rows"),
+        )
+    })?;
+    let count = ids.len() as u64;
+    let blocks: Vec<FittedBlock> = fitters.into_iter().map(Fitter::finish).collect();
+    let width: usize = blocks.iter().map(FittedBlock::width).sum();
+    if width as u64 > graphs::schema::MAX_FEATURE_DIM {
+        return Err(TableError::file(
+            &files[0].0,
+            format!(
+                "node type '{t}': {width} feature columns after the transforms, more than {}",
+                graphs::schema::MAX_FEATURE_DIM
+            ),
+        ));
+    }
+    let labelled = match (labels, &rule) {
+        (Some(l), Some(rule)) => Some(l.finish(rule).map_err(|p| {
+            column_error(
+                &files[0].0,
+                None,
+                &table.label.as_ref().expect("labelled").column,
+                p,
+            )
+        })?),
+        _ => None,
+    };
+
+    // Pass 2: transformed features, row by row.
+    if width > 0 {
+        let fpath = paths::features(out, t);
+        let mut w = NpyWriter::create(&fpath, DType::F32, &[count, width as u64])?;
+        let columns: Vec<&str> = table
+            .features
+            .iter()
+            .flat_map(|s| s.columns.iter().map(String::as_str))
+            .collect();
+        let mut row_buf = Vec::with_capacity(width);
+        let mut chunk_buf: Vec<f32> = Vec::new();
+        for (path, format) in files {
+            let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?;
+            progress.start(
+                &format!("{t} features {}", file_name(path)),
+                reader.total_rows().unwrap_or(0),
+            );
+            while let Some(chunk) = reader.next_chunk()? {
+                chunk_buf.clear();
+                for i in 0..chunk.rows {
+                    row_buf.clear();
+                    let mut at = 0;
+                    for b in &blocks {
+                        let cells: Vec<&Cells> =
+                            chunk.columns[at..at + b.columns.len()].iter().collect();
+                        b.apply(&cells, i, &mut row_buf).map_err(|(c, p)| {
+                            TableError::cell(path, chunk.first_row + i as u64, &b.columns[c], p)
+                        })?;
+                        at += b.columns.len();
+                    }
+                    chunk_buf.extend_from_slice(&row_buf);
+                }
+                w.write_f32(&chunk_buf)?;
+                progress.advance(chunk.rows as u64);
+            }
+            progress.finish();
+        }
+        w.finish()?;
+    }
+    Ok(NodeResult {
+        ids,
+        width,
+        blocks,
+        labelled,
+    })
+}
+
+fn column_error(path: &Path, row: Option<u64>, column: &str, problem: String) -> TableError {
+    TableError::Table {
+        file: path.to_path_buf(),
+        row,
+        column: Some(column.to_string()),
+        problem,
+    }
+}
+
+/// Edge ends spooled to two scratch files while the count is unknown, then
+/// written as one `[2, count]` array.
+struct EdgeSpool {
+    paths: [PathBuf; 2],
+    files: [BufWriter<File>; 2],
+    count: u64,
+}
+
+impl EdgeSpool {
+    fn create(dir: &Path, canonical: &str) -> Result<EdgeSpool> {
+        let paths = [
+            dir.join(format!(".{canonical}.src")),
+            dir.join(format!(".{canonical}.dst")),
+        ];
+        let open = |p: &Path| -> Result<BufWriter<File>> {
+            Ok(BufWriter::with_capacity(
+                1 << 20,
+                File::create(p).map_err(|e| TableError::io(p, e))?,
+            ))
+        };
+        Ok(EdgeSpool {
+            files: [open(&paths[0])?, open(&paths[1])?],
+            paths,
+            count: 0,
+        })
+    }
+
+    fn push(&mut self, src: u32, dst: u32) -> std::io::Result<()> {
+        self.files[0].write_all(&i64::from(src).to_le_bytes())?;
+        self.files[1].write_all(&i64::from(dst).to_le_bytes())?;
+        self.count += 1;
+        Ok(())
+    }
+
+    fn finish(self, out: &Path) -> Result<u64> {
+        let EdgeSpool {
+            paths,
+            files,
+            count,
+        } = self;
+        for (f, p) in files.into_iter().zip(&paths) {
+            f.into_inner()
+                .map_err(|e| TableError::io(p, e.into_error()))?;
+        }
+        let mut w = NpyWriter::create(out, DType::I64, &[2, count])?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut vals: Vec<i64> = Vec::with_capacity(buf.len() / 8);
+        for p in &paths {
+            let mut r = BufReader::new(File::open(p).map_err(|e| TableError::io(p, e))?);
+            loop {
+                let n = read_full(&mut r, &mut buf).map_err(|e| TableError::io(p, e))?;
+                if n == 0 {
+                    break;
+                }
+                vals.clear();
+                vals.extend(
+                    buf[..n]
+                        .chunks_exact(8)
+                        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
+                );
+                w.write_i64(&vals)?;
+            }
+            std::fs::remove_file(p).map_err(|e| TableError::io(p, e))?;
+        }
+        w.finish()?;
+        Ok(count)
+    }
+}
+
+/// Reads until `buf` is full or the end, so chunks stay multiples of 8 bytes.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}

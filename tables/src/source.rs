@@ -1,0 +1,444 @@
+//! Reading tables in chunks of rows: CSV (optionally gzipped) and Parquet,
+//! each column converted to one of a few cell kinds. Memory stays bounded by a
+//! chunk, whatever the table's size.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type,
+    UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use flate2::read::MultiGzDecoder;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+
+use crate::config::FileFormat;
+use crate::error::{Result, TableError};
+
+/// Rows per chunk.
+pub const CHUNK_ROWS: usize = 1 << 16;
+
+/// Longest CSV record accepted, in bytes: larger is a broken file (an
+/// unterminated quote swallowing the rest), refused before it fills memory.
+const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// The cells of one column in a chunk; `None` is a missing value (an empty
+/// CSV field or a Parquet null).
+#[derive(Clone, Debug)]
+pub enum Cells {
+    /// Text (every CSV column; Parquet strings and types converted to text).
+    Text(Vec<Option<String>>),
+    /// Integers (Parquet integer and boolean columns).
+    Int(Vec<Option<i64>>),
+    /// Floating-point numbers (Parquet float columns).
+    Float(Vec<Option<f64>>),
+    /// Lists of values, as text (Parquet list columns).
+    List(Vec<Option<Vec<String>>>),
+}
+
+impl Cells {
+    /// Number of cells.
+    pub fn len(&self) -> usize {
+        match self {
+            Cells::Text(v) => v.len(),
+            Cells::Int(v) => v.len(),
+            Cells::Float(v) => v.len(),
+            Cells::List(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no cells.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether cell `i` is missing.
+    pub fn is_missing(&self, i: usize) -> bool {
+        match self {
+            Cells::Text(v) => v[i].is_none(),
+            Cells::Int(v) => v[i].is_none(),
+            Cells::Float(v) => v[i].is_none(),
+            Cells::List(v) => v[i].is_none(),
+        }
+    }
+
+    /// Cell `i` as a number: `Ok(None)` when missing, `Err` with the offending
+    /// text when it is not a number.
+    pub fn number(&self, i: usize) -> std::result::Result<Option<f64>, String> {
+        match self {
+            Cells::Int(v) => Ok(v[i].map(|x| x as f64)),
+            Cells::Float(v) => Ok(v[i]),
+            Cells::Text(v) => match &v[i] {
+                None => Ok(None),
+                Some(s) => s
+                    .trim()
+                    .parse::<f64>()
+                    .map(Some)
+                    .map_err(|_| format!("'{}' is not a number", s.escape_debug())),
+            },
+            Cells::List(_) => Err("a list where a number is expected".into()),
+        }
+    }
+
+    /// Cell `i` as a 32-bit float, parsed from text directly (parsing to f64
+    /// first and rounding again could differ in the last bit).
+    pub fn number_f32(&self, i: usize) -> std::result::Result<Option<f32>, String> {
+        match self {
+            Cells::Text(v) => match &v[i] {
+                None => Ok(None),
+                Some(s) => s
+                    .trim()
+                    .parse::<f32>()
+                    .map(Some)
+                    .map_err(|_| format!("'{}' is not a number", s.escape_debug())),
+            },
+            _ => self.number(i).map(|x| x.map(|v| v as f32)),
+        }
+    }
+
+    /// Cell `i` as text (numbers in their shortest form); `None` when missing.
+    pub fn text(&self, i: usize) -> Option<String> {
+        match self {
+            Cells::Text(v) => v[i].clone(),
+            Cells::Int(v) => v[i].map(|x| x.to_string()),
+            Cells::Float(v) => v[i].map(|x| x.to_string()),
+            Cells::List(v) => v[i].as_ref().map(|l| l.join(";")),
+        }
+    }
+}
+
+/// A chunk of rows: the requested columns, in the order requested.
+#[derive(Debug)]
+pub struct Chunk {
+    /// 1-based number of the chunk's first data row in its file.
+    pub first_row: u64,
+    /// Rows in the chunk.
+    pub rows: usize,
+    /// One entry per requested column.
+    pub columns: Vec<Cells>,
+}
+
+/// Reads one table file chunk by chunk.
+pub struct TableReader {
+    path: PathBuf,
+    next_row: u64,
+    total: Option<u64>,
+    inner: Inner,
+}
+
+enum Inner {
+    Csv {
+        reader: csv::Reader<Box<dyn Read>>,
+        index: Vec<usize>,
+        record: csv::ByteRecord,
+    },
+    Parquet {
+        reader: ParquetRecordBatchReader,
+        names: Vec<String>,
+    },
+}
+
+impl TableReader {
+    /// Opens `path`, checking that every column in `columns` exists.
+    pub fn open(
+        path: &Path,
+        format: FileFormat,
+        delimiter: Option<char>,
+        columns: &[&str],
+    ) -> Result<TableReader> {
+        let file = File::open(path).map_err(|e| TableError::io(path, e))?;
+        let (inner, total) = match format {
+            FileFormat::Csv => {
+                let gz = path.to_string_lossy().to_ascii_lowercase().ends_with(".gz");
+                let raw: Box<dyn Read> = if gz {
+                    Box::new(MultiGzDecoder::new(BufReader::with_capacity(1 << 20, file)))
+                } else {
+                    Box::new(file)
+                };
+                let delim = delimiter.unwrap_or_else(|| {
+                    if path.to_string_lossy().to_ascii_lowercase().contains(".tsv") {
+                        '\t'
+                    } else {
+                        ','
+                    }
+                });
+                if !delim.is_ascii() {
+                    return Err(TableError::file(
+                        path,
+                        format!("delimiter '{delim}' is not one ASCII character"),
+                    ));
+                }
+                let mut reader = csv::ReaderBuilder::new()
+                    .delimiter(delim as u8)
+                    .has_headers(true)
+                    .buffer_capacity(1 << 20)
+                    .from_reader(raw);
+                let headers = reader.headers().map_err(|e| csv_error(path, e))?.clone();
+                let names: Vec<&str> = headers.iter().map(|h| h.trim()).collect();
+                let index = columns
+                    .iter()
+                    .map(|c| {
+                        names
+                            .iter()
+                            .position(|n| n == c)
+                            .ok_or_else(|| missing_column(path, c, &names))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (
+                    Inner::Csv {
+                        reader,
+                        index,
+                        record: csv::ByteRecord::new(),
+                    },
+                    None,
+                )
+            }
+            FileFormat::Parquet => {
+                let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+                    TableError::file(path, format!("not a readable Parquet file: {e}"))
+                })?;
+                let schema = builder.schema().clone();
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                let mut roots = Vec::new();
+                for c in columns {
+                    let i = names
+                        .iter()
+                        .position(|n| n == c)
+                        .ok_or_else(|| missing_column(path, c, &names))?;
+                    roots.push(i);
+                }
+                let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+                let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+                let reader = builder
+                    .with_projection(mask)
+                    .with_batch_size(CHUNK_ROWS)
+                    .build()
+                    .map_err(|e| {
+                        TableError::file(path, format!("not a readable Parquet file: {e}"))
+                    })?;
+                (
+                    Inner::Parquet {
+                        reader,
+                        names: columns.iter().map(|c| c.to_string()).collect(),
+                    },
+                    Some(total),
+                )
+            }
+        };
+        Ok(TableReader {
+            path: path.to_path_buf(),
+            next_row: 1,
+            total,
+            inner,
+        })
+    }
+
+    /// Rows in the file, where the format says without reading it (Parquet).
+    pub fn total_rows(&self) -> Option<u64> {
+        self.total
+    }
+
+    /// The next chunk, or `None` at the end of the file.
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk>> {
+        let first_row = self.next_row;
+        let path = &self.path;
+        let chunk = match &mut self.inner {
+            Inner::Csv {
+                reader,
+                index,
+                record,
+            } => {
+                let mut cols: Vec<Vec<Option<String>>> =
+                    index.iter().map(|_| Vec::with_capacity(1024)).collect();
+                let mut rows = 0;
+                while rows < CHUNK_ROWS {
+                    let more = reader
+                        .read_byte_record(record)
+                        .map_err(|e| csv_error(path, e))?;
+                    if !more {
+                        break;
+                    }
+                    let row = first_row + rows as u64;
+                    if record.as_slice().len() as u64 > MAX_RECORD_BYTES {
+                        return Err(TableError::Table {
+                            file: path.clone(),
+                            row: Some(row),
+                            column: None,
+                            problem: format!("record longer than {MAX_RECORD_BYTES} bytes"),
+                        });
+                    }
+                    for (col, &i) in cols.iter_mut().zip(index.iter()) {
+                        let field = record.get(i).unwrap_or_default();
+                        let text = std::str::from_utf8(field).map_err(|_| TableError::Table {
+                            file: path.clone(),
+                            row: Some(row),
+                            column: None,
+                            problem: "not UTF-8 text".into(),
+                        })?;
+                        col.push((!text.is_empty()).then(|| text.to_string()));
+                    }
+                    rows += 1;
+                }
+                if rows == 0 {
+                    return Ok(None);
+                }
+                Chunk {
+                    first_row,
+                    rows,
+                    columns: cols.into_iter().map(Cells::Text).collect(),
+                }
+            }
+            Inner::Parquet { reader, names } => {
+                let Some(batch) = reader.next() else {
+                    return Ok(None);
+                };
+                let batch: RecordBatch =
+                    batch.map_err(|e| TableError::file(path, format!("reading row group: {e}")))?;
+                let mut columns = Vec::with_capacity(names.len());
+                for name in names.iter() {
+                    let array = batch.column_by_name(name).ok_or_else(|| {
+                        TableError::file(path, format!("column '{name}' vanished from a row group"))
+                    })?;
+                    columns.push(convert(array).map_err(|p| TableError::Table {
+                        file: path.clone(),
+                        row: None,
+                        column: Some(name.clone()),
+                        problem: p,
+                    })?);
+                }
+                Chunk {
+                    first_row,
+                    rows: batch.num_rows(),
+                    columns,
+                }
+            }
+        };
+        self.next_row += chunk.rows as u64;
+        Ok(Some(chunk))
+    }
+}
+
+fn missing_column(path: &Path, column: &str, names: &[&str]) -> TableError {
+    TableError::Table {
+        file: path.to_path_buf(),
+        row: None,
+        column: Some(column.to_string()),
+        problem: format!("no such column (the table has: {})", names.join(", ")),
+    }
+}
+
+fn csv_error(path: &Path, e: csv::Error) -> TableError {
+    let row = e.position().map(|p| p.record());
+    match e.into_kind() {
+        csv::ErrorKind::Io(io) => TableError::io(path, io),
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => TableError::Table {
+            file: path.to_path_buf(),
+            row,
+            column: None,
+            problem: format!("{len} fields where the header has {expected_len}"),
+        },
+        other => TableError::Table {
+            file: path.to_path_buf(),
+            row,
+            column: None,
+            problem: format!("{other:?}"),
+        },
+    }
+}
+
+macro_rules! ints {
+    ($a:expr, $t:ty) => {
+        Cells::Int(
+            $a.as_primitive::<$t>()
+                .iter()
+                .map(|v| v.map(|x| x as i64))
+                .collect(),
+        )
+    };
+}
+
+/// Converts an Arrow column to cells.
+fn convert(array: &ArrayRef) -> std::result::Result<Cells, String> {
+    Ok(match array.data_type() {
+        DataType::Int8 => ints!(array, Int8Type),
+        DataType::Int16 => ints!(array, Int16Type),
+        DataType::Int32 => ints!(array, Int32Type),
+        DataType::Int64 => ints!(array, Int64Type),
+        DataType::UInt8 => ints!(array, UInt8Type),
+        DataType::UInt16 => ints!(array, UInt16Type),
+        DataType::UInt32 => ints!(array, UInt32Type),
+        DataType::UInt64 => {
+            let a = array.as_primitive::<UInt64Type>();
+            let mut out = Vec::with_capacity(a.len());
+            for v in a.iter() {
+                out.push(match v {
+                    Some(x) => Some(
+                        i64::try_from(x)
+                            .map_err(|_| format!("{x} is beyond the 64-bit signed range"))?,
+                    ),
+                    None => None,
+                });
+            }
+            Cells::Int(out)
+        }
+        DataType::Boolean => Cells::Int(
+            array
+                .as_boolean()
+                .iter()
+                .map(|v| v.map(i64::from))
+                .collect(),
+        ),
+        DataType::Float16 => Cells::Float(
+            array
+                .as_primitive::<Float16Type>()
+                .iter()
+                .map(|v| v.map(f64::from))
+                .collect(),
+        ),
+        DataType::Float32 => Cells::Float(
+            array
+                .as_primitive::<Float32Type>()
+                .iter()
+                .map(|v| v.map(f64::from))
+                .collect(),
+        ),
+        DataType::Float64 => Cells::Float(array.as_primitive::<Float64Type>().iter().collect()),
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _) => {
+            let mut out = Vec::with_capacity(array.len());
+            for i in 0..array.len() {
+                if array.is_null(i) {
+                    out.push(None);
+                    continue;
+                }
+                let values: ArrayRef = match array.data_type() {
+                    DataType::List(_) => array.as_list::<i32>().value(i),
+                    DataType::LargeList(_) => array.as_list::<i64>().value(i),
+                    _ => array.as_fixed_size_list().value(i),
+                };
+                let texts = to_text(&values)?;
+                out.push(Some(texts.into_iter().flatten().collect()));
+            }
+            Cells::List(out)
+        }
+        _ => Cells::Text(to_text(array)?),
+    })
+}
+
+/// Any other Arrow column as text (strings, dictionaries, dates, decimals).
+fn to_text(array: &ArrayRef) -> std::result::Result<Vec<Option<String>>, String> {
+    let cast: Arc<dyn Array> = arrow_cast::cast(array, &DataType::Utf8)
+        .map_err(|e| format!("type {} cannot be read as text: {e}", array.data_type()))?;
+    Ok(cast
+        .as_string::<i32>()
+        .iter()
+        .map(|v| v.map(str::to_string))
+        .collect())
+}
