@@ -14,5 +14,6 @@ mod cli_inspect;
 mod cli_link;
 mod cli_model_averaging;
 mod cli_raf;
+mod cli_tables;
 mod cli_train;
 mod docs_links;

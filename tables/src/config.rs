@@ -382,16 +382,16 @@ fn check_feature(f: &FeatureSpec) -> std::result::Result<(), String> {
     }
     match (t, &f.boundaries) {
         (Transform::Bucketize, None) => return Err("bucketize needs `boundaries`".into()),
-        (Transform::Bucketize, Some(b)) => {
+        (Transform::Bucketize, Some(b))
             if b.is_empty()
                 || b.iter().any(|x| !x.is_finite())
-                || b.windows(2).any(|w| w[0] >= w[1])
-            {
-                return Err(format!(
-                    "boundaries {b:?} must be finite and strictly ascending"
-                ));
-            }
+                || b.windows(2).any(|w| w[0] >= w[1]) =>
+        {
+            return Err(format!(
+                "boundaries {b:?} must be finite and strictly ascending"
+            ));
         }
+        (Transform::Bucketize, Some(_)) => {}
         (_, Some(_)) => return Err(format!("`boundaries` applies to bucketize, not {t:?}")),
         _ => {}
     }

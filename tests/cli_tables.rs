@@ -1,0 +1,388 @@
+//! `hetgnn import tables` and `hetgnn export tables`: the worked example, round
+//! trips that give back the same graph (and model), and every class of bad
+//! table refused with its file, row and column.
+
+use std::path::{Path, PathBuf};
+
+use crate::util::hetgnn;
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tables/graph.toml")
+}
+
+fn model_hash(stdout: &str) -> String {
+    stdout
+        .split("model sha256 ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no model hash in:\n{stdout}"))
+        .to_string()
+}
+
+/// Every file of the graph format in `a` is byte-identical in `b`.
+fn same_graph(a: &Path, b: &Path) {
+    let schema = graphs::Schema::read(&a.join("schema.json")).unwrap();
+    let mut files = vec!["schema.json".to_string()];
+    for (t, ts) in &schema.node_types {
+        if ts.feature_dim.is_some() {
+            files.push(format!("nodes/{t}/features.npy"));
+        }
+    }
+    for f in ["labels", "train", "valid", "test"] {
+        files.push(format!("nodes/{}/{f}.npy", schema.target));
+    }
+    for r in &schema.relations {
+        files.push(format!("edges/{}.npy", r.canonical()));
+    }
+    for f in files {
+        let (x, y) = (
+            std::fs::read(a.join(&f)).unwrap(),
+            std::fs::read(b.join(&f)).unwrap(),
+        );
+        assert!(
+            x == y,
+            "{f} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+#[test]
+fn the_example_tables_import_and_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = example();
+    let run = hetgnn(
+        tmp.path(),
+        &[
+            "import",
+            "tables",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            "shop",
+        ],
+    )
+    .ok();
+    let out = run.stdout();
+    assert!(
+        out.contains("1408 nodes, 4499 edges; target account, 3 classes"),
+        "{out}"
+    );
+    assert!(
+        out.contains("left out 2 edges of account__pays__merchant"),
+        "{out}"
+    );
+    let g = tmp.path().join("shop");
+    let schema = graphs::Schema::read(&g.join("schema.json")).unwrap();
+    let dims: Vec<(String, Option<u64>)> = schema
+        .node_types
+        .iter()
+        .map(|(n, t)| (n.clone(), t.feature_dim))
+        .collect();
+    // age 1 + balance 1 + 5 countries + 5 tags; 6 categories + volume; devices featureless.
+    assert_eq!(
+        dims,
+        [
+            ("account".into(), Some(12)),
+            ("merchant".into(), Some(7)),
+            ("device".into(), None)
+        ]
+    );
+    let ids = std::fs::read_to_string(g.join("nodes/account/ids.csv")).unwrap();
+    assert!(ids.starts_with("id\nacct-0000\nacct-0001\n"), "{ids}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("tables.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["types"][0]["classes"],
+        serde_json::json!(["high", "low", "medium"])
+    );
+    assert_eq!(
+        record["types"][0]["features"][2]["fitted"]["categories"][0],
+        serde_json::json!(["DE", "FR", "GB", "JP", "US"])
+    );
+    let run = hetgnn(tmp.path(), &["train", "--data", "shop", "--epochs", "3"]).ok();
+    assert!(run.stdout().contains("done: 3 epochs"), "{}", run.stdout());
+    // A second import of the same tables is byte-identical.
+    hetgnn(
+        tmp.path(),
+        &[
+            "import",
+            "tables",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            "again",
+        ],
+    )
+    .ok();
+    same_graph(&g, &tmp.path().join("again"));
+    assert_eq!(
+        std::fs::read(g.join("tables.json")).unwrap(),
+        std::fs::read(tmp.path().join("again/tables.json")).unwrap()
+    );
+}
+
+#[test]
+fn a_graph_exported_as_tables_imports_back_to_the_same_graph_and_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    hetgnn(tmp.path(), &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let train = |dir: &str| {
+        model_hash(
+            &hetgnn(tmp.path(), &["train", "--data", dir, "--epochs", "1"])
+                .ok()
+                .stdout(),
+        )
+    };
+    let want = train("g");
+    for format in ["parquet", "csv"] {
+        let tables = format!("t-{format}");
+        hetgnn(
+            tmp.path(),
+            &[
+                "export", "tables", "--data", "g", "--out", &tables, "--format", format,
+            ],
+        )
+        .ok();
+        let back = format!("back-{format}");
+        hetgnn(
+            tmp.path(),
+            &[
+                "import",
+                "tables",
+                "--config",
+                &format!("{tables}/graph.toml"),
+                "--out",
+                &back,
+            ],
+        )
+        .ok();
+        same_graph(&tmp.path().join("g"), &tmp.path().join(&back));
+        assert_eq!(train(&back), want, "{format}");
+    }
+}
+
+#[test]
+fn the_shared_real_graphs_round_trip_through_tables() {
+    let Ok(root) = std::env::var("HETGNN_DATASETS") else {
+        eprintln!("HETGNN_DATASETS is not set: skipping the real-graph table round trip");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["heco-acm", "heco-freebase", "planetoid-cora"] {
+        let src = Path::new(&root).join(name);
+        for format in ["parquet", "csv"] {
+            let tables = format!("{name}-{format}");
+            hetgnn(
+                tmp.path(),
+                &[
+                    "export",
+                    "tables",
+                    "--data",
+                    src.to_str().unwrap(),
+                    "--out",
+                    &tables,
+                    "--format",
+                    format,
+                ],
+            )
+            .ok();
+            let back = format!("{tables}-back");
+            hetgnn(
+                tmp.path(),
+                &[
+                    "import",
+                    "tables",
+                    "--config",
+                    &format!("{tables}/graph.toml"),
+                    "--out",
+                    &back,
+                ],
+            )
+            .ok();
+            same_graph(&src, &tmp.path().join(&back));
+        }
+    }
+}
+
+/// Writes `files` and a config, runs the import, and checks it fails naming
+/// every needle and leaving no output directory.
+fn refused(files: &[(&str, &str)], config: &str, needles: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(tmp.path().join(name), text).unwrap();
+    }
+    std::fs::write(tmp.path().join("g.toml"), config).unwrap();
+    hetgnn(
+        tmp.path(),
+        &["import", "tables", "--config", "g.toml", "--out", "out"],
+    )
+    .fails_with(1, needles);
+    assert!(
+        !tmp.path().join("out").exists(),
+        "a failed import left its output"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "a failed import left {leftovers:?}");
+}
+
+const NODES: &str = "id,x,y,split\na,1,0,train\nb,2,1,valid\nc,3,1,test\n";
+
+fn config(features: &str, edges: &str) -> String {
+    format!(
+        "[[nodes]]\ntype = \"p\"\nfiles = [\"n.csv\"]\nid = \"id\"\n{features}\n[nodes.label]\ncolumn = \"y\"\n[nodes.split]\ncolumn = \"split\"\n{edges}"
+    )
+}
+
+const X: &str = "[[nodes.features]]\ncolumns = [\"x\"]\n";
+const EDGES: &str = "[[edges]]\nrelation = [\"p\", \"cites\", \"p\"]\nfiles = [\"e.csv\"]\nsource = \"s\"\ndestination = \"d\"\n";
+
+#[test]
+fn bad_tables_are_refused_naming_file_row_and_column() {
+    // A column the config names is not in the table.
+    refused(
+        &[("n.csv", NODES)],
+        &config("[[nodes.features]]\ncolumns = [\"z\"]\n", ""),
+        &[
+            "n.csv",
+            "column 'z'",
+            "no such column (the table has: id, x, y, split)",
+        ],
+    );
+    // Text where a number is expected.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,two,1,valid\nc,3,1,test\n",
+        )],
+        &config(X, ""),
+        &["n.csv, row 2, column 'x'", "'two' is not a number"],
+    );
+    // Non-finite numbers.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,2,1,valid\nc,inf,1,test\n",
+        )],
+        &config(X, ""),
+        &["n.csv, row 3, column 'x'", "inf is not a finite number"],
+    );
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,NaN,0,train\nb,2,1,valid\nc,3,1,test\n",
+        )],
+        &config(
+            "[[nodes.features]]\ncolumns = [\"x\"]\ntransform = \"standard\"\n",
+            "",
+        ),
+        &["row 1, column 'x'", "NaN is not a finite number"],
+    );
+    // A missing value with no declared fill.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,,1,valid\nc,3,1,test\n",
+        )],
+        &config(X, ""),
+        &["row 2, column 'x'", "missing value (declare a `fill`"],
+    );
+    // Duplicate node ids.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,2,1,valid\na,3,1,test\n",
+        )],
+        &config(X, ""),
+        &["n.csv, row 3, column 'id'", "duplicate id 'a'"],
+    );
+    // A label column with too many classes.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,u,train\nb,2,v,valid\nc,3,w,test\n",
+        )],
+        &config(X, "").replace("column = \"y\"", "column = \"y\"\nmax_classes = 2"),
+        &["row 3, column 'y'", "more than 2 distinct classes"],
+    );
+    // An empty split.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,2,1,train\nc,3,1,test\n",
+        )],
+        &config(X, ""),
+        &["n.csv", "column 'y'", "the valid split is empty"],
+    );
+    // A split value that is not a split.
+    refused(
+        &[(
+            "n.csv",
+            "id,x,y,split\na,1,0,train\nb,2,1,dev\nc,3,1,test\n",
+        )],
+        &config(X, ""),
+        &["row 2, column 'split'", "'dev' is not train, valid or test"],
+    );
+    // Floating-point ids.
+    refused(
+        &[("n.csv", NODES)],
+        &config(X, "")
+            .replace("id = \"id\"", "id = \"x\"")
+            .replace("columns = [\"x\"]", "columns = [\"id\"]"),
+        &["n.csv, row 1, column 'id'", "'a' is not a number"],
+    );
+    // An edge naming an unknown node.
+    refused(
+        &[("n.csv", NODES), ("e.csv", "s,d\na,b\nb,zz\n")],
+        &config(X, EDGES),
+        &[
+            "e.csv, row 2, column 'd'",
+            "id 'zz' is not in the node table of 'p'",
+            "unknown_ids = \"drop\"",
+        ],
+    );
+    // A ragged CSV row.
+    refused(
+        &[("n.csv", NODES), ("e.csv", "s,d\na,b\nb,c,a\n")],
+        &config(X, EDGES),
+        &["e.csv", "3 fields where the header has 2"],
+    );
+    // A file of unknown format, and a missing file.
+    refused(
+        &[("n.csv", NODES), ("e.txt", "s,d\n")],
+        &config(X, &EDGES.replace("e.csv", "e.txt")),
+        &["e.txt", "unknown table format"],
+    );
+    refused(
+        &[("n.csv", NODES)],
+        &config(X, EDGES),
+        &["e.csv", "No such file"],
+    );
+    // Configuration mistakes: an unknown key, a numeric fill for a category, two label types.
+    refused(
+        &[("n.csv", NODES)],
+        &config(
+            "[[nodes.features]]\ncolumns = [\"x\"]\ntransfrom = \"standard\"\n",
+            "",
+        ),
+        &["g.toml", "unknown field `transfrom`"],
+    );
+    refused(
+        &[("n.csv", NODES)],
+        &config(
+            "[[nodes.features]]\ncolumns = [\"x\"]\ntransform = \"one-hot\"\nfill = 3\n",
+            "",
+        ),
+        &["g.toml", "must be a category name"],
+    );
+    refused(
+        &[("n.csv", NODES)],
+        "[[nodes]]\ntype = \"p\"\nfiles = [\"n.csv\"]\nid = \"id\"\n",
+        &["g.toml", "no node table has a [nodes.label]"],
+    );
+}
