@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::Progress as _;
+use tables::config::FileFormat;
+use tables::results::NodeNames;
 
 use crate::output::{Kind, Output};
 
@@ -17,15 +19,31 @@ use crate::output::{Kind, Output};
 pub struct EmbedArgs {
     #[command(flatten)]
     model: crate::predict::ModelArgs,
-    /// Output directory: `<type>.npy` (float32, [nodes, width]) per node type.
+    /// Output directory: one file per node type, `<type>.npy` (float32, [nodes, width]),
+    /// or `<type>.csv` / `<type>.parquet` with `--format`.
     #[arg(long)]
     out: PathBuf,
+    /// File format: `npy` (rows in node order), or `csv` / `parquet` (columns `id`,
+    /// the original ids of a graph imported from tables, then `e0`, `e1`, ...).
+    #[arg(long, value_enum, default_value_t = EmbedFormat::Npy)]
+    format: EmbedFormat,
     /// Destination nodes computed at a time.
     #[arg(long, default_value_t = 4096)]
     batch: usize,
     /// Replace the output directory if it exists.
     #[arg(long)]
     force: bool,
+}
+
+/// Output formats of `embed`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum EmbedFormat {
+    /// One float32 `.npy` per type.
+    Npy,
+    /// One CSV table per type.
+    Csv,
+    /// One Parquet table per type.
+    Parquet,
 }
 
 pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
@@ -66,10 +84,28 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
     for (t, r) in rows.iter().enumerate() {
         let Some(r) = r else { continue };
         let nt = &g.node_types()[t];
-        let path = dir.path().join(format!("{}.npy", nt.name));
-        let mut w = NpyWriter::create(&path, NpyType::F32, &[u64::from(nt.count), r.width as u64])?;
-        w.write_f32(&r.data)?;
-        w.finish()?;
+        let table = match a.format {
+            EmbedFormat::Npy => None,
+            EmbedFormat::Csv => Some((FileFormat::Csv, "csv")),
+            EmbedFormat::Parquet => Some((FileFormat::Parquet, "parquet")),
+        };
+        match table {
+            None => {
+                let path = dir.path().join(format!("{}.npy", nt.name));
+                let mut w =
+                    NpyWriter::create(&path, NpyType::F32, &[u64::from(nt.count), r.width as u64])?;
+                w.write_f32(&r.data)?;
+                w.finish()?;
+            }
+            Some((format, ext)) => {
+                let path = dir.path().join(format!("{}.{ext}", nt.name));
+                let names = NodeNames::load(a.model.data(), &nt.name, nt.count)?;
+                let nodes: Vec<u32> = (0..nt.count).collect();
+                crate::predict::write_embedding_table(
+                    &path, format, &names, &nodes, &r.data, r.width,
+                )?;
+            }
+        }
         written.push(format!("{} [{}, {}]", nt.name, nt.count, r.width));
     }
     dir.commit()?;

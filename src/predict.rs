@@ -11,11 +11,12 @@ use candle_core::{DType, Device};
 use clap::Args;
 
 use crate::output::{Kind, Output};
-use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::{LoadOptions, Sampler};
 use models::checkpoint;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
+use tables::results::{result_format, NodeNames, ResultFormat};
+use tables::write::{ColumnData, ColumnType, TableWriter};
 
 /// A trained model's inputs, shared by `predict` and `embed`.
 #[derive(Args)]
@@ -30,6 +31,11 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The graph directory.
+    pub fn data(&self) -> &std::path::Path {
+        &self.data
+    }
+
     /// The inputs as `(flag, path)`, for checking outputs against them.
     pub fn inputs(&self) -> [(&str, &std::path::Path); 2] {
         [("--checkpoint", &self.checkpoint), ("--data", &self.data)]
@@ -72,12 +78,22 @@ impl ModelArgs {
 pub struct PredictArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Output: predicted class per target node (int64 .npy).
+    /// Output: the predicted class per target node. `.npy`: int64 in node order;
+    /// `.csv` or `.parquet`: columns `id` (the original ids of a graph imported
+    /// from tables), `class` and, when the classes had names, `class_name`.
     #[arg(long)]
     out: PathBuf,
-    /// Also write the final-layer input embeddings (float32 .npy, [nodes, width]).
+    /// Also write the final-layer input embeddings: `.npy` (float32, [nodes, width]),
+    /// or `.csv` / `.parquet` (columns `id`, `e0`, `e1`, ...).
     #[arg(long)]
     embeddings: Option<PathBuf>,
+    /// Only the nodes listed in this table (`.csv`, `.csv.gz` or `.parquet`), in its
+    /// order; they get the predictions a run over every node gives them.
+    #[arg(long)]
+    ids: Option<PathBuf>,
+    /// The column of `--ids` that holds the node ids.
+    #[arg(long, default_value = "id", requires = "ids")]
+    ids_column: String,
     /// Seeds per inference batch.
     #[arg(long, default_value_t = 4096)]
     batch: usize,
@@ -143,6 +159,13 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
+    let out_format = result_format(&a.out).map_err(anyhow::Error::msg)?;
+    let emb_format = a
+        .embeddings
+        .as_deref()
+        .map(result_format)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let mut outputs = vec![Output {
         flag: "--out",
         path: &a.out,
@@ -153,59 +176,139 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         path: p,
         kind: Kind::File,
     }));
-    crate::output::check(&outputs, a.force, &a.model.inputs())?;
+    let mut inputs = a.model.inputs().to_vec();
+    if let Some(ids) = &a.ids {
+        inputs.push(("--ids", ids));
+    }
+    crate::output::check(&outputs, a.force, &inputs)?;
     let (model, g, manifest) = a.model.load()?;
     let dir = manifest.dir.clone();
     if manifest.spec.link.is_some() {
         bail!("{}: this checkpoint was trained for link prediction and predicts no classes; `hetgnn embed` writes its node embeddings", dir.display());
     }
-    let n = g.node_type(g.target()).count;
-    let ids: Vec<u32> = (0..n).collect();
+    let target = g.node_type(g.target());
+    let n = target.count;
+    let names = NodeNames::load(&a.model.data, &target.name, n)?;
+    let wanted: Vec<u32> = match &a.ids {
+        Some(path) => names.read(path, &a.ids_column)?,
+        None => (0..n).collect(),
+    };
+    // The batches a run over every node makes, restricted to those holding a
+    // wanted node: each node gets the neighbourhood sample it gets there.
+    let mut steps: Vec<usize> = wanted.iter().map(|&w| w as usize / a.batch).collect();
+    steps.dedup();
+    steps.sort_unstable();
+    steps.dedup();
     let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;
-    let mut preds = NpyWriter::create(&a.out, NpyType::I64, &[u64::from(n)])?;
-    let mut emb_writer: Option<NpyWriter> = None;
-    for (step, seeds) in ids.chunks(a.batch).enumerate() {
+    let mut preds = vec![-1i64; n as usize];
+    let mut emb_rows: Vec<Vec<f32>> = Vec::new();
+    let mut width = 0;
+    for step in steps {
+        let seeds: Vec<u32> = (step * a.batch..((step + 1) * a.batch).min(n as usize))
+            .map(|s| s as u32)
+            .collect();
         let mb = sample(
             &mut sampler,
             model.uses_neighbors(),
             manifest.epochs_done,
             step as u64,
-            seeds,
+            &seeds,
         )?;
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
         let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
-        let p: Vec<i64> = logits
-            .argmax(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(i64::from)
-            .collect();
-        preds.write_i64(&p)?;
-        if let Some(path) = &a.embeddings {
+        let p = logits.argmax(1)?.to_vec1::<u32>()?;
+        for (s, c) in seeds.iter().zip(p) {
+            preds[*s as usize] = i64::from(c);
+        }
+        if a.embeddings.is_some() {
             let emb = emb.to_dtype(DType::F32)?;
-            if emb_writer.is_none() {
-                emb_writer = Some(NpyWriter::create(
-                    path,
-                    NpyType::F32,
-                    &[u64::from(n), emb.dims2()?.1 as u64],
-                )?);
+            width = emb.dims2()?.1;
+            if emb_rows.is_empty() {
+                emb_rows = vec![Vec::new(); n as usize];
             }
-            let w = emb_writer.as_mut().expect("created above");
-            w.write_f32(&emb.flatten_all()?.to_vec1::<f32>()?)?;
+            let flat = emb.flatten_all()?.to_vec1::<f32>()?;
+            for (k, s) in seeds.iter().enumerate() {
+                emb_rows[*s as usize] = flat[k * width..(k + 1) * width].to_vec();
+            }
         }
     }
-    preds.finish()?;
-    if let Some(w) = emb_writer {
-        w.finish()?;
+    let classes: Vec<i64> = wanted.iter().map(|&w| preds[w as usize]).collect();
+    match out_format {
+        ResultFormat::Npy => graphs::npy::write_i64(&a.out, &[classes.len() as u64], &classes)?,
+        ResultFormat::Table(f) => {
+            let mut columns = vec![
+                ("id".to_string(), names.column_type()),
+                ("class".into(), ColumnType::Int),
+            ];
+            let mut data = vec![
+                names.column(&wanted),
+                ColumnData::Int(classes.iter().map(|&c| Some(c)).collect()),
+            ];
+            if !names.classes().is_empty() {
+                columns.push(("class_name".into(), ColumnType::Text));
+                data.push(ColumnData::Text(
+                    classes
+                        .iter()
+                        .map(|&c| names.classes().get(c as usize).cloned())
+                        .collect(),
+                ));
+            }
+            let mut w = TableWriter::create(&a.out, f, &columns)?;
+            w.write(data)?;
+            w.finish()?;
+        }
+    }
+    if let (Some(path), Some(format)) = (&a.embeddings, emb_format) {
+        let flat: Vec<f32> = wanted
+            .iter()
+            .flat_map(|&w| emb_rows[w as usize].iter().copied())
+            .collect();
+        match format {
+            ResultFormat::Npy => {
+                graphs::npy::write_f32(path, &[wanted.len() as u64, width as u64], &flat)?
+            }
+            ResultFormat::Table(f) => {
+                write_embedding_table(path, f, &names, &wanted, &flat, width)?
+            }
+        }
     }
     sayln!(
-        "wrote predictions for {n} {} nodes to {} (checkpoint {})",
-        g.node_type(g.target()).name,
+        "wrote predictions for {} {} nodes to {} (checkpoint {})",
+        wanted.len(),
+        target.name,
         a.out.display(),
         dir.display()
     );
     if let Some(p) = &a.embeddings {
         sayln!("wrote embeddings to {}", p.display());
     }
+    Ok(())
+}
+
+/// Writes embedding rows (`width` floats per node of `nodes`) as a table with an id column.
+pub fn write_embedding_table(
+    path: &std::path::Path,
+    format: tables::config::FileFormat,
+    names: &NodeNames,
+    nodes: &[u32],
+    rows: &[f32],
+    width: usize,
+) -> anyhow::Result<()> {
+    let mut columns = vec![("id".to_string(), names.column_type())];
+    columns.extend((0..width).map(|j| (format!("e{j}"), ColumnType::Float32)));
+    let mut w = TableWriter::create(path, format, &columns)?;
+    for (k, chunk) in nodes.chunks(1 << 16).enumerate() {
+        let base = k << 16;
+        let mut data = vec![names.column(chunk)];
+        for j in 0..width {
+            data.push(ColumnData::Float32(
+                (0..chunk.len())
+                    .map(|i| rows[(base + i) * width + j])
+                    .collect(),
+            ));
+        }
+        w.write(data)?;
+    }
+    w.finish()?;
     Ok(())
 }

@@ -386,3 +386,166 @@ fn bad_tables_are_refused_naming_file_row_and_column() {
         &["g.toml", "no node table has a [nodes.label]"],
     );
 }
+
+fn npy_i64(path: &Path) -> Vec<i64> {
+    let f = graphs::npy::NpyFile::open(path, graphs::npy::DType::I64).unwrap();
+    (0..f.len()).map(|i| f.i64_at(i)).collect()
+}
+
+fn csv_rows(path: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn predict_and_embed_write_tables_under_the_original_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = example();
+    hetgnn(
+        tmp.path(),
+        &[
+            "import",
+            "tables",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            "shop",
+        ],
+    )
+    .ok();
+    hetgnn(
+        tmp.path(),
+        &[
+            "train",
+            "--data",
+            "shop",
+            "--epochs",
+            "2",
+            "--checkpoint",
+            "ck",
+        ],
+    )
+    .ok();
+    let predict = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "shop",
+            "--batch",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        hetgnn(tmp.path(), &args)
+    };
+    predict(&["--out", "p.npy"]).ok();
+    predict(&["--out", "p.csv", "--embeddings", "e.csv"]).ok();
+    predict(&["--out", "p.parquet"]).ok();
+    let classes = npy_i64(&tmp.path().join("p.npy"));
+    let rows = csv_rows(&tmp.path().join("p.csv"));
+    assert_eq!(rows[0], ["id", "class", "class_name"]);
+    let ids: Vec<String> = std::fs::read_to_string(tmp.path().join("shop/nodes/account/ids.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    assert_eq!(rows.len(), classes.len() + 1);
+    let names = ["high", "low", "medium"];
+    for (i, r) in rows[1..].iter().enumerate() {
+        assert_eq!(r[0], ids[i]);
+        assert_eq!(r[1], classes[i].to_string());
+        assert_eq!(r[2], names[classes[i] as usize]);
+    }
+    // A subset named by original ids, in its own order, gets the same answers.
+    std::fs::write(
+        tmp.path().join("want.csv"),
+        "account_id,other\nacct-0899,x\nacct-0003,y\nacct-0100,z\n",
+    )
+    .unwrap();
+    predict(&[
+        "--out",
+        "sub.csv",
+        "--ids",
+        "want.csv",
+        "--ids-column",
+        "account_id",
+    ])
+    .ok();
+    let sub = csv_rows(&tmp.path().join("sub.csv"));
+    let full = |id: &str| rows.iter().find(|r| r[0] == id).unwrap().clone();
+    assert_eq!(
+        sub[1..],
+        [full("acct-0899"), full("acct-0003"), full("acct-0100")]
+    );
+    std::fs::write(tmp.path().join("bad.csv"), "id\nacct-0001\nacct-9999\n").unwrap();
+    predict(&["--out", "bad.csv.out.csv", "--ids", "bad.csv"]).fails_with(
+        1,
+        &[
+            "bad.csv, row 2, column 'id'",
+            "'acct-9999' is not a node of this type",
+        ],
+    );
+    predict(&["--out", "p.txt"]).fails_with(1, &["name the output .npy, .csv or .parquet"]);
+    // `embed` as tables: the same numbers as the .npy files, under the original ids.
+    hetgnn(
+        tmp.path(),
+        &[
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "shop",
+            "--out",
+            "emb-npy",
+        ],
+    )
+    .ok();
+    hetgnn(
+        tmp.path(),
+        &[
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "shop",
+            "--out",
+            "emb-csv",
+            "--format",
+            "csv",
+        ],
+    )
+    .ok();
+    hetgnn(
+        tmp.path(),
+        &[
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "shop",
+            "--out",
+            "emb-pq",
+            "--format",
+            "parquet",
+        ],
+    )
+    .ok();
+    let f = graphs::npy::NpyFile::open(
+        &tmp.path().join("emb-npy/device.npy"),
+        graphs::npy::DType::F32,
+    )
+    .unwrap();
+    let want = f.to_f32_vec();
+    let width = f.shape()[1] as usize;
+    let rows = csv_rows(&tmp.path().join("emb-csv/device.csv"));
+    assert_eq!(rows[1][0], "dev-180");
+    for (i, r) in rows[1..].iter().enumerate() {
+        let got: Vec<f32> = r[1..].iter().map(|v| v.parse().unwrap()).collect();
+        assert_eq!(got, want[i * width..(i + 1) * width], "row {i}");
+    }
+    assert!(tmp.path().join("emb-pq/account.parquet").exists());
+}

@@ -3,19 +3,11 @@
 //! into the same graph. Gives users a worked sample of the table layout, and
 //! the tests and benchmarks their round trips.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema as ArrowSchema};
 use graphs::format::{paths, AtomicDir};
 use graphs::npy::{DType, NpyFile};
 use graphs::{Progress, Schema};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 
 use crate::config::{
     EdgeTable, FeatureSpec, FileFormat, LabelSpec, NodeTable, SplitSpec, TablesConfig, Transform,
@@ -23,6 +15,7 @@ use crate::config::{
 };
 use crate::error::{Result, TableError};
 use crate::source::CHUNK_ROWS;
+use crate::write::{ColumnData, ColumnType, TableWriter};
 
 /// The configuration file written by [`export_tables`].
 pub const CONFIG_FILE: &str = "graph.toml";
@@ -60,29 +53,46 @@ pub fn export_tables(
         } else {
             (Vec::new(), Vec::new())
         };
-        let mut columns = vec!["id".to_string()];
-        columns.extend((0..dim).map(|j| format!("f{j}")));
+        let mut columns = vec![("id".to_string(), ColumnType::Text)];
+        columns.extend((0..dim).map(|j| (format!("f{j}"), ColumnType::Float32)));
         if target {
-            columns.extend(["label".to_string(), "split".to_string()]);
+            columns.push(("label".to_string(), ColumnType::Int));
+            columns.push(("split".to_string(), ColumnType::Text));
         }
-        let mut w = TableWriter::create(&dir.path().join(&file), format, &columns, dim, target)?;
+        let mut w = TableWriter::create(&dir.path().join(&file), format, &columns)?;
         progress.start(&format!("{t} table"), ts.count);
         let bytes: &[u8] = features.as_ref().map_or(&[], |f| f.data());
         let mut start = 0u64;
         while start < ts.count {
             let end = (start + CHUNK_ROWS as u64).min(ts.count);
             let rows = start as usize..end as usize;
-            let ids: Vec<String> = rows.clone().map(|i| format!("{t}-{i}")).collect();
+            let mut cols = vec![ColumnData::Text(
+                rows.clone().map(|i| Some(format!("{t}-{i}"))).collect(),
+            )];
             let f: Vec<f32> = bytes[rows.start * dim * 4..rows.end * dim * 4]
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            let (l, s) = if target {
-                (&labels[rows.clone()], &split[rows.clone()])
-            } else {
-                (&[][..], &[][..])
-            };
-            w.write_nodes(&ids, &f, l, s)?;
+            for j in 0..dim {
+                cols.push(ColumnData::Float32(
+                    f.iter().skip(j).step_by(dim).copied().collect(),
+                ));
+            }
+            if target {
+                cols.push(ColumnData::Int(
+                    labels[rows.clone()]
+                        .iter()
+                        .map(|&l| (l >= 0).then_some(l))
+                        .collect(),
+                ));
+                cols.push(ColumnData::Text(
+                    split[rows.clone()]
+                        .iter()
+                        .map(|s| (!s.is_empty()).then(|| s.to_string()))
+                        .collect(),
+                ));
+            }
+            w.write(cols)?;
             progress.advance(end - start);
             start = end;
         }
@@ -128,21 +138,21 @@ pub fn export_tables(
         let mut w = TableWriter::create(
             &dir.path().join(&file),
             format,
-            &["src".into(), "dst".into()],
-            0,
-            false,
+            &[
+                ("src".into(), ColumnType::Text),
+                ("dst".into(), ColumnType::Text),
+            ],
         )?;
         progress.start(&format!("{canonical} table"), r.count);
         let mut start = 0;
         while start < e {
             let end = (start + CHUNK_ROWS).min(e);
-            let src: Vec<String> = (start..end)
-                .map(|i| format!("{}-{}", r.src, f.i64_at(i)))
-                .collect();
-            let dst: Vec<String> = (start..end)
-                .map(|i| format!("{}-{}", r.dst, f.i64_at(e + i)))
-                .collect();
-            w.write_edges(&src, &dst)?;
+            let src = (start..end).map(|i| Some(format!("{}-{}", r.src, f.i64_at(i))));
+            let dst = (start..end).map(|i| Some(format!("{}-{}", r.dst, f.i64_at(e + i))));
+            w.write(vec![
+                ColumnData::Text(src.collect()),
+                ColumnData::Text(dst.collect()),
+            ])?;
             progress.advance((end - start) as u64);
             start = end;
         }
@@ -185,138 +195,4 @@ fn read_labels(graph: &Path, t: &str, count: u64) -> Result<(Vec<i64>, Vec<&'sta
         }
     }
     Ok((labels, split))
-}
-
-/// Writes rows to a CSV or Parquet file.
-enum TableWriter {
-    Csv(csv::Writer<BufWriter<File>>, PathBuf),
-    Parquet(ArrowWriter<File>, Arc<ArrowSchema>, PathBuf),
-}
-
-impl TableWriter {
-    fn create(
-        path: &Path,
-        format: FileFormat,
-        columns: &[String],
-        dim: usize,
-        target: bool,
-    ) -> Result<TableWriter> {
-        let file = File::create(path).map_err(|e| TableError::io(path, e))?;
-        Ok(match format {
-            FileFormat::Csv => {
-                let mut w = csv::Writer::from_writer(BufWriter::with_capacity(1 << 20, file));
-                w.write_record(columns).map_err(|e| csv_io(path, e))?;
-                TableWriter::Csv(w, path.to_path_buf())
-            }
-            FileFormat::Parquet => {
-                let mut fields = Vec::new();
-                for (j, c) in columns.iter().enumerate() {
-                    let ty = if j == 0 || c == "src" || c == "dst" || c == "split" {
-                        DataType::Utf8
-                    } else if target && j == dim + 1 {
-                        DataType::Int64
-                    } else {
-                        DataType::Float32
-                    };
-                    fields.push(Field::new(c, ty, true));
-                }
-                let schema = Arc::new(ArrowSchema::new(fields));
-                let props = WriterProperties::builder()
-                    .set_compression(Compression::SNAPPY)
-                    .build();
-                let w = ArrowWriter::try_new(file, schema.clone(), Some(props))
-                    .map_err(|e| TableError::file(path, e.to_string()))?;
-                TableWriter::Parquet(w, schema, path.to_path_buf())
-            }
-        })
-    }
-
-    fn write_nodes(
-        &mut self,
-        ids: &[String],
-        feats: &[f32],
-        labels: &[i64],
-        split: &[&str],
-    ) -> Result<()> {
-        let dim = if ids.is_empty() {
-            0
-        } else {
-            feats.len() / ids.len()
-        };
-        match self {
-            TableWriter::Csv(w, path) => {
-                let mut rec: Vec<String> = Vec::with_capacity(dim + 3);
-                for (i, id) in ids.iter().enumerate() {
-                    rec.clear();
-                    rec.push(id.clone());
-                    rec.extend(feats[i * dim..(i + 1) * dim].iter().map(|v| v.to_string()));
-                    if !labels.is_empty() {
-                        rec.push(if labels[i] < 0 {
-                            String::new()
-                        } else {
-                            labels[i].to_string()
-                        });
-                        rec.push(split[i].to_string());
-                    }
-                    w.write_record(&rec).map_err(|e| csv_io(path, e))?;
-                }
-                Ok(())
-            }
-            TableWriter::Parquet(w, schema, path) => {
-                let mut cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from_iter_values(ids))];
-                for j in 0..dim {
-                    cols.push(Arc::new(Float32Array::from_iter_values(
-                        (0..ids.len()).map(|i| feats[i * dim + j]),
-                    )));
-                }
-                if !labels.is_empty() {
-                    cols.push(Arc::new(Int64Array::from_iter(
-                        labels.iter().map(|&l| (l >= 0).then_some(l)),
-                    )));
-                    cols.push(Arc::new(StringArray::from_iter(
-                        split.iter().map(|s| (!s.is_empty()).then_some(*s)),
-                    )));
-                }
-                let batch = RecordBatch::try_new(schema.clone(), cols)
-                    .map_err(|e| TableError::file(path, e.to_string()))?;
-                w.write(&batch)
-                    .map_err(|e| TableError::file(path, e.to_string()))
-            }
-        }
-    }
-
-    fn write_edges(&mut self, src: &[String], dst: &[String]) -> Result<()> {
-        match self {
-            TableWriter::Csv(w, path) => {
-                for (s, d) in src.iter().zip(dst) {
-                    w.write_record([s, d]).map_err(|e| csv_io(path, e))?;
-                }
-                Ok(())
-            }
-            TableWriter::Parquet(w, schema, path) => {
-                let cols: Vec<ArrayRef> = vec![
-                    Arc::new(StringArray::from_iter_values(src)),
-                    Arc::new(StringArray::from_iter_values(dst)),
-                ];
-                let batch = RecordBatch::try_new(schema.clone(), cols)
-                    .map_err(|e| TableError::file(path, e.to_string()))?;
-                w.write(&batch)
-                    .map_err(|e| TableError::file(path, e.to_string()))
-            }
-        }
-    }
-
-    fn finish(self) -> Result<()> {
-        match self {
-            TableWriter::Csv(mut w, path) => w.flush().map_err(|e| TableError::io(&path, e)),
-            TableWriter::Parquet(w, _, path) => w
-                .close()
-                .map(|_| ())
-                .map_err(|e| TableError::file(&path, e.to_string())),
-        }
-    }
-}
-
-fn csv_io(path: &Path, e: csv::Error) -> TableError {
-    TableError::io(path, std::io::Error::other(e.to_string()))
 }

@@ -14,8 +14,10 @@ pub mod export;
 pub mod ids;
 pub mod import;
 pub mod labels;
+pub mod results;
 pub mod source;
 pub mod transform;
+pub mod write;
 
 pub use config::TablesConfig;
 pub use error::{Result, TableError};

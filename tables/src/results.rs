@@ -1,0 +1,180 @@
+//! Results under the original ids: which nodes a table names, and the id
+//! column of a result table. A graph imported from tables keeps its original
+//! ids (`nodes/<type>/ids.csv`); any other graph's nodes are named by their
+//! dense ids.
+
+use std::path::Path;
+
+use crate::config::{format_of, FileFormat};
+use crate::error::{Result, TableError};
+use crate::ids::{IdKind, IdMap};
+use crate::import::{ids_path, ImportRecord, TABLES_FILE};
+use crate::source::TableReader;
+use crate::write::{ColumnData, ColumnType};
+
+/// Largest `tables.json` read.
+const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+/// How results are written, from the output file's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultFormat {
+    /// A bare `.npy` array in node order (no ids).
+    Npy,
+    /// A table with an id column.
+    Table(FileFormat),
+}
+
+/// The format of a result file named `path`: `.npy`, `.csv` or `.parquet`.
+pub fn result_format(path: &Path) -> std::result::Result<ResultFormat, String> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".npy") {
+        return Ok(ResultFormat::Npy);
+    }
+    if name.ends_with(".gz") {
+        return Err(format!(
+            "{}: results are not written gzipped; name it .csv, .parquet or .npy",
+            path.display()
+        ));
+    }
+    format_of(path).map(ResultFormat::Table).ok_or_else(|| {
+        format!(
+            "{}: name the output .npy, .csv or .parquet (the extension picks the format)",
+            path.display()
+        )
+    })
+}
+
+/// The names of one node type's nodes.
+#[derive(Debug)]
+pub struct NodeNames {
+    count: u32,
+    map: Option<IdMap>,
+    classes: Vec<String>,
+}
+
+impl NodeNames {
+    /// The names of `ntype`'s `count` nodes in graph directory `graph`.
+    pub fn load(graph: &Path, ntype: &str, count: u32) -> Result<NodeNames> {
+        let rpath = graph.join(TABLES_FILE);
+        if !rpath.exists() {
+            return Ok(NodeNames {
+                count,
+                map: None,
+                classes: Vec::new(),
+            });
+        }
+        let meta = std::fs::metadata(&rpath).map_err(|e| TableError::io(&rpath, e))?;
+        if meta.len() > MAX_RECORD_BYTES {
+            return Err(TableError::file(
+                &rpath,
+                format!("{} bytes is more than an import record holds", meta.len()),
+            ));
+        }
+        let text = std::fs::read_to_string(&rpath).map_err(|e| TableError::io(&rpath, e))?;
+        let record: ImportRecord = serde_json::from_str(&text)
+            .map_err(|e| TableError::file(&rpath, format!("not an import record: {e}")))?;
+        let Some(t) = record.types.iter().find(|t| t.ntype == ntype) else {
+            return Err(TableError::file(&rpath, format!("no node type '{ntype}'")));
+        };
+        let ipath = ids_path(graph, ntype);
+        let map = IdMap::read_csv(&ipath, t.id_kind)?;
+        if map.len() != count as usize {
+            return Err(TableError::file(
+                &ipath,
+                format!("{} ids for the {count} nodes of '{ntype}'", map.len()),
+            ));
+        }
+        Ok(NodeNames {
+            count,
+            map: Some(map),
+            classes: t.classes.clone(),
+        })
+    }
+
+    /// Whether the nodes have original ids (else they are named by dense ids).
+    pub fn original(&self) -> bool {
+        self.map.is_some()
+    }
+
+    /// Class names in class order, when the labels were names.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// The type of the id column.
+    pub fn column_type(&self) -> ColumnType {
+        match &self.map {
+            Some(m) if m.kind() == IdKind::Text => ColumnType::Text,
+            _ => ColumnType::Int,
+        }
+    }
+
+    /// The id column for dense ids `nodes`.
+    pub fn column(&self, nodes: &[u32]) -> ColumnData {
+        match &self.map {
+            None => ColumnData::Int(nodes.iter().map(|&n| Some(i64::from(n))).collect()),
+            Some(m) if m.kind() == IdKind::Int => ColumnData::Int(
+                nodes
+                    .iter()
+                    .map(|&n| m.original(n).and_then(|s| s.parse().ok()))
+                    .collect(),
+            ),
+            Some(m) => ColumnData::Text(nodes.iter().map(|&n| m.original(n)).collect()),
+        }
+    }
+
+    /// The dense ids of the nodes listed in column `column` of the table `path`,
+    /// in table order; an id the graph does not hold is refused with its row.
+    pub fn read(&self, path: &Path, column: &str) -> Result<Vec<u32>> {
+        let format = format_of(path).ok_or_else(|| {
+            TableError::file(
+                path,
+                "unknown table format: name it .csv, .csv.gz or .parquet",
+            )
+        })?;
+        let mut reader = TableReader::open(path, format, None, &[column])?;
+        let mut out = Vec::new();
+        while let Some(chunk) = reader.next_chunk()? {
+            let cells = &chunk.columns[0];
+            for i in 0..chunk.rows {
+                let row = chunk.first_row + i as u64;
+                let id = match &self.map {
+                    Some(m) => m.get(cells, i),
+                    None => cells
+                        .text(i)
+                        .and_then(|t| t.trim().parse::<u32>().ok())
+                        .filter(|&d| d < self.count),
+                };
+                match id {
+                    Some(d) => out.push(d),
+                    None if cells.is_missing(i) => {
+                        return Err(TableError::cell(path, row, column, "missing id"))
+                    }
+                    None => {
+                        return Err(TableError::cell(
+                            path,
+                            row,
+                            column,
+                            format!(
+                                "'{}' is not a node of this type{}",
+                                cells.text(i).unwrap_or_default().escape_debug(),
+                                if self.map.is_some() {
+                                    ""
+                                } else {
+                                    " (the graph has no original ids: give dense ids 0..count)"
+                                }
+                            ),
+                        ))
+                    }
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(TableError::file(path, "the table lists no nodes"));
+        }
+        Ok(out)
+    }
+}
