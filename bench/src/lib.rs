@@ -7,6 +7,7 @@ use graphs::generate::{generate, Like};
 use graphs::NoProgress;
 
 pub mod emulate;
+pub mod measure;
 
 /// Where generated graphs and partitions are kept: `$HETGNN_BENCH_DATA`, or
 /// the workspace's `target/bench-data/` (a path fixed at build time, so a

@@ -21,8 +21,17 @@ use parquet::arrow::ProjectionMask;
 use crate::config::FileFormat;
 use crate::error::{Result, TableError};
 
-/// Rows per chunk.
+/// Most rows per chunk.
 pub const CHUNK_ROWS: usize = 1 << 16;
+
+/// Most cells per chunk: a wide table (hundreds of feature columns) is read
+/// in fewer rows at a time, so a chunk stays within tens of megabytes.
+const CHUNK_CELLS: usize = 1 << 20;
+
+/// Rows per chunk for a table read through `columns` columns.
+fn chunk_rows(columns: usize) -> usize {
+    (CHUNK_CELLS / columns.max(1)).clamp(1024, CHUNK_ROWS)
+}
 
 /// Longest CSV record accepted, in bytes: larger is a broken file (an
 /// unterminated quote swallowing the rest), refused before it fills memory.
@@ -127,6 +136,7 @@ pub struct Chunk {
 /// Reads one table file chunk by chunk.
 pub struct TableReader {
     path: PathBuf,
+    chunk_rows: usize,
     next_row: u64,
     total: Option<u64>,
     inner: Inner,
@@ -217,7 +227,7 @@ impl TableReader {
                 let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
                 let reader = builder
                     .with_projection(mask)
-                    .with_batch_size(CHUNK_ROWS)
+                    .with_batch_size(chunk_rows(columns.len()))
                     .build()
                     .map_err(|e| {
                         TableError::file(path, format!("not a readable Parquet file: {e}"))
@@ -233,6 +243,7 @@ impl TableReader {
         };
         Ok(TableReader {
             path: path.to_path_buf(),
+            chunk_rows: chunk_rows(columns.len()),
             next_row: 1,
             total,
             inner,
@@ -248,6 +259,7 @@ impl TableReader {
     pub fn next_chunk(&mut self) -> Result<Option<Chunk>> {
         let first_row = self.next_row;
         let path = &self.path;
+        let max_rows = self.chunk_rows;
         let chunk = match &mut self.inner {
             Inner::Csv {
                 reader,
@@ -257,7 +269,7 @@ impl TableReader {
                 let mut cols: Vec<Vec<Option<String>>> =
                     index.iter().map(|_| Vec::with_capacity(1024)).collect();
                 let mut rows = 0;
-                while rows < CHUNK_ROWS {
+                while rows < max_rows {
                     let more = reader
                         .read_byte_record(record)
                         .map_err(|e| csv_error(path, e))?;

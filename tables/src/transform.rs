@@ -89,6 +89,43 @@ impl FittedBlock {
     /// Appends row `row` of `cells` (one entry per column) to `out`.
     pub fn apply(&self, cells: &[&Cells], row: usize, out: &mut Vec<f32>) -> Result<(), CellError> {
         for (c, col) in cells.iter().enumerate() {
+            let start = out.len();
+            self.apply_column(c, col, row, out)?;
+            // Finite inputs can still overflow a scale (a span beyond f64, a
+            // value beyond f32): refused here rather than found at training.
+            if let Some(v) = out[start..].iter().find(|v| !v.is_finite()) {
+                return Err((
+                    c,
+                    format!(
+                        "the {} transform gives {v} here: the value is out of range",
+                        self.fitted_name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn fitted_name(&self) -> &'static str {
+        match &self.fitted {
+            Fitted::None => "none",
+            Fitted::MinMax { .. } => "min-max",
+            Fitted::Standard { .. } => "standard",
+            Fitted::RankGauss { .. } => "rank-gauss",
+            Fitted::Bucketize { .. } => "bucketize",
+            Fitted::OneHot { .. } => "one-hot",
+            Fitted::MultiHot { .. } => "multi-hot",
+        }
+    }
+
+    fn apply_column(
+        &self,
+        c: usize,
+        col: &Cells,
+        row: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), CellError> {
+        {
             match &self.fitted {
                 Fitted::None => {
                     let v = match col.number_f32(row).map_err(|p| (c, p))? {
