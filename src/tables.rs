@@ -24,6 +24,10 @@ pub struct ImportTablesArgs {
     /// Graph name (default: the configuration's `name`, else the output directory's name).
     #[arg(long)]
     name: Option<String>,
+    /// Continue an earlier import (a graph directory made by `import tables`): keep its
+    /// nodes, edges and ids, reuse its fitted statistics and classes, and add these tables.
+    #[arg(long)]
+    like: Option<PathBuf>,
     /// Replace the output directory if it exists.
     #[arg(long)]
     force: bool,
@@ -67,6 +71,9 @@ pub fn import(args: &ImportTablesArgs) -> anyhow::Result<()> {
         .map(|f| base.join(f))
         .collect();
     let mut inputs: Vec<(&str, &Path)> = vec![("--config", &args.config)];
+    if let Some(like) = &args.like {
+        inputs.push(("--like", like));
+    }
     inputs.extend(files.iter().map(|f| ("(a table of --config)", f.as_path())));
     output::check(
         &[Output {
@@ -81,6 +88,7 @@ pub fn import(args: &ImportTablesArgs) -> anyhow::Result<()> {
     let opts = ImportOptions {
         name: args.name.clone(),
         overwrite: args.force,
+        like: args.like.clone(),
     };
     let (schema, record) = import_tables(&args.config, &args.out, &opts, &mut bar::Bars::new())
         .with_context(|| {

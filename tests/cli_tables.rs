@@ -549,3 +549,141 @@ fn predict_and_embed_write_tables_under_the_original_ids() {
     }
     assert!(tmp.path().join("emb-pq/account.parquet").exists());
 }
+
+/// The example's account and edge tables, pointed at other files: the same
+/// feature blocks, label and split, so it imports like the example.
+fn like_config(accounts: &str) -> String {
+    let example = std::fs::read_to_string(example()).unwrap();
+    let merchants = example.find("[[nodes]]\ntype = \"merchant\"").unwrap();
+    let edges = example.find("# Gzipped CSV").unwrap();
+    let mut cfg = format!("{}{}", &example[..merchants], &example[edges..]);
+    for (from, to) in [
+        ("accounts.csv", accounts),
+        ("transactions.csv.gz", "new_tx.csv"),
+        ("devices.csv", "new_devices.csv"),
+    ] {
+        cfg = cfg.replace(from, to);
+    }
+    cfg
+}
+
+#[test]
+fn an_import_like_an_earlier_one_keeps_its_nodes_and_statistics_and_appends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ex = example();
+    hetgnn(
+        tmp.path(),
+        &[
+            "import",
+            "tables",
+            "--config",
+            ex.to_str().unwrap(),
+            "--out",
+            "shop",
+        ],
+    )
+    .ok();
+    let write = |name: &str, text: &str| std::fs::write(tmp.path().join(name), text).unwrap();
+    write("new_accounts.csv", "account_id,age,balance,country,tags,signup_year,risk\nacct-new-1,18,,DE,vip,2024,high\nacct-new-2,99,5.0,XX,,2024,\n");
+    write(
+        "new_tx.csv",
+        "account,merchant,amount\nacct-new-1,m000,3.0\nacct-0001,m001,4.0\n",
+    );
+    write(
+        "new_devices.csv",
+        "account,device\nacct-new-2,dev-new\nacct-new-1,dev-180\n",
+    );
+    write("new.toml", &like_config("new_accounts.csv"));
+    let run = hetgnn(
+        tmp.path(),
+        &[
+            "import", "tables", "--config", "new.toml", "--like", "shop", "--out", "shop2",
+        ],
+    )
+    .ok();
+    assert!(
+        run.stdout().contains("1411 nodes, 4503 edges"),
+        "{}",
+        run.stdout()
+    );
+    let (a, b) = (tmp.path().join("shop"), tmp.path().join("shop2"));
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    // Old rows and ids unchanged, new ones appended.
+    let fa = graphs::npy::NpyFile::open(
+        &a.join("nodes/account/features.npy"),
+        graphs::npy::DType::F32,
+    )
+    .unwrap()
+    .to_f32_vec();
+    let fb = graphs::npy::NpyFile::open(
+        &b.join("nodes/account/features.npy"),
+        graphs::npy::DType::F32,
+    )
+    .unwrap()
+    .to_f32_vec();
+    assert_eq!(fb.len(), fa.len() + 2 * 12);
+    assert_eq!(fb[..fa.len()], fa[..]);
+    // acct-new-1: age 18 is the earlier minimum (min-max 0); DE is the first country;
+    // the unseen country XX of acct-new-2 is all zeros.
+    let new1 = &fb[fa.len()..fa.len() + 12];
+    let new2 = &fb[fa.len() + 12..];
+    assert_eq!(new1[0], 0.0);
+    assert_eq!(new1[2..7], [1.0, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!(new2[2..7], [0.0; 5]);
+    let ids_b = String::from_utf8(read(&b.join("nodes/account/ids.csv"))).unwrap();
+    assert!(ids_b.starts_with(&String::from_utf8(read(&a.join("nodes/account/ids.csv"))).unwrap()));
+    assert!(ids_b.ends_with("acct-new-1\nacct-new-2\n"), "{ids_b}");
+    assert!(String::from_utf8(read(&b.join("nodes/device/ids.csv")))
+        .unwrap()
+        .ends_with("dev-new\n"));
+    assert_eq!(
+        read(&b.join("nodes/merchant/features.npy")),
+        read(&a.join("nodes/merchant/features.npy"))
+    );
+    // The new labelled account (2024) is in test; the earlier splits are kept.
+    let test_a = npy_i64(&a.join("nodes/account/test.npy"));
+    let test_b = npy_i64(&b.join("nodes/account/test.npy"));
+    assert_eq!(test_b, [test_a.clone(), vec![900]].concat());
+    assert_eq!(npy_i64(&b.join("nodes/account/labels.npy"))[900..], [0, -1]);
+    assert_eq!(
+        npy_i64(&a.join("nodes/account/train.npy")),
+        npy_i64(&b.join("nodes/account/train.npy"))
+    );
+    hetgnn(tmp.path(), &["train", "--data", "shop2", "--epochs", "1"]).ok();
+
+    // A class the earlier import did not have, an account it already has, other transforms.
+    let refuse = |accounts: &str, cfg: String, needles: &[&str]| {
+        write("new_accounts.csv", accounts);
+        write("new.toml", &cfg);
+        hetgnn(
+            tmp.path(),
+            &[
+                "import", "tables", "--config", "new.toml", "--like", "shop", "--out", "shop3",
+            ],
+        )
+        .fails_with(1, needles);
+        assert!(!tmp.path().join("shop3").exists());
+    };
+    let header = "account_id,age,balance,country,tags,signup_year,risk\n";
+    refuse(
+        &format!("{header}acct-new-1,18,,DE,vip,2024,extreme\n"),
+        like_config("new_accounts.csv"),
+        &[
+            "row 1, column 'risk'",
+            "class 'extreme' is not one of the earlier import's classes (high, low, medium)",
+        ],
+    );
+    refuse(
+        &format!("{header}acct-0005,18,,DE,vip,2024,high\n"),
+        like_config("new_accounts.csv"),
+        &[
+            "row 1, column 'account_id'",
+            "'acct-0005' is already node 5 of 'account'",
+        ],
+    );
+    refuse(
+        &format!("{header}acct-new-1,18,,DE,vip,2024,high\n"),
+        like_config("new_accounts.csv").replace("\"min-max\"", "\"standard\""),
+        &["new.toml", "the feature blocks of 'account' differ"],
+    );
+}

@@ -17,6 +17,7 @@ use crate::config::{expand_files, FileFormat, NodeTable, SplitRule, TablesConfig
 use crate::error::{Result, TableError};
 use crate::ids::{Added, IdKind, IdMap};
 use crate::labels::{LabelCollector, Labelled};
+use crate::like::{Prior, Seed};
 use crate::source::{Cells, TableReader};
 use crate::transform::{FittedBlock, Fitter};
 
@@ -35,6 +36,9 @@ pub struct ImportOptions {
     pub name: Option<String>,
     /// Replace the output directory if it exists.
     pub overwrite: bool,
+    /// An earlier import to continue: its nodes, edges, ids, fitted statistics
+    /// and classes are kept, and these tables are added to them.
+    pub like: Option<PathBuf>,
 }
 
 /// What an import wrote and left out.
@@ -48,6 +52,9 @@ pub struct ImportRecord {
     pub types: Vec<TypeRecord>,
     /// Edges left out for naming an unknown node, per relation (only with `unknown_ids = "drop"`).
     pub dropped_edges: Vec<(String, u64)>,
+    /// The graph this import continued (`--like`), if any.
+    #[serde(default)]
+    pub like: Option<PathBuf>,
 }
 
 /// How one node type was imported.
@@ -95,22 +102,66 @@ pub fn import_tables(
         .map(|e| expand_files(base, &e.files, e.format))
         .collect::<Result<Vec<_>>>()?;
 
+    let mut prior = match &opts.like {
+        Some(d) => {
+            let p = Prior::load(d)?;
+            p.check(&cfg, config)?;
+            Some(p)
+        }
+        None => None,
+    };
+
     let dir = AtomicDir::create(out, opts.overwrite)?;
     let target = cfg.target().to_string();
+    // Node types in order: the earlier graph's, else the node tables' and
+    // then the types named only by edges, in order of appearance.
+    let mut order: Vec<String> = match &prior {
+        Some(p) => p.schema.node_types.iter().map(|(t, _)| t.clone()).collect(),
+        None => cfg.nodes.iter().map(|n| n.ntype.clone()).collect(),
+    };
+    for e in &cfg.edges {
+        for t in [&e.relation[0], &e.relation[2]] {
+            if !order.contains(t) {
+                order.push(t.clone());
+            }
+        }
+    }
+    let has_table = |t: &str, prior: &Option<Prior>| {
+        cfg.node_table(t).is_some() || prior.as_ref().is_some_and(|p| p.table(t).is_some())
+    };
     let mut types: Vec<(String, Option<NodeResult>)> = Vec::new();
     let mut maps: HashMap<String, IdMap> = HashMap::new();
-    for (table, files) in cfg.nodes.iter().zip(&node_files) {
-        dir.create_dir(&paths::node_dir(dir.path(), &table.ntype))?;
-        let mut r = import_nodes(table, files, dir.path(), progress)?;
+    for t in &order {
+        let new = cfg.nodes.iter().position(|n| &n.ntype == t);
+        // A type the earlier import had a table for, with no new table: carried over.
+        let table = match new {
+            Some(k) => Some((cfg.nodes[k].clone(), node_files[k].as_slice())),
+            None => prior
+                .as_ref()
+                .and_then(|p| p.table(t).cloned())
+                .map(|tb| (tb, &[][..])),
+        };
+        let Some((table, files)) = table else {
+            let map = prior
+                .as_mut()
+                .and_then(|p| p.take_map(t))
+                .unwrap_or_else(|| IdMap::new(IdKind::Text));
+            maps.insert(t.clone(), map);
+            types.push((t.clone(), None));
+            continue;
+        };
+        dir.create_dir(&paths::node_dir(dir.path(), t))?;
+        let seed = prior.as_mut().map(|p| p.seed(t)).transpose()?;
+        let mut r = import_nodes(&table, files, dir.path(), seed, prior.as_ref(), progress)?;
         if let Some(l) = &r.labelled {
             graphs::npy::write_i64(
-                &paths::labels(dir.path(), &table.ntype),
+                &paths::labels(dir.path(), t),
                 &[l.labels.len() as u64],
                 &l.labels,
             )?;
             for (name, ids) in ["train", "valid", "test"].iter().zip(&l.splits) {
                 let mut w = NpyWriter::create(
-                    &paths::split(dir.path(), &table.ntype, name),
+                    &paths::split(dir.path(), t, name),
                     DType::I64,
                     &[ids.len() as u64],
                 )?;
@@ -119,58 +170,70 @@ pub fn import_tables(
             }
         }
         maps.insert(
-            table.ntype.clone(),
+            t.clone(),
             std::mem::replace(&mut r.ids, IdMap::new(IdKind::Int)),
         );
-        types.push((table.ntype.clone(), Some(r)));
-    }
-    // Types named only by edges get their ids from the edges, in order of appearance.
-    for e in &cfg.edges {
-        for t in [&e.relation[0], &e.relation[2]] {
-            if !maps.contains_key(t) {
-                maps.insert(t.clone(), IdMap::new(IdKind::Text));
-                types.push((t.clone(), None));
-            }
-        }
+        types.push((t.clone(), Some(r)));
     }
 
     dir.create_dir(&dir.path().join("edges"))?;
+    // Relations in order: the earlier graph's, else the edge tables'.
+    let rel_order: Vec<[String; 3]> = match &prior {
+        Some(p) => p
+            .schema
+            .relations
+            .iter()
+            .map(|r| [r.src.clone(), r.name.clone(), r.dst.clone()])
+            .collect(),
+        None => cfg.edges.iter().map(|e| e.relation.clone()).collect(),
+    };
     let mut relations = Vec::new();
     let mut dropped_edges = Vec::new();
-    for (e, files) in cfg.edges.iter().zip(&edge_files) {
-        let [s, r, d] = &e.relation;
+    for rel in &rel_order {
+        let [s, r, d] = rel;
         let mut rs = RelationSchema {
             src: s.clone(),
             name: r.clone(),
             dst: d.clone(),
             count: 0,
         };
-        let from_table = [cfg.node_table(s).is_some(), cfg.node_table(d).is_some()];
+        let from_table = [has_table(s, &prior), has_table(d, &prior)];
         let mut edges = EdgeSpool::create(dir.path(), &rs.canonical())?;
+        if let Some(p) = &prior {
+            p.copy_edges(&rs.canonical(), |a, b| {
+                edges.push(a, b).map_err(|e| TableError::io(&p.dir, e))
+            })?;
+        }
         let mut dropped = 0u64;
-        for (path, format) in files {
-            let mut reader =
-                TableReader::open(path, *format, e.delimiter, &[&e.source, &e.destination])?;
-            progress.start(
-                &format!("{} {}", rs.canonical(), file_name(path)),
-                reader.total_rows().unwrap_or(0),
-            );
-            while let Some(chunk) = reader.next_chunk()? {
-                let (sc, dc) = (&chunk.columns[0], &chunk.columns[1]);
-                for i in 0..chunk.rows {
-                    let row = chunk.first_row + i as u64;
-                    let mut ends = [0u32; 2];
-                    let mut unknown = false;
-                    for (k, (cells, column, t)) in [(sc, &e.source, s), (dc, &e.destination, d)]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        if cells.is_missing(i) {
-                            return Err(TableError::cell(path, row, column, "missing id"));
-                        }
-                        let map = maps.get_mut(t).expect("every edge end has a map");
-                        if from_table[k] {
-                            match map.get(cells, i) {
+        let entry = cfg
+            .edges
+            .iter()
+            .zip(&edge_files)
+            .find(|(e, _)| &e.relation == rel);
+        for (e, files) in entry.into_iter() {
+            for (path, format) in files {
+                let mut reader =
+                    TableReader::open(path, *format, e.delimiter, &[&e.source, &e.destination])?;
+                progress.start(
+                    &format!("{} {}", rs.canonical(), file_name(path)),
+                    reader.total_rows().unwrap_or(0),
+                );
+                while let Some(chunk) = reader.next_chunk()? {
+                    let (sc, dc) = (&chunk.columns[0], &chunk.columns[1]);
+                    for i in 0..chunk.rows {
+                        let row = chunk.first_row + i as u64;
+                        let mut ends = [0u32; 2];
+                        let mut unknown = false;
+                        for (k, (cells, column, t)) in [(sc, &e.source, s), (dc, &e.destination, d)]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            if cells.is_missing(i) {
+                                return Err(TableError::cell(path, row, column, "missing id"));
+                            }
+                            let map = maps.get_mut(t).expect("every edge end has a map");
+                            if from_table[k] {
+                                match map.get(cells, i) {
                                 Some(id) => ends[k] = id,
                                 None if e.unknown_ids == UnknownIds::Drop => unknown = true,
                                 None => {
@@ -180,26 +243,27 @@ pub fn import_tables(
                                     )))
                                 }
                             }
+                            } else {
+                                ends[k] = match map
+                                    .add(cells, i)
+                                    .map_err(|p| TableError::cell(path, row, column, p))?
+                                {
+                                    Added::New(id) | Added::Known(id) => id,
+                                };
+                            }
+                        }
+                        if unknown {
+                            dropped += 1;
                         } else {
-                            ends[k] = match map
-                                .add(cells, i)
-                                .map_err(|p| TableError::cell(path, row, column, p))?
-                            {
-                                Added::New(id) | Added::Known(id) => id,
-                            };
+                            edges
+                                .push(ends[0], ends[1])
+                                .map_err(|e| TableError::io(path, e))?;
                         }
                     }
-                    if unknown {
-                        dropped += 1;
-                    } else {
-                        edges
-                            .push(ends[0], ends[1])
-                            .map_err(|e| TableError::io(path, e))?;
-                    }
+                    progress.advance(chunk.rows as u64);
                 }
-                progress.advance(chunk.rows as u64);
+                progress.finish();
             }
-            progress.finish();
         }
         rs.count = edges.finish(&paths::edges(dir.path(), &rs.canonical()))?;
         if dropped > 0 {
@@ -277,6 +341,7 @@ pub fn import_tables(
         config: cfg,
         types: records,
         dropped_edges,
+        like: opts.like.clone(),
     };
     let text = serde_json::to_string_pretty(&record).expect("record serialises");
     let rpath = dir.path().join(TABLES_FILE);
@@ -328,24 +393,49 @@ fn import_nodes(
     table: &NodeTable,
     files: &[(PathBuf, FileFormat)],
     out: &Path,
+    seed: Option<Seed>,
+    prior: Option<&Prior>,
     progress: &mut dyn Progress,
 ) -> Result<NodeResult> {
     let t = &table.ntype;
-    let mut fitters: Vec<Fitter> = table.features.iter().map(Fitter::new).collect();
+    // Continuing an earlier import: its statistics are reused, not refitted.
+    let mut fitters: Vec<Fitter> = match &seed {
+        Some(_) => Vec::new(),
+        None => table.features.iter().map(Fitter::new).collect(),
+    };
     let rule = table
         .split
         .as_ref()
         .map(|s| s.rule().expect("checked with the config"));
-    let mut labels = table
-        .label
-        .as_ref()
-        .map(|l| LabelCollector::new(l.max_classes.unwrap_or(1000)));
+    let old_count = seed.as_ref().map_or(0, |s| s.ids.len());
+    let (mut ids, seed_blocks, mut labels) = match seed {
+        Some(s) => {
+            let labels = match (&table.label, s.labels) {
+                (Some(l), Some((old, marks))) => Some(LabelCollector::seeded(
+                    l.max_classes.unwrap_or(1000),
+                    s.classes,
+                    &old,
+                    marks,
+                )),
+                _ => None,
+            };
+            (Some(s.ids), Some(s.blocks), labels)
+        }
+        None => (
+            None,
+            None,
+            table
+                .label
+                .as_ref()
+                .map(|l| LabelCollector::new(l.max_classes.unwrap_or(1000))),
+        ),
+    };
 
     // Pass 1: ids, statistics, labels, splits.
     let mut columns: Vec<&str> = vec![&table.id];
     let fit_at: Vec<Option<usize>> = fitters
         .iter()
-        .zip(&table.features)
+        .zip(table.features.iter())
         .map(|(f, spec)| {
             f.needs_data().then(|| {
                 let at = columns.len();
@@ -365,7 +455,6 @@ fn import_nodes(
         }
         _ => None,
     };
-    let mut ids: Option<IdMap> = None;
     for (path, format) in files {
         let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?;
         progress.start(
@@ -391,15 +480,16 @@ fn import_nodes(
                 {
                     Added::New(_) => {}
                     Added::Known(d) => {
-                        return Err(TableError::cell(
-                            path,
-                            row,
-                            &table.id,
+                        let id = idc.text(i).unwrap_or_default();
+                        let problem = if (d as usize) < old_count {
+                            format!("'{}' is already node {d} of '{t}' in the graph this import is like", id.escape_debug())
+                        } else {
                             format!(
                                 "duplicate id '{}' (first seen as node {d} of '{t}')",
-                                idc.text(i).unwrap_or_default().escape_debug()
-                            ),
-                        ))
+                                id.escape_debug()
+                            )
+                        };
+                        return Err(TableError::cell(path, row, &table.id, problem));
                     }
                 }
                 for ((f, spec), at) in fitters.iter_mut().zip(&table.features).zip(&fit_at) {
@@ -432,18 +522,21 @@ fn import_nodes(
         }
         progress.finish();
     }
+    let first = files
+        .first()
+        .map_or_else(|| out.to_path_buf(), |f| f.0.clone());
     let ids = ids.ok_or_else(|| {
-        TableError::file(
-            &files[0].0,
-            format!("node type '{t}': the tables hold no rows"),
-        )
+        TableError::file(&first, format!("node type '{t}': the tables hold no rows"))
     })?;
     let count = ids.len() as u64;
-    let blocks: Vec<FittedBlock> = fitters.into_iter().map(Fitter::finish).collect();
+    let blocks: Vec<FittedBlock> = match seed_blocks {
+        Some(b) => b,
+        None => fitters.into_iter().map(Fitter::finish).collect(),
+    };
     let width: usize = blocks.iter().map(FittedBlock::width).sum();
     if width as u64 > graphs::schema::MAX_FEATURE_DIM {
         return Err(TableError::file(
-            &files[0].0,
+            &first,
             format!(
                 "node type '{t}': {width} feature columns after the transforms, more than {}",
                 graphs::schema::MAX_FEATURE_DIM
@@ -453,7 +546,7 @@ fn import_nodes(
     let labelled = match (labels, &rule) {
         (Some(l), Some(rule)) => Some(l.finish(rule).map_err(|p| {
             column_error(
-                &files[0].0,
+                &first,
                 None,
                 &table.label.as_ref().expect("labelled").column,
                 p,
@@ -466,6 +559,9 @@ fn import_nodes(
     if width > 0 {
         let fpath = paths::features(out, t);
         let mut w = NpyWriter::create(&fpath, DType::F32, &[count, width as u64])?;
+        if let Some(p) = prior {
+            p.copy_features(t, &mut w)?;
+        }
         let columns: Vec<&str> = table
             .features
             .iter()

@@ -23,6 +23,10 @@ pub struct LabelCollector {
     max_classes: u32,
     /// Per node: 0 none, 1 train, 2 valid, 3 test (column and time rules).
     marks: Vec<u8>,
+    /// Nodes carried over from an earlier import: their splits are kept.
+    keep: usize,
+    /// Whether the classes are fixed (an earlier import's): a new one is refused.
+    frozen: bool,
 }
 
 /// The labels of every node and the three splits, ascending.
@@ -47,6 +51,33 @@ impl LabelCollector {
         }
     }
 
+    /// A collector continuing an earlier import: its classes (in class order),
+    /// and its nodes' labels and split marks, which are kept.
+    pub fn seeded(
+        max_classes: u32,
+        classes: Vec<String>,
+        labels: &[i64],
+        marks: Vec<u8>,
+    ) -> LabelCollector {
+        let index = classes
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.clone(), k as i32))
+            .collect();
+        LabelCollector {
+            raw: labels
+                .iter()
+                .map(|&l| if l < 0 { -1 } else { l as i32 })
+                .collect(),
+            names: classes,
+            index,
+            max_classes: max_classes.max(1),
+            keep: marks.len(),
+            marks,
+            frozen: true,
+        }
+    }
+
     /// Takes the label of the next node from cell `i`.
     pub fn push_label(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
         let v = match cells {
@@ -66,6 +97,13 @@ impl LabelCollector {
             Some(name) => match self.index.get(&name) {
                 Some(&k) => k,
                 None => {
+                    if self.frozen {
+                        return Err(format!(
+                            "class '{}' is not one of the earlier import's classes ({})",
+                            name.escape_debug(),
+                            self.names.join(", ")
+                        ));
+                    }
                     if self.names.len() as u32 >= self.max_classes {
                         return Err(format!(
                             "more than {} distinct classes (raise `max_classes` up to {})",
@@ -165,7 +203,13 @@ impl LabelCollector {
         let mut splits: [Vec<u32>; 3] = Default::default();
         match rule {
             SplitRule::Fractions(f, seed) => {
-                let mut ids: Vec<u32> = (0..labels.len() as u32)
+                // Carried-over nodes keep their splits; new labelled ones are shuffled.
+                for (node, &m) in self.marks.iter().enumerate().take(self.keep) {
+                    if m != NONE {
+                        splits[m as usize - 1].push(node as u32);
+                    }
+                }
+                let mut ids: Vec<u32> = (self.keep as u32..labels.len() as u32)
                     .filter(|&i| labels[i as usize] >= 0)
                     .collect();
                 let mut rng = CounterRng::from_parts(&[0x7ab1e5, *seed]);
@@ -180,7 +224,7 @@ impl LabelCollector {
                 );
                 let c = ((f[0] + f[1] + f[2]) * n).round() as usize;
                 for (k, range) in [(0, 0..a), (1, a..b), (2, b..c.min(ids.len()))] {
-                    splits[k] = ids[range].to_vec();
+                    splits[k].extend_from_slice(&ids[range]);
                     splits[k].sort_unstable();
                 }
             }

@@ -14,6 +14,7 @@ pub mod export;
 pub mod ids;
 pub mod import;
 pub mod labels;
+pub mod like;
 pub mod results;
 pub mod source;
 pub mod transform;

@@ -1,0 +1,253 @@
+//! `--like DIR`: new tables imported the way an earlier import was, on top of
+//! its graph. The earlier graph's nodes keep their dense ids (new ids are
+//! appended), its fitted statistics and class names are reused without
+//! refitting, and its nodes, labels, splits and edges are carried over.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use graphs::format::paths;
+use graphs::npy::{DType, NpyFile, NpyWriter};
+use graphs::Schema;
+
+use crate::config::{NodeTable, TablesConfig};
+use crate::error::{Result, TableError};
+use crate::ids::IdMap;
+use crate::import::{ids_path, ImportRecord, TABLES_FILE};
+use crate::transform::FittedBlock;
+
+/// Rows copied at a time.
+const COPY_ROWS: usize = 1 << 16;
+
+/// An earlier import: its schema, record and id maps.
+#[derive(Debug)]
+pub struct Prior {
+    /// Its graph directory.
+    pub dir: PathBuf,
+    /// Its schema.
+    pub schema: Schema,
+    /// Its import record.
+    pub record: ImportRecord,
+    maps: HashMap<String, IdMap>,
+}
+
+/// What one node type starts from.
+#[derive(Debug)]
+pub struct Seed {
+    /// The earlier ids.
+    pub ids: IdMap,
+    /// The earlier fitted feature blocks.
+    pub blocks: Vec<FittedBlock>,
+    /// Class names in class order (integers as text when the classes were integers).
+    pub classes: Vec<String>,
+    /// The earlier labels (-1: none) and split marks (0 none, 1 train, 2 valid, 3 test), on the target.
+    pub labels: Option<(Vec<i64>, Vec<u8>)>,
+}
+
+impl Prior {
+    /// Reads the graph directory `dir`, which must have been imported from tables.
+    pub fn load(dir: &Path) -> Result<Prior> {
+        let rpath = dir.join(TABLES_FILE);
+        if !rpath.exists() {
+            return Err(TableError::file(
+                dir,
+                format!("--like needs a graph imported from tables (it has no {TABLES_FILE})"),
+            ));
+        }
+        let text = std::fs::read_to_string(&rpath).map_err(|e| TableError::io(&rpath, e))?;
+        let record: ImportRecord = serde_json::from_str(&text)
+            .map_err(|e| TableError::file(&rpath, format!("not an import record: {e}")))?;
+        let schema = Schema::read(&paths::schema(dir))?;
+        let mut maps = HashMap::new();
+        for (t, ts) in &schema.node_types {
+            let kind = record
+                .types
+                .iter()
+                .find(|r| &r.ntype == t)
+                .ok_or_else(|| TableError::file(&rpath, format!("no record of node type '{t}'")))?
+                .id_kind;
+            let map = IdMap::read_csv(&ids_path(dir, t), kind)?;
+            if map.len() as u64 != ts.count {
+                return Err(TableError::file(
+                    &ids_path(dir, t),
+                    format!("{} ids for the {} nodes of '{t}'", map.len(), ts.count),
+                ));
+            }
+            maps.insert(t.clone(), map);
+        }
+        Ok(Prior {
+            dir: dir.to_path_buf(),
+            schema,
+            record,
+            maps,
+        })
+    }
+
+    /// Refuses a configuration that would not import like this graph: a new
+    /// node type or relation, another target, or feature blocks or a label
+    /// that differ from the earlier ones.
+    pub fn check(&self, cfg: &TablesConfig, config: &Path) -> Result<()> {
+        let like = self.dir.display();
+        let refuse = |p: String| Err(TableError::config(config, format!("{p} (--like {like})")));
+        for n in &cfg.nodes {
+            let Some(old) = self.table(&n.ntype) else {
+                return refuse(format!(
+                    "node type '{}' has no table in the graph this import is like",
+                    n.ntype
+                ));
+            };
+            if json(&n.features) != json(&old.features) {
+                return refuse(format!(
+                    "the feature blocks of '{}' differ from the earlier import's: they must be the same columns and transforms",
+                    n.ntype
+                ));
+            }
+            if json(&n.label) != json(&old.label) {
+                return refuse(format!(
+                    "the label of '{}' differs from the earlier import's",
+                    n.ntype
+                ));
+            }
+        }
+        if cfg.target() != self.schema.target {
+            return refuse(format!(
+                "the target is '{}', the earlier import's is '{}'",
+                cfg.target(),
+                self.schema.target
+            ));
+        }
+        for e in &cfg.edges {
+            let [s, r, d] = &e.relation;
+            if !self
+                .schema
+                .relations
+                .iter()
+                .any(|x| (&x.src, &x.name, &x.dst) == (s, r, d))
+            {
+                return refuse(format!(
+                    "relation {s}__{r}__{d} is not in the graph this import is like"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The earlier node table of `ntype`, if it had one.
+    pub fn table(&self, ntype: &str) -> Option<&NodeTable> {
+        self.record.config.node_table(ntype)
+    }
+
+    /// What `ntype` starts from (its id map is taken out of the prior).
+    pub fn seed(&mut self, ntype: &str) -> Result<Seed> {
+        let ids = self
+            .maps
+            .remove(ntype)
+            .expect("a map per type of the schema");
+        let rec = self
+            .record
+            .types
+            .iter()
+            .find(|r| r.ntype == ntype)
+            .expect("checked at load");
+        let labels = if ntype == self.schema.target {
+            let count = ids.len() as u64;
+            let f = NpyFile::open(&paths::labels(&self.dir, ntype), DType::I64)?;
+            f.expect_shape(&[count], "labels")?;
+            let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
+            let mut marks = vec![0u8; count as usize];
+            for (k, s) in ["train", "valid", "test"].into_iter().enumerate() {
+                let f = NpyFile::open(&paths::split(&self.dir, ntype, s), DType::I64)?;
+                for i in 0..f.len() {
+                    let v = f.i64_at(i);
+                    let slot = usize::try_from(v)
+                        .ok()
+                        .and_then(|v| marks.get_mut(v))
+                        .ok_or_else(|| {
+                            TableError::file(
+                                f.path(),
+                                format!("node id {v} out of range 0..{count}"),
+                            )
+                        })?;
+                    *slot = k as u8 + 1;
+                }
+            }
+            Some((labels, marks))
+        } else {
+            None
+        };
+        let classes = if rec.classes.is_empty() {
+            (0..self.schema.num_classes)
+                .map(|c| c.to_string())
+                .collect()
+        } else {
+            rec.classes.clone()
+        };
+        Ok(Seed {
+            ids,
+            blocks: rec.features.clone(),
+            classes,
+            labels,
+        })
+    }
+
+    /// The id map of a type without a table (its ids come from edges).
+    pub fn take_map(&mut self, ntype: &str) -> Option<IdMap> {
+        self.maps.remove(ntype)
+    }
+
+    /// Writes the earlier feature rows of `ntype` to `w`.
+    pub fn copy_features(&self, ntype: &str, w: &mut NpyWriter) -> Result<()> {
+        let Some((_, ts)) = self.schema.node_types.iter().find(|(n, _)| n == ntype) else {
+            return Ok(());
+        };
+        let Some(dim) = ts.feature_dim else {
+            return Ok(());
+        };
+        let f = NpyFile::open(&paths::features(&self.dir, ntype), DType::F32)?;
+        f.expect_shape(&[ts.count, dim], "features")?;
+        let step = COPY_ROWS * dim as usize * 4;
+        for bytes in f.data().chunks(step) {
+            let rows: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            w.write_f32(&rows)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `push(src, dst)` for every earlier edge of `canonical`, if the relation existed.
+    pub fn copy_edges(
+        &self,
+        canonical: &str,
+        mut push: impl FnMut(u32, u32) -> Result<()>,
+    ) -> Result<()> {
+        let Some(r) = self
+            .schema
+            .relations
+            .iter()
+            .find(|r| r.canonical() == canonical)
+        else {
+            return Ok(());
+        };
+        let f = NpyFile::open(&paths::edges(&self.dir, canonical), DType::I64)?;
+        f.expect_shape(&[2, r.count], "edges")?;
+        let e = r.count as usize;
+        for i in 0..e {
+            let (s, d) = (f.i64_at(i), f.i64_at(e + i));
+            let (Ok(s), Ok(d)) = (u32::try_from(s), u32::try_from(d)) else {
+                return Err(TableError::file(
+                    f.path(),
+                    format!("edge {i}: id out of range"),
+                ));
+            };
+            push(s, d)?;
+        }
+        Ok(())
+    }
+}
+
+/// A configuration part in its serialised form, for comparing.
+fn json(v: &impl serde::Serialize) -> Option<serde_json::Value> {
+    serde_json::to_value(v).ok()
+}
