@@ -159,13 +159,6 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let out_format = result_format(&a.out).map_err(anyhow::Error::msg)?;
-    let emb_format = a
-        .embeddings
-        .as_deref()
-        .map(result_format)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
     let mut outputs = vec![Output {
         flag: "--out",
         path: &a.out,
@@ -181,6 +174,14 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         inputs.push(("--ids", ids));
     }
     crate::output::check(&outputs, a.force, &inputs)?;
+    // After the output check, so that an output naming an input is refused as such.
+    let out_format = result_format(&a.out).map_err(anyhow::Error::msg)?;
+    let emb_format = a
+        .embeddings
+        .as_deref()
+        .map(result_format)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let (model, g, manifest) = a.model.load()?;
     let dir = manifest.dir.clone();
     if manifest.spec.link.is_some() {
