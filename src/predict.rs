@@ -201,13 +201,16 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     steps.sort_unstable();
     steps.dedup();
     let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;
-    let mut preds = vec![-1i64; n as usize];
-    let mut emb_rows: Vec<Vec<f32>> = Vec::new();
+    // Results are kept for the wanted nodes only: (node, position in the
+    // output), sorted by node, so each batch finds its nodes by bisection.
+    let mut order: Vec<(u32, usize)> = wanted.iter().copied().zip(0..).collect();
+    order.sort_unstable();
+    let mut classes = vec![-1i64; wanted.len()];
+    let mut emb_out: Vec<f32> = Vec::new();
     let mut width = 0;
     for step in steps {
-        let seeds: Vec<u32> = (step * a.batch..((step + 1) * a.batch).min(n as usize))
-            .map(|s| s as u32)
-            .collect();
+        let (lo, hi) = (step * a.batch, ((step + 1) * a.batch).min(n as usize));
+        let seeds: Vec<u32> = (lo..hi).map(|s| s as u32).collect();
         let mb = sample(
             &mut sampler,
             model.uses_neighbors(),
@@ -218,22 +221,25 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
         let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
         let p = logits.argmax(1)?.to_vec1::<u32>()?;
-        for (s, c) in seeds.iter().zip(p) {
-            preds[*s as usize] = i64::from(c);
+        let from = order.partition_point(|&(v, _)| (v as usize) < lo);
+        let to = order.partition_point(|&(v, _)| (v as usize) < hi);
+        for &(v, pos) in &order[from..to] {
+            classes[pos] = i64::from(p[v as usize - lo]);
         }
         if a.embeddings.is_some() {
             let emb = emb.to_dtype(DType::F32)?;
             width = emb.dims2()?.1;
-            if emb_rows.is_empty() {
-                emb_rows = vec![Vec::new(); n as usize];
+            if emb_out.is_empty() {
+                emb_out = vec![0.0; wanted.len() * width];
             }
             let flat = emb.flatten_all()?.to_vec1::<f32>()?;
-            for (k, s) in seeds.iter().enumerate() {
-                emb_rows[*s as usize] = flat[k * width..(k + 1) * width].to_vec();
+            for &(v, pos) in &order[from..to] {
+                let k = v as usize - lo;
+                emb_out[pos * width..(pos + 1) * width]
+                    .copy_from_slice(&flat[k * width..(k + 1) * width]);
             }
         }
     }
-    let classes: Vec<i64> = wanted.iter().map(|&w| preds[w as usize]).collect();
     match out_format {
         ResultFormat::Npy => graphs::npy::write_i64(&a.out, &[classes.len() as u64], &classes)?,
         ResultFormat::Table(f) => {
@@ -260,10 +266,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         }
     }
     if let (Some(path), Some(format)) = (&a.embeddings, emb_format) {
-        let flat: Vec<f32> = wanted
-            .iter()
-            .flat_map(|&w| emb_rows[w as usize].iter().copied())
-            .collect();
+        let flat = emb_out;
         match format {
             ResultFormat::Npy => {
                 graphs::npy::write_f32(path, &[wanted.len() as u64, width as u64], &flat)?

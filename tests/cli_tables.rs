@@ -650,6 +650,30 @@ fn an_import_like_an_earlier_one_keeps_its_nodes_and_statistics_and_appends() {
         npy_i64(&b.join("nodes/account/train.npy"))
     );
     hetgnn(tmp.path(), &["train", "--data", "shop2", "--epochs", "1"]).ok();
+    // A like of a like still knows the carried-over merchant table.
+    write(
+        "new_accounts.csv",
+        "account_id,age,balance,country,tags,signup_year,risk\nacct-new-3,30,1.0,FR,,2019,low\n",
+    );
+    write(
+        "new_tx.csv",
+        "account,merchant,amount\nacct-new-3,m002,1.0\n",
+    );
+    write("new_devices.csv", "account,device\nacct-new-3,dev-001\n");
+    hetgnn(
+        tmp.path(),
+        &[
+            "import", "tables", "--config", "new.toml", "--like", "shop2", "--out", "shop3",
+        ],
+    )
+    .ok();
+    let c = tmp.path().join("shop3");
+    assert_eq!(
+        read(&c.join("nodes/merchant/features.npy")),
+        read(&a.join("nodes/merchant/features.npy"))
+    );
+    std::fs::remove_dir_all(&c).unwrap();
+    write("new.toml", &like_config("new_accounts.csv"));
 
     // A class the earlier import did not have, an account it already has, other transforms.
     let refuse = |accounts: &str, cfg: String, needles: &[&str]| {
@@ -685,5 +709,29 @@ fn an_import_like_an_earlier_one_keeps_its_nodes_and_statistics_and_appends() {
         &format!("{header}acct-new-1,18,,DE,vip,2024,high\n"),
         like_config("new_accounts.csv").replace("\"min-max\"", "\"standard\""),
         &["new.toml", "the feature blocks of 'account' differ"],
+    );
+}
+
+#[test]
+fn an_edge_left_out_creates_no_node_on_an_end_without_a_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("n.csv"), NODES).unwrap();
+    std::fs::write(tmp.path().join("e.csv"), "s,d\na, x\nzz,y\nb,x\n").unwrap();
+    let edges = "[[edges]]\nrelation = [\"p\", \"tags\", \"q\"]\nfiles = [\"e.csv\"]\nsource = \"s\"\ndestination = \"d\"\nunknown_ids = \"drop\"\n";
+    std::fs::write(tmp.path().join("g.toml"), config(X, edges)).unwrap();
+    let run = hetgnn(
+        tmp.path(),
+        &["import", "tables", "--config", "g.toml", "--out", "g"],
+    )
+    .ok();
+    assert!(
+        run.stdout().contains("left out 1 edges of p__tags__q"),
+        "{}",
+        run.stdout()
+    );
+    // "y" came only from the dropped edge; " x" is trimmed to "x".
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("g/nodes/q/ids.csv")).unwrap(),
+        "id\nx\n"
     );
 }

@@ -167,6 +167,9 @@ pub struct LabelSpec {
     pub column: String,
     /// Most classes accepted (default 1000).
     pub max_classes: Option<u32>,
+    /// Number of classes, for integer labels whose highest classes label no
+    /// node (default: the highest label + 1).
+    pub num_classes: Option<u32>,
 }
 
 /// How labelled nodes are split.
@@ -285,6 +288,11 @@ impl TablesConfig {
             if let Some(l) = &n.label {
                 if l.max_classes == Some(0) {
                     return Err(format!("{at}: max_classes must be at least 1"));
+                }
+                if let Some(n) = l.num_classes {
+                    if n == 0 || n > l.max_classes.unwrap_or(1000) {
+                        return Err(format!("{at}: num_classes {n} must be in 1..=max_classes"));
+                    }
                 }
                 if n.split.is_none() {
                     return Err(format!("{at}: a label needs a [nodes.split]"));
@@ -415,7 +423,10 @@ fn check_feature(f: &FeatureSpec) -> std::result::Result<(), String> {
 /// The format of `path` from its extension.
 pub fn format_of(path: &Path) -> Option<FileFormat> {
     let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
-    if name.ends_with(".csv") || name.ends_with(".csv.gz") || name.ends_with(".tsv") {
+    if [".csv", ".csv.gz", ".tsv", ".tsv.gz"]
+        .iter()
+        .any(|e| name.ends_with(e))
+    {
         Some(FileFormat::Csv)
     } else if name.ends_with(".parquet") || name.ends_with(".pq") {
         Some(FileFormat::Parquet)
@@ -441,7 +452,12 @@ pub fn expand_files(
             let rd = std::fs::read_dir(&p).map_err(|err| TableError::io(&p, err))?;
             for entry in rd {
                 let f = entry.map_err(|err| TableError::io(&p, err))?.path();
-                if f.is_file() && (format.is_some() || format_of(&f).is_some()) {
+                // Spark and Hadoop leave `_SUCCESS` and `.crc` files beside their parts.
+                let hidden = f.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    n.starts_with('_') || n.starts_with('.')
+                });
+                if f.is_file() && !hidden && (format.is_some() || format_of(&f).is_some()) {
                     files.push(f);
                 }
             }

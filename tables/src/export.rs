@@ -118,6 +118,7 @@ pub fn export_tables(
             label: target.then(|| LabelSpec {
                 column: "label".into(),
                 max_classes: Some(schema.num_classes),
+                num_classes: Some(schema.num_classes),
             }),
             split: target.then(|| SplitSpec {
                 column: Some("split".into()),

@@ -224,16 +224,17 @@ pub fn import_tables(
                         let row = chunk.first_row + i as u64;
                         let mut ends = [0u32; 2];
                         let mut unknown = false;
-                        for (k, (cells, column, t)) in [(sc, &e.source, s), (dc, &e.destination, d)]
-                            .into_iter()
-                            .enumerate()
-                        {
+                        let both = [(sc, &e.source, s), (dc, &e.destination, d)];
+                        // Ends with a node table first: an edge they drop must not
+                        // create a node on an end that takes its ids from edges.
+                        for (k, (cells, column, t)) in both.into_iter().enumerate() {
                             if cells.is_missing(i) {
                                 return Err(TableError::cell(path, row, column, "missing id"));
                             }
-                            let map = maps.get_mut(t).expect("every edge end has a map");
-                            if from_table[k] {
-                                match map.get(cells, i) {
+                            if !from_table[k] {
+                                continue;
+                            }
+                            match maps[t].get(cells, i) {
                                 Some(id) => ends[k] = id,
                                 None if e.unknown_ids == UnknownIds::Drop => unknown = true,
                                 None => {
@@ -243,14 +244,18 @@ pub fn import_tables(
                                     )))
                                 }
                             }
-                            } else {
-                                ends[k] = match map
-                                    .add(cells, i)
-                                    .map_err(|p| TableError::cell(path, row, column, p))?
-                                {
-                                    Added::New(id) | Added::Known(id) => id,
-                                };
+                        }
+                        for (k, (cells, column, t)) in both.into_iter().enumerate() {
+                            if from_table[k] || unknown {
+                                continue;
                             }
+                            let map = maps.get_mut(t).expect("every edge end has a map");
+                            ends[k] = match map
+                                .add(cells, i)
+                                .map_err(|p| TableError::cell(path, row, column, p))?
+                            {
+                                Added::New(id) | Added::Known(id) => id,
+                            };
                         }
                         if unknown {
                             dropped += 1;
@@ -336,6 +341,18 @@ pub fn import_tables(
         .validate()
         .map_err(|p| TableError::config(config, format!("the imported graph is invalid: {p}")))?;
     schema.write(&paths::schema(dir.path()))?;
+    // The record names every type's table, carried-over ones included, so a
+    // later `--like` of this graph knows which types have tables.
+    let mut cfg = cfg;
+    if let Some(p) = &prior {
+        for (t, _) in &p.schema.node_types {
+            if cfg.node_table(t).is_none() {
+                if let Some(old) = p.table(t) {
+                    cfg.nodes.push(old.clone());
+                }
+            }
+        }
+    }
     let record = ImportRecord {
         version: 1,
         config: cfg,
@@ -424,10 +441,9 @@ fn import_nodes(
         None => (
             None,
             None,
-            table
-                .label
-                .as_ref()
-                .map(|l| LabelCollector::new(l.max_classes.unwrap_or(1000))),
+            table.label.as_ref().map(|l| {
+                LabelCollector::new(l.max_classes.unwrap_or(1000)).with_classes(l.num_classes)
+            }),
         ),
     };
 
@@ -589,6 +605,12 @@ fn import_nodes(
                         at += b.columns.len();
                     }
                     chunk_buf.extend_from_slice(&row_buf);
+                    // Wide outputs (one-hot of many categories) are written as
+                    // they grow, so the buffer stays near a million values.
+                    if chunk_buf.len() >= 1 << 20 {
+                        w.write_f32(&chunk_buf)?;
+                        chunk_buf.clear();
+                    }
                 }
                 w.write_f32(&chunk_buf)?;
                 progress.advance(chunk.rows as u64);

@@ -27,6 +27,8 @@ pub struct LabelCollector {
     keep: usize,
     /// Whether the classes are fixed (an earlier import's): a new one is refused.
     frozen: bool,
+    /// Classes declared by the configuration, when more than the labels show.
+    min_classes: u32,
 }
 
 /// The labels of every node and the three splits, ascending.
@@ -75,7 +77,15 @@ impl LabelCollector {
             keep: marks.len(),
             marks,
             frozen: true,
+            min_classes: 0,
         }
+    }
+
+    /// Declares `n` classes: integer labels then have at least `n` classes
+    /// even when the highest ones label no node.
+    pub fn with_classes(mut self, n: Option<u32>) -> LabelCollector {
+        self.min_classes = n.unwrap_or(0);
+        self
     }
 
     /// Takes the label of the next node from cell `i`.
@@ -104,7 +114,13 @@ impl LabelCollector {
                             self.names.join(", ")
                         ));
                     }
-                    if self.names.len() as u32 >= self.max_classes {
+                    // A negative integer ("-1") marks an unlabelled node, not a class.
+                    let classes = self
+                        .names
+                        .iter()
+                        .filter(|n| as_int(n).is_none_or(|v| v >= 0))
+                        .count();
+                    if as_int(&name).is_none_or(|v| v >= 0) && classes as u32 >= self.max_classes {
                         return Err(format!(
                             "more than {} distinct classes (raise `max_classes` up to {})",
                             self.max_classes,
@@ -139,6 +155,12 @@ impl LabelCollector {
                 }
             },
         };
+        if mark != NONE && self.raw.last().is_some_and(|&l| l < 0) {
+            return Err(format!(
+                "the node is in the {} split but has no label",
+                NAMES[mark as usize - 1]
+            ));
+        }
         self.marks.push(mark);
         Ok(())
     }
@@ -166,20 +188,29 @@ impl LabelCollector {
 
     /// The labels and splits; errors say what the table or config must change.
     pub fn finish(self, rule: &SplitRule) -> Result<Labelled, String> {
-        // Integer class names keep their value as class id; other names are sorted.
-        let ints: Option<Vec<i64>> = self
-            .names
-            .iter()
-            .map(|n| {
-                n.parse::<i64>()
-                    .ok()
-                    .filter(|v| *v >= 0 && *v < i64::from(self.max_classes))
-            })
-            .collect();
+        // Integer classes (also written "3.0") keep their value as class id, a
+        // negative one meaning unlabelled, as in the graph format; other names
+        // are sorted.
+        let ints: Option<Vec<i64>> = self.names.iter().map(|n| as_int(n)).collect();
         let (map, num_classes, classes): (Vec<i64>, u32, Vec<String>) = match ints {
             Some(v) => {
-                let n = v.iter().copied().max().map_or(0, |m| m + 1) as u32;
-                (v, n, Vec::new())
+                if let Some(big) = v.iter().find(|&&c| c >= i64::from(self.max_classes)) {
+                    return Err(format!(
+                        "class {big} is not below max_classes = {} (raise it up to {})",
+                        self.max_classes,
+                        graphs::schema::MAX_CLASSES
+                    ));
+                }
+                let n = (v.iter().copied().max().map_or(0, |m| m + 1).max(0) as u32)
+                    .max(self.min_classes);
+                (v.into_iter().map(|c| c.max(-1)).collect(), n, Vec::new())
+            }
+            None if self.names.len() as u32 > self.max_classes => {
+                return Err(format!(
+                    "more than {} distinct classes (raise `max_classes` up to {})",
+                    self.max_classes,
+                    graphs::schema::MAX_CLASSES
+                ))
             }
             None => {
                 let mut sorted: Vec<(usize, &String)> = self.names.iter().enumerate().collect();
@@ -262,6 +293,14 @@ impl LabelCollector {
     }
 }
 
+/// `name` as an integer class, if it is one ("3", "3.0", "-1").
+fn as_int(name: &str) -> Option<i64> {
+    name.parse::<i64>().ok().or_else(|| {
+        let v: f64 = name.parse().ok()?;
+        (v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15).then_some(v as i64)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +340,26 @@ mod tests {
     }
 
     #[test]
+    fn negative_integer_labels_are_unlabelled_and_large_ones_refused() {
+        let mut c = LabelCollector::new(20);
+        let l = text(&["-1", "10", "2.0", "3"]);
+        let s = text(&["", "train", "valid", "test"]);
+        for i in 0..4 {
+            c.push_label(&l, i).unwrap();
+            c.push_split_name(&s, i).unwrap();
+        }
+        let got = c.finish(&SplitRule::Column("s".into())).unwrap();
+        assert_eq!(got.labels, [-1, 10, 2, 3]);
+        assert_eq!(got.num_classes, 11);
+        let mut c = LabelCollector::new(5);
+        c.push_label(&text(&["7"]), 0).unwrap();
+        assert!(c
+            .finish(&SplitRule::Fractions([1.0, 0.0, 0.0], 0))
+            .unwrap_err()
+            .contains("class 7 is not below max_classes = 5"));
+    }
+
+    #[test]
     fn fractions_split_only_labelled_nodes_the_same_way_for_a_seed() {
         let run = |seed| {
             let mut c = LabelCollector::new(10);
@@ -328,9 +387,10 @@ mod tests {
         assert!(c.push_label(&l, 2).unwrap_err().contains("more than 2"));
         let mut c = LabelCollector::new(5);
         c.push_label(&text(&[""]), 0).unwrap();
-        c.push_split_name(&text(&["train"]), 0).unwrap();
+        let err = c.push_split_name(&text(&["train"]), 0).unwrap_err();
+        assert!(err.contains("in the train split but has no label"), "{err}");
         assert!(c
-            .finish(&SplitRule::Column("s".into()))
+            .finish(&SplitRule::Fractions([1.0, 0.0, 0.0], 0))
             .unwrap_err()
             .contains("no node has a label"));
         assert!(LabelCollector::new(5)

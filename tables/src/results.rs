@@ -33,9 +33,9 @@ pub fn result_format(path: &Path) -> std::result::Result<ResultFormat, String> {
     if name.ends_with(".npy") {
         return Ok(ResultFormat::Npy);
     }
-    if name.ends_with(".gz") {
+    if name.ends_with(".gz") || name.ends_with(".tsv") {
         return Err(format!(
-            "{}: results are not written gzipped; name it .csv, .parquet or .npy",
+            "{}: results are written as .csv, .parquet or .npy (not gzipped, not tab-separated)",
             path.display()
         ));
     }

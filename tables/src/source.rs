@@ -101,11 +101,19 @@ impl Cells {
         match self {
             Cells::Text(v) => match &v[i] {
                 None => Ok(None),
-                Some(s) => s
-                    .trim()
-                    .parse::<f32>()
-                    .map(Some)
-                    .map_err(|_| format!("'{}' is not a number", s.escape_debug())),
+                Some(s) => {
+                    let x = s
+                        .trim()
+                        .parse::<f32>()
+                        .map_err(|_| format!("'{}' is not a number", s.escape_debug()))?;
+                    if x.is_infinite() && s.trim().parse::<f64>().is_ok_and(f64::is_finite) {
+                        return Err(format!(
+                            "'{}' is beyond the float32 range",
+                            s.escape_debug()
+                        ));
+                    }
+                    Ok(Some(x))
+                }
             },
             _ => self.number(i).map(|x| x.map(|v| v as f32)),
         }
@@ -171,8 +179,12 @@ impl TableReader {
                 } else {
                     Box::new(file)
                 };
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_ascii_lowercase())
+                    .unwrap_or_default();
                 let delim = delimiter.unwrap_or_else(|| {
-                    if path.to_string_lossy().to_ascii_lowercase().contains(".tsv") {
+                    if name.ends_with(".tsv") || name.ends_with(".tsv.gz") {
                         '\t'
                     } else {
                         ','
@@ -187,6 +199,8 @@ impl TableReader {
                 let mut reader = csv::ReaderBuilder::new()
                     .delimiter(delim as u8)
                     .has_headers(true)
+                    // "a1, DE" means "a1" and "DE", as a spreadsheet user expects.
+                    .trim(csv::Trim::All)
                     .buffer_capacity(1 << 20)
                     .from_reader(raw);
                 let headers = reader.headers().map_err(|e| csv_error(path, e))?.clone();
