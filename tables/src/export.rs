@@ -14,6 +14,7 @@ use crate::config::{
     UnknownIds,
 };
 use crate::error::{Result, TableError};
+use crate::labels::{read_labels, split_name};
 use crate::source::CHUNK_ROWS;
 use crate::write::{ColumnData, ColumnType, TableWriter};
 
@@ -88,7 +89,7 @@ pub fn export_tables(
                 cols.push(ColumnData::Text(
                     split[rows.clone()]
                         .iter()
-                        .map(|s| (!s.is_empty()).then(|| s.to_string()))
+                        .map(|&m| (m != 0).then(|| split_name(m).to_string()))
                         .collect(),
                 ));
             }
@@ -182,18 +183,4 @@ pub fn export_tables(
     std::fs::write(&cpath, header + &text).map_err(|e| TableError::io(&cpath, e))?;
     dir.commit()?;
     Ok(out.join(CONFIG_FILE))
-}
-
-/// Labels and split names per node of the target type.
-fn read_labels(graph: &Path, t: &str, count: u64) -> Result<(Vec<i64>, Vec<&'static str>)> {
-    let f = NpyFile::open(&paths::labels(graph, t), DType::I64)?;
-    let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
-    let mut split = vec![""; count as usize];
-    for name in ["train", "valid", "test"] {
-        let s = NpyFile::open(&paths::split(graph, t, name), DType::I64)?;
-        for i in 0..s.len() {
-            split[s.i64_at(i) as usize] = name;
-        }
-    }
-    Ok((labels, split))
 }

@@ -57,6 +57,50 @@ pub struct ImportRecord {
     pub like: Option<PathBuf>,
 }
 
+/// Largest `tables.json` read.
+const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+impl ImportRecord {
+    /// The record of graph directory `dir`, or `None` when it was not imported from tables.
+    pub fn read(dir: &Path) -> Result<Option<ImportRecord>> {
+        let path = dir.join(TABLES_FILE);
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(TableError::io(&path, e)),
+        };
+        if meta.len() > MAX_RECORD_BYTES {
+            return Err(TableError::file(
+                &path,
+                format!("{} bytes is more than an import record holds", meta.len()),
+            ));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| TableError::io(&path, e))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| TableError::file(&path, format!("not an import record: {e}")))
+    }
+
+    /// The original ids of `ntype` (of `count` nodes) in graph directory `dir`.
+    pub fn ids(&self, dir: &Path, ntype: &str, count: u64) -> Result<IdMap> {
+        let Some(t) = self.types.iter().find(|t| t.ntype == ntype) else {
+            return Err(TableError::file(
+                &dir.join(TABLES_FILE),
+                format!("no record of node type '{ntype}'"),
+            ));
+        };
+        let path = ids_path(dir, ntype);
+        let map = IdMap::read_csv(&path, t.id_kind)?;
+        if map.len() as u64 != count {
+            return Err(TableError::file(
+                &path,
+                format!("{} ids for the {count} nodes of '{ntype}'", map.len()),
+            ));
+        }
+        Ok(map)
+    }
+}
+
 /// How one node type was imported.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TypeRecord {

@@ -4,7 +4,13 @@
 
 use std::collections::HashMap;
 
+use std::path::Path;
+
+use graphs::format::paths;
+use graphs::npy::{DType, NpyFile};
 use graphs::rng::CounterRng;
+
+use crate::error::TableError;
 
 use crate::config::SplitRule;
 use crate::source::Cells;
@@ -290,6 +296,37 @@ impl LabelCollector {
             classes,
             splits,
         })
+    }
+}
+
+/// The labels of target type `ntype` (of `count` nodes) in graph directory
+/// `dir`, and each node's split mark (0 none, 1 train, 2 valid, 3 test).
+pub fn read_labels(dir: &Path, ntype: &str, count: u64) -> crate::Result<(Vec<i64>, Vec<u8>)> {
+    let f = NpyFile::open(&paths::labels(dir, ntype), DType::I64)?;
+    f.expect_shape(&[count], "labels")?;
+    let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
+    let mut marks = vec![NONE; count as usize];
+    for (k, s) in NAMES.into_iter().enumerate() {
+        let f = NpyFile::open(&paths::split(dir, ntype, s), DType::I64)?;
+        for i in 0..f.len() {
+            let v = f.i64_at(i);
+            let slot = usize::try_from(v)
+                .ok()
+                .and_then(|v| marks.get_mut(v))
+                .ok_or_else(|| {
+                    TableError::file(f.path(), format!("node id {v} out of range 0..{count}"))
+                })?;
+            *slot = k as u8 + 1;
+        }
+    }
+    Ok((labels, marks))
+}
+
+/// The name of split mark `m` (1, 2, 3), or "" for none.
+pub fn split_name(m: u8) -> &'static str {
+    match m {
+        1..=3 => NAMES[m as usize - 1],
+        _ => "",
     }
 }
 

@@ -13,7 +13,8 @@ use graphs::Schema;
 use crate::config::{NodeTable, TablesConfig};
 use crate::error::{Result, TableError};
 use crate::ids::IdMap;
-use crate::import::{ids_path, ImportRecord, TABLES_FILE};
+use crate::import::{ImportRecord, TABLES_FILE};
+use crate::labels::read_labels;
 use crate::transform::FittedBlock;
 
 /// Rows copied at a time.
@@ -47,33 +48,16 @@ pub struct Seed {
 impl Prior {
     /// Reads the graph directory `dir`, which must have been imported from tables.
     pub fn load(dir: &Path) -> Result<Prior> {
-        let rpath = dir.join(TABLES_FILE);
-        if !rpath.exists() {
+        let Some(record) = ImportRecord::read(dir)? else {
             return Err(TableError::file(
                 dir,
                 format!("--like needs a graph imported from tables (it has no {TABLES_FILE})"),
             ));
-        }
-        let text = std::fs::read_to_string(&rpath).map_err(|e| TableError::io(&rpath, e))?;
-        let record: ImportRecord = serde_json::from_str(&text)
-            .map_err(|e| TableError::file(&rpath, format!("not an import record: {e}")))?;
+        };
         let schema = Schema::read(&paths::schema(dir))?;
         let mut maps = HashMap::new();
         for (t, ts) in &schema.node_types {
-            let kind = record
-                .types
-                .iter()
-                .find(|r| &r.ntype == t)
-                .ok_or_else(|| TableError::file(&rpath, format!("no record of node type '{t}'")))?
-                .id_kind;
-            let map = IdMap::read_csv(&ids_path(dir, t), kind)?;
-            if map.len() as u64 != ts.count {
-                return Err(TableError::file(
-                    &ids_path(dir, t),
-                    format!("{} ids for the {} nodes of '{t}'", map.len(), ts.count),
-                ));
-            }
-            maps.insert(t.clone(), map);
+            maps.insert(t.clone(), record.ids(dir, t, ts.count)?);
         }
         Ok(Prior {
             dir: dir.to_path_buf(),
@@ -150,28 +134,7 @@ impl Prior {
             .find(|r| r.ntype == ntype)
             .expect("checked at load");
         let labels = if ntype == self.schema.target {
-            let count = ids.len() as u64;
-            let f = NpyFile::open(&paths::labels(&self.dir, ntype), DType::I64)?;
-            f.expect_shape(&[count], "labels")?;
-            let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
-            let mut marks = vec![0u8; count as usize];
-            for (k, s) in ["train", "valid", "test"].into_iter().enumerate() {
-                let f = NpyFile::open(&paths::split(&self.dir, ntype, s), DType::I64)?;
-                for i in 0..f.len() {
-                    let v = f.i64_at(i);
-                    let slot = usize::try_from(v)
-                        .ok()
-                        .and_then(|v| marks.get_mut(v))
-                        .ok_or_else(|| {
-                            TableError::file(
-                                f.path(),
-                                format!("node id {v} out of range 0..{count}"),
-                            )
-                        })?;
-                    *slot = k as u8 + 1;
-                }
-            }
-            Some((labels, marks))
+            Some(read_labels(&self.dir, ntype, ids.len() as u64)?)
         } else {
             None
         };

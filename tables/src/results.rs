@@ -8,12 +8,9 @@ use std::path::Path;
 use crate::config::{format_of, FileFormat};
 use crate::error::{Result, TableError};
 use crate::ids::{IdKind, IdMap};
-use crate::import::{ids_path, ImportRecord, TABLES_FILE};
+use crate::import::ImportRecord;
 use crate::source::TableReader;
 use crate::write::{ColumnData, ColumnType};
-
-/// Largest `tables.json` read.
-const MAX_RECORD_BYTES: u64 = 256 << 20;
 
 /// How results are written, from the output file's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,39 +55,24 @@ pub struct NodeNames {
 impl NodeNames {
     /// The names of `ntype`'s `count` nodes in graph directory `graph`.
     pub fn load(graph: &Path, ntype: &str, count: u32) -> Result<NodeNames> {
-        let rpath = graph.join(TABLES_FILE);
-        if !rpath.exists() {
+        let Some(record) = ImportRecord::read(graph)? else {
             return Ok(NodeNames {
                 count,
                 map: None,
                 classes: Vec::new(),
             });
-        }
-        let meta = std::fs::metadata(&rpath).map_err(|e| TableError::io(&rpath, e))?;
-        if meta.len() > MAX_RECORD_BYTES {
-            return Err(TableError::file(
-                &rpath,
-                format!("{} bytes is more than an import record holds", meta.len()),
-            ));
-        }
-        let text = std::fs::read_to_string(&rpath).map_err(|e| TableError::io(&rpath, e))?;
-        let record: ImportRecord = serde_json::from_str(&text)
-            .map_err(|e| TableError::file(&rpath, format!("not an import record: {e}")))?;
-        let Some(t) = record.types.iter().find(|t| t.ntype == ntype) else {
-            return Err(TableError::file(&rpath, format!("no node type '{ntype}'")));
         };
-        let ipath = ids_path(graph, ntype);
-        let map = IdMap::read_csv(&ipath, t.id_kind)?;
-        if map.len() != count as usize {
-            return Err(TableError::file(
-                &ipath,
-                format!("{} ids for the {count} nodes of '{ntype}'", map.len()),
-            ));
-        }
+        let map = record.ids(graph, ntype, u64::from(count))?;
+        let classes = record
+            .types
+            .iter()
+            .find(|t| t.ntype == ntype)
+            .map(|t| t.classes.clone())
+            .unwrap_or_default();
         Ok(NodeNames {
             count,
             map: Some(map),
-            classes: t.classes.clone(),
+            classes,
         })
     }
 
