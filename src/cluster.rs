@@ -25,8 +25,12 @@ pub struct ClusterArgs {
 impl ClusterArgs {
     /// The validated configuration.
     pub fn load(&self) -> anyhow::Result<Config> {
-        Config::load(&self.config, &self.set)
-            .with_context(|| format!("reading {}", self.config.display()))
+        let cfg = Config::load(&self.config, &self.set)
+            .with_context(|| format!("reading {}", self.config.display()))?;
+        for w in &cfg.warnings {
+            warnln!("warning: {}: {w}", self.config.display());
+        }
+        Ok(cfg)
     }
 }
 

@@ -136,8 +136,14 @@ impl TrainArgs {
         let quoted = actors::config::toml_string;
         push("data", data);
         push("mode", self.mode.as_deref().map(quoted));
-        push("sync_every", self.sync_every.map(|v| v.to_string()));
-        push("workers", self.workers.map(|v| v.to_string()));
+        push(
+            "model-averaging.sync_every",
+            self.sync_every.map(|v| v.to_string()),
+        );
+        push(
+            "model-averaging.workers",
+            self.workers.map(|v| v.to_string()),
+        );
         push("partitions", partitions);
         push("model", self.model.as_deref().map(quoted));
         push("task", self.task.as_deref().map(quoted));
@@ -220,6 +226,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path, &overrides)?,
         None => Config::parse("", &overrides)?,
     };
+    for w in &cfg.warnings {
+        warnln!("warning: {w}");
+    }
     // Single-process training reads a graph directory; the others read partitions.
     if cfg.training.mode == actors::Mode::Single && cfg.training.data.is_none() {
         cfg.training.data = Some(default_data()?);

@@ -251,9 +251,9 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
             "cluster.toml",
             "--force",
             "--set",
-            "training.sampling=\"dag\"",
+            "training.data-parallel.sampling=\"dag\"",
             "--set",
-            "training.dag_chunk_rows=64",
+            "training.data-parallel.dag_chunk_rows=64",
             "--set",
             "training.report=\"dag.json\"",
         ],
@@ -511,7 +511,7 @@ fn spring_partitions_stream_the_edges_and_train_data_parallel() {
                 "--hidden",
                 "16",
                 "--set",
-                &format!("training.seed_assignment=\"{assignment}\""),
+                &format!("training.data-parallel.seed_assignment=\"{assignment}\""),
                 "--report",
                 &r,
             ],
@@ -551,10 +551,13 @@ fn spring_partitions_stream_the_edges_and_train_data_parallel() {
             "--data",
             "g",
             "--set",
-            "training.seed_assignment=\"random\"",
+            "training.data-parallel.seed_assignment=\"random\"",
         ],
     )
-    .fails_with(1, &["training.seed_assignment applies to data-parallel"]);
+    .fails_with(
+        1,
+        &["[training.data-parallel] applies to training.mode = \"data-parallel\""],
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use crate::util::{hetgnn, report};
 
 const FULL: &str =
-    "mode = \"full-graph\"\npartitions = \"parts\"\nhidden = 16\nstaleness = \"fixed\"\n";
+    "mode = \"full-graph\"\npartitions = \"parts\"\nhidden = 16\nfull-graph.staleness = \"fixed\"\n";
 
 #[test]
 fn node_processes_train_the_embedded_full_graph_model() {

@@ -73,7 +73,8 @@ fn a_killed_hopgnn_node_restarted_under_lost_messages_ends_with_the_embedded_mod
     )
     .ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    let hop = format!("{HOP}epochs = 3\nhop_migrate = \"gradient\"\n").replace("epochs = 2\n", "");
+    let hop =
+        format!("{HOP}epochs = 3\nhopgnn.migrate = \"gradient\"\n").replace("epochs = 2\n", "");
     let training = format!("{hop}checkpoint_dir = \"ck\"\ncheckpoint_every = 4\nreport = \"run.json\"\n[chaos]\nseed = 7\ndrop = 0.03\nduplicate = 0.03\n");
     crate::util::training_cluster(
         d,

@@ -128,7 +128,7 @@ fn one_partition_is_single_process_training_and_the_worker_count_changes_nothing
                 "--batch",
                 "256",
                 "--set",
-                "training.local_batch=\"whole\"",
+                "training.model-averaging.local_batch=\"whole\"",
                 "--report",
                 "whole.json",
             ],
@@ -180,7 +180,8 @@ fn model_averaging_refuses_what_it_cannot_train() {
     hetgnn(d, &averaging("plain", &["--epochs", "1"])).fails_with(1, &["--halo-features"]);
     hetgnn(d, &averaging("halo", &["--workers", "3"]))
         .fails_with(1, &["3 workers", "2 partitions"]);
-    hetgnn(d, &averaging("halo", &["--sync-every", "0"])).fails_with(1, &["training.sync_every"]);
+    hetgnn(d, &averaging("halo", &["--sync-every", "0"]))
+        .fails_with(1, &["training.model-averaging.sync_every"]);
     hetgnn(d, &["train", "--mode", "model-averaging", "--data", "g"])
         .fails_with(1, &["training.partitions"]);
     hetgnn(
@@ -217,7 +218,7 @@ fn two_nodes_under_message_loss_end_with_the_embedded_model_and_exchange_only_mo
     )
     .ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    cluster(d, &["n0", "n1"], "retry_ms = 50\n", "partitions = \"parts\"\nepochs = 3\nbatch = 256\nsync_every = 2\nreport = \"chaos.json\"\n[chaos]\nseed = 3\ndrop = 0.05\nduplicate = 0.05\n");
+    cluster(d, &["n0", "n1"], "retry_ms = 50\n", "partitions = \"parts\"\nepochs = 3\nbatch = 256\nmodel-averaging.sync_every = 2\nreport = \"chaos.json\"\n[chaos]\nseed = 3\ndrop = 0.05\nduplicate = 0.05\n");
     hetgnn(d, &["launch", "--config", "cluster.toml"]).ok();
     hetgnn(
         d,
@@ -283,7 +284,7 @@ fn a_killed_worker_restarted_resumes_from_the_last_round_and_the_run_ends_with_t
     .ok();
     hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
     // 25 global steps per epoch at this batch: checkpoints at the rounds' ends, steps 50, 100, ...
-    let training = "partitions = \"parts\"\nepochs = 12\nbatch = 256\nsync_every = 2\ncheckpoint_dir = \"ck\"\nreport = \"run.json\"\n";
+    let training = "partitions = \"parts\"\nepochs = 12\nbatch = 256\nmodel-averaging.sync_every = 2\ncheckpoint_dir = \"ck\"\nreport = \"run.json\"\n";
     cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 60000\n", training);
     let logs = kill_once_after_checkpoint(d, &["n0", "n1"], "n1", "ck/step-000000050");
     hetgnn(

@@ -60,15 +60,31 @@ fn default_train_generates_once_and_reports() {
     ] {
         assert!(e[key].is_number(), "epoch lacks {key}");
     }
-    // The second run reuses the cached graph.
+    // The second run reuses the cached graph; a mode key of [training]
+    // itself, as before 0.5, is read with a warning naming its new place.
     let again = hetgnn_env(
         tmp.path(),
-        &["train", "--epochs", "1", "--model", "mlp"],
+        &[
+            "train",
+            "--epochs",
+            "1",
+            "--model",
+            "mlp",
+            "--set",
+            "training.prefetch_threads=1",
+        ],
         &env,
     )
     .ok();
     assert!(
         again.stderr().contains("using the default graph"),
+        "{}",
+        again.stderr()
+    );
+    assert!(
+        again
+            .stderr()
+            .contains("warning: training.prefetch_threads is deprecated: write `prefetch_threads` under [training.single]"),
         "{}",
         again.stderr()
     );

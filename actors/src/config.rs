@@ -1,11 +1,13 @@
 //! The run configuration: one TOML schema (docs/guide/configuration.md and
 //! docs/guide/cluster.md), any key overridable with `--set section.key=value`. Unknown keys are errors.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
+pub use crate::modes::Mode;
 use models::ModelKind;
 
 /// Most negatives per edge accepted (training and evaluation).
@@ -13,15 +15,6 @@ pub const MAX_NEGATIVES: usize = 100_000;
 
 /// Largest hidden or embedding width accepted.
 pub const MAX_WIDTH: usize = 1 << 16;
-
-/// Most prefetch threads of a single-process run (`training.prefetch_threads`).
-const MAX_PREFETCH_THREADS: u32 = 64;
-/// Most threads of a sampling worker (`training.dag_threads`).
-pub const MAX_DAG_THREADS: u32 = 1024;
-/// Most batches a trainer may have in flight (`training.dag_max_in_flight`).
-pub const MAX_DAG_IN_FLIGHT: u32 = 256;
-/// Most epochs a full-graph cached copy may lag (`training.staleness_epochs`).
-pub const MAX_STALE_EPOCHS: u32 = 1000;
 
 /// The whole configuration file: `[training]` for every command, plus the
 /// runtime's `[cluster]`, `[placement]`, `[links]` and `[chaos]` sections
@@ -44,45 +37,9 @@ pub struct Config {
     /// `[chaos]`: seeded fault injection.
     #[serde(default)]
     pub chaos: runtime::ChaosConfig,
-}
-
-/// How training is distributed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Everything in one process (the default).
-    #[default]
-    Single,
-    /// DistDGL: one partition per node, owner-compute sampling, feature
-    /// pulls, sparse embedding updates at the stores, all-reduced gradients.
-    DataParallel,
-    /// Heta: relation-aggregation-first training on meta-partitions, one
-    /// RelationAggWorker per partition and a designated reducer.
-    Raf,
-    /// CATGNN: local training on each partition (halo included), the
-    /// models averaged every `sync_every` epochs.
-    ModelAveraging,
-    /// HopGNN: feature-centric training, one worker per partition; each
-    /// step's models visit the partitions holding their roots' features.
-    Hopgnn,
-    /// SANCUS: full-graph training, one worker per block-row partition;
-    /// each layer's blocks broadcast to every worker, or skipped while the
-    /// receivers' cached copies are fresh enough (`staleness`).
-    FullGraph,
-}
-
-impl Mode {
-    /// The mode's name, as configs and reports spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Single => "single",
-            Mode::DataParallel => "data-parallel",
-            Mode::Raf => "raf",
-            Mode::ModelAveraging => "model-averaging",
-            Mode::Hopgnn => "hopgnn",
-            Mode::FullGraph => "full-graph",
-        }
-    }
+    /// What parsing noticed and let pass (deprecated keys), for the caller to show.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
 
 /// What the model is trained to do.
@@ -94,6 +51,16 @@ pub enum Task {
     NodeClassification,
     /// Predict the edges of `target_relations`, scored by `decoder`.
     LinkPrediction,
+}
+
+impl Task {
+    /// The task's name, as configs and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::NodeClassification => "node-classification",
+            Task::LinkPrediction => "link-prediction",
+        }
+    }
 }
 
 /// Where a link-prediction batch's negative destinations come from.
@@ -122,20 +89,6 @@ pub enum LinkEval {
     Sampled,
 }
 
-/// How a model-averaging partition sizes its steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LocalBatch {
-    /// Its share of `batch`, in proportion to the training nodes it owns: as
-    /// in data-parallel training, `batch` seeds per step over all workers and
-    /// as many steps per epoch.
-    #[default]
-    Share,
-    /// `batch` seeds per step in every partition (k partitions take about
-    /// 1/k of the steps each).
-    Whole,
-}
-
 /// How data-parallel trainers sum their dense gradients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -147,127 +100,9 @@ pub enum AllReduce {
     Ring,
 }
 
-/// Which seeds of a global batch each data-parallel trainer takes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SeedAssignment {
-    /// The seeds its partition owns (DistDGL: the neighbourhoods start local).
-    #[default]
-    Owner,
-    /// Slice k of the shuffled batch for trainer k, wherever its seeds live
-    /// (HopGNN's model-centric baseline): the trainers' work, and so the
-    /// model, does not depend on the partitioning at all.
-    Random,
-}
-
-/// What a HopGNN model carries from one partition to the next within a step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HopMigrate {
-    /// Its parameters and the gradient it has accumulated (the paper's migration).
-    #[default]
-    Model,
-    /// The accumulated gradient only: every worker holds the same parameters
-    /// within a step, so they need not travel.
-    Gradient,
-}
-
-/// How a data-parallel trainer's batches are sampled and their rows fetched.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sampling {
-    /// One prefetch thread per trainer samples and gathers each batch end to end (the default).
-    #[default]
-    Pipeline,
-    /// ByteGNN: each batch a DAG of one-hop tasks on the partition's
-    /// sampling worker, many batches in flight, launched by measured rates.
-    Dag,
-}
-
-/// When a full-graph worker may skip broadcasting a block (SANCUS §4.3.5).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Staleness {
-    /// Every block, every layer, every epoch (the CAGNET-style baseline).
-    #[default]
-    None,
-    /// Definition 1: every block broadcast once every `staleness_epochs + 1`
-    /// epochs, all workers in the same epochs.
-    Fixed,
-    /// Definition 2: no copy older than `staleness_epochs` epochs, each
-    /// worker's broadcasts in epochs of its own (see docs/modes/full-graph.md).
-    Adaptive,
-    /// Definition 3: a block broadcast when it has moved more than
-    /// `staleness_variation` (relative Frobenius norm) from its last broadcast copy.
-    Variation,
-}
-
-/// How many time steps a HopGNN step takes (`hop_time_steps`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HopTimeSteps {
-    /// One per partition: every micrograph trained at its home (no merging, the default).
-    #[default]
-    All,
-    /// An examination period merging one more time step per epoch while
-    /// the epoch gets faster (HopGNN §5.3; `hopgnn::examine`).
-    Auto,
-    /// This many (1 to the number of partitions): the time steps with the fewest roots are merged into the others.
-    Fixed(u32),
-}
-
-impl Serialize for HopTimeSteps {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self {
-            HopTimeSteps::All => s.serialize_str("all"),
-            HopTimeSteps::Auto => s.serialize_str("auto"),
-            HopTimeSteps::Fixed(n) => s.serialize_u32(*n),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for HopTimeSteps {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Int(i64),
-            Str(String),
-        }
-        match Either::deserialize(d)? {
-            Either::Int(n) if (1..=i64::from(u16::MAX)).contains(&n) => {
-                Ok(HopTimeSteps::Fixed(n as u32))
-            }
-            Either::Str(s) if s == "all" => Ok(HopTimeSteps::All),
-            Either::Str(s) if s == "auto" => Ok(HopTimeSteps::Auto),
-            Either::Str(s) => match s.parse::<u32>() {
-                Ok(n) if (1..=u32::from(u16::MAX)).contains(&n) => Ok(HopTimeSteps::Fixed(n)),
-                _ => Err(serde::de::Error::custom(format!(
-                    "\"{s}\": expected \"all\", \"auto\" or a number of time steps"
-                ))),
-            },
-            Either::Int(n) => Err(serde::de::Error::custom(format!(
-                "{n}: the number of time steps must be at least 1"
-            ))),
-        }
-    }
-}
-
-/// How RAF workers treat an embedding table that several of them read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RafEmbeddings {
-    /// One table, its copies kept identical by summing the holders' row
-    /// gradients every step: the single-process model.
-    #[default]
-    Synced,
-    /// Each worker learns its own copy (Heta's learnable features as
-    /// per-partition parameters): no row traffic, a different model.
-    Local,
-}
-
 /// `[training]`: what to train and how.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct TrainingConfig {
     /// Distribution mode (default "single").
     pub mode: Mode,
@@ -276,48 +111,9 @@ pub struct TrainingConfig {
     /// Partition directory (`hetgnn partition --out`): edge-cut partitions for
     /// data-parallel training, meta-partitions for raf.
     pub partitions: Option<PathBuf>,
-    /// Data-parallel gradient all-reduce: "all-gather" (default) or "ring".
+    /// Gradient all-reduce of data-parallel, hopgnn and full-graph training:
+    /// "all-gather" (default) or "ring".
     pub allreduce: AllReduce,
-    /// Data-parallel: which seeds each trainer takes, "owner" (default) or "random".
-    pub seed_assignment: SeedAssignment,
-    /// RAF: "synced" (default) or "local" embedding tables shared by workers.
-    pub raf_embeddings: RafEmbeddings,
-    /// HopGNN: what a model carries between partitions, "model" (default) or "gradient".
-    pub hop_migrate: HopMigrate,
-    /// HopGNN: time steps per step, "all" (default: one per partition), "auto" or a number.
-    pub hop_time_steps: HopTimeSteps,
-    /// HopGNN: pull each step's remote rows once for all its time steps (default true).
-    pub hop_pregather: bool,
-    /// Full-graph: when a block's broadcast may be skipped (default "none").
-    pub staleness: Staleness,
-    /// Full-graph, `staleness = "fixed"` or `"adaptive"`: epochs a cached copy may lag (default 1).
-    pub staleness_epochs: u32,
-    /// Full-graph, `staleness = "variation"`: the relative change that forces a broadcast (default 0.05).
-    pub staleness_variation: f64,
-    /// Full-graph: skip a block's gradient too when its forward broadcast was skipped (default false).
-    pub skip_gradients: bool,
-    /// Data-parallel: "pipeline" (default) or "dag" (ByteGNN's sampling worker).
-    pub sampling: Sampling,
-    /// `sampling = "dag"`: the sampling worker's threads (default 0: one per core).
-    pub dag_threads: u32,
-    /// `sampling = "dag"`: most batches sampled at once per trainer (default 8).
-    pub dag_max_in_flight: u32,
-    /// `sampling = "dag"`: destination rows per one-hop task (default 512).
-    pub dag_chunk_rows: u32,
-    /// Data-parallel benchmarks: the trainers drop each batch unused (no
-    /// forward, no update, no evaluation), so an epoch measures sampling and
-    /// fetching alone (default false).
-    pub sampling_sink: bool,
-    /// Single process: threads sampling and gathering batches ahead of the
-    /// trainer, each every n-th step (default 0: one per four cores, at most
-    /// four; on a GPU one per two cores, at most eight). The model does not depend on it.
-    pub prefetch_threads: u32,
-    /// Model averaging: epochs between averagings (default 1).
-    pub sync_every: u64,
-    /// Model averaging: workers (default 0: one per partition; in a cluster, one per node).
-    pub workers: u32,
-    /// Model averaging: "share" (default: each partition its share of `batch`) or "whole".
-    pub local_batch: LocalBatch,
     /// "node-classification" (default) or "link-prediction".
     pub task: Task,
     /// Link prediction: the relations whose edges are predicted, canonical
@@ -397,6 +193,11 @@ pub struct TrainingConfig {
     pub cache_bytes: runtime::ByteSize,
     /// Epochs pre-sampled to count node visits before the cache is filled (default 2).
     pub cache_presample_epochs: u64,
+    /// The mode's own settings, the sub-table `[training.<mode>]` (defined
+    /// and checked in the mode's folder: [`crate::modes::ModeConfig`]). Any
+    /// other key lands here too and is refused by [`Config::validate`].
+    #[serde(flatten)]
+    pub modes: BTreeMap<String, serde_json::Value>,
 }
 
 impl TrainingConfig {
@@ -437,7 +238,7 @@ impl TrainingConfig {
     /// Whether link prediction evaluates by exact inference.
     pub fn exact_link_eval(&self) -> bool {
         match self.link_eval {
-            LinkEval::Auto => self.mode == Mode::Single,
+            LinkEval::Auto => self.mode.one_process(),
             LinkEval::Exact => true,
             LinkEval::Sampled => false,
         }
@@ -456,28 +257,10 @@ impl TrainingConfig {
 impl Default for TrainingConfig {
     fn default() -> Self {
         TrainingConfig {
-            mode: Mode::Single,
+            mode: Mode::default(),
             data: None,
             partitions: None,
             allreduce: AllReduce::AllGather,
-            seed_assignment: SeedAssignment::Owner,
-            raf_embeddings: RafEmbeddings::Synced,
-            hop_migrate: HopMigrate::Model,
-            hop_time_steps: HopTimeSteps::All,
-            hop_pregather: true,
-            staleness: Staleness::None,
-            staleness_epochs: 1,
-            staleness_variation: 0.05,
-            skip_gradients: false,
-            sampling: Sampling::Pipeline,
-            dag_threads: 0,
-            dag_max_in_flight: 8,
-            dag_chunk_rows: 512,
-            sampling_sink: false,
-            prefetch_threads: 0,
-            sync_every: 1,
-            workers: 0,
-            local_batch: LocalBatch::Share,
             task: Task::NodeClassification,
             target_relations: Vec::new(),
             negatives: 5,
@@ -510,6 +293,7 @@ impl Default for TrainingConfig {
             cache_policy: crate::cache::CachePolicy::MissPenalty,
             cache_bytes: runtime::ByteSize(0),
             cache_presample_epochs: 2,
+            modes: BTreeMap::new(),
         }
     }
 }
@@ -567,8 +351,9 @@ impl Config {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let cfg: Config = Config::deserialize(toml::Value::Table(table))
+        let mut cfg: Config = Config::deserialize(toml::Value::Table(table))
             .map_err(|e| TrainError::Config(e.to_string()))?;
+        cfg.warnings = crate::modes::move_former_keys(&mut cfg.training)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -605,6 +390,7 @@ impl Config {
         }
         let t = &self.training;
         let bad = |m: String| Err(TrainError::Config(m));
+        crate::modes::check(t)?;
         if t.layers == 0 {
             return bad("training.layers must be at least 1".into());
         }
@@ -637,104 +423,9 @@ impl Config {
                     .into(),
             );
         }
-        if t.eval_every > 1 && t.mode == Mode::ModelAveraging {
-            return bad("training.eval_every: model-averaging evaluates every epoch (each worker's model before averaging is part of its report)".into());
-        }
-        if t.seed_assignment != SeedAssignment::Owner && t.mode != Mode::DataParallel {
-            return bad(format!(
-                "training.seed_assignment applies to data-parallel training, not {}",
-                t.mode.name()
-            ));
-        }
-        let dag_defaults = t.sampling == Sampling::Pipeline
-            && t.dag_threads == 0
-            && t.dag_max_in_flight == 8
-            && t.dag_chunk_rows == 512;
-        if t.sampling_sink && t.mode != Mode::DataParallel {
-            return bad(format!(
-                "training.sampling_sink applies to data-parallel training, not {}",
-                t.mode.name()
-            ));
-        }
-        if t.mode != Mode::DataParallel && !dag_defaults {
-            return bad(format!("training.sampling, dag_threads, dag_max_in_flight and dag_chunk_rows apply to data-parallel training, not {}", t.mode.name()));
-        }
-        if t.sampling == Sampling::Pipeline && !dag_defaults {
-            return bad("training.dag_threads, dag_max_in_flight and dag_chunk_rows apply to sampling = \"dag\"".into());
-        }
-        if t.prefetch_threads != 0 && t.mode != Mode::Single {
-            return bad(format!(
-                "training.prefetch_threads applies to single-process training, not {}",
-                t.mode.name()
-            ));
-        }
-        if t.prefetch_threads > MAX_PREFETCH_THREADS {
-            return bad(format!("training.prefetch_threads must be in 0..={MAX_PREFETCH_THREADS} (0: one per four cores)"));
-        }
-        if t.dag_threads > MAX_DAG_THREADS
-            || t.dag_max_in_flight == 0
-            || t.dag_max_in_flight > MAX_DAG_IN_FLIGHT
-            || t.dag_chunk_rows == 0
-        {
-            return bad(format!("training.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));
-        }
-        if t.mode != Mode::Hopgnn
-            && (t.hop_migrate != HopMigrate::Model
-                || t.hop_time_steps != HopTimeSteps::All
-                || !t.hop_pregather)
-        {
-            return bad(format!("training.hop_migrate, hop_time_steps and hop_pregather apply to hopgnn training, not {}", t.mode.name()));
-        }
-        let stale_defaults = t.staleness == Staleness::None
-            && t.staleness_epochs == 1
-            && t.staleness_variation == 0.05
-            && !t.skip_gradients;
-        if t.mode != Mode::FullGraph && !stale_defaults {
-            return bad(format!("training.staleness, staleness_epochs, staleness_variation and skip_gradients apply to full-graph training, not {}", t.mode.name()));
-        }
-        if t.mode == Mode::FullGraph {
-            if t.staleness_epochs == 0 || t.staleness_epochs > MAX_STALE_EPOCHS {
-                return bad(format!("training.staleness_epochs must be in 1..={MAX_STALE_EPOCHS} (0 is staleness = \"none\"), got {}", t.staleness_epochs));
-            }
-            if !(t.staleness_variation.is_finite()
-                && t.staleness_variation > 0.0
-                && t.staleness_variation <= 1.0)
-            {
-                return bad(format!(
-                    "training.staleness_variation must be in (0, 1] (a relative change), got {}",
-                    t.staleness_variation
-                ));
-            }
-            if t.skip_gradients && t.staleness == Staleness::None {
-                return bad("training.skip_gradients skips the gradients of skipped broadcasts: it needs a staleness rule (fixed, adaptive or variation)".into());
-            }
-            if !matches!(t.model, ModelKind::Rgcn | ModelKind::Rgat) {
-                return bad(format!("training.model = \"{}\": full-graph training runs rgcn and rgat (ReLU and dropout between layers, no separate classifier)", t.model));
-            }
-            if t.cache_bytes.0 > 0 {
-                return bad("training.cache_bytes: full-graph training keeps every row of a layer; it has no device cache (its staleness cache is not one to size)".into());
-            }
-        }
-        if t.mode == Mode::Hopgnn && t.cache_bytes.0 > 0 {
-            return bad("training.cache_bytes: hopgnn trains where the features are; it has no device cache".into());
-        }
         if t.task == Task::LinkPrediction {
             if t.target_relations.is_empty() {
                 return bad("training.task = \"link-prediction\" needs training.target_relations (canonical names such as \"author__writes__paper\")".into());
-            }
-            if !matches!(t.mode, Mode::Single | Mode::DataParallel) {
-                return bad(format!("training.task = \"link-prediction\" runs in single-process and data-parallel training; mode {} does not support it yet", t.mode.name()));
-            }
-            if t.mode == Mode::DataParallel {
-                if t.negative_sampler == NegativeSampler::InBatch {
-                    return bad("training.negative_sampler = \"in-batch\" needs every positive of a step in one process: single-process training only".into());
-                }
-                if t.link_eval == LinkEval::Exact {
-                    return bad("training.link_eval = \"exact\" needs the whole graph in one process: data-parallel training evaluates with \"sampled\"".into());
-                }
-                if t.seed_assignment != SeedAssignment::Owner {
-                    return bad("training.seed_assignment: link prediction's steps are owned by the partition of each edge's source (\"owner\")".into());
-                }
             }
             if t.model == ModelKind::Mlp {
                 return bad("training.task = \"link-prediction\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type".into());
@@ -801,31 +492,37 @@ pub fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
-/// Sets `a.b=value` in `table`; the value is TOML (`2`, `"x"`, `[25, 20]`) or else a bare string.
+/// Sets `a.b=value` (or `a.b.c=value`: a key of a sub-table) in `table`;
+/// the value is TOML (`2`, `"x"`, `[25, 20]`) or else a bare string.
 fn apply_override(table: &mut toml::Table, o: &str) -> Result<()> {
     let (key, raw) = o
         .split_once('=')
         .ok_or_else(|| TrainError::Config(format!("--set {o}: expected section.key=value")))?;
-    let path: Vec<&str> = key.trim().split('.').collect();
-    if path.len() != 2 || path.iter().any(|p| p.is_empty()) {
+    let path: Vec<&str> = key.trim().split('.').map(str::trim).collect();
+    if !(2..=3).contains(&path.len()) || path.iter().any(|p| p.is_empty()) {
         return Err(TrainError::Config(format!(
-            "--set {o}: the key must be section.key"
+            "--set {o}: the key must be section.key (or section.table.key)"
         )));
     }
     let value = match format!("v = {raw}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         Err(_) => toml::Value::String(raw.to_string()),
     };
-    let section = table
-        .entry(path[0])
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    let toml::Value::Table(section) = section else {
-        return Err(TrainError::Config(format!(
-            "--set {o}: '{}' is not a section",
-            path[0]
-        )));
-    };
-    section.insert(path[1].to_string(), value);
+    let (last, tables) = path.split_last().expect("two or three parts");
+    let mut at = table;
+    for (i, name) in tables.iter().enumerate() {
+        let entry = at
+            .entry(name.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(inner) = entry else {
+            return Err(TrainError::Config(format!(
+                "--set {o}: '{}' is not a table",
+                path[..=i].join(".")
+            )));
+        };
+        at = inner;
+    }
+    at.insert(last.to_string(), value);
     Ok(())
 }
 
@@ -939,5 +636,137 @@ mod tests {
             ),
             (Mode::Raf, Some("n0"))
         );
+    }
+}
+
+#[cfg(test)]
+mod mode_settings {
+    use super::*;
+    use crate::hopgnn::{HopConfig, HopMigrate, HopTimeSteps};
+    use crate::modes::ModeConfig;
+
+    fn parse(text: &str, o: &[&str]) -> Result<Config> {
+        Config::parse(text, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    fn err(text: &str, o: &[&str]) -> String {
+        parse(text, o).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_mode_reads_its_own_table() {
+        let c = parse(
+            "[training]\nmode = \"hopgnn\"\n[training.hopgnn]\nmigrate = \"gradient\"\ntime_steps = 2\n",
+            &[],
+        )
+        .unwrap();
+        let h = HopConfig::of(&c.training).unwrap();
+        assert_eq!(
+            (h.migrate, h.time_steps, h.pregather),
+            (HopMigrate::Gradient, HopTimeSteps::Fixed(2), true)
+        );
+        assert!(c.warnings.is_empty());
+        // The same from the command line, three levels deep.
+        let o = parse(
+            "",
+            &[
+                "training.mode=\"hopgnn\"",
+                "training.hopgnn.migrate=\"gradient\"",
+                "training.hopgnn.time_steps=2",
+            ],
+        )
+        .unwrap();
+        assert_eq!(o.training, c.training);
+        // Absent, the defaults.
+        let d = parse("[training]\nmode = \"hopgnn\"\n", &[]).unwrap();
+        assert_eq!(HopConfig::of(&d.training).unwrap(), HopConfig::default());
+    }
+
+    #[test]
+    fn another_modes_table_is_refused_even_at_its_defaults() {
+        let e = err(
+            "[training]\nmode = \"raf\"\n[training.hopgnn]\nmigrate = \"model\"\n",
+            &[],
+        );
+        assert!(
+            e.contains("[training.hopgnn] applies to training.mode = \"hopgnn\", not \"raf\""),
+            "{e}"
+        );
+        let e = err("", &["training.data-parallel.sampling_sink=false"]);
+        assert!(
+            e.contains("applies to training.mode = \"data-parallel\", not \"single\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_at_both_levels() {
+        let e = err(
+            "[training]\nmode = \"hopgnn\"\n[training.hopgnn]\nmigrat = \"model\"\n",
+            &[],
+        );
+        assert!(
+            e.contains("training.hopgnn") && e.contains("unknown field `migrat`"),
+            "{e}"
+        );
+        let e = err("[training]\nepoch = 3\n", &[]);
+        assert!(e.contains("unknown field `epoch`"), "{e}");
+        let e = err("", &["training.hopgnn=3", "training.mode=\"hopgnn\""]);
+        assert!(e.contains("expected a table"), "{e}");
+        let e = err("", &["training.hopgnn.time_steps.x=3"]);
+        assert!(e.contains("section.key"), "{e}");
+    }
+
+    #[test]
+    fn former_flat_keys_are_read_with_a_warning_in_their_mode_only() {
+        let c = parse(
+            "[training]\nmode = \"hopgnn\"\nhop_time_steps = 2\nhop_pregather = false\n",
+            &[],
+        )
+        .unwrap();
+        let h = HopConfig::of(&c.training).unwrap();
+        assert_eq!((h.time_steps, h.pregather), (HopTimeSteps::Fixed(2), false));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("deprecated") && c.warnings[0].contains("[training.hopgnn]")
+        );
+        // The same setting twice is refused, not resolved silently.
+        let e = err(
+            "[training]\nmode = \"hopgnn\"\nhop_time_steps = 2\n[training.hopgnn]\ntime_steps = 3\n",
+            &[],
+        );
+        assert!(e.contains("are the same setting"), "{e}");
+        // A former key of another mode is refused, even at its default.
+        let e = err("[training]\nmode = \"raf\"\nhop_migrate = \"model\"\n", &[]);
+        assert!(
+            e.contains("training.hop_migrate applies to training.mode = \"hopgnn\", not \"raf\""),
+            "{e}"
+        );
+        // Values are checked as before.
+        let e = err(
+            "[training]\nmode = \"full-graph\"\nstaleness = \"fixed\"\nstaleness_epochs = 0\n",
+            &[],
+        );
+        assert!(
+            e.contains("training.full-graph.staleness_epochs must be in 1..="),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn settings_survive_the_reports_json() {
+        let c = parse(
+            "[training]\nmode = \"model-averaging\"\n[training.model-averaging]\nsync_every = 3\n",
+            &[],
+        )
+        .unwrap();
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(
+            text.contains("\"model-averaging\":{\"sync_every\":3}"),
+            "{text}"
+        );
+        let back: Config = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, c);
+        back.validate().unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! hetgnn's training roles and what drives them: the run configuration (TOML
 //! with `--set` overrides), one folder per training mode (`single`,
-//! `data_parallel`, `raf`, `model_averaging`, `hopgnn`) behind one seam, what every distributed mode
+//! `data_parallel`, `raf`, `model_averaging`, `hopgnn`, `full_graph`) behind one
+//! seam, each with its own settings (`[training.<mode>]`), what every distributed mode
 //! shares (`distributed`), the device cache, and the run report.
 //!
 //! [`train`] runs any mode embedded in this process and [`run_node`] one node
@@ -27,7 +28,7 @@ pub mod sampling;
 pub mod single;
 pub mod task;
 
-pub use config::{Config, LocalBatch, Mode, RafEmbeddings, TrainingConfig};
+pub use config::{Config, Mode, TrainingConfig};
 pub use error::{Result, TrainError};
 pub use modes::{run_node, train, TrainingMode};
 pub use observer::TrainObserver;

@@ -30,175 +30,40 @@ pub struct EpochReport {
     /// Where the epoch's time went.
     #[serde(flatten)]
     pub time: Timings,
-    /// Model averaging: each worker's figures on its own partitions, its
-    /// models before averaging (the accuracies above are the averaged model's).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub workers: Vec<WorkerReport>,
-    /// Model averaging: payload bytes all workers sent to average the models
-    /// this epoch (counted in one process too, where nothing crosses a wire).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub averaging_bytes: u64,
     /// Link prediction: MRR and Hits@K after the epoch (the accuracies above are then 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::task::link::LinkEpoch>,
-    /// HopGNN: time steps, rows pulled and micrograph locality.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hop: Option<HopEpoch>,
-    /// Full-graph: broadcast bytes, skipped broadcasts and the cache.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub full: Option<FullEpoch>,
     /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cpu_util: f64,
-    /// `sampling = "dag"`: DAGs in flight and time per operator, over every trainer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sampling: Option<crate::sampling::pipeline::DagFigures>,
     /// Input rows pulled from other partitions per training step, over every
     /// trainer (data-parallel and HopGNN; 0: none, or a mode that does not pull rows).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub remote_rows_per_step: f64,
+    /// The mode's own figures, each under its key (HopGNN's `hop`,
+    /// full-graph's `full`, model averaging's `workers` and
+    /// `averaging_bytes`, DAG sampling's `sampling`): see the mode's page.
+    #[serde(flatten)]
+    pub figures: BTreeMap<String, serde_json::Value>,
 }
 
 fn is_zero_f64(x: &f64) -> bool {
     *x == 0.0
 }
 
-/// The DAG figures of every trainer: launches and operator seconds summed,
-/// in-flight and queued means averaged, the largest in flight.
-fn sampling_figures(stats: &[EpochStats]) -> Option<crate::sampling::pipeline::DagFigures> {
-    let all: Vec<&crate::sampling::pipeline::DagFigures> =
-        stats.iter().filter_map(|s| s.sampling.as_ref()).collect();
-    if all.is_empty() {
-        return None;
-    }
-    let n = all.len() as f64;
-    let mut out = crate::sampling::pipeline::DagFigures::default();
-    for f in &all {
-        out.threads = out.threads.max(f.threads);
-        out.launches += f.launches;
-        out.in_flight_mean += f.in_flight_mean / n;
-        out.in_flight_max = out.in_flight_max.max(f.in_flight_max);
-        out.queued_mean += f.queued_mean / n;
-        for (k, v) in &f.op_seconds {
-            *out.op_seconds.entry(k.clone()).or_default() += v;
-        }
-    }
-    Some(out)
-}
-
-/// Full-graph training's figures of an epoch, over every worker.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FullEpoch {
-    /// Payload bytes of the training forward pass's broadcasts (every receiver counted).
-    pub forward_bytes: u64,
-    /// Payload bytes of the gradient blocks sent back to their owners.
-    pub backward_bytes: u64,
-    /// Payload bytes of evaluation's broadcasts.
-    pub eval_bytes: u64,
-    /// Bytes of cached blocks, summed over workers.
-    pub cache_bytes: u64,
-    /// Per block (`l<layer>.<type>`): broadcasts made and skipped, gradient blocks sent and skipped, over all workers.
-    pub blocks: BTreeMap<String, crate::distributed::messages::BlockCounts>,
-}
-
-/// Full-graph training's figures of an epoch: every worker's summed.
-fn full_figures(stats: &[EpochStats]) -> Option<FullEpoch> {
-    let mut out: Option<FullEpoch> = None;
-    for f in stats.iter().filter_map(|s| s.full.as_ref()) {
-        let o = out.get_or_insert_with(FullEpoch::default);
-        o.forward_bytes += f.forward_bytes;
-        o.backward_bytes += f.backward_bytes;
-        o.eval_bytes += f.eval_bytes;
-        o.cache_bytes += f.cache_bytes;
-        for (k, c) in &f.blocks {
-            o.blocks.entry(k.clone()).or_default().add(c);
-        }
-    }
-    out
-}
-
-/// HopGNN's figures of an epoch, over every worker.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HopEpoch {
-    /// Time steps per step (after merging).
-    pub time_steps: u32,
-    /// Remote input rows pulled per step.
-    pub rows_pulled_per_step: f64,
-    /// Remote input rows per step had each time step pulled its own (no pre-gathering).
-    pub rows_pulled_per_step_without_pregathering: f64,
-    /// Share of the micrographs' input rows held by another partition.
-    pub remote_row_rate: f64,
-    /// Per node type, the share of a micrograph's input rows held by the
-    /// partition that trains it (HopGNN's Table 1; 1/N for a random assignment).
-    pub locality: BTreeMap<String, f64>,
-    /// `hop_time_steps = "auto"`: the step seconds per worker the
-    /// examination period measured in this epoch and compared (none in the
-    /// warm-up epoch, and once the time steps are settled).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub examined_s: Option<f64>,
-}
-
-/// HopGNN's figures of an epoch: every worker's merged.
-fn hop_figures(stats: &[EpochStats]) -> Option<HopEpoch> {
-    let mine: Vec<&crate::distributed::messages::HopFigures> =
-        stats.iter().filter_map(|s| s.hop.as_ref()).collect();
-    let first = mine.first()?;
-    let steps = stats.first().map_or(1, |s| s.steps.max(1)) as f64;
-    let mut rows: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for h in &mine {
-        for (name, all, home) in &h.rows {
-            let r = rows.entry(name.clone()).or_default();
-            r.0 += all;
-            r.1 += home;
-        }
-    }
-    let (all, home) = rows.values().fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1));
-    Some(HopEpoch {
-        time_steps: first.time_steps,
-        rows_pulled_per_step: mine.iter().map(|h| h.rows_pulled).sum::<u64>() as f64 / steps,
-        rows_pulled_per_step_without_pregathering: mine
-            .iter()
-            .map(|h| h.rows_pulled_per_time_step)
-            .sum::<u64>() as f64
-            / steps,
-        remote_row_rate: (all - home) as f64 / all.max(1) as f64,
-        locality: rows
-            .into_iter()
-            .filter(|(_, r)| r.0 > 0)
-            .map(|(k, r)| (k, r.1 as f64 / r.0 as f64))
-            .collect(),
-        examined_s: first.examined_s,
-    })
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-/// A model-averaging worker's epoch: its own loss, and its models' accuracy
-/// before averaging on the nodes its partitions own.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct WorkerReport {
-    /// Mean loss of its steps.
-    pub loss: f64,
-    /// Validation accuracy before averaging.
-    pub valid_acc: f64,
-    /// Test accuracy before averaging.
-    pub test_acc: f64,
-    /// Peak resident memory of its process so far.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_memory_bytes: Option<u64>,
-    /// Peak anonymous resident memory of its process so far (sampled).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_anon_bytes: Option<u64>,
-}
-
 impl EpochReport {
     /// The epoch's figures from every trainer's account of it: the loss and
-    /// training accuracy the first trainer saw (global), the validation and
-    /// test predictions summed over trainers (`valid` and `test` nodes in all),
-    /// the times across trainers ([`Timings::across`]).
-    pub fn from_stats(epoch: u64, stats: &[EpochStats], valid: usize, test: usize) -> EpochReport {
+    /// training accuracy the first trainer saw (global; with `own_steps`, each
+    /// trainer's own, merged), the validation and test predictions summed over
+    /// trainers (`valid` and `test` nodes in all), the times across trainers
+    /// ([`Timings::across`]). The mode's own figures are merged by its rules.
+    pub fn from_stats(
+        epoch: u64,
+        stats: &[EpochStats],
+        valid: usize,
+        test: usize,
+        own_steps: bool,
+    ) -> EpochReport {
         let Some(s0) = stats.first() else {
             return EpochReport {
                 epoch,
@@ -207,8 +72,7 @@ impl EpochReport {
         };
         let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
         let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
-        // Model averaging: each worker's training figures are its own; the run's are their sum.
-        let (loss, train_acc) = if s0.local.is_some() {
+        let (loss, train_acc) = if own_steps {
             let steps: u64 = stats.iter().map(|s| s.steps).sum();
             let loss =
                 stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
@@ -222,18 +86,6 @@ impl EpochReport {
         } else {
             (s0.loss, ratio(s0.train_correct, s0.train_seen))
         };
-        let workers = stats
-            .iter()
-            .filter_map(|s| {
-                s.local.map(|l| WorkerReport {
-                    loss: s.loss,
-                    valid_acc: ratio(l.valid_correct, l.valid),
-                    test_acc: ratio(l.test_correct, l.test),
-                    peak_memory_bytes: l.peak_memory_bytes,
-                    peak_anon_bytes: l.peak_anon_bytes,
-                })
-            })
-            .collect();
         EpochReport {
             epoch,
             loss,
@@ -245,16 +97,25 @@ impl EpochReport {
                 .evaluated
                 .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
             time: Timings::across(&times),
-            workers,
-            averaging_bytes: stats.iter().map(|s| s.averaging_bytes).sum(),
             link: link_figures(stats),
-            hop: hop_figures(stats),
-            full: full_figures(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
-            sampling: sampling_figures(stats),
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
+            figures: BTreeMap::new(),
         }
+    }
+
+    /// The mode's figures under `key`, read as `T` (`None`: absent or of another shape).
+    pub fn figures<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        T::deserialize(self.figures.get(key)?).ok()
+    }
+
+    /// Sets the mode's figures under `key`.
+    pub fn set_figures<T: Serialize>(&mut self, key: &str, value: &T) -> Result<()> {
+        let v = serde_json::to_value(value)
+            .map_err(|e| TrainError::Distributed(format!("figures '{key}': {e}")))?;
+        self.figures.insert(key.to_string(), v);
+        Ok(())
     }
 }
 
@@ -449,4 +310,37 @@ pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
     report.peak_memory_bytes = peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_modes_figures_travel_beside_the_shared_ones() {
+        let mut e = EpochReport {
+            epoch: 2,
+            loss: 0.5,
+            time: Timings {
+                seconds: 1.5,
+                wait_s: 0.25,
+                ..Timings::default()
+            },
+            ..EpochReport::default()
+        };
+        e.set_figures("hop", &BTreeMap::from([("time_steps", 3u32)]))
+            .unwrap();
+        let text = serde_json::to_string(&e).unwrap();
+        // Flat in the JSON, as the report documents them.
+        assert!(text.contains("\"seconds\":1.5") && text.contains("\"hop\":{\"time_steps\":3}"));
+        let back: EpochReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, e);
+        assert_eq!(back.figures.len(), 1, "the timings stay timings");
+        let got: BTreeMap<String, u32> = back.figures("hop").unwrap();
+        assert_eq!(got["time_steps"], 3);
+        assert!(
+            back.figures::<u64>("hop").is_none(),
+            "another shape is none"
+        );
+    }
 }

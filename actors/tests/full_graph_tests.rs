@@ -69,7 +69,9 @@ fn one_worker_is_sampled_training_over_every_neighbour_with_one_batch() {
             "validation accuracy",
         );
     }
-    let f = report.epochs[0].full.as_ref().expect("full-graph figures");
+    let f = report.epochs[0]
+        .figures::<actors::full_graph::figures::FullEpoch>("full")
+        .expect("full-graph figures");
     assert_eq!(
         (f.forward_bytes, f.backward_bytes),
         (0, 0),
@@ -101,8 +103,12 @@ fn workers_broadcasting_every_block_follow_one_worker() {
             );
         }
         let (first, second) = (
-            report.epochs[0].full.clone().unwrap(),
-            report.epochs[1].full.clone().unwrap(),
+            report.epochs[0]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap(),
+            report.epochs[1]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap(),
         );
         assert!(
             first
@@ -122,7 +128,10 @@ fn workers_broadcasting_every_block_follow_one_worker() {
         );
         assert_eq!(
             second.forward_bytes,
-            report.epochs[2].full.as_ref().unwrap().forward_bytes,
+            report.epochs[2]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap()
+                .forward_bytes,
             "{what}"
         );
         assert!(second.cache_bytes > 0, "{what}");
@@ -183,11 +192,10 @@ fn near_model(want: &models::Model, got: &models::Model, what: &str) {
 fn hidden(
     report: &actors::Report,
     epoch: usize,
-    f: impl Fn(&actors::distributed::messages::BlockCounts) -> u64,
+    f: impl Fn(&actors::full_graph::figures::BlockCounts) -> u64,
 ) -> u64 {
     report.epochs[epoch]
-        .full
-        .as_ref()
+        .figures::<actors::full_graph::figures::FullEpoch>("full")
         .unwrap()
         .blocks
         .iter()
@@ -205,7 +213,7 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
         &full(
             2,
             Method::BlockRow,
-            &[epochs, "training.staleness=\"fixed\""],
+            &[epochs, "training.full-graph.staleness=\"fixed\""],
         ),
         &mut fixed_losses,
     )
@@ -225,7 +233,11 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
     let bytes = |r: &actors::Report| {
         r.epochs
             .iter()
-            .map(|e| e.full.as_ref().unwrap().forward_bytes)
+            .map(|e| {
+                e.figures::<actors::full_graph::figures::FullEpoch>("full")
+                    .unwrap()
+                    .forward_bytes
+            })
             .sum::<u64>()
     };
     assert!(
@@ -244,7 +256,7 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
         &full(
             2,
             Method::BlockRow,
-            &[epochs, "training.staleness=\"adaptive\""],
+            &[epochs, "training.full-graph.staleness=\"adaptive\""],
         ),
         &mut (),
     )
@@ -253,7 +265,7 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
         assert!(
             hidden(&adaptive, e, |c| c.sent) > 0 && hidden(&adaptive, e, |c| c.skipped) > 0,
             "adaptive, epoch {e}: {:?}",
-            adaptive.epochs[e].full
+            adaptive.epochs[e].figures.get("full")
         );
     }
     // Variation: a bound no change reaches skips everything after the first epoch; a tiny one nothing.
@@ -263,23 +275,28 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
             Method::BlockRow,
             &[
                 epochs,
-                "training.staleness=\"variation\"",
-                "training.staleness_variation=1.0",
+                "training.full-graph.staleness=\"variation\"",
+                "training.full-graph.staleness_variation=1.0",
                 "training.lr=0.0001",
             ],
         ),
         &mut (),
     )
     .unwrap();
-    assert_eq!(hidden(&lax, 3, |c| c.sent), 0, "{:?}", lax.epochs[3].full);
+    assert_eq!(
+        hidden(&lax, 3, |c| c.sent),
+        0,
+        "{:?}",
+        lax.epochs[3].figures.get("full")
+    );
     let (strict, _) = train(
         &full(
             2,
             Method::BlockRow,
             &[
                 epochs,
-                "training.staleness=\"variation\"",
-                "training.staleness_variation=1e-9",
+                "training.full-graph.staleness=\"variation\"",
+                "training.full-graph.staleness_variation=1e-9",
             ],
         ),
         &mut (),
@@ -289,7 +306,7 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
         hidden(&strict, 3, |c| c.skipped),
         0,
         "{:?}",
-        strict.epochs[3].full
+        strict.epochs[3].figures.get("full")
     );
     // Skipping gradients too: fewer backward bytes than sending them for stale blocks.
     let (grads, _) = train(
@@ -298,14 +315,19 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
             Method::BlockRow,
             &[
                 epochs,
-                "training.staleness=\"fixed\"",
-                "training.skip_gradients=true",
+                "training.full-graph.staleness=\"fixed\"",
+                "training.full-graph.skip_gradients=true",
             ],
         ),
         &mut (),
     )
     .unwrap();
-    let back = |r: &actors::Report, e: usize| r.epochs[e].full.as_ref().unwrap().backward_bytes;
+    let back = |r: &actors::Report, e: usize| {
+        r.epochs[e]
+            .figures::<actors::full_graph::figures::FullEpoch>("full")
+            .unwrap()
+            .backward_bytes
+    };
     assert!(
         back(&grads, 1) < back(&fixed, 1),
         "{} vs {}",
@@ -319,19 +341,17 @@ fn staleness_rules_skip_broadcasts_within_their_bounds() {
     );
     assert!(hidden(&grads, 1, |c| c.grad_skipped) > 0);
     // The learnable rows' gradients of stale blocks stay home too (the first layer's blocks).
-    let first = |r: &actors::Report,
-                 e: usize,
-                 f: fn(&actors::distributed::messages::BlockCounts) -> u64| {
-        r.epochs[e]
-            .full
-            .as_ref()
-            .unwrap()
-            .blocks
-            .iter()
-            .filter(|(k, _)| k.starts_with("l0."))
-            .map(|(_, c)| f(c))
-            .sum::<u64>()
-    };
+    let first =
+        |r: &actors::Report, e: usize, f: fn(&actors::full_graph::figures::BlockCounts) -> u64| {
+            r.epochs[e]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap()
+                .blocks
+                .iter()
+                .filter(|(k, _)| k.starts_with("l0."))
+                .map(|(_, c)| f(c))
+                .sum::<u64>()
+        };
     assert!(first(&fixed, 1, |c| c.grad_sent) > 0 && first(&fixed, 1, |c| c.grad_skipped) == 0);
     assert!(first(&grads, 1, |c| c.grad_skipped) > 0 && first(&grads, 1, |c| c.grad_sent) == 0);
     assert!(first(&grads, 0, |c| c.grad_sent) > 0 && first(&grads, 0, |c| c.grad_skipped) == 0);
@@ -344,7 +364,7 @@ fn an_interrupted_run_resumes_with_its_cache_to_the_same_bits() {
         let run = |dir: &PathBuf, epochs: u64| {
             let ck = format!("training.checkpoint_dir={:?}", dir.display().to_string());
             let ep = format!("training.epochs={epochs}");
-            let st = format!("training.staleness={rule:?}");
+            let st = format!("training.full-graph.staleness={rule:?}");
             train(
                 &full(
                     2,
@@ -372,8 +392,14 @@ fn an_interrupted_run_resumes_with_its_cache_to_the_same_bits() {
         );
         assert_eq!(got.epochs[4].loss, want.epochs[4].loss, "{rule}");
         assert_eq!(
-            got.epochs[4].full.as_ref().unwrap().blocks,
-            want.epochs[4].full.as_ref().unwrap().blocks,
+            got.epochs[4]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap()
+                .blocks,
+            want.epochs[4]
+                .figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap()
+                .blocks,
             "{rule}: the same skips after resuming"
         );
     }
@@ -386,7 +412,7 @@ fn evaluating_every_other_epoch_leaves_the_model_and_the_evaluated_accuracies_as
         &full(
             2,
             Method::BlockRow,
-            &[epochs, "training.staleness=\"fixed\""],
+            &[epochs, "training.full-graph.staleness=\"fixed\""],
         ),
         &mut (),
     )
@@ -397,7 +423,7 @@ fn evaluating_every_other_epoch_leaves_the_model_and_the_evaluated_accuracies_as
             Method::BlockRow,
             &[
                 epochs,
-                "training.staleness=\"fixed\"",
+                "training.full-graph.staleness=\"fixed\"",
                 "training.eval_every=2",
             ],
         ),
@@ -425,7 +451,12 @@ fn evaluating_every_other_epoch_leaves_the_model_and_the_evaluated_accuracies_as
         }
         assert_eq!(a.loss, b.loss, "epoch {e}");
         // Every epoch keeps its broadcast figures; only the evaluation's bytes are missing where it did not run.
-        let (fa, fb) = (a.full.as_ref().unwrap(), b.full.as_ref().unwrap());
+        let (fa, fb) = (
+            a.figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap(),
+            b.figures::<actors::full_graph::figures::FullEpoch>("full")
+                .unwrap(),
+        );
         assert_eq!(
             (fa.forward_bytes, fa.backward_bytes, &fa.blocks),
             (fb.forward_bytes, fb.backward_bytes, &fb.blocks),
@@ -447,28 +478,33 @@ fn refused(set: &[&str]) -> String {
 
 #[test]
 fn full_graph_settings_are_checked() {
-    let err = refused(&["training.staleness=\"fixed\""]);
-    assert!(err.contains("staleness") && err.contains("single"), "{err}");
+    let err = refused(&["training.full-graph.staleness=\"fixed\""]);
+    assert!(
+        err.contains(
+            "[training.full-graph] applies to training.mode = \"full-graph\", not \"single\""
+        ),
+        "{err}"
+    );
     let err = refused(&[
         "training.mode=\"full-graph\"",
-        "training.skip_gradients=true",
+        "training.full-graph.skip_gradients=true",
     ]);
     assert!(err.contains("needs a staleness rule"), "{err}");
     let err = refused(&[
         "training.mode=\"full-graph\"",
-        "training.staleness_epochs=0",
+        "training.full-graph.staleness_epochs=0",
     ]);
     assert!(err.contains("staleness_epochs"), "{err}");
     let err = refused(&[
         "training.mode=\"full-graph\"",
-        "training.staleness_variation=2.0",
+        "training.full-graph.staleness_variation=2.0",
     ]);
     assert!(err.contains("staleness_variation"), "{err}");
     let err = refused(&["training.mode=\"full-graph\"", "training.model=\"hgt\""]);
     assert!(err.contains("rgcn and rgat"), "{err}");
     let err = refused(&[
         "training.mode=\"full-graph\"",
-        "training.staleness=\"sometimes\"",
+        "training.full-graph.staleness=\"sometimes\"",
     ]);
     assert!(err.contains("sometimes"), "{err}");
     let err = train(

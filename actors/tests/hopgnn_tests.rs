@@ -44,25 +44,31 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
     let (single, model) = train(&common::config(&BASE, &[]), &mut single_losses).unwrap();
     let runs: [(usize, Method, &[&str]); 6] = [
         (2, Method::Metis, &[]),
-        (3, Method::Metis, &["training.hop_migrate=\"gradient\""]),
+        (3, Method::Metis, &["training.hopgnn.migrate=\"gradient\""]),
         (
             3,
             Method::Random,
-            &["training.hop_time_steps=2", "training.allreduce=\"ring\""],
+            &[
+                "training.hopgnn.time_steps=2",
+                "training.allreduce=\"ring\"",
+            ],
         ),
         (
             3,
             Method::Metis,
             &[
-                "training.hop_time_steps=1",
-                "training.hop_migrate=\"gradient\"",
+                "training.hopgnn.time_steps=1",
+                "training.hopgnn.migrate=\"gradient\"",
             ],
         ),
-        (2, Method::Metis, &["training.hop_pregather=false"]),
+        (2, Method::Metis, &["training.hopgnn.pregather=false"]),
         (
             3,
             Method::Metis,
-            &["training.hop_pregather=false", "training.hop_time_steps=2"],
+            &[
+                "training.hopgnn.pregather=false",
+                "training.hopgnn.time_steps=2",
+            ],
         ),
     ];
     for (parts, method, extra) in runs {
@@ -85,12 +91,11 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
             want.test_acc
         );
         let h = last
-            .hop
-            .as_ref()
+            .figures::<actors::hopgnn::figures::HopEpoch>("hop")
             .unwrap_or_else(|| panic!("{what}: no hopgnn figures"));
         let steps = extra
             .iter()
-            .find_map(|s| s.strip_prefix("training.hop_time_steps="))
+            .find_map(|s| s.strip_prefix("training.hopgnn.time_steps="))
             .map_or(parts as u32, |n| n.parse().unwrap());
         assert_eq!(h.time_steps, steps, "{what}");
         // Without merging every micrograph is trained at home: its seeds are local.
@@ -100,7 +105,7 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
         );
         // The rows the clients pulled are the rows the plan said it would pull.
         assert_eq!(last.remote_rows_per_step, h.rows_pulled_per_step, "{what}");
-        let pregather = !extra.contains(&"training.hop_pregather=false");
+        let pregather = !extra.contains(&"training.hopgnn.pregather=false");
         if pregather {
             assert!(
                 h.rows_pulled_per_step <= h.rows_pulled_per_step_without_pregathering,
@@ -122,14 +127,18 @@ fn micrographs_at_home_read_more_local_rows_than_merged_ones() {
         &hop(
             3,
             Method::Metis,
-            &["training.epochs=1", "training.hop_time_steps=1"],
+            &["training.epochs=1", "training.hopgnn.time_steps=1"],
         ),
         &mut (),
     )
     .unwrap();
     let (a, o) = (
-        all.epochs[0].hop.clone().unwrap(),
-        one.epochs[0].hop.clone().unwrap(),
+        all.epochs[0]
+            .figures::<actors::hopgnn::figures::HopEpoch>("hop")
+            .unwrap(),
+        one.epochs[0]
+            .figures::<actors::hopgnn::figures::HopEpoch>("hop")
+            .unwrap(),
     );
     assert!(
         a.remote_row_rate < o.remote_row_rate,
@@ -157,23 +166,26 @@ fn refused(set: &[&str]) -> String {
 
 #[test]
 fn hopgnn_settings_are_checked() {
-    let err = refused(&["training.hop_migrate=\"gradient\""]);
+    let err = refused(&["training.hopgnn.migrate=\"gradient\""]);
     assert!(
-        err.contains("hop_migrate") && err.contains("single"),
+        err.contains("[training.hopgnn] applies to training.mode = \"hopgnn\", not \"single\""),
         "{err}"
     );
-    let err = refused(&["training.mode=\"hopgnn\"", "training.hop_time_steps=0"]);
+    // The key's former name, in [training] itself, is refused the same way.
+    let err = refused(&["training.hop_migrate=\"gradient\""]);
+    assert!(
+        err.contains("training.hop_migrate applies to training.mode = \"hopgnn\""),
+        "{err}"
+    );
+    let err = refused(&["training.mode=\"hopgnn\"", "training.hopgnn.time_steps=0"]);
     assert!(err.contains("at least 1"), "{err}");
     let err = refused(&[
         "training.mode=\"hopgnn\"",
-        "training.hop_time_steps=\"many\"",
+        "training.hopgnn.time_steps=\"many\"",
     ]);
     assert!(err.contains("\"auto\""), "{err}");
-    let err = refused(&["training.hop_time_steps=\"auto\""]);
-    assert!(
-        err.contains("hop_time_steps") && err.contains("hopgnn training"),
-        "{err}"
-    );
+    let err = refused(&["training.hopgnn.time_steps=\"auto\""]);
+    assert!(err.contains("[training.hopgnn] applies to"), "{err}");
     let err = refused(&["training.mode=\"hopgnn\"", "training.cache_bytes=\"1MiB\""]);
     assert!(err.contains("device cache"), "{err}");
     let err = train(
@@ -201,7 +213,7 @@ fn an_interrupted_run_resumes_mid_epoch_to_the_same_bits() {
                     "training.checkpoint_every=3",
                     "training.checkpoint_keep=2",
                     &ep,
-                    "training.hop_time_steps=2",
+                    "training.hopgnn.time_steps=2",
                 ],
             ),
             &mut Notes::default(),
@@ -237,8 +249,7 @@ fn examined(report: &actors::Report, workers: u32, what: &str) {
         .epochs
         .iter()
         .map(|e| {
-            e.hop
-                .clone()
+            e.figures::<actors::hopgnn::figures::HopEpoch>("hop")
                 .unwrap_or_else(|| panic!("{what}: no hopgnn figures"))
         })
         .collect();
@@ -299,7 +310,7 @@ fn the_examination_period_merges_while_epochs_get_faster_and_keeps_the_model() {
         &hop(
             3,
             Method::Metis,
-            &["training.epochs=5", "training.hop_time_steps=\"auto\""],
+            &["training.epochs=5", "training.hopgnn.time_steps=\"auto\""],
         ),
         &mut losses,
     )
@@ -311,7 +322,13 @@ fn the_examination_period_merges_while_epochs_get_faster_and_keeps_the_model() {
     same_model(&model, &fin, "auto time steps");
     examined(&report, 3, "auto time steps");
     // The second measured epoch always runs with one time step merged.
-    assert_eq!(report.epochs[2].hop.as_ref().unwrap().time_steps, 2);
+    assert_eq!(
+        report.epochs[2]
+            .figures::<actors::hopgnn::figures::HopEpoch>("hop")
+            .unwrap()
+            .time_steps,
+        2
+    );
 }
 
 #[test]
@@ -330,7 +347,7 @@ fn a_resumed_run_goes_on_with_the_examination_its_checkpoint_cut() {
                     "training.checkpoint_every=3",
                     "training.checkpoint_keep=2",
                     &ep,
-                    "training.hop_time_steps=\"auto\"",
+                    "training.hopgnn.time_steps=\"auto\"",
                 ],
             ),
             &mut Notes::default(),
@@ -357,7 +374,10 @@ fn a_resumed_run_goes_on_with_the_examination_its_checkpoint_cut() {
     // Restarted without its examination state, the third epoch would run unmerged (3).
     let got = run(4);
     assert_eq!(
-        got.epochs[2].hop.as_ref().unwrap().time_steps,
+        got.epochs[2]
+            .figures::<actors::hopgnn::figures::HopEpoch>("hop")
+            .unwrap()
+            .time_steps,
         2,
         "resumed at step {mid}"
     );

@@ -181,7 +181,7 @@ fn local_embeddings_give_each_worker_its_own_table_and_still_learn() {
     ];
     let (synced, _) = train(&config(&common), &mut ()).unwrap();
     let mut local = common.to_vec();
-    local.push("training.raf_embeddings=\"local\"".into());
+    local.push("training.raf.embeddings=\"local\"".into());
     let (report, _) = train(&config(&local), &mut ()).unwrap();
     assert_ne!(
         report.final_model_sha256, synced.final_model_sha256,

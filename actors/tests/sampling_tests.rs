@@ -41,10 +41,13 @@ fn data_parallel(pdir: &std::path::Path, base: &[&str], extra: &[&str]) -> Confi
 fn same_as_pipeline(pdir: &std::path::Path, base: &[&str], extra: &[&str], variants: &[&[&str]]) {
     let mut want = Losses::default();
     let (reference, _) = train(&data_parallel(pdir, base, extra), &mut want).unwrap();
-    assert!(reference.epochs.iter().all(|e| e.sampling.is_none()));
+    assert!(reference
+        .epochs
+        .iter()
+        .all(|e| !e.figures.contains_key("sampling")));
     for v in variants {
         let mut all: Vec<&str> = extra.to_vec();
-        all.push("training.sampling=\"dag\"");
+        all.push("training.data-parallel.sampling=\"dag\"");
         all.extend_from_slice(v);
         let mut got = Losses::default();
         let (report, _) = train(&data_parallel(pdir, base, &all), &mut got).unwrap();
@@ -55,8 +58,7 @@ fn same_as_pipeline(pdir: &std::path::Path, base: &[&str], extra: &[&str], varia
         );
         for e in &report.epochs {
             let s = e
-                .sampling
-                .as_ref()
+                .figures::<actors::sampling::pipeline::DagFigures>("sampling")
                 .unwrap_or_else(|| panic!("{v:?}: no sampling figures"));
             assert!(s.launches > 0 && s.in_flight_max >= 1, "{v:?}: {s:?}");
             for op in ["seed", "pick", "assemble", "finish"] {
@@ -86,15 +88,15 @@ fn dag_sampling_trains_the_pipeline_s_model() {
         &[],
         // Many small chunks on one thread, one DAG at a time.
         &[
-            "training.dag_chunk_rows=7",
-            "training.dag_threads=1",
-            "training.dag_max_in_flight=1",
+            "training.data-parallel.dag_chunk_rows=7",
+            "training.data-parallel.dag_threads=1",
+            "training.data-parallel.dag_max_in_flight=1",
         ],
         // Several threads, many DAGs racing.
         &[
-            "training.dag_chunk_rows=33",
-            "training.dag_threads=3",
-            "training.dag_max_in_flight=16",
+            "training.data-parallel.dag_chunk_rows=33",
+            "training.data-parallel.dag_threads=3",
+            "training.data-parallel.dag_max_in_flight=16",
         ],
     ];
     same_as_pipeline(&partitions(2, Method::Metis), &BASE, &[], &variants);
@@ -116,7 +118,7 @@ fn dag_sampling_with_a_device_cache_and_for_link_prediction() {
         &partitions(2, Method::Metis),
         &BASE,
         &cached,
-        &[&["training.dag_chunk_rows=16"]],
+        &[&["training.data-parallel.dag_chunk_rows=16"]],
     );
     let link = common::LINK_BASE;
     let pdir = derived("link-metis-2", false, |g, out| {
@@ -127,7 +129,10 @@ fn dag_sampling_with_a_device_cache_and_for_link_prediction() {
         &pdir,
         &link,
         &[],
-        &[&["training.dag_chunk_rows=9", "training.dag_threads=2"]],
+        &[&[
+            "training.data-parallel.dag_chunk_rows=9",
+            "training.data-parallel.dag_threads=2",
+        ]],
     );
 }
 
@@ -135,7 +140,7 @@ fn dag_sampling_with_a_device_cache_and_for_link_prediction() {
 fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
     let pdir = partitions(2, Method::Metis);
     let (trained, _) = train(
-        &data_parallel(&pdir, &BASE, &["training.sampling=\"dag\""]),
+        &data_parallel(&pdir, &BASE, &["training.data-parallel.sampling=\"dag\""]),
         &mut (),
     )
     .unwrap();
@@ -143,7 +148,10 @@ fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
         &data_parallel(
             &pdir,
             &BASE,
-            &["training.sampling=\"dag\"", "training.sampling_sink=true"],
+            &[
+                "training.data-parallel.sampling=\"dag\"",
+                "training.data-parallel.sampling_sink=true",
+            ],
         ),
         &mut (),
     )
@@ -152,24 +160,33 @@ fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
     let steps_per_epoch = sink.steps / sink.epochs.len() as u64;
     for (e, t) in sink.epochs.iter().zip(&trained.epochs) {
         assert_eq!((e.loss, e.test_acc, e.time.compute_s), (0.0, None, 0.0));
-        let s = e.sampling.as_ref().unwrap();
+        let s = e
+            .figures::<actors::sampling::pipeline::DagFigures>("sampling")
+            .unwrap();
         // Both trainers launched one DAG per step in which they have seeds.
         assert!(
             s.launches <= 2 * steps_per_epoch && s.launches >= steps_per_epoch,
             "{s:?}"
         );
         assert_eq!(
-            e.sampling.as_ref().unwrap().launches,
-            t.sampling.as_ref().unwrap().launches
+            e.figures::<actors::sampling::pipeline::DagFigures>("sampling")
+                .unwrap()
+                .launches,
+            t.figures::<actors::sampling::pipeline::DagFigures>("sampling")
+                .unwrap()
+                .launches
         );
     }
     assert_ne!(sink.final_model_sha256, trained.final_model_sha256);
-    let err = Config::parse("", &["training.sampling_sink=true".to_string()])
-        .err()
-        .unwrap()
-        .to_string();
+    let err = Config::parse(
+        "",
+        &["training.data-parallel.sampling_sink=true".to_string()],
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
-        err.contains("sampling_sink applies to data-parallel"),
+        err.contains("[training.data-parallel] applies to training.mode = \"data-parallel\""),
         "{err}"
     );
 }
@@ -185,24 +202,24 @@ fn dag_settings_are_refused_where_they_do_not_apply() {
             .map(|e| e.to_string())
             .unwrap_or_default()
     };
-    let err = parse(&["training.sampling=\"dag\""]);
+    let err = parse(&["training.data-parallel.sampling=\"dag\""]);
     assert!(
-        err.contains("apply to data-parallel training, not single"),
+        err.contains("applies to training.mode = \"data-parallel\", not \"single\""),
         "{err}"
     );
     let p = format!("training.partitions={:?}", pdir.display().to_string());
     let dp = "training.mode=\"data-parallel\"";
-    let err = parse(&[dp, &p, "training.dag_threads=2"]);
+    let err = parse(&[dp, &p, "training.data-parallel.dag_threads=2"]);
     assert!(err.contains("apply to sampling = \"dag\""), "{err}");
     for bad in [
-        "training.dag_max_in_flight=0",
-        "training.dag_chunk_rows=0",
-        "training.dag_threads=5000",
-        "training.dag_max_in_flight=100000",
+        "training.data-parallel.dag_max_in_flight=0",
+        "training.data-parallel.dag_chunk_rows=0",
+        "training.data-parallel.dag_threads=5000",
+        "training.data-parallel.dag_max_in_flight=100000",
     ] {
-        let err = parse(&[dp, &p, "training.sampling=\"dag\"", bad]);
+        let err = parse(&[dp, &p, "training.data-parallel.sampling=\"dag\"", bad]);
         assert!(err.contains("dag_max_in_flight in 1..="), "{bad}: {err}");
     }
-    let err = parse(&[dp, &p, "training.sampling=\"fast\""]);
+    let err = parse(&[dp, &p, "training.data-parallel.sampling=\"fast\""]);
     assert!(err.contains("sampling"), "{err}");
 }

@@ -103,7 +103,7 @@ fn two_runs_with_the_same_seed_are_bit_identical() {
             "training.batch=256",
             "training.hidden=16",
             "training.embed_dim=8",
-            "training.prefetch_threads=3",
+            "training.single.prefetch_threads=3",
         ],
     );
     let (d, _) = train(&threads, &mut ()).unwrap();
@@ -274,24 +274,24 @@ fn bad_input_is_refused_clearly() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("checkpoint_dir"), "{err}");
-    let err = Config::parse("", &["training.prefetch_threads=1000".into()])
+    let err = Config::parse("", &["training.single.prefetch_threads=1000".into()])
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("training.prefetch_threads must be in 0..=64"),
+        err.contains("training.single.prefetch_threads must be in 0..=64"),
         "{err}"
     );
     let err = Config::parse(
         "",
         &[
-            "training.prefetch_threads=2".into(),
+            "training.single.prefetch_threads=2".into(),
             "training.mode=\"raf\"".into(),
         ],
     )
     .unwrap_err()
     .to_string();
     assert!(
-        err.contains("training.prefetch_threads applies to single-process training, not raf"),
+        err.contains("[training.single] applies to training.mode = \"single\", not \"raf\""),
         "{err}"
     );
 }

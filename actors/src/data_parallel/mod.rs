@@ -5,6 +5,8 @@
 //! local mailboxes; with a `[cluster]`, partition k runs on the k-th node.
 //! The generations, the coordinator and checkpoints are `crate::distributed`'s.
 
+mod config;
+pub mod figures;
 pub mod trainer;
 
 use std::path::PathBuf;
@@ -24,7 +26,19 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::task::link::LinkTask;
+
+/// Data-parallel training's rules: its figures (`sampling`, with DAG sampling).
+pub const RULES: crate::modes::Rules = crate::modes::Rules {
+    own_steps: false,
+    partial_params: false,
+    figures: figures::merge,
+};
+
+pub use config::{
+    DataParallelConfig, Sampling, SeedAssignment, MAX_DAG_IN_FLIGHT, MAX_DAG_THREADS,
+};
 
 /// Actor names of data-parallel training.
 pub mod names {
@@ -48,6 +62,7 @@ pub struct DataParallel {
     /// Trainers per partition.
     per_part: u32,
     cfg: TrainingConfig,
+    dp: DataParallelConfig,
     owners: Arc<Vec<Vec<u16>>>,
     trainer_of: Arc<Vec<u16>>,
     /// Per trainer, its device cache once built.
@@ -76,6 +91,7 @@ impl DataParallel {
             parts,
             per_part,
             cfg: t.clone(),
+            dp: DataParallelConfig::of(t)?,
             owners,
             trainer_of,
             caches: CacheSlots::default(),
@@ -102,6 +118,7 @@ impl DataParallel {
                 trainers: self.parts * self.per_part,
                 trainer_of: self.trainer_of.clone(),
                 cfg: self.cfg.clone(),
+                dp: self.dp,
                 graph: p.graph.clone(),
                 owners: self.owners.clone(),
                 node: p.node.clone(),
@@ -237,7 +254,7 @@ impl Distributed for DataParallel {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(
             "data-parallel|{:?}|{}|{}|{:?}|{:?}",
-            t.allreduce, m.parts, m.trainers, m.method, t.seed_assignment
+            t.allreduce, m.parts, m.trainers, m.method, self.dp.seed_assignment
         );
         let link = t.link_fingerprint();
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes(), link.as_bytes()];

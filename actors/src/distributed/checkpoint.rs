@@ -55,7 +55,7 @@ pub struct Manifest {
     /// Identifies the run (model, data, partitions and every setting that
     /// shapes the model's bits): resuming requires an equal one.
     pub run: String,
-    /// "data-parallel" or "raf".
+    /// The training mode that wrote it ("data-parallel", "raf", ...).
     pub mode: String,
     /// The model's spec (for people and `predict`).
     pub spec: ModelSpec,
@@ -325,8 +325,13 @@ type ShardRows = (Vec<u32>, Vec<f32>);
 /// (trainer 0's dense file, or the raf workers' in worker order), each
 /// embedding table from the stores' shards (rows by id) or from the first
 /// worker holding it. Every file's checksum is verified; every value must be
-/// found (but a raf parameter no worker uses, which keeps its initial value).
+/// found (but, where the mode's [`crate::modes::Rules::partial_params`] says
+/// so, a parameter no partition uses, which keeps its initial value).
 pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
+    let partial = crate::modes::Mode::from_name(&m.mode)
+        .ok_or_else(|| bad(dir, format!("unknown training mode '{}'", m.mode)))?
+        .rules()
+        .partial_params;
     let mut params: HashMap<String, Tensor> = HashMap::new();
     let mut tables: HashMap<String, Vec<f32>> = HashMap::new();
     // Per embedding table, each shard's (row ids, row values).
@@ -366,8 +371,9 @@ pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
     let (device, dtype) = (model.device().clone(), model.dtype());
     for (name, var) in model.params.iter() {
         let Some(t) = params.remove(name) else {
-            // A raf parameter no worker uses never changes: it keeps its initial value.
-            if m.mode == "raf" {
+            // A parameter no partition uses never changes: where the mode says
+            // so, it keeps its initial value.
+            if partial {
                 continue;
             }
             return Err(bad(dir, format!("no file holds parameter {name}")));

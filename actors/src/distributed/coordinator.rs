@@ -135,7 +135,7 @@ impl<'a> Coordinator<'a> {
                     EpochProgress::Done(stats) => break stats,
                 }
             };
-            let er = self.epoch_report(epoch, &stats, splits.valid.len(), splits.test.len());
+            let er = self.epoch_report(epoch, &stats, splits.valid.len(), splits.test.len())?;
             observer.epoch_end(&er);
             self.report.epochs.push(er);
             self.complete_checkpoints(per_epoch, observer)?;
@@ -162,11 +162,13 @@ impl<'a> Coordinator<'a> {
         stats: &[EpochStats],
         valid: usize,
         test: usize,
-    ) -> EpochReport {
+    ) -> Result<EpochReport> {
         let s0 = &stats[0];
-        let er = EpochReport::from_stats(epoch, stats, valid, test);
-        // Model-averaging workers take steps of their own; the others share the global ones.
-        self.steps_run += if s0.local.is_some() {
+        let rules = self.t.mode.rules();
+        let mut er = EpochReport::from_stats(epoch, stats, valid, test, rules.own_steps);
+        (rules.figures)(&mut er, stats)?;
+        // Trainers with steps of their own take them apart; the others share the global ones.
+        self.steps_run += if rules.own_steps {
             stats.iter().map(|s| s.steps).sum()
         } else {
             s0.steps
@@ -203,7 +205,7 @@ impl<'a> Coordinator<'a> {
                 *self.step_bytes.entry(k.clone()).or_default() += v;
             }
         }
-        er
+        Ok(er)
     }
 
     /// Writes the manifest of every checkpoint whose files are all written

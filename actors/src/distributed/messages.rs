@@ -119,107 +119,42 @@ pub struct EpochStats {
     pub resends: runtime::Resends,
     /// This trainer's (worker's) device cache so far in the attempt, per node type.
     pub cache: std::collections::BTreeMap<String, crate::cache::CacheTypeReport>,
-    /// Model averaging: the loss and training figures above are this
-    /// worker's own, and these are its models' before averaging.
-    #[serde(default)]
-    pub local: Option<LocalFigures>,
-    /// Model averaging: payload bytes this worker sent to average the models this epoch.
-    #[serde(default)]
-    pub averaging_bytes: u64,
     /// Link prediction: this trainer's validation and test ranking sums.
     #[serde(default)]
     pub link: Option<[models::link::RankSums; 2]>,
-    /// HopGNN: this worker's micrograph and pull figures.
-    #[serde(default)]
-    pub hop: Option<HopFigures>,
-    /// Full-graph: this worker's broadcasts, skips and cache.
-    #[serde(default)]
-    pub full: Option<FullFigures>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
     #[serde(default)]
     pub cpu_util: f64,
-    /// `sampling = "dag"`: this trainer's DAG figures.
+    /// The mode's own figures of the epoch, encoded by the mode and merged
+    /// into the report by its [`crate::modes::Rules::figures`] (empty: none).
     #[serde(default)]
-    pub sampling: Option<crate::sampling::pipeline::DagFigures>,
+    pub figures: ByteVec,
     /// Input rows (features and learnable rows) this trainer pulled from
     /// other partitions during the epoch's training steps.
     #[serde(default)]
     pub remote_rows: u64,
 }
 
-/// A HopGNN worker's figures of an epoch's training steps.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HopFigures {
-    /// Time steps per step (the last step's).
-    pub time_steps: u32,
-    /// Remote input rows pulled (once per step and owner with pre-gathering).
-    pub rows_pulled: u64,
-    /// Remote input rows one pull per time step would have fetched.
-    pub rows_pulled_per_time_step: u64,
-    /// Per node type: its name, the input rows the worker's micrographs read
-    /// (per time step, distinct within it), and those of them its partition holds.
-    pub rows: Vec<(String, u64, u64)>,
-    /// `hop_time_steps = "auto"`: the epoch's step seconds the examination
-    /// period measured, per worker (none in the warm-up epoch and once settled).
-    #[serde(default)]
-    pub examined_s: Option<f64>,
-}
-
-/// A full-graph worker's figures of an epoch.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FullFigures {
-    /// Per block (`l<layer>.<type>`): what this worker did with its own.
-    pub blocks: std::collections::BTreeMap<String, BlockCounts>,
-    /// Payload bytes of the blocks it broadcast in training (every receiver counted).
-    pub forward_bytes: u64,
-    /// Payload bytes of the gradient blocks it sent.
-    pub backward_bytes: u64,
-    /// Payload bytes of the blocks it broadcast for evaluation.
-    pub eval_bytes: u64,
-    /// Bytes its cache of blocks holds at the epoch's end.
-    pub cache_bytes: u64,
-}
-
-/// What a full-graph worker did with one of its blocks over an epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockCounts {
-    /// Training broadcasts made.
-    pub sent: u64,
-    /// Training broadcasts skipped (the receivers used their copy).
-    pub skipped: u64,
-    /// Gradient blocks sent back to their owners.
-    pub grad_sent: u64,
-    /// Gradient blocks skipped (`skip_gradients`).
-    pub grad_skipped: u64,
-}
-
-impl BlockCounts {
-    /// Adds `other`'s counts.
-    pub fn add(&mut self, other: &BlockCounts) {
-        self.sent += other.sent;
-        self.skipped += other.skipped;
-        self.grad_sent += other.grad_sent;
-        self.grad_skipped += other.grad_skipped;
+impl EpochStats {
+    /// Carries the mode's own figures of the epoch (`f`, encoded).
+    pub fn set_figures<T: Serialize>(&mut self, f: &T) -> crate::error::Result<()> {
+        self.figures = ByteVec(encode(f).map_err(crate::error::TrainError::distributed)?);
+        Ok(())
     }
-}
 
-/// A model-averaging worker's own figures of an epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LocalFigures {
-    /// Validation nodes its partitions own.
-    pub valid: u64,
-    /// Test nodes its partitions own.
-    pub test: u64,
-    /// Correct validation predictions of its models before averaging.
-    pub valid_correct: u64,
-    /// Correct test predictions of its models before averaging.
-    pub test_correct: u64,
-    /// Peak resident memory of its process so far.
-    #[serde(default)]
-    pub peak_memory_bytes: Option<u64>,
-    /// Peak anonymous resident memory of its process so far (sampled).
-    #[serde(default)]
-    pub peak_anon_bytes: Option<u64>,
+    /// The mode's own figures this account carries, if any; figures that do
+    /// not decode as `T` are a protocol violation.
+    pub fn figures<T: serde::de::DeserializeOwned>(&self) -> crate::error::Result<Option<T>> {
+        if self.figures.0.is_empty() {
+            return Ok(None);
+        }
+        decode(&self.figures.0).map(Some).map_err(|e| {
+            crate::error::TrainError::Distributed(format!(
+                "epoch {} figures of trainer {}: {e}",
+                self.epoch, self.trainer
+            ))
+        })
+    }
 }
 
 impl Msg for EpochStats {

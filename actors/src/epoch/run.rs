@@ -83,8 +83,8 @@ pub(crate) trait BatchSource<B> {
     fn next(&mut self) -> Result<B>;
     /// The trainer spent `seconds` on the batch it took last.
     fn trained(&self, seconds: f64);
-    /// The epoch's figures.
-    fn figures(&self) -> crate::sampling::pipeline::DagFigures;
+    /// Adds the epoch's figures to its account.
+    fn figures(&self, st: &mut EpochStats) -> Result<()>;
 }
 
 /// A distributed mode's training thread, as the loop drives it. `Feed` is
@@ -222,7 +222,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
                     consume(step as u64, seeds, batch, &mut st)?;
                     source.trained(clock.elapsed().as_secs_f64());
                 }
-                st.sampling = Some(source.figures());
+                source.figures(&mut st)?;
             }
             None => {
                 // The next batches are prepared on a thread of their own while this

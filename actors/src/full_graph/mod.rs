@@ -12,6 +12,8 @@
 //! the result is the single-worker run's.
 
 pub mod blocks;
+mod config;
+pub mod figures;
 pub mod messages;
 pub mod staleness;
 pub mod worker;
@@ -31,9 +33,19 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::owner::worker::{run_thread, WorkerSetup};
 use blocks::Layout;
 use messages::{Broadcast, EvalBroadcast, GradBlock};
+
+/// Full-graph training's rules: its figures (`full`).
+pub const RULES: crate::modes::Rules = crate::modes::Rules {
+    own_steps: false,
+    partial_params: false,
+    figures: figures::merge,
+};
+
+pub use config::{FullGraphConfig, Staleness, MAX_STALE_EPOCHS};
 
 /// Actor names of full-graph training.
 pub mod names {
@@ -54,6 +66,7 @@ pub struct FullGraph {
     set: PartitionSet,
     parts: u32,
     cfg: TrainingConfig,
+    full: FullGraphConfig,
     owners: Arc<Vec<Vec<u16>>>,
     layout: Arc<Layout>,
 }
@@ -82,6 +95,7 @@ impl FullGraph {
             set,
             parts,
             cfg: t.clone(),
+            full: FullGraphConfig::of(t)?,
             owners,
             layout,
         })
@@ -138,15 +152,16 @@ impl Distributed for FullGraph {
     /// Its partitioning and staleness settings too.
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
+        let full = &self.full;
         let layout = format!(
             "full-graph|{:?}|{}|{:?}|{:?}|{}|{}|{}",
             t.allreduce,
             m.parts,
             m.method,
-            t.staleness,
-            t.staleness_epochs,
-            t.staleness_variation,
-            t.skip_gradients
+            full.staleness,
+            full.staleness_epochs,
+            full.staleness_variation,
+            full.skip_gradients
         );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
         extra.extend(

@@ -14,7 +14,7 @@
 //!   of the change since the last broadcast copy relative to that copy's
 //!   norm, so one bound fits layers of any width and scale.
 
-use crate::config::Staleness;
+use super::Staleness;
 
 /// A staleness rule with its bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -25,16 +25,19 @@ use models::Model;
 use runtime::{ActorRef, ByteVec};
 
 use super::blocks::{plans, LayerPlan, Layout};
+use super::figures::FullFigures;
 use super::messages::{
     self, BlockMsg, Broadcast, EvalBroadcast, GradBlock, BACKWARD_ROUND, FORWARD_ROUND,
 };
 use super::staleness::{relative_change, Rule};
-use crate::config::{Staleness, TrainingConfig};
+use super::{FullGraphConfig, Staleness};
+use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::messages::{EpochStats, FullFigures, StepDone};
+use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::lap;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;
@@ -79,6 +82,8 @@ struct Ctx<'a> {
     /// Training nodes of the whole graph.
     total_train: usize,
     rule: Rule,
+    /// `skip_gradients`: a stale block's gradient is skipped too.
+    skip_gradients: bool,
 }
 
 impl std::ops::Deref for Ctx<'_> {
@@ -169,6 +174,7 @@ impl<'a> Worker<'a> {
                     .map_err(|_| TrainError::Config(format!("training node {v} has no label")))
             })
             .collect::<Result<Vec<u32>>>()?;
+        let full = FullGraphConfig::of(t)?;
         let ctx = Ctx {
             s,
             layout,
@@ -184,10 +190,11 @@ impl<'a> Worker<'a> {
             test: at(&splits.test),
             total_train: splits.train.len(),
             rule: Rule {
-                kind: t.staleness,
-                epochs: t.staleness_epochs,
-                variation: t.staleness_variation,
+                kind: full.staleness,
+                epochs: full.staleness_epochs,
+                variation: full.staleness_variation,
             },
+            skip_gradients: full.skip_gradients,
         };
         let types = g.node_types().len();
         let mut cache = vec![vec![vec![None; s.parts as usize]; types]; t.layers];
@@ -667,7 +674,7 @@ impl State<'_> {
                         .iter()
                         .map(|&q| !f.fresh[0][ty][q as usize])
                         .collect();
-                    let skipped = if s.cfg.skip_gradients {
+                    let skipped = if ctx.skip_gradients {
                         stale.iter().filter(|&&x| x).count() as u64
                     } else {
                         0
@@ -728,7 +735,7 @@ impl State<'_> {
                         .or_default();
                     for &q in &order[1..] {
                         let n = ctx.layout.count(q, ty);
-                        let skip = s.cfg.skip_gradients && !f.fresh[l][ty][q as usize];
+                        let skip = ctx.skip_gradients && !f.fresh[l][ty][q as usize];
                         if skip {
                             // q knows its block was not fresh here (it did not send it): nothing to tell it.
                             counts.grad_skipped += 1;
@@ -750,7 +757,7 @@ impl State<'_> {
                     // gradients of stale blocks are skipped and it was stale there
                     // (not sent this epoch, so stale at every receiver).
                     let sent_mine = f.fresh[l][ty][me as usize];
-                    let expect = vec![!s.cfg.skip_gradients || sent_mine; order.len() - 1];
+                    let expect = vec![!ctx.skip_gradients || sent_mine; order.len() - 1];
                     st.time.compute_s += lap(&mut clock);
                     let got = ctx.exchange(
                         Pass::Train,
@@ -958,7 +965,7 @@ impl<'a> Steps for State<'a> {
     /// The epoch's figures (its evaluation's broadcast included) go with the stats.
     fn send_stats(&mut self, ctx: &Ctx<'a>, mut st: EpochStats) -> Result<()> {
         self.figures.cache_bytes = self.cache_bytes();
-        st.full = Some(std::mem::take(&mut self.figures));
+        st.set_figures(&std::mem::take(&mut self.figures))?;
         let c = ctx.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())

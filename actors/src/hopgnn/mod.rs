@@ -9,7 +9,9 @@
 //! Every worker holds the same parameters within a step, so the result is
 //! the single-process model whatever the time steps.
 
+mod config;
 pub mod examine;
+pub mod figures;
 pub mod messages;
 pub mod schedule;
 pub mod worker;
@@ -29,8 +31,18 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::owner::worker::{run_thread, WorkerSetup};
 use messages::Migrate;
+
+/// HopGNN's rules: its figures (`hop`).
+pub const RULES: crate::modes::Rules = crate::modes::Rules {
+    own_steps: false,
+    partial_params: false,
+    figures: figures::merge,
+};
+
+pub use config::{HopConfig, HopMigrate, HopTimeSteps};
 
 /// Actor names of HopGNN training.
 pub mod names {
@@ -48,6 +60,7 @@ pub struct HopGnn {
     set: PartitionSet,
     parts: u32,
     cfg: TrainingConfig,
+    hop: HopConfig,
     owners: Arc<Vec<Vec<u16>>>,
 }
 
@@ -62,6 +75,7 @@ impl HopGnn {
             set,
             parts,
             cfg: t.clone(),
+            hop: HopConfig::of(t)?,
             owners,
         })
     }
@@ -114,7 +128,12 @@ impl Distributed for HopGnn {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(
             "hopgnn|{:?}|{}|{:?}|{:?}|{:?}|{}",
-            t.allreduce, m.parts, m.method, t.hop_migrate, t.hop_time_steps, t.hop_pregather
+            t.allreduce,
+            m.parts,
+            m.method,
+            self.hop.migrate,
+            self.hop.time_steps,
+            self.hop.pregather
         );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
         extra.extend(

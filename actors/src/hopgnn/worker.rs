@@ -25,14 +25,16 @@ use models::Model;
 use runtime::{ActorRef, ByteVec};
 
 use super::examine::Examination;
+use super::figures::HopFigures;
 use super::messages::{Migrate, MIGRATE_ROUND};
 use super::schedule::Plan;
-use crate::config::{HopMigrate, HopTimeSteps};
+use super::{HopConfig, HopMigrate, HopTimeSteps};
 use crate::distributed::checkpoint::{self, Progress};
-use crate::distributed::messages::{EpochStats, HopFigures, StepDone};
+use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::epoch::{lap, EVAL_SEED};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;
@@ -50,6 +52,8 @@ pub fn train(s: &WorkerSetup) -> Result<Model> {
 /// What sampling and gathering need: shared by the worker and its prefetch thread.
 struct Ctx<'a> {
     s: &'a WorkerSetup,
+    /// `[training.hopgnn]`
+    hop: HopConfig,
     /// Every partition's sampler and stores.
     c: Client,
     /// Every worker's inbox, in partition order.
@@ -117,7 +121,8 @@ impl<'a> Worker<'a> {
         let t = &s.cfg;
         let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
         let (c, workers, coordinator) = s.peers(&model)?;
-        let exam = match (t.hop_time_steps, &s.from) {
+        let hop = HopConfig::of(t)?;
+        let exam = match (hop.time_steps, &s.from) {
             (HopTimeSteps::Auto, Some((dir, m))) => Some(Examination::from_tensors(
                 &checkpoint::load_tensors(dir, m, EXAMINATION)?,
                 s.parts,
@@ -129,6 +134,7 @@ impl<'a> Worker<'a> {
         Ok(Worker {
             ctx: Ctx {
                 s,
+                hop,
                 c,
                 workers,
                 coordinator,
@@ -165,7 +171,7 @@ impl<'a> Worker<'a> {
 impl Ctx<'_> {
     /// Time steps per step.
     fn time_steps(&self) -> u32 {
-        match self.s.cfg.hop_time_steps {
+        match self.hop.time_steps {
             HopTimeSteps::All => self.s.parts,
             HopTimeSteps::Auto => self.auto_steps.load(Ordering::Acquire),
             HopTimeSteps::Fixed(n) => n.min(self.s.parts),
@@ -216,7 +222,7 @@ impl Ctx<'_> {
         // One micrograph here this step: its rows are already distinct, so
         // pulling them in its own order is the same single pull per owner and
         // type, without selecting each time step's rows out of a union.
-        let rows = if s.cfg.hop_pregather && micro.iter().flatten().count() > 1 {
+        let rows = if self.hop.pregather && micro.iter().flatten().count() > 1 {
             let mut union = vec![Vec::new(); types.len()];
             for mb in micro.iter().flatten() {
                 for (ty, ids) in mb.blocks[0].src.iter().enumerate() {
@@ -407,7 +413,7 @@ impl<'a> Steps for Replica<'a> {
             // The next epoch's prefetch starts after this returns.
             ctx.auto_steps.store(e.steps, Ordering::Release);
         }
-        st.hop = Some(std::mem::take(&mut self.hop));
+        st.set_figures(&std::mem::take(&mut self.hop))?;
         let c = ctx.coordinator.clone();
         ctx.block_on(c.ask(st, self.s.timeouts.ask))??;
         Ok(())
@@ -483,7 +489,7 @@ impl Replica<'_> {
         let mut clock = Instant::now();
         let values: usize = self.model.params.iter().map(|(_, v)| v.elem_count()).sum();
         let len = values + allreduce::extra(&self.model.params);
-        let carry = s.cfg.hop_migrate == HopMigrate::Model;
+        let carry = ctx.hop.migrate == HopMigrate::Model;
         let after = self.seq.checked_sub(1);
         // Pre-gathering: the step's learnable rows, pulled once, as gradient leaves.
         let learn = match &p.rows {

@@ -15,7 +15,8 @@ use models::optim::{Adam, AdamConfig};
 use models::rgcn::PerType;
 use models::Model;
 
-use crate::config::{LocalBatch, TrainingConfig};
+use super::LocalBatch;
+use crate::config::TrainingConfig;
 use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::{count_correct, lap, sample, Prepared, EVAL_BATCH, EVAL_SEED};
@@ -160,12 +161,12 @@ impl Local {
         self.train.len() as u64
     }
 
-    /// Seeds per step: `t.batch`, or its share of it (the partition's share
+    /// Seeds per step: `batch`, or its share of it (the partition's share
     /// of the `total` training nodes, rounded up; all of it for one partition).
-    pub fn batch(&self, t: &TrainingConfig, total: usize) -> usize {
-        match t.local_batch {
-            LocalBatch::Whole => t.batch,
-            LocalBatch::Share => ((t.batch as u128 * self.train.len() as u128)
+    pub fn batch(&self, batch: usize, rule: LocalBatch, total: usize) -> usize {
+        match rule {
+            LocalBatch::Whole => batch,
+            LocalBatch::Share => ((batch as u128 * self.train.len() as u128)
                 .div_ceil(total.max(1) as u128) as usize)
                 .max(1),
         }

@@ -8,12 +8,22 @@
 //! `crate::distributed`'s; checkpoints come at the ends of rounds.
 
 mod average;
+mod config;
+pub mod figures;
 mod final_rows;
 pub mod local;
 pub mod messages;
 mod worker;
 
+/// Model averaging's rules: each worker steps on its own partitions; its figures (`workers`, `averaging_bytes`).
+pub const RULES: crate::modes::Rules = crate::modes::Rules {
+    own_steps: true,
+    partial_params: false,
+    figures: figures::merge,
+};
+
 pub use average::weighted_mean;
+pub use config::{AveragingConfig, LocalBatch};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +42,7 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish};
 use crate::distributed::{load_options, Distributed, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use local::Local;
 use messages::Average;
 
@@ -53,6 +64,7 @@ pub struct ModelAveraging {
     parts: u32,
     workers: u32,
     cfg: TrainingConfig,
+    avg: AveragingConfig,
     owners: Arc<Vec<Vec<u16>>>,
     /// Partitions loaded so far (a worker's second and later ones, kept across attempts).
     graphs: dashmap::DashMap<u32, Arc<HetGraph>>,
@@ -68,20 +80,16 @@ impl ModelAveraging {
         if parts > 1 && !set.manifest.halo_features {
             return Err(TrainError::Config(format!("training.partitions: {} holds no halo feature rows; model averaging trains on local data only (hetgnn partition --halo-features)", dir.display())));
         }
-        if t.sync_every == 0 {
-            return Err(TrainError::Config(
-                "training.sync_every: must be at least 1 (epochs between averagings)".into(),
-            ));
-        }
+        let avg = AveragingConfig::of(t)?;
         // By default one worker per node of the cluster, or per partition in one process.
-        let workers = match (t.workers, nodes) {
+        let workers = match (avg.workers, nodes) {
             (0, Some(n)) => n as u32,
             (0, None) => parts,
             (w, _) => w,
         };
         if workers > parts {
             return Err(TrainError::Config(format!(
-                "{workers} workers but {} holds {parts} partitions; each worker needs at least one (training.workers = {workers}; a cluster has one per node)",
+                "{workers} workers but {} holds {parts} partitions; each worker needs at least one (training.model-averaging.workers = {workers}; a cluster has one per node)",
                 dir.display()
             )));
         }
@@ -91,6 +99,7 @@ impl ModelAveraging {
             parts,
             workers,
             cfg: t.clone(),
+            avg,
             owners,
             graphs: dashmap::DashMap::new(),
         })
@@ -158,7 +167,7 @@ impl Distributed for ModelAveraging {
             .collect();
         if ids.len() != self.workers as usize {
             return Err(TrainError::Config(format!(
-                "training.workers: {} workers for {} nodes; model averaging runs one worker per node (set training.workers = {} or leave it 0)",
+                "training.workers: {} workers for {} nodes; model averaging runs one worker per node (set training.model-averaging.workers = {} or leave it 0)",
                 self.workers,
                 ids.len(),
                 ids.len()
@@ -193,7 +202,7 @@ impl Distributed for ModelAveraging {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(
             "model-averaging|{}|{}|{}|{:?}|{:?}",
-            m.parts, self.workers, t.sync_every, t.local_batch, m.method
+            m.parts, self.workers, self.avg.sync_every, self.avg.local_batch, m.method
         );
         let mut extra: Vec<&[u8]> = vec![layout.as_bytes()];
         extra.extend(
@@ -249,6 +258,7 @@ impl Distributed for ModelAveraging {
             parts,
             owners: self.owners.clone(),
             cfg: self.cfg.clone(),
+            avg: self.avg,
             node: p.node.clone(),
             handle: p.handle.clone(),
             inbox: p.inboxes[0].clone(),

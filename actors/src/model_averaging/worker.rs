@@ -17,13 +17,14 @@ use graphs::{HetGraph, Sampler};
 use runtime::{ActorRef, Node};
 
 use super::average::{Averager, Holders};
+use super::figures::LocalFigures;
 use super::local::Local;
 use super::names;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{Manifest, Progress};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
-use crate::distributed::messages::{EpochStats, LocalFigures, Saved, StepDone};
+use crate::distributed::messages::{EpochStats, Saved, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::{prepare, run_steps, sample, PREFETCH};
 use crate::error::{Result, TrainError};
@@ -40,6 +41,8 @@ pub(crate) struct WorkerSetup {
     pub owners: Arc<Vec<Vec<u16>>>,
     /// Training settings.
     pub cfg: TrainingConfig,
+    /// `[training.model-averaging]`
+    pub avg: super::AveragingConfig,
     /// The node its actors live on.
     pub node: Node,
     /// The node's runtime.
@@ -150,7 +153,12 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         let before = bytes();
         let (mut loss_sum, mut steps) = (0.0f64, 0u64);
         for (i, l) in locals.iter_mut().enumerate() {
-            let batches = epoch_batches(&l.train, l.batch(t, total_train), t.seed, epoch);
+            let batches = epoch_batches(
+                &l.train,
+                l.batch(t.batch, s.avg.local_batch, total_train),
+                t.seed,
+                epoch,
+            );
             let feed = l.feed(t);
             let make = || {
                 let mut sampler = Sampler::new(&feed.graph, &feed.fanouts, feed.seed)?;
@@ -196,13 +204,15 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
             valid_correct: count(&locals, true)?,
             test_correct: count(&locals, false)?,
+            averaging_bytes: 0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
         };
-        let round_end = (epoch + 1) % t.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
+        let mut averaging_bytes = 0;
+        let round_end = (epoch + 1) % s.avg.sync_every.max(1) == 0 || epoch + 1 == t.epochs;
         if round_end && averages {
             let sync = Instant::now();
-            st.averaging_bytes = avg.average(epoch, &mut locals, &holders)?;
+            averaging_bytes = avg.average(epoch, &mut locals, &holders)?;
             st.time.comm_s += sync.elapsed().as_secs_f64();
             st.valid_correct = count(&locals, true)?;
             st.test_correct = count(&locals, false)?;
@@ -210,11 +220,12 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             (st.valid_correct, st.test_correct) = (local.valid_correct, local.test_correct);
         }
         // The process's peaks so far, the round's averaging included.
-        st.local = Some(LocalFigures {
+        st.set_figures(&LocalFigures {
+            averaging_bytes,
             peak_memory_bytes: graphs::memory::peak_rss_bytes(),
             peak_anon_bytes: graphs::memory::peak_anon_bytes(),
             ..local
-        });
+        })?;
         st.time.eval_s = eval.elapsed().as_secs_f64() - st.time.comm_s;
         let m = s.node.metrics();
         st.bytes_by_kind = m.bytes_by_kind();

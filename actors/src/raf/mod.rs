@@ -6,6 +6,7 @@
 //! other nodes in order. The generations, the coordinator and checkpoints
 //! are `crate::distributed`'s.
 
+mod config;
 mod final_state;
 pub mod messages;
 pub mod worker;
@@ -28,8 +29,18 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish};
 use crate::distributed::{load_options, Distributed, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use messages::{Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows, Shared};
 use worker::{WorkerResult, WorkerSetup};
+
+/// RAF's rules: a parameter no worker uses is in no worker's checkpoint
+/// file (it keeps its initial value).
+pub const RULES: crate::modes::Rules = crate::modes::Rules {
+    partial_params: true,
+    ..crate::modes::PLAIN
+};
+
+pub use config::{RafConfig, RafEmbeddings};
 
 /// Actor names of RAF training.
 pub mod names {
@@ -50,6 +61,7 @@ pub struct Raf {
     /// Partition index of each worker.
     part_of: Vec<usize>,
     cfg: TrainingConfig,
+    raf: RafConfig,
     /// Every worker's relations per layer, once a graph is loaded.
     per_layer: std::sync::OnceLock<Arc<Vec<Vec<Vec<RelationId>>>>>,
     /// Per worker (by name), what its cache manager serves.
@@ -59,9 +71,6 @@ pub struct Raf {
 impl Raf {
     /// The run `t` describes: its meta-partitions must exist and suit it.
     pub fn open(t: &TrainingConfig) -> Result<Raf> {
-        if t.model == models::ModelKind::Mlp {
-            return Err(TrainError::Config("training.model: mode = \"raf\" aggregates relations; the MLP reads none (use rgcn, rgat or hgt)".into()));
-        }
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: raf training needs a meta-partition directory (hetgnn partition --method meta --out DIR)".into()))?;
         let set = MetaSet::open(dir)?;
         if set.manifest.layers != t.layers {
@@ -81,6 +90,7 @@ impl Raf {
             set,
             part_of,
             cfg: t.clone(),
+            raf: RafConfig::of(t)?,
             per_layer: std::sync::OnceLock::new(),
             views: Arc::default(),
         })
@@ -174,7 +184,7 @@ impl Distributed for Raf {
     fn fingerprint(&self, g: &HetGraph) -> String {
         let layout = format!(
             "raf|{:?}|{:?}|{:?}",
-            self.cfg.raf_embeddings, self.part_of, self.set.manifest
+            self.raf.embeddings, self.part_of, self.set.manifest
         );
         crate::distributed::checkpoint::fingerprint(&self.cfg, g.name(), &[layout.as_bytes()])
     }
@@ -232,6 +242,7 @@ impl Distributed for Raf {
             per_layer: self.per_layer(p.graph)?,
             replicas: self.replicas(),
             cfg: self.cfg.clone(),
+            raf: self.raf,
             graph: p.graph.clone(),
             node: p.node.clone(),
             handle: p.handle.clone(),

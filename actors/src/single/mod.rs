@@ -20,9 +20,13 @@ use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, Items, StepFigures, Steps};
 use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
 use crate::error::{Result, TrainError};
+use crate::modes::ModeConfig;
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 use crate::task::link::LinkTask;
+
+mod config;
+pub use config::SingleConfig;
 
 /// Single-process training: the graph in `training.data`, one model, one optimiser.
 pub struct Single;
@@ -179,7 +183,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     // there: all CUDA work on one thread keeps the device's stream in step
     // order, and host threads never wait for it.
     let on_gpu = !device.is_cpu();
-    let prefetch = crate::epoch::prefetch_workers(t.prefetch_threads, on_gpu);
+    let prefetch = crate::epoch::prefetch_workers(SingleConfig::of(t)?.prefetch_threads, on_gpu);
     let feed = Feed {
         graph: &g,
         gather: if on_gpu {
@@ -545,6 +549,7 @@ impl<'g> Steps for Run<'g, '_> {
             std::slice::from_ref(&st),
             splits.valid.len(),
             splits.test.len(),
+            false,
         );
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);

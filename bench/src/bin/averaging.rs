@@ -211,7 +211,7 @@ fn train(
     );
     let _ = std::fs::remove_dir_all(&ck);
     let keep = format!("training.checkpoint_keep={}", epochs + 1);
-    let sync = format!("training.sync_every={sync_every}");
+    let sync = format!("training.model-averaging.sync_every={sync_every}");
     let args = [
         "train",
         "--force",

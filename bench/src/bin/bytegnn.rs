@@ -49,7 +49,7 @@ struct Args {
     /// Seed nodes per step.
     #[arg(long, default_value_t = 1024)]
     batch: usize,
-    /// Extra `[training]` lines for the dag runs (e.g. "dag_max_in_flight = 4").
+    /// Extra `[training]` lines for the dag runs (e.g. "data-parallel.dag_max_in_flight = 4").
     #[arg(long, default_value = "")]
     dag: String,
     #[command(flatten)]
@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         let parts = bench::partitions_named(&bin, &data, "metis", k, &a.graph)?;
         for i in 0..a.warmup {
             eprintln!("warm-up {i}, {k} nodes, 1 epoch (not counted)");
-            let training = format!("mode = \"data-parallel\"\nsampling_sink = true\npartitions = {:?}\nepochs = 1\nbatch = {}\n", parts.display().to_string(), a.batch);
+            let training = format!("mode = \"data-parallel\"\ndata-parallel.sampling_sink = true\npartitions = {:?}\nepochs = 1\nbatch = {}\n", parts.display().to_string(), a.batch);
             a.links
                 .launch(&bin, w, k, &training, &format!("warmup-{k}-{i}.json"))?;
         }
@@ -103,9 +103,9 @@ fn main() -> anyhow::Result<()> {
             for run in &a.runs {
                 let mut extra = match run.as_str() {
                     "pipeline" => String::new(),
-                    "dag" => format!("sampling = \"dag\"\n{}\n", a.dag),
-                    "pipeline-sink" => "sampling_sink = true\n".into(),
-                    "dag-sink" => format!("sampling = \"dag\"\nsampling_sink = true\n{}\n", a.dag),
+                    "dag" => format!("data-parallel.sampling = \"dag\"\n{}\n", a.dag),
+                    "pipeline-sink" => "data-parallel.sampling_sink = true\n".into(),
+                    "dag-sink" => format!("data-parallel.sampling = \"dag\"\ndata-parallel.sampling_sink = true\n{}\n", a.dag),
                     other => {
                         bail!("--runs {other}: expected pipeline, dag, pipeline-sink or dag-sink")
                     }

@@ -126,7 +126,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 let report = format!("{mode}-{method}-{k}-h{hidden}.json");
                 let training = format!(
-                    "mode = {mode:?}\npartitions = {:?}\nepochs = {}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf_embeddings = {:?}\n",
+                    "mode = {mode:?}\npartitions = {:?}\nepochs = {}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf.embeddings = {:?}\n",
                     parts.display().to_string(),
                     a.epochs,
                     a.allreduce,

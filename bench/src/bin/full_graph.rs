@@ -101,24 +101,24 @@ struct Args {
 /// The `[training]` lines of a staleness setting.
 fn setting(s: &str) -> anyhow::Result<String> {
     let (s, grads) = match s.strip_suffix("-g") {
-        Some(base) => (base, "skip_gradients = true\n"),
+        Some(base) => (base, "full-graph.skip_gradients = true\n"),
         None => (s, ""),
     };
     let body = if s == "none" {
         String::new()
     } else if let Some(k) = s.strip_prefix("fixed") {
         format!(
-            "staleness = \"fixed\"\nstaleness_epochs = {}\n",
+            "full-graph.staleness = \"fixed\"\nfull-graph.staleness_epochs = {}\n",
             k.parse::<u32>()?
         )
     } else if let Some(k) = s.strip_prefix("adaptive") {
         format!(
-            "staleness = \"adaptive\"\nstaleness_epochs = {}\n",
+            "full-graph.staleness = \"adaptive\"\nfull-graph.staleness_epochs = {}\n",
             k.parse::<u32>()?
         )
     } else if let Some(e) = s.strip_prefix("variation") {
         format!(
-            "staleness = \"variation\"\nstaleness_variation = {}\n",
+            "full-graph.staleness = \"variation\"\nfull-graph.staleness_variation = {}\n",
             e.parse::<f64>()?
         )
     } else {

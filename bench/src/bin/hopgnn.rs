@@ -144,12 +144,12 @@ fn main() -> anyhow::Result<()> {
         for &hidden in &a.hidden {
             for (rep, run) in (0..a.repeat).flat_map(|rep| a.runs.iter().map(move |r| (rep, r))) {
                 let mode = match run.as_str() {
-                    "random" => "mode = \"data-parallel\"\nseed_assignment = \"random\"\n".to_string(),
+                    "random" => "mode = \"data-parallel\"\ndata-parallel.seed_assignment = \"random\"\n".to_string(),
                     "owner" => "mode = \"data-parallel\"\n".to_string(),
                     "hop" => "mode = \"hopgnn\"\n".to_string(),
-                    "hop-grad" => "mode = \"hopgnn\"\nhop_migrate = \"gradient\"\n".to_string(),
-                    "hop-merged" => format!("mode = \"hopgnn\"\nhop_time_steps = {}\n", (k - 1).max(1)),
-                    "hop-auto" => "mode = \"hopgnn\"\nhop_time_steps = \"auto\"\n".to_string(),
+                    "hop-grad" => "mode = \"hopgnn\"\nhopgnn.migrate = \"gradient\"\n".to_string(),
+                    "hop-merged" => format!("mode = \"hopgnn\"\nhopgnn.time_steps = {}\n", (k - 1).max(1)),
+                    "hop-auto" => "mode = \"hopgnn\"\nhopgnn.time_steps = \"auto\"\n".to_string(),
                     other => bail!("--runs {other}: expected random, owner, hop, hop-grad, hop-merged or hop-auto"),
                 };
                 let training = format!(

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use super::{Ctx, Prepared};
+use crate::distributed::messages::EpochStats;
 use crate::epoch::run::BatchSource;
 use crate::error::Result;
 use crate::sampling::dag::{Job, Seeds, Source};
-use crate::sampling::pipeline::{DagBatches, DagFigures};
+use crate::sampling::pipeline::DagBatches;
 
 /// The epoch's DAG-sampled batches, with each step's seeds and share.
 pub(super) struct DagFeed<'a> {
@@ -28,11 +29,11 @@ impl<'a> Ctx<'a> {
     ) -> Result<DagFeed<'a>> {
         let t = &self.s.cfg;
         let target = self.s.graph.target().index();
-        let worker = crate::sampling::worker(&self.s.sampling, self.s.part, t.dag_threads)?;
+        let worker = crate::sampling::worker(&self.s.sampling, self.s.part, self.s.dp.dag_threads)?;
         let src = Arc::new(Source::new(
             &self.c,
             self.s.link.clone(),
-            t.dag_chunk_rows as usize,
+            self.s.dp.dag_chunk_rows as usize,
         ));
         let mut jobs = Vec::new();
         let mut shares = std::collections::VecDeque::new();
@@ -60,7 +61,7 @@ impl<'a> Ctx<'a> {
             src,
             worker,
             jobs,
-            t.dag_max_in_flight as usize,
+            self.s.dp.dag_max_in_flight as usize,
             self.s.timeouts.step,
         )?;
         Ok(DagFeed {
@@ -102,7 +103,7 @@ impl BatchSource<Prepared> for DagFeed<'_> {
         self.dags.trained(seconds);
     }
 
-    fn figures(&self) -> DagFigures {
-        self.dags.figures()
+    fn figures(&self, st: &mut EpochStats) -> Result<()> {
+        st.set_figures(&self.dags.figures())
     }
 }

@@ -28,9 +28,10 @@ use models::Model;
 use runtime::{ActorRef, Node};
 
 use super::names;
+use super::{DataParallelConfig, Sampling, SeedAssignment};
 use crate::cache::manager::{type_names, CacheView};
 use crate::cache::DeviceCache;
-use crate::config::{Sampling, SeedAssignment, TrainingConfig};
+use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
@@ -57,6 +58,8 @@ pub struct TrainerSetup {
     pub trainer_of: Arc<Vec<u16>>,
     /// Training settings.
     pub cfg: TrainingConfig,
+    /// `[training.data-parallel]`
+    pub dp: DataParallelConfig,
     /// The partition graph.
     pub graph: Arc<HetGraph>,
     /// Owner of every node.
@@ -259,7 +262,7 @@ impl<'a> Steps for Replica<'a> {
         batches: &[Vec<u32>],
         skip: usize,
     ) -> Result<Option<Box<dyn BatchSource<Prepared> + 'f>>> {
-        if ctx.s.cfg.sampling != Sampling::Dag {
+        if ctx.s.dp.sampling != Sampling::Dag {
             return Ok(None);
         }
         Ok(Some(Box::new(ctx.dag_batches(epoch, batches, skip)?)))
@@ -301,7 +304,7 @@ impl<'a> Steps for Replica<'a> {
     ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
-        let (loss, correct) = match ctx.s.cfg.sampling_sink {
+        let (loss, correct) = match ctx.s.dp.sampling_sink {
             // The batch is dropped: the epoch measures sampling alone.
             true => {
                 self.seq += 1;
@@ -329,7 +332,7 @@ impl<'a> Steps for Replica<'a> {
     }
 
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
-        if ctx.s.cfg.sampling_sink {
+        if ctx.s.dp.sampling_sink {
             st.evaluated = false;
             return Ok(());
         }
@@ -488,7 +491,7 @@ impl Ctx<'_> {
 
     /// This trainer's seeds of the global `batch` of target nodes, in batch order.
     fn my_seeds(&self, target: usize, batch: &[u32]) -> Vec<u32> {
-        match self.s.cfg.seed_assignment {
+        match self.s.dp.seed_assignment {
             SeedAssignment::Owner => {
                 let per_part = self.s.trainers / self.s.parts;
                 batch

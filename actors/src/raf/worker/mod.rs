@@ -77,6 +77,8 @@ pub struct WorkerSetup {
     pub replicas: Arc<Vec<(u32, u32)>>,
     /// Training settings.
     pub cfg: TrainingConfig,
+    /// `[training.raf]`
+    pub raf: crate::raf::RafConfig,
     /// This worker's partition.
     pub graph: Arc<HetGraph>,
     /// The node the worker's actors live on.
@@ -257,7 +259,7 @@ impl<'a> Worker<'a> {
                 }
             })
             .collect();
-        let local = t.raf_embeddings == crate::config::RafEmbeddings::Local;
+        let local = setup.raf.embeddings == crate::raf::RafEmbeddings::Local;
         let shared_tables = (0..workers)
             .map(|k| {
                 let theirs = reads(k);
