@@ -38,3 +38,6 @@ run hopgnn --mode hopgnn --partitions p-metis
 run hopgnn-gradient --mode hopgnn --partitions p-metis --set 'training.hop_migrate="gradient"' --set training.hop_time_steps=1
 run full-graph --mode full-graph --partitions p-block-row
 run full-graph-stale --mode full-graph --partitions p-block-row --set 'training.staleness="fixed"' --set training.skip_gradients=true
+run single-cache --data g --cache-bytes 64KiB --cache-policy hotness
+run data-parallel-cache --mode data-parallel --partitions p-metis --cache-bytes 64KiB
+run raf-cache --mode raf --partitions p-meta --cache-bytes 64KiB

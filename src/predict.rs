@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use actors::distributed::checkpoint as dist;
 use actors::epoch::sample;
-use actors::epoch::EVAL_SEED;
+use actors::epoch::SamplingPlan;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device};
 use clap::Args;
 
 use crate::output::{Kind, Output};
-use graphs::{LoadOptions, Sampler};
+use graphs::LoadOptions;
 use models::checkpoint;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
@@ -200,7 +200,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     steps.dedup();
     steps.sort_unstable();
     steps.dedup();
-    let mut sampler = Sampler::new(&g, &manifest.fanouts, manifest.spec.seed ^ EVAL_SEED)?;
+    let mut sampler = SamplingPlan::new(&manifest.fanouts, manifest.spec.seed).eval(&g)?;
     // Results are kept for the wanted nodes only: (node, position in the
     // output), sorted by node, so each batch finds its nodes by bisection.
     let mut order: Vec<(u32, usize)> = wanted.iter().copied().zip(0..).collect();

@@ -24,7 +24,6 @@ pub mod observer;
 pub mod owner;
 pub mod raf;
 pub mod report;
-pub mod sampling;
 pub mod single;
 pub mod task;
 

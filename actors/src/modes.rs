@@ -133,6 +133,17 @@ struct Entry {
     tasks: &'static [Task],
     one_process: bool,
     rules: &'static Rules,
+    defaults: fn() -> serde_json::Value,
+}
+
+fn defaults_of<C: ModeConfig>() -> serde_json::Value {
+    serde_json::to_value(C::default()).expect("settings serialise")
+}
+
+/// Every mode's name and its settings' defaults, as `[training.<mode>]`
+/// holds them (for the configuration reference and its test).
+pub fn settings_defaults() -> Vec<(&'static str, serde_json::Value)> {
+    REGISTRY.iter().map(|e| (e.name, (e.defaults)())).collect()
 }
 
 fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
@@ -154,6 +165,7 @@ const fn entry<C: ModeConfig>(
         tasks,
         one_process,
         rules,
+        defaults: defaults_of::<C>,
     }
 }
 

@@ -6,12 +6,13 @@ mod common;
 
 use std::collections::HashSet;
 
-use actors::cache::hotness::{presample, PRESAMPLE_SEED};
+use actors::cache::hotness::presample;
+use actors::epoch::SamplingPlan;
 use actors::{train, Config, Report};
 use common::{derived, Losses};
 use graphs::partition::{self, Method};
 use graphs::sampler::epoch_batches;
-use graphs::{LoadOptions, NoProgress, Sampler};
+use graphs::{LoadOptions, NoProgress};
 
 const BASE: [&str; 4] = [
     "training.epochs=2",
@@ -175,18 +176,19 @@ fn hit_rates_match_a_brute_force_replay_of_the_batches() {
     .unwrap();
     let (_, splits) = g.target_labels();
     let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
-    let mut pre = Sampler::new(&g, &t.fanouts, t.seed ^ PRESAMPLE_SEED).unwrap();
+    let plan = SamplingPlan::of(t);
+    let mut pre = plan.presample(&g).unwrap();
     let visits = presample(
         &sizes,
         &splits.train,
         t.batch,
-        t.seed,
+        &plan,
         t.cache_presample_epochs,
         |e, s, b| Ok(pre.sample(e, s, b).unwrap().blocks.swap_remove(0).src),
     )
     .unwrap();
-    let mut sampler = Sampler::new(&g, &t.fanouts, t.seed).unwrap();
-    let batches = epoch_batches(&splits.train, t.batch, t.seed, 0);
+    let mut sampler = plan.train(&g).unwrap();
+    let batches = epoch_batches(&splits.train, t.batch, plan.train_seed(), 0);
     let inputs: Vec<Vec<Vec<u32>>> = batches
         .iter()
         .enumerate()

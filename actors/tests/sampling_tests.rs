@@ -58,7 +58,7 @@ fn same_as_pipeline(pdir: &std::path::Path, base: &[&str], extra: &[&str], varia
         );
         for e in &report.epochs {
             let s = e
-                .figures::<actors::sampling::pipeline::DagFigures>("sampling")
+                .figures::<actors::data_parallel::sampling::pipeline::DagFigures>("sampling")
                 .unwrap_or_else(|| panic!("{v:?}: no sampling figures"));
             assert!(s.launches > 0 && s.in_flight_max >= 1, "{v:?}: {s:?}");
             for op in ["seed", "pick", "assemble", "finish"] {
@@ -161,7 +161,7 @@ fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
     for (e, t) in sink.epochs.iter().zip(&trained.epochs) {
         assert_eq!((e.loss, e.test_acc, e.time.compute_s), (0.0, None, 0.0));
         let s = e
-            .figures::<actors::sampling::pipeline::DagFigures>("sampling")
+            .figures::<actors::data_parallel::sampling::pipeline::DagFigures>("sampling")
             .unwrap();
         // Both trainers launched one DAG per step in which they have seeds.
         assert!(
@@ -169,10 +169,10 @@ fn a_sampling_sink_samples_every_batch_and_trains_nothing() {
             "{s:?}"
         );
         assert_eq!(
-            e.figures::<actors::sampling::pipeline::DagFigures>("sampling")
+            e.figures::<actors::data_parallel::sampling::pipeline::DagFigures>("sampling")
                 .unwrap()
                 .launches,
-            t.figures::<actors::sampling::pipeline::DagFigures>("sampling")
+            t.figures::<actors::data_parallel::sampling::pipeline::DagFigures>("sampling")
                 .unwrap()
                 .launches
         );

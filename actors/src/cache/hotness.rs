@@ -6,10 +6,6 @@ use graphs::sampler::epoch_batches;
 
 use crate::error::Result;
 
-/// Seed of the pre-sampling draws: independent of training's, so the counts
-/// predict the training epochs instead of replaying them.
-pub const PRESAMPLE_SEED: u64 = 0x9E3A_11CA_C4E5;
-
 /// Visit counts per node type and node.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Visits {
@@ -62,13 +58,13 @@ pub fn presample(
     sizes: &[usize],
     train: &[u32],
     batch: usize,
-    seed: u64,
+    plan: &crate::epoch::SamplingPlan,
     epochs: u64,
     mut inputs: impl FnMut(u64, u64, &[u32]) -> Result<Vec<Vec<u32>>>,
 ) -> Result<Visits> {
     let mut visits = Visits::new(sizes);
     for epoch in 0..epochs {
-        for (step, b) in epoch_batches(train, batch, seed ^ PRESAMPLE_SEED, epoch)
+        for (step, b) in epoch_batches(train, batch, plan.presample_seed(), epoch)
             .iter()
             .enumerate()
         {
@@ -102,7 +98,8 @@ mod tests {
     fn presampling_walks_every_batch_of_every_epoch_once() {
         let train: Vec<u32> = (0..10).collect();
         let mut calls = Vec::new();
-        let v = presample(&[10], &train, 4, 1, 2, |e, s, b| {
+        let plan = crate::epoch::SamplingPlan::new(&[2], 1);
+        let v = presample(&[10], &train, 4, &plan, 2, |e, s, b| {
             calls.push((e, s, b.len()));
             Ok(vec![b.to_vec()])
         })

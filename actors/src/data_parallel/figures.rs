@@ -1,10 +1,10 @@
 //! Data-parallel training's own figures: DAG sampling's (`sampling =
 //! "dag"`), merged into the report as `sampling` in each epoch.
 
+use crate::data_parallel::sampling::pipeline::DagFigures;
 use crate::distributed::messages::EpochStats;
 use crate::error::Result;
 use crate::report::EpochReport;
-use crate::sampling::pipeline::DagFigures;
 
 /// The DAG figures of every trainer: launches and operator seconds summed,
 /// in-flight and queued means averaged, the largest in flight.

@@ -7,6 +7,7 @@
 
 mod config;
 pub mod figures;
+pub mod sampling;
 pub mod trainer;
 
 use std::path::PathBuf;
@@ -72,7 +73,7 @@ pub struct DataParallel {
     /// Link prediction: per partition loaded in this process, its share of the task.
     links: std::sync::Mutex<std::collections::HashMap<u32, Arc<LinkTask>>>,
     /// `sampling = "dag"`: per partition loaded here, its sampling worker.
-    sampling: crate::sampling::Workers,
+    sampling: crate::data_parallel::sampling::Workers,
 }
 
 impl DataParallel {

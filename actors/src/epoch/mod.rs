@@ -7,6 +7,8 @@
 //! every step, so a mode reads them when it uses the batch. Batches arrive in
 //! step order, so results equal those of the sequential loop.
 
+pub mod cpu;
+pub mod plan;
 pub mod preflight;
 pub mod run;
 pub mod schedule;
@@ -25,8 +27,7 @@ use crate::error::{Result, TrainError};
 /// Batches prepared ahead of the step that trains on them.
 pub const PREFETCH: usize = 2;
 
-/// Evaluation samples with a seed of its own so it never shares draws with training.
-pub const EVAL_SEED: u64 = 0xE7A1_5EED;
+pub use plan::{SamplingPlan, EVAL_SEED, PRESAMPLE_SEED};
 
 /// Seeds per evaluation batch.
 pub const EVAL_BATCH: usize = 4096;

@@ -12,13 +12,13 @@ use std::time::Instant;
 use graphs::sampler::epoch_batches;
 use runtime::Node;
 
+use super::cpu::CpuSpan;
 use super::schedule::Schedule;
 use super::{run_steps, PREFETCH};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::error::Result;
-use crate::sampling::launch::CpuSpan;
 use crate::task::link::LinkTask;
 
 /// What the loop knows of the attempt.

@@ -32,7 +32,7 @@ use super::{HopConfig, HopMigrate, HopTimeSteps};
 use crate::distributed::checkpoint::{self, Progress};
 use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
-use crate::epoch::{lap, EVAL_SEED};
+use crate::epoch::{lap, SamplingPlan};
 use crate::error::{Result, TrainError};
 use crate::modes::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
@@ -388,7 +388,10 @@ impl<'a> Steps for Replica<'a> {
     fn evaluate(&mut self, ctx: &Ctx<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
-        let (seed, after) = (self.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
+        let (seed, after) = (
+            SamplingPlan::of(&self.s.cfg).eval_seed(),
+            self.seq.checked_sub(1),
+        );
         let mine = |c: &[u32]| {
             c.iter()
                 .copied()

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use graphs::{HetGraph, Sampler};
+use graphs::HetGraph;
 use models::embedding::EmbeddingTable;
 use models::model::{DropoutKey, FeatureGather};
 use models::optim::{Adam, AdamConfig};
@@ -19,7 +19,7 @@ use super::LocalBatch;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
-use crate::epoch::{count_correct, lap, sample, Prepared, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{count_correct, lap, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
 
 /// The learnable rows of one node type a partition holds, ids ascending.
@@ -178,8 +178,7 @@ impl Local {
             graph: self.graph.clone(),
             gather: self.gather.clone(),
             uses_neighbors: self.model.uses_neighbors(),
-            fanouts: t.fanouts.clone(),
-            seed: t.seed,
+            plan: SamplingPlan::of(t),
         }
     }
 
@@ -258,7 +257,7 @@ impl Local {
     /// Correct predictions on `nodes` (sampled within the partition, no dropout).
     pub fn correct_on(&self, t: &TrainingConfig, epoch: u64, nodes: &[u32]) -> Result<u64> {
         let (labels, _) = self.graph.target_labels();
-        let mut sampler = Sampler::new(&self.graph, &t.fanouts, t.seed ^ EVAL_SEED)?;
+        let mut sampler = SamplingPlan::of(t).eval(&self.graph)?;
         let mut correct = 0;
         for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
             let mb = sample(
@@ -403,10 +402,8 @@ pub struct Feed {
     pub gather: FeatureGather,
     /// Whether the model reads neighbourhoods.
     pub uses_neighbors: bool,
-    /// Neighbours per hop.
-    pub fanouts: Vec<usize>,
-    /// The run's seed.
-    pub seed: u64,
+    /// Fanouts and seeds.
+    pub plan: SamplingPlan,
 }
 
 /// A partition's file of its dense state and halo rows.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use graphs::sampler::epoch_batches;
-use graphs::{HetGraph, Sampler};
+use graphs::HetGraph;
 use runtime::{ActorRef, Node};
 
 use super::average::{Averager, Holders};
@@ -161,7 +161,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             );
             let feed = l.feed(t);
             let make = || {
-                let mut sampler = Sampler::new(&feed.graph, &feed.fanouts, feed.seed)?;
+                let mut sampler = feed.plan.train(&feed.graph)?;
                 let feed = &feed;
                 Ok(move |step: u64, seeds: &[u32]| {
                     prepare(&feed.graph, &feed.gather, None, true, || {

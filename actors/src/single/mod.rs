@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, Items, StepFigures, Steps};
-use crate::epoch::{count_correct, lap, prepare, sample, Prepared, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{count_correct, lap, prepare, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
 use crate::modes::ModeConfig;
 use crate::observer::TrainObserver;
@@ -164,12 +164,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
             t.cache_presample_epochs
         ));
     }
+    let plan = SamplingPlan::of(t);
     let cache = {
-        let mut presampler = Sampler::new(
-            &g,
-            &t.fanouts,
-            t.seed ^ crate::cache::hotness::PRESAMPLE_SEED,
-        )?;
+        let mut presampler = plan.presample(&g)?;
         let uses_neighbors = model.uses_neighbors();
         crate::cache::build_local(t, &g, &model, &splits.train, |e, s, b| {
             sample(&mut presampler, uses_neighbors, e, s, b)
@@ -194,8 +191,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         cached: cache.as_ref().map(|c| c.features.clone()),
         cached_in_step: on_gpu,
         uses_neighbors: model.uses_neighbors(),
-        fanouts: &t.fanouts,
-        seed: t.seed,
+        plan: &plan,
         link: link.as_ref(),
     };
     // Kernels run behind the host: without a wait at each phase's end, a
@@ -251,8 +247,8 @@ struct Feed<'g> {
     /// The cached rows are read by the training thread (on a GPU), not the prefetch threads.
     cached_in_step: bool,
     uses_neighbors: bool,
-    fanouts: &'g [usize],
-    seed: u64,
+    /// Fanouts and seeds.
+    plan: &'g SamplingPlan,
     /// Link prediction's edges and settings (`None`: node classification).
     link: Option<&'g LinkTask>,
 }
@@ -302,7 +298,7 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     fn feed_state<'f>(feed: &'f Feed<'g>) -> Result<Sampler<'f>> {
-        Ok(Sampler::new(feed.graph, feed.fanouts, feed.seed)?)
+        feed.plan.train(feed.graph)
     }
 
     /// Samples the batch and gathers its feature rows.
@@ -496,7 +492,7 @@ impl<'g> Steps for Run<'g, '_> {
             st.link = Some(match t.exact_link_eval() {
                 true => task.evaluate_exact(&self.model, self.g)?,
                 false => {
-                    let mut sampler = Sampler::new(self.g, &t.fanouts, t.seed ^ EVAL_SEED)?;
+                    let mut sampler = SamplingPlan::of(t).eval(self.g)?;
                     let (g, model) = (self.g, &self.model);
                     // Step 0 for every chunk: a node's rows do not depend on its chunk.
                     task.evaluate_sampled(model, g, |seeds| {
@@ -513,12 +509,11 @@ impl<'g> Steps for Run<'g, '_> {
         // The cached rows are read from the cache, as the steps read them (on a
         // GPU, there); batches are sampled on the prefetch threads' count.
         let (t, cache) = (&self.cfg.training, self.cache.as_ref());
-        let seed = t.seed ^ EVAL_SEED;
+        let plan = SamplingPlan::of(t);
         st.valid_correct = correct_with(
             self.g,
             &self.model,
-            &t.fanouts,
-            seed,
+            &plan,
             self.prefetch,
             epoch,
             &splits.valid,
@@ -527,8 +522,7 @@ impl<'g> Steps for Run<'g, '_> {
         st.test_correct = correct_with(
             self.g,
             &self.model,
-            &t.fanouts,
-            seed,
+            &plan,
             self.prefetch,
             epoch,
             &splits.test,
@@ -568,12 +562,10 @@ fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
 /// (epoch, step, seeds): the same batches as one sampler's), reading the rows
 /// `cache` holds from it (on a GPU: no copy from the host). The values are
 /// the tables', so the predictions are too.
-#[allow(clippy::too_many_arguments)]
 fn correct_with(
     g: &HetGraph,
     model: &Model,
-    fanouts: &[usize],
-    seed: u64,
+    plan: &SamplingPlan,
     workers: usize,
     epoch: u64,
     nodes: &[u32],
@@ -584,7 +576,7 @@ fn correct_with(
     let uses_neighbors = model.uses_neighbors();
     let make =
         || -> Result<_> {
-            let mut sampler = Sampler::new(g, fanouts, seed)?;
+            let mut sampler = plan.eval(g)?;
             Ok(move |step: u64, seeds: &[u32]| {
                 sample(&mut sampler, uses_neighbors, epoch, step, seeds)
             })

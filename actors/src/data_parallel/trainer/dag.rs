@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::{Ctx, Prepared};
+use crate::data_parallel::sampling::dag::{Job, Seeds, Source};
+use crate::data_parallel::sampling::pipeline::DagBatches;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::run::BatchSource;
 use crate::error::Result;
-use crate::sampling::dag::{Job, Seeds, Source};
-use crate::sampling::pipeline::DagBatches;
 
 /// The epoch's DAG-sampled batches, with each step's seeds and share.
 pub(super) struct DagFeed<'a> {
@@ -29,7 +29,11 @@ impl<'a> Ctx<'a> {
     ) -> Result<DagFeed<'a>> {
         let t = &self.s.cfg;
         let target = self.s.graph.target().index();
-        let worker = crate::sampling::worker(&self.s.sampling, self.s.part, self.s.dp.dag_threads)?;
+        let worker = crate::data_parallel::sampling::worker(
+            &self.s.sampling,
+            self.s.part,
+            self.s.dp.dag_threads,
+        )?;
         let src = Arc::new(Source::new(
             &self.c,
             self.s.link.clone(),

@@ -8,6 +8,7 @@ use candle_core::DType;
 
 use super::{Ctx, Prepared};
 use crate::cache::{hotness, profile, CachePolicy, DeviceCache};
+use crate::epoch::SamplingPlan;
 use crate::error::{Result, TrainError};
 use crate::owner::client::Rows;
 use crate::task::link::LinkTask;
@@ -114,12 +115,13 @@ impl Ctx<'_> {
         let (_, splits) = g.target_labels();
         let target = g.target().index();
         let sizes: Vec<usize> = g.node_types().iter().map(|nt| nt.count as usize).collect();
-        let seed = t.seed ^ hotness::PRESAMPLE_SEED;
+        let plan = SamplingPlan::of(t);
+        let seed = plan.presample_seed();
         let visits = hotness::presample(
             &sizes,
             &splits.train,
             t.batch,
-            t.seed,
+            &plan,
             t.cache_presample_epochs,
             |e, st, batch| {
                 let seeds = self.my_seeds(target, batch);

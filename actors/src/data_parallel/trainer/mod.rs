@@ -38,7 +38,7 @@ use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{EpochStats, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::run::{self as epochs, Attempt, BatchSource, StepFigures, Steps};
-use crate::epoch::{lap, EVAL_SEED};
+use crate::epoch::{lap, SamplingPlan};
 use crate::error::Result;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
@@ -83,7 +83,7 @@ pub struct TrainerSetup {
     /// Link prediction: the partition's share of the task (the edges whose source it owns).
     pub link: Option<Arc<LinkTask>>,
     /// `sampling = "dag"`: the sampling workers of the partitions loaded in this process.
-    pub sampling: crate::sampling::Workers,
+    pub sampling: crate::data_parallel::sampling::Workers,
 }
 
 /// Runs every epoch; returns the final replica. On failure, tells the other
@@ -338,7 +338,7 @@ impl<'a> Steps for Replica<'a> {
         }
         if let Some(task) = &self.s.link {
             let g = ctx.s.graph.clone();
-            let seed = ctx.s.cfg.seed ^ EVAL_SEED;
+            let seed = SamplingPlan::of(&ctx.s.cfg).eval_seed();
             let model = &self.model;
             let after = self.seq.checked_sub(1);
             // Step 0 for every chunk: a node's rows do not depend on its chunk (as in one process).
@@ -351,7 +351,10 @@ impl<'a> Steps for Replica<'a> {
         }
         let (_, splits) = self.s.graph.target_labels();
         let target = self.s.graph.target().index();
-        let (seed, after) = (ctx.s.cfg.seed ^ EVAL_SEED, self.seq.checked_sub(1));
+        let (seed, after) = (
+            SamplingPlan::of(&ctx.s.cfg).eval_seed(),
+            self.seq.checked_sub(1),
+        );
         st.valid_correct =
             ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, |c| {
                 ctx.my_seeds(target, c)

@@ -31,7 +31,7 @@ use std::time::Instant;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
-use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId, Sampler};
+use graphs::{HetGraph, MiniBatch, RelationFilter, RelationId};
 use models::model::DropoutKey;
 use models::optim::{Adam, AdamConfig};
 use models::partials::RelationPartials;
@@ -46,8 +46,8 @@ use crate::distributed::generations::abort_peers;
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::Saved;
 use crate::distributed::{decode_f32, Timeouts};
-use crate::epoch::lap;
 use crate::epoch::run::{self as epochs, Attempt};
+use crate::epoch::{lap, SamplingPlan};
 use crate::error::{Result, TrainError};
 
 /// Positions in `batch` of the seeds replica `(j, r)` handles.
@@ -319,11 +319,7 @@ impl<'a> Worker<'a> {
                 RelationFilter::PerLayer(setup.per_layer[w].clone()),
                 setup.replicas[w],
             );
-            let mut presampler = Sampler::new(
-                g,
-                &t.fanouts,
-                t.seed ^ crate::cache::hotness::PRESAMPLE_SEED,
-            )?;
+            let mut presampler = SamplingPlan::of(t).presample(g)?;
             let (_, splits) = g.target_labels();
             crate::cache::build_local(t, g, &model, &splits.train, |e, st, batch| {
                 let mine: Vec<u32> = share(batch, replica)
@@ -426,8 +422,7 @@ impl<'a> Worker<'a> {
             gather: self.model.feature_gather(),
             cached: self.cache.as_ref().map(|c| c.features.clone()),
             replica: s.replicas[s.worker as usize],
-            fanouts: &s.cfg.fanouts,
-            seed: s.cfg.seed,
+            plan: SamplingPlan::of(&s.cfg),
         };
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
         let attempt = Attempt {

@@ -5,7 +5,7 @@ use super::{share, Worker, EVAL_BIT};
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::run::{StepFigures, Steps};
-use crate::epoch::{prepare, Prepared, EVAL_BATCH, EVAL_SEED};
+use crate::epoch::{prepare, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::Result;
 use graphs::{HetGraph, RelationFilter, Sampler};
 use models::model::DropoutKey;
@@ -20,8 +20,8 @@ pub(super) struct Feed<'a> {
     pub(super) cached: Option<Arc<crate::cache::FeatureCache>>,
     /// The worker's `(replica, replicas)`.
     pub(super) replica: (u32, u32),
-    pub(super) fanouts: &'a [usize],
-    pub(super) seed: u64,
+    /// Fanouts and seeds.
+    pub(super) plan: SamplingPlan,
 }
 
 impl<'a> Steps for Worker<'a> {
@@ -37,7 +37,7 @@ impl<'a> Steps for Worker<'a> {
     }
 
     fn feed_state<'f>(feed: &'f Feed<'a>) -> Result<Sampler<'f>> {
-        Ok(Sampler::new(feed.graph, feed.fanouts, feed.seed)?)
+        feed.plan.train(feed.graph)
     }
 
     /// Samples the worker's share of the batch over its relations and gathers its feature rows.
@@ -113,7 +113,7 @@ impl<'a> Steps for Worker<'a> {
     fn evaluate(&mut self, feed: &Feed<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
         let s = self.setup;
         let (labels, splits) = s.graph.target_labels();
-        let mut sampler = Sampler::new(&s.graph, &s.cfg.fanouts, s.cfg.seed ^ EVAL_SEED)?;
+        let mut sampler = feed.plan.eval(&s.graph)?;
         for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
             let mut correct = 0;
             for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::dag::{self, Job, Sampled, Source};
 use super::executor::Executor;
-use super::launch::{decide, CpuMeter, Measures};
+use super::launch::{decide, Measures};
 use super::ops::OpTimes;
+use crate::epoch::cpu::CpuMeter;
 use crate::error::{Result, TrainError};
 
 /// Weight of the newest sample in the running means.
