@@ -709,6 +709,18 @@ mod mode_settings {
             e.contains("training.hopgnn") && e.contains("unknown field `migrat`"),
             "{e}"
         );
+        // A bad value names its key.
+        let e = err(
+            "",
+            &[
+                "training.mode=\"hopgnn\"",
+                "training.hopgnn.migrate=\"all\"",
+            ],
+        );
+        assert!(
+            e.contains("training.hopgnn.migrate: unknown variant `all`"),
+            "{e}"
+        );
         let e = err("[training]\nepoch = 3\n", &[]);
         assert!(e.contains("unknown field `epoch`"), "{e}");
         let e = err("", &["training.hopgnn=3", "training.mode=\"hopgnn\""]);

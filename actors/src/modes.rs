@@ -118,8 +118,16 @@ pub trait ModeConfig: Default + Serialize + DeserializeOwned {
         let name = t.mode.name();
         match t.modes.get(name) {
             None => Ok(Self::default()),
-            Some(v) => Self::deserialize(v)
-                .map_err(|e| TrainError::Config(format!("training.{name}: {e}"))),
+            Some(v) => serde_path_to_error::deserialize(v).map_err(|e| {
+                // The key at fault, where serde knows it (an unknown key is named in the message).
+                let at = e.path().to_string();
+                let key = if at == "." {
+                    String::new()
+                } else {
+                    format!(".{at}")
+                };
+                TrainError::Config(format!("training.{name}{key}: {}", e.inner()))
+            }),
         }
     }
 }
