@@ -4,9 +4,29 @@
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 impl TrainError {
-    /// A [`TrainError::Distributed`] saying `e`.
-    pub fn distributed(e: impl std::fmt::Display) -> TrainError {
-        TrainError::Distributed(e.to_string())
+    /// A [`TrainError::PeerLost`] saying `e`.
+    pub fn peer_lost(e: impl std::fmt::Display) -> TrainError {
+        TrainError::PeerLost(e.to_string())
+    }
+
+    /// A [`TrainError::Protocol`] saying `e`.
+    pub fn protocol(e: impl std::fmt::Display) -> TrainError {
+        TrainError::Protocol(e.to_string())
+    }
+
+    /// A [`TrainError::Internal`] saying `e`.
+    pub fn internal(e: impl std::fmt::Display) -> TrainError {
+        TrainError::Internal(e.to_string())
+    }
+
+    /// Whether the failure may be a lost node or message, worth a restart of
+    /// the run from its last checkpoint once every node is back; bad input, a
+    /// protocol violation or a bug would only happen again.
+    pub fn is_recoverable(&self) -> bool {
+        matches!(
+            self,
+            TrainError::PeerLost(_) | TrainError::Ask(_) | TrainError::PipelineStopped
+        )
     }
 }
 
@@ -31,9 +51,20 @@ pub enum TrainError {
     /// A request to an actor failed.
     #[error(transparent)]
     Ask(#[from] runtime::AskError),
-    /// Distributed training failed or timed out (the message says where).
+    /// A peer is gone or silent, or the run stopped because one is (the
+    /// message says which and where): retry once every node is back (the
+    /// coordinator does, from the last checkpoint).
     #[error("distributed training: {0}")]
-    Distributed(String),
+    PeerLost(String),
+    /// A peer sent what the protocol does not allow (a malformed or
+    /// inconsistent message): stop the run; a restart would repeat it.
+    #[error("distributed training stopped, a peer broke the protocol: {0}")]
+    Protocol(String),
+    /// This process broke one of its own invariants, a thread of it
+    /// panicked, or it could not start one: stop the run with the message (a
+    /// bug to report, or a machine out of resources).
+    #[error("distributed training stopped: {0}")]
+    Internal(String),
     /// The loss became NaN or infinite: the run stops rather than train on.
     #[error("training diverged at epoch {epoch}, step {step} of the run: the loss is {loss}; lower training.lr, or check the inputs for extreme values")]
     Diverged {
@@ -59,4 +90,42 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_lost_peer_is_worth_a_restart() {
+        let timeout = runtime::AskError::Timeout {
+            actor: "store/paper/1".into(),
+            kind: "pull".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        for e in [
+            TrainError::peer_lost("no stats within 30s"),
+            TrainError::Ask(timeout),
+            TrainError::PipelineStopped,
+        ] {
+            assert!(e.is_recoverable(), "{e}");
+        }
+        for e in [
+            TrainError::protocol("worker 1 sent 3 values for 4 rows"),
+            TrainError::internal("worker 0 panicked: index out of bounds"),
+            TrainError::Config("training.lr must be positive".into()),
+            TrainError::Diverged {
+                epoch: 0,
+                step: 3,
+                loss: f64::NAN,
+            },
+            TrainError::Checkpoint("corrupted".into()),
+        ] {
+            assert!(!e.is_recoverable(), "{e}");
+        }
+        // What a caller reads says which.
+        assert!(TrainError::protocol("x")
+            .to_string()
+            .contains("a peer broke the protocol"));
+    }
 }

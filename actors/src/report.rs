@@ -113,7 +113,7 @@ impl EpochReport {
     /// Sets the mode's figures under `key`.
     pub fn set_figures<T: Serialize>(&mut self, key: &str, value: &T) -> Result<()> {
         let v = serde_json::to_value(value)
-            .map_err(|e| TrainError::Distributed(format!("figures '{key}': {e}")))?;
+            .map_err(|e| TrainError::Internal(format!("figures '{key}': {e}")))?;
         self.figures.insert(key.to_string(), v);
         Ok(())
     }

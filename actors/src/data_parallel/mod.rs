@@ -134,7 +134,7 @@ impl DataParallel {
                     .get(&names::trainer(trainer))
                     .map(|v| v.clone())
                     .ok_or_else(|| {
-                        TrainError::Distributed(format!("trainer {trainer} has no cache manager"))
+                        TrainError::Internal(format!("trainer {trainer} has no cache manager"))
                     })?,
                 link: self.link(p.part),
                 sampling: self.sampling.clone(),
@@ -143,7 +143,7 @@ impl DataParallel {
                 .name(format!("trainer-{trainer}"))
                 .spawn(move || trainer::run(setup))
                 .map_err(|e| {
-                    TrainError::Distributed(format!("cannot start a trainer thread: {e}"))
+                    TrainError::Internal(format!("cannot start a trainer thread: {e}"))
                 })?;
             handles.push(h);
         }
@@ -245,7 +245,7 @@ impl Distributed for DataParallel {
         })?;
         self.links
             .lock()
-            .map_err(|_| TrainError::Distributed("a link task lock was poisoned".into()))?
+            .map_err(|_| TrainError::Internal("a link task lock was poisoned".into()))?
             .insert(part, Arc::new(task));
         Ok(g)
     }
@@ -279,7 +279,7 @@ impl Distributed for DataParallel {
         arbiters: &mut Vec<actix::Arbiter>,
     ) -> Result<Vec<Arc<Inbox>>> {
         let (parts, per_part) = (self.parts, self.per_part);
-        let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+        let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
         crate::owner::serve(
             node,
             part,
@@ -332,10 +332,10 @@ impl Distributed for DataParallel {
         let (_, own) = local
             .into_iter()
             .next()
-            .ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+            .ok_or_else(|| TrainError::Internal("no partition".into()))?;
         let replica = own?.and_then(|mut r| (!r.is_empty()).then(|| r.swap_remove(0)));
         let replica = replica.ok_or_else(|| {
-            TrainError::Distributed(
+            TrainError::PeerLost(
                 "the coordinator's own partition did not finish its last attempt".into(),
             )
         })?;

@@ -397,12 +397,12 @@ impl Driver<'_> {
                 &trainers,
                 &format!("the coordinator stops generation {gen:x}: {err}"),
             );
-            if !recoverable(&err) {
+            if !err.is_recoverable() {
                 return Err(err);
             }
             fruitless = if stepped.is_some() { 1 } else { fruitless + 1 };
             if fruitless > MAX_FRUITLESS_ATTEMPTS {
-                return Err(TrainError::Distributed(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
+                return Err(TrainError::PeerLost(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
             }
             let key = (from_seq, self.c.seq);
             same = if same.0 == Some(key) {
@@ -411,7 +411,7 @@ impl Driver<'_> {
                 (Some(key), 1)
             };
             if same.1 >= MAX_FRUITLESS_ATTEMPTS {
-                return Err(TrainError::Distributed(format!("failed {} times at step {} after rolling back to step {from_seq}; giving up: {err}", same.1, self.c.seq)));
+                return Err(TrainError::PeerLost(format!("failed {} times at step {} after rolling back to step {from_seq}; giving up: {err}", same.1, self.c.seq)));
             }
             let now = clock.elapsed().as_secs_f64();
             match open.as_mut() {
@@ -475,7 +475,7 @@ impl Driver<'_> {
                         )
                     })
                     .collect();
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "partition(s) {} not ready within {timeout:?}: restart their nodes (hetgnn node), or raise cluster.rejoin_timeout_ms",
                     missing.join(", ")
                 )));
@@ -491,25 +491,16 @@ impl Driver<'_> {
             .iter()
             .map(|n| self.system.node.actor(n))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| TrainError::Distributed(e.to_string()))?;
+            .map_err(|e| TrainError::Internal(e.to_string()))?;
         let answers = self
             .system
             .handle
             .block_on(join_all(refs.iter().map(|r| r.ask(b, BEGIN_TIMEOUT))));
         for (p, a) in answers.into_iter().enumerate() {
             a.map_err(|e| {
-                TrainError::Distributed(format!("partition {p} did not take the start: {e}"))
+                TrainError::PeerLost(format!("partition {p} did not take the start: {e}"))
             })?;
         }
         Ok(())
     }
-}
-
-/// Whether a failure may be a lost node or message (worth a restart) rather
-/// than bad input or a bug (which a restart would only repeat).
-fn recoverable(e: &TrainError) -> bool {
-    matches!(
-        e,
-        TrainError::Distributed(_) | TrainError::Ask(_) | TrainError::PipelineStopped
-    )
 }

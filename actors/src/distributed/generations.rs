@@ -29,7 +29,7 @@ pub(crate) fn join_threads<T>(handles: Vec<std::thread::JoinHandle<Result<T>>>) 
             }
             Err(_) => {
                 first_err
-                    .get_or_insert(TrainError::Distributed("a training thread panicked".into()));
+                    .get_or_insert(TrainError::Internal("a training thread panicked".into()));
             }
         }
     }
@@ -119,7 +119,7 @@ pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
     let inbox = Arc::new(Inbox::default());
     let addr = InboxActor(inbox.clone()).start();
     node.register(names::COORDINATOR, &addr)
-        .map_err(|e| TrainError::Distributed(e.to_string()))?
+        .map_err(|e| TrainError::Internal(e.to_string()))?
         .handle::<EpochStats>()
         .handle::<StepDone>()
         .handle::<Abort>()
@@ -148,11 +148,11 @@ pub(crate) fn serve_generations<T>(
 ) -> Result<Option<T>> {
     let leader = inboxes
         .first()
-        .ok_or_else(|| TrainError::Distributed("a partition without trainers".into()))?;
-    let me = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
+        .ok_or_else(|| TrainError::Internal("a partition without trainers".into()))?;
+    let me = runtime::ActorName::new(me).map_err(|e| TrainError::Internal(e.to_string()))?;
     let coordinator = node
         .actor(names::COORDINATOR)
-        .map_err(|e| TrainError::Distributed(e.to_string()))?
+        .map_err(|e| TrainError::Internal(e.to_string()))?
         .with_sender(me);
     let incarnation = coordinator::new_generation();
     let mut last = LastAttempt::None;
@@ -171,7 +171,7 @@ pub(crate) fn serve_generations<T>(
                 break c;
             }
             if waiting.elapsed() > rejoin {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "no word from the coordinator within {rejoin:?}: is its node up?"
                 )));
             }
@@ -180,7 +180,7 @@ pub(crate) fn serve_generations<T>(
         let b = match control {
             Control::Finish(true) => return Ok(result),
             Control::Finish(false) => {
-                return Err(TrainError::Distributed(
+                return Err(TrainError::PeerLost(
                     "the coordinator gave up the run (its log says why)".into(),
                 ))
             }
@@ -251,7 +251,7 @@ impl CoordinatorWatch {
             Duration::from_millis(t.cluster.failure_timeout_ms)
         });
         if !resumable && since.elapsed() > 3 * failure {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::PeerLost(format!(
                 "the coordinator's node {coord} is down and this run keeps no checkpoints (training.checkpoint_dir), so no restart of it could resume the run: stopping"
             )));
         }

@@ -272,7 +272,7 @@ impl Inbox {
         handle.block_on(async {
             tokio::select! {
                 r = f => Ok(r),
-                reason = self.aborted() => Err(TrainError::Distributed(reason)),
+                reason = self.aborted() => Err(TrainError::PeerLost(reason)),
             }
         })
     }
@@ -288,7 +288,7 @@ impl Inbox {
         let mut s = self.lock();
         loop {
             if let Some(reason) = &s.abort {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "stopped while waiting for {what}: {reason}"
                 )));
             }
@@ -297,7 +297,7 @@ impl Inbox {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "no {what} within {timeout:?}"
                 )));
             }
@@ -337,7 +337,7 @@ impl Inbox {
             },
         )?;
         raw.iter()
-            .map(|b| decode_f32(b, len).map_err(TrainError::Distributed))
+            .map(|b| decode_f32(b, len).map_err(TrainError::PeerLost))
             .collect()
     }
 

@@ -138,7 +138,7 @@ pub struct EpochStats {
 impl EpochStats {
     /// Carries the mode's own figures of the epoch (`f`, encoded).
     pub fn set_figures<T: Serialize>(&mut self, f: &T) -> crate::error::Result<()> {
-        self.figures = ByteVec(encode(f).map_err(crate::error::TrainError::distributed)?);
+        self.figures = ByteVec(encode(f).map_err(crate::error::TrainError::internal)?);
         Ok(())
     }
 
@@ -149,7 +149,7 @@ impl EpochStats {
             return Ok(None);
         }
         decode(&self.figures.0).map(Some).map_err(|e| {
-            crate::error::TrainError::Distributed(format!(
+            crate::error::TrainError::Protocol(format!(
                 "epoch {} figures of trainer {}: {e}",
                 self.epoch, self.trainer
             ))

@@ -173,7 +173,7 @@ pub fn train_embedded<M: Distributed>(
     let timeouts = mode.timeouts(Timeouts::default());
     let (m, gs) = (mode.clone(), graphs.clone());
     let (system, (inboxes, coord)) = System::start(move || async move {
-        let node = Node::embedded("local").map_err(|e| TrainError::Distributed(e.to_string()))?;
+        let node = Node::embedded("local").map_err(|e| TrainError::Internal(e.to_string()))?;
         let mut arbiters = Vec::new();
         let inboxes = (0..parts)
             .map(|k| m.serve(&node, k, &gs[k as usize], &mut arbiters))
@@ -244,7 +244,7 @@ pub fn train_embedded<M: Distributed>(
                 (
                     k as u32,
                     h.join().unwrap_or_else(|_| {
-                        Err(TrainError::Distributed(
+                        Err(TrainError::Internal(
                             "a partition thread panicked".into(),
                         ))
                     }),
@@ -366,7 +366,7 @@ pub fn run_node<M: Distributed>(
         }
         inboxes[0].finish(driven.is_ok());
         let mine = mine.join().unwrap_or_else(|_| {
-            Err(TrainError::Distributed(
+            Err(TrainError::Internal(
                 "the partition thread panicked".into(),
             ))
         });

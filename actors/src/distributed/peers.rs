@@ -42,7 +42,7 @@ pub(crate) async fn wait_for_peers(
                     format!("{id} at {addr}")
                 })
                 .collect();
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::PeerLost(format!(
                 "cannot reach {} within {timeout:?}: start `hetgnn node` for each of them (or use `hetgnn launch`) and check the addresses and firewalls",
                 named.join(", ")
             )));

@@ -51,7 +51,7 @@ impl System {
                     }
                 });
             })
-            .map_err(|e| TrainError::Distributed(format!("cannot start the actor thread: {e}")))?;
+            .map_err(|e| TrainError::Internal(format!("cannot start the actor thread: {e}")))?;
         match ready_rx.recv() {
             Ok(Ok((node, handle, arbiters, extra))) => Ok((
                 System {
@@ -67,7 +67,7 @@ impl System {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(TrainError::Distributed(
+            Err(_) => Err(TrainError::Internal(
                 "the actor thread stopped during start-up".into(),
             )),
         }

@@ -192,7 +192,7 @@ impl Distributed for FullGraph {
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
         node.register(&names::worker(part), &addr)
-            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .map_err(|e| TrainError::Internal(e.to_string()))?
             .handle::<GradShare>()
             .handle::<Broadcast>()
             .handle::<EvalBroadcast>()
@@ -239,9 +239,9 @@ impl Distributed for FullGraph {
         let (_, own) = local
             .into_iter()
             .next()
-            .ok_or_else(|| TrainError::Distributed("no partition".into()))?;
+            .ok_or_else(|| TrainError::Internal("no partition".into()))?;
         let replica = own?.ok_or_else(|| {
-            TrainError::Distributed(
+            TrainError::PeerLost(
                 "the coordinator's own partition did not finish its last attempt".into(),
             )
         })?;

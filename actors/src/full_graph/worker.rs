@@ -545,7 +545,7 @@ impl State<'_> {
                         let n = ctx.layout.count(q, ty);
                         let rows = match data {
                             Some(data) => messages::decode(data, n, w).map_err(|e| {
-                                TrainError::Distributed(format!(
+                                TrainError::Protocol(format!(
                                     "worker {q}'s block of layer {l}, type {ty}: {e}"
                                 ))
                             })?,
@@ -563,7 +563,7 @@ impl State<'_> {
                             None => self.cache[l][ty][q as usize]
                                 .as_ref()
                                 .map(|c| c.rows.clone())
-                                .ok_or_else(|| TrainError::Distributed(format!("worker {q} skipped its block of layer {l}, type {ty}, which this worker has no copy of")))?,
+                                .ok_or_else(|| TrainError::Protocol(format!("worker {q} skipped its block of layer {l}, type {ty}, which this worker has no copy of")))?,
                         };
                         remote.push(block);
                     }
@@ -772,7 +772,7 @@ impl State<'_> {
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let Some(data) = data else { continue };
                         let rows = messages::decode(data, n, w).map_err(|e| {
-                            TrainError::Distributed(format!(
+                            TrainError::Protocol(format!(
                                 "worker {q}'s gradient of layer {l}, type {ty}: {e}"
                             ))
                         })?;

@@ -249,7 +249,7 @@ impl Ctx<'_> {
                                 .iter()
                                 .map(|v| {
                                     all.binary_search(v).map(|p| p as u32).map_err(|_| {
-                                        TrainError::Distributed(
+                                        TrainError::Internal(
                                             "a micrograph row missing from the pre-gathered rows"
                                                 .into(),
                                         )
@@ -465,7 +465,7 @@ impl Replica<'_> {
         for (_, var) in self.model.params.iter() {
             let n = var.elem_count();
             let v = values.get(at..at + n).ok_or_else(|| {
-                TrainError::Distributed("a migrating model brought too few parameters".into())
+                TrainError::Protocol("a migrating model brought too few parameters".into())
             })?;
             var.set(&Tensor::from_slice(v, var.shape(), &ctx.device)?.to_dtype(var.dtype())?)?;
             at += n;
@@ -636,7 +636,7 @@ impl Replica<'_> {
         if let Some(e) = &mut self.exam {
             let seconds = sum
                 .pop()
-                .ok_or_else(|| TrainError::Distributed("an empty all-reduce".into()))?;
+                .ok_or_else(|| TrainError::Internal("an empty all-reduce".into()))?;
             e.add(f64::from(seconds));
         }
         st.time.comm_s += lap(&mut clock);

@@ -161,7 +161,7 @@ impl Averager<'_> {
             .iter()
             .map(messages::encode)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::Distributed)?;
+            .map_err(TrainError::PeerLost)?;
         let mut holders = Holders::new();
         for (q, bytes) in self
             .exchange(0, phase::HOLD, payloads)?
@@ -169,10 +169,10 @@ impl Averager<'_> {
             .enumerate()
         {
             let rows: Rows = messages::decode(&bytes)
-                .map_err(|e| TrainError::Distributed(format!("worker {q}'s held rows: {e}")))?;
+                .map_err(|e| TrainError::PeerLost(format!("worker {q}'s held rows: {e}")))?;
             for (part, types) in rows.parts {
                 if self.worker_of(part) != q as u32 {
-                    return Err(TrainError::Distributed(format!(
+                    return Err(TrainError::PeerLost(format!(
                         "worker {q} sent the held rows of partition {part}, not its own"
                     )));
                 }
@@ -187,7 +187,7 @@ impl Averager<'_> {
                                 || self.owner_worker(ty, id) != self.worker
                         })
                     {
-                        return Err(TrainError::Distributed(format!(
+                        return Err(TrainError::PeerLost(format!(
                             "worker {q} claims rows of type {ty} this worker does not own"
                         )));
                     }
@@ -246,7 +246,7 @@ impl Averager<'_> {
                 })
             })
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::Distributed)?;
+            .map_err(TrainError::PeerLost)?;
         sent += payloads
             .iter()
             .enumerate()
@@ -259,7 +259,7 @@ impl Averager<'_> {
             .enumerate()
             .map(|(q, b)| {
                 messages::decode(&b)
-                    .map_err(|e| TrainError::Distributed(format!("worker {q}'s averaging: {e}")))
+                    .map_err(|e| TrainError::PeerLost(format!("worker {q}'s averaging: {e}")))
             })
             .collect::<Result<_>>()?;
         self.average_dense(&ups, locals)?;
@@ -296,7 +296,7 @@ impl Averager<'_> {
             .iter()
             .map(messages::encode)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::Distributed)?;
+            .map_err(TrainError::PeerLost)?;
         sent += payloads
             .iter()
             .enumerate()
@@ -309,10 +309,10 @@ impl Averager<'_> {
             .enumerate()
         {
             let rows: Rows = messages::decode(&bytes)
-                .map_err(|e| TrainError::Distributed(format!("worker {q}'s averaged rows: {e}")))?;
+                .map_err(|e| TrainError::PeerLost(format!("worker {q}'s averaged rows: {e}")))?;
             for (part, types) in rows.parts {
                 let l = locals.iter_mut().find(|l| l.part == part).ok_or_else(|| {
-                    TrainError::Distributed(format!(
+                    TrainError::PeerLost(format!(
                         "worker {q} sent rows for partition {part}, not this worker's"
                     ))
                 })?;
@@ -322,13 +322,13 @@ impl Averager<'_> {
                         .get_mut(ty as usize)
                         .and_then(Option::as_mut)
                         .ok_or_else(|| {
-                            TrainError::Distributed(format!(
+                            TrainError::PeerLost(format!(
                                 "worker {q} sent rows of node type {ty}, which has none"
                             ))
                         })?;
                     let d = rows.table.dim;
                     if values.len() != ids.len() * d {
-                        return Err(TrainError::Distributed(format!(
+                        return Err(TrainError::PeerLost(format!(
                             "worker {q} sent {} values for {} rows",
                             values.len(),
                             ids.len()
@@ -336,7 +336,7 @@ impl Averager<'_> {
                     }
                     for (i, id) in ids.iter().enumerate() {
                         let k = rows.index(*id).ok_or_else(|| {
-                            TrainError::Distributed(format!(
+                            TrainError::PeerLost(format!(
                                 "worker {q} sent row {id}, which partition {part} does not hold"
                             ))
                         })?;
@@ -386,14 +386,14 @@ impl Averager<'_> {
         for (q, up) in ups.iter().enumerate() {
             for (part, types) in &up.rows {
                 if self.worker_of(*part) != q as u32 {
-                    return Err(TrainError::Distributed(format!(
+                    return Err(TrainError::PeerLost(format!(
                         "worker {q} sent rows of partition {part}, not its own"
                     )));
                 }
                 for (ty, ids, values) in types {
                     let ty = *ty as usize;
                     let d = dim(ty).ok_or_else(|| {
-                        TrainError::Distributed(format!(
+                        TrainError::PeerLost(format!(
                             "worker {q} sent rows of node type {ty}, which has none"
                         ))
                     })?;
@@ -403,7 +403,7 @@ impl Averager<'_> {
                                 || self.owner_worker(ty, id) != self.worker
                         })
                     {
-                        return Err(TrainError::Distributed(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
+                        return Err(TrainError::PeerLost(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
                     }
                     let c = contribs.entry(ty).or_default();
                     c.extend(
@@ -461,7 +461,7 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
     let mut offsets = Vec::new();
     for d in &all {
         if d.changed.len() != current.len() {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::PeerLost(format!(
                 "partition {} sent {} parameters, {} expected",
                 d.part,
                 d.changed.len(),
@@ -475,7 +475,7 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
             at += if c { current[i].len() } else { 0 };
         }
         if at != d.values.len() {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::PeerLost(format!(
                 "partition {} sent {} values, its flags say {at}",
                 d.part,
                 d.values.len()

@@ -46,11 +46,11 @@ pub(crate) fn send(
     owners: &[Vec<u16>],
     timeout: Duration,
 ) -> Result<()> {
-    let bytes = messages::encode(&owned(locals, owners)).map_err(TrainError::distributed)?;
-    let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::distributed)?;
+    let bytes = messages::encode(&owned(locals, owners)).map_err(TrainError::internal)?;
+    let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::internal)?;
     let to = node
         .actor(names::FINAL)
-        .map_err(TrainError::distributed)?
+        .map_err(TrainError::internal)?
         .with_sender(me);
     let pieces = messages::pieces(bytes);
     let n = pieces.len() as u32;
@@ -72,7 +72,7 @@ pub(crate) fn send(
     inbox
         .block_on(handle, join_all(asks))?
         .into_iter()
-        .try_for_each(|r| r.map_err(TrainError::distributed))
+        .try_for_each(|r| r.map_err(TrainError::peer_lost))
 }
 
 /// Worker `w`'s owned rows, gathered from the coordinator's inbox.
@@ -86,7 +86,7 @@ pub(crate) fn gather(inbox: &Inbox, w: u32, timeouts: Timeouts) -> Result<TypeRo
         timeouts.step,
     )?;
     messages::decode(&bytes)
-        .map_err(|e| TrainError::Distributed(format!("worker {w}'s final rows: {e}")))
+        .map_err(|e| TrainError::Protocol(format!("worker {w}'s final rows: {e}")))
 }
 
 /// Puts `rows` into `model`'s tables: every row of every table exactly once.
@@ -102,11 +102,11 @@ pub(crate) fn fill(model: &mut Model, rows: TypeRows) -> Result<()> {
             .get_mut(ty as usize)
             .and_then(Option::as_mut)
             .ok_or_else(|| {
-                TrainError::Distributed(format!("rows for node type {ty}, which has no table"))
+                TrainError::Protocol(format!("rows for node type {ty}, which has no table"))
             })?;
         let d = e.dim;
         if values.len() != ids.len() * d {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::Protocol(format!(
                 "{}: {} values for {} rows",
                 e.name,
                 values.len(),
@@ -116,7 +116,7 @@ pub(crate) fn fill(model: &mut Model, rows: TypeRows) -> Result<()> {
         for (i, &id) in ids.iter().enumerate() {
             let k = id as usize;
             if k >= e.rows || std::mem::replace(&mut seen[ty as usize][k], true) {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "{}: row {id} out of range or sent twice",
                     e.name
                 )));
@@ -126,7 +126,7 @@ pub(crate) fn fill(model: &mut Model, rows: TypeRows) -> Result<()> {
     }
     for (e, s) in model.embeddings.iter().zip(&seen) {
         if let (Some(e), Some(k)) = (e, s.iter().position(|s| !s)) {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::Protocol(format!(
                 "{}: no worker sent row {k}",
                 e.name
             )));

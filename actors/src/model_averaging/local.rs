@@ -53,7 +53,7 @@ impl LocalRows {
         ids.iter()
             .map(|&id| {
                 self.index(id).map(|k| k as u32).ok_or_else(|| {
-                    TrainError::Distributed(format!(
+                    TrainError::Protocol(format!(
                         "{}: node {id} is not held by this partition",
                         self.table.name
                     ))
@@ -194,7 +194,7 @@ impl Local {
                 continue;
             }
             let rows = self.rows[ty].as_ref().ok_or_else(|| {
-                TrainError::Distributed(format!(
+                TrainError::Internal(format!(
                     "node type {ty} has neither features nor learnable rows"
                 ))
             })?;
@@ -312,7 +312,7 @@ impl Local {
     pub fn set_params(&mut self, values: &[Vec<f32>]) -> Result<()> {
         for ((name, var), v) in self.model.params.iter().zip(values) {
             if v.len() != var.elem_count() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "parameter {name}: {} values for {}",
                     v.len(),
                     var.elem_count()

@@ -113,11 +113,11 @@ pub fn gather(
     let split = first
         .len()
         .checked_sub(4)
-        .ok_or_else(|| TrainError::Distributed(format!("{what}: a piece without its count")))?;
+        .ok_or_else(|| TrainError::Protocol(format!("{what}: a piece without its count")))?;
     let count = u32::from_le_bytes(
         first[split..]
             .try_into()
-            .map_err(|_| TrainError::Distributed(format!("{what}: bad piece count")))?,
+            .map_err(|_| TrainError::Protocol(format!("{what}: bad piece count")))?,
     );
     first.truncate(split);
     for piece in 1..count {

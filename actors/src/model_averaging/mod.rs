@@ -224,7 +224,7 @@ impl Distributed for ModelAveraging {
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
         node.register(&names::worker(w), &addr)
-            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .map_err(|e| TrainError::Internal(e.to_string()))?
             .handle::<Average>()
             .handle::<Abort>()
             .handle::<Finish>()
@@ -236,7 +236,7 @@ impl Distributed for ModelAveraging {
     fn serve_coordinator(&self, node: &Node, inbox: &Arc<Inbox>) -> Result<()> {
         let addr = InboxActor(inbox.clone()).start();
         node.register(names::FINAL, &addr)
-            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .map_err(|e| TrainError::Internal(e.to_string()))?
             .handle::<Average>();
         Ok(())
     }
@@ -269,7 +269,7 @@ impl Distributed for ModelAveraging {
         let h = std::thread::Builder::new()
             .name(format!("averaging-{}", p.part))
             .spawn(move || worker::run(setup))
-            .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
+            .map_err(|e| TrainError::Internal(format!("cannot start a worker thread: {e}")))?;
         Ok(join_threads(vec![h])?.swap_remove(0))
     }
 
@@ -302,7 +302,7 @@ impl Distributed for ModelAveraging {
         let mut have = vec![false; self.workers as usize];
         for (w, r) in local {
             let locals = r?.ok_or_else(|| {
-                TrainError::Distributed(format!(
+                TrainError::PeerLost(format!(
                     "worker {w} of the coordinator's process did not finish its last attempt"
                 ))
             })?;
@@ -316,11 +316,11 @@ impl Distributed for ModelAveraging {
             rows.extend(final_rows::gather(inbox, w, Timeouts::default())?);
         }
         let dense = dense.ok_or_else(|| {
-            TrainError::Distributed("no worker's parameters reached the coordinator".into())
+            TrainError::PeerLost("no worker's parameters reached the coordinator".into())
         })?;
         for ((name, var), v) in model.params.iter().zip(&dense) {
             if v.len() != var.elem_count() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "parameter {name}: {} values for {}",
                     v.len(),
                     var.elem_count()

@@ -67,7 +67,7 @@ pub(crate) fn run(s: WorkerSetup) -> Result<Vec<Local>> {
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            Err(TrainError::Distributed(format!(
+            Err(TrainError::Internal(format!(
                 "worker {} panicked: {what}",
                 s.worker
             )))
@@ -101,7 +101,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let g0 = locals
         .first()
         .map(|l| l.graph.clone())
-        .ok_or_else(|| TrainError::Distributed(format!("worker {} has no partition", s.worker)))?;
+        .ok_or_else(|| TrainError::Internal(format!("worker {} has no partition", s.worker)))?;
     // The coordinator counts steps of the global batches: a round's end is its epoch's end there too.
     let total_train = g0.target_labels().1.train.len();
     let per_epoch = total_train.div_ceil(t.batch.max(1)) as u64;
@@ -112,12 +112,12 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         }
         first = m.seq / per_epoch.max(1);
     }
-    let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(TrainError::distributed)?;
+    let me = runtime::ActorName::new(&names::worker(s.worker)).map_err(TrainError::internal)?;
     let actor = |n: &str| {
         s.node
             .actor(n)
             .map(|r| r.with_sender(me.clone()))
-            .map_err(|e| TrainError::Distributed(format!("{n}: {e}")))
+            .map_err(|e| TrainError::Internal(format!("{n}: {e}")))
     };
     let peers: Vec<ActorRef> = (0..s.workers)
         .map(|q| actor(&names::worker(q)))

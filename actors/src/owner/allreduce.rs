@@ -84,7 +84,7 @@ pub fn flatten_named(
 /// and number of correct predictions.
 pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, f64)> {
     let values = sum.len().checked_sub(extra(params)).ok_or_else(|| {
-        TrainError::Distributed("a gradient vector shorter than the model".into())
+        TrainError::Protocol("a gradient vector shorter than the model".into())
     })?;
     let mut named = BTreeMap::new();
     let mut at = 0;
@@ -148,7 +148,7 @@ where
         r?;
     }
     for r in pushed {
-        r.map_err(TrainError::Distributed)?;
+        r.map_err(TrainError::PeerLost)?;
     }
     let k = g.trainers.len() as u32;
     let others: Vec<u32> = (0..k).filter(|&p| p != me).collect();
@@ -202,7 +202,7 @@ where
                 let (sent, pushed) = c.block_on(futures_util::future::join(ask, p))?;
                 sent?;
                 for r in pushed {
-                    r.map_err(TrainError::Distributed)?;
+                    r.map_err(TrainError::PeerLost)?;
                 }
             }
             None => c.block_on(ask)??,
@@ -220,7 +220,7 @@ where
     }
     if let Some(p) = pushes {
         for r in c.block_on(p)? {
-            r.map_err(TrainError::Distributed)?;
+            r.map_err(TrainError::PeerLost)?;
         }
     }
     Ok(v)

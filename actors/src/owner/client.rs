@@ -112,10 +112,10 @@ pub struct Client {
 
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
 pub fn sender_ref(node: &Node, me: &str, name: &str) -> Result<ActorRef> {
-    let from = runtime::ActorName::new(me).map_err(|e| TrainError::Distributed(e.to_string()))?;
+    let from = runtime::ActorName::new(me).map_err(|e| TrainError::Internal(e.to_string()))?;
     node.actor(name)
         .map(|r| r.with_sender(from))
-        .map_err(|e| TrainError::Distributed(format!("{name}: {e}")))
+        .map_err(|e| TrainError::Internal(format!("{name}: {e}")))
 }
 
 /// Pulls `ids` of generation `gen` from `store` (served by `priority` among
@@ -339,7 +339,7 @@ impl Client {
                         std::thread::sleep(Duration::from_millis(1))
                     }
                     Ok(None) => {
-                        return Err(TrainError::Distributed(format!(
+                        return Err(TrainError::PeerLost(format!(
                             "{}: not at step {seq} within {:?}",
                             store.name(),
                             self.timeouts.step
@@ -632,7 +632,7 @@ impl Client {
             .collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
             let bytes = a.map_err(|e| {
-                TrainError::Distributed(format!(
+                TrainError::PeerLost(format!(
                     "{}: {e}",
                     names::store(&g.node_types()[*ty].name, *o as u32)
                 ))
@@ -640,7 +640,7 @@ impl Client {
             pulled.insert(
                 (*ty, *o),
                 crate::distributed::rows::dense(bytes, want.len(), dims[*ty])
-                    .map_err(TrainError::Distributed)?,
+                    .map_err(TrainError::PeerLost)?,
             );
         }
         let mut out: PerType = Vec::with_capacity(src.len());
@@ -659,14 +659,14 @@ impl Client {
                     (Some(f), true) => buf.extend_from_slice(f.row(v as usize)),
                     _ => {
                         let rows = pulled.get(&(ty, o)).ok_or_else(|| {
-                            TrainError::Distributed(format!(
+                            TrainError::Protocol(format!(
                                 "no rows pulled for type {ty} from partition {o}"
                             ))
                         })?;
                         let row = rows
                             .0
                             .get(next[o] * dim * 4..(next[o] + 1) * dim * 4)
-                            .ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+                            .ok_or_else(|| TrainError::Protocol("too few pulled rows".into()))?;
                         crate::distributed::rows::append_row(&mut buf, row);
                         next[o] += 1;
                     }

@@ -61,7 +61,7 @@ pub fn serve(
     pushers: u32,
     arbiters: &mut Vec<actix::Arbiter>,
 ) -> Result<()> {
-    let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+    let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
         arbiters.push(actix::Arbiter::new());
         arbiters
@@ -190,7 +190,7 @@ pub fn reset_stores(p: &Part, t: &TrainingConfig, b: Begin) -> Result<()> {
         .iter()
         .map(|n| p.node.actor(n))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| TrainError::Distributed(e.to_string()))?;
+        .map_err(|e| TrainError::Internal(e.to_string()))?;
     let answers = p.handle.block_on(join_all(refs.iter().map(|r| {
         r.ask(
             Reset {
@@ -219,7 +219,7 @@ pub fn assemble(
     let mut model = Model::new(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
     for (name, var) in model.params.iter() {
         let theirs = replica.params.get(name).ok_or_else(|| {
-            TrainError::Distributed(format!("the replica has no parameter {name}"))
+            TrainError::Internal(format!("the replica has no parameter {name}"))
         })?;
         var.set(
             &theirs
@@ -234,10 +234,10 @@ pub fn assemble(
             .get_mut(ty)
             .and_then(Option::as_mut)
             .ok_or_else(|| {
-                TrainError::Distributed(format!("a table for node type {ty}, which has none"))
+                TrainError::Protocol(format!("a table for node type {ty}, which has none"))
             })?;
         if e.data.len() != rows.len() {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::Protocol(format!(
                 "{}: {} values exported, {} expected",
                 e.name,
                 rows.len(),
@@ -268,21 +268,21 @@ fn export_tables(
         let refs = (0..parts)
             .map(|p| system.node.actor(&names::store(&nt.name, p)))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| TrainError::Distributed(e.to_string()))?;
+            .map_err(|e| TrainError::Internal(e.to_string()))?;
         let answers = system
             .handle
             .block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
         for (p, a) in answers.into_iter().enumerate() {
             let (ids, data) = a?.map_err(|e| {
-                TrainError::Distributed(format!("{}: {e}", names::store(&nt.name, p as u32)))
+                TrainError::PeerLost(format!("{}: {e}", names::store(&nt.name, p as u32)))
             })?;
-            let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Distributed)?;
+            let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Protocol)?;
             for (k, &id) in ids.iter().enumerate() {
                 let at = id as usize * dim;
                 table
                     .get_mut(at..at + dim)
                     .ok_or_else(|| {
-                        TrainError::Distributed(format!("exported row {id} out of range"))
+                        TrainError::Protocol(format!("exported row {id} out of range"))
                     })?
                     .copy_from_slice(&rows[k * dim..(k + 1) * dim]);
             }

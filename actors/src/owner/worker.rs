@@ -67,7 +67,7 @@ impl WorkerSetup {
             node: p.node.clone(),
             handle: p.handle.clone(),
             inbox: p.inboxes.first().cloned().ok_or_else(|| {
-                TrainError::Distributed(format!("partition {} without its worker's inbox", p.part))
+                TrainError::Internal(format!("partition {} without its worker's inbox", p.part))
             })?,
             timeouts: p.timeouts,
             gen: b.gen,
@@ -132,6 +132,6 @@ pub fn run_thread<T: Send + 'static>(
             }
             result
         })
-        .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))?;
+        .map_err(|e| TrainError::Internal(format!("cannot start a worker thread: {e}")))?;
     Ok(join_threads(vec![h])?.swap_remove(0))
 }

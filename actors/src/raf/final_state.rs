@@ -68,10 +68,10 @@ pub(crate) fn send_final(
             });
         }
     }
-    let me = runtime::ActorName::new(&names::worker(worker)).map_err(TrainError::distributed)?;
+    let me = runtime::ActorName::new(&names::worker(worker)).map_err(TrainError::internal)?;
     let to = node
         .actor(names::FINAL)
-        .map_err(TrainError::distributed)?
+        .map_err(TrainError::internal)?
         .with_sender(me);
     let total = pieces.len() as u32;
     for (i, state) in pieces.into_iter().enumerate() {
@@ -79,7 +79,7 @@ pub(crate) fn send_final(
             pieces: total,
             state,
         })
-        .map_err(TrainError::distributed)?;
+        .map_err(TrainError::internal)?;
         let ask = to.ask(
             Final {
                 gen,
@@ -92,7 +92,7 @@ pub(crate) fn send_final(
         // The coordinator may say the run is over (it has everything) before the last answer.
         inbox
             .block_on(handle, ask)?
-            .map_err(TrainError::distributed)?;
+            .map_err(TrainError::peer_lost)?;
     }
     Ok(())
 }
@@ -117,10 +117,10 @@ pub(crate) fn assemble(
                 continue;
             }
             let var = model.params.get(name).ok_or_else(|| {
-                TrainError::Distributed(format!("worker {w} sent unknown parameter {name}"))
+                TrainError::Protocol(format!("worker {w} sent unknown parameter {name}"))
             })?;
             if var.elem_count() != values.len() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "worker {w} sent {} values for {name} ({} expected)",
                     values.len(),
                     var.elem_count()
@@ -139,14 +139,14 @@ pub(crate) fn assemble(
                 .get_mut(ty)
                 .and_then(Option::as_mut)
                 .ok_or_else(|| {
-                    TrainError::Distributed(format!(
+                    TrainError::Protocol(format!(
                         "worker {w} sent a table for type {ty}, which has none"
                     ))
                 })?;
             let from = next.get(&ty).copied().unwrap_or(0);
             let to = from as usize + rows.len();
             if *at != from || to > e.data.len() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "worker {w} sent values {at}..{} of {} where {from}.. were due ({} in all)",
                     *at as usize + rows.len(),
                     e.name,
@@ -159,7 +159,7 @@ pub(crate) fn assemble(
         for (ty, end) in next {
             let len = model.embeddings[ty].as_ref().map_or(0, |e| e.data.len());
             if end as usize != len {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "worker {w} sent {end} of the {len} values of node type {ty}'s table"
                 )));
             }
@@ -185,7 +185,7 @@ pub(crate) fn gather_final(coord: &Inbox, k: u32, timeouts: Timeouts) -> Result<
             )?
             .swap_remove(0);
         let p: messages::FinalPiece = messages::decode(&bytes)
-            .map_err(|e| TrainError::Distributed(format!("worker {k}'s final state: {e}")))?;
+            .map_err(|e| TrainError::Protocol(format!("worker {k}'s final state: {e}")))?;
         if i == 0 {
             pieces = p.pieces.max(1);
         }

@@ -134,7 +134,7 @@ fn spawn_worker(setup: WorkerSetup) -> Result<std::thread::JoinHandle<Result<Wor
     std::thread::Builder::new()
         .name(format!("raf-worker-{}", setup.worker))
         .spawn(move || worker::run(setup))
-        .map_err(|e| TrainError::Distributed(format!("cannot start a worker thread: {e}")))
+        .map_err(|e| TrainError::Internal(format!("cannot start a worker thread: {e}")))
 }
 
 impl Distributed for Raf {
@@ -197,7 +197,7 @@ impl Distributed for Raf {
         _graph: &Arc<HetGraph>,
         _arbiters: &mut Vec<actix::Arbiter>,
     ) -> Result<Vec<Arc<Inbox>>> {
-        let reg = |e: runtime::WireError| TrainError::Distributed(e.to_string());
+        let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
         let inbox = Arc::new(Inbox::default());
         let addr = InboxActor(inbox.clone()).start();
         let names = if w == 0 {
@@ -225,7 +225,7 @@ impl Distributed for Raf {
     fn serve_coordinator(&self, node: &Node, inbox: &Arc<Inbox>) -> Result<()> {
         let addr = InboxActor(inbox.clone()).start();
         node.register(names::FINAL, &addr)
-            .map_err(|e| TrainError::Distributed(e.to_string()))?
+            .map_err(|e| TrainError::Internal(e.to_string()))?
             .handle::<Final>();
         Ok(())
     }
@@ -255,7 +255,7 @@ impl Distributed for Raf {
                 .get(&names::worker(p.part))
                 .map(|v| v.clone())
                 .ok_or_else(|| {
-                    TrainError::Distributed(format!("worker {} has no cache manager", p.part))
+                    TrainError::Internal(format!("worker {} has no cache manager", p.part))
                 })?,
         };
         Ok(join_threads(vec![spawn_worker(setup)?])?.swap_remove(0))
@@ -287,7 +287,7 @@ impl Distributed for Raf {
         let mut states: Vec<Option<FinalState>> = (0..self.workers()).map(|_| None).collect();
         for (w, r) in local {
             let r = r?.ok_or_else(|| {
-                TrainError::Distributed(
+                TrainError::PeerLost(
                     "a worker of the coordinator's process did not finish its last attempt".into(),
                 )
             })?;

@@ -333,7 +333,7 @@ impl Dag {
                     o if o == src.part as usize => mine.push(v),
                     o if o < parts => away[o][t].push(v),
                     _ => {
-                        return Err(TrainError::Distributed(format!(
+                        return Err(TrainError::Internal(format!(
                             "node {v} of type {t} has no owner"
                         )))
                     }
@@ -382,7 +382,7 @@ impl Dag {
                                 .map_err(|e| e.to_string())
                                 .and_then(|a| a)
                                 .map_err(|e| {
-                                    TrainError::Distributed(format!(
+                                    TrainError::PeerLost(format!(
                                         "{}: {e}",
                                         names::sampler(o as u32)
                                     ))
@@ -520,7 +520,7 @@ impl Dag {
                     o if o == src.part as usize && local_rows => mine.push(v),
                     o if o < parts => away[o].push(v),
                     _ => {
-                        return Err(TrainError::Distributed(format!(
+                        return Err(TrainError::Internal(format!(
                             "node {v} of type {t} has no owner"
                         )))
                     }
@@ -567,12 +567,12 @@ impl Dag {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
                             let bytes = answer.map_err(|e| {
-                                TrainError::Distributed(format!("{}: {e}", store.name()))
+                                TrainError::PeerLost(format!("{}: {e}", store.name()))
                             })?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
                             let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim)
                                 .map_err(|e| {
-                                    TrainError::Distributed(format!("{}: {e}", store.name()))
+                                    TrainError::Protocol(format!("{}: {e}", store.name()))
                                 })?;
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
@@ -585,7 +585,7 @@ impl Dag {
                         .features
                         .as_ref()
                         .ok_or_else(|| {
-                            TrainError::Distributed(format!("type {t} has no local features"))
+                            TrainError::Internal(format!("type {t} has no local features"))
                         })?;
                     let mut rows = Vec::with_capacity(ids.len() * dim);
                     for (i, &v) in ids.iter().enumerate() {
@@ -642,7 +642,7 @@ impl Dag {
         blocks.reverse();
         let first = blocks
             .first()
-            .ok_or_else(|| TrainError::Distributed("a batch without blocks".into()))?;
+            .ok_or_else(|| TrainError::Internal("a batch without blocks".into()))?;
         let mut features: PerType = Vec::with_capacity(first.src.len());
         for (t, ids) in first.src.iter().enumerate() {
             if src.stores[t].is_empty() || ids.is_empty() {
@@ -678,7 +678,7 @@ impl Dag {
                 }
             }
             if at != ids.len() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "type {t}: {at} rows fetched for {} inputs",
                     ids.len()
                 )));
@@ -720,7 +720,7 @@ impl Dag {
 fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()> {
     let dim = src.dims[t];
     let local_rows = src.graph.node_types()[t].features.is_some();
-    let missing = || TrainError::Distributed("a fetch part is missing".into());
+    let missing = || TrainError::Internal("a fetch part is missing".into());
     // Local rows are read chunk by chunk where they lie: no copy of them all first.
     let (mut chunk, mut row) = (0usize, 0usize);
     let mut next = vec![0usize; f.remote.len()];
@@ -734,7 +734,7 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
                 .ok_or_else(missing)?;
             out.extend_from_slice(
                 c.get(row * dim..(row + 1) * dim)
-                    .ok_or_else(|| TrainError::Distributed("too few local rows".into()))?,
+                    .ok_or_else(|| TrainError::Internal("too few local rows".into()))?,
             );
             row += 1;
             if row * dim >= c.len() {
@@ -743,12 +743,12 @@ fn in_order(src: &Source, t: usize, f: &Fetch, out: &mut Vec<f32>) -> Result<()>
             }
         } else {
             let rows = f.remote.get(o).and_then(Option::as_ref).ok_or_else(|| {
-                TrainError::Distributed(format!("no rows pulled for type {t} from partition {o}"))
+                TrainError::Protocol(format!("no rows pulled for type {t} from partition {o}"))
             })?;
             let row = rows
                 .0
                 .get(next[o] * dim * 4..(next[o] + 1) * dim * 4)
-                .ok_or_else(|| TrainError::Distributed("too few pulled rows".into()))?;
+                .ok_or_else(|| TrainError::Protocol("too few pulled rows".into()))?;
             crate::distributed::rows::append_row(out, row);
             next[o] += 1;
         }
@@ -768,7 +768,7 @@ fn merge_type(
 ) -> Result<Vec<RelationPicks>> {
     let g = &src.graph;
     let rels: Vec<RelationId> = g.in_relations(NodeTypeId(t as u32)).to_vec();
-    let bad = |m: String| TrainError::Distributed(m);
+    let bad = |m: String| TrainError::Protocol(m);
     let local: Vec<&Vec<RelationPicks>> = local
         .iter()
         .map(|c| {

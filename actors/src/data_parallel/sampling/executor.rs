@@ -78,7 +78,7 @@ impl Executor {
                 .name(format!("{name}-{i}"))
                 .spawn(move || work(&s))
                 .map_err(|e| {
-                    TrainError::Distributed(format!("cannot start a sampling thread: {e}"))
+                    TrainError::Internal(format!("cannot start a sampling thread: {e}"))
                 })?;
             handles.push(h);
         }

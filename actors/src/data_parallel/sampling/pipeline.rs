@@ -119,7 +119,7 @@ impl DagBatches {
         let launcher = std::thread::Builder::new()
             .name("dag-launcher".into())
             .spawn(move || launch_all(&s, &src, &ex, &o, jobs, max.max(1)))
-            .map_err(|e| TrainError::Distributed(format!("cannot start the DAG launcher: {e}")))?;
+            .map_err(|e| TrainError::Internal(format!("cannot start the DAG launcher: {e}")))?;
         Ok(DagBatches {
             shared,
             launcher: Some(launcher),
@@ -145,13 +145,13 @@ impl DagBatches {
                 return r;
             }
             if let Some(reason) = aborted() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "stopped while waiting for a sampled batch: {reason}"
                 )));
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::PeerLost(format!(
                     "batch {i} not sampled within {:?}",
                     self.timeout
                 )));

@@ -172,7 +172,7 @@ impl Ctx<'_> {
                 let x = self
                     .gather(&only(ty, piece), Rows::Features, None)?
                     .swap_remove(ty)
-                    .ok_or_else(|| TrainError::Distributed("cache: no rows gathered".into()))?;
+                    .ok_or_else(|| TrainError::Internal("cache: no rows gathered".into()))?;
                 out.extend(x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
             Ok(out)

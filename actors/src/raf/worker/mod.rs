@@ -131,7 +131,7 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
             .map(|s| s.to_string())
             .or_else(|| p.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        Err(TrainError::Distributed(format!(
+        Err(TrainError::Internal(format!(
             "worker {} panicked: {what}",
             s.worker
         )))
@@ -285,13 +285,13 @@ impl<'a> Worker<'a> {
             })
             .collect();
         let me = runtime::ActorName::new(&names::worker(setup.worker))
-            .map_err(TrainError::distributed)?;
+            .map_err(TrainError::internal)?;
         let actor = |n: String| {
             setup
                 .node
                 .actor(&n)
                 .map(|r| r.with_sender(me.clone()))
-                .map_err(|e| TrainError::Distributed(format!("{n}: {e}")))
+                .map_err(|e| TrainError::Internal(format!("{n}: {e}")))
         };
         let refs = TrainerRefs {
             workers: (0..workers as u32)
@@ -409,7 +409,7 @@ impl<'a> Worker<'a> {
             .inbox
             .block_on(&self.setup.handle, join_all(asks))?;
         for r in answers {
-            r.map_err(|e| TrainError::Distributed(format!("{}: {e}", M::KIND)))?;
+            r.map_err(|e| TrainError::PeerLost(format!("{}: {e}", M::KIND)))?;
         }
         Ok(())
     }
@@ -486,7 +486,7 @@ impl<'a> Worker<'a> {
             let own = h[target]
                 .as_ref()
                 .ok_or_else(|| {
-                    TrainError::distributed("the reducer has no rows of the target type")
+                    TrainError::internal("the reducer has no rows of the target type")
                 })?
                 .narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
@@ -511,12 +511,12 @@ impl<'a> Worker<'a> {
                 .raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
             seed_width = raw[0].len() / 4 / batch.len().max(1);
             let all =
-                decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::distributed)?;
+                decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::protocol)?;
             // A replica whose share of this batch is empty has no rows to replace.
             if let Some(x) = h[target].as_ref().filter(|_| b > 0) {
                 let (n, width) = x.dims2()?;
                 if width != seed_width {
-                    return Err(TrainError::Distributed(format!(
+                    return Err(TrainError::Protocol(format!(
                         "the reducer sent seed rows {seed_width} wide, this worker's are {width}"
                     )));
                 }
@@ -551,7 +551,7 @@ impl<'a> Worker<'a> {
         if w == 0 {
             let own = h[target]
                 .as_ref()
-                .ok_or_else(|| TrainError::distributed("no target rows"))?
+                .ok_or_else(|| TrainError::internal("no target rows"))?
                 .narrow(0, 0, b)?;
             let peers: Vec<u32> = (1..self.workers()).collect();
             let raw = s.inbox.raw(
@@ -582,7 +582,7 @@ impl<'a> Worker<'a> {
             let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<ReplicaPiece>> = BTreeMap::new();
             for (k, bytes) in peers.iter().zip(&raw) {
                 let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes)
-                    .map_err(|e| TrainError::Distributed(format!("worker {k}'s partial: {e}")))?;
+                    .map_err(|e| TrainError::Protocol(format!("worker {k}'s partial: {e}")))?;
                 let (j, r) = s.replicas[*k as usize];
                 let rows = share(batch, (j, r));
                 let mut mine = Vec::new();
@@ -595,7 +595,7 @@ impl<'a> Worker<'a> {
                         .iter()
                         .any(|p| (p.0 == WHOLE) == means_expected || !tags.insert(p.0))
                 {
-                    return Err(TrainError::Distributed(format!("worker {k} sent {} pieces that are not one partial or distinct relation means", pieces.len())));
+                    return Err(TrainError::Protocol(format!("worker {k} sent {} pieces that are not one partial or distinct relation means", pieces.len())));
                 }
                 for (tag, shape, values) in pieces {
                     let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
@@ -609,7 +609,7 @@ impl<'a> Worker<'a> {
                         || want.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
                             != Some(values.len())
                     {
-                        return Err(TrainError::Distributed(format!("worker {k}'s partial has shape {dims:?} and {} values; {want:?} expected", values.len())));
+                        return Err(TrainError::Protocol(format!("worker {k}'s partial has shape {dims:?} and {} values; {want:?} expected", values.len())));
                     }
                     let leaf = Var::from_tensor(&Tensor::from_vec(values, dims, &self.device)?)?;
                     if tag == WHOLE {
@@ -619,7 +619,7 @@ impl<'a> Worker<'a> {
                         if !self.ships_means[*k as usize]
                             || !self.setup.per_layer[*k as usize][top].contains(&r)
                         {
-                            return Err(TrainError::Distributed(format!("worker {k} sent the means of relation {tag}, which it does not ship")));
+                            return Err(TrainError::Protocol(format!("worker {k} sent the means of relation {tag}, which it does not ship")));
                         }
                         means.push((r, leaf.as_tensor().clone()));
                     }
@@ -658,7 +658,7 @@ impl<'a> Worker<'a> {
                     offset += p.dim(0)?;
                 }
                 if covered != b {
-                    return Err(TrainError::Distributed(format!(
+                    return Err(TrainError::Internal(format!(
                         "the replicas of a sub-metatree cover {covered} of {b} seeds"
                     )));
                 }
@@ -738,7 +738,7 @@ impl<'a> Worker<'a> {
                 let mut sum: Option<Tensor> = None;
                 for bytes in &raw {
                     let gr = Tensor::from_vec(
-                        decode_f32(bytes, b * width).map_err(TrainError::distributed)?,
+                        decode_f32(bytes, b * width).map_err(TrainError::protocol)?,
                         (b, width),
                         &self.device,
                     )?;
@@ -770,7 +770,7 @@ impl<'a> Worker<'a> {
                     gen: s.gen,
                     seq,
                     from: w,
-                    data: ByteVec(messages::encode(&pieces).map_err(TrainError::distributed)?),
+                    data: ByteVec(messages::encode(&pieces).map_err(TrainError::internal)?),
                 },
             )?;
             out.comm_s += lap(&mut clock);
@@ -786,7 +786,7 @@ impl<'a> Worker<'a> {
             )?;
             out.comm_s += lap(&mut clock);
             let total: usize = shipped.iter().map(|(_, t)| t.elem_count()).sum();
-            let flat = decode_f32(&raw[0], total).map_err(TrainError::distributed)?;
+            let flat = decode_f32(&raw[0], total).map_err(TrainError::protocol)?;
             let mut surrogate: Option<Tensor> = None;
             let mut at = 0;
             for (_, t) in &shipped {

@@ -36,7 +36,7 @@ impl Worker<'_> {
             .filter_map(|(n, v)| grad_of(v.as_tensor()).map(|g| (n.to_string(), g)))
             .collect();
         if let Some(stray) = mine.keys().find(|n| !self.used.contains(*n)) {
-            return Err(TrainError::Distributed(format!(
+            return Err(TrainError::Internal(format!(
                 "worker {w} computed a gradient for {stray}, outside its planned parameters"
             )));
         }
@@ -85,7 +85,7 @@ impl Worker<'_> {
                     gen: s.gen,
                     seq,
                     from: w as u32,
-                    data: ByteVec(messages::encode(&msg).map_err(TrainError::distributed)?),
+                    data: ByteVec(messages::encode(&msg).map_err(TrainError::internal)?),
                 },
             ));
         }
@@ -108,10 +108,10 @@ impl Worker<'_> {
         let mut theirs: BTreeMap<u32, SharedGrads> = BTreeMap::new();
         for (k, bytes) in peers.iter().zip(&raw) {
             let m: SharedGrads = messages::decode(bytes).map_err(|e| {
-                TrainError::Distributed(format!("worker {k}'s shared gradients: {e}"))
+                TrainError::Protocol(format!("worker {k}'s shared gradients: {e}"))
             })?;
             if m.present.len() != self.shared[*k as usize].len() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "worker {k} sent {} shared gradients, {} expected",
                     m.present.len(),
                     self.shared[*k as usize].len()
@@ -132,11 +132,11 @@ impl Worker<'_> {
                     .model
                     .params
                     .get(n)
-                    .ok_or_else(|| TrainError::distributed(format!("unknown parameter {n}")))?;
+                    .ok_or_else(|| TrainError::internal(format!("unknown parameter {n}")))?;
                 let len = var.elem_count();
                 let at = offsets[k];
                 let vals = m.dense.get(at..at + len).ok_or_else(|| {
-                    TrainError::Distributed(format!("worker {k}'s shared gradients are short"))
+                    TrainError::Protocol(format!("worker {k}'s shared gradients are short"))
                 })?;
                 offsets.insert(*k, at + len);
                 contrib
@@ -147,7 +147,7 @@ impl Worker<'_> {
         }
         for (k, m) in &theirs {
             if offsets[k] != m.dense.len() {
-                return Err(TrainError::Distributed(format!(
+                return Err(TrainError::Protocol(format!(
                     "worker {k}'s shared gradients have {} extra values",
                     m.dense.len() - offsets[k]
                 )));
@@ -192,7 +192,7 @@ impl Worker<'_> {
                     && distinct_below(&mut self.row_slot, ids, count)
                     && vals.iter().all(|x| x.is_finite());
                 if !ok {
-                    return Err(TrainError::Distributed(format!(
+                    return Err(TrainError::Protocol(format!(
                         "worker {k} sent malformed rows of node type {ty}"
                     )));
                 }
