@@ -142,9 +142,7 @@ impl DataParallel {
             let h = std::thread::Builder::new()
                 .name(format!("trainer-{trainer}"))
                 .spawn(move || trainer::run(setup))
-                .map_err(|e| {
-                    TrainError::Internal(format!("cannot start a trainer thread: {e}"))
-                })?;
+                .map_err(|e| TrainError::Internal(format!("cannot start a trainer thread: {e}")))?;
             handles.push(h);
         }
         Ok(handles)

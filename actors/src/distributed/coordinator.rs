@@ -16,16 +16,12 @@ use super::checkpoint::{self, Manifest};
 use super::generations::{abort_peers, stop_all_but};
 use super::inbox::{EpochProgress, Inbox};
 use super::messages::{Begin, EpochStats, Saved};
+use super::recovery::{Next, Recovery};
 use super::{names, System, Timeouts};
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
-use crate::report::{EpochReport, FailureReport, Report};
-
-/// Attempts in a row that may fail before a single step succeeds, or fail at
-/// the same step after the same rollback; past it the failure is taken as
-/// permanent (a bug, bad data, a full disk: not a lost node).
-const MAX_FRUITLESS_ATTEMPTS: u32 = 3;
+use crate::report::{EpochReport, Report};
 
 /// How long a `Begin` may take to reach a node.
 const BEGIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -317,10 +313,7 @@ impl Driver<'_> {
         self.c.report.started_at_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut open: Option<FailureReport> = None;
-        let mut fruitless = 0;
-        // (rolled back to, failed at) of the last failure, and how often in a row.
-        let mut same: (Option<(u64, u64)>, u32) = (None, 0);
+        let mut recovery = Recovery::default();
         for attempt in 0u32.. {
             let wait = if attempt == 0 {
                 self.start
@@ -342,16 +335,8 @@ impl Driver<'_> {
                 None => None,
             };
             let from_seq = from.as_ref().map_or(0, |m| m.seq);
-            match open.as_mut() {
-                Some(f) => {
-                    f.rejoined_at_s = clock.elapsed().as_secs_f64();
-                    f.resumed_from_step = from_seq;
-                    f.steps_redone = f.failed_at_step.saturating_sub(from_seq);
-                    observer.note(&format!(
-                        "every node is ready: rolling back to step {from_seq} ({} steps to redo)",
-                        f.steps_redone
-                    ));
-                }
+            match recovery.ready(clock.elapsed().as_secs_f64(), from_seq) {
+                Some(note) => observer.note(&note),
                 None if from.is_some() => {
                     self.c.report.resumed_from_step = Some(from_seq);
                     observer.note(&format!("resuming from the checkpoint at step {from_seq}"));
@@ -367,73 +352,44 @@ impl Driver<'_> {
             });
             let result = begun.and_then(|()| self.c.attempt(g, observer, from.as_ref()));
             self.c.inbox.running(gen, None);
-            let stepped = self.c.first_step_at;
-            if let (Some(f), Some(at)) = (open.as_mut(), stepped) {
-                f.resumed_at_s = at.duration_since(clock).as_secs_f64();
-                self.c
-                    .report
-                    .failures
-                    .push(open.take().expect("just matched"));
+            let stepped = self
+                .c
+                .first_step_at
+                .map(|at| at.duration_since(clock).as_secs_f64());
+            if let Err(err) = &result {
+                // Every trainer of this generation stops (those waiting on the lost node included).
+                let trainers: Vec<String> = self.members.iter().flatten().cloned().collect();
+                abort_peers(
+                    &self.system.node,
+                    &self.system.handle,
+                    names::COORDINATOR,
+                    u32::MAX,
+                    gen,
+                    &trainers,
+                    &format!("the coordinator stops generation {gen:x}: {err}"),
+                );
             }
-            let err = match result {
-                Ok(()) => {
-                    // Resumed at the very end (nothing left to redo): recovered all the same.
-                    if let Some(mut f) = open.take() {
-                        f.resumed_at_s = clock.elapsed().as_secs_f64();
-                        self.c.report.failures.push(f);
-                    }
-                    return Ok(());
-                }
-                Err(e) => e,
-            };
-            // Every trainer of this generation stops (those waiting on the lost node included).
-            let trainers: Vec<String> = self.members.iter().flatten().cloned().collect();
-            abort_peers(
-                &self.system.node,
-                &self.system.handle,
-                names::COORDINATOR,
-                u32::MAX,
-                gen,
-                &trainers,
-                &format!("the coordinator stops generation {gen:x}: {err}"),
+            let seq = self.c.seq;
+            let failure = result.as_ref().err().map(ToString::to_string);
+            let next = recovery.ended(
+                clock.elapsed().as_secs_f64(),
+                stepped,
+                from_seq,
+                seq,
+                result,
             );
-            if !err.is_recoverable() {
-                return Err(err);
-            }
-            fruitless = if stepped.is_some() { 1 } else { fruitless + 1 };
-            if fruitless > MAX_FRUITLESS_ATTEMPTS {
-                return Err(TrainError::PeerLost(format!("{MAX_FRUITLESS_ATTEMPTS} restarts in a row failed before any step; giving up: {err}")));
-            }
-            let key = (from_seq, self.c.seq);
-            same = if same.0 == Some(key) {
-                (Some(key), same.1 + 1)
-            } else {
-                (Some(key), 1)
-            };
-            if same.1 >= MAX_FRUITLESS_ATTEMPTS {
-                return Err(TrainError::PeerLost(format!("failed {} times at step {} after rolling back to step {from_seq}; giving up: {err}", same.1, self.c.seq)));
-            }
-            let now = clock.elapsed().as_secs_f64();
-            match open.as_mut() {
-                // Failed again before its first step: the same failure goes on.
-                Some(f) => f.what = format!("{}; then {err}", f.what),
-                None => {
-                    open = Some(FailureReport {
-                        what: err.to_string(),
-                        detected_at_s: now,
-                        failed_at_step: self.c.seq,
-                        ..FailureReport::default()
-                    })
+            self.c.report.failures = recovery.failures.clone();
+            match next {
+                Next::Done => return Ok(()),
+                Next::GiveUp(err) => return Err(err),
+                Next::Retry => {
+                    let err = failure.unwrap_or_default();
+                    tracing::warn!("step {seq}: {err}; waiting for every node to be ready again");
+                    observer.note(&format!(
+                        "failure at step {seq}: {err}; waiting for every node to be ready"
+                    ));
                 }
             }
-            tracing::warn!(
-                "step {}: {err}; waiting for every node to be ready again",
-                self.c.seq
-            );
-            observer.note(&format!(
-                "failure at step {}: {err}; waiting for every node to be ready",
-                self.c.seq
-            ));
         }
         unreachable!("the loop returns")
     }

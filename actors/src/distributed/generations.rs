@@ -28,8 +28,7 @@ pub(crate) fn join_threads<T>(handles: Vec<std::thread::JoinHandle<Result<T>>>) 
                 first_err.get_or_insert(e);
             }
             Err(_) => {
-                first_err
-                    .get_or_insert(TrainError::Internal("a training thread panicked".into()));
+                first_err.get_or_insert(TrainError::Internal("a training thread panicked".into()));
             }
         }
     }

@@ -16,6 +16,7 @@ pub mod inbox;
 pub mod messages;
 mod mode;
 pub(crate) mod peers;
+pub(crate) mod recovery;
 pub mod rows;
 pub mod system;
 

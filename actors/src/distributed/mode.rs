@@ -244,9 +244,7 @@ pub fn train_embedded<M: Distributed>(
                 (
                     k as u32,
                     h.join().unwrap_or_else(|_| {
-                        Err(TrainError::Internal(
-                            "a partition thread panicked".into(),
-                        ))
+                        Err(TrainError::Internal("a partition thread panicked".into()))
                     }),
                 )
             })
@@ -365,11 +363,9 @@ pub fn run_node<M: Distributed>(
             inboxes[0].abort(format!("the coordinator failed: {e}"));
         }
         inboxes[0].finish(driven.is_ok());
-        let mine = mine.join().unwrap_or_else(|_| {
-            Err(TrainError::Internal(
-                "the partition thread panicked".into(),
-            ))
-        });
+        let mine = mine
+            .join()
+            .unwrap_or_else(|_| Err(TrainError::Internal("the partition thread panicked".into())));
         (driven, d.c.report, mine)
     });
     let finished = driven.and_then(|()| {

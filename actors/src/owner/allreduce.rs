@@ -83,9 +83,10 @@ pub fn flatten_named(
 /// parameters some trainer had a gradient for move. Returns the summed loss
 /// and number of correct predictions.
 pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, f64)> {
-    let values = sum.len().checked_sub(extra(params)).ok_or_else(|| {
-        TrainError::Protocol("a gradient vector shorter than the model".into())
-    })?;
+    let values = sum
+        .len()
+        .checked_sub(extra(params))
+        .ok_or_else(|| TrainError::Protocol("a gradient vector shorter than the model".into()))?;
     let mut named = BTreeMap::new();
     let mut at = 0;
     for (i, (name, var)) in params.iter().enumerate() {

@@ -218,9 +218,10 @@ pub fn assemble(
     let tables = export_tables(t, system, parts, g)?;
     let mut model = Model::new(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
     for (name, var) in model.params.iter() {
-        let theirs = replica.params.get(name).ok_or_else(|| {
-            TrainError::Internal(format!("the replica has no parameter {name}"))
-        })?;
+        let theirs = replica
+            .params
+            .get(name)
+            .ok_or_else(|| TrainError::Internal(format!("the replica has no parameter {name}")))?;
         var.set(
             &theirs
                 .as_tensor()
@@ -281,9 +282,7 @@ fn export_tables(
                 let at = id as usize * dim;
                 table
                     .get_mut(at..at + dim)
-                    .ok_or_else(|| {
-                        TrainError::Protocol(format!("exported row {id} out of range"))
-                    })?
+                    .ok_or_else(|| TrainError::Protocol(format!("exported row {id} out of range")))?
                     .copy_from_slice(&rows[k * dim..(k + 1) * dim]);
             }
         }

@@ -284,8 +284,8 @@ impl<'a> Worker<'a> {
                 k != 0 && model.partial_reads_seeds() && !complete
             })
             .collect();
-        let me = runtime::ActorName::new(&names::worker(setup.worker))
-            .map_err(TrainError::internal)?;
+        let me =
+            runtime::ActorName::new(&names::worker(setup.worker)).map_err(TrainError::internal)?;
         let actor = |n: String| {
             setup
                 .node
@@ -485,9 +485,7 @@ impl<'a> Worker<'a> {
         if w == 0 {
             let own = h[target]
                 .as_ref()
-                .ok_or_else(|| {
-                    TrainError::internal("the reducer has no rows of the target type")
-                })?
+                .ok_or_else(|| TrainError::internal("the reducer has no rows of the target type"))?
                 .narrow(0, 0, b)?;
             let data = ByteVec(to_bytes(&own)?);
             let msgs = (1..self.workers())

@@ -107,9 +107,8 @@ impl Worker<'_> {
         out.comm_s += lap(&mut clock);
         let mut theirs: BTreeMap<u32, SharedGrads> = BTreeMap::new();
         for (k, bytes) in peers.iter().zip(&raw) {
-            let m: SharedGrads = messages::decode(bytes).map_err(|e| {
-                TrainError::Protocol(format!("worker {k}'s shared gradients: {e}"))
-            })?;
+            let m: SharedGrads = messages::decode(bytes)
+                .map_err(|e| TrainError::Protocol(format!("worker {k}'s shared gradients: {e}")))?;
             if m.present.len() != self.shared[*k as usize].len() {
                 return Err(TrainError::Protocol(format!(
                     "worker {k} sent {} shared gradients, {} expected",
