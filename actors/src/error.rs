@@ -19,6 +19,19 @@ impl TrainError {
         TrainError::Internal(e.to_string())
     }
 
+    /// The error with `what` said first, of the same kind (errors that carry
+    /// no message of their own are returned as they are).
+    pub fn context(self, what: impl std::fmt::Display) -> TrainError {
+        match self {
+            TrainError::PeerLost(m) => TrainError::PeerLost(format!("{what}: {m}")),
+            TrainError::Protocol(m) => TrainError::Protocol(format!("{what}: {m}")),
+            TrainError::Internal(m) => TrainError::Internal(format!("{what}: {m}")),
+            TrainError::Config(m) => TrainError::Config(format!("{what}: {m}")),
+            TrainError::Checkpoint(m) => TrainError::Checkpoint(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
     /// Whether the failure may be a lost node or message, worth a restart of
     /// the run from its last checkpoint once every node is back; bad input, a
     /// protocol violation or a bug would only happen again.

@@ -336,9 +336,7 @@ impl Inbox {
                 )
             },
         )?;
-        raw.iter()
-            .map(|b| decode_f32(b, len).map_err(TrainError::PeerLost))
-            .collect()
+        raw.iter().map(|b| decode_f32(b, len)).collect()
     }
 
     /// The next news of `epoch`: a step's loss, a checkpoint every one of

@@ -5,6 +5,8 @@
 //! per kind read as what the run spent them on.
 
 use runtime::{ByteVec, Msg};
+
+use crate::error::{Result, TrainError};
 use serde::{Deserialize, Serialize};
 
 /// A trainer's flattened dense gradients for one step, or a chunk of them
@@ -137,20 +139,20 @@ pub struct EpochStats {
 
 impl EpochStats {
     /// Carries the mode's own figures of the epoch (`f`, encoded).
-    pub fn set_figures<T: Serialize>(&mut self, f: &T) -> crate::error::Result<()> {
-        self.figures = ByteVec(encode(f).map_err(crate::error::TrainError::internal)?);
+    pub fn set_figures<T: Serialize>(&mut self, f: &T) -> Result<()> {
+        self.figures = ByteVec(encode(f)?);
         Ok(())
     }
 
     /// The mode's own figures this account carries, if any; figures that do
     /// not decode as `T` are a protocol violation.
-    pub fn figures<T: serde::de::DeserializeOwned>(&self) -> crate::error::Result<Option<T>> {
+    pub fn figures<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>> {
         if self.figures.0.is_empty() {
             return Ok(None);
         }
         decode(&self.figures.0).map(Some).map_err(|e| {
-            crate::error::TrainError::Protocol(format!(
-                "epoch {} figures of trainer {}: {e}",
+            e.context(format!(
+                "epoch {} figures of trainer {}",
                 self.epoch, self.trainer
             ))
         })
@@ -233,26 +235,28 @@ impl Msg for Saved {
 /// Most bytes an encoded payload may have.
 pub const MAX_PAYLOAD: usize = 1 << 31;
 
-/// Encodes `v` for a payload message.
-pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
-    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| e.to_string())
+/// Encodes `v` for a payload message (a failure is this process's: [`TrainError::Internal`]).
+pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
+    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(TrainError::internal)
 }
 
-/// Decodes a payload (its size checked before decoding, its contents by the caller).
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+/// Decodes a payload (its size checked before decoding, its contents by the
+/// caller); a payload that does not decode is the sender's
+/// [`TrainError::Protocol`] violation.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     if bytes.len() > MAX_PAYLOAD {
-        return Err(format!(
+        return Err(TrainError::Protocol(format!(
             "payload of {} bytes is over the {MAX_PAYLOAD}-byte limit",
             bytes.len()
-        ));
+        )));
     }
     let cfg = bincode::config::standard().with_limit::<MAX_PAYLOAD>();
-    let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(|e| e.to_string())?;
+    let (v, used) = bincode::serde::decode_from_slice(bytes, cfg).map_err(TrainError::protocol)?;
     if used != bytes.len() {
-        return Err(format!(
+        return Err(TrainError::Protocol(format!(
             "{} trailing bytes after the payload",
             bytes.len() - used
-        ));
+        )));
     }
     Ok(v)
 }

@@ -77,13 +77,13 @@ pub(crate) fn load_options(t: &crate::config::TrainingConfig) -> graphs::LoadOpt
 }
 
 /// Little-endian f32 values from `bytes`, which must hold exactly `n` of them.
-pub fn decode_f32(bytes: &[u8], n: usize) -> std::result::Result<Vec<f32>, String> {
+pub fn decode_f32(bytes: &[u8], n: usize) -> crate::error::Result<Vec<f32>> {
     if bytes.len() != n * 4 {
-        return Err(format!(
+        return Err(crate::error::TrainError::Protocol(format!(
             "{} bytes where {n} f32 values ({} bytes) were expected",
             bytes.len(),
             n * 4
-        ));
+        )));
     }
     // Copied into uninitialised capacity: zero-filling first was a second pass over every block.
     let mut out: Vec<f32> = Vec::with_capacity(n);

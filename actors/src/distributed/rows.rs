@@ -88,7 +88,7 @@ pub fn dense(
     bytes: runtime::SharedBytes,
     rows: usize,
     width: usize,
-) -> Result<runtime::SharedBytes, String> {
+) -> crate::error::Result<runtime::SharedBytes> {
     if bytes.0.len() == 4 * rows * width {
         return Ok(bytes);
     }
@@ -99,13 +99,13 @@ pub fn dense(
 }
 
 /// `rows` rows of `width` values from their non-zeros.
-pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+pub fn decode_sparse(bytes: &[u8], rows: usize, width: usize) -> crate::error::Result<Vec<f32>> {
     let len = rows * width;
     let bad = |why: &str| {
-        Err(format!(
+        Err(crate::error::TrainError::Protocol(format!(
             "{} bytes are neither {rows} rows of {width} f32 values nor their non-zeros: {why}",
             bytes.len()
-        ))
+        )))
     };
     let u32_at = |i: usize| {
         u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]) as usize
@@ -142,7 +142,7 @@ pub(crate) mod tests {
     use super::*;
 
     /// Either form back to values, through [`dense`].
-    fn decode(bytes: &[u8], rows: usize, width: usize) -> Result<Vec<f32>, String> {
+    fn decode(bytes: &[u8], rows: usize, width: usize) -> crate::error::Result<Vec<f32>> {
         let d = dense(runtime::SharedBytes(bytes.to_vec().into()), rows, width)?;
         Ok(d.0
             .chunks_exact(4)

@@ -126,13 +126,13 @@ pub fn body_bytes(payload: &[u8]) -> u64 {
 
 /// Rows of a payload (`None`: skipped), checked to be `rows` rows of
 /// `width` values before anything is allocated.
-pub fn decode(data: &[u8], rows: usize, width: usize) -> Result<Option<Vec<f32>>, String> {
+pub fn decode(data: &[u8], rows: usize, width: usize) -> crate::error::Result<Option<Vec<f32>>> {
     let len = rows * width;
     match data.split_first() {
         Some((&SKIPPED, [])) => Ok(None),
         Some((&DENSE, body)) => crate::distributed::decode_f32(body, len).map(Some),
         Some((&SPARSE, body)) => crate::distributed::rows::decode_sparse(body, rows, width).map(Some),
-        _ => Err(format!("a block payload of {} bytes is neither a skip notice nor {rows} rows of {width} values", data.len())),
+        _ => Err(crate::error::TrainError::Protocol(format!("a block payload of {} bytes is neither a skip notice nor {rows} rows of {width} values", data.len()))),
     }
 }
 

@@ -545,9 +545,7 @@ impl State<'_> {
                         let n = ctx.layout.count(q, ty);
                         let rows = match data {
                             Some(data) => messages::decode(data, n, w).map_err(|e| {
-                                TrainError::Protocol(format!(
-                                    "worker {q}'s block of layer {l}, type {ty}: {e}"
-                                ))
+                                e.context(format!("worker {q}'s block of layer {l}, type {ty}"))
                             })?,
                             None => None,
                         };
@@ -772,9 +770,7 @@ impl State<'_> {
                     for (&q, data) in order[1..].iter().zip(&got) {
                         let Some(data) = data else { continue };
                         let rows = messages::decode(data, n, w).map_err(|e| {
-                            TrainError::Protocol(format!(
-                                "worker {q}'s gradient of layer {l}, type {ty}: {e}"
-                            ))
+                            e.context(format!("worker {q}'s gradient of layer {l}, type {ty}"))
                         })?;
                         if let Some(v) = rows {
                             let x =

@@ -160,8 +160,7 @@ impl Averager<'_> {
         let payloads = out
             .iter()
             .map(messages::encode)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::PeerLost)?;
+            .collect::<Result<Vec<_>>>()?;
         let mut holders = Holders::new();
         for (q, bytes) in self
             .exchange(0, phase::HOLD, payloads)?
@@ -169,10 +168,10 @@ impl Averager<'_> {
             .enumerate()
         {
             let rows: Rows = messages::decode(&bytes)
-                .map_err(|e| TrainError::PeerLost(format!("worker {q}'s held rows: {e}")))?;
+                .map_err(|e| e.context(format!("worker {q}'s held rows")))?;
             for (part, types) in rows.parts {
                 if self.worker_of(part) != q as u32 {
-                    return Err(TrainError::PeerLost(format!(
+                    return Err(TrainError::Protocol(format!(
                         "worker {q} sent the held rows of partition {part}, not its own"
                     )));
                 }
@@ -187,7 +186,7 @@ impl Averager<'_> {
                                 || self.owner_worker(ty, id) != self.worker
                         })
                     {
-                        return Err(TrainError::PeerLost(format!(
+                        return Err(TrainError::Protocol(format!(
                             "worker {q} claims rows of type {ty} this worker does not own"
                         )));
                     }
@@ -245,8 +244,7 @@ impl Averager<'_> {
                     rows,
                 })
             })
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::PeerLost)?;
+            .collect::<Result<Vec<_>>>()?;
         sent += payloads
             .iter()
             .enumerate()
@@ -258,8 +256,7 @@ impl Averager<'_> {
             .into_iter()
             .enumerate()
             .map(|(q, b)| {
-                messages::decode(&b)
-                    .map_err(|e| TrainError::PeerLost(format!("worker {q}'s averaging: {e}")))
+                messages::decode(&b).map_err(|e| e.context(format!("worker {q}'s averaging")))
             })
             .collect::<Result<_>>()?;
         self.average_dense(&ups, locals)?;
@@ -295,8 +292,7 @@ impl Averager<'_> {
         let payloads = down
             .iter()
             .map(messages::encode)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(TrainError::PeerLost)?;
+            .collect::<Result<Vec<_>>>()?;
         sent += payloads
             .iter()
             .enumerate()
@@ -309,10 +305,10 @@ impl Averager<'_> {
             .enumerate()
         {
             let rows: Rows = messages::decode(&bytes)
-                .map_err(|e| TrainError::PeerLost(format!("worker {q}'s averaged rows: {e}")))?;
+                .map_err(|e| e.context(format!("worker {q}'s averaged rows")))?;
             for (part, types) in rows.parts {
                 let l = locals.iter_mut().find(|l| l.part == part).ok_or_else(|| {
-                    TrainError::PeerLost(format!(
+                    TrainError::Protocol(format!(
                         "worker {q} sent rows for partition {part}, not this worker's"
                     ))
                 })?;
@@ -322,13 +318,13 @@ impl Averager<'_> {
                         .get_mut(ty as usize)
                         .and_then(Option::as_mut)
                         .ok_or_else(|| {
-                            TrainError::PeerLost(format!(
+                            TrainError::Protocol(format!(
                                 "worker {q} sent rows of node type {ty}, which has none"
                             ))
                         })?;
                     let d = rows.table.dim;
                     if values.len() != ids.len() * d {
-                        return Err(TrainError::PeerLost(format!(
+                        return Err(TrainError::Protocol(format!(
                             "worker {q} sent {} values for {} rows",
                             values.len(),
                             ids.len()
@@ -336,7 +332,7 @@ impl Averager<'_> {
                     }
                     for (i, id) in ids.iter().enumerate() {
                         let k = rows.index(*id).ok_or_else(|| {
-                            TrainError::PeerLost(format!(
+                            TrainError::Protocol(format!(
                                 "worker {q} sent row {id}, which partition {part} does not hold"
                             ))
                         })?;
@@ -386,14 +382,14 @@ impl Averager<'_> {
         for (q, up) in ups.iter().enumerate() {
             for (part, types) in &up.rows {
                 if self.worker_of(*part) != q as u32 {
-                    return Err(TrainError::PeerLost(format!(
+                    return Err(TrainError::Protocol(format!(
                         "worker {q} sent rows of partition {part}, not its own"
                     )));
                 }
                 for (ty, ids, values) in types {
                     let ty = *ty as usize;
                     let d = dim(ty).ok_or_else(|| {
-                        TrainError::PeerLost(format!(
+                        TrainError::Protocol(format!(
                             "worker {q} sent rows of node type {ty}, which has none"
                         ))
                     })?;
@@ -403,7 +399,7 @@ impl Averager<'_> {
                                 || self.owner_worker(ty, id) != self.worker
                         })
                     {
-                        return Err(TrainError::PeerLost(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
+                        return Err(TrainError::Protocol(format!("worker {q} sent rows of type {ty} that do not fit or are not owned here")));
                     }
                     let c = contribs.entry(ty).or_default();
                     c.extend(
@@ -461,7 +457,7 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
     let mut offsets = Vec::new();
     for d in &all {
         if d.changed.len() != current.len() {
-            return Err(TrainError::PeerLost(format!(
+            return Err(TrainError::Protocol(format!(
                 "partition {} sent {} parameters, {} expected",
                 d.part,
                 d.changed.len(),
@@ -475,7 +471,7 @@ fn dense_mean(mut all: Vec<&Dense>, current: Vec<Vec<f32>>) -> Result<Vec<Vec<f3
             at += if c { current[i].len() } else { 0 };
         }
         if at != d.values.len() {
-            return Err(TrainError::PeerLost(format!(
+            return Err(TrainError::Protocol(format!(
                 "partition {} sent {} values, its flags say {at}",
                 d.part,
                 d.values.len()

@@ -46,7 +46,7 @@ pub(crate) fn send(
     owners: &[Vec<u16>],
     timeout: Duration,
 ) -> Result<()> {
-    let bytes = messages::encode(&owned(locals, owners)).map_err(TrainError::internal)?;
+    let bytes = messages::encode(&owned(locals, owners))?;
     let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::internal)?;
     let to = node
         .actor(names::FINAL)
@@ -85,8 +85,7 @@ pub(crate) fn gather(inbox: &Inbox, w: u32, timeouts: Timeouts) -> Result<TypeRo
         w,
         timeouts.step,
     )?;
-    messages::decode(&bytes)
-        .map_err(|e| TrainError::Protocol(format!("worker {w}'s final rows: {e}")))
+    messages::decode(&bytes).map_err(|e| e.context(format!("worker {w}'s final rows")))
 }
 
 /// Puts `rows` into `model`'s tables: every row of every table exactly once.

@@ -639,8 +639,7 @@ impl Client {
             })?;
             pulled.insert(
                 (*ty, *o),
-                crate::distributed::rows::dense(bytes, want.len(), dims[*ty])
-                    .map_err(TrainError::PeerLost)?,
+                crate::distributed::rows::dense(bytes, want.len(), dims[*ty])?,
             );
         }
         let mut out: PerType = Vec::with_capacity(src.len());

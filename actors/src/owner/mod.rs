@@ -277,7 +277,7 @@ fn export_tables(
             let (ids, data) = a?.map_err(|e| {
                 TrainError::PeerLost(format!("{}: {e}", names::store(&nt.name, p as u32)))
             })?;
-            let rows = decode_f32(&data.0, ids.len() * dim).map_err(TrainError::Protocol)?;
+            let rows = decode_f32(&data.0, ids.len() * dim)?;
             for (k, &id) in ids.iter().enumerate() {
                 let at = id as usize * dim;
                 table

@@ -167,7 +167,8 @@ impl Shard {
         if self.applied.is_some_and(|a| p.seq <= a) {
             return Ok(()); // a resend of a step already applied
         }
-        let grad: Vec<f32> = decode_f32(&p.grad.0, p.ids.len() * self.dim)?;
+        let grad: Vec<f32> =
+            decode_f32(&p.grad.0, p.ids.len() * self.dim).map_err(|e| e.to_string())?;
         // Looked up once, here, where a bad id is refused to its sender; the step keeps the rows.
         let rows = p
             .ids

@@ -78,8 +78,7 @@ pub(crate) fn send_final(
         let data = messages::encode(&messages::FinalPiece {
             pieces: total,
             state,
-        })
-        .map_err(TrainError::internal)?;
+        })?;
         let ask = to.ask(
             Final {
                 gen,
@@ -184,8 +183,8 @@ pub(crate) fn gather_final(coord: &Inbox, k: u32, timeouts: Timeouts) -> Result<
                 timeouts.step,
             )?
             .swap_remove(0);
-        let p: messages::FinalPiece = messages::decode(&bytes)
-            .map_err(|e| TrainError::Protocol(format!("worker {k}'s final state: {e}")))?;
+        let p: messages::FinalPiece =
+            messages::decode(&bytes).map_err(|e| e.context(format!("worker {k}'s final state")))?;
         if i == 0 {
             pieces = p.pieces.max(1);
         }

@@ -142,6 +142,7 @@ mod tests {
         long.push(0);
         assert!(decode::<SharedGrads>(&long)
             .unwrap_err()
+            .to_string()
             .contains("trailing"));
         assert!(
             decode::<SharedGrads>(&bytes[..bytes.len() - 3]).is_err(),

@@ -571,9 +571,7 @@ impl Dag {
                             })?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
                             let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim)
-                                .map_err(|e| {
-                                    TrainError::Protocol(format!("{}: {e}", store.name()))
-                                })?;
+                                .map_err(|e| e.context(store.name()))?;
                             d.fetched(|st| st.fetches[hop][t].remote[o] = Some(bytes))
                         });
                     });

@@ -508,8 +508,7 @@ impl<'a> Worker<'a> {
                 .inbox
                 .raw("the seeds' rows", seq, round::SEED_ROWS, &[0], timeout)?;
             seed_width = raw[0].len() / 4 / batch.len().max(1);
-            let all =
-                decode_f32(&raw[0], batch.len() * seed_width).map_err(TrainError::protocol)?;
+            let all = decode_f32(&raw[0], batch.len() * seed_width)?;
             // A replica whose share of this batch is empty has no rows to replace.
             if let Some(x) = h[target].as_ref().filter(|_| b > 0) {
                 let (n, width) = x.dims2()?;
@@ -580,7 +579,7 @@ impl<'a> Worker<'a> {
             let mut groups: BTreeMap<Vec<Vec<RelationId>>, Vec<ReplicaPiece>> = BTreeMap::new();
             for (k, bytes) in peers.iter().zip(&raw) {
                 let pieces: Vec<(u32, Vec<u32>, Vec<f32>)> = messages::decode(bytes)
-                    .map_err(|e| TrainError::Protocol(format!("worker {k}'s partial: {e}")))?;
+                    .map_err(|e| e.context(format!("worker {k}'s partial")))?;
                 let (j, r) = s.replicas[*k as usize];
                 let rows = share(batch, (j, r));
                 let mut mine = Vec::new();
@@ -735,11 +734,8 @@ impl<'a> Worker<'a> {
                 let width = own.dim(1)?;
                 let mut sum: Option<Tensor> = None;
                 for bytes in &raw {
-                    let gr = Tensor::from_vec(
-                        decode_f32(bytes, b * width).map_err(TrainError::protocol)?,
-                        (b, width),
-                        &self.device,
-                    )?;
+                    let gr =
+                        Tensor::from_vec(decode_f32(bytes, b * width)?, (b, width), &self.device)?;
                     sum = Some(match sum {
                         Some(s) => (s + gr)?,
                         None => gr,
@@ -768,7 +764,7 @@ impl<'a> Worker<'a> {
                     gen: s.gen,
                     seq,
                     from: w,
-                    data: ByteVec(messages::encode(&pieces).map_err(TrainError::internal)?),
+                    data: ByteVec(messages::encode(&pieces)?),
                 },
             )?;
             out.comm_s += lap(&mut clock);
@@ -784,7 +780,7 @@ impl<'a> Worker<'a> {
             )?;
             out.comm_s += lap(&mut clock);
             let total: usize = shipped.iter().map(|(_, t)| t.elem_count()).sum();
-            let flat = decode_f32(&raw[0], total).map_err(TrainError::protocol)?;
+            let flat = decode_f32(&raw[0], total)?;
             let mut surrogate: Option<Tensor> = None;
             let mut at = 0;
             for (_, t) in &shipped {

@@ -85,7 +85,7 @@ impl Worker<'_> {
                     gen: s.gen,
                     seq,
                     from: w as u32,
-                    data: ByteVec(messages::encode(&msg).map_err(TrainError::internal)?),
+                    data: ByteVec(messages::encode(&msg)?),
                 },
             ));
         }
@@ -108,7 +108,7 @@ impl Worker<'_> {
         let mut theirs: BTreeMap<u32, SharedGrads> = BTreeMap::new();
         for (k, bytes) in peers.iter().zip(&raw) {
             let m: SharedGrads = messages::decode(bytes)
-                .map_err(|e| TrainError::Protocol(format!("worker {k}'s shared gradients: {e}")))?;
+                .map_err(|e| e.context(format!("worker {k}'s shared gradients")))?;
             if m.present.len() != self.shared[*k as usize].len() {
                 return Err(TrainError::Protocol(format!(
                     "worker {k} sent {} shared gradients, {} expected",
