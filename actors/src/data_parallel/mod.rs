@@ -280,12 +280,14 @@ impl Distributed for DataParallel {
         let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
         crate::owner::serve(
             node,
-            part,
-            graph,
-            &self.owners,
-            self.link(part),
+            crate::owner::Served {
+                part,
+                graph,
+                owners: &self.owners,
+                link: self.link(part),
+                pushers: parts * per_part,
+            },
             &self.cfg,
-            parts * per_part,
             arbiters,
         )?;
         let mut inboxes = Vec::new();

@@ -53,9 +53,7 @@ pub(crate) struct Coordinator<'a> {
 
 impl<'a> Coordinator<'a> {
     /// A coordinator of `trainers` trainers over `parts` partitions.
-    #[allow(clippy::too_many_arguments)] // the run's shape, flat
     pub(crate) fn new(
-        mode: &'static str,
         t: &'a TrainingConfig,
         parts: u32,
         trainers: u32,
@@ -65,7 +63,7 @@ impl<'a> Coordinator<'a> {
         per_epoch: u64,
     ) -> Coordinator<'a> {
         let report = Report {
-            mode: mode.into(),
+            mode: t.mode.name().into(),
             nodes: parts as usize,
             ..Report::default()
         };

@@ -14,6 +14,7 @@ use super::coordinator;
 use super::inbox::{Control, Inbox, InboxActor};
 use super::messages::{Abort, Begin, EpochStats, LastAttempt, Ready, Saved, StepDone};
 use super::names;
+use super::Part;
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
 
@@ -134,17 +135,14 @@ pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
 /// attempt's result, or `None` if that attempt did not finish (the
 /// coordinator had all it needed: a last acknowledgement was lost as it
 /// left). `leader` (named `me`) takes the coordinator's words.
-#[allow(clippy::too_many_arguments)] // one partition's whole context
 pub(crate) fn serve_generations<T>(
-    node: &Node,
-    handle: &tokio::runtime::Handle,
+    p: &Part,
     me: &str,
-    part: u32,
-    inboxes: &[Arc<Inbox>],
     rejoin: Duration,
     resumable: bool,
     mut attempt: impl FnMut(Begin) -> Result<T>,
 ) -> Result<Option<T>> {
+    let (node, handle, part, inboxes) = (p.node, p.handle, p.part, p.inboxes);
     let leader = inboxes
         .first()
         .ok_or_else(|| TrainError::Internal("a partition without trainers".into()))?;

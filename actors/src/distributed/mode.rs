@@ -129,11 +129,8 @@ fn serve_part<M: Distributed>(
     remote: bool,
 ) -> Result<Option<M::Outcome>> {
     serve_generations(
-        p.node,
-        p.handle,
+        p,
         &mode.leader(p.part),
-        p.part,
-        p.inboxes,
         rejoin,
         t.checkpoint_dir.is_some(),
         |b| {
@@ -211,7 +208,6 @@ pub fn train_embedded<M: Distributed>(
             })
             .collect();
         let c = Coordinator::new(
-            mode.name(),
             t,
             parts,
             mode.trainers(),
@@ -340,7 +336,6 @@ pub fn run_node<M: Distributed>(
         let (mode_ref, p, run_ref) = (&*mode, &p, &run);
         let mine = scope.spawn(move || serve_part(mode_ref, p, run_ref, t, rejoin, false));
         let c = Coordinator::new(
-            mode.name(),
             t,
             parts,
             mode.trainers(),

@@ -153,12 +153,14 @@ impl Distributed for HopGnn {
     ) -> Result<Vec<Arc<Inbox>>> {
         crate::owner::serve(
             node,
-            part,
-            graph,
-            &self.owners,
-            None,
+            crate::owner::Served {
+                part,
+                graph,
+                owners: &self.owners,
+                link: None,
+                pushers: self.parts,
+            },
             &self.cfg,
-            self.parts,
             arbiters,
         )?;
         let inbox = Arc::new(Inbox::default());

@@ -2,16 +2,15 @@
 //! owner holds its average; workers on other nodes send the rows their
 //! partitions own to the coordinator, which puts every row in its place.
 
-use std::time::Duration;
-
 use futures_util::future::join_all;
 use models::Model;
-use runtime::{ByteVec, Node};
+use runtime::ByteVec;
 
 use super::local::Local;
 use super::messages::{self, phase, Average, TypeRows};
 use super::names;
 use crate::distributed::inbox::Inbox;
+use crate::distributed::Part;
 use crate::distributed::Timeouts;
 use crate::error::{Result, TrainError};
 
@@ -34,18 +33,14 @@ pub(crate) fn owned(locals: &[Local], owners: &[Vec<u16>]) -> TypeRows {
     out
 }
 
-/// Sends the rows worker `w`'s partitions own to the coordinator (cluster runs), in pieces.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn send(
-    node: &Node,
-    handle: &tokio::runtime::Handle,
-    inbox: &Inbox,
-    w: u32,
-    gen: u64,
-    locals: &[Local],
-    owners: &[Vec<u16>],
-    timeout: Duration,
-) -> Result<()> {
+/// Sends the rows worker `p.part`'s partitions own to the coordinator
+/// (cluster runs), in pieces.
+pub(crate) fn send(p: &Part, gen: u64, locals: &[Local], owners: &[Vec<u16>]) -> Result<()> {
+    let (node, handle, w, timeout) = (p.node, p.handle, p.part, p.timeouts.ask);
+    let inbox = p
+        .inboxes
+        .first()
+        .ok_or_else(|| TrainError::Internal(format!("worker {w} without its inbox")))?;
     let bytes = messages::encode(&owned(locals, owners))?;
     let me = runtime::ActorName::new(&names::worker(w)).map_err(TrainError::internal)?;
     let to = node

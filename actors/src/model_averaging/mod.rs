@@ -275,16 +275,7 @@ impl Distributed for ModelAveraging {
 
     /// Each finished attempt's owned rows go to the coordinator, which keeps the last.
     fn after_attempt(&self, p: &Part, gen: u64, locals: &Vec<Local>) -> Result<()> {
-        final_rows::send(
-            p.node,
-            p.handle,
-            &p.inboxes[0],
-            p.part,
-            gen,
-            locals,
-            &self.owners,
-            p.timeouts.ask,
-        )
+        final_rows::send(p, gen, locals, &self.owners)
     }
 
     /// The averaged dense parameters (every partition holds them after the

@@ -46,21 +46,37 @@ pub mod names {
     }
 }
 
-/// Registers partition `part`'s sampler and stores on `node`, each on a
+/// A partition as its sampler and stores serve it.
+pub struct Served<'a> {
+    /// The partition.
+    pub part: u32,
+    /// Its graph.
+    pub graph: &'a Arc<HetGraph>,
+    /// The owner of every node.
+    pub owners: &'a Arc<Vec<Vec<u16>>>,
+    /// Link prediction's task: the sampler leaves a step's training edges out.
+    pub link: Option<Arc<LinkTask>>,
+    /// The trainers whose pushes complete a step.
+    pub pushers: u32,
+}
+
+/// Registers partition `s.part`'s sampler and stores on `node`, each on a
 /// thread of its own (an actix arbiter): serving a large pull must not hold
 /// up a push, a sampling request or the transport, which stays on the node's
-/// thread. `pushers`: the trainers whose pushes complete a step.
-#[allow(clippy::too_many_arguments)] // the partition's parts, flat
+/// thread.
 pub fn serve(
     node: &Node,
-    part: u32,
-    graph: &Arc<HetGraph>,
-    owners: &Arc<Vec<Vec<u16>>>,
-    link: Option<Arc<LinkTask>>,
+    s: Served,
     t: &TrainingConfig,
-    pushers: u32,
     arbiters: &mut Vec<actix::Arbiter>,
 ) -> Result<()> {
+    let Served {
+        part,
+        graph,
+        owners,
+        link,
+        pushers,
+    } = s;
     let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
         arbiters.push(actix::Arbiter::new());
