@@ -56,7 +56,7 @@ impl ModelArgs {
         .with_context(|| format!("loading {}", self.data.display()))?;
         let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
         match &src.distributed {
-            Some(m) => dist::assemble(&dir, m, &mut model)
+            Some(m) => dist::assemble(&dir, m, &mut model, partial_params(&m.mode)?)
                 .with_context(|| format!("assembling the model of {}", dir.display()))?,
             None => {
                 checkpoint::load(
@@ -315,4 +315,14 @@ pub fn write_embedding_table(
     }
     w.finish()?;
     Ok(())
+}
+
+/// Whether a distributed checkpoint written by mode `mode` may lack a
+/// parameter no partition used (its rules say so).
+fn partial_params(mode: &str) -> anyhow::Result<bool> {
+    actors::modes::rules_of(mode)
+        .map(|r| r.partial_params)
+        .ok_or_else(|| {
+            anyhow::anyhow!("the checkpoint was written by an unknown training mode '{mode}'")
+        })
 }

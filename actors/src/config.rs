@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
-pub use crate::modes::Mode;
+pub use crate::modes::kind::Mode;
 use models::ModelKind;
 
 /// Most negatives per edge accepted (training and evaluation).
@@ -87,6 +87,30 @@ pub enum LinkEval {
     Exact,
     /// Neighbourhoods sampled with the training fanouts, keyed by node alone.
     Sampled,
+}
+
+/// How the device cache divides its budget between node types.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePolicy {
+    /// Visits × miss penalty per type (Heta).
+    #[default]
+    MissPenalty,
+    /// Visits alone (the hotness-only ablation).
+    Hotness,
+    /// No cache.
+    None,
+}
+
+impl CachePolicy {
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::MissPenalty => "miss-penalty",
+            CachePolicy::Hotness => "hotness",
+            CachePolicy::None => "none",
+        }
+    }
 }
 
 /// How data-parallel trainers sum their dense gradients.
@@ -188,13 +212,13 @@ pub struct TrainingConfig {
     pub resume: bool,
     /// How the device cache divides its bytes between node types:
     /// "miss-penalty" (default, Heta), "hotness" or "none".
-    pub cache_policy: crate::cache::CachePolicy,
+    pub cache_policy: CachePolicy,
     /// Device cache size per trainer or raf worker, e.g. "4GiB" (default 0: no cache).
     pub cache_bytes: runtime::ByteSize,
     /// Epochs pre-sampled to count node visits before the cache is filled (default 2).
     pub cache_presample_epochs: u64,
     /// The mode's own settings, the sub-table `[training.<mode>]` (defined
-    /// and checked in the mode's folder: [`crate::modes::ModeConfig`]). Any
+    /// and checked in the mode's folder: [`crate::modes::seam::ModeConfig`]). Any
     /// other key lands here too and is refused by [`Config::validate`].
     #[serde(flatten)]
     pub modes: BTreeMap<String, serde_json::Value>,
@@ -290,7 +314,7 @@ impl Default for TrainingConfig {
             checkpoint_every: 0,
             checkpoint_keep: 3,
             resume: false,
-            cache_policy: crate::cache::CachePolicy::MissPenalty,
+            cache_policy: CachePolicy::MissPenalty,
             cache_bytes: runtime::ByteSize(0),
             cache_presample_epochs: 2,
             modes: BTreeMap::new(),
@@ -342,29 +366,21 @@ fn fanouts<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<us
     }
 }
 
+// `Config::parse`, `Config::load` and `Config::validate`, which ask the
+// modes for their settings, are defined by the registry (`crate::modes`), so
+// that this file knows no mode.
 impl Config {
-    /// Parses `text` (TOML), applies `overrides` (`section.key=value`), validates.
-    pub fn parse(text: &str, overrides: &[String]) -> Result<Config> {
+    /// `text` (TOML) with `overrides` (`section.key=value`) applied, read as
+    /// it stands: neither the modes' former keys moved nor anything checked.
+    pub(crate) fn from_toml(text: &str, overrides: &[String]) -> Result<Config> {
         let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| TrainError::Config(e.to_string()))?;
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let mut cfg: Config = Config::deserialize(toml::Value::Table(table))
-            .map_err(|e| TrainError::Config(e.to_string()))?;
-        cfg.warnings = crate::modes::move_former_keys(&mut cfg.training)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Reads the file `path` and parses it as [`Config::parse`] does.
-    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Config> {
-        let text = graphs::input::read_text(path)?;
-        Config::parse(&text, overrides).map_err(|e| match e {
-            TrainError::Config(m) => TrainError::Config(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        Config::deserialize(toml::Value::Table(table))
+            .map_err(|e| TrainError::Config(e.to_string()))
     }
 
     /// The runtime's view of the file, if it has a `[cluster]` section.
@@ -378,8 +394,8 @@ impl Config {
         })
     }
 
-    /// Checks values and their combinations, naming the key at fault.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks the topology, naming the key at fault.
+    pub(crate) fn validate_topology(&self) -> Result<()> {
         if let Some(t) = self.topology() {
             t.validate()
                 .map_err(|e| TrainError::Config(e.to_string()))?;
@@ -388,9 +404,14 @@ impl Config {
                 "placement: needs a [cluster] section naming the nodes".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Checks the shared `[training]` values and their combinations, naming
+    /// the key at fault (each mode checks its own: [`crate::modes::seam::ModeConfig::check`]).
+    pub(crate) fn validate_shared(&self) -> Result<()> {
         let t = &self.training;
         let bad = |m: String| Err(TrainError::Config(m));
-        crate::modes::check(t)?;
         if t.layers == 0 {
             return bad("training.layers must be at least 1".into());
         }
@@ -456,7 +477,7 @@ impl Config {
             return bad("training.checkpoint_keep must be at least 1".into());
         }
         if t.cache_bytes.0 > 0
-            && t.cache_policy != crate::cache::CachePolicy::None
+            && t.cache_policy != CachePolicy::None
             && t.cache_presample_epochs == 0
         {
             return bad("training.cache_presample_epochs must be at least 1 when training.cache_bytes is set: the cache is filled by pre-sampled visits".into());
@@ -643,7 +664,7 @@ mod tests {
 mod mode_settings {
     use super::*;
     use crate::hopgnn::{HopConfig, HopMigrate, HopTimeSteps};
-    use crate::modes::ModeConfig;
+    use crate::modes::seam::ModeConfig;
 
     fn parse(text: &str, o: &[&str]) -> Result<Config> {
         Config::parse(text, &o.iter().map(|s| s.to_string()).collect::<Vec<_>>())

@@ -11,7 +11,6 @@ use sha2::{Digest, Sha256};
 use models::Model;
 
 use crate::config::Config;
-use crate::distributed::messages::EpochStats;
 use crate::error::{Result, TrainError};
 
 /// One epoch's figures.
@@ -52,59 +51,6 @@ fn is_zero_f64(x: &f64) -> bool {
 }
 
 impl EpochReport {
-    /// The epoch's figures from every trainer's account of it: the loss and
-    /// training accuracy the first trainer saw (global; with `own_steps`, each
-    /// trainer's own, merged), the validation and test predictions summed over
-    /// trainers (`valid` and `test` nodes in all), the times across trainers
-    /// ([`Timings::across`]). The mode's own figures are merged by its rules.
-    pub fn from_stats(
-        epoch: u64,
-        stats: &[EpochStats],
-        valid: usize,
-        test: usize,
-        own_steps: bool,
-    ) -> EpochReport {
-        let Some(s0) = stats.first() else {
-            return EpochReport {
-                epoch,
-                ..EpochReport::default()
-            };
-        };
-        let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
-        let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
-        let (loss, train_acc) = if own_steps {
-            let steps: u64 = stats.iter().map(|s| s.steps).sum();
-            let loss =
-                stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
-            (
-                loss,
-                ratio(
-                    stats.iter().map(|s| s.train_correct).sum(),
-                    stats.iter().map(|s| s.train_seen).sum(),
-                ),
-            )
-        } else {
-            (s0.loss, ratio(s0.train_correct, s0.train_seen))
-        };
-        EpochReport {
-            epoch,
-            loss,
-            train_acc,
-            valid_acc: s0
-                .evaluated
-                .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
-            test_acc: s0
-                .evaluated
-                .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
-            time: Timings::across(&times),
-            link: link_figures(stats),
-            cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
-            remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
-                / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
-            figures: BTreeMap::new(),
-        }
-    }
-
     /// The mode's figures under `key`, read as `T` (`None`: absent or of another shape).
     pub fn figures<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
         T::deserialize(self.figures.get(key)?).ok()
@@ -117,22 +63,6 @@ impl EpochReport {
         self.figures.insert(key.to_string(), v);
         Ok(())
     }
-}
-
-/// Link prediction's figures of an epoch: every trainer's ranking sums merged.
-fn link_figures(stats: &[EpochStats]) -> Option<crate::task::link::LinkEpoch> {
-    let mut sums: Option<[models::link::RankSums; 2]> = None;
-    for s in stats {
-        if let Some([v, t]) = &s.link {
-            let acc = sums.get_or_insert_with(Default::default);
-            acc[0].merge(v);
-            acc[1].merge(t);
-        }
-    }
-    sums.map(|[v, t]| crate::task::link::LinkEpoch {
-        valid: (&v).into(),
-        test: (&t).into(),
-    })
 }
 
 /// Where an epoch's time went, in seconds: the same figures in a trainer's

@@ -4,31 +4,7 @@
 //! cached. A type that cannot use its share (every visited row fits) gives the
 //! rest back to the others, which share it in the same proportions.
 
-use serde::{Deserialize, Serialize};
-
-/// How the budget is divided between node types.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CachePolicy {
-    /// Visits × miss penalty per type (Heta).
-    #[default]
-    MissPenalty,
-    /// Visits alone (the hotness-only ablation).
-    Hotness,
-    /// No cache.
-    None,
-}
-
-impl CachePolicy {
-    /// The name used in configuration files.
-    pub fn name(self) -> &'static str {
-        match self {
-            CachePolicy::MissPenalty => "miss-penalty",
-            CachePolicy::Hotness => "hotness",
-            CachePolicy::None => "none",
-        }
-    }
-}
+pub use crate::config::CachePolicy;
 
 /// What allocation needs to know of one cacheable node type.
 #[derive(Clone, Debug, PartialEq)]

@@ -58,7 +58,7 @@ pub fn presample(
     sizes: &[usize],
     train: &[u32],
     batch: usize,
-    plan: &crate::epoch::SamplingPlan,
+    plan: &crate::epoch::plan::SamplingPlan,
     epochs: u64,
     mut inputs: impl FnMut(u64, u64, &[u32]) -> Result<Vec<Vec<u32>>>,
 ) -> Result<Visits> {
@@ -98,7 +98,7 @@ mod tests {
     fn presampling_walks_every_batch_of_every_epoch_once() {
         let train: Vec<u32> = (0..10).collect();
         let mut calls = Vec::new();
-        let plan = crate::epoch::SamplingPlan::new(&[2], 1);
+        let plan = crate::epoch::plan::SamplingPlan::new(&[2], 1);
         let v = presample(&[10], &train, 4, &plan, 2, |e, s, b| {
             calls.push((e, s, b.len()));
             Ok(vec![b.to_vec()])

@@ -614,7 +614,7 @@ pub fn build_local(
         &sizes,
         train,
         t.batch,
-        &crate::epoch::SamplingPlan::of(t),
+        &crate::epoch::plan::SamplingPlan::of(t),
         t.cache_presample_epochs,
         |e, s, b| Ok(sample(e, s, b)?.blocks.swap_remove(0).src),
     )?;

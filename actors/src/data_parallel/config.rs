@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{LinkEval, NegativeSampler, Task, TrainingConfig};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 
 /// Most threads of a sampling worker (`dag_threads`).
 pub const MAX_DAG_THREADS: u32 = 1024;

@@ -27,11 +27,11 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use crate::task::link::LinkTask;
 
 /// Data-parallel training's rules: its figures (`sampling`, with DAG sampling).
-pub const RULES: crate::modes::Rules = crate::modes::Rules {
+pub const RULES: crate::modes::seam::Rules = crate::modes::seam::Rules {
     own_steps: false,
     partial_params: false,
     figures: figures::merge,
@@ -160,6 +160,10 @@ impl Distributed for DataParallel {
 
     fn name(&self) -> &'static str {
         "data-parallel"
+    }
+
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &RULES
     }
 
     fn parts(&self) -> u32 {

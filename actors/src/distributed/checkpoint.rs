@@ -35,17 +35,7 @@ const PREFIX: &str = "step-";
 /// Largest manifest read (a manifest lists a few files and epochs).
 const MAX_MANIFEST: u64 = 16 << 20;
 
-/// Trainer 0's running figures of the epoch a checkpoint falls in (the loss
-/// and correct counts are global: every trainer sums the same values).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    /// Sum of the epoch's step losses so far.
-    pub loss_sum: f64,
-    /// Correct training predictions so far.
-    pub correct: f64,
-    /// Training seeds seen so far.
-    pub seen: u64,
-}
+pub use super::messages::Progress;
 
 /// What a checkpoint records besides tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -325,13 +315,10 @@ type ShardRows = (Vec<u32>, Vec<f32>);
 /// (trainer 0's dense file, or the raf workers' in worker order), each
 /// embedding table from the stores' shards (rows by id) or from the first
 /// worker holding it. Every file's checksum is verified; every value must be
-/// found (but, where the mode's [`crate::modes::Rules::partial_params`] says
-/// so, a parameter no partition uses, which keeps its initial value).
-pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model) -> Result<()> {
-    let partial = crate::modes::Mode::from_name(&m.mode)
-        .ok_or_else(|| bad(dir, format!("unknown training mode '{}'", m.mode)))?
-        .rules()
-        .partial_params;
+/// found (but, with `partial`, what the writing mode's
+/// [`crate::modes::seam::Rules::partial_params`] says, a parameter no partition
+/// uses, which keeps its initial value).
+pub fn assemble(dir: &Path, m: &Manifest, model: &mut Model, partial: bool) -> Result<()> {
     let mut params: HashMap<String, Tensor> = HashMap::new();
     let mut tables: HashMap<String, Vec<f32>> = HashMap::new();
     // Per embedding table, each shard's (row ids, row values).

@@ -13,22 +13,35 @@ use futures_util::future::join_all;
 use graphs::HetGraph;
 
 use super::checkpoint::{self, Manifest};
-use super::generations::{abort_peers, stop_all_but};
+use super::generations::{abort_peers, new_generation, stop_all_but};
 use super::inbox::{EpochProgress, Inbox};
 use super::messages::{Begin, EpochStats, Saved};
 use super::recovery::{Next, Recovery};
 use super::{names, System, Timeouts};
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
+use crate::modes::seam::Rules;
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 
 /// How long a `Begin` may take to reach a node.
 const BEGIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The run's shape, as the coordinator follows it.
+pub(crate) struct Shape {
+    /// Partitions.
+    pub(crate) parts: u32,
+    /// Trainers (or workers) in all: each sends its figures every epoch.
+    pub(crate) trainers: u32,
+    /// Steps per epoch.
+    pub(crate) per_epoch: u64,
+}
+
 /// Gathers a run's figures; one per run, across its generations.
 pub(crate) struct Coordinator<'a> {
     t: &'a TrainingConfig,
+    /// What the mode says of its steps and figures.
+    rules: &'static Rules,
     parts: u32,
     trainers: u32,
     inbox: &'a Inbox,
@@ -52,16 +65,20 @@ pub(crate) struct Coordinator<'a> {
 }
 
 impl<'a> Coordinator<'a> {
-    /// A coordinator of `trainers` trainers over `parts` partitions.
+    /// A coordinator of a run of `shape`, its mode's `rules`.
     pub(crate) fn new(
         t: &'a TrainingConfig,
-        parts: u32,
-        trainers: u32,
+        rules: &'static Rules,
+        shape: Shape,
         inbox: &'a Inbox,
         timeouts: Timeouts,
         run: String,
-        per_epoch: u64,
     ) -> Coordinator<'a> {
+        let Shape {
+            parts,
+            trainers,
+            per_epoch,
+        } = shape;
         let report = Report {
             mode: t.mode.name().into(),
             nodes: parts as usize,
@@ -69,6 +86,7 @@ impl<'a> Coordinator<'a> {
         };
         Coordinator {
             t,
+            rules,
             parts,
             trainers,
             inbox,
@@ -158,7 +176,7 @@ impl<'a> Coordinator<'a> {
         test: usize,
     ) -> Result<EpochReport> {
         let s0 = &stats[0];
-        let rules = self.t.mode.rules();
+        let rules = self.rules;
         let mut er = EpochReport::from_stats(epoch, stats, valid, test, rules.own_steps);
         (rules.figures)(&mut er, stats)?;
         // Trainers with steps of their own take them apart; the others share the global ones.
@@ -264,21 +282,6 @@ impl<'a> Coordinator<'a> {
         }
         Ok(())
     }
-}
-
-/// A number no earlier generation of this run had (with overwhelming odds):
-/// a restarted coordinator cannot count on its predecessor's counter.
-pub(crate) fn new_generation() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    // 0: inboxes that never started one.
-    h.finish() | 1
 }
 
 /// How long the coordinator lets a partition be silent before it stops

@@ -10,7 +10,6 @@ use futures_util::future::join_all;
 use runtime::Node;
 
 use super::checkpoint;
-use super::coordinator;
 use super::inbox::{Control, Inbox, InboxActor};
 use super::messages::{Abort, Begin, EpochStats, LastAttempt, Ready, Saved, StepDone};
 use super::names;
@@ -151,7 +150,7 @@ pub(crate) fn serve_generations<T>(
         .actor(names::COORDINATOR)
         .map_err(|e| TrainError::Internal(e.to_string()))?
         .with_sender(me);
-    let incarnation = coordinator::new_generation();
+    let incarnation = new_generation();
     let mut last = LastAttempt::None;
     let mut result = None;
     loop {
@@ -287,4 +286,19 @@ pub(crate) fn begin_from(
         }
         (Some(seq), None) => Err(TrainError::Config(format!("the coordinator resumes from the checkpoint at step {seq}, but this node has no training.checkpoint_dir"))),
     }
+}
+
+/// A number no earlier generation of this run had (with overwhelming odds):
+/// a restarted coordinator cannot count on its predecessor's counter.
+pub(crate) fn new_generation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    // 0: inboxes that never started one.
+    h.finish() | 1
 }

@@ -7,6 +7,7 @@
 use runtime::{ByteVec, Msg};
 
 use crate::error::{Result, TrainError};
+use crate::report::{EpochReport, Timings};
 use serde::{Deserialize, Serialize};
 
 /// A trainer's flattened dense gradients for one step, or a chunk of them
@@ -108,7 +109,7 @@ pub struct EpochStats {
     /// See `valid_correct`.
     pub test_correct: u64,
     /// Where the epoch's time went on this trainer.
-    pub time: crate::report::Timings,
+    pub time: Timings,
     /// Wire bytes this trainer's node sent during the epoch's training steps
     /// (evaluation excluded), per message kind.
     pub step_bytes_by_kind: std::collections::BTreeMap<String, u64>,
@@ -128,7 +129,7 @@ pub struct EpochStats {
     #[serde(default)]
     pub cpu_util: f64,
     /// The mode's own figures of the epoch, encoded by the mode and merged
-    /// into the report by its [`crate::modes::Rules::figures`] (empty: none).
+    /// into the report by its [`crate::modes::seam::Rules::figures`] (empty: none).
     #[serde(default)]
     pub figures: ByteVec,
     /// Input rows (features and learnable rows) this trainer pulled from
@@ -224,7 +225,7 @@ pub struct Saved {
     /// Files written and their SHA-256.
     pub files: Vec<(String, String)>,
     /// Trainer 0's figures of the unfinished epoch (partition 0 only).
-    pub progress: Option<super::checkpoint::Progress>,
+    pub progress: Option<Progress>,
 }
 
 impl Msg for Saved {
@@ -259,4 +260,88 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
         )));
     }
     Ok(v)
+}
+
+/// Trainer 0's running figures of the epoch a checkpoint falls in (the loss
+/// and correct counts are global: every trainer sums the same values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Sum of the epoch's step losses so far.
+    pub loss_sum: f64,
+    /// Correct training predictions so far.
+    pub correct: f64,
+    /// Training seeds seen so far.
+    pub seen: u64,
+}
+
+/// The report's epoch from the trainers' accounts of it.
+impl EpochReport {
+    /// The epoch's figures from every trainer's account of it: the loss and
+    /// training accuracy the first trainer saw (global; with `own_steps`, each
+    /// trainer's own, merged), the validation and test predictions summed over
+    /// trainers (`valid` and `test` nodes in all), the times across trainers
+    /// ([`Timings::across`]). The mode's own figures are merged by its rules.
+    pub fn from_stats(
+        epoch: u64,
+        stats: &[EpochStats],
+        valid: usize,
+        test: usize,
+        own_steps: bool,
+    ) -> EpochReport {
+        let Some(s0) = stats.first() else {
+            return EpochReport {
+                epoch,
+                ..EpochReport::default()
+            };
+        };
+        let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
+        let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
+        let (loss, train_acc) = if own_steps {
+            let steps: u64 = stats.iter().map(|s| s.steps).sum();
+            let loss =
+                stats.iter().map(|s| s.loss * s.steps as f64).sum::<f64>() / steps.max(1) as f64;
+            (
+                loss,
+                ratio(
+                    stats.iter().map(|s| s.train_correct).sum(),
+                    stats.iter().map(|s| s.train_seen).sum(),
+                ),
+            )
+        } else {
+            (s0.loss, ratio(s0.train_correct, s0.train_seen))
+        };
+        EpochReport {
+            epoch,
+            loss,
+            train_acc,
+            valid_acc: s0
+                .evaluated
+                .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
+            test_acc: s0
+                .evaluated
+                .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
+            time: Timings::across(&times),
+            link: link_figures(stats),
+            cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
+            remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
+                / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
+            figures: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// Link prediction's figures of an epoch: every trainer's ranking sums merged.
+fn link_figures(stats: &[EpochStats]) -> Option<crate::task::link::LinkEpoch> {
+    let mut sums: Option<[models::link::RankSums; 2]> = None;
+    for s in stats {
+        if let Some([v, t]) = &s.link {
+            let acc = sums.get_or_insert_with(Default::default);
+            acc[0].merge(v);
+            acc[1].merge(t);
+        }
+    }
+    sums.map(|[v, t]| crate::task::link::LinkEpoch {
+        valid: (&v).into(),
+        test: (&t).into(),
+    })
 }

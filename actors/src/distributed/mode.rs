@@ -16,7 +16,7 @@ use models::Model;
 use runtime::{Node, Topology};
 
 use super::checkpoint::Manifest;
-use super::coordinator::{Coordinator, Driver};
+use super::coordinator::{Coordinator, Driver, Shape};
 use super::generations::{begin_from, serve_coordinator, serve_generations};
 use super::inbox::Inbox;
 use super::messages::Begin;
@@ -83,6 +83,11 @@ pub trait Distributed: Send + Sync + 'static {
         graph: &Arc<HetGraph>,
         arbiters: &mut Vec<actix::Arbiter>,
     ) -> Result<Vec<Arc<Inbox>>>;
+    /// What shared code asks of the mode (its figures, how its steps count,
+    /// what its checkpoints may lack).
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &crate::modes::seam::PLAIN
+    }
     /// The run's deadlines, from the defaults (a mode whose trainers may
     /// wait long on each other lengthens them; lost nodes are detected apart).
     fn timeouts(&self, t: Timeouts) -> Timeouts {
@@ -209,12 +214,15 @@ pub fn train_embedded<M: Distributed>(
             .collect();
         let c = Coordinator::new(
             t,
-            parts,
-            mode.trainers(),
+            mode.rules(),
+            Shape {
+                parts,
+                trainers: mode.trainers(),
+                per_epoch: mode.steps_per_epoch(&graphs[0], t),
+            },
             &coord,
             timeouts,
             run.clone(),
-            mode.steps_per_epoch(&graphs[0], t),
         );
         let nodes = vec!["local".to_string(); parts as usize];
         let mut d = Driver {
@@ -337,12 +345,15 @@ pub fn run_node<M: Distributed>(
         let mine = scope.spawn(move || serve_part(mode_ref, p, run_ref, t, rejoin, false));
         let c = Coordinator::new(
             t,
-            parts,
-            mode.trainers(),
+            mode.rules(),
+            Shape {
+                parts,
+                trainers: mode.trainers(),
+                per_epoch: mode.steps_per_epoch(p.graph, t),
+            },
             &coord,
             timeouts,
             run.clone(),
-            mode.steps_per_epoch(p.graph, t),
         );
         let mut d = Driver {
             c,

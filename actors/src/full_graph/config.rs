@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use models::ModelKind;
 
 /// Most epochs a cached copy may lag (`staleness_epochs`).

@@ -33,13 +33,13 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use crate::owner::worker::{run_thread, WorkerSetup};
 use blocks::Layout;
 use messages::{Broadcast, EvalBroadcast, GradBlock};
 
 /// Full-graph training's rules: its figures (`full`).
-pub const RULES: crate::modes::Rules = crate::modes::Rules {
+pub const RULES: crate::modes::seam::Rules = crate::modes::seam::Rules {
     own_steps: false,
     partial_params: false,
     figures: figures::merge,
@@ -108,6 +108,10 @@ impl Distributed for FullGraph {
 
     fn name(&self) -> &'static str {
         "full-graph"
+    }
+
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &RULES
     }
 
     fn parts(&self) -> u32 {

@@ -37,7 +37,7 @@ use crate::distributed::messages::{EpochStats, StepDone};
 use crate::epoch::lap;
 use crate::epoch::run::{self as epochs, Attempt, StepFigures, Steps};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 
 /// What a HopGNN model carries from one partition to the next within a step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,12 +31,12 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use crate::owner::worker::{run_thread, WorkerSetup};
 use messages::Migrate;
 
 /// HopGNN's rules: its figures (`hop`).
-pub const RULES: crate::modes::Rules = crate::modes::Rules {
+pub const RULES: crate::modes::seam::Rules = crate::modes::seam::Rules {
     own_steps: false,
     partial_params: false,
     figures: figures::merge,
@@ -87,6 +87,10 @@ impl Distributed for HopGnn {
 
     fn name(&self) -> &'static str {
         "hopgnn"
+    }
+
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &RULES
     }
 
     fn parts(&self) -> u32 {

@@ -16,7 +16,7 @@ pub mod messages;
 mod worker;
 
 /// Model averaging's rules: each worker steps on its own partitions; its figures (`workers`, `averaging_bytes`).
-pub const RULES: crate::modes::Rules = crate::modes::Rules {
+pub const RULES: crate::modes::seam::Rules = crate::modes::seam::Rules {
     own_steps: true,
     partial_params: false,
     figures: figures::merge,
@@ -42,7 +42,7 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish};
 use crate::distributed::{load_options, Distributed, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use local::Local;
 use messages::Average;
 
@@ -127,6 +127,10 @@ impl Distributed for ModelAveraging {
 
     fn name(&self) -> &'static str {
         "model-averaging"
+    }
+
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &RULES
     }
 
     /// A worker is a "partition" of the shared machinery: one per node.

@@ -29,15 +29,15 @@ use crate::distributed::inbox::{Inbox, InboxActor};
 use crate::distributed::messages::{Abort, Begin, Finish};
 use crate::distributed::{load_options, Distributed, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use messages::{Final, FinalState, Partial, PartialGrad, SeedGrad, SeedRows, Shared};
 use worker::{WorkerResult, WorkerSetup};
 
 /// RAF's rules: a parameter no worker uses is in no worker's checkpoint
 /// file (it keeps its initial value).
-pub const RULES: crate::modes::Rules = crate::modes::Rules {
+pub const RULES: crate::modes::seam::Rules = crate::modes::seam::Rules {
     partial_params: true,
-    ..crate::modes::PLAIN
+    ..crate::modes::seam::PLAIN
 };
 
 pub use config::{RafConfig, RafEmbeddings};
@@ -143,6 +143,10 @@ impl Distributed for Raf {
 
     fn name(&self) -> &'static str {
         "raf"
+    }
+
+    fn rules(&self) -> &'static crate::modes::seam::Rules {
+        &RULES
     }
 
     fn parts(&self) -> u32 {

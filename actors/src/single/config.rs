@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainingConfig;
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 
 /// Most prefetch threads of a single-process run.
 const MAX_PREFETCH_THREADS: u32 = 64;

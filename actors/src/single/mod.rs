@@ -20,7 +20,7 @@ use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, Items, StepFigures, Steps};
 use crate::epoch::{count_correct, lap, prepare, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
-use crate::modes::ModeConfig;
+use crate::modes::seam::ModeConfig;
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 use crate::task::link::LinkTask;
@@ -31,7 +31,7 @@ pub use config::SingleConfig;
 /// Single-process training: the graph in `training.data`, one model, one optimiser.
 pub struct Single;
 
-impl crate::modes::TrainingMode for Single {
+impl crate::modes::seam::TrainingMode for Single {
     fn train_embedded(
         &self,
         cfg: &Config,

@@ -85,7 +85,8 @@ pub fn assembled_hash(dir: &Path) -> String {
         &candle_core::Device::Cpu,
     )
     .unwrap();
-    actors::distributed::checkpoint::assemble(dir, &m, &mut model).unwrap();
+    let partial = actors::modes::rules_of(&m.mode).unwrap().partial_params;
+    actors::distributed::checkpoint::assemble(dir, &m, &mut model, partial).unwrap();
     actors::report::model_hash(&model).unwrap()
 }
 

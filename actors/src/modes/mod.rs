@@ -2,17 +2,20 @@
 //! new mode is a folder implementing [`crate::distributed::Distributed`] (or
 //! [`TrainingMode`] directly) and its settings ([`ModeConfig`], the
 //! sub-table `[training.<mode>]`), plus its variant of [`Mode`], its entry in
-//! [`REGISTRY`] and its arm in [`open`].
+//! `REGISTRY` and its arm in [`open`].
 
 use std::sync::Arc;
 
 use models::Model;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+
+pub mod kind;
+pub mod seam;
+
+pub use kind::Mode;
+pub use seam::{ModeConfig, Rules, TrainingMode, PLAIN};
 
 use crate::config::{Config, Task, TrainingConfig};
 use crate::data_parallel::DataParallel;
-use crate::distributed::messages::EpochStats;
 use crate::distributed::Distributed;
 use crate::error::{Result, TrainError};
 use crate::full_graph::FullGraph;
@@ -20,117 +23,7 @@ use crate::hopgnn::HopGnn;
 use crate::model_averaging::ModelAveraging;
 use crate::observer::TrainObserver;
 use crate::raf::Raf;
-use crate::report::{EpochReport, Report};
-
-/// How training is distributed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Everything in one process (the default).
-    #[default]
-    Single,
-    /// DistDGL: one partition per node, owner-compute sampling, feature
-    /// pulls, sparse embedding updates at the stores, all-reduced gradients.
-    DataParallel,
-    /// Heta: relation-aggregation-first training on meta-partitions, one
-    /// RelationAggWorker per partition and a designated reducer.
-    Raf,
-    /// CATGNN: local training on each partition (halo included), the
-    /// models averaged every `sync_every` epochs.
-    ModelAveraging,
-    /// HopGNN: feature-centric training, one worker per partition; each
-    /// step's models visit the partitions holding their roots' features.
-    Hopgnn,
-    /// SANCUS: full-graph training, one worker per block-row partition;
-    /// each layer's blocks broadcast to every worker, or skipped while the
-    /// receivers' cached copies are fresh enough (`staleness`).
-    FullGraph,
-}
-
-impl Mode {
-    /// The mode's name, as configs and reports spell it (and its sub-table's key).
-    pub fn name(self) -> &'static str {
-        self.entry().name
-    }
-
-    fn entry(self) -> &'static Entry {
-        REGISTRY
-            .iter()
-            .find(|e| e.mode == self)
-            .expect("every mode is registered")
-    }
-
-    /// Whether the mode holds the whole graph in one process (exact inference is possible).
-    pub fn one_process(self) -> bool {
-        self.entry().one_process
-    }
-
-    /// What the shared coordinator, report and checkpoints ask of the mode.
-    pub fn rules(self) -> &'static Rules {
-        self.entry().rules
-    }
-
-    /// The mode named `name` (as configs, reports and checkpoints spell it).
-    pub fn from_name(name: &str) -> Option<Mode> {
-        REGISTRY.iter().find(|e| e.name == name).map(|e| e.mode)
-    }
-}
-
-/// What shared code asks a mode rather than testing its name.
-pub struct Rules {
-    /// Each trainer takes steps of its own, on its own data (the run's steps
-    /// are their sum, its loss and training accuracy their weighted mean),
-    /// rather than a share of every global step.
-    pub own_steps: bool,
-    /// A distributed checkpoint may lack a parameter no partition uses (it
-    /// keeps its initial value) rather than every one being written.
-    pub partial_params: bool,
-    /// Merges the mode's figures of an epoch, as its trainers sent them
-    /// ([`crate::distributed::messages::EpochStats::figures`]), into the epoch's report.
-    pub figures: fn(&mut EpochReport, &[EpochStats]) -> Result<()>,
-}
-
-/// The rules of a mode with no figures of its own, sharing global steps.
-pub const PLAIN: Rules = Rules {
-    own_steps: false,
-    partial_params: false,
-    figures: no_figures,
-};
-
-fn no_figures(_: &mut EpochReport, _: &[EpochStats]) -> Result<()> {
-    Ok(())
-}
-
-/// A mode's own settings: the sub-table `[training.<mode>]`, defined and
-/// checked in the mode's folder. Unknown keys are refused.
-pub trait ModeConfig: Default + Serialize + DeserializeOwned {
-    /// Keys the mode once read from `[training]` itself, and their names in
-    /// its sub-table: still read, with a warning.
-    const FORMER_KEYS: &'static [(&'static str, &'static str)] = &[];
-
-    /// Checks the settings and their combinations with the shared ones.
-    fn check(&self, _t: &TrainingConfig) -> Result<()> {
-        Ok(())
-    }
-
-    /// The settings of `t`'s mode (the defaults where its sub-table is absent).
-    fn of(t: &TrainingConfig) -> Result<Self> {
-        let name = t.mode.name();
-        match t.modes.get(name) {
-            None => Ok(Self::default()),
-            Some(v) => serde_path_to_error::deserialize(v).map_err(|e| {
-                // The key at fault, where serde knows it (an unknown key is named in the message).
-                let at = e.path().to_string();
-                let key = if at == "." {
-                    String::new()
-                } else {
-                    format!(".{at}")
-                };
-                TrainError::Config(format!("training.{name}{key}: {}", e.inner()))
-            }),
-        }
-    }
-}
+use crate::report::Report;
 
 /// What the registry knows of a mode.
 struct Entry {
@@ -139,9 +32,21 @@ struct Entry {
     former_keys: &'static [(&'static str, &'static str)],
     check: fn(&TrainingConfig) -> Result<()>,
     tasks: &'static [Task],
-    one_process: bool,
     rules: &'static Rules,
     defaults: fn() -> serde_json::Value,
+}
+
+/// The registry's entry of `mode`.
+fn entry_of(mode: Mode) -> &'static Entry {
+    REGISTRY
+        .iter()
+        .find(|e| e.mode == mode)
+        .expect("every mode is registered")
+}
+
+/// The rules of the mode named `name` (a checkpoint's, say), if it is one.
+pub fn rules_of(name: &str) -> Option<&'static Rules> {
+    Mode::from_name(name).map(|m| entry_of(m).rules)
 }
 
 fn defaults_of<C: ModeConfig>() -> serde_json::Value {
@@ -162,7 +67,6 @@ const fn entry<C: ModeConfig>(
     mode: Mode,
     name: &'static str,
     tasks: &'static [Task],
-    one_process: bool,
     rules: &'static Rules,
 ) -> Entry {
     Entry {
@@ -171,7 +75,6 @@ const fn entry<C: ModeConfig>(
         former_keys: C::FORMER_KEYS,
         check: check_with::<C>,
         tasks,
-        one_process,
         rules,
         defaults: defaults_of::<C>,
     }
@@ -182,31 +85,57 @@ const NODES_AND_LINKS: &[Task] = &[Task::NodeClassification, Task::LinkPredictio
 
 /// Every mode, with its settings, the tasks it trains and whether it runs in one process.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, "single", NODES_AND_LINKS, true, &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, "single", NODES_AND_LINKS, &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         "data-parallel",
         NODES_AND_LINKS,
-        false,
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, "raf", NODES, false, &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(Mode::Raf, "raf", NODES, &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         "model-averaging",
         NODES,
-        false,
         &crate::model_averaging::RULES,
     ),
-    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, "hopgnn", NODES, false, &crate::hopgnn::RULES),
+    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, "hopgnn", NODES, &crate::hopgnn::RULES),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
         "full-graph",
         NODES,
-        false,
         &crate::full_graph::RULES,
     ),
 ];
+
+impl Config {
+    /// Parses `text` (TOML), applies `overrides` (`section.key=value`), moves
+    /// the modes' former keys into their sub-tables (with a warning each, in
+    /// [`Config::warnings`]), validates.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Config> {
+        let mut cfg = Config::from_toml(text, overrides)?;
+        cfg.warnings = move_former_keys(&mut cfg.training)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads the file `path` and parses it as [`Config::parse`] does.
+    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Config> {
+        let text = graphs::input::read_text(path)?;
+        Config::parse(&text, overrides).map_err(|e| match e {
+            TrainError::Config(m) => TrainError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Checks values and their combinations, naming the key at fault: the
+    /// topology, the run's mode's settings, then the shared keys.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_topology()?;
+        check(&self.training)?;
+        self.validate_shared()
+    }
+}
 
 /// Moves the keys modes once read from `[training]` into their sub-tables;
 /// returns a warning for each. A former key of another mode is refused.
@@ -282,7 +211,7 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             )));
         }
     }
-    let e = t.mode.entry();
+    let e = entry_of(t.mode);
     if !e.tasks.contains(&t.task) {
         return Err(TrainError::Config(format!(
             "training.task = \"{}\" runs in {}; mode {} does not support it yet",
@@ -297,23 +226,6 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
         )));
     }
     (e.check)(t)
-}
-
-/// A way of training, as the CLI drives it.
-pub trait TrainingMode {
-    /// Trains with every actor of the run in this process.
-    fn train_embedded(
-        &self,
-        cfg: &Config,
-        observer: &mut dyn TrainObserver,
-    ) -> Result<(Report, Model)>;
-    /// Runs node `id` of the cluster in `cfg`; returns the report on the node that writes it.
-    fn run_node(
-        &self,
-        cfg: &Config,
-        id: &str,
-        observer: &mut dyn TrainObserver,
-    ) -> Result<Option<Report>>;
 }
 
 /// Any distributed mode, driven by `crate::distributed`'s drivers.
