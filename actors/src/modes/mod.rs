@@ -28,7 +28,6 @@ use crate::report::Report;
 /// What the registry knows of a mode.
 struct Entry {
     mode: Mode,
-    name: &'static str,
     former_keys: &'static [(&'static str, &'static str)],
     check: fn(&TrainingConfig) -> Result<()>,
     tasks: &'static [Task],
@@ -56,22 +55,19 @@ fn defaults_of<C: ModeConfig>() -> serde_json::Value {
 /// Every mode's name and its settings' defaults, as `[training.<mode>]`
 /// holds them (for the configuration reference and its test).
 pub fn settings_defaults() -> Vec<(&'static str, serde_json::Value)> {
-    REGISTRY.iter().map(|e| (e.name, (e.defaults)())).collect()
+    REGISTRY
+        .iter()
+        .map(|e| (e.mode.name(), (e.defaults)()))
+        .collect()
 }
 
 fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
     C::of(t)?.check(t)
 }
 
-const fn entry<C: ModeConfig>(
-    mode: Mode,
-    name: &'static str,
-    tasks: &'static [Task],
-    rules: &'static Rules,
-) -> Entry {
+const fn entry<C: ModeConfig>(mode: Mode, tasks: &'static [Task], rules: &'static Rules) -> Entry {
     Entry {
         mode,
-        name,
         former_keys: C::FORMER_KEYS,
         check: check_with::<C>,
         tasks,
@@ -83,29 +79,22 @@ const fn entry<C: ModeConfig>(
 const NODES: &[Task] = &[Task::NodeClassification];
 const NODES_AND_LINKS: &[Task] = &[Task::NodeClassification, Task::LinkPrediction];
 
-/// Every mode, with its settings, the tasks it trains and whether it runs in one process.
+/// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, "single", NODES_AND_LINKS, &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, NODES_AND_LINKS, &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
-        "data-parallel",
         NODES_AND_LINKS,
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, "raf", NODES, &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
-        "model-averaging",
         NODES,
         &crate::model_averaging::RULES,
     ),
-    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, "hopgnn", NODES, &crate::hopgnn::RULES),
-    entry::<crate::full_graph::FullGraphConfig>(
-        Mode::FullGraph,
-        "full-graph",
-        NODES,
-        &crate::full_graph::RULES,
-    ),
+    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, &crate::hopgnn::RULES),
+    entry::<crate::full_graph::FullGraphConfig>(Mode::FullGraph, NODES, &crate::full_graph::RULES),
 ];
 
 impl Config {
@@ -149,31 +138,31 @@ pub(crate) fn move_former_keys(t: &mut TrainingConfig) -> Result<Vec<String>> {
             if e.mode != t.mode {
                 return Err(TrainError::Config(format!(
                     "training.{old} applies to training.mode = \"{}\", not \"{}\" (and is now `{new}` under [training.{}])",
-                    e.name,
+                    e.mode.name(),
                     t.mode.name(),
-                    e.name
+                    e.mode.name()
                 )));
             }
             let section = t
                 .modes
-                .entry(e.name.to_string())
+                .entry(e.mode.name().to_string())
                 .or_insert_with(|| serde_json::Value::Object(Default::default()));
             let serde_json::Value::Object(section) = section else {
                 return Err(TrainError::Config(format!(
                     "training.{}: expected a table of settings",
-                    e.name
+                    e.mode.name()
                 )));
             };
             if section.contains_key(*new) {
                 return Err(TrainError::Config(format!(
                     "training.{old} and training.{}.{new} are the same setting: give it once, under [training.{}]",
-                    e.name, e.name
+                    e.mode.name(), e.mode.name()
                 )));
             }
             section.insert(new.to_string(), v);
             warnings.push(format!(
                 "training.{old} is deprecated: write `{new}` under [training.{}] (--set training.{}.{new}=...)",
-                e.name, e.name
+                e.mode.name(), e.mode.name()
             ));
         }
     }
@@ -184,18 +173,18 @@ pub(crate) fn move_former_keys(t: &mut TrainingConfig) -> Result<Vec<String>> {
 /// no other key may stand among them) and the run's mode settings.
 pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
     for (key, value) in &t.modes {
-        let Some(e) = REGISTRY.iter().find(|e| e.name == key) else {
+        let Some(e) = REGISTRY.iter().find(|e| e.mode.name() == key) else {
             let former = REGISTRY.iter().find_map(|e| {
                 e.former_keys
                     .iter()
                     .find(|(old, _)| old == key)
-                    .map(|(_, new)| (e.name, new))
+                    .map(|(_, new)| (e.mode.name(), new))
             });
             return Err(TrainError::Config(match former {
                 Some((name, new)) => format!("training.{key} is now `{new}` under [training.{name}]"),
                 None => format!(
                     "unknown field `{key}` in [training] (a mode's own settings go under [training.<mode>], one of: {})",
-                    REGISTRY.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+                    REGISTRY.iter().map(|e| e.mode.name()).collect::<Vec<_>>().join(", ")
                 ),
             }));
         };
@@ -219,10 +208,10 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             REGISTRY
                 .iter()
                 .filter(|e| e.tasks.contains(&t.task))
-                .map(|e| e.name)
+                .map(|e| e.mode.name())
                 .collect::<Vec<_>>()
                 .join(" and "),
-            e.name
+            e.mode.name()
         )));
     }
     (e.check)(t)
