@@ -10,7 +10,6 @@ use clap::{Args, ValueEnum};
 use graphs::npy::{DType as NpyType, NpyWriter};
 use graphs::Progress as _;
 use tables::config::FileFormat;
-use tables::results::NodeNames;
 
 use crate::output::{Kind, Output};
 
@@ -60,12 +59,13 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
         &a.model.inputs(),
     )?;
     let start = Instant::now();
-    let (model, g, src) = a.model.load()?;
-    let layers = models::inference::embedding_layers(&model)?;
+    let trained = a.model.load()?;
+    let (model, g, src) = (&trained.model, &trained.graph, &trained.source);
+    let layers = models::inference::embedding_layers(model)?;
     let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
     let mut bars = crate::bar::Bars::new();
     let (mut phase, mut counted) = (usize::MAX, 0u64);
-    let rows = models::inference::embed_all(&model, &g, a.batch, |layer, done, _| {
+    let rows = models::inference::embed_all(model, g, a.batch, |layer, done, _| {
         if layer != phase {
             bars.finish();
             bars.start(
@@ -99,10 +99,14 @@ pub fn run(a: &EmbedArgs) -> anyhow::Result<()> {
             }
             Some((format, ext)) => {
                 let path = dir.path().join(format!("{}.{ext}", nt.name));
-                let names = NodeNames::load(a.model.data(), &nt.name, nt.count)?;
                 let nodes: Vec<u32> = (0..nt.count).collect();
                 crate::predict::write_embedding_table(
-                    &path, format, &names, &nodes, &r.data, r.width,
+                    &path,
+                    format,
+                    &trained.names[t],
+                    &nodes,
+                    &r.data,
+                    r.width,
                 )?;
             }
         }

@@ -21,6 +21,7 @@ mod partition;
 mod plot;
 mod predict;
 mod profile;
+mod serve;
 mod tables;
 mod train;
 
@@ -90,6 +91,8 @@ enum Command {
     Predict(predict::PredictArgs),
     /// Embeddings of every node of every type from a checkpoint, by exact offline inference.
     Embed(embed::EmbedArgs),
+    /// Answer predict and embed requests over HTTP/JSON from a checkpoint (until SIGTERM).
+    Serve(serve::ServeArgs),
     /// Run one node of a cluster from a topology file (until Ctrl-C or SIGTERM).
     Node {
         #[command(flatten)]
@@ -276,6 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Predict(args) => predict::run(&args)?,
         Command::Embed(args) => embed::run(&args)?,
+        Command::Serve(args) => serve::run(&args)?,
         Command::Node { cluster, node } => {
             graphs::memory::track_anon();
             cluster::node(&cluster, &node)?

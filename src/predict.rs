@@ -3,39 +3,27 @@
 
 use std::path::PathBuf;
 
-use actors::distributed::checkpoint as dist;
-use actors::epoch::sample;
-use actors::epoch::SamplingPlan;
 use anyhow::{bail, Context};
-use candle_core::{DType, Device};
-use clap::Args;
+use clap::{Args, ValueEnum};
+use serving::{Engine, Inference, Trained, Want};
 
 use crate::output::{Kind, Output};
-use graphs::LoadOptions;
-use models::checkpoint;
-use models::optim::{Adam, AdamConfig};
-use models::Model;
-use tables::results::{result_format, NodeNames, ResultFormat};
+use tables::results::{result_format, ResultFormat};
 use tables::write::{ColumnData, ColumnType, TableWriter};
 
-/// A trained model's inputs, shared by `predict` and `embed`.
+/// A trained model's inputs, shared by `predict`, `embed` and `serve`.
 #[derive(Args)]
 pub struct ModelArgs {
     /// A checkpoint directory, or a checkpoint root (its newest valid checkpoint is used);
     /// single-process (epoch-*) or distributed (step-*) checkpoints.
     #[arg(long)]
-    checkpoint: PathBuf,
+    pub checkpoint: PathBuf,
     /// The graph directory the model was trained on.
     #[arg(long)]
-    data: PathBuf,
+    pub data: PathBuf,
 }
 
 impl ModelArgs {
-    /// The graph directory.
-    pub fn data(&self) -> &std::path::Path {
-        &self.data
-    }
-
     /// The inputs as `(flag, path)`, for checking outputs against them.
     pub fn inputs(&self) -> [(&str, &std::path::Path); 2] {
         [("--checkpoint", &self.checkpoint), ("--data", &self.data)]
@@ -43,33 +31,31 @@ impl ModelArgs {
 
     /// The checkpoint's model on the graph, loaded as the model was trained
     /// (reverse relations or not).
-    pub fn load(&self) -> anyhow::Result<(Model, graphs::HetGraph, Source)> {
-        let src = source(&self.checkpoint)?;
-        let dir = src.dir.clone();
-        let g = graphs::load(
-            &self.data,
-            &LoadOptions {
-                mmap_features: true,
-                reverse_edges: src.reverse_edges,
-            },
-        )
-        .with_context(|| format!("loading {}", self.data.display()))?;
-        let mut model = Model::new(&src.spec, &g, DType::F32, &Device::Cpu)?;
-        match &src.distributed {
-            Some(m) => dist::assemble(&dir, m, &mut model, partial_params(&m.mode)?)
-                .with_context(|| format!("assembling the model of {}", dir.display()))?,
-            None => {
-                checkpoint::load(
-                    &dir,
-                    &mut model,
-                    &mut Adam::new(AdamConfig::with_lr(1e-3)),
-                    g.name(),
-                    src.reverse_edges,
-                    None,
-                )?;
-            }
+    pub fn load(&self) -> anyhow::Result<Trained> {
+        let (trained, skipped) = Trained::open(&self.checkpoint, &self.data)?;
+        for s in skipped {
+            warnln!("skipped checkpoint: {s}");
         }
-        Ok((model, g, src))
+        Ok(trained)
+    }
+}
+
+/// How `predict` computes its answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InferenceArg {
+    /// The training fanouts, with a fixed sampling key: a node's answer does not
+    /// depend on the batch or on the other nodes asked.
+    Sampled,
+    /// Every layer over full neighbourhoods (as `embed`).
+    Exact,
+}
+
+impl From<InferenceArg> for Inference {
+    fn from(a: InferenceArg) -> Inference {
+        match a {
+            InferenceArg::Sampled => Inference::Sampled,
+            InferenceArg::Exact => Inference::Exact,
+        }
     }
 }
 
@@ -94,65 +80,15 @@ pub struct PredictArgs {
     /// The column of `--ids` that holds the node ids.
     #[arg(long, default_value = "id", requires = "ids")]
     ids_column: String,
-    /// Seeds per inference batch.
+    /// Sampled (the training fanouts) or exact (full neighbourhoods) inference.
+    #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
+    inference: InferenceArg,
+    /// Nodes per inference batch (answers do not depend on it).
     #[arg(long, default_value_t = 4096)]
     batch: usize,
     /// Replace existing output files.
     #[arg(long)]
     force: bool,
-}
-
-/// What `predict` needs of a checkpoint, single-process or distributed.
-pub struct Source {
-    /// The checkpoint directory used.
-    pub dir: PathBuf,
-    spec: models::ModelSpec,
-    reverse_edges: bool,
-    fanouts: Vec<usize>,
-    /// Epochs trained (the sampling key of inference batches).
-    epochs_done: u64,
-    distributed: Option<dist::Manifest>,
-}
-
-/// Finds the checkpoint `path` names: a checkpoint directory of either kind,
-/// or a root of `epoch-*` (single-process) or `step-*` (distributed) ones.
-fn source(path: &std::path::Path) -> anyhow::Result<Source> {
-    let is_dist = |d: &std::path::Path| {
-        d.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
-    };
-    let dir = if path.join("manifest.json").exists() {
-        path.to_path_buf()
-    } else if !dist::list(path)?.is_empty() {
-        let (m, skipped) = dist::latest_any(path)?
-            .with_context(|| format!("{}: no usable checkpoint", path.display()))?;
-        for s in skipped {
-            warnln!("skipped checkpoint: {s}");
-        }
-        dist::dir(path, m.seq)
-    } else {
-        checkpoint::resolve(path)?
-    };
-    if is_dist(&dir) {
-        let m = dist::manifest(&dir)?;
-        return Ok(Source {
-            spec: m.spec.clone(),
-            reverse_edges: m.reverse_edges,
-            fanouts: m.fanouts.clone(),
-            epochs_done: m.epochs.len() as u64,
-            dir,
-            distributed: Some(m),
-        });
-    }
-    let (m, _) = checkpoint::verify(&dir)?;
-    Ok(Source {
-        spec: m.spec,
-        reverse_edges: m.reverse_edges,
-        fanouts: m.fanouts,
-        epochs_done: m.epochs_done,
-        dir,
-        distributed: None,
-    })
 }
 
 pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
@@ -182,62 +118,37 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         .map(result_format)
         .transpose()
         .map_err(anyhow::Error::msg)?;
-    let (model, g, manifest) = a.model.load()?;
-    let dir = manifest.dir.clone();
-    if manifest.spec.link.is_some() {
+    let trained = a.model.load()?;
+    let dir = trained.source.dir.clone();
+    if trained.source.spec.link.is_some() {
         bail!("{}: this checkpoint was trained for link prediction and predicts no classes; `hetgnn embed` writes its node embeddings", dir.display());
     }
-    let target = g.node_type(g.target());
-    let n = target.count;
-    let names = NodeNames::load(&a.model.data, &target.name, n)?;
+    let target = trained.graph.node_type(trained.graph.target());
+    let (target_name, count) = (target.name.clone(), target.count);
     let wanted: Vec<u32> = match &a.ids {
-        Some(path) => names.read(path, &a.ids_column)?,
-        None => (0..n).collect(),
+        Some(path) => trained.names[trained.graph.target().index()].read(path, &a.ids_column)?,
+        None => (0..count).collect(),
     };
-    // The batches a run over every node makes, restricted to those holding a
-    // wanted node: each node gets the neighbourhood sample it gets there.
-    let mut steps: Vec<usize> = wanted.iter().map(|&w| w as usize / a.batch).collect();
-    steps.dedup();
-    steps.sort_unstable();
-    steps.dedup();
-    let mut sampler = SamplingPlan::new(&manifest.fanouts, manifest.spec.seed).eval(&g)?;
-    // Results are kept for the wanted nodes only: (node, position in the
-    // output), sorted by node, so each batch finds its nodes by bisection.
-    let mut order: Vec<(u32, usize)> = wanted.iter().copied().zip(0..).collect();
-    order.sort_unstable();
-    let mut classes = vec![-1i64; wanted.len()];
+    let engine = Engine::new(trained, a.inference.into(), a.batch, |_, _, _| {})
+        .with_context(|| format!("inference with {}", dir.display()))?;
+    let names = &engine.trained().names[engine.trained().graph.target().index()];
+    let want = Want {
+        probabilities: false,
+        embeddings: a.embeddings.is_some(),
+    };
+    // Each node's answer is independent of the batch, so batches follow the
+    // wanted order (repeats computed once per batch they fall in).
+    let mut classes: Vec<i64> = Vec::with_capacity(wanted.len());
     let mut emb_out: Vec<f32> = Vec::new();
     let mut width = 0;
-    for step in steps {
-        let (lo, hi) = (step * a.batch, ((step + 1) * a.batch).min(n as usize));
-        let seeds: Vec<u32> = (lo..hi).map(|s| s as u32).collect();
-        let mb = sample(
-            &mut sampler,
-            model.uses_neighbors(),
-            manifest.epochs_done,
-            step as u64,
-            &seeds,
-        )?;
-        let inputs = model.gather_inputs(&g, &mb.blocks[0].src)?;
-        let (logits, emb) = model.forward_with_embeddings(&g, &mb, inputs, None)?;
-        let p = logits.argmax(1)?.to_vec1::<u32>()?;
-        let from = order.partition_point(|&(v, _)| (v as usize) < lo);
-        let to = order.partition_point(|&(v, _)| (v as usize) < hi);
-        for &(v, pos) in &order[from..to] {
-            classes[pos] = i64::from(p[v as usize - lo]);
-        }
-        if a.embeddings.is_some() {
-            let emb = emb.to_dtype(DType::F32)?;
-            width = emb.dims2()?.1;
-            if emb_out.is_empty() {
-                emb_out = vec![0.0; wanted.len() * width];
-            }
-            let flat = emb.flatten_all()?.to_vec1::<f32>()?;
-            for &(v, pos) in &order[from..to] {
-                let k = v as usize - lo;
-                emb_out[pos * width..(pos + 1) * width]
-                    .copy_from_slice(&flat[k * width..(k + 1) * width]);
-            }
+    for batch in wanted.chunks(a.batch) {
+        let c = engine
+            .classify(batch, want)
+            .with_context(|| format!("inference with {}", dir.display()))?;
+        classes.extend(c.classes.iter().map(|&k| i64::from(k)));
+        if let Some(e) = c.embeddings {
+            width = e.width;
+            emb_out.extend_from_slice(&e.data);
         }
     }
     match out_format {
@@ -271,15 +182,13 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             ResultFormat::Npy => {
                 graphs::npy::write_f32(path, &[wanted.len() as u64, width as u64], &flat)?
             }
-            ResultFormat::Table(f) => {
-                write_embedding_table(path, f, &names, &wanted, &flat, width)?
-            }
+            ResultFormat::Table(f) => write_embedding_table(path, f, names, &wanted, &flat, width)?,
         }
     }
     sayln!(
         "wrote predictions for {} {} nodes to {} (checkpoint {})",
         wanted.len(),
-        target.name,
+        target_name,
         a.out.display(),
         dir.display()
     );
@@ -293,7 +202,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
 pub fn write_embedding_table(
     path: &std::path::Path,
     format: tables::config::FileFormat,
-    names: &NodeNames,
+    names: &tables::results::NodeNames,
     nodes: &[u32],
     rows: &[f32],
     width: usize,
@@ -315,14 +224,4 @@ pub fn write_embedding_table(
     }
     w.finish()?;
     Ok(())
-}
-
-/// Whether a distributed checkpoint written by mode `mode` may lack a
-/// parameter no partition used (its rules say so).
-fn partial_params(mode: &str) -> anyhow::Result<bool> {
-    actors::modes::rules_of(mode)
-        .map(|r| r.partial_params)
-        .ok_or_else(|| {
-            anyhow::anyhow!("the checkpoint was written by an unknown training mode '{mode}'")
-        })
 }

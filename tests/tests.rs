@@ -14,6 +14,7 @@ mod cli_inspect;
 mod cli_link;
 mod cli_model_averaging;
 mod cli_raf;
+mod cli_serve;
 mod cli_tables;
 mod cli_train;
 mod docs_links;

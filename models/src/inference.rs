@@ -114,6 +114,45 @@ pub fn embed_all(
     }
 }
 
+/// Logits `[dst, classes]` of target nodes `dst` by exact inference, from
+/// the rows [`embed_all`] returned: the last layer over every in-neighbour
+/// (R-GCN, R-GAT), or the classifier on the rows (HGT).
+pub fn classify_exact(
+    model: &Model,
+    g: &HetGraph,
+    rows: &[Option<TypeRows>],
+    dst: &[u32],
+) -> Result<Tensor> {
+    if model.spec().link.is_some() {
+        return Err(ModelError::Config(
+            "a link predictor has no classes to predict".into(),
+        ));
+    }
+    let (ls, head) = model.relational()?;
+    let t = g.target();
+    let take = |mut h: PerType| {
+        h[t.index()]
+            .take()
+            .ok_or_else(|| ModelError::Config("no rows of the target type".into()))
+    };
+    match head {
+        Some((w, b)) => {
+            let mut nodes = vec![Vec::new(); g.node_types().len()];
+            nodes[t.index()] = dst.to_vec();
+            let x = take(rows_of(rows, &nodes, model)?)?;
+            Ok(crate::ops::add_bias(&crate::ops::matmul(&x, w)?, b)?)
+        }
+        None => {
+            let l = ls.len() - 1;
+            let block = full_block(g, l, t, dst);
+            let h = rows_of(rows, &block.src, model)?;
+            let partials = ls[l].relation_partials(g, &block, &model.all_relations, &h)?;
+            let out = ls[l].cross_relation(&block, &h, partials)?;
+            take(model.activate(l, &block, out, None)?)
+        }
+    }
+}
+
 /// The block of layer `layer` for destinations `dst` of type `t` with every
 /// in-neighbour of every relation into `t`, sources in first-seen order after
 /// the destinations themselves (as the sampler orders them).

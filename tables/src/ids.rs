@@ -136,6 +136,24 @@ impl IdMap {
         k.map(|k| k as u32)
     }
 
+    /// The dense id of integer id `v` (read as text for string ids).
+    pub fn lookup_int(&self, v: i64) -> Option<u32> {
+        match self {
+            IdMap::Int(s) => s.get_index_of(&v).map(|k| k as u32),
+            IdMap::Text(s) => s.get_index_of(v.to_string().as_str()).map(|k| k as u32),
+        }
+    }
+
+    /// The dense id of string id `t` (parsed for integer ids).
+    pub fn lookup_text(&self, t: &str) -> Option<u32> {
+        match self {
+            IdMap::Int(s) => s
+                .get_index_of(&t.trim().parse::<i64>().ok()?)
+                .map(|k| k as u32),
+            IdMap::Text(s) => s.get_index_of(t).map(|k| k as u32),
+        }
+    }
+
     /// The original id of dense id `d`, as text.
     pub fn original(&self, d: u32) -> Option<String> {
         match self {

@@ -44,6 +44,15 @@ pub fn result_format(path: &Path) -> std::result::Result<ResultFormat, String> {
     })
 }
 
+/// One node named by a caller (a request's id): an integer or a string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeRef<'a> {
+    /// An integer id (an original integer id, or a dense id).
+    Int(i64),
+    /// A string id.
+    Text(&'a str),
+}
+
 /// The names of one node type's nodes.
 #[derive(Debug)]
 pub struct NodeNames {
@@ -105,6 +114,18 @@ impl NodeNames {
                     .collect(),
             ),
             Some(m) => ColumnData::Text(nodes.iter().map(|&n| m.original(n)).collect()),
+        }
+    }
+
+    /// The dense id of the node `id` names, if the type has it: an original id
+    /// of an imported graph (an integer given for string ids is read as its
+    /// decimal text), else a dense id `0..count`.
+    pub fn dense(&self, id: NodeRef) -> Option<u32> {
+        match (&self.map, id) {
+            (None, NodeRef::Int(v)) => u32::try_from(v).ok().filter(|&d| d < self.count),
+            (None, NodeRef::Text(_)) => None,
+            (Some(m), NodeRef::Int(v)) => m.lookup_int(v),
+            (Some(m), NodeRef::Text(t)) => m.lookup_text(t),
         }
     }
 

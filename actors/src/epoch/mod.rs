@@ -27,7 +27,7 @@ use crate::error::{Result, TrainError};
 /// Batches prepared ahead of the step that trains on them.
 pub const PREFETCH: usize = 2;
 
-pub use plan::{SamplingPlan, EVAL_SEED, PRESAMPLE_SEED};
+pub use plan::{SamplingPlan, EVAL_SEED, INFERENCE_STEP, PRESAMPLE_SEED};
 
 /// Seeds per evaluation batch.
 pub const EVAL_BATCH: usize = 4096;

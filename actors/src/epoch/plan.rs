@@ -16,6 +16,11 @@ pub const EVAL_SEED: u64 = 0xE7A1_5EED;
 /// instead of replaying them.
 pub const PRESAMPLE_SEED: u64 = 0x9E3A_11CA_C4E5;
 
+/// The step key of inference's draws (`predict`, `serve`): every batch is
+/// drawn with the same key, so a node's neighbourhood, and its answer, do not
+/// depend on the batch it is computed in or on the other nodes asked with it.
+pub const INFERENCE_STEP: u64 = u64::MAX;
+
 /// A run's sampling: fanouts per layer (seeds outward) and the run's seed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SamplingPlan {

@@ -1,0 +1,148 @@
+//! The JSON of the HTTP API: requests, answers and errors, and the mapping of
+//! a request's ids (original ids of a graph imported from tables, else the
+//! graph's own dense ids) to dense ids.
+
+use serde::{Deserialize, Serialize};
+use tables::results::{NodeNames, NodeRef};
+
+use crate::error::{Result, ServeError};
+
+/// A node id as a request gives it: an integer or a string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Id {
+    /// An integer id.
+    Int(i64),
+    /// A string id.
+    Text(String),
+}
+
+/// `POST /v1/predict`: classes of target nodes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictRequest {
+    /// The node type; the model's target type when absent (the only one it classifies).
+    #[serde(rename = "type", default)]
+    pub ntype: Option<String>,
+    /// The nodes, in the order answered.
+    pub ids: Vec<Id>,
+    /// Also answer each class's probability.
+    #[serde(default)]
+    pub probabilities: bool,
+    /// Also answer the embedding the classifier reads.
+    #[serde(default)]
+    pub embeddings: bool,
+}
+
+/// The answer to a [`PredictRequest`].
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct PredictResponse {
+    /// The node type.
+    #[serde(rename = "type")]
+    pub ntype: String,
+    /// The request's ids, in its order.
+    pub ids: Vec<Id>,
+    /// The predicted class of each node.
+    pub predictions: Vec<u32>,
+    /// The predicted classes' names, when the labels were imported as names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_names: Option<Vec<String>>,
+    /// Each node's class probabilities, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probabilities: Option<Vec<Vec<f32>>>,
+    /// Each node's embedding, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<Vec<Vec<f32>>>,
+}
+
+/// `POST /v1/embed`: embeddings of nodes of one type.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedRequest {
+    /// The node type; the model's target type when absent.
+    #[serde(rename = "type", default)]
+    pub ntype: Option<String>,
+    /// The nodes, in the order answered.
+    pub ids: Vec<Id>,
+}
+
+/// The answer to an [`EmbedRequest`].
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct EmbedResponse {
+    /// The node type.
+    #[serde(rename = "type")]
+    pub ntype: String,
+    /// The request's ids, in its order.
+    pub ids: Vec<Id>,
+    /// Each node's embedding.
+    pub embeddings: Vec<Vec<f32>>,
+}
+
+/// An error's body: `{"error": "..."}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong and what to do.
+    pub error: String,
+}
+
+/// How many unknown ids an error names before summarising the rest.
+const NAMED_UNKNOWN: usize = 5;
+
+/// The dense ids of `ids` among `names`' nodes of type `ntype`; unknown ids
+/// are refused, the first few named.
+pub fn resolve(names: &NodeNames, ntype: &str, ids: &[Id]) -> Result<Vec<u32>> {
+    let mut dense = Vec::with_capacity(ids.len());
+    let mut unknown = Vec::new();
+    let mut missing = 0usize;
+    for id in ids {
+        let r = match id {
+            Id::Int(v) => NodeRef::Int(*v),
+            Id::Text(t) => NodeRef::Text(t),
+        };
+        match names.dense(r) {
+            Some(d) => dense.push(d),
+            None => {
+                missing += 1;
+                if unknown.len() < NAMED_UNKNOWN {
+                    unknown.push(match id {
+                        Id::Int(v) => v.to_string(),
+                        Id::Text(t) => format!("{:?}", t.escape_debug().to_string()),
+                    });
+                }
+            }
+        }
+    }
+    if missing == 0 {
+        return Ok(dense);
+    }
+    let more = missing - unknown.len();
+    let hint = if names.original() {
+        ""
+    } else {
+        " (this graph has no original ids: give dense ids 0..count)"
+    };
+    Err(ServeError::UnknownNodes(format!(
+        "{missing} id(s) are not nodes of type '{ntype}': {}{}{hint}",
+        unknown.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_integers_or_strings() {
+        let r: PredictRequest = serde_json::from_str(r#"{"ids": [3, "a7"]}"#).unwrap();
+        assert_eq!(r.ids, vec![Id::Int(3), Id::Text("a7".into())]);
+        assert!(!r.probabilities && r.ntype.is_none());
+        assert!(serde_json::from_str::<PredictRequest>(r#"{"ids": [1.5]}"#).is_err());
+        assert!(serde_json::from_str::<PredictRequest>(r#"{"ids": [1], "probs": true}"#).is_err());
+        assert!(serde_json::from_str::<EmbedRequest>(r#"{"type": "a"}"#).is_err());
+    }
+}

@@ -1,0 +1,295 @@
+//! Answers of a trained model: the class (and class probabilities, and the
+//! embedding the classifier reads) of target nodes, and nodes' embeddings,
+//! by one of two inferences, each equal to its offline counterpart:
+//!
+//! - sampled: the training fanouts with evaluation's seed and one fixed
+//!   sampling key ([`actors::epoch::INFERENCE_STEP`]), so a node's answer
+//!   does not depend on the other nodes computed with it (`predict`);
+//! - exact: every layer over full neighbourhoods, as `embed` computes it,
+//!   every node's embedding computed once when the model is loaded.
+
+use actors::epoch::{sample, SamplingPlan, INFERENCE_STEP};
+use candle_core::DType;
+use graphs::NodeTypeId;
+use models::inference::{self, TypeRows};
+
+use crate::error::{Result, ServeError};
+use crate::trained::Trained;
+
+/// How answers are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Inference {
+    /// Sampled neighbourhoods with a fixed key (`predict`'s answers).
+    Sampled,
+    /// Full neighbourhoods, layer by layer (`embed`'s answers).
+    Exact,
+}
+
+impl std::fmt::Display for Inference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Inference::Sampled => "sampled",
+            Inference::Exact => "exact",
+        })
+    }
+}
+
+/// Which outputs a classification computes besides the classes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Want {
+    /// Class probabilities (softmax of the logits).
+    pub probabilities: bool,
+    /// The embeddings the classifier reads.
+    pub embeddings: bool,
+}
+
+/// Rows of floats, `width` per node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rows {
+    /// Floats per node.
+    pub width: usize,
+    /// `nodes * width` floats.
+    pub data: Vec<f32>,
+}
+
+impl Rows {
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.width..(i + 1) * self.width]
+    }
+}
+
+/// A classification of some target nodes, in their order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Classified {
+    /// The predicted class of each node.
+    pub classes: Vec<u32>,
+    /// Class probabilities, when asked for.
+    pub probabilities: Option<Rows>,
+    /// The classifier's input embeddings, when asked for.
+    pub embeddings: Option<Rows>,
+}
+
+/// A loaded model answering classification and embedding questions.
+pub struct Engine {
+    trained: Trained,
+    inference: Inference,
+    plan: SamplingPlan,
+    /// Every node's embedding (exact inference), per type.
+    exact: Option<Vec<Option<TypeRows>>>,
+}
+
+impl Engine {
+    /// An engine over `trained`. Exact inference computes every node's
+    /// embedding now, `chunk` destinations at a time, reporting
+    /// `progress(layer, done, total)`.
+    pub fn new(
+        trained: Trained,
+        inference: Inference,
+        chunk: usize,
+        progress: impl FnMut(usize, u64, u64),
+    ) -> Result<Engine> {
+        let plan = SamplingPlan::new(&trained.source.fanouts, trained.source.spec.seed);
+        let exact = match inference {
+            // An MLP reads no neighbourhood: both inferences are the same.
+            Inference::Exact if trained.model.uses_neighbors() => Some(
+                inference::embed_all(&trained.model, &trained.graph, chunk, progress)
+                    .map_err(|e| ServeError::Load(format!("exact inference: {e}")))?,
+            ),
+            _ => None,
+        };
+        Ok(Engine {
+            trained,
+            inference,
+            plan,
+            exact,
+        })
+    }
+
+    /// The model, graph and names answered from.
+    pub fn trained(&self) -> &Trained {
+        &self.trained
+    }
+
+    /// How answers are computed.
+    pub fn inference(&self) -> Inference {
+        self.inference
+    }
+
+    /// Whether the model predicts classes (a link predictor does not).
+    pub fn classifies(&self) -> bool {
+        self.trained.source.spec.link.is_none()
+    }
+
+    /// Classes of target nodes `nodes` (dense ids, any order, repeats allowed).
+    pub fn classify(&self, nodes: &[u32], want: Want) -> Result<Classified> {
+        if !self.classifies() {
+            return Err(ServeError::BadRequest(
+                "this model was trained for link prediction and predicts no classes; ask for embeddings".into(),
+            ));
+        }
+        let g = &self.trained.graph;
+        let model = &self.trained.model;
+        check_nodes(g, g.target(), nodes)?;
+        if nodes.is_empty() {
+            return Ok(Classified::default());
+        }
+        let (logits, emb) = match &self.exact {
+            Some(rows) => {
+                let logits = inference::classify_exact(model, g, rows, nodes)?;
+                let emb = want
+                    .embeddings
+                    .then(|| rows_of(rows, g.target(), nodes))
+                    .transpose()?;
+                (logits, emb)
+            }
+            None => {
+                let mut sampler = self.plan.eval(g)?;
+                let mb = sample(
+                    &mut sampler,
+                    model.uses_neighbors(),
+                    self.trained.source.epochs_done,
+                    INFERENCE_STEP,
+                    nodes,
+                )?;
+                let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+                let (logits, emb) = model.forward_with_embeddings(g, &mb, inputs, None)?;
+                let emb = if want.embeddings {
+                    Some(to_rows(&emb)?)
+                } else {
+                    None
+                };
+                (logits, emb)
+            }
+        };
+        let logits = to_rows(&logits)?;
+        let classes = (0..nodes.len()).map(|i| argmax(logits.row(i))).collect();
+        let probabilities = want.probabilities.then(|| softmax(&logits));
+        Ok(Classified {
+            classes,
+            probabilities,
+            embeddings: emb,
+        })
+    }
+
+    /// Embeddings of nodes `nodes` of type `t`: any type with exact inference,
+    /// the target type (the classifier's input) with sampled inference.
+    pub fn embed(&self, t: NodeTypeId, nodes: &[u32]) -> Result<Rows> {
+        let g = &self.trained.graph;
+        check_nodes(g, t, nodes)?;
+        match &self.exact {
+            Some(rows) => rows_of(rows, t, nodes),
+            None if t == g.target() && self.classifies() => Ok(self
+                .classify(
+                    nodes,
+                    Want {
+                        probabilities: false,
+                        embeddings: true,
+                    },
+                )?
+                .embeddings
+                .unwrap_or_default()),
+            None => Err(ServeError::BadRequest(format!(
+                "sampled inference embeds only the target type '{}' of a classifier; serve with exact inference for every type",
+                g.node_type(g.target()).name
+            ))),
+        }
+    }
+}
+
+/// Refuses nodes beyond type `t`'s count (callers map ids first; this guards the model).
+fn check_nodes(g: &graphs::HetGraph, t: NodeTypeId, nodes: &[u32]) -> Result<()> {
+    let count = g.node_type(t).count;
+    match nodes.iter().find(|&&v| v >= count) {
+        Some(v) => Err(ServeError::UnknownNodes(format!(
+            "node {v} is beyond the {count} nodes of type '{}'",
+            g.node_type(t).name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Stored rows of `nodes` of type `t`.
+fn rows_of(rows: &[Option<TypeRows>], t: NodeTypeId, nodes: &[u32]) -> Result<Rows> {
+    let r = rows
+        .get(t.index())
+        .and_then(Option::as_ref)
+        .ok_or_else(|| {
+            ServeError::BadRequest("the model computes no embeddings of this node type".into())
+        })?;
+    let mut data = Vec::with_capacity(nodes.len() * r.width);
+    for &v in nodes {
+        let at = v as usize * r.width;
+        data.extend_from_slice(
+            r.data
+                .get(at..at + r.width)
+                .ok_or_else(|| ServeError::Inference(format!("node {v} beyond the stored rows")))?,
+        );
+    }
+    Ok(Rows {
+        width: r.width,
+        data,
+    })
+}
+
+/// A 2-D tensor's values as rows of f32.
+fn to_rows(x: &candle_core::Tensor) -> Result<Rows> {
+    let (_, width) = x.dims2()?;
+    Ok(Rows {
+        width,
+        data: x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+    })
+}
+
+/// The index of the largest value (the first of equals, as candle's argmax).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Row-wise softmax, computed stably in f64.
+fn softmax(logits: &Rows) -> Rows {
+    let mut data = Vec::with_capacity(logits.data.len());
+    for i in 0..logits.data.len() / logits.width.max(1) {
+        let row = logits.row(i);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f64> = row.iter().map(|&v| f64::from(v - max).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        data.extend(exps.iter().map(|&e| (e / sum) as f32));
+    }
+    Rows {
+        width: logits.width,
+        data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_values() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[-2.0]), 0);
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_and_keep_order() {
+        let p = softmax(&Rows {
+            width: 3,
+            data: vec![1.0, 2.0, 3.0, 1000.0, 0.0, -1000.0],
+        });
+        for i in 0..2 {
+            let s: f32 = p.row(i).iter().sum();
+            assert!((s - 1.0).abs() < 1e-6, "{s}");
+        }
+        assert!(p.row(0)[2] > p.row(0)[1] && p.row(0)[1] > p.row(0)[0]);
+        assert!((p.row(1)[0] - 1.0).abs() < 1e-6);
+    }
+}

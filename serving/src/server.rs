@@ -1,0 +1,676 @@
+//! The HTTP/JSON server of `hetgnn serve` (axum on tokio).
+//!
+//! - `POST /v1/predict`, `POST /v1/embed`: answers, batched across concurrent
+//!   requests (see [`crate::batcher`]).
+//! - `GET /v1/model`: what the loaded model answers.
+//! - `GET /healthz` (the process is up), `GET /readyz` (a model is loaded and
+//!   the server is not draining), `GET /metrics` (Prometheus).
+//! - `POST /admin/reload` (with the admin token) or `SIGHUP`: load the
+//!   checkpoint again (the newest under a root); requests keep being answered
+//!   by the old model until the new one is ready, and none is dropped.
+//! - `SIGTERM` or `SIGINT`: stop accepting, answer what is in flight, exit.
+//!
+//! Every request is bounded: its body size, its ids, its time, and the
+//! requests queued and admitted per second; beyond a bound it is refused with
+//! a 4xx or 503 and a JSON `{"error": ...}` saying why.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::api::{self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse};
+use crate::batcher::{Answer, BatchLimits, Batcher, Op};
+use crate::engine::{Engine, Rows, Want};
+use crate::error::{Result, ServeError};
+use crate::metrics::Metrics;
+
+/// Loads (or reloads) the model; runs on a blocking thread.
+pub type Loader = Arc<dyn Fn() -> Result<Engine> + Send + Sync>;
+
+/// Where the server's events go (the CLI prints them).
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Bounds on what one request, and all of them, may ask.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest request body in bytes.
+    pub max_body_bytes: usize,
+    /// Most ids in one request.
+    pub max_ids: usize,
+    /// Longest a request may take, from receipt to answer.
+    pub timeout: Duration,
+    /// Requests admitted per second over all clients (0: no limit).
+    pub max_rps: u32,
+    /// Batching of concurrent requests.
+    pub batch: BatchLimits,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_body_bytes: 1 << 20,
+            max_ids: 10_000,
+            timeout: Duration::from_secs(10),
+            max_rps: 0,
+            batch: BatchLimits {
+                max_wait: Duration::from_millis(2),
+                max_nodes: 4096,
+                queue: 1024,
+            },
+        }
+    }
+}
+
+/// Everything `serve` is told.
+pub struct ServerConfig {
+    /// The address to listen on (port 0: any free port, printed).
+    pub listen: SocketAddr,
+    /// Request bounds.
+    pub limits: Limits,
+    /// The token `POST /admin/reload` must carry (`None`: the endpoint is off).
+    pub admin_token: Option<String>,
+    /// Loads the model, at start and on every reload.
+    pub load: Loader,
+    /// Where events are reported.
+    pub log: Log,
+}
+
+/// The state every handler shares.
+struct Shared {
+    engine: RwLock<Option<Arc<Engine>>>,
+    batcher: Batcher,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    draining: AtomicBool,
+    reloading: AtomicBool,
+    admin_token: Option<String>,
+    load: Loader,
+    log: Log,
+    bucket: Mutex<Bucket>,
+}
+
+type St = State<Arc<Shared>>;
+
+/// Errors answered as `{"error": ...}` with their status.
+struct HttpError(StatusCode, String);
+
+impl From<ServeError> for HttpError {
+    fn from(e: ServeError) -> HttpError {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        HttpError(status, e.to_string())
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(ErrorBody { error: self.1 })).into_response();
+        if self.0 == StatusCode::SERVICE_UNAVAILABLE || self.0 == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// A body that failed to parse: 400 (413 when too large, 415 when not JSON).
+fn rejected(e: JsonRejection) -> HttpError {
+    let status = e.status();
+    let what = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            "the request body is larger than the server accepts".to_string()
+        }
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "send the request as JSON with `Content-Type: application/json`".to_string()
+        }
+        _ => format!("malformed request: {}", e.body_text()),
+    };
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    HttpError(status, what)
+}
+
+/// Runs the server until `SIGTERM` or `SIGINT`, then drains; returns the
+/// address it listened on. The model loads after the socket is bound, so
+/// `/healthz` answers while `/readyz` says it is not ready yet.
+pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServeError::Load(format!("cannot listen on {}: {e}", config.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Load(format!("cannot listen on {}: {e}", config.listen)))?;
+    let metrics = Arc::new(Metrics::new());
+    let batcher = Batcher::start(config.limits.batch, Arc::clone(&metrics))
+        .map_err(|e| ServeError::Load(format!("cannot start the inference thread: {e}")))?;
+    let shared = Arc::new(Shared {
+        engine: RwLock::new(None),
+        batcher,
+        metrics,
+        limits: config.limits,
+        draining: AtomicBool::new(false),
+        reloading: AtomicBool::new(true),
+        admin_token: config.admin_token,
+        load: config.load,
+        log: config.log,
+        bucket: Mutex::new(Bucket::new(config.limits.max_rps)),
+    });
+    (shared.log)(&format!("listening on http://{addr}"));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    // The first load: a failure stops the server with its error.
+    {
+        let shared = Arc::clone(&shared);
+        let stop = stop_tx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = reload(&shared).await {
+                let _ = stop.send(Some(e.to_string()));
+            }
+        });
+    }
+    spawn_signals(Arc::clone(&shared), stop_tx)?;
+    let app = router(Arc::clone(&shared));
+    let mut stopped = stop_rx.clone();
+    let shutdown = {
+        let shared = Arc::clone(&shared);
+        async move {
+            let _ = stopped.changed().await;
+            shared.draining.store(true, Ordering::SeqCst);
+            shared.metrics.ready.set(0);
+            (shared.log)("draining: answering the requests in flight, accepting no more");
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| ServeError::Inference(format!("the server failed: {e}")))?;
+    let failure = stop_rx.borrow().clone();
+    match failure {
+        Some(e) if !e.is_empty() => Err(ServeError::Load(e)),
+        _ => Ok(addr),
+    }
+}
+
+/// `SIGHUP` reloads; `SIGTERM` and `SIGINT` stop (an empty message: not a failure).
+fn spawn_signals(
+    shared: Arc<Shared>,
+    stop: tokio::sync::watch::Sender<Option<String>>,
+) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let sig = |k: SignalKind| {
+        signal(k).map_err(|e| ServeError::Load(format!("cannot handle signals: {e}")))
+    };
+    let (mut hup, mut term, mut int) = (
+        sig(SignalKind::hangup())?,
+        sig(SignalKind::terminate())?,
+        sig(SignalKind::interrupt())?,
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        if let Err(e) = reload(&shared).await {
+                            (shared.log)(&format!("reload failed, still serving the previous model: {e}"));
+                        }
+                    });
+                }
+                _ = term.recv() => { let _ = stop.send(Some(String::new())); return; }
+                _ = int.recv() => { let _ = stop.send(Some(String::new())); return; }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Loads the model on a blocking thread and swaps it in. One load at a time.
+async fn reload(shared: &Arc<Shared>) -> Result<Arc<Engine>> {
+    let first = shared.engine.read().map(|e| e.is_none()).unwrap_or(true);
+    if !first && shared.reloading.swap(true, Ordering::SeqCst) {
+        return Err(ServeError::Unavailable(
+            "a reload is already in progress".into(),
+        ));
+    }
+    let load = Arc::clone(&shared.load);
+    let started = Instant::now();
+    let result = tokio::task::spawn_blocking(move || load())
+        .await
+        .unwrap_or_else(|e| Err(ServeError::Load(format!("loading panicked: {e}"))));
+    shared.reloading.store(false, Ordering::SeqCst);
+    match result {
+        Ok(engine) => {
+            let engine = Arc::new(engine);
+            let src = &engine.trained().source;
+            shared.metrics.model_epochs.set(src.epochs_done as i64);
+            shared.metrics.loads.with_label_values(&["ok"]).inc();
+            (shared.log)(&format!(
+                "{} model {} ({} epochs, {} inference) in {:.1}s",
+                if first { "ready:" } else { "reloaded:" },
+                src.dir.display(),
+                src.epochs_done,
+                engine.inference(),
+                started.elapsed().as_secs_f64()
+            ));
+            if let Ok(mut slot) = shared.engine.write() {
+                *slot = Some(Arc::clone(&engine));
+            }
+            if !shared.draining.load(Ordering::SeqCst) {
+                shared.metrics.ready.set(1);
+            }
+            Ok(engine)
+        }
+        Err(e) => {
+            shared.metrics.loads.with_label_values(&["failed"]).inc();
+            Err(e)
+        }
+    }
+}
+
+/// The routes, with their bounds and metrics.
+fn router(shared: Arc<Shared>) -> Router {
+    let limits = shared.limits;
+    Router::new()
+        .route("/v1/predict", post(predict))
+        .route("/v1/embed", post(embed))
+        .route("/v1/model", get(model))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/admin/reload", post(admin_reload))
+        .fallback(|| async {
+            HttpError(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: see /v1/predict, /v1/embed, /v1/model, /healthz, /readyz, /metrics".into(),
+            )
+        })
+        .layer(middleware::from_fn_with_state(Arc::clone(&shared), guard))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .with_state(shared)
+}
+
+/// Every request: the rate limit, the timeout, and the metrics.
+async fn guard(State(s): St, req: Request, next: Next) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let start = Instant::now();
+    let is_api = endpoint.starts_with("/v1/");
+    let response = if is_api
+        && !s
+            .bucket
+            .lock()
+            .map(|mut b| b.take(Instant::now()))
+            .unwrap_or(true)
+    {
+        s.metrics.shed.with_label_values(&["rate"]).inc();
+        HttpError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "more than {} requests per second; retry shortly",
+                s.limits.max_rps
+            ),
+        )
+        .into_response()
+    } else {
+        s.metrics.in_flight.inc();
+        let r = match tokio::time::timeout(s.limits.timeout, next.run(req)).await {
+            Ok(r) => r,
+            Err(_) => {
+                s.metrics.shed.with_label_values(&["timeout"]).inc();
+                HttpError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "the request took longer than the server's timeout of {} ms",
+                        s.limits.timeout.as_millis()
+                    ),
+                )
+                .into_response()
+            }
+        };
+        s.metrics.in_flight.dec();
+        r
+    };
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        s.metrics.too_large.inc();
+    }
+    s.metrics
+        .requests
+        .with_label_values(&[endpoint.as_str(), response.status().as_str()])
+        .inc();
+    s.metrics
+        .latency
+        .with_label_values(&[endpoint.as_str()])
+        .observe(start.elapsed().as_secs_f64());
+    response
+}
+
+/// The loaded model, or 503.
+fn current(s: &Shared) -> Result<Arc<Engine>, HttpError> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(ServeError::Unavailable("the server is shutting down".into()).into());
+    }
+    s.engine.read().ok().and_then(|e| e.clone()).ok_or_else(|| {
+        ServeError::Unavailable("the model is still loading; retry shortly".into()).into()
+    })
+}
+
+/// A node type of the model's graph by name (the target type when `None`).
+fn node_type(engine: &Engine, name: Option<&str>) -> Result<graphs::NodeTypeId, HttpError> {
+    let g = &engine.trained().graph;
+    match name {
+        None => Ok(g.target()),
+        Some(n) => g.type_id(n).ok_or_else(|| {
+            let known: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
+            HttpError(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unknown node type {:?}; the graph's types are {}",
+                    n.escape_debug().to_string(),
+                    known.join(", ")
+                ),
+            )
+        }),
+    }
+}
+
+/// Checks the id count and maps the ids to dense ids.
+fn dense_ids(
+    s: &Shared,
+    engine: &Engine,
+    t: graphs::NodeTypeId,
+    ids: &[api::Id],
+) -> Result<Vec<u32>, HttpError> {
+    if ids.is_empty() {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            "`ids` is empty: name at least one node".into(),
+        ));
+    }
+    if ids.len() > s.limits.max_ids {
+        return Err(ServeError::TooLarge(format!(
+            "{} ids in one request; the server answers at most {} (split the request)",
+            ids.len(),
+            s.limits.max_ids
+        ))
+        .into());
+    }
+    let g = &engine.trained().graph;
+    Ok(api::resolve(
+        &engine.trained().names[t.index()],
+        &g.node_type(t).name,
+        ids,
+    )?)
+}
+
+/// Sends a question to the batcher and awaits its answer.
+async fn ask(
+    s: &Shared,
+    engine: Arc<Engine>,
+    op: Op,
+    nodes: Vec<u32>,
+) -> Result<Answer, HttpError> {
+    let rx = s.batcher.submit(engine, op, nodes).inspect_err(|_| {
+        s.metrics.shed.with_label_values(&["queue"]).inc();
+    })?;
+    let answer = rx.await.map_err(|_| {
+        HttpError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the inference thread dropped the request".into(),
+        )
+    })??;
+    Ok(answer)
+}
+
+fn nested(r: &Rows) -> Vec<Vec<f32>> {
+    r.data.chunks(r.width.max(1)).map(<[f32]>::to_vec).collect()
+}
+
+async fn predict(
+    State(s): St,
+    body: std::result::Result<Json<PredictRequest>, JsonRejection>,
+) -> Result<Json<PredictResponse>, HttpError> {
+    let Json(req) = body.map_err(rejected)?;
+    let engine = current(&s)?;
+    let t = node_type(&engine, req.ntype.as_deref())?;
+    let g = &engine.trained().graph;
+    if t != g.target() {
+        return Err(HttpError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the model classifies nodes of type '{}' only",
+                g.node_type(g.target()).name
+            ),
+        ));
+    }
+    let nodes = dense_ids(&s, &engine, t, &req.ids)?;
+    let want = Want {
+        probabilities: req.probabilities,
+        embeddings: req.embeddings,
+    };
+    let Answer::Classified(c) = ask(&s, Arc::clone(&engine), Op::Classify(want), nodes).await?
+    else {
+        return Err(HttpError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a classification was answered with rows".into(),
+        ));
+    };
+    let names = engine.trained().names[t.index()].classes();
+    Ok(Json(PredictResponse {
+        ntype: g.node_type(t).name.clone(),
+        class_names: (!names.is_empty()).then(|| {
+            c.classes
+                .iter()
+                .map(|&k| names.get(k as usize).cloned().unwrap_or_default())
+                .collect()
+        }),
+        ids: req.ids,
+        predictions: c.classes,
+        probabilities: c.probabilities.as_ref().map(nested),
+        embeddings: c.embeddings.as_ref().map(nested),
+    }))
+}
+
+async fn embed(
+    State(s): St,
+    body: std::result::Result<Json<EmbedRequest>, JsonRejection>,
+) -> Result<Json<EmbedResponse>, HttpError> {
+    let Json(req) = body.map_err(rejected)?;
+    let engine = current(&s)?;
+    let t = node_type(&engine, req.ntype.as_deref())?;
+    let nodes = dense_ids(&s, &engine, t, &req.ids)?;
+    let Answer::Rows(r) = ask(&s, Arc::clone(&engine), Op::Embed(t), nodes).await? else {
+        return Err(HttpError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "embeddings were answered with classes".into(),
+        ));
+    };
+    Ok(Json(EmbedResponse {
+        ntype: engine.trained().graph.node_type(t).name.clone(),
+        ids: req.ids,
+        embeddings: nested(&r),
+    }))
+}
+
+/// `GET /v1/model`'s answer.
+#[derive(Serialize)]
+struct ModelInfo {
+    checkpoint: String,
+    epochs: u64,
+    inference: String,
+    model: String,
+    target: String,
+    classes: usize,
+    class_names: Vec<String>,
+    link_prediction: bool,
+    fanouts: Vec<usize>,
+    types: Vec<TypeInfo>,
+}
+
+#[derive(Serialize)]
+struct TypeInfo {
+    name: String,
+    nodes: u32,
+    original_ids: bool,
+}
+
+async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
+    let engine = current(&s)?;
+    let tr = engine.trained();
+    let g = &tr.graph;
+    Ok(Json(ModelInfo {
+        checkpoint: tr.source.dir.display().to_string(),
+        epochs: tr.source.epochs_done,
+        inference: engine.inference().to_string(),
+        model: format!("{:?}", tr.source.spec.kind).to_lowercase(),
+        target: g.node_type(g.target()).name.clone(),
+        classes: tr.model.num_classes(),
+        class_names: tr.names[g.target().index()].classes().to_vec(),
+        link_prediction: !engine.classifies(),
+        fanouts: tr.source.fanouts.clone(),
+        types: g
+            .node_types()
+            .iter()
+            .zip(&tr.names)
+            .map(|(t, n)| TypeInfo {
+                name: t.name.clone(),
+                nodes: t.count,
+                original_ids: n.original(),
+            })
+            .collect(),
+    }))
+}
+
+async fn readyz(State(s): St) -> Response {
+    if s.draining.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
+    match s.engine.read().map(|e| e.is_some()) {
+        Ok(true) => (StatusCode::OK, "ready\n").into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "loading the model\n").into_response(),
+    }
+}
+
+async fn metrics(State(s): St) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct Reloaded {
+    checkpoint: String,
+    epochs: u64,
+}
+
+async fn admin_reload(State(s): St, headers: HeaderMap) -> Result<Json<Reloaded>, HttpError> {
+    let Some(token) = &s.admin_token else {
+        return Err(HttpError(
+            StatusCode::NOT_FOUND,
+            "the admin endpoint is off: start serve with --admin-token-file".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        return Err(HttpError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong `Authorization: Bearer <token>`".into(),
+        ));
+    }
+    let engine = reload(&s).await.map_err(|e| match e {
+        ServeError::Unavailable(m) => HttpError(StatusCode::CONFLICT, m),
+        e => HttpError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reload failed, still serving the previous model: {e}"),
+        ),
+    })?;
+    Ok(Json(Reloaded {
+        checkpoint: engine.trained().source.dir.display().to_string(),
+        epochs: engine.trained().source.epochs_done,
+    }))
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A token bucket: `rate` requests per second, bursts of one second's worth.
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    last: Option<Instant>,
+}
+
+impl Bucket {
+    fn new(rate: u32) -> Bucket {
+        Bucket {
+            rate: f64::from(rate),
+            tokens: f64::from(rate),
+            last: None,
+        }
+    }
+
+    /// Whether a request arriving at `now` is admitted.
+    fn take(&mut self, now: Instant) -> bool {
+        if self.rate == 0.0 {
+            return true;
+        }
+        if let Some(last) = self.last {
+            let refill = now.saturating_duration_since(last).as_secs_f64() * self.rate;
+            self.tokens = (self.tokens + refill).min(self.rate);
+        }
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_admits_its_rate_and_refills() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(3);
+        assert!((0..3).all(|_| b.take(t0)));
+        assert!(!b.take(t0), "a fourth request in the same instant");
+        assert!(
+            b.take(t0 + Duration::from_millis(400)),
+            "refilled 1.2 tokens"
+        );
+        assert!(!b.take(t0 + Duration::from_millis(450)));
+        let mut off = Bucket::new(0);
+        assert!((0..1000).all(|_| off.take(t0)));
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

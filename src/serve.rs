@@ -1,0 +1,137 @@
+//! `hetgnn serve`: a trained model answering HTTP/JSON requests (see the
+//! `serving` crate for the API and docs/serving.md for its use).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serving::batcher::BatchLimits;
+use serving::server::{Limits, ServerConfig};
+use serving::{Engine, ServeError};
+
+use crate::predict::{InferenceArg, ModelArgs};
+
+/// Options of `hetgnn serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Sampled (the training fanouts, a fixed sampling key; `predict`'s answers) or
+    /// exact (full neighbourhoods, every node computed at load; `embed`'s answers).
+    #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
+    inference: InferenceArg,
+    /// The longest a request waits for others to share its inference batch, in ms.
+    #[arg(long, default_value_t = 2.0)]
+    batch_wait_ms: f64,
+    /// Nodes after which a batch runs without waiting longer.
+    #[arg(long, default_value_t = 4096)]
+    batch_nodes: usize,
+    /// Requests that may wait for inference; more are refused with 503.
+    #[arg(long, default_value_t = 1024)]
+    queue: usize,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// Most ids in one request (413 beyond).
+    #[arg(long, default_value_t = 10_000)]
+    max_ids: usize,
+    /// Longest a request may take, in ms (503 beyond).
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+    /// Requests per second admitted over all clients, 0 for no limit (429 beyond).
+    #[arg(long, default_value_t = 0)]
+    max_rps: u32,
+    /// A file holding the token `POST /admin/reload` must carry as
+    /// `Authorization: Bearer <token>` (without it the endpoint is off; `SIGHUP` reloads too).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+}
+
+pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
+    if !(a.batch_wait_ms.is_finite() && (0.0..=1000.0).contains(&a.batch_wait_ms)) {
+        bail!(
+            "--batch-wait-ms must be between 0 and 1000, got {}",
+            a.batch_wait_ms
+        );
+    }
+    for (flag, v) in [
+        ("--batch-nodes", a.batch_nodes),
+        ("--queue", a.queue),
+        ("--max-body-bytes", a.max_body_bytes),
+        ("--max-ids", a.max_ids),
+        ("--timeout-ms", a.timeout_ms as usize),
+    ] {
+        if v == 0 {
+            bail!("{flag} must be at least 1");
+        }
+    }
+    let admin_token = a
+        .admin_token_file
+        .as_deref()
+        .map(|p| -> anyhow::Result<String> {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("reading --admin-token-file {}", p.display()))?;
+            let t = t.trim().to_string();
+            if t.len() < 16 {
+                bail!(
+                    "--admin-token-file {}: the token must be at least 16 characters",
+                    p.display()
+                );
+            }
+            Ok(t)
+        })
+        .transpose()?;
+    // The checkpoint and graph are checked before the port is taken, so a
+    // mistyped path fails at once instead of as a server that never gets ready.
+    for (flag, path) in a.model.inputs() {
+        if !path.exists() {
+            bail!("{flag} {}: no such file or directory", path.display());
+        }
+    }
+    let (checkpoint, data) = (a.model.checkpoint.clone(), a.model.data.clone());
+    let inference = a.inference.into();
+    let load = Arc::new(move || -> Result<Engine, ServeError> {
+        let (trained, skipped) = serving::Trained::open(&checkpoint, &data)?;
+        for s in skipped {
+            warnln!("skipped checkpoint: {s}");
+        }
+        let mut last = usize::MAX;
+        Engine::new(trained, inference, 4096, |layer, _, _| {
+            if layer != last {
+                warnln!("exact inference: layer {} over every node", layer + 1);
+                last = layer;
+            }
+        })
+    });
+    let config = ServerConfig {
+        listen: a.listen,
+        limits: Limits {
+            max_body_bytes: a.max_body_bytes,
+            max_ids: a.max_ids,
+            timeout: Duration::from_millis(a.timeout_ms),
+            max_rps: a.max_rps,
+            batch: BatchLimits {
+                max_wait: Duration::from_secs_f64(a.batch_wait_ms / 1e3),
+                max_nodes: a.batch_nodes,
+                queue: a.queue,
+            },
+        },
+        admin_token,
+        load,
+        log: Arc::new(|m: &str| warnln!("serve: {m}")),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("serve-http")
+        .build()
+        .context("starting the HTTP runtime")?;
+    let addr = runtime.block_on(serving::server::run(config))?;
+    warnln!("serve: stopped ({addr})");
+    Ok(())
+}

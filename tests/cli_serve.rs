@@ -1,0 +1,622 @@
+//! `hetgnn serve` end to end: answers equal to offline `predict` and `embed`,
+//! hostile requests refused, reloads without a dropped request, and a drain
+//! on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use graphs::npy::{DType, NpyFile};
+use serde_json::{json, Value};
+
+use crate::util::hetgnn;
+
+/// A running `hetgnn serve`, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `serve` on a free port and waits until it is ready (60 s at most).
+    fn start(dir: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().expect("piped");
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("serve: listening on http://") {
+                    let _ = tx.send(a.to_string());
+                }
+                sink.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("serve did not listen:\n{}", log.lock().unwrap()));
+        let server = Server { child, addr, log };
+        let start = Instant::now();
+        while server.get("/readyz").0 != 200 {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "serve not ready:\n{}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        http(&self.addr, "GET", path, &[], "")
+    }
+
+    /// POSTs JSON; the status and the parsed body.
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (code, text) = http(
+            &self.addr,
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            &body.to_string(),
+        );
+        let v = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{path}: {code} not JSON ({e}): {text}"));
+        (code, v)
+    }
+
+    /// Sends SIGTERM and waits for the exit status (30 s at most).
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request on its own connection; the status and body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP: {out}"));
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+/// A small graph with a trained checkpoint under `ck`.
+fn trained(dir: &Path, extra: &[&str]) {
+    hetgnn(dir, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    let mut args = vec![
+        "train",
+        "--data",
+        "g",
+        "--epochs",
+        "1",
+        "--batch",
+        "256",
+        "--hidden",
+        "16",
+        "--checkpoint",
+        "ck",
+    ];
+    args.extend_from_slice(extra);
+    hetgnn(dir, &args).ok();
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+        })
+        .collect()
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+}
+
+#[test]
+fn served_answers_equal_offline_predict_and_embed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &[]);
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    let predict = |extra: &[&str]| {
+        let mut a = vec!["predict"];
+        a.extend_from_slice(&model);
+        a.extend_from_slice(extra);
+        hetgnn(dir, &a).ok();
+    };
+    // Offline answers, and their independence of the batch size.
+    predict(&["--out", "p.npy", "--embeddings", "e.npy"]);
+    predict(&["--out", "p7.npy", "--batch", "7"]);
+    predict(&[
+        "--out",
+        "px.npy",
+        "--embeddings",
+        "ex.npy",
+        "--inference",
+        "exact",
+    ]);
+    let mut a = vec!["embed"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--out", "emb"]);
+    hetgnn(dir, &a).ok();
+    let classes = |f: &str| {
+        let p = NpyFile::open(&dir.join(f), DType::I64).unwrap();
+        (0..p.len()).map(|i| p.i64_at(i)).collect::<Vec<_>>()
+    };
+    let rows = |f: &str| {
+        NpyFile::open(&dir.join(f), DType::F32)
+            .unwrap()
+            .to_f32_vec()
+    };
+    let (p, p7, px) = (classes("p.npy"), classes("p7.npy"), classes("px.npy"));
+    assert_eq!(p, p7, "sampled predictions depend on --batch");
+    let (e, ex) = (rows("e.npy"), rows("ex.npy"));
+    let width = e.len() / p.len();
+
+    let ids = [5u32, 0, 1000, 5, 77, 1472];
+    let sampled = Server::start(dir, &model);
+    let (code, r) = sampled.post(
+        "/v1/predict",
+        &json!({"ids": ids, "probabilities": true, "embeddings": true}),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["type"], "paper");
+    let got: Vec<i64> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_i64().unwrap())
+        .collect();
+    let want: Vec<i64> = ids.iter().map(|&i| p[i as usize]).collect();
+    assert_eq!(got, want, "served classes differ from predict's");
+    let want_e: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| e[i as usize * width..][..width].to_vec())
+        .collect();
+    assert!(
+        close(&floats(&r["embeddings"]), &want_e),
+        "served embeddings differ from predict's"
+    );
+    for (k, probs) in r["probabilities"].as_array().unwrap().iter().enumerate() {
+        let probs: Vec<f64> = probs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-4);
+        let best = (0..probs.len()).fold(0, |b, i| if probs[i] > probs[b] { i } else { b });
+        assert_eq!(
+            best as i64, want[k],
+            "the most probable class is the prediction"
+        );
+    }
+    // Concurrent requests share batches and get the answers they get alone.
+    let addr = sampled.addr.clone();
+    let handles: Vec<_> = (0..8u32)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let ids: Vec<u32> = (0..20).map(|i| (t * 131 + i * 17) % 1473).collect();
+                let body = json!({"ids": ids}).to_string();
+                let (code, text) = http(
+                    &addr,
+                    "POST",
+                    "/v1/predict",
+                    &[("Content-Type", "application/json")],
+                    &body,
+                );
+                assert_eq!(code, 200, "{text}");
+                let v: Value = serde_json::from_str(&text).unwrap();
+                (
+                    ids,
+                    v["predictions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c.as_i64().unwrap())
+                        .collect::<Vec<_>>(),
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        let (ids, got) = h.join().unwrap();
+        assert_eq!(got, ids.iter().map(|&i| p[i as usize]).collect::<Vec<_>>());
+    }
+    // Sampled inference embeds the target type only, and says how to get the rest.
+    let (code, r) = sampled.post("/v1/embed", &json!({"type": "author", "ids": [0]}));
+    assert_eq!(code, 400);
+    assert!(r["error"].as_str().unwrap().contains("exact"), "{r}");
+    let metrics = sampled.get("/metrics").1;
+    assert!(
+        metrics.contains("hetgnn_serve_requests_total{endpoint=\"/v1/predict\",status=\"200\"} 9"),
+        "{metrics}"
+    );
+    assert!(sampled.stop().success(), "SIGTERM ends serve with 0");
+
+    let exact = Server::start(dir, &[&model[..], &["--inference", "exact"]].concat());
+    let (code, r) = exact.post("/v1/predict", &json!({"ids": ids, "embeddings": true}));
+    assert_eq!(code, 200, "{r}");
+    let got: Vec<i64> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        ids.iter().map(|&i| px[i as usize]).collect::<Vec<_>>(),
+        "exact classes differ from predict --inference exact"
+    );
+    let want_e: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| ex[i as usize * width..][..width].to_vec())
+        .collect();
+    assert!(close(&floats(&r["embeddings"]), &want_e));
+    let authors = rows("emb/author.npy");
+    let aw = NpyFile::open(&dir.join("emb/author.npy"), DType::F32)
+        .unwrap()
+        .shape()[1] as usize;
+    let (code, r) = exact.post("/v1/embed", &json!({"type": "author", "ids": [3, 0, 3]}));
+    assert_eq!(code, 200, "{r}");
+    let want_a: Vec<f32> = [3usize, 0, 3]
+        .iter()
+        .flat_map(|&i| authors[i * aw..][..aw].to_vec())
+        .collect();
+    assert!(
+        close(&floats(&r["embeddings"]), &want_a),
+        "served embeddings differ from embed's"
+    );
+    assert!(exact.stop().success());
+}
+
+#[test]
+fn sampled_inference_over_whole_neighbourhoods_is_exact_inference() {
+    // With fanouts above every degree, sampling draws every neighbour: the two
+    // inferences (two code paths) must agree.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &["--fanouts", "100000,100000"]);
+    for (out, emb, how) in [("s.npy", "se.npy", "sampled"), ("x.npy", "xe.npy", "exact")] {
+        hetgnn(
+            dir,
+            &[
+                "predict",
+                "--checkpoint",
+                "ck",
+                "--data",
+                "g",
+                "--out",
+                out,
+                "--embeddings",
+                emb,
+                "--inference",
+                how,
+            ],
+        )
+        .ok();
+    }
+    let c = |f: &str| {
+        let p = NpyFile::open(&dir.join(f), DType::I64).unwrap();
+        (0..p.len()).map(|i| p.i64_at(i)).collect::<Vec<_>>()
+    };
+    let r = |f: &str| {
+        NpyFile::open(&dir.join(f), DType::F32)
+            .unwrap()
+            .to_f32_vec()
+    };
+    assert!(close(&r("se.npy"), &r("xe.npy")), "embeddings differ");
+    let (s, x) = (c("s.npy"), c("x.npy"));
+    let same = s.iter().zip(&x).filter(|(a, b)| a == b).count();
+    // Near-ties may flip in the last bit of a sum's order; nearly all must agree.
+    assert!(
+        same * 1000 >= s.len() * 999,
+        "{same} of {} classes agree",
+        s.len()
+    );
+}
+
+#[test]
+fn serve_refuses_hostile_requests_and_keeps_answering() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &[]);
+    std::fs::write(dir.join("token"), "s3cret-token-of-enough-length\n").unwrap();
+    let s = Server::start(
+        dir,
+        &[
+            "--checkpoint",
+            "ck",
+            "--data",
+            "g",
+            "--max-ids",
+            "100",
+            "--max-body-bytes",
+            "20000",
+            "--admin-token-file",
+            "token",
+        ],
+    );
+    let json_h = [("Content-Type", "application/json")];
+    // (method, path, headers, body, status, what the error says)
+    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, String, u16, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"ids\": [1,".into(),
+            400,
+            "malformed",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"ids\": [1], \"colour\": 1}".into(),
+            400,
+            "unknown field",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"ids\": [1.5]}".into(),
+            400,
+            "malformed",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"ids\": []}".into(),
+            400,
+            "empty",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            vec![],
+            "{\"ids\": [1]}".into(),
+            415,
+            "Content-Type",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            json!({"ids": (0..101).collect::<Vec<_>>()}).to_string(),
+            413,
+            "at most 100",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            format!("{{\"ids\": [{}]}}", vec!["1"; 20000].join(",")),
+            413,
+            "larger",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"ids\": [1, 99999, -3, \"x\"]}".into(),
+            404,
+            "3 id(s)",
+        ),
+        (
+            "POST",
+            "/v1/predict",
+            json_h.to_vec(),
+            "{\"type\": \"author\", \"ids\": [1]}".into(),
+            400,
+            "classifies nodes of type 'paper' only",
+        ),
+        (
+            "POST",
+            "/v1/embed",
+            json_h.to_vec(),
+            "{\"type\": \"\\u001b[31mx\", \"ids\": [1]}".into(),
+            400,
+            "unknown node type",
+        ),
+        (
+            "GET",
+            "/v1/nothing",
+            vec![],
+            String::new(),
+            404,
+            "no such endpoint",
+        ),
+        (
+            "POST",
+            "/admin/reload",
+            vec![],
+            String::new(),
+            401,
+            "Bearer",
+        ),
+        (
+            "POST",
+            "/admin/reload",
+            vec![("Authorization", "Bearer wrong")],
+            String::new(),
+            401,
+            "Bearer",
+        ),
+    ];
+    for (method, path, headers, body, code, needle) in &cases {
+        let (got, text) = http(&s.addr, method, path, headers, body);
+        assert_eq!(got, *code, "{method} {path} {body:.80}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let msg = v["error"].as_str().unwrap();
+        assert!(
+            msg.contains(needle),
+            "{path}: {msg:?} should mention {needle:?}"
+        );
+        assert!(
+            !msg.contains('\u{1b}'),
+            "escape sequences are not echoed raw: {msg:?}"
+        );
+    }
+    let (code, _) = http(&s.addr, "GET", "/v1/predict", &[], "");
+    assert_eq!(code, 405);
+    // After all that, a good request is answered.
+    let (code, r) = s.post("/v1/predict", &json!({"ids": [1, 2]}));
+    assert_eq!(code, 200, "{r}");
+    // A reload with the token: a newer checkpoint is picked up.
+    hetgnn(
+        dir,
+        &[
+            "train",
+            "--data",
+            "g",
+            "--epochs",
+            "2",
+            "--batch",
+            "256",
+            "--hidden",
+            "16",
+            "--checkpoint",
+            "ck",
+            "--resume",
+        ],
+    )
+    .ok();
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/admin/reload",
+        &[("Authorization", "Bearer s3cret-token-of-enough-length")],
+        "",
+    );
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["epochs"], 2, "{v}");
+    let (_, info) = s.get("/v1/model");
+    assert!(info.contains("\"epochs\":2"), "{info}");
+    assert!(s.stop().success());
+}
+
+#[test]
+fn serve_refuses_bad_options_before_listening() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    hetgnn(dir, &["serve", "--checkpoint", "nowhere", "--data", "g"])
+        .fails_with(1, &["--checkpoint nowhere", "no such file"]);
+    std::fs::write(dir.join("short"), "abc").unwrap();
+    std::fs::create_dir(dir.join("ck")).unwrap();
+    hetgnn(
+        dir,
+        &[
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "ck",
+            "--admin-token-file",
+            "short",
+        ],
+    )
+    .fails_with(1, &["at least 16 characters"]);
+    hetgnn(
+        dir,
+        &[
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "ck",
+            "--max-ids",
+            "0",
+        ],
+    )
+    .fails_with(1, &["--max-ids must be at least 1"]);
+    // A checkpoint that cannot be loaded ends serve with its error (not a server that never gets ready).
+    hetgnn(dir, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(
+        dir,
+        &[
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "g",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .fails_with(1, &["ck"]);
+}
