@@ -27,7 +27,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
     inference: InferenceArg,
     /// The longest a request waits for others to share its inference batch, in ms.
-    #[arg(long, default_value_t = 2.0)]
+    /// At 0, a batch is whatever queued while the previous one ran (the lowest
+    /// latency, and under load the same batches).
+    #[arg(long, default_value_t = 0.0)]
     batch_wait_ms: f64,
     /// Nodes after which a batch runs without waiting longer.
     #[arg(long, default_value_t = 4096)]

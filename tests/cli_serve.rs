@@ -410,7 +410,14 @@ fn serve_refuses_hostile_requests_and_keeps_answering() {
     );
     let json_h = [("Content-Type", "application/json")];
     // (method, path, headers, body, status, what the error says)
-    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, String, u16, &'a str);
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        String,
+        u16,
+        &'a str,
+    );
     let cases: Vec<Case> = vec![
         (
             "POST",

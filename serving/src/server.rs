@@ -63,7 +63,7 @@ impl Default for Limits {
             timeout: Duration::from_secs(10),
             max_rps: 0,
             batch: BatchLimits {
-                max_wait: Duration::from_millis(2),
+                max_wait: Duration::ZERO,
                 max_nodes: 4096,
                 queue: 1024,
             },

@@ -1,0 +1,449 @@
+//! `hetgnn serve` under load: latency of one-node and 100-node requests at a
+//! fixed request rate (open loop: each request is sent at its scheduled time
+//! whatever the server's pace, and its latency counts from that time, so a
+//! slow server cannot hide its queue), and throughput with batching against
+//! the same server with batching off (`--batch-nodes 1`), in the same run.
+//!
+//! `cargo run --release -p bench --bin serve -- [--scale 1 --seconds 20]`
+//! makes a 2-layer R-GCN checkpoint with fanouts 10,10 on mag-like S (the
+//! parameters are initialised, not trained: the work of a request does not
+//! depend on their values), starts `target/release/hetgnn serve`, prints a
+//! table and writes bench/results/serve.json.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// mag-like scale of the graph.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Seconds of each measured phase.
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// Requests per second of the open-loop phases.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Requests per second of the 100-node phase.
+    #[arg(long, default_value_t = 10.0)]
+    rate_100: f64,
+    /// Clients of the closed-loop throughput phase (each sends one-node requests back to back).
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// The batching server's `--batch-wait-ms`.
+    #[arg(long, default_value_t = 0.0)]
+    batch_wait_ms: f64,
+    /// The hetgnn binary (default: target/release/hetgnn).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+    /// The JSON report.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/serve.json"))]
+    out: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let bin = bench::hetgnn_bin(a.bin.clone())?;
+    let data = bench::mag_like(a.scale, 0)?;
+    let ck = checkpoint(&data, a.scale)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut phases = Vec::new();
+    // Phase 1-3 against the batching server, phase 4 against the one without.
+    for (batching, label) in [(true, "batching"), (false, "no batching")] {
+        let mut server = Server::start(&bin, &data, &ck, batching.then_some(a.batch_wait_ms))?;
+        let targets = rt.block_on(target_count(&server.addr))?;
+        let result = rt.block_on(async {
+            let mut out = Vec::new();
+            // Warm-up: page the graph in, so the first phase is not a cold start.
+            open_loop(&server.addr, targets, 1, a.rate, 3.0, 7).await?;
+            if batching {
+                out.push((
+                    "1 node, open loop".to_string(),
+                    open_loop(&server.addr, targets, 1, a.rate, a.seconds, 1).await?,
+                ));
+                out.push((
+                    "100 nodes, open loop".to_string(),
+                    open_loop(&server.addr, targets, 100, a.rate_100, a.seconds, 2).await?,
+                ));
+            }
+            out.push((
+                format!("1 node, {} clients, {label}", a.clients),
+                closed_loop(&server.addr, targets, a.clients, a.seconds, 3).await?,
+            ));
+            anyhow::Ok(out)
+        });
+        server.stop();
+        phases.extend(result?);
+    }
+    println!("\nserve on mag-like S={} (2-layer R-GCN, fanouts 10,10, sampled inference), {} s per phase", a.scale, a.seconds);
+    println!("| phase | requests/s offered | answered/s | nodes/s | p50 ms | p90 ms | p99 ms | max ms | errors |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (name, p) in &phases {
+        println!(
+            "| {name} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+            p.offered
+                .map_or("closed loop".into(), |r| format!("{r:.0}")),
+            p.answered_per_s,
+            p.nodes_per_s,
+            p.p50_ms,
+            p.p90_ms,
+            p.p99_ms,
+            p.max_ms,
+            p.errors
+        );
+    }
+    let through = |label: &str| {
+        phases
+            .iter()
+            .find(|(n, _)| n.ends_with(label))
+            .map_or(0.0, |(_, p)| p.nodes_per_s)
+    };
+    let ratio = through(", batching") / through("no batching").max(1e-9);
+    println!("batching: {ratio:.2}x the nodes/s of the same server without it");
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let report = json!({
+        "benchmark": "serve",
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --rate-100 {} --clients {} --batch-wait-ms {}", a.scale, a.seconds, a.rate, a.rate_100, a.clients, a.batch_wait_ms),
+        "commit": commit,
+        "graph": format!("mag-like S={}", a.scale),
+        "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",
+        "phases": phases.iter().map(|(n, p)| json!({"phase": n, "offered_rps": p.offered, "answered_per_s": p.answered_per_s, "nodes_per_s": p.nodes_per_s, "p50_ms": p.p50_ms, "p90_ms": p.p90_ms, "p99_ms": p.p99_ms, "max_ms": p.max_ms, "errors": p.errors, "requests": p.requests})).collect::<Vec<_>>(),
+        "batching_over_none": ratio,
+        "batch_wait_ms": a.batch_wait_ms,
+    });
+    std::fs::write(&a.out, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
+
+/// A checkpoint of a 2-layer R-GCN (fanouts 10,10) on the graph, made once.
+fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
+    let root = bench::data_root().join(format!("serve-ck-s{scale}"));
+    if root.join("epoch-000000").exists() {
+        return Ok(root);
+    }
+    let mut t = actors::TrainingConfig::default();
+    t.fanouts = vec![10, 10];
+    let spec = t.model_spec();
+    let g = graphs::load(
+        data,
+        &graphs::LoadOptions {
+            mmap_features: true,
+            reverse_edges: t.reverse_edges,
+        },
+    )?;
+    let model = models::Model::new(
+        &spec,
+        &g,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
+    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(t.lr));
+    models::checkpoint::save(
+        &root,
+        &model,
+        &adam,
+        &models::checkpoint::RunInfo {
+            graph: g.name().to_string(),
+            reverse_edges: t.reverse_edges,
+            fanouts: t.fanouts.clone(),
+            epochs_done: 0,
+            steps: 0,
+            run: "bench serve".into(),
+        },
+        1,
+    )?;
+    Ok(root)
+}
+
+/// A `hetgnn serve` child, stopped with SIGTERM.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(
+        bin: &Path,
+        data: &Path,
+        ck: &Path,
+        batch_wait_ms: Option<f64>,
+    ) -> anyhow::Result<Server> {
+        let port = bench::free_ports(1)?[0];
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            &addr,
+            "--queue",
+            "100000",
+            "--max-rps",
+            "0",
+        ])
+        .arg("--checkpoint")
+        .arg(ck)
+        .arg("--data")
+        .arg(data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        match batch_wait_ms {
+            Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
+            None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
+        };
+        let child = cmd.spawn().context("starting hetgnn serve")?;
+        let server = Server { child, addr };
+        let start = Instant::now();
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(&server.addr) {
+                use std::io::{Read, Write};
+                let _ =
+                    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                if out.starts_with("HTTP/1.1 200") {
+                    return Ok(server);
+                }
+            }
+            if start.elapsed() > Duration::from_secs(300) {
+                bail!("serve did not get ready in 300 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Figures of one phase.
+struct Phase {
+    offered: Option<f64>,
+    requests: usize,
+    answered_per_s: f64,
+    nodes_per_s: f64,
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    errors: u64,
+}
+
+fn phase(
+    offered: Option<f64>,
+    mut lat: Vec<f64>,
+    nodes: usize,
+    elapsed: f64,
+    errors: u64,
+) -> Phase {
+    lat.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        if lat.is_empty() {
+            f64::NAN
+        } else {
+            lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1]
+        }
+    };
+    Phase {
+        offered,
+        requests: lat.len(),
+        answered_per_s: lat.len() as f64 / elapsed,
+        nodes_per_s: (lat.len() * nodes) as f64 / elapsed,
+        p50_ms: q(0.5),
+        p90_ms: q(0.9),
+        p99_ms: q(0.99),
+        max_ms: lat.last().copied().unwrap_or(f64::NAN),
+        errors,
+    }
+}
+
+/// A pool of kept-alive connections to the server.
+#[derive(Clone)]
+struct Pool {
+    addr: String,
+    idle: Arc<Mutex<Vec<SendRequest<Full<Bytes>>>>>,
+}
+
+impl Pool {
+    fn new(addr: &str) -> Pool {
+        Pool {
+            addr: addr.to_string(),
+            idle: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// POSTs `body` to `path`; the status.
+    async fn post(&self, path: &str, body: String) -> anyhow::Result<u16> {
+        let idle = self
+            .idle
+            .lock()
+            .map_err(|_| anyhow::anyhow!("pool poisoned"))?
+            .pop();
+        let mut conn = match idle {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let stream = tokio::net::TcpStream::connect(&self.addr).await?;
+                stream.set_nodelay(true)?;
+                let (sender, conn) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
+        let req = hyper::Request::post(path)
+            .header(hyper::header::HOST, &self.addr)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))?;
+        conn.ready().await?;
+        let resp = conn.send_request(req).await?;
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await?;
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(conn);
+        }
+        Ok(status)
+    }
+}
+
+/// The number of target nodes the model classifies.
+async fn target_count(addr: &str) -> anyhow::Result<u32> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET /v1/model HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(body).context("GET /v1/model")?;
+    let target = v["target"].as_str().unwrap_or_default();
+    v["types"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == target))
+        .and_then(|t| t["nodes"].as_u64())
+        .map(|n| n as u32)
+        .context("the target type's node count")
+}
+
+/// A request body for `nodes` target nodes drawn by `rng`.
+fn body(rng: &AtomicU64, targets: u32, nodes: usize) -> String {
+    let ids: Vec<u32> = (0..nodes)
+        .map(|_| {
+            // splitmix64: a fixed, reproducible request mix.
+            let mut z = rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % u64::from(targets)) as u32
+        })
+        .collect();
+    json!({ "ids": ids }).to_string()
+}
+
+/// Sends `rate` requests per second of `nodes` nodes for `seconds`, each at its
+/// scheduled time; latency counts from that time.
+async fn open_loop(
+    addr: &str,
+    targets: u32,
+    nodes: usize,
+    rate: f64,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Phase> {
+    let pool = Pool::new(addr);
+    let rng = Arc::new(AtomicU64::new(seed));
+    let total = (rate * seconds).round() as usize;
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let at = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(at).await;
+        let (pool, body) = (pool.clone(), body(&rng, targets, nodes));
+        tasks.push(tokio::spawn(async move {
+            let ok = matches!(pool.post("/v1/predict", body).await, Ok(200));
+            (ok, at.elapsed().as_secs_f64() * 1e3)
+        }));
+    }
+    let (mut lat, mut errors) = (Vec::with_capacity(total), 0);
+    for t in tasks {
+        match t.await {
+            Ok((true, ms)) => lat.push(ms),
+            _ => errors += 1,
+        }
+    }
+    Ok(phase(
+        Some(rate),
+        lat,
+        nodes,
+        start.elapsed().as_secs_f64(),
+        errors,
+    ))
+}
+
+/// `clients` clients each sending one-node requests back to back for `seconds`.
+async fn closed_loop(
+    addr: &str,
+    targets: u32,
+    clients: usize,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Phase> {
+    let rng = Arc::new(AtomicU64::new(seed));
+    let start = tokio::time::Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (pool, rng) = (Pool::new(addr), Arc::clone(&rng));
+            tokio::spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0u64);
+                while tokio::time::Instant::now() < end {
+                    let sent = tokio::time::Instant::now();
+                    match pool.post("/v1/predict", body(&rng, targets, 1)).await {
+                        Ok(200) => lat.push(sent.elapsed().as_secs_f64() * 1e3),
+                        _ => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let (mut lat, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        let (l, e) = t.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    Ok(phase(None, lat, 1, start.elapsed().as_secs_f64(), errors))
+}
