@@ -142,8 +142,10 @@ fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
     if root.join("epoch-000000").exists() {
         return Ok(root);
     }
-    let mut t = actors::TrainingConfig::default();
-    t.fanouts = vec![10, 10];
+    let t = actors::TrainingConfig {
+        fanouts: vec![10, 10],
+        ..Default::default()
+    };
     let spec = t.model_spec();
     let g = graphs::load(
         data,
