@@ -406,6 +406,8 @@ fn serve_refuses_hostile_requests_and_keeps_answering() {
             "20000",
             "--admin-token-file",
             "token",
+            "--timeout-ms",
+            "2000",
         ],
     );
     let json_h = [("Content-Type", "application/json")];
@@ -574,7 +576,18 @@ fn serve_refuses_hostile_requests_and_keeps_answering() {
     assert_eq!(v["epochs"], 2, "{v}");
     let (_, info) = s.get("/v1/model");
     assert!(info.contains("\"epochs\":2"), "{info}");
+    // A client that never finishes its request does not hold SIGTERM up
+    // beyond the request timeout (stop() allows 30 s).
+    let mut slow = TcpStream::connect(&s.addr).unwrap();
+    slow.write_all(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")
+        .unwrap();
+    let stopping = Instant::now();
     assert!(s.stop().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "drained in {:?}",
+        stopping.elapsed()
+    );
 }
 
 #[test]

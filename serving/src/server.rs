@@ -8,7 +8,8 @@
 //! - `POST /admin/reload` (with the admin token) or `SIGHUP`: load the
 //!   checkpoint again (the newest under a root); requests keep being answered
 //!   by the old model until the new one is ready, and none is dropped.
-//! - `SIGTERM` or `SIGINT`: stop accepting, answer what is in flight, exit.
+//! - `SIGTERM` or `SIGINT`: stop accepting, answer what is in flight (for at
+//!   most the request timeout and a second), exit.
 //!
 //! Every request is bounded: its body size, its ids, its time, and the
 //! requests queued and admitted per second; beyond a bound it is refused with
@@ -191,10 +192,24 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
             (shared.log)("draining: answering the requests in flight, accepting no more");
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| ServeError::Inference(format!("the server failed: {e}")))?;
+    // A drain waits for requests in flight, but not forever: a client that
+    // never finishes its request would hold the process up.
+    let drain = shared.limits.timeout + Duration::from_secs(1);
+    let mut drain_started = stop_rx.clone();
+    let deadline = async move {
+        let _ = drain_started.changed().await;
+        tokio::time::sleep(drain).await;
+    };
+    let server = std::future::IntoFuture::into_future(
+        axum::serve(listener, app).with_graceful_shutdown(shutdown),
+    );
+    tokio::select! {
+        r = server => r.map_err(|e| ServeError::Inference(format!("the server failed: {e}")))?,
+        _ = deadline => (shared.log)(&format!(
+            "drain: connections still open after {} ms closed",
+            drain.as_millis()
+        )),
+    }
     let failure = stop_rx.borrow().clone();
     match failure {
         Some(e) if !e.is_empty() => Err(ServeError::Load(e)),

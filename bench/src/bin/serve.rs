@@ -37,6 +37,9 @@ struct Args {
     /// Requests per second of the open-loop phases.
     #[arg(long, default_value_t = 100.0)]
     rate: f64,
+    /// A second, lower rate of one-node requests (one a Python server keeps up with).
+    #[arg(long, default_value_t = 20.0)]
+    low_rate: f64,
     /// Requests per second of the 100-node phase.
     #[arg(long, default_value_t = 10.0)]
     rate_100: f64,
@@ -46,6 +49,15 @@ struct Args {
     /// The batching server's `--batch-wait-ms`.
     #[arg(long, default_value_t = 0.0)]
     batch_wait_ms: f64,
+    /// Slow clients held open (a partial request each) during a last one-node
+    /// phase against the batching server.
+    #[arg(long, default_value_t = 10_000)]
+    idle_connections: usize,
+    /// A Python with DGL 2.1 (see bench/baselines/dgl_rgcn.py): also measure
+    /// bench/baselines/dgl_serve.py, a DGL server with the same weights, on the
+    /// same open-loop phases.
+    #[arg(long)]
+    dgl: Option<PathBuf>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -63,10 +75,13 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let mut phases = Vec::new();
+    let mut target_nodes = 0;
+    let mut idle = None;
     // Phase 1-3 against the batching server, phase 4 against the one without.
     for (batching, label) in [(true, "batching"), (false, "no batching")] {
         let mut server = Server::start(&bin, &data, &ck, batching.then_some(a.batch_wait_ms))?;
         let targets = rt.block_on(target_count(&server.addr))?;
+        target_nodes = targets;
         let result = rt.block_on(async {
             let mut out = Vec::new();
             // Warm-up: page the graph in, so the first phase is not a cold start.
@@ -77,6 +92,10 @@ fn main() -> anyhow::Result<()> {
                     open_loop(&server.addr, targets, 1, a.rate, a.seconds, 1).await?,
                 ));
                 out.push((
+                    "1 node, open loop, low rate".to_string(),
+                    open_loop(&server.addr, targets, 1, a.low_rate, a.seconds, 4).await?,
+                ));
+                out.push((
                     "100 nodes, open loop".to_string(),
                     open_loop(&server.addr, targets, 100, a.rate_100, a.seconds, 2).await?,
                 ));
@@ -85,9 +104,54 @@ fn main() -> anyhow::Result<()> {
                 format!("1 node, {} clients, {label}", a.clients),
                 closed_loop(&server.addr, targets, a.clients, a.seconds, 3).await?,
             ));
+            if batching && a.idle_connections > 0 {
+                let before = rss_mib(server.child.id());
+                let held = hold_connections(&server.addr, a.idle_connections).await?;
+                let during = rss_mib(server.child.id());
+                out.push((
+                    format!("1 node, open loop, {} slow clients held", held.len()),
+                    open_loop(&server.addr, targets, 1, a.rate, a.seconds, 5).await?,
+                ));
+                eprintln!("server memory: {before:.0} MiB before the slow clients, {during:.0} MiB with them");
+                idle = Some((held.len(), before, during));
+            }
             anyhow::Ok(out)
         });
         server.stop();
+        phases.extend(result?);
+    }
+    if let Some(python) = &a.dgl {
+        let port = bench::free_ports(1)?[0];
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/dgl_serve.py");
+        let mut cmd = Command::new(python);
+        cmd.arg(script)
+            .arg("--data")
+            .arg(&data)
+            .arg("--checkpoint")
+            .arg(ck.join("epoch-000000"))
+            .args(["--fanouts", "10,10", "--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let mut peer = Server::spawn(cmd, format!("127.0.0.1:{port}"))?;
+        let targets = target_nodes;
+        let result = rt.block_on(async {
+            open_loop(&peer.addr, targets, 1, a.low_rate, 3.0, 7).await?;
+            anyhow::Ok(vec![
+                (
+                    "DGL: 1 node, open loop".to_string(),
+                    open_loop(&peer.addr, targets, 1, a.rate, a.seconds, 1).await?,
+                ),
+                (
+                    "DGL: 1 node, open loop, low rate".to_string(),
+                    open_loop(&peer.addr, targets, 1, a.low_rate, a.seconds, 4).await?,
+                ),
+                (
+                    "DGL: 100 nodes, open loop".to_string(),
+                    open_loop(&peer.addr, targets, 100, a.rate_100, a.seconds, 2).await?,
+                ),
+            ])
+        });
+        peer.stop();
         phases.extend(result?);
     }
     println!("\nserve on mag-like S={} (2-layer R-GCN, fanouts 10,10, sampled inference), {} s per phase", a.scale, a.seconds);
@@ -115,6 +179,23 @@ fn main() -> anyhow::Result<()> {
     };
     let ratio = through(", batching") / through("no batching").max(1e-9);
     println!("batching: {ratio:.2}x the nodes/s of the same server without it");
+    let p99 = |name: &str| {
+        phases
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.p99_ms)
+    };
+    let mut against_dgl = serde_json::Map::new();
+    for shape in [
+        "1 node, open loop",
+        "1 node, open loop, low rate",
+        "100 nodes, open loop",
+    ] {
+        if let (Some(ours), Some(theirs)) = (p99(shape), p99(&format!("DGL: {shape}"))) {
+            println!("{shape}: p99 {:.3}x DGL's", ours / theirs);
+            against_dgl.insert(shape.to_string(), json!(ours / theirs));
+        }
+    }
     let commit = Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -122,12 +203,14 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let report = json!({
         "benchmark": "serve",
-        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --rate-100 {} --clients {} --batch-wait-ms {}", a.scale, a.seconds, a.rate, a.rate_100, a.clients, a.batch_wait_ms),
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }),
         "commit": commit,
         "graph": format!("mag-like S={}", a.scale),
         "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",
         "phases": phases.iter().map(|(n, p)| json!({"phase": n, "offered_rps": p.offered, "answered_per_s": p.answered_per_s, "nodes_per_s": p.nodes_per_s, "p50_ms": p.p50_ms, "p90_ms": p.p90_ms, "p99_ms": p.p99_ms, "max_ms": p.max_ms, "errors": p.errors, "requests": p.requests})).collect::<Vec<_>>(),
         "batching_over_none": ratio,
+        "p99_over_dgl": against_dgl,
+        "slow_clients": idle.map(|(n, before, during)| json!({"connections": n, "server_rss_mib_before": before, "server_rss_mib_with": during})),
         "batch_wait_ms": a.batch_wait_ms,
     });
     std::fs::write(&a.out, serde_json::to_string_pretty(&report)? + "\n")
@@ -213,8 +296,13 @@ impl Server {
             Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
             None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
         };
-        let child = cmd.spawn().context("starting hetgnn serve")?;
-        let server = Server { child, addr };
+        Server::spawn(cmd, addr)
+    }
+
+    /// Starts `cmd`, a server at `addr`, and waits until `/readyz` answers 200.
+    fn spawn(mut cmd: Command, addr: String) -> anyhow::Result<Server> {
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let mut server = Server { child, addr };
         let start = Instant::now();
         loop {
             if let Ok(mut s) = std::net::TcpStream::connect(&server.addr) {
@@ -228,7 +316,10 @@ impl Server {
                 }
             }
             if start.elapsed() > Duration::from_secs(300) {
-                bail!("serve did not get ready in 300 s");
+                bail!("{} did not get ready in 300 s", server.addr);
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                bail!("the server at {} exited: {status}", server.addr);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -360,6 +451,56 @@ async fn target_count(addr: &str) -> anyhow::Result<u32> {
         .context("the target type's node count")
 }
 
+/// Opens `n` connections that each send the start of a request and stall
+/// (slow clients); they stay open while the returned streams live.
+async fn hold_connections(addr: &str, n: usize) -> anyhow::Result<Vec<tokio::net::TcpStream>> {
+    use tokio::io::AsyncWriteExt;
+    raise_fd_limit(n + 1024);
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(mut s) => {
+                s.write_all(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")
+                    .await?;
+                held.push(s);
+            }
+            // Out of file descriptors or ports: hold what was opened.
+            Err(e) => {
+                eprintln!("held {} slow connections, then: {e}", held.len());
+                break;
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// Raises this process's soft limit on open files to at least `want` (up to the hard limit).
+fn raise_fd_limit(want: usize) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && (r.rlim_cur as usize) < want {
+            r.rlim_cur = (want as libc::rlim_t).min(r.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// Resident memory of process `pid` in MiB (0 when unknown).
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 /// A request body for `nodes` target nodes drawn by `rng`.
 fn body(rng: &AtomicU64, targets: u32, nodes: usize) -> String {
     let ids: Vec<u32> = (0..nodes)
@@ -394,16 +535,31 @@ async fn open_loop(
         tokio::time::sleep_until(at).await;
         let (pool, body) = (pool.clone(), body(&rng, targets, nodes));
         tasks.push(tokio::spawn(async move {
-            let ok = matches!(pool.post("/v1/predict", body).await, Ok(200));
-            (ok, at.elapsed().as_secs_f64() * 1e3)
+            let result = pool.post("/v1/predict", body).await;
+            let ms = at.elapsed().as_secs_f64() * 1e3;
+            match result {
+                Ok(200) => (None, ms),
+                Ok(code) => (Some(format!("status {code}")), ms),
+                Err(e) => (Some(format!("{e:#}")), ms),
+            }
         }));
     }
-    let (mut lat, mut errors) = (Vec::with_capacity(total), 0);
+    let (mut lat, mut errors, mut first) = (Vec::with_capacity(total), 0, None);
     for t in tasks {
         match t.await {
-            Ok((true, ms)) => lat.push(ms),
-            _ => errors += 1,
+            Ok((None, ms)) => lat.push(ms),
+            Ok((Some(e), _)) => {
+                errors += 1;
+                first.get_or_insert(e);
+            }
+            Err(e) => {
+                errors += 1;
+                first.get_or_insert(e.to_string());
+            }
         }
+    }
+    if let Some(e) = first {
+        eprintln!("{addr}: {errors} failed requests, the first: {e}");
     }
     Ok(phase(
         Some(rate),
