@@ -640,3 +640,46 @@ fn serve_refuses_bad_options_before_listening() {
     )
     .fails_with(1, &["ck"]);
 }
+
+#[test]
+fn served_answers_equal_predict_for_every_relational_model() {
+    for kind in ["rgat", "hgt"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        trained(dir, &["--model", kind]);
+        let model = ["--checkpoint", "ck", "--data", "g"];
+        for (how, out, emb) in [("sampled", "p.npy", "e.npy"), ("exact", "px.npy", "ex.npy")] {
+            let mut a = vec!["predict"];
+            a.extend_from_slice(&model);
+            a.extend_from_slice(&["--out", out, "--embeddings", emb, "--inference", how]);
+            hetgnn(dir, &a).ok();
+        }
+        let ids = [3u32, 900, 3, 41];
+        for (how, out, emb) in [("sampled", "p.npy", "e.npy"), ("exact", "px.npy", "ex.npy")] {
+            let p = NpyFile::open(&dir.join(out), DType::I64).unwrap();
+            let e = NpyFile::open(&dir.join(emb), DType::F32).unwrap();
+            let width = e.shape()[1] as usize;
+            let e = e.to_f32_vec();
+            let s = Server::start(dir, &[&model[..], &["--inference", how]].concat());
+            let (code, r) = s.post("/v1/predict", &json!({"ids": ids, "embeddings": true}));
+            assert_eq!(code, 200, "{kind} {how}: {r}");
+            let got: Vec<i64> = r["predictions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_i64().unwrap())
+                .collect();
+            let want: Vec<i64> = ids.iter().map(|&i| p.i64_at(i as usize)).collect();
+            assert_eq!(got, want, "{kind} {how}: classes differ from predict's");
+            let want_e: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| e[i as usize * width..][..width].to_vec())
+                .collect();
+            assert!(
+                close(&floats(&r["embeddings"]), &want_e),
+                "{kind} {how}: embeddings differ from predict's"
+            );
+            assert!(s.stop().success());
+        }
+    }
+}
