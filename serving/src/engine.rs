@@ -130,11 +130,38 @@ impl Engine {
             ));
         }
         let g = &self.trained.graph;
-        let model = &self.trained.model;
         check_nodes(g, g.target(), nodes)?;
         if nodes.is_empty() {
             return Ok(Classified::default());
         }
+        // Inference runs on distinct nodes (the sampler's seeds must be);
+        // repeats get their node's answer.
+        let mut distinct = nodes.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() == nodes.len() && distinct.as_slice() == nodes {
+            return self.classify_distinct(nodes, want);
+        }
+        let c = self.classify_distinct(&distinct, want)?;
+        let at: Vec<usize> = nodes
+            .iter()
+            .map(|v| distinct.binary_search(v).unwrap_or_default())
+            .collect();
+        let rows = |r: &Rows| Rows {
+            width: r.width,
+            data: at.iter().flat_map(|&i| r.row(i).iter().copied()).collect(),
+        };
+        Ok(Classified {
+            classes: at.iter().map(|&i| c.classes[i]).collect(),
+            probabilities: c.probabilities.as_ref().map(rows),
+            embeddings: c.embeddings.as_ref().map(rows),
+        })
+    }
+
+    /// [`Engine::classify`] of distinct, sorted nodes.
+    fn classify_distinct(&self, nodes: &[u32], want: Want) -> Result<Classified> {
+        let g = &self.trained.graph;
+        let model = &self.trained.model;
         let (logits, emb) = match &self.exact {
             Some(rows) => {
                 let logits = inference::classify_exact(model, g, rows, nodes)?;

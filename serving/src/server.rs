@@ -175,7 +175,7 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
         let shared = Arc::clone(&shared);
         let stop = stop_tx.clone();
         tokio::spawn(async move {
-            if let Err(e) = reload(&shared).await {
+            if let Err(e) = reload(&shared, true).await {
                 let _ = stop.send(Some(e.to_string()));
             }
         });
@@ -237,7 +237,7 @@ fn spawn_signals(
                 _ = hup.recv() => {
                     let shared = Arc::clone(&shared);
                     tokio::spawn(async move {
-                        if let Err(e) = reload(&shared).await {
+                        if let Err(e) = reload(&shared, false).await {
                             (shared.log)(&format!("reload failed, still serving the previous model: {e}"));
                         }
                     });
@@ -251,11 +251,12 @@ fn spawn_signals(
 }
 
 /// Loads the model on a blocking thread and swaps it in. One load at a time.
-async fn reload(shared: &Arc<Shared>) -> Result<Arc<Engine>> {
-    let first = shared.engine.read().map(|e| e.is_none()).unwrap_or(true);
+async fn reload(shared: &Arc<Shared>, first: bool) -> Result<Arc<Engine>> {
+    // The first load holds `reloading` from the start; a reload asked for
+    // meanwhile (or during another reload) is refused.
     if !first && shared.reloading.swap(true, Ordering::SeqCst) {
         return Err(ServeError::Unavailable(
-            "a reload is already in progress".into(),
+            "a load of the model is already in progress".into(),
         ));
     }
     let load = Arc::clone(&shared.load);
@@ -610,7 +611,7 @@ async fn admin_reload(State(s): St, headers: HeaderMap) -> Result<Json<Reloaded>
             "missing or wrong `Authorization: Bearer <token>`".into(),
         ));
     }
-    let engine = reload(&s).await.map_err(|e| match e {
+    let engine = reload(&s, false).await.map_err(|e| match e {
         ServeError::Unavailable(m) => HttpError(StatusCode::CONFLICT, m),
         e => HttpError(
             StatusCode::INTERNAL_SERVER_ERROR,
