@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use graphs::NodeTypeId;
 use tokio::sync::oneshot;
 
-use crate::engine::{Classified, Engine, Rows, Want};
+use crate::engine::{positions, Classified, Engine, Rows, Want};
 use crate::error::{Result, ServeError};
 use crate::metrics::Metrics;
 
@@ -201,25 +201,10 @@ fn merged(ops: impl Iterator<Item = Op>) -> Op {
 
 /// The rows of `nodes` from an answer over the sorted `union`.
 fn pick(answer: &Answer, union: &[u32], nodes: &[u32], op: Op) -> Answer {
-    let at: Vec<usize> = nodes
-        .iter()
-        .map(|v| union.binary_search(v).unwrap_or_default())
-        .collect();
-    let rows = |r: &Rows| Rows {
-        width: r.width,
-        data: at.iter().flat_map(|&i| r.row(i).iter().copied()).collect(),
-    };
+    let at = positions(union, nodes);
     match (answer, op) {
-        (Answer::Classified(c), Op::Classify(want)) => Answer::Classified(Classified {
-            classes: at.iter().map(|&i| c.classes[i]).collect(),
-            probabilities: c
-                .probabilities
-                .as_ref()
-                .filter(|_| want.probabilities)
-                .map(rows),
-            embeddings: c.embeddings.as_ref().filter(|_| want.embeddings).map(rows),
-        }),
-        (Answer::Rows(r), _) => Answer::Rows(rows(r)),
+        (Answer::Classified(c), Op::Classify(want)) => Answer::Classified(c.pick(&at, want)),
+        (Answer::Rows(r), _) => Answer::Rows(r.pick(&at)),
         (Answer::Classified(c), Op::Embed(_)) => Answer::Classified(c.clone()),
     }
 }

@@ -58,6 +58,25 @@ impl Rows {
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.width..(i + 1) * self.width]
     }
+
+    /// Rows `at`, in that order (repeats allowed).
+    pub fn pick(&self, at: &[usize]) -> Rows {
+        Rows {
+            width: self.width,
+            data: at
+                .iter()
+                .flat_map(|&i| self.row(i).iter().copied())
+                .collect(),
+        }
+    }
+}
+
+/// Where each of `nodes` sits in `sorted`, which holds every one of them.
+pub fn positions(sorted: &[u32], nodes: &[u32]) -> Vec<usize> {
+    nodes
+        .iter()
+        .map(|v| sorted.binary_search(v).unwrap_or_default())
+        .collect()
 }
 
 /// A classification of some target nodes, in their order.
@@ -69,6 +88,26 @@ pub struct Classified {
     pub probabilities: Option<Rows>,
     /// The classifier's input embeddings, when asked for.
     pub embeddings: Option<Rows>,
+}
+
+impl Classified {
+    /// The answers of nodes `at`, in that order; probabilities and
+    /// embeddings only where `want` asks for them.
+    pub fn pick(&self, at: &[usize], want: Want) -> Classified {
+        Classified {
+            classes: at.iter().map(|&i| self.classes[i]).collect(),
+            probabilities: self
+                .probabilities
+                .as_ref()
+                .filter(|_| want.probabilities)
+                .map(|r| r.pick(at)),
+            embeddings: self
+                .embeddings
+                .as_ref()
+                .filter(|_| want.embeddings)
+                .map(|r| r.pick(at)),
+        }
+    }
 }
 
 /// A loaded model answering classification and embedding questions.
@@ -143,19 +182,7 @@ impl Engine {
             return self.classify_distinct(nodes, want);
         }
         let c = self.classify_distinct(&distinct, want)?;
-        let at: Vec<usize> = nodes
-            .iter()
-            .map(|v| distinct.binary_search(v).unwrap_or_default())
-            .collect();
-        let rows = |r: &Rows| Rows {
-            width: r.width,
-            data: at.iter().flat_map(|&i| r.row(i).iter().copied()).collect(),
-        };
-        Ok(Classified {
-            classes: at.iter().map(|&i| c.classes[i]).collect(),
-            probabilities: c.probabilities.as_ref().map(rows),
-            embeddings: c.embeddings.as_ref().map(rows),
-        })
+        Ok(c.pick(&positions(&distinct, nodes), want))
     }
 
     /// [`Engine::classify`] of distinct, sorted nodes.
