@@ -49,16 +49,16 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     ))?;
 
     let panel = metrics(r);
-    let y_max = if panel.link {
-        panel
+    let y_max = match panel.fit {
+        Some(cap) => panel
             .series
             .iter()
             .flat_map(|(_, v)| v.iter().map(|&(_, y)| y))
+            .filter(|y| y.is_finite())
             .fold(0.0, f64::max)
             .mul_add(1.1, 1e-3)
-            .min(1.0)
-    } else {
-        1.0
+            .min(cap),
+        None => 1.0,
     };
     let mut chart = ChartBuilder::on(&right)
         .caption(panel.caption, ("sans-serif", 20))
@@ -87,16 +87,19 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The right-hand panel: accuracies, or a link-prediction run's ranking metrics.
+/// The right-hand panel: accuracies, a link-prediction run's ranking
+/// metrics, or a regression run's errors.
 struct Panel {
     caption: &'static str,
-    link: bool,
+    /// The y axis: `None`, 0 to 1; else fitted to the curves, at most this.
+    fit: Option<f64>,
     /// Per curve: its legend and its (epoch, value) points (epochs not evaluated have none).
     series: Vec<(&'static str, Vec<(f64, f64)>)>,
 }
 
 /// What the right-hand panel of `r` shows: for a link-prediction run (whose
-/// accuracies are all 0) its validation and test MRR and test Hits@10.
+/// accuracies are all 0) its validation and test MRR and test Hits@10; for a
+/// regression run its validation and test RMSE and test MAE.
 fn metrics(r: &Report) -> Panel {
     let curve = |get: fn(&actors::EpochReport) -> Option<f64>| {
         r.epochs
@@ -107,7 +110,7 @@ fn metrics(r: &Report) -> Panel {
     if r.epochs.iter().any(|e| e.link.is_some()) {
         return Panel {
             caption: "link prediction",
-            link: true,
+            fit: Some(1.0),
             series: vec![
                 ("valid MRR", curve(|e| e.link.map(|l| l.valid.mrr))),
                 ("test MRR", curve(|e| e.link.map(|l| l.test.mrr))),
@@ -115,9 +118,20 @@ fn metrics(r: &Report) -> Panel {
             ],
         };
     }
+    if r.epochs.iter().any(|e| e.regression.is_some()) {
+        return Panel {
+            caption: "regression error",
+            fit: Some(f64::INFINITY),
+            series: vec![
+                ("valid RMSE", curve(|e| e.regression.map(|v| v.valid.rmse))),
+                ("test RMSE", curve(|e| e.regression.map(|v| v.test.rmse))),
+                ("test MAE", curve(|e| e.regression.map(|v| v.test.mae))),
+            ],
+        };
+    }
     Panel {
         caption: "accuracy",
-        link: false,
+        fit: None,
         series: vec![
             ("train", curve(|e| Some(e.train_acc))),
             ("valid", curve(|e| e.valid_acc)),
@@ -154,7 +168,7 @@ mod tests {
             });
         }
         let p = metrics(&r);
-        assert!(p.link);
+        assert_eq!(p.fit, Some(1.0));
         assert_eq!(
             p.series,
             vec![
@@ -169,7 +183,21 @@ mod tests {
             .for_each(|e| (e.link, e.test_acc) = (None, Some(0.7)));
         r.epochs[0].test_acc = None;
         let p = metrics(&r);
-        assert!(!p.link);
+        assert_eq!(p.fit, None);
         assert_eq!(p.series[2], ("test", vec![(1.0, 0.7)]));
+        // A regression report plots its errors, on an axis not capped at 1.
+        let m = |rmse| actors::task::node::ValueMetrics {
+            rmse,
+            mae: rmse / 2.0,
+            r2: 0.5,
+        };
+        r.epochs[1].regression = Some(actors::task::node::RegressionEpoch {
+            valid: m(3.0),
+            test: m(4.0),
+        });
+        let p = metrics(&r);
+        assert_eq!(p.fit, Some(f64::INFINITY));
+        assert_eq!(p.series[1], ("test RMSE", vec![(1.0, 4.0)]));
+        assert_eq!(p.series[2], ("test MAE", vec![(1.0, 2.0)]));
     }
 }

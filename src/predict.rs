@@ -67,6 +67,7 @@ pub struct PredictArgs {
     /// Output: the predicted class per target node. `.npy`: int64 in node order;
     /// `.csv` or `.parquet`: columns `id` (the original ids of a graph imported
     /// from tables), `class` and, when the classes had names, `class_name`.
+    /// A regression model writes its values instead: float32 `.npy`, or a `value` column.
     #[arg(long)]
     out: PathBuf,
     /// Also write the final-layer input embeddings: `.npy` (float32, [nodes, width]),
@@ -121,7 +122,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     let trained = a.model.load()?;
     let dir = trained.source.dir.clone();
     if trained.source.spec.link.is_some() {
-        bail!("{}: this checkpoint was trained for link prediction and predicts no classes; `hetgnn embed` writes its node embeddings", dir.display());
+        bail!("{}: this checkpoint was trained for link prediction and predicts nothing per node; `hetgnn embed` writes its node embeddings", dir.display());
     }
     let target = trained.graph.node_type(trained.graph.target());
     let (target_name, count) = (target.name.clone(), target.count);
@@ -139,6 +140,8 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     // Each node's answer is independent of the batch, so batches follow the
     // wanted order (repeats computed once per batch they fall in).
     let mut classes: Vec<i64> = Vec::with_capacity(wanted.len());
+    let mut values: Vec<f32> = Vec::new();
+    let regresses = engine.regresses();
     let mut emb_out: Vec<f32> = Vec::new();
     let mut width = 0;
     for batch in wanted.chunks(a.batch) {
@@ -146,12 +149,29 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             .classify(batch, want)
             .with_context(|| format!("inference with {}", dir.display()))?;
         classes.extend(c.classes.iter().map(|&k| i64::from(k)));
+        values.extend(c.values.unwrap_or_default());
         if let Some(e) = c.embeddings {
             width = e.width;
             emb_out.extend_from_slice(&e.data);
         }
     }
     match out_format {
+        ResultFormat::Npy if regresses => {
+            graphs::npy::write_f32(&a.out, &[values.len() as u64], &values)?
+        }
+        ResultFormat::Table(f) if regresses => {
+            let columns = [
+                ("id".to_string(), names.column_type()),
+                ("value".into(), ColumnType::Float32),
+            ];
+            let data = vec![
+                names.column(&wanted),
+                ColumnData::Float32(values.clone()),
+            ];
+            let mut w = TableWriter::create(&a.out, f, &columns)?;
+            w.write(data)?;
+            w.finish()?;
+        }
         ResultFormat::Npy => graphs::npy::write_i64(&a.out, &[classes.len() as u64], &classes)?,
         ResultFormat::Table(f) => {
             let mut columns = vec![

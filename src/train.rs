@@ -38,7 +38,7 @@ pub struct TrainArgs {
     /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
-    /// node-classification | link-prediction [default: node-classification]
+    /// node-classification | link-prediction | node-regression [default: node-classification]
     #[arg(long)]
     task: Option<String>,
     /// Link prediction: the relations to predict, canonical src__name__dst names, comma-separated.
@@ -297,6 +297,18 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
             link.valid.mrr,
             &report.final_model_sha256[..16]
         );
+    } else if let Some(v) = report.epochs.last().and_then(|e| e.regression) {
+        sayln!(
+            "done: {} epochs, {} steps in {:.1}s; final test RMSE {:.4}, MAE {:.4}, R² {:.4} (valid RMSE {:.4}); model sha256 {}",
+            report.epochs.len(),
+            report.steps,
+            start.elapsed().as_secs_f64(),
+            v.test.rmse,
+            v.test.mae,
+            v.test.r2,
+            v.valid.rmse,
+            &report.final_model_sha256[..16]
+        );
     } else if let Some(last) = report.epochs.last() {
         sayln!(
             "done: {} epochs, {} steps in {:.1}s; final test accuracy {} (valid {}); model sha256 {}",
@@ -424,11 +436,15 @@ impl TrainObserver for Progress {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        let figures = match &r.link {
-            Some(l) => {
+        let figures = match (&r.link, &r.regression) {
+            (Some(l), _) => {
                 format!("valid MRR {:.4} Hits@10 {:.4}  test MRR {:.4} Hits@1 {:.4} Hits@10 {:.4} Hits@100 {:.4}", l.valid.mrr, l.valid.hits10, l.test.mrr, l.test.hits1, l.test.hits10, l.test.hits100)
             }
-            None => format!(
+            (None, Some(v)) => format!(
+                "valid RMSE {:.4} MAE {:.4} R² {:.4}  test RMSE {:.4} MAE {:.4} R² {:.4}",
+                v.valid.rmse, v.valid.mae, v.valid.r2, v.test.rmse, v.test.mae, v.test.r2
+            ),
+            (None, None) => format!(
                 "train {:.4}  valid {}  test {}",
                 r.train_acc,
                 accuracy(r.valid_acc),

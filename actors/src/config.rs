@@ -51,6 +51,8 @@ pub enum Task {
     NodeClassification,
     /// Predict the edges of `target_relations`, scored by `decoder`.
     LinkPrediction,
+    /// Predict the target type's values (`values.npy`), by `regression_loss`.
+    NodeRegression,
 }
 
 impl Task {
@@ -59,6 +61,7 @@ impl Task {
         match self {
             Task::NodeClassification => "node-classification",
             Task::LinkPrediction => "link-prediction",
+            Task::NodeRegression => "node-regression",
         }
     }
 }
@@ -138,8 +141,12 @@ pub struct TrainingConfig {
     /// Gradient all-reduce of data-parallel, hopgnn and full-graph training:
     /// "all-gather" (default) or "ring".
     pub allreduce: AllReduce,
-    /// "node-classification" (default) or "link-prediction".
+    /// "node-classification" (default), "link-prediction" or "node-regression".
     pub task: Task,
+    /// Node regression: "mse" (default) or "huber".
+    pub regression_loss: crate::task::node::RegressionLoss,
+    /// Node regression with the Huber loss: where it turns from squared to linear (default 1.0).
+    pub huber_delta: f64,
     /// Link prediction: the relations whose edges are predicted, canonical
     /// `src__name__dst` names of stored relations (a list, or one string with commas).
     #[serde(deserialize_with = "names")]
@@ -240,6 +247,10 @@ impl TrainingConfig {
             seed: self.seed,
             heads: self.heads,
             link,
+            head: match self.task {
+                Task::NodeRegression => models::model::Head::Value,
+                _ => models::model::Head::Classes,
+            },
         }
     }
 
@@ -247,6 +258,10 @@ impl TrainingConfig {
     pub fn link_fingerprint(&self) -> String {
         match self.task {
             Task::NodeClassification => String::new(),
+            Task::NodeRegression => format!(
+                "{:?}|{:?}|{}",
+                self.task, self.regression_loss, self.huber_delta
+            ),
             Task::LinkPrediction => format!(
                 "{:?}|{:?}|{:?}|{}|{:?}|{}",
                 self.task,
@@ -286,6 +301,8 @@ impl Default for TrainingConfig {
             partitions: None,
             allreduce: AllReduce::AllGather,
             task: Task::NodeClassification,
+            regression_loss: crate::task::node::RegressionLoss::Mse,
+            huber_delta: 1.0,
             target_relations: Vec::new(),
             negatives: 5,
             negative_sampler: NegativeSampler::Uniform,
@@ -469,6 +486,12 @@ impl Config {
             return bad(
                 "training.target_relations applies to training.task = \"link-prediction\"".into(),
             );
+        }
+        if !(t.huber_delta.is_finite() && t.huber_delta > 0.0) {
+            return bad(format!(
+                "training.huber_delta must be a positive number, got {}",
+                t.huber_delta
+            ));
         }
         if t.resume && t.checkpoint_dir.is_none() {
             return bad("training.resume needs training.checkpoint_dir (--checkpoint DIR)".into());

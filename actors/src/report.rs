@@ -32,6 +32,10 @@ pub struct EpochReport {
     /// Link prediction: MRR and Hits@K after the epoch (the accuracies above are then 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::task::link::LinkEpoch>,
+    /// Node regression: RMSE, MAE and R² after the epoch (`null`: not
+    /// evaluated; the accuracies above are then 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<crate::task::node::RegressionEpoch>,
     /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cpu_util: f64,

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::csr::Csr;
 use crate::error::{GraphError, Result};
 use crate::features::Features;
-use crate::graph::{check_labels, check_split, HetGraph, NodeType, Splits};
+use crate::graph::{check_labels, check_split, check_values, HetGraph, NodeType, Splits};
 use crate::npy::{self, DType, NpyFile, NpyWriter};
 use crate::schema::{RelationSchema, Schema};
 
@@ -53,6 +53,10 @@ pub mod paths {
     /// `nodes/<ntype>/labels.npy`
     pub fn labels(dir: &Path, ntype: &str) -> PathBuf {
         node_dir(dir, ntype).join("labels.npy")
+    }
+    /// `nodes/<ntype>/values.npy` (regression targets)
+    pub fn values(dir: &Path, ntype: &str) -> PathBuf {
+        node_dir(dir, ntype).join("values.npy")
     }
     /// `nodes/<ntype>/<split>.npy`
     pub fn split(dir: &Path, ntype: &str, split: &str) -> PathBuf {
@@ -106,8 +110,17 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             }
             None => None,
         };
+        let vpath = paths::values(dir, name);
+        let values = match i == target && schema.values {
+            true => Some(read_values(&vpath, count)?),
+            false if vpath.exists() => {
+                return Err(GraphError::data(&vpath, "schema.json does not list values (\"values\": true) for the target type, or this is not the target type, but this file exists"));
+            }
+            false => None,
+        };
         let (labels, splits) = if i == target {
-            read_labels(dir, name, count, schema.num_classes).map(|(l, s)| (Some(l), Some(s)))?
+            read_labels(dir, name, count, schema.num_classes, values.as_deref())
+                .map(|(l, s)| (Some(l), Some(s)))?
         } else {
             (None, None)
         };
@@ -116,6 +129,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             count: count as u32,
             features,
             labels,
+            values,
             splits,
         });
     }
@@ -132,11 +146,21 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
     Ok(g)
 }
 
+/// Reads and checks the regression targets at `path`.
+fn read_values(path: &Path, count: u64) -> Result<Vec<f32>> {
+    let f = NpyFile::open(path, DType::F32)?;
+    f.expect_shape(&[count], "values")?;
+    let values = f.to_f32_vec();
+    check_values(&values, count as u32).map_err(|p| GraphError::data(path, p))?;
+    Ok(values)
+}
+
 fn read_labels(
     dir: &Path,
     ntype: &str,
     count: u64,
     num_classes: u32,
+    values: Option<&[f32]>,
 ) -> Result<(Vec<i64>, Splits)> {
     let lpath = paths::labels(dir, ntype);
     let f = NpyFile::open(&lpath, DType::I64)?;
@@ -172,7 +196,7 @@ fn read_labels(
             }
             ids.push(v as u32);
         }
-        check_split(&ids, &mut seen, tag as u8 + 1, &labels)
+        check_split(&ids, &mut seen, tag as u8 + 1, &labels, values)
             .map_err(|p| GraphError::data(&spath, p))?;
         *slot = ids;
     }
@@ -225,6 +249,13 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
                 &paths::features(out.path(), &t.name),
                 &[t.count.into(), f.dim() as u64],
                 f.as_slice(),
+            )?;
+        }
+        if let Some(values) = &t.values {
+            npy::write_f32(
+                &paths::values(out.path(), &t.name),
+                &[values.len() as u64],
+                values,
             )?;
         }
         if let (Some(labels), Some(splits)) = (&t.labels, &t.splits) {

@@ -44,6 +44,8 @@ pub struct NodeType {
     pub features: Option<Features>,
     /// Labels (target type only); -1 = unlabelled.
     pub labels: Option<Vec<i64>>,
+    /// Regression targets (target type only, where the graph has them); NaN = none.
+    pub values: Option<Vec<f32>>,
     /// Splits (target type only).
     pub splits: Option<Splits>,
 }
@@ -160,6 +162,10 @@ impl HetGraph {
                 .expect("the target type always has splits"),
         )
     }
+    /// The target type's regression targets (NaN = none), where the graph has them.
+    pub fn target_values(&self) -> Option<&[f32]> {
+        self.node_type(self.target).values.as_deref()
+    }
     /// Whether reverse relations have been added.
     pub fn has_reverse_relations(&self) -> bool {
         self.relations.iter().any(|r| r.reverse_of.is_some())
@@ -263,6 +269,7 @@ impl HetGraph {
                     count: r.num_edges() as u64,
                 })
                 .collect(),
+            values: self.node_types[self.target.index()].values.is_some(),
         }
     }
 
@@ -323,12 +330,28 @@ pub(crate) fn check_labels(labels: &[i64], num_classes: u32) -> std::result::Res
     }
 }
 
-/// Checks one split: ids in range, unique, not in an earlier split, labelled.
+/// Checks regression targets: one per node, NaN (none) or finite.
+pub(crate) fn check_values(values: &[f32], count: u32) -> std::result::Result<(), String> {
+    if values.len() != count as usize {
+        return Err(format!("{} values for {count} target nodes", values.len()));
+    }
+    match values.iter().position(|v| v.is_infinite()) {
+        Some(i) => Err(format!(
+            "the value of node {i} is {}: values must be finite (NaN for none)",
+            values[i]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks one split: ids in range, unique, not in an earlier split, and
+/// labelled or, where the graph has regression targets, valued.
 pub(crate) fn check_split(
     ids: &[u32],
     seen: &mut [u8],
     tag: u8,
     labels: &[i64],
+    values: Option<&[f32]>,
 ) -> std::result::Result<(), String> {
     for &id in ids {
         let Some(slot) = seen.get_mut(id as usize) else {
@@ -341,8 +364,13 @@ pub(crate) fn check_split(
             return Err(format!("node {id} is also in another split"));
         }
         *slot = tag;
-        if labels[id as usize] < 0 {
-            return Err(format!("node {id} has no label (-1)"));
+        let i = id as usize;
+        match values {
+            None if labels[i] < 0 => return Err(format!("node {id} has no label (-1)")),
+            Some(v) if labels[i] < 0 && v[i].is_nan() => {
+                return Err(format!("node {id} has neither a label (-1) nor a value (NaN)"))
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -366,6 +394,7 @@ impl GraphBuilder {
                 num_classes,
                 node_types: Vec::new(),
                 relations: Vec::new(),
+                values: false,
             }),
             types: Vec::new(),
             edges: Vec::new(),
@@ -391,6 +420,7 @@ impl GraphBuilder {
             count,
             features,
             labels: None,
+            values: None,
             splits: None,
         });
         self
@@ -402,6 +432,16 @@ impl GraphBuilder {
         if let Some(t) = self.types.iter_mut().find(|t| t.name == target) {
             t.labels = Some(labels);
             t.splits = Some(splits);
+        }
+        self
+    }
+
+    /// Sets the target type's regression targets (NaN = none).
+    pub fn values(mut self, values: Vec<f32>) -> Self {
+        let target = self.schema().target.clone();
+        self.schema().values = true;
+        if let Some(t) = self.types.iter_mut().find(|t| t.name == target) {
+            t.values = Some(values);
         }
         self
     }
@@ -462,9 +502,12 @@ impl GraphBuilder {
             )));
         }
         check_labels(labels, schema.num_classes).map_err(bad)?;
+        if let Some(v) = &t.values {
+            check_values(v, t.count).map_err(bad)?;
+        }
         let mut seen = vec![0u8; t.count as usize];
         for (tag, (name, ids)) in splits.named().into_iter().enumerate() {
-            check_split(ids, &mut seen, tag as u8 + 1, labels)
+            check_split(ids, &mut seen, tag as u8 + 1, labels, t.values.as_deref())
                 .map_err(|p| bad(format!("{name} split: {p}")))?;
         }
         let mut csrs = Vec::new();

@@ -197,6 +197,7 @@ pub fn import_ogb(
         num_classes: num_classes.max(1) as u32,
         node_types,
         relations: rel_schemas,
+        values: false,
     };
     schema
         .validate()

@@ -23,6 +23,10 @@ pub struct Schema {
     pub node_types: Vec<(String, NodeTypeSchema)>,
     /// Relations, in file order.
     pub relations: Vec<RelationSchema>,
+    /// Whether the target type has `values.npy`: a regression target per node
+    /// (float32, NaN = none). Absent in the file: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub values: bool,
 }
 
 /// One node type's entry.

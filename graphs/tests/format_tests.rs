@@ -343,3 +343,105 @@ fn loads_the_shared_real_datasets() {
         assert!(!splits.test.is_empty());
     }
 }
+
+/// The tiny graph with regression targets: node 4 has a value but no label,
+/// node 2 a label but no value.
+fn with_values() -> tempfile::TempDir {
+    let g = common::tiny();
+    let (labels, splits) = g.target_labels();
+    let mut splits = splits.clone();
+    splits.valid.push(4);
+    let mut b = graphs::GraphBuilder::new("tiny-values", "paper", 2);
+    for t in g.node_types() {
+        let f = t
+            .features
+            .as_ref()
+            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec()));
+        b = b.node_type(&t.name, t.count, f);
+    }
+    b = b
+        .labels(labels.to_vec(), splits)
+        .values(vec![0.5, -1.0, f32::NAN, 2.0, 3.5, 0.0]);
+    for r in g.relations() {
+        let csr = r.in_csr();
+        let (mut s, mut d) = (Vec::new(), Vec::new());
+        for v in 0..csr.num_rows() as u32 {
+            for &u in csr.neighbors(v) {
+                s.push(u);
+                d.push(v);
+            }
+        }
+        let (src, dst) = (&g.node_type(r.src).name, &g.node_type(r.dst).name);
+        b = b.relation(src, &r.name, dst, s, d);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    save(&b.build().unwrap(), &tmp.path().join("g"), false).unwrap();
+    tmp
+}
+
+#[test]
+fn regression_values_round_trip_and_bad_ones_are_refused() {
+    let tmp = with_values();
+    let dir = tmp.path().join("g");
+    let g = load(&dir, &LoadOptions::default()).unwrap();
+    let v = g.target_values().unwrap();
+    assert_eq!(v.len(), 6);
+    assert!(v[2].is_nan() && v[4] == 3.5);
+    assert!(g.schema().values);
+    // A split node needs a label or a value: node 4 has only a value, and is accepted.
+    assert!(g.target_labels().1.valid.contains(&4));
+    let text = std::fs::read_to_string(dir.join("schema.json")).unwrap();
+    assert!(text.contains("\"values\":true") || text.contains("\"values\": true"));
+    // A graph without values does not write the key (older readers keep reading it).
+    let plain = write_tiny();
+    let text = std::fs::read_to_string(plain.path().join("g/schema.json")).unwrap();
+    assert!(!text.contains("values"), "{text}");
+
+    let fresh = || {
+        let t = with_values();
+        let d = t.path().join("g");
+        (t, d)
+    };
+    let refused = |corrupt: &dyn Fn(&Path)| {
+        let (_t, d) = fresh();
+        corrupt(&d);
+        load(&d, &LoadOptions::default()).expect_err("must be refused")
+    };
+    let values = |d: &Path| d.join("nodes/paper/values.npy");
+    assert_err(
+        refused(&|d| npy::write_f32(&values(d), &[5], &[0.0; 5]).unwrap()),
+        "values.npy",
+        "shape",
+    );
+    assert_err(
+        refused(&|d| {
+            npy::write_f32(&values(d), &[6], &[0.0, 1.0, 2.0, f32::INFINITY, 0.0, 0.0]).unwrap()
+        }),
+        "values.npy",
+        "node 3",
+    );
+    assert_err(
+        refused(&|d| npy::write_i64(&values(d), &[6], &[0; 6]).unwrap()),
+        "values.npy",
+        "dtype",
+    );
+    assert_err(
+        refused(&|d| std::fs::remove_file(values(d)).unwrap()),
+        "values.npy",
+        "missing",
+    );
+    // Node 4 (no label) loses its value.
+    assert_err(
+        refused(&|d| {
+            npy::write_f32(&values(d), &[6], &[0.5, -1.0, f32::NAN, 2.0, f32::NAN, 0.0]).unwrap()
+        }),
+        "valid.npy",
+        "neither a label",
+    );
+    // A values file the schema does not list.
+    assert_err(
+        refused(&|d| edit_schema(d, |v| v["values"] = serde_json::Value::Bool(false))),
+        "values.npy",
+        "does not list values",
+    );
+}

@@ -404,6 +404,7 @@ fn valid_schema() -> impl Strategy<Value = Schema> {
                 num_classes,
                 node_types,
                 relations,
+                values: false,
             }
         })
 }

@@ -50,6 +50,17 @@ impl std::fmt::Display for ModelKind {
     }
 }
 
+/// What the last layer (or HGT's linear head) writes for each target node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Head {
+    /// One logit per class (node classification).
+    #[default]
+    Classes,
+    /// One value (node regression).
+    Value,
+}
+
 /// Everything that shapes a model's parameters.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelSpec {
@@ -72,6 +83,13 @@ pub struct ModelSpec {
     /// classifier) scored by this decoder; `None`: node classification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::link::LinkSpec>,
+    /// What a target node's output is (ignored with `link`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub head: Head,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 fn default_heads() -> usize {
@@ -79,17 +97,23 @@ fn default_heads() -> usize {
 }
 
 impl ModelSpec {
+    /// Width of the last layer's output on `g`: embeddings (hidden wide) for
+    /// link prediction, one value for regression, else one logit per class.
+    pub fn outputs(&self, g: &HetGraph) -> usize {
+        match (&self.link, self.head) {
+            (Some(_), _) => self.hidden,
+            (None, Head::Value) => 1,
+            (None, Head::Classes) => g.num_classes() as usize,
+        }
+    }
+
     /// A lower bound on the bytes a model of this spec holds on `g` while
     /// training: each layer's weights (one per relation, input width by
     /// output width) with their gradients and two Adam moments, and with
     /// `tables` the learnable rows (with their moments). Checked before
     /// anything is allocated, so that a width no machine can hold is an error.
     pub fn min_bytes(&self, g: &HetGraph, tables: bool) -> u128 {
-        let classes = if self.link.is_some() {
-            self.hidden as u128
-        } else {
-            u128::from(g.num_classes())
-        };
+        let classes = self.outputs(g) as u128;
         let (hidden, embed) = (self.hidden as u128, self.embed_dim as u128);
         let input = g
             .node_types()
@@ -153,7 +177,7 @@ impl ModelSpec {
                 self.hidden as f64
             };
             let w_out = if layer + 1 == self.layers {
-                f64::from(g.num_classes()).max(self.hidden as f64)
+                (self.outputs(g) as f64).max(self.hidden as f64)
             } else {
                 self.hidden as f64
             };
@@ -287,12 +311,7 @@ impl Model {
         );
         graphs::memory::check_fits(&what, spec.min_bytes(g, tables)).map_err(ModelError::Config)?;
         let seed = spec.seed;
-        // A link predictor's last layer writes embeddings, hidden wide.
-        let num_classes = if spec.link.is_some() {
-            spec.hidden
-        } else {
-            g.num_classes() as usize
-        };
+        let num_classes = spec.outputs(g);
         let target = g.target();
         let mut params = ParamStore::new();
         let mut embeddings = Vec::new();

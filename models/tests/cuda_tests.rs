@@ -23,6 +23,7 @@ fn run(kind: ModelKind, device: &Device) -> (f32, Vec<(String, Vec<f32>)>) {
         seed: 1,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let model = Model::new(&spec, &g, DType::F32, device).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0)

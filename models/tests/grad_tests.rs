@@ -104,6 +104,7 @@ fn check_model_gradients(kind: ModelKind) {
         seed: 1,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0)
@@ -210,6 +211,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         seed: 2,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mut store = models::params::ParamStore::new();
@@ -376,6 +378,7 @@ fn initialisation_depends_only_on_seed_and_name() {
         seed: 9,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let b = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
@@ -434,6 +437,7 @@ fn adam_state_never_holds_the_step_graph() {
         seed: 1,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mut adam = models::optim::Adam::new(AdamConfig::with_lr(0.01));
@@ -767,6 +771,7 @@ fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same
         seed: 5,
         heads: 2,
         link: None,
+        head: Default::default(),
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[4, 4], 0)

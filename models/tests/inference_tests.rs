@@ -42,6 +42,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
             seed: 3,
             heads: 2,
             link: None,
+            head: Default::default(),
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let mut calls = 0;
@@ -133,6 +134,7 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
             seed: 4,
             heads: 2,
             link: Some(link.clone()),
+            head: Default::default(),
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(

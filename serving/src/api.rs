@@ -42,8 +42,8 @@ pub struct PredictResponse {
     pub ntype: String,
     /// The request's ids, in its order.
     pub ids: Vec<Id>,
-    /// The predicted class of each node.
-    pub predictions: Vec<u32>,
+    /// The predicted class (or, for a regression model, value) of each node.
+    pub predictions: Predictions,
     /// The predicted classes' names, when the labels were imported as names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_names: Option<Vec<String>>,
@@ -53,6 +53,16 @@ pub struct PredictResponse {
     /// Each node's embedding, when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embeddings: Option<Vec<Vec<f32>>>,
+}
+
+/// What a model predicts per node: a class, or a value.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Predictions {
+    /// Classes (node classification).
+    Classes(Vec<u32>),
+    /// Values (node regression).
+    Values(Vec<f32>),
 }
 
 /// `POST /v1/embed`: embeddings of nodes of one type.

@@ -230,6 +230,7 @@ mod tests {
         let union = vec![2, 5, 9];
         let answer = Answer::Classified(Classified {
             classes: vec![20, 50, 90],
+            values: None,
             probabilities: Some(Rows {
                 width: 1,
                 data: vec![0.2, 0.5, 0.9],

@@ -82,8 +82,10 @@ pub fn positions(sorted: &[u32], nodes: &[u32]) -> Vec<usize> {
 /// A classification of some target nodes, in their order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Classified {
-    /// The predicted class of each node.
+    /// The predicted class of each node (empty for a regression model).
     pub classes: Vec<u32>,
+    /// The predicted value of each node (a regression model's only).
+    pub values: Option<Vec<f32>>,
     /// Class probabilities, when asked for.
     pub probabilities: Option<Rows>,
     /// The classifier's input embeddings, when asked for.
@@ -95,7 +97,14 @@ impl Classified {
     /// embeddings only where `want` asks for them.
     pub fn pick(&self, at: &[usize], want: Want) -> Classified {
         Classified {
-            classes: at.iter().map(|&i| self.classes[i]).collect(),
+            classes: at
+                .iter()
+                .filter_map(|&i| self.classes.get(i).copied())
+                .collect(),
+            values: self
+                .values
+                .as_ref()
+                .map(|v| at.iter().map(|&i| v[i]).collect()),
             probabilities: self
                 .probabilities
                 .as_ref()
@@ -156,9 +165,15 @@ impl Engine {
         self.inference
     }
 
-    /// Whether the model predicts classes (a link predictor does not).
+    /// Whether the model predicts something per target node, a class or a
+    /// value (a link predictor does not).
     pub fn classifies(&self) -> bool {
         self.trained.source.spec.link.is_none()
+    }
+
+    /// Whether the model predicts a value per node rather than a class.
+    pub fn regresses(&self) -> bool {
+        self.classifies() && self.trained.source.spec.head == models::model::Head::Value
     }
 
     /// Classes of target nodes `nodes` (dense ids, any order, repeats allowed).
@@ -218,10 +233,19 @@ impl Engine {
             }
         };
         let logits = to_rows(&logits)?;
+        if self.regresses() {
+            return Ok(Classified {
+                classes: Vec::new(),
+                values: Some(logits.data),
+                probabilities: None,
+                embeddings: emb,
+            });
+        }
         let classes = (0..nodes.len()).map(|i| argmax(logits.row(i))).collect();
         let probabilities = want.probabilities.then(|| softmax(&logits));
         Ok(Classified {
             classes,
+            values: None,
             probabilities,
             embeddings: emb,
         })

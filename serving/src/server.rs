@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::api::{self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse};
+use crate::api::{self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse, Predictions};
 use crate::batcher::{Answer, BatchLimits, Batcher, Op};
 use crate::engine::{Engine, Rows, Want};
 use crate::error::{Result, ServeError};
@@ -494,7 +494,10 @@ async fn predict(
                 .collect()
         }),
         ids: req.ids,
-        predictions: c.classes,
+        predictions: match c.values {
+            Some(v) => Predictions::Values(v),
+            None => Predictions::Classes(c.classes),
+        },
         probabilities: c.probabilities.as_ref().map(nested),
         embeddings: c.embeddings.as_ref().map(nested),
     }))
@@ -529,6 +532,7 @@ struct ModelInfo {
     inference: String,
     model: String,
     target: String,
+    task: &'static str,
     classes: usize,
     class_names: Vec<String>,
     link_prediction: bool,
@@ -553,7 +557,16 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
         inference: engine.inference().to_string(),
         model: format!("{:?}", tr.source.spec.kind).to_lowercase(),
         target: g.node_type(g.target()).name.clone(),
-        classes: tr.model.num_classes(),
+        task: match (engine.classifies(), engine.regresses()) {
+            (false, _) => "link-prediction",
+            (true, true) => "node-regression",
+            (true, false) => "node-classification",
+        },
+        classes: if engine.regresses() {
+            0
+        } else {
+            tr.model.num_classes()
+        },
         class_names: tr.names[g.target().index()].classes().to_vec(),
         link_prediction: !engine.classifies(),
         fanouts: tr.source.fanouts.clone(),

@@ -380,6 +380,7 @@ pub fn import_tables(
         num_classes,
         node_types,
         relations,
+        values: false,
     };
     schema
         .validate()

@@ -125,6 +125,9 @@ pub struct EpochStats {
     /// Link prediction: this trainer's validation and test ranking sums.
     #[serde(default)]
     pub link: Option<[models::link::RankSums; 2]>,
+    /// Node regression: this trainer's validation and test sums.
+    #[serde(default)]
+    pub values: Option<[crate::task::node::ValueSums; 2]>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
     #[serde(default)]
     pub cpu_util: f64,
@@ -322,12 +325,26 @@ impl EpochReport {
                 .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
             time: Timings::across(&times),
             link: link_figures(stats),
+            regression: regression_figures(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
             figures: std::collections::BTreeMap::new(),
         }
     }
+}
+
+/// Node regression's figures of an epoch: every trainer's sums merged.
+fn regression_figures(stats: &[EpochStats]) -> Option<crate::task::node::RegressionEpoch> {
+    let mut sums: Option<[crate::task::node::ValueSums; 2]> = None;
+    for s in stats.iter().filter(|s| s.evaluated) {
+        if let Some([v, t]) = &s.values {
+            let acc = sums.get_or_insert_with(Default::default);
+            acc[0].merge(v);
+            acc[1].merge(t);
+        }
+    }
+    sums.map(|s| crate::task::node::RegressionEpoch::of(&s))
 }
 
 /// Link prediction's figures of an epoch: every trainer's ranking sums merged.

@@ -164,8 +164,8 @@ pub fn train_embedded<M: Distributed>(
     let graphs: Vec<Arc<HetGraph>> = (0..parts)
         .map(|k| mode.load(k).map(Arc::new))
         .collect::<Result<_>>()?;
-    if t.task == crate::config::Task::NodeClassification {
-        crate::epoch::preflight::check_trainable(&graphs[0])?;
+    if t.task != crate::config::Task::LinkPrediction {
+        crate::epoch::preflight::check_trainable(t, &graphs[0])?;
     }
     crate::epoch::preflight::check_distinct_names(&graphs[0])?;
     for g in &graphs {
@@ -285,8 +285,8 @@ pub fn run_node<M: Distributed>(
     let parts = mode.parts();
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
-    if coordinator_here && t.task == crate::config::Task::NodeClassification {
-        crate::epoch::preflight::check_trainable(&graph)?;
+    if coordinator_here && t.task != crate::config::Task::LinkPrediction {
+        crate::epoch::preflight::check_trainable(t, &graph)?;
     }
     crate::epoch::preflight::check_distinct_names(&graph)?;
     crate::epoch::preflight::check_fits(t, &graph, false)?;

@@ -253,6 +253,7 @@ mod tests {
             seed: 0,
             heads: 1,
             link: None,
+            head: Default::default(),
         };
         Model::new(&spec, g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
     }

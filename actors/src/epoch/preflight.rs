@@ -13,14 +13,15 @@ use crate::error::{Result, TrainError};
 /// whether this process holds the learnable rows of the whole graph.
 pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
     // Link prediction trains on edges (LinkEdges::split refuses none).
-    if t.task == crate::config::Task::NodeClassification {
-        check_trainable(g)?;
+    if t.task != crate::config::Task::LinkPrediction {
+        check_trainable(t, g)?;
     }
     check_fits(t, g, tables)
 }
 
-/// Refuses a graph with no target nodes or no training nodes.
-pub fn check_trainable(g: &HetGraph) -> Result<()> {
+/// Refuses a graph with no target nodes or no training nodes, or whose
+/// split nodes lack what the node task `t` learns (a label, or a value).
+pub fn check_trainable(t: &TrainingConfig, g: &HetGraph) -> Result<()> {
     let target = g.node_type(g.target());
     if target.count == 0 {
         return Err(TrainError::Config(format!(
@@ -34,6 +35,26 @@ pub fn check_trainable(g: &HetGraph) -> Result<()> {
             "the training split of '{}' is empty (nodes/{}/train.npy): nothing to train",
             target.name, target.name
         )));
+    }
+    let (labels, splits) = g.target_labels();
+    let task = crate::task::node::NodeTask::of(t, g)?;
+    for (split, ids) in splits.named() {
+        let missing = ids.iter().find(|&&n| match task {
+            crate::task::node::NodeTask::Classes { .. } => labels[n as usize] < 0,
+            crate::task::node::NodeTask::Values { values, .. } => values[n as usize].is_nan(),
+        });
+        if let Some(n) = missing {
+            let (what, file) = match task {
+                crate::task::node::NodeTask::Classes { .. } => ("label (-1", "labels"),
+                crate::task::node::NodeTask::Values { .. } => ("value (NaN", "values"),
+            };
+            return Err(TrainError::Config(format!(
+                "node {n} of the {split} split of '{}' has no {what} in nodes/{}/{file}.npy): training.task = \"{}\" needs one for every node of every split",
+                target.name,
+                target.name,
+                t.task.name()
+            )));
+        }
     }
     Ok(())
 }
@@ -61,7 +82,7 @@ pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> 
     let spec = t.model_spec();
     // A link-prediction batch embeds both endpoints of each edge and its negatives.
     let seeds = match t.task {
-        crate::config::Task::NodeClassification => t.batch,
+        crate::config::Task::NodeClassification | crate::config::Task::NodeRegression => t.batch,
         crate::config::Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
     };
     let need = spec

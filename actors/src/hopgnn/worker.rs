@@ -398,9 +398,13 @@ impl<'a> Steps for Replica<'a> {
                 .filter(|&v| ctx.owned(target, v))
                 .collect()
         };
-        st.valid_correct =
-            ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, mine)?;
-        st.test_correct = ctx.count_correct(&self.model, seed, epoch, &splits.test, after, mine)?;
+        let task = crate::task::node::NodeTask::of(&ctx.s.cfg, &ctx.s.graph)?;
+        st.valid_correct = ctx
+            .score(&self.model, &task, seed, epoch, &splits.valid, after, mine)?
+            .correct;
+        st.test_correct = ctx
+            .score(&self.model, &task, seed, epoch, &splits.test, after, mine)?
+            .correct;
         Ok(())
     }
 

@@ -77,14 +77,18 @@ const fn entry<C: ModeConfig>(mode: Mode, tasks: &'static [Task], rules: &'stati
 }
 
 const NODES: &[Task] = &[Task::NodeClassification];
-const NODES_AND_LINKS: &[Task] = &[Task::NodeClassification, Task::LinkPrediction];
+const EVERY_TASK: &[Task] = &[
+    Task::NodeClassification,
+    Task::LinkPrediction,
+    Task::NodeRegression,
+];
 
 /// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, NODES_AND_LINKS, &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
-        NODES_AND_LINKS,
+        EVERY_TASK,
         &crate::data_parallel::RULES,
     ),
     entry::<crate::raf::RafConfig>(Mode::Raf, NODES, &crate::raf::RULES),

@@ -688,20 +688,21 @@ impl Client {
         Ok(out)
     }
 
-    /// Correct predictions of `model` (no dropout) on the share of `nodes`
+    /// The evaluation figures of `task` for `model` (no dropout) on the share of `nodes`
     /// that `mine` picks from each evaluation chunk, sampled with `seed`.
-    pub fn count_correct(
+    #[allow(clippy::too_many_arguments)]
+    pub fn score(
         &self,
         model: &Model,
+        task: &crate::task::node::NodeTask,
         seed: u64,
         epoch: u64,
         nodes: &[u32],
         after: Option<u64>,
         mine: impl Fn(&[u32]) -> Vec<u32>,
-    ) -> Result<u64> {
+    ) -> Result<crate::task::node::Scores> {
         let g = self.graph.clone();
-        let (labels, _) = g.target_labels();
-        let mut correct = 0;
+        let mut scores = crate::task::node::Scores::default();
         for (step, chunk) in nodes.chunks(crate::epoch::EVAL_BATCH).enumerate() {
             let seeds = mine(chunk);
             if seeds.is_empty() {
@@ -710,14 +711,9 @@ impl Client {
             let mb = self.sample(seed, epoch, step as u64, &seeds)?;
             let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
             let logits = model.forward(&g, &mb, inputs, None)?.detach();
-            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            correct += pred
-                .iter()
-                .zip(&seeds)
-                .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
-                .count() as u64;
+            task.score(&logits, &seeds, &mut scores)?;
         }
-        Ok(correct)
+        Ok(scores)
     }
 
     /// This partition's part of the checkpoint before step `seq` under

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use graphs::{HetGraph, LoadOptions, Sampler};
 use models::checkpoint;
 use models::model::DropoutKey;
@@ -18,12 +18,13 @@ use crate::config::Config;
 use crate::distributed::checkpoint::Progress;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::run::{Attempt, Items, StepFigures, Steps};
-use crate::epoch::{count_correct, lap, prepare, sample, Prepared, SamplingPlan, EVAL_BATCH};
+use crate::epoch::{lap, prepare, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
 use crate::modes::seam::ModeConfig;
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 use crate::task::link::LinkTask;
+use crate::task::node::{NodeTask, Scores};
 
 mod config;
 pub use config::SingleConfig;
@@ -385,7 +386,7 @@ impl<'g> Steps for Run<'g, '_> {
         p: Prepared,
         st: &mut EpochStats,
     ) -> Result<StepFigures> {
-        let (labels, _) = self.g.target_labels();
+        let task = NodeTask::of(&self.cfg.training, self.g)?;
         let link = feed.link.zip(p.link.as_ref());
         // A link step's size is binomial: one may, rarely, hold no edge.
         if link.is_some_and(|(_, b)| b.edges.is_empty()) {
@@ -433,13 +434,7 @@ impl<'g> Steps for Run<'g, '_> {
             ),
             None => {
                 let logits = model.forward(self.g, mb, inputs.clone(), dropout)?;
-                (
-                    candle_nn::loss::cross_entropy(
-                        &logits,
-                        &targets(labels, seeds, &self.device)?,
-                    )?,
-                    Some(logits),
-                )
+                (task.loss(&logits, seeds)?, Some(logits))
             }
         };
         let grads = loss.backward()?;
@@ -469,7 +464,7 @@ impl<'g> Steps for Run<'g, '_> {
             });
         }
         let (correct, seen) = match (&logits, link) {
-            (Some(logits), _) => (count_correct(logits, labels, seeds)?, seeds.len() as u64),
+            (Some(logits), _) => (task.correct(logits, seeds)?, seeds.len() as u64),
             (None, Some((_, batch))) => (0, batch.edges.len() as u64),
             (None, None) => (0, 0),
         };
@@ -509,25 +504,24 @@ impl<'g> Steps for Run<'g, '_> {
         // The cached rows are read from the cache, as the steps read them (on a
         // GPU, there); batches are sampled on the prefetch threads' count.
         let (t, cache) = (&self.cfg.training, self.cache.as_ref());
-        let plan = SamplingPlan::of(t);
-        st.valid_correct = correct_with(
-            self.g,
-            &self.model,
-            &plan,
-            self.prefetch,
-            epoch,
-            &splits.valid,
-            cache,
-        )?;
-        st.test_correct = correct_with(
-            self.g,
-            &self.model,
-            &plan,
-            self.prefetch,
-            epoch,
-            &splits.test,
-            cache,
-        )?;
+        let (plan, task) = (SamplingPlan::of(t), NodeTask::of(t, self.g)?);
+        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| {
+            score_with(
+                self.g,
+                &self.model,
+                &task,
+                &plan,
+                self.prefetch,
+                epoch,
+                nodes,
+                cache,
+            )
+        });
+        let (valid, test) = (valid?, test?);
+        (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
+        if let NodeTask::Values { .. } = task {
+            st.values = Some([valid.values, test.values]);
+        }
         Ok(())
     }
 
@@ -551,27 +545,23 @@ impl<'g> Steps for Run<'g, '_> {
     }
 }
 
-fn targets(labels: &[i64], seeds: &[u32], device: &Device) -> Result<Tensor> {
-    let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
-    Ok(Tensor::from_vec(y, seeds.len(), device)?)
-}
-
-/// Correct predictions on `nodes` with sampled neighborhoods (a sampler of
+/// The evaluation figures of `task` on `nodes` with sampled neighborhoods (a sampler of
 /// `fanouts` and `seed`) and no dropout, the batches sampled
 /// on `workers` threads ahead of the model (samples are pure functions of
 /// (epoch, step, seeds): the same batches as one sampler's), reading the rows
 /// `cache` holds from it (on a GPU: no copy from the host). The values are
 /// the tables', so the predictions are too.
-fn correct_with(
+#[allow(clippy::too_many_arguments)]
+fn score_with(
     g: &HetGraph,
     model: &Model,
+    task: &NodeTask,
     plan: &SamplingPlan,
     workers: usize,
     epoch: u64,
     nodes: &[u32],
     cache: Option<&crate::cache::DeviceCache>,
-) -> Result<u64> {
-    let (labels, _) = g.target_labels();
+) -> Result<Scores> {
     let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
     let uses_neighbors = model.uses_neighbors();
     let make =
@@ -581,7 +571,7 @@ fn correct_with(
                 sample(&mut sampler, uses_neighbors, epoch, step, seeds)
             })
         };
-    let mut correct = 0;
+    let mut scores = Scores::default();
     crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
         let src = &mb.blocks[0].src;
         let inputs = match cache {
@@ -589,8 +579,7 @@ fn correct_with(
             None => model.gather_inputs(g, src)?,
         };
         let logits = model.forward(g, &mb, inputs, None)?.detach();
-        correct += count_correct(&logits, labels, seeds)?;
-        Ok(())
+        task.score(&logits, seeds, &mut scores)
     })?;
-    Ok(correct)
+    Ok(scores)
 }

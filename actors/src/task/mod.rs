@@ -1,6 +1,7 @@
 //! What a model is trained to do, apart from how training is distributed:
-//! node classification lives in the modes themselves (its batches are target
-//! nodes); link prediction's batches, losses and metrics live here, for any
-//! mode that supports it.
+//! node tasks' losses and metrics (their batches are target nodes, made by
+//! the modes), and link prediction's batches, losses and metrics, for any
+//! mode that supports them.
 
 pub mod link;
+pub mod node;

@@ -1,7 +1,9 @@
 //! A synthetic graph with ogbn-mag's schema and proportions and a planted
 //! signal: papers have classes, features are a class centroid plus strong
 //! noise, citations stay mostly within a class, and every author, institution
-//! and field of study has a dominant class it links to. Neighborhoods thus
+//! and field of study has a dominant class it links to. Papers also carry a
+//! regression target: their class's mean value, plus half their first
+//! feature, plus a little noise. Neighborhoods thus
 //! carry most of the signal, so a relational model clearly beats a
 //! features-only one.
 //!
@@ -61,6 +63,13 @@ const S_FEATURE: u64 = 3;
 const S_SPLIT: u64 = 4;
 const S_PERM: u64 = 5;
 const S_EDGE: u64 = 6;
+const S_VALUE: u64 = 7;
+
+/// Weight of a paper's first feature in its value, and the value's own noise
+/// (class means are standard normal): neither the neighbourhood nor the
+/// features alone predict it.
+const VALUE_FEATURE: f64 = 0.5;
+const VALUE_NOISE: f64 = 0.25;
 
 const FEATURE_CHUNK: usize = 16_384;
 const EDGE_CHUNK: usize = 1 << 16;
@@ -191,6 +200,7 @@ impl MagLike {
                     count,
                 })
                 .collect(),
+            values: true,
         }
     }
 
@@ -276,6 +286,7 @@ impl MagLike {
             &[n as u64, FEATURE_DIM as u64],
         )?;
         let mut buf = vec![0f32; FEATURE_CHUNK * FEATURE_DIM];
+        let mut first: Vec<f32> = Vec::with_capacity(n);
         for start in (0..n).step_by(FEATURE_CHUNK) {
             let rows = FEATURE_CHUNK.min(n - start);
             buf[..rows * FEATURE_DIM]
@@ -290,6 +301,7 @@ impl MagLike {
                     }
                 });
             w.write_f32(&buf[..rows * FEATURE_DIM])?;
+            first.extend(buf[..rows * FEATURE_DIM].iter().step_by(FEATURE_DIM));
             progress.advance(rows as u64);
         }
         w.finish()?;
@@ -297,6 +309,19 @@ impl MagLike {
 
         let labels: Vec<i64> = classes.iter().map(|&c| i64::from(c)).collect();
         crate::npy::write_i64(&paths::labels(dir, "paper"), &[n as u64], &labels)?;
+        let means: Vec<f64> = (0..u64::from(CLASSES))
+            .map(|c| CounterRng::from_parts(&[self.seed, S_VALUE, 0, c]).normal())
+            .collect();
+        let values: Vec<f32> = (0..n)
+            .map(|p| {
+                let e = CounterRng::from_parts(&[self.seed, S_VALUE, 1, p as u64]).normal();
+                let v = means[classes[p] as usize]
+                    + VALUE_FEATURE * f64::from(first[p])
+                    + VALUE_NOISE * e;
+                v as f32
+            })
+            .collect();
+        crate::npy::write_f32(&paths::values(dir, "paper"), &[n as u64], &values)?;
         let mut splits: [Vec<u32>; 3] = Default::default();
         for p in 0..n as u32 {
             let u = CounterRng::from_parts(&[self.seed, S_SPLIT, u64::from(p)]).next_f64();

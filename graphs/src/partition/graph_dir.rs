@@ -62,6 +62,13 @@ pub(super) fn write(
                 .map(|v| (u64::from(v), f.row(v as usize)));
             w.write_sparse_rows(f.dim(), rows)?;
         }
+        if let Some(values) = &nt.values {
+            npy::write_f32(
+                &paths::values(dir, &nt.name),
+                &[values.len() as u64],
+                values,
+            )?;
+        }
         if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
             npy::write_i64(
                 &paths::labels(dir, &nt.name),

@@ -153,6 +153,10 @@ pub fn write_streaming(
             }
         }
         let tname = &s.schema.target;
+        if s.schema.values {
+            let (from, to) = (paths::values(src, tname), paths::values(&pdir, tname));
+            std::fs::copy(&from, &to).map_err(|e| GraphError::io(&from, e))?;
+        }
         npy::write_i64(
             &paths::labels(&pdir, tname),
             &[labels.len() as u64],

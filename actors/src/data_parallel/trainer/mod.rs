@@ -43,6 +43,7 @@ use crate::error::Result;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 use crate::task::link::{LinkBatch, LinkTask};
+use crate::task::node::NodeTask;
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -355,14 +356,17 @@ impl<'a> Steps for Replica<'a> {
             SamplingPlan::of(&ctx.s.cfg).eval_seed(),
             self.seq.checked_sub(1),
         );
-        st.valid_correct =
-            ctx.count_correct(&self.model, seed, epoch, &splits.valid, after, |c| {
+        let task = NodeTask::of(&ctx.s.cfg, &self.s.graph)?;
+        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| {
+            ctx.score(&self.model, &task, seed, epoch, nodes, after, |c| {
                 ctx.my_seeds(target, c)
-            })?;
-        st.test_correct =
-            ctx.count_correct(&self.model, seed, epoch, &splits.test, after, |c| {
-                ctx.my_seeds(target, c)
-            })?;
+            })
+        });
+        let (valid, test) = (valid?, test?);
+        (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
+        if let NodeTask::Values { .. } = task {
+            st.values = Some([valid.values, test.values]);
+        }
         Ok(())
     }
 
@@ -401,7 +405,7 @@ impl Replica<'_> {
         st: &mut EpochStats,
     ) -> Result<(f64, f64)> {
         let g = ctx.s.graph.clone();
-        let (labels, _) = g.target_labels();
+        let task = NodeTask::of(&ctx.s.cfg, &g)?;
         let mut clock = Instant::now();
         let mut grads = None;
         let (mut wloss, mut correct) = (0.0, 0.0);
@@ -429,18 +433,11 @@ impl Replica<'_> {
                     loss.backward()?
                 }
                 _ => {
-                    let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
-                    let y = Tensor::from_vec(y, seeds.len(), &ctx.device)?;
                     let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
-                    let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+                    let loss = task.loss(&logits, seeds)?;
                     let scaled = (&loss * share)?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
-                    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                    correct = pred
-                        .iter()
-                        .zip(seeds)
-                        .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
-                        .count() as f64;
+                    correct = task.correct(&logits, seeds)? as f64;
                     scaled.backward()?
                 }
             };

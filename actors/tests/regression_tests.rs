@@ -1,0 +1,169 @@
+//! Node regression: it learns the generator's planted values, data-parallel
+//! training follows single-process training step by step, and runs that
+//! cannot train it are refused with the reason.
+
+mod common;
+
+use std::path::PathBuf;
+
+use actors::{train, Config};
+use common::{close, derived, same_losses, same_model, Losses};
+use graphs::partition::{self, Method};
+use graphs::NoProgress;
+
+const BASE: [&str; 6] = [
+    "training.epochs=3",
+    "training.batch=256",
+    "training.hidden=16",
+    "training.embed_dim=8",
+    "training.task=\"node-regression\"",
+    "training.dropout=0.0",
+];
+
+fn config(extra: &[String]) -> Config {
+    common::config(&BASE, extra)
+}
+
+fn partitions(parts: usize, method: Method) -> PathBuf {
+    derived(&format!("reg-{method}-{parts}"), false, |g, out| {
+        let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    })
+}
+
+/// The standard deviation of the test nodes' values: the RMSE of predicting their mean.
+fn test_spread() -> f64 {
+    let g = graphs::load(&common::graph(), &Default::default()).unwrap();
+    let values = g.target_values().unwrap();
+    let (_, splits) = g.target_labels();
+    let v: Vec<f64> = splits
+        .test
+        .iter()
+        .map(|&n| f64::from(values[n as usize]))
+        .collect();
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
+#[test]
+fn single_process_regression_learns_and_data_parallel_follows_it() {
+    let mut single_losses = Losses::default();
+    let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
+    assert_eq!(single.config.training.task.name(), "node-regression");
+    let first = single.epochs[0].regression.unwrap();
+    let last = single.epochs.last().unwrap().regression.unwrap();
+    // Better than the mean, and better than after the first epoch.
+    let spread = test_spread();
+    assert!(
+        last.test.rmse < 0.9 * spread && last.test.r2 > 0.15,
+        "test {:?}, spread {spread}",
+        last.test
+    );
+    assert!(last.valid.rmse < first.valid.rmse, "{first:?} -> {last:?}");
+    assert!(last.test.mae <= last.test.rmse);
+    // Regression has no accuracy: the report says 0, not a made-up figure.
+    assert_eq!(single.epochs[0].test_acc, Some(0.0));
+    for (parts, method) in [(2, Method::Metis), (3, Method::Random)] {
+        let cfg = config(&[
+            "training.mode=\"data-parallel\"".into(),
+            format!(
+                "training.partitions={:?}",
+                partitions(parts, method).display().to_string()
+            ),
+        ]);
+        let mut losses = Losses::default();
+        let (report, fin) = train(&cfg, &mut losses).unwrap();
+        assert_eq!((report.nodes, report.steps), (parts, single.steps));
+        same_losses(&single_losses.0, &losses.0, &format!("{parts} trainers"));
+        same_model(&model, &fin, &format!("{parts} trainers"));
+        // Every evaluated node counted once, by the trainer that owns it.
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            let (a, b) = (a.regression.unwrap(), b.regression.unwrap());
+            for (x, y, what) in [
+                (a.valid.rmse, b.valid.rmse, "valid RMSE"),
+                (a.test.mae, b.test.mae, "test MAE"),
+                (a.test.r2, b.test.r2, "test R²"),
+            ] {
+                assert!((x - y).abs() < 1e-3, "{parts} trainers, {what}: {x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_huber_loss_is_a_different_run_and_learns_too() {
+    let mut mse = Losses::default();
+    train(&config(&["training.epochs=1".into()]), &mut mse).unwrap();
+    let mut huber = Losses::default();
+    let (r, _) = train(
+        &config(&[
+            "training.epochs=1".into(),
+            "training.regression_loss=\"huber\"".into(),
+            "training.huber_delta=0.5".into(),
+        ]),
+        &mut huber,
+    )
+    .unwrap();
+    // Huber is at most half the squared error: below MSE from the first step.
+    assert!(huber.0[0] < mse.0[0], "{} vs {}", huber.0[0], mse.0[0]);
+    close(r.config.training.huber_delta, 0.5, "delta");
+    let last = huber.0.last().unwrap();
+    assert!(*last < huber.0[0], "{:?}", huber.0);
+}
+
+#[test]
+fn runs_that_cannot_train_regression_are_refused() {
+    // A mode without it: the message names the task and the modes that have it.
+    let err = Config::parse(
+        "",
+        &[
+            "training.task=\"node-regression\"".into(),
+            "training.mode=\"hopgnn\"".into(),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("node-regression") && err.contains("data-parallel"),
+        "{err}"
+    );
+    // A bad Huber threshold.
+    let err = Config::parse("", &["training.huber_delta=0".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("training.huber_delta"), "{err}");
+    // A graph without values.
+    let plain = derived("no-values", false, |g, out| {
+        let mut b = graphs::GraphBuilder::new("plain", "paper", g.num_classes());
+        for t in g.node_types() {
+            let f = t.features.as_ref().map(|f| {
+                graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec())
+            });
+            b = b.node_type(&t.name, t.count, f);
+        }
+        let (labels, splits) = g.target_labels();
+        b = b.labels(labels.to_vec(), splits.clone());
+        for r in g.relations() {
+            let (mut s, mut d) = (Vec::new(), Vec::new());
+            let csr = r.in_csr();
+            for v in 0..csr.num_rows() as u32 {
+                for &u in csr.neighbors(v) {
+                    s.push(u);
+                    d.push(v);
+                }
+            }
+            let (src, dst) = (&g.node_type(r.src).name, &g.node_type(r.dst).name);
+            b = b.relation(src, &r.name, dst, s, d);
+        }
+        graphs::save(&b.build().unwrap(), out, false).unwrap();
+    });
+    let cfg = config(&[format!(
+        "training.data={:?}",
+        plain.display().to_string()
+    )]);
+    let err = train(&cfg, &mut Losses::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("values.npy"), "{err}");
+}
