@@ -164,10 +164,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
                 ("id".to_string(), names.column_type()),
                 ("value".into(), ColumnType::Float32),
             ];
-            let data = vec![
-                names.column(&wanted),
-                ColumnData::Float32(values.clone()),
-            ];
+            let data = vec![names.column(&wanted), ColumnData::Float32(values.clone())];
             let mut w = TableWriter::create(&a.out, f, &columns)?;
             w.write(data)?;
             w.finish()?;

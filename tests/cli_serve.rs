@@ -683,3 +683,58 @@ fn served_answers_equal_predict_for_every_relational_model() {
         }
     }
 }
+
+#[test]
+fn a_regression_model_predicts_and_serves_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &["--task", "node-regression"]);
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    for (out, how) in [
+        ("v.npy", "sampled"),
+        ("vx.npy", "exact"),
+        ("v.csv", "sampled"),
+    ] {
+        let mut a = vec!["predict"];
+        a.extend_from_slice(&model);
+        a.extend_from_slice(&["--out", out, "--inference", how]);
+        hetgnn(dir, &a).ok();
+    }
+    let v = NpyFile::open(&dir.join("v.npy"), DType::F32).unwrap();
+    let papers = v.shape()[0] as usize;
+    let v = v.to_f32_vec();
+    let vx = NpyFile::open(&dir.join("vx.npy"), DType::F32)
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(vx.len(), papers);
+    assert!(v.iter().chain(&vx).all(|x| x.is_finite()));
+    // Values, not classes: they vary and are not all integers.
+    assert!(v.iter().any(|x| x.fract() != 0.0));
+    // The table holds the same values under the node ids.
+    let csv = std::fs::read_to_string(dir.join("v.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("id,value"));
+    let row: Vec<&str> = lines.nth(7).unwrap().split(',').collect();
+    assert_eq!(row[0], "7");
+    assert!((row[1].parse::<f32>().unwrap() - v[7]).abs() <= 1e-5 * (1.0 + v[7].abs()));
+
+    let ids = [7u32, 0, 7, 300];
+    for (how, want) in [("sampled", &v), ("exact", &vx)] {
+        let s = Server::start(dir, &[&model[..], &["--inference", how]].concat());
+        let (code, r) = s.post("/v1/predict", &json!({"ids": ids}));
+        assert_eq!(code, 200, "{how}: {r}");
+        let got: Vec<f32> = r["predictions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        let want: Vec<f32> = ids.iter().map(|&i| want[i as usize]).collect();
+        assert!(close(&got, &want), "{how}: {got:?} vs predict's {want:?}");
+        let (code, info) = s.get("/v1/model");
+        assert_eq!(code, 200);
+        let info: Value = serde_json::from_str(&info).unwrap();
+        assert_eq!(info["task"], "node-regression");
+        assert!(s.stop().success());
+    }
+}

@@ -31,6 +31,9 @@ fn same_graph(a: &Path, b: &Path) {
     for f in ["labels", "train", "valid", "test"] {
         files.push(format!("nodes/{}/{f}.npy", schema.target));
     }
+    if schema.values {
+        files.push(format!("nodes/{}/values.npy", schema.target));
+    }
     for r in &schema.relations {
         files.push(format!("edges/{}.npy", r.canonical()));
     }

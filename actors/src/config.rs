@@ -143,6 +143,10 @@ pub struct TrainingConfig {
     pub allreduce: AllReduce,
     /// "node-classification" (default), "link-prediction" or "node-regression".
     pub task: Task,
+    /// Node classification: "none" (default), "balanced" or a weight per class.
+    pub class_weights: crate::task::node::ClassWeights,
+    /// Node classification: the focal loss's γ (default 0: cross-entropy).
+    pub focal_gamma: f64,
     /// Node regression: "mse" (default) or "huber".
     pub regression_loss: crate::task::node::RegressionLoss,
     /// Node regression with the Huber loss: where it turns from squared to linear (default 1.0).
@@ -257,7 +261,14 @@ impl TrainingConfig {
     /// The link-prediction settings a run's checkpoints must share (empty for node classification).
     pub fn link_fingerprint(&self) -> String {
         match self.task {
-            Task::NodeClassification => String::new(),
+            Task::NodeClassification
+                if self.focal_gamma == 0.0 && self.class_weights == Default::default() =>
+            {
+                String::new()
+            }
+            Task::NodeClassification => {
+                format!("{:?}|{}", self.class_weights, self.focal_gamma)
+            }
             Task::NodeRegression => format!(
                 "{:?}|{:?}|{}",
                 self.task, self.regression_loss, self.huber_delta
@@ -301,6 +312,8 @@ impl Default for TrainingConfig {
             partitions: None,
             allreduce: AllReduce::AllGather,
             task: Task::NodeClassification,
+            class_weights: crate::task::node::ClassWeights::default(),
+            focal_gamma: 0.0,
             regression_loss: crate::task::node::RegressionLoss::Mse,
             huber_delta: 1.0,
             target_relations: Vec::new(),
@@ -486,6 +499,20 @@ impl Config {
             return bad(
                 "training.target_relations applies to training.task = \"link-prediction\"".into(),
             );
+        }
+        t.class_weights.check().map_err(TrainError::Config)?;
+        if !(t.focal_gamma.is_finite() && (0.0..=10.0).contains(&t.focal_gamma)) {
+            return bad(format!(
+                "training.focal_gamma must be in 0..=10, got {}",
+                t.focal_gamma
+            ));
+        }
+        let weighted = t.focal_gamma > 0.0 || t.class_weights != Default::default();
+        if weighted && t.task != Task::NodeClassification {
+            return bad(format!(
+                "training.class_weights and training.focal_gamma apply to training.task = \"node-classification\", not \"{}\"",
+                t.task.name()
+            ));
         }
         if !(t.huber_delta.is_finite() && t.huber_delta > 0.0) {
             return bad(format!(

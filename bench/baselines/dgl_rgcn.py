@@ -54,7 +54,10 @@ def load(path, reverse_edges):
     node_dir = os.path.join(path, "nodes", target)
     labels = torch.from_numpy(np.load(os.path.join(node_dir, "labels.npy")))
     splits = {s: torch.from_numpy(np.load(os.path.join(node_dir, f"{s}.npy"))) for s in ("train", "valid", "test")}
-    return g, schema, target, feats, labels, splits
+    values = None
+    if schema.get("values"):
+        values = torch.from_numpy(np.load(os.path.join(node_dir, "values.npy")))
+    return g, schema, target, feats, labels, values, splits
 
 
 class Layer(nn.Module):
@@ -117,6 +120,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
     ap.add_argument("--no-reverse-edges", action="store_true")
     ap.add_argument("--dense-embeddings", action="store_true", help="nn.Embedding + Adam instead of DGL's sparse embeddings")
+    ap.add_argument("--task", default="node-classification", choices=["node-classification", "node-regression"],
+                    help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -126,7 +131,10 @@ def main():
         torch.set_num_threads(a.threads)
 
     t0 = time.perf_counter()
-    g, schema, target, feats, labels, splits = load(a.data, not a.no_reverse_edges)
+    g, schema, target, feats, labels, values, splits = load(a.data, not a.no_reverse_edges)
+    regression = a.task == "node-regression"
+    if regression and values is None:
+        sys.exit(f"{a.data}: no values.npy for node regression")
     load_s = time.perf_counter() - t0
     fanouts = [int(f) for f in a.fanouts.split(",")]
     # DGL lists fanouts from the input layer up; hetgnn from the seeds outward.
@@ -140,7 +148,7 @@ def main():
         init = lambda t: nn.init.normal_(t, 0.0, 1.0)  # noqa: E731
         embeds = {t: dglnn.NodeEmbedding(g.num_nodes(t), a.embed_dim, f"emb_{t}", init_func=init) for t in featureless}
     in_dims = {t: (feats[t].shape[1] if t in feats else a.embed_dim) for t in g.ntypes}
-    model = Rgcn(g, in_dims, a.hidden, schema["num_classes"], len(fanouts), a.dropout)
+    model = Rgcn(g, in_dims, a.hidden, 1 if regression else schema["num_classes"], len(fanouts), a.dropout)
     params = list(model.parameters()) + (list(embeds.parameters()) if a.dense_embeddings else [])
     opt = torch.optim.Adam(params, lr=a.lr)
     sparse_opt = None if a.dense_embeddings else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
@@ -159,6 +167,21 @@ def main():
 
     def loader(ids, shuffle):
         return dgl.dataloading.DataLoader(g, {target: ids}, sampler, batch_size=a.batch, shuffle=shuffle, drop_last=False, num_workers=0)
+
+    def errors(ids):
+        """RMSE, MAE and R² of the model's values on `ids`."""
+        model.eval()
+        preds, ys = [], []
+        with torch.no_grad():
+            for _, seeds, blocks in loader(ids, False):
+                preds.append(model(blocks, inputs(blocks[0]))[target][:, 0].double())
+                ys.append(values[seeds[target]].double())
+        model.train()
+        p, y = torch.cat(preds), torch.cat(ys)
+        sse = ((p - y) ** 2).sum().item()
+        sst = ((y - y.mean()) ** 2).sum().item()
+        n = max(len(y), 1)
+        return {"rmse": (sse / n) ** 0.5, "mae": (p - y).abs().sum().item() / n, "r2": 1.0 - sse / sst if sst > 0 else 0.0}
 
     def accuracy(ids):
         model.eval()
@@ -183,7 +206,10 @@ def main():
                 break
             sample_s += time.perf_counter() - ts
             out = model(blocks, inputs(blocks[0]))[target]
-            loss = F.cross_entropy(out, labels[seeds[target]])
+            if regression:
+                loss = F.mse_loss(out[:, 0], values[seeds[target]])
+            else:
+                loss = F.cross_entropy(out, labels[seeds[target]])
             opt.zero_grad()
             if sparse_opt is not None:
                 sparse_opt.zero_grad()
@@ -195,9 +221,16 @@ def main():
             steps += 1
         seconds = time.perf_counter() - t0
         te = time.perf_counter()
-        valid, test = accuracy(splits["valid"]), accuracy(splits["test"])
-        eval_s = time.perf_counter() - te
-        epochs.append({"epoch": epoch, "loss": loss_sum / max(steps, 1), "seconds": seconds, "sample_s": sample_s, "steps": steps, "valid_acc": valid, "test_acc": test, "eval_s": eval_s})
+        row = {"epoch": epoch, "loss": loss_sum / max(steps, 1), "seconds": seconds, "sample_s": sample_s, "steps": steps}
+        if regression:
+            valid, test = errors(splits["valid"]), errors(splits["test"])
+            row["regression"] = {"valid": valid, "test": test}
+            valid, test = valid["rmse"], test["rmse"]
+        else:
+            valid, test = accuracy(splits["valid"]), accuracy(splits["test"])
+            row["valid_acc"], row["test_acc"] = valid, test
+        row["eval_s"] = time.perf_counter() - te
+        epochs.append(row)
         print(f"dgl epoch {epoch}: loss {loss_sum / max(steps, 1):.4f}  {seconds:.2f} s ({steps} steps)  valid {valid:.4f}  test {test:.4f}", file=sys.stderr)
     print(json.dumps({
         "system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -368,7 +368,9 @@ pub(crate) fn check_split(
         match values {
             None if labels[i] < 0 => return Err(format!("node {id} has no label (-1)")),
             Some(v) if labels[i] < 0 && v[i].is_nan() => {
-                return Err(format!("node {id} has neither a label (-1) nor a value (NaN)"))
+                return Err(format!(
+                    "node {id} has neither a label (-1) nor a value (NaN)"
+                ))
             }
             _ => {}
         }

@@ -23,7 +23,7 @@ fn output_is_byte_identical_for_a_seed_whatever_the_threads() {
         .unwrap();
     generate(Like::Mag, 0.003, 6, &c, false, &mut NoProgress).unwrap();
     let (fa, fb, fc) = (read_all(&a), read_all(&b), read_all(&c));
-    assert_eq!(fa.len(), 10, "schema, 5 paper files, 4 edge files");
+    assert_eq!(fa.len(), 11, "schema, 6 paper files, 4 edge files");
     assert!(fa == fb, "same seed must give identical bytes");
     assert!(
         fa.iter().zip(&fc).any(|(x, y)| x.1 != y.1),
@@ -93,6 +93,29 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
         explained > 0.03 && explained < 0.25,
         "share of feature variance explained by class: {explained}"
     );
+
+    // Values: the class explains most of their variance, the first feature
+    // part of the rest, and the noise is small.
+    let values = g.target_values().expect("the generator plants values");
+    let mut by_class = vec![(0.0f64, 0.0f64); 349];
+    for (&l, &v) in labels.iter().zip(values) {
+        by_class[l as usize].0 += f64::from(v);
+        by_class[l as usize].1 += 1.0;
+    }
+    let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let (mut within, mut total) = (0.0f64, 0.0f64);
+    for (&l, &v) in labels.iter().zip(values) {
+        let (s, c) = by_class[l as usize];
+        let residual = f64::from(v) - s / c;
+        within += residual * residual;
+        total += (f64::from(v) - mean).powi(2);
+    }
+    let explained = 1.0 - within / total;
+    assert!(
+        explained > 0.5 && explained < 0.95,
+        "share of value variance explained by class: {explained}"
+    );
+    assert!(values.iter().all(|v| v.is_finite()));
 
     // Authors link mostly to papers of one dominant class.
     let writes = g.relation(g.relation_id("author__writes__paper").unwrap());

@@ -29,7 +29,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::api::{self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse, Predictions};
+use crate::api::{
+    self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse, Predictions,
+};
 use crate::batcher::{Answer, BatchLimits, Batcher, Op};
 use crate::engine::{Engine, Rows, Want};
 use crate::error::{Result, ServeError};

@@ -61,6 +61,16 @@ pub struct NodeTable {
     pub label: Option<LabelSpec>,
     /// How the labelled nodes are split into train, valid and test.
     pub split: Option<SplitSpec>,
+    /// The regression target column, on the target type (`[nodes.value]`).
+    pub value: Option<ValueSpec>,
+}
+
+/// The regression target column: a number per node (empty or NaN: none).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValueSpec {
+    /// Column holding the value.
+    pub column: String,
 }
 
 /// The tables of one relation.
@@ -278,6 +288,11 @@ impl TablesConfig {
             }
             for f in &n.features {
                 check_feature(f).map_err(|p| format!("{at}: {p}"))?;
+            }
+            if n.value.is_some() && n.label.is_none() {
+                return Err(format!(
+                    "{at}: a [nodes.value] goes on the target type, the one with a [nodes.label]"
+                ));
             }
             if let Some(s) = &n.split {
                 if n.label.is_none() {

@@ -11,7 +11,7 @@ use graphs::{Progress, Schema};
 
 use crate::config::{
     EdgeTable, FeatureSpec, FileFormat, LabelSpec, NodeTable, SplitSpec, TablesConfig, Transform,
-    UnknownIds,
+    UnknownIds, ValueSpec,
 };
 use crate::error::{Result, TableError};
 use crate::labels::{read_labels, split_name};
@@ -54,11 +54,18 @@ pub fn export_tables(
         } else {
             (Vec::new(), Vec::new())
         };
+        let values = match target && schema.values {
+            true => Some(NpyFile::open(&paths::values(graph, t), DType::F32)?.to_f32_vec()),
+            false => None,
+        };
         let mut columns = vec![("id".to_string(), ColumnType::Text)];
         columns.extend((0..dim).map(|j| (format!("f{j}"), ColumnType::Float32)));
         if target {
             columns.push(("label".to_string(), ColumnType::Int));
             columns.push(("split".to_string(), ColumnType::Text));
+        }
+        if values.is_some() {
+            columns.push(("value".to_string(), ColumnType::Float32));
         }
         let mut w = TableWriter::create(&dir.path().join(&file), format, &columns)?;
         progress.start(&format!("{t} table"), ts.count);
@@ -92,6 +99,9 @@ pub fn export_tables(
                         .map(|&m| (m != 0).then(|| split_name(m).to_string()))
                         .collect(),
                 ));
+            }
+            if let Some(v) = &values {
+                cols.push(ColumnData::Float32(v[rows.clone()].to_vec()));
             }
             w.write(cols)?;
             progress.advance(end - start);
@@ -128,6 +138,9 @@ pub fn export_tables(
                 time_column: None,
                 train_before: None,
                 valid_before: None,
+            }),
+            value: values.is_some().then(|| ValueSpec {
+                column: "value".into(),
             }),
         });
     }

@@ -120,6 +120,8 @@ struct NodeResult {
     width: usize,
     blocks: Vec<FittedBlock>,
     labelled: Option<Labelled>,
+    /// Regression targets (NaN: none), when the table has a value column.
+    values: Option<Vec<f32>>,
 }
 
 /// Imports the tables described by the configuration file `config` into `out`.
@@ -197,6 +199,9 @@ pub fn import_tables(
         dir.create_dir(&paths::node_dir(dir.path(), t))?;
         let seed = prior.as_mut().map(|p| p.seed(t)).transpose()?;
         let mut r = import_nodes(&table, files, dir.path(), seed, prior.as_ref(), progress)?;
+        if let Some(v) = &r.values {
+            graphs::npy::write_f32(&paths::values(dir.path(), t), &[v.len() as u64], v)?;
+        }
         if let Some(l) = &r.labelled {
             graphs::npy::write_i64(
                 &paths::labels(dir.path(), t),
@@ -324,6 +329,7 @@ pub fn import_tables(
     let mut node_types = Vec::new();
     let mut records = Vec::new();
     let mut num_classes = 1;
+    let mut has_values = false;
     for (ntype, result) in &types {
         let ids = maps.remove(ntype).expect("a map per type");
         if ids.is_empty() {
@@ -340,6 +346,7 @@ pub fn import_tables(
             Some(r) => {
                 if let Some(l) = &r.labelled {
                     num_classes = l.num_classes;
+                    has_values = r.values.is_some();
                 }
                 (
                     r.width,
@@ -380,7 +387,7 @@ pub fn import_tables(
         num_classes,
         node_types,
         relations,
-        values: false,
+        values: has_values,
     };
     schema
         .validate()
@@ -509,6 +516,18 @@ fn import_nodes(
         columns.push(&l.column);
         columns.len() - 1
     });
+    let value_at = table.value.as_ref().map(|v| {
+        columns.push(&v.column);
+        columns.len() - 1
+    });
+    // An import like an earlier graph keeps its nodes' values (none where it had none).
+    let mut values: Option<Vec<f32>> = match (&table.value, prior) {
+        (None, _) => None,
+        (Some(_), Some(p)) if p.schema.values && p.schema.target == *t => {
+            Some(NpyFile::open(&paths::values(&p.dir, t), DType::F32)?.to_f32_vec())
+        }
+        (Some(_), _) => Some(vec![f32::NAN; old_count]),
+    };
     let split_at = match &rule {
         Some(SplitRule::Column(c)) | Some(SplitRule::Time { column: c, .. }) => {
             columns.push(c);
@@ -565,6 +584,20 @@ fn import_nodes(
                 if let (Some(l), Some(at)) = (&mut labels, label_at) {
                     l.push_label(&chunk.columns[at], i)
                         .map_err(|p| TableError::cell(path, row, columns[at], p))?;
+                }
+                if let (Some(v), Some(at)) = (&mut values, value_at) {
+                    let x = chunk.columns[at]
+                        .number_f32(i)
+                        .map_err(|p| TableError::cell(path, row, columns[at], p))?;
+                    if x.is_some_and(f32::is_infinite) {
+                        return Err(TableError::cell(
+                            path,
+                            row,
+                            columns[at],
+                            "an infinite value (empty or NaN for none)",
+                        ));
+                    }
+                    v.push(x.unwrap_or(f32::NAN));
                 }
                 if let (Some(l), Some(at)) = (&mut labels, split_at) {
                     let cells = &chunk.columns[at];
@@ -669,6 +702,7 @@ fn import_nodes(
         width,
         blocks,
         labelled,
+        values,
     })
 }
 

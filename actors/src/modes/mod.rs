@@ -31,6 +31,9 @@ struct Entry {
     former_keys: &'static [(&'static str, &'static str)],
     check: fn(&TrainingConfig) -> Result<()>,
     tasks: &'static [Task],
+    /// Whether the mode's steps take their loss from `task::node::NodeTask`
+    /// (class weights and the focal loss).
+    weighted: bool,
     rules: &'static Rules,
     defaults: fn() -> serde_json::Value,
 }
@@ -65,12 +68,18 @@ fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
     C::of(t)?.check(t)
 }
 
-const fn entry<C: ModeConfig>(mode: Mode, tasks: &'static [Task], rules: &'static Rules) -> Entry {
+const fn entry<C: ModeConfig>(
+    mode: Mode,
+    tasks: &'static [Task],
+    weighted: bool,
+    rules: &'static Rules,
+) -> Entry {
     Entry {
         mode,
         former_keys: C::FORMER_KEYS,
         check: check_with::<C>,
         tasks,
+        weighted,
         rules,
         defaults: defaults_of::<C>,
     }
@@ -85,20 +94,27 @@ const EVERY_TASK: &[Task] = &[
 
 /// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, true, &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         EVERY_TASK,
+        true,
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, false, &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODES,
+        false,
         &crate::model_averaging::RULES,
     ),
-    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, &crate::hopgnn::RULES),
-    entry::<crate::full_graph::FullGraphConfig>(Mode::FullGraph, NODES, &crate::full_graph::RULES),
+    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, false, &crate::hopgnn::RULES),
+    entry::<crate::full_graph::FullGraphConfig>(
+        Mode::FullGraph,
+        NODES,
+        false,
+        &crate::full_graph::RULES,
+    ),
 ];
 
 impl Config {
@@ -212,6 +228,18 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             REGISTRY
                 .iter()
                 .filter(|e| e.tasks.contains(&t.task))
+                .map(|e| e.mode.name())
+                .collect::<Vec<_>>()
+                .join(" and "),
+            e.mode.name()
+        )));
+    }
+    if !e.weighted && (t.focal_gamma > 0.0 || t.class_weights != Default::default()) {
+        return Err(TrainError::Config(format!(
+            "training.class_weights and training.focal_gamma apply in {}; mode {} does not support them yet",
+            REGISTRY
+                .iter()
+                .filter(|e| e.weighted)
                 .map(|e| e.mode.name())
                 .collect::<Vec<_>>()
                 .join(" and "),

@@ -20,13 +20,81 @@ pub enum RegressionLoss {
     Huber,
 }
 
+/// How node classification weighs each class in its loss.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClassWeights {
+    /// "none" (every node counts 1, the default) or "balanced" (a class
+    /// weighs `training nodes / (classes × its training nodes)`).
+    Named(String),
+    /// One weight per class, in class order.
+    List(Vec<f64>),
+}
+
+impl Default for ClassWeights {
+    fn default() -> Self {
+        ClassWeights::Named("none".into())
+    }
+}
+
+impl ClassWeights {
+    /// Checks the setting against nothing but itself (the class count is the graph's).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        match self {
+            ClassWeights::Named(n) if n == "none" || n == "balanced" => Ok(()),
+            ClassWeights::Named(n) => Err(format!(
+                "training.class_weights: '{n}' is neither \"none\", \"balanced\" nor a list of weights"
+            )),
+            ClassWeights::List(w) if w.iter().all(|x| x.is_finite() && *x >= 0.0) && w.iter().any(|x| *x > 0.0) => Ok(()),
+            ClassWeights::List(_) => Err(
+                "training.class_weights: weights must be finite, non-negative and not all 0".into(),
+            ),
+        }
+    }
+
+    /// The weight of each of `g`'s classes (`None`: all 1).
+    fn resolve(&self, g: &HetGraph) -> Result<Option<Vec<f32>>> {
+        let k = g.num_classes() as usize;
+        match self {
+            ClassWeights::Named(n) if n == "balanced" => {
+                let (labels, splits) = g.target_labels();
+                let mut count = vec![0u64; k];
+                for &n in &splits.train {
+                    if let Some(c) = count.get_mut(labels[n as usize].max(0) as usize) {
+                        *c += 1;
+                    }
+                }
+                let n = splits.train.len() as f64;
+                Ok(Some(
+                    count
+                        .iter()
+                        .map(|&c| (n / (k as f64 * c.max(1) as f64)) as f32)
+                        .collect(),
+                ))
+            }
+            ClassWeights::Named(_) => Ok(None),
+            ClassWeights::List(w) if w.len() == k => {
+                Ok(Some(w.iter().map(|&x| x as f32).collect()))
+            }
+            ClassWeights::List(w) => Err(TrainError::Config(format!(
+                "training.class_weights lists {} weights but the graph has {k} classes",
+                w.len()
+            ))),
+        }
+    }
+}
+
 /// What a node-level run trains on, read from its graph.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum NodeTask<'g> {
     /// A class per node, from the target type's labels.
     Classes {
         /// The labels (-1: none).
         labels: &'g [i64],
+        /// Each class's weight in the loss (`None`: all 1).
+        weights: Option<Vec<f32>>,
+        /// The focal loss's γ (0: cross-entropy).
+        gamma: f64,
     },
     /// A value per node, from the target type's `values.npy`.
     Values {
@@ -46,6 +114,8 @@ impl<'g> NodeTask<'g> {
         if t.task != Task::NodeRegression {
             return Ok(NodeTask::Classes {
                 labels: g.target_labels().0,
+                weights: t.class_weights.resolve(g)?,
+                gamma: t.focal_gamma,
             });
         }
         let values = g.target_values().ok_or_else(|| no_values(g))?;
@@ -59,16 +129,46 @@ impl<'g> NodeTask<'g> {
     /// The mean loss of the model's outputs `out` (`[seeds, outputs]`) on `seeds`.
     pub fn loss(&self, out: &Tensor, seeds: &[u32]) -> Result<Tensor> {
         let device = out.device();
-        Ok(match *self {
-            NodeTask::Classes { labels } => {
+        Ok(match self {
+            NodeTask::Classes {
+                labels,
+                weights: None,
+                gamma,
+            } if *gamma == 0.0 => {
                 let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
                 candle_nn::loss::cross_entropy(out, &Tensor::from_vec(y, seeds.len(), device)?)?
+            }
+            NodeTask::Classes {
+                labels,
+                weights,
+                gamma,
+            } => {
+                // −w_y · (1 − p_y)^γ · log p_y per node, summed and divided by
+                // the node count (not the weights' sum), so that trainers'
+                // shares add up to the single process's loss.
+                let y: Vec<u32> = seeds.iter().map(|&s| labels[s as usize] as u32).collect();
+                let w: Vec<f32> = y
+                    .iter()
+                    .map(|&c| weights.as_ref().map_or(1.0, |w| w[c as usize]))
+                    .collect();
+                let y = Tensor::from_vec(y, (seeds.len(), 1), device)?;
+                let logp = candle_nn::ops::log_softmax(out, 1)?
+                    .gather(&y, 1)?
+                    .squeeze(1)?;
+                let mut per = logp.neg()?;
+                if *gamma > 0.0 {
+                    let rest = (logp.exp()?.neg()? + 1.0)?.relu()?;
+                    per = (per * rest.powf(*gamma)?)?;
+                }
+                let w = Tensor::from_vec(w, seeds.len(), device)?.to_dtype(out.dtype())?;
+                ((per * w)?.sum_all()? / seeds.len().max(1) as f64)?
             }
             NodeTask::Values {
                 values,
                 loss,
                 delta,
             } => {
+                let (loss, delta) = (*loss, *delta);
                 let y: Vec<f32> = seeds.iter().map(|&s| values[s as usize]).collect();
                 let y = Tensor::from_vec(y, seeds.len(), device)?.to_dtype(out.dtype())?;
                 let d = (out.squeeze(1)? - y)?;
@@ -77,7 +177,9 @@ impl<'g> NodeTask<'g> {
                     RegressionLoss::Huber => {
                         // 0.5·q² + δ·(|d| − q) with q = min(|d|, δ).
                         let a = d.abs()?;
-                        let q = a.le(delta)?.where_cond(&a, &a.ones_like()?.affine(delta, 0.0)?)?;
+                        let q = a
+                            .le(delta)?
+                            .where_cond(&a, &a.ones_like()?.affine(delta, 0.0)?)?;
                         ((q.sqr()? * 0.5)? + ((a - &q)? * delta)?)?.mean_all()?
                     }
                 }
@@ -87,16 +189,16 @@ impl<'g> NodeTask<'g> {
 
     /// Correct predictions among `seeds` (0 for regression).
     pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
-        match *self {
-            NodeTask::Classes { labels } => crate::epoch::count_correct(out, labels, seeds),
+        match self {
+            NodeTask::Classes { labels, .. } => crate::epoch::count_correct(out, labels, seeds),
             NodeTask::Values { .. } => Ok(0),
         }
     }
 
     /// Adds the evaluation figures of `out` on `seeds` to `s`.
     pub fn score(&self, out: &Tensor, seeds: &[u32], s: &mut Scores) -> Result<()> {
-        match *self {
-            NodeTask::Classes { labels } => {
+        match self {
+            NodeTask::Classes { labels, .. } => {
                 s.correct += crate::epoch::count_correct(out, labels, seeds)?
             }
             NodeTask::Values { values, .. } => {
@@ -244,6 +346,84 @@ mod tests {
     }
 
     #[test]
+    fn weighted_focal_loss_is_its_formula() {
+        let logits = [[2.0f32, 0.0, -1.0], [0.5, 0.5, 0.0]];
+        let out = Tensor::new(&logits, &Device::Cpu).unwrap();
+        let labels = [0i64, 2];
+        let (weights, gamma) = (vec![0.5f32, 1.0, 3.0], 2.0);
+        let task = NodeTask::Classes {
+            labels: &labels,
+            weights: Some(weights.clone()),
+            gamma,
+        };
+        let got = task
+            .loss(&out, &[0, 1])
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
+        let want: f64 = logits
+            .iter()
+            .zip(labels)
+            .map(|(row, y)| {
+                let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+                let p = f64::from(row[y as usize]).exp() / z;
+                -f64::from(weights[y as usize]) * (1.0 - p).powf(gamma) * p.ln()
+            })
+            .sum::<f64>()
+            / 2.0;
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        // No weights and γ = 0: plain cross-entropy.
+        let plain = NodeTask::Classes {
+            labels: &labels,
+            weights: None,
+            gamma: 0.0,
+        };
+        let ce = plain
+            .loss(&out, &[0, 1])
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let ones = NodeTask::Classes {
+            labels: &labels,
+            weights: Some(vec![1.0; 3]),
+            gamma: 0.0,
+        };
+        let w1 = ones
+            .loss(&out, &[0, 1])
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!((ce - w1).abs() < 1e-6, "{ce} vs {w1}");
+    }
+
+    #[test]
+    fn balanced_weights_follow_the_training_split() {
+        let g = graphs::GraphBuilder::new("g", "p", 3)
+            .node_type("p", 6, None)
+            .labels(
+                vec![0, 0, 0, 1, 2, 2],
+                graphs::Splits {
+                    train: vec![0, 1, 2, 3],
+                    valid: vec![4],
+                    test: vec![5],
+                },
+            )
+            .build()
+            .unwrap();
+        let w = ClassWeights::Named("balanced".into())
+            .resolve(&g)
+            .unwrap()
+            .unwrap();
+        // 4 training nodes, 3 classes: class 0 has 3, class 1 one, class 2 none.
+        let want = [4.0 / 9.0, 4.0 / 3.0, 4.0 / 3.0];
+        for (a, b) in w.iter().zip(want) {
+            assert!((f64::from(*a) - b).abs() < 1e-6, "{w:?}");
+        }
+        assert!(ClassWeights::default().resolve(&g).unwrap().is_none());
+        assert!(ClassWeights::List(vec![1.0; 2]).resolve(&g).is_err());
+    }
+
+    #[test]
     fn losses_are_mse_and_huber() {
         let values = [0.0f32, 1.0, 10.0];
         let out = Tensor::new(&[[0.5f32], [1.0], [0.0]], &Device::Cpu).unwrap();
@@ -259,7 +439,7 @@ mod tests {
             .to_scalar::<f32>()
             .unwrap() as f64
         };
-        assert!(close(loss(RegressionLoss::Mse, 1.0), (0.25 + 0.0 + 100.0) / 3.0));
+        assert!((loss(RegressionLoss::Mse, 1.0) - (0.25 + 0.0 + 100.0) / 3.0).abs() < 1e-4);
         // |d| = 0.5 (quadratic), 0, 10 (linear: 2·(10 − 1) + 0.5·2²).
         let want = (0.5 * 0.25 + 0.0 + (0.5 * 4.0 + 2.0 * 8.0)) / 3.0;
         assert!((loss(RegressionLoss::Huber, 2.0) - want).abs() < 1e-5);

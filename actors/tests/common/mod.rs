@@ -123,6 +123,17 @@ pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
 
 /// [`same_model`] with dense parameters within `rel` of their scale.
 pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, rel: f32) {
+    same_model_rows_within(want, got, what, rel, 1e-5);
+}
+
+/// [`same_model_within`] with embedding rows within `rows` (relative, at least 1 absolute scale).
+pub fn same_model_rows_within(
+    want: &models::Model,
+    got: &models::Model,
+    what: &str,
+    rel: f32,
+    row_tol: f32,
+) {
     use candle_core::DType;
     for ((name, var), (name2, var2)) in want.params.iter().zip(got.params.iter()) {
         assert_eq!(name, name2);
@@ -161,7 +172,7 @@ pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, 
         assert_eq!(t.name, e.name);
         for (x, y) in t.data.iter().zip(&e.data) {
             assert!(
-                (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                (x - y).abs() <= row_tol * x.abs().max(1.0),
                 "{what}, {}: {x} vs {y}",
                 t.name
             );

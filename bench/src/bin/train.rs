@@ -10,7 +10,9 @@
 //! `--pyg PYTHON`, bench/baselines/pyg_rgcn.py (PyTorch Geometric's layers, the
 //! same model, on the benchmark's `--device`) likewise. `--set KEY=VALUE`
 //! (repeatable) passes a setting to hetgnn's runs, such as
-//! `training.cache_bytes=8GiB` to keep every row on a GPU.
+//! `training.cache_bytes=8GiB` to keep every row on a GPU. `--task
+//! node-regression` trains both sides on the graph's values (MSE) and compares
+//! test RMSE instead of accuracy; `--seed` seeds both sides.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -33,6 +35,12 @@ struct Args {
     /// Model to train.
     #[arg(long, default_value = "rgcn")]
     model: String,
+    /// node-classification or node-regression (both sides).
+    #[arg(long, default_value = "node-classification")]
+    task: String,
+    /// Seed of both sides' runs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Device.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -59,6 +67,8 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
         format!("training.data={:?}", data.display().to_string()),
         format!("training.epochs={}", a.epochs),
         format!("training.model={}", a.model),
+        format!("training.task={:?}", a.task),
+        format!("training.seed={}", a.seed),
         format!("training.device={:?}", a.device),
     ];
     let overrides: Vec<String> = overrides.into_iter().chain(a.set.iter().cloned()).collect();
@@ -154,6 +164,10 @@ fn main() -> anyhow::Result<()> {
                 &a.epochs.to_string(),
                 "--model",
                 &a.model,
+                "--task",
+                &a.task,
+                "--seed",
+                &a.seed.to_string(),
                 "--device",
                 &a.device,
             ])
@@ -176,6 +190,11 @@ fn main() -> anyhow::Result<()> {
         let mean =
             |f: fn(&actors::EpochReport) -> f64| report.epochs.iter().map(f).sum::<f64>() / n;
         let last = report.epochs.last().context("no epochs")?;
+        // The figure compared: test accuracy, or test RMSE for regression.
+        let ours = match last.regression {
+            Some(r) => r.test.rmse,
+            None => last.test_acc.unwrap_or(f64::NAN),
+        };
         let peak = report.peak_memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
         println!(
             "{scale:>6} {:>6} {:>9.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {peak:>10.0} {:>9.4}",
@@ -185,16 +204,23 @@ fn main() -> anyhow::Result<()> {
             mean(|e| e.time.gather_s),
             mean(|e| e.time.compute_s),
             mean(|e| e.time.update_s),
-            last.test_acc.unwrap_or(f64::NAN)
+            ours
         );
         let mut row = serde_json::json!({
             "scale": scale, "steps_per_epoch": report.steps / report.epochs.len() as u64,
             "epoch_seconds": mean(|e| e.time.seconds), "sample_s": mean(|e| e.time.sample_s), "gather_s": mean(|e| e.time.gather_s),
             "compute_s": mean(|e| e.time.compute_s), "update_s": mean(|e| e.time.update_s),
-            "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc, "epochs": report.epochs,
+            "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc,
+            "test_rmse": last.regression.map(|r| r.test.rmse), "epochs": report.epochs,
         });
+        let seed = a.seed.to_string();
         let peers = [
-            ("dgl", "dgl_rgcn.py", &a.dgl, vec![]),
+            (
+                "dgl",
+                "dgl_rgcn.py",
+                &a.dgl,
+                vec!["--task", a.task.as_str(), "--seed", seed.as_str()],
+            ),
             (
                 "pyg",
                 "pyg_rgcn.py",
@@ -213,19 +239,26 @@ fn main() -> anyhow::Result<()> {
                 &extra,
             )?;
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
-            let test = theirs["epochs"]
-                .as_array()
-                .and_then(|e| e.last())
-                .and_then(|e| e["test_acc"].as_f64())
+            let final_epoch = theirs["epochs"].as_array().and_then(|e| e.last());
+            let test = final_epoch
+                .and_then(|e| match last.regression {
+                    Some(_) => e["regression"]["test"]["rmse"].as_f64(),
+                    None => e["test_acc"].as_f64(),
+                })
                 .unwrap_or(f64::NAN);
             let ratio = mean(|e| e.time.seconds) / epoch_s;
-            println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, test {test:.4}: hetgnn/{name} time {ratio:.2}x, test accuracy {:+.4}", "", theirs[name], last.test_acc.unwrap_or(f64::NAN) - test);
-            row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test_acc": test, "time_ratio": ratio,
-                "test_acc_diff": last.test_acc.unwrap_or(f64::NAN) - test, "report": theirs });
+            let what = if last.regression.is_some() {
+                "test RMSE"
+            } else {
+                "test accuracy"
+            };
+            println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, {what} {test:.4}: hetgnn/{name} time {ratio:.2}x, {what} {:+.4}", "", theirs[name], ours - test);
+            row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test": test, "time_ratio": ratio,
+                "test_diff": ours - test, "metric": what, "report": theirs });
         }
         rows.push(row);
     }
-    let json = serde_json::json!({ "model": a.model, "device": a.device, "epochs": a.epochs,
+    let json = serde_json::json!({ "model": a.model, "task": a.task, "seed": a.seed, "device": a.device, "epochs": a.epochs,
         "settings": a.set, "cores": cores, "runs": rows });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
