@@ -444,12 +444,17 @@ impl TrainObserver for Progress {
                 "valid RMSE {:.4} MAE {:.4} R² {:.4}  test RMSE {:.4} MAE {:.4} R² {:.4}",
                 v.valid.rmse, v.valid.mae, v.valid.r2, v.test.rmse, v.test.mae, v.test.r2
             ),
-            (None, None) => format!(
-                "train {:.4}  valid {}  test {}",
-                r.train_acc,
-                accuracy(r.valid_acc),
-                accuracy(r.test_acc)
-            ),
+            (None, None) => {
+                let f1 = r.macro_f1.map_or(String::new(), |[v, t]| {
+                    format!("  macro F1 valid {v:.4} test {t:.4}")
+                });
+                format!(
+                    "train {:.4}  valid {}  test {}{f1}",
+                    r.train_acc,
+                    accuracy(r.valid_acc),
+                    accuracy(r.test_acc)
+                )
+            }
         };
         let t = &r.time;
         sayln!(

@@ -36,6 +36,11 @@ pub struct EpochReport {
     /// evaluated; the accuracies above are then 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regression: Option<crate::task::node::RegressionEpoch>,
+    /// Node classification: validation and test macro F1 (the mean of the
+    /// per-class F1 over classes true or predicted; absent with more than
+    /// 4096 classes, in modes that do not count per class, or when not evaluated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macro_f1: Option<[f64; 2]>,
     /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cpu_util: f64,

@@ -203,8 +203,18 @@ fn weighted_and_focal_classification_follow_single_process_training() {
         .concat(),
     );
     let mut losses = Losses::default();
-    let (_, fin) = train(&cfg, &mut losses).unwrap();
+    let (dr, fin) = train(&cfg, &mut losses).unwrap();
     same_losses(&single.0, &losses.0, "2 trainers, weighted");
+    // Macro F1 from every trainer's per-class counts, as one process counts them.
+    let ([v1, t1], [v2, t2]) = (
+        r.epochs[0].macro_f1.unwrap(),
+        dr.epochs[0].macro_f1.unwrap(),
+    );
+    assert!(
+        (v1 - v2).abs() < 1e-3 && (t1 - t2).abs() < 1e-3,
+        "{v1} {t1} vs {v2} {t2}"
+    );
+    assert!((0.0..=1.0).contains(&t1));
     // The focal factor's power amplifies summation-order rounding a little:
     // rows within 5e-5 (a lost or doubled gradient moves them by ~lr, 1e-2).
     common::same_model_rows_within(&model, &fin, "2 trainers, weighted", 3e-4, 5e-5);

@@ -128,6 +128,9 @@ pub struct EpochStats {
     /// Node regression: this trainer's validation and test sums.
     #[serde(default)]
     pub values: Option<[crate::task::node::ValueSums; 2]>,
+    /// Node classification: this trainer's validation and test counts per class.
+    #[serde(default)]
+    pub classes: Option<[crate::task::node::ClassCounts; 2]>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
     #[serde(default)]
     pub cpu_util: f64,
@@ -326,12 +329,27 @@ impl EpochReport {
             time: Timings::across(&times),
             link: link_figures(stats),
             regression: regression_figures(stats),
+            macro_f1: macro_f1(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
             figures: std::collections::BTreeMap::new(),
         }
     }
+}
+
+/// Validation and test macro F1 of an epoch: every trainer's counts merged.
+fn macro_f1(stats: &[EpochStats]) -> Option<[f64; 2]> {
+    let mut sums: Option<[crate::task::node::ClassCounts; 2]> = None;
+    for s in stats.iter().filter(|s| s.evaluated) {
+        if let Some([v, t]) = &s.classes {
+            let acc = sums.get_or_insert_with(Default::default);
+            acc[0].merge(v);
+            acc[1].merge(t);
+        }
+    }
+    let [v, t] = sums?;
+    Some([v.macro_f1()?, t.macro_f1()?])
 }
 
 /// Node regression's figures of an epoch: every trainer's sums merged.

@@ -519,6 +519,9 @@ impl<'g> Steps for Run<'g, '_> {
         });
         let (valid, test) = (valid?, test?);
         (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
+        if !valid.classes.0.is_empty() || !test.classes.0.is_empty() {
+            st.classes = Some([valid.classes, test.classes]);
+        }
         if let NodeTask::Values { .. } = task {
             st.values = Some([valid.values, test.values]);
         }

@@ -199,7 +199,15 @@ impl<'g> NodeTask<'g> {
     pub fn score(&self, out: &Tensor, seeds: &[u32], s: &mut Scores) -> Result<()> {
         match self {
             NodeTask::Classes { labels, .. } => {
-                s.correct += crate::epoch::count_correct(out, labels, seeds)?
+                let pred: Vec<u32> = out.argmax(1)?.to_vec1()?;
+                let k = out.dim(1)?;
+                for (&p, &n) in pred.iter().zip(seeds) {
+                    let y = labels[n as usize];
+                    s.correct += u64::from(i64::from(p) == y);
+                    if k <= MAX_F1_CLASSES {
+                        s.classes.add(k, p as usize, y as usize);
+                    }
+                }
             }
             NodeTask::Values { values, .. } => {
                 let pred: Vec<f32> = out.squeeze(1)?.to_dtype(DType::F32)?.to_vec1()?;
@@ -219,13 +227,65 @@ fn no_values(g: &HetGraph) -> TrainError {
     ))
 }
 
+/// Most classes for which per-class counts (macro F1) are kept: beyond it,
+/// they would outweigh the rest of a trainer's epoch account.
+pub const MAX_F1_CLASSES: usize = 4096;
+
 /// What an evaluation adds up over nodes, whatever the task.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Scores {
     /// Correct classes.
     pub correct: u64,
+    /// Per-class counts (classification with at most [`MAX_F1_CLASSES`] classes).
+    pub classes: ClassCounts,
     /// Regression sums.
     pub values: ValueSums,
+}
+
+/// True positives, false positives and false negatives per class: they add
+/// across batches and trainers, and give the macro F1.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassCounts(pub Vec<[u64; 3]>);
+
+impl ClassCounts {
+    /// Counts one node of true class `y` predicted as `p`, out of `k` classes.
+    pub fn add(&mut self, k: usize, p: usize, y: usize) {
+        if self.0.len() < k {
+            self.0.resize(k, [0; 3]);
+        }
+        if p == y {
+            self.0[y][0] += 1;
+        } else {
+            self.0[p][1] += 1;
+            if let Some(c) = self.0.get_mut(y) {
+                c[2] += 1;
+            }
+        }
+    }
+
+    /// Adds another set of counts.
+    pub fn merge(&mut self, o: &ClassCounts) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), [0; 3]);
+        }
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            for i in 0..3 {
+                a[i] += b[i];
+            }
+        }
+    }
+
+    /// The mean F1 over the classes that are true or predicted at least once
+    /// (as scikit-learn's default); `None` when nothing was counted.
+    pub fn macro_f1(&self) -> Option<f64> {
+        let f1: Vec<f64> = self
+            .0
+            .iter()
+            .filter(|[tp, fp, fn_]| tp + fp + fn_ > 0)
+            .map(|[tp, fp, fn_]| 2.0 * *tp as f64 / (2 * tp + fp + fn_) as f64)
+            .collect();
+        (!f1.is_empty()).then(|| f1.iter().sum::<f64>() / f1.len() as f64)
+    }
 }
 
 /// Sums over evaluated nodes from which regression metrics follow; they add
@@ -343,6 +403,34 @@ mod tests {
         flat.add(1.0, 2.0);
         flat.add(3.0, 2.0);
         assert_eq!(flat.metrics().r2, 0.0);
+    }
+
+    #[test]
+    fn macro_f1_is_the_mean_of_per_class_f1() {
+        // (pred, true): class 0 has tp 2, fp 1, fn 0; class 1 tp 1, fp 0, fn 1; class 2 fp 0, fn 0... absent.
+        let mut a = ClassCounts::default();
+        let mut b = ClassCounts::default();
+        for (i, (p, y)) in [(0, 0), (0, 0), (0, 1), (1, 1)].into_iter().enumerate() {
+            if i < 2 { &mut a } else { &mut b }.add(3, p, y);
+        }
+        a.merge(&b);
+        let f1_0 = 2.0 * 2.0 / (4.0 + 1.0);
+        let f1_1 = 2.0 * 1.0 / (2.0 + 1.0);
+        assert!((a.macro_f1().unwrap() - (f1_0 + f1_1) / 2.0).abs() < 1e-12);
+        assert_eq!(ClassCounts::default().macro_f1(), None);
+        // Scored from logits: the arg-max is the prediction.
+        let out = Tensor::new(&[[2.0f32, 0.0], [0.0, 1.0], [3.0, 0.0]], &Device::Cpu).unwrap();
+        let labels = [0i64, 1, 1];
+        let mut s = Scores::default();
+        NodeTask::Classes {
+            labels: &labels,
+            weights: None,
+            gamma: 0.0,
+        }
+        .score(&out, &[0, 1, 2], &mut s)
+        .unwrap();
+        assert_eq!(s.correct, 2);
+        assert_eq!(s.classes.0, vec![[1, 1, 0], [1, 0, 1]]);
     }
 
     #[test]

@@ -364,6 +364,9 @@ impl<'a> Steps for Replica<'a> {
         });
         let (valid, test) = (valid?, test?);
         (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
+        if !valid.classes.0.is_empty() || !test.classes.0.is_empty() {
+            st.classes = Some([valid.classes, test.classes]);
+        }
         if let NodeTask::Values { .. } = task {
             st.values = Some([valid.values, test.values]);
         }
