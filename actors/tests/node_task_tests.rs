@@ -137,29 +137,12 @@ fn runs_that_cannot_train_regression_are_refused() {
     assert!(err.contains("training.huber_delta"), "{err}");
     // A graph without values.
     let plain = derived("no-values", false, |g, out| {
-        let mut b = graphs::GraphBuilder::new("plain", "paper", g.num_classes());
-        for t in g.node_types() {
-            let f = t
-                .features
-                .as_ref()
-                .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec()));
-            b = b.node_type(&t.name, t.count, f);
-        }
-        let (labels, splits) = g.target_labels();
-        b = b.labels(labels.to_vec(), splits.clone());
-        for r in g.relations() {
-            let (mut s, mut d) = (Vec::new(), Vec::new());
-            let csr = r.in_csr();
-            for v in 0..csr.num_rows() as u32 {
-                for &u in csr.neighbors(v) {
-                    s.push(u);
-                    d.push(v);
-                }
-            }
-            let (src, dst) = (&g.node_type(r.src).name, &g.node_type(r.dst).name);
-            b = b.relation(src, &r.name, dst, s, d);
-        }
-        graphs::save(&b.build().unwrap(), out, false).unwrap();
+        graphs::save(g, out, false).unwrap();
+        std::fs::remove_file(out.join("nodes/paper/values.npy")).unwrap();
+        let path = out.join("schema.json");
+        let mut schema = graphs::Schema::read(&path).unwrap();
+        schema.values = false;
+        schema.write(&path).unwrap();
     });
     let cfg = config(&[format!("training.data={:?}", plain.display().to_string())]);
     let err = train(&cfg, &mut Losses::default())

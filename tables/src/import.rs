@@ -524,7 +524,9 @@ fn import_nodes(
     let mut values: Option<Vec<f32>> = match (&table.value, prior) {
         (None, _) => None,
         (Some(_), Some(p)) if p.schema.values && p.schema.target == *t => {
-            Some(NpyFile::open(&paths::values(&p.dir, t), DType::F32)?.to_f32_vec())
+            let f = NpyFile::open(&paths::values(&p.dir, t), DType::F32)?;
+            f.expect_shape(&[old_count as u64], "values")?;
+            Some(f.to_f32_vec())
         }
         (Some(_), _) => Some(vec![f32::NAN; old_count]),
     };

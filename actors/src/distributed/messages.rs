@@ -65,6 +65,24 @@ impl Msg for Finish {
     const KIND: &'static str = "finish";
 }
 
+impl EpochStats {
+    /// Records a node task's validation and test figures: correct counts,
+    /// per-class counts and regression sums, each where the task filled them.
+    pub fn set_scores(
+        &mut self,
+        valid: crate::task::node::Scores,
+        test: crate::task::node::Scores,
+    ) {
+        (self.valid_correct, self.test_correct) = (valid.correct, test.correct);
+        if !valid.classes.0.is_empty() || !test.classes.0.is_empty() {
+            self.classes = Some([valid.classes, test.classes]);
+        }
+        if valid.values.n + test.values.n > 0 {
+            self.values = Some([valid.values, test.values]);
+        }
+    }
+}
+
 /// A step is done (sent by trainer 0, for the progress bar).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StepDone {
@@ -338,31 +356,40 @@ impl EpochReport {
     }
 }
 
+/// Every evaluated trainer's validation and test sums that `get` reads, added
+/// up by `merge` (`None`: no trainer had any).
+fn summed<T: Default>(
+    stats: &[EpochStats],
+    get: impl Fn(&EpochStats) -> Option<&[T; 2]>,
+    merge: fn(&mut T, &T),
+) -> Option<[T; 2]> {
+    let mut sums: Option<[T; 2]> = None;
+    for [v, t] in stats.iter().filter(|s| s.evaluated).filter_map(get) {
+        let acc = sums.get_or_insert_with(Default::default);
+        merge(&mut acc[0], v);
+        merge(&mut acc[1], t);
+    }
+    sums
+}
+
 /// Validation and test macro F1 of an epoch: every trainer's counts merged.
 fn macro_f1(stats: &[EpochStats]) -> Option<[f64; 2]> {
-    let mut sums: Option<[crate::task::node::ClassCounts; 2]> = None;
-    for s in stats.iter().filter(|s| s.evaluated) {
-        if let Some([v, t]) = &s.classes {
-            let acc = sums.get_or_insert_with(Default::default);
-            acc[0].merge(v);
-            acc[1].merge(t);
-        }
-    }
-    let [v, t] = sums?;
+    let [v, t] = summed(
+        stats,
+        |s| s.classes.as_ref(),
+        crate::task::node::ClassCounts::merge,
+    )?;
     Some([v.macro_f1()?, t.macro_f1()?])
 }
 
 /// Node regression's figures of an epoch: every trainer's sums merged.
 fn regression_figures(stats: &[EpochStats]) -> Option<crate::task::node::RegressionEpoch> {
-    let mut sums: Option<[crate::task::node::ValueSums; 2]> = None;
-    for s in stats.iter().filter(|s| s.evaluated) {
-        if let Some([v, t]) = &s.values {
-            let acc = sums.get_or_insert_with(Default::default);
-            acc[0].merge(v);
-            acc[1].merge(t);
-        }
-    }
-    sums.map(|s| crate::task::node::RegressionEpoch::of(&s))
+    summed(
+        stats,
+        |s| s.values.as_ref(),
+        crate::task::node::ValueSums::merge,
+    )
+    .map(|s| crate::task::node::RegressionEpoch::of(&s))
 }
 
 /// Link prediction's figures of an epoch: every trainer's ranking sums merged.

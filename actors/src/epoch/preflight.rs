@@ -36,18 +36,10 @@ pub fn check_trainable(t: &TrainingConfig, g: &HetGraph) -> Result<()> {
             target.name, target.name
         )));
     }
-    let (labels, splits) = g.target_labels();
     let task = crate::task::node::NodeTask::of(t, g)?;
-    for (split, ids) in splits.named() {
-        let missing = ids.iter().find(|&&n| match task {
-            crate::task::node::NodeTask::Classes { .. } => labels[n as usize] < 0,
-            crate::task::node::NodeTask::Values { values, .. } => values[n as usize].is_nan(),
-        });
-        if let Some(n) = missing {
-            let (what, file) = match task {
-                crate::task::node::NodeTask::Classes { .. } => ("label (-1", "labels"),
-                crate::task::node::NodeTask::Values { .. } => ("value (NaN", "values"),
-            };
+    for (split, ids) in g.target_labels().1.named() {
+        if let Some(n) = ids.iter().find(|&&n| !task.knows(n)) {
+            let (what, file) = task.target_file();
             return Err(TrainError::Config(format!(
                 "node {n} of the {split} split of '{}' has no {what} in nodes/{}/{file}.npy): training.task = \"{}\" needs one for every node of every split",
                 target.name,

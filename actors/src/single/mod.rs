@@ -213,6 +213,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         per_epoch,
         prefetch,
         sync_timing,
+        task: NodeTask::of(t, &g)?,
     };
     let attempt = Attempt {
         node: None,
@@ -270,6 +271,8 @@ struct Run<'g, 'o> {
     prefetch: usize,
     /// Wait for the device at the end of each phase of a step ([`SYNC_TIMING`]).
     sync_timing: bool,
+    /// What the node steps learn (resolved once: class weights read the training split).
+    task: NodeTask<'g>,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -386,7 +389,7 @@ impl<'g> Steps for Run<'g, '_> {
         p: Prepared,
         st: &mut EpochStats,
     ) -> Result<StepFigures> {
-        let task = NodeTask::of(&self.cfg.training, self.g)?;
+        let task = &self.task;
         let link = feed.link.zip(p.link.as_ref());
         // A link step's size is binomial: one may, rarely, hold no edge.
         if link.is_some_and(|(_, b)| b.edges.is_empty()) {
@@ -504,12 +507,12 @@ impl<'g> Steps for Run<'g, '_> {
         // The cached rows are read from the cache, as the steps read them (on a
         // GPU, there); batches are sampled on the prefetch threads' count.
         let (t, cache) = (&self.cfg.training, self.cache.as_ref());
-        let (plan, task) = (SamplingPlan::of(t), NodeTask::of(t, self.g)?);
+        let (plan, task) = (SamplingPlan::of(t), &self.task);
         let [valid, test] = [&splits.valid, &splits.test].map(|nodes| {
             score_with(
                 self.g,
                 &self.model,
-                &task,
+                task,
                 &plan,
                 self.prefetch,
                 epoch,
@@ -517,14 +520,7 @@ impl<'g> Steps for Run<'g, '_> {
                 cache,
             )
         });
-        let (valid, test) = (valid?, test?);
-        (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
-        if !valid.classes.0.is_empty() || !test.classes.0.is_empty() {
-            st.classes = Some([valid.classes, test.classes]);
-        }
-        if let NodeTask::Values { .. } = task {
-            st.values = Some([valid.values, test.values]);
-        }
+        st.set_scores(valid?, test?);
         Ok(())
     }
 

@@ -187,6 +187,22 @@ impl<'g> NodeTask<'g> {
         })
     }
 
+    /// Whether node `n` has what the task learns (a label, or a value).
+    pub fn knows(&self, n: u32) -> bool {
+        match self {
+            NodeTask::Classes { labels, .. } => labels[n as usize] >= 0,
+            NodeTask::Values { values, .. } => !values[n as usize].is_nan(),
+        }
+    }
+
+    /// What the task learns and its file, for messages: `("label (-1", "labels")`.
+    pub fn target_file(&self) -> (&'static str, &'static str) {
+        match self {
+            NodeTask::Classes { .. } => ("label (-1", "labels"),
+            NodeTask::Values { .. } => ("value (NaN", "values"),
+        }
+    }
+
     /// Correct predictions among `seeds` (0 for regression).
     pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
         match self {

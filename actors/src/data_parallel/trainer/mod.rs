@@ -157,6 +157,8 @@ struct Replica<'a> {
     cache: Option<Arc<DeviceCache>>,
     /// The trainer's setup.
     s: &'a TrainerSetup,
+    /// What the node steps learn (resolved once: class weights read the training split).
+    task: NodeTask<'a>,
 }
 
 impl<'a> Trainer<'a> {
@@ -217,6 +219,7 @@ impl<'a> Trainer<'a> {
                 seq,
                 cache,
                 s,
+                task: NodeTask::of(&s.cfg, &s.graph)?,
             },
         })
     }
@@ -356,20 +359,12 @@ impl<'a> Steps for Replica<'a> {
             SamplingPlan::of(&ctx.s.cfg).eval_seed(),
             self.seq.checked_sub(1),
         );
-        let task = NodeTask::of(&ctx.s.cfg, &self.s.graph)?;
         let [valid, test] = [&splits.valid, &splits.test].map(|nodes| {
-            ctx.score(&self.model, &task, seed, epoch, nodes, after, |c| {
+            ctx.score(&self.model, &self.task, seed, epoch, nodes, after, |c| {
                 ctx.my_seeds(target, c)
             })
         });
-        let (valid, test) = (valid?, test?);
-        (st.valid_correct, st.test_correct) = (valid.correct, test.correct);
-        if !valid.classes.0.is_empty() || !test.classes.0.is_empty() {
-            st.classes = Some([valid.classes, test.classes]);
-        }
-        if let NodeTask::Values { .. } = task {
-            st.values = Some([valid.values, test.values]);
-        }
+        st.set_scores(valid?, test?);
         Ok(())
     }
 
@@ -408,7 +403,7 @@ impl Replica<'_> {
         st: &mut EpochStats,
     ) -> Result<(f64, f64)> {
         let g = ctx.s.graph.clone();
-        let task = NodeTask::of(&ctx.s.cfg, &g)?;
+        let task = &self.task;
         let mut clock = Instant::now();
         let mut grads = None;
         let (mut wloss, mut correct) = (0.0, 0.0);
