@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use crate::csr::Csr;
+use crate::edge_targets::{
+    check_edge_labels, check_edge_split, check_edge_values, EdgeSet, EdgeTargets,
+};
 use crate::error::{GraphError, Result};
 use crate::features::Features;
 use crate::graph::{check_labels, check_split, check_values, HetGraph, NodeType, Splits};
@@ -65,6 +68,22 @@ pub mod paths {
     /// `edges/<src>__<rel>__<dst>.npy`
     pub fn edges(dir: &Path, canonical: &str) -> PathBuf {
         dir.join("edges").join(format!("{canonical}.npy"))
+    }
+    /// `edges/<src>__<rel>__<dst>/`: the relation's edge targets
+    pub fn edge_dir(dir: &Path, canonical: &str) -> PathBuf {
+        dir.join("edges").join(canonical)
+    }
+    /// `edges/<canonical>/labels.npy` (edge classes, aligned with the edge file)
+    pub fn edge_labels(dir: &Path, canonical: &str) -> PathBuf {
+        edge_dir(dir, canonical).join("labels.npy")
+    }
+    /// `edges/<canonical>/values.npy` (edge regression targets)
+    pub fn edge_values(dir: &Path, canonical: &str) -> PathBuf {
+        edge_dir(dir, canonical).join("values.npy")
+    }
+    /// `edges/<canonical>/<split>.npy` (positions in the edge file)
+    pub fn edge_split(dir: &Path, canonical: &str, split: &str) -> PathBuf {
+        edge_dir(dir, canonical).join(format!("{split}.npy"))
     }
 }
 
@@ -139,7 +158,13 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
         .par_iter()
         .map(|r| read_edges(dir, &schema, r, &counts))
         .collect::<Result<Vec<_>>>()?;
+    let (edges, targets): (Vec<_>, Vec<_>) = edges.into_iter().map(|(a, b, t)| ((a, b), t)).unzip();
     let mut g = HetGraph::from_parts(&schema, node_types, edges);
+    for (r, t) in targets.into_iter().enumerate() {
+        if let Some(t) = t {
+            g.set_edge_targets(crate::ids::RelationId(r as u32), t);
+        }
+    }
     if opts.reverse_edges {
         g.add_reverse_relations()?;
     }
@@ -208,7 +233,7 @@ fn read_edges(
     schema: &Schema,
     r: &RelationSchema,
     counts: &[u64],
-) -> Result<(Csr, Csr)> {
+) -> Result<(Csr, Csr, Option<EdgeTargets>)> {
     let path = paths::edges(dir, &r.canonical());
     let f = NpyFile::open(&path, DType::I64)?;
     f.expect_shape(&[2, r.count], "edges (schema count)")?;
@@ -231,10 +256,96 @@ fn read_edges(
     };
     let src = convert(0, ns, "source")?;
     let dst = convert(1, nd, "destination")?;
+    let targets = read_edge_targets(dir, r, &src, &dst)?;
     Ok((
         Csr::from_edges(nd as usize, &dst, &src),
         Csr::from_edges(ns as usize, &src, &dst),
+        targets,
     ))
+}
+
+/// Reads and checks the edge targets of `r` (whose edges are `src -> dst`
+/// in file order), where the schema says it has them.
+fn read_edge_targets(
+    dir: &Path,
+    r: &RelationSchema,
+    src: &[u32],
+    dst: &[u32],
+) -> Result<Option<EdgeTargets>> {
+    let canonical = r.canonical();
+    let edir = paths::edge_dir(dir, &canonical);
+    if !r.has_targets() {
+        if edir.exists() {
+            return Err(GraphError::data(&edir, "schema.json gives this relation neither num_classes nor \"values\": true, but its edge-target directory exists"));
+        }
+        return Ok(None);
+    }
+    let count = r.count;
+    let lpath = paths::edge_labels(dir, &canonical);
+    let labels: Vec<i64> = match r.num_classes {
+        Some(classes) => {
+            let f = NpyFile::open(&lpath, DType::I64)?;
+            f.expect_shape(&[count], "edge labels")?;
+            let labels: Vec<i64> = (0..f.len()).map(|i| f.i64_at(i)).collect();
+            check_edge_labels(&labels, classes).map_err(|p| GraphError::data(&lpath, p))?;
+            labels
+        }
+        None if lpath.exists() => {
+            return Err(GraphError::data(
+                &lpath,
+                "schema.json gives this relation no num_classes, but this file exists",
+            ));
+        }
+        None => Vec::new(),
+    };
+    let vpath = paths::edge_values(dir, &canonical);
+    let values: Vec<f32> = match r.values {
+        true => {
+            let f = NpyFile::open(&vpath, DType::F32)?;
+            f.expect_shape(&[count], "edge values")?;
+            let values = f.to_f32_vec();
+            check_edge_values(&values).map_err(|p| GraphError::data(&vpath, p))?;
+            values
+        }
+        false if vpath.exists() => {
+            return Err(GraphError::data(&vpath, "schema.json does not list values (\"values\": true) for this relation, but this file exists"));
+        }
+        false => Vec::new(),
+    };
+    let mut seen = vec![0u8; count as usize];
+    let mut sets: [EdgeSet; 3] = Default::default();
+    for (tag, (name, slot)) in ["train", "valid", "test"].iter().zip(&mut sets).enumerate() {
+        let spath = paths::edge_split(dir, &canonical, name);
+        let f = NpyFile::open(&spath, DType::I64)?;
+        if f.shape().len() != 1 {
+            return Err(GraphError::data(
+                &spath,
+                format!("split must be 1-dimensional, shape is {:?}", f.shape()),
+            ));
+        }
+        let mut positions = Vec::with_capacity(f.len());
+        for i in 0..f.len() {
+            let v = f.i64_at(i);
+            if v < 0 || v as u64 >= count {
+                return Err(GraphError::data(
+                    &spath,
+                    format!("edge position {v} out of range 0..{count}"),
+                ));
+            }
+            positions.push(v as u64);
+        }
+        check_edge_split(&positions, &mut seen, tag as u8 + 1, &labels, &values)
+            .map_err(|p| GraphError::data(&spath, p))?;
+        *slot = EdgeSet::gather(&positions, src, dst, &labels, &values);
+    }
+    let [train, valid, test] = sets;
+    Ok(Some(EdgeTargets {
+        num_classes: r.num_classes,
+        has_values: r.values,
+        train,
+        valid,
+        test,
+    }))
 }
 
 /// Writes `g` (without added reverse relations) to `dir`, atomically.
@@ -294,9 +405,68 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
         w.write_ids(&srcs)?;
         w.write_ids(&dsts)?;
         w.finish()?;
+        if let Some(t) = r.targets() {
+            write_edge_targets(out.path(), r.canonical(), t, &srcs, &dsts)?;
+        }
     }
     schema.write(&paths::schema(out.path()))?;
     out.commit()
+}
+
+/// Writes `t` as columns aligned with the edges `srcs -> dsts` (the order
+/// just written) and split positions into them. Each split edge takes the
+/// first unused position of its pair (parallel edges are interchangeable).
+fn write_edge_targets(
+    dir: &Path,
+    canonical: &str,
+    t: &EdgeTargets,
+    srcs: &[u32],
+    dsts: &[u32],
+) -> Result<()> {
+    let edir = paths::edge_dir(dir, canonical);
+    std::fs::create_dir_all(&edir).map_err(|e| GraphError::io(&edir, e))?;
+    let mut free: std::collections::HashMap<(u32, u32), Vec<u64>> =
+        std::collections::HashMap::new();
+    for i in (0..srcs.len()).rev() {
+        free.entry((srcs[i], dsts[i])).or_default().push(i as u64);
+    }
+    let n = srcs.len();
+    let mut labels = vec![-1i64; if t.num_classes.is_some() { n } else { 0 }];
+    let mut values = vec![f32::NAN; if t.has_values { n } else { 0 }];
+    for (name, set) in t.named() {
+        let mut positions = Vec::with_capacity(set.len());
+        for i in 0..set.len() {
+            let p = free
+                .get_mut(&(set.src[i], set.dst[i]))
+                .and_then(Vec::pop)
+                .ok_or_else(|| {
+                    GraphError::InvalidArgument(format!(
+                        "{canonical}: {name} edge {} -> {} is not an edge of the relation",
+                        set.src[i], set.dst[i]
+                    ))
+                })?;
+            if let Some(&l) = set.labels.get(i) {
+                labels[p as usize] = l;
+            }
+            if let Some(&v) = set.values.get(i) {
+                values[p as usize] = v;
+            }
+            positions.push(p as i64);
+        }
+        positions.sort_unstable();
+        npy::write_i64(
+            &paths::edge_split(dir, canonical, name),
+            &[positions.len() as u64],
+            &positions,
+        )?;
+    }
+    if t.num_classes.is_some() {
+        npy::write_i64(&paths::edge_labels(dir, canonical), &[n as u64], &labels)?;
+    }
+    if t.has_values {
+        npy::write_f32(&paths::edge_values(dir, canonical), &[n as u64], &values)?;
+    }
+    Ok(())
 }
 
 /// A directory written under a temporary name and renamed into place by

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::csr::Csr;
+use crate::edge_targets::EdgeTargets;
 use crate::error::{GraphError, Result};
 use crate::features::Features;
 use crate::ids::{NodeTypeId, RelationId};
@@ -65,9 +66,15 @@ pub struct Relation {
     key: u64,
     by_dst: Arc<Csr>,
     by_src: Arc<Csr>,
+    /// What edge tasks learn of this relation's edges (stored relations only).
+    targets: Option<Arc<EdgeTargets>>,
 }
 
 impl Relation {
+    /// The labels, values and splits of the edges, where the graph has them.
+    pub fn targets(&self) -> Option<&EdgeTargets> {
+        self.targets.as_deref()
+    }
     /// `src__name__dst`.
     pub fn canonical(&self) -> &str {
         &self.canonical
@@ -200,6 +207,7 @@ impl HetGraph {
                 reverse_of: Some(RelationId(i as u32)),
                 by_dst: Arc::clone(&r.by_src),
                 by_src: Arc::clone(&r.by_dst),
+                targets: None,
             });
         }
         self.relations.extend(added);
@@ -233,7 +241,14 @@ impl HetGraph {
         let (ns, nd) = (by_src.num_rows(), rel.by_dst.num_rows());
         rel.by_dst = Arc::new(Csr::from_edges(nd, &dst, &src));
         rel.by_src = Arc::new(Csr::from_edges(ns, &src, &dst));
+        // Its split edges may be gone: the graph is no longer the stored one.
+        rel.targets = None;
         Ok(())
+    }
+
+    /// Gives stored relation `r` its edge targets (checked by the caller).
+    pub(crate) fn set_edge_targets(&mut self, r: RelationId, t: EdgeTargets) {
+        self.relations[r.index()].targets = Some(Arc::new(t));
     }
 
     /// Node types as vertices, relations as links weighted by edge count.
@@ -267,6 +282,8 @@ impl HetGraph {
                     name: r.name.clone(),
                     dst: self.node_types[r.dst.index()].name.clone(),
                     count: r.num_edges() as u64,
+                    num_classes: r.targets.as_ref().and_then(|t| t.num_classes),
+                    values: r.targets.as_ref().is_some_and(|t| t.has_values),
                 })
                 .collect(),
             values: self.node_types[self.target.index()].values.is_some(),
@@ -294,6 +311,7 @@ impl HetGraph {
                 canonical: r.canonical(),
                 by_dst: Arc::new(by_dst),
                 by_src: Arc::new(by_src),
+                targets: None,
             })
             .collect();
         let in_relations = index_in_relations(node_types.len(), &relations);
@@ -463,6 +481,7 @@ impl GraphBuilder {
             name: name.into(),
             dst: dst.into(),
             count,
+            ..Default::default()
         });
         self.edges.push((src_ids, dst_ids));
         self

@@ -18,6 +18,7 @@ compile_error!(
 );
 
 pub mod csr;
+pub mod edge_targets;
 pub mod error;
 pub mod features;
 pub mod format;

@@ -163,6 +163,7 @@ pub fn import_ogb(
             name: r.clone(),
             dst: d.clone(),
             count: 0,
+            ..Default::default()
         };
         let (Some(ns), Some(nd)) = (count_of(s), count_of(d)) else {
             return Err(GraphError::data(

@@ -40,7 +40,7 @@ pub struct NodeTypeSchema {
 }
 
 /// One relation's entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelationSchema {
     /// Source node type.
@@ -51,12 +51,25 @@ pub struct RelationSchema {
     pub dst: String,
     /// Number of edges.
     pub count: u64,
+    /// Classes of the edge labels in `edges/<canonical>.labels.npy` (edge
+    /// classification); absent: the edges have no labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_classes: Option<u32>,
+    /// Whether the edges have values in `edges/<canonical>.values.npy` (edge
+    /// regression). Absent in the file: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub values: bool,
 }
 
 impl RelationSchema {
     /// The canonical name `src__name__dst`, also the edge file's stem.
     pub fn canonical(&self) -> String {
         format!("{}__{}__{}", self.src, self.name, self.dst)
+    }
+
+    /// Whether the edges carry targets (labels or values) and so splits.
+    pub fn has_targets(&self) -> bool {
+        self.num_classes.is_some() || self.values
     }
 }
 
@@ -129,6 +142,14 @@ impl Schema {
                     ));
                 }
             }
+            if let Some(c) = r.num_classes {
+                if c == 0 || c > MAX_CLASSES {
+                    return Err(format!(
+                        "relation '{}': num_classes must be in 1..={MAX_CLASSES}",
+                        r.canonical()
+                    ));
+                }
+            }
             if !seen.insert(r.canonical()) {
                 return Err(format!("relation '{}' is listed twice", r.canonical()));
             }
@@ -150,6 +171,10 @@ impl Schema {
             if reverse_edges {
                 bytes += (count(&r.src) + 1) * 8 + u128::from(r.count) * 4;
             }
+            // Split edges: both ends, a label and a value, each split once.
+            if r.has_targets() {
+                bytes += u128::from(r.count) * 20;
+            }
         }
         bytes += count(&self.target) * 16;
         if !mmap_features {
@@ -170,6 +195,16 @@ impl Schema {
             .map_or(String::new(), |(n, t)| {
                 format!("node type '{n}' declares {} nodes", t.count)
             })
+    }
+
+    /// This schema without edge targets (what a partition stores: edge tasks
+    /// train on the whole graph).
+    pub fn without_edge_targets(mut self) -> Schema {
+        for r in &mut self.relations {
+            r.num_classes = None;
+            r.values = false;
+        }
+        self
     }
 
     /// Index of the node type `name`.

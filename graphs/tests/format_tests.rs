@@ -445,3 +445,175 @@ fn regression_values_round_trip_and_bad_ones_are_refused() {
         "does not list values",
     );
 }
+
+/// A generated graph: its `writes` edges carry labels, values and splits.
+fn with_edge_targets() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("g");
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        0.002,
+        3,
+        &dir,
+        false,
+        &mut graphs::NoProgress,
+    )
+    .unwrap();
+    (tmp, dir)
+}
+
+#[test]
+fn edge_targets_round_trip_and_bad_ones_are_refused() {
+    const WRITES: &str = "author__writes__paper";
+    let (_tmp, dir) = with_edge_targets();
+    let g = load(&dir, &LoadOptions::default()).unwrap();
+    let r = g.relation(g.relation_id(WRITES).unwrap());
+    let t = r.targets().expect("writes edges have targets");
+    assert_eq!(t.num_classes, Some(2));
+    assert!(t.has_values);
+    let total = t.train.len() + t.valid.len() + t.test.len();
+    assert_eq!(total, r.num_edges(), "every generated edge is in a split");
+    assert!(t.valid.len() > total / 20 && t.test.len() > total / 20);
+    let positives = t.train.labels.iter().filter(|&&l| l == 1).count();
+    assert!(
+        positives > t.train.len() / 5 && positives < t.train.len() * 4 / 5,
+        "{positives} of {}",
+        t.train.len()
+    );
+    assert!(t.train.values.iter().all(|v| v.is_finite()));
+    // Other relations have none, and the schema says so.
+    assert!(g
+        .relations()
+        .iter()
+        .filter(|r| r.canonical() != WRITES)
+        .all(|r| r.targets().is_none()));
+    let schema = g.schema();
+    let w = schema
+        .relations
+        .iter()
+        .find(|r| r.canonical() == WRITES)
+        .unwrap();
+    assert_eq!((w.num_classes, w.values), (Some(2), true));
+
+    // Saved (edges rewritten in another order) and loaded again: the same targets.
+    let out = _tmp.path().join("saved");
+    save(&g, &out, false).unwrap();
+    let h = load(&out, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        h.relation(h.relation_id(WRITES).unwrap()).targets(),
+        Some(t)
+    );
+    assert_eq!(h.schema(), schema);
+    // Reverse relations carry none; removing edges drops them.
+    let rev = load(
+        &dir,
+        &LoadOptions {
+            reverse_edges: true,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(rev
+        .relation(rev.relation_id("paper__rev_writes__author").unwrap())
+        .targets()
+        .is_none());
+
+    let refused = |corrupt: &dyn Fn(&Path)| {
+        let (_t, d) = with_edge_targets();
+        corrupt(&d);
+        load(&d, &LoadOptions::default()).expect_err("must be refused")
+    };
+    let file = |d: &Path, f: &str| d.join("edges").join(WRITES).join(f);
+    let count = r.num_edges() as u64;
+    assert_err(
+        refused(&|d| {
+            npy::write_i64(
+                &file(d, "labels.npy"),
+                &[count - 1],
+                &vec![0; count as usize - 1],
+            )
+            .unwrap()
+        }),
+        "labels.npy",
+        "shape",
+    );
+    assert_err(
+        refused(&|d| {
+            let mut l = vec![0i64; count as usize];
+            l[7] = 2;
+            npy::write_i64(&file(d, "labels.npy"), &[count], &l).unwrap()
+        }),
+        "labels.npy",
+        "label 2 of edge 7 is outside -1..2",
+    );
+    assert_err(
+        refused(&|d| {
+            let mut v = vec![0f32; count as usize];
+            v[3] = f32::NEG_INFINITY;
+            npy::write_f32(&file(d, "values.npy"), &[count], &v).unwrap()
+        }),
+        "values.npy",
+        "the value of edge 3",
+    );
+    assert_err(
+        refused(&|d| npy::write_i64(&file(d, "test.npy"), &[1], &[count as i64]).unwrap()),
+        "test.npy",
+        "out of range",
+    );
+    assert_err(
+        refused(&|d| {
+            let first = std::fs::read(file(d, "train.npy")).unwrap();
+            std::fs::write(file(d, "test.npy"), first).unwrap()
+        }),
+        "test.npy",
+        "also in another split",
+    );
+    assert_err(
+        refused(&|d| {
+            // An edge with neither target in a split.
+            npy::write_i64(&file(d, "labels.npy"), &[count], &vec![-1; count as usize]).unwrap();
+            npy::write_f32(
+                &file(d, "values.npy"),
+                &[count],
+                &vec![f32::NAN; count as usize],
+            )
+            .unwrap()
+        }),
+        "train.npy",
+        "neither a label (-1) nor a value (NaN)",
+    );
+    assert_err(
+        refused(&|d| std::fs::remove_file(file(d, "valid.npy")).unwrap()),
+        "valid.npy",
+        "",
+    );
+    assert_err(
+        refused(&|d| {
+            edit_schema(d, |v| {
+                for r in v["relations"].as_array_mut().unwrap() {
+                    r.as_object_mut().unwrap().remove("num_classes");
+                }
+            })
+        }),
+        "labels.npy",
+        "no num_classes",
+    );
+    assert_err(
+        refused(&|d| {
+            edit_schema(d, |v| {
+                for r in v["relations"].as_array_mut().unwrap() {
+                    let r = r.as_object_mut().unwrap();
+                    r.remove("num_classes");
+                    r.remove("values");
+                }
+            })
+        }),
+        WRITES,
+        "edge-target directory exists",
+    );
+    assert_err(
+        refused(&|d| edit_schema(d, |v| v["relations"][1]["num_classes"] = 0.into())),
+        "schema.json",
+        "num_classes must be in 1..=",
+    );
+}

@@ -393,6 +393,7 @@ fn valid_schema() -> impl Strategy<Value = Schema> {
                     name: rel,
                     dst: format!("t{d}"),
                     count,
+                    ..Default::default()
                 };
                 if !relations.iter().any(|x| x.canonical() == r.canonical()) {
                     relations.push(r);

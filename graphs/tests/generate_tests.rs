@@ -23,7 +23,11 @@ fn output_is_byte_identical_for_a_seed_whatever_the_threads() {
         .unwrap();
     generate(Like::Mag, 0.003, 6, &c, false, &mut NoProgress).unwrap();
     let (fa, fb, fc) = (read_all(&a), read_all(&b), read_all(&c));
-    assert_eq!(fa.len(), 11, "schema, 6 paper files, 4 edge files");
+    assert_eq!(
+        fa.len(),
+        16,
+        "schema, 6 paper files, 4 edge files, 5 edge-target files"
+    );
     assert!(fa == fb, "same seed must give identical bytes");
     assert!(
         fa.iter().zip(&fc).any(|(x, y)| x.1 != y.1),

@@ -245,6 +245,7 @@ pub fn import_tables(
             name: r.clone(),
             dst: d.clone(),
             count: 0,
+            ..Default::default()
         };
         let from_table = [has_table(s, &prior), has_table(d, &prior)];
         let mut edges = EdgeSpool::create(dir.path(), &rs.canonical())?;

@@ -5,7 +5,10 @@
 //! regression target: their class's mean value, plus half their first
 //! feature, plus a little noise. Neighborhoods thus
 //! carry most of the signal, so a relational model clearly beats a
-//! features-only one.
+//! features-only one. The `writes` edges carry targets for edge tasks: a
+//! class (1 when the author's dominant class is the paper's, else 0) and a
+//! value (half the paper's value plus half an author effect plus noise),
+//! with a train / valid / test split of their own.
 //!
 //! Every value is drawn from a counter-based stream keyed by (seed, purpose,
 //! index), so output is byte-identical whatever the thread count. Features and
@@ -64,6 +67,17 @@ const S_SPLIT: u64 = 4;
 const S_PERM: u64 = 5;
 const S_EDGE: u64 = 6;
 const S_VALUE: u64 = 7;
+const S_EDGE_TARGET: u64 = 8;
+
+/// The relation whose edges carry targets, and its split shares.
+const TARGET_RELATION: &str = "writes";
+const EDGE_TRAIN_SHARE: f64 = 0.8;
+const EDGE_VALID_SHARE: f64 = 0.1;
+/// An edge's value: this share of the paper's value, this of the author's
+/// own effect (standard normal), plus noise of this scale.
+const EDGE_VALUE_PAPER: f64 = 0.5;
+const EDGE_VALUE_AUTHOR: f64 = 0.5;
+const EDGE_VALUE_NOISE: f64 = 0.25;
 
 /// Weight of a paper's first feature in its value, and the value's own noise
 /// (class means are standard normal): neither the neighbourhood nor the
@@ -198,6 +212,8 @@ impl MagLike {
                     name: name.to_string(),
                     dst: TYPE_NAMES[p.dst].into(),
                     count,
+                    num_classes: (*name == TARGET_RELATION).then_some(2),
+                    values: *name == TARGET_RELATION,
                 })
                 .collect(),
             values: true,
@@ -244,7 +260,7 @@ impl MagLike {
             })
             .collect();
 
-        self.write_papers(dir.path(), &classes[PAPER], progress)?;
+        let paper_values = self.write_papers(dir.path(), &classes[PAPER], progress)?;
         for (i, (name, plan)) in RELATIONS.iter().enumerate() {
             let canonical = format!(
                 "{}__{}__{}",
@@ -264,6 +280,16 @@ impl MagLike {
             w.write_ids(&src)?;
             w.write_ids(&dst)?;
             w.finish()?;
+            if *name == TARGET_RELATION {
+                self.write_edge_targets(
+                    dir.path(),
+                    &canonical,
+                    &src,
+                    &dst,
+                    &classes,
+                    &paper_values,
+                )?;
+            }
             progress.finish();
         }
         schema.write(&paths::schema(dir.path()))?;
@@ -271,7 +297,13 @@ impl MagLike {
         Ok(schema)
     }
 
-    fn write_papers(&self, dir: &Path, classes: &[u32], progress: &mut dyn Progress) -> Result<()> {
+    /// Writes the papers' features, labels, values and splits; returns the values.
+    fn write_papers(
+        &self,
+        dir: &Path,
+        classes: &[u32],
+        progress: &mut dyn Progress,
+    ) -> Result<Vec<f32>> {
         let n = self.counts[PAPER] as usize;
         let centroids: Vec<f64> = (0..CLASSES as u64)
             .flat_map(|c| {
@@ -342,6 +374,59 @@ impl MagLike {
             )?;
             w.write_ids(ids)?;
             w.finish()?;
+        }
+        Ok(values)
+    }
+
+    /// Writes the targets of the `writes` edges `src -> dst` (authors to papers).
+    fn write_edge_targets(
+        &self,
+        dir: &Path,
+        canonical: &str,
+        src: &[u32],
+        dst: &[u32],
+        classes: &[Vec<u32>],
+        paper_values: &[f32],
+    ) -> Result<()> {
+        let edir = paths::edge_dir(dir, canonical);
+        std::fs::create_dir_all(&edir).map_err(|e| GraphError::io(&edir, e))?;
+        let n = src.len();
+        let labels: Vec<i64> = (0..n)
+            .into_par_iter()
+            .map(|e| i64::from(classes[AUTHOR][src[e] as usize] == classes[PAPER][dst[e] as usize]))
+            .collect();
+        let values: Vec<f32> = (0..n)
+            .into_par_iter()
+            .map(|e| {
+                let a = CounterRng::from_parts(&[self.seed, S_EDGE_TARGET, 0, u64::from(src[e])])
+                    .normal();
+                let noise =
+                    CounterRng::from_parts(&[self.seed, S_EDGE_TARGET, 1, e as u64]).normal();
+                (EDGE_VALUE_PAPER * f64::from(paper_values[dst[e] as usize])
+                    + EDGE_VALUE_AUTHOR * a
+                    + EDGE_VALUE_NOISE * noise) as f32
+            })
+            .collect();
+        crate::npy::write_i64(&paths::edge_labels(dir, canonical), &[n as u64], &labels)?;
+        crate::npy::write_f32(&paths::edge_values(dir, canonical), &[n as u64], &values)?;
+        let mut splits: [Vec<i64>; 3] = Default::default();
+        for e in 0..n {
+            let u = CounterRng::from_parts(&[self.seed, S_EDGE_TARGET, 2, e as u64]).next_f64();
+            let s = if u < EDGE_TRAIN_SHARE {
+                0
+            } else if u < EDGE_TRAIN_SHARE + EDGE_VALID_SHARE {
+                1
+            } else {
+                2
+            };
+            splits[s].push(e as i64);
+        }
+        for (name, positions) in ["train", "valid", "test"].iter().zip(&splits) {
+            crate::npy::write_i64(
+                &paths::edge_split(dir, canonical, name),
+                &[positions.len() as u64],
+                positions,
+            )?;
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ pub(super) fn write(
     mut keep_edge: impl FnMut(usize, u32, u32) -> bool,
     keep_row: impl Fn(usize, u32) -> bool,
 ) -> Result<u64> {
-    let mut schema = g.schema();
+    let mut schema = g.schema().without_edge_targets();
     std::fs::create_dir_all(dir.join("edges")).map_err(|e| GraphError::io(dir, e))?;
     let mut stored = 0u64;
     for (ri, r) in g

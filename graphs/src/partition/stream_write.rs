@@ -89,7 +89,7 @@ pub fn write_streaming(
         let pdir = part_dir(dir.path(), k as usize);
         std::fs::create_dir_all(pdir.join("edges")).map_err(|e| GraphError::io(&pdir, e))?;
         touched.iter_mut().for_each(|w| *w = 0);
-        let mut schema = s.schema.clone();
+        let mut schema = s.schema.clone().without_edge_targets();
         let mut stored = 0u64;
         for r in 0..s.schema.relations.len() {
             let (ts, td) = s.relation_types(r)?;
