@@ -38,10 +38,10 @@ pub struct TrainArgs {
     /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
-    /// node-classification | link-prediction | node-regression [default: node-classification]
+    /// node-classification | link-prediction | node-regression | edge-classification | edge-regression [default: node-classification]
     #[arg(long)]
     task: Option<String>,
-    /// Link prediction: the relations to predict, canonical src__name__dst names, comma-separated.
+    /// Link prediction and edge tasks: the relations to predict, canonical src__name__dst names, comma-separated.
     #[arg(long, value_name = "RELATIONS")]
     target_relations: Option<String>,
     /// Link prediction: negative edges per positive edge [default: 5].
@@ -50,6 +50,9 @@ pub struct TrainArgs {
     /// Link prediction: dot | distmult [default: dot].
     #[arg(long)]
     decoder: Option<String>,
+    /// Edge tasks: mlp | distmult [default: mlp].
+    #[arg(long)]
+    edge_decoder: Option<String>,
     /// Number of epochs [default: 10].
     #[arg(long)]
     epochs: Option<u64>,
@@ -153,6 +156,7 @@ impl TrainArgs {
         );
         push("negatives", self.negatives.map(|v| v.to_string()));
         push("decoder", self.decoder.as_deref().map(quoted));
+        push("edge_decoder", self.edge_decoder.as_deref().map(quoted));
         push("epochs", self.epochs.map(|v| v.to_string()));
         push("eval_every", self.eval_every.map(|v| v.to_string()));
         push("batch", self.batch.map(|v| v.to_string()));
@@ -448,8 +452,11 @@ impl TrainObserver for Progress {
                 let f1 = r.macro_f1.map_or(String::new(), |[v, t]| {
                     format!("  macro F1 valid {v:.4} test {t:.4}")
                 });
+                let auc = r.roc_auc.map_or(String::new(), |[v, t]| {
+                    format!("  ROC-AUC valid {v:.4} test {t:.4}")
+                });
                 format!(
-                    "train {:.4}  valid {}  test {}{f1}",
+                    "train {:.4}  valid {}  test {}{f1}{auc}",
                     r.train_acc,
                     accuracy(r.valid_acc),
                     accuracy(r.test_acc)

@@ -53,6 +53,10 @@ pub enum Task {
     LinkPrediction,
     /// Predict the target type's values (`values.npy`), by `regression_loss`.
     NodeRegression,
+    /// Predict the labels of the edges of `target_relations` (`edges/<relation>/labels.npy`).
+    EdgeClassification,
+    /// Predict the values of the edges of `target_relations` (`edges/<relation>/values.npy`).
+    EdgeRegression,
 }
 
 impl Task {
@@ -62,7 +66,19 @@ impl Task {
             Task::NodeClassification => "node-classification",
             Task::LinkPrediction => "link-prediction",
             Task::NodeRegression => "node-regression",
+            Task::EdgeClassification => "edge-classification",
+            Task::EdgeRegression => "edge-regression",
         }
+    }
+
+    /// Whether it learns targets of edges (labels or values).
+    pub fn on_edges(self) -> bool {
+        matches!(self, Task::EdgeClassification | Task::EdgeRegression)
+    }
+
+    /// Whether it learns targets of the target type's nodes.
+    pub fn on_nodes(self) -> bool {
+        matches!(self, Task::NodeClassification | Task::NodeRegression)
     }
 }
 
@@ -141,17 +157,18 @@ pub struct TrainingConfig {
     /// Gradient all-reduce of data-parallel, hopgnn and full-graph training:
     /// "all-gather" (default) or "ring".
     pub allreduce: AllReduce,
-    /// "node-classification" (default), "link-prediction" or "node-regression".
+    /// "node-classification" (default), "link-prediction", "node-regression",
+    /// "edge-classification" or "edge-regression".
     pub task: Task,
     /// Node classification: "none" (default), "balanced" or a weight per class.
     pub class_weights: crate::task::node::ClassWeights,
     /// Node classification: the focal loss's γ (default 0: cross-entropy).
     pub focal_gamma: f64,
-    /// Node regression: "mse" (default) or "huber".
+    /// Node and edge regression: "mse" (default) or "huber".
     pub regression_loss: crate::task::node::RegressionLoss,
-    /// Node regression with the Huber loss: where it turns from squared to linear (default 1.0).
+    /// Node and edge regression with the Huber loss: where it turns from squared to linear (default 1.0).
     pub huber_delta: f64,
-    /// Link prediction: the relations whose edges are predicted, canonical
+    /// Link prediction and edge tasks: the relations whose edges are predicted, canonical
     /// `src__name__dst` names of stored relations (a list, or one string with commas).
     #[serde(deserialize_with = "names")]
     pub target_relations: Vec<String>,
@@ -161,6 +178,8 @@ pub struct TrainingConfig {
     pub negative_sampler: NegativeSampler,
     /// Link prediction: "dot" (default) or "distmult".
     pub decoder: models::link::Decoder,
+    /// Edge tasks: "mlp" (default: concatenated ends through an MLP) or "distmult".
+    pub edge_decoder: models::edge::EdgeDecoder,
     /// Link prediction: "cross-entropy" (default) or "contrastive".
     pub link_loss: models::link::LinkLoss,
     /// Link prediction: fixed negatives each validation and test edge is ranked against (default 1000).
@@ -242,6 +261,11 @@ impl TrainingConfig {
             relations: self.target_relations.clone(),
             decoder: self.decoder,
         });
+        let edge = self.task.on_edges().then(|| models::edge::EdgeSpec {
+            relations: self.target_relations.clone(),
+            decoder: self.edge_decoder,
+            values: self.task == Task::EdgeRegression,
+        });
         models::ModelSpec {
             kind: self.model,
             layers: self.layers,
@@ -255,6 +279,7 @@ impl TrainingConfig {
                 Task::NodeRegression => models::model::Head::Value,
                 _ => models::model::Head::Classes,
             },
+            edge,
         }
     }
 
@@ -269,10 +294,11 @@ impl TrainingConfig {
             Task::NodeClassification => {
                 format!("{:?}|{}", self.class_weights, self.focal_gamma)
             }
-            Task::NodeRegression => format!(
+            Task::NodeRegression | Task::EdgeRegression => format!(
                 "{:?}|{:?}|{}",
                 self.task, self.regression_loss, self.huber_delta
             ),
+            Task::EdgeClassification => format!("{:?}", self.task),
             Task::LinkPrediction => format!(
                 "{:?}|{:?}|{:?}|{}|{:?}|{}",
                 self.task,
@@ -320,6 +346,7 @@ impl Default for TrainingConfig {
             negatives: 5,
             negative_sampler: NegativeSampler::Uniform,
             decoder: models::link::Decoder::Dot,
+            edge_decoder: models::edge::EdgeDecoder::Mlp,
             link_loss: models::link::LinkLoss::CrossEntropy,
             eval_negatives: 1000,
             link_eval: LinkEval::Auto,
@@ -495,9 +522,19 @@ impl Config {
                 .split_spec()
                 .validate()
                 .map_err(|e| TrainError::Config(format!("training.edge_split: {e}")))?;
+        } else if t.task.on_edges() {
+            if t.target_relations.is_empty() {
+                return bad(format!("training.task = \"{}\" needs training.target_relations (canonical names such as \"author__writes__paper\")", t.task.name()));
+            }
+            if t.model == ModelKind::Mlp {
+                return bad(format!("training.task = \"{}\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type", t.task.name()));
+            }
+            if t.cache_bytes.0 > 0 {
+                return bad(format!("training.cache_bytes: the device cache is not supported with training.task = \"{}\" yet", t.task.name()));
+            }
         } else if !t.target_relations.is_empty() {
             return bad(
-                "training.target_relations applies to training.task = \"link-prediction\"".into(),
+                "training.target_relations applies to training.task = \"link-prediction\", \"edge-classification\" and \"edge-regression\"".into(),
             );
         }
         t.class_weights.check().map_err(TrainError::Config)?;

@@ -41,6 +41,9 @@ pub struct EpochReport {
     /// 4096 classes, in modes that do not count per class, or when not evaluated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub macro_f1: Option<[f64; 2]>,
+    /// Binary edge classification: validation and test ROC-AUC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roc_auc: Option<[f64; 2]>,
     /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cpu_util: f64,
@@ -185,6 +188,9 @@ pub struct Report {
     /// Link prediction: the target relations, the split and how it is measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::task::link::LinkReport>,
+    /// The edge task's relations, edges and metrics (edge tasks only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge: Option<crate::task::edge::EdgeReport>,
     /// Number of dense parameters and learnable embedding values.
     pub parameters: u64,
     /// SHA-256 over every parameter and embedding value (names included).

@@ -261,7 +261,10 @@ impl ExcludeEdges for NoExclusion {
 pub struct Batching {
     seed: u64,
     buckets: u64,
-    split: SplitSpec,
+    /// Link prediction's split: a step leaves out its training edges only.
+    /// `None` (edge tasks, whose splits are files): every edge of a target
+    /// relation that hashes into the step, whatever its split.
+    split: Option<SplitSpec>,
     /// Per relation of the graph: the key of the target relation it is (or
     /// reverses: `true`), `None` for the others.
     by_relation: Vec<Option<(u64, bool)>>,
@@ -284,9 +287,36 @@ impl Batching {
         let train = (total as f64 * (1.0 - split.valid - split.test))
             .round()
             .max(1.0) as u64;
+        Batching::of(g, &link.relations, Some(split), seed, batch, train)
+    }
+
+    /// The batching of the training edges of an edge task on `relations`
+    /// (stored relations of `g`, whose added reverses are recognised):
+    /// `train` edges in all, `batch` per step on average. A step leaves out
+    /// of its neighbourhoods every edge of those relations (and reverse)
+    /// hashed into it: its own training edges, and a share `1 / steps` of
+    /// the others, so that the test needs no list of edges.
+    pub fn for_edges(
+        g: &HetGraph,
+        relations: &[RelationId],
+        seed: u64,
+        batch: usize,
+        train: u64,
+    ) -> Batching {
+        Batching::of(g, relations, None, seed, batch, train.max(1))
+    }
+
+    fn of(
+        g: &HetGraph,
+        relations: &[RelationId],
+        split: Option<SplitSpec>,
+        seed: u64,
+        batch: usize,
+        train: u64,
+    ) -> Batching {
         let buckets = train.div_ceil(batch.max(1) as u64).max(1);
         let mut by_relation = vec![None; g.relations().len()];
-        for &r in &link.relations {
+        for &r in relations {
             let key = g.relation(r).key();
             by_relation[r.index()] = Some((key, false));
             for (i, x) in g.relations().iter().enumerate() {
@@ -385,7 +415,10 @@ impl ExcludeEdges for StepEdges<'_> {
         let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
         // The step test first: it fails for all but one edge in `steps`, the split test for few.
         self.b.step_in(*prefix, u, v) == self.step
-            && self.b.split.of(*key, u, v) == EdgeSplit::Train
+            && self
+                .b
+                .split
+                .is_none_or(|s| s.of(*key, u, v) == EdgeSplit::Train)
     }
 }
 

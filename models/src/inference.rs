@@ -28,11 +28,13 @@ pub struct TypeRows {
 pub fn embedding_layers(model: &Model) -> Result<usize> {
     match &model.layers {
         // A link predictor's last layer writes the embeddings the decoder scores.
-        Layers::Relational(ls, head) => Ok(if head.is_some() || model.spec().link.is_some() {
-            ls.len()
-        } else {
-            ls.len() - 1
-        }),
+        Layers::Relational(ls, head) => Ok(
+            if head.is_some() || model.spec().link.is_some() || model.spec().edge.is_some() {
+                ls.len()
+            } else {
+                ls.len() - 1
+            },
+        ),
         Layers::Mlp(_) => Err(ModelError::Config(
             "embed needs a relational model (rgcn, rgat or hgt): the MLP reads no neighbourhood"
                 .into(),
@@ -126,6 +128,11 @@ pub fn classify_exact(
     if model.spec().link.is_some() {
         return Err(ModelError::Config(
             "a link predictor has no classes to predict".into(),
+        ));
+    }
+    if model.spec().edge.is_some() {
+        return Err(ModelError::Config(
+            "an edge predictor has no node classes to predict".into(),
         ));
     }
     let (ls, head) = model.relational()?;

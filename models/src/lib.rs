@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod edge;
 pub mod embedding;
 pub mod error;
 pub mod hgt;

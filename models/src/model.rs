@@ -83,9 +83,13 @@ pub struct ModelSpec {
     /// classifier) scored by this decoder; `None`: node classification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<crate::link::LinkSpec>,
-    /// What a target node's output is (ignored with `link`).
+    /// What a target node's output is (ignored with `link` and `edge`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub head: Head,
+    /// Edge classification or regression: the last layer's rows are
+    /// embeddings (hidden wide) read by this decoder; `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge: Option<crate::edge::EdgeSpec>,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -102,6 +106,7 @@ impl ModelSpec {
     pub fn outputs(&self, g: &HetGraph) -> usize {
         match (&self.link, self.head) {
             (Some(_), _) => self.hidden,
+            _ if self.edge.is_some() => self.hidden,
             (None, Head::Value) => 1,
             (None, Head::Classes) => g.num_classes() as usize,
         }
@@ -224,6 +229,17 @@ impl ModelSpec {
                 self.dropout
             )));
         }
+        if let Some(edge) = &self.edge {
+            if self.kind == ModelKind::Mlp {
+                return Err(ModelError::Config("edge tasks need a relational model (rgcn, rgat or hgt): the MLP reads only the target type's features".into()));
+            }
+            if self.link.is_some() {
+                return Err(ModelError::Config(
+                    "a model is an edge predictor or a link predictor, not both".into(),
+                ));
+            }
+            edge.validate()?;
+        }
         if let Some(link) = &self.link {
             if self.kind == ModelKind::Mlp {
                 return Err(ModelError::Config("link prediction needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type's features".into()));
@@ -332,7 +348,9 @@ impl Model {
             }));
         }
         let registered = crate::layer::registered(spec.kind);
-        let has_head = registered.as_ref().is_some_and(|r| r.head) && spec.link.is_none();
+        let has_head = registered.as_ref().is_some_and(|r| r.head)
+            && spec.link.is_none()
+            && spec.edge.is_none();
         let width = |l: usize| {
             if l + 1 == spec.layers && !has_head {
                 num_classes
@@ -392,6 +410,17 @@ impl Model {
                             )?;
                         }
                     }
+                }
+                if let Some(edge) = &spec.edge {
+                    for name in &edge.relations {
+                        if g.relation_id(name).is_none() {
+                            return Err(ModelError::Config(format!(
+                                "target relation '{name}' is not in graph '{}'",
+                                g.name()
+                            )));
+                        }
+                    }
+                    edge.build(&mut params, seed, spec.hidden, g, dtype, device)?;
                 }
                 Layers::Relational(ls, head)
             }
@@ -568,6 +597,16 @@ impl Model {
     /// relations) whose endpoints' rows are `src` and `dst`.
     pub fn score_edges(&self, r: usize, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
         crate::link::score(src, dst, self.decoder_diagonal(r)?.as_ref())
+    }
+
+    /// Edge outputs `[n, classes or 1]` from the endpoints' last-layer rows
+    /// `src` and `dst` (`[n, hidden]` each).
+    pub fn decode_edges(&self, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
+        self.spec
+            .edge
+            .as_ref()
+            .ok_or_else(|| ModelError::Config("the model was not built for an edge task".into()))?
+            .decode(&self.params, src, dst)
     }
 
     /// What relation `r`'s decoder dots a destination row with, for sources

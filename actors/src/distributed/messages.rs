@@ -149,6 +149,10 @@ pub struct EpochStats {
     /// Node classification: this trainer's validation and test counts per class.
     #[serde(default)]
     pub classes: Option<[crate::task::node::ClassCounts; 2]>,
+    /// Binary edge classification: validation and test ROC-AUC, computed
+    /// by the one process that scored every edge.
+    #[serde(default)]
+    pub roc_auc: Option<[f64; 2]>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
     #[serde(default)]
     pub cpu_util: f64,
@@ -348,6 +352,7 @@ impl EpochReport {
             link: link_figures(stats),
             regression: regression_figures(stats),
             macro_f1: macro_f1(stats),
+            roc_auc: stats.iter().filter(|s| s.evaluated).find_map(|s| s.roc_auc),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,

@@ -12,8 +12,8 @@ use crate::error::{Result, TrainError};
 /// Refuses a run of `t` on `g` that cannot train or cannot fit; `tables`:
 /// whether this process holds the learnable rows of the whole graph.
 pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
-    // Link prediction trains on edges (LinkEdges::split refuses none).
-    if t.task != crate::config::Task::LinkPrediction {
+    // Edge tasks train on edges (their preparation refuses none).
+    if t.task.on_nodes() {
         check_trainable(t, g)?;
     }
     check_fits(t, g, tables)
@@ -76,6 +76,9 @@ pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> 
     let seeds = match t.task {
         crate::config::Task::NodeClassification | crate::config::Task::NodeRegression => t.batch,
         crate::config::Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
+        crate::config::Task::EdgeClassification | crate::config::Task::EdgeRegression => {
+            t.batch.saturating_mul(2)
+        }
     };
     let need = spec
         .min_bytes(g, tables)

@@ -45,6 +45,8 @@ pub(crate) enum Items<'a> {
     Nodes(&'a [u32]),
     /// Link prediction's training edges, each in the step its hash picks.
     Link(&'a LinkTask),
+    /// An edge task's training edges, each in the step its hash picks.
+    Edges(&'a crate::task::edge::EdgeTask),
 }
 
 impl Items<'_> {
@@ -53,6 +55,7 @@ impl Items<'_> {
         match self {
             Items::Nodes(n) => n.len().div_ceil(t.batch.max(1)) as u64,
             Items::Link(l) => l.steps(),
+            Items::Edges(e) => e.steps(),
         }
     }
 
@@ -61,6 +64,7 @@ impl Items<'_> {
         match self {
             Items::Nodes(n) => epoch_batches(n, t.batch, t.seed, epoch),
             Items::Link(l) => l.batches(epoch),
+            Items::Edges(e) => e.batches(epoch),
         }
     }
 }

@@ -90,6 +90,14 @@ const EVERY_TASK: &[Task] = &[
     Task::NodeClassification,
     Task::LinkPrediction,
     Task::NodeRegression,
+    Task::EdgeClassification,
+    Task::EdgeRegression,
+];
+/// Data-parallel's: edge tasks train in one process so far.
+const DATA_PARALLEL_TASKS: &[Task] = &[
+    Task::NodeClassification,
+    Task::LinkPrediction,
+    Task::NodeRegression,
 ];
 
 /// Every mode, with its settings, the tasks it trains and its rules.
@@ -97,7 +105,7 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, true, &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
-        EVERY_TASK,
+        DATA_PARALLEL_TASKS,
         true,
         &crate::data_parallel::RULES,
     ),

@@ -23,6 +23,7 @@ use crate::error::{Result, TrainError};
 use crate::modes::seam::ModeConfig;
 use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
+use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::LinkTask;
 use crate::task::node::{NodeTask, Scores};
 
@@ -85,6 +86,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         true => LinkTask::prepare(t, g).map(|(g, l)| (g, Some(l)))?,
         false => (g, None),
     };
+    let edge = t
+        .task
+        .on_edges()
+        .then(|| EdgeTask::prepare(t, &g))
+        .transpose()?;
     crate::epoch::preflight::check(t, &g, true)?;
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
@@ -95,12 +101,24 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         mode: "single".into(),
         nodes: 1,
         link: link.as_ref().map(|l| l.report(&g, t)),
+        edge: edge.as_ref().map(|e| e.report(&g)),
         ..Report::default()
     };
-    let items = match &link {
-        Some(l) => Items::Link(l),
-        None => Items::Nodes(&splits.train),
+    let items = match (&link, &edge) {
+        (Some(l), _) => Items::Link(l),
+        (None, Some(e)) => Items::Edges(e),
+        (None, None) => Items::Nodes(&splits.train),
     };
+    if let Some(r) = &report.edge {
+        observer.note(&format!(
+            "{} on {}: {} training, {} validation, {} test edges",
+            t.task.name(),
+            r.relations.join(", "),
+            r.train_edges,
+            r.valid_edges,
+            r.test_edges
+        ));
+    }
     if let (Some(l), Some(r)) = (&link, &report.link) {
         observer.note(&format!(
             "link prediction on {}: {} training, {} validation, {} test edges",
@@ -194,6 +212,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         uses_neighbors: model.uses_neighbors(),
         plan: &plan,
         link: link.as_ref(),
+        edge: edge.as_ref(),
     };
     // Kernels run behind the host: without a wait at each phase's end, a
     // phase's GPU time shows up in whichever later phase first waits for it.
@@ -251,8 +270,16 @@ struct Feed<'g> {
     uses_neighbors: bool,
     /// Fanouts and seeds.
     plan: &'g SamplingPlan,
-    /// Link prediction's edges and settings (`None`: node classification).
+    /// Link prediction's edges and settings (`None`: another task).
     link: Option<&'g LinkTask>,
+    /// An edge task's edges and settings (`None`: another task).
+    edge: Option<&'g EdgeTask>,
+}
+
+/// A batch prepared ahead of its step, with an edge task's edges.
+struct Batch {
+    p: Prepared,
+    edge: Option<EdgeBatch>,
 }
 
 /// A single-process run as the epoch loop drives it.
@@ -277,7 +304,7 @@ struct Run<'g, 'o> {
 
 impl<'g> Steps for Run<'g, '_> {
     type Feed = Feed<'g>;
-    type Batch = Prepared;
+    type Batch = Batch;
     type State<'f>
         = Sampler<'f>
     where
@@ -306,16 +333,35 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     /// Samples the batch and gathers its feature rows.
-    /// Link prediction: `seeds` are training edges, whose endpoints and
-    /// negatives are sampled with the batch's own edges left out.
+    /// Link prediction and edge tasks: `seeds` are training edges, whose
+    /// ends (and negatives) are sampled with the step's own edges left out.
     fn prepare<'f>(
         feed: &'f Feed<'g>,
         sampler: &mut Sampler<'f>,
         epoch: u64,
         step: u64,
         seeds: &[u32],
-    ) -> Result<Prepared> {
-        match feed.link {
+    ) -> Result<Batch> {
+        if let Some(task) = feed.edge {
+            let clock = Instant::now();
+            let batch = task.batch(feed.graph, seeds);
+            let extra = clock.elapsed().as_secs_f64();
+            let mut p =
+                prepare(feed.graph, &feed.gather, None, false, || {
+                    Ok(sampler.sample_typed(
+                        epoch,
+                        step,
+                        &batch.seeds,
+                        &task.exclusion(epoch, step),
+                    )?)
+                })?;
+            p.sample_s += extra;
+            return Ok(Batch {
+                p,
+                edge: Some(batch),
+            });
+        }
+        let p = match feed.link {
             None => match (&feed.cached, feed.cached_in_step) {
                 (Some(c), true) => {
                     let mut clock = Instant::now();
@@ -355,7 +401,8 @@ impl<'g> Steps for Run<'g, '_> {
                 p.link = Some(batch);
                 Ok(p)
             }
-        }
+        }?;
+        Ok(Batch { p, edge: None })
     }
 
     /// The model after the steps before [`Steps::seq`] (an epoch end).
@@ -386,13 +433,17 @@ impl<'g> Steps for Run<'g, '_> {
         epoch: u64,
         step: u64,
         _: &[u32],
-        p: Prepared,
+        batch: Batch,
         st: &mut EpochStats,
     ) -> Result<StepFigures> {
+        let Batch { p, edge } = batch;
         let task = &self.task;
         let link = feed.link.zip(p.link.as_ref());
-        // A link step's size is binomial: one may, rarely, hold no edge.
-        if link.is_some_and(|(_, b)| b.edges.is_empty()) {
+        let edge = feed.edge.zip(edge.as_ref());
+        // A link or edge step's size is binomial: one may, rarely, hold no edge.
+        if link.is_some_and(|(_, b)| b.edges.is_empty())
+            || edge.is_some_and(|(_, b)| b.edges.is_empty())
+        {
             self.report.steps += 1;
             self.observer.step(0.0);
             return Ok(StepFigures::default());
@@ -426,8 +477,9 @@ impl<'g> Steps for Run<'g, '_> {
         wait(self.sync_timing, &self.device)?;
         st.time.gather_s += lap(&mut clock);
         let dropout = Some(DropoutKey { epoch, step });
-        let (loss, logits) = match link {
-            Some((task, batch)) => (
+        let mut edge_correct = 0;
+        let (loss, logits) = match (link, edge) {
+            (Some((task, batch)), _) => (
                 task.loss(
                     model,
                     &model.forward_nodes(self.g, mb, inputs.clone(), dropout)?,
@@ -435,7 +487,12 @@ impl<'g> Steps for Run<'g, '_> {
                 )?,
                 None,
             ),
-            None => {
+            (None, Some((task, batch))) => {
+                let out = model.forward_nodes(self.g, mb, inputs.clone(), dropout)?;
+                edge_correct = task.correct(model, &out, batch)?;
+                (task.loss(model, &out, batch)?, None)
+            }
+            (None, None) => {
                 let logits = model.forward(self.g, mb, inputs.clone(), dropout)?;
                 (task.loss(&logits, seeds)?, Some(logits))
             }
@@ -466,10 +523,11 @@ impl<'g> Steps for Run<'g, '_> {
                 loss: l,
             });
         }
-        let (correct, seen) = match (&logits, link) {
-            (Some(logits), _) => (task.correct(logits, seeds)?, seeds.len() as u64),
-            (None, Some((_, batch))) => (0, batch.edges.len() as u64),
-            (None, None) => (0, 0),
+        let (correct, seen) = match (&logits, link, edge) {
+            (Some(logits), _, _) => (task.correct(logits, seeds)?, seeds.len() as u64),
+            (None, Some((_, batch)), _) => (0, batch.edges.len() as u64),
+            (None, None, Some((_, batch))) => (edge_correct, batch.edges.len() as u64),
+            (None, None, None) => (0, 0),
         };
         self.report.steps += 1;
         self.observer.step(l);
@@ -503,6 +561,14 @@ impl<'g> Steps for Run<'g, '_> {
             });
             return Ok(());
         }
+        if let Some(task) = feed.edge {
+            let [valid, test] = task.evaluate_exact(&self.model, self.g)?;
+            if let (Some(v), Some(t)) = (valid.roc_auc(), test.roc_auc()) {
+                st.roc_auc = Some([v, t]);
+            }
+            st.set_scores(valid.scores, test.scores);
+            return Ok(());
+        }
         let (_, splits) = self.g.target_labels();
         // The cached rows are read from the cache, as the steps read them (on a
         // GPU, there); batches are sampled on the prefetch threads' count.
@@ -529,15 +595,13 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     /// The epoch's account becomes the report's epoch.
-    fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
+    fn send_stats(&mut self, feed: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
-        let er = EpochReport::from_stats(
-            st.epoch,
-            std::slice::from_ref(&st),
-            splits.valid.len(),
-            splits.test.len(),
-            false,
-        );
+        let (valid, test) = match feed.edge {
+            Some(e) => (e.valid.len(), e.test.len()),
+            None => (splits.valid.len(), splits.test.len()),
+        };
+        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);
         Ok(())

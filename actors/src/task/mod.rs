@@ -1,7 +1,8 @@
 //! What a model is trained to do, apart from how training is distributed:
 //! node tasks' losses and metrics (their batches are target nodes, made by
-//! the modes), and link prediction's batches, losses and metrics, for any
-//! mode that supports them.
+//! the modes), and link prediction's and edge tasks' batches, losses and
+//! metrics, for any mode that supports them.
 
+pub mod edge;
 pub mod link;
 pub mod node;

@@ -168,21 +168,9 @@ impl<'g> NodeTask<'g> {
                 loss,
                 delta,
             } => {
-                let (loss, delta) = (*loss, *delta);
                 let y: Vec<f32> = seeds.iter().map(|&s| values[s as usize]).collect();
                 let y = Tensor::from_vec(y, seeds.len(), device)?.to_dtype(out.dtype())?;
-                let d = (out.squeeze(1)? - y)?;
-                match loss {
-                    RegressionLoss::Mse => d.sqr()?.mean_all()?,
-                    RegressionLoss::Huber => {
-                        // 0.5·q² + δ·(|d| − q) with q = min(|d|, δ).
-                        let a = d.abs()?;
-                        let q = a
-                            .le(delta)?
-                            .where_cond(&a, &a.ones_like()?.affine(delta, 0.0)?)?;
-                        ((q.sqr()? * 0.5)? + ((a - &q)? * delta)?)?.mean_all()?
-                    }
-                }
+                regression_loss(&out.squeeze(1)?, &y, *loss, *delta)?
             }
         })
     }
@@ -234,6 +222,27 @@ impl<'g> NodeTask<'g> {
         }
         Ok(())
     }
+}
+
+/// The mean `loss` of predictions `pred` against targets `y` (both `[n]`).
+pub(crate) fn regression_loss(
+    pred: &Tensor,
+    y: &Tensor,
+    loss: RegressionLoss,
+    delta: f64,
+) -> Result<Tensor> {
+    let d = (pred - y)?;
+    Ok(match loss {
+        RegressionLoss::Mse => d.sqr()?.mean_all()?,
+        RegressionLoss::Huber => {
+            // 0.5·q² + δ·(|d| − q) with q = min(|d|, δ).
+            let a = d.abs()?;
+            let q = a
+                .le(delta)?
+                .where_cond(&a, &a.ones_like()?.affine(delta, 0.0)?)?;
+            ((q.sqr()? * 0.5)? + ((a - &q)? * delta)?)?.mean_all()?
+        }
+    })
 }
 
 fn no_values(g: &HetGraph) -> TrainError {
