@@ -20,6 +20,7 @@ mod output;
 mod partition;
 mod plot;
 mod predict;
+mod predict_edges;
 mod profile;
 mod serve;
 mod tables;

@@ -1,5 +1,6 @@
 //! `hetgnn predict`: classes and final-layer embeddings of every target node
-//! from a checkpoint (of a single-process or a distributed run), written as .npy.
+//! from a checkpoint (of a single-process or a distributed run), written as
+//! .npy or a table; for an edge model, the class or value of given edges.
 
 use std::path::PathBuf;
 
@@ -84,6 +85,15 @@ pub struct PredictArgs {
     /// Sampled (the training fanouts) or exact (full neighbourhoods) inference.
     #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
     inference: InferenceArg,
+    /// An edge model: the edges to score, `.npy` (int64 [2, n]: sources, then
+    /// destinations) or a table (`.csv`, `.csv.gz`, `.parquet`) with columns
+    /// `src` and `dst` (original ids of a graph imported from tables).
+    #[arg(long)]
+    edges: Option<PathBuf>,
+    /// An edge model trained on several relations: the one `--edges` belongs to
+    /// (canonical `src__name__dst`) [default: its first target relation].
+    #[arg(long, requires = "edges")]
+    relation: Option<String>,
     /// Nodes per inference batch (answers do not depend on it).
     #[arg(long, default_value_t = 4096)]
     batch: usize,
@@ -110,6 +120,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if let Some(ids) = &a.ids {
         inputs.push(("--ids", ids));
     }
+    if let Some(edges) = &a.edges {
+        inputs.push(("--edges", edges));
+    }
     crate::output::check(&outputs, a.force, &inputs)?;
     // After the output check, so that an output naming an input is refused as such.
     let out_format = result_format(&a.out).map_err(anyhow::Error::msg)?;
@@ -123,6 +136,25 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     let dir = trained.source.dir.clone();
     if trained.source.spec.link.is_some() {
         bail!("{}: this checkpoint was trained for link prediction and predicts nothing per node; `hetgnn embed` writes its node embeddings", dir.display());
+    }
+    if let Some(edge) = trained.source.spec.edge.clone() {
+        let Some(path) = &a.edges else {
+            bail!("{}: this checkpoint was trained for an edge task ({}): give the edges to score with --edges FILE", dir.display(), edge.relations.join(", "));
+        };
+        if a.ids.is_some() || a.embeddings.is_some() {
+            bail!("--ids and --embeddings apply to node models; an edge model scores --edges");
+        }
+        return crate::predict_edges::run(
+            &trained,
+            &edge,
+            a.relation.as_deref(),
+            path,
+            &a.out,
+            out_format,
+        );
+    }
+    if a.edges.is_some() {
+        bail!("{}: --edges applies to a model trained for edge classification or regression; this one predicts nodes", dir.display());
     }
     let target = trained.graph.node_type(trained.graph.target());
     let (target_name, count) = (target.name.clone(), target.count);

@@ -738,3 +738,92 @@ fn a_regression_model_predicts_and_serves_values() {
         assert!(s.stop().success());
     }
 }
+
+#[test]
+fn an_edge_model_scores_given_edges_as_its_evaluation_did() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let rel = "author__writes__paper";
+    trained(
+        dir,
+        &[
+            "--task",
+            "edge-classification",
+            "--target-relations",
+            rel,
+            "--report",
+            "r.json",
+        ],
+    );
+    // The test edges, as (source, destination) pairs, from the graph's files.
+    let edges = NpyFile::open(&dir.join(format!("g/edges/{rel}.npy")), DType::I64).unwrap();
+    let n = edges.shape()[1] as usize;
+    let test = NpyFile::open(&dir.join(format!("g/edges/{rel}/test.npy")), DType::I64).unwrap();
+    let labels = NpyFile::open(&dir.join(format!("g/edges/{rel}/labels.npy")), DType::I64).unwrap();
+    let pos: Vec<usize> = (0..test.len()).map(|i| test.i64_at(i) as usize).collect();
+    let mut pairs: Vec<i64> = pos.iter().map(|&p| edges.i64_at(p)).collect();
+    pairs.extend(pos.iter().map(|&p| edges.i64_at(n + p)));
+    graphs::npy::write_i64(&dir.join("test-edges.npy"), &[2, pos.len() as u64], &pairs).unwrap();
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--edges", "test-edges.npy", "--out", "c.npy"]);
+    hetgnn(dir, &a).ok();
+    let c = NpyFile::open(&dir.join("c.npy"), DType::I64).unwrap();
+    assert_eq!(c.len(), pos.len());
+    let right = (0..pos.len())
+        .filter(|&i| c.i64_at(i) == labels.i64_at(pos[i]))
+        .count();
+    // The share right is the report's test accuracy: the same model, the same exact inference.
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    let want = report["epochs"][0]["test_acc"].as_f64().unwrap();
+    let got = right as f64 / pos.len() as f64;
+    assert!(
+        (got - want).abs() < 1e-9,
+        "predict {got} vs the report's {want}"
+    );
+    // A table of original ids gives the same classes.
+    std::fs::write(
+        dir.join("e.csv"),
+        format!(
+            "src,dst\n{},{}\n{},{}\n",
+            pairs[0],
+            pairs[pos.len()],
+            pairs[1],
+            pairs[pos.len() + 1]
+        ),
+    )
+    .unwrap();
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--edges", "e.csv", "--out", "c.csv"]);
+    hetgnn(dir, &a).ok();
+    let csv = std::fs::read_to_string(dir.join("c.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "src,dst,class");
+    assert_eq!(
+        rows[1],
+        format!("{},{},{}", pairs[0], pairs[pos.len()], c.i64_at(0))
+    );
+
+    // Refused: no --edges for an edge model, --edges for a node model, ids out of range.
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--out", "x.npy"]);
+    hetgnn(dir, &a).fails_with(1, &["--edges", "edge task"]);
+    graphs::npy::write_i64(&dir.join("bad.npy"), &[2, 1], &[0, 1 << 30]).unwrap();
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--edges", "bad.npy", "--out", "y.npy"]);
+    hetgnn(dir, &a).fails_with(1, &["destination id 1073741824 is out of range"]);
+    // serve answers embeddings, not per-node predictions, and names the task.
+    let s = Server::start(dir, &model);
+    let (code, info) = s.get("/v1/model");
+    assert_eq!(code, 200);
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["task"], "edge-classification");
+    let (code, r) = s.post("/v1/predict", &json!({"ids": [0]}));
+    assert_eq!(code, 400, "{r}");
+    assert!(s.stop().success());
+}

@@ -36,6 +36,16 @@ fn same_graph(a: &Path, b: &Path) {
     }
     for r in &schema.relations {
         files.push(format!("edges/{}.npy", r.canonical()));
+        let dir = format!("edges/{}", r.canonical());
+        if r.num_classes.is_some() {
+            files.push(format!("{dir}/labels.npy"));
+        }
+        if r.values {
+            files.push(format!("{dir}/values.npy"));
+        }
+        if r.has_targets() {
+            files.extend(["train", "valid", "test"].map(|s| format!("{dir}/{s}.npy")));
+        }
     }
     for f in files {
         let (x, y) = (

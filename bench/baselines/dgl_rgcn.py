@@ -10,7 +10,15 @@ learnable embeddings for featureless types (sparse Adam, or dense with
 each layer computed only for the nodes the next one needs (DGL's blocks).
 
 Reads the graph directory format of FORMAT.md, so both systems train on
-identical data. Prints one line per epoch on stderr and, last on stdout, one
+identical data. With --task edge-classification or edge-regression and
+--target-relations, the last layer writes hidden-wide rows and a decoder
+(concatenated ends through a hidden layer with ReLU, as hetgnn's
+`edge_decoder = "mlp"`) predicts each edge's class or value from its ends;
+training edges come from the edge split files, and each batch's edges and
+their reverses are excluded from its sampled neighbourhoods (DGL's
+`exclude="reverse_types"`). Evaluation embeds the validation and test edges'
+ends over their full 2-hop neighbourhoods (exact, as hetgnn's inference).
+Prints one line per epoch on stderr and, last on stdout, one
 JSON object with the per-epoch figures. bench/src/bin/train.rs runs it with
 `--dgl PYTHON` and reports the ratios; it needs dgl 2.1 with torch 2.2.1 (its newest torch):
 
@@ -90,6 +98,54 @@ class Layer(nn.Module):
         return out
 
 
+class EdgeDecoder(nn.Module):
+    """[h_u ; h_v] through a hidden layer with ReLU, then one output per class (or one value)."""
+
+    def __init__(self, hidden, outputs):
+        super().__init__()
+        self.hidden = nn.Linear(2 * hidden, hidden)
+        self.out = nn.Linear(hidden, outputs)
+
+    def forward(self, hu, hv):
+        return self.out(F.relu(self.hidden(torch.cat([hu, hv], 1))))
+
+
+def edge_metrics(pred, y, classes):
+    """Accuracy, macro F1 and (two classes) ROC-AUC of logits `pred`, or RMSE / MAE / R² of values."""
+    if classes is None:
+        p, y = pred[:, 0].double(), y.double()
+        sse = ((p - y) ** 2).sum().item()
+        sst = ((y - y.mean()) ** 2).sum().item()
+        n = max(len(y), 1)
+        return {"rmse": (sse / n) ** 0.5, "mae": (p - y).abs().sum().item() / n, "r2": 1.0 - sse / sst if sst > 0 else 0.0}
+    guess = pred.argmax(1)
+    out = {"acc": (guess == y).double().mean().item()}
+    f1s = []
+    for c in range(classes):
+        tp = ((guess == c) & (y == c)).sum().item()
+        fp = ((guess == c) & (y != c)).sum().item()
+        fn = ((guess != c) & (y == c)).sum().item()
+        if tp + fp + fn > 0:
+            f1s.append(2 * tp / (2 * tp + fp + fn))
+    out["macro_f1"] = sum(f1s) / max(len(f1s), 1)
+    if classes == 2:
+        score = torch.softmax(pred, 1)[:, 1].numpy()
+        pos = y.numpy() == 1
+        order = score.argsort(kind="stable")
+        ranks = np.empty(len(score))
+        sorted_scores = score[order]
+        i = 0
+        while i < len(score):  # mean rank of ties
+            j = i
+            while j + 1 < len(score) and sorted_scores[j + 1] == sorted_scores[i]:
+                j += 1
+            ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+            i = j + 1
+        p, n = pos.sum(), (~pos).sum()
+        out["roc_auc"] = float((ranks[pos].sum() - p * (p + 1) / 2.0) / (p * n)) if p and n else None
+    return out
+
+
 class Rgcn(nn.Module):
     def __init__(self, g, in_dims, hidden, classes, layers, dropout):
         super().__init__()
@@ -120,8 +176,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
     ap.add_argument("--no-reverse-edges", action="store_true")
     ap.add_argument("--dense-embeddings", action="store_true", help="nn.Embedding + Adam instead of DGL's sparse embeddings")
-    ap.add_argument("--task", default="node-classification", choices=["node-classification", "node-regression"],
-                    help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported")
+    ap.add_argument("--task", default="node-classification",
+                    choices=["node-classification", "node-regression", "edge-classification", "edge-regression"],
+                    help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported; edge-*: see above")
+    ap.add_argument("--target-relations", default="", help="edge tasks: one canonical src__name__dst relation")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -136,6 +194,8 @@ def main():
     if regression and values is None:
         sys.exit(f"{a.data}: no values.npy for node regression")
     load_s = time.perf_counter() - t0
+    if a.task.startswith("edge-"):
+        return train_edges(a, g, schema, feats, load_s)
     fanouts = [int(f) for f in a.fanouts.split(",")]
     # DGL lists fanouts from the input layer up; hetgnn from the seeds outward.
     sampler = dgl.dataloading.NeighborSampler([{et: f for et in g.canonical_etypes} for f in reversed(fanouts)])
@@ -235,6 +295,110 @@ def main():
     print(json.dumps({
         "system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "embeddings": "dense" if a.dense_embeddings else "sparse", "load_s": load_s, "epochs": epochs,
+    }))
+
+
+def train_edges(a, g, schema, feats, load_s):
+    """Edge classification or regression on the split edges of --target-relations."""
+    src_t, name, dst_t = a.target_relations.split("__")
+    etype, rev = (src_t, name, dst_t), (dst_t, "rev_" + name, src_t)
+    if a.no_reverse_edges:
+        sys.exit("edge tasks here exclude the reverse edges: keep them")
+    rel = next(r for r in schema["relations"] if (r["src"], r["name"], r["dst"]) == etype)
+    edir = os.path.join(a.data, "edges", a.target_relations)
+    regression = a.task == "edge-regression"
+    classes = None if regression else rel["num_classes"]
+    if regression:
+        y_all = torch.from_numpy(np.load(os.path.join(edir, "values.npy")))
+    else:
+        y_all = torch.from_numpy(np.load(os.path.join(edir, "labels.npy")))
+    splits = {s: torch.from_numpy(np.load(os.path.join(edir, f"{s}.npy"))) for s in ("train", "valid", "test")}
+    fanouts = [int(f) for f in a.fanouts.split(",")]
+    base = dgl.dataloading.NeighborSampler([{et: f for et in g.canonical_etypes} for f in reversed(fanouts)])
+    # The reverse relation's edges were added in the same order: edge i reverses edge i.
+    train_sampler = dgl.dataloading.as_edge_prediction_sampler(base, exclude="reverse_types", reverse_etypes={etype: rev, rev: etype})
+    full = dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.MultiLayerFullNeighborSampler(len(fanouts)))
+
+    featureless = [t for t in g.ntypes if t not in feats]
+    init = lambda t: nn.init.normal_(t, 0.0, 1.0)  # noqa: E731
+    embeds = {t: dglnn.NodeEmbedding(g.num_nodes(t), a.embed_dim, f"emb_{t}", init_func=init) for t in featureless}
+    in_dims = {t: (feats[t].shape[1] if t in feats else a.embed_dim) for t in g.ntypes}
+    model = Rgcn(g, in_dims, a.hidden, a.hidden, len(fanouts), a.dropout)
+    decoder = EdgeDecoder(a.hidden, 1 if regression else classes)
+    opt = torch.optim.Adam(list(model.parameters()) + list(decoder.parameters()), lr=a.lr)
+    sparse_opt = dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr) if embeds else None
+
+    def inputs(block):
+        h = {}
+        for t in block.srctypes:
+            ids = block.srcnodes[t].data[dgl.NID]
+            if len(ids) == 0:
+                continue
+            h[t] = feats[t][ids] if t in feats else embeds[t](ids)
+        return h
+
+    def loader(ids, sampler, shuffle):
+        return dgl.dataloading.DataLoader(g, {etype: ids}, sampler, batch_size=a.batch, shuffle=shuffle, drop_last=False, num_workers=0)
+
+    def decode(pair, blocks):
+        h = model(blocks, inputs(blocks[0]))
+        u, v = pair.edges(etype=etype)
+        return decoder(h[src_t][u], h[dst_t][v]), y_all[pair.edges[etype].data[dgl.EID]]
+
+    def evaluate(ids):
+        model.eval()
+        decoder.eval()
+        preds, ys = [], []
+        with torch.no_grad():
+            for _, pair, blocks in loader(ids, full, False):
+                p, y = decode(pair, blocks)
+                preds.append(p)
+                ys.append(y)
+        model.train()
+        decoder.train()
+        return edge_metrics(torch.cat(preds), torch.cat(ys), classes)
+
+    epochs = []
+    for epoch in range(a.epochs):
+        steps, loss_sum, sample_s = 0, 0.0, 0.0
+        t0 = time.perf_counter()
+        it = iter(loader(splits["train"], train_sampler, True))
+        while True:
+            ts = time.perf_counter()
+            try:
+                _, pair, blocks = next(it)
+            except StopIteration:
+                break
+            sample_s += time.perf_counter() - ts
+            p, y = decode(pair, blocks)
+            loss = F.mse_loss(p[:, 0], y) if regression else F.cross_entropy(p, y)
+            opt.zero_grad()
+            if sparse_opt is not None:
+                sparse_opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sparse_opt is not None:
+                sparse_opt.step()
+            loss_sum += loss.item()
+            steps += 1
+        seconds = time.perf_counter() - t0
+        te = time.perf_counter()
+        valid, test = evaluate(splits["valid"]), evaluate(splits["test"])
+        row = {"epoch": epoch, "loss": loss_sum / max(steps, 1), "seconds": seconds, "sample_s": sample_s, "steps": steps,
+               "eval_s": time.perf_counter() - te}
+        if regression:
+            row["regression"] = {"valid": valid, "test": test}
+            shown = (valid["rmse"], test["rmse"])
+        else:
+            row["valid_acc"], row["test_acc"] = valid["acc"], test["acc"]
+            row["macro_f1"] = [valid["macro_f1"], test["macro_f1"]]
+            row["roc_auc"] = [valid.get("roc_auc"), test.get("roc_auc")]
+            shown = (valid["acc"], test["acc"])
+        epochs.append(row)
+        print(f"dgl epoch {epoch}: loss {row['loss']:.4f}  {seconds:.2f} s ({steps} steps)  valid {shown[0]:.4f}  test {shown[1]:.4f}", file=sys.stderr)
+    print(json.dumps({
+        "system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "embeddings": "sparse", "load_s": load_s, "task": a.task, "epochs": epochs,
     }))
 
 

@@ -119,3 +119,39 @@ impl EdgeSpec {
         Ok(crate::ops::add_bias(&h, &get(OUT_B)?)?)
     }
 }
+
+/// Outputs `[n, outputs]` of edges `src[i] -> dst[i]` from every node's rows
+/// of their end types (`src_rows`, `dst_rows`, as [`crate::inference::embed_all`]
+/// returns them); an id outside its type's rows is an error.
+pub fn decode_rows(
+    model: &crate::Model,
+    src_rows: &crate::inference::TypeRows,
+    dst_rows: &crate::inference::TypeRows,
+    src: &[u32],
+    dst: &[u32],
+) -> Result<Tensor> {
+    if src.len() != dst.len() {
+        return Err(ModelError::Config(format!(
+            "{} sources for {} destinations",
+            src.len(),
+            dst.len()
+        )));
+    }
+    let gather = |t: &crate::inference::TypeRows, ids: &[u32]| -> Result<Tensor> {
+        let w = t.width;
+        let count = t.data.len() / w.max(1);
+        let mut buf = Vec::with_capacity(ids.len() * w);
+        for &v in ids {
+            let v = v as usize;
+            if v >= count {
+                return Err(ModelError::Config(format!(
+                    "node id {v} is out of range 0..{count}"
+                )));
+            }
+            buf.extend_from_slice(&t.data[v * w..(v + 1) * w]);
+        }
+        Ok(Tensor::from_vec(buf, (ids.len(), w), model.device())?.to_dtype(model.dtype())?)
+    };
+    let (s, d) = (gather(src_rows, src)?, gather(dst_rows, dst)?);
+    Ok(model.decode_edges(&s, &d)?.to_dtype(DType::F32)?)
+}

@@ -105,6 +105,7 @@ fn check_model_gradients(kind: ModelKind) {
         heads: 2,
         link: None,
         head: Default::default(),
+        edge: None,
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[3, 2], 0)
@@ -212,6 +213,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         heads: 2,
         link: None,
         head: Default::default(),
+        edge: None,
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mut store = models::params::ParamStore::new();
@@ -379,6 +381,7 @@ fn initialisation_depends_only_on_seed_and_name() {
         heads: 2,
         link: None,
         head: Default::default(),
+        edge: None,
     };
     let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let b = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
@@ -438,6 +441,7 @@ fn adam_state_never_holds_the_step_graph() {
         heads: 2,
         link: None,
         head: Default::default(),
+        edge: None,
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mut adam = models::optim::Adam::new(AdamConfig::with_lr(0.01));
@@ -772,6 +776,7 @@ fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same
         heads: 2,
         link: None,
         head: Default::default(),
+        edge: None,
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
     let mb = Sampler::new(&g, &[4, 4], 0)

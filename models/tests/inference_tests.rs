@@ -43,6 +43,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
             heads: 2,
             link: None,
             head: Default::default(),
+            edge: None,
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let mut calls = 0;
@@ -135,6 +136,7 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
             heads: 2,
             link: Some(link.clone()),
             head: Default::default(),
+            edge: None,
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(

@@ -166,9 +166,10 @@ impl Engine {
     }
 
     /// Whether the model predicts something per target node, a class or a
-    /// value (a link predictor does not).
+    /// value (a link or edge predictor does not).
     pub fn classifies(&self) -> bool {
-        self.trained.source.spec.link.is_none()
+        let spec = &self.trained.source.spec;
+        spec.link.is_none() && spec.edge.is_none()
     }
 
     /// Whether the model predicts a value per node rather than a class.
@@ -180,7 +181,7 @@ impl Engine {
     pub fn classify(&self, nodes: &[u32], want: Want) -> Result<Classified> {
         if !self.classifies() {
             return Err(ServeError::BadRequest(
-                "this model was trained for link prediction and predicts no classes; ask for embeddings".into(),
+                "this model was trained for link prediction or an edge task and predicts nothing per node; ask for embeddings (edge models: `hetgnn predict --edges` scores edge lists)".into(),
             ));
         }
         let g = &self.trained.graph;

@@ -560,6 +560,10 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
         model: format!("{:?}", tr.source.spec.kind).to_lowercase(),
         target: g.node_type(g.target()).name.clone(),
         task: match (engine.classifies(), engine.regresses()) {
+            (false, _) if tr.source.spec.edge.as_ref().is_some_and(|e| e.values) => {
+                "edge-regression"
+            }
+            (false, _) if tr.source.spec.edge.is_some() => "edge-classification",
             (false, _) => "link-prediction",
             (true, true) => "node-regression",
             (true, false) => "node-classification",
@@ -570,7 +574,7 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
             tr.model.num_classes()
         },
         class_names: tr.names[g.target().index()].classes().to_vec(),
-        link_prediction: !engine.classifies(),
+        link_prediction: tr.source.spec.link.is_some(),
         fanouts: tr.source.fanouts.clone(),
         types: g
             .node_types()

@@ -92,6 +92,27 @@ pub struct EdgeTable {
     /// What to do with an edge naming a node absent from its type's node table.
     #[serde(default)]
     pub unknown_ids: UnknownIds,
+    /// Edge classification: the column of each edge's class, an integer in
+    /// `0..num_classes` (empty: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The number of edge classes (default: the largest label + 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_classes: Option<u32>,
+    /// Edge regression: the column of each edge's value (empty or NaN: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// With `label` or `value`: the column naming each edge's split,
+    /// `train`, `valid` or `test` (empty: in no split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+}
+
+impl EdgeTable {
+    /// Whether the table gives its edges targets (a label or a value).
+    pub fn has_targets(&self) -> bool {
+        self.label.is_some() || self.value.is_some()
+    }
 }
 
 /// Policy for edges that name unknown node ids.
@@ -358,6 +379,28 @@ impl TablesConfig {
             }
             if e.files.is_empty() {
                 return Err(format!("[[edges]] {s}__{r}__{d}: no files"));
+            }
+            match (e.has_targets(), &e.split) {
+                (true, None) => {
+                    return Err(format!("[[edges]] {s}__{r}__{d}: a label or value column needs a split column (train, valid, test)"))
+                }
+                (false, Some(_)) => {
+                    return Err(format!("[[edges]] {s}__{r}__{d}: a split column needs a label or value column"))
+                }
+                _ => {}
+            }
+            if e.num_classes.is_some() && e.label.is_none() {
+                return Err(format!(
+                    "[[edges]] {s}__{r}__{d}: num_classes needs a label column"
+                ));
+            }
+            if let Some(n) = e.num_classes {
+                if n == 0 || n > graphs::schema::MAX_CLASSES {
+                    return Err(format!(
+                        "[[edges]] {s}__{r}__{d}: num_classes {n} must be in 1..={}",
+                        graphs::schema::MAX_CLASSES
+                    ));
+                }
             }
         }
         Ok(())

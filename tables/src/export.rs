@@ -150,24 +150,52 @@ pub fn export_tables(
         let file = PathBuf::from("edges").join(format!("{canonical}.{ext}"));
         let f = NpyFile::open(&paths::edges(graph, &canonical), DType::I64)?;
         let e = r.count as usize;
-        let mut w = TableWriter::create(
-            &dir.path().join(&file),
-            format,
-            &[
-                ("src".into(), ColumnType::Text),
-                ("dst".into(), ColumnType::Text),
-            ],
-        )?;
+        let targets = edge_targets(graph, r)?;
+        let mut columns = vec![
+            ("src".to_string(), ColumnType::Text),
+            ("dst".to_string(), ColumnType::Text),
+        ];
+        if let Some(t) = &targets {
+            if t.labels.is_some() {
+                columns.push(("label".into(), ColumnType::Int));
+            }
+            if t.values.is_some() {
+                columns.push(("value".into(), ColumnType::Float32));
+            }
+            columns.push(("split".into(), ColumnType::Text));
+        }
+        let mut w = TableWriter::create(&dir.path().join(&file), format, &columns)?;
         progress.start(&format!("{canonical} table"), r.count);
         let mut start = 0;
         while start < e {
             let end = (start + CHUNK_ROWS).min(e);
             let src = (start..end).map(|i| Some(format!("{}-{}", r.src, f.i64_at(i))));
             let dst = (start..end).map(|i| Some(format!("{}-{}", r.dst, f.i64_at(e + i))));
-            w.write(vec![
+            let mut data = vec![
                 ColumnData::Text(src.collect()),
                 ColumnData::Text(dst.collect()),
-            ])?;
+            ];
+            if let Some(t) = &targets {
+                if let Some(l) = &t.labels {
+                    data.push(ColumnData::Int(
+                        l[start..end]
+                            .iter()
+                            .map(|&x| (x >= 0).then_some(x))
+                            .collect(),
+                    ));
+                }
+                if let Some(v) = &t.values {
+                    data.push(ColumnData::Float32(v[start..end].to_vec()));
+                }
+                let names = ["", "train", "valid", "test"];
+                data.push(ColumnData::Text(
+                    t.split[start..end]
+                        .iter()
+                        .map(|&k| (k > 0).then(|| names[k as usize].to_string()))
+                        .collect(),
+                ));
+            }
+            w.write(data)?;
             progress.advance((end - start) as u64);
             start = end;
         }
@@ -181,6 +209,10 @@ pub fn export_tables(
             source: "src".into(),
             destination: "dst".into(),
             unknown_ids: UnknownIds::Refuse,
+            label: r.num_classes.map(|_| "label".into()),
+            num_classes: r.num_classes,
+            value: r.values.then(|| "value".into()),
+            split: r.has_targets().then(|| "split".into()),
         });
     }
     let cfg = TablesConfig {
@@ -196,4 +228,56 @@ pub fn export_tables(
     std::fs::write(&cpath, header + &text).map_err(|e| TableError::io(&cpath, e))?;
     dir.commit()?;
     Ok(out.join(CONFIG_FILE))
+}
+
+/// A relation's edge targets, read whole: labels, values, a split tag per
+/// edge (0 none, 1 train, 2 valid, 3 test).
+struct Targets {
+    labels: Option<Vec<i64>>,
+    values: Option<Vec<f32>>,
+    split: Vec<u8>,
+}
+
+/// The edge targets of `r` in `graph` (`None`: it has none).
+fn edge_targets(graph: &Path, r: &graphs::schema::RelationSchema) -> Result<Option<Targets>> {
+    if !r.has_targets() {
+        return Ok(None);
+    }
+    let canonical = r.canonical();
+    let n = r.count as usize;
+    let labels = match r.num_classes {
+        Some(_) => {
+            let f = NpyFile::open(&paths::edge_labels(graph, &canonical), DType::I64)?;
+            f.expect_shape(&[r.count], "edge labels")?;
+            Some((0..n).map(|i| f.i64_at(i)).collect())
+        }
+        None => None,
+    };
+    let values = match r.values {
+        true => {
+            let f = NpyFile::open(&paths::edge_values(graph, &canonical), DType::F32)?;
+            f.expect_shape(&[r.count], "edge values")?;
+            Some(f.to_f32_vec())
+        }
+        false => None,
+    };
+    let mut split = vec![0u8; n];
+    for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
+        let path = paths::edge_split(graph, &canonical, name);
+        let f = NpyFile::open(&path, DType::I64)?;
+        for i in 0..f.len() {
+            let at = usize::try_from(f.i64_at(i))
+                .ok()
+                .filter(|&a| a < n)
+                .ok_or_else(|| {
+                    TableError::file(&path, format!("position {} out of range", f.i64_at(i)))
+                })?;
+            split[at] = tag as u8 + 1;
+        }
+    }
+    Ok(Some(Targets {
+        labels,
+        values,
+        split,
+    }))
 }

@@ -13,7 +13,9 @@ use graphs::schema::{NodeTypeSchema, RelationSchema, Schema};
 use graphs::Progress;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{expand_files, FileFormat, NodeTable, SplitRule, TablesConfig, UnknownIds};
+use crate::config::{
+    expand_files, EdgeTable, FileFormat, NodeTable, SplitRule, TablesConfig, UnknownIds,
+};
 use crate::error::{Result, TableError};
 use crate::ids::{Added, IdKind, IdMap};
 use crate::labels::{LabelCollector, Labelled};
@@ -260,10 +262,17 @@ pub fn import_tables(
             .iter()
             .zip(&edge_files)
             .find(|(e, _)| &e.relation == rel);
+        let mut targets = EdgeTargets::start(entry.map(|(e, _)| e), prior.as_ref(), &rs)?;
         for (e, files) in entry.into_iter() {
             for (path, format) in files {
-                let mut reader =
-                    TableReader::open(path, *format, e.delimiter, &[&e.source, &e.destination])?;
+                let mut wanted = vec![e.source.as_str(), e.destination.as_str()];
+                wanted.extend(
+                    [&e.label, &e.value, &e.split]
+                        .into_iter()
+                        .flatten()
+                        .map(String::as_str),
+                );
+                let mut reader = TableReader::open(path, *format, e.delimiter, &wanted)?;
                 progress.start(
                     &format!("{} {}", rs.canonical(), file_name(path)),
                     reader.total_rows().unwrap_or(0),
@@ -313,6 +322,7 @@ pub fn import_tables(
                             edges
                                 .push(ends[0], ends[1])
                                 .map_err(|e| TableError::io(path, e))?;
+                            targets.read(e, &chunk.columns[2..], i, path, row)?;
                         }
                     }
                     progress.advance(chunk.rows as u64);
@@ -321,6 +331,7 @@ pub fn import_tables(
             }
         }
         rs.count = edges.finish(&paths::edges(dir.path(), &rs.canonical()))?;
+        targets.finish(dir.path(), &mut rs)?;
         if dropped > 0 {
             dropped_edges.push((rs.canonical(), dropped));
         }
@@ -797,4 +808,231 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// The targets of one relation's edges as they are imported: a label, a
+/// value and a split per edge, in edge order (an earlier graph's first).
+struct EdgeTargets {
+    labels: Option<Vec<i64>>,
+    values: Option<Vec<f32>>,
+    /// 0 none, 1 train, 2 valid, 3 test.
+    split: Vec<u8>,
+    num_classes: Option<u32>,
+    /// Edges before this table's (an earlier graph's), without targets if it had none.
+    on: bool,
+}
+
+impl EdgeTargets {
+    /// Columns for `table`'s edges, after the earlier graph's edges of `rs`
+    /// (with their targets where it had them).
+    fn start(
+        table: Option<&EdgeTable>,
+        prior: Option<&Prior>,
+        rs: &RelationSchema,
+    ) -> Result<EdgeTargets> {
+        let canonical = rs.canonical();
+        let before = prior.and_then(|p| {
+            p.schema
+                .relations
+                .iter()
+                .find(|r| r.canonical() == canonical)
+                .map(|r| (p, r.clone()))
+        });
+        let on = table.is_some_and(EdgeTable::has_targets)
+            || before.as_ref().is_some_and(|(_, r)| r.has_targets());
+        let mut t = EdgeTargets {
+            labels: None,
+            values: None,
+            split: Vec::new(),
+            num_classes: table.and_then(|e| e.num_classes),
+            on,
+        };
+        if !on {
+            return Ok(t);
+        }
+        let wants_labels = table.is_some_and(|e| e.label.is_some())
+            || before
+                .as_ref()
+                .is_some_and(|(_, r)| r.num_classes.is_some());
+        let wants_values = table.is_some_and(|e| e.value.is_some())
+            || before.as_ref().is_some_and(|(_, r)| r.values);
+        t.labels = wants_labels.then(Vec::new);
+        t.values = wants_values.then(Vec::new);
+        if let Some((p, r)) = before {
+            let n = r.count as usize;
+            t.split = vec![0; n];
+            if let Some(l) = &mut t.labels {
+                match r.num_classes {
+                    Some(c) => {
+                        let f = NpyFile::open(&paths::edge_labels(&p.dir, &canonical), DType::I64)?;
+                        f.expect_shape(&[r.count], "edge labels")?;
+                        l.extend((0..n).map(|i| f.i64_at(i)));
+                        t.num_classes = Some(t.num_classes.unwrap_or(0).max(c));
+                    }
+                    None => l.resize(n, -1),
+                }
+            }
+            if let Some(v) = &mut t.values {
+                match r.values {
+                    true => {
+                        let f = NpyFile::open(&paths::edge_values(&p.dir, &canonical), DType::F32)?;
+                        f.expect_shape(&[r.count], "edge values")?;
+                        v.extend(f.to_f32_vec());
+                    }
+                    false => v.resize(n, f32::NAN),
+                }
+            }
+            if r.has_targets() {
+                for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
+                    let path = paths::edge_split(&p.dir, &canonical, name);
+                    let f = NpyFile::open(&path, DType::I64)?;
+                    for i in 0..f.len() {
+                        let at = usize::try_from(f.i64_at(i)).ok().filter(|&a| a < n);
+                        let at = at.ok_or_else(|| {
+                            TableError::file(
+                                &path,
+                                format!("position {} out of range", f.i64_at(i)),
+                            )
+                        })?;
+                        t.split[at] = tag as u8 + 1;
+                    }
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// Reads row `i` of a chunk's target columns (`cols`: label, value, split, those `e` has).
+    fn read(
+        &mut self,
+        e: &EdgeTable,
+        cols: &[Cells],
+        i: usize,
+        path: &Path,
+        row: u64,
+    ) -> Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        let mut cols = cols.iter();
+        let label = match &e.label {
+            Some(name) => {
+                let cells = cols.next().expect("the label column was asked for");
+                match cells.number(i).map_err(|p| TableError::cell(path, row, name, p))? {
+                    None => -1,
+                    Some(x) if x.fract() == 0.0 && x >= 0.0 && x < f64::from(graphs::schema::MAX_CLASSES) => x as i64,
+                    Some(x) => {
+                        return Err(TableError::cell(path, row, name, format!("edge label {x} is not a class number (an integer from 0; empty for none)")))
+                    }
+                }
+            }
+            None => -1,
+        };
+        let value = match &e.value {
+            Some(name) => {
+                let cells = cols.next().expect("the value column was asked for");
+                match cells
+                    .number_f32(i)
+                    .map_err(|p| TableError::cell(path, row, name, p))?
+                {
+                    Some(v) if v.is_infinite() => {
+                        return Err(TableError::cell(
+                            path,
+                            row,
+                            name,
+                            "an infinite value (empty or NaN for none)",
+                        ))
+                    }
+                    Some(v) => v,
+                    None => f32::NAN,
+                }
+            }
+            None => f32::NAN,
+        };
+        let split = match &e.split {
+            Some(name) => {
+                let cells = cols.next().expect("the split column was asked for");
+                match cells.text(i).as_deref().map(str::trim) {
+                    None | Some("") => 0,
+                    Some("train") => 1,
+                    Some("valid") => 2,
+                    Some("test") => 3,
+                    Some(other) => {
+                        return Err(TableError::cell(
+                            path,
+                            row,
+                            name,
+                            format!(
+                                "split '{}' is not train, valid or test (empty: none)",
+                                other.escape_debug()
+                            ),
+                        ))
+                    }
+                }
+            }
+            None => 0,
+        };
+        if split > 0 && label < 0 && value.is_nan() {
+            let what = e
+                .label
+                .as_ref()
+                .or(e.value.as_ref())
+                .map_or("", String::as_str);
+            return Err(TableError::cell(
+                path,
+                row,
+                what,
+                "an edge in a split needs a label or a value",
+            ));
+        }
+        if let Some(l) = &mut self.labels {
+            l.push(label);
+        }
+        if let Some(v) = &mut self.values {
+            v.push(value);
+        }
+        self.split.push(split);
+        Ok(())
+    }
+
+    /// Writes the columns beside the relation's edges and records them in `rs`.
+    fn finish(self, dir: &Path, rs: &mut RelationSchema) -> Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        let canonical = rs.canonical();
+        let edir = paths::edge_dir(dir, &canonical);
+        std::fs::create_dir_all(&edir).map_err(|e| TableError::io(&edir, e))?;
+        let n = rs.count;
+        if let Some(l) = &self.labels {
+            let classes = match self.num_classes {
+                Some(c) => c,
+                None => l.iter().max().map_or(0, |&m| (m + 1).max(0) as u32),
+            };
+            if let Some(&bad) = l.iter().find(|&&x| x >= i64::from(classes)) {
+                return Err(TableError::file(
+                    &edir,
+                    format!("{canonical}: edge label {bad} is not below num_classes {classes}"),
+                ));
+            }
+            rs.num_classes = Some(classes.max(1));
+            graphs::npy::write_i64(&paths::edge_labels(dir, &canonical), &[n], l)?;
+        }
+        if let Some(v) = &self.values {
+            rs.values = true;
+            graphs::npy::write_f32(&paths::edge_values(dir, &canonical), &[n], v)?;
+        }
+        for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
+            let at: Vec<i64> = (0..self.split.len())
+                .filter(|&i| self.split[i] == tag as u8 + 1)
+                .map(|i| i as i64)
+                .collect();
+            graphs::npy::write_i64(
+                &paths::edge_split(dir, &canonical, name),
+                &[at.len() as u64],
+                &at,
+            )?;
+        }
+        Ok(())
+    }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use graphs::edge_targets::EdgeSet;
 use graphs::link::{Batching, StepEdges};
 use graphs::{HetGraph, RelationId};
@@ -381,18 +381,9 @@ impl EdgeTask {
                 if mine.is_empty() {
                     continue;
                 }
-                let gather = |t: &TypeRows, ids: &mut dyn Iterator<Item = u32>| -> Result<Tensor> {
-                    let w = t.width;
-                    let mut buf = Vec::with_capacity(mine.len() * w);
-                    for v in ids {
-                        buf.extend_from_slice(&t.data[v as usize * w..(v as usize + 1) * w]);
-                    }
-                    Ok(Tensor::from_vec(buf, (mine.len(), w), model.device())?
-                        .to_dtype(model.dtype())?)
-                };
-                let s = gather(table(st)?, &mut mine.iter().map(|&i| edges.set.src[i]))?;
-                let d = gather(table(dt)?, &mut mine.iter().map(|&i| edges.set.dst[i]))?;
-                let y = model.decode_edges(&s, &d)?.to_dtype(DType::F32)?;
+                let src: Vec<u32> = mine.iter().map(|&i| edges.set.src[i]).collect();
+                let dst: Vec<u32> = mine.iter().map(|&i| edges.set.dst[i]).collect();
+                let y = models::edge::decode_rows(model, table(st)?, table(dt)?, &src, &dst)?;
                 match self.learns {
                     Learns::Classes(k) => {
                         let pred: Vec<u32> = y.argmax(1)?.to_vec1()?;

@@ -35,9 +35,12 @@ struct Args {
     /// Model to train.
     #[arg(long, default_value = "rgcn")]
     model: String,
-    /// node-classification or node-regression (both sides).
+    /// node-classification, node-regression, edge-classification or edge-regression (both sides).
     #[arg(long, default_value = "node-classification")]
     task: String,
+    /// Edge tasks: the relation whose edges are predicted (given to both systems).
+    #[arg(long, default_value = "")]
+    target_relations: String,
     /// Seed of both sides' runs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -71,7 +74,13 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
         format!("training.seed={}", a.seed),
         format!("training.device={:?}", a.device),
     ];
-    let overrides: Vec<String> = overrides.into_iter().chain(a.set.iter().cloned()).collect();
+    let relations = (!a.target_relations.is_empty())
+        .then(|| format!("training.target_relations={:?}", a.target_relations));
+    let overrides: Vec<String> = overrides
+        .into_iter()
+        .chain(relations)
+        .chain(a.set.iter().cloned())
+        .collect();
     let cfg = Config::parse("", &overrides)?;
     let (report, _) = actors::train(&cfg, &mut ())?;
     println!("{}", serde_json::to_string(&report)?);
@@ -166,6 +175,8 @@ fn main() -> anyhow::Result<()> {
                 &a.model,
                 "--task",
                 &a.task,
+                "--target-relations",
+                &a.target_relations,
                 "--seed",
                 &a.seed.to_string(),
                 "--device",
@@ -219,7 +230,14 @@ fn main() -> anyhow::Result<()> {
                 "dgl",
                 "dgl_rgcn.py",
                 &a.dgl,
-                vec!["--task", a.task.as_str(), "--seed", seed.as_str()],
+                vec![
+                    "--task",
+                    a.task.as_str(),
+                    "--seed",
+                    seed.as_str(),
+                    "--target-relations",
+                    a.target_relations.as_str(),
+                ],
             ),
             (
                 "pyg",
