@@ -324,6 +324,20 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
             &report.final_model_sha256[..16]
         );
     }
+    // Only worth a line when the last epoch is not the best.
+    if let Some(b) = report
+        .best
+        .as_ref()
+        .filter(|b| Some(b.epoch) != report.epochs.last().map(|e| e.epoch))
+    {
+        sayln!(
+            "best epoch {} by validation {} {:.4} (test {:.4})",
+            b.epoch,
+            b.metric,
+            b.valid,
+            b.test
+        );
+    }
     if !report.cache.is_empty() {
         let per_type: Vec<String> = report
             .cache

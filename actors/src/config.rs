@@ -160,6 +160,9 @@ pub struct TrainingConfig {
     /// "node-classification" (default), "link-prediction", "node-regression",
     /// "edge-classification" or "edge-regression".
     pub task: Task,
+    /// The validation metric that picks the report's best epoch: "auto"
+    /// (default: the task's own) or a metric the task measures.
+    pub select_metric: crate::task::best::SelectMetric,
     /// Node classification: "none" (default), "balanced" or a weight per class.
     pub class_weights: crate::task::node::ClassWeights,
     /// Node classification: the focal loss's γ (default 0: cross-entropy).
@@ -341,6 +344,7 @@ impl Default for TrainingConfig {
             class_weights: crate::task::node::ClassWeights::default(),
             focal_gamma: 0.0,
             regression_loss: crate::task::node::RegressionLoss::Mse,
+            select_metric: crate::task::best::SelectMetric::Auto,
             huber_delta: 1.0,
             target_relations: Vec::new(),
             negatives: 5,
@@ -536,6 +540,12 @@ impl Config {
             return bad(
                 "training.target_relations applies to training.task = \"link-prediction\", \"edge-classification\" and \"edge-regression\"".into(),
             );
+        }
+        t.select_metric.check(t.task).map_err(TrainError::Config)?;
+        if t.select_metric.resolve(t.task) == crate::task::best::SelectMetric::MacroF1
+            && !matches!(t.mode, Mode::Single | Mode::DataParallel)
+        {
+            return bad(format!("training.select_metric = \"macro-f1\": macro F1 is measured in single-process and data-parallel training, not in \"{}\"", t.mode.name()));
         }
         t.class_weights.check().map_err(TrainError::Config)?;
         if !(t.focal_gamma.is_finite() && (0.0..=10.0).contains(&t.focal_gamma)) {

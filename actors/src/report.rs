@@ -191,6 +191,10 @@ pub struct Report {
     /// The edge task's relations, edges and metrics (edge tasks only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edge: Option<crate::task::edge::EdgeReport>,
+    /// The evaluated epoch with the best validation figure of
+    /// `training.select_metric`, and its test figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<crate::task::best::BestEpoch>,
     /// Number of dense parameters and learnable embedding values.
     pub parameters: u64,
     /// SHA-256 over every parameter and embedding value (names included).
@@ -254,6 +258,8 @@ pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
             .sum::<usize>()) as u64;
     report.peak_memory_bytes = peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
+    let t = &report.config.training;
+    report.best = crate::task::best::best(t.select_metric.resolve(t.task), &report.epochs);
     Ok(())
 }
 

@@ -87,6 +87,22 @@ fn edge_regression_fits_the_planted_values() {
         assert!(r.test.rmse > 0.0 && r.test.mae <= r.test.rmse);
         // No class metrics for values.
         assert!(report.epochs.last().unwrap().roc_auc.is_none());
+        // The best epoch is the one of least validation RMSE, with its test RMSE.
+        let best = report.best.as_ref().unwrap();
+        let least = report
+            .epochs
+            .iter()
+            .min_by(|a, b| {
+                let (a, b) = (
+                    a.regression.unwrap().valid.rmse,
+                    b.regression.unwrap().valid.rmse,
+                );
+                a.total_cmp(&b)
+            })
+            .unwrap();
+        assert_eq!(best.metric, "rmse");
+        assert_eq!(best.epoch, least.epoch);
+        assert_eq!(best.test, least.regression.unwrap().test.rmse);
     }
 }
 
@@ -182,6 +198,18 @@ fn runs_that_cannot_train_an_edge_task_are_refused() {
     );
     let err = parse(&["training.edge_decoder=\"bilinear\""]).unwrap();
     assert!(err.contains("edge_decoder"), "{err}");
+    // A best-epoch metric the task does not measure, or the mode does not.
+    let err = parse(&["training.select_metric=\"roc-auc\""]).unwrap();
+    assert!(
+        err.contains("select_metric") && err.contains("node-classification"),
+        "{err}"
+    );
+    let err = parse(&[
+        "training.select_metric=\"macro-f1\"",
+        "training.mode=\"raf\"",
+    ])
+    .unwrap();
+    assert!(err.contains("macro F1") && err.contains("raf"), "{err}");
 
     // A relation without edge targets, and one not in the graph.
     for (rel, want) in [

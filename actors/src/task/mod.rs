@@ -3,6 +3,7 @@
 //! the modes), and link prediction's and edge tasks' batches, losses and
 //! metrics, for any mode that supports them.
 
+pub mod best;
 pub mod edge;
 pub mod link;
 pub mod node;
