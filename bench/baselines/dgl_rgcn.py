@@ -15,8 +15,11 @@ identical data. With --task edge-classification or edge-regression and
 (concatenated ends through a hidden layer with ReLU, as hetgnn's
 `edge_decoder = "mlp"`) predicts each edge's class or value from its ends;
 training edges come from the edge split files, and each batch's edges and
-their reverses are excluded from its sampled neighbourhoods (DGL's
-`exclude="reverse_types"`). Evaluation embeds the validation and test edges'
+their reverses are removed from the graph its neighbourhoods are sampled on
+(`dgl.remove_edges` on a copy per batch: DGL 2.1's `exclude="reverse_types"`
+and `exclude="self"` left the model at the majority class on every graph
+tried, while this learns; the copies' time is reported as `exclusion_s` and
+left out of `seconds`, so the comparison does not charge DGL for them). Evaluation embeds the validation and test edges'
 ends over their full 2-hop neighbourhoods (exact, as hetgnn's inference).
 Prints one line per epoch on stderr and, last on stdout, one
 JSON object with the per-epoch figures. bench/src/bin/train.rs runs it with
@@ -315,8 +318,6 @@ def train_edges(a, g, schema, feats, load_s):
     splits = {s: torch.from_numpy(np.load(os.path.join(edir, f"{s}.npy"))) for s in ("train", "valid", "test")}
     fanouts = [int(f) for f in a.fanouts.split(",")]
     base = dgl.dataloading.NeighborSampler([{et: f for et in g.canonical_etypes} for f in reversed(fanouts)])
-    # The reverse relation's edges were added in the same order: edge i reverses edge i.
-    train_sampler = dgl.dataloading.as_edge_prediction_sampler(base, exclude="reverse_types", reverse_etypes={etype: rev, rev: etype})
     full = dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.MultiLayerFullNeighborSampler(len(fanouts)))
 
     featureless = [t for t in g.ntypes if t not in feats]
@@ -340,10 +341,12 @@ def train_edges(a, g, schema, feats, load_s):
     def loader(ids, sampler, shuffle):
         return dgl.dataloading.DataLoader(g, {etype: ids}, sampler, batch_size=a.batch, shuffle=shuffle, drop_last=False, num_workers=0)
 
-    def decode(pair, blocks):
+    def decode(pair, blocks, ids=None):
         h = model(blocks, inputs(blocks[0]))
         u, v = pair.edges(etype=etype)
-        return decoder(h[src_t][u], h[dst_t][v]), y_all[pair.edges[etype].data[dgl.EID]]
+        if ids is None:
+            ids = pair.edges[etype].data[dgl.EID]
+        return decoder(h[src_t][u], h[dst_t][v]), y_all[ids]
 
     def evaluate(ids):
         model.eval()
@@ -360,17 +363,20 @@ def train_edges(a, g, schema, feats, load_s):
 
     epochs = []
     for epoch in range(a.epochs):
-        steps, loss_sum, sample_s = 0, 0.0, 0.0
+        steps, loss_sum, sample_s, exclusion_s = 0, 0.0, 0.0, 0.0
         t0 = time.perf_counter()
-        it = iter(loader(splits["train"], train_sampler, True))
-        while True:
+        perm = splits["train"][torch.randperm(len(splits["train"]))]
+        for ids in (perm[i:i + a.batch] for i in range(0, len(perm), a.batch)):
             ts = time.perf_counter()
-            try:
-                _, pair, blocks = next(it)
-            except StopIteration:
-                break
+            # The batch's edges and their reverses (edge i of rev reverses edge i) leave the graph.
+            sub = dgl.remove_edges(dgl.remove_edges(g, ids, etype=etype), ids, etype=rev)
+            exclusion_s += time.perf_counter() - ts
+            ts = time.perf_counter()
+            pair = dgl.edge_subgraph(g, {etype: ids}, relabel_nodes=True)
+            seeds = {t: pair.nodes[t].data[dgl.NID] for t in pair.ntypes if pair.num_nodes(t) > 0}
+            _, _, blocks = base.sample_blocks(sub, seeds)
             sample_s += time.perf_counter() - ts
-            p, y = decode(pair, blocks)
+            p, y = decode(pair, blocks, ids)
             loss = F.mse_loss(p[:, 0], y) if regression else F.cross_entropy(p, y)
             opt.zero_grad()
             if sparse_opt is not None:
@@ -381,11 +387,11 @@ def train_edges(a, g, schema, feats, load_s):
                 sparse_opt.step()
             loss_sum += loss.item()
             steps += 1
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0 - exclusion_s
         te = time.perf_counter()
         valid, test = evaluate(splits["valid"]), evaluate(splits["test"])
         row = {"epoch": epoch, "loss": loss_sum / max(steps, 1), "seconds": seconds, "sample_s": sample_s, "steps": steps,
-               "eval_s": time.perf_counter() - te}
+               "exclusion_s": exclusion_s, "eval_s": time.perf_counter() - te}
         if regression:
             row["regression"] = {"valid": valid, "test": test}
             shown = (valid["rmse"], test["rmse"])
