@@ -87,9 +87,13 @@ impl EdgeSpec {
         let outputs = self.outputs(g)?;
         match self.decoder {
             EdgeDecoder::Mlp => {
-                params.matrix(seed, MLP_W, 2 * hidden, hidden, dtype, device)?;
-                params.zeros(MLP_B, hidden, dtype, device)?;
-                params.matrix(seed, OUT_W, hidden, outputs, dtype, device)?;
+                // Uniform within 1/sqrt(fan-in), as torch's Linear: Glorot's wider
+                // draw made the decoder overfit early (docs/guide/tasks.md).
+                let b1 = 1.0 / ((2 * hidden) as f64).sqrt();
+                params.uniform(seed, MLP_W, (2 * hidden, hidden), b1, dtype, device)?;
+                params.uniform(seed, MLP_B, hidden, b1, dtype, device)?;
+                let b2 = 1.0 / (hidden as f64).sqrt();
+                params.uniform(seed, OUT_W, (hidden, outputs), b2, dtype, device)?;
             }
             EdgeDecoder::Distmult => {
                 params.matrix(seed, DISTMULT_W, hidden, outputs, dtype, device)?;
