@@ -215,6 +215,10 @@ fn runs_that_cannot_train_an_edge_task_are_refused() {
     for (rel, want) in [
         ("paper__cites__paper", "has no edge labels"),
         ("paper__wrote__author", "is not a relation"),
+        (
+            "paper__rev_writes__author",
+            "name the stored one (author__writes__paper)",
+        ),
     ] {
         let mut cfg = config("edge-classification", &[]);
         cfg.training.target_relations = vec![rel.into()];

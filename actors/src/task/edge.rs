@@ -140,6 +140,12 @@ impl EdgeTask {
                     known()
                 ))
             })?;
+            if let Some(stored) = g.relation(r).reverse_of {
+                return Err(TrainError::Config(format!(
+                    "training.target_relations: '{name}' is the reverse relation added at load: name the stored one ({})",
+                    g.relation(stored).canonical()
+                )));
+            }
             if relations.contains(&r) {
                 return Err(TrainError::Config(format!(
                     "training.target_relations: '{name}' is listed twice"
