@@ -264,14 +264,21 @@ fn read_edges(
     ))
 }
 
-/// Reads and checks the edge targets of `r` (whose edges are `src -> dst`
-/// in file order), where the schema says it has them.
-fn read_edge_targets(
-    dir: &Path,
-    r: &RelationSchema,
-    src: &[u32],
-    dst: &[u32],
-) -> Result<Option<EdgeTargets>> {
+/// A relation's edge targets as stored: columns aligned with its edge file
+/// (empty when absent) and each split's positions in it, in file order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EdgeColumns {
+    /// Class per edge, -1 = none.
+    pub labels: Vec<i64>,
+    /// Value per edge, NaN = none.
+    pub values: Vec<f32>,
+    /// Positions of the train, valid and test edges.
+    pub splits: [Vec<u64>; 3],
+}
+
+/// Reads and checks the edge-target files of `r` in `dir`; `None` where the
+/// schema gives it none (and refused where such files exist anyway).
+pub fn read_edge_columns(dir: &Path, r: &RelationSchema) -> Result<Option<EdgeColumns>> {
     let canonical = r.canonical();
     let edir = paths::edge_dir(dir, &canonical);
     if !r.has_targets() {
@@ -313,8 +320,12 @@ fn read_edge_targets(
         false => Vec::new(),
     };
     let mut seen = vec![0u8; count as usize];
-    let mut sets: [EdgeSet; 3] = Default::default();
-    for (tag, (name, slot)) in ["train", "valid", "test"].iter().zip(&mut sets).enumerate() {
+    let mut splits: [Vec<u64>; 3] = Default::default();
+    for (tag, (name, slot)) in ["train", "valid", "test"]
+        .iter()
+        .zip(&mut splits)
+        .enumerate()
+    {
         let spath = paths::edge_split(dir, &canonical, name);
         let f = NpyFile::open(&spath, DType::I64)?;
         if f.shape().len() != 1 {
@@ -336,9 +347,29 @@ fn read_edge_targets(
         }
         check_edge_split(&positions, &mut seen, tag as u8 + 1, &labels, &values)
             .map_err(|p| GraphError::data(&spath, p))?;
-        *slot = EdgeSet::gather(&positions, src, dst, &labels, &values);
+        *slot = positions;
     }
-    let [train, valid, test] = sets;
+    Ok(Some(EdgeColumns {
+        labels,
+        values,
+        splits,
+    }))
+}
+
+/// The edge targets of `r` (whose edges are `src -> dst` in file order),
+/// where the schema says it has them.
+fn read_edge_targets(
+    dir: &Path,
+    r: &RelationSchema,
+    src: &[u32],
+    dst: &[u32],
+) -> Result<Option<EdgeTargets>> {
+    let Some(c) = read_edge_columns(dir, r)? else {
+        return Ok(None);
+    };
+    let [train, valid, test] = c
+        .splits
+        .map(|p| EdgeSet::gather(&p, src, dst, &c.labels, &c.values));
     Ok(Some(EdgeTargets {
         num_classes: r.num_classes,
         has_values: r.values,

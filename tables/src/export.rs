@@ -240,44 +240,23 @@ struct Targets {
 
 /// The edge targets of `r` in `graph` (`None`: it has none).
 fn edge_targets(graph: &Path, r: &graphs::schema::RelationSchema) -> Result<Option<Targets>> {
-    if !r.has_targets() {
+    let Some(c) = graphs::format::read_edge_columns(graph, r)? else {
         return Ok(None);
-    }
-    let canonical = r.canonical();
-    let n = r.count as usize;
-    let labels = match r.num_classes {
-        Some(_) => {
-            let f = NpyFile::open(&paths::edge_labels(graph, &canonical), DType::I64)?;
-            f.expect_shape(&[r.count], "edge labels")?;
-            Some((0..n).map(|i| f.i64_at(i)).collect())
-        }
-        None => None,
     };
-    let values = match r.values {
-        true => {
-            let f = NpyFile::open(&paths::edge_values(graph, &canonical), DType::F32)?;
-            f.expect_shape(&[r.count], "edge values")?;
-            Some(f.to_f32_vec())
-        }
-        false => None,
-    };
-    let mut split = vec![0u8; n];
-    for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
-        let path = paths::edge_split(graph, &canonical, name);
-        let f = NpyFile::open(&path, DType::I64)?;
-        for i in 0..f.len() {
-            let at = usize::try_from(f.i64_at(i))
-                .ok()
-                .filter(|&a| a < n)
-                .ok_or_else(|| {
-                    TableError::file(&path, format!("position {} out of range", f.i64_at(i)))
-                })?;
-            split[at] = tag as u8 + 1;
-        }
-    }
     Ok(Some(Targets {
-        labels,
-        values,
-        split,
+        split: split_tags(&c.splits, r.count as usize),
+        labels: r.num_classes.map(|_| c.labels),
+        values: r.values.then_some(c.values),
     }))
+}
+
+/// Each of `n` edges' split tag (0 none, 1 train, 2 valid, 3 test) from the splits' positions.
+pub(crate) fn split_tags(splits: &[Vec<u64>; 3], n: usize) -> Vec<u8> {
+    let mut tags = vec![0u8; n];
+    for (tag, positions) in splits.iter().enumerate() {
+        for &p in positions {
+            tags[p as usize] = tag as u8 + 1;
+        }
+    }
+    tags
 }

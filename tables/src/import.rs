@@ -860,42 +860,24 @@ impl EdgeTargets {
         t.values = wants_values.then(Vec::new);
         if let Some((p, r)) = before {
             let n = r.count as usize;
-            t.split = vec![0; n];
+            let c = graphs::format::read_edge_columns(&p.dir, &r)?.unwrap_or_default();
+            t.split = match r.has_targets() {
+                true => crate::export::split_tags(&c.splits, n),
+                false => vec![0; n],
+            };
             if let Some(l) = &mut t.labels {
                 match r.num_classes {
-                    Some(c) => {
-                        let f = NpyFile::open(&paths::edge_labels(&p.dir, &canonical), DType::I64)?;
-                        f.expect_shape(&[r.count], "edge labels")?;
-                        l.extend((0..n).map(|i| f.i64_at(i)));
-                        t.num_classes = Some(t.num_classes.unwrap_or(0).max(c));
+                    Some(k) => {
+                        l.extend_from_slice(&c.labels);
+                        t.num_classes = Some(t.num_classes.unwrap_or(0).max(k));
                     }
                     None => l.resize(n, -1),
                 }
             }
             if let Some(v) = &mut t.values {
                 match r.values {
-                    true => {
-                        let f = NpyFile::open(&paths::edge_values(&p.dir, &canonical), DType::F32)?;
-                        f.expect_shape(&[r.count], "edge values")?;
-                        v.extend(f.to_f32_vec());
-                    }
+                    true => v.extend_from_slice(&c.values),
                     false => v.resize(n, f32::NAN),
-                }
-            }
-            if r.has_targets() {
-                for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
-                    let path = paths::edge_split(&p.dir, &canonical, name);
-                    let f = NpyFile::open(&path, DType::I64)?;
-                    for i in 0..f.len() {
-                        let at = usize::try_from(f.i64_at(i)).ok().filter(|&a| a < n);
-                        let at = at.ok_or_else(|| {
-                            TableError::file(
-                                &path,
-                                format!("position {} out of range", f.i64_at(i)),
-                            )
-                        })?;
-                        t.split[at] = tag as u8 + 1;
-                    }
                 }
             }
         }
