@@ -95,7 +95,7 @@ pub enum NegativeSampler {
     InBatch,
 }
 
-/// How link prediction's held-out edges are scored.
+/// How held-out edges are embedded for scoring (link prediction, edge tasks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LinkEval {
@@ -183,6 +183,9 @@ pub struct TrainingConfig {
     pub decoder: models::link::Decoder,
     /// Edge tasks: "mlp" (default: concatenated ends through an MLP) or "distmult".
     pub edge_decoder: models::edge::EdgeDecoder,
+    /// Edge tasks: embeddings for evaluation by "exact" inference or
+    /// "sampled" neighbourhoods (default "auto": exact in one process, sampled otherwise).
+    pub edge_eval: LinkEval,
     /// Link prediction: "cross-entropy" (default) or "contrastive".
     pub link_loss: models::link::LinkLoss,
     /// Link prediction: fixed negatives each validation and test edge is ranked against (default 1000).
@@ -323,6 +326,15 @@ impl TrainingConfig {
         }
     }
 
+    /// Whether an edge task evaluates by exact inference.
+    pub fn exact_edge_eval(&self) -> bool {
+        match self.edge_eval {
+            LinkEval::Auto => self.mode.one_process(),
+            LinkEval::Exact => true,
+            LinkEval::Sampled => false,
+        }
+    }
+
     /// Link prediction's edge split.
     pub fn split_spec(&self) -> graphs::link::SplitSpec {
         graphs::link::SplitSpec {
@@ -351,6 +363,7 @@ impl Default for TrainingConfig {
             negative_sampler: NegativeSampler::Uniform,
             decoder: models::link::Decoder::Dot,
             edge_decoder: models::edge::EdgeDecoder::Mlp,
+            edge_eval: LinkEval::Auto,
             link_loss: models::link::LinkLoss::CrossEntropy,
             eval_negatives: 1000,
             link_eval: LinkEval::Auto,

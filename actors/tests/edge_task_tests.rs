@@ -6,9 +6,10 @@ mod common;
 
 use actors::task::edge::EdgeTask;
 use actors::{train, Config};
-use common::Losses;
+use common::{derived, Losses};
 use graphs::link::NoExclusion;
-use graphs::{LoadOptions, Sampler};
+use graphs::partition::{self, Method};
+use graphs::{LoadOptions, NoProgress, Sampler};
 
 const WRITES: &str = "author__writes__paper";
 
@@ -189,13 +190,28 @@ fn runs_that_cannot_train_an_edge_task_are_refused() {
     let err = parse(&[
         "training.task=\"edge-classification\"",
         "training.target_relations=\"a__b__c\"",
-        "training.mode=\"data-parallel\"",
+        "training.mode=\"raf\"",
     ])
     .unwrap();
     assert!(
-        err.contains("edge-classification") && err.contains("single"),
+        err.contains("edge-classification")
+            && err.contains("single")
+            && err.contains("data-parallel"),
         "{err}"
     );
+    for (key, want) in [
+        ("training.edge_eval=\"exact\"", "edge_eval"),
+        ("training.data-parallel.sampling=\"dag\"", "pipeline"),
+    ] {
+        let err = parse(&[
+            "training.task=\"edge-classification\"",
+            "training.target_relations=\"a__b__c\"",
+            "training.mode=\"data-parallel\"",
+            key,
+        ])
+        .unwrap();
+        assert!(err.contains(want), "{err}");
+    }
     let err = parse(&["training.edge_decoder=\"bilinear\""]).unwrap();
     assert!(err.contains("edge_decoder"), "{err}");
     // A best-epoch metric the task does not measure, or the mode does not.
@@ -227,5 +243,78 @@ fn runs_that_cannot_train_an_edge_task_are_refused() {
             .unwrap()
             .to_string();
         assert!(err.contains(rel) && err.contains(want), "{err}");
+    }
+}
+
+/// Partitions of the test graph into `parts` with `trainers` each.
+fn partitions(parts: usize, trainers: usize, method: Method) -> std::path::PathBuf {
+    derived(
+        &format!("edge-{method}-{parts}x{trainers}"),
+        false,
+        |g, out| {
+            let a = partition::assign_two_level(g, parts, trainers, method, 0).unwrap();
+            partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+        },
+    )
+}
+
+#[test]
+fn data_parallel_edge_tasks_follow_single_process_training() {
+    for (task, parts, trainers, method) in [
+        ("edge-classification", 2, 1, Method::Metis),
+        ("edge-regression", 2, 2, Method::Random),
+    ] {
+        let what = format!("{task}, {parts} partitions x {trainers} trainers");
+        // Evaluation by sampled neighbourhoods, as data-parallel training's.
+        let base = ["training.epochs=1", "training.edge_eval=\"sampled\""];
+        let mut single_losses = Losses::default();
+        let (single, _) = train(&config(task, &base), &mut single_losses).unwrap();
+        let pdir = partitions(parts, trainers, method);
+        let mut dp = base.to_vec();
+        let (mode, dir) = (
+            "training.mode=\"data-parallel\"".to_string(),
+            format!("training.partitions={:?}", pdir.display().to_string()),
+        );
+        dp.extend([mode.as_str(), dir.as_str()]);
+        let mut losses = Losses::default();
+        let (report, _) = train(&config(task, &dp), &mut losses).unwrap();
+        assert_eq!(
+            (report.mode.as_str(), report.nodes, report.steps),
+            ("data-parallel", parts, single.steps),
+            "{what}"
+        );
+        // The same steps on the same samples: the same losses to 1e-5 at
+        // first; later steps drift apart (to ~1e-4 by the epoch's end: an
+        // open defect, see docs/guide/tasks.md).
+        let (a, b) = (&single_losses.0, &losses.0);
+        assert_eq!(a.len(), b.len(), "{what}: steps");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            let tol = if i < 16 { 1e-5 } else { 1e-3 } * x.abs().max(1e-2);
+            assert!((x - y).abs() <= tol, "{what}: loss of step {i}: {x} vs {y}");
+        }
+        // Every validation and test edge scored once, by a trainer of its source's partition.
+        let (a, b) = (single.epochs.last().unwrap(), report.epochs.last().unwrap());
+        let close = |x: f64, y: f64, m: &str| {
+            assert!((x - y).abs() < 0.02, "{what}: {m} {x} vs {y}");
+        };
+        close(a.train_acc, b.train_acc, "train accuracy");
+        match task {
+            "edge-classification" => {
+                close(a.test_acc.unwrap(), b.test_acc.unwrap(), "test accuracy");
+                let (x, y) = (a.roc_auc.unwrap(), b.roc_auc.unwrap());
+                close(x[1], y[1], "test ROC-AUC");
+                let (x, y) = (a.macro_f1.unwrap(), b.macro_f1.unwrap());
+                close(x[1], y[1], "test macro F1");
+            }
+            _ => {
+                let (x, y) = (a.regression.unwrap(), b.regression.unwrap());
+                assert!(
+                    (x.test.rmse - y.test.rmse).abs() < 0.02 * x.test.rmse,
+                    "{what}: test RMSE {} vs {}",
+                    x.test.rmse,
+                    y.test.rmse
+                );
+            }
+        }
     }
 }

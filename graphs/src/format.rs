@@ -447,7 +447,7 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
 /// Writes `t` as columns aligned with the edges `srcs -> dsts` (the order
 /// just written) and split positions into them. Each split edge takes the
 /// first unused position of its pair (parallel edges are interchangeable).
-fn write_edge_targets(
+pub(crate) fn write_edge_targets(
     dir: &Path,
     canonical: &str,
     t: &EdgeTargets,

@@ -197,8 +197,8 @@ impl Schema {
             })
     }
 
-    /// This schema without edge targets (what a partition stores: edge tasks
-    /// train on the whole graph).
+    /// This schema without edge targets (what a streamed partition stores:
+    /// its writer never holds an edge's targets).
     pub fn without_edge_targets(mut self) -> Schema {
         for r in &mut self.relations {
             r.num_classes = None;

@@ -95,6 +95,18 @@ impl ModeConfig for DataParallelConfig {
         {
             return bad(format!("training.data-parallel.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));
         }
+        if t.task.on_edges() {
+            let name = t.task.name();
+            if t.edge_eval == LinkEval::Exact {
+                return bad(format!("training.edge_eval = \"exact\" needs the whole graph in one process: data-parallel training evaluates training.task = \"{name}\" with \"sampled\""));
+            }
+            if self.seed_assignment != SeedAssignment::Owner {
+                return bad(format!("training.data-parallel.seed_assignment: the steps of training.task = \"{name}\" are owned by the partition of each edge's source (\"owner\")"));
+            }
+            if self.sampling == Sampling::Dag {
+                return bad(format!("training.data-parallel.sampling = \"dag\" samples node and link-prediction steps; training.task = \"{name}\" samples with \"pipeline\""));
+            }
+        }
         if t.task == Task::LinkPrediction {
             if t.negative_sampler == NegativeSampler::InBatch {
                 return bad("training.negative_sampler = \"in-batch\" needs every positive of a step in one process: single-process training only".into());

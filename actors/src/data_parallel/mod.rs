@@ -28,6 +28,7 @@ use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
 use crate::modes::seam::ModeConfig;
+use crate::task::edge::EdgeTask;
 use crate::task::link::LinkTask;
 
 /// Data-parallel training's rules: its figures (`sampling`, with DAG sampling).
@@ -70,8 +71,8 @@ pub struct DataParallel {
     caches: CacheSlots,
     /// Per trainer (by name), what its cache manager serves.
     views: Arc<CacheDirectory>,
-    /// Link prediction: per partition loaded in this process, its share of the task.
-    links: std::sync::Mutex<std::collections::HashMap<u32, Arc<LinkTask>>>,
+    /// Edge-level tasks: per partition loaded in this process, its share of the task.
+    tasks: std::sync::Mutex<std::collections::HashMap<u32, PartTask>>,
     /// `sampling = "dag"`: per partition loaded here, its sampling worker.
     sampling: crate::data_parallel::sampling::Workers,
 }
@@ -97,7 +98,7 @@ impl DataParallel {
             trainer_of,
             caches: CacheSlots::default(),
             views: Arc::default(),
-            links: Default::default(),
+            tasks: Default::default(),
             sampling: Default::default(),
         })
     }
@@ -136,7 +137,8 @@ impl DataParallel {
                     .ok_or_else(|| {
                         TrainError::Internal(format!("trainer {trainer} has no cache manager"))
                     })?,
-                link: self.link(p.part),
+                link: self.task(p.part).link,
+                edge: self.task(p.part).edge,
                 sampling: self.sampling.clone(),
             };
             let h = std::thread::Builder::new()
@@ -148,9 +150,57 @@ impl DataParallel {
         Ok(handles)
     }
 
-    /// Partition `part`'s share of the link-prediction task, once loaded.
-    fn link(&self, part: u32) -> Option<Arc<LinkTask>> {
-        self.links.lock().ok().and_then(|l| l.get(&part).cloned())
+    /// Partition `part`'s share of an edge-level task, once loaded (none for node tasks).
+    fn task(&self, part: u32) -> PartTask {
+        self.tasks
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&part).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Loads partition `part` for an edge task: its share of the task is the
+    /// edges whose source it owns, the steps sized by the manifest's count of
+    /// training edges in the whole graph.
+    fn load_edge_task(&self, part: u32) -> Result<HetGraph> {
+        let t = &self.cfg;
+        let g = self.set.load_part(part as usize, &load_options(t))?;
+        let m = &self.set.manifest;
+        let mut total = 0;
+        for name in &t.target_relations {
+            let counts = m.edge_train.get(name).ok_or_else(|| {
+                TrainError::Config(format!(
+                    "training.partitions: the partitions hold no edge targets of '{name}' (written by a streaming partitioner or before edge tasks, or the relation has none): partition the graph again with hetgnn partition"
+                ))
+            })?;
+            total += match t.task {
+                Task::EdgeRegression => counts.valued,
+                _ => counts.labelled,
+            };
+        }
+        let owners = self.owners.clone();
+        let task = EdgeTask::prepare_part(t, &g, Some(total), |ty, v| {
+            owners[ty]
+                .get(v as usize)
+                .is_some_and(|&o| u32::from(o) == part)
+        })?;
+        self.keep(
+            part,
+            PartTask {
+                link: None,
+                edge: Some(Arc::new(task)),
+            },
+        )?;
+        Ok(g)
+    }
+
+    /// Keeps partition `part`'s share of the task for its sampler and trainers.
+    fn keep(&self, part: u32, task: PartTask) -> Result<()> {
+        self.tasks
+            .lock()
+            .map_err(|_| TrainError::Internal("a task lock was poisoned".into()))?
+            .insert(part, task);
+        Ok(())
     }
 }
 
@@ -202,24 +252,28 @@ impl Distributed for DataParallel {
             .collect())
     }
 
-    /// Link prediction's steps are the task's (a hash of each edge), the same in every partition.
+    /// An edge-level task's steps are the task's (a hash of each edge), the same in every partition.
     fn steps_per_epoch(&self, graph: &HetGraph, t: &TrainingConfig) -> u64 {
-        let link = self
-            .links
+        let task = self
+            .tasks
             .lock()
             .ok()
             .and_then(|l| l.values().next().cloned());
-        match link {
-            Some(l) => l.steps(),
+        match task.and_then(|k| k.batching()) {
+            Some(b) => b.steps(),
             None => graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64,
         }
     }
 
     /// For link prediction, the partition's held-out edges leave it before
-    /// its reverse relations are added, and its share of the task (the edges
-    /// whose source it owns) is kept for its sampler and trainers.
+    /// its reverse relations are added; for edge-level tasks, its share of
+    /// the task (the edges whose source it owns) is kept for its sampler and
+    /// trainers.
     fn load(&self, part: u32) -> Result<HetGraph> {
         let t = &self.cfg;
+        if t.task.on_edges() {
+            return self.load_edge_task(part);
+        }
         if t.task != Task::LinkPrediction {
             return Ok(self.set.load_part(part as usize, &load_options(t))?);
         }
@@ -245,10 +299,13 @@ impl Distributed for DataParallel {
                 .get(v as usize)
                 .is_some_and(|&o| u32::from(o) == part)
         })?;
-        self.links
-            .lock()
-            .map_err(|_| TrainError::Internal("a link task lock was poisoned".into()))?
-            .insert(part, Arc::new(task));
+        self.keep(
+            part,
+            PartTask {
+                link: Some(Arc::new(task)),
+                edge: None,
+            },
+        )?;
         Ok(g)
     }
 
@@ -288,7 +345,7 @@ impl Distributed for DataParallel {
                 part,
                 graph,
                 owners: &self.owners,
-                link: self.link(part),
+                steps: self.task(part).batching(),
                 pushers: parts * per_part,
             },
             &self.cfg,
@@ -344,6 +401,26 @@ impl Distributed for DataParallel {
             )
         })?;
         crate::owner::assemble(&self.cfg, system, self.parts, &replica, g)
+    }
+}
+
+/// A partition's share of an edge-level task (both empty for node tasks).
+#[derive(Clone, Default)]
+pub(crate) struct PartTask {
+    /// Link prediction.
+    pub link: Option<Arc<LinkTask>>,
+    /// Edge classification or regression.
+    pub edge: Option<Arc<EdgeTask>>,
+}
+
+impl PartTask {
+    /// How the task's training edges fall into steps.
+    fn batching(&self) -> Option<graphs::link::Batching> {
+        match (&self.link, &self.edge) {
+            (Some(l), _) => Some(l.batching().clone()),
+            (None, Some(e)) => Some(e.batching().clone()),
+            (None, None) => None,
+        }
     }
 }
 

@@ -53,6 +53,9 @@ impl Msg for Abort {
     const KIND: &'static str = "abort";
 }
 
+/// Most ranking pairs per split one trainer sends for ROC-AUC (5 bytes each on the wire).
+pub const MAX_RANKED: usize = 1 << 20;
+
 /// The run is over: trainers' nodes may stop serving.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Finish {
@@ -66,6 +69,32 @@ impl Msg for Finish {
 }
 
 impl EpochStats {
+    /// Records an edge task's validation and test figures: its node-task
+    /// counts, the edges scored and, for binary classes, their ranking pairs.
+    pub fn set_edge_scores(
+        &mut self,
+        valid: crate::task::edge::EdgeScores,
+        test: crate::task::edge::EdgeScores,
+    ) {
+        self.scored = Some([valid.edges, test.edges]);
+        if !valid.ranked.is_empty() || !test.ranked.is_empty() {
+            self.ranked = Some([valid.ranked, test.ranked]);
+        }
+        self.set_scores(valid.scores, test.scores);
+    }
+
+    /// Drops the ranking pairs past [`MAX_RANKED`] a split (before they
+    /// travel: the epoch then has no ROC-AUC).
+    pub fn limit_ranked(&mut self) {
+        if self
+            .ranked
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|p| p.len() > MAX_RANKED))
+        {
+            self.ranked = None;
+        }
+    }
+
     /// Records a node task's validation and test figures: correct counts,
     /// per-class counts and regression sums, each where the task filled them.
     pub fn set_scores(
@@ -149,10 +178,14 @@ pub struct EpochStats {
     /// Node classification: this trainer's validation and test counts per class.
     #[serde(default)]
     pub classes: Option<[crate::task::node::ClassCounts; 2]>,
-    /// Binary edge classification: validation and test ROC-AUC, computed
-    /// by the one process that scored every edge.
+    /// Edge tasks: the validation and test edges this trainer scored (node
+    /// tasks' counts are the graph's splits).
     #[serde(default)]
-    pub roc_auc: Option<[f64; 2]>,
+    pub scored: Option<[u64; 2]>,
+    /// Binary edge classification: this trainer's validation and test
+    /// edges as (class-1 probability, whether class 1), for ROC-AUC.
+    #[serde(default)]
+    pub ranked: Option<[Vec<(f32, bool)>; 2]>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
     #[serde(default)]
     pub cpu_util: f64,
@@ -323,6 +356,14 @@ impl EpochReport {
             };
         };
         let times: Vec<Timings> = stats.iter().map(|s| s.time).collect();
+        // Edge tasks: the edges the trainers scored, else the graph's split sizes.
+        let scored = |i: usize, nodes: usize| -> u64 {
+            match stats.iter().any(|s| s.scored.is_some()) {
+                true => stats.iter().filter_map(|s| s.scored).map(|c| c[i]).sum(),
+                false => nodes as u64,
+            }
+        };
+        let (valid, test) = (scored(0, valid), scored(1, test));
         let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
         let (loss, train_acc) = if own_steps {
             let steps: u64 = stats.iter().map(|s| s.steps).sum();
@@ -344,15 +385,15 @@ impl EpochReport {
             train_acc,
             valid_acc: s0
                 .evaluated
-                .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid as u64)),
+                .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid)),
             test_acc: s0
                 .evaluated
-                .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test as u64)),
+                .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test)),
             time: Timings::across(&times),
             link: link_figures(stats),
             regression: regression_figures(stats),
             macro_f1: macro_f1(stats),
-            roc_auc: stats.iter().filter(|s| s.evaluated).find_map(|s| s.roc_auc),
+            roc_auc: roc_auc(stats),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
@@ -375,6 +416,19 @@ fn summed<T: Default>(
         merge(&mut acc[1], t);
     }
     sums
+}
+
+/// Validation and test ROC-AUC of an epoch: every trainer's ranking pairs
+/// merged (`None` unless every evaluated trainer sent its pairs).
+fn roc_auc(stats: &[EpochStats]) -> Option<[f64; 2]> {
+    let mut all: [Vec<(f32, bool)>; 2] = Default::default();
+    for s in stats.iter().filter(|s| s.evaluated) {
+        let [v, t] = s.ranked.as_ref()?;
+        all[0].extend_from_slice(v);
+        all[1].extend_from_slice(t);
+    }
+    let [v, t] = all.map(|pairs| crate::task::edge::roc_auc(&pairs));
+    Some([v?, t?])
 }
 
 /// Validation and test macro F1 of an epoch: every trainer's counts merged.

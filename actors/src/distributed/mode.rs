@@ -164,7 +164,7 @@ pub fn train_embedded<M: Distributed>(
     let graphs: Vec<Arc<HetGraph>> = (0..parts)
         .map(|k| mode.load(k).map(Arc::new))
         .collect::<Result<_>>()?;
-    if t.task != crate::config::Task::LinkPrediction {
+    if t.task.on_nodes() {
         crate::epoch::preflight::check_trainable(t, &graphs[0])?;
     }
     crate::epoch::preflight::check_distinct_names(&graphs[0])?;
@@ -285,7 +285,7 @@ pub fn run_node<M: Distributed>(
     let parts = mode.parts();
     let coordinator_here = topology.placed(names::COORDINATOR) == Some(id);
     let graph = Arc::new(mode.load(part)?);
-    if coordinator_here && t.task != crate::config::Task::LinkPrediction {
+    if coordinator_here && t.task.on_nodes() {
         crate::epoch::preflight::check_trainable(t, &graph)?;
     }
     crate::epoch::preflight::check_distinct_names(&graph)?;

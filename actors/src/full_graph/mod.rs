@@ -189,7 +189,7 @@ impl Distributed for FullGraph {
                 part,
                 graph,
                 owners: &self.owners,
-                link: None,
+                steps: None,
                 pushers: self.parts,
             },
             &self.cfg,

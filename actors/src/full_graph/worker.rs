@@ -797,8 +797,11 @@ impl State<'_> {
             allreduce::flatten_named(
                 &self.model.params,
                 |name, _| grads.get(name).cloned(),
-                loss,
-                correct,
+                allreduce::Tally {
+                    loss,
+                    correct,
+                    seen: 0.0,
+                },
             )?,
             pushes,
         ))
@@ -907,7 +910,8 @@ impl<'a> Steps for State<'a> {
         };
         let sum = all_reduce(ctx, &group, mine, pushes)?;
         st.time.comm_s += lap(&mut clock);
-        let (loss, correct) = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
+        let allreduce::Tally { loss, correct, .. } =
+            allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         s.inbox.forget_before(self.seq);

@@ -161,7 +161,7 @@ impl Distributed for HopGnn {
                 part,
                 graph,
                 owners: &self.owners,
-                link: None,
+                steps: None,
                 pushers: self.parts,
             },
             &self.cfg,

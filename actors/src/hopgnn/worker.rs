@@ -564,8 +564,11 @@ impl Replica<'_> {
                 mine = allreduce::flatten(
                     &self.model.params,
                     Some(&gs),
-                    loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
-                    correct,
+                    allreduce::Tally {
+                        loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
+                        correct,
+                        seen: 0.0,
+                    },
                 )?;
                 if let Gathered::Once { .. } = p.rows {
                     for (ty, x) in learn.iter().enumerate() {
@@ -644,7 +647,8 @@ impl Replica<'_> {
             e.add(f64::from(seconds));
         }
         st.time.comm_s += lap(&mut clock);
-        let figures = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
+        let tally = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
+        let figures = (tally.loss, tally.correct);
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         // Every share and migration of earlier steps has been taken: what is left of them is duplicates.

@@ -93,11 +93,13 @@ const EVERY_TASK: &[Task] = &[
     Task::EdgeClassification,
     Task::EdgeRegression,
 ];
-/// Data-parallel's: edge tasks train in one process so far.
+/// Data-parallel's.
 const DATA_PARALLEL_TASKS: &[Task] = &[
     Task::NodeClassification,
     Task::LinkPrediction,
     Task::NodeRegression,
+    Task::EdgeClassification,
+    Task::EdgeRegression,
 ];
 
 /// Every mode, with its settings, the tasks it trains and its rules.

@@ -29,26 +29,32 @@ pub struct Group<'a> {
     pub kind: AllReduce,
 }
 
+/// What a step's vector adds up besides the gradients.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// The loss (each trainer's share of it).
+    pub loss: f64,
+    /// Correct training predictions.
+    pub correct: f64,
+    /// Training examples counted (where the step's global count is not
+    /// known to every trainer: edge tasks' hashed steps).
+    pub seen: f64,
+}
+
 /// Values in a step's vector after every parameter's: a presence flag per
-/// parameter, then the loss and the correct count.
+/// parameter, then the loss, the correct count and the examples seen.
 pub fn extra(params: &ParamStore) -> usize {
-    params.len() + 2
+    params.len() + 3
 }
 
 /// A step's dense gradients as one vector: every parameter's values in
 /// parameter order (zeros where `grads` has none), a presence flag per
-/// parameter, the loss and the number of correct predictions.
-pub fn flatten(
-    params: &ParamStore,
-    grads: Option<&GradStore>,
-    loss: f64,
-    correct: f64,
-) -> Result<Vec<f32>> {
+/// parameter, then the step's [`Tally`].
+pub fn flatten(params: &ParamStore, grads: Option<&GradStore>, tally: Tally) -> Result<Vec<f32>> {
     flatten_named(
         params,
         |_, var| grads.and_then(|gs| gs.get(var.as_tensor())).cloned(),
-        loss,
-        correct,
+        tally,
     )
 }
 
@@ -56,8 +62,7 @@ pub fn flatten(
 pub fn flatten_named(
     params: &ParamStore,
     grad: impl Fn(&str, &candle_core::Var) -> Option<Tensor>,
-    loss: f64,
-    correct: f64,
+    tally: Tally,
 ) -> Result<Vec<f32>> {
     let mut flat = Vec::new();
     let mut flags = Vec::new();
@@ -74,15 +79,13 @@ pub fn flatten_named(
         }
     }
     flat.extend(flags);
-    flat.push(loss as f32);
-    flat.push(correct as f32);
+    flat.extend([tally.loss, tally.correct, tally.seen].map(|x| x as f32));
     Ok(flat)
 }
 
 /// One Adam step from `sum`, the all-reduced [`flatten`] vectors: only the
-/// parameters some trainer had a gradient for move. Returns the summed loss
-/// and number of correct predictions.
-pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, f64)> {
+/// parameters some trainer had a gradient for move. Returns the summed [`Tally`].
+pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<Tally> {
     let values = sum
         .len()
         .checked_sub(extra(params))
@@ -101,7 +104,12 @@ pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<(f64, 
         at += n;
     }
     adam.step_named(params, &named)?;
-    Ok((f64::from(sum[sum.len() - 2]), f64::from(sum[sum.len() - 1])))
+    let at = |k: usize| f64::from(sum[sum.len() - k]);
+    Ok(Tally {
+        loss: at(3),
+        correct: at(2),
+        seen: at(1),
+    })
 }
 
 /// Sums `mine` with the other trainers' vectors of this step, in trainer

@@ -27,7 +27,7 @@ use crate::config::TrainingConfig;
 use crate::distributed::messages::Begin;
 use crate::distributed::{checkpoint, decode_f32, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
-use crate::task::link::LinkTask;
+use graphs::link::Batching;
 use messages::{Export, Pull, Push, Reset, SampleReq, Save};
 use sampler::SamplerActor;
 use store::{FeatureStore, Shard, StoreData};
@@ -54,8 +54,10 @@ pub struct Served<'a> {
     pub graph: &'a Arc<HetGraph>,
     /// The owner of every node.
     pub owners: &'a Arc<Vec<Vec<u16>>>,
-    /// Link prediction's task: the sampler leaves a step's training edges out.
-    pub link: Option<Arc<LinkTask>>,
+    /// Edge-level tasks (link prediction, edge classification and
+    /// regression): how their training edges fall into steps, so that the
+    /// sampler leaves a step's edges out of its neighbourhoods.
+    pub steps: Option<Batching>,
     /// The trainers whose pushes complete a step.
     pub pushers: u32,
 }
@@ -74,7 +76,7 @@ pub fn serve(
         part,
         graph,
         owners,
-        link,
+        steps,
         pushers,
     } = s;
     let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
@@ -85,7 +87,7 @@ pub fn serve(
             .map(actix::Arbiter::handle)
             .expect("just pushed")
     };
-    let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), link);
+    let sampler = SamplerActor::new(part as u16, graph.clone(), owners.clone(), steps);
     let addr = SamplerActor::start_in_arbiter(&on_own_thread(arbiters), move |_| sampler);
     node.register(&names::sampler(part), &addr)
         .map_err(reg)?

@@ -5,13 +5,12 @@
 use std::sync::Arc;
 
 use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture};
-use graphs::link::{ExcludeEdges, NoExclusion};
+use graphs::link::{Batching, ExcludeEdges, NoExclusion};
 use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
 use runtime::Deliver;
 
 use super::messages::SampleReq;
 use super::priority::{Parked, Serve};
-use crate::task::link::LinkTask;
 
 /// Most destination nodes one request may name.
 pub const MAX_NODES: usize = 1 << 24;
@@ -23,8 +22,8 @@ pub struct SamplerActor {
     part: u16,
     graph: Arc<HetGraph>,
     owners: Arc<Vec<Vec<u16>>>,
-    /// Link prediction: which edges a step leaves out of its neighbourhoods.
-    link: Option<Arc<LinkTask>>,
+    /// Edge-level tasks: which edges a step leaves out of its neighbourhoods.
+    steps: Option<Batching>,
     /// Requests waiting to be served.
     parked: Parked<SampleReq, Answer>,
 }
@@ -35,13 +34,13 @@ impl SamplerActor {
         part: u16,
         graph: Arc<HetGraph>,
         owners: Arc<Vec<Vec<u16>>>,
-        link: Option<Arc<LinkTask>>,
+        steps: Option<Batching>,
     ) -> SamplerActor {
         SamplerActor {
             part,
             graph,
             owners,
-            link,
+            steps,
             parked: Parked::default(),
         }
     }
@@ -66,9 +65,12 @@ impl SamplerActor {
         }
         let mut sampler =
             Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
-        let step_edges = match (&self.link, r.exclude) {
-            (Some(l), true) => Some(l.exclusion(r.epoch, r.step)),
-            (None, true) => return Err("asked to leave a link-prediction step's edges out, in a run without link prediction".into()),
+        let step_edges = match (&self.steps, r.exclude) {
+            (Some(b), true) => Some(b.exclusion(r.epoch, r.step)),
+            (None, true) => return Err(
+                "asked to leave a step's training edges out, in a run without an edge-level task"
+                    .into(),
+            ),
             (_, false) => None,
         };
         let excluded: &dyn ExcludeEdges = match &step_edges {

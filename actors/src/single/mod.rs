@@ -101,7 +101,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         mode: "single".into(),
         nodes: 1,
         link: link.as_ref().map(|l| l.report(&g, t)),
-        edge: edge.as_ref().map(|e| e.report(&g)),
+        edge: edge.as_ref().map(|e| e.report(&g, t)),
         ..Report::default()
     };
     let items = match (&link, &edge) {
@@ -562,11 +562,21 @@ impl<'g> Steps for Run<'g, '_> {
             return Ok(());
         }
         if let Some(task) = feed.edge {
-            let [valid, test] = task.evaluate_exact(&self.model, self.g)?;
-            if let (Some(v), Some(t)) = (valid.roc_auc(), test.roc_auc()) {
-                st.roc_auc = Some([v, t]);
-            }
-            st.set_scores(valid.scores, test.scores);
+            let [valid, test] = match self.cfg.training.exact_edge_eval() {
+                true => task.evaluate_exact(&self.model, self.g)?,
+                false => {
+                    let mut sampler = SamplingPlan::of(&self.cfg.training).eval(self.g)?;
+                    let (g, model) = (self.g, &self.model);
+                    // Step 0 for every chunk: a node's rows do not depend on its chunk.
+                    task.evaluate_sampled(model, g, |seeds| {
+                        let mb =
+                            sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
+                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+                        Ok(model.forward_nodes(g, &mb, inputs, None)?)
+                    })?
+                }
+            };
+            st.set_edge_scores(valid, test);
             return Ok(());
         }
         let (_, splits) = self.g.target_labels();
@@ -595,12 +605,9 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     /// The epoch's account becomes the report's epoch.
-    fn send_stats(&mut self, feed: &Feed<'g>, st: EpochStats) -> Result<()> {
+    fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
-        let (valid, test) = match feed.edge {
-            Some(e) => (e.valid.len(), e.test.len()),
-            None => (splits.valid.len(), splits.test.len()),
-        };
+        let (valid, test) = (splits.valid.len(), splits.test.len());
         let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);

@@ -123,6 +123,20 @@ pub struct EdgeReport {
 impl EdgeTask {
     /// The edge task `t` asks for on `g` (loaded with its reverse relations if `t` wants them).
     pub fn prepare(t: &TrainingConfig, g: &HetGraph) -> Result<EdgeTask> {
+        EdgeTask::prepare_part(t, g, None, |_, _| true)
+    }
+
+    /// [`EdgeTask::prepare`] for a partition of the graph: `train_total` is
+    /// the number of training edges with the task's target in the whole
+    /// graph (`None`: `g` is the whole graph), and the task keeps the edges
+    /// whose source `mine` accepts (its owned nodes), so that each edge
+    /// belongs to one partition.
+    pub fn prepare_part(
+        t: &TrainingConfig,
+        g: &HetGraph,
+        train_total: Option<u64>,
+        mine: impl Fn(usize, u32) -> bool,
+    ) -> Result<EdgeTask> {
         let mut relations = Vec::new();
         for name in &t.target_relations {
             let known = || {
@@ -211,7 +225,8 @@ impl EdgeTask {
                 list.append(i as u16, &s);
             }
         }
-        if train.is_empty() {
+        let total = train_total.unwrap_or(train.len() as u64);
+        if total == 0 {
             return Err(TrainError::Config(format!(
                 "training.task = \"{}\": the target relations ({}) have no training edges with a target (edges/<relation>/train.npy): nothing to train",
                 t.task.name(),
@@ -222,14 +237,25 @@ impl EdgeTask {
             Learns::Classes(_) => Learns::Classes(classes.unwrap_or(0)),
             other => other,
         };
-        let rels = relations
+        let rels: Vec<(u64, usize, usize)> = relations
             .iter()
             .map(|&r| {
                 let rel = g.relation(r);
                 (rel.key(), rel.src.index(), rel.dst.index())
             })
             .collect();
-        let batching = Batching::for_edges(g, &relations, t.seed, t.batch, train.len() as u64);
+        let batching = Batching::for_edges(g, &relations, t.seed, t.batch, total);
+        for list in [&mut train, &mut valid, &mut test] {
+            let keep: Vec<u32> = (0..list.len() as u32)
+                .filter(|&i| {
+                    let at = i as usize;
+                    mine(rels[list.rel[at] as usize].1, list.set.src[at])
+                })
+                .collect();
+            if keep.len() < list.len() {
+                *list = list.select(&keep);
+            }
+        }
         Ok(EdgeTask {
             relations,
             rels,
@@ -368,9 +394,53 @@ impl EdgeTask {
         ])
     }
 
+    /// Validation and test figures of `model`, the nodes they need embedded
+    /// by `embed` (per type, nodes of one type at a time: the last layer's
+    /// rows of those seeds, sampled with a key that does not depend on which
+    /// nodes are embedded together, so every mode gets the same rows).
+    pub fn evaluate_sampled(
+        &self,
+        model: &Model,
+        g: &HetGraph,
+        embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
+    ) -> Result<[EdgeScores; 2]> {
+        let rows = crate::task::link::embed_nodes(g, self.eval_nodes(g), INFERENCE_CHUNK, embed)?;
+        Ok([
+            self.score(model, &rows, &self.valid)?,
+            self.score(model, &rows, &self.test)?,
+        ])
+    }
+
+    /// Per type, the distinct ends of the validation and test edges, ascending.
+    fn eval_nodes(&self, g: &HetGraph) -> Vec<Vec<u32>> {
+        let mut seen: Vec<Vec<bool>> = g
+            .node_types()
+            .iter()
+            .map(|t| vec![false; t.count as usize])
+            .collect();
+        for edges in [&self.valid, &self.test] {
+            for i in 0..edges.len() {
+                let (_, st, dt) = self.rels[edges.rel[i] as usize];
+                seen[st][edges.set.src[i] as usize] = true;
+                seen[dt][edges.set.dst[i] as usize] = true;
+            }
+        }
+        seen.iter()
+            .map(|s| (0..s.len() as u32).filter(|&v| s[v as usize]).collect())
+            .collect()
+    }
+
+    /// Which step each training edge falls in (what samplers leave out).
+    pub fn batching(&self) -> &Batching {
+        &self.batching
+    }
+
     /// The figures of `edges` decoded from every node's rows.
     fn score(&self, model: &Model, rows: &[Option<TypeRows>], edges: &Edges) -> Result<EdgeScores> {
-        let mut out = EdgeScores::default();
+        let mut out = EdgeScores {
+            edges: edges.len() as u64,
+            ..EdgeScores::default()
+        };
         let table = |t: usize| {
             rows[t]
                 .as_ref()
@@ -433,18 +503,22 @@ impl EdgeTask {
     }
 
     /// What the report says of the task.
-    pub fn report(&self, g: &HetGraph) -> EdgeReport {
+    pub fn report(&self, g: &HetGraph, t: &TrainingConfig) -> EdgeReport {
         EdgeReport {
             relations: self.relations.iter().map(|&r| g.relation(r).canonical().to_string()).collect(),
             train_edges: self.train.len() as u64,
             valid_edges: self.valid.len() as u64,
             test_edges: self.test.len() as u64,
             metric: format!(
-                "{}, decoded from its ends' embeddings by exact full-neighbourhood inference on the whole graph",
+                "{}, decoded from its ends' embeddings by {}",
                 match self.learns {
                     Learns::Classes(2) => "accuracy, macro F1 and ROC-AUC (of the class-1 probability) of each validation and test edge's class",
                     Learns::Classes(_) => "accuracy and macro F1 of each validation and test edge's class",
                     Learns::Values(..) => "RMSE, MAE and R^2 of each validation and test edge's value",
+                },
+                match t.exact_edge_eval() {
+                    true => "exact full-neighbourhood inference on the whole graph",
+                    false => "neighbourhoods sampled with the training fanouts, keyed by node alone",
                 }
             ),
         }
@@ -454,18 +528,12 @@ impl EdgeTask {
 /// What an evaluation of edges adds up.
 #[derive(Clone, Debug, Default)]
 pub struct EdgeScores {
+    /// Edges scored.
+    pub edges: u64,
     /// Correct classes, per-class counts, regression sums.
     pub scores: Scores,
     /// Binary classification: each edge's class-1 probability and whether it is class 1.
     pub ranked: Vec<(f32, bool)>,
-}
-
-impl EdgeScores {
-    /// ROC-AUC of the class-1 probabilities (ties count half); `None`
-    /// unless binary with both classes present.
-    pub fn roc_auc(&self) -> Option<f64> {
-        roc_auc(&self.ranked)
-    }
 }
 
 /// The area under the ROC curve of `(score, positive)` pairs: the chance that

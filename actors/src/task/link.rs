@@ -351,38 +351,15 @@ impl LinkTask {
         &self,
         model: &Model,
         g: &HetGraph,
-        mut embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
+        embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
     ) -> Result<[RankSums; 2]> {
-        let types = g.node_types().len();
-        let mut rows: Vec<Option<TypeRows>> = vec![None; types];
-        for (t, nodes) in self.eval_nodes(g).into_iter().enumerate() {
-            for chunk in nodes.chunks(INFERENCE_CHUNK) {
-                let mut seeds = vec![Vec::new(); types];
-                seeds[t] = chunk.to_vec();
-                let out = embed(&seeds)?;
-                let x = out
-                    .get(t)
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| TrainError::Config(format!("no rows for node type {t}")))?;
-                let (n, width) = x.dims2()?;
-                if n != chunk.len() {
-                    return Err(TrainError::Config(format!(
-                        "{n} rows for {} nodes",
-                        chunk.len()
-                    )));
-                }
-                let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let slot = rows[t].get_or_insert_with(|| TypeRows {
-                    width,
-                    data: vec![0.0; g.node_types()[t].count as usize * width],
-                });
-                for (i, &v) in chunk.iter().enumerate() {
-                    slot.data[v as usize * width..(v as usize + 1) * width]
-                        .copy_from_slice(&values[i * width..(i + 1) * width]);
-                }
-            }
-        }
+        let rows = embed_nodes(g, self.eval_nodes(g), INFERENCE_CHUNK, embed)?;
         self.rank_all(model, &rows)
+    }
+
+    /// Which step each training edge falls in (what samplers leave out).
+    pub fn batching(&self) -> &Batching {
+        &self.batching
     }
 
     /// Per type, the distinct nodes the held-out edges and their negatives need, ascending.
@@ -495,4 +472,45 @@ impl LinkTask {
         }
         Ok(sums)
     }
+}
+
+/// The last layer's rows of `nodes` (per type, ascending), embedded by
+/// `embed` in chunks of `chunk` nodes of one type, in tables of every node
+/// of each type (rows of the others left zero).
+pub(crate) fn embed_nodes(
+    g: &HetGraph,
+    nodes: Vec<Vec<u32>>,
+    chunk: usize,
+    mut embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
+) -> Result<Vec<Option<TypeRows>>> {
+    let types = g.node_types().len();
+    let mut rows: Vec<Option<TypeRows>> = vec![None; types];
+    for (t, nodes) in nodes.into_iter().enumerate() {
+        for piece in nodes.chunks(chunk) {
+            let mut seeds = vec![Vec::new(); types];
+            seeds[t] = piece.to_vec();
+            let out = embed(&seeds)?;
+            let x = out
+                .get(t)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| TrainError::Config(format!("no rows for node type {t}")))?;
+            let (n, width) = x.dims2()?;
+            if n != piece.len() {
+                return Err(TrainError::Config(format!(
+                    "{n} rows for {} nodes",
+                    piece.len()
+                )));
+            }
+            let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let slot = rows[t].get_or_insert_with(|| TypeRows {
+                width,
+                data: vec![0.0; g.node_types()[t].count as usize * width],
+            });
+            for (i, &v) in piece.iter().enumerate() {
+                slot.data[v as usize * width..(v as usize + 1) * width]
+                    .copy_from_slice(&values[i * width..(i + 1) * width]);
+            }
+        }
+    }
+    Ok(rows)
 }

@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
+use crate::edge_targets::{EdgeSet, EdgeTargets};
 use crate::error::{GraphError, Result};
-use crate::format::paths;
+use crate::format::{paths, write_edge_targets};
 use crate::graph::HetGraph;
 use crate::npy::{self, DType, NpyWriter};
 
@@ -11,14 +12,15 @@ use crate::npy::{self, DType, NpyWriter};
 /// (by index) the edges `keep_edge(relation, src, dst)` accepts; of each
 /// featured type the rows `keep_row(type, node)` accepts, the others left as
 /// holes of a sparse file of the global shape; labels and splits whole; the
-/// schema with the stored edge counts. Returns the edges stored.
+/// edge targets (labels, values, splits) of the stored edges; the schema
+/// with the stored edge counts. Returns the edges stored.
 pub(super) fn write(
     g: &HetGraph,
     dir: &Path,
     mut keep_edge: impl FnMut(usize, u32, u32) -> bool,
     keep_row: impl Fn(usize, u32) -> bool,
 ) -> Result<u64> {
-    let mut schema = g.schema().without_edge_targets();
+    let mut schema = g.schema();
     std::fs::create_dir_all(dir.join("edges")).map_err(|e| GraphError::io(dir, e))?;
     let mut stored = 0u64;
     for (ri, r) in g
@@ -47,6 +49,23 @@ pub(super) fn write(
         w.write_ids(&srcs)?;
         w.write_ids(&dsts)?;
         w.finish()?;
+        if let Some(t) = r.targets() {
+            // A split edge is kept where its pair is (every parallel copy with it).
+            let mut stored = |set: &EdgeSet| {
+                let ids: Vec<u32> = (0..set.len() as u32)
+                    .filter(|&i| keep_edge(ri, set.src[i as usize], set.dst[i as usize]))
+                    .collect();
+                set.select(&ids)
+            };
+            let part = EdgeTargets {
+                train: stored(&t.train),
+                valid: stored(&t.valid),
+                test: stored(&t.test),
+                num_classes: t.num_classes,
+                has_values: t.has_values,
+            };
+            write_edge_targets(dir, r.canonical(), &part, &srcs, &dsts)?;
+        }
     }
     for (t, nt) in g.node_types().iter().enumerate() {
         std::fs::create_dir_all(paths::node_dir(dir, &nt.name))

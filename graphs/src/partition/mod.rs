@@ -43,7 +43,7 @@ use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 
 pub use report::PartitionReport;
-pub use set::{Manifest, PartInfo, PartitionSet};
+pub use set::{Manifest, PartInfo, PartitionSet, TrainEdges};
 pub use stream_write::write_streaming;
 pub use write::{write, write_with, WriteOptions};
 

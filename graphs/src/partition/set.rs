@@ -26,6 +26,16 @@ pub struct PartInfo {
     pub trainer_splits: Vec<[u64; 3]>,
 }
 
+/// A relation's training edges with a target, in the whole graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainEdges {
+    /// With a label (edge classification trains on them).
+    pub labelled: u64,
+    /// With a value (edge regression trains on them).
+    pub valued: u64,
+}
+
 /// `manifest.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +63,12 @@ pub struct Manifest {
     /// (empty in directories written before it was recorded).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub relation_edges: std::collections::BTreeMap<String, u64>,
+    /// Per original relation with edge targets (canonical name), its
+    /// training edges with a label and with a value in the whole graph (an
+    /// edge task's steps are sized by them; empty where no relation has
+    /// targets, in streamed partitions and in directories written before).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub edge_train: std::collections::BTreeMap<String, TrainEdges>,
     /// Whether partitions hold their halo nodes' feature rows too.
     #[serde(default)]
     pub halo_features: bool,

@@ -199,6 +199,7 @@ pub fn write_streaming(
             .iter()
             .map(|r| (r.canonical(), r.count))
             .collect(),
+        edge_train: Default::default(),
         halo_features: opts.halo_features,
         info,
     };

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use super::set::TrainEdges;
 use super::set::{owners_path, part_dir, FORMAT};
 use super::{Assignment, Manifest, PartInfo};
 use crate::error::{GraphError, Result};
@@ -145,6 +146,18 @@ pub fn write_with(
             .iter()
             .filter(|r| r.reverse_of.is_none())
             .map(|r| (r.canonical().to_string(), r.num_edges() as u64))
+            .collect(),
+        edge_train: g
+            .relations()
+            .iter()
+            .filter_map(|r| {
+                let t = &r.targets()?.train;
+                let counts = TrainEdges {
+                    labelled: t.labels.iter().filter(|&&l| l >= 0).count() as u64,
+                    valued: t.values.iter().filter(|v| !v.is_nan()).count() as u64,
+                };
+                Some((r.canonical().to_string(), counts))
+            })
             .collect(),
         halo_features: opts.halo_features,
         info,

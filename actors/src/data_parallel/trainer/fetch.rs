@@ -11,6 +11,9 @@ use crate::cache::{hotness, profile, CachePolicy, DeviceCache};
 use crate::epoch::SamplingPlan;
 use crate::error::{Result, TrainError};
 use crate::owner::client::Rows;
+use graphs::link::StepEdges;
+
+use crate::task::edge::EdgeTask;
 use crate::task::link::LinkTask;
 
 /// Rows per pull when a cache is filled.
@@ -32,11 +35,7 @@ impl Ctx<'_> {
             return Ok(Prepared {
                 seeds,
                 share,
-                link: None,
-                mb: None,
-                features: Vec::new(),
-                sample_s: 0.0,
-                gather_s: 0.0,
+                ..Prepared::nothing()
             });
         }
         let t = Instant::now();
@@ -47,11 +46,11 @@ impl Ctx<'_> {
         Ok(Prepared {
             seeds,
             share,
-            link: None,
             mb: Some(mb),
             features,
             sample_s,
             gather_s: t.elapsed().as_secs_f64(),
+            ..Prepared::nothing()
         })
     }
 
@@ -67,36 +66,57 @@ impl Ctx<'_> {
         ids: &[u32],
     ) -> Result<Prepared> {
         if ids.is_empty() {
-            return Ok(Prepared {
-                seeds: Vec::new(),
-                share: 0.0,
-                link: None,
-                mb: None,
-                features: Vec::new(),
-                sample_s: 0.0,
-                gather_s: 0.0,
-            });
+            return Ok(Prepared::nothing());
         }
-        let t = Instant::now();
         let batch = task.batch(&self.s.graph, epoch, ids);
-        let mb = self.sample_typed(
-            self.s.cfg.seed,
-            epoch,
-            step,
-            &batch.seeds,
-            Some(&task.exclusion(epoch, step)),
-        )?;
+        let mut p =
+            self.prepare_seeds(&batch.seeds, &task.exclusion(epoch, step), epoch, step, ids)?;
+        p.link = Some(batch);
+        Ok(p)
+    }
+
+    /// Edge tasks: samples the ends of this trainer's edges `ids` of step
+    /// `step`, the step's edges (and their reverses) left out of every
+    /// neighbourhood (here and at the owners), and gathers their plain features.
+    pub(super) fn prepare_edges(
+        &self,
+        task: &EdgeTask,
+        epoch: u64,
+        step: u64,
+        ids: &[u32],
+    ) -> Result<Prepared> {
+        if ids.is_empty() {
+            return Ok(Prepared::nothing());
+        }
+        let batch = task.batch(&self.s.graph, ids);
+        let mut p =
+            self.prepare_seeds(&batch.seeds, &task.exclusion(epoch, step), epoch, step, ids)?;
+        p.edge = Some(batch);
+        Ok(p)
+    }
+
+    /// Samples `seeds` (per type) with `excluded` left out and gathers their
+    /// plain features, for this trainer's edges `ids` of a step.
+    fn prepare_seeds(
+        &self,
+        seeds: &[Vec<u32>],
+        excluded: &StepEdges,
+        epoch: u64,
+        step: u64,
+        ids: &[u32],
+    ) -> Result<Prepared> {
+        let t = Instant::now();
+        let mb = self.sample_typed(self.s.cfg.seed, epoch, step, seeds, Some(excluded))?;
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let features = self.gather(&mb.blocks[0].src, Rows::Features, None)?;
         Ok(Prepared {
             seeds: ids.to_vec(),
-            share: 0.0,
-            link: Some(batch),
             mb: Some(mb),
             features,
             sample_s,
             gather_s: t.elapsed().as_secs_f64(),
+            ..Prepared::nothing()
         })
     }
 

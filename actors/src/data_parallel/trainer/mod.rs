@@ -42,6 +42,7 @@ use crate::epoch::{lap, SamplingPlan};
 use crate::error::Result;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
+use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::{LinkBatch, LinkTask};
 use crate::task::node::NodeTask;
 
@@ -83,6 +84,8 @@ pub struct TrainerSetup {
     pub cache_view: Arc<CacheView>,
     /// Link prediction: the partition's share of the task (the edges whose source it owns).
     pub link: Option<Arc<LinkTask>>,
+    /// Edge classification or regression: the partition's share of the task (the edges whose source it owns).
+    pub edge: Option<Arc<EdgeTask>>,
     /// `sampling = "dag"`: the sampling workers of the partitions loaded in this process.
     pub sampling: crate::data_parallel::sampling::Workers,
 }
@@ -136,10 +139,28 @@ struct Prepared {
     share: f64,
     /// Link prediction: the trainer's edges of the step, their negatives and seeds.
     link: Option<LinkBatch>,
+    /// Edge tasks: the trainer's edges of the step and their ends.
+    edge: Option<EdgeBatch>,
     mb: Option<MiniBatch>,
     features: PerType,
     sample_s: f64,
     gather_s: f64,
+}
+
+impl Prepared {
+    /// A batch with nothing for this trainer.
+    fn nothing() -> Prepared {
+        Prepared {
+            seeds: Vec::new(),
+            share: 0.0,
+            link: None,
+            edge: None,
+            mb: None,
+            features: Vec::new(),
+            sample_s: 0.0,
+            gather_s: 0.0,
+        }
+    }
 }
 
 struct Trainer<'a> {
@@ -227,9 +248,10 @@ impl<'a> Trainer<'a> {
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
         let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
-        let items = match &s.link {
-            Some(l) => epochs::Items::Link(l),
-            None => epochs::Items::Nodes(&s.graph.target_labels().1.train),
+        let items = match (&s.link, &s.edge) {
+            (Some(l), _) => epochs::Items::Link(l),
+            (None, Some(e)) => epochs::Items::Edges(e),
+            (None, None) => epochs::Items::Nodes(&s.graph.target_labels().1.train),
         };
         let attempt = Attempt {
             node: Some(&s.node),
@@ -273,7 +295,7 @@ impl<'a> Steps for Replica<'a> {
     }
 
     /// Samples the trainer's share of the batch and gathers its plain features.
-    /// Link prediction: `seeds` are the trainer's training edges of the step.
+    /// Edge-level tasks: `seeds` are the partition's training edges of the step.
     fn prepare(
         ctx: &Ctx<'a>,
         _: &mut (),
@@ -281,9 +303,10 @@ impl<'a> Steps for Replica<'a> {
         step: u64,
         seeds: &[u32],
     ) -> Result<Prepared> {
-        match &ctx.s.link {
-            Some(task) => ctx.prepare_link(task, epoch, step, seeds),
-            None => ctx.prepare(
+        match (&ctx.s.link, &ctx.s.edge) {
+            (Some(task), _) => ctx.prepare_link(task, epoch, step, &ctx.my_edges(seeds)),
+            (None, Some(task)) => ctx.prepare_edges(task, epoch, step, &ctx.my_edges(seeds)),
+            (None, None) => ctx.prepare(
                 ctx.s.cfg.seed,
                 epoch,
                 step,
@@ -308,13 +331,19 @@ impl<'a> Steps for Replica<'a> {
     ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
-        let (loss, correct) = match ctx.s.dp.sampling_sink {
+        let (loss, correct, seen) = match ctx.s.dp.sampling_sink {
             // The batch is dropped: the epoch measures sampling alone.
             true => {
                 self.seq += 1;
-                (0.0, 0.0)
+                (0.0, 0.0, None)
             }
-            false => self.train_step(ctx, epoch, step, p, st)?,
+            false => {
+                let edges = ctx.s.edge.is_some();
+                let tally = self.train_step(ctx, epoch, step, p, st)?;
+                // An edge step's size is known only summed over the trainers.
+                let seen = edges.then_some(tally.seen.round() as u64);
+                (tally.loss, tally.correct, seen)
+            }
         };
         if self.s.trainer == 0 {
             let c = ctx.coordinator.clone();
@@ -328,10 +357,14 @@ impl<'a> Steps for Replica<'a> {
                 self.s.timeouts.ask,
             ))??;
         }
+        let seen = match seen {
+            Some(n) => n,
+            None => seeds.len() as u64,
+        };
         Ok(StepFigures {
             loss,
             correct,
-            seen: seeds.len() as u64,
+            seen,
         })
     }
 
@@ -351,6 +384,21 @@ impl<'a> Steps for Replica<'a> {
                 let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
                 Ok(model.forward_nodes(&g, &mb, inputs, None)?)
             })?);
+            return Ok(());
+        }
+        if let Some(task) = &self.s.edge {
+            let g = ctx.s.graph.clone();
+            let seed = SamplingPlan::of(&ctx.s.cfg).eval_seed();
+            let model = &self.model;
+            let after = self.seq.checked_sub(1);
+            // Step 0 for every chunk: a node's rows do not depend on its chunk (as in one process).
+            let [valid, test] = task.evaluate_sampled(model, &g, |seeds| {
+                let mb = ctx.sample_typed(seed, epoch, 0, seeds, None)?;
+                let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
+                Ok(model.forward_nodes(&g, &mb, inputs, None)?)
+            })?;
+            st.set_edge_scores(valid, test);
+            st.limit_ranked();
             return Ok(());
         }
         let (_, splits) = self.s.graph.target_labels();
@@ -393,7 +441,7 @@ impl<'a> Steps for Replica<'a> {
 }
 
 impl Replica<'_> {
-    /// One training step; returns the global loss and the global number of correct predictions.
+    /// One training step; returns the global loss, correct predictions and (edge tasks) edges.
     fn train_step(
         &mut self,
         ctx: &Ctx,
@@ -401,12 +449,12 @@ impl Replica<'_> {
         step: u64,
         p: Prepared,
         st: &mut EpochStats,
-    ) -> Result<(f64, f64)> {
+    ) -> Result<allreduce::Tally> {
         let g = ctx.s.graph.clone();
         let task = &self.task;
         let mut clock = Instant::now();
         let mut grads = None;
-        let (mut wloss, mut correct) = (0.0, 0.0);
+        let (mut wloss, mut correct, mut seen) = (0.0, 0.0, 0.0);
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
         if let Some(mb) = &p.mb {
@@ -419,15 +467,24 @@ impl Replica<'_> {
             }
             st.time.gather_s += lap(&mut clock);
             let dropout = Some(DropoutKey { epoch, step });
-            let gs = match (&ctx.s.link, &p.link) {
+            let gs = match (&ctx.s.link, &p.link, &ctx.s.edge, &p.edge) {
                 // Link prediction: the loss is already this trainer's share (divided by the mean step size).
-                (Some(task), Some(batch)) => {
+                (Some(task), Some(batch), _, _) => {
                     let loss = task.loss(
                         &self.model,
                         &self.model.forward_nodes(&g, mb, inputs.clone(), dropout)?,
                         batch,
                     )?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                    loss.backward()?
+                }
+                // Edge tasks: so is theirs.
+                (_, _, Some(task), Some(batch)) => {
+                    let out = self.model.forward_nodes(&g, mb, inputs.clone(), dropout)?;
+                    let loss = task.loss(&self.model, &out, batch)?;
+                    wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                    correct = task.correct(&self.model, &out, batch)? as f64;
+                    seen = batch.edges.len() as f64;
                     loss.backward()?
                 }
                 _ => {
@@ -452,7 +509,12 @@ impl Replica<'_> {
         let pushes = ctx.pushes(self.seq, ctx.s.trainer, pushes);
 
         // Dense gradients, a presence flag per parameter, the loss and the correct count.
-        let flat = allreduce::flatten(&self.model.params, grads.as_ref(), wloss, correct)?;
+        let tally = allreduce::Tally {
+            loss: wloss,
+            correct,
+            seen,
+        };
+        let flat = allreduce::flatten(&self.model.params, grads.as_ref(), tally)?;
         let group = Group {
             trainers: &ctx.trainers,
             me: ctx.s.trainer,
@@ -485,6 +547,17 @@ impl Ctx<'_> {
         }
         let dense = (s.trainer == 0).then_some((&rep.model, &rep.adam));
         self.checkpoint_part(&self.coordinator, root, rep.seq, dense, progress)
+    }
+
+    /// This trainer's share of its partition's edges `ids` of a step (the
+    /// partition's trainers take every n-th).
+    fn my_edges(&self, ids: &[u32]) -> Vec<u32> {
+        let per_part = (self.s.trainers / self.s.parts).max(1);
+        let me = self.s.trainer % per_part;
+        ids.iter()
+            .copied()
+            .filter(|&i| i % per_part == me)
+            .collect()
     }
 
     /// This trainer's seeds of the global `batch` of target nodes, in batch order.
