@@ -825,5 +825,52 @@ fn an_edge_model_scores_given_edges_as_its_evaluation_did() {
     assert_eq!(info["task"], "edge-classification");
     let (code, r) = s.post("/v1/predict", &json!({"ids": [0]}));
     assert_eq!(code, 400, "{r}");
+    // Edges are scored from exact embeddings only.
+    let (code, r) = s.post("/v1/score_edges", &json!({"src": [0], "dst": [0]}));
+    assert_eq!(code, 400, "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("--inference exact"),
+        "{r}"
+    );
+    assert!(s.stop().success());
+    // With them, the served classes of the test edges are `predict`'s.
+    let mut exact = model.to_vec();
+    exact.extend_from_slice(&["--inference", "exact"]);
+    let s = Server::start(dir, &exact);
+    let k = pos.len().min(200);
+    let body = json!({
+        "src": &pairs[..k],
+        "dst": &pairs[pos.len()..pos.len() + k],
+        "probabilities": true,
+    });
+    let (code, r) = s.post("/v1/score_edges", &body);
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["relation"], rel);
+    let served: Vec<i64> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    let offline: Vec<i64> = (0..k).map(|i| c.i64_at(i)).collect();
+    assert_eq!(served, offline);
+    assert_eq!(r["probabilities"].as_array().unwrap().len(), k);
+    for (body, want) in [
+        (
+            json!({"src": [0, 1], "dst": [0]}),
+            "2 sources and 1 destinations",
+        ),
+        (json!({"src": [], "dst": []}), "name at least one edge"),
+        (
+            json!({"relation": "paper__cites__paper", "src": [0], "dst": [0]}),
+            "trained on the edges of author__writes__paper",
+        ),
+    ] {
+        let (code, r) = s.post("/v1/score_edges", &body);
+        assert_eq!(code, 400, "{r}");
+        assert!(r["error"].as_str().unwrap().contains(want), "{r}");
+    }
+    let (code, r) = s.post("/v1/score_edges", &json!({"src": [1 << 30], "dst": [0]}));
+    assert_eq!(code, 404, "{r}");
     assert!(s.stop().success());
 }

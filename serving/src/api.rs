@@ -88,6 +88,38 @@ pub struct EmbedResponse {
     pub embeddings: Vec<Vec<f32>>,
 }
 
+/// `POST /v1/score_edges`: classes or values of edges, for an edge model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScoreEdgesRequest {
+    /// The target relation (canonical name); the model's first when absent.
+    #[serde(default)]
+    pub relation: Option<String>,
+    /// Each edge's source, in the order answered.
+    pub src: Vec<Id>,
+    /// Each edge's destination (as many as `src`).
+    pub dst: Vec<Id>,
+    /// Also answer each class's probability.
+    #[serde(default)]
+    pub probabilities: bool,
+}
+
+/// The answer to a [`ScoreEdgesRequest`].
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScoreEdgesResponse {
+    /// The relation scored.
+    pub relation: String,
+    /// The request's sources, in its order.
+    pub src: Vec<Id>,
+    /// The request's destinations.
+    pub dst: Vec<Id>,
+    /// Each edge's class (edge classification) or value (edge regression).
+    pub predictions: Predictions,
+    /// Each edge's class probabilities, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probabilities: Option<Vec<Vec<f32>>>,
+}
+
 /// An error's body: `{"error": "..."}`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ErrorBody {

@@ -181,7 +181,7 @@ impl Engine {
     pub fn classify(&self, nodes: &[u32], want: Want) -> Result<Classified> {
         if !self.classifies() {
             return Err(ServeError::BadRequest(
-                "this model was trained for link prediction or an edge task and predicts nothing per node; ask for embeddings (edge models: `hetgnn predict --edges` scores edge lists)".into(),
+                "this model was trained for link prediction or an edge task and predicts nothing per node; ask for embeddings (edge models: POST /v1/score_edges or `hetgnn predict --edges` score edge lists)".into(),
             ));
         }
         let g = &self.trained.graph;
@@ -249,6 +249,64 @@ impl Engine {
             values: None,
             probabilities,
             embeddings: emb,
+        })
+    }
+
+    /// Classes (or values) of the edges `src[i] -> dst[i]` of target
+    /// relation `r` of an edge model, decoded from its ends' exact rows (as
+    /// its evaluation and `hetgnn predict --edges` do).
+    pub fn score_edges(
+        &self,
+        r: graphs::RelationId,
+        src: &[u32],
+        dst: &[u32],
+        probabilities: bool,
+    ) -> Result<Classified> {
+        let g = &self.trained.graph;
+        let Some(spec) = &self.trained.source.spec.edge else {
+            return Err(ServeError::BadRequest(
+                "this model was not trained for an edge task (edge-classification or edge-regression): it scores no edges".into(),
+            ));
+        };
+        let rel = g.relation(r);
+        if !spec.relations.iter().any(|x| x == rel.canonical()) {
+            return Err(ServeError::BadRequest(format!(
+                "the model was trained on the edges of {}, not '{}'",
+                spec.relations.join(", "),
+                rel.canonical()
+            )));
+        }
+        let Some(rows) = &self.exact else {
+            return Err(ServeError::BadRequest(
+                "edges are scored from exact embeddings: serve the model with --inference exact"
+                    .into(),
+            ));
+        };
+        check_nodes(g, rel.src, src)?;
+        check_nodes(g, rel.dst, dst)?;
+        let table = |t: graphs::NodeTypeId| {
+            rows.get(t.index())
+                .and_then(Option::as_ref)
+                .ok_or_else(|| ServeError::Inference("no embeddings of an edge's end type".into()))
+        };
+        let y = models::edge::decode_rows(
+            &self.trained.model,
+            table(rel.src)?,
+            table(rel.dst)?,
+            src,
+            dst,
+        )?;
+        let y = to_rows(&y)?;
+        if spec.values {
+            return Ok(Classified {
+                values: Some(y.data),
+                ..Classified::default()
+            });
+        }
+        Ok(Classified {
+            classes: (0..src.len()).map(|i| argmax(y.row(i))).collect(),
+            probabilities: probabilities.then(|| softmax(&y)),
+            ..Classified::default()
         })
     }
 

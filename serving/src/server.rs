@@ -2,6 +2,8 @@
 //!
 //! - `POST /v1/predict`, `POST /v1/embed`: answers, batched across concurrent
 //!   requests (see [`crate::batcher`]).
+//! - `POST /v1/score_edges`: an edge model's classes or values of given
+//!   edges, from exact embeddings (one decoder pass per request).
 //! - `GET /v1/model`: what the loaded model answers.
 //! - `GET /healthz` (the process is up), `GET /readyz` (a model is loaded and
 //!   the server is not draining), `GET /metrics` (Prometheus).
@@ -31,6 +33,7 @@ use serde::Serialize;
 
 use crate::api::{
     self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse, Predictions,
+    ScoreEdgesRequest, ScoreEdgesResponse,
 };
 use crate::batcher::{Answer, BatchLimits, Batcher, Op};
 use crate::engine::{Engine, Rows, Want};
@@ -302,6 +305,7 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/predict", post(predict))
         .route("/v1/embed", post(embed))
+        .route("/v1/score_edges", post(score_edges))
         .route("/v1/model", get(model))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -310,7 +314,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .fallback(|| async {
             HttpError(
                 StatusCode::NOT_FOUND,
-                "no such endpoint: see /v1/predict, /v1/embed, /v1/model, /healthz, /readyz, /metrics".into(),
+                "no such endpoint: see /v1/predict, /v1/embed, /v1/score_edges, /v1/model, /healthz, /readyz, /metrics".into(),
             )
         })
         .layer(middleware::from_fn_with_state(Arc::clone(&shared), guard))
@@ -523,6 +527,69 @@ async fn embed(
         ntype: engine.trained().graph.node_type(t).name.clone(),
         ids: req.ids,
         embeddings: nested(&r),
+    }))
+}
+
+async fn score_edges(
+    State(s): St,
+    body: std::result::Result<Json<ScoreEdgesRequest>, JsonRejection>,
+) -> Result<Json<ScoreEdgesResponse>, HttpError> {
+    let Json(req) = body.map_err(rejected)?;
+    let engine = current(&s)?;
+    let tr = engine.trained();
+    let g = &tr.graph;
+    let Some(spec) = &tr.source.spec.edge else {
+        return Err(ServeError::BadRequest(
+            "this model was not trained for an edge task (edge-classification or edge-regression): it scores no edges".into(),
+        )
+        .into());
+    };
+    let name = match &req.relation {
+        Some(r) => r.clone(),
+        None => spec.relations.first().cloned().unwrap_or_default(),
+    };
+    let r = g.relation_id(&name).ok_or_else(|| {
+        ServeError::BadRequest(format!(
+            "unknown relation {:?}; the model scores the edges of {}",
+            name.escape_debug().to_string(),
+            spec.relations.join(", ")
+        ))
+    })?;
+    if req.src.is_empty() {
+        return Err(ServeError::BadRequest(
+            "`src` and `dst` are empty: name at least one edge".into(),
+        )
+        .into());
+    }
+    if req.src.len() != req.dst.len() {
+        return Err(ServeError::BadRequest(format!(
+            "{} sources and {} destinations: give one of each per edge",
+            req.src.len(),
+            req.dst.len()
+        ))
+        .into());
+    }
+    let rel = g.relation(r);
+    let src = dense_ids(&s, &engine, rel.src, &req.src)?;
+    let dst = dense_ids(&s, &engine, rel.dst, &req.dst)?;
+    let (e, probabilities) = (Arc::clone(&engine), req.probabilities);
+    let c = tokio::task::spawn_blocking(move || e.score_edges(r, &src, &dst, probabilities))
+        .await
+        .map_err(|_| {
+            HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "edge scoring stopped".into(),
+            )
+        })??;
+    Ok(Json(ScoreEdgesResponse {
+        relation: rel.canonical().to_string(),
+        src: req.src,
+        dst: req.dst,
+        predictions: match c.values {
+            Some(v) => Predictions::Values(v),
+            None => Predictions::Classes(c.classes),
+        },
+        probabilities: c.probabilities.as_ref().map(nested),
     }))
 }
 
