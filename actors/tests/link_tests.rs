@@ -16,10 +16,18 @@ fn config(extra: &[String]) -> Config {
 }
 
 fn partitions(parts: usize, method: Method) -> PathBuf {
-    derived(&format!("link-{method}-{parts}"), false, |g, out| {
-        let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
-        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
-    })
+    partitions_of(parts, 1, method)
+}
+
+fn partitions_of(parts: usize, trainers: usize, method: Method) -> PathBuf {
+    derived(
+        &format!("link-{method}-{parts}x{trainers}"),
+        false,
+        |g, out| {
+            let a = partition::assign_two_level(g, parts, trainers, method, 0).unwrap();
+            partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+        },
+    )
 }
 
 fn data_parallel(pdir: &std::path::Path) -> Config {
@@ -56,6 +64,29 @@ fn two_and_three_trainers_match_single_process_link_prediction() {
                 assert!((x - y).abs() < 1e-3, "{parts} trainers: metrics {x} vs {y}");
             }
         }
+    }
+}
+
+#[test]
+fn trainers_of_a_partition_share_its_edges_in_both_sampling_pipelines() {
+    let mut single_losses = Losses::default();
+    let (single, _) = train(&config(&[]), &mut single_losses).unwrap();
+    let pdir = partitions_of(2, 2, Method::Metis);
+    for sampling in ["pipeline", "dag"] {
+        let mut o = vec![
+            "training.mode=\"data-parallel\"".to_string(),
+            format!("training.partitions={:?}", pdir.display().to_string()),
+        ];
+        o.push(format!("training.data-parallel.sampling={sampling:?}"));
+        let mut losses = Losses::default();
+        let (report, _) = train(&config(&o), &mut losses).unwrap();
+        assert_eq!(report.steps, single.steps);
+        // Each edge is one trainer's: a partition's edges given to both of its trainers would double the loss.
+        same_losses(
+            &single_losses.0,
+            &losses.0,
+            &format!("2 partitions x 2 trainers, {sampling}"),
+        );
     }
 }
 

@@ -43,7 +43,10 @@ impl<'a> Ctx<'a> {
         let mut shares = std::collections::VecDeque::new();
         for (step, batch) in batches.iter().enumerate().skip(skip) {
             let (mine, share, seeds) = match &self.s.link {
-                Some(_) => (batch.clone(), 0.0, Seeds::Edges(batch.clone())),
+                Some(_) => {
+                    let mine = self.my_edges(batch);
+                    (mine.clone(), 0.0, Seeds::Edges(mine))
+                }
                 None => {
                     let mine = self.my_seeds(target, batch);
                     let share = mine.len() as f64 / batch.len().max(1) as f64;
