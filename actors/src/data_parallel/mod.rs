@@ -178,12 +178,7 @@ impl DataParallel {
                 _ => counts.labelled,
             };
         }
-        let owners = self.owners.clone();
-        let task = EdgeTask::prepare_part(t, &g, Some(total), |ty, v| {
-            owners[ty]
-                .get(v as usize)
-                .is_some_and(|&o| u32::from(o) == part)
-        })?;
+        let task = EdgeTask::prepare_part(t, &g, Some(total), self.owned_by(part))?;
         self.keep(
             part,
             PartTask {
@@ -192,6 +187,16 @@ impl DataParallel {
             },
         )?;
         Ok(g)
+    }
+
+    /// Whether node `v` of type `ty` is owned by partition `part`.
+    fn owned_by(&self, part: u32) -> impl Fn(usize, u32) -> bool {
+        let owners = self.owners.clone();
+        move |ty, v| {
+            owners[ty]
+                .get(v as usize)
+                .is_some_and(|&o| u32::from(o) == part)
+        }
     }
 
     /// Keeps partition `part`'s share of the task for its sampler and trainers.
@@ -293,12 +298,7 @@ impl Distributed for DataParallel {
                 ))
             })?;
         }
-        let owners = self.owners.clone();
-        let (g, task) = LinkTask::prepare_part(t, g, total, |ty, v| {
-            owners[ty]
-                .get(v as usize)
-                .is_some_and(|&o| u32::from(o) == part)
-        })?;
+        let (g, task) = LinkTask::prepare_part(t, g, total, self.owned_by(part))?;
         self.keep(
             part,
             PartTask {

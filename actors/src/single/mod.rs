@@ -547,34 +547,23 @@ impl<'g> Steps for Run<'g, '_> {
             let t = &self.cfg.training;
             st.link = Some(match t.exact_link_eval() {
                 true => task.evaluate_exact(&self.model, self.g)?,
-                false => {
-                    let mut sampler = SamplingPlan::of(t).eval(self.g)?;
-                    let (g, model) = (self.g, &self.model);
-                    // Step 0 for every chunk: a node's rows do not depend on its chunk.
-                    task.evaluate_sampled(model, g, |seeds| {
-                        let mb =
-                            sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
-                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
-                        Ok(model.forward_nodes(g, &mb, inputs, None)?)
-                    })?
-                }
+                false => task.evaluate_sampled(
+                    &self.model,
+                    self.g,
+                    sampled_rows(self.g, &self.model, t, epoch)?,
+                )?,
             });
             return Ok(());
         }
         if let Some(task) = feed.edge {
-            let [valid, test] = match self.cfg.training.exact_edge_eval() {
+            let t = &self.cfg.training;
+            let [valid, test] = match t.exact_edge_eval() {
                 true => task.evaluate_exact(&self.model, self.g)?,
-                false => {
-                    let mut sampler = SamplingPlan::of(&self.cfg.training).eval(self.g)?;
-                    let (g, model) = (self.g, &self.model);
-                    // Step 0 for every chunk: a node's rows do not depend on its chunk.
-                    task.evaluate_sampled(model, g, |seeds| {
-                        let mb =
-                            sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
-                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
-                        Ok(model.forward_nodes(g, &mb, inputs, None)?)
-                    })?
-                }
+                false => task.evaluate_sampled(
+                    &self.model,
+                    self.g,
+                    sampled_rows(self.g, &self.model, t, epoch)?,
+                )?,
             };
             st.set_edge_scores(valid, test);
             return Ok(());
@@ -613,6 +602,23 @@ impl<'g> Steps for Run<'g, '_> {
         self.report.epochs.push(er);
         Ok(())
     }
+}
+
+/// The last layer's rows of seeds (per type) by neighbourhoods sampled with
+/// evaluation's key, step 0 for every chunk (a node's rows do not depend on
+/// its chunk): what sampled evaluation of edge-level tasks embeds with.
+fn sampled_rows<'a>(
+    g: &'a HetGraph,
+    model: &'a Model,
+    t: &crate::config::TrainingConfig,
+    epoch: u64,
+) -> Result<impl FnMut(&[Vec<u32>]) -> Result<PerType> + 'a> {
+    let mut sampler = SamplingPlan::of(t).eval(g)?;
+    Ok(move |seeds: &[Vec<u32>]| -> Result<PerType> {
+        let mb = sampler.sample_typed(epoch, 0, seeds, &graphs::link::NoExclusion)?;
+        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+        Ok(model.forward_nodes(g, &mb, inputs, None)?)
+    })
 }
 
 /// The evaluation figures of `task` on `nodes` with sampled neighborhoods (a sampler of

@@ -98,12 +98,7 @@ impl BatchSource<Prepared> for DagFeed<'_> {
             None => Prepared {
                 seeds,
                 share,
-                link: None,
-                edge: None,
-                mb: None,
-                features: Vec::new(),
-                sample_s: 0.0,
-                gather_s: 0.0,
+                ..Prepared::nothing()
             },
         })
     }

@@ -373,30 +373,22 @@ impl<'a> Steps for Replica<'a> {
             st.evaluated = false;
             return Ok(());
         }
+        let g = ctx.s.graph.clone();
+        let (model, after) = (&self.model, self.seq.checked_sub(1));
+        let seed = SamplingPlan::of(&ctx.s.cfg).eval_seed();
+        // Edge-level tasks' rows: step 0 for every chunk, as a node's rows do
+        // not depend on its chunk (as in one process).
+        let rows = |seeds: &[Vec<u32>]| -> Result<models::rgcn::PerType> {
+            let mb = ctx.sample_typed(seed, epoch, 0, seeds, None)?;
+            let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
+            Ok(model.forward_nodes(&g, &mb, inputs, None)?)
+        };
         if let Some(task) = &self.s.link {
-            let g = ctx.s.graph.clone();
-            let seed = SamplingPlan::of(&ctx.s.cfg).eval_seed();
-            let model = &self.model;
-            let after = self.seq.checked_sub(1);
-            // Step 0 for every chunk: a node's rows do not depend on its chunk (as in one process).
-            st.link = Some(task.evaluate_sampled(model, &g, |seeds| {
-                let mb = ctx.sample_typed(seed, epoch, 0, seeds, None)?;
-                let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
-                Ok(model.forward_nodes(&g, &mb, inputs, None)?)
-            })?);
+            st.link = Some(task.evaluate_sampled(model, &g, rows)?);
             return Ok(());
         }
         if let Some(task) = &self.s.edge {
-            let g = ctx.s.graph.clone();
-            let seed = SamplingPlan::of(&ctx.s.cfg).eval_seed();
-            let model = &self.model;
-            let after = self.seq.checked_sub(1);
-            // Step 0 for every chunk: a node's rows do not depend on its chunk (as in one process).
-            let [valid, test] = task.evaluate_sampled(model, &g, |seeds| {
-                let mb = ctx.sample_typed(seed, epoch, 0, seeds, None)?;
-                let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
-                Ok(model.forward_nodes(&g, &mb, inputs, None)?)
-            })?;
+            let [valid, test] = task.evaluate_sampled(model, &g, rows)?;
             st.set_edge_scores(valid, test);
             st.limit_ranked();
             return Ok(());
