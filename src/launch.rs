@@ -1,6 +1,8 @@
 //! `hetgnn launch`: every node of a topology file as a child process of this
 //! one (for trying a cluster on one machine). Child output is prefixed with
-//! the node id; Ctrl-C, or any child failing with an error, stops them all. A
+//! the node id; Ctrl-C (or SIGTERM, SIGHUP), or any child failing with an
+//! error, stops them all, and an interrupted launch exits as a shell expects
+//! of a process ended by that signal (130 for SIGINT, 143 for SIGTERM). A
 //! child killed by a signal is started again (a bounded number of times): a
 //! data-parallel run takes it back and resumes from its last checkpoint.
 //! A node given `cpus` runs in a control group of its own with that CPU
@@ -8,7 +10,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +30,34 @@ fn forward(id: String, from: impl std::io::Read + Send + 'static, to_stderr: boo
     });
 }
 
+/// The launch was ended by a signal (its number): every node was stopped.
+#[derive(Debug)]
+pub struct Interrupted(pub i32);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.0 {
+            libc::SIGINT => "SIGINT",
+            libc::SIGTERM => "SIGTERM",
+            libc::SIGHUP => "SIGHUP",
+            _ => "a signal",
+        };
+        write!(
+            f,
+            "interrupted by {name}: every node was stopped and no report was written"
+        )
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+impl Interrupted {
+    /// The exit status a shell gives a process ended by this signal.
+    pub fn exit_code(&self) -> u8 {
+        (128 + self.0).clamp(0, 255) as u8
+    }
+}
+
 fn stop_all(children: &mut [(String, Child)]) {
     for (_, c) in children.iter_mut() {
         let _ = c.kill();
@@ -45,14 +75,23 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         .topology()
         .context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
     crate::train::check_outputs(&cfg, args.force, Some(&args.config))?;
+    // The nodes share the checkpoint directory; other runs may not.
+    let _held = cfg
+        .training
+        .checkpoint_dir
+        .as_deref()
+        .map(models::run_lock::lock)
+        .transpose()?;
     topology
         .check_certs()
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let exe = std::env::current_exe().context("locating the hetgnn binary")?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    // The signal that interrupted the launch, 0 while none has.
+    let interrupted = Arc::new(AtomicUsize::new(0));
+    for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        signal_hook::flag::register_usize(s, interrupted.clone(), s as usize)
+            .context("installing the signal handlers")?;
+    }
     let shares = cpu_shares(&topology.cluster.nodes)?;
     // The nodes share this machine's cores: give each its share of compute
     // threads rather than letting every node oversubscribe all of them.
@@ -132,10 +171,11 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
     }
     let mut restarted = 0;
     loop {
-        if interrupted.load(Ordering::SeqCst) {
+        let signal = interrupted.load(Ordering::SeqCst);
+        if signal != 0 {
             warnln!("launch: interrupted, stopping every node");
             stop_all(&mut children);
-            return Ok(());
+            return Err(Interrupted(signal as i32).into());
         }
         let mut running = 0;
         for i in 0..children.len() {
@@ -143,7 +183,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
                 Ok(Some(status))
                     if killed(&status)
                         && restarted < restarts
-                        && !interrupted.load(Ordering::SeqCst) =>
+                        && interrupted.load(Ordering::SeqCst) == 0 =>
                 {
                     restarted += 1;
                     let id = children[i].0.clone();
@@ -208,8 +248,10 @@ fn cpu_shares(
 }
 
 /// A node must not outlive its launcher (killed with SIGKILL, it cannot stop
-/// them): on Linux the kernel sends the child SIGTERM when this process dies,
-/// and the node stops as on Ctrl-C.
+/// them): on Linux the kernel sends the child SIGKILL when this process dies.
+/// Not SIGTERM: a node that is stopped (SIGSTOP) would keep it pending and
+/// live on as an orphan holding its port; checkpoints are written whole, so
+/// nothing a killed node leaves is half-written.
 #[cfg(target_os = "linux")]
 fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
@@ -217,7 +259,7 @@ fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // The launcher may have died before the prctl: then nobody is left to stop this node.

@@ -304,6 +304,10 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
+            if let Some(i) = err.downcast_ref::<launch::Interrupted>() {
+                warnln!("error: {i}");
+                return ExitCode::from(i.exit_code());
+            }
             if let Some(io) = err.downcast_ref::<std::io::Error>() {
                 if io.kind() == std::io::ErrorKind::BrokenPipe {
                     return ExitCode::SUCCESS;

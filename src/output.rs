@@ -1,7 +1,10 @@
 //! Every command's outputs are checked before any work starts: an existing
 //! output is replaced only with `--force`, a file output must not name a
-//! directory, and no output may be, hold or sit inside an input of the same
-//! command (`--force` or not), so that no command can overwrite what it reads.
+//! directory, no output may be, hold or sit inside an input of the same
+//! command (`--force` or not), nor be a hard link to one of its files, so that
+//! no command can overwrite what it reads; and every output's location must
+//! be writable, so that a run does not learn it only once its work is done.
+//! (The files themselves are written whole or not at all: [`graphs::atomic`].)
 
 use std::path::{Component, Path, PathBuf};
 
@@ -42,7 +45,13 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
                 bail!("{} {} {how} the input {flag} {}: writing it would overwrite what this command reads; choose another path", o.flag, o.path.display(), input.display());
             }
         }
+        writable(o)?;
         if let Ok(meta) = std::fs::metadata(o.path) {
+            if o.kind == Kind::File {
+                if let Some((flag, file)) = linked_input(&meta, inputs) {
+                    bail!("{} {} is a hard link to {file} of the input {flag}: writing it would overwrite what this command reads; choose another path", o.flag, o.path.display(), file = file.display());
+                }
+            }
             match o.kind {
                 Kind::File if meta.is_dir() => bail!(
                     "{} {}: is a directory; give a file name",
@@ -81,6 +90,81 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
         }
     }
     Ok(())
+}
+
+/// Refuses an output whose nearest existing ancestor directory cannot take a
+/// new file (read-only, full of inodes, not a directory), by creating and
+/// removing a probe file there.
+fn writable(o: &Output) -> anyhow::Result<()> {
+    let full = absolute(o.path)?;
+    let start = match o.kind {
+        Kind::File => full.parent().map(Path::to_path_buf),
+        Kind::Dir | Kind::AddTo => Some(full.clone()),
+    };
+    let mut dir = start.as_deref();
+    while let Some(d) = dir {
+        match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => {
+                return tempfile::Builder::new()
+                    .prefix(".hetgnn-write-probe.")
+                    .tempfile_in(d)
+                    .map(drop)
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "{} {}: cannot write in {}: {e}; choose a writable location",
+                            o.flag,
+                            o.path.display(),
+                            d.display()
+                        )
+                    });
+            }
+            Ok(_) => bail!(
+                "{} {}: {} is not a directory",
+                o.flag,
+                o.path.display(),
+                d.display()
+            ),
+            Err(_) => dir = d.parent(),
+        }
+    }
+    Ok(())
+}
+
+/// Most entries looked at for hard links in one input (a graph has a few per
+/// type and relation; the bound keeps a mistaken `--data /` from walking a disk).
+const MAX_WALK: usize = 100_000;
+
+/// The input file, if any, that is the same file (device and inode) as `out`.
+fn linked_input<'a>(
+    out: &std::fs::Metadata,
+    inputs: &[(&'a str, &Path)],
+) -> Option<(&'a str, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let id = (out.dev(), out.ino());
+    for (flag, input) in inputs {
+        let mut stack = vec![input.to_path_buf()];
+        let mut seen = 0;
+        while let Some(p) = stack.pop() {
+            seen += 1;
+            if seen > MAX_WALK {
+                break;
+            }
+            let Ok(meta) = std::fs::metadata(&p) else {
+                continue;
+            };
+            if meta.is_file() && (meta.dev(), meta.ino()) == id {
+                return Some((flag, p));
+            }
+            // Symlinked directories are not followed (no loops).
+            let real_dir = std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir());
+            if real_dir {
+                if let Ok(entries) = std::fs::read_dir(&p) {
+                    stack.extend(entries.flatten().map(|e| e.path()));
+                }
+            }
+        }
+    }
+    None
 }
 
 fn is_empty_dir(path: &Path) -> bool {
@@ -196,5 +280,47 @@ mod tests {
         .contains("overlap"));
         // A directory a run adds to may exist.
         check(&[out("--checkpoint", &data, Kind::AddTo)], false, &[]).unwrap();
+    }
+
+    #[test]
+    fn refuses_a_hard_link_to_an_input_and_an_unwritable_location() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("graph");
+        std::fs::create_dir_all(data.join("nodes/paper")).unwrap();
+        let labels = data.join("nodes/paper/labels.npy");
+        std::fs::write(&labels, b"x").unwrap();
+        let linked = d.path().join("out.npy");
+        std::fs::hard_link(&labels, &linked).unwrap();
+        let inputs = [("--data", data.as_path())];
+        let e = check(&[out("--out", &linked, Kind::File)], true, &inputs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hard link") && e.contains("labels.npy"), "{e}");
+        // A file where a directory should be on the way to the output.
+        let e = check(
+            &[out("--report", &labels.join("r.json"), Kind::File)],
+            true,
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is not a directory"), "{e}");
+        // Missing parents are fine (they are created), under a writable ancestor.
+        check(
+            &[out("--report", &d.path().join("a/b/r.json"), Kind::File)],
+            false,
+            &inputs,
+        )
+        .unwrap();
+        // A read-only file system (bind-mounted read-only needs privileges; a
+        // file system that refuses writes is emulated by /proc, which takes none).
+        let e = check(
+            &[out("--report", Path::new("/proc/r.json"), Kind::File)],
+            true,
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cannot write in /proc"), "{e}");
     }
 }

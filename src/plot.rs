@@ -16,9 +16,12 @@ pub fn run(report: &Path, out: &Path) -> anyhow::Result<()> {
     // A bundled font: no system font libraries needed.
     register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| anyhow!("bundled font is invalid"))?;
-    draw(&r, out)
+    // Drawn under a temporary name and moved into place whole.
+    let file = graphs::atomic::AtomicFile::create(out)?;
+    draw(&r, file.temp_path())
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("drawing {}", out.display()))?;
+    file.commit()?;
     sayln!("wrote {}", out.display());
     Ok(())
 }

@@ -205,10 +205,7 @@ impl Report {
     /// Writes the report as pretty JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("report serialises");
-        std::fs::write(path, text + "\n").map_err(|e| TrainError::Io {
-            path: path.display().to_string(),
-            source: e,
-        })
+        Ok(graphs::atomic::write(path, text + "\n")?)
     }
 
     /// Reads a report written by [`Report::write`].

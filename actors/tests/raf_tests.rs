@@ -292,9 +292,10 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
         got.final_model_sha256, want.final_model_sha256,
         "resumed at an epoch boundary"
     );
+    // The model's steps, those before the checkpoint included (as in one process).
     assert_eq!(
         (got.steps, got.resumed_from_step),
-        (per_epoch, Some(per_epoch))
+        (2 * per_epoch, Some(per_epoch))
     );
     assert_eq!(
         got.epochs[0].loss, want.epochs[0].loss,
@@ -325,7 +326,10 @@ fn interrupted_raf_runs_resume_from_their_checkpoints_to_the_same_bits() {
         "{:?}",
         notes.0
     );
-    assert_eq!(got.resumed_from_step, Some(mid));
+    assert_eq!(
+        (got.steps, got.resumed_from_step),
+        (2 * per_epoch, Some(mid))
+    );
     assert_eq!(
         got.final_model_sha256, want.final_model_sha256,
         "resumed mid-epoch at step {mid}"

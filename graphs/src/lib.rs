@@ -17,6 +17,7 @@ compile_error!(
     "hetgnn maps little-endian .npy data directly and supports little-endian hosts only"
 );
 
+pub mod atomic;
 pub mod csr;
 pub mod edge_targets;
 pub mod error;

@@ -5,10 +5,10 @@
 //! [`MAX_HEADER_LEN`] bytes and the data must be exactly as long as the shape
 //! says, so a truncated or padded file is refused rather than half-read.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::atomic::AtomicFile;
 use crate::mapped::Mapped;
 
 use crate::error::{GraphError, Result};
@@ -389,15 +389,16 @@ impl NpyFile {
 /// [`NpyWriter::finish`] refuses to close a file with missing elements.
 pub struct NpyWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<AtomicFile>,
     dtype: DType,
     remaining: u64,
 }
 
 impl NpyWriter {
-    /// Creates `path` and writes the header for `dtype` and `shape`.
+    /// Starts `path` (written whole by [`NpyWriter::finish`], see [`crate::atomic`])
+    /// with the header for `dtype` and `shape`.
     pub fn create(path: &Path, dtype: DType, shape: &[u64]) -> Result<NpyWriter> {
-        let file = File::create(path).map_err(|e| GraphError::io(path, e))?;
+        let file = AtomicFile::create(path)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let shape_txt = match shape {
             [d] => format!("({d},)"),
@@ -506,7 +507,8 @@ impl NpyWriter {
         let start = file
             .stream_position()
             .map_err(|e| GraphError::io(&path, e))?;
-        file.set_len(start + total)
+        file.file()
+            .set_len(start + total)
             .map_err(|e| GraphError::io(&path, e))?;
         Ok(SparseRows {
             path,
@@ -518,22 +520,22 @@ impl NpyWriter {
         })
     }
 
-    /// Flushes and checks every element was written.
-    pub fn finish(mut self) -> Result<()> {
+    /// Checks every element was written and moves the file into place.
+    pub fn finish(self) -> Result<()> {
         if self.remaining != 0 {
             return Err(GraphError::npy(
                 &self.path,
                 format!("{} elements missing at close", self.remaining),
             ));
         }
-        self.out.flush().map_err(|e| GraphError::io(&self.path, e))
+        commit(self.out, &self.path)
     }
 }
 
 /// A sparse float32 file being written row by row ([`NpyWriter::into_sparse`]).
 pub struct SparseRows {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<AtomicFile>,
     start: u64,
     total: u64,
     dim: usize,
@@ -563,10 +565,16 @@ impl SparseRows {
         Ok(())
     }
 
-    /// Flushes the file.
-    pub fn finish(mut self) -> Result<()> {
-        self.out.flush().map_err(|e| GraphError::io(&self.path, e))
+    /// Moves the file into place.
+    pub fn finish(self) -> Result<()> {
+        commit(self.out, &self.path)
     }
+}
+
+fn commit(out: BufWriter<AtomicFile>, path: &Path) -> Result<()> {
+    out.into_inner()
+        .map_err(|e| GraphError::io(path, e.into_error()))?
+        .commit()
 }
 
 /// Writes a whole int64 array.

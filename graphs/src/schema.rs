@@ -96,7 +96,7 @@ impl Schema {
     /// Writes `path` as pretty JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("schema serialises");
-        std::fs::write(path, text + "\n").map_err(|e| GraphError::io(path, e))
+        crate::atomic::write(path, text + "\n")
     }
 
     /// Checks internal consistency; the error says which entry is wrong.

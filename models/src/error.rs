@@ -20,6 +20,14 @@ pub enum ModelError {
         /// What is wrong.
         problem: String,
     },
+    /// Another run holds the checkpoint directory: wait for it or choose another.
+    #[error("checkpoint directory {path} is in use by {holder}: wait for that run to end, or choose another checkpoint directory")]
+    InUse {
+        /// The checkpoint directory.
+        path: String,
+        /// Who holds it (process id, command line, since when).
+        holder: String,
+    },
     /// A file operation failed.
     #[error("{path}: {source}")]
     Io {

@@ -31,6 +31,7 @@ pub mod partials;
 pub mod prefetch;
 pub mod rgat;
 pub mod rgcn;
+pub mod run_lock;
 pub mod self_loop;
 pub mod threads;
 

@@ -393,6 +393,14 @@ impl Topology {
             .map_err(|e| ConfigError::new(&key, format!("cannot resolve {:?}: {e}", n.addr)))?
             .next()
             .ok_or_else(|| ConfigError::new(&key, format!("{:?} resolves to no address", n.addr)))
+            .and_then(|a| {
+                // Peers dial this address: a port the kernel picks is unknown to them.
+                if a.port() == 0 {
+                    Err(ConfigError::new(&key, format!("{:?}: port 0 lets the system pick a port the other nodes cannot know; give a fixed port", n.addr)))
+                } else {
+                    Ok(a)
+                }
+            })
     }
 
     /// The node running actor `name`, if the placement names one.
@@ -668,6 +676,7 @@ nodes = [\"n1\"]
             (&format!("{BASE}[[cluster.nodes]]\nid = \"N2\"\naddr = \"127.0.0.1:47002\"\n"), "cluster.nodes[2].id"),
             (&format!("{BASE}[[cluster.nodes]]\nid = \"n2\"\naddr = \"no-such-host.invalid:1\"\n"), "cluster.nodes[2].addr"),
             (&format!("{BASE}[[cluster.nodes]]\nid = \"n2\"\naddr = \"127.0.0.1\"\n"), "cluster.nodes[2].addr"),
+            (&format!("{BASE}[[cluster.nodes]]\nid = \"n2\"\naddr = \"127.0.0.1:0\"\n"), "cluster.nodes[2].addr"),
             (&format!("{BASE}[placement]\nreducer = \"n9\"\n"), "placement.\"reducer\""),
             (&format!("{BASE}[placement]\n\"Bad Name\" = \"n0\"\n"), "placement.\"Bad Name\""),
             (&format!("{BASE}[chaos]\ndrop = 1.5\n"), "chaos.drop"),

@@ -3,7 +3,7 @@
 //! their original ids.
 
 use std::hash::BuildHasherDefault;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, BufWriter};
 use std::path::Path;
 
 use indexmap::IndexSet;
@@ -164,7 +164,7 @@ impl IdMap {
 
     /// Writes the ids one per row, in dense order, as a one-column CSV with header `id`.
     pub fn write_csv(&self, path: &Path) -> Result<()> {
-        let file = std::fs::File::create(path).map_err(|e| TableError::io(path, e))?;
+        let file = graphs::atomic::AtomicFile::create(path)?;
         let mut w = csv::Writer::from_writer(BufWriter::with_capacity(1 << 20, file));
         let err = |e: csv::Error| TableError::io(path, std::io::Error::other(e.to_string()));
         w.write_record(["id"]).map_err(err)?;
@@ -180,10 +180,12 @@ impl IdMap {
                 }
             }
         }
-        let mut inner = w
+        let file = w
             .into_inner()
-            .map_err(|e| TableError::io(path, std::io::Error::other(e.to_string())))?;
-        inner.flush().map_err(|e| TableError::io(path, e))
+            .map_err(|e| TableError::io(path, std::io::Error::other(e.to_string())))?
+            .into_inner()
+            .map_err(|e| TableError::io(path, e.into_error()))?;
+        Ok(file.commit()?)
     }
 
     /// Reads a map written by [`IdMap::write_csv`].

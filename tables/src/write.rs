@@ -1,13 +1,13 @@
 //! Writing tables (CSV or Parquet) column batch by column batch: exported
 //! graphs and results under the original ids.
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema as ArrowSchema};
+use graphs::atomic::AtomicFile;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
@@ -72,18 +72,19 @@ pub struct TableWriter {
 }
 
 enum Inner {
-    Csv(csv::Writer<BufWriter<File>>),
-    Parquet(ArrowWriter<File>, Arc<ArrowSchema>),
+    Csv(csv::Writer<BufWriter<AtomicFile>>),
+    Parquet(ArrowWriter<AtomicFile>, Arc<ArrowSchema>),
 }
 
 impl TableWriter {
-    /// Creates `path` with the named, typed columns.
+    /// Starts `path` (written whole by [`TableWriter::finish`], see
+    /// [`graphs::atomic`]) with the named, typed columns.
     pub fn create(
         path: &Path,
         format: FileFormat,
         columns: &[(String, ColumnType)],
     ) -> Result<TableWriter> {
-        let file = File::create(path).map_err(|e| TableError::io(path, e))?;
+        let file = AtomicFile::create(path)?;
         let inner = match format {
             FileFormat::Csv => {
                 let mut w = csv::Writer::from_writer(BufWriter::with_capacity(1 << 20, file));
@@ -157,15 +158,20 @@ impl TableWriter {
         }
     }
 
-    /// Flushes and closes the file.
+    /// Moves the complete file into place.
     pub fn finish(self) -> Result<()> {
         match self.inner {
-            Inner::Csv(mut w) => w.flush().map_err(|e| TableError::io(&self.path, e)),
+            Inner::Csv(w) => w
+                .into_inner()
+                .map_err(|e| TableError::io(&self.path, e.into_error()))?
+                .into_inner()
+                .map_err(|e| TableError::io(&self.path, e.into_error()))?,
             Inner::Parquet(w, _) => w
-                .close()
-                .map(|_| ())
-                .map_err(|e| TableError::file(&self.path, e.to_string())),
+                .into_inner()
+                .map_err(|e| TableError::file(&self.path, e.to_string()))?,
         }
+        .commit()?;
+        Ok(())
     }
 }
 

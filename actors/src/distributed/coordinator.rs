@@ -159,7 +159,14 @@ impl<'a> Coordinator<'a> {
             self.complete_checkpoints(per_epoch, observer)?;
         }
         self.seq = total;
-        self.report.steps = self.steps_run;
+        // Global steps are numbered: the model took `total` of them, however
+        // many attempts (and resumed runs) it took; an epoch's statistics
+        // count only the steps since the attempt began.
+        self.report.steps = if self.rules.own_steps {
+            self.steps_run
+        } else {
+            total
+        };
         self.report.bytes_per_step = self
             .step_bytes
             .iter()

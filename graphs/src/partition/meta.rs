@@ -749,7 +749,7 @@ pub fn write_metapaths(
     let mpath = dir.path().join("manifest.json");
     let text = serde_json::to_string_pretty(&manifest)
         .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-    std::fs::write(&mpath, text).map_err(|e| GraphError::io(&mpath, e))?;
+    crate::atomic::write(&mpath, text)?;
     dir.commit()?;
     Ok(manifest)
 }

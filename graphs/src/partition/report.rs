@@ -213,7 +213,7 @@ impl PartitionReport {
         let path = dir.join(REPORT);
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| GraphError::data(&path, e.to_string()))?;
-        std::fs::write(&path, text + "\n").map_err(|e| GraphError::io(&path, e))
+        crate::atomic::write(&path, text + "\n")
     }
 
     /// Reads the report of partition directory `dir`.

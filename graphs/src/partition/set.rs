@@ -82,7 +82,7 @@ impl Manifest {
         let path = dir.join("manifest.json");
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-        std::fs::write(&path, text).map_err(|e| GraphError::io(&path, e))
+        crate::atomic::write(&path, text)
     }
 
     /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
