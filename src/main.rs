@@ -16,6 +16,7 @@ mod cluster;
 mod embed;
 mod inspect;
 mod launch;
+mod limits;
 mod output;
 mod partition;
 mod plot;
@@ -176,6 +177,13 @@ enum Export {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    limits::check_memory_budget()?;
+    if matches!(
+        cli.command,
+        Command::Train(_) | Command::Node { .. } | Command::Launch { .. } | Command::Serve(_)
+    ) {
+        limits::require_open_files()?;
+    }
     match cli.command {
         Command::Generate {
             like,

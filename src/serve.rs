@@ -128,7 +128,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         load,
         log: Arc::new(|m: &str| warnln!("serve: {m}")),
     };
-    let fds = raise_fd_limit();
+    let fds = crate::limits::require_open_files()?;
     warnln!("serve: up to {fds} open files and connections (RLIMIT_NOFILE)");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -138,30 +138,4 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let addr = runtime.block_on(serving::server::run(config))?;
     warnln!("serve: stopped ({addr})");
     Ok(())
-}
-
-/// Raises the soft limit on open files to the hard one (each connection is a
-/// file descriptor; the soft default of 1024 would refuse a busy server's
-/// clients long before memory does). Returns the limit in force.
-fn raise_fd_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 0;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return raised.rlim_cur;
-            }
-        }
-    }
-    r.rlim_cur
 }

@@ -119,6 +119,45 @@ fn outputs_never_overwrite_inputs_and_need_force_to_replace() {
         )
         .fails_with(1, &[out, "the input", "overwrite"]);
     }
+    // A hard link to an input, under any output flag: refused, --force or not.
+    std::fs::hard_link(d.join("g/nodes/paper/labels.npy"), d.join("linked.npy")).unwrap();
+    std::fs::hard_link(d.join("g/schema.json"), d.join("linked.json")).unwrap();
+    std::fs::hard_link(d.join("run.json"), d.join("linked.png")).unwrap();
+    let predict = ["predict", "--checkpoint", "ck", "--data", "g", "--force"];
+    for (args, flag) in [
+        (
+            &[&predict[..], &["--out", "linked.npy"]].concat(),
+            "--out linked.npy",
+        ),
+        (
+            &[
+                &predict[..],
+                &["--out", "p2.npy", "--embeddings", "linked.npy"],
+            ]
+            .concat(),
+            "--embeddings linked.npy",
+        ),
+        (
+            &[
+                "train",
+                "--data",
+                "g",
+                "--epochs",
+                "1",
+                "--report",
+                "linked.json",
+                "--force",
+            ][..]
+                .to_vec(),
+            "--report linked.json",
+        ),
+        (
+            &["plot", "run.json", "--out", "linked.png", "--force"][..].to_vec(),
+            "--out linked.png",
+        ),
+    ] {
+        hetgnn(d, args).fails_with(1, &[flag, "is a hard link to", "overwrite"]);
+    }
     assert_eq!(
         std::fs::read(d.join("g/nodes/paper/labels.npy")).unwrap(),
         labels,
@@ -259,11 +298,38 @@ fn sizes_no_machine_can_hold_are_refused_before_allocating() {
         &[
             "schema.json",
             "node type 'institution' declares 4294967294 nodes",
-            "more than this machine's",
+            "more than the budget HETGNN_MEMORY_BYTES sets",
         ],
     );
+    // An open-file limit no run can live with (hard and soft: `ulimit -n` sets both).
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -n 64 && exec \"$0\" train --data g",
+            env!("CARGO_BIN_EXE_hetgnn"),
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && err.contains("the open-file limit is 64")
+            && err.contains("ulimit -n"),
+        "{err}"
+    );
+    // A malformed budget is refused, not ignored.
+    hetgnn_env(
+        d,
+        &["train", "--data", "g"],
+        &[("HETGNN_MEMORY_BYTES", "abc")],
+    )
+    .fails_with(
+        1,
+        &["HETGNN_MEMORY_BYTES=\"abc\" is not a positive whole number of bytes"],
+    );
     hetgnn_env(d, &["train", "--data", "g", "--hidden", "65536"], &env)
-        .fails_with(1, &["training.hidden 65536", "more than this machine's"]);
+        .fails_with(1, &["training.hidden 65536", "more than the budget"]);
     hetgnn_env(
         d,
         &[
@@ -487,13 +553,8 @@ fn a_mapped_input_truncated_under_a_run_is_named() {
     );
 }
 
-#[test]
-fn launch_killed_takes_its_nodes_with_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    // Nodes of a single-mode file serve until stopped: only their launcher's death can end them here.
-    training_cluster(d, &["n0", "n1"], "", "");
+/// Starts `hetgnn launch` on `cluster.toml` in `d`; returns it and its nodes' pids.
+fn launch_two(d: &Path) -> (std::process::Child, Vec<i32>) {
     let mut launch = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
         .args(["launch", "--config", "cluster.toml"])
         .current_dir(d)
@@ -511,10 +572,12 @@ fn launch_killed_takes_its_nodes_with_it() {
         }
     }
     std::thread::spawn(move || lines.for_each(drop));
-    launch.kill().unwrap();
-    launch.wait().unwrap();
+    (launch, pids)
+}
+
+/// Waits (at most 20 s) until none of `pids` is alive (a zombie is not).
+fn all_gone(pids: &[i32]) {
     let start = Instant::now();
-    // Alive: /proc/<pid> exists and is not a zombie.
     let alive = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
     };
@@ -525,6 +588,26 @@ fn launch_killed_takes_its_nodes_with_it() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn launch_killed_takes_its_nodes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    // Nodes of a single-mode file serve until stopped: only their launcher's death can end them here.
+    training_cluster(d, &["n0", "n1"], "", "");
+    let (mut launch, pids) = launch_two(d);
+    // A stopped node keeps SIGTERM pending: the parent-death signal must end it too.
+    assert_eq!(unsafe { libc::kill(pids[1], libc::SIGSTOP) }, 0);
+    launch.kill().unwrap();
+    launch.wait().unwrap();
+    all_gone(&pids);
+    // Interrupted, the launcher stops its nodes and exits as a shell expects (128 + SIGTERM).
+    let (mut launch, pids) = launch_two(d);
+    assert_eq!(unsafe { libc::kill(launch.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(launch.wait().unwrap().code(), Some(143));
+    all_gone(&pids);
 }
 
 #[test]

@@ -28,8 +28,18 @@ fn inspect_refuses_invalid_directories_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
     hetgnn(tmp.path(), &["inspect", "nowhere"]).fails_with(
         1,
-        &["nowhere is not a valid graph directory", "file is missing"],
+        &[
+            "nowhere is not a valid graph directory",
+            "does not exist (expected a graph directory)",
+        ],
     );
+    // A regular file and a loop of symbolic links are named as such, not as missing.
+    std::fs::write(tmp.path().join("afile"), b"x").unwrap();
+    std::os::unix::fs::symlink("loop2", tmp.path().join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", tmp.path().join("loop2")).unwrap();
+    hetgnn(tmp.path(), &["inspect", "afile"])
+        .fails_with(1, &["is a regular file, not a graph directory"]);
+    hetgnn(tmp.path(), &["inspect", "loop1"]).fails_with(1, &["is a loop of symbolic links"]);
     hetgnn(tmp.path(), &["generate", "--scale", "0.001", "--out", "g"]).ok();
     let edges = tmp.path().join("g/edges/paper__cites__paper.npy");
     let bytes = std::fs::read(&edges).unwrap();

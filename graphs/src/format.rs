@@ -89,11 +89,7 @@ pub mod paths {
 
 /// Loads and validates the graph directory `dir`.
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
-    if !dir.is_dir() {
-        return Err(GraphError::Missing {
-            path: dir.to_path_buf(),
-        });
-    }
+    crate::input::dir(dir, "a graph directory")?;
     let schema = Schema::read(&paths::schema(dir))?;
     let need = schema.load_bytes(opts.reverse_edges, opts.mmap_features);
     crate::memory::check_fits(

@@ -28,6 +28,9 @@ pub fn open(path: &Path) -> Result<File> {
         std::io::ErrorKind::NotFound => GraphError::Missing {
             path: path.to_path_buf(),
         },
+        _ if e.raw_os_error() == Some(libc::ELOOP) => {
+            GraphError::data(path, "is a loop of symbolic links, not a file")
+        }
         _ => GraphError::io(path, e),
     })?;
     let meta = file.metadata().map_err(|e| GraphError::io(path, e))?;
@@ -80,6 +83,35 @@ pub fn utf8_path(flag: &str, path: &Path) -> Result<String> {
     path.to_str()
         .map(str::to_string)
         .ok_or_else(|| GraphError::InvalidArgument(format!("{flag} {}: not valid UTF-8; hetgnn's configuration holds UTF-8 paths only (rename it, or link to it from a UTF-8 path)", path.display())))
+}
+
+/// Checks that `path` is a directory (after symlinks) before files are read
+/// from it, saying what it is otherwise (`what`: "a graph directory", ...):
+/// a regular file or a symlink loop named as such, not as a missing file.
+pub fn dir(path: &Path, what: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(GraphError::data(
+            path,
+            format!(
+                "is {}, not {what}",
+                if m.is_file() {
+                    "a regular file"
+                } else {
+                    kind_of(&m)
+                }
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(GraphError::data(
+            path,
+            format!("does not exist (expected {what})"),
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(GraphError::data(
+            path,
+            format!("is a loop of symbolic links, not {what}"),
+        )),
+        Err(e) => Err(GraphError::io(path, e)),
+    }
 }
 
 fn kind_of(meta: &std::fs::Metadata) -> &'static str {

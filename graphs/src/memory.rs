@@ -1,33 +1,109 @@
 //! The process's peak memory, for reports, and the machine's, for refusing
 //! sizes that cannot fit before anything is allocated.
 
-/// The memory a run may plan for: `$HETGNN_MEMORY_BYTES` if set (a share of
-/// a machine, or a test), else the machine's physical memory (Linux
-/// `MemTotal`), or the container's limit when lower (cgroup v2
-/// `memory.max`, v1 `memory.limit_in_bytes`); `None` when none is known.
-pub fn budget_bytes() -> Option<u64> {
-    if let Some(v) = std::env::var_os("HETGNN_MEMORY_BYTES") {
-        return v.to_str().and_then(|v| v.trim().parse().ok());
-    }
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let total = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
-    // "max" (no limit) and v1's huge "unlimited" value fail to parse or exceed the total.
-    let limit = [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok());
-    Some(limit.map_or(total, |l| l.min(total)))
+/// Address space that threads' stacks and the allocator reserve without
+/// using it: an address-space limit (`ulimit -v`) leaves this much less for data.
+pub const ADDRESS_SPACE_RESERVE: u64 = 256 << 20;
+
+/// The memory a run may plan for, and where that figure comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// What sets it, for messages ("this machine's memory", ...).
+    pub source: &'static str,
 }
 
-/// Refuses `bytes` (at least what `what` will allocate) when over [`budget_bytes`].
-pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
-    match budget_bytes() {
-        Some(budget) if bytes > u128::from(budget) => {
-            Err(format!("{what} needs about {} of memory, more than this machine's {} (HETGNN_MEMORY_BYTES sets another budget)", human(bytes), human(u128::from(budget))))
+/// `$HETGNN_MEMORY_BYTES`, if set: a whole number of bytes, else an error
+/// saying so (a malformed budget is refused, not ignored).
+pub fn env_budget() -> Result<Option<u64>, String> {
+    let Some(v) = std::env::var_os("HETGNN_MEMORY_BYTES") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .filter(|&b| b > 0)
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "HETGNN_MEMORY_BYTES={:?} is not a positive whole number of bytes (e.g. 8589934592 for 8 GiB); unset it to plan for the whole machine",
+                v.to_string_lossy()
+            )
+        })
+}
+
+/// The memory a run may plan for: `$HETGNN_MEMORY_BYTES` if set (a share of
+/// a machine, or a test), else the smallest of the machine's physical memory
+/// (Linux `MemTotal`), the container's limit (cgroup v2 `memory.max`, v1
+/// `memory.limit_in_bytes`) and the address-space limit (`RLIMIT_AS`, less
+/// [`ADDRESS_SPACE_RESERVE`]); `None` when none is known. A malformed
+/// `$HETGNN_MEMORY_BYTES` gives `None` here: [`env_budget`] refuses it.
+pub fn budget() -> Option<Budget> {
+    if std::env::var_os("HETGNN_MEMORY_BYTES").is_some() {
+        return env_budget().ok().flatten().map(|bytes| Budget {
+            bytes,
+            source: "the budget HETGNN_MEMORY_BYTES sets",
+        });
+    }
+    let mut best: Option<Budget> = None;
+    let mut take = |bytes: Option<u64>, source: &'static str| {
+        if let Some(bytes) = bytes {
+            if best.is_none_or(|b| bytes < b.bytes) {
+                best = Some(Budget { bytes, source });
+            }
         }
+    };
+    take(mem_total(), "this machine's memory");
+    // "max" (no limit) and v1's huge "unlimited" value fail to parse or exceed the total.
+    take(
+        [
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok()),
+        "the container's memory limit",
+    );
+    take(
+        address_space_limit().map(|l| l.saturating_sub(ADDRESS_SPACE_RESERVE)),
+        "the address-space limit (ulimit -v) less 256 MiB of thread stacks and allocator reserve",
+    );
+    best
+}
+
+/// The budget's bytes (see [`budget`]).
+pub fn budget_bytes() -> Option<u64> {
+    budget().map(|b| b.bytes)
+}
+
+fn mem_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// The soft address-space limit of this process, if one is set.
+fn address_space_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer to a local struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+}
+
+/// Refuses `bytes` (at least what `what` will allocate) when over [`budget`],
+/// or when `$HETGNN_MEMORY_BYTES` is malformed.
+pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
+    env_budget()?;
+    match budget() {
+        Some(b) if bytes > u128::from(b.bytes) => Err(format!(
+            "{what} needs about {} of memory, more than {}, {} (HETGNN_MEMORY_BYTES sets another budget)",
+            human(bytes),
+            b.source,
+            human(u128::from(b.bytes))
+        )),
         _ => Ok(()),
     }
 }

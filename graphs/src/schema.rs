@@ -101,6 +101,14 @@ impl Schema {
 
     /// Checks internal consistency; the error says which entry is wrong.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        // The name is printed in every run's output: no terminal escapes or line breaks.
+        if self.name.is_empty() || self.name.len() > 256 || self.name.chars().any(char::is_control)
+        {
+            return Err(format!(
+                "graph name {:?} must be 1-256 characters without control characters",
+                self.name
+            ));
+        }
         if self.node_types.is_empty() {
             return Err("no node types".into());
         }
@@ -225,7 +233,7 @@ pub fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{what} name '{name}' must be 1-128 characters of [A-Za-z0-9_.-], not start with '.', and not contain '__'"))
+        Err(format!("{what} name {name:?} must be 1-128 characters of [A-Za-z0-9_.-], not start with '.', and not contain '__'"))
     }
 }
 

@@ -339,7 +339,9 @@ pub fn save(
     let mut files = BTreeMap::new();
     for (file, tensors) in [(PARAMS, &params), (EMBEDDINGS, &emb)] {
         let path = tmp.join(file);
-        candle_core::safetensors::save(tensors, &path)?;
+        // Named: a full disk must say which file it could not write.
+        candle_core::safetensors::save(tensors, &path)
+            .map_err(|e| bad(&path, format!("writing: {e}")))?;
         let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
         files.insert(file.to_string(), sha256(&bytes));
     }

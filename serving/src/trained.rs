@@ -119,6 +119,7 @@ fn source(path: &Path) -> Result<(Source, Skipped)> {
             .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
     };
     let mut skipped = Vec::new();
+    graphs::input::dir(path, "a checkpoint directory").map_err(|e| load(&e))?;
     let dir = if path.join("manifest.json").exists() {
         path.to_path_buf()
     } else if !dist::list(path).map_err(|e| load(&e))?.is_empty() {

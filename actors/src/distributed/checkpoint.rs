@@ -158,7 +158,9 @@ pub fn write_tensors(
 ) -> Result<(String, String)> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let tmp = dir.join(format!(".{file}.tmp-{}", std::process::id()));
-    candle_core::safetensors::save(tensors, &tmp)?;
+    // Named: a full disk must say which file it could not write.
+    candle_core::safetensors::save(tensors, &tmp)
+        .map_err(|e| bad(&tmp, format!("writing: {e}")))?;
     let bytes = std::fs::read(&tmp).map_err(|e| io(&tmp, e))?;
     let dest = dir.join(file);
     std::fs::rename(&tmp, &dest).map_err(|e| io(&dest, e))?;

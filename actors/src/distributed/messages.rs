@@ -383,11 +383,10 @@ impl EpochReport {
             epoch,
             loss,
             train_acc,
-            valid_acc: s0
-                .evaluated
+            // An empty split has no accuracy (null, not 0).
+            valid_acc: (s0.evaluated && valid > 0)
                 .then(|| ratio(stats.iter().map(|s| s.valid_correct).sum(), valid)),
-            test_acc: s0
-                .evaluated
+            test_acc: (s0.evaluated && test > 0)
                 .then(|| ratio(stats.iter().map(|s| s.test_correct).sum(), test)),
             time: Timings::across(&times),
             link: link_figures(stats),
@@ -465,4 +464,21 @@ fn link_figures(stats: &[EpochStats]) -> Option<crate::task::link::LinkEpoch> {
         valid: (&v).into(),
         test: (&t).into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_split_has_no_accuracy_rather_than_zero() {
+        let s = EpochStats {
+            evaluated: true,
+            valid_correct: 0,
+            test_correct: 3,
+            ..EpochStats::default()
+        };
+        let r = EpochReport::from_stats(0, &[s], 0, 4, false);
+        assert_eq!((r.valid_acc, r.test_acc), (None, Some(0.75)));
+    }
 }

@@ -96,6 +96,15 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let (_, splits) = g.target_labels();
+    if t.task.on_nodes() {
+        for (split, nodes) in [("validation", &splits.valid), ("test", &splits.test)] {
+            if nodes.is_empty() {
+                observer.note(&format!(
+                    "the target type has no {split} nodes: {split} figures are reported as null"
+                ));
+            }
+        }
+    }
     let mut report = Report {
         config: cfg.clone(),
         mode: "single".into(),

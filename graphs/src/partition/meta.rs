@@ -767,6 +767,7 @@ impl MetaSet {
     /// Reads and checks `dir/manifest.json`.
     pub fn open(dir: &std::path::Path) -> crate::Result<MetaSet> {
         use crate::error::GraphError;
+        crate::input::dir(dir, "a partition directory")?;
         let mpath = dir.join("manifest.json");
         let text = crate::input::read_text(&mpath)?;
         let value: serde_json::Value =

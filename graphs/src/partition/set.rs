@@ -117,6 +117,7 @@ pub struct PartitionSet {
 impl PartitionSet {
     /// Opens and validates `dir` (manifest and owner files).
     pub fn open(dir: &Path) -> Result<PartitionSet> {
+        crate::input::dir(dir, "a partition directory")?;
         let mpath = dir.join("manifest.json");
         let text = crate::input::read_text(&mpath)?;
         if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["method"] == "meta") {
