@@ -318,6 +318,15 @@ fn sizes_no_machine_can_hold_are_refused_before_allocating() {
             && err.contains("ulimit -n"),
         "{err}"
     );
+    // A graph to generate that cannot fit: refused before anything is allocated or written.
+    hetgnn_env(d, &["generate", "--scale", "1000", "--out", "huge"], &env).fails_with(
+        1,
+        &[
+            "generating a mag-like graph at scale 1000 needs about",
+            "more than the budget",
+        ],
+    );
+    assert!(!d.join("huge").exists());
     // A malformed budget is refused, not ignored.
     hetgnn_env(
         d,

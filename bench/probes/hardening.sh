@@ -44,11 +44,11 @@ run predict --checkpoint ck --data g --out sub/dir/p.npy
 result "2 predict creates the output's missing directories" $([ $? = 0 ] && [ -s sub/dir/p.npy ]; echo $?)
 if [ "$(id -u)" = 0 ]; then
     mkdir ro full && mount -t tmpfs -o ro,size=1m tmpfs ro && MOUNTS+=("$W/ro") \
-        && mount -t tmpfs -o size=64k tmpfs full && MOUNTS+=("$W/full")
+        && mount -t tmpfs -o size=8k tmpfs full && MOUNTS+=("$W/full")
     run train --data g --epochs 1 --hidden 8 --report ro/r.json
     result "2 a read-only report location is refused before training" $([ $? = 1 ] && has "cannot write in" && ! grep -q "epoch" "$W/out"; echo $?)
-    run predict --checkpoint ck --data g --out full/p.npy --embeddings full/e.npy
-    result "2 a full disk names the file and leaves no partial output" $([ $? = 1 ] && has "full/" && [ -z "$(ls -A full)" ]; echo $?)
+    run predict --checkpoint ck --data g --out full/p.npy
+    result "2 a full disk names the file and leaves no partial output" $([ $? = 1 ] && has "full/p.npy" && [ -z "$(ls -A full)" ]; echo $?)
 else
     echo "SKIP 2 read-only and full locations (needs root to mount a tmpfs)"
 fi
@@ -58,7 +58,7 @@ timeout 60 "$H" train --data g --epochs 200 --hidden 8 --checkpoint ck2 >/dev/nu
 first=$!
 for _ in $(seq 50); do [ -s ck2/.lock ] && break; sleep 0.1; done
 run train --data g --epochs 1 --hidden 8 --checkpoint ck2
-result "4 a second run on one checkpoint directory is refused naming the first" $([ $? = 1 ] && has "in use by process $first"; echo $?)
+result "4 a second run on one checkpoint directory is refused naming the first" $([ $? = 1 ] && has "in use by process [0-9]* (.*--epochs 200"; echo $?)
 kill $first 2>/dev/null; wait $first 2>/dev/null
 
 # Class 5: launch and the cluster.

@@ -108,6 +108,43 @@ pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
     }
 }
 
+/// Refuses writing `bytes` (what `what` takes) under `dir` when the file
+/// system there (its nearest existing ancestor) has less free space.
+pub fn check_disk(what: &str, bytes: u128, dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        let probe = if d.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            d
+        };
+        if probe.exists() {
+            let Ok(c) = std::ffi::CString::new(probe.as_os_str().as_bytes()) else {
+                return Ok(());
+            };
+            // SAFETY: statvfs with a NUL-terminated path and a zeroed local struct.
+            let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+            if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+                return Ok(());
+            }
+            let free = u128::from(s.f_bavail) * u128::from(s.f_frsize);
+            return if bytes > free {
+                Err(format!(
+                    "{what} takes about {} on disk, more than the {} free in {}",
+                    human(bytes),
+                    human(free),
+                    probe.display()
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        at = d.parent();
+    }
+    Ok(())
+}
+
 /// Bytes in binary units, for messages.
 pub fn human(bytes: u128) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];

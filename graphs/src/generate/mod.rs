@@ -45,6 +45,21 @@ pub fn generate(
     progress: &mut dyn Progress,
 ) -> Result<Schema> {
     match like {
-        Like::Mag => MagLike::new(scale, seed)?.write(out, overwrite, progress),
+        Like::Mag => {
+            let g = MagLike::new(scale, seed)?;
+            // Refused before anything is allocated or written.
+            crate::memory::check_fits(
+                &format!("generating a mag-like graph at scale {scale}"),
+                g.memory_bytes(),
+            )
+            .map_err(GraphError::InvalidArgument)?;
+            crate::memory::check_disk(
+                &format!("a mag-like graph at scale {scale}"),
+                g.disk_bytes(),
+                out,
+            )
+            .map_err(GraphError::InvalidArgument)?;
+            g.write(out, overwrite, progress)
+        }
     }
 }
