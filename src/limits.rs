@@ -53,5 +53,5 @@ pub fn raise_fd_limit() -> (u64, u64) {
             }
         }
     }
-    (r.rlim_cur as u64, r.rlim_max as u64)
+    (r.rlim_cur, r.rlim_max)
 }

@@ -13,7 +13,10 @@ H=$(realpath "${1:-target/release/hetgnn}")
 W=$(mktemp -d /tmp/hetgnn-probes.XXXXXX)
 MOUNTS=()
 cleanup() {
-    pkill -KILL -f "$W/" 2>/dev/null
+    # Every process still working in the probe directory (launchers, nodes).
+    for c in /proc/[0-9]*/cwd; do
+        case "$(readlink "$c" 2>/dev/null)" in "$W"*) p=${c#/proc/}; kill -KILL "${p%/cwd}" 2>/dev/null ;; esac
+    done
     for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null; done
     rm -rf "$W"
 }
@@ -79,9 +82,10 @@ partitions = "parts"
 epochs = 500
 hidden = 8
 TOML
-nodes_gone() { for _ in $(seq 100); do pgrep -f "node --config c.toml" >/dev/null || return 0; sleep 0.1; done; return 1; }
+# The launcher is started without `timeout` so that $! is the launcher itself.
+nodes_gone() { for _ in $(seq 100); do pgrep -f "$H node --config c.toml" >/dev/null || return 0; sleep 0.1; done; return 1; }
 for sig in TERM INT; do
-    timeout 60 "$H" launch --config c.toml >/dev/null 2>&1 &
+    "$H" launch --config c.toml >/dev/null 2>&1 &
     l=$!
     sleep 4
     kill -$sig $l
@@ -90,7 +94,7 @@ for sig in TERM INT; do
     want=$([ $sig = TERM ] && echo 143 || echo 130)
     result "5 launch interrupted by SIG$sig exits $want and stops its nodes" $([ $rc = "$want" ] && nodes_gone; echo $?) "exit $rc"
 done
-timeout 60 "$H" launch --config c.toml >/dev/null 2>&1 &
+"$H" launch --config c.toml >/dev/null 2>&1 &
 l=$!
 sleep 4
 kill -STOP $(pgrep -f "node --config c.toml --node n1") 2>/dev/null

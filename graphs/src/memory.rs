@@ -90,7 +90,7 @@ fn address_space_limit() -> Option<u64> {
     };
     // SAFETY: getrlimit with a valid pointer to a local struct.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
-    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur as u64)
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 /// Refuses `bytes` (at least what `what` will allocate) when over [`budget`],
