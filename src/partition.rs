@@ -159,6 +159,10 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
         let opts = partition::WriteOptions {
             overwrite: args.force,
             halo_features: args.halo_features,
+            graph_sha256: Some(
+                graphs::fingerprint::content(&args.data)
+                    .with_context(|| format!("reading {}", args.data.display()))?,
+            ),
         };
         let manifest =
             partition::write_streaming(&args.data, &a, &args.out, &opts, &mut bar::Bars::new())
@@ -216,6 +220,10 @@ pub fn run(args: &PartitionArgs) -> Result<()> {
     let opts = partition::WriteOptions {
         overwrite: args.force,
         halo_features: args.halo_features,
+        graph_sha256: Some(
+            graphs::fingerprint::content(&args.data)
+                .with_context(|| format!("reading {}", args.data.display()))?,
+        ),
     };
     let manifest = partition::write_with(&g, &a, &args.out, &opts, &mut bar::Bars::new())
         .with_context(|| format!("writing partitions to {}", args.out.display()))?;

@@ -222,7 +222,8 @@ fn config_file_checkpoint_resume_and_predict() {
 #[test]
 fn train_refuses_bad_input_with_a_clear_message() {
     let tmp = tempfile::tempdir().unwrap();
-    hetgnn(tmp.path(), &["train", "--data", "nowhere"]).fails_with(1, &["nowhere", "missing"]);
+    hetgnn(tmp.path(), &["train", "--data", "nowhere"])
+        .fails_with(1, &["nowhere", "does not exist"]);
     hetgnn(
         tmp.path(),
         &["train", "--data", "nowhere", "--model", "gat"],

@@ -193,6 +193,29 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
         format!("{err:#}").contains("written for another model"),
         "{err:#}"
     );
+
+    // The same graph name with other content (one training label changed) is refused.
+    let copy = tmp.path().join("copy");
+    for f in graphs::fingerprint::files(&data).unwrap().keys() {
+        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(data.join(f), copy.join(f)).unwrap();
+    }
+    let labels = copy.join("nodes/paper/labels.npy");
+    let mut l: Vec<i64> = graphs::npy::NpyFile::open(&labels, graphs::npy::DType::I64)
+        .map(|f| (0..f.len()).map(|i| f.i64_at(i)).collect())
+        .unwrap();
+    l[0] = (l[0] + 1) % 2;
+    graphs::npy::write_i64(&labels, &[l.len() as u64], &l).unwrap();
+    let other = |extra: &[&str]| config(&copy, &[&base[..], extra].concat());
+    let err = train(
+        &other(&["training.epochs=3", &ck, "training.resume=true"]),
+        &mut (),
+    )
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("written for a graph whose content is sha256"),
+        "{err:#}"
+    );
 }
 
 #[test]
@@ -226,7 +249,7 @@ fn bad_input_is_refused_clearly() {
     let missing = config(Path::new("/nonexistent/graph"), &[]);
     let err = format!("{:#}", train(&missing, &mut ()).unwrap_err());
     assert!(
-        err.contains("/nonexistent/graph") && err.contains("missing"),
+        err.contains("/nonexistent/graph") && err.contains("does not exist"),
         "{err}"
     );
 

@@ -135,7 +135,18 @@ open(p, "wb").write(d[:start] + d[start + half:] + d[start:start + half])
 PY
 run inspect g2 || echo "probe setup: the reversed graph does not validate: $(tail -1 "$W/err")"
 run train --data g2 --epochs 2 --hidden 8 --checkpoint ck --resume
-result "3 --resume on a graph with a rewritten relation is refused" $([ $? = 1 ]; echo $?)
+result "3 --resume on a graph with a rewritten relation is refused" $([ $? = 1 ] && has "content"; echo $?)
+run predict --checkpoint ck --data g2 --out p3.npy
+result "3 predict on a graph with a rewritten relation is refused" $([ $? = 1 ] && has "content"; echo $?)
+run train --mode data-parallel --partitions parts --data g2 --epochs 1 --hidden 8
+result "3 data-parallel training on partitions of another graph than --data is refused" $([ $? = 1 ] && has "was cut from a graph"; echo $?)
+run partition --data g --parts 2 --seed 7 --out parts7
+cp -r parts parts-edit && sed -i 's/"halo_features": false/"halo_features": true/' parts-edit/manifest.json
+run train --mode model-averaging --partitions parts-edit --epochs 1 --hidden 8
+result "3 an edited partition manifest is refused" $([ $? = 1 ] && has "was edited"; echo $?)
+cp -r parts parts-mixed && cp parts7/owners/paper.npy parts-mixed/owners/paper.npy
+run train --mode data-parallel --partitions parts-mixed --epochs 1 --hidden 8
+result "3 an owners file copied from another partitioning is refused" $([ $? = 1 ] && has "differs from the file"; echo $?)
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -38,7 +38,11 @@ impl AtomicFile {
             .map(|e| format!(".{}", e.to_string_lossy()))
             .unwrap_or_default();
         std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
-        let tmp = tempfile::Builder::new()
+        let mut builder = tempfile::Builder::new();
+        // As `File::create` would (0666 less the umask), not a temporary file's 0600.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let tmp = builder
             .prefix(&format!(".{name}."))
             .suffix(&format!(".tmp{suffix}"))
             .tempfile_in(dir)

@@ -22,6 +22,7 @@ pub mod csr;
 pub mod edge_targets;
 pub mod error;
 pub mod features;
+pub mod fingerprint;
 pub mod format;
 pub mod generate;
 pub mod graph;

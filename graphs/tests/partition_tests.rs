@@ -219,10 +219,15 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     assert!(partition::assign(&g, 0, Method::Random, 0).is_err());
     let err = PartitionSet::open(tmp.path()).err().unwrap().to_string();
     assert!(err.contains("manifest.json"), "{err}");
-    // A trainer count whose product with the parts overflows is refused, not wrapped.
+    // A trainer count whose product with the parts overflows is refused, not
+    // wrapped (in a manifest without a seal, as directories written before seals).
     let mpath = dir.join("manifest.json");
-    let good = std::fs::read_to_string(&mpath).unwrap();
-    let mut m: serde_json::Value = serde_json::from_str(&good).unwrap();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    let obj = m.as_object_mut().unwrap();
+    obj.remove("seal");
+    obj.remove("files");
+    let good = m.to_string();
     m["trainers"] = serde_json::json!(1u64 << 63);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let err = PartitionSet::open(&dir).err().unwrap().to_string();
@@ -273,12 +278,24 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
         assert!(splits.train.iter().all(|&v| a.trainer_of[v as usize] < 3));
     }
     assert!(partition::assign_two_level(&g, 2, 0, Method::Metis, 0).is_err());
-    // Without trainers.npy: fine for one trainer per partition, named otherwise.
+    // Without trainers.npy (directories written before it, so without seals
+    // too): fine for one trainer per partition, named otherwise.
     let one = write(&g, tmp.path(), 2, Method::Random);
     let root = one.part_dir(0).parent().unwrap().to_path_buf();
+    let unseal = |dir: &Path| {
+        let mpath = dir.join("manifest.json");
+        let mut m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+        let obj = m.as_object_mut().unwrap();
+        obj.remove("seal");
+        obj.remove("files");
+        std::fs::write(&mpath, m.to_string()).unwrap();
+    };
+    unseal(&root);
     std::fs::remove_file(root.join("trainers.npy")).unwrap();
     assert!(PartitionSet::open(&root).unwrap().trainer_of.is_empty());
     let two = tmp.path().join("metis-2x3");
+    unseal(&two);
     std::fs::remove_file(two.join("trainers.npy")).unwrap();
     let err = PartitionSet::open(&two).err().unwrap().to_string();
     assert!(err.contains("trainers.npy"), "{err}");
@@ -768,6 +785,7 @@ fn halo_feature_rows_are_kept_on_request_by_both_writers_alike() {
     let opts = partition::WriteOptions {
         overwrite: false,
         halo_features: true,
+        ..Default::default()
     };
     let (loaded, streamed) = (
         tmp.path().join("halo-loaded"),
@@ -905,4 +923,59 @@ fn bytegnn_partitions_of_the_real_graphs_pull_at_most_ten_percent_more_rows_than
             assert!(mean <= 1.1, "{name}, {parts} parts: bytegnn pulls {mean:.3}x METIS's remote rows ({ratios:.3?})");
         }
     }
+}
+
+#[test]
+fn a_partition_directory_is_known_by_its_content() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = mag(tmp.path());
+    let gdir = tmp.path().join("g");
+    let write = |name: &str, seed: u64| {
+        let out = tmp.path().join(name);
+        let a = partition::assign(&g, 2, Method::Random, seed).unwrap();
+        let opts = partition::WriteOptions {
+            graph_sha256: Some(graphs::fingerprint::content(&gdir).unwrap()),
+            ..Default::default()
+        };
+        partition::write_with(&g, &a, &out, &opts, &mut NoProgress).unwrap();
+        out
+    };
+    let (one, two) = (write("one", 1), write("two", 2));
+    PartitionSet::open_for(&one, Some(&gdir)).unwrap();
+    // An owners file copied from another partitioning of the same graph.
+    std::fs::copy(two.join("owners/paper.npy"), one.join("owners/paper.npy")).unwrap();
+    let e = PartitionSet::open(&one).err().unwrap().to_string();
+    assert!(
+        e.contains("owners/paper.npy") && e.contains("differs"),
+        "{e}"
+    );
+    // A manifest edited by hand.
+    let m = two.join("manifest.json");
+    let text = std::fs::read_to_string(&m).unwrap();
+    assert!(text.contains("\"halo_features\": false"));
+    std::fs::write(
+        &m,
+        text.replace("\"halo_features\": false", "\"halo_features\": true"),
+    )
+    .unwrap();
+    let e = PartitionSet::open(&two).err().unwrap().to_string();
+    assert!(e.contains("was edited"), "{e}");
+    // Partitions of one graph named with another (same name, one relation changed).
+    let three = write("three", 3);
+    let copy = tmp.path().join("copy");
+    std::fs::create_dir_all(copy.join("edges")).unwrap();
+    for f in graphs::fingerprint::files(&gdir).unwrap().keys() {
+        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(gdir.join(f), copy.join(f)).unwrap();
+    }
+    let cites = copy.join("edges/paper__cites__paper.npy");
+    let mut bytes = std::fs::read(&cites).unwrap();
+    let last = bytes.len() - 8;
+    bytes[last] ^= 1;
+    std::fs::write(&cites, bytes).unwrap();
+    let e = PartitionSet::open_for(&three, Some(&copy))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("was cut from a graph whose content is"), "{e}");
 }

@@ -32,6 +32,10 @@ pub struct Manifest {
     pub spec: ModelSpec,
     /// Name of the graph trained on.
     pub graph: String,
+    /// The graph's content ([`graphs::fingerprint::content`]): resuming and
+    /// predicting require an equal one (absent in checkpoints written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_sha256: Option<String>,
     /// Whether reverse relations were added (they have parameters of their own).
     pub reverse_edges: bool,
     /// Sampling fanouts used in training (prediction samples the same way).
@@ -299,11 +303,35 @@ fn bad(path: &Path, problem: impl Into<String>) -> ModelError {
     }
 }
 
+/// Refuses a graph whose content differs from the one the checkpoint in
+/// `dir` was written for (`written`; either side unknown: nothing to compare).
+pub fn check_graph_content(
+    dir: &Path,
+    written: Option<&str>,
+    given: Option<&str>,
+    how: &str,
+) -> Result<()> {
+    use graphs::fingerprint::short;
+    match (written, given) {
+        (Some(w), Some(g)) if w != g => Err(bad(
+            dir,
+            format!(
+                "written for a graph whose content is sha256 {}…, but the graph {how} has content {}… (same name, other files: a relation, labels or features changed); use the graph it was trained on",
+                short(w),
+                short(g)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Where a run stands, recorded with its tensors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunInfo {
     /// Name of the graph trained on.
     pub graph: String,
+    /// The graph's content, when known ([`graphs::fingerprint::content`]).
+    pub graph_sha256: Option<String>,
     /// Whether reverse relations were added.
     pub reverse_edges: bool,
     /// Sampling fanouts.
@@ -349,6 +377,7 @@ pub fn save(
         format: FORMAT,
         spec: model.spec().clone(),
         graph: info.graph.clone(),
+        graph_sha256: info.graph_sha256.clone(),
         reverse_edges: info.reverse_edges,
         fanouts: info.fanouts.clone(),
         epochs_done,
@@ -479,6 +508,7 @@ pub fn load(
     model: &mut Model,
     adam: &mut Adam,
     graph: &str,
+    graph_sha256: Option<&str>,
     reverse_edges: bool,
     run: Option<&str>,
 ) -> Result<Manifest> {
@@ -511,6 +541,7 @@ pub fn load(
             ),
         ));
     }
+    check_graph_content(dir, manifest.graph_sha256.as_deref(), graph_sha256, "given")?;
     if run.is_some_and(|r| r != manifest.run) {
         return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts or seed): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));
     }

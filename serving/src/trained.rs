@@ -81,11 +81,14 @@ impl Trained {
                 })?
             }
             None => {
+                // The checkpoint knows its graph by content: a same-named copy with other files is refused.
+                let content = graphs::fingerprint::content(data).map_err(|e| load(&e))?;
                 checkpoint::load(
                     &src.dir,
                     &mut model,
                     &mut Adam::new(AdamConfig::with_lr(1e-3)),
                     g.name(),
+                    Some(&content),
                     src.reverse_edges,
                     None,
                 )

@@ -81,7 +81,7 @@ impl DataParallel {
     /// The run `t` describes: its partitions must exist.
     pub fn open(t: &TrainingConfig) -> Result<DataParallel> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: data-parallel training needs a partition directory (hetgnn partition --out DIR)".into()))?;
-        let set = PartitionSet::open(dir)?;
+        let set = PartitionSet::open_for(dir, t.data.as_deref())?;
         let (parts, per_part) = (set.manifest.parts as u32, set.manifest.trainers as u32);
         // The set keeps its copy: loading a partition checks against it.
         let (owners, trainer_of) = (

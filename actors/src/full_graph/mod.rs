@@ -81,7 +81,7 @@ impl FullGraph {
                 "training.layers: full-graph training runs at most {MAX_LAYERS} layers"
             )));
         }
-        let set = PartitionSet::open(dir)?;
+        let set = PartitionSet::open_for(dir, t.data.as_deref())?;
         if set.manifest.node_types.len() > messages::MAX_TYPES {
             return Err(TrainError::Config(format!(
                 "full-graph training handles at most {} node types",

@@ -68,7 +68,7 @@ impl HopGnn {
     /// The run `t` describes: its partitions must exist.
     pub fn open(t: &TrainingConfig) -> Result<HopGnn> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: hopgnn training needs a partition directory (hetgnn partition --out DIR)".into()))?;
-        let set = PartitionSet::open(dir)?;
+        let set = PartitionSet::open_for(dir, t.data.as_deref())?;
         let parts = set.manifest.parts as u32;
         let owners = Arc::new(set.owners.clone());
         Ok(HopGnn {

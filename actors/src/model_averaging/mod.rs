@@ -75,7 +75,7 @@ impl ModelAveraging {
     /// partitions must exist and hold their halo's features.
     pub fn open(t: &TrainingConfig, nodes: Option<usize>) -> Result<ModelAveraging> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: model averaging needs a partition directory (hetgnn partition --halo-features --out DIR)".into()))?;
-        let set = PartitionSet::open(dir)?;
+        let set = PartitionSet::open_for(dir, t.data.as_deref())?;
         let parts = set.manifest.parts as u32;
         if parts > 1 && !set.manifest.halo_features {
             return Err(TrainError::Config(format!("training.partitions: {} holds no halo feature rows; model averaging trains on local data only (hetgnn partition --halo-features)", dir.display())));

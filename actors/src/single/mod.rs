@@ -139,6 +139,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     }
 
     let per_epoch = items.steps(t);
+    // Checkpoints know the graph by its content, not its name alone.
+    let graph_sha256 = match &t.checkpoint_dir {
+        Some(_) => Some(graphs::fingerprint::content(data)?),
+        None => None,
+    };
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
             return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
@@ -155,6 +160,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                     &mut model,
                     &mut adam,
                     g.name(),
+                    graph_sha256.as_deref(),
                     t.reverse_edges,
                     Some(&run_fingerprint(t, &g)),
                 )?;
@@ -242,6 +248,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         prefetch,
         sync_timing,
         task: NodeTask::of(t, &g)?,
+        graph_sha256,
     };
     let attempt = Attempt {
         node: None,
@@ -309,6 +316,8 @@ struct Run<'g, 'o> {
     sync_timing: bool,
     /// What the node steps learn (resolved once: class weights read the training split).
     task: NodeTask<'g>,
+    /// The graph's content, recorded in checkpoints.
+    graph_sha256: Option<String>,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -426,6 +435,7 @@ impl<'g> Steps for Run<'g, '_> {
         let steps = self.report.steps;
         let info = checkpoint::RunInfo {
             graph: self.g.name().to_string(),
+            graph_sha256: self.graph_sha256.clone(),
             reverse_edges: t.reverse_edges,
             fanouts: t.fanouts.clone(),
             epochs_done: steps / self.per_epoch.max(1),

@@ -250,6 +250,7 @@ fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
         &adam,
         &models::checkpoint::RunInfo {
             graph: g.name().to_string(),
+            graph_sha256: None,
             reverse_edges: t.reverse_edges,
             fanouts: t.fanouts.clone(),
             epochs_done: 0,

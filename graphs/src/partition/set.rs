@@ -72,17 +72,69 @@ pub struct Manifest {
     /// Whether partitions hold their halo nodes' feature rows too.
     #[serde(default)]
     pub halo_features: bool,
+    /// The content of the graph partitioned ([`crate::fingerprint::content`];
+    /// absent in directories written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_sha256: Option<String>,
+    /// SHA-256 of every file of the directory the manifest covers (relative
+    /// path; empty in directories written before).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, String>,
+    /// SHA-256 of the manifest's JSON with this field empty: an edited
+    /// manifest is refused (a check against edits, not a signature).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub seal: String,
     /// Per partition.
     pub info: Vec<PartInfo>,
 }
 
 impl Manifest {
-    /// Writes `manifest.json` into partition directory `dir`.
+    /// Writes `manifest.json` into partition directory `dir`, covering (by
+    /// SHA-256) every file already there, and sealed.
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
-        let path = dir.join("manifest.json");
-        let text = serde_json::to_string_pretty(self)
+        let mut sealed = self.clone();
+        sealed.files = crate::fingerprint::files(dir)?
+            .into_iter()
+            .filter(|(rel, _)| rel != MANIFEST_FILE)
+            .collect();
+        sealed.seal = sealed.seal_of()?;
+        let path = dir.join(MANIFEST_FILE);
+        let text = serde_json::to_string_pretty(&sealed)
             .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
         crate::atomic::write(&path, text)
+    }
+
+    /// The seal: SHA-256 of the manifest's JSON with `seal` empty.
+    fn seal_of(&self) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        let mut unsealed = self.clone();
+        unsealed.seal.clear();
+        let text = serde_json::to_string(&unsealed)
+            .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+        Ok(Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
+    }
+
+    /// Refuses an edited manifest and files that are not the ones it was
+    /// written with (directories written before seals are taken as they are).
+    fn verify(&self, dir: &Path) -> Result<()> {
+        if self.seal.is_empty() {
+            return Ok(());
+        }
+        let mpath = dir.join(MANIFEST_FILE);
+        if self.seal_of()? != self.seal {
+            return Err(GraphError::data(&mpath, "was edited after `hetgnn partition` wrote it (its seal does not match its content): partition the graph again"));
+        }
+        use rayon::prelude::*;
+        self.files.par_iter().try_for_each(|(rel, want)| {
+            let path = dir.join(rel);
+            if crate::fingerprint::file(&path)? != *want {
+                return Err(GraphError::data(&path, "differs from the file this partitioning wrote (copied from another partitioning?): partition the graph again"));
+            }
+            Ok(())
+        })
     }
 
     /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
@@ -95,6 +147,9 @@ impl Manifest {
         *v.iter().max().unwrap_or(&0) as f64 * v.len() as f64 / total as f64
     }
 }
+
+/// The manifest's file name in a partition directory.
+const MANIFEST_FILE: &str = "manifest.json";
 
 /// Layout version of `manifest.json`.
 pub(crate) const FORMAT: u32 = 1;
@@ -115,6 +170,29 @@ pub struct PartitionSet {
 }
 
 impl PartitionSet {
+    /// [`PartitionSet::open`], and when a graph directory `data` is named too,
+    /// refuses partitions cut from a graph of other content (a run would
+    /// train on the partitions' graph while naming `data`).
+    pub fn open_for(dir: &Path, data: Option<&Path>) -> Result<PartitionSet> {
+        let set = PartitionSet::open(dir)?;
+        if let (Some(data), Some(want)) = (data, &set.manifest.graph_sha256) {
+            let got = crate::fingerprint::content(data)?;
+            if got != *want {
+                use crate::fingerprint::short;
+                return Err(GraphError::data(
+                    dir,
+                    format!(
+                        "was cut from a graph whose content is sha256 {}…, but the graph given ({}) has content {}…: partition that graph, or leave out training.data",
+                        short(want),
+                        data.display(),
+                        short(&got)
+                    ),
+                ));
+            }
+        }
+        Ok(set)
+    }
+
     /// Opens and validates `dir` (manifest and owner files).
     pub fn open(dir: &Path) -> Result<PartitionSet> {
         crate::input::dir(dir, "a partition directory")?;
@@ -125,6 +203,7 @@ impl PartitionSet {
         }
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        manifest.verify(dir)?;
         if manifest.format != FORMAT {
             return Err(GraphError::data(
                 &mpath,

@@ -201,6 +201,9 @@ pub fn write_streaming(
             .collect(),
         edge_train: Default::default(),
         halo_features: opts.halo_features,
+        graph_sha256: opts.graph_sha256.clone(),
+        files: Default::default(),
+        seal: String::new(),
         info,
     };
     manifest.write(dir.path())?;

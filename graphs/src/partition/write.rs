@@ -12,13 +12,16 @@ use crate::npy;
 use crate::progress::Progress;
 
 /// How a partition directory is written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Replace the output directory if it exists.
     pub overwrite: bool,
     /// Keep the feature rows of halo nodes too (a partition then computes its
     /// halo's first layer itself: model averaging trains on local data only).
     pub halo_features: bool,
+    /// The content of the graph partitioned ([`crate::fingerprint::content`]),
+    /// recorded so that training refuses partitions of another graph.
+    pub graph_sha256: Option<String>,
 }
 
 /// Writes `g` split as `a` says into `out` (atomically) and returns the manifest.
@@ -160,6 +163,9 @@ pub fn write_with(
             })
             .collect(),
         halo_features: opts.halo_features,
+        graph_sha256: opts.graph_sha256.clone(),
+        files: Default::default(),
+        seal: String::new(),
         info,
     };
     manifest.write(dir.path())?;
