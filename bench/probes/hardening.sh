@@ -140,6 +140,9 @@ run predict --checkpoint ck --data g2 --out p3.npy
 result "3 predict on a graph with a rewritten relation is refused" $([ $? = 1 ] && has "content"; echo $?)
 run train --mode data-parallel --partitions parts --data g2 --epochs 1 --hidden 8
 result "3 data-parallel training on partitions of another graph than --data is refused" $([ $? = 1 ] && has "was cut from a graph"; echo $?)
+run train --mode data-parallel --partitions parts --epochs 1 --hidden 8 --checkpoint ckd \
+    && run predict --checkpoint ckd --data g2 --out p4.npy
+result "3 predict with a data-parallel checkpoint on another graph is refused" $([ $? = 1 ] && has "content"; echo $?)
 run partition --data g --parts 2 --seed 7 --out parts7
 cp -r parts parts-edit && sed -i 's/"halo_features": false/"halo_features": true/' parts-edit/manifest.json
 run train --mode model-averaging --partitions parts-edit --epochs 1 --hidden 8

@@ -73,6 +73,17 @@ impl Trained {
                             m.mode
                         ))
                     })?;
+                let content = match &m.graph_sha256 {
+                    Some(_) => Some(graphs::fingerprint::content(data).map_err(|e| load(&e))?),
+                    None => None,
+                };
+                checkpoint::check_graph_content(
+                    &src.dir,
+                    m.graph_sha256.as_deref(),
+                    content.as_deref(),
+                    "given",
+                )
+                .map_err(|e| load(&e))?;
                 dist::assemble(&src.dir, m, &mut model, partial).map_err(|e| {
                     ServeError::Load(format!(
                         "assembling the model of {}: {e}",

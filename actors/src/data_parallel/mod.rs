@@ -217,6 +217,10 @@ impl Distributed for DataParallel {
         "data-parallel"
     }
 
+    fn graph_sha256(&self) -> Option<String> {
+        self.set.manifest.graph_sha256.clone()
+    }
+
     fn rules(&self) -> &'static crate::modes::seam::Rules {
         &RULES
     }

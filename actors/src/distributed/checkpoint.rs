@@ -51,6 +51,10 @@ pub struct Manifest {
     pub spec: ModelSpec,
     /// Sampling fanouts of training (`predict` samples the same way).
     pub fanouts: Vec<usize>,
+    /// The content of the graph the partitions were cut from
+    /// ([`graphs::fingerprint::content`]; absent when unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_sha256: Option<String>,
     /// Whether reverse relations were added (they have parameters of their own).
     pub reverse_edges: bool,
     /// Steps done: training resumes at this global step.
@@ -88,6 +92,7 @@ impl Manifest {
             mode: mode.to_string(),
             spec: t.model_spec(),
             fanouts: t.fanouts.clone(),
+            graph_sha256: None,
             reverse_edges: t.reverse_edges,
             seq,
             epochs,

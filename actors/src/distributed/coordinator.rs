@@ -48,6 +48,8 @@ pub(crate) struct Coordinator<'a> {
     timeouts: Timeouts,
     /// The run's fingerprint, recorded in its checkpoints.
     run: String,
+    /// The graph's content, recorded in its checkpoints.
+    graph_sha256: Option<String>,
     /// The report so far.
     pub(crate) report: Report,
     step_bytes: BTreeMap<String, u64>,
@@ -73,6 +75,7 @@ impl<'a> Coordinator<'a> {
         inbox: &'a Inbox,
         timeouts: Timeouts,
         run: String,
+        graph_sha256: Option<String>,
     ) -> Coordinator<'a> {
         let Shape {
             parts,
@@ -92,6 +95,7 @@ impl<'a> Coordinator<'a> {
             inbox,
             timeouts,
             run,
+            graph_sha256,
             report,
             step_bytes: BTreeMap::new(),
             steps_run: 0,
@@ -271,7 +275,7 @@ impl<'a> Coordinator<'a> {
                     }
                 }
             }
-            let m = Manifest::new(
+            let mut m = Manifest::new(
                 self.run.clone(),
                 &self.report.mode,
                 self.t,
@@ -280,6 +284,7 @@ impl<'a> Coordinator<'a> {
                 progress,
                 files,
             );
+            m.graph_sha256 = self.graph_sha256.clone();
             let dir = checkpoint::finalize(root, &m, self.t.checkpoint_keep)?;
             self.completed = Some(seq);
             observer.note(&format!(

@@ -73,6 +73,12 @@ pub trait Distributed: Send + Sync + 'static {
     }
     /// The run's fingerprint: a checkpoint of another run is refused.
     fn fingerprint(&self, graph: &HetGraph) -> String;
+    /// The content of the graph the partitions were cut from, when recorded
+    /// ([`graphs::fingerprint::content`]): checkpoints carry it, so that
+    /// `predict` refuses a same-named graph of other content.
+    fn graph_sha256(&self) -> Option<String> {
+        None
+    }
     /// Registers partition `part`'s actors on `node` (inside its actix
     /// system; actors wanting a thread of their own push an arbiter) and
     /// returns its inboxes, the leader's first.
@@ -223,6 +229,7 @@ pub fn train_embedded<M: Distributed>(
             &coord,
             timeouts,
             run.clone(),
+            mode.graph_sha256(),
         );
         let nodes = vec!["local".to_string(); parts as usize];
         let mut d = Driver {
@@ -354,6 +361,7 @@ pub fn run_node<M: Distributed>(
             &coord,
             timeouts,
             run.clone(),
+            mode.graph_sha256(),
         );
         let mut d = Driver {
             c,

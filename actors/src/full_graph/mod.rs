@@ -110,6 +110,10 @@ impl Distributed for FullGraph {
         "full-graph"
     }
 
+    fn graph_sha256(&self) -> Option<String> {
+        self.set.manifest.graph_sha256.clone()
+    }
+
     fn rules(&self) -> &'static crate::modes::seam::Rules {
         &RULES
     }

@@ -89,6 +89,10 @@ impl Distributed for HopGnn {
         "hopgnn"
     }
 
+    fn graph_sha256(&self) -> Option<String> {
+        self.set.manifest.graph_sha256.clone()
+    }
+
     fn rules(&self) -> &'static crate::modes::seam::Rules {
         &RULES
     }
