@@ -76,12 +76,7 @@ pub fn run(args: &ClusterArgs, restarts: u32) -> anyhow::Result<()> {
         .context("hetgnn launch needs a [cluster] section with [[cluster.nodes]]")?;
     crate::train::check_outputs(&cfg, args.force, Some(&args.config))?;
     // The nodes share the checkpoint directory; other runs may not.
-    let _held = cfg
-        .training
-        .checkpoint_dir
-        .as_deref()
-        .map(models::run_lock::lock)
-        .transpose()?;
+    let _held = models::run_lock::hold(cfg.training.checkpoint_dir.as_deref())?;
     topology
         .check_certs()
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;

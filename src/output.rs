@@ -45,7 +45,7 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
                 bail!("{} {} {how} the input {flag} {}: writing it would overwrite what this command reads; choose another path", o.flag, o.path.display(), input.display());
             }
         }
-        writable(o)?;
+        writable(o, &out)?;
         if let Ok(meta) = std::fs::metadata(o.path) {
             if o.kind == Kind::File {
                 if let Some((flag, file)) = linked_input(&meta, inputs) {
@@ -95,11 +95,10 @@ pub fn check(outputs: &[Output], force: bool, inputs: &[(&str, &Path)]) -> anyho
 /// Refuses an output whose nearest existing ancestor directory cannot take a
 /// new file (read-only, full of inodes, not a directory), by creating and
 /// removing a probe file there.
-fn writable(o: &Output) -> anyhow::Result<()> {
-    let full = absolute(o.path)?;
+fn writable(o: &Output, full: &Path) -> anyhow::Result<()> {
     let start = match o.kind {
         Kind::File => full.parent().map(Path::to_path_buf),
-        Kind::Dir | Kind::AddTo => Some(full.clone()),
+        Kind::Dir | Kind::AddTo => Some(full.to_path_buf()),
     };
     let mut dir = start.as_deref();
     while let Some(d) = dir {

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::error::{GraphError, Result};
+use crate::seal::hex;
 
 /// Most files hashed in one directory (a graph has a few per type and
 /// relation; the bound keeps a mistaken path from walking a disk).
@@ -66,10 +67,6 @@ pub fn file(path: &Path) -> Result<String> {
 /// The first 12 hex digits, for messages.
 pub fn short(sha: &str) -> &str {
     sha.get(..12).unwrap_or(sha)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

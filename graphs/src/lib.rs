@@ -40,6 +40,7 @@ pub mod progress;
 pub mod rng;
 pub mod sampler;
 pub mod schema;
+pub mod seal;
 pub mod stats;
 
 pub use csr::Csr;

@@ -210,6 +210,20 @@ fn distributed_sampling_equals_whole_graph_sampling() {
     }
 }
 
+/// Rewrites `dir`'s manifest as directories written before seals were
+/// (no `seal`, no `files`), and returns its text.
+fn unseal(dir: &Path) -> String {
+    let mpath = dir.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    let obj = m.as_object_mut().unwrap();
+    obj.remove("seal");
+    obj.remove("files");
+    let text = m.to_string();
+    std::fs::write(&mpath, &text).unwrap();
+    text
+}
+
 #[test]
 fn bad_partition_directories_are_refused_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();
@@ -222,12 +236,8 @@ fn bad_partition_directories_are_refused_naming_the_file() {
     // A trainer count whose product with the parts overflows is refused, not
     // wrapped (in a manifest without a seal, as directories written before seals).
     let mpath = dir.join("manifest.json");
-    let mut m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
-    let obj = m.as_object_mut().unwrap();
-    obj.remove("seal");
-    obj.remove("files");
-    let good = m.to_string();
+    let good = unseal(&dir);
+    let mut m: serde_json::Value = serde_json::from_str(&good).unwrap();
     m["trainers"] = serde_json::json!(1u64 << 63);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let err = PartitionSet::open(&dir).err().unwrap().to_string();
@@ -282,15 +292,6 @@ fn the_second_level_splits_each_partitions_seeds_between_its_trainers() {
     // too): fine for one trainer per partition, named otherwise.
     let one = write(&g, tmp.path(), 2, Method::Random);
     let root = one.part_dir(0).parent().unwrap().to_path_buf();
-    let unseal = |dir: &Path| {
-        let mpath = dir.join("manifest.json");
-        let mut m: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
-        let obj = m.as_object_mut().unwrap();
-        obj.remove("seal");
-        obj.remove("files");
-        std::fs::write(&mpath, m.to_string()).unwrap();
-    };
     unseal(&root);
     std::fs::remove_file(root.join("trainers.npy")).unwrap();
     assert!(PartitionSet::open(&root).unwrap().trainer_of.is_empty());

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{ModelError, Result};
 use crate::model::{Model, ModelSpec};
@@ -53,39 +52,7 @@ pub struct Manifest {
     pub seal: String,
 }
 
-/// Hex SHA-256 of `bytes` (the checksums manifests record).
-pub fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// A manifest sealed against edits: its seal is the SHA-256 of its JSON with
-/// the seal field empty. Not a signature (anyone can compute it again): it
-/// catches edits by hand or by tools, which would otherwise be believed.
-pub trait Sealed: Serialize {
-    /// The manifest's seal field.
-    fn seal_field(&mut self) -> &mut String;
-
-    /// Sets the seal from the rest of the manifest.
-    fn seal(&mut self) {
-        self.seal_field().clear();
-        let digest = sha256(
-            serde_json::to_string(self)
-                .expect("manifests serialise")
-                .as_bytes(),
-        );
-        *self.seal_field() = digest;
-    }
-
-    /// Whether the seal matches the rest of the manifest.
-    fn seal_holds(&mut self) -> bool {
-        let recorded = std::mem::take(self.seal_field());
-        self.seal();
-        std::mem::replace(self.seal_field(), recorded.clone()) == recorded
-    }
-}
+pub use graphs::seal::{sha256, Sealed};
 
 /// What a manifest whose seal does not hold is told.
 pub const SEAL_BROKEN: &str = "was changed after it was written (its seal does not match): a checkpoint is read only as written";

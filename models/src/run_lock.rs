@@ -83,6 +83,11 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
     })
 }
 
+/// [`lock`] for a run that may keep no checkpoints (`None`: nothing to hold).
+pub fn hold(dir: Option<&Path>) -> Result<Option<RunLock>> {
+    dir.map(lock).transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -303,12 +303,7 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
 /// Trains as `cfg` says, every actor of the run in this process, holding
 /// its checkpoint directory (if any) against other runs.
 pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, Model)> {
-    let _held = cfg
-        .training
-        .checkpoint_dir
-        .as_deref()
-        .map(models::run_lock::lock)
-        .transpose()?;
+    let _held = models::run_lock::hold(cfg.training.checkpoint_dir.as_deref())?;
     open(cfg)?.train_embedded(cfg, observer)
 }
 

@@ -9,6 +9,7 @@ use super::{Method, MAX_PARTS};
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::npy::{DType, NpyFile};
+use crate::seal::Sealed;
 
 /// What one partition holds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -88,6 +89,12 @@ pub struct Manifest {
     pub info: Vec<PartInfo>,
 }
 
+impl Sealed for Manifest {
+    fn seal_field(&mut self) -> &mut String {
+        &mut self.seal
+    }
+}
+
 impl Manifest {
     /// Writes `manifest.json` into partition directory `dir`, covering (by
     /// SHA-256) every file already there, and sealed.
@@ -97,24 +104,11 @@ impl Manifest {
             .into_iter()
             .filter(|(rel, _)| rel != MANIFEST_FILE)
             .collect();
-        sealed.seal = sealed.seal_of()?;
+        sealed.seal();
         let path = dir.join(MANIFEST_FILE);
         let text = serde_json::to_string_pretty(&sealed)
             .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
         crate::atomic::write(&path, text)
-    }
-
-    /// The seal: SHA-256 of the manifest's JSON with `seal` empty.
-    fn seal_of(&self) -> Result<String> {
-        use sha2::{Digest, Sha256};
-        let mut unsealed = self.clone();
-        unsealed.seal.clear();
-        let text = serde_json::to_string(&unsealed)
-            .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-        Ok(Sha256::digest(text.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect())
     }
 
     /// Refuses an edited manifest and files that are not the ones it was
@@ -124,7 +118,7 @@ impl Manifest {
             return Ok(());
         }
         let mpath = dir.join(MANIFEST_FILE);
-        if self.seal_of()? != self.seal {
+        if !self.clone().seal_holds() {
             return Err(GraphError::data(&mpath, "was edited after `hetgnn partition` wrote it (its seal does not match its content): partition the graph again"));
         }
         use rayon::prelude::*;
