@@ -12,6 +12,7 @@ mod cli_hopgnn;
 mod cli_import;
 mod cli_inspect;
 mod cli_link;
+mod cli_memory;
 mod cli_model_averaging;
 mod cli_raf;
 mod cli_serve;

@@ -182,6 +182,11 @@ pub struct Report {
     /// Peak resident memory of the process, in bytes (the high-water mark:
     /// memory-mapped feature pages read count too).
     pub peak_memory_bytes: Option<u64>,
+    /// The memory the run planned for before it started, in bytes: the
+    /// estimate checked against the machine's budget, an upper bound of
+    /// `peak_memory_bytes` (None: a run of an earlier version).
+    #[serde(default)]
+    pub memory_estimate_bytes: Option<u64>,
     /// Peak anonymous resident memory (heap and stacks, no file pages), sampled.
     #[serde(default)]
     pub peak_anon_bytes: Option<u64>,

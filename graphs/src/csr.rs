@@ -32,6 +32,11 @@ impl Csr {
         Csr { offsets, indices }
     }
 
+    /// Bytes of its two arrays.
+    pub fn heap_bytes(&self) -> u64 {
+        (self.offsets.len() * 8 + self.indices.len() * 4) as u64
+    }
+
     /// Number of rows.
     pub fn num_rows(&self) -> usize {
         self.offsets.len() - 1

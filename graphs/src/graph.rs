@@ -173,6 +173,44 @@ impl HetGraph {
     pub fn target_values(&self) -> Option<&[f32]> {
         self.node_type(self.target).values.as_deref()
     }
+    /// Bytes this graph holds in memory, an upper bound: every relation's
+    /// two CSRs counted (a reverse shares its original's), features as if
+    /// every mapped page were read, with their non-zero index where one may
+    /// be built, labels, values, splits and edge targets.
+    pub fn heap_bytes(&self) -> u64 {
+        let mut bytes = 0u64;
+        for t in &self.node_types {
+            if let Some(f) = &t.features {
+                let values = (f.rows() * f.dim() * 4) as u64;
+                let sparse = if f.dim() >= crate::nonzeros::MIN_WIDTH {
+                    // A row index of (column u32, value f32) pairs at most MAX_DENSITY full.
+                    (values as f64 * crate::nonzeros::MAX_DENSITY * 2.0) as u64
+                        + (f.rows() as u64 + 1) * 8
+                } else {
+                    0
+                };
+                bytes += values + sparse;
+            }
+            bytes += t.labels.as_ref().map_or(0, |l| l.len() as u64 * 8);
+            bytes += t.values.as_ref().map_or(0, |v| v.len() as u64 * 4);
+            bytes += t.splits.as_ref().map_or(0, |s| {
+                (s.train.len() + s.valid.len() + s.test.len()) as u64 * 4
+            });
+        }
+        for r in self.relations.iter().filter(|r| r.reverse_of.is_none()) {
+            bytes += r.by_dst.heap_bytes() + r.by_src.heap_bytes();
+            if let Some(tg) = &r.targets {
+                // Both ends, a label and a value per split edge.
+                bytes += tg
+                    .named()
+                    .iter()
+                    .map(|(_, e)| e.len() as u64 * 20)
+                    .sum::<u64>();
+            }
+        }
+        bytes
+    }
+
     /// Whether reverse relations have been added.
     pub fn has_reverse_relations(&self) -> bool {
         self.relations.iter().any(|r| r.reverse_of.is_some())

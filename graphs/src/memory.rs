@@ -99,10 +99,14 @@ pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
     env_budget()?;
     match budget() {
         Some(b) if bytes > u128::from(b.bytes) => Err(format!(
-            "{what} needs about {} of memory, more than {}, {} (HETGNN_MEMORY_BYTES sets another budget)",
+            "{what} needs about {} of memory, more than {}, {}{}",
             human(bytes),
             b.source,
-            human(u128::from(b.bytes))
+            human(u128::from(b.bytes)),
+            match std::env::var_os("HETGNN_MEMORY_BYTES") {
+                Some(_) => "",
+                None => " (HETGNN_MEMORY_BYTES sets another budget)",
+            }
         )),
         _ => Ok(()),
     }

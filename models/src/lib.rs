@@ -36,4 +36,4 @@ pub mod self_loop;
 pub mod threads;
 
 pub use error::{ModelError, Result};
-pub use model::{Model, ModelKind, ModelSpec};
+pub use model::{Model, ModelKind, ModelSpec, StepMemory};

@@ -112,20 +112,28 @@ impl ModelSpec {
         }
     }
 
-    /// A lower bound on the bytes a model of this spec holds on `g` while
-    /// training: each layer's weights (one per relation, input width by
-    /// output width) with their gradients and two Adam moments, and with
-    /// `tables` the learnable rows (with their moments). Checked before
-    /// anything is allocated, so that a width no machine can hold is an error.
+    /// The bytes a model of this spec holds on `g` while training: its dense
+    /// weights ([`ModelSpec::dense_bytes`]) and, with `tables`, the
+    /// learnable rows ([`ModelSpec::table_bytes`]). Checked before anything
+    /// is allocated, so that a width no machine can hold is an error.
     pub fn min_bytes(&self, g: &HetGraph, tables: bool) -> u128 {
+        let dense = self.dense_bytes(g);
+        match tables {
+            true => dense.saturating_add(self.table_bytes(g)),
+            false => dense,
+        }
+    }
+
+    /// Each layer's weights (one per relation, input width by output width)
+    /// with their gradients and two Adam moments.
+    pub fn dense_bytes(&self, g: &HetGraph) -> u128 {
         let classes = self.outputs(g) as u128;
-        let (hidden, embed) = (self.hidden as u128, self.embed_dim as u128);
-        let input = g
-            .node_types()
-            .iter()
-            .map(|t| t.features.as_ref().map_or(embed, |f| f.dim() as u128))
+        let hidden = self.hidden as u128;
+        let input = self
+            .input_widths(g)
+            .into_iter()
             .max()
-            .unwrap_or(embed);
+            .unwrap_or(self.embed_dim) as u128;
         let per_layer = if self.kind == ModelKind::Mlp {
             1
         } else {
@@ -135,56 +143,92 @@ impl ModelSpec {
         for l in 0..self.layers {
             let fan_in = if l == 0 { input } else { hidden };
             let fan_out = if l + 1 == self.layers {
-                classes
+                classes.max(hidden)
             } else {
                 hidden
             };
             weights =
                 weights.saturating_add(per_layer.saturating_mul(fan_in).saturating_mul(fan_out));
         }
-        let mut bytes = weights.saturating_mul(4 * 4);
-        if tables {
-            let learnable = Model::learnable_types(self.kind, g);
-            let rows: u128 = g
-                .node_types()
-                .iter()
-                .zip(learnable)
-                .filter(|(_, l)| *l)
-                .map(|(t, _)| u128::from(t.count))
-                .sum();
-            bytes = bytes.saturating_add(rows.saturating_mul(embed).saturating_mul(4 * 3));
-        }
-        bytes
+        weights.saturating_mul(4 * 4)
     }
 
-    /// An estimate of the bytes one training step of `batch` seeds with
-    /// `fanouts` (seeds outward) holds in activations on `g`: hop by hop,
-    /// each relation's sampled edges (its fanout or its mean in-degree, the
-    /// smaller, per destination row; rows capped by the type's node count),
-    /// their messages at the consuming layer's output width and the source
-    /// rows at its input width, kept for the backward pass.
-    pub fn step_bytes(&self, g: &HetGraph, fanouts: &[usize], batch: usize) -> u128 {
-        let types = g.node_types();
-        let count = |t: NodeTypeId| types[t.index()].count as f64;
-        let input = types
+    /// The learnable rows of `g` (every featureless type the model gives
+    /// an embedding), with their two Adam moments and step counts: what the
+    /// embedding tables hold, whichever process holds them.
+    pub fn table_bytes(&self, g: &HetGraph) -> u128 {
+        self.table_bytes_of(g, None)
+    }
+
+    /// [`ModelSpec::table_bytes`] for `rows[t]` rows of each type `t`
+    /// (`None`: all of them).
+    pub fn table_bytes_of(&self, g: &HetGraph, rows: Option<&[u64]>) -> u128 {
+        let rows: u128 = g
+            .node_types()
+            .iter()
+            .zip(Model::learnable_types(self.kind, g))
+            .enumerate()
+            .filter(|(_, (_, l))| *l)
+            .map(|(i, (t, _))| {
+                let all = u64::from(t.count);
+                u128::from(rows.and_then(|r| r.get(i).copied()).unwrap_or(all).min(all))
+            })
+            .sum();
+        rows.saturating_mul(
+            (self.embed_dim as u128)
+                .saturating_mul(4 * 3)
+                .saturating_add(4),
+        )
+    }
+
+    /// Each node type's width at the first layer's input: its features', or
+    /// the learnable rows' (`embed_dim`).
+    pub fn input_widths(&self, g: &HetGraph) -> Vec<usize> {
+        g.node_types()
             .iter()
             .map(|t| t.features.as_ref().map_or(self.embed_dim, |f| f.dim()))
-            .max()
-            .unwrap_or(self.embed_dim) as f64;
+            .collect()
+    }
+
+    /// An upper bound on what one training step of `batch` seeds with
+    /// `fanouts` (seeds outward) holds on `g` at its peak, the backward pass
+    /// included; see [`StepMemory`].
+    pub fn step_memory(&self, g: &HetGraph, fanouts: &[usize], batch: usize) -> StepMemory {
+        let types = g.node_types();
+        let count = |t: NodeTypeId| types[t.index()].count as f64;
+        let widths = self.input_widths(g);
+        let outputs = self.outputs(g) as f64;
+        let hidden = self.hidden as f64;
+        // Rows of each type the hops reach so far, capped by the type's count.
         let mut rows = vec![0f64; types.len()];
         rows[g.target().index()] = (batch as f64).min(count(g.target()));
-        let mut bytes = 0f64;
+        if self.kind == ModelKind::Mlp {
+            // The seeds' own rows through every layer, with gradients.
+            let t = g.target().index();
+            let inputs = rows[t] * widths[t] as f64 * 4.0;
+            let layers = rows[t] * (hidden * self.layers as f64 + outputs) * 4.0;
+            let bytes = |x: f64| x.min(u128::MAX as f64) as u128;
+            return StepMemory {
+                activations: bytes(inputs * 4.0 + layers * 2.0),
+                inputs: bytes(inputs),
+                features: bytes(if types[t].features.is_some() {
+                    inputs
+                } else {
+                    0.0
+                }),
+            };
+        }
+        let mut activations = 0f64;
+        let mut inputs = 0f64;
+        let mut features = 0f64;
+        let hops = fanouts.len().min(self.layers);
         for (hop, &fanout) in fanouts.iter().enumerate().take(self.layers) {
             let layer = self.layers - 1 - hop;
-            let w_in = if layer == 0 {
-                input
-            } else {
-                self.hidden as f64
-            };
+            let w_in = |t: usize| if layer == 0 { widths[t] as f64 } else { hidden };
             let w_out = if layer + 1 == self.layers {
-                (self.outputs(g) as f64).max(self.hidden as f64)
+                outputs.max(hidden)
             } else {
-                self.hidden as f64
+                hidden
             };
             let mut next = rows.clone();
             for r in g.relations() {
@@ -194,15 +238,33 @@ impl ModelSpec {
                 }
                 let edges = dst_rows * (fanout as f64).min(r.num_edges() as f64 / count(r.dst));
                 next[r.src.index()] += edges;
-                bytes += edges * w_out * 4.0 * 2.0;
+                // Messages (or attention terms) per sampled edge and their
+                // gradients; the relation's sum at its destinations, at the
+                // wider width (a layer may aggregate before transforming),
+                // and its gradient.
+                let wide = w_in(r.src.index()).max(w_out);
+                activations += edges * w_out * 4.0 * 2.0 + dst_rows * wide * 4.0 * 2.0;
             }
             for (t, n) in next.iter_mut().enumerate() {
                 *n = n.min(types[t].count as f64);
-                bytes += *n * w_in * 4.0 * 2.0;
+                // The layer's input rows, their gradient, and the two terms a
+                // gradient sum holds while it adds another relation's share.
+                activations += *n * w_in(t) * 4.0 * 4.0;
+                if hop + 1 == hops {
+                    inputs += *n * w_in(t) * 4.0;
+                    if types[t].features.is_some() {
+                        features += *n * w_in(t) * 4.0;
+                    }
+                }
             }
             rows = next;
         }
-        bytes.min(u128::MAX as f64) as u128
+        let bytes = |x: f64| x.min(u128::MAX as f64) as u128;
+        StepMemory {
+            activations: bytes(activations),
+            inputs: bytes(inputs),
+            features: bytes(features),
+        }
     }
 
     /// Checks the values are usable.
@@ -252,6 +314,19 @@ impl ModelSpec {
         }
         Ok(())
     }
+}
+
+/// What one training step holds, in bytes (see [`ModelSpec::step_memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepMemory {
+    /// Activations and their gradients at the step's peak, inputs included.
+    pub activations: u128,
+    /// The first layer's input rows of every type (features and learnable
+    /// rows): what a batch gathers, or pulls from other machines.
+    pub inputs: u128,
+    /// Of [`StepMemory::inputs`], the rows of types with features: what a
+    /// prefetched batch carries before its step.
+    pub features: u128,
 }
 
 /// A linear map's `(weight, bias)`.

@@ -314,6 +314,10 @@ impl Distributed for DataParallel {
     }
 
     /// Its partitioning (owners included) and all-reduce order too.
+    fn owned_rows(&self, part: u32) -> Option<Vec<u64>> {
+        Some(crate::owner::owned_counts(&self.owners, part))
+    }
+
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(

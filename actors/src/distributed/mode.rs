@@ -23,6 +23,7 @@ use super::messages::Begin;
 use super::peers::{tell_finish, wait_for_peers, watch_peers};
 use super::{names, System, Timeouts};
 use crate::config::Config;
+use crate::epoch::memory::{self, MemoryPlan, TRANSPORT_COPIES};
 use crate::error::{Result, TrainError};
 use crate::observer::TrainObserver;
 use crate::report::Report;
@@ -73,6 +74,18 @@ pub trait Distributed: Send + Sync + 'static {
     }
     /// The run's fingerprint: a checkpoint of another run is refused.
     fn fingerprint(&self, graph: &HetGraph) -> String;
+    /// Copies of a step's input rows (or their gradients) a trainer has in
+    /// flight beyond the step's own: by default those of rows pulled from
+    /// stores ([`TRANSPORT_COPIES`]); 0 for trainers that read a graph of
+    /// their own.
+    fn rows_in_transit(&self) -> u128 {
+        TRANSPORT_COPIES
+    }
+    /// Per node type, the rows partition `part`'s actors hold learnable
+    /// rows and optimizer state for (`None`: every row, an upper bound).
+    fn owned_rows(&self, _part: u32) -> Option<Vec<u64>> {
+        None
+    }
     /// The content of the graph the partitions were cut from, when recorded
     /// ([`graphs::fingerprint::content`]): checkpoints carry it, so that
     /// `predict` refuses a same-named graph of other content.
@@ -174,9 +187,12 @@ pub fn train_embedded<M: Distributed>(
         crate::epoch::preflight::check_trainable(t, &graphs[0])?;
     }
     crate::epoch::preflight::check_distinct_names(&graphs[0])?;
-    for g in &graphs {
-        crate::epoch::preflight::check_fits(t, g, false)?;
-    }
+    let memory = check_memory(
+        &*mode,
+        t,
+        &graphs.iter().map(|g| &**g).collect::<Vec<_>>(),
+        &(0..parts).collect::<Vec<_>>(),
+    )?;
     let run = mode.fingerprint(&graphs[0]);
     let timeouts = mode.timeouts(Timeouts::default());
     let (m, gs) = (mode.clone(), graphs.clone());
@@ -190,9 +206,10 @@ pub fn train_embedded<M: Distributed>(
         m.serve_coordinator(&node, &coord)?;
         Ok((node, arbiters, (inboxes, coord)))
     })?;
+    // The ready line reads the model's shape: its tables are not needed.
     observer.ready(
         &graphs[0],
-        &Model::new(&t.model_spec(), &graphs[0], DType::F32, &Device::Cpu)?,
+        &Model::without_tables(&t.model_spec(), &graphs[0], DType::F32, &Device::Cpu)?,
     );
     let (driven, mut report, local) = std::thread::scope(|scope| {
         let loops: Vec<_> = (0..parts)
@@ -265,9 +282,46 @@ pub fn train_embedded<M: Distributed>(
     driven?;
     let model = mode.assemble(&system, &coord, local, &graphs[0])?;
     report.config = cfg.clone();
+    report.memory_estimate_bytes = Some(memory.total().min(u128::from(u64::MAX)) as u64);
     crate::report::finish(&mut report, &model)?;
     drop(system);
     Ok((report, model))
+}
+
+/// The memory of the partitions `graphs` served in this process (each its
+/// node's actors: stores holding its learnable rows, its trainers with
+/// their model replicas and pulled input rows), refused when over the
+/// machine's budget.
+fn check_memory<M: Distributed>(
+    mode: &M,
+    t: &crate::config::TrainingConfig,
+    graphs: &[&HetGraph],
+    parts: &[u32],
+) -> Result<MemoryPlan> {
+    let mut plan = MemoryPlan::process();
+    let trainers = (mode.trainers() / mode.parts().max(1)).max(1);
+    for (g, part) in graphs.iter().zip(parts) {
+        plan.add("cluster nodes", crate::epoch::memory::NODE_BYTES);
+        plan.graph(g)
+            .tables(t, g, mode.owned_rows(*part).as_deref());
+        for _ in 0..trainers {
+            plan.model(t, g, false).trainer(
+                t,
+                g,
+                crate::epoch::PREFETCH + 1,
+                mode.rows_in_transit(),
+            );
+        }
+    }
+    let what = match graphs.len() {
+        1 => format!("this node's partition ({})", memory::settings(t, graphs[0])),
+        n => format!(
+            "{n} partitions in this process ({})",
+            memory::settings(t, graphs[0])
+        ),
+    };
+    plan.check(&what)?;
+    Ok(plan)
 }
 
 /// Runs node `id`'s partition over the run's generations; on the
@@ -296,7 +350,7 @@ pub fn run_node<M: Distributed>(
         crate::epoch::preflight::check_trainable(t, &graph)?;
     }
     crate::epoch::preflight::check_distinct_names(&graph)?;
-    crate::epoch::preflight::check_fits(t, &graph, false)?;
+    let memory = check_memory(&*mode, t, &[&graph], &[part])?;
     let run = mode.fingerprint(&graph);
     let timeouts = mode.timeouts(Timeouts {
         start: Duration::from_millis(topology.cluster.start_timeout_ms),
@@ -385,6 +439,7 @@ pub fn run_node<M: Distributed>(
     let finished = driven.and_then(|()| {
         let model = mode.assemble(&system, &coord, vec![(part, mine)], &graph)?;
         report.config = cfg.clone();
+        report.memory_estimate_bytes = Some(memory.total().min(u128::from(u64::MAX)) as u64);
         crate::report::finish(&mut report, &model)
     });
     let peers: Vec<(String, String)> = (0..parts)

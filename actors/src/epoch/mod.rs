@@ -8,6 +8,7 @@
 //! step order, so results equal those of the sequential loop.
 
 pub mod cpu;
+pub mod memory;
 pub mod plan;
 pub mod preflight;
 pub mod run;

@@ -7,16 +7,17 @@
 use graphs::HetGraph;
 
 use crate::config::TrainingConfig;
+use crate::epoch::memory::{self, MemoryPlan};
 use crate::error::{Result, TrainError};
 
-/// Refuses a run of `t` on `g` that cannot train or cannot fit; `tables`:
-/// whether this process holds the learnable rows of the whole graph.
-pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
+/// Refuses a run of `t` on `g` in one process that cannot train or cannot
+/// fit (see [`check_fits`]); returns its memory plan.
+pub fn check(t: &TrainingConfig, g: &HetGraph, tables: bool, ahead: usize) -> Result<MemoryPlan> {
     // Edge tasks train on edges (their preparation refuses none).
     if t.task.on_nodes() {
         check_trainable(t, g)?;
     }
-    check_fits(t, g, tables)
+    check_fits(t, g, tables, ahead)
 }
 
 /// Refuses a graph with no target nodes or no training nodes, or whose
@@ -69,30 +70,19 @@ pub fn check_distinct_names(g: &HetGraph) -> Result<()> {
     Ok(())
 }
 
-/// Refuses settings whose model and training step need more memory than the machine has.
-pub fn check_fits(t: &TrainingConfig, g: &HetGraph, tables: bool) -> Result<()> {
-    let spec = t.model_spec();
-    // A link-prediction batch embeds both endpoints of each edge and its negatives.
-    let seeds = match t.task {
-        crate::config::Task::NodeClassification | crate::config::Task::NodeRegression => t.batch,
-        crate::config::Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
-        crate::config::Task::EdgeClassification | crate::config::Task::EdgeRegression => {
-            t.batch.saturating_mul(2)
-        }
-    };
-    let need = spec
-        .min_bytes(g, tables)
-        .saturating_add(spec.step_bytes(g, &t.fanouts, seeds));
-    let what = format!(
-        "a training step (training.batch {}, training.fanouts {:?}, training.hidden {}, training.embed_dim {}, training.layers {}; {} classes)",
-        t.batch,
-        t.fanouts,
-        t.hidden,
-        t.embed_dim,
-        t.layers,
-        g.num_classes()
-    );
-    graphs::memory::check_fits(&what, need).map_err(TrainError::Config)
+/// The memory of a run of `t` on `g` in one process (its graph, its model
+/// with the learnable rows when `tables`, one trainer's steps with `ahead`
+/// batches prepared ahead), refused when over the machine's budget.
+pub fn check_fits(
+    t: &TrainingConfig,
+    g: &HetGraph,
+    tables: bool,
+    ahead: usize,
+) -> Result<MemoryPlan> {
+    let mut plan = MemoryPlan::process();
+    plan.graph(g).model(t, g, tables).trainer(t, g, ahead, 0);
+    plan.check(&format!("this run ({})", memory::settings(t, g)))?;
+    Ok(plan)
 }
 
 #[cfg(test)]

@@ -158,6 +158,10 @@ impl Distributed for FullGraph {
     }
 
     /// Its partitioning and staleness settings too.
+    fn owned_rows(&self, part: u32) -> Option<Vec<u64>> {
+        Some(crate::owner::owned_counts(&self.owners, part))
+    }
+
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let full = &self.full;

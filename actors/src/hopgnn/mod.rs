@@ -132,6 +132,10 @@ impl Distributed for HopGnn {
     }
 
     /// Its partitioning and how models migrate and merge too.
+    fn owned_rows(&self, part: u32) -> Option<Vec<u64>> {
+        Some(crate::owner::owned_counts(&self.owners, part))
+    }
+
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(

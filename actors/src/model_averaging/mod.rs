@@ -206,6 +206,11 @@ impl Distributed for ModelAveraging {
     }
 
     /// Its partitioning (owners included), workers and rounds too.
+    /// Workers train on their partitions' own rows (halo included).
+    fn rows_in_transit(&self) -> u128 {
+        0
+    }
+
     fn fingerprint(&self, g: &HetGraph) -> String {
         let (t, m) = (&self.cfg, &self.set.manifest);
         let layout = format!(

@@ -15,6 +15,14 @@ pub mod worker;
 
 use std::sync::Arc;
 
+/// Per node type, the nodes partition `part` owns (`owners[type][node]`).
+pub fn owned_counts(owners: &[Vec<u16>], part: u32) -> Vec<u64> {
+    owners
+        .iter()
+        .map(|o| o.iter().filter(|&&p| u32::from(p) == part).count() as u64)
+        .collect()
+}
+
 use actix::Actor;
 use candle_core::{DType, Device};
 use futures_util::future::join_all;

@@ -185,6 +185,13 @@ impl Distributed for Raf {
     }
 
     /// Its meta-partitions, worker order and embedding mode too.
+    /// Workers share the learnable rows they all read: each step a worker
+    /// holds its rows' gradients, their encoding, every peer's decoded and
+    /// their sum, beyond the pulled rows' copies.
+    fn rows_in_transit(&self) -> u128 {
+        crate::epoch::memory::TRANSPORT_COPIES + 2 + u128::from(self.trainers())
+    }
+
     fn fingerprint(&self, g: &HetGraph) -> String {
         let layout = format!(
             "raf|{:?}|{:?}|{:?}",

@@ -91,7 +91,11 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         .on_edges()
         .then(|| EdgeTask::prepare(t, &g))
         .transpose()?;
-    crate::epoch::preflight::check(t, &g, true)?;
+    let on_gpu = !device.is_cpu();
+    let prefetch = crate::epoch::prefetch_workers(SingleConfig::of(t)?.prefetch_threads, on_gpu);
+    // Batches ahead: the training queue, then evaluation's (two per thread).
+    let ahead = crate::epoch::PREFETCH.max(2 * prefetch) + prefetch;
+    let memory = crate::epoch::preflight::check(t, &g, true, ahead)?;
     let mut model = Model::new(&t.model_spec(), &g, DType::F32, &device)?;
     observer.ready(&g, &model);
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
@@ -111,6 +115,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         nodes: 1,
         link: link.as_ref().map(|l| l.report(&g, t)),
         edge: edge.as_ref().map(|e| e.report(&g, t)),
+        memory_estimate_bytes: Some(memory.total().min(u128::from(u64::MAX)) as u64),
         ..Report::default()
     };
     let items = match (&link, &edge) {
@@ -213,8 +218,6 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     // training thread copies the rows to the device and reads the cached ones
     // there: all CUDA work on one thread keeps the device's stream in step
     // order, and host threads never wait for it.
-    let on_gpu = !device.is_cpu();
-    let prefetch = crate::epoch::prefetch_workers(SingleConfig::of(t)?.prefetch_threads, on_gpu);
     let feed = Feed {
         graph: &g,
         gather: if on_gpu {
