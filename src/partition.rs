@@ -410,16 +410,17 @@ fn run_meta(args: &PartitionArgs) -> Result<()> {
         }
         None => None,
     };
-    let m = partition::meta::write_metapaths(
-        &g,
-        args.layers,
-        args.parts,
-        paths.as_deref(),
-        &args.out,
-        args.force,
-        &mut bar::Bars::new(),
-    )
-    .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
+    let content = graphs::fingerprint::content(&args.data)
+        .with_context(|| format!("reading {}", args.data.display()))?;
+    let opts = partition::meta::MetaOptions {
+        layers: args.layers,
+        parts: args.parts,
+        metapaths: paths.as_deref(),
+        graph_sha256: Some(&content),
+        overwrite: args.force,
+    };
+    let m = partition::meta::write_metapaths(&g, &opts, &args.out, &mut bar::Bars::new())
+        .with_context(|| format!("writing meta-partitions to {}", args.out.display()))?;
     let total: u64 = m.info.iter().map(|p| p.load).sum();
     sayln!(
         "{}: {} meta-partitions for a {}-layer model (reverse relations {})",

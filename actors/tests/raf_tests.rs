@@ -29,8 +29,19 @@ fn meta_paths(parts: usize) -> PathBuf {
             2,
         )
         .unwrap();
-        partition::meta::write_metapaths(g, 2, parts, Some(&paths), out, false, &mut NoProgress)
-            .unwrap();
+        partition::meta::write_metapaths(
+            g,
+            &partition::meta::MetaOptions {
+                layers: 2,
+                parts,
+                metapaths: Some(&paths),
+                graph_sha256: None,
+                overwrite: false,
+            },
+            out,
+            &mut NoProgress,
+        )
+        .unwrap();
     })
 }
 

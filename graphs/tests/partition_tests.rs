@@ -372,8 +372,19 @@ fn metapaths_restrict_the_metatree_and_bad_ones_are_named() {
     )
     .unwrap();
     let out = tmp.path().join("mp");
-    let m = partition::meta::write_metapaths(&g, 2, 2, Some(&paths), &out, false, &mut NoProgress)
-        .unwrap();
+    let m = partition::meta::write_metapaths(
+        &g,
+        &partition::meta::MetaOptions {
+            layers: 2,
+            parts: 2,
+            metapaths: Some(&paths),
+            graph_sha256: None,
+            overwrite: false,
+        },
+        &out,
+        &mut NoProgress,
+    )
+    .unwrap();
     assert_eq!(m.metapaths.len(), 2);
     let allowed = partition::meta::allowed_per_layer(&paths, 2);
     for p in &m.info {
@@ -975,6 +986,78 @@ fn a_partition_directory_is_known_by_its_content() {
     bytes[last] ^= 1;
     std::fs::write(&cites, bytes).unwrap();
     let e = PartitionSet::open_for(&three, Some(&copy))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("was cut from a graph whose content is"), "{e}");
+}
+
+#[test]
+fn a_meta_partition_directory_is_known_by_its_content() {
+    let tmp = tempfile::tempdir().unwrap();
+    mag(tmp.path());
+    let gdir = tmp.path().join("g");
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
+    let g = graphs::load(&gdir, &opts).unwrap();
+    let content = graphs::fingerprint::content(&gdir).unwrap();
+    let write = |name: &str, layers: usize| {
+        let out = tmp.path().join(name);
+        let o = partition::meta::MetaOptions {
+            layers,
+            parts: 2,
+            metapaths: None,
+            graph_sha256: Some(&content),
+            overwrite: false,
+        };
+        partition::meta::write_metapaths(&g, &o, &out, &mut NoProgress).unwrap();
+        out
+    };
+    let (one, two) = (write("one", 2), write("two", 1));
+    let set = partition::meta::MetaSet::open_for(&one, Some(&gdir)).unwrap();
+    assert_eq!(set.manifest.graph_sha256.as_deref(), Some(content.as_str()));
+    assert!(set.manifest.files.keys().any(|f| f.starts_with("part0/")));
+    // A partition's file changed after it was written.
+    let rel = set
+        .manifest
+        .files
+        .keys()
+        .find(|f| f.starts_with("part0/edges/"))
+        .unwrap()
+        .clone();
+    let three = write("three", 2);
+    let mut bytes = std::fs::read(three.join(&rel)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(three.join(&rel), bytes).unwrap();
+    let e = partition::meta::MetaSet::open(&three)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(&rel) && e.contains("differs"), "{e}");
+    // A manifest edited by hand.
+    let m = one.join("manifest.json");
+    let text = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(&m, text.replacen("\"load\": ", "\"load\": 1", 1)).unwrap();
+    let e = partition::meta::MetaSet::open(&one)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("was edited"), "{e}");
+    // Meta-partitions of one graph named with another of other content.
+    let copy = tmp.path().join("copy");
+    for f in graphs::fingerprint::files(&gdir).unwrap().keys() {
+        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(gdir.join(f), copy.join(f)).unwrap();
+    }
+    let cites = copy.join("edges/paper__cites__paper.npy");
+    let mut bytes = std::fs::read(&cites).unwrap();
+    let last = bytes.len() - 8;
+    bytes[last] ^= 1;
+    std::fs::write(&cites, bytes).unwrap();
+    let e = partition::meta::MetaSet::open_for(&two, Some(&copy))
         .err()
         .unwrap()
         .to_string();

@@ -72,7 +72,7 @@ impl Raf {
     /// The run `t` describes: its meta-partitions must exist and suit it.
     pub fn open(t: &TrainingConfig) -> Result<Raf> {
         let dir = t.partitions.as_ref().ok_or_else(|| TrainError::Config("training.partitions: raf training needs a meta-partition directory (hetgnn partition --method meta --out DIR)".into()))?;
-        let set = MetaSet::open(dir)?;
+        let set = MetaSet::open_for(dir, t.data.as_deref())?;
         if set.manifest.layers != t.layers {
             return Err(TrainError::Config(format!(
                 "training.layers = {} but the meta-partitions in {} were built for {} layers (hetgnn partition --method meta --layers {})",
@@ -190,6 +190,10 @@ impl Distributed for Raf {
     /// their sum, beyond the pulled rows' copies.
     fn rows_in_transit(&self) -> u128 {
         crate::epoch::memory::TRANSPORT_COPIES + 2 + u128::from(self.trainers())
+    }
+
+    fn graph_sha256(&self) -> Option<String> {
+        self.set.manifest.graph_sha256.clone()
     }
 
     fn fingerprint(&self, g: &HetGraph) -> String {

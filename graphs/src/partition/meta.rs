@@ -498,8 +498,26 @@ pub struct MetaManifest {
     pub metapaths: Vec<Vec<String>>,
     /// Number of partitions.
     pub parts: usize,
+    /// The content of the graph partitioned ([`crate::fingerprint::content`];
+    /// absent where not given and in directories written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_sha256: Option<String>,
+    /// SHA-256 of every file of the directory the manifest covers (relative
+    /// path; empty in directories written before).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, String>,
+    /// SHA-256 of the manifest's JSON with this field empty: an edited
+    /// manifest is refused (a check against edits, not a signature).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub seal: String,
     /// Per partition.
     pub info: Vec<MetaPartInfo>,
+}
+
+impl crate::seal::Sealed for MetaManifest {
+    fn seal_field(&mut self) -> &mut String {
+        &mut self.seal
+    }
 }
 
 /// One meta-partition's report.
@@ -631,7 +649,31 @@ pub fn write(
     overwrite: bool,
     progress: &mut dyn crate::Progress,
 ) -> crate::Result<MetaManifest> {
-    write_metapaths(g, layers, parts, None, out, overwrite, progress)
+    let opts = MetaOptions {
+        layers,
+        parts,
+        metapaths: None,
+        graph_sha256: None,
+        overwrite,
+    };
+    write_metapaths(g, &opts, out, progress)
+}
+
+/// How [`write_metapaths`] cuts and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct MetaOptions<'a> {
+    /// Model depth.
+    pub layers: usize,
+    /// Partitions.
+    pub parts: usize,
+    /// The metapaths to build the metatree from ([`parse_metapaths`];
+    /// `None`: BFS over every relation).
+    pub metapaths: Option<&'a [Vec<RelationId>]>,
+    /// The content of the graph's directory, recorded so that training
+    /// refuses another graph's.
+    pub graph_sha256: Option<&'a str>,
+    /// Replace an existing output directory.
+    pub overwrite: bool,
 }
 
 /// [`write()`] with the metatree built from `metapaths` ([`parse_metapaths`]):
@@ -640,13 +682,17 @@ pub fn write(
 /// that restricted model.
 pub fn write_metapaths(
     g: &crate::HetGraph,
-    layers: usize,
-    parts: usize,
-    metapaths: Option<&[Vec<RelationId>]>,
+    opts: &MetaOptions,
     out: &std::path::Path,
-    overwrite: bool,
     progress: &mut dyn crate::Progress,
 ) -> crate::Result<MetaManifest> {
+    let MetaOptions {
+        layers,
+        parts,
+        metapaths,
+        graph_sha256,
+        overwrite,
+    } = *opts;
     use crate::error::GraphError;
     use crate::format::AtomicDir;
     if parts == 0 || parts > super::MAX_PARTS {
@@ -744,12 +790,12 @@ pub fn write_metapaths(
         reverse_edges: g.has_reverse_relations(),
         metapaths,
         parts: assigned.len(),
+        graph_sha256: graph_sha256.map(str::to_string),
+        files: super::set::cover(dir.path())?,
+        seal: String::new(),
         info,
     };
-    let mpath = dir.path().join("manifest.json");
-    let text = serde_json::to_string_pretty(&manifest)
-        .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-    crate::atomic::write(&mpath, text)?;
+    super::set::write_sealed(dir.path(), manifest.clone())?;
     dir.commit()?;
     Ok(manifest)
 }
@@ -764,6 +810,17 @@ pub struct MetaSet {
 }
 
 impl MetaSet {
+    /// [`MetaSet::open`], and when a graph directory `data` is named too,
+    /// refuses meta-partitions cut from a graph of other content.
+    pub fn open_for(
+        dir: &std::path::Path,
+        data: Option<&std::path::Path>,
+    ) -> crate::Result<MetaSet> {
+        let set = MetaSet::open(dir)?;
+        super::set::check_source(dir, set.manifest.graph_sha256.as_deref(), data)?;
+        Ok(set)
+    }
+
     /// Reads and checks `dir/manifest.json`.
     pub fn open(dir: &std::path::Path) -> crate::Result<MetaSet> {
         use crate::error::GraphError;
@@ -777,6 +834,7 @@ impl MetaSet {
         }
         let manifest: MetaManifest =
             serde_json::from_value(value).map_err(|e| GraphError::data(&mpath, e.to_string()))?;
+        super::set::verify_sealed(dir, manifest.clone(), &manifest.files)?;
         if manifest.format != 1 {
             return Err(GraphError::data(
                 &mpath,

@@ -100,35 +100,14 @@ impl Manifest {
     /// SHA-256) every file already there, and sealed.
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let mut sealed = self.clone();
-        sealed.files = crate::fingerprint::files(dir)?
-            .into_iter()
-            .filter(|(rel, _)| rel != MANIFEST_FILE)
-            .collect();
-        sealed.seal();
-        let path = dir.join(MANIFEST_FILE);
-        let text = serde_json::to_string_pretty(&sealed)
-            .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
-        crate::atomic::write(&path, text)
+        sealed.files = cover(dir)?;
+        write_sealed(dir, sealed)
     }
 
     /// Refuses an edited manifest and files that are not the ones it was
     /// written with (directories written before seals are taken as they are).
     fn verify(&self, dir: &Path) -> Result<()> {
-        if self.seal.is_empty() {
-            return Ok(());
-        }
-        let mpath = dir.join(MANIFEST_FILE);
-        if !self.clone().seal_holds() {
-            return Err(GraphError::data(&mpath, "was edited after `hetgnn partition` wrote it (its seal does not match its content): partition the graph again"));
-        }
-        use rayon::prelude::*;
-        self.files.par_iter().try_for_each(|(rel, want)| {
-            let path = dir.join(rel);
-            if crate::fingerprint::file(&path)? != *want {
-                return Err(GraphError::data(&path, "differs from the file this partitioning wrote (copied from another partitioning?): partition the graph again"));
-            }
-            Ok(())
-        })
+        verify_sealed(dir, self.clone(), &self.files)
     }
 
     /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
@@ -144,6 +123,72 @@ impl Manifest {
 
 /// The manifest's file name in a partition directory.
 const MANIFEST_FILE: &str = "manifest.json";
+
+/// SHA-256 of every file of partition directory `dir` but its manifest.
+pub(crate) fn cover(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    Ok(crate::fingerprint::files(dir)?
+        .into_iter()
+        .filter(|(rel, _)| rel != MANIFEST_FILE)
+        .collect())
+}
+
+/// Seals `manifest` and writes it as `dir/manifest.json`.
+pub(crate) fn write_sealed<M: Sealed + serde::Serialize>(
+    dir: &Path,
+    mut manifest: M,
+) -> Result<()> {
+    manifest.seal();
+    let text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| GraphError::InvalidArgument(e.to_string()))?;
+    crate::atomic::write(&dir.join(MANIFEST_FILE), text)
+}
+
+/// Refuses a `manifest` of `dir` edited after it was sealed, and files that
+/// are not the ones it covers (`files`); an unsealed manifest (written
+/// before seals) is taken as it is.
+pub(crate) fn verify_sealed<M: Sealed>(
+    dir: &Path,
+    mut manifest: M,
+    files: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    if manifest.seal_field().is_empty() {
+        return Ok(());
+    }
+    let mpath = dir.join(MANIFEST_FILE);
+    if !manifest.seal_holds() {
+        return Err(GraphError::data(&mpath, "was edited after `hetgnn partition` wrote it (its seal does not match its content): partition the graph again"));
+    }
+    use rayon::prelude::*;
+    files.par_iter().try_for_each(|(rel, want)| {
+        let path = dir.join(rel);
+        if crate::fingerprint::file(&path)? != *want {
+            return Err(GraphError::data(&path, "differs from the file this partitioning wrote (copied from another partitioning?): partition the graph again"));
+        }
+        Ok(())
+    })
+}
+
+/// Refuses partitions in `dir` cut from a graph of content `want` when
+/// the graph directory `data` has other content.
+pub(crate) fn check_source(dir: &Path, want: Option<&str>, data: Option<&Path>) -> Result<()> {
+    let (Some(data), Some(want)) = (data, want) else {
+        return Ok(());
+    };
+    let got = crate::fingerprint::content(data)?;
+    if got == want {
+        return Ok(());
+    }
+    use crate::fingerprint::short;
+    Err(GraphError::data(
+        dir,
+        format!(
+            "was cut from a graph whose content is sha256 {}…, but the graph given ({}) has content {}…: partition that graph, or leave out training.data",
+            short(want),
+            data.display(),
+            short(&got)
+        ),
+    ))
+}
 
 /// Layout version of `manifest.json`.
 pub(crate) const FORMAT: u32 = 1;
@@ -169,21 +214,7 @@ impl PartitionSet {
     /// train on the partitions' graph while naming `data`).
     pub fn open_for(dir: &Path, data: Option<&Path>) -> Result<PartitionSet> {
         let set = PartitionSet::open(dir)?;
-        if let (Some(data), Some(want)) = (data, &set.manifest.graph_sha256) {
-            let got = crate::fingerprint::content(data)?;
-            if got != *want {
-                use crate::fingerprint::short;
-                return Err(GraphError::data(
-                    dir,
-                    format!(
-                        "was cut from a graph whose content is sha256 {}…, but the graph given ({}) has content {}…: partition that graph, or leave out training.data",
-                        short(want),
-                        data.display(),
-                        short(&got)
-                    ),
-                ));
-            }
-        }
+        check_source(dir, set.manifest.graph_sha256.as_deref(), data)?;
         Ok(set)
     }
 
