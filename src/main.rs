@@ -321,8 +321,44 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
-            warnln!("error: {err:#}");
+            warnln!("error: {}", describe(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `err` and its causes, each once: library errors that name a file often
+/// print their cause in their own message too.
+fn describe(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_in_its_message_is_printed_once() {
+        let io = std::io::Error::other("No space left on device");
+        let lib = graphs::GraphError::Io {
+            path: "out.npy".into(),
+            source: io,
+        };
+        let err = anyhow::Error::new(lib).context("writing predictions");
+        assert_eq!(
+            super::describe(&err),
+            "writing predictions: out.npy: No space left on device"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::describe(&plain), "outer: inner");
     }
 }

@@ -8,7 +8,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 
 /// What an output path must be.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -321,5 +321,93 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("cannot write in /proc"), "{e}");
+    }
+}
+
+/// Outputs of one command that land together or not at all: each is
+/// written whole to a hidden staging name beside its destination
+/// ([`Staged::path`]), and [`Staged::commit`] renames them all into place
+/// once every one is written; dropped uncommitted, it removes what it staged.
+pub struct Staged {
+    /// (staging path, destination).
+    files: Vec<(PathBuf, PathBuf)>,
+    committed: bool,
+}
+
+impl Staged {
+    /// Nothing staged yet.
+    pub fn new() -> Staged {
+        Staged {
+            files: Vec::new(),
+            committed: false,
+        }
+    }
+
+    /// Where to write the output `dest` (same directory and extension, so
+    /// that writers inferring a format from it still do).
+    pub fn path(&mut self, dest: &Path) -> PathBuf {
+        let name = dest
+            .file_name()
+            .map_or_else(|| std::ffi::OsString::from("output"), |n| n.to_os_string());
+        let mut staged = std::ffi::OsString::from(".");
+        staged.push(&name);
+        staged.push(format!(".staged-{}", std::process::id()));
+        if let Some(ext) = dest.extension() {
+            staged.push(".");
+            staged.push(ext);
+        }
+        let path = dest.with_file_name(staged);
+        self.files.push((path.clone(), dest.to_path_buf()));
+        path
+    }
+
+    /// Renames every staged output into place.
+    pub fn commit(mut self) -> anyhow::Result<()> {
+        for (staged, dest) in &self.files {
+            std::fs::rename(staged, dest)
+                .with_context(|| format!("moving {} into place", dest.display()))?;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            for (staged, _) in &self.files {
+                let _ = std::fs::remove_file(staged);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod staged_tests {
+    use super::Staged;
+
+    #[test]
+    fn staged_outputs_land_together_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.npy"), dir.path().join("b.csv"));
+        std::fs::write(&a, "old").unwrap();
+        // The second output fails: the first keeps its old content, nothing is left over.
+        {
+            let mut s = Staged::new();
+            let pa = s.path(&a);
+            assert_eq!(pa.extension().unwrap(), "npy");
+            std::fs::write(&pa, "new").unwrap();
+            let _pb = s.path(&b);
+        }
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "old");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // Both written: both land.
+        let mut s = Staged::new();
+        std::fs::write(s.path(&a), "new").unwrap();
+        std::fs::write(s.path(&b), "x,y").unwrap();
+        s.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(&b).unwrap(), "x,y");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 }

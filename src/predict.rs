@@ -187,53 +187,64 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             emb_out.extend_from_slice(&e.data);
         }
     }
-    match out_format {
-        ResultFormat::Npy if regresses => {
-            graphs::npy::write_f32(&a.out, &[values.len() as u64], &values)?
-        }
-        ResultFormat::Table(f) if regresses => {
-            let columns = [
-                ("id".to_string(), names.column_type()),
-                ("value".into(), ColumnType::Float32),
-            ];
-            let data = vec![names.column(&wanted), ColumnData::Float32(values.clone())];
-            let mut w = TableWriter::create(&a.out, f, &columns)?;
-            w.write(data)?;
-            w.finish()?;
-        }
-        ResultFormat::Npy => graphs::npy::write_i64(&a.out, &[classes.len() as u64], &classes)?,
-        ResultFormat::Table(f) => {
-            let mut columns = vec![
-                ("id".to_string(), names.column_type()),
-                ("class".into(), ColumnType::Int),
-            ];
-            let mut data = vec![
-                names.column(&wanted),
-                ColumnData::Int(classes.iter().map(|&c| Some(c)).collect()),
-            ];
-            if !names.classes().is_empty() {
-                columns.push(("class_name".into(), ColumnType::Text));
-                data.push(ColumnData::Text(
-                    classes
-                        .iter()
-                        .map(|&c| names.classes().get(c as usize).cloned())
-                        .collect(),
-                ));
+    // The predictions and the embeddings land together or not at all.
+    let mut staged = crate::output::Staged::new();
+    let out = staged.path(&a.out);
+    (|| -> anyhow::Result<()> {
+        match out_format {
+            ResultFormat::Npy if regresses => {
+                graphs::npy::write_f32(&out, &[values.len() as u64], &values)?
             }
-            let mut w = TableWriter::create(&a.out, f, &columns)?;
-            w.write(data)?;
-            w.finish()?;
+            ResultFormat::Table(f) if regresses => {
+                let columns = [
+                    ("id".to_string(), names.column_type()),
+                    ("value".into(), ColumnType::Float32),
+                ];
+                let data = vec![names.column(&wanted), ColumnData::Float32(values.clone())];
+                let mut w = TableWriter::create(&out, f, &columns)?;
+                w.write(data)?;
+                w.finish()?;
+            }
+            ResultFormat::Npy => graphs::npy::write_i64(&out, &[classes.len() as u64], &classes)?,
+            ResultFormat::Table(f) => {
+                let mut columns = vec![
+                    ("id".to_string(), names.column_type()),
+                    ("class".into(), ColumnType::Int),
+                ];
+                let mut data = vec![
+                    names.column(&wanted),
+                    ColumnData::Int(classes.iter().map(|&c| Some(c)).collect()),
+                ];
+                if !names.classes().is_empty() {
+                    columns.push(("class_name".into(), ColumnType::Text));
+                    data.push(ColumnData::Text(
+                        classes
+                            .iter()
+                            .map(|&c| names.classes().get(c as usize).cloned())
+                            .collect(),
+                    ));
+                }
+                let mut w = TableWriter::create(&out, f, &columns)?;
+                w.write(data)?;
+                w.finish()?;
+            }
         }
-    }
+        Ok(())
+    })()
+    .with_context(|| format!("writing {}", a.out.display()))?;
     if let (Some(path), Some(format)) = (&a.embeddings, emb_format) {
-        let flat = emb_out;
+        let (flat, dest) = (emb_out, path);
+        let path = staged.path(dest);
         match format {
             ResultFormat::Npy => {
-                graphs::npy::write_f32(path, &[wanted.len() as u64, width as u64], &flat)?
+                graphs::npy::write_f32(&path, &[wanted.len() as u64, width as u64], &flat)
+                    .map_err(anyhow::Error::from)
             }
-            ResultFormat::Table(f) => write_embedding_table(path, f, names, &wanted, &flat, width)?,
+            ResultFormat::Table(f) => write_embedding_table(&path, f, names, &wanted, &flat, width),
         }
+        .with_context(|| format!("writing {}", dest.display()))?;
     }
+    staged.commit()?;
     sayln!(
         "wrote predictions for {} {} nodes to {} (checkpoint {})",
         wanted.len(),

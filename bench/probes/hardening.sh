@@ -122,6 +122,12 @@ result "1 ulimit -n 16 is refused with what to do" $([ $? = 1 ] && has "open-fil
 (ulimit -v 4000000; exec timeout 30 "$H" generate --like mag --scale 1000 --out huge) >/dev/null 2>"$W/err"
 rc=$?
 result "1 generate --scale 1000 is refused before allocating" $([ $rc = 1 ] && has "memory"; echo $?) "exit $rc"
+HETGNN_MEMORY_BYTES=4000000000 run train --data g --epochs 1 --embed-dim 65536
+result "1 learnable rows over a 4 GB budget are refused, parts listed" $([ $? = 1 ] && has "learnable rows and optimizer"; echo $?)
+run train --data g --epochs 2 --embed-dim 1024 --report mem.json
+peak=$(grep -o '"peak_memory_bytes": [0-9]*' mem.json | grep -o '[0-9]*$')
+est=$(grep -o '"memory_estimate_bytes": [0-9]*' mem.json | grep -o '[0-9]*$')
+result "1 the measured peak stays under the estimate" $([ -n "$peak" ] && [ -n "$est" ] && [ "$peak" -le "$est" ]; echo $?) "peak $peak, estimate $est"
 
 # Class 3: a graph known by its content.
 # The same shape and id ranges, another graph: cites reversed (rows swapped), schema.json unchanged.
