@@ -134,19 +134,24 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let trained = a.model.load()?;
     let dir = trained.source.dir.clone();
-    if trained.source.spec.link.is_some() {
-        bail!("{}: this checkpoint was trained for link prediction and predicts nothing per node; `hetgnn embed` writes its node embeddings", dir.display());
-    }
-    if let Some(edge) = trained.source.spec.edge.clone() {
+    let spec = &trained.source.spec;
+    let scorer = match (&spec.edge, &spec.link) {
+        (Some(e), _) => Some(crate::predict_edges::Scorer::Edge(e.clone())),
+        (None, Some(l)) => Some(crate::predict_edges::Scorer::Link(l.relations.clone())),
+        (None, None) => None,
+    };
+    if let Some(scorer) = scorer {
         let Some(path) = &a.edges else {
-            bail!("{}: this checkpoint was trained for an edge task ({}): give the edges to score with --edges FILE", dir.display(), edge.relations.join(", "));
+            bail!("{}: this checkpoint was trained for {} ({}): give the edges to score with --edges FILE (`hetgnn embed` writes its node embeddings)", dir.display(), scorer.task(), scorer.relations().join(", "));
         };
         if a.ids.is_some() || a.embeddings.is_some() {
-            bail!("--ids and --embeddings apply to node models; an edge model scores --edges");
+            bail!(
+                "--ids and --embeddings apply to node models; an edge or link model scores --edges"
+            );
         }
         return crate::predict_edges::run(
             &trained,
-            &edge,
+            &scorer,
             a.relation.as_deref(),
             path,
             &a.out,

@@ -1,5 +1,6 @@
 //! `hetgnn predict --edges`: the class or value an edge model gives each of a
-//! list of edges, by exact inference (as its evaluation during training).
+//! list of edges, or a link predictor's score and probability, by exact
+//! inference (as its evaluation during training).
 
 use std::path::Path;
 
@@ -13,25 +14,51 @@ use tables::write::{ColumnData, ColumnType, TableWriter};
 /// Destinations per chunk of exact inference.
 const INFERENCE_CHUNK: usize = 4096;
 
+/// What scores a model's edges.
+pub enum Scorer {
+    /// An edge task's decoder: a class or a value per edge.
+    Edge(EdgeSpec),
+    /// A link predictor's decoder over its target relations: a score.
+    Link(Vec<String>),
+}
+
+impl Scorer {
+    /// The relations whose edges it scores.
+    pub fn relations(&self) -> &[String] {
+        match self {
+            Scorer::Edge(e) => &e.relations,
+            Scorer::Link(r) => r,
+        }
+    }
+
+    /// The task, for messages.
+    pub fn task(&self) -> &'static str {
+        match self {
+            Scorer::Edge(_) => "an edge task",
+            Scorer::Link(_) => "link prediction",
+        }
+    }
+}
+
 /// Scores the edges in `path` (of `relation`, or the model's first target
 /// relation) with `trained` and writes them to `out`.
 pub fn run(
     trained: &Trained,
-    spec: &EdgeSpec,
+    scorer: &Scorer,
     relation: Option<&str>,
     path: &Path,
     out: &Path,
     format: ResultFormat,
 ) -> anyhow::Result<()> {
     let g = &trained.graph;
+    let relations = scorer.relations();
     let name = match relation {
-        Some(r) if spec.relations.iter().any(|x| x == r) => r.to_string(),
+        Some(r) if relations.iter().any(|x| x == r) => r.to_string(),
         Some(r) => bail!(
             "--relation {r}: the model was trained on {}",
-            spec.relations.join(", ")
+            relations.join(", ")
         ),
-        None => spec
-            .relations
+        None => relations
             .first()
             .cloned()
             .context("the model names no target relation")?,
@@ -49,13 +76,46 @@ pub fn run(
             .as_ref()
             .with_context(|| format!("no embeddings for node type '{}'", g.node_types()[t].name))
     };
-    let y = models::edge::decode_rows(&trained.model, table(st)?, table(dt)?, &src, &dst)
-        .with_context(|| format!("scoring the edges of {}", path.display()))?;
     let names = |t: usize, ids: &[u32]| trained.names[t].column(ids);
     let ends = [
         ("src".to_string(), trained.names[st].column_type()),
         ("dst".to_string(), trained.names[dt].column_type()),
     ];
+    let spec = match scorer {
+        Scorer::Edge(spec) => spec,
+        Scorer::Link(relations) => {
+            let at = relations.iter().position(|r| *r == name).unwrap_or(0);
+            let scores =
+                models::link::score_rows(&trained.model, at, table(st)?, table(dt)?, &src, &dst)
+                    .with_context(|| format!("scoring the edges of {}", path.display()))?;
+            match format {
+                ResultFormat::Npy => graphs::npy::write_f32(out, &[scores.len() as u64], &scores)?,
+                ResultFormat::Table(f) => {
+                    let mut columns = ends.to_vec();
+                    columns.push(("score".into(), ColumnType::Float32));
+                    columns.push(("probability".into(), ColumnType::Float32));
+                    let p = scores.iter().map(|&s| 1.0 / (1.0 + (-s).exp())).collect();
+                    let mut w = TableWriter::create(out, f, &columns)?;
+                    w.write(vec![
+                        names(st, &src),
+                        names(dt, &dst),
+                        ColumnData::Float32(scores),
+                        ColumnData::Float32(p),
+                    ])?;
+                    w.finish()?;
+                }
+            }
+            sayln!(
+                "wrote scores of {} {name} edges to {} (checkpoint {})",
+                src.len(),
+                out.display(),
+                trained.source.dir.display()
+            );
+            return Ok(());
+        }
+    };
+    let y = models::edge::decode_rows(&trained.model, table(st)?, table(dt)?, &src, &dst)
+        .with_context(|| format!("scoring the edges of {}", path.display()))?;
     if spec.values {
         let values: Vec<f32> = y.squeeze(1)?.to_vec1()?;
         match format {

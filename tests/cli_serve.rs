@@ -576,6 +576,23 @@ fn serve_refuses_hostile_requests_and_keeps_answering() {
     assert_eq!(v["epochs"], 2, "{v}");
     let (_, info) = s.get("/v1/model");
     assert!(info.contains("\"epochs\":2"), "{info}");
+    // A client sending its headers slowly is cut off after the request
+    // timeout (2 s here) instead of holding its connection for ever.
+    let mut loris = TcpStream::connect(&s.addr).unwrap();
+    loris
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let began = Instant::now();
+    loris
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut loris, &mut rest);
+    let held = began.elapsed();
+    assert!(
+        held >= Duration::from_millis(1500) && held < Duration::from_secs(10),
+        "a half-sent request held its connection {held:?}"
+    );
     // A client that never finishes its request does not hold SIGTERM up
     // beyond the request timeout (stop() allows 30 s).
     let mut slow = TcpStream::connect(&s.addr).unwrap();
@@ -873,4 +890,87 @@ fn an_edge_model_scores_given_edges_as_its_evaluation_did() {
     let (code, r) = s.post("/v1/score_edges", &json!({"src": [1 << 30], "dst": [0]}));
     assert_eq!(code, 404, "{r}");
     assert!(s.stop().success());
+}
+
+#[test]
+fn a_link_predictor_scores_given_edges_offline_and_served_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let rel = "paper__cites__paper";
+    trained(
+        dir,
+        &["--task", "link-prediction", "--target-relations", rel],
+    );
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    // Every node's exact embeddings, and edges to score: some of the graph's, some not.
+    let mut a = vec!["embed"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--out", "emb"]);
+    hetgnn(dir, &a).ok();
+    let emb = NpyFile::open(&dir.join("emb/paper.npy"), DType::F32).unwrap();
+    let width = emb.shape()[1] as usize;
+    let emb = emb.to_f32_vec();
+    let row = |v: i64| emb[v as usize * width..(v as usize + 1) * width].to_vec();
+    let (src, dst): (Vec<i64>, Vec<i64>) = (0..40).map(|i| (i, (i * 7 + 3) % 50)).unzip();
+    let mut pairs = src.clone();
+    pairs.extend(&dst);
+    graphs::npy::write_i64(&dir.join("pairs.npy"), &[2, src.len() as u64], &pairs).unwrap();
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--edges", "pairs.npy", "--out", "s.npy"]);
+    hetgnn(dir, &a).ok();
+    let offline = NpyFile::open(&dir.join("s.npy"), DType::F32)
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(offline.len(), src.len());
+    // A dot decoder's score is the dot product of the ends' embeddings.
+    let want: Vec<f32> = src
+        .iter()
+        .zip(&dst)
+        .map(|(&u, &v)| row(u).iter().zip(row(v)).map(|(a, b)| a * b).sum())
+        .collect();
+    assert!(close(&offline, &want), "{offline:?} vs {want:?}");
+    // A table names the score and its probability.
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--edges", "pairs.npy", "--out", "s.csv"]);
+    hetgnn(dir, &a).ok();
+    let csv = std::fs::read_to_string(dir.join("s.csv")).unwrap();
+    assert!(csv.starts_with("src,dst,score,probability\n"), "{csv}");
+    // Without --edges: refused, naming the task.
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--out", "x.npy"]);
+    hetgnn(dir, &a).fails_with(1, &["--edges", "link prediction"]);
+    // Served: the same scores, and their sigmoid as probabilities.
+    let mut exact = model.to_vec();
+    exact.extend_from_slice(&["--inference", "exact"]);
+    let server = Server::start(dir, &exact);
+    let body = json!({"src": src, "dst": dst, "probabilities": true});
+    let (code, r) = server.post("/v1/score_edges", &body);
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["relation"], rel);
+    let served: Vec<f32> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert!(close(&served, &offline), "{served:?} vs {offline:?}");
+    let p = floats(&r["probabilities"]);
+    let sigmoid: Vec<f32> = offline.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+    assert!(close(&p, &sigmoid), "{p:?}");
+    let (code, r) = server.post(
+        "/v1/score_edges",
+        &json!({"relation": "author__writes__paper", "src": [0], "dst": [0]}),
+    );
+    assert_eq!(code, 400, "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("trained on the edges of paper__cites__paper"),
+        "{r}"
+    );
+    assert!(server.stop().success());
 }

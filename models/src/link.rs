@@ -175,6 +175,64 @@ impl RankSums {
     }
 }
 
+/// Scores (logits) of the edges `src[i] -> dst[i]` of target relation `r`
+/// (index into the link spec's relations) of `model`, from every node's
+/// rows of the edges' end types: the fixed-order [`dot`] of each source's
+/// query row with its destination's row, as exact evaluation ranks them.
+pub fn score_rows(
+    model: &crate::Model,
+    r: usize,
+    src_rows: &crate::inference::TypeRows,
+    dst_rows: &crate::inference::TypeRows,
+    src: &[u32],
+    dst: &[u32],
+) -> Result<Vec<f32>> {
+    use candle_core::DType;
+    if src.len() != dst.len() {
+        return Err(ModelError::Config(format!(
+            "{} sources for {} destinations",
+            src.len(),
+            dst.len()
+        )));
+    }
+    let w = src_rows.width;
+    if dst_rows.width != w {
+        return Err(ModelError::Config(format!(
+            "embeddings {w} and {} wide cannot be scored together",
+            dst_rows.width
+        )));
+    }
+    let row = |t: &crate::inference::TypeRows, v: u32| -> Result<std::ops::Range<usize>> {
+        let count = t.data.len() / w.max(1);
+        let v = v as usize;
+        if v >= count {
+            return Err(ModelError::Config(format!(
+                "node id {v} is out of range 0..{count}"
+            )));
+        }
+        Ok(v * w..(v + 1) * w)
+    };
+    let mut buf = Vec::with_capacity(src.len() * w);
+    for &v in src {
+        buf.extend_from_slice(&src_rows.data[row(src_rows, v)?]);
+    }
+    let s = Tensor::from_vec(buf, (src.len(), w), model.device())?.to_dtype(model.dtype())?;
+    let q: Vec<f32> = model
+        .link_query(r, &s)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    dst.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            Ok(dot(
+                &q[i * w..(i + 1) * w],
+                &dst_rows.data[row(dst_rows, v)?],
+            ))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,9 +113,11 @@ pub struct ScoreEdgesResponse {
     pub src: Vec<Id>,
     /// The request's destinations.
     pub dst: Vec<Id>,
-    /// Each edge's class (edge classification) or value (edge regression).
+    /// Each edge's class (edge classification), value (edge regression) or
+    /// score (link prediction: the decoder's logit).
     pub predictions: Predictions,
-    /// Each edge's class probabilities, when asked for.
+    /// Each edge's class probabilities (link prediction: `[p]`, the
+    /// score's sigmoid), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probabilities: Option<Vec<Vec<f32>>>,
 }

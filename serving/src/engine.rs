@@ -252,9 +252,24 @@ impl Engine {
         })
     }
 
+    /// The relations whose edges the model scores: an edge model's target
+    /// relations, or a link predictor's.
+    pub fn scored_relations(&self) -> Result<&[String]> {
+        let spec = &self.trained.source.spec;
+        match (&spec.edge, &spec.link) {
+            (Some(e), _) => Ok(&e.relations),
+            (None, Some(l)) => Ok(&l.relations),
+            (None, None) => Err(ServeError::BadRequest(
+                "this model was trained for node classification or regression: it scores no edges (edge tasks and link prediction do)".into(),
+            )),
+        }
+    }
+
     /// Classes (or values) of the edges `src[i] -> dst[i]` of target
     /// relation `r` of an edge model, decoded from its ends' exact rows (as
-    /// its evaluation and `hetgnn predict --edges` do).
+    /// its evaluation and `hetgnn predict --edges` do); for a link
+    /// predictor, each edge's score (a logit: values) and, when asked, its
+    /// probability (the score's sigmoid).
     pub fn score_edges(
         &self,
         r: graphs::RelationId,
@@ -263,19 +278,15 @@ impl Engine {
         probabilities: bool,
     ) -> Result<Classified> {
         let g = &self.trained.graph;
-        let Some(spec) = &self.trained.source.spec.edge else {
-            return Err(ServeError::BadRequest(
-                "this model was not trained for an edge task (edge-classification or edge-regression): it scores no edges".into(),
-            ));
-        };
+        let relations = self.scored_relations()?;
         let rel = g.relation(r);
-        if !spec.relations.iter().any(|x| x == rel.canonical()) {
+        let Some(at) = relations.iter().position(|x| x == rel.canonical()) else {
             return Err(ServeError::BadRequest(format!(
                 "the model was trained on the edges of {}, not '{}'",
-                spec.relations.join(", "),
+                relations.join(", "),
                 rel.canonical()
             )));
-        }
+        };
         let Some(rows) = &self.exact else {
             return Err(ServeError::BadRequest(
                 "edges are scored from exact embeddings: serve the model with --inference exact"
@@ -288,6 +299,24 @@ impl Engine {
             rows.get(t.index())
                 .and_then(Option::as_ref)
                 .ok_or_else(|| ServeError::Inference("no embeddings of an edge's end type".into()))
+        };
+        let Some(spec) = &self.trained.source.spec.edge else {
+            let scores = models::link::score_rows(
+                &self.trained.model,
+                at,
+                table(rel.src)?,
+                table(rel.dst)?,
+                src,
+                dst,
+            )?;
+            return Ok(Classified {
+                probabilities: probabilities.then(|| Rows {
+                    width: 1,
+                    data: scores.iter().map(|&s| 1.0 / (1.0 + (-s).exp())).collect(),
+                }),
+                values: Some(scores),
+                ..Classified::default()
+            });
         };
         let y = models::edge::decode_rows(
             &self.trained.model,

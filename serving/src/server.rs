@@ -205,11 +205,15 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
         let _ = drain_started.changed().await;
         tokio::time::sleep(drain).await;
     };
-    let server = std::future::IntoFuture::into_future(
-        axum::serve(listener, app).with_graceful_shutdown(shutdown),
+    let server = serve_connections(
+        listener,
+        app,
+        shared.limits.timeout,
+        shutdown,
+        Arc::clone(&shared.log),
     );
     tokio::select! {
-        r = server => r.map_err(|e| ServeError::Inference(format!("the server failed: {e}")))?,
+        () = server => {}
         _ = deadline => (shared.log)(&format!(
             "drain: connections still open after {} ms closed",
             drain.as_millis()
@@ -220,6 +224,62 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
         Some(e) if !e.is_empty() => Err(ServeError::Load(e)),
         _ => Ok(addr),
     }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then waits for the
+/// connections in flight to finish their requests. A client must send a
+/// request's headers within `header_timeout` of its first byte, or its
+/// connection is closed: a client sending them a byte at a time cannot
+/// hold a connection (and its file descriptor) for ever.
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+    log: Log,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    tokio::pin!(shutdown);
+    let mut refused_since: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors, say: the clients holding
+                        // them are answered or time out; try again shortly.
+                        if refused_since.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                            log(&format!("accepting a connection failed: {e}; retrying"));
+                            refused_since = Some(Instant::now());
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let service = app
+                    .clone()
+                    .map_request(|r: Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
+                let conn = http.serve_connection(
+                    TokioIo::new(stream),
+                    hyper_util::service::TowerToHyperService::new(service),
+                );
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    // A client's broken connection is its own business.
+                    let _ = conn.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 /// `SIGHUP` reloads; `SIGTERM` and `SIGINT` stop (an empty message: not a failure).
@@ -538,21 +598,16 @@ async fn score_edges(
     let engine = current(&s)?;
     let tr = engine.trained();
     let g = &tr.graph;
-    let Some(spec) = &tr.source.spec.edge else {
-        return Err(ServeError::BadRequest(
-            "this model was not trained for an edge task (edge-classification or edge-regression): it scores no edges".into(),
-        )
-        .into());
-    };
+    let relations = engine.scored_relations()?;
     let name = match &req.relation {
         Some(r) => r.clone(),
-        None => spec.relations.first().cloned().unwrap_or_default(),
+        None => relations.first().cloned().unwrap_or_default(),
     };
     let r = g.relation_id(&name).ok_or_else(|| {
         ServeError::BadRequest(format!(
             "unknown relation {:?}; the model scores the edges of {}",
             name.escape_debug().to_string(),
-            spec.relations.join(", ")
+            relations.join(", ")
         ))
     })?;
     if req.src.is_empty() {
