@@ -937,6 +937,21 @@ fn bytegnn_partitions_of_the_real_graphs_pull_at_most_ten_percent_more_rows_than
     }
 }
 
+/// A copy of graph directory `gdir` at `copy`, the same name and shape,
+/// one edge of `paper__cites__paper` changed: a graph of other content.
+fn other_content(gdir: &Path, copy: &Path) -> std::path::PathBuf {
+    for f in graphs::fingerprint::files(gdir).unwrap().keys() {
+        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
+        std::fs::copy(gdir.join(f), copy.join(f)).unwrap();
+    }
+    let cites = copy.join("edges/paper__cites__paper.npy");
+    let mut bytes = std::fs::read(&cites).unwrap();
+    let last = bytes.len() - 8;
+    bytes[last] ^= 1;
+    std::fs::write(&cites, bytes).unwrap();
+    copy.to_path_buf()
+}
+
 #[test]
 fn a_partition_directory_is_known_by_its_content() {
     let tmp = tempfile::tempdir().unwrap();
@@ -974,17 +989,7 @@ fn a_partition_directory_is_known_by_its_content() {
     assert!(e.contains("was edited"), "{e}");
     // Partitions of one graph named with another (same name, one relation changed).
     let three = write("three", 3);
-    let copy = tmp.path().join("copy");
-    std::fs::create_dir_all(copy.join("edges")).unwrap();
-    for f in graphs::fingerprint::files(&gdir).unwrap().keys() {
-        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
-        std::fs::copy(gdir.join(f), copy.join(f)).unwrap();
-    }
-    let cites = copy.join("edges/paper__cites__paper.npy");
-    let mut bytes = std::fs::read(&cites).unwrap();
-    let last = bytes.len() - 8;
-    bytes[last] ^= 1;
-    std::fs::write(&cites, bytes).unwrap();
+    let copy = other_content(&gdir, &tmp.path().join("copy"));
     let e = PartitionSet::open_for(&three, Some(&copy))
         .err()
         .unwrap()
@@ -1047,16 +1052,7 @@ fn a_meta_partition_directory_is_known_by_its_content() {
         .to_string();
     assert!(e.contains("was edited"), "{e}");
     // Meta-partitions of one graph named with another of other content.
-    let copy = tmp.path().join("copy");
-    for f in graphs::fingerprint::files(&gdir).unwrap().keys() {
-        std::fs::create_dir_all(copy.join(f).parent().unwrap()).unwrap();
-        std::fs::copy(gdir.join(f), copy.join(f)).unwrap();
-    }
-    let cites = copy.join("edges/paper__cites__paper.npy");
-    let mut bytes = std::fs::read(&cites).unwrap();
-    let last = bytes.len() - 8;
-    bytes[last] ^= 1;
-    std::fs::write(&cites, bytes).unwrap();
+    let copy = other_content(&gdir, &tmp.path().join("copy"));
     let e = partition::meta::MetaSet::open_for(&two, Some(&copy))
         .err()
         .unwrap()
