@@ -104,6 +104,16 @@ pub struct TrainArgs {
     /// Resume from the newest valid checkpoint in --checkpoint.
     #[arg(long)]
     resume: bool,
+    /// Start from another run's checkpoint (pre-train, then fine-tune): its
+    /// relational layers and learnable rows, as --init-parts says.
+    #[arg(long, value_name = "CHECKPOINT")]
+    init_from: Option<PathBuf>,
+    /// What --init-from loads: embed, gnn, decoder [default: embed,gnn].
+    #[arg(long, value_name = "PARTS")]
+    init_parts: Option<String>,
+    /// Loaded parts left as loaded, not trained (e.g. embed,gnn).
+    #[arg(long, value_name = "PARTS")]
+    freeze: Option<String>,
     /// Device cache per trainer or raf worker, e.g. 4GiB [default: 0, no cache].
     #[arg(long)]
     cache_bytes: Option<String>,
@@ -124,11 +134,12 @@ impl TrainArgs {
                 .map(|p| graphs::input::utf8_path(flag, p).map(|s| actors::config::toml_string(&s)))
                 .transpose()
         };
-        let (data, partitions, report, checkpoint) = (
+        let (data, partitions, report, checkpoint, init_from) = (
             path("--data", &self.data)?,
             path("--partitions", &self.partitions)?,
             path("--report", &self.report)?,
             path("--checkpoint", &self.checkpoint)?,
+            path("--init-from", &self.init_from)?,
         );
         let mut o = Vec::new();
         let mut push = |k: &str, v: Option<String>| {
@@ -177,6 +188,9 @@ impl TrainArgs {
         push("report", report);
         push("checkpoint_dir", checkpoint);
         push("resume", self.resume.then(|| "true".to_string()));
+        push("init_from", init_from);
+        push("init_parts", self.init_parts.as_deref().map(quoted));
+        push("freeze", self.freeze.as_deref().map(quoted));
         push("cache_bytes", self.cache_bytes.as_deref().map(quoted));
         push("cache_policy", self.cache_policy.as_deref().map(quoted));
         o.extend(self.set.iter().cloned());

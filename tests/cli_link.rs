@@ -146,6 +146,50 @@ fn link_prediction_trains_reports_and_embeds() {
         ],
     )
     .fails_with(1, &["link prediction", "hetgnn embed"]);
+
+    // Pre-trained, then fine-tuned: a node classifier from the predictor's
+    // layers and rows, frozen, whose checkpoint predicts classes.
+    let tune = [
+        "train",
+        "--data",
+        "g",
+        "--epochs",
+        "1",
+        "--batch",
+        "256",
+        "--hidden",
+        "32",
+        "--init-from",
+        "ck",
+        "--freeze",
+        "embed,gnn",
+        "--checkpoint",
+        "ft",
+    ];
+    let out = hetgnn(d, &tune).ok();
+    assert!(
+        out.stderr().contains("initialised from") && out.stderr().contains("frozen"),
+        "{}",
+        out.stderr()
+    );
+    hetgnn(
+        d,
+        &[
+            "predict",
+            "--checkpoint",
+            "ft",
+            "--data",
+            "g",
+            "--out",
+            "p.npy",
+        ],
+    )
+    .ok();
+    hetgnn(
+        d,
+        &[&tune[..7], &["--init-from", "ck", "--hidden", "16"]].concat(),
+    )
+    .fails_with(1, &["training.init_from", "training.hidden = 32"]);
 }
 
 #[test]

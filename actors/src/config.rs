@@ -246,6 +246,18 @@ pub struct TrainingConfig {
     pub checkpoint_keep: usize,
     /// Resume from the newest valid checkpoint in `checkpoint_dir` (default false).
     pub resume: bool,
+    /// Start from another run's checkpoint (pre-train, then fine-tune): a
+    /// checkpoint directory or root of either kind, trained on the same graph
+    /// with the same architecture (default: none, a fresh model).
+    pub init_from: Option<PathBuf>,
+    /// The parts `init_from` loads: "embed" (learnable tables), "gnn" (the
+    /// relational layers; the output layer of another task starts afresh),
+    /// "decoder" (the task's head) (default ["embed", "gnn"]).
+    #[serde(deserialize_with = "names")]
+    pub init_parts: Vec<String>,
+    /// The loaded parts left as loaded, not trained (default none).
+    #[serde(deserialize_with = "names")]
+    pub freeze: Vec<String>,
     /// How the device cache divides its bytes between node types:
     /// "miss-penalty" (default, Heta), "hotness" or "none".
     pub cache_policy: CachePolicy,
@@ -289,8 +301,28 @@ impl TrainingConfig {
         }
     }
 
-    /// The link-prediction settings a run's checkpoints must share (empty for node classification).
+    /// The parts `init_from` loads by default.
+    fn default_init_parts() -> std::collections::BTreeSet<crate::pretrained::init::Part> {
+        use crate::pretrained::init::Part;
+        [Part::Embed, Part::Gnn].into()
+    }
+
+    /// The task's settings a run's checkpoints must share, and what it started
+    /// from (empty for plain node classification).
     pub fn link_fingerprint(&self) -> String {
+        let task = self.task_fingerprint();
+        match &self.init_from {
+            None => task,
+            Some(p) => format!(
+                "{task}|init {}|{:?}|{:?}",
+                p.display(),
+                self.init_parts,
+                self.freeze
+            ),
+        }
+    }
+
+    fn task_fingerprint(&self) -> String {
         match self.task {
             Task::NodeClassification
                 if self.focal_gamma == 0.0 && self.class_weights == Default::default() =>
@@ -388,6 +420,9 @@ impl Default for TrainingConfig {
             checkpoint_every: 0,
             checkpoint_keep: 3,
             resume: false,
+            init_from: None,
+            init_parts: vec!["embed".into(), "gnn".into()],
+            freeze: Vec::new(),
             cache_policy: CachePolicy::MissPenalty,
             cache_bytes: runtime::ByteSize(0),
             cache_presample_epochs: 2,
@@ -494,6 +529,19 @@ impl Config {
         }
         if t.batch == 0 {
             return bad("training.batch must be at least 1".into());
+        }
+        let load = crate::pretrained::init::parts("training.init_parts", &t.init_parts)?;
+        let freeze = crate::pretrained::init::parts("training.freeze", &t.freeze)?;
+        if let Some(p) = freeze.iter().find(|p| !load.contains(p)) {
+            return bad(format!("training.freeze names '{}', which training.init_parts does not load: only loaded parts can be frozen", p.name()));
+        }
+        if t.init_from.is_none()
+            && (!t.freeze.is_empty() || load != TrainingConfig::default_init_parts())
+        {
+            return bad("training.init_parts and training.freeze apply with training.init_from (the checkpoint to start from)".into());
+        }
+        if t.init_from.is_some() && load.is_empty() {
+            return bad("training.init_parts is empty: name what training.init_from loads (embed, gnn, decoder)".into());
         }
         if t.hidden == 0 || t.embed_dim == 0 || t.hidden > MAX_WIDTH || t.embed_dim > MAX_WIDTH {
             return bad(format!(

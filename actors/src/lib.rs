@@ -22,6 +22,7 @@ pub mod model_averaging;
 pub mod modes;
 pub mod observer;
 pub mod owner;
+pub mod pretrained;
 pub mod raf;
 pub mod report;
 pub mod single;

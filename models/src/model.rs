@@ -547,6 +547,12 @@ impl Model {
         &self.spec
     }
 
+    /// Whether its last layer writes the outputs (logits, a value or the
+    /// embeddings a decoder reads) rather than a classifier after it (HGT's head).
+    pub fn last_layer_is_output(&self) -> bool {
+        !matches!(&self.layers, Layers::Relational(_, Some(_)))
+    }
+
     /// Whether the model reads neighborhoods (the MLP does not).
     pub fn uses_neighbors(&self) -> bool {
         matches!(self.layers, Layers::Relational(..))

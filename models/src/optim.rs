@@ -1,6 +1,6 @@
 //! Adam for dense parameters, with its state exposed for checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
@@ -87,6 +87,8 @@ pub struct Adam {
     pub step: u64,
     /// First and second moments by parameter name.
     pub moments: BTreeMap<String, (Tensor, Tensor)>,
+    /// Parameters it leaves as they are (the frozen parts of a fine-tuned model).
+    pub frozen: BTreeSet<String>,
 }
 
 impl Adam {
@@ -96,6 +98,7 @@ impl Adam {
             cfg,
             step: 0,
             moments: BTreeMap::new(),
+            frozen: BTreeSet::new(),
         }
     }
 
@@ -131,7 +134,7 @@ impl Adam {
         self.step += 1;
         let c = self.cfg;
         let (bc1, bc2) = c.bias_corrections(self.step as u32);
-        for (name, var) in params.iter() {
+        for (name, var) in params.iter().filter(|(n, _)| !self.frozen.contains(*n)) {
             // Detach: a leaf's gradient can still reference the step's forward
             // graph, and moments derived from it would chain every step's graph
             // to the next (an unbounded leak).

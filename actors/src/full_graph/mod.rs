@@ -199,6 +199,7 @@ impl Distributed for FullGraph {
                 owners: &self.owners,
                 steps: None,
                 pushers: self.parts,
+                start: None,
             },
             &self.cfg,
             arbiters,

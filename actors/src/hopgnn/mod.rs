@@ -171,6 +171,7 @@ impl Distributed for HopGnn {
                 owners: &self.owners,
                 steps: None,
                 pushers: self.parts,
+                start: None,
             },
             &self.cfg,
             arbiters,

@@ -32,7 +32,8 @@ struct Entry {
     check: fn(&TrainingConfig) -> Result<()>,
     tasks: &'static [Task],
     /// Whether the mode's steps take their loss from `task::node::NodeTask`
-    /// (class weights and the focal loss).
+    /// (class weights and the focal loss), and it can start from another
+    /// run's checkpoint (`training.init_from`).
     weighted: bool,
     rules: &'static Rules,
     defaults: fn() -> serde_json::Value,
@@ -247,6 +248,18 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
     if !e.weighted && (t.focal_gamma > 0.0 || t.class_weights != Default::default()) {
         return Err(TrainError::Config(format!(
             "training.class_weights and training.focal_gamma apply in {}; mode {} does not support them yet",
+            REGISTRY
+                .iter()
+                .filter(|e| e.weighted)
+                .map(|e| e.mode.name())
+                .collect::<Vec<_>>()
+                .join(" and "),
+            e.mode.name()
+        )));
+    }
+    if !e.weighted && t.init_from.is_some() {
+        return Err(TrainError::Config(format!(
+            "training.init_from (fine-tuning) applies in {}; mode {} does not support it yet",
             REGISTRY
                 .iter()
                 .filter(|e| e.weighted)

@@ -68,6 +68,8 @@ pub struct Served<'a> {
     pub steps: Option<Batching>,
     /// The trainers whose pushes complete a step.
     pub pushers: u32,
+    /// What a fine-tuned run starts from (`training.init_from`).
+    pub start: Option<&'a crate::pretrained::init::Start>,
 }
 
 /// Registers partition `s.part`'s sampler and stores on `node`, each on a
@@ -86,6 +88,7 @@ pub fn serve(
         owners,
         steps,
         pushers,
+        start,
     } = s;
     let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
     let on_own_thread = |arbiters: &mut Vec<actix::Arbiter>| {
@@ -112,7 +115,8 @@ pub fn serve(
                 .filter(|&v| owners[ty][v as usize] as u32 == part)
                 .collect();
             let name = format!("embed.{}", nt.name);
-            StoreData::Embeddings(Box::new(Shard::new(
+            let rows = start.and_then(|st| Some((st.rows(ty, &owned)?, st.sel.frozen_table(ty))));
+            let shard = Shard::new(
                 t.seed,
                 &name,
                 nt.count as usize,
@@ -120,7 +124,11 @@ pub fn serve(
                 owned,
                 AdamConfig::with_lr(t.lr),
                 pushers as usize,
-            )))
+            );
+            StoreData::Embeddings(Box::new(match rows {
+                Some((rows, frozen)) => shard.starting_from(rows, frozen),
+                None => shard,
+            }))
         } else {
             continue;
         };
@@ -182,16 +190,22 @@ pub fn place_one_per_node(
 
 /// A training thread's replica: the dense model on `t.device` without
 /// learnable tables (the stores own those), its Adam state and the next step,
-/// restored from the checkpoint `from` if any.
+/// restored from the checkpoint `from` if any, else started from `start`'s
+/// parameters (fine-tuning), whose frozen ones Adam leaves alone either way.
 pub fn replica(
     t: &TrainingConfig,
     graph: &HetGraph,
     from: &Option<(std::path::PathBuf, checkpoint::Manifest)>,
+    start: Option<&crate::pretrained::init::Start>,
 ) -> Result<(Model, Adam, u64)> {
     let device = crate::device::open(&t.device)?;
     let mut model = Model::without_tables(&t.model_spec(), graph, DType::F32, &device)?;
     let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
     let mut seq = 0;
+    if let Some(st) = start {
+        st.copy_params(&mut model)?;
+        adam.frozen = st.sel.frozen_params();
+    }
     if let Some((dir, m)) = from {
         let mut tensors = checkpoint::load_tensors(dir, m, checkpoint::DENSE)?;
         models::checkpoint::restore_dense(dir, &mut tensors, &mut model, &mut adam)?;

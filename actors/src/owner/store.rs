@@ -44,6 +44,10 @@ pub struct Shard {
     applied: Option<u64>,
     /// Per owned row, its slot in the step's gradient sum (`u32::MAX`: none).
     slot: Vec<u32>,
+    /// The rows a fine-tuned run starts from (`training.init_from`), instead of drawn ones.
+    start: Option<Arc<Vec<f32>>>,
+    /// Its rows stay as they start (`training.freeze`): pushes complete steps but change nothing.
+    frozen: bool,
 }
 
 impl Shard {
@@ -75,12 +79,24 @@ impl Shard {
             pending: BTreeMap::new(),
             applied: None,
             slot: vec![u32::MAX; n],
+            start: None,
+            frozen: false,
         }
+    }
+
+    /// The shard starting from `rows` (its owned rows, as another run left
+    /// them) and, when `frozen`, keeping them.
+    pub fn starting_from(mut self, rows: Vec<f32>, frozen: bool) -> Shard {
+        debug_assert_eq!(rows.len(), self.data.len());
+        self.data.clone_from(&rows);
+        self.start = Some(Arc::new(rows));
+        self.frozen = frozen;
+        self
     }
 
     /// The shard as it was before training.
     fn initial(&self) -> Shard {
-        Shard::new(
+        let mut s = Shard::new(
             self.seed,
             &self.name,
             self.count,
@@ -88,7 +104,12 @@ impl Shard {
             self.ids.clone(),
             self.adam,
             self.trainers,
-        )
+        );
+        if let Some(rows) = &self.start {
+            s.data.clone_from(rows);
+        }
+        (s.start, s.frozen) = (self.start.clone(), self.frozen);
+        s
     }
 
     /// Its rows and their Adam state, for a checkpoint.
@@ -186,6 +207,10 @@ impl Shard {
         let Some(slots) = self.pending.remove(&p.seq) else {
             return Ok(());
         };
+        if self.frozen {
+            self.applied = Some(p.seq);
+            return Ok(());
+        }
         // Sum per row in trainer order, then one Adam step per touched row.
         let d = self.dim;
         // At most one row per id pushed: sized once, never grown.

@@ -149,6 +149,17 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         Some(_) => Some(graphs::fingerprint::content(data)?),
         None => None,
     };
+    // Another run's parameters (read before the run's own checkpoint, which wins).
+    let init = match &t.init_from {
+        Some(_) => {
+            let content = match &graph_sha256 {
+                Some(c) => c.clone(),
+                None => graphs::fingerprint::content(data)?,
+            };
+            crate::pretrained::init::Start::open(t, &g, Some(&content), &model)?
+        }
+        None => None,
+    };
     if let (false, Some(root)) = (t.resume, &t.checkpoint_dir) {
         if !checkpoint::list(root)?.is_empty() {
             return Err(TrainError::Config(format!("training.checkpoint_dir: {} holds checkpoints of an earlier run; resume it (--resume) or use another directory", root.display())));
@@ -191,6 +202,19 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
                 "no checkpoint in {}: starting from scratch",
                 root.display()
             )),
+        }
+    }
+
+    let mut frozen_tables = vec![false; g.node_types().len()];
+    if let Some(start) = init {
+        if report.resumed_from_step.is_none() {
+            start.copy_params(&mut model)?;
+            start.copy_tables(&mut model)?;
+            observer.note(&start.sel.summary(&start.dir));
+        }
+        adam.frozen = start.sel.frozen_params();
+        for (ty, f) in frozen_tables.iter_mut().enumerate() {
+            *f = start.sel.frozen_table(ty);
         }
     }
 
@@ -252,6 +276,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         sync_timing,
         task: NodeTask::of(t, &g)?,
         graph_sha256,
+        frozen_tables,
     };
     let attempt = Attempt {
         node: None,
@@ -321,6 +346,8 @@ struct Run<'g, 'o> {
     task: NodeTask<'g>,
     /// The graph's content, recorded in checkpoints.
     graph_sha256: Option<String>,
+    /// Per node type, whether its table is frozen (`training.freeze`).
+    frozen_tables: Vec<bool>,
 }
 
 impl<'g> Steps for Run<'g, '_> {
@@ -524,6 +551,9 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&model.params, &grads)?;
         for (ty, x) in inputs.iter().enumerate() {
+            if self.frozen_tables[ty] {
+                continue;
+            }
             if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
                 if let Some(gr) = grads.get(x) {
                     match cache.as_mut() {

@@ -78,6 +78,8 @@ pub struct TrainerSetup {
     pub gen: u64,
     /// The checkpoint this attempt starts from (its directory and manifest).
     pub from: Option<(std::path::PathBuf, checkpoint::Manifest)>,
+    /// What a fine-tuned run starts from (`training.init_from`).
+    pub start: Option<Arc<crate::pretrained::init::Start>>,
     /// Device caches built by earlier generations in this process, by trainer.
     pub caches: super::CacheSlots,
     /// What this trainer's cache manager serves.
@@ -185,7 +187,7 @@ struct Replica<'a> {
 impl<'a> Trainer<'a> {
     fn new(s: &'a TrainerSetup) -> Result<Trainer<'a>> {
         let t = &s.cfg;
-        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from)?;
+        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from, s.start.as_deref())?;
         let me = names::trainer(s.trainer);
         let c = Client::new(ClientSetup {
             part: s.part,

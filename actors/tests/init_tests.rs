@@ -1,0 +1,231 @@
+//! Pre-train, then fine-tune (`training.init_from`): a node classifier
+//! started from a link predictor's checkpoint takes its relational layers and
+//! learnable rows, keeps the frozen ones as they were, trains its own output
+//! layer, and follows single-process training in data-parallel training.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use actors::{train, Config};
+use common::{derived, Losses, Notes};
+use graphs::partition::{self, Method};
+use graphs::NoProgress;
+use models::Model;
+
+const WRITES: &str = "author__writes__paper";
+
+fn config(extra: &[&str]) -> Config {
+    let mut base = vec![
+        "training.epochs=1",
+        "training.batch=256",
+        "training.hidden=16",
+        "training.embed_dim=8",
+        "training.dropout=0.0",
+    ];
+    base.extend(extra);
+    common::config(&base, &[])
+}
+
+/// A link predictor trained for one epoch, checkpointed once per test binary.
+fn pretrained() -> &'static (PathBuf, Model) {
+    static LP: OnceLock<(PathBuf, Model)> = OnceLock::new();
+    LP.get_or_init(|| {
+        let dir = common::root().join("lp-checkpoints");
+        let cfg = config(&[
+            "training.task=\"link-prediction\"",
+            &format!("training.target_relations={WRITES:?}"),
+            &format!("training.checkpoint_dir={:?}", dir.display().to_string()),
+        ]);
+        let (_, model) = train(&cfg, &mut Losses::default()).unwrap();
+        (dir, model)
+    })
+}
+
+fn init(dir: &Path) -> String {
+    format!("training.init_from={:?}", dir.display().to_string())
+}
+
+/// Every value of a dense parameter or table, by name.
+fn values(m: &Model) -> Vec<(String, Vec<f32>)> {
+    let mut out: Vec<(String, Vec<f32>)> = m
+        .params
+        .iter()
+        .map(|(n, v)| {
+            let t = v.as_tensor().flatten_all().unwrap();
+            (n.to_string(), t.to_vec1::<f32>().unwrap())
+        })
+        .collect();
+    for e in m.embeddings.iter().flatten() {
+        out.push((e.name.clone(), e.data.clone()));
+    }
+    out
+}
+
+fn value<'a>(all: &'a [(String, Vec<f32>)], name: &str) -> &'a [f32] {
+    &all.iter().find(|(n, _)| n == name).unwrap().1
+}
+
+#[test]
+fn a_frozen_start_keeps_the_pretrained_layers_and_rows_and_trains_the_output_layer() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let fresh = values(&train(&config(&[]), &mut Losses::default()).unwrap().1);
+    let mut notes = Notes::default();
+    let cfg = config(&[&init(dir), "training.freeze=\"embed,gnn\""]);
+    let (_, tuned) = train(&cfg, &mut notes).unwrap();
+    let tuned = values(&tuned);
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.contains("initialised from") && n.contains("output layer starts afresh")),
+        "{:?}",
+        notes.0
+    );
+    let (mut kept, mut trained) = (0, 0);
+    for (name, got) in &tuned {
+        if name.starts_with("layer1.") {
+            // This task's output layer (class logits, not the predictor's
+            // embeddings) is trained, on the pretrained encoder's rows: unlike
+            // a fresh run's (but for relations that do not reach the target type).
+            trained += usize::from(got.as_slice() != value(&fresh, name));
+        } else {
+            // Everything else is the link predictor's, bit for bit, after a whole epoch.
+            assert!(got.as_slice() == value(&lp, name), "{name} changed");
+            assert!(
+                got.as_slice() != value(&fresh, name),
+                "{name} is a fresh draw"
+            );
+            kept += 1;
+        }
+    }
+    assert!(kept > 4 && trained > 0, "{kept} kept, {trained} trained");
+}
+
+#[test]
+fn an_unfrozen_start_trains_on_from_the_pretrained_values() {
+    let (dir, _) = pretrained();
+    let mut fresh = Losses::default();
+    train(&config(&[]), &mut fresh).unwrap();
+    let mut tuned = Losses::default();
+    train(&config(&[&init(dir)]), &mut tuned).unwrap();
+    // The first step's loss is the pretrained encoder's, not a fresh draw's.
+    assert_ne!(fresh.0[0], tuned.0[0]);
+    // Twice from the same checkpoint: the same run.
+    let mut again = Losses::default();
+    train(&config(&[&init(dir)]), &mut again).unwrap();
+    assert_eq!(tuned.0, again.0);
+}
+
+#[test]
+fn starts_that_cannot_hold_are_refused_naming_the_setting() {
+    let (dir, _) = pretrained();
+    let from = init(dir);
+    for (extra, want) in [
+        // Another architecture.
+        (
+            vec![from.as_str(), "training.hidden=32"],
+            "training.hidden = 16",
+        ),
+        (
+            vec![from.as_str(), "training.model=\"rgat\""],
+            "training.model",
+        ),
+        // The predictor's dot decoder has no edge classifier's weights to give.
+        (
+            vec![
+                from.as_str(),
+                "training.task=\"edge-classification\"",
+                "training.target_relations=\"author__writes__paper\"",
+                "training.init_parts=\"decoder\"",
+            ],
+            "leave 'decoder' out of training.init_parts",
+        ),
+        // A node classifier's last layer writes its outputs: it has no decoder.
+        (
+            vec![from.as_str(), "training.init_parts=\"gnn,decoder\""],
+            "has none",
+        ),
+        (
+            vec![
+                from.as_str(),
+                "training.init_parts=\"gnn\"",
+                "training.freeze=\"embed\"",
+            ],
+            "only loaded parts can be frozen",
+        ),
+        (
+            vec!["training.freeze=\"gnn\""],
+            "apply with training.init_from",
+        ),
+        (
+            vec![from.as_str(), "training.init_parts=\"weights\""],
+            "unknown part 'weights'",
+        ),
+    ] {
+        let mut o: Vec<String> = vec![
+            "training.epochs=1".into(),
+            "training.hidden=16".into(),
+            "training.embed_dim=8".into(),
+        ];
+        o.extend(extra.iter().map(|s| s.to_string()));
+        o.push(format!(
+            "training.data={:?}",
+            common::graph().display().to_string()
+        ));
+        let err = match Config::parse("", &o) {
+            Err(e) => e.to_string(),
+            Ok(cfg) => train(&cfg, &mut Losses::default())
+                .err()
+                .unwrap()
+                .to_string(),
+        };
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // A mode that cannot start from a checkpoint says which can.
+    let err = Config::parse("", &["training.mode=\"raf\"".into(), from.clone()])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("single and data-parallel"), "{err}");
+}
+
+#[test]
+fn data_parallel_fine_tuning_follows_single_process_fine_tuning() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let base = [init(dir), "training.freeze=\"embed\"".to_string()];
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let mut single_losses = Losses::default();
+    let (single, want) = train(&config(&base), &mut single_losses).unwrap();
+    let pdir = derived("metis-2x1", false, |g, out| {
+        let a = partition::assign_two_level(g, 2, 1, Method::Metis, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    });
+    let parts = format!("training.partitions={:?}", pdir.display().to_string());
+    let mut dp = base.clone();
+    dp.extend(["training.mode=\"data-parallel\"", parts.as_str()]);
+    let mut losses = Losses::default();
+    let (report, got) = train(&config(&dp), &mut losses).unwrap();
+    assert_eq!(
+        (report.mode.as_str(), report.steps),
+        ("data-parallel", single.steps)
+    );
+    let n = single_losses.0.len().min(16);
+    common::same_losses(
+        &single_losses.0[..n],
+        &losses.0[..n],
+        "data-parallel fine-tuning",
+    );
+    common::same_model(&want, &got, "data-parallel fine-tuning");
+    // The stores kept the frozen rows as the predictor left them.
+    for e in got.embeddings.iter().flatten() {
+        assert!(
+            e.data.as_slice() == value(&lp, &e.name),
+            "{} changed",
+            e.name
+        );
+    }
+}
