@@ -748,3 +748,56 @@ fn an_edge_left_out_creates_no_node_on_an_end_without_a_table() {
         "id\nx\n"
     );
 }
+
+#[test]
+fn edge_classes_named_by_strings_are_sorted_recorded_and_kept_by_a_later_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(tmp.path().join(name), text).unwrap();
+    write("n.csv", NODES);
+    write(
+        "e.csv",
+        "s,d,kind,split\na,b,legit,train\nb,c,fraud,valid\nc,a,,\na,c,legit,test\n",
+    );
+    let edges = format!("{EDGES}label = \"kind\"\nsplit = \"split\"\n");
+    write("g.toml", &config(X, &edges));
+    let import = |cfg: &str, out: &str, like: Option<&str>| {
+        let mut args = vec!["import", "tables", "--config", cfg, "--out", out];
+        args.extend(like.iter().flat_map(|l| ["--like", *l]));
+        hetgnn(tmp.path(), &args)
+    };
+    import("g.toml", "g", None).ok();
+    let g = tmp.path().join("g");
+    let labels = |dir: &Path| npy_i64(&dir.join("edges/p__cites__p/labels.npy"));
+    // Names are sorted into classes: fraud 0, legit 1; an empty cell is no class.
+    assert_eq!(labels(&g), [1, 0, -1, 1]);
+    let schema = std::fs::read_to_string(g.join("schema.json")).unwrap();
+    assert!(schema.contains("\"num_classes\": 2"), "{schema}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("tables.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["edge_classes"],
+        serde_json::json!([["p__cites__p", ["fraud", "legit"]]])
+    );
+    // A later import keeps the classes by name, and refuses a new one.
+    write("n2.csv", "id,x,y,split\nd,4,,\n");
+    let later = |file: &str| {
+        config(X, &edges)
+            .replace("e.csv", file)
+            .replace("n.csv", "n2.csv")
+    };
+    write("more.csv", "s,d,kind,split\nb,a,fraud,train\n");
+    write("more.toml", &later("more.csv"));
+    import("more.toml", "g2", Some("g")).ok();
+    assert_eq!(labels(&tmp.path().join("g2")), [1, 0, -1, 1, 0]);
+    write("bad.csv", "s,d,kind,split\nb,a,chargeback,train\n");
+    write("bad.toml", &later("bad.csv"));
+    import("bad.toml", "g3", Some("g")).fails_with(
+        1,
+        &[
+            "bad.csv",
+            "row 1",
+            "kind",
+            "class 'chargeback' is not one of the earlier import's classes (fraud, legit)",
+        ],
+    );
+}

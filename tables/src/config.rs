@@ -92,8 +92,8 @@ pub struct EdgeTable {
     /// What to do with an edge naming a node absent from its type's node table.
     #[serde(default)]
     pub unknown_ids: UnknownIds,
-    /// Edge classification: the column of each edge's class, an integer in
-    /// `0..num_classes` (empty: none).
+    /// Edge classification: the column of each edge's class, an integer
+    /// from 0 or a name (names are sorted into classes; empty: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     /// The number of edge classes (default: the largest label + 1).

@@ -18,7 +18,10 @@ use crate::config::{
 };
 use crate::error::{Result, TableError};
 use crate::ids::{Added, IdKind, IdMap};
-use crate::labels::{LabelCollector, Labelled};
+use crate::labels::{ClassNames, LabelCollector, Labelled};
+
+/// Most classes of an edge label column (the graph format's limit).
+const EDGE_MAX_CLASSES: u32 = graphs::schema::MAX_CLASSES;
 use crate::like::{Prior, Seed};
 use crate::source::{Cells, TableReader};
 use crate::transform::{FittedBlock, Fitter};
@@ -57,6 +60,9 @@ pub struct ImportRecord {
     /// The graph this import continued (`--like`), if any.
     #[serde(default)]
     pub like: Option<PathBuf>,
+    /// Per relation whose edge classes were names, the names in class order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edge_classes: Vec<(String, Vec<String>)>,
 }
 
 /// Largest `tables.json` read.
@@ -240,6 +246,7 @@ pub fn import_tables(
     };
     let mut relations = Vec::new();
     let mut dropped_edges = Vec::new();
+    let mut edge_classes = Vec::new();
     for rel in &rel_order {
         let [s, r, d] = rel;
         let mut rs = RelationSchema {
@@ -331,7 +338,9 @@ pub fn import_tables(
             }
         }
         rs.count = edges.finish(&paths::edges(dir.path(), &rs.canonical()))?;
-        targets.finish(dir.path(), &mut rs)?;
+        if let Some(names) = targets.finish(dir.path(), &mut rs)? {
+            edge_classes.push((rs.canonical(), names));
+        }
         if dropped > 0 {
             dropped_edges.push((rs.canonical(), dropped));
         }
@@ -422,6 +431,7 @@ pub fn import_tables(
         config: cfg,
         types: records,
         dropped_edges,
+        edge_classes,
         like: opts.like.clone(),
     };
     let text = serde_json::to_string_pretty(&record).expect("record serialises");
@@ -813,7 +823,13 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// The targets of one relation's edges as they are imported: a label, a
 /// value and a split per edge, in edge order (an earlier graph's first).
 struct EdgeTargets {
+    /// Class ids of the earlier graph's edges, then provisional indices into
+    /// `classes` of this table's (-1: none).
     labels: Option<Vec<i64>>,
+    /// The class names met (seeded with the earlier graph's, then fixed).
+    classes: ClassNames,
+    /// Edges of the earlier graph (their labels are class ids already).
+    before: usize,
     values: Option<Vec<f32>>,
     /// 0 none, 1 train, 2 valid, 3 test.
     split: Vec<u8>,
@@ -842,6 +858,9 @@ impl EdgeTargets {
             || before.as_ref().is_some_and(|(_, r)| r.has_targets());
         let mut t = EdgeTargets {
             labels: None,
+            classes: ClassNames::new(EDGE_MAX_CLASSES)
+                .with_classes(table.and_then(|e| e.num_classes)),
+            before: 0,
             values: None,
             split: Vec::new(),
             num_classes: table.and_then(|e| e.num_classes),
@@ -860,6 +879,18 @@ impl EdgeTargets {
         t.values = wants_values.then(Vec::new);
         if let Some((p, r)) = before {
             let n = r.count as usize;
+            t.before = n;
+            if let Some(k) = r.num_classes {
+                // The earlier classes, fixed: by name where they were names.
+                let names = p
+                    .record
+                    .edge_classes
+                    .iter()
+                    .find(|(rel, _)| *rel == canonical)
+                    .map(|(_, n)| n.clone())
+                    .unwrap_or_else(|| (0..k).map(|c| c.to_string()).collect());
+                t.classes = ClassNames::seeded(EDGE_MAX_CLASSES, names);
+            }
             let c = graphs::format::read_edge_columns(&p.dir, &r)?.unwrap_or_default();
             t.split = match r.has_targets() {
                 true => crate::export::split_tags(&c.splits, n),
@@ -900,13 +931,11 @@ impl EdgeTargets {
         let label = match &e.label {
             Some(name) => {
                 let cells = cols.next().expect("the label column was asked for");
-                match cells.number(i).map_err(|p| TableError::cell(path, row, name, p))? {
-                    None => -1,
-                    Some(x) if x.fract() == 0.0 && x >= 0.0 && x < f64::from(graphs::schema::MAX_CLASSES) => x as i64,
-                    Some(x) => {
-                        return Err(TableError::cell(path, row, name, format!("edge label {x} is not a class number (an integer from 0; empty for none)")))
-                    }
-                }
+                i64::from(
+                    self.classes
+                        .push(cells, i)
+                        .map_err(|p| TableError::cell(path, row, name, p))?,
+                )
             }
             None => -1,
         };
@@ -977,20 +1006,27 @@ impl EdgeTargets {
         Ok(())
     }
 
-    /// Writes the columns beside the relation's edges and records them in `rs`.
-    fn finish(self, dir: &Path, rs: &mut RelationSchema) -> Result<()> {
+    /// Writes the columns beside the relation's edges and records them in
+    /// `rs`; returns the class names, when the classes were names.
+    fn finish(mut self, dir: &Path, rs: &mut RelationSchema) -> Result<Option<Vec<String>>> {
         if !self.on {
-            return Ok(());
+            return Ok(None);
         }
         let canonical = rs.canonical();
         let edir = paths::edge_dir(dir, &canonical);
         std::fs::create_dir_all(&edir).map_err(|e| TableError::io(&edir, e))?;
         let n = rs.count;
-        if let Some(l) = &self.labels {
-            let classes = match self.num_classes {
-                Some(c) => c,
-                None => l.iter().max().map_or(0, |&m| (m + 1).max(0) as u32),
-            };
+        let mut names = None;
+        if let Some(l) = &mut self.labels {
+            let (map, resolved, classes) = self
+                .classes
+                .resolve()
+                .map_err(|p| TableError::file(&edir, format!("{canonical}: {p}")))?;
+            for x in l[self.before..].iter_mut().filter(|x| **x >= 0) {
+                *x = map[*x as usize];
+            }
+            names = (!classes.is_empty()).then_some(classes);
+            let classes = self.num_classes.unwrap_or(resolved);
             if let Some(&bad) = l.iter().find(|&&x| x >= i64::from(classes)) {
                 return Err(TableError::file(
                     &edir,
@@ -1015,6 +1051,6 @@ impl EdgeTargets {
                 &at,
             )?;
         }
-        Ok(())
+        Ok(names)
     }
 }

@@ -19,22 +19,149 @@ use crate::source::Cells;
 const NONE: u8 = 0;
 const NAMES: [&str; 3] = ["train", "valid", "test"];
 
-/// Labels and split marks collected row by row.
+/// Class names met row by row (of nodes or edges), each given a provisional
+/// index, then mapped to class ids: integer names keep their value (a
+/// negative one means unlabelled, as in the graph format), other names are sorted.
 #[derive(Debug, Default)]
-pub struct LabelCollector {
-    /// Per node: index into `names`, or -1 when unlabelled.
-    raw: Vec<i32>,
+pub struct ClassNames {
     names: Vec<String>,
     index: HashMap<String, i32>,
     max_classes: u32,
-    /// Per node: 0 none, 1 train, 2 valid, 3 test (column and time rules).
-    marks: Vec<u8>,
-    /// Nodes carried over from an earlier import: their splits are kept.
-    keep: usize,
     /// Whether the classes are fixed (an earlier import's): a new one is refused.
     frozen: bool,
     /// Classes declared by the configuration, when more than the labels show.
     min_classes: u32,
+}
+
+/// Per provisional index its class id (-1: unlabelled), the number of
+/// classes, and the class names in class order (empty for integer classes).
+pub type Resolved = (Vec<i64>, u32, Vec<String>);
+
+impl ClassNames {
+    /// Names refusing more than `max_classes` classes.
+    pub fn new(max_classes: u32) -> ClassNames {
+        ClassNames {
+            max_classes,
+            ..Default::default()
+        }
+    }
+
+    /// An earlier import's classes, in class order (integers as text), fixed.
+    pub fn seeded(max_classes: u32, classes: Vec<String>) -> ClassNames {
+        let index = classes
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.clone(), k as i32))
+            .collect();
+        ClassNames {
+            names: classes,
+            index,
+            max_classes: max_classes.max(1),
+            frozen: true,
+            min_classes: 0,
+        }
+    }
+
+    /// Declares `n` classes: integer labels then have at least `n` classes
+    /// even when the highest ones label nothing.
+    pub fn with_classes(mut self, n: Option<u32>) -> ClassNames {
+        self.min_classes = n.unwrap_or(0);
+        self
+    }
+
+    /// The provisional index of the class in cell `i` (-1: none).
+    pub fn push(&mut self, cells: &Cells, i: usize) -> Result<i32, String> {
+        let v = match cells {
+            Cells::Float(v) => match v[i] {
+                Some(x) if x.fract() == 0.0 && x.is_finite() => Some((x as i64).to_string()),
+                Some(x) => return Err(format!("label {x} is not a class (an integer or a name)")),
+                None => None,
+            },
+            Cells::List(_) => return Err("a list where a class is expected".into()),
+            c => c
+                .text(i)
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty()),
+        };
+        let Some(name) = v else {
+            return Ok(-1);
+        };
+        if let Some(&k) = self.index.get(&name) {
+            return Ok(k);
+        }
+        if self.frozen {
+            return Err(format!(
+                "class '{}' is not one of the earlier import's classes ({})",
+                name.escape_debug(),
+                self.names.join(", ")
+            ));
+        }
+        // A negative integer ("-1") marks an unlabelled row, not a class.
+        let classes = self
+            .names
+            .iter()
+            .filter(|n| as_int(n).is_none_or(|v| v >= 0))
+            .count();
+        if as_int(&name).is_none_or(|v| v >= 0) && classes as u32 >= self.max_classes {
+            return Err(format!(
+                "more than {} distinct classes (raise `max_classes` up to {})",
+                self.max_classes,
+                graphs::schema::MAX_CLASSES
+            ));
+        }
+        let k = self.names.len() as i32;
+        self.index.insert(name.clone(), k);
+        self.names.push(name);
+        Ok(k)
+    }
+
+    /// The class ids of the provisional indices; errors say what the table or config must change.
+    pub fn resolve(&self) -> Result<Resolved, String> {
+        let ints: Option<Vec<i64>> = self.names.iter().map(|n| as_int(n)).collect();
+        Ok(match ints {
+            Some(v) => {
+                if let Some(big) = v.iter().find(|&&c| c >= i64::from(self.max_classes)) {
+                    return Err(format!(
+                        "class {big} is not below max_classes = {} (raise it up to {})",
+                        self.max_classes,
+                        graphs::schema::MAX_CLASSES
+                    ));
+                }
+                let n = (v.iter().copied().max().map_or(0, |m| m + 1).max(0) as u32)
+                    .max(self.min_classes);
+                (v.into_iter().map(|c| c.max(-1)).collect(), n, Vec::new())
+            }
+            None if self.names.len() as u32 > self.max_classes => {
+                return Err(format!(
+                    "more than {} distinct classes (raise `max_classes` up to {})",
+                    self.max_classes,
+                    graphs::schema::MAX_CLASSES
+                ))
+            }
+            None => {
+                let mut sorted: Vec<(usize, &String)> = self.names.iter().enumerate().collect();
+                sorted.sort_by(|a, b| a.1.cmp(b.1));
+                let mut map = vec![0i64; self.names.len()];
+                for (class, (k, _)) in sorted.iter().enumerate() {
+                    map[*k] = class as i64;
+                }
+                let classes = sorted.into_iter().map(|(_, n)| n.clone()).collect();
+                (map, self.names.len() as u32, classes)
+            }
+        })
+    }
+}
+
+/// Labels and split marks collected row by row.
+#[derive(Debug, Default)]
+pub struct LabelCollector {
+    /// Per node: index into the class names, or -1 when unlabelled.
+    raw: Vec<i32>,
+    classes: ClassNames,
+    /// Per node: 0 none, 1 train, 2 valid, 3 test (column and time rules).
+    marks: Vec<u8>,
+    /// Nodes carried over from an earlier import: their splits are kept.
+    keep: usize,
 }
 
 /// The labels of every node and the three splits, ascending.
@@ -54,7 +181,7 @@ impl LabelCollector {
     /// A collector refusing more than `max_classes` classes.
     pub fn new(max_classes: u32) -> LabelCollector {
         LabelCollector {
-            max_classes,
+            classes: ClassNames::new(max_classes),
             ..Default::default()
         }
     }
@@ -67,79 +194,27 @@ impl LabelCollector {
         labels: &[i64],
         marks: Vec<u8>,
     ) -> LabelCollector {
-        let index = classes
-            .iter()
-            .enumerate()
-            .map(|(k, n)| (n.clone(), k as i32))
-            .collect();
         LabelCollector {
             raw: labels
                 .iter()
                 .map(|&l| if l < 0 { -1 } else { l as i32 })
                 .collect(),
-            names: classes,
-            index,
-            max_classes: max_classes.max(1),
+            classes: ClassNames::seeded(max_classes, classes),
             keep: marks.len(),
             marks,
-            frozen: true,
-            min_classes: 0,
         }
     }
 
     /// Declares `n` classes: integer labels then have at least `n` classes
     /// even when the highest ones label no node.
     pub fn with_classes(mut self, n: Option<u32>) -> LabelCollector {
-        self.min_classes = n.unwrap_or(0);
+        self.classes = self.classes.with_classes(n);
         self
     }
 
     /// Takes the label of the next node from cell `i`.
     pub fn push_label(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
-        let v = match cells {
-            Cells::Float(v) => match v[i] {
-                Some(x) if x.fract() == 0.0 && x.is_finite() => Some((x as i64).to_string()),
-                Some(x) => return Err(format!("label {x} is not a class (an integer or a name)")),
-                None => None,
-            },
-            Cells::List(_) => return Err("a list where a class is expected".into()),
-            c => c
-                .text(i)
-                .map(|t| t.trim().to_string())
-                .filter(|t| !t.is_empty()),
-        };
-        let id = match v {
-            None => -1,
-            Some(name) => match self.index.get(&name) {
-                Some(&k) => k,
-                None => {
-                    if self.frozen {
-                        return Err(format!(
-                            "class '{}' is not one of the earlier import's classes ({})",
-                            name.escape_debug(),
-                            self.names.join(", ")
-                        ));
-                    }
-                    // A negative integer ("-1") marks an unlabelled node, not a class.
-                    let classes = self
-                        .names
-                        .iter()
-                        .filter(|n| as_int(n).is_none_or(|v| v >= 0))
-                        .count();
-                    if as_int(&name).is_none_or(|v| v >= 0) && classes as u32 >= self.max_classes {
-                        return Err(format!(
-                            "more than {} distinct classes (raise `max_classes` up to {})",
-                            self.max_classes,
-                            graphs::schema::MAX_CLASSES
-                        ));
-                    }
-                    let k = self.names.len() as i32;
-                    self.index.insert(name.clone(), k);
-                    self.names.push(name);
-                    k
-                }
-            },
-        };
+        let id = self.classes.push(cells, i)?;
         self.raw.push(id);
         Ok(())
     }
@@ -197,38 +272,7 @@ impl LabelCollector {
         // Integer classes (also written "3.0") keep their value as class id, a
         // negative one meaning unlabelled, as in the graph format; other names
         // are sorted.
-        let ints: Option<Vec<i64>> = self.names.iter().map(|n| as_int(n)).collect();
-        let (map, num_classes, classes): (Vec<i64>, u32, Vec<String>) = match ints {
-            Some(v) => {
-                if let Some(big) = v.iter().find(|&&c| c >= i64::from(self.max_classes)) {
-                    return Err(format!(
-                        "class {big} is not below max_classes = {} (raise it up to {})",
-                        self.max_classes,
-                        graphs::schema::MAX_CLASSES
-                    ));
-                }
-                let n = (v.iter().copied().max().map_or(0, |m| m + 1).max(0) as u32)
-                    .max(self.min_classes);
-                (v.into_iter().map(|c| c.max(-1)).collect(), n, Vec::new())
-            }
-            None if self.names.len() as u32 > self.max_classes => {
-                return Err(format!(
-                    "more than {} distinct classes (raise `max_classes` up to {})",
-                    self.max_classes,
-                    graphs::schema::MAX_CLASSES
-                ))
-            }
-            None => {
-                let mut sorted: Vec<(usize, &String)> = self.names.iter().enumerate().collect();
-                sorted.sort_by(|a, b| a.1.cmp(b.1));
-                let mut map = vec![0i64; self.names.len()];
-                for (class, (k, _)) in sorted.iter().enumerate() {
-                    map[*k] = class as i64;
-                }
-                let classes = sorted.into_iter().map(|(_, n)| n.clone()).collect();
-                (map, self.names.len() as u32, classes)
-            }
-        };
+        let (map, num_classes, classes) = self.classes.resolve()?;
         if num_classes == 0 {
             return Err("no node has a label".into());
         }
