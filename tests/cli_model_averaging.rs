@@ -78,6 +78,16 @@ fn one_partition_is_single_process_training_and_the_worker_count_changes_nothing
         "one partition trains exactly as a single process"
     );
     assert_eq!(one["epochs"][1]["loss"], single["epochs"][1]["loss"]);
+    // Evaluated alike: the same macro F1, as one process counts it.
+    assert!(
+        one["epochs"][1]["macro_f1"].is_array(),
+        "{}",
+        one["epochs"][1]
+    );
+    assert_eq!(
+        one["epochs"][1]["macro_f1"],
+        single["epochs"][1]["macro_f1"]
+    );
     // Four partitions over 4, 2 and 1 workers (dealt round-robin): the same averages, bit for bit.
     let mut hashes = Vec::new();
     for w in ["4", "2", "1"] {

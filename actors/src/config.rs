@@ -603,11 +603,6 @@ impl Config {
             );
         }
         t.select_metric.check(t.task).map_err(TrainError::Config)?;
-        if t.select_metric.resolve(t.task) == crate::task::best::SelectMetric::MacroF1
-            && !matches!(t.mode, Mode::Single | Mode::DataParallel)
-        {
-            return bad(format!("training.select_metric = \"macro-f1\": macro F1 is measured in single-process and data-parallel training, not in \"{}\"", t.mode.name()));
-        }
         t.class_weights.check().map_err(TrainError::Config)?;
         if !(t.focal_gamma.is_finite() && (0.0..=10.0).contains(&t.focal_gamma)) {
             return bad(format!(

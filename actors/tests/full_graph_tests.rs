@@ -64,6 +64,11 @@ fn one_worker_is_sampled_training_over_every_neighbour_with_one_batch() {
     for (a, b) in single.epochs.iter().zip(&report.epochs) {
         close(a.test_acc.unwrap(), b.test_acc.unwrap(), "test accuracy");
         close(
+            a.macro_f1.unwrap()[1],
+            b.macro_f1.unwrap()[1],
+            "test macro F1",
+        );
+        close(
             a.valid_acc.unwrap(),
             b.valid_acc.unwrap(),
             "validation accuracy",

@@ -90,6 +90,11 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
             last.test_acc,
             want.test_acc
         );
+        let (f, wf) = (last.macro_f1.unwrap(), want.macro_f1.unwrap());
+        assert!(
+            (f[1] - wf[1]).abs() < 0.02,
+            "{what}: macro F1 {f:?} vs {wf:?}"
+        );
         let h = last
             .figures::<actors::hopgnn::figures::HopEpoch>("hop")
             .unwrap_or_else(|| panic!("{what}: no hopgnn figures"));

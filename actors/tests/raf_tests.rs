@@ -150,6 +150,11 @@ fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
             last.test_acc,
             w.test_acc
         );
+        let (f, wf) = (last.macro_f1.unwrap(), w.macro_f1.unwrap());
+        assert!(
+            (f[1] - wf[1]).abs() < 0.02,
+            "{what}: macro F1 {f:?} vs {wf:?}"
+        );
         // Only partial aggregations, their gradients and shared gradients cross: no features.
         assert!(
             report

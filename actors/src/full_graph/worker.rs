@@ -945,13 +945,20 @@ impl<'a> Steps for State<'a> {
         let own = &ctx.own[target];
         if let Some(logits) = &f.out[ctx.plans.len() - 1][target] {
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            let count = |at: &[u32]| {
-                at.iter()
-                    .filter(|&&i| i64::from(pred[i as usize]) == labels[own[i as usize] as usize])
-                    .count() as u64
+            let k = logits.dim(1)?;
+            // Correct counts and, for the macro F1, per-class counts.
+            let scores = |at: &[u32]| {
+                let mut s = crate::task::node::Scores::default();
+                for &i in at {
+                    let (p, y) = (pred[i as usize], labels[own[i as usize] as usize]);
+                    s.correct += u64::from(i64::from(p) == y);
+                    if k <= crate::task::node::MAX_F1_CLASSES && y >= 0 {
+                        s.classes.add(k, p as usize, y as usize);
+                    }
+                }
+                s
             };
-            st.valid_correct = count(&ctx.valid);
-            st.test_correct = count(&ctx.test);
+            st.set_scores(scores(&ctx.valid), scores(&ctx.test));
         }
         // Evaluation's messages are taken; what is left of them is duplicates.
         ctx.s.inbox.forget_before(EVAL | self.seq.saturating_add(1));

@@ -399,12 +399,9 @@ impl<'a> Steps for Replica<'a> {
                 .collect()
         };
         let task = crate::task::node::NodeTask::of(&ctx.s.cfg, &ctx.s.graph)?;
-        st.valid_correct = ctx
-            .score(&self.model, &task, seed, epoch, &splits.valid, after, mine)?
-            .correct;
-        st.test_correct = ctx
-            .score(&self.model, &task, seed, epoch, &splits.test, after, mine)?
-            .correct;
+        let valid = ctx.score(&self.model, &task, seed, epoch, &splits.valid, after, mine)?;
+        let test = ctx.score(&self.model, &task, seed, epoch, &splits.test, after, mine)?;
+        st.set_scores(valid, test);
         Ok(())
     }
 

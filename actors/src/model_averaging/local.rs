@@ -254,11 +254,17 @@ impl Local {
         })
     }
 
-    /// Correct predictions on `nodes` (sampled within the partition, no dropout).
-    pub fn correct_on(&self, t: &TrainingConfig, epoch: u64, nodes: &[u32]) -> Result<u64> {
-        let (labels, _) = self.graph.target_labels();
+    /// The evaluation figures (correct and per-class counts) of its model on
+    /// `nodes` (sampled within the partition, no dropout).
+    pub fn scores_on(
+        &self,
+        t: &TrainingConfig,
+        epoch: u64,
+        nodes: &[u32],
+    ) -> Result<crate::task::node::Scores> {
+        let task = crate::task::node::NodeTask::of(t, &self.graph)?;
         let mut sampler = SamplingPlan::of(t).eval(&self.graph)?;
-        let mut correct = 0;
+        let mut scores = crate::task::node::Scores::default();
         for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
             let mb = sample(
                 &mut sampler,
@@ -270,9 +276,9 @@ impl Local {
             let features = self.gather.gather(&self.graph, &mb.blocks[0].src)?;
             let (inputs, _) = self.inputs(&mb.blocks[0].src, features)?;
             let logits = self.model.forward(&self.graph, &mb, inputs, None)?.detach();
-            correct += count_correct(&logits, labels, seeds)?;
+            task.score(&logits, seeds, &mut scores)?;
         }
-        Ok(correct)
+        Ok(scores)
     }
 
     /// The dense parameters in name order, flattened.

@@ -28,6 +28,7 @@ use crate::distributed::messages::{EpochStats, Saved, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::{prepare, run_steps, sample, PREFETCH};
 use crate::error::{Result, TrainError};
+use crate::task::node::Scores;
 
 /// Everything a worker thread needs.
 pub(crate) struct WorkerSetup {
@@ -193,17 +194,21 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         st.steps = steps;
         st.loss = loss_sum / steps.max(1) as f64;
         let eval = Instant::now();
-        let count = |locals: &[Local], valid: bool| -> Result<u64> {
-            locals
-                .iter()
-                .map(|l| l.correct_on(t, epoch, if valid { &l.valid } else { &l.test }))
-                .sum()
+        let count = |locals: &[Local], valid: bool| -> Result<Scores> {
+            let mut all = Scores::default();
+            for l in locals {
+                let s = l.scores_on(t, epoch, if valid { &l.valid } else { &l.test })?;
+                all.correct += s.correct;
+                all.classes.merge(&s.classes);
+            }
+            Ok(all)
         };
+        let (valid, test) = (count(&locals, true)?, count(&locals, false)?);
         let local = LocalFigures {
             valid: locals.iter().map(|l| l.valid.len() as u64).sum(),
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
-            valid_correct: count(&locals, true)?,
-            test_correct: count(&locals, false)?,
+            valid_correct: valid.correct,
+            test_correct: test.correct,
             averaging_bytes: 0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
@@ -214,10 +219,9 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             let sync = Instant::now();
             averaging_bytes = avg.average(epoch, &mut locals, &holders)?;
             st.time.comm_s += sync.elapsed().as_secs_f64();
-            st.valid_correct = count(&locals, true)?;
-            st.test_correct = count(&locals, false)?;
+            st.set_scores(count(&locals, true)?, count(&locals, false)?);
         } else {
-            (st.valid_correct, st.test_correct) = (local.valid_correct, local.test_correct);
+            st.set_scores(valid, test);
         }
         // The process's peaks so far, the round's averaging included.
         st.set_figures(&LocalFigures {

@@ -192,6 +192,8 @@ struct TrainerRefs {
 struct StepOut {
     loss: f64,
     correct: u64,
+    /// Evaluation at the reducer: per-class counts (macro F1).
+    classes: crate::task::node::ClassCounts,
     gather_s: f64,
     compute_s: f64,
     comm_s: f64,
@@ -457,6 +459,7 @@ impl<'a> Worker<'a> {
         let mut out = StepOut {
             loss: 0.0,
             correct: 0,
+            classes: Default::default(),
             gather_s: 0.0,
             compute_s: 0.0,
             comm_s: 0.0,
@@ -676,6 +679,12 @@ impl<'a> Worker<'a> {
             let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
             out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
             if !train {
+                let k = logits.dim(1)?;
+                if k <= crate::task::node::MAX_F1_CLASSES {
+                    for (&p, &c) in pred.iter().zip(&y) {
+                        out.classes.add(k, p as usize, c as usize);
+                    }
+                }
                 out.compute_s += lap(&mut clock);
                 return Ok(out);
             }

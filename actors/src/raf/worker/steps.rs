@@ -114,8 +114,9 @@ impl<'a> Steps for Worker<'a> {
         let s = self.setup;
         let (labels, splits) = s.graph.target_labels();
         let mut sampler = feed.plan.eval(&s.graph)?;
+        let mut scores: [crate::task::node::Scores; 2] = Default::default();
         for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
-            let mut correct = 0;
+            let sc = &mut scores[split as usize - 1];
             for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
                 let mine: Vec<u32> = share(seeds, feed.replica)
                     .into_iter()
@@ -129,16 +130,13 @@ impl<'a> Steps for Worker<'a> {
                     || Ok(sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?),
                 )?;
                 let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                correct += self
-                    .step(&p.mb, p.features, seeds, None, labels, seq)?
-                    .correct;
-            }
-            if split == 1 {
-                st.valid_correct = correct;
-            } else {
-                st.test_correct = correct;
+                let out = self.step(&p.mb, p.features, seeds, None, labels, seq)?;
+                sc.correct += out.correct;
+                sc.classes.merge(&out.classes);
             }
         }
+        let [valid, test] = scores;
+        st.set_scores(valid, test);
         Ok(())
     }
 
