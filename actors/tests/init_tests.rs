@@ -229,3 +229,69 @@ fn data_parallel_fine_tuning_follows_single_process_fine_tuning() {
         );
     }
 }
+
+#[test]
+fn an_edge_classifier_takes_the_whole_encoder_of_a_link_predictor() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let mut notes = Notes::default();
+    let cfg = config(&[
+        &init(dir),
+        "training.freeze=\"embed,gnn\"",
+        "training.task=\"edge-classification\"",
+        &format!("training.target_relations={WRITES:?}"),
+    ]);
+    let (_, tuned) = train(&cfg, &mut notes).unwrap();
+    assert!(
+        notes.0.iter().any(|n| n.contains("initialised from"))
+            && !notes.0.iter().any(|n| n.contains("afresh")),
+        "both write embeddings: the last layer is loaded too: {:?}",
+        notes.0
+    );
+    let tuned = values(&tuned);
+    let (mut kept, mut decoder) = (0, 0);
+    for (name, got) in &tuned {
+        match name.starts_with("edge.") {
+            true => decoder += 1,
+            false => {
+                assert!(got.as_slice() == value(&lp, name), "{name} changed");
+                kept += 1;
+            }
+        }
+    }
+    assert!(kept > 4 && decoder > 0, "{kept} kept, {decoder} decoder");
+}
+
+#[test]
+fn a_resumed_fine_tuning_keeps_its_frozen_parts_and_ends_as_an_uninterrupted_one() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let ck = common::root().join("tuned-checkpoints");
+    let at = format!("training.checkpoint_dir={:?}", ck.display().to_string());
+    let from = init(dir);
+    let run = |epochs: &str, resume: bool| {
+        let mut o = vec![
+            from.as_str(),
+            "training.freeze=\"embed\"",
+            at.as_str(),
+            epochs,
+        ];
+        if resume {
+            o.push("training.resume=true");
+        }
+        train(&config(&o), &mut Losses::default()).unwrap()
+    };
+    let (first, _) = run("training.epochs=1", false);
+    let (report, resumed) = run("training.epochs=2", true);
+    assert_eq!(report.resumed_from_step, Some(first.steps));
+    let resumed = values(&resumed);
+    std::fs::remove_dir_all(&ck).unwrap();
+    let whole = values(&run("training.epochs=2", false).1);
+    assert!(
+        resumed == whole,
+        "the resumed run differs from the whole one"
+    );
+    for (name, got) in resumed.iter().filter(|(n, _)| n.starts_with("embed.")) {
+        assert!(got.as_slice() == value(&lp, name), "{name} changed");
+    }
+}
