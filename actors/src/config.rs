@@ -301,12 +301,6 @@ impl TrainingConfig {
         }
     }
 
-    /// The parts `init_from` loads by default.
-    fn default_init_parts() -> std::collections::BTreeSet<crate::pretrained::init::Part> {
-        use crate::pretrained::init::Part;
-        [Part::Embed, Part::Gnn].into()
-    }
-
     /// The task's settings a run's checkpoints must share, and what it started
     /// from (empty for plain node classification).
     pub fn link_fingerprint(&self) -> String {
@@ -535,9 +529,11 @@ impl Config {
         if let Some(p) = freeze.iter().find(|p| !load.contains(p)) {
             return bad(format!("training.freeze names '{}', which training.init_parts does not load: only loaded parts can be frozen", p.name()));
         }
-        if t.init_from.is_none()
-            && (!t.freeze.is_empty() || load != TrainingConfig::default_init_parts())
-        {
+        let default_load = crate::pretrained::init::parts(
+            "training.init_parts",
+            &TrainingConfig::default().init_parts,
+        )?;
+        if t.init_from.is_none() && (!t.freeze.is_empty() || load != default_load) {
             return bad("training.init_parts and training.freeze apply with training.init_from (the checkpoint to start from)".into());
         }
         if t.init_from.is_some() && load.is_empty() {

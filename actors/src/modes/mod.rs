@@ -200,6 +200,16 @@ pub(crate) fn move_former_keys(t: &mut TrainingConfig) -> Result<Vec<String>> {
     Ok(warnings)
 }
 
+/// The names of the modes `keep` accepts, joined by "and" (for refusals).
+fn modes_where(keep: impl Fn(&Entry) -> bool) -> String {
+    REGISTRY
+        .iter()
+        .filter(|e| keep(e))
+        .map(|e| e.mode.name())
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
 /// Checks the modes' sub-tables (only the run's own mode may have one, and
 /// no other key may stand among them) and the run's mode settings.
 pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
@@ -236,36 +246,21 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
         return Err(TrainError::Config(format!(
             "training.task = \"{}\" runs in {}; mode {} does not support it yet",
             t.task.name(),
-            REGISTRY
-                .iter()
-                .filter(|e| e.tasks.contains(&t.task))
-                .map(|e| e.mode.name())
-                .collect::<Vec<_>>()
-                .join(" and "),
+            modes_where(|e| e.tasks.contains(&t.task)),
             e.mode.name()
         )));
     }
     if !e.weighted && (t.focal_gamma > 0.0 || t.class_weights != Default::default()) {
         return Err(TrainError::Config(format!(
             "training.class_weights and training.focal_gamma apply in {}; mode {} does not support them yet",
-            REGISTRY
-                .iter()
-                .filter(|e| e.weighted)
-                .map(|e| e.mode.name())
-                .collect::<Vec<_>>()
-                .join(" and "),
+            modes_where(|e| e.weighted),
             e.mode.name()
         )));
     }
     if !e.weighted && t.init_from.is_some() {
         return Err(TrainError::Config(format!(
             "training.init_from (fine-tuning) applies in {}; mode {} does not support it yet",
-            REGISTRY
-                .iter()
-                .filter(|e| e.weighted)
-                .map(|e| e.mode.name())
-                .collect::<Vec<_>>()
-                .join(" and "),
+            modes_where(|e| e.weighted),
             e.mode.name()
         )));
     }
