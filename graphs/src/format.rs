@@ -15,7 +15,8 @@ use crate::edge_targets::{
 };
 use crate::error::{GraphError, Result};
 use crate::features::Features;
-use crate::graph::{check_labels, check_split, check_values, HetGraph, NodeType, Splits};
+use crate::graph::{check_labels, check_split, check_values, HetGraph, Known, NodeType, Splits};
+use crate::label_sets::LabelSets;
 use crate::npy::{self, DType, NpyFile, NpyWriter};
 use crate::schema::{RelationSchema, Schema};
 
@@ -60,6 +61,10 @@ pub mod paths {
     /// `nodes/<ntype>/values.npy` (regression targets)
     pub fn values(dir: &Path, ntype: &str) -> PathBuf {
         node_dir(dir, ntype).join("values.npy")
+    }
+    /// `nodes/<ntype>/label_sets.npy` (multi-label targets)
+    pub fn label_sets(dir: &Path, ntype: &str) -> PathBuf {
+        node_dir(dir, ntype).join("label_sets.npy")
     }
     /// `nodes/<ntype>/<split>.npy`
     pub fn split(dir: &Path, ntype: &str, split: &str) -> PathBuf {
@@ -133,8 +138,16 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             }
             false => None,
         };
+        let spath = paths::label_sets(dir, name);
+        let label_sets = match (i == target, schema.label_sets) {
+            (true, Some(w)) => Some(read_label_sets(&spath, count, w)?),
+            _ if spath.exists() => {
+                return Err(GraphError::data(&spath, "schema.json does not give the target type label_sets (labels per node), or this is not the target type, but this file exists"));
+            }
+            _ => None,
+        };
         let (labels, splits) = if i == target {
-            read_labels(dir, name, count, schema.num_classes, values.as_deref())
+            read_labels(dir, name, count, schema.num_classes, values.as_deref(), label_sets.as_ref())
                 .map(|(l, s)| (Some(l), Some(s)))?
         } else {
             (None, None)
@@ -145,6 +158,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             features,
             labels,
             values,
+            label_sets,
             splits,
         });
     }
@@ -176,12 +190,21 @@ fn read_values(path: &Path, count: u64) -> Result<Vec<f32>> {
     Ok(values)
 }
 
+/// Reads and checks the multi-label targets at `path` (`width` labels per node).
+fn read_label_sets(path: &Path, count: u64, width: u32) -> Result<LabelSets> {
+    let f = NpyFile::open(path, DType::I8)?;
+    f.expect_shape(&[count, u64::from(width)], "label sets")?;
+    LabelSets::new(width as usize, count as usize, f.to_i8_vec())
+        .map_err(|p| GraphError::data(path, p))
+}
+
 fn read_labels(
     dir: &Path,
     ntype: &str,
     count: u64,
     num_classes: u32,
     values: Option<&[f32]>,
+    sets: Option<&LabelSets>,
 ) -> Result<(Vec<i64>, Splits)> {
     let lpath = paths::labels(dir, ntype);
     let f = NpyFile::open(&lpath, DType::I64)?;
@@ -217,7 +240,12 @@ fn read_labels(
             }
             ids.push(v as u32);
         }
-        check_split(&ids, &mut seen, tag as u8 + 1, &labels, values)
+        let known = Known {
+            labels: &labels,
+            values,
+            sets,
+        };
+        check_split(&ids, &mut seen, tag as u8 + 1, &known)
             .map_err(|p| GraphError::data(&spath, p))?;
         *slot = ids;
     }
@@ -395,6 +423,9 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
                 &[values.len() as u64],
                 values,
             )?;
+        }
+        if let Some(sets) = &t.label_sets {
+            write_label_sets(&paths::label_sets(out.path(), &t.name), sets)?;
         }
         if let (Some(labels), Some(splits)) = (&t.labels, &t.splits) {
             npy::write_i64(
@@ -592,4 +623,13 @@ impl Drop for AtomicDir {
             let _ = std::fs::remove_dir_all(&self.tmp);
         }
     }
+}
+
+/// Writes multi-label targets as `label_sets.npy`.
+pub(crate) fn write_label_sets(path: &Path, sets: &LabelSets) -> Result<()> {
+    npy::write_i8(
+        path,
+        &[sets.count() as u64, sets.width() as u64],
+        sets.as_slice(),
+    )
 }

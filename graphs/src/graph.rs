@@ -8,6 +8,7 @@ use crate::edge_targets::EdgeTargets;
 use crate::error::{GraphError, Result};
 use crate::features::Features;
 use crate::ids::{NodeTypeId, RelationId};
+use crate::label_sets::LabelSets;
 use crate::metagraph::Metagraph;
 use crate::rng::hash_str;
 use crate::schema::{NodeTypeSchema, RelationSchema, Schema, MAX_NODES};
@@ -47,6 +48,8 @@ pub struct NodeType {
     pub labels: Option<Vec<i64>>,
     /// Regression targets (target type only, where the graph has them); NaN = none.
     pub values: Option<Vec<f32>>,
+    /// Multi-label targets (target type only, where the graph has them).
+    pub label_sets: Option<LabelSets>,
     /// Splits (target type only).
     pub splits: Option<Splits>,
 }
@@ -173,6 +176,10 @@ impl HetGraph {
     pub fn target_values(&self) -> Option<&[f32]> {
         self.node_type(self.target).values.as_deref()
     }
+    /// The target type's multi-label targets, where the graph has them.
+    pub fn target_label_sets(&self) -> Option<&LabelSets> {
+        self.node_type(self.target).label_sets.as_ref()
+    }
     /// Bytes this graph holds in memory, an upper bound: every relation's
     /// two CSRs counted (a reverse shares its original's), features as if
     /// every mapped page were read, with their non-zero index where one may
@@ -193,6 +200,7 @@ impl HetGraph {
             }
             bytes += t.labels.as_ref().map_or(0, |l| l.len() as u64 * 8);
             bytes += t.values.as_ref().map_or(0, |v| v.len() as u64 * 4);
+            bytes += t.label_sets.as_ref().map_or(0, |l| l.as_slice().len() as u64);
             bytes += t.splits.as_ref().map_or(0, |s| {
                 (s.train.len() + s.valid.len() + s.test.len()) as u64 * 4
             });
@@ -325,6 +333,10 @@ impl HetGraph {
                 })
                 .collect(),
             values: self.node_types[self.target.index()].values.is_some(),
+            label_sets: self.node_types[self.target.index()]
+                .label_sets
+                .as_ref()
+                .map(|l| l.width() as u32),
         }
     }
 
@@ -400,18 +412,52 @@ pub(crate) fn check_values(values: &[f32], count: u32) -> std::result::Result<()
     }
 }
 
+/// What a node of a split must have: a label, or where the graph has them, a
+/// value or a label set.
+pub(crate) struct Known<'a> {
+    /// Class labels (-1: none).
+    pub labels: &'a [i64],
+    /// Regression targets (NaN: none).
+    pub values: Option<&'a [f32]>,
+    /// Multi-label targets.
+    pub sets: Option<&'a LabelSets>,
+}
+
+impl Known<'_> {
+    fn has(&self, i: usize) -> bool {
+        self.labels[i] >= 0
+            || self.values.is_some_and(|v| !v[i].is_nan())
+            || self.sets.is_some_and(|s| s.known(i))
+    }
+
+    fn lacks(&self, id: u32) -> String {
+        let mut what = vec!["a label (-1)"];
+        if self.values.is_some() {
+            what.push("a value (NaN)");
+        }
+        if self.sets.is_some() {
+            what.push("a label set (a row of -1)");
+        }
+        match what.len() {
+            1 => format!("node {id} has no label (-1)"),
+            2 => format!("node {id} has neither {} nor {}", what[0], what[1]),
+            _ => format!("node {id} has none of {}", what.join(", ")),
+        }
+    }
+}
+
 /// Checks one split: ids in range, unique, not in an earlier split, and
-/// labelled or, where the graph has regression targets, valued.
+/// labelled or, where the graph has regression or multi-label targets,
+/// valued or with a label set.
 pub(crate) fn check_split(
     ids: &[u32],
     seen: &mut [u8],
     tag: u8,
-    labels: &[i64],
-    values: Option<&[f32]>,
+    known: &Known,
 ) -> std::result::Result<(), String> {
     for &id in ids {
         let Some(slot) = seen.get_mut(id as usize) else {
-            return Err(format!("node id {id} is out of range 0..{}", labels.len()));
+            return Err(format!("node id {id} is out of range 0..{}", known.labels.len()));
         };
         if *slot == tag {
             return Err(format!("node {id} is listed twice"));
@@ -420,15 +466,8 @@ pub(crate) fn check_split(
             return Err(format!("node {id} is also in another split"));
         }
         *slot = tag;
-        let i = id as usize;
-        match values {
-            None if labels[i] < 0 => return Err(format!("node {id} has no label (-1)")),
-            Some(v) if labels[i] < 0 && v[i].is_nan() => {
-                return Err(format!(
-                    "node {id} has neither a label (-1) nor a value (NaN)"
-                ))
-            }
-            _ => {}
+        if !known.has(id as usize) {
+            return Err(known.lacks(id));
         }
     }
     Ok(())
@@ -440,6 +479,7 @@ pub struct GraphBuilder {
     schema: Option<Schema>,
     types: Vec<NodeType>,
     edges: Vec<(Vec<u32>, Vec<u32>)>,
+    bits: Option<Vec<i8>>,
 }
 
 impl GraphBuilder {
@@ -453,9 +493,11 @@ impl GraphBuilder {
                 node_types: Vec::new(),
                 relations: Vec::new(),
                 values: false,
+                label_sets: None,
             }),
             types: Vec::new(),
             edges: Vec::new(),
+            bits: None,
         }
     }
 
@@ -479,6 +521,7 @@ impl GraphBuilder {
             features,
             labels: None,
             values: None,
+            label_sets: None,
             splits: None,
         });
         self
@@ -501,6 +544,14 @@ impl GraphBuilder {
         if let Some(t) = self.types.iter_mut().find(|t| t.name == target) {
             t.values = Some(values);
         }
+        self
+    }
+
+    /// Sets the target type's multi-label targets: `width` labels per node,
+    /// rows of 0/1 (or all -1 for none), node after node.
+    pub fn label_sets(mut self, width: u32, bits: Vec<i8>) -> Self {
+        self.schema().label_sets = Some(width);
+        self.bits = Some(bits);
         self
     }
 
@@ -564,11 +615,23 @@ impl GraphBuilder {
         if let Some(v) = &t.values {
             check_values(v, t.count).map_err(bad)?;
         }
+        let sets = match (schema.label_sets, self.bits.take()) {
+            (Some(w), Some(bits)) => {
+                Some(LabelSets::new(w as usize, t.count as usize, bits).map_err(bad)?)
+            }
+            _ => None,
+        };
+        let known = Known {
+            labels,
+            values: t.values.as_deref(),
+            sets: sets.as_ref(),
+        };
         let mut seen = vec![0u8; t.count as usize];
         for (tag, (name, ids)) in splits.named().into_iter().enumerate() {
-            check_split(ids, &mut seen, tag as u8 + 1, labels, t.values.as_deref())
+            check_split(ids, &mut seen, tag as u8 + 1, &known)
                 .map_err(|p| bad(format!("{name} split: {p}")))?;
         }
+        self.types[target].label_sets = sets;
         let mut csrs = Vec::new();
         for (r, (src, dst)) in schema.relations.iter().zip(&self.edges) {
             if src.len() != dst.len() {

@@ -27,6 +27,7 @@ pub mod format;
 pub mod generate;
 pub mod graph;
 pub mod ids;
+pub mod label_sets;
 pub mod input;
 pub mod link;
 pub mod mapped;

@@ -25,6 +25,8 @@ pub enum DType {
     F32,
     /// little-endian int64, `<i8`
     I64,
+    /// int8, `|i1`
+    I8,
 }
 
 impl DType {
@@ -33,6 +35,7 @@ impl DType {
         match self {
             DType::F32 => "<f4",
             DType::I64 => "<i8",
+            DType::I8 => "|i1",
         }
     }
     /// Bytes per element.
@@ -40,6 +43,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::I64 => 8,
+            DType::I8 => 1,
         }
     }
 }
@@ -375,6 +379,12 @@ impl NpyFile {
         i64::from_le_bytes(self.map[o..o + 8].try_into().expect("8 bytes"))
     }
 
+    /// All elements as `i8` (copying); the file must have been opened as [`DType::I8`].
+    pub fn to_i8_vec(&self) -> Vec<i8> {
+        debug_assert_eq!(self.dtype, DType::I8);
+        bytemuck::cast_slice(self.data()).to_vec()
+    }
+
     /// All elements as `f32` (copying).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         debug_assert_eq!(self.dtype, DType::F32);
@@ -460,6 +470,15 @@ impl NpyWriter {
     /// Appends int64 elements.
     pub fn write_i64(&mut self, values: &[i64]) -> Result<()> {
         debug_assert_eq!(self.dtype, DType::I64);
+        self.take(values.len())?;
+        self.out
+            .write_all(bytemuck::cast_slice(values))
+            .map_err(|e| GraphError::io(&self.path, e))
+    }
+
+    /// Appends int8 elements.
+    pub fn write_i8(&mut self, values: &[i8]) -> Result<()> {
+        debug_assert_eq!(self.dtype, DType::I8);
         self.take(values.len())?;
         self.out
             .write_all(bytemuck::cast_slice(values))
@@ -581,6 +600,13 @@ fn commit(out: BufWriter<AtomicFile>, path: &Path) -> Result<()> {
 pub fn write_i64(path: &Path, shape: &[u64], values: &[i64]) -> Result<()> {
     let mut w = NpyWriter::create(path, DType::I64, shape)?;
     w.write_i64(values)?;
+    w.finish()
+}
+
+/// Writes a whole int8 array.
+pub fn write_i8(path: &Path, shape: &[u64], values: &[i8]) -> Result<()> {
+    let mut w = NpyWriter::create(path, DType::I8, shape)?;
+    w.write_i8(values)?;
     w.finish()
 }
 

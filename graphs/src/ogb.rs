@@ -199,6 +199,7 @@ pub fn import_ogb(
         node_types,
         relations: rel_schemas,
         values: false,
+        label_sets: None,
     };
     schema
         .validate()

@@ -27,6 +27,11 @@ pub struct Schema {
     /// (float32, NaN = none). Absent in the file: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub values: bool,
+    /// Labels per node of the target type's `label_sets.npy` (multi-label
+    /// classification: int8 `[count, label_sets]`, 1 = has the label, a row
+    /// of -1 = unlabelled). Absent in the file: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_sets: Option<u32>,
 }
 
 /// One node type's entry.
@@ -77,6 +82,8 @@ impl RelationSchema {
 pub const MAX_NODES: u64 = u32::MAX as u64 - 1;
 /// Most label classes accepted.
 pub const MAX_CLASSES: u32 = 1 << 20;
+/// Most labels per node of a multi-label target accepted.
+pub const MAX_LABEL_SETS: u32 = 1 << 16;
 /// Largest feature width accepted.
 pub const MAX_FEATURE_DIM: u64 = 1 << 20;
 /// Most edges accepted in one relation: 2^40, a thousand times ogbn-papers100M's
@@ -130,6 +137,13 @@ impl Schema {
         }
         if self.num_classes == 0 || self.num_classes > MAX_CLASSES {
             return Err(format!("num_classes must be in 1..={MAX_CLASSES}"));
+        }
+        if let Some(l) = self.label_sets {
+            if l == 0 || l > MAX_LABEL_SETS {
+                return Err(format!(
+                    "label_sets must be in 1..={MAX_LABEL_SETS} (absent for none)"
+                ));
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for r in &self.relations {

@@ -446,6 +446,114 @@ fn regression_values_round_trip_and_bad_ones_are_refused() {
     );
 }
 
+/// The tiny graph with label sets of 3 labels: node 4 has a set but no
+/// class label, node 2 a class label but no set.
+fn with_label_sets() -> tempfile::TempDir {
+    let g = common::tiny();
+    let (labels, splits) = g.target_labels();
+    let mut splits = splits.clone();
+    splits.valid.push(4);
+    let mut b = graphs::GraphBuilder::new("tiny-sets", "paper", 2);
+    for t in g.node_types() {
+        let f = t
+            .features
+            .as_ref()
+            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec()));
+        b = b.node_type(&t.name, t.count, f);
+    }
+    #[rustfmt::skip]
+    let bits = vec![1, 0, 1,  0, 0, 0,  -1, -1, -1,  1, 1, 1,  0, 1, 0,  1, 0, 0];
+    b = b.labels(labels.to_vec(), splits).label_sets(3, bits);
+    for r in g.relations() {
+        let csr = r.in_csr();
+        let (mut s, mut d) = (Vec::new(), Vec::new());
+        for v in 0..csr.num_rows() as u32 {
+            for &u in csr.neighbors(v) {
+                s.push(u);
+                d.push(v);
+            }
+        }
+        let (src, dst) = (&g.node_type(r.src).name, &g.node_type(r.dst).name);
+        b = b.relation(src, &r.name, dst, s, d);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    save(&b.build().unwrap(), &tmp.path().join("g"), false).unwrap();
+    tmp
+}
+
+#[test]
+fn label_sets_round_trip_and_bad_ones_are_refused() {
+    let tmp = with_label_sets();
+    let dir = tmp.path().join("g");
+    let g = load(&dir, &LoadOptions::default()).unwrap();
+    let s = g.target_label_sets().unwrap();
+    assert_eq!((s.width(), s.count()), (3, 6));
+    assert_eq!(s.row(3), &[1, 1, 1]);
+    assert!(!s.known(2) && s.known(4));
+    assert_eq!(g.schema().label_sets, Some(3));
+    // Node 4 has only a label set, and is accepted in a split.
+    assert!(g.target_labels().1.valid.contains(&4));
+    let plain = write_tiny();
+    let text = std::fs::read_to_string(plain.path().join("g/schema.json")).unwrap();
+    assert!(!text.contains("label_sets"), "{text}");
+
+    let refused = |corrupt: &dyn Fn(&Path)| {
+        let t = with_label_sets();
+        let d = t.path().join("g");
+        corrupt(&d);
+        load(&d, &LoadOptions::default()).expect_err("must be refused")
+    };
+    let sets = |d: &Path| d.join("nodes/paper/label_sets.npy");
+    assert_err(
+        refused(&|d| npy::write_i8(&sets(d), &[6, 2], &[0; 12]).unwrap()),
+        "label_sets.npy",
+        "shape",
+    );
+    assert_err(
+        refused(&|d| {
+            let mut bits = vec![0i8; 18];
+            bits[7] = 2;
+            npy::write_i8(&sets(d), &[6, 3], &bits).unwrap()
+        }),
+        "label_sets.npy",
+        "label 1 of node 2 is 2",
+    );
+    assert_err(
+        refused(&|d| npy::write_i64(&sets(d), &[6, 3], &[0; 18]).unwrap()),
+        "label_sets.npy",
+        "dtype",
+    );
+    assert_err(
+        refused(&|d| std::fs::remove_file(sets(d)).unwrap()),
+        "label_sets.npy",
+        "missing",
+    );
+    // Node 4 (no class label) loses its set.
+    assert_err(
+        refused(&|d| {
+            let mut bits = vec![0i8; 18];
+            bits[12..15].fill(-1);
+            npy::write_i8(&sets(d), &[6, 3], &bits).unwrap()
+        }),
+        "valid.npy",
+        "neither a label (-1) nor a label set",
+    );
+    assert_err(
+        refused(&|d| {
+            edit_schema(d, |v| {
+                v.as_object_mut().unwrap().remove("label_sets");
+            })
+        }),
+        "label_sets.npy",
+        "label_sets",
+    );
+    assert_err(
+        refused(&|d| edit_schema(d, |v| v["label_sets"] = serde_json::json!(0))),
+        "schema.json",
+        "label_sets must be",
+    );
+}
+
 /// A generated graph: its `writes` edges carry labels, values and splits.
 fn with_edge_targets() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();

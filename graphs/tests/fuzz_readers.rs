@@ -268,6 +268,7 @@ fn open_checked(path: &Path, dtype: DType, file_len: usize) -> Result<(), TestCa
                     let _ = sum;
                 }
                 DType::F32 => prop_assert_eq!(f.to_f32_vec().len(), f.len()),
+                DType::I8 => prop_assert_eq!(f.to_i8_vec().len(), f.len()),
             }
         }
         Err(e) => {
@@ -406,6 +407,7 @@ fn valid_schema() -> impl Strategy<Value = Schema> {
                 node_types,
                 relations,
                 values: false,
+                label_sets: None,
             }
         })
 }

@@ -25,8 +25,8 @@ fn output_is_byte_identical_for_a_seed_whatever_the_threads() {
     let (fa, fb, fc) = (read_all(&a), read_all(&b), read_all(&c));
     assert_eq!(
         fa.len(),
-        16,
-        "schema, 6 paper files, 4 edge files, 5 edge-target files"
+        17,
+        "schema, 7 paper files, 4 edge files, 5 edge-target files"
     );
     assert!(fa == fb, "same seed must give identical bytes");
     assert!(
@@ -120,6 +120,31 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
         "share of value variance explained by class: {explained}"
     );
     assert!(values.iter().all(|v| v.is_finite()));
+
+    // Label sets: 16 labels per paper, each paper's mostly its class's set
+    // (the majority row of its class), a few entries flipped.
+    let sets = g.target_label_sets().expect("the generator plants label sets");
+    assert_eq!((sets.width(), sets.count()), (16, labels.len()));
+    let mut ones = vec![[0u32; 16]; 349];
+    let mut count = vec![0u32; 349];
+    for (p, &l) in labels.iter().enumerate() {
+        count[l as usize] += 1;
+        for (j, &b) in sets.row(p).iter().enumerate() {
+            ones[l as usize][j] += u32::from(b == 1);
+        }
+    }
+    let (mut agree, mut all, mut set) = (0u64, 0u64, 0u64);
+    for (p, &l) in labels.iter().enumerate() {
+        for (j, &b) in sets.row(p).iter().enumerate() {
+            let majority = 2 * ones[l as usize][j] > count[l as usize];
+            agree += u64::from((b == 1) == majority);
+            set += u64::from(b == 1);
+            all += 1;
+        }
+    }
+    let (agree, set) = (agree as f64 / all as f64, set as f64 / all as f64);
+    assert!(agree > 0.95 && agree < 0.995, "entries agreeing with the class's set: {agree}");
+    assert!(set > 0.1 && set < 0.35, "share of entries set: {set}");
 
     // Authors link mostly to papers of one dominant class.
     let writes = g.relation(g.relation_id("author__writes__paper").unwrap());

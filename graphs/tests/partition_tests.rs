@@ -126,6 +126,10 @@ fn distributed_sampling_equals_whole_graph_sampling() {
         };
         let full = graphs::load(&tmp.path().join("g"), &opts).unwrap();
         let parts: Vec<HetGraph> = (0..3).map(|k| set.load_part(k, &opts).unwrap()).collect();
+        // Every partition carries the target's label sets whole.
+        for p in &parts {
+            assert_eq!(p.target_label_sets(), full.target_label_sets());
+        }
         let fanouts = [4, 3];
         let mut whole = Sampler::new(&full, &fanouts, 11).unwrap();
         let mut owners_samplers: Vec<Sampler> = parts

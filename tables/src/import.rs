@@ -351,6 +351,7 @@ pub fn import_tables(
     let mut records = Vec::new();
     let mut num_classes = 1;
     let mut has_values = false;
+    let label_sets = None;
     for (ntype, result) in &types {
         let ids = maps.remove(ntype).expect("a map per type");
         if ids.is_empty() {
@@ -409,6 +410,7 @@ pub fn import_tables(
         node_types,
         relations,
         values: has_values,
+        label_sets,
     };
     schema
         .validate()

@@ -68,6 +68,7 @@ const S_PERM: u64 = 5;
 const S_EDGE: u64 = 6;
 const S_VALUE: u64 = 7;
 const S_EDGE_TARGET: u64 = 8;
+const S_LABEL_SET: u64 = 9;
 
 /// The relation whose edges carry targets, and its split shares.
 const TARGET_RELATION: &str = "writes";
@@ -84,6 +85,11 @@ const EDGE_VALUE_NOISE: f64 = 0.25;
 /// features alone predict it.
 const VALUE_FEATURE: f64 = 0.5;
 const VALUE_NOISE: f64 = 0.25;
+/// Labels per paper of the multi-label target: a set per class (each label
+/// in it with chance LABEL_IN_SET), each entry flipped with chance LABEL_FLIP.
+const LABEL_SETS: u32 = 16;
+const LABEL_IN_SET: f64 = 0.2;
+const LABEL_FLIP: f64 = 0.03;
 
 const FEATURE_CHUNK: usize = 16_384;
 const EDGE_CHUNK: usize = 1 << 16;
@@ -207,7 +213,7 @@ impl MagLike {
             .zip(self.edges)
             .find(|((name, _), _)| *name == TARGET_RELATION)
             .map_or(0, |(_, e)| u128::from(e));
-        papers * (FEATURE_DIM as u128 * 4 + 20) + 16 * edges + 20 * target
+        papers * (FEATURE_DIM as u128 * 4 + 20 + u128::from(LABEL_SETS)) + 16 * edges + 20 * target
     }
 
     /// The schema of the graph this generator writes.
@@ -243,6 +249,7 @@ impl MagLike {
                 })
                 .collect(),
             values: true,
+            label_sets: Some(LABEL_SETS),
         }
     }
 
@@ -380,6 +387,7 @@ impl MagLike {
             })
             .collect();
         crate::npy::write_f32(&paths::values(dir, "paper"), &[n as u64], &values)?;
+        self.write_label_sets(dir, classes)?;
         let mut splits: [Vec<u32>; 3] = Default::default();
         for p in 0..n as u32 {
             let u = CounterRng::from_parts(&[self.seed, S_SPLIT, u64::from(p)]).next_f64();
@@ -402,6 +410,34 @@ impl MagLike {
             w.finish()?;
         }
         Ok(values)
+    }
+
+    /// Writes the papers' label sets: their class's set, each entry flipped
+    /// now and then, so that they follow the class (and so the graph) but
+    /// are not a function of it.
+    fn write_label_sets(&self, dir: &Path, classes: &[u32]) -> Result<()> {
+        let l = LABEL_SETS as usize;
+        let sets: Vec<bool> = (0..u64::from(CLASSES))
+            .flat_map(|c| {
+                let mut r = CounterRng::from_parts(&[self.seed, S_LABEL_SET, 0, c]);
+                (0..l).map(move |_| r.next_f64() < LABEL_IN_SET)
+            })
+            .collect();
+        let bits: Vec<i8> = classes
+            .par_iter()
+            .enumerate()
+            .flat_map_iter(|(p, &c)| {
+                let mut r = CounterRng::from_parts(&[self.seed, S_LABEL_SET, 1, p as u64]);
+                let set = &sets[c as usize * l..][..l];
+                set.iter()
+                    .map(move |&b| i8::from(b != (r.next_f64() < LABEL_FLIP)))
+            })
+            .collect();
+        crate::npy::write_i8(
+            &paths::label_sets(dir, "paper"),
+            &[classes.len() as u64, u64::from(LABEL_SETS)],
+            &bits,
+        )
     }
 
     /// Writes the targets of the `writes` edges `src -> dst` (authors to papers).

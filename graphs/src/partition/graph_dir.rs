@@ -88,6 +88,9 @@ pub(super) fn write(
                 values,
             )?;
         }
+        if let Some(sets) = &nt.label_sets {
+            crate::format::write_label_sets(&paths::label_sets(dir, &nt.name), sets)?;
+        }
         if let (Some(labels), Some(splits)) = (&nt.labels, &nt.splits) {
             npy::write_i64(
                 &paths::labels(dir, &nt.name),
