@@ -57,6 +57,8 @@ pub enum Task {
     EdgeClassification,
     /// Predict the values of the edges of `target_relations` (`edges/<relation>/values.npy`).
     EdgeRegression,
+    /// Predict the target type's label sets (`label_sets.npy`): a yes/no per label.
+    MultiLabel,
 }
 
 impl Task {
@@ -68,6 +70,7 @@ impl Task {
             Task::NodeRegression => "node-regression",
             Task::EdgeClassification => "edge-classification",
             Task::EdgeRegression => "edge-regression",
+            Task::MultiLabel => "multi-label",
         }
     }
 
@@ -78,7 +81,15 @@ impl Task {
 
     /// Whether it learns targets of the target type's nodes.
     pub fn on_nodes(self) -> bool {
-        matches!(self, Task::NodeClassification | Task::NodeRegression)
+        matches!(
+            self,
+            Task::NodeClassification | Task::NodeRegression | Task::MultiLabel
+        )
+    }
+
+    /// Whether class weights and focal loss apply to it.
+    pub fn weighs_classes(self) -> bool {
+        matches!(self, Task::NodeClassification | Task::MultiLabel)
     }
 }
 
@@ -295,6 +306,7 @@ impl TrainingConfig {
             link,
             head: match self.task {
                 Task::NodeRegression => models::model::Head::Value,
+                Task::MultiLabel => models::model::Head::Labels,
                 _ => models::model::Head::Classes,
             },
             edge,
@@ -326,6 +338,10 @@ impl TrainingConfig {
             Task::NodeClassification => {
                 format!("{:?}|{}", self.class_weights, self.focal_gamma)
             }
+            Task::MultiLabel => format!(
+                "{:?}|{:?}|{}",
+                self.task, self.class_weights, self.focal_gamma
+            ),
             Task::NodeRegression | Task::EdgeRegression => format!(
                 "{:?}|{:?}|{}",
                 self.task, self.regression_loss, self.huber_delta
@@ -607,9 +623,9 @@ impl Config {
             ));
         }
         let weighted = t.focal_gamma > 0.0 || t.class_weights != Default::default();
-        if weighted && t.task != Task::NodeClassification {
+        if weighted && !t.task.weighs_classes() {
             return bad(format!(
-                "training.class_weights and training.focal_gamma apply to training.task = \"node-classification\", not \"{}\"",
+                "training.class_weights and training.focal_gamma apply to training.task = \"node-classification\" and \"multi-label\", not \"{}\"",
                 t.task.name()
             ));
         }

@@ -37,13 +37,22 @@ pub struct EpochReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regression: Option<crate::task::node::RegressionEpoch>,
     /// Node classification: validation and test macro F1 (the mean of the
-    /// per-class F1 over classes true or predicted; absent with more than
+    /// per-class F1 over classes true or predicted; multi-label: per label;
+    /// absent with more than
     /// 4096 classes, in modes that do not count per class, or when not evaluated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub macro_f1: Option<[f64; 2]>,
-    /// Binary edge classification: validation and test ROC-AUC.
+    /// Binary edge classification and multi-label: validation and test
+    /// ROC-AUC (multi-label: of every (node, label) pair pooled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roc_auc: Option<[f64; 2]>,
+    /// Binary edge classification and multi-label: validation and test
+    /// average precision (the area under the precision-recall curve, pairs pooled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_precision: Option<[f64; 2]>,
+    /// Multi-label: validation and test micro F1 (every label's counts pooled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_f1: Option<[f64; 2]>,
     /// The share of the machines' cores busy during the training steps (0 to 1; the mean over trainers; 0: unknown).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cpu_util: f64,

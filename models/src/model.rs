@@ -59,6 +59,8 @@ pub enum Head {
     Classes,
     /// One value (node regression).
     Value,
+    /// One logit per label of the target's label sets (multi-label).
+    Labels,
 }
 
 /// Everything that shapes a model's parameters.
@@ -102,13 +104,16 @@ fn default_heads() -> usize {
 
 impl ModelSpec {
     /// Width of the last layer's output on `g`: embeddings (hidden wide) for
-    /// link prediction, one value for regression, else one logit per class.
+    /// link prediction, one value for regression, one logit per label for
+    /// multi-label, else one logit per class.
     pub fn outputs(&self, g: &HetGraph) -> usize {
         match (&self.link, self.head) {
             (Some(_), _) => self.hidden,
             _ if self.edge.is_some() => self.hidden,
             (None, Head::Value) => 1,
             (None, Head::Classes) => g.num_classes() as usize,
+            // A graph without label sets is refused before a model is built.
+            (None, Head::Labels) => g.target_label_sets().map_or(1, |s| s.width()),
         }
     }
 

@@ -109,6 +109,12 @@ impl EpochStats {
         if valid.values.n + test.values.n > 0 {
             self.values = Some([valid.values, test.values]);
         }
+        if !valid.labels.0.is_empty() || !test.labels.0.is_empty() {
+            self.labels = Some([valid.labels, test.labels]);
+        }
+        if !valid.ranked.is_empty() || !test.ranked.is_empty() {
+            self.ranked = Some([valid.ranked, test.ranked]);
+        }
     }
 }
 
@@ -178,12 +184,17 @@ pub struct EpochStats {
     /// Node classification: this trainer's validation and test counts per class.
     #[serde(default)]
     pub classes: Option<[crate::task::node::ClassCounts; 2]>,
+    /// Multi-label: this trainer's validation and test counts per label.
+    #[serde(default)]
+    pub labels: Option<[crate::task::node::ClassCounts; 2]>,
     /// Edge tasks: the validation and test edges this trainer scored (node
     /// tasks' counts are the graph's splits).
     #[serde(default)]
     pub scored: Option<[u64; 2]>,
     /// Binary edge classification: this trainer's validation and test
-    /// edges as (class-1 probability, whether class 1), for ROC-AUC.
+    /// edges as (class-1 probability, whether class 1), for ROC-AUC and
+    /// average precision; multi-label: its (node, label) pairs as
+    /// (probability, whether the node has the label).
     #[serde(default)]
     pub ranked: Option<[Vec<(f32, bool)>; 2]>,
     /// The share of the machine's cores busy during the epoch's steps (0 to 1).
@@ -392,7 +403,9 @@ impl EpochReport {
             link: link_figures(stats),
             regression: regression_figures(stats),
             macro_f1: macro_f1(stats),
-            roc_auc: roc_auc(stats),
+            micro_f1: label_f1(stats).map(|(micro, _)| micro),
+            roc_auc: ranked_metric(stats, crate::task::edge::roc_auc),
+            average_precision: ranked_metric(stats, crate::task::edge::average_precision),
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
@@ -417,21 +430,39 @@ fn summed<T: Default>(
     sums
 }
 
-/// Validation and test ROC-AUC of an epoch: every trainer's ranking pairs
-/// merged (`None` unless every evaluated trainer sent its pairs).
-fn roc_auc(stats: &[EpochStats]) -> Option<[f64; 2]> {
+/// Validation and test figure `metric` of an epoch's ranking pairs, every
+/// trainer's merged (`None` unless every evaluated trainer sent its pairs).
+fn ranked_metric(
+    stats: &[EpochStats],
+    metric: fn(&[(f32, bool)]) -> Option<f64>,
+) -> Option<[f64; 2]> {
     let mut all: [Vec<(f32, bool)>; 2] = Default::default();
     for s in stats.iter().filter(|s| s.evaluated) {
         let [v, t] = s.ranked.as_ref()?;
         all[0].extend_from_slice(v);
         all[1].extend_from_slice(t);
     }
-    let [v, t] = all.map(|pairs| crate::task::edge::roc_auc(&pairs));
+    let [v, t] = all.map(|pairs| metric(&pairs));
     Some([v?, t?])
 }
 
-/// Validation and test macro F1 of an epoch: every trainer's counts merged.
+/// Multi-label: validation and test micro and macro F1 of an epoch, every
+/// trainer's per-label counts merged.
+fn label_f1(stats: &[EpochStats]) -> Option<([f64; 2], [f64; 2])> {
+    let [v, t] = summed(
+        stats,
+        |s| s.labels.as_ref(),
+        crate::task::node::ClassCounts::merge,
+    )?;
+    Some(([v.micro_f1()?, t.micro_f1()?], [v.macro_f1()?, t.macro_f1()?]))
+}
+
+/// Validation and test macro F1 of an epoch: every trainer's counts merged
+/// (per class, or multi-label per label).
 fn macro_f1(stats: &[EpochStats]) -> Option<[f64; 2]> {
+    if let Some((_, macro_)) = label_f1(stats) {
+        return Some(macro_);
+    }
     let [v, t] = summed(
         stats,
         |s| s.classes.as_ref(),

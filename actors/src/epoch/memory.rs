@@ -150,7 +150,7 @@ impl fmt::Display for MemoryPlan {
 /// endpoints of each edge and its negatives, an edge batch both endpoints.
 fn seeds(t: &TrainingConfig) -> usize {
     match t.task {
-        Task::NodeClassification | Task::NodeRegression => t.batch,
+        Task::NodeClassification | Task::NodeRegression | Task::MultiLabel => t.batch,
         Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
         Task::EdgeClassification | Task::EdgeRegression => t.batch.saturating_mul(2),
     }

@@ -93,6 +93,7 @@ const EVERY_TASK: &[Task] = &[
     Task::NodeRegression,
     Task::EdgeClassification,
     Task::EdgeRegression,
+    Task::MultiLabel,
 ];
 /// Data-parallel's.
 const DATA_PARALLEL_TASKS: &[Task] = &[
@@ -101,6 +102,7 @@ const DATA_PARALLEL_TASKS: &[Task] = &[
     Task::NodeRegression,
     Task::EdgeClassification,
     Task::EdgeRegression,
+    Task::MultiLabel,
 ];
 
 /// Every mode, with its settings, the tasks it trains and its rules.

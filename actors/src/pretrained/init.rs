@@ -80,6 +80,7 @@ fn output_of(spec: &ModelSpec) -> &'static str {
     match (&spec.link, &spec.edge, spec.head) {
         (Some(_), _, _) | (_, Some(_), _) => "embeddings",
         (_, _, models::model::Head::Value) => "a value",
+        (_, _, models::model::Head::Labels) => "label logits",
         _ => "class logits",
     }
 }

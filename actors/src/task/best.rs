@@ -11,15 +11,20 @@ use crate::report::EpochReport;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SelectMetric {
-    /// The task's own: accuracy for classification, RMSE for regression, MRR for links.
+    /// The task's own: accuracy for classification, micro F1 for multi-label,
+    /// RMSE for regression, MRR for links.
     #[default]
     Auto,
     /// Share of correct classes (higher is better).
     Accuracy,
     /// Mean per-class F1 (higher is better).
     MacroF1,
-    /// Area under the ROC curve, binary edge classification (higher is better).
+    /// Area under the ROC curve, binary edge classification and multi-label (higher is better).
     RocAuc,
+    /// F1 of every label's counts pooled, multi-label (higher is better).
+    MicroF1,
+    /// Average precision, binary edge classification and multi-label (higher is better).
+    AveragePrecision,
     /// Root mean squared error (lower is better).
     Rmse,
     /// Mean absolute error (lower is better).
@@ -38,6 +43,8 @@ impl SelectMetric {
             SelectMetric::Accuracy => "accuracy",
             SelectMetric::MacroF1 => "macro-f1",
             SelectMetric::RocAuc => "roc-auc",
+            SelectMetric::MicroF1 => "micro-f1",
+            SelectMetric::AveragePrecision => "average-precision",
             SelectMetric::Rmse => "rmse",
             SelectMetric::Mae => "mae",
             SelectMetric::R2 => "r2",
@@ -53,6 +60,7 @@ impl SelectMetric {
             }
             (SelectMetric::Auto, Task::NodeRegression | Task::EdgeRegression) => SelectMetric::Rmse,
             (SelectMetric::Auto, Task::LinkPrediction) => SelectMetric::Mrr,
+            (SelectMetric::Auto, Task::MultiLabel) => SelectMetric::MicroF1,
             (m, _) => m,
         }
     }
@@ -61,10 +69,14 @@ impl SelectMetric {
     pub fn check(self, task: Task) -> Result<(), String> {
         let ok = match self.resolve(task) {
             SelectMetric::Auto => true,
-            SelectMetric::Accuracy | SelectMetric::MacroF1 => {
-                matches!(task, Task::NodeClassification | Task::EdgeClassification)
+            SelectMetric::Accuracy | SelectMetric::MacroF1 => matches!(
+                task,
+                Task::NodeClassification | Task::EdgeClassification | Task::MultiLabel
+            ),
+            SelectMetric::RocAuc | SelectMetric::AveragePrecision => {
+                matches!(task, Task::EdgeClassification | Task::MultiLabel)
             }
-            SelectMetric::RocAuc => task == Task::EdgeClassification,
+            SelectMetric::MicroF1 => task == Task::MultiLabel,
             SelectMetric::Rmse | SelectMetric::Mae | SelectMetric::R2 => {
                 matches!(task, Task::NodeRegression | Task::EdgeRegression)
             }
@@ -94,6 +106,8 @@ impl SelectMetric {
             SelectMetric::Accuracy => e.valid_acc.zip(e.test_acc),
             SelectMetric::MacroF1 => e.macro_f1.map(|[v, t]| (v, t)),
             SelectMetric::RocAuc => e.roc_auc.map(|[v, t]| (v, t)),
+            SelectMetric::MicroF1 => e.micro_f1.map(|[v, t]| (v, t)),
+            SelectMetric::AveragePrecision => e.average_precision.map(|[v, t]| (v, t)),
             SelectMetric::Rmse => reg(|m| m.rmse),
             SelectMetric::Mae => reg(|m| m.mae),
             SelectMetric::R2 => reg(|m| m.r2),

@@ -536,6 +536,34 @@ pub struct EdgeScores {
     pub ranked: Vec<(f32, bool)>,
 }
 
+/// The average precision of `(score, positive)` pairs: the mean, over the
+/// positives, of the precision among the pairs scoring at least as high
+/// (tied scores taken together, as scikit-learn's); `None` without positives.
+pub fn average_precision(pairs: &[(f32, bool)]) -> Option<f64> {
+    let positives = pairs.iter().filter(|p| p.1).count();
+    if positives == 0 {
+        return None;
+    }
+    let mut sorted = pairs.to_vec();
+    sorted.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (mut tp, mut seen, mut ap) = (0usize, 0usize, 0.0f64);
+    let mut i = 0;
+    while i < sorted.len() {
+        // One threshold per distinct score: its ties enter together.
+        let mut j = i;
+        let mut new_tp = 0;
+        while j < sorted.len() && sorted[j].0 == sorted[i].0 {
+            new_tp += usize::from(sorted[j].1);
+            j += 1;
+        }
+        tp += new_tp;
+        seen += j - i;
+        ap += new_tp as f64 / positives as f64 * (tp as f64 / seen as f64);
+        i = j;
+    }
+    Some(ap)
+}
+
 /// The area under the ROC curve of `(score, positive)` pairs: the chance that
 /// a random positive scores above a random negative, ties counting half.
 pub fn roc_auc(pairs: &[(f32, bool)]) -> Option<f64> {
@@ -564,7 +592,18 @@ pub fn roc_auc(pairs: &[(f32, bool)]) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::roc_auc;
+    use super::{average_precision, roc_auc};
+
+    #[test]
+    fn average_precision_matches_scikit_learn() {
+        // sklearn.metrics.average_precision_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) = 0.8333...
+        let pairs = [(0.1, false), (0.4, false), (0.35, true), (0.8, true)];
+        assert!((average_precision(&pairs).unwrap() - 5.0 / 6.0).abs() < 1e-12);
+        // Ties are one threshold: [1, 0] both scored 0.5 gives precision 1/2.
+        assert_eq!(average_precision(&[(0.5, true), (0.5, false)]), Some(0.5));
+        assert_eq!(average_precision(&[(0.5, false)]), None);
+        assert_eq!(average_precision(&[(0.9, true), (0.1, false)]), Some(1.0));
+    }
 
     #[test]
     fn roc_auc_matches_the_pairwise_definition() {

@@ -7,6 +7,7 @@ use graphs::HetGraph;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Task, TrainingConfig};
+use graphs::label_sets::LabelSets;
 use crate::error::{Result, TrainError};
 
 /// Node regression's loss.
@@ -49,6 +50,40 @@ impl ClassWeights {
             ClassWeights::List(_) => Err(
                 "training.class_weights: weights must be finite, non-negative and not all 0".into(),
             ),
+        }
+    }
+
+    /// Each label's weight on its positive term (`None`: all 1): "balanced"
+    /// gives a label `negatives / positives` among the training nodes.
+    fn resolve_labels(&self, g: &HetGraph, sets: &LabelSets) -> Result<Option<Vec<f32>>> {
+        let k = sets.width();
+        match self {
+            ClassWeights::Named(n) if n == "balanced" => {
+                let (_, splits) = g.target_labels();
+                let mut pos = vec![0u64; k];
+                let mut known = 0u64;
+                for &n in &splits.train {
+                    if sets.known(n as usize) {
+                        known += 1;
+                        for (c, &b) in pos.iter_mut().zip(sets.row(n as usize)) {
+                            *c += u64::from(b == 1);
+                        }
+                    }
+                }
+                Ok(Some(
+                    pos.iter()
+                        .map(|&p| ((known - p) as f64 / p.max(1) as f64) as f32)
+                        .collect(),
+                ))
+            }
+            ClassWeights::Named(_) => Ok(None),
+            ClassWeights::List(w) if w.len() == k => {
+                Ok(Some(w.iter().map(|&x| x as f32).collect()))
+            }
+            ClassWeights::List(w) => Err(TrainError::Config(format!(
+                "training.class_weights lists {} weights but the graph's label sets have {k} labels",
+                w.len()
+            ))),
         }
     }
 
@@ -96,6 +131,15 @@ pub enum NodeTask<'g> {
         /// The focal loss's γ (0: cross-entropy).
         gamma: f64,
     },
+    /// A set of labels per node, from the target type's `label_sets.npy`.
+    Labels {
+        /// The label sets.
+        sets: &'g LabelSets,
+        /// Each label's weight on its positive term (`None`: all 1).
+        weights: Option<Vec<f32>>,
+        /// The focal loss's γ (0: binary cross-entropy).
+        gamma: f64,
+    },
     /// A value per node, from the target type's `values.npy`.
     Values {
         /// The values (NaN: none).
@@ -111,6 +155,14 @@ impl<'g> NodeTask<'g> {
     /// The node task `t` trains on `g` (regression when `t.task` says so,
     /// else classification).
     pub fn of(t: &TrainingConfig, g: &'g HetGraph) -> Result<NodeTask<'g>> {
+        if t.task == Task::MultiLabel {
+            let sets = g.target_label_sets().ok_or_else(|| no_label_sets(g))?;
+            return Ok(NodeTask::Labels {
+                sets,
+                weights: t.class_weights.resolve_labels(g, sets)?,
+                gamma: t.focal_gamma,
+            });
+        }
         if t.task != Task::NodeRegression {
             return Ok(NodeTask::Classes {
                 labels: g.target_labels().0,
@@ -163,6 +215,11 @@ impl<'g> NodeTask<'g> {
                 let w = Tensor::from_vec(w, seeds.len(), device)?.to_dtype(out.dtype())?;
                 ((per * w)?.sum_all()? / seeds.len().max(1) as f64)?
             }
+            NodeTask::Labels {
+                sets,
+                weights,
+                gamma,
+            } => label_loss(out, &label_rows(sets, seeds), weights.as_deref(), *gamma)?,
             NodeTask::Values {
                 values,
                 loss,
@@ -179,6 +236,7 @@ impl<'g> NodeTask<'g> {
     pub fn knows(&self, n: u32) -> bool {
         match self {
             NodeTask::Classes { labels, .. } => labels[n as usize] >= 0,
+            NodeTask::Labels { sets, .. } => sets.known(n as usize),
             NodeTask::Values { values, .. } => !values[n as usize].is_nan(),
         }
     }
@@ -187,14 +245,24 @@ impl<'g> NodeTask<'g> {
     pub fn target_file(&self) -> (&'static str, &'static str) {
         match self {
             NodeTask::Classes { .. } => ("label (-1", "labels"),
+            NodeTask::Labels { .. } => ("label set (a row of -1", "label_sets"),
             NodeTask::Values { .. } => ("value (NaN", "values"),
         }
     }
 
-    /// Correct predictions among `seeds` (0 for regression).
+    /// Correct predictions among `seeds` (multi-label: nodes whose every
+    /// label is right; 0 for regression).
     pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
         match self {
             NodeTask::Classes { labels, .. } => crate::epoch::count_correct(out, labels, seeds),
+            NodeTask::Labels { sets, .. } => {
+                let pred = predicted_sets(out)?;
+                Ok(seeds
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &n)| row_matches(&pred, i, sets.row(n as usize)))
+                    .count() as u64)
+            }
             NodeTask::Values { .. } => Ok(0),
         }
     }
@@ -213,6 +281,30 @@ impl<'g> NodeTask<'g> {
                     }
                 }
             }
+            NodeTask::Labels { sets, .. } => {
+                let (w, pred) = (sets.width(), predicted_sets(out)?);
+                let prob: Vec<f32> = candle_nn::ops::sigmoid(out)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?;
+                let rank = s.ranked.len() + seeds.len() * w <= MAX_RANKED;
+                if !rank {
+                    s.ranked_dropped = true;
+                }
+                for (i, &n) in seeds.iter().enumerate() {
+                    let y = sets.row(n as usize);
+                    s.correct += u64::from(row_matches(&pred, i, y));
+                    for (j, &b) in y.iter().enumerate() {
+                        s.labels.add_label(w, j, pred.get(i * w + j) == Some(&1), b == 1);
+                        if rank && !s.ranked_dropped {
+                            s.ranked.push((prob[i * w + j], b == 1));
+                        }
+                    }
+                }
+                if s.ranked_dropped {
+                    s.ranked = Vec::new();
+                }
+            }
             NodeTask::Values { values, .. } => {
                 let pred: Vec<f32> = out.squeeze(1)?.to_dtype(DType::F32)?.to_vec1()?;
                 for (p, &n) in pred.iter().zip(seeds) {
@@ -222,6 +314,69 @@ impl<'g> NodeTask<'g> {
         }
         Ok(())
     }
+}
+
+/// Most (probability, label) pairs an evaluation keeps per split for
+/// average precision and ROC-AUC: beyond it (32 MiB), they are not measured.
+pub const MAX_RANKED: usize = 1 << 22;
+
+/// The 0/1 label rows of `seeds`, as a `[seeds × width]` f32 vector.
+fn label_rows(sets: &LabelSets, seeds: &[u32]) -> Vec<f32> {
+    seeds
+        .iter()
+        .flat_map(|&n| sets.row(n as usize).iter().map(|&b| f32::from(b.max(0))))
+        .collect()
+}
+
+/// Each output's yes (logit above 0) or no, row after row.
+fn predicted_sets(out: &Tensor) -> Result<Vec<u8>> {
+    Ok(out.gt(0.0)?.flatten_all()?.to_vec1()?)
+}
+
+/// Whether row `i` of the predictions `pred` equals the label row `y`.
+fn row_matches(pred: &[u8], i: usize, y: &[i8]) -> bool {
+    let w = y.len();
+    pred.get(i * w..(i + 1) * w)
+        .is_some_and(|p| p.iter().zip(y).all(|(&p, &b)| i8::from(p == 1) == b))
+}
+
+/// The binary cross-entropy of logits `out` (`[n, L]`) against the 0/1
+/// targets `y` (n·L, row after row), summed over a node's labels and
+/// averaged over nodes: each label's positive term weighed by `weights`, and
+/// with `gamma` > 0 each entry by `(1 − p_t)^γ` (focal loss), where `p_t` is
+/// the probability of its target. Summed rather than averaged over labels,
+/// so that gradients keep their size whatever the label count (averaged,
+/// they are L times smaller and Adam turns the summation order's last bits
+/// into visible steps: data-parallel training would drift from single-process).
+pub(crate) fn label_loss(
+    out: &Tensor,
+    y: &[f32],
+    weights: Option<&[f32]>,
+    gamma: f64,
+) -> Result<Tensor> {
+    let (n, w) = out.dims2()?;
+    let dev = out.device();
+    let y = Tensor::from_slice(y, (n, w), dev)?.to_dtype(out.dtype())?;
+    // log σ(x) = −softplus(−x), log(1 − σ(x)) = −softplus(x), with
+    // softplus(x) = max(x, 0) + log(1 + e^−|x|), which never overflows.
+    let soft = (out.abs()?.neg()?.exp()? + 1.0)?.log()?;
+    let sp_pos = (out.relu()? + &soft)?; // softplus(x) = −log(1 − σ(x))
+    let sp_neg = (out.neg()?.relu()? + &soft)?; // softplus(−x) = −log σ(x)
+    let mut pos = (&y * &sp_neg)?;
+    if let Some(wts) = weights {
+        let wts = Tensor::from_slice(wts, (1, w), dev)?.to_dtype(out.dtype())?;
+        pos = pos.broadcast_mul(&wts)?;
+    }
+    let neg = ((y.ones_like()? - &y)? * &sp_pos)?;
+    let mut per = (pos + neg)?;
+    if gamma > 0.0 {
+        // p_t = σ(x) for a positive, 1 − σ(x) for a negative: e^(−its softplus).
+        let p_t = ((&y * &sp_neg)? + ((y.ones_like()? - &y)? * &sp_pos)?)?
+            .neg()?
+            .exp()?;
+        per = (per * (p_t.neg()? + 1.0)?.relu()?.powf(gamma)?)?;
+    }
+    Ok((per.sum_all()? / n.max(1) as f64)?)
 }
 
 /// The mean `loss` of predictions `pred` against targets `y` (both `[n]`).
@@ -245,6 +400,13 @@ pub(crate) fn regression_loss(
     })
 }
 
+fn no_label_sets(g: &HetGraph) -> TrainError {
+    let t = &g.node_type(g.target()).name;
+    TrainError::Config(format!(
+        "training.task = \"multi-label\" needs label sets: this graph has no nodes/{t}/label_sets.npy (\"label_sets\": L in schema.json); see docs/guide/format.md"
+    ))
+}
+
 fn no_values(g: &HetGraph) -> TrainError {
     let t = &g.node_type(g.target()).name;
     TrainError::Config(format!(
@@ -265,6 +427,13 @@ pub struct Scores {
     pub classes: ClassCounts,
     /// Regression sums.
     pub values: ValueSums,
+    /// Multi-label: true positives, false positives and false negatives per label.
+    pub labels: ClassCounts,
+    /// Multi-label: every (probability, has the label) pair, for average
+    /// precision and ROC-AUC (empty once there would be more than [`MAX_RANKED`]).
+    pub ranked: Vec<(f32, bool)>,
+    /// Whether `ranked` was given up for its size.
+    pub ranked_dropped: bool,
 }
 
 /// True positives, false positives and false negatives per class: they add
@@ -286,6 +455,28 @@ impl ClassCounts {
                 c[2] += 1;
             }
         }
+    }
+
+    /// Counts label `j` of one node (of `k` labels), predicted `p`, true `y`.
+    pub fn add_label(&mut self, k: usize, j: usize, p: bool, y: bool) {
+        if self.0.len() < k {
+            self.0.resize(k, [0; 3]);
+        }
+        let c = &mut self.0[j];
+        match (p, y) {
+            (true, true) => c[0] += 1,
+            (true, false) => c[1] += 1,
+            (false, true) => c[2] += 1,
+            (false, false) => {}
+        }
+    }
+
+    /// The F1 of every count pooled (micro F1); `None` when nothing was counted.
+    pub fn micro_f1(&self) -> Option<f64> {
+        let [tp, fp, fn_] = self.0.iter().fold([0u64; 3], |a, c| {
+            [a[0] + c[0], a[1] + c[1], a[2] + c[2]]
+        });
+        (tp + fp + fn_ > 0).then(|| 2.0 * tp as f64 / (2 * tp + fp + fn_) as f64)
     }
 
     /// Adds another set of counts.
@@ -534,6 +725,58 @@ mod tests {
         }
         assert!(ClassWeights::default().resolve(&g).unwrap().is_none());
         assert!(ClassWeights::List(vec![1.0; 2]).resolve(&g).is_err());
+    }
+
+    #[test]
+    fn the_label_loss_is_weighted_focal_binary_cross_entropy() {
+        let logits = [[2.0f32, -1.0, 0.0], [-30.0, 40.0, 0.5]];
+        let y = [1.0f32, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let out = Tensor::new(&logits, &Device::Cpu).unwrap();
+        let (w, gamma) = ([2.0f32, 0.5, 1.0], 1.5);
+        let got = |wts: Option<&[f32]>, g: f64| -> f64 {
+            label_loss(&out, &y, wts, g).unwrap().to_scalar::<f32>().unwrap() as f64
+        };
+        let want = |wts: Option<&[f32]>, g: f64| -> f64 {
+            let mut sum = 0.0;
+            for (i, row) in logits.iter().enumerate() {
+                for (j, &x) in row.iter().enumerate() {
+                    let p = 1.0 / (1.0 + (-f64::from(x)).exp());
+                    let t = f64::from(y[i * 3 + j]);
+                    let pt = if t == 1.0 { p } else { 1.0 - p };
+                    let wj = if t == 1.0 { wts.map_or(1.0, |w| f64::from(w[j])) } else { 1.0 };
+                    sum += -wj * (1.0 - pt).powf(g) * pt.max(1e-300).ln();
+                }
+            }
+            sum / 2.0
+        };
+        for (wts, g) in [(None, 0.0), (Some(&w[..]), 0.0), (Some(&w[..]), gamma)] {
+            let (a, b) = (got(wts, g), want(wts, g));
+            // Large logits stay finite (the softplus form never overflows).
+            assert!(a.is_finite() && (a - b).abs() < 1e-4 * (1.0 + b), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn label_sets_are_scored_per_label_and_per_node() {
+        let sets = LabelSets::new(2, 3, vec![1, 0, 1, 1, 0, 0]).unwrap();
+        let task = NodeTask::Labels {
+            sets: &sets,
+            weights: None,
+            gamma: 0.0,
+        };
+        // Predicted sets: {0}, {0}, {1}.
+        let out = Tensor::new(&[[1.0f32, -1.0], [3.0, -2.0], [-1.0, 0.5]], &Device::Cpu).unwrap();
+        let mut s = Scores::default();
+        task.score(&out, &[0, 1, 2], &mut s).unwrap();
+        assert_eq!(task.correct(&out, &[0, 1, 2]).unwrap(), 1);
+        assert_eq!(s.correct, 1);
+        // Label 0: tp 2; label 1: fp 1 (node 2), fn 1 (node 1).
+        assert_eq!(s.labels.0, vec![[2, 0, 0], [0, 1, 1]]);
+        assert!((s.labels.micro_f1().unwrap() - 4.0 / 6.0).abs() < 1e-12);
+        assert!((s.labels.macro_f1().unwrap() - 0.5).abs() < 1e-12);
+        assert_eq!(s.ranked.len(), 6);
+        assert_eq!(s.ranked[1].1, false);
+        assert!(s.ranked[0].0 > 0.7 && s.ranked[0].1);
     }
 
     #[test]
