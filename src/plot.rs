@@ -102,7 +102,8 @@ struct Panel {
 
 /// What the right-hand panel of `r` shows: for a link-prediction run (whose
 /// accuracies are all 0) its validation and test MRR and test Hits@10; for a
-/// regression run its validation and test RMSE and test MAE.
+/// regression run its validation and test RMSE and test MAE; for a
+/// multi-label run its validation and test micro F1 and test average precision.
 fn metrics(r: &Report) -> Panel {
     let curve = |get: fn(&actors::EpochReport) -> Option<f64>| {
         r.epochs
@@ -129,6 +130,17 @@ fn metrics(r: &Report) -> Panel {
                 ("valid RMSE", curve(|e| e.regression.map(|v| v.valid.rmse))),
                 ("test RMSE", curve(|e| e.regression.map(|v| v.test.rmse))),
                 ("test MAE", curve(|e| e.regression.map(|v| v.test.mae))),
+            ],
+        };
+    }
+    if r.epochs.iter().any(|e| e.micro_f1.is_some()) {
+        return Panel {
+            caption: "multi-label",
+            fit: None,
+            series: vec![
+                ("valid micro F1", curve(|e| e.micro_f1.map(|f| f[0]))),
+                ("test micro F1", curve(|e| e.micro_f1.map(|f| f[1]))),
+                ("test AP", curve(|e| e.average_precision.map(|f| f[1]))),
             ],
         };
     }

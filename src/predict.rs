@@ -68,7 +68,9 @@ pub struct PredictArgs {
     /// Output: the predicted class per target node. `.npy`: int64 in node order;
     /// `.csv` or `.parquet`: columns `id` (the original ids of a graph imported
     /// from tables), `class` and, when the classes had names, `class_name`.
-    /// A regression model writes its values instead: float32 `.npy`, or a `value` column.
+    /// A regression model writes its values instead: float32 `.npy`, or a `value` column;
+    /// a multi-label model its label sets: int8 `.npy` [nodes, labels] of 0/1, or a
+    /// `labels` column of the predicted labels joined by `;` (`0;3;7`).
     #[arg(long)]
     out: PathBuf,
     /// Also write the final-layer input embeddings: `.npy` (float32, [nodes, width]),
@@ -178,7 +180,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     // wanted order (repeats computed once per batch they fall in).
     let mut classes: Vec<i64> = Vec::with_capacity(wanted.len());
     let mut values: Vec<f32> = Vec::new();
-    let regresses = engine.regresses();
+    let mut sets: Vec<Vec<u32>> = Vec::new();
+    let (regresses, multi_label) = (engine.regresses(), engine.multi_label());
+    let label_count = engine.trained().model.num_classes();
     let mut emb_out: Vec<f32> = Vec::new();
     let mut width = 0;
     for batch in wanted.chunks(a.batch) {
@@ -187,6 +191,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             .with_context(|| format!("inference with {}", dir.display()))?;
         classes.extend(c.classes.iter().map(|&k| i64::from(k)));
         values.extend(c.values.unwrap_or_default());
+        sets.extend(c.labels.unwrap_or_default());
         if let Some(e) = c.embeddings {
             width = e.width;
             emb_out.extend_from_slice(&e.data);
@@ -206,6 +211,30 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
                     ("value".into(), ColumnType::Float32),
                 ];
                 let data = vec![names.column(&wanted), ColumnData::Float32(values.clone())];
+                let mut w = TableWriter::create(&out, f, &columns)?;
+                w.write(data)?;
+                w.finish()?;
+            }
+            ResultFormat::Npy if multi_label => {
+                let mut bits = vec![0i8; sets.len() * label_count];
+                for (i, set) in sets.iter().enumerate() {
+                    for &j in set {
+                        bits[i * label_count + j as usize] = 1;
+                    }
+                }
+                let shape = [sets.len() as u64, label_count as u64];
+                graphs::npy::write_i8(&out, &shape, &bits)?
+            }
+            ResultFormat::Table(f) if multi_label => {
+                let columns = [
+                    ("id".to_string(), names.column_type()),
+                    ("labels".into(), ColumnType::Text),
+                ];
+                let joined = sets.iter().map(|set| {
+                    let s: Vec<String> = set.iter().map(u32::to_string).collect();
+                    Some(s.join(";"))
+                });
+                let data = vec![names.column(&wanted), ColumnData::Text(joined.collect())];
                 let mut w = TableWriter::create(&out, f, &columns)?;
                 w.write(data)?;
                 w.finish()?;

@@ -38,7 +38,7 @@ pub struct TrainArgs {
     /// rgcn | rgat | hgt | mlp [default: rgcn]
     #[arg(long)]
     model: Option<String>,
-    /// node-classification | link-prediction | node-regression | edge-classification | edge-regression [default: node-classification]
+    /// node-classification | link-prediction | node-regression | edge-classification | edge-regression | multi-label [default: node-classification]
     #[arg(long)]
     task: Option<String>,
     /// Link prediction and edge tasks: the relations to predict, canonical src__name__dst names, comma-separated.
@@ -327,6 +327,21 @@ pub fn finish(cfg: &Config, report: &actors::Report, start: Instant) -> anyhow::
             v.valid.rmse,
             &report.final_model_sha256[..16]
         );
+    } else if let Some((last, [vm, tm])) = report
+        .epochs
+        .last()
+        .and_then(|e| e.micro_f1.map(|f| (e, f)))
+    {
+        let ap = last.average_precision.map_or(String::new(), |[_, t]| {
+            format!(", average precision {t:.4}")
+        });
+        sayln!(
+            "done: {} epochs, {} steps in {:.1}s; final test micro F1 {tm:.4}{ap} (valid micro F1 {vm:.4}); model sha256 {}",
+            report.epochs.len(),
+            report.steps,
+            start.elapsed().as_secs_f64(),
+            &report.final_model_sha256[..16]
+        );
     } else if let Some(last) = report.epochs.last() {
         sayln!(
             "done: {} epochs, {} steps in {:.1}s; final test accuracy {} (valid {}); model sha256 {}",
@@ -483,8 +498,14 @@ impl TrainObserver for Progress {
                 let auc = r.roc_auc.map_or(String::new(), |[v, t]| {
                     format!("  ROC-AUC valid {v:.4} test {t:.4}")
                 });
+                let micro = r.micro_f1.map_or(String::new(), |[v, t]| {
+                    format!("  micro F1 valid {v:.4} test {t:.4}")
+                });
+                let ap = r.average_precision.map_or(String::new(), |[v, t]| {
+                    format!("  AP valid {v:.4} test {t:.4}")
+                });
                 format!(
-                    "train {:.4}  valid {}  test {}{f1}{auc}",
+                    "train {:.4}  valid {}  test {}{micro}{f1}{ap}{auc}",
                     r.train_acc,
                     accuracy(r.valid_acc),
                     accuracy(r.test_acc)

@@ -757,6 +757,72 @@ fn a_regression_model_predicts_and_serves_values() {
 }
 
 #[test]
+fn a_multi_label_model_predicts_and_serves_label_sets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &["--task", "multi-label", "--lr", "0.05"]);
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    for out in ["s.npy", "s.csv"] {
+        let mut a = vec!["predict"];
+        a.extend_from_slice(&model);
+        a.extend_from_slice(&["--out", out]);
+        hetgnn(dir, &a).ok();
+    }
+    // int8 [papers, 16] of 0/1, in node order.
+    let s = NpyFile::open(&dir.join("s.npy"), DType::I8).unwrap();
+    let papers = s.shape()[0] as usize;
+    assert_eq!(s.shape(), &[papers as u64, 16]);
+    let bits: Vec<i8> = s.data().iter().map(|&b| b as i8).collect();
+    assert!(bits.iter().all(|&b| b == 0 || b == 1));
+    let set = |n: usize| -> Vec<u32> {
+        (0..16u32).filter(|&j| bits[n * 16 + j as usize] == 1).collect()
+    };
+    // Some labels are predicted, not every one everywhere.
+    let ones = bits.iter().filter(|&&b| b == 1).count();
+    assert!(ones > 0 && ones < bits.len(), "{ones} of {}", bits.len());
+    // The table lists the same labels joined by ';' under the node ids.
+    let csv = std::fs::read_to_string(dir.join("s.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("id,labels"));
+    for (n, line) in lines.enumerate().take(50) {
+        let (id, labels) = line.split_once(',').unwrap();
+        assert_eq!(id, n.to_string());
+        let got: Vec<u32> = labels
+            .split(';')
+            .filter(|x| !x.is_empty())
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(got, set(n), "node {n}");
+    }
+
+    let ids = [7u32, 0, 7, 300];
+    let s = Server::start(dir, &model);
+    let (code, r) = s.post("/v1/predict", &json!({"ids": ids, "probabilities": true}));
+    assert_eq!(code, 200, "{r}");
+    let probabilities = floats(&r["probabilities"]);
+    assert_eq!(probabilities.len(), ids.len() * 16);
+    for (i, &n) in ids.iter().enumerate() {
+        let got: Vec<u32> = r["predictions"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got, set(n as usize), "node {n}: served vs predict's");
+        // A label is predicted exactly where its probability is above 0.5.
+        let p = &probabilities[i * 16..(i + 1) * 16];
+        let above: Vec<u32> = (0..16u32).filter(|&j| p[j as usize] > 0.5).collect();
+        assert_eq!(above, got, "node {n}: {p:?}");
+    }
+    let (code, info) = s.get("/v1/model");
+    assert_eq!(code, 200);
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["task"], "multi-label");
+    assert_eq!(info["classes"], 16);
+    assert!(s.stop().success());
+}
+
+#[test]
 fn an_edge_model_scores_given_edges_as_its_evaluation_did() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

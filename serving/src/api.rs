@@ -42,12 +42,13 @@ pub struct PredictResponse {
     pub ntype: String,
     /// The request's ids, in its order.
     pub ids: Vec<Id>,
-    /// The predicted class (or, for a regression model, value) of each node.
+    /// The predicted class of each node (a regression model: its value; a
+    /// multi-label model: its labels).
     pub predictions: Predictions,
     /// The predicted classes' names, when the labels were imported as names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_names: Option<Vec<String>>,
-    /// Each node's class probabilities, when asked for.
+    /// Each node's class probabilities (multi-label: each label's), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probabilities: Option<Vec<Vec<f32>>>,
     /// Each node's embedding, when asked for.
@@ -63,6 +64,8 @@ pub enum Predictions {
     Classes(Vec<u32>),
     /// Values (node regression).
     Values(Vec<f32>),
+    /// Each node's predicted labels, in label order (multi-label).
+    Labels(Vec<Vec<u32>>),
 }
 
 /// `POST /v1/embed`: embeddings of nodes of one type.

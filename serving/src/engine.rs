@@ -86,7 +86,9 @@ pub struct Classified {
     pub classes: Vec<u32>,
     /// The predicted value of each node (a regression model's only).
     pub values: Option<Vec<f32>>,
-    /// Class probabilities, when asked for.
+    /// The predicted labels of each node, in label order (a multi-label model's only).
+    pub labels: Option<Vec<Vec<u32>>>,
+    /// Class probabilities (multi-label: each label's), when asked for.
     pub probabilities: Option<Rows>,
     /// The classifier's input embeddings, when asked for.
     pub embeddings: Option<Rows>,
@@ -105,6 +107,10 @@ impl Classified {
                 .values
                 .as_ref()
                 .map(|v| at.iter().map(|&i| v[i]).collect()),
+            labels: self
+                .labels
+                .as_ref()
+                .map(|l| at.iter().map(|&i| l[i].clone()).collect()),
             probabilities: self
                 .probabilities
                 .as_ref()
@@ -177,6 +183,11 @@ impl Engine {
         self.classifies() && self.trained.source.spec.head == models::model::Head::Value
     }
 
+    /// Whether the model predicts a set of labels per node rather than a class.
+    pub fn multi_label(&self) -> bool {
+        self.classifies() && self.trained.source.spec.head == models::model::Head::Labels
+    }
+
     /// Classes of target nodes `nodes` (dense ids, any order, repeats allowed).
     pub fn classify(&self, nodes: &[u32], want: Want) -> Result<Classified> {
         if !self.classifies() {
@@ -236,19 +247,33 @@ impl Engine {
         let logits = to_rows(&logits)?;
         if self.regresses() {
             return Ok(Classified {
-                classes: Vec::new(),
                 values: Some(logits.data),
-                probabilities: None,
                 embeddings: emb,
+                ..Classified::default()
+            });
+        }
+        if self.multi_label() {
+            // A label is predicted where its logit is above 0 (probability above 0.5).
+            let labels = (0..nodes.len())
+                .map(|i| {
+                    let row = logits.row(i).iter().enumerate();
+                    row.filter(|(_, &x)| x > 0.0).map(|(j, _)| j as u32).collect()
+                })
+                .collect();
+            return Ok(Classified {
+                labels: Some(labels),
+                probabilities: want.probabilities.then(|| sigmoid(&logits)),
+                embeddings: emb,
+                ..Classified::default()
             });
         }
         let classes = (0..nodes.len()).map(|i| argmax(logits.row(i))).collect();
         let probabilities = want.probabilities.then(|| softmax(&logits));
         Ok(Classified {
             classes,
-            values: None,
             probabilities,
             embeddings: emb,
+            ..Classified::default()
         })
     }
 
@@ -417,6 +442,18 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Element-wise logistic sigmoid, in f64.
+fn sigmoid(logits: &Rows) -> Rows {
+    Rows {
+        width: logits.width,
+        data: logits
+            .data
+            .iter()
+            .map(|&x| (1.0 / (1.0 + (-f64::from(x)).exp())) as f32)
+            .collect(),
+    }
 }
 
 /// Row-wise softmax, computed stably in f64.

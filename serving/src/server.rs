@@ -553,16 +553,17 @@ async fn predict(
     let names = engine.trained().names[t.index()].classes();
     Ok(Json(PredictResponse {
         ntype: g.node_type(t).name.clone(),
-        class_names: (!names.is_empty()).then(|| {
+        class_names: (!names.is_empty() && c.labels.is_none()).then(|| {
             c.classes
                 .iter()
                 .map(|&k| names.get(k as usize).cloned().unwrap_or_default())
                 .collect()
         }),
         ids: req.ids,
-        predictions: match c.values {
-            Some(v) => Predictions::Values(v),
-            None => Predictions::Classes(c.classes),
+        predictions: match (c.values, c.labels) {
+            (Some(v), _) => Predictions::Values(v),
+            (None, Some(l)) => Predictions::Labels(l),
+            (None, None) => Predictions::Classes(c.classes),
         },
         probabilities: c.probabilities.as_ref().map(nested),
         embeddings: c.embeddings.as_ref().map(nested),
@@ -688,6 +689,7 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
             (false, _) if tr.source.spec.edge.is_some() => "edge-classification",
             (false, _) => "link-prediction",
             (true, true) => "node-regression",
+            (true, false) if engine.multi_label() => "multi-label",
             (true, false) => "node-classification",
         },
         classes: if engine.regresses() {
