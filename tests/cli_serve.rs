@@ -775,7 +775,9 @@ fn a_multi_label_model_predicts_and_serves_label_sets() {
     let bits: Vec<i8> = s.data().iter().map(|&b| b as i8).collect();
     assert!(bits.iter().all(|&b| b == 0 || b == 1));
     let set = |n: usize| -> Vec<u32> {
-        (0..16u32).filter(|&j| bits[n * 16 + j as usize] == 1).collect()
+        (0..16u32)
+            .filter(|&j| bits[n * 16 + j as usize] == 1)
+            .collect()
     };
     // Some labels are predicted, not every one everywhere.
     let ones = bits.iter().filter(|&&b| b == 1).count();

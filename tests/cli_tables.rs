@@ -34,6 +34,9 @@ fn same_graph(a: &Path, b: &Path) {
     if schema.values {
         files.push(format!("nodes/{}/values.npy", schema.target));
     }
+    if schema.label_sets.is_some() {
+        files.push(format!("nodes/{}/label_sets.npy", schema.target));
+    }
     for r in &schema.relations {
         files.push(format!("edges/{}.npy", r.canonical()));
         let dir = format!("edges/{}", r.canonical());
@@ -800,4 +803,100 @@ fn edge_classes_named_by_strings_are_sorted_recorded_and_kept_by_a_later_import(
             "class 'chargeback' is not one of the earlier import's classes (fraud, legit)",
         ],
     );
+}
+
+fn npy_i8(path: &Path) -> Vec<i8> {
+    let f = graphs::npy::NpyFile::open(path, graphs::npy::DType::I8).unwrap();
+    f.to_i8_vec()
+}
+
+#[test]
+fn label_sets_import_from_a_column_without_class_labels_and_a_later_import_keeps_their_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(tmp.path().join(name), text).unwrap();
+    // Names sorted into labels (bio 0, chem 1, phys 2); "-" is an empty set,
+    // an empty cell a node without targets (e, in no split).
+    write(
+        "n.csv",
+        "id,x,topics,split\na,1,chem;bio,train\nb,2,phys,train\nc,3,-,valid\nd,4,bio ; phys,test\ne,5,,\n",
+    );
+    write("e.csv", "s,d\na,b\nb,c\nc,d\nd,a\ne,a\n");
+    let nodes = "[[nodes]]\ntype = \"p\"\nfiles = [\"n.csv\"]\nid = \"id\"\n[[nodes.features]]\ncolumns = [\"x\"]\n";
+    let cfg = |file: &str, extra: &str| {
+        format!("{}[nodes.label_set]\ncolumn = \"topics\"\nempty = \"-\"\n{extra}[nodes.split]\ncolumn = \"split\"\n{EDGES}", nodes.replace("n.csv", file))
+    };
+    write("g.toml", &cfg("n.csv", ""));
+    let import = |cfg: &str, out: &str, like: Option<&str>| {
+        let mut args = vec!["import", "tables", "--config", cfg, "--out", out];
+        args.extend(like.iter().flat_map(|l| ["--like", *l]));
+        hetgnn(tmp.path(), &args)
+    };
+    import("g.toml", "g", None).ok();
+    let g = tmp.path().join("g");
+    #[rustfmt::skip]
+    let want = [1, 1, 0,  0, 0, 1,  0, 0, 0,  1, 0, 1,  -1, -1, -1];
+    assert_eq!(npy_i8(&g.join("nodes/p/label_sets.npy")), want);
+    // No class labels: every node -1, one placeholder class; the splits are the set nodes'.
+    assert_eq!(npy_i64(&g.join("nodes/p/labels.npy")), [-1; 5]);
+    assert_eq!(npy_i64(&g.join("nodes/p/train.npy")), [0, 1]);
+    let schema = graphs::Schema::read(&g.join("schema.json")).unwrap();
+    assert_eq!((schema.label_sets, schema.num_classes), (Some(3), 1));
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("tables.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["types"][0]["label_names"],
+        serde_json::json!(["bio", "chem", "phys"])
+    );
+    // The graph trains for multi-label, and node classification says what is missing.
+    hetgnn(
+        tmp.path(),
+        &[
+            "train",
+            "--data",
+            "g",
+            "--task",
+            "multi-label",
+            "--epochs",
+            "1",
+        ],
+    )
+    .ok();
+    hetgnn(tmp.path(), &["train", "--data", "g", "--epochs", "1"])
+        .fails_with(1, &["node 0 of the train split", "has no label (-1"]);
+
+    // A later import keeps the labels by name and appends, and refuses a new one.
+    write("n2.csv", "id,x,topics,split\nf,6,phys;chem,train\n");
+    write("more.toml", &cfg("n2.csv", "").replace("e.csv", "e2.csv"));
+    write("e2.csv", "s,d\nf,a\n");
+    import("more.toml", "g2", Some("g")).ok();
+    let mut more = want.to_vec();
+    more.extend([0, 1, 1]);
+    assert_eq!(npy_i8(&tmp.path().join("g2/nodes/p/label_sets.npy")), more);
+    write("n3.csv", "id,x,topics,split\nf,6,math,train\n");
+    write("bad.toml", &cfg("n3.csv", "").replace("e.csv", "e2.csv"));
+    import("bad.toml", "g3", Some("g")).fails_with(
+        1,
+        &[
+            "n3.csv",
+            "row 1",
+            "topics",
+            "class 'math' is not one of the earlier import's classes",
+        ],
+    );
+
+    // Bad cells and settings are refused, naming the file, row and column.
+    write("neg.csv", "id,x,topics,split\na,1,-1,train\n");
+    write("neg.toml", &cfg("neg.csv", ""));
+    import("neg.toml", "g4", None).fails_with(
+        1,
+        &["neg.csv", "row 1", "topics", "label -1 is not a label"],
+    );
+    write("many.toml", &cfg("n.csv", "max_labels = 2\n"));
+    import("many.toml", "g5", None)
+        .fails_with(1, &["n.csv", "topics", "more than 2 distinct classes"]);
+    write(
+        "nosplit.toml",
+        &cfg("n.csv", "").replace("[nodes.split]\ncolumn = \"split\"\n", ""),
+    );
+    import("nosplit.toml", "g6", None).fails_with(1, &["label set needs a [nodes.split]"]);
 }

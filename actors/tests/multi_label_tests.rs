@@ -50,7 +50,11 @@ fn test_positive_rate() -> f64 {
 fn multi_label_learns_and_data_parallel_follows_it() {
     // At S=0.003 a class has ~6 papers: learning shows within three epochs
     // at 5x the default rate (docs/guide/tasks.md has larger scales).
-    let (fast, _) = train(&config(&["training.lr=0.05".into()]), &mut Losses::default()).unwrap();
+    let (fast, _) = train(
+        &config(&["training.lr=0.05".into()]),
+        &mut Losses::default(),
+    )
+    .unwrap();
     assert_eq!(fast.config.training.task.name(), "multi-label");
     let last = fast.epochs.last().unwrap();
     let (first_loss, last_loss) = (fast.epochs[0].loss, last.loss);
@@ -67,7 +71,10 @@ fn multi_label_learns_and_data_parallel_follows_it() {
         micro > 1.5 * first_micro && macro_ > 0.0 && macro_ <= 1.0,
         "micro {first_micro} -> {micro}, macro {macro_}"
     );
-    assert!(ap > 1.3 * rate && auc > 0.6, "AP {ap} (chance {rate}), AUC {auc}");
+    assert!(
+        ap > 1.3 * rate && auc > 0.6,
+        "AP {ap} (chance {rate}), AUC {auc}"
+    );
     // The best epoch is chosen by micro F1 unless asked otherwise.
     assert_eq!(fast.best.as_ref().unwrap().metric, "micro-f1");
     // Accuracy is the share of nodes whose every label is right.
@@ -139,7 +146,10 @@ fn weighted_and_focal_multi_label_is_another_loss_that_data_parallel_follows() {
     let mut losses = Losses::default();
     let (dr, _) = train(&cfg, &mut losses).unwrap();
     same_losses(&single.0, &losses.0, "2 trainers, weighted");
-    let (a, b) = (r.epochs[0].micro_f1.unwrap(), dr.epochs[0].micro_f1.unwrap());
+    let (a, b) = (
+        r.epochs[0].micro_f1.unwrap(),
+        dr.epochs[0].micro_f1.unwrap(),
+    );
     assert!((a[1] - b[1]).abs() < 1e-3, "{a:?} vs {b:?}");
 }
 

@@ -22,7 +22,9 @@ and `exclude="self"` left the model at the majority class on every graph
 tried, while this learns; the copies' time is reported as `exclusion_s` and
 left out of `seconds`, so the comparison does not charge DGL for them). Evaluation embeds the validation and test edges'
 ends over their full 2-hop neighbourhoods (exact, as hetgnn's inference).
-Prints one line per epoch on stderr and, last on stdout, one
+With --task multi-label, one logit per label of label_sets.npy, binary
+cross-entropy summed over labels and averaged over nodes, micro/macro F1
+and average precision reported. Prints one line per epoch on stderr and, last on stdout, one
 JSON object with the per-epoch figures. bench/src/bin/train.rs runs it with
 `--dgl PYTHON` and reports the ratios; it needs dgl 2.1 with torch 2.2.1 (its newest torch):
 
@@ -69,7 +71,33 @@ def load(path, reverse_edges):
     values = None
     if schema.get("values"):
         values = torch.from_numpy(np.load(os.path.join(node_dir, "values.npy")))
+    if schema.get("label_sets"):
+        g.label_sets = torch.from_numpy(np.load(os.path.join(node_dir, "label_sets.npy")).astype(np.float32))
     return g, schema, target, feats, labels, values, splits
+
+
+def label_metrics(logits, y):
+    """Micro and macro F1 (labels predicted where the logit is above 0) and the
+    average precision of every (node, label) probability pooled, ties as one
+    threshold (scikit-learn's average_precision_score on the flattened arrays)."""
+    guess, truth = logits > 0, y > 0.5
+    tp = (guess & truth).sum(0).double()
+    fp = (guess & ~truth).sum(0).double()
+    fn = (~guess & truth).sum(0).double()
+    micro = (2 * tp.sum() / max((2 * tp + fp + fn).sum().item(), 1)).item()
+    seen = (tp + fp + fn) > 0
+    macro = (2 * tp[seen] / (2 * tp + fp + fn)[seen]).mean().item() if seen.any() else 0.0
+    score = torch.sigmoid(logits).flatten().numpy()
+    pos = truth.flatten().numpy()
+    order = np.argsort(-score, kind="stable")
+    score, pos = score[order], pos[order]
+    last = np.r_[np.diff(score) != 0, True]  # the end of each run of tied scores
+    tps = np.cumsum(pos)[last]
+    seen_n = (np.arange(len(score)) + 1)[last]
+    gained = np.diff(np.r_[0, tps])
+    ap = float((gained / max(pos.sum(), 1) * tps / seen_n).sum())
+    exact = (guess == truth).all(1).double().mean().item()
+    return {"micro_f1": micro, "macro_f1": macro, "average_precision": ap, "acc": exact}
 
 
 class Layer(nn.Module):
@@ -181,8 +209,9 @@ def main():
     ap.add_argument("--no-reverse-edges", action="store_true")
     ap.add_argument("--dense-embeddings", action="store_true", help="nn.Embedding + Adam instead of DGL's sparse embeddings")
     ap.add_argument("--task", default="node-classification",
-                    choices=["node-classification", "node-regression", "edge-classification", "edge-regression"],
-                    help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported; edge-*: see above")
+                    choices=["node-classification", "node-regression", "edge-classification", "edge-regression", "multi-label"],
+                    help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported; multi-label: one logit per label of label_sets.npy, "
+                    "binary cross-entropy summed over labels and averaged over nodes (as hetgnn), micro/macro F1 and average precision reported; edge-*: see above")
     ap.add_argument("--target-relations", default="", help="edge tasks: one canonical src__name__dst relation")
     a = ap.parse_args()
 
@@ -195,8 +224,12 @@ def main():
     t0 = time.perf_counter()
     g, schema, target, feats, labels, values, splits = load(a.data, not a.no_reverse_edges)
     regression = a.task == "node-regression"
+    multi = a.task == "multi-label"
     if regression and values is None:
         sys.exit(f"{a.data}: no values.npy for node regression")
+    if multi and not hasattr(g, "label_sets"):
+        sys.exit(f"{a.data}: no label_sets.npy for multi-label")
+    sets = g.label_sets if multi else None
     load_s = time.perf_counter() - t0
     if a.task.startswith("edge-"):
         return train_edges(a, g, schema, feats, load_s)
@@ -212,7 +245,8 @@ def main():
         init = lambda t: nn.init.normal_(t, 0.0, 1.0)  # noqa: E731
         embeds = {t: dglnn.NodeEmbedding(g.num_nodes(t), a.embed_dim, f"emb_{t}", init_func=init) for t in featureless}
     in_dims = {t: (feats[t].shape[1] if t in feats else a.embed_dim) for t in g.ntypes}
-    model = Rgcn(g, in_dims, a.hidden, 1 if regression else schema["num_classes"], len(fanouts), a.dropout)
+    outputs = 1 if regression else sets.shape[1] if multi else schema["num_classes"]
+    model = Rgcn(g, in_dims, a.hidden, outputs, len(fanouts), a.dropout)
     params = list(model.parameters()) + (list(embeds.parameters()) if a.dense_embeddings else [])
     opt = torch.optim.Adam(params, lr=a.lr)
     sparse_opt = None if a.dense_embeddings else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
@@ -247,6 +281,16 @@ def main():
         n = max(len(y), 1)
         return {"rmse": (sse / n) ** 0.5, "mae": (p - y).abs().sum().item() / n, "r2": 1.0 - sse / sst if sst > 0 else 0.0}
 
+    def label_figures(ids):
+        model.eval()
+        outs, ys = [], []
+        with torch.no_grad():
+            for _, seeds, blocks in loader(ids, False):
+                outs.append(model(blocks, inputs(blocks[0]))[target])
+                ys.append(sets[seeds[target]])
+        model.train()
+        return label_metrics(torch.cat(outs), torch.cat(ys))
+
     def accuracy(ids):
         model.eval()
         correct = 0
@@ -272,6 +316,9 @@ def main():
             out = model(blocks, inputs(blocks[0]))[target]
             if regression:
                 loss = F.mse_loss(out[:, 0], values[seeds[target]])
+            elif multi:
+                y = sets[seeds[target]]
+                loss = F.binary_cross_entropy_with_logits(out, y, reduction="sum") / len(y)
             else:
                 loss = F.cross_entropy(out, labels[seeds[target]])
             opt.zero_grad()
@@ -290,6 +337,12 @@ def main():
             valid, test = errors(splits["valid"]), errors(splits["test"])
             row["regression"] = {"valid": valid, "test": test}
             valid, test = valid["rmse"], test["rmse"]
+        elif multi:
+            valid, test = label_figures(splits["valid"]), label_figures(splits["test"])
+            row["valid_acc"], row["test_acc"] = valid["acc"], test["acc"]
+            for k in ("micro_f1", "macro_f1", "average_precision"):
+                row[k] = [valid[k], test[k]]
+            valid, test = valid["micro_f1"], test["micro_f1"]
         else:
             valid, test = accuracy(splits["valid"]), accuracy(splits["test"])
             row["valid_acc"], row["test_acc"] = valid, test

@@ -147,8 +147,15 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
             _ => None,
         };
         let (labels, splits) = if i == target {
-            read_labels(dir, name, count, schema.num_classes, values.as_deref(), label_sets.as_ref())
-                .map(|(l, s)| (Some(l), Some(s)))?
+            read_labels(
+                dir,
+                name,
+                count,
+                schema.num_classes,
+                values.as_deref(),
+                label_sets.as_ref(),
+            )
+            .map(|(l, s)| (Some(l), Some(s)))?
         } else {
             (None, None)
         };

@@ -200,7 +200,10 @@ impl HetGraph {
             }
             bytes += t.labels.as_ref().map_or(0, |l| l.len() as u64 * 8);
             bytes += t.values.as_ref().map_or(0, |v| v.len() as u64 * 4);
-            bytes += t.label_sets.as_ref().map_or(0, |l| l.as_slice().len() as u64);
+            bytes += t
+                .label_sets
+                .as_ref()
+                .map_or(0, |l| l.as_slice().len() as u64);
             bytes += t.splits.as_ref().map_or(0, |s| {
                 (s.train.len() + s.valid.len() + s.test.len()) as u64 * 4
             });
@@ -457,7 +460,10 @@ pub(crate) fn check_split(
 ) -> std::result::Result<(), String> {
     for &id in ids {
         let Some(slot) = seen.get_mut(id as usize) else {
-            return Err(format!("node id {id} is out of range 0..{}", known.labels.len()));
+            return Err(format!(
+                "node id {id} is out of range 0..{}",
+                known.labels.len()
+            ));
         };
         if *slot == tag {
             return Err(format!("node {id} is listed twice"));

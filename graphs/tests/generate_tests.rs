@@ -123,7 +123,9 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
 
     // Label sets: 16 labels per paper, each paper's mostly its class's set
     // (the majority row of its class), a few entries flipped.
-    let sets = g.target_label_sets().expect("the generator plants label sets");
+    let sets = g
+        .target_label_sets()
+        .expect("the generator plants label sets");
     assert_eq!((sets.width(), sets.count()), (16, labels.len()));
     let mut ones = vec![[0u32; 16]; 349];
     let mut count = vec![0u32; 349];
@@ -143,7 +145,10 @@ fn counts_follow_ogbn_mag_and_signal_is_planted() {
         }
     }
     let (agree, set) = (agree as f64 / all as f64, set as f64 / all as f64);
-    assert!(agree > 0.95 && agree < 0.995, "entries agreeing with the class's set: {agree}");
+    assert!(
+        agree > 0.95 && agree < 0.995,
+        "entries agreeing with the class's set: {agree}"
+    );
     assert!(set > 0.1 && set < 0.35, "share of entries set: {set}");
 
     // Authors link mostly to papers of one dominant class.

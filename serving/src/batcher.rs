@@ -231,6 +231,7 @@ mod tests {
         let answer = Answer::Classified(Classified {
             classes: vec![20, 50, 90],
             values: None,
+            labels: Some(vec![vec![2], vec![], vec![0, 9]]),
             probabilities: Some(Rows {
                 width: 1,
                 data: vec![0.2, 0.5, 0.9],
@@ -245,6 +246,7 @@ mod tests {
             panic!("a classification")
         };
         assert_eq!(c.classes, vec![90, 20, 90]);
+        assert_eq!(c.labels, Some(vec![vec![0, 9], vec![2], vec![0, 9]]));
         assert!(c.probabilities.is_none(), "not asked for");
     }
 

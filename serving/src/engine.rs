@@ -257,7 +257,9 @@ impl Engine {
             let labels = (0..nodes.len())
                 .map(|i| {
                     let row = logits.row(i).iter().enumerate();
-                    row.filter(|(_, &x)| x > 0.0).map(|(j, _)| j as u32).collect()
+                    row.filter(|(_, &x)| x > 0.0)
+                        .map(|(j, _)| j as u32)
+                        .collect()
                 })
                 .collect();
             return Ok(Classified {

@@ -63,6 +63,34 @@ pub struct NodeTable {
     pub split: Option<SplitSpec>,
     /// The regression target column, on the target type (`[nodes.value]`).
     pub value: Option<ValueSpec>,
+    /// The multi-label target column, on the target type (`[nodes.label_set]`).
+    pub label_set: Option<LabelSetSpec>,
+}
+
+impl NodeTable {
+    /// Whether the table gives its nodes targets (a label, a value or a label set).
+    pub fn has_targets(&self) -> bool {
+        self.label.is_some() || self.value.is_some() || self.label_set.is_some()
+    }
+}
+
+/// The multi-label target column: a set of labels per node, as a Parquet
+/// list or delimited text (`0;3;7`, `fraud;spam`); empty: none.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelSetSpec {
+    /// Column holding the labels.
+    pub column: String,
+    /// Separator of a text cell (default `;`).
+    pub separator: Option<char>,
+    /// Most distinct labels accepted (default 1000).
+    pub max_labels: Option<u32>,
+    /// Number of labels, for integer labels whose highest labels no node has
+    /// (default: the highest label + 1).
+    pub num_labels: Option<u32>,
+    /// A text cell meaning "no label at all" (a known node with an empty
+    /// set; an empty cell is a node without targets). Absent: none.
+    pub empty: Option<String>,
 }
 
 /// The regression target column: a number per node (empty or NaN: none).
@@ -310,16 +338,34 @@ impl TablesConfig {
             for f in &n.features {
                 check_feature(f).map_err(|p| format!("{at}: {p}"))?;
             }
-            if n.value.is_some() && n.label.is_none() {
-                return Err(format!(
-                    "{at}: a [nodes.value] goes on the target type, the one with a [nodes.label]"
-                ));
-            }
             if let Some(s) = &n.split {
-                if n.label.is_none() {
-                    return Err(format!("{at}: a split needs a label"));
+                if !n.has_targets() {
+                    return Err(format!(
+                        "{at}: a split needs a [nodes.label], [nodes.value] or [nodes.label_set]"
+                    ));
                 }
                 s.rule().map_err(|p| format!("{at}: {p}"))?;
+            }
+            if n.has_targets() && n.split.is_none() {
+                return Err(format!(
+                    "{at}: a label, value or label set needs a [nodes.split]"
+                ));
+            }
+            if let Some(l) = &n.label_set {
+                if l.max_labels == Some(0) || l.max_labels > Some(graphs::schema::MAX_LABEL_SETS) {
+                    return Err(format!(
+                        "{at}: max_labels must be in 1..={}",
+                        graphs::schema::MAX_LABEL_SETS
+                    ));
+                }
+                if let Some(k) = l.num_labels {
+                    if k == 0 || k > l.max_labels.unwrap_or(1000) {
+                        return Err(format!("{at}: num_labels {k} must be in 1..=max_labels"));
+                    }
+                }
+                if l.empty.as_deref().is_some_and(|e| e.trim().is_empty()) {
+                    return Err(format!("{at}: `empty` must be a non-empty text (an empty cell is a node without targets)"));
+                }
             }
             if let Some(l) = &n.label {
                 if l.max_classes == Some(0) {
@@ -330,25 +376,22 @@ impl TablesConfig {
                         return Err(format!("{at}: num_classes {n} must be in 1..=max_classes"));
                     }
                 }
-                if n.split.is_none() {
-                    return Err(format!("{at}: a label needs a [nodes.split]"));
-                }
             }
         }
         let labelled: Vec<&str> = self
             .nodes
             .iter()
-            .filter(|n| n.label.is_some())
+            .filter(|n| n.has_targets())
             .map(|n| n.ntype.as_str())
             .collect();
         match (&self.target, labelled.as_slice()) {
             (_, []) => return Err(
-                "no node table has a [nodes.label]: hetgnn trains on the labels of one node type"
+                "no node table has a [nodes.label] (or a [nodes.value] or [nodes.label_set]): hetgnn trains on the targets of one node type"
                     .into(),
             ),
             (Some(t), l) if !l.contains(&t.as_str()) => {
                 return Err(format!(
-                    "target '{t}' has no [nodes.label] (labelled: {})",
+                    "target '{t}' has no [nodes.label], [nodes.value] or [nodes.label_set] (with targets: {})",
                     l.join(", ")
                 ))
             }
@@ -418,7 +461,7 @@ impl TablesConfig {
             None => self
                 .nodes
                 .iter()
-                .find(|n| n.label.is_some())
+                .find(|n| n.has_targets())
                 .map(|n| n.ntype.as_str())
                 .unwrap_or_default(),
         }

@@ -10,8 +10,8 @@ use graphs::npy::{DType, NpyFile};
 use graphs::{Progress, Schema};
 
 use crate::config::{
-    EdgeTable, FeatureSpec, FileFormat, LabelSpec, NodeTable, SplitSpec, TablesConfig, Transform,
-    UnknownIds, ValueSpec,
+    EdgeTable, FeatureSpec, FileFormat, LabelSetSpec, LabelSpec, NodeTable, SplitSpec,
+    TablesConfig, Transform, UnknownIds, ValueSpec,
 };
 use crate::error::{Result, TableError};
 use crate::labels::{read_labels, split_name};
@@ -58,6 +58,11 @@ pub fn export_tables(
             true => Some(NpyFile::open(&paths::values(graph, t), DType::F32)?.to_f32_vec()),
             false => None,
         };
+        let width = schema.label_sets.filter(|_| target).unwrap_or(0) as usize;
+        let sets = match width {
+            0 => None,
+            _ => Some(NpyFile::open(&paths::label_sets(graph, t), DType::I8)?.to_i8_vec()),
+        };
         let mut columns = vec![("id".to_string(), ColumnType::Text)];
         columns.extend((0..dim).map(|j| (format!("f{j}"), ColumnType::Float32)));
         if target {
@@ -66,6 +71,9 @@ pub fn export_tables(
         }
         if values.is_some() {
             columns.push(("value".to_string(), ColumnType::Float32));
+        }
+        if sets.is_some() {
+            columns.push(("label_set".to_string(), ColumnType::Text));
         }
         let mut w = TableWriter::create(&dir.path().join(&file), format, &columns)?;
         progress.start(&format!("{t} table"), ts.count);
@@ -103,6 +111,14 @@ pub fn export_tables(
             if let Some(v) = &values {
                 cols.push(ColumnData::Float32(v[rows.clone()].to_vec()));
             }
+            if let Some(bits) = &sets {
+                cols.push(ColumnData::Text(
+                    bits[rows.start * width..rows.end * width]
+                        .chunks_exact(width)
+                        .map(set_cell)
+                        .collect(),
+                ));
+            }
             w.write(cols)?;
             progress.advance(end - start);
             start = end;
@@ -126,7 +142,9 @@ pub fn export_tables(
                 })
                 .into_iter()
                 .collect(),
-            label: target.then(|| LabelSpec {
+            // A target without class labels (all -1: a multi-label or
+            // regression graph) is imported back without a label column.
+            label: (target && labels.iter().any(|&l| l >= 0)).then(|| LabelSpec {
                 column: "label".into(),
                 max_classes: Some(schema.num_classes),
                 num_classes: Some(schema.num_classes),
@@ -141,6 +159,13 @@ pub fn export_tables(
             }),
             value: values.is_some().then(|| ValueSpec {
                 column: "value".into(),
+            }),
+            label_set: sets.is_some().then(|| LabelSetSpec {
+                column: "label_set".into(),
+                separator: None,
+                max_labels: Some(width as u32),
+                num_labels: Some(width as u32),
+                empty: Some(EMPTY_SET.into()),
             }),
         });
     }
@@ -260,3 +285,22 @@ pub(crate) fn split_tags(splits: &[Vec<u64>; 3], n: usize) -> Vec<u8> {
     }
     tags
 }
+
+/// A node's label-set cell: its labels joined by `;`, `EMPTY_SET` for none
+/// at all, missing for an unlabelled node.
+fn set_cell(row: &[i8]) -> Option<String> {
+    if row.first().is_some_and(|&b| b < 0) {
+        return None;
+    }
+    let labels: Vec<String> = (0..row.len())
+        .filter(|&j| row[j] == 1)
+        .map(|j| j.to_string())
+        .collect();
+    Some(match labels.is_empty() {
+        true => EMPTY_SET.to_string(),
+        false => labels.join(";"),
+    })
+}
+
+/// The text an exported label-set cell holds for an empty set.
+const EMPTY_SET: &str = "none";

@@ -18,7 +18,7 @@ use crate::config::{
 };
 use crate::error::{Result, TableError};
 use crate::ids::{Added, IdKind, IdMap};
-use crate::labels::{ClassNames, LabelCollector, Labelled};
+use crate::labels::{ClassNames, LabelCollector, LabelSetRows, Labelled, SetCollector};
 
 /// Most classes of an edge label column (the graph format's limit).
 const EDGE_MAX_CLASSES: u32 = graphs::schema::MAX_CLASSES;
@@ -121,6 +121,9 @@ pub struct TypeRecord {
     pub features: Vec<FittedBlock>,
     /// Class names in class order, when the labels were names.
     pub classes: Vec<String>,
+    /// Label names of the label sets in label order, when they were names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub label_names: Vec<String>,
 }
 
 struct NodeResult {
@@ -130,6 +133,8 @@ struct NodeResult {
     labelled: Option<Labelled>,
     /// Regression targets (NaN: none), when the table has a value column.
     values: Option<Vec<f32>>,
+    /// Label sets, when the table has a label set column.
+    label_sets: Option<LabelSetRows>,
 }
 
 /// Imports the tables described by the configuration file `config` into `out`.
@@ -209,6 +214,10 @@ pub fn import_tables(
         let mut r = import_nodes(&table, files, dir.path(), seed, prior.as_ref(), progress)?;
         if let Some(v) = &r.values {
             graphs::npy::write_f32(&paths::values(dir.path(), t), &[v.len() as u64], v)?;
+        }
+        if let Some(s) = &r.label_sets {
+            let shape = [(s.bits.len() / s.width as usize) as u64, u64::from(s.width)];
+            graphs::npy::write_i8(&paths::label_sets(dir.path(), t), &shape, &s.bits)?;
         }
         if let Some(l) = &r.labelled {
             graphs::npy::write_i64(
@@ -351,7 +360,7 @@ pub fn import_tables(
     let mut records = Vec::new();
     let mut num_classes = 1;
     let mut has_values = false;
-    let label_sets = None;
+    let mut label_sets = None;
     for (ntype, result) in &types {
         let ids = maps.remove(ntype).expect("a map per type");
         if ids.is_empty() {
@@ -364,11 +373,17 @@ pub fn import_tables(
             dir.create_dir(&paths::node_dir(dir.path(), ntype))?;
         }
         ids.write_csv(&ids_path(dir.path(), ntype))?;
+        let label_names = result
+            .as_ref()
+            .and_then(|r| r.label_sets.as_ref())
+            .map(|s| s.names.clone())
+            .unwrap_or_default();
         let (width, blocks, classes) = match result {
             Some(r) => {
                 if let Some(l) = &r.labelled {
                     num_classes = l.num_classes;
                     has_values = r.values.is_some();
+                    label_sets = r.label_sets.as_ref().map(|s| s.width);
                 }
                 (
                     r.width,
@@ -393,6 +408,7 @@ pub fn import_tables(
             id_kind: ids.kind(),
             features: blocks,
             classes,
+            label_names,
         });
     }
     let name = opts
@@ -501,6 +517,17 @@ fn import_nodes(
         .as_ref()
         .map(|s| s.rule().expect("checked with the config"));
     let old_count = seed.as_ref().map_or(0, |s| s.ids.len());
+    let new_sets = || {
+        table.label_set.as_ref().map(|l| {
+            SetCollector::new(
+                l.max_labels.unwrap_or(1000),
+                l.num_labels,
+                l.separator.unwrap_or(';'),
+                l.empty.clone(),
+            )
+        })
+    };
+    let mut sets = new_sets();
     let (mut ids, seed_blocks, mut labels) = match seed {
         Some(s) => {
             let labels = match (&table.label, s.labels) {
@@ -510,16 +537,33 @@ fn import_nodes(
                     &old,
                     marks,
                 )),
+                (None, Some((_, marks))) if table.has_targets() => {
+                    Some(LabelCollector::seeded_without_classes(marks))
+                }
                 _ => None,
+            };
+            sets = match (sets, s.label_sets) {
+                (Some(c), Some((names, width, bits))) => Some(c.seeded(names, width, &bits)),
+                (Some(_), None) => {
+                    return Err(TableError::file(
+                        out,
+                        format!("node type '{t}': the graph this import is like has no label sets"),
+                    ))
+                }
+                (None, _) => None,
             };
             (Some(s.ids), Some(s.blocks), labels)
         }
         None => (
             None,
             None,
-            table.label.as_ref().map(|l| {
-                LabelCollector::new(l.max_classes.unwrap_or(1000)).with_classes(l.num_classes)
-            }),
+            match &table.label {
+                Some(l) => Some(
+                    LabelCollector::new(l.max_classes.unwrap_or(1000)).with_classes(l.num_classes),
+                ),
+                None if table.has_targets() => Some(LabelCollector::without_classes()),
+                None => None,
+            },
         ),
     };
 
@@ -542,6 +586,10 @@ fn import_nodes(
     });
     let value_at = table.value.as_ref().map(|v| {
         columns.push(&v.column);
+        columns.len() - 1
+    });
+    let set_at = table.label_set.as_ref().map(|l| {
+        columns.push(&l.column);
         columns.len() - 1
     });
     // An import like an earlier graph keeps its nodes' values (none where it had none).
@@ -607,9 +655,20 @@ fn import_nodes(
                             .map_err(|(c, p)| TableError::cell(path, row, &spec.columns[c], p))?;
                     }
                 }
-                if let (Some(l), Some(at)) = (&mut labels, label_at) {
-                    l.push_label(&chunk.columns[at], i)
+                match (&mut labels, label_at) {
+                    (Some(l), Some(at)) => l
+                        .push_label(&chunk.columns[at], i)
+                        .map_err(|p| TableError::cell(path, row, columns[at], p))?,
+                    (Some(l), None) => l.push_unlabelled(),
+                    (None, _) => {}
+                }
+                if let (Some(c), Some(at)) = (&mut sets, set_at) {
+                    let known = c
+                        .push(&chunk.columns[at], i)
                         .map_err(|p| TableError::cell(path, row, columns[at], p))?;
+                    if let (true, Some(l)) = (known, &mut labels) {
+                        l.mark_known();
+                    }
                 }
                 if let (Some(v), Some(at)) = (&mut values, value_at) {
                     let x = chunk.columns[at]
@@ -624,6 +683,9 @@ fn import_nodes(
                         ));
                     }
                     v.push(x.unwrap_or(f32::NAN));
+                    if let (Some(_), Some(l)) = (x, &mut labels) {
+                        l.mark_known();
+                    }
                 }
                 if let (Some(l), Some(at)) = (&mut labels, split_at) {
                     let cells = &chunk.columns[at];
@@ -663,16 +725,33 @@ fn import_nodes(
             ),
         ));
     }
+    // The column an error of the labels or splits names: the label's, else the target's.
+    let target_column = [
+        table.label.as_ref().map(|l| &l.column),
+        table.value.as_ref().map(|v| &v.column),
+        table.label_set.as_ref().map(|l| &l.column),
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+    .cloned()
+    .unwrap_or_default();
     let labelled = match (labels, &rule) {
-        (Some(l), Some(rule)) => Some(l.finish(rule).map_err(|p| {
-            column_error(
-                &first,
-                None,
-                &table.label.as_ref().expect("labelled").column,
-                p,
-            )
-        })?),
+        (Some(l), Some(rule)) => Some(
+            l.finish(rule)
+                .map_err(|p| column_error(&first, None, &target_column, p))?,
+        ),
         _ => None,
+    };
+    let label_sets = match sets {
+        Some(c) => {
+            let column = &table.label_set.as_ref().expect("a label set column").column;
+            Some(
+                c.finish()
+                    .map_err(|p| column_error(&first, None, column, p))?,
+            )
+        }
+        None => None,
     };
 
     // Pass 2: transformed features, row by row.
@@ -729,6 +808,7 @@ fn import_nodes(
         blocks,
         labelled,
         values,
+        label_sets,
     })
 }
 

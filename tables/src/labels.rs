@@ -83,9 +83,14 @@ impl ClassNames {
                 .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty()),
         };
-        let Some(name) = v else {
-            return Ok(-1);
-        };
+        match v {
+            Some(name) => self.add(name),
+            None => Ok(-1),
+        }
+    }
+
+    /// The provisional index of class `name`, added if new.
+    fn add(&mut self, name: String) -> Result<i32, String> {
         if let Some(&k) = self.index.get(&name) {
             return Ok(k);
         }
@@ -162,6 +167,12 @@ pub struct LabelCollector {
     marks: Vec<u8>,
     /// Nodes carried over from an earlier import: their splits are kept.
     keep: usize,
+    /// Per node: whether it has another target (a value or a label set),
+    /// which makes it splittable without a class label.
+    other: Vec<bool>,
+    /// Whether the table has a label column (else every node is unlabelled
+    /// and the graph's one class is a placeholder).
+    classes_given: bool,
 }
 
 /// The labels of every node and the three splits, ascending.
@@ -182,8 +193,15 @@ impl LabelCollector {
     pub fn new(max_classes: u32) -> LabelCollector {
         LabelCollector {
             classes: ClassNames::new(max_classes),
+            classes_given: true,
             ..Default::default()
         }
+    }
+
+    /// A collector for a target type without a label column: its nodes are
+    /// split by their other targets (values, label sets).
+    pub fn without_classes() -> LabelCollector {
+        LabelCollector::default()
     }
 
     /// A collector continuing an earlier import: its classes (in class order),
@@ -201,8 +219,41 @@ impl LabelCollector {
                 .collect(),
             classes: ClassNames::seeded(max_classes, classes),
             keep: marks.len(),
+            // A carried-over node in a split had a target when it was imported.
+            other: marks.iter().map(|&m| m != NONE).collect(),
             marks,
+            classes_given: true,
         }
+    }
+
+    /// A collector continuing an earlier import of a type without a label
+    /// column: its nodes' split marks are kept.
+    pub fn seeded_without_classes(marks: Vec<u8>) -> LabelCollector {
+        LabelCollector {
+            raw: vec![-1; marks.len()],
+            keep: marks.len(),
+            other: marks.iter().map(|&m| m != NONE).collect(),
+            marks,
+            ..Default::default()
+        }
+    }
+
+    /// Takes the next node, without a label (a table without a label column).
+    pub fn push_unlabelled(&mut self) {
+        self.raw.push(-1);
+        self.other.push(false);
+    }
+
+    /// The last node taken has another target (a value or a label set).
+    pub fn mark_known(&mut self) {
+        if let Some(o) = self.other.last_mut() {
+            *o = true;
+        }
+    }
+
+    /// Whether the last node taken has a target.
+    fn last_known(&self) -> bool {
+        self.raw.last().is_some_and(|&l| l >= 0) || self.other.last() == Some(&true)
     }
 
     /// Declares `n` classes: integer labels then have at least `n` classes
@@ -216,6 +267,7 @@ impl LabelCollector {
     pub fn push_label(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
         let id = self.classes.push(cells, i)?;
         self.raw.push(id);
+        self.other.push(false);
         Ok(())
     }
 
@@ -236,10 +288,11 @@ impl LabelCollector {
                 }
             },
         };
-        if mark != NONE && self.raw.last().is_some_and(|&l| l < 0) {
+        if mark != NONE && !self.last_known() {
             return Err(format!(
-                "the node is in the {} split but has no label",
-                NAMES[mark as usize - 1]
+                "the node is in the {} split but has no {}",
+                NAMES[mark as usize - 1],
+                self.wanted()
             ));
         }
         self.marks.push(mark);
@@ -254,9 +307,8 @@ impl LabelCollector {
         train_before: f64,
         valid_before: f64,
     ) -> Result<(), String> {
-        let labelled = self.raw.last().is_some_and(|&l| l >= 0);
         let mark = match cells.number(i)? {
-            _ if !labelled => NONE,
+            _ if !self.last_known() => NONE,
             None => return Err("a labelled node has no time".into()),
             Some(t) if !t.is_finite() => return Err(format!("time {t} is not a finite number")),
             Some(t) if t < train_before => 1,
@@ -267,20 +319,32 @@ impl LabelCollector {
         Ok(())
     }
 
+    /// What a node in a split lacks, for messages.
+    fn wanted(&self) -> &'static str {
+        match self.classes_given {
+            true => "label",
+            false => "target (value or label set)",
+        }
+    }
+
     /// The labels and splits; errors say what the table or config must change.
     pub fn finish(self, rule: &SplitRule) -> Result<Labelled, String> {
         // Integer classes (also written "3.0") keep their value as class id, a
         // negative one meaning unlabelled, as in the graph format; other names
         // are sorted.
         let (map, num_classes, classes) = self.classes.resolve()?;
-        if num_classes == 0 {
+        if num_classes == 0 && self.classes_given {
             return Err("no node has a label".into());
         }
+        // Without a label column the graph still has labels.npy (all -1) and,
+        // as the format requires, at least one class.
+        let num_classes = num_classes.max(1);
         let labels: Vec<i64> = self
             .raw
             .iter()
             .map(|&r| if r < 0 { -1 } else { map[r as usize] })
             .collect();
+        let known = |i: usize| labels[i] >= 0 || self.other.get(i) == Some(&true);
         let mut splits: [Vec<u32>; 3] = Default::default();
         match rule {
             SplitRule::Fractions(f, seed) => {
@@ -291,7 +355,7 @@ impl LabelCollector {
                     }
                 }
                 let mut ids: Vec<u32> = (self.keep as u32..labels.len() as u32)
-                    .filter(|&i| labels[i as usize] >= 0)
+                    .filter(|&i| known(i as usize))
                     .collect();
                 let mut rng = CounterRng::from_parts(&[0x7ab1e5, *seed]);
                 for i in (1..ids.len()).rev() {
@@ -314,12 +378,13 @@ impl LabelCollector {
                     if m == NONE {
                         continue;
                     }
-                    if labels[node] < 0 {
+                    if !known(node) {
                         return Err(format!(
-                            "node {} (row {}) is in the {} split but has no label",
+                            "node {} (row {}) is in the {} split but has no {}",
                             node,
                             node + 1,
-                            NAMES[m as usize - 1]
+                            NAMES[m as usize - 1],
+                            self.wanted()
                         ));
                     }
                     splits[m as usize - 1].push(node as u32);
@@ -340,6 +405,120 @@ impl LabelCollector {
             classes,
             splits,
         })
+    }
+}
+
+/// Label sets met row by row: each node's labels (names or integers, as
+/// [`ClassNames`] maps them) or none.
+#[derive(Debug)]
+pub struct SetCollector {
+    names: ClassNames,
+    separator: char,
+    empty: Option<String>,
+    /// Every node's provisional label indices, one after another.
+    flat: Vec<i32>,
+    /// Per node: where its labels end in `flat`, or `None` for no set.
+    ends: Vec<Option<usize>>,
+}
+
+/// Label sets resolved: `width` labels, a row of 0/1 per node (all -1: none).
+#[derive(Debug)]
+pub struct LabelSetRows {
+    /// Labels per node.
+    pub width: u32,
+    /// `count × width` entries, node after node.
+    pub bits: Vec<i8>,
+    /// Label names in label order, when the labels were names (else empty).
+    pub names: Vec<String>,
+}
+
+impl SetCollector {
+    /// A collector refusing more than `max_labels` labels; text cells are
+    /// split at `separator`, and a cell equal to `empty` is an empty set.
+    pub fn new(
+        max_labels: u32,
+        num_labels: Option<u32>,
+        separator: char,
+        empty: Option<String>,
+    ) -> SetCollector {
+        SetCollector {
+            names: ClassNames::new(max_labels).with_classes(num_labels),
+            separator,
+            empty,
+            flat: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    /// A collector continuing an earlier import: its labels (in label
+    /// order) and its nodes' rows (`width` entries each), which are kept.
+    pub fn seeded(mut self, names: Vec<String>, width: usize, bits: &[i8]) -> SetCollector {
+        self.names = ClassNames::seeded(self.names.max_classes, names);
+        for row in bits.chunks_exact(width.max(1)) {
+            let known = row.first().is_some_and(|&b| b >= 0);
+            self.flat
+                .extend((0..width as i32).filter(|&j| row[j as usize] == 1));
+            self.ends.push(known.then_some(self.flat.len()));
+        }
+        self
+    }
+
+    /// Takes the labels of the next node from cell `i`; returns whether it has a set.
+    pub fn push(&mut self, cells: &Cells, i: usize) -> Result<bool, String> {
+        let items: Option<Vec<String>> = match cells {
+            Cells::List(v) => v[i].clone(),
+            Cells::Float(v) => match v[i] {
+                Some(x) if x.fract() == 0.0 && x.is_finite() => Some(vec![(x as i64).to_string()]),
+                Some(x) => return Err(format!("label {x} is not a label (an integer or a name)")),
+                None => None,
+            },
+            c => c
+                .text(i)
+                .map(|t| match self.empty.as_deref() == Some(t.trim()) {
+                    true => Vec::new(),
+                    false => t.split(self.separator).map(str::to_string).collect(),
+                }),
+        };
+        let Some(items) = items else {
+            self.ends.push(None);
+            return Ok(false);
+        };
+        for item in items {
+            let name = item.trim();
+            if name.is_empty() {
+                continue;
+            }
+            if as_int(name).is_some_and(|v| v < 0) {
+                return Err(format!(
+                    "label {name} is not a label (integers from 0, or names)"
+                ));
+            }
+            let k = self.names.add(name.to_string())?;
+            self.flat.push(k);
+        }
+        self.ends.push(Some(self.flat.len()));
+        Ok(true)
+    }
+
+    /// The rows of every node; errors say what the table or config must change.
+    pub fn finish(self) -> Result<LabelSetRows, String> {
+        let (map, width, names) = self.names.resolve()?;
+        if width == 0 {
+            return Err("no node has a label in its set".into());
+        }
+        let w = width as usize;
+        let mut bits = vec![-1i8; self.ends.len() * w];
+        let mut start = 0;
+        for (n, end) in self.ends.iter().enumerate() {
+            let Some(end) = *end else { continue };
+            let row = &mut bits[n * w..(n + 1) * w];
+            row.fill(0);
+            for &k in &self.flat[start..end] {
+                row[map[k as usize] as usize] = 1;
+            }
+            start = end;
+        }
+        Ok(LabelSetRows { width, bits, names })
     }
 }
 
@@ -392,6 +571,59 @@ mod tests {
                 .map(|s| (!s.is_empty()).then(|| s.to_string()))
                 .collect(),
         )
+    }
+
+    #[test]
+    fn label_sets_come_from_lists_and_delimited_text() {
+        let mut c = SetCollector::new(10, Some(5), '|', Some("none".into()));
+        let t = text(&["3|1", "", "none", " 0 | 3 "]);
+        assert_eq!(
+            (0..4).map(|i| c.push(&t, i).unwrap()).collect::<Vec<_>>(),
+            [true, false, true, true]
+        );
+        let l = Cells::List(vec![Some(vec!["2".into()]), None]);
+        assert!(c.push(&l, 0).unwrap() && !c.push(&l, 1).unwrap());
+        let got = c.finish().unwrap();
+        // Integer labels keep their value; num_labels widens the rows to 5.
+        assert_eq!(got.width, 5);
+        #[rustfmt::skip]
+        assert_eq!(got.bits, [
+            0, 1, 0, 1, 0,
+            -1, -1, -1, -1, -1,
+            0, 0, 0, 0, 0,
+            1, 0, 0, 1, 0,
+            0, 0, 1, 0, 0,
+            -1, -1, -1, -1, -1,
+        ]);
+        assert!(got.names.is_empty());
+        // Names are sorted; a later import keeps them and refuses a new one.
+        let mut c = SetCollector::new(10, None, ';', None);
+        let t = text(&["spam;eggs", "ham"]);
+        for i in 0..2 {
+            c.push(&t, i).unwrap();
+        }
+        let first = c.finish().unwrap();
+        assert_eq!(first.names, ["eggs", "ham", "spam"]);
+        assert_eq!(first.bits, [1, 0, 1, 0, 1, 0]);
+        let mut later = SetCollector::new(10, None, ';', None).seeded(first.names, 3, &first.bits);
+        later.push(&text(&["spam"]), 0).unwrap();
+        assert!(later
+            .push(&text(&["toast"]), 0)
+            .unwrap_err()
+            .contains("toast"));
+        let again = later.finish().unwrap();
+        assert_eq!(again.bits, [1, 0, 1, 0, 1, 0, 0, 0, 1]);
+        // A negative integer, a fraction and too many labels are refused.
+        let mut c = SetCollector::new(2, None, ';', None);
+        assert!(c
+            .push(&text(&["-1"]), 0)
+            .unwrap_err()
+            .contains("not a label"));
+        assert!(c.push(&Cells::Float(vec![Some(1.5)]), 0).is_err());
+        assert!(c
+            .push(&text(&["a;b;c"]), 0)
+            .unwrap_err()
+            .contains("more than 2"));
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct Seed {
     pub classes: Vec<String>,
     /// The earlier labels (-1: none) and split marks (0 none, 1 train, 2 valid, 3 test), on the target.
     pub labels: Option<(Vec<i64>, Vec<u8>)>,
+    /// The earlier label sets, on a multi-label target: label names in label
+    /// order (integers as text when the labels were integers), labels per
+    /// node, and the rows.
+    pub label_sets: Option<(Vec<String>, usize, Vec<i8>)>,
 }
 
 impl Prior {
@@ -89,6 +93,12 @@ impl Prior {
             if json(&n.label) != json(&old.label) {
                 return refuse(format!(
                     "the label of '{}' differs from the earlier import's",
+                    n.ntype
+                ));
+            }
+            if json(&n.label_set) != json(&old.label_set) {
+                return refuse(format!(
+                    "the label set of '{}' differs from the earlier import's",
                     n.ntype
                 ));
             }
@@ -145,11 +155,25 @@ impl Prior {
         } else {
             rec.classes.clone()
         };
+        let label_sets = match self.schema.label_sets {
+            Some(w) if ntype == self.schema.target => {
+                let path = paths::label_sets(&self.dir, ntype);
+                let f = NpyFile::open(&path, DType::I8)?;
+                f.expect_shape(&[ids.len() as u64, u64::from(w)], "label sets")?;
+                let names = match rec.label_names.is_empty() {
+                    true => (0..w).map(|c| c.to_string()).collect(),
+                    false => rec.label_names.clone(),
+                };
+                Some((names, w as usize, f.to_i8_vec()))
+            }
+            _ => None,
+        };
         Ok(Seed {
             ids,
             blocks: rec.features.clone(),
             classes,
             labels,
+            label_sets,
         })
     }
 

@@ -454,7 +454,10 @@ fn label_f1(stats: &[EpochStats]) -> Option<([f64; 2], [f64; 2])> {
         |s| s.labels.as_ref(),
         crate::task::node::ClassCounts::merge,
     )?;
-    Some(([v.micro_f1()?, t.micro_f1()?], [v.macro_f1()?, t.macro_f1()?]))
+    Some((
+        [v.micro_f1()?, t.micro_f1()?],
+        [v.macro_f1()?, t.macro_f1()?],
+    ))
 }
 
 /// Validation and test macro F1 of an epoch: every trainer's counts merged

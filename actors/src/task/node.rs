@@ -7,8 +7,8 @@ use graphs::HetGraph;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Task, TrainingConfig};
-use graphs::label_sets::LabelSets;
 use crate::error::{Result, TrainError};
+use graphs::label_sets::LabelSets;
 
 /// Node regression's loss.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,7 +295,8 @@ impl<'g> NodeTask<'g> {
                     let y = sets.row(n as usize);
                     s.correct += u64::from(row_matches(&pred, i, y));
                     for (j, &b) in y.iter().enumerate() {
-                        s.labels.add_label(w, j, pred.get(i * w + j) == Some(&1), b == 1);
+                        s.labels
+                            .add_label(w, j, pred.get(i * w + j) == Some(&1), b == 1);
                         if rank && !s.ranked_dropped {
                             s.ranked.push((prob[i * w + j], b == 1));
                         }
@@ -473,9 +474,10 @@ impl ClassCounts {
 
     /// The F1 of every count pooled (micro F1); `None` when nothing was counted.
     pub fn micro_f1(&self) -> Option<f64> {
-        let [tp, fp, fn_] = self.0.iter().fold([0u64; 3], |a, c| {
-            [a[0] + c[0], a[1] + c[1], a[2] + c[2]]
-        });
+        let [tp, fp, fn_] = self
+            .0
+            .iter()
+            .fold([0u64; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
         (tp + fp + fn_ > 0).then(|| 2.0 * tp as f64 / (2 * tp + fp + fn_) as f64)
     }
 
@@ -734,7 +736,10 @@ mod tests {
         let out = Tensor::new(&logits, &Device::Cpu).unwrap();
         let (w, gamma) = ([2.0f32, 0.5, 1.0], 1.5);
         let got = |wts: Option<&[f32]>, g: f64| -> f64 {
-            label_loss(&out, &y, wts, g).unwrap().to_scalar::<f32>().unwrap() as f64
+            label_loss(&out, &y, wts, g)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64
         };
         let want = |wts: Option<&[f32]>, g: f64| -> f64 {
             let mut sum = 0.0;
@@ -743,7 +748,11 @@ mod tests {
                     let p = 1.0 / (1.0 + (-f64::from(x)).exp());
                     let t = f64::from(y[i * 3 + j]);
                     let pt = if t == 1.0 { p } else { 1.0 - p };
-                    let wj = if t == 1.0 { wts.map_or(1.0, |w| f64::from(w[j])) } else { 1.0 };
+                    let wj = if t == 1.0 {
+                        wts.map_or(1.0, |w| f64::from(w[j]))
+                    } else {
+                        1.0
+                    };
                     sum += -wj * (1.0 - pt).powf(g) * pt.max(1e-300).ln();
                 }
             }
@@ -752,7 +761,10 @@ mod tests {
         for (wts, g) in [(None, 0.0), (Some(&w[..]), 0.0), (Some(&w[..]), gamma)] {
             let (a, b) = (got(wts, g), want(wts, g));
             // Large logits stay finite (the softplus form never overflows).
-            assert!(a.is_finite() && (a - b).abs() < 1e-4 * (1.0 + b), "{a} vs {b}");
+            assert!(
+                a.is_finite() && (a - b).abs() < 1e-4 * (1.0 + b),
+                "{a} vs {b}"
+            );
         }
     }
 
@@ -775,7 +787,7 @@ mod tests {
         assert!((s.labels.micro_f1().unwrap() - 4.0 / 6.0).abs() < 1e-12);
         assert!((s.labels.macro_f1().unwrap() - 0.5).abs() < 1e-12);
         assert_eq!(s.ranked.len(), 6);
-        assert_eq!(s.ranked[1].1, false);
+        assert!(!s.ranked[1].1);
         assert!(s.ranked[0].0 > 0.7 && s.ranked[0].1);
     }
 

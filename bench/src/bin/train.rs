@@ -35,7 +35,7 @@ struct Args {
     /// Model to train.
     #[arg(long, default_value = "rgcn")]
     model: String,
-    /// node-classification, node-regression, edge-classification or edge-regression (both sides).
+    /// node-classification, node-regression, edge-classification, edge-regression or multi-label (both sides).
     #[arg(long, default_value = "node-classification")]
     task: String,
     /// Edge tasks: the relation whose edges are predicted (given to both systems).
@@ -201,10 +201,12 @@ fn main() -> anyhow::Result<()> {
         let mean =
             |f: fn(&actors::EpochReport) -> f64| report.epochs.iter().map(f).sum::<f64>() / n;
         let last = report.epochs.last().context("no epochs")?;
-        // The figure compared: test accuracy, or test RMSE for regression.
-        let ours = match last.regression {
-            Some(r) => r.test.rmse,
-            None => last.test_acc.unwrap_or(f64::NAN),
+        // The figure compared: test accuracy, test RMSE for regression, test
+        // micro F1 for multi-label.
+        let ours = match (last.regression, last.micro_f1) {
+            (Some(r), _) => r.test.rmse,
+            (None, Some([_, t])) => t,
+            (None, None) => last.test_acc.unwrap_or(f64::NAN),
         };
         let peak = report.peak_memory_bytes.unwrap_or(0) as f64 / (1 << 20) as f64;
         println!(
@@ -222,7 +224,8 @@ fn main() -> anyhow::Result<()> {
             "epoch_seconds": mean(|e| e.time.seconds), "sample_s": mean(|e| e.time.sample_s), "gather_s": mean(|e| e.time.gather_s),
             "compute_s": mean(|e| e.time.compute_s), "update_s": mean(|e| e.time.update_s),
             "peak_memory_bytes": report.peak_memory_bytes, "test_acc": last.test_acc,
-            "test_rmse": last.regression.map(|r| r.test.rmse), "epochs": report.epochs,
+            "test_rmse": last.regression.map(|r| r.test.rmse), "test_micro_f1": last.micro_f1.map(|f| f[1]),
+            "epochs": report.epochs,
         });
         let seed = a.seed.to_string();
         let peers = [
@@ -259,16 +262,17 @@ fn main() -> anyhow::Result<()> {
             let epoch_s = bench::epoch_mean(&theirs, "seconds");
             let final_epoch = theirs["epochs"].as_array().and_then(|e| e.last());
             let test = final_epoch
-                .and_then(|e| match last.regression {
-                    Some(_) => e["regression"]["test"]["rmse"].as_f64(),
-                    None => e["test_acc"].as_f64(),
+                .and_then(|e| match (last.regression, last.micro_f1) {
+                    (Some(_), _) => e["regression"]["test"]["rmse"].as_f64(),
+                    (None, Some(_)) => e["micro_f1"][1].as_f64(),
+                    (None, None) => e["test_acc"].as_f64(),
                 })
                 .unwrap_or(f64::NAN);
             let ratio = mean(|e| e.time.seconds) / epoch_s;
-            let what = if last.regression.is_some() {
-                "test RMSE"
-            } else {
-                "test accuracy"
+            let what = match (last.regression, last.micro_f1) {
+                (Some(_), _) => "test RMSE",
+                (None, Some(_)) => "test micro F1",
+                (None, None) => "test accuracy",
             };
             println!("{:>6} {name} {} {epoch_s:>9.3} s/epoch, {what} {test:.4}: hetgnn/{name} time {ratio:.2}x, {what} {:+.4}", "", theirs[name], ours - test);
             row[name] = serde_json::json!({ "epoch_seconds": epoch_s, "test": test, "time_ratio": ratio,

@@ -158,7 +158,10 @@ pub fn write_streaming(
             std::fs::copy(&from, &to).map_err(|e| GraphError::io(&from, e))?;
         }
         if s.schema.label_sets.is_some() {
-            let (from, to) = (paths::label_sets(src, tname), paths::label_sets(&pdir, tname));
+            let (from, to) = (
+                paths::label_sets(src, tname),
+                paths::label_sets(&pdir, tname),
+            );
             std::fs::copy(&from, &to).map_err(|e| GraphError::io(&from, e))?;
         }
         npy::write_i64(
