@@ -70,7 +70,8 @@ pub struct PredictArgs {
     /// from tables), `class` and, when the classes had names, `class_name`.
     /// A regression model writes its values instead: float32 `.npy`, or a `value` column;
     /// a multi-label model its label sets: int8 `.npy` [nodes, labels] of 0/1, or a
-    /// `labels` column of the predicted labels joined by `;` (`0;3;7`).
+    /// `labels` column of the predicted labels joined by `;` (`0;3;7`, or their
+    /// names where the label sets were imported as names).
     #[arg(long)]
     out: PathBuf,
     /// Also write the final-layer input embeddings: `.npy` (float32, [nodes, width]),
@@ -230,8 +231,16 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
                     ("id".to_string(), names.column_type()),
                     ("labels".into(), ColumnType::Text),
                 ];
+                // Labels imported as names are written as their names.
+                let label_names = names.labels();
                 let joined = sets.iter().map(|set| {
-                    let s: Vec<String> = set.iter().map(u32::to_string).collect();
+                    let s: Vec<String> = set
+                        .iter()
+                        .map(|&j| match label_names.get(j as usize) {
+                            Some(n) => n.clone(),
+                            None => j.to_string(),
+                        })
+                        .collect();
                     Some(s.join(";"))
                 });
                 let data = vec![names.column(&wanted), ColumnData::Text(joined.collect())];

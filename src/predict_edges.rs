@@ -144,12 +144,22 @@ pub fn run(
             ResultFormat::Table(f) => {
                 let mut columns = ends.to_vec();
                 columns.push(("class".into(), ColumnType::Int));
+                let class_names = trained.edge_classes.get(&name);
+                let mut data = vec![names(st, &src), names(dt, &dst)];
+                if let Some(n) = class_names {
+                    columns.push(("class_name".into(), ColumnType::Text));
+                    data.push(ColumnData::Int(classes.iter().map(|&c| Some(c)).collect()));
+                    data.push(ColumnData::Text(
+                        classes
+                            .iter()
+                            .map(|&c| n.get(c as usize).cloned())
+                            .collect(),
+                    ));
+                } else {
+                    data.push(ColumnData::Int(classes.into_iter().map(Some).collect()));
+                }
                 let mut w = TableWriter::create(out, f, &columns)?;
-                w.write(vec![
-                    names(st, &src),
-                    names(dt, &dst),
-                    ColumnData::Int(classes.into_iter().map(Some).collect()),
-                ])?;
+                w.write(data)?;
                 w.finish()?;
             }
         }

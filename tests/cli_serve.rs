@@ -1042,3 +1042,139 @@ fn a_link_predictor_scores_given_edges_offline_and_served_alike() {
     );
     assert!(server.stop().success());
 }
+
+#[test]
+fn names_imported_from_tables_come_back_in_predictions_and_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    // Every node has "bio", so a trained model predicts it; edges are fraud or legit.
+    let mut nodes = String::from("id,x,topics,split\n");
+    let mut edges = String::from("s,d,kind,split\n");
+    for i in 0..24 {
+        let split = ["train", "train", "valid", "test"][i % 4];
+        let extra = ["", ";chem", ";phys"][i % 3];
+        nodes += &format!("n{i},{},bio{extra},{split}\n", i % 5);
+        for j in [1, 5] {
+            let kind = if (i + j) % 2 == 0 { "fraud" } else { "legit" };
+            edges += &format!("n{i},n{},{kind},{split}\n", (i + j) % 24);
+        }
+    }
+    write("n.csv", &nodes);
+    write("e.csv", &edges);
+    write(
+        "g.toml",
+        "[[nodes]]\ntype = \"p\"\nfiles = [\"n.csv\"]\nid = \"id\"\n[[nodes.features]]\ncolumns = [\"x\"]\n[nodes.label_set]\ncolumn = \"topics\"\n[nodes.split]\ncolumn = \"split\"\n[[edges]]\nrelation = [\"p\", \"cites\", \"p\"]\nfiles = [\"e.csv\"]\nsource = \"s\"\ndestination = \"d\"\nlabel = \"kind\"\nsplit = \"split\"\n",
+    );
+    hetgnn(
+        dir,
+        &["import", "tables", "--config", "g.toml", "--out", "g"],
+    )
+    .ok();
+    let train = |ck: &str, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--data",
+            "g",
+            "--epochs",
+            "20",
+            "--lr",
+            "0.05",
+            "--checkpoint",
+            ck,
+        ];
+        a.extend_from_slice(extra);
+        hetgnn(dir, &a).ok();
+    };
+
+    // Multi-label: the table and the server name the labels.
+    train("ml", &["--task", "multi-label"]);
+    hetgnn(
+        dir,
+        &[
+            "predict",
+            "--checkpoint",
+            "ml",
+            "--data",
+            "g",
+            "--out",
+            "s.csv",
+        ],
+    )
+    .ok();
+    let csv = std::fs::read_to_string(dir.join("s.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("id,labels"));
+    let first = lines.next().unwrap();
+    assert!(first.starts_with("n0,") && first.contains("bio"), "{first}");
+    let s = Server::start(dir, &["--checkpoint", "ml", "--data", "g"]);
+    let (code, r) = s.post("/v1/predict", &json!({"ids": ["n0", "n1"]}));
+    assert_eq!(code, 200, "{r}");
+    let names = ["bio", "chem", "phys"];
+    for i in 0..2 {
+        let by_index: Vec<&str> = r["predictions"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| names[j.as_u64().unwrap() as usize])
+            .collect();
+        let by_name: Vec<&str> = r["label_names"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        assert_eq!(by_index, by_name);
+        assert!(by_name.contains(&"bio"), "{r}");
+    }
+    assert!(r.get("class_names").is_none(), "{r}");
+    assert!(s.stop().success());
+
+    // Edge classes: predict --edges and /v1/score_edges name them.
+    let rel = "p__cites__p";
+    train(
+        "ec",
+        &["--task", "edge-classification", "--target-relations", rel],
+    );
+    write("pairs.csv", "src,dst\nn0,n1\nn3,n8\n");
+    hetgnn(
+        dir,
+        &[
+            "predict",
+            "--checkpoint",
+            "ec",
+            "--data",
+            "g",
+            "--edges",
+            "pairs.csv",
+            "--out",
+            "c.csv",
+        ],
+    )
+    .ok();
+    let csv = std::fs::read_to_string(dir.join("c.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("src,dst,class,class_name"));
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            f[3],
+            ["fraud", "legit"][f[2].parse::<usize>().unwrap()],
+            "{line}"
+        );
+    }
+    let s = Server::start(
+        dir,
+        &["--checkpoint", "ec", "--data", "g", "--inference", "exact"],
+    );
+    let (code, r) = s.post(
+        "/v1/score_edges",
+        &json!({"src": ["n0", "n3"], "dst": ["n1", "n8"]}),
+    );
+    assert_eq!(code, 200, "{r}");
+    for i in 0..2 {
+        let k = r["predictions"][i].as_u64().unwrap() as usize;
+        assert_eq!(r["class_names"][i], ["fraud", "legit"][k], "{r}");
+    }
+    assert!(s.stop().success());
+}

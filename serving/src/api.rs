@@ -48,6 +48,10 @@ pub struct PredictResponse {
     /// The predicted classes' names, when the labels were imported as names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class_names: Option<Vec<String>>,
+    /// A multi-label model's: each node's predicted labels by name, when the
+    /// label sets were imported as names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_names: Option<Vec<Vec<String>>>,
     /// Each node's class probabilities (multi-label: each label's), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probabilities: Option<Vec<Vec<f32>>>,
@@ -119,6 +123,9 @@ pub struct ScoreEdgesResponse {
     /// Each edge's class (edge classification), value (edge regression) or
     /// score (link prediction: the decoder's logit).
     pub predictions: Predictions,
+    /// Each edge's class name, when the edge classes were imported as names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_names: Option<Vec<String>>,
     /// Each edge's class probabilities (link prediction: `[p]`, the
     /// score's sigmoid), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]

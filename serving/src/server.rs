@@ -551,6 +551,7 @@ async fn predict(
         ));
     };
     let names = engine.trained().names[t.index()].classes();
+    let label_names = engine.trained().names[t.index()].labels();
     Ok(Json(PredictResponse {
         ntype: g.node_type(t).name.clone(),
         class_names: (!names.is_empty() && c.labels.is_none()).then(|| {
@@ -560,6 +561,19 @@ async fn predict(
                 .collect()
         }),
         ids: req.ids,
+        label_names: c
+            .labels
+            .as_ref()
+            .filter(|_| !label_names.is_empty())
+            .map(|sets| {
+                sets.iter()
+                    .map(|s| {
+                        s.iter()
+                            .map(|&j| label_names.get(j as usize).cloned().unwrap_or_default())
+                            .collect()
+                    })
+                    .collect()
+            }),
         predictions: match (c.values, c.labels) {
             (Some(v), _) => Predictions::Values(v),
             (None, Some(l)) => Predictions::Labels(l),
@@ -637,10 +651,17 @@ async fn score_edges(
                 "edge scoring stopped".into(),
             )
         })??;
+    let class_names = tr.edge_classes.get(rel.canonical()).map(|n| {
+        c.classes
+            .iter()
+            .map(|&k| n.get(k as usize).cloned().unwrap_or_default())
+            .collect()
+    });
     Ok(Json(ScoreEdgesResponse {
         relation: rel.canonical().to_string(),
         src: req.src,
         dst: req.dst,
+        class_names: class_names.filter(|_| c.values.is_none()),
         predictions: match c.values {
             Some(v) => Predictions::Values(v),
             None => Predictions::Classes(c.classes),

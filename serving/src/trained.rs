@@ -24,6 +24,8 @@ pub struct Trained {
     pub source: Source,
     /// Each node type's names (original ids of a graph imported from tables).
     pub names: Vec<NodeNames>,
+    /// Per relation whose edge classes were imported as names, the names in class order.
+    pub edge_classes: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// Warnings a load printed nothing of: skipped checkpoints, for the caller to report.
@@ -52,12 +54,17 @@ impl Trained {
             .map(|t| NodeNames::load(data, &t.name, t.count))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| load(&e))?;
+        let edge_classes = tables::import::ImportRecord::read(data)
+            .map_err(|e| load(&e))?
+            .map(|r| r.edge_classes.into_iter().collect())
+            .unwrap_or_default();
         Ok((
             Trained {
                 model,
                 graph: g,
                 source: src,
                 names,
+                edge_classes,
             },
             skipped,
         ))

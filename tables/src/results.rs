@@ -59,6 +59,7 @@ pub struct NodeNames {
     count: u32,
     map: Option<IdMap>,
     classes: Vec<String>,
+    labels: Vec<String>,
 }
 
 impl NodeNames {
@@ -69,19 +70,16 @@ impl NodeNames {
                 count,
                 map: None,
                 classes: Vec::new(),
+                labels: Vec::new(),
             });
         };
         let map = record.ids(graph, ntype, u64::from(count))?;
-        let classes = record
-            .types
-            .iter()
-            .find(|t| t.ntype == ntype)
-            .map(|t| t.classes.clone())
-            .unwrap_or_default();
+        let rec = record.types.iter().find(|t| t.ntype == ntype);
         Ok(NodeNames {
             count,
             map: Some(map),
-            classes,
+            classes: rec.map(|t| t.classes.clone()).unwrap_or_default(),
+            labels: rec.map(|t| t.label_names.clone()).unwrap_or_default(),
         })
     }
 
@@ -93,6 +91,11 @@ impl NodeNames {
     /// Class names in class order, when the labels were names.
     pub fn classes(&self) -> &[String] {
         &self.classes
+    }
+
+    /// Label names of the label sets in label order, when they were names.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
     }
 
     /// The type of the id column.
