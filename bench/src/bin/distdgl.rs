@@ -1,0 +1,273 @@
+//! hetgnn's data-parallel training against DistDGL on the same emulated
+//! machines in the same run: each machine a network namespace with its own
+//! address, a kernel-capped link and a CPU share (`bench::emulate`). On
+//! each, hetgnn runs one `hetgnn node` (METIS partitions, synced tables);
+//! DistDGL runs its graph server and its trainer
+//! (`bench/baselines/distdgl_rgcn.py`, METIS partitions by
+//! `dgl.distributed.partition_graph`) with a private `/dev/shm`, as on
+//! separate machines. Both train the same 2-layer R-GCN on the mag-like
+//! graph with the same global batch; rounds alternate the two systems.
+//!
+//! `cargo build --release && cargo run --release -p bench --bin distdgl --
+//! --python PYTHON [--scale 0.05 --nodes 2,4 --cpus-per-node 0.5 --bandwidth 1Gbit/s --rounds 2]`
+//! writes bench/results/distdgl.json. Needs root, and a Python with DGL 2.1
+//! (see dgl_rgcn.py's header).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bench::emulate::{Cluster, Machines};
+use clap::Parser;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Args {
+    /// The Python with DGL 2.1 and torch 2.2.1.
+    #[arg(long)]
+    python: PathBuf,
+    /// Scale of the mag-like graph.
+    #[arg(long, default_value_t = 0.05)]
+    scale: f64,
+    /// Machine counts.
+    #[arg(long, default_value = "2,4", value_delimiter = ',')]
+    nodes: Vec<usize>,
+    /// Epochs per run; the figure is the mean of every epoch after the first.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Rounds (each runs both systems, alternating which goes first).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// CPUs per machine (its control group's quota).
+    #[arg(long, default_value_t = 0.5)]
+    cpus_per_node: f64,
+    /// Each machine's link rate, capped by the kernel.
+    #[arg(long, default_value = "1Gbit/s")]
+    bandwidth: String,
+    /// The hetgnn binary (default: target/release/hetgnn).
+    #[arg(long)]
+    hetgnn: Option<PathBuf>,
+    /// Longest a DistDGL run may take.
+    #[arg(long, default_value_t = 1800)]
+    timeout_s: u64,
+    /// Where to write the JSON figures.
+    #[arg(long, default_value = "bench/results/distdgl.json")]
+    out: PathBuf,
+}
+
+/// The mean epoch seconds after the first (all of them with one epoch) and
+/// the last epoch's test accuracy of a report's `epochs`.
+fn figures(epochs: &[Value]) -> (f64, f64) {
+    let later = if epochs.len() > 1 {
+        &epochs[1..]
+    } else {
+        epochs
+    };
+    let secs: Vec<f64> = later.iter().filter_map(|e| e["seconds"].as_f64()).collect();
+    let mean = secs.iter().sum::<f64>() / secs.len().max(1) as f64;
+    let acc = epochs
+        .last()
+        .and_then(|e| e["test_acc"].as_f64())
+        .unwrap_or(f64::NAN);
+    (mean, acc)
+}
+
+/// DistDGL's partitions of `data` in `k` parts, made once under `work`.
+fn distdgl_parts(a: &Args, data: &Path, work: &Path, k: usize) -> anyhow::Result<PathBuf> {
+    let dir = work.join(format!("distdgl-{k}"));
+    if !dir.join("mag.json").exists() {
+        let out = Command::new(&a.python)
+            .arg(script())
+            .args(["partition", "--data"])
+            .arg(data)
+            .args(["--parts", &k.to_string(), "--out"])
+            .arg(&dir)
+            .output()
+            .context("running the DistDGL partitioner")?;
+        if !out.status.success() {
+            bail!(
+                "DistDGL partitioning failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(dir)
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/distdgl_rgcn.py")
+}
+
+/// One DistDGL run on `k` emulated machines; trainer 0's report.
+fn distdgl(
+    a: &Args,
+    parts: &Path,
+    work: &Path,
+    k: usize,
+    machines: &Machines,
+) -> anyhow::Result<Value> {
+    let cluster = Cluster::create(k, machines)?;
+    let ips: String = (0..k)
+        .map(|i| format!("{} 30050\n", cluster.addr(i)))
+        .collect();
+    let ip_config = work.join(format!("ips-{k}.txt"));
+    std::fs::write(&ip_config, ips)?;
+    let threads = (a.cpus_per_node.ceil() as usize).max(1);
+    let master = format!("{}:29500", cluster.addr(0));
+    let part_config = parts.join("mag.json");
+    let py = a.python.display().to_string();
+    let common = format!(
+        "--part-config {} --ip-config {} --machines {k}",
+        part_config.display(),
+        ip_config.display()
+    );
+    let mut children = Vec::new();
+    for i in 0..k {
+        // A private /dev/shm per machine: DGL's server and its local trainer
+        // share memory there, and servers of other machines must not see it.
+        let sh = format!(
+            "mount -t tmpfs tmpfs /dev/shm && \
+             {py} {s} server {common} --machine {i} > server{i}.log 2>&1 & \
+             sleep 4; GLOO_SOCKET_IFNAME=veth{i} {py} {s} trainer {common} --machine {i} \
+             --master {master} --epochs {e} --threads {threads} > trainer{i}.out 2> trainer{i}.log; \
+             st=$?; wait; exit $st",
+            s = script().display(),
+            e = a.epochs,
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "sh", "-c", &sh])
+            .current_dir(work)
+            .env("OMP_NUM_THREADS", threads.to_string())
+            .stdout(Stdio::null());
+        children.push(cluster.spawn(i, &cmd)?);
+    }
+    let start = Instant::now();
+    let mut failed = None;
+    loop {
+        let mut running = 0;
+        for (i, c) in children.iter_mut().enumerate() {
+            match c.try_wait()? {
+                Some(st) if !st.success() && failed.is_none() => {
+                    failed = Some(format!(
+                        "DistDGL machine {i} failed ({st}); see {}/trainer{i}.log",
+                        work.display()
+                    ))
+                }
+                Some(_) => {}
+                None => running += 1,
+            }
+        }
+        if running == 0 || failed.is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(a.timeout_s) {
+            failed = Some(format!("DistDGL did not finish in {} s", a.timeout_s));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    // The servers were started by the shells: stop any left.
+    let _ = Command::new("pkill")
+        .args(["-f", "distdgl_rgcn.py server"])
+        .status();
+    drop(cluster);
+    if let Some(f) = failed {
+        bail!("{f}");
+    }
+    let out = std::fs::read_to_string(work.join("trainer0.out"))?;
+    let last = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("no DistDGL report")?;
+    Ok(serde_json::from_str(last)?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    let bin = bench::hetgnn_bin(a.hetgnn.clone())?;
+    let data = bench::mag_like(a.scale, 0)?;
+    let work = tempfile::tempdir()?;
+    let w = work.path();
+    let links = bench::Links {
+        bandwidth: a.bandwidth.clone(),
+        delay_ms: 0.0,
+        cpus_per_node: Some(a.cpus_per_node),
+        shaping: bench::Shaping::Kernel,
+    };
+    let rate = runtime::config::Bandwidth::parse(&a.bandwidth).map_err(anyhow::Error::msg)?;
+    let machines = Machines {
+        cpus: Some(a.cpus_per_node),
+        rate_bits: Some(rate.0.saturating_mul(8)),
+    };
+    let mut rows = Vec::new();
+    for &k in &a.nodes {
+        let ours_parts = bench::partitions(&bin, &data, "metis", k, a.scale)?;
+        let theirs_parts = distdgl_parts(&a, &data, w, k)?;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 0..a.rounds {
+            for system in [round % 2, 1 - round % 2] {
+                if system == 0 {
+                    eprintln!("hetgnn data-parallel, {k} machines, round {round}");
+                    let training = format!(
+                        "mode = \"data-parallel\"\npartitions = {:?}\nepochs = {}\n",
+                        ours_parts.display().to_string(),
+                        a.epochs
+                    );
+                    let r = links.launch(&bin, w, k, &training, &format!("dp-{k}-{round}.json"))?;
+                    let e = r["epochs"].as_array().cloned().unwrap_or_default();
+                    ours.push(figures(&e));
+                } else {
+                    eprintln!("DistDGL, {k} machines, round {round}");
+                    let r = distdgl(&a, &theirs_parts, w, k, &machines)?;
+                    let e = r["epochs"].as_array().cloned().unwrap_or_default();
+                    theirs.push(figures(&e));
+                }
+            }
+        }
+        let range = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
+            let x: Vec<f64> = v.iter().map(f).collect();
+            [
+                x.iter().copied().fold(f64::INFINITY, f64::min),
+                x.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            ]
+        };
+        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, t)| o.0 / t.0).collect();
+        println!(
+            "{k} machines of {} CPU at {}: hetgnn epoch {:?} s (test {:?}), DistDGL {:?} s (test {:?}), ratio {:?}",
+            a.cpus_per_node,
+            a.bandwidth,
+            range(&ours, |x| x.0),
+            range(&ours, |x| x.1),
+            range(&theirs, |x| x.0),
+            range(&theirs, |x| x.1),
+            ratios
+        );
+        rows.push(json!({
+            "machines": k,
+            "hetgnn": ours.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
+            "distdgl": theirs.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
+            "ratio": ratios,
+        }));
+    }
+    if let Some(p) = a.out.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let emulation =
+        json!({ "cpus_per_node": a.cpus_per_node, "bandwidth": a.bandwidth, "shaping": "kernel" });
+    std::fs::write(
+        &a.out,
+        serde_json::to_string_pretty(&json!({
+            "scale": a.scale, "epochs": a.epochs, "rounds": a.rounds, "emulation": emulation,
+            "model": "rgcn", "hetgnn_mode": "data-parallel (metis, synced tables)",
+            "peer": "DistDGL (dgl 2.1, metis, DistEmbedding + SparseAdam, DDP)", "runs": rows,
+        }))? + "\n",
+    )?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
