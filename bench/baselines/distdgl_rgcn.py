@@ -132,16 +132,32 @@ def trainer(a):
         torch.distributed.barrier()
         t0 = time.perf_counter()
         loss_sum, done = 0.0, 0
-        for _, seeds, blocks in loader(nids["train"], True):
-            if done == steps:
+        # Where a step's time goes: sampling (the loader, over RPC), input
+        # rows (features and embedding rows pulled), compute, the optimisers.
+        split = {"sample_s": 0.0, "gather_s": 0.0, "compute_s": 0.0, "update_s": 0.0}
+        it = iter(loader(nids["train"], True))
+        while done < steps:
+            t = time.perf_counter()
+            try:
+                _, seeds, blocks = next(it)
+            except StopIteration:
                 break
-            out = model(blocks, inputs(blocks[0]))[target]
-            loss = F.cross_entropy(out, g.nodes[target].data["label"][seeds[target]])
+            split["sample_s"] += time.perf_counter() - t
+            t = time.perf_counter()
+            h = inputs(blocks[0])
+            y = g.nodes[target].data["label"][seeds[target]]
+            split["gather_s"] += time.perf_counter() - t
+            t = time.perf_counter()
+            out = model(blocks, h)[target]
+            loss = F.cross_entropy(out, y)
             opt.zero_grad()
             loss.backward()
+            split["compute_s"] += time.perf_counter() - t
+            t = time.perf_counter()
             opt.step()
             if sparse_opt is not None:
                 sparse_opt.step()
+            split["update_s"] += time.perf_counter() - t
             loss_sum += loss.item()
             done += 1
         torch.distributed.barrier()
@@ -157,7 +173,7 @@ def trainer(a):
         model.train()
         torch.distributed.all_reduce(correct)
         row = {"epoch": epoch, "loss": loss_sum / max(done, 1), "seconds": seconds, "steps": done,
-               "test_acc": correct[0].item() / max(correct[1].item(), 1)}
+               "test_acc": correct[0].item() / max(correct[1].item(), 1), **split}
         epochs.append(row)
         if a.machine == 0:
             print(f"distdgl epoch {epoch}: loss {row['loss']:.4f}  {seconds:.2f} s ({done} steps)  test {row['test_acc']:.4f}",

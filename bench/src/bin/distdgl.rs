@@ -210,6 +210,7 @@ fn main() -> anyhow::Result<()> {
         let ours_parts = bench::partitions(&bin, &data, "metis", k, a.scale)?;
         let theirs_parts = distdgl_parts(&a, &data, w, k)?;
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let mut reports = Vec::new();
         for round in 0..a.rounds {
             for system in [round % 2, 1 - round % 2] {
                 if system == 0 {
@@ -227,6 +228,7 @@ fn main() -> anyhow::Result<()> {
                     let r = distdgl(&a, &theirs_parts, w, k, &machines)?;
                     let e = r["epochs"].as_array().cloned().unwrap_or_default();
                     theirs.push(figures(&e));
+                    reports.push(r);
                 }
             }
         }
@@ -253,6 +255,7 @@ fn main() -> anyhow::Result<()> {
             "hetgnn": ours.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
             "distdgl": theirs.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
             "ratio": ratios,
+            "distdgl_reports": reports,
         }));
     }
     if let Some(p) = a.out.parent() {
