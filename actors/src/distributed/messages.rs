@@ -112,9 +112,13 @@ impl EpochStats {
         if !valid.labels.0.is_empty() || !test.labels.0.is_empty() {
             self.labels = Some([valid.labels, test.labels]);
         }
-        if !valid.ranked.is_empty() || !test.ranked.is_empty() {
+        // Pairs given up for their size on either split: the epoch has no
+        // ranking figures (partial pairs would give biased ones).
+        let dropped = valid.ranked_dropped || test.ranked_dropped;
+        if !dropped && (!valid.ranked.is_empty() || !test.ranked.is_empty()) {
             self.ranked = Some([valid.ranked, test.ranked]);
         }
+        self.limit_ranked();
     }
 }
 

@@ -318,8 +318,9 @@ impl<'g> NodeTask<'g> {
 }
 
 /// Most (probability, label) pairs an evaluation keeps per split for
-/// average precision and ROC-AUC: beyond it (32 MiB), they are not measured.
-pub const MAX_RANKED: usize = 1 << 22;
+/// average precision and ROC-AUC, the bound the pairs travel under: beyond
+/// it, they are not measured.
+pub use crate::distributed::messages::MAX_RANKED;
 
 /// The 0/1 label rows of `seeds`, as a `[seeds × width]` f32 vector.
 fn label_rows(sets: &LabelSets, seeds: &[u32]) -> Vec<f32> {
