@@ -296,13 +296,24 @@ fn run_nodes(bin: &Path, work: &Path, cluster: &emulate::Cluster) -> anyhow::Res
         }
         children.push(cluster.spawn(i, &cmd)?);
     }
+    wait_all(&mut children, |i| format!("node n{i}"), None)
+}
+
+/// Waits until every child of `children` exits, at most `timeout`; the first
+/// failure (named by `name`) or the timeout kills the others and is the error.
+pub fn wait_all(
+    children: &mut [std::process::Child],
+    name: impl Fn(usize) -> String,
+    timeout: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
     let mut failed = None;
     loop {
         let mut running = 0;
         for (i, c) in children.iter_mut().enumerate() {
             match c.try_wait()? {
                 Some(st) if !st.success() && failed.is_none() => {
-                    failed = Some(format!("node n{i} failed ({st})"))
+                    failed = Some(format!("{} failed ({st})", name(i)))
                 }
                 Some(_) => {}
                 None => running += 1,
@@ -311,9 +322,13 @@ fn run_nodes(bin: &Path, work: &Path, cluster: &emulate::Cluster) -> anyhow::Res
         if failed.is_some() || running == 0 {
             break;
         }
+        if timeout.is_some_and(|t| start.elapsed() > t) {
+            failed = Some(format!("not finished in {} s", start.elapsed().as_secs()));
+            break;
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    for c in &mut children {
+    for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();
     }

@@ -77,13 +77,9 @@ impl ClassWeights {
                 ))
             }
             ClassWeights::Named(_) => Ok(None),
-            ClassWeights::List(w) if w.len() == k => {
-                Ok(Some(w.iter().map(|&x| x as f32).collect()))
+            ClassWeights::List(w) => {
+                listed(w, k, "the graph's label sets have", "labels").map(Some)
             }
-            ClassWeights::List(w) => Err(TrainError::Config(format!(
-                "training.class_weights lists {} weights but the graph's label sets have {k} labels",
-                w.len()
-            ))),
         }
     }
 
@@ -108,14 +104,19 @@ impl ClassWeights {
                 ))
             }
             ClassWeights::Named(_) => Ok(None),
-            ClassWeights::List(w) if w.len() == k => {
-                Ok(Some(w.iter().map(|&x| x as f32).collect()))
-            }
-            ClassWeights::List(w) => Err(TrainError::Config(format!(
-                "training.class_weights lists {} weights but the graph has {k} classes",
-                w.len()
-            ))),
+            ClassWeights::List(w) => listed(w, k, "the graph has", "classes").map(Some),
         }
+    }
+}
+
+/// A listed weight per class (or label), as f32; refused unless there are `k`.
+fn listed(w: &[f64], k: usize, has: &str, what: &str) -> Result<Vec<f32>> {
+    match w.len() == k {
+        true => Ok(w.iter().map(|&x| x as f32).collect()),
+        false => Err(TrainError::Config(format!(
+            "training.class_weights lists {} weights but {has} {k} {what}",
+            w.len()
+        ))),
     }
 }
 
@@ -287,9 +288,10 @@ impl<'g> NodeTask<'g> {
                     .to_dtype(DType::F32)?
                     .flatten_all()?
                     .to_vec1()?;
-                let rank = s.ranked.len() + seeds.len() * w <= MAX_RANKED;
-                if !rank {
-                    s.ranked_dropped = true;
+                // Past the bound the pairs are given up for the whole split.
+                s.ranked_dropped |= s.ranked.len() + seeds.len() * w > MAX_RANKED;
+                if s.ranked_dropped {
+                    s.ranked = Vec::new();
                 }
                 for (i, &n) in seeds.iter().enumerate() {
                     let y = sets.row(n as usize);
@@ -297,13 +299,10 @@ impl<'g> NodeTask<'g> {
                     for (j, &b) in y.iter().enumerate() {
                         s.labels
                             .add_label(w, j, pred.get(i * w + j) == Some(&1), b == 1);
-                        if rank && !s.ranked_dropped {
+                        if !s.ranked_dropped {
                             s.ranked.push((prob[i * w + j], b == 1));
                         }
                     }
-                }
-                if s.ranked_dropped {
-                    s.ranked = Vec::new();
                 }
             }
             NodeTask::Values { values, .. } => {

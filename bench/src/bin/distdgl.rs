@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bench::emulate::{Cluster, Machines};
@@ -142,43 +142,22 @@ fn distdgl(
             .stdout(Stdio::null());
         children.push(cluster.spawn(i, &cmd)?);
     }
-    let start = Instant::now();
-    let mut failed = None;
-    loop {
-        let mut running = 0;
-        for (i, c) in children.iter_mut().enumerate() {
-            match c.try_wait()? {
-                Some(st) if !st.success() && failed.is_none() => {
-                    failed = Some(format!(
-                        "DistDGL machine {i} failed ({st}); see {}/trainer{i}.log",
-                        work.display()
-                    ))
-                }
-                Some(_) => {}
-                None => running += 1,
-            }
-        }
-        if running == 0 || failed.is_some() {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(a.timeout_s) {
-            failed = Some(format!("DistDGL did not finish in {} s", a.timeout_s));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    for c in &mut children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    let waited = bench::wait_all(
+        &mut children,
+        |i| {
+            format!(
+                "DistDGL machine {i} (see {}/trainer{i}.log)",
+                work.display()
+            )
+        },
+        Some(Duration::from_secs(a.timeout_s)),
+    );
     // The servers were started by the shells: stop any left.
     let _ = Command::new("pkill")
         .args(["-f", "distdgl_rgcn.py server"])
         .status();
     drop(cluster);
-    if let Some(f) = failed {
-        bail!("{f}");
-    }
+    waited?;
     let out = std::fs::read_to_string(work.join("trainer0.out"))?;
     let last = out
         .lines()
