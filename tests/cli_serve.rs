@@ -1128,6 +1128,58 @@ fn names_imported_from_tables_come_back_in_predictions_and_answers() {
         assert!(by_name.contains(&"bio"), "{r}");
     }
     assert!(r.get("class_names").is_none(), "{r}");
+    // A new node given by its raw columns (through the import's saved
+    // transforms) is answered as the same node given by its feature row.
+    let (_, before) = s.post("/v1/predict", &json!({"ids": ["n0"]}));
+    let ask = |node: Value| {
+        s.post(
+            "/v1/predict",
+            &json!({
+                "ids": ["new", "n0"], "probabilities": true,
+                "new_nodes": [node],
+                "new_edges": [
+                    {"relation": "cites", "src": "new", "dst": "n0"},
+                    {"relation": "p__cites__p", "src": "n2", "dst": "new"}
+                ]
+            }),
+        )
+    };
+    let (code, by_columns) = ask(json!({"type": "p", "id": "new", "columns": {"x": 3}}));
+    assert_eq!(code, 200, "{by_columns}");
+    let (code, by_row) = ask(json!({"type": "p", "id": "new", "features": [3.0]}));
+    assert_eq!(code, 200, "{by_row}");
+    assert_eq!(by_columns, by_row);
+    assert_eq!(by_row["ids"], json!(["new", "n0"]));
+    assert_eq!(by_row["predictions"].as_array().unwrap().len(), 2);
+    // The stored graph is unchanged: n0 alone is answered as before.
+    let (_, after) = s.post("/v1/predict", &json!({"ids": ["n0"]}));
+    assert_eq!(before, after);
+    for (node, code, says) in [
+        (
+            json!({"type": "p", "id": "new", "columns": {"y": 1}}),
+            400,
+            "not a feature column",
+        ),
+        (
+            json!({"type": "p", "id": "n4", "features": [1.0]}),
+            400,
+            "already a node",
+        ),
+        (
+            json!({"type": "p", "id": "new", "features": [1.0, 2.0]}),
+            400,
+            "feature values",
+        ),
+    ] {
+        let (c, r) = ask(node);
+        assert_eq!(c, code, "{r}");
+        assert!(r["error"].as_str().unwrap().contains(says), "{r}");
+    }
+    let (c, r) = s.post(
+        "/v1/predict",
+        &json!({"ids": ["n0"], "new_edges": [{"relation": "cites", "src": "zz", "dst": "n0"}]}),
+    );
+    assert_eq!(c, 404, "{r}");
     assert!(s.stop().success());
 
     // Edge classes: predict --edges and /v1/score_edges name them.

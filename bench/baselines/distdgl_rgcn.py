@@ -64,8 +64,9 @@ def normal_init(shape, dtype):
 
 def env(a, role):
     os.environ.update({
-        "DGL_ROLE": role, "DGL_NUM_SAMPLER": "0", "DGL_NUM_SERVER": "1",
-        "DGL_NUM_CLIENT": str(a.machines), "DGL_CONF_PATH": a.part_config,
+        "DGL_ROLE": role, "DGL_NUM_SAMPLER": str(a.samplers), "DGL_NUM_SERVER": "1",
+        # Every sampler process is a client of the servers too (as launch.py counts them).
+        "DGL_NUM_CLIENT": str(a.machines * (1 + a.samplers)), "DGL_CONF_PATH": a.part_config,
         "DGL_IP_CONFIG": a.ip_config, "DGL_GRAPH_FORMAT": "csc",
     })
     if role == "server":
@@ -205,6 +206,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--samplers", type=int, default=0, help="sampler processes per trainer (DGL_NUM_SAMPLER)")
     a = ap.parse_args()
     {"partition": partition, "server": server, "trainer": trainer}[a.role](a)
 

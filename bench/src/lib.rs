@@ -269,7 +269,11 @@ impl Links {
                 toml +=
                     &format!("[training]\n{training}report = {report:?}\n[links]\n{delay}{extra}");
                 std::fs::write(work.join("cluster.toml"), toml)?;
-                run_nodes(bin, work, &cluster)?;
+                let peaks = run_nodes(bin, work, &cluster)?;
+                let mut r: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(work.join(report))?)?;
+                r["node_peak_rss_bytes"] = serde_json::json!(peaks);
+                return Ok(r);
             }
         }
         Ok(serde_json::from_str(&std::fs::read_to_string(
@@ -278,16 +282,33 @@ impl Links {
     }
 }
 
+/// GNU time, which reports a command's peak resident memory (`%M`).
+const GNU_TIME: &str = "/usr/bin/time";
+
 /// Runs `hetgnn node` for every machine of `cluster` on `work/cluster.toml`
-/// until all exit; the first failure stops the others.
-fn run_nodes(bin: &Path, work: &Path, cluster: &emulate::Cluster) -> anyhow::Result<()> {
+/// until all exit; the first failure stops the others. Answers each node's
+/// peak resident memory in bytes, where GNU time is installed to measure it.
+fn run_nodes(
+    bin: &Path,
+    work: &Path,
+    cluster: &emulate::Cluster,
+) -> anyhow::Result<Vec<Option<u64>>> {
     let threads = cluster
         .machines()
         .cpus
         .map(|c| (c.ceil() as usize).max(1).to_string());
+    let timed = Path::new(GNU_TIME).exists();
+    let peak_file = |i: usize| work.join(format!("peak-n{i}.txt"));
     let mut children = Vec::new();
     for i in 0..cluster.len() {
-        let mut cmd = std::process::Command::new(bin);
+        let mut cmd = if timed {
+            let _ = std::fs::remove_file(peak_file(i));
+            let mut c = std::process::Command::new(GNU_TIME);
+            c.args(["-f", "%M", "-o"]).arg(peak_file(i)).arg(bin);
+            c
+        } else {
+            std::process::Command::new(bin)
+        };
         cmd.args(["node", "--force", "--config", "cluster.toml", "--node"])
             .arg(format!("n{i}"))
             .current_dir(work);
@@ -296,7 +317,15 @@ fn run_nodes(bin: &Path, work: &Path, cluster: &emulate::Cluster) -> anyhow::Res
         }
         children.push(cluster.spawn(i, &cmd)?);
     }
-    wait_all(&mut children, |i| format!("node n{i}"), None)
+    wait_all(&mut children, |i| format!("node n{i}"), None)?;
+    // GNU time writes the peak in KiB as the file's last line.
+    Ok((0..cluster.len())
+        .map(|i| {
+            let text = std::fs::read_to_string(peak_file(i)).ok()?;
+            let kib: u64 = text.lines().last()?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+        .collect())
 }
 
 /// Waits until every child of `children` exits, at most `timeout`; the first

@@ -36,6 +36,7 @@ pub mod metagraph;
 pub mod nonzeros;
 pub mod npy;
 pub mod ogb;
+pub mod overlay;
 pub mod partition;
 pub mod progress;
 pub mod rng;

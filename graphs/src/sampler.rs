@@ -274,6 +274,9 @@ pub struct Sampler<'g> {
     picked: Vec<u32>,
     /// A neighbour list with excluded edges removed.
     kept: Vec<u32>,
+    /// Nodes per type beyond the graph's, with ids from its count on (an
+    /// [`crate::overlay::Overlay`]'s new nodes, sampled through `remote`).
+    extra: Vec<u32>,
 }
 
 impl<'g> Sampler<'g> {
@@ -292,7 +295,28 @@ impl<'g> Sampler<'g> {
             scratch: Vec::new(),
             picked: Vec::new(),
             kept: Vec::new(),
+            extra: vec![0; graph.node_types().len()],
         })
+    }
+
+    /// Also accepts `added[t]` nodes of each type `t` beyond the graph's
+    /// (ids `count..count + added[t]`), as seeds and picks: their
+    /// neighbourhoods come from [`Sampler::sample_seeds`]'s `remote`.
+    pub fn with_new_nodes(mut self, added: &[u32]) -> Result<Sampler<'g>> {
+        if added.len() != self.extra.len() {
+            return Err(GraphError::InvalidArgument(format!(
+                "new nodes for {} node types in a graph of {}",
+                added.len(),
+                self.extra.len()
+            )));
+        }
+        self.extra = added.to_vec();
+        Ok(self)
+    }
+
+    /// The seed every draw is keyed with.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Number of layers sampled.
@@ -575,11 +599,13 @@ impl<'g> Sampler<'g> {
         )
     }
 
-    /// Sizes the per-type position maps on first use.
+    /// Sizes the per-type position maps on first use (every entry is
+    /// `UNSEEN` between calls, so a resize keeps that).
     fn ensure_maps(&mut self) {
         for (t, map) in self.local.iter_mut().enumerate() {
-            if map.is_empty() {
-                map.resize(self.graph.node_types()[t].count as usize, UNSEEN);
+            let size = self.graph.node_types()[t].count as usize + self.extra[t] as usize;
+            if map.len() != size {
+                map.resize(size, UNSEEN);
             }
         }
     }

@@ -160,6 +160,33 @@ pub fn classify_exact(
     }
 }
 
+/// The rows the first `blocks.len()` relational layers compute for the last
+/// block's destinations, from `inputs` (rows of `blocks[0]`'s sources), in
+/// evaluation mode: with blocks of every in-neighbour, what [`embed_all`]
+/// computes for those nodes when `blocks.len()` is [`embedding_layers`].
+pub fn forward_layers(
+    model: &Model,
+    g: &HetGraph,
+    blocks: &[Block],
+    inputs: PerType,
+) -> Result<PerType> {
+    let (ls, _) = model.relational()?;
+    if blocks.len() > ls.len() {
+        return Err(ModelError::Config(format!(
+            "{} blocks for a {}-layer model",
+            blocks.len(),
+            ls.len()
+        )));
+    }
+    let mut h = inputs;
+    for (l, (layer, block)) in ls.iter().zip(blocks).enumerate() {
+        let partials = layer.relation_partials(g, block, &model.all_relations, &h)?;
+        let out = layer.cross_relation(block, &h, partials)?;
+        h = model.activate(l, block, out, None)?;
+    }
+    Ok(h)
+}
+
 /// The block of layer `layer` for destinations `dst` of type `t` with every
 /// in-neighbour of every relation into `t`, sources in first-seen order after
 /// the destinations themselves (as the sampler orders them).

@@ -8,7 +8,7 @@ use tables::results::{NodeNames, NodeRef};
 use crate::error::{Result, ServeError};
 
 /// A node id as a request gives it: an integer or a string.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Id {
     /// An integer id.
@@ -32,6 +32,44 @@ pub struct PredictRequest {
     /// Also answer the embedding the classifier reads.
     #[serde(default)]
     pub embeddings: bool,
+    /// Nodes the question adds to the graph (`ids` may name them).
+    #[serde(default)]
+    pub new_nodes: Vec<NewNode>,
+    /// Edges the question adds, between new or stored nodes.
+    #[serde(default)]
+    pub new_edges: Vec<NewEdge>,
+}
+
+/// A node a request adds: answered as if the graph had it, the stored graph unchanged.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewNode {
+    /// Its node type (one with features).
+    #[serde(rename = "type")]
+    pub ntype: String,
+    /// Its id within the request: not a node of the graph.
+    pub id: Id,
+    /// Its feature row, as the graph stores it (transformed).
+    #[serde(default)]
+    pub features: Option<Vec<f32>>,
+    /// Its raw table columns, transformed as the import transformed the
+    /// type's (graphs imported from tables).
+    #[serde(default)]
+    pub columns: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// An edge a request adds to a stored relation (its reverse comes with it
+/// where the model was trained with reverse edges).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewEdge {
+    /// The relation: its canonical name (`src__name__dst`), or its name
+    /// where no other relation has it.
+    pub relation: String,
+    /// The source: a new node or a stored one.
+    pub src: Id,
+    /// The destination: a new node or a stored one.
+    pub dst: Id,
 }
 
 /// The answer to a [`PredictRequest`].
@@ -81,6 +119,12 @@ pub struct EmbedRequest {
     pub ntype: Option<String>,
     /// The nodes, in the order answered.
     pub ids: Vec<Id>,
+    /// Nodes the question adds to the graph (`ids` may name them).
+    #[serde(default)]
+    pub new_nodes: Vec<NewNode>,
+    /// Edges the question adds, between new or stored nodes.
+    #[serde(default)]
+    pub new_edges: Vec<NewEdge>,
 }
 
 /// The answer to an [`EmbedRequest`].

@@ -9,10 +9,12 @@
 //!   every node's embedding computed once when the model is loaded.
 
 use actors::epoch::{sample, SamplingPlan, INFERENCE_STEP};
-use candle_core::DType;
-use graphs::NodeTypeId;
+use candle_core::{DType, Tensor};
+use graphs::overlay::Overlay;
+use graphs::{Block, MiniBatch, NodeTypeId, Sampler};
 use models::inference::{self, TypeRows};
 
+use crate::additions::Additions;
 use crate::error::{Result, ServeError};
 use crate::trained::Trained;
 
@@ -190,11 +192,7 @@ impl Engine {
 
     /// Classes of target nodes `nodes` (dense ids, any order, repeats allowed).
     pub fn classify(&self, nodes: &[u32], want: Want) -> Result<Classified> {
-        if !self.classifies() {
-            return Err(ServeError::BadRequest(
-                "this model was trained for link prediction or an edge task and predicts nothing per node; ask for embeddings (edge models: POST /v1/score_edges or `hetgnn predict --edges` score edge lists)".into(),
-            ));
-        }
+        self.check_classifies()?;
         let g = &self.trained.graph;
         check_nodes(g, g.target(), nodes)?;
         if nodes.is_empty() {
@@ -210,6 +208,16 @@ impl Engine {
         }
         let c = self.classify_distinct(&distinct, want)?;
         Ok(c.pick(&positions(&distinct, nodes), want))
+    }
+
+    /// Refuses a model that predicts nothing per node.
+    fn check_classifies(&self) -> Result<()> {
+        if self.classifies() {
+            return Ok(());
+        }
+        Err(ServeError::BadRequest(
+            "this model was trained for link prediction or an edge task and predicts nothing per node; ask for embeddings (edge models: POST /v1/score_edges or `hetgnn predict --edges` score edge lists)".into(),
+        ))
     }
 
     /// [`Engine::classify`] of distinct, sorted nodes.
@@ -244,17 +252,22 @@ impl Engine {
                 (logits, emb)
             }
         };
-        let logits = to_rows(&logits)?;
+        Ok(self.answers(&to_rows(&logits)?, emb, want))
+    }
+
+    /// A classification's answers from its logits (and the embeddings, when asked for).
+    fn answers(&self, logits: &Rows, emb: Option<Rows>, want: Want) -> Classified {
+        let n = logits.data.len() / logits.width.max(1);
         if self.regresses() {
-            return Ok(Classified {
-                values: Some(logits.data),
+            return Classified {
+                values: Some(logits.data.clone()),
                 embeddings: emb,
                 ..Classified::default()
-            });
+            };
         }
         if self.multi_label() {
             // A label is predicted where its logit is above 0 (probability above 0.5).
-            let labels = (0..nodes.len())
+            let labels = (0..n)
                 .map(|i| {
                     let row = logits.row(i).iter().enumerate();
                     row.filter(|(_, &x)| x > 0.0)
@@ -262,21 +275,201 @@ impl Engine {
                         .collect()
                 })
                 .collect();
-            return Ok(Classified {
+            return Classified {
                 labels: Some(labels),
-                probabilities: want.probabilities.then(|| sigmoid(&logits)),
+                probabilities: want.probabilities.then(|| sigmoid(logits)),
                 embeddings: emb,
                 ..Classified::default()
-            });
+            };
         }
-        let classes = (0..nodes.len()).map(|i| argmax(logits.row(i))).collect();
-        let probabilities = want.probabilities.then(|| softmax(&logits));
-        Ok(Classified {
-            classes,
-            probabilities,
+        Classified {
+            classes: (0..n).map(|i| argmax(logits.row(i))).collect(),
+            probabilities: want.probabilities.then(|| softmax(logits)),
             embeddings: emb,
             ..Classified::default()
-        })
+        }
+    }
+
+    /// [`Engine::classify`] on the graph with `add`'s nodes and edges
+    /// (`nodes` may be new ones: ids from the target type's count on),
+    /// computed over the neighbourhoods the additions change: the answers
+    /// the same inference gives on the graph rebuilt with them
+    /// ([`Overlay::rebuilt`]). The stored graph is unchanged.
+    pub fn classify_with(&self, add: &Additions, nodes: &[u32], want: Want) -> Result<Classified> {
+        if add.is_empty() {
+            return self.classify(nodes, want);
+        }
+        self.check_classifies()?;
+        let overlay = self.overlay(add)?;
+        let t = self.trained.graph.target();
+        check_overlay_nodes(&overlay, t, nodes)?;
+        if nodes.is_empty() {
+            return Ok(Classified::default());
+        }
+        let distinct = sorted_distinct(nodes);
+        let model = &self.trained.model;
+        let mb = self.sample_over(&overlay, t, &distinct, self.trained.source.spec.layers)?;
+        let inputs = self.inputs_over(&overlay, add, &mb.blocks[0].src)?;
+        let (logits, emb) = model.forward_with_embeddings(overlay.graph(), &mb, inputs, None)?;
+        let emb = want.embeddings.then(|| to_rows(&emb)).transpose()?;
+        let c = self.answers(&to_rows(&logits)?, emb, want);
+        Ok(c.pick(&positions(&distinct, nodes), want))
+    }
+
+    /// [`Engine::embed`] on the graph with `add`'s nodes and edges, as
+    /// [`Engine::classify_with`] classifies.
+    pub fn embed_with(&self, add: &Additions, t: NodeTypeId, nodes: &[u32]) -> Result<Rows> {
+        if add.is_empty() {
+            return self.embed(t, nodes);
+        }
+        let overlay = self.overlay(add)?;
+        check_overlay_nodes(&overlay, t, nodes)?;
+        let g = &self.trained.graph;
+        if self.exact.is_none() {
+            if t == g.target() && self.classifies() {
+                let want = Want {
+                    probabilities: false,
+                    embeddings: true,
+                };
+                return Ok(self
+                    .classify_with(add, nodes, want)?
+                    .embeddings
+                    .unwrap_or_default());
+            }
+            return Err(sampled_embeds_target_only(g));
+        }
+        if nodes.is_empty() {
+            return Ok(Rows::default());
+        }
+        let distinct = sorted_distinct(nodes);
+        let model = &self.trained.model;
+        let layers = inference::embedding_layers(model)?;
+        let mut h = if layers == 0 {
+            // A one-layer R-GCN's embeddings are its inputs.
+            let mut typed = vec![Vec::new(); g.node_types().len()];
+            typed[t.index()] = distinct.clone();
+            self.inputs_over(&overlay, add, &typed)?
+        } else {
+            let mb = self.sample_over(&overlay, t, &distinct, layers)?;
+            let inputs = self.inputs_over(&overlay, add, &mb.blocks[0].src)?;
+            inference::forward_layers(model, g, &mb.blocks, inputs)?
+        };
+        let x = h[t.index()].take().ok_or_else(|| {
+            ServeError::BadRequest("the model computes no embeddings of this node type".into())
+        })?;
+        Ok(to_rows(&x)?.pick(&positions(&distinct, nodes)))
+    }
+
+    /// The stored graph with `add` over it.
+    fn overlay(&self, add: &Additions) -> Result<Overlay<'_>> {
+        Overlay::new(&self.trained.graph, add.added.clone(), &add.edges)
+            .map_err(|e| ServeError::BadRequest(e.to_string()))
+    }
+
+    /// The blocks of `layers` layers for `seeds` of type `t` over `overlay`:
+    /// every in-neighbour (exact inference) or the evaluation sampler's
+    /// draws (sampled), keyed as [`Engine::classify`] keys them.
+    fn sample_over(
+        &self,
+        overlay: &Overlay,
+        t: NodeTypeId,
+        seeds: &[u32],
+        layers: usize,
+    ) -> Result<MiniBatch> {
+        let g = overlay.graph();
+        let mut typed = vec![Vec::new(); g.node_types().len()];
+        typed[t.index()] = seeds.to_vec();
+        let (epoch, step) = (self.trained.source.epochs_done, INFERENCE_STEP);
+        if !self.trained.model.uses_neighbors() {
+            // A features-only model reads the seeds' rows alone (as `sample` gives them).
+            return Ok(MiniBatch {
+                epoch,
+                step,
+                seeds: seeds.to_vec(),
+                blocks: vec![Block {
+                    layer: 0,
+                    src: typed.clone(),
+                    dst: typed,
+                    relations: Vec::new(),
+                }],
+            });
+        }
+        let sampler = match self.inference {
+            Inference::Exact => Sampler::new(g, &vec![usize::MAX; layers], 0)?,
+            Inference::Sampled => self.plan.eval(g)?,
+        };
+        let mut sampler = sampler.with_new_nodes(overlay.added())?;
+        Ok(overlay.sample(&mut sampler, epoch, step, &typed)?)
+    }
+
+    /// The input rows of `src` (per type) over `overlay`: stored nodes'
+    /// features or learnt rows, new nodes' feature rows from `add`.
+    fn inputs_over(
+        &self,
+        overlay: &Overlay,
+        add: &Additions,
+        src: &[Vec<u32>],
+    ) -> Result<models::self_loop::PerType> {
+        let g = overlay.graph();
+        let model = &self.trained.model;
+        let stored: Vec<Vec<u32>> = src
+            .iter()
+            .enumerate()
+            .map(|(t, ids)| {
+                let t = NodeTypeId(t as u32);
+                ids.iter()
+                    .copied()
+                    .filter(|&v| !overlay.is_new(t, v))
+                    .collect()
+            })
+            .collect();
+        let mut inputs = model.gather_inputs(g, &stored)?;
+        let wants = model.feature_gather();
+        for (t, ids) in src.iter().enumerate() {
+            if stored[t].len() == ids.len() {
+                continue;
+            }
+            if !wants.wants(t) {
+                inputs[t] = None;
+                continue;
+            }
+            let nt = &g.node_types()[t];
+            let (Some(f), Some(new)) = (&nt.features, add.features.get(t).and_then(Option::as_ref))
+            else {
+                return Err(ServeError::BadRequest(format!(
+                    "new nodes of type '{}', which has no features, cannot be read by the model",
+                    nt.name
+                )));
+            };
+            let dim = f.dim();
+            let old: Option<Vec<f32>> = inputs[t]
+                .take()
+                .map(|x| x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>())
+                .transpose()?;
+            let mut data = Vec::with_capacity(ids.len() * dim);
+            let mut next_old = 0usize;
+            for &v in ids {
+                let row = if v >= nt.count {
+                    let at = (v - nt.count) as usize * dim;
+                    new.get(at..at + dim)
+                } else {
+                    next_old += 1;
+                    let at = (next_old - 1) * dim;
+                    old.as_deref().and_then(|o| o.get(at..at + dim))
+                };
+                data.extend_from_slice(row.ok_or_else(|| {
+                    ServeError::Inference(format!(
+                        "no input row for node {v} of type '{}'",
+                        nt.name
+                    ))
+                })?);
+            }
+            inputs[t] = Some(
+                Tensor::from_vec(data, (ids.len(), dim), model.device())?
+                    .to_dtype(model.dtype())?,
+            );
+        }
+        Ok(inputs)
     }
 
     /// The relations whose edges the model scores: an edge model's target
@@ -383,11 +576,36 @@ impl Engine {
                 )?
                 .embeddings
                 .unwrap_or_default()),
-            None => Err(ServeError::BadRequest(format!(
-                "sampled inference embeds only the target type '{}' of a classifier; serve with exact inference for every type",
-                g.node_type(g.target()).name
-            ))),
+            None => Err(sampled_embeds_target_only(g)),
         }
+    }
+}
+
+fn sampled_embeds_target_only(g: &graphs::HetGraph) -> ServeError {
+    ServeError::BadRequest(format!(
+        "sampled inference embeds only the target type '{}' of a classifier; serve with exact inference for every type",
+        g.node_type(g.target()).name
+    ))
+}
+
+/// `nodes` sorted, without repeats.
+fn sorted_distinct(nodes: &[u32]) -> Vec<u32> {
+    let mut d = nodes.to_vec();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// Refuses nodes beyond type `t`'s stored and new nodes.
+fn check_overlay_nodes(o: &Overlay, t: NodeTypeId, nodes: &[u32]) -> Result<()> {
+    let nt = o.graph().node_type(t);
+    let count = u64::from(nt.count) + u64::from(o.added()[t.index()]);
+    match nodes.iter().find(|&&v| u64::from(v) >= count) {
+        Some(v) => Err(ServeError::UnknownNodes(format!(
+            "node {v} is beyond the {count} nodes of type '{}' with the request's new ones",
+            nt.name
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -2,6 +2,7 @@
 //! ([`trained`]), computing answers by sampled or exact inference
 //! ([`engine`]), and the HTTP/JSON server of `hetgnn serve` ([`server`]).
 
+pub mod additions;
 pub mod api;
 pub mod batcher;
 pub mod engine;

@@ -31,6 +31,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
+use crate::additions::{self, Resolved};
 use crate::api::{
     self, EmbedRequest, EmbedResponse, ErrorBody, PredictRequest, PredictResponse, Predictions,
     ScoreEdgesRequest, ScoreEdgesResponse,
@@ -469,12 +470,14 @@ fn node_type(engine: &Engine, name: Option<&str>) -> Result<graphs::NodeTypeId, 
     }
 }
 
-/// Checks the id count and maps the ids to dense ids.
+/// Checks the id count and maps the ids to dense ids (new nodes of
+/// `resolved` by their request ids).
 fn dense_ids(
     s: &Shared,
     engine: &Engine,
     t: graphs::NodeTypeId,
     ids: &[api::Id],
+    resolved: &Resolved,
 ) -> Result<Vec<u32>, HttpError> {
     if ids.is_empty() {
         return Err(HttpError(
@@ -490,12 +493,41 @@ fn dense_ids(
         ))
         .into());
     }
-    let g = &engine.trained().graph;
-    Ok(api::resolve(
-        &engine.trained().names[t.index()],
-        &g.node_type(t).name,
-        ids,
+    Ok(resolved.dense(engine.trained(), t, ids)?)
+}
+
+/// A request's new nodes and edges, checked against the model's graph.
+fn additions(
+    s: &Shared,
+    engine: &Engine,
+    nodes: &[api::NewNode],
+    edges: &[api::NewEdge],
+) -> Result<Resolved, HttpError> {
+    // New nodes and edges count against the same bound as ids.
+    let max = s.limits.max_ids;
+    Ok(additions::resolve(
+        engine.trained(),
+        nodes,
+        edges,
+        max,
+        max,
     )?)
+}
+
+/// Runs `f` on a blocking thread: a question over a request's new nodes
+/// has a graph of its own, so it shares no batch.
+async fn alone<T: Send + 'static>(
+    f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
+) -> Result<T, HttpError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| {
+            HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "inference over the request's new nodes panicked".into(),
+            )
+        })?
+        .map_err(HttpError::from)
 }
 
 /// Sends a question to the batcher and awaits its answer.
@@ -538,17 +570,24 @@ async fn predict(
             ),
         ));
     }
-    let nodes = dense_ids(&s, &engine, t, &req.ids)?;
+    let resolved = additions(&s, &engine, &req.new_nodes, &req.new_edges)?;
+    let nodes = dense_ids(&s, &engine, t, &req.ids, &resolved)?;
     let want = Want {
         probabilities: req.probabilities,
         embeddings: req.embeddings,
     };
-    let Answer::Classified(c) = ask(&s, Arc::clone(&engine), Op::Classify(want), nodes).await?
-    else {
-        return Err(HttpError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "a classification was answered with rows".into(),
-        ));
+    let c = if resolved.additions.is_empty() {
+        let Answer::Classified(c) = ask(&s, Arc::clone(&engine), Op::Classify(want), nodes).await?
+        else {
+            return Err(HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "a classification was answered with rows".into(),
+            ));
+        };
+        c
+    } else {
+        let (e, add) = (Arc::clone(&engine), resolved.additions);
+        alone(move || e.classify_with(&add, &nodes, want)).await?
     };
     let names = engine.trained().names[t.index()].classes();
     let label_names = engine.trained().names[t.index()].labels();
@@ -591,12 +630,19 @@ async fn embed(
     let Json(req) = body.map_err(rejected)?;
     let engine = current(&s)?;
     let t = node_type(&engine, req.ntype.as_deref())?;
-    let nodes = dense_ids(&s, &engine, t, &req.ids)?;
-    let Answer::Rows(r) = ask(&s, Arc::clone(&engine), Op::Embed(t), nodes).await? else {
-        return Err(HttpError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "embeddings were answered with classes".into(),
-        ));
+    let resolved = additions(&s, &engine, &req.new_nodes, &req.new_edges)?;
+    let nodes = dense_ids(&s, &engine, t, &req.ids, &resolved)?;
+    let r = if resolved.additions.is_empty() {
+        let Answer::Rows(r) = ask(&s, Arc::clone(&engine), Op::Embed(t), nodes).await? else {
+            return Err(HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "embeddings were answered with classes".into(),
+            ));
+        };
+        r
+    } else {
+        let (e, add) = (Arc::clone(&engine), resolved.additions);
+        alone(move || e.embed_with(&add, t, &nodes)).await?
     };
     Ok(Json(EmbedResponse {
         ntype: engine.trained().graph.node_type(t).name.clone(),
@@ -640,8 +686,9 @@ async fn score_edges(
         .into());
     }
     let rel = g.relation(r);
-    let src = dense_ids(&s, &engine, rel.src, &req.src)?;
-    let dst = dense_ids(&s, &engine, rel.dst, &req.dst)?;
+    let none = Resolved::default();
+    let src = dense_ids(&s, &engine, rel.src, &req.src, &none)?;
+    let dst = dense_ids(&s, &engine, rel.dst, &req.dst, &none)?;
     let (e, probabilities) = (Arc::clone(&engine), req.probabilities);
     let c = tokio::task::spawn_blocking(move || e.score_edges(r, &src, &dst, probabilities))
         .await

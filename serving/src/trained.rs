@@ -26,6 +26,9 @@ pub struct Trained {
     pub names: Vec<NodeNames>,
     /// Per relation whose edge classes were imported as names, the names in class order.
     pub edge_classes: std::collections::BTreeMap<String, Vec<String>>,
+    /// Per node type imported from tables, its feature transforms with their
+    /// fitted statistics (a request's new nodes' raw columns go through them).
+    pub transforms: std::collections::BTreeMap<String, Vec<tables::transform::FittedBlock>>,
 }
 
 /// Warnings a load printed nothing of: skipped checkpoints, for the caller to report.
@@ -54,10 +57,14 @@ impl Trained {
             .map(|t| NodeNames::load(data, &t.name, t.count))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| load(&e))?;
-        let edge_classes = tables::import::ImportRecord::read(data)
-            .map_err(|e| load(&e))?
-            .map(|r| r.edge_classes.into_iter().collect())
-            .unwrap_or_default();
+        let record = tables::import::ImportRecord::read(data).map_err(|e| load(&e))?;
+        let (edge_classes, transforms) = match record {
+            Some(r) => (
+                r.edge_classes.into_iter().collect(),
+                r.types.into_iter().map(|t| (t.ntype, t.features)).collect(),
+            ),
+            None => Default::default(),
+        };
         Ok((
             Trained {
                 model,
@@ -65,6 +72,7 @@ impl Trained {
                 source: src,
                 names,
                 edge_classes,
+                transforms,
             },
             skipped,
         ))

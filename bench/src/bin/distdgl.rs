@@ -1,12 +1,14 @@
-//! hetgnn's data-parallel training against DistDGL on the same emulated
-//! machines in the same run: each machine a network namespace with its own
-//! address, a kernel-capped link and a CPU share (`bench::emulate`). On
-//! each, hetgnn runs one `hetgnn node` (METIS partitions, synced tables);
+//! hetgnn's data-parallel and raf training against DistDGL on the same
+//! emulated machines in the same run: each machine a network namespace with
+//! its own address, a kernel-capped link and a CPU share (`bench::emulate`).
+//! On each, hetgnn runs one `hetgnn node` (data-parallel on METIS
+//! partitions; raf on meta-partitions with synced tables);
 //! DistDGL runs its graph server and its trainer
 //! (`bench/baselines/distdgl_rgcn.py`, METIS partitions by
 //! `dgl.distributed.partition_graph`) with a private `/dev/shm`, as on
 //! separate machines. Both train the same 2-layer R-GCN on the mag-like
-//! graph with the same global batch; rounds alternate the two systems.
+//! graph with the same global batch; each round starts with the next
+//! system. Each hetgnn machine's peak memory is measured with GNU time.
 //!
 //! `cargo build --release && cargo run --release -p bench --bin distdgl --
 //! --python PYTHON [--scale 0.05 --nodes 2,4 --cpus-per-node 0.5 --bandwidth 1Gbit/s --rounds 2]`
@@ -51,6 +53,22 @@ struct Args {
     /// Longest a DistDGL run may take.
     #[arg(long, default_value_t = 1800)]
     timeout_s: u64,
+    /// Which systems to run: hetgnn's data-parallel and raf, and DistDGL
+    /// (a DistDGL-only run diagnoses the peer).
+    #[arg(
+        long,
+        default_value = "data-parallel,raf,distdgl",
+        value_delimiter = ','
+    )]
+    systems: Vec<String>,
+    /// Give DistDGL's sockets TCP_NODELAY (`baselines/nodelay.c`, preloaded):
+    /// DGL's RPC sends a header and a body as two writes, which Nagle's
+    /// algorithm and delayed ACKs hold up by tens of milliseconds each.
+    #[arg(long)]
+    peer_nodelay: bool,
+    /// DistDGL sampler processes per trainer (`DGL_NUM_SAMPLER`; 0 samples in the trainer).
+    #[arg(long, default_value_t = 0)]
+    peer_samplers: usize,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/distdgl.json")]
     out: PathBuf,
@@ -95,6 +113,27 @@ fn distdgl_parts(a: &Args, data: &Path, work: &Path, k: usize) -> anyhow::Result
     Ok(dir)
 }
 
+/// `baselines/nodelay.c` built into `work`: preloaded, it sets TCP_NODELAY
+/// on every TCP socket a DistDGL process opens.
+fn nodelay_lib(work: &Path) -> anyhow::Result<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/nodelay.c");
+    let lib = work.join("nodelay.so");
+    let out = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .context("running cc to build baselines/nodelay.c (--peer-nodelay needs a C compiler)")?;
+    if !out.status.success() {
+        bail!(
+            "building nodelay.so failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(lib)
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/distdgl_rgcn.py")
 }
@@ -106,6 +145,7 @@ fn distdgl(
     work: &Path,
     k: usize,
     machines: &Machines,
+    nodelay: Option<&Path>,
 ) -> anyhow::Result<Value> {
     let cluster = Cluster::create(k, machines)?;
     let ips: String = (0..k)
@@ -118,9 +158,10 @@ fn distdgl(
     let part_config = parts.join("mag.json");
     let py = a.python.display().to_string();
     let common = format!(
-        "--part-config {} --ip-config {} --machines {k}",
+        "--part-config {} --ip-config {} --machines {k} --samplers {}",
         part_config.display(),
-        ip_config.display()
+        ip_config.display(),
+        a.peer_samplers
     );
     let mut children = Vec::new();
     for i in 0..k {
@@ -140,6 +181,9 @@ fn distdgl(
             .current_dir(work)
             .env("OMP_NUM_THREADS", threads.to_string())
             .stdout(Stdio::null());
+        if let Some(lib) = nodelay {
+            cmd.env("LD_PRELOAD", lib);
+        }
         children.push(cluster.spawn(i, &cmd)?);
     }
     let waited = bench::wait_all(
@@ -184,31 +228,56 @@ fn main() -> anyhow::Result<()> {
         cpus: Some(a.cpus_per_node),
         rate_bits: Some(rate.0.saturating_mul(8)),
     };
+    const SYSTEMS: [&str; 3] = ["data-parallel", "raf", "distdgl"];
+    for s in &a.systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            bail!("--systems takes {}, not {s:?}", SYSTEMS.join(", "));
+        }
+    }
+    let systems: Vec<&str> = SYSTEMS
+        .into_iter()
+        .filter(|s| a.systems.iter().any(|x| x == s))
+        .collect();
+    let nodelay = if a.peer_nodelay {
+        Some(nodelay_lib(w)?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for &k in &a.nodes {
-        let ours_parts = bench::partitions(&bin, &data, "metis", k, a.scale)?;
-        let theirs_parts = distdgl_parts(&a, &data, w, k)?;
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        // Per system, each round's (epoch seconds, test accuracy).
+        let mut figs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); systems.len()];
+        let mut peaks: Vec<Vec<Value>> = vec![Vec::new(); systems.len()];
         let mut reports = Vec::new();
         for round in 0..a.rounds {
-            for system in [round % 2, 1 - round % 2] {
-                if system == 0 {
-                    eprintln!("hetgnn data-parallel, {k} machines, round {round}");
+            // Each round starts with the next system, so none always runs first.
+            for j in 0..systems.len() {
+                let at = (j + round) % systems.len();
+                let system = systems[at];
+                eprintln!("{system}, {k} machines, round {round}");
+                let r = if system == "distdgl" {
+                    let parts = distdgl_parts(&a, &data, w, k)?;
+                    let r = distdgl(&a, &parts, w, k, &machines, nodelay.as_deref())?;
+                    reports.push(r.clone());
+                    r
+                } else {
+                    let (method, extra) = if system == "raf" {
+                        ("meta", "raf.embeddings = \"synced\"\n")
+                    } else {
+                        ("metis", "")
+                    };
+                    let parts = bench::partitions(&bin, &data, method, k, a.scale)?;
                     let training = format!(
-                        "mode = \"data-parallel\"\npartitions = {:?}\nepochs = {}\n",
-                        ours_parts.display().to_string(),
+                        "mode = {system:?}\npartitions = {:?}\nepochs = {}\n{extra}",
+                        parts.display().to_string(),
                         a.epochs
                     );
-                    let r = links.launch(&bin, w, k, &training, &format!("dp-{k}-{round}.json"))?;
-                    let e = r["epochs"].as_array().cloned().unwrap_or_default();
-                    ours.push(figures(&e));
-                } else {
-                    eprintln!("DistDGL, {k} machines, round {round}");
-                    let r = distdgl(&a, &theirs_parts, w, k, &machines)?;
-                    let e = r["epochs"].as_array().cloned().unwrap_or_default();
-                    theirs.push(figures(&e));
-                    reports.push(r);
-                }
+                    let report = format!("{system}-{k}-{round}.json");
+                    links.launch(&bin, w, k, &training, &report)?
+                };
+                let e = r["epochs"].as_array().cloned().unwrap_or_default();
+                figs[at].push(figures(&e));
+                peaks[at].push(r["node_peak_rss_bytes"].clone());
             }
         }
         let range = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
@@ -218,24 +287,32 @@ fn main() -> anyhow::Result<()> {
                 x.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             ]
         };
-        let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(o, t)| o.0 / t.0).collect();
-        println!(
-            "{k} machines of {} CPU at {}: hetgnn epoch {:?} s (test {:?}), DistDGL {:?} s (test {:?}), ratio {:?}",
-            a.cpus_per_node,
-            a.bandwidth,
-            range(&ours, |x| x.0),
-            range(&ours, |x| x.1),
-            range(&theirs, |x| x.0),
-            range(&theirs, |x| x.1),
-            ratios
-        );
-        rows.push(json!({
-            "machines": k,
-            "hetgnn": ours.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
-            "distdgl": theirs.iter().map(|(s, acc)| json!({"epoch_s": s, "test_acc": acc})).collect::<Vec<_>>(),
-            "ratio": ratios,
-            "distdgl_reports": reports,
-        }));
+        let peer = systems.iter().position(|s| *s == "distdgl");
+        let mut row = json!({ "machines": k, "distdgl_reports": reports });
+        for (at, system) in systems.iter().enumerate() {
+            let f = &figs[at];
+            println!(
+                "{k} machines of {} CPU at {}: {system} epoch {:?} s (test {:?})",
+                a.cpus_per_node,
+                a.bandwidth,
+                range(f, |x| x.0),
+                range(f, |x| x.1),
+            );
+            row[*system] = json!(f
+                .iter()
+                .zip(&peaks[at])
+                .map(
+                    |((s, acc), p)| json!({"epoch_s": s, "test_acc": acc, "node_peak_rss_bytes": p})
+                )
+                .collect::<Vec<_>>());
+            if let Some(p) = peer.filter(|&p| p != at) {
+                // Round by round: each system against the peer's run of the same round.
+                let ratios: Vec<f64> = f.iter().zip(&figs[p]).map(|(o, t)| o.0 / t.0).collect();
+                println!("  {system} / DistDGL: {ratios:.3?}");
+                row[format!("{system}_ratio")] = json!(ratios);
+            }
+        }
+        rows.push(row);
     }
     if let Some(p) = a.out.parent() {
         std::fs::create_dir_all(p)?;
@@ -246,8 +323,11 @@ fn main() -> anyhow::Result<()> {
         &a.out,
         serde_json::to_string_pretty(&json!({
             "scale": a.scale, "epochs": a.epochs, "rounds": a.rounds, "emulation": emulation,
-            "model": "rgcn", "hetgnn_mode": "data-parallel (metis, synced tables)",
-            "peer": "DistDGL (dgl 2.1, metis, DistEmbedding + SparseAdam, DDP)", "runs": rows,
+            "model": "rgcn",
+            "hetgnn_modes": "data-parallel (metis partitions), raf (meta partitions, synced tables)",
+            "peer": "DistDGL (dgl 2.1, metis, DistEmbedding + SparseAdam, DDP)",
+            "peer_tuning": { "tcp_nodelay": a.peer_nodelay, "samplers": a.peer_samplers },
+            "runs": rows,
         }))? + "\n",
     )?;
     println!("wrote {}", a.out.display());

@@ -69,7 +69,23 @@ fn summary(r: &Value, label: &str) -> Value {
         "bytes_per_step": r["bytes_per_step"],
         "test_acc": epochs.last().map_or(Value::Null, |e| e["test_acc"].clone()),
         "steps": r["steps"],
+        // The single process's own peak, or each emulated machine's (GNU time).
+        "peak_mb": r["peak_memory_bytes"].as_f64().map(|b| b / 1048576.0),
+        "node_peak_mb": r["node_peak_rss_bytes"].as_array().map(|v| {
+            v.iter().map(|b| b.as_f64().map(|b| b / 1048576.0)).collect::<Vec<_>>()
+        }),
     })
+}
+
+/// A run's peak memory in MiB: the largest machine's, else the process's own.
+fn peak(r: &Value) -> f64 {
+    let nodes = r["node_peak_mb"].as_array().into_iter().flatten();
+    let max = nodes.filter_map(Value::as_f64).fold(f64::NAN, f64::max);
+    if max.is_nan() {
+        r["peak_mb"].as_f64().unwrap_or(f64::NAN)
+    } else {
+        max
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -153,12 +169,21 @@ fn main() -> anyhow::Result<()> {
         a.scale, a.model, a.links.bandwidth, a.links.delay_ms
     );
     println!(
-        "{:<30} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>9} {:>8}",
-        "run", "epoch_s", "sample", "gather", "compute", "comm", "update", "MB/step", "test_acc"
+        "{:<30} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7} {:>9} {:>8} {:>9}",
+        "run",
+        "epoch_s",
+        "sample",
+        "gather",
+        "compute",
+        "comm",
+        "update",
+        "MB/step",
+        "test_acc",
+        "peak MiB"
     );
     for r in &rows {
         println!(
-            "{:<30} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>7.2} {:>9.2} {:>8.4}",
+            "{:<30} {:>8.2} {:>7.2} {:>7.2} {:>8.2} {:>7.2} {:>7.2} {:>9.2} {:>8.4} {:>9.0}",
             r["run"].as_str().unwrap_or(""),
             r["epoch_s"].as_f64().unwrap_or(0.0),
             r["sample_s"].as_f64().unwrap_or(0.0),
@@ -167,7 +192,8 @@ fn main() -> anyhow::Result<()> {
             r["comm_s"].as_f64().unwrap_or(0.0),
             r["update_s"].as_f64().unwrap_or(0.0),
             r["mb_per_step"].as_f64().unwrap_or(0.0),
-            r["test_acc"].as_f64().unwrap_or(0.0)
+            r["test_acc"].as_f64().unwrap_or(0.0),
+            peak(r)
         );
     }
     // Ratios against the run of the same width and node count: raf vs data-parallel METIS.
