@@ -53,6 +53,13 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <token>` (without it the endpoint is off; `SIGHUP` reloads too).
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key). A
+    /// cluster node's certificate from `hetgnn certs init` will do.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -96,6 +103,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             bail!("{flag} {}: no such file or directory", path.display());
         }
     }
+    // A bad certificate or key is refused before the port is taken, too.
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            runtime::tls::https_server_config(cert, key)
+                .context("loading --tls-cert and --tls-key")?,
+        ),
+        _ => None,
+    };
     let (checkpoint, data) = (a.model.checkpoint.clone(), a.model.data.clone());
     let inference = a.inference.into();
     let load = Arc::new(move || -> Result<Engine, ServeError> {
@@ -127,6 +142,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         admin_token,
         load,
         log: Arc::new(|m: &str| warnln!("serve: {m}")),
+        tls,
     };
     let fds = crate::limits::require_open_files()?;
     warnln!("serve: up to {fds} open files and connections (RLIMIT_NOFILE)");

@@ -116,8 +116,20 @@ fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connects");
+    let s = TcpStream::connect(addr).expect("connects");
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    exchange(s, addr, method, path, headers, body)
+}
+
+/// One HTTP/1.1 request over `s`, which the server closes after answering.
+fn exchange(
+    mut s: impl Read + Write,
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -128,8 +140,10 @@ fn http(
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).unwrap();
     s.write_all(body.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let mut out = Vec::new();
+    // A TLS peer may close without close_notify: keep what arrived.
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
     let code = out
         .split_whitespace()
         .nth(1)
@@ -1229,4 +1243,110 @@ fn names_imported_from_tables_come_back_in_predictions_and_answers() {
         assert_eq!(r["class_names"][i], ["fraud", "legit"][k], "{r}");
     }
     assert!(s.stop().success());
+}
+
+#[test]
+fn serve_answers_over_https_with_a_given_certificate() {
+    use rustls::pki_types::pem::PemObject;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(dir, &[]);
+    hetgnn(dir, &["certs", "init", "--out", "certs", "--nodes", "api"]).ok();
+    let serve = |tls: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_hetgnn"));
+        c.args([
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "g",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(tls)
+        .current_dir(dir);
+        c
+    };
+    // A key that is no key, or a certificate without its key, is refused before listening.
+    std::fs::write(dir.join("bad.key"), "not a key").unwrap();
+    let out = serve(&["--tls-cert", "certs/api.pem", "--tls-key", "bad.key"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not a PEM private key"),
+        "{err}"
+    );
+    let out = serve(&["--tls-cert", "certs/api.pem"]).output().unwrap();
+    assert!(!out.status.success(), "a certificate without its key");
+
+    let mut child = serve(&["--tls-cert", "certs/api.pem", "--tls-key", "certs/api.key"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(a) = line.strip_prefix("serve: listening on https://") {
+                let _ = tx.send(a.to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("listens on https");
+    let ca = std::fs::read(dir.join("certs/ca.pem")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(&ca).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    let https = |method: &str, path: &str, body: &str| {
+        let tcp = TcpStream::connect(&addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(Arc::clone(&client), name).unwrap();
+        let headers = [("Content-Type", "application/json")];
+        exchange(
+            rustls::StreamOwned::new(conn, tcp),
+            &addr,
+            method,
+            path,
+            &headers,
+            body,
+        )
+    };
+    let start = Instant::now();
+    while https("GET", "/readyz", "").0 != 200 {
+        assert!(start.elapsed() < Duration::from_secs(120), "not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = https("POST", "/v1/predict", r#"{"ids": [0, 3]}"#);
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["predictions"].as_array().unwrap().len(), 2, "{v}");
+    // Plain HTTP on the HTTPS port gets no answer, and the server keeps serving.
+    let mut plain = TcpStream::connect(&addr).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!String::from_utf8_lossy(&got).contains("200 OK"));
+    assert_eq!(https("GET", "/healthz", "").0, 200);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
 }

@@ -152,6 +152,10 @@ def trainer(a):
             out = model(blocks, h)[target]
             loss = F.cross_entropy(out, y)
             opt.zero_grad()
+            if sparse_opt is not None:
+                # Without it DGL's sparse optimizer keeps every earlier step's
+                # rows and gradients and applies them again at each step.
+                sparse_opt.zero_grad()
             loss.backward()
             split["compute_s"] += time.perf_counter() - t
             t = time.perf_counter()

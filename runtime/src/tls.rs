@@ -88,6 +88,23 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         .map_err(|e| file_err(path, format!("not a PEM private key: {e}")))
 }
 
+/// A TLS server configuration for HTTPS (`hetgnn serve --tls-cert/--tls-key`):
+/// the certificate chain in `cert` and its private key in `key` (PEM),
+/// TLS 1.2 and 1.3, HTTP/1.1 by ALPN, no client certificate asked. The
+/// cluster's own node certificates (`hetgnn certs init`) can be given.
+pub fn https_server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let chain = read_certs(cert)?;
+    let key_der = read_key(key)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| bad(key, format!("does not fit the certificate: {e}")))?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
 /// Loads the cluster CA certificate.
 pub fn load_ca(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
     let mut certs = read_certs(path)?;

@@ -153,6 +153,12 @@ pub struct ScoreEdgesRequest {
     /// Also answer each class's probability.
     #[serde(default)]
     pub probabilities: bool,
+    /// Nodes the question adds to the graph (`src` and `dst` may name them).
+    #[serde(default)]
+    pub new_nodes: Vec<NewNode>,
+    /// Edges the question adds (not the edges scored, unless listed here too).
+    #[serde(default)]
+    pub new_edges: Vec<NewEdge>,
 }
 
 /// The answer to a [`ScoreEdgesRequest`].

@@ -498,21 +498,9 @@ impl Engine {
         probabilities: bool,
     ) -> Result<Classified> {
         let g = &self.trained.graph;
-        let relations = self.scored_relations()?;
+        let at = self.scored_relation(r)?;
         let rel = g.relation(r);
-        let Some(at) = relations.iter().position(|x| x == rel.canonical()) else {
-            return Err(ServeError::BadRequest(format!(
-                "the model was trained on the edges of {}, not '{}'",
-                relations.join(", "),
-                rel.canonical()
-            )));
-        };
-        let Some(rows) = &self.exact else {
-            return Err(ServeError::BadRequest(
-                "edges are scored from exact embeddings: serve the model with --inference exact"
-                    .into(),
-            ));
-        };
+        let rows = self.exact.as_ref().ok_or_else(needs_exact)?;
         check_nodes(g, rel.src, src)?;
         check_nodes(g, rel.dst, dst)?;
         let table = |t: graphs::NodeTypeId| {
@@ -520,15 +508,82 @@ impl Engine {
                 .and_then(Option::as_ref)
                 .ok_or_else(|| ServeError::Inference("no embeddings of an edge's end type".into()))
         };
+        self.decode(
+            at,
+            table(rel.src)?,
+            table(rel.dst)?,
+            src,
+            dst,
+            probabilities,
+        )
+    }
+
+    /// [`Engine::score_edges`] on the graph with `add`'s nodes and edges
+    /// (either end may be a new node): each end's exact rows over the
+    /// additions ([`Engine::embed_with`]), then the model's decoder.
+    pub fn score_edges_with(
+        &self,
+        add: &Additions,
+        r: graphs::RelationId,
+        src: &[u32],
+        dst: &[u32],
+        probabilities: bool,
+    ) -> Result<Classified> {
+        if add.is_empty() {
+            return self.score_edges(r, src, dst, probabilities);
+        }
+        let at = self.scored_relation(r)?;
+        if self.exact.is_none() {
+            return Err(needs_exact());
+        }
+        let rel = self.trained.graph.relation(r);
+        // Each end's rows, as a small table of its distinct nodes.
+        let local = |t: NodeTypeId, nodes: &[u32]| -> Result<(TypeRows, Vec<u32>)> {
+            let distinct = sorted_distinct(nodes);
+            let rows = self.embed_with(add, t, &distinct)?;
+            let pos = positions(&distinct, nodes).into_iter().map(|i| i as u32);
+            Ok((
+                TypeRows {
+                    width: rows.width,
+                    data: rows.data,
+                },
+                pos.collect(),
+            ))
+        };
+        let (ts, ls) = local(rel.src, src)?;
+        let (td, ld) = local(rel.dst, dst)?;
+        self.decode(at, &ts, &td, &ls, &ld, probabilities)
+    }
+
+    /// The index of relation `r` among the relations the model scores.
+    fn scored_relation(&self, r: graphs::RelationId) -> Result<usize> {
+        let relations = self.scored_relations()?;
+        let rel = self.trained.graph.relation(r);
+        relations
+            .iter()
+            .position(|x| x == rel.canonical())
+            .ok_or_else(|| {
+                ServeError::BadRequest(format!(
+                    "the model was trained on the edges of {}, not '{}'",
+                    relations.join(", "),
+                    rel.canonical()
+                ))
+            })
+    }
+
+    /// The answers for edges `src[i] -> dst[i]` of the model's scored
+    /// relation `at`, whose ends' rows are rows `src[i]` of `ts` and `dst[i]` of `td`.
+    fn decode(
+        &self,
+        at: usize,
+        ts: &TypeRows,
+        td: &TypeRows,
+        src: &[u32],
+        dst: &[u32],
+        probabilities: bool,
+    ) -> Result<Classified> {
         let Some(spec) = &self.trained.source.spec.edge else {
-            let scores = models::link::score_rows(
-                &self.trained.model,
-                at,
-                table(rel.src)?,
-                table(rel.dst)?,
-                src,
-                dst,
-            )?;
+            let scores = models::link::score_rows(&self.trained.model, at, ts, td, src, dst)?;
             return Ok(Classified {
                 probabilities: probabilities.then(|| Rows {
                     width: 1,
@@ -538,14 +593,13 @@ impl Engine {
                 ..Classified::default()
             });
         };
-        let y = models::edge::decode_rows(
+        let y = to_rows(&models::edge::decode_rows(
             &self.trained.model,
-            table(rel.src)?,
-            table(rel.dst)?,
+            ts,
+            td,
             src,
             dst,
-        )?;
-        let y = to_rows(&y)?;
+        )?)?;
         if spec.values {
             return Ok(Classified {
                 values: Some(y.data),
@@ -579,6 +633,12 @@ impl Engine {
             None => Err(sampled_embeds_target_only(g)),
         }
     }
+}
+
+fn needs_exact() -> ServeError {
+    ServeError::BadRequest(
+        "edges are scored from exact embeddings: serve the model with --inference exact".into(),
+    )
 }
 
 fn sampled_embeds_target_only(g: &graphs::HetGraph) -> ServeError {

@@ -90,6 +90,8 @@ pub struct ServerConfig {
     pub load: Loader,
     /// Where events are reported.
     pub log: Log,
+    /// HTTPS: the TLS configuration connections are accepted with (`None`: plain HTTP).
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 /// The state every handler shares.
@@ -104,6 +106,9 @@ struct Shared {
     load: Loader,
     log: Log,
     bucket: Mutex<Bucket>,
+    /// Questions over new nodes computing at once: one per core, so that a
+    /// burst of them queues (within its timeout) instead of piling up threads.
+    alone: Arc<tokio::sync::Semaphore>,
 }
 
 type St = State<Arc<Shared>>;
@@ -173,8 +178,16 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
         load: config.load,
         log: config.log,
         bucket: Mutex::new(Bucket::new(config.limits.max_rps)),
+        alone: Arc::new(tokio::sync::Semaphore::new(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )),
     });
-    (shared.log)(&format!("listening on http://{addr}"));
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    (shared.log)(&format!("listening on {scheme}://{addr}"));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
     // The first load: a failure stops the server with its error.
     {
@@ -209,6 +222,7 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
     let server = serve_connections(
         listener,
         app,
+        config.tls,
         shared.limits.timeout,
         shutdown,
         Arc::clone(&shared.log),
@@ -231,10 +245,12 @@ pub async fn run(config: ServerConfig) -> Result<SocketAddr> {
 /// connections in flight to finish their requests. A client must send a
 /// request's headers within `header_timeout` of its first byte, or its
 /// connection is closed: a client sending them a byte at a time cannot
-/// hold a connection (and its file descriptor) for ever.
+/// hold a connection (and its file descriptor) for ever. With `tls`, each
+/// connection's handshake must finish within the same bound.
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     header_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()>,
     log: Log,
@@ -266,14 +282,25 @@ async fn serve_connections(
                 let service = app
                     .clone()
                     .map_request(|r: Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
-                let conn = http.serve_connection(
-                    TokioIo::new(stream),
-                    hyper_util::service::TowerToHyperService::new(service),
-                );
-                let conn = graceful.watch(conn);
+                let service = hyper_util::service::TowerToHyperService::new(service);
+                let (watcher, http, tls) = (graceful.watcher(), http.clone(), tls.clone());
                 tokio::spawn(async move {
                     // A client's broken connection is its own business.
-                    let _ = conn.await;
+                    match tls {
+                        None => {
+                            let conn = http.serve_connection(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn).await;
+                        }
+                        Some(cfg) => {
+                            let accept = tokio_rustls::TlsAcceptor::from(cfg).accept(stream);
+                            let Ok(Ok(stream)) = tokio::time::timeout(header_timeout, accept).await
+                            else {
+                                return;
+                            };
+                            let conn = http.serve_connection(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn).await;
+                        }
+                    }
                 });
             }
             () = &mut shutdown => break,
@@ -515,19 +542,29 @@ fn additions(
 }
 
 /// Runs `f` on a blocking thread: a question over a request's new nodes
-/// has a graph of its own, so it shares no batch.
+/// has a graph of its own, so it shares no batch. It waits for a core's
+/// permit, held until `f` returns (even if the request times out meanwhile).
 async fn alone<T: Send + 'static>(
+    s: &Shared,
     f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
 ) -> Result<T, HttpError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|_| {
-            HttpError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "inference over the request's new nodes panicked".into(),
-            )
-        })?
-        .map_err(HttpError::from)
+    let permit = Arc::clone(&s.alone).acquire_owned().await.map_err(|_| {
+        HttpError::from(ServeError::Unavailable(
+            "the server is shutting down".into(),
+        ))
+    })?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f()
+    })
+    .await
+    .map_err(|_| {
+        HttpError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "inference over the request's new nodes panicked".into(),
+        )
+    })?
+    .map_err(HttpError::from)
 }
 
 /// Sends a question to the batcher and awaits its answer.
@@ -587,7 +624,7 @@ async fn predict(
         c
     } else {
         let (e, add) = (Arc::clone(&engine), resolved.additions);
-        alone(move || e.classify_with(&add, &nodes, want)).await?
+        alone(&s, move || e.classify_with(&add, &nodes, want)).await?
     };
     let names = engine.trained().names[t.index()].classes();
     let label_names = engine.trained().names[t.index()].labels();
@@ -642,7 +679,7 @@ async fn embed(
         r
     } else {
         let (e, add) = (Arc::clone(&engine), resolved.additions);
-        alone(move || e.embed_with(&add, t, &nodes)).await?
+        alone(&s, move || e.embed_with(&add, t, &nodes)).await?
     };
     Ok(Json(EmbedResponse {
         ntype: engine.trained().graph.node_type(t).name.clone(),
@@ -686,18 +723,14 @@ async fn score_edges(
         .into());
     }
     let rel = g.relation(r);
-    let none = Resolved::default();
-    let src = dense_ids(&s, &engine, rel.src, &req.src, &none)?;
-    let dst = dense_ids(&s, &engine, rel.dst, &req.dst, &none)?;
-    let (e, probabilities) = (Arc::clone(&engine), req.probabilities);
-    let c = tokio::task::spawn_blocking(move || e.score_edges(r, &src, &dst, probabilities))
-        .await
-        .map_err(|_| {
-            HttpError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "edge scoring stopped".into(),
-            )
-        })??;
+    let resolved = additions(&s, &engine, &req.new_nodes, &req.new_edges)?;
+    let src = dense_ids(&s, &engine, rel.src, &req.src, &resolved)?;
+    let dst = dense_ids(&s, &engine, rel.dst, &req.dst, &resolved)?;
+    let (e, probabilities, add) = (Arc::clone(&engine), req.probabilities, resolved.additions);
+    let c = alone(&s, move || {
+        e.score_edges_with(&add, r, &src, &dst, probabilities)
+    })
+    .await?;
     let class_names = tr.edge_classes.get(rel.canonical()).map(|n| {
         c.classes
             .iter()

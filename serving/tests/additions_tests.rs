@@ -14,6 +14,11 @@ use tables::results::NodeNames;
 
 /// A mag-like graph and an R-GCN trained on it for one epoch, checkpointed.
 fn trained(tmp: &Path) -> (PathBuf, PathBuf) {
+    trained_for(tmp, &[])
+}
+
+/// [`trained`] with more settings.
+fn trained_for(tmp: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     let data = tmp.join("g");
     graphs::generate::generate(
         graphs::generate::Like::Mag,
@@ -33,6 +38,10 @@ fn trained(tmp: &Path) -> (PathBuf, PathBuf) {
         "training.hidden=16".into(),
         "training.embed_dim=8".into(),
     ];
+    let overrides: Vec<String> = overrides
+        .into_iter()
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
     let cfg = Config::parse("", &overrides).unwrap();
     train(&cfg, &mut ()).unwrap();
     (data, ck)
@@ -164,6 +173,77 @@ fn new_nodes_are_answered_as_on_the_rebuilt_graph() {
         let e = ours.classify_with(&add, &[papers + 2], want).unwrap_err();
         assert_eq!(e.status(), 404, "{e}");
     }
+}
+
+#[test]
+fn edges_touching_new_nodes_are_scored_as_on_the_rebuilt_graph() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, ck) = trained_for(
+        tmp.path(),
+        &[
+            "training.task=\"edge-classification\"",
+            "training.target_relations=\"author__writes__paper\"",
+        ],
+    );
+    let (tr, _) = Trained::open(&ck, &data).unwrap();
+    let g = &tr.graph;
+    let paper = g.target();
+    let papers = g.node_type(paper).count;
+    let dim = g.node_type(paper).features.as_ref().unwrap().dim();
+    let mut added = vec![0; g.node_types().len()];
+    added[paper.index()] = 1;
+    let mut features: Vec<Option<Vec<f32>>> = g
+        .node_types()
+        .iter()
+        .map(|t| t.features.as_ref().map(|_| Vec::new()))
+        .collect();
+    features[paper.index()] = Some((0..dim).map(|i| (i % 5) as f32 / 4.0).collect());
+    let (cites, writes) = (
+        rel(g, "paper__cites__paper"),
+        rel(g, "author__writes__paper"),
+    );
+    let edges = vec![(cites, papers, 3), (writes, 2, papers), (writes, 4, 9)];
+    let add = Additions {
+        added: added.clone(),
+        features: features.clone(),
+        edges: edges.clone(),
+    };
+    let rebuilt = Overlay::new(g, added, &edges)
+        .unwrap()
+        .rebuilt(&features)
+        .unwrap();
+    let (other, _) = Trained::open(&ck, &data).unwrap();
+    let names = rebuilt
+        .node_types()
+        .iter()
+        .map(|t| NodeNames::load(&data, &t.name, t.count).unwrap())
+        .collect();
+    let offline = Trained {
+        graph: rebuilt,
+        names,
+        ..other
+    };
+    let ours = Engine::new(tr, Inference::Exact, 64, |_, _, _| {}).unwrap();
+    let theirs = Engine::new(offline, Inference::Exact, 64, |_, _, _| {}).unwrap();
+    let (src, dst) = ([2, 4, 2, 0], [papers, 9, 7, papers]);
+    let a = ours
+        .score_edges_with(&add, writes, &src, &dst, true)
+        .unwrap();
+    let b = theirs.score_edges(writes, &src, &dst, true).unwrap();
+    assert_eq!(a.classes, b.classes);
+    close(
+        a.probabilities.as_ref().unwrap(),
+        b.probabilities.as_ref().unwrap(),
+        1e-4,
+        "edge probabilities",
+    );
+    // Sampled inference scores no edges, with or without additions.
+    let (tr, _) = Trained::open(&ck, &data).unwrap();
+    let sampled = Engine::new(tr, Inference::Sampled, 64, |_, _, _| {}).unwrap();
+    let e = sampled
+        .score_edges_with(&add, writes, &src, &dst, false)
+        .unwrap_err();
+    assert!(e.to_string().contains("--inference exact"), "{e}");
 }
 
 fn request(json: &str) -> PredictRequest {

@@ -141,13 +141,21 @@ fn main() -> anyhow::Result<()> {
                     "data-parallel"
                 };
                 let report = format!("{mode}-{method}-{k}-h{hidden}.json");
+                // Only raf takes raf's keys (the configuration refuses them elsewhere).
+                let raf = if mode == "raf" {
+                    format!(
+                        "raf.embeddings = {:?}\n",
+                        if local { "local" } else { "synced" }
+                    )
+                } else {
+                    String::new()
+                };
                 let training = format!(
-                    "mode = {mode:?}\npartitions = {:?}\nepochs = {}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\nraf.embeddings = {:?}\n",
+                    "mode = {mode:?}\npartitions = {:?}\nepochs = {}\nallreduce = {:?}\nmodel = {:?}\nhidden = {hidden}\n{raf}",
                     parts.display().to_string(),
                     a.epochs,
                     a.allreduce,
                     a.model,
-                    if local { "local" } else { "synced" },
                 );
                 eprintln!(
                     "{mode}, {method}, {k} node(s), hidden {hidden}, {} epochs",
