@@ -69,6 +69,10 @@ struct Args {
     /// DistDGL sampler processes per trainer (`DGL_NUM_SAMPLER`; 0 samples in the trainer).
     #[arg(long, default_value_t = 0)]
     peer_samplers: usize,
+    /// A cache of remote feature rows per hetgnn trainer or raf worker
+    /// (`cache_bytes`, e.g. "64MiB"; DistDGL has none).
+    #[arg(long)]
+    cache_bytes: Option<String>,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/distdgl.json")]
     out: PathBuf,
@@ -267,8 +271,13 @@ fn main() -> anyhow::Result<()> {
                         ("metis", "")
                     };
                     let parts = bench::partitions(&bin, &data, method, k, a.scale)?;
+                    let cache = a
+                        .cache_bytes
+                        .as_ref()
+                        .map(|c| format!("cache_bytes = {c:?}\n"))
+                        .unwrap_or_default();
                     let training = format!(
-                        "mode = {system:?}\npartitions = {:?}\nepochs = {}\n{extra}",
+                        "mode = {system:?}\npartitions = {:?}\nepochs = {}\n{extra}{cache}",
                         parts.display().to_string(),
                         a.epochs
                     );
@@ -327,6 +336,7 @@ fn main() -> anyhow::Result<()> {
             "hetgnn_modes": "data-parallel (metis partitions), raf (meta partitions, synced tables)",
             "peer": "DistDGL (dgl 2.1, metis, DistEmbedding + SparseAdam, DDP)",
             "peer_tuning": { "tcp_nodelay": a.peer_nodelay, "samplers": a.peer_samplers },
+            "hetgnn_cache_bytes": a.cache_bytes,
             "runs": rows,
         }))? + "\n",
     )?;
