@@ -556,18 +556,7 @@ fn label_sets_round_trip_and_bad_ones_are_refused() {
 
 /// A generated graph: its `writes` edges carry labels, values and splits.
 fn with_edge_targets() -> (tempfile::TempDir, std::path::PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        3,
-        &dir,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
-    (tmp, dir)
+    common::mag_like(0.002, 3)
 }
 
 #[test]

@@ -2,21 +2,13 @@
 //! on the graph rebuilt with the additions, with sampled and full fanouts,
 //! and refuses additions that name no node.
 
+mod common;
+
 use graphs::overlay::Overlay;
 use graphs::{HetGraph, LoadOptions, RelationId, Sampler};
 
 fn mag() -> (tempfile::TempDir, HetGraph) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        0,
-        &dir,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
+    let (tmp, dir) = common::mag_like(0.002, 0);
     let g = graphs::load(
         &dir,
         &LoadOptions {

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 
 use graphs::{NodeTypeId, RelationId};
 use serde_json::Value;
-use tables::results::NodeRef;
 use tables::source::Cells;
 
 use crate::api::{self, Id, NewEdge, NewNode};
@@ -67,20 +66,6 @@ fn bad(m: String) -> ServeError {
     ServeError::BadRequest(m)
 }
 
-fn node_ref(id: &Id) -> NodeRef<'_> {
-    match id {
-        Id::Int(v) => NodeRef::Int(*v),
-        Id::Text(t) => NodeRef::Text(t),
-    }
-}
-
-fn show(id: &Id) -> String {
-    match id {
-        Id::Int(v) => v.to_string(),
-        Id::Text(t) => format!("{:?}", t.escape_debug().to_string()),
-    }
-}
-
 /// Checks and resolves a request's new nodes (at most `max_nodes`) and new
 /// edges (at most `max_edges`) against `trained`'s graph.
 pub fn resolve(
@@ -118,7 +103,7 @@ pub fn resolve(
             let known: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
             bad(format!(
                 "new node {}: unknown node type {:?}; the graph's types are {}",
-                show(&n.id),
+                n.id.shown(),
                 n.ntype.escape_debug().to_string(),
                 known.join(", ")
             ))
@@ -127,15 +112,15 @@ pub fn resolve(
         let Some(f) = &nt.features else {
             return Err(bad(format!(
                 "new node {} is of type '{}', which has no features: the model knows those nodes only by the rows it learnt for them, and a new one has none (connect new nodes to stored '{}' nodes instead)",
-                show(&n.id),
+                n.id.shown(),
                 nt.name,
                 nt.name
             )));
         };
-        if trained.names[t.index()].dense(node_ref(&n.id)).is_some() {
+        if trained.names[t.index()].dense(n.id.node_ref()).is_some() {
             return Err(bad(format!(
                 "new node {} is already a node of type '{}': a new node needs an id of its own",
-                show(&n.id),
+                n.id.shown(),
                 nt.name
             )));
         }
@@ -148,7 +133,7 @@ pub fn resolve(
         if names[t.index()].insert(n.id.clone(), dense).is_some() {
             return Err(bad(format!(
                 "new node {} of type '{}' is listed twice",
-                show(&n.id),
+                n.id.shown(),
                 nt.name
             )));
         }
@@ -167,12 +152,12 @@ pub fn resolve(
                 return Ok(d);
             }
             trained.names[t.index()]
-                .dense(node_ref(id))
+                .dense(id.node_ref())
                 .ok_or_else(|| {
                     ServeError::UnknownNodes(format!(
                         "new edge {i} ({}): its {which} {} is neither a new node nor a node of type '{}'",
                         rel.canonical(),
-                        show(id),
+                        id.shown(),
                         g.node_type(t).name
                     ))
                 })
@@ -238,7 +223,7 @@ fn relation(g: &graphs::HetGraph, name: &str) -> Result<RelationId> {
 
 /// A new node's feature row: given, or its raw columns transformed.
 fn feature_row(trained: &Trained, ntype: &str, dim: usize, n: &NewNode) -> Result<Vec<f32>> {
-    let id = show(&n.id);
+    let id = n.id.shown();
     let row = match (&n.features, &n.columns) {
         (Some(f), None) => {
             if f.len() != dim {

@@ -17,6 +17,25 @@ pub enum Id {
     Text(String),
 }
 
+impl Id {
+    /// The id as the graph's name maps look it up.
+    pub fn node_ref(&self) -> NodeRef<'_> {
+        match self {
+            Id::Int(v) => NodeRef::Int(*v),
+            Id::Text(t) => NodeRef::Text(t),
+        }
+    }
+
+    /// The id for an error message (text quoted and escaped, so that a
+    /// request cannot write terminal escapes into a log).
+    pub fn shown(&self) -> String {
+        match self {
+            Id::Int(v) => v.to_string(),
+            Id::Text(t) => format!("{:?}", t.escape_debug().to_string()),
+        }
+    }
+}
+
 /// `POST /v1/predict`: classes of target nodes.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -199,19 +218,12 @@ pub fn resolve(names: &NodeNames, ntype: &str, ids: &[Id]) -> Result<Vec<u32>> {
     let mut unknown = Vec::new();
     let mut missing = 0usize;
     for id in ids {
-        let r = match id {
-            Id::Int(v) => NodeRef::Int(*v),
-            Id::Text(t) => NodeRef::Text(t),
-        };
-        match names.dense(r) {
+        match names.dense(id.node_ref()) {
             Some(d) => dense.push(d),
             None => {
                 missing += 1;
                 if unknown.len() < NAMED_UNKNOWN {
-                    unknown.push(match id {
-                        Id::Int(v) => v.to_string(),
-                        Id::Text(t) => format!("{:?}", t.escape_debug().to_string()),
-                    });
+                    unknown.push(id.shown());
                 }
             }
         }

@@ -200,10 +200,8 @@ impl Engine {
         }
         // Inference runs on distinct nodes (the sampler's seeds must be);
         // repeats get their node's answer.
-        let mut distinct = nodes.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() == nodes.len() && distinct.as_slice() == nodes {
+        let distinct = sorted_distinct(nodes);
+        if distinct.as_slice() == nodes {
             return self.classify_distinct(nodes, want);
         }
         let c = self.classify_distinct(&distinct, want)?;
@@ -658,24 +656,27 @@ fn sorted_distinct(nodes: &[u32]) -> Vec<u32> {
 
 /// Refuses nodes beyond type `t`'s stored and new nodes.
 fn check_overlay_nodes(o: &Overlay, t: NodeTypeId, nodes: &[u32]) -> Result<()> {
-    let nt = o.graph().node_type(t);
-    let count = u64::from(nt.count) + u64::from(o.added()[t.index()]);
-    match nodes.iter().find(|&&v| u64::from(v) >= count) {
-        Some(v) => Err(ServeError::UnknownNodes(format!(
-            "node {v} is beyond the {count} nodes of type '{}' with the request's new ones",
-            nt.name
-        ))),
-        None => Ok(()),
-    }
+    check_below(o.graph(), t, nodes, o.added()[t.index()])
 }
 
 /// Refuses nodes beyond type `t`'s count (callers map ids first; this guards the model).
 fn check_nodes(g: &graphs::HetGraph, t: NodeTypeId, nodes: &[u32]) -> Result<()> {
-    let count = g.node_type(t).count;
-    match nodes.iter().find(|&&v| v >= count) {
+    check_below(g, t, nodes, 0)
+}
+
+/// Refuses nodes beyond type `t`'s count plus `added` new ones.
+fn check_below(g: &graphs::HetGraph, t: NodeTypeId, nodes: &[u32], added: u32) -> Result<()> {
+    let nt = g.node_type(t);
+    let count = u64::from(nt.count) + u64::from(added);
+    let with_new = if added > 0 {
+        " with the request's new ones"
+    } else {
+        ""
+    };
+    match nodes.iter().find(|&&v| u64::from(v) >= count) {
         Some(v) => Err(ServeError::UnknownNodes(format!(
-            "node {v} is beyond the {count} nodes of type '{}'",
-            g.node_type(t).name
+            "node {v} is beyond the {count} nodes of type '{}'{with_new}",
+            nt.name
         ))),
         None => Ok(()),
     }

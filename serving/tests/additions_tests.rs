@@ -47,6 +47,26 @@ fn trained_for(tmp: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     (data, ck)
 }
 
+/// The checkpoint `ck` loaded on the graph at `data` rebuilt with `add`
+/// (the offline counterpart of answering over the additions).
+fn rebuilt(data: &Path, ck: &Path, add: &Additions) -> Trained {
+    let (other, _) = Trained::open(ck, data).unwrap();
+    let graph = Overlay::new(&other.graph, add.added.clone(), &add.edges)
+        .unwrap()
+        .rebuilt(&add.features)
+        .unwrap();
+    let names = graph
+        .node_types()
+        .iter()
+        .map(|t| NodeNames::load(data, &t.name, t.count).unwrap())
+        .collect();
+    Trained {
+        graph,
+        names,
+        ..other
+    }
+}
+
 fn rel(g: &graphs::HetGraph, canonical: &str) -> RelationId {
     g.relation_id(canonical).unwrap()
 }
@@ -110,26 +130,12 @@ fn new_nodes_are_answered_as_on_the_rebuilt_graph() {
             (writes, 2, 7),
         ];
         let add = Additions {
-            added: added.clone(),
-            features: features.clone(),
-            edges: edges.clone(),
+            added,
+            features,
+            edges,
         };
         // The offline counterpart: the same checkpoint on the graph rebuilt with the additions.
-        let rebuilt = Overlay::new(g, added, &edges)
-            .unwrap()
-            .rebuilt(&features)
-            .unwrap();
-        let (other, _) = Trained::open(&ck, &data).unwrap();
-        let names = rebuilt
-            .node_types()
-            .iter()
-            .map(|t| NodeNames::load(&data, &t.name, t.count).unwrap())
-            .collect();
-        let offline = Trained {
-            graph: rebuilt,
-            names,
-            ..other
-        };
+        let offline = rebuilt(&data, &ck, &add);
         let ours = Engine::new(tr, inference, 64, |_, _, _| {}).unwrap();
         let theirs = Engine::new(offline, inference, 64, |_, _, _| {}).unwrap();
         let want = Want {
@@ -204,25 +210,11 @@ fn edges_touching_new_nodes_are_scored_as_on_the_rebuilt_graph() {
     );
     let edges = vec![(cites, papers, 3), (writes, 2, papers), (writes, 4, 9)];
     let add = Additions {
-        added: added.clone(),
-        features: features.clone(),
-        edges: edges.clone(),
+        added,
+        features,
+        edges,
     };
-    let rebuilt = Overlay::new(g, added, &edges)
-        .unwrap()
-        .rebuilt(&features)
-        .unwrap();
-    let (other, _) = Trained::open(&ck, &data).unwrap();
-    let names = rebuilt
-        .node_types()
-        .iter()
-        .map(|t| NodeNames::load(&data, &t.name, t.count).unwrap())
-        .collect();
-    let offline = Trained {
-        graph: rebuilt,
-        names,
-        ..other
-    };
+    let offline = rebuilt(&data, &ck, &add);
     let ours = Engine::new(tr, Inference::Exact, 64, |_, _, _| {}).unwrap();
     let theirs = Engine::new(offline, Inference::Exact, 64, |_, _, _| {}).unwrap();
     let (src, dst) = ([2, 4, 2, 0], [papers, 9, 7, papers]);

@@ -97,3 +97,19 @@ pub fn read_all(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
     out.sort();
     out
 }
+
+/// A generated mag-like graph directory at `scale` (kept while the `TempDir` lives).
+pub fn mag_like(scale: f64, seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("g");
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        scale,
+        seed,
+        &dir,
+        false,
+        &mut graphs::NoProgress,
+    )
+    .unwrap();
+    (tmp, dir)
+}
