@@ -86,6 +86,14 @@ pub mod paths {
     pub fn edge_values(dir: &Path, canonical: &str) -> PathBuf {
         edge_dir(dir, canonical).join("values.npy")
     }
+    /// `edges/<canonical>/weights.npy` (edge weights, aligned with the edge file)
+    pub fn edge_weights(dir: &Path, canonical: &str) -> PathBuf {
+        edge_dir(dir, canonical).join("weights.npy")
+    }
+    /// `edges/<canonical>/times.npy` (edge times, aligned with the edge file)
+    pub fn edge_times(dir: &Path, canonical: &str) -> PathBuf {
+        edge_dir(dir, canonical).join("times.npy")
+    }
     /// `edges/<canonical>/<split>.npy` (positions in the edge file)
     pub fn edge_split(dir: &Path, canonical: &str, split: &str) -> PathBuf {
         edge_dir(dir, canonical).join(format!("{split}.npy"))
@@ -288,6 +296,9 @@ fn read_edges(
     let src = convert(0, ns, "source")?;
     let dst = convert(1, nd, "destination")?;
     let targets = read_edge_targets(dir, r, &src, &dst)?;
+    // No task reads weights or times yet: they are checked, not kept.
+    read_edge_weights(dir, r)?;
+    read_edge_times(dir, r)?;
     Ok((
         Csr::from_edges(nd as usize, &dst, &src),
         Csr::from_edges(ns as usize, &src, &dst),
@@ -313,8 +324,16 @@ pub fn read_edge_columns(dir: &Path, r: &RelationSchema) -> Result<Option<EdgeCo
     let canonical = r.canonical();
     let edir = paths::edge_dir(dir, &canonical);
     if !r.has_targets() {
-        if edir.exists() {
-            return Err(GraphError::data(&edir, "schema.json gives this relation neither num_classes nor \"values\": true, but its edge-target directory exists"));
+        if edir.exists() && !r.has_columns() {
+            return Err(GraphError::data(&edir, "schema.json gives this relation no num_classes, \"values\", \"weights\" or \"times\", but its edge-column directory exists"));
+        }
+        // A directory of weights or times only: no target file may hide in it.
+        let stray = ["labels", "values", "train", "valid", "test"]
+            .map(|f| edir.join(format!("{f}.npy")))
+            .into_iter()
+            .find(|p| p.exists());
+        if let Some(p) = stray {
+            return Err(GraphError::data(&p, "schema.json gives this relation no edge targets (num_classes or \"values\": true), but this file exists"));
         }
         return Ok(None);
     }
@@ -385,6 +404,43 @@ pub fn read_edge_columns(dir: &Path, r: &RelationSchema) -> Result<Option<EdgeCo
         values,
         splits,
     }))
+}
+
+/// Reads and checks the edge weights of `r` in `dir` (finite float32, one
+/// per edge); `None` where the schema lists none (refused where the file exists anyway).
+pub fn read_edge_weights(dir: &Path, r: &RelationSchema) -> Result<Option<Vec<f32>>> {
+    let path = paths::edge_weights(dir, &r.canonical());
+    if !r.weights {
+        if path.exists() {
+            return Err(GraphError::data(&path, "schema.json does not list weights (\"weights\": true) for this relation, but this file exists"));
+        }
+        return Ok(None);
+    }
+    let f = NpyFile::open(&path, DType::F32)?;
+    f.expect_shape(&[r.count], "edge weights")?;
+    let w = f.to_f32_vec();
+    if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+        return Err(GraphError::data(
+            &path,
+            format!("edge {i}: weight {} is not a finite number", w[i]),
+        ));
+    }
+    Ok(Some(w))
+}
+
+/// Reads and checks the edge times of `r` in `dir` (int64, one per edge);
+/// `None` where the schema lists none (refused where the file exists anyway).
+pub fn read_edge_times(dir: &Path, r: &RelationSchema) -> Result<Option<Vec<i64>>> {
+    let path = paths::edge_times(dir, &r.canonical());
+    if !r.times {
+        if path.exists() {
+            return Err(GraphError::data(&path, "schema.json does not list times (\"times\": true) for this relation, but this file exists"));
+        }
+        return Ok(None);
+    }
+    let f = NpyFile::open(&path, DType::I64)?;
+    f.expect_shape(&[r.count], "edge times")?;
+    Ok(Some((0..f.len()).map(|i| f.i64_at(i)).collect()))
 }
 
 /// The edge targets of `r` (whose edges are `src -> dst` in file order),

@@ -333,6 +333,7 @@ impl HetGraph {
                     count: r.num_edges() as u64,
                     num_classes: r.targets.as_ref().and_then(|t| t.num_classes),
                     values: r.targets.as_ref().is_some_and(|t| t.has_values),
+                    ..Default::default()
                 })
                 .collect(),
             values: self.node_types[self.target.index()].values.is_some(),

@@ -64,6 +64,14 @@ pub struct RelationSchema {
     /// regression). Absent in the file: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub values: bool,
+    /// Whether the edges have weights in `edges/<canonical>/weights.npy`
+    /// (float32, aligned with the edge file). Absent in the file: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub weights: bool,
+    /// Whether the edges have times in `edges/<canonical>/times.npy`
+    /// (int64, aligned with the edge file). Absent in the file: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub times: bool,
 }
 
 impl RelationSchema {
@@ -75,6 +83,11 @@ impl RelationSchema {
     /// Whether the edges carry targets (labels or values) and so splits.
     pub fn has_targets(&self) -> bool {
         self.num_classes.is_some() || self.values
+    }
+
+    /// Whether the relation has a directory of edge columns (targets, weights or times).
+    pub fn has_columns(&self) -> bool {
+        self.has_targets() || self.weights || self.times
     }
 }
 

@@ -130,16 +130,103 @@ pub struct EdgeTable {
     /// Edge regression: the column of each edge's value (empty or NaN: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
-    /// With `label` or `value`: the column naming each edge's split,
-    /// `train`, `valid` or `test` (empty: in no split).
+    /// With `label` or `value`: how the edges with a target are split. A
+    /// column name (`split = "split"`: `train`, `valid` or `test` per edge,
+    /// empty: in no split), or a table as `[nodes.split]` takes
+    /// (`split = { fractions = [0.8, 0.1, 0.1], seed = 0 }`, or
+    /// `split = { time_column = "ts", train_before = .., valid_before = .. }`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split: Option<String>,
+    pub split: Option<EdgeSplit>,
+    /// A column of edge weights (finite numbers; empty: 1), kept as
+    /// `edges/<relation>/weights.npy` for the tasks that read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    /// A column of edge times (integers, e.g. seconds since 1970), kept as
+    /// `edges/<relation>/times.npy`; a time split may read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+}
+
+/// How the edges of a relation are split: a column of split names, or a rule.
+#[derive(Clone, Debug)]
+pub enum EdgeSplit {
+    /// A column of `train` / `valid` / `test` (empty: none).
+    Column(String),
+    /// Fractions with a seed, or a time column with two bounds.
+    Rule(SplitSpec),
+}
+
+impl EdgeSplit {
+    /// The rule this split names (a column, fractions or a time column).
+    pub fn rule(&self) -> std::result::Result<SplitRule, String> {
+        match self {
+            EdgeSplit::Column(c) => Ok(SplitRule::Column(c.clone())),
+            EdgeSplit::Rule(s) => s.rule(),
+        }
+    }
+}
+
+impl Serialize for EdgeSplit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            EdgeSplit::Column(c) => s.serialize_str(c),
+            EdgeSplit::Rule(r) => r.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EdgeSplit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        // By hand rather than `untagged`, so a bad key in the table form is
+        // named instead of "did not match any variant".
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = EdgeSplit;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a split column's name, or a table of fractions or a time column")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<EdgeSplit, E> {
+                Ok(EdgeSplit::Column(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> std::result::Result<EdgeSplit, A::Error> {
+                SplitSpec::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(EdgeSplit::Rule)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl EdgeTable {
     /// Whether the table gives its edges targets (a label or a value).
     pub fn has_targets(&self) -> bool {
         self.label.is_some() || self.value.is_some()
+    }
+
+    /// The column the split reads: its names, or a time split's times.
+    pub fn split_column(&self) -> Option<&str> {
+        match self.split.as_ref()? {
+            EdgeSplit::Column(c) => Some(c),
+            EdgeSplit::Rule(s) => s.time_column.as_deref(),
+        }
+    }
+
+    /// The columns read beside the two ends, in this order: label, value,
+    /// split, weight, time (those the table has).
+    pub fn extra_columns(&self) -> Vec<&str> {
+        [
+            self.label.as_deref(),
+            self.value.as_deref(),
+            self.split_column(),
+            self.weight.as_deref(),
+            self.time.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -384,9 +471,25 @@ impl TablesConfig {
             .filter(|n| n.has_targets())
             .map(|n| n.ntype.as_str())
             .collect();
+        let edge_targets = self.edges.iter().any(EdgeTable::has_targets);
         match (&self.target, labelled.as_slice()) {
+            // A graph for edge tasks only: the format still names a target
+            // type, whose nodes then carry no labels and no splits.
+            (Some(t), []) if edge_targets => {
+                let known = self.node_table(t).is_some()
+                    || self
+                        .edges
+                        .iter()
+                        .any(|e| e.relation[0] == *t || e.relation[2] == *t);
+                if !known {
+                    return Err(format!(
+                        "target '{t}' is neither a [[nodes]] type nor an end of an [[edges]] relation"
+                    ));
+                }
+            }
+            (None, []) if edge_targets => {}
             (_, []) => return Err(
-                "no node table has a [nodes.label] (or a [nodes.value] or [nodes.label_set]): hetgnn trains on the targets of one node type"
+                "no node table has a [nodes.label] (or a [nodes.value] or [nodes.label_set]) and no edge table a label or value column: hetgnn trains on the targets of one node type or of relations' edges"
                     .into(),
             ),
             (Some(t), l) if !l.contains(&t.as_str()) => {
@@ -425,10 +528,15 @@ impl TablesConfig {
             }
             match (e.has_targets(), &e.split) {
                 (true, None) => {
-                    return Err(format!("[[edges]] {s}__{r}__{d}: a label or value column needs a split column (train, valid, test)"))
+                    return Err(format!("[[edges]] {s}__{r}__{d}: a label or value column needs a split (a column of train, valid, test, or a table of fractions or a time column)"))
                 }
                 (false, Some(_)) => {
-                    return Err(format!("[[edges]] {s}__{r}__{d}: a split column needs a label or value column"))
+                    return Err(format!("[[edges]] {s}__{r}__{d}: a split needs a label or value column"))
+                }
+                (true, Some(split)) => {
+                    split
+                        .rule()
+                        .map_err(|p| format!("[[edges]] {s}__{r}__{d}: {p}"))?;
                 }
                 _ => {}
             }
@@ -454,17 +562,29 @@ impl TablesConfig {
         self.nodes.iter().find(|n| n.ntype == ntype)
     }
 
-    /// The target type (checked to exist by [`TablesConfig::check`]).
+    /// The target type (checked to exist by [`TablesConfig::check`]): the
+    /// named one, else the one with node targets, else (a graph for edge
+    /// tasks only) the destination type of the first relation with targets.
     pub fn target(&self) -> &str {
-        match &self.target {
-            Some(t) => t,
-            None => self
-                .nodes
-                .iter()
-                .find(|n| n.has_targets())
-                .map(|n| n.ntype.as_str())
-                .unwrap_or_default(),
+        if let Some(t) = &self.target {
+            return t;
         }
+        self.nodes
+            .iter()
+            .find(|n| n.has_targets())
+            .map(|n| n.ntype.as_str())
+            .or_else(|| {
+                self.edges
+                    .iter()
+                    .find(|e| e.has_targets())
+                    .map(|e| e.relation[2].as_str())
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether the target type's nodes carry targets (else only edges do).
+    pub fn node_targets(&self) -> bool {
+        self.nodes.iter().any(NodeTable::has_targets)
     }
 }
 

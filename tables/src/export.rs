@@ -10,7 +10,7 @@ use graphs::npy::{DType, NpyFile};
 use graphs::{Progress, Schema};
 
 use crate::config::{
-    EdgeTable, FeatureSpec, FileFormat, LabelSetSpec, LabelSpec, NodeTable, SplitSpec,
+    EdgeSplit, EdgeTable, FeatureSpec, FileFormat, LabelSetSpec, LabelSpec, NodeTable, SplitSpec,
     TablesConfig, Transform, UnknownIds, ValueSpec,
 };
 use crate::error::{Result, TableError};
@@ -54,6 +54,12 @@ pub fn export_tables(
         } else {
             (Vec::new(), Vec::new())
         };
+        // A graph for edge tasks only has a target type without labels or splits.
+        let node_targets = target
+            && (split.iter().any(|&m| m != 0)
+                || labels.iter().any(|&l| l >= 0)
+                || schema.values
+                || schema.label_sets.is_some());
         let values = match target && schema.values {
             true => Some(NpyFile::open(&paths::values(graph, t), DType::F32)?.to_f32_vec()),
             false => None,
@@ -65,7 +71,7 @@ pub fn export_tables(
         };
         let mut columns = vec![("id".to_string(), ColumnType::Text)];
         columns.extend((0..dim).map(|j| (format!("f{j}"), ColumnType::Float32)));
-        if target {
+        if node_targets {
             columns.push(("label".to_string(), ColumnType::Int));
             columns.push(("split".to_string(), ColumnType::Text));
         }
@@ -94,7 +100,7 @@ pub fn export_tables(
                     f.iter().skip(j).step_by(dim).copied().collect(),
                 ));
             }
-            if target {
+            if node_targets {
                 cols.push(ColumnData::Int(
                     labels[rows.clone()]
                         .iter()
@@ -144,12 +150,12 @@ pub fn export_tables(
                 .collect(),
             // A target without class labels (all -1: a multi-label or
             // regression graph) is imported back without a label column.
-            label: (target && labels.iter().any(|&l| l >= 0)).then(|| LabelSpec {
+            label: (node_targets && labels.iter().any(|&l| l >= 0)).then(|| LabelSpec {
                 column: "label".into(),
                 max_classes: Some(schema.num_classes),
                 num_classes: Some(schema.num_classes),
             }),
-            split: target.then(|| SplitSpec {
+            split: node_targets.then(|| SplitSpec {
                 column: Some("split".into()),
                 fractions: None,
                 seed: None,
@@ -176,6 +182,8 @@ pub fn export_tables(
         let f = NpyFile::open(&paths::edges(graph, &canonical), DType::I64)?;
         let e = r.count as usize;
         let targets = edge_targets(graph, r)?;
+        let weights = graphs::format::read_edge_weights(graph, r)?;
+        let times = graphs::format::read_edge_times(graph, r)?;
         let mut columns = vec![
             ("src".to_string(), ColumnType::Text),
             ("dst".to_string(), ColumnType::Text),
@@ -188,6 +196,12 @@ pub fn export_tables(
                 columns.push(("value".into(), ColumnType::Float32));
             }
             columns.push(("split".into(), ColumnType::Text));
+        }
+        if weights.is_some() {
+            columns.push(("weight".into(), ColumnType::Float32));
+        }
+        if times.is_some() {
+            columns.push(("time".into(), ColumnType::Int));
         }
         let mut w = TableWriter::create(&dir.path().join(&file), format, &columns)?;
         progress.start(&format!("{canonical} table"), r.count);
@@ -220,6 +234,14 @@ pub fn export_tables(
                         .collect(),
                 ));
             }
+            if let Some(x) = &weights {
+                data.push(ColumnData::Float32(x[start..end].to_vec()));
+            }
+            if let Some(x) = &times {
+                data.push(ColumnData::Int(
+                    x[start..end].iter().map(|&t| Some(t)).collect(),
+                ));
+            }
             w.write(data)?;
             progress.advance((end - start) as u64);
             start = end;
@@ -237,7 +259,9 @@ pub fn export_tables(
             label: r.num_classes.map(|_| "label".into()),
             num_classes: r.num_classes,
             value: r.values.then(|| "value".into()),
-            split: r.has_targets().then(|| "split".into()),
+            split: r.has_targets().then(|| EdgeSplit::Column("split".into())),
+            weight: r.weights.then(|| "weight".into()),
+            time: r.times.then(|| "time".into()),
         });
     }
     let cfg = TablesConfig {

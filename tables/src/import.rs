@@ -13,15 +13,12 @@ use graphs::schema::{NodeTypeSchema, RelationSchema, Schema};
 use graphs::Progress;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{
-    expand_files, EdgeTable, FileFormat, NodeTable, SplitRule, TablesConfig, UnknownIds,
-};
+use crate::config::{expand_files, FileFormat, NodeTable, SplitRule, TablesConfig, UnknownIds};
+use crate::edges::EdgeColumns;
 use crate::error::{Result, TableError};
 use crate::ids::{Added, IdKind, IdMap};
-use crate::labels::{ClassNames, LabelCollector, LabelSetRows, Labelled, SetCollector};
+use crate::labels::{LabelCollector, LabelSetRows, Labelled, SetCollector};
 
-/// Most classes of an edge label column (the graph format's limit).
-const EDGE_MAX_CLASSES: u32 = graphs::schema::MAX_CLASSES;
 use crate::like::{Prior, Seed};
 use crate::source::{Cells, TableReader};
 use crate::transform::{FittedBlock, Fitter};
@@ -278,16 +275,11 @@ pub fn import_tables(
             .iter()
             .zip(&edge_files)
             .find(|(e, _)| &e.relation == rel);
-        let mut targets = EdgeTargets::start(entry.map(|(e, _)| e), prior.as_ref(), &rs)?;
+        let mut targets = EdgeColumns::start(entry.map(|(e, _)| e), prior.as_ref(), &rs)?;
         for (e, files) in entry.into_iter() {
             for (path, format) in files {
                 let mut wanted = vec![e.source.as_str(), e.destination.as_str()];
-                wanted.extend(
-                    [&e.label, &e.value, &e.split]
-                        .into_iter()
-                        .flatten()
-                        .map(String::as_str),
-                );
+                wanted.extend(e.extra_columns());
                 let mut reader = TableReader::open(path, *format, e.delimiter, &wanted)?;
                 progress.start(
                     &format!("{} {}", rs.canonical(), file_name(path)),
@@ -373,6 +365,18 @@ pub fn import_tables(
             dir.create_dir(&paths::node_dir(dir.path(), ntype))?;
         }
         ids.write_csv(&ids_path(dir.path(), ntype))?;
+        if *ntype == target && result.as_ref().is_none_or(|r| r.labelled.is_none()) {
+            // Edge tasks only: the target type's nodes carry no label and no split.
+            let n = ids.len() as u64;
+            graphs::npy::write_i64(
+                &paths::labels(dir.path(), ntype),
+                &[n],
+                &vec![-1; n as usize],
+            )?;
+            for name in ["train", "valid", "test"] {
+                graphs::npy::write_i64(&paths::split(dir.path(), ntype, name), &[0], &[])?;
+            }
+        }
         let label_names = result
             .as_ref()
             .and_then(|r| r.label_sets.as_ref())
@@ -900,239 +904,4 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
-}
-
-/// The targets of one relation's edges as they are imported: a label, a
-/// value and a split per edge, in edge order (an earlier graph's first).
-struct EdgeTargets {
-    /// Class ids of the earlier graph's edges, then provisional indices into
-    /// `classes` of this table's (-1: none).
-    labels: Option<Vec<i64>>,
-    /// The class names met (seeded with the earlier graph's, then fixed).
-    classes: ClassNames,
-    /// Edges of the earlier graph (their labels are class ids already).
-    before: usize,
-    values: Option<Vec<f32>>,
-    /// 0 none, 1 train, 2 valid, 3 test.
-    split: Vec<u8>,
-    num_classes: Option<u32>,
-    /// Edges before this table's (an earlier graph's), without targets if it had none.
-    on: bool,
-}
-
-impl EdgeTargets {
-    /// Columns for `table`'s edges, after the earlier graph's edges of `rs`
-    /// (with their targets where it had them).
-    fn start(
-        table: Option<&EdgeTable>,
-        prior: Option<&Prior>,
-        rs: &RelationSchema,
-    ) -> Result<EdgeTargets> {
-        let canonical = rs.canonical();
-        let before = prior.and_then(|p| {
-            p.schema
-                .relations
-                .iter()
-                .find(|r| r.canonical() == canonical)
-                .map(|r| (p, r.clone()))
-        });
-        let on = table.is_some_and(EdgeTable::has_targets)
-            || before.as_ref().is_some_and(|(_, r)| r.has_targets());
-        let mut t = EdgeTargets {
-            labels: None,
-            classes: ClassNames::new(EDGE_MAX_CLASSES)
-                .with_classes(table.and_then(|e| e.num_classes)),
-            before: 0,
-            values: None,
-            split: Vec::new(),
-            num_classes: table.and_then(|e| e.num_classes),
-            on,
-        };
-        if !on {
-            return Ok(t);
-        }
-        let wants_labels = table.is_some_and(|e| e.label.is_some())
-            || before
-                .as_ref()
-                .is_some_and(|(_, r)| r.num_classes.is_some());
-        let wants_values = table.is_some_and(|e| e.value.is_some())
-            || before.as_ref().is_some_and(|(_, r)| r.values);
-        t.labels = wants_labels.then(Vec::new);
-        t.values = wants_values.then(Vec::new);
-        if let Some((p, r)) = before {
-            let n = r.count as usize;
-            t.before = n;
-            if let Some(k) = r.num_classes {
-                // The earlier classes, fixed: by name where they were names.
-                let names = p
-                    .record
-                    .edge_classes
-                    .iter()
-                    .find(|(rel, _)| *rel == canonical)
-                    .map(|(_, n)| n.clone())
-                    .unwrap_or_else(|| (0..k).map(|c| c.to_string()).collect());
-                t.classes = ClassNames::seeded(EDGE_MAX_CLASSES, names);
-            }
-            let c = graphs::format::read_edge_columns(&p.dir, &r)?.unwrap_or_default();
-            t.split = match r.has_targets() {
-                true => crate::export::split_tags(&c.splits, n),
-                false => vec![0; n],
-            };
-            if let Some(l) = &mut t.labels {
-                match r.num_classes {
-                    Some(k) => {
-                        l.extend_from_slice(&c.labels);
-                        t.num_classes = Some(t.num_classes.unwrap_or(0).max(k));
-                    }
-                    None => l.resize(n, -1),
-                }
-            }
-            if let Some(v) = &mut t.values {
-                match r.values {
-                    true => v.extend_from_slice(&c.values),
-                    false => v.resize(n, f32::NAN),
-                }
-            }
-        }
-        Ok(t)
-    }
-
-    /// Reads row `i` of a chunk's target columns (`cols`: label, value, split, those `e` has).
-    fn read(
-        &mut self,
-        e: &EdgeTable,
-        cols: &[Cells],
-        i: usize,
-        path: &Path,
-        row: u64,
-    ) -> Result<()> {
-        if !self.on {
-            return Ok(());
-        }
-        let mut cols = cols.iter();
-        let label = match &e.label {
-            Some(name) => {
-                let cells = cols.next().expect("the label column was asked for");
-                i64::from(
-                    self.classes
-                        .push(cells, i)
-                        .map_err(|p| TableError::cell(path, row, name, p))?,
-                )
-            }
-            None => -1,
-        };
-        let value = match &e.value {
-            Some(name) => {
-                let cells = cols.next().expect("the value column was asked for");
-                match cells
-                    .number_f32(i)
-                    .map_err(|p| TableError::cell(path, row, name, p))?
-                {
-                    Some(v) if v.is_infinite() => {
-                        return Err(TableError::cell(
-                            path,
-                            row,
-                            name,
-                            "an infinite value (empty or NaN for none)",
-                        ))
-                    }
-                    Some(v) => v,
-                    None => f32::NAN,
-                }
-            }
-            None => f32::NAN,
-        };
-        let split = match &e.split {
-            Some(name) => {
-                let cells = cols.next().expect("the split column was asked for");
-                match cells.text(i).as_deref().map(str::trim) {
-                    None | Some("") => 0,
-                    Some("train") => 1,
-                    Some("valid") => 2,
-                    Some("test") => 3,
-                    Some(other) => {
-                        return Err(TableError::cell(
-                            path,
-                            row,
-                            name,
-                            format!(
-                                "split '{}' is not train, valid or test (empty: none)",
-                                other.escape_debug()
-                            ),
-                        ))
-                    }
-                }
-            }
-            None => 0,
-        };
-        if split > 0 && label < 0 && value.is_nan() {
-            let what = e
-                .label
-                .as_ref()
-                .or(e.value.as_ref())
-                .map_or("", String::as_str);
-            return Err(TableError::cell(
-                path,
-                row,
-                what,
-                "an edge in a split needs a label or a value",
-            ));
-        }
-        if let Some(l) = &mut self.labels {
-            l.push(label);
-        }
-        if let Some(v) = &mut self.values {
-            v.push(value);
-        }
-        self.split.push(split);
-        Ok(())
-    }
-
-    /// Writes the columns beside the relation's edges and records them in
-    /// `rs`; returns the class names, when the classes were names.
-    fn finish(mut self, dir: &Path, rs: &mut RelationSchema) -> Result<Option<Vec<String>>> {
-        if !self.on {
-            return Ok(None);
-        }
-        let canonical = rs.canonical();
-        let edir = paths::edge_dir(dir, &canonical);
-        std::fs::create_dir_all(&edir).map_err(|e| TableError::io(&edir, e))?;
-        let n = rs.count;
-        let mut names = None;
-        if let Some(l) = &mut self.labels {
-            let (map, resolved, classes) = self
-                .classes
-                .resolve()
-                .map_err(|p| TableError::file(&edir, format!("{canonical}: {p}")))?;
-            for x in l[self.before..].iter_mut().filter(|x| **x >= 0) {
-                *x = map[*x as usize];
-            }
-            names = (!classes.is_empty()).then_some(classes);
-            let classes = self.num_classes.unwrap_or(resolved);
-            if let Some(&bad) = l.iter().find(|&&x| x >= i64::from(classes)) {
-                return Err(TableError::file(
-                    &edir,
-                    format!("{canonical}: edge label {bad} is not below num_classes {classes}"),
-                ));
-            }
-            rs.num_classes = Some(classes.max(1));
-            graphs::npy::write_i64(&paths::edge_labels(dir, &canonical), &[n], l)?;
-        }
-        if let Some(v) = &self.values {
-            rs.values = true;
-            graphs::npy::write_f32(&paths::edge_values(dir, &canonical), &[n], v)?;
-        }
-        for (tag, name) in ["train", "valid", "test"].iter().enumerate() {
-            let at: Vec<i64> = (0..self.split.len())
-                .filter(|&i| self.split[i] == tag as u8 + 1)
-                .map(|i| i as i64)
-                .collect();
-            graphs::npy::write_i64(
-                &paths::edge_split(dir, &canonical, name),
-                &[at.len() as u64],
-                &at,
-            )?;
-        }
-        Ok(names)
-    }
 }

@@ -354,22 +354,14 @@ impl LabelCollector {
                         splits[m as usize - 1].push(node as u32);
                     }
                 }
-                let mut ids: Vec<u32> = (self.keep as u32..labels.len() as u32)
+                let ids: Vec<u32> = (self.keep as u32..labels.len() as u32)
                     .filter(|&i| known(i as usize))
                     .collect();
-                let mut rng = CounterRng::from_parts(&[0x7ab1e5, *seed]);
-                for i in (1..ids.len()).rev() {
-                    let j = rng.below(i as u64 + 1) as usize;
-                    ids.swap(i, j);
-                }
-                let n = ids.len() as f64;
-                let (a, b) = (
-                    (f[0] * n).round() as usize,
-                    ((f[0] + f[1]) * n).round() as usize,
-                );
-                let c = ((f[0] + f[1] + f[2]) * n).round() as usize;
-                for (k, range) in [(0, 0..a), (1, a..b), (2, b..c.min(ids.len()))] {
-                    splits[k].extend_from_slice(&ids[range]);
+                for (k, part) in by_fractions(ids, f, NODE_SPLIT, *seed)
+                    .into_iter()
+                    .enumerate()
+                {
+                    splits[k].extend_from_slice(&part);
                     splits[k].sort_unstable();
                 }
             }
@@ -406,6 +398,31 @@ impl LabelCollector {
             splits,
         })
     }
+}
+
+/// Domain of the random split of nodes by fractions (its RNG key's first part).
+const NODE_SPLIT: u64 = 0x7ab1e5;
+
+/// Shuffles `ids` by `(domain, seed)` and cuts them by the fractions `f`:
+/// the train, valid and test parts, in shuffled order.
+pub(crate) fn by_fractions<T: Copy>(
+    mut ids: Vec<T>,
+    f: &[f64; 3],
+    domain: u64,
+    seed: u64,
+) -> [Vec<T>; 3] {
+    let mut rng = CounterRng::from_parts(&[domain, seed]);
+    for i in (1..ids.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        ids.swap(i, j);
+    }
+    let n = ids.len() as f64;
+    let (a, b) = (
+        (f[0] * n).round() as usize,
+        ((f[0] + f[1]) * n).round() as usize,
+    );
+    let c = (((f[0] + f[1] + f[2]) * n).round() as usize).min(ids.len());
+    [ids[..a].to_vec(), ids[a..b].to_vec(), ids[b..c].to_vec()]
 }
 
 /// Label sets met row by row: each node's labels (names or integers, as

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod edges;
 pub mod error;
 pub mod export;
 pub mod ids;

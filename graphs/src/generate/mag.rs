@@ -246,6 +246,7 @@ impl MagLike {
                     count,
                     num_classes: (*name == TARGET_RELATION).then_some(2),
                     values: *name == TARGET_RELATION,
+                    ..Default::default()
                 })
                 .collect(),
             values: true,
