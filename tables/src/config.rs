@@ -256,7 +256,8 @@ pub struct FeatureSpec {
     pub boundaries: Option<Vec<f64>>,
     /// Separator of a multi-valued text cell (`multi-hot`; default `;`).
     pub separator: Option<String>,
-    /// Most distinct categories accepted per column (`one-hot`, `multi-hot`; default 1000).
+    /// Most distinct categories accepted per column (`one-hot`, `multi-hot`:
+    /// default 1000; `embedding`: default 1,000,000).
     pub max_categories: Option<usize>,
 }
 
@@ -289,6 +290,11 @@ pub enum Transform {
     OneHot,
     /// Multi-hot of the categories in a list cell (Parquet list or delimited text).
     MultiHot,
+    /// An index into a learnable embedding: each category becomes a node of
+    /// a featureless type `<type>.<column>` (a learnable row each) linked to
+    /// the nodes that have it by the relation `<type>.<column>__<column>__<type>`.
+    /// A list cell (Parquet list, or text with `separator`) links several.
+    Embedding,
 }
 
 impl Transform {
@@ -624,15 +630,25 @@ fn check_feature(f: &FeatureSpec) -> std::result::Result<(), String> {
         (_, Some(_)) => return Err(format!("`boundaries` applies to bucketize, not {t:?}")),
         _ => {}
     }
-    if f.separator.is_some() && t != Transform::MultiHot {
-        return Err(format!("`separator` applies to multi-hot, not {t:?}"));
+    if f.separator.is_some() && !matches!(t, Transform::MultiHot | Transform::Embedding) {
+        return Err(format!(
+            "`separator` applies to multi-hot and embedding, not {t:?}"
+        ));
+    }
+    if t == Transform::Embedding {
+        for c in &f.columns {
+            graphs::schema::check_name(
+                c,
+                "an embedding column (it names a node type and a relation)",
+            )?;
+        }
     }
     if matches!(&f.separator, Some(s) if s.is_empty()) {
         return Err("`separator` must not be empty".into());
     }
     if f.max_categories.is_some() && t.numeric() {
         return Err(format!(
-            "`max_categories` applies to one-hot and multi-hot, not {t:?}"
+            "`max_categories` applies to one-hot, multi-hot and embedding, not {t:?}"
         ));
     }
     if f.max_categories == Some(0) {

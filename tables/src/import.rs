@@ -123,7 +123,22 @@ pub struct TypeRecord {
     pub label_names: Vec<String>,
 }
 
+/// The links an embedding column makes: its categories as the nodes of a
+/// type of their own, and a relation from them to the nodes that have them.
+struct CategoryLinks {
+    /// The category type, `<type>.<column>`.
+    ntype: String,
+    /// `[category type, column, type]`.
+    relation: [String; 3],
+    /// The categories, in id order.
+    categories: Vec<String>,
+    /// (category, node) per link, in node order.
+    pairs: Vec<(u32, u32)>,
+}
+
 struct NodeResult {
+    /// Links made by embedding columns.
+    links: Vec<CategoryLinks>,
     ids: IdMap,
     width: usize,
     blocks: Vec<FittedBlock>,
@@ -239,8 +254,52 @@ pub fn import_tables(
         types.push((t.clone(), Some(r)));
     }
 
+    // Embedding columns' categories: node types of their own, linked to
+    // their nodes (an earlier import's keep their ids and links).
+    let mut category_edges: HashMap<String, Vec<(u32, u32)>> = HashMap::new();
+    let mut category_relations = Vec::new();
+    for (_, r) in &mut types {
+        for l in r
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.links))
+            .unwrap_or_default()
+        {
+            let known = prior
+                .as_ref()
+                .is_some_and(|p| p.schema.type_index(&l.ntype).is_some());
+            if !known {
+                if maps.contains_key(&l.ntype) {
+                    return Err(TableError::config(config, format!(
+                        "the embedding column '{}' of '{}' makes the node type '{}', which the tables already have: rename one",
+                        l.relation[1], l.relation[2], l.ntype
+                    )));
+                }
+                let mut map = IdMap::new(IdKind::Text);
+                let cells = Cells::Text(l.categories.iter().cloned().map(Some).collect());
+                for i in 0..l.categories.len() {
+                    map.add(&cells, i)
+                        .map_err(|p| TableError::config(config, format!("{}: {p}", l.ntype)))?;
+                }
+                maps.insert(l.ntype.clone(), map);
+                category_relations.push(l.relation.clone());
+            }
+            let canonical = l.relation.join("__");
+            category_edges.insert(canonical, l.pairs);
+        }
+    }
+    for rel in &category_relations {
+        types.push((rel[0].clone(), None));
+        if cfg.edges.iter().any(|e| e.relation == *rel) {
+            return Err(TableError::config(config, format!(
+                "the embedding column '{}' of '{}' makes the relation {}, which an [[edges]] table has too: rename one",
+                rel[1], rel[2], rel.join("__")
+            )));
+        }
+    }
+
     dir.create_dir(&dir.path().join("edges"))?;
-    // Relations in order: the earlier graph's, else the edge tables'.
+    // Relations in order: the earlier graph's, else the edge tables' and
+    // then the embedding columns'.
     let rel_order: Vec<[String; 3]> = match &prior {
         Some(p) => p
             .schema
@@ -248,7 +307,12 @@ pub fn import_tables(
             .iter()
             .map(|r| [r.src.clone(), r.name.clone(), r.dst.clone()])
             .collect(),
-        None => cfg.edges.iter().map(|e| e.relation.clone()).collect(),
+        None => cfg
+            .edges
+            .iter()
+            .map(|e| e.relation.clone())
+            .chain(category_relations.iter().cloned())
+            .collect(),
     };
     let mut relations = Vec::new();
     let mut dropped_edges = Vec::new();
@@ -337,6 +401,11 @@ pub fn import_tables(
                 }
                 progress.finish();
             }
+        }
+        for (a, b) in category_edges.remove(&rs.canonical()).unwrap_or_default() {
+            edges
+                .push(a, b)
+                .map_err(|e| TableError::io(dir.path(), e))?;
         }
         rs.count = edges.finish(&paths::edges(dir.path(), &rs.canonical()))?;
         if let Some(names) = targets.finish(dir.path(), &mut rs)? {
@@ -758,13 +827,38 @@ fn import_nodes(
         None => None,
     };
 
-    // Pass 2: transformed features, row by row.
-    if width > 0 {
-        let fpath = paths::features(out, t);
-        let mut w = NpyWriter::create(&fpath, DType::F32, &[count, width as u64])?;
-        if let Some(p) = prior {
-            p.copy_features(t, &mut w)?;
+    // Links of the embedding columns, one entry per column.
+    let mut links: Vec<CategoryLinks> = Vec::new();
+    let mut link_at: Vec<usize> = Vec::new();
+    for b in &blocks {
+        link_at.push(links.len());
+        for (c, cats) in b.embedding_categories().into_iter().flatten().enumerate() {
+            let ntype = format!("{t}.{}", b.columns[c]);
+            links.push(CategoryLinks {
+                relation: [ntype.clone(), b.columns[c].clone(), t.clone()],
+                ntype,
+                categories: cats.clone(),
+                pairs: Vec::new(),
+            });
         }
+    }
+
+    // Pass 2: transformed features and links, row by row.
+    if width > 0 || !links.is_empty() {
+        let fpath = paths::features(out, t);
+        let mut w = match width {
+            0 => None,
+            _ => Some(NpyWriter::create(
+                &fpath,
+                DType::F32,
+                &[count, width as u64],
+            )?),
+        };
+        if let (Some(p), Some(w)) = (prior, &mut w) {
+            p.copy_features(t, w)?;
+        }
+        let mut node = old_count as u32;
+        let mut row_links = Vec::new();
         let columns: Vec<&str> = table
             .features
             .iter()
@@ -783,30 +877,43 @@ fn import_nodes(
                 for i in 0..chunk.rows {
                     row_buf.clear();
                     let mut at = 0;
-                    for b in &blocks {
+                    for (bi, b) in blocks.iter().enumerate() {
                         let cells: Vec<&Cells> =
                             chunk.columns[at..at + b.columns.len()].iter().collect();
-                        b.apply(&cells, i, &mut row_buf).map_err(|(c, p)| {
+                        let bad = |(c, p): (usize, String)| {
                             TableError::cell(path, chunk.first_row + i as u64, &b.columns[c], p)
-                        })?;
+                        };
+                        b.apply(&cells, i, &mut row_buf).map_err(bad)?;
+                        row_links.clear();
+                        b.links(&cells, i, &mut row_links).map_err(bad)?;
+                        for &(c, k) in &row_links {
+                            links[link_at[bi] + c].pairs.push((k, node));
+                        }
                         at += b.columns.len();
                     }
+                    node += 1;
                     chunk_buf.extend_from_slice(&row_buf);
                     // Wide outputs (one-hot of many categories) are written as
                     // they grow, so the buffer stays near a million values.
-                    if chunk_buf.len() >= 1 << 20 {
+                    if let Some(w) = w.as_mut().filter(|_| chunk_buf.len() >= 1 << 20) {
                         w.write_f32(&chunk_buf)?;
                         chunk_buf.clear();
                     }
                 }
-                w.write_f32(&chunk_buf)?;
+                if let Some(w) = &mut w {
+                    w.write_f32(&chunk_buf)?;
+                }
+                chunk_buf.clear();
                 progress.advance(chunk.rows as u64);
             }
             progress.finish();
         }
-        w.finish()?;
+        if let Some(w) = w {
+            w.finish()?;
+        }
     }
     Ok(NodeResult {
+        links,
         ids,
         width,
         blocks,

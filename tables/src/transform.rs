@@ -65,6 +65,14 @@ pub enum Fitted {
         /// Separator of a text cell.
         separator: String,
     },
+    /// Links to the nodes of a category type (no feature columns).
+    Embedding {
+        /// Per-column sorted categories: the category type's nodes, in id order.
+        categories: Vec<Vec<String>>,
+        /// Separator of a text cell holding several categories (none: one per cell).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        separator: Option<String>,
+    },
 }
 
 /// A problem with one cell: the column's index in the block and the message.
@@ -83,7 +91,47 @@ impl FittedBlock {
             Fitted::OneHot { categories } | Fitted::MultiHot { categories, .. } => {
                 categories.iter().map(Vec::len).sum()
             }
+            Fitted::Embedding { .. } => 0,
         }
+    }
+
+    /// The categories of each column, when the block is an embedding's.
+    pub fn embedding_categories(&self) -> Option<&[Vec<String>]> {
+        match &self.fitted {
+            Fitted::Embedding { categories, .. } => Some(categories),
+            _ => None,
+        }
+    }
+
+    /// An embedding block's links of row `row`: `(column, category id)` for
+    /// every known category of each column (an unseen one links nothing).
+    pub fn links(
+        &self,
+        cells: &[&Cells],
+        row: usize,
+        out: &mut Vec<(usize, u32)>,
+    ) -> Result<(), CellError> {
+        let Fitted::Embedding {
+            categories,
+            separator,
+        } = &self.fitted
+        else {
+            return Ok(());
+        };
+        for (c, col) in cells.iter().enumerate() {
+            let items =
+                embedding_items(col, row, &self.fill, separator.as_deref()).map_err(|p| (c, p))?;
+            let mut ks: Vec<(usize, u32)> = items
+                .iter()
+                .filter_map(|item| categories[c].binary_search(item).ok())
+                .map(|k| (c, k as u32))
+                .collect();
+            // A category listed twice in a cell links once.
+            ks.sort_unstable();
+            ks.dedup();
+            out.extend(ks);
+        }
+        Ok(())
     }
 
     /// Appends row `row` of `cells` (one entry per column) to `out`.
@@ -115,6 +163,7 @@ impl FittedBlock {
             Fitted::Bucketize { .. } => "bucketize",
             Fitted::OneHot { .. } => "one-hot",
             Fitted::MultiHot { .. } => "multi-hot",
+            Fitted::Embedding { .. } => "embedding",
         }
     }
 
@@ -187,6 +236,7 @@ impl FittedBlock {
                         }
                     }
                 }
+                Fitted::Embedding { .. } => {}
             }
         }
         Ok(())
@@ -219,7 +269,9 @@ impl Fitter {
             Transform::MinMax => Acc::MinMax(vec![(f64::INFINITY, f64::NEG_INFINITY); n]),
             Transform::Standard => Acc::Moments(vec![(0, 0.0, 0.0); n]),
             Transform::RankGauss => Acc::Values(vec![Vec::new(); n]),
-            Transform::OneHot | Transform::MultiHot => Acc::Categories(vec![BTreeSet::new(); n]),
+            Transform::OneHot | Transform::MultiHot | Transform::Embedding => {
+                Acc::Categories(vec![BTreeSet::new(); n])
+            }
         };
         Fitter {
             spec: spec.clone(),
@@ -235,7 +287,13 @@ impl Fitter {
     /// Takes row `row` of `cells` into the statistics.
     pub fn observe(&mut self, cells: &[&Cells], row: usize) -> Result<(), CellError> {
         let fill = &self.spec.fill;
-        let max_categories = self.spec.max_categories.unwrap_or(1000);
+        let max_categories = self
+            .spec
+            .max_categories
+            .unwrap_or(match self.spec.transform {
+                Transform::Embedding => 1_000_000,
+                _ => 1000,
+            });
         let separator = self.spec.separator.as_deref().unwrap_or(";");
         for (c, col) in cells.iter().enumerate() {
             match &mut self.acc {
@@ -256,6 +314,9 @@ impl Fitter {
                 Acc::Categories(sets) => {
                     let items = if self.spec.transform == Transform::MultiHot {
                         list(col, row, fill, separator).map_err(|p| (c, p))?
+                    } else if self.spec.transform == Transform::Embedding {
+                        embedding_items(col, row, fill, self.spec.separator.as_deref())
+                            .map_err(|p| (c, p))?
                     } else {
                         vec![category(col, row, fill).map_err(|p| (c, p))?]
                     };
@@ -307,6 +368,10 @@ impl Fitter {
                 categories: s.into_iter().map(|s| s.into_iter().collect()).collect(),
                 separator: spec.separator.clone().unwrap_or_else(|| ";".into()),
             },
+            (Transform::Embedding, Acc::Categories(s)) => Fitted::Embedding {
+                categories: s.into_iter().map(|s| s.into_iter().collect()).collect(),
+                separator: spec.separator.clone(),
+            },
             _ => Fitted::None,
         };
         FittedBlock {
@@ -333,6 +398,21 @@ fn number(col: &Cells, row: usize, fill: &Option<Fill>) -> Result<f64, String> {
         Ok(x)
     } else {
         Err(format!("{x} is not a finite number"))
+    }
+}
+
+/// The categories of an embedding cell: a list's items, a text's parts
+/// when a separator is given, else the one category.
+fn embedding_items(
+    col: &Cells,
+    row: usize,
+    fill: &Option<Fill>,
+    separator: Option<&str>,
+) -> Result<Vec<String>, String> {
+    match (col, separator) {
+        (Cells::List(_), _) => list(col, row, fill, separator.unwrap_or(";")),
+        (_, Some(sep)) => list(col, row, fill, sep),
+        (_, None) => category(col, row, fill).map(|c| vec![c]),
     }
 }
 
