@@ -706,11 +706,78 @@ fn edge_targets_round_trip_and_bad_ones_are_refused() {
             })
         }),
         WRITES,
-        "edge-target directory exists",
+        "edge-column directory exists",
     );
     assert_err(
         refused(&|d| edit_schema(d, |v| v["relations"][1]["num_classes"] = 0.into())),
         "schema.json",
         "num_classes must be in 1..=",
+    );
+}
+
+#[test]
+fn edge_weights_and_times_are_checked_and_refused_when_bad() {
+    // The tiny graph: its first relation gets a weight and a time per edge.
+    let tmp = write_tiny();
+    let dir = tmp.path().join("g");
+    let schema = graphs::Schema::read(&dir.join("schema.json")).unwrap();
+    let r = schema.relations[0].clone();
+    let (canonical, n) = (r.canonical(), r.count);
+    let edir = dir.join("edges").join(&canonical);
+    let add = |d: &Path, weights: &[f32], times: &[i64]| {
+        let edir = d.join("edges").join(&canonical);
+        std::fs::create_dir_all(&edir).unwrap();
+        npy::write_f32(&edir.join("weights.npy"), &[weights.len() as u64], weights).unwrap();
+        npy::write_i64(&edir.join("times.npy"), &[times.len() as u64], times).unwrap();
+        edit_schema(d, |v| {
+            v["relations"][0]["weights"] = true.into();
+            v["relations"][0]["times"] = true.into();
+        });
+    };
+    let weights: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let times: Vec<i64> = (0..n as i64).map(|i| 1_600_000_000 + i).collect();
+    add(&dir, &weights, &times);
+    load(&dir, &LoadOptions::default()).unwrap();
+    let schema = graphs::Schema::read(&dir.join("schema.json")).unwrap();
+    assert_eq!(
+        graphs::format::read_edge_weights(&dir, &schema.relations[0]).unwrap(),
+        Some(weights.clone())
+    );
+    assert_eq!(
+        graphs::format::read_edge_times(&dir, &schema.relations[0]).unwrap(),
+        Some(times.clone())
+    );
+    assert!(edir.exists());
+
+    let mut nan = weights.clone();
+    nan[1] = f32::NAN;
+    assert_err(
+        broken(|d| add(d, &nan, &times)),
+        "weights.npy",
+        "edge 1: weight NaN is not a finite number",
+    );
+    assert_err(
+        broken(|d| add(d, &weights, &times[1..])),
+        "times.npy",
+        "edge times",
+    );
+    // A file the schema does not list is refused, and so is a target file
+    // in a directory of weights and times only.
+    assert_err(
+        broken(|d| {
+            add(d, &weights, &times);
+            edit_schema(d, |v| v["relations"][0]["times"] = false.into());
+        }),
+        "times.npy",
+        "does not list times",
+    );
+    assert_err(
+        broken(|d| {
+            add(d, &weights, &times);
+            let edir = d.join("edges").join(&canonical);
+            npy::write_i64(&edir.join("train.npy"), &[0], &[]).unwrap();
+        }),
+        "train.npy",
+        "no edge targets",
     );
 }
