@@ -900,3 +900,95 @@ fn label_sets_import_from_a_column_without_class_labels_and_a_later_import_keeps
     );
     import("nosplit.toml", "g6", None).fails_with(1, &["label set needs a [nodes.split]"]);
 }
+
+#[test]
+fn a_graph_with_only_edge_labels_and_an_embedding_column_imports_and_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // 40 users in 4 countries; a rating is positive when both ends share a
+    // country, so the country embedding is what there is to learn.
+    let country = |u: usize| ["DE", "FR", "JP", "US"][u % 4];
+    let mut users = String::from("id,country\n");
+    for u in 0..40 {
+        users += &format!("user{u},{}\n", country(u));
+    }
+    let mut ratings = String::from("src,dst,positive,amount,ts\n");
+    for i in 0..400usize {
+        let (s, d) = (i % 40, (i * 7 + i / 40) % 40);
+        if s != d {
+            let positive = u8::from(country(s) == country(d));
+            ratings += &format!("user{s},user{d},{positive},{}.5,{}\n", i % 9, 1000 + i);
+        }
+    }
+    std::fs::write(dir.join("users.csv"), users).unwrap();
+    std::fs::write(dir.join("ratings.csv"), ratings).unwrap();
+    let config = r#"
+[[nodes]]
+type = "user"
+files = ["users.csv"]
+id = "id"
+[[nodes.features]]
+columns = ["country"]
+transform = "embedding"
+
+[[edges]]
+relation = ["user", "rates", "user"]
+files = ["ratings.csv"]
+source = "src"
+destination = "dst"
+label = "positive"
+weight = "amount"
+time = "ts"
+split = { time_column = "ts", train_before = 1300, valid_before = 1350 }
+"#;
+    std::fs::write(dir.join("g.toml"), config).unwrap();
+    let run = hetgnn(
+        dir,
+        &["import", "tables", "--config", "g.toml", "--out", "g"],
+    )
+    .ok();
+    assert!(run.stdout().contains("target user"), "{}", run.stdout());
+    let schema = graphs::Schema::read(&dir.join("g/schema.json")).unwrap();
+    let names: Vec<String> = schema.relations.iter().map(|r| r.canonical()).collect();
+    assert_eq!(names, ["user__rates__user", "user.country__country__user"]);
+    assert_eq!(schema.node_types[1], ("user.country".into(), graphs::schema::NodeTypeSchema {
+        count: 4,
+        feature_dim: None,
+    }));
+    let run = hetgnn(
+        dir,
+        &[
+            "train",
+            "--data",
+            "g",
+            "--task",
+            "edge-classification",
+            "--target-relations",
+            "user__rates__user",
+            "--epochs",
+            "2",
+        ],
+    )
+    .ok();
+    assert!(run.stdout().contains("done: 2 epochs"), "{}", run.stdout());
+    // Exported and imported again: the same graph, weights and times included.
+    hetgnn(
+        dir,
+        &["export", "tables", "--data", "g", "--out", "t", "--format", "parquet"],
+    )
+    .ok();
+    hetgnn(
+        dir,
+        &["import", "tables", "--config", "t/graph.toml", "--out", "back"],
+    )
+    .ok();
+    same_graph(&dir.join("g"), &dir.join("back"));
+    for f in ["weights", "times"] {
+        let f = format!("edges/user__rates__user/{f}.npy");
+        assert_eq!(
+            std::fs::read(dir.join("g").join(&f)).unwrap(),
+            std::fs::read(dir.join("back").join(&f)).unwrap(),
+            "{f}"
+        );
+    }
+}
