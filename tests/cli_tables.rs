@@ -951,10 +951,11 @@ split = { time_column = "ts", train_before = 1300, valid_before = 1350 }
     let schema = graphs::Schema::read(&dir.join("g/schema.json")).unwrap();
     let names: Vec<String> = schema.relations.iter().map(|r| r.canonical()).collect();
     assert_eq!(names, ["user__rates__user", "user.country__country__user"]);
-    assert_eq!(schema.node_types[1], ("user.country".into(), graphs::schema::NodeTypeSchema {
-        count: 4,
-        feature_dim: None,
-    }));
+    let (name, countries) = &schema.node_types[1];
+    assert_eq!(
+        (name.as_str(), countries.count, countries.feature_dim),
+        ("user.country", 4, None)
+    );
     let run = hetgnn(
         dir,
         &[
@@ -974,12 +975,21 @@ split = { time_column = "ts", train_before = 1300, valid_before = 1350 }
     // Exported and imported again: the same graph, weights and times included.
     hetgnn(
         dir,
-        &["export", "tables", "--data", "g", "--out", "t", "--format", "parquet"],
+        &[
+            "export", "tables", "--data", "g", "--out", "t", "--format", "parquet",
+        ],
     )
     .ok();
     hetgnn(
         dir,
-        &["import", "tables", "--config", "t/graph.toml", "--out", "back"],
+        &[
+            "import",
+            "tables",
+            "--config",
+            "t/graph.toml",
+            "--out",
+            "back",
+        ],
     )
     .ok();
     same_graph(&dir.join("g"), &dir.join("back"));

@@ -285,6 +285,15 @@ fn transform(
     }
     let mut out = Vec::new();
     for b in blocks {
+        if b.embedding_categories().is_some() {
+            // Its categories are nodes: a new node reaches them by edges, not features.
+            if let Some(c) = b.columns.iter().find(|c| cols.contains_key(c.as_str())) {
+                return Err(bad(format!(
+                    "new node {id}: column {c:?} is an embedding column, whose categories are the nodes of type '{ntype}.{c}': give the new node an edge of relation {ntype}.{c}__{c}__{ntype} from its category (the category's value is its id) in `new_edges` instead"
+                )));
+            }
+            continue;
+        }
         let cells = b
             .columns
             .iter()
