@@ -94,8 +94,9 @@ impl EdgeColumns {
                 ),
                 false => None,
             };
+            // Without times, the earlier graph has no edges here (refused above otherwise).
             t.times = match wants_times {
-                true => graphs::format::read_edge_times(&p.dir, r)?,
+                true => Some(graphs::format::read_edge_times(&p.dir, r)?.unwrap_or_default()),
                 false => None,
             };
         } else {
@@ -167,8 +168,13 @@ impl EdgeColumns {
         let split_col = take(&mut cols, e.split_column());
         let weight_col = take(&mut cols, e.weight.as_deref());
         let time_col = take(&mut cols, e.time.as_deref());
-        if let (Some(w), Some((name, cells))) = (&mut self.weights, weight_col) {
-            w.push(weight(cells, i).map_err(|p| TableError::cell(path, row, name, p))?);
+        match (&mut self.weights, weight_col) {
+            (Some(w), Some((name, cells))) => {
+                w.push(weight(cells, i).map_err(|p| TableError::cell(path, row, name, p))?)
+            }
+            // The earlier graph's edges have weights, these none: 1, as an empty cell.
+            (Some(w), None) => w.push(1.0),
+            (None, _) => {}
         }
         if let (Some(t), Some((name, cells))) = (&mut self.times, time_col) {
             t.push(time(cells, i).map_err(|p| TableError::cell(path, row, name, p))?);

@@ -142,6 +142,13 @@ fn a_graph_with_only_edge_targets_imports_with_weights_times_and_a_time_split() 
     assert_eq!(f32s(&g2.join(format!("{REL}/weights.npy")))[8], 7.0);
     assert_eq!(i64s(&g2.join(format!("{REL}/times.npy")))[8], 900);
     assert_eq!(i64s(&g2.join(format!("{REL}/test.npy"))), [6, 7, 8]);
+
+    // New edges without a weight column, after edges with weights: weight 1.
+    let unweighted = config(split).replace("weight = \"amount\"\n", "");
+    std::fs::write(tmp.path().join("users.csv"), "id\nu6\n").unwrap();
+    let g3 = import(tmp.path(), &unweighted, "g3", Some("g2")).unwrap();
+    let w = f32s(&tmp.path().join("g3").join(format!("{REL}/weights.npy")));
+    assert_eq!((g3.relations[0].count, w.len(), w[9]), (10, 10, 1.0));
 }
 
 #[test]
