@@ -296,9 +296,11 @@ fn read_edges(
     let src = convert(0, ns, "source")?;
     let dst = convert(1, nd, "destination")?;
     let targets = read_edge_targets(dir, r, &src, &dst)?;
-    // No task reads weights or times yet: they are checked, not kept.
+    // No task reads weights or times yet: they are checked, not kept (times
+    // need only their shape, so they are not read).
     read_edge_weights(dir, r)?;
-    read_edge_times(dir, r)?;
+    let times = paths::edge_times(dir, &r.canonical());
+    edge_column(&times, r.times, "times", DType::I64, r.count)?;
     Ok((
         Csr::from_edges(nd as usize, &dst, &src),
         Csr::from_edges(ns as usize, &src, &dst),
@@ -406,18 +408,34 @@ pub fn read_edge_columns(dir: &Path, r: &RelationSchema) -> Result<Option<EdgeCo
     }))
 }
 
+/// The file of an optional edge column (`key` in the schema, `listed`
+/// there), checked to have one `dtype` entry per edge; `None` where it is
+/// not listed (and refused where the file exists anyway).
+fn edge_column(
+    path: &Path,
+    listed: bool,
+    key: &str,
+    dtype: DType,
+    count: u64,
+) -> Result<Option<NpyFile>> {
+    if !listed {
+        if path.exists() {
+            return Err(GraphError::data(path, format!("schema.json does not list {key} (\"{key}\": true) for this relation, but this file exists")));
+        }
+        return Ok(None);
+    }
+    let f = NpyFile::open(path, dtype)?;
+    f.expect_shape(&[count], &format!("edge {key}"))?;
+    Ok(Some(f))
+}
+
 /// Reads and checks the edge weights of `r` in `dir` (finite float32, one
 /// per edge); `None` where the schema lists none (refused where the file exists anyway).
 pub fn read_edge_weights(dir: &Path, r: &RelationSchema) -> Result<Option<Vec<f32>>> {
     let path = paths::edge_weights(dir, &r.canonical());
-    if !r.weights {
-        if path.exists() {
-            return Err(GraphError::data(&path, "schema.json does not list weights (\"weights\": true) for this relation, but this file exists"));
-        }
+    let Some(f) = edge_column(&path, r.weights, "weights", DType::F32, r.count)? else {
         return Ok(None);
-    }
-    let f = NpyFile::open(&path, DType::F32)?;
-    f.expect_shape(&[r.count], "edge weights")?;
+    };
     let w = f.to_f32_vec();
     if let Some(i) = w.iter().position(|x| !x.is_finite()) {
         return Err(GraphError::data(
@@ -432,15 +450,8 @@ pub fn read_edge_weights(dir: &Path, r: &RelationSchema) -> Result<Option<Vec<f3
 /// `None` where the schema lists none (refused where the file exists anyway).
 pub fn read_edge_times(dir: &Path, r: &RelationSchema) -> Result<Option<Vec<i64>>> {
     let path = paths::edge_times(dir, &r.canonical());
-    if !r.times {
-        if path.exists() {
-            return Err(GraphError::data(&path, "schema.json does not list times (\"times\": true) for this relation, but this file exists"));
-        }
-        return Ok(None);
-    }
-    let f = NpyFile::open(&path, DType::I64)?;
-    f.expect_shape(&[r.count], "edge times")?;
-    Ok(Some((0..f.len()).map(|i| f.i64_at(i)).collect()))
+    let f = edge_column(&path, r.times, "times", DType::I64, r.count)?;
+    Ok(f.map(|f| (0..f.len()).map(|i| f.i64_at(i)).collect()))
 }
 
 /// The edge targets of `r` (whose edges are `src -> dst` in file order),

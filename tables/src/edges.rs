@@ -9,7 +9,7 @@ use graphs::schema::RelationSchema;
 
 use crate::config::{EdgeTable, SplitRule};
 use crate::error::{Result, TableError};
-use crate::labels::{by_fractions, ClassNames};
+use crate::labels::{by_fractions, split_tag, ClassNames};
 use crate::like::Prior;
 use crate::source::Cells;
 
@@ -211,7 +211,7 @@ impl EdgeColumns {
         let known = label >= 0 || !value.is_nan();
         let split = match (&self.rule, split_col) {
             (Some(SplitRule::Column(_)), Some((name, cells))) => {
-                let tag = split_name(cells, i).map_err(|p| TableError::cell(path, row, name, p))?;
+                let tag = split_tag(cells, i).map_err(|p| TableError::cell(path, row, name, p))?;
                 if tag > 0 && !known {
                     let what = e.label.as_deref().or(e.value.as_deref()).unwrap_or("");
                     return Err(TableError::cell(
@@ -353,20 +353,6 @@ fn take<'a, 'b>(
     name: Option<&'a str>,
 ) -> Option<(&'a str, &'b Cells)> {
     name.map(|n| (n, cols.next().expect("every column asked for is read")))
-}
-
-/// Cell `i` of a split column: 0 none (empty), 1 train, 2 valid, 3 test.
-fn split_name(cells: &Cells, i: usize) -> std::result::Result<u8, String> {
-    match cells.text(i).as_deref().map(str::trim) {
-        None | Some("") => Ok(0),
-        Some("train") => Ok(1),
-        Some("valid") => Ok(2),
-        Some("test") => Ok(3),
-        Some(other) => Err(format!(
-            "split '{}' is not train, valid or test (empty: none)",
-            other.escape_debug()
-        )),
-    }
 }
 
 /// Cell `i` of a weight column: a finite number; empty: 1.

@@ -273,21 +273,7 @@ impl LabelCollector {
 
     /// Takes the split of the next node from cell `i` of a split column.
     pub fn push_split_name(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
-        let mark = match cells.text(i).map(|t| t.trim().to_ascii_lowercase()) {
-            None => NONE,
-            Some(t) => match t.as_str() {
-                "" | "none" => NONE,
-                "train" => 1,
-                "valid" | "val" | "validation" => 2,
-                "test" => 3,
-                _ => {
-                    return Err(format!(
-                        "split '{}' is not train, valid or test (or empty)",
-                        t.escape_debug()
-                    ))
-                }
-            },
-        };
+        let mark = split_tag(cells, i)?;
         if mark != NONE && !self.last_known() {
             return Err(format!(
                 "the node is in the {} split but has no {}",
@@ -397,6 +383,24 @@ impl LabelCollector {
             classes,
             splits,
         })
+    }
+}
+
+/// Cell `i` of a split column: 0 none (empty, `none`), 1 train, 2 valid
+/// (`val`, `validation`), 3 test, in any case.
+pub(crate) fn split_tag(cells: &Cells, i: usize) -> Result<u8, String> {
+    let Some(t) = cells.text(i).map(|t| t.trim().to_ascii_lowercase()) else {
+        return Ok(NONE);
+    };
+    match t.as_str() {
+        "" | "none" => Ok(NONE),
+        "train" => Ok(1),
+        "valid" | "val" | "validation" => Ok(2),
+        "test" => Ok(3),
+        _ => Err(format!(
+            "split '{}' is not train, valid or test (or empty)",
+            t.escape_debug()
+        )),
     }
 }
 

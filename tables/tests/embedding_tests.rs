@@ -113,16 +113,14 @@ fn an_embedding_column_clashing_with_a_type_or_too_many_categories_is_refused() 
     let clash = format!(
         "{CONFIG}[[nodes]]\ntype = \"account.country\"\nfiles = [\"c.csv\"]\nid = \"id\"\n"
     );
-    std::fs::write(tmp.path().join("g.toml"), clash).unwrap();
-    let opts = ImportOptions::default();
-    let err = import_tables(
-        &tmp.path().join("g.toml"),
-        &tmp.path().join("g"),
-        &opts,
-        &mut NoProgress,
-    )
-    .unwrap_err()
-    .to_string();
+    let refusal = |config: &str| {
+        std::fs::write(tmp.path().join("g.toml"), config).unwrap();
+        let (cfg, out) = (tmp.path().join("g.toml"), tmp.path().join("g"));
+        let opts = ImportOptions::default();
+        let err = import_tables(&cfg, &out, &opts, &mut NoProgress).unwrap_err();
+        err.to_string()
+    };
+    let err = refusal(&clash);
     assert!(
         err.contains("makes the node type 'account.country', which the tables already have"),
         "{err}"
@@ -131,15 +129,7 @@ fn an_embedding_column_clashing_with_a_type_or_too_many_categories_is_refused() 
         "transform = \"embedding\"\n[[nodes.features]]",
         "transform = \"embedding\"\nmax_categories = 2\n[[nodes.features]]",
     );
-    std::fs::write(tmp.path().join("g.toml"), capped).unwrap();
-    let err = import_tables(
-        &tmp.path().join("g.toml"),
-        &tmp.path().join("g"),
-        &opts,
-        &mut NoProgress,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = refusal(&capped);
     assert!(
         err.contains("row 4")
             && err.contains("country")
