@@ -6,14 +6,68 @@ use std::hash::BuildHasherDefault;
 use std::io::{BufReader, BufWriter};
 use std::path::Path;
 
-use indexmap::IndexSet;
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use compact_str::CompactString;
 use rustc_hash::FxHasher;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TableError};
 use crate::source::Cells;
 
-type Set<T> = IndexSet<T, BuildHasherDefault<FxHasher>>;
+/// Keys numbered in the order first seen. A lookup reads the hash table
+/// alone (its bucket holds key and number): an index set would read an
+/// index slot and then the entry, one more cache miss per lookup, and
+/// lookups are most of an edge table's import time.
+#[derive(Debug)]
+struct Set<K> {
+    index: HashMap<K, u32, BuildHasherDefault<FxHasher>>,
+    order: Vec<K>,
+}
+
+impl<K> Default for Set<K> {
+    fn default() -> Self {
+        Set {
+            index: HashMap::default(),
+            order: Vec::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Set<K> {
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The key's number, and whether it is new.
+    fn insert_full(&mut self, k: K) -> (usize, bool) {
+        if let Some(&d) = self.index.get(&k) {
+            return (d as usize, false);
+        }
+        // Numbers past u32 are refused by the caller before they are stored.
+        let d = self.order.len();
+        self.index.insert(k.clone(), d as u32);
+        self.order.push(k);
+        (d, true)
+    }
+
+    fn get_index_of<Q: Hash + Eq + ?Sized>(&self, q: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+    {
+        self.index.get(q).map(|&d| d as usize)
+    }
+
+    fn get_index(&self, d: usize) -> Option<&K> {
+        self.order.get(d)
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, K> {
+        self.order.iter()
+    }
+}
 
 /// Whether a type's original ids are integers or strings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,11 +81,14 @@ pub enum IdKind {
 
 /// A dense numbering of original ids.
 #[derive(Debug)]
-pub enum IdMap {
+pub struct IdMap(Ids);
+
+#[derive(Debug)]
+enum Ids {
     /// Integer ids.
     Int(Set<i64>),
-    /// String ids.
-    Text(Set<Box<str>>),
+    /// String ids (inline up to 24 bytes: a lookup compares without a pointer chase).
+    Text(Set<CompactString>),
 }
 
 /// What happened when an id was added.
@@ -47,8 +104,8 @@ impl IdMap {
     /// An empty map for ids of `kind`.
     pub fn new(kind: IdKind) -> IdMap {
         match kind {
-            IdKind::Int => IdMap::Int(Set::default()),
-            IdKind::Text => IdMap::Text(Set::default()),
+            IdKind::Int => IdMap(Ids::Int(Set::default())),
+            IdKind::Text => IdMap(Ids::Text(Set::default())),
         }
     }
 
@@ -66,17 +123,17 @@ impl IdMap {
 
     /// The kind of ids held.
     pub fn kind(&self) -> IdKind {
-        match self {
-            IdMap::Int(_) => IdKind::Int,
-            IdMap::Text(_) => IdKind::Text,
+        match &self.0 {
+            Ids::Int(_) => IdKind::Int,
+            Ids::Text(_) => IdKind::Text,
         }
     }
 
     /// Number of ids.
     pub fn len(&self) -> usize {
-        match self {
-            IdMap::Int(s) => s.len(),
-            IdMap::Text(s) => s.len(),
+        match &self.0 {
+            Ids::Int(s) => s.len(),
+            Ids::Text(s) => s.len(),
         }
     }
 
@@ -87,23 +144,23 @@ impl IdMap {
 
     /// Adds cell `i` of `cells` (not missing). Errors say what is wrong with the value.
     pub fn add(&mut self, cells: &Cells, i: usize) -> std::result::Result<Added, String> {
-        let (index, new) = match (self, cells) {
-            (IdMap::Int(s), Cells::Int(v)) => s.insert_full(v[i].ok_or("missing id")?),
-            (IdMap::Text(s), Cells::Text(v)) => {
+        let (index, new) = match (&mut self.0, cells) {
+            (Ids::Int(s), Cells::Int(v)) => s.insert_full(v[i].ok_or("missing id")?),
+            (Ids::Text(s), Cells::Text(v)) => {
                 let t = v[i].as_deref().ok_or("missing id")?;
                 match s.get_index_of(t) {
                     Some(k) => (k, false),
                     None => s.insert_full(t.into()),
                 }
             }
-            (IdMap::Text(s), c) => {
+            (Ids::Text(s), c) => {
                 let t = c.text(i).ok_or("missing id")?;
                 match s.get_index_of(t.as_str()) {
                     Some(k) => (k, false),
                     None => s.insert_full(t.into()),
                 }
             }
-            (IdMap::Int(s), c) => {
+            (Ids::Int(s), c) => {
                 let t = c.text(i).ok_or("missing id")?;
                 let v: i64 = t.trim().parse().map_err(|_| {
                     format!(
@@ -127,38 +184,38 @@ impl IdMap {
 
     /// The dense id of cell `i`, if known (`None` also for a missing cell).
     pub fn get(&self, cells: &Cells, i: usize) -> Option<u32> {
-        let k = match (self, cells) {
-            (IdMap::Int(s), Cells::Int(v)) => s.get_index_of(&v[i]?),
-            (IdMap::Text(s), Cells::Text(v)) => s.get_index_of(v[i].as_deref()?),
-            (IdMap::Text(s), c) => s.get_index_of(c.text(i)?.as_str()),
-            (IdMap::Int(s), c) => s.get_index_of(&c.text(i)?.trim().parse::<i64>().ok()?),
+        let k = match (&self.0, cells) {
+            (Ids::Int(s), Cells::Int(v)) => s.get_index_of(&v[i]?),
+            (Ids::Text(s), Cells::Text(v)) => s.get_index_of(v[i].as_deref()?),
+            (Ids::Text(s), c) => s.get_index_of(c.text(i)?.as_str()),
+            (Ids::Int(s), c) => s.get_index_of(&c.text(i)?.trim().parse::<i64>().ok()?),
         };
         k.map(|k| k as u32)
     }
 
     /// The dense id of integer id `v` (read as text for string ids).
     pub fn lookup_int(&self, v: i64) -> Option<u32> {
-        match self {
-            IdMap::Int(s) => s.get_index_of(&v).map(|k| k as u32),
-            IdMap::Text(s) => s.get_index_of(v.to_string().as_str()).map(|k| k as u32),
+        match &self.0 {
+            Ids::Int(s) => s.get_index_of(&v).map(|k| k as u32),
+            Ids::Text(s) => s.get_index_of(v.to_string().as_str()).map(|k| k as u32),
         }
     }
 
     /// The dense id of string id `t` (parsed for integer ids).
     pub fn lookup_text(&self, t: &str) -> Option<u32> {
-        match self {
-            IdMap::Int(s) => s
+        match &self.0 {
+            Ids::Int(s) => s
                 .get_index_of(&t.trim().parse::<i64>().ok()?)
                 .map(|k| k as u32),
-            IdMap::Text(s) => s.get_index_of(t).map(|k| k as u32),
+            Ids::Text(s) => s.get_index_of(t).map(|k| k as u32),
         }
     }
 
     /// The original id of dense id `d`, as text.
     pub fn original(&self, d: u32) -> Option<String> {
-        match self {
-            IdMap::Int(s) => s.get_index(d as usize).map(|v| v.to_string()),
-            IdMap::Text(s) => s.get_index(d as usize).map(|v| v.to_string()),
+        match &self.0 {
+            Ids::Int(s) => s.get_index(d as usize).map(|v| v.to_string()),
+            Ids::Text(s) => s.get_index(d as usize).map(|v| v.to_string()),
         }
     }
 
@@ -168,15 +225,15 @@ impl IdMap {
         let mut w = csv::Writer::from_writer(BufWriter::with_capacity(1 << 20, file));
         let err = |e: csv::Error| TableError::io(path, std::io::Error::other(e.to_string()));
         w.write_record(["id"]).map_err(err)?;
-        match self {
-            IdMap::Int(s) => {
-                for v in s {
+        match &self.0 {
+            Ids::Int(s) => {
+                for v in s.iter() {
                     w.write_record([v.to_string()]).map_err(err)?;
                 }
             }
-            IdMap::Text(s) => {
-                for v in s {
-                    w.write_record([&**v]).map_err(err)?;
+            Ids::Text(s) => {
+                for v in s.iter() {
+                    w.write_record([v.as_str()]).map_err(err)?;
                 }
             }
         }
