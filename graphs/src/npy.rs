@@ -396,58 +396,91 @@ impl NpyFile {
 }
 
 /// Writes one `.npy` file element by element; the shape is fixed up front and
-/// [`NpyWriter::finish`] refuses to close a file with missing elements.
+/// [`NpyWriter::finish`] refuses to close a file with missing elements (or,
+/// from [`NpyWriter::create_rows`], the row count is fixed at the end).
 pub struct NpyWriter {
     path: PathBuf,
     out: BufWriter<AtomicFile>,
     dtype: DType,
     remaining: u64,
+    /// Rows counted as they come: the width of a row and the elements written.
+    growing: Option<(u64, u64)>,
+}
+
+/// The header of an array of `dtype` and `shape`, padded with spaces and a
+/// newline so the data starts on a 64-byte boundary and the header takes at
+/// least `min_len` bytes.
+fn header(dtype: DType, shape: &[u64], min_len: usize) -> Vec<u8> {
+    let shape_txt = match shape {
+        [d] => format!("({d},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let dict = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
+        dtype.descr(),
+        shape_txt
+    );
+    let unpadded = (10 + dict.len() + 1).max(min_len);
+    let total = unpadded.div_ceil(64) * 64;
+    let mut header = dict.into_bytes();
+    header.resize(total - 10 - 1, b' ');
+    header.push(b'\n');
+    let mut pre = MAGIC.to_vec();
+    pre.extend_from_slice(&[1, 0]);
+    pre.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    pre.extend_from_slice(&header);
+    pre
 }
 
 impl NpyWriter {
     /// Starts `path` (written whole by [`NpyWriter::finish`], see [`crate::atomic`])
     /// with the header for `dtype` and `shape`.
     pub fn create(path: &Path, dtype: DType, shape: &[u64]) -> Result<NpyWriter> {
+        let mut w = NpyWriter::start(path, &header(dtype, shape, 0), dtype)?;
+        w.remaining = shape.iter().product();
+        Ok(w)
+    }
+
+    /// Starts a `[rows, dim]` file whose row count is known only when it is
+    /// finished: a stream of unknown length (a CSV table) is written in one
+    /// pass. The header is written for the largest count and rewritten at the end.
+    pub fn create_rows(path: &Path, dtype: DType, dim: u64) -> Result<NpyWriter> {
+        if dim == 0 {
+            return Err(GraphError::npy(
+                path,
+                "rows of no element cannot be counted",
+            ));
+        }
+        let mut w = NpyWriter::start(path, &header(dtype, &[u64::MAX, dim], 0), dtype)?;
+        w.growing = Some((dim, 0));
+        Ok(w)
+    }
+
+    fn start(path: &Path, header: &[u8], dtype: DType) -> Result<NpyWriter> {
         let file = AtomicFile::create(path)?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
-        let shape_txt = match shape {
-            [d] => format!("({d},)"),
-            _ => format!(
-                "({})",
-                shape
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let dict = format!(
-            "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-            dtype.descr(),
-            shape_txt
-        );
-        // Pad with spaces and a newline so the data starts on a 64-byte boundary.
-        let unpadded = 10 + dict.len() + 1;
-        let total = unpadded.div_ceil(64) * 64;
-        let mut header = dict.into_bytes();
-        header.resize(total - 10 - 1, b' ');
-        header.push(b'\n');
-        let mut pre = MAGIC.to_vec();
-        pre.extend_from_slice(&[1, 0]);
-        pre.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.write_all(&pre)
-            .and_then(|_| out.write_all(&header))
-            .map_err(|e| GraphError::io(path, e))?;
-        let remaining = shape.iter().product();
+        out.write_all(header).map_err(|e| GraphError::io(path, e))?;
         Ok(NpyWriter {
             path: path.to_path_buf(),
             out,
             dtype,
-            remaining,
+            remaining: 0,
+            growing: None,
         })
     }
 
     fn take(&mut self, n: usize) -> Result<()> {
+        if let Some((_, written)) = &mut self.growing {
+            *written += n as u64;
+            return Ok(());
+        }
         if n as u64 > self.remaining {
             return Err(GraphError::npy(
                 &self.path,
@@ -541,6 +574,9 @@ impl NpyWriter {
 
     /// Checks every element was written and moves the file into place.
     pub fn finish(self) -> Result<()> {
+        if let Some((dim, written)) = self.growing {
+            return self.finish_rows(dim, written);
+        }
         if self.remaining != 0 {
             return Err(GraphError::npy(
                 &self.path,
@@ -586,6 +622,31 @@ impl SparseRows {
 
     /// Moves the file into place.
     pub fn finish(self) -> Result<()> {
+        commit(self.out, &self.path)
+    }
+}
+
+impl NpyWriter {
+    /// Ends a file of [`NpyWriter::create_rows`]: whole rows only, and the
+    /// header rewritten, at its first length, with the count.
+    fn finish_rows(mut self, dim: u64, written: u64) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        if written % dim != 0 {
+            return Err(GraphError::npy(
+                &self.path,
+                format!("{written} elements are not whole rows of {dim}"),
+            ));
+        }
+        let rows = written / dim;
+        let first = header(self.dtype, &[u64::MAX, dim], 0).len();
+        let fixed = header(self.dtype, &[rows, dim], first);
+        debug_assert_eq!(fixed.len(), first);
+        let path = self.path.clone();
+        let io = |e| GraphError::io(&path, e);
+        self.out.flush().map_err(io)?;
+        let file = self.out.get_mut();
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        file.write_all(&fixed).map_err(io)?;
         commit(self.out, &self.path)
     }
 }
@@ -707,5 +768,29 @@ mod tests {
         assert!(w.finish().is_err());
         let mut w = NpyWriter::create(&p, DType::I64, &[1]).unwrap();
         assert!(w.write_i64(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn rows_counted_at_the_end_give_the_header_of_their_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.npy");
+        let mut w = NpyWriter::create_rows(&p, DType::F32, 2).unwrap();
+        w.write_f32(&[1.0, 2.0, 3.0]).unwrap();
+        w.write_f32(&[4.0, 5.0, 6.0]).unwrap();
+        w.finish().unwrap();
+        let f = NpyFile::open(&p, DType::F32).unwrap();
+        assert_eq!(f.shape(), &[3, 2]);
+        assert_eq!(f.data_offset() % 64, 0);
+        assert_eq!(f.to_f32_vec(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        // The same bytes as a file whose shape was known up front, but the padding.
+        let q = dir.path().join("b.npy");
+        write_f32(&q, &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let g = NpyFile::open(&q, DType::F32).unwrap();
+        assert_eq!(f.data(), g.data());
+
+        let mut w = NpyWriter::create_rows(&p, DType::F32, 2).unwrap();
+        w.write_f32(&[1.0, 2.0, 3.0]).unwrap();
+        assert!(w.finish().is_err(), "half a row");
+        assert!(NpyWriter::create_rows(&p, DType::F32, 0).is_err());
     }
 }

@@ -2,7 +2,9 @@
 //! arrived ([`Membership::handle_heartbeat`]), ask it what changed at a given
 //! time ([`Membership::poll`]) and when to ask next
 //! ([`Membership::next_deadline`]). A peer is up from its first heartbeat and
-//! down once it has been silent for the failure timeout.
+//! down once it has been silent for the failure timeout. A peer never heard
+//! from is given the longer start-up timeout: it may still be loading its
+//! partition, with no transport yet to answer from.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -43,6 +45,8 @@ struct Peer {
 #[derive(Clone, Debug)]
 pub struct Membership {
     timeout: Duration,
+    /// How long a peer never heard from may stay silent.
+    first_timeout: Duration,
     peers: BTreeMap<String, Peer>,
     started: Instant,
 }
@@ -68,8 +72,25 @@ impl Membership {
             .collect();
         Membership {
             timeout,
+            first_timeout: timeout,
             peers,
             started: now,
+        }
+    }
+
+    /// Gives peers never heard from `first` (at least the failure timeout) to
+    /// send their first heartbeat: nodes of a cluster start their transports
+    /// seconds apart when they load partitions of different sizes first.
+    pub fn with_first_timeout(mut self, first: Duration) -> Membership {
+        self.first_timeout = first.max(self.timeout);
+        self
+    }
+
+    /// When `p` is down if it stays silent.
+    fn deadline(&self, p: &Peer) -> Instant {
+        match p.last_heard {
+            Some(t) => t + self.timeout,
+            None => self.started + self.first_timeout,
         }
     }
 
@@ -86,17 +107,20 @@ impl Membership {
     }
 
     /// Peers that went silent by `now` (each reported once per outage). A peer
-    /// never heard from is reported down once the timeout has passed since start.
+    /// never heard from is reported down once the first timeout has passed since start.
     pub fn poll(&mut self, now: Instant) -> Vec<MemberEvent> {
-        let mut out = Vec::new();
-        for (id, p) in &mut self.peers {
-            let since = p.last_heard.unwrap_or(self.started);
-            if p.state != PeerState::Down && now.saturating_duration_since(since) >= self.timeout {
+        let due: Vec<String> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.state != PeerState::Down && now >= self.deadline(p))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &due {
+            if let Some(p) = self.peers.get_mut(id) {
                 p.state = PeerState::Down;
-                out.push(MemberEvent::Down(id.clone()));
             }
         }
-        out
+        due.into_iter().map(MemberEvent::Down).collect()
     }
 
     /// The earliest time at which [`Membership::poll`] could report something.
@@ -104,7 +128,7 @@ impl Membership {
         self.peers
             .values()
             .filter(|p| p.state != PeerState::Down)
-            .map(|p| p.last_heard.unwrap_or(self.started) + self.timeout)
+            .map(|p| self.deadline(p))
             .min()
     }
 
@@ -168,5 +192,35 @@ mod tests {
         m.handle_heartbeat("a", ms(5500));
         assert!(m.poll(ms(6999)).is_empty());
         assert_eq!(m.poll(ms(7000)), vec![MemberEvent::Down("a".into())]);
+    }
+
+    #[test]
+    fn a_peer_never_heard_from_has_the_start_up_timeout_then_the_failure_timeout() {
+        let t0 = Instant::now();
+        let ms = |m| t0 + Duration::from_millis(m);
+        let mut m = Membership::new(
+            ["a".to_string(), "b".to_string()],
+            Duration::from_millis(1000),
+            t0,
+        )
+        .with_first_timeout(Duration::from_millis(30_000));
+        // Both still loading: not down after the failure timeout.
+        assert!(m.poll(ms(5000)).is_empty());
+        assert_eq!(m.state("b"), Some(PeerState::Unknown));
+        assert_eq!(m.next_deadline(), Some(ms(30_000)));
+        // Once heard, a peer is held to the failure timeout.
+        assert_eq!(
+            m.handle_heartbeat("a", ms(6000)),
+            Some(MemberEvent::Up("a".into()))
+        );
+        assert_eq!(m.next_deadline(), Some(ms(7000)));
+        assert_eq!(m.poll(ms(7000)), vec![MemberEvent::Down("a".into())]);
+        // One that never comes is down at the start-up timeout.
+        assert!(m.poll(ms(29_999)).is_empty());
+        assert_eq!(m.poll(ms(30_000)), vec![MemberEvent::Down("b".into())]);
+        // A first timeout shorter than the failure timeout is the failure timeout.
+        let m = Membership::new(["c".to_string()], Duration::from_millis(1000), t0)
+            .with_first_timeout(Duration::from_millis(10));
+        assert_eq!(m.next_deadline(), Some(ms(1000)));
     }
 }

@@ -335,6 +335,8 @@ pub(crate) struct Settings {
     pub retry: Duration,
     pub heartbeat: Duration,
     pub failure_timeout: Duration,
+    /// How long a peer not yet heard from may take to start (`start_timeout_ms`).
+    pub start_grace: Duration,
     /// Bytes of large frames each peer may have in flight.
     pub large_budget: usize,
     /// Longest a large frame's body may make no progress.
@@ -350,6 +352,7 @@ impl Settings {
             retry: Duration::from_millis(c.retry_ms),
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+            start_grace: Duration::from_millis(c.start_timeout_ms),
             large_budget: LARGE_BUDGET,
             large_stall: LARGE_STALL,
         }
@@ -497,7 +500,9 @@ impl Transport {
             registry,
             metrics,
             faults: RwLock::new(Faults::default()),
-            membership: Mutex::new(Membership::new(members, s.failure_timeout, now)),
+            membership: Mutex::new(
+                Membership::new(members, s.failure_timeout, now).with_first_timeout(s.start_grace),
+            ),
             events,
             started: now,
             retry: s.retry,
@@ -1672,6 +1677,7 @@ mod tests {
             retry: Duration::from_millis(50),
             heartbeat: Duration::from_millis(100),
             failure_timeout: Duration::from_secs(2),
+            start_grace: Duration::from_secs(2),
             large_budget,
             large_stall,
         };

@@ -311,13 +311,13 @@ fn transform(
 /// One JSON value as a one-row column (absent or null: a missing cell).
 fn cell(v: Option<&Value>) -> std::result::Result<Cells, String> {
     Ok(match v {
-        None | Some(Value::Null) => Cells::Text(vec![None]),
+        None | Some(Value::Null) => Cells::Text(vec![None::<&str>].into()),
         Some(Value::Bool(b)) => Cells::Int(vec![Some(i64::from(*b))]),
         Some(Value::Number(n)) => match n.as_i64() {
             Some(i) => Cells::Int(vec![Some(i)]),
             None => Cells::Float(vec![n.as_f64()]),
         },
-        Some(Value::String(s)) => Cells::Text(vec![Some(s.clone())]),
+        Some(Value::String(s)) => Cells::Text(vec![Some(s.as_str())].into()),
         Some(Value::Array(a)) => Cells::List(vec![Some(
             a.iter()
                 .map(|x| match x {

@@ -147,7 +147,7 @@ impl IdMap {
         let (index, new) = match (&mut self.0, cells) {
             (Ids::Int(s), Cells::Int(v)) => s.insert_full(v[i].ok_or("missing id")?),
             (Ids::Text(s), Cells::Text(v)) => {
-                let t = v[i].as_deref().ok_or("missing id")?;
+                let t = v.get(i).ok_or("missing id")?;
                 match s.get_index_of(t) {
                     Some(k) => (k, false),
                     None => s.insert_full(t.into()),
@@ -186,7 +186,7 @@ impl IdMap {
     pub fn get(&self, cells: &Cells, i: usize) -> Option<u32> {
         let k = match (&self.0, cells) {
             (Ids::Int(s), Cells::Int(v)) => s.get_index_of(&v[i]?),
-            (Ids::Text(s), Cells::Text(v)) => s.get_index_of(v[i].as_deref()?),
+            (Ids::Text(s), Cells::Text(v)) => s.get_index_of(v.get(i)?),
             (Ids::Text(s), c) => s.get_index_of(c.text(i)?.as_str()),
             (Ids::Int(s), c) => s.get_index_of(&c.text(i)?.trim().parse::<i64>().ok()?),
         };
@@ -257,7 +257,7 @@ impl IdMap {
             .map_err(|e| TableError::file(path, e.to_string()))?
         {
             row += 1;
-            let cells = Cells::Text(vec![rec.get(0).map(str::to_string)]);
+            let cells = Cells::Text(vec![rec.get(0)].into());
             match map.add(&cells, 0) {
                 Ok(Added::New(_)) => {}
                 Ok(Added::Known(_)) => {

@@ -1,5 +1,6 @@
 //! `import tables`: node and edge tables to a graph directory. Node tables
-//! are read twice (fit, then transform and write), edge tables once; the
+//! are read twice where a transform is fitted (fit, then transform and
+//! write), else once, and edge tables once; the
 //! result's files are checked against its schema before it is moved into place.
 
 use std::collections::HashMap;
@@ -20,7 +21,7 @@ use crate::ids::{Added, IdKind, IdMap};
 use crate::labels::{LabelCollector, LabelSetRows, Labelled, SetCollector};
 
 use crate::like::{Prior, Seed};
-use crate::source::{Cells, TableReader};
+use crate::source::{Cells, Chunk, TableReader};
 use crate::transform::{FittedBlock, Fitter};
 
 /// Name of the file, beside `schema.json`, that records how the tables were imported.
@@ -344,7 +345,7 @@ pub fn import_tables(
             for (path, format) in files {
                 let mut wanted = vec![e.source.as_str(), e.destination.as_str()];
                 wanted.extend(e.extra_columns());
-                let mut reader = TableReader::open(path, *format, e.delimiter, &wanted)?;
+                let mut reader = TableReader::open(path, *format, e.delimiter, &wanted)?.ahead();
                 progress.start(
                     &format!("{} {}", rs.canonical(), file_name(path)),
                     reader.total_rows().unwrap_or(0),
@@ -581,7 +582,8 @@ fn file_name(p: &Path) -> String {
 }
 
 /// Reads a node type's tables: ids, fitted features, labels and splits on a
-/// first pass, transformed features on a second.
+/// first pass, transformed features on a second (on the first when nothing is
+/// fitted).
 fn import_nodes(
     table: &NodeTable,
     files: &[(PathBuf, FileFormat)],
@@ -651,7 +653,27 @@ fn import_nodes(
         ),
     };
 
-    // Pass 1: ids, statistics, labels, splits.
+    // Blocks known before reading (nothing to fit, or an earlier import's
+    // statistics): features are written on the one pass, not a second.
+    let early: Option<Vec<FittedBlock>> = match seed_blocks {
+        Some(b) => Some(b),
+        None if fitters.iter().all(|f| !f.needs_data()) => Some(
+            std::mem::take(&mut fitters)
+                .into_iter()
+                .map(Fitter::finish)
+                .collect(),
+        ),
+        None => None,
+    };
+    let first = files
+        .first()
+        .map_or_else(|| out.to_path_buf(), |f| f.0.clone());
+    let mut features = match &early {
+        Some(blocks) => FeatureRows::start(t, blocks, &first, out, prior, old_count, None)?,
+        None => None,
+    };
+
+    // Pass 1: ids, statistics, labels, splits (and features, as just said).
     let mut columns: Vec<&str> = vec![&table.id];
     let fit_at: Vec<Option<usize>> = fitters
         .iter()
@@ -693,8 +715,17 @@ fn import_nodes(
         }
         _ => None,
     };
+    let features_at = columns.len();
+    if features.is_some() {
+        columns.extend(
+            table
+                .features
+                .iter()
+                .flat_map(|s| s.columns.iter().map(String::as_str)),
+        );
+    }
     for (path, format) in files {
-        let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?;
+        let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?.ahead();
         progress.start(
             &format!("{t} {}", file_name(path)),
             reader.total_rows().unwrap_or(0),
@@ -784,31 +815,23 @@ fn import_nodes(
                     .map_err(|p| TableError::cell(path, row, columns[at], p))?;
                 }
             }
+            if let Some(f) = &mut features {
+                f.chunk(path, &chunk, features_at)?;
+            }
             progress.advance(chunk.rows as u64);
         }
         progress.finish();
     }
-    let first = files
-        .first()
-        .map_or_else(|| out.to_path_buf(), |f| f.0.clone());
     let ids = ids.ok_or_else(|| {
         TableError::file(&first, format!("node type '{t}': the tables hold no rows"))
     })?;
     let count = ids.len() as u64;
-    let blocks: Vec<FittedBlock> = match seed_blocks {
+    let one_pass = features.map(FeatureRows::finish).transpose()?;
+    let blocks: Vec<FittedBlock> = match early {
         Some(b) => b,
         None => fitters.into_iter().map(Fitter::finish).collect(),
     };
-    let width: usize = blocks.iter().map(FittedBlock::width).sum();
-    if width as u64 > graphs::schema::MAX_FEATURE_DIM {
-        return Err(TableError::file(
-            &first,
-            format!(
-                "node type '{t}': {width} feature columns after the transforms, more than {}",
-                graphs::schema::MAX_FEATURE_DIM
-            ),
-        ));
-    }
+    let width = checked_width(t, &blocks, &first)?;
     // The column an error of the labels or splits names: the label's, else the target's.
     let target_column = [
         table.label.as_ref().map(|l| &l.column),
@@ -838,91 +861,36 @@ fn import_nodes(
         None => None,
     };
 
-    // Links of the embedding columns, one entry per column.
-    let mut links: Vec<CategoryLinks> = Vec::new();
-    let mut link_at: Vec<usize> = Vec::new();
-    for b in &blocks {
-        link_at.push(links.len());
-        for (c, cats) in b.embedding_categories().into_iter().flatten().enumerate() {
-            let ntype = format!("{t}.{}", b.columns[c]);
-            links.push(CategoryLinks {
-                relation: [ntype.clone(), b.columns[c].clone(), t.clone()],
-                ntype,
-                categories: cats.clone(),
-                pairs: Vec::new(),
-            });
-        }
-    }
-
-    // Pass 2: transformed features and links, row by row.
-    if width > 0 || !links.is_empty() {
-        let fpath = paths::features(out, t);
-        let mut w = match width {
-            0 => None,
-            _ => Some(NpyWriter::create(
-                &fpath,
-                DType::F32,
-                &[count, width as u64],
-            )?),
-        };
-        if let (Some(p), Some(w)) = (prior, &mut w) {
-            p.copy_features(t, w)?;
-        }
-        let mut node = old_count as u32;
-        let mut row_links = Vec::new();
-        let columns: Vec<&str> = table
-            .features
-            .iter()
-            .flat_map(|s| s.columns.iter().map(String::as_str))
-            .collect();
-        let mut row_buf = Vec::with_capacity(width);
-        let mut chunk_buf: Vec<f32> = Vec::new();
-        for (path, format) in files {
-            let mut reader = TableReader::open(path, *format, table.delimiter, &columns)?;
-            progress.start(
-                &format!("{t} features {}", file_name(path)),
-                reader.total_rows().unwrap_or(0),
-            );
-            while let Some(chunk) = reader.next_chunk()? {
-                chunk_buf.clear();
-                for i in 0..chunk.rows {
-                    row_buf.clear();
-                    let mut at = 0;
-                    for (bi, b) in blocks.iter().enumerate() {
-                        let cells: Vec<&Cells> =
-                            chunk.columns[at..at + b.columns.len()].iter().collect();
-                        let bad = |(c, p): (usize, String)| {
-                            TableError::cell(path, chunk.first_row + i as u64, &b.columns[c], p)
-                        };
-                        b.apply(&cells, i, &mut row_buf).map_err(bad)?;
-                        row_links.clear();
-                        b.links(&cells, i, &mut row_links).map_err(bad)?;
-                        for &(c, k) in &row_links {
-                            links[link_at[bi] + c].pairs.push((k, node));
+    // Pass 2: transformed features and links, where statistics were fitted on pass 1.
+    let links = match one_pass {
+        Some(links) => links,
+        None => {
+            let columns: Vec<&str> = table
+                .features
+                .iter()
+                .flat_map(|s| s.columns.iter().map(String::as_str))
+                .collect();
+            match FeatureRows::start(t, &blocks, &first, out, prior, old_count, Some(count))? {
+                None => Vec::new(),
+                Some(mut rows) => {
+                    for (path, format) in files {
+                        let mut reader =
+                            TableReader::open(path, *format, table.delimiter, &columns)?.ahead();
+                        progress.start(
+                            &format!("{t} features {}", file_name(path)),
+                            reader.total_rows().unwrap_or(0),
+                        );
+                        while let Some(chunk) = reader.next_chunk()? {
+                            rows.chunk(path, &chunk, 0)?;
+                            progress.advance(chunk.rows as u64);
                         }
-                        at += b.columns.len();
+                        progress.finish();
                     }
-                    node += 1;
-                    chunk_buf.extend_from_slice(&row_buf);
-                    // Wide outputs (one-hot of many categories) are written as
-                    // they grow, so the buffer stays near a million values.
-                    if let Some(w) = w.as_mut().filter(|_| chunk_buf.len() >= 1 << 20) {
-                        w.write_f32(&chunk_buf)?;
-                        chunk_buf.clear();
-                    }
+                    rows.finish()?
                 }
-                if let Some(w) = &mut w {
-                    w.write_f32(&chunk_buf)?;
-                }
-                chunk_buf.clear();
-                progress.advance(chunk.rows as u64);
             }
-            progress.finish();
         }
-        if let Some(w) = w {
-            w.finish()?;
-        }
-    }
+    };
     Ok(NodeResult {
         links,
         ids,
@@ -932,6 +900,134 @@ fn import_nodes(
         values,
         label_sets,
     })
+}
+
+/// The width of a type's feature rows after `blocks`, refused past the format's bound.
+fn checked_width(t: &str, blocks: &[FittedBlock], first: &Path) -> Result<usize> {
+    let width: usize = blocks.iter().map(FittedBlock::width).sum();
+    if width as u64 > graphs::schema::MAX_FEATURE_DIM {
+        return Err(TableError::file(
+            first,
+            format!(
+                "node type '{t}': {width} feature columns after the transforms, more than {}",
+                graphs::schema::MAX_FEATURE_DIM
+            ),
+        ));
+    }
+    Ok(width)
+}
+
+/// A node type's transformed feature rows and embedding links, made chunk
+/// by chunk: the rows go to `features.npy` as they come.
+struct FeatureRows<'b> {
+    blocks: &'b [FittedBlock],
+    out: Option<NpyWriter>,
+    /// Links of the embedding columns, one entry per column.
+    links: Vec<CategoryLinks>,
+    /// Per block, its first entry in `links`.
+    link_at: Vec<usize>,
+    /// The next row's node.
+    node: u32,
+    row: Vec<f32>,
+    row_links: Vec<(usize, u32)>,
+    buf: Vec<f32>,
+}
+
+impl<'b> FeatureRows<'b> {
+    /// Starts the rows of type `t` after `old_count` nodes an earlier import
+    /// wrote (copied from `prior`); `rows` is the count of all of them where it
+    /// is known, else the file's header is fixed at the end. `None`: the
+    /// blocks give neither features nor links.
+    fn start(
+        t: &str,
+        blocks: &'b [FittedBlock],
+        first: &Path,
+        dir: &Path,
+        prior: Option<&Prior>,
+        old_count: usize,
+        rows: Option<u64>,
+    ) -> Result<Option<FeatureRows<'b>>> {
+        let width = checked_width(t, blocks, first)?;
+        let mut links = Vec::new();
+        let mut link_at = Vec::new();
+        for b in blocks {
+            link_at.push(links.len());
+            for (c, cats) in b.embedding_categories().into_iter().flatten().enumerate() {
+                let ntype = format!("{t}.{}", b.columns[c]);
+                links.push(CategoryLinks {
+                    relation: [ntype.clone(), b.columns[c].clone(), t.to_string()],
+                    ntype,
+                    categories: cats.clone(),
+                    pairs: Vec::new(),
+                });
+            }
+        }
+        if width == 0 && links.is_empty() {
+            return Ok(None);
+        }
+        let path = paths::features(dir, t);
+        let mut out = match (width, rows) {
+            (0, _) => None,
+            (w, Some(n)) => Some(NpyWriter::create(&path, DType::F32, &[n, w as u64])?),
+            (w, None) => Some(NpyWriter::create_rows(&path, DType::F32, w as u64)?),
+        };
+        if let (Some(p), Some(w)) = (prior, &mut out) {
+            p.copy_features(t, w)?;
+        }
+        Ok(Some(FeatureRows {
+            blocks,
+            out,
+            links,
+            link_at,
+            node: old_count as u32,
+            row: Vec::with_capacity(width),
+            row_links: Vec::new(),
+            buf: Vec::new(),
+        }))
+    }
+
+    /// Transforms the rows of `chunk` (of `path`), whose feature columns start at `at`.
+    fn chunk(&mut self, path: &Path, chunk: &Chunk, at: usize) -> Result<()> {
+        self.buf.clear();
+        for i in 0..chunk.rows {
+            self.row.clear();
+            let mut at = at;
+            for (bi, b) in self.blocks.iter().enumerate() {
+                let cells: Vec<&Cells> = chunk.columns[at..at + b.columns.len()].iter().collect();
+                let bad = |(c, p): (usize, String)| {
+                    TableError::cell(path, chunk.first_row + i as u64, &b.columns[c], p)
+                };
+                b.apply(&cells, i, &mut self.row).map_err(bad)?;
+                self.row_links.clear();
+                b.links(&cells, i, &mut self.row_links).map_err(bad)?;
+                for &(c, k) in &self.row_links {
+                    self.links[self.link_at[bi] + c].pairs.push((k, self.node));
+                }
+                at += b.columns.len();
+            }
+            self.node += 1;
+            self.buf.extend_from_slice(&self.row);
+            // Wide outputs (one-hot of many categories) are written as they
+            // grow, so the buffer stays near a million values.
+            if let Some(w) = self.out.as_mut().filter(|_| self.buf.len() >= 1 << 20) {
+                w.write_f32(&self.buf)?;
+                self.buf.clear();
+            }
+        }
+        if let Some(w) = &mut self.out {
+            w.write_f32(&self.buf)?;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Closes `features.npy`; the links made.
+    fn finish(self) -> Result<Vec<CategoryLinks>> {
+        if let Some(w) = self.out {
+            w.finish()?;
+        }
+        Ok(self.links)
+    }
 }
 
 fn column_error(path: &Path, row: Option<u64>, column: &str, problem: String) -> TableError {

@@ -37,12 +37,83 @@ fn chunk_rows(columns: usize) -> usize {
 /// unterminated quote swallowing the rest), refused before it fills memory.
 const MAX_RECORD_BYTES: u64 = 16 << 20;
 
+/// Text cells of a chunk in one buffer: a chunk of a CSV table holds
+/// millions of cells, and a `String` each would cost an allocation apiece.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Texts {
+    text: String,
+    /// Per cell, where it ends in `text` (it starts where the one before ends).
+    ends: Vec<usize>,
+    /// Per cell, whether it is missing (an empty CSV field, a null).
+    missing: Vec<bool>,
+}
+
+impl Texts {
+    /// Empty, with room for `cells` cells.
+    pub fn with_capacity(cells: usize) -> Texts {
+        Texts {
+            text: String::new(),
+            ends: Vec::with_capacity(cells),
+            missing: Vec::with_capacity(cells),
+        }
+    }
+
+    /// Number of cells.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are no cells.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Appends a cell (`None`: missing).
+    pub fn push(&mut self, cell: Option<&str>) {
+        if let Some(t) = cell {
+            self.text.push_str(t);
+        }
+        self.ends.push(self.text.len());
+        self.missing.push(cell.is_none());
+    }
+
+    /// Cell `i`; `None` when missing.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        if self.missing[i] {
+            return None;
+        }
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.text[start..self.ends[i]])
+    }
+
+    /// The cells in order.
+    pub fn iter(&self) -> impl Iterator<Item = Option<&str>> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<Option<S>> for Texts {
+    fn from_iter<I: IntoIterator<Item = Option<S>>>(cells: I) -> Texts {
+        let mut t = Texts::default();
+        for c in cells {
+            t.push(c.as_ref().map(AsRef::as_ref));
+        }
+        t
+    }
+}
+
+impl<S: AsRef<str>> From<Vec<Option<S>>> for Texts {
+    fn from(cells: Vec<Option<S>>) -> Texts {
+        cells.into_iter().collect()
+    }
+}
+
 /// The cells of one column in a chunk; `None` is a missing value (an empty
 /// CSV field or a Parquet null).
 #[derive(Clone, Debug)]
 pub enum Cells {
     /// Text (every CSV column; Parquet strings and types converted to text).
-    Text(Vec<Option<String>>),
+    Text(Texts),
     /// Integers (Parquet integer and boolean columns).
     Int(Vec<Option<i64>>),
     /// Floating-point numbers (Parquet float columns).
@@ -70,7 +141,7 @@ impl Cells {
     /// Whether cell `i` is missing.
     pub fn is_missing(&self, i: usize) -> bool {
         match self {
-            Cells::Text(v) => v[i].is_none(),
+            Cells::Text(v) => v.missing[i],
             Cells::Int(v) => v[i].is_none(),
             Cells::Float(v) => v[i].is_none(),
             Cells::List(v) => v[i].is_none(),
@@ -83,7 +154,7 @@ impl Cells {
         match self {
             Cells::Int(v) => Ok(v[i].map(|x| x as f64)),
             Cells::Float(v) => Ok(v[i]),
-            Cells::Text(v) => match &v[i] {
+            Cells::Text(v) => match v.get(i) {
                 None => Ok(None),
                 Some(s) => s
                     .trim()
@@ -99,7 +170,7 @@ impl Cells {
     /// first and rounding again could differ in the last bit).
     pub fn number_f32(&self, i: usize) -> std::result::Result<Option<f32>, String> {
         match self {
-            Cells::Text(v) => match &v[i] {
+            Cells::Text(v) => match v.get(i) {
                 None => Ok(None),
                 Some(s) => {
                     let x = s
@@ -119,10 +190,26 @@ impl Cells {
         }
     }
 
+    /// Cell `i` of a text column, borrowed; `None` when missing or not text.
+    pub fn str(&self, i: usize) -> Option<&str> {
+        match self {
+            Cells::Text(v) => v.get(i),
+            _ => None,
+        }
+    }
+
+    /// Cell `i` as text, borrowed where it is text already; `None` when missing.
+    pub fn text_ref(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
+        match self {
+            Cells::Text(v) => v.get(i).map(std::borrow::Cow::Borrowed),
+            _ => self.text(i).map(std::borrow::Cow::Owned),
+        }
+    }
+
     /// Cell `i` as text (numbers in their shortest form); `None` when missing.
     pub fn text(&self, i: usize) -> Option<String> {
         match self {
-            Cells::Text(v) => v[i].clone(),
+            Cells::Text(v) => v.get(i).map(str::to_string),
             Cells::Int(v) => v[i].map(|x| x.to_string()),
             Cells::Float(v) => v[i].map(|x| x.to_string()),
             Cells::List(v) => v[i].as_ref().map(|l| l.join(";")),
@@ -152,7 +239,7 @@ pub struct TableReader {
 
 enum Inner {
     Csv {
-        reader: csv::Reader<Box<dyn Read>>,
+        reader: csv::Reader<Box<dyn Read + Send>>,
         index: Vec<usize>,
         record: csv::ByteRecord,
     },
@@ -174,7 +261,7 @@ impl TableReader {
         let (inner, total) = match format {
             FileFormat::Csv => {
                 let gz = path.to_string_lossy().to_ascii_lowercase().ends_with(".gz");
-                let raw: Box<dyn Read> = if gz {
+                let raw: Box<dyn Read + Send> = if gz {
                     Box::new(MultiGzDecoder::new(BufReader::with_capacity(1 << 20, file)))
                 } else {
                     Box::new(file)
@@ -280,8 +367,8 @@ impl TableReader {
                 index,
                 record,
             } => {
-                let mut cols: Vec<Vec<Option<String>>> =
-                    index.iter().map(|_| Vec::with_capacity(1024)).collect();
+                let mut cols: Vec<Texts> =
+                    index.iter().map(|_| Texts::with_capacity(1024)).collect();
                 let mut rows = 0;
                 while rows < max_rows {
                     let more = reader
@@ -299,15 +386,20 @@ impl TableReader {
                             problem: format!("record longer than {MAX_RECORD_BYTES} bytes"),
                         });
                     }
+                    // One check of the record, not one per field (of hundreds).
+                    let not_text = || TableError::Table {
+                        file: path.clone(),
+                        row: Some(row),
+                        column: None,
+                        problem: "not UTF-8 text".into(),
+                    };
+                    let all = std::str::from_utf8(record.as_slice()).map_err(|_| not_text())?;
                     for (col, &i) in cols.iter_mut().zip(index.iter()) {
-                        let field = record.get(i).unwrap_or_default();
-                        let text = std::str::from_utf8(field).map_err(|_| TableError::Table {
-                            file: path.clone(),
-                            row: Some(row),
-                            column: None,
-                            problem: "not UTF-8 text".into(),
-                        })?;
-                        col.push((!text.is_empty()).then(|| text.to_string()));
+                        let text = match record.range(i) {
+                            Some(r) => all.get(r).ok_or_else(not_text)?,
+                            None => "",
+                        };
+                        col.push((!text.is_empty()).then_some(text));
                     }
                     rows += 1;
                 }
@@ -347,6 +439,72 @@ impl TableReader {
         };
         self.next_row += chunk.rows as u64;
         Ok(Some(chunk))
+    }
+}
+
+impl TableReader {
+    /// The chunks, each read on a thread of its own while the one before is
+    /// used: parsing text overlaps with what the caller does with the rows.
+    /// At most two chunks wait, so memory stays bounded by a few chunks.
+    pub fn ahead(mut self) -> Chunks {
+        let (total, path) = (self.total, self.path.clone());
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("table-reader".into())
+            .spawn(move || {
+                // Ends at the end of the file (the channel closes), after an
+                // error, or when the caller hangs up (it stopped on an error of its own).
+                while let Some(next) = self.next_chunk().transpose() {
+                    let failed = next.is_err();
+                    if tx.send(next).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        let rx = match spawned {
+            Ok(_) => rx,
+            Err(e) => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                let _ = tx.send(Err(TableError::io(&path, e)));
+                rx
+            }
+        };
+        Chunks {
+            rx: Some(rx),
+            total,
+        }
+    }
+}
+
+/// A table's chunks read ahead on their own thread ([`TableReader::ahead`]).
+pub struct Chunks {
+    rx: Option<std::sync::mpsc::Receiver<Result<Chunk>>>,
+    total: Option<u64>,
+}
+
+impl Chunks {
+    /// Rows in the file, where the format says without reading it (Parquet).
+    pub fn total_rows(&self) -> Option<u64> {
+        self.total
+    }
+
+    /// The next chunk, or `None` at the end of the file.
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk>> {
+        let Some(rx) = &self.rx else {
+            return Ok(None);
+        };
+        match rx.recv() {
+            Ok(Ok(c)) => Ok(Some(c)),
+            Ok(Err(e)) => {
+                self.rx = None;
+                Err(e)
+            }
+            // The reader closes its channel at the end of the file.
+            Err(_) => {
+                self.rx = None;
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -450,7 +608,7 @@ fn convert(array: &ArrayRef) -> std::result::Result<Cells, String> {
                     _ => array.as_fixed_size_list().value(i),
                 };
                 let texts = to_text(&values)?;
-                out.push(Some(texts.into_iter().flatten().collect()));
+                out.push(Some(texts.iter().flatten().map(str::to_string).collect()));
             }
             Cells::List(out)
         }
@@ -459,12 +617,8 @@ fn convert(array: &ArrayRef) -> std::result::Result<Cells, String> {
 }
 
 /// Any other Arrow column as text (strings, dictionaries, dates, decimals).
-fn to_text(array: &ArrayRef) -> std::result::Result<Vec<Option<String>>, String> {
+fn to_text(array: &ArrayRef) -> std::result::Result<Texts, String> {
     let cast: Arc<dyn Array> = arrow_cast::cast(array, &DataType::Utf8)
         .map_err(|e| format!("type {} cannot be read as text: {e}", array.data_type()))?;
-    Ok(cast
-        .as_string::<i32>()
-        .iter()
-        .map(|v| v.map(str::to_string))
-        .collect())
+    Ok(cast.as_string::<i32>().iter().collect())
 }

@@ -590,12 +590,12 @@ mod tests {
     fn categories_are_sorted_and_multi_hot_splits_lists() {
         let one = fit_apply(
             Transform::OneHot,
-            Cells::Text(vec![Some("b".into()), Some("a".into()), Some("b".into())]),
+            Cells::Text(vec![Some("b"), Some("a"), Some("b")].into()),
         );
         assert_eq!(one, [0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
         let multi = fit_apply(
             Transform::MultiHot,
-            Cells::Text(vec![Some("x; y".into()), Some("z".into())]),
+            Cells::Text(vec![Some("x; y"), Some("z")].into()),
         );
         assert_eq!(multi, [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
         let list = fit_apply(
@@ -607,7 +607,7 @@ mod tests {
 
     #[test]
     fn missing_and_non_finite_values_are_refused_unless_filled() {
-        let cells = Cells::Text(vec![None, Some("nan".into()), Some("abc".into())]);
+        let cells = Cells::Text(vec![None, Some("nan"), Some("abc")].into());
         let b = Fitter::new(&spec(Transform::None)).finish();
         let mut out = Vec::new();
         assert!(b
