@@ -622,3 +622,63 @@ fn to_text(array: &ArrayRef) -> std::result::Result<Texts, String> {
         .map_err(|e| format!("type {} cannot be read as text: {e}", array.data_type()))?;
     Ok(cast.as_string::<i32>().iter().collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_cells_keep_their_order_and_their_missing_ones() {
+        let t: Texts = vec![Some("a1"), None, Some(""), Some("ß,x"), None].into();
+        assert_eq!(t.len(), 5);
+        let got: Vec<Option<&str>> = t.iter().collect();
+        assert_eq!(got, vec![Some("a1"), None, Some(""), Some("ß,x"), None]);
+        let c = Cells::Text(t);
+        assert!(c.is_missing(1) && !c.is_missing(2));
+        assert_eq!(c.str(3), Some("ß,x"));
+        assert_eq!(c.text(0).as_deref(), Some("a1"));
+    }
+
+    #[test]
+    fn chunks_read_ahead_are_the_chunks_read_in_place_and_stop_at_a_bad_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        let mut text = String::from("id,x\n");
+        for i in 0..3000 {
+            text.push_str(&format!("n{i},{i}\n"));
+        }
+        std::fs::write(&path, &text).unwrap();
+        let open = || TableReader::open(&path, FileFormat::Csv, None, &["x", "id"]).unwrap();
+        let (mut here, mut ahead) = (open(), open().ahead());
+        let mut chunks = 0;
+        while let Some(a) = here.next_chunk().unwrap() {
+            let b = ahead.next_chunk().unwrap().expect("as many chunks");
+            assert_eq!((a.first_row, a.rows), (b.first_row, b.rows));
+            for i in 0..a.rows {
+                assert_eq!(a.columns[1].str(i), b.columns[1].str(i));
+                assert_eq!(a.columns[0].number(i), b.columns[0].number(i));
+            }
+            chunks += 1;
+        }
+        assert!(chunks >= 1);
+        assert!(ahead.next_chunk().unwrap().is_none());
+        assert!(
+            ahead.next_chunk().unwrap().is_none(),
+            "and stays at the end"
+        );
+
+        // A short record: the error comes through, naming its row, then nothing.
+        text.push_str("n-bad\n");
+        std::fs::write(&path, &text).unwrap();
+        let mut ahead = open().ahead();
+        let err = loop {
+            match ahead.next_chunk() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the bad row was not refused"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains("1 fields where the header has 2"), "{err}");
+        assert!(ahead.next_chunk().unwrap().is_none());
+    }
+}
