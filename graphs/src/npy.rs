@@ -631,7 +631,7 @@ impl NpyWriter {
     /// header rewritten, at its first length, with the count.
     fn finish_rows(mut self, dim: u64, written: u64) -> Result<()> {
         use std::io::{Seek, SeekFrom};
-        if written % dim != 0 {
+        if !written.is_multiple_of(dim) {
             return Err(GraphError::npy(
                 &self.path,
                 format!("{written} elements are not whole rows of {dim}"),
