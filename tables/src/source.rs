@@ -190,22 +190,6 @@ impl Cells {
         }
     }
 
-    /// Cell `i` of a text column, borrowed; `None` when missing or not text.
-    pub fn str(&self, i: usize) -> Option<&str> {
-        match self {
-            Cells::Text(v) => v.get(i),
-            _ => None,
-        }
-    }
-
-    /// Cell `i` as text, borrowed where it is text already; `None` when missing.
-    pub fn text_ref(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
-        match self {
-            Cells::Text(v) => v.get(i).map(std::borrow::Cow::Borrowed),
-            _ => self.text(i).map(std::borrow::Cow::Owned),
-        }
-    }
-
     /// Cell `i` as text (numbers in their shortest form); `None` when missing.
     pub fn text(&self, i: usize) -> Option<String> {
         match self {
@@ -635,7 +619,7 @@ mod tests {
         assert_eq!(got, vec![Some("a1"), None, Some(""), Some("ß,x"), None]);
         let c = Cells::Text(t);
         assert!(c.is_missing(1) && !c.is_missing(2));
-        assert_eq!(c.str(3), Some("ß,x"));
+        assert_eq!(c.text(3).as_deref(), Some("ß,x"));
         assert_eq!(c.text(0).as_deref(), Some("a1"));
     }
 
@@ -655,7 +639,7 @@ mod tests {
             let b = ahead.next_chunk().unwrap().expect("as many chunks");
             assert_eq!((a.first_row, a.rows), (b.first_row, b.rows));
             for i in 0..a.rows {
-                assert_eq!(a.columns[1].str(i), b.columns[1].str(i));
+                assert_eq!(a.columns[1].text(i), b.columns[1].text(i));
                 assert_eq!(a.columns[0].number(i), b.columns[0].number(i));
             }
             chunks += 1;
