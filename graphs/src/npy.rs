@@ -397,14 +397,16 @@ impl NpyFile {
 
 /// Writes one `.npy` file element by element; the shape is fixed up front and
 /// [`NpyWriter::finish`] refuses to close a file with missing elements (or,
-/// from [`NpyWriter::create_rows`], the row count is fixed at the end).
+/// from [`NpyWriter::create_rows`] and [`NpyWriter::create_len`], the first
+/// axis is counted at the end).
 pub struct NpyWriter {
     path: PathBuf,
     out: BufWriter<AtomicFile>,
     dtype: DType,
     remaining: u64,
-    /// Rows counted as they come: the width of a row and the elements written.
-    growing: Option<(u64, u64)>,
+    /// Rows counted as they come: the shape of a row (empty: one element) and
+    /// the elements written.
+    growing: Option<(Vec<u64>, u64)>,
 }
 
 /// The header of an array of `dtype` and `shape`, padded with spaces and a
@@ -458,8 +460,21 @@ impl NpyWriter {
                 "rows of no element cannot be counted",
             ));
         }
-        let mut w = NpyWriter::start(path, &header(dtype, &[u64::MAX, dim], 0), dtype)?;
-        w.growing = Some((dim, 0));
+        NpyWriter::create_growing(path, dtype, vec![dim])
+    }
+
+    /// Starts a one-dimensional file whose length is known only when it is
+    /// finished (a column of a table streamed in one pass).
+    pub fn create_len(path: &Path, dtype: DType) -> Result<NpyWriter> {
+        NpyWriter::create_growing(path, dtype, Vec::new())
+    }
+
+    fn create_growing(path: &Path, dtype: DType, row: Vec<u64>) -> Result<NpyWriter> {
+        let shape: Vec<u64> = std::iter::once(u64::MAX)
+            .chain(row.iter().copied())
+            .collect();
+        let mut w = NpyWriter::start(path, &header(dtype, &shape, 0), dtype)?;
+        w.growing = Some((row, 0));
         Ok(w)
     }
 
@@ -573,9 +588,9 @@ impl NpyWriter {
     }
 
     /// Checks every element was written and moves the file into place.
-    pub fn finish(self) -> Result<()> {
-        if let Some((dim, written)) = self.growing {
-            return self.finish_rows(dim, written);
+    pub fn finish(mut self) -> Result<()> {
+        if let Some((row, written)) = self.growing.take() {
+            return self.finish_rows(&row, written);
         }
         if self.remaining != 0 {
             return Err(GraphError::npy(
@@ -627,19 +642,21 @@ impl SparseRows {
 }
 
 impl NpyWriter {
-    /// Ends a file of [`NpyWriter::create_rows`]: whole rows only, and the
-    /// header rewritten, at its first length, with the count.
-    fn finish_rows(mut self, dim: u64, written: u64) -> Result<()> {
+    /// Ends a file of [`NpyWriter::create_rows`] or [`NpyWriter::create_len`]:
+    /// whole rows only, and the header rewritten, at its first length, with the count.
+    fn finish_rows(mut self, row: &[u64], written: u64) -> Result<()> {
         use std::io::{Seek, SeekFrom};
+        let dim: u64 = row.iter().product();
         if !written.is_multiple_of(dim) {
             return Err(GraphError::npy(
                 &self.path,
                 format!("{written} elements are not whole rows of {dim}"),
             ));
         }
-        let rows = written / dim;
-        let first = header(self.dtype, &[u64::MAX, dim], 0).len();
-        let fixed = header(self.dtype, &[rows, dim], first);
+        let shape =
+            |n: u64| -> Vec<u64> { std::iter::once(n).chain(row.iter().copied()).collect() };
+        let first = header(self.dtype, &shape(u64::MAX), 0).len();
+        let fixed = header(self.dtype, &shape(written / dim), first);
         debug_assert_eq!(fixed.len(), first);
         let path = self.path.clone();
         let io = |e| GraphError::io(&path, e);
@@ -792,5 +809,21 @@ mod tests {
         w.write_f32(&[1.0, 2.0, 3.0]).unwrap();
         assert!(w.finish().is_err(), "half a row");
         assert!(NpyWriter::create_rows(&p, DType::F32, 0).is_err());
+
+        // One axis, counted at the end.
+        let mut w = NpyWriter::create_len(&p, DType::I64).unwrap();
+        w.write_i64(&[7, 8]).unwrap();
+        w.write_i64(&[9]).unwrap();
+        w.finish().unwrap();
+        let f = NpyFile::open(&p, DType::I64).unwrap();
+        assert_eq!(f.shape(), &[3]);
+        assert_eq!(f.data_offset() % 64, 0);
+        assert_eq!(
+            (0..3).map(|i| f.i64_at(i)).collect::<Vec<_>>(),
+            vec![7, 8, 9]
+        );
+        let w = NpyWriter::create_len(&p, DType::I64).unwrap();
+        w.finish().unwrap();
+        assert_eq!(NpyFile::open(&p, DType::I64).unwrap().shape(), &[0]);
     }
 }

@@ -340,7 +340,8 @@ pub fn import_tables(
             .iter()
             .zip(&edge_files)
             .find(|(e, _)| &e.relation == rel);
-        let mut targets = EdgeColumns::start(entry.map(|(e, _)| e), prior.as_ref(), &rs)?;
+        let mut targets =
+            EdgeColumns::start(dir.path(), entry.map(|(e, _)| e), prior.as_ref(), &rs)?;
         for (e, files) in entry.into_iter() {
             for (path, format) in files {
                 let mut wanted = vec![e.source.as_str(), e.destination.as_str()];
@@ -1109,7 +1110,7 @@ impl EdgeSpool {
 }
 
 /// Reads until `buf` is full or the end, so chunks stay multiples of 8 bytes.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..])? {

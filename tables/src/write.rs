@@ -11,6 +11,7 @@ use graphs::atomic::AtomicFile;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::config::FileFormat;
 use crate::error::{Result, TableError};
@@ -105,8 +106,19 @@ impl TableWriter {
                     })
                     .collect();
                 let schema = Arc::new(ArrowSchema::new(fields));
-                let props = WriterProperties::builder()
-                    .set_compression(Compression::SNAPPY)
+                // Dictionaries suit repeated values (class names); float
+                // features rarely repeat, and a reader holds a column's
+                // dictionary page for the whole row group: a wide feature
+                // table would cost a page per column in the reader's memory.
+                let props = columns
+                    .iter()
+                    .filter(|(_, t)| *t == ColumnType::Float32)
+                    .fold(
+                        WriterProperties::builder().set_compression(Compression::SNAPPY),
+                        |b, (n, _)| {
+                            b.set_column_dictionary_enabled(ColumnPath::from(n.as_str()), false)
+                        },
+                    )
                     .build();
                 let w = ArrowWriter::try_new(file, schema.clone(), Some(props))
                     .map_err(|e| TableError::file(path, e.to_string()))?;
