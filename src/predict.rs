@@ -97,6 +97,11 @@ pub struct PredictArgs {
     /// (canonical `src__name__dst`) [default: its first target relation].
     #[arg(long, requires = "edges")]
     relation: Option<String>,
+    /// A model trained for several tasks (`training.tasks`): the task to
+    /// predict ("node-classification", "node-regression" or "multi-label")
+    /// [default: its first].
+    #[arg(long)]
+    task: Option<String>,
     /// Nodes per inference batch (answers do not depend on it).
     #[arg(long, default_value_t = 4096)]
     batch: usize,
@@ -170,8 +175,13 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         Some(path) => trained.names[trained.graph.target().index()].read(path, &a.ids_column)?,
         None => (0..count).collect(),
     };
-    let engine = Engine::new(trained, a.inference.into(), a.batch, |_, _, _| {})
+    let mut engine = Engine::new(trained, a.inference.into(), a.batch, |_, _, _| {})
         .with_context(|| format!("inference with {}", dir.display()))?;
+    if let Some(task) = &a.task {
+        engine
+            .choose_task(task)
+            .with_context(|| format!("--task {task}"))?;
+    }
     let names = &engine.trained().names[engine.trained().graph.target().index()];
     let want = Want {
         probabilities: false,
@@ -183,7 +193,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     let mut values: Vec<f32> = Vec::new();
     let mut sets: Vec<Vec<u32>> = Vec::new();
     let (regresses, multi_label) = (engine.regresses(), engine.multi_label());
-    let label_count = engine.trained().model.num_classes();
+    let label_count = engine.outputs();
     let mut emb_out: Vec<f32> = Vec::new();
     let mut width = 0;
     for batch in wanted.chunks(a.batch) {

@@ -1350,3 +1350,71 @@ fn serve_answers_over_https_with_a_given_certificate() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn a_multi_task_model_predicts_each_task_and_serves_the_primary_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    trained(
+        dir,
+        &[
+            "--set",
+            "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]",
+        ],
+    );
+    let model = ["--checkpoint", "ck", "--data", "g"];
+    for (out, task) in [("c.npy", None), ("v.npy", Some("node-regression"))] {
+        let mut a = vec!["predict"];
+        a.extend_from_slice(&model);
+        a.extend_from_slice(&["--out", out]);
+        if let Some(t) = task {
+            a.extend_from_slice(&["--task", t]);
+        }
+        hetgnn(dir, &a).ok();
+    }
+    // The primary task by default: classes of the graph's range.
+    let g = graphs::load(&dir.join("g"), &Default::default()).unwrap();
+    let c = NpyFile::open(&dir.join("c.npy"), DType::I64).unwrap();
+    let papers = c.shape()[0] as usize;
+    let classes: Vec<i64> = (0..papers).map(|i| c.i64_at(i)).collect();
+    assert!(classes
+        .iter()
+        .all(|&k| (0..i64::from(g.num_classes())).contains(&k)));
+    // The regression head: values, one per paper.
+    let v = NpyFile::open(&dir.join("v.npy"), DType::F32)
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(v.len(), papers);
+    assert!(v.iter().all(|x| x.is_finite()) && v.iter().any(|x| x.fract() != 0.0));
+    // A task it was not trained for is refused, naming those it was.
+    let mut a = vec!["predict"];
+    a.extend_from_slice(&model);
+    a.extend_from_slice(&["--out", "m.npy", "--task", "multi-label"]);
+    hetgnn(dir, &a).fails_with(
+        1,
+        &["not trained for task 'multi-label' (it predicts: node-classification, node-regression)"],
+    );
+    // The server answers the primary task, as predict does.
+    let s = Server::start(dir, &model);
+    let ids = [7u32, 0, 300];
+    let (code, r) = s.post("/v1/predict", &json!({"ids": ids}));
+    assert_eq!(code, 200, "{r}");
+    let got: Vec<i64> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    let want: Vec<i64> = ids.iter().map(|&i| classes[i as usize]).collect();
+    assert_eq!(got, want);
+    let (code, info) = s.get("/v1/model");
+    assert_eq!(code, 200);
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["task"], "node-classification");
+    assert_eq!(
+        info["tasks"],
+        json!(["node-classification", "node-regression"])
+    );
+    assert_eq!(info["classes"], json!(g.num_classes()));
+    assert!(s.stop().success());
+}

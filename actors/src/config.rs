@@ -93,6 +93,21 @@ impl Task {
     }
 }
 
+/// One task of a multi-task run (`[[training.tasks]]`) and its weight in the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskWeight {
+    /// The task.
+    pub task: Task,
+    /// Its loss's weight in the sum the model is trained on (default 1).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
 /// Where a link-prediction batch's negative destinations come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -171,6 +186,12 @@ pub struct TrainingConfig {
     /// "node-classification" (default), "link-prediction", "node-regression",
     /// "edge-classification" or "edge-regression".
     pub task: Task,
+    /// Multi-task: node tasks trained together on the target type, each
+    /// with its weight in the loss (`[[training.tasks]]`); the first is the
+    /// primary task (`task` is it: the report's top-level figures and the
+    /// best epoch's metric). Empty (default): `task` alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskWeight>,
     /// The validation metric that picks the report's best epoch: "auto"
     /// (default: the task's own) or a metric the task measures.
     pub select_metric: crate::task::best::SelectMetric,
@@ -284,6 +305,17 @@ pub struct TrainingConfig {
 }
 
 impl TrainingConfig {
+    /// The tasks trained and their weights: `tasks`, or `task` alone with weight 1.
+    pub fn task_list(&self) -> Vec<TaskWeight> {
+        match self.tasks.is_empty() {
+            true => vec![TaskWeight {
+                task: self.task,
+                weight: 1.0,
+            }],
+            false => self.tasks.clone(),
+        }
+    }
+
     /// The model these settings describe.
     pub fn model_spec(&self) -> models::ModelSpec {
         let link = (self.task == Task::LinkPrediction).then(|| models::link::LinkSpec {
@@ -304,10 +336,10 @@ impl TrainingConfig {
             seed: self.seed,
             heads: self.heads,
             link,
-            head: match self.task {
-                Task::NodeRegression => models::model::Head::Value,
-                Task::MultiLabel => models::model::Head::Labels,
-                _ => models::model::Head::Classes,
+            head: head_of(self.task),
+            task_heads: match self.tasks.len() {
+                0 => Vec::new(),
+                _ => self.tasks.iter().map(|w| head_of(w.task)).collect(),
             },
             edge,
         }
@@ -329,6 +361,21 @@ impl TrainingConfig {
     }
 
     fn task_fingerprint(&self) -> String {
+        if !self.tasks.is_empty() {
+            let each: Vec<String> = self
+                .tasks
+                .iter()
+                .map(|w| format!("{:?}*{}", w.task, w.weight))
+                .collect();
+            return format!(
+                "tasks {}|{:?}|{}|{:?}|{}",
+                each.join(","),
+                self.class_weights,
+                self.focal_gamma,
+                self.regression_loss,
+                self.huber_delta
+            );
+        }
         match self.task {
             Task::NodeClassification
                 if self.focal_gamma == 0.0 && self.class_weights == Default::default() =>
@@ -387,6 +434,15 @@ impl TrainingConfig {
     }
 }
 
+/// What a target node's output is under node task `task` (classes for the others).
+fn head_of(task: Task) -> models::model::Head {
+    match task {
+        Task::NodeRegression => models::model::Head::Value,
+        Task::MultiLabel => models::model::Head::Labels,
+        _ => models::model::Head::Classes,
+    }
+}
+
 impl Default for TrainingConfig {
     fn default() -> Self {
         TrainingConfig {
@@ -395,6 +451,7 @@ impl Default for TrainingConfig {
             partitions: None,
             allreduce: AllReduce::AllGather,
             task: Task::NodeClassification,
+            tasks: Vec::new(),
             class_weights: crate::task::node::ClassWeights::default(),
             focal_gamma: 0.0,
             regression_loss: crate::task::node::RegressionLoss::Mse,
@@ -497,6 +554,16 @@ impl Config {
             .map_err(|e: toml::de::Error| TrainError::Config(e.to_string()))?;
         for o in overrides {
             apply_override(&mut table, o)?;
+        }
+        // A multi-task run's `task` is its first task's, unless given.
+        if let Some(toml::Value::Table(t)) = table.get_mut("training") {
+            let first = match t.get("tasks") {
+                Some(toml::Value::Array(a)) => a.first().and_then(|f| f.get("task")).cloned(),
+                _ => None,
+            };
+            if let (Some(first), false) = (first, t.contains_key("task")) {
+                t.insert("task".into(), first);
+            }
         }
         Config::deserialize(toml::Value::Table(table))
             .map_err(|e| TrainError::Config(e.to_string()))
@@ -614,6 +681,7 @@ impl Config {
                 "training.target_relations applies to training.task = \"link-prediction\", \"edge-classification\" and \"edge-regression\"".into(),
             );
         }
+        check_tasks(t)?;
         t.select_metric.check(t.task).map_err(TrainError::Config)?;
         t.class_weights.check().map_err(TrainError::Config)?;
         if !(t.focal_gamma.is_finite() && (0.0..=10.0).contains(&t.focal_gamma)) {
@@ -623,7 +691,7 @@ impl Config {
             ));
         }
         let weighted = t.focal_gamma > 0.0 || t.class_weights != Default::default();
-        if weighted && !t.task.weighs_classes() {
+        if weighted && !t.task_list().iter().any(|w| w.task.weighs_classes()) {
             return bad(format!(
                 "training.class_weights and training.focal_gamma apply to training.task = \"node-classification\" and \"multi-label\", not \"{}\"",
                 t.task.name()
@@ -649,6 +717,44 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Refuses a multi-task list that is not node tasks, each once, with
+/// finite non-negative weights not all 0, led by `training.task`.
+fn check_tasks(t: &TrainingConfig) -> Result<()> {
+    let Some(first) = t.tasks.first() else {
+        return Ok(());
+    };
+    let bad = |m: String| Err(TrainError::Config(m));
+    if first.task != t.task {
+        return bad(format!(
+            "training.task = \"{}\" but the first of training.tasks is \"{}\": the first task is the primary one; leave training.task out or make them the same",
+            t.task.name(),
+            first.task.name()
+        ));
+    }
+    for (i, w) in t.tasks.iter().enumerate() {
+        if !w.task.on_nodes() {
+            return bad(format!(
+                "training.tasks: \"{}\" cannot be trained with other tasks yet; multi-task runs take node tasks of the target type (\"node-classification\", \"node-regression\", \"multi-label\")",
+                w.task.name()
+            ));
+        }
+        if t.tasks[..i].iter().any(|o| o.task == w.task) {
+            return bad(format!("training.tasks lists \"{}\" twice", w.task.name()));
+        }
+        if !(w.weight.is_finite() && w.weight >= 0.0) {
+            return bad(format!(
+                "training.tasks: the weight of \"{}\" must be a finite number of at least 0, got {}",
+                w.task.name(),
+                w.weight
+            ));
+        }
+    }
+    if t.tasks.iter().all(|w| w.weight == 0.0) {
+        return bad("training.tasks: every weight is 0, so nothing would be learned".into());
+    }
+    Ok(())
 }
 
 /// A u64 from a TOML integer (at most 2^63 - 1) or a string of digits (any u64).

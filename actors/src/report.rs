@@ -60,11 +60,87 @@ pub struct EpochReport {
     /// trainer (data-parallel and HopGNN; 0: none, or a mode that does not pull rows).
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub remote_rows_per_step: f64,
+    /// Multi-task: each task's figures after the epoch, in `training.tasks`
+    /// order (the top-level figures are the first task's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskEpoch>,
     /// The mode's own figures, each under its key (HopGNN's `hop`,
     /// full-graph's `full`, model averaging's `workers` and
     /// `averaging_bytes`, DAG sampling's `sampling`): see the mode's page.
     #[serde(flatten)]
     pub figures: BTreeMap<String, serde_json::Value>,
+}
+
+/// One task's figures of a multi-task epoch: its own loss and the metrics
+/// it measures (the others absent).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskEpoch {
+    /// The task, as configs spell it.
+    pub task: String,
+    /// Its loss's weight in the sum trained on.
+    pub weight: f64,
+    /// Its mean unweighted loss over the epoch's steps.
+    pub loss: f64,
+    /// Classification: validation accuracy (`null`: not evaluated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_acc: Option<f64>,
+    /// Classification: test accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_acc: Option<f64>,
+    /// Regression: RMSE, MAE and R².
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<crate::task::node::RegressionEpoch>,
+    /// Validation and test macro F1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macro_f1: Option<[f64; 2]>,
+    /// Multi-label: validation and test micro F1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_f1: Option<[f64; 2]>,
+    /// Multi-label: validation and test ROC-AUC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roc_auc: Option<[f64; 2]>,
+    /// Multi-label: validation and test average precision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_precision: Option<[f64; 2]>,
+}
+
+impl TaskEpoch {
+    /// Each task's figures of epoch `epoch` from the trainers' accounts
+    /// (`stats`, each with its tasks' accounts in `tasks` order; `valid`
+    /// and `test` nodes in all).
+    pub fn all(
+        epoch: u64,
+        stats: &[crate::distributed::messages::EpochStats],
+        tasks: &[crate::config::TaskWeight],
+        valid: usize,
+        test: usize,
+    ) -> Vec<TaskEpoch> {
+        tasks
+            .iter()
+            .enumerate()
+            .map(|(k, w)| {
+                let own: Vec<_> = stats
+                    .iter()
+                    .filter_map(|s| s.tasks.get(k).cloned())
+                    .collect();
+                let r = EpochReport::from_stats(epoch, &own, valid, test, false);
+                // Regression has no accuracy; multi-label's is exact matches.
+                let classifies = w.task != crate::config::Task::NodeRegression;
+                TaskEpoch {
+                    task: w.task.name().to_string(),
+                    weight: w.weight,
+                    loss: r.loss,
+                    valid_acc: r.valid_acc.filter(|_| classifies),
+                    test_acc: r.test_acc.filter(|_| classifies),
+                    regression: r.regression,
+                    macro_f1: r.macro_f1,
+                    micro_f1: r.micro_f1,
+                    roc_auc: r.roc_auc,
+                    average_precision: r.average_precision,
+                }
+            })
+            .collect()
+    }
 }
 
 fn is_zero_f64(x: &f64) -> bool {

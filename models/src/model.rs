@@ -63,6 +63,18 @@ pub enum Head {
     Labels,
 }
 
+impl Head {
+    /// Its outputs per node on `g`.
+    pub fn width(self, g: &HetGraph) -> usize {
+        match self {
+            Head::Value => 1,
+            Head::Classes => g.num_classes() as usize,
+            // A graph without label sets is refused before a model is built.
+            Head::Labels => g.target_label_sets().map_or(1, |s| s.width()),
+        }
+    }
+}
+
 /// Everything that shapes a model's parameters.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelSpec {
@@ -88,6 +100,10 @@ pub struct ModelSpec {
     /// What a target node's output is (ignored with `link` and `edge`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub head: Head,
+    /// Multi-task: each node task's head, in order, their outputs side by
+    /// side in a target node's row (empty: `head` alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_heads: Vec<Head>,
     /// Edge classification or regression: the last layer's rows are
     /// embeddings (hidden wide) read by this decoder; `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,14 +123,29 @@ impl ModelSpec {
     /// link prediction, one value for regression, one logit per label for
     /// multi-label, else one logit per class.
     pub fn outputs(&self, g: &HetGraph) -> usize {
-        match (&self.link, self.head) {
-            (Some(_), _) => self.hidden,
+        match &self.link {
+            Some(_) => self.hidden,
             _ if self.edge.is_some() => self.hidden,
-            (None, Head::Value) => 1,
-            (None, Head::Classes) => g.num_classes() as usize,
-            // A graph without label sets is refused before a model is built.
-            (None, Head::Labels) => g.target_label_sets().map_or(1, |s| s.width()),
+            None if self.task_heads.is_empty() => self.head.width(g),
+            None => self.task_heads.iter().map(|h| h.width(g)).sum(),
         }
+    }
+
+    /// Each node task's head and its columns of a target node's output row
+    /// (one head over every column for a single task).
+    pub fn head_columns(&self, g: &HetGraph) -> Vec<(Head, std::ops::Range<usize>)> {
+        if self.task_heads.is_empty() {
+            return vec![(self.head, 0..self.outputs(g))];
+        }
+        let mut at = 0;
+        self.task_heads
+            .iter()
+            .map(|h| {
+                let w = h.width(g);
+                at += w;
+                (*h, at - w..at)
+            })
+            .collect()
     }
 
     /// The bytes a model of this spec holds on `g` while training: its dense

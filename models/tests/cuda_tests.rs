@@ -24,6 +24,7 @@ fn run(kind: ModelKind, device: &Device) -> (f32, Vec<(String, Vec<f32>)>) {
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let model = Model::new(&spec, &g, DType::F32, device).unwrap();

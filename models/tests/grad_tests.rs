@@ -105,6 +105,7 @@ fn check_model_gradients(kind: ModelKind) {
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
@@ -213,6 +214,7 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
@@ -381,6 +383,7 @@ fn initialisation_depends_only_on_seed_and_name() {
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let a = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
@@ -441,6 +444,7 @@ fn adam_state_never_holds_the_step_graph() {
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
@@ -776,6 +780,7 @@ fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same
         heads: 2,
         link: None,
         head: Default::default(),
+        task_heads: Vec::new(),
         edge: None,
     };
     let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();

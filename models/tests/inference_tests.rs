@@ -43,6 +43,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
             heads: 2,
             link: None,
             head: Default::default(),
+            task_heads: Vec::new(),
             edge: None,
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
@@ -136,6 +137,7 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
             heads: 2,
             link: Some(link.clone()),
             head: Default::default(),
+            task_heads: Vec::new(),
             edge: None,
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();

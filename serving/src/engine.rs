@@ -13,6 +13,7 @@ use candle_core::{DType, Tensor};
 use graphs::overlay::Overlay;
 use graphs::{Block, MiniBatch, NodeTypeId, Sampler};
 use models::inference::{self, TypeRows};
+use models::model::Head;
 
 use crate::additions::Additions;
 use crate::error::{Result, ServeError};
@@ -59,6 +60,17 @@ impl Rows {
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.width..(i + 1) * self.width]
+    }
+
+    /// Columns `c` of every row.
+    pub fn columns(&self, c: std::ops::Range<usize>) -> Rows {
+        let n = self.data.len() / self.width.max(1);
+        Rows {
+            width: c.len(),
+            data: (0..n)
+                .flat_map(|i| self.row(i)[c.clone()].iter().copied())
+                .collect(),
+        }
     }
 
     /// Rows `at`, in that order (repeats allowed).
@@ -132,6 +144,9 @@ pub struct Engine {
     trained: Trained,
     inference: Inference,
     plan: SamplingPlan,
+    /// The head answered with and its columns of a target node's output row
+    /// (a multi-task model has one per task; the first by default).
+    head: (Head, std::ops::Range<usize>),
     /// Every node's embedding (exact inference), per type.
     exact: Option<Vec<Option<TypeRows>>>,
 }
@@ -155,12 +170,57 @@ impl Engine {
             ),
             _ => None,
         };
+        let head = trained.source.spec.head_columns(&trained.graph).remove(0);
         Ok(Engine {
             trained,
             inference,
             plan,
+            head,
             exact,
         })
+    }
+
+    /// Answers with the head of node task `task` ("node-classification",
+    /// "node-regression" or "multi-label"), which the model must have been trained for.
+    pub fn choose_task(&mut self, task: &str) -> Result<()> {
+        let heads = self.trained.source.spec.head_columns(&self.trained.graph);
+        let names: Vec<&str> = heads.iter().map(|(h, _)| head_task(*h)).collect();
+        match heads.into_iter().find(|(h, _)| head_task(*h) == task) {
+            Some(h) if self.classifies() => {
+                self.head = h;
+                Ok(())
+            }
+            _ => Err(ServeError::BadRequest(format!(
+                "this model was not trained for task '{task}'{}",
+                match self.classifies() {
+                    true => format!(" (it predicts: {})", names.join(", ")),
+                    false => String::new(),
+                }
+            ))),
+        }
+    }
+
+    /// Outputs per node of the head answered with: classes, labels, or 1
+    /// for a value (a link or edge model: the width of its embeddings).
+    pub fn outputs(&self) -> usize {
+        match self.classifies() {
+            true => self.head.1.len(),
+            false => self.trained.model.num_classes(),
+        }
+    }
+
+    /// The node tasks the model answers, the one answered with first.
+    pub fn tasks(&self) -> Vec<&'static str> {
+        if !self.classifies() {
+            return Vec::new();
+        }
+        let mut names = vec![head_task(self.head.0)];
+        for (h, _) in self.trained.source.spec.head_columns(&self.trained.graph) {
+            if h != self.head.0 {
+                names.push(head_task(h));
+            }
+        }
+        names
     }
 
     /// The model, graph and names answered from.
@@ -182,12 +242,12 @@ impl Engine {
 
     /// Whether the model predicts a value per node rather than a class.
     pub fn regresses(&self) -> bool {
-        self.classifies() && self.trained.source.spec.head == models::model::Head::Value
+        self.classifies() && self.head.0 == Head::Value
     }
 
     /// Whether the model predicts a set of labels per node rather than a class.
     pub fn multi_label(&self) -> bool {
-        self.classifies() && self.trained.source.spec.head == models::model::Head::Labels
+        self.classifies() && self.head.0 == Head::Labels
     }
 
     /// Classes of target nodes `nodes` (dense ids, any order, repeats allowed).
@@ -255,6 +315,14 @@ impl Engine {
 
     /// A classification's answers from its logits (and the embeddings, when asked for).
     fn answers(&self, logits: &Rows, emb: Option<Rows>, want: Want) -> Classified {
+        let own;
+        let logits = match self.head.1.len() == logits.width {
+            true => logits,
+            false => {
+                own = logits.columns(self.head.1.clone());
+                &own
+            }
+        };
         let n = logits.data.len() / logits.width.max(1);
         if self.regresses() {
             return Classified {
@@ -683,6 +751,15 @@ fn check_below(g: &graphs::HetGraph, t: NodeTypeId, nodes: &[u32], added: u32) -
 }
 
 /// Stored rows of `nodes` of type `t`.
+/// The node task a head answers, as configs spell it.
+fn head_task(h: Head) -> &'static str {
+    match h {
+        Head::Classes => "node-classification",
+        Head::Value => "node-regression",
+        Head::Labels => "multi-label",
+    }
+}
+
 fn rows_of(rows: &[Option<TypeRows>], t: NodeTypeId, nodes: &[u32]) -> Result<Rows> {
     let r = rows
         .get(t.index())

@@ -759,6 +759,9 @@ struct ModelInfo {
     model: String,
     target: String,
     task: &'static str,
+    /// Node tasks of a multi-task model, the answered one first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tasks: Vec<&'static str>,
     classes: usize,
     class_names: Vec<String>,
     link_prediction: bool,
@@ -796,8 +799,11 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
         classes: if engine.regresses() {
             0
         } else {
-            tr.model.num_classes()
+            engine.outputs()
         },
+        tasks: Some(engine.tasks())
+            .filter(|t| t.len() > 1)
+            .unwrap_or_default(),
         class_names: tr.names[g.target().index()].classes().to_vec(),
         link_prediction: tr.source.spec.link.is_some(),
         fanouts: tr.source.fanouts.clone(),

@@ -20,25 +20,43 @@ use crate::source::Cells;
 /// Keys numbered in the order first seen. A lookup reads the hash table
 /// alone (its bucket holds key and number): an index set would read an
 /// index slot and then the entry, one more cache miss per lookup, and
-/// lookups are most of an edge table's import time.
+/// lookups are most of an edge table's import time. The keys in number
+/// order are kept only where numbers are turned back into keys (a map read
+/// back for results): an import only writes its map, and a second copy of
+/// every key would double its memory.
 #[derive(Debug)]
 struct Set<K> {
     index: HashMap<K, u32, BuildHasherDefault<FxHasher>>,
-    order: Vec<K>,
+    order: Option<Vec<K>>,
 }
 
 impl<K> Default for Set<K> {
     fn default() -> Self {
         Set {
             index: HashMap::default(),
-            order: Vec::new(),
+            order: None,
         }
     }
 }
 
 impl<K: Hash + Eq + Clone> Set<K> {
+    /// An empty set that also keeps its keys in number order.
+    fn with_order() -> Self {
+        Set {
+            index: HashMap::default(),
+            order: Some(Vec::new()),
+        }
+    }
+
     fn len(&self) -> usize {
-        self.order.len()
+        self.index.len()
+    }
+
+    fn reserve(&mut self, n: usize) {
+        self.index.reserve(n);
+        if let Some(order) = &mut self.order {
+            order.reserve(n);
+        }
     }
 
     /// The key's number, and whether it is new.
@@ -47,9 +65,16 @@ impl<K: Hash + Eq + Clone> Set<K> {
             return (d as usize, false);
         }
         // Numbers past u32 are refused by the caller before they are stored.
-        let d = self.order.len();
-        self.index.insert(k.clone(), d as u32);
-        self.order.push(k);
+        let d = self.index.len();
+        match &mut self.order {
+            Some(order) => {
+                self.index.insert(k.clone(), d as u32);
+                order.push(k);
+            }
+            None => {
+                self.index.insert(k, d as u32);
+            }
+        }
         (d, true)
     }
 
@@ -60,12 +85,31 @@ impl<K: Hash + Eq + Clone> Set<K> {
         self.index.get(q).map(|&d| d as usize)
     }
 
+    /// The key numbered `d`: by the kept order, else by a scan of the table
+    /// (maps without the order are written, not read by number).
     fn get_index(&self, d: usize) -> Option<&K> {
-        self.order.get(d)
+        match &self.order {
+            Some(order) => order.get(d),
+            None => self
+                .index
+                .iter()
+                .find(|&(_, &n)| n as usize == d)
+                .map(|(k, _)| k),
+        }
     }
 
-    fn iter(&self) -> std::slice::Iter<'_, K> {
-        self.order.iter()
+    /// The keys in number order.
+    fn in_order(&self) -> Vec<&K> {
+        if let Some(order) = &self.order {
+            return order.iter().collect();
+        }
+        let mut out: Vec<Option<&K>> = vec![None; self.index.len()];
+        for (k, &d) in &self.index {
+            out[d as usize] = Some(k);
+        }
+        out.into_iter()
+            .map(|k| k.expect("numbers are 0..len, each given once"))
+            .collect()
     }
 }
 
@@ -134,6 +178,14 @@ impl IdMap {
         match &self.0 {
             Ids::Int(s) => s.len(),
             Ids::Text(s) => s.len(),
+        }
+    }
+
+    /// Makes room for `n` more ids (a table's row count known up front).
+    pub fn reserve(&mut self, n: usize) {
+        match &mut self.0 {
+            Ids::Int(s) => s.reserve(n),
+            Ids::Text(s) => s.reserve(n),
         }
     }
 
@@ -227,12 +279,12 @@ impl IdMap {
         w.write_record(["id"]).map_err(err)?;
         match &self.0 {
             Ids::Int(s) => {
-                for v in s.iter() {
+                for v in s.in_order() {
                     w.write_record([v.to_string()]).map_err(err)?;
                 }
             }
             Ids::Text(s) => {
-                for v in s.iter() {
+                for v in s.in_order() {
                     w.write_record([v.as_str()]).map_err(err)?;
                 }
             }
@@ -249,7 +301,11 @@ impl IdMap {
     pub fn read_csv(path: &Path, kind: IdKind) -> Result<IdMap> {
         let file = std::fs::File::open(path).map_err(|e| TableError::io(path, e))?;
         let mut r = csv::Reader::from_reader(BufReader::with_capacity(1 << 20, file));
-        let mut map = IdMap::new(kind);
+        // Read back to turn dense ids into original ones: keep the order.
+        let mut map = IdMap(match kind {
+            IdKind::Int => Ids::Int(Set::with_order()),
+            IdKind::Text => Ids::Text(Set::with_order()),
+        });
         let mut rec = csv::StringRecord::new();
         let mut row = 0u64;
         while r

@@ -24,6 +24,9 @@ use crate::like::{Prior, Seed};
 use crate::source::{Cells, Chunk, TableReader};
 use crate::transform::{FittedBlock, Fitter};
 
+/// Most ids a node table's row count reserves room for in its map up front.
+const MAX_RESERVED_IDS: u64 = 1 << 24;
+
 /// Name of the file, beside `schema.json`, that records how the tables were imported.
 pub const TABLES_FILE: &str = "tables.json";
 
@@ -731,6 +734,10 @@ fn import_nodes(
             &format!("{t} {}", file_name(path)),
             reader.total_rows().unwrap_or(0),
         );
+        // Rows counted up front (Parquet) size the map once: growing it
+        // holds the old table and the new, twice as large, at once. A
+        // file's claim is trusted up to a bound (beyond, the map grows).
+        let mut room = reader.total_rows().map(|n| n.min(MAX_RESERVED_IDS));
         while let Some(chunk) = reader.next_chunk()? {
             let idc = &chunk.columns[0];
             let map = match &mut ids {
@@ -739,6 +746,9 @@ fn import_nodes(
                     IdMap::kind_of(idc).map_err(|p| column_error(path, None, &table.id, p))?,
                 )),
             };
+            if let Some(n) = room.take() {
+                map.reserve(n as usize);
+            }
             for i in 0..chunk.rows {
                 let row = chunk.first_row + i as u64;
                 if idc.is_missing(i) {

@@ -120,15 +120,13 @@ fn bad(path: &Path, problem: impl std::fmt::Display) -> TrainError {
 pub fn fingerprint(t: &crate::config::TrainingConfig, graph: &str, extra: &[&[u8]]) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
+    // A run of one task keeps the fingerprint it had before multi-task
+    // heads existed, so its checkpoints still resume.
+    let spec = format!("{:?}", t.model_spec()).replace(", task_heads: []", "");
     h.update(
         format!(
-            "{:?}|{graph}|{}|{:?}|{}|{}|{}",
-            t.model_spec(),
-            t.reverse_edges,
-            t.fanouts,
-            t.batch,
-            t.lr,
-            t.seed
+            "{spec}|{graph}|{}|{:?}|{}|{}|{}",
+            t.reverse_edges, t.fanouts, t.batch, t.lr, t.seed
         )
         .as_bytes(),
     );

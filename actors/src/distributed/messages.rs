@@ -212,6 +212,10 @@ pub struct EpochStats {
     /// other partitions during the epoch's training steps.
     #[serde(default)]
     pub remote_rows: u64,
+    /// Multi-task: each task's account (its own loss and evaluation sums),
+    /// in `training.tasks` order (empty: a single task).
+    #[serde(default)]
+    pub tasks: Vec<EpochStats>,
 }
 
 impl EpochStats {
@@ -413,6 +417,7 @@ impl EpochReport {
             cpu_util: stats.iter().map(|s| s.cpu_util).sum::<f64>() / stats.len().max(1) as f64,
             remote_rows_per_step: stats.iter().map(|s| s.remote_rows).sum::<u64>() as f64
                 / stats.first().map_or(1, |s| s.steps.max(1)) as f64,
+            tasks: Vec::new(),
             figures: std::collections::BTreeMap::new(),
         }
     }

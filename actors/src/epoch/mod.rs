@@ -255,6 +255,7 @@ mod tests {
             heads: 1,
             link: None,
             head: Default::default(),
+            task_heads: Vec::new(),
             edge: None,
         };
         Model::new(&spec, g, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()

@@ -37,16 +37,23 @@ pub fn check_trainable(t: &TrainingConfig, g: &HetGraph) -> Result<()> {
             target.name, target.name
         )));
     }
-    let task = crate::task::node::NodeTask::of(t, g)?;
-    for (split, ids) in g.target_labels().1.named() {
-        if let Some(n) = ids.iter().find(|&&n| !task.knows(n)) {
-            let (what, file) = task.target_file();
-            return Err(TrainError::Config(format!(
-                "node {n} of the {split} split of '{}' has no {what} in nodes/{}/{file}.npy): training.task = \"{}\" needs one for every node of every split",
-                target.name,
-                target.name,
-                t.task.name()
-            )));
+    // A multi-task run's every task needs its target on every split node.
+    let key = match t.tasks.is_empty() {
+        true => "training.task",
+        false => "training.tasks' task",
+    };
+    for w in t.task_list() {
+        let task = crate::task::node::NodeTask::for_task(w.task, t, g)?;
+        for (split, ids) in g.target_labels().1.named() {
+            if let Some(n) = ids.iter().find(|&&n| !task.knows(n)) {
+                let (what, file) = task.target_file();
+                return Err(TrainError::Config(format!(
+                    "node {n} of the {split} split of '{}' has no {what} in nodes/{}/{file}.npy): {key} = \"{}\" needs one for every node of every split",
+                    target.name,
+                    target.name,
+                    w.task.name()
+                )));
+            }
         }
     }
     Ok(())

@@ -35,6 +35,8 @@ struct Entry {
     /// (class weights and the focal loss), and it can start from another
     /// run's checkpoint (`training.init_from`).
     weighted: bool,
+    /// Whether it trains several node tasks at once (`training.tasks`).
+    multi_task: bool,
     rules: &'static Rules,
     defaults: fn() -> serde_json::Value,
 }
@@ -72,7 +74,7 @@ fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
 const fn entry<C: ModeConfig>(
     mode: Mode,
     tasks: &'static [Task],
-    weighted: bool,
+    (weighted, multi_task): (bool, bool),
     rules: &'static Rules,
 ) -> Entry {
     Entry {
@@ -81,6 +83,7 @@ const fn entry<C: ModeConfig>(
         check: check_with::<C>,
         tasks,
         weighted,
+        multi_task,
         rules,
         defaults: defaults_of::<C>,
     }
@@ -107,25 +110,25 @@ const DATA_PARALLEL_TASKS: &[Task] = &[
 
 /// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, true, &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, (true, true), &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         DATA_PARALLEL_TASKS,
-        true,
+        (true, false),
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, false, &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false), &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODES,
-        false,
+        (false, false),
         &crate::model_averaging::RULES,
     ),
-    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, false, &crate::hopgnn::RULES),
+    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, (false, false), &crate::hopgnn::RULES),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
         NODES,
-        false,
+        (false, false),
         &crate::full_graph::RULES,
     ),
 ];
@@ -249,6 +252,13 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             "training.task = \"{}\" runs in {}; mode {} does not support it yet",
             t.task.name(),
             modes_where(|e| e.tasks.contains(&t.task)),
+            e.mode.name()
+        )));
+    }
+    if !e.multi_task && !t.tasks.is_empty() {
+        return Err(TrainError::Config(format!(
+            "training.tasks (several tasks at once) runs in {}; mode {} does not support it yet",
+            modes_where(|e| e.multi_task),
             e.mode.name()
         )));
     }

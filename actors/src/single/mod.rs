@@ -25,7 +25,8 @@ use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::LinkTask;
-use crate::task::node::{NodeTask, Scores};
+use crate::task::multi::NodeTasks;
+use crate::task::node::Scores;
 
 mod config;
 pub use config::SingleConfig;
@@ -274,7 +275,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         per_epoch,
         prefetch,
         sync_timing,
-        task: NodeTask::of(t, &g)?,
+        task: NodeTasks::of(t, &g)?,
+        task_losses: vec![0.0; t.tasks.len()],
+        task_scores: Vec::new(),
         graph_sha256,
         frozen_tables,
     };
@@ -343,7 +346,11 @@ struct Run<'g, 'o> {
     /// Wait for the device at the end of each phase of a step ([`SYNC_TIMING`]).
     sync_timing: bool,
     /// What the node steps learn (resolved once: class weights read the training split).
-    task: NodeTask<'g>,
+    task: NodeTasks<'g>,
+    /// Multi-task: each task's losses summed over the epoch's steps so far.
+    task_losses: Vec<f64>,
+    /// Multi-task: each task's validation and test figures of the epoch.
+    task_scores: Vec<[Scores; 2]>,
     /// The graph's content, recorded in checkpoints.
     graph_sha256: Option<String>,
     /// Per node type, whether its table is frozen (`training.freeze`).
@@ -368,6 +375,8 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     fn epoch_start(&mut self, epoch: u64, steps: u64) {
+        self.task_losses.iter_mut().for_each(|l| *l = 0.0);
+        self.task_scores.clear();
         self.observer.epoch_start(epoch, steps);
     }
 
@@ -527,6 +536,7 @@ impl<'g> Steps for Run<'g, '_> {
         st.time.gather_s += lap(&mut clock);
         let dropout = Some(DropoutKey { epoch, step });
         let mut edge_correct = 0;
+        let mut each = Vec::new();
         let (loss, logits) = match (link, edge) {
             (Some((task, batch)), _) => (
                 task.loss(
@@ -543,7 +553,9 @@ impl<'g> Steps for Run<'g, '_> {
             }
             (None, None) => {
                 let logits = model.forward(self.g, mb, inputs.clone(), dropout)?;
-                (task.loss(&logits, seeds)?, Some(logits))
+                let losses = task.loss(&logits, seeds)?;
+                each = losses.each;
+                (losses.total, Some(logits))
             }
         };
         let grads = loss.backward()?;
@@ -574,6 +586,9 @@ impl<'g> Steps for Run<'g, '_> {
                 step: self.report.steps,
                 loss: l,
             });
+        }
+        for (sum, e) in self.task_losses.iter_mut().zip(&each) {
+            *sum += e.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         }
         let (correct, seen) = match (&logits, link, edge) {
             (Some(logits), _, _) => (task.correct(logits, seeds)?, seeds.len() as u64),
@@ -637,7 +652,16 @@ impl<'g> Steps for Run<'g, '_> {
                 cache,
             )
         });
-        st.set_scores(valid?, test?);
+        let (mut valid, mut test) = (valid?, test?);
+        if self.task.is_multi() {
+            self.task_scores = valid
+                .iter()
+                .cloned()
+                .zip(test.iter().cloned())
+                .map(|(v, t)| [v, t])
+                .collect();
+        }
+        st.set_scores(std::mem::take(&mut valid[0]), std::mem::take(&mut test[0]));
         Ok(())
     }
 
@@ -649,7 +673,34 @@ impl<'g> Steps for Run<'g, '_> {
     fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
         let (_, splits) = self.g.target_labels();
         let (valid, test) = (splits.valid.len(), splits.test.len());
-        let er = EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
+        let mut er =
+            EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
+        if self.task.is_multi() {
+            let mut scores = std::mem::take(&mut self.task_scores).into_iter();
+            let own: Vec<EpochStats> = self
+                .task_losses
+                .iter()
+                .map(|&sum| {
+                    let mut s = EpochStats {
+                        epoch: st.epoch,
+                        steps: st.steps,
+                        loss: sum / st.steps.max(1) as f64,
+                        evaluated: st.evaluated,
+                        ..EpochStats::default()
+                    };
+                    if let Some([v, t]) = scores.next() {
+                        s.set_scores(v, t);
+                    }
+                    s
+                })
+                .collect();
+            let all = EpochStats {
+                tasks: own,
+                ..EpochStats::default()
+            };
+            let tasks = &self.cfg.training.tasks;
+            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[all], tasks, valid, test);
+        }
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);
         Ok(())
@@ -683,13 +734,13 @@ fn sampled_rows<'a>(
 fn score_with(
     g: &HetGraph,
     model: &Model,
-    task: &NodeTask,
+    task: &NodeTasks,
     plan: &SamplingPlan,
     workers: usize,
     epoch: u64,
     nodes: &[u32],
     cache: Option<&crate::cache::DeviceCache>,
-) -> Result<Scores> {
+) -> Result<Vec<Scores>> {
     let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
     let uses_neighbors = model.uses_neighbors();
     let make =
@@ -699,7 +750,7 @@ fn score_with(
                 sample(&mut sampler, uses_neighbors, epoch, step, seeds)
             })
         };
-    let mut scores = Scores::default();
+    let mut scores = task.empty_scores();
     crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
         let src = &mb.blocks[0].src;
         let inputs = match cache {

@@ -156,7 +156,13 @@ impl<'g> NodeTask<'g> {
     /// The node task `t` trains on `g` (regression when `t.task` says so,
     /// else classification).
     pub fn of(t: &TrainingConfig, g: &'g HetGraph) -> Result<NodeTask<'g>> {
-        if t.task == Task::MultiLabel {
+        NodeTask::for_task(t.task, t, g)
+    }
+
+    /// Node task `task` on `g`, with the settings of `t` (classification
+    /// for a task not on nodes).
+    pub fn for_task(task: Task, t: &TrainingConfig, g: &'g HetGraph) -> Result<NodeTask<'g>> {
+        if task == Task::MultiLabel {
             let sets = g.target_label_sets().ok_or_else(|| no_label_sets(g))?;
             return Ok(NodeTask::Labels {
                 sets,
@@ -164,7 +170,7 @@ impl<'g> NodeTask<'g> {
                 gamma: t.focal_gamma,
             });
         }
-        if t.task != Task::NodeRegression {
+        if task != Task::NodeRegression {
             return Ok(NodeTask::Classes {
                 labels: g.target_labels().0,
                 weights: t.class_weights.resolve(g)?,

@@ -1,0 +1,134 @@
+//! Node tasks trained together on the target type: each reads its columns
+//! of a target node's output row ([`models::ModelSpec::head_columns`]) and
+//! the model learns the sum of their weighted losses. A single task is the
+//! one-part case, computed exactly as that task alone.
+
+use std::ops::Range;
+
+use candle_core::Tensor;
+use graphs::HetGraph;
+
+use crate::config::{Task, TrainingConfig};
+use crate::error::Result;
+use crate::task::node::{NodeTask, Scores};
+
+/// One task of a run, its weight and its output columns.
+#[derive(Clone, Debug)]
+pub struct Part<'g> {
+    /// The task.
+    pub task: Task,
+    /// Its loss's weight.
+    pub weight: f64,
+    /// Its columns of a target node's output row.
+    pub columns: Range<usize>,
+    /// Its targets, loss and metrics.
+    pub node: NodeTask<'g>,
+}
+
+/// The node tasks a run learns (one, or `training.tasks`).
+#[derive(Clone, Debug)]
+pub struct NodeTasks<'g> {
+    parts: Vec<Part<'g>>,
+    /// Whether `training.tasks` lists them (figures per task are reported).
+    multi: bool,
+}
+
+/// A task's losses on a batch: the sum trained on, and each task's (multi-task only).
+pub struct Losses {
+    /// What the model is trained on.
+    pub total: Tensor,
+    /// Each task's own loss, unweighted (empty for a single task).
+    pub each: Vec<Tensor>,
+}
+
+impl<'g> NodeTasks<'g> {
+    /// The node tasks of `t` on `g`, with the columns of the model `t` describes.
+    pub fn of(t: &TrainingConfig, g: &'g HetGraph) -> Result<NodeTasks<'g>> {
+        let columns = t.model_spec().head_columns(g);
+        let parts = t
+            .task_list()
+            .into_iter()
+            .zip(columns)
+            .map(|(w, (_, columns))| {
+                Ok(Part {
+                    task: w.task,
+                    weight: w.weight,
+                    columns,
+                    node: NodeTask::for_task(w.task, t, g)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(NodeTasks {
+            parts,
+            multi: !t.tasks.is_empty(),
+        })
+    }
+
+    /// Whether several tasks are trained (`training.tasks`): figures per task.
+    pub fn is_multi(&self) -> bool {
+        self.multi
+    }
+
+    /// The tasks, the primary one first.
+    pub fn parts(&self) -> &[Part<'g>] {
+        &self.parts
+    }
+
+    /// The primary task (`training.task`).
+    pub fn primary(&self) -> &NodeTask<'g> {
+        &self.parts[0].node
+    }
+
+    /// Part `k`'s columns of the outputs `out` (`[nodes, outputs]`).
+    fn columns(&self, k: usize, out: &Tensor) -> Result<Tensor> {
+        let c = &self.parts[k].columns;
+        Ok(match self.multi {
+            true => out.narrow(1, c.start, c.len())?,
+            false => out.clone(),
+        })
+    }
+
+    /// The loss of outputs `out` on `seeds`: a single task's own, or the
+    /// sum of each task's loss on its columns times its weight.
+    pub fn loss(&self, out: &Tensor, seeds: &[u32]) -> Result<Losses> {
+        if !self.multi {
+            return Ok(Losses {
+                total: self.primary().loss(out, seeds)?,
+                each: Vec::new(),
+            });
+        }
+        let mut total: Option<Tensor> = None;
+        let mut each = Vec::with_capacity(self.parts.len());
+        for (k, p) in self.parts.iter().enumerate() {
+            let l = p.node.loss(&self.columns(k, out)?, seeds)?;
+            let weighted = l.affine(p.weight, 0.0)?;
+            total = Some(match total {
+                Some(t) => (t + weighted)?,
+                None => weighted,
+            });
+            each.push(l.detach());
+        }
+        Ok(Losses {
+            total: total.expect("a multi-task run lists at least one task"),
+            each,
+        })
+    }
+
+    /// Correct predictions of the primary task among `seeds`.
+    pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
+        self.primary().correct(&self.columns(0, out)?, seeds)
+    }
+
+    /// Adds each task's evaluation figures of `out` on `seeds` to its `scores`.
+    pub fn score(&self, out: &Tensor, seeds: &[u32], scores: &mut [Scores]) -> Result<()> {
+        for (k, (p, s)) in self.parts.iter().zip(scores.iter_mut()).enumerate() {
+            p.node.score(&self.columns(k, out)?, seeds, s)?;
+        }
+        Ok(())
+    }
+
+    /// Empty figures, one per task.
+    pub fn empty_scores(&self) -> Vec<Scores> {
+        vec![Scores::default(); self.parts.len()]
+    }
+}
