@@ -34,7 +34,14 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let x_max = epochs.last().copied().unwrap_or(0.0).max(1.0);
     let title = format!("{} — {}", r.mode, r.config.training.model);
 
-    let loss_max = r.epochs.iter().map(|e| e.loss).fold(0.0, f64::max) * 1.05 + 1e-9;
+    let losses = loss_series(r);
+    let loss_max = losses
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|&(_, y)| y))
+        .filter(|l| l.is_finite())
+        .fold(0.0, f64::max)
+        * 1.05
+        + 1e-9;
     let mut chart = ChartBuilder::on(&left)
         .caption(format!("training loss ({title})"), ("sans-serif", 20))
         .margin(15)
@@ -46,10 +53,21 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .x_desc("epoch")
         .y_desc("loss")
         .draw()?;
-    chart.draw_series(LineSeries::new(
-        r.epochs.iter().map(|e| (e.epoch as f64, e.loss)),
-        &RED,
-    ))?;
+    let several = losses.len() > 1;
+    for ((name, points), color) in losses.into_iter().zip([RED, BLUE, GREEN, BLACK]) {
+        chart
+            .draw_series(LineSeries::new(points, &color))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    if several {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+    }
 
     let panel = metrics(r);
     let y_max = match panel.fit {
@@ -88,6 +106,25 @@ fn draw(r: &Report, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The left-hand panel's curves: the loss trained on, then (multi-task)
+/// each task's own loss, as (legend, (epoch, loss) points).
+fn loss_series(r: &Report) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut out = vec![(
+        "trained on".to_string(),
+        r.epochs.iter().map(|e| (e.epoch as f64, e.loss)).collect(),
+    )];
+    let names = r.epochs.first().map_or(&[][..], |e| &e.tasks[..]);
+    for (k, t) in names.iter().enumerate() {
+        let points = r
+            .epochs
+            .iter()
+            .filter_map(|e| e.tasks.get(k).map(|t| (e.epoch as f64, t.loss)))
+            .collect();
+        out.push((t.task.clone(), points));
+    }
+    out
 }
 
 /// The right-hand panel: accuracies, a link-prediction run's ranking
@@ -159,6 +196,39 @@ fn metrics(r: &Report) -> Panel {
 mod tests {
     use super::*;
     use actors::task::link::{LinkEpoch, LinkMetrics};
+
+    #[test]
+    fn a_multi_task_report_plots_each_tasks_loss_beside_the_sum() {
+        let mut r = Report::default();
+        for (i, (c, v)) in [(2.0, 1.0), (1.5, 0.5)].into_iter().enumerate() {
+            let task = |name: &str, weight, loss| actors::report::TaskEpoch {
+                task: name.to_string(),
+                weight,
+                loss,
+                ..Default::default()
+            };
+            r.epochs.push(actors::EpochReport {
+                epoch: i as u64,
+                loss: c + 0.5 * v,
+                tasks: vec![
+                    task("node-classification", 1.0, c),
+                    task("node-regression", 0.5, v),
+                ],
+                ..Default::default()
+            });
+        }
+        let s = loss_series(&r);
+        let names: Vec<&str> = s.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["trained on", "node-classification", "node-regression"]
+        );
+        assert_eq!(s[0].1, vec![(0.0, 2.5), (1.0, 1.75)]);
+        assert_eq!(s[2].1, vec![(0.0, 1.0), (1.0, 0.5)]);
+        // One task: the loss alone.
+        r.epochs.iter_mut().for_each(|e| e.tasks.clear());
+        assert_eq!(loss_series(&r).len(), 1);
+    }
 
     #[test]
     fn a_link_prediction_report_plots_its_ranking_metrics() {
