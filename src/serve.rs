@@ -26,6 +26,11 @@ pub struct ServeArgs {
     /// exact (full neighbourhoods, every node computed at load; `embed`'s answers).
     #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
     inference: InferenceArg,
+    /// A model trained for several tasks (`training.tasks`): the task
+    /// `/v1/predict` answers ("node-classification", "node-regression" or
+    /// "multi-label") [default: its first]; a reloaded checkpoint must have it too.
+    #[arg(long)]
+    task: Option<String>,
     /// The longest a request waits for others to share its inference batch, in ms.
     /// At 0, a batch is whatever queued while the previous one ran (the lowest
     /// latency, and under load the same batches).
@@ -113,18 +118,23 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     };
     let (checkpoint, data) = (a.model.checkpoint.clone(), a.model.data.clone());
     let inference = a.inference.into();
+    let task = a.task.clone();
     let load = Arc::new(move || -> Result<Engine, ServeError> {
         let (trained, skipped) = serving::Trained::open(&checkpoint, &data)?;
         for s in skipped {
             warnln!("skipped checkpoint: {s}");
         }
         let mut last = usize::MAX;
-        Engine::new(trained, inference, 4096, |layer, _, _| {
+        let mut engine = Engine::new(trained, inference, 4096, |layer, _, _| {
             if layer != last {
                 warnln!("exact inference: layer {} over every node", layer + 1);
                 last = layer;
             }
-        })
+        })?;
+        if let Some(t) = &task {
+            engine.choose_task(t)?;
+        }
+        Ok(engine)
     });
     let config = ServerConfig {
         listen: a.listen,

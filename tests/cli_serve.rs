@@ -1417,4 +1417,20 @@ fn a_multi_task_model_predicts_each_task_and_serves_the_primary_one() {
     );
     assert_eq!(info["classes"], json!(g.num_classes()));
     assert!(s.stop().success());
+    // `serve --task` answers another of its tasks, as `predict --task` does.
+    let s = Server::start(dir, &[&model[..], &["--task", "node-regression"]].concat());
+    let (code, r) = s.post("/v1/predict", &json!({"ids": ids}));
+    assert_eq!(code, 200, "{r}");
+    let got: Vec<f32> = r["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let want: Vec<f32> = ids.iter().map(|&i| v[i as usize]).collect();
+    assert!(close(&got, &want), "{got:?} vs predict's {want:?}");
+    let (_, info) = s.get("/v1/model");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["task"], "node-regression");
+    assert!(s.stop().success());
 }
