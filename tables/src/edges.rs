@@ -107,27 +107,11 @@ impl Spool {
     }
 
     /// Calls `f` on the values in order, in chunks, then deletes the file.
-    fn drain(self, mut f: impl FnMut(&mut [i64]) -> Result<()>) -> Result<()> {
+    fn drain(self, f: impl FnMut(&mut [i64]) -> Result<()>) -> Result<()> {
         let Spool { path, out } = self;
-        let io = |e| TableError::io(&path, e);
-        out.into_inner().map_err(|e| io(e.into_error()))?;
-        let mut r = File::open(&path).map_err(io)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut vals: Vec<i64> = Vec::with_capacity(buf.len() / 8);
-        loop {
-            let n = crate::import::read_full(&mut r, &mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            vals.clear();
-            vals.extend(
-                buf[..n]
-                    .chunks_exact(8)
-                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
-            );
-            f(&mut vals)?;
-        }
-        std::fs::remove_file(&path).map_err(io)
+        out.into_inner()
+            .map_err(|e| TableError::io(&path, e.into_error()))?;
+        crate::import::drain_i64s(&path, f)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use graphs::format::{paths, AtomicDir};
@@ -1095,32 +1095,39 @@ impl EdgeSpool {
                 .map_err(|e| TableError::io(p, e.into_error()))?;
         }
         let mut w = NpyWriter::create(out, DType::I64, &[2, count])?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut vals: Vec<i64> = Vec::with_capacity(buf.len() / 8);
         for p in &paths {
-            let mut r = BufReader::new(File::open(p).map_err(|e| TableError::io(p, e))?);
-            loop {
-                let n = read_full(&mut r, &mut buf).map_err(|e| TableError::io(p, e))?;
-                if n == 0 {
-                    break;
-                }
-                vals.clear();
-                vals.extend(
-                    buf[..n]
-                        .chunks_exact(8)
-                        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
-                );
-                w.write_i64(&vals)?;
-            }
-            std::fs::remove_file(p).map_err(|e| TableError::io(p, e))?;
+            drain_i64s(p, |vals| w.write_i64(vals).map_err(Into::into))?;
         }
         w.finish()?;
         Ok(count)
     }
 }
 
+/// Calls `f` on the little-endian int64 values of the spool file `path`, in
+/// order, a chunk at a time, then deletes the file.
+pub(crate) fn drain_i64s(path: &Path, mut f: impl FnMut(&mut [i64]) -> Result<()>) -> Result<()> {
+    let io = |e| TableError::io(path, e);
+    let mut r = File::open(path).map_err(io)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut vals: Vec<i64> = Vec::with_capacity(buf.len() / 8);
+    loop {
+        let n = read_full(&mut r, &mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        vals.clear();
+        vals.extend(
+            buf[..n]
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))),
+        );
+        f(&mut vals)?;
+    }
+    std::fs::remove_file(path).map_err(io)
+}
+
 /// Reads until `buf` is full or the end, so chunks stay multiples of 8 bytes.
-pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..])? {
