@@ -1,11 +1,14 @@
 //! Several node tasks trained at once (`training.tasks`): one listed task is
-//! that task alone, bit for bit; two tasks learn both and report each; and
+//! that task alone, bit for bit; two tasks learn both and report each;
+//! data-parallel training follows single-process training step by step; and
 //! lists or modes that cannot train them are refused with the reason.
 
 mod common;
 
 use actors::{train, Config};
-use common::{close, Losses};
+use common::{close, derived, same_losses, Losses};
+use graphs::partition::{self, Method};
+use graphs::NoProgress;
 
 const BASE: [&str; 5] = [
     "training.epochs=3",
@@ -120,6 +123,67 @@ fn three_tasks_with_label_sets_train_and_report_their_metrics() {
 }
 
 #[test]
+fn data_parallel_training_follows_single_process_training_on_two_tasks() {
+    let tasks = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    let mut single_losses = Losses::default();
+    let (single, model) =
+        train(&config(&["training.epochs=2", tasks]), &mut single_losses).unwrap();
+    for (parts, method) in [(2, Method::Metis), (3, Method::Random)] {
+        let dir = derived(&format!("multi-{method}-{parts}"), false, |g, out| {
+            let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
+            partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+        });
+        let dir = format!("training.partitions={:?}", dir.display().to_string());
+        let cfg = config(&[
+            "training.epochs=2",
+            tasks,
+            "training.mode=\"data-parallel\"",
+            &dir,
+        ]);
+        let mut losses = Losses::default();
+        let (report, fin) = train(&cfg, &mut losses).unwrap();
+        let what = format!("{parts} trainers");
+        assert_eq!(
+            (report.nodes, report.steps),
+            (parts, single.steps),
+            "{what}"
+        );
+        same_losses(&single_losses.0, &losses.0, &what);
+        // Two heads' gradients summed in another order leave rows a little
+        // further apart than one head's: within 2e-4 (a lost or doubled
+        // gradient moves them by ~lr, 1e-2).
+        common::same_model_rows_within(&model, &fin, &what, 3e-4, 2e-4);
+        // Each task's own figures: its loss, and its evaluation summed over the trainers.
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            assert_eq!(b.tasks.len(), 2, "{what}");
+            for (x, y) in a.tasks.iter().zip(&b.tasks) {
+                assert_eq!(x.task, y.task);
+                close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
+                assert_eq!(x.valid_acc.is_some(), y.valid_acc.is_some(), "{what}");
+                if let (Some(p), Some(q)) = (x.valid_acc, y.valid_acc) {
+                    assert!(
+                        (p - q).abs() < 1e-3,
+                        "{what}: {} accuracy {p} vs {q}",
+                        x.task
+                    );
+                }
+                if let (Some(p), Some(q)) = (x.regression, y.regression) {
+                    assert!(
+                        (p.test.rmse - q.test.rmse).abs() < 1e-3,
+                        "{what}: test RMSE"
+                    );
+                }
+                assert_eq!(x.regression.is_some(), y.regression.is_some(), "{what}");
+            }
+            assert_eq!(
+                b.tasks[0].valid_acc, b.valid_acc,
+                "{what}: the primary task's figures"
+            );
+        }
+    }
+}
+
+#[test]
 fn lists_and_modes_that_cannot_train_together_are_refused() {
     for (extra, want) in [
         (
@@ -151,10 +215,10 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
         ),
         (
             vec![
-                "training.mode=\"data-parallel\"",
+                "training.mode=\"raf\"",
                 "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\"}]",
             ],
-            "training.tasks (several tasks at once) runs in single; mode data-parallel does not support it yet",
+            "training.tasks (several tasks at once) runs in single and data-parallel; mode raf does not support it yet",
         ),
     ] {
         let err = refusal(&extra);

@@ -189,6 +189,9 @@ impl<'a> Coordinator<'a> {
         let s0 = &stats[0];
         let rules = self.rules;
         let mut er = EpochReport::from_stats(epoch, stats, valid, test, rules.own_steps);
+        if !self.t.tasks.is_empty() {
+            er.tasks = crate::report::TaskEpoch::all(epoch, stats, &self.t.tasks, valid, test);
+        }
         (rules.figures)(&mut er, stats)?;
         // Trainers with steps of their own take them apart; the others share the global ones.
         self.steps_run += if rules.own_steps {
@@ -253,7 +256,7 @@ impl<'a> Coordinator<'a> {
             let progress = saved
                 .iter()
                 .find(|s| s.part == 0)
-                .and_then(|s| s.progress)
+                .and_then(|s| s.progress.clone())
                 .ok_or_else(|| bad("partition 0's running figures are missing".into()))?;
             let mut files: BTreeMap<String, String> = BTreeMap::new();
             for s in saved {

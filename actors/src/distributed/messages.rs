@@ -344,7 +344,7 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 
 /// Trainer 0's running figures of the epoch a checkpoint falls in (the loss
 /// and correct counts are global: every trainer sums the same values).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     /// Sum of the epoch's step losses so far.
     pub loss_sum: f64,
@@ -352,6 +352,9 @@ pub struct Progress {
     pub correct: f64,
     /// Training seeds seen so far.
     pub seen: u64,
+    /// Multi-task: each task's own loss summed over the epoch's steps so far.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_loss_sums: Vec<f64>,
 }
 
 /// The report's epoch from the trainers' accounts of it.

@@ -70,7 +70,7 @@ impl Items<'_> {
 }
 
 /// One step's contribution to the epoch's figures.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct StepFigures {
     /// The step's global loss.
     pub loss: f64,
@@ -78,6 +78,8 @@ pub(crate) struct StepFigures {
     pub correct: f64,
     /// Training seeds counted here.
     pub seen: u64,
+    /// Multi-task: each task's own global loss of the step (empty: one task).
+    pub tasks: Vec<f64>,
 }
 
 /// A mode's own supply of an epoch's batches in step order, instead of the
@@ -195,7 +197,7 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         let rows_before = S::remote_rows(feed);
         steps.epoch_start(epoch, batches.len() as u64);
         let mut progress = if skip > 0 {
-            a.resumed
+            a.resumed.clone()
         } else {
             Progress::default()
         };
@@ -208,13 +210,19 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
                 st.time.wait_s += last.elapsed().as_secs_f64();
                 if plan.due(steps.seq()) {
                     let clock = Instant::now();
-                    steps.checkpoint(feed, progress)?;
+                    steps.checkpoint(feed, progress.clone())?;
                     st.time.checkpoint_s += clock.elapsed().as_secs_f64();
                 }
                 let f = steps.step(feed, epoch, step, seeds, batch, st)?;
                 progress.loss_sum += f.loss;
                 progress.correct += f.correct;
                 progress.seen += f.seen;
+                if progress.task_loss_sums.len() < f.tasks.len() {
+                    progress.task_loss_sums.resize(f.tasks.len(), 0.0);
+                }
+                for (sum, l) in progress.task_loss_sums.iter_mut().zip(&f.tasks) {
+                    *sum += l;
+                }
                 last = Instant::now();
                 Ok(())
             };
@@ -258,12 +266,26 @@ pub(crate) fn run<S: Steps>(a: &Attempt, feed: &S::Feed, steps: &mut S) -> Resul
         st.loss = progress.loss_sum / batches.len().max(1) as f64;
         st.train_correct = progress.correct.round() as u64;
         st.train_seen = progress.seen;
+        // Multi-task: each task's own account, its evaluation filled in below.
+        st.tasks = progress
+            .task_loss_sums
+            .iter()
+            .map(|sum| EpochStats {
+                epoch,
+                steps: st.steps,
+                loss: sum / batches.len().max(1) as f64,
+                ..EpochStats::default()
+            })
+            .collect();
         if evaluates(t, epoch) {
             let eval = Instant::now();
             // An implementation that has nothing to evaluate (a sampling sink) says so.
             st.evaluated = true;
             steps.evaluate(feed, epoch, &mut st)?;
             st.time.eval_s = eval.elapsed().as_secs_f64();
+        }
+        for own in &mut st.tasks {
+            own.evaluated = st.evaluated;
         }
         if let Some(n) = a.node {
             let m = n.metrics();

@@ -224,7 +224,11 @@ impl<'a> Worker<'a> {
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
-        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let resumed = s
+            .from
+            .as_ref()
+            .map(|(_, m)| m.progress.clone())
+            .unwrap_or_default();
         let all: Vec<u32> = s.graph.target_labels().1.train.clone();
         let batch = all.len().max(1);
         // One step per epoch: the batch is every training node.
@@ -801,6 +805,7 @@ impl State<'_> {
                     loss,
                     correct,
                     seen: 0.0,
+                    each: Vec::new(),
                 },
             )?,
             pushes,
@@ -931,6 +936,7 @@ impl<'a> Steps for State<'a> {
             loss,
             correct,
             seen: seeds.len() as u64,
+            ..StepFigures::default()
         })
     }
 

@@ -154,7 +154,11 @@ impl<'a> Worker<'a> {
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
-        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let resumed = s
+            .from
+            .as_ref()
+            .map(|(_, m)| m.progress.clone())
+            .unwrap_or_default();
         let items = epochs::Items::Nodes(&s.graph.target_labels().1.train);
         let attempt = Attempt {
             node: Some(&s.node),
@@ -381,6 +385,7 @@ impl<'a> Steps for Replica<'a> {
             loss,
             correct,
             seen: seeds.len() as u64,
+            ..StepFigures::default()
         })
     }
 
@@ -398,10 +403,10 @@ impl<'a> Steps for Replica<'a> {
                 .filter(|&v| ctx.owned(target, v))
                 .collect()
         };
-        let task = crate::task::node::NodeTask::of(&ctx.s.cfg, &ctx.s.graph)?;
+        let task = crate::task::multi::NodeTasks::of(&ctx.s.cfg, &ctx.s.graph)?;
         let valid = ctx.score(&self.model, &task, seed, epoch, &splits.valid, after, mine)?;
         let test = ctx.score(&self.model, &task, seed, epoch, &splits.test, after, mine)?;
-        st.set_scores(valid, test);
+        task.record(st, valid, test);
         Ok(())
     }
 
@@ -565,6 +570,7 @@ impl Replica<'_> {
                         loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
                         correct,
                         seen: 0.0,
+                        each: Vec::new(),
                     },
                 )?;
                 if let Gathered::Once { .. } = p.rows {

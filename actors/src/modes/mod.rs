@@ -114,7 +114,7 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         DATA_PARALLEL_TASKS,
-        (true, false),
+        (true, true),
         &crate::data_parallel::RULES,
     ),
     entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false), &crate::raf::RULES),
@@ -259,6 +259,14 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
         return Err(TrainError::Config(format!(
             "training.tasks (several tasks at once) runs in {}; mode {} does not support it yet",
             modes_where(|e| e.multi_task),
+            e.mode.name()
+        )));
+    }
+    if let Some(w) = t.tasks.iter().find(|w| !e.tasks.contains(&w.task)) {
+        return Err(TrainError::Config(format!(
+            "training.tasks lists \"{}\", which runs in {}; mode {} does not support it yet",
+            w.task.name(),
+            modes_where(|e| e.tasks.contains(&w.task)),
             e.mode.name()
         )));
     }

@@ -30,7 +30,7 @@ pub struct Group<'a> {
 }
 
 /// What a step's vector adds up besides the gradients.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tally {
     /// The loss (each trainer's share of it).
     pub loss: f64,
@@ -39,17 +39,21 @@ pub struct Tally {
     /// Training examples counted (where the step's global count is not
     /// known to every trainer: edge tasks' hashed steps).
     pub seen: f64,
+    /// Multi-task: each task's own loss (each trainer's share of it).
+    pub each: Vec<f64>,
 }
 
-/// Values in a step's vector after every parameter's: a presence flag per
-/// parameter, then the loss, the correct count and the examples seen.
+/// Values in a step's vector after every parameter's with one task: a
+/// presence flag per parameter, then the loss, the correct count and the
+/// examples seen (each task's loss comes before them with several).
 pub fn extra(params: &ParamStore) -> usize {
     params.len() + 3
 }
 
 /// A step's dense gradients as one vector: every parameter's values in
 /// parameter order (zeros where `grads` has none), a presence flag per
-/// parameter, then the step's [`Tally`].
+/// parameter, then the step's [`Tally`] (each task's loss, the loss, the
+/// correct count, the examples seen).
 pub fn flatten(params: &ParamStore, grads: Option<&GradStore>, tally: Tally) -> Result<Vec<f32>> {
     flatten_named(
         params,
@@ -79,6 +83,7 @@ pub fn flatten_named(
         }
     }
     flat.extend(flags);
+    flat.extend(tally.each.iter().map(|&x| x as f32));
     flat.extend([tally.loss, tally.correct, tally.seen].map(|x| x as f32));
     Ok(flat)
 }
@@ -86,9 +91,11 @@ pub fn flatten_named(
 /// One Adam step from `sum`, the all-reduced [`flatten`] vectors: only the
 /// parameters some trainer had a gradient for move. Returns the summed [`Tally`].
 pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<Tally> {
-    let values = sum
+    let values: usize = params.iter().map(|(_, v)| v.elem_count()).sum();
+    // What follows the flags: the tasks' losses, then the three counts.
+    let tasks = sum
         .len()
-        .checked_sub(extra(params))
+        .checked_sub(values + extra(params))
         .ok_or_else(|| TrainError::Protocol("a gradient vector shorter than the model".into()))?;
     let mut named = BTreeMap::new();
     let mut at = 0;
@@ -105,10 +112,15 @@ pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<Tally>
     }
     adam.step_named(params, &named)?;
     let at = |k: usize| f64::from(sum[sum.len() - k]);
+    let first = values + params.len();
     Ok(Tally {
         loss: at(3),
         correct: at(2),
         seen: at(1),
+        each: sum[first..first + tasks]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect(),
     })
 }
 
@@ -233,4 +245,45 @@ where
         }
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+    use models::optim::{Adam, AdamConfig};
+    use models::params::ParamStore;
+
+    use super::{apply, flatten, Tally};
+
+    #[test]
+    fn a_step_vector_carries_each_tasks_loss_through_to_the_sum() {
+        let mut params = ParamStore::new();
+        params.zeros("w", 4, DType::F32, &Device::Cpu).unwrap();
+        let tally = Tally {
+            loss: 1.5,
+            correct: 3.0,
+            seen: 0.0,
+            each: vec![0.25, 2.5],
+        };
+        let flat = flatten(&params, None, tally.clone()).unwrap();
+        // Four values, one flag, two tasks, three counts.
+        assert_eq!(flat.len(), 4 + 1 + 2 + 3);
+        let mut adam = Adam::new(AdamConfig {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        });
+        assert_eq!(apply(&params, &mut adam, &flat).unwrap(), tally);
+        // One task: nothing between the flags and the counts.
+        let one = Tally {
+            each: Vec::new(),
+            ..tally
+        };
+        let flat = flatten(&params, None, one.clone()).unwrap();
+        assert_eq!(apply(&params, &mut adam, &flat).unwrap(), one);
+        // A vector that cannot hold the model is a protocol violation.
+        let err = apply(&params, &mut adam, &flat[..6]).unwrap_err();
+        assert!(err.to_string().contains("shorter than the model"), "{err}");
+    }
 }

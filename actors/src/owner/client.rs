@@ -688,21 +688,21 @@ impl Client {
         Ok(out)
     }
 
-    /// The evaluation figures of `task` for `model` (no dropout) on the share of `nodes`
+    /// Each task's evaluation figures for `model` (no dropout) on the share of `nodes`
     /// that `mine` picks from each evaluation chunk, sampled with `seed`.
     #[allow(clippy::too_many_arguments)]
     pub fn score(
         &self,
         model: &Model,
-        task: &crate::task::node::NodeTask,
+        task: &crate::task::multi::NodeTasks,
         seed: u64,
         epoch: u64,
         nodes: &[u32],
         after: Option<u64>,
         mine: impl Fn(&[u32]) -> Vec<u32>,
-    ) -> Result<crate::task::node::Scores> {
+    ) -> Result<Vec<crate::task::node::Scores>> {
         let g = self.graph.clone();
-        let mut scores = crate::task::node::Scores::default();
+        let mut scores = task.empty_scores();
         for (step, chunk) in nodes.chunks(crate::epoch::EVAL_BATCH).enumerate() {
             let seeds = mine(chunk);
             if seeds.is_empty() {

@@ -276,8 +276,6 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         prefetch,
         sync_timing,
         task: NodeTasks::of(t, &g)?,
-        task_losses: vec![0.0; t.tasks.len()],
-        task_scores: Vec::new(),
         graph_sha256,
         frozen_tables,
     };
@@ -347,10 +345,6 @@ struct Run<'g, 'o> {
     sync_timing: bool,
     /// What the node steps learn (resolved once: class weights read the training split).
     task: NodeTasks<'g>,
-    /// Multi-task: each task's losses summed over the epoch's steps so far.
-    task_losses: Vec<f64>,
-    /// Multi-task: each task's validation and test figures of the epoch.
-    task_scores: Vec<[Scores; 2]>,
     /// The graph's content, recorded in checkpoints.
     graph_sha256: Option<String>,
     /// Per node type, whether its table is frozen (`training.freeze`).
@@ -375,8 +369,6 @@ impl<'g> Steps for Run<'g, '_> {
     }
 
     fn epoch_start(&mut self, epoch: u64, steps: u64) {
-        self.task_losses.iter_mut().for_each(|l| *l = 0.0);
-        self.task_scores.clear();
         self.observer.epoch_start(epoch, steps);
     }
 
@@ -587,9 +579,10 @@ impl<'g> Steps for Run<'g, '_> {
                 loss: l,
             });
         }
-        for (sum, e) in self.task_losses.iter_mut().zip(&each) {
-            *sum += e.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        }
+        let tasks = each
+            .iter()
+            .map(|e| e.to_dtype(DType::F64)?.to_scalar::<f64>())
+            .collect::<candle_core::Result<Vec<f64>>>()?;
         let (correct, seen) = match (&logits, link, edge) {
             (Some(logits), _, _) => (task.correct(logits, seeds)?, seeds.len() as u64),
             (None, Some((_, batch)), _) => (0, batch.edges.len() as u64),
@@ -602,6 +595,7 @@ impl<'g> Steps for Run<'g, '_> {
             loss: l,
             correct: correct as f64,
             seen,
+            tasks,
         })
     }
 
@@ -652,16 +646,7 @@ impl<'g> Steps for Run<'g, '_> {
                 cache,
             )
         });
-        let (mut valid, mut test) = (valid?, test?);
-        if self.task.is_multi() {
-            self.task_scores = valid
-                .iter()
-                .cloned()
-                .zip(test.iter().cloned())
-                .map(|(v, t)| [v, t])
-                .collect();
-        }
-        st.set_scores(std::mem::take(&mut valid[0]), std::mem::take(&mut test[0]));
+        self.task.record(st, valid?, test?);
         Ok(())
     }
 
@@ -676,30 +661,8 @@ impl<'g> Steps for Run<'g, '_> {
         let mut er =
             EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
         if self.task.is_multi() {
-            let mut scores = std::mem::take(&mut self.task_scores).into_iter();
-            let own: Vec<EpochStats> = self
-                .task_losses
-                .iter()
-                .map(|&sum| {
-                    let mut s = EpochStats {
-                        epoch: st.epoch,
-                        steps: st.steps,
-                        loss: sum / st.steps.max(1) as f64,
-                        evaluated: st.evaluated,
-                        ..EpochStats::default()
-                    };
-                    if let Some([v, t]) = scores.next() {
-                        s.set_scores(v, t);
-                    }
-                    s
-                })
-                .collect();
-            let all = EpochStats {
-                tasks: own,
-                ..EpochStats::default()
-            };
             let tasks = &self.cfg.training.tasks;
-            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[all], tasks, valid, test);
+            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[st], tasks, valid, test);
         }
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);

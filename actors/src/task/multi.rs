@@ -9,6 +9,7 @@ use candle_core::Tensor;
 use graphs::HetGraph;
 
 use crate::config::{Task, TrainingConfig};
+use crate::distributed::messages::EpochStats;
 use crate::error::Result;
 use crate::task::node::{NodeTask, Scores};
 
@@ -130,5 +131,25 @@ impl<'g> NodeTasks<'g> {
     /// Empty figures, one per task.
     pub fn empty_scores(&self) -> Vec<Scores> {
         vec![Scores::default(); self.parts.len()]
+    }
+
+    /// Records each task's validation and test figures (from
+    /// [`NodeTasks::score`]) in the epoch's account: the primary task's in
+    /// `st`, and with several tasks each one's in `st.tasks` too.
+    pub fn record(&self, st: &mut EpochStats, valid: Vec<Scores>, test: Vec<Scores>) {
+        if self.multi && st.tasks.len() < self.parts.len() {
+            st.tasks.resize_with(self.parts.len(), EpochStats::default);
+        }
+        for (k, (v, t)) in valid.into_iter().zip(test).enumerate() {
+            match (self.multi, k) {
+                (false, 0) => st.set_scores(v, t),
+                (false, _) => {}
+                (true, 0) => {
+                    st.set_scores(v.clone(), t.clone());
+                    st.tasks[0].set_scores(v, t);
+                }
+                (true, _) => st.tasks[k].set_scores(v, t),
+            }
+        }
     }
 }

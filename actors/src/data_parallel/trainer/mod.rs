@@ -44,7 +44,7 @@ use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::{LinkBatch, LinkTask};
-use crate::task::node::NodeTask;
+use crate::task::multi::NodeTasks;
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -181,7 +181,7 @@ struct Replica<'a> {
     /// The trainer's setup.
     s: &'a TrainerSetup,
     /// What the node steps learn (resolved once: class weights read the training split).
-    task: NodeTask<'a>,
+    task: NodeTasks<'a>,
 }
 
 impl<'a> Trainer<'a> {
@@ -242,14 +242,18 @@ impl<'a> Trainer<'a> {
                 seq,
                 cache,
                 s,
-                task: NodeTask::of(&s.cfg, &s.graph)?,
+                task: NodeTasks::of(&s.cfg, &s.graph)?,
             },
         })
     }
 
     fn train(&mut self) -> Result<()> {
         let s = self.ctx.s;
-        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let resumed = s
+            .from
+            .as_ref()
+            .map(|(_, m)| m.progress.clone())
+            .unwrap_or_default();
         let items = match (&s.link, &s.edge) {
             (Some(l), _) => epochs::Items::Link(l),
             (None, Some(e)) => epochs::Items::Edges(e),
@@ -333,18 +337,18 @@ impl<'a> Steps for Replica<'a> {
     ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
-        let (loss, correct, seen) = match ctx.s.dp.sampling_sink {
+        let (loss, correct, seen, tasks) = match ctx.s.dp.sampling_sink {
             // The batch is dropped: the epoch measures sampling alone.
             true => {
                 self.seq += 1;
-                (0.0, 0.0, None)
+                (0.0, 0.0, None, Vec::new())
             }
             false => {
                 let edges = ctx.s.edge.is_some();
                 let tally = self.train_step(ctx, epoch, step, p, st)?;
                 // An edge step's size is known only summed over the trainers.
                 let seen = edges.then_some(tally.seen.round() as u64);
-                (tally.loss, tally.correct, seen)
+                (tally.loss, tally.correct, seen, tally.each)
             }
         };
         if self.s.trainer == 0 {
@@ -367,6 +371,7 @@ impl<'a> Steps for Replica<'a> {
             loss,
             correct,
             seen,
+            tasks,
         })
     }
 
@@ -406,7 +411,7 @@ impl<'a> Steps for Replica<'a> {
                 ctx.my_seeds(target, c)
             })
         });
-        st.set_scores(valid?, test?);
+        self.task.record(st, valid?, test?);
         Ok(())
     }
 
@@ -449,6 +454,8 @@ impl Replica<'_> {
         let mut clock = Instant::now();
         let mut grads = None;
         let (mut wloss, mut correct, mut seen) = (0.0, 0.0, 0.0);
+        // Multi-task: each task's loss, this trainer's share (zeros without seeds).
+        let mut each = vec![0.0; task.parts().len() * usize::from(task.is_multi())];
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
         if let Some(mb) = &p.mb {
@@ -483,9 +490,13 @@ impl Replica<'_> {
                 }
                 _ => {
                     let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
-                    let loss = task.loss(&logits, seeds)?;
+                    let losses = task.loss(&logits, seeds)?;
+                    let loss = losses.total;
                     let scaled = (&loss * share)?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+                    for (e, l) in each.iter_mut().zip(&losses.each) {
+                        *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+                    }
                     correct = task.correct(&logits, seeds)? as f64;
                     scaled.backward()?
                 }
@@ -507,6 +518,7 @@ impl Replica<'_> {
             loss: wloss,
             correct,
             seen,
+            each,
         };
         let flat = allreduce::flatten(&self.model.params, grads.as_ref(), tally)?;
         let group = Group {

@@ -426,7 +426,11 @@ impl<'a> Worker<'a> {
             replica: s.replicas[s.worker as usize],
             plan: SamplingPlan::of(&s.cfg),
         };
-        let resumed = s.from.as_ref().map(|(_, m)| m.progress).unwrap_or_default();
+        let resumed = s
+            .from
+            .as_ref()
+            .map(|(_, m)| m.progress.clone())
+            .unwrap_or_default();
         let attempt = Attempt {
             node: Some(&s.node),
             gen: s.gen,

@@ -107,6 +107,7 @@ impl<'a> Steps for Worker<'a> {
             loss: out.loss,
             correct: out.correct as f64,
             seen: if reducer { seeds.len() as u64 } else { 0 },
+            ..StepFigures::default()
         })
     }
 
