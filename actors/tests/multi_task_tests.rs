@@ -183,6 +183,103 @@ fn data_parallel_training_follows_single_process_training_on_two_tasks() {
     }
 }
 
+/// The test graph with the paper values of every third node (and, with
+/// `none`, of every node) missing (NaN).
+fn partial_values(none: bool) -> std::path::PathBuf {
+    let name = if none { "no-values" } else { "partial-values" };
+    derived(name, false, |g, out| {
+        graphs::save(g, out, false).unwrap();
+        let values: Vec<f32> = g
+            .target_values()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(n, &v)| if none || n % 3 == 0 { f32::NAN } else { v })
+            .collect();
+        let path = out.join("nodes/paper/values.npy");
+        graphs::npy::write_f32(&path, &[values.len() as u64], &values).unwrap();
+    })
+}
+
+#[test]
+fn a_task_missing_on_some_nodes_leaves_them_out_and_data_parallel_follows() {
+    let data = partial_values(false);
+    let on = |extra: &[&str]| {
+        let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+        o.push(format!("training.data={:?}", data.display().to_string()));
+        o.push("training.epochs=2".into());
+        o.extend(extra.iter().map(|s| s.to_string()));
+        Config::parse("", &o)
+    };
+    let tasks = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    let mut single_losses = Losses::default();
+    let (single, model) = train(&on(&[tasks]).unwrap(), &mut single_losses).unwrap();
+    // A node without a value would make the loss and the RMSE NaN.
+    for e in &single.epochs {
+        let reg = &e.tasks[1];
+        assert!(e.loss.is_finite() && reg.loss.is_finite(), "{e:?}");
+        let r = reg.regression.unwrap();
+        assert!(r.valid.rmse.is_finite() && r.test.rmse.is_finite(), "{r:?}");
+        // Classification counts every node: its accuracy is the run's.
+        assert_eq!(e.tasks[0].valid_acc, e.valid_acc);
+    }
+    let last = single.epochs.last().unwrap();
+    assert!(
+        last.tasks[1].loss < single.epochs[0].tasks[1].loss,
+        "{:?}",
+        single.epochs
+    );
+    // Data-parallel trainers add up to the same losses.
+    let g = graphs::load(&data, &Default::default()).unwrap();
+    let parts = common::root().join("partial-values-metis-2");
+    if !parts.exists() {
+        let a = partition::assign_two_level(&g, 2, 1, Method::Metis, 0).unwrap();
+        partition::write(&g, &a, &parts, false, &mut NoProgress).unwrap();
+    }
+    let dir = format!("training.partitions={:?}", parts.display().to_string());
+    let mut losses = Losses::default();
+    let (dp, fin) = train(
+        &on(&[tasks, "training.mode=\"data-parallel\"", &dir]).unwrap(),
+        &mut losses,
+    )
+    .unwrap();
+    same_losses(&single_losses.0, &losses.0, "2 trainers");
+    common::same_model_rows_within(&model, &fin, "2 trainers", 3e-4, 2e-4);
+    for (a, b) in single.epochs.iter().zip(&dp.epochs) {
+        close(a.tasks[1].loss, b.tasks[1].loss, "the regression's loss");
+        let (x, y) = (
+            a.tasks[1].regression.unwrap(),
+            b.tasks[1].regression.unwrap(),
+        );
+        assert!((x.test.rmse - y.test.rmse).abs() < 1e-3, "{x:?} vs {y:?}");
+    }
+    // The primary task needs its target everywhere; another task, some training nodes.
+    let err =
+        on(&["training.tasks=[{task = \"node-regression\"}, {task = \"node-classification\"}]"])
+            .and_then(|c| train(&c, &mut Losses::default()).map(|_| ()))
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("has no value (NaN in nodes/paper/values.npy)")
+            && err.contains(
+                "training.tasks' first task = \"node-regression\" needs one for every node"
+            ),
+        "{err}"
+    );
+    let none = partial_values(true);
+    let mut o: Vec<String> = BASE.iter().map(|s| s.to_string()).collect();
+    o.push(format!("training.data={:?}", none.display().to_string()));
+    o.push(tasks.into());
+    let err = train(&Config::parse("", &o).unwrap(), &mut Losses::default())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"node-regression\" has nothing to learn from"),
+        "{err}"
+    );
+}
+
 #[test]
 fn lists_and_modes_that_cannot_train_together_are_refused() {
     for (extra, want) in [

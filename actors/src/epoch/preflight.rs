@@ -37,16 +37,29 @@ pub fn check_trainable(t: &TrainingConfig, g: &HetGraph) -> Result<()> {
             target.name, target.name
         )));
     }
-    // A multi-task run's every task needs its target on every split node.
+    // The primary task needs its target on every split node; a multi-task
+    // run's other tasks leave out the nodes without theirs, but each needs
+    // some training nodes.
     let key = match t.tasks.is_empty() {
         true => "training.task",
-        false => "training.tasks' task",
+        false => "training.tasks' first task",
     };
-    for w in t.task_list() {
+    for (k, w) in t.task_list().into_iter().enumerate() {
         let task = crate::task::node::NodeTask::for_task(w.task, t, g)?;
-        for (split, ids) in g.target_labels().1.named() {
+        let (what, file) = task.target_file();
+        if k > 0 {
+            if !splits.train.iter().any(|&n| task.knows(n)) {
+                return Err(TrainError::Config(format!(
+                    "no node of the training split of '{}' has a {what} in nodes/{}/{file}.npy): training.tasks' task \"{}\" has nothing to learn from",
+                    target.name,
+                    target.name,
+                    w.task.name()
+                )));
+            }
+            continue;
+        }
+        for (split, ids) in splits.named() {
             if let Some(n) = ids.iter().find(|&&n| !task.knows(n)) {
-                let (what, file) = task.target_file();
                 return Err(TrainError::Config(format!(
                     "node {n} of the {split} split of '{}' has no {what} in nodes/{}/{file}.npy): {key} = \"{}\" needs one for every node of every split",
                     target.name,

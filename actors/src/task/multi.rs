@@ -2,6 +2,12 @@
 //! of a target node's output row ([`models::ModelSpec::head_columns`]) and
 //! the model learns the sum of their weighted losses. A single task is the
 //! one-part case, computed exactly as that task alone.
+//!
+//! The primary task's target is on every split node; another task's may be
+//! missing on some (a node with a label but no value): such a node is left
+//! out of that task's loss and evaluation. A task's loss is its mean over
+//! the batch's nodes that have its target, so that a trainer holding part
+//! of the batch adds its sum divided by the whole batch's count of them.
 
 use std::ops::Range;
 
@@ -92,6 +98,13 @@ impl<'g> NodeTasks<'g> {
     /// The loss of outputs `out` on `seeds`: a single task's own, or the
     /// sum of each task's loss on its columns times its weight.
     pub fn loss(&self, out: &Tensor, seeds: &[u32]) -> Result<Losses> {
+        self.loss_of_share(out, seeds, seeds)
+    }
+
+    /// [`NodeTasks::loss`] of a trainer holding `seeds` of the step's
+    /// `batch` (several tasks: each task's part of the whole batch's loss,
+    /// which the trainers' parts add up to; one task: its mean on `seeds`).
+    pub fn loss_of_share(&self, out: &Tensor, seeds: &[u32], batch: &[u32]) -> Result<Losses> {
         if !self.multi {
             return Ok(Losses {
                 total: self.primary().loss(out, seeds)?,
@@ -101,7 +114,25 @@ impl<'g> NodeTasks<'g> {
         let mut total: Option<Tensor> = None;
         let mut each = Vec::with_capacity(self.parts.len());
         for (k, p) in self.parts.iter().enumerate() {
-            let l = p.node.loss(&self.columns(k, out)?, seeds)?;
+            let Some((rows, known)) = self.known(k, &self.columns(k, out)?, seeds)? else {
+                // Nothing of this task here: no loss, and no gradient to its columns.
+                let zero = Tensor::zeros((), out.dtype(), out.device())?;
+                total = Some(match total {
+                    Some(t) => t,
+                    None => zero.clone(),
+                });
+                each.push(zero);
+                continue;
+            };
+            let in_batch = match seeds.len() == batch.len() {
+                true => known.len(),
+                false => batch.iter().filter(|&&n| p.node.knows(n)).count(),
+            };
+            let l = p.node.loss(&rows, &known)?;
+            let l = match known.len() == in_batch {
+                true => l,
+                false => l.affine(known.len() as f64 / in_batch.max(1) as f64, 0.0)?,
+            };
             let weighted = l.affine(p.weight, 0.0)?;
             total = Some(match total {
                 Some(t) => (t + weighted)?,
@@ -115,6 +146,26 @@ impl<'g> NodeTasks<'g> {
         })
     }
 
+    /// Part `k`'s rows of `rows` (one per seed) and seeds, those whose node
+    /// has the task's target (all of them: `rows` itself; none: `None`).
+    fn known(&self, k: usize, rows: &Tensor, seeds: &[u32]) -> Result<Option<(Tensor, Vec<u32>)>> {
+        let task = &self.parts[k].node;
+        if seeds.iter().all(|&n| task.knows(n)) {
+            return Ok(Some((rows.clone(), seeds.to_vec())));
+        }
+        let (at, known): (Vec<u32>, Vec<u32>) = seeds
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| task.knows(n))
+            .map(|(i, &n)| (i as u32, n))
+            .unzip();
+        if known.is_empty() {
+            return Ok(None);
+        }
+        let at = Tensor::from_vec(at, known.len(), rows.device())?;
+        Ok(Some((rows.contiguous()?.index_select(&at, 0)?, known)))
+    }
+
     /// Correct predictions of the primary task among `seeds`.
     pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
         self.primary().correct(&self.columns(0, out)?, seeds)
@@ -122,8 +173,11 @@ impl<'g> NodeTasks<'g> {
 
     /// Adds each task's evaluation figures of `out` on `seeds` to its `scores`.
     pub fn score(&self, out: &Tensor, seeds: &[u32], scores: &mut [Scores]) -> Result<()> {
-        for (k, (p, s)) in self.parts.iter().zip(scores.iter_mut()).enumerate() {
-            p.node.score(&self.columns(k, out)?, seeds, s)?;
+        for (k, s) in scores.iter_mut().enumerate().take(self.parts.len()) {
+            if let Some((rows, known)) = self.known(k, &self.columns(k, out)?, seeds)? {
+                self.parts[k].node.score(&rows, &known, s)?;
+                s.scored += known.len() as u64;
+            }
         }
         Ok(())
     }
@@ -146,9 +200,13 @@ impl<'g> NodeTasks<'g> {
                 (false, _) => {}
                 (true, 0) => {
                     st.set_scores(v.clone(), t.clone());
+                    st.tasks[0].scored = Some([v.scored, t.scored]);
                     st.tasks[0].set_scores(v, t);
                 }
-                (true, _) => st.tasks[k].set_scores(v, t),
+                (true, _) => {
+                    st.tasks[k].scored = Some([v.scored, t.scored]);
+                    st.tasks[k].set_scores(v, t);
+                }
             }
         }
     }

@@ -441,6 +441,9 @@ pub struct Scores {
     pub ranked: Vec<(f32, bool)>,
     /// Whether `ranked` was given up for its size.
     pub ranked_dropped: bool,
+    /// Nodes scored (multi-task: those that have the task's target).
+    #[serde(default)]
+    pub scored: u64,
 }
 
 /// True positives, false positives and false negatives per class: they add

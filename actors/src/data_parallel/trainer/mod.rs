@@ -345,7 +345,7 @@ impl<'a> Steps for Replica<'a> {
             }
             false => {
                 let edges = ctx.s.edge.is_some();
-                let tally = self.train_step(ctx, epoch, step, p, st)?;
+                let tally = self.train_step(ctx, (epoch, step), seeds, p, st)?;
                 // An edge step's size is known only summed over the trainers.
                 let seen = edges.then_some(tally.seen.round() as u64);
                 (tally.loss, tally.correct, seen, tally.each)
@@ -440,12 +440,13 @@ impl<'a> Steps for Replica<'a> {
 }
 
 impl Replica<'_> {
-    /// One training step; returns the global loss, correct predictions and (edge tasks) edges.
+    /// One training step of `batch` (node tasks: the step's global seeds);
+    /// returns the global loss, correct predictions and (edge tasks) edges.
     fn train_step(
         &mut self,
         ctx: &Ctx,
-        epoch: u64,
-        step: u64,
+        (epoch, step): (u64, u64),
+        batch: &[u32],
         p: Prepared,
         st: &mut EpochStats,
     ) -> Result<allreduce::Tally> {
@@ -490,12 +491,17 @@ impl Replica<'_> {
                 }
                 _ => {
                     let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
-                    let losses = task.loss(&logits, seeds)?;
+                    let losses = task.loss_of_share(&logits, seeds, batch)?;
                     let loss = losses.total;
+                    // Several tasks' losses are this trainer's parts already.
+                    let share = match task.is_multi() {
+                        true => 1.0,
+                        false => share,
+                    };
                     let scaled = (&loss * share)?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
                     for (e, l) in each.iter_mut().zip(&losses.each) {
-                        *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+                        *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                     }
                     correct = task.correct(&logits, seeds)? as f64;
                     scaled.backward()?
