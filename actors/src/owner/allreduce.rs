@@ -130,7 +130,7 @@ pub fn apply(params: &ParamStore, adam: &mut Adam, sum: &[f32]) -> Result<Tally>
 /// next only once every push has arrived (see `Pull::after`).
 pub fn all_reduce<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
 where
-    P: std::future::Future<Output = std::result::Result<(), String>>,
+    P: std::future::Future<Output = Result<()>>,
 {
     match g.kind {
         AllReduce::AllGather => all_gather(c, g, mine, pushes),
@@ -142,7 +142,7 @@ where
 /// them in trainer order: one round, (K-1)·n values sent per trainer.
 fn all_gather<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
 where
-    P: std::future::Future<Output = std::result::Result<(), String>>,
+    P: std::future::Future<Output = Result<()>>,
 {
     let me = g.me;
     let bytes = ByteVec(bytemuck::cast_slice(&mine).to_vec());
@@ -169,7 +169,7 @@ where
         r?;
     }
     for r in pushed {
-        r.map_err(TrainError::PeerLost)?;
+        r?;
     }
     let k = g.trainers.len() as u32;
     let others: Vec<u32> = (0..k).filter(|&p| p != me).collect();
@@ -195,7 +195,7 @@ where
 /// and copied to the others, so every replica gets the same bits.
 fn ring<P>(c: &Client, g: &Group, mine: Vec<f32>, pushes: Vec<P>) -> Result<Vec<f32>>
 where
-    P: std::future::Future<Output = std::result::Result<(), String>>,
+    P: std::future::Future<Output = Result<()>>,
 {
     let (k, r, n) = (g.trainers.len(), g.me as usize, mine.len());
     let mut pushes = Some(join_all(pushes));
@@ -223,7 +223,7 @@ where
                 let (sent, pushed) = c.block_on(futures_util::future::join(ask, p))?;
                 sent?;
                 for r in pushed {
-                    r.map_err(TrainError::PeerLost)?;
+                    r?;
                 }
             }
             None => c.block_on(ask)??,
@@ -241,7 +241,7 @@ where
     }
     if let Some(p) = pushes {
         for r in c.block_on(p)? {
-            r.map_err(TrainError::PeerLost)?;
+            r?;
         }
     }
     Ok(v)

@@ -128,7 +128,7 @@ pub async fn pull_from(
     after: Option<u64>,
     priority: u64,
     timeouts: Timeouts,
-) -> std::result::Result<SharedBytes, String> {
+) -> Result<SharedBytes> {
     let deadline = Instant::now() + timeouts.step;
     loop {
         match store
@@ -147,14 +147,16 @@ pub async fn pull_from(
             Ok(Ok(None)) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_micros(500)).await
             }
+            // Not there in time: the store's node is as good as lost.
             Ok(Ok(None)) => {
-                return Err(format!(
-                    "step {after:?} of generation {gen:x} not applied within {:?}",
+                return Err(TrainError::PeerLost(format!(
+                    "{}: step {after:?} of generation {gen:x} not applied within {:?}",
+                    store.name(),
                     timeouts.step
-                ))
+                )))
             }
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(e.to_string()),
+            Ok(Err(e)) => return Err(e.from_actor(store.name())),
+            Err(e) => return Err(TrainError::Ask(e)),
         }
     }
 }
@@ -218,7 +220,7 @@ impl Client {
 
     /// Pushes a step's gradient rows to a store, again while the store has
     /// not started this generation.
-    pub async fn push(&self, store: &ActorRef, msg: Push) -> std::result::Result<(), String> {
+    pub async fn push(&self, store: &ActorRef, msg: Push) -> Result<()> {
         let deadline = Instant::now() + self.timeouts.step;
         loop {
             let again = Push {
@@ -234,13 +236,15 @@ impl Client {
                     tokio::time::sleep(Duration::from_millis(1)).await
                 }
                 Ok(Ok(None)) => {
-                    return Err(format!(
-                        "not at generation {:x} within {:?}",
-                        msg.gen, self.timeouts.step
-                    ))
+                    return Err(TrainError::PeerLost(format!(
+                        "{}: not at generation {:x} within {:?}",
+                        store.name(),
+                        msg.gen,
+                        self.timeouts.step
+                    )))
                 }
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(e.to_string()),
+                Ok(Err(e)) => return Err(e.from_actor(store.name())),
+                Err(e) => return Err(TrainError::Ask(e)),
             }
         }
     }
@@ -254,7 +258,7 @@ impl Client {
         seq: u64,
         trainer: u32,
         rows: Vec<Vec<(Vec<u32>, Vec<u8>)>>,
-    ) -> Vec<impl std::future::Future<Output = std::result::Result<(), String>> + 'c> {
+    ) -> Vec<impl std::future::Future<Output = Result<()>> + 'c> {
         let mut rows = rows;
         let mut asks = Vec::new();
         for (ty, stores) in self.stores.iter().enumerate() {
@@ -345,7 +349,7 @@ impl Client {
                             self.timeouts.step
                         )))
                     }
-                    Err(e) => return Err(TrainError::Checkpoint(format!("{}: {e}", store.name()))),
+                    Err(e) => return Err(e.from_actor(store.name())),
                 }
             }
         }
@@ -536,7 +540,7 @@ impl Client {
         store: &ActorRef,
         ids: &[u32],
         after: Option<u64>,
-    ) -> std::result::Result<SharedBytes, String> {
+    ) -> Result<SharedBytes> {
         pull_from(store, self.gen, ids, after, 0, self.timeouts).await
     }
 
@@ -631,12 +635,7 @@ impl Client {
             })
             .collect();
         for ((ty, o, want), a) in plan.iter().zip(answers) {
-            let bytes = a.map_err(|e| {
-                TrainError::PeerLost(format!(
-                    "{}: {e}",
-                    names::store(&g.node_types()[*ty].name, *o as u32)
-                ))
-            })?;
+            let bytes = a?;
             pulled.insert(
                 (*ty, *o),
                 crate::distributed::rows::dense(bytes, want.len(), dims[*ty])?,

@@ -6,6 +6,43 @@ use graphs::RelationPicks;
 use runtime::{ByteVec, Msg, SharedBytes};
 use serde::{Deserialize, Serialize};
 
+use crate::error::TrainError;
+
+/// Why a sampler or feature store did not answer a request (it travels in
+/// the reply): what the requester should do follows from the variant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ServeError {
+    /// The request breaks the protocol (rows not owned there, a trainer out
+    /// of range, a malformed gradient): stop the run; asking again repeats it.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The actor could not do what was asked (a checkpoint it cannot read or
+    /// write, a failed computation, it stopped): stop the run with the message.
+    #[error("failed: {0}")]
+    Failed(String),
+}
+
+impl ServeError {
+    /// A [`ServeError::Refused`] saying `e`.
+    pub fn refused(e: impl std::fmt::Display) -> ServeError {
+        ServeError::Refused(e.to_string())
+    }
+
+    /// A [`ServeError::Failed`] saying `e`.
+    pub fn failed(e: impl std::fmt::Display) -> ServeError {
+        ServeError::Failed(e.to_string())
+    }
+
+    /// The run's error for this answer from `actor`: a refusal is a
+    /// protocol violation, a failure the actor's own.
+    pub fn from_actor(self, actor: impl std::fmt::Display) -> TrainError {
+        match self {
+            ServeError::Refused(m) => TrainError::Protocol(format!("{actor} refused: {m}")),
+            ServeError::Failed(m) => TrainError::Internal(format!("{actor} failed: {m}")),
+        }
+    }
+}
+
 /// Owner-compute sampling: the picks of every relation into each requested
 /// node (per type) at one hop, drawn with the requester's keys.
 #[derive(Debug, Serialize, Deserialize)]
@@ -31,7 +68,7 @@ pub struct SampleReq {
 }
 
 impl Msg for SampleReq {
-    type Reply = Result<Vec<Vec<RelationPicks>>, String>;
+    type Reply = Result<Vec<Vec<RelationPicks>>, ServeError>;
     const KIND: &'static str = "sample";
 }
 
@@ -53,7 +90,7 @@ pub struct Pull {
 impl Msg for Pull {
     /// `ids.len() × dim` little-endian f32, or `None` if step `after` is not
     /// applied yet or the store is not at generation `gen` yet (ask again).
-    type Reply = Result<Option<SharedBytes>, String>;
+    type Reply = Result<Option<SharedBytes>, ServeError>;
     const KIND: &'static str = "pull";
 }
 
@@ -76,7 +113,7 @@ pub struct Push {
 
 impl Msg for Push {
     /// `None`: the store is not at generation `gen` yet (push again).
-    type Reply = Result<Option<()>, String>;
+    type Reply = Result<Option<()>, ServeError>;
     const KIND: &'static str = "push";
 }
 
@@ -86,7 +123,7 @@ pub struct Export;
 
 impl Msg for Export {
     /// Owned ids (ascending) and their rows.
-    type Reply = Result<(Vec<u32>, ByteVec), String>;
+    type Reply = Result<(Vec<u32>, ByteVec), ServeError>;
     const KIND: &'static str = "export";
 }
 
@@ -101,7 +138,7 @@ pub struct Reset {
 }
 
 impl Msg for Reset {
-    type Reply = Result<(), String>;
+    type Reply = Result<(), ServeError>;
     const KIND: &'static str = "reset";
 }
 
@@ -118,6 +155,6 @@ pub struct Save {
 impl Msg for Save {
     /// The file written and its SHA-256, or `None` while the store is not at
     /// that step (ask again).
-    type Reply = Result<Option<(String, String)>, String>;
+    type Reply = Result<Option<(String, String)>, ServeError>;
     const KIND: &'static str = "save";
 }

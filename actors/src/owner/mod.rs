@@ -314,9 +314,7 @@ fn export_tables(
             .handle
             .block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
         for (p, a) in answers.into_iter().enumerate() {
-            let (ids, data) = a?.map_err(|e| {
-                TrainError::PeerLost(format!("{}: {e}", names::store(&nt.name, p as u32)))
-            })?;
+            let (ids, data) = a?.map_err(|e| e.from_actor(names::store(&nt.name, p as u32)))?;
             let rows = decode_f32(&data.0, ids.len() * dim)?;
             for (k, &id) in ids.iter().enumerate() {
                 let at = id as usize * dim;

@@ -9,7 +9,7 @@ use graphs::link::{Batching, ExcludeEdges, NoExclusion};
 use graphs::{HetGraph, NodeTypeId, RelationFilter, RelationPicks, Sampler};
 use runtime::Deliver;
 
-use super::messages::SampleReq;
+use super::messages::{SampleReq, ServeError};
 use super::priority::{Parked, Serve};
 
 /// Most destination nodes one request may name.
@@ -45,32 +45,33 @@ impl SamplerActor {
         }
     }
 
-    fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, String> {
+    fn answer(&self, r: &SampleReq) -> Result<Vec<Vec<RelationPicks>>, ServeError> {
         let g = &*self.graph;
         if r.nodes.len() != g.node_types().len() {
-            return Err(format!(
+            return Err(ServeError::Refused(format!(
                 "nodes for {} types, the graph has {}",
                 r.nodes.len(),
                 g.node_types().len()
-            ));
+            )));
         }
         if r.fanout == 0 || r.fanout > MAX_FANOUT || r.layer as usize >= 64 {
-            return Err(format!(
+            return Err(ServeError::Refused(format!(
                 "fanout {} or layer {} out of range",
                 r.fanout, r.layer
-            ));
+            )));
         }
         if r.nodes.iter().map(Vec::len).sum::<usize>() > MAX_NODES {
-            return Err(format!("more than {MAX_NODES} nodes in one request"));
+            return Err(ServeError::Refused(format!(
+                "more than {MAX_NODES} nodes in one request"
+            )));
         }
         let mut sampler =
-            Sampler::new(g, &[r.fanout as usize], r.seed).map_err(|e| e.to_string())?;
+            Sampler::new(g, &[r.fanout as usize], r.seed).map_err(ServeError::refused)?;
         let step_edges = match (&self.steps, r.exclude) {
             (Some(b), true) => Some(b.exclusion(r.epoch, r.step)),
-            (None, true) => return Err(
-                "asked to leave a step's training edges out, in a run without an edge-level task"
-                    .into(),
-            ),
+            (None, true) => return Err(ServeError::refused(
+                "asked to leave a step's training edges out, in a run without an edge-level task",
+            )),
             (_, false) => None,
         };
         let excluded: &dyn ExcludeEdges = match &step_edges {
@@ -81,10 +82,10 @@ impl SamplerActor {
         for (t, nodes) in r.nodes.iter().enumerate() {
             for &v in nodes {
                 if self.owners[t].get(v as usize) != Some(&self.part) {
-                    return Err(format!(
+                    return Err(ServeError::Refused(format!(
                         "node {v} of type {t} is not owned by partition {}",
                         self.part
-                    ));
+                    )));
                 }
             }
             let picks = if nodes.is_empty() {
@@ -101,7 +102,7 @@ impl SamplerActor {
                         &RelationFilter::All,
                         excluded,
                     )
-                    .map_err(|e| e.to_string())?
+                    .map_err(ServeError::refused)?
             };
             out.push(picks);
         }
@@ -114,7 +115,7 @@ impl Actor for SamplerActor {
 }
 
 /// The answer to a sampling request.
-type Answer = Result<Vec<Vec<RelationPicks>>, String>;
+type Answer = Result<Vec<Vec<RelationPicks>>, ServeError>;
 
 impl Handler<Deliver<SampleReq>> for SamplerActor {
     type Result = ResponseFuture<Answer>;
@@ -124,7 +125,7 @@ impl Handler<Deliver<SampleReq>> for SamplerActor {
         ctx.notify(Serve);
         Box::pin(async move {
             rx.await
-                .unwrap_or_else(|_| Err("the sampler stopped".into()))
+                .unwrap_or_else(|_| Err(ServeError::failed("the sampler stopped")))
         })
     }
 }

@@ -16,7 +16,7 @@ use models::embedding::{adam_rows, RowsMut};
 use models::optim::AdamConfig;
 use runtime::{ByteVec, Deliver, SharedBytes};
 
-use super::messages::{Export, Pull, Push, Reset, Save};
+use super::messages::{Export, Pull, Push, Reset, Save, ServeError};
 use super::priority::{Parked, Serve};
 use crate::distributed::{checkpoint, decode_f32};
 
@@ -136,10 +136,10 @@ impl Shard {
         &mut self,
         mut t: HashMap<String, Tensor>,
         applied: Option<u64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ServeError> {
         let mut take = |k: &str| {
             t.remove(k)
-                .ok_or_else(|| format!("tensor '{k}' is missing"))
+                .ok_or_else(|| ServeError::Failed(format!("tensor '{k}' is missing")))
         };
         let (ids, data, m, v, steps) = (
             take("ids")?,
@@ -148,25 +148,27 @@ impl Shard {
             take("v")?,
             take("steps")?,
         );
-        let e = |e: candle_core::Error| e.to_string();
+        let e = ServeError::failed;
         let ids: Vec<u32> = ids.to_vec1().map_err(e)?;
         if ids != self.ids {
-            return Err("holds other rows than this store owns (another partitioning?)".into());
+            return Err(ServeError::failed(
+                "holds other rows than this store owns (another partitioning?)",
+            ));
         }
-        let flat = |t: Tensor| -> Result<Vec<f32>, String> {
+        let flat = |t: Tensor| -> Result<Vec<f32>, ServeError> {
             t.flatten_all().and_then(|t| t.to_vec1()).map_err(e)
         };
         let (data, m, v) = (flat(data)?, flat(m)?, flat(v)?);
         let steps: Vec<u32> = steps.to_vec1().map_err(e)?;
         let n = self.ids.len() * self.dim;
         if data.len() != n || m.len() != n || v.len() != n || steps.len() != self.ids.len() {
-            return Err(format!(
+            return Err(ServeError::failed(format!(
                 "rows of another width (this store's is {})",
                 self.dim
-            ));
+            )));
         }
         if data.iter().chain(&m).chain(&v).any(|x| !x.is_finite()) {
-            return Err("holds values that are not finite".into());
+            return Err(ServeError::failed("holds values that are not finite"));
         }
         (self.data, self.m, self.v, self.steps) = (data, m, v, steps);
         self.pending.clear();
@@ -174,28 +176,31 @@ impl Shard {
         Ok(())
     }
 
-    fn row(&self, id: u32) -> Result<usize, String> {
+    fn row(&self, id: u32) -> Result<usize, ServeError> {
         self.ids
             .binary_search(&id)
-            .map_err(|_| format!("row {id} is not owned here"))
+            .map_err(|_| ServeError::Refused(format!("row {id} is not owned here")))
     }
 
-    fn push(&mut self, p: Push) -> Result<(), String> {
+    fn push(&mut self, p: Push) -> Result<(), ServeError> {
         let t = p.trainer as usize;
         if t >= self.trainers {
-            return Err(format!("trainer {t} out of range 0..{}", self.trainers));
+            return Err(ServeError::Refused(format!(
+                "trainer {t} out of range 0..{}",
+                self.trainers
+            )));
         }
         if self.applied.is_some_and(|a| p.seq <= a) {
             return Ok(()); // a resend of a step already applied
         }
         let grad: Vec<f32> =
-            decode_f32(&p.grad.0, p.ids.len() * self.dim).map_err(|e| e.to_string())?;
+            decode_f32(&p.grad.0, p.ids.len() * self.dim).map_err(ServeError::refused)?;
         // Looked up once, here, where a bad id is refused to its sender; the step keeps the rows.
         let rows = p
             .ids
             .iter()
             .map(|&id| self.row(id).map(|r| r as u32))
-            .collect::<Result<Vec<u32>, String>>()?;
+            .collect::<Result<Vec<u32>, ServeError>>()?;
         let slots = self
             .pending
             .entry(p.seq)
@@ -246,7 +251,7 @@ impl Shard {
             steps: &mut self.steps,
             dim: d,
         };
-        adam_rows(table, &ids, &sums, &self.adam)?;
+        adam_rows(table, &ids, &sums, &self.adam).map_err(ServeError::failed)?;
         self.applied = Some(p.seq);
         Ok(())
     }
@@ -301,20 +306,20 @@ impl FeatureStore {
     }
 
     /// Starts generation `gen` from the checkpoint at step `from` (or afresh).
-    fn reset(&mut self, gen: u64, from: Option<u64>) -> Result<(), String> {
+    fn reset(&mut self, gen: u64, from: Option<u64>) -> Result<(), ServeError> {
         if let StoreData::Embeddings(s) = &mut self.data {
             match from {
                 None => **s = s.initial(),
                 Some(seq) => {
-                    let (root, file) = self
-                        .checkpoints
-                        .as_ref()
-                        .ok_or("no checkpoint_dir configured on this node")?;
+                    let (root, file) = self.checkpoints.as_ref().ok_or_else(|| {
+                        ServeError::failed("no checkpoint_dir configured on this node")
+                    })?;
                     let dir = checkpoint::dir(root, seq);
-                    let m = checkpoint::manifest(&dir).map_err(|e| e.to_string())?;
-                    let t = checkpoint::load_tensors(&dir, &m, file).map_err(|e| e.to_string())?;
-                    s.restore(t, seq.checked_sub(1))
-                        .map_err(|e| format!("{}: {e}", dir.join(file).display()))?;
+                    let m = checkpoint::manifest(&dir).map_err(ServeError::failed)?;
+                    let t = checkpoint::load_tensors(&dir, &m, file).map_err(ServeError::failed)?;
+                    s.restore(t, seq.checked_sub(1)).map_err(|e| {
+                        ServeError::Failed(format!("{}: {e}", dir.join(file).display()))
+                    })?;
                 }
             }
         }
@@ -324,44 +329,52 @@ impl FeatureStore {
 
     /// Writes the rows into the checkpoint at `seq` once the updates of the
     /// steps before it are applied (`None` until then).
-    fn save(&self, gen: u64, seq: u64) -> Result<Option<(String, String)>, String> {
+    fn save(&self, gen: u64, seq: u64) -> Result<Option<(String, String)>, ServeError> {
         let StoreData::Embeddings(s) = &self.data else {
-            return Err("plain features are not checkpointed".into());
+            return Err(ServeError::refused("plain features are not checkpointed"));
         };
         if gen != self.gen || s.applied.map_or(0, |a| a + 1) < seq {
             return Ok(None);
         }
         if s.applied.map_or(0, |a| a + 1) > seq {
-            return Err(format!(
+            return Err(ServeError::Refused(format!(
                 "asked for the checkpoint at step {seq}, but step {} is already applied",
                 s.applied.unwrap_or(0)
-            ));
+            )));
         }
         let (root, file) = self
             .checkpoints
             .as_ref()
-            .ok_or("no checkpoint_dir configured on this node")?;
-        let t = s.tensors().map_err(|e| e.to_string())?;
+            .ok_or_else(|| ServeError::failed("no checkpoint_dir configured on this node"))?;
+        let t = s.tensors().map_err(ServeError::failed)?;
         checkpoint::write_tensors(&checkpoint::partial_dir(root, seq), file, &t)
             .map(Some)
-            .map_err(|e| e.to_string())
+            .map_err(ServeError::failed)
     }
 
-    fn check_owned(&self, ids: &[u32]) -> Result<(), String> {
+    fn check_owned(&self, ids: &[u32]) -> Result<(), ServeError> {
         if ids.len() > MAX_ROWS {
-            return Err(format!("{} rows requested, at most {MAX_ROWS}", ids.len()));
+            return Err(ServeError::Refused(format!(
+                "{} rows requested, at most {MAX_ROWS}",
+                ids.len()
+            )));
         }
         let own = &self.owners[self.ty];
         for &i in ids {
             match own.get(i as usize) {
                 Some(&p) if p == self.part => {}
                 Some(p) => {
-                    return Err(format!(
+                    return Err(ServeError::Refused(format!(
                         "row {i} belongs to partition {p}, not {}",
                         self.part
-                    ))
+                    )))
                 }
-                None => return Err(format!("row {i} out of range 0..{}", own.len())),
+                None => {
+                    return Err(ServeError::Refused(format!(
+                        "row {i} out of range 0..{}",
+                        own.len()
+                    )))
+                }
             }
         }
         Ok(())
@@ -372,7 +385,7 @@ impl FeatureStore {
         gen: u64,
         ids: &[u32],
         after: Option<u64>,
-    ) -> Result<Option<SharedBytes>, String> {
+    ) -> Result<Option<SharedBytes>, ServeError> {
         if let StoreData::Embeddings(s) = &self.data {
             if gen != self.gen || after.is_some_and(|a| s.applied.is_none_or(|done| done < a)) {
                 return Ok(None);
@@ -386,7 +399,7 @@ impl FeatureStore {
                 let f = graph.node_types()[*ty]
                     .features
                     .as_ref()
-                    .ok_or("this type has no features")?;
+                    .ok_or_else(|| ServeError::failed("this type has no features"))?;
                 let rows: Vec<&[f32]> = ids.iter().map(|&i| f.row(i as usize)).collect();
                 out = crate::distributed::rows::encode_rows(&rows);
             }
@@ -409,7 +422,7 @@ impl Actor for FeatureStore {
 }
 
 /// The answer to a pull.
-type PullAnswer = Result<Option<SharedBytes>, String>;
+type PullAnswer = Result<Option<SharedBytes>, ServeError>;
 
 impl Handler<Deliver<Pull>> for FeatureStore {
     type Result = ResponseFuture<PullAnswer>;
@@ -417,7 +430,10 @@ impl Handler<Deliver<Pull>> for FeatureStore {
     fn handle(&mut self, m: Deliver<Pull>, ctx: &mut Context<Self>) -> Self::Result {
         let rx = self.parked.park(m.msg.priority, m.msg);
         ctx.notify(Serve);
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err("the store stopped".into())) })
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(ServeError::failed("the store stopped")))
+        })
     }
 }
 
@@ -439,7 +455,9 @@ impl Handler<Deliver<Push>> for FeatureStore {
         MessageResult(match &mut self.data {
             StoreData::Embeddings(_) if m.msg.gen != self.gen => Ok(None),
             StoreData::Embeddings(s) => s.push(m.msg).map(Some),
-            StoreData::Features { .. } => Err("plain features take no gradients".into()),
+            StoreData::Features { .. } => {
+                Err(ServeError::refused("plain features take no gradients"))
+            }
         })
     }
 }
@@ -466,7 +484,9 @@ impl Handler<Deliver<Export>> for FeatureStore {
                 s.ids.clone(),
                 ByteVec(bytemuck::cast_slice(&s.data).to_vec()),
             )),
-            StoreData::Features { .. } => Err("plain features are not exported".into()),
+            StoreData::Features { .. } => {
+                Err(ServeError::refused("plain features are not exported"))
+            }
         })
     }
 }
@@ -536,14 +556,17 @@ mod tests {
         assert!(s
             .push(push(0, 2, vec![0], &[1.0, 1.0]))
             .unwrap_err()
-            .contains("trainer 2"));
+            .to_string()
+            .contains("refused: trainer 2"));
         assert!(s
             .push(push(0, 0, vec![1], &[1.0, 1.0]))
             .unwrap_err()
+            .to_string()
             .contains("not owned"));
         assert!(s
             .push(push(0, 0, vec![0], &[1.0]))
             .unwrap_err()
+            .to_string()
             .contains("bytes"));
     }
 

@@ -377,16 +377,9 @@ impl Dag {
                 me.ex.spawn(me.job.dag, u64::MAX, move || {
                     d.ops.add(Op::RemotePick, waited);
                     d.run(Op::Merge, |d| {
-                        let picks =
-                            answer
-                                .map_err(|e| e.to_string())
-                                .and_then(|a| a)
-                                .map_err(|e| {
-                                    TrainError::PeerLost(format!(
-                                        "{}: {e}",
-                                        names::sampler(o as u32)
-                                    ))
-                                })?;
+                        let picks = answer
+                            .map_err(TrainError::Ask)?
+                            .map_err(|e| e.from_actor(names::sampler(o as u32)))?;
                         d.picked(|st| st.remote[o] = Some(picks))
                     });
                 });
@@ -566,9 +559,7 @@ impl Dag {
                     me.ex.spawn(me.job.dag, 0, move || {
                         d.ops.add(Op::RemoteFetch, waited);
                         d.run(Op::Merge, |d| {
-                            let bytes = answer.map_err(|e| {
-                                TrainError::PeerLost(format!("{}: {e}", store.name()))
-                            })?;
+                            let bytes = answer?;
                             // Rows that came as their non-zeros are laid out dense here, where they are copied from.
                             let bytes = crate::distributed::rows::dense(bytes, ids.len(), dim)
                                 .map_err(|e| e.context(store.name()))?;
