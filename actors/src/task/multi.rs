@@ -117,10 +117,7 @@ impl<'g> NodeTasks<'g> {
             let Some((rows, known)) = self.known(k, &self.columns(k, out)?, seeds)? else {
                 // Nothing of this task here: no loss, and no gradient to its columns.
                 let zero = Tensor::zeros((), out.dtype(), out.device())?;
-                total = Some(match total {
-                    Some(t) => t,
-                    None => zero.clone(),
-                });
+                total.get_or_insert_with(|| zero.clone());
                 each.push(zero);
                 continue;
             };
