@@ -406,8 +406,9 @@ impl<'g> Sampler<'g> {
     /// hop, `remote(layer, fanout, nodes_per_type)` must return, per type,
     /// [`Sampler::pick`]'s answer for that type's listed nodes (from their
     /// owners). The result is the mini-batch a sampler holding the whole graph
-    /// would produce.
-    pub fn sample_with<L, R>(
+    /// would produce. An error of `remote` is returned as it is, so that the
+    /// caller can tell a lost owner (retry) from a bad answer (stop).
+    pub fn sample_with<L, R, E>(
         &mut self,
         epoch: u64,
         step: u64,
@@ -415,10 +416,11 @@ impl<'g> Sampler<'g> {
         filter: &RelationFilter,
         local: L,
         remote: R,
-    ) -> Result<MiniBatch>
+    ) -> std::result::Result<MiniBatch, E>
     where
         L: Fn(usize, u32) -> bool,
-        R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
+        R: FnMut(usize, usize, &[Vec<u32>]) -> std::result::Result<Vec<Vec<RelationPicks>>, E>,
+        E: From<GraphError>,
     {
         let mut typed = vec![Vec::new(); self.graph.node_types().len()];
         typed[self.graph.target().index()] = seeds.to_vec();
@@ -451,7 +453,7 @@ impl<'g> Sampler<'g> {
     /// [`Sampler::sample_with`]: `remote` must answer with the owners' picks
     /// made under the same exclusions ([`Sampler::pick`]'s `excluded`).
     #[allow(clippy::too_many_arguments)] // sample_with's, with typed seeds and exclusions
-    pub fn sample_seeds<L, R>(
+    pub fn sample_seeds<L, R, E>(
         &mut self,
         epoch: u64,
         step: u64,
@@ -460,10 +462,11 @@ impl<'g> Sampler<'g> {
         filter: &RelationFilter,
         local: L,
         mut remote: R,
-    ) -> Result<MiniBatch>
+    ) -> std::result::Result<MiniBatch, E>
     where
         L: Fn(usize, u32) -> bool,
-        R: FnMut(usize, usize, &[Vec<u32>]) -> Result<Vec<Vec<RelationPicks>>>,
+        R: FnMut(usize, usize, &[Vec<u32>]) -> std::result::Result<Vec<Vec<RelationPicks>>, E>,
+        E: From<GraphError>,
     {
         let g = self.graph;
         let target = g.target();
@@ -472,7 +475,8 @@ impl<'g> Sampler<'g> {
             return Err(GraphError::InvalidArgument(format!(
                 "seeds for {} node types in a graph of {nt}",
                 seeds.len()
-            )));
+            ))
+            .into());
         }
         self.ensure_maps();
         for (t, typed) in seeds.iter().enumerate() {
@@ -495,7 +499,7 @@ impl<'g> Sampler<'g> {
                 }
             }
             if let Some(problem) = bad {
-                return Err(GraphError::InvalidArgument(problem));
+                return Err(GraphError::InvalidArgument(problem).into());
             }
         }
         let mut frontier: Vec<Vec<u32>> = seeds.to_vec();

@@ -204,7 +204,7 @@ fn distributed_sampling_equals_whole_graph_sampling() {
                                 }
                                 out.push(merged);
                             }
-                            Ok(out)
+                            Ok::<_, graphs::GraphError>(out)
                         },
                     )
                     .unwrap();

@@ -422,3 +422,51 @@ fn epoch_batches_are_a_shuffled_partition_fixed_by_seed_and_epoch() {
     all.sort_unstable();
     assert_eq!(all, train);
 }
+
+/// What a distributed caller's `remote` may fail with: its own error type.
+#[derive(Debug, PartialEq)]
+enum Remote {
+    /// The owner did not answer in time (the caller retries).
+    Lost(u32),
+    /// The sampler's own refusal.
+    Graph(String),
+}
+
+impl From<graphs::GraphError> for Remote {
+    fn from(e: graphs::GraphError) -> Remote {
+        Remote::Graph(e.to_string())
+    }
+}
+
+#[test]
+fn an_error_of_the_remote_callback_comes_back_as_it_is() {
+    let g = common::tiny();
+    let mut s = Sampler::new(&g, &[2, 2], 0).unwrap();
+    // Paper 5 is remote: its owner is lost, and the caller is told so.
+    let e = s
+        .sample_with(
+            0,
+            0,
+            &[0, 5],
+            &RelationFilter::All,
+            |_, v| v != 5,
+            |_, _, _| Err(Remote::Lost(5)),
+        )
+        .unwrap_err();
+    assert_eq!(e, Remote::Lost(5));
+    // The sampler's own refusals still reach it, converted.
+    let e = s
+        .sample_with(
+            0,
+            0,
+            &[0, 0],
+            &RelationFilter::All,
+            |_, _| true,
+            |_, _, _| Err(Remote::Lost(0)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Remote::Graph(m) if m.contains("listed twice")),
+        "{e:?}"
+    );
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Tensor, Var};
 use futures_util::future::join_all;
 use graphs::link::{ExcludeEdges, NoExclusion, StepEdges};
-use graphs::{GraphError, HetGraph, MiniBatch, RelationFilter, RelationPicks, Sampler};
+use graphs::{HetGraph, MiniBatch, RelationFilter, RelationPicks, Sampler};
 use models::optim::Adam;
 use models::rgcn::PerType;
 use models::Model;
@@ -429,7 +429,7 @@ impl Client {
         fanout: usize,
         away: &[Vec<u32>],
         exclude: bool,
-    ) -> graphs::Result<Vec<Vec<RelationPicks>>> {
+    ) -> Result<Vec<Vec<RelationPicks>>> {
         let parts = self.parts as usize;
         let nt = away.len();
         let mut reqs = vec![vec![Vec::new(); nt]; parts];
@@ -457,15 +457,13 @@ impl Client {
             };
             self.samplers[o].ask(msg, self.timeouts.ask)
         });
-        let bad = |m: String| GraphError::InvalidArgument(m);
-        let answers = self
-            .block_on(join_all(asks.collect::<Vec<_>>()))
-            .map_err(|e| bad(e.to_string()))?;
+        // A lost owner (an ask that timed out) is the run's to recover from;
+        // an answer that breaks the protocol stops it.
+        let bad = |m: String| TrainError::Protocol(m);
+        let answers = self.block_on(join_all(asks.collect::<Vec<_>>()))?;
         let mut by_owner: Vec<Option<Vec<Vec<RelationPicks>>>> = vec![None; parts];
         for (&o, a) in asking.iter().zip(answers) {
-            let picks = a
-                .map_err(|e| bad(e.to_string()))?
-                .map_err(|e| bad(format!("{}: {e}", names::sampler(o as u32))))?;
+            let picks = a?.map_err(|e| e.from_actor(names::sampler(o as u32)))?;
             if picks.len() != nt {
                 return Err(bad(format!(
                     "{} answered for {} types, {nt} asked",
