@@ -378,7 +378,7 @@ impl Client {
             Some(x) => x,
             None => &NoExclusion,
         };
-        Ok(sampler.sample_seeds(
+        sampler.sample_seeds(
             epoch,
             step,
             seeds,
@@ -386,7 +386,7 @@ impl Client {
             &RelationFilter::All,
             |t, v| owners[t][v as usize] as u32 == part,
             remote,
-        )?)
+        )
     }
 
     /// Samples `seeds` (owned here), asking owners for the picks of remote frontier nodes.
@@ -407,14 +407,14 @@ impl Client {
         let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| {
             self.remote_picks(seed, epoch, step, layer, fanout, away, false)
         };
-        Ok(sampler.sample_with(
+        sampler.sample_with(
             epoch,
             step,
             seeds,
             &RelationFilter::All,
             |t, v| owners[t][v as usize] as u32 == part,
             remote,
-        )?)
+        )
     }
 
     /// The owners' picks for remote frontier nodes `away`; `exclude`: they
