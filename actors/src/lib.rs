@@ -18,6 +18,7 @@ pub mod epoch;
 pub mod error;
 pub mod full_graph;
 pub mod hopgnn;
+pub mod inference;
 pub mod model_averaging;
 pub mod modes;
 pub mod observer;

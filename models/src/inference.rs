@@ -52,18 +52,16 @@ pub fn embed_all(
     mut progress: impl FnMut(usize, u64, u64),
 ) -> Result<Vec<Option<TypeRows>>> {
     let layers = embedding_layers(model)?;
-    let Layers::Relational(ls, _) = &model.layers else {
-        unreachable!("checked by embedding_layers")
-    };
+    let (ls, _) = model.relational()?;
     let types = g.node_types().len();
     let chunk = chunk.max(1);
     let total: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
     // Layer 0's input rows are gathered per block (features or learnable rows).
     let mut current: Option<Vec<Option<TypeRows>>> = None;
-    for (l, layer) in ls.iter().enumerate().take(layers) {
+    for l in 0..layers.min(ls.len()) {
         let mut next: Vec<Option<TypeRows>> = vec![None; types];
         let mut done = 0u64;
-        for t in 0..types {
+        for (t, out) in next.iter_mut().enumerate() {
             let count = g.node_types()[t].count;
             let ids: Vec<u32> = (0..count).collect();
             for dst in ids.chunks(chunk) {
@@ -72,13 +70,9 @@ pub fn embed_all(
                     None => model.gather_inputs(g, &block.src)?,
                     Some(rows) => rows_of(rows, &block.src, model)?,
                 };
-                let partials = layer.relation_partials(g, &block, &model.all_relations, &h)?;
-                let out = layer.cross_relation(&block, &h, partials)?;
-                let mut out = model.activate(l, &block, out, None)?;
-                if let Some(x) = out[t].take() {
-                    let (_, width) = x.dims2()?;
-                    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                    let slot = next[t].get_or_insert_with(|| TypeRows {
+                if let Some(x) = layer_chunk(model, g, l, &block, &h, NodeTypeId(t as u32))? {
+                    let (width, values) = host_rows(&x)?;
+                    let slot = out.get_or_insert_with(|| TypeRows {
                         width,
                         data: Vec::with_capacity(count as usize * width),
                     });
@@ -103,17 +97,46 @@ pub fn embed_all(
             h.into_iter()
                 .map(|x| {
                     x.map(|x| -> Result<TypeRows> {
-                        let (_, width) = x.dims2()?;
-                        Ok(TypeRows {
-                            width,
-                            data: x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                        })
+                        let (width, data) = host_rows(&x)?;
+                        Ok(TypeRows { width, data })
                     })
                     .transpose()
                 })
                 .collect()
         }
     }
+}
+
+/// Relational layer `l`'s rows for `block`'s destinations of type `t` (a
+/// block of [`full_block`]), from `h`, the rows of the block's sources:
+/// `None` where the layer writes no rows of `t`. One chunk of
+/// [`embed_all`], for callers that hold a layer's rows elsewhere (across a
+/// cluster).
+pub fn layer_chunk(
+    model: &Model,
+    g: &HetGraph,
+    l: usize,
+    block: &Block,
+    h: &PerType,
+    t: NodeTypeId,
+) -> Result<Option<Tensor>> {
+    let (ls, _) = model.relational()?;
+    let layer = ls
+        .get(l)
+        .ok_or_else(|| ModelError::Config(format!("layer {l} of a {}-layer model", ls.len())))?;
+    let partials = layer.relation_partials(g, block, &model.all_relations, h)?;
+    let out = layer.cross_relation(block, h, partials)?;
+    let mut out = model.activate(l, block, out, None)?;
+    Ok(out[t.index()].take())
+}
+
+/// A `[n, width]` tensor's rows as float32 on the host: `(width, values)`.
+pub fn host_rows(x: &Tensor) -> Result<(usize, Vec<f32>)> {
+    let (_, width) = x.dims2()?;
+    Ok((
+        width,
+        x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+    ))
 }
 
 /// Logits `[dst, classes]` of target nodes `dst` by exact inference, from

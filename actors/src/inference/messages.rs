@@ -1,0 +1,59 @@
+//! Messages of distributed offline inference: a partition's rows of one
+//! stage, asked by the partitions whose halo holds them.
+
+use runtime::{Msg, SharedBytes};
+use serde::{Deserialize, Serialize};
+
+pub use crate::owner::messages::ServeError;
+
+/// Most node ids one [`StagePull`] may name.
+pub const MAX_IDS: usize = 1 << 20;
+
+/// The rows of stage `stage` (0: the model's inputs, `s`: relational layer
+/// `s - 1`'s output) of nodes `ids` of type `ntype`, all owned by the receiver.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StagePull {
+    /// The job's id: a partition of another job refuses the request.
+    pub job: u64,
+    /// The stage.
+    pub stage: u32,
+    /// Node type index.
+    pub ntype: u32,
+    /// Global ids, owned by the receiver.
+    pub ids: Vec<u32>,
+}
+
+/// A partition's answer to a [`StagePull`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum StageRows {
+    /// The partition has not computed the stage yet: ask again.
+    NotYet,
+    /// The stage has no rows of the type (the model reads none).
+    Absent,
+    /// `ids.len() × width` little-endian f32, in the order asked.
+    Rows {
+        /// Floats per node.
+        width: u32,
+        /// The rows.
+        data: SharedBytes,
+    },
+}
+
+impl Msg for StagePull {
+    type Reply = Result<StageRows, ServeError>;
+    const KIND: &'static str = "embed-pull";
+}
+
+/// Whether the receiver has written its partition's embeddings (a node
+/// leaves only once every partition has, as a peer may still need its rows).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Finished {
+    /// The job's id.
+    pub job: u64,
+}
+
+impl Msg for Finished {
+    /// The partition's account once written (`None` before, and for another job's id).
+    type Reply = Option<super::files::PartDone>;
+    const KIND: &'static str = "embed-finished";
+}

@@ -1,0 +1,211 @@
+//! Exact offline inference across partitions (`hetgnn embed --partitions`):
+//! each partition computes its own nodes' rows layer by layer with full
+//! in-neighbourhoods, pulling the previous layer's rows of its halo from the
+//! partitions that own them, and writes its nodes' embeddings; the result
+//! is single-process `embed`'s. Each layer is saved per partition before it
+//! is served, so a partition restarted after a crash resumes from its last
+//! layer while its peers wait for it.
+
+pub mod files;
+pub mod messages;
+mod part;
+pub mod rows;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use graphs::partition::PartitionSet;
+use graphs::{HetGraph, LoadOptions};
+use models::Model;
+use runtime::Node;
+use sha2::Digest;
+
+use crate::distributed::System;
+use crate::error::{Result, TrainError};
+use files::{JobRecord, Manifest, Out, PartDone, TypeEntry};
+use messages::{Finished, StagePull};
+use rows::{Published, RowServer};
+
+/// Actor names of distributed inference.
+pub mod names {
+    /// The row server of partition `k`.
+    pub fn rows(k: u32) -> String {
+        format!("embed/{k}")
+    }
+}
+
+/// A distributed `embed`: the model, the partitions, where to write.
+pub struct Job<'a> {
+    /// The trained model, built on one of the partitions' graphs (whose types
+    /// and relations are the whole graph's).
+    pub model: &'a Model,
+    /// The partitions.
+    pub set: &'a PartitionSet,
+    /// Load the partitions with reverse relations (as the model was trained).
+    pub reverse_edges: bool,
+    /// What identifies the job (the checkpoint and the partitions): a run
+    /// resumes only a directory of the same job.
+    pub fingerprint: String,
+    /// The output directory ([`files`]).
+    pub out: &'a Path,
+    /// Destination nodes computed at a time.
+    pub chunk: usize,
+    /// Replace another job's output directory.
+    pub force: bool,
+    /// How long a partition waits for a peer's rows (a peer restarting included).
+    pub wait: Duration,
+}
+
+impl Job<'_> {
+    fn record(&self) -> Result<JobRecord> {
+        Ok(JobRecord {
+            format: files::FORMAT.into(),
+            job: self.fingerprint.clone(),
+            parts: self.set.manifest.parts as u32,
+            layers: models::inference::embedding_layers(self.model)? as u32,
+        })
+    }
+
+    /// The job's id in messages: a hash of its record.
+    fn id(record: &JobRecord) -> u64 {
+        let text = format!("{}|{}|{}", record.job, record.parts, record.layers);
+        let d = sha2::Sha256::digest(text.as_bytes());
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.set.manifest.node_types.clone()
+    }
+
+    fn load(&self, k: u32) -> Result<HetGraph> {
+        Ok(self.set.load_part(
+            k as usize,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: self.reverse_edges,
+            },
+        )?)
+    }
+}
+
+/// The manifest of a job whose partitions are `done`.
+fn manifest(record: &JobRecord, names: &[String], done: &[PartDone]) -> Result<Manifest> {
+    let mut types = Vec::new();
+    for (t, name) in names.iter().enumerate() {
+        let each: Vec<Option<(usize, u64)>> = done
+            .iter()
+            .map(|d| d.types.get(t).copied().flatten())
+            .collect();
+        let widths: std::collections::BTreeSet<usize> =
+            each.iter().flatten().map(|&(w, _)| w).collect();
+        match widths.len() {
+            0 => continue,
+            1 => {}
+            _ => {
+                return Err(TrainError::Protocol(format!(
+                    "partitions wrote embeddings of {name} of different widths {widths:?}"
+                )))
+            }
+        }
+        types.push(TypeEntry {
+            name: name.clone(),
+            width: widths.into_iter().next().unwrap_or(0),
+            nodes: each.iter().map(|e| e.map_or(0, |(_, n)| n)).collect(),
+        });
+    }
+    Ok(Manifest {
+        format: files::FORMAT.into(),
+        job: record.clone(),
+        types,
+    })
+}
+
+/// Runs every partition of `job` in this process; `progress(n)` as each
+/// chunk of `n` nodes is computed. A directory already complete for the job
+/// is returned as it is.
+pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Manifest> {
+    if job.chunk == 0 {
+        return Err(TrainError::Config(
+            "the chunk of nodes must be at least 1".into(),
+        ));
+    }
+    let record = job.record()?;
+    let out = Out::open(job.out, &record, job.force)?;
+    if let Some(m) = out.manifest()? {
+        return Ok(m);
+    }
+    let parts = record.parts;
+    let id = Job::id(&record);
+    let names = job.names();
+    let owners = &job.set.owners;
+    let graphs: Vec<HetGraph> = (0..parts).map(|k| job.load(k)).collect::<Result<_>>()?;
+    let own: Vec<Arc<Vec<Vec<u32>>>> = (0..parts)
+        .map(|k| Arc::new(part::own_nodes(owners, k)))
+        .collect();
+    let published: Vec<Arc<Published>> = (0..parts)
+        .map(|k| Arc::new(Published::new(id, k as u16, own[k as usize].clone())))
+        .collect();
+    let served = published.clone();
+    let (system, ()) = System::start(move || async move {
+        let node = Node::embedded("local").map_err(TrainError::internal)?;
+        for (k, p) in served.into_iter().enumerate() {
+            serve(&node, k as u32, p)?;
+        }
+        Ok((node, Vec::new(), ()))
+    })?;
+    let shared = part::Shared {
+        job: id,
+        model: job.model,
+        owners,
+        names: &names,
+        layers: record.layers,
+        chunk: job.chunk,
+        out: &out,
+        ask: Duration::from_secs(60),
+        wait: job.wait,
+        progress,
+    };
+    let done: Vec<Result<PartDone>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..parts as usize)
+            .map(|k| {
+                let p = part::Part {
+                    shared: &shared,
+                    k: k as u32,
+                    graph: &graphs[k],
+                    own: &own[k],
+                    published: &published[k],
+                    node: &system.node,
+                    handle: &system.handle,
+                };
+                scope.spawn(move || p.run())
+            })
+            .collect();
+        runs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(TrainError::Internal("a partition thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    drop(system);
+    let done: Vec<PartDone> = done.into_iter().collect::<Result<_>>()?;
+    let m = manifest(&record, &names, &done)?;
+    out.complete(&m)?;
+    for k in 0..parts {
+        out.clean(k)?;
+    }
+    Ok(m)
+}
+
+/// Registers partition `k`'s row server on `node`.
+fn serve(node: &Node, k: u32, p: Arc<Published>) -> Result<()> {
+    let addr = RowServer(p).start();
+    node.register(&names::rows(k), &addr)
+        .map_err(TrainError::internal)?
+        .handle::<StagePull>()
+        .handle::<Finished>();
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! Distributed offline inference (`actors::inference`): every partition
+//! computes its own nodes layer by layer, pulling its halo's rows from their
+//! owners; the embeddings equal single-process `embed`'s, and a partition
+//! that crashed resumes from its last saved layer.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use actors::inference::{embed_embedded, files::Manifest, Job};
+use candle_core::{DType, Device};
+use graphs::npy::{DType as NpyType, NpyFile};
+use graphs::partition::{self, Method, PartitionSet};
+use graphs::{LoadOptions, NoProgress};
+use models::inference::TypeRows;
+use models::Model;
+
+/// Partitions of the test graph (reverse relations are added when they are loaded).
+fn partitions(parts: usize, method: Method) -> std::path::PathBuf {
+    let name = format!("parts-{parts}-{method:?}");
+    common::derived(&name, false, |g, out| {
+        let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    })
+}
+
+/// A model built on partition 0's graph, as `hetgnn embed --partitions` builds it.
+fn model(set: &PartitionSet, extra: &[&str], reverse_edges: bool) -> Model {
+    let mut o = vec!["training.hidden=16", "training.embed_dim=8"];
+    o.extend_from_slice(extra);
+    let cfg = common::config(&o, &[]);
+    let g = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges,
+            },
+        )
+        .unwrap();
+    Model::new(&cfg.training.model_spec(), &g, DType::F32, &Device::Cpu).unwrap()
+}
+
+fn reference(model: &Model, reverse_edges: bool) -> Vec<Option<TypeRows>> {
+    let g = graphs::load(
+        &common::graph(),
+        &LoadOptions {
+            mmap_features: true,
+            reverse_edges,
+        },
+    )
+    .unwrap();
+    models::inference::embed_all(model, &g, 97, |_, _, _| {}).unwrap()
+}
+
+/// The largest difference between the partitions' files and `want`, checking
+/// that every node is written once.
+fn max_diff(out: &Path, m: &Manifest, want: &[Option<TypeRows>], names: &[String]) -> f32 {
+    let mut worst = 0f32;
+    let with_rows = want.iter().filter(|w| w.is_some()).count();
+    assert_eq!(m.types.len(), with_rows, "types with embeddings");
+    for e in &m.types {
+        let t = names.iter().position(|n| *n == e.name).unwrap();
+        let w = want[t].as_ref().expect("a type the reference has rows of");
+        assert_eq!(e.width, w.width, "{}", e.name);
+        let count = w.data.len() / w.width;
+        let mut seen = vec![false; count];
+        for (k, &n) in e.nodes.iter().enumerate() {
+            let dir = out.join(format!("part-{k}"));
+            let rows = NpyFile::open(&dir.join(format!("{}.npy", e.name)), NpyType::F32).unwrap();
+            let ids =
+                NpyFile::open(&dir.join(format!("{}.ids.npy", e.name)), NpyType::I64).unwrap();
+            assert_eq!(rows.shape(), &[n, e.width as u64]);
+            assert_eq!(ids.shape(), &[n]);
+            let got = rows.to_f32_vec();
+            for i in 0..n as usize {
+                let v = ids.i64_at(i) as usize;
+                assert!(!seen[v], "{} node {v} written twice", e.name);
+                seen[v] = true;
+                for j in 0..e.width {
+                    let (a, b) = (got[i * e.width + j], w.data[v * e.width + j]);
+                    worst = worst.max((a - b).abs() / b.abs().max(1.0));
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "{}: every node written", e.name);
+    }
+    worst
+}
+
+fn job<'a>(model: &'a Model, set: &'a PartitionSet, reverse_edges: bool, out: &'a Path) -> Job<'a> {
+    Job {
+        model,
+        set,
+        reverse_edges,
+        fingerprint: "test".into(),
+        out,
+        chunk: 64,
+        force: false,
+        wait: Duration::from_secs(20),
+    }
+}
+
+#[test]
+fn partitions_embed_every_node_as_single_process_embed_does() {
+    let cases: [(usize, Method, &[&str], bool); 4] = [
+        (
+            2,
+            Method::Metis,
+            &["training.layers=3", "training.fanouts=[5,5,5]"],
+            false,
+        ),
+        (
+            4,
+            Method::Random,
+            &["training.layers=3", "training.fanouts=[5,5,5]"],
+            false,
+        ),
+        (
+            3,
+            Method::Random,
+            &["training.model=\"rgat\"", "training.layers=2"],
+            true,
+        ),
+        (
+            2,
+            Method::Random,
+            &["training.model=\"hgt\"", "training.layers=2"],
+            false,
+        ),
+    ];
+    for (parts, method, extra, reverse) in cases {
+        let what = format!("{parts} {method:?} partitions, {extra:?}, reverse {reverse}");
+        let dir = partitions(parts, method);
+        let set = PartitionSet::open(&dir).unwrap();
+        let model = model(&set, extra, reverse);
+        let want = reference(&model, reverse);
+        let out = common::root().join(format!(
+            "embed-{parts}-{method:?}-{}",
+            extra.join("-").replace(['"', '='], "")
+        ));
+        let counted = AtomicU64::new(0);
+        let count = |n| {
+            counted.fetch_add(n, Ordering::Relaxed);
+        };
+        let m = embed_embedded(&job(&model, &set, reverse, &out), &count).unwrap();
+        assert_eq!(m.job.parts as usize, parts);
+        let diff = max_diff(&out, &m, &want, &set.manifest.node_types);
+        assert!(
+            diff <= 1e-5,
+            "{what}: differs from single-process embed by {diff}"
+        );
+        // Nothing but the embeddings is left: the stages are removed.
+        for k in 0..parts {
+            let left: Vec<_> = std::fs::read_dir(out.join(format!("part-{k}")))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains("stage"))
+                .collect();
+            assert!(left.is_empty(), "{what}: {left:?} left");
+        }
+        assert!(counted.load(Ordering::Relaxed) > 0);
+        // Run again: the directory is complete, nothing is computed.
+        counted.store(0, Ordering::Relaxed);
+        let again = embed_embedded(&job(&model, &set, reverse, &out), &count).unwrap();
+        assert_eq!(again, m);
+        assert_eq!(counted.load(Ordering::Relaxed), 0, "{what}: recomputed");
+    }
+}
+
+#[test]
+fn a_partition_that_crashed_resumes_from_its_last_layer() {
+    let dir = partitions(2, Method::Metis);
+    let set = PartitionSet::open(&dir).unwrap();
+    let model = model(
+        &set,
+        &["training.layers=4", "training.fanouts=[5,5,5,5]"],
+        false,
+    );
+    let want = reference(&model, false);
+    let out = common::root().join("embed-crash");
+    // The nodes of one stage; a crash is injected once two stages are done.
+    let stage: u64 = set.owners.iter().map(|o| o.len() as u64).sum();
+    let counted = AtomicU64::new(0);
+    let crash = |n| {
+        if counted.fetch_add(n, Ordering::SeqCst) + n > 2 * stage + 100 {
+            panic!("injected crash");
+        }
+    };
+    let mut first = job(&model, &set, false, &out);
+    first.wait = Duration::from_secs(3);
+    let e = embed_embedded(&first, &crash).unwrap_err();
+    assert!(e.to_string().contains("panicked"), "{e}");
+    assert!(out.join("part-0/stage-2").is_dir() || out.join("part-1/stage-2").is_dir());
+    assert!(!out.join("manifest.json").exists());
+    // Another job's directory is refused.
+    let mut other = job(&model, &set, false, &out);
+    other.fingerprint = "another checkpoint".into();
+    let refused = embed_embedded(&other, &|_| {}).unwrap_err().to_string();
+    assert!(
+        refused.contains("another checkpoint or partitioning"),
+        "{refused}"
+    );
+    // The rerun computes only the third stage, and what the crash left undone of it.
+    let redone = AtomicU64::new(0);
+    let count = |n| {
+        redone.fetch_add(n, Ordering::SeqCst);
+    };
+    let m = embed_embedded(&job(&model, &set, false, &out), &count).unwrap();
+    let diff = max_diff(&out, &m, &want, &set.manifest.node_types);
+    assert!(
+        diff <= 1e-5,
+        "resumed: differs from single-process embed by {diff}"
+    );
+    let r = redone.load(Ordering::SeqCst);
+    assert!(
+        r > 0 && r <= stage,
+        "resumed run computed {r} nodes, a stage is {stage}"
+    );
+}
