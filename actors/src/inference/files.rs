@@ -77,7 +77,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(TrainError::internal)?;
-    let tmp = path.with_extension("json.partial");
+    // Nodes sharing one directory each write job.json: their partials must not meet.
+    let tmp = path.with_extension(format!("json.partial-{}", std::process::id()));
     std::fs::write(&tmp, text).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
 }

@@ -52,8 +52,16 @@ pub struct Finished {
     pub job: u64,
 }
 
+/// A partition's answer to [`Finished`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FinishState {
+    /// Its account, once its embeddings are written (`None` before, and to another job).
+    pub done: Option<super::files::PartDone>,
+    /// It has seen every partition done: it needs no peer any more.
+    pub all_seen: bool,
+}
+
 impl Msg for Finished {
-    /// The partition's account once written (`None` before, and for another job's id).
-    type Reply = Option<super::files::PartDone>;
+    type Reply = FinishState;
     const KIND: &'static str = "embed-finished";
 }

@@ -200,6 +200,160 @@ pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Mani
     Ok(m)
 }
 
+/// Runs node `id`'s partition of `job` (the k-th node of the topology's
+/// `cluster.nodes` computes partition k), waits until every partition is
+/// done, and on the first node writes the manifest (returned there).
+pub fn embed_node(
+    job: &Job,
+    mut topology: runtime::Topology,
+    id: &str,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Option<Manifest>> {
+    if job.chunk == 0 {
+        return Err(TrainError::Config(
+            "the chunk of nodes must be at least 1".into(),
+        ));
+    }
+    let record = job.record()?;
+    let parts = record.parts;
+    let nodes: Vec<String> = topology
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
+    if nodes.len() != parts as usize {
+        return Err(TrainError::Config(format!(
+            "{parts} partitions for {} nodes in cluster.nodes: the k-th node computes partition k",
+            nodes.len()
+        )));
+    }
+    let k = nodes
+        .iter()
+        .position(|n| n == id)
+        .ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))?
+        as u32;
+    for (p, n) in nodes.iter().enumerate() {
+        topology.placement.insert(names::rows(p as u32), n.clone());
+    }
+    let out = Out::open(job.out, &record, job.force)?;
+    let job_id = Job::id(&record);
+    let names = job.names();
+    let graph = job.load(k)?;
+    let own = Arc::new(part::own_nodes(&job.set.owners, k));
+    let published = Arc::new(Published::new(job_id, k as u16, own.clone()));
+    let start = Duration::from_millis(topology.cluster.start_timeout_ms);
+    let (served, topo, me) = (published.clone(), topology.clone(), id.to_string());
+    let (system, ()) = System::start(move || async move {
+        let node = Node::start(topo.clone(), &me).await?;
+        serve(&node, k, served)?;
+        tracing::info!("{me}: embedding partition {k} of {parts}; waiting for peers");
+        if let Err(e) = crate::distributed::peers::wait_for_peers(&node, &topo, start).await {
+            node.shutdown().await;
+            return Err(e);
+        }
+        Ok((node, Vec::new(), ()))
+    })?;
+    let shared = part::Shared {
+        job: job_id,
+        model: job.model,
+        owners: &job.set.owners,
+        names: &names,
+        layers: record.layers,
+        chunk: job.chunk,
+        out: &out,
+        ask: Duration::from_secs(60),
+        wait: job.wait,
+        progress,
+    };
+    part::Part {
+        shared: &shared,
+        k,
+        graph: &graph,
+        own: &own,
+        published: &published,
+        node: &system.node,
+        handle: &system.handle,
+    }
+    .run()?;
+    let done = system
+        .handle
+        .block_on(barrier(&system.node, job_id, parts, k, job.wait))?;
+    published.all_seen();
+    system
+        .handle
+        .block_on(linger(&system.node, job_id, parts, k));
+    out.clean(k)?;
+    drop(system);
+    if k != 0 {
+        return Ok(None);
+    }
+    let m = manifest(&record, &names, &done)?;
+    out.complete(&m)?;
+    Ok(Some(m))
+}
+
+/// Waits until every partition has written its embeddings (a peer still
+/// computing may need this one's rows): their accounts, in partition order.
+async fn barrier(
+    node: &Node,
+    job: u64,
+    parts: u32,
+    me: u32,
+    wait: Duration,
+) -> Result<Vec<PartDone>> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut done: Vec<Option<PartDone>> = vec![None; parts as usize];
+    loop {
+        for p in 0..parts {
+            if done[p as usize].is_some() {
+                continue;
+            }
+            let actor = node.actor(&names::rows(p)).map_err(TrainError::internal)?;
+            if let Ok(state) = actor.ask(Finished { job }, Duration::from_secs(5)).await {
+                done[p as usize] = state.done;
+            }
+        }
+        if done.iter().all(Option::is_some) {
+            return Ok(done.into_iter().flatten().collect());
+        }
+        if std::time::Instant::now() >= deadline {
+            let missing: Vec<String> = (0..parts)
+                .filter(|&p| p != me && done[p as usize].is_none())
+                .map(|p| p.to_string())
+                .collect();
+            return Err(TrainError::PeerLost(format!(
+                "partitions {} did not finish within {wait:?}",
+                missing.join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Keeps serving until every peer has seen every partition done too (or
+/// is gone: it leaves only once it has), so that none is left asking.
+async fn linger(node: &Node, job: u64, parts: u32, me: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut left: Vec<u32> = (0..parts).filter(|&p| p != me).collect();
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        let mut still = Vec::new();
+        for p in left {
+            let Ok(actor) = node.actor(&names::rows(p)) else {
+                continue;
+            };
+            match actor.ask(Finished { job }, Duration::from_secs(2)).await {
+                Ok(state) if !state.all_seen => still.push(p),
+                _ => {}
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Registers partition `k`'s row server on `node`.
 fn serve(node: &Node, k: u32, p: Arc<Published>) -> Result<()> {
     let addr = RowServer(p).start();

@@ -8,10 +8,10 @@ use models::inference::TypeRows;
 use runtime::{Deliver, SharedBytes};
 
 use super::files::PartDone;
-use super::messages::{Finished, ServeError, StagePull, StageRows, MAX_IDS};
+use super::messages::{FinishState, Finished, ServeError, StagePull, StageRows, MAX_IDS};
 
 /// One stage's rows of a partition's own nodes, per type (`None`: no rows of
-/// that type), in the order of [`Published::own`].
+/// that type), in the order of the partition's own nodes (ascending ids).
 pub type Stage = Vec<Option<TypeRows>>;
 
 /// Stages kept: a peer computing stage `s + 1` needs stage `s`, and no peer
@@ -26,7 +26,7 @@ pub struct Published {
     /// The partition's own nodes per type, ascending.
     own: Arc<Vec<Vec<u32>>>,
     stages: Mutex<Vec<(u32, Arc<Stage>)>>,
-    finished: Mutex<Option<PartDone>>,
+    finished: Mutex<FinishState>,
 }
 
 impl Published {
@@ -37,7 +37,7 @@ impl Published {
             part,
             own,
             stages: Mutex::new(Vec::new()),
-            finished: Mutex::new(None),
+            finished: Mutex::new(FinishState::default()),
         }
     }
 
@@ -53,7 +53,15 @@ impl Published {
 
     /// Marks the partition's embeddings written, as `done` says.
     pub fn finish(&self, done: PartDone) {
-        *self.finished.lock().unwrap_or_else(|p| p.into_inner()) = Some(done);
+        self.finished.lock().unwrap_or_else(|p| p.into_inner()).done = Some(done);
+    }
+
+    /// Marks every partition seen done.
+    pub fn all_seen(&self) {
+        self.finished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .all_seen = true;
     }
 
     fn answer(&self, m: &StagePull) -> Result<StageRows, ServeError> {
@@ -137,8 +145,12 @@ impl Handler<Deliver<StagePull>> for RowServer {
 impl Handler<Deliver<Finished>> for RowServer {
     type Result = MessageResult<Deliver<Finished>>;
     fn handle(&mut self, m: Deliver<Finished>, _: &mut Context<Self>) -> Self::Result {
-        let done = self.0.finished.lock().unwrap_or_else(|p| p.into_inner());
-        MessageResult(done.clone().filter(|_| m.msg.job == self.0.job))
+        let state = self.0.finished.lock().unwrap_or_else(|p| p.into_inner());
+        MessageResult(if m.msg.job == self.0.job {
+            state.clone()
+        } else {
+            FinishState::default()
+        })
     }
 }
 
