@@ -5,6 +5,7 @@ mod util;
 mod cli_chaos;
 mod cli_cluster;
 mod cli_data_parallel;
+mod cli_embed;
 mod cli_full_graph;
 mod cli_generate;
 mod cli_hardening;

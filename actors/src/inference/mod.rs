@@ -342,7 +342,12 @@ async fn linger(node: &Node, job: u64, parts: u32, me: u32) {
             let Ok(actor) = node.actor(&names::rows(p)) else {
                 continue;
             };
-            match actor.ask(Finished { job }, Duration::from_secs(2)).await {
+            // A peer that left had seen everything (it leaves only then): a
+            // short timeout keeps its silence from holding this one up.
+            match actor
+                .ask(Finished { job }, Duration::from_millis(500))
+                .await
+            {
                 Ok(state) if !state.all_seen => still.push(p),
                 _ => {}
             }

@@ -205,6 +205,7 @@ impl Part<'_> {
         }
         let mut next: Stage = vec![None; types];
         for (t, out) in next.iter_mut().enumerate() {
+            let mut counted = 0;
             for chunk in self.own[t].chunks(self.shared.chunk) {
                 let block = full_block(g, stage as usize, NodeTypeId(t as u32), chunk);
                 let h: PerType = block
@@ -239,6 +240,12 @@ impl Part<'_> {
                     None => break,
                 }
                 (self.shared.progress)(chunk.len() as u64);
+                counted += chunk.len();
+            }
+            // A type with no rows at this layer is done with it too (progress
+            // counts each own node once per layer computed).
+            if counted < self.own[t].len() {
+                (self.shared.progress)((self.own[t].len() - counted) as u64);
             }
         }
         Ok(next)

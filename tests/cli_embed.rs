@@ -1,0 +1,244 @@
+//! `hetgnn embed --partitions`: every partition in one process, and one node
+//! of a topology per process, equal to single-process `embed`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use graphs::npy::{DType, NpyFile};
+
+use crate::util::{hetgnn, nodes_toml};
+
+/// A graph, a model trained on it, its single-process embeddings and 2 partitions.
+fn setup(d: &Path) {
+    hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    hetgnn(
+        d,
+        &[
+            "train",
+            "--data",
+            "g",
+            "--epochs",
+            "1",
+            "--hidden",
+            "16",
+            "--layers",
+            "3",
+            "--fanouts",
+            "5,5,5",
+            "--checkpoint",
+            "ck",
+        ],
+    )
+    .ok();
+    hetgnn(
+        d,
+        &[
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "g",
+            "--out",
+            "single",
+        ],
+    )
+    .ok();
+    hetgnn(
+        d,
+        &["partition", "--data", "g", "--parts", "2", "--out", "parts"],
+    )
+    .ok();
+}
+
+/// The largest difference between the partitioned output at `out` and the
+/// single-process one, checking every node is written exactly once.
+fn max_diff(d: &Path, out: &str) -> f32 {
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join(out).join("manifest.json")).unwrap())
+            .unwrap();
+    let types = manifest["types"].as_array().unwrap();
+    assert_eq!(types.len(), 4, "{manifest}");
+    let mut worst = 0f32;
+    for t in types {
+        let name = t["name"].as_str().unwrap();
+        let width = t["width"].as_u64().unwrap() as usize;
+        let want = NpyFile::open(&d.join(format!("single/{name}.npy")), DType::F32).unwrap();
+        let count = want.shape()[0] as usize;
+        let want = want.to_f32_vec();
+        let mut seen = vec![false; count];
+        for (k, n) in t["nodes"].as_array().unwrap().iter().enumerate() {
+            let dir = d.join(out).join(format!("part-{k}"));
+            let rows = NpyFile::open(&dir.join(format!("{name}.npy")), DType::F32).unwrap();
+            let ids = NpyFile::open(&dir.join(format!("{name}.ids.npy")), DType::I64).unwrap();
+            let n = n.as_u64().unwrap();
+            assert_eq!(rows.shape(), &[n, width as u64]);
+            let got = rows.to_f32_vec();
+            for i in 0..n as usize {
+                let v = ids.i64_at(i) as usize;
+                assert!(!seen[v], "{name} node {v} written twice");
+                seen[v] = true;
+                for j in 0..width {
+                    let (a, b) = (got[i * width + j], want[v * width + j]);
+                    worst = worst.max((a - b).abs() / b.abs().max(1.0));
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "{name}: every node written");
+    }
+    worst
+}
+
+#[test]
+fn partitions_in_one_process_embed_as_single_process_embed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    setup(d);
+    let embed = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--out",
+            out,
+            "--batch",
+            "100",
+        ];
+        args.extend_from_slice(extra);
+        hetgnn(d, &args)
+    };
+    let said = embed("dist", &["--data", "g"]).ok().stdout();
+    assert!(said.contains("in 2 partitions"), "{said}");
+    let diff = max_diff(d, "dist");
+    assert!(diff <= 1e-5, "differs from single-process embed by {diff}");
+    // Layers saved along the way are gone once every partition is done.
+    assert!(!d.join("dist/part-0/stage-1").exists());
+    // The same job again finds its output complete; another job's is refused.
+    embed("dist", &[]).ok();
+    hetgnn(
+        d,
+        &[
+            "partition",
+            "--data",
+            "g",
+            "--parts",
+            "2",
+            "--method",
+            "random",
+            "--out",
+            "parts-random",
+        ],
+    )
+    .ok();
+    let other = |force: &[&str]| {
+        let mut args = vec![
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts-random",
+            "--out",
+            "dist",
+        ];
+        args.extend_from_slice(force);
+        hetgnn(d, &args)
+    };
+    other(&[]).fails_with(1, &["another checkpoint or partitioning"]);
+    other(&["--force"]).ok();
+    let diff = max_diff(d, "dist");
+    assert!(diff <= 1e-5, "random partitions: {diff}");
+    // Bad input is refused before any work.
+    embed("csv", &["--format", "csv"]).fails_with(1, &["--format csv or parquet"]);
+    embed("parts/out", &[]).fails_with(1, &["inside the input --partitions"]);
+    hetgnn(d, &["embed", "--checkpoint", "ck", "--out", "x"]).fails_with(2, &["--data"]);
+    hetgnn(d, &["generate", "--scale", "0.003", "--out", "g2"]).ok();
+    embed("wrong", &["--data", "g2"]).fails_with(1, &["was cut from a graph", "g2"]);
+}
+
+#[test]
+fn two_node_processes_embed_as_single_process_embed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    setup(d);
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let topology = format!(
+        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
+        nodes_toml(&["n0", "n1"])
+    );
+    std::fs::write(d.join("cluster.toml"), topology).unwrap();
+    let start = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hetgnn"))
+            .args([
+                "embed",
+                "--checkpoint",
+                "ck",
+                "--partitions",
+                "parts",
+                "--config",
+                "cluster.toml",
+                "--node",
+                id,
+                "--out",
+                "mp",
+                "--batch",
+                "100",
+                "--wait",
+                "60",
+            ])
+            .current_dir(d)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut nodes = [start("n0"), start("n1")];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut codes = [None, None];
+    while codes.iter().any(Option::is_none) && Instant::now() < deadline {
+        for (n, c) in nodes.iter_mut().zip(codes.iter_mut()) {
+            if c.is_none() {
+                *c = n.try_wait().unwrap().map(|s| s.code());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut outputs = Vec::new();
+    for mut n in nodes {
+        let _ = n.kill();
+        let o = n.wait_with_output().unwrap();
+        outputs.push(format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    assert_eq!(codes, [Some(Some(0)), Some(Some(0))], "{outputs:#?}");
+    assert!(outputs[0].contains("in 2 partitions"), "{}", outputs[0]);
+    assert!(
+        outputs[1].contains("the first node writes the manifest"),
+        "{}",
+        outputs[1]
+    );
+    let diff = max_diff(d, "mp");
+    assert!(diff <= 1e-5, "differs from single-process embed by {diff}");
+    // A node not in the topology is refused.
+    hetgnn(
+        d,
+        &[
+            "embed",
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--config",
+            "cluster.toml",
+            "--node",
+            "n7",
+            "--out",
+            "mp2",
+        ],
+    )
+    .fails_with(1, &["n7", "not in cluster.nodes"]);
+}
