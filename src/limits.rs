@@ -13,7 +13,7 @@ pub const MIN_OPEN_FILES: u64 = 256;
 
 /// Refuses a malformed `HETGNN_MEMORY_BYTES` (every command).
 pub fn check_memory_budget() -> anyhow::Result<()> {
-    graphs::memory::env_budget().map_err(anyhow::Error::msg)?;
+    graphs::memory::env_budget()?;
     Ok(())
 }
 

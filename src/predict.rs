@@ -133,13 +133,8 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     }
     crate::output::check(&outputs, a.force, &inputs)?;
     // After the output check, so that an output naming an input is refused as such.
-    let out_format = result_format(&a.out).map_err(anyhow::Error::msg)?;
-    let emb_format = a
-        .embeddings
-        .as_deref()
-        .map(result_format)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let out_format = result_format(&a.out)?;
+    let emb_format = a.embeddings.as_deref().map(result_format).transpose()?;
     let trained = a.model.load()?;
     let dir = trained.source.dir.clone();
     let spec = &trained.source.spec;

@@ -682,8 +682,8 @@ impl Config {
             );
         }
         check_tasks(t)?;
-        t.select_metric.check(t.task).map_err(TrainError::Config)?;
-        t.class_weights.check().map_err(TrainError::Config)?;
+        t.select_metric.check(t.task)?;
+        t.class_weights.check()?;
         if !(t.focal_gamma.is_finite() && (0.0..=10.0).contains(&t.focal_gamma)) {
             return bad(format!(
                 "training.focal_gamma must be in 0..=10, got {}",

@@ -254,8 +254,7 @@ impl Links {
                 run_hetgnn(bin, work, &args.map(String::from))?;
             }
             Shaping::Kernel => {
-                let rate = runtime::config::Bandwidth::parse(&self.bandwidth)
-                    .map_err(anyhow::Error::msg)?;
+                let rate = runtime::config::Bandwidth::parse(&self.bandwidth)?;
                 let machines = emulate::Machines {
                     cpus: self.cpus_per_node,
                     rate_bits: Some(rate.0.saturating_mul(8)),

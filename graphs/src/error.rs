@@ -78,3 +78,16 @@ impl GraphError {
         }
     }
 }
+
+/// Input that breaks a rule of the format (a schema entry, a name, a label
+/// set): refused, with the message saying which entry and what is allowed;
+/// callers add where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl From<Invalid> for String {
+    fn from(e: Invalid) -> String {
+        e.0
+    }
+}

@@ -109,7 +109,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<HetGraph> {
         &format!("loading this graph ({})", schema.largest_type()),
         need,
     )
-    .map_err(|e| GraphError::schema(&paths::schema(dir), e))?;
+    .map_err(|e| GraphError::schema(&paths::schema(dir), e.0))?;
     let target = schema.type_index(&schema.target).expect("validated schema");
     let mut node_types = Vec::with_capacity(schema.node_types.len());
     for (i, (name, ts)) in schema.node_types.iter().enumerate() {

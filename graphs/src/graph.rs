@@ -586,7 +586,9 @@ impl GraphBuilder {
     /// Validates and builds.
     pub fn build(mut self) -> Result<HetGraph> {
         let schema = self.schema.take().expect("builder used after build");
-        schema.validate().map_err(GraphError::InvalidArgument)?;
+        schema
+            .validate()
+            .map_err(|e| GraphError::InvalidArgument(e.0))?;
         let bad = GraphError::InvalidArgument;
         for t in &self.types {
             if u64::from(t.count) > MAX_NODES {
@@ -624,7 +626,7 @@ impl GraphBuilder {
         }
         let sets = match (schema.label_sets, self.bits.take()) {
             (Some(w), Some(bits)) => {
-                Some(LabelSets::new(w as usize, t.count as usize, bits).map_err(bad)?)
+                Some(LabelSets::new(w as usize, t.count as usize, bits).map_err(|e| bad(e.0))?)
             }
             _ => None,
         };

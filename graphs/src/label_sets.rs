@@ -11,7 +11,15 @@ pub struct LabelSets {
 
 impl LabelSets {
     /// Checks `bits` (`count` rows of `width`: each row all 0/1, or all -1) and wraps them.
-    pub fn new(width: usize, count: usize, bits: Vec<i8>) -> Result<LabelSets, String> {
+    pub fn new(
+        width: usize,
+        count: usize,
+        bits: Vec<i8>,
+    ) -> Result<LabelSets, crate::error::Invalid> {
+        Self::checked(width, count, bits).map_err(crate::error::Invalid)
+    }
+
+    fn checked(width: usize, count: usize, bits: Vec<i8>) -> Result<LabelSets, String> {
         if width == 0 {
             return Err("label sets must have at least one label".into());
         }
@@ -73,7 +81,7 @@ mod tests {
         assert_eq!(s.row(0), &[1, 0, 1]);
         assert!(s.known(0) && !s.known(1) && s.known(2));
         let err = LabelSets::new(3, 1, vec![1, -1, 0]).unwrap_err();
-        assert!(err.contains("label 1 of node 0 is -1"), "{err}");
+        assert!(err.0.contains("label 1 of node 0 is -1"), "{err}");
         assert!(LabelSets::new(2, 1, vec![2, 0]).is_err());
         assert!(LabelSets::new(2, 2, vec![0, 1, 1]).is_err());
         assert!(LabelSets::new(0, 0, vec![]).is_err());

@@ -5,6 +5,12 @@
 /// using it: an address-space limit (`ulimit -v`) leaves this much less for data.
 pub const ADDRESS_SPACE_RESERVE: u64 = 256 << 20;
 
+/// Work refused for the memory or disk it needs, or a malformed budget:
+/// the caller refuses the work with the message (it says what to change).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 /// The memory a run may plan for, and where that figure comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
@@ -16,7 +22,7 @@ pub struct Budget {
 
 /// `$HETGNN_MEMORY_BYTES`, if set: a whole number of bytes, else an error
 /// saying so (a malformed budget is refused, not ignored).
-pub fn env_budget() -> Result<Option<u64>, String> {
+pub fn env_budget() -> Result<Option<u64>, Refused> {
     let Some(v) = std::env::var_os("HETGNN_MEMORY_BYTES") else {
         return Ok(None);
     };
@@ -25,10 +31,10 @@ pub fn env_budget() -> Result<Option<u64>, String> {
         .filter(|&b| b > 0)
         .map(Some)
         .ok_or_else(|| {
-            format!(
+            Refused(format!(
                 "HETGNN_MEMORY_BYTES={:?} is not a positive whole number of bytes (e.g. 8589934592 for 8 GiB); unset it to plan for the whole machine",
                 v.to_string_lossy()
-            )
+            ))
         })
 }
 
@@ -95,10 +101,10 @@ fn address_space_limit() -> Option<u64> {
 
 /// Refuses `bytes` (at least what `what` will allocate) when over [`budget`],
 /// or when `$HETGNN_MEMORY_BYTES` is malformed.
-pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
+pub fn check_fits(what: &str, bytes: u128) -> Result<(), Refused> {
     env_budget()?;
     match budget() {
-        Some(b) if bytes > u128::from(b.bytes) => Err(format!(
+        Some(b) if bytes > u128::from(b.bytes) => Err(Refused(format!(
             "{what} needs about {} of memory, more than {}, {}{}",
             human(bytes),
             b.source,
@@ -107,14 +113,14 @@ pub fn check_fits(what: &str, bytes: u128) -> Result<(), String> {
                 Some(_) => "",
                 None => " (HETGNN_MEMORY_BYTES sets another budget)",
             }
-        )),
+        ))),
         _ => Ok(()),
     }
 }
 
 /// Refuses writing `bytes` (what `what` takes) under `dir` when the file
 /// system there (its nearest existing ancestor) has less free space.
-pub fn check_disk(what: &str, bytes: u128, dir: &std::path::Path) -> Result<(), String> {
+pub fn check_disk(what: &str, bytes: u128, dir: &std::path::Path) -> Result<(), Refused> {
     use std::os::unix::ffi::OsStrExt;
     let mut at = Some(dir);
     while let Some(d) = at {
@@ -134,12 +140,12 @@ pub fn check_disk(what: &str, bytes: u128, dir: &std::path::Path) -> Result<(), 
             }
             let free = u128::from(s.f_bavail) * u128::from(s.f_frsize);
             return if bytes > free {
-                Err(format!(
+                Err(Refused(format!(
                     "{what} takes about {} on disk, more than the {} free in {}",
                     human(bytes),
                     human(free),
                     probe.display()
-                ))
+                )))
             } else {
                 Ok(())
             };

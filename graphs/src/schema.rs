@@ -120,7 +120,11 @@ impl Schema {
     }
 
     /// Checks internal consistency; the error says which entry is wrong.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), crate::error::Invalid> {
+        self.check().map_err(crate::error::Invalid)
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
         // The name is printed in every run's output: no terminal escapes or line breaks.
         if self.name.len() > 256 || self.name.chars().any(char::is_control) {
             return Err(format!(
@@ -248,7 +252,7 @@ impl Schema {
 }
 
 /// Names become file names: keep them to a safe alphabet, without the `__` separator.
-pub fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
+pub fn check_name(name: &str, what: &str) -> std::result::Result<(), crate::error::Invalid> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name
@@ -259,7 +263,7 @@ pub fn check_name(name: &str, what: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{what} name {name:?} must be 1-128 characters of [A-Za-z0-9_.-], not start with '.', and not contain '__'"))
+        Err(crate::error::Invalid(format!("{what} name {name:?} must be 1-128 characters of [A-Za-z0-9_.-], not start with '.', and not contain '__'")))
     }
 }
 
@@ -310,7 +314,7 @@ mod tests {
 
     fn parse(s: &str) -> std::result::Result<Schema, String> {
         let schema: Schema = serde_json::from_str(s).map_err(|e| e.to_string())?;
-        schema.validate()?;
+        schema.validate().map_err(String::from)?;
         Ok(schema)
     }
 

@@ -999,6 +999,25 @@ fn a_partition_directory_is_known_by_its_content() {
         .unwrap()
         .to_string();
     assert!(e.contains("was cut from a graph whose content is"), "{e}");
+    // A partition's own files are checked when that partition is loaded
+    // (a node hashes only its own): the others still load.
+    let four = write("four", 4);
+    let edges = four.join("part1/edges/paper__cites__paper.npy");
+    let mut bytes = std::fs::read(&edges).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&edges, bytes).unwrap();
+    let set = PartitionSet::open(&four).unwrap();
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: false,
+    };
+    let e = set.load_part(1, &opts).err().unwrap().to_string();
+    assert!(
+        e.contains("paper__cites__paper.npy") && e.contains("differs"),
+        "{e}"
+    );
+    set.load_part(0, &opts).unwrap();
 }
 
 #[test]

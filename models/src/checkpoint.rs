@@ -396,6 +396,24 @@ pub type Files = Vec<(String, Vec<u8>)>;
 
 /// Reads and verifies a checkpoint's manifest and files (checksums).
 pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
+    let manifest = read_manifest(dir)?;
+    let mut files = Vec::new();
+    for (file, want) in &manifest.files {
+        let path = dir.join(file);
+        let bytes =
+            graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
+        if sha256(&bytes) != *want {
+            return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+        }
+        files.push((file.clone(), bytes));
+    }
+    Ok((manifest, files))
+}
+
+/// Reads and checks a checkpoint's manifest alone (format, seal, the files
+/// it names), for what it says of the model; the files' checksums are
+/// verified when they are loaded ([`load`]), so they are read once.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let mpath = dir.join(MANIFEST);
     let text = graphs::input::read_text(&mpath).map_err(|e| bad(&mpath, e.to_string()))?;
     let mut manifest: Manifest = serde_json::from_str(&text)
@@ -419,17 +437,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
             "manifest names files other than the checkpoint's own",
         ));
     }
-    let mut files = Vec::new();
-    for (file, want) in &manifest.files {
-        let path = dir.join(file);
-        let bytes =
-            graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
-        if sha256(&bytes) != *want {
-            return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
-        }
-        files.push((file.clone(), bytes));
-    }
-    Ok((manifest, files))
+    Ok(manifest)
 }
 
 /// The newest checkpoint under `root` that verifies, with the problems of any

@@ -245,6 +245,12 @@ pub struct RowsMut<'a> {
     pub dim: usize,
 }
 
+/// Gradients that do not match the rows they update (a count, a position,
+/// a row out of range or twice): a bug of the caller, which stops.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GradientMismatch(pub String);
+
 /// Applies Adam to rows `ids` (distinct, in range) of `t` with gradient rows
 /// `g` (row-major, in `ids` order). Rows are updated in parallel; each row's
 /// update is independent and computed exactly as [`adam_row`] does alone, so
@@ -254,14 +260,14 @@ pub fn adam_rows(
     ids: &[u32],
     g: &[f32],
     cfg: &AdamConfig,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GradientMismatch> {
     if g.len() != ids.len() * t.dim {
-        return Err(format!(
+        return Err(GradientMismatch(format!(
             "{} gradient values for {} rows of width {}",
             g.len(),
             ids.len(),
             t.dim
-        ));
+        )));
     }
     update_rows(t, ids, g, |k| k, cfg)
 }
@@ -275,16 +281,19 @@ pub fn adam_rows_picked(
     g: &[f32],
     at: &[u32],
     cfg: &AdamConfig,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GradientMismatch> {
     if at.len() != ids.len() {
-        return Err(format!(
+        return Err(GradientMismatch(format!(
             "{} gradient positions for {} rows",
             at.len(),
             ids.len()
-        ));
+        )));
     }
     if let Some(&p) = at.iter().find(|&&p| (p as usize + 1) * t.dim > g.len()) {
-        return Err(format!("gradient row {p} of {}", g.len() / t.dim.max(1)));
+        return Err(GradientMismatch(format!(
+            "gradient row {p} of {}",
+            g.len() / t.dim.max(1)
+        )));
     }
     update_rows(t, ids, g, |k| at[k] as usize, cfg)
 }
@@ -296,15 +305,18 @@ fn update_rows(
     g: &[f32],
     grad_row: impl Fn(usize) -> usize,
     cfg: &AdamConfig,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GradientMismatch> {
     let (dim, rows) = (t.dim, t.steps.len());
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     order.par_sort_unstable();
     if let Some(&(i, _)) = order.last().filter(|&&(i, _)| i as usize >= rows) {
-        return Err(format!("row {i} of {rows}"));
+        return Err(GradientMismatch(format!("row {i} of {rows}")));
     }
     if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(format!("row {} updated twice in one step", w[0].0));
+        return Err(GradientMismatch(format!(
+            "row {} updated twice in one step",
+            w[0].0
+        )));
     }
     let sorted: Vec<u32> = order.iter().map(|&(i, _)| i).collect();
     let rows = rows_mut(t.data, dim, &sorted)

@@ -436,7 +436,8 @@ impl Model {
             g.num_classes(),
             g.relations().len()
         );
-        graphs::memory::check_fits(&what, spec.min_bytes(g, tables)).map_err(ModelError::Config)?;
+        graphs::memory::check_fits(&what, spec.min_bytes(g, tables))
+            .map_err(|e| ModelError::Config(e.0))?;
         let seed = spec.seed;
         let num_classes = spec.outputs(g);
         let target = g.target();

@@ -33,6 +33,12 @@ impl ConfigError {
     }
 }
 
+/// A quantity (a bandwidth, a size) that does not parse: bad input, to refuse
+/// with the message (it says what a valid one looks like).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadQuantity(pub String);
+
 fn default_certs_dir() -> PathBuf {
     PathBuf::from("certs")
 }
@@ -158,10 +164,10 @@ impl From<Bandwidth> for u64 {
 }
 
 impl TryFrom<Quantity> for Bandwidth {
-    type Error = String;
-    fn try_from(t: Quantity) -> Result<Bandwidth, String> {
+    type Error = BadQuantity;
+    fn try_from(t: Quantity) -> Result<Bandwidth, BadQuantity> {
         match t {
-            Quantity::Number(0) => Err("bandwidth must be positive".into()),
+            Quantity::Number(0) => Err(BadQuantity("bandwidth must be positive".into())),
             Quantity::Number(n) => Ok(Bandwidth(n)),
             Quantity::Text(s) => Bandwidth::parse(&s),
         }
@@ -170,9 +176,9 @@ impl TryFrom<Quantity> for Bandwidth {
 
 impl Bandwidth {
     /// Parses `"10Gbit/s"`, `"800Mbps"`, `"100MB/s"`, `"1GiB/s"`, `"5000"` (bytes/s).
-    pub fn parse(text: &str) -> Result<Bandwidth, String> {
+    pub fn parse(text: &str) -> Result<Bandwidth, BadQuantity> {
         let bad = || {
-            format!("bad bandwidth {text:?}: use e.g. \"10Gbit/s\", \"800Mbps\", \"100MB/s\" or bytes per second")
+            BadQuantity(format!("bad bandwidth {text:?}: use e.g. \"10Gbit/s\", \"800Mbps\", \"100MB/s\" or bytes per second"))
         };
         let s = text.trim();
         let bytes = parse_bytes(s.strip_suffix("/s").unwrap_or(s), true).ok_or_else(bad)?;
@@ -196,8 +202,8 @@ impl From<ByteSize> for u64 {
 }
 
 impl TryFrom<Quantity> for ByteSize {
-    type Error = String;
-    fn try_from(t: Quantity) -> Result<ByteSize, String> {
+    type Error = BadQuantity;
+    fn try_from(t: Quantity) -> Result<ByteSize, BadQuantity> {
         match t {
             Quantity::Number(n) => Ok(ByteSize(n)),
             Quantity::Text(s) => ByteSize::parse(&s),
@@ -207,11 +213,11 @@ impl TryFrom<Quantity> for ByteSize {
 
 impl ByteSize {
     /// Parses `"4GiB"`, `"512MiB"`, `"100MB"`, `"1.5GB"`, `"64KiB"`, `"5000"` (bytes).
-    pub fn parse(text: &str) -> Result<ByteSize, String> {
+    pub fn parse(text: &str) -> Result<ByteSize, BadQuantity> {
         let bad = || {
-            format!(
+            BadQuantity(format!(
                 "bad size {text:?}: use e.g. \"4GiB\", \"512MiB\", \"100MB\" or a number of bytes"
-            )
+            ))
         };
         let bytes = parse_bytes(text, false).ok_or_else(bad)?;
         if !(0.0..1e18).contains(&bytes) {

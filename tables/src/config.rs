@@ -158,7 +158,7 @@ pub enum EdgeSplit {
 
 impl EdgeSplit {
     /// The rule this split names (a column, fractions or a time column).
-    pub fn rule(&self) -> std::result::Result<SplitRule, String> {
+    pub(crate) fn rule(&self) -> std::result::Result<SplitRule, String> {
         match self {
             EdgeSplit::Column(c) => Ok(SplitRule::Column(c.clone())),
             EdgeSplit::Rule(s) => s.rule(),
@@ -362,7 +362,7 @@ pub enum SplitRule {
 
 impl SplitSpec {
     /// The one rule this spec names.
-    pub fn rule(&self) -> std::result::Result<SplitRule, String> {
+    pub(crate) fn rule(&self) -> std::result::Result<SplitRule, String> {
         match (&self.column, &self.fractions, &self.time_column) {
             (Some(c), None, None) => Ok(SplitRule::Column(c.clone())),
             (None, Some(f), None) => {
@@ -411,7 +411,7 @@ impl TablesConfig {
     }
 
     /// Checks the configuration's consistency without opening a table.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
         if self.nodes.is_empty() && self.edges.is_empty() {
             return Err("no [[nodes]] or [[edges]] tables".into());
         }
@@ -568,7 +568,7 @@ impl TablesConfig {
         self.nodes.iter().find(|n| n.ntype == ntype)
     }
 
-    /// The target type (checked to exist by [`TablesConfig::check`]): the
+    /// The target type (checked to exist when the configuration is read): the
     /// named one, else the one with node targets, else (a graph for edge
     /// tasks only) the destination type of the first relation with targets.
     pub fn target(&self) -> &str {

@@ -41,6 +41,14 @@ pub enum TableError {
         #[source]
         source: std::io::Error,
     },
+    /// An output file named with no format this writes: name it again.
+    #[error("{}: {problem}", path.display())]
+    OutputName {
+        /// The output file.
+        path: PathBuf,
+        /// What names are allowed.
+        problem: String,
+    },
     /// Writing or validating the graph directory failed.
     #[error(transparent)]
     Graph(#[from] GraphError),

@@ -154,7 +154,7 @@ impl IdMap {
     }
 
     /// The kind of the id column `cells` (an integer column gives integer ids).
-    pub fn kind_of(cells: &Cells) -> std::result::Result<IdKind, String> {
+    pub(crate) fn kind_of(cells: &Cells) -> std::result::Result<IdKind, String> {
         match cells {
             Cells::Int(_) => Ok(IdKind::Int),
             Cells::Text(_) => Ok(IdKind::Text),
@@ -195,7 +195,7 @@ impl IdMap {
     }
 
     /// Adds cell `i` of `cells` (not missing). Errors say what is wrong with the value.
-    pub fn add(&mut self, cells: &Cells, i: usize) -> std::result::Result<Added, String> {
+    pub(crate) fn add(&mut self, cells: &Cells, i: usize) -> std::result::Result<Added, String> {
         let (index, new) = match (&mut self.0, cells) {
             (Ids::Int(s), Cells::Int(v)) => s.insert_full(v[i].ok_or("missing id")?),
             (Ids::Text(s), Cells::Text(v)) => {

@@ -70,7 +70,7 @@ impl ClassNames {
     }
 
     /// The provisional index of the class in cell `i` (-1: none).
-    pub fn push(&mut self, cells: &Cells, i: usize) -> Result<i32, String> {
+    pub(crate) fn push(&mut self, cells: &Cells, i: usize) -> Result<i32, String> {
         let v = match cells {
             Cells::Float(v) => match v[i] {
                 Some(x) if x.fract() == 0.0 && x.is_finite() => Some((x as i64).to_string()),
@@ -121,7 +121,7 @@ impl ClassNames {
     }
 
     /// The class ids of the provisional indices; errors say what the table or config must change.
-    pub fn resolve(&self) -> Result<Resolved, String> {
+    pub(crate) fn resolve(&self) -> Result<Resolved, String> {
         let ints: Option<Vec<i64>> = self.names.iter().map(|n| as_int(n)).collect();
         Ok(match ints {
             Some(v) => {
@@ -264,7 +264,7 @@ impl LabelCollector {
     }
 
     /// Takes the label of the next node from cell `i`.
-    pub fn push_label(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
+    pub(crate) fn push_label(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
         let id = self.classes.push(cells, i)?;
         self.raw.push(id);
         self.other.push(false);
@@ -272,7 +272,7 @@ impl LabelCollector {
     }
 
     /// Takes the split of the next node from cell `i` of a split column.
-    pub fn push_split_name(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
+    pub(crate) fn push_split_name(&mut self, cells: &Cells, i: usize) -> Result<(), String> {
         let mark = split_tag(cells, i)?;
         if mark != NONE && !self.last_known() {
             return Err(format!(
@@ -314,7 +314,7 @@ impl LabelCollector {
     }
 
     /// The labels and splits; errors say what the table or config must change.
-    pub fn finish(self, rule: &SplitRule) -> Result<Labelled, String> {
+    pub(crate) fn finish(self, rule: &SplitRule) -> Result<Labelled, String> {
         // Integer classes (also written "3.0") keep their value as class id, a
         // negative one meaning unlabelled, as in the graph format; other names
         // are sorted.
@@ -485,7 +485,7 @@ impl SetCollector {
     }
 
     /// Takes the labels of the next node from cell `i`; returns whether it has a set.
-    pub fn push(&mut self, cells: &Cells, i: usize) -> Result<bool, String> {
+    pub(crate) fn push(&mut self, cells: &Cells, i: usize) -> Result<bool, String> {
         let items: Option<Vec<String>> = match cells {
             Cells::List(v) => v[i].clone(),
             Cells::Float(v) => match v[i] {
@@ -522,7 +522,7 @@ impl SetCollector {
     }
 
     /// The rows of every node; errors say what the table or config must change.
-    pub fn finish(self) -> Result<LabelSetRows, String> {
+    pub(crate) fn finish(self) -> Result<LabelSetRows, String> {
         let (map, width, names) = self.names.resolve()?;
         if width == 0 {
             return Err("no node has a label in its set".into());

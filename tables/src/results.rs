@@ -22,25 +22,25 @@ pub enum ResultFormat {
 }
 
 /// The format of a result file named `path`: `.npy`, `.csv` or `.parquet`.
-pub fn result_format(path: &Path) -> std::result::Result<ResultFormat, String> {
+pub fn result_format(path: &Path) -> crate::error::Result<ResultFormat> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
+    let refuse = |problem: &str| crate::error::TableError::OutputName {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    };
     if name.ends_with(".npy") {
         return Ok(ResultFormat::Npy);
     }
     if name.ends_with(".gz") || name.ends_with(".tsv") {
-        return Err(format!(
-            "{}: results are written as .csv, .parquet or .npy (not gzipped, not tab-separated)",
-            path.display()
+        return Err(refuse(
+            "results are written as .csv, .parquet or .npy (not gzipped, not tab-separated)",
         ));
     }
     format_of(path).map(ResultFormat::Table).ok_or_else(|| {
-        format!(
-            "{}: name the output .npy, .csv or .parquet (the extension picks the format)",
-            path.display()
-        )
+        refuse("name the output .npy, .csv or .parquet (the extension picks the format)")
     })
 }
 

@@ -17,6 +17,7 @@ use runtime::{ByteVec, Deliver, Msg};
 use serde::{Deserialize, Serialize};
 
 use super::{CacheTypeReport, DeviceCache, FeatureCache};
+use crate::owner::messages::ServeError;
 
 /// Most rows one [`CacheRows`] request may ask for.
 pub const MAX_ROWS_ASKED: usize = 1 << 16;
@@ -71,7 +72,7 @@ pub struct CachedRows {
 }
 
 impl Msg for CacheRows {
-    type Reply = Result<CachedRows, String>;
+    type Reply = Result<CachedRows, ServeError>;
     const KIND: &'static str = "cache_rows";
 }
 
@@ -117,24 +118,27 @@ impl CacheView {
     }
 
     /// The cached feature rows among `ids` of type `ntype`.
-    pub fn rows(&self, ntype: &str, ids: &[u32]) -> Result<CachedRows, String> {
+    pub fn rows(&self, ntype: &str, ids: &[u32]) -> Result<CachedRows, ServeError> {
         if ids.len() > MAX_ROWS_ASKED {
-            return Err(format!(
+            return Err(ServeError::Refused(format!(
                 "{} rows asked, at most {MAX_ROWS_ASKED} per request",
                 ids.len()
-            ));
+            )));
         }
         let guard = self.published.read().unwrap_or_else(|e| e.into_inner());
-        let p = guard.as_ref().ok_or("no cache built yet")?;
+        // Asked before the owner built its cache: the asker's bug, not the cache's.
+        let p = guard
+            .as_ref()
+            .ok_or_else(|| ServeError::refused("no cache built yet"))?;
         let ty = p
             .types
             .iter()
             .position(|t| t == ntype)
-            .ok_or_else(|| format!("no node type {ntype:?}"))?;
+            .ok_or_else(|| ServeError::Refused(format!("no node type {ntype:?}")))?;
         let Some(c) = p.features.get(ty) else {
             return Ok(CachedRows::default());
         };
-        let (held, rows) = c.read(ids).map_err(|e| e.to_string())?;
+        let (held, rows) = c.read(ids).map_err(ServeError::failed)?;
         Ok(CachedRows {
             dim: c.dim() as u32,
             ids: held,
@@ -278,7 +282,7 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_err();
-            assert!(err.contains("no cache built yet"), "{err}");
+            assert!(err.to_string().contains("no cache built yet"), "{err}");
             view.publish("trainer/0", "miss-penalty", &type_names(&g), &cache);
             let status = me
                 .ask(CacheQuery, std::time::Duration::from_secs(5))
@@ -333,7 +337,7 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_err();
-            assert!(bad.contains("no node type \"venue\""), "{bad}");
+            assert!(bad.to_string().contains("no node type \"venue\""), "{bad}");
             let big = me
                 .ask(
                     CacheRows {
@@ -345,7 +349,7 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_err();
-            assert!(big.contains("at most"), "{big}");
+            assert!(big.to_string().contains("at most"), "{big}");
             node.shutdown().await;
         });
         assert!(directory.contains_key("trainer/0"));

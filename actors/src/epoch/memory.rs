@@ -68,7 +68,7 @@ impl MemoryPlan {
     /// (`what`: the settings it follows from, for the message).
     pub fn check(&self, what: &str) -> Result<()> {
         graphs::memory::check_fits(&format!("{what} [{self}]"), self.total())
-            .map_err(TrainError::Config)
+            .map_err(|e| TrainError::Config(e.0))
     }
 
     /// Adds one model's dense weights (`g` the graph it reads) and, with

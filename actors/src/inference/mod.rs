@@ -239,8 +239,13 @@ pub fn embed_node(
     let out = Out::open(job.out, &record, job.force)?;
     let job_id = Job::id(&record);
     let names = job.names();
+    let loading = std::time::Instant::now();
     let graph = job.load(k)?;
     let own = Arc::new(part::own_nodes(&job.set.owners, k));
+    tracing::info!(
+        "{id}: partition {k} loaded in {:.2}s",
+        loading.elapsed().as_secs_f64()
+    );
     let published = Arc::new(Published::new(job_id, k as u16, own.clone()));
     let start = Duration::from_millis(topology.cluster.start_timeout_ms);
     let (served, topo, me) = (published.clone(), topology.clone(), id.to_string());

@@ -138,10 +138,22 @@ impl Part<'_> {
                 at
             })
             .collect();
+        let halo_nodes: usize = halo.iter().map(Vec::len).sum();
         for stage in resumed.unwrap_or(0)..layers {
+            let t0 = std::time::Instant::now();
             let pulled = self.pull(stage, &halo)?;
+            let t1 = std::time::Instant::now();
             let next = self.compute(stage, &prev, pulled, &at)?;
+            let t2 = std::time::Instant::now();
             out.save_stage(k, stage + 1, s.names, &next)?;
+            tracing::info!(
+                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s, computing {:.2}s, saving {:.2}s)",
+                stage + 1,
+                t0.elapsed().as_secs_f64(),
+                (t1 - t0).as_secs_f64(),
+                (t2 - t1).as_secs_f64(),
+                t2.elapsed().as_secs_f64()
+            );
             let next = Arc::new(next);
             self.published.publish(stage + 1, next.clone());
             prev = next;

@@ -66,7 +66,7 @@ impl SelectMetric {
     }
 
     /// Refuses a metric `task` does not measure.
-    pub fn check(self, task: Task) -> Result<(), String> {
+    pub fn check(self, task: Task) -> crate::error::Result<()> {
         let ok = match self.resolve(task) {
             SelectMetric::Auto => true,
             SelectMetric::Accuracy | SelectMetric::MacroF1 => matches!(
@@ -84,11 +84,11 @@ impl SelectMetric {
         };
         match ok {
             true => Ok(()),
-            false => Err(format!(
+            false => Err(crate::error::TrainError::Config(format!(
                 "training.select_metric = \"{}\" is not measured by training.task = \"{}\"",
                 self.name(),
                 task.name()
-            )),
+            ))),
         }
     }
 
@@ -225,7 +225,8 @@ mod tests {
         assert!(SelectMetric::Auto.check(Task::EdgeRegression).is_ok());
         let err = SelectMetric::Rmse
             .check(Task::NodeClassification)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("select_metric") && err.contains("node-classification"),
             "{err}"

@@ -40,16 +40,16 @@ impl Default for ClassWeights {
 
 impl ClassWeights {
     /// Checks the setting against nothing but itself (the class count is the graph's).
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> Result<()> {
         match self {
             ClassWeights::Named(n) if n == "none" || n == "balanced" => Ok(()),
-            ClassWeights::Named(n) => Err(format!(
+            ClassWeights::Named(n) => Err(TrainError::Config(format!(
                 "training.class_weights: '{n}' is neither \"none\", \"balanced\" nor a list of weights"
-            )),
+            ))),
             ClassWeights::List(w) if w.iter().all(|x| x.is_finite() && *x >= 0.0) && w.iter().any(|x| *x > 0.0) => Ok(()),
-            ClassWeights::List(_) => Err(
+            ClassWeights::List(_) => Err(TrainError::Config(
                 "training.class_weights: weights must be finite, non-negative and not all 0".into(),
-            ),
+            )),
         }
     }
 

@@ -227,7 +227,7 @@ fn main() -> anyhow::Result<()> {
         cpus_per_node: Some(a.cpus_per_node),
         shaping: bench::Shaping::Kernel,
     };
-    let rate = runtime::config::Bandwidth::parse(&a.bandwidth).map_err(anyhow::Error::msg)?;
+    let rate = runtime::config::Bandwidth::parse(&a.bandwidth)?;
     let machines = Machines {
         cpus: Some(a.cpus_per_node),
         rate_bits: Some(rate.0.saturating_mul(8)),

@@ -52,13 +52,13 @@ pub fn generate(
                 &format!("generating a mag-like graph at scale {scale}"),
                 g.memory_bytes(),
             )
-            .map_err(GraphError::InvalidArgument)?;
+            .map_err(|e| GraphError::InvalidArgument(e.0))?;
             crate::memory::check_disk(
                 &format!("a mag-like graph at scale {scale}"),
                 g.disk_bytes(),
                 out,
             )
-            .map_err(GraphError::InvalidArgument)?;
+            .map_err(|e| GraphError::InvalidArgument(e.0))?;
             g.write(out, overwrite, progress)
         }
     }

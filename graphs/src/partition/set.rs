@@ -104,10 +104,32 @@ impl Manifest {
         write_sealed(dir, sealed)
     }
 
-    /// Refuses an edited manifest and files that are not the ones it was
-    /// written with (directories written before seals are taken as they are).
+    /// Refuses an edited manifest and shared files (owners, trainers) that
+    /// are not the ones it was written with (directories written before
+    /// seals are taken as they are). A partition's own files are checked when
+    /// it is loaded ([`PartitionSet::load_part`]): a node hashes only its own.
     fn verify(&self, dir: &Path) -> Result<()> {
-        verify_sealed(dir, self.clone(), &self.files)
+        let shared = self
+            .files
+            .iter()
+            .filter(|(rel, _)| part_of(rel).is_none())
+            .map(|(r, h)| (r.clone(), h.clone()))
+            .collect();
+        verify_sealed(dir, self.clone(), &shared)
+    }
+
+    /// Refuses files of partition `k` that are not the ones it was written with.
+    fn verify_part(&self, dir: &Path, k: usize) -> Result<()> {
+        if self.seal.is_empty() {
+            return Ok(());
+        }
+        let own = self
+            .files
+            .iter()
+            .filter(|(rel, _)| part_of(rel) == Some(k))
+            .map(|(r, h)| (r.clone(), h.clone()))
+            .collect();
+        verify_files(dir, &own)
     }
 
     /// Largest over mean of `f` across partitions (1.0 = perfectly balanced).
@@ -158,6 +180,17 @@ pub(crate) fn verify_sealed<M: Sealed>(
     if !manifest.seal_holds() {
         return Err(GraphError::data(&mpath, "was edited after `hetgnn partition` wrote it (its seal does not match its content): partition the graph again"));
     }
+    verify_files(dir, files)
+}
+
+/// The partition a covered file belongs to (`part<k>/...`), if any.
+fn part_of(rel: &str) -> Option<usize> {
+    let (first, _) = rel.split_once('/')?;
+    first.strip_prefix("part")?.parse().ok()
+}
+
+/// Refuses any of `files` (relative path, SHA-256) of `dir` whose content differs.
+fn verify_files(dir: &Path, files: &std::collections::BTreeMap<String, String>) -> Result<()> {
     use rayon::prelude::*;
     files.par_iter().try_for_each(|(rel, want)| {
         let path = dir.join(rel);
@@ -317,6 +350,7 @@ impl PartitionSet {
                 self.manifest.parts
             )));
         }
+        self.manifest.verify_part(&self.dir, k)?;
         let dir = self.part_dir(k);
         let g = crate::load(&dir, opts)?;
         let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
