@@ -60,12 +60,40 @@ pub struct Job<'a> {
 
 impl Job<'_> {
     fn record(&self) -> Result<JobRecord> {
+        if self.chunk == 0 {
+            return Err(TrainError::Config(
+                "the chunk of nodes must be at least 1".into(),
+            ));
+        }
         Ok(JobRecord {
             format: files::FORMAT.into(),
             job: self.fingerprint.clone(),
             parts: self.set.manifest.parts as u32,
             layers: models::inference::embedding_layers(self.model)? as u32,
         })
+    }
+
+    /// What every partition of the job computes with.
+    fn shared<'s>(
+        &'s self,
+        id: u64,
+        record: &JobRecord,
+        names: &'s [String],
+        out: &'s Out,
+        progress: &'s (dyn Fn(u64) + Sync),
+    ) -> part::Shared<'s> {
+        part::Shared {
+            job: id,
+            model: self.model,
+            owners: &self.set.owners,
+            names,
+            layers: record.layers,
+            chunk: self.chunk,
+            out,
+            ask: Duration::from_secs(60),
+            wait: self.wait,
+            progress,
+        }
     }
 
     /// The job's id in messages: a hash of its record.
@@ -126,11 +154,6 @@ fn manifest(record: &JobRecord, names: &[String], done: &[PartDone]) -> Result<M
 /// chunk of `n` nodes is computed. A directory already complete for the job
 /// is returned as it is.
 pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Manifest> {
-    if job.chunk == 0 {
-        return Err(TrainError::Config(
-            "the chunk of nodes must be at least 1".into(),
-        ));
-    }
     let record = job.record()?;
     let out = Out::open(job.out, &record, job.force)?;
     if let Some(m) = out.manifest()? {
@@ -155,18 +178,7 @@ pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Mani
         }
         Ok((node, Vec::new(), ()))
     })?;
-    let shared = part::Shared {
-        job: id,
-        model: job.model,
-        owners,
-        names: &names,
-        layers: record.layers,
-        chunk: job.chunk,
-        out: &out,
-        ask: Duration::from_secs(60),
-        wait: job.wait,
-        progress,
-    };
+    let shared = job.shared(id, &record, &names, &out, progress);
     let done: Vec<Result<PartDone>> = std::thread::scope(|scope| {
         let runs: Vec<_> = (0..parts as usize)
             .map(|k| {
@@ -209,11 +221,6 @@ pub fn embed_node(
     id: &str,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Option<Manifest>> {
-    if job.chunk == 0 {
-        return Err(TrainError::Config(
-            "the chunk of nodes must be at least 1".into(),
-        ));
-    }
     let record = job.record()?;
     let parts = record.parts;
     let nodes: Vec<String> = topology
@@ -259,18 +266,7 @@ pub fn embed_node(
         }
         Ok((node, Vec::new(), ()))
     })?;
-    let shared = part::Shared {
-        job: job_id,
-        model: job.model,
-        owners: &job.set.owners,
-        names: &names,
-        layers: record.layers,
-        chunk: job.chunk,
-        out: &out,
-        ask: Duration::from_secs(60),
-        wait: job.wait,
-        progress,
-    };
+    let shared = job.shared(job_id, &record, &names, &out, progress);
     part::Part {
         shared: &shared,
         k,
