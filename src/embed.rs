@@ -181,6 +181,9 @@ fn partitioned(a: &EmbedArgs, parts: &Path) -> anyhow::Result<()> {
         a.force,
         &inputs,
     )?;
+    if a.config.is_some() {
+        crate::cluster::init_logging();
+    }
     let start = Instant::now();
     let (src, skipped) = actors::pretrained::Pretrained::find(&a.checkpoint)?;
     for s in skipped {
@@ -188,19 +191,36 @@ fn partitioned(a: &EmbedArgs, parts: &Path) -> anyhow::Result<()> {
     }
     let set = graphs::partition::PartitionSet::open_for(parts, a.data.as_deref())
         .with_context(|| format!("opening the partitions {}", parts.display()))?;
-    // Any partition's graph has every type and relation of the whole graph.
-    let g0 = set.load_part(
-        0,
+    // One node of a topology: its partition, loaded once, builds the model
+    // (any partition's graph has every type and relation of the whole graph).
+    let node = match (&a.config, &a.node) {
+        (Some(config), Some(id)) => {
+            let cfg = actors::Config::load(config, &[])
+                .with_context(|| format!("reading {}", config.display()))?;
+            let Some(topology) = cfg.topology() else {
+                bail!("{}: has no [cluster] section", config.display());
+            };
+            let k = actors::inference::partition_of(&topology, id, set.manifest.parts as u32)
+                .with_context(|| format!("{}", config.display()))?;
+            Some((topology, id, k))
+        }
+        _ => None,
+    };
+    let g = set.load_part(
+        node.as_ref().map_or(0, |n| n.2 as usize),
         &graphs::LoadOptions {
             mmap_features: true,
             reverse_edges: src.reverse_edges,
         },
     )?;
     let model = src
-        .model(&g0, set.manifest.graph_sha256.as_deref())
+        .for_inference(&g, set.manifest.graph_sha256.as_deref())
         .with_context(|| format!("loading the model of {}", src.dir.display()))?;
-    drop(g0);
-    let layers = models::inference::embedding_layers(&model)?;
+    tracing::info!(
+        "partition and model loaded in {:.2}s",
+        start.elapsed().as_secs_f64()
+    );
+    let layers = models::inference::embedding_layers(&model.model)?;
     let fingerprint = format!(
         "checkpoint {} partitions {}",
         graphs::fingerprint::file(&src.dir.join("manifest.json"))?,
@@ -216,24 +236,18 @@ fn partitioned(a: &EmbedArgs, parts: &Path) -> anyhow::Result<()> {
         force: a.force,
         wait: Duration::from_secs(a.wait),
     };
-    let (manifest, nodes) = match (&a.config, &a.node) {
-        (Some(config), Some(id)) => {
-            crate::cluster::init_logging();
-            let cfg = actors::Config::load(config, &[])
-                .with_context(|| format!("reading {}", config.display()))?;
-            let Some(topology) = cfg.topology() else {
-                bail!("{}: has no [cluster] section", config.display());
-            };
-            let k = topology.cluster.nodes.iter().position(|n| n.id == *id);
-            let mine: u64 = k.map_or(0, |k| own_nodes(&set, k));
+    let (manifest, nodes) = match node {
+        Some((topology, id, k)) => {
+            let mine = own_nodes(&set, k as usize);
             let bars = bar(layers, mine);
             let progress = |n: u64| advance(&bars, n);
-            let m = actors::inference::embed_node(&job, topology, id, &progress)
+            let m = actors::inference::embed_node(&job, topology, id, &g, &progress)
                 .with_context(|| format!("node {id}: embedding its partition"))?;
             finish(&bars);
             (m, mine)
         }
-        _ => {
+        None => {
+            drop(g);
             let all: u64 = set.owners.iter().map(|o| o.len() as u64).sum();
             let bars = bar(layers, all);
             let progress = |n: u64| advance(&bars, n);

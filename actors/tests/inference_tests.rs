@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use actors::inference::{embed_embedded, files::Manifest, Job};
+use actors::pretrained::{Inference, Pretrained};
 use candle_core::{DType, Device};
 use graphs::npy::{DType as NpyType, NpyFile};
 use graphs::partition::{self, Method, PartitionSet};
@@ -17,12 +18,19 @@ use graphs::{LoadOptions, NoProgress};
 use models::inference::TypeRows;
 use models::Model;
 
-/// Partitions of the test graph (reverse relations are added when they are loaded).
+/// Partitions of the test graph (reverse relations are added when they are
+/// loaded); with their halo's feature rows too (read there, not pulled) on
+/// random partitions.
 fn partitions(parts: usize, method: Method) -> std::path::PathBuf {
-    let name = format!("parts-{parts}-{method:?}");
+    let halo_features = method == Method::Random;
+    let name = format!("parts-{parts}-{method:?}-halo-{halo_features}");
     common::derived(&name, false, |g, out| {
         let a = partition::assign_two_level(g, parts, 1, method, 0).unwrap();
-        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+        let opts = partition::WriteOptions {
+            halo_features,
+            ..partition::WriteOptions::default()
+        };
+        partition::write_with(g, &a, out, &opts, &mut NoProgress).unwrap();
     })
 }
 
@@ -90,7 +98,41 @@ fn max_diff(out: &Path, m: &Manifest, want: &[Option<TypeRows>], names: &[String
     worst
 }
 
-fn job<'a>(model: &'a Model, set: &'a PartitionSet, reverse_edges: bool, out: &'a Path) -> Job<'a> {
+/// `model` written as a checkpoint and read back for inference, as `hetgnn
+/// embed --partitions` reads it: dense parameters, learnable rows mapped.
+fn saved(model: &Model, set: &PartitionSet, reverse_edges: bool, name: &str) -> Inference {
+    let g = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges,
+            },
+        )
+        .unwrap();
+    let root = common::root().join(format!("ck-{name}"));
+    let _ = std::fs::remove_dir_all(&root);
+    let info = models::checkpoint::RunInfo {
+        graph: g.name().to_string(),
+        graph_sha256: None,
+        reverse_edges,
+        fanouts: vec![5; model.spec().layers],
+        epochs_done: 1,
+        steps: 1,
+        run: "test".into(),
+    };
+    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(1e-3));
+    let dir = models::checkpoint::save(&root, model, &adam, &info, 1).unwrap();
+    let (found, _) = Pretrained::find(&dir).unwrap();
+    found.for_inference(&g, None).unwrap()
+}
+
+fn job<'a>(
+    model: &'a Inference,
+    set: &'a PartitionSet,
+    reverse_edges: bool,
+    out: &'a Path,
+) -> Job<'a> {
     Job {
         model,
         set,
@@ -137,10 +179,12 @@ fn partitions_embed_every_node_as_single_process_embed_does() {
         let set = PartitionSet::open(&dir).unwrap();
         let model = model(&set, extra, reverse);
         let want = reference(&model, reverse);
-        let out = common::root().join(format!(
-            "embed-{parts}-{method:?}-{}",
+        let name = format!(
+            "{parts}-{method:?}-{}",
             extra.join("-").replace(['"', '='], "")
-        ));
+        );
+        let model = saved(&model, &set, reverse, &name);
+        let out = common::root().join(format!("embed-{name}"));
         let counted = AtomicU64::new(0);
         let count = |n| {
             counted.fetch_add(n, Ordering::Relaxed);
@@ -180,12 +224,17 @@ fn a_partition_that_crashed_resumes_from_its_last_layer() {
         false,
     );
     let want = reference(&model, false);
+    let model = Inference::held(model);
     let out = common::root().join("embed-crash");
-    // The nodes of one stage; a crash is injected once two stages are done.
+    // The nodes of one stage; a crash is injected in the third, once both
+    // partitions have saved the second (a partition computes its interior
+    // while a slower peer is still on the stage before).
     let stage: u64 = set.owners.iter().map(|o| o.len() as u64).sum();
     let counted = AtomicU64::new(0);
     let crash = |n| {
-        if counted.fetch_add(n, Ordering::SeqCst) + n > 2 * stage + 100 {
+        if counted.fetch_add(n, Ordering::SeqCst) + n > 2 * stage
+            && (0..2).all(|k| out.join(format!("part-{k}/stage-2")).is_dir())
+        {
             panic!("injected crash");
         }
     };
@@ -193,7 +242,7 @@ fn a_partition_that_crashed_resumes_from_its_last_layer() {
     first.wait = Duration::from_secs(3);
     let e = embed_embedded(&first, &crash).unwrap_err();
     assert!(e.to_string().contains("panicked"), "{e}");
-    assert!(out.join("part-0/stage-2").is_dir() || out.join("part-1/stage-2").is_dir());
+    assert!(out.join("part-0/stage-2").is_dir() && out.join("part-1/stage-2").is_dir());
     assert!(!out.join("manifest.json").exists());
     // Another job's directory is refused.
     let mut other = job(&model, &set, false, &out);

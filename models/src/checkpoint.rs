@@ -410,6 +410,18 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
     Ok((manifest, files))
 }
 
+/// [`verify`] without keeping the files: each is hashed as it is read.
+pub fn verify_in_place(dir: &Path) -> Result<Manifest> {
+    let manifest = read_manifest(dir)?;
+    for (file, want) in &manifest.files {
+        let path = dir.join(file);
+        if graphs::fingerprint::file(&path).map_err(|e| bad(&path, e.to_string()))? != *want {
+            return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+        }
+    }
+    Ok(manifest)
+}
+
 /// Reads and checks a checkpoint's manifest alone (format, seal, the files
 /// it names), for what it says of the model; the files' checksums are
 /// verified when they are loaded ([`load`]), so they are read once.
@@ -445,7 +457,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
     let mut skipped = Vec::new();
     for dir in list(root)?.into_iter().rev() {
-        match verify(&dir) {
+        match verify_in_place(&dir) {
             Ok(_) => return Ok(Some((dir, skipped))),
             Err(e) => skipped.push(e.to_string()),
         }
@@ -475,26 +487,23 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Restores `model` and `adam` from the checkpoint in `dir`, which must have
-/// been written for an equal model spec, the graph `graph`, the same
-/// reverse-relation setting and (when given) the run fingerprint `run`.
-pub fn load(
+/// Refuses a checkpoint `manifest` (of `dir`) written for another model spec,
+/// graph, reverse-relation setting or (when given) run than this one's.
+fn check_written_for(
     dir: &Path,
-    model: &mut Model,
-    adam: &mut Adam,
+    manifest: &Manifest,
+    spec: &ModelSpec,
     graph: &str,
     graph_sha256: Option<&str>,
     reverse_edges: bool,
     run: Option<&str>,
-) -> Result<Manifest> {
-    let (manifest, files) = verify(dir)?;
-    if manifest.spec != *model.spec() {
+) -> Result<()> {
+    if manifest.spec != *spec {
         return Err(bad(
             dir,
             format!(
-                "written for another model ({:?}); this run has {:?}",
-                manifest.spec,
-                model.spec()
+                "written for another model ({:?}); this run has {spec:?}",
+                manifest.spec
             ),
         ));
     }
@@ -520,10 +529,166 @@ pub fn load(
     if run.is_some_and(|r| r != manifest.run) {
         return Err(bad(dir, "written by a run with other settings (learning rate, batch, fanouts or seed): resuming would mix two runs; resume with the settings it was written with, or start a new --checkpoint directory"));
     }
+    Ok(())
+}
+
+/// Restores `model` and `adam` from the checkpoint in `dir`, which must have
+/// been written for an equal model spec, the graph `graph`, the same
+/// reverse-relation setting and (when given) the run fingerprint `run`.
+pub fn load(
+    dir: &Path,
+    model: &mut Model,
+    adam: &mut Adam,
+    graph: &str,
+    graph_sha256: Option<&str>,
+    reverse_edges: bool,
+    run: Option<&str>,
+) -> Result<Manifest> {
+    let (manifest, files) = verify(dir)?;
+    check_written_for(
+        dir,
+        &manifest,
+        model.spec(),
+        graph,
+        graph_sha256,
+        reverse_edges,
+        run,
+    )?;
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for (_, bytes) in &files {
         tensors.extend(candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?);
     }
     restore_model(dir, &mut tensors, model, adam)?;
     Ok(manifest)
+}
+
+/// Restores the dense parameters of `model` (built without embedding tables)
+/// from the checkpoint in `dir`, checked as [`load`] checks it, and maps its
+/// learnable rows for inference: no optimizer state is copied, and a process
+/// that needs some rows reads only those. `verified`: the files' checksums
+/// were just checked ([`verify_in_place`]), and are not hashed again.
+pub fn load_for_inference(
+    dir: &Path,
+    model: &mut Model,
+    graph: &str,
+    graph_sha256: Option<&str>,
+    reverse_edges: bool,
+    verified: bool,
+) -> Result<(Manifest, Tables)> {
+    let manifest = read_manifest(dir)?;
+    check_written_for(
+        dir,
+        &manifest,
+        model.spec(),
+        graph,
+        graph_sha256,
+        reverse_edges,
+        None,
+    )?;
+    let path = dir.join(PARAMS);
+    let bytes =
+        graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
+    if !verified && manifest.files.get(PARAMS) != Some(&sha256(&bytes)) {
+        return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+    }
+    let mut tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?;
+    // The moments restored here are dropped with this optimizer.
+    let mut adam = Adam::new(crate::optim::AdamConfig::with_lr(1e-3));
+    restore_dense(dir, &mut tensors, model, &mut adam)?;
+    let tables = Tables::open(dir, &manifest, verified)?;
+    Ok((manifest, tables))
+}
+
+/// A checkpoint's learnable rows (its tables' `.data`), read in place from
+/// its memory-mapped embeddings file once the file's checksum holds.
+pub struct Tables {
+    map: graphs::mapped::Mapped,
+    /// Per table name: the byte offset of its rows in the file, rows, width.
+    at: HashMap<String, (usize, usize, usize)>,
+    path: PathBuf,
+}
+
+impl Tables {
+    fn open(dir: &Path, manifest: &Manifest, verified: bool) -> Result<Tables> {
+        let path = dir.join(EMBEDDINGS);
+        let want = manifest
+            .files
+            .get(EMBEDDINGS)
+            .ok_or_else(|| bad(dir, format!("the manifest lists no {EMBEDDINGS}")))?;
+        let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        let map =
+            graphs::mapped::Mapped::map(&file, &path).map_err(|e| bad(&path, e.to_string()))?;
+        if !verified && sha256(&map) != *want {
+            return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
+        }
+        let (header, meta) = safetensors::SafeTensors::read_metadata(&map)
+            .map_err(|e| bad(&path, format!("unreadable tensors: {e}")))?;
+        let start = 8 + header;
+        let mut at = HashMap::new();
+        for (name, info) in meta.tensors() {
+            let Some(table) = name.strip_suffix(".data") else {
+                continue;
+            };
+            let (rows, dim) = match info.shape[..] {
+                [rows, dim] if info.dtype == safetensors::Dtype::F32 => (rows, dim),
+                _ => {
+                    return Err(bad(
+                        &path,
+                        format!("tensor '{name}' is not a float32 table of rows"),
+                    ))
+                }
+            };
+            at.insert(table.to_string(), (start + info.data_offsets.0, rows, dim));
+        }
+        Ok(Tables { map, at, path })
+    }
+
+    /// Table `name`'s `(rows, width)`, when the checkpoint has it.
+    pub fn shape(&self, name: &str) -> Option<(usize, usize)> {
+        self.at.get(name).map(|&(_, rows, dim)| (rows, dim))
+    }
+
+    /// Rows `ids` of table `name`, row-major.
+    pub fn rows(&self, name: &str, ids: &[u32]) -> Result<Vec<f32>> {
+        let &(offset, rows, dim) = self
+            .at
+            .get(name)
+            .ok_or_else(|| bad(&self.path, format!("no embedding table '{name}'")))?;
+        if let Some(&v) = ids.iter().find(|&&v| v as usize >= rows) {
+            return Err(bad(
+                &self.path,
+                format!("row {v} of table '{name}', which has {rows}"),
+            ));
+        }
+        let width = dim * 4;
+        let mut out = Vec::with_capacity(ids.len() * dim);
+        for &v in ids {
+            let at = offset + v as usize * width;
+            out.extend(
+                self.map[at..at + width]
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every row of table `name`, row-major.
+    pub fn all(&self, name: &str) -> Result<Vec<f32>> {
+        use rayon::prelude::*;
+        let &(offset, rows, dim) = self
+            .at
+            .get(name)
+            .ok_or_else(|| bad(&self.path, format!("no embedding table '{name}'")))?;
+        let bytes = &self.map[offset..offset + rows * dim * 4];
+        let mut out = vec![0f32; rows * dim];
+        out.par_chunks_mut(1 << 16)
+            .zip(bytes.par_chunks(4 << 16))
+            .for_each(|(o, b)| {
+                for (x, b) in o.iter_mut().zip(b.chunks_exact(4)) {
+                    *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            });
+        Ok(out)
+    }
 }

@@ -59,6 +59,20 @@ impl EmbeddingTable {
         }
     }
 
+    /// A table of trained rows without optimizer state, for inference: an
+    /// optimizer step on it is refused.
+    pub fn frozen(name: &str, rows: usize, dim: usize, data: Vec<f32>) -> EmbeddingTable {
+        EmbeddingTable {
+            name: name.to_string(),
+            rows,
+            dim,
+            data,
+            m: Vec::new(),
+            v: Vec::new(),
+            steps: Vec::new(),
+        }
+    }
+
     /// The rows `ids` as a `[ids.len(), dim]` tensor.
     pub fn gather(&self, ids: &[u32], dtype: DType, device: &Device) -> Result<Tensor> {
         Ok(Tensor::from_vec(self.rows_at(ids), (ids.len(), self.dim), device)?.to_dtype(dtype)?)
@@ -306,6 +320,11 @@ fn update_rows(
     grad_row: impl Fn(usize) -> usize,
     cfg: &AdamConfig,
 ) -> std::result::Result<(), GradientMismatch> {
+    if t.m.len() != t.data.len() || t.v.len() != t.data.len() {
+        return Err(GradientMismatch(
+            "the table has no optimizer state (it was loaded for inference)".into(),
+        ));
+    }
     let (dim, rows) = (t.dim, t.steps.len());
     let mut order: Vec<(u32, usize)> = ids.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     order.par_sort_unstable();

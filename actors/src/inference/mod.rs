@@ -18,12 +18,12 @@ use std::time::Duration;
 use actix::Actor;
 use graphs::partition::PartitionSet;
 use graphs::{HetGraph, LoadOptions};
-use models::Model;
 use runtime::Node;
 use sha2::Digest;
 
 use crate::distributed::System;
 use crate::error::{Result, TrainError};
+use crate::pretrained::Inference;
 use files::{JobRecord, Manifest, Out, PartDone, TypeEntry};
 use messages::{Finished, StagePull};
 use rows::{Published, RowServer};
@@ -39,8 +39,8 @@ pub mod names {
 /// A distributed `embed`: the model, the partitions, where to write.
 pub struct Job<'a> {
     /// The trained model, built on one of the partitions' graphs (whose types
-    /// and relations are the whole graph's).
-    pub model: &'a Model,
+    /// and relations are the whole graph's), and its learnable rows.
+    pub model: &'a Inference,
     /// The partitions.
     pub set: &'a PartitionSet,
     /// Load the partitions with reverse relations (as the model was trained).
@@ -69,7 +69,7 @@ impl Job<'_> {
             format: files::FORMAT.into(),
             job: self.fingerprint.clone(),
             parts: self.set.manifest.parts as u32,
-            layers: models::inference::embedding_layers(self.model)? as u32,
+            layers: models::inference::embedding_layers(&self.model.model)? as u32,
         })
     }
 
@@ -85,6 +85,7 @@ impl Job<'_> {
         part::Shared {
             job: id,
             model: self.model,
+            halo_features: self.set.manifest.halo_features,
             owners: &self.set.owners,
             names,
             layers: record.layers,
@@ -107,7 +108,8 @@ impl Job<'_> {
         self.set.manifest.node_types.clone()
     }
 
-    fn load(&self, k: u32) -> Result<HetGraph> {
+    /// Partition `k`'s graph, loaded as the model was trained.
+    pub fn load_part(&self, k: u32) -> Result<HetGraph> {
         Ok(self.set.load_part(
             k as usize,
             &LoadOptions {
@@ -163,7 +165,9 @@ pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Mani
     let id = Job::id(&record);
     let names = job.names();
     let owners = &job.set.owners;
-    let graphs: Vec<HetGraph> = (0..parts).map(|k| job.load(k)).collect::<Result<_>>()?;
+    let graphs: Vec<HetGraph> = (0..parts)
+        .map(|k| job.load_part(k))
+        .collect::<Result<_>>()?;
     let own: Vec<Arc<Vec<Vec<u32>>>> = (0..parts)
         .map(|k| Arc::new(part::own_nodes(owners, k)))
         .collect();
@@ -212,47 +216,50 @@ pub fn embed_embedded(job: &Job, progress: &(dyn Fn(u64) + Sync)) -> Result<Mani
     Ok(m)
 }
 
-/// Runs node `id`'s partition of `job` (the k-th node of the topology's
-/// `cluster.nodes` computes partition k), waits until every partition is
-/// done, and on the first node writes the manifest (returned there).
-pub fn embed_node(
-    job: &Job,
-    mut topology: runtime::Topology,
-    id: &str,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Option<Manifest>> {
-    let record = job.record()?;
-    let parts = record.parts;
-    let nodes: Vec<String> = topology
-        .cluster
-        .nodes
-        .iter()
-        .map(|n| n.id.clone())
-        .collect();
+/// The partition node `id` of `topology` computes (the k-th node of
+/// `cluster.nodes` computes partition k), for a job of `parts` partitions.
+pub fn partition_of(topology: &runtime::Topology, id: &str, parts: u32) -> Result<u32> {
+    let nodes = &topology.cluster.nodes;
     if nodes.len() != parts as usize {
         return Err(TrainError::Config(format!(
             "{parts} partitions for {} nodes in cluster.nodes: the k-th node computes partition k",
             nodes.len()
         )));
     }
-    let k = nodes
+    nodes
         .iter()
-        .position(|n| n == id)
-        .ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))?
-        as u32;
+        .position(|n| n.id == id)
+        .map(|k| k as u32)
+        .ok_or_else(|| TrainError::Config(format!("--node {id}: not in cluster.nodes")))
+}
+
+/// Runs node `id`'s partition of `job` on `graph`, that partition's graph as
+/// [`Job::load_part`] loads it ([`partition_of`] says which), waits until
+/// every partition is done, and on the first node writes the manifest
+/// (returned there).
+pub fn embed_node(
+    job: &Job,
+    mut topology: runtime::Topology,
+    id: &str,
+    graph: &HetGraph,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Option<Manifest>> {
+    let record = job.record()?;
+    let parts = record.parts;
+    let k = partition_of(&topology, id, parts)?;
+    let nodes: Vec<String> = topology
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
     for (p, n) in nodes.iter().enumerate() {
         topology.placement.insert(names::rows(p as u32), n.clone());
     }
     let out = Out::open(job.out, &record, job.force)?;
     let job_id = Job::id(&record);
     let names = job.names();
-    let loading = std::time::Instant::now();
-    let graph = job.load(k)?;
     let own = Arc::new(part::own_nodes(&job.set.owners, k));
-    tracing::info!(
-        "{id}: partition {k} loaded in {:.2}s",
-        loading.elapsed().as_secs_f64()
-    );
     let published = Arc::new(Published::new(job_id, k as u16, own.clone()));
     let start = Duration::from_millis(topology.cluster.start_timeout_ms);
     let (served, topo, me) = (published.clone(), topology.clone(), id.to_string());
@@ -270,7 +277,7 @@ pub fn embed_node(
     part::Part {
         shared: &shared,
         k,
-        graph: &graph,
+        graph,
         own: &own,
         published: &published,
         node: &system.node,

@@ -12,13 +12,13 @@ use futures_util::{stream, StreamExt};
 use graphs::{HetGraph, NodeTypeId};
 use models::inference::{full_block, host_rows, layer_chunk, TypeRows};
 use models::rgcn::PerType;
-use models::Model;
-use runtime::{ActorRef, Node};
+use runtime::{ActorRef, Node, SharedBytes};
 
 use super::files::{Out, PartDone};
 use super::messages::{StagePull, StageRows, MAX_IDS};
-use super::rows::{floats, Published, Stage};
+use super::rows::{Published, Stage};
 use crate::error::{Result, TrainError};
+use crate::pretrained::Inference;
 
 /// Node ids one pull asks for (a few MiB of rows at the usual widths).
 const PULL_IDS: usize = 8192;
@@ -30,7 +30,9 @@ const MAX_WIDTH: u32 = 1 << 16;
 /// What every partition of a job shares.
 pub(super) struct Shared<'a> {
     pub job: u64,
-    pub model: &'a Model,
+    pub model: &'a Inference,
+    /// The partitions hold their halo's feature rows (`--halo-features`).
+    pub halo_features: bool,
     pub owners: &'a [Vec<u16>],
     pub names: &'a [String],
     pub layers: u32,
@@ -91,6 +93,93 @@ fn halo(g: &HetGraph, owners: &[Vec<u16>], own: &[Vec<u32>], k: u32) -> Vec<Vec<
         .collect()
 }
 
+/// Partition `k`'s own nodes split per type into the interior (every
+/// in-neighbour owned here) and the boundary, each ascending.
+fn interior(
+    g: &HetGraph,
+    owners: &[Vec<u16>],
+    own: &[Vec<u32>],
+    k: u32,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let mut boundary: Vec<Vec<bool>> = owners.iter().map(|o| vec![false; o.len()]).collect();
+    for rel in g.relations() {
+        let (s, d) = (rel.src.index(), rel.dst.index());
+        for &v in &own[d] {
+            if rel
+                .in_csr()
+                .neighbors(v)
+                .iter()
+                .any(|&u| u32::from(owners[s][u as usize]) != k)
+            {
+                boundary[d][v as usize] = true;
+            }
+        }
+    }
+    own.iter()
+        .zip(&boundary)
+        .map(|(ids, b)| ids.iter().partition(|&&v| !b[v as usize]))
+        .unzip()
+}
+
+/// One stage of the own nodes from its interior's rows `first` and its
+/// boundary's `second` (each in its nodes' order), in the own nodes' order.
+fn merge(
+    own: &[Vec<u32>],
+    inner: &[Vec<u32>],
+    first: Stage,
+    outer: &[Vec<u32>],
+    second: Stage,
+) -> Result<Stage> {
+    let mut out = Vec::with_capacity(own.len());
+    for (t, (a, b)) in first.into_iter().zip(second).enumerate() {
+        let (a, b) = match (a, b) {
+            (None, None) => {
+                out.push(None);
+                continue;
+            }
+            (Some(a), None) if outer[t].is_empty() => (
+                a,
+                TypeRows {
+                    width: 0,
+                    data: Vec::new(),
+                },
+            ),
+            (None, Some(b)) if inner[t].is_empty() => (
+                TypeRows {
+                    width: 0,
+                    data: Vec::new(),
+                },
+                b,
+            ),
+            (Some(a), Some(b)) if a.width == b.width => (a, b),
+            _ => {
+                return Err(TrainError::Internal(format!(
+                    "type {t}: the interior's and the boundary's rows differ in width or presence"
+                )))
+            }
+        };
+        let w = a.width.max(b.width);
+        if a.data.len() != inner[t].len() * w || b.data.len() != outer[t].len() * w {
+            return Err(TrainError::Internal(format!(
+                "type {t}: rows for only some of the interior or the boundary"
+            )));
+        }
+        let mut data = Vec::with_capacity(own[t].len() * w);
+        let (mut i, mut j) = (0, 0);
+        for &v in &own[t] {
+            if inner[t].get(i) == Some(&v) {
+                data.extend_from_slice(&a.data[i * w..(i + 1) * w]);
+                i += 1;
+            } else {
+                data.extend_from_slice(&b.data[j * w..(j + 1) * w]);
+                j += 1;
+            }
+        }
+        out.push(Some(TypeRows { width: w, data }));
+    }
+    Ok(out)
+}
+
 impl Part<'_> {
     /// Computes (or resumes) the partition's stages and writes its embeddings.
     pub fn run(&self) -> Result<PartDone> {
@@ -139,18 +228,36 @@ impl Part<'_> {
             })
             .collect();
         let halo_nodes: usize = halo.iter().map(Vec::len).sum();
+        let (inner, outer) = interior(self.graph, s.owners, self.own, k);
+        let none: Vec<Option<TypeRows>> = vec![None; halo.len()];
         for stage in resumed.unwrap_or(0)..layers {
             let t0 = std::time::Instant::now();
-            let pulled = self.pull(stage, &halo)?;
+            // The interior needs no halo row: it is computed while the halo's rows come.
+            let (pulled, first) = std::thread::scope(|scope| {
+                let pulling = scope.spawn(|| {
+                    let rows = if stage == 0 {
+                        self.halo_inputs(&halo)
+                    } else {
+                        self.pull(stage, &halo, &vec![true; halo.len()])
+                    };
+                    (rows, t0.elapsed())
+                });
+                let first = self.compute(stage, &prev, &none, &at, &inner);
+                (pulling.join(), first)
+            });
+            let (pulled, pulling) =
+                pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
+            let (pulled, first) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            let next = self.compute(stage, &prev, pulled, &at)?;
+            let second = self.compute(stage, &prev, &pulled, &at, &outer)?;
+            let next = merge(self.own, &inner, first, &outer, second)?;
             let t2 = std::time::Instant::now();
             out.save_stage(k, stage + 1, s.names, &next)?;
             tracing::info!(
-                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s, computing {:.2}s, saving {:.2}s)",
+                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior; then the boundary {:.2}s, saving {:.2}s)",
                 stage + 1,
                 t0.elapsed().as_secs_f64(),
-                (t1 - t0).as_secs_f64(),
+                pulling.as_secs_f64(),
                 (t2 - t1).as_secs_f64(),
                 t2.elapsed().as_secs_f64()
             );
@@ -165,47 +272,67 @@ impl Part<'_> {
 
     /// Stage 0: the model's input rows of the partition's own nodes.
     fn inputs(&self) -> Result<Stage> {
-        let (model, g) = (self.shared.model, self.graph);
-        let types = self.own.len();
-        let mut rows: Stage = vec![None; types];
-        for t in 0..types {
-            for chunk in self.own[t].chunks(self.shared.chunk) {
-                let mut nodes = vec![Vec::new(); types];
-                nodes[t] = chunk.to_vec();
-                let Some(x) = model.gather_inputs(g, &nodes)?[t].take() else {
+        let (trained, g) = (self.shared.model, self.graph);
+        let mut rows: Stage = vec![None; self.own.len()];
+        for (t, (ids, out)) in self.own.iter().zip(rows.iter_mut()).enumerate() {
+            for chunk in ids.chunks(self.shared.chunk) {
+                let Some(x) = trained.inputs(g, t, chunk)? else {
                     break;
                 };
-                append(&mut rows[t], &x)?;
+                append(out, &x, ids.len())?;
             }
         }
         Ok(rows)
     }
 
-    /// Stage `stage + 1` of the own nodes from stage `stage`'s rows.
+    /// Stage 0 of the halo: learnable rows from the checkpoint and, where the
+    /// partition holds them, feature rows, read here; the rest pulled.
+    fn halo_inputs(&self, halo: &[Vec<u32>]) -> Result<Vec<Option<TypeRows>>> {
+        let (trained, g) = (self.shared.model, self.graph);
+        let local: Vec<bool> = g
+            .node_types()
+            .iter()
+            .map(|nt| nt.features.is_none() || self.shared.halo_features)
+            .collect();
+        let pull: Vec<bool> = local.iter().map(|l| !l).collect();
+        let mut rows = self.pull(0, halo, &pull)?;
+        for (t, ids) in halo.iter().enumerate() {
+            if !local[t] {
+                continue;
+            }
+            for chunk in ids.chunks(self.shared.chunk) {
+                let Some(x) = trained.inputs(g, t, chunk)? else {
+                    break;
+                };
+                append(&mut rows[t], &x, ids.len())?;
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Stage `stage + 1` of the own nodes `nodes` (per type, ascending) from
+    /// stage `stage`'s rows: the own ones in `prev`, the halo's in `pulled`.
     fn compute(
         &self,
         stage: u32,
         prev: &Stage,
-        pulled: Vec<Option<TypeRows>>,
+        pulled: &[Option<TypeRows>],
         at: &[Vec<u32>],
+        nodes: &[Vec<u32>],
     ) -> Result<Stage> {
-        let (model, g) = (self.shared.model, self.graph);
+        let (model, g) = (&self.shared.model.model, self.graph);
         let types = self.own.len();
-        // Own rows, then the halo's, per type.
-        let mut held: Vec<Option<TypeRows>> = Vec::with_capacity(types);
+        // Per type: own rows, then the halo's (a row index past the own rows is the halo's).
+        let mut held: Vec<Option<Held>> = Vec::with_capacity(types);
         for (t, (mine, theirs)) in prev.iter().zip(pulled).enumerate() {
             held.push(match (mine, theirs) {
                 (None, None) => None,
-                (Some(m), None) => Some(m.clone()),
-                (None, Some(h)) if self.own[t].is_empty() => Some(h),
+                (Some(m), None) => Some(Held { width: m.width, own: &m.data, halo: &[] }),
+                (None, Some(h)) if self.own[t].is_empty() => {
+                    Some(Held { width: h.width, own: &[], halo: &h.data })
+                }
                 (Some(m), Some(h)) if m.width == h.width => {
-                    let mut data = Vec::with_capacity(m.data.len() + h.data.len());
-                    data.extend_from_slice(&m.data);
-                    data.extend_from_slice(&h.data);
-                    Some(TypeRows {
-                        width: m.width,
-                        data,
-                    })
+                    Some(Held { width: m.width, own: &m.data, halo: &h.data })
                 }
                 _ => {
                     return Err(TrainError::Protocol(format!(
@@ -218,7 +345,7 @@ impl Part<'_> {
         let mut next: Stage = vec![None; types];
         for (t, out) in next.iter_mut().enumerate() {
             let mut counted = 0;
-            for chunk in self.own[t].chunks(self.shared.chunk) {
+            for chunk in nodes[t].chunks(self.shared.chunk) {
                 let block = full_block(g, stage as usize, NodeTypeId(t as u32), chunk);
                 let h: PerType = block
                     .src
@@ -228,15 +355,12 @@ impl Part<'_> {
                         Some(r) if !ids.is_empty() => {
                             let mut buf = Vec::with_capacity(ids.len() * r.width);
                             for &v in ids {
-                                let i = at[u][v as usize] as usize;
-                                let row = r.data.get(i * r.width..(i + 1) * r.width).ok_or_else(
-                                    || {
-                                        TrainError::Internal(format!(
+                                let row = r.row(at[u][v as usize] as usize).ok_or_else(|| {
+                                    TrainError::Internal(format!(
                                         "node {v} of type {} is neither owned here nor in the halo",
                                         self.shared.names[u]
                                     ))
-                                    },
-                                )?;
+                                })?;
                                 buf.extend_from_slice(row);
                             }
                             Ok(Some(
@@ -248,7 +372,7 @@ impl Part<'_> {
                     })
                     .collect::<Result<_>>()?;
                 match layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))? {
-                    Some(x) => append(out, &x)?,
+                    Some(x) => append(out, &x, nodes[t].len())?,
                     None => break,
                 }
                 (self.shared.progress)(chunk.len() as u64);
@@ -256,18 +380,19 @@ impl Part<'_> {
             }
             // A type with no rows at this layer is done with it too (progress
             // counts each own node once per layer computed).
-            if counted < self.own[t].len() {
-                (self.shared.progress)((self.own[t].len() - counted) as u64);
+            if counted < nodes[t].len() {
+                (self.shared.progress)((nodes[t].len() - counted) as u64);
             }
         }
         Ok(next)
     }
 
-    /// The halo's rows of `stage`, per type in halo order (`None`: no rows).
-    fn pull(&self, stage: u32, halo: &[Vec<u32>]) -> Result<Vec<Option<TypeRows>>> {
+    /// The halo's rows of `stage` of the types `which` marks, per type in
+    /// halo order (`None`: no rows, or not asked).
+    fn pull(&self, stage: u32, halo: &[Vec<u32>], which: &[bool]) -> Result<Vec<Option<TypeRows>>> {
         let s = self.shared;
         let mut asks = Vec::new();
-        for (t, ids) in halo.iter().enumerate() {
+        for (t, ids) in halo.iter().enumerate().filter(|&(t, _)| which[t]) {
             let mut from = 0;
             while from < ids.len() {
                 let owner = s.owners[t][ids[from] as usize];
@@ -317,7 +442,10 @@ impl Part<'_> {
                             s.names[t], r.width
                         )));
                     }
-                    r.data[at * width..at * width + data.len()].copy_from_slice(&data);
+                    let into = &mut r.data[at * width..at * width + data.0.len() / 4];
+                    for (x, b) in into.iter_mut().zip(data.0.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
                 }
             }
         }
@@ -333,15 +461,35 @@ impl Part<'_> {
     }
 }
 
-/// One pull's rows: `(width, values)`, or `None` where the stage has no rows of the type.
-type Pulled = Option<(usize, Vec<f32>)>;
+/// One pull's rows: `(width, little-endian f32 values)`, or `None` where the stage has no rows of the type.
+type Pulled = Option<(usize, SharedBytes)>;
 
-/// Appends a chunk's rows to a stage's rows of one type.
-fn append(rows: &mut Option<TypeRows>, x: &Tensor) -> Result<()> {
+/// A stage's rows of one type held by a partition: its own, then its halo's.
+struct Held<'a> {
+    width: usize,
+    own: &'a [f32],
+    halo: &'a [f32],
+}
+
+impl Held<'_> {
+    /// Row `i` (own rows first, then the halo's).
+    fn row(&self, i: usize) -> Option<&[f32]> {
+        let w = self.width;
+        let own = self.own.len() / w.max(1);
+        if i < own {
+            self.own.get(i * w..(i + 1) * w)
+        } else {
+            self.halo.get((i - own) * w..(i - own + 1) * w)
+        }
+    }
+}
+
+/// Appends a chunk's rows to a stage's rows of one type, which will hold `rows` rows.
+fn append(rows: &mut Option<TypeRows>, x: &Tensor, total: usize) -> Result<()> {
     let (width, values) = host_rows(x)?;
     let r = rows.get_or_insert_with(|| TypeRows {
         width,
-        data: Vec::new(),
+        data: Vec::with_capacity(total * width),
     });
     if r.width != width {
         return Err(TrainError::Internal(format!(
@@ -372,7 +520,7 @@ async fn ask_rows(
                         data.0.len()
                     )));
                 }
-                return Ok(Some((width as usize, floats(&data.0))));
+                return Ok(Some((width as usize, data)));
             }
             Ok(Ok(StageRows::Absent)) => return Ok(None),
             Ok(Ok(StageRows::NotYet)) => None,

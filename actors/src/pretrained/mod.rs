@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use models::checkpoint;
+use models::embedding::EmbeddingTable;
 use models::optim::{Adam, AdamConfig};
 use models::{Model, ModelSpec};
 
@@ -35,6 +36,8 @@ pub struct Pretrained {
     pub graph_sha256: Option<String>,
     /// The manifest of a distributed checkpoint (`None`: single-process).
     distributed: Option<dist::Manifest>,
+    /// Its files' checksums were checked while it was found (the newest of a root).
+    verified: bool,
 }
 
 impl Pretrained {
@@ -47,7 +50,8 @@ impl Pretrained {
         };
         let mut skipped = Vec::new();
         graphs::input::dir(path, "a checkpoint directory")?;
-        let dir = if path.join("manifest.json").exists() {
+        let verified = !path.join("manifest.json").exists();
+        let dir = if !verified {
             path.to_path_buf()
         } else if !dist::list(path)?.is_empty() {
             let (m, s) = dist::latest_any(path)?.ok_or_else(|| {
@@ -69,11 +73,12 @@ impl Pretrained {
                     graph_sha256: m.graph_sha256.clone(),
                     dir,
                     distributed: Some(m),
+                    verified,
                 },
                 skipped,
             ));
         }
-        // The files' checksums are verified as they are loaded (read once).
+        // A checkpoint named directly has its checksums verified as it is loaded (read once).
         let m = checkpoint::read_manifest(&dir)?;
         Ok((
             Pretrained {
@@ -84,6 +89,7 @@ impl Pretrained {
                 graph_sha256: m.graph_sha256,
                 dir,
                 distributed: None,
+                verified,
             },
             skipped,
         ))
@@ -133,10 +139,127 @@ impl Pretrained {
     }
 
     /// Its model on `g` (loaded with [`Pretrained::reverse_edges`] as trained;
-    /// `content` its files' fingerprint when known), on the CPU, with its learnable tables.
+    /// `content` its files' fingerprint when known), on the CPU, with its
+    /// learnable tables (their rows, without optimizer state: for inference).
     pub fn model(&self, g: &graphs::HetGraph, content: Option<&str>) -> Result<Model> {
-        let mut model = Model::new(&self.spec, g, candle_core::DType::F32, &Device::Cpu)?;
-        self.load_into(&mut model, g.name(), content)?;
+        let Inference { mut model, rows } = self.for_inference(g, content)?;
+        if let Rows::Mapped(tables) = rows {
+            let dim = self.spec.embed_dim;
+            for (t, learnable) in Model::learnable_types(self.spec.kind, g)
+                .into_iter()
+                .enumerate()
+            {
+                if learnable {
+                    let name = table_name(g, t);
+                    let count = g.node_types()[t].count as usize;
+                    let data = tables.all(&name)?;
+                    model.embeddings[t] = Some(EmbeddingTable::frozen(&name, count, dim, data));
+                }
+            }
+        }
         Ok(model)
+    }
+
+    /// Its model on `g` for inference over some of the nodes: the dense
+    /// parameters, and the learnable rows read from the checkpoint as they
+    /// are asked for (a single-process checkpoint's are mapped, not copied;
+    /// a distributed one's are assembled into the model).
+    pub fn for_inference(&self, g: &graphs::HetGraph, content: Option<&str>) -> Result<Inference> {
+        if self.distributed.is_some() {
+            let mut model = Model::new(&self.spec, g, candle_core::DType::F32, &Device::Cpu)?;
+            self.load_into(&mut model, g.name(), content)?;
+            return Ok(Inference::held(model));
+        }
+        let mut model =
+            Model::without_tables(&self.spec, g, candle_core::DType::F32, &Device::Cpu)?;
+        let (_, tables) = checkpoint::load_for_inference(
+            &self.dir,
+            &mut model,
+            g.name(),
+            content,
+            self.reverse_edges,
+            self.verified,
+        )?;
+        let dim = self.spec.embed_dim;
+        for (t, learnable) in Model::learnable_types(self.spec.kind, g)
+            .into_iter()
+            .enumerate()
+        {
+            let name = table_name(g, t);
+            let count = g.node_types()[t].count as usize;
+            if learnable && tables.shape(&name) != Some((count, dim)) {
+                return Err(TrainError::Checkpoint(format!(
+                    "{}: embedding table {name} is {:?}, the model needs [{count}, {dim}]",
+                    self.dir.display(),
+                    tables.shape(&name)
+                )));
+            }
+        }
+        Ok(Inference {
+            model,
+            rows: Rows::Mapped(tables),
+        })
+    }
+}
+
+/// The name of type `t`'s embedding table.
+fn table_name(g: &graphs::HetGraph, t: usize) -> String {
+    format!("embed.{}", g.node_types()[t].name)
+}
+
+/// A trained model for inference, its learnable rows where they were loaded.
+pub struct Inference {
+    /// The model (its dense parameters; its tables when [`Inference::held`]).
+    pub model: Model,
+    rows: Rows,
+}
+
+/// Where an [`Inference`]'s learnable rows are.
+enum Rows {
+    /// In the model's tables.
+    Held,
+    /// In the checkpoint's mapped file.
+    Mapped(checkpoint::Tables),
+}
+
+impl Inference {
+    /// A model holding its learnable tables.
+    pub fn held(model: Model) -> Inference {
+        Inference {
+            model,
+            rows: Rows::Held,
+        }
+    }
+
+    /// The input rows of type `t`'s nodes `ids` on `g`: features, or learnable
+    /// rows; `None` where the model reads no rows of `t` (or `ids` is empty).
+    pub fn inputs(
+        &self,
+        g: &graphs::HetGraph,
+        t: usize,
+        ids: &[u32],
+    ) -> Result<Option<candle_core::Tensor>> {
+        let fg = self.model.feature_gather();
+        if ids.is_empty() || !fg.wants(t) {
+            return Ok(None);
+        }
+        if let Some(x) = fg.gather_type(g, t, ids)? {
+            return Ok(Some(x));
+        }
+        match &self.rows {
+            Rows::Held => {
+                let mut nodes = vec![Vec::new(); g.node_types().len()];
+                nodes[t] = ids.to_vec();
+                Ok(self.model.gather_inputs(g, &nodes)?[t].take())
+            }
+            Rows::Mapped(tables) => {
+                let rows = tables.rows(&table_name(g, t), ids)?;
+                let dim = self.model.spec().embed_dim;
+                Ok(Some(
+                    candle_core::Tensor::from_vec(rows, (ids.len(), dim), self.model.device())?
+                        .to_dtype(self.model.dtype())?,
+                ))
+            }
+        }
     }
 }

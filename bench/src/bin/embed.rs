@@ -76,7 +76,11 @@ fn hetgnn(bin: &Path, work: &Path, threads: &str, args: &[String]) -> Command {
     c.args(args)
         .current_dir(work)
         .env("RAYON_NUM_THREADS", threads)
-        .env("RUST_LOG", "warn");
+        // `EMBED_LOG=info` shows each node's phases.
+        .env(
+            "RUST_LOG",
+            std::env::var("EMBED_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     c
 }
 
