@@ -104,26 +104,53 @@ pub fn partitions_named(
     k: usize,
     name: &str,
 ) -> anyhow::Result<PathBuf> {
+    partition_once(bin, data, method, k, name, &[])
+}
+
+/// [`partitions`] with each partition holding its halo's feature rows too
+/// (`hetgnn partition --halo-features`).
+pub fn partitions_with_halo(
+    bin: &Path,
+    data: &Path,
+    method: &str,
+    k: usize,
+    scale: f64,
+) -> anyhow::Result<PathBuf> {
+    partition_once(
+        bin,
+        data,
+        method,
+        k,
+        &format!("s{scale}-halo"),
+        &["--halo-features"],
+    )
+}
+
+fn partition_once(
+    bin: &Path,
+    data: &Path,
+    method: &str,
+    k: usize,
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<PathBuf> {
     let parts = data_root().join(format!("parts-{method}-{k}-{name}"));
     if !parts.join("manifest.json").exists() {
         eprintln!("partitioning ({method}, {k} parts)");
-        let args = [
-            "partition",
-            "--data",
-            &data.display().to_string(),
-            "--parts",
-            &k.to_string(),
-            "--method",
-            method,
-            "--out",
-            &parts.display().to_string(),
-            "--force",
+        let mut args = vec![
+            "partition".to_string(),
+            "--data".into(),
+            data.display().to_string(),
+            "--parts".into(),
+            k.to_string(),
+            "--method".into(),
+            method.into(),
+            "--out".into(),
+            parts.display().to_string(),
+            "--force".into(),
         ];
-        run_hetgnn(
-            bin,
-            data.parent().unwrap_or(Path::new(".")),
-            &args.map(String::from),
-        )?;
+        args.extend(extra.iter().map(|e| e.to_string()));
+        run_hetgnn(bin, data.parent().unwrap_or(Path::new(".")), &args)?;
     }
     Ok(parts)
 }

@@ -19,6 +19,10 @@ use graphs::npy::{DType, NpyFile};
 
 #[derive(Parser)]
 struct Args {
+    /// Partitions holding their halo's feature rows (`partition --halo-features`):
+    /// the first layer's halo is read there, not pulled.
+    #[arg(long)]
+    halo_features: bool,
     /// Scale of the mag-like graph.
     #[arg(long, default_value_t = 0.1)]
     scale: f64,
@@ -157,7 +161,13 @@ fn main() -> anyhow::Result<()> {
     let parts: Vec<PathBuf> = a
         .nodes
         .iter()
-        .map(|&k| bench::partitions(&bin, &data, "metis", k, a.scale))
+        .map(|&k| {
+            if a.halo_features {
+                bench::partitions_with_halo(&bin, &data, "metis", k, a.scale)
+            } else {
+                bench::partitions(&bin, &data, "metis", k, a.scale)
+            }
+        })
         .collect::<anyhow::Result<_>>()?;
     let rate = runtime::config::Bandwidth::parse(&a.bandwidth)?;
     let machines = Machines {
@@ -255,6 +265,7 @@ fn main() -> anyhow::Result<()> {
             "bandwidth": a.bandwidth,
             "shaping": "kernel",
         },
+        "partitions": { "method": "metis", "halo_features": a.halo_features },
         "single_process_wall_s": single_s,
         "distributed": rows,
         "command": std::env::args().collect::<Vec<_>>().join(" "),
