@@ -269,3 +269,54 @@ fn a_partition_that_crashed_resumes_from_its_last_layer() {
         "resumed run computed {r} nodes, a stage is {stage}"
     );
 }
+
+#[test]
+fn inference_reads_the_trained_rows_and_refuses_a_corrupted_checkpoint() {
+    let dir = partitions(2, Method::Metis);
+    let set = PartitionSet::open(&dir).unwrap();
+    let trained = model(&set, &["training.layers=2"], false);
+    let g = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
+    drop(saved(&trained, &set, false, "corrupt"));
+    let root = common::root().join("ck-corrupt");
+    let ck = models::checkpoint::list(&root).unwrap().pop().unwrap();
+    // Read back whole (no optimizer state): the trained rows, and no step on them.
+    let (found, _) = Pretrained::find(&root).unwrap();
+    let mut back = found.model(&g, None).unwrap();
+    let mut tables = 0;
+    for (a, b) in trained.embeddings.iter().zip(back.embeddings.iter_mut()) {
+        assert_eq!(a.is_some(), b.is_some());
+        let (Some(a), Some(b)) = (a, b) else {
+            continue;
+        };
+        tables += 1;
+        assert_eq!(a.data, b.data, "{}", a.name);
+        let e = b
+            .adam_rows(
+                &[0],
+                &vec![1.0; b.dim],
+                &models::optim::AdamConfig::with_lr(1e-3),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("no optimizer state"), "{e}");
+    }
+    assert!(tables > 0, "the test graph has featureless types");
+    // One byte of the embeddings file changed: refused, named directly or as the newest of a root.
+    let file = ck.join("embeddings.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(&file, bytes).unwrap();
+    let (direct, _) = Pretrained::find(&ck).unwrap();
+    let e = direct.for_inference(&g, None).err().unwrap().to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+    let e = Pretrained::find(&root).err().unwrap().to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+}
