@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::util::{hetgnn, killing_a_node_stops_its_peer, report, training_cluster};
+use crate::util::{hetgnn, report, training_cluster};
 
 fn cluster(dir: &Path, ids: &[&str], extra: &str) {
     training_cluster(
@@ -283,24 +283,6 @@ fn two_nodes_under_message_loss_and_duplication_end_with_the_embedded_model() {
         traffic.contains_key("push") && traffic.contains_key("grad"),
         "the run crossed the network: {traffic:?}"
     );
-}
-
-#[test]
-fn a_killed_node_that_never_returns_stops_the_others_after_the_rejoin_timeout_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
-    hetgnn(
-        d,
-        &["partition", "--data", "g", "--parts", "2", "--out", "parts"],
-    )
-    .ok();
-    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    cluster(d, &["n0", "n1"], "rejoin_timeout_ms = 3000\n");
-    let mut text = std::fs::read_to_string(d.join("cluster.toml")).unwrap();
-    text += "epochs = 50\n";
-    std::fs::write(d.join("cluster.toml"), text).unwrap();
-    killing_a_node_stops_its_peer(d, "n1", "n0");
 }
 
 #[test]

@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use crate::util::{
-    hetgnn, kill_once_after_checkpoint, killing_a_node_stops_its_peer, report, training_cluster,
-};
+use crate::util::{hetgnn, kill_once_after_checkpoint, report, training_cluster};
 
 fn cluster(dir: &Path, ids: &[&str], extra: &str, training: &str) {
     training_cluster(
@@ -161,37 +159,6 @@ fn a_killed_raf_worker_restarted_rejoins_from_the_last_checkpoint_and_the_run_en
         "rolled back to a checkpoint: {}",
         run["failures"]
     );
-}
-
-#[test]
-fn a_raf_workers_node_that_never_returns_stops_the_run_after_the_rejoin_timeout_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    hetgnn(d, &["generate", "--scale", "0.01", "--out", "g"]).ok();
-    hetgnn(
-        d,
-        &[
-            "partition",
-            "--data",
-            "g",
-            "--parts",
-            "2",
-            "--method",
-            "meta",
-            "--out",
-            "meta",
-        ],
-    )
-    .ok();
-    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    cluster(
-        d,
-        &["n0", "n1"],
-        "rejoin_timeout_ms = 3000\n",
-        "epochs = 200\n",
-    );
-    // With no placement the reducer (and coordinator) run on the first node.
-    killing_a_node_stops_its_peer(d, "n1", "n0");
 }
 
 #[test]

@@ -2,16 +2,14 @@
 //! partition tells the coordinator it is ready, runs an attempt on each
 //! `Begin`, and on failure tells its peers so they stop instead of waiting.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::Actor;
 use futures_util::future::join_all;
 use runtime::Node;
 
 use super::checkpoint;
-use super::inbox::{Control, Inbox, InboxActor};
-use super::messages::{Abort, Begin, EpochStats, LastAttempt, Ready, Saved, StepDone};
+use super::inbox::Control;
+use super::messages::{Abort, Begin, LastAttempt, Ready};
 use super::names;
 use super::Part;
 use crate::config::TrainingConfig;
@@ -111,20 +109,6 @@ fn send_abort(
         async move { r.ask(abort, ABORT_NOTICE).await }
     });
     let _ = handle.block_on(join_all(asks));
-}
-
-/// Registers the coordinator's inbox on `node`.
-pub(crate) fn serve_coordinator(node: &Node) -> Result<Arc<Inbox>> {
-    let inbox = Arc::new(Inbox::default());
-    let addr = InboxActor(inbox.clone()).start();
-    node.register(names::COORDINATOR, &addr)
-        .map_err(|e| TrainError::Internal(e.to_string()))?
-        .handle::<EpochStats>()
-        .handle::<StepDone>()
-        .handle::<Abort>()
-        .handle::<Saved>()
-        .handle::<Ready>();
-    Ok(inbox)
 }
 
 /// A node's partition over the run's generations: it tells the coordinator

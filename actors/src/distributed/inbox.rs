@@ -1,14 +1,15 @@
 //! Mailboxes that training threads wait on: a trainer's (gradient shares from
-//! its peers, abort, finish, the coordinator's word to begin) and the
-//! coordinator's (steps, epoch statistics, checkpoint files, ready nodes). The
-//! actors only file what arrives; the threads wait with deadlines.
+//! its peers, abort, finish, the coordinator's word to begin) and what a mode
+//! gathers at the coordinator (final states). The actors only file what
+//! arrives; the threads wait with deadlines. (The coordinator's own messages
+//! go to its protocol: `distributed::coordinator`.)
 //!
 //! Every attempt of a run is a generation: messages of the current one are
 //! filed, those of another are dropped, except gradient shares, which may
 //! arrive from a peer that started the next generation first: they wait
 //! (bounded) until this inbox starts it too.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,7 @@ use actix::{Actor, Context, Handler, MessageResult};
 use runtime::Deliver;
 
 use super::decode_f32;
-use super::messages::{
-    Abort, Begin, EpochStats, Finish, GradShare, LastAttempt, Ready, Saved, StepDone,
-};
+use super::messages::{Abort, Begin, Finish, GradShare};
 use crate::error::{Result, TrainError};
 
 /// Most gradient shares of other generations kept for later.
@@ -31,17 +30,11 @@ struct State {
     gen: u64,
     grads: HashMap<Key, Vec<u8>>,
     early: std::collections::VecDeque<(u64, Key, Vec<u8>)>,
-    stats: BTreeMap<(u64, u32), EpochStats>,
-    steps: std::collections::VecDeque<(u64, u64, f64)>,
-    saved: BTreeMap<(u64, u32), Saved>,
     abort: Option<String>,
     finished: Option<bool>,
     begin: Option<Begin>,
     /// The newest `Begin` taken (its order).
     begun: (u64, u64),
-    ready: BTreeMap<u32, Ready>,
-    /// While the coordinator runs a generation: each partition's incarnation.
-    running: Option<BTreeMap<u32, u64>>,
 }
 
 impl State {
@@ -66,18 +59,7 @@ pub enum Control {
     Finish(bool),
 }
 
-/// What [`Inbox::epoch_progress`] returns.
-#[derive(Debug)]
-pub enum EpochProgress {
-    /// Step `seq` finished with this global loss.
-    Step(u64, f64),
-    /// Every partition wrote its files of the checkpoint at this step.
-    Saved(Vec<Saved>),
-    /// Every trainer's statistics of the epoch.
-    Done(Vec<EpochStats>),
-}
-
-/// What a trainer (or the coordinator) is waiting for.
+/// What a trainer (or a coordinator's gathering) is waiting for.
 pub struct Inbox {
     state: Mutex<State>,
     cv: Condvar,
@@ -150,9 +132,6 @@ impl Inbox {
         s.gen = gen;
         s.abort = None;
         s.grads.clear();
-        s.stats.clear();
-        s.steps.clear();
-        s.saved.clear();
         for (g, key, data) in std::mem::take(&mut s.early) {
             if g == gen {
                 s.grads.entry(key).or_insert(data);
@@ -186,26 +165,6 @@ impl Inbox {
         }
     }
 
-    /// Coordinator: the partitions that said they are ready, by partition.
-    pub fn ready(&self) -> BTreeMap<u32, Ready> {
-        self.lock().ready.clone()
-    }
-
-    /// Coordinator: generation `gen` starts with these partitions' incarnations
-    /// (a `Ready` from one of them while it runs means that node failed or
-    /// restarted: the generation is aborted). `None`: between generations.
-    pub fn running(&self, gen: u64, members: Option<BTreeMap<u32, u64>>) {
-        if members.is_some() {
-            self.reset(gen);
-        }
-        self.update(|s| {
-            if members.is_some() {
-                s.ready.clear();
-            }
-            s.running = members;
-        });
-    }
-
     /// A coordinator's start: a new generation stops the current one at once
     /// (its trainers may be waiting on a peer that is gone) and is kept for
     /// the node's loop; a start older than one already taken is ignored.
@@ -223,28 +182,6 @@ impl Inbox {
             );
         }
         s.begin = Some(b);
-        self.cv.notify_all();
-    }
-
-    fn take_ready(&self, r: Ready) {
-        let mut s = self.lock();
-        let mut reason = None;
-        if let Some(members) = &s.running {
-            let restarted = members
-                .get(&r.part)
-                .is_some_and(|&inc| inc != r.incarnation);
-            let failed = r.last == LastAttempt::Failed(s.gen)
-                && members.get(&r.part) == Some(&r.incarnation);
-            if restarted {
-                reason = Some(format!("the node of partition {} restarted", r.part));
-            } else if failed {
-                reason = Some(format!("partition {} failed its attempt", r.part));
-            }
-        }
-        s.ready.insert(r.part, r);
-        if let Some(reason) = reason {
-            self.abort_locked(&mut s, reason);
-        }
         self.cv.notify_all();
     }
 
@@ -339,48 +276,6 @@ impl Inbox {
         raw.iter().map(|b| decode_f32(b, len)).collect()
     }
 
-    /// The next news of `epoch`: a step's loss, a checkpoint every one of
-    /// `parts` partitions wrote, or once every trainer (`0..trainers`) has
-    /// reported it, the epoch's statistics. Each wait (for a step, or for the
-    /// statistics) lasts at most `timeout`.
-    pub fn epoch_progress(
-        &self,
-        epoch: u64,
-        trainers: u32,
-        parts: u32,
-        timeout: Duration,
-    ) -> Result<EpochProgress> {
-        self.wait(&format!("progress of epoch {epoch}"), timeout, |s| {
-            if let Some(seq) = s
-                .saved
-                .keys()
-                .map(|k| k.0)
-                .find(|&q| (0..parts).all(|p| s.saved.contains_key(&(q, p))))
-            {
-                return Some(EpochProgress::Saved(
-                    (0..parts)
-                        .filter_map(|p| s.saved.remove(&(seq, p)))
-                        .collect(),
-                ));
-            }
-            // Steps of later epochs wait their turn; earlier ones are stale.
-            while let Some(&(e, seq, loss)) = s.steps.front().filter(|(e, _, _)| *e <= epoch) {
-                s.steps.pop_front();
-                if e == epoch {
-                    return Some(EpochProgress::Step(seq, loss));
-                }
-            }
-            if !(0..trainers).all(|t| s.stats.contains_key(&(epoch, t))) {
-                return None;
-            }
-            Some(EpochProgress::Done(
-                (0..trainers)
-                    .filter_map(|t| s.stats.remove(&(epoch, t)))
-                    .collect(),
-            ))
-        })
-    }
-
     /// Files a message's payload under `(seq, round, from)` (the first copy wins:
     /// a duplicated message changes nothing).
     pub fn file(&self, seq: u64, round: u32, from: u32, data: Vec<u8>) {
@@ -394,25 +289,6 @@ impl Inbox {
     /// it is not the current one).
     pub fn file_gen(&self, gen: u64, seq: u64, round: u32, from: u32, data: Vec<u8>) {
         self.update(|s| s.file(gen, (seq, round, from), data));
-    }
-
-    /// Waits until every one of `parts` partitions wrote its files of the
-    /// checkpoint at `seq` (the end of the run's).
-    pub fn saved(&self, seq: u64, parts: u32, timeout: Duration) -> Result<Vec<Saved>> {
-        self.wait(
-            &format!("the files of the checkpoint at step {seq}"),
-            timeout,
-            |s| {
-                if !(0..parts).all(|p| s.saved.contains_key(&(seq, p))) {
-                    return None;
-                }
-                Some(
-                    (0..parts)
-                        .filter_map(|p| s.saved.remove(&(seq, p)))
-                        .collect(),
-                )
-            },
-        )
     }
 
     /// Drops what is filed under steps before `seq`: late duplicates of
@@ -518,50 +394,6 @@ impl Handler<Deliver<Finish>> for InboxActor {
     }
 }
 
-impl Handler<Deliver<StepDone>> for InboxActor {
-    type Result = MessageResult<Deliver<StepDone>>;
-    fn handle(&mut self, m: Deliver<StepDone>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| {
-            if s.gen == m.msg.gen {
-                s.steps.push_back((m.msg.epoch, m.msg.seq, m.msg.loss));
-            }
-        });
-        MessageResult(())
-    }
-}
-
-impl Handler<Deliver<EpochStats>> for InboxActor {
-    type Result = MessageResult<Deliver<EpochStats>>;
-    fn handle(&mut self, m: Deliver<EpochStats>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| {
-            if s.gen == m.msg.gen {
-                s.stats.entry((m.msg.epoch, m.msg.trainer)).or_insert(m.msg);
-            }
-        });
-        MessageResult(())
-    }
-}
-
-impl Handler<Deliver<Saved>> for InboxActor {
-    type Result = MessageResult<Deliver<Saved>>;
-    fn handle(&mut self, m: Deliver<Saved>, _: &mut Context<Self>) -> Self::Result {
-        self.0.update(|s| {
-            if s.gen == m.msg.gen {
-                s.saved.entry((m.msg.seq, m.msg.part)).or_insert(m.msg);
-            }
-        });
-        MessageResult(())
-    }
-}
-
-impl Handler<Deliver<Ready>> for InboxActor {
-    type Result = MessageResult<Deliver<Ready>>;
-    fn handle(&mut self, m: Deliver<Ready>, _: &mut Context<Self>) -> Self::Result {
-        self.0.take_ready(m.msg);
-        MessageResult(())
-    }
-}
-
 impl Handler<Deliver<Begin>> for InboxActor {
     type Result = MessageResult<Deliver<Begin>>;
     fn handle(&mut self, m: Deliver<Begin>, _: &mut Context<Self>) -> Self::Result {
@@ -593,37 +425,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("disk full"), "{err}");
-    }
-
-    #[test]
-    fn steps_are_reported_before_their_epoch_ends_and_later_epochs_wait() {
-        let inbox = Inbox::default();
-        inbox.update(|s| {
-            s.steps.push_back((0, 0, 1.5));
-            s.steps.push_back((1, 1, 0.5));
-            s.stats.insert(
-                (0, 0),
-                EpochStats {
-                    epoch: 0,
-                    ..EpochStats::default()
-                },
-            );
-        });
-        let t = Duration::from_secs(1);
-        assert!(
-            matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Step(0, l) if l == 1.5)
-        );
-        assert!(
-            matches!(inbox.epoch_progress(0, 1, 1, t).unwrap(), EpochProgress::Done(v) if v.len() == 1)
-        );
-        assert!(
-            matches!(inbox.epoch_progress(1, 1, 1, t).unwrap(), EpochProgress::Step(1, l) if l == 0.5)
-        );
-        let err = inbox
-            .epoch_progress(1, 1, 1, Duration::from_millis(20))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("epoch 1"), "{err}");
     }
 
     #[test]
@@ -725,38 +526,6 @@ mod tests {
             vec![vec![3]],
             "an abort of an old generation is ignored"
         );
-    }
-
-    #[test]
-    fn a_ready_partition_of_the_running_generation_aborts_it_unless_stale() {
-        let inbox = Inbox::default();
-        let ready = |part, incarnation, last| Ready {
-            part,
-            incarnation,
-            last,
-        };
-        inbox.take_ready(ready(0, 10, LastAttempt::None));
-        inbox.take_ready(ready(1, 11, LastAttempt::None));
-        assert_eq!(inbox.ready().len(), 2);
-        inbox.running(5, Some(BTreeMap::from([(0, 10), (1, 11)])));
-        assert!(inbox.ready().is_empty());
-        // Late copies from before the start, and a finished partition, change nothing.
-        inbox.take_ready(ready(1, 11, LastAttempt::None));
-        inbox.take_ready(ready(0, 10, LastAttempt::Done(5)));
-        assert!(inbox.lock().abort.is_none());
-        inbox.take_ready(ready(1, 12, LastAttempt::None));
-        assert!(inbox
-            .lock()
-            .abort
-            .as_deref()
-            .is_some_and(|r| r.contains("restarted")));
-        inbox.running(6, Some(BTreeMap::from([(0, 10), (1, 12)])));
-        inbox.take_ready(ready(0, 10, LastAttempt::Failed(6)));
-        assert!(inbox
-            .lock()
-            .abort
-            .as_deref()
-            .is_some_and(|r| r.contains("failed")));
     }
 
     #[test]

@@ -34,7 +34,7 @@ impl Msg for GradShare {
 }
 
 /// A trainer gave up: the others stop instead of waiting out their deadlines.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Abort {
     /// Generation (attempt) of the run the message belongs to: a recovery
     /// starts a new one, and messages of others are not mixed in.
@@ -123,7 +123,7 @@ impl EpochStats {
 }
 
 /// A step is done (sent by trainer 0, for the progress bar).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepDone {
     /// Generation (attempt) of the run the message belongs to: a recovery
     /// starts a new one, and messages of others are not mixed in.

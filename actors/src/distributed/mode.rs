@@ -16,8 +16,8 @@ use models::Model;
 use runtime::{Node, Topology};
 
 use super::checkpoint::Manifest;
-use super::coordinator::{Coordinator, Driver, Shape};
-use super::generations::{begin_from, serve_coordinator, serve_generations};
+use super::coordinator::{shell, Coordinator, Deadlines, RunId, Shape};
+use super::generations::{begin_from, new_generation, serve_generations};
 use super::inbox::Inbox;
 use super::messages::Begin;
 use super::peers::{tell_finish, wait_for_peers, watch_peers};
@@ -202,10 +202,12 @@ pub fn train_embedded<M: Distributed>(
         let inboxes = (0..parts)
             .map(|k| m.serve(&node, k, &gs[k as usize], &mut arbiters))
             .collect::<Result<Vec<_>>>()?;
-        let coord = serve_coordinator(&node)?;
-        m.serve_coordinator(&node, &coord)?;
-        Ok((node, arbiters, (inboxes, coord)))
+        let mailbox = shell::serve(&node)?;
+        let gathered = Arc::new(Inbox::default());
+        m.serve_coordinator(&node, &gathered)?;
+        Ok((node, arbiters, (inboxes, (mailbox, gathered))))
     })?;
+    let (mailbox, coord) = coord;
     // The ready line reads the model's shape: its tables are not needed.
     observer.ready(
         &graphs[0],
@@ -235,30 +237,22 @@ pub fn train_embedded<M: Distributed>(
                 })
             })
             .collect();
-        let c = Coordinator::new(
+        let mut c = coordinator(
+            &*mode,
             t,
-            mode.rules(),
-            Shape {
-                parts,
-                trainers: mode.trainers(),
-                per_epoch: mode.steps_per_epoch(&graphs[0], t),
-            },
-            &coord,
+            &graphs[0],
+            vec!["local".to_string(); parts as usize],
             timeouts,
-            run.clone(),
-            mode.graph_sha256(),
+            timeouts.finish,
+            &run,
         );
-        let nodes = vec!["local".to_string(); parts as usize];
-        let mut d = Driver {
-            c,
+        let shell = shell::Shell {
             system: &system,
             leaders: (0..parts).map(|k| mode.leader(k)).collect(),
             members: (0..parts).map(|k| mode.members(k)).collect(),
-            nodes,
-            start: timeouts.start,
-            rejoin: timeouts.finish,
+            gathered: &coord,
         };
-        let driven = d.run(&graphs[0], observer);
+        let driven = shell::drive(&mut c, t, &run, &shell, &mailbox, observer);
         for k in &inboxes {
             if let Err(e) = &driven {
                 k[0].abort(format!("the coordinator failed: {e}"));
@@ -277,7 +271,7 @@ pub fn train_embedded<M: Distributed>(
                 )
             })
             .collect();
-        (driven, d.c.report, local)
+        (driven, c.into_report(), local)
     });
     driven?;
     let model = mode.assemble(&system, &coord, local, &graphs[0])?;
@@ -286,6 +280,42 @@ pub fn train_embedded<M: Distributed>(
     crate::report::finish(&mut report, &model)?;
     drop(system);
     Ok((report, model))
+}
+
+/// The coordinator of a run of `mode` on `nodes` (`graph`: a partition, for
+/// the run's shape), waiting `rejoin` for its partitions after a failure.
+fn coordinator<'a, M: Distributed>(
+    mode: &M,
+    t: &'a crate::config::TrainingConfig,
+    graph: &HetGraph,
+    nodes: Vec<String>,
+    timeouts: Timeouts,
+    rejoin: Duration,
+    run: &str,
+) -> Coordinator<'a> {
+    let (_, splits) = graph.target_labels();
+    let shape = Shape {
+        parts: mode.parts(),
+        trainers: mode.trainers(),
+        per_epoch: mode.steps_per_epoch(graph, t),
+        nodes,
+        valid: splits.valid.len(),
+        test: splits.test.len(),
+    };
+    let deadlines = Deadlines {
+        start: timeouts.start,
+        rejoin,
+        step: timeouts.step,
+    };
+    let id = RunId {
+        run: run.to_string(),
+        graph_sha256: mode.graph_sha256(),
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        salt: new_generation(),
+    };
+    Coordinator::new(t, mode.rules(), shape, deadlines, id)
 }
 
 /// The memory of the partitions `graphs` served in this process (each its
@@ -368,9 +398,11 @@ pub fn run_node<M: Distributed>(
         let mut arbiters = Vec::new();
         let inboxes = m.serve(&node, part, &g, &mut arbiters)?;
         let coord = if coordinator_here {
-            let c = serve_coordinator(&node)?;
-            m.serve_coordinator(&node, &c)?;
-            Some(c)
+            let mailbox = shell::serve(&node)?;
+            shell::watch(&node, mailbox.sender());
+            let gathered = Arc::new(Inbox::default());
+            m.serve_coordinator(&node, &gathered)?;
+            Some((mailbox, gathered))
         } else {
             None
         };
@@ -384,7 +416,11 @@ pub fn run_node<M: Distributed>(
         }
         watch_peers(
             &node,
-            inboxes.iter().cloned().chain(coord.clone()).collect(),
+            inboxes
+                .iter()
+                .cloned()
+                .chain(coord.as_ref().map(|c| c.1.clone()))
+                .collect(),
         );
         Ok((node, arbiters, (inboxes, coord)))
     })?;
@@ -396,7 +432,7 @@ pub fn run_node<M: Distributed>(
         inboxes: &inboxes,
         timeouts,
     };
-    let Some(coord) = coord else {
+    let Some((mailbox, coord)) = coord else {
         serve_part(&*mode, &p, &run, t, rejoin, true)?;
         tracing::info!("{id}: the run is over");
         return Ok(None);
@@ -404,29 +440,14 @@ pub fn run_node<M: Distributed>(
     let (driven, mut report, mine) = std::thread::scope(|scope| {
         let (mode_ref, p, run_ref) = (&*mode, &p, &run);
         let mine = scope.spawn(move || serve_part(mode_ref, p, run_ref, t, rejoin, false));
-        let c = Coordinator::new(
-            t,
-            mode.rules(),
-            Shape {
-                parts,
-                trainers: mode.trainers(),
-                per_epoch: mode.steps_per_epoch(p.graph, t),
-            },
-            &coord,
-            timeouts,
-            run.clone(),
-            mode.graph_sha256(),
-        );
-        let mut d = Driver {
-            c,
+        let mut c = coordinator(&*mode, t, p.graph, nodes.clone(), timeouts, rejoin, &run);
+        let shell = shell::Shell {
             system: &system,
             leaders: (0..parts).map(|k| mode.leader(k)).collect(),
             members: (0..parts).map(|k| mode.members(k)).collect(),
-            nodes: nodes.clone(),
-            start: timeouts.start,
-            rejoin,
+            gathered: &coord,
         };
-        let driven = d.run(&graph, observer);
+        let driven = shell::drive(&mut c, t, &run, &shell, &mailbox, observer);
         if let Err(e) = &driven {
             inboxes[0].abort(format!("the coordinator failed: {e}"));
         }
@@ -434,7 +455,7 @@ pub fn run_node<M: Distributed>(
         let mine = mine
             .join()
             .unwrap_or_else(|_| Err(TrainError::Internal("the partition thread panicked".into())));
-        (driven, d.c.report, mine)
+        (driven, c.into_report(), mine)
     });
     let finished = driven.and_then(|()| {
         let model = mode.assemble(&system, &coord, vec![(part, mine)], &graph)?;
