@@ -28,6 +28,8 @@ pub mod raf;
 pub mod report;
 pub mod single;
 pub mod task;
+#[cfg(test)]
+mod toy;
 
 pub use config::{Config, Mode, TrainingConfig};
 pub use error::{Result, TrainError};

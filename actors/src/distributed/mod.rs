@@ -16,7 +16,6 @@ pub mod inbox;
 pub mod messages;
 mod mode;
 pub(crate) mod peers;
-pub(crate) mod recovery;
 pub mod rows;
 pub mod system;
 

@@ -28,6 +28,9 @@ pub enum Mode {
     /// each layer's blocks broadcast to every worker, or skipped while the
     /// receivers' cached copies are fresh enough (`staleness`).
     FullGraph,
+    /// A mode of the tests only (`crate::toy`): what a mode is.
+    #[cfg(test)]
+    Toy,
 }
 
 impl Mode {
@@ -50,11 +53,17 @@ impl Mode {
             Mode::ModelAveraging => "model-averaging",
             Mode::Hopgnn => "hopgnn",
             Mode::FullGraph => "full-graph",
+            #[cfg(test)]
+            Mode::Toy => "toy",
         }
     }
 
     /// The mode named `name` (as configs, reports and checkpoints spell it).
     pub fn from_name(name: &str) -> Option<Mode> {
+        #[cfg(test)]
+        if name == "toy" {
+            return Some(Mode::Toy);
+        }
         Mode::ALL.into_iter().find(|m| m.name() == name)
     }
 

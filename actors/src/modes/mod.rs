@@ -43,8 +43,7 @@ struct Entry {
 
 /// The registry's entry of `mode`.
 fn entry_of(mode: Mode) -> &'static Entry {
-    REGISTRY
-        .iter()
+    registry()
         .find(|e| e.mode == mode)
         .expect("every mode is registered")
 }
@@ -133,6 +132,22 @@ static REGISTRY: [Entry; 6] = [
     ),
 ];
 
+/// A mode of the tests only, registered as any other.
+#[cfg(test)]
+static TESTS_ONLY: [Entry; 1] = [entry::<crate::toy::ToyConfig>(
+    Mode::Toy,
+    NODES,
+    (false, false),
+    &crate::toy::RULES,
+)];
+#[cfg(not(test))]
+static TESTS_ONLY: [Entry; 0] = [];
+
+/// Every registered mode.
+fn registry() -> impl Iterator<Item = &'static Entry> {
+    REGISTRY.iter().chain(TESTS_ONLY.iter())
+}
+
 impl Config {
     /// Parses `text` (TOML), applies `overrides` (`section.key=value`), moves
     /// the modes' former keys into their sub-tables (with a warning each, in
@@ -166,7 +181,7 @@ impl Config {
 /// returns a warning for each. A former key of another mode is refused.
 pub(crate) fn move_former_keys(t: &mut TrainingConfig) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
-    for e in &REGISTRY {
+    for e in registry() {
         for (old, new) in e.former_keys {
             let Some(v) = t.modes.remove(*old) else {
                 continue;
@@ -219,8 +234,8 @@ fn modes_where(keep: impl Fn(&Entry) -> bool) -> String {
 /// no other key may stand among them) and the run's mode settings.
 pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
     for (key, value) in &t.modes {
-        let Some(e) = REGISTRY.iter().find(|e| e.mode.name() == key) else {
-            let former = REGISTRY.iter().find_map(|e| {
+        let Some(e) = registry().find(|e| e.mode.name() == key) else {
+            let former = registry().find_map(|e| {
                 e.former_keys
                     .iter()
                     .find(|(old, _)| old == key)
@@ -325,6 +340,8 @@ pub fn open(cfg: &Config) -> Result<Box<dyn TrainingMode>> {
         )?))),
         Mode::Hopgnn => Box::new(Cluster(Arc::new(HopGnn::open(t)?))),
         Mode::FullGraph => Box::new(Cluster(Arc::new(FullGraph::open(t)?))),
+        #[cfg(test)]
+        Mode::Toy => Box::new(Cluster(Arc::new(crate::toy::Toy::open(t)?))),
     })
 }
 

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::figures::Figures;
+use super::recovery::{Next, Recovery};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Manifest};
 use crate::distributed::messages::{Abort, Begin, EpochStats, LastAttempt, Ready, Saved, StepDone};
-use crate::distributed::recovery::{Next, Recovery};
 use crate::error::{Result, TrainError};
 use crate::modes::seam::Rules;
 use crate::observer::TrainObserver;

@@ -6,12 +6,14 @@
 //! `hetgnn launch`) and starts the next generation from the last complete
 //! checkpoint. Determinism makes the redone steps exact.
 //!
-//! `core` is the protocol without IO (`handle(now, event) -> outputs`);
+//! `core` is the protocol without IO (`handle(now, event) -> outputs`), with
+//! `figures` (the report) and `recovery` (retry or give up) beside it;
 //! `shell` drives it with actors, a thread and the clock; the tests drive it
 //! on a simulated network (`sim`).
 
 mod core;
 mod figures;
+mod recovery;
 pub(crate) mod shell;
 #[cfg(test)]
 mod sim;
