@@ -194,13 +194,13 @@ pub struct TrainingConfig {
     pub tasks: Vec<TaskWeight>,
     /// The validation metric that picks the report's best epoch: "auto"
     /// (default: the task's own) or a metric the task measures.
-    pub select_metric: crate::task::best::SelectMetric,
+    pub select_metric: SelectMetric,
     /// Node classification: "none" (default), "balanced" or a weight per class.
-    pub class_weights: crate::task::node::ClassWeights,
+    pub class_weights: ClassWeights,
     /// Node classification: the focal loss's γ (default 0: cross-entropy).
     pub focal_gamma: f64,
     /// Node and edge regression: "mse" (default) or "huber".
-    pub regression_loss: crate::task::node::RegressionLoss,
+    pub regression_loss: RegressionLoss,
     /// Node and edge regression with the Huber loss: where it turns from squared to linear (default 1.0).
     pub huber_delta: f64,
     /// Link prediction and edge tasks: the relations whose edges are predicted, canonical
@@ -452,10 +452,10 @@ impl Default for TrainingConfig {
             allreduce: AllReduce::AllGather,
             task: Task::NodeClassification,
             tasks: Vec::new(),
-            class_weights: crate::task::node::ClassWeights::default(),
+            class_weights: ClassWeights::default(),
             focal_gamma: 0.0,
-            regression_loss: crate::task::node::RegressionLoss::Mse,
-            select_metric: crate::task::best::SelectMetric::Auto,
+            regression_loss: RegressionLoss::Mse,
+            select_metric: SelectMetric::Auto,
             huber_delta: 1.0,
             target_relations: Vec::new(),
             negatives: 5,
@@ -607,12 +607,12 @@ impl Config {
         if t.batch == 0 {
             return bad("training.batch must be at least 1".into());
         }
-        let load = crate::pretrained::init::parts("training.init_parts", &t.init_parts)?;
-        let freeze = crate::pretrained::init::parts("training.freeze", &t.freeze)?;
+        let load = crate::pretrained::part::parts("training.init_parts", &t.init_parts)?;
+        let freeze = crate::pretrained::part::parts("training.freeze", &t.freeze)?;
         if let Some(p) = freeze.iter().find(|p| !load.contains(p)) {
             return bad(format!("training.freeze names '{}', which training.init_parts does not load: only loaded parts can be frozen", p.name()));
         }
-        let default_load = crate::pretrained::init::parts(
+        let default_load = crate::pretrained::part::parts(
             "training.init_parts",
             &TrainingConfig::default().init_parts,
         )?;
@@ -816,6 +816,120 @@ fn apply_override(table: &mut toml::Table, o: &str) -> Result<()> {
     }
     at.insert(last.to_string(), value);
     Ok(())
+}
+
+/// Node regression's loss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RegressionLoss {
+    /// Mean squared error (the default).
+    #[default]
+    Mse,
+    /// Huber: squared below `huber_delta`, linear above (robust to outliers).
+    Huber,
+}
+
+/// How node classification weighs each class in its loss.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClassWeights {
+    /// "none" (every node counts 1, the default) or "balanced" (a class
+    /// weighs `training nodes / (classes × its training nodes)`).
+    Named(String),
+    /// One weight per class, in class order.
+    List(Vec<f64>),
+}
+
+impl Default for ClassWeights {
+    fn default() -> Self {
+        ClassWeights::Named("none".into())
+    }
+}
+
+/// The validation metric that picks the best epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SelectMetric {
+    /// The task's own: accuracy for classification, micro F1 for multi-label,
+    /// RMSE for regression, MRR for links.
+    #[default]
+    Auto,
+    /// Share of correct classes (higher is better).
+    Accuracy,
+    /// Mean per-class F1 (higher is better).
+    MacroF1,
+    /// Area under the ROC curve, binary edge classification and multi-label (higher is better).
+    RocAuc,
+    /// F1 of every label's counts pooled, multi-label (higher is better).
+    MicroF1,
+    /// Average precision, binary edge classification and multi-label (higher is better).
+    AveragePrecision,
+    /// Root mean squared error (lower is better).
+    Rmse,
+    /// Mean absolute error (lower is better).
+    Mae,
+    /// Coefficient of determination (higher is better).
+    R2,
+    /// Mean reciprocal rank, link prediction (higher is better).
+    Mrr,
+}
+
+impl SelectMetric {
+    /// The metric's name, as configs spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SelectMetric::Auto => "auto",
+            SelectMetric::Accuracy => "accuracy",
+            SelectMetric::MacroF1 => "macro-f1",
+            SelectMetric::RocAuc => "roc-auc",
+            SelectMetric::MicroF1 => "micro-f1",
+            SelectMetric::AveragePrecision => "average-precision",
+            SelectMetric::Rmse => "rmse",
+            SelectMetric::Mae => "mae",
+            SelectMetric::R2 => "r2",
+            SelectMetric::Mrr => "mrr",
+        }
+    }
+
+    /// `Auto` made concrete for `task`.
+    pub fn resolve(self, task: Task) -> SelectMetric {
+        match (self, task) {
+            (SelectMetric::Auto, Task::NodeClassification | Task::EdgeClassification) => {
+                SelectMetric::Accuracy
+            }
+            (SelectMetric::Auto, Task::NodeRegression | Task::EdgeRegression) => SelectMetric::Rmse,
+            (SelectMetric::Auto, Task::LinkPrediction) => SelectMetric::Mrr,
+            (SelectMetric::Auto, Task::MultiLabel) => SelectMetric::MicroF1,
+            (m, _) => m,
+        }
+    }
+
+    /// Refuses a metric `task` does not measure.
+    pub fn check(self, task: Task) -> crate::error::Result<()> {
+        let ok = match self.resolve(task) {
+            SelectMetric::Auto => true,
+            SelectMetric::Accuracy | SelectMetric::MacroF1 => matches!(
+                task,
+                Task::NodeClassification | Task::EdgeClassification | Task::MultiLabel
+            ),
+            SelectMetric::RocAuc | SelectMetric::AveragePrecision => {
+                matches!(task, Task::EdgeClassification | Task::MultiLabel)
+            }
+            SelectMetric::MicroF1 => task == Task::MultiLabel,
+            SelectMetric::Rmse | SelectMetric::Mae | SelectMetric::R2 => {
+                matches!(task, Task::NodeRegression | Task::EdgeRegression)
+            }
+            SelectMetric::Mrr => task == Task::LinkPrediction,
+        };
+        match ok {
+            true => Ok(()),
+            false => Err(crate::error::TrainError::Config(format!(
+                "training.select_metric = \"{}\" is not measured by training.task = \"{}\"",
+                self.name(),
+                task.name()
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]

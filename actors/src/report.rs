@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use models::Model;
 
-use crate::config::Config;
+use crate::config::{Config, SelectMetric};
 use crate::error::{Result, TrainError};
 
 /// One epoch's figures.
@@ -102,45 +102,6 @@ pub struct TaskEpoch {
     /// Multi-label: validation and test average precision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub average_precision: Option<[f64; 2]>,
-}
-
-impl TaskEpoch {
-    /// Each task's figures of epoch `epoch` from the trainers' accounts
-    /// (`stats`, each with its tasks' accounts in `tasks` order; `valid`
-    /// and `test` nodes in all).
-    pub fn all(
-        epoch: u64,
-        stats: &[crate::distributed::messages::EpochStats],
-        tasks: &[crate::config::TaskWeight],
-        valid: usize,
-        test: usize,
-    ) -> Vec<TaskEpoch> {
-        tasks
-            .iter()
-            .enumerate()
-            .map(|(k, w)| {
-                let own: Vec<_> = stats
-                    .iter()
-                    .filter_map(|s| s.tasks.get(k).cloned())
-                    .collect();
-                let r = EpochReport::from_stats(epoch, &own, valid, test, false);
-                // Regression has no accuracy; multi-label's is exact matches.
-                let classifies = w.task != crate::config::Task::NodeRegression;
-                TaskEpoch {
-                    task: w.task.name().to_string(),
-                    weight: w.weight,
-                    loss: r.loss,
-                    valid_acc: r.valid_acc.filter(|_| classifies),
-                    test_acc: r.test_acc.filter(|_| classifies),
-                    regression: r.regression,
-                    macro_f1: r.macro_f1,
-                    micro_f1: r.micro_f1,
-                    roc_auc: r.roc_auc,
-                    average_precision: r.average_precision,
-                }
-            })
-            .collect()
-    }
 }
 
 fn is_zero_f64(x: &f64) -> bool {
@@ -284,7 +245,7 @@ pub struct Report {
     /// The evaluated epoch with the best validation figure of
     /// `training.select_metric`, and its test figure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub best: Option<crate::task::best::BestEpoch>,
+    pub best: Option<BestEpoch>,
     /// Number of dense parameters and learnable embedding values.
     pub parameters: u64,
     /// SHA-256 over every parameter and embedding value (names included).
@@ -346,8 +307,76 @@ pub(crate) fn finish(report: &mut Report, model: &Model) -> Result<()> {
     report.peak_memory_bytes = peak_rss_bytes();
     report.peak_anon_bytes = graphs::memory::peak_anon_bytes();
     let t = &report.config.training;
-    report.best = crate::task::best::best(t.select_metric.resolve(t.task), &report.epochs);
+    report.best = best(t.select_metric.resolve(t.task), &report.epochs);
     Ok(())
+}
+
+/// Choosing a report's best epoch by a validation metric.
+impl SelectMetric {
+    fn higher_is_better(self) -> bool {
+        !matches!(self, SelectMetric::Rmse | SelectMetric::Mae)
+    }
+
+    /// The metric's validation and test figures in `e`, where it was measured.
+    fn of(self, e: &EpochReport) -> Option<(f64, f64)> {
+        let reg = |f: fn(&crate::task::node::ValueMetrics) -> f64| {
+            e.regression.map(|r| (f(&r.valid), f(&r.test)))
+        };
+        match self {
+            SelectMetric::Auto => None,
+            SelectMetric::Accuracy => e.valid_acc.zip(e.test_acc),
+            SelectMetric::MacroF1 => e.macro_f1.map(|[v, t]| (v, t)),
+            SelectMetric::RocAuc => e.roc_auc.map(|[v, t]| (v, t)),
+            SelectMetric::MicroF1 => e.micro_f1.map(|[v, t]| (v, t)),
+            SelectMetric::AveragePrecision => e.average_precision.map(|[v, t]| (v, t)),
+            SelectMetric::Rmse => reg(|m| m.rmse),
+            SelectMetric::Mae => reg(|m| m.mae),
+            SelectMetric::R2 => reg(|m| m.r2),
+            SelectMetric::Mrr => e.link.map(|l| (l.valid.mrr, l.test.mrr)),
+        }
+    }
+}
+
+/// The best epoch of a run, in its report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BestEpoch {
+    /// The epoch.
+    pub epoch: u64,
+    /// The metric that chose it.
+    pub metric: String,
+    /// Its validation figure.
+    pub valid: f64,
+    /// Its test figure.
+    pub test: f64,
+}
+
+/// The evaluated epoch of `epochs` whose validation `metric` is best (the
+/// earliest among equals); `None` where no epoch measured it.
+pub fn best(metric: SelectMetric, epochs: &[EpochReport]) -> Option<BestEpoch> {
+    let mut out: Option<BestEpoch> = None;
+    for e in epochs {
+        let Some((valid, test)) = metric.of(e) else {
+            continue;
+        };
+        if !valid.is_finite() {
+            continue;
+        }
+        let better = out
+            .as_ref()
+            .is_none_or(|b| match metric.higher_is_better() {
+                true => valid > b.valid,
+                false => valid < b.valid,
+            });
+        if better {
+            out = Some(BestEpoch {
+                epoch: e.epoch,
+                metric: metric.name().to_string(),
+                valid,
+                test,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -380,5 +409,86 @@ mod tests {
             back.figures::<u64>("hop").is_none(),
             "another shape is none"
         );
+    }
+}
+
+#[cfg(test)]
+mod best_tests {
+    use super::*;
+    use crate::config::{SelectMetric, Task};
+    use crate::task::node::{RegressionEpoch, ValueMetrics};
+
+    fn acc(epoch: u64, v: f64, t: f64) -> EpochReport {
+        EpochReport {
+            epoch,
+            valid_acc: Some(v),
+            test_acc: Some(t),
+            ..EpochReport::default()
+        }
+    }
+
+    #[test]
+    fn the_best_validation_figure_wins_and_ties_keep_the_earliest() {
+        let e = [
+            acc(0, 0.5, 0.4),
+            acc(1, 0.7, 0.6),
+            acc(2, 0.7, 0.9),
+            acc(3, 0.6, 0.8),
+        ];
+        let b = best(SelectMetric::Accuracy, &e).unwrap();
+        assert_eq!((b.epoch, b.valid, b.test), (1, 0.7, 0.6));
+        // Unevaluated epochs are skipped; a metric nobody measured gives none.
+        let mut skipped = e.to_vec();
+        skipped[1].valid_acc = None;
+        assert_eq!(best(SelectMetric::Accuracy, &skipped).unwrap().epoch, 2);
+        assert!(best(SelectMetric::MacroF1, &e).is_none());
+    }
+
+    #[test]
+    fn errors_are_minimised() {
+        let r = |epoch, rmse| EpochReport {
+            epoch,
+            regression: Some(RegressionEpoch {
+                valid: ValueMetrics {
+                    rmse,
+                    mae: 0.0,
+                    r2: 0.0,
+                },
+                test: ValueMetrics {
+                    rmse: rmse + 1.0,
+                    mae: 0.0,
+                    r2: 0.0,
+                },
+            }),
+            ..EpochReport::default()
+        };
+        let b = best(SelectMetric::Rmse, &[r(0, 0.9), r(1, 0.5), r(2, 0.7)]).unwrap();
+        assert_eq!((b.epoch, b.test), (1, 1.5));
+        assert_eq!(b.metric, "rmse");
+    }
+
+    #[test]
+    fn auto_follows_the_task_and_foreign_metrics_are_refused() {
+        assert_eq!(
+            SelectMetric::Auto.resolve(Task::NodeRegression),
+            SelectMetric::Rmse
+        );
+        assert_eq!(
+            SelectMetric::Auto.resolve(Task::LinkPrediction),
+            SelectMetric::Mrr
+        );
+        assert!(SelectMetric::Auto.check(Task::EdgeRegression).is_ok());
+        let err = SelectMetric::Rmse
+            .check(Task::NodeClassification)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("select_metric") && err.contains("node-classification"),
+            "{err}"
+        );
+        assert!(SelectMetric::RocAuc.check(Task::EdgeClassification).is_ok());
+        assert!(SelectMetric::RocAuc
+            .check(Task::NodeClassification)
+            .is_err());
     }
 }

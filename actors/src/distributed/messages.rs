@@ -7,7 +7,8 @@
 use runtime::{ByteVec, Msg};
 
 use crate::error::{Result, TrainError};
-use crate::report::{EpochReport, Timings};
+use crate::report::{EpochReport, TaskEpoch, Timings};
+use crate::task::node::MAX_RANKED;
 use serde::{Deserialize, Serialize};
 
 /// A trainer's flattened dense gradients for one step, or a chunk of them
@@ -52,9 +53,6 @@ impl Msg for Abort {
     type Reply = ();
     const KIND: &'static str = "abort";
 }
-
-/// Most ranking pairs per split one trainer sends for ROC-AUC (5 bytes each on the wire).
-pub const MAX_RANKED: usize = 1 << 20;
 
 /// The run is over: trainers' nodes may stop serving.
 #[derive(Debug, Serialize, Deserialize)]
@@ -355,6 +353,46 @@ pub struct Progress {
     /// Multi-task: each task's own loss summed over the epoch's steps so far.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub task_loss_sums: Vec<f64>,
+}
+
+/// Each task's figures from the trainers' accounts of them.
+impl TaskEpoch {
+    /// Each task's figures of epoch `epoch` from the trainers' accounts
+    /// (`stats`, each with its tasks' accounts in `tasks` order; `valid`
+    /// and `test` nodes in all).
+    pub fn all(
+        epoch: u64,
+        stats: &[EpochStats],
+        tasks: &[crate::config::TaskWeight],
+        valid: usize,
+        test: usize,
+    ) -> Vec<TaskEpoch> {
+        tasks
+            .iter()
+            .enumerate()
+            .map(|(k, w)| {
+                let own: Vec<_> = stats
+                    .iter()
+                    .filter_map(|s| s.tasks.get(k).cloned())
+                    .collect();
+                let r = EpochReport::from_stats(epoch, &own, valid, test, false);
+                // Regression has no accuracy; multi-label's is exact matches.
+                let classifies = w.task != crate::config::Task::NodeRegression;
+                TaskEpoch {
+                    task: w.task.name().to_string(),
+                    weight: w.weight,
+                    loss: r.loss,
+                    valid_acc: r.valid_acc.filter(|_| classifies),
+                    test_acc: r.test_acc.filter(|_| classifies),
+                    regression: r.regression,
+                    macro_f1: r.macro_f1,
+                    micro_f1: r.micro_f1,
+                    roc_auc: r.roc_auc,
+                    average_precision: r.average_precision,
+                }
+            })
+            .collect()
+    }
 }
 
 /// The report's epoch from the trainers' accounts of it.

@@ -80,16 +80,6 @@ pub fn prepare(
     })
 }
 
-/// Correct predictions (the arg-max of `logits`) among `seeds`.
-pub fn count_correct(logits: &candle_core::Tensor, labels: &[i64], seeds: &[u32]) -> Result<u64> {
-    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-    Ok(pred
-        .iter()
-        .zip(seeds)
-        .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
-        .count() as u64)
-}
-
 /// Samples a mini-batch, or for a features-only model a single block of the seeds.
 pub fn sample(
     sampler: &mut Sampler,

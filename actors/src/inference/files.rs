@@ -9,6 +9,7 @@
 //! OUT/manifest.json       every partition has: the types, widths and counts
 //! ```
 
+use super::messages::PartDone;
 use std::path::{Path, PathBuf};
 
 use graphs::npy::{DType as NpyType, NpyFile};
@@ -54,13 +55,6 @@ pub struct Manifest {
     pub job: JobRecord,
     /// The types with embeddings (a type the model reads no rows of has none).
     pub types: Vec<TypeEntry>,
-}
-
-/// `done.json` of a partition: its types' widths and node counts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartDone {
-    /// Per type: `(width, nodes)`; `None` where the type has no embeddings.
-    pub types: Vec<Option<(usize, u64)>>,
 }
 
 /// The output directory of one job.

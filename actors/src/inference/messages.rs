@@ -6,6 +6,12 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::owner::messages::ServeError;
 
+/// What a partition computed (`done.json`, and the word to its peers): its types' widths and node counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartDone {
+    /// Per type: `(width, nodes)`; `None` where the type has no embeddings.
+    pub types: Vec<Option<(usize, u64)>>,
+}
 /// Most node ids one [`StagePull`] may name.
 pub const MAX_IDS: usize = 1 << 20;
 
@@ -56,7 +62,7 @@ pub struct Finished {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FinishState {
     /// Its account, once its embeddings are written (`None` before, and to another job).
-    pub done: Option<super::files::PartDone>,
+    pub done: Option<PartDone>,
     /// It has seen every partition done: it needs no peer any more.
     pub all_seen: bool,
 }

@@ -24,8 +24,8 @@ use sha2::Digest;
 use crate::distributed::System;
 use crate::error::{Result, TrainError};
 use crate::pretrained::Inference;
-use files::{JobRecord, Manifest, Out, PartDone, TypeEntry};
-use messages::{Finished, StagePull};
+use files::{JobRecord, Manifest, Out, TypeEntry};
+use messages::{Finished, PartDone, StagePull};
 use rows::{Published, RowServer};
 
 /// Actor names of distributed inference.

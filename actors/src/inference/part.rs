@@ -14,7 +14,8 @@ use models::inference::{full_block, host_rows, layer_chunk, TypeRows};
 use models::rgcn::PerType;
 use runtime::{ActorRef, Node, SharedBytes};
 
-use super::files::{Out, PartDone};
+use super::files::Out;
+use super::messages::PartDone;
 use super::messages::{StagePull, StageRows, MAX_IDS};
 use super::rows::{Published, Stage};
 use crate::error::{Result, TrainError};

@@ -7,8 +7,7 @@ use actix::{Actor, Context, Handler, MessageResult};
 use models::inference::TypeRows;
 use runtime::{Deliver, SharedBytes};
 
-use super::files::PartDone;
-use super::messages::{FinishState, Finished, ServeError, StagePull, StageRows, MAX_IDS};
+use super::messages::{FinishState, Finished, PartDone, ServeError, StagePull, StageRows, MAX_IDS};
 
 /// One stage's rows of a partition's own nodes, per type (`None`: no rows of
 /// that type), in the order of the partition's own nodes (ascending ids).

@@ -19,8 +19,9 @@ use super::LocalBatch;
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
-use crate::epoch::{count_correct, lap, sample, Prepared, SamplingPlan, EVAL_BATCH};
+use crate::epoch::{lap, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
+use crate::task::node::count_correct;
 
 /// The learnable rows of one node type a partition holds, ids ascending.
 pub struct LocalRows {

@@ -15,6 +15,7 @@ use crate::distributed::checkpoint as dist;
 use crate::error::{Result, TrainError};
 
 pub mod init;
+pub mod part;
 
 /// Problems of newer checkpoints skipped on the way to the one used.
 pub type Skipped = Vec<String>;

@@ -22,9 +22,10 @@ use models::rgcn::PerType;
 use models::Model;
 use serde::{Deserialize, Serialize};
 
+use crate::config::RegressionLoss;
 use crate::config::{Task, TrainingConfig};
 use crate::error::{Result, TrainError};
-use crate::task::node::{regression_loss, RegressionLoss, Scores, MAX_F1_CLASSES};
+use crate::task::node::{regression_loss, Scores, MAX_F1_CLASSES};
 
 /// Evaluation edges decoded per chunk.
 const EVAL_CHUNK: usize = 8192;

@@ -3,7 +3,6 @@
 //! the modes), and link prediction's and edge tasks' batches, losses and
 //! metrics, for any mode that supports them; node tasks trained together.
 
-pub mod best;
 pub mod edge;
 pub mod link;
 pub mod multi;

@@ -6,36 +6,23 @@ use candle_core::{DType, Tensor};
 use graphs::HetGraph;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Task, TrainingConfig};
+use crate::config::{ClassWeights, RegressionLoss, Task, TrainingConfig};
 use crate::error::{Result, TrainError};
 use graphs::label_sets::LabelSets;
 
-/// Node regression's loss.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RegressionLoss {
-    /// Mean squared error (the default).
-    #[default]
-    Mse,
-    /// Huber: squared below `huber_delta`, linear above (robust to outliers).
-    Huber,
-}
+/// Most (probability, label) pairs an evaluation keeps per split for
+/// average precision and ROC-AUC, the bound the pairs travel under (5 bytes
+/// each on the wire): beyond it, they are not measured.
+pub const MAX_RANKED: usize = 1 << 20;
 
-/// How node classification weighs each class in its loss.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ClassWeights {
-    /// "none" (every node counts 1, the default) or "balanced" (a class
-    /// weighs `training nodes / (classes × its training nodes)`).
-    Named(String),
-    /// One weight per class, in class order.
-    List(Vec<f64>),
-}
-
-impl Default for ClassWeights {
-    fn default() -> Self {
-        ClassWeights::Named("none".into())
-    }
+/// Correct predictions (the arg-max of `logits`) among `seeds`.
+pub fn count_correct(logits: &candle_core::Tensor, labels: &[i64], seeds: &[u32]) -> Result<u64> {
+    let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
+    Ok(pred
+        .iter()
+        .zip(seeds)
+        .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
+        .count() as u64)
 }
 
 impl ClassWeights {
@@ -261,7 +248,7 @@ impl<'g> NodeTask<'g> {
     /// label is right; 0 for regression).
     pub fn correct(&self, out: &Tensor, seeds: &[u32]) -> Result<u64> {
         match self {
-            NodeTask::Classes { labels, .. } => crate::epoch::count_correct(out, labels, seeds),
+            NodeTask::Classes { labels, .. } => count_correct(out, labels, seeds),
             NodeTask::Labels { sets, .. } => {
                 let pred = predicted_sets(out)?;
                 Ok(seeds
@@ -321,11 +308,6 @@ impl<'g> NodeTask<'g> {
         Ok(())
     }
 }
-
-/// Most (probability, label) pairs an evaluation keeps per split for
-/// average precision and ROC-AUC, the bound the pairs travel under: beyond
-/// it, they are not measured.
-pub use crate::distributed::messages::MAX_RANKED;
 
 /// The 0/1 label rows of `seeds`, as a `[seeds × width]` f32 vector.
 fn label_rows(sets: &LabelSets, seeds: &[u32]) -> Vec<f32> {
