@@ -13,9 +13,8 @@ use candle_core::{DType, Device, Tensor};
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
-use crate::layer::{Activation, RelationalLayer};
+use crate::layer::{Activation, LayerArgs, RelationalLayer};
 use crate::ops::{add_bias, finish_partial, lse_attention, matmul, merge_partials, SegmentCsr};
-use crate::params::ParamStore;
 use crate::self_loop::{per_dst_type, PerType};
 
 struct TypeMaps {
@@ -49,18 +48,19 @@ pub struct HgtLayer {
 
 impl HgtLayer {
     /// Creates layer `index`'s parameters; `out_dim` must be a multiple of `heads`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: &mut ParamStore,
-        g: &HetGraph,
-        index: usize,
-        in_dims: &[usize],
-        out_dim: usize,
-        heads: usize,
-        seed: u64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<HgtLayer> {
+    pub fn new(a: LayerArgs) -> Result<HgtLayer> {
+        let LayerArgs {
+            store,
+            g,
+            index,
+            in_dims,
+            out_dim,
+            spec,
+            dtype,
+            device,
+            ..
+        } = a;
+        let (heads, seed) = (spec.heads, spec.seed);
         if heads == 0 || !out_dim.is_multiple_of(heads) {
             return Err(ModelError::Config(format!(
                 "HGT: width {out_dim} must be a multiple of heads ({heads})"

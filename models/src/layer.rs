@@ -136,53 +136,17 @@ pub struct Registration {
 pub fn registered(kind: ModelKind) -> Option<Registration> {
     Some(match kind {
         ModelKind::Rgcn => Registration {
-            build: |a| {
-                Ok(Box::new(RgcnLayer::new(
-                    a.store,
-                    a.g,
-                    a.index,
-                    a.in_dims,
-                    a.out_dim,
-                    a.spec.seed,
-                    a.dtype,
-                    a.device,
-                )?))
-            },
+            build: |a| Ok(Box::new(RgcnLayer::new(a)?)),
             head: false,
             uses_heads: false,
         },
         ModelKind::Rgat => Registration {
-            build: |a| {
-                Ok(Box::new(RgatLayer::new(
-                    a.store,
-                    a.g,
-                    a.index,
-                    a.in_dims,
-                    a.out_dim,
-                    a.spec.heads,
-                    a.last,
-                    a.spec.seed,
-                    a.dtype,
-                    a.device,
-                )?))
-            },
+            build: |a| Ok(Box::new(RgatLayer::new(a)?)),
             head: false,
             uses_heads: true,
         },
         ModelKind::Hgt => Registration {
-            build: |a| {
-                Ok(Box::new(HgtLayer::new(
-                    a.store,
-                    a.g,
-                    a.index,
-                    a.in_dims,
-                    a.out_dim,
-                    a.spec.heads,
-                    a.spec.seed,
-                    a.dtype,
-                    a.device,
-                )?))
-            },
+            build: |a| Ok(Box::new(HgtLayer::new(a)?)),
             head: true,
             uses_heads: true,
         },

@@ -6,13 +6,12 @@
 //! Attention is normalised per relation, so a relation's partial needs
 //! nothing from other relations: the same seam as R-GCN.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::{ModelError, Result};
-use crate::layer::RelationalLayer;
+use crate::layer::{LayerArgs, RelationalLayer};
 use crate::ops::{attention_aggregate, matmul, matmul_prefix, SegmentCsr};
-use crate::params::ParamStore;
 use crate::self_loop::{accumulate, PerType, SelfLoops};
 
 struct RelationAttention {
@@ -36,19 +35,19 @@ pub struct RgatLayer {
 impl RgatLayer {
     /// Creates layer `index`'s parameters; `last` layers average `heads` heads of
     /// width `out_dim`, others concatenate heads of width `out_dim / heads`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: &mut ParamStore,
-        g: &HetGraph,
-        index: usize,
-        in_dims: &[usize],
-        out_dim: usize,
-        heads: usize,
-        last: bool,
-        seed: u64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<RgatLayer> {
+    pub fn new(a: LayerArgs) -> Result<RgatLayer> {
+        let LayerArgs {
+            store,
+            g,
+            index,
+            in_dims,
+            out_dim,
+            last,
+            spec,
+            dtype,
+            device,
+        } = a;
+        let (heads, seed) = (spec.heads, spec.seed);
         if heads == 0 || (!last && !out_dim.is_multiple_of(heads)) {
             return Err(ModelError::Config(format!(
                 "R-GAT: hidden width {out_dim} must be a multiple of heads ({heads})"

@@ -8,13 +8,12 @@
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use graphs::{Block, HetGraph, RelationId};
 
 use crate::error::Result;
-use crate::layer::{RelationMeans, RelationalLayer};
+use crate::layer::{LayerArgs, RelationMeans, RelationalLayer};
 use crate::ops::{matmul, segment_mean, SegmentCsr};
-use crate::params::ParamStore;
 pub use crate::self_loop::PerType;
 use crate::self_loop::{accumulate, SelfLoops};
 
@@ -27,17 +26,19 @@ pub struct RgcnLayer {
 
 impl RgcnLayer {
     /// Creates layer `index`'s parameters in `store`; `in_dims[t]` is type `t`'s input width.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: &mut ParamStore,
-        g: &HetGraph,
-        index: usize,
-        in_dims: &[usize],
-        out_dim: usize,
-        seed: u64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<RgcnLayer> {
+    pub fn new(a: LayerArgs) -> Result<RgcnLayer> {
+        let LayerArgs {
+            store,
+            g,
+            index,
+            in_dims,
+            out_dim,
+            spec,
+            dtype,
+            device,
+            ..
+        } = a;
+        let seed = spec.seed;
         let mut rel_weight = Vec::new();
         for r in g.relations() {
             let name = format!("layer{index}.rel.{}.weight", r.canonical());

@@ -219,64 +219,32 @@ fn a_layer_is_the_sum_of_its_relation_partials() {
     };
     let model = Model::new(&spec, &g, DType::F64, &Device::Cpu).unwrap();
     let mut store = models::params::ParamStore::new();
+    // Layer `index` of width `out_dim` (the spec's 2 heads and seed 2), inputs [5, 3].
+    fn args<'a>(
+        store: &'a mut models::params::ParamStore,
+        (g, spec): (&'a graphs::HetGraph, &'a ModelSpec),
+        index: usize,
+        out_dim: usize,
+        last: bool,
+    ) -> models::layer::LayerArgs<'a> {
+        models::layer::LayerArgs {
+            store,
+            g,
+            index,
+            in_dims: &[5, 3],
+            out_dim,
+            last,
+            spec,
+            dtype: DType::F64,
+            device: &Device::Cpu,
+        }
+    }
+    let at = (&g, &spec);
     let layers: [Box<dyn models::layer::RelationalLayer>; 4] = [
-        Box::new(
-            models::rgcn::RgcnLayer::new(
-                &mut store,
-                &g,
-                0,
-                &[5, 3],
-                4,
-                2,
-                DType::F64,
-                &Device::Cpu,
-            )
-            .unwrap(),
-        ),
-        Box::new(
-            models::rgat::RgatLayer::new(
-                &mut store,
-                &g,
-                1,
-                &[5, 3],
-                4,
-                2,
-                false,
-                2,
-                DType::F64,
-                &Device::Cpu,
-            )
-            .unwrap(),
-        ),
-        Box::new(
-            models::rgat::RgatLayer::new(
-                &mut store,
-                &g,
-                2,
-                &[5, 3],
-                3,
-                2,
-                true,
-                2,
-                DType::F64,
-                &Device::Cpu,
-            )
-            .unwrap(),
-        ),
-        Box::new(
-            models::hgt::HgtLayer::new(
-                &mut store,
-                &g,
-                3,
-                &[5, 3],
-                4,
-                2,
-                2,
-                DType::F64,
-                &Device::Cpu,
-            )
-            .unwrap(),
-        ),
+        Box::new(models::rgcn::RgcnLayer::new(args(&mut store, at, 0, 4, false)).unwrap()),
+        Box::new(models::rgat::RgatLayer::new(args(&mut store, at, 1, 4, false)).unwrap()),
+        Box::new(models::rgat::RgatLayer::new(args(&mut store, at, 2, 3, true)).unwrap()),
+        Box::new(models::hgt::HgtLayer::new(args(&mut store, at, 3, 4, false)).unwrap()),
     ];
     for layer in &layers {
         let mb = Sampler::new(&g, &[4, 3], 0)
