@@ -125,6 +125,9 @@ pub(super) enum Fault {
     Cut(u32, u32, Duration),
     /// The newest complete checkpoint's files are damaged.
     CorruptNewest,
+    /// The partition's attempts fail whenever they reach this step, with an
+    /// error a restart repeats (bad input, a bug).
+    Refuse(u32, u64),
 }
 
 enum What {
@@ -350,6 +353,8 @@ pub(super) struct Sim {
     last_report: Option<Report>,
     delivered: u64,
     computed: u64,
+    /// Partitions that fail at a step, every time.
+    refuse: BTreeMap<u32, u64>,
 }
 
 impl Sim {
@@ -385,6 +390,7 @@ impl Sim {
             last_report: None,
             delivered: 0,
             computed: 0,
+            refuse: BTreeMap::new(),
             setup,
         };
         for n in 0..sim.setup.parts {
@@ -640,6 +646,9 @@ impl Sim {
                     self.down_since[peer as usize] = since;
                     self.push(self.now + FAILURE, What::Down { to, peer, since });
                 }
+            }
+            Fault::Refuse(n, step) => {
+                self.refuse.insert(n, step);
             }
             Fault::CorruptNewest => {
                 let mut d = self.disk.borrow_mut();
@@ -943,6 +952,14 @@ impl Sim {
                 let Some(a) = p.attempt.as_mut().filter(|a| !a.sent && a.gen == gen) else {
                     return;
                 };
+                if self.refuse.get(&n) == Some(&a.seq) {
+                    let seq = a.seq;
+                    self.fail(
+                        n,
+                        &format!("partition {n} cannot read its rows of step {seq}"),
+                    );
+                    return;
+                }
                 a.sent = true;
                 let (gen, seq) = (a.gen, a.seq);
                 let value = share(p.part, seq, a.model);
@@ -1460,6 +1477,26 @@ mod tests {
         );
         assert!(o.took < secs(30), "{:?}", o.took);
         assert_eq!(o.models, vec![None; 3], "no partition finished");
+    }
+
+    #[test]
+    fn a_failure_that_every_restart_repeats_stops_the_run_with_its_message() {
+        let s = setup();
+        let mut sim = Sim::new(s.clone(), 23);
+        sim.at(Duration::ZERO, Fault::Refuse(1, 9));
+        let o = sim.run(secs(3600));
+        let err = o.result.unwrap_err();
+        assert!(
+            err.contains("failed 3 times at step 9 after rolling back to step 8")
+                && err.contains("partition 1 cannot read its rows of step 9"),
+            "{err}"
+        );
+        assert!(
+            o.took < secs(10),
+            "nothing waits out a deadline: {:?}",
+            o.took
+        );
+        assert_eq!(o.models, vec![None; 3]);
     }
 
     #[test]
