@@ -646,33 +646,14 @@ impl<'a> Coordinator<'a> {
     /// Takes the attempt's next news, if it has any: a checkpoint every
     /// partition wrote, a step of the epoch, or every trainer's figures of it.
     fn progress(&mut self, now: Duration, host: &mut dyn Host, a: &mut Attempt) -> Result<bool> {
-        let parts = self.shape.parts;
         let epoch = match a.awaiting {
             Awaiting::LastCheckpoint => {
                 let total = self.total();
-                if !(0..parts).all(|p| a.saved.contains_key(&(total, p))) {
-                    return Ok(false);
-                }
-                let files = (0..parts)
-                    .filter_map(|p| a.saved.remove(&(total, p)))
-                    .collect();
-                self.pending.push(files);
-                self.complete_checkpoints(host)?;
-                return Ok(true);
+                return self.take_checkpoint(host, a, |q| q == total);
             }
             Awaiting::Epoch(e) => e,
         };
-        if let Some(seq) = a
-            .saved
-            .keys()
-            .map(|k| k.0)
-            .find(|&q| (0..parts).all(|p| a.saved.contains_key(&(q, p))))
-        {
-            let files = (0..parts)
-                .filter_map(|p| a.saved.remove(&(seq, p)))
-                .collect();
-            self.pending.push(files);
-            self.complete_checkpoints(host)?;
+        if self.take_checkpoint(host, a, |_| true)? {
             return Ok(true);
         }
         // Steps of later epochs wait their turn; earlier ones are stale.
@@ -709,6 +690,31 @@ impl<'a> Coordinator<'a> {
         } else {
             a.awaiting = Awaiting::LastCheckpoint;
         }
+        Ok(true)
+    }
+
+    /// Takes the files of a checkpoint at a step `which` accepts, once every
+    /// partition has written them, and completes what it can; whether it took one.
+    fn take_checkpoint(
+        &mut self,
+        host: &mut dyn Host,
+        a: &mut Attempt,
+        which: impl Fn(u64) -> bool,
+    ) -> Result<bool> {
+        let parts = self.shape.parts;
+        let Some(seq) = a
+            .saved
+            .keys()
+            .map(|k| k.0)
+            .find(|&q| which(q) && (0..parts).all(|p| a.saved.contains_key(&(q, p))))
+        else {
+            return Ok(false);
+        };
+        let files = (0..parts)
+            .filter_map(|p| a.saved.remove(&(seq, p)))
+            .collect();
+        self.pending.push(files);
+        self.complete_checkpoints(host)?;
         Ok(true)
     }
 
@@ -842,11 +848,9 @@ impl<'a> Coordinator<'a> {
 }
 
 /// Generation `attempt` of a coordinator whose numbers are salted with
-/// `salt`: distinct across attempts, never 0 (inboxes that never started one).
+/// `salt`: distinct across attempts (draws of one counter-based stream are a
+/// bijection of the counter before the low bit is set), never 0 (inboxes
+/// that never started one).
 fn generation(salt: u64, attempt: u32) -> u64 {
-    // splitmix64: a bijection, so distinct attempts get distinct numbers before the low bit is set.
-    let mut z = salt.wrapping_add(u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) | 1
+    graphs::rng::draw(salt, u64::from(attempt) + 1) | 1
 }

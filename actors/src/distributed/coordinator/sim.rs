@@ -18,6 +18,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::core::{Coordinator, Deadlines, Event, Host, Output, RunId, Shape};
+use graphs::rng::{mix64 as mix, CounterRng};
+
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::Manifest;
 use crate::distributed::messages::{
@@ -46,26 +48,21 @@ const fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-/// splitmix64: the seeded RNG of faults, and the toy model's mixer.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-struct Rng(u64);
+/// The seeded RNG of faults (the project's counter-based stream).
+struct Rng(CounterRng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(CounterRng::new(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 = mix(self.0);
-        self.0
+        self.0.next_u64()
     }
     fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        p > 0.0 && self.0.next_f64() < p
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.below(n.max(1))
     }
 }
 
@@ -369,7 +366,7 @@ impl Sim {
         };
         let mut sim = Sim {
             t: Box::leak(Box::new(t)),
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             now: Duration::ZERO,
             queue: BinaryHeap::new(),
             order: 0,
@@ -458,14 +455,7 @@ impl Sim {
             self.nodes[0].coordinator = Some((c, self.now));
             self.coordinator(Event::Tick);
         }
-        self.push(
-            self.now,
-            What::Timer {
-                node: n,
-                life,
-                kind: Timer::Ready,
-            },
-        );
+        self.timer_at(n, self.now, Timer::Ready);
     }
 
     fn host(&self) -> SimHost {
@@ -473,6 +463,39 @@ impl Sim {
             disk: self.disk.clone(),
             observer: Recorder(self.log.clone()),
         }
+    }
+
+    /// Sets node `n`'s timer `kind` (of its current life) for `at`.
+    fn timer_at(&mut self, n: u32, at: Duration, kind: Timer) {
+        let life = self.nodes[n as usize].life;
+        self.push(
+            at,
+            What::Timer {
+                node: n,
+                life,
+                kind,
+            },
+        );
+    }
+
+    /// `what` if its node runs now in the life it was meant for; work for an
+    /// older life is dropped, and a frozen node's is put off until it wakes.
+    fn gate(&mut self, what: What) -> Option<What> {
+        let (n, life) = match &what {
+            What::Deliver { to, life, .. } => (*to, *life),
+            What::Timer { node, life, .. } => (*node, *life),
+            What::CoordinatorTick { life } => (0, *life),
+            What::Down { .. } | What::Fault(_) => return Some(what),
+        };
+        let node = &self.nodes[n as usize];
+        if node.life != life {
+            return None;
+        }
+        if let Some(until) = node.frozen_until.filter(|&t| self.now < t) {
+            self.push(until, what);
+            return None;
+        }
+        Some(what)
     }
 
     /// Whether a message from `a` to `b` can pass now.
@@ -564,6 +587,9 @@ impl Sim {
     }
 
     fn step(&mut self, what: What) {
+        let Some(what) = self.gate(what) else {
+            return;
+        };
         match what {
             What::Fault(f) => self.fault(f),
             What::Down { to, peer, since } => {
@@ -573,37 +599,12 @@ impl Sim {
                     self.peer_down(to, peer);
                 }
             }
-            What::Deliver { to, life, msg } => {
-                let node = &self.nodes[to as usize];
-                if node.life != life {
-                    return;
-                }
-                if let Some(until) = node.frozen_until.filter(|&t| self.now < t) {
-                    self.push(until, What::Deliver { to, life, msg });
-                    return;
-                }
+            What::Deliver { to, msg, .. } => {
                 self.delivered += 1;
                 self.deliver(to, msg);
             }
-            What::Timer { node, life, kind } => {
-                let n = &self.nodes[node as usize];
-                if n.life != life {
-                    return;
-                }
-                if let Some(until) = n.frozen_until.filter(|&t| self.now < t) {
-                    self.push(until, What::Timer { node, life, kind });
-                    return;
-                }
-                self.timer(node, kind);
-            }
-            What::CoordinatorTick { life } => {
-                if self.nodes[0].life != life {
-                    return;
-                }
-                if let Some(until) = self.nodes[0].frozen_until.filter(|&t| self.now < t) {
-                    self.push(until, What::CoordinatorTick { life });
-                    return;
-                }
+            What::Timer { node, kind, .. } => self.timer(node, kind),
+            What::CoordinatorTick { .. } => {
                 if self.nodes[0]
                     .coordinator
                     .as_ref()
@@ -819,7 +820,6 @@ impl Sim {
 
     /// Starts the `Begin` waiting, if the partition is idle.
     fn start_attempt(&mut self, n: u32) {
-        let life = self.nodes[n as usize].life;
         let disk = self.disk.clone();
         let Some(p) = self.nodes[n as usize].part.as_mut() else {
             return;
@@ -840,14 +840,7 @@ impl Sim {
                     }
                     _ => {
                         p.last = LastAttempt::Failed(b.gen);
-                        self.push(
-                            self.now,
-                            What::Timer {
-                                node: n,
-                                life,
-                                kind: Timer::Ready,
-                            },
-                        );
+                        self.timer_at(n, self.now, Timer::Ready);
                         return;
                     }
                 }
@@ -859,14 +852,7 @@ impl Sim {
             // Resumed at the very end: nothing left to do.
             p.outcome = Some(model);
             p.last = LastAttempt::Done(b.gen);
-            self.push(
-                self.now,
-                What::Timer {
-                    node: n,
-                    life,
-                    kind: Timer::Ready,
-                },
-            );
+            self.timer_at(n, self.now, Timer::Ready);
             return;
         }
         p.attempt = Some(Attempt {
@@ -875,20 +861,12 @@ impl Sim {
             model,
             sent: false,
         });
-        self.push(
-            self.now + STEP,
-            What::Timer {
-                node: n,
-                life,
-                kind: Timer::Step(b.gen),
-            },
-        );
+        self.timer_at(n, self.now + STEP, Timer::Step(b.gen));
     }
 
     /// The partition's attempt stops (if it runs): it tells its peers and
     /// the coordinator, and waits for the next word.
     fn fail(&mut self, n: u32, reason: &str) {
-        let life = self.nodes[n as usize].life;
         let parts = self.setup.parts;
         let Some(p) = self.nodes[n as usize].part.as_mut() else {
             return;
@@ -909,18 +887,10 @@ impl Sim {
             }
         }
         self.send(n, 0, Msg::AbortCoordinator(abort));
-        self.push(
-            self.now,
-            What::Timer {
-                node: n,
-                life,
-                kind: Timer::Ready,
-            },
-        );
+        self.timer_at(n, self.now, Timer::Ready);
     }
 
     fn timer(&mut self, n: u32, kind: Timer) {
-        let life = self.nodes[n as usize].life;
         let parts = self.setup.parts;
         match kind {
             Timer::Ready => {
@@ -936,14 +906,7 @@ impl Sim {
                     last: p.last,
                 };
                 self.send(n, 0, Msg::Ready(r));
-                self.push(
-                    self.now + READY_EVERY,
-                    What::Timer {
-                        node: n,
-                        life,
-                        kind: Timer::Ready,
-                    },
-                );
+                self.timer_at(n, self.now + READY_EVERY, Timer::Ready);
             }
             Timer::Step(gen) => {
                 let Some(p) = self.nodes[n as usize].part.as_mut() else {
@@ -978,14 +941,7 @@ impl Sim {
                         );
                     }
                 }
-                self.push(
-                    self.now + SHARE_TIMEOUT,
-                    What::Timer {
-                        node: n,
-                        life,
-                        kind: Timer::ShareDeadline(seq),
-                    },
-                );
+                self.timer_at(n, self.now + SHARE_TIMEOUT, Timer::ShareDeadline(seq));
                 self.try_step(n);
             }
             Timer::ShareDeadline(seq) => {
@@ -1007,7 +963,6 @@ impl Sim {
     /// Takes the step whose shares are all there: the model moves on, and
     /// the partition reports the step, its epoch's figures and its checkpoint files.
     fn try_step(&mut self, n: u32) {
-        let life = self.nodes[n as usize].life;
         let (parts, per_epoch, every) = (
             self.setup.parts,
             self.setup.per_epoch,
@@ -1069,23 +1024,9 @@ impl Sim {
             p.attempt = None;
             p.outcome = Some(model);
             p.last = LastAttempt::Done(gen);
-            self.push(
-                self.now,
-                What::Timer {
-                    node: n,
-                    life,
-                    kind: Timer::Ready,
-                },
-            );
+            self.timer_at(n, self.now, Timer::Ready);
         } else {
-            self.push(
-                self.now + STEP,
-                What::Timer {
-                    node: n,
-                    life,
-                    kind: Timer::Step(gen),
-                },
-            );
+            self.timer_at(n, self.now + STEP, Timer::Step(gen));
         }
     }
 }
@@ -1509,7 +1450,7 @@ mod tests {
         };
         for seed in 0..24u64 {
             let plan = |sim: &mut Sim| {
-                let mut r = Rng(seed ^ 0xFA17);
+                let mut r = Rng::new(seed ^ 0xFA17);
                 for _ in 0..2 {
                     let at = ms(100 + r.below(1500));
                     let n = r.below(3) as u32;
