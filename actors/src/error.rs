@@ -26,6 +26,7 @@ impl TrainError {
             TrainError::PeerLost(m) => TrainError::PeerLost(format!("{what}: {m}")),
             TrainError::Protocol(m) => TrainError::Protocol(format!("{what}: {m}")),
             TrainError::Internal(m) => TrainError::Internal(format!("{what}: {m}")),
+            TrainError::Failed(m) => TrainError::Failed(format!("{what}: {m}")),
             TrainError::Config(m) => TrainError::Config(format!("{what}: {m}")),
             TrainError::Checkpoint(m) => TrainError::Checkpoint(format!("{what}: {m}")),
             other => other,
@@ -78,6 +79,12 @@ pub enum TrainError {
     /// bug to report, or a machine out of resources).
     #[error("distributed training stopped: {0}")]
     Internal(String),
+    /// A node stopped the run on an error a restart would repeat (the
+    /// message says which node and what: a bug, a protocol violation, bad
+    /// input, a diverged loss): fix the cause, then resume from the last
+    /// checkpoint.
+    #[error("distributed training stopped: {0}")]
+    Failed(String),
     /// The loss became NaN or infinite: the run stops rather than train on.
     #[error("training diverged at epoch {epoch}, step {step} of the run: the loss is {loss}; lower training.lr, or check the inputs for extreme values")]
     Diverged {
@@ -133,6 +140,7 @@ mod tests {
                 loss: f64::NAN,
             },
             TrainError::Checkpoint("corrupted".into()),
+            TrainError::Failed("trainer 1: training diverged".into()),
         ] {
             assert!(!e.is_recoverable(), "{e}");
         }

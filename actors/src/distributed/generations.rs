@@ -40,8 +40,9 @@ pub(crate) fn join_threads<T>(handles: Vec<std::thread::JoinHandle<Result<T>>>) 
 /// that is down will not answer).
 const ABORT_NOTICE: Duration = Duration::from_secs(1);
 
-/// Tells the actors `targets` that `me` (numbered `from`) failed, best effort
-/// (a peer that is down will not answer), so they stop instead of waiting.
+/// Tells the actors `targets` that `me` (numbered `from`) failed with
+/// `error`, best effort (a peer that is down will not answer), so they stop
+/// instead of waiting; whether a restart would help goes with it.
 pub(crate) fn abort_peers(
     node: &Node,
     handle: &tokio::runtime::Handle,
@@ -49,7 +50,7 @@ pub(crate) fn abort_peers(
     from: u32,
     gen: u64,
     targets: &[String],
-    reason: &str,
+    error: &TrainError,
 ) {
     send_abort(
         node,
@@ -59,10 +60,30 @@ pub(crate) fn abort_peers(
             gen,
             all_but: false,
             from,
-            reason: reason.to_string(),
+            reason: error.to_string(),
+            fatal: !error.is_recoverable(),
         },
         targets,
     );
+}
+
+/// The coordinator tells `targets` to stop generation `gen` for `reason`.
+pub(crate) fn stop_gen(
+    node: &Node,
+    handle: &tokio::runtime::Handle,
+    me: &str,
+    gen: u64,
+    targets: &[String],
+    reason: &str,
+) {
+    let abort = Abort {
+        gen,
+        all_but: false,
+        from: u32::MAX,
+        reason: reason.to_string(),
+        fatal: false,
+    };
+    send_abort(node, handle, me, abort, targets);
 }
 
 /// Tells `targets` to stop whatever generation they run unless it is `keep`.
@@ -83,6 +104,7 @@ pub(crate) fn stop_all_but(
             all_but: true,
             from: u32::MAX,
             reason: reason.to_string(),
+            fatal: false,
         },
         targets,
     );

@@ -47,6 +47,10 @@ pub struct Abort {
     pub from: u32,
     /// Why.
     pub reason: String,
+    /// The sender's failure would happen again after a restart (a bug, a
+    /// protocol violation, bad input, a diverged loss): the coordinator
+    /// stops the run instead of rolling it back.
+    pub fatal: bool,
 }
 
 impl Msg for Abort {

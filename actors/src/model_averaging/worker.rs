@@ -86,7 +86,7 @@ pub(crate) fn run(s: WorkerSetup) -> Result<Vec<Local>> {
             s.worker,
             s.gen,
             &targets,
-            &e.to_string(),
+            e,
         );
     }
     result

@@ -17,9 +17,13 @@ pub enum ServeError {
     #[error("refused: {0}")]
     Refused(String),
     /// The actor could not do what was asked (a checkpoint it cannot read or
-    /// write, a failed computation, it stopped): stop the run with the message.
+    /// write, a failed computation): stop the run with the message.
     #[error("failed: {0}")]
     Failed(String),
+    /// The actor stopped before it answered (its node is shutting down or
+    /// restarting): retry once the run has recovered.
+    #[error("stopped: {0}")]
+    Stopped(String),
 }
 
 impl ServeError {
@@ -39,6 +43,7 @@ impl ServeError {
         match self {
             ServeError::Refused(m) => TrainError::Protocol(format!("{actor} refused: {m}")),
             ServeError::Failed(m) => TrainError::Internal(format!("{actor} failed: {m}")),
+            ServeError::Stopped(m) => TrainError::PeerLost(format!("{actor} stopped: {m}")),
         }
     }
 }

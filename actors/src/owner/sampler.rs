@@ -124,8 +124,11 @@ impl Handler<Deliver<SampleReq>> for SamplerActor {
         let rx = self.parked.park(m.msg.priority, m.msg);
         ctx.notify(Serve);
         Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err(ServeError::failed("the sampler stopped")))
+            rx.await.unwrap_or_else(|_| {
+                Err(ServeError::Stopped(
+                    "the sampler stopped before it answered".into(),
+                ))
+            })
         })
     }
 }

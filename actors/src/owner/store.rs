@@ -431,8 +431,11 @@ impl Handler<Deliver<Pull>> for FeatureStore {
         let rx = self.parked.park(m.msg.priority, m.msg);
         ctx.notify(Serve);
         Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err(ServeError::failed("the store stopped")))
+            rx.await.unwrap_or_else(|_| {
+                Err(ServeError::Stopped(
+                    "the store stopped before it answered".into(),
+                ))
+            })
         })
     }
 }

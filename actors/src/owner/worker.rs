@@ -127,7 +127,7 @@ pub fn run_thread<T: Send + 'static>(
                     s.part,
                     s.gen,
                     &targets,
-                    &e.to_string(),
+                    e,
                 );
             }
             result

@@ -112,7 +112,7 @@ pub fn run(s: TrainerSetup) -> Result<Model> {
             s.trainer,
             s.gen,
             &targets,
-            &e.to_string(),
+            e,
         );
     }
     result

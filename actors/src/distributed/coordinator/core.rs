@@ -186,7 +186,7 @@ struct Attempt {
     /// When the current wait gives up.
     deadline: Duration,
     /// Why it must stop, once it must.
-    abort: Option<String>,
+    abort: Option<Stop>,
     steps: VecDeque<(u64, u64, f64)>,
     stats: BTreeMap<(u64, u32), EpochStats>,
     saved: BTreeMap<(u64, u32), Saved>,
@@ -195,6 +195,38 @@ struct Attempt {
 impl Attempt {
     fn start_seq(&self) -> u64 {
         self.from.as_ref().map_or(0, |m| m.seq)
+    }
+
+    /// The attempt must stop for `reason`: the first reason is kept, unless
+    /// a later one says a restart would repeat the failure (a peer's abort
+    /// that it provoked may arrive first).
+    fn stop(&mut self, reason: String, fatal: bool) {
+        if self.abort.as_ref().is_none_or(|s| fatal && !s.fatal) {
+            self.abort = Some(Stop { reason, fatal });
+        }
+    }
+}
+
+/// Why an attempt stops.
+#[derive(Debug)]
+struct Stop {
+    reason: String,
+    /// A node failed in a way a restart would repeat (a bug, a protocol
+    /// violation, bad input, a diverged loss): the run stops, no rollback.
+    fatal: bool,
+}
+
+impl Stop {
+    /// The attempt's error, said while it waited for `what`.
+    fn into_error(self, what: &str) -> TrainError {
+        if self.fatal {
+            TrainError::Failed(format!(
+                "{} (a restart from the last checkpoint would repeat it)",
+                self.reason
+            ))
+        } else {
+            TrainError::PeerLost(format!("stopped while waiting for {what}: {}", self.reason))
+        }
     }
 }
 
@@ -314,15 +346,18 @@ impl<'a> Coordinator<'a> {
                 if let Some(a) = self.attempt_mut() {
                     // `all_but`: stop anything but generation `m.gen`.
                     if (a.gen == m.gen) != m.all_but {
-                        a.abort.get_or_insert(format!("{from}: {}", m.reason));
+                        a.stop(format!("{from}: {}", m.reason), m.fatal);
                     }
                 }
             }
             Event::PeerDown(node) => {
                 if let Some(a) = self.attempt_mut() {
-                    a.abort.get_or_insert(format!(
-                        "node {node} stopped answering (no heartbeat within cluster.failure_timeout_ms)"
-                    ));
+                    a.stop(
+                        format!(
+                            "node {node} stopped answering (no heartbeat within cluster.failure_timeout_ms)"
+                        ),
+                        false,
+                    );
                 }
             }
             Event::Begun { part, gen, result } => {
@@ -370,11 +405,9 @@ impl<'a> Coordinator<'a> {
         if let Some(a) = self.attempt_mut() {
             let was = a.members.get(&r.part).copied();
             if was.is_some_and(|inc| inc != r.incarnation) {
-                a.abort
-                    .get_or_insert(format!("the node of partition {} restarted", r.part));
+                a.stop(format!("the node of partition {} restarted", r.part), false);
             } else if r.last == LastAttempt::Failed(a.gen) && was == Some(r.incarnation) {
-                a.abort
-                    .get_or_insert(format!("partition {} failed its attempt", r.part));
+                a.stop(format!("partition {} failed its attempt", r.part), false);
             }
         }
         self.ready.insert(r.part, r);
@@ -536,12 +569,11 @@ impl<'a> Coordinator<'a> {
                 "partition(s) {late:?} did not take the start within {BEGIN_TIMEOUT:?}"
             ));
         }
+        let what = self.first_awaiting(&attempt).what(self.total());
         let stop = match (refused, attempt.abort.take()) {
+            (_, Some(stop)) if stop.fatal => Some(stop.into_error(&what)),
             (Some(refused), _) => Some(TrainError::PeerLost(refused)),
-            (None, Some(reason)) => Some(TrainError::PeerLost(format!(
-                "stopped while waiting for {}: {reason}",
-                self.first_awaiting(&attempt).what(self.total())
-            ))),
+            (None, Some(stop)) => Some(stop.into_error(&what)),
             (None, None) => None,
         };
         if let Some(err) = stop {
@@ -608,8 +640,8 @@ impl<'a> Coordinator<'a> {
     ) -> bool {
         let total = self.total();
         let what = a.awaiting.what(total);
-        if let Some(reason) = a.abort.take() {
-            let err = TrainError::PeerLost(format!("stopped while waiting for {what}: {reason}"));
+        if let Some(stop) = a.abort.take() {
+            let err = stop.into_error(&what);
             self.end_attempt(now, host, out, a.gen, a.start_seq(), Err(err));
             return true;
         }

@@ -14,7 +14,7 @@ use runtime::{Deliver, Node};
 use super::core::{Coordinator, Event, Host, Output, BEGIN_TIMEOUT};
 use crate::config::TrainingConfig;
 use crate::distributed::checkpoint::{self, Manifest};
-use crate::distributed::generations::{abort_peers, stop_all_but};
+use crate::distributed::generations::{stop_all_but, stop_gen};
 use crate::distributed::inbox::Inbox;
 use crate::distributed::messages::{Abort, EpochStats, Ready, Saved, StepDone};
 use crate::distributed::{names, System};
@@ -148,11 +148,10 @@ pub(crate) fn drive(
                     Output::Abort { gen, reason } => {
                         let trainers: Vec<String> =
                             shell.members.iter().flatten().cloned().collect();
-                        abort_peers(
+                        stop_gen(
                             &shell.system.node,
                             &shell.system.handle,
                             names::COORDINATOR,
-                            u32::MAX,
                             gen,
                             &trainers,
                             &reason,

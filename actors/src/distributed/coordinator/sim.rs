@@ -123,8 +123,12 @@ pub(super) enum Fault {
     /// The newest complete checkpoint's files are damaged.
     CorruptNewest,
     /// The partition's attempts fail whenever they reach this step, with an
-    /// error a restart repeats (bad input, a bug).
+    /// error that reads as a lost peer (a deadline too short for the step):
+    /// only the coordinator's count of failures in a row stops it.
     Refuse(u32, u64),
+    /// The partition's attempts fail whenever they reach this step, with an
+    /// error it knows a restart repeats (bad input, a bug, a diverged loss).
+    Fatal(u32, u64),
 }
 
 enum What {
@@ -351,7 +355,7 @@ pub(super) struct Sim {
     delivered: u64,
     computed: u64,
     /// Partitions that fail at a step, every time.
-    refuse: BTreeMap<u32, u64>,
+    refuse: BTreeMap<u32, (u64, bool)>,
 }
 
 impl Sim {
@@ -649,7 +653,10 @@ impl Sim {
                 }
             }
             Fault::Refuse(n, step) => {
-                self.refuse.insert(n, step);
+                self.refuse.insert(n, (step, false));
+            }
+            Fault::Fatal(n, step) => {
+                self.refuse.insert(n, (step, true));
             }
             Fault::CorruptNewest => {
                 let mut d = self.disk.borrow_mut();
@@ -677,7 +684,7 @@ impl Sim {
             self.coordinator(Event::PeerDown(format!("n{peer}")));
         }
         // The node's watch aborts whatever its partition runs.
-        self.fail(to, &format!("node n{peer} stopped answering"));
+        self.fail(to, &format!("node n{peer} stopped answering"), false);
     }
 
     /// Feeds the coordinator (on `n0`) and sends what it says.
@@ -714,6 +721,7 @@ impl Sim {
                                 all_but: true,
                                 from: u32::MAX,
                                 reason: "the coordinator is starting the run again".into(),
+                                fatal: false,
                             }),
                         );
                     }
@@ -728,6 +736,7 @@ impl Sim {
                                 all_but: false,
                                 from: u32::MAX,
                                 reason: reason.clone(),
+                                fatal: false,
                             }),
                         );
                     }
@@ -783,7 +792,7 @@ impl Sim {
                 };
                 if let Some(at) = &p.attempt {
                     if (at.gen == a.gen) != a.all_but {
-                        self.fail(to, &a.reason);
+                        self.fail(to, &a.reason, false);
                     }
                 }
                 return;
@@ -792,7 +801,7 @@ impl Sim {
                 if let Some(p) = self.nodes[to as usize].part.as_mut() {
                     p.finished.get_or_insert(ok);
                 }
-                self.fail(to, "the run is over");
+                self.fail(to, "the run is over", false);
                 return;
             }
         };
@@ -813,7 +822,7 @@ impl Sim {
         p.begin = Some(b);
         let stale = p.attempt.as_ref().is_some_and(|a| a.gen != b.gen);
         if stale {
-            self.fail(n, "the coordinator restarts the run");
+            self.fail(n, "the coordinator restarts the run", false);
         }
         self.start_attempt(n);
     }
@@ -865,8 +874,9 @@ impl Sim {
     }
 
     /// The partition's attempt stops (if it runs): it tells its peers and
-    /// the coordinator, and waits for the next word.
-    fn fail(&mut self, n: u32, reason: &str) {
+    /// the coordinator (whether a restart would repeat it: `fatal`), and
+    /// waits for the next word.
+    fn fail(&mut self, n: u32, reason: &str, fatal: bool) {
         let parts = self.setup.parts;
         let Some(p) = self.nodes[n as usize].part.as_mut() else {
             return;
@@ -880,6 +890,7 @@ impl Sim {
             all_but: false,
             from: p.part,
             reason: reason.to_string(),
+            fatal,
         };
         for k in 0..parts {
             if k != n {
@@ -915,12 +926,10 @@ impl Sim {
                 let Some(a) = p.attempt.as_mut().filter(|a| !a.sent && a.gen == gen) else {
                     return;
                 };
-                if self.refuse.get(&n) == Some(&a.seq) {
+                if let Some(&(_, fatal)) = self.refuse.get(&n).filter(|(at, _)| *at == a.seq) {
                     let seq = a.seq;
-                    self.fail(
-                        n,
-                        &format!("partition {n} cannot read its rows of step {seq}"),
-                    );
+                    let why = format!("partition {n} cannot read its rows of step {seq}");
+                    self.fail(n, &why, fatal);
                     return;
                 }
                 a.sent = true;
@@ -954,6 +963,7 @@ impl Sim {
                     self.fail(
                         n,
                         &format!("no gradients of step {seq} within {SHARE_TIMEOUT:?}"),
+                        false,
                     );
                 }
             }
@@ -1437,6 +1447,27 @@ mod tests {
             "nothing waits out a deadline: {:?}",
             o.took
         );
+        assert_eq!(o.models, vec![None; 3]);
+    }
+
+    #[test]
+    fn a_failure_its_node_knows_a_restart_repeats_stops_the_run_without_a_rollback() {
+        let mut sim = Sim::new(setup(), 23);
+        sim.at(Duration::ZERO, Fault::Fatal(1, 9));
+        let o = sim.run(secs(3600));
+        let err = o.result.unwrap_err();
+        assert!(
+            err.contains("trainer 1: partition 1 cannot read its rows of step 9")
+                && err.contains("a restart from the last checkpoint would repeat it"),
+            "{err}"
+        );
+        assert!(o.report.failures.is_empty(), "{:?}", o.report.failures);
+        assert!(
+            !o.notes.iter().any(|n| n.contains("rolling back")),
+            "{:?}",
+            o.notes
+        );
+        assert_eq!(o.computed, 9 * 3, "no step computed twice");
         assert_eq!(o.models, vec![None; 3]);
     }
 

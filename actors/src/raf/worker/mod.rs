@@ -150,7 +150,7 @@ pub fn run(s: WorkerSetup) -> Result<WorkerResult> {
             s.worker,
             s.gen,
             &targets,
-            &e.to_string(),
+            e,
         );
     }
     result
