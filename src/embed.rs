@@ -167,98 +167,20 @@ fn partitioned(a: &EmbedArgs, parts: &Path) -> anyhow::Result<()> {
     if !matches!(a.format, EmbedFormat::Npy) {
         bail!("--partitions writes .npy files per partition (with their node ids); --format csv or parquet is for single-process embed");
     }
-    let mut inputs: Vec<(&str, &Path)> =
-        vec![("--checkpoint", &a.checkpoint), ("--partitions", parts)];
-    if let Some(d) = &a.data {
-        inputs.push(("--data", d));
-    }
-    crate::output::check(
-        &[Output {
-            flag: "--out",
-            path: &a.out,
-            kind: Kind::AddTo,
-        }],
-        a.force,
-        &inputs,
-    )?;
-    if a.config.is_some() {
-        crate::cluster::init_logging();
-    }
-    let start = Instant::now();
-    let (src, skipped) = actors::pretrained::Pretrained::find(&a.checkpoint)?;
-    for s in skipped {
-        warnln!("skipped checkpoint: {s}");
-    }
-    let set = graphs::partition::PartitionSet::open_for(parts, a.data.as_deref())
-        .with_context(|| format!("opening the partitions {}", parts.display()))?;
-    // One node of a topology: its partition, loaded once, builds the model
-    // (any partition's graph has every type and relation of the whole graph).
-    let node = match (&a.config, &a.node) {
-        (Some(config), Some(id)) => {
-            let cfg = actors::Config::load(config, &[])
-                .with_context(|| format!("reading {}", config.display()))?;
-            let Some(topology) = cfg.topology() else {
-                bail!("{}: has no [cluster] section", config.display());
-            };
-            let k = actors::inference::partition_of(&topology, id, set.manifest.parts as u32)
-                .with_context(|| format!("{}", config.display()))?;
-            Some((topology, id, k))
-        }
-        _ => None,
-    };
-    let g = set.load_part(
-        node.as_ref().map_or(0, |n| n.2 as usize),
-        &graphs::LoadOptions {
-            mmap_features: true,
-            reverse_edges: src.reverse_edges,
-        },
-    )?;
-    let model = src
-        .for_inference(&g, set.manifest.graph_sha256.as_deref())
-        .with_context(|| format!("loading the model of {}", src.dir.display()))?;
-    tracing::info!(
-        "partition and model loaded in {:.2}s",
-        start.elapsed().as_secs_f64()
-    );
-    let layers = models::inference::embedding_layers(&model.model)?;
-    let fingerprint = format!(
-        "checkpoint {} partitions {}",
-        graphs::fingerprint::file(&src.dir.join("manifest.json"))?,
-        graphs::fingerprint::file(&parts.join("manifest.json"))?
-    );
-    let job = actors::inference::Job {
-        model: &model,
-        set: &set,
-        reverse_edges: src.reverse_edges,
-        fingerprint,
+    let job = Partitioned {
+        checkpoint: &a.checkpoint,
+        partitions: parts,
+        data: a.data.as_deref(),
+        config: a.config.as_deref(),
+        node: a.node.as_deref(),
         out: &a.out,
-        chunk: a.batch,
+        batch: a.batch,
         force: a.force,
-        wait: Duration::from_secs(a.wait),
+        wait: a.wait,
+        task: None,
     };
-    let (manifest, nodes) = match node {
-        Some((topology, id, k)) => {
-            let mine = own_nodes(&set, k as usize);
-            let bars = bar(layers, mine);
-            let progress = |n: u64| advance(&bars, n);
-            let m = actors::inference::embed_node(&job, topology, id, &g, &progress)
-                .with_context(|| format!("node {id}: embedding its partition"))?;
-            finish(&bars);
-            (m, mine)
-        }
-        None => {
-            drop(g);
-            let all: u64 = set.owners.iter().map(|o| o.len() as u64).sum();
-            let bars = bar(layers, all);
-            let progress = |n: u64| advance(&bars, n);
-            let m = actors::inference::embed_embedded(&job, &progress)
-                .context("embedding the partitions")?;
-            finish(&bars);
-            (Some(m), all)
-        }
-    };
-    let took = start.elapsed().as_secs_f64();
-    match manifest {
+    let ran = job.run(actors::inference::Computes::Embeddings)?;
+    match ran.manifest {
         Some(m) => {
             let types: Vec<String> = m
                 .types
@@ -266,36 +188,243 @@ fn partitioned(a: &EmbedArgs, parts: &Path) -> anyhow::Result<()> {
                 .map(|t| format!("{} [{}, {}]", t.name, t.nodes.iter().sum::<u64>(), t.width))
                 .collect();
             sayln!(
-                "wrote embeddings of {} in {} partitions to {} in {took:.1}s (checkpoint {}; {layers} layer(s), full neighbourhoods)",
+                "wrote embeddings of {} in {} partitions to {} in {:.1}s (checkpoint {}; {} layer(s), full neighbourhoods)",
                 types.join(", "),
-                set.manifest.parts,
+                ran.parts,
                 a.out.display(),
-                src.dir.display()
+                ran.took,
+                ran.checkpoint.display(),
+                ran.layers
             );
         }
         None => sayln!(
-            "wrote this node's partition ({nodes} nodes) to {} in {took:.1}s; the first node writes the manifest",
-            a.out.display()
+            "wrote this node's partition ({} nodes) to {} in {:.1}s; the first node writes the manifest",
+            ran.nodes,
+            a.out.display(),
+            ran.took
         ),
     }
     Ok(())
 }
 
-/// The nodes partition `k` owns, of every type.
-fn own_nodes(set: &graphs::partition::PartitionSet, k: usize) -> u64 {
+/// A distributed `embed` or `predict` over a partition directory: every
+/// partition in this process, or one node of a topology (`config`, `node`).
+pub struct Partitioned<'a> {
+    pub checkpoint: &'a Path,
+    pub partitions: &'a Path,
+    /// The whole graph, checked to be the one the partitions were cut from.
+    pub data: Option<&'a Path>,
+    pub config: Option<&'a Path>,
+    pub node: Option<&'a str>,
+    pub out: &'a Path,
+    pub batch: usize,
+    pub force: bool,
+    /// Seconds a partition waits for a peer's rows.
+    pub wait: u64,
+    /// A logits job of a model trained for several node tasks: the task
+    /// whose head [`Ran::head`] is (checked before any work) [default: the first].
+    pub task: Option<&'a str>,
+}
+
+/// What a distributed job did.
+pub struct Ran {
+    /// The job's manifest, on the process that writes it.
+    pub manifest: Option<actors::inference::files::Manifest>,
+    /// The partitions computed in this process.
+    pub here: Vec<u32>,
+    /// Partitions of the job.
+    pub parts: usize,
+    /// Relational layers run.
+    pub layers: usize,
+    /// Nodes computed here, of every type.
+    pub nodes: u64,
+    /// A logits job's head: its kind and its columns of a target node's logits.
+    pub head: Option<(models::model::Head, std::ops::Range<usize>)>,
+    /// The target node type.
+    pub target: String,
+    /// The checkpoint used.
+    pub checkpoint: PathBuf,
+    /// Seconds it took.
+    pub took: f64,
+}
+
+impl Partitioned<'_> {
+    /// Runs the job, writing what `computes` says under `out`.
+    pub fn run(&self, computes: actors::inference::Computes) -> anyhow::Result<Ran> {
+        let parts = self.partitions;
+        let mut inputs: Vec<(&str, &Path)> =
+            vec![("--checkpoint", self.checkpoint), ("--partitions", parts)];
+        if let Some(d) = self.data {
+            inputs.push(("--data", d));
+        }
+        crate::output::check(
+            &[Output {
+                flag: "--out",
+                path: self.out,
+                kind: Kind::AddTo,
+            }],
+            self.force,
+            &inputs,
+        )?;
+        if self.config.is_some() {
+            crate::cluster::init_logging();
+        }
+        let start = Instant::now();
+        let (src, skipped) = actors::pretrained::Pretrained::find(self.checkpoint)?;
+        for s in skipped {
+            warnln!("skipped checkpoint: {s}");
+        }
+        let set = graphs::partition::PartitionSet::open_for(parts, self.data)
+            .with_context(|| format!("opening the partitions {}", parts.display()))?;
+        // One node of a topology: its partition, loaded once, builds the model
+        // (any partition's graph has every type and relation of the whole graph).
+        let node = match (self.config, self.node) {
+            (Some(config), Some(id)) => {
+                let cfg = actors::Config::load(config, &[])
+                    .with_context(|| format!("reading {}", config.display()))?;
+                let Some(topology) = cfg.topology() else {
+                    bail!("{}: has no [cluster] section", config.display());
+                };
+                let k = actors::inference::partition_of(&topology, id, set.manifest.parts as u32)
+                    .with_context(|| format!("{}", config.display()))?;
+                Some((topology, id, k))
+            }
+            _ => None,
+        };
+        let g = set.load_part(
+            node.as_ref().map_or(0, |n| n.2 as usize),
+            &graphs::LoadOptions {
+                mmap_features: true,
+                reverse_edges: src.reverse_edges,
+            },
+        )?;
+        let model = src
+            .for_inference(&g, set.manifest.graph_sha256.as_deref())
+            .with_context(|| format!("loading the model of {}", src.dir.display()))?;
+        tracing::info!(
+            "partition and model loaded in {:.2}s",
+            start.elapsed().as_secs_f64()
+        );
+        let m = &model.model;
+        let (layers, head) = match computes {
+            actors::inference::Computes::Embeddings => {
+                (models::inference::embedding_layers(m)?, None)
+            }
+            actors::inference::Computes::Logits => {
+                let layers = models::inference::classifier_layers(m)
+                    .with_context(|| format!("{}", src.dir.display()))?;
+                (layers, Some(head_of(m.spec().head_columns(&g), self.task)?))
+            }
+        };
+        let target = g.target();
+        let target_name = g.node_type(target).name.clone();
+        let fingerprint = format!(
+            "checkpoint {} partitions {}",
+            graphs::fingerprint::file(&src.dir.join("manifest.json"))?,
+            graphs::fingerprint::file(&parts.join("manifest.json"))?
+        );
+        let job = actors::inference::Job {
+            model: &model,
+            set: &set,
+            reverse_edges: src.reverse_edges,
+            fingerprint,
+            out: self.out,
+            chunk: self.batch,
+            force: self.force,
+            wait: Duration::from_secs(self.wait),
+            computes,
+        };
+        // The nodes each layer computes: every own node, but for a logits job
+        // whose last layer classifies, which computes the target's only.
+        let work = |k: Option<usize>| -> (u64, u64) {
+            let all = own_nodes(&set, k, None);
+            let last = match layers > models::inference::embedding_layers(m).unwrap_or(layers) {
+                true => own_nodes(&set, k, Some(target.index())),
+                false => all,
+            };
+            (all, all * (layers as u64).saturating_sub(1) + last)
+        };
+        let (manifest, here, nodes) = match node {
+            Some((topology, id, k)) => {
+                let (mine, total) = work(Some(k as usize));
+                let bars = bar(layers, total);
+                let progress = |n: u64| advance(&bars, n);
+                let m = actors::inference::embed_node(&job, topology, id, &g, &progress)
+                    .with_context(|| format!("node {id}: computing its partition"))?;
+                finish(&bars);
+                (m, vec![k], mine)
+            }
+            None => {
+                drop(g);
+                let (all, total) = work(None);
+                let bars = bar(layers, total);
+                let progress = |n: u64| advance(&bars, n);
+                let m = actors::inference::embed_embedded(&job, &progress)
+                    .context("computing the partitions")?;
+                finish(&bars);
+                let here = (0..set.manifest.parts as u32).collect();
+                (Some(m), here, all)
+            }
+        };
+        Ok(Ran {
+            manifest,
+            here,
+            parts: set.manifest.parts,
+            layers,
+            nodes,
+            head,
+            target: target_name,
+            checkpoint: src.dir.clone(),
+            took: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// The head of node task `task` among `heads` [default: the first].
+fn head_of(
+    heads: Vec<(models::model::Head, std::ops::Range<usize>)>,
+    task: Option<&str>,
+) -> anyhow::Result<(models::model::Head, std::ops::Range<usize>)> {
+    let tasks: Vec<&str> = heads
+        .iter()
+        .map(|(h, _)| serving::engine::head_task(*h))
+        .collect();
+    let found = match task {
+        None => heads.first().cloned(),
+        Some(t) => heads
+            .iter()
+            .find(|(h, _)| serving::engine::head_task(*h) == t)
+            .cloned(),
+    };
+    match found {
+        Some(h) => Ok(h),
+        None => bail!(
+            "--task {}: this model was not trained for it (it predicts: {})",
+            task.unwrap_or_default(),
+            tasks.join(", ")
+        ),
+    }
+}
+
+/// The nodes partition `k` owns (every partition's: `None`), of every type
+/// or of type `only`.
+fn own_nodes(set: &graphs::partition::PartitionSet, k: Option<usize>, only: Option<usize>) -> u64 {
     set.owners
         .iter()
-        .map(|o| o.iter().filter(|&&p| usize::from(p) == k).count() as u64)
+        .enumerate()
+        .filter(|&(t, _)| only.is_none_or(|o| o == t))
+        .map(|(_, o)| {
+            o.iter()
+                .filter(|&&p| k.is_none_or(|k| usize::from(p) == k))
+                .count() as u64
+        })
         .sum()
 }
 
-/// One bar over every layer of `nodes` nodes, shared by the partitions' threads.
-fn bar(layers: usize, nodes: u64) -> Mutex<crate::bar::Bars> {
+/// One bar over the `total` nodes of every layer, shared by the partitions' threads.
+fn bar(layers: usize, total: u64) -> Mutex<crate::bar::Bars> {
     let mut bars = crate::bar::Bars::new();
-    bars.start(
-        &format!("{layers} layer(s), own nodes"),
-        nodes * layers as u64,
-    );
+    bars.start(&format!("{layers} layer(s), own nodes"), total);
     Mutex::new(bars)
 }
 

@@ -22,6 +22,7 @@ mod partition;
 mod plot;
 mod predict;
 mod predict_edges;
+mod predict_parts;
 mod profile;
 mod serve;
 mod tables;

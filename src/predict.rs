@@ -63,8 +63,34 @@ impl From<InferenceArg> for Inference {
 /// Options of `hetgnn predict`.
 #[derive(Args)]
 pub struct PredictArgs {
-    #[command(flatten)]
-    model: ModelArgs,
+    /// A checkpoint directory, or a checkpoint root (its newest valid checkpoint is used);
+    /// single-process (epoch-*) or distributed (step-*) checkpoints.
+    #[arg(long)]
+    pub(crate) checkpoint: PathBuf,
+    /// The graph directory the model was trained on (with `--partitions`: optional,
+    /// and checked to be the graph the partitions were cut from).
+    #[arg(long, required_unless_present = "partitions")]
+    pub(crate) data: Option<PathBuf>,
+    /// A partition directory (`hetgnn partition`): each partition predicts the target
+    /// nodes it owns by exact inference, pulling its halo's rows from their owners;
+    /// `--out` is then a directory of `part-K/predictions.npy` (as `--out x.npy` writes
+    /// them) with `part-K/<type>.ids.npy` (int64 node ids), the logits
+    /// `part-K/<type>.npy` and a `manifest.json`; a run that stopped resumes from each
+    /// partition's last layer.
+    #[arg(long, conflicts_with_all = ["ids", "embeddings", "edges"])]
+    pub(crate) partitions: Option<PathBuf>,
+    /// With `--partitions`: a topology file; this process runs one node of it (`--node`),
+    /// the k-th node of `cluster.nodes` computing partition k. Without it every partition
+    /// runs in this process.
+    #[arg(long, requires_all = ["partitions", "node"])]
+    pub(crate) config: Option<PathBuf>,
+    /// With `--config`: this process's node id.
+    #[arg(long, requires = "config")]
+    pub(crate) node: Option<String>,
+    /// With `--partitions`: seconds a partition waits for a peer's rows (a peer that
+    /// restarts included) before it gives up.
+    #[arg(long, default_value_t = 600)]
+    pub(crate) wait: u64,
     /// Output: the predicted class per target node. `.npy`: int64 in node order;
     /// `.csv` or `.parquet`: columns `id` (the original ids of a graph imported
     /// from tables), `class` and, when the classes had names, `class_name`.
@@ -73,7 +99,7 @@ pub struct PredictArgs {
     /// `labels` column of the predicted labels joined by `;` (`0;3;7`, or their
     /// names where the label sets were imported as names).
     #[arg(long)]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
     /// Also write the final-layer input embeddings: `.npy` (float32, [nodes, width]),
     /// or `.csv` / `.parquet` (columns `id`, `e0`, `e1`, ...).
     #[arg(long)]
@@ -85,9 +111,10 @@ pub struct PredictArgs {
     /// The column of `--ids` that holds the node ids.
     #[arg(long, default_value = "id", requires = "ids")]
     ids_column: String,
-    /// Sampled (the training fanouts) or exact (full neighbourhoods) inference.
-    #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
-    inference: InferenceArg,
+    /// Sampled (the training fanouts) or exact (full neighbourhoods) inference
+    /// [default: sampled; exact, the only one, with `--partitions`].
+    #[arg(long, value_enum)]
+    pub(crate) inference: Option<InferenceArg>,
     /// An edge model: the edges to score, `.npy` (int64 [2, n]: sources, then
     /// destinations) or a table (`.csv`, `.csv.gz`, `.parquet`) with columns
     /// `src` and `dst` (original ids of a graph imported from tables).
@@ -96,24 +123,35 @@ pub struct PredictArgs {
     /// An edge model trained on several relations: the one `--edges` belongs to
     /// (canonical `src__name__dst`) [default: its first target relation].
     #[arg(long, requires = "edges")]
-    relation: Option<String>,
+    pub(crate) relation: Option<String>,
     /// A model trained for several tasks (`training.tasks`): the task to
     /// predict ("node-classification", "node-regression" or "multi-label")
     /// [default: its first].
     #[arg(long)]
-    task: Option<String>,
+    pub(crate) task: Option<String>,
     /// Nodes per inference batch (answers do not depend on it).
     #[arg(long, default_value_t = 4096)]
-    batch: usize,
+    pub(crate) batch: usize,
     /// Replace existing output files.
     #[arg(long)]
-    force: bool,
+    pub(crate) force: bool,
 }
 
 pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
+    if let Some(parts) = &a.partitions {
+        return crate::predict_parts::run(a, parts);
+    }
+    let Some(data) = &a.data else {
+        bail!("--data (the graph directory) is needed without --partitions");
+    };
+    let model = ModelArgs {
+        checkpoint: a.checkpoint.clone(),
+        data: data.clone(),
+    };
+    let inference = a.inference.unwrap_or(InferenceArg::Sampled);
     let mut outputs = vec![Output {
         flag: "--out",
         path: &a.out,
@@ -124,7 +162,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         path: p,
         kind: Kind::File,
     }));
-    let mut inputs = a.model.inputs().to_vec();
+    let mut inputs = model.inputs().to_vec();
     if let Some(ids) = &a.ids {
         inputs.push(("--ids", ids));
     }
@@ -135,7 +173,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     // After the output check, so that an output naming an input is refused as such.
     let out_format = result_format(&a.out)?;
     let emb_format = a.embeddings.as_deref().map(result_format).transpose()?;
-    let trained = a.model.load()?;
+    let trained = model.load()?;
     let dir = trained.source.dir.clone();
     let spec = &trained.source.spec;
     let scorer = match (&spec.edge, &spec.link) {
@@ -170,7 +208,7 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         Some(path) => trained.names[trained.graph.target().index()].read(path, &a.ids_column)?,
         None => (0..count).collect(),
     };
-    let mut engine = Engine::new(trained, a.inference.into(), a.batch, |_, _, _| {})
+    let mut engine = Engine::new(trained, inference.into(), a.batch, |_, _, _| {})
         .with_context(|| format!("inference with {}", dir.display()))?;
     if let Some(task) = &a.task {
         engine

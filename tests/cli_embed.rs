@@ -1,5 +1,6 @@
-//! `hetgnn embed --partitions`: every partition in one process, and one node
-//! of a topology per process, equal to single-process `embed`.
+//! `hetgnn embed --partitions` and `hetgnn predict --partitions`: every
+//! partition in one process, and one node of a topology per process, equal
+//! to single-process `embed` and exact `predict`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -155,6 +156,66 @@ fn partitions_in_one_process_embed_as_single_process_embed() {
     hetgnn(d, &["embed", "--checkpoint", "ck", "--out", "x"]).fails_with(2, &["--data"]);
     hetgnn(d, &["generate", "--scale", "0.003", "--out", "g2"]).ok();
     embed("wrong", &["--data", "g2"]).fails_with(1, &["was cut from a graph", "g2"]);
+
+    // `predict` over the same partitions: the classes of single-process exact inference.
+    let predict = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--out",
+            out,
+            "--batch",
+            "100",
+        ];
+        args.extend_from_slice(extra);
+        hetgnn(d, &args)
+    };
+    hetgnn(
+        d,
+        &[
+            "predict",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "g",
+            "--out",
+            "single.npy",
+            "--inference",
+            "exact",
+        ],
+    )
+    .ok();
+    let said = predict("pred", &[]).ok().stdout();
+    assert!(
+        said.contains("node-classification predictions for") && said.contains("in 2 partitions"),
+        "{said}"
+    );
+    let want = NpyFile::open(&d.join("single.npy"), DType::I64).unwrap();
+    let mut seen = vec![false; want.shape()[0] as usize];
+    for k in 0..2 {
+        let dir = d.join(format!("pred/part-{k}"));
+        let got = NpyFile::open(&dir.join("predictions.npy"), DType::I64).unwrap();
+        let ids = NpyFile::open(&dir.join("paper.ids.npy"), DType::I64).unwrap();
+        assert_eq!(got.shape(), ids.shape());
+        for i in 0..ids.shape()[0] as usize {
+            let v = ids.i64_at(i) as usize;
+            assert!(!seen[v], "paper {v} predicted twice");
+            seen[v] = true;
+            assert_eq!(got.i64_at(i), want.i64_at(v), "paper {v}");
+        }
+    }
+    assert!(seen.iter().all(|&s| s), "every paper predicted");
+    assert!(d.join("pred/manifest.json").exists());
+    // Refusals, before any work: sampled inference, a task the model was not
+    // trained for, node lists, an embedding job's directory.
+    predict("p2", &["--inference", "sampled"]).fails_with(1, &["exact inference"]);
+    predict("p2", &["--task", "node-regression"])
+        .fails_with(1, &["not trained for it", "node-classification"]);
+    predict("p2", &["--ids", "ids.csv"]).fails_with(2, &["--ids"]);
+    predict("dist", &[]).fails_with(1, &["holds the embeddings of another job"]);
 }
 
 #[test]

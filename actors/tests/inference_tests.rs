@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use actors::inference::{embed_embedded, files::Manifest, Job};
+use actors::inference::{embed_embedded, files::Manifest, Computes, Job};
 use actors::pretrained::{Inference, Pretrained};
 use candle_core::{DType, Device};
 use graphs::npy::{DType as NpyType, NpyFile};
@@ -142,6 +142,7 @@ fn job<'a>(
         chunk: 64,
         force: false,
         wait: Duration::from_secs(20),
+        computes: Computes::Embeddings,
     }
 }
 
@@ -211,6 +212,79 @@ fn partitions_embed_every_node_as_single_process_embed_does() {
         let again = embed_embedded(&job(&model, &set, reverse, &out), &count).unwrap();
         assert_eq!(again, m);
         assert_eq!(counted.load(Ordering::Relaxed), 0, "{what}: recomputed");
+    }
+}
+
+#[test]
+fn partitions_compute_the_target_logits_as_single_process_exact_inference_does() {
+    let cases: [(usize, Method, &[&str], bool); 3] = [
+        (
+            2,
+            Method::Metis,
+            &["training.layers=3", "training.fanouts=[5,5,5]"],
+            false,
+        ),
+        // A classifier of its own after the last layer.
+        (
+            3,
+            Method::Random,
+            &["training.model=\"hgt\"", "training.layers=2"],
+            false,
+        ),
+        (
+            2,
+            Method::Random,
+            &[
+                "training.model=\"rgat\"",
+                "training.layers=2",
+                "training.task=\"node-regression\"",
+            ],
+            true,
+        ),
+    ];
+    for (parts, method, extra, reverse) in cases {
+        let what = format!("{parts} {method:?} partitions, {extra:?}, reverse {reverse}");
+        let dir = partitions(parts, method);
+        let set = PartitionSet::open(&dir).unwrap();
+        let model = model(&set, extra, reverse);
+        let g = graphs::load(
+            &common::graph(),
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: reverse,
+            },
+        )
+        .unwrap();
+        let t = g.target();
+        let rows = reference(&model, reverse);
+        let all: Vec<u32> = (0..g.node_type(t).count).collect();
+        let logits = models::inference::classify_exact(&model, &g, &rows, &all).unwrap();
+        let (width, data) = models::inference::host_rows(&logits).unwrap();
+        let mut want: Vec<Option<TypeRows>> = vec![None; g.node_types().len()];
+        want[t.index()] = Some(TypeRows { width, data });
+        let name = format!(
+            "logits-{parts}-{method:?}-{}",
+            extra.join("-").replace(['"', '='], "")
+        );
+        let model = saved(&model, &set, reverse, &name);
+        let out = common::root().join(format!("predict-{name}"));
+        let mut job = job(&model, &set, reverse, &out);
+        job.computes = Computes::Logits;
+        let m = embed_embedded(&job, &|_| {}).unwrap();
+        assert!(m.job.logits, "{what}");
+        let diff = max_diff(&out, &m, &want, &set.manifest.node_types);
+        assert!(
+            diff <= 1e-5,
+            "{what}: differs from single-process exact inference by {diff}"
+        );
+        // An embedding job is another job: its directory is not this one's.
+        let mut embed = job;
+        embed.computes = Computes::Embeddings;
+        let refused = embed_embedded(&embed, &|_| {}).unwrap_err().to_string();
+        assert!(
+            refused.contains("holds the predictions of another job"),
+            "{what}: {refused}"
+        );
     }
 }
 

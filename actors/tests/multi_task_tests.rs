@@ -183,6 +183,54 @@ fn data_parallel_training_follows_single_process_training_on_two_tasks() {
     }
 }
 
+#[test]
+fn a_two_task_data_parallel_run_resumed_mid_epoch_ends_as_an_uninterrupted_one() {
+    let parts = derived("multi-metis-2", false, |g, out| {
+        let a = partition::assign_two_level(g, 2, 1, Method::Metis, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    });
+    let cfg = |dir: &std::path::Path, epochs: u64| {
+        config(&[
+            "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]",
+            "training.mode=\"data-parallel\"",
+            &format!("training.partitions={:?}", parts.display().to_string()),
+            &format!("training.checkpoint_dir={:?}", dir.display().to_string()),
+            "training.checkpoint_every=2",
+            "training.checkpoint_keep=2",
+            &format!("training.epochs={epochs}"),
+        ])
+    };
+    let root = common::root().join("multi-task-resume");
+    let (want, _) = train(&cfg(&root.join("reference"), 2), &mut ()).unwrap();
+    let per_epoch = want.steps / 2;
+    // One epoch, its end-of-epoch checkpoint dropped: the newest left lies inside it.
+    let dir = root.join("mid");
+    train(&cfg(&dir, 1), &mut ()).unwrap();
+    let kept = actors::distributed::checkpoint::list(&dir).unwrap();
+    std::fs::remove_dir_all(kept.last().unwrap()).unwrap();
+    let mid = actors::distributed::checkpoint::manifest(&kept[0])
+        .unwrap()
+        .seq;
+    assert!(
+        !mid.is_multiple_of(per_epoch),
+        "step {mid} is inside an epoch of {per_epoch} steps"
+    );
+    let (got, _) = train(&cfg(&dir, 2), &mut ()).unwrap();
+    assert_eq!(
+        got.final_model_sha256, want.final_model_sha256,
+        "resumed mid-epoch at step {mid}"
+    );
+    // Each task's loss of the interrupted epoch counts the steps before the checkpoint.
+    for (a, b) in want.epochs.iter().zip(&got.epochs) {
+        assert_eq!(b.tasks.len(), 2);
+        for (x, y) in a.tasks.iter().zip(&b.tasks) {
+            assert_eq!(x.task, y.task);
+            assert_eq!(x.loss, y.loss, "epoch {}: {}'s loss", a.epoch, x.task);
+            assert_eq!(x.regression, y.regression, "epoch {}: {}", a.epoch, x.task);
+        }
+    }
+}
+
 /// The test graph with the paper values of every third node (and, with
 /// `none`, of every node) missing (NaN).
 fn partial_values(none: bool) -> std::path::PathBuf {

@@ -42,6 +42,38 @@ pub fn embedding_layers(model: &Model) -> Result<usize> {
     }
 }
 
+/// How many relational layers compute the target nodes' logits of a node
+/// model: every layer (the last one classifies, or its rows feed the
+/// classifier of [`head_rows`]). Refuses a link or edge predictor, which has
+/// no node outputs, and an MLP, which reads no neighbourhood.
+pub fn classifier_layers(model: &Model) -> Result<usize> {
+    if model.spec().link.is_some() || model.spec().edge.is_some() {
+        return Err(ModelError::Config(
+            "a link or edge predictor has no node outputs to predict (embed writes its embeddings)"
+                .into(),
+        ));
+    }
+    embedding_layers(model)?;
+    let (ls, _) = model.relational()?;
+    Ok(ls.len())
+}
+
+/// The logits of `rows` (the last relational layer's rows of target nodes,
+/// `width` floats each) through the model's classifier, for a model that
+/// has one (HGT); `None` for one whose last layer classifies.
+pub fn head_rows(model: &Model, rows: &TypeRows) -> Result<Option<TypeRows>> {
+    let (_, head) = model.relational()?;
+    let Some((w, b)) = head else {
+        return Ok(None);
+    };
+    let n = rows.data.len().checked_div(rows.width).unwrap_or(0);
+    let x = Tensor::from_vec(rows.data.clone(), (n, rows.width), model.device())?
+        .to_dtype(model.dtype())?;
+    let y = crate::ops::add_bias(&crate::ops::matmul(&x, w)?, b)?;
+    let (width, data) = host_rows(&y)?;
+    Ok(Some(TypeRows { width, data }))
+}
+
 /// Every node's embedding (see [`embedding_layers`]), per type (`None`: a
 /// type the model reads no rows of), computing `chunk` destinations at a
 /// time; `progress(layer, done, total)` after each chunk.

@@ -315,45 +315,7 @@ impl Engine {
 
     /// A classification's answers from its logits (and the embeddings, when asked for).
     fn answers(&self, logits: &Rows, emb: Option<Rows>, want: Want) -> Classified {
-        let own;
-        let logits = match self.head.1.len() == logits.width {
-            true => logits,
-            false => {
-                own = logits.columns(self.head.1.clone());
-                &own
-            }
-        };
-        let n = logits.data.len() / logits.width.max(1);
-        if self.regresses() {
-            return Classified {
-                values: Some(logits.data.clone()),
-                embeddings: emb,
-                ..Classified::default()
-            };
-        }
-        if self.multi_label() {
-            // A label is predicted where its logit is above 0 (probability above 0.5).
-            let labels = (0..n)
-                .map(|i| {
-                    let row = logits.row(i).iter().enumerate();
-                    row.filter(|(_, &x)| x > 0.0)
-                        .map(|(j, _)| j as u32)
-                        .collect()
-                })
-                .collect();
-            return Classified {
-                labels: Some(labels),
-                probabilities: want.probabilities.then(|| sigmoid(logits)),
-                embeddings: emb,
-                ..Classified::default()
-            };
-        }
-        Classified {
-            classes: (0..n).map(|i| argmax(logits.row(i))).collect(),
-            probabilities: want.probabilities.then(|| softmax(logits)),
-            embeddings: emb,
-            ..Classified::default()
-        }
+        answers(self.head.clone(), logits, emb, want)
     }
 
     /// [`Engine::classify`] on the graph with `add`'s nodes and edges
@@ -750,9 +712,8 @@ fn check_below(g: &graphs::HetGraph, t: NodeTypeId, nodes: &[u32], added: u32) -
     }
 }
 
-/// Stored rows of `nodes` of type `t`.
 /// The node task a head answers, as configs spell it.
-fn head_task(h: Head) -> &'static str {
+pub fn head_task(h: Head) -> &'static str {
     match h {
         Head::Classes => "node-classification",
         Head::Value => "node-regression",
@@ -760,6 +721,7 @@ fn head_task(h: Head) -> &'static str {
     }
 }
 
+/// Stored rows of `nodes` of type `t`.
 fn rows_of(rows: &[Option<TypeRows>], t: NodeTypeId, nodes: &[u32]) -> Result<Rows> {
     let r = rows
         .get(t.index())
@@ -800,6 +762,57 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The answers of one head (its kind and its columns of `logits`, the
+/// target nodes' output rows): a class (argmax), a value, or the labels
+/// whose logit is above 0, per row; probabilities and the embeddings `emb`
+/// where `want` asks for them.
+pub fn answers(
+    head: (Head, std::ops::Range<usize>),
+    logits: &Rows,
+    emb: Option<Rows>,
+    want: Want,
+) -> Classified {
+    let own;
+    let logits = match head.1.len() == logits.width {
+        true => logits,
+        false => {
+            own = logits.columns(head.1.clone());
+            &own
+        }
+    };
+    let n = logits.data.len() / logits.width.max(1);
+    if head.0 == Head::Value {
+        return Classified {
+            values: Some(logits.data.clone()),
+            embeddings: emb,
+            ..Classified::default()
+        };
+    }
+    if head.0 == Head::Labels {
+        // A label is predicted where its logit is above 0 (probability above 0.5).
+        let labels = (0..n)
+            .map(|i| {
+                let row = logits.row(i).iter().enumerate();
+                row.filter(|(_, &x)| x > 0.0)
+                    .map(|(j, _)| j as u32)
+                    .collect()
+            })
+            .collect();
+        return Classified {
+            labels: Some(labels),
+            probabilities: want.probabilities.then(|| sigmoid(logits)),
+            embeddings: emb,
+            ..Classified::default()
+        };
+    }
+    Classified {
+        classes: (0..n).map(|i| argmax(logits.row(i))).collect(),
+        probabilities: want.probabilities.then(|| softmax(logits)),
+        embeddings: emb,
+        ..Classified::default()
+    }
 }
 
 /// Element-wise logistic sigmoid, in f64.

@@ -4,6 +4,7 @@
 //! OUT/job.json            what is being computed (a resumed run must match it)
 //! OUT/part-K/stage-S/     partition K's rows of stage S (its resume point)
 //! OUT/part-K/<type>.npy   partition K's embeddings, float32 [own nodes, width]
+//!                         (a `predict` job: the target type's logits only)
 //! OUT/part-K/<type>.ids.npy  their global node ids, int64, ascending
 //! OUT/part-K/done.json    partition K has written its embeddings
 //! OUT/manifest.json       every partition has: the types, widths and counts
@@ -33,6 +34,10 @@ pub struct JobRecord {
     pub parts: u32,
     /// Stages computed after the inputs (relational layers run).
     pub layers: u32,
+    /// The job computes the target nodes' logits (`predict`), not every
+    /// node's embeddings (`embed`).
+    #[serde(default)]
+    pub logits: bool,
 }
 
 /// One node type's embeddings, in [`Manifest::types`].
@@ -99,18 +104,19 @@ impl Out {
             let theirs: Option<JobRecord> = if force { None } else { read_json(&record)? };
             match theirs {
                 Some(j) if &j == job => return Ok(out),
-                Some(_) => {
+                Some(j) => {
+                    let (theirs, other) = match j.logits {
+                        true => ("predictions", "embed"),
+                        false => ("embeddings", "predict"),
+                    };
                     return Err(TrainError::Config(format!(
-                        "{} holds embeddings of another checkpoint or partitioning; give another --out, or --force to replace it",
+                        "{} holds the {theirs} of another job (another checkpoint or partitioning, or {other} where this is not); give another --out, or --force to replace it",
                         root.display()
-                    )))
+                    )));
                 }
                 None if force => std::fs::remove_dir_all(root).map_err(io(root))?,
                 None => {
-                    let empty = std::fs::read_dir(root)
-                        .map_err(io(root))?
-                        .next()
-                        .is_none();
+                    let empty = std::fs::read_dir(root).map_err(io(root))?.next().is_none();
                     if !empty {
                         return Err(TrainError::Config(format!(
                             "{} already exists and is not an embedding job's directory (use --force to replace it)",

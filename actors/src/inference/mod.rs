@@ -36,7 +36,18 @@ pub mod names {
     }
 }
 
-/// A distributed `embed`: the model, the partitions, where to write.
+/// What a job writes per partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Computes {
+    /// Every node's embedding (`embed`: the classifier's input rows).
+    Embeddings,
+    /// The target nodes' logits (`predict`): every relational layer, the
+    /// last one over the target type only, and the classifier where the
+    /// model has one.
+    Logits,
+}
+
+/// A distributed `embed` or `predict`: the model, the partitions, where to write.
 pub struct Job<'a> {
     /// The trained model, built on one of the partitions' graphs (whose types
     /// and relations are the whole graph's), and its learnable rows.
@@ -56,6 +67,8 @@ pub struct Job<'a> {
     pub force: bool,
     /// How long a partition waits for a peer's rows (a peer restarting included).
     pub wait: Duration,
+    /// Embeddings or logits.
+    pub computes: Computes,
 }
 
 impl Job<'_> {
@@ -65,11 +78,17 @@ impl Job<'_> {
                 "the chunk of nodes must be at least 1".into(),
             ));
         }
+        let model = &self.model.model;
+        let layers = match self.computes {
+            Computes::Embeddings => models::inference::embedding_layers(model)?,
+            Computes::Logits => models::inference::classifier_layers(model)?,
+        };
         Ok(JobRecord {
             format: files::FORMAT.into(),
             job: self.fingerprint.clone(),
             parts: self.set.manifest.parts as u32,
-            layers: models::inference::embedding_layers(&self.model.model)? as u32,
+            layers: layers as u32,
+            logits: self.computes == Computes::Logits,
         })
     }
 
@@ -89,6 +108,7 @@ impl Job<'_> {
             owners: &self.set.owners,
             names,
             layers: record.layers,
+            logits: record.logits,
             chunk: self.chunk,
             out,
             ask: Duration::from_secs(60),
@@ -99,7 +119,10 @@ impl Job<'_> {
 
     /// The job's id in messages: a hash of its record.
     fn id(record: &JobRecord) -> u64 {
-        let text = format!("{}|{}|{}", record.job, record.parts, record.layers);
+        let text = format!(
+            "{}|{}|{}|{}",
+            record.job, record.parts, record.layers, record.logits
+        );
         let d = sha2::Sha256::digest(text.as_bytes());
         u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
     }

@@ -37,6 +37,9 @@ pub(super) struct Shared<'a> {
     pub owners: &'a [Vec<u16>],
     pub names: &'a [String],
     pub layers: u32,
+    /// The job computes the target nodes' logits (its last stage only of
+    /// the target type, then the classifier where the model has one).
+    pub logits: bool,
     pub chunk: usize,
     pub out: &'a Out,
     /// One pull.
@@ -68,6 +71,45 @@ pub(super) fn own_nodes(owners: &[Vec<u16>], k: u32) -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
+}
+
+/// The nodes one stage computes and the halo it reads.
+struct Plan {
+    /// In-neighbours of `nodes` that other partitions own, per type ([`halo`]).
+    halo: Vec<Vec<u32>>,
+    /// Each type's row index of every node held here: own nodes, then the halo.
+    at: Vec<Vec<u32>>,
+    /// The own nodes computed, per type, ascending.
+    nodes: Vec<Vec<u32>>,
+    /// `nodes` whose in-neighbours are all owned here, and the others.
+    inner: Vec<Vec<u32>>,
+    outer: Vec<Vec<u32>>,
+}
+
+impl Plan {
+    /// The plan computing `nodes` (some of `own`, the partition's nodes).
+    fn of(g: &HetGraph, owners: &[Vec<u16>], own: &[Vec<u32>], nodes: &[Vec<u32>], k: u32) -> Plan {
+        let halo = halo(g, owners, nodes, k);
+        let at = owners
+            .iter()
+            .enumerate()
+            .map(|(t, o)| {
+                let mut at = vec![u32::MAX; o.len()];
+                for (i, &v) in own[t].iter().chain(&halo[t]).enumerate() {
+                    at[v as usize] = i as u32;
+                }
+                at
+            })
+            .collect();
+        let (inner, outer) = interior(g, owners, nodes, k);
+        Plan {
+            halo,
+            at,
+            nodes: nodes.to_vec(),
+            inner,
+            outer,
+        }
+    }
 }
 
 /// Partition `k`'s halo per type: the in-neighbours of its nodes that others
@@ -214,44 +256,49 @@ impl Part<'_> {
             self.published.finish(done.clone());
             return Ok(done);
         }
-        let halo = halo(self.graph, s.owners, self.own, k);
-        // Each type's row index of every node held here: own nodes, then the halo.
-        let at: Vec<Vec<u32>> = s
-            .owners
-            .iter()
-            .enumerate()
-            .map(|(t, o)| {
-                let mut at = vec![u32::MAX; o.len()];
-                for (i, &v) in self.own[t].iter().chain(&halo[t]).enumerate() {
-                    at[v as usize] = i as u32;
-                }
-                at
-            })
-            .collect();
-        let halo_nodes: usize = halo.iter().map(Vec::len).sum();
-        let (inner, outer) = interior(self.graph, s.owners, self.own, k);
-        let none: Vec<Option<TypeRows>> = vec![None; halo.len()];
+        let every = Plan::of(self.graph, s.owners, self.own, self.own, k);
+        // A logits job's last layer (where it classifies) computes the target type only.
+        let embedding = models::inference::embedding_layers(&s.model.model)?;
+        let target = self.graph.target().index();
+        let last = (s.logits && (embedding as u32) < layers).then(|| {
+            let mut only: Vec<Vec<u32>> = vec![Vec::new(); self.own.len()];
+            only[target] = self.own[target].clone();
+            Plan::of(self.graph, s.owners, self.own, &only, k)
+        });
         for stage in resumed.unwrap_or(0)..layers {
+            let plan = match &last {
+                Some(p) if stage + 1 == layers => p,
+                _ => &every,
+            };
+            let Plan {
+                halo,
+                at,
+                nodes,
+                inner,
+                outer,
+            } = plan;
+            let halo_nodes: usize = halo.iter().map(Vec::len).sum();
+            let none: Vec<Option<TypeRows>> = vec![None; halo.len()];
             let t0 = std::time::Instant::now();
             // The interior needs no halo row: it is computed while the halo's rows come.
             let (pulled, first) = std::thread::scope(|scope| {
                 let pulling = scope.spawn(|| {
                     let rows = if stage == 0 {
-                        self.halo_inputs(&halo)
+                        self.halo_inputs(halo)
                     } else {
-                        self.pull(stage, &halo, &vec![true; halo.len()])
+                        self.pull(stage, halo, &vec![true; halo.len()])
                     };
                     (rows, t0.elapsed())
                 });
-                let first = self.compute(stage, &prev, &none, &at, &inner);
+                let first = self.compute(stage, &prev, &none, at, inner);
                 (pulling.join(), first)
             });
             let (pulled, pulling) =
                 pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
             let (pulled, first) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            let second = self.compute(stage, &prev, &pulled, &at, &outer)?;
-            let next = merge(self.own, &inner, first, &outer, second)?;
+            let second = self.compute(stage, &prev, &pulled, at, outer)?;
+            let next = merge(nodes, inner, first, outer, second)?;
             let t2 = std::time::Instant::now();
             out.save_stage(k, stage + 1, s.names, &next)?;
             tracing::info!(
@@ -266,9 +313,30 @@ impl Part<'_> {
             self.published.publish(stage + 1, next.clone());
             prev = next;
         }
-        let done = out.write_part(k, s.names, self.own, &prev)?;
+        let rows = match s.logits {
+            true => self.logits(&prev, target)?,
+            false => Arc::unwrap_or_clone(prev),
+        };
+        let done = out.write_part(k, s.names, self.own, &rows)?;
         self.published.finish(done.clone());
         Ok(done)
+    }
+
+    /// A logits job's output from its last stage: the target type's rows
+    /// (through the classifier where the model has one), no other type's.
+    fn logits(&self, last: &Stage, target: usize) -> Result<Stage> {
+        let model = &self.shared.model.model;
+        let mut out: Stage = vec![None; last.len()];
+        let Some(rows) = last.get(target).cloned().flatten() else {
+            return Err(TrainError::Internal(
+                "the last layer computed no rows of the target type".into(),
+            ));
+        };
+        out[target] = Some(match models::inference::head_rows(model, &rows)? {
+            Some(logits) => logits,
+            None => rows,
+        });
+        Ok(out)
     }
 
     /// Stage 0: the model's input rows of the partition's own nodes.
