@@ -5,6 +5,13 @@
 # and compare the outputs.
 #
 #   scripts/mode-hashes.sh [BIN] > hashes.txt
+#   diff hashes.txt scripts/mode-hashes.reference
+#
+# scripts/mode-hashes.reference is the output on the project's 2-core x86-64
+# CPU machine (2026-12-05, commit 84afe49; the same with release and test
+# builds). The matrix kernels chosen at run time (AVX2 or AVX-512) sum in
+# different orders, so another CPU may print other hashes: compare before
+# and after on one machine.
 #
 # The settings use the keys of [training] as they were before 0.5, which a
 # newer binary still reads (with a warning), so one script serves both.
