@@ -286,7 +286,7 @@ impl LabelCollector {
     }
 
     /// Takes the split of the next node from cell `i` of a time column.
-    pub fn push_split_time(
+    pub(crate) fn push_split_time(
         &mut self,
         cells: &Cells,
         i: usize,

@@ -150,7 +150,7 @@ impl Cells {
 
     /// Cell `i` as a number: `Ok(None)` when missing, `Err` with the offending
     /// text when it is not a number.
-    pub fn number(&self, i: usize) -> std::result::Result<Option<f64>, String> {
+    pub(crate) fn number(&self, i: usize) -> std::result::Result<Option<f64>, String> {
         match self {
             Cells::Int(v) => Ok(v[i].map(|x| x as f64)),
             Cells::Float(v) => Ok(v[i]),
@@ -168,7 +168,7 @@ impl Cells {
 
     /// Cell `i` as a 32-bit float, parsed from text directly (parsing to f64
     /// first and rounding again could differ in the last bit).
-    pub fn number_f32(&self, i: usize) -> std::result::Result<Option<f32>, String> {
+    pub(crate) fn number_f32(&self, i: usize) -> std::result::Result<Option<f32>, String> {
         match self {
             Cells::Text(v) => match v.get(i) {
                 None => Ok(None),

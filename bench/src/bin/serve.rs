@@ -74,6 +74,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let new_paper = new_paper_ask(&data)?;
     let mut phases = Vec::new();
     let mut target_nodes = 0;
     let mut idle = None;
@@ -85,19 +86,23 @@ fn main() -> anyhow::Result<()> {
         let result = rt.block_on(async {
             let mut out = Vec::new();
             // Warm-up: page the graph in, so the first phase is not a cold start.
-            open_loop(&server.addr, targets, 1, a.rate, 3.0, 7).await?;
+            open_loop(&server.addr, Ask::Stored { targets, nodes: 1 }, a.rate, 3.0, 7).await?;
             if batching {
                 out.push((
                     "1 node, open loop".to_string(),
-                    open_loop(&server.addr, targets, 1, a.rate, a.seconds, 1).await?,
+                    open_loop(&server.addr, Ask::Stored { targets, nodes: 1 }, a.rate, a.seconds, 1).await?,
                 ));
                 out.push((
                     "1 node, open loop, low rate".to_string(),
-                    open_loop(&server.addr, targets, 1, a.low_rate, a.seconds, 4).await?,
+                    open_loop(&server.addr, Ask::Stored { targets, nodes: 1 }, a.low_rate, a.seconds, 4).await?,
                 ));
                 out.push((
                     "100 nodes, open loop".to_string(),
-                    open_loop(&server.addr, targets, 100, a.rate_100, a.seconds, 2).await?,
+                    open_loop(&server.addr, Ask::Stored { targets, nodes: 100 }, a.rate_100, a.seconds, 2).await?,
+                ));
+                out.push((
+                    "1 new paper (10 cites, 3 authors), open loop".to_string(),
+                    open_loop(&server.addr, new_paper, a.rate, a.seconds, 6).await?,
                 ));
             }
             out.push((
@@ -110,7 +115,7 @@ fn main() -> anyhow::Result<()> {
                 let during = rss_mib(server.child.id());
                 out.push((
                     format!("1 node, open loop, {} slow clients held", held.len()),
-                    open_loop(&server.addr, targets, 1, a.rate, a.seconds, 5).await?,
+                    open_loop(&server.addr, Ask::Stored { targets, nodes: 1 }, a.rate, a.seconds, 5).await?,
                 ));
                 eprintln!("server memory: {before:.0} MiB before the slow clients, {during:.0} MiB with them");
                 idle = Some((held.len(), before, during));
@@ -135,19 +140,50 @@ fn main() -> anyhow::Result<()> {
         let mut peer = Server::spawn(cmd, format!("127.0.0.1:{port}"))?;
         let targets = target_nodes;
         let result = rt.block_on(async {
-            open_loop(&peer.addr, targets, 1, a.low_rate, 3.0, 7).await?;
+            open_loop(
+                &peer.addr,
+                Ask::Stored { targets, nodes: 1 },
+                a.low_rate,
+                3.0,
+                7,
+            )
+            .await?;
             anyhow::Ok(vec![
                 (
                     "DGL: 1 node, open loop".to_string(),
-                    open_loop(&peer.addr, targets, 1, a.rate, a.seconds, 1).await?,
+                    open_loop(
+                        &peer.addr,
+                        Ask::Stored { targets, nodes: 1 },
+                        a.rate,
+                        a.seconds,
+                        1,
+                    )
+                    .await?,
                 ),
                 (
                     "DGL: 1 node, open loop, low rate".to_string(),
-                    open_loop(&peer.addr, targets, 1, a.low_rate, a.seconds, 4).await?,
+                    open_loop(
+                        &peer.addr,
+                        Ask::Stored { targets, nodes: 1 },
+                        a.low_rate,
+                        a.seconds,
+                        4,
+                    )
+                    .await?,
                 ),
                 (
                     "DGL: 100 nodes, open loop".to_string(),
-                    open_loop(&peer.addr, targets, 100, a.rate_100, a.seconds, 2).await?,
+                    open_loop(
+                        &peer.addr,
+                        Ask::Stored {
+                            targets,
+                            nodes: 100,
+                        },
+                        a.rate_100,
+                        a.seconds,
+                        2,
+                    )
+                    .await?,
                 ),
             ])
         });
@@ -217,6 +253,34 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", a.out.display()))?;
     println!("wrote {}", a.out.display());
     Ok(())
+}
+
+/// The new-paper requests' shape: the graph's papers, authors and paper feature width.
+fn new_paper_ask(data: &Path) -> anyhow::Result<Ask> {
+    let g = graphs::load(
+        data,
+        &graphs::LoadOptions {
+            mmap_features: true,
+            reverse_edges: false,
+        },
+    )?;
+    let of = |name: &str| {
+        g.node_types()
+            .iter()
+            .find(|t| t.name == name)
+            .with_context(|| format!("{}: no node type {name}", data.display()))
+    };
+    let (paper, author) = (of("paper")?, of("author")?);
+    let width = paper
+        .features
+        .as_ref()
+        .map(|f| f.dim())
+        .context("papers without features")?;
+    Ok(Ask::NewPaper {
+        papers: paper.count,
+        authors: author.count,
+        width,
+    })
 }
 
 /// A checkpoint of a 2-layer R-GCN (fanouts 10,10) on the graph, made once.
@@ -504,24 +568,74 @@ fn rss_mib(pid: u32) -> f64 {
 
 /// A request body for `nodes` target nodes drawn by `rng`.
 fn body(rng: &AtomicU64, targets: u32, nodes: usize) -> String {
-    let ids: Vec<u32> = (0..nodes)
-        .map(|_| {
-            // splitmix64: a fixed, reproducible request mix.
-            let mut z = rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % u64::from(targets)) as u32
-        })
-        .collect();
+    let ids: Vec<u32> = (0..nodes).map(|_| draw(rng, targets)).collect();
     json!({ "ids": ids }).to_string()
+}
+
+/// A node id below `n` from the request mix's stream (splitmix64: fixed and reproducible).
+fn draw(rng: &AtomicU64, n: u32) -> u32 {
+    let mut z = rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % u64::from(n.max(1))) as u32
+}
+
+/// What the requests of an open-loop phase ask.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// `nodes` stored target nodes.
+    Stored { targets: u32, nodes: usize },
+    /// A new paper (its feature row of `width` floats) citing 10 stored
+    /// papers and written by 3 stored authors, answered for itself.
+    NewPaper {
+        papers: u32,
+        authors: u32,
+        width: usize,
+    },
+}
+
+impl Ask {
+    /// Nodes answered per request.
+    fn nodes(&self) -> usize {
+        match self {
+            Ask::Stored { nodes, .. } => *nodes,
+            Ask::NewPaper { .. } => 1,
+        }
+    }
+
+    fn body(&self, rng: &AtomicU64) -> String {
+        match *self {
+            Ask::Stored { targets, nodes } => body(rng, targets, nodes),
+            Ask::NewPaper {
+                papers,
+                authors,
+                width,
+            } => {
+                let features: Vec<f32> = (0..width)
+                    .map(|_| draw(rng, 2001) as f32 / 1000.0 - 1.0)
+                    .collect();
+                let mut edges: Vec<serde_json::Value> = (0..10)
+                    .map(|_| json!({"relation": "cites", "src": "new", "dst": draw(rng, papers)}))
+                    .collect();
+                edges.extend((0..3).map(
+                    |_| json!({"relation": "writes", "src": draw(rng, authors), "dst": "new"}),
+                ));
+                json!({
+                    "ids": ["new"],
+                    "new_nodes": [{"type": "paper", "id": "new", "features": features}],
+                    "new_edges": edges,
+                })
+                .to_string()
+            }
+        }
+    }
 }
 
 /// Sends `rate` requests per second of `nodes` nodes for `seconds`, each at its
 /// scheduled time; latency counts from that time.
 async fn open_loop(
     addr: &str,
-    targets: u32,
-    nodes: usize,
+    ask: Ask,
     rate: f64,
     seconds: f64,
     seed: u64,
@@ -534,7 +648,7 @@ async fn open_loop(
     for i in 0..total {
         let at = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(at).await;
-        let (pool, body) = (pool.clone(), body(&rng, targets, nodes));
+        let (pool, body) = (pool.clone(), ask.body(&rng));
         tasks.push(tokio::spawn(async move {
             let result = pool.post("/v1/predict", body).await;
             let ms = at.elapsed().as_secs_f64() * 1e3;
@@ -565,7 +679,7 @@ async fn open_loop(
     Ok(phase(
         Some(rate),
         lat,
-        nodes,
+        ask.nodes(),
         start.elapsed().as_secs_f64(),
         errors,
     ))
