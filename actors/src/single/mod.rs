@@ -351,6 +351,40 @@ struct Run<'g, 'o> {
     frozen_tables: Vec<bool>,
 }
 
+impl Run<'_, '_> {
+    /// The evaluation figures of the run's task on `nodes` with sampled
+    /// neighborhoods (evaluation's sampling key) and no dropout, the batches
+    /// sampled on the prefetch threads ahead of the model (samples are pure
+    /// functions of (epoch, step, seeds): the same batches as one sampler's),
+    /// reading the rows the cache holds from it, as the steps read them (on a
+    /// GPU: no copy from the host). The values are the tables', so the
+    /// predictions are too.
+    fn score(&self, epoch: u64, nodes: &[u32]) -> Result<Vec<Scores>> {
+        let (g, model, task) = (self.g, &self.model, &self.task);
+        let plan = SamplingPlan::of(&self.cfg.training);
+        let (workers, cache) = (self.prefetch, self.cache.as_ref());
+        let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
+        let uses_neighbors = model.uses_neighbors();
+        let make = || -> Result<_> {
+            let mut sampler = plan.eval(g)?;
+            Ok(move |step: u64, seeds: &[u32]| {
+                sample(&mut sampler, uses_neighbors, epoch, step, seeds)
+            })
+        };
+        let mut scores = task.empty_scores();
+        crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
+            let src = &mb.blocks[0].src;
+            let inputs = match cache {
+                Some(c) => c.gather_inputs(model, g, src, false)?,
+                None => model.gather_inputs(g, src)?,
+            };
+            let logits = model.forward(g, &mb, inputs, None)?.detach();
+            task.score(&logits, seeds, &mut scores)
+        })?;
+        Ok(scores)
+    }
+}
+
 impl<'g> Steps for Run<'g, '_> {
     type Feed = Feed<'g>;
     type Batch = Batch;
@@ -630,22 +664,7 @@ impl<'g> Steps for Run<'g, '_> {
             return Ok(());
         }
         let (_, splits) = self.g.target_labels();
-        // The cached rows are read from the cache, as the steps read them (on a
-        // GPU, there); batches are sampled on the prefetch threads' count.
-        let (t, cache) = (&self.cfg.training, self.cache.as_ref());
-        let (plan, task) = (SamplingPlan::of(t), &self.task);
-        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| {
-            score_with(
-                self.g,
-                &self.model,
-                task,
-                &plan,
-                self.prefetch,
-                epoch,
-                nodes,
-                cache,
-            )
-        });
+        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| self.score(epoch, nodes));
         self.task.record(st, valid?, test?);
         Ok(())
     }
@@ -685,43 +704,4 @@ fn sampled_rows<'a>(
         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
         Ok(model.forward_nodes(g, &mb, inputs, None)?)
     })
-}
-
-/// The evaluation figures of `task` on `nodes` with sampled neighborhoods (a sampler of
-/// `fanouts` and `seed`) and no dropout, the batches sampled
-/// on `workers` threads ahead of the model (samples are pure functions of
-/// (epoch, step, seeds): the same batches as one sampler's), reading the rows
-/// `cache` holds from it (on a GPU: no copy from the host). The values are
-/// the tables', so the predictions are too.
-#[allow(clippy::too_many_arguments)]
-fn score_with(
-    g: &HetGraph,
-    model: &Model,
-    task: &NodeTasks,
-    plan: &SamplingPlan,
-    workers: usize,
-    epoch: u64,
-    nodes: &[u32],
-    cache: Option<&crate::cache::DeviceCache>,
-) -> Result<Vec<Scores>> {
-    let batches: Vec<Vec<u32>> = nodes.chunks(EVAL_BATCH).map(<[u32]>::to_vec).collect();
-    let uses_neighbors = model.uses_neighbors();
-    let make =
-        || -> Result<_> {
-            let mut sampler = plan.eval(g)?;
-            Ok(move |step: u64, seeds: &[u32]| {
-                sample(&mut sampler, uses_neighbors, epoch, step, seeds)
-            })
-        };
-    let mut scores = task.empty_scores();
-    crate::epoch::run_steps(2 * workers, workers, &batches, 0, make, |_, seeds, mb| {
-        let src = &mb.blocks[0].src;
-        let inputs = match cache {
-            Some(c) => c.gather_inputs(model, g, src, false)?,
-            None => model.gather_inputs(g, src)?,
-        };
-        let logits = model.forward(g, &mb, inputs, None)?.detach();
-        task.score(&logits, seeds, &mut scores)
-    })?;
-    Ok(scores)
 }
