@@ -260,14 +260,8 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
                 w.finish()?;
             }
             ResultFormat::Npy if multi_label => {
-                let mut bits = vec![0i8; sets.len() * label_count];
-                for (i, set) in sets.iter().enumerate() {
-                    for &j in set {
-                        bits[i * label_count + j as usize] = 1;
-                    }
-                }
                 let shape = [sets.len() as u64, label_count as u64];
-                graphs::npy::write_i8(&out, &shape, &bits)?
+                graphs::npy::write_i8(&out, &shape, &label_bits(&sets, label_count))?
             }
             ResultFormat::Table(f) if multi_label => {
                 let columns = [
@@ -342,6 +336,17 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         sayln!("wrote embeddings to {}", p.display());
     }
     Ok(())
+}
+
+/// Label sets as rows of `labels` 0/1 flags, as `predict` writes them to `.npy`.
+pub fn label_bits(sets: &[Vec<u32>], labels: usize) -> Vec<i8> {
+    let mut bits = vec![0i8; sets.len() * labels];
+    for (i, set) in sets.iter().enumerate() {
+        for &j in set {
+            bits[i * labels + j as usize] = 1;
+        }
+    }
+    bits
 }
 
 /// Writes embedding rows (`width` floats per node of `nodes`) as a table with an id column.

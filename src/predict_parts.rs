@@ -92,12 +92,7 @@ fn write_part(
     if let Some(values) = c.values {
         graphs::npy::write_f32(&tmp, &[n], &values)?;
     } else if let Some(sets) = c.labels {
-        let mut bits = vec![0i8; sets.len() * labels];
-        for (i, set) in sets.iter().enumerate() {
-            for &j in set {
-                bits[i * labels + j as usize] = 1;
-            }
-        }
+        let bits = crate::predict::label_bits(&sets, labels);
         graphs::npy::write_i8(&tmp, &[n, labels as u64], &bits)?;
     } else {
         let classes: Vec<i64> = c.classes.iter().map(|&k| i64::from(k)).collect();
