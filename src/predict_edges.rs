@@ -94,7 +94,11 @@ pub fn run(
                     let mut columns = ends.to_vec();
                     columns.push(("score".into(), ColumnType::Float32));
                     columns.push(("probability".into(), ColumnType::Float32));
-                    let p = scores.iter().map(|&s| 1.0 / (1.0 + (-s).exp())).collect();
+                    let p = scores
+                        .iter()
+                        .copied()
+                        .map(models::link::probability)
+                        .collect();
                     let mut w = TableWriter::create(out, f, &columns)?;
                     w.write(vec![
                         names(st, &src),

@@ -59,6 +59,11 @@ pub fn query(src: &Tensor, diag: Option<&Tensor>) -> Result<Tensor> {
     })
 }
 
+/// The probability an edge exists from its score (the decoder's logit): its sigmoid.
+pub fn probability(score: f32) -> f32 {
+    1.0 / (1.0 + (-score).exp())
+}
+
 /// `a · b`, summed in eight lanes then across them, in a fixed order (the
 /// same bits on any thread); `a` and `b` have the same length.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -615,7 +615,11 @@ impl Engine {
             return Ok(Classified {
                 probabilities: probabilities.then(|| Rows {
                     width: 1,
-                    data: scores.iter().map(|&s| 1.0 / (1.0 + (-s).exp())).collect(),
+                    data: scores
+                        .iter()
+                        .copied()
+                        .map(models::link::probability)
+                        .collect(),
                 }),
                 values: Some(scores),
                 ..Classified::default()
