@@ -95,9 +95,10 @@ fn partitions_in_one_process_embed_as_single_process_embed() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     setup(d);
-    let embed = |out: &str, extra: &[&str]| {
+    // `embed` or `predict` over the partitions, writing `out`.
+    let over = |command: &'static str, out: &str, extra: &[&str]| {
         let mut args = vec![
-            "embed",
+            command,
             "--checkpoint",
             "ck",
             "--partitions",
@@ -110,6 +111,7 @@ fn partitions_in_one_process_embed_as_single_process_embed() {
         args.extend_from_slice(extra);
         hetgnn(d, &args)
     };
+    let embed = |out: &str, extra: &[&str]| over("embed", out, extra);
     let said = embed("dist", &["--data", "g"]).ok().stdout();
     assert!(said.contains("in 2 partitions"), "{said}");
     let diff = max_diff(d, "dist");
@@ -158,21 +160,7 @@ fn partitions_in_one_process_embed_as_single_process_embed() {
     embed("wrong", &["--data", "g2"]).fails_with(1, &["was cut from a graph", "g2"]);
 
     // `predict` over the same partitions: the classes of single-process exact inference.
-    let predict = |out: &str, extra: &[&str]| {
-        let mut args = vec![
-            "predict",
-            "--checkpoint",
-            "ck",
-            "--partitions",
-            "parts",
-            "--out",
-            out,
-            "--batch",
-            "100",
-        ];
-        args.extend_from_slice(extra);
-        hetgnn(d, &args)
-    };
+    let predict = |out: &str, extra: &[&str]| over("predict", out, extra);
     hetgnn(
         d,
         &[
