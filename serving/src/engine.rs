@@ -9,6 +9,7 @@
 //!   every node's embedding computed once when the model is loaded.
 
 use actors::epoch::{sample, SamplingPlan, INFERENCE_STEP};
+use actors::inference::online::Online;
 use candle_core::{DType, Tensor};
 use graphs::overlay::Overlay;
 use graphs::{Block, MiniBatch, NodeTypeId, Sampler};
@@ -149,6 +150,8 @@ pub struct Engine {
     head: (Head, std::ops::Range<usize>),
     /// Every node's embedding (exact inference), per type.
     exact: Option<Vec<Option<TypeRows>>>,
+    /// Served from partitions: where neighbourhoods are drawn and read.
+    online: Option<Online>,
 }
 
 impl Engine {
@@ -177,7 +180,30 @@ impl Engine {
             plan,
             head,
             exact,
+            online: None,
         })
+    }
+
+    /// An engine over `trained`, this node's partition, answering by sampled
+    /// inference with neighbourhoods drawn and read through `online`
+    /// (requests with new nodes and edges, and exact inference, are a
+    /// single-process server's).
+    pub fn partitioned(trained: Trained, online: Online) -> Engine {
+        let plan = SamplingPlan::new(&trained.source.fanouts, trained.source.spec.seed);
+        let head = trained.source.spec.head_columns(&trained.graph).remove(0);
+        Engine {
+            trained,
+            inference: Inference::Sampled,
+            plan,
+            head,
+            exact: None,
+            online: Some(online),
+        }
+    }
+
+    /// Served from partitions: this node's partition and its reads.
+    pub fn online(&self) -> Option<&Online> {
+        self.online.as_ref()
     }
 
     /// Answers with the head of node task `task` ("node-classification",
@@ -292,15 +318,21 @@ impl Engine {
                 (logits, emb)
             }
             None => {
-                let mut sampler = self.plan.eval(g)?;
-                let mb = sample(
-                    &mut sampler,
-                    model.uses_neighbors(),
-                    self.trained.source.epochs_done,
-                    INFERENCE_STEP,
-                    nodes,
-                )?;
-                let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+                let (mb, inputs) = match &self.online {
+                    Some(o) => o.neighbourhoods(nodes).map_err(from_partitions)?,
+                    None => {
+                        let mut sampler = self.plan.eval(g)?;
+                        let mb = sample(
+                            &mut sampler,
+                            model.uses_neighbors(),
+                            self.trained.source.epochs_done,
+                            INFERENCE_STEP,
+                            nodes,
+                        )?;
+                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
+                        (mb, inputs)
+                    }
+                };
                 let (logits, emb) = model.forward_with_embeddings(g, &mb, inputs, None)?;
                 let emb = if want.embeddings {
                     Some(to_rows(&emb)?)
@@ -390,6 +422,11 @@ impl Engine {
 
     /// The stored graph with `add` over it.
     fn overlay(&self, add: &Additions) -> Result<Overlay<'_>> {
+        if self.online.is_some() {
+            return Err(ServeError::BadRequest(
+                "new nodes and edges are answered by a server holding the whole graph (serve --data); a server of partitions answers stored nodes".into(),
+            ));
+        }
         Overlay::new(&self.trained.graph, add.added.clone(), &add.edges)
             .map_err(|e| ServeError::BadRequest(e.to_string()))
     }
@@ -664,6 +701,16 @@ impl Engine {
                 .unwrap_or_default()),
             None => Err(sampled_embeds_target_only(g)),
         }
+    }
+}
+
+/// A failure of another partition's node: retry when it is back (503), or a defect (500).
+fn from_partitions(e: actors::TrainError) -> ServeError {
+    match e.is_recoverable() {
+        true => ServeError::Unavailable(format!(
+            "another partition's node did not answer ({e}); retry once it is back"
+        )),
+        false => ServeError::Inference(e.to_string()),
     }
 }
 

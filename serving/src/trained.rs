@@ -4,7 +4,10 @@
 //! names. `predict`, `embed` and `serve` all load through here.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
+use actors::inference::online::{Online, OnlineSetup};
 use graphs::{HetGraph, LoadOptions};
 use models::Model;
 use tables::results::NodeNames;
@@ -18,8 +21,9 @@ pub type Source = actors::pretrained::Pretrained;
 pub struct Trained {
     /// The model with the checkpoint's parameters.
     pub model: Model,
-    /// The graph, loaded as the model was trained (reverse relations or not).
-    pub graph: HetGraph,
+    /// The graph, loaded as the model was trained (reverse relations or not);
+    /// served from partitions, this node's partition (every id, its own rows).
+    pub graph: Arc<HetGraph>,
     /// Where the parameters came from.
     pub source: Source,
     /// Each node type's names (original ids of a graph imported from tables).
@@ -57,18 +61,11 @@ impl Trained {
             .map(|t| NodeNames::load(data, &t.name, t.count))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| load(&e))?;
-        let record = tables::import::ImportRecord::read(data).map_err(|e| load(&e))?;
-        let (edge_classes, transforms) = match record {
-            Some(r) => (
-                r.edge_classes.into_iter().collect(),
-                r.types.into_iter().map(|t| (t.ntype, t.features)).collect(),
-            ),
-            None => Default::default(),
-        };
+        let (edge_classes, transforms) = imported(data)?;
         Ok((
             Trained {
                 model,
-                graph: g,
+                graph: Arc::new(g),
                 source: src,
                 names,
                 edge_classes,
@@ -77,4 +74,103 @@ impl Trained {
             skipped,
         ))
     }
+
+    /// Loads the checkpoint `p.checkpoint` names on this node's partition of
+    /// `p.partitions` and starts serving the partition to the other nodes
+    /// ([`Online`]): the model, and what its sampled inference reads through.
+    pub fn open_partitioned(p: Partitioned) -> Result<(Trained, Online, Skipped)> {
+        let load = |e: &dyn std::fmt::Display| ServeError::Load(e.to_string());
+        let (src, skipped) = Source::find(p.checkpoint).map_err(|e| load(&e))?;
+        let set = graphs::partition::PartitionSet::open_for(p.partitions, p.data)
+            .map_err(|e| ServeError::Load(format!("{}: {e}", p.partitions.display())))?;
+        let k = match &p.node {
+            Some((topology, id)) => {
+                actors::inference::partition_of(topology, id, set.manifest.parts as u32)
+                    .map_err(|e| load(&e))?
+            }
+            None => 0,
+        };
+        let g = Arc::new(
+            set.load_part(
+                k as usize,
+                &LoadOptions {
+                    mmap_features: true,
+                    reverse_edges: src.reverse_edges,
+                },
+            )
+            .map_err(|e| ServeError::Load(format!("partition {k}: {e}")))?,
+        );
+        let inference = src
+            .for_inference(&g, set.manifest.graph_sha256.as_deref())
+            .map_err(|e| load(&e))?;
+        let online = Online::start(
+            OnlineSetup {
+                source: &src,
+                model: &inference,
+                set: &set,
+                node: p.node,
+                ask: p.ask,
+            },
+            g.clone(),
+        )
+        .map_err(|e| ServeError::Load(format!("serving partition {k}: {e}")))?;
+        // Original ids and saved transforms are the whole graph's, when given.
+        let named = p.data.unwrap_or(p.partitions);
+        let names = g
+            .node_types()
+            .iter()
+            .map(|t| NodeNames::load(named, &t.name, t.count))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| load(&e))?;
+        let (edge_classes, transforms) = match p.data {
+            Some(d) => imported(d)?,
+            None => Default::default(),
+        };
+        Ok((
+            Trained {
+                model: inference.model,
+                graph: g,
+                source: src,
+                names,
+                edge_classes,
+                transforms,
+            },
+            online,
+            skipped,
+        ))
+    }
+}
+
+/// What `hetgnn serve --partitions` serves from.
+pub struct Partitioned<'a> {
+    /// A checkpoint directory or root.
+    pub checkpoint: &'a Path,
+    /// The partition directory.
+    pub partitions: &'a Path,
+    /// The whole graph (checked to be the partitions' source; its original
+    /// ids and saved transforms are used), when given.
+    pub data: Option<&'a Path>,
+    /// One node of a topology and its id, or `None`: every partition in this process.
+    pub node: Option<(runtime::Topology, &'a str)>,
+    /// Longest wait for one answer of another partition.
+    pub ask: Duration,
+}
+
+/// Edge class names and fitted feature transforms of a graph imported from tables.
+type Imported = (
+    std::collections::BTreeMap<String, Vec<String>>,
+    std::collections::BTreeMap<String, Vec<tables::transform::FittedBlock>>,
+);
+
+/// What the import of the graph at `data` recorded (nothing for a graph not imported).
+fn imported(data: &Path) -> Result<Imported> {
+    let record =
+        tables::import::ImportRecord::read(data).map_err(|e| ServeError::Load(e.to_string()))?;
+    Ok(match record {
+        Some(r) => (
+            r.edge_classes.into_iter().collect(),
+            r.types.into_iter().map(|t| (t.ntype, t.features)).collect(),
+        ),
+        None => Default::default(),
+    })
 }

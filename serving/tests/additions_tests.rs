@@ -61,7 +61,7 @@ fn rebuilt(data: &Path, ck: &Path, add: &Additions) -> Trained {
         .map(|t| NodeNames::load(data, &t.name, t.count).unwrap())
         .collect();
     Trained {
-        graph,
+        graph: graph.into(),
         names,
         ..other
     }

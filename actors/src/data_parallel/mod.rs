@@ -379,6 +379,7 @@ impl Distributed for DataParallel {
     ) -> Result<Vec<Arc<Inbox>>> {
         let (parts, per_part) = (self.parts, self.per_part);
         let reg = |e: runtime::WireError| TrainError::Internal(e.to_string());
+        let start = self.start(graph)?;
         crate::owner::serve(
             node,
             crate::owner::Served {
@@ -387,7 +388,7 @@ impl Distributed for DataParallel {
                 owners: &self.owners,
                 steps: self.task(part).batching(),
                 pushers: parts * per_part,
-                start: self.start(graph)?.as_deref(),
+                start: start.as_deref().map(|s| s as &dyn crate::owner::StartRows),
             },
             &self.cfg,
             arbiters,

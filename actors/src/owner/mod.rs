@@ -68,8 +68,26 @@ pub struct Served<'a> {
     pub steps: Option<Batching>,
     /// The trainers whose pushes complete a step.
     pub pushers: u32,
-    /// What a fine-tuned run starts from (`training.init_from`).
-    pub start: Option<&'a crate::pretrained::init::Start>,
+    /// The rows its learnable stores start from instead of drawn ones (a
+    /// fine-tuned run's `training.init_from`, a served checkpoint's).
+    pub start: Option<&'a dyn StartRows>,
+}
+
+/// Rows a partition's learnable stores start from instead of drawn ones.
+pub trait StartRows {
+    /// Type `ty`'s rows of nodes `ids`, in order (`None`: drawn as a fresh run draws them).
+    fn rows(&self, ty: usize, ids: &[u32]) -> Result<Option<Vec<f32>>>;
+    /// Whether type `ty`'s rows stay as they start.
+    fn frozen(&self, ty: usize) -> bool;
+}
+
+impl StartRows for crate::pretrained::init::Start {
+    fn rows(&self, ty: usize, ids: &[u32]) -> Result<Option<Vec<f32>>> {
+        Ok(crate::pretrained::init::Start::rows(self, ty, ids))
+    }
+    fn frozen(&self, ty: usize) -> bool {
+        self.sel.frozen_table(ty)
+    }
 }
 
 /// Registers partition `s.part`'s sampler and stores on `node`, each on a
@@ -115,7 +133,10 @@ pub fn serve(
                 .filter(|&v| owners[ty][v as usize] as u32 == part)
                 .collect();
             let name = format!("embed.{}", nt.name);
-            let rows = start.and_then(|st| Some((st.rows(ty, &owned)?, st.sel.frozen_table(ty))));
+            let rows = match start {
+                Some(st) => st.rows(ty, &owned)?.map(|r| (r, st.frozen(ty))),
+                None => None,
+            };
             let shard = Shard::new(
                 t.seed,
                 &name,
