@@ -9,16 +9,35 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use serving::batcher::BatchLimits;
-use serving::server::{Limits, ServerConfig};
+use serving::server::{Limits, Loader, ServerConfig};
 use serving::{Engine, ServeError};
 
-use crate::predict::{InferenceArg, ModelArgs};
+use crate::predict::InferenceArg;
 
 /// Options of `hetgnn serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    #[command(flatten)]
-    model: ModelArgs,
+    /// A checkpoint directory, or a checkpoint root (its newest valid checkpoint is used);
+    /// single-process (epoch-*) or distributed (step-*) checkpoints.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The graph directory the model was trained on (with `--partitions`: optional, checked
+    /// to be the graph the partitions were cut from; its original ids are then answered).
+    #[arg(long, required_unless_present = "partitions")]
+    data: Option<PathBuf>,
+    /// A partition directory (`hetgnn partition`): serve from partitions whose rows live on
+    /// the nodes of a topology (`--config`, `--node`; each node runs this command and
+    /// answers requests for any node). Sampled inference only; requests with new nodes or
+    /// edges are a whole-graph server's. Without `--config`, every partition runs here.
+    #[arg(long, conflicts_with = "admin_token_file")]
+    partitions: Option<PathBuf>,
+    /// With `--partitions`: a topology file; this process is one node of it (`--node`),
+    /// the k-th node of `cluster.nodes` holding partition k.
+    #[arg(long, requires_all = ["partitions", "node"])]
+    config: Option<PathBuf>,
+    /// With `--config`: this process's node id.
+    #[arg(long, requires = "config")]
+    node: Option<String>,
     /// The address to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -67,6 +86,81 @@ pub struct ServeArgs {
     tls_key: Option<PathBuf>,
 }
 
+/// Loads the checkpoint on the whole graph, again at every reload.
+fn whole(a: &ServeArgs) -> Loader {
+    let (checkpoint, data) = (a.checkpoint.clone(), a.data.clone().unwrap_or_default());
+    let inference = a.inference.into();
+    let task = a.task.clone();
+    Arc::new(move || -> Result<Engine, ServeError> {
+        let (trained, skipped) = serving::Trained::open(&checkpoint, &data)?;
+        for s in skipped {
+            warnln!("skipped checkpoint: {s}");
+        }
+        let mut last = usize::MAX;
+        let mut engine = Engine::new(trained, inference, 4096, |layer, _, _| {
+            if layer != last {
+                warnln!("exact inference: layer {} over every node", layer + 1);
+                last = layer;
+            }
+        })?;
+        if let Some(t) = &task {
+            engine.choose_task(t)?;
+        }
+        Ok(engine)
+    })
+}
+
+/// Loads the checkpoint on this node's partition and starts serving the
+/// partition to the other nodes, once: its stores hold the checkpoint's rows
+/// for as long as the process runs, so a new checkpoint is served by
+/// restarting the nodes.
+fn partitioned(a: &ServeArgs, parts: &std::path::Path) -> anyhow::Result<Loader> {
+    let node = match (&a.config, &a.node) {
+        (Some(config), Some(id)) => {
+            crate::cluster::init_logging();
+            let cfg = actors::Config::load(config, &[])
+                .with_context(|| format!("reading {}", config.display()))?;
+            let Some(topology) = cfg.topology() else {
+                bail!("{}: has no [cluster] section", config.display());
+            };
+            Some((topology, id.clone()))
+        }
+        _ => None,
+    };
+    let (checkpoint, parts, data) = (a.checkpoint.clone(), parts.to_path_buf(), a.data.clone());
+    let task = a.task.clone();
+    let ask = Duration::from_millis(a.timeout_ms);
+    let loaded = std::sync::atomic::AtomicBool::new(false);
+    Ok(Arc::new(move || -> Result<Engine, ServeError> {
+        if loaded.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(ServeError::Load(
+                "a server of partitions loads its checkpoint once (its stores serve the other nodes): restart every node with the new checkpoint".into(),
+            ));
+        }
+        let (trained, online, skipped) =
+            serving::Trained::open_partitioned(serving::trained::Partitioned {
+                checkpoint: &checkpoint,
+                partitions: &parts,
+                data: data.as_deref(),
+                node: node.as_ref().map(|(t, id)| (t.clone(), id.as_str())),
+                ask,
+            })?;
+        for s in skipped {
+            warnln!("skipped checkpoint: {s}");
+        }
+        warnln!(
+            "serve: partition {} of {} (sampled inference; other partitions' rows are pulled from their nodes)",
+            online.part(),
+            online.parts()
+        );
+        let mut engine = Engine::partitioned(trained, online);
+        if let Some(t) = &task {
+            engine.choose_task(t)?;
+        }
+        Ok(engine)
+    }))
+}
+
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if !(a.batch_wait_ms.is_finite() && (0.0..=1000.0).contains(&a.batch_wait_ms)) {
         bail!(
@@ -103,10 +197,19 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     // The checkpoint and graph are checked before the port is taken, so a
     // mistyped path fails at once instead of as a server that never gets ready.
-    for (flag, path) in a.model.inputs() {
-        if !path.exists() {
+    let inputs = [
+        ("--checkpoint", Some(&a.checkpoint)),
+        ("--data", a.data.as_ref()),
+        ("--partitions", a.partitions.as_ref()),
+        ("--config", a.config.as_ref()),
+    ];
+    for (flag, path) in inputs {
+        if let Some(path) = path.filter(|p| !p.exists()) {
             bail!("{flag} {}: no such file or directory", path.display());
         }
+    }
+    if a.partitions.is_some() && a.inference == InferenceArg::Exact {
+        bail!("--inference exact is a whole-graph server's (--data without --partitions); `hetgnn embed --partitions` and `predict --partitions` compute exact answers across partitions offline");
     }
     // A bad certificate or key is refused before the port is taken, too.
     let tls = match (&a.tls_cert, &a.tls_key) {
@@ -116,26 +219,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         ),
         _ => None,
     };
-    let (checkpoint, data) = (a.model.checkpoint.clone(), a.model.data.clone());
-    let inference = a.inference.into();
-    let task = a.task.clone();
-    let load = Arc::new(move || -> Result<Engine, ServeError> {
-        let (trained, skipped) = serving::Trained::open(&checkpoint, &data)?;
-        for s in skipped {
-            warnln!("skipped checkpoint: {s}");
-        }
-        let mut last = usize::MAX;
-        let mut engine = Engine::new(trained, inference, 4096, |layer, _, _| {
-            if layer != last {
-                warnln!("exact inference: layer {} over every node", layer + 1);
-                last = layer;
-            }
-        })?;
-        if let Some(t) = &task {
-            engine.choose_task(t)?;
-        }
-        Ok(engine)
-    });
+    let load = match &a.partitions {
+        Some(parts) => partitioned(a, parts)?,
+        None => whole(a),
+    };
     let config = ServerConfig {
         listen: a.listen,
         limits: Limits {

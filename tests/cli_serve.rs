@@ -24,6 +24,13 @@ struct Server {
 impl Server {
     /// Starts `serve` on a free port and waits until it is ready (60 s at most).
     fn start(dir: &Path, args: &[&str]) -> Server {
+        let server = Server::launch(dir, args);
+        server.wait_ready();
+        server
+    }
+
+    /// Starts `serve` on a free port and waits until it listens (it loads after).
+    fn launch(dir: &Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
             .arg("serve")
             .args(args)
@@ -48,17 +55,20 @@ impl Server {
         let addr = rx
             .recv_timeout(Duration::from_secs(60))
             .unwrap_or_else(|_| panic!("serve did not listen:\n{}", log.lock().unwrap()));
-        let server = Server { child, addr, log };
+        Server { child, addr, log }
+    }
+
+    /// Waits until the server is ready (its model loaded; 120 s at most).
+    fn wait_ready(&self) {
         let start = Instant::now();
-        while server.get("/readyz").0 != 200 {
+        while self.get("/readyz").0 != 200 {
             assert!(
                 start.elapsed() < Duration::from_secs(120),
                 "serve not ready:\n{}",
-                server.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        server
     }
 
     fn log(&self) -> String {
@@ -1433,4 +1443,95 @@ fn a_multi_task_model_predicts_each_task_and_serves_the_primary_one() {
     let info: Value = serde_json::from_str(&info).unwrap();
     assert_eq!(info["task"], "node-regression");
     assert!(s.stop().success());
+}
+
+#[test]
+fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    trained(d, &[]);
+    hetgnn(
+        d,
+        &["partition", "--data", "g", "--parts", "2", "--out", "parts"],
+    )
+    .ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let topology = format!(
+        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
+        crate::util::nodes_toml(&["n0", "n1"])
+    );
+    std::fs::write(d.join("cluster.toml"), topology).unwrap();
+    let node = |id: &str| {
+        let args = [
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--config",
+            "cluster.toml",
+            "--node",
+            id,
+            "--timeout-ms",
+            "4000",
+        ];
+        Server::launch(d, &args)
+    };
+    let whole = Server::start(d, &["--checkpoint", "ck", "--data", "g"]);
+    let (n0, n1) = (node("n0"), node("n1"));
+    n0.wait_ready();
+    n1.wait_ready();
+    let ask = json!({"ids": (0..60).rev().collect::<Vec<u32>>(), "probabilities": true});
+    let answer = |s: &Server| {
+        let (code, r) = s.post("/v1/predict", &ask);
+        assert_eq!(code, 200, "{r}\n{}", s.log());
+        r
+    };
+    let want = answer(&whole);
+    for (name, s) in [("n0", &n0), ("n1", &n1)] {
+        let got = answer(s);
+        assert_eq!(got["predictions"], want["predictions"], "{name}");
+        assert!(
+            close(
+                &floats(&got["probabilities"]),
+                &floats(&want["probabilities"])
+            ),
+            "{name}: probabilities differ"
+        );
+    }
+    assert!(n0.log().contains("partition 0 of 2"), "{}", n0.log());
+    // Partition 1's node is killed: its rows are missing, so n0 says to retry.
+    drop(n1);
+    let (code, r) = n0.post("/v1/predict", &ask);
+    assert_eq!(code, 503, "{r}");
+    // Restarted, it serves its partition again, and n0 answers as before.
+    let n1 = node("n1");
+    n1.wait_ready();
+    let start = Instant::now();
+    let again = loop {
+        let (code, r) = n0.post("/v1/predict", &ask);
+        if code == 200 || start.elapsed() > Duration::from_secs(30) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        again["predictions"],
+        want["predictions"],
+        "{again}\n{}",
+        n0.log()
+    );
+    // A whole-graph server's features are refused with what to use instead.
+    hetgnn(
+        d,
+        &[
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--inference",
+            "exact",
+        ],
+    )
+    .fails_with(1, &["--inference exact", "embed --partitions"]);
 }

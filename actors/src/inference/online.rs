@@ -179,6 +179,11 @@ impl Online {
         Ok((mb, inputs))
     }
 
+    /// Partitions in all.
+    pub fn parts(&self) -> u32 {
+        self.client.parts
+    }
+
     /// Input rows pulled from other partitions so far.
     pub fn remote_rows(&self) -> u64 {
         self.client

@@ -58,6 +58,12 @@ struct Args {
     /// same open-loop phases.
     #[arg(long)]
     dgl: Option<PathBuf>,
+    /// Also serve from this many METIS partitions: one `serve --partitions`
+    /// process per partition on loopback (sharing this machine's cores), the
+    /// stored-node phases measured against the first one, beside the
+    /// whole-graph server's in the same run.
+    #[arg(long, default_value_t = 0)]
+    partitions: usize,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -123,6 +129,50 @@ fn main() -> anyhow::Result<()> {
             anyhow::Ok(out)
         });
         server.stop();
+        phases.extend(result?);
+    }
+    if a.partitions > 0 {
+        let targets = target_nodes;
+        let mut nodes = cluster(&bin, &data, &ck, a.partitions, a.scale, a.batch_wait_ms)?;
+        let first = nodes[0].addr.clone();
+        let label = format!("{} partitions", a.partitions);
+        let result = rt.block_on(async {
+            open_loop(&first, Ask::Stored { targets, nodes: 1 }, a.rate, 3.0, 7).await?;
+            anyhow::Ok(vec![
+                (
+                    format!("{label}: 1 node, open loop"),
+                    open_loop(
+                        &first,
+                        Ask::Stored { targets, nodes: 1 },
+                        a.rate,
+                        a.seconds,
+                        1,
+                    )
+                    .await?,
+                ),
+                (
+                    format!("{label}: 100 nodes, open loop"),
+                    open_loop(
+                        &first,
+                        Ask::Stored {
+                            targets,
+                            nodes: 100,
+                        },
+                        a.rate_100,
+                        a.seconds,
+                        2,
+                    )
+                    .await?,
+                ),
+                (
+                    format!("{label}: 1 node, {} clients, batching", a.clients),
+                    closed_loop(&first, targets, a.clients, a.seconds, 3).await?,
+                ),
+            ])
+        });
+        for n in &mut nodes {
+            n.stop();
+        }
         phases.extend(result?);
     }
     if let Some(python) = &a.dgl {
@@ -210,7 +260,7 @@ fn main() -> anyhow::Result<()> {
     let through = |label: &str| {
         phases
             .iter()
-            .find(|(n, _)| n.ends_with(label))
+            .find(|(n, _)| n.ends_with(label) && !n.contains("partitions"))
             .map_or(0.0, |(_, p)| p.nodes_per_s)
     };
     let ratio = through(", batching") / through("no batching").max(1e-9);
@@ -239,7 +289,8 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let report = json!({
         "benchmark": "serve",
-        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }),
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }),
+        "partitions": (a.partitions > 0).then(|| format!("{} METIS partitions, one serve --partitions process each on loopback (mutual-TLS QUIC between them), sharing this machine's cores; phases against the first node", a.partitions)),
         "commit": commit,
         "graph": format!("mag-like S={}", a.scale),
         "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",
@@ -326,6 +377,54 @@ fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
+/// `k` `serve --partitions` processes over METIS partitions of `data`, one
+/// node of a loopback topology each, all ready.
+fn cluster(
+    bin: &Path,
+    data: &Path,
+    ck: &Path,
+    k: usize,
+    scale: f64,
+    batch_wait_ms: f64,
+) -> anyhow::Result<Vec<Server>> {
+    let parts = bench::partitions(bin, data, "metis", k, scale)?;
+    let work = bench::data_root().join("serve-cluster");
+    std::fs::create_dir_all(&work)?;
+    let config = work.join(format!("cluster{k}.toml"));
+    std::fs::write(&config, bench::local_cluster(bin, &work, k)?)?;
+    let ports = bench::free_ports(k)?;
+    let mut launched = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            &addr,
+            "--queue",
+            "100000",
+            "--max-rps",
+            "0",
+        ])
+        .arg("--checkpoint")
+        .arg(ck)
+        .arg("--partitions")
+        .arg(&parts)
+        .arg("--config")
+        .arg(&config)
+        .args(["--node", &format!("n{i}")])
+        .args(["--batch-wait-ms", &batch_wait_ms.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        launched.push(Server { child, addr });
+    }
+    for s in &mut launched {
+        s.wait_ready()?;
+    }
+    Ok(launched)
+}
+
 /// A `hetgnn serve` child, stopped with SIGTERM.
 struct Server {
     child: Child,
@@ -368,6 +467,13 @@ impl Server {
     fn spawn(mut cmd: Command, addr: String) -> anyhow::Result<Server> {
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let mut server = Server { child, addr };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Waits until `/readyz` answers 200 (300 s at most).
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let server = self;
         let start = Instant::now();
         loop {
             if let Ok(mut s) = std::net::TcpStream::connect(&server.addr) {
@@ -377,7 +483,7 @@ impl Server {
                 let mut out = String::new();
                 let _ = s.read_to_string(&mut out);
                 if out.starts_with("HTTP/1.1 200") {
-                    return Ok(server);
+                    return Ok(());
                 }
             }
             if start.elapsed() > Duration::from_secs(300) {
