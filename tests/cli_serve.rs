@@ -1499,10 +1499,18 @@ fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart()
         );
     }
     assert!(n0.log().contains("partition 0 of 2"), "{}", n0.log());
-    // Partition 1's node is killed: its rows are missing, so n0 says to retry.
+    // Partition 1's node is killed: its rows are missing, so n0 says to
+    // retry; once its failure detector holds n1 down, at once.
     drop(n1);
-    let (code, r) = n0.post("/v1/predict", &ask);
-    assert_eq!(code, 503, "{r}");
+    let start = Instant::now();
+    loop {
+        let (code, r) = n0.post("/v1/predict", &ask);
+        assert_eq!(code, 503, "{r}");
+        if r.to_string().contains("partition 1's node is down") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{r}");
+    }
     // Restarted, it serves its partition again, and n0 answers as before.
     let n1 = node("n1");
     n1.wait_ready();

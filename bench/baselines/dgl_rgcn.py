@@ -249,7 +249,7 @@ def main():
     model = Rgcn(g, in_dims, a.hidden, outputs, len(fanouts), a.dropout)
     params = list(model.parameters()) + (list(embeds.parameters()) if a.dense_embeddings else [])
     opt = torch.optim.Adam(params, lr=a.lr)
-    sparse_opt = None if a.dense_embeddings else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
+    sparse_opt = None if a.dense_embeddings or not embeds else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
 
     def inputs(block):
         h = {}

@@ -43,7 +43,7 @@ from dgl_rgcn import Rgcn, load  # noqa: E402
 
 
 def build(data, checkpoint, fanouts, hidden):
-    g, schema, target, feats, _, _ = load(data, True)
+    g, schema, target, feats, _, _, _ = load(data, True)
     params = load_file(os.path.join(checkpoint, "params.safetensors"))
     emb_path = os.path.join(checkpoint, "embeddings.safetensors")
     embeds = {}

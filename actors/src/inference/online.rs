@@ -82,6 +82,10 @@ impl Online {
             }
             None => (0, None),
         };
+        // The node of each partition (the k-th of cluster.nodes holds partition k).
+        let ids: Vec<String> = node.as_ref().map_or_else(Vec::new, |(t, _)| {
+            t.cluster.nodes.iter().map(|n| n.id.clone()).collect()
+        });
         // Every partition served here: its graph and its learnable rows.
         let mut served: Vec<(u32, Arc<HetGraph>, Learnt)> = Vec::new();
         let here: Vec<u32> = match node {
@@ -136,7 +140,7 @@ impl Online {
             Ok((node, arbiters, ()))
         })?;
         let me = reader(part);
-        let client = Client::new(ClientSetup {
+        let mut client = Client::new(ClientSetup {
             part,
             parts,
             graph,
@@ -154,6 +158,20 @@ impl Online {
             node: &system.node,
             me: &me,
         })?;
+        if !ids.is_empty() {
+            // A partition whose node the failure detector holds down is not
+            // asked: requests that need it are answered 503 at once, and the
+            // inference thread goes on with the others.
+            let node = system.node.clone();
+            client.down = Some(Arc::new(move |p: u32| {
+                let Some(id) = ids.get(p as usize) else {
+                    return false;
+                };
+                node.members()
+                    .iter()
+                    .any(|m| &m.id == id && m.state == runtime::PeerState::Down)
+            }));
+        }
         Ok(Online {
             client,
             plan: SamplingPlan::new(&s.source.fanouts, s.source.spec.seed),

@@ -108,6 +108,11 @@ pub struct Client {
     /// Input rows pulled from other partitions so far (features and
     /// learnable rows; shared with the DAG sampler, which pulls on its own).
     pub remote_rows: Arc<AtomicU64>,
+    /// Whether partition `p`'s node is known to be down: asks to it then
+    /// fail at once instead of waiting out their timeout (a server goes on
+    /// answering what needs no rows of it). `None`: always ask (training,
+    /// whose coordinator handles a lost node).
+    pub down: Option<Arc<dyn Fn(u32) -> bool + Send + Sync>>,
 }
 
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
@@ -204,7 +209,18 @@ impl Client {
             uses_neighbors,
             cache: None,
             remote_rows: Arc::default(),
+            down: None,
         })
+    }
+
+    /// Refuses at once to ask partition `o` when its node is known to be down.
+    fn check_up(&self, o: usize) -> Result<()> {
+        match &self.down {
+            Some(down) if o as u32 != self.part && down(o as u32) => Err(TrainError::PeerLost(
+                format!("partition {o}'s node is down"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Whether partition `part` owns node `v` of type `ty`.
@@ -444,6 +460,9 @@ impl Client {
         let asking: Vec<usize> = (0..parts)
             .filter(|&o| reqs[o].iter().any(|r| !r.is_empty()))
             .collect();
+        for &o in &asking {
+            self.check_up(o)?;
+        }
         let asks = asking.iter().map(|&o| {
             let msg = SampleReq {
                 seed,
@@ -603,6 +622,7 @@ impl Client {
                     .filter(|&v| self.owners[ty][v as usize] as usize == o)
                     .collect();
                 if !want.is_empty() {
+                    self.check_up(o)?;
                     plan.push((ty, o, want));
                 }
             }
