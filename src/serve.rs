@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// With `--config`: this process's node id.
     #[arg(long, requires = "config")]
     node: Option<String>,
+    /// With `--config`: when another partition's node is down, load its partition from
+    /// `--partitions` and serve it here (the directory must be readable on every node):
+    /// its requests are answered, the same, instead of refused with 503 until it is back.
+    #[arg(long, requires = "config")]
+    take_over: bool,
     /// The address to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -130,6 +135,7 @@ fn partitioned(a: &ServeArgs, parts: &std::path::Path) -> anyhow::Result<Loader>
     let (checkpoint, parts, data) = (a.checkpoint.clone(), parts.to_path_buf(), a.data.clone());
     let task = a.task.clone();
     let ask = Duration::from_millis(a.timeout_ms);
+    let take_over = a.take_over;
     let loaded = std::sync::atomic::AtomicBool::new(false);
     Ok(Arc::new(move || -> Result<Engine, ServeError> {
         if loaded.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -144,6 +150,7 @@ fn partitioned(a: &ServeArgs, parts: &std::path::Path) -> anyhow::Result<Loader>
                 data: data.as_deref(),
                 node: node.as_ref().map(|(t, id)| (t.clone(), id.as_str())),
                 ask,
+                take_over,
             })?;
         for s in skipped {
             warnln!("skipped checkpoint: {s}");

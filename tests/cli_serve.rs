@@ -1528,6 +1528,61 @@ fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart()
         "{again}\n{}",
         n0.log()
     );
+    // With --take-over, n0 loads the partition of a node that is down and
+    // answers for it: the same answers, without n1.
+    drop(n0);
+    let taker = Server::launch(
+        d,
+        &[
+            "--checkpoint",
+            "ck",
+            "--partitions",
+            "parts",
+            "--config",
+            "cluster.toml",
+            "--node",
+            "n0",
+            "--timeout-ms",
+            "4000",
+            "--take-over",
+        ],
+    );
+    taker.wait_ready();
+    drop(n1);
+    let start = Instant::now();
+    let served = loop {
+        let (code, r) = taker.post("/v1/predict", &ask);
+        if code == 200 {
+            break r;
+        }
+        assert_eq!(code, 503, "{r}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{r}\n{}",
+            taker.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        served["predictions"],
+        want["predictions"],
+        "{}",
+        taker.log()
+    );
+    assert!(
+        close(
+            &floats(&served["probabilities"]),
+            &floats(&want["probabilities"])
+        ),
+        "taken over: probabilities differ"
+    );
+    assert!(
+        taker
+            .log()
+            .contains("partition 1's node is down: serving its partition here"),
+        "{}",
+        taker.log()
+    );
     // A whole-graph server's features are refused with what to use instead.
     hetgnn(
         d,

@@ -110,6 +110,7 @@ impl Trained {
                 set: &set,
                 node: p.node,
                 ask: p.ask,
+                take_over: p.take_over.then_some(p.partitions),
             },
             g.clone(),
         )
@@ -154,6 +155,9 @@ pub struct Partitioned<'a> {
     pub node: Option<(runtime::Topology, &'a str)>,
     /// Longest wait for one answer of another partition.
     pub ask: Duration,
+    /// Serve a down node's partition here (loaded from `partitions`) instead
+    /// of answering 503 until it is back.
+    pub take_over: bool,
 }
 
 /// Edge class names and fitted feature transforms of a graph imported from tables.

@@ -60,6 +60,7 @@ fn served(ck: &Path, parts: &Path, data: Option<&Path>) -> Engine {
         data,
         node: None,
         ask: Duration::from_secs(30),
+        take_over: false,
     })
     .unwrap();
     Engine::partitioned(trained, online)
@@ -212,6 +213,7 @@ fn a_server_of_partitions_refuses_what_it_cannot_answer_and_says_what_to_do() {
         data: None,
         node: None,
         ask: Duration::from_secs(5),
+        take_over: false,
     })
     .err()
     .unwrap();

@@ -7,8 +7,9 @@
 //! one single-process sampled inference (`predict`) gives, whichever node
 //! answers it.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use graphs::partition::PartitionSet;
@@ -45,6 +46,10 @@ pub struct OnlineSetup<'a> {
     /// Longest wait for one answer of another partition (a request
     /// touching a partition whose node is down fails after it).
     pub ask: Duration,
+    /// The partition directory to load a down node's partition from and
+    /// serve it here instead (`None`: requests that need it fail until the
+    /// node is back).
+    pub take_over: Option<&'a Path>,
 }
 
 /// A serving node's partition, its owner actors, and the client its
@@ -54,8 +59,29 @@ pub struct Online {
     plan: SamplingPlan,
     epoch: u64,
     part: u32,
+    /// Serving other partitions when their nodes are down, if asked to.
+    take_over: Option<TakeOver>,
     /// Kept running while the client asks through it (dropped after it).
     _system: System,
+}
+
+/// What taking over a down node's partition needs.
+struct TakeOver {
+    /// The partition directory.
+    dir: PathBuf,
+    /// The checkpoint (its learnable rows are read again for the partition).
+    source: Pretrained,
+    /// The owner actors' settings.
+    t: TrainingConfig,
+    /// The node the partition's actors are registered on.
+    node: Node,
+    /// A thread of the node's actor system to start them from.
+    spawner: actix::ArbiterHandle,
+    /// Partitions served here for their down nodes (shared with the client's
+    /// predicate, which then asks them again: here).
+    taken: Arc<Mutex<BTreeSet<u32>>>,
+    /// The threads their actors run on.
+    arbiters: Mutex<Vec<actix::Arbiter>>,
 }
 
 impl Online {
@@ -107,7 +133,7 @@ impl Online {
             served.push((k, g, learnt));
         }
         let (tc, owners_c) = (t.clone(), owners.clone());
-        let (system, ()) = System::start(move || async move {
+        let (system, spawner) = System::start(move || async move {
             let (node, topology) = match node {
                 Some((topology, id)) => (Node::start(topology.clone(), &id).await?, Some(topology)),
                 None => (Node::embedded("local").map_err(TrainError::internal)?, None),
@@ -137,7 +163,12 @@ impl Online {
                     tracing::warn!("serving without every partition for now: {e}");
                 }
             }
-            Ok((node, arbiters, ()))
+            // A thread inside the actor system, from which a down node's
+            // partition is started here when it is taken over.
+            let spare = actix::Arbiter::new();
+            let spawner = spare.handle();
+            arbiters.push(spare);
+            Ok((node, arbiters, spawner))
         })?;
         let me = reader(part);
         let mut client = Client::new(ClientSetup {
@@ -158,25 +189,40 @@ impl Online {
             node: &system.node,
             me: &me,
         })?;
+        let taken: Arc<Mutex<BTreeSet<u32>>> = Arc::default();
         if !ids.is_empty() {
             // A partition whose node the failure detector holds down is not
-            // asked: requests that need it are answered 503 at once, and the
-            // inference thread goes on with the others.
+            // asked (unless it is served here now): requests that need it are
+            // answered 503 at once, and the inference thread goes on with the others.
             let node = system.node.clone();
+            let here = taken.clone();
             client.down = Some(Arc::new(move |p: u32| {
                 let Some(id) = ids.get(p as usize) else {
                     return false;
                 };
+                if here.lock().is_ok_and(|h| h.contains(&p)) {
+                    return false;
+                }
                 node.members()
                     .iter()
                     .any(|m| &m.id == id && m.state == runtime::PeerState::Down)
             }));
         }
+        let take_over = s.take_over.map(|dir| TakeOver {
+            dir: dir.to_path_buf(),
+            source: s.source.clone(),
+            t: t.clone(),
+            node: system.node.clone(),
+            spawner,
+            taken,
+            arbiters: Mutex::default(),
+        });
         Ok(Online {
             client,
             plan: SamplingPlan::new(&s.source.fanouts, s.source.spec.seed),
             epoch: s.source.epochs_done,
             part,
+            take_over,
             _system: system,
         })
     }
@@ -189,12 +235,37 @@ impl Online {
     /// The sampled blocks of target nodes `nodes` (distinct, any owner),
     /// drawn as single-process sampled inference draws them, and their
     /// input rows (features and learnable rows, local or pulled).
+    /// With take-over, a partition whose node is down is loaded and served
+    /// here first (once), and the request drawn again: the same answer, later.
     pub fn neighbourhoods(&self, nodes: &[u32]) -> Result<(MiniBatch, PerType)> {
-        let mb = self
-            .client
-            .sample(self.plan.eval_seed(), self.epoch, INFERENCE_STEP, nodes)?;
-        let inputs = self.client.gather(&mb.blocks[0].src, Rows::All, None)?;
-        Ok((mb, inputs))
+        let draw = || -> Result<(MiniBatch, PerType)> {
+            let mb =
+                self.client
+                    .sample(self.plan.eval_seed(), self.epoch, INFERENCE_STEP, nodes)?;
+            let inputs = self.client.gather(&mb.blocks[0].src, Rows::All, None)?;
+            Ok((mb, inputs))
+        };
+        match (draw(), &self.take_over, &self.client.down) {
+            (Err(e), Some(over), Some(down)) if e.is_recoverable() => {
+                let lost: Vec<u32> = (0..self.client.parts).filter(|&p| down(p)).collect();
+                if lost.is_empty() {
+                    return Err(e);
+                }
+                for p in lost {
+                    over.serve(p, &self.client.owners)?;
+                }
+                draw()
+            }
+            (r, _, _) => r,
+        }
+    }
+
+    /// Partitions this node serves for their down nodes.
+    pub fn taken_over(&self) -> Vec<u32> {
+        self.take_over
+            .as_ref()
+            .and_then(|o| o.taken.lock().ok().map(|t| t.iter().copied().collect()))
+            .unwrap_or_default()
     }
 
     /// Partitions in all.
@@ -207,6 +278,62 @@ impl Online {
         self.client
             .remote_rows
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl TakeOver {
+    /// Loads partition `p` (whose node is down) and registers its sampler
+    /// and stores on this node, where the client's asks for it now go.
+    fn serve(&self, p: u32, owners: &Arc<Vec<Vec<u16>>>) -> Result<()> {
+        tracing::warn!("partition {p}'s node is down: serving its partition here");
+        let set = PartitionSet::open(&self.dir)?;
+        let g = Arc::new(set.load_part(
+            p as usize,
+            &graphs::LoadOptions {
+                mmap_features: true,
+                reverse_edges: self.source.reverse_edges,
+            },
+        )?);
+        let model = self
+            .source
+            .for_inference(&g, set.manifest.graph_sha256.as_deref())?;
+        let learnt = Learnt::of(&model, &g, owners, p)?;
+        let (node, owners, t) = (self.node.clone(), owners.clone(), self.t.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = self.spawner.spawn_fn(move || {
+            let mut arbiters = Vec::new();
+            let r = owner::serve(
+                &node,
+                Served {
+                    part: p,
+                    graph: &g,
+                    owners: &owners,
+                    steps: None,
+                    pushers: 1,
+                    start: Some(&learnt),
+                },
+                &t,
+                &mut arbiters,
+            );
+            let _ = tx.send(r.map(|()| arbiters));
+        });
+        if !started {
+            return Err(TrainError::Internal(
+                "the actor system stopped before a partition could be taken over".into(),
+            ));
+        }
+        let arbiters = rx
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|_| TrainError::Internal("taking over a partition did not finish".into()))??;
+        self.arbiters
+            .lock()
+            .map_err(|_| TrainError::internal("a take-over panicked"))?
+            .extend(arbiters);
+        self.taken
+            .lock()
+            .map_err(|_| TrainError::internal("a take-over panicked"))?
+            .insert(p);
+        Ok(())
     }
 }
 
