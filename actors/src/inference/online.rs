@@ -252,7 +252,13 @@ impl Online {
                     return Err(e);
                 }
                 for p in lost {
-                    over.serve(p, &self.client.owners)?;
+                    // A take-over that cannot be done (the partition's files
+                    // unreadable here, say) leaves the request to be retried.
+                    over.serve(p, &self.client.owners).map_err(|e| {
+                        TrainError::PeerLost(format!(
+                            "partition {p}'s node is down and serving its partition here failed: {e}"
+                        ))
+                    })?;
                 }
                 draw()
             }
