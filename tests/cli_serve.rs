@@ -1461,8 +1461,9 @@ fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart()
         crate::util::nodes_toml(&["n0", "n1"])
     );
     std::fs::write(d.join("cluster.toml"), topology).unwrap();
-    let node = |id: &str| {
-        let args = [
+    // Node `id` of the topology, with `extra` flags.
+    let node_with = |id: &str, extra: &[&str]| {
+        let mut args = vec![
             "--checkpoint",
             "ck",
             "--partitions",
@@ -1474,8 +1475,10 @@ fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart()
             "--timeout-ms",
             "4000",
         ];
+        args.extend_from_slice(extra);
         Server::launch(d, &args)
     };
+    let node = |id: &str| node_with(id, &[]);
     let whole = Server::start(d, &["--checkpoint", "ck", "--data", "g"]);
     let (n0, n1) = (node("n0"), node("n1"));
     n0.wait_ready();
@@ -1531,22 +1534,7 @@ fn nodes_serving_partitions_answer_as_a_whole_graph_server_and_after_a_restart()
     // With --take-over, n0 loads the partition of a node that is down and
     // answers for it: the same answers, without n1.
     drop(n0);
-    let taker = Server::launch(
-        d,
-        &[
-            "--checkpoint",
-            "ck",
-            "--partitions",
-            "parts",
-            "--config",
-            "cluster.toml",
-            "--node",
-            "n0",
-            "--timeout-ms",
-            "4000",
-            "--take-over",
-        ],
-    );
+    let taker = node_with("n0", &["--take-over"]);
     taker.wait_ready();
     drop(n1);
     let start = Instant::now();

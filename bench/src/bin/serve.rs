@@ -377,6 +377,24 @@ fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
+/// `hetgnn serve` of checkpoint `ck` at `addr`, unbounded in queue and rate
+/// (the load generator decides the load).
+fn serve_cmd(bin: &Path, addr: &str, ck: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "serve",
+        "--listen",
+        addr,
+        "--queue",
+        "100000",
+        "--max-rps",
+        "0",
+    ])
+    .arg("--checkpoint")
+    .arg(ck);
+    cmd
+}
+
 /// `k` `serve --partitions` processes over METIS partitions of `data`, one
 /// node of a loopback topology each, all ready.
 fn cluster(
@@ -396,26 +414,15 @@ fn cluster(
     let mut launched = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "serve",
-            "--listen",
-            &addr,
-            "--queue",
-            "100000",
-            "--max-rps",
-            "0",
-        ])
-        .arg("--checkpoint")
-        .arg(ck)
-        .arg("--partitions")
-        .arg(&parts)
-        .arg("--config")
-        .arg(&config)
-        .args(["--node", &format!("n{i}")])
-        .args(["--batch-wait-ms", &batch_wait_ms.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        let mut cmd = serve_cmd(bin, &addr, ck);
+        cmd.arg("--partitions")
+            .arg(&parts)
+            .arg("--config")
+            .arg(&config)
+            .args(["--node", &format!("n{i}")])
+            .args(["--batch-wait-ms", &batch_wait_ms.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         launched.push(Server { child, addr });
     }
@@ -440,22 +447,11 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let port = bench::free_ports(1)?[0];
         let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "serve",
-            "--listen",
-            &addr,
-            "--queue",
-            "100000",
-            "--max-rps",
-            "0",
-        ])
-        .arg("--checkpoint")
-        .arg(ck)
-        .arg("--data")
-        .arg(data)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        let mut cmd = serve_cmd(bin, &addr, ck);
+        cmd.arg("--data")
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         match batch_wait_ms {
             Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
             None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
