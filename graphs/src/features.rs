@@ -1,4 +1,5 @@
-//! Node feature matrices, owned in memory or memory-mapped from a `.npy` file.
+//! Node feature matrices, owned in memory or memory-mapped from a `.npy` file,
+//! or only some of their rows kept (a partition's own; the others read as zeros).
 
 use std::sync::OnceLock;
 
@@ -21,7 +22,17 @@ enum Storage {
         map: Mapped,
         offset: usize,
     },
+    /// Only some rows held: `slot[row]` is the row's place in `data`, or
+    /// [`ABSENT`]; an absent row reads as `zeros`.
+    Kept {
+        slot: Vec<u32>,
+        data: Vec<f32>,
+        zeros: Vec<f32>,
+    },
 }
+
+/// The slot of a row [`Features::keep_rows`] left out.
+const ABSENT: u32 = u32::MAX;
 
 impl std::fmt::Debug for Features {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,13 +99,28 @@ impl Features {
         matches!(self.data, Storage::Mapped { .. })
     }
 
-    /// All rows, concatenated.
-    pub fn as_slice(&self) -> &[f32] {
+    /// All rows, concatenated, where they are held so (not after
+    /// [`Features::keep_rows`]).
+    pub fn contiguous(&self) -> Option<&[f32]> {
         match &self.data {
-            Storage::Owned(v) => v,
-            Storage::Mapped { map, offset } => {
-                bytemuck::cast_slice(&map[*offset..*offset + self.rows * self.dim * 4])
-            }
+            Storage::Owned(v) => Some(v),
+            Storage::Mapped { map, offset } => Some(bytemuck::cast_slice(
+                &map[*offset..*offset + self.rows * self.dim * 4],
+            )),
+            Storage::Kept { .. } => None,
+        }
+    }
+
+    /// All rows, concatenated, copied (absent rows as zeros).
+    pub fn to_vec(&self) -> Vec<f32> {
+        self.block(0, self.rows).into_owned()
+    }
+
+    /// Rows `start..end`, concatenated: borrowed where they are contiguous.
+    pub fn block(&self, start: usize, end: usize) -> std::borrow::Cow<'_, [f32]> {
+        match self.contiguous() {
+            Some(all) => std::borrow::Cow::Borrowed(&all[start * self.dim..end * self.dim]),
+            None => (start..end).flat_map(|i| self.row(i)).copied().collect(),
         }
     }
 
@@ -103,7 +129,10 @@ impl Features {
     pub fn first_non_finite(&self) -> Option<(usize, usize, f32)> {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 20;
-        let data = self.as_slice();
+        let (data, slot) = match &self.data {
+            Storage::Kept { slot, data, .. } => (data.as_slice(), Some(slot)),
+            _ => (self.contiguous().unwrap_or_default(), None),
+        };
         let at = data
             .par_chunks(CHUNK)
             .enumerate()
@@ -114,12 +143,51 @@ impl Features {
                     .map(|i| c * CHUNK + i)
             })?;
         let dim = self.dim.max(1);
-        Some((at / dim, at % dim, data[at]))
+        let (held, col) = (at / dim, at % dim);
+        // A kept row's own number, found once on this error path.
+        let row = slot.map_or(Some(held), |s| s.iter().position(|&p| p as usize == held))?;
+        Some((row, col, data[at]))
     }
 
     /// Row `i`.
     pub fn row(&self, i: usize) -> &[f32] {
-        &self.as_slice()[i * self.dim..(i + 1) * self.dim]
+        match &self.data {
+            Storage::Kept { slot, data, zeros } => match slot[i] {
+                ABSENT => zeros,
+                p => &data[p as usize * self.dim..(p as usize + 1) * self.dim],
+            },
+            Storage::Owned(v) => &v[i * self.dim..(i + 1) * self.dim],
+            Storage::Mapped { map, offset } => {
+                let at = *offset + i * self.dim * 4;
+                bytemuck::cast_slice(&map[at..at + self.dim * 4])
+            }
+        }
+    }
+
+    /// Keeps only the rows `keep` accepts, copied out of the mapping or
+    /// buffer (which is then released); the others read as zeros. A
+    /// partition keeps its own rows this way: its file holds the others as
+    /// zeros at their global places, and their pages would otherwise stay
+    /// resident. Returns the rows kept.
+    pub fn keep_rows(&mut self, keep: impl Fn(usize) -> bool) -> usize {
+        let mut slot = vec![ABSENT; self.rows];
+        let mut data = Vec::new();
+        let mut held = 0u32;
+        for (i, s) in slot.iter_mut().enumerate() {
+            if keep(i) {
+                data.extend_from_slice(self.row(i));
+                *s = held;
+                held += 1;
+            }
+        }
+        data.shrink_to_fit();
+        self.data = Storage::Kept {
+            slot,
+            data,
+            zeros: vec![0.0; self.dim],
+        };
+        self.nonzeros = OnceLock::new();
+        held as usize
     }
 
     /// The non-zeros by row, when the matrix is at least
@@ -135,10 +203,10 @@ impl Features {
             .get_or_init(|| {
                 let keep = self.dim >= MIN_WIDTH
                     && affordable(self.rows, self.dim, crate::memory::budget_bytes());
-                if keep {
-                    RowNonzeros::scan(self.as_slice(), self.dim, MAX_DENSITY)
-                } else {
-                    None
+                // Kept rows are few: their batches are scanned one at a time.
+                match self.contiguous() {
+                    Some(all) if keep => RowNonzeros::scan(all, self.dim, MAX_DENSITY),
+                    _ => None,
                 }
             })
             .as_ref()
@@ -172,5 +240,32 @@ mod tests {
         assert!(affordable(1_000_000, 1902, Some(64 << 30)));
         assert!(!affordable(1_000_000, 1902, Some(16 << 30)));
         assert!(affordable(1_000_000, 1902, None));
+    }
+
+    #[test]
+    fn kept_rows_read_as_before_and_the_others_as_zeros() {
+        let (rows, dim) = (10, 3);
+        let data: Vec<f32> = (0..rows * dim).map(|i| i as f32 + 1.0).collect();
+        let mut f = Features::from_vec(rows, dim, data.clone());
+        assert_eq!(f.keep_rows(|i| i % 3 == 1), 3);
+        assert!(f.contiguous().is_none() && f.nonzeros().is_none());
+        for i in 0..rows {
+            let want = if i % 3 == 1 {
+                &data[i * dim..(i + 1) * dim]
+            } else {
+                &[0.0; 3][..]
+            };
+            assert_eq!(f.row(i), want, "row {i}");
+        }
+        assert_eq!(&f.block(3, 5)[..], &[0.0, 0.0, 0.0, 13.0, 14.0, 15.0]);
+        assert_eq!(f.to_vec().len(), rows * dim);
+        assert_eq!(f.first_non_finite(), None);
+        let mut bad = data;
+        bad[7 * dim + 2] = f32::NAN;
+        let mut f = Features::from_vec(rows, dim, bad);
+        f.keep_rows(|i| i >= 5);
+        let (row, col, v) = f.first_non_finite().expect("a NaN in a kept row");
+        assert_eq!((row, col), (7, 2));
+        assert!(v.is_nan());
     }
 }

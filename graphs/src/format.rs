@@ -488,7 +488,7 @@ pub fn save(g: &HetGraph, dir: &Path, overwrite: bool) -> Result<()> {
             npy::write_f32(
                 &paths::features(out.path(), &t.name),
                 &[t.count.into(), f.dim() as u64],
-                f.as_slice(),
+                &f.block(0, f.rows()),
             )?;
         }
         if let Some(values) = &t.values {

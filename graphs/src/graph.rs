@@ -130,6 +130,19 @@ impl HetGraph {
     pub fn node_types(&self) -> &[NodeType] {
         &self.node_types
     }
+
+    /// Keeps only the feature rows of type `t` that `keep` accepts (the
+    /// others read as zeros: [`Features::keep_rows`]); no-op for a
+    /// featureless type.
+    pub(crate) fn keep_rows(&mut self, t: usize, keep: impl Fn(usize) -> bool) {
+        if let Some(f) = self
+            .node_types
+            .get_mut(t)
+            .and_then(|nt| nt.features.as_mut())
+        {
+            f.keep_rows(keep);
+        }
+    }
     /// One node type.
     pub fn node_type(&self, t: NodeTypeId) -> &NodeType {
         &self.node_types[t.index()]

@@ -209,7 +209,7 @@ impl Overlay<'_> {
             let n = self.added[t];
             let f = match &nt.features {
                 Some(f) => {
-                    let mut data = f.as_slice().to_vec();
+                    let mut data = f.to_vec();
                     let more = features.get(t).and_then(Option::as_ref);
                     let more = more.map(Vec::as_slice).unwrap_or_default();
                     if more.len() != n as usize * f.dim() {

@@ -37,8 +37,8 @@ fn round_trip_preserves_everything() {
             assert_eq!(a.labels, b.labels);
             assert_eq!(a.splits, b.splits);
             assert_eq!(
-                a.features.as_ref().map(|f| f.as_slice().to_vec()),
-                b.features.as_ref().map(|f| f.as_slice().to_vec())
+                a.features.as_ref().map(|f| f.to_vec()),
+                b.features.as_ref().map(|f| f.to_vec())
             );
         }
         for (a, b) in g.relations().iter().zip(h.relations()) {
@@ -356,7 +356,7 @@ fn with_values() -> tempfile::TempDir {
         let f = t
             .features
             .as_ref()
-            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec()));
+            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.to_vec()));
         b = b.node_type(&t.name, t.count, f);
     }
     b = b
@@ -458,7 +458,7 @@ fn with_label_sets() -> tempfile::TempDir {
         let f = t
             .features
             .as_ref()
-            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.as_slice().to_vec()));
+            .map(|f| graphs::Features::from_vec(f.rows(), f.dim(), f.to_vec()));
         b = b.node_type(&t.name, t.count, f);
     }
     #[rustfmt::skip]

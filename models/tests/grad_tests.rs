@@ -736,7 +736,7 @@ fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same
     let nz = table.nonzeros().expect("3% of 300 columns is sparse");
     assert_eq!(
         nz.nnz(),
-        table.as_slice().iter().filter(|v| **v != 0.0).count()
+        table.to_vec().iter().filter(|v| **v != 0.0).count()
     );
     let spec = ModelSpec {
         kind: ModelKind::Rgcn,

@@ -171,6 +171,17 @@ impl ReplyCache {
         }
     }
 
+    /// Releases the reply to `id`: the peer acknowledged every byte of it
+    /// (a large frame's stream is acknowledged before its write completes),
+    /// so only the loss of that connection before the asker read it could
+    /// bring the request again, and then it is dropped as an evicted one is.
+    /// Large replies would otherwise hold the cache's whole byte budget.
+    pub fn received(&mut self, id: MsgId) {
+        if let Some((r, _)) = self.replies.remove(&id) {
+            self.bytes -= r.as_ref().map_or(64, |b| b.len());
+        }
+    }
+
     /// Stores the reply to `id` (being sent).
     pub fn complete(&mut self, id: MsgId, reply: Result<Bytes, RemoteError>) {
         self.bytes += reply.as_ref().map_or(64, |b| b.len());
@@ -249,6 +260,24 @@ mod tests {
         );
         c.complete(id(9), Ok(Bytes::from(vec![0; 95])));
         assert!(c.held().1 <= 100);
+    }
+
+    #[test]
+    fn a_reply_the_peer_acknowledged_is_released_and_still_not_handled_twice() {
+        let id = |seq| MsgId { node: 3, seq };
+        let mut c = ReplyCache::new(100, 10, 1000);
+        for s in [1, 2] {
+            assert_eq!(c.check(id(s)), Seen::New);
+            c.complete(id(s), Ok(Bytes::from(vec![7; 300])));
+        }
+        assert_eq!(c.held(), (2, 600));
+        c.received(id(1));
+        assert_eq!(c.held(), (1, 300), "its bytes are given back at once");
+        assert_eq!(c.check(id(1)), Seen::Dropped, "a late duplicate");
+        assert_eq!(c.probe(id(1)), Probed::Underway);
+        assert_eq!(c.check(id(2)), Seen::Replied(Ok(Bytes::from(vec![7; 300]))));
+        c.received(id(1));
+        assert_eq!(c.held(), (1, 300), "released once");
     }
 
     #[test]

@@ -352,7 +352,7 @@ impl PartitionSet {
         }
         self.manifest.verify_part(&self.dir, k)?;
         let dir = self.part_dir(k);
-        let g = crate::load(&dir, opts)?;
+        let mut g = crate::load(&dir, opts)?;
         let counts: Vec<usize> = g.node_types().iter().map(|t| t.count as usize).collect();
         let names: Vec<&str> = g.node_types().iter().map(|t| t.name.as_str()).collect();
         if names
@@ -369,6 +369,15 @@ impl PartitionSet {
                 &dir,
                 "node types or counts differ from the manifest's owner files",
             ));
+        }
+        if !self.manifest.halo_features {
+            // The file holds every row at its global place, the others' as
+            // zeros; a partition's own rows are spread over nearly every page,
+            // so the mapping would stay resident whole. Copy out its own.
+            let own = u16::try_from(k).unwrap_or(u16::MAX);
+            for (t, owners) in self.owners.iter().enumerate() {
+                g.keep_rows(t, |v| owners[v] == own);
+            }
         }
         Ok(g)
     }
