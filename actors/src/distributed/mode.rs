@@ -274,6 +274,8 @@ pub fn train_embedded<M: Distributed>(
         (driven, c.into_report(), local)
     });
     driven?;
+    // The last epoch's buffers are dead: hand them back before the whole model is built.
+    runtime::alloc::release_freed_memory();
     let model = mode.assemble(&system, &coord, local, &graphs[0])?;
     report.config = cfg.clone();
     report.memory_estimate_bytes = Some(memory.total().min(u128::from(u64::MAX)) as u64);
@@ -458,6 +460,7 @@ pub fn run_node<M: Distributed>(
         (driven, c.into_report(), mine)
     });
     let finished = driven.and_then(|()| {
+        runtime::alloc::release_freed_memory();
         let model = mode.assemble(&system, &coord, vec![(part, mine)], &graph)?;
         report.config = cfg.clone();
         report.memory_estimate_bytes = Some(memory.total().min(u128::from(u64::MAX)) as u64);

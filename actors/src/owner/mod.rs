@@ -27,13 +27,14 @@ use actix::Actor;
 use candle_core::{DType, Device};
 use futures_util::future::join_all;
 use graphs::HetGraph;
+use models::embedding::EmbeddingTable;
 use models::optim::{Adam, AdamConfig};
 use models::Model;
 use runtime::Node;
 
 use crate::config::TrainingConfig;
 use crate::distributed::messages::Begin;
-use crate::distributed::{checkpoint, decode_f32, Part, System, Timeouts};
+use crate::distributed::{checkpoint, Part, System, Timeouts};
 use crate::error::{Result, TrainError};
 use graphs::link::Batching;
 use messages::{Export, Pull, Push, Reset, SampleReq, Save};
@@ -276,8 +277,9 @@ pub fn assemble(
     replica: &Model,
     g: &HetGraph,
 ) -> Result<Model> {
-    let tables = export_tables(t, system, parts, g)?;
-    let mut model = Model::new(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
+    // Tables without Adam moments (they stay in the stores' checkpoints): the
+    // whole model is read (its hash, the caller's outputs), never trained on.
+    let mut model = Model::without_tables(&t.model_spec(), g, DType::F32, &Device::Cpu)?;
     for (name, var) in model.params.iter() {
         let theirs = replica
             .params
@@ -290,62 +292,91 @@ pub fn assemble(
                 .to_dtype(DType::F32)?,
         )?;
     }
-    for (ty, rows) in tables {
-        let e = model
-            .embeddings
-            .get_mut(ty)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| {
-                TrainError::Protocol(format!("a table for node type {ty}, which has none"))
-            })?;
-        if e.data.len() != rows.len() {
-            return Err(TrainError::Protocol(format!(
-                "{}: {} values exported, {} expected",
-                e.name,
-                rows.len(),
-                e.data.len()
-            )));
-        }
-        e.data = rows;
-    }
-    Ok(model)
-}
-
-/// Every learnable table, whole, from the stores of every partition.
-fn export_tables(
-    t: &TrainingConfig,
-    system: &System,
-    parts: u32,
-    g: &HetGraph,
-) -> Result<Vec<(usize, Vec<f32>)>> {
     let learnable = Model::learnable_types(t.model, g);
-    let mut tables: Vec<(usize, Vec<f32>)> = Vec::new();
-    let ask = Timeouts::default().ask;
     for (ty, nt) in g.node_types().iter().enumerate() {
         if !learnable[ty] {
             continue;
         }
-        let dim = t.embed_dim;
-        let mut table = vec![0.0f32; nt.count as usize * dim];
-        let refs = (0..parts)
-            .map(|p| system.node.actor(&names::store(&nt.name, p)))
-            .collect::<std::result::Result<Vec<_>, _>>()
+        let slot = model.embeddings.get_mut(ty).ok_or_else(|| {
+            TrainError::Internal(format!("the model has no slot for node type {}", nt.name))
+        })?;
+        let (rows, dim) = (nt.count as usize, t.embed_dim);
+        let mut data = vec![0.0f32; rows * dim];
+        export_table(system, parts, &nt.name, rows, &mut data)?;
+        *slot = Some(EmbeddingTable::frozen(
+            &format!("embed.{}", nt.name),
+            rows,
+            dim,
+            data,
+        ));
+    }
+    Ok(model)
+}
+
+/// Writes the rows of `name`'s learnable table, whole (`count` rows), from
+/// the stores of every partition into `table`, which the model already
+/// holds: asked one partition at a time, so that the coordinator's node
+/// holds one partition's rows besides the table, not every partition's
+/// and a second table (at mag-like S=1, 600 MB more at the end of a run).
+fn export_table(
+    system: &System,
+    parts: u32,
+    name: &str,
+    count: usize,
+    table: &mut [f32],
+) -> Result<()> {
+    let dim = table.len() / count.max(1);
+    if dim * count != table.len() {
+        return Err(TrainError::Internal(format!(
+            "{name}: a table of {} values for {count} rows",
+            table.len()
+        )));
+    }
+    let ask = Timeouts::default().ask;
+    // Each row has one owner: a row exported twice, or none, would leave initial values in.
+    let mut seen = vec![false; count];
+    for p in 0..parts {
+        let store = names::store(name, p);
+        let r = system
+            .node
+            .actor(&store)
             .map_err(|e| TrainError::Internal(e.to_string()))?;
-        let answers = system
+        let (ids, data) = system
             .handle
-            .block_on(join_all(refs.iter().map(|r| r.ask(Export, ask))));
-        for (p, a) in answers.into_iter().enumerate() {
-            let (ids, data) = a?.map_err(|e| e.from_actor(names::store(&nt.name, p as u32)))?;
-            let rows = decode_f32(&data.0, ids.len() * dim)?;
-            for (k, &id) in ids.iter().enumerate() {
-                let at = id as usize * dim;
-                table
-                    .get_mut(at..at + dim)
-                    .ok_or_else(|| TrainError::Protocol(format!("exported row {id} out of range")))?
-                    .copy_from_slice(&rows[k * dim..(k + 1) * dim]);
+            .block_on(r.ask(Export, ask))?
+            .map_err(|e| e.from_actor(store.clone()))?;
+        let bytes = &data.0;
+        if bytes.len() != ids.len() * dim * 4 {
+            return Err(TrainError::Protocol(format!(
+                "{store}: {} bytes exported for {} rows of {dim}",
+                bytes.len(),
+                ids.len()
+            )));
+        }
+        for (&id, src) in ids.iter().zip(bytes.chunks_exact(dim * 4)) {
+            if std::mem::replace(
+                seen.get_mut(id as usize).ok_or_else(|| {
+                    TrainError::Protocol(format!("{store}: exported row {id} out of range"))
+                })?,
+                true,
+            ) {
+                return Err(TrainError::Protocol(format!(
+                    "{store}: row {id} exported by two stores"
+                )));
+            }
+            let at = id as usize * dim;
+            let dst = table.get_mut(at..at + dim).ok_or_else(|| {
+                TrainError::Protocol(format!("{store}: exported row {id} out of range"))
+            })?;
+            for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        tables.push((ty, table));
     }
-    Ok(tables)
+    if let Some(missing) = seen.iter().position(|s| !s) {
+        return Err(TrainError::Protocol(format!(
+            "{name}: row {missing} exported by no partition's store"
+        )));
+    }
+    Ok(())
 }
