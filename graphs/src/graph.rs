@@ -143,6 +143,7 @@ impl HetGraph {
             f.keep_rows(keep);
         }
     }
+
     /// One node type.
     pub fn node_type(&self, t: NodeTypeId) -> &NodeType {
         &self.node_types[t.index()]

@@ -301,8 +301,7 @@ pub fn assemble(
             TrainError::Internal(format!("the model has no slot for node type {}", nt.name))
         })?;
         let (rows, dim) = (nt.count as usize, t.embed_dim);
-        let mut data = vec![0.0f32; rows * dim];
-        export_table(system, parts, &nt.name, rows, &mut data)?;
+        let data = export_table(system, parts, &nt.name, rows, dim)?;
         *slot = Some(EmbeddingTable::frozen(
             &format!("embed.{}", nt.name),
             rows,
@@ -313,25 +312,19 @@ pub fn assemble(
     Ok(model)
 }
 
-/// Writes the rows of `name`'s learnable table, whole (`count` rows), from
-/// the stores of every partition into `table`, which the model already
-/// holds: asked one partition at a time, so that the coordinator's node
-/// holds one partition's rows besides the table, not every partition's
-/// and a second table (at mag-like S=1, 600 MB more at the end of a run).
+/// The rows of `name`'s learnable table, whole (`count` rows of `dim`),
+/// from the stores of every partition, asked one partition at a time, so
+/// that the coordinator's node holds one partition's rows besides the
+/// table, not every partition's and a second table (at mag-like S=1,
+/// 600 MB more at the end of a run).
 fn export_table(
     system: &System,
     parts: u32,
     name: &str,
     count: usize,
-    table: &mut [f32],
-) -> Result<()> {
-    let dim = table.len() / count.max(1);
-    if dim * count != table.len() {
-        return Err(TrainError::Internal(format!(
-            "{name}: a table of {} values for {count} rows",
-            table.len()
-        )));
-    }
+    dim: usize,
+) -> Result<Vec<f32>> {
+    let mut table = vec![0.0f32; count * dim];
     let ask = Timeouts::default().ask;
     // Each row has one owner: a row exported twice, or none, would leave initial values in.
     let mut seen = vec![false; count];
@@ -364,11 +357,9 @@ fn export_table(
                     "{store}: row {id} exported by two stores"
                 )));
             }
+            // In range: `seen` has a slot per row of the table.
             let at = id as usize * dim;
-            let dst = table.get_mut(at..at + dim).ok_or_else(|| {
-                TrainError::Protocol(format!("{store}: exported row {id} out of range"))
-            })?;
-            for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            for (d, b) in table[at..at + dim].iter_mut().zip(src.chunks_exact(4)) {
                 *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
@@ -378,5 +369,5 @@ fn export_table(
             "{name}: row {missing} exported by no partition's store"
         )));
     }
-    Ok(())
+    Ok(table)
 }
