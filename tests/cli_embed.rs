@@ -55,6 +55,11 @@ fn setup(d: &Path) {
 /// The largest difference between the partitioned output at `out` and the
 /// single-process one, checking every node is written exactly once.
 fn max_diff(d: &Path, out: &str) -> f32 {
+    max_diff_from(d, out, "single")
+}
+
+/// [`max_diff`] against the single-process output in `single`.
+fn max_diff_from(d: &Path, out: &str, single: &str) -> f32 {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join(out).join("manifest.json")).unwrap())
             .unwrap();
@@ -64,7 +69,7 @@ fn max_diff(d: &Path, out: &str) -> f32 {
     for t in types {
         let name = t["name"].as_str().unwrap();
         let width = t["width"].as_u64().unwrap() as usize;
-        let want = NpyFile::open(&d.join(format!("single/{name}.npy")), DType::F32).unwrap();
+        let want = NpyFile::open(&d.join(format!("{single}/{name}.npy")), DType::F32).unwrap();
         let count = want.shape()[0] as usize;
         let want = want.to_f32_vec();
         let mut seen = vec![false; count];
@@ -290,4 +295,197 @@ fn two_node_processes_embed_as_single_process_embed() {
         ],
     )
     .fails_with(1, &["n7", "not in cluster.nodes"]);
+}
+
+/// Whether `dir` exists, polled every millisecond until `deadline`.
+fn appears(dir: &Path, deadline: Instant) -> bool {
+    while !dir.is_dir() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// A node process whose output is read as it runs.
+struct Logged {
+    child: std::process::Child,
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Logged {
+    fn spawn(mut cmd: Command) -> Logged {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        let readers = [out, err]
+            .into_iter()
+            .map(|r| {
+                let text = text.clone();
+                std::thread::spawn(move || {
+                    use std::io::BufRead;
+                    for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+                        let mut t = text.lock().unwrap();
+                        t.push_str(&line);
+                        t.push('\n');
+                    }
+                })
+            })
+            .collect();
+        Logged {
+            child,
+            text,
+            readers,
+        }
+    }
+
+    /// Whether its output says `what` by `deadline`.
+    fn says(&self, what: &str, deadline: Instant) -> bool {
+        while !self.text.lock().unwrap().contains(what) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: sends a signal to a child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// Its exit code (killed if still running at `deadline`) and everything it wrote.
+    fn finish(mut self, deadline: Instant) -> (Option<i32>, String) {
+        while self.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let code = self.child.wait().unwrap().code();
+        for r in self.readers {
+            let _ = r.join();
+        }
+        let text = self.text.lock().unwrap().clone();
+        (code, text)
+    }
+}
+
+#[test]
+fn a_killed_node_process_resumes_its_partition_and_the_job_completes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    setup(d);
+    // Four layers: three stages of embeddings, so that a node frozen after its
+    // first leaves its peer a stage it cannot finish.
+    hetgnn(
+        d,
+        &[
+            "train",
+            "--data",
+            "g",
+            "--epochs",
+            "1",
+            "--hidden",
+            "16",
+            "--layers",
+            "4",
+            "--fanouts",
+            "5,5,5,5",
+            "--checkpoint",
+            "ck4",
+        ],
+    )
+    .ok();
+    hetgnn(
+        d,
+        &[
+            "embed",
+            "--checkpoint",
+            "ck4",
+            "--data",
+            "g",
+            "--out",
+            "single4",
+        ],
+    )
+    .ok();
+    // With the halo's feature rows at hand, a partition's first layer needs no peer.
+    hetgnn(
+        d,
+        &[
+            "partition",
+            "--data",
+            "g",
+            "--parts",
+            "2",
+            "--halo-features",
+            "--out",
+            "parts-h",
+        ],
+    )
+    .ok();
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let topology = format!(
+        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
+        nodes_toml(&["n0", "n1"])
+    );
+    std::fs::write(d.join("cluster.toml"), topology).unwrap();
+    let start = |id: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetgnn"));
+        cmd.args([
+            "embed",
+            "--checkpoint",
+            "ck4",
+            "--partitions",
+            "parts-h",
+            "--config",
+            "cluster.toml",
+            "--node",
+            id,
+            "--out",
+            "out",
+            "--wait",
+            "60",
+        ])
+        .current_dir(d);
+        Logged::spawn(cmd)
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (n0, n1) = (start("n0"), start("n1"));
+    // Freeze n0 once both nodes have met and n0 has saved its first stage:
+    // n1 can then save its own first stage but never its last (its third
+    // needs n0's second, which needs n1's first).
+    let met = n1.says("peer n0 up", deadline) && appears(&d.join("out/part-0/stage-1"), deadline);
+    n0.signal(libc::SIGSTOP);
+    let saved = met && appears(&d.join("out/part-1/stage-1"), deadline);
+    let finished = d.join("out/part-1/stage-3").exists();
+    let (_, first) = n1.finish(Instant::now());
+    if !saved || finished {
+        n0.signal(libc::SIGCONT);
+        let (_, zero) = n0.finish(Instant::now());
+        panic!("n1 saved a first layer: {saved}, its last: {finished}\n{first}\n---\n{zero}");
+    }
+    // The same command again, and n0 goes on: n1 resumes, n0 waited for it.
+    let n1 = start("n1");
+    n0.signal(libc::SIGCONT);
+    let (code0, out0) = n0.finish(deadline);
+    let (code1, out1) = n1.finish(deadline);
+    assert_eq!((code0, code1), (Some(0), Some(0)), "{out0}\n---\n{out1}");
+    assert!(
+        out1.contains("partition 1: resumed at stage"),
+        "n1 did not resume: {out1}"
+    );
+    assert!(
+        !out1.contains("resumed at stage 3 of 3"),
+        "n1 had finished: {out1}"
+    );
+    let diff = max_diff_from(d, "out", "single4");
+    assert!(diff <= 1e-5, "differs from single-process embed by {diff}");
 }

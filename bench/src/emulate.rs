@@ -28,6 +28,8 @@ pub struct Machines {
     pub cpus: Option<f64>,
     /// Link rate in bits per second, enforced by the kernel; `None`: the veth's speed.
     pub rate_bits: Option<u64>,
+    /// Links' MTU in bytes (9000: jumbo frames); `None`: Ethernet's 1500.
+    pub mtu: Option<u32>,
 }
 
 /// Namespaces this process made and has not removed yet (for the Ctrl-C handler).
@@ -79,14 +81,23 @@ fn sweep() {
     }
 }
 
-/// On Ctrl-C: let the nodes (which got the signal too) exit, remove what
-/// this process made, and exit as interrupted. Installed once.
+/// On Ctrl-C: let the nodes (which got the signal too) exit, stop those that
+/// did not, remove what this process made, and exit as interrupted. Installed once.
 fn clean_up_on_interrupt() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let installed = ctrlc::set_handler(|| {
             eprintln!("emulate: interrupted, removing the emulated machines");
             std::thread::sleep(std::time::Duration::from_millis(500));
+            // Processes that missed the signal (only this one was sent it) are stopped.
+            let left = runtime::cgroup::own_group_processes();
+            for &pid in &left {
+                // SAFETY: sends a signal; a pid that has exited meanwhile is answered with ESRCH.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            if !left.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
             for ns in made().drain(..) {
                 delete_namespace(&ns);
             }
@@ -153,6 +164,12 @@ impl Cluster {
             )?;
             let addr = format!("{}/24", c.addr(i));
             sh("ip", &["-n", &ns, "addr", "add", &addr, "dev", &inner])?;
+            if let Some(mtu) = machines.mtu {
+                let mtu = mtu.to_string();
+                sh("ip", &["-n", &ns, "link", "set", &inner, "mtu", &mtu])?;
+                sh("ip", &["-n", &hub, "link", "set", &outer, "mtu", &mtu])?;
+                sh("ip", &["-n", &hub, "link", "set", "br0", "mtu", &mtu])?;
+            }
             sh("ip", &["-n", &ns, "link", "set", &inner, "up"])?;
             sh(
                 "ip",
@@ -325,6 +342,7 @@ mod tests {
         let machines = Machines {
             cpus: Some(0.5),
             rate_bits: Some(100_000_000),
+            mtu: None,
         };
         let c = Cluster::create(2, &machines).unwrap();
         assert!(

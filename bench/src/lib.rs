@@ -227,6 +227,9 @@ pub struct Links {
     /// between network namespaces.
     #[arg(long, value_enum, default_value = "runtime")]
     pub shaping: Shaping,
+    /// The links' MTU in bytes with kernel shaping (9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    pub mtu: u32,
 }
 
 impl Links {
@@ -237,6 +240,7 @@ impl Links {
             "delay_ms": self.delay_ms,
             "cpus_per_node": self.cpus_per_node,
             "shaping": self.shaping,
+            "mtu": self.mtu,
         })
     }
 
@@ -285,6 +289,7 @@ impl Links {
                 let machines = emulate::Machines {
                     cpus: self.cpus_per_node,
                     rate_bits: Some(rate.0.saturating_mul(8)),
+                    mtu: Some(self.mtu),
                 };
                 let cluster = emulate::Cluster::create(k, &machines)?;
                 let addrs: Vec<String> = (0..k)

@@ -178,6 +178,30 @@ impl Drop for CpuShare {
     }
 }
 
+/// The processes inside this process's groups: for an interrupt handler to
+/// stop what was started in them (a child that missed the signal, such as a
+/// node started behind `ip netns exec` when only this process was signalled).
+pub fn own_group_processes() -> Vec<u32> {
+    let Ok(c) = Controller::detect() else {
+        return Vec::new();
+    };
+    let mine = format!("{PREFIX}{}-", std::process::id());
+    let Ok(entries) = std::fs::read_dir(c.root()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&mine)))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cgroup.procs")).ok())
+        .flat_map(|procs| {
+            procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Removes this process's groups (their processes must have exited): for an
 /// interrupt handler, which cannot reach the [`CpuShare`]s to drop them.
 pub fn remove_own_groups() {

@@ -37,6 +37,7 @@ pub mod node_actor;
 mod registry;
 pub mod tls;
 mod transport;
+mod udp;
 pub mod wire;
 
 pub use actor_ref::{ActorRef, AskError, Deliver, Msg};

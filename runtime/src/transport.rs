@@ -401,16 +401,21 @@ pub(crate) fn bind_endpoint(
     socket.bind(&bind.into())?;
     let mut config = quinn::EndpointConfig::default();
     // 64 KiB datagrams only where loopback peers can be: quinn sizes its receive
-    // batch from this limit (~128 MiB of address space at 64 KiB, ~3 MiB at the default).
+    // batch from this limit (~128 MiB of address space at 64 KiB, ~3 MiB at the
+    // default 1472, ~18 MiB at a jumbo frame's). Elsewhere, jumbo frames: a peer
+    // sends no datagram larger than this endpoint says it takes.
     let ip = bind.ip().to_canonical();
-    if ip.is_loopback() || ip.is_unspecified() {
-        config
-            .max_udp_payload_size(tls::MAX_UDP_PAYLOAD)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-    }
+    let largest = match ip.is_loopback() || ip.is_unspecified() {
+        true => tls::MAX_UDP_PAYLOAD,
+        false => tls::JUMBO_UDP_PAYLOAD,
+    };
+    config
+        .max_udp_payload_size(largest)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no async runtime for QUIC"))?;
-    quinn::Endpoint::new(config, server, socket.into(), runtime)
+    let socket = crate::udp::SplitSocket::new(runtime.wrap_udp_socket(socket.into())?);
+    quinn::Endpoint::new_with_abstract_socket(config, server, Arc::new(socket), runtime)
 }
 
 /// Whether a frame of `len` bytes (its 4-byte length included) travels on a

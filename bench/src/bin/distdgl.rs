@@ -47,6 +47,9 @@ struct Args {
     /// Each machine's link rate, capped by the kernel.
     #[arg(long, default_value = "1Gbit/s")]
     bandwidth: String,
+    /// The links' MTU in bytes (9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<PathBuf>,
@@ -226,11 +229,13 @@ fn main() -> anyhow::Result<()> {
         delay_ms: 0.0,
         cpus_per_node: Some(a.cpus_per_node),
         shaping: bench::Shaping::Kernel,
+        mtu: a.mtu,
     };
     let rate = runtime::config::Bandwidth::parse(&a.bandwidth)?;
     let machines = Machines {
         cpus: Some(a.cpus_per_node),
         rate_bits: Some(rate.0.saturating_mul(8)),
+        mtu: Some(a.mtu),
     };
     const SYSTEMS: [&str; 3] = ["data-parallel", "raf", "distdgl"];
     for s in &a.systems {

@@ -35,6 +35,9 @@ struct Args {
     /// Link rate of each machine, enforced by the kernel.
     #[arg(long, default_value = "10Gbit/s")]
     bandwidth: String,
+    /// The links' MTU in bytes (9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// Interleaved repeats of every configuration.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
@@ -173,6 +176,7 @@ fn main() -> anyhow::Result<()> {
     let machines = Machines {
         cpus: Some(a.cpus_per_node),
         rate_bits: Some(rate.0.saturating_mul(8)),
+        mtu: Some(a.mtu),
     };
     let threads = (a.cpus_per_node.ceil() as usize).max(1).to_string();
     let mut single_s = Vec::new();

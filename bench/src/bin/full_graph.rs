@@ -267,6 +267,7 @@ fn main() -> anyhow::Result<()> {
                     delay_ms: a.delay_ms,
                     cpus_per_node: a.cpus_per_node,
                     shaping: a.shaping,
+                    mtu: 1500,
                 };
                 let r = links.launch(&bin, w, k, &training, &report)?;
                 timed.push(json!({

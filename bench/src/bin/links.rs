@@ -112,6 +112,7 @@ fn main() -> anyhow::Result<()> {
                 delay_ms: a.delay_ms,
                 cpus_per_node: a.cpus_per_node,
                 shaping: a.shaping,
+                mtu: 1500,
             };
             let report = format!("{mode}-{}.json", speed.replace('/', "_"));
             let training = format!("{lines}epochs = {}\nbatch = {}\n", a.epochs, a.batch);
