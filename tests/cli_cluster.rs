@@ -1,79 +1,18 @@
 //! `hetgnn node`, `launch` and `doctor` as separate processes on loopback.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::{free_port, hetgnn, nodes_toml};
+use crate::util::{free_port, hetgnn, nodes_toml, Logged};
 
-/// A running `hetgnn node` whose stderr lines are collected with their arrival time.
-struct NodeProc {
-    child: Child,
-    lines: Arc<Mutex<Vec<(Instant, String)>>>,
-}
-
-impl NodeProc {
-    fn start(dir: &Path, id: &str) -> NodeProc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hetgnn"))
-            .args(["node", "--config", "cluster.toml", "--node", id])
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("hetgnn node starts");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let err = child.stderr.take().expect("piped");
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push((Instant::now(), l));
-            }
-        });
-        NodeProc { child, lines }
-    }
-
-    /// When a line containing `needle` arrived (after `since`), waiting up to `within`.
-    fn wait_line(&self, needle: &str, since: Instant, within: Duration) -> Instant {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some((t, _)) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|(t, l)| *t >= since && l.contains(needle))
-            {
-                return *t;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn log(&self) -> String {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, l)| l.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `hetgnn node` for `id` of `dir/cluster.toml`, its stderr collected.
+fn start_node(dir: &Path, id: &str) -> Logged {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetgnn"));
+    cmd.args(["node", "--config", "cluster.toml", "--node", id])
+        .current_dir(dir)
+        .env("RUST_LOG", "info");
+    Logged::spawn(cmd)
 }
 
 const HEARTBEAT_MS: u64 = 100;
@@ -105,9 +44,9 @@ fn three_processes_answer_doctor_and_report_a_killed_peer() {
         ),
     );
     let t0 = Instant::now();
-    let n0 = NodeProc::start(d, "n0");
-    let _n1 = NodeProc::start(d, "n1");
-    let mut n2 = NodeProc::start(d, "n2");
+    let n0 = start_node(d, "n0");
+    let _n1 = start_node(d, "n1");
+    let mut n2 = start_node(d, "n2");
     n0.wait_line("peer n2 up", t0, Duration::from_secs(20));
 
     // Status and pings of every node, through the authenticated transport.
@@ -138,7 +77,7 @@ fn three_processes_answer_doctor_and_report_a_killed_peer() {
 
     // Restarted with the same configuration, it is reported up again and answers.
     let restarted = Instant::now();
-    n2 = NodeProc::start(d, "n2");
+    n2 = start_node(d, "n2");
     n0.wait_line("peer n2 up", restarted, Duration::from_secs(20));
     let out = hetgnn(
         d,

@@ -8,11 +8,23 @@ use std::time::{Duration, Instant};
 
 use graphs::npy::{DType, NpyFile};
 
-use crate::util::{hetgnn, nodes_toml};
+use crate::util::{hetgnn, nodes_toml, Logged};
 
 /// A graph, a model trained on it, its single-process embeddings and 2 partitions.
 fn setup(d: &Path) {
     hetgnn(d, &["generate", "--scale", "0.002", "--out", "g"]).ok();
+    trained(d, 3, "ck", "single");
+    hetgnn(
+        d,
+        &["partition", "--data", "g", "--parts", "2", "--out", "parts"],
+    )
+    .ok();
+}
+
+/// Trains a `layers`-layer model on `g` for one epoch into checkpoint `ck`
+/// and writes its single-process embeddings to `single`.
+fn trained(d: &Path, layers: usize, ck: &str, single: &str) {
+    let (layers, fanouts) = (layers.to_string(), vec!["5"; layers].join(","));
     hetgnn(
         d,
         &[
@@ -24,32 +36,29 @@ fn setup(d: &Path) {
             "--hidden",
             "16",
             "--layers",
-            "3",
+            &layers,
             "--fanouts",
-            "5,5,5",
+            &fanouts,
             "--checkpoint",
-            "ck",
+            ck,
         ],
     )
     .ok();
     hetgnn(
         d,
-        &[
-            "embed",
-            "--checkpoint",
-            "ck",
-            "--data",
-            "g",
-            "--out",
-            "single",
-        ],
+        &["embed", "--checkpoint", ck, "--data", "g", "--out", single],
     )
     .ok();
-    hetgnn(
-        d,
-        &["partition", "--data", "g", "--parts", "2", "--out", "parts"],
-    )
-    .ok();
+}
+
+/// Certificates and `cluster.toml` for nodes n0 and n1 on loopback.
+fn two_nodes(d: &Path) {
+    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
+    let topology = format!(
+        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
+        nodes_toml(&["n0", "n1"])
+    );
+    std::fs::write(d.join("cluster.toml"), topology).unwrap();
 }
 
 /// The largest difference between the partitioned output at `out` and the
@@ -216,12 +225,7 @@ fn two_node_processes_embed_as_single_process_embed() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     setup(d);
-    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    let topology = format!(
-        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
-        nodes_toml(&["n0", "n1"])
-    );
-    std::fs::write(d.join("cluster.toml"), topology).unwrap();
+    two_nodes(d);
     let start = |id: &str| {
         Command::new(env!("CARGO_BIN_EXE_hetgnn"))
             .args([
@@ -308,75 +312,6 @@ fn appears(dir: &Path, deadline: Instant) -> bool {
     true
 }
 
-/// A node process whose output is read as it runs.
-struct Logged {
-    child: std::process::Child,
-    text: std::sync::Arc<std::sync::Mutex<String>>,
-    readers: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Logged {
-    fn spawn(mut cmd: Command) -> Logged {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
-        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
-        let readers = [out, err]
-            .into_iter()
-            .map(|r| {
-                let text = text.clone();
-                std::thread::spawn(move || {
-                    use std::io::BufRead;
-                    for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
-                        let mut t = text.lock().unwrap();
-                        t.push_str(&line);
-                        t.push('\n');
-                    }
-                })
-            })
-            .collect();
-        Logged {
-            child,
-            text,
-            readers,
-        }
-    }
-
-    /// Whether its output says `what` by `deadline`.
-    fn says(&self, what: &str, deadline: Instant) -> bool {
-        while !self.text.lock().unwrap().contains(what) {
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        true
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: sends a signal to a child this test started and has not reaped.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    /// Its exit code (killed if still running at `deadline`) and everything it wrote.
-    fn finish(mut self, deadline: Instant) -> (Option<i32>, String) {
-        while self.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let code = self.child.wait().unwrap().code();
-        for r in self.readers {
-            let _ = r.join();
-        }
-        let text = self.text.lock().unwrap().clone();
-        (code, text)
-    }
-}
-
 #[test]
 fn a_killed_node_process_resumes_its_partition_and_the_job_completes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -384,38 +319,7 @@ fn a_killed_node_process_resumes_its_partition_and_the_job_completes() {
     setup(d);
     // Four layers: three stages of embeddings, so that a node frozen after its
     // first leaves its peer a stage it cannot finish.
-    hetgnn(
-        d,
-        &[
-            "train",
-            "--data",
-            "g",
-            "--epochs",
-            "1",
-            "--hidden",
-            "16",
-            "--layers",
-            "4",
-            "--fanouts",
-            "5,5,5,5",
-            "--checkpoint",
-            "ck4",
-        ],
-    )
-    .ok();
-    hetgnn(
-        d,
-        &[
-            "embed",
-            "--checkpoint",
-            "ck4",
-            "--data",
-            "g",
-            "--out",
-            "single4",
-        ],
-    )
-    .ok();
+    trained(d, 4, "ck4", "single4");
     // With the halo's feature rows at hand, a partition's first layer needs no peer.
     hetgnn(
         d,
@@ -431,12 +335,7 @@ fn a_killed_node_process_resumes_its_partition_and_the_job_completes() {
         ],
     )
     .ok();
-    hetgnn(d, &["certs", "init", "--out", "certs", "--nodes", "n0,n1"]).ok();
-    let topology = format!(
-        "[cluster]\ncerts_dir = \"certs\"\nheartbeat_ms = 100\nfailure_timeout_ms = 2000\n{}",
-        nodes_toml(&["n0", "n1"])
-    );
-    std::fs::write(d.join("cluster.toml"), topology).unwrap();
+    two_nodes(d);
     let start = |id: &str| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hetgnn"));
         cmd.args([
@@ -457,26 +356,28 @@ fn a_killed_node_process_resumes_its_partition_and_the_job_completes() {
         .current_dir(d);
         Logged::spawn(cmd)
     };
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let (n0, n1) = (start("n0"), start("n1"));
+    let t0 = Instant::now();
+    let within = Duration::from_secs(60);
+    let (mut n0, mut n1) = (start("n0"), start("n1"));
     // Freeze n0 once both nodes have met and n0 has saved its first stage:
     // n1 can then save its own first stage but never its last (its third
     // needs n0's second, which needs n1's first).
-    let met = n1.says("peer n0 up", deadline) && appears(&d.join("out/part-0/stage-1"), deadline);
+    n1.wait_line("peer n0 up", t0, within);
+    let met = appears(&d.join("out/part-0/stage-1"), t0 + within);
     n0.signal(libc::SIGSTOP);
-    let saved = met && appears(&d.join("out/part-1/stage-1"), deadline);
+    let saved = met && appears(&d.join("out/part-1/stage-1"), t0 + within);
     let finished = d.join("out/part-1/stage-3").exists();
-    let (_, first) = n1.finish(Instant::now());
+    let (_, first) = n1.finish(Duration::ZERO);
     if !saved || finished {
         n0.signal(libc::SIGCONT);
-        let (_, zero) = n0.finish(Instant::now());
-        panic!("n1 saved a first layer: {saved}, its last: {finished}\n{first}\n---\n{zero}");
+        let (_, zero) = n0.finish(Duration::ZERO);
+        panic!("n1 saved a first stage: {saved}, its last: {finished}\n{first}\n---\n{zero}");
     }
     // The same command again, and n0 goes on: n1 resumes, n0 waited for it.
-    let n1 = start("n1");
+    let mut n1 = start("n1");
     n0.signal(libc::SIGCONT);
-    let (code0, out0) = n0.finish(deadline);
-    let (code1, out1) = n1.finish(deadline);
+    let (code0, out0) = n0.finish(within);
+    let (code1, out1) = n1.finish(within);
     assert_eq!((code0, code1), (Some(0), Some(0)), "{out0}\n---\n{out1}");
     assert!(
         out1.contains("partition 1: resumed at stage"),

@@ -235,3 +235,104 @@ pub fn kill_once_after_checkpoint(
     }
     logs()
 }
+
+/// A running child whose stderr lines are collected with their arrival time;
+/// killed when dropped.
+pub struct Logged {
+    pub child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Logged {
+    /// Starts `cmd` with its stderr read as it runs (stdout discarded).
+    pub fn spawn(mut cmd: Command) -> Logged {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the command starts");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let err = child.stderr.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push((std::time::Instant::now(), l));
+            }
+        });
+        Logged {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    /// When a line containing `needle` arrived (after `since`), waiting up to `within`.
+    pub fn wait_line(
+        &self,
+        needle: &str,
+        since: std::time::Instant,
+        within: std::time::Duration,
+    ) -> std::time::Instant {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some((t, _)) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(t, l)| *t >= since && l.contains(needle))
+            {
+                return *t;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} within {within:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Everything it wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Sends it signal `sig`.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// Its exit code once it exits (killed if still running after `within`),
+    /// with everything it wrote to stderr.
+    pub fn finish(&mut self, within: std::time::Duration) -> (Option<i32>, String) {
+        let deadline = std::time::Instant::now() + within;
+        while self.child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let code = self.child.wait().unwrap().code();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        (code, self.log())
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
