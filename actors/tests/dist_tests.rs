@@ -72,6 +72,27 @@ fn one_two_and_three_trainers_match_single_process_training() {
     }
 }
 
+/// A trainer evaluates in pieces of its share of a training batch (64 seeds
+/// here, against 190 validation nodes), each node drawn as in the whole
+/// evaluation chunk single-process training scores at once.
+#[test]
+fn evaluation_in_pieces_of_a_batch_scores_as_one_chunk() {
+    let batch = ["training.batch=64".to_string()];
+    let (single, _) = train(&config(&batch), &mut ()).unwrap();
+    let pdir = partitions_two_level(1, 1, Method::Metis);
+    let cfg = config(&[
+        batch[0].clone(),
+        "training.mode=\"data-parallel\"".into(),
+        format!("training.partitions={:?}", pdir.display().to_string()),
+    ]);
+    let (report, _) = train(&cfg, &mut ()).unwrap();
+    assert_eq!(report.final_model_sha256, single.final_model_sha256);
+    for (a, b) in report.epochs.iter().zip(&single.epochs) {
+        assert_eq!((a.valid_acc, a.test_acc), (b.valid_acc, b.test_acc));
+        assert!(a.valid_acc.is_some());
+    }
+}
+
 #[test]
 fn missing_partitions_are_named() {
     let cfg = config(&["training.mode=\"data-parallel\"".into()]);

@@ -82,6 +82,9 @@ pub struct Client {
     pub fanouts: Vec<usize>,
     /// Width of learnable rows.
     pub embed_dim: usize,
+    /// Most seeds one evaluation forward pass takes: a machine's share of a
+    /// training batch, so that evaluation peaks no higher than training.
+    pub eval_seeds: usize,
     /// Generation of the attempt.
     pub gen: u64,
     /// Deadlines.
@@ -113,6 +116,15 @@ pub struct Client {
     /// answering what needs no rows of it). `None`: always ask (training,
     /// whose coordinator handles a lost node).
     pub down: Option<Arc<dyn Fn(u32) -> bool + Send + Sync>>,
+}
+
+/// Seeds per evaluation pass on one of `parts` machines training batches of
+/// `batch` seeds: its share of a batch, at least 64 (fewer round trips),
+/// at most [`crate::epoch::EVAL_BATCH`].
+pub fn eval_seeds(batch: usize, parts: u32) -> usize {
+    batch
+        .div_ceil(parts.max(1) as usize)
+        .clamp(64, crate::epoch::EVAL_BATCH)
 }
 
 /// A reference to actor `name` on `node` whose messages say they come from `me`.
@@ -196,6 +208,7 @@ impl Client {
             owners: s.owners,
             fanouts: s.cfg.fanouts.clone(),
             embed_dim: s.cfg.embed_dim,
+            eval_seeds: eval_seeds(s.cfg.batch, s.parts),
             gen: s.gen,
             timeouts: s.timeouts,
             inbox: s.inbox,
@@ -721,14 +734,14 @@ impl Client {
         let g = self.graph.clone();
         let mut scores = task.empty_scores();
         for (step, chunk) in nodes.chunks(crate::epoch::EVAL_BATCH).enumerate() {
-            let seeds = mine(chunk);
-            if seeds.is_empty() {
-                continue;
+            // A node's draws are keyed by the chunk's step, not by the nodes
+            // beside it: pieces of the share sample what the chunk would.
+            for seeds in mine(chunk).chunks(self.eval_seeds) {
+                let mb = self.sample(seed, epoch, step as u64, seeds)?;
+                let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
+                let logits = model.forward(&g, &mb, inputs, None)?.detach();
+                task.score(&logits, seeds, &mut scores)?;
             }
-            let mb = self.sample(seed, epoch, step as u64, &seeds)?;
-            let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
-            let logits = model.forward(&g, &mb, inputs, None)?.detach();
-            task.score(&logits, &seeds, &mut scores)?;
         }
         Ok(scores)
     }
