@@ -1,14 +1,15 @@
 //! HopGNN training in one process: every worker holds the same parameters
 //! within a step, so whatever the migration, merging and pre-gathering
-//! settings, it follows single-process training step by step; and an
-//! interrupted run resumes from its checkpoint to the same bits.
+//! settings, it follows single-process training step by step, on every task
+//! of the target nodes; and an interrupted run resumes from its checkpoint to
+//! the same bits.
 
 mod common;
 
 use std::path::PathBuf;
 
 use actors::{train, Config};
-use common::{close, derived, same_model, Losses, Notes};
+use common::{close, derived, same_losses, same_model, Losses, Notes};
 use graphs::partition::{self, Method};
 use graphs::NoProgress;
 
@@ -121,6 +122,48 @@ fn every_migration_merging_and_gathering_setting_follows_single_process_training
                 h.rows_pulled_per_step, h.rows_pulled_per_step_without_pregathering,
                 "{what}"
             );
+        }
+    }
+}
+
+/// Node regression alone and two tasks at once (classification and
+/// regression, the second weighted 0.5) follow single-process training step
+/// by step, each task's loss and figures as the single process reports them.
+#[test]
+fn node_regression_and_two_tasks_follow_single_process_training() {
+    let two = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    for (what, set) in [
+        ("node regression", "training.task=\"node-regression\""),
+        ("two tasks", two),
+    ] {
+        let mut want = Losses::default();
+        let (single, model) = train(&common::config(&BASE, &[set.into()]), &mut want).unwrap();
+        let mut got = Losses::default();
+        let cfg = hop(3, Method::Metis, &[set, "training.hopgnn.time_steps=2"]);
+        let (report, fin) = train(&cfg, &mut got).unwrap();
+        assert_eq!(report.mode, "hopgnn", "{what}");
+        same_losses(&want.0, &got.0, what);
+        // Regression's gradients summed over workers and time steps in another
+        // order: rows within 2e-4 (a lost or doubled one moves them by ~lr).
+        common::same_model_rows_within(&model, &fin, what, 3e-4, 2e-4);
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            assert_eq!(a.tasks.len(), b.tasks.len(), "{what}");
+            assert_eq!(a.regression.is_some(), b.regression.is_some(), "{what}");
+            let (x, y) = (a.regression.as_ref(), b.regression.as_ref());
+            if let (Some(x), Some(y)) = (x, y) {
+                assert!(
+                    (x.test.rmse - y.test.rmse).abs() < 1e-3,
+                    "{what}: test RMSE"
+                );
+            }
+            for (x, y) in a.tasks.iter().zip(&b.tasks) {
+                assert_eq!(x.task, y.task, "{what}");
+                close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
+                assert_eq!(x.regression.is_some(), y.regression.is_some(), "{what}");
+                if let (Some(p), Some(q)) = (x.valid_acc, y.valid_acc) {
+                    assert!((p - q).abs() < 1e-3, "{what}: {} accuracy", x.task);
+                }
+            }
         }
     }
 }

@@ -82,9 +82,13 @@ fn multi_label_learns_and_data_parallel_follows_it() {
 
     let mut single_losses = Losses::default();
     let (single, model) = train(&config(&[]), &mut single_losses).unwrap();
-    for (parts, method) in [(2, Method::Metis), (3, Method::Random)] {
+    for (parts, method, mode) in [
+        (2, Method::Metis, "data-parallel"),
+        (3, Method::Random, "data-parallel"),
+        (3, Method::Metis, "hopgnn"),
+    ] {
         let cfg = config(&[
-            "training.mode=\"data-parallel\"".into(),
+            format!("training.mode={mode:?}"),
             format!(
                 "training.partitions={:?}",
                 partitions(parts, method).display().to_string()
@@ -92,9 +96,14 @@ fn multi_label_learns_and_data_parallel_follows_it() {
         ]);
         let mut losses = Losses::default();
         let (report, fin) = train(&cfg, &mut losses).unwrap();
-        assert_eq!((report.nodes, report.steps), (parts, single.steps));
-        same_losses(&single_losses.0, &losses.0, &format!("{parts} trainers"));
-        same_model(&model, &fin, &format!("{parts} trainers"));
+        let what = format!("{mode}, {parts} trainers");
+        assert_eq!(
+            (report.nodes, report.steps),
+            (parts, single.steps),
+            "{what}"
+        );
+        same_losses(&single_losses.0, &losses.0, &what);
+        same_model(&model, &fin, &what);
         // Every evaluated node counted once, by the trainer that owns it.
         for (a, b) in single.epochs.iter().zip(&report.epochs) {
             for (x, y, what) in [
@@ -106,7 +115,7 @@ fn multi_label_learns_and_data_parallel_follows_it() {
                 let ([xv, xt], [yv, yt]) = (x.unwrap(), y.unwrap());
                 assert!(
                     (xv - yv).abs() < 1e-3 && (xt - yt).abs() < 1e-3,
-                    "{parts} trainers, {what}: {xv} {xt} vs {yv} {yt}"
+                    "{mode}, {parts} trainers, {what}: {xv} {xt} vs {yv} {yt}"
                 );
             }
         }

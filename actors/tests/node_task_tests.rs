@@ -121,7 +121,7 @@ fn runs_that_cannot_train_regression_are_refused() {
         "",
         &[
             "training.task=\"node-regression\"".into(),
-            "training.mode=\"hopgnn\"".into(),
+            "training.mode=\"raf\"".into(),
         ],
     )
     .unwrap_err()
@@ -172,41 +172,44 @@ fn weighted_and_focal_classification_follow_single_process_training() {
         plain.0[0]
     );
     assert!(r.epochs[0].test_acc.is_some());
-    let cfg = config(
-        &[
-            &base[..],
+    for mode in ["data-parallel", "hopgnn"] {
+        let cfg = config(
             &[
-                "training.mode=\"data-parallel\"".into(),
-                format!(
-                    "training.partitions={:?}",
-                    partitions(2, Method::Metis).display().to_string()
-                ),
-            ],
-        ]
-        .concat(),
-    );
-    let mut losses = Losses::default();
-    let (dr, fin) = train(&cfg, &mut losses).unwrap();
-    same_losses(&single.0, &losses.0, "2 trainers, weighted");
-    // Macro F1 from every trainer's per-class counts, as one process counts them.
-    let ([v1, t1], [v2, t2]) = (
-        r.epochs[0].macro_f1.unwrap(),
-        dr.epochs[0].macro_f1.unwrap(),
-    );
-    assert!(
-        (v1 - v2).abs() < 1e-3 && (t1 - t2).abs() < 1e-3,
-        "{v1} {t1} vs {v2} {t2}"
-    );
-    assert!((0.0..=1.0).contains(&t1));
-    // The focal factor's power amplifies summation-order rounding a little:
-    // rows within 5e-5 (a lost or doubled gradient moves them by ~lr, 1e-2).
-    common::same_model_rows_within(&model, &fin, "2 trainers, weighted", 3e-4, 5e-5);
+                &base[..],
+                &[
+                    format!("training.mode={mode:?}"),
+                    format!(
+                        "training.partitions={:?}",
+                        partitions(2, Method::Metis).display().to_string()
+                    ),
+                ],
+            ]
+            .concat(),
+        );
+        let what = format!("{mode}, 2 trainers, weighted");
+        let mut losses = Losses::default();
+        let (dr, fin) = train(&cfg, &mut losses).unwrap();
+        same_losses(&single.0, &losses.0, &what);
+        // Macro F1 from every trainer's per-class counts, as one process counts them.
+        let ([v1, t1], [v2, t2]) = (
+            r.epochs[0].macro_f1.unwrap(),
+            dr.epochs[0].macro_f1.unwrap(),
+        );
+        assert!(
+            (v1 - v2).abs() < 1e-3 && (t1 - t2).abs() < 1e-3,
+            "{what}: {v1} {t1} vs {v2} {t2}"
+        );
+        assert!((0.0..=1.0).contains(&t1));
+        // The focal factor's power amplifies summation-order rounding a little:
+        // rows within 5e-5 (a lost or doubled gradient moves them by ~lr, 1e-2).
+        common::same_model_rows_within(&model, &fin, &what, 3e-4, 5e-5);
+    }
 
     // Refused: a mode that does not weigh, a list of the wrong length, a bad γ.
     let err = Config::parse(
         "",
         &[
-            "training.mode=\"hopgnn\"".into(),
+            "training.mode=\"raf\"".into(),
             "training.class_weights=\"balanced\"".into(),
         ],
     )

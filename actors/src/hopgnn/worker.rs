@@ -38,6 +38,7 @@ use crate::modes::seam::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;
+use crate::task::multi::NodeTasks;
 
 /// The checkpoint file of the examination period's state.
 const EXAMINATION: &str = "hop-examination.safetensors";
@@ -113,6 +114,8 @@ struct Replica<'a> {
     exam: Option<Examination>,
     /// When this worker's previous all-reduce (or the epoch) began.
     since: Instant,
+    /// What the steps learn (one node task, or several).
+    task: NodeTasks<'a>,
     s: &'a WorkerSetup,
 }
 
@@ -147,6 +150,7 @@ impl<'a> Worker<'a> {
                 hop: HopFigures::default(),
                 exam,
                 since: Instant::now(),
+                task: NodeTasks::of(t, &s.graph)?,
                 s,
             },
         })
@@ -368,7 +372,8 @@ impl<'a> Steps for Replica<'a> {
             acc.1 += r.1;
             acc.2 += r.2;
         }
-        let (loss, correct) = self.train_step(ctx, epoch, step, seeds, p, st)?;
+        let tally = self.train_step(ctx, epoch, step, seeds, p, st)?;
+        let loss = tally.loss;
         if self.s.part == 0 {
             let c = ctx.coordinator.clone();
             ctx.block_on(c.ask(
@@ -383,9 +388,9 @@ impl<'a> Steps for Replica<'a> {
         }
         Ok(StepFigures {
             loss,
-            correct,
+            correct: tally.correct,
             seen: seeds.len() as u64,
-            ..StepFigures::default()
+            tasks: tally.each,
         })
     }
 
@@ -403,9 +408,9 @@ impl<'a> Steps for Replica<'a> {
                 .filter(|&v| ctx.owned(target, v))
                 .collect()
         };
-        let task = crate::task::multi::NodeTasks::of(&ctx.s.cfg, &ctx.s.graph)?;
-        let valid = ctx.score(&self.model, &task, seed, epoch, &splits.valid, after, mine)?;
-        let test = ctx.score(&self.model, &task, seed, epoch, &splits.test, after, mine)?;
+        let task = &self.task;
+        let valid = ctx.score(&self.model, task, seed, epoch, &splits.valid, after, mine)?;
+        let test = ctx.score(&self.model, task, seed, epoch, &splits.test, after, mine)?;
         task.record(st, valid, test);
         Ok(())
     }
@@ -480,7 +485,7 @@ impl Replica<'_> {
     }
 
     /// One step: the time steps, the all-reduce and the update; returns the
-    /// global loss and number of correct predictions.
+    /// global loss, correct predictions and (several tasks) each task's loss.
     fn train_step(
         &mut self,
         ctx: &Ctx,
@@ -489,15 +494,16 @@ impl Replica<'_> {
         batch: &[u32],
         p: Prepared,
         st: &mut EpochStats,
-    ) -> Result<(f64, f64)> {
+    ) -> Result<allreduce::Tally> {
         let s = ctx.s;
         let g = s.graph.clone();
-        let (labels, _) = g.target_labels();
         let me = s.part;
         let plan = &p.plan;
         let mut clock = Instant::now();
         let values: usize = self.model.params.iter().map(|(_, v)| v.elem_count()).sum();
-        let len = values + allreduce::extra(&self.model.params);
+        // Several tasks: each one's loss rides before the counts.
+        let tasks = self.task.parts().len() * usize::from(self.task.is_multi());
+        let len = values + allreduce::extra(&self.model.params) + tasks;
         let carry = ctx.hop.migrate == HopMigrate::Model;
         let after = self.seq.checked_sub(1);
         // Pre-gathering: the step's learnable rows, pulled once, as gradient leaves.
@@ -551,26 +557,27 @@ impl Replica<'_> {
                     }
                 };
                 st.time.gather_s += lap(&mut clock);
-                let share = roots.len() as f64 / batch.len().max(1) as f64;
-                let y: Vec<u32> = roots.iter().map(|&v| labels[v as usize] as u32).collect();
-                let y = Tensor::from_vec(y, roots.len(), &ctx.device)?;
                 let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
-                let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-                let gs = (&loss * share)?.backward()?;
-                let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-                let correct = pred
+                let losses = self.task.loss_of_share(&logits, roots, batch)?;
+                // One task's loss is the roots' mean; several tasks' are their parts already.
+                let share = match self.task.is_multi() {
+                    true => 1.0,
+                    false => roots.len() as f64 / batch.len().max(1) as f64,
+                };
+                let gs = (&losses.total * share)?.backward()?;
+                let each = losses
+                    .each
                     .iter()
-                    .zip(roots)
-                    .filter(|(p, s)| i64::from(**p) == labels[**s as usize])
-                    .count() as f64;
+                    .map(|l| l.to_dtype(DType::F64)?.to_scalar::<f64>())
+                    .collect::<candle_core::Result<_>>()?;
                 mine = allreduce::flatten(
                     &self.model.params,
                     Some(&gs),
                     allreduce::Tally {
-                        loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
-                        correct,
+                        loss: losses.total.to_dtype(DType::F64)?.to_scalar::<f64>()? * share,
+                        correct: self.task.correct(&logits, roots)? as f64,
                         seen: 0.0,
-                        each: Vec::new(),
+                        each,
                     },
                 )?;
                 if let Gathered::Once { .. } = p.rows {
@@ -651,11 +658,10 @@ impl Replica<'_> {
         }
         st.time.comm_s += lap(&mut clock);
         let tally = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
-        let figures = (tally.loss, tally.correct);
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         // Every share and migration of earlier steps has been taken: what is left of them is duplicates.
         s.inbox.forget_before(self.seq);
-        Ok(figures)
+        Ok(tally)
     }
 }

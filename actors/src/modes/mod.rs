@@ -32,9 +32,10 @@ struct Entry {
     check: fn(&TrainingConfig) -> Result<()>,
     tasks: &'static [Task],
     /// Whether the mode's steps take their loss from `task::node::NodeTask`
-    /// (class weights and the focal loss), and it can start from another
-    /// run's checkpoint (`training.init_from`).
+    /// (class weights and the focal loss).
     weighted: bool,
+    /// Whether it can start from another run's checkpoint (`training.init_from`).
+    init_from: bool,
     /// Whether it trains several node tasks at once (`training.tasks`).
     multi_task: bool,
     rules: &'static Rules,
@@ -73,7 +74,7 @@ fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
 const fn entry<C: ModeConfig>(
     mode: Mode,
     tasks: &'static [Task],
-    (weighted, multi_task): (bool, bool),
+    (weighted, init_from, multi_task): (bool, bool, bool),
     rules: &'static Rules,
 ) -> Entry {
     Entry {
@@ -82,6 +83,7 @@ const fn entry<C: ModeConfig>(
         check: check_with::<C>,
         tasks,
         weighted,
+        init_from,
         multi_task,
         rules,
         defaults: defaults_of::<C>,
@@ -97,6 +99,12 @@ const EVERY_TASK: &[Task] = &[
     Task::EdgeRegression,
     Task::MultiLabel,
 ];
+/// Every task of the target nodes (HopGNN's: its time steps move a model, not edges).
+const NODE_TASKS: &[Task] = &[
+    Task::NodeClassification,
+    Task::NodeRegression,
+    Task::MultiLabel,
+];
 /// Data-parallel's.
 const DATA_PARALLEL_TASKS: &[Task] = &[
     Task::NodeClassification,
@@ -109,25 +117,30 @@ const DATA_PARALLEL_TASKS: &[Task] = &[
 
 /// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, (true, true), &PLAIN),
+    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, (true, true, true), &PLAIN),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         DATA_PARALLEL_TASKS,
-        (true, true),
+        (true, true, true),
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false), &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false, false), &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODES,
-        (false, false),
+        (false, false, false),
         &crate::model_averaging::RULES,
     ),
-    entry::<crate::hopgnn::HopConfig>(Mode::Hopgnn, NODES, (false, false), &crate::hopgnn::RULES),
+    entry::<crate::hopgnn::HopConfig>(
+        Mode::Hopgnn,
+        NODE_TASKS,
+        (true, false, true),
+        &crate::hopgnn::RULES,
+    ),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
         NODES,
-        (false, false),
+        (false, false, false),
         &crate::full_graph::RULES,
     ),
 ];
@@ -137,7 +150,7 @@ static REGISTRY: [Entry; 6] = [
 static TESTS_ONLY: [Entry; 1] = [entry::<crate::toy::ToyConfig>(
     Mode::Toy,
     NODES,
-    (false, false),
+    (false, false, false),
     &crate::toy::RULES,
 )];
 #[cfg(not(test))]
@@ -222,12 +235,15 @@ pub(crate) fn move_former_keys(t: &mut TrainingConfig) -> Result<Vec<String>> {
 
 /// The names of the modes `keep` accepts, joined by "and" (for refusals).
 fn modes_where(keep: impl Fn(&Entry) -> bool) -> String {
-    REGISTRY
+    let names: Vec<&str> = REGISTRY
         .iter()
         .filter(|e| keep(e))
         .map(|e| e.mode.name())
-        .collect::<Vec<_>>()
-        .join(" and ")
+        .collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
 }
 
 /// Checks the modes' sub-tables (only the run's own mode may have one, and
@@ -292,10 +308,10 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             e.mode.name()
         )));
     }
-    if !e.weighted && t.init_from.is_some() {
+    if !e.init_from && t.init_from.is_some() {
         return Err(TrainError::Config(format!(
             "training.init_from (fine-tuning) applies in {}; mode {} does not support it yet",
-            modes_where(|e| e.weighted),
+            modes_where(|e| e.init_from),
             e.mode.name()
         )));
     }
