@@ -1,7 +1,8 @@
 //! Full-graph training in one process: one worker is sampled training over
 //! every neighbour with the whole training set as the batch; several
-//! workers broadcasting every block are one worker; the staleness rules skip
-//! what they say; and an interrupted run resumes, cache and all, to the same bits.
+//! workers broadcasting every block are one worker, on every task of the
+//! target nodes; the staleness rules skip what they say; and an interrupted
+//! run resumes, cache and all, to the same bits.
 
 mod common;
 
@@ -140,6 +141,54 @@ fn workers_broadcasting_every_block_follow_one_worker() {
             "{what}"
         );
         assert!(second.cache_bytes > 0, "{what}");
+    }
+}
+
+/// Node regression, two tasks at once (classification and regression, the
+/// second weighted 0.5) and weighted classes: one worker and 3 workers take the loss of
+/// sampled training over every neighbour with one batch at every step, and
+/// report each task's figures as it does.
+#[test]
+fn node_regression_and_two_tasks_follow_one_batch_training() {
+    let two = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    for (task, set) in [
+        ("node regression", "training.task=\"node-regression\""),
+        ("two tasks", two),
+        ("balanced classes", "training.class_weights=\"balanced\""),
+    ] {
+        let sampled = common::config(
+            &BASE,
+            &[
+                "training.batch=1000000".into(),
+                "training.fanouts=[1000000,1000000]".into(),
+                set.into(),
+            ],
+        );
+        let mut want = Losses::default();
+        let (single, _) = train(&sampled, &mut want).unwrap();
+        for (parts, method) in [(1, Method::BlockRow), (3, Method::Metis)] {
+            let what = format!("{task}, {parts} workers ({method})");
+            let mut got = Losses::default();
+            let (report, _) = train(&full(parts, method, &[set]), &mut got).unwrap();
+            same_losses(&want.0, &got.0, &what);
+            for (a, b) in single.epochs.iter().zip(&report.epochs) {
+                assert_eq!(a.tasks.len(), b.tasks.len(), "{what}");
+                assert_eq!(a.regression.is_some(), b.regression.is_some(), "{what}");
+                if let (Some(x), Some(y)) = (a.regression.as_ref(), b.regression.as_ref()) {
+                    assert!(
+                        (x.test.rmse - y.test.rmse).abs() < 1e-3,
+                        "{what}: test RMSE"
+                    );
+                }
+                for (x, y) in a.tasks.iter().zip(&b.tasks) {
+                    assert_eq!(x.task, y.task, "{what}");
+                    close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
+                    if let (Some(p), Some(q)) = (x.test_acc, y.test_acc) {
+                        assert!((p - q).abs() < 0.01, "{what}: {} accuracy", x.task);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -363,7 +363,7 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
                 "training.mode=\"raf\"",
                 "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\"}]",
             ],
-            "training.tasks (several tasks at once) runs in single, data-parallel and hopgnn; mode raf does not support it yet",
+            "training.tasks (several tasks at once) runs in single, data-parallel, hopgnn and full-graph; mode raf does not support it yet",
         ),
     ] {
         let err = refusal(&extra);

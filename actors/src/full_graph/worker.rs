@@ -41,6 +41,7 @@ use crate::modes::seam::ModeConfig;
 use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{Client, Rows};
 use crate::owner::worker::WorkerSetup;
+use crate::task::multi::NodeTasks;
 
 /// Trains every epoch with the blocks of `layout`; returns the final replica.
 pub fn train(s: &WorkerSetup, layout: &Layout) -> Result<Model> {
@@ -75,12 +76,15 @@ struct Ctx<'a> {
     features: PerType,
     /// Input width per type.
     widths: Vec<usize>,
-    /// Positions among its own target rows of its training, validation and test nodes, with the training labels.
+    /// Positions among its own target rows of its training, validation and
+    /// test nodes, with the training nodes' ids.
     train: (Vec<u32>, Vec<u32>),
     valid: Vec<u32>,
     test: Vec<u32>,
     /// Training nodes of the whole graph.
     total_train: usize,
+    /// What the steps learn (one node task, or several).
+    task: NodeTasks<'a>,
     rule: Rule,
     /// `skip_gradients`: a stale block's gradient is skipped too.
     skip_gradients: bool,
@@ -149,7 +153,7 @@ impl<'a> Worker<'a> {
             .map(|nt| nt.features.as_ref().map_or(t.embed_dim, |f| f.dim()))
             .collect();
         let target = g.target().index();
-        let (labels, splits) = g.target_labels();
+        let (_, splits) = g.target_labels();
         let at = |nodes: &[u32]| -> Vec<u32> {
             nodes
                 .iter()
@@ -167,13 +171,6 @@ impl<'a> Worker<'a> {
             .copied()
             .filter(|&v| c.owned(target, v))
             .collect();
-        let y = mine
-            .iter()
-            .map(|&v| {
-                u32::try_from(labels[v as usize])
-                    .map_err(|_| TrainError::Config(format!("training node {v} has no label")))
-            })
-            .collect::<Result<Vec<u32>>>()?;
         let full = FullGraphConfig::of(t)?;
         let ctx = Ctx {
             s,
@@ -185,10 +182,11 @@ impl<'a> Worker<'a> {
             own,
             features,
             widths,
-            train: (at(&mine), y),
+            train: (at(&mine), mine),
             valid: at(&splits.valid),
             test: at(&splits.test),
             total_train: splits.train.len(),
+            task: NodeTasks::of(t, &s.graph)?,
             rule: Rule {
                 kind: full.staleness,
                 epochs: full.staleness_epochs,
@@ -630,17 +628,26 @@ impl State<'_> {
         let target = g.target().index();
         let order = ctx.layout.order(me);
         let mut clock = Instant::now();
-        let (pos, y) = &ctx.train;
+        let (pos, seeds) = &ctx.train;
+        let task = &ctx.task;
         let logits = f.out[layers - 1][target].clone();
+        // Several tasks: each one's loss, this worker's part (zeros without training nodes).
+        let mut each = vec![0.0; task.parts().len() * usize::from(task.is_multi())];
         let (mut upstream, loss, correct) = match logits {
             Some(logits) if !pos.is_empty() => {
                 let idx = Tensor::from_slice(pos, pos.len(), &ctx.device)?;
                 let picked = logits.index_select(&idx, 0)?;
-                let labels = Tensor::from_slice(y, y.len(), &ctx.device)?;
-                let share = pos.len() as f64 / ctx.total_train.max(1) as f64;
-                let loss = (candle_nn::loss::cross_entropy(&picked, &labels)? * share)?;
-                let pred: Vec<u32> = picked.argmax(1)?.to_vec1()?;
-                let correct = pred.iter().zip(y).filter(|(p, t)| p == t).count() as f64;
+                let losses = task.loss_of_share(&picked, seeds, &g.target_labels().1.train)?;
+                // One task's loss is the mean over its nodes; several tasks' are their parts already.
+                let share = match task.is_multi() {
+                    true => 1.0,
+                    false => pos.len() as f64 / ctx.total_train.max(1) as f64,
+                };
+                let loss = (losses.total * share)?;
+                for (e, l) in each.iter_mut().zip(&losses.each) {
+                    *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                }
+                let correct = task.correct(&picked, seeds)? as f64;
                 let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 (Some(loss.backward()?), value, correct)
             }
@@ -805,7 +812,7 @@ impl State<'_> {
                     loss,
                     correct,
                     seen: 0.0,
-                    each: Vec::new(),
+                    each,
                 },
             )?,
             pushes,
@@ -915,8 +922,12 @@ impl<'a> Steps for State<'a> {
         };
         let sum = all_reduce(ctx, &group, mine, pushes)?;
         st.time.comm_s += lap(&mut clock);
-        let allreduce::Tally { loss, correct, .. } =
-            allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
+        let allreduce::Tally {
+            loss,
+            correct,
+            each,
+            ..
+        } = allreduce::apply(&self.model.params, &mut self.adam, &sum)?;
         st.time.update_s += lap(&mut clock);
         self.seq += 1;
         s.inbox.forget_before(self.seq);
@@ -936,7 +947,7 @@ impl<'a> Steps for State<'a> {
             loss,
             correct,
             seen: seeds.len() as u64,
-            ..StepFigures::default()
+            tasks: each,
         })
     }
 
@@ -947,25 +958,20 @@ impl<'a> Steps for State<'a> {
         let f = self.forward(ctx, epoch, Pass::Eval, &mut scratch)?;
         let g = &*ctx.s.graph;
         let target = g.target().index();
-        let (labels, _) = g.target_labels();
         let own = &ctx.own[target];
-        if let Some(logits) = &f.out[ctx.plans.len() - 1][target] {
-            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            let k = logits.dim(1)?;
-            // Correct counts and, for the macro F1, per-class counts.
-            let scores = |at: &[u32]| {
-                let mut s = crate::task::node::Scores::default();
-                for &i in at {
-                    let (p, y) = (pred[i as usize], labels[own[i as usize] as usize]);
-                    s.correct += u64::from(i64::from(p) == y);
-                    if k <= crate::task::node::MAX_F1_CLASSES && y >= 0 {
-                        s.classes.add(k, p as usize, y as usize);
-                    }
-                }
-                s
-            };
-            st.set_scores(scores(&ctx.valid), scores(&ctx.test));
-        }
+        let task = &ctx.task;
+        let logits = &f.out[ctx.plans.len() - 1][target];
+        // Each task's figures on the nodes at positions `at` of the worker's own rows.
+        let scores = |at: &[u32]| -> Result<Vec<crate::task::node::Scores>> {
+            let mut s = task.empty_scores();
+            if let (Some(logits), false) = (logits, at.is_empty()) {
+                let idx = Tensor::from_slice(at, at.len(), logits.device())?;
+                let seeds: Vec<u32> = at.iter().map(|&i| own[i as usize]).collect();
+                task.score(&logits.index_select(&idx, 0)?, &seeds, &mut s)?;
+            }
+            Ok(s)
+        };
+        task.record(st, scores(&ctx.valid)?, scores(&ctx.test)?);
         // Evaluation's messages are taken; what is left of them is duplicates.
         ctx.s.inbox.forget_before(EVAL | self.seq.saturating_add(1));
         Ok(())

@@ -99,7 +99,8 @@ const EVERY_TASK: &[Task] = &[
     Task::EdgeRegression,
     Task::MultiLabel,
 ];
-/// Every task of the target nodes (HopGNN's: its time steps move a model, not edges).
+/// Every task of the target nodes (HopGNN's and full-graph training's: their
+/// steps are over target nodes, not edges).
 const NODE_TASKS: &[Task] = &[
     Task::NodeClassification,
     Task::NodeRegression,
@@ -139,8 +140,8 @@ static REGISTRY: [Entry; 6] = [
     ),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
-        NODES,
-        (false, false, false),
+        NODE_TASKS,
+        (true, false, true),
         &crate::full_graph::RULES,
     ),
 ];
