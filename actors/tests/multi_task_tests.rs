@@ -328,6 +328,65 @@ fn a_task_missing_on_some_nodes_leaves_them_out_and_data_parallel_follows() {
     );
 }
 
+/// Model averaging's partitions with their halo's features, as it needs them.
+fn halo_partitions(parts: usize) -> String {
+    let dir = derived(&format!("multi-halo-{parts}"), false, |g, out| {
+        let a = partition::assign_two_level(g, parts, 1, Method::Metis, 0).unwrap();
+        let opts = partition::WriteOptions {
+            halo_features: true,
+            ..partition::WriteOptions::default()
+        };
+        partition::write_with(g, &a, out, &opts, &mut NoProgress).unwrap();
+    });
+    format!("training.partitions={:?}", dir.display().to_string())
+}
+
+/// Model averaging trains every node task, and several at once: on one
+/// partition it is the single process bit for bit (each task's loss and
+/// figures included); on two, each partition's model learns both tasks and
+/// the report has each one's figures.
+#[test]
+fn model_averaging_trains_node_tasks_as_the_single_process_does_on_one_partition() {
+    let two = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    let mode = "training.mode=\"model-averaging\"";
+    for set in ["training.task=\"node-regression\"", two] {
+        let (single, _) = train(&config(&[set]), &mut ()).unwrap();
+        let one = halo_partitions(1);
+        let (report, _) = train(&config(&[set, mode, &one]), &mut ()).unwrap();
+        assert_eq!(report.mode, "model-averaging", "{set}");
+        assert_eq!(
+            report.final_model_sha256, single.final_model_sha256,
+            "{set}"
+        );
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            assert_eq!(a.loss, b.loss, "{set}");
+            assert_eq!(a.regression, b.regression, "{set}");
+            assert_eq!(a.tasks.len(), b.tasks.len(), "{set}");
+            for (x, y) in a.tasks.iter().zip(&b.tasks) {
+                assert_eq!(
+                    (&x.task, x.loss, x.test_acc, x.regression),
+                    (&y.task, y.loss, y.test_acc, y.regression),
+                    "{set}"
+                );
+            }
+        }
+    }
+    let halves = halo_partitions(2);
+    let (report, _) = train(&config(&[two, mode, &halves]), &mut ()).unwrap();
+    let (first, last) = (&report.epochs[0], report.epochs.last().unwrap());
+    assert_eq!(last.tasks.len(), 2);
+    for k in 0..2 {
+        assert!(
+            last.tasks[k].loss < first.tasks[k].loss,
+            "{:?}",
+            report.epochs
+        );
+    }
+    assert!(last.tasks[0].test_acc.is_some(), "{:?}", last.tasks);
+    let rmse = last.tasks[1].regression.unwrap().test.rmse;
+    assert!(rmse.is_finite() && rmse > 0.0, "{rmse}");
+}
+
 #[test]
 fn lists_and_modes_that_cannot_train_together_are_refused() {
     for (extra, want) in [
@@ -363,7 +422,7 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
                 "training.mode=\"raf\"",
                 "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\"}]",
             ],
-            "training.tasks (several tasks at once) runs in single, data-parallel, hopgnn and full-graph; mode raf does not support it yet",
+            "training.tasks (several tasks at once) runs in single, data-parallel, model-averaging, hopgnn and full-graph; mode raf does not support it yet",
         ),
     ] {
         let err = refusal(&extra);

@@ -363,13 +363,14 @@ pub struct Progress {
 impl TaskEpoch {
     /// Each task's figures of epoch `epoch` from the trainers' accounts
     /// (`stats`, each with its tasks' accounts in `tasks` order; `valid`
-    /// and `test` nodes in all).
+    /// and `test` nodes in all; `own_steps`: trainers whose steps are their
+    /// own, whose losses are merged, as [`EpochReport::from_stats`] says).
     pub fn all(
         epoch: u64,
         stats: &[EpochStats],
         tasks: &[crate::config::TaskWeight],
-        valid: usize,
-        test: usize,
+        (valid, test): (usize, usize),
+        own_steps: bool,
     ) -> Vec<TaskEpoch> {
         tasks
             .iter()
@@ -379,7 +380,7 @@ impl TaskEpoch {
                     .iter()
                     .filter_map(|s| s.tasks.get(k).cloned())
                     .collect();
-                let r = EpochReport::from_stats(epoch, &own, valid, test, false);
+                let r = EpochReport::from_stats(epoch, &own, valid, test, own_steps);
                 // Regression has no accuracy; multi-label's is exact matches.
                 let classifies = w.task != crate::config::Task::NodeRegression;
                 TaskEpoch {

@@ -21,7 +21,8 @@ use crate::distributed::checkpoint;
 use crate::distributed::messages::EpochStats;
 use crate::epoch::{lap, sample, Prepared, SamplingPlan, EVAL_BATCH};
 use crate::error::{Result, TrainError};
-use crate::task::node::count_correct;
+use crate::task::multi::NodeTasks;
+use crate::task::node::Scores;
 
 /// The learnable rows of one node type a partition holds, ids ascending.
 pub struct LocalRows {
@@ -105,6 +106,8 @@ pub struct StepOut {
     pub loss: f64,
     /// Correct training predictions.
     pub correct: u64,
+    /// Several tasks: each one's own loss (empty for one task).
+    pub each: Vec<f64>,
 }
 
 impl Local {
@@ -208,26 +211,19 @@ impl Local {
         Ok((inputs, at))
     }
 
-    /// One training step on a prepared batch; times go into `st`.
+    /// One training step of `task` on a prepared batch; times go into `st`.
     pub fn step(
         &mut self,
-        epoch: u64,
-        step: u64,
+        task: &NodeTasks,
+        (epoch, step): (u64, u64),
         p: Prepared,
         st: &mut EpochStats,
     ) -> Result<StepOut> {
-        let (labels, _) = self.graph.target_labels();
         let mb = &p.mb;
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let mut clock = Instant::now();
         let (inputs, at) = self.inputs(&mb.blocks[0].src, p.features)?;
-        let y: Vec<u32> = mb
-            .seeds
-            .iter()
-            .map(|&s| labels[s as usize] as u32)
-            .collect();
-        let y = Tensor::from_vec(y, mb.seeds.len(), &self.device)?;
         st.time.gather_s += lap(&mut clock);
         let logits = self.model.forward(
             &self.graph,
@@ -235,8 +231,8 @@ impl Local {
             inputs.clone(),
             Some(DropoutKey { epoch, step }),
         )?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-        let grads = loss.backward()?;
+        let losses = task.loss(&logits, &mb.seeds)?;
+        let grads = losses.total.backward()?;
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&self.model.params, &grads)?;
         for (ty, x) in inputs.iter().enumerate() {
@@ -248,24 +244,29 @@ impl Local {
             }
         }
         st.time.update_s += lap(&mut clock);
-        let correct = count_correct(&logits, labels, &mb.seeds)?;
+        let scalar = |x: &Tensor| x.to_dtype(DType::F64)?.to_scalar::<f64>();
         Ok(StepOut {
-            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            correct,
+            loss: scalar(&losses.total)?,
+            correct: task.correct(&logits, &mb.seeds)?,
+            each: losses
+                .each
+                .iter()
+                .map(scalar)
+                .collect::<candle_core::Result<_>>()?,
         })
     }
 
-    /// The evaluation figures (correct and per-class counts) of its model on
-    /// `nodes` (sampled within the partition, no dropout).
-    pub fn scores_on(
+    /// Adds each task's evaluation figures of its model on `nodes` (sampled
+    /// within the partition, no dropout) to `scores`.
+    pub fn score(
         &self,
         t: &TrainingConfig,
+        task: &NodeTasks,
         epoch: u64,
         nodes: &[u32],
-    ) -> Result<crate::task::node::Scores> {
-        let task = crate::task::node::NodeTask::of(t, &self.graph)?;
+        scores: &mut [Scores],
+    ) -> Result<()> {
         let mut sampler = SamplingPlan::of(t).eval(&self.graph)?;
-        let mut scores = crate::task::node::Scores::default();
         for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
             let mb = sample(
                 &mut sampler,
@@ -277,9 +278,9 @@ impl Local {
             let features = self.gather.gather(&self.graph, &mb.blocks[0].src)?;
             let (inputs, _) = self.inputs(&mb.blocks[0].src, features)?;
             let logits = self.model.forward(&self.graph, &mb, inputs, None)?.detach();
-            task.score(&logits, seeds, &mut scores)?;
+            task.score(&logits, seeds, scores)?;
         }
-        Ok(scores)
+        Ok(())
     }
 
     /// The dense parameters in name order, flattened.

@@ -28,6 +28,7 @@ use crate::distributed::messages::{EpochStats, Saved, StepDone};
 use crate::distributed::Timeouts;
 use crate::epoch::{prepare, run_steps, sample, PREFETCH};
 use crate::error::{Result, TrainError};
+use crate::task::multi::NodeTasks;
 use crate::task::node::Scores;
 
 /// Everything a worker thread needs.
@@ -103,6 +104,13 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         .first()
         .map(|l| l.graph.clone())
         .ok_or_else(|| TrainError::Internal(format!("worker {} has no partition", s.worker)))?;
+    // Each partition's targets, read from its own graph.
+    let graphs: Vec<Arc<HetGraph>> = locals.iter().map(|l| l.graph.clone()).collect();
+    let tasks = graphs
+        .iter()
+        .map(|g| NodeTasks::of(t, g))
+        .collect::<Result<Vec<_>>>()?;
+    let task = &tasks[0];
     // The coordinator counts steps of the global batches: a round's end is its epoch's end there too.
     let total_train = g0.target_labels().1.train.len();
     let per_epoch = total_train.div_ceil(t.batch.max(1)) as u64;
@@ -153,6 +161,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         let clock = Instant::now();
         let before = bytes();
         let (mut loss_sum, mut steps) = (0.0f64, 0u64);
+        let mut task_loss_sums = vec![0.0f64; task.parts().len() * usize::from(task.is_multi())];
         for (i, l) in locals.iter_mut().enumerate() {
             let batches = epoch_batches(
                 &l.train,
@@ -171,8 +180,11 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
                 })
             };
             run_steps(PREFETCH, 1, &batches, 0, make, |step, seeds, p| {
-                let out = l.step(epoch, step, p, &mut st)?;
+                let out = l.step(&tasks[i], (epoch, step), p, &mut st)?;
                 loss_sum += out.loss;
+                for (sum, x) in task_loss_sums.iter_mut().zip(&out.each) {
+                    *sum += x;
+                }
                 steps += 1;
                 st.train_correct += out.correct;
                 st.train_seen += seeds.len() as u64;
@@ -193,22 +205,33 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
         st.time.seconds = clock.elapsed().as_secs_f64();
         st.steps = steps;
         st.loss = loss_sum / steps.max(1) as f64;
+        // Multi-task: each task's own account, its evaluation filled in below.
+        st.tasks = task_loss_sums
+            .iter()
+            .map(|sum| EpochStats {
+                epoch,
+                steps,
+                loss: sum / steps.max(1) as f64,
+                evaluated: true,
+                ..EpochStats::default()
+            })
+            .collect();
         let eval = Instant::now();
-        let count = |locals: &[Local], valid: bool| -> Result<Scores> {
-            let mut all = Scores::default();
-            for l in locals {
-                let s = l.scores_on(t, epoch, if valid { &l.valid } else { &l.test })?;
-                all.correct += s.correct;
-                all.classes.merge(&s.classes);
+        let count = |locals: &[Local], valid: bool| -> Result<Vec<Scores>> {
+            let mut all = task.empty_scores();
+            for (l, task) in locals.iter().zip(&tasks) {
+                let nodes = if valid { &l.valid } else { &l.test };
+                l.score(t, task, epoch, nodes, &mut all)?;
             }
             Ok(all)
         };
         let (valid, test) = (count(&locals, true)?, count(&locals, false)?);
+        let correct = |s: &[Scores]| s.first().map_or(0, |s| s.correct);
         let local = LocalFigures {
             valid: locals.iter().map(|l| l.valid.len() as u64).sum(),
             test: locals.iter().map(|l| l.test.len() as u64).sum(),
-            valid_correct: valid.correct,
-            test_correct: test.correct,
+            valid_correct: correct(&valid),
+            test_correct: correct(&test),
             averaging_bytes: 0,
             peak_memory_bytes: None,
             peak_anon_bytes: None,
@@ -219,9 +242,9 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
             let sync = Instant::now();
             averaging_bytes = avg.average(epoch, &mut locals, &holders)?;
             st.time.comm_s += sync.elapsed().as_secs_f64();
-            st.set_scores(count(&locals, true)?, count(&locals, false)?);
+            task.record(&mut st, count(&locals, true)?, count(&locals, false)?);
         } else {
-            st.set_scores(valid, test);
+            task.record(&mut st, valid, test);
         }
         // The process's peaks so far, the round's averaging included.
         st.set_figures(&LocalFigures {

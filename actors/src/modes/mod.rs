@@ -99,8 +99,8 @@ const EVERY_TASK: &[Task] = &[
     Task::EdgeRegression,
     Task::MultiLabel,
 ];
-/// Every task of the target nodes (HopGNN's and full-graph training's: their
-/// steps are over target nodes, not edges).
+/// Every task of the target nodes (HopGNN's, full-graph training's and model
+/// averaging's: their steps are over target nodes, not edges).
 const NODE_TASKS: &[Task] = &[
     Task::NodeClassification,
     Task::NodeRegression,
@@ -128,8 +128,8 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false, false), &crate::raf::RULES),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
-        NODES,
-        (false, false, false),
+        NODE_TASKS,
+        (false, false, true),
         &crate::model_averaging::RULES,
     ),
     entry::<crate::hopgnn::HopConfig>(

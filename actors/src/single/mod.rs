@@ -681,7 +681,7 @@ impl<'g> Steps for Run<'g, '_> {
             EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
         if self.task.is_multi() {
             let tasks = &self.cfg.training.tasks;
-            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[st], tasks, valid, test);
+            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[st], tasks, (valid, test), false);
         }
         self.observer.epoch_end(&er);
         self.report.epochs.push(er);

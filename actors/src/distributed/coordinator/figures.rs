@@ -50,7 +50,13 @@ impl Figures {
         let (valid, test) = (self.valid, self.test);
         let mut er = EpochReport::from_stats(epoch, stats, valid, test, rules.own_steps);
         if !t.tasks.is_empty() {
-            er.tasks = crate::report::TaskEpoch::all(epoch, stats, &t.tasks, valid, test);
+            er.tasks = crate::report::TaskEpoch::all(
+                epoch,
+                stats,
+                &t.tasks,
+                (valid, test),
+                rules.own_steps,
+            );
         }
         (rules.figures)(&mut er, stats)?;
         // Trainers with steps of their own take them apart; the others share the global ones.
