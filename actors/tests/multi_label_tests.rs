@@ -164,20 +164,6 @@ fn weighted_and_focal_multi_label_is_another_loss_that_data_parallel_follows() {
 
 #[test]
 fn runs_that_cannot_train_multi_label_are_refused() {
-    // A mode without it: the message names the task and the modes that have it.
-    let err = Config::parse(
-        "",
-        &[
-            "training.task=\"multi-label\"".into(),
-            "training.mode=\"raf\"".into(),
-        ],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("multi-label") && err.contains("data-parallel"),
-        "{err}"
-    );
     // A metric multi-label does not measure.
     let err = Config::parse(
         "",

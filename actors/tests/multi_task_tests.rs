@@ -420,9 +420,9 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
         (
             vec![
                 "training.mode=\"raf\"",
-                "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\"}]",
+                "training.tasks=[{task = \"node-classification\"}, {task = \"link-prediction\"}]",
             ],
-            "training.tasks (several tasks at once) runs in single, data-parallel, model-averaging, hopgnn and full-graph; mode raf does not support it yet",
+            "training.tasks lists \"link-prediction\", which runs in single and data-parallel; mode raf does not support it yet",
         ),
     ] {
         let err = refusal(&extra);

@@ -116,20 +116,6 @@ fn the_huber_loss_is_a_different_run_and_learns_too() {
 
 #[test]
 fn runs_that_cannot_train_regression_are_refused() {
-    // A mode without it: the message names the task and the modes that have it.
-    let err = Config::parse(
-        "",
-        &[
-            "training.task=\"node-regression\"".into(),
-            "training.mode=\"raf\"".into(),
-        ],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("node-regression") && err.contains("data-parallel"),
-        "{err}"
-    );
     // A bad Huber threshold.
     let err = Config::parse("", &["training.huber_delta=0".into()])
         .unwrap_err()

@@ -1,7 +1,7 @@
 //! Relation-aggregation-first training in one process (Heta Prop. 4.1): with
 //! the same seed, global batch and samples, RAF on meta-partitions follows
 //! single-process training step by step, for R-GCN, R-GAT and HGT with
-//! learnable embeddings.
+//! learnable embeddings, on every task of the target nodes.
 
 mod common;
 
@@ -164,6 +164,39 @@ fn raf_matches_single(model: &str, layers: usize, parts: &[usize]) {
             "{:?}",
             report.bytes_by_kind
         );
+    }
+}
+
+/// Node regression and two tasks at once (classification and regression,
+/// the second weighted 0.5): the reducer's loss is the single process's at
+/// every step, and each task's figures are reported as it reports them.
+#[test]
+fn node_regression_and_two_tasks_match_single_process_training() {
+    let two = "training.tasks=[{task = \"node-classification\"}, {task = \"node-regression\", weight = 0.5}]";
+    for set in ["training.task=\"node-regression\"", two] {
+        let mut want = Losses::default();
+        let (single, model) = train(&config(&[set.into()]), &mut want).unwrap();
+        let parts = format!("training.partitions={:?}", meta(3, 2).display().to_string());
+        let extra = [set.into(), "training.mode=\"raf\"".into(), parts];
+        let mut got = Losses::default();
+        let (report, fin) = train(&config(&extra), &mut got).unwrap();
+        assert_eq!(report.mode, "raf");
+        same_losses(&want.0, &got.0, set);
+        same_model(&model, &fin, set);
+        for (a, b) in single.epochs.iter().zip(&report.epochs) {
+            assert_eq!(a.tasks.len(), b.tasks.len(), "{set}");
+            assert_eq!(a.regression.is_some(), b.regression.is_some(), "{set}");
+            if let (Some(x), Some(y)) = (a.regression.as_ref(), b.regression.as_ref()) {
+                assert!((x.test.rmse - y.test.rmse).abs() < 1e-3, "{set}: test RMSE");
+            }
+            for (x, y) in a.tasks.iter().zip(&b.tasks) {
+                assert_eq!(x.task, y.task, "{set}");
+                common::close(x.loss, y.loss, &format!("{set}: {}'s loss", x.task));
+                if let (Some(p), Some(q)) = (x.test_acc, y.test_acc) {
+                    assert!((p - q).abs() < 0.01, "{set}: {} accuracy", x.task);
+                }
+            }
+        }
     }
 }
 

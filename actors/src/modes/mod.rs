@@ -99,8 +99,8 @@ const EVERY_TASK: &[Task] = &[
     Task::EdgeRegression,
     Task::MultiLabel,
 ];
-/// Every task of the target nodes (HopGNN's, full-graph training's and model
-/// averaging's: their steps are over target nodes, not edges).
+/// Every task of the target nodes (the modes whose steps are over target
+/// nodes, not edges).
 const NODE_TASKS: &[Task] = &[
     Task::NodeClassification,
     Task::NodeRegression,
@@ -125,7 +125,12 @@ static REGISTRY: [Entry; 6] = [
         (true, true, true),
         &crate::data_parallel::RULES,
     ),
-    entry::<crate::raf::RafConfig>(Mode::Raf, NODES, (false, false, false), &crate::raf::RULES),
+    entry::<crate::raf::RafConfig>(
+        Mode::Raf,
+        NODE_TASKS,
+        (false, false, true),
+        &crate::raf::RULES,
+    ),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODE_TASKS,

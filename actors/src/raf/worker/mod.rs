@@ -49,6 +49,8 @@ use crate::distributed::{decode_f32, Timeouts};
 use crate::epoch::run::{self as epochs, Attempt};
 use crate::epoch::{lap, SamplingPlan};
 use crate::error::{Result, TrainError};
+use crate::task::multi::NodeTasks;
+use crate::task::node::Scores;
 
 /// Positions in `batch` of the seeds replica `(j, r)` handles.
 pub fn share(batch: &[u32], (j, r): (u32, u32)) -> Vec<usize> {
@@ -179,6 +181,8 @@ struct Worker<'a> {
     /// Scratch for summing embedding gradients: per node id, its place in the
     /// step's row order (`u32::MAX`: none). Kept across steps, reset after each.
     row_slot: Vec<u32>,
+    /// What the reducer's steps learn (one node task, or several).
+    task: NodeTasks<'a>,
 }
 
 /// The actors a worker talks to.
@@ -192,8 +196,8 @@ struct TrainerRefs {
 struct StepOut {
     loss: f64,
     correct: u64,
-    /// Evaluation at the reducer: per-class counts (macro F1).
-    classes: crate::task::node::ClassCounts,
+    /// Several tasks: each one's own loss (the reducer's; empty elsewhere).
+    each: Vec<f64>,
     gather_s: f64,
     compute_s: f64,
     comm_s: f64,
@@ -353,6 +357,7 @@ impl<'a> Worker<'a> {
             seq,
             cache,
             row_slot: Vec::new(),
+            task: NodeTasks::of(t, g)?,
         })
     }
 
@@ -443,7 +448,8 @@ impl<'a> Worker<'a> {
     }
 
     /// One training step (`dropout` is `Some`) or evaluation batch. On the
-    /// reducer, `loss` and `correct` are the batch's; elsewhere zero. `mb` is
+    /// reducer, `loss` and `correct` are the batch's, and an evaluation
+    /// batch's figures are added to `scores`; elsewhere nothing. `mb` is
     /// sampled from this worker's share of `batch`.
     fn step(
         &mut self,
@@ -451,7 +457,7 @@ impl<'a> Worker<'a> {
         features: models::rgcn::PerType,
         batch: &[u32],
         dropout: Option<DropoutKey>,
-        labels: &[i64],
+        scores: Option<&mut [Scores]>,
         seq: u64,
     ) -> Result<StepOut> {
         let s = self.setup;
@@ -463,7 +469,7 @@ impl<'a> Worker<'a> {
         let mut out = StepOut {
             loss: 0.0,
             correct: 0,
-            classes: Default::default(),
+            each: Vec::new(),
             gather_s: 0.0,
             compute_s: 0.0,
             comm_s: 0.0,
@@ -675,27 +681,23 @@ impl<'a> Worker<'a> {
             let logits =
                 self.model
                     .reduce_top(&mb.seeds, own_leaf.as_tensor(), &partials, dropout)?;
-            let y: Vec<u32> = mb
-                .seeds
-                .iter()
-                .map(|&v| labels[v as usize] as u32)
-                .collect();
-            let pred: Vec<u32> = logits.argmax(1)?.to_vec1()?;
-            out.correct = pred.iter().zip(&y).filter(|(p, y)| p == y).count() as u64;
             if !train {
-                let k = logits.dim(1)?;
-                if k <= crate::task::node::MAX_F1_CLASSES {
-                    for (&p, &c) in pred.iter().zip(&y) {
-                        out.classes.add(k, p as usize, c as usize);
-                    }
+                if let Some(scores) = scores {
+                    self.task.score(&logits.detach(), &mb.seeds, scores)?;
                 }
                 out.compute_s += lap(&mut clock);
                 return Ok(out);
             }
-            let loss =
-                candle_nn::loss::cross_entropy(&logits, &Tensor::from_vec(y, b, &self.device)?)?;
-            out.loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let gs = loss.backward()?;
+            out.correct = self.task.correct(&logits, &mb.seeds)?;
+            let losses = self.task.loss(&logits, &mb.seeds)?;
+            let scalar = |x: &Tensor| x.to_dtype(DType::F64)?.to_scalar::<f64>();
+            out.loss = scalar(&losses.total)?;
+            out.each = losses
+                .each
+                .iter()
+                .map(scalar)
+                .collect::<candle_core::Result<_>>()?;
+            let gs = losses.total.backward()?;
             out.compute_s += lap(&mut clock);
             let mut msgs = Vec::new();
             for (k, mine) in peers.iter().zip(&leaves) {

@@ -76,13 +76,12 @@ impl<'a> Steps for Worker<'a> {
     ) -> Result<StepFigures> {
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
-        let (labels, _) = self.setup.graph.target_labels();
         let out = self.step(
             &p.mb,
             p.features,
             seeds,
             Some(DropoutKey { epoch, step }),
-            labels,
+            None,
             self.seq,
         )?;
         self.seq += 1;
@@ -107,17 +106,17 @@ impl<'a> Steps for Worker<'a> {
             loss: out.loss,
             correct: out.correct as f64,
             seen: if reducer { seeds.len() as u64 } else { 0 },
-            ..StepFigures::default()
+            tasks: out.each,
         })
     }
 
     fn evaluate(&mut self, feed: &Feed<'a>, epoch: u64, st: &mut EpochStats) -> Result<()> {
         let s = self.setup;
-        let (labels, splits) = s.graph.target_labels();
+        let (_, splits) = s.graph.target_labels();
         let mut sampler = feed.plan.eval(&s.graph)?;
-        let mut scores: [crate::task::node::Scores; 2] = Default::default();
+        let mut scores = [self.task.empty_scores(), self.task.empty_scores()];
         for (split, nodes) in [(1u64, &splits.valid), (2, &splits.test)] {
-            let sc = &mut scores[split as usize - 1];
+            let mut sc = std::mem::take(&mut scores[split as usize - 1]);
             for (step, seeds) in nodes.chunks(EVAL_BATCH).enumerate() {
                 let mine: Vec<u32> = share(seeds, feed.replica)
                     .into_iter()
@@ -131,13 +130,16 @@ impl<'a> Steps for Worker<'a> {
                     || Ok(sampler.sample_relations(epoch, step as u64, &mine, &feed.filter)?),
                 )?;
                 let seq = EVAL_BIT | (epoch << 32) | (split << 28) | step as u64;
-                let out = self.step(&p.mb, p.features, seeds, None, labels, seq)?;
-                sc.correct += out.correct;
-                sc.classes.merge(&out.classes);
+                self.step(&p.mb, p.features, seeds, None, Some(&mut sc), seq)?;
             }
+            scores[split as usize - 1] = sc;
         }
         let [valid, test] = scores;
-        st.set_scores(valid, test);
+        // Only the reducer sees predictions: the others' accounts stay empty.
+        match self.setup.worker {
+            0 => self.task.record(st, valid, test),
+            _ => st.set_scores(Default::default(), Default::default()),
+        }
         Ok(())
     }
 
