@@ -90,6 +90,8 @@ const fn entry<C: ModeConfig>(
     }
 }
 
+/// The tests-only mode's.
+#[cfg(test)]
 const NODES: &[Task] = &[Task::NodeClassification];
 const EVERY_TASK: &[Task] = &[
     Task::NodeClassification,
