@@ -189,7 +189,10 @@ fn starts_that_cannot_hold_are_refused_naming_the_setting() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("single and data-parallel"), "{err}");
+    assert!(
+        err.contains("single, data-parallel, hopgnn and full-graph"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -205,23 +208,55 @@ fn data_parallel_fine_tuning_follows_single_process_fine_tuning() {
         partition::write(g, &a, out, false, &mut NoProgress).unwrap();
     });
     let parts = format!("training.partitions={:?}", pdir.display().to_string());
-    let mut dp = base.clone();
-    dp.extend(["training.mode=\"data-parallel\"", parts.as_str()]);
-    let mut losses = Losses::default();
-    let (report, got) = train(&config(&dp), &mut losses).unwrap();
-    assert_eq!(
-        (report.mode.as_str(), report.steps),
-        ("data-parallel", single.steps)
-    );
-    let n = single_losses.0.len().min(16);
-    common::same_losses(
-        &single_losses.0[..n],
-        &losses.0[..n],
-        "data-parallel fine-tuning",
-    );
-    common::same_model(&want, &got, "data-parallel fine-tuning");
-    // The stores kept the frozen rows as the predictor left them.
-    for e in got.embeddings.iter().flatten() {
+    for mode in ["data-parallel", "hopgnn"] {
+        let what = format!("{mode} fine-tuning");
+        let mut dp = base.clone();
+        let set = format!("training.mode={mode:?}");
+        dp.extend([set.as_str(), parts.as_str()]);
+        let mut losses = Losses::default();
+        let (report, got) = train(&config(&dp), &mut losses).unwrap();
+        assert_eq!((report.mode.as_str(), report.steps), (mode, single.steps));
+        let n = single_losses.0.len().min(16);
+        common::same_losses(&single_losses.0[..n], &losses.0[..n], &what);
+        common::same_model(&want, &got, &what);
+        // The stores kept the frozen rows as the predictor left them.
+        for e in got.embeddings.iter().flatten() {
+            assert!(
+                e.data.as_slice() == value(&lp, &e.name),
+                "{what}: {} changed",
+                e.name
+            );
+        }
+    }
+}
+
+/// Full-graph training starts from the checkpoint as the single process
+/// does: one worker takes the loss of one batch over every neighbour.
+#[test]
+fn full_graph_fine_tuning_follows_one_batch_fine_tuning() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let base = [init(dir), "training.freeze=\"embed\"".to_string()];
+    let mut one = base.to_vec();
+    one.extend([
+        "training.batch=1000000".to_string(),
+        "training.fanouts=[1000000,1000000]".into(),
+    ]);
+    let one: Vec<&str> = one.iter().map(String::as_str).collect();
+    let mut want = Losses::default();
+    train(&config(&one), &mut want).unwrap();
+    let pdir = derived("block-row-1x1", false, |g, out| {
+        let a = partition::assign_two_level(g, 1, 1, Method::BlockRow, 0).unwrap();
+        partition::write(g, &a, out, false, &mut NoProgress).unwrap();
+    });
+    let parts = format!("training.partitions={:?}", pdir.display().to_string());
+    let mut full: Vec<&str> = base.iter().map(String::as_str).collect();
+    full.extend(["training.mode=\"full-graph\"", parts.as_str()]);
+    let mut got = Losses::default();
+    let (report, model) = train(&config(&full), &mut got).unwrap();
+    assert_eq!(report.mode, "full-graph");
+    common::same_losses(&want.0, &got.0, "full-graph fine-tuning");
+    for e in model.embeddings.iter().flatten() {
         assert!(
             e.data.as_slice() == value(&lp, &e.name),
             "{} changed",

@@ -28,7 +28,7 @@ use crate::distributed::messages::{Abort, Begin, Finish, GradShare};
 use crate::distributed::{load_options, Distributed, Part, System};
 use crate::error::{Result, TrainError};
 use crate::modes::seam::ModeConfig;
-use crate::pretrained::init::Start;
+use crate::pretrained::init::{SharedStart, Start};
 use crate::task::edge::EdgeTask;
 use crate::task::link::LinkTask;
 
@@ -76,8 +76,8 @@ pub struct DataParallel {
     tasks: std::sync::Mutex<std::collections::HashMap<u32, PartTask>>,
     /// `sampling = "dag"`: per partition loaded here, its sampling worker.
     sampling: crate::data_parallel::sampling::Workers,
-    /// What a fine-tuned run starts from, read once in this process (`None`: not yet).
-    start: std::sync::Mutex<Option<Option<Arc<Start>>>>,
+    /// What a fine-tuned run starts from, read once in this process.
+    start: SharedStart,
 }
 
 impl DataParallel {
@@ -110,28 +110,8 @@ impl DataParallel {
     /// The parameters a fine-tuned run starts from (`training.init_from`),
     /// read on first use with partition graph `g` (every partition has every id).
     fn start(&self, g: &HetGraph) -> Result<Option<Arc<Start>>> {
-        let mut slot = self
-            .start
-            .lock()
-            .map_err(|_| TrainError::internal("a thread reading training.init_from panicked"))?;
-        if let Some(s) = &*slot {
-            return Ok(s.clone());
-        }
-        let dest = Model::without_tables(
-            &self.cfg.model_spec(),
-            g,
-            candle_core::DType::F32,
-            &candle_core::Device::Cpu,
-        )?;
-        let s = Start::open(
-            &self.cfg,
-            g,
-            self.set.manifest.graph_sha256.as_deref(),
-            &dest,
-        )?
-        .map(Arc::new);
-        *slot = Some(s.clone());
-        Ok(s)
+        let content = self.set.manifest.graph_sha256.as_deref();
+        self.start.get(&self.cfg, g, content)
     }
 
     /// Starts the trainer threads of partition `p.part` for generation `gen`, one per inbox.

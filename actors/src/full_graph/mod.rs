@@ -68,6 +68,8 @@ pub struct FullGraph {
     cfg: TrainingConfig,
     full: FullGraphConfig,
     owners: Arc<Vec<Vec<u16>>>,
+    /// What a fine-tuned run starts from, read once in this process.
+    start: crate::pretrained::init::SharedStart,
     layout: Arc<Layout>,
 }
 
@@ -98,7 +100,17 @@ impl FullGraph {
             full: FullGraphConfig::of(t)?,
             owners,
             layout,
+            start: Default::default(),
         })
+    }
+}
+
+impl FullGraph {
+    /// The parameters a fine-tuned run starts from (`training.init_from`),
+    /// read on first use with partition graph `g` (every partition has every id).
+    fn start(&self, g: &HetGraph) -> Result<Option<Arc<crate::pretrained::init::Start>>> {
+        let content = self.set.manifest.graph_sha256.as_deref();
+        self.start.get(&self.cfg, g, content)
     }
 }
 
@@ -191,6 +203,7 @@ impl Distributed for FullGraph {
         graph: &Arc<HetGraph>,
         arbiters: &mut Vec<actix::Arbiter>,
     ) -> Result<Vec<Arc<Inbox>>> {
+        let start = self.start(graph)?;
         crate::owner::serve(
             node,
             crate::owner::Served {
@@ -199,7 +212,7 @@ impl Distributed for FullGraph {
                 owners: &self.owners,
                 steps: None,
                 pushers: self.parts,
-                start: None,
+                start: start.as_deref().map(|s| s as &dyn crate::owner::StartRows),
             },
             &self.cfg,
             arbiters,
@@ -233,7 +246,7 @@ impl Distributed for FullGraph {
             &self.cfg,
             &self.owners,
             &b,
-            from,
+            (from, self.start(p.graph)?),
             names::worker,
         )?;
         let layout = self.layout.clone();

@@ -130,7 +130,7 @@ impl<'a> Worker<'a> {
     fn new(s: &'a WorkerSetup, layout: &'a Layout) -> Result<Worker<'a>> {
         let t = &s.cfg;
         let g = &*s.graph;
-        let (model, adam, seq) = crate::owner::replica(t, g, &s.from, None)?;
+        let (model, adam, seq) = crate::owner::replica(t, g, &s.from, s.start.as_deref())?;
         if !model.relu_between_layers() {
             return Err(TrainError::Config(format!("training.model = \"{}\": full-graph training needs ReLU and dropout between layers and no separate classifier (rgcn, rgat)", t.model)));
         }

@@ -62,6 +62,8 @@ pub struct HopGnn {
     cfg: TrainingConfig,
     hop: HopConfig,
     owners: Arc<Vec<Vec<u16>>>,
+    /// What a fine-tuned run starts from, read once in this process.
+    start: crate::pretrained::init::SharedStart,
 }
 
 impl HopGnn {
@@ -77,7 +79,17 @@ impl HopGnn {
             cfg: t.clone(),
             hop: HopConfig::of(t)?,
             owners,
+            start: Default::default(),
         })
+    }
+}
+
+impl HopGnn {
+    /// The parameters a fine-tuned run starts from (`training.init_from`),
+    /// read on first use with partition graph `g` (every partition has every id).
+    fn start(&self, g: &HetGraph) -> Result<Option<Arc<crate::pretrained::init::Start>>> {
+        let content = self.set.manifest.graph_sha256.as_deref();
+        self.start.get(&self.cfg, g, content)
     }
 }
 
@@ -163,6 +175,7 @@ impl Distributed for HopGnn {
         graph: &Arc<HetGraph>,
         arbiters: &mut Vec<actix::Arbiter>,
     ) -> Result<Vec<Arc<Inbox>>> {
+        let start = self.start(graph)?;
         crate::owner::serve(
             node,
             crate::owner::Served {
@@ -171,7 +184,7 @@ impl Distributed for HopGnn {
                 owners: &self.owners,
                 steps: None,
                 pushers: self.parts,
-                start: None,
+                start: start.as_deref().map(|s| s as &dyn crate::owner::StartRows),
             },
             &self.cfg,
             arbiters,
@@ -203,7 +216,7 @@ impl Distributed for HopGnn {
             &self.cfg,
             &self.owners,
             &b,
-            from,
+            (from, self.start(p.graph)?),
             names::worker,
         )?;
         run_thread(format!("hop-worker-{}", p.part), setup, worker::train)

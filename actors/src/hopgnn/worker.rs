@@ -122,7 +122,7 @@ struct Replica<'a> {
 impl<'a> Worker<'a> {
     fn new(s: &'a WorkerSetup) -> Result<Worker<'a>> {
         let t = &s.cfg;
-        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from, None)?;
+        let (model, adam, seq) = crate::owner::replica(t, &s.graph, &s.from, s.start.as_deref())?;
         let (c, workers, coordinator) = s.peers(&model)?;
         let hop = HopConfig::of(t)?;
         let exam = match (hop.time_steps, &s.from) {

@@ -142,13 +142,13 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::hopgnn::HopConfig>(
         Mode::Hopgnn,
         NODE_TASKS,
-        (true, false, true),
+        (true, true, true),
         &crate::hopgnn::RULES,
     ),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
         NODE_TASKS,
-        (true, false, true),
+        (true, true, true),
         &crate::full_graph::RULES,
     ),
 ];

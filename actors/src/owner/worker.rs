@@ -45,17 +45,23 @@ pub struct WorkerSetup {
     pub from: Option<(std::path::PathBuf, Manifest)>,
     /// The actor name of worker `p`'s inbox in this mode.
     pub name: fn(u32) -> String,
+    /// What a fine-tuned run starts from (`training.init_from`).
+    pub start: Option<Arc<crate::pretrained::init::Start>>,
 }
 
 impl WorkerSetup {
-    /// Partition `p`'s worker for the attempt `b` of a run of `parts` partitions.
+    /// Partition `p`'s worker for the attempt `b` of a run of `parts`
+    /// partitions, resumed `from` a checkpoint or fine-tuned from `start`.
     pub fn new(
         p: &Part,
         parts: u32,
         cfg: &TrainingConfig,
         owners: &Arc<Vec<Vec<u16>>>,
         b: &Begin,
-        from: Option<(std::path::PathBuf, Manifest)>,
+        (from, start): (
+            Option<(std::path::PathBuf, Manifest)>,
+            Option<Arc<crate::pretrained::init::Start>>,
+        ),
         name: fn(u32) -> String,
     ) -> Result<WorkerSetup> {
         Ok(WorkerSetup {
@@ -73,6 +79,7 @@ impl WorkerSetup {
             gen: b.gen,
             from,
             name,
+            start,
         })
     }
 

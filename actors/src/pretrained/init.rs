@@ -170,6 +170,42 @@ pub fn select(
     Ok(sel)
 }
 
+/// A distributed run's [`Start`], read once per process on the first
+/// partition graph asked for (every partition has every id) and shared by its
+/// threads.
+#[derive(Default)]
+pub struct SharedStart {
+    slot: std::sync::Mutex<Option<Option<std::sync::Arc<Start>>>>,
+}
+
+impl SharedStart {
+    /// The start of `t` (`None` without `training.init_from`), read with
+    /// partition graph `g` of the graph whose files' fingerprint is `content`.
+    pub fn get(
+        &self,
+        t: &crate::config::TrainingConfig,
+        g: &graphs::HetGraph,
+        content: Option<&str>,
+    ) -> Result<Option<std::sync::Arc<Start>>> {
+        let mut slot = self
+            .slot
+            .lock()
+            .map_err(|_| TrainError::internal("a thread reading training.init_from panicked"))?;
+        if let Some(s) = &*slot {
+            return Ok(s.clone());
+        }
+        let dest = Model::without_tables(
+            &t.model_spec(),
+            g,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?;
+        let s = Start::open(t, g, content, &dest)?.map(std::sync::Arc::new);
+        *slot = Some(s.clone());
+        Ok(s)
+    }
+}
+
 /// What a run takes from the checkpoint it starts from, read once per
 /// process: the selected values (on the CPU) and what is frozen.
 pub struct Start {
