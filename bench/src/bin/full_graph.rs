@@ -84,6 +84,9 @@ struct Args {
     /// kernel between network namespaces (root).
     #[arg(long, value_enum, default_value = "runtime")]
     shaping: bench::Shaping,
+    /// The links' MTU in bytes with kernel shaping (9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// Epochs of the sampled single-process comparison (0: none).
     #[arg(long, default_value_t = 10)]
     sampled_epochs: u64,
@@ -267,7 +270,7 @@ fn main() -> anyhow::Result<()> {
                     delay_ms: a.delay_ms,
                     cpus_per_node: a.cpus_per_node,
                     shaping: a.shaping,
-                    mtu: 1500,
+                    mtu: a.mtu,
                 };
                 let r = links.launch(&bin, w, k, &training, &report)?;
                 timed.push(json!({

@@ -51,6 +51,9 @@ struct Args {
     /// Who caps the links.
     #[arg(long, value_enum, default_value = "kernel")]
     shaping: bench::Shaping,
+    /// The links' MTU in bytes with kernel shaping (9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     hetgnn: Option<std::path::PathBuf>,
@@ -112,7 +115,7 @@ fn main() -> anyhow::Result<()> {
                 delay_ms: a.delay_ms,
                 cpus_per_node: a.cpus_per_node,
                 shaping: a.shaping,
-                mtu: 1500,
+                mtu: a.mtu,
             };
             let report = format!("{mode}-{}.json", speed.replace('/', "_"));
             let training = format!("{lines}epochs = {}\nbatch = {}\n", a.epochs, a.batch);
