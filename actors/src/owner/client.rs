@@ -732,17 +732,29 @@ impl Client {
         mine: impl Fn(&[u32]) -> Vec<u32>,
     ) -> Result<Vec<crate::task::node::Scores>> {
         let g = self.graph.clone();
-        let mut scores = task.empty_scores();
+        // A node's draws are keyed by its chunk's step, not by the nodes
+        // beside it: pieces of the share sample what the chunk would.
+        let (mut keys, mut pieces) = (Vec::new(), Vec::new());
         for (step, chunk) in nodes.chunks(crate::epoch::EVAL_BATCH).enumerate() {
-            // A node's draws are keyed by the chunk's step, not by the nodes
-            // beside it: pieces of the share sample what the chunk would.
-            for seeds in mine(chunk).chunks(self.eval_seeds) {
-                let mb = self.sample(seed, epoch, step as u64, seeds)?;
-                let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
-                let logits = model.forward(&g, &mb, inputs, None)?.detach();
-                task.score(&logits, seeds, &mut scores)?;
+            for piece in mine(chunk).chunks(self.eval_seeds) {
+                keys.push(step as u64);
+                pieces.push(piece.to_vec());
             }
         }
+        let mut scores = task.empty_scores();
+        // The next piece is sampled and pulled while this one runs forward
+        // (one more waits: a few pieces in memory, not a whole chunk).
+        let make = || {
+            Ok(|k: u64, seeds: &[u32]| -> Result<_> {
+                let mb = self.sample(seed, epoch, keys[k as usize], seeds)?;
+                let inputs = self.gather(&mb.blocks[0].src, Rows::All, after)?;
+                Ok((mb, inputs))
+            })
+        };
+        crate::epoch::run_steps(1, 1, &pieces, 0, make, |_, seeds, (mb, inputs)| {
+            let logits = model.forward(&g, &mb, inputs, None)?.detach();
+            task.score(&logits, seeds, &mut scores)
+        })?;
         Ok(scores)
     }
 
