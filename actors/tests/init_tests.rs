@@ -190,7 +190,7 @@ fn starts_that_cannot_hold_are_refused_naming_the_setting() {
         .unwrap()
         .to_string();
     assert!(
-        err.contains("single, data-parallel, hopgnn and full-graph"),
+        err.contains("single, data-parallel, model-averaging, hopgnn and full-graph"),
         "{err}"
     );
 }
@@ -256,6 +256,38 @@ fn full_graph_fine_tuning_follows_one_batch_fine_tuning() {
     let (report, model) = train(&config(&full), &mut got).unwrap();
     assert_eq!(report.mode, "full-graph");
     common::same_losses(&want.0, &got.0, "full-graph fine-tuning");
+    for e in model.embeddings.iter().flatten() {
+        assert!(
+            e.data.as_slice() == value(&lp, &e.name),
+            "{} changed",
+            e.name
+        );
+    }
+}
+
+/// Model averaging on one partition fine-tunes exactly as the single
+/// process: the same final model, the frozen rows as the predictor left them.
+#[test]
+fn model_averaging_fine_tuning_on_one_partition_is_single_process_fine_tuning() {
+    let (dir, lp) = pretrained();
+    let lp = values(lp);
+    let base = [init(dir), "training.freeze=\"embed\"".to_string()];
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let (single, _) = train(&config(&base), &mut Losses::default()).unwrap();
+    let pdir = derived("halo-1x1", false, |g, out| {
+        let a = partition::assign_two_level(g, 1, 1, Method::Metis, 0).unwrap();
+        let opts = partition::WriteOptions {
+            halo_features: true,
+            ..partition::WriteOptions::default()
+        };
+        partition::write_with(g, &a, out, &opts, &mut NoProgress).unwrap();
+    });
+    let parts = format!("training.partitions={:?}", pdir.display().to_string());
+    let mut ma = base.clone();
+    ma.extend(["training.mode=\"model-averaging\"", parts.as_str()]);
+    let (report, model) = train(&config(&ma), &mut Losses::default()).unwrap();
+    assert_eq!(report.mode, "model-averaging");
+    assert_eq!(report.final_model_sha256, single.final_model_sha256);
     for e in model.embeddings.iter().flatten() {
         assert!(
             e.data.as_slice() == value(&lp, &e.name),

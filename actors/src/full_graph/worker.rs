@@ -638,11 +638,7 @@ impl State<'_> {
                 let idx = Tensor::from_slice(pos, pos.len(), &ctx.device)?;
                 let picked = logits.index_select(&idx, 0)?;
                 let losses = task.loss_of_share(&picked, seeds, &g.target_labels().1.train)?;
-                // One task's loss is the mean over its nodes; several tasks' are their parts already.
-                let share = match task.is_multi() {
-                    true => 1.0,
-                    false => pos.len() as f64 / ctx.total_train.max(1) as f64,
-                };
+                let share = task.share_weight(pos.len(), ctx.total_train);
                 let loss = (losses.total * share)?;
                 for (e, l) in each.iter_mut().zip(&losses.each) {
                     *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;

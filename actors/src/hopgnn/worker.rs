@@ -559,11 +559,7 @@ impl Replica<'_> {
                 st.time.gather_s += lap(&mut clock);
                 let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
                 let losses = self.task.loss_of_share(&logits, roots, batch)?;
-                // One task's loss is the roots' mean; several tasks' are their parts already.
-                let share = match self.task.is_multi() {
-                    true => 1.0,
-                    false => roots.len() as f64 / batch.len().max(1) as f64,
-                };
+                let share = self.task.share_weight(roots.len(), batch.len());
                 let gs = (&losses.total * share)?.backward()?;
                 let each = losses
                     .each

@@ -88,6 +88,8 @@ pub struct Local {
     pub adam: Adam,
     /// Per node type, the learnable rows held (`None`: not learnable).
     pub rows: Vec<Option<LocalRows>>,
+    /// Per node type, whether its rows stay as they started (`training.freeze`).
+    frozen: Vec<bool>,
     /// Training, validation and test nodes it owns.
     pub train: Vec<u32>,
     /// See `train`.
@@ -111,18 +113,20 @@ pub struct StepOut {
 }
 
 impl Local {
-    /// Partition `part` of `graph` (whose nodes `owners` places), as initialised for training.
+    /// Partition `part` of `graph` (whose nodes `owners` places), as
+    /// initialised for training, or as `start` (a fine-tuned run's) says.
     pub fn new(
         t: &TrainingConfig,
         part: u32,
         graph: Arc<HetGraph>,
         owners: &[Vec<u16>],
+        start: Option<&crate::pretrained::init::Start>,
     ) -> Result<Local> {
         let device = crate::device::open(&t.device)?;
-        let model = Model::without_tables(&t.model_spec(), &graph, DType::F32, &device)?;
+        let mut model = Model::without_tables(&t.model_spec(), &graph, DType::F32, &device)?;
         let learnable = Model::learnable_types(t.model, &graph);
         let held = held_nodes(&graph, owners, part);
-        let rows = graph
+        let mut rows: Vec<Option<LocalRows>> = graph
             .node_types()
             .iter()
             .enumerate()
@@ -133,6 +137,20 @@ impl Local {
                 })
             })
             .collect();
+        let mut adam = Adam::new(AdamConfig::with_lr(t.lr));
+        let mut frozen = vec![false; rows.len()];
+        if let Some(st) = start {
+            st.copy_params(&mut model)?;
+            adam.frozen = st.sel.frozen_params();
+            for (ty, r) in rows.iter_mut().enumerate() {
+                if let Some(r) = r {
+                    if let Some(values) = st.rows(ty, &r.ids) {
+                        r.table.data = values;
+                    }
+                }
+                frozen[ty] = st.sel.frozen_table(ty);
+            }
+        }
         let (_, splits) = graph.target_labels();
         let target = graph.target().index();
         let own = |ids: &[u32]| {
@@ -147,8 +165,9 @@ impl Local {
             part,
             graph,
             model,
-            adam: Adam::new(AdamConfig::with_lr(t.lr)),
+            adam,
             rows,
+            frozen,
             train,
             valid,
             test,
@@ -236,6 +255,9 @@ impl Local {
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&self.model.params, &grads)?;
         for (ty, x) in inputs.iter().enumerate() {
+            if self.frozen[ty] {
+                continue;
+            }
             if let (Some(x), Some(rows)) = (x, self.rows[ty].as_mut()) {
                 if let Some(g) = grads.get(x) {
                     rows.table.sparse_adam(&at[ty], g, &self.adam.cfg)?;

@@ -68,6 +68,8 @@ pub struct ModelAveraging {
     owners: Arc<Vec<Vec<u16>>>,
     /// Partitions loaded so far (a worker's second and later ones, kept across attempts).
     graphs: dashmap::DashMap<u32, Arc<HetGraph>>,
+    /// What a fine-tuned run starts from, read once in this process.
+    start: crate::pretrained::init::SharedStart,
 }
 
 impl ModelAveraging {
@@ -102,6 +104,7 @@ impl ModelAveraging {
             avg,
             owners,
             graphs: dashmap::DashMap::new(),
+            start: Default::default(),
         })
     }
 
@@ -265,6 +268,12 @@ impl Distributed for ModelAveraging {
             .parts_of(p.part)
             .map(|k| Ok((k, self.graph(k)?)))
             .collect::<Result<Vec<_>>>()?;
+        // Every partition has every id: the first one reads the start.
+        let content = self.set.manifest.graph_sha256.as_deref();
+        let start = match parts.first() {
+            Some((_, g)) => self.start.get(&self.cfg, g, content)?,
+            None => None,
+        };
         let setup = worker::WorkerSetup {
             worker: p.part,
             workers: self.workers,
@@ -278,6 +287,7 @@ impl Distributed for ModelAveraging {
             timeouts: p.timeouts,
             from,
             gen: b.gen,
+            start,
         };
         let h = std::thread::Builder::new()
             .name(format!("averaging-{}", p.part))

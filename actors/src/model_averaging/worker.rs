@@ -57,6 +57,8 @@ pub(crate) struct WorkerSetup {
     pub from: Option<(std::path::PathBuf, Manifest)>,
     /// The attempt's generation.
     pub gen: u64,
+    /// What a fine-tuned run starts from (`training.init_from`).
+    pub start: Option<Arc<crate::pretrained::init::Start>>,
 }
 
 /// Runs every epoch; returns the partitions' final state. On failure, tells
@@ -98,7 +100,7 @@ fn train(s: &WorkerSetup) -> Result<Vec<Local>> {
     let mut locals = s
         .parts
         .iter()
-        .map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners))
+        .map(|(p, g)| Local::new(t, *p, g.clone(), &s.owners, s.start.as_deref()))
         .collect::<Result<Vec<_>>>()?;
     let g0 = locals
         .first()

@@ -136,7 +136,7 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODE_TASKS,
-        (false, false, true),
+        (false, true, true),
         &crate::model_averaging::RULES,
     ),
     entry::<crate::hopgnn::HopConfig>(

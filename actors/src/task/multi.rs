@@ -101,6 +101,17 @@ impl<'g> NodeTasks<'g> {
         self.loss_of_share(out, seeds, seeds)
     }
 
+    /// The factor that makes [`NodeTasks::loss_of_share`]'s total on `seeds`
+    /// seeds of a `batch`-seed batch this trainer's part of the batch's
+    /// loss: several tasks' totals are their parts already, one task's is
+    /// its mean on the seeds.
+    pub fn share_weight(&self, seeds: usize, batch: usize) -> f64 {
+        match self.multi {
+            true => 1.0,
+            false => seeds as f64 / batch.max(1) as f64,
+        }
+    }
+
     /// [`NodeTasks::loss`] of a trainer holding `seeds` of the step's
     /// `batch` (several tasks: each task's part of the whole batch's loss,
     /// which the trainers' parts add up to; one task: its mean on `seeds`).
