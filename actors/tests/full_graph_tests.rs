@@ -171,23 +171,7 @@ fn node_regression_and_two_tasks_follow_one_batch_training() {
             let mut got = Losses::default();
             let (report, _) = train(&full(parts, method, &[set]), &mut got).unwrap();
             same_losses(&want.0, &got.0, &what);
-            for (a, b) in single.epochs.iter().zip(&report.epochs) {
-                assert_eq!(a.tasks.len(), b.tasks.len(), "{what}");
-                assert_eq!(a.regression.is_some(), b.regression.is_some(), "{what}");
-                if let (Some(x), Some(y)) = (a.regression.as_ref(), b.regression.as_ref()) {
-                    assert!(
-                        (x.test.rmse - y.test.rmse).abs() < 1e-3,
-                        "{what}: test RMSE"
-                    );
-                }
-                for (x, y) in a.tasks.iter().zip(&b.tasks) {
-                    assert_eq!(x.task, y.task, "{what}");
-                    close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
-                    if let (Some(p), Some(q)) = (x.test_acc, y.test_acc) {
-                        assert!((p - q).abs() < 0.01, "{what}: {} accuracy", x.task);
-                    }
-                }
-            }
+            common::same_task_figures(&single, &report, &what, 0.01);
         }
     }
 }

@@ -146,25 +146,7 @@ fn node_regression_and_two_tasks_follow_single_process_training() {
         // Regression's gradients summed over workers and time steps in another
         // order: rows within 2e-4 (a lost or doubled one moves them by ~lr).
         common::same_model_rows_within(&model, &fin, what, 3e-4, 2e-4);
-        for (a, b) in single.epochs.iter().zip(&report.epochs) {
-            assert_eq!(a.tasks.len(), b.tasks.len(), "{what}");
-            assert_eq!(a.regression.is_some(), b.regression.is_some(), "{what}");
-            let (x, y) = (a.regression.as_ref(), b.regression.as_ref());
-            if let (Some(x), Some(y)) = (x, y) {
-                assert!(
-                    (x.test.rmse - y.test.rmse).abs() < 1e-3,
-                    "{what}: test RMSE"
-                );
-            }
-            for (x, y) in a.tasks.iter().zip(&b.tasks) {
-                assert_eq!(x.task, y.task, "{what}");
-                close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
-                assert_eq!(x.regression.is_some(), y.regression.is_some(), "{what}");
-                if let (Some(p), Some(q)) = (x.valid_acc, y.valid_acc) {
-                    assert!((p - q).abs() < 1e-3, "{what}: {} accuracy", x.task);
-                }
-            }
-        }
+        common::same_task_figures(&single, &report, what, 1e-3);
     }
 }
 

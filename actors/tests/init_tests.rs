@@ -195,6 +195,17 @@ fn starts_that_cannot_hold_are_refused_naming_the_setting() {
     );
 }
 
+/// Asserts every table of `got` holds the rows `lp` has under its name.
+fn same_rows(got: &Model, lp: &[(String, Vec<f32>)], what: &str) {
+    for e in got.embeddings.iter().flatten() {
+        assert!(
+            e.data.as_slice() == value(lp, &e.name),
+            "{what}: {} changed",
+            e.name
+        );
+    }
+}
+
 #[test]
 fn data_parallel_fine_tuning_follows_single_process_fine_tuning() {
     let (dir, lp) = pretrained();
@@ -220,13 +231,7 @@ fn data_parallel_fine_tuning_follows_single_process_fine_tuning() {
         common::same_losses(&single_losses.0[..n], &losses.0[..n], &what);
         common::same_model(&want, &got, &what);
         // The stores kept the frozen rows as the predictor left them.
-        for e in got.embeddings.iter().flatten() {
-            assert!(
-                e.data.as_slice() == value(&lp, &e.name),
-                "{what}: {} changed",
-                e.name
-            );
-        }
+        same_rows(&got, &lp, &what);
     }
 }
 
@@ -256,13 +261,7 @@ fn full_graph_fine_tuning_follows_one_batch_fine_tuning() {
     let (report, model) = train(&config(&full), &mut got).unwrap();
     assert_eq!(report.mode, "full-graph");
     common::same_losses(&want.0, &got.0, "full-graph fine-tuning");
-    for e in model.embeddings.iter().flatten() {
-        assert!(
-            e.data.as_slice() == value(&lp, &e.name),
-            "{} changed",
-            e.name
-        );
-    }
+    same_rows(&model, &lp, "full-graph fine-tuning");
 }
 
 /// Model averaging on one partition fine-tunes exactly as the single
@@ -288,13 +287,7 @@ fn model_averaging_fine_tuning_on_one_partition_is_single_process_fine_tuning() 
     let (report, model) = train(&config(&ma), &mut Losses::default()).unwrap();
     assert_eq!(report.mode, "model-averaging");
     assert_eq!(report.final_model_sha256, single.final_model_sha256);
-    for e in model.embeddings.iter().flatten() {
-        assert!(
-            e.data.as_slice() == value(&lp, &e.name),
-            "{} changed",
-            e.name
-        );
-    }
+    same_rows(&model, &lp, "model-averaging fine-tuning");
 }
 
 #[test]

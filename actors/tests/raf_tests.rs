@@ -183,20 +183,7 @@ fn node_regression_and_two_tasks_match_single_process_training() {
         assert_eq!(report.mode, "raf");
         same_losses(&want.0, &got.0, set);
         same_model(&model, &fin, set);
-        for (a, b) in single.epochs.iter().zip(&report.epochs) {
-            assert_eq!(a.tasks.len(), b.tasks.len(), "{set}");
-            assert_eq!(a.regression.is_some(), b.regression.is_some(), "{set}");
-            if let (Some(x), Some(y)) = (a.regression.as_ref(), b.regression.as_ref()) {
-                assert!((x.test.rmse - y.test.rmse).abs() < 1e-3, "{set}: test RMSE");
-            }
-            for (x, y) in a.tasks.iter().zip(&b.tasks) {
-                assert_eq!(x.task, y.task, "{set}");
-                common::close(x.loss, y.loss, &format!("{set}: {}'s loss", x.task));
-                if let (Some(p), Some(q)) = (x.test_acc, y.test_acc) {
-                    assert!((p - q).abs() < 0.01, "{set}: {} accuracy", x.task);
-                }
-            }
-        }
+        common::same_task_figures(&single, &report, set, 0.01);
     }
 }
 

@@ -121,6 +121,36 @@ pub fn same_model(want: &models::Model, got: &models::Model, what: &str) {
     same_model_within(want, got, what, 3e-4);
 }
 
+/// Asserts `got` reports what `want` does per epoch: each task's name, own
+/// loss (to 1e-5) and regression figures (test RMSE to 1e-3), and its
+/// validation and test accuracies within `acc`.
+pub fn same_task_figures(want: &actors::Report, got: &actors::Report, what: &str, acc: f64) {
+    for (a, b) in want.epochs.iter().zip(&got.epochs) {
+        assert_eq!(a.tasks.len(), b.tasks.len(), "{what}");
+        assert_eq!(a.regression.is_some(), b.regression.is_some(), "{what}");
+        if let (Some(x), Some(y)) = (a.regression.as_ref(), b.regression.as_ref()) {
+            assert!(
+                (x.test.rmse - y.test.rmse).abs() < 1e-3,
+                "{what}: test RMSE"
+            );
+        }
+        for (x, y) in a.tasks.iter().zip(&b.tasks) {
+            assert_eq!(x.task, y.task, "{what}");
+            close(x.loss, y.loss, &format!("{what}: {}'s loss", x.task));
+            assert_eq!(x.regression.is_some(), y.regression.is_some(), "{what}");
+            for (p, q) in [(x.valid_acc, y.valid_acc), (x.test_acc, y.test_acc)] {
+                if let (Some(p), Some(q)) = (p, q) {
+                    assert!(
+                        (p - q).abs() < acc,
+                        "{what}: {} accuracy {p} vs {q}",
+                        x.task
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// [`same_model`] with dense parameters within `rel` of their scale.
 pub fn same_model_within(want: &models::Model, got: &models::Model, what: &str, rel: f32) {
     same_model_rows_within(want, got, what, rel, 1e-5);
