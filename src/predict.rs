@@ -181,7 +181,8 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
         (None, Some(l)) => Some(crate::predict_edges::Scorer::Link(l.relations.clone())),
         (None, None) => None,
     };
-    if let Some(scorer) = scorer {
+    // A model with node tasks too predicts nodes unless given edges to score.
+    if let Some(scorer) = scorer.filter(|_| a.edges.is_some() || !spec.predicts_nodes()) {
         let Some(path) = &a.edges else {
             bail!("{}: this checkpoint was trained for {} ({}): give the edges to score with --edges FILE (`hetgnn embed` writes its node embeddings)", dir.display(), scorer.task(), scorer.relations().join(", "));
         };

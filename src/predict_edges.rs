@@ -71,6 +71,8 @@ pub fn run(
     let (src, dst) = read_edges(trained, st, dt, path)?;
     let rows = models::inference::embed_all(&trained.model, g, INFERENCE_CHUNK, |_, _, _| {})
         .context("exact inference")?;
+    // A model with node tasks too: the decoder's columns.
+    let rows = models::inference::decoder_type_rows(&trained.model, rows);
     let table = |t: usize| {
         rows[t]
             .as_ref()

@@ -524,5 +524,37 @@ impl TrainObserver for Progress {
             t.update_s,
             t.eval_s
         );
+        for task in &r.tasks {
+            sayln!("      {}", task_line(task));
+        }
     }
+}
+
+/// One task's figures of a multi-task epoch, for the epoch's lines.
+fn task_line(t: &actors::report::TaskEpoch) -> String {
+    let mut line = format!("{} (weight {}): loss {:.4}", t.task, t.weight, t.loss);
+    let pair = |name: &str, p: Option<[f64; 2]>| {
+        p.map_or(String::new(), |[v, t]| {
+            format!("  {name} valid {v:.4} test {t:.4}")
+        })
+    };
+    if let Some(l) = &t.link {
+        line += &format!(
+            "  valid MRR {:.4}  test MRR {:.4} Hits@10 {:.4}",
+            l.valid.mrr, l.test.mrr, l.test.hits10
+        );
+    }
+    if let Some(v) = &t.regression {
+        line += &format!(
+            "  valid RMSE {:.4}  test RMSE {:.4}",
+            v.valid.rmse, v.test.rmse
+        );
+    }
+    if let (Some(v), Some(te)) = (t.valid_acc, t.test_acc) {
+        line += &format!("  valid {v:.4}  test {te:.4}");
+    }
+    line += &pair("micro F1", t.micro_f1);
+    line += &pair("macro F1", t.macro_f1);
+    line += &pair("ROC-AUC", t.roc_auc);
+    line
 }

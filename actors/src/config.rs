@@ -316,17 +316,38 @@ impl TrainingConfig {
         }
     }
 
+    /// The task trained on edges (link prediction, an edge task), if any:
+    /// `task` itself, or the one such task of a `tasks` list.
+    pub fn edge_level(&self) -> Option<Task> {
+        match self.task.on_nodes() {
+            false => Some(self.task),
+            true => self.tasks.iter().map(|w| w.task).find(|t| !t.on_nodes()),
+        }
+    }
+
+    /// A `tasks` list of node tasks with an edge-level task among them (its
+    /// position in the list).
+    pub fn mixed_tasks(&self) -> Option<usize> {
+        match self.task.on_nodes() {
+            true => self.tasks.iter().position(|w| !w.task.on_nodes()),
+            false => None,
+        }
+    }
+
     /// The model these settings describe.
     pub fn model_spec(&self) -> models::ModelSpec {
-        let link = (self.task == Task::LinkPrediction).then(|| models::link::LinkSpec {
+        let edge_level = self.edge_level();
+        let link = (edge_level == Some(Task::LinkPrediction)).then(|| models::link::LinkSpec {
             relations: self.target_relations.clone(),
             decoder: self.decoder,
         });
-        let edge = self.task.on_edges().then(|| models::edge::EdgeSpec {
-            relations: self.target_relations.clone(),
-            decoder: self.edge_decoder,
-            values: self.task == Task::EdgeRegression,
-        });
+        let edge = edge_level
+            .filter(|t| t.on_edges())
+            .map(|t| models::edge::EdgeSpec {
+                relations: self.target_relations.clone(),
+                decoder: self.edge_decoder,
+                values: t == Task::EdgeRegression,
+            });
         models::ModelSpec {
             kind: self.model,
             layers: self.layers,
@@ -339,7 +360,12 @@ impl TrainingConfig {
             head: head_of(self.task),
             task_heads: match self.tasks.len() {
                 0 => Vec::new(),
-                _ => self.tasks.iter().map(|w| head_of(w.task)).collect(),
+                _ => self
+                    .tasks
+                    .iter()
+                    .filter(|w| w.task.on_nodes())
+                    .map(|w| head_of(w.task))
+                    .collect(),
             },
             edge,
         }
@@ -367,7 +393,7 @@ impl TrainingConfig {
                 .iter()
                 .map(|w| format!("{:?}*{}", w.task, w.weight))
                 .collect();
-            return format!(
+            let tasks = format!(
                 "tasks {}|{:?}|{}|{:?}|{}",
                 each.join(","),
                 self.class_weights,
@@ -375,7 +401,39 @@ impl TrainingConfig {
                 self.regression_loss,
                 self.huber_delta
             );
+            return match self.mixed_tasks() {
+                Some(_) => format!("{tasks}|{}", self.edge_fingerprint()),
+                None => tasks,
+            };
         }
+        self.one_task_fingerprint()
+    }
+
+    /// The settings of the edge-level task that shape a run ([`TrainingConfig::edge_level`]).
+    fn edge_fingerprint(&self) -> String {
+        match self.edge_level() {
+            Some(Task::EdgeClassification) => format!("{:?}", Task::EdgeClassification),
+            Some(Task::EdgeRegression) => format!(
+                "{:?}|{:?}|{}",
+                Task::EdgeRegression,
+                self.regression_loss,
+                self.huber_delta
+            ),
+            Some(Task::LinkPrediction) => format!(
+                "{:?}|{:?}|{:?}|{}|{:?}|{}",
+                Task::LinkPrediction,
+                self.negative_sampler,
+                self.link_loss,
+                self.negatives,
+                self.edge_split,
+                self.edge_split_seed
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// A one-task run's settings that shape it.
+    fn one_task_fingerprint(&self) -> String {
         match self.task {
             Task::NodeClassification
                 if self.focal_gamma == 0.0 && self.class_weights == Default::default() =>
@@ -393,16 +451,7 @@ impl TrainingConfig {
                 "{:?}|{:?}|{}",
                 self.task, self.regression_loss, self.huber_delta
             ),
-            Task::EdgeClassification => format!("{:?}", self.task),
-            Task::LinkPrediction => format!(
-                "{:?}|{:?}|{:?}|{}|{:?}|{}",
-                self.task,
-                self.negative_sampler,
-                self.link_loss,
-                self.negatives,
-                self.edge_split,
-                self.edge_split_seed
-            ),
+            Task::EdgeClassification | Task::LinkPrediction => self.edge_fingerprint(),
         }
     }
 
@@ -645,7 +694,8 @@ impl Config {
                     .into(),
             );
         }
-        if t.task == Task::LinkPrediction {
+        let edge_level = t.edge_level();
+        if edge_level == Some(Task::LinkPrediction) {
             if t.target_relations.is_empty() {
                 return bad("training.task = \"link-prediction\" needs training.target_relations (canonical names such as \"author__writes__paper\")".into());
             }
@@ -666,15 +716,15 @@ impl Config {
                 .split_spec()
                 .validate()
                 .map_err(|e| TrainError::Config(format!("training.edge_split: {e}")))?;
-        } else if t.task.on_edges() {
+        } else if let Some(task) = edge_level.filter(|e| e.on_edges()) {
             if t.target_relations.is_empty() {
-                return bad(format!("training.task = \"{}\" needs training.target_relations (canonical names such as \"author__writes__paper\")", t.task.name()));
+                return bad(format!("training.task = \"{}\" needs training.target_relations (canonical names such as \"author__writes__paper\")", task.name()));
             }
             if t.model == ModelKind::Mlp {
-                return bad(format!("training.task = \"{}\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type", t.task.name()));
+                return bad(format!("training.task = \"{}\" needs a relational model (rgcn, rgat or hgt): the MLP reads only the target type", task.name()));
             }
             if t.cache_bytes.0 > 0 {
-                return bad(format!("training.cache_bytes: the device cache is not supported with training.task = \"{}\" yet", t.task.name()));
+                return bad(format!("training.cache_bytes: the device cache is not supported with training.task = \"{}\" yet", task.name()));
             }
         } else if !t.target_relations.is_empty() {
             return bad(
@@ -719,8 +769,9 @@ impl Config {
     }
 }
 
-/// Refuses a multi-task list that is not node tasks, each once, with
-/// finite non-negative weights not all 0, led by `training.task`.
+/// Refuses a multi-task list that is not node tasks (with at most one
+/// edge-level task after the first), each once, with finite non-negative
+/// weights not all 0, led by `training.task`.
 fn check_tasks(t: &TrainingConfig) -> Result<()> {
     let Some(first) = t.tasks.first() else {
         return Ok(());
@@ -734,9 +785,19 @@ fn check_tasks(t: &TrainingConfig) -> Result<()> {
         ));
     }
     for (i, w) in t.tasks.iter().enumerate() {
-        if !w.task.on_nodes() {
+        if i == 0 && !w.task.on_nodes() {
             return bad(format!(
-                "training.tasks: \"{}\" cannot be trained with other tasks yet; multi-task runs take node tasks of the target type (\"node-classification\", \"node-regression\", \"multi-label\")",
+                "training.tasks: the first task is the primary one (it picks the best epoch) and must be a node task of the target type (\"node-classification\", \"node-regression\" or \"multi-label\"), not \"{}\": list it after one",
+                w.task.name()
+            ));
+        }
+        if let Some(other) = t.tasks[..i]
+            .iter()
+            .find(|o| !o.task.on_nodes() && !w.task.on_nodes() && o.task != w.task)
+        {
+            return bad(format!(
+                "training.tasks lists \"{}\" and \"{}\": a run trains at most one task on edges (link prediction or an edge task) beside its node tasks",
+                other.task.name(),
                 w.task.name()
             ));
         }

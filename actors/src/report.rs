@@ -102,6 +102,9 @@ pub struct TaskEpoch {
     /// Multi-label: validation and test average precision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub average_precision: Option<[f64; 2]>,
+    /// Link prediction: validation and test ranking figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<crate::task::link::LinkEpoch>,
 }
 
 fn is_zero_f64(x: &f64) -> bool {

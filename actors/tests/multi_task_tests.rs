@@ -392,7 +392,7 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
     for (extra, want) in [
         (
             vec!["training.tasks=[{task = \"node-classification\"}, {task = \"link-prediction\"}]"],
-            "\"link-prediction\" cannot be trained with other tasks yet",
+            "training.task = \"link-prediction\" needs training.target_relations",
         ),
         (
             vec!["training.tasks=[{task = \"node-regression\"}, {task = \"node-regression\"}]"],
@@ -422,7 +422,7 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
                 "training.mode=\"raf\"",
                 "training.tasks=[{task = \"node-classification\"}, {task = \"link-prediction\"}]",
             ],
-            "training.tasks lists \"link-prediction\", which runs in single and data-parallel; mode raf does not support it yet",
+            "training.tasks lists \"link-prediction\" beside node tasks, which runs in single; mode raf trains node tasks together",
         ),
     ] {
         let err = refusal(&extra);

@@ -120,6 +120,50 @@ impl EmbeddingTable {
         crate::ops::with_f32(grad, |g| self.adam_rows(ids, g, cfg))?
     }
 
+    /// One Adam step of rows that several batches of a step read (each part:
+    /// its distinct ids and their gradient `[ids.len(), dim]`): a row in more
+    /// than one part takes the sum of its gradients, once.
+    pub fn sparse_adam_parts(
+        &mut self,
+        parts: &[(&[u32], &Tensor)],
+        cfg: &AdamConfig,
+    ) -> Result<()> {
+        match parts {
+            [] => Ok(()),
+            [(ids, grad)] => self.sparse_adam(ids, grad, cfg),
+            _ => {
+                let d = self.dim;
+                let mut at: std::collections::HashMap<u32, usize> = Default::default();
+                let (mut ids, mut sum) = (Vec::new(), Vec::new());
+                for (part_ids, grad) in parts {
+                    crate::ops::with_f32(grad, |g| {
+                        if g.len() != part_ids.len() * d {
+                            return Err(ModelError::Config(format!(
+                                "{}: {} gradient values for {} rows of {d}",
+                                self.name,
+                                g.len(),
+                                part_ids.len()
+                            )));
+                        }
+                        for (k, &id) in part_ids.iter().enumerate() {
+                            let row = &g[k * d..(k + 1) * d];
+                            let i = *at.entry(id).or_insert_with(|| {
+                                ids.push(id);
+                                sum.resize(sum.len() + d, 0.0);
+                                ids.len() - 1
+                            });
+                            for (s, x) in sum[i * d..(i + 1) * d].iter_mut().zip(row) {
+                                *s += x;
+                            }
+                        }
+                        Ok(())
+                    })??;
+                }
+                self.adam_rows(&ids, &sum, cfg)
+            }
+        }
+    }
+
     /// Applies Adam to rows `ids` (distinct) with gradient rows `g` (row-major,
     /// in `ids` order), rows in parallel: see [`adam_rows`].
     pub fn adam_rows(&mut self, ids: &[u32], g: &[f32], cfg: &AdamConfig) -> Result<()> {
@@ -372,6 +416,51 @@ fn rows_mut<'a, T>(mut buf: &'a mut [T], width: usize, sorted: &[u32]) -> Vec<&'
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_of_several_batches_take_one_step_of_their_summed_gradients() {
+        let cfg = AdamConfig::with_lr(0.01);
+        let dim = 4;
+        let mut parts = EmbeddingTable::new(7, "embed.x", 10, dim);
+        let mut summed = EmbeddingTable::new(7, "embed.x", 10, dim);
+        let grad = |ids: &[u32], at: f32| -> Tensor {
+            let v: Vec<f32> = (0..ids.len() * dim).map(|k| at + k as f32 * 0.25).collect();
+            Tensor::from_vec(v, (ids.len(), dim), &Device::Cpu).unwrap()
+        };
+        // Row 3 is in both batches.
+        let (a, b): (&[u32], &[u32]) = (&[1, 3, 5], &[3, 8]);
+        let (ga, gb) = (grad(a, 1.0), grad(b, -2.0));
+        parts
+            .sparse_adam_parts(&[(a, &ga), (b, &gb)], &cfg)
+            .unwrap();
+        let (va, vb) = (
+            ga.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            gb.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        let row = |v: &[f32], k: usize| v[k * dim..(k + 1) * dim].to_vec();
+        let both: Vec<f32> = row(&va, 1)
+            .iter()
+            .zip(row(&vb, 0))
+            .map(|(x, y)| x + y)
+            .collect();
+        let mut g = row(&va, 0);
+        g.extend(both);
+        g.extend(row(&va, 2));
+        g.extend(row(&vb, 1));
+        summed.adam_rows(&[1, 3, 5, 8], &g, &cfg).unwrap();
+        assert_eq!(parts.data, summed.data);
+        assert_eq!(parts.steps, summed.steps);
+        // One part is that part's step.
+        let mut one = EmbeddingTable::new(7, "embed.x", 10, dim);
+        let mut alone = EmbeddingTable::new(7, "embed.x", 10, dim);
+        one.sparse_adam_parts(&[(a, &ga)], &cfg).unwrap();
+        alone.sparse_adam(a, &ga, &cfg).unwrap();
+        assert_eq!(one.data, alone.data);
+        // A gradient of the wrong size is refused.
+        assert!(parts
+            .sparse_adam_parts(&[(a, &ga), (b, &ga)], &cfg)
+            .is_err());
+    }
 
     #[test]
     fn parallel_rows_equal_one_row_at_a_time_and_bad_ids_are_refused() {

@@ -21,6 +21,33 @@ pub struct TypeRows {
     pub data: Vec<f32>,
 }
 
+/// The columns of every node's rows (as [`embed_all`] returns them) that a
+/// link or edge decoder reads: all of them, or a mixed model's last
+/// `hidden` ([`crate::ModelSpec::is_mixed`]).
+pub fn decoder_type_rows(model: &Model, rows: Vec<Option<TypeRows>>) -> Vec<Option<TypeRows>> {
+    let (spec, full) = (model.spec(), model.num_classes());
+    if !spec.is_mixed() {
+        return rows;
+    }
+    let h = spec.hidden;
+    rows.into_iter()
+        .map(|r| {
+            r.map(|r| match r.width == full && full > h {
+                true => TypeRows {
+                    width: h,
+                    data: r
+                        .data
+                        .chunks_exact(full)
+                        .flat_map(|row| &row[full - h..])
+                        .copied()
+                        .collect(),
+                },
+                false => r,
+            })
+        })
+        .collect()
+}
+
 /// How many relational layers [`embed_all`] runs: the rows it returns are
 /// what the classifier reads, as `predict --embeddings` writes them (the
 /// last layer's input for R-GCN and R-GAT, whose last layer classifies; every
@@ -47,7 +74,7 @@ pub fn embedding_layers(model: &Model) -> Result<usize> {
 /// classifier of [`head_rows`]). Refuses a link or edge predictor, which has
 /// no node outputs, and an MLP, which reads no neighbourhood.
 pub fn classifier_layers(model: &Model) -> Result<usize> {
-    if model.spec().link.is_some() || model.spec().edge.is_some() {
+    if !model.spec().predicts_nodes() {
         return Err(ModelError::Config(
             "a link or edge predictor has no node outputs to predict (embed writes its embeddings)"
                 .into(),
@@ -173,22 +200,19 @@ pub fn host_rows(x: &Tensor) -> Result<(usize, Vec<f32>)> {
 
 /// Logits `[dst, classes]` of target nodes `dst` by exact inference, from
 /// the rows [`embed_all`] returned: the last layer over every in-neighbour
-/// (R-GCN, R-GAT), or the classifier on the rows (HGT).
+/// (R-GCN, R-GAT), the classifier on the rows (HGT), or the rows themselves
+/// (a mixed model's, [`crate::ModelSpec::is_mixed`]: its whole last layer).
 pub fn classify_exact(
     model: &Model,
     g: &HetGraph,
     rows: &[Option<TypeRows>],
     dst: &[u32],
 ) -> Result<Tensor> {
-    if model.spec().link.is_some() {
-        return Err(ModelError::Config(
-            "a link predictor has no classes to predict".into(),
-        ));
-    }
-    if model.spec().edge.is_some() {
-        return Err(ModelError::Config(
-            "an edge predictor has no node classes to predict".into(),
-        ));
+    if !model.spec().predicts_nodes() {
+        return Err(ModelError::Config(match model.spec().link.is_some() {
+            true => "a link predictor has no classes to predict".into(),
+            false => "an edge predictor has no node classes to predict".into(),
+        }));
     }
     let (ls, head) = model.relational()?;
     let t = g.target();
@@ -197,10 +221,15 @@ pub fn classify_exact(
             .take()
             .ok_or_else(|| ModelError::Config("no rows of the target type".into()))
     };
+    let mut nodes = vec![Vec::new(); g.node_types().len()];
+    nodes[t.index()] = dst.to_vec();
+    // Node tasks beside a decoder: the rows are the last layer's (the
+    // decoder reads them too), whose first columns are the node outputs.
+    if model.spec().is_mixed() {
+        return take(rows_of(rows, &nodes, model)?);
+    }
     match head {
         Some((w, b)) => {
-            let mut nodes = vec![Vec::new(); g.node_types().len()];
-            nodes[t.index()] = dst.to_vec();
             let x = take(rows_of(rows, &nodes, model)?)?;
             Ok(crate::ops::add_bias(&crate::ops::matmul(&x, w)?, b)?)
         }

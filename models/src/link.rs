@@ -217,11 +217,21 @@ pub fn score_rows(
         }
         Ok(v * w..(v + 1) * w)
     };
-    let mut buf = Vec::with_capacity(src.len() * w);
-    for &v in src {
-        buf.extend_from_slice(&src_rows.data[row(src_rows, v)?]);
+    // A model with node tasks too: the decoder reads the rows' last `hidden` columns.
+    let (hidden, full) = (model.spec().hidden, model.num_classes());
+    let skip = match model.spec().is_mixed() && w == full && full > hidden {
+        true => full - hidden,
+        false => 0,
+    };
+    fn part(t: &crate::inference::TypeRows, at: std::ops::Range<usize>, skip: usize) -> &[f32] {
+        &t.data[at][skip..]
     }
-    let s = Tensor::from_vec(buf, (src.len(), w), model.device())?.to_dtype(model.dtype())?;
+    let d = w - skip;
+    let mut buf = Vec::with_capacity(src.len() * d);
+    for &v in src {
+        buf.extend_from_slice(part(src_rows, row(src_rows, v)?, skip));
+    }
+    let s = Tensor::from_vec(buf, (src.len(), d), model.device())?.to_dtype(model.dtype())?;
     let q: Vec<f32> = model
         .link_query(r, &s)?
         .to_dtype(DType::F32)?
@@ -231,8 +241,8 @@ pub fn score_rows(
         .enumerate()
         .map(|(i, &v)| {
             Ok(dot(
-                &q[i * w..(i + 1) * w],
-                &dst_rows.data[row(dst_rows, v)?],
+                &q[i * d..(i + 1) * d],
+                part(dst_rows, row(dst_rows, v)?, skip),
             ))
         })
         .collect()

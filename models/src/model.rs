@@ -123,12 +123,27 @@ impl ModelSpec {
     /// link prediction, one value for regression, one logit per label for
     /// multi-label, else one logit per class.
     pub fn outputs(&self, g: &HetGraph) -> usize {
-        match &self.link {
-            Some(_) => self.hidden,
-            _ if self.edge.is_some() => self.hidden,
-            None if self.task_heads.is_empty() => self.head.width(g),
-            None => self.task_heads.iter().map(|h| h.width(g)).sum(),
+        let edges = self.link.is_some() || self.edge.is_some();
+        match (edges, self.task_heads.is_empty()) {
+            (true, true) => self.hidden,
+            (false, true) => self.head.width(g),
+            (edges, false) => {
+                let nodes: usize = self.task_heads.iter().map(|h| h.width(g)).sum();
+                nodes + if edges { self.hidden } else { 0 }
+            }
         }
+    }
+
+    /// Whether a target node's row holds node-task outputs (not only the
+    /// embeddings a link or edge decoder reads).
+    pub fn predicts_nodes(&self) -> bool {
+        (self.link.is_none() && self.edge.is_none()) || !self.task_heads.is_empty()
+    }
+
+    /// Whether node tasks and a link or edge task share the last layer: its
+    /// rows are the node tasks' columns, then the decoder's `hidden` columns.
+    pub fn is_mixed(&self) -> bool {
+        (self.link.is_some() || self.edge.is_some()) && !self.task_heads.is_empty()
     }
 
     /// Each node task's head and its columns of a target node's output row
@@ -714,23 +729,39 @@ impl Model {
     /// Scores of edges of target relation `r` (index into the link spec's
     /// relations) whose endpoints' rows are `src` and `dst`.
     pub fn score_edges(&self, r: usize, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
-        crate::link::score(src, dst, self.decoder_diagonal(r)?.as_ref())
+        let (src, dst) = (self.decoder_rows(src)?, self.decoder_rows(dst)?);
+        crate::link::score(&src, &dst, self.decoder_diagonal(r)?.as_ref())
     }
 
     /// Edge outputs `[n, classes or 1]` from the endpoints' last-layer rows
-    /// `src` and `dst` (`[n, hidden]` each).
+    /// `src` and `dst` (`[n, hidden]` each, or whole rows of a mixed model).
     pub fn decode_edges(&self, src: &Tensor, dst: &Tensor) -> Result<Tensor> {
+        let (src, dst) = (self.decoder_rows(src)?, self.decoder_rows(dst)?);
         self.spec
             .edge
             .as_ref()
             .ok_or_else(|| ModelError::Config("the model was not built for an edge task".into()))?
-            .decode(&self.params, src, dst)
+            .decode(&self.params, &src, &dst)
     }
 
     /// What relation `r`'s decoder dots a destination row with, for sources
     /// whose rows are `src`: the score of an edge is `query · dst`.
     pub fn link_query(&self, r: usize, src: &Tensor) -> Result<Tensor> {
-        crate::link::query(src, self.decoder_diagonal(r)?.as_ref())
+        crate::link::query(&self.decoder_rows(src)?, self.decoder_diagonal(r)?.as_ref())
+    }
+
+    /// The columns of last-layer rows `x` a link or edge decoder reads: all
+    /// of them, or a mixed model's last `hidden` ([`ModelSpec::is_mixed`]).
+    pub fn decoder_rows(&self, x: &Tensor) -> Result<Tensor> {
+        let width = x.dim(candle_core::D::Minus1)?;
+        match (self.spec.is_mixed(), width == self.num_classes) {
+            (true, true) => Ok(x.narrow(
+                candle_core::D::Minus1,
+                width - self.spec.hidden,
+                self.spec.hidden,
+            )?),
+            _ => Ok(x.clone()),
+        }
     }
 
     /// Relation `r`'s DistMult diagonal (`None` for the dot decoder).

@@ -262,8 +262,7 @@ impl Engine {
     /// Whether the model predicts something per target node, a class or a
     /// value (a link or edge predictor does not).
     pub fn classifies(&self) -> bool {
-        let spec = &self.trained.source.spec;
-        spec.link.is_none() && spec.edge.is_none()
+        self.trained.source.spec.predicts_nodes()
     }
 
     /// Whether the model predicts a value per node rather than a class.

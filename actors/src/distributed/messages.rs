@@ -381,8 +381,12 @@ impl TaskEpoch {
                     .filter_map(|s| s.tasks.get(k).cloned())
                     .collect();
                 let r = EpochReport::from_stats(epoch, &own, valid, test, own_steps);
-                // Regression has no accuracy; multi-label's is exact matches.
-                let classifies = w.task != crate::config::Task::NodeRegression;
+                // Regression and link prediction have no accuracy; multi-label's is exact matches.
+                use crate::config::Task;
+                let classifies = !matches!(
+                    w.task,
+                    Task::NodeRegression | Task::EdgeRegression | Task::LinkPrediction
+                );
                 TaskEpoch {
                     task: w.task.name().to_string(),
                     weight: w.weight,
@@ -394,6 +398,7 @@ impl TaskEpoch {
                     micro_f1: r.micro_f1,
                     roc_auc: r.roc_auc,
                     average_precision: r.average_precision,
+                    link: r.link,
                 }
             })
             .collect()

@@ -147,12 +147,17 @@ impl fmt::Display for MemoryPlan {
 }
 
 /// The seeds one step embeds: a link-prediction batch embeds both
-/// endpoints of each edge and its negatives, an edge batch both endpoints.
+/// endpoints of each edge and its negatives, an edge batch both endpoints;
+/// a task list with a task on edges, its batch beside the nodes'.
 fn seeds(t: &TrainingConfig) -> usize {
-    match t.task {
+    let of = |task: Task| match task {
         Task::NodeClassification | Task::NodeRegression | Task::MultiLabel => t.batch,
         Task::LinkPrediction => t.batch.saturating_mul(2 + t.negatives),
         Task::EdgeClassification | Task::EdgeRegression => t.batch.saturating_mul(2),
+    };
+    match t.mixed_tasks() {
+        Some(at) => t.batch.saturating_add(of(t.tasks[at].task)),
+        None => of(t.task),
     }
 }
 

@@ -47,6 +47,10 @@ pub(crate) enum Items<'a> {
     Link(&'a LinkTask),
     /// An edge task's training edges, each in the step its hash picks.
     Edges(&'a crate::task::edge::EdgeTask),
+    /// Node tasks beside a task on edges taking this many steps per epoch:
+    /// an epoch is the longer of the two, the training nodes' batches
+    /// starting over (each restart a new cut) when the edges' are more.
+    Mixed(&'a [u32], u64),
 }
 
 impl Items<'_> {
@@ -56,6 +60,7 @@ impl Items<'_> {
             Items::Nodes(n) => n.len().div_ceil(t.batch.max(1)) as u64,
             Items::Link(l) => l.steps(),
             Items::Edges(e) => e.steps(),
+            Items::Mixed(n, edge_steps) => Items::Nodes(n).steps(t).max(*edge_steps),
         }
     }
 
@@ -65,6 +70,16 @@ impl Items<'_> {
             Items::Nodes(n) => epoch_batches(n, t.batch, t.seed, epoch),
             Items::Link(l) => l.batches(epoch),
             Items::Edges(e) => e.batches(epoch),
+            Items::Mixed(n, _) => {
+                let steps = self.steps(t) as usize;
+                let per_pass = Items::Nodes(n).steps(t).max(1) as usize;
+                // Pass p over the nodes is cut as epoch `epoch * passes + p` would be.
+                let passes = steps.div_ceil(per_pass) as u64;
+                (0..passes)
+                    .flat_map(|p| epoch_batches(n, t.batch, t.seed, epoch * passes + p))
+                    .take(steps)
+                    .collect()
+            }
         }
     }
 }

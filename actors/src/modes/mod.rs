@@ -36,10 +36,21 @@ struct Entry {
     weighted: bool,
     /// Whether it can start from another run's checkpoint (`training.init_from`).
     init_from: bool,
-    /// Whether it trains several node tasks at once (`training.tasks`).
-    multi_task: bool,
+    /// Which task lists it trains at once (`training.tasks`).
+    multi_task: Lists,
     rules: &'static Rules,
     defaults: fn() -> serde_json::Value,
+}
+
+/// Which `training.tasks` lists a mode trains.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Lists {
+    /// None: one task at a time.
+    No,
+    /// Node tasks of the target type.
+    Nodes,
+    /// Node tasks with one edge-level task (link prediction or an edge task) among them.
+    WithEdgeTask,
 }
 
 /// The registry's entry of `mode`.
@@ -74,7 +85,7 @@ fn check_with<C: ModeConfig>(t: &TrainingConfig) -> Result<()> {
 const fn entry<C: ModeConfig>(
     mode: Mode,
     tasks: &'static [Task],
-    (weighted, init_from, multi_task): (bool, bool, bool),
+    (weighted, init_from, multi_task): (bool, bool, Lists),
     rules: &'static Rules,
 ) -> Entry {
     Entry {
@@ -120,35 +131,40 @@ const DATA_PARALLEL_TASKS: &[Task] = &[
 
 /// Every mode, with its settings, the tasks it trains and its rules.
 static REGISTRY: [Entry; 6] = [
-    entry::<crate::single::SingleConfig>(Mode::Single, EVERY_TASK, (true, true, true), &PLAIN),
+    entry::<crate::single::SingleConfig>(
+        Mode::Single,
+        EVERY_TASK,
+        (true, true, Lists::WithEdgeTask),
+        &PLAIN,
+    ),
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         DATA_PARALLEL_TASKS,
-        (true, true, true),
+        (true, true, Lists::Nodes),
         &crate::data_parallel::RULES,
     ),
     entry::<crate::raf::RafConfig>(
         Mode::Raf,
         NODE_TASKS,
-        (false, false, true),
+        (false, false, Lists::Nodes),
         &crate::raf::RULES,
     ),
     entry::<crate::model_averaging::AveragingConfig>(
         Mode::ModelAveraging,
         NODE_TASKS,
-        (false, true, true),
+        (false, true, Lists::Nodes),
         &crate::model_averaging::RULES,
     ),
     entry::<crate::hopgnn::HopConfig>(
         Mode::Hopgnn,
         NODE_TASKS,
-        (true, true, true),
+        (true, true, Lists::Nodes),
         &crate::hopgnn::RULES,
     ),
     entry::<crate::full_graph::FullGraphConfig>(
         Mode::FullGraph,
         NODE_TASKS,
-        (true, true, true),
+        (true, true, Lists::Nodes),
         &crate::full_graph::RULES,
     ),
 ];
@@ -158,7 +174,7 @@ static REGISTRY: [Entry; 6] = [
 static TESTS_ONLY: [Entry; 1] = [entry::<crate::toy::ToyConfig>(
     Mode::Toy,
     NODES,
-    (false, false, false),
+    (false, false, Lists::No),
     &crate::toy::RULES,
 )];
 #[cfg(not(test))]
@@ -294,10 +310,18 @@ pub(crate) fn check(t: &TrainingConfig) -> Result<()> {
             e.mode.name()
         )));
     }
-    if !e.multi_task && !t.tasks.is_empty() {
+    if e.multi_task == Lists::No && !t.tasks.is_empty() {
         return Err(TrainError::Config(format!(
             "training.tasks (several tasks at once) runs in {}; mode {} does not support it yet",
-            modes_where(|e| e.multi_task),
+            modes_where(|e| e.multi_task > Lists::No),
+            e.mode.name()
+        )));
+    }
+    if let (Some(k), true) = (t.mixed_tasks(), e.multi_task < Lists::WithEdgeTask) {
+        return Err(TrainError::Config(format!(
+            "training.tasks lists \"{}\" beside node tasks, which runs in {}; mode {} trains node tasks together, not with a task on edges, yet",
+            t.tasks[k].task.name(),
+            modes_where(|e| e.multi_task == Lists::WithEdgeTask),
             e.mode.name()
         )));
     }

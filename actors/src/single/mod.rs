@@ -2,6 +2,7 @@
 //! evaluation after every epoch. Every source of randomness is keyed by the
 //! seed, so two runs with the same configuration are bit-identical on CPU.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
@@ -75,7 +76,8 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         .ok_or_else(|| TrainError::Config("training.data: no graph directory given".into()))?;
     let device = crate::device::open(&t.device)?;
     // Link prediction removes its held-out edges before the reverses are added.
-    let is_link = t.task == crate::config::Task::LinkPrediction;
+    let edge_level = t.edge_level();
+    let is_link = edge_level == Some(crate::config::Task::LinkPrediction);
     let g = graphs::load(
         data,
         &LoadOptions {
@@ -87,10 +89,9 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         true => LinkTask::prepare(t, g).map(|(g, l)| (g, Some(l)))?,
         false => (g, None),
     };
-    let edge = t
-        .task
-        .on_edges()
-        .then(|| EdgeTask::prepare(t, &g))
+    let edge = edge_level
+        .filter(|e| e.on_edges())
+        .map(|_| EdgeTask::prepare(t, &g))
         .transpose()?;
     let on_gpu = !device.is_cpu();
     let prefetch = crate::epoch::prefetch_workers(SingleConfig::of(t)?.prefetch_threads, on_gpu);
@@ -119,10 +120,22 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         memory_estimate_bytes: Some(memory.total().min(u128::from(u64::MAX)) as u64),
         ..Report::default()
     };
-    let items = match (&link, &edge) {
-        (Some(l), _) => Items::Link(l),
-        (None, Some(e)) => Items::Edges(e),
-        (None, None) => Items::Nodes(&splits.train),
+    // A task list's task on edges takes its batches beside the nodes' (`Mixed`).
+    let mixed = t.mixed_tasks().map(|at| Mixed {
+        at,
+        weight: t.tasks[at].weight,
+        steps: match (&link, &edge) {
+            (Some(l), _) => l.steps(),
+            (None, Some(e)) => e.steps(),
+            (None, None) => 1,
+        },
+        batches: Mutex::new(None),
+    });
+    let items = match (&link, &edge, &mixed) {
+        (_, _, Some(m)) => Items::Mixed(&splits.train, m.steps),
+        (Some(l), _, None) => Items::Link(l),
+        (None, Some(e), None) => Items::Edges(e),
+        (None, None, None) => Items::Nodes(&splits.train),
     };
     if let Some(r) = &report.edge {
         observer.note(&format!(
@@ -256,6 +269,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         plan: &plan,
         link: link.as_ref(),
         edge: edge.as_ref(),
+        mixed,
     };
     // Kernels run behind the host: without a wait at each phase's end, a
     // phase's GPU time shows up in whichever later phase first waits for it.
@@ -319,12 +333,60 @@ struct Feed<'g> {
     link: Option<&'g LinkTask>,
     /// An edge task's edges and settings (`None`: another task).
     edge: Option<&'g EdgeTask>,
+    /// Node tasks with `link` or `edge` beside them in one task list.
+    mixed: Option<Mixed>,
 }
 
-/// A batch prepared ahead of its step, with an edge task's edges.
+/// The task on edges of a task list that also has node tasks: each step
+/// trains a batch of its edges beside the step's nodes.
+struct Mixed {
+    /// Its position in `training.tasks`.
+    at: usize,
+    /// Its loss's weight.
+    weight: f64,
+    /// Its steps per epoch (its batches start over when the nodes' are more).
+    steps: u64,
+    /// The batches of the epoch the prefetch threads are in.
+    batches: Mutex<Option<EpochBatches>>,
+}
+
+/// An epoch and its batches of training edges.
+type EpochBatches = (u64, Arc<Vec<Vec<u32>>>);
+
+/// What the edges' batch of step `s` samples and drops out with: apart from the nodes' batch.
+const EDGE_BATCH_KEY: u64 = 1 << 48;
+
+/// A batch prepared ahead of its step, with an edge task's edges (and a
+/// mixed task list's batch on edges).
 struct Batch {
     p: Prepared,
     edge: Option<EdgeBatch>,
+    beside: Option<Box<Batch>>,
+}
+
+impl Feed<'_> {
+    /// A mixed task list's batch on edges for step `step` of `epoch`: its
+    /// step (whose edges the neighbourhoods leave out) and its edges.
+    fn edges_beside(&self, epoch: u64, step: u64) -> Option<(u64, Vec<u32>)> {
+        let m = self.mixed.as_ref()?;
+        let k = step % m.steps.max(1);
+        let all = {
+            let mut memo = m.batches.lock().unwrap_or_else(|e| e.into_inner());
+            match &*memo {
+                Some((e, b)) if *e == epoch => b.clone(),
+                _ => {
+                    let b = Arc::new(match (self.link, self.edge) {
+                        (Some(l), _) => l.batches(epoch),
+                        (None, Some(e)) => e.batches(epoch),
+                        (None, None) => Vec::new(),
+                    });
+                    *memo = Some((epoch, b.clone()));
+                    b
+                }
+            }
+        };
+        Some((k, all.get(k as usize).cloned().unwrap_or_default()))
+    }
 }
 
 /// A single-process run as the epoch loop drives it.
@@ -352,6 +414,71 @@ struct Run<'g, 'o> {
 }
 
 impl Run<'_, '_> {
+    /// The node tasks' validation and test figures into `st`.
+    fn evaluate_nodes(&self, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let (_, splits) = self.g.target_labels();
+        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| self.score(epoch, nodes));
+        self.task.record(st, valid?, test?);
+        Ok(())
+    }
+
+    /// The link or edge task's validation and test figures into `st`.
+    fn evaluate_edges(&self, feed: &Feed<'_>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        let t = &self.cfg.training;
+        if let Some(task) = feed.link {
+            st.link = Some(match t.exact_link_eval() {
+                true => task.evaluate_exact(&self.model, self.g)?,
+                false => task.evaluate_sampled(
+                    &self.model,
+                    self.g,
+                    sampled_rows(self.g, &self.model, t, epoch)?,
+                )?,
+            });
+        }
+        if let Some(task) = feed.edge {
+            let [valid, test] = match t.exact_edge_eval() {
+                true => task.evaluate_exact(&self.model, self.g)?,
+                false => task.evaluate_sampled(
+                    &self.model,
+                    self.g,
+                    sampled_rows(self.g, &self.model, t, epoch)?,
+                )?,
+            };
+            st.set_edge_scores(valid, test);
+        }
+        Ok(())
+    }
+
+    /// A batch's input rows on the device: its gathered features (those a
+    /// GPU cache holds read here) and its learnable rows.
+    fn inputs(
+        &self,
+        feed: &Feed<'_>,
+        features: PerType,
+        mb: &graphs::MiniBatch,
+    ) -> Result<PerType> {
+        // Rows gathered into host memory for a GPU (see `train`) go to the device here.
+        let mut inputs: PerType = features
+            .into_iter()
+            .map(|x| x.map(|x| x.to_device(&self.device)).transpose())
+            .collect::<candle_core::Result<_>>()?;
+        let model = &self.model;
+        if let (Some(c), true) = (&feed.cached, feed.cached_in_step) {
+            c.fill_cached(
+                &model.feature_gather(),
+                self.g,
+                &mb.blocks[0].src,
+                &mut inputs,
+                true,
+            )?;
+        }
+        match &self.cache {
+            Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
+            None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
+        }
+        Ok(inputs)
+    }
+
     /// The evaluation figures of the run's task on `nodes` with sampled
     /// neighborhoods (evaluation's sampling key) and no dropout, the batches
     /// sampled on the prefetch threads ahead of the model (samples are pure
@@ -418,6 +545,8 @@ impl<'g> Steps for Run<'g, '_> {
     /// Samples the batch and gathers its feature rows.
     /// Link prediction and edge tasks: `seeds` are training edges, whose
     /// ends (and negatives) are sampled with the step's own edges left out.
+    /// A mixed task list: `seeds` are nodes, and the step's batch of the
+    /// task on edges is prepared beside them.
     fn prepare<'f>(
         feed: &'f Feed<'g>,
         sampler: &mut Sampler<'f>,
@@ -425,67 +554,23 @@ impl<'g> Steps for Run<'g, '_> {
         step: u64,
         seeds: &[u32],
     ) -> Result<Batch> {
-        if let Some(task) = feed.edge {
-            let clock = Instant::now();
-            let batch = task.batch(feed.graph, seeds);
-            let extra = clock.elapsed().as_secs_f64();
-            let mut p =
-                prepare(feed.graph, &feed.gather, None, false, || {
-                    Ok(sampler.sample_typed(
-                        epoch,
-                        step,
-                        &batch.seeds,
-                        &task.exclusion(epoch, step),
-                    )?)
-                })?;
-            p.sample_s += extra;
+        if let Some((bucket, ids)) = feed.edges_beside(epoch, step) {
+            let p = prepare_nodes(feed, sampler, epoch, step, seeds)?;
+            let beside = prepare_edges(feed, sampler, epoch, step + EDGE_BATCH_KEY, bucket, &ids)?;
             return Ok(Batch {
                 p,
-                edge: Some(batch),
+                edge: None,
+                beside: Some(Box::new(beside)),
             });
         }
-        let p = match feed.link {
-            None => match (&feed.cached, feed.cached_in_step) {
-                (Some(c), true) => {
-                    let mut clock = Instant::now();
-                    let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
-                    let sample_s = lap(&mut clock);
-                    let features =
-                        c.gather_uncached(&feed.gather, feed.graph, &mb.blocks[0].src)?;
-                    Ok(Prepared {
-                        mb,
-                        features,
-                        sample_s,
-                        gather_s: lap(&mut clock),
-                        link: None,
-                    })
-                }
-                _ => prepare(
-                    feed.graph,
-                    &feed.gather,
-                    feed.cached.as_deref(),
-                    true,
-                    || sample(sampler, feed.uses_neighbors, epoch, step, seeds),
-                ),
-            },
-            Some(task) => {
-                let clock = Instant::now();
-                let batch = task.batch(feed.graph, epoch, seeds);
-                let extra = clock.elapsed().as_secs_f64();
-                let mut p = prepare(feed.graph, &feed.gather, None, false, || {
-                    Ok(sampler.sample_typed(
-                        epoch,
-                        step,
-                        &batch.seeds,
-                        &task.exclusion(epoch, step),
-                    )?)
-                })?;
-                p.sample_s += extra;
-                p.link = Some(batch);
-                Ok(p)
-            }
-        }?;
-        Ok(Batch { p, edge: None })
+        if feed.edge.is_some() || feed.link.is_some() {
+            return prepare_edges(feed, sampler, epoch, step, step, seeds);
+        }
+        Ok(Batch {
+            p: prepare_nodes(feed, sampler, epoch, step, seeds)?,
+            edge: None,
+            beside: None,
+        })
     }
 
     /// The model after the steps before [`Steps::seq`] (an epoch end).
@@ -520,7 +605,7 @@ impl<'g> Steps for Run<'g, '_> {
         batch: Batch,
         st: &mut EpochStats,
     ) -> Result<StepFigures> {
-        let Batch { p, edge } = batch;
+        let Batch { p, edge, beside } = batch;
         let task = &self.task;
         let link = feed.link.zip(p.link.as_ref());
         let edge = feed.edge.zip(edge.as_ref());
@@ -532,38 +617,29 @@ impl<'g> Steps for Run<'g, '_> {
             self.observer.step(0.0);
             return Ok(StepFigures::default());
         }
-        let (model, cache) = (&mut self.model, &mut self.cache);
         let mb = &p.mb;
         let seeds = &mb.seeds;
         st.time.sample_s += p.sample_s;
         st.time.gather_s += p.gather_s;
         let mut clock = Instant::now();
-        // Rows gathered into host memory for a GPU (see `train`) go to the device here.
-        let mut inputs: PerType = p
-            .features
-            .into_iter()
-            .map(|x| x.map(|x| x.to_device(&self.device)).transpose())
-            .collect::<candle_core::Result<_>>()?;
-        if let (Some(c), true) = (&feed.cached, feed.cached_in_step) {
-            c.fill_cached(
-                &model.feature_gather(),
-                self.g,
-                &mb.blocks[0].src,
-                &mut inputs,
-                true,
-            )?;
-        }
-        match cache {
-            Some(c) => c.gather_embeddings(model, &mb.blocks[0].src, &mut inputs, true)?,
-            None => model.gather_embeddings(&mb.blocks[0].src, &mut inputs)?,
-        }
+        let inputs = self.inputs(feed, p.features, mb)?;
+        let beside = match beside {
+            Some(b) => {
+                st.time.sample_s += b.p.sample_s;
+                st.time.gather_s += b.p.gather_s;
+                let x = self.inputs(feed, b.p.features, &b.p.mb)?;
+                Some((x, b.p.mb, b.p.link, b.edge))
+            }
+            None => None,
+        };
+        let model = &mut self.model;
         let wait = |on: bool, device: &Device| if on { device.synchronize() } else { Ok(()) };
         wait(self.sync_timing, &self.device)?;
         st.time.gather_s += lap(&mut clock);
         let dropout = Some(DropoutKey { epoch, step });
         let mut edge_correct = 0;
         let mut each = Vec::new();
-        let (loss, logits) = match (link, edge) {
+        let (mut loss, logits) = match (link, edge) {
             (Some((task, batch)), _) => (
                 task.loss(
                     model,
@@ -584,22 +660,62 @@ impl<'g> Steps for Run<'g, '_> {
                 (losses.total, Some(logits))
             }
         };
+        // A mixed task list: the task on edges' loss on its batch, weighted, joins the sum.
+        if let (Some(m), Some((x, bmb, blink, bedge))) = (&feed.mixed, &beside) {
+            let key = Some(DropoutKey {
+                epoch,
+                step: step + EDGE_BATCH_KEY,
+            });
+            let own = match (feed.link.zip(blink.as_ref()), feed.edge.zip(bedge.as_ref())) {
+                (Some((t, b)), _) if !b.edges.is_empty() => {
+                    let out = model.forward_nodes(self.g, bmb, x.clone(), key)?;
+                    Some(t.loss(model, &out, b)?)
+                }
+                (None, Some((t, b))) if !b.edges.is_empty() => {
+                    let out = model.forward_nodes(self.g, bmb, x.clone(), key)?;
+                    Some(t.loss(model, &out, b)?)
+                }
+                _ => None,
+            };
+            let own = match own {
+                Some(l) => {
+                    loss = (loss + l.affine(m.weight, 0.0)?)?;
+                    l.detach()
+                }
+                None => candle_core::Tensor::zeros((), loss.dtype(), loss.device())?,
+            };
+            each.insert(m.at.min(each.len()), own);
+        }
         let grads = loss.backward()?;
         wait(self.sync_timing, &self.device)?;
         st.time.compute_s += lap(&mut clock);
         self.adam.step(&model.params, &grads)?;
+        let cache = &mut self.cache;
         for (ty, x) in inputs.iter().enumerate() {
             if self.frozen_tables[ty] {
                 continue;
             }
-            if let (Some(x), Some(table)) = (x, model.embeddings[ty].as_mut()) {
-                if let Some(gr) = grads.get(x) {
-                    match cache.as_mut() {
-                        Some(c) => {
-                            c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &self.adam.cfg)?
-                        }
-                        None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
+            let Some(table) = model.embeddings[ty].as_mut() else {
+                continue;
+            };
+            if let Some((bx, bmb, ..)) = &beside {
+                // Rows both batches read take one step of their summed gradients.
+                let parts: Vec<(&[u32], &candle_core::Tensor)> = [
+                    (mb.blocks[0].src[ty].as_slice(), x.as_ref()),
+                    (bmb.blocks[0].src[ty].as_slice(), bx[ty].as_ref()),
+                ]
+                .into_iter()
+                .filter_map(|(ids, x)| Some((ids, grads.get(x?)?)))
+                .collect();
+                table.sparse_adam_parts(&parts, &self.adam.cfg)?;
+                continue;
+            }
+            if let Some(gr) = x.as_ref().and_then(|x| grads.get(x)) {
+                match cache.as_mut() {
+                    Some(c) => {
+                        c.sparse_adam(ty, table, &mb.blocks[0].src[ty], gr, &self.adam.cfg)?
                     }
+                    None => table.sparse_adam(&mb.blocks[0].src[ty], gr, &self.adam.cfg)?,
                 }
             }
         }
@@ -638,34 +754,20 @@ impl<'g> Steps for Run<'g, '_> {
         if let Some(c) = &self.cache {
             c.write_back(&mut self.model)?;
         }
-        if let Some(task) = feed.link {
-            let t = &self.cfg.training;
-            st.link = Some(match t.exact_link_eval() {
-                true => task.evaluate_exact(&self.model, self.g)?,
-                false => task.evaluate_sampled(
-                    &self.model,
-                    self.g,
-                    sampled_rows(self.g, &self.model, t, epoch)?,
-                )?,
-            });
-            return Ok(());
-        }
-        if let Some(task) = feed.edge {
-            let t = &self.cfg.training;
-            let [valid, test] = match t.exact_edge_eval() {
-                true => task.evaluate_exact(&self.model, self.g)?,
-                false => task.evaluate_sampled(
-                    &self.model,
-                    self.g,
-                    sampled_rows(self.g, &self.model, t, epoch)?,
-                )?,
-            };
-            st.set_edge_scores(valid, test);
-            return Ok(());
-        }
-        let (_, splits) = self.g.target_labels();
-        let [valid, test] = [&splits.valid, &splits.test].map(|nodes| self.score(epoch, nodes));
-        self.task.record(st, valid?, test?);
+        let Some(m) = &feed.mixed else {
+            if feed.link.is_some() || feed.edge.is_some() {
+                return self.evaluate_edges(feed, epoch, st);
+            }
+            return self.evaluate_nodes(epoch, st);
+        };
+        // The task on edges' own account, between the node tasks' in list order.
+        let mut own = match m.at < st.tasks.len() {
+            true => st.tasks.remove(m.at),
+            false => EpochStats::default(),
+        };
+        self.evaluate_nodes(epoch, st)?;
+        self.evaluate_edges(feed, epoch, &mut own)?;
+        st.tasks.insert(m.at.min(st.tasks.len()), own);
         Ok(())
     }
 
@@ -687,6 +789,81 @@ impl<'g> Steps for Run<'g, '_> {
         self.report.epochs.push(er);
         Ok(())
     }
+}
+
+/// The batch of training nodes `seeds`: sampled, its rows gathered (those
+/// a GPU cache holds are read in the step).
+fn prepare_nodes<'f>(
+    feed: &'f Feed<'_>,
+    sampler: &mut Sampler<'f>,
+    epoch: u64,
+    step: u64,
+    seeds: &[u32],
+) -> Result<Prepared> {
+    match (&feed.cached, feed.cached_in_step) {
+        (Some(c), true) => {
+            let mut clock = Instant::now();
+            let mb = sample(sampler, feed.uses_neighbors, epoch, step, seeds)?;
+            let sample_s = lap(&mut clock);
+            let features = c.gather_uncached(&feed.gather, feed.graph, &mb.blocks[0].src)?;
+            Ok(Prepared {
+                mb,
+                features,
+                sample_s,
+                gather_s: lap(&mut clock),
+                link: None,
+            })
+        }
+        _ => prepare(
+            feed.graph,
+            &feed.gather,
+            feed.cached.as_deref(),
+            true,
+            || sample(sampler, feed.uses_neighbors, epoch, step, seeds),
+        ),
+    }
+}
+
+/// The batch of training edges `ids` of the link or edge task: their ends
+/// (and negatives) sampled with key `key`, leaving out the edges of step
+/// `bucket` (the batch's own, and their reverses).
+fn prepare_edges<'f>(
+    feed: &'f Feed<'_>,
+    sampler: &mut Sampler<'f>,
+    epoch: u64,
+    key: u64,
+    bucket: u64,
+    ids: &[u32],
+) -> Result<Batch> {
+    let clock = Instant::now();
+    if let Some(task) = feed.edge {
+        let batch = task.batch(feed.graph, ids);
+        let extra = clock.elapsed().as_secs_f64();
+        let mut p = prepare(feed.graph, &feed.gather, None, false, || {
+            Ok(sampler.sample_typed(epoch, key, &batch.seeds, &task.exclusion(epoch, bucket))?)
+        })?;
+        p.sample_s += extra;
+        return Ok(Batch {
+            p,
+            edge: Some(batch),
+            beside: None,
+        });
+    }
+    let task = feed
+        .link
+        .ok_or_else(|| TrainError::Config("no link or edge task to batch edges of".into()))?;
+    let batch = task.batch(feed.graph, epoch, ids);
+    let extra = clock.elapsed().as_secs_f64();
+    let mut p = prepare(feed.graph, &feed.gather, None, false, || {
+        Ok(sampler.sample_typed(epoch, key, &batch.seeds, &task.exclusion(epoch, bucket))?)
+    })?;
+    p.sample_s += extra;
+    p.link = Some(batch);
+    Ok(Batch {
+        p,
+        edge: None,
+        beside: None,
+    })
 }
 
 /// The last layer's rows of seeds (per type) by neighbourhoods sampled with

@@ -175,7 +175,9 @@ impl EdgeTask {
                 u16::MAX
             )));
         }
-        let learns = match t.task {
+        // The run's task, or the edge task of its task list.
+        let task = t.edge_level().unwrap_or(t.task);
+        let learns = match task {
             Task::EdgeRegression => Learns::Values(t.regression_loss, t.huber_delta),
             _ => Learns::Classes(0),
         };
@@ -196,7 +198,7 @@ impl EdgeTask {
                 };
                 return Err(TrainError::Config(format!(
                     "training.task = \"{}\": relation '{name}' of graph '{}' has no edge {what} (edges/{name}/{file} in schema.json; see docs/guide/format.md)",
-                    t.task.name(),
+                    task.name(),
                     g.name()
                 )));
             };
@@ -230,7 +232,7 @@ impl EdgeTask {
         if total == 0 {
             return Err(TrainError::Config(format!(
                 "training.task = \"{}\": the target relations ({}) have no training edges with a target (edges/<relation>/train.npy): nothing to train",
-                t.task.name(),
+                task.name(),
                 t.target_relations.join(", ")
             )));
         }

@@ -340,7 +340,7 @@ impl LinkTask {
     /// exact inference on `g` (the training graph).
     pub fn evaluate_exact(&self, model: &Model, g: &HetGraph) -> Result<[RankSums; 2]> {
         let rows = embed_all(model, g, INFERENCE_CHUNK, |_, _, _| {})?;
-        self.rank_all(model, &rows)
+        self.rank_all(model, &models::inference::decoder_type_rows(model, rows))
     }
 
     /// Validation and test ranking sums of `model`, the nodes they need
@@ -354,7 +354,7 @@ impl LinkTask {
         embed: impl FnMut(&[Vec<u32>]) -> Result<PerType>,
     ) -> Result<[RankSums; 2]> {
         let rows = embed_nodes(g, self.eval_nodes(g), INFERENCE_CHUNK, embed)?;
-        self.rank_all(model, &rows)
+        self.rank_all(model, &models::inference::decoder_type_rows(model, rows))
     }
 
     /// Which step each training edge falls in (what samplers leave out).

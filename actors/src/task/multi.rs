@@ -52,9 +52,11 @@ impl<'g> NodeTasks<'g> {
     /// The node tasks of `t` on `g`, with the columns of the model `t` describes.
     pub fn of(t: &TrainingConfig, g: &'g HetGraph) -> Result<NodeTasks<'g>> {
         let columns = t.model_spec().head_columns(g);
+        // A task on edges in the list has no columns of its own here.
         let parts = t
             .task_list()
             .into_iter()
+            .filter(|w| w.task.on_nodes())
             .zip(columns)
             .map(|(w, (_, columns))| {
                 Ok(Part {
