@@ -140,7 +140,7 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
     if let Some(r) = &report.edge {
         observer.note(&format!(
             "{} on {}: {} training, {} validation, {} test edges",
-            t.task.name(),
+            edge_level.unwrap_or(t.task).name(),
             r.relations.join(", "),
             r.train_edges,
             r.valid_edges,
