@@ -422,7 +422,7 @@ fn lists_and_modes_that_cannot_train_together_are_refused() {
                 "training.mode=\"raf\"",
                 "training.tasks=[{task = \"node-classification\"}, {task = \"link-prediction\"}]",
             ],
-            "training.tasks lists \"link-prediction\" beside node tasks, which runs in single; mode raf trains node tasks together",
+            "training.tasks lists \"link-prediction\" beside node tasks, which runs in single and data-parallel; mode raf trains node tasks together",
         ),
     ] {
         let err = refusal(&extra);

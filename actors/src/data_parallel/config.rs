@@ -95,8 +95,11 @@ impl ModeConfig for DataParallelConfig {
         {
             return bad(format!("training.data-parallel.dag_threads must be in 0..={MAX_DAG_THREADS} (0: one per core), dag_max_in_flight in 1..={MAX_DAG_IN_FLIGHT}, dag_chunk_rows at least 1"));
         }
-        if t.task.on_edges() {
-            let name = t.task.name();
+        if t.mixed_tasks().is_some() && self.sampling == Sampling::Dag {
+            return bad("training.data-parallel.sampling = \"dag\" samples one batch a step; a task list with a task on edges (two batches a step) samples with \"pipeline\"".into());
+        }
+        if let Some(task) = t.edge_level().filter(|e| e.on_edges()) {
+            let name = task.name();
             if t.edge_eval == LinkEval::Exact {
                 return bad(format!("training.edge_eval = \"exact\" needs the whole graph in one process: data-parallel training evaluates training.task = \"{name}\" with \"sampled\""));
             }
@@ -107,7 +110,7 @@ impl ModeConfig for DataParallelConfig {
                 return bad(format!("training.data-parallel.sampling = \"dag\" samples node and link-prediction steps; training.task = \"{name}\" samples with \"pipeline\""));
             }
         }
-        if t.task == Task::LinkPrediction {
+        if t.edge_level() == Some(Task::LinkPrediction) {
             if t.negative_sampler == NegativeSampler::InBatch {
                 return bad("training.negative_sampler = \"in-batch\" needs every positive of a step in one process: single-process training only".into());
             }

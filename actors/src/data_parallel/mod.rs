@@ -185,8 +185,8 @@ impl DataParallel {
                     "training.partitions: the partitions hold no edge targets of '{name}' (written by a streaming partitioner or before edge tasks, or the relation has none): partition the graph again with hetgnn partition"
                 ))
             })?;
-            total += match t.task {
-                Task::EdgeRegression => counts.valued,
+            total += match t.edge_level() {
+                Some(Task::EdgeRegression) => counts.valued,
                 _ => counts.labelled,
             };
         }
@@ -273,16 +273,19 @@ impl Distributed for DataParallel {
             .collect())
     }
 
-    /// An edge-level task's steps are the task's (a hash of each edge), the same in every partition.
+    /// An edge-level task's steps are the task's (a hash of each edge), the
+    /// same in every partition; beside node tasks, the longer of the two.
     fn steps_per_epoch(&self, graph: &HetGraph, t: &TrainingConfig) -> u64 {
         let task = self
             .tasks
             .lock()
             .ok()
             .and_then(|l| l.values().next().cloned());
-        match task.and_then(|k| k.batching()) {
-            Some(b) => b.steps(),
-            None => graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64,
+        let nodes = graph.target_labels().1.train.len().div_ceil(t.batch.max(1)) as u64;
+        match (task.and_then(|k| k.batching()), t.mixed_tasks()) {
+            (Some(b), None) => b.steps(),
+            (Some(b), Some(_)) => b.steps().max(nodes),
+            (None, _) => nodes,
         }
     }
 
@@ -292,11 +295,10 @@ impl Distributed for DataParallel {
     /// trainers.
     fn load(&self, part: u32) -> Result<HetGraph> {
         let t = &self.cfg;
-        if t.task.on_edges() {
-            return self.load_edge_task(part);
-        }
-        if t.task != Task::LinkPrediction {
-            return Ok(self.set.load_part(part as usize, &load_options(t))?);
+        match t.edge_level() {
+            Some(Task::LinkPrediction) => {}
+            Some(_) => return self.load_edge_task(part),
+            None => return Ok(self.set.load_part(part as usize, &load_options(t))?),
         }
         let g = self.set.load_part(
             part as usize,

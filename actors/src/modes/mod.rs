@@ -140,7 +140,7 @@ static REGISTRY: [Entry; 6] = [
     entry::<crate::data_parallel::DataParallelConfig>(
         Mode::DataParallel,
         DATA_PARALLEL_TASKS,
-        (true, true, Lists::Nodes),
+        (true, true, Lists::WithEdgeTask),
         &crate::data_parallel::RULES,
     ),
     entry::<crate::raf::RafConfig>(

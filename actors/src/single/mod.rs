@@ -2,7 +2,6 @@
 //! evaluation after every epoch. Every source of randomness is keyed by the
 //! seed, so two runs with the same configuration are bit-identical on CPU.
 
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
@@ -26,7 +25,7 @@ use crate::observer::TrainObserver;
 use crate::report::{EpochReport, Report};
 use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::LinkTask;
-use crate::task::multi::NodeTasks;
+use crate::task::multi::{EdgesBeside, NodeTasks, EDGE_BATCH_KEY};
 use crate::task::node::Scores;
 
 mod config;
@@ -121,16 +120,14 @@ pub fn train(cfg: &Config, observer: &mut dyn TrainObserver) -> Result<(Report, 
         ..Report::default()
     };
     // A task list's task on edges takes its batches beside the nodes' (`Mixed`).
-    let mixed = t.mixed_tasks().map(|at| Mixed {
-        at,
-        weight: t.tasks[at].weight,
-        steps: match (&link, &edge) {
+    let mixed = EdgesBeside::of(
+        t,
+        match (&link, &edge) {
             (Some(l), _) => l.steps(),
             (None, Some(e)) => e.steps(),
             (None, None) => 1,
         },
-        batches: Mutex::new(None),
-    });
+    );
     let items = match (&link, &edge, &mixed) {
         (_, _, Some(m)) => Items::Mixed(&splits.train, m.steps),
         (Some(l), _, None) => Items::Link(l),
@@ -334,27 +331,8 @@ struct Feed<'g> {
     /// An edge task's edges and settings (`None`: another task).
     edge: Option<&'g EdgeTask>,
     /// Node tasks with `link` or `edge` beside them in one task list.
-    mixed: Option<Mixed>,
+    mixed: Option<EdgesBeside>,
 }
-
-/// The task on edges of a task list that also has node tasks: each step
-/// trains a batch of its edges beside the step's nodes.
-struct Mixed {
-    /// Its position in `training.tasks`.
-    at: usize,
-    /// Its loss's weight.
-    weight: f64,
-    /// Its steps per epoch (its batches start over when the nodes' are more).
-    steps: u64,
-    /// The batches of the epoch the prefetch threads are in.
-    batches: Mutex<Option<EpochBatches>>,
-}
-
-/// An epoch and its batches of training edges.
-type EpochBatches = (u64, Arc<Vec<Vec<u32>>>);
-
-/// What the edges' batch of step `s` samples and drops out with: apart from the nodes' batch.
-const EDGE_BATCH_KEY: u64 = 1 << 48;
 
 /// A batch prepared ahead of its step, with an edge task's edges (and a
 /// mixed task list's batch on edges).
@@ -369,23 +347,11 @@ impl Feed<'_> {
     /// step (whose edges the neighbourhoods leave out) and its edges.
     fn edges_beside(&self, epoch: u64, step: u64) -> Option<(u64, Vec<u32>)> {
         let m = self.mixed.as_ref()?;
-        let k = step % m.steps.max(1);
-        let all = {
-            let mut memo = m.batches.lock().unwrap_or_else(|e| e.into_inner());
-            match &*memo {
-                Some((e, b)) if *e == epoch => b.clone(),
-                _ => {
-                    let b = Arc::new(match (self.link, self.edge) {
-                        (Some(l), _) => l.batches(epoch),
-                        (None, Some(e)) => e.batches(epoch),
-                        (None, None) => Vec::new(),
-                    });
-                    *memo = Some((epoch, b.clone()));
-                    b
-                }
-            }
-        };
-        Some((k, all.get(k as usize).cloned().unwrap_or_default()))
+        Some(m.batch(epoch, step, |e| match (self.link, self.edge) {
+            (Some(l), _) => l.batches(e),
+            (None, Some(t)) => t.batches(e),
+            (None, None) => Vec::new(),
+        }))
     }
 }
 
@@ -556,7 +522,7 @@ impl<'g> Steps for Run<'g, '_> {
     ) -> Result<Batch> {
         if let Some((bucket, ids)) = feed.edges_beside(epoch, step) {
             let p = prepare_nodes(feed, sampler, epoch, step, seeds)?;
-            let beside = prepare_edges(feed, sampler, epoch, step + EDGE_BATCH_KEY, bucket, &ids)?;
+            let beside = prepare_edges(feed, sampler, epoch, bucket, &ids)?;
             return Ok(Batch {
                 p,
                 edge: None,
@@ -564,7 +530,7 @@ impl<'g> Steps for Run<'g, '_> {
             });
         }
         if feed.edge.is_some() || feed.link.is_some() {
-            return prepare_edges(feed, sampler, epoch, step, step, seeds);
+            return prepare_edges(feed, sampler, epoch, step, seeds);
         }
         Ok(Batch {
             p: prepare_nodes(feed, sampler, epoch, step, seeds)?,
@@ -824,14 +790,13 @@ fn prepare_nodes<'f>(
     }
 }
 
-/// The batch of training edges `ids` of the link or edge task: their ends
-/// (and negatives) sampled with key `key`, leaving out the edges of step
-/// `bucket` (the batch's own, and their reverses).
+/// The batch of training edges `ids` of the link or edge task's step
+/// `bucket`: their ends (and negatives) sampled with the step's key,
+/// leaving out the step's edges (the batch's own, and their reverses).
 fn prepare_edges<'f>(
     feed: &'f Feed<'_>,
     sampler: &mut Sampler<'f>,
     epoch: u64,
-    key: u64,
     bucket: u64,
     ids: &[u32],
 ) -> Result<Batch> {
@@ -839,9 +804,15 @@ fn prepare_edges<'f>(
     if let Some(task) = feed.edge {
         let batch = task.batch(feed.graph, ids);
         let extra = clock.elapsed().as_secs_f64();
-        let mut p = prepare(feed.graph, &feed.gather, None, false, || {
-            Ok(sampler.sample_typed(epoch, key, &batch.seeds, &task.exclusion(epoch, bucket))?)
-        })?;
+        let mut p =
+            prepare(feed.graph, &feed.gather, None, false, || {
+                Ok(sampler.sample_typed(
+                    epoch,
+                    bucket,
+                    &batch.seeds,
+                    &task.exclusion(epoch, bucket),
+                )?)
+            })?;
         p.sample_s += extra;
         return Ok(Batch {
             p,
@@ -855,7 +826,7 @@ fn prepare_edges<'f>(
     let batch = task.batch(feed.graph, epoch, ids);
     let extra = clock.elapsed().as_secs_f64();
     let mut p = prepare(feed.graph, &feed.gather, None, false, || {
-        Ok(sampler.sample_typed(epoch, key, &batch.seeds, &task.exclusion(epoch, bucket))?)
+        Ok(sampler.sample_typed(epoch, bucket, &batch.seeds, &task.exclusion(epoch, bucket))?)
     })?;
     p.sample_s += extra;
     p.link = Some(batch);

@@ -10,6 +10,7 @@
 //! of the batch adds its sum divided by the whole batch's count of them.
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
 use graphs::HetGraph;
@@ -219,5 +220,63 @@ impl<'g> NodeTasks<'g> {
                 }
             }
         }
+    }
+}
+
+/// The dropout key of the edges' batch of step `s` is `s + EDGE_BATCH_KEY`,
+/// apart from the nodes' batch's. (Its samples are its own step's, as the
+/// task alone draws them: what the owners of other partitions draw too.)
+pub const EDGE_BATCH_KEY: u64 = 1 << 48;
+
+/// The task on edges of a task list that also has node tasks: each step
+/// trains a batch of its edges beside the step's nodes.
+pub struct EdgesBeside {
+    /// Its position in `training.tasks`.
+    pub at: usize,
+    /// Its loss's weight.
+    pub weight: f64,
+    /// Its steps per epoch (its batches start over when the nodes' are more).
+    pub steps: u64,
+    /// The batches of the epoch the prefetch threads are in.
+    batches: Mutex<Option<EpochBatches>>,
+}
+
+/// An epoch and its batches of training edges.
+type EpochBatches = (u64, Arc<Vec<Vec<u32>>>);
+
+impl EdgesBeside {
+    /// The task on edges of `t`'s list, if it mixes one with node tasks,
+    /// taking `steps` steps per epoch.
+    pub fn of(t: &TrainingConfig, steps: u64) -> Option<EdgesBeside> {
+        t.mixed_tasks().map(|at| EdgesBeside {
+            at,
+            weight: t.tasks[at].weight,
+            steps: steps.max(1),
+            batches: Mutex::new(None),
+        })
+    }
+
+    /// The task's step for step `step` of `epoch` (which its edges'
+    /// neighbourhoods leave out and sample with) and its training edges, of
+    /// `batches(epoch)` (computed once per epoch).
+    pub fn batch(
+        &self,
+        epoch: u64,
+        step: u64,
+        batches: impl FnOnce(u64) -> Vec<Vec<u32>>,
+    ) -> (u64, Vec<u32>) {
+        let k = step % self.steps;
+        let all = {
+            let mut memo = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+            match &*memo {
+                Some((e, b)) if *e == epoch => b.clone(),
+                _ => {
+                    let b = Arc::new(batches(epoch));
+                    *memo = Some((epoch, b.clone()));
+                    b
+                }
+            }
+        };
+        (k, all.get(k as usize).cloned().unwrap_or_default())
     }
 }

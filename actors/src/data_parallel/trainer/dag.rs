@@ -94,6 +94,7 @@ impl BatchSource<Prepared> for DagFeed<'_> {
                 features: s.features,
                 sample_s: s.sample_s,
                 gather_s: s.gather_s,
+                beside: None,
             },
             None => Prepared {
                 seeds,

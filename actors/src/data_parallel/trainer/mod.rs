@@ -44,7 +44,7 @@ use crate::owner::allreduce::{self, all_reduce, Group};
 use crate::owner::client::{sender_ref, Client, ClientSetup, Rows};
 use crate::task::edge::{EdgeBatch, EdgeTask};
 use crate::task::link::{LinkBatch, LinkTask};
-use crate::task::multi::NodeTasks;
+use crate::task::multi::{EdgesBeside, NodeTasks, EDGE_BATCH_KEY};
 
 /// Everything a trainer thread needs.
 pub struct TrainerSetup {
@@ -123,6 +123,8 @@ struct Ctx<'a> {
     s: &'a TrainerSetup,
     /// Every partition's sampler and stores.
     c: Client,
+    /// A task list's task on edges, trained beside its node tasks.
+    beside: Option<EdgesBeside>,
     /// Every trainer's inbox, in trainer order.
     trainers: Vec<ActorRef>,
     coordinator: ActorRef,
@@ -147,6 +149,8 @@ struct Prepared {
     features: PerType,
     sample_s: f64,
     gather_s: f64,
+    /// A task list's batch of its task on edges, beside the nodes'.
+    beside: Option<Box<Prepared>>,
 }
 
 impl Prepared {
@@ -161,6 +165,7 @@ impl Prepared {
             features: Vec::new(),
             sample_s: 0.0,
             gather_s: 0.0,
+            beside: None,
         }
     }
 }
@@ -207,9 +212,15 @@ impl<'a> Trainer<'a> {
             .map(|p| sender_ref(&s.node, &me, &names::trainer(p)))
             .collect::<Result<_>>()?;
         let coordinator = sender_ref(&s.node, &me, names::COORDINATOR)?;
+        let steps = match (&s.link, &s.edge) {
+            (Some(l), _) => l.steps(),
+            (None, Some(e)) => e.steps(),
+            (None, None) => 1,
+        };
         let mut ctx = Ctx {
             s,
             c,
+            beside: EdgesBeside::of(t, steps),
             trainers,
             coordinator,
         };
@@ -254,10 +265,12 @@ impl<'a> Trainer<'a> {
             .as_ref()
             .map(|(_, m)| m.progress.clone())
             .unwrap_or_default();
-        let items = match (&s.link, &s.edge) {
-            (Some(l), _) => epochs::Items::Link(l),
-            (None, Some(e)) => epochs::Items::Edges(e),
-            (None, None) => epochs::Items::Nodes(&s.graph.target_labels().1.train),
+        let train = &s.graph.target_labels().1.train;
+        let items = match (&s.link, &s.edge, &self.ctx.beside) {
+            (_, _, Some(b)) => epochs::Items::Mixed(train, b.steps),
+            (Some(l), _, None) => epochs::Items::Link(l),
+            (None, Some(e), None) => epochs::Items::Edges(e),
+            (None, None, None) => epochs::Items::Nodes(train),
         };
         let attempt = Attempt {
             node: Some(&s.node),
@@ -302,6 +315,8 @@ impl<'a> Steps for Replica<'a> {
 
     /// Samples the trainer's share of the batch and gathers its plain features.
     /// Edge-level tasks: `seeds` are the partition's training edges of the step.
+    /// A task list with a task on edges: `seeds` are nodes, and the trainer's
+    /// share of the task's batch of the step comes beside them.
     fn prepare(
         ctx: &Ctx<'a>,
         _: &mut (),
@@ -309,6 +324,23 @@ impl<'a> Steps for Replica<'a> {
         step: u64,
         seeds: &[u32],
     ) -> Result<Prepared> {
+        if let Some(b) = &ctx.beside {
+            let target = ctx.s.graph.target().index();
+            let mut p = ctx.prepare(ctx.s.cfg.seed, epoch, step, seeds, target)?;
+            let (bucket, ids) = b.batch(epoch, step, |e| match (&ctx.s.link, &ctx.s.edge) {
+                (Some(l), _) => l.batches(e),
+                (None, Some(t)) => t.batches(e),
+                (None, None) => Vec::new(),
+            });
+            let mine = ctx.my_edges(&ids);
+            let edges = match (&ctx.s.link, &ctx.s.edge) {
+                (Some(task), _) => ctx.prepare_link(task, epoch, bucket, &mine)?,
+                (None, Some(task)) => ctx.prepare_edges(task, epoch, bucket, &mine)?,
+                (None, None) => Prepared::nothing(),
+            };
+            p.beside = Some(Box::new(edges));
+            return Ok(p);
+        }
         match (&ctx.s.link, &ctx.s.edge) {
             (Some(task), _) => ctx.prepare_link(task, epoch, step, &ctx.my_edges(seeds)),
             (None, Some(task)) => ctx.prepare_edges(task, epoch, step, &ctx.my_edges(seeds)),
@@ -344,7 +376,7 @@ impl<'a> Steps for Replica<'a> {
                 (0.0, 0.0, None, Vec::new())
             }
             false => {
-                let edges = ctx.s.edge.is_some();
+                let edges = ctx.s.edge.is_some() && ctx.beside.is_none();
                 let tally = self.train_step(ctx, (epoch, step), seeds, p, st)?;
                 // An edge step's size is known only summed over the trainers.
                 let seen = edges.then_some(tally.seen.round() as u64);
@@ -390,14 +422,25 @@ impl<'a> Steps for Replica<'a> {
             let inputs = ctx.gather(&mb.blocks[0].src, Rows::All, after)?;
             Ok(model.forward_nodes(&g, &mb, inputs, None)?)
         };
+        // A task list's task on edges: its own account, between the node
+        // tasks' in list order (its figures below, the node tasks' after).
+        let mut own = match &ctx.beside {
+            Some(b) if b.at < st.tasks.len() => Some((b.at, st.tasks.remove(b.at))),
+            Some(b) => Some((b.at, EpochStats::default())),
+            None => None,
+        };
+        let edges = match own.as_mut() {
+            Some((_, o)) => o,
+            None => &mut *st,
+        };
         if let Some(task) = &self.s.link {
-            st.link = Some(task.evaluate_sampled(model, &g, rows)?);
-            return Ok(());
-        }
-        if let Some(task) = &self.s.edge {
+            edges.link = Some(task.evaluate_sampled(model, &g, rows)?);
+        } else if let Some(task) = &self.s.edge {
             let [valid, test] = task.evaluate_sampled(model, &g, rows)?;
-            st.set_edge_scores(valid, test);
-            st.limit_ranked();
+            edges.set_edge_scores(valid, test);
+            edges.limit_ranked();
+        }
+        if own.is_none() && (self.s.link.is_some() || self.s.edge.is_some()) {
             return Ok(());
         }
         let (_, splits) = self.s.graph.target_labels();
@@ -412,6 +455,9 @@ impl<'a> Steps for Replica<'a> {
             })
         });
         self.task.record(st, valid?, test?);
+        if let Some((at, o)) = own {
+            st.tasks.insert(at.min(st.tasks.len()), o);
+        }
         Ok(())
     }
 
@@ -459,17 +505,25 @@ impl Replica<'_> {
         let mut each = vec![0.0; task.parts().len() * usize::from(task.is_multi())];
         let mut pushes: Vec<Vec<(Vec<u32>, Vec<u8>)>> = Vec::new();
         let (seeds, share) = (&p.seeds, p.share);
-        if let Some(mb) = &p.mb {
+        // The learnable rows of a batch's sources, its plain features where it has them.
+        let inputs_of = |mb: &MiniBatch, features: PerType| -> Result<PerType> {
             let mut inputs =
                 ctx.gather(&mb.blocks[0].src, Rows::Learnable, self.seq.checked_sub(1))?;
-            for (x, f) in inputs.iter_mut().zip(p.features) {
+            for (x, f) in inputs.iter_mut().zip(features) {
                 if x.is_none() {
                     *x = f;
                 }
             }
+            Ok(inputs)
+        };
+        // What the backward pass starts from, and each batch's inputs (their gradients go to the stores).
+        let mut total: Option<Tensor> = None;
+        let mut read: Vec<(&MiniBatch, PerType)> = Vec::new();
+        if let Some(mb) = &p.mb {
+            let inputs = inputs_of(mb, p.features)?;
             st.time.gather_s += lap(&mut clock);
             let dropout = Some(DropoutKey { epoch, step });
-            let gs = match (&ctx.s.link, &p.link, &ctx.s.edge, &p.edge) {
+            let loss = match (&ctx.s.link, &p.link, &ctx.s.edge, &p.edge) {
                 // Link prediction: the loss is already this trainer's share (divided by the mean step size).
                 (Some(task), Some(batch), _, _) => {
                     let loss = task.loss(
@@ -478,7 +532,7 @@ impl Replica<'_> {
                         batch,
                     )?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                    loss.backward()?
+                    loss
                 }
                 // Edge tasks: so is theirs.
                 (_, _, Some(task), Some(batch)) => {
@@ -487,7 +541,7 @@ impl Replica<'_> {
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                     correct = task.correct(&self.model, &out, batch)? as f64;
                     seen = batch.edges.len() as f64;
-                    loss.backward()?
+                    loss
                 }
                 _ => {
                     let logits = self.model.forward(&g, mb, inputs.clone(), dropout)?;
@@ -498,21 +552,68 @@ impl Replica<'_> {
                         true => 1.0,
                         false => share,
                     };
-                    let scaled = (&loss * share)?;
                     wloss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
                     for (e, l) in each.iter_mut().zip(&losses.each) {
                         *e = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                     }
                     correct = task.correct(&logits, seeds)? as f64;
-                    scaled.backward()?
+                    (&loss * share)?
                 }
             };
+            total = Some(loss);
+            read.push((mb, inputs));
             st.time.compute_s += lap(&mut clock);
-            let leaves: Vec<Option<Tensor>> = inputs
-                .iter()
-                .map(|x| x.as_ref().and_then(|x| gs.get(x).cloned()))
-                .collect();
-            ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
+        }
+        // A task list's task on edges: its loss on this trainer's edges of the
+        // step (its share already), weighted, joins the sum; every trainer
+        // reports it (0 without edges) so the all-reduced vectors line up.
+        if let Some(b) = &ctx.beside {
+            let mut own = 0.0;
+            if let Some(bp) = p.beside.as_deref() {
+                st.time.sample_s += bp.sample_s;
+                st.time.gather_s += bp.gather_s;
+                if let Some(bmb) = &bp.mb {
+                    let inputs = inputs_of(bmb, bp.features.clone())?;
+                    st.time.gather_s += lap(&mut clock);
+                    let key = Some(DropoutKey {
+                        epoch,
+                        step: step + EDGE_BATCH_KEY,
+                    });
+                    let out = self.model.forward_nodes(&g, bmb, inputs.clone(), key)?;
+                    let loss = match (&ctx.s.link, &bp.link, &ctx.s.edge, &bp.edge) {
+                        (Some(task), Some(batch), _, _) => {
+                            Some(task.loss(&self.model, &out, batch)?)
+                        }
+                        (_, _, Some(task), Some(batch)) => {
+                            Some(task.loss(&self.model, &out, batch)?)
+                        }
+                        _ => None,
+                    };
+                    if let Some(l) = loss {
+                        own = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                        wloss += b.weight * own;
+                        let weighted = l.affine(b.weight, 0.0)?;
+                        total = Some(match total {
+                            Some(t) => (t + weighted)?,
+                            None => weighted,
+                        });
+                        read.push((bmb, inputs));
+                    }
+                    st.time.compute_s += lap(&mut clock);
+                }
+            }
+            each.insert(b.at.min(each.len()), own);
+        }
+        if let Some(loss) = total {
+            let gs = loss.backward()?;
+            for (mb, inputs) in &read {
+                let leaves: Vec<Option<Tensor>> = inputs
+                    .iter()
+                    .map(|x| x.as_ref().and_then(|x| gs.get(x).cloned()))
+                    .collect();
+                ctx.gradient_rows(&mb.blocks[0].src, &leaves, &mut pushes)?;
+            }
+            st.time.compute_s += lap(&mut clock);
             grads = Some(gs);
         }
         // Every trainer pushes to every learnable store each step (empty if it
