@@ -269,7 +269,9 @@ fn data_parallel_training_follows_single_process_training_with_a_task_on_edges()
             }
             // Two trainers sum their gradients in another order than one
             // backward pass: the runs part at rounding (1e-7) and, with link
-            // prediction, drift past 1e-5 after ~20 steps.
+            // prediction, drift past 1e-5 after ~20 steps. The single process
+            // does the same with the link loss's weight times 1 + 1e-7 (to
+            // the digit): this training amplifies any 1e-7 difference.
             let n = compared.unwrap_or(single_losses.0.len());
             same_losses(&single_losses.0[..n], &losses.0[..n], &what);
             let (a, b) = (&single.epochs[0], &report.epochs[0]);
