@@ -11,10 +11,26 @@ use actors::{Config, TrainObserver};
 use graphs::generate::{generate, Like};
 use graphs::{HetGraph, LoadOptions, NoProgress};
 
-/// This test binary's scratch directory.
+/// This test binary's scratch directory, removed when the binary exits (a
+/// static is never dropped, so a `TempDir`'s own cleanup would never run).
 pub fn root() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+    scratch()
+}
+
+/// A fresh temporary directory removed at process exit.
+pub fn scratch() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(d) = DIR.get() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        // SAFETY: `remove` is a plain function that only reads a static.
+        unsafe { libc::atexit(remove) };
+        dir
+    })
 }
 
 /// The mag-like graph at scale 0.003, generated once.
