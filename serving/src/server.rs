@@ -765,6 +765,9 @@ struct ModelInfo {
     classes: usize,
     class_names: Vec<String>,
     link_prediction: bool,
+    /// A model with node tasks that also scores edges (`/v1/score_edges`): its task on edges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edge_task: Option<&'static str>,
     fanouts: Vec<usize>,
     types: Vec<TypeInfo>,
 }
@@ -806,6 +809,12 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
             .unwrap_or_default(),
         class_names: tr.names[g.target().index()].classes().to_vec(),
         link_prediction: tr.source.spec.link.is_some(),
+        edge_task: match &tr.source.spec {
+            s if !s.is_mixed() => None,
+            s if s.link.is_some() => Some("link-prediction"),
+            s if s.edge.as_ref().is_some_and(|e| e.values) => Some("edge-regression"),
+            _ => Some("edge-classification"),
+        },
         fanouts: tr.source.fanouts.clone(),
         types: g
             .node_types()
