@@ -213,6 +213,8 @@ def main():
                     help="node-regression: one output per node, MSE on values.npy, RMSE/MAE/R² reported; multi-label: one logit per label of label_sets.npy, "
                     "binary cross-entropy summed over labels and averaged over nodes (as hetgnn), micro/macro F1 and average precision reported; edge-*: see above")
     ap.add_argument("--target-relations", default="", help="edge tasks: one canonical src__name__dst relation")
+    ap.add_argument("--hash-per-edge", action="store_true")
+    ap.add_argument("--hash-batches", action="store_true", help="edge tasks: hetgnn's batches (each edge pair in a random step per epoch, copies together, binomial sizes, loss over the mean size)")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -420,7 +422,16 @@ def train_edges(a, g, schema, feats, load_s):
         steps, loss_sum, sample_s, exclusion_s = 0, 0.0, 0.0, 0.0
         t0 = time.perf_counter()
         perm = splits["train"][torch.randperm(len(splits["train"]))]
-        for ids in (perm[i:i + a.batch] for i in range(0, len(perm), a.batch)):
+        batches = [perm[i:i + a.batch] for i in range(0, len(perm), a.batch)]
+        if a.hash_batches:
+            tu, tv = g.find_edges(splits["train"], etype=etype)
+            _, inv = torch.unique(tu.long() * g.num_nodes(dst_t) + tv.long(), return_inverse=True)
+            if a.hash_per_edge:
+                inv = torch.arange(len(inv))
+            bucket = torch.randint(len(batches), (int(inv.max()) + 1,))[inv]
+            batches = [splits["train"][bucket == b] for b in range(len(batches))]
+        nominal = len(perm) / len(batches)
+        for ids in batches:
             ts = time.perf_counter()
             # The batch's edges, their parallel copies (same ends: the same label
             # in a graph whose labels follow the ends) and the reverses of all
@@ -436,6 +447,8 @@ def train_edges(a, g, schema, feats, load_s):
             sample_s += time.perf_counter() - ts
             p, y = decode(pair, blocks, ids)
             loss = F.mse_loss(p[:, 0], y) if regression else F.cross_entropy(p, y)
+            if a.hash_batches:
+                loss = loss * (len(ids) / nominal)
             opt.zero_grad()
             if sparse_opt is not None:
                 sparse_opt.zero_grad()

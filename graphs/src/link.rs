@@ -232,8 +232,30 @@ impl LinkEdges {
 pub trait ExcludeEdges {
     /// Whether any edge of relation `r` may be excluded (a fast path for the others).
     fn touches(&self, r: RelationId) -> bool;
-    /// Whether edge `src -> dst` of relation `r` is excluded.
-    fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool;
+    /// Whether the `copies` parallel edges `src -> dst` of relation `r` are
+    /// excluded (all of them or none: a copy would carry what its pair hides).
+    fn excludes(&self, r: RelationId, dst: u32, src: u32, copies: u32) -> bool;
+}
+
+/// Each edge's rank among the earlier edges of the list with the same
+/// relation and ends: 0 for a pair's first copy, 1 for its second, ... A
+/// pair's copies then fall into steps of their own, as any edge does (a
+/// step holding every copy of a pair takes one Adam step where separate
+/// copies take several: it trains measurably slower where copies are
+/// common). The ranks depend only on the copies' order in the list, which
+/// a partition's list keeps.
+pub fn copy_ranks(rel: &[u16], src: &[u32], dst: &[u32]) -> Vec<u32> {
+    let mut seen: std::collections::HashMap<(u16, u32, u32), u32> =
+        std::collections::HashMap::with_capacity(src.len());
+    rel.iter()
+        .zip(src)
+        .zip(dst)
+        .map(|((&r, &u), &v)| {
+            let n = seen.entry((r, u, v)).or_insert(0);
+            *n += 1;
+            *n - 1
+        })
+        .collect()
 }
 
 /// Nothing excluded.
@@ -243,7 +265,7 @@ impl ExcludeEdges for NoExclusion {
     fn touches(&self, _: RelationId) -> bool {
         false
     }
-    fn excludes(&self, _: RelationId, _: u32, _: u32) -> bool {
+    fn excludes(&self, _: RelationId, _: u32, _: u32, _: u32) -> bool {
         false
     }
 }
@@ -345,9 +367,10 @@ impl Batching {
         self.nominal
     }
 
-    /// The step of training edge `u -> v` of the relation keyed `rel_key` in `epoch`.
-    pub fn step_of(&self, epoch: u64, rel_key: u64, u: u32, v: u32) -> u64 {
-        self.step_in(self.prefix(epoch, rel_key), u, v)
+    /// The step of training edge `u -> v` of the relation keyed `rel_key` in
+    /// `epoch`, the `copy`-th training edge with those ends (see [`copy_ranks`]).
+    pub fn step_of(&self, epoch: u64, rel_key: u64, u: u32, v: u32, copy: u32) -> u64 {
+        self.step_in(self.prefix(epoch, rel_key), u, v, copy)
     }
 
     /// The part of [`Batching::step_of`]'s key that all edges of a relation share in an epoch.
@@ -355,19 +378,33 @@ impl Batching {
         key(&[self.seed, BATCH_STREAM, epoch, rel_key])
     }
 
-    /// [`Batching::step_of`] from the relation's [`Batching::prefix`].
+    /// [`Batching::step_of`] from the relation's [`Batching::prefix`]. The
+    /// first copy of a pair hashes its ends alone, so a graph without
+    /// parallel edges batches as it did before copies were told apart.
     #[inline]
-    fn step_in(&self, prefix: u64, u: u32, v: u32) -> u64 {
-        extend_key(prefix, &[u64::from(u), u64::from(v)]) % self.buckets
+    fn step_in(&self, prefix: u64, u: u32, v: u32, copy: u32) -> u64 {
+        let h = match copy {
+            0 => extend_key(prefix, &[u64::from(u), u64::from(v)]),
+            k => extend_key(prefix, &[u64::from(u), u64::from(v), u64::from(k)]),
+        };
+        h % self.buckets
     }
 
     /// Every step's edges (indices into `train`, in its order) for `epoch`;
-    /// `keys[i]` is the key of target relation `i`.
-    pub fn batches(&self, epoch: u64, train: &EdgeList, keys: &[u64]) -> Vec<Vec<u32>> {
+    /// `keys[i]` is the key of target relation `i`, `copies` the list's
+    /// [`copy_ranks`].
+    pub fn batches(
+        &self,
+        epoch: u64,
+        train: &EdgeList,
+        copies: &[u32],
+        keys: &[u64],
+    ) -> Vec<Vec<u32>> {
         let mut out = vec![Vec::new(); self.buckets as usize];
         let prefixes: Vec<u64> = keys.iter().map(|&k| self.prefix(epoch, k)).collect();
         for i in 0..train.len() {
-            let b = self.step_in(prefixes[train.rel[i] as usize], train.src[i], train.dst[i]);
+            let p = prefixes[train.rel[i] as usize];
+            let b = self.step_in(p, train.src[i], train.dst[i], copies[i]);
             out[b as usize].push(i as u32);
         }
         out
@@ -405,7 +442,7 @@ impl ExcludeEdges for StepEdges<'_> {
             .get(r.index())
             .is_some_and(Option::is_some)
     }
-    fn excludes(&self, r: RelationId, dst: u32, src: u32) -> bool {
+    fn excludes(&self, r: RelationId, dst: u32, src: u32, copies: u32) -> bool {
         let (Some(Some((key, reversed))), Some(Some(prefix))) = (
             self.b.by_relation.get(r.index()),
             self.prefixes.get(r.index()),
@@ -413,8 +450,10 @@ impl ExcludeEdges for StepEdges<'_> {
             return false;
         };
         let (u, v) = if *reversed { (dst, src) } else { (src, dst) };
-        // The step test first: it fails for all but one edge in `steps`, the split test for few.
-        self.b.step_in(*prefix, u, v) == self.step
+        // The step test first: it fails for all but one edge in `steps`, the
+        // split test for few. Copies beyond the training ones only leave a
+        // pair out of a few more steps.
+        (0..copies.max(1)).any(|k| self.b.step_in(*prefix, u, v, k) == self.step)
             && self
                 .b
                 .split

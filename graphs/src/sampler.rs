@@ -231,7 +231,8 @@ pub fn sample_neighbors(
 }
 
 /// `dst`'s in-neighbours `all` in `relation` without the excluded ones
-/// (copied into `kept` only when the relation has exclusions).
+/// (copied into `kept` only when the relation has exclusions). A CSR row is
+/// sorted, so a pair's parallel edges are one run, tested together.
 fn kept_neighbors<'a>(
     kept: &'a mut Vec<u32>,
     all: &'a [u32],
@@ -243,11 +244,11 @@ fn kept_neighbors<'a>(
         return all;
     }
     kept.clear();
-    kept.extend(
-        all.iter()
-            .copied()
-            .filter(|&u| !excluded.excludes(relation, dst, u)),
-    );
+    for run in all.chunk_by(|a, b| a == b) {
+        if !excluded.excludes(relation, dst, run[0], run.len() as u32) {
+            kept.extend_from_slice(run);
+        }
+    }
     kept
 }
 

@@ -4,7 +4,8 @@
 mod common;
 
 use graphs::link::{
-    eval_negatives, train_negative, Batching, EdgeList, LinkEdges, NoExclusion, SplitSpec,
+    copy_ranks, eval_negatives, train_negative, Batching, EdgeList, LinkEdges, NoExclusion,
+    SplitSpec,
 };
 use graphs::{HetGraph, Sampler};
 
@@ -136,7 +137,8 @@ fn steps_partition_the_training_edges_by_a_hash_of_each_edge() {
         ((total as f64 * 0.8).round() as u64).div_ceil(100)
     );
     let key = g.relation(e.relations[0]).key();
-    let steps = b.batches(3, &e.train, &[key]);
+    let copies = copy_ranks(&e.train.rel, &e.train.src, &e.train.dst);
+    let steps = b.batches(3, &e.train, &copies, &[key]);
     let mut all: Vec<u32> = steps.iter().flatten().copied().collect();
     all.sort_unstable();
     assert_eq!(
@@ -149,17 +151,18 @@ fn steps_partition_the_training_edges_by_a_hash_of_each_edge() {
             ids.windows(2).all(|w| w[0] < w[1]),
             "a step keeps the list's order"
         );
-        assert!(ids.iter().all(|&i| b.step_of(
+        assert!(ids.iter().map(|&i| i as usize).all(|i| b.step_of(
             3,
             key,
-            e.train.src[i as usize],
-            e.train.dst[i as usize]
+            e.train.src[i],
+            e.train.dst[i],
+            copies[i]
         ) == s as u64));
     }
     assert!((b.nominal() - (total as f64 * 0.8).round() / b.steps() as f64).abs() < 1e-9);
     assert_ne!(
         steps,
-        b.batches(4, &e.train, &[key]),
+        b.batches(4, &e.train, &copies, &[key]),
         "another epoch, other steps"
     );
 }
@@ -180,10 +183,15 @@ fn a_step_never_samples_its_own_training_edges() {
     let rev = g.relation_id("paper__rev_writes__author").unwrap();
     let b = Batching::new(&g, &e, spec, 4, 300, e.train.len() as u64);
     let key = g.relation(rid).key();
+    let copies = copy_ranks(&e.train.rel, &e.train.src, &e.train.dst);
+    assert!(
+        copies.iter().any(|&k| k > 0),
+        "the graph has parallel edges"
+    );
     let (epoch, step) = (2, 1);
     let batch = e
         .train
-        .select(&b.batches(epoch, &e.train, &[key])[step as usize]);
+        .select(&b.batches(epoch, &e.train, &copies, &[key])[step as usize]);
     assert!(batch.len() > 100);
     let mut seeds = vec![Vec::new(); g.node_types().len()];
     let (author, paper) = (
@@ -265,4 +273,83 @@ fn negatives_are_keyed_and_in_range() {
     assert_eq!(e, eval_negatives(3, 4, 5, 100, 9).collect::<Vec<_>>());
     assert!(e.iter().all(|&x| x < 9));
     assert_eq!(e.len(), 100);
+}
+
+/// A pair's parallel training edges are steps' edges like any other: they
+/// fall into steps independently (a step holding every copy would give
+/// their rows one Adam step where separate copies give several), ranked in
+/// list order, and the first copy keeps the step it had before copies were
+/// told apart.
+#[test]
+fn parallel_copies_fall_into_steps_of_their_own() {
+    let ranks = copy_ranks(
+        &[0, 0, 1, 0, 0, 0],
+        &[1, 2, 1, 1, 1, 2],
+        &[5, 5, 5, 5, 5, 6],
+    );
+    assert_eq!(
+        ranks,
+        [0, 0, 0, 1, 2, 0],
+        "per (relation, source, destination)"
+    );
+
+    let mut g = graph();
+    let spec = SplitSpec {
+        valid: 0.0,
+        test: 0.0,
+        seed: 0,
+    };
+    // Every pair once, then twice: each pair has two copies.
+    let rid = g.relation_id(WRITES).unwrap();
+    let e = LinkEdges::split(&g, &[WRITES.into()], &spec).unwrap();
+    let firsts: Vec<u32> = copy_ranks(&e.train.rel, &e.train.src, &e.train.dst)
+        .iter()
+        .enumerate()
+        .filter(|(_, &k)| k == 0)
+        .map(|(i, _)| i as u32)
+        .collect();
+    let once = e.train.select(&firsts);
+    let mut twice = EdgeList::default();
+    for i in 0..once.len() {
+        for _ in 0..2 {
+            twice.rel.push(once.rel[i]);
+            twice.src.push(once.src[i]);
+            twice.dst.push(once.dst[i]);
+        }
+    }
+    g.add_reverse_relations().unwrap();
+    let b = Batching::new(&g, &e, spec, 4, 100, twice.len() as u64);
+    let key = g.relation(rid).key();
+    let copies = copy_ranks(&twice.rel, &twice.src, &twice.dst);
+    let steps = b.batches(0, &twice, &copies, &[key]);
+    let mut step_of = vec![0usize; twice.len()];
+    for (s, ids) in steps.iter().enumerate() {
+        for &i in ids {
+            step_of[i as usize] = s;
+        }
+    }
+    let pairs = twice.len() / 2;
+    let together = (0..pairs)
+        .filter(|&p| step_of[2 * p] == step_of[2 * p + 1])
+        .count();
+    // Independent copies share a step with probability 1 / steps.
+    let expect = pairs as f64 / b.steps() as f64;
+    assert!(
+        (together as f64) < 3.0 * expect + 10.0,
+        "{together} of {pairs} pairs have both copies in one step (about {expect:.0} expected)"
+    );
+    // The first copies batch as the list without copies does.
+    let single = b.batches(0, &once, &vec![0; once.len()], &[key]);
+    for (s, ids) in single.iter().enumerate() {
+        assert!(ids.iter().all(|&i| step_of[2 * i as usize] == s));
+    }
+    // A step leaves a pair out when either of its copies is in the step.
+    let ex = b.exclusion(0, 3);
+    use graphs::link::ExcludeEdges;
+    for p in 0..pairs {
+        let (u, v) = (twice.src[2 * p], twice.dst[2 * p]);
+        let in_step = step_of[2 * p] == 3 || step_of[2 * p + 1] == 3;
+        assert_eq!(ex.excludes(rid, v, u, 2), in_step, "pair {u} -> {v}");
+        assert_eq!(ex.excludes(rid, v, u, 1), step_of[2 * p] == 3);
+    }
 }

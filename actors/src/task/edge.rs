@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use candle_core::Tensor;
 use graphs::edge_targets::EdgeSet;
-use graphs::link::{Batching, StepEdges};
+use graphs::link::{copy_ranks, Batching, StepEdges};
 use graphs::{HetGraph, RelationId};
 use models::inference::{embed_all, TypeRows};
 use models::rgcn::PerType;
@@ -92,6 +92,8 @@ pub struct EdgeTask {
     pub test: Edges,
     learns: Learns,
     batching: Batching,
+    /// Each training edge's [`copy_ranks`] rank.
+    copies: Vec<u32>,
 }
 
 /// A batch of training edges: the seeds whose rows it needs, and where
@@ -259,6 +261,7 @@ impl EdgeTask {
                 *list = list.select(&keep);
             }
         }
+        let copies = copy_ranks(&train.rel, &train.set.src, &train.set.dst);
         Ok(EdgeTask {
             relations,
             rels,
@@ -267,6 +270,7 @@ impl EdgeTask {
             test,
             learns,
             batching,
+            copies,
         })
     }
 
@@ -280,9 +284,8 @@ impl EdgeTask {
         let mut out = vec![Vec::new(); self.batching.steps() as usize];
         for i in 0..self.train.len() {
             let (key, _, _) = self.rels[self.train.rel[i] as usize];
-            let s = self
-                .batching
-                .step_of(epoch, key, self.train.set.src[i], self.train.set.dst[i]);
+            let (u, v) = (self.train.set.src[i], self.train.set.dst[i]);
+            let s = self.batching.step_of(epoch, key, u, v, self.copies[i]);
             out[s as usize].push(i as u32);
         }
         out

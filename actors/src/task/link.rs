@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
-use graphs::link::{train_negative, Batching, EdgeList, LinkEdges, StepEdges};
+use graphs::link::{copy_ranks, train_negative, Batching, EdgeList, LinkEdges, StepEdges};
 use graphs::HetGraph;
 use models::inference::{embed_all, TypeRows};
 use models::link::{LinkLoss, RankSums};
@@ -45,6 +45,8 @@ pub struct LinkTask {
     rels: Vec<(u64, usize, usize, u32)>,
     /// Which step each training edge falls in.
     batching: Batching,
+    /// Each training edge's [`copy_ranks`] rank.
+    copies: Vec<u32>,
 }
 
 /// A batch of training edges: the seeds whose embeddings it needs, and
@@ -165,7 +167,9 @@ impl LinkTask {
                 *list = list.select(&keep);
             }
         }
+        let copies = copy_ranks(&edges.train.rel, &edges.train.src, &edges.train.dst);
         let task = LinkTask {
+            copies,
             edges,
             negatives: t.negatives,
             sampler: t.negative_sampler,
@@ -181,7 +185,8 @@ impl LinkTask {
     /// The steps of `epoch`: training edges (indices into the training list) per step.
     pub fn batches(&self, epoch: u64) -> Vec<Vec<u32>> {
         let keys: Vec<u64> = self.rels.iter().map(|r| r.0).collect();
-        self.batching.batches(epoch, &self.edges.train, &keys)
+        self.batching
+            .batches(epoch, &self.edges.train, &self.copies, &keys)
     }
 
     /// Steps per epoch.
