@@ -245,17 +245,29 @@ pub trait ExcludeEdges {
 /// common). The ranks depend only on the copies' order in the list, which
 /// a partition's list keeps.
 pub fn copy_ranks(rel: &[u16], src: &[u32], dst: &[u32]) -> Vec<u32> {
-    let mut seen: std::collections::HashMap<(u16, u32, u32), u32> =
-        std::collections::HashMap::with_capacity(src.len());
-    rel.iter()
-        .zip(src)
-        .zip(dst)
-        .map(|((&r, &u), &v)| {
-            let n = seen.entry((r, u, v)).or_insert(0);
-            *n += 1;
-            *n - 1
-        })
-        .collect()
+    let n = src.len().min(rel.len()).min(dst.len());
+    let key = |i: usize| (rel[i], src[i], dst[i]);
+    let mut out = vec![0u32; n];
+    if (1..n).all(|i| key(i - 1) <= key(i)) {
+        // Sorted (link prediction's lists): a pair's copies are one run.
+        for i in 1..n {
+            if key(i) == key(i - 1) {
+                out[i] = out[i - 1] + 1;
+            }
+        }
+        return out;
+    }
+    // A stable sort keeps each pair's copies in list order (no map: 8 bytes
+    // an edge at any scale).
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by_key(|&i| key(i as usize));
+    for w in order.windows(2) {
+        let (a, b) = (w[0] as usize, w[1] as usize);
+        if key(a) == key(b) {
+            out[b] = out[a] + 1;
+        }
+    }
+    out
 }
 
 /// Nothing excluded.

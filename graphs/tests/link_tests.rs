@@ -292,6 +292,9 @@ fn parallel_copies_fall_into_steps_of_their_own() {
         [0, 0, 0, 1, 2, 0],
         "per (relation, source, destination)"
     );
+    // A sorted list (link prediction's) ranks its runs the same way.
+    let sorted = copy_ranks(&[0, 0, 0, 0, 1], &[1, 1, 1, 2, 1], &[5, 5, 6, 5, 5]);
+    assert_eq!(sorted, [0, 1, 0, 0, 0]);
 
     let mut g = graph();
     let spec = SplitSpec {
