@@ -1,26 +1,17 @@
 //! Single-process training: determinism, checkpoint/resume, learning, bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use actors::{train, Config};
 use graphs::generate::{generate, Like};
 use graphs::NoProgress;
 
-/// mag-like graphs generated once per test binary (removed at its exit).
+/// mag-like graphs generated once per test binary (in its scratch
+/// directory, removed at its exit).
 fn graph(scale: f64) -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    extern "C" fn remove() {
-        if let Some(d) = DIR.get() {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
-    let root = DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
-        // SAFETY: `remove` is a plain function that only reads a static.
-        unsafe { libc::atexit(remove) };
-        dir
-    });
+    let root = common::root();
     let dir = root.join(format!("mag-{scale}"));
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap();

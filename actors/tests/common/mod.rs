@@ -14,11 +14,6 @@ use graphs::{HetGraph, LoadOptions, NoProgress};
 /// This test binary's scratch directory, removed when the binary exits (a
 /// static is never dropped, so a `TempDir`'s own cleanup would never run).
 pub fn root() -> &'static Path {
-    scratch()
-}
-
-/// A fresh temporary directory removed at process exit.
-pub fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     extern "C" fn remove() {
         if let Some(d) = DIR.get() {
