@@ -410,11 +410,16 @@ fn default_num_threads() -> usize {
 }
 
 fn rayon_num_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|s| usize::from_str(&s).ok())
-        .filter(|nt| nt > &0)
-        .unwrap_or_else(default_num_threads)
+    // Decided once: every CPU matrix product asks, and the default reads
+    // /proc/cpuinfo (num_cpus::get_physical) on each call.
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|s| usize::from_str(&s).ok())
+            .filter(|nt| nt > &0)
+            .unwrap_or_else(default_num_threads)
+    })
 }
 
 fn candle_num_threads() -> usize {
