@@ -229,7 +229,7 @@ impl LinkEdges {
 }
 
 /// Edges a sampler leaves out of in-neighbourhoods before it draws.
-pub trait ExcludeEdges {
+pub trait ExcludeEdges: Sync {
     /// Whether any edge of relation `r` may be excluded (a fast path for the others).
     fn touches(&self, r: RelationId) -> bool;
     /// Whether the `copies` parallel edges `src -> dst` of relation `r` are

@@ -15,6 +15,8 @@
 
 use std::collections::HashSet;
 
+use rayon::prelude::*;
+
 use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::ids::{NodeTypeId, RelationId};
@@ -278,6 +280,8 @@ pub struct Sampler<'g> {
     /// Nodes per type beyond the graph's, with ids from its count on (an
     /// [`crate::overlay::Overlay`]'s new nodes, sampled through `remote`).
     extra: Vec<u32>,
+    /// Draw a large hop's picks on rayon's pool ([`Sampler::in_parallel`]).
+    parallel: bool,
 }
 
 impl<'g> Sampler<'g> {
@@ -297,7 +301,18 @@ impl<'g> Sampler<'g> {
             picked: Vec::new(),
             kept: Vec::new(),
             extra: vec![0; graph.node_types().len()],
+            parallel: false,
         })
+    }
+
+    /// Draws the picks of a hop with at least [`PARALLEL_DESTINATIONS`]
+    /// local destinations on rayon's pool, in chunks, before numbering them
+    /// in order: the same mini-batch, sooner, for a caller whose thread would
+    /// otherwise wait (a served request, inference), not for samplers that
+    /// run beside training's arithmetic.
+    pub fn in_parallel(mut self) -> Sampler<'g> {
+        self.parallel = true;
+        self
     }
 
     /// Also accepts `added[t]` nodes of each type `t` beyond the graph's
@@ -376,28 +391,16 @@ impl<'g> Sampler<'g> {
             if !filter.allows(layer, rid) {
                 continue;
             }
-            let rel = g.relation(rid);
-            let base = layer_key(self.seed, epoch, step, layer, rel.key());
-            let csr = rel.in_csr();
-            let mut offsets = Vec::with_capacity(nodes.len() + 1);
-            offsets.push(0u32);
-            let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
-            for &v in nodes {
-                let neighbors = kept_neighbors(&mut self.kept, csr.neighbors(v), excluded, rid, v);
-                sample_neighbors(
-                    key(&[base, u64::from(v)]),
-                    neighbors,
-                    fanout,
-                    &mut self.scratch,
-                    &mut picks,
-                );
-                offsets.push(picks.len() as u32);
-            }
-            out.push(RelationPicks {
+            let base = layer_key(self.seed, epoch, step, layer, g.relation(rid).key());
+            let mut p = RelationPicks {
                 relation: rid,
-                offsets,
-                picks,
-            });
+                offsets: Vec::with_capacity(nodes.len() + 1),
+                picks: Vec::with_capacity(nodes.len() * fanout.min(32)),
+            };
+            p.offsets.push(0);
+            let mut work = (&mut self.scratch, &mut self.kept);
+            pick_relation(g, base, rid, nodes, fanout, excluded, &mut work, &mut p);
+            out.push(p);
         }
         Ok(out)
     }
@@ -529,10 +532,27 @@ impl<'g> Sampler<'g> {
                 (Vec::new(), Vec::new())
             };
             let (seed, scratch, kept) = (self.seed, &mut self.scratch, &mut self.kept);
+            // Drawn ahead on rayon's pool: every relation's picks, by relation id.
+            let ahead = match self.parallel
+                && rows.is_empty()
+                && dst.iter().map(Vec::len).sum::<usize>() >= PARALLEL_DESTINATIONS
+            {
+                true => {
+                    let keys = |rid: RelationId| {
+                        layer_key(seed, epoch, step, layer, g.relation(rid).key())
+                    };
+                    pick_in_parallel(g, &dst, layer, fanout, filter, excluded, keys)
+                }
+                false => Vec::new(),
+            };
             let mut base = (RelationId(u32::MAX), 0u64);
-            let fill = |rid: RelationId, dt: usize, _: usize, v: u32, out: &mut Vec<u32>| {
+            let fill = |rid: RelationId, dt: usize, i: usize, v: u32, out: &mut Vec<u32>| {
                 let rel = g.relation(rid);
-                if local(dt, v) {
+                if let Some(Some(p)) = ahead.get(rid.index()) {
+                    out.extend_from_slice(
+                        &p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize],
+                    );
+                } else if local(dt, v) {
                     if base.0 != rid {
                         base = (rid, layer_key(seed, epoch, step, layer, rel.key()));
                     }
@@ -624,6 +644,109 @@ impl<'g> Sampler<'g> {
     pub fn target(&self) -> NodeTypeId {
         self.graph.target()
     }
+}
+
+/// Local destinations a hop needs before [`Sampler::in_parallel`] draws its
+/// picks on rayon's pool (fewer are not worth the hand-off).
+pub const PARALLEL_DESTINATIONS: usize = 1024;
+
+/// Destinations per task of [`pick_in_parallel`].
+const PICK_CHUNK: usize = 256;
+
+/// Relation `rid`'s picks for `nodes` (destinations it holds whole
+/// in-neighbourhoods of), appended to `out` (whose offsets already hold
+/// its start); `base` is the relation's [`layer_key`]; `work` is scratch
+/// space (a draw's positions, a neighbour list with exclusions removed).
+#[allow(clippy::too_many_arguments)] // the draw's parts, flat
+fn pick_relation(
+    g: &HetGraph,
+    base: u64,
+    rid: RelationId,
+    nodes: &[u32],
+    fanout: usize,
+    excluded: &dyn ExcludeEdges,
+    work: &mut (&mut Vec<u32>, &mut Vec<u32>),
+    out: &mut RelationPicks,
+) {
+    let csr = g.relation(rid).in_csr();
+    for &v in nodes {
+        let neighbors = kept_neighbors(work.1, csr.neighbors(v), excluded, rid, v);
+        sample_neighbors(
+            key(&[base, u64::from(v)]),
+            neighbors,
+            fanout,
+            work.0,
+            &mut out.picks,
+        );
+        out.offsets.push(out.picks.len() as u32);
+    }
+}
+
+/// Every relation's picks for a hop's destinations `dst` (all local), drawn
+/// in chunks of destinations on rayon's pool, indexed by relation id (`None`
+/// for relations without destinations or not allowed at `layer`); `keys`
+/// gives a relation's [`layer_key`]. The same draws as one thread's.
+fn pick_in_parallel(
+    g: &HetGraph,
+    dst: &[Vec<u32>],
+    layer: usize,
+    fanout: usize,
+    filter: &RelationFilter,
+    excluded: &dyn ExcludeEdges,
+    keys: impl Fn(RelationId) -> u64 + Sync,
+) -> Vec<Option<RelationPicks>> {
+    let tasks: Vec<(RelationId, usize)> = g
+        .relations()
+        .iter()
+        .enumerate()
+        .map(|(r, rel)| (RelationId(r as u32), &dst[rel.dst.index()]))
+        .filter(|(rid, nodes)| !nodes.is_empty() && filter.allows(layer, *rid))
+        .flat_map(|(rid, nodes)| {
+            (0..nodes.len())
+                .step_by(PICK_CHUNK)
+                .map(move |at| (rid, at))
+        })
+        .collect();
+    let chunks: Vec<RelationPicks> = tasks
+        .par_iter()
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(scratch, kept), &(rid, at)| {
+                let nodes = &dst[g.relation(rid).dst.index()];
+                let nodes = &nodes[at..(at + PICK_CHUNK).min(nodes.len())];
+                let mut p = RelationPicks {
+                    relation: rid,
+                    offsets: Vec::with_capacity(nodes.len() + 1),
+                    picks: Vec::with_capacity(nodes.len() * fanout.min(32)),
+                };
+                p.offsets.push(0);
+                pick_relation(
+                    g,
+                    keys(rid),
+                    rid,
+                    nodes,
+                    fanout,
+                    excluded,
+                    &mut (scratch, kept),
+                    &mut p,
+                );
+                p
+            },
+        )
+        .collect();
+    // Chunks are in relation order, each relation's in destination order.
+    let mut out: Vec<Option<RelationPicks>> = (0..g.relations().len()).map(|_| None).collect();
+    for c in chunks {
+        match &mut out[c.relation.index()] {
+            Some(p) => {
+                let start = *p.offsets.last().unwrap_or(&0);
+                p.offsets.extend(c.offsets[1..].iter().map(|&o| o + start));
+                p.picks.extend_from_slice(&c.picks);
+            }
+            slot => *slot = Some(c),
+        }
+    }
+    out
 }
 
 /// One hop's block, from its destinations and the picks of every relation

@@ -156,6 +156,63 @@ fn same_inputs_same_sample_across_calls_samplers_and_threads() {
     }
 }
 
+/// Leaves out `cites` edges whose ends sum to a multiple of 3.
+struct EveryThirdCite(RelationId);
+
+impl graphs::link::ExcludeEdges for EveryThirdCite {
+    fn touches(&self, r: RelationId) -> bool {
+        r == self.0
+    }
+    fn excludes(&self, r: RelationId, dst: u32, src: u32, _: u32) -> bool {
+        r == self.0 && (dst + src) % 3 == 0
+    }
+}
+
+#[test]
+fn drawing_on_rayon_s_pool_gives_the_one_thread_batch() {
+    let g = common::random(6000, 4000, 60_000, 5);
+    let seeds: Vec<u32> = (0..400).map(|i| i * 13 % 6000).collect();
+    let fanouts = [10, 5, 3];
+    let one = Sampler::new(&g, &fanouts, 7)
+        .unwrap()
+        .sample(2, 9, &seeds)
+        .unwrap();
+    let mut pooled = Sampler::new(&g, &fanouts, 7).unwrap().in_parallel();
+    let many = pooled.sample(2, 9, &seeds).unwrap();
+    // The outer hops have enough destinations to be drawn in several chunks.
+    let widest = one.blocks[1].dst.iter().map(Vec::len).sum::<usize>();
+    assert!(
+        widest >= 4 * graphs::sampler::PARALLEL_DESTINATIONS,
+        "{widest}"
+    );
+    assert_eq!(many, one);
+    // Again, to check the pooled sampler's maps were left clean.
+    assert_eq!(pooled.sample(2, 9, &seeds).unwrap(), one);
+    // With exclusions, and typed seeds of both types.
+    let cites = RelationId(
+        g.relations()
+            .iter()
+            .position(|r| r.name == "cites")
+            .unwrap() as u32,
+    );
+    let typed = vec![seeds.clone(), (0..1500).collect()];
+    let ex = EveryThirdCite(cites);
+    let one = Sampler::new(&g, &fanouts, 7)
+        .unwrap()
+        .sample_typed(2, 9, &typed, &ex)
+        .unwrap();
+    let many = pooled.sample_typed(2, 9, &typed, &ex).unwrap();
+    assert_eq!(many, one);
+    assert_ne!(
+        one,
+        Sampler::new(&g, &fanouts, 7)
+            .unwrap()
+            .sample_typed(2, 9, &typed, &graphs::link::NoExclusion)
+            .unwrap(),
+        "the exclusion changes the draws"
+    );
+}
+
 #[test]
 fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
     // ByteGNN's DAG: each hop's picks made in chunks of destinations (by any

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
+use rayon::prelude::*;
 
 use crate::embedding::EmbeddingTable;
 use crate::error::{ModelError, Result};
@@ -912,6 +913,7 @@ impl Model {
             dtype: self.dtype,
             device: self.device.clone(),
             scan: true,
+            parallel: false,
         }
     }
 
@@ -919,7 +921,7 @@ impl Model {
     /// graph) and learnable rows (as fresh tensors whose gradients feed the
     /// sparse Adam). Types the model does not read get `None`.
     pub fn gather_inputs(&self, g: &HetGraph, nodes: &[Vec<u32>]) -> Result<PerType> {
-        let mut inputs = self.feature_gather().gather(g, nodes)?;
+        let mut inputs = self.feature_gather().in_parallel().gather(g, nodes)?;
         self.gather_embeddings(nodes, &mut inputs)?;
         Ok(inputs)
     }
@@ -942,6 +944,9 @@ impl Model {
     }
 }
 
+/// Rows of a gather before [`FeatureGather::in_parallel`] copies them on rayon's pool.
+pub const PARALLEL_ROWS: usize = 4096;
+
 /// Gathers the immutable (feature) input rows of a mini-batch.
 #[derive(Clone, Debug)]
 pub struct FeatureGather {
@@ -950,6 +955,8 @@ pub struct FeatureGather {
     device: Device,
     /// Find mostly-zero rows' non-zeros as they are gathered, for the sparse products (CPU models).
     scan: bool,
+    /// Copy large gathers on rayon's pool ([`FeatureGather::in_parallel`]).
+    parallel: bool,
 }
 
 impl FeatureGather {
@@ -983,11 +990,29 @@ impl FeatureGather {
             }
         }
         let mut buf = Vec::with_capacity(ids.len() * dim);
-        for (k, &i) in ids.iter().enumerate() {
-            if let Some(&a) = ids.get(k + crate::prefetch::AHEAD) {
-                crate::prefetch::prefetch(f.row(a as usize));
+        if self.parallel && ids.len() >= PARALLEL_ROWS && dim > 0 {
+            let at = |k: usize| ids.get(k).map(|&i| f.row(i as usize));
+            buf.spare_capacity_mut()[..ids.len() * dim]
+                .par_chunks_mut(dim)
+                .enumerate()
+                .with_min_len(512)
+                .for_each(|(k, out)| {
+                    if let Some(a) = at(k + crate::prefetch::AHEAD) {
+                        crate::prefetch::prefetch(a);
+                    }
+                    for (o, &x) in out.iter_mut().zip(f.row(ids[k] as usize)) {
+                        o.write(x);
+                    }
+                });
+            // SAFETY: every row of `ids.len() * dim` elements was written above (rows are `dim` long).
+            unsafe { buf.set_len(ids.len() * dim) };
+        } else {
+            for (k, &i) in ids.iter().enumerate() {
+                if let Some(&a) = ids.get(k + crate::prefetch::AHEAD) {
+                    crate::prefetch::prefetch(f.row(a as usize));
+                }
+                buf.extend_from_slice(f.row(i as usize));
             }
-            buf.extend_from_slice(f.row(i as usize));
         }
         let x = Tensor::from_vec(buf, (ids.len(), dim), &self.device)?.to_dtype(self.dtype)?;
         // Mostly-zero rows are scanned for their non-zeros here, on the
@@ -998,6 +1023,16 @@ impl FeatureGather {
         Ok(Some(x))
     }
 
+    /// Large gathers copied on rayon's pool: for a caller that waits for
+    /// them (inference, a served request), not for prefetch threads that
+    /// run beside training's arithmetic.
+    pub fn in_parallel(self) -> FeatureGather {
+        FeatureGather {
+            parallel: true,
+            ..self
+        }
+    }
+
     /// The same gather into host memory, for threads that must not touch the
     /// model's device (the rows go to the device on the thread that trains).
     pub fn on_host(&self) -> FeatureGather {
@@ -1005,6 +1040,7 @@ impl FeatureGather {
         FeatureGather {
             device: Device::Cpu,
             scan: false,
+            parallel: false,
             ..self.clone()
         }
     }

@@ -730,6 +730,75 @@ fn bag_of_words_graph() -> HetGraph {
 }
 
 #[test]
+fn a_gather_on_rayon_s_pool_copies_the_rows_one_thread_does() {
+    let (n, dim) = (6000u32, 7usize);
+    let mut r = graphs::rng::CounterRng::new(9);
+    let feats: Vec<f32> = (0..n as usize * dim).map(|_| r.normal() as f32).collect();
+    let g = graphs::GraphBuilder::new("wide", "paper", 2)
+        .node_type(
+            "paper",
+            n,
+            Some(graphs::Features::from_vec(n as usize, dim, feats)),
+        )
+        .labels(
+            (0..n).map(|i| i64::from(i % 2)).collect(),
+            graphs::Splits {
+                train: (0..n).collect(),
+                valid: vec![],
+                test: vec![],
+            },
+        )
+        .relation("paper", "cites", "paper", vec![0, 1], vec![1, 2])
+        .build()
+        .unwrap();
+    let spec = ModelSpec {
+        kind: ModelKind::Rgcn,
+        layers: 1,
+        hidden: 4,
+        embed_dim: 4,
+        dropout: 0.0,
+        seed: 1,
+        heads: 1,
+        link: None,
+        head: Default::default(),
+        task_heads: Vec::new(),
+        edge: None,
+    };
+    let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
+    // Enough rows for several pool tasks, in no order, with repeats.
+    let ids: Vec<u32> = (0..3 * models::model::PARALLEL_ROWS as u32)
+        .map(|i| i * 7919 % n)
+        .collect();
+    let fg = model.feature_gather();
+    let rows = |fg: &models::model::FeatureGather| -> Vec<f32> {
+        fg.gather_type(&g, 0, &ids)
+            .unwrap()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let one = rows(&fg);
+    let table = g.node_types()[0].features.as_ref().unwrap();
+    let expected: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| table.row(i as usize).to_vec())
+        .collect();
+    assert_eq!(one, expected);
+    assert_eq!(rows(&fg.clone().in_parallel()), expected);
+    let inputs = model.gather_inputs(&g, std::slice::from_ref(&ids)).unwrap();
+    let got: Vec<f32> = inputs[0]
+        .as_ref()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(got, expected);
+}
+
+#[test]
 fn feature_rows_picked_from_the_tables_nonzeros_give_the_dense_rows_and_the_same_model_output() {
     let g = bag_of_words_graph();
     let table = g.node_types()[0].features.as_ref().unwrap();

@@ -320,7 +320,8 @@ impl Engine {
                 let (mb, inputs) = match &self.online {
                     Some(o) => o.neighbourhoods(nodes).map_err(from_partitions)?,
                     None => {
-                        let mut sampler = self.plan.eval(g)?;
+                        // This request's thread waits for it: its draws go on every core.
+                        let mut sampler = self.plan.eval(g)?.in_parallel();
                         let mb = sample(
                             &mut sampler,
                             model.uses_neighbors(),
