@@ -164,7 +164,7 @@ impl graphs::link::ExcludeEdges for EveryThirdCite {
         r == self.0
     }
     fn excludes(&self, r: RelationId, dst: u32, src: u32, _: u32) -> bool {
-        r == self.0 && (dst + src) % 3 == 0
+        r == self.0 && (dst + src).is_multiple_of(3)
     }
 }
 
