@@ -120,6 +120,10 @@ def main():
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body leave in two writes: with Nagle's algorithm the
+        # body waits for the client's delayed ACK of the headers (40 ms on
+        # Linux), which timed that stall instead of DGL (before 2026-12-06).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args):
             pass
