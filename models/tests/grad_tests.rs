@@ -769,16 +769,10 @@ fn a_gather_on_rayon_s_pool_copies_the_rows_one_thread_does() {
     let ids: Vec<u32> = (0..3 * models::model::PARALLEL_ROWS as u32)
         .map(|i| i * 7919 % n)
         .collect();
+    let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
     let fg = model.feature_gather();
-    let rows = |fg: &models::model::FeatureGather| -> Vec<f32> {
-        fg.gather_type(&g, 0, &ids)
-            .unwrap()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap()
-    };
+    let rows =
+        |fg: &models::model::FeatureGather| flat(&fg.gather_type(&g, 0, &ids).unwrap().unwrap());
     let one = rows(&fg);
     let table = g.node_types()[0].features.as_ref().unwrap();
     let expected: Vec<f32> = ids
@@ -788,14 +782,7 @@ fn a_gather_on_rayon_s_pool_copies_the_rows_one_thread_does() {
     assert_eq!(one, expected);
     assert_eq!(rows(&fg.clone().in_parallel()), expected);
     let inputs = model.gather_inputs(&g, std::slice::from_ref(&ids)).unwrap();
-    let got: Vec<f32> = inputs[0]
-        .as_ref()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    assert_eq!(got, expected);
+    assert_eq!(flat(inputs[0].as_ref().unwrap()), expected);
 }
 
 #[test]
