@@ -100,28 +100,43 @@ impl Out {
             root: root.to_path_buf(),
         };
         let record = root.join("job.json");
+        let another = |j: JobRecord| {
+            let (theirs, other) = match j.logits {
+                true => ("predictions", "embed"),
+                false => ("embeddings", "predict"),
+            };
+            TrainError::Config(format!(
+                "{} holds the {theirs} of another job (another checkpoint or partitioning, or {other} where this is not); give another --out, or --force to replace it",
+                root.display()
+            ))
+        };
         if root.exists() {
             let theirs: Option<JobRecord> = if force { None } else { read_json(&record)? };
             match theirs {
                 Some(j) if &j == job => return Ok(out),
-                Some(j) => {
-                    let (theirs, other) = match j.logits {
-                        true => ("predictions", "embed"),
-                        false => ("embeddings", "predict"),
-                    };
-                    return Err(TrainError::Config(format!(
-                        "{} holds the {theirs} of another job (another checkpoint or partitioning, or {other} where this is not); give another --out, or --force to replace it",
-                        root.display()
-                    )));
-                }
+                Some(j) => return Err(another(j)),
                 None if force => std::fs::remove_dir_all(root).map_err(io(root))?,
                 None => {
-                    let empty = std::fs::read_dir(root).map_err(io(root))?.next().is_none();
-                    if !empty {
+                    // A peer's node may be creating the directory now: its
+                    // record, or the file it is renamed from, is all there is.
+                    let foreign = std::fs::read_dir(root)
+                        .map_err(io(root))?
+                        .filter_map(std::result::Result::ok)
+                        .any(|e| {
+                            let name = e.file_name();
+                            let name = name.to_string_lossy();
+                            name != "job.json" && !name.starts_with("job.json.partial-")
+                        });
+                    if foreign {
                         return Err(TrainError::Config(format!(
                             "{} already exists and is not an embedding job's directory (use --force to replace it)",
                             root.display()
                         )));
+                    }
+                    match read_json::<JobRecord>(&record)? {
+                        Some(j) if &j == job => return Ok(out),
+                        Some(j) => return Err(another(j)),
+                        None => {}
                     }
                 }
             }
@@ -253,5 +268,46 @@ impl Out {
     /// Partition `k`'s `done.json`, once it has written its embeddings.
     pub fn part_done(&self, k: u32) -> Result<Option<PartDone>> {
         read_json(&self.part(k).join("done.json"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> JobRecord {
+        JobRecord {
+            format: FORMAT.into(),
+            job: name.into(),
+            parts: 2,
+            layers: 2,
+            logits: false,
+        }
+    }
+
+    #[test]
+    fn a_directory_a_peer_is_creating_is_opened_and_others_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("out");
+        std::fs::create_dir(&root).unwrap();
+        // A peer's node is writing the record: only its temporary file is there.
+        std::fs::write(root.join("job.json.partial-4242"), b"{").unwrap();
+        Out::open(&root, &job("a"), false).unwrap();
+        assert_eq!(
+            read_json::<JobRecord>(&root.join("job.json")).unwrap(),
+            Some(job("a"))
+        );
+        // The peer's rename lands: the same job opens, another is refused.
+        Out::open(&root, &job("a"), false).unwrap();
+        assert!(Out::open(&root, &job("b"), false).is_err());
+        // Anything else in the directory is not this job's.
+        let other = tmp.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("notes.txt"), b"mine").unwrap();
+        let e = match Out::open(&other, &job("a"), false) {
+            Ok(_) => panic!("a foreign directory was opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("not an embedding job's directory"), "{e}");
     }
 }
