@@ -392,15 +392,10 @@ impl<'g> Sampler<'g> {
                 continue;
             }
             let base = layer_key(self.seed, epoch, step, layer, g.relation(rid).key());
-            let mut p = RelationPicks {
-                relation: rid,
-                offsets: Vec::with_capacity(nodes.len() + 1),
-                picks: Vec::with_capacity(nodes.len() * fanout.min(32)),
-            };
-            p.offsets.push(0);
-            let mut work = (&mut self.scratch, &mut self.kept);
-            pick_relation(g, base, rid, nodes, fanout, excluded, &mut work, &mut p);
-            out.push(p);
+            let (scratch, kept) = (&mut self.scratch, &mut self.kept);
+            out.push(pick_relation(
+                g, base, rid, nodes, fanout, excluded, scratch, kept,
+            ));
         }
         Ok(out)
     }
@@ -654,9 +649,9 @@ pub const PARALLEL_DESTINATIONS: usize = 1024;
 const PICK_CHUNK: usize = 256;
 
 /// Relation `rid`'s picks for `nodes` (destinations it holds whole
-/// in-neighbourhoods of), appended to `out` (whose offsets already hold
-/// its start); `base` is the relation's [`layer_key`]; `work` is scratch
-/// space (a draw's positions, a neighbour list with exclusions removed).
+/// in-neighbourhoods of); `base` is the relation's [`layer_key`];
+/// `scratch` and `kept` are working memory (a draw's positions, a
+/// neighbour list with exclusions removed).
 #[allow(clippy::too_many_arguments)] // the draw's parts, flat
 fn pick_relation(
     g: &HetGraph,
@@ -665,20 +660,28 @@ fn pick_relation(
     nodes: &[u32],
     fanout: usize,
     excluded: &dyn ExcludeEdges,
-    work: &mut (&mut Vec<u32>, &mut Vec<u32>),
-    out: &mut RelationPicks,
-) {
+    scratch: &mut Vec<u32>,
+    kept: &mut Vec<u32>,
+) -> RelationPicks {
     let csr = g.relation(rid).in_csr();
+    let mut offsets = Vec::with_capacity(nodes.len() + 1);
+    offsets.push(0u32);
+    let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
     for &v in nodes {
-        let neighbors = kept_neighbors(work.1, csr.neighbors(v), excluded, rid, v);
+        let neighbors = kept_neighbors(kept, csr.neighbors(v), excluded, rid, v);
         sample_neighbors(
             key(&[base, u64::from(v)]),
             neighbors,
             fanout,
-            work.0,
-            &mut out.picks,
+            scratch,
+            &mut picks,
         );
-        out.offsets.push(out.picks.len() as u32);
+        offsets.push(picks.len() as u32);
+    }
+    RelationPicks {
+        relation: rid,
+        offsets,
+        picks,
     }
 }
 
@@ -714,23 +717,7 @@ fn pick_in_parallel(
             |(scratch, kept), &(rid, at)| {
                 let nodes = &dst[g.relation(rid).dst.index()];
                 let nodes = &nodes[at..(at + PICK_CHUNK).min(nodes.len())];
-                let mut p = RelationPicks {
-                    relation: rid,
-                    offsets: Vec::with_capacity(nodes.len() + 1),
-                    picks: Vec::with_capacity(nodes.len() * fanout.min(32)),
-                };
-                p.offsets.push(0);
-                pick_relation(
-                    g,
-                    keys(rid),
-                    rid,
-                    nodes,
-                    fanout,
-                    excluded,
-                    &mut (scratch, kept),
-                    &mut p,
-                );
-                p
+                pick_relation(g, keys(rid), rid, nodes, fanout, excluded, scratch, kept)
             },
         )
         .collect();
