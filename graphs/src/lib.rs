@@ -38,6 +38,7 @@ pub mod npy;
 pub mod ogb;
 pub mod overlay;
 pub mod partition;
+pub mod prefetch;
 pub mod progress;
 pub mod rng;
 pub mod sampler;

@@ -21,6 +21,7 @@ use crate::error::{GraphError, Result};
 use crate::graph::HetGraph;
 use crate::ids::{NodeTypeId, RelationId};
 use crate::link::{ExcludeEdges, NoExclusion};
+use crate::prefetch::{prefetch, AHEAD};
 use crate::rng::{key, CounterRng};
 
 const UNSEEN: u32 = u32::MAX;
@@ -274,7 +275,6 @@ pub struct Sampler<'g> {
     seed: u64,
     local: Vec<Vec<u32>>,
     scratch: Vec<u32>,
-    picked: Vec<u32>,
     /// A neighbour list with excluded edges removed.
     kept: Vec<u32>,
     /// Nodes per type beyond the graph's, with ids from its count on (an
@@ -298,7 +298,6 @@ impl<'g> Sampler<'g> {
             seed,
             local: graph.node_types().iter().map(|_| Vec::new()).collect(),
             scratch: Vec::new(),
-            picked: Vec::new(),
             kept: Vec::new(),
             extra: vec![0; graph.node_types().len()],
             parallel: false,
@@ -577,15 +576,7 @@ impl<'g> Sampler<'g> {
                 }
                 Ok(())
             };
-            let block = build_block(
-                g,
-                &mut self.local,
-                &mut self.picked,
-                layer,
-                dst,
-                filter,
-                fill,
-            )?;
+            let block = build_block(g, &mut self.local, layer, dst, filter, fill)?;
             frontier = block.src.clone();
             blocks.push(block);
         }
@@ -667,7 +658,8 @@ fn pick_relation(
     let mut offsets = Vec::with_capacity(nodes.len() + 1);
     offsets.push(0u32);
     let mut picks = Vec::with_capacity(nodes.len() * fanout.min(32));
-    for &v in nodes {
+    for (i, &v) in nodes.iter().enumerate() {
+        prefetch_rows(csr, nodes, i);
         let neighbors = kept_neighbors(kept, csr.neighbors(v), excluded, rid, v);
         sample_neighbors(
             key(&[base, u64::from(v)]),
@@ -736,6 +728,26 @@ fn pick_in_parallel(
     out
 }
 
+/// Asks for the CSR rows of destinations to come while `nodes[i]` is
+/// sampled: the offsets of the one `2 * AHEAD` on, then (its offsets asked
+/// for earlier) the neighbour list of the one `AHEAD` on.
+#[inline(always)]
+fn prefetch_rows(csr: &crate::csr::Csr, nodes: &[u32], i: usize) {
+    let starts = csr.offsets();
+    if let Some(&far) = nodes.get(i + 2 * AHEAD) {
+        if let Some(row) = starts.get(far as usize..far as usize + 2) {
+            prefetch(row);
+        }
+    }
+    if let Some(&near) = nodes.get(i + AHEAD) {
+        if let Some(&at) = starts.get(near as usize) {
+            if let Some(first) = csr.indices().get(at as usize..at as usize + 1) {
+                prefetch(first);
+            }
+        }
+    }
+}
+
 /// One hop's block, from its destinations and the picks of every relation
 /// into their types made elsewhere: `picks[t]` is [`Sampler::pick`]'s
 /// answer for all of `dst[t]`, in order (ByteGNN's one-hop tasks, merged).
@@ -785,7 +797,7 @@ pub fn assemble(
         out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
         Ok(())
     };
-    build_block(g, maps, &mut Vec::new(), layer, dst, filter, fill)
+    build_block(g, maps, layer, dst, filter, fill)
 }
 
 /// One hop's block: `dst`, then per relation (in the graph's order) into a
@@ -796,7 +808,6 @@ pub fn assemble(
 fn build_block<F>(
     g: &HetGraph,
     local: &mut [Vec<u32>],
-    picked: &mut Vec<u32>,
     layer: usize,
     dst: Vec<Vec<u32>>,
     filter: &RelationFilter,
@@ -820,24 +831,35 @@ where
             if dnodes.is_empty() || !filter.allows(layer, rid) {
                 continue;
             }
+            // Two passes: every destination's picks (node ids), then each pick
+            // numbered in order. Both read tables indexed by node id (the CSR's
+            // offsets, the position map), a cache miss per node, and knowing the
+            // ids ahead lets those be requested a few iterations early.
             let mut offsets = Vec::with_capacity(dnodes.len() + 1);
             offsets.push(0u32);
             let mut sources = Vec::with_capacity(dnodes.len() * 8);
-            let (map, srcs) = (&mut local[rel.src.index()], &mut src[rel.src.index()]);
+            let csr = rel.in_csr();
             for (i, &v) in dnodes.iter().enumerate() {
-                picked.clear();
-                fill(rid, dt, i, v, picked)?;
-                for &u in picked.iter() {
-                    let slot = map.get_mut(u as usize).ok_or_else(|| {
-                        GraphError::InvalidArgument(format!("picked node {u} is out of range"))
-                    })?;
-                    if *slot == UNSEEN {
-                        *slot = srcs.len() as u32;
-                        srcs.push(u);
-                    }
-                    sources.push(*slot);
-                }
+                prefetch_rows(csr, dnodes, i);
+                fill(rid, dt, i, v, &mut sources)?;
                 offsets.push(sources.len() as u32);
+            }
+            let (map, srcs) = (&mut local[rel.src.index()], &mut src[rel.src.index()]);
+            for k in 0..sources.len() {
+                if let Some(&ahead) = sources.get(k + 4 * AHEAD) {
+                    if let Some(slot) = map.get(ahead as usize..ahead as usize + 1) {
+                        prefetch(slot);
+                    }
+                }
+                let u = sources[k];
+                let slot = map.get_mut(u as usize).ok_or_else(|| {
+                    GraphError::InvalidArgument(format!("picked node {u} is out of range"))
+                })?;
+                if *slot == UNSEEN {
+                    *slot = srcs.len() as u32;
+                    srcs.push(u);
+                }
+                sources[k] = *slot;
             }
             rels.push(BlockRelation {
                 relation: rid,

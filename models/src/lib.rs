@@ -28,7 +28,8 @@ pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod partials;
-pub mod prefetch;
+/// Software prefetch for reads by node id (in `graphs`, whose sampler uses it too).
+pub use graphs::prefetch;
 pub mod rgat;
 pub mod rgcn;
 pub mod run_lock;

@@ -157,10 +157,15 @@ fn answer(mut jobs: Vec<Job>, metrics: &Metrics) {
         let engine = Arc::clone(&group[0].engine);
         let op = merged(group.iter().map(|j| j.op));
         // A panic in inference is a defect: answer 500 and keep serving.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match op {
-            Op::Classify(want) => engine.classify(&union, want).map(Answer::Classified),
-            Op::Embed(t) => engine.embed(t, &union).map(Answer::Rows),
-        }))
+        // On one of rayon's threads: the inference's parallel parts (draws,
+        // gathers, candle's products) are then handed to the pool from inside
+        // it, not each woken from this thread and waited for.
+        let result = rayon::scope(|_| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match op {
+                Op::Classify(want) => engine.classify(&union, want).map(Answer::Classified),
+                Op::Embed(t) => engine.embed(t, &union).map(Answer::Rows),
+            }))
+        })
         .unwrap_or_else(|_| Err(ServeError::Inference("inference panicked".into())));
         metrics.batch_seconds.observe(start.elapsed().as_secs_f64());
         metrics.batch_nodes.observe(union.len() as f64);
