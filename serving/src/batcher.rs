@@ -115,6 +115,10 @@ impl Drop for Batcher {
     }
 }
 
+/// Nodes of a batch from which its inference runs on rayon's pool (about
+/// where a hop's destinations reach the sampler's parallel threshold).
+const ON_POOL_NODES: usize = 16;
+
 /// The inference thread: batches until every sender is gone.
 fn run(rx: Receiver<Job>, limits: BatchLimits, metrics: &Metrics) {
     while let Ok(first) = rx.recv() {
@@ -157,15 +161,20 @@ fn answer(mut jobs: Vec<Job>, metrics: &Metrics) {
         let engine = Arc::clone(&group[0].engine);
         let op = merged(group.iter().map(|j| j.op));
         // A panic in inference is a defect: answer 500 and keep serving.
-        // On one of rayon's threads: the inference's parallel parts (draws,
-        // gathers, candle's products) are then handed to the pool from inside
-        // it, not each woken from this thread and waited for.
-        let result = rayon::scope(|_| {
+        let infer = || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match op {
                 Op::Classify(want) => engine.classify(&union, want).map(Answer::Classified),
                 Op::Embed(t) => engine.embed(t, &union).map(Answer::Rows),
             }))
-        })
+        };
+        // A large batch runs on one of rayon's threads: its parallel parts
+        // (draws, gathers, candle's products) are then handed to the pool from
+        // inside it, not each woken from this thread and waited for. A small
+        // one has few such parts and would pay the hand-off for nothing.
+        let result = match union.len() >= ON_POOL_NODES {
+            true => rayon::scope(|_| infer()),
+            false => infer(),
+        }
         .unwrap_or_else(|_| Err(ServeError::Inference("inference panicked".into())));
         metrics.batch_seconds.observe(start.elapsed().as_secs_f64());
         metrics.batch_nodes.observe(union.len() as f64);
