@@ -214,6 +214,41 @@ fn drawing_on_rayon_s_pool_gives_the_one_thread_batch() {
 }
 
 #[test]
+fn a_sampler_on_another_s_maps_draws_what_a_new_one_draws() {
+    let g = common::random(3000, 2000, 30_000, 4);
+    let fanouts = [6, 4];
+    let first: Vec<u32> = (0..200).map(|i| i * 7 % 3000).collect();
+    let second: Vec<u32> = (0..150).map(|i| i * 11 % 3000).collect();
+    let mut used = Sampler::new(&g, &fanouts, 3).unwrap();
+    used.sample(0, 1, &first).unwrap();
+    // A failed call (a seed listed twice) must leave them clean too.
+    assert!(used.sample(0, 2, &[5, 9, 5]).is_err());
+    let maps = used.into_maps();
+    assert_eq!(maps.len(), g.node_types().len());
+    for (t, map) in maps.iter().enumerate() {
+        assert_eq!(map.len(), g.node_types()[t].count as usize);
+        assert!(
+            map.iter().all(|&e| e == u32::MAX),
+            "type {t} holds a position"
+        );
+    }
+    let fresh = Sampler::new(&g, &fanouts, 3)
+        .unwrap()
+        .sample(4, 5, &second)
+        .unwrap();
+    let mut reused = Sampler::new(&g, &fanouts, 3).unwrap().with_maps(maps);
+    assert_eq!(reused.sample(4, 5, &second).unwrap(), fresh);
+    // Maps of another number of types are not taken.
+    let other = Sampler::new(&g, &fanouts, 3)
+        .unwrap()
+        .with_maps(vec![vec![0; 10]]);
+    assert_eq!(
+        other.into_maps(),
+        vec![Vec::<u32>::new(); g.node_types().len()]
+    );
+}
+
+#[test]
 fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
     // ByteGNN's DAG: each hop's picks made in chunks of destinations (by any
     // thread, in any order), merged, then assembled.

@@ -152,6 +152,9 @@ pub struct Engine {
     exact: Option<Vec<Option<TypeRows>>>,
     /// Served from partitions: where neighbourhoods are drawn and read.
     online: Option<Online>,
+    /// The last request's sampler maps, reused by the next
+    /// ([`graphs::sampler::Sampler::with_maps`]); empty while one is in use.
+    maps: std::sync::Mutex<Vec<Vec<u32>>>,
 }
 
 impl Engine {
@@ -181,6 +184,7 @@ impl Engine {
             head,
             exact,
             online: None,
+            maps: Default::default(),
         })
     }
 
@@ -198,6 +202,7 @@ impl Engine {
             head,
             exact: None,
             online: Some(online),
+            maps: Default::default(),
         }
     }
 
@@ -321,7 +326,8 @@ impl Engine {
                     Some(o) => o.neighbourhoods(nodes).map_err(from_partitions)?,
                     None => {
                         // This request's thread waits for it: its draws go on every core.
-                        let mut sampler = self.plan.eval(g)?.in_parallel();
+                        let mut sampler =
+                            self.plan.eval(g)?.in_parallel().with_maps(self.take_maps());
                         let mb = sample(
                             &mut sampler,
                             model.uses_neighbors(),
@@ -329,6 +335,7 @@ impl Engine {
                             INFERENCE_STEP,
                             nodes,
                         )?;
+                        self.keep_maps(sampler);
                         let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
                         (mb, inputs)
                     }
@@ -463,8 +470,28 @@ impl Engine {
             Inference::Exact => Sampler::new(g, &vec![usize::MAX; layers], 0)?,
             Inference::Sampled => self.plan.eval(g)?,
         };
-        let mut sampler = sampler.with_new_nodes(overlay.added())?;
-        Ok(overlay.sample(&mut sampler, epoch, step, &typed)?)
+        let mut sampler = sampler
+            .with_new_nodes(overlay.added())?
+            .with_maps(self.take_maps());
+        let mb = overlay.sample(&mut sampler, epoch, step, &typed)?;
+        self.keep_maps(sampler);
+        Ok(mb)
+    }
+
+    /// The sampler maps the last request left (none if another holds them).
+    fn take_maps(&self) -> Vec<Vec<u32>> {
+        self.maps
+            .try_lock()
+            .map(|mut m| std::mem::take(&mut *m))
+            .unwrap_or_default()
+    }
+
+    /// Leaves `sampler`'s maps for the next request (after a sampling that
+    /// returned: an error or panic midway drops them instead).
+    fn keep_maps(&self, sampler: Sampler<'_>) {
+        if let Ok(mut m) = self.maps.try_lock() {
+            *m = sampler.into_maps();
+        }
     }
 
     /// The input rows of `src` (per type) over `overlay`: stored nodes'
