@@ -162,6 +162,8 @@ fn answer(mut jobs: Vec<Job>, metrics: &Metrics) {
         let op = merged(group.iter().map(|j| j.op));
         // A panic in inference is a defect: answer 500 and keep serving.
         let infer = || {
+            // Answers take no gradient: no work for a backward pass is started.
+            let _inference = models::ops::no_backward();
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match op {
                 Op::Classify(want) => engine.classify(&union, want).map(Answer::Classified),
                 Op::Embed(t) => engine.embed(t, &union).map(Answer::Rows),

@@ -11,6 +11,34 @@ use rayon::prelude::*;
 
 use super::axpy::{gather_row, Elem};
 
+thread_local! {
+    /// Set while this thread computes answers no backward pass follows ([`no_backward`]).
+    static NO_BACKWARD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While the guard lives, this thread's forward passes start no transposes
+/// for a backward pass ([`SegmentCsr::transpose_ahead`]): for inference,
+/// whose products track gradients (the weights are variables) though none
+/// will be taken. A backward pass taken anyway still works: the transpose
+/// is then built when it is first needed.
+pub fn no_backward() -> NoBackward {
+    NoBackward {
+        before: NO_BACKWARD.with(|f| f.replace(true)),
+    }
+}
+
+/// Guard of [`no_backward`]: restores the thread's previous setting when dropped.
+#[must_use = "the setting lasts as long as the guard"]
+pub struct NoBackward {
+    before: bool,
+}
+
+impl Drop for NoBackward {
+    fn drop(&mut self) {
+        NO_BACKWARD.with(|f| f.set(self.before));
+    }
+}
+
 /// A destination-major CSR with its source-major transpose, shared by the
 /// forward and backward ops.
 #[derive(Debug)]
@@ -104,7 +132,7 @@ impl SegmentCsr {
     /// come: it is then built while the forward pass's sequential parts leave
     /// a core idle, not on the backward pass's thread.
     pub fn transpose_ahead(self: &Arc<Self>) {
-        if self.transpose.get().is_none() {
+        if self.transpose.get().is_none() && !NO_BACKWARD.with(std::cell::Cell::get) {
             let csr = Arc::clone(self);
             rayon::spawn(move || {
                 csr.t();
@@ -365,5 +393,40 @@ impl CustomOp1 for SegmentMeanT {
             grad.contiguous()?
                 .apply_op1(SegmentMean(Arc::clone(&self.0)))?,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built(csr: &SegmentCsr) -> bool {
+        csr.transpose.get().is_some()
+    }
+
+    #[test]
+    fn no_transpose_is_started_for_inference_and_the_setting_nests() {
+        let csr = || SegmentCsr::new(4, vec![0, 2, 3], vec![0, 3, 1]);
+        {
+            let _outer = no_backward();
+            {
+                let _inner = no_backward();
+            }
+            // The inner guard restored the outer one's setting, not the default.
+            let c = csr();
+            c.transpose_ahead();
+            // Bounded: a spawned build would finish within this on an idle pool.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(!built(&c), "a transpose was started under no_backward");
+            // Asked for anyway (a backward pass after all), it is built then.
+            assert_eq!(c.t().t_offsets.len(), 5);
+        }
+        let c = csr();
+        c.transpose_ahead();
+        let start = std::time::Instant::now();
+        while !built(&c) && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(built(&c), "without the guard the transpose is built ahead");
     }
 }
