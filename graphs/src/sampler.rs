@@ -594,7 +594,9 @@ impl<'g> Sampler<'g> {
                 }
                 Ok(())
             };
-            let block = build_block(g, &mut self.local, layer, dst, filter, fill)?;
+            // With the picks drawn ahead, `fill` copies them and reads no CSR row.
+            let reads_csr = ahead.is_empty();
+            let block = build_block(g, &mut self.local, layer, dst, filter, reads_csr, fill)?;
             frontier = block.src.clone();
             blocks.push(block);
         }
@@ -815,20 +817,23 @@ pub fn assemble(
         out.extend_from_slice(&p.picks[p.offsets[i] as usize..p.offsets[i + 1] as usize]);
         Ok(())
     };
-    build_block(g, maps, layer, dst, filter, fill)
+    build_block(g, maps, layer, dst, filter, false, fill)
 }
 
 /// One hop's block: `dst`, then per relation (in the graph's order) into a
 /// type with destinations and allowed at `layer`, each destination's picks
 /// from `fill(relation, dst type, index in dst[type], node, out)`, sources
 /// numbered in order of first appearance after the destinations. `local` is
-/// the per-type position map (all `UNSEEN` before and after).
+/// the per-type position map (all `UNSEEN` before and after). `reads_csr`:
+/// whether `fill` draws from the relation's CSR (its rows are then asked for
+/// ahead).
 fn build_block<F>(
     g: &HetGraph,
     local: &mut [Vec<u32>],
     layer: usize,
     dst: Vec<Vec<u32>>,
     filter: &RelationFilter,
+    reads_csr: bool,
     mut fill: F,
 ) -> Result<Block>
 where
@@ -858,7 +863,9 @@ where
             let mut sources = Vec::with_capacity(dnodes.len() * 8);
             let csr = rel.in_csr();
             for (i, &v) in dnodes.iter().enumerate() {
-                prefetch_rows(csr, dnodes, i);
+                if reads_csr {
+                    prefetch_rows(csr, dnodes, i);
+                }
                 fill(rid, dt, i, v, &mut sources)?;
                 offsets.push(sources.len() as u32);
             }

@@ -173,9 +173,10 @@ fn answer(mut jobs: Vec<Job>, metrics: &Metrics) {
         // (draws, gathers, candle's products) are then handed to the pool from
         // inside it, not each woken from this thread and waited for. A small
         // one has few such parts and would pay the hand-off for nothing.
-        let result = match union.len() >= ON_POOL_NODES {
-            true => rayon::scope(|_| infer()),
-            false => infer(),
+        let result = if union.len() >= ON_POOL_NODES {
+            rayon::scope(|_| infer())
+        } else {
+            infer()
         }
         .unwrap_or_else(|_| Err(ServeError::Inference("inference panicked".into())));
         metrics.batch_seconds.observe(start.elapsed().as_secs_f64());
