@@ -208,6 +208,16 @@ pub const MAX_UDP_PAYLOAD: u16 = 65_487;
 /// not congestion, and the search settles below them.
 pub const JUMBO_UDP_PAYLOAD: u16 = 8952;
 
+/// The round trip assumed before the first is measured. Nodes of a cluster
+/// start in any order and dial peers that are not listening yet; the
+/// handshake's first packet is then lost and sent again one probe timeout
+/// later, about three of these. quinn's default (333 ms, for the internet)
+/// held every node of a 4-node `embed` about a second waiting for its
+/// peers; on a cluster's network a round trip is well under this one, and
+/// on a longer path the cost of too small a guess is a few handshake
+/// packets sent twice.
+const INITIAL_RTT: Duration = Duration::from_millis(20);
+
 /// Transport settings tuned for bulk tensors: large flow-control windows, datagram
 /// sizes for `path`, an idle timeout well past the failure detector's.
 pub fn transport_config(idle: Duration, path: PathKind) -> Arc<quinn::TransportConfig> {
@@ -218,7 +228,8 @@ pub fn transport_config(idle: Duration, path: PathKind) -> Arc<quinn::TransportC
         .receive_window((256u32 << 20).into())
         .send_window(256 << 20)
         .keep_alive_interval(Some(Duration::from_secs(1)))
-        .max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
+        .max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok())
+        .initial_rtt(INITIAL_RTT);
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     match path {
         PathKind::Loopback => {

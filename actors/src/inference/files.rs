@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! OUT/job.json            what is being computed (a resumed run must match it)
-//! OUT/part-K/stage-S/     partition K's rows of stage S (its resume point)
+//! OUT/part-K/stage-S/     partition K's rows of stage S (its resume point; every
+//!                         stage but the last, which its embeddings hold)
 //! OUT/part-K/<type>.npy   partition K's embeddings, float32 [own nodes, width]
 //!                         (a `predict` job: the target type's logits only)
 //! OUT/part-K/<type>.ids.npy  their global node ids, int64, ascending

@@ -71,3 +71,19 @@ impl Msg for Finished {
     type Reply = FinishState;
     const KIND: &'static str = "embed-finished";
 }
+
+/// The sender, partition `part`, is leaving: every partition has been seen
+/// done and it has seen every peer see it. A peer waiting on it for that
+/// stops waiting (its silence would otherwise cost a timeout).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Leaving {
+    /// The job's id.
+    pub job: u64,
+    /// The partition leaving.
+    pub part: u32,
+}
+
+impl Msg for Leaving {
+    type Reply = ();
+    const KIND: &'static str = "embed-leaving";
+}

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
+use futures_util::future::join_all;
 use graphs::partition::PartitionSet;
 use graphs::{HetGraph, LoadOptions};
 use runtime::Node;
@@ -27,7 +28,7 @@ use crate::distributed::System;
 use crate::error::{Result, TrainError};
 use crate::pretrained::Inference;
 use files::{JobRecord, Manifest, Out, TypeEntry};
-use messages::{Finished, PartDone, StagePull};
+use messages::{Finished, Leaving, PartDone, StagePull};
 use rows::{Published, RowServer};
 
 /// Actor names of distributed inference.
@@ -315,7 +316,7 @@ pub fn embed_node(
     published.all_seen();
     system
         .handle
-        .block_on(linger(&system.node, job_id, parts, k));
+        .block_on(linger(&system.node, &published, job_id, parts, k));
     out.clean(k)?;
     drop(system);
     if k != 0 {
@@ -338,12 +339,19 @@ async fn barrier(
     let deadline = std::time::Instant::now() + wait;
     let mut done: Vec<Option<PartDone>> = vec![None; parts as usize];
     loop {
-        for p in 0..parts {
-            if done[p as usize].is_some() {
-                continue;
-            }
-            let actor = node.actor(&names::rows(p)).map_err(TrainError::internal)?;
-            if let Ok(state) = actor.ask(Finished { job }, Duration::from_secs(5)).await {
+        let asked: Vec<u32> = (0..parts).filter(|&p| done[p as usize].is_none()).collect();
+        let actors = asked
+            .iter()
+            .map(|&p| node.actor(&names::rows(p)).map_err(TrainError::internal))
+            .collect::<Result<Vec<_>>>()?;
+        let states = join_all(
+            actors
+                .iter()
+                .map(|a| a.ask(Finished { job }, Duration::from_secs(5))),
+        )
+        .await;
+        for (&p, state) in asked.iter().zip(states) {
+            if let Ok(state) = state {
                 done[p as usize] = state.done;
             }
         }
@@ -365,31 +373,39 @@ async fn barrier(
 }
 
 /// Keeps serving until every peer has seen every partition done too (or
-/// is gone: it leaves only once it has), so that none is left asking.
-async fn linger(node: &Node, job: u64, parts: u32, me: u32) {
+/// is gone: it leaves only once it has), so that none is left asking; then
+/// tells the peers it leaves.
+async fn linger(node: &Node, published: &Published, job: u64, parts: u32, me: u32) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut left: Vec<u32> = (0..parts).filter(|&p| p != me).collect();
-    while !left.is_empty() && std::time::Instant::now() < deadline {
-        let mut still = Vec::new();
-        for p in left {
-            let Ok(actor) = node.actor(&names::rows(p)) else {
-                continue;
-            };
-            // A peer that left had seen everything (it leaves only then): a
-            // short timeout keeps its silence from holding this one up.
-            match actor
-                .ask(Finished { job }, Duration::from_millis(500))
-                .await
-            {
-                Ok(state) if !state.all_seen => still.push(p),
-                _ => {}
-            }
-        }
-        left = still;
-        if !left.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let peers: Vec<(u32, runtime::ActorRef)> = (0..parts)
+        .filter(|&p| p != me)
+        .filter_map(|p| Some((p, node.actor(&names::rows(p)).ok()?)))
+        .collect();
+    let mut waiting: Vec<&(u32, runtime::ActorRef)> = peers.iter().collect();
+    while !waiting.is_empty() && std::time::Instant::now() < deadline {
+        // A peer that left had seen everything (it leaves only then); one
+        // whose word of it was lost costs this short timeout.
+        waiting.retain(|(p, _)| !published.has_left(*p));
+        let states = join_all(
+            waiting
+                .iter()
+                .map(|(_, a)| a.ask(Finished { job }, Duration::from_millis(500))),
+        )
+        .await;
+        let mut states = states.into_iter();
+        waiting.retain(|_| matches!(states.next(), Some(Ok(s)) if !s.all_seen));
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let part = me;
+    join_all(
+        peers
+            .iter()
+            .filter(|(p, _)| !published.has_left(*p))
+            .map(|(_, a)| a.ask(Leaving { job, part }, Duration::from_millis(500))),
+    )
+    .await;
 }
 
 /// Registers partition `k`'s row server on `node`.
@@ -398,6 +414,7 @@ fn serve(node: &Node, k: u32, p: Arc<Published>) -> Result<()> {
     node.register(&names::rows(k), &addr)
         .map_err(TrainError::internal)?
         .handle::<StagePull>()
-        .handle::<Finished>();
+        .handle::<Finished>()
+        .handle::<Leaving>();
     Ok(())
 }

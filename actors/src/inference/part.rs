@@ -1,8 +1,9 @@
 //! One partition's share of distributed inference: its own nodes' rows,
 //! stage by stage, from the previous stage's rows of its own nodes and of
 //! its halo (the in-neighbours other partitions own), pulled from their
-//! owners. Each stage is saved before it is published, so a restarted
-//! partition resumes from its newest one.
+//! owners. Each stage a peer reads is saved before it is published, so a
+//! restarted partition resumes from its newest one (the last stage is the
+//! partition's output).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -229,16 +230,20 @@ impl Part<'_> {
         let s = self.shared;
         let (k, out, layers) = (self.k, s.out, s.layers);
         let resumed = out.latest_stage(k, layers);
+        // Partitions holding their halo's feature rows read every input row
+        // where it is stored, as the single process does: stage 0 is neither
+        // copied nor pulled by a peer.
+        let direct = s.halo_features;
         let mut prev: Arc<Stage> = match resumed {
             None => {
-                let inputs = Arc::new(self.inputs()?);
+                let inputs = Arc::new(self.stage_zero(direct)?);
                 self.published.publish(0, inputs.clone());
                 inputs
             }
             Some(at) => {
                 // Peers still computing stage `at` need this partition's stage `at - 1`.
                 let before = if at == 1 {
-                    self.inputs()?
+                    self.stage_zero(direct)?
                 } else {
                     out.load_stage(k, at - 1, s.names, self.own)?
                 };
@@ -249,10 +254,10 @@ impl Part<'_> {
                 rows
             }
         };
-        if let Some(done) = out
-            .part_done(k)?
-            .filter(|_| resumed == Some(layers) || layers == 0)
-        {
+        // The last stage is saved as the partition's output (no peer reads
+        // it): written, it leaves stage `layers - 1` the newest saved.
+        let last_saved = resumed.unwrap_or(0) + 1 >= layers;
+        if let Some(done) = out.part_done(k)?.filter(|_| last_saved) {
             self.published.finish(done.clone());
             return Ok(done);
         }
@@ -270,6 +275,16 @@ impl Part<'_> {
                 Some(p) if stage + 1 == layers => p,
                 _ => &every,
             };
+            if direct && stage == 0 {
+                let t0 = std::time::Instant::now();
+                let next = self.compute(stage, &Rows::Inputs, &plan.at, &plan.nodes)?;
+                tracing::info!(
+                    "partition {k}: layer 1 of {layers} in {:.2}s (every input row read here)",
+                    t0.elapsed().as_secs_f64()
+                );
+                prev = self.finish_stage(stage, layers, next)?;
+                continue;
+            }
             let Plan {
                 halo,
                 at,
@@ -290,28 +305,23 @@ impl Part<'_> {
                     };
                     (rows, t0.elapsed())
                 });
-                let first = self.compute(stage, &prev, &none, at, inner);
+                let first = self.compute(stage, &Rows::Held(&prev, &none), at, inner);
                 (pulling.join(), first)
             });
             let (pulled, pulling) =
                 pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
             let (pulled, first) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            let second = self.compute(stage, &prev, &pulled, at, outer)?;
+            let second = self.compute(stage, &Rows::Held(&prev, &pulled), at, outer)?;
             let next = merge(nodes, inner, first, outer, second)?;
-            let t2 = std::time::Instant::now();
-            out.save_stage(k, stage + 1, s.names, &next)?;
             tracing::info!(
-                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior; then the boundary {:.2}s, saving {:.2}s)",
+                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior; then the boundary {:.2}s)",
                 stage + 1,
                 t0.elapsed().as_secs_f64(),
                 pulling.as_secs_f64(),
-                (t2 - t1).as_secs_f64(),
-                t2.elapsed().as_secs_f64()
+                t1.elapsed().as_secs_f64(),
             );
-            let next = Arc::new(next);
-            self.published.publish(stage + 1, next.clone());
-            prev = next;
+            prev = self.finish_stage(stage, layers, next)?;
         }
         let rows = match s.logits {
             true => self.logits(&prev, target)?,
@@ -320,6 +330,35 @@ impl Part<'_> {
         let done = out.write_part(k, s.names, self.own, &rows)?;
         self.published.finish(done.clone());
         Ok(done)
+    }
+
+    /// Saves and publishes stage `stage + 1` (`next`) for peers, but the
+    /// last one, which no peer reads and the partition's output saves.
+    fn finish_stage(&self, stage: u32, layers: u32, next: Stage) -> Result<Arc<Stage>> {
+        let next = Arc::new(next);
+        if stage + 1 < layers {
+            let t = std::time::Instant::now();
+            self.shared
+                .out
+                .save_stage(self.k, stage + 1, self.shared.names, &next)?;
+            tracing::debug!(
+                "partition {}: stage {} saved in {:.2}s",
+                self.k,
+                stage + 1,
+                t.elapsed().as_secs_f64()
+            );
+            self.published.publish(stage + 1, next.clone());
+        }
+        Ok(next)
+    }
+
+    /// Stage 0 as published: the own nodes' input rows, or nothing where
+    /// every partition reads its inputs where they are stored (`direct`).
+    fn stage_zero(&self, direct: bool) -> Result<Stage> {
+        match direct {
+            true => Ok(vec![None; self.own.len()]),
+            false => self.inputs(),
+        }
     }
 
     /// A logits job's output from its last stage: the target type's rows
@@ -384,13 +423,16 @@ impl Part<'_> {
     fn compute(
         &self,
         stage: u32,
-        prev: &Stage,
-        pulled: &[Option<TypeRows>],
+        rows: &Rows,
         at: &[Vec<u32>],
         nodes: &[Vec<u32>],
     ) -> Result<Stage> {
         let (model, g) = (&self.shared.model.model, self.graph);
         let types = self.own.len();
+        let (prev, pulled) = match *rows {
+            Rows::Held(prev, pulled) => (prev.as_slice(), pulled),
+            Rows::Inputs => (&[][..], &[][..]),
+        };
         // Per type: own rows, then the halo's (a row index past the own rows is the halo's).
         let mut held: Vec<Option<Held>> = Vec::with_capacity(types);
         for (t, (mine, theirs)) in prev.iter().zip(pulled).enumerate() {
@@ -416,30 +458,15 @@ impl Part<'_> {
             let mut counted = 0;
             for chunk in nodes[t].chunks(self.shared.chunk) {
                 let block = full_block(g, stage as usize, NodeTypeId(t as u32), chunk);
-                let h: PerType = block
-                    .src
-                    .iter()
-                    .enumerate()
-                    .map(|(u, ids)| match &held[u] {
-                        Some(r) if !ids.is_empty() => {
-                            let mut buf = Vec::with_capacity(ids.len() * r.width);
-                            for &v in ids {
-                                let row = r.row(at[u][v as usize] as usize).ok_or_else(|| {
-                                    TrainError::Internal(format!(
-                                        "node {v} of type {} is neither owned here nor in the halo",
-                                        self.shared.names[u]
-                                    ))
-                                })?;
-                                buf.extend_from_slice(row);
-                            }
-                            Ok(Some(
-                                Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
-                                    .to_dtype(model.dtype())?,
-                            ))
-                        }
-                        _ => Ok(None),
-                    })
-                    .collect::<Result<_>>()?;
+                let h: PerType = match rows {
+                    Rows::Inputs => block
+                        .src
+                        .iter()
+                        .enumerate()
+                        .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
+                        .collect::<Result<_>>()?,
+                    Rows::Held(..) => self.held_rows(&block.src, &held, at)?,
+                };
                 match layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))? {
                     Some(x) => append(out, &x, nodes[t].len())?,
                     None => break,
@@ -454,6 +481,39 @@ impl Part<'_> {
             }
         }
         Ok(next)
+    }
+
+    /// The rows of a block's sources `src` (per type) from a stage's `held`
+    /// rows, `at` giving each node's row index there.
+    fn held_rows(
+        &self,
+        src: &[Vec<u32>],
+        held: &[Option<Held>],
+        at: &[Vec<u32>],
+    ) -> Result<PerType> {
+        let model = &self.shared.model.model;
+        src.iter()
+            .enumerate()
+            .map(|(u, ids)| match &held[u] {
+                Some(r) if !ids.is_empty() => {
+                    let mut buf = Vec::with_capacity(ids.len() * r.width);
+                    for &v in ids {
+                        let row = r.row(at[u][v as usize] as usize).ok_or_else(|| {
+                            TrainError::Internal(format!(
+                                "node {v} of type {} is neither owned here nor in the halo",
+                                self.shared.names[u]
+                            ))
+                        })?;
+                        buf.extend_from_slice(row);
+                    }
+                    Ok(Some(
+                        Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
+                            .to_dtype(model.dtype())?,
+                    ))
+                }
+                _ => Ok(None),
+            })
+            .collect()
     }
 
     /// The halo's rows of `stage` of the types `which` marks, per type in
@@ -528,6 +588,15 @@ impl Part<'_> {
         }
         Ok(rows)
     }
+}
+
+/// Where a stage's computation reads its source rows.
+enum Rows<'a> {
+    /// The previous stage's rows: the own nodes', then the halo's pulled.
+    Held(&'a Stage, &'a [Option<TypeRows>]),
+    /// The model's input rows, read where they are stored (stage 0 on
+    /// partitions holding their halo's features).
+    Inputs,
 }
 
 /// One pull's rows: `(width, little-endian f32 values)`, or `None` where the stage has no rows of the type.

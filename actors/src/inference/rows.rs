@@ -7,7 +7,9 @@ use actix::{Actor, Context, Handler, MessageResult};
 use models::inference::TypeRows;
 use runtime::{Deliver, SharedBytes};
 
-use super::messages::{FinishState, Finished, PartDone, ServeError, StagePull, StageRows, MAX_IDS};
+use super::messages::{
+    FinishState, Finished, Leaving, PartDone, ServeError, StagePull, StageRows, MAX_IDS,
+};
 
 /// One stage's rows of a partition's own nodes, per type (`None`: no rows of
 /// that type), in the order of the partition's own nodes (ascending ids).
@@ -26,6 +28,8 @@ pub struct Published {
     own: Arc<Vec<Vec<u32>>>,
     stages: Mutex<Vec<(u32, Arc<Stage>)>>,
     finished: Mutex<FinishState>,
+    /// Peers that said they are leaving ([`Leaving`]).
+    left: Mutex<Vec<u32>>,
 }
 
 impl Published {
@@ -37,6 +41,7 @@ impl Published {
             own,
             stages: Mutex::new(Vec::new()),
             finished: Mutex::new(FinishState::default()),
+            left: Mutex::new(Vec::new()),
         }
     }
 
@@ -61,6 +66,25 @@ impl Published {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .all_seen = true;
+    }
+
+    /// Records a peer's word that it is leaving (another job's is ignored).
+    fn note_leaving(&self, m: &Leaving) {
+        if m.job != self.job {
+            return;
+        }
+        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        if !left.contains(&m.part) {
+            left.push(m.part);
+        }
+    }
+
+    /// Whether partition `part` said it is leaving.
+    pub fn has_left(&self, part: u32) -> bool {
+        self.left
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&part)
     }
 
     fn answer(&self, m: &StagePull) -> Result<StageRows, ServeError> {
@@ -153,6 +177,14 @@ impl Handler<Deliver<Finished>> for RowServer {
     }
 }
 
+impl Handler<Deliver<Leaving>> for RowServer {
+    type Result = MessageResult<Deliver<Leaving>>;
+    fn handle(&mut self, m: Deliver<Leaving>, _: &mut Context<Self>) -> Self::Result {
+        self.0.note_leaving(&m.msg);
+        MessageResult(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +249,15 @@ mod tests {
             p.answer(&pull(4, 0, vec![2])),
             Ok(StageRows::NotYet)
         ));
+    }
+
+    #[test]
+    fn a_peer_leaving_is_remembered_for_its_job_only() {
+        let p = Published::new(7, 1, Arc::new(vec![vec![2]]));
+        p.note_leaving(&Leaving { job: 8, part: 0 });
+        assert!(!p.has_left(0), "another job's word counts");
+        p.note_leaving(&Leaving { job: 7, part: 0 });
+        p.note_leaving(&Leaving { job: 7, part: 0 });
+        assert!(p.has_left(0) && !p.has_left(2));
     }
 }
