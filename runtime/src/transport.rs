@@ -739,6 +739,14 @@ impl Transport {
         }
         tokio::spawn(self.clone().datagram_loop(peer.clone(), quic.clone()));
         tokio::spawn(self.clone().read_loop(peer.clone(), quic));
+        // A heartbeat now, not at the next tick: a peer waiting for every
+        // member to be up (the start of a run) hears from this one at once.
+        if peer.member {
+            let sent_us = self.started.elapsed().as_micros() as u64;
+            if let Ok(hb) = encode_frame(&Frame::Heartbeat { sent_us }) {
+                self.send_datagram(peer, Bytes::from(hb), "heartbeat");
+            }
+        }
         Ok(())
     }
 

@@ -43,6 +43,14 @@ pub enum StageRows {
         /// The rows.
         data: SharedBytes,
     },
+    /// The same rows with their zeros left out ([`super::packed`]), where
+    /// that makes them at most three quarters of their size.
+    Packed {
+        /// Floats per node.
+        width: u32,
+        /// The packed rows.
+        data: SharedBytes,
+    },
 }
 
 impl Msg for StagePull {

@@ -10,6 +10,7 @@
 pub mod files;
 pub mod messages;
 pub mod online;
+pub mod packed;
 mod part;
 pub mod rows;
 

@@ -165,65 +165,6 @@ fn interior(
         .unzip()
 }
 
-/// One stage of the own nodes from its interior's rows `first` and its
-/// boundary's `second` (each in its nodes' order), in the own nodes' order.
-fn merge(
-    own: &[Vec<u32>],
-    inner: &[Vec<u32>],
-    first: Stage,
-    outer: &[Vec<u32>],
-    second: Stage,
-) -> Result<Stage> {
-    let mut out = Vec::with_capacity(own.len());
-    for (t, (a, b)) in first.into_iter().zip(second).enumerate() {
-        let (a, b) = match (a, b) {
-            (None, None) => {
-                out.push(None);
-                continue;
-            }
-            (Some(a), None) if outer[t].is_empty() => (
-                a,
-                TypeRows {
-                    width: 0,
-                    data: Vec::new(),
-                },
-            ),
-            (None, Some(b)) if inner[t].is_empty() => (
-                TypeRows {
-                    width: 0,
-                    data: Vec::new(),
-                },
-                b,
-            ),
-            (Some(a), Some(b)) if a.width == b.width => (a, b),
-            _ => {
-                return Err(TrainError::Internal(format!(
-                    "type {t}: the interior's and the boundary's rows differ in width or presence"
-                )))
-            }
-        };
-        let w = a.width.max(b.width);
-        if a.data.len() != inner[t].len() * w || b.data.len() != outer[t].len() * w {
-            return Err(TrainError::Internal(format!(
-                "type {t}: rows for only some of the interior or the boundary"
-            )));
-        }
-        let mut data = Vec::with_capacity(own[t].len() * w);
-        let (mut i, mut j) = (0, 0);
-        for &v in &own[t] {
-            if inner[t].get(i) == Some(&v) {
-                data.extend_from_slice(&a.data[i * w..(i + 1) * w]);
-                i += 1;
-            } else {
-                data.extend_from_slice(&b.data[j * w..(j + 1) * w]);
-                j += 1;
-            }
-        }
-        out.push(Some(TypeRows { width: w, data }));
-    }
-    Ok(out)
-}
-
 impl Part<'_> {
     /// Computes (or resumes) the partition's stages and writes its embeddings.
     pub fn run(&self) -> Result<PartDone> {
@@ -277,7 +218,9 @@ impl Part<'_> {
             };
             if direct && stage == 0 {
                 let t0 = std::time::Instant::now();
-                let next = self.compute(stage, &Rows::Inputs, &plan.at, &plan.nodes)?;
+                let mut next = Placed::new(&plan.nodes);
+                self.compute(stage, &Rows::Inputs, &plan.at, &plan.nodes, &mut next)?;
+                let next = next.finish(s.names)?;
                 tracing::info!(
                     "partition {k}: layer 1 of {layers} in {:.2}s (every input row read here)",
                     t0.elapsed().as_secs_f64()
@@ -294,6 +237,7 @@ impl Part<'_> {
             } = plan;
             let halo_nodes: usize = halo.iter().map(Vec::len).sum();
             let none: Vec<Option<TypeRows>> = vec![None; halo.len()];
+            let mut next = Placed::new(nodes);
             let t0 = std::time::Instant::now();
             // The interior needs no halo row: it is computed while the halo's rows come.
             let (pulled, first) = std::thread::scope(|scope| {
@@ -305,15 +249,15 @@ impl Part<'_> {
                     };
                     (rows, t0.elapsed())
                 });
-                let first = self.compute(stage, &Rows::Held(&prev, &none), at, inner);
+                let first = self.compute(stage, &Rows::Held(&prev, &none), at, inner, &mut next);
                 (pulling.join(), first)
             });
             let (pulled, pulling) =
                 pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
-            let (pulled, first) = (pulled?, first?);
+            let (pulled, ()) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            let second = self.compute(stage, &Rows::Held(&prev, &pulled), at, outer)?;
-            let next = merge(nodes, inner, first, outer, second)?;
+            self.compute(stage, &Rows::Held(&prev, &pulled), at, outer, &mut next)?;
+            let next = next.finish(s.names)?;
             tracing::info!(
                 "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior; then the boundary {:.2}s)",
                 stage + 1,
@@ -419,14 +363,15 @@ impl Part<'_> {
     }
 
     /// Stage `stage + 1` of the own nodes `nodes` (per type, ascending) from
-    /// stage `stage`'s rows: the own ones in `prev`, the halo's in `pulled`.
+    /// stage `stage`'s `rows`, placed `into` the stage.
     fn compute(
         &self,
         stage: u32,
         rows: &Rows,
         at: &[Vec<u32>],
         nodes: &[Vec<u32>],
-    ) -> Result<Stage> {
+        into: &mut Placed,
+    ) -> Result<()> {
         let (model, g) = (&self.shared.model.model, self.graph);
         let types = self.own.len();
         let (prev, pulled) = match *rows {
@@ -453,10 +398,9 @@ impl Part<'_> {
                 }
             });
         }
-        let mut next: Stage = vec![None; types];
-        for (t, out) in next.iter_mut().enumerate() {
+        for (t, ids) in nodes.iter().enumerate() {
             let mut counted = 0;
-            for chunk in nodes[t].chunks(self.shared.chunk) {
+            for chunk in ids.chunks(self.shared.chunk) {
                 let block = full_block(g, stage as usize, NodeTypeId(t as u32), chunk);
                 let h: PerType = match rows {
                     Rows::Inputs => block
@@ -468,7 +412,7 @@ impl Part<'_> {
                     Rows::Held(..) => self.held_rows(&block.src, &held, at)?,
                 };
                 match layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))? {
-                    Some(x) => append(out, &x, nodes[t].len())?,
+                    Some(x) => into.place(t, chunk, &x)?,
                     None => break,
                 }
                 (self.shared.progress)(chunk.len() as u64);
@@ -476,11 +420,11 @@ impl Part<'_> {
             }
             // A type with no rows at this layer is done with it too (progress
             // counts each own node once per layer computed).
-            if counted < nodes[t].len() {
-                (self.shared.progress)((nodes[t].len() - counted) as u64);
+            if counted < ids.len() {
+                (self.shared.progress)((ids.len() - counted) as u64);
             }
         }
-        Ok(next)
+        Ok(())
     }
 
     /// The rows of a block's sources `src` (per type) from a stage's `held`
@@ -520,6 +464,20 @@ impl Part<'_> {
     /// halo order (`None`: no rows, or not asked).
     fn pull(&self, stage: u32, halo: &[Vec<u32>], which: &[bool]) -> Result<Vec<Option<TypeRows>>> {
         let s = self.shared;
+        // No row is wider than the widest input or layer output: a peer's
+        // claim of more is refused before its rows are allocated.
+        let widest = self
+            .graph
+            .node_types()
+            .iter()
+            .filter_map(|nt| nt.features.as_ref().map(|f| f.dim()))
+            .chain([
+                s.model.model.spec().embed_dim,
+                s.model.model.spec().hidden,
+                s.model.model.num_classes(),
+            ])
+            .max()
+            .unwrap_or(0);
         let mut asks = Vec::new();
         for (t, ids) in halo.iter().enumerate().filter(|&(t, _)| which[t]) {
             let mut from = 0;
@@ -547,37 +505,58 @@ impl Part<'_> {
         }
         let deadline = Instant::now() + s.wait;
         let ask = s.ask;
-        let answers: Vec<(usize, usize, Result<Pulled>)> = self.handle.block_on(
-            stream::iter(asks)
-                .map(|(t, at, actor, msg)| async move {
-                    (t, at, ask_rows(&actor, msg, ask, deadline).await)
-                })
-                .buffer_unordered(PULLS_IN_FLIGHT)
-                .collect(),
-        );
         let mut rows: Vec<Option<TypeRows>> = vec![None; halo.len()];
         let mut absent = vec![false; halo.len()];
-        for (t, at, answer) in answers {
-            match answer? {
-                None => absent[t] = true,
-                Some((width, data)) => {
-                    let r = rows[t].get_or_insert_with(|| TypeRows {
-                        width,
-                        data: vec![0.0; halo[t].len() * width],
-                    });
-                    if r.width != width {
-                        return Err(TrainError::Protocol(format!(
-                            "stage {stage} of type {}: rows of {width} and {} floats",
-                            s.names[t], r.width
-                        )));
+        // Each answer is copied out as it comes, so that its buffer is free for the next.
+        self.handle.block_on(async {
+            let mut answers = stream::iter(asks)
+                .map(|(t, at, actor, msg)| async move {
+                    let n = msg.ids.len();
+                    (t, at, n, ask_rows(&actor, msg, ask, deadline).await)
+                })
+                .buffer_unordered(PULLS_IN_FLIGHT);
+            while let Some((t, at, n, answer)) = answers.next().await {
+                let Some((width, data)) = answer? else {
+                    absent[t] = true;
+                    continue;
+                };
+                if width > widest {
+                    return Err(TrainError::Protocol(format!(
+                        "stage {stage} of type {}: rows of {width} floats from partition {}, wider than any of this model's ({widest})",
+                        s.names[t],
+                        s.owners[t][halo[t][at] as usize]
+                    )));
+                }
+                let r = rows[t].get_or_insert_with(|| TypeRows {
+                    width,
+                    data: vec![0.0; halo[t].len() * width],
+                });
+                if r.width != width {
+                    return Err(TrainError::Protocol(format!(
+                        "stage {stage} of type {}: rows of {width} and {} floats",
+                        s.names[t], r.width
+                    )));
+                }
+                let into = &mut r.data[at * width..(at + n) * width];
+                match data {
+                    Payload::Dense(data) => {
+                        for (x, b) in into.iter_mut().zip(data.0.chunks_exact(4)) {
+                            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        }
                     }
-                    let into = &mut r.data[at * width..at * width + data.0.len() / 4];
-                    for (x, b) in into.iter_mut().zip(data.0.chunks_exact(4)) {
-                        *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    Payload::Packed(data) => {
+                        super::packed::unpack(&data.0, width, into).map_err(|e| {
+                            TrainError::Protocol(format!(
+                                "stage {stage} of type {}: packed rows from partition {}: {e}",
+                                s.names[t],
+                                s.owners[t][halo[t][at] as usize]
+                            ))
+                        })?
                     }
                 }
             }
-        }
+            Ok(())
+        })?;
         for (t, r) in rows.iter().enumerate() {
             if r.is_some() && absent[t] {
                 return Err(TrainError::Protocol(format!(
@@ -599,8 +578,16 @@ enum Rows<'a> {
     Inputs,
 }
 
-/// One pull's rows: `(width, little-endian f32 values)`, or `None` where the stage has no rows of the type.
-type Pulled = Option<(usize, SharedBytes)>;
+/// One pull's rows: `(width, rows)`, or `None` where the stage has no rows of the type.
+type Pulled = Option<(usize, Payload)>;
+
+/// Rows as a peer sent them.
+enum Payload {
+    /// Little-endian f32 values, checked to be as many as asked.
+    Dense(SharedBytes),
+    /// [`super::packed`] rows, checked as they are unpacked.
+    Packed(SharedBytes),
+}
 
 /// A stage's rows of one type held by a partition: its own, then its halo's.
 struct Held<'a> {
@@ -619,6 +606,66 @@ impl Held<'_> {
         } else {
             self.halo.get((i - own) * w..(i - own + 1) * w)
         }
+    }
+}
+
+/// A stage's rows as they are computed, each node's at its place in the
+/// stage's node order (an interior and a boundary computed apart need no
+/// merging copy).
+struct Placed<'a> {
+    /// The stage's nodes per type, ascending: the order of its rows.
+    all: &'a [Vec<u32>],
+    rows: Stage,
+    /// Rows placed so far per type.
+    placed: Vec<usize>,
+}
+
+impl<'a> Placed<'a> {
+    fn new(all: &'a [Vec<u32>]) -> Placed<'a> {
+        Placed {
+            all,
+            rows: vec![None; all.len()],
+            placed: vec![0; all.len()],
+        }
+    }
+
+    /// Places the rows `x` of type `t`'s nodes `ids` (each one of the stage's).
+    fn place(&mut self, t: usize, ids: &[u32], x: &Tensor) -> Result<()> {
+        let (width, values) = host_rows(x)?;
+        let all = &self.all[t];
+        let r = self.rows[t].get_or_insert_with(|| TypeRows {
+            width,
+            data: vec![0.0; all.len() * width],
+        });
+        if r.width != width || values.len() != ids.len() * width {
+            return Err(TrainError::Internal(format!(
+                "a layer wrote rows of {width} and {} floats",
+                r.width
+            )));
+        }
+        for (&v, row) in ids.iter().zip(values.chunks_exact(width.max(1))) {
+            let at = all
+                .binary_search(&v)
+                .map_err(|_| TrainError::Internal(format!("node {v} is not one of the stage's")))?;
+            r.data[at * width..(at + 1) * width].copy_from_slice(row);
+        }
+        self.placed[t] += ids.len();
+        Ok(())
+    }
+
+    /// The stage, once every node of each type with rows has its row.
+    fn finish(self, names: &[String]) -> Result<Stage> {
+        for (t, r) in self.rows.iter().enumerate() {
+            if r.is_some() && self.placed[t] != self.all[t].len() {
+                return Err(TrainError::Internal(format!(
+                    "type {}: rows for {} of {} nodes (the interior's and the boundary's differ in presence)",
+                    names[t],
+                    self.placed[t],
+                    self.all[t].len()
+                )));
+            }
+        }
+        Ok(self.rows)
     }
 }
 
@@ -658,7 +705,16 @@ async fn ask_rows(
                         data.0.len()
                     )));
                 }
-                return Ok(Some((width as usize, data)));
+                return Ok(Some((width as usize, Payload::Dense(data))));
+            }
+            Ok(Ok(StageRows::Packed { width, data })) => {
+                if width == 0 || width > MAX_WIDTH {
+                    return Err(TrainError::Protocol(format!(
+                        "{} sent packed rows of {width} floats",
+                        actor.name()
+                    )));
+                }
+                return Ok(Some((width as usize, Payload::Packed(data))));
             }
             Ok(Ok(StageRows::Absent)) => return Ok(None),
             Ok(Ok(StageRows::NotYet)) => None,

@@ -122,7 +122,7 @@ impl Published {
             return Ok(StageRows::Absent);
         };
         let w = rows.width;
-        let mut out = Vec::with_capacity(m.ids.len() * w * 4);
+        let mut asked = Vec::with_capacity(m.ids.len());
         for &v in &m.ids {
             let i = own.binary_search(&v).map_err(|_| {
                 ServeError::Refused(format!(
@@ -130,10 +130,20 @@ impl Published {
                     m.ntype, self.part
                 ))
             })?;
-            let row = rows
-                .data
-                .get(i * w..(i + 1) * w)
-                .ok_or_else(|| ServeError::failed("a stage holds fewer rows than nodes"))?;
+            asked.push(
+                rows.data
+                    .get(i * w..(i + 1) * w)
+                    .ok_or_else(|| ServeError::failed("a stage holds fewer rows than nodes"))?,
+            );
+        }
+        if let Some(data) = super::packed::pack(asked.iter().copied(), w) {
+            return Ok(StageRows::Packed {
+                width: w as u32,
+                data: SharedBytes(data.into()),
+            });
+        }
+        let mut out = Vec::with_capacity(m.ids.len() * w * 4);
+        for row in asked {
             out.extend_from_slice(bytemuck::cast_slice(row));
         }
         Ok(StageRows::Rows {
@@ -249,6 +259,25 @@ mod tests {
             p.answer(&pull(4, 0, vec![2])),
             Ok(StageRows::NotYet)
         ));
+    }
+
+    #[test]
+    fn mostly_zero_rows_are_answered_packed() {
+        let p = Published::new(7, 1, Arc::new(vec![vec![2, 5, 9]]));
+        let mut data = vec![0.0f32; 3 * 16];
+        data[16 + 3] = 2.5;
+        data[32 + 15] = -1.0;
+        p.publish(1, Arc::new(vec![Some(TypeRows { width: 16, data })]));
+        match p.answer(&pull(1, 0, vec![9, 5])) {
+            Ok(StageRows::Packed { width: 16, data }) => {
+                let mut rows = vec![7.0f32; 32];
+                super::super::packed::unpack(&data.0, 16, &mut rows).unwrap();
+                let mut want = vec![0.0f32; 32];
+                (want[15], want[16 + 3]) = (-1.0, 2.5);
+                assert_eq!(rows, want);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
