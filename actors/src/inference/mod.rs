@@ -2,7 +2,7 @@
 //! --partitions`, `predict --partitions`; this module): each partition
 //! computes its own nodes' rows layer by layer with full in-neighbourhoods, pulling the previous layer's rows of its halo from the
 //! partitions that own them, and writes its nodes' embeddings; the result
-//! is single-process `embed`'s. Each layer is saved per partition before it
+//! is single-process `embed`'s. Each layer is saved per partition as it
 //! is served, so a partition restarted after a crash resumes from its last
 //! layer while its peers wait for it. Online and sampled (`hetgnn serve
 //! --partitions`): [`online`].

@@ -1,7 +1,7 @@
 //! One partition's share of distributed inference: its own nodes' rows,
 //! stage by stage, from the previous stage's rows of its own nodes and of
 //! its halo (the in-neighbours other partitions own), pulled from their
-//! owners. Each stage a peer reads is saved before it is published, so a
+//! owners. Each stage a peer reads is saved as it is published, so a
 //! restarted partition resumes from its newest one (the last stage is the
 //! partition's output).
 
@@ -276,11 +276,14 @@ impl Part<'_> {
         Ok(done)
     }
 
-    /// Saves and publishes stage `stage + 1` (`next`) for peers, but the
+    /// Publishes stage `stage + 1` (`next`) for peers and saves it, but the
     /// last one, which no peer reads and the partition's output saves.
+    /// Peers may read it before it is saved: a partition that crashes before
+    /// then computes it again, to the same rows.
     fn finish_stage(&self, stage: u32, layers: u32, next: Stage) -> Result<Arc<Stage>> {
         let next = Arc::new(next);
         if stage + 1 < layers {
+            self.published.publish(stage + 1, next.clone());
             let t = std::time::Instant::now();
             self.shared
                 .out
@@ -291,7 +294,6 @@ impl Part<'_> {
                 stage + 1,
                 t.elapsed().as_secs_f64()
             );
-            self.published.publish(stage + 1, next.clone());
         }
         Ok(next)
     }
