@@ -186,3 +186,41 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
         }
     }
 }
+
+#[test]
+fn reused_block_tables_build_the_blocks_fresh_maps_build() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("g");
+    graphs::generate::generate(
+        graphs::generate::Like::Mag,
+        0.002,
+        1,
+        &dir,
+        false,
+        &mut graphs::NoProgress,
+    )
+    .unwrap();
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
+    let g = graphs::load(&dir, &opts).unwrap();
+    let mut blocks = models::inference::FullBlocks::new(&g);
+    for (t, nt) in g.node_types().iter().enumerate() {
+        let t = graphs::NodeTypeId(t as u32);
+        let ids: Vec<u32> = (0..nt.count).rev().collect();
+        for chunk in ids.chunks(37) {
+            let want = models::inference::full_block(&g, 1, t, chunk);
+            let got = blocks.block(&g, 1, t, chunk);
+            assert_eq!(got.src, want.src);
+            assert_eq!(got.dst, want.dst);
+            assert_eq!(got.relations.len(), want.relations.len());
+            for (a, b) in got.relations.iter().zip(&want.relations) {
+                assert_eq!(
+                    (a.relation, &a.offsets, &a.sources),
+                    (b.relation, &b.offsets, &b.sources)
+                );
+            }
+        }
+    }
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use futures_util::{stream, StreamExt};
 use graphs::{HetGraph, NodeTypeId};
-use models::inference::{full_block, host_rows, layer_chunk, TypeRows};
+use models::inference::{host_rows, layer_chunk, FullBlocks, TypeRows};
 use models::rgcn::PerType;
 use runtime::{ActorRef, Node, SharedBytes};
 
@@ -400,10 +400,11 @@ impl Part<'_> {
                 }
             });
         }
+        let mut blocks = FullBlocks::new(g);
         for (t, ids) in nodes.iter().enumerate() {
             let mut counted = 0;
             for chunk in ids.chunks(self.shared.chunk) {
-                let block = full_block(g, stage as usize, NodeTypeId(t as u32), chunk);
+                let block = blocks.block(g, stage as usize, NodeTypeId(t as u32), chunk);
                 let h: PerType = match rows {
                     Rows::Inputs => block
                         .src
