@@ -6,27 +6,31 @@ use graphs::{LoadOptions, Sampler};
 use models::inference::{embed_all, embedding_layers};
 use models::{Model, ModelKind, ModelSpec};
 
-#[test]
-fn layerwise_inference_equals_full_neighbourhood_minibatches() {
+/// A small mag-like graph of seed `seed`, loaded with reverse relations
+/// (its directory lives as long as the returned guard).
+fn mag_like(seed: u64) -> (tempfile::TempDir, graphs::HetGraph) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("g");
     graphs::generate::generate(
         graphs::generate::Like::Mag,
         0.002,
-        0,
+        seed,
         &dir,
         false,
         &mut graphs::NoProgress,
     )
     .unwrap();
-    let g = graphs::load(
-        &dir,
-        &LoadOptions {
-            mmap_features: true,
-            reverse_edges: true,
-        },
-    )
-    .unwrap();
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
+    let g = graphs::load(&dir, &opts).unwrap();
+    (tmp, g)
+}
+
+#[test]
+fn layerwise_inference_equals_full_neighbourhood_minibatches() {
+    let (_tmp, g) = mag_like(0);
     for (kind, layers) in [
         (ModelKind::Rgcn, 2),
         (ModelKind::Rgcn, 3),
@@ -103,25 +107,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
 /// every neighbour sampled.
 #[test]
 fn link_embeddings_equal_full_neighbourhood_minibatches() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        0,
-        &dir,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
-    let g = graphs::load(
-        &dir,
-        &LoadOptions {
-            mmap_features: true,
-            reverse_edges: true,
-        },
-    )
-    .unwrap();
+    let (_tmp, g) = mag_like(0);
     let link = models::link::LinkSpec {
         relations: vec!["author__writes__paper".into()],
         decoder: models::link::Decoder::Distmult,
@@ -189,22 +175,7 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
 
 #[test]
 fn reused_block_tables_build_the_blocks_fresh_maps_build() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        1,
-        &dir,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
-    let opts = LoadOptions {
-        mmap_features: true,
-        reverse_edges: true,
-    };
-    let g = graphs::load(&dir, &opts).unwrap();
+    let (_tmp, g) = mag_like(1);
     let mut blocks = models::inference::FullBlocks::new(&g);
     for (t, nt) in g.node_types().iter().enumerate() {
         let t = graphs::NodeTypeId(t as u32);

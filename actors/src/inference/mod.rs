@@ -399,12 +399,11 @@ async fn linger(node: &Node, published: &Published, job: u64, parts: u32, me: u3
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let part = me;
     join_all(
         peers
             .iter()
             .filter(|(p, _)| !published.has_left(*p))
-            .map(|(_, a)| a.ask(Leaving { job, part }, Duration::from_millis(500))),
+            .map(|(_, a)| a.ask(Leaving { job, part: me }, Duration::from_millis(500))),
     )
     .await;
 }
