@@ -394,3 +394,89 @@ fn inference_reads_the_trained_rows_and_refuses_a_corrupted_checkpoint() {
     let e = Pretrained::find(&root).err().unwrap().to_string();
     assert!(e.contains("checksum mismatch"), "{e}");
 }
+
+#[test]
+fn inference_reads_the_rows_without_their_adam_state_and_old_checkpoints_still_load() {
+    let dir = partitions(2, Method::Metis);
+    let set = PartitionSet::open(&dir).unwrap();
+    let trained = model(&set, &["training.layers=2"], false);
+    let g = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
+    drop(saved(&trained, &set, false, "moments"));
+    let root = common::root().join("ck-moments");
+    let ck = models::checkpoint::list(&root).unwrap().pop().unwrap();
+    let rows_of = |m: &Model| -> Vec<Vec<f32>> {
+        m.embeddings
+            .iter()
+            .flatten()
+            .map(|e| e.data.clone())
+            .collect()
+    };
+    let want = rows_of(&trained);
+    assert!(!want.is_empty(), "the test graph has featureless types");
+
+    // A format-2 checkpoint (the tables' Adam state beside their rows in one
+    // file) reads as written: rows for inference, rows and moments to resume.
+    let old = common::root().join("ck-moments-v2");
+    let _ = std::fs::remove_dir_all(&old);
+    std::fs::create_dir_all(&old).unwrap();
+    let v2 = old.join("epoch-000001");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::copy(ck.join("params.safetensors"), v2.join("params.safetensors")).unwrap();
+    let mut all =
+        candle_core::safetensors::load(ck.join("embeddings.safetensors"), &Device::Cpu).unwrap();
+    all.extend(
+        candle_core::safetensors::load(ck.join("embedding-moments.safetensors"), &Device::Cpu)
+            .unwrap(),
+    );
+    assert!(all.keys().any(|k| k.ends_with(".m")), "{:?}", all.keys());
+    candle_core::safetensors::save(&all, v2.join("embeddings.safetensors")).unwrap();
+    let mut m = models::checkpoint::read_manifest(&ck).unwrap();
+    assert_eq!(m.format, 3);
+    m.format = 2;
+    m.files.remove("embedding-moments.safetensors");
+    for f in ["params.safetensors", "embeddings.safetensors"] {
+        m.files
+            .insert(f.into(), graphs::fingerprint::file(&v2.join(f)).unwrap());
+    }
+    use models::checkpoint::Sealed;
+    m.seal();
+    std::fs::write(v2.join("manifest.json"), serde_json::to_string(&m).unwrap()).unwrap();
+    let (found, _) = Pretrained::find(&old).unwrap();
+    assert_eq!(rows_of(&found.model(&g, None).unwrap()), want);
+    let mut back = Model::new(trained.spec(), &g, DType::F32, &Device::Cpu).unwrap();
+    found.load_into(&mut back, g.name(), None).unwrap();
+    assert_eq!(rows_of(&back), want);
+    for (a, b) in trained
+        .embeddings
+        .iter()
+        .flatten()
+        .zip(back.embeddings.iter().flatten())
+    {
+        assert_eq!((&a.m, &a.v, &a.steps), (&b.m, &b.v, &b.steps), "{}", a.name);
+    }
+
+    // The Adam state corrupted: inference does not read it, resuming refuses it.
+    let file = ck.join("embedding-moments.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(&file, bytes).unwrap();
+    let (found, _) = Pretrained::find(&root).unwrap();
+    assert_eq!(rows_of(&found.model(&g, None).unwrap()), want);
+    let e = models::checkpoint::latest(&root).unwrap_err().to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+    let mut full = Model::new(trained.spec(), &g, DType::F32, &Device::Cpu).unwrap();
+    let e = found
+        .load_into(&mut full, g.name(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+}

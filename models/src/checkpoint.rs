@@ -1,6 +1,10 @@
 //! Checkpoints: dense parameters with their Adam moments, learnable embedding
-//! tables with their row-wise Adam state, and a manifest with the model spec,
-//! training progress and a SHA-256 per file.
+//! tables, their row-wise Adam state, and a manifest with the model spec,
+//! training progress and a checksum per file (BLAKE3; SHA-256 in format 2).
+//!
+//! The tables' rows and their Adam state are separate files: inference reads
+//! and verifies the rows alone, a third of the bytes (checkpoints written
+//! before hold both in `embeddings.safetensors`, and still load).
 //!
 //! A checkpoint is written to a temporary directory and renamed into place, so
 //! a crash never leaves a half-written one; loading verifies every checksum
@@ -16,10 +20,16 @@ use crate::error::{ModelError, Result};
 use crate::model::{Model, ModelSpec};
 use crate::optim::Adam;
 
-/// 2: the manifest records the run's fingerprint and is sealed.
-const FORMAT: u32 = 2;
+/// 2: the manifest records the run's fingerprint and is sealed; 3: the
+/// tables' Adam state is a file of its own ([`MOMENTS`]), and files are
+/// checksummed with BLAKE3. Both are read.
+const FORMAT: u32 = 3;
+/// The oldest format this build reads.
+const OLDEST_FORMAT: u32 = 2;
 const PARAMS: &str = "params.safetensors";
 const EMBEDDINGS: &str = "embeddings.safetensors";
+/// The tables' row-wise Adam state: resuming training reads it, inference does not.
+const MOMENTS: &str = "embedding-moments.safetensors";
 const MANIFEST: &str = "manifest.json";
 
 /// What a checkpoint records besides tensors.
@@ -43,7 +53,7 @@ pub struct Manifest {
     pub epochs_done: u64,
     /// Training steps completed.
     pub steps: u64,
-    /// SHA-256 of each tensor file.
+    /// Checksum of each tensor file ([`checksum`]).
     pub files: BTreeMap<String, String>,
     /// Every setting that shapes the run's trajectory (learning rate, batch,
     /// fanouts, seed, model...) as one fingerprint: resuming requires an equal one.
@@ -53,6 +63,23 @@ pub struct Manifest {
 }
 
 pub use graphs::seal::{sha256, Sealed};
+
+/// Hex checksum of a checkpoint file as a manifest of `format` records it:
+/// BLAKE3 from format 3 (a fourth of SHA-256's time here, and every process
+/// that reads a checkpoint verifies it), SHA-256 before.
+pub fn checksum(format: u32, bytes: &[u8]) -> String {
+    match format {
+        ..=2 => sha256(bytes),
+        _ => blake3::hash(bytes).to_hex().to_string(),
+    }
+}
+
+/// [`checksum`] of the file at `path`, read in place (mapped).
+fn file_checksum(format: u32, path: &Path) -> Result<String> {
+    let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    let map = graphs::mapped::Mapped::map(&file, path).map_err(|e| bad(path, e.to_string()))?;
+    Ok(checksum(format, &map))
+}
 
 /// What a manifest whose seal does not hold is told.
 pub const SEAL_BROKEN: &str = "was changed after it was written (its seal does not match): a checkpoint is read only as written";
@@ -170,27 +197,37 @@ pub fn restore_dense_where(
 /// The model's embedding tables with their row-wise Adam state
 /// (`<table>.data`, `.m`, `.v`, `.steps`).
 pub fn embedding_tensors(model: &Model) -> Result<HashMap<String, Tensor>> {
-    let mut emb: HashMap<String, Tensor> = HashMap::new();
+    let (mut rows, moments) = embedding_files(model)?;
+    rows.extend(moments);
+    Ok(rows)
+}
+
+/// [`embedding_tensors`] as the two files hold them: the rows (`.data`), and
+/// their Adam state (`.m`, `.v`, `.steps`).
+type TableFiles = (HashMap<String, Tensor>, HashMap<String, Tensor>);
+
+fn embedding_files(model: &Model) -> Result<TableFiles> {
+    let (mut rows, mut moments) = (HashMap::new(), HashMap::new());
     for e in model.embeddings.iter().flatten() {
         let shape = (e.rows, e.dim);
-        emb.insert(
+        rows.insert(
             format!("{}.data", e.name),
             Tensor::from_slice(&e.data, shape, &Device::Cpu)?,
         );
-        emb.insert(
+        moments.insert(
             format!("{}.m", e.name),
             Tensor::from_slice(&e.m, shape, &Device::Cpu)?,
         );
-        emb.insert(
+        moments.insert(
             format!("{}.v", e.name),
             Tensor::from_slice(&e.v, shape, &Device::Cpu)?,
         );
-        emb.insert(
+        moments.insert(
             format!("{}.steps", e.name),
             Tensor::from_slice(&e.steps, e.rows, &Device::Cpu)?,
         );
     }
-    Ok(emb)
+    Ok((rows, moments))
 }
 
 /// A table's rows, Adam moments and per-row step counts.
@@ -330,15 +367,14 @@ pub fn save(
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
 
     let params = dense_tensors(model, adam)?;
-    let emb = embedding_tensors(model)?;
+    let (rows, moments) = embedding_files(model)?;
     let mut files = BTreeMap::new();
-    for (file, tensors) in [(PARAMS, &params), (EMBEDDINGS, &emb)] {
+    for (file, tensors) in [(PARAMS, &params), (EMBEDDINGS, &rows), (MOMENTS, &moments)] {
         let path = tmp.join(file);
         // Named: a full disk must say which file it could not write.
         candle_core::safetensors::save(tensors, &path)
             .map_err(|e| bad(&path, format!("writing: {e}")))?;
-        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
-        files.insert(file.to_string(), sha256(&bytes));
+        files.insert(file.to_string(), file_checksum(FORMAT, &path)?);
     }
     let mut manifest = Manifest {
         format: FORMAT,
@@ -402,7 +438,7 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
         let path = dir.join(file);
         let bytes =
             graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
-        if sha256(&bytes) != *want {
+        if checksum(manifest.format, &bytes) != *want {
             return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
         }
         files.push((file.clone(), bytes));
@@ -412,10 +448,19 @@ pub fn verify(dir: &Path) -> Result<(Manifest, Files)> {
 
 /// [`verify`] without keeping the files: each is hashed as it is read.
 pub fn verify_in_place(dir: &Path) -> Result<Manifest> {
+    verify_files(dir, |_| true)
+}
+
+/// [`verify_in_place`] for the files inference reads: not the tables' Adam state.
+pub fn verify_for_inference(dir: &Path) -> Result<Manifest> {
+    verify_files(dir, |file| file != MOMENTS)
+}
+
+fn verify_files(dir: &Path, read: impl Fn(&str) -> bool) -> Result<Manifest> {
     let manifest = read_manifest(dir)?;
-    for (file, want) in &manifest.files {
+    for (file, want) in manifest.files.iter().filter(|(f, _)| read(f)) {
         let path = dir.join(file);
-        if graphs::fingerprint::file(&path).map_err(|e| bad(&path, e.to_string()))? != *want {
+        if file_checksum(manifest.format, &path)? != *want {
             return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
         }
     }
@@ -430,10 +475,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let text = graphs::input::read_text(&mpath).map_err(|e| bad(&mpath, e.to_string()))?;
     let mut manifest: Manifest = serde_json::from_str(&text)
         .map_err(|e| bad(&mpath, format!("unreadable manifest: {e}")))?;
-    if manifest.format != FORMAT {
+    if !(OLDEST_FORMAT..=FORMAT).contains(&manifest.format) {
         return Err(bad(
             &mpath,
-            format!("format {} (this build reads {FORMAT})", manifest.format),
+            format!(
+                "format {} (this build reads {OLDEST_FORMAT} to {FORMAT})",
+                manifest.format
+            ),
         ));
     }
     if !manifest.seal_holds() {
@@ -442,7 +490,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     if manifest
         .files
         .keys()
-        .any(|f| f != PARAMS && f != EMBEDDINGS)
+        .any(|f| f != PARAMS && f != EMBEDDINGS && f != MOMENTS)
     {
         return Err(bad(
             &mpath,
@@ -455,9 +503,16 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 /// The newest checkpoint under `root` that verifies, with the problems of any
 /// newer ones skipped.
 pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
+    newest(root, verify_in_place)
+}
+
+fn newest(
+    root: &Path,
+    verify: fn(&Path) -> Result<Manifest>,
+) -> Result<Option<(PathBuf, Vec<String>)>> {
     let mut skipped = Vec::new();
     for dir in list(root)?.into_iter().rev() {
-        match verify_in_place(&dir) {
+        match verify(&dir) {
             Ok(_) => return Ok(Some((dir, skipped))),
             Err(e) => skipped.push(e.to_string()),
         }
@@ -473,12 +528,13 @@ pub fn latest(root: &Path) -> Result<Option<(PathBuf, Vec<String>)>> {
 }
 
 /// Finds the checkpoint `path` names: a checkpoint directory itself, or a
-/// root holding `epoch-*` directories (the newest valid one).
+/// root holding `epoch-*` directories (the newest whose files inference
+/// reads verify: [`verify_for_inference`]).
 pub fn resolve(path: &Path) -> Result<PathBuf> {
     if path.join(MANIFEST).exists() {
         return Ok(path.to_path_buf());
     }
-    match latest(path)? {
+    match newest(path, verify_for_inference)? {
         Some((dir, _)) => Ok(dir),
         None => Err(bad(
             path,
@@ -565,8 +621,9 @@ pub fn load(
 /// Restores the dense parameters of `model` (built without embedding tables)
 /// from the checkpoint in `dir`, checked as [`load`] checks it, and maps its
 /// learnable rows for inference: no optimizer state is copied, and a process
-/// that needs some rows reads only those. `verified`: the files' checksums
-/// were just checked ([`verify_in_place`]), and are not hashed again.
+/// that needs some rows reads only those. `verified`: the checksums of the
+/// files it reads were just checked ([`verify_for_inference`]), and are not
+/// hashed again.
 pub fn load_for_inference(
     dir: &Path,
     model: &mut Model,
@@ -588,7 +645,7 @@ pub fn load_for_inference(
     let path = dir.join(PARAMS);
     let bytes =
         graphs::input::read_capped(&path, u64::MAX).map_err(|e| bad(&path, e.to_string()))?;
-    if !verified && manifest.files.get(PARAMS) != Some(&sha256(&bytes)) {
+    if !verified && manifest.files.get(PARAMS) != Some(&checksum(manifest.format, &bytes)) {
         return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
     }
     let mut tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?;
@@ -618,7 +675,7 @@ impl Tables {
         let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
         let map =
             graphs::mapped::Mapped::map(&file, &path).map_err(|e| bad(&path, e.to_string()))?;
-        if !verified && sha256(&map) != *want {
+        if !verified && checksum(manifest.format, &map) != *want {
             return Err(bad(&path, "checksum mismatch (corrupted or truncated)"));
         }
         let (header, meta) = safetensors::SafeTensors::read_metadata(&map)

@@ -11,38 +11,41 @@ fn mask_len(width: usize) -> usize {
 }
 
 /// `rows` (each `width` floats) packed, where that takes at most three
-/// quarters of their dense size; `None` where it does not pay.
-pub fn pack<'a, I>(rows: I, width: usize) -> Option<Vec<u8>>
-where
-    I: Iterator<Item = &'a [f32]> + Clone,
-{
-    let (mut n, mut nonzero) = (0usize, 0usize);
-    for row in rows.clone() {
-        n += 1;
-        nonzero += row.iter().filter(|x| x.to_bits() != 0).count();
-    }
-    let packed = n * mask_len(width) + 4 * nonzero;
-    if packed * 4 > n * width * 4 * 3 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(packed);
-    for row in rows {
-        let at = out.len();
-        out.resize(at + mask_len(width), 0);
-        for (j, x) in row.iter().enumerate() {
-            if x.to_bits() != 0 {
-                out[at + j / 8] |= 1 << (j % 8);
-            }
+/// quarters of their dense size; `None` where it does not pay (found as soon
+/// as the packed rows outgrow that, not after packing them all).
+pub fn pack(rows: &[&[f32]], width: usize) -> Option<Vec<u8>> {
+    let dense = rows.len() * width * 4;
+    let fits = |len: usize| len * 4 <= dense * 3;
+    let mut out = Vec::with_capacity(dense / 4 * 3 + mask_len(width));
+    let mut mask = vec![0u8; mask_len(width)];
+    for (r, row) in rows.iter().enumerate() {
+        // Asked rows lie anywhere in the stage: fetch the next ones early.
+        if let Some(ahead) = rows.get(r + AHEAD) {
+            graphs::prefetch::prefetch(ahead);
         }
+        for (m, eight) in mask.iter_mut().zip(row.chunks(8)) {
+            *m = eight
+                .iter()
+                .enumerate()
+                .fold(0, |b, (j, x)| b | u8::from(x.to_bits() != 0) << j);
+        }
+        out.extend_from_slice(&mask);
         for x in row.iter().filter(|x| x.to_bits() != 0) {
             out.extend_from_slice(&x.to_le_bytes());
+        }
+        if !fits(out.len()) {
+            return None;
         }
     }
     Some(out)
 }
 
-/// Unpacks `data` into `into`, `into.len() / width` rows of `width` floats,
-/// refusing data that is short, long, or marks floats past a row's width.
+/// Rows fetched this far ahead of the one being packed.
+const AHEAD: usize = 8;
+
+/// Unpacks `data` into `into`, `into.len() / width` rows of `width` floats
+/// (every float written), refusing data that is short, long, or marks floats
+/// past a row's width.
 pub fn unpack(data: &[u8], width: usize, into: &mut [f32]) -> Result<(), String> {
     if width == 0 || !into.len().is_multiple_of(width) {
         return Err(format!("{} floats are not rows of {width}", into.len()));
@@ -62,15 +65,19 @@ pub fn unpack(data: &[u8], width: usize, into: &mut [f32]) -> Result<(), String>
             .get(at..at + 4 * nonzero)
             .ok_or_else(|| format!("row {r}: the data ends in its values"))?;
         at += 4 * nonzero;
+        row.fill(0.0);
+        // Set bits in order, one value each: the bitmap counted them, and
+        // none lies past the row (checked above).
         let mut next = values.chunks_exact(4);
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = match mask[j / 8] >> (j % 8) & 1 {
-                0 => 0.0,
-                // The bitmap counted these values: one is left for each set bit.
-                _ => next
-                    .next()
-                    .map_or(0.0, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            };
+        for (c, &byte) in mask.iter().enumerate() {
+            let mut bits = byte;
+            while bits != 0 {
+                let j = c * 8 + bits.trailing_zeros() as usize;
+                if let (Some(x), Some(b)) = (row.get_mut(j), next.next()) {
+                    *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+                bits &= bits - 1;
+            }
         }
     }
     if at != data.len() {
@@ -98,8 +105,9 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            let data = pack(rows.iter().map(Vec::as_slice), width)
-                .unwrap_or_else(|| panic!("width {width}: 70% zeros not packed"));
+            let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+            let data =
+                pack(&refs, width).unwrap_or_else(|| panic!("width {width}: 70% zeros not packed"));
             let mut back = vec![1.0f32; rows.len() * width];
             unpack(&data, width, &mut back).unwrap();
             let want: Vec<u32> = rows.concat().iter().map(|x| x.to_bits()).collect();
@@ -107,13 +115,13 @@ mod tests {
             assert_eq!(got, want, "width {width}");
         }
         let dense = [[1.0f32, 2.0, 3.0, 0.0]];
-        assert!(pack(dense.iter().map(|r| &r[..]), 4).is_none());
+        assert!(pack(&[&dense[0][..]], 4).is_none());
     }
 
     #[test]
     fn short_long_or_overreaching_data_is_refused() {
         let rows = [[0.0f32, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]];
-        let data = pack(rows.iter().map(|r| &r[..]), 10).unwrap();
+        let data = pack(&[&rows[0][..]], 10).unwrap();
         let mut into = vec![0.0f32; 10];
         assert!(unpack(&data[..data.len() - 1], 10, &mut into)
             .unwrap_err()

@@ -136,7 +136,7 @@ impl Published {
                     .ok_or_else(|| ServeError::failed("a stage holds fewer rows than nodes"))?,
             );
         }
-        if let Some(data) = super::packed::pack(asked.iter().copied(), w) {
+        if let Some(data) = super::packed::pack(&asked, w) {
             return Ok(StageRows::Packed {
                 width: w as u32,
                 data: SharedBytes(data.into()),
