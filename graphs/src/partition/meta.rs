@@ -502,8 +502,9 @@ pub struct MetaManifest {
     /// absent where not given and in directories written before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph_sha256: Option<String>,
-    /// SHA-256 of every file of the directory the manifest covers (relative
-    /// path; empty in directories written before).
+    /// Checksum of every file of the directory the manifest covers (relative
+    /// path; [`crate::fingerprint::checksum`], SHA-256 in directories written
+    /// before 2026-12-06; empty in older ones).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub files: std::collections::BTreeMap<String, String>,
     /// SHA-256 of the manifest's JSON with this field empty: an edited

@@ -77,8 +77,9 @@ pub struct Manifest {
     /// absent in directories written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph_sha256: Option<String>,
-    /// SHA-256 of every file of the directory the manifest covers (relative
-    /// path; empty in directories written before).
+    /// Checksum of every file of the directory the manifest covers (relative
+    /// path; [`crate::fingerprint::checksum`], SHA-256 in directories written
+    /// before 2026-12-06; empty in older ones).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub files: std::collections::BTreeMap<String, String>,
     /// SHA-256 of the manifest's JSON with this field empty: an edited
@@ -97,7 +98,7 @@ impl Sealed for Manifest {
 
 impl Manifest {
     /// Writes `manifest.json` into partition directory `dir`, covering (by
-    /// SHA-256) every file already there, and sealed.
+    /// checksum) every file already there, and sealed.
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let mut sealed = self.clone();
         sealed.files = cover(dir)?;
@@ -146,9 +147,9 @@ impl Manifest {
 /// The manifest's file name in a partition directory.
 const MANIFEST_FILE: &str = "manifest.json";
 
-/// SHA-256 of every file of partition directory `dir` but its manifest.
+/// The checksum of every file of partition directory `dir` but its manifest.
 pub(crate) fn cover(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
-    Ok(crate::fingerprint::files(dir)?
+    Ok(crate::fingerprint::checksums(dir)?
         .into_iter()
         .filter(|(rel, _)| rel != MANIFEST_FILE)
         .collect())
@@ -189,12 +190,12 @@ fn part_of(rel: &str) -> Option<usize> {
     first.strip_prefix("part")?.parse().ok()
 }
 
-/// Refuses any of `files` (relative path, SHA-256) of `dir` whose content differs.
+/// Refuses any of `files` (relative path, checksum) of `dir` whose content differs.
 fn verify_files(dir: &Path, files: &std::collections::BTreeMap<String, String>) -> Result<()> {
     use rayon::prelude::*;
     files.par_iter().try_for_each(|(rel, want)| {
         let path = dir.join(rel);
-        if crate::fingerprint::file(&path)? != *want {
+        if !crate::fingerprint::matches(&path, want)? {
             return Err(GraphError::data(&path, "differs from the file this partitioning wrote (copied from another partitioning?): partition the graph again"));
         }
         Ok(())
