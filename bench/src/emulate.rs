@@ -114,6 +114,8 @@ fn clean_up_on_interrupt() {
 pub struct Cluster {
     names: Vec<String>,
     hub: String,
+    /// This process's link to the bridge ([`Cluster::link_host`]), if made.
+    host: Option<String>,
     shares: Vec<Option<CpuShare>>,
     machines: Machines,
 }
@@ -135,6 +137,7 @@ impl Cluster {
         let mut c = Cluster {
             names: Vec::new(),
             hub: hub.clone(),
+            host: None,
             shares: Vec::new(),
             machines: machines.clone(),
         };
@@ -190,6 +193,36 @@ impl Cluster {
             c.shares.push(share);
         }
         Ok(c)
+    }
+
+    /// Links this process's namespace to the machines' bridge (a veth,
+    /// unshaped, this side at 10.77.0.254), so that a client here, such as a
+    /// load generator, reaches them at their addresses; it goes with the
+    /// cluster (removed first, at once: a deleted namespace's links go later).
+    pub fn link_host(&mut self) -> anyhow::Result<Ipv4Addr> {
+        let host = format!("{PREFIX}{}h", std::process::id());
+        sh(
+            "ip",
+            &[
+                "link", "add", &host, "type", "veth", "peer", "name", "hubh", "netns", &self.hub,
+            ],
+        )?;
+        self.host = Some(host.clone());
+        if let Some(mtu) = self.machines.mtu {
+            let mtu = mtu.to_string();
+            sh("ip", &["link", "set", &host, "mtu", &mtu])?;
+            sh("ip", &["-n", &self.hub, "link", "set", "hubh", "mtu", &mtu])?;
+        }
+        let addr = Ipv4Addr::new(10, 77, 0, 254);
+        sh("ip", &["addr", "add", &format!("{addr}/24"), "dev", &host])?;
+        sh("ip", &["link", "set", &host, "up"])?;
+        sh(
+            "ip",
+            &[
+                "-n", &self.hub, "link", "set", "hubh", "master", "br0", "up",
+            ],
+        )?;
+        Ok(addr)
     }
 
     /// Machine `i`'s address.
@@ -304,6 +337,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // The shares go first only once their processes have exited; the caller waits for them.
         self.shares.clear();
+        if let Some(host) = self.host.take() {
+            let _ = sh("ip", &["link", "del", &host]);
+        }
         let mine: Vec<String> = self.names.drain(..).chain([self.hub.clone()]).collect();
         for ns in &mine {
             delete_namespace(ns);

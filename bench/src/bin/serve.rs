@@ -8,7 +8,10 @@
 //! makes a 2-layer R-GCN checkpoint with fanouts 10,10 on mag-like S (the
 //! parameters are initialised, not trained: the work of a request does not
 //! depend on their values), starts `target/release/hetgnn serve`, prints a
-//! table and writes bench/results/serve.json.
+//! table and writes bench/results/serve.json. With `--partitions K
+//! --cpus-per-node C` (root) every server runs on an emulated machine of C
+//! CPUs (its own network namespace and kernel-capped link), the load
+//! generator here, on a link of its own to the machines.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -20,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use bench::emulate::Cluster;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -64,6 +68,16 @@ struct Args {
     /// whole-graph server's in the same run.
     #[arg(long, default_value_t = 0)]
     partitions: usize,
+    /// CPUs of each emulated machine (a control group's quota; needs root):
+    /// the whole-graph servers and each partition's node then run on a
+    /// machine of their own, in a network namespace with a kernel-capped
+    /// link, and the load generator reaches them over a link of its own.
+    /// Default: processes on loopback, sharing this machine's cores.
+    #[arg(long)]
+    cpus_per_node: Option<f64>,
+    /// Link rate of each emulated machine (with --cpus-per-node).
+    #[arg(long, default_value = "10Gbit/s")]
+    bandwidth: String,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -81,12 +95,30 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let new_paper = new_paper_ask(&data)?;
+    if a.cpus_per_node.is_some() && a.dgl.is_some() {
+        bail!("--dgl runs its server on loopback: leave out --cpus-per-node to compare with it");
+    }
+    let emulated = match a.cpus_per_node {
+        Some(cpus) => {
+            let rate = runtime::config::Bandwidth::parse(&a.bandwidth)?;
+            let machines = bench::emulate::Machines {
+                cpus: Some(cpus),
+                rate_bits: Some(rate.0.saturating_mul(8)),
+                mtu: None,
+            };
+            let mut cluster = bench::emulate::Cluster::create(a.partitions.max(1), &machines)?;
+            cluster.link_host()?;
+            Some(cluster)
+        }
+        None => None,
+    };
+    let on = emulated.as_ref();
     let mut phases = Vec::new();
     let mut target_nodes = 0;
     let mut idle = None;
     // Phase 1-3 against the batching server, phase 4 against the one without.
     for (batching, label) in [(true, "batching"), (false, "no batching")] {
-        let mut server = Server::start(&bin, &data, &ck, batching.then_some(a.batch_wait_ms))?;
+        let mut server = Server::start(&bin, &data, &ck, batching.then_some(a.batch_wait_ms), on)?;
         let targets = rt.block_on(target_count(&server.addr))?;
         target_nodes = targets;
         let result = rt.block_on(async {
@@ -133,7 +165,7 @@ fn main() -> anyhow::Result<()> {
     }
     if a.partitions > 0 {
         let targets = target_nodes;
-        let mut nodes = cluster(&bin, &data, &ck, a.partitions, a.scale, a.batch_wait_ms)?;
+        let mut nodes = cluster(&bin, &data, &ck, a.partitions, a.scale, a.batch_wait_ms, on)?;
         let first = nodes[0].addr.clone();
         let label = format!("{} partitions", a.partitions);
         let result = rt.block_on(async {
@@ -289,8 +321,12 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let report = json!({
         "benchmark": "serve",
-        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }),
-        "partitions": (a.partitions > 0).then(|| format!("{} METIS partitions, one serve --partitions process each on loopback (mutual-TLS QUIC between them), sharing this machine's cores; phases against the first node", a.partitions)),
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }, a.cpus_per_node.map(|c| format!(" --cpus-per-node {c} --bandwidth {}", a.bandwidth)).unwrap_or_default()),
+        "partitions": (a.partitions > 0).then(|| match a.cpus_per_node {
+            None => format!("{} METIS partitions, one serve --partitions process each on loopback (mutual-TLS QUIC between them), sharing this machine's cores; phases against the first node", a.partitions),
+            Some(c) => format!("{} METIS partitions, one serve --partitions process each on an emulated machine of {c} CPU with a {} link (mutual-TLS QUIC between them); phases against the first node; the whole-graph servers on one such machine", a.partitions, a.bandwidth),
+        }),
+        "emulation": a.cpus_per_node.map(|c| json!({"cpus_per_node": c, "bandwidth": a.bandwidth, "shaping": "kernel", "load_generator": "this machine's own namespace, over an unshaped link to the machines' bridge"})),
         "commit": commit,
         "graph": format!("mag-like S={}", a.scale),
         "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",
@@ -396,7 +432,7 @@ fn serve_cmd(bin: &Path, addr: &str, ck: &Path) -> Command {
 }
 
 /// `k` `serve --partitions` processes over METIS partitions of `data`, one
-/// node of a loopback topology each, all ready.
+/// node of a loopback topology each, or each on machine `i` of `on`; all ready.
 fn cluster(
     bin: &Path,
     data: &Path,
@@ -404,16 +440,29 @@ fn cluster(
     k: usize,
     scale: f64,
     batch_wait_ms: f64,
+    on: Option<&Cluster>,
 ) -> anyhow::Result<Vec<Server>> {
     let parts = bench::partitions(bin, data, "metis", k, scale)?;
     let work = bench::data_root().join("serve-cluster");
     std::fs::create_dir_all(&work)?;
     let config = work.join(format!("cluster{k}.toml"));
-    std::fs::write(&config, bench::local_cluster(bin, &work, k)?)?;
-    let ports = bench::free_ports(k)?;
+    let http: Vec<String> = match on {
+        None => {
+            std::fs::write(&config, bench::local_cluster(bin, &work, k)?)?;
+            bench::free_ports(k)?
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect()
+        }
+        Some(c) => {
+            let quic: Vec<String> = (0..k).map(|i| format!("{}:7000", c.addr(i))).collect();
+            // The CPU shares are the harness's: no cpus in the file.
+            std::fs::write(&config, bench::cluster_section(bin, &work, &quic, None)?)?;
+            (0..k).map(|i| format!("{}:8080", c.addr(i))).collect()
+        }
+    };
     let mut launched = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let addr = format!("127.0.0.1:{port}");
+    for (i, addr) in http.into_iter().enumerate() {
         let mut cmd = serve_cmd(bin, &addr, ck);
         cmd.arg("--partitions")
             .arg(&parts)
@@ -423,13 +472,53 @@ fn cluster(
             .args(["--batch-wait-ms", &batch_wait_ms.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let child = launch(&cmd, on, i)?;
         launched.push(Server { child, addr });
     }
     for s in &mut launched {
         s.wait_ready()?;
     }
     Ok(launched)
+}
+
+/// Starts `cmd` here, or on machine `i` of `on` (its namespace, its CPU
+/// share, as many rayon threads as it has CPUs).
+fn launch(cmd: &Command, on: Option<&Cluster>, i: usize) -> anyhow::Result<Child> {
+    match on {
+        None => {
+            let mut cmd = clone_command(cmd);
+            cmd.spawn().with_context(|| format!("starting {cmd:?}"))
+        }
+        Some(c) => {
+            let mut cmd = clone_command(cmd);
+            if let Some(cpus) = c.machines().cpus {
+                cmd.env(
+                    "RAYON_NUM_THREADS",
+                    (cpus.ceil() as usize).max(1).to_string(),
+                );
+            }
+            c.spawn(i, &cmd)
+        }
+    }
+}
+
+/// A copy of `cmd`'s program, arguments, directory and environment (its
+/// standard streams as the original's: the server's output is not read).
+fn clone_command(cmd: &Command) -> Command {
+    let mut c = Command::new(cmd.get_program());
+    c.args(cmd.get_args())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(dir) = cmd.get_current_dir() {
+        c.current_dir(dir);
+    }
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
 }
 
 /// A `hetgnn serve` child, stopped with SIGTERM.
@@ -439,24 +528,28 @@ struct Server {
 }
 
 impl Server {
+    /// A whole-graph server, here or on the first machine of `on`.
     fn start(
         bin: &Path,
         data: &Path,
         ck: &Path,
         batch_wait_ms: Option<f64>,
+        on: Option<&Cluster>,
     ) -> anyhow::Result<Server> {
-        let port = bench::free_ports(1)?[0];
-        let addr = format!("127.0.0.1:{port}");
+        let addr = match on {
+            None => format!("127.0.0.1:{}", bench::free_ports(1)?[0]),
+            Some(c) => format!("{}:8080", c.addr(0)),
+        };
         let mut cmd = serve_cmd(bin, &addr, ck);
-        cmd.arg("--data")
-            .arg(data)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+        cmd.arg("--data").arg(data);
         match batch_wait_ms {
             Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
             None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
         };
-        Server::spawn(cmd, addr)
+        let child = launch(&cmd, on, 0)?;
+        let mut server = Server { child, addr };
+        server.wait_ready()?;
+        Ok(server)
     }
 
     /// Starts `cmd`, a server at `addr`, and waits until `/readyz` answers 200.
