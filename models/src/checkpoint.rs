@@ -718,14 +718,22 @@ impl Tables {
             ));
         }
         let width = dim * 4;
+        let row = |v: u32| &self.map[offset + v as usize * width..][..width];
         let mut out = Vec::with_capacity(ids.len() * dim);
-        for &v in ids {
-            let at = offset + v as usize * width;
-            out.extend(
-                self.map[at..at + width]
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
+        for (k, &v) in ids.iter().enumerate() {
+            // Rows lie anywhere in the file: fetch the next ones early.
+            if let Some(&a) = ids.get(k + crate::prefetch::AHEAD) {
+                crate::prefetch::prefetch(row(a));
+            }
+            match bytemuck::try_cast_slice::<u8, f32>(row(v)) {
+                // The file's floats are little-endian, as this machine's: copied as they are.
+                Ok(floats) if cfg!(target_endian = "little") => out.extend_from_slice(floats),
+                _ => out.extend(
+                    row(v)
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                ),
+            }
         }
         Ok(out)
     }
