@@ -76,7 +76,8 @@ pub fn checksum(format: u32, bytes: &[u8]) -> String {
 
 /// [`checksum`] of the file at `path`, read in place (mapped).
 fn file_checksum(format: u32, path: &Path) -> Result<String> {
-    let file = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    // Opened as inputs are (a FIFO or a device named like a checkpoint file is refused).
+    let file = graphs::input::open(path).map_err(|e| bad(path, e.to_string()))?;
     let map = graphs::mapped::Mapped::map(&file, path).map_err(|e| bad(path, e.to_string()))?;
     Ok(checksum(format, &map))
 }
@@ -529,7 +530,8 @@ fn newest(
 
 /// Finds the checkpoint `path` names: a checkpoint directory itself, or a
 /// root holding `epoch-*` directories (the newest whose files inference
-/// reads verify: [`verify_for_inference`]).
+/// reads verify: [`verify_for_inference`]; loading it whole with [`load`]
+/// still checks its Adam state, and refuses it if that is corrupted).
 pub fn resolve(path: &Path) -> Result<PathBuf> {
     if path.join(MANIFEST).exists() {
         return Ok(path.to_path_buf());

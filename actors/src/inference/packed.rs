@@ -19,6 +19,7 @@ pub fn pack(rows: &[&[f32]], width: usize) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(dense / 4 * 3 + mask_len(width));
     let mut mask = vec![0u8; mask_len(width)];
     for (r, row) in rows.iter().enumerate() {
+        debug_assert_eq!(row.len(), width, "a row of another width");
         // Asked rows lie anywhere in the stage: fetch the next ones early.
         if let Some(ahead) = rows.get(r + AHEAD) {
             graphs::prefetch::prefetch(ahead);
