@@ -127,6 +127,35 @@ fn saved(model: &Model, set: &PartitionSet, reverse_edges: bool, name: &str) -> 
     found.for_inference(&g, None).unwrap()
 }
 
+/// A 2-layer model trained on partition 0 of 2 METIS partitions, saved as a
+/// checkpoint under root `ck-<name>`: the model, the partition, the root and
+/// the checkpoint's directory.
+fn checkpointed(
+    name: &str,
+) -> (
+    Model,
+    graphs::HetGraph,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let dir = partitions(2, Method::Metis);
+    let set = PartitionSet::open(&dir).unwrap();
+    let trained = model(&set, &["training.layers=2"], false);
+    let g = set
+        .load_part(
+            0,
+            &LoadOptions {
+                mmap_features: true,
+                reverse_edges: false,
+            },
+        )
+        .unwrap();
+    drop(saved(&trained, &set, false, name));
+    let root = common::root().join(format!("ck-{name}"));
+    let ck = models::checkpoint::list(&root).unwrap().pop().unwrap();
+    (trained, g, root, ck)
+}
+
 fn job<'a>(
     model: &'a Inference,
     set: &'a PartitionSet,
@@ -346,21 +375,7 @@ fn a_partition_that_crashed_resumes_from_its_last_layer() {
 
 #[test]
 fn inference_reads_the_trained_rows_and_refuses_a_corrupted_checkpoint() {
-    let dir = partitions(2, Method::Metis);
-    let set = PartitionSet::open(&dir).unwrap();
-    let trained = model(&set, &["training.layers=2"], false);
-    let g = set
-        .load_part(
-            0,
-            &LoadOptions {
-                mmap_features: true,
-                reverse_edges: false,
-            },
-        )
-        .unwrap();
-    drop(saved(&trained, &set, false, "corrupt"));
-    let root = common::root().join("ck-corrupt");
-    let ck = models::checkpoint::list(&root).unwrap().pop().unwrap();
+    let (trained, g, root, ck) = checkpointed("corrupt");
     // Read back whole (no optimizer state): the trained rows, and no step on them.
     let (found, _) = Pretrained::find(&root).unwrap();
     let mut back = found.model(&g, None).unwrap();
@@ -397,21 +412,7 @@ fn inference_reads_the_trained_rows_and_refuses_a_corrupted_checkpoint() {
 
 #[test]
 fn inference_reads_the_rows_without_their_adam_state_and_old_checkpoints_still_load() {
-    let dir = partitions(2, Method::Metis);
-    let set = PartitionSet::open(&dir).unwrap();
-    let trained = model(&set, &["training.layers=2"], false);
-    let g = set
-        .load_part(
-            0,
-            &LoadOptions {
-                mmap_features: true,
-                reverse_edges: false,
-            },
-        )
-        .unwrap();
-    drop(saved(&trained, &set, false, "moments"));
-    let root = common::root().join("ck-moments");
-    let ck = models::checkpoint::list(&root).unwrap().pop().unwrap();
+    let (trained, g, root, ck) = checkpointed("moments");
     let rows_of = |m: &Model| -> Vec<Vec<f32>> {
         m.embeddings
             .iter()

@@ -48,19 +48,20 @@ const BLAKE3: &str = "blake3:";
 /// `blake3:` and the hex BLAKE3 of one file, read in place: a fourth of
 /// SHA-256's time here, for checks every node repeats on every start.
 pub fn checksum(path: &Path) -> Result<String> {
-    Ok(format!("{BLAKE3}{}", blake3_hex(path)?))
+    Ok(format!("{BLAKE3}{}", blake3_file(path)?))
 }
 
 /// Whether the file at `path` has the checksum `want` that a manifest
 /// records: a [`checksum`], or the hex SHA-256 of older manifests.
 pub fn matches(path: &Path, want: &str) -> Result<bool> {
     match want.strip_prefix(BLAKE3) {
-        Some(hex) => Ok(blake3_hex(path)? == hex),
+        Some(hex) => Ok(blake3_file(path)? == hex),
         None => Ok(file(path)? == want),
     }
 }
 
-fn blake3_hex(path: &Path) -> Result<String> {
+/// Hex BLAKE3 of one file, read in place (mapped).
+pub fn blake3_file(path: &Path) -> Result<String> {
     let f = crate::input::open(path)?;
     let map = crate::mapped::Mapped::map(&f, path)?;
     Ok(blake3::hash(&map).to_hex().to_string())

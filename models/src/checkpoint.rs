@@ -74,12 +74,13 @@ pub fn checksum(format: u32, bytes: &[u8]) -> String {
     }
 }
 
-/// [`checksum`] of the file at `path`, read in place (mapped).
+/// [`checksum`] of the file at `path`.
 fn file_checksum(format: u32, path: &Path) -> Result<String> {
-    // Opened as inputs are (a FIFO or a device named like a checkpoint file is refused).
-    let file = graphs::input::open(path).map_err(|e| bad(path, e.to_string()))?;
-    let map = graphs::mapped::Mapped::map(&file, path).map_err(|e| bad(path, e.to_string()))?;
-    Ok(checksum(format, &map))
+    match format {
+        ..=2 => graphs::fingerprint::file(path),
+        _ => graphs::fingerprint::blake3_file(path),
+    }
+    .map_err(|e| bad(path, e.to_string()))
 }
 
 /// What a manifest whose seal does not hold is told.

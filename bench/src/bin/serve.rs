@@ -472,7 +472,7 @@ fn cluster(
             .args(["--batch-wait-ms", &batch_wait_ms.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        let child = launch(&cmd, on, i)?;
+        let child = launch(cmd, on, i)?;
         launched.push(Server { child, addr });
     }
     for s in &mut launched {
@@ -483,14 +483,10 @@ fn cluster(
 
 /// Starts `cmd` here, or on machine `i` of `on` (its namespace, its CPU
 /// share, as many rayon threads as it has CPUs).
-fn launch(cmd: &Command, on: Option<&Cluster>, i: usize) -> anyhow::Result<Child> {
+fn launch(mut cmd: Command, on: Option<&Cluster>, i: usize) -> anyhow::Result<Child> {
     match on {
-        None => {
-            let mut cmd = clone_command(cmd);
-            cmd.spawn().with_context(|| format!("starting {cmd:?}"))
-        }
+        None => cmd.spawn().with_context(|| format!("starting {cmd:?}")),
         Some(c) => {
-            let mut cmd = clone_command(cmd);
             if let Some(cpus) = c.machines().cpus {
                 cmd.env(
                     "RAYON_NUM_THREADS",
@@ -500,25 +496,6 @@ fn launch(cmd: &Command, on: Option<&Cluster>, i: usize) -> anyhow::Result<Child
             c.spawn(i, &cmd)
         }
     }
-}
-
-/// A copy of `cmd`'s program, arguments, directory and environment (its
-/// standard streams as the original's: the server's output is not read).
-fn clone_command(cmd: &Command) -> Command {
-    let mut c = Command::new(cmd.get_program());
-    c.args(cmd.get_args())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    if let Some(dir) = cmd.get_current_dir() {
-        c.current_dir(dir);
-    }
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    c
 }
 
 /// A `hetgnn serve` child, stopped with SIGTERM.
@@ -541,12 +518,15 @@ impl Server {
             Some(c) => format!("{}:8080", c.addr(0)),
         };
         let mut cmd = serve_cmd(bin, &addr, ck);
-        cmd.arg("--data").arg(data);
+        cmd.arg("--data")
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         match batch_wait_ms {
             Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
             None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
         };
-        let child = launch(&cmd, on, 0)?;
+        let child = launch(cmd, on, 0)?;
         let mut server = Server { child, addr };
         server.wait_ready()?;
         Ok(server)
