@@ -89,6 +89,12 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// While serving, ask the kernel to keep idle CPUs able to wake within this many µs
+    /// (Linux PM QoS, /dev/cpu_dma_latency; needs write access to it). 0 keeps them polling
+    /// instead of halting: requests after a pause are answered as fast as back to back
+    /// ones, at the cost of the idle CPUs' power (on a virtual machine, its host's CPU time).
+    #[arg(long)]
+    cpu_latency_us: Option<u32>,
 }
 
 /// Loads the checkpoint on the whole graph, again at every reload.
@@ -226,6 +232,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         ),
         _ => None,
     };
+    // Held until the server stops; refused before the port is taken.
+    let _latency = a
+        .cpu_latency_us
+        .map(serving::cpu_latency::CpuLatency::hold)
+        .transpose()?;
     let load = match &a.partitions {
         Some(parts) => partitioned(a, parts)?,
         None => whole(a),

@@ -43,6 +43,21 @@ pub trait RelationalLayer: Send + Sync {
         h_src: &PerType,
     ) -> Result<PerType>;
 
+    /// [`RelationalLayer::relation_partials`] of relations whose sources'
+    /// rows are read where they lie: `rows[t]` is type `t`'s whole row-major
+    /// matrix (row `v` of node `v`), `None` for a type the model does not read.
+    /// The same bits as over gathered rows, or `None` where this layer needs
+    /// them gathered (the caller then gathers them).
+    fn partials_in_place(
+        &self,
+        _g: &HetGraph,
+        _block: &Block,
+        _relations: &[RelationId],
+        _rows: &[Option<&[f32]>],
+    ) -> Result<Option<PerType>> {
+        Ok(None)
+    }
+
     /// Merges two partials of the same destinations computed from disjoint
     /// relation subsets: a sum unless the layer normalises across relations.
     fn combine_partials(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {

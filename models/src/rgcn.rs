@@ -91,6 +91,54 @@ impl RelationalLayer for RgcnLayer {
         self.self_loop.cross_relation(block, h_src, partials)
     }
 
+    /// The relations' means read from the rows in place, then transformed;
+    /// a relation whose sources are fewer than its destinations (transformed
+    /// first, as `relation_partials` does) has its sources' rows copied out.
+    fn partials_in_place(
+        &self,
+        g: &HetGraph,
+        block: &Block,
+        relations: &[RelationId],
+        rows: &[Option<&[f32]>],
+    ) -> Result<Option<PerType>> {
+        let mut out: PerType = vec![None; block.dst.len()];
+        for br in block
+            .relations
+            .iter()
+            .filter(|br| relations.contains(&br.relation))
+        {
+            let rel = g.relation(br.relation);
+            let (s, d) = (rel.src.index(), rel.dst.index());
+            let (Some(Some(x)), false) = (rows.get(s), block.src[s].is_empty()) else {
+                continue;
+            };
+            let w = &self.rel_weight[br.relation.index()];
+            let (i, o) = w.dims2()?;
+            let (n_src, n_dst, e) = (block.src[s].len(), br.offsets.len() - 1, br.sources.len());
+            let ids = &block.src[s];
+            let msg = if transforms_first(n_src * i, n_dst, e, i, o) {
+                // Fewer sources than destinations: transform the sources' rows, copied out.
+                let mut rows = Vec::with_capacity(n_src * i);
+                for &v in ids {
+                    let at = v as usize * i;
+                    rows.extend_from_slice(x.get(at..at + i).ok_or_else(|| {
+                        crate::ModelError::Config(format!("node {v} has no input row"))
+                    })?);
+                }
+                let x = Tensor::from_vec(rows, (n_src, i), w.device())?;
+                let csr = SegmentCsr::new(n_src, br.offsets.clone(), br.sources.clone());
+                aggregate_then_transform(&x, w, &csr)?
+            } else {
+                let global: Vec<u32> = br.sources.iter().map(|&k| ids[k as usize]).collect();
+                let mean =
+                    crate::ops::segment_mean_in_place(x, i, &br.offsets, &global, w.device())?;
+                matmul(&mean, w)?
+            };
+            accumulate(&mut out[d], msg)?;
+        }
+        Ok(Some(out))
+    }
+
     fn partial_dims(&self) -> Result<Vec<usize>> {
         Ok(vec![RelationMeans::out_width(self)?])
     }
@@ -159,15 +207,21 @@ fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Re
     let (i, o) = w.dims2()?;
     let (n_src, n_dst, e) = (csr.n_src(), csr.n_dst(), csr.n_edges());
     let sparse = crate::ops::sparse::rows_for(x, w)?;
-    let transform_first = sparse.map_or(n_src * i, |sp| sp.nnz()) * o + e * o;
-    let aggregate_first = e * i + n_dst * i * o;
+    let transform_first = transforms_first(sparse.map_or(n_src * i, |sp| sp.nnz()), n_dst, e, i, o);
     if x.track_op() {
         // The backward pass will spread the gradient over the sources.
         csr.transpose_ahead();
     }
-    Ok(if transform_first < aggregate_first {
+    Ok(if transform_first {
         segment_mean(&matmul(x, w)?, csr)?
     } else {
         matmul(&segment_mean(x, csr)?, w)?
     })
+}
+
+/// Whether transforming `n_src` rows (`values` input values in all) before
+/// aggregating `e` edges into `n_dst` rows costs fewer multiply-adds than
+/// aggregating first, for an `i`-to-`o` weight.
+fn transforms_first(values: usize, n_dst: usize, e: usize, i: usize, o: usize) -> bool {
+    values * o + e * o < e * i + n_dst * i * o
 }

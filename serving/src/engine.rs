@@ -322,8 +322,11 @@ impl Engine {
                 (logits, emb)
             }
             None => {
-                let (mb, inputs) = match &self.online {
-                    Some(o) => o.neighbourhoods(nodes).map_err(from_partitions)?,
+                let (logits, emb) = match &self.online {
+                    Some(o) => {
+                        let (mb, inputs) = o.neighbourhoods(nodes).map_err(from_partitions)?;
+                        model.forward_with_embeddings(g, &mb, inputs, None)?
+                    }
                     None => {
                         // This request's thread waits for it: its draws go on every core.
                         let mut sampler =
@@ -336,11 +339,9 @@ impl Engine {
                             nodes,
                         )?;
                         self.keep_maps(sampler);
-                        let inputs = model.gather_inputs(g, &mb.blocks[0].src)?;
-                        (mb, inputs)
+                        model.forward_stored(g, &mb)?
                     }
                 };
-                let (logits, emb) = model.forward_with_embeddings(g, &mb, inputs, None)?;
                 let emb = if want.embeddings {
                     Some(to_rows(&emb)?)
                 } else {

@@ -5,6 +5,7 @@
 pub mod additions;
 pub mod api;
 pub mod batcher;
+pub mod cpu_latency;
 pub mod engine;
 pub mod error;
 pub mod metrics;

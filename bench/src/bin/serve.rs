@@ -78,6 +78,11 @@ struct Args {
     /// Link rate of each emulated machine (with --cpus-per-node).
     #[arg(long, default_value = "10Gbit/s")]
     bandwidth: String,
+    /// Hold idle CPUs to this wake-up latency, in µs, for the whole run (Linux
+    /// PM QoS, as `serve --cpu-latency-us` does; needs root): every server of
+    /// the run, DGL's too, is measured under it.
+    #[arg(long)]
+    cpu_latency_us: Option<u32>,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -95,6 +100,10 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let new_paper = new_paper_ask(&data)?;
+    let _latency = a
+        .cpu_latency_us
+        .map(serving::cpu_latency::CpuLatency::hold)
+        .transpose()?;
     if a.cpus_per_node.is_some() && a.dgl.is_some() {
         bail!("--dgl runs its server on loopback: leave out --cpus-per-node to compare with it");
     }
@@ -321,12 +330,13 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let report = json!({
         "benchmark": "serve",
-        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }, a.cpus_per_node.map(|c| format!(" --cpus-per-node {c} --bandwidth {}", a.bandwidth)).unwrap_or_default()),
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}{}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }, a.cpus_per_node.map(|c| format!(" --cpus-per-node {c} --bandwidth {}", a.bandwidth)).unwrap_or_default(), a.cpu_latency_us.map(|u| format!(" --cpu-latency-us {u}")).unwrap_or_default()),
         "partitions": (a.partitions > 0).then(|| match a.cpus_per_node {
             None => format!("{} METIS partitions, one serve --partitions process each on loopback (mutual-TLS QUIC between them), sharing this machine's cores; phases against the first node", a.partitions),
             Some(c) => format!("{} METIS partitions, one serve --partitions process each on an emulated machine of {c} CPU with a {} link (mutual-TLS QUIC between them); phases against the first node; the whole-graph servers on one such machine", a.partitions, a.bandwidth),
         }),
         "emulation": a.cpus_per_node.map(|c| json!({"cpus_per_node": c, "bandwidth": a.bandwidth, "shaping": "kernel", "load_generator": "this machine's own namespace, over an unshaped link to the machines' bridge"})),
+        "cpu_latency_us": a.cpu_latency_us,
         "commit": commit,
         "graph": format!("mag-like S={}", a.scale),
         "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",

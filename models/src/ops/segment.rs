@@ -223,6 +223,45 @@ pub fn segment_mean(x: &Tensor, csr: &Arc<SegmentCsr>) -> candle_core::Result<Te
     x.contiguous()?.apply_op1(SegmentMean(Arc::clone(csr)))
 }
 
+/// [`segment_mean`] of rows read where they lie: destination `d`'s mean of
+/// rows `sources[offsets[d]..offsets[d + 1]]` of the row-major `x` (`width`
+/// wide, row `v` for node `v`), without copying the rows out first. The same
+/// bits as gathering them into a tensor and taking its segment mean; for
+/// inference (no backward pass).
+pub fn segment_mean_in_place(
+    x: &[f32],
+    width: usize,
+    offsets: &[u32],
+    sources: &[u32],
+    device: &candle_core::Device,
+) -> candle_core::Result<Tensor> {
+    let bad = |m: String| {
+        Err(candle_core::Error::Msg(format!(
+            "segment-mean in place: {m}"
+        )))
+    };
+    if width == 0 || !x.len().is_multiple_of(width) {
+        return bad(format!("{} values are not rows of width {width}", x.len()));
+    }
+    let rows = x.len() / width;
+    if offsets.last().map(|&e| e as usize) != Some(sources.len()) {
+        return bad("the offsets do not end at the number of sources".into());
+    }
+    if let Some(&s) = sources.iter().find(|&&s| s as usize >= rows) {
+        return bad(format!("source row {s} of {rows}"));
+    }
+    // As SegmentCsr::new computes it, rounded to f32 as the f32 forward does.
+    let inv: Vec<f32> = offsets
+        .windows(2)
+        .map(|w| match w[1] > w[0] {
+            true => (1.0 / f64::from(w[1] - w[0])) as f32,
+            false => 0.0,
+        })
+        .collect();
+    let out = gather_rows(x, width, offsets, sources, |d, _| inv[d]);
+    Tensor::from_vec(out, (offsets.len() - 1, width), device)
+}
+
 struct SegmentMean(Arc<SegmentCsr>);
 struct SegmentMeanT(Arc<SegmentCsr>);
 
