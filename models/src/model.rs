@@ -728,7 +728,11 @@ impl Model {
         if let Some(out) = self.forward_in_place(g, mb)? {
             return Ok(out);
         }
-        let inputs = self.gather_inputs(g, &mb.blocks[0].src)?;
+        let first = mb
+            .blocks
+            .first()
+            .ok_or_else(|| ModelError::Config("a mini-batch without blocks".into()))?;
+        let inputs = self.gather_inputs(g, &first.src)?;
         self.forward_with_embeddings(g, mb, inputs, None)
     }
 

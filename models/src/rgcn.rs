@@ -114,8 +114,12 @@ impl RelationalLayer for RgcnLayer {
             };
             let w = &self.rel_weight[br.relation.index()];
             let (i, o) = w.dims2()?;
-            let (n_src, n_dst, e) = (block.src[s].len(), br.offsets.len() - 1, br.sources.len());
             let ids = &block.src[s];
+            let (n_src, n_dst, e) = (
+                ids.len(),
+                br.offsets.len().saturating_sub(1),
+                br.sources.len(),
+            );
             let msg = if transforms_first(n_src * i, n_dst, e, i, o) {
                 // Fewer sources than destinations: transform the sources' rows, copied out.
                 let mut rows = Vec::with_capacity(n_src * i);
@@ -219,9 +223,10 @@ fn aggregate_then_transform(x: &Tensor, w: &Tensor, csr: &Arc<SegmentCsr>) -> Re
     })
 }
 
-/// Whether transforming `n_src` rows (`values` input values in all) before
-/// aggregating `e` edges into `n_dst` rows costs fewer multiply-adds than
-/// aggregating first, for an `i`-to-`o` weight.
+/// Whether transforming the sources first (`values` input values: `n_src·i`,
+/// or a mostly-zero input's non-zeros), then aggregating `e` edges into
+/// `n_dst` rows, costs fewer multiply-adds than aggregating first, for an
+/// `i`-to-`o` weight.
 fn transforms_first(values: usize, n_dst: usize, e: usize, i: usize, o: usize) -> bool {
     values * o + e * o < e * i + n_dst * i * o
 }
