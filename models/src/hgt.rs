@@ -137,11 +137,7 @@ impl RelationalLayer for HgtLayer {
     ) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        for br in block
-            .relations
-            .iter()
-            .filter(|br| relations.contains(&br.relation))
-        {
+        for br in crate::layer::relations_in(block, relations) {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
             let (Some(x), Some(xd)) = (&h_src[s], &h_src[d]) else {

@@ -20,6 +20,18 @@ use crate::rgat::RgatLayer;
 use crate::rgcn::RgcnLayer;
 use crate::self_loop::PerType;
 
+/// The relations of `block` among `relations`, in the block's order (the
+/// order partials are summed in).
+pub(crate) fn relations_in<'a>(
+    block: &'a Block,
+    relations: &'a [RelationId],
+) -> impl Iterator<Item = &'a graphs::BlockRelation> + 'a {
+    block
+        .relations
+        .iter()
+        .filter(move |br| relations.contains(&br.relation))
+}
+
 /// What follows a layer's cross-relation step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {

@@ -71,11 +71,7 @@ impl RelationalLayer for RgcnLayer {
         h_src: &PerType,
     ) -> Result<PerType> {
         let mut out: PerType = vec![None; block.dst.len()];
-        for br in block
-            .relations
-            .iter()
-            .filter(|br| relations.contains(&br.relation))
-        {
+        for br in crate::layer::relations_in(block, relations) {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
             let Some(x) = &h_src[s] else { continue };
@@ -102,11 +98,7 @@ impl RelationalLayer for RgcnLayer {
         rows: &[Option<&[f32]>],
     ) -> Result<Option<PerType>> {
         let mut out: PerType = vec![None; block.dst.len()];
-        for br in block
-            .relations
-            .iter()
-            .filter(|br| relations.contains(&br.relation))
-        {
+        for br in crate::layer::relations_in(block, relations) {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
             let (Some(Some(x)), false) = (rows.get(s), block.src[s].is_empty()) else {
@@ -179,11 +171,7 @@ impl RelationMeans for RgcnLayer {
         h_src: &PerType,
     ) -> Result<Vec<(RelationId, Tensor)>> {
         let mut out = Vec::new();
-        for br in block
-            .relations
-            .iter()
-            .filter(|br| relations.contains(&br.relation))
-        {
+        for br in crate::layer::relations_in(block, relations) {
             let s = g.relation(br.relation).src.index();
             let Some(x) = &h_src[s] else { continue };
             let csr = SegmentCsr::new(block.src[s].len(), br.offsets.clone(), br.sources.clone());

@@ -28,6 +28,23 @@ fn mag_like(seed: u64) -> (tempfile::TempDir, graphs::HetGraph) {
     (tmp, g)
 }
 
+/// A small model of `kind` (hidden 16, learnt rows of width 8).
+fn spec(kind: ModelKind, layers: usize, seed: u64) -> ModelSpec {
+    ModelSpec {
+        kind,
+        layers,
+        hidden: 16,
+        embed_dim: 8,
+        dropout: 0.5,
+        seed,
+        heads: 2,
+        link: None,
+        head: Default::default(),
+        task_heads: Vec::new(),
+        edge: None,
+    }
+}
+
 #[test]
 fn layerwise_inference_equals_full_neighbourhood_minibatches() {
     let (_tmp, g) = mag_like(0);
@@ -37,19 +54,7 @@ fn layerwise_inference_equals_full_neighbourhood_minibatches() {
         (ModelKind::Rgat, 2),
         (ModelKind::Hgt, 2),
     ] {
-        let spec = ModelSpec {
-            kind,
-            layers,
-            hidden: 16,
-            embed_dim: 8,
-            dropout: 0.5,
-            seed: 3,
-            heads: 2,
-            link: None,
-            head: Default::default(),
-            task_heads: Vec::new(),
-            edge: None,
-        };
+        let spec = spec(kind, layers, 3);
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let mut calls = 0;
         let rows = embed_all(&model, &g, 97, |_, _, _| calls += 1).unwrap();
@@ -114,17 +119,8 @@ fn link_embeddings_equal_full_neighbourhood_minibatches() {
     };
     for kind in [ModelKind::Rgcn, ModelKind::Hgt] {
         let spec = ModelSpec {
-            kind,
-            layers: 2,
-            hidden: 16,
-            embed_dim: 8,
-            dropout: 0.5,
-            seed: 4,
-            heads: 2,
             link: Some(link.clone()),
-            head: Default::default(),
-            task_heads: Vec::new(),
-            edge: None,
+            ..spec(kind, 2, 4)
         };
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(
@@ -210,19 +206,7 @@ fn stored_rows_read_in_place_give_the_gathered_rows_bits() {
         (ModelKind::Rgcn, 3),
         (ModelKind::Rgat, 2),
     ] {
-        let spec = ModelSpec {
-            kind,
-            layers,
-            hidden: 16,
-            embed_dim: 8,
-            dropout: 0.5,
-            seed: 5,
-            heads: 2,
-            link: None,
-            head: Default::default(),
-            task_heads: Vec::new(),
-            edge: None,
-        };
+        let spec = spec(kind, layers, 5);
         let model = Model::new(&spec, &g, DType::F32, &Device::Cpu).unwrap();
         let t = g.target().index();
         let seeds: Vec<u32> = (0..g.node_types()[t].count).step_by(5).take(200).collect();

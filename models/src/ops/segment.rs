@@ -107,16 +107,7 @@ impl SegmentCsr {
             sources.iter().all(|&s| (s as usize) < n_src),
             "source index out of range"
         );
-        let inv_deg = offsets
-            .windows(2)
-            .map(|w| {
-                if w[1] > w[0] {
-                    1.0 / f64::from(w[1] - w[0])
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        let inv_deg = inv_degrees(&offsets);
         Arc::new(SegmentCsr {
             n_src,
             offsets,
@@ -218,6 +209,17 @@ impl SegmentCsr {
     }
 }
 
+/// Each destination's 1 / (its number of sources), 0 for none.
+fn inv_degrees(offsets: &[u32]) -> Vec<f64> {
+    offsets
+        .windows(2)
+        .map(|w| match w[1] > w[0] {
+            true => 1.0 / f64::from(w[1] - w[0]),
+            false => 0.0,
+        })
+        .collect()
+}
+
 /// Mean of each destination's source rows of `x` (`[n_src, h]` → `[n_dst, h]`), differentiable.
 pub fn segment_mean(x: &Tensor, csr: &Arc<SegmentCsr>) -> candle_core::Result<Tensor> {
     x.contiguous()?.apply_op1(SegmentMean(Arc::clone(csr)))
@@ -250,15 +252,9 @@ pub fn segment_mean_in_place(
     if let Some(&s) = sources.iter().find(|&&s| s as usize >= rows) {
         return bad(format!("source row {s} of {rows}"));
     }
-    // As SegmentCsr::new computes it, rounded to f32 as the f32 forward does.
-    let inv: Vec<f32> = offsets
-        .windows(2)
-        .map(|w| match w[1] > w[0] {
-            true => (1.0 / f64::from(w[1] - w[0])) as f32,
-            false => 0.0,
-        })
-        .collect();
-    let out = gather_rows(x, width, offsets, sources, |d, _| inv[d]);
+    let inv = inv_degrees(offsets);
+    // Rounded to f32 per term, as SegmentMean's f32 forward does.
+    let out = gather_rows(x, width, offsets, sources, |d, _| inv[d] as f32);
     Tensor::from_vec(out, (offsets.len() - 1, width), device)
 }
 
