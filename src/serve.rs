@@ -50,6 +50,13 @@ pub struct ServeArgs {
     /// exact (full neighbourhoods, every node computed at load; `embed`'s answers).
     #[arg(long, value_enum, default_value_t = InferenceArg::Sampled)]
     inference: InferenceArg,
+    /// With sampled inference on the whole graph: compute every layer but the last for
+    /// every node at load (and at each reload), with the same draws, so that a request
+    /// samples one hop and runs one layer. The same answers, several times sooner, for
+    /// one hidden row per node of every type in memory and a load of about an epoch's
+    /// inference.
+    #[arg(long, conflicts_with = "partitions")]
+    precompute: bool,
     /// A model trained for several tasks (`training.tasks`): the task
     /// `/v1/predict` answers ("node-classification", "node-regression" or
     /// "multi-label") [default: its first]; a reloaded checkpoint must have it too.
@@ -101,7 +108,7 @@ pub struct ServeArgs {
 fn whole(a: &ServeArgs) -> Loader {
     let (checkpoint, data) = (a.checkpoint.clone(), a.data.clone().unwrap_or_default());
     let inference = a.inference.into();
-    let task = a.task.clone();
+    let (task, precompute) = (a.task.clone(), a.precompute);
     Arc::new(move || -> Result<Engine, ServeError> {
         let (trained, skipped) = serving::Trained::open(&checkpoint, &data)?;
         for s in skipped {
@@ -114,6 +121,18 @@ fn whole(a: &ServeArgs) -> Loader {
                 last = layer;
             }
         })?;
+        if precompute {
+            let mut last = usize::MAX;
+            engine = engine.precompute(4096, |layer, _, _| {
+                if layer != last {
+                    warnln!(
+                        "precompute: layer {} over every node (sampled draws)",
+                        layer + 1
+                    );
+                    last = layer;
+                }
+            })?;
+        }
         if let Some(t) = &task {
             engine.choose_task(t)?;
         }
@@ -220,6 +239,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         if let Some(path) = path.filter(|p| !p.exists()) {
             bail!("{flag} {}: no such file or directory", path.display());
         }
+    }
+    if a.precompute && a.inference == InferenceArg::Exact {
+        bail!("--precompute is for sampled inference: --inference exact computes every layer of every node at load already");
     }
     if a.partitions.is_some() && a.inference == InferenceArg::Exact {
         bail!("--inference exact is a whole-graph server's (--data without --partitions); `hetgnn embed --partitions` and `predict --partitions` compute exact answers across partitions offline");

@@ -665,6 +665,20 @@ fn serve_refuses_bad_options_before_listening() {
         ],
     )
     .fails_with(1, &["--max-ids must be at least 1"]);
+    hetgnn(
+        dir,
+        &[
+            "serve",
+            "--checkpoint",
+            "ck",
+            "--data",
+            "ck",
+            "--inference",
+            "exact",
+            "--precompute",
+        ],
+    )
+    .fails_with(1, &["--precompute is for sampled inference"]);
     // A checkpoint that cannot be loaded ends serve with its error (not a server that never gets ready).
     hetgnn(dir, &["generate", "--scale", "0.002", "--out", "g"]).ok();
     hetgnn(
@@ -696,12 +710,22 @@ fn served_answers_equal_predict_for_every_relational_model() {
             hetgnn(dir, &a).ok();
         }
         let ids = [3u32, 900, 3, 41];
-        for (how, out, emb) in [("sampled", "p.npy", "e.npy"), ("exact", "px.npy", "ex.npy")] {
+        // Precomputed layers below the last answer as sampling every layer per request does.
+        for (how, out, emb) in [
+            (&["--inference", "sampled"][..], "p.npy", "e.npy"),
+            (
+                &["--inference", "sampled", "--precompute"][..],
+                "p.npy",
+                "e.npy",
+            ),
+            (&["--inference", "exact"][..], "px.npy", "ex.npy"),
+        ] {
             let p = NpyFile::open(&dir.join(out), DType::I64).unwrap();
             let e = NpyFile::open(&dir.join(emb), DType::F32).unwrap();
             let width = e.shape()[1] as usize;
             let e = e.to_f32_vec();
-            let s = Server::start(dir, &[&model[..], &["--inference", how]].concat());
+            let s = Server::start(dir, &[&model[..], how].concat());
+            let how = how.join(" ");
             let (code, r) = s.post("/v1/predict", &json!({"ids": ids, "embeddings": true}));
             assert_eq!(code, 200, "{kind} {how}: {r}");
             let got: Vec<i64> = r["predictions"]

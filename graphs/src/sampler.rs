@@ -282,6 +282,8 @@ pub struct Sampler<'g> {
     extra: Vec<u32>,
     /// Draw a large hop's picks on rayon's pool ([`Sampler::in_parallel`]).
     parallel: bool,
+    /// Hops drawn from the seeds outward ([`Sampler::top_hops`]).
+    hops: usize,
 }
 
 impl<'g> Sampler<'g> {
@@ -301,7 +303,23 @@ impl<'g> Sampler<'g> {
             kept: Vec::new(),
             extra: vec![0; graph.node_types().len()],
             parallel: false,
+            hops: fanouts.len(),
         })
+    }
+
+    /// Draws only the `hops` hops nearest the seeds: the mini-batch's blocks
+    /// are those of the last `hops` layers, keyed and numbered as in a whole
+    /// sample, for a caller that holds the earlier layers' rows of every
+    /// node (a node's draws depend on the node alone, not on the batch).
+    pub fn top_hops(mut self, hops: usize) -> Result<Sampler<'g>> {
+        if hops == 0 || hops > self.fanouts.len() {
+            return Err(GraphError::InvalidArgument(format!(
+                "{hops} hops of a {}-layer sampler",
+                self.fanouts.len()
+            )));
+        }
+        self.hops = hops;
+        Ok(self)
     }
 
     /// Draws the picks of a hop with at least [`PARALLEL_DESTINATIONS`]
@@ -521,8 +539,8 @@ impl<'g> Sampler<'g> {
         let mut frontier: Vec<Vec<u32>> = seeds.to_vec();
 
         let layers = self.fanouts.len();
-        let mut blocks = Vec::with_capacity(layers);
-        for hop in 0..layers {
+        let mut blocks = Vec::with_capacity(self.hops);
+        for hop in 0..self.hops {
             let layer = layers - 1 - hop;
             let fanout = self.fanouts[hop];
             let dst = frontier;

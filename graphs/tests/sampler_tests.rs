@@ -249,6 +249,34 @@ fn a_sampler_on_another_s_maps_draws_what_a_new_one_draws() {
 }
 
 #[test]
+fn the_top_hops_are_the_whole_sample_s_last_blocks() {
+    let g = common::random(3000, 2000, 30_000, 4);
+    let fanouts = [6, 4, 3];
+    let seeds: Vec<u32> = (0..200).map(|i| i * 7 % 3000).collect();
+    let whole = Sampler::new(&g, &fanouts, 3)
+        .unwrap()
+        .sample(2, 9, &seeds)
+        .unwrap();
+    for hops in 1..=3 {
+        let top = Sampler::new(&g, &fanouts, 3)
+            .unwrap()
+            .top_hops(hops)
+            .unwrap()
+            .sample(2, 9, &seeds)
+            .unwrap();
+        assert_eq!(top.seeds, whole.seeds);
+        assert_eq!(top.blocks[..], whole.blocks[3 - hops..], "{hops} hops");
+    }
+    for bad in [0, 4] {
+        let err = Sampler::new(&g, &fanouts, 3).unwrap().top_hops(bad).err();
+        assert!(err
+            .unwrap()
+            .to_string()
+            .contains("hops of a 3-layer sampler"));
+    }
+}
+
+#[test]
 fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
     // ByteGNN's DAG: each hop's picks made in chunks of destinations (by any
     // thread, in any order), merged, then assembled.

@@ -108,9 +108,47 @@ pub fn embed_all(
     model: &Model,
     g: &HetGraph,
     chunk: usize,
-    mut progress: impl FnMut(usize, u64, u64),
+    progress: impl FnMut(usize, u64, u64),
 ) -> Result<Vec<Option<TypeRows>>> {
     let layers = embedding_layers(model)?;
+    let mut blocks = FullBlocks::new(g);
+    let full =
+        |l: usize, t: NodeTypeId, dst: &[u32]| Ok::<_, ModelError>(blocks.block(g, l, t, dst));
+    if let Some(rows) = layerwise(model, g, layers, chunk, full, progress)? {
+        return Ok(rows);
+    }
+    // No layer runs (a one-layer R-GCN): the inputs themselves.
+    let all: Vec<Vec<u32>> = g
+        .node_types()
+        .iter()
+        .map(|t| (0..t.count).collect())
+        .collect();
+    let h = model.gather_inputs(g, &all)?;
+    h.into_iter()
+        .map(|x| {
+            x.map(|x| -> Result<TypeRows> {
+                let (width, data) = host_rows(&x)?;
+                Ok(TypeRows { width, data })
+            })
+            .transpose()
+        })
+        .collect()
+}
+
+/// The rows relational layers `0..layers` compute for every node of every
+/// type, layer by layer, each layer's block of `chunk` destinations of one
+/// type from `block_of(layer, type, destinations)`: every in-neighbour
+/// ([`embed_all`]), or draws keyed by node, which makes a node's rows
+/// those any mini-batch holding it computes. `None` for no layers.
+/// An error of `block_of` is returned as it is.
+pub fn layerwise<E: From<ModelError>>(
+    model: &Model,
+    g: &HetGraph,
+    layers: usize,
+    chunk: usize,
+    mut block_of: impl FnMut(usize, NodeTypeId, &[u32]) -> std::result::Result<Block, E>,
+    mut progress: impl FnMut(usize, u64, u64),
+) -> std::result::Result<Option<Vec<Option<TypeRows>>>, E> {
     let (ls, _) = model.relational()?;
     let types = g.node_types().len();
     let chunk = chunk.max(1);
@@ -120,12 +158,11 @@ pub fn embed_all(
     for l in 0..layers.min(ls.len()) {
         let mut next: Vec<Option<TypeRows>> = vec![None; types];
         let mut done = 0u64;
-        let mut blocks = FullBlocks::new(g);
         for (t, out) in next.iter_mut().enumerate() {
             let count = g.node_types()[t].count;
             let ids: Vec<u32> = (0..count).collect();
             for dst in ids.chunks(chunk) {
-                let block = blocks.block(g, l, NodeTypeId(t as u32), dst);
+                let block = block_of(l, NodeTypeId(t as u32), dst)?;
                 let h = match &current {
                     None => model.gather_inputs(g, &block.src)?,
                     Some(rows) => rows_of(rows, &block.src, model)?,
@@ -144,27 +181,7 @@ pub fn embed_all(
         }
         current = Some(next);
     }
-    match current {
-        Some(rows) => Ok(rows),
-        // No layer runs (a one-layer R-GCN): the inputs themselves.
-        None => {
-            let all: Vec<Vec<u32>> = g
-                .node_types()
-                .iter()
-                .map(|t| (0..t.count).collect())
-                .collect();
-            let h = model.gather_inputs(g, &all)?;
-            h.into_iter()
-                .map(|x| {
-                    x.map(|x| -> Result<TypeRows> {
-                        let (width, data) = host_rows(&x)?;
-                        Ok(TypeRows { width, data })
-                    })
-                    .transpose()
-                })
-                .collect()
-        }
-    }
+    Ok(current)
 }
 
 /// Relational layer `l`'s rows for `block`'s destinations of type `t` (a
@@ -394,7 +411,7 @@ fn build_full_block<S: Slots>(
 }
 
 /// The rows of `nodes` (per type) from a layer's stored rows, as tensors.
-fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> Result<PerType> {
+pub fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> Result<PerType> {
     rows.iter()
         .zip(nodes)
         .map(|(r, ids)| match r {

@@ -678,9 +678,33 @@ impl Model {
         }
     }
 
-    /// Relational layers `first..` from `h`, the rows of block `first`'s
-    /// sources, then the head: the logits and the seeds' last-layer inputs
-    /// (`last_in`, when the layer before `first` was the last).
+    /// [`Model::forward_with_embeddings`] in evaluation mode of a mini-batch
+    /// holding only the blocks of the last `mb.blocks.len()` layers
+    /// ([`graphs::Sampler::top_hops`]), from `h`, the rows the layers before
+    /// them computed for its first block's sources (kept from a layer-wise
+    /// pass over every node, say).
+    pub fn forward_top(
+        &self,
+        g: &HetGraph,
+        mb: &MiniBatch,
+        h: PerType,
+    ) -> Result<(Tensor, Tensor)> {
+        let (ls, _) = self.relational()?;
+        let first = ls.len().checked_sub(mb.blocks.len()).ok_or_else(|| {
+            ModelError::Config(format!(
+                "{} blocks for a {}-layer model",
+                mb.blocks.len(),
+                ls.len()
+            ))
+        })?;
+        self.relational_from(g, mb, first, h, None, None)
+    }
+
+    /// Relational layers `first..` from `h`, the rows of the sources of
+    /// `mb`'s block of layer `first` (`mb` holds the blocks of layers
+    /// `first..` or of every layer), then the head: the logits and the
+    /// seeds' last-layer inputs (`last_in`, when the layer before `first`
+    /// was the last).
     fn relational_from(
         &self,
         g: &HetGraph,
@@ -694,7 +718,12 @@ impl Model {
             return Err(ModelError::Config("not a relational model".into()));
         };
         let (n_seeds, t) = (mb.seeds.len(), self.target.index());
-        for (l, (layer, block)) in ls.iter().zip(&mb.blocks).enumerate().skip(first) {
+        // The blocks of layers `first..`, wherever `mb`'s start.
+        let skip = (first + mb.blocks.len())
+            .checked_sub(ls.len())
+            .ok_or_else(|| ModelError::Config("fewer blocks than layers to run".into()))?;
+        let blocks = mb.blocks.iter().skip(skip);
+        for ((l, layer), block) in ls.iter().enumerate().skip(first).zip(blocks) {
             if l + 1 == ls.len() {
                 last_in = h[t].as_ref().map(|x| x.narrow(0, 0, n_seeds)).transpose()?;
             }

@@ -150,6 +150,9 @@ pub struct Engine {
     head: (Head, std::ops::Range<usize>),
     /// Every node's embedding (exact inference), per type.
     exact: Option<Vec<Option<TypeRows>>>,
+    /// Every node's rows of every layer but the last, from the sampled
+    /// inference's draws ([`Engine::precompute`]), per type.
+    precomputed: Option<Vec<Option<TypeRows>>>,
     /// Served from partitions: where neighbourhoods are drawn and read.
     online: Option<Online>,
     /// The last request's sampler maps, reused by the next
@@ -183,9 +186,73 @@ impl Engine {
             plan,
             head,
             exact,
+            precomputed: None,
             online: None,
             maps: Default::default(),
         })
+    }
+
+    /// Computes now, layer by layer over every node, the rows each layer
+    /// but the last gives it under the sampled inference's draws, so that
+    /// a request draws and computes its last layer only. A node's draws are
+    /// keyed by the node, so its rows are the ones any request holding it
+    /// computes: the same answers (to float rounding: rows are computed in
+    /// other groupings), for memory of one hidden row per node of every
+    /// type. `chunk` destinations at a time; `progress(layer, done, total)`.
+    /// Nothing to do for a model of one relational layer or none.
+    pub fn precompute(
+        mut self,
+        chunk: usize,
+        progress: impl FnMut(usize, u64, u64),
+    ) -> Result<Engine> {
+        if self.online.is_some() || self.inference != Inference::Sampled {
+            return Err(ServeError::Load(
+                "precomputed layers are a whole-graph server's with sampled inference (exact inference computes every layer at load already)".into(),
+            ));
+        }
+        let (g, model) = (&self.trained.graph, &self.trained.model);
+        let layers = match model.uses_neighbors() {
+            true => model.spec().layers.saturating_sub(1),
+            false => 0,
+        };
+        if layers == 0 {
+            return Ok(self);
+        }
+        let fanouts = &self.plan.fanouts;
+        if fanouts.len() != layers + 1 {
+            return Err(ServeError::Load(format!(
+                "{} fanouts for a {}-layer model",
+                fanouts.len(),
+                layers + 1
+            )));
+        }
+        let (seed, epoch) = (self.plan.eval_seed(), self.trained.source.epochs_done);
+        // Layer l's draws: the top hop of a sampler of layers 0..=l (keyed as layer l).
+        let mut sampler: Option<(usize, Sampler)> = None;
+        let sampled = |l: usize, t: NodeTypeId, dst: &[u32]| -> Result<Block> {
+            if sampler.as_ref().is_none_or(|(at, _)| *at != l) {
+                let s = Sampler::new(g, &fanouts[fanouts.len() - 1 - l..], seed)?;
+                sampler = Some((l, s.in_parallel().top_hops(1)?));
+            }
+            let Some((_, s)) = sampler.as_mut() else {
+                unreachable!("set above")
+            };
+            let mut seeds = vec![Vec::new(); g.node_types().len()];
+            seeds[t.index()] = dst.to_vec();
+            let mut mb =
+                s.sample_typed(epoch, INFERENCE_STEP, &seeds, &graphs::link::NoExclusion)?;
+            mb.blocks
+                .pop()
+                .ok_or_else(|| ServeError::Inference("a hop without a block".into()))
+        };
+        let rows = inference::layerwise(model, g, layers, chunk, sampled, progress)?;
+        self.precomputed = rows;
+        Ok(self)
+    }
+
+    /// Whether the layers below the last are precomputed ([`Engine::precompute`]).
+    pub fn precomputed(&self) -> bool {
+        self.precomputed.is_some()
     }
 
     /// An engine over `trained`, this node's partition, answering by sampled
@@ -201,6 +268,7 @@ impl Engine {
             plan,
             head,
             exact: None,
+            precomputed: None,
             online: Some(online),
             maps: Default::default(),
         }
@@ -326,6 +394,23 @@ impl Engine {
                     Some(o) => {
                         let (mb, inputs) = o.neighbourhoods(nodes).map_err(from_partitions)?;
                         model.forward_with_embeddings(g, &mb, inputs, None)?
+                    }
+                    None if self.precomputed.is_some() => {
+                        let rows = self.precomputed.as_deref().unwrap_or_default();
+                        let mut sampler = self
+                            .plan
+                            .eval(g)?
+                            .in_parallel()
+                            .with_maps(self.take_maps())
+                            .top_hops(1)?;
+                        let (epoch, step) = (self.trained.source.epochs_done, INFERENCE_STEP);
+                        let mb = sampler.sample(epoch, step, nodes)?;
+                        self.keep_maps(sampler);
+                        let first = mb.blocks.first().ok_or_else(|| {
+                            ServeError::Inference("a sample without blocks".into())
+                        })?;
+                        let h = inference::rows_of(rows, &first.src, model)?;
+                        model.forward_top(g, &mb, h)?
                     }
                     None => {
                         // This request's thread waits for it: its draws go on every core.

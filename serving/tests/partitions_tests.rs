@@ -3,42 +3,15 @@
 //! equal a single-process server's for every target node; what such a
 //! server does not answer is refused with what to do.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actors::{train, Config};
+use common::{same, trained, ALL};
 use graphs::partition::{self, Method};
 use serving::trained::Partitioned;
-use serving::{Classified, Engine, Inference, Trained, Want};
-
-/// A mag-like graph and a model trained on it for one epoch (`extra`
-/// settings), checkpointed.
-fn trained(tmp: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
-    let data = tmp.join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        0,
-        &data,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
-    let ck = tmp.join("ck");
-    let overrides: Vec<String> = [
-        format!("training.data={:?}", data.display().to_string()),
-        format!("training.checkpoint_dir={:?}", ck.display().to_string()),
-        "training.epochs=1".into(),
-        "training.batch=256".into(),
-        "training.hidden=16".into(),
-        "training.embed_dim=8".into(),
-    ]
-    .into_iter()
-    .chain(extra.iter().map(|s| s.to_string()))
-    .collect();
-    train(&Config::parse("", &overrides).unwrap(), &mut ()).unwrap();
-    (data, ck)
-}
+use serving::{Engine, Inference, Trained, Want};
 
 /// `data` cut into `parts` by `method`, as `hetgnn partition` writes them
 /// (reverse relations are added when a partition is loaded).
@@ -69,46 +42,6 @@ fn served(ck: &Path, parts: &Path, data: Option<&Path>) -> Engine {
 fn single(ck: &Path, data: &Path) -> Engine {
     let (trained, _) = Trained::open(ck, data).unwrap();
     Engine::new(trained, Inference::Sampled, 4096, |_, _, _| {}).unwrap()
-}
-
-const ALL: Want = Want {
-    probabilities: true,
-    embeddings: true,
-};
-
-fn same(want: &Classified, got: &Classified, what: &str) {
-    assert_eq!(want.classes, got.classes, "{what}: classes");
-    assert_eq!(
-        want.values.is_some(),
-        got.values.is_some(),
-        "{what}: values"
-    );
-    for (a, b) in want
-        .values
-        .iter()
-        .flatten()
-        .zip(got.values.iter().flatten())
-    {
-        assert!((a - b).abs() <= 1e-5, "{what}: value {a} vs {b}");
-    }
-    for (w, g, part) in [
-        (&want.probabilities, &got.probabilities, "probabilities"),
-        (&want.embeddings, &got.embeddings, "embeddings"),
-    ] {
-        assert_eq!(w.is_some(), g.is_some(), "{what}: {part}");
-        let (Some(w), Some(g)) = (w, g) else {
-            continue;
-        };
-        assert_eq!(w.width, g.width, "{what}: {part}");
-        assert_eq!(w.data.len(), g.data.len(), "{what}: {part}");
-        let worst = w
-            .data
-            .iter()
-            .zip(&g.data)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst <= 1e-5, "{what}: {part} differ by {worst}");
-    }
 }
 
 #[test]
