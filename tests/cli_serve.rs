@@ -725,6 +725,9 @@ fn served_answers_equal_predict_for_every_relational_model() {
             let width = e.shape()[1] as usize;
             let e = e.to_f32_vec();
             let s = Server::start(dir, &[&model[..], how].concat());
+            let (_, info) = s.get("/v1/model");
+            let info: Value = serde_json::from_str(&info).unwrap();
+            assert_eq!(info["precomputed"], how.contains(&"--precompute"), "{info}");
             let how = how.join(" ");
             let (code, r) = s.post("/v1/predict", &json!({"ids": ids, "embeddings": true}));
             assert_eq!(code, 200, "{kind} {how}: {r}");

@@ -228,15 +228,16 @@ impl Engine {
         }
         let (seed, epoch) = (self.plan.eval_seed(), self.trained.source.epochs_done);
         // Layer l's draws: the top hop of a sampler of layers 0..=l (keyed as layer l).
-        let mut sampler: Option<(usize, Sampler)> = None;
-        let sampled = |l: usize, t: NodeTypeId, dst: &[u32]| -> Result<Block> {
-            if sampler.as_ref().is_none_or(|(at, _)| *at != l) {
+        let mut samplers = (0..layers)
+            .map(|l| -> Result<Sampler> {
                 let s = Sampler::new(g, &fanouts[fanouts.len() - 1 - l..], seed)?;
-                sampler = Some((l, s.in_parallel().top_hops(1)?));
-            }
-            let Some((_, s)) = sampler.as_mut() else {
-                unreachable!("set above")
-            };
+                Ok(s.in_parallel().top_hops(1)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sampled = |l: usize, t: NodeTypeId, dst: &[u32]| -> Result<Block> {
+            let s = samplers
+                .get_mut(l)
+                .ok_or_else(|| ServeError::Inference(format!("no sampler of layer {l}")))?;
             let mut seeds = vec![Vec::new(); g.node_types().len()];
             seeds[t.index()] = dst.to_vec();
             let mut mb =

@@ -365,11 +365,16 @@ async fn reload(shared: &Arc<Shared>, first: bool) -> Result<Arc<Engine>> {
             shared.metrics.model_epochs.set(src.epochs_done as i64);
             shared.metrics.loads.with_label_values(&["ok"]).inc();
             (shared.log)(&format!(
-                "{} model {} ({} epochs, {} inference) in {:.1}s",
+                "{} model {} ({} epochs, {} inference{}) in {:.1}s",
                 if first { "ready:" } else { "reloaded:" },
                 src.dir.display(),
                 src.epochs_done,
                 engine.inference(),
+                if engine.precomputed() {
+                    ", layers below the last precomputed"
+                } else {
+                    ""
+                },
                 started.elapsed().as_secs_f64()
             ));
             if let Ok(mut slot) = shared.engine.write() {
@@ -756,6 +761,8 @@ struct ModelInfo {
     checkpoint: String,
     epochs: u64,
     inference: String,
+    /// Every layer but the last kept for every node (`serve --precompute`).
+    precomputed: bool,
     model: String,
     target: String,
     task: &'static str,
@@ -787,6 +794,7 @@ async fn model(State(s): St) -> Result<Json<ModelInfo>, HttpError> {
         checkpoint: tr.source.dir.display().to_string(),
         epochs: tr.source.epochs_done,
         inference: engine.inference().to_string(),
+        precomputed: engine.precomputed(),
         model: format!("{:?}", tr.source.spec.kind).to_lowercase(),
         target: g.node_type(g.target()).name.clone(),
         task: match (engine.classifies(), engine.regresses()) {

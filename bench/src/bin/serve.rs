@@ -83,6 +83,10 @@ struct Args {
     /// the run, DGL's too, is measured under it.
     #[arg(long)]
     cpu_latency_us: Option<u32>,
+    /// Start the whole-graph servers with `serve --precompute` (layer 1 of
+    /// every node computed at load; a request samples and computes one layer).
+    #[arg(long)]
+    precompute: bool,
     /// The hetgnn binary (default: target/release/hetgnn).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -127,7 +131,8 @@ fn main() -> anyhow::Result<()> {
     let mut idle = None;
     // Phase 1-3 against the batching server, phase 4 against the one without.
     for (batching, label) in [(true, "batching"), (false, "no batching")] {
-        let mut server = Server::start(&bin, &data, &ck, batching.then_some(a.batch_wait_ms), on)?;
+        let wait = batching.then_some(a.batch_wait_ms);
+        let mut server = Server::start(&bin, &data, &ck, wait, a.precompute, on)?;
         let targets = rt.block_on(target_count(&server.addr))?;
         target_nodes = targets;
         let result = rt.block_on(async {
@@ -330,7 +335,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
     let report = json!({
         "benchmark": "serve",
-        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}{}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }, a.cpus_per_node.map(|c| format!(" --cpus-per-node {c} --bandwidth {}", a.bandwidth)).unwrap_or_default(), a.cpu_latency_us.map(|u| format!(" --cpu-latency-us {u}")).unwrap_or_default()),
+        "command": format!("cargo run --release -p bench --bin serve -- --scale {} --seconds {} --rate {} --low-rate {} --rate-100 {} --clients {} --batch-wait-ms {} --partitions {}{}{}{}{}", a.scale, a.seconds, a.rate, a.low_rate, a.rate_100, a.clients, a.batch_wait_ms, a.partitions, if a.dgl.is_some() { " --dgl PYTHON" } else { "" }, a.cpus_per_node.map(|c| format!(" --cpus-per-node {c} --bandwidth {}", a.bandwidth)).unwrap_or_default(), a.cpu_latency_us.map(|u| format!(" --cpu-latency-us {u}")).unwrap_or_default(), if a.precompute { " --precompute" } else { "" }),
         "partitions": (a.partitions > 0).then(|| match a.cpus_per_node {
             None => format!("{} METIS partitions, one serve --partitions process each on loopback (mutual-TLS QUIC between them), sharing this machine's cores; phases against the first node", a.partitions),
             Some(c) => format!("{} METIS partitions, one serve --partitions process each on an emulated machine of {c} CPU with a {} link (mutual-TLS QUIC between them); phases against the first node; the whole-graph servers on one such machine", a.partitions, a.bandwidth),
@@ -339,7 +344,7 @@ fn main() -> anyhow::Result<()> {
         "cpu_latency_us": a.cpu_latency_us,
         "commit": commit,
         "graph": format!("mag-like S={}", a.scale),
-        "model": "rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference",
+        "model": format!("rgcn, 2 layers, hidden 64, fanouts 10,10, sampled inference{}", if a.precompute { " (serve --precompute: layer 1 of every node computed at load)" } else { "" }),
         "phases": phases.iter().map(|(n, p)| json!({"phase": n, "offered_rps": p.offered, "answered_per_s": p.answered_per_s, "nodes_per_s": p.nodes_per_s, "p50_ms": p.p50_ms, "p90_ms": p.p90_ms, "p99_ms": p.p99_ms, "max_ms": p.max_ms, "errors": p.errors, "requests": p.requests})).collect::<Vec<_>>(),
         "batching_over_none": ratio,
         "p99_over_dgl": against_dgl,
@@ -521,6 +526,7 @@ impl Server {
         data: &Path,
         ck: &Path,
         batch_wait_ms: Option<f64>,
+        precompute: bool,
         on: Option<&Cluster>,
     ) -> anyhow::Result<Server> {
         let addr = match on {
@@ -536,6 +542,9 @@ impl Server {
             Some(ms) => cmd.args(["--batch-wait-ms", &ms.to_string()]),
             None => cmd.args(["--batch-nodes", "1", "--batch-wait-ms", "0"]),
         };
+        if precompute {
+            cmd.arg("--precompute");
+        }
         let child = launch(cmd, on, 0)?;
         let mut server = Server { child, addr };
         server.wait_ready()?;
