@@ -226,6 +226,14 @@ impl Engine {
                 layers + 1
             )));
         }
+        // The kept layer's rows of every node, and the one before it while computing.
+        let nodes: u128 = g.node_types().iter().map(|t| u128::from(t.count)).sum();
+        let rows = nodes * model.spec().hidden as u128 * 4;
+        graphs::memory::check_fits(
+            "--precompute (hidden rows of every node of every type)",
+            rows * layers.min(2) as u128,
+        )
+        .map_err(|e| ServeError::Load(format!("{e}; serve without --precompute")))?;
         let (seed, epoch) = (self.plan.eval_seed(), self.trained.source.epochs_done);
         // Layer l's draws: the top hop of a sampler of layers 0..=l (keyed as layer l).
         let mut samplers = (0..layers)
