@@ -216,6 +216,27 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
             .choose_task(task)
             .with_context(|| format!("--task {task}"))?;
     }
+    // Sampled draws are keyed by node: the layers below the last, computed
+    // once for every node, give every batch the rows it would compute itself.
+    if engine.inference() == Inference::Sampled && engine.precompute_pays_for(wanted.len()) {
+        let bytes = engine.precompute_bytes();
+        match graphs::memory::check_fits("", bytes) {
+            Ok(()) => {
+                warnln!(
+                    "predict: the layers below the last over every node first ({} of rows; fewer rows than per batch for {} nodes)",
+                    graphs::memory::human(bytes),
+                    wanted.len()
+                );
+                engine = engine
+                    .precompute(a.batch.max(1024), |_, _, _| {})
+                    .with_context(|| format!("inference with {}", dir.display()))?;
+            }
+            Err(_) => warnln!(
+                "predict: every layer per batch (the rows of every node, {}, would not fit)",
+                graphs::memory::human(bytes)
+            ),
+        }
+    }
     let names = &engine.trained().names[engine.trained().graph.target().index()];
     let want = Want {
         probabilities: false,

@@ -216,10 +216,18 @@ fn served_answers_equal_offline_predict_and_embed() {
         let mut a = vec!["predict"];
         a.extend_from_slice(&model);
         a.extend_from_slice(extra);
-        hetgnn(dir, &a).ok();
+        hetgnn(dir, &a).ok()
     };
-    // Offline answers, and their independence of the batch size.
-    predict(&["--out", "p.npy", "--embeddings", "e.npy"]);
+    // Offline answers, and their independence of the batch size. Every
+    // target node: layer 1 of every node is computed first (the server
+    // below computes it per request, and answers the same).
+    let all = predict(&["--out", "p.npy", "--embeddings", "e.npy"]);
+    assert!(
+        all.stderr()
+            .contains("the layers below the last over every node first"),
+        "{}",
+        all.stderr()
+    );
     predict(&["--out", "p7.npy", "--batch", "7"]);
     predict(&[
         "--out",

@@ -210,14 +210,11 @@ impl Engine {
                 "precomputed layers are a whole-graph server's with sampled inference (exact inference computes every layer at load already)".into(),
             ));
         }
-        let (g, model) = (&self.trained.graph, &self.trained.model);
-        let layers = match model.uses_neighbors() {
-            true => model.spec().layers.saturating_sub(1),
-            false => 0,
-        };
+        let layers = self.layers_to_keep();
         if layers == 0 {
             return Ok(self);
         }
+        let (g, model) = (&self.trained.graph, &self.trained.model);
         let fanouts = &self.plan.fanouts;
         if fanouts.len() != layers + 1 {
             return Err(ServeError::Load(format!(
@@ -226,12 +223,9 @@ impl Engine {
                 layers + 1
             )));
         }
-        // The kept layer's rows of every node, and the one before it while computing.
-        let nodes: u128 = g.node_types().iter().map(|t| u128::from(t.count)).sum();
-        let rows = nodes * model.spec().hidden as u128 * 4;
         graphs::memory::check_fits(
             "--precompute (hidden rows of every node of every type)",
-            rows * layers.min(2) as u128,
+            self.precompute_bytes(),
         )
         .map_err(|e| ServeError::Load(format!("{e}; serve without --precompute")))?;
         let (seed, epoch) = (self.plan.eval_seed(), self.trained.source.epochs_done);
@@ -262,6 +256,37 @@ impl Engine {
     /// Whether the layers below the last are precomputed ([`Engine::precompute`]).
     pub fn precomputed(&self) -> bool {
         self.precomputed.is_some()
+    }
+
+    /// The relational layers [`Engine::precompute`] keeps (every one but the
+    /// last; none for a features-only model).
+    fn layers_to_keep(&self) -> usize {
+        let model = &self.trained.model;
+        match model.uses_neighbors() {
+            true => model.spec().layers.saturating_sub(1),
+            false => 0,
+        }
+    }
+
+    /// The memory [`Engine::precompute`] takes at most: the kept layer's
+    /// hidden rows of every node, and the one before it while computing.
+    pub fn precompute_bytes(&self) -> u128 {
+        let (g, spec) = (&self.trained.graph, self.trained.model.spec());
+        let nodes: u128 = g.node_types().iter().map(|t| u128::from(t.count)).sum();
+        nodes * spec.hidden as u128 * 4 * self.layers_to_keep().min(2) as u128
+    }
+
+    /// Whether answering `nodes` target nodes with [`Engine::precompute`]
+    /// first computes fewer rows than answering them alone: a node's
+    /// answer computes the layers below the last for its first hop's draws
+    /// (up to the first fanout per relation into its type), a precomputation
+    /// for every node once.
+    pub fn precompute_pays_for(&self, nodes: usize) -> bool {
+        let g = &self.trained.graph;
+        let first = self.plan.fanouts.first().copied().unwrap_or(0);
+        let per_node = first * g.in_relations(g.target()).len();
+        let all: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
+        self.layers_to_keep() > 0 && (nodes as u64).saturating_mul(per_node as u64) >= all
     }
 
     /// An engine over `trained`, this node's partition, answering by sampled
