@@ -163,11 +163,31 @@ pub fn layerwise<E: From<ModelError>>(
             let ids: Vec<u32> = (0..count).collect();
             for dst in ids.chunks(chunk) {
                 let block = block_of(l, NodeTypeId(t as u32), dst)?;
-                let h = match &current {
-                    None => model.gather_inputs(g, &block.src)?,
-                    Some(rows) => rows_of(rows, &block.src, model)?,
+                // Read where the rows lie (the stored inputs, then the
+                // previous layer's rows of every node), else gathered.
+                let stored = match &current {
+                    None => model.stored_rows(g, &block),
+                    Some(rows) => Some(
+                        rows.iter()
+                            .map(|r| r.as_ref().map(|r| &r.data[..]))
+                            .collect(),
+                    ),
                 };
-                if let Some(x) = layer_chunk(model, g, l, &block, &h, NodeTypeId(t as u32))? {
+                let in_place = match stored {
+                    Some(stored) => model.layer_in_place(g, l, &block, &stored)?,
+                    None => None,
+                };
+                let x = match in_place {
+                    Some((_, mut h)) => h[t].take(),
+                    None => {
+                        let h = match &current {
+                            None => model.gather_inputs(g, &block.src)?,
+                            Some(rows) => rows_of(rows, &block.src, model)?,
+                        };
+                        layer_chunk(model, g, l, &block, &h, NodeTypeId(t as u32))?
+                    }
+                };
+                if let Some(x) = x {
                     let (width, values) = host_rows(&x)?;
                     let slot = out.get_or_insert_with(|| TypeRows {
                         width,

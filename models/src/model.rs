@@ -771,12 +771,39 @@ impl Model {
         let Layers::Relational(ls, _) = &self.layers else {
             return Ok(None);
         };
-        let (Some(layer), Some(block)) = (ls.first(), mb.blocks.first()) else {
+        let Some(block) = mb.blocks.first() else {
             return Ok(None);
         };
-        if mb.blocks.len() != ls.len() || self.dtype != DType::F32 || !self.device.is_cpu() {
+        if mb.blocks.len() != ls.len() {
             return Ok(None);
         }
+        let Some(rows) = self.stored_rows(g, block) else {
+            return Ok(None);
+        };
+        let Some((own, h)) = self.layer_in_place(g, 0, block, &rows)? else {
+            return Ok(None);
+        };
+        let t = self.target.index();
+        let last_in = match ls.len() {
+            1 => own[t]
+                .as_ref()
+                .map(|x| x.narrow(0, 0, mb.seeds.len()))
+                .transpose()?,
+            _ => None,
+        };
+        self.relational_from(g, mb, 1, h, last_in, None).map(Some)
+    }
+
+    /// Where the first layer reads each type's input rows of `block` in
+    /// place, as `gather_inputs` would copy them: its features or its learnt
+    /// table (`None` for a type without sources in the block or whose rows
+    /// the model does not read); `None` where some type's cannot be read in
+    /// place (features scanned for nonzeros, or without a flat matrix).
+    pub fn stored_rows<'a>(
+        &'a self,
+        g: &'a HetGraph,
+        block: &graphs::Block,
+    ) -> Option<Vec<Option<&'a [f32]>>> {
         let fg = self.feature_gather();
         let mut rows = Vec::with_capacity(block.src.len());
         for (t, ids) in block.src.iter().enumerate() {
@@ -784,40 +811,71 @@ impl Model {
                 rows.push(None);
                 continue;
             }
-            // Where gather_inputs reads the type's rows: its features, else its table.
-            let r = match (&g.node_types()[t].features, &self.embeddings[t]) {
-                (Some(f), _) if fg.scan && f.nonzeros().is_some() => return Ok(None),
-                (Some(f), _) => f.contiguous(),
-                (None, Some(e)) => Some(&e.data[..]),
-                (None, None) => None,
-            };
-            match r {
-                Some(r) => rows.push(Some(r)),
-                None => return Ok(None),
-            }
+            rows.push(Some(
+                match (&g.node_types()[t].features, &self.embeddings[t]) {
+                    (Some(f), _) if fg.scan && f.nonzeros().is_some() => return None,
+                    (Some(f), _) => f.contiguous()?,
+                    (None, Some(e)) => &e.data[..],
+                    (None, None) => return None,
+                },
+            ));
         }
-        let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, &rows)? else {
+        Some(rows)
+    }
+
+    /// Relational layer `l` on `block` in evaluation mode, its sources' rows
+    /// read where they lie (`rows[t]`: a row per node of type `t`, node `v`'s
+    /// at `v`; see [`Model::stored_rows`]): the destinations' own input rows
+    /// (copied, for the self-loop) and the layer's activated outputs, the
+    /// same bits as gathering every source row first. `None` where the layer
+    /// cannot (not R-GCN, not f32 on the CPU): the caller gathers.
+    pub fn layer_in_place(
+        &self,
+        g: &HetGraph,
+        l: usize,
+        block: &graphs::Block,
+        rows: &[Option<&[f32]>],
+    ) -> Result<Option<(PerType, PerType)>> {
+        let (ls, _) = self.relational()?;
+        let layer = ls.get(l).ok_or_else(|| {
+            ModelError::Config(format!("no layer {l} in a {}-layer model", ls.len()))
+        })?;
+        if self.dtype != DType::F32 || !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, rows)? else {
             return Ok(None);
         };
         // The destinations' own rows (the first of each type's sources), for the self-loop.
-        let own: Vec<Vec<u32>> = block
-            .src
-            .iter()
-            .zip(&block.dst)
-            .map(|(s, d)| s[..d.len().min(s.len())].to_vec())
-            .collect();
-        let h = self.gather_inputs(g, &own)?;
-        let t = self.target.index();
-        let last_in = match ls.len() {
-            1 => h[t]
-                .as_ref()
-                .map(|x| x.narrow(0, 0, mb.seeds.len()))
-                .transpose()?,
-            _ => None,
-        };
-        let out = layer.cross_relation(block, &h, partials)?;
-        let h = self.activate(0, block, out, None)?;
-        self.relational_from(g, mb, 1, h, last_in, None).map(Some)
+        let mut own: PerType = Vec::with_capacity(block.src.len());
+        for (t, (src, dst)) in block.src.iter().zip(&block.dst).enumerate() {
+            let ids = &src[..dst.len().min(src.len())];
+            let x = match rows.get(t).copied().flatten() {
+                Some(x) if !ids.is_empty() => x,
+                _ => {
+                    own.push(None);
+                    continue;
+                }
+            };
+            let count = g.node_types()[t].count as usize;
+            let width = x.len().checked_div(count).unwrap_or(0);
+            let mut buf = Vec::with_capacity(ids.len() * width);
+            for &v in ids {
+                let at = v as usize * width;
+                buf.extend_from_slice(
+                    x.get(at..at + width)
+                        .ok_or_else(|| ModelError::Config(format!("node {v} has no stored row")))?,
+                );
+            }
+            own.push(Some(Tensor::from_vec(
+                buf,
+                (ids.len(), width),
+                &self.device,
+            )?));
+        }
+        let out = layer.cross_relation(block, &own, partials)?;
+        let out = self.activate(l, block, out, None)?;
+        Ok(Some((own, out)))
     }
 
     /// The last layer's rows of every seed of every type (`mb`'s last block's
