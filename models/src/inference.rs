@@ -169,7 +169,7 @@ pub fn layerwise<E: From<ModelError>>(
                     None => model.stored_rows(g, &block),
                     Some(rows) => Some(
                         rows.iter()
-                            .map(|r| r.as_ref().map(|r| &r.data[..]))
+                            .map(|r| r.as_ref().map(|r| (&r.data[..], r.width)))
                             .collect(),
                     ),
                 };

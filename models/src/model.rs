@@ -803,7 +803,7 @@ impl Model {
         &'a self,
         g: &'a HetGraph,
         block: &graphs::Block,
-    ) -> Option<Vec<Option<&'a [f32]>>> {
+    ) -> Option<Vec<Option<(&'a [f32], usize)>>> {
         let fg = self.feature_gather();
         let mut rows = Vec::with_capacity(block.src.len());
         for (t, ids) in block.src.iter().enumerate() {
@@ -811,21 +811,21 @@ impl Model {
                 rows.push(None);
                 continue;
             }
-            rows.push(Some(
-                match (&g.node_types()[t].features, &self.embeddings[t]) {
-                    (Some(f), _) if fg.scan && f.nonzeros().is_some() => return None,
-                    (Some(f), _) => f.contiguous()?,
-                    (None, Some(e)) => &e.data[..],
-                    (None, None) => return None,
-                },
-            ));
+            let x = match (&g.node_types()[t].features, &self.embeddings[t]) {
+                (Some(f), _) if fg.scan && f.nonzeros().is_some() => return None,
+                (Some(f), _) => f.contiguous()?,
+                (None, Some(e)) => &e.data[..],
+                (None, None) => return None,
+            };
+            let count = g.node_types()[t].count as usize;
+            rows.push(Some((x, x.len().checked_div(count)?)));
         }
         Some(rows)
     }
 
     /// Relational layer `l` on `block` in evaluation mode, its sources' rows
-    /// read where they lie (`rows[t]`: a row per node of type `t`, node `v`'s
-    /// at `v`; see [`Model::stored_rows`]): the destinations' own input rows
+    /// read where they lie (`rows[t]`: type `t`'s rows and their width, the
+    /// block's node `v`'s at `v`; see [`Model::stored_rows`]): the destinations' own input rows
     /// (copied, for the self-loop) and the layer's activated outputs, the
     /// same bits as gathering every source row first. `None` where the layer
     /// cannot (not R-GCN, not f32 on the CPU): the caller gathers.
@@ -834,7 +834,7 @@ impl Model {
         g: &HetGraph,
         l: usize,
         block: &graphs::Block,
-        rows: &[Option<&[f32]>],
+        rows: &[Option<(&[f32], usize)>],
     ) -> Result<Option<(PerType, PerType)>> {
         let (ls, _) = self.relational()?;
         let layer = ls.get(l).ok_or_else(|| {
@@ -843,22 +843,22 @@ impl Model {
         if self.dtype != DType::F32 || !self.device.is_cpu() {
             return Ok(None);
         }
-        let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, rows)? else {
+        let values: Vec<Option<&[f32]>> = rows.iter().map(|r| r.map(|(x, _)| x)).collect();
+        let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, &values)?
+        else {
             return Ok(None);
         };
         // The destinations' own rows (the first of each type's sources), for the self-loop.
         let mut own: PerType = Vec::with_capacity(block.src.len());
         for (t, (src, dst)) in block.src.iter().zip(&block.dst).enumerate() {
             let ids = &src[..dst.len().min(src.len())];
-            let x = match rows.get(t).copied().flatten() {
-                Some(x) if !ids.is_empty() => x,
+            let (x, width) = match rows.get(t).copied().flatten() {
+                Some(r) if !ids.is_empty() => r,
                 _ => {
                     own.push(None);
                     continue;
                 }
             };
-            let count = g.node_types()[t].count as usize;
-            let width = x.len().checked_div(count).unwrap_or(0);
             let mut buf = Vec::with_capacity(ids.len() * width);
             for &v in ids {
                 let at = v as usize * width;
