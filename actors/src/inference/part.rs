@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use futures_util::{stream, StreamExt};
-use graphs::{Block, HetGraph, NodeTypeId};
+use graphs::{HetGraph, NodeTypeId};
 use models::inference::{host_rows, layer_chunk, FullBlocks, TypeRows};
 use models::rgcn::PerType;
 use runtime::{ActorRef, Node, SharedBytes};
@@ -404,44 +404,21 @@ impl Part<'_> {
                 }
             });
         }
-        // Each type's held rows in one buffer, for the layer to read them in
-        // place (the block renumbered to their row indices).
-        let joined: Vec<Option<(std::borrow::Cow<[f32]>, usize)>> = match rows {
-            Rows::Held(..) => held.iter().map(|h| h.as_ref().map(Held::joined)).collect(),
-            Rows::Inputs => Vec::new(),
-        };
-        let in_place: Vec<Option<(&[f32], usize)>> = joined
-            .iter()
-            .map(|j| j.as_ref().map(|(r, w)| (&r[..], *w)))
-            .collect();
         let mut blocks = FullBlocks::new(g);
         for (t, ids) in nodes.iter().enumerate() {
             let mut counted = 0;
             for chunk in ids.chunks(self.shared.chunk) {
                 let block = blocks.block(g, stage as usize, NodeTypeId(t as u32), chunk);
-                let read = match rows {
-                    Rows::Held(..) => {
-                        let local = self.renumbered(&block, at)?;
-                        model.layer_in_place(g, stage as usize, &local, &in_place)?
-                    }
-                    Rows::Inputs => None,
+                let h: PerType = match rows {
+                    Rows::Inputs => block
+                        .src
+                        .iter()
+                        .enumerate()
+                        .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
+                        .collect::<Result<_>>()?,
+                    Rows::Held(..) => self.held_rows(&block.src, &held, at)?,
                 };
-                let x = match read {
-                    Some((_, mut out)) => out[t].take(),
-                    None => {
-                        let h: PerType = match rows {
-                            Rows::Inputs => block
-                                .src
-                                .iter()
-                                .enumerate()
-                                .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
-                                .collect::<Result<_>>()?,
-                            Rows::Held(..) => self.held_rows(&block.src, &held, at)?,
-                        };
-                        layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))?
-                    }
-                };
-                match x {
+                match layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))? {
                     Some(x) => into.place(t, chunk, &x)?,
                     None => break,
                 }
@@ -455,34 +432,6 @@ impl Part<'_> {
             }
         }
         Ok(())
-    }
-
-    /// `block` with its nodes numbered by their row indices among the held
-    /// rows (`at`), as [`Held::joined`] holds them.
-    fn renumbered(&self, block: &Block, at: &[Vec<u32>]) -> Result<Block> {
-        let rows = |nodes: &[Vec<u32>]| -> Result<Vec<Vec<u32>>> {
-            nodes
-                .iter()
-                .enumerate()
-                .map(|(u, ids)| {
-                    ids.iter()
-                        .map(|&v| match at[u].get(v as usize) {
-                            Some(&i) if i != u32::MAX => Ok(i),
-                            _ => Err(TrainError::Internal(format!(
-                                "node {v} of type {} is neither owned here nor in the halo",
-                                self.shared.names[u]
-                            ))),
-                        })
-                        .collect()
-                })
-                .collect()
-        };
-        Ok(Block {
-            layer: block.layer,
-            src: rows(&block.src)?,
-            dst: rows(&block.dst)?,
-            relations: block.relations.clone(),
-        })
     }
 
     /// The rows of a block's sources `src` (per type) from a stage's `held`
@@ -662,17 +611,6 @@ struct Held<'a> {
 }
 
 impl Held<'_> {
-    /// Every row in one buffer, own rows first, and the width: borrowed
-    /// where one side is empty.
-    fn joined(&self) -> (std::borrow::Cow<'_, [f32]>, usize) {
-        let rows = match (self.own.is_empty(), self.halo.is_empty()) {
-            (_, true) => std::borrow::Cow::Borrowed(self.own),
-            (true, false) => std::borrow::Cow::Borrowed(self.halo),
-            (false, false) => std::borrow::Cow::Owned([self.own, self.halo].concat()),
-        };
-        (rows, self.width)
-    }
-
     /// Row `i` (own rows first, then the halo's).
     fn row(&self, i: usize) -> Option<&[f32]> {
         let w = self.width;
