@@ -403,6 +403,10 @@ pub struct DropoutKey {
     pub step: u64,
 }
 
+/// One type's rows as [`Model::layer_in_place`] reads them: the values,
+/// a row per node in the block's numbering, and their width (`None`: none).
+pub type RowsInPlace<'a> = Option<(&'a [f32], usize)>;
+
 /// A model bound to one graph's types and relations.
 pub struct Model {
     spec: ModelSpec,
@@ -803,7 +807,7 @@ impl Model {
         &'a self,
         g: &'a HetGraph,
         block: &graphs::Block,
-    ) -> Option<Vec<Option<(&'a [f32], usize)>>> {
+    ) -> Option<Vec<RowsInPlace<'a>>> {
         let fg = self.feature_gather();
         let mut rows = Vec::with_capacity(block.src.len());
         for (t, ids) in block.src.iter().enumerate() {
@@ -834,7 +838,7 @@ impl Model {
         g: &HetGraph,
         l: usize,
         block: &graphs::Block,
-        rows: &[Option<(&[f32], usize)>],
+        rows: &[RowsInPlace<'_>],
     ) -> Result<Option<(PerType, PerType)>> {
         let (ls, _) = self.relational()?;
         let layer = ls.get(l).ok_or_else(|| {
