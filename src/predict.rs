@@ -220,7 +220,9 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<()> {
     // once for every node, give every batch the rows it would compute itself.
     if engine.inference() == Inference::Sampled && engine.precompute_pays_for(wanted.len()) {
         let bytes = engine.precompute_bytes();
-        match graphs::memory::check_fits("", bytes) {
+        // A malformed budget is refused, not taken for a full machine.
+        graphs::memory::env_budget()?;
+        match engine.check_precompute_fits() {
             Ok(()) => {
                 warnln!(
                     "predict: the layers below the last over every node first ({} of rows; fewer rows than per batch for {} nodes)",

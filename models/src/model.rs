@@ -694,6 +694,9 @@ impl Model {
         h: PerType,
     ) -> Result<(Tensor, Tensor)> {
         let (ls, _) = self.relational()?;
+        if mb.blocks.is_empty() {
+            return Err(ModelError::Config("a mini-batch without blocks".into()));
+        }
         let first = ls.len().checked_sub(mb.blocks.len()).ok_or_else(|| {
             ModelError::Config(format!(
                 "{} blocks for a {}-layer model",
@@ -821,8 +824,14 @@ impl Model {
                 (None, Some(e)) => &e.data[..],
                 (None, None) => return None,
             };
-            let count = g.node_types()[t].count as usize;
-            rows.push(Some((x, x.len().checked_div(count)?)));
+            let dim = match &self.embeddings[t] {
+                Some(e) if g.node_types()[t].features.is_none() => e.dim,
+                _ => g.node_types()[t].features.as_ref()?.dim(),
+            };
+            if x.len() != g.node_types()[t].count as usize * dim {
+                return None;
+            }
+            rows.push(Some((x, dim)));
         }
         Some(rows)
     }
@@ -844,7 +853,13 @@ impl Model {
         let layer = ls.get(l).ok_or_else(|| {
             ModelError::Config(format!("no layer {l} in a {}-layer model", ls.len()))
         })?;
-        if self.dtype != DType::F32 || !self.device.is_cpu() {
+        // Rows this wide may be read as mostly-zero by the gathering path
+        // (ops::sparse), which then orders its sums otherwise: gather those.
+        let wide = rows
+            .iter()
+            .flatten()
+            .any(|&(_, w)| w >= crate::ops::sparse::MIN_WIDTH);
+        if self.dtype != DType::F32 || !self.device.is_cpu() || wide {
             return Ok(None);
         }
         let values: Vec<Option<&[f32]>> = rows.iter().map(|r| r.map(|(x, _)| x)).collect();

@@ -229,3 +229,50 @@ fn stored_rows_read_in_place_give_the_gathered_rows_bits() {
         }
     }
 }
+
+/// Layer-wise inference reads each layer's source rows where they lie
+/// (R-GCN in f32 on the CPU): the same bits as gathering them into each
+/// block's inputs first, layer by layer.
+#[test]
+fn layerwise_rows_read_in_place_are_the_gathered_rows_bits() {
+    let (_tmp, g) = mag_like(0);
+    for layers in [2, 3] {
+        let model = Model::new(
+            &spec(ModelKind::Rgcn, layers, 3),
+            &g,
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let got = embed_all(&model, &g, 97, |_, _, _| {}).unwrap();
+        // The gathering reference: every block's source rows copied first.
+        let mut current: Option<Vec<Option<models::inference::TypeRows>>> = None;
+        for l in 0..embedding_layers(&model).unwrap() {
+            let mut next = vec![None; g.node_types().len()];
+            for (t, nt) in g.node_types().iter().enumerate() {
+                let ids: Vec<u32> = (0..nt.count).collect();
+                let t = graphs::NodeTypeId(t as u32);
+                // The same chunks: a block's shape decides its sums' order.
+                for chunk in ids.chunks(97) {
+                    let block = models::inference::full_block(&g, l, t, chunk);
+                    let h = match &current {
+                        None => model.gather_inputs(&g, &block.src).unwrap(),
+                        Some(rows) => models::inference::rows_of(rows, &block.src, &model).unwrap(),
+                    };
+                    let x = models::inference::layer_chunk(&model, &g, l, &block, &h, t).unwrap();
+                    if let Some(x) = x {
+                        let (width, data) = models::inference::host_rows(&x).unwrap();
+                        let r: &mut Option<models::inference::TypeRows> = &mut next[t.index()];
+                        let r = r.get_or_insert_with(|| models::inference::TypeRows {
+                            width,
+                            data: Vec::new(),
+                        });
+                        r.data.extend_from_slice(&data);
+                    }
+                }
+            }
+            current = Some(next);
+        }
+        assert_eq!(got, current.unwrap(), "{layers} layers");
+    }
+}

@@ -205,9 +205,20 @@ impl Engine {
         chunk: usize,
         progress: impl FnMut(usize, u64, u64),
     ) -> Result<Engine> {
-        if self.online.is_some() || self.inference != Inference::Sampled {
+        if self.online.is_some() {
             return Err(ServeError::Load(
-                "precomputed layers are a whole-graph server's with sampled inference (exact inference computes every layer at load already)".into(),
+                "precomputed layers are a whole-graph server's (serve --data without --partitions)"
+                    .into(),
+            ));
+        }
+        if self.inference != Inference::Sampled {
+            return Err(ServeError::Load(
+                "precomputed layers are for sampled inference: exact inference computes every layer at load already".into(),
+            ));
+        }
+        if !self.classifies() {
+            return Err(ServeError::Load(
+                "precomputed layers speed up the node answers of /v1/predict; this model predicts links or edges (serve it without --precompute)".into(),
             ));
         }
         let layers = self.layers_to_keep();
@@ -218,16 +229,12 @@ impl Engine {
         let fanouts = &self.plan.fanouts;
         if fanouts.len() != layers + 1 {
             return Err(ServeError::Load(format!(
-                "{} fanouts for a {}-layer model",
+                "the checkpoint has {} fanouts for a {}-layer model: it cannot be sampled as trained",
                 fanouts.len(),
                 layers + 1
             )));
         }
-        graphs::memory::check_fits(
-            "--precompute (hidden rows of every node of every type)",
-            self.precompute_bytes(),
-        )
-        .map_err(|e| ServeError::Load(format!("{e}; serve without --precompute")))?;
+        self.check_precompute_fits()?;
         let (seed, epoch) = (self.plan.eval_seed(), self.trained.source.epochs_done);
         // Layer l's draws: the top hop of a sampler of layers 0..=l (keyed as layer l).
         let mut samplers = (0..layers)
@@ -276,6 +283,18 @@ impl Engine {
         nodes * spec.hidden as u128 * 4 * self.layers_to_keep().min(2) as u128
     }
 
+    /// Refuses, with the figures, a [`Engine::precompute`] whose rows the
+    /// machine's memory (or `HETGNN_MEMORY_BYTES`) cannot hold beside what
+    /// this process holds already.
+    pub fn check_precompute_fits(&self) -> Result<()> {
+        let held = graphs::memory::anon_rss_bytes().unwrap_or(0);
+        graphs::memory::check_fits(
+            "precomputing the layers below the last (hidden rows of every node of every type, beside what this process holds)",
+            self.precompute_bytes() + u128::from(held),
+        )
+        .map_err(|e| ServeError::Load(format!("{e}; serve without --precompute")))
+    }
+
     /// Whether answering `nodes` target nodes with [`Engine::precompute`]
     /// first computes fewer rows than answering them alone: a node's
     /// answer computes the layers below the last for its first hop's draws
@@ -283,10 +302,19 @@ impl Engine {
     /// for every node once.
     pub fn precompute_pays_for(&self, nodes: usize) -> bool {
         let g = &self.trained.graph;
-        let first = self.plan.fanouts.first().copied().unwrap_or(0);
-        let per_node = first * g.in_relations(g.target()).len();
+        let t = g.target();
+        let first = self.plan.fanouts.first().copied().unwrap_or(0) as u64;
+        let count = u64::from(g.node_type(t).count).max(1);
+        // Per relation, the fanout or the mean in-degree, whichever is smaller.
+        let per_node: u64 = g
+            .in_relations(t)
+            .iter()
+            .map(|&r| first.min((g.relation(r).num_edges() as u64).div_ceil(count)))
+            .sum();
         let all: u64 = g.node_types().iter().map(|t| u64::from(t.count)).sum();
-        self.layers_to_keep() > 0 && (nodes as u64).saturating_mul(per_node as u64) >= all
+        self.classifies()
+            && self.layers_to_keep() > 0
+            && (nodes as u64).saturating_mul(per_node) >= all
     }
 
     /// An engine over `trained`, this node's partition, answering by sampled

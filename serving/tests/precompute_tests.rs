@@ -42,17 +42,6 @@ fn precomputed_layers_give_every_node_the_answer_of_a_request_that_samples_them(
         std::fs::create_dir_all(&dir).unwrap();
         let (data, ck) = trained(&dir, extra);
         let each = engine(&ck, &data, Inference::Sampled);
-        let mut steps = Vec::new();
-        let pre = engine(&ck, &data, Inference::Sampled)
-            .precompute(64, |l, done, total| steps.push((l, done, total)))
-            .unwrap();
-        // Layers below the last only; a one-layer model has none to keep.
-        assert_eq!(pre.precomputed(), layers > 1, "{name}");
-        let last = steps.last().copied();
-        if layers > 1 {
-            let (l, done, total) = last.unwrap();
-            assert_eq!((l, done), (layers - 2, total), "{name}: progress");
-        }
         let g = &each.trained().graph;
         let papers = g.node_type(g.target()).count;
         // Every node, in requests of different sizes (a node's answer must not
@@ -60,18 +49,33 @@ fn precomputed_layers_give_every_node_the_answer_of_a_request_that_samples_them(
         let mut nodes: Vec<u32> = (0..papers).rev().collect();
         nodes.extend([0, 5, 5]);
         let want = each.classify(&nodes, ALL).unwrap();
-        same(&want, &pre.classify(&nodes, ALL).unwrap(), name);
-        for (i, chunk) in nodes.chunks(7).enumerate().take(20) {
-            let one = pre.classify(chunk, ALL).unwrap();
-            let at: Vec<usize> = (i * 7..i * 7 + chunk.len()).collect();
-            same(&want.pick(&at, ALL), &one, &format!("{name}, request {i}"));
+        // Small chunks draw on this thread, large ones on rayon's pool.
+        for chunk in [64, 4096] {
+            let what = format!("{name}, chunks of {chunk}");
+            let mut steps = Vec::new();
+            let pre = engine(&ck, &data, Inference::Sampled)
+                .precompute(chunk, |l, done, total| steps.push((l, done, total)))
+                .unwrap();
+            // Layers below the last only; a one-layer model has none to keep.
+            assert_eq!(pre.precomputed(), layers > 1, "{what}");
+            if layers > 1 {
+                let (l, done, total) = steps.last().copied().unwrap();
+                assert_eq!((l, done), (layers - 2, total), "{what}: progress");
+            }
+            same(&want, &pre.classify(&nodes, ALL).unwrap(), &what);
+            for (i, part) in nodes.chunks(7).enumerate().take(20) {
+                let one = pre.classify(part, ALL).unwrap();
+                let at: Vec<usize> = (i * 7..i * 7 + part.len()).collect();
+                same(&want.pick(&at, ALL), &one, &format!("{what}, request {i}"));
+            }
+            let (a, b) = (
+                each.embed(g.target(), &nodes[..9]).unwrap(),
+                pre.embed(g.target(), &nodes[..9]).unwrap(),
+            );
+            assert_eq!(a.width, b.width, "{what}: embed");
+            let worst = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs());
+            assert!(worst.fold(0f32, f32::max) <= 1e-5, "{what}: embed");
         }
-        let rows = pre.embed(g.target(), &nodes[..9]).unwrap();
-        assert_eq!(
-            rows,
-            pre.classify(&nodes[..9], ALL).unwrap().embeddings.unwrap(),
-            "{name}: embed"
-        );
     }
 }
 
