@@ -436,13 +436,8 @@ pub fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> 
         .zip(nodes)
         .map(|(r, ids)| match r {
             Some(r) if !ids.is_empty() => {
-                let mut buf = Vec::with_capacity(ids.len() * r.width);
-                for &v in ids {
-                    let at = v as usize * r.width;
-                    buf.extend_from_slice(r.data.get(at..at + r.width).ok_or_else(|| {
-                        ModelError::Config(format!("node {v} beyond the stored rows"))
-                    })?);
-                }
+                let buf = crate::ops::copy_rows(&r.data, r.width, ids)
+                    .map_err(|v| ModelError::Config(format!("node {v} beyond the stored rows")))?;
                 Ok(Some(
                     Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
                         .to_dtype(model.dtype())?,

@@ -878,14 +878,8 @@ impl Model {
                     continue;
                 }
             };
-            let mut buf = Vec::with_capacity(ids.len() * width);
-            for &v in ids {
-                let at = v as usize * width;
-                buf.extend_from_slice(
-                    x.get(at..at + width)
-                        .ok_or_else(|| ModelError::Config(format!("node {v} has no stored row")))?,
-                );
-            }
+            let buf = crate::ops::copy_rows(x, width, ids)
+                .map_err(|v| ModelError::Config(format!("node {v} has no stored row")))?;
             own.push(Some(Tensor::from_vec(
                 buf,
                 (ids.len(), width),

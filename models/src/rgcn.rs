@@ -114,13 +114,8 @@ impl RelationalLayer for RgcnLayer {
             );
             let msg = if transforms_first(n_src * i, n_dst, e, i, o) {
                 // Fewer sources than destinations: transform the sources' rows, copied out.
-                let mut rows = Vec::with_capacity(n_src * i);
-                for &v in ids {
-                    let at = v as usize * i;
-                    rows.extend_from_slice(x.get(at..at + i).ok_or_else(|| {
-                        crate::ModelError::Config(format!("node {v} has no input row"))
-                    })?);
-                }
+                let rows = crate::ops::copy_rows(x, i, ids)
+                    .map_err(|v| crate::ModelError::Config(format!("node {v} has no input row")))?;
                 let x = Tensor::from_vec(rows, (n_src, i), w.device())?;
                 let csr = SegmentCsr::new(n_src, br.offsets.clone(), br.sources.clone());
                 aggregate_then_transform(&x, w, &csr)?

@@ -47,7 +47,7 @@ pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::{matmul, matmul_prefix};
 pub use segment::{no_backward, segment_mean, segment_mean_in_place, NoBackward, SegmentCsr};
-pub use take::take_rows;
+pub use take::{copy_rows, take_rows};
 
 use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
 

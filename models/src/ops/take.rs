@@ -14,6 +14,17 @@ pub fn take_rows(x: &Tensor, ids: &[u32]) -> candle_core::Result<Tensor> {
     x.contiguous()?.apply_op1_no_bwd(&TakeRows(ids))
 }
 
+/// Rows `ids` of the row-major `x` (`width` floats a row), copied in that
+/// order; `Err(id)` names the first id past `x`'s rows.
+pub fn copy_rows(x: &[f32], width: usize, ids: &[u32]) -> Result<Vec<f32>, u32> {
+    let mut out = Vec::with_capacity(ids.len() * width);
+    for &v in ids {
+        let at = v as usize * width;
+        out.extend_from_slice(x.get(at..at + width).ok_or(v)?);
+    }
+    Ok(out)
+}
+
 struct TakeRows<'a>(&'a [u32]);
 
 impl TakeRows<'_> {
