@@ -121,6 +121,14 @@ fn whole(a: &ServeArgs) -> Loader {
                 last = layer;
             }
         })?;
+        let keep = engine.precompute_bytes();
+        let sampled = inference == serving::Inference::Sampled;
+        if !precompute && sampled && engine.classifies() && keep > 0 {
+            warnln!(
+                "serve: --precompute would answer sampled requests about 3x sooner, for up to {} more memory and a pass over every node at load",
+                graphs::memory::human(keep)
+            );
+        }
         if precompute {
             let mut last = usize::MAX;
             engine = engine.precompute(4096, |layer, _, _| {
