@@ -647,46 +647,21 @@ fn serve_refuses_bad_options_before_listening() {
         .fails_with(1, &["--checkpoint nowhere", "no such file"]);
     std::fs::write(dir.join("short"), "abc").unwrap();
     std::fs::create_dir(dir.join("ck")).unwrap();
-    hetgnn(
-        dir,
-        &[
-            "serve",
-            "--checkpoint",
-            "ck",
-            "--data",
-            "ck",
-            "--admin-token-file",
-            "short",
-        ],
-    )
-    .fails_with(1, &["at least 16 characters"]);
-    hetgnn(
-        dir,
-        &[
-            "serve",
-            "--checkpoint",
-            "ck",
-            "--data",
-            "ck",
-            "--max-ids",
-            "0",
-        ],
-    )
-    .fails_with(1, &["--max-ids must be at least 1"]);
-    hetgnn(
-        dir,
-        &[
-            "serve",
-            "--checkpoint",
-            "ck",
-            "--data",
-            "ck",
-            "--inference",
-            "exact",
-            "--precompute",
-        ],
-    )
-    .fails_with(1, &["--precompute is for sampled inference"]);
+    // Options refused before the checkpoint is read.
+    for (extra, why) in [
+        (
+            &["--admin-token-file", "short"][..],
+            "at least 16 characters",
+        ),
+        (&["--max-ids", "0"][..], "--max-ids must be at least 1"),
+        (
+            &["--inference", "exact", "--precompute"][..],
+            "--precompute is for sampled inference",
+        ),
+    ] {
+        let args = [&["serve", "--checkpoint", "ck", "--data", "ck"][..], extra].concat();
+        hetgnn(dir, &args).fails_with(1, &[why]);
+    }
     // A checkpoint that cannot be loaded ends serve with its error (not a server that never gets ready).
     hetgnn(dir, &["generate", "--scale", "0.002", "--out", "g"]).ok();
     hetgnn(

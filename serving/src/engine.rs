@@ -457,27 +457,14 @@ impl Engine {
                         let (mb, inputs) = o.neighbourhoods(nodes).map_err(from_partitions)?;
                         model.forward_with_embeddings(g, &mb, inputs, None)?
                     }
-                    None if self.precomputed.is_some() => {
-                        let rows = self.precomputed.as_deref().unwrap_or_default();
-                        let mut sampler = self
-                            .plan
-                            .eval(g)?
-                            .in_parallel()
-                            .with_maps(self.take_maps())
-                            .top_hops(1)?;
-                        let (epoch, step) = (self.trained.source.epochs_done, INFERENCE_STEP);
-                        let mb = sampler.sample(epoch, step, nodes)?;
-                        self.keep_maps(sampler);
-                        let first = mb.blocks.first().ok_or_else(|| {
-                            ServeError::Inference("a sample without blocks".into())
-                        })?;
-                        let h = inference::rows_of(rows, &first.src, model)?;
-                        model.forward_top(g, &mb, h)?
-                    }
                     None => {
                         // This request's thread waits for it: its draws go on every core.
                         let mut sampler =
                             self.plan.eval(g)?.in_parallel().with_maps(self.take_maps());
+                        if self.precomputed.is_some() {
+                            // The layers below the last are kept: the last hop only.
+                            sampler = sampler.top_hops(1)?;
+                        }
                         let mb = sample(
                             &mut sampler,
                             model.uses_neighbors(),
@@ -486,7 +473,13 @@ impl Engine {
                             nodes,
                         )?;
                         self.keep_maps(sampler);
-                        model.forward_stored(g, &mb)?
+                        match (&self.precomputed, mb.blocks.first()) {
+                            (Some(rows), Some(first)) => {
+                                let h = inference::rows_of(rows, &first.src, model)?;
+                                model.forward_top(g, &mb, h)?
+                            }
+                            _ => model.forward_stored(g, &mb)?,
+                        }
                     }
                 };
                 let emb = if want.embeddings {

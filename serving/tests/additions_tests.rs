@@ -2,9 +2,11 @@
 //! the graph rebuilt with them (sampled: the same draws; exact: every
 //! in-neighbour), and bad additions are refused with what to fix.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use actors::{train, Config};
+use common::trained as trained_for;
 use graphs::overlay::Overlay;
 use graphs::RelationId;
 use serving::additions::{self, Additions};
@@ -15,36 +17,6 @@ use tables::results::NodeNames;
 /// A mag-like graph and an R-GCN trained on it for one epoch, checkpointed.
 fn trained(tmp: &Path) -> (PathBuf, PathBuf) {
     trained_for(tmp, &[])
-}
-
-/// [`trained`] with more settings.
-fn trained_for(tmp: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
-    let data = tmp.join("g");
-    graphs::generate::generate(
-        graphs::generate::Like::Mag,
-        0.002,
-        0,
-        &data,
-        false,
-        &mut graphs::NoProgress,
-    )
-    .unwrap();
-    let ck = tmp.join("ck");
-    let overrides = [
-        format!("training.data={:?}", data.display().to_string()),
-        format!("training.checkpoint_dir={:?}", ck.display().to_string()),
-        "training.epochs=1".into(),
-        "training.batch=256".into(),
-        "training.hidden=16".into(),
-        "training.embed_dim=8".into(),
-    ];
-    let overrides: Vec<String> = overrides
-        .into_iter()
-        .chain(extra.iter().map(|s| s.to_string()))
-        .collect();
-    let cfg = Config::parse("", &overrides).unwrap();
-    train(&cfg, &mut ()).unwrap();
-    (data, ck)
 }
 
 /// The checkpoint `ck` loaded on the graph at `data` rebuilt with `add`

@@ -1,4 +1,5 @@
 //! What the serving tests share: a small trained model, and answers compared to 1e-5.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
