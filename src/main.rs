@@ -4,7 +4,8 @@
 
 /// Training allocates and frees tensors of megabytes every step: glibc returns
 /// them to the OS and pays page faults and TLB shootdowns each time (a third
-/// of a step's time measured); mimalloc keeps them.
+/// of a step's time measured); mimalloc keeps them. Built without
+/// transparent huge pages (see the workspace Cargo.toml).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -23,16 +23,13 @@ enum Storage {
         offset: usize,
     },
     /// Only some rows held: `slot[row]` is the row's place in `data`, or
-    /// [`ABSENT`]; an absent row reads as `zeros`.
+    /// [`Features::ABSENT`]; an absent row reads as `zeros`.
     Kept {
         slot: Vec<u32>,
         data: Vec<f32>,
         zeros: Vec<f32>,
     },
 }
-
-/// The slot of a row [`Features::keep_rows`] left out.
-const ABSENT: u32 = u32::MAX;
 
 impl std::fmt::Debug for Features {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,6 +42,9 @@ impl std::fmt::Debug for Features {
 }
 
 impl Features {
+    /// The place [`Features::held`] gives a row [`Features::keep_rows`] left out.
+    pub const ABSENT: u32 = u32::MAX;
+
     /// Wraps an owned row-major buffer; `data.len()` must be `rows * dim`.
     pub fn from_vec(rows: usize, dim: usize, data: Vec<f32>) -> Features {
         assert_eq!(
@@ -111,6 +111,16 @@ impl Features {
         }
     }
 
+    /// The rows as they are held and, after [`Features::keep_rows`], each
+    /// row's place among them ([`Features::ABSENT`] for a row not kept, which
+    /// reads as zeros); `None` where they are all held in order.
+    pub fn held(&self) -> (&[f32], Option<&[u32]>) {
+        match &self.data {
+            Storage::Kept { slot, data, .. } => (data, Some(slot)),
+            _ => (self.contiguous().unwrap_or_default(), None),
+        }
+    }
+
     /// All rows, concatenated, copied (absent rows as zeros).
     pub fn to_vec(&self) -> Vec<f32> {
         self.block(0, self.rows).into_owned()
@@ -129,10 +139,7 @@ impl Features {
     pub fn first_non_finite(&self) -> Option<(usize, usize, f32)> {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 20;
-        let (data, slot) = match &self.data {
-            Storage::Kept { slot, data, .. } => (data.as_slice(), Some(slot)),
-            _ => (self.contiguous().unwrap_or_default(), None),
-        };
+        let (data, slot) = self.held();
         let at = data
             .par_chunks(CHUNK)
             .enumerate()
@@ -153,7 +160,7 @@ impl Features {
     pub fn row(&self, i: usize) -> &[f32] {
         match &self.data {
             Storage::Kept { slot, data, zeros } => match slot[i] {
-                ABSENT => zeros,
+                Features::ABSENT => zeros,
                 p => &data[p as usize * self.dim..(p as usize + 1) * self.dim],
             },
             Storage::Owned(v) => &v[i * self.dim..(i + 1) * self.dim],
@@ -170,7 +177,7 @@ impl Features {
     /// zeros at their global places, and their pages would otherwise stay
     /// resident. Returns the rows kept.
     pub fn keep_rows(&mut self, keep: impl Fn(usize) -> bool) -> usize {
-        let mut slot = vec![ABSENT; self.rows];
+        let mut slot = vec![Features::ABSENT; self.rows];
         let mut data = Vec::new();
         let mut held = 0u32;
         for (i, s) in slot.iter_mut().enumerate() {

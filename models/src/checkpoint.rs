@@ -741,6 +741,18 @@ impl Tables {
         Ok(out)
     }
 
+    /// Every row of table `name`, row-major, read in place from the mapped
+    /// file: `None` where the table is absent or its floats cannot be read
+    /// where they lie (not 4-byte aligned, or a big-endian machine).
+    pub fn in_place(&self, name: &str) -> Option<&[f32]> {
+        let &(offset, rows, dim) = self.at.get(name)?;
+        let bytes = self.map.get(offset..offset + rows * dim * 4)?;
+        match cfg!(target_endian = "little") {
+            true => bytemuck::try_cast_slice(bytes).ok(),
+            false => None,
+        }
+    }
+
     /// Every row of table `name`, row-major.
     pub fn all(&self, name: &str) -> Result<Vec<f32>> {
         use rayon::prelude::*;

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 use graphs::{Block, BlockRelation, HetGraph, NodeTypeId};
 
 use crate::error::{ModelError, Result};
-use crate::model::{Layers, Model};
+use crate::model::{Layers, Model, RowsInPlace};
 use crate::self_loop::PerType;
 
 /// Rows of every node of one type: `width` floats per node, in id order.
@@ -169,7 +169,7 @@ pub fn layerwise<E: From<ModelError>>(
                     None => model.stored_rows(g, &block),
                     Some(rows) => Some(
                         rows.iter()
-                            .map(|r| r.as_ref().map(|r| (&r.data[..], r.width)))
+                            .map(|r| r.as_ref().map(|r| RowsInPlace::by_id(&r.data, r.width)))
                             .collect(),
                     ),
                 };

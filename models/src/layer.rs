@@ -56,8 +56,9 @@ pub trait RelationalLayer: Send + Sync {
     ) -> Result<PerType>;
 
     /// [`RelationalLayer::relation_partials`] of relations whose sources'
-    /// rows are read where they lie: `rows[t]` is type `t`'s whole row-major
-    /// matrix (row `v` of node `v`), `None` for a type the model does not read.
+    /// rows are read where they lie: `rows[t]` is a row-major matrix of
+    /// type `t`'s rows and the place of each of the block's sources of type
+    /// `t` among them, `None` for a type the model does not read.
     /// The same bits as over gathered rows, or `None` where this layer needs
     /// them gathered (the caller then gathers them).
     fn partials_in_place(
@@ -65,7 +66,7 @@ pub trait RelationalLayer: Send + Sync {
         _g: &HetGraph,
         _block: &Block,
         _relations: &[RelationId],
-        _rows: &[Option<&[f32]>],
+        _rows: &[Option<(&[f32], &[u32])>],
     ) -> Result<Option<PerType>> {
         Ok(None)
     }

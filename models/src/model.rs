@@ -1,6 +1,8 @@
 //! A whole model: input embeddings for featureless types, the layers, and the
 //! forward pass over a sampled mini-batch.
 
+use std::borrow::Cow;
+
 use candle_core::{DType, Device, Tensor};
 use graphs::{HetGraph, MiniBatch, NodeTypeId, RelationId};
 use rayon::prelude::*;
@@ -403,9 +405,47 @@ pub struct DropoutKey {
     pub step: u64,
 }
 
-/// One type's rows as [`Model::layer_in_place`] reads them: the values,
-/// a row per node in the block's numbering, and their width (`None`: none).
-pub type RowsInPlace<'a> = Option<(&'a [f32], usize)>;
+/// One type's rows as [`Model::layer_in_place`] reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct RowsInPlace<'a> {
+    /// The rows held, `width` floats each.
+    pub values: &'a [f32],
+    /// Width of a row.
+    pub width: usize,
+    /// Node `v`'s row's place in `values` where rows are held for some nodes
+    /// only (`slot[v]`; [`graphs::Features::ABSENT`]: none); `None`: at `v`.
+    pub slot: Option<&'a [u32]>,
+}
+
+impl<'a> RowsInPlace<'a> {
+    /// Rows held at their nodes' ids.
+    pub fn by_id(values: &'a [f32], width: usize) -> RowsInPlace<'a> {
+        RowsInPlace {
+            values,
+            width,
+            slot: None,
+        }
+    }
+
+    /// The places of nodes `ids`' rows in `values`, or the first node
+    /// without a row held there.
+    pub fn places<'b>(&self, ids: &'b [u32]) -> std::result::Result<Cow<'b, [u32]>, u32> {
+        let held = self.values.len() / self.width.max(1);
+        let Some(slot) = self.slot else {
+            return match ids.iter().find(|&&v| v as usize >= held) {
+                Some(&v) => Err(v),
+                None => Ok(Cow::Borrowed(ids)),
+            };
+        };
+        ids.iter()
+            .map(|&v| match slot.get(v as usize) {
+                Some(&p) if (p as usize) < held => Ok(p),
+                _ => Err(v),
+            })
+            .collect::<std::result::Result<Vec<u32>, u32>>()
+            .map(Cow::Owned)
+    }
+}
 
 /// A model bound to one graph's types and relations.
 pub struct Model {
@@ -810,7 +850,21 @@ impl Model {
         &'a self,
         g: &'a HetGraph,
         block: &graphs::Block,
-    ) -> Option<Vec<RowsInPlace<'a>>> {
+    ) -> Option<Vec<Option<RowsInPlace<'a>>>> {
+        self.stored_rows_with(g, block, |t| {
+            self.embeddings[t].as_ref().map(|e| &e.data[..])
+        })
+    }
+
+    /// [`Model::stored_rows`] with type `t`'s learnt rows from `learnt(t)`
+    /// (every node's, in id order): a model whose tables are read from a
+    /// checkpoint's mapped file rather than held.
+    pub fn stored_rows_with<'a>(
+        &'a self,
+        g: &'a HetGraph,
+        block: &graphs::Block,
+        learnt: impl Fn(usize) -> Option<&'a [f32]>,
+    ) -> Option<Vec<Option<RowsInPlace<'a>>>> {
         let fg = self.feature_gather();
         let mut rows = Vec::with_capacity(block.src.len());
         for (t, ids) in block.src.iter().enumerate() {
@@ -818,20 +872,34 @@ impl Model {
                 rows.push(None);
                 continue;
             }
-            let x = match (&g.node_types()[t].features, &self.embeddings[t]) {
-                (Some(f), _) if fg.scan && f.nonzeros().is_some() => return None,
-                (Some(f), _) => f.contiguous()?,
-                (None, Some(e)) => &e.data[..],
-                (None, None) => return None,
+            let count = g.node_types()[t].count as usize;
+            let r = match &g.node_types()[t].features {
+                Some(f) if fg.scan && f.nonzeros().is_some() => return None,
+                Some(f) => {
+                    let (values, slot) = f.held();
+                    let fits = match slot {
+                        None => values.len() == count * f.dim(),
+                        Some(s) => s.len() == count && values.len().is_multiple_of(f.dim().max(1)),
+                    };
+                    if !fits || f.dim() == 0 {
+                        return None;
+                    }
+                    RowsInPlace {
+                        values,
+                        width: f.dim(),
+                        slot,
+                    }
+                }
+                None => {
+                    let dim = self.spec.embed_dim;
+                    let values = learnt(t)?;
+                    if values.len() != count * dim {
+                        return None;
+                    }
+                    RowsInPlace::by_id(values, dim)
+                }
             };
-            let dim = match &self.embeddings[t] {
-                Some(e) if g.node_types()[t].features.is_none() => e.dim,
-                _ => g.node_types()[t].features.as_ref()?.dim(),
-            };
-            if x.len() != g.node_types()[t].count as usize * dim {
-                return None;
-            }
-            rows.push(Some((x, dim)));
+            rows.push(Some(r));
         }
         Some(rows)
     }
@@ -847,7 +915,7 @@ impl Model {
         g: &HetGraph,
         l: usize,
         block: &graphs::Block,
-        rows: &[RowsInPlace<'_>],
+        rows: &[Option<RowsInPlace<'_>>],
     ) -> Result<Option<(PerType, PerType)>> {
         let (ls, _) = self.relational()?;
         let layer = ls.get(l).ok_or_else(|| {
@@ -858,31 +926,47 @@ impl Model {
         let wide = rows
             .iter()
             .flatten()
-            .any(|&(_, w)| w >= crate::ops::sparse::MIN_WIDTH);
+            .any(|r| r.width >= crate::ops::sparse::MIN_WIDTH);
         if self.dtype != DType::F32 || !self.device.is_cpu() || wide {
             return Ok(None);
         }
-        let values: Vec<Option<&[f32]>> = rows.iter().map(|r| r.map(|(x, _)| x)).collect();
+        // Each type's rows and the places of the block's sources among them.
+        let mut places = Vec::with_capacity(block.src.len());
+        for (t, ids) in block.src.iter().enumerate() {
+            places.push(match rows.get(t).copied().flatten() {
+                // A node without a row held reads as zeros when gathered: the caller gathers.
+                Some(r) => match r.places(ids) {
+                    Ok(at) => Some((r, at)),
+                    Err(_) => return Ok(None),
+                },
+                None => None,
+            });
+        }
+        let values: Vec<Option<(&[f32], &[u32])>> = places
+            .iter()
+            .map(|p| p.as_ref().map(|(r, at)| (r.values, &at[..])))
+            .collect();
         let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, &values)?
         else {
             return Ok(None);
         };
         // The destinations' own rows (the first of each type's sources), for the self-loop.
         let mut own: PerType = Vec::with_capacity(block.src.len());
-        for (t, (src, dst)) in block.src.iter().zip(&block.dst).enumerate() {
-            let ids = &src[..dst.len().min(src.len())];
-            let (x, width) = match rows.get(t).copied().flatten() {
-                Some(r) if !ids.is_empty() => r,
+        for (p, dst) in places.iter().zip(&block.dst) {
+            let (x, width, at) = match p {
+                Some((r, at)) if !dst.is_empty() && !at.is_empty() => {
+                    (r.values, r.width, &at[..dst.len().min(at.len())])
+                }
                 _ => {
                     own.push(None);
                     continue;
                 }
             };
-            let buf = crate::ops::copy_rows(x, width, ids)
+            let buf = crate::ops::copy_rows(x, width, at)
                 .map_err(|v| ModelError::Config(format!("node {v} has no stored row")))?;
             own.push(Some(Tensor::from_vec(
                 buf,
-                (ids.len(), width),
+                (at.len(), width),
                 &self.device,
             )?));
         }

@@ -95,18 +95,21 @@ impl RelationalLayer for RgcnLayer {
         g: &HetGraph,
         block: &Block,
         relations: &[RelationId],
-        rows: &[Option<&[f32]>],
+        rows: &[Option<(&[f32], &[u32])>],
     ) -> Result<Option<PerType>> {
         let mut out: PerType = vec![None; block.dst.len()];
         for br in crate::layer::relations_in(block, relations) {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
-            let (Some(Some(x)), false) = (rows.get(s), block.src[s].is_empty()) else {
+            // `ids`: where each of the block's sources of type `s` lies in `x`.
+            let Some(Some((x, ids))) = rows.get(s).copied() else {
                 continue;
             };
+            if ids.is_empty() {
+                continue;
+            }
             let w = &self.rel_weight[br.relation.index()];
             let (i, o) = w.dims2()?;
-            let ids = &block.src[s];
             let (n_src, n_dst, e) = (
                 ids.len(),
                 br.offsets.len().saturating_sub(1),

@@ -276,3 +276,102 @@ fn layerwise_rows_read_in_place_are_the_gathered_rows_bits() {
         assert_eq!(got, current.unwrap(), "{layers} layers");
     }
 }
+
+/// Rows held for some nodes only, in another order (a partition's: a place
+/// per node id), give the bits of rows held by id; a block needing a node
+/// whose row is not held is left to the caller to gather (`None`).
+#[test]
+fn rows_held_out_of_id_order_give_the_rows_by_id_bits() {
+    use models::model::RowsInPlace;
+    let (_tmp, g) = mag_like(1);
+    let model = Model::new(&spec(ModelKind::Rgcn, 2, 7), &g, DType::F32, &Device::Cpu).unwrap();
+    let t = g.target();
+    let seeds: Vec<u32> = (0..g.node_types()[t.index()].count)
+        .step_by(3)
+        .take(150)
+        .collect();
+    let block = models::inference::full_block(&g, 0, t, &seeds);
+    let by_id = model
+        .stored_rows(&g, &block)
+        .expect("rows stored in id order");
+    // Every type's rows reversed, each node's place given by its slot.
+    let reversed: Vec<Option<Vec<f32>>> = by_id
+        .iter()
+        .map(|r| r.map(|r| r.values.chunks(r.width).rev().flatten().copied().collect()))
+        .collect();
+    let slots: Vec<Option<Vec<u32>>> = by_id
+        .iter()
+        .map(|r| r.map(|r| (0..(r.values.len() / r.width) as u32).rev().collect()))
+        .collect();
+    // The same, but the first seed's own row not held.
+    let mut missing = slots.clone();
+    if let Some(slot) = &mut missing[t.index()] {
+        slot[seeds[0] as usize] = graphs::Features::ABSENT;
+    }
+    fn held<'a>(
+        by_id: &[Option<RowsInPlace<'_>>],
+        reversed: &'a [Option<Vec<f32>>],
+        slots: &'a [Option<Vec<u32>>],
+    ) -> Vec<Option<RowsInPlace<'a>>> {
+        (0..by_id.len())
+            .map(|u| {
+                let (r, values, slot) = (by_id[u]?, reversed[u].as_ref()?, slots[u].as_ref()?);
+                Some(RowsInPlace {
+                    values,
+                    width: r.width,
+                    slot: Some(slot),
+                })
+            })
+            .collect()
+    }
+    let bits = |x: &Option<candle_core::Tensor>| -> Vec<u32> {
+        let v: Vec<f32> = x
+            .as_ref()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        v.iter().map(|f| f.to_bits()).collect()
+    };
+    let want = model
+        .layer_in_place(&g, 0, &block, &by_id)
+        .unwrap()
+        .expect("R-GCN in place");
+    let got = model
+        .layer_in_place(&g, 0, &block, &held(&by_id, &reversed, &slots))
+        .unwrap()
+        .expect("held rows in place");
+    assert_eq!(
+        bits(&want.1[t.index()]),
+        bits(&got.1[t.index()]),
+        "layer output"
+    );
+    assert_eq!(
+        bits(&want.0[t.index()]),
+        bits(&got.0[t.index()]),
+        "own rows"
+    );
+    assert!(!bits(&want.1[t.index()]).is_empty());
+    // The first seed's own row not held: the layer cannot read it in place.
+    assert!(model
+        .layer_in_place(&g, 0, &block, &held(&by_id, &reversed, &missing))
+        .unwrap()
+        .is_none());
+    // A place for a node past the held rows is refused the same way.
+    let (values, width) = (vec![0.0f32; 8], 4);
+    let short = RowsInPlace {
+        values: &values,
+        width,
+        slot: None,
+    };
+    assert_eq!(short.places(&[0, 1]).unwrap().to_vec(), vec![0, 1]);
+    assert_eq!(short.places(&[1, 2, 0]).unwrap_err(), 2);
+    let slot = [1u32, graphs::Features::ABSENT, 0];
+    let kept = RowsInPlace {
+        slot: Some(&slot),
+        ..short
+    };
+    assert_eq!(kept.places(&[2, 0]).unwrap().to_vec(), vec![0, 1]);
+    assert_eq!(kept.places(&[0, 1]).unwrap_err(), 1);
+}

@@ -12,6 +12,7 @@ use candle_core::Tensor;
 use futures_util::{stream, StreamExt};
 use graphs::{HetGraph, NodeTypeId};
 use models::inference::{host_rows, layer_chunk, FullBlocks, TypeRows};
+use models::model::RowsInPlace;
 use models::rgcn::PerType;
 use runtime::{ActorRef, Node, SharedBytes};
 
@@ -223,7 +224,7 @@ impl Part<'_> {
             if direct && stage == 0 {
                 let t0 = std::time::Instant::now();
                 let mut next = Placed::new(&plan.nodes);
-                self.compute(stage, &Rows::Inputs, &plan.at, &plan.nodes, &mut next)?;
+                self.compute(stage, &Source::Inputs, &plan.nodes, &mut next)?;
                 let next = next.finish(s.names)?;
                 tracing::info!(
                     "partition {k}: layer 1 of {layers} in {:.2}s (every input row read here)",
@@ -240,33 +241,46 @@ impl Part<'_> {
                 outer,
             } = plan;
             let halo_nodes: usize = halo.iter().map(Vec::len).sum();
-            let none: Vec<Option<TypeRows>> = vec![None; halo.len()];
+            // The halo's rows land after room for the own rows, which are
+            // copied in front once the interior is done: one matrix per type,
+            // read in place (`at` is each node's row in it).
+            let front: Vec<usize> = prev
+                .iter()
+                .map(|r| r.as_ref().map_or(0, |r| r.data.len() / r.width.max(1)))
+                .collect();
             let mut next = Placed::new(nodes);
             let t0 = std::time::Instant::now();
             // The interior needs no halo row: it is computed while the halo's rows come.
             let (pulled, first) = std::thread::scope(|scope| {
                 let pulling = scope.spawn(|| {
                     let rows = if stage == 0 {
-                        self.halo_inputs(halo)
+                        self.halo_inputs(halo, &front)
                     } else {
-                        self.pull(stage, halo, &vec![true; halo.len()])
+                        self.pull(stage, halo, &vec![true; halo.len()], &front)
                     };
                     (rows, t0.elapsed())
                 });
-                let first = self.compute(stage, &Rows::Held(&prev, &none), at, inner, &mut next);
-                (pulling.join(), first)
+                let own = in_place(prev.iter().map(Option::as_ref), at);
+                let first = self.compute(stage, &Source::Rows(&own), inner, &mut next);
+                (pulling.join(), first.map(|()| t0.elapsed()))
             });
             let (pulled, pulling) =
                 pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
-            let (pulled, ()) = (pulled?, first?);
+            let (mut pulled, interior) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            self.compute(stage, &Rows::Held(&prev, &pulled), at, outer, &mut next)?;
+            join(&prev, &mut pulled, self.own, s.names)?;
+            let held = pulled
+                .iter()
+                .zip(prev.iter())
+                .map(|(p, m)| p.as_ref().or(m.as_ref()));
+            self.compute(stage, &Source::Rows(&in_place(held, at)), outer, &mut next)?;
             let next = next.finish(s.names)?;
             tracing::info!(
-                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior; then the boundary {:.2}s)",
+                "partition {k}: layer {} of {layers} in {:.2}s (pulling {halo_nodes} halo rows {:.2}s while computing the interior {:.2}s; then the boundary {:.2}s)",
                 stage + 1,
                 t0.elapsed().as_secs_f64(),
                 pulling.as_secs_f64(),
+                interior.as_secs_f64(),
                 t1.elapsed().as_secs_f64(),
             );
             prev = self.finish_stage(stage, layers, next)?;
@@ -275,7 +289,12 @@ impl Part<'_> {
             true => self.logits(&prev, target)?,
             false => Arc::unwrap_or_clone(prev),
         };
+        let tw = std::time::Instant::now();
         let done = out.write_part(k, s.names, self.own, &rows)?;
+        tracing::debug!(
+            "partition {k}: rows written in {:.2}s",
+            tw.elapsed().as_secs_f64()
+        );
         self.published.finish(done.clone());
         Ok(done)
     }
@@ -345,7 +364,7 @@ impl Part<'_> {
 
     /// Stage 0 of the halo: learnable rows from the checkpoint and, where the
     /// partition holds them, feature rows, read here; the rest pulled.
-    fn halo_inputs(&self, halo: &[Vec<u32>]) -> Result<Vec<Option<TypeRows>>> {
+    fn halo_inputs(&self, halo: &[Vec<u32>], front: &[usize]) -> Result<Vec<Option<TypeRows>>> {
         let (trained, g) = (self.shared.model, self.graph);
         let local: Vec<bool> = g
             .node_types()
@@ -353,72 +372,80 @@ impl Part<'_> {
             .map(|nt| nt.features.is_none() || self.shared.halo_features)
             .collect();
         let pull: Vec<bool> = local.iter().map(|l| !l).collect();
-        let mut rows = self.pull(0, halo, &pull)?;
+        let mut rows = self.pull(0, halo, &pull, front)?;
         for (t, ids) in halo.iter().enumerate() {
             if !local[t] {
                 continue;
             }
+            let mut at = front[t];
             for chunk in ids.chunks(self.shared.chunk) {
                 let Some(x) = trained.inputs(g, t, chunk)? else {
                     break;
                 };
-                append(&mut rows[t], &x, ids.len())?;
+                let (width, values) = host_rows(&x)?;
+                let r = rows[t].get_or_insert_with(|| TypeRows {
+                    width,
+                    data: vec![0.0; (front[t] + ids.len()) * width],
+                });
+                let into = r.data.get_mut(at * width..(at + chunk.len()) * width);
+                match into {
+                    Some(into) if r.width == width && values.len() == into.len() => {
+                        into.copy_from_slice(&values)
+                    }
+                    _ => {
+                        return Err(TrainError::Internal(format!(
+                            "input rows of {width} and {} floats",
+                            r.width
+                        )))
+                    }
+                }
+                at += chunk.len();
             }
         }
         Ok(rows)
     }
 
     /// Stage `stage + 1` of the own nodes `nodes` (per type, ascending) from
-    /// stage `stage`'s `rows`, placed `into` the stage.
+    /// stage `stage`'s rows `source`, placed `into` the stage.
     fn compute(
         &self,
         stage: u32,
-        rows: &Rows,
-        at: &[Vec<u32>],
+        source: &Source,
         nodes: &[Vec<u32>],
         into: &mut Placed,
     ) -> Result<()> {
         let (model, g) = (&self.shared.model.model, self.graph);
-        let types = self.own.len();
-        let (prev, pulled) = match *rows {
-            Rows::Held(prev, pulled) => (prev.as_slice(), pulled),
-            Rows::Inputs => (&[][..], &[][..]),
-        };
-        // Per type: own rows, then the halo's (a row index past the own rows is the halo's).
-        let mut held: Vec<Option<Held>> = Vec::with_capacity(types);
-        for (t, (mine, theirs)) in prev.iter().zip(pulled).enumerate() {
-            held.push(match (mine, theirs) {
-                (None, None) => None,
-                (Some(m), None) => Some(Held { width: m.width, own: &m.data, halo: &[] }),
-                (None, Some(h)) if self.own[t].is_empty() => {
-                    Some(Held { width: h.width, own: &[], halo: &h.data })
-                }
-                (Some(m), Some(h)) if m.width == h.width => {
-                    Some(Held { width: m.width, own: &m.data, halo: &h.data })
-                }
-                _ => {
-                    return Err(TrainError::Protocol(format!(
-                        "stage {stage} of type {}: the peers' rows disagree with this partition's in width or presence",
-                        self.shared.names[t]
-                    )))
-                }
-            });
-        }
         let mut blocks = FullBlocks::new(g);
         for (t, ids) in nodes.iter().enumerate() {
             let mut counted = 0;
             for chunk in ids.chunks(self.shared.chunk) {
                 let block = blocks.block(g, stage as usize, NodeTypeId(t as u32), chunk);
-                let h: PerType = match rows {
-                    Rows::Inputs => block
-                        .src
-                        .iter()
-                        .enumerate()
-                        .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
-                        .collect::<Result<_>>()?,
-                    Rows::Held(..) => self.held_rows(&block.src, &held, at)?,
+                // Rows are read where they lie where the layer can (as the
+                // single process does: the same bits), else gathered.
+                let stored = match source {
+                    Source::Inputs => self.shared.model.stored_rows(g, &block),
+                    Source::Rows(rows) => Some(rows.to_vec()),
                 };
-                match layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))? {
+                let x = match stored {
+                    Some(rows) => model.layer_in_place(g, stage as usize, &block, &rows)?,
+                    None => None,
+                };
+                let x = match x {
+                    Some((_, mut h)) => h[t].take(),
+                    None => {
+                        let h: PerType = match source {
+                            Source::Inputs => block
+                                .src
+                                .iter()
+                                .enumerate()
+                                .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
+                                .collect::<Result<_>>()?,
+                            Source::Rows(rows) => self.gather(rows, &block.src)?,
+                        };
+                        layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))?
+                    }
+                };
+                match x {
                     Some(x) => into.place(t, chunk, &x)?,
                     None => break,
                 }
@@ -434,29 +461,21 @@ impl Part<'_> {
         Ok(())
     }
 
-    /// The rows of a block's sources `src` (per type) from a stage's `held`
-    /// rows, `at` giving each node's row index there.
-    fn held_rows(
-        &self,
-        src: &[Vec<u32>],
-        held: &[Option<Held>],
-        at: &[Vec<u32>],
-    ) -> Result<PerType> {
+    /// The rows of a block's sources `src` (per type) copied out of `rows`.
+    fn gather(&self, rows: &[Option<RowsInPlace>], src: &[Vec<u32>]) -> Result<PerType> {
         let model = &self.shared.model.model;
         src.iter()
             .enumerate()
-            .map(|(u, ids)| match &held[u] {
+            .map(|(u, ids)| match &rows[u] {
                 Some(r) if !ids.is_empty() => {
-                    let mut buf = Vec::with_capacity(ids.len() * r.width);
-                    for &v in ids {
-                        let row = r.row(at[u][v as usize] as usize).ok_or_else(|| {
-                            TrainError::Internal(format!(
-                                "node {v} of type {} is neither owned here nor in the halo",
-                                self.shared.names[u]
-                            ))
-                        })?;
-                        buf.extend_from_slice(row);
-                    }
+                    let missing = |v: u32| {
+                        TrainError::Internal(format!(
+                            "node {v} of type {} is neither owned here nor in the halo",
+                            self.shared.names[u]
+                        ))
+                    };
+                    let at = r.places(ids).map_err(missing)?;
+                    let buf = models::ops::copy_rows(r.values, r.width, &at).map_err(missing)?;
                     Ok(Some(
                         Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
                             .to_dtype(model.dtype())?,
@@ -469,7 +488,13 @@ impl Part<'_> {
 
     /// The halo's rows of `stage` of the types `which` marks, per type in
     /// halo order (`None`: no rows, or not asked).
-    fn pull(&self, stage: u32, halo: &[Vec<u32>], which: &[bool]) -> Result<Vec<Option<TypeRows>>> {
+    fn pull(
+        &self,
+        stage: u32,
+        halo: &[Vec<u32>],
+        which: &[bool],
+        front: &[usize],
+    ) -> Result<Vec<Option<TypeRows>>> {
         let s = self.shared;
         // No row is wider than the widest input or layer output: a peer's
         // claim of more is refused before its rows are allocated.
@@ -543,7 +568,7 @@ impl Part<'_> {
                 }
                 let r = rows[t].get_or_insert_with(|| TypeRows {
                     width,
-                    data: vec![0.0; halo[t].len() * width],
+                    data: vec![0.0; (front[t] + halo[t].len()) * width],
                 });
                 if r.width != width {
                     return Err(TrainError::Protocol(format!(
@@ -551,6 +576,7 @@ impl Part<'_> {
                         s.names[t], r.width
                     )));
                 }
+                let at = front[t] + at;
                 let into = &mut r.data[at * width..(at + n) * width];
                 match data {
                     Payload::Dense(data) => {
@@ -584,12 +610,57 @@ impl Part<'_> {
 }
 
 /// Where a stage's computation reads its source rows.
-enum Rows<'a> {
-    /// The previous stage's rows: the own nodes', then the halo's pulled.
-    Held(&'a Stage, &'a [Option<TypeRows>]),
+enum Source<'a> {
+    /// The previous stage's rows held here, per type ([`in_place`]).
+    Rows(&'a [Option<RowsInPlace<'a>>]),
     /// The model's input rows, read where they are stored (stage 0 on
     /// partitions holding their halo's features).
     Inputs,
+}
+
+/// A stage's rows held here as the layers read them: type `t`'s node `v`
+/// at row `at[t][v]` of `held[t]`.
+fn in_place<'a>(
+    held: impl IntoIterator<Item = Option<&'a TypeRows>>,
+    at: &'a [Vec<u32>],
+) -> Vec<Option<RowsInPlace<'a>>> {
+    held.into_iter()
+        .zip(at)
+        .map(|(r, at)| {
+            r.map(|r| RowsInPlace {
+                values: &r.data,
+                width: r.width,
+                slot: Some(at),
+            })
+        })
+        .collect()
+}
+
+/// Copies the own rows (`prev`) into the room `pulled` left for them in
+/// front of the halo's: per type, then, the stage's rows held here are
+/// `pulled`'s where it has some, else the own rows alone.
+fn join(
+    prev: &Stage,
+    pulled: &mut [Option<TypeRows>],
+    own: &[Vec<u32>],
+    names: &[String],
+) -> Result<()> {
+    for (t, (mine, theirs)) in prev.iter().zip(pulled.iter_mut()).enumerate() {
+        match (mine, theirs) {
+            (_, None) => {}
+            (None, Some(_)) if own[t].is_empty() => {}
+            (Some(m), Some(h)) if m.width == h.width && m.data.len() <= h.data.len() => {
+                h.data[..m.data.len()].copy_from_slice(&m.data);
+            }
+            _ => {
+                return Err(TrainError::Protocol(format!(
+                    "type {}: the peers' rows disagree with this partition's in width or presence",
+                    names[t]
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One pull's rows: `(width, rows)`, or `None` where the stage has no rows of the type.
@@ -601,26 +672,6 @@ enum Payload {
     Dense(SharedBytes),
     /// [`super::packed`] rows, checked as they are unpacked.
     Packed(SharedBytes),
-}
-
-/// A stage's rows of one type held by a partition: its own, then its halo's.
-struct Held<'a> {
-    width: usize,
-    own: &'a [f32],
-    halo: &'a [f32],
-}
-
-impl Held<'_> {
-    /// Row `i` (own rows first, then the halo's).
-    fn row(&self, i: usize) -> Option<&[f32]> {
-        let w = self.width;
-        let own = self.own.len() / w.max(1);
-        if i < own {
-            self.own.get(i * w..(i + 1) * w)
-        } else {
-            self.halo.get((i - own) * w..(i - own + 1) * w)
-        }
-    }
 }
 
 /// A stage's rows as they are computed, each node's at its place in the

@@ -232,6 +232,21 @@ impl Inference {
         }
     }
 
+    /// Where [`Model::layer_in_place`] reads the input rows of `block`'s
+    /// sources (see [`Model::stored_rows`]): `None` where some cannot be read in place.
+    pub fn stored_rows<'a>(
+        &'a self,
+        g: &'a graphs::HetGraph,
+        block: &graphs::Block,
+    ) -> Option<Vec<Option<models::model::RowsInPlace<'a>>>> {
+        match &self.rows {
+            Rows::Held => self.model.stored_rows(g, block),
+            Rows::Mapped(tables) => self
+                .model
+                .stored_rows_with(g, block, |t| tables.in_place(&table_name(g, t))),
+        }
+    }
+
     /// The input rows of type `t`'s nodes `ids` on `g`: features, or learnable
     /// rows; `None` where the model reads no rows of `t` (or `ids` is empty).
     pub fn inputs(
