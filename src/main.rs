@@ -4,8 +4,7 @@
 
 /// Training allocates and frees tensors of megabytes every step: glibc returns
 /// them to the OS and pays page faults and TLB shootdowns each time (a third
-/// of a step's time measured); mimalloc keeps them. Built without
-/// transparent huge pages (see the workspace Cargo.toml).
+/// of a step's time measured); mimalloc keeps them.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -311,6 +310,12 @@ fn main() -> ExitCode {
     models::threads::init_cpu_threads();
     runtime::alloc::keep_freed_memory();
     let cli = Cli::parse();
+    // A server keeps the tables it reads at random for its whole life: huge
+    // pages spare it TLB misses. Every other command touches most of its
+    // memory once or a few times, where zeroing fresh huge pages costs more.
+    if !matches!(cli.command, Command::Serve(_)) {
+        runtime::alloc::avoid_huge_pages();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
