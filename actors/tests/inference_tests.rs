@@ -481,3 +481,72 @@ fn inference_reads_the_rows_without_their_adam_state_and_old_checkpoints_still_l
         .to_string();
     assert!(e.contains("checksum mismatch"), "{e}");
 }
+
+/// A partition keeps only its own feature rows (METIS partitions without
+/// their halo's): a block whose sources are all its own is computed from
+/// those rows in place, through their places, with the bits of gathering
+/// them; a block reaching a row it does not keep is left to gathering.
+#[test]
+fn a_partition_s_kept_rows_are_read_in_place_with_the_gathered_bits() {
+    let set = PartitionSet::open(&partitions(2, Method::Metis)).unwrap();
+    assert!(!set.manifest.halo_features);
+    let model = model(&set, &["training.layers=2"], false);
+    let opts = LoadOptions {
+        mmap_features: true,
+        reverse_edges: false,
+    };
+    let g = set.load_part(0, &opts).unwrap();
+    let t = g.target();
+    let own = |u: usize, v: u32| set.owners[u][v as usize] == 0;
+    // Own targets whose in-neighbours are all owned here, and one with an
+    // in-neighbour whose feature row lies elsewhere (learnt rows are all here).
+    let (mut inner, mut outer) = (Vec::new(), None);
+    for v in (0..g.node_types()[t.index()].count).filter(|&v| own(t.index(), v)) {
+        let foreign = |featured: bool| {
+            g.relations()
+                .iter()
+                .filter(|r| r.dst == t)
+                .filter(|r| !featured || g.node_types()[r.src.index()].features.is_some())
+                .any(|r| {
+                    r.in_csr()
+                        .neighbors(v)
+                        .iter()
+                        .any(|&u| !own(r.src.index(), u))
+                })
+        };
+        if !foreign(false) {
+            inner.push(v);
+        } else if foreign(true) {
+            outer = outer.or(Some(v));
+        }
+    }
+    assert!(inner.len() >= 10, "{} interior targets", inner.len());
+    let block = models::inference::full_block(&g, 0, t, &inner);
+    let stored = model
+        .stored_rows(&g, &block)
+        .expect("kept rows addressable");
+    assert!(
+        stored.iter().flatten().any(|r| r.slot.is_some()),
+        "the features are a partition's kept rows"
+    );
+    let (_, mut got) = model
+        .layer_in_place(&g, 0, &block, &stored)
+        .unwrap()
+        .expect("every source row kept");
+    let h = model.gather_inputs(&g, &block.src).unwrap();
+    let want = models::inference::layer_chunk(&model, &g, 0, &block, &h, t).unwrap();
+    let bits = |x: candle_core::Tensor| -> Vec<u32> {
+        let v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        v.iter().map(|f| f.to_bits()).collect()
+    };
+    let (got, want) = (bits(got[t.index()].take().unwrap()), bits(want.unwrap()));
+    assert_eq!(got, want);
+    assert!(got.iter().any(|&b| b != 0));
+    let outer = outer.expect("a target with a neighbour owned elsewhere");
+    let block = models::inference::full_block(&g, 0, t, &[outer]);
+    let stored = model.stored_rows(&g, &block).unwrap();
+    assert!(model
+        .layer_in_place(&g, 0, &block, &stored)
+        .unwrap()
+        .is_none());
+}

@@ -42,6 +42,11 @@ pub enum Activation {
     DropoutAfterEach,
 }
 
+/// One type's rows read in place by [`RelationalLayer::partials_in_place`]:
+/// the row-major values, their width, and the place among them of each of
+/// a block's sources of the type.
+pub type PlacedRows<'a> = (&'a [f32], usize, &'a [u32]);
+
 /// One relational layer.
 pub trait RelationalLayer: Send + Sync {
     /// The summed (or merged) partial aggregations of `relations` (those
@@ -57,8 +62,8 @@ pub trait RelationalLayer: Send + Sync {
 
     /// [`RelationalLayer::relation_partials`] of relations whose sources'
     /// rows are read where they lie: `rows[t]` is a row-major matrix of
-    /// type `t`'s rows and the place of each of the block's sources of type
-    /// `t` among them, `None` for a type the model does not read.
+    /// type `t`'s rows, their width, and the place of each of the block's
+    /// sources of type `t` among them; `None` for a type the model does not read.
     /// The same bits as over gathered rows, or `None` where this layer needs
     /// them gathered (the caller then gathers them).
     fn partials_in_place(
@@ -66,7 +71,7 @@ pub trait RelationalLayer: Send + Sync {
         _g: &HetGraph,
         _block: &Block,
         _relations: &[RelationId],
-        _rows: &[Option<(&[f32], &[u32])>],
+        _rows: &[Option<PlacedRows<'_>>],
     ) -> Result<Option<PerType>> {
         Ok(None)
     }

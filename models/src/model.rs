@@ -905,11 +905,12 @@ impl Model {
     }
 
     /// Relational layer `l` on `block` in evaluation mode, its sources' rows
-    /// read where they lie (`rows[t]`: type `t`'s rows and their width, the
-    /// block's node `v`'s at `v`; see [`Model::stored_rows`]): the destinations' own input rows
-    /// (copied, for the self-loop) and the layer's activated outputs, the
-    /// same bits as gathering every source row first. `None` where the layer
-    /// cannot (not R-GCN, not f32 on the CPU): the caller gathers.
+    /// read where they lie (`rows[t]`: type `t`'s rows, node `v`'s at `v` or
+    /// at its [`RowsInPlace::slot`] place; see [`Model::stored_rows`]): the
+    /// destinations' own input rows (copied, for the self-loop) and the
+    /// layer's activated outputs, the same bits as gathering every source row
+    /// first. `None` where the layer cannot (not R-GCN, not f32 on the CPU,
+    /// a source without a row held): the caller gathers.
     pub fn layer_in_place(
         &self,
         g: &HetGraph,
@@ -942,9 +943,9 @@ impl Model {
                 None => None,
             });
         }
-        let values: Vec<Option<(&[f32], &[u32])>> = places
+        let values: Vec<Option<crate::layer::PlacedRows<'_>>> = places
             .iter()
-            .map(|p| p.as_ref().map(|(r, at)| (r.values, &at[..])))
+            .map(|p| p.as_ref().map(|(r, at)| (r.values, r.width, &at[..])))
             .collect();
         let Some(partials) = layer.partials_in_place(g, block, &self.all_relations, &values)?
         else {

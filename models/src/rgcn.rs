@@ -95,14 +95,14 @@ impl RelationalLayer for RgcnLayer {
         g: &HetGraph,
         block: &Block,
         relations: &[RelationId],
-        rows: &[Option<(&[f32], &[u32])>],
+        rows: &[Option<crate::layer::PlacedRows<'_>>],
     ) -> Result<Option<PerType>> {
         let mut out: PerType = vec![None; block.dst.len()];
         for br in crate::layer::relations_in(block, relations) {
             let rel = g.relation(br.relation);
             let (s, d) = (rel.src.index(), rel.dst.index());
             // `ids`: where each of the block's sources of type `s` lies in `x`.
-            let Some(Some((x, ids))) = rows.get(s).copied() else {
+            let Some(Some((x, width, ids))) = rows.get(s).copied() else {
                 continue;
             };
             if ids.is_empty() {
@@ -110,6 +110,12 @@ impl RelationalLayer for RgcnLayer {
             }
             let w = &self.rel_weight[br.relation.index()];
             let (i, o) = w.dims2()?;
+            if width != i {
+                return Err(crate::ModelError::Config(format!(
+                    "rows of {width} floats for relation {}, whose weight reads {i}",
+                    rel.name
+                )));
+            }
             let (n_src, n_dst, e) = (
                 ids.len(),
                 br.offsets.len().saturating_sub(1),

@@ -50,7 +50,14 @@ pub fn release_freed_memory() {
 /// well. A 4-machine `embed` spent 38% of its CPU zeroing them, a
 /// mag-like S=0.1 training run 2.5 s of system time against 1.4 s without
 /// (docs/design.md). Returns whether the kernel agreed.
+#[cfg(target_os = "linux")]
 pub fn avoid_huge_pages() -> bool {
     // SAFETY: a prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 }
+}
+
+/// Transparent huge pages are a Linux setting: nothing to ask elsewhere.
+#[cfg(not(target_os = "linux"))]
+pub fn avoid_huge_pages() -> bool {
+    false
 }

@@ -584,7 +584,10 @@ impl Transport {
         lock(&self.endpoint).clone()
     }
 
-    /// Stops every task, closes every connection and releases the socket.
+    /// Stops every task and closes every connection; the socket is released
+    /// once the connections have drained (a few probe timeouts later, while
+    /// the runtime lives: a node started again at once on the same address
+    /// retries its bind).
     pub(crate) async fn shutdown(&self) {
         let start = Instant::now();
         while self.unsent.load(Ordering::SeqCst) > 0 && start.elapsed() < DRAIN {

@@ -246,7 +246,8 @@ impl Part<'_> {
             // read in place (`at` is each node's row in it).
             let front: Vec<usize> = prev
                 .iter()
-                .map(|r| r.as_ref().map_or(0, |r| r.data.len() / r.width.max(1)))
+                .zip(self.own)
+                .map(|(r, own)| r.as_ref().map_or(0, |_| own.len()))
                 .collect();
             let mut next = Placed::new(nodes);
             let t0 = std::time::Instant::now();
@@ -268,7 +269,7 @@ impl Part<'_> {
                 pulled.map_err(|_| TrainError::Internal("the pulling thread panicked".into()))?;
             let (mut pulled, interior) = (pulled?, first?);
             let t1 = std::time::Instant::now();
-            join(&prev, &mut pulled, self.own, s.names)?;
+            join(stage, &prev, &mut pulled, self.own, s.names)?;
             let held = pulled
                 .iter()
                 .zip(prev.iter())
@@ -394,7 +395,10 @@ impl Part<'_> {
                     }
                     _ => {
                         return Err(TrainError::Internal(format!(
-                            "input rows of {width} and {} floats",
+                            "type {}: {} input rows of {width} floats do not fit the halo's {} rows of {}",
+                            self.shared.names[t],
+                            chunk.len(),
+                            ids.len(),
                             r.width
                         )))
                     }
@@ -576,8 +580,8 @@ impl Part<'_> {
                         s.names[t], r.width
                     )));
                 }
-                let at = front[t] + at;
-                let into = &mut r.data[at * width..(at + n) * width];
+                let row = front[t] + at;
+                let into = &mut r.data[row * width..(row + n) * width];
                 match data {
                     Payload::Dense(data) => {
                         for (x, b) in into.iter_mut().zip(data.0.chunks_exact(4)) {
@@ -640,6 +644,7 @@ fn in_place<'a>(
 /// front of the halo's: per type, then, the stage's rows held here are
 /// `pulled`'s where it has some, else the own rows alone.
 fn join(
+    stage: u32,
     prev: &Stage,
     pulled: &mut [Option<TypeRows>],
     own: &[Vec<u32>],
@@ -649,12 +654,16 @@ fn join(
         match (mine, theirs) {
             (_, None) => {}
             (None, Some(_)) if own[t].is_empty() => {}
-            (Some(m), Some(h)) if m.width == h.width && m.data.len() <= h.data.len() => {
+            (Some(m), Some(h))
+                if m.width == h.width
+                    && m.data.len() == own[t].len() * m.width
+                    && m.data.len() <= h.data.len() =>
+            {
                 h.data[..m.data.len()].copy_from_slice(&m.data);
             }
             _ => {
                 return Err(TrainError::Protocol(format!(
-                    "type {}: the peers' rows disagree with this partition's in width or presence",
+                    "stage {stage} of type {}: the peers' rows disagree with this partition's in width or presence",
                     names[t]
                 )))
             }
