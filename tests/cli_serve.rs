@@ -326,13 +326,51 @@ fn served_answers_equal_offline_predict_and_embed() {
         let (ids, got) = h.join().unwrap();
         assert_eq!(got, ids.iter().map(|&i| p[i as usize]).collect::<Vec<_>>());
     }
+    // Small requests from several clients at once, some sharing batches:
+    // each gets the answers it gets alone.
+    let handles: Vec<_> = (0..6u32)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                (0..5u32)
+                    .map(|k| {
+                        let ids: Vec<u32> = (0..1 + k % 3)
+                            .map(|i| (t * 97 + k * 31 + i * 7) % 1473)
+                            .collect();
+                        let body = json!({"ids": ids}).to_string();
+                        let (code, text) = http(
+                            &addr,
+                            "POST",
+                            "/v1/predict",
+                            &[("Content-Type", "application/json")],
+                            &body,
+                        );
+                        assert_eq!(code, 200, "{text}");
+                        let v: Value = serde_json::from_str(&text).unwrap();
+                        let got: Vec<i64> = v["predictions"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|c| c.as_i64().unwrap())
+                            .collect();
+                        (ids, got)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for h in handles {
+        for (ids, got) in h.join().unwrap() {
+            assert_eq!(got, ids.iter().map(|&i| p[i as usize]).collect::<Vec<_>>());
+        }
+    }
     // Sampled inference embeds the target type only, and says how to get the rest.
     let (code, r) = sampled.post("/v1/embed", &json!({"type": "author", "ids": [0]}));
     assert_eq!(code, 400);
     assert!(r["error"].as_str().unwrap().contains("exact"), "{r}");
     let metrics = sampled.get("/metrics").1;
     assert!(
-        metrics.contains("hetgnn_serve_requests_total{endpoint=\"/v1/predict\",status=\"200\"} 9"),
+        metrics.contains("hetgnn_serve_requests_total{endpoint=\"/v1/predict\",status=\"200\"} 39"),
         "{metrics}"
     );
     assert!(sampled.stop().success(), "SIGTERM ends serve with 0");
