@@ -186,6 +186,26 @@ fn trained(dir: &Path, extra: &[&str]) {
     hetgnn(dir, &args).ok();
 }
 
+/// The classes a server at `addr` predicts for `ids` (asserting a 200).
+fn predicted(addr: &str, ids: &[u32]) -> Vec<i64> {
+    let body = json!({ "ids": ids }).to_string();
+    let (code, text) = http(
+        addr,
+        "POST",
+        "/v1/predict",
+        &[("Content-Type", "application/json")],
+        &body,
+    );
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_i64().unwrap())
+        .collect()
+}
+
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
         .unwrap()
@@ -293,66 +313,30 @@ fn served_answers_equal_offline_predict_and_embed() {
             "the most probable class is the prediction"
         );
     }
-    // Concurrent requests share batches and get the answers they get alone.
+    // Concurrent requests, of 20 nodes and of 1-3, share batches and get
+    // the answers they get alone.
     let addr = sampled.addr.clone();
-    let handles: Vec<_> = (0..8u32)
-        .map(|t| {
-            let addr = addr.clone();
-            std::thread::spawn(move || {
-                let ids: Vec<u32> = (0..20).map(|i| (t * 131 + i * 17) % 1473).collect();
-                let body = json!({"ids": ids}).to_string();
-                let (code, text) = http(
-                    &addr,
-                    "POST",
-                    "/v1/predict",
-                    &[("Content-Type", "application/json")],
-                    &body,
-                );
-                assert_eq!(code, 200, "{text}");
-                let v: Value = serde_json::from_str(&text).unwrap();
-                (
-                    ids,
-                    v["predictions"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|c| c.as_i64().unwrap())
-                        .collect::<Vec<_>>(),
-                )
-            })
-        })
+    let mut clients: Vec<Vec<Vec<u32>>> = (0..8u32)
+        .map(|t| vec![(0..20).map(|i| (t * 131 + i * 17) % 1473).collect()])
         .collect();
-    for h in handles {
-        let (ids, got) = h.join().unwrap();
-        assert_eq!(got, ids.iter().map(|&i| p[i as usize]).collect::<Vec<_>>());
-    }
-    // Small requests from several clients at once, some sharing batches:
-    // each gets the answers it gets alone.
-    let handles: Vec<_> = (0..6u32)
-        .map(|t| {
+    clients.extend((0..6u32).map(|t| {
+        (0..5u32)
+            .map(|k| {
+                (0..1 + k % 3)
+                    .map(|i| (t * 97 + k * 31 + i * 7) % 1473)
+                    .collect()
+            })
+            .collect()
+    }));
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|requests| {
             let addr = addr.clone();
             std::thread::spawn(move || {
-                (0..5u32)
-                    .map(|k| {
-                        let ids: Vec<u32> = (0..1 + k % 3)
-                            .map(|i| (t * 97 + k * 31 + i * 7) % 1473)
-                            .collect();
-                        let body = json!({"ids": ids}).to_string();
-                        let (code, text) = http(
-                            &addr,
-                            "POST",
-                            "/v1/predict",
-                            &[("Content-Type", "application/json")],
-                            &body,
-                        );
-                        assert_eq!(code, 200, "{text}");
-                        let v: Value = serde_json::from_str(&text).unwrap();
-                        let got: Vec<i64> = v["predictions"]
-                            .as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|c| c.as_i64().unwrap())
-                            .collect();
+                requests
+                    .into_iter()
+                    .map(|ids| {
+                        let got = predicted(&addr, &ids);
                         (ids, got)
                     })
                     .collect::<Vec<_>>()

@@ -432,12 +432,30 @@ fn build_full_block<S: Slots>(
 
 /// The rows of `nodes` (per type) from a layer's stored rows, as tensors.
 pub fn rows_of(rows: &[Option<TypeRows>], nodes: &[Vec<u32>], model: &Model) -> Result<PerType> {
+    let by_id: Vec<Option<RowsInPlace>> = rows
+        .iter()
+        .map(|r| r.as_ref().map(|r| RowsInPlace::by_id(&r.data, r.width)))
+        .collect();
+    gather_held(&by_id, nodes, model)
+}
+
+/// The rows of `nodes` (per type) copied out of `rows` where they are held,
+/// as the model's inputs (`None` for a type without rows or nodes).
+pub fn gather_held(
+    rows: &[Option<RowsInPlace>],
+    nodes: &[Vec<u32>],
+    model: &Model,
+) -> Result<PerType> {
     rows.iter()
         .zip(nodes)
-        .map(|(r, ids)| match r {
+        .enumerate()
+        .map(|(t, (r, ids))| match r {
             Some(r) if !ids.is_empty() => {
-                let buf = crate::ops::copy_rows(&r.data, r.width, ids)
-                    .map_err(|v| ModelError::Config(format!("node {v} beyond the stored rows")))?;
+                let missing = |v: u32| {
+                    ModelError::Config(format!("node {v} of type {t} has no row held here"))
+                };
+                let at = r.places(ids).map_err(missing)?;
+                let buf = crate::ops::copy_rows(r.values, r.width, &at).map_err(missing)?;
                 Ok(Some(
                     Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
                         .to_dtype(model.dtype())?,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 use futures_util::{stream, StreamExt};
 use graphs::{HetGraph, NodeTypeId};
-use models::inference::{host_rows, layer_chunk, FullBlocks, TypeRows};
+use models::inference::{gather_held, host_rows, layer_chunk, FullBlocks, TypeRows};
 use models::model::RowsInPlace;
 use models::rgcn::PerType;
 use runtime::{ActorRef, Node, SharedBytes};
@@ -444,7 +444,13 @@ impl Part<'_> {
                                 .enumerate()
                                 .map(|(u, ids)| self.shared.model.inputs(g, u, ids))
                                 .collect::<Result<_>>()?,
-                            Source::Rows(rows) => self.gather(rows, &block.src)?,
+                            Source::Rows(rows) => gather_held(rows, &block.src, model)
+                                .map_err(|e| {
+                                    TrainError::Internal(format!(
+                                        "partition {}, stage {stage} (its own rows and its halo's): {e}",
+                                        self.k
+                                    ))
+                                })?,
                         };
                         layer_chunk(model, g, stage as usize, &block, &h, NodeTypeId(t as u32))?
                     }
@@ -463,31 +469,6 @@ impl Part<'_> {
             }
         }
         Ok(())
-    }
-
-    /// The rows of a block's sources `src` (per type) copied out of `rows`.
-    fn gather(&self, rows: &[Option<RowsInPlace>], src: &[Vec<u32>]) -> Result<PerType> {
-        let model = &self.shared.model.model;
-        src.iter()
-            .enumerate()
-            .map(|(u, ids)| match &rows[u] {
-                Some(r) if !ids.is_empty() => {
-                    let missing = |v: u32| {
-                        TrainError::Internal(format!(
-                            "node {v} of type {} is neither owned here nor in the halo",
-                            self.shared.names[u]
-                        ))
-                    };
-                    let at = r.places(ids).map_err(missing)?;
-                    let buf = models::ops::copy_rows(r.values, r.width, &at).map_err(missing)?;
-                    Ok(Some(
-                        Tensor::from_vec(buf, (ids.len(), r.width), model.device())?
-                            .to_dtype(model.dtype())?,
-                    ))
-                }
-                _ => Ok(None),
-            })
-            .collect()
     }
 
     /// The halo's rows of `stage` of the types `which` marks, per type in
