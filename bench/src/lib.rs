@@ -386,7 +386,9 @@ pub fn wait_all(
             failed = Some(format!("not finished in {} s", start.elapsed().as_secs()));
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The callers time runs of a few seconds: a coarser poll would add
+        // up to its period to each.
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     for c in children.iter_mut() {
         let _ = c.kill();

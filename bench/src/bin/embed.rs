@@ -56,18 +56,20 @@ struct Args {
 
 /// Runs the commands `build` gives for a fresh cluster of `n` emulated
 /// machines, the i-th on machine i, until all exit; the wall time from the
-/// first start to the last exit, in seconds.
+/// first start to the last exit and the CPU time (user and system) of all
+/// of them together, in seconds.
 fn timed_on(
     machines: &Machines,
     n: usize,
     build: impl Fn(&Cluster) -> anyhow::Result<Vec<Command>>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Run> {
     let cluster = Cluster::create(n, machines)?;
     let cmds = build(&cluster)?;
     // The previous run's outputs go to disk now, not while this run's
     // machines hold the cores.
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
+    let cpu_before = children_cpu_s();
     let start = Instant::now();
     let mut children = cmds
         .iter()
@@ -79,7 +81,28 @@ fn timed_on(
         |i| format!("machine {i}"),
         Some(std::time::Duration::from_secs(1800)),
     )?;
-    Ok(start.elapsed().as_secs_f64())
+    Ok(Run {
+        wall_s: start.elapsed().as_secs_f64(),
+        cpu_s: children_cpu_s() - cpu_before,
+    })
+}
+
+/// One timed run.
+struct Run {
+    wall_s: f64,
+    /// CPU seconds of every process of the run: the distributed runs'
+    /// work against the single process's, whatever the waits.
+    cpu_s: f64,
+}
+
+/// User and system seconds of this process's children waited for so far
+/// (each machine's process is a child: `ip netns exec` runs it in place).
+fn children_cpu_s() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
 }
 
 fn hetgnn(bin: &Path, work: &Path, threads: &str, args: &[String]) -> Command {
@@ -183,8 +206,9 @@ fn main() -> anyhow::Result<()> {
         mtu: Some(a.mtu),
     };
     let threads = (a.cpus_per_node.ceil() as usize).max(1).to_string();
-    let mut single_s = Vec::new();
+    let (mut single_s, mut single_cpu) = (Vec::new(), Vec::new());
     let mut dist_s: Vec<Vec<f64>> = vec![Vec::new(); a.nodes.len()];
+    let mut dist_cpu: Vec<Vec<f64>> = vec![Vec::new(); a.nodes.len()];
     let mut diffs: Vec<f32> = vec![0.0; a.nodes.len()];
     for r in 0..a.repeats {
         let _ = std::fs::remove_dir_all(work.join("single"));
@@ -201,8 +225,12 @@ fn main() -> anyhow::Result<()> {
         let t = timed_on(&machines, 1, |_| {
             Ok(vec![hetgnn(&bin, &work, &threads, &args.map(s))])
         })?;
-        eprintln!("repeat {r}: single-process {t:.2} s");
-        single_s.push(t);
+        eprintln!(
+            "repeat {r}: single-process {:.2} s ({:.2} CPU s)",
+            t.wall_s, t.cpu_s
+        );
+        single_s.push(t.wall_s);
+        single_cpu.push(t.cpu_s);
         for (i, (&k, p)) in a.nodes.iter().zip(&parts).enumerate() {
             let out = format!("dist-{k}");
             let _ = std::fs::remove_dir_all(work.join(&out));
@@ -233,8 +261,12 @@ fn main() -> anyhow::Result<()> {
                     .collect())
             })?;
             let diff = max_diff(&work.join("single"), &work.join(&out))?;
-            eprintln!("repeat {r}: {k} nodes {t:.2} s (max difference {diff:.1e})");
-            dist_s[i].push(t);
+            eprintln!(
+                "repeat {r}: {k} nodes {:.2} s ({:.2} CPU s, all nodes; max difference {diff:.1e})",
+                t.wall_s, t.cpu_s
+            );
+            dist_s[i].push(t.wall_s);
+            dist_cpu[i].push(t.cpu_s);
             diffs[i] = diffs[i].max(diff);
         }
     }
@@ -242,9 +274,13 @@ fn main() -> anyhow::Result<()> {
         "mag-like S={}, R-GCN {} layers hidden {}, {} CPU(s) per machine, {} links (kernel)",
         a.scale, a.layers, a.hidden, a.cpus_per_node, a.bandwidth
     );
-    println!("| run | wall s | vs single-process | max difference |");
-    println!("| --- | --- | --- | --- |");
-    println!("| single-process | {} | 1 | - |", range(&single_s));
+    println!("| run | wall s | vs single-process | CPU s, all processes | max difference |");
+    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| single-process | {} | 1 | {} | - |",
+        range(&single_s),
+        range(&single_cpu)
+    );
     let mut rows = Vec::new();
     for (i, &k) in a.nodes.iter().enumerate() {
         // Ratios pair each repeat's runs, taken back to back.
@@ -254,14 +290,15 @@ fn main() -> anyhow::Result<()> {
             .map(|(d, s)| d / s)
             .collect();
         println!(
-            "| {k} nodes | {} | {}x | {:.1e} |",
+            "| {k} nodes | {} | {}x | {} | {:.1e} |",
             range(&dist_s[i]),
             range(&ratios),
+            range(&dist_cpu[i]),
             diffs[i]
         );
         rows.push(serde_json::json!({
             "nodes": k, "wall_s": dist_s[i], "ratio_to_single": ratios,
-            "max_rel_difference": diffs[i],
+            "cpu_s": dist_cpu[i], "max_rel_difference": diffs[i],
         }));
     }
     let json = serde_json::json!({
@@ -275,6 +312,7 @@ fn main() -> anyhow::Result<()> {
         },
         "partitions": { "method": "metis", "halo_features": a.halo_features },
         "single_process_wall_s": single_s,
+        "single_process_cpu_s": single_cpu,
         "distributed": rows,
         "command": std::env::args().collect::<Vec<_>>().join(" "),
     });
