@@ -26,6 +26,16 @@ fn rss(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// User and system seconds of this process's children waited for so far
+/// (a run's CPU time: the difference across it).
+pub fn children_cpu_s() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// `pid` and all its descendants.
 fn tree(pid: u32) -> Vec<u32> {
     let mut out = vec![pid];

@@ -69,7 +69,7 @@ fn timed_on(
     // machines hold the cores.
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
-    let cpu_before = children_cpu_s();
+    let cpu_before = bench::measure::children_cpu_s();
     let start = Instant::now();
     let mut children = cmds
         .iter()
@@ -83,26 +83,17 @@ fn timed_on(
     )?;
     Ok(Run {
         wall_s: start.elapsed().as_secs_f64(),
-        cpu_s: children_cpu_s() - cpu_before,
+        cpu_s: bench::measure::children_cpu_s() - cpu_before,
     })
 }
 
 /// One timed run.
 struct Run {
     wall_s: f64,
-    /// CPU seconds of every process of the run: the distributed runs'
-    /// work against the single process's, whatever the waits.
+    /// CPU seconds of every process of the run (each machine's process is a
+    /// child: `ip netns exec` runs it in place): the distributed runs' work
+    /// against the single process's, whatever the waits.
     cpu_s: f64,
-}
-
-/// User and system seconds of this process's children waited for so far
-/// (each machine's process is a child: `ip netns exec` runs it in place).
-fn children_cpu_s() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
-    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    s(u.ru_utime) + s(u.ru_stime)
 }
 
 fn hetgnn(bin: &Path, work: &Path, threads: &str, args: &[String]) -> Command {
