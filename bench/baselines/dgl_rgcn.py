@@ -194,6 +194,46 @@ class Rgcn(nn.Module):
         return h
 
 
+def load_hetgnn(model, checkpoint):
+    """Copies a hetgnn checkpoint's layers into `model` (an Rgcn) and returns
+    its learnable rows by type (torch tensors).
+
+    Layer mapping (`params.safetensors` -> this model):
+    `param.layer{l}.rel.{src}__{rel}__{dst}.weight` [in, out] -> the relation's
+    GraphConv weight [in, out]; `param.layer{l}.self.{type}.weight` [in, out]
+    and `.bias` -> the type's self-loop Linear (its weight is the transpose);
+    `embed.{type}.data` (`embeddings.safetensors`) -> the input rows of a
+    featureless type. Exits when a parameter of the checkpoint has no place
+    here (another model or head)."""
+    from safetensors.numpy import load_file
+
+    params = load_file(os.path.join(checkpoint, "params.safetensors"))
+    emb_path = os.path.join(checkpoint, "embeddings.safetensors")
+    rows = {}
+    if os.path.exists(emb_path):
+        for k, v in load_file(emb_path).items():
+            if k.startswith("embed.") and k.endswith(".data"):
+                rows[k[len("embed."):-len(".data")]] = torch.from_numpy(v.copy())
+    loaded = 0
+    with torch.no_grad():
+        for l, layer in enumerate(model.layers):
+            for name, conv in layer.rel.items():
+                w = params.get(f"param.layer{l}.rel.{name}.weight")
+                if w is not None:
+                    conv.weight.copy_(torch.from_numpy(w))
+                    loaded += 1
+            for t, lin in layer.loop.items():
+                w = params.get(f"param.layer{l}.self.{t}.weight")
+                if w is not None:
+                    lin.weight.copy_(torch.from_numpy(w).T)
+                    lin.bias.copy_(torch.from_numpy(params[f"param.layer{l}.self.{t}.bias"]))
+                    loaded += 2
+    expected = sum(1 for k in params if k.startswith("param."))
+    if loaded != expected:
+        sys.exit(f"loaded {loaded} of the checkpoint's {expected} parameters: the layer mapping is wrong")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
@@ -214,6 +254,7 @@ def main():
                     "binary cross-entropy summed over labels and averaged over nodes (as hetgnn), micro/macro F1 and average precision reported; edge-*: see above")
     ap.add_argument("--target-relations", default="", help="edge tasks: one canonical src__name__dst relation")
     ap.add_argument("--hash-per-edge", action="store_true")
+    ap.add_argument("--init-from", help="node tasks: start from a hetgnn checkpoint's weights and learnable rows (the same initial model as hetgnn's run)")
     ap.add_argument("--hash-batches", action="store_true", help="edge tasks: hetgnn's batches (each edge pair in a random step per epoch, copies together, binomial sizes, loss over the mean size)")
     a = ap.parse_args()
 
@@ -234,6 +275,8 @@ def main():
     sets = g.label_sets if multi else None
     load_s = time.perf_counter() - t0
     if a.task.startswith("edge-"):
+        if a.init_from:
+            sys.exit("--init-from is for node tasks")
         return train_edges(a, g, schema, feats, load_s)
     fanouts = [int(f) for f in a.fanouts.split(",")]
     # DGL lists fanouts from the input layer up; hetgnn from the seeds outward.
@@ -252,6 +295,16 @@ def main():
     params = list(model.parameters()) + (list(embeds.parameters()) if a.dense_embeddings else [])
     opt = torch.optim.Adam(params, lr=a.lr)
     sparse_opt = None if a.dense_embeddings or not embeds else dgl.optim.SparseAdam(list(embeds.values()), lr=a.lr)
+    if a.init_from:
+        rows = load_hetgnn(model, a.init_from)
+        if set(rows) != set(featureless):
+            sys.exit(f"{a.init_from}: learnable rows for {sorted(rows)}, the graph's featureless types are {sorted(featureless)}")
+        with torch.no_grad():
+            for t, r in rows.items():
+                w = embeds[t].weight
+                if tuple(w.shape) != tuple(r.shape):
+                    sys.exit(f"{a.init_from}: {t}'s rows are {tuple(r.shape)}, this model's {tuple(w.shape)}")
+                w[:] = r
 
     def inputs(block):
         h = {}

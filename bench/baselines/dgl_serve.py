@@ -4,15 +4,8 @@ the R-GCN of bench/baselines/dgl_rgcn.py, loaded with the weights of a hetgnn
 checkpoint, the way a DGL user would serve it (one request, one sampled
 forward pass on one inference thread; a thread per connection).
 
-Layer mapping (hetgnn checkpoint `params.safetensors` -> this model):
-
-- `param.layer{l}.rel.{src}__{rel}__{dst}.weight` [in, out] -> the
-  relation's `GraphConv(norm="right", bias=False).weight` [in, out]
-  (mean over in-neighbours, then the weight);
-- `param.layer{l}.self.{type}.weight` [in, out] and `.bias` -> the type's
-  self-loop `nn.Linear` (its weight is the transpose);
-- `embed.{type}.data` (`embeddings.safetensors`) -> the input rows of a
-  featureless type.
+The weights are mapped onto the model by `dgl_rgcn.load_hetgnn` (its
+docstring lists the mapping).
 
 Reverse relations are named `rev_<rel>` on both sides. `--check N` compares
 this model's full-neighbourhood answers for the first N target nodes with
@@ -39,38 +32,22 @@ from safetensors.numpy import load_file
 import dgl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dgl_rgcn import Rgcn, load  # noqa: E402
+from dgl_rgcn import Rgcn, load, load_hetgnn  # noqa: E402
 
 
 def build(data, checkpoint, fanouts, hidden):
     g, schema, target, feats, _, _, _ = load(data, True)
-    params = load_file(os.path.join(checkpoint, "params.safetensors"))
+    # The rows' width is the checkpoint's.
     emb_path = os.path.join(checkpoint, "embeddings.safetensors")
-    embeds = {}
+    widths = {}
     if os.path.exists(emb_path):
         for k, v in load_file(emb_path).items():
             if k.startswith("embed.") and k.endswith(".data"):
-                embeds[k[len("embed."):-len(".data")]] = torch.from_numpy(v.copy())
-    inputs = {t: (feats[t] if t in feats else embeds[t]) for t in g.ntypes if t in feats or t in embeds}
-    in_dims = {t: inputs[t].shape[1] for t in inputs}
+                widths[k[len("embed."):-len(".data")]] = v.shape[1]
+    in_dims = {t: (feats[t].shape[1] if t in feats else widths[t]) for t in g.ntypes if t in feats or t in widths}
     model = Rgcn(g, in_dims, hidden, schema["num_classes"], len(fanouts), 0.0)
-    loaded = 0
-    with torch.no_grad():
-        for l, layer in enumerate(model.layers):
-            for name, conv in layer.rel.items():
-                w = params.get(f"param.layer{l}.rel.{name}.weight")
-                if w is not None:
-                    conv.weight.copy_(torch.from_numpy(w))
-                    loaded += 1
-            for t, lin in layer.loop.items():
-                w = params.get(f"param.layer{l}.self.{t}.weight")
-                if w is not None:
-                    lin.weight.copy_(torch.from_numpy(w).T)
-                    lin.bias.copy_(torch.from_numpy(params[f"param.layer{l}.self.{t}.bias"]))
-                    loaded += 2
-    expected = sum(1 for k in params if k.startswith("param."))
-    if loaded != expected:
-        sys.exit(f"loaded {loaded} of the checkpoint's {expected} parameters: the layer mapping is wrong")
+    embeds = load_hetgnn(model, checkpoint)
+    inputs = {t: (feats[t] if t in feats else embeds[t]) for t in in_dims}
     model.eval()
     return g, target, inputs, model
 

@@ -12,7 +12,11 @@
 //! (repeatable) passes a setting to hetgnn's runs, such as
 //! `training.cache_bytes=8GiB` to keep every row on a GPU. `--task
 //! node-regression` trains both sides on the graph's values (MSE) and compares
-//! test RMSE instead of accuracy; `--seed` seeds both sides.
+//! test RMSE instead of accuracy; `--seed` seeds both sides. With
+//! `--same-init` (node tasks) DGL starts from hetgnn's initial model (its
+//! weights and learnable rows, written as a checkpoint), so the two sides
+//! differ only in sampling, dropout and arithmetic, not in their draw of
+//! initial weights.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -50,6 +54,9 @@ struct Args {
     /// A Python interpreter with dgl 2.1 and torch 2.2.1: also train DGL's R-GCN on each graph (R-GCN only).
     #[arg(long)]
     dgl: Option<PathBuf>,
+    /// Node tasks: DGL starts from hetgnn's initial weights and learnable rows.
+    #[arg(long)]
+    same_init: bool,
     /// A Python interpreter with torch and torch_geometric: also train PyG's R-GCN on each graph, on `--device` (R-GCN only).
     #[arg(long)]
     pyg: Option<PathBuf>,
@@ -64,7 +71,8 @@ struct Args {
     child: Option<f64>,
 }
 
-fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
+/// The configuration of hetgnn's run at `scale`.
+fn config(a: &Args, scale: f64) -> anyhow::Result<Config> {
     let data = bench::mag_like(scale, 0)?;
     let overrides = vec![
         format!("training.data={:?}", data.display().to_string()),
@@ -81,10 +89,47 @@ fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
         .chain(relations)
         .chain(a.set.iter().cloned())
         .collect();
-    let cfg = Config::parse("", &overrides)?;
-    let (report, _) = actors::train(&cfg, &mut ())?;
+    Ok(Config::parse("", &overrides)?)
+}
+
+fn child(a: &Args, scale: f64) -> anyhow::Result<()> {
+    let (report, _) = actors::train(&config(a, scale)?, &mut ())?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+/// hetgnn's initial model for the run at `scale` (the one `actors::train`
+/// starts from), written as a checkpoint for the peer to load; its directory.
+fn initial_model(a: &Args, scale: f64) -> anyhow::Result<PathBuf> {
+    let cfg = config(a, scale)?;
+    let t = &cfg.training;
+    let data = t.data.clone().context("the benchmark names its graph")?;
+    let g = graphs::load(
+        &data,
+        &graphs::LoadOptions {
+            mmap_features: true,
+            reverse_edges: t.reverse_edges,
+        },
+    )?;
+    let model = models::Model::new(
+        &t.model_spec(),
+        &g,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
+    let root = bench::data_root().join(format!("init-{}-s{scale}-seed{}", a.task, a.seed));
+    let _ = std::fs::remove_dir_all(&root);
+    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(t.lr));
+    let info = models::checkpoint::RunInfo {
+        graph: g.name().to_string(),
+        graph_sha256: None,
+        reverse_edges: t.reverse_edges,
+        fanouts: t.fanouts.clone(),
+        epochs_done: 0,
+        steps: 0,
+        run: "bench train --same-init".into(),
+    };
+    Ok(models::checkpoint::save(&root, &model, &adam, &info, 1)?)
 }
 
 /// Runs the baseline `script` (under bench/baselines/) on `data` with `python` and returns its JSON report.
@@ -147,6 +192,9 @@ fn main() -> anyhow::Result<()> {
             "--dgl and --pyg compare R-GCN only (got --model {})",
             a.model
         );
+    }
+    if a.same_init && !(a.task.starts_with("node-") || a.task == "multi-label") {
+        bail!("--same-init is for node tasks (got --task {})", a.task);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exe = std::env::current_exe()?;
@@ -228,20 +276,23 @@ fn main() -> anyhow::Result<()> {
             "epochs": report.epochs,
         });
         let seed = a.seed.to_string();
+        let init = match (&a.dgl, a.same_init) {
+            (Some(_), true) => Some(initial_model(&a, scale)?.display().to_string()),
+            _ => None,
+        };
+        let mut dgl_args = vec![
+            "--task",
+            a.task.as_str(),
+            "--seed",
+            seed.as_str(),
+            "--target-relations",
+            a.target_relations.as_str(),
+        ];
+        if let Some(dir) = &init {
+            dgl_args.extend(["--init-from", dir.as_str()]);
+        }
         let peers = [
-            (
-                "dgl",
-                "dgl_rgcn.py",
-                &a.dgl,
-                vec![
-                    "--task",
-                    a.task.as_str(),
-                    "--seed",
-                    seed.as_str(),
-                    "--target-relations",
-                    a.target_relations.as_str(),
-                ],
-            ),
+            ("dgl", "dgl_rgcn.py", &a.dgl, dgl_args),
             (
                 "pyg",
                 "pyg_rgcn.py",
@@ -281,6 +332,7 @@ fn main() -> anyhow::Result<()> {
         rows.push(row);
     }
     let json = serde_json::json!({ "model": a.model, "task": a.task, "seed": a.seed, "device": a.device, "epochs": a.epochs,
+        "same_init": a.same_init,
         "settings": a.set, "cores": cores, "runs": rows });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
