@@ -2,20 +2,20 @@
 """How far two trainers' gradient sum drifts from one process's, in PyTorch.
 
 Data-parallel training adds each trainer's gradient of its share of a batch;
-one process computes the gradient of the whole batch at once. The two are
-the same sum taken in another order, so they differ only by rounding. This
-script measures what that rounding alone does to a run: two copies of the
-R-GCN of dgl_rgcn.py (same initial weights, dense learnable rows, Adam,
-dropout 0) take the same steps on the same sampled neighbours. Copy A runs
-the batch as one process does: one set of blocks, the mean loss, one
-backward pass. Copy B runs it as `parts` trainers do: every parts-th
-example, each share with blocks of its own (the same neighbour picks,
+one process computes the gradient of the whole batch at once. The two are the
+same sum taken in another order, so they differ only by rounding. This script
+measures what that rounding alone does to a run: two copies of the R-GCN of
+dgl_rgcn.py (same initial weights, learnable rows under Adam or, with
+--lazy-rows, SparseAdam; dropout 0) take the same steps on the same sampled
+neighbours. Copy A runs the batch as one process does: one set of blocks, the
+mean loss, one backward pass. Copy B runs it as `parts` trainers do: every
+parts-th example, each share with blocks of its own (the same neighbour picks,
 restricted to what its examples reach), its loss over the batch's size,
-back-propagated alone, the gradients added as a reducer adds them. It
-prints the largest loss difference relative to the loss per epoch; with
---threads 1 torch's kernels are deterministic (several threads make even
-two identical copies drift: try --parts 1), and --dtype float64 shows the
-drift is rounding (it vanishes).
+back-propagated alone, the gradients added as a reducer adds them. It prints the
+largest loss difference relative to the loss per epoch; with --threads 1
+torch's kernels are deterministic (several threads make even two identical
+copies drift: try --parts 1), and --dtype float64 shows the drift is rounding
+(it vanishes).
 
     python3 bench/baselines/split_drift.py --data G --task edge-classification \\
         --target-relations author__writes__paper --epochs 2
@@ -53,6 +53,7 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--eps", type=float, default=1e-8, help="Adam's eps")
     ap.add_argument("--parts", type=int, default=2, help="pieces of copy B's batch (trainers)")
+    ap.add_argument("--lazy-rows", action="store_true", help="learnable rows as sparse nn.Embedding under torch's SparseAdam (only the rows a step touched move, as hetgnn's and DGL's SparseAdam)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
@@ -85,7 +86,7 @@ def main():
         def __init__(self):
             super().__init__()
             self.gnn = Rgcn(g, in_dims, a.hidden, out, len(fanouts), 0.0)
-            self.embeds = nn.ModuleDict({t: nn.Embedding(g.num_nodes(t), a.embed_dim) for t in featureless})
+            self.embeds = nn.ModuleDict({t: nn.Embedding(g.num_nodes(t), a.embed_dim, sparse=a.lazy_rows) for t in featureless})
             for e in self.embeds.values():
                 nn.init.normal_(e.weight, 0.0, 1.0)
             self.decoder = EdgeDecoder(a.hidden, classes) if edges else None
@@ -100,7 +101,26 @@ def main():
 
     one = Net().to(dtype)
     split = copy.deepcopy(one)
-    opts = [torch.optim.Adam(m.parameters(), lr=a.lr, eps=a.eps) for m in (one, split)]
+
+    class Opt:
+        """Adam over the dense parameters; the rows under Adam too, or under SparseAdam with --lazy-rows."""
+
+        def __init__(self, net):
+            rows = list(net.embeds.parameters()) if a.lazy_rows else []
+            ids = {id(p) for p in rows}
+            self.opts = [torch.optim.Adam([p for p in net.parameters() if id(p) not in ids], lr=a.lr, eps=a.eps)]
+            if rows:
+                self.opts.append(torch.optim.SparseAdam(rows, lr=a.lr, eps=a.eps))
+
+        def zero_grad(self):
+            for o in self.opts:
+                o.zero_grad()
+
+        def step(self):
+            for o in self.opts:
+                o.step()
+
+    opts = [Opt(one), Opt(split)]
 
     def restrict(frontiers, seeds):
         """The blocks of a share's seeds on picks drawn for the whole batch."""
@@ -169,7 +189,7 @@ def main():
         print(f"epoch {epoch}: largest relative loss difference {worst:.2e} ({len(steps)} steps so far)", file=sys.stderr)
     first = next((i for i, s in enumerate(steps) if s["relative_diff"] > 1e-5), None)
     print(json.dumps({
-        "task": a.task, "dtype": a.dtype, "parts": a.parts, "eps": a.eps, "seed": a.seed,
+        "task": a.task, "dtype": a.dtype, "parts": a.parts, "eps": a.eps, "seed": a.seed, "lazy_rows": a.lazy_rows,
         "torch": torch.__version__, "dgl": dgl.__version__,
         "first_step_beyond_1e-5": first, "largest_by_epoch": per_epoch, "steps": steps,
     }))
