@@ -10,6 +10,9 @@
 //! relative to the loss, and the first step beyond 1e-5. Writes
 //! bench/results/drift.json. Both runs take the same steps on the same
 //! samples, so the difference is the order in which gradients are summed.
+//! With `--perturb-lr REL` the second run is another single-process run
+//! whose learning rate is multiplied by 1 + REL: how far a perturbation of
+//! rounding's size carries in this training by itself.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -51,6 +54,9 @@ struct Args {
     /// Width of the learnable rows.
     #[arg(long, default_value_t = 16)]
     embed_dim: usize,
+    /// Compare with a single-process run whose learning rate is multiplied by 1 + this, not a data-parallel run.
+    #[arg(long)]
+    perturb_lr: Option<f64>,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/drift.json")]
     out: PathBuf,
@@ -93,6 +99,7 @@ fn main() -> anyhow::Result<()> {
             "training.dropout=0.0".into(),
             format!("training.task={:?}", a.task),
             format!("training.seed={seed}"),
+            "training.lr=0.01".into(),
         ];
         if a.task.starts_with("edge-") || a.task == "link-prediction" {
             base.push(format!(
@@ -103,14 +110,19 @@ fn main() -> anyhow::Result<()> {
         }
         let mut single = Steps::default();
         actors::train(&Config::parse("", &base)?, &mut single).context("the single-process run")?;
-        let mut dp = base.clone();
-        dp.push("training.mode=\"data-parallel\"".into());
-        dp.push(format!(
-            "training.partitions={:?}",
-            parts.display().to_string()
-        ));
+        let mut other = base.clone();
+        match a.perturb_lr {
+            Some(rel) => other.push(format!("training.lr={}", 0.01 * (1.0 + rel))),
+            None => {
+                other.push("training.mode=\"data-parallel\"".into());
+                other.push(format!(
+                    "training.partitions={:?}",
+                    parts.display().to_string()
+                ));
+            }
+        }
         let mut split = Steps::default();
-        actors::train(&Config::parse("", &dp)?, &mut split).context("the data-parallel run")?;
+        actors::train(&Config::parse("", &other)?, &mut split).context("the second run")?;
         anyhow::ensure!(
             single.losses.len() == split.losses.len(),
             "the runs took {} and {} steps",
@@ -139,9 +151,9 @@ fn main() -> anyhow::Result<()> {
             shown.join(" ")
         );
         rows.push(serde_json::json!({ "seed": seed, "first_step_beyond_1e-5": first,
-            "largest_by_epoch": by_epoch, "losses": single.losses, "losses_data_parallel": split.losses }));
+            "largest_by_epoch": by_epoch, "losses": single.losses, (if a.perturb_lr.is_some() { "losses_perturbed" } else { "losses_data_parallel" }): split.losses }));
     }
-    let json = serde_json::json!({ "task": a.task, "scale": a.scale, "parts": a.parts, "batch": a.batch,
+    let json = serde_json::json!({ "task": a.task, "scale": a.scale, "parts": a.parts, "perturb_lr": a.perturb_lr, "batch": a.batch,
         "hidden": a.hidden, "embed_dim": a.embed_dim, "epochs": a.epochs, "runs": rows });
     if let Some(parent) = a.out.parent() {
         std::fs::create_dir_all(parent)?;
