@@ -9,6 +9,41 @@ use graphs::NoProgress;
 pub mod emulate;
 pub mod measure;
 
+/// The model `actors::train` starts from under `t` on the graph at `data`,
+/// written under `root` as a checkpoint of no steps (`run` names its maker);
+/// returns the checkpoint's directory.
+pub fn initial_checkpoint(
+    t: &actors::TrainingConfig,
+    data: &Path,
+    root: &Path,
+    run: &str,
+) -> anyhow::Result<PathBuf> {
+    let g = graphs::load(
+        data,
+        &graphs::LoadOptions {
+            mmap_features: true,
+            reverse_edges: t.reverse_edges,
+        },
+    )?;
+    let model = models::Model::new(
+        &t.model_spec(),
+        &g,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
+    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(t.lr));
+    let info = models::checkpoint::RunInfo {
+        graph: g.name().to_string(),
+        graph_sha256: None,
+        reverse_edges: t.reverse_edges,
+        fanouts: t.fanouts.clone(),
+        epochs_done: 0,
+        steps: 0,
+        run: run.into(),
+    };
+    Ok(models::checkpoint::save(root, &model, &adam, &info, 1)?)
+}
+
 /// Where generated graphs and partitions are kept: `$HETGNN_BENCH_DATA`, or
 /// the workspace's `target/bench-data/` (a path fixed at build time, so a
 /// benchmark binary carried to another machine is given the variable).

@@ -25,6 +25,9 @@ use clap::Parser;
 use graphs::partition::{self, Method};
 use graphs::{LoadOptions, NoProgress};
 
+/// Adam's learning rate of every run (the default, written out so a perturbed run can scale it).
+const LR: f64 = 0.01;
+
 #[derive(Parser)]
 struct Args {
     /// Task of both runs.
@@ -99,7 +102,7 @@ fn main() -> anyhow::Result<()> {
             "training.dropout=0.0".into(),
             format!("training.task={:?}", a.task),
             format!("training.seed={seed}"),
-            "training.lr=0.01".into(),
+            format!("training.lr={LR}"),
         ];
         if a.task.starts_with("edge-") || a.task == "link-prediction" {
             base.push(format!(
@@ -112,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         actors::train(&Config::parse("", &base)?, &mut single).context("the single-process run")?;
         let mut other = base.clone();
         match a.perturb_lr {
-            Some(rel) => other.push(format!("training.lr={}", 0.01 * (1.0 + rel))),
+            Some(rel) => other.push(format!("training.lr={}", LR * (1.0 + rel))),
             None => {
                 other.push("training.mode=\"data-parallel\"".into());
                 other.push(format!(

@@ -395,36 +395,7 @@ fn checkpoint(data: &Path, scale: f64) -> anyhow::Result<PathBuf> {
         fanouts: vec![10, 10],
         ..Default::default()
     };
-    let spec = t.model_spec();
-    let g = graphs::load(
-        data,
-        &graphs::LoadOptions {
-            mmap_features: true,
-            reverse_edges: t.reverse_edges,
-        },
-    )?;
-    let model = models::Model::new(
-        &spec,
-        &g,
-        candle_core::DType::F32,
-        &candle_core::Device::Cpu,
-    )?;
-    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(t.lr));
-    models::checkpoint::save(
-        &root,
-        &model,
-        &adam,
-        &models::checkpoint::RunInfo {
-            graph: g.name().to_string(),
-            graph_sha256: None,
-            reverse_edges: t.reverse_edges,
-            fanouts: t.fanouts.clone(),
-            epochs_done: 0,
-            steps: 0,
-            run: "bench serve".into(),
-        },
-        1,
-    )?;
+    bench::initial_checkpoint(&t, data, &root, "bench serve")?;
     Ok(root)
 }
 

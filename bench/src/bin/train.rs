@@ -104,32 +104,9 @@ fn initial_model(a: &Args, scale: f64) -> anyhow::Result<PathBuf> {
     let cfg = config(a, scale)?;
     let t = &cfg.training;
     let data = t.data.clone().context("the benchmark names its graph")?;
-    let g = graphs::load(
-        &data,
-        &graphs::LoadOptions {
-            mmap_features: true,
-            reverse_edges: t.reverse_edges,
-        },
-    )?;
-    let model = models::Model::new(
-        &t.model_spec(),
-        &g,
-        candle_core::DType::F32,
-        &candle_core::Device::Cpu,
-    )?;
     let root = bench::data_root().join(format!("init-{}-s{scale}-seed{}", a.task, a.seed));
     let _ = std::fs::remove_dir_all(&root);
-    let adam = models::optim::Adam::new(models::optim::AdamConfig::with_lr(t.lr));
-    let info = models::checkpoint::RunInfo {
-        graph: g.name().to_string(),
-        graph_sha256: None,
-        reverse_edges: t.reverse_edges,
-        fanouts: t.fanouts.clone(),
-        epochs_done: 0,
-        steps: 0,
-        run: "bench train --same-init".into(),
-    };
-    Ok(models::checkpoint::save(&root, &model, &adam, &info, 1)?)
+    bench::initial_checkpoint(t, &data, &root, "bench train --same-init")
 }
 
 /// Runs the baseline `script` (under bench/baselines/) on `data` with `python` and returns its JSON report.
