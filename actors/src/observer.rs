@@ -5,8 +5,9 @@ use models::Model;
 
 use crate::report::EpochReport;
 
-/// Receives progress from a run (the CLI draws bars from it).
-pub trait TrainObserver {
+/// Receives progress from a run (the CLI draws bars from it); `Send`, as a
+/// step may report from a thread of rayon's pool.
+pub trait TrainObserver: Send {
     /// The graph is loaded and the model built.
     fn ready(&mut self, _graph: &HetGraph, _model: &Model) {}
     /// An epoch of `steps` steps begins.

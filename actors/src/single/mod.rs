@@ -562,12 +562,77 @@ impl<'g> Steps for Run<'g, '_> {
         Ok(())
     }
 
+    /// On the CPU, runs as a job on rayon's pool, so that the step's parallel
+    /// ops split their work among the pool's threads without waking one from
+    /// outside each time (mag-like S=0.05 on 2 cores: 130,000 context
+    /// switches fewer in 3 epochs, 12% off an epoch). Only a step that waits
+    /// for no other thread may: a pool thread blocked there could hold work
+    /// that thread needs. On a GPU the step stays on the thread that made the
+    /// device's context, and its host ops are few.
     fn step(
         &mut self,
         feed: &Feed<'g>,
         epoch: u64,
         step: u64,
         _: &[u32],
+        batch: Batch,
+        st: &mut EpochStats,
+    ) -> Result<StepFigures> {
+        match self.device.is_cpu() {
+            true => rayon::scope(|_| self.step_here(feed, epoch, step, batch, st)),
+            false => self.step_here(feed, epoch, step, batch, st),
+        }
+    }
+
+    fn evaluate(&mut self, feed: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
+        // Evaluation reads the tables: bring the cached rows home.
+        if let Some(c) = &self.cache {
+            c.write_back(&mut self.model)?;
+        }
+        let Some(m) = &feed.mixed else {
+            if feed.link.is_some() || feed.edge.is_some() {
+                return self.evaluate_edges(feed, epoch, st);
+            }
+            return self.evaluate_nodes(epoch, st);
+        };
+        // The task on edges' own account, between the node tasks' in list order.
+        let mut own = match m.at < st.tasks.len() {
+            true => st.tasks.remove(m.at),
+            false => EpochStats::default(),
+        };
+        self.evaluate_nodes(epoch, st)?;
+        self.evaluate_edges(feed, epoch, &mut own)?;
+        st.tasks.insert(m.at.min(st.tasks.len()), own);
+        Ok(())
+    }
+
+    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
+        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
+    }
+
+    /// The epoch's account becomes the report's epoch.
+    fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
+        let (_, splits) = self.g.target_labels();
+        let (valid, test) = (splits.valid.len(), splits.test.len());
+        let mut er =
+            EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
+        if self.task.is_multi() {
+            let tasks = &self.cfg.training.tasks;
+            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[st], tasks, (valid, test), false);
+        }
+        self.observer.epoch_end(&er);
+        self.report.epochs.push(er);
+        Ok(())
+    }
+}
+
+impl<'g> Run<'g, '_> {
+    /// [`Steps::step`]'s work, on whichever thread calls it.
+    fn step_here(
+        &mut self,
+        feed: &Feed<'g>,
+        epoch: u64,
+        step: u64,
         batch: Batch,
         st: &mut EpochStats,
     ) -> Result<StepFigures> {
@@ -713,47 +778,6 @@ impl<'g> Steps for Run<'g, '_> {
             seen,
             tasks,
         })
-    }
-
-    fn evaluate(&mut self, feed: &Feed<'g>, epoch: u64, st: &mut EpochStats) -> Result<()> {
-        // Evaluation reads the tables: bring the cached rows home.
-        if let Some(c) = &self.cache {
-            c.write_back(&mut self.model)?;
-        }
-        let Some(m) = &feed.mixed else {
-            if feed.link.is_some() || feed.edge.is_some() {
-                return self.evaluate_edges(feed, epoch, st);
-            }
-            return self.evaluate_nodes(epoch, st);
-        };
-        // The task on edges' own account, between the node tasks' in list order.
-        let mut own = match m.at < st.tasks.len() {
-            true => st.tasks.remove(m.at),
-            false => EpochStats::default(),
-        };
-        self.evaluate_nodes(epoch, st)?;
-        self.evaluate_edges(feed, epoch, &mut own)?;
-        st.tasks.insert(m.at.min(st.tasks.len()), own);
-        Ok(())
-    }
-
-    fn cache_figures(&self) -> BTreeMap<String, crate::cache::CacheTypeReport> {
-        self.cache.as_ref().map(|c| c.report()).unwrap_or_default()
-    }
-
-    /// The epoch's account becomes the report's epoch.
-    fn send_stats(&mut self, _: &Feed<'g>, st: EpochStats) -> Result<()> {
-        let (_, splits) = self.g.target_labels();
-        let (valid, test) = (splits.valid.len(), splits.test.len());
-        let mut er =
-            EpochReport::from_stats(st.epoch, std::slice::from_ref(&st), valid, test, false);
-        if self.task.is_multi() {
-            let tasks = &self.cfg.training.tasks;
-            er.tasks = crate::report::TaskEpoch::all(st.epoch, &[st], tasks, (valid, test), false);
-        }
-        self.observer.epoch_end(&er);
-        self.report.epochs.push(er);
-        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::core::{Coordinator, Deadlines, Event, Host, Output, RunId, Shape};
@@ -207,17 +208,24 @@ struct Log {
     epochs: Vec<u64>,
 }
 
-struct Recorder(Rc<RefCell<Log>>);
+/// Shared with the harness; a `Mutex`, as observers are `Send`.
+struct Recorder(Arc<Mutex<Log>>);
+
+impl Recorder {
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 impl TrainObserver for Recorder {
     fn step(&mut self, _loss: f64) {
-        self.0.borrow_mut().steps += 1;
+        self.log().steps += 1;
     }
     fn epoch_end(&mut self, r: &EpochReport) {
-        self.0.borrow_mut().epochs.push(r.epoch);
+        self.log().epochs.push(r.epoch);
     }
     fn note(&mut self, m: &str) {
-        self.0.borrow_mut().notes.push(m.to_string());
+        self.log().notes.push(m.to_string());
     }
 }
 
@@ -346,7 +354,7 @@ pub(super) struct Sim {
     nodes: Vec<Node>,
     lives: u64,
     disk: Rc<RefCell<Disk>>,
-    log: Rc<RefCell<Log>>,
+    log: Recorder,
     /// Cut links (low node, high node) until this time.
     cuts: BTreeMap<(u32, u32), Duration>,
     /// When each node last became unreachable (for its peers' failure detectors).
@@ -385,7 +393,7 @@ impl Sim {
                 .collect(),
             lives: 0,
             disk: Rc::default(),
-            log: Rc::default(),
+            log: Recorder(Arc::default()),
             cuts: BTreeMap::new(),
             down_since: vec![0; setup.parts as usize],
             last_report: None,
@@ -465,7 +473,7 @@ impl Sim {
     fn host(&self) -> SimHost {
         SimHost {
             disk: self.disk.clone(),
-            observer: Recorder(self.log.clone()),
+            observer: Recorder(Arc::clone(&self.log.0)),
         }
     }
 
@@ -574,7 +582,7 @@ impl Sim {
                 .iter()
                 .map(|n| n.part.as_ref().and_then(|p| p.outcome))
                 .collect(),
-            notes: self.log.borrow().notes.clone(),
+            notes: self.log.log().notes.clone(),
             took: self.now,
             delivered: self.delivered,
             computed: self.computed,
@@ -1185,7 +1193,7 @@ mod tests {
         };
         let host = SimHost {
             disk: Rc::default(),
-            observer: Recorder(Rc::default()),
+            observer: Recorder(Arc::default()),
         };
         (Coordinator::new(t, &PLAIN, shape, deadlines, id), host)
     }
@@ -1255,7 +1263,7 @@ mod tests {
             "a late copy from before the start"
         );
         assert!(c.handle(secs(2), step(gen, 0, 0.5), &mut h).is_empty());
-        assert_eq!(h.observer.0.borrow().steps, 1);
+        assert_eq!(h.observer.log().steps, 1);
         // A new incarnation of partition 1 means its node restarted: the generation stops.
         let restarted = Ready {
             part: 1,
