@@ -192,8 +192,11 @@ pub fn neighbor_key(
     ])
 }
 
+/// The RNG key shared by one relation's draws at one layer of one step: a
+/// destination's key is `key(&[layer_key, node])` ([`neighbor_key`]), which
+/// a device sampler computes from this one value.
 #[inline]
-fn layer_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64) -> u64 {
+pub fn layer_key(seed: u64, epoch: u64, step: u64, layer: usize, relation_key: u64) -> u64 {
     key(&[seed, epoch, step, layer as u64, relation_key])
 }
 

@@ -2,14 +2,10 @@
 //! CPU against the CPU ops, so their indexing and arithmetic are checked in
 //! every build, GPU or not.
 //!
-//! The kernels use no shared memory, atomics or barriers: each thread's work
-//! depends only on its block and thread index. So the file compiles as plain
-//! C++ with a small shim standing in for CUDA's built-ins (`threadIdx`, the
-//! `__*_rn` intrinsics, ...), and running every (block, thread) pair of a
-//! launch one after the other gives exactly what the GPU computes, bar the
-//! last bit of `exp`. Each kernel runs with the launch configuration
-//! `ops/cuda.rs` uses and with a tiny grid that makes the grid-stride loops
-//! wrap, and must equal the CPU op's result value for value (zeros compare
+//! The kernels use no shared memory, atomics or barriers, so the emulator
+//! (`emu`) gives exactly what the GPU computes, bar the last bit of `exp`.
+//! Each kernel runs with the launch configuration `ops/cuda.rs` uses and with
+//! a tiny grid that makes the grid-stride loops wrap, and must equal the CPU op's result value for value (zeros compare
 //! equal whatever their sign: a sum may start from -0 on one side).
 //!
 //! Needs a C++ compiler (`$CXX`, else `c++`); without one the tests say so and
@@ -25,107 +21,17 @@ use models::ops::{
     NEGATIVE_SLOPE,
 };
 
-const SHIM: &str = r#"
-#include <cmath>
-#include <cstring>
-struct EmuDim3 { unsigned x, y, z; };
-// Per thread: the tests run launches on several threads at once.
-static thread_local EmuDim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-#define __global__
-#define __device__
-#define __forceinline__ inline
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
-static inline double __dsub_rn(double a, double b) { return a - b; }
-static inline double __ddiv_rn(double a, double b) { return a / b; }
-static inline double __longlong_as_double(unsigned long long v) { double d; std::memcpy(&d, &v, sizeof d); return d; }
-struct float4 { float x, y, z, w; };
-using std::exp;
-using std::fmax;
-extern "C" void emu_set(unsigned grid, unsigned block, unsigned bx, unsigned tx) {
-    gridDim.x = grid; blockDim.x = block; blockIdx.x = bx; threadIdx.x = tx;
-}
-"#;
+mod emu;
 
-/// The kernels compiled for the host, and the shim's index setter.
-struct Emu {
-    lib: libloading::Library,
-    _dir: tempfile::TempDir,
-}
+use emu::Emu;
 
-/// The compiled kernels, built once per test binary; `None` without a C++ compiler.
+/// `kernels.cu` compiled for the host, once per test binary; `None` without a C++ compiler.
 fn emu() -> Option<&'static Emu> {
     static EMU: OnceLock<Option<Emu>> = OnceLock::new();
     EMU.get_or_init(|| {
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("shim.h"), SHIM).unwrap();
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/ops/kernels.cu");
-        let lib = dir.path().join("libkernels.so");
-        // No contraction into fused multiply-adds, as the kernels' `_rn` intrinsics promise.
-        let out = std::process::Command::new(&cxx)
-            .args([
-                "-std=c++14",
-                "-O1",
-                "-ffp-contract=off",
-                "-fno-fast-math",
-                "-fPIC",
-                "-shared",
-                "-include",
-            ])
-            .arg(dir.path().join("shim.h"))
-            .args(["-x", "c++"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&lib)
-            .output();
-        match out {
-            Err(e) => {
-                eprintln!(
-                    "skipped: no C++ compiler ({cxx}: {e}); the CUDA kernels were not emulated"
-                );
-                None
-            }
-            Ok(o) => {
-                assert!(
-                    o.status.success(),
-                    "kernels.cu does not compile for the host:\n{}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-                // SAFETY: a library we just built, with no initialisers beyond the shim's statics.
-                let lib = unsafe { libloading::Library::new(&lib) }.unwrap();
-                Some(Emu { lib, _dir: dir })
-            }
-        }
+        Emu::build(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/ops/kernels.cu"))
     })
     .as_ref()
-}
-
-impl Emu {
-    /// The kernel `name`, typed `F` (which must match its C signature).
-    fn kernel<F: Copy>(&self, name: &str) -> F {
-        // SAFETY: callers give the signature the kernel declares in kernels.cu.
-        unsafe {
-            *self
-                .lib
-                .get::<F>(name.as_bytes())
-                .unwrap_or_else(|e| panic!("{name}: {e}"))
-        }
-    }
-
-    /// Runs `launch` once per (block, thread) of a `grid` × `block` launch.
-    fn launch(&self, grid: u32, block: u32, launch: impl Fn()) {
-        let set: unsafe extern "C" fn(u32, u32, u32, u32) = self.kernel("emu_set");
-        for b in 0..grid {
-            for t in 0..block {
-                // SAFETY: sets four of this thread's statics.
-                unsafe { set(grid, block, b, t) };
-                launch();
-            }
-        }
-    }
 }
 
 /// `ops/cuda.rs`'s launch shapes, and a tiny grid that makes every grid-stride loop go round.
