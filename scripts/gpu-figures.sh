@@ -17,7 +17,10 @@
 #      read and updated on the GPU, with no pre-sampling), against PyG again;
 #   5. gather.txt, gather.json: a batch's feature rows picked out of a table
 #      on cuda:0 against the bytes-over-bandwidth floor;
-#   6. cache.txt, cache.json: the device-cache benchmark with --device cuda:0.
+#   6. cache.txt, cache.json: the device-cache benchmark with --device cuda:0;
+#   7. sample.txt, sample.json: 100 batches of mag-like S=1 (fanouts 25,20,
+#      batch 1024) sampled with every pick drawn on cuda:0, each checked
+#      against the CPU sampler's batch, against 8 CPU threads.
 # Not by default: `profile` trains one epoch at the largest of $SCALES with
 # every row on cuda:0, once with HETGNN_SYNC_TIMING=1 (profile_sync.txt/json:
 # each phase of a step charged its device time), once under the host
@@ -35,12 +38,12 @@
 # A step that fails or outlasts $STEP_TIMEOUT seconds (default 300) is
 # reported and the next one runs.
 #
-#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache gather cache (default), profile, cores
+#   bash scripts/gpu-figures.sh [steps...]    # steps: gpu tests train train_cpu train_cache gather cache sample (default), profile, cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-steps="${*:-gpu tests train train_cpu train_cache gather cache}"
+steps="${*:-gpu tests train train_cpu train_cache gather cache sample}"
 scales="${SCALES:-0.05,0.1,1}"
 epochs="${EPOCHS:-2}"
 bin=/tmp/hetgnn-gpu
@@ -115,6 +118,9 @@ if step gather; then
 fi
 if step cache; then
     run cache "$bin/cache" --device cuda:0 --hetgnn "$bin/hetgnn" --out "$out/cache.json"
+fi
+if step sample; then
+    run sample "$bin/sample" --scale 1 --fanouts 25,20 --batch 1024 --batches 100 --threads 8 --device cuda:0 --out "$out/sample.json"
 fi
 if step profile; then
     largest="$(tr ',' '\n' <<< "$scales" | sort -g | tail -n 1)"

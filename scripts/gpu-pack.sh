@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to test hetgnn and take its GPU figures when
 # the machine has the CUDA driver and libraries but no Rust: the CUDA builds
-# of hetgnn, the train, cache and gather benchmarks, the core-bound benchmarks of
+# of hetgnn, the train, cache, gather and sample benchmarks, the core-bound benchmarks of
 # the `cores` step (bytegnn, full_graph, hopgnn) and the models' test binaries,
 # stripped and xz-compressed into gpu-pack/ (ignored by git; ~35 MB, small
 # enough to carry to a lent device machine). scripts/gpu-figures.sh runs them
@@ -21,7 +21,7 @@ scripts/build-cuda.sh -p models --lib --tests
 newest() { ls -t "$target/release/deps/$1"-* | grep -v '\.d$' | head -n 1; }
 
 rm -rf gpu-pack && mkdir -p gpu-pack
-cp "$target/release/hetgnn" "$target/release/train" "$target/release/cache" "$target/release/gather" gpu-pack/
+cp "$target/release/hetgnn" "$target/release/train" "$target/release/cache" "$target/release/gather" "$target/release/sample" gpu-pack/
 cp "$target/release/bytegnn" "$target/release/full_graph" "$target/release/hopgnn" gpu-pack/
 cp "$(newest cuda_tests)" gpu-pack/cuda_tests
 cp "$(newest models)" gpu-pack/models_unit

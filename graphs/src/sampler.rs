@@ -383,6 +383,51 @@ impl<'g> Sampler<'g> {
         self.sample_relations(epoch, step, seeds, &RelationFilter::All)
     }
 
+    /// Samples like [`Sampler::sample`], with every relation's picks drawn by
+    /// `pick(relation, key, nodes, fanout)`: the picks of `nodes` (destinations
+    /// of the relation's type) under the relation's [`layer_key`] `key`, as
+    /// [`Sampler::pick`] answers (a device sampler draws them, say). The
+    /// blocks are built here from the picks, so the batch is
+    /// [`Sampler::sample`]'s whenever `pick` draws as the CPU does. An error
+    /// of `pick` is returned as it is.
+    pub fn sample_by<P, E>(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seeds: &[u32],
+        mut pick: P,
+    ) -> std::result::Result<MiniBatch, E>
+    where
+        P: FnMut(RelationId, u64, &[u32], usize) -> std::result::Result<RelationPicks, E>,
+        E: From<GraphError>,
+    {
+        let (g, seed) = (self.graph, self.seed);
+        let remote = |layer: usize, fanout: usize, away: &[Vec<u32>]| {
+            away.iter()
+                .enumerate()
+                .map(|(t, nodes)| match nodes.is_empty() {
+                    true => Ok(Vec::new()),
+                    false => g
+                        .in_relations(NodeTypeId(t as u32))
+                        .iter()
+                        .map(|&rid| {
+                            let base = layer_key(seed, epoch, step, layer, g.relation(rid).key());
+                            pick(rid, base, nodes, fanout)
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+        self.sample_with(
+            epoch,
+            step,
+            seeds,
+            &RelationFilter::All,
+            |_, _| false,
+            remote,
+        )
+    }
+
     /// Samples only the relations `filter` allows; every edge it yields is one
     /// the full sample has, with the same destination.
     pub fn sample_relations(

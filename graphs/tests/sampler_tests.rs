@@ -366,6 +366,61 @@ fn hops_assembled_from_chunked_picks_equal_the_sampler_s_blocks() {
 }
 
 #[test]
+fn a_batch_from_picks_drawn_elsewhere_is_the_sampler_s() {
+    // A device sampler draws each relation's picks from the key it is given:
+    // with the CPU's draw, `sample_by` must give `sample`'s batch exactly.
+    let g = common::random(500, 300, 8000, 2);
+    let seeds: Vec<u32> = (0..64).map(|i| i * 7 % 500).collect();
+    let fanouts = [5, 3];
+    let want = Sampler::new(&g, &fanouts, 11)
+        .unwrap()
+        .sample(3, 4, &seeds)
+        .unwrap();
+    let mut asked = 0;
+    let got = Sampler::new(&g, &fanouts, 11)
+        .unwrap()
+        .sample_by(3, 4, &seeds, |rid, base, nodes, fanout| {
+            asked += 1;
+            let (mut offsets, mut picks, mut scratch) = (vec![0u32], Vec::new(), Vec::new());
+            for &v in nodes {
+                let row = g.relation(rid).in_csr().neighbors(v);
+                let key = graphs::rng::key(&[base, u64::from(v)]);
+                sample_neighbors(key, row, fanout, &mut scratch, &mut picks);
+                offsets.push(picks.len() as u32);
+            }
+            Ok::<_, graphs::GraphError>(graphs::RelationPicks {
+                relation: rid,
+                offsets,
+                picks,
+            })
+        })
+        .unwrap();
+    assert_eq!(got, want);
+    assert!(asked >= 2, "{asked} relations picked");
+    // A picker's error comes back as it is, and a malformed answer is refused.
+    let err = Sampler::new(&g, &fanouts, 11)
+        .unwrap()
+        .sample_by(3, 4, &seeds, |_, _, _, _| {
+            Err(graphs::GraphError::InvalidArgument("device lost".into()))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("device lost"), "{err}");
+    let err = Sampler::new(&g, &fanouts, 11)
+        .unwrap()
+        .sample_by(3, 4, &seeds, |rid, _, nodes, fanout| {
+            Ok::<_, graphs::GraphError>(graphs::RelationPicks {
+                relation: rid,
+                offsets: (0..=nodes.len() as u32)
+                    .map(|i| i * (fanout as u32 + 1))
+                    .collect(),
+                picks: vec![0; nodes.len() * (fanout + 1)],
+            })
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("malformed"), "{err}");
+}
+
+#[test]
 fn a_node_draws_the_same_neighbors_whatever_batch_it_is_in() {
     let g = common::random(400, 100, 6000, 3);
     let cites = g.relation_id("paper__cites__paper").unwrap();

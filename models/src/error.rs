@@ -9,6 +9,9 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// The graph refused a request (a seed out of range, malformed picks): the caller's input is wrong.
+    #[error(transparent)]
+    Graph(#[from] graphs::GraphError),
     /// A configuration value is invalid.
     #[error("invalid model configuration: {0}")]
     Config(String),

@@ -515,3 +515,40 @@ fn sparse_adam_in_place_gives_the_host_tables_bits_on_cuda() {
         "the device works after a free on another thread"
     );
 }
+
+#[test]
+fn device_sampling_gives_the_cpu_samplers_batches() {
+    let Some(dev) = gpu() else { return };
+    // A graph with rows longer than the fanouts, so draws are made.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("g");
+    let like = graphs::generate::Like::Mag;
+    graphs::generate::generate(like, 0.003, 0, &dir, false, &mut graphs::NoProgress).unwrap();
+    let opts = graphs::LoadOptions {
+        mmap_features: true,
+        reverse_edges: true,
+    };
+    let g = graphs::load(&dir, &opts).unwrap();
+    let ds = models::ops::DeviceSampler::new(&g, &dev).unwrap();
+    let train = &g.target_labels().1.train;
+    let fanouts = [25, 20];
+    for (step, seeds) in train.chunks(256).take(4).enumerate() {
+        let want = Sampler::new(&g, &fanouts, 3)
+            .unwrap()
+            .sample(1, step as u64, seeds)
+            .unwrap();
+        let mut s = Sampler::new(&g, &fanouts, 3).unwrap();
+        let got = ds.sample(&mut s, 1, step as u64, seeds).unwrap();
+        assert_eq!(got, want, "step {step}");
+    }
+    // Refused, not drawn out of bounds.
+    let r = graphs::RelationId(0);
+    let rows = g.relation(r).in_csr().offsets().len() as u32 - 1;
+    assert!(ds.pick(r, 1, &[rows], 5).is_err(), "a node past the CSR");
+    assert!(
+        ds.pick(r, 1, &[0], 65).is_err(),
+        "a fanout past the kernels'"
+    );
+    let none = ds.pick(r, 1, &[], 5).unwrap();
+    assert_eq!((none.offsets, none.picks), (vec![0], vec![]));
+}

@@ -217,3 +217,36 @@ fn destinations_with_more_neighbours_than_the_fanout_are_drawn_not_copied() {
         cut.len()
     );
 }
+
+#[test]
+fn a_batch_sampled_with_the_kernels_is_the_cpu_samplers() {
+    // Picks on the device, blocks on the host (`Sampler::sample_by`): the
+    // whole two-hop batch must be the CPU sampler's.
+    let Some(e) = emu() else { return };
+    let g = graph();
+    let fanouts = [25, 10];
+    let seeds: Vec<u32> = (0..120).map(|i| i * 7 % 300).collect();
+    for (epoch, step) in [(0, 0), (2, 5)] {
+        let want = Sampler::new(&g, &fanouts, 9)
+            .unwrap()
+            .sample(epoch, step, &seeds)
+            .unwrap();
+        let got = Sampler::new(&g, &fanouts, 9)
+            .unwrap()
+            .sample_by(epoch, step, &seeds, |rid, base, nodes, fanout| {
+                let shape = shapes(nodes.len())[0];
+                Ok::<_, graphs::GraphError>(device_picks(
+                    e,
+                    &g,
+                    rid,
+                    base,
+                    nodes,
+                    fanout as u32,
+                    shape,
+                ))
+            })
+            .unwrap();
+        assert_eq!(got, want, "epoch {epoch} step {step}");
+        assert!(want.num_edges() > 1000, "{} edges", want.num_edges());
+    }
+}

@@ -3,7 +3,13 @@
 //!
 //! `cargo run --release -p bench --bin sample [-- --scale 0.1 --fanouts 25,20 --batch 1024]`
 //! prints sampled edges/s and batches/s per core, single-threaded and with all
-//! cores, and writes the figures as JSON (`--out`, default bench/results/sample.json).
+//! cores (or `--threads`), and writes the figures as JSON (`--out`, default
+//! bench/results/sample.json).
+//!
+//! With `--device cuda:0` (a `--features cuda` build) it also samples the
+//! same batches with every pick drawn on the GPU (`models::ops::DeviceSampler`,
+//! blocks built on one host thread), checks each batch equals the CPU
+//! sampler's, and gives its time per batch against the threads'.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -34,9 +40,69 @@ struct Args {
     /// Batches to time (default: one epoch).
     #[arg(long)]
     batches: Option<usize>,
+    /// Threads of the parallel run (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Also sample on this device (`cuda:N`), against the CPU runs.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Where to write the JSON figures.
     #[arg(long, default_value = "bench/results/sample.json")]
     out: PathBuf,
+}
+
+/// Samples `batches` with every pick drawn on `device`, one batch after
+/// another on this thread, each checked against the CPU sampler's batch.
+#[cfg(feature = "cuda")]
+fn on_device(
+    g: &graphs::HetGraph,
+    batches: &[Vec<u32>],
+    fanouts: &[usize],
+    device: &str,
+) -> anyhow::Result<Option<Run>> {
+    let dev = actors::device::open(device)?;
+    let ds = models::ops::DeviceSampler::new(g, &dev)?;
+    let mut s = Sampler::new(g, fanouts, 0)?;
+    // Warm-up: the kernels' compilation and first launches do not count.
+    for (i, b) in batches.iter().take(2).enumerate() {
+        ds.sample(&mut s, 0, i as u64, b)?;
+    }
+    let start = Instant::now();
+    let (mut edges, mut nodes) = (0u64, 0u64);
+    let mut made = Vec::with_capacity(batches.len());
+    for (i, b) in batches.iter().enumerate() {
+        let mb = ds.sample(&mut s, 0, i as u64, b)?;
+        edges += mb.num_edges() as u64;
+        nodes += mb.num_input_nodes() as u64;
+        made.push(mb);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let mut cpu = Sampler::new(g, fanouts, 0)?;
+    for (i, (b, mb)) in batches.iter().zip(&made).enumerate() {
+        anyhow::ensure!(
+            *mb == cpu.sample(0, i as u64, b)?,
+            "batch {i}: the device's picks differ from the CPU sampler's"
+        );
+    }
+    Ok(Some(Run {
+        seconds,
+        edges,
+        nodes,
+        batches: batches.len(),
+    }))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_device(
+    _: &graphs::HetGraph,
+    _: &[Vec<u32>],
+    _: &[usize],
+    device: &str,
+) -> anyhow::Result<Option<Run>> {
+    match device {
+        "cpu" => Ok(None),
+        d => anyhow::bail!("--device {d} needs a build with CUDA (--features cuda)"),
+    }
 }
 
 struct Run {
@@ -124,7 +190,12 @@ fn main() -> anyhow::Result<()> {
     // Warm-up pass so page faults of the mapping do not count.
     run(&g, &batches[..batches.len().min(2)], &args.fanouts, 1)?;
     let single = run(&g, &batches, &args.fanouts, 1)?;
-    let multi = run(&g, &batches, &args.fanouts, cores)?;
+    let threads = args.threads.unwrap_or(cores).max(1);
+    let multi = run(&g, &batches, &args.fanouts, threads)?;
+    let device = match args.device.as_str() {
+        "cpu" => None,
+        d => on_device(&g, &batches, &args.fanouts, d)?,
+    };
     let report = |name: &str, r: &Run, threads: usize| {
         let eps = r.edges as f64 / r.seconds;
         println!(
@@ -137,22 +208,37 @@ fn main() -> anyhow::Result<()> {
         );
     };
     report("single", &single, 1);
-    report("parallel", &multi, cores);
+    report("parallel", &multi, threads);
+    if let Some(d) = &device {
+        report(&args.device, d, 1);
+        println!(
+            "{}: {:.2} ms a batch, {:.2}x faster than {threads} threads ({:.2} ms)",
+            args.device,
+            d.seconds / d.batches as f64 * 1e3,
+            multi.seconds / d.seconds,
+            multi.seconds / multi.batches as f64 * 1e3
+        );
+    }
     let mean_edges = single.edges as f64 / single.batches as f64;
     let mean_nodes = single.nodes as f64 / single.batches as f64;
     println!("mean per batch: {mean_edges:.0} sampled edges, {mean_nodes:.0} input nodes");
 
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "graph": g.name(), "fanouts": args.fanouts, "batch": args.batch, "batches": batches.len(),
         "cores": cores, "load_seconds": load_s,
         "single_thread": { "seconds": single.seconds, "edges_per_s": single.edges as f64 / single.seconds,
                            "batches_per_s": single.batches as f64 / single.seconds },
-        "all_cores": { "threads": cores, "seconds": multi.seconds,
+        "all_cores": { "threads": threads, "seconds": multi.seconds,
                        "edges_per_s_per_core": multi.edges as f64 / multi.seconds / cores as f64,
                        "batches_per_s_per_core": multi.batches as f64 / multi.seconds / cores as f64 },
         "mean_edges_per_batch": mean_edges, "mean_input_nodes_per_batch": mean_nodes,
         "peak_rss_bytes": bench::peak_rss_bytes(),
     });
+    if let Some(d) = &device {
+        json["device"] = serde_json::json!({ "device": args.device, "seconds": d.seconds,
+            "ms_per_batch": d.seconds / d.batches as f64 * 1e3,
+            "speedup_over_threads": multi.seconds / d.seconds, "equal_to_cpu": true });
+    }
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
     }

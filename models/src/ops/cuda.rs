@@ -17,9 +17,21 @@ use candle_core::{CudaStorage, DType, Layout};
 const SOURCE: &str = include_str!("kernels.cu");
 const MODULE: &str = "hetgnn-ops";
 
+/// A source's PTX, compiled at first use (or why it did not compile).
+pub(crate) type PtxCell = OnceLock<Result<String, String>>;
+
 /// The kernels' PTX, compiled at first use.
 pub(crate) fn ptx() -> candle_core::Result<&'static str> {
-    static PTX: OnceLock<Result<String, String>> = OnceLock::new();
+    static PTX: PtxCell = PtxCell::new();
+    compiled(&PTX, SOURCE, "hetgnn's")
+}
+
+/// `source` compiled by NVRTC once into `cell`; `what` names the kernels in an error.
+pub(crate) fn compiled(
+    cell: &'static PtxCell,
+    source: &str,
+    what: &str,
+) -> candle_core::Result<&'static str> {
     use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
     // Stated rather than left to NVRTC's defaults: no contraction into fused
     // multiply-adds, no flushing of subnormals, IEEE division and square root,
@@ -31,15 +43,13 @@ pub(crate) fn ptx() -> candle_core::Result<&'static str> {
         prec_sqrt: Some(true),
         ..Default::default()
     };
-    PTX.get_or_init(|| {
-        compile_ptx_with_opts(SOURCE, opts())
+    cell.get_or_init(|| {
+        compile_ptx_with_opts(source, opts())
             .map(|p| p.to_src())
             .map_err(|e| e.to_string())
     })
     .as_deref()
-    .map_err(|e| {
-        candle_core::Error::Msg(format!("compiling hetgnn's CUDA kernels with NVRTC: {e}"))
-    })
+    .map_err(|e| candle_core::Error::Msg(format!("compiling {what} CUDA kernels with NVRTC: {e}")))
 }
 
 /// An element type the kernels are instantiated for.
@@ -86,7 +96,7 @@ fn launch_cfg_rows(rows: u32, h: u32) -> LaunchConfig {
     }
 }
 
-fn launch_cfg_elems(n: usize) -> LaunchConfig {
+pub(crate) fn launch_cfg_elems(n: usize) -> LaunchConfig {
     // Grid-stride loops: enough blocks to fill any GPU, no more.
     let blocks = n.div_ceil(256).clamp(1, 16_384) as u32;
     LaunchConfig {
@@ -641,43 +651,6 @@ pub(crate) fn lse_bwd(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    /// NVRTC needs no GPU: the kernels must compile wherever the `cuda` build runs.
-    #[test]
-    fn kernels_compile_with_nvrtc() {
-        let ptx = super::ptx().unwrap();
-        for k in [
-            "gather_rows",
-            "dropout_fwd",
-            "dropout_bwd",
-            "add_bias",
-            "column_partials",
-            "column_sums",
-            "attention_fwd",
-            "attention_bwd_dst",
-            "attention_bwd_src",
-            "lse_fwd",
-            "lse_bwd_dst",
-            "lse_bwd_src",
-        ] {
-            for t in ["f32", "f64"] {
-                assert!(
-                    ptx.contains(&format!(".entry {k}_{t}(")),
-                    "{k}_{t} missing from the PTX"
-                );
-            }
-        }
-        // f32 only: the cache's rows.
-        for k in ["sparse_adam_f32", "bump_steps_u32", "take_rows_f32"] {
-            assert!(
-                ptx.contains(&format!(".entry {k}(")),
-                "{k} missing from the PTX"
-            );
-        }
-    }
-}
-
 /// Adam's per-row constants for [`sparse_adam`], as `embedding::adam_row` computes them.
 pub(crate) struct AdamConsts {
     pub b1: f32,
@@ -770,7 +743,7 @@ pub(crate) fn take_rows(x: Input, idx: &[u32], cols: usize) -> candle_core::Resu
     if idx.len() * cols > 0 {
         let ids = upload(dev, idx)?;
         // Allocations are 256-byte aligned: the view's offset decides.
-        let vec = u32::from(cols % 4 == 0 && a % 4 == 0);
+        let vec = u32::from(cols.is_multiple_of(4) && a.is_multiple_of(4));
         let f = kernel(dev, "take_rows", "f32")?;
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&f);
@@ -824,4 +797,41 @@ pub(crate) fn keep_pool_memory(dev: &CudaDevice) -> candle_core::Result<()> {
     .result()
     .w()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC needs no GPU: the kernels must compile wherever the `cuda` build runs.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        let ptx = super::ptx().unwrap();
+        for k in [
+            "gather_rows",
+            "dropout_fwd",
+            "dropout_bwd",
+            "add_bias",
+            "column_partials",
+            "column_sums",
+            "attention_fwd",
+            "attention_bwd_dst",
+            "attention_bwd_src",
+            "lse_fwd",
+            "lse_bwd_dst",
+            "lse_bwd_src",
+        ] {
+            for t in ["f32", "f64"] {
+                assert!(
+                    ptx.contains(&format!(".entry {k}_{t}(")),
+                    "{k}_{t} missing from the PTX"
+                );
+            }
+        }
+        // f32 only: the cache's rows.
+        for k in ["sparse_adam_f32", "bump_steps_u32", "take_rows_f32"] {
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "{k} missing from the PTX"
+            );
+        }
+    }
 }

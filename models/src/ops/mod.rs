@@ -36,6 +36,8 @@ mod cuda;
 mod dropout;
 mod lse_attention;
 mod matmul;
+#[cfg(feature = "cuda")]
+mod sampling;
 mod segment;
 pub mod sparse;
 mod take;
@@ -46,6 +48,8 @@ pub use bias::add_bias;
 pub use dropout::dropout;
 pub use lse_attention::{finish_partial, lse_attention, merge_partials, EMPTY_MAX};
 pub use matmul::{matmul, matmul_prefix};
+#[cfg(feature = "cuda")]
+pub use sampling::{DeviceSampler, MAX_DEVICE_FANOUT};
 pub use segment::{no_backward, segment_mean, segment_mean_in_place, NoBackward, SegmentCsr};
 pub use take::{copy_rows, take_rows};
 

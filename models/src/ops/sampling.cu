@@ -5,8 +5,8 @@
 //
 // Two launches per relation and hop: `pick_counts` sizes each destination's
 // picks, the host (or a scan) turns the counts into offsets, and
-// `pick_neighbors` writes the picks. Checked on the CPU by
-// models/tests/sampling_emulation.rs; not yet launched from Rust (issue 55).
+// `pick_neighbors` writes the picks (launched by sampling.rs). Checked on
+// the CPU by models/tests/sampling_emulation.rs.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
