@@ -145,6 +145,12 @@ impl Adam {
                 Some((m, v)) => (m.clone(), v.clone()),
                 None => (g.zeros_like()?, g.zeros_like()?),
             };
+            // On a GPU, one kernel with these ops' bits (the moments are the
+            // optimiser's own: no one else holds them to see them change).
+            if crate::ops::dense_adam_in_place(var.as_tensor(), &m, &v, &g, &c, self.step as u32)? {
+                self.moments.insert(name.to_string(), (m, v));
+                continue;
+            }
             let m = ((m * c.beta1)? + (&g * (1.0 - c.beta1))?)?.detach();
             let v = ((v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?.detach();
             let update = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;

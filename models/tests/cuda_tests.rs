@@ -552,3 +552,37 @@ fn device_sampling_gives_the_cpu_samplers_batches() {
     let none = ds.pick(r, 1, &[], 5).unwrap();
     assert_eq!((none.offsets, none.picks), (vec![0], vec![]));
 }
+
+#[test]
+fn dense_adam_on_cuda_gives_the_cpu_bits() {
+    use models::optim::{Adam, AdamConfig};
+    use models::params::ParamStore;
+    let Some(dev) = gpu() else { return };
+    let n = 4099usize;
+    let values = |seed: u64| -> Vec<f32> {
+        let mut r = graphs::rng::CounterRng::new(seed);
+        (0..n).map(|_| r.normal() as f32).collect()
+    };
+    // The same start and gradients on both devices; the kernel on one, the tensor ops on the other.
+    let run = |device: &Device| -> Vec<Vec<u32>> {
+        let mut store = ParamStore::new();
+        let w = store.zeros("w", n, DType::F32, device).unwrap();
+        let var = store.get("w").unwrap();
+        var.set(&Tensor::from_vec(values(1), n, device).unwrap())
+            .unwrap();
+        let mut adam = Adam::new(AdamConfig::with_lr(0.05));
+        let mut out = Vec::new();
+        for step in 0..4 {
+            let g = Tensor::from_vec(values(10 + step), n, device).unwrap();
+            let grads = std::collections::BTreeMap::from([("w".to_string(), g)]);
+            adam.step_named(&store, &grads).unwrap();
+            let (m, v) = &adam.moments["w"];
+            for t in [&w, m, v] {
+                let host: Vec<f32> = t.to_device(&Device::Cpu).unwrap().to_vec1().unwrap();
+                out.push(host.iter().map(|x| x.to_bits()).collect());
+            }
+        }
+        out
+    };
+    assert_eq!(run(&dev), run(&Device::Cpu));
+}

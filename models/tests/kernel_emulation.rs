@@ -884,3 +884,100 @@ fn take_rows_kernel_matches_the_host_gather() {
         }
     }
 }
+
+#[test]
+fn dense_adam_kernel_matches_the_candle_ops() {
+    use models::optim::{Adam, AdamConfig};
+    use models::params::ParamStore;
+    let Some(e) = emu() else { return };
+    type Kernel = unsafe extern "C" fn(
+        *mut f32,
+        *mut f32,
+        *mut f32,
+        *const f32,
+        u32,
+        f32,
+        f32,
+        f32,
+        f32,
+        f32,
+        f32,
+        f32,
+        f32,
+    );
+    let adam_kernel: Kernel = e.kernel("dense_adam_f32");
+    let cfg = AdamConfig::with_lr(0.05);
+    let n = 1000usize;
+    // Some entries zero, of either sign, where `+ 0` and `p - u` decide the sign.
+    let start: Vec<f32> = random::<f32>(30, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| if i % 17 == 5 { -0.0 } else { x })
+        .collect();
+    let grads: Vec<Vec<f32>> = (0..4u64)
+        .map(|k| {
+            random::<f32>(40 + k, n)
+                .into_iter()
+                .enumerate()
+                .map(|(i, x)| if i % 13 == 2 { -0.0 } else { x })
+                .collect()
+        })
+        .collect();
+    // The candle ops' Adam on the CPU.
+    let mut store = ParamStore::new();
+    let w = store
+        .zeros("w", n, candle_core::DType::F32, &Device::Cpu)
+        .unwrap();
+    store
+        .get("w")
+        .unwrap()
+        .set(&Tensor::from_vec(start.clone(), n, &Device::Cpu).unwrap())
+        .unwrap();
+    let mut adam = Adam::new(cfg);
+    let mut want = Vec::new();
+    for g in &grads {
+        let grads = std::collections::BTreeMap::from([(
+            "w".to_string(),
+            Tensor::from_vec(g.clone(), n, &Device::Cpu).unwrap(),
+        )]);
+        adam.step_named(&store, &grads).unwrap();
+        let (m, v) = &adam.moments["w"];
+        want.push([values::<f32>(&w), values::<f32>(m), values::<f32>(v)]);
+    }
+    for (grid, block) in cfg_elems(n) {
+        let (mut p, mut m, mut v) = (start.clone(), vec![0f32; n], vec![0f32; n]);
+        for (t, g) in grads.iter().enumerate() {
+            let (bc1, bc2) = cfg.bias_corrections(t as u32 + 1);
+            let (pp, mp, vp) = (p.as_mut_ptr(), m.as_mut_ptr(), v.as_mut_ptr());
+            e.launch(grid, block, || unsafe {
+                adam_kernel(
+                    pp,
+                    mp,
+                    vp,
+                    g.as_ptr(),
+                    n as u32,
+                    cfg.beta1 as f32,
+                    (1.0 - cfg.beta1) as f32,
+                    cfg.beta2 as f32,
+                    (1.0 - cfg.beta2) as f32,
+                    (1.0 / bc1) as f32,
+                    (1.0 / bc2) as f32,
+                    cfg.eps as f32,
+                    cfg.lr as f32,
+                )
+            });
+            for (what, got, want) in [
+                ("p", &p, &want[t][0]),
+                ("m", &m, &want[t][1]),
+                ("v", &v, &want[t][2]),
+            ] {
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(got),
+                    bits(want),
+                    "{what} after step {t}, launch ({grid}, {block})"
+                );
+            }
+        }
+    }
+}

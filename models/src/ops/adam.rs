@@ -1,8 +1,9 @@
-//! Sparse Adam in place on rows held in device memory (a cache that owns
-//! learnable rows on a GPU): one kernel for every row of a step, where tensor
+//! Adam in place in device memory. Sparse: rows a cache that owns learnable
+//! rows on a GPU updates, one kernel for every row of a step, where tensor
 //! arithmetic took a dozen launches and candle's `scatter_set`, which walks
 //! the rows of a dim-0 scatter one after another in a few threads, three more
-//! (hundreds of milliseconds a step at mag-like S=1).
+//! (hundreds of milliseconds a step at mag-like S=1). Dense: a parameter in
+//! one kernel, where `optim::Adam`'s tensor arithmetic takes a dozen.
 
 use candle_core::Tensor;
 
@@ -163,6 +164,84 @@ fn device(
 ) -> candle_core::Result<()> {
     Err(candle_core::Error::Msg(
         "sparse-adam: a CUDA tensor in a build without CUDA".into(),
+    ))
+}
+
+/// One Adam step, in place, of the dense parameter `p` with moments `m`, `v`
+/// and gradient `g` (f32 tensors of one shape on one CUDA device, contiguous),
+/// its `t`-th update: what [`Adam`](crate::optim::Adam)'s tensor arithmetic
+/// computes, bit for bit, in one launch. `Ok(false)`, touching nothing, where
+/// that does not apply (not on a CUDA device, not f32, not contiguous): the
+/// caller then takes the tensor ops' way.
+pub fn dense_adam_in_place(
+    p: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    cfg: &AdamConfig,
+    t: u32,
+) -> candle_core::Result<bool> {
+    let fits = |x: &Tensor| {
+        x.device().is_cuda()
+            && x.device().same_device(p.device())
+            && x.dtype() == candle_core::DType::F32
+            && x.is_contiguous()
+            && x.dims() == p.dims()
+    };
+    if ![p, m, v, g].into_iter().all(fits) {
+        return Ok(false);
+    }
+    dense_device(p, m, v, g, cfg, t)?;
+    Ok(true)
+}
+
+#[cfg(feature = "cuda")]
+fn dense_device(
+    p: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    cfg: &AdamConfig,
+    t: u32,
+) -> candle_core::Result<()> {
+    use candle_core::Storage;
+    let (sp, lp) = p.storage_and_layout();
+    let (sm, lm) = m.storage_and_layout();
+    let (sv, lv) = v.storage_and_layout();
+    let (sg, lg) = g.storage_and_layout();
+    let (Storage::Cuda(sp), Storage::Cuda(sm), Storage::Cuda(sv), Storage::Cuda(sg)) =
+        (&*sp, &*sm, &*sv, &*sg)
+    else {
+        return Err(candle_core::Error::Msg(
+            "dense-adam: tensors on different devices".into(),
+        ));
+    };
+    let (bc1, bc2) = cfg.bias_corrections(t);
+    // The scalars as candle's affine maps round them (`T::from_f64`).
+    let c = super::cuda::DenseAdamConsts {
+        b1: cfg.beta1 as f32,
+        ob1: (1.0 - cfg.beta1) as f32,
+        b2: cfg.beta2 as f32,
+        ob2: (1.0 - cfg.beta2) as f32,
+        ibc1: (1.0 / bc1) as f32,
+        ibc2: (1.0 / bc2) as f32,
+        eps: cfg.eps as f32,
+        lr: cfg.lr as f32,
+    };
+    super::cuda::dense_adam((sp, lp), (sm, lm), (sv, lv), (sg, lg), &c, p.elem_count())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn dense_device(
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: &AdamConfig,
+    _: u32,
+) -> candle_core::Result<()> {
+    Err(candle_core::Error::Msg(
+        "dense-adam: a CUDA tensor in a build without CUDA".into(),
     ))
 }
 

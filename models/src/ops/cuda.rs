@@ -651,6 +651,60 @@ pub(crate) fn lse_bwd(
     })
 }
 
+/// [`dense_adam`]'s scalars, rounded to f32 as candle's affine maps round
+/// them (`ops::adam::dense_adam_in_place` makes them).
+pub(crate) struct DenseAdamConsts {
+    pub b1: f32,
+    pub ob1: f32,
+    pub b2: f32,
+    pub ob2: f32,
+    pub ibc1: f32,
+    pub ibc2: f32,
+    pub eps: f32,
+    pub lr: f32,
+}
+
+/// In place: `p`, `m` and `v` (`n` f32 each) take one Adam step with gradient `g`.
+pub(crate) fn dense_adam(
+    p: Input,
+    m: Input,
+    v: Input,
+    g: Input,
+    c: &DenseAdamConsts,
+    n: usize,
+) -> candle_core::Result<()> {
+    let dev = &p.0.device;
+    let n32 = dim(n, "elements")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (pv, mv, vv, gv) = (
+        view::<f32>(p.0, p.1, "dense-adam")?,
+        view::<f32>(m.0, m.1, "dense-adam")?,
+        view::<f32>(v.0, v.1, "dense-adam")?,
+        view::<f32>(g.0, g.1, "dense-adam")?,
+    );
+    let f = kernel(dev, "dense_adam", "f32")?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&pv)
+        .arg(&mv)
+        .arg(&vv)
+        .arg(&gv)
+        .arg(&n32)
+        .arg(&c.b1)
+        .arg(&c.ob1)
+        .arg(&c.b2)
+        .arg(&c.ob2)
+        .arg(&c.ibc1)
+        .arg(&c.ibc2)
+        .arg(&c.eps)
+        .arg(&c.lr);
+    // SAFETY: argument types and counts match the kernel; the four views hold n elements each (checked by the caller's shapes).
+    unsafe { b.launch(launch_cfg_elems(n)) }.w()?;
+    Ok(())
+}
+
 /// Adam's per-row constants for [`sparse_adam`], as `embedding::adam_row` computes them.
 pub(crate) struct AdamConsts {
     pub b1: f32,
@@ -827,7 +881,12 @@ mod tests {
             }
         }
         // f32 only: the cache's rows.
-        for k in ["sparse_adam_f32", "bump_steps_u32", "take_rows_f32"] {
+        for k in [
+            "sparse_adam_f32",
+            "bump_steps_u32",
+            "take_rows_f32",
+            "dense_adam_f32",
+        ] {
             assert!(
                 ptx.contains(&format!(".entry {k}(")),
                 "{k} missing from the PTX"

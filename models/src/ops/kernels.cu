@@ -439,6 +439,30 @@ extern "C" __global__ void sparse_adam_f32(float* data, float* m, float* v, cons
     }
 }
 
+// Dense Adam in place on one f32 parameter of n elements: p, m and v take
+// gradient g in one launch, with the arithmetic of the candle ops optim.rs
+// runs elsewhere, in their order: each product with a scalar is candle's
+// affine map x * a + 0 in f32 (the + 0 included: it turns -0 into +0), the
+// scalars rounded to f32 by the host: ob1 = 1 - b1, ob2 = 1 - b2, ibc1 =
+// 1 / (1 - b1^t), ibc2 = 1 / (1 - b2^t), eps, lr. A thread per element,
+// grid-stride.
+extern "C" __global__ void dense_adam_f32(float* p, float* m, float* v, const float* g, u32 n, float b1, float ob1,
+                                          float b2, float ob2, float ibc1, float ibc2, float eps, float lr) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = g[i];
+        const float mi = __fadd_rn(__fadd_rn(__fmul_rn(m[i], b1), 0.0f), __fadd_rn(__fmul_rn(gi, ob1), 0.0f));
+        const float vi =
+            __fadd_rn(__fadd_rn(__fmul_rn(v[i], b2), 0.0f), __fadd_rn(__fmul_rn(__fmul_rn(gi, gi), ob2), 0.0f));
+        m[i] = mi;
+        v[i] = vi;
+        const float mh = __fadd_rn(__fmul_rn(mi, ibc1), 0.0f);
+        const float vh = __fadd_rn(__fmul_rn(vi, ibc2), 0.0f);
+        const float den = __fadd_rn(__fmul_rn(__fsqrt_rn(vh), 1.0f), eps);
+        const float u = __fadd_rn(__fmul_rn(__fdiv_rn(mh, den), lr), 0.0f);
+        p[i] = __fsub_rn(p[i], u);
+    }
+}
+
 // The step counts of the rows sparse_adam_f32 just updated, bumped (clamped
 // as it clamps them). A thread per row, grid-stride.
 extern "C" __global__ void bump_steps_u32(u32* steps, const u32* slots, u32 bc_len, u32 rows) {

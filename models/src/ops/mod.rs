@@ -42,7 +42,7 @@ mod segment;
 pub mod sparse;
 mod take;
 
-pub use adam::adam_rows_in_place;
+pub use adam::{adam_rows_in_place, dense_adam_in_place};
 pub use attention::{attention_aggregate, NEGATIVE_SLOPE};
 pub use bias::add_bias;
 pub use dropout::dropout;
