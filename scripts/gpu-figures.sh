@@ -28,7 +28,7 @@
 # with NCU=1, once under Nsight Compute for $NCU_KERNELS kernels of
 # mid-epoch steps (profile_ncu.txt: time per kernel name); with
 # HETGNN_PROFILE_WALL=1 in the environment the host profile is of the
-# training thread's wall time. `cores` runs, on the machine's CPU cores (no
+# training thread's wall time. `cores` (a pack made with CORES=1) runs, on the machine's CPU cores (no
 # GPU), the timing targets that a 2-core machine cannot show because its node
 # processes outnumber its cores (issues 23-25): DAG sampling against the
 # pipeline (bytegnn-*.json), full-graph staleness at 1 Gbit/s on 4 nodes

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to test hetgnn and take its GPU figures when
 # the machine has the CUDA driver and libraries but no Rust: the CUDA builds
-# of hetgnn, the train, cache, gather and sample benchmarks, the core-bound benchmarks of
-# the `cores` step (bytegnn, full_graph, hopgnn) and the models' test binaries,
-# stripped and xz-compressed into gpu-pack/ (ignored by git; ~35 MB, small
-# enough to carry to a lent device machine). scripts/gpu-figures.sh runs them
-# there.
+# of hetgnn, the train, cache, gather and sample benchmarks, the models' test
+# binaries and, with CORES=1, the core-bound benchmarks of the `cores` step
+# (bytegnn, full_graph, hopgnn), stripped and xz-compressed into gpu-pack/
+# (ignored by git). A device call carries at most 64 MiB: without the `cores`
+# binaries the pack is about 53 MB (each binary holds candle's kernels), with
+# them about 69 MB, so those go on a visit of their own.
 #
 #   scripts/gpu-pack.sh          # builds with scripts/build-cuda.sh first
+#   CORES=1 scripts/gpu-pack.sh  # the `cores` step's binaries too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,9 @@ newest() { ls -t "$target/release/deps/$1"-* | grep -v '\.d$' | head -n 1; }
 
 rm -rf gpu-pack && mkdir -p gpu-pack
 cp "$target/release/hetgnn" "$target/release/train" "$target/release/cache" "$target/release/gather" "$target/release/sample" gpu-pack/
-cp "$target/release/bytegnn" "$target/release/full_graph" "$target/release/hopgnn" gpu-pack/
+if [ "${CORES:-0}" = 1 ]; then
+    cp "$target/release/bytegnn" "$target/release/full_graph" "$target/release/hopgnn" gpu-pack/
+fi
 cp "$(newest cuda_tests)" gpu-pack/cuda_tests
 cp "$(newest models)" gpu-pack/models_unit
 for f in gpu-pack/*; do
