@@ -59,7 +59,7 @@ fn on_device(
     batches: &[Vec<u32>],
     fanouts: &[usize],
     device: &str,
-) -> anyhow::Result<Option<Run>> {
+) -> anyhow::Result<Run> {
     let dev = actors::device::open(device)?;
     let ds = models::ops::DeviceSampler::new(g, &dev)?;
     let mut s = Sampler::new(g, fanouts, 0)?;
@@ -84,12 +84,12 @@ fn on_device(
             "batch {i}: the device's picks differ from the CPU sampler's"
         );
     }
-    Ok(Some(Run {
+    Ok(Run {
         seconds,
         edges,
         nodes,
         batches: batches.len(),
-    }))
+    })
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -98,11 +98,8 @@ fn on_device(
     _: &[Vec<u32>],
     _: &[usize],
     device: &str,
-) -> anyhow::Result<Option<Run>> {
-    match device {
-        "cpu" => Ok(None),
-        d => anyhow::bail!("--device {d} needs a build with CUDA (--features cuda)"),
-    }
+) -> anyhow::Result<Run> {
+    anyhow::bail!("--device {device} needs a build with CUDA (--features cuda)")
 }
 
 struct Run {
@@ -194,7 +191,7 @@ fn main() -> anyhow::Result<()> {
     let multi = run(&g, &batches, &args.fanouts, threads)?;
     let device = match args.device.as_str() {
         "cpu" => None,
-        d => on_device(&g, &batches, &args.fanouts, d)?,
+        d => Some(on_device(&g, &batches, &args.fanouts, d)?),
     };
     let report = |name: &str, r: &Run, threads: usize| {
         let eps = r.edges as f64 / r.seconds;

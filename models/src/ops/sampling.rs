@@ -52,14 +52,6 @@ impl DeviceSampler {
         })
     }
 
-    /// Device memory the relations take.
-    pub fn bytes(&self) -> usize {
-        self.relations
-            .iter()
-            .map(|(o, i, _)| o.len() * 8 + i.len() * 4)
-            .sum()
-    }
-
     /// `sampler`'s batch for `seeds` at (`epoch`, `step`), every pick drawn on
     /// the device: [`Sampler::sample`]'s batch. Fanouts above
     /// [`MAX_DEVICE_FANOUT`] are refused.
